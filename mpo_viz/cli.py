@@ -1,0 +1,58 @@
+"""The ``mpo-viz`` command.
+
+Each subcommand lives in the module that owns its feature and exposes
+``add_subcommand(subparsers) -> None``; that function registers an ``argparse`` parser whose
+``func(args) -> int`` does the work. Bad input: a one-line message on stderr and exit code 1 or 2,
+no traceback unless ``--debug``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+
+# Modules that contribute subcommands, in the order they appear in ``--help``.
+COMMAND_MODULES = [
+    "mpo_viz.io.cli",  # info, validate
+]
+
+
+class CLIError(Exception):
+    """An expected failure: printed as one line, exit code ``code``."""
+
+    def __init__(self, message: str, code: int = 1):
+        super().__init__(message)
+        self.code = code
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="mpo-viz",
+        description="Credit assignment for long-horizon LLM agents: inspect, score and visualize trajectories.",
+    )
+    parser.add_argument("--debug", action="store_true", help="show full tracebacks on errors")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    sub.required = True
+    for name in COMMAND_MODULES:
+        importlib.import_module(name).add_subcommand(sub)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        return int(args.func(args) or 0)
+    except KeyboardInterrupt:
+        print("mpo-viz: interrupted", file=sys.stderr)
+        return 130
+    except (CLIError, ValueError, OSError) as exc:  # TrajectoryError is a ValueError
+        if args.debug:
+            raise
+        print(f"mpo-viz {args.command}: error: {exc}", file=sys.stderr)
+        return getattr(exc, "code", 1)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
