@@ -1,0 +1,267 @@
+"""The per-token credit strip: one ES module (``strip.js``) + CSS (``strip.css``) shipped as package
+data, fed by one JSON payload (schema ``mpo_viz.strip/v1``).
+
+The report inlines the module as a classic script (:func:`strip_js` with ``module=False``, which
+defines ``window.mpoStrip = {mount, render}``); the anywidget view loads the module text itself
+(:func:`strip_js`, whose ``render({model, el})`` reads the ``payload`` trait) and :func:`strip_css`.
+
+Payload (all lists of length N = the trajectory's response length, padding excluded)::
+
+    {"version": 1, "title": str, "tokens": [str], "mask": [0|1], "turn_ids": [int],
+     "channels": {name: [float|null]},                     # null = no value (NaN, inf)
+     "channel_info": {name: {"label": str, "center": float, "scale": float|null}},
+     "channel": str,                                       # initially shown
+     "meta": {key: scalar}}                                # shown in the header
+
+Colours: diverging scale centred at ``center`` (0, except the probability ratio: 1), saturating at
+``scale`` (default: the 99th percentile of ``|v − center|`` over action tokens).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from functools import lru_cache
+from importlib import resources
+
+import numpy as np
+
+__all__ = [
+    "strip_js",
+    "strip_css",
+    "strip_payload",
+    "payload_from_arrays",
+    "payload_json",
+    "EXPORTS_MARKER",
+]
+
+EXPORTS_MARKER = "// @@EXPORTS@@"
+
+
+@lru_cache(maxsize=None)
+def _read(name: str) -> str:
+    return resources.files(__name__).joinpath(name).read_text(encoding="utf-8")
+
+
+def strip_css() -> str:
+    """The strip's stylesheet (scoped under ``.mpo-strip``)."""
+    return _read("strip.css")
+
+
+def strip_js(*, module: bool = True) -> str:
+    """The strip's JavaScript.
+
+    ``module=True``: the ES module text (exports ``mount``, ``render``, default ``{render, mount}``),
+    for anywidget's ``_esm``. ``module=False``: a classic script for inlining into a page without
+    imports; it defines ``window.mpoStrip = {mount, render}``.
+    """
+    src = _read("strip.js")
+    if module:
+        return src
+    head = src.split(EXPORTS_MARKER, 1)[0]
+    head = head.replace("export function ", "function ")
+    return "(function () {\n" + head + "\nwindow.mpoStrip = { mount, render };\n})();\n"
+
+
+def _floats(x, sig: int) -> list:
+    """Rounded to ``sig`` significant digits; NaN / inf → None (JSON null)."""
+    a = np.asarray(x, dtype=np.float64).ravel()
+    out: list = []
+    f = f"{{:.{sig}g}}"
+    for v in a.tolist():
+        out.append(float(f.format(v)) if math.isfinite(v) else None)
+    return out
+
+
+def payload_from_arrays(
+    tokens,
+    mask,
+    turn_ids=None,
+    channels: dict | None = None,
+    *,
+    channel_info: dict | None = None,
+    channel: str | None = None,
+    title: str = "",
+    meta: dict | None = None,
+    digits: int = 5,
+) -> dict:
+    """A strip payload from plain 1-D arrays of one trajectory (length N each).
+
+    ``tokens``: N display strings; ``mask``: 0/1 (1 = action token); ``turn_ids``: ids (None →
+    derived from mask runs); ``channels``: ``{name: N floats}``; ``channel_info``: optional
+    ``{name: {"label", "center", "scale"}}``; ``channel``: the channel shown first (default: the
+    first). Values are rounded to ``digits`` significant digits to keep payloads small.
+    """
+    from mpo_viz.turns import turn_ids_from_mask
+
+    tokens = [("" if t is None else str(t)) for t in tokens]
+    n = len(tokens)
+    m = np.asarray(mask).ravel()
+    if m.shape[0] != n:
+        raise ValueError(f"mask: expected {n} entries (one per token), found {m.shape[0]}")
+    m = (m != 0).astype(np.int64)
+    t = turn_ids_from_mask(m) if turn_ids is None else np.asarray(turn_ids, dtype=np.int64).ravel()
+    if t.shape[0] != n:
+        raise ValueError(f"turn_ids: expected {n} entries (one per token), found {t.shape[0]}")
+    chans = {}
+    for k, v in (channels or {}).items():
+        a = np.asarray(v.detach().cpu().numpy() if hasattr(v, "detach") else v, dtype=np.float64).ravel()
+        if a.shape[0] != n:
+            raise ValueError(f"channels[{k!r}]: expected {n} values (one per token), found {a.shape[0]}")
+        chans[k] = _floats(a, digits)
+    info = {k: {"label": k, "center": 0.0, "scale": None} for k in chans}
+    for k, v in (channel_info or {}).items():
+        if k in info:
+            info[k].update(v)
+    if channel is not None and channel not in chans:
+        raise ValueError(f"channel: expected one of {sorted(chans)}, found {channel!r}")
+    return {
+        "version": 1,
+        "title": str(title),
+        "tokens": tokens,
+        "mask": m.tolist(),
+        "turn_ids": t.tolist(),
+        "channels": chans,
+        "channel_info": info,
+        "channel": channel if channel is not None else (next(iter(chans)) if chans else None),
+        "meta": {k: _scalar(v) for k, v in (meta or {}).items()},
+    }
+
+
+def _scalar(v):
+    if isinstance(v, (np.generic,)):
+        v = v.item()
+    if isinstance(v, float) and not math.isfinite(v):
+        return None if math.isnan(v) else str(v)
+    return v
+
+
+def _row_tokens(batch, i: int, n: int, tokens) -> list[str]:
+    if tokens is not None:
+        if callable(tokens):
+            ids = batch.field("response_ids")[i]
+            return [str(s) for s in tokens(list(np.asarray(ids).tolist()))]
+        return [str(s) for s in tokens]
+    if batch.has("response_tokens"):
+        toks = batch.field("response_tokens")[i]
+        if toks is not None:
+            return ["" if s is None else str(s) for s in toks]
+    ids = batch.field("response_ids")[i]
+    return [f"{int(x)} " for x in np.asarray(ids).tolist()]
+
+
+def strip_payload(
+    batch,
+    row: int,
+    *,
+    advantages: dict | None = None,
+    tokens=None,
+    gamma: float = 1.0,
+    channel: str | None = None,
+    title: str | None = None,
+    digits: int = 5,
+) -> dict:
+    """The strip payload for trajectory ``row`` of a :class:`~mpo_viz.trajectory.TrajectoryBatch`.
+
+    Channels (each only when the batch has what it needs):
+
+    * ``adv_<name>`` for each entry of ``advantages`` (``{name: (B, L) tensor or result}``), and
+      per-token ``adv_*`` columns already in the batch (e.g. written by ``mpo-viz advantages``);
+    * ``advantages`` (logged), ``value``, ``td`` (the one-step TD error ``δ_t = r_t + γV_{t+1} − V_t``
+      over action tokens, i.e. token GAE with λ = 0), ``reward``;
+    * ``logprob`` (``old_logprobs``, else ``rollout_logprobs``), ``ratio`` =
+      ``exp(old − rollout)`` (centred at 1), ``kl`` = ``old − ref`` (k1), ``entropy``.
+
+    ``tokens``: display strings for the row, or a callable ``ids -> strings`` (a tokenizer's
+    per-token decode); default the ``response_tokens`` field, else the token ids.
+    """
+    B = len(batch)
+    if not -B <= row < B:
+        raise ValueError(f"row: expected an index in [0, {B}), found {row}")
+    row = row % B
+    sub = batch[[row]]
+    n = int(sub.lengths[0])
+    mask = sub.mask[0, :n].numpy()
+    turn_ids = sub.turn_ids[0, :n].numpy()
+    chans: dict[str, np.ndarray] = {}
+    info: dict[str, dict] = {}
+
+    def add(name, arr, label, center=0.0):
+        chans[name] = np.asarray(arr, dtype=np.float64)[:n]
+        info[name] = {"label": label, "center": center, "scale": None}
+
+    for name, a in (advantages or {}).items():
+        a = getattr(a, "advantages", a)
+        a = a.detach().cpu().numpy() if hasattr(a, "detach") else np.asarray(a)
+        add(f"adv_{name}", a[row], f"advantage ({name})")
+    for f in sub.token_fields:
+        if f.startswith("adv_") and f not in chans:
+            add(f, sub.padded(f, fill=math.nan)[0].numpy(), f"advantage ({f[4:]}, stored)")
+    if sub.has("advantages"):
+        add("advantages", sub.padded("advantages", fill=math.nan)[0].numpy(), "advantage (logged)")
+    values = sub.values
+    if values is not None:
+        add("value", values[0].numpy(), "value")
+        td = _td_error(sub, gamma)
+        if td is not None:
+            add("td", td, f"TD error (γ={gamma:g})")
+    add("reward", sub.padded("rewards", fill=0.0)[0].numpy(), "reward")
+    old = sub.padded("old_logprobs", fill=math.nan)[0].numpy() if sub.has("old_logprobs") else None
+    roll = sub.padded("rollout_logprobs", fill=math.nan)[0].numpy() if sub.has("rollout_logprobs") else None
+    ref = sub.padded("ref_logprobs", fill=math.nan)[0].numpy() if sub.has("ref_logprobs") else None
+    if old is not None or roll is not None:
+        add("logprob", old if old is not None else roll, "logprob (old)" if old is not None else "logprob (rollout)")
+    if old is not None and roll is not None:
+        add("ratio", np.exp(np.clip(old - roll, -20, 20)), "ratio exp(old − rollout)", center=1.0)
+    if old is not None and ref is not None:
+        add("kl", old - ref, "KL k1 (old − ref)")
+    if sub.has("entropy"):
+        add("entropy", sub.padded("entropy", fill=math.nan)[0].numpy(), "entropy")
+    # observation tokens carry no values: blank them so hover shows "—" rather than a stale number
+    for k in chans:
+        chans[k] = np.where(mask != 0, chans[k], np.nan)
+    if channel is None:
+        channel = next((k for k in chans if k.startswith("adv_")), None) or ("value" if "value" in chans else None)
+    traj_id = batch.traj_ids[row]
+    score = float(sub.rewards[0].sum())
+    meta = {"group": batch.group_ids[row], "score": round(score, 6), "turns": int(sub.num_turns[0])}
+    return payload_from_arrays(
+        _row_tokens(batch, row, n, tokens),
+        mask,
+        turn_ids,
+        chans,
+        channel_info=info,
+        channel=channel,
+        title=title if title is not None else f"trajectory {traj_id}",
+        meta=meta,
+        digits=digits,
+    )
+
+
+def _td_error(sub, gamma: float):
+    """δ_t over action tokens of a one-row batch: token GAE with λ = 0 from the estimators package."""
+    try:
+        from mpo_viz.advantages import gae
+    except ImportError:  # estimators not built yet
+        return None
+    adv, _ = gae(
+        sub.padded("rewards", torch_float64()),
+        sub.padded("values", torch_float64()),
+        sub.mask,
+        gamma=gamma,
+        lam=0.0,
+        bootstrap_value=sub.bootstrap_value,
+    )
+    return adv[0].detach().cpu().numpy()
+
+
+def torch_float64():
+    import torch
+
+    return torch.float64
+
+
+def payload_json(payload: dict) -> str:
+    """Compact JSON of a payload, safe to inline in ``<script type="application/json">``."""
+    s = json.dumps(payload, separators=(",", ":"), allow_nan=False, ensure_ascii=False)
+    return s.replace("</", "<\\/").replace("<!--", "<\\u0021--").replace("\u2028", "\\u2028").replace("\u2029", "\\u2029")

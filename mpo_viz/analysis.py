@@ -1,0 +1,624 @@
+"""Analysis: the across/within variance split, per-turn tables, estimator comparison, critic quality.
+
+Pandas out; tensors (torch or numpy, ``(B, L)``) or a :class:`~mpo_viz.trajectory.TrajectoryBatch`
+in. Every statistic is computed over **action tokens** (``mask == 1``) only: observation and padding
+tokens carry no value and no credit (DESIGN §3.1).
+
+Turns are the ids of ``batch.turn_ids`` (given, or derived from mask runs by
+:func:`mpo_viz.turns.turn_ids_from_mask` — the one definition shared with estimators and losses).
+
+Each vectorized function has a plain-Python reference loop beside it (``_*_ref``); the tests check
+them against each other on edge cases.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+from dataclasses import dataclass, field
+
+import numpy as np
+import pandas as pd
+
+from mpo_viz.turns import turn_ids_from_mask
+
+__all__ = [
+    "variance_split",
+    "value_variance",
+    "advantage_variance",
+    "variance_summary",
+    "turn_table",
+    "compute_advantages",
+    "compare_estimators",
+    "sign_flips",
+    "disagreement",
+    "critic_quality",
+    "CriticQuality",
+]
+
+
+# ---------------------------------------------------------------------------------------------
+# helpers
+
+
+def _np(x, dtype=np.float64) -> np.ndarray:
+    """A torch tensor or array-like as a numpy array of ``dtype`` (a copy only when needed)."""
+    if hasattr(x, "detach"):
+        x = x.detach().cpu().numpy()
+    return np.asarray(x, dtype=dtype)
+
+
+def _as_2d(x, name: str, dtype=np.float64) -> np.ndarray:
+    a = _np(x, dtype)
+    if a.ndim == 1:
+        a = a[None]
+    if a.ndim != 2:
+        raise ValueError(f"{name}: expected a (B, L) tensor, found shape {tuple(a.shape)}")
+    return a
+
+
+def _prepare(x, mask, turn_ids, name: str = "x"):
+    """Validate shapes and return float64 ``x``, bool ``mask``, int64 ``turn_ids`` (all (B, L))."""
+    x = _as_2d(x, name)
+    m = _as_2d(mask, "mask") != 0
+    if x.shape != m.shape:
+        raise ValueError(f"{name}: expected shape {m.shape} (the mask's), found {x.shape}")
+    if turn_ids is None:
+        t = turn_ids_from_mask(m.astype(np.int64))
+    else:
+        t = _as_2d(turn_ids, "turn_ids", np.int64)
+        if t.shape != m.shape:
+            raise ValueError(f"turn_ids: expected shape {m.shape} (the mask's), found {t.shape}")
+    bad = m & ~np.isfinite(x)
+    if bad.any():
+        r, c = np.argwhere(bad)[0]
+        raise ValueError(
+            f"{name}: row {r}, token {c}: expected a finite number on action tokens, found {x[r, c]}"
+        )
+    return x, m, t
+
+
+@dataclass
+class _Turns:
+    """Flat index of the turns of a batch: action token ``(rows[i], cols[i])`` is in turn slot
+    ``slot[i]``; slot ``s`` belongs to row ``turn_row[s]`` and has turn number ``turn_k[s]``."""
+
+    rows: np.ndarray  # (N,) int64, action tokens in row-major order
+    cols: np.ndarray  # (N,)
+    slot: np.ndarray  # (N,) flat turn index
+    n_turns: np.ndarray  # (B,) K per row
+    offsets: np.ndarray  # (B + 1,) first slot of each row
+    turn_row: np.ndarray  # (T,)
+    turn_k: np.ndarray  # (T,)
+    count: np.ndarray  # (T,) action tokens per turn
+
+    @property
+    def n_slots(self) -> int:
+        return int(self.offsets[-1])
+
+
+def _turn_index(m: np.ndarray, t: np.ndarray) -> _Turns:
+    rows, cols = np.nonzero(m)
+    k = t[rows, cols]
+    B = m.shape[0]
+    n_turns = np.zeros(B, dtype=np.int64)
+    if rows.size:
+        np.maximum.at(n_turns, rows, k + 1)
+    offsets = np.zeros(B + 1, dtype=np.int64)
+    np.cumsum(n_turns, out=offsets[1:])
+    slot = offsets[rows] + k
+    T = int(offsets[-1])
+    turn_row = np.repeat(np.arange(B), n_turns)
+    turn_k = np.arange(T) - offsets[turn_row]
+    count = np.bincount(slot, minlength=T).astype(np.int64)
+    return _Turns(rows, cols, slot, n_turns, offsets, turn_row, turn_k, count)
+
+
+def _turn_means(x: np.ndarray, idx: _Turns) -> np.ndarray:
+    """Mean of ``x`` over each turn's action tokens, ``(T,)`` (NaN for an empty slot)."""
+    s = np.bincount(idx.slot, weights=x[idx.rows, idx.cols], minlength=idx.n_slots)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        return s / idx.count
+
+
+# ---------------------------------------------------------------------------------------------
+# §3.9 across / within split
+
+
+def variance_split(x, mask, turn_ids=None) -> dict[str, np.ndarray]:
+    """The across/within split of DESIGN §3.9 for any per-token tensor (values, advantages, ...).
+
+    Shapes: ``x``, ``mask``, ``turn_ids`` are ``(B, L)`` (torch or numpy; ``turn_ids=None`` derives
+    turns from mask runs). Returns a dict of float64 / int64 numpy arrays of shape ``(B,)``:
+
+    * ``across = Var_k(m_k)`` with ``m_k = mean_{t∈k} x_t`` (population variance over the K turns,
+      each turn weighing 1);
+    * ``within = mean_k Var_{t∈k}(x_t)`` (population variance inside each turn; a one-token turn
+      contributes 0);
+    * ``ratio = across / within``: ``inf`` when ``within == 0 < across``; ``nan`` when both are 0
+      (nothing varies) or the row has no action token;
+    * the length-weighted pair ``across_w = Σ_k n_k (m_k − m)² / n`` and
+      ``within_w = Σ_k n_k Var_k / n`` (``m`` the mean over all n action tokens), which sum to the
+      population variance of the row's action-token values;
+    * ``n_tokens`` (action tokens) and ``n_turns`` (K).
+
+    Rows without action tokens get NaN statistics. Only action tokens are read, so ``x`` may hold
+    anything (even NaN) on observation and padding tokens.
+    """
+    x, m, t = _prepare(x, mask, turn_ids)
+    B = x.shape[0]
+    idx = _turn_index(m, t)
+    T = idx.n_slots
+    xv = x[idx.rows, idx.cols]
+    mk = _turn_means(x, idx)  # (T,)
+    dev2 = (xv - mk[idx.slot]) ** 2
+    var_k = np.bincount(idx.slot, weights=dev2, minlength=T) / np.maximum(idx.count, 1)
+    K = idx.n_turns.astype(np.float64)
+    n = np.bincount(idx.rows, minlength=B).astype(np.float64)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        mean_of_means = np.bincount(idx.turn_row, weights=mk, minlength=B) / K
+        across = np.bincount(idx.turn_row, weights=(mk - mean_of_means[idx.turn_row]) ** 2, minlength=B) / K
+        within = np.bincount(idx.turn_row, weights=var_k, minlength=B) / K
+        m_all = np.bincount(idx.rows, weights=xv, minlength=B) / n
+        across_w = np.bincount(
+            idx.turn_row, weights=idx.count * (mk - m_all[idx.turn_row]) ** 2, minlength=B
+        ) / n
+        within_w = np.bincount(idx.turn_row, weights=idx.count * var_k, minlength=B) / n
+    ratio = _ratio(across, within)
+    return {
+        "n_tokens": n.astype(np.int64),
+        "n_turns": idx.n_turns,
+        "across": across,
+        "within": within,
+        "ratio": ratio,
+        "across_w": across_w,
+        "within_w": within_w,
+    }
+
+
+def _ratio(across: np.ndarray, within: np.ndarray) -> np.ndarray:
+    across = np.asarray(across, dtype=np.float64)
+    within = np.asarray(within, dtype=np.float64)
+    out = np.full(across.shape, np.nan)
+    pos = within > 0
+    out[pos] = across[pos] / within[pos]
+    out[(within == 0) & (across > 0)] = np.inf
+    return out
+
+
+def _variance_split_ref(x, mask, turn_ids=None) -> dict[str, np.ndarray]:
+    """Reference loop for :func:`variance_split` (one trajectory, one turn at a time)."""
+    x, m, t = _prepare(x, mask, turn_ids)
+    out = {k: [] for k in ("n_tokens", "n_turns", "across", "within", "ratio", "across_w", "within_w")}
+    for b in range(x.shape[0]):
+        turns: dict[int, list[float]] = {}
+        for j in range(x.shape[1]):
+            if m[b, j]:
+                turns.setdefault(int(t[b, j]), []).append(float(x[b, j]))
+        vals = [v for k in sorted(turns) for v in turns[k]]
+        n, K = len(vals), len(turns)
+        out["n_tokens"].append(n)
+        out["n_turns"].append(max(turns) + 1 if turns else 0)
+        if n == 0:
+            for k in ("across", "within", "ratio", "across_w", "within_w"):
+                out[k].append(math.nan)
+            continue
+        means = [sum(v) / len(v) for v in turns.values()]
+        variances = [sum((a - mu) ** 2 for a in v) / len(v) for v, mu in zip(turns.values(), means)]
+        mm = sum(means) / K
+        across = sum((mu - mm) ** 2 for mu in means) / K
+        within = sum(variances) / K
+        m_all = sum(vals) / n
+        out["across"].append(across)
+        out["within"].append(within)
+        out["across_w"].append(sum(len(v) * (mu - m_all) ** 2 for v, mu in zip(turns.values(), means)) / n)
+        out["within_w"].append(sum(len(v) * var for v, var in zip(turns.values(), variances)) / n)
+        out["ratio"].append(math.inf if within == 0 and across > 0 else (across / within if within > 0 else math.nan))
+    return {k: np.asarray(v, dtype=np.int64 if k.startswith("n_") else np.float64) for k, v in out.items()}
+
+
+def _scores(batch) -> np.ndarray:
+    """The trajectory score of DESIGN §3.6: the sum of the rewards an estimator sees, ``(B,)``."""
+    r = _np(batch.rewards)
+    return r.sum(axis=1) if r.ndim == 2 else r
+
+
+def value_variance(batch, values=None, *, name: str = "values") -> pd.DataFrame:
+    """DESIGN §3.9, one row per trajectory of ``batch`` (the paper's Fig. 2 diagnostic).
+
+    ``values``: a ``(B, L)`` tensor to split instead of ``batch.values`` — pass an advantage tensor
+    to get the same split for advantages (see :func:`advantage_variance`).
+
+    Columns: ``traj_id``, ``group_id``, ``reward`` (the trajectory score: sum of the rewards the
+    estimators see), ``n_turns``, ``n_tokens`` (action tokens), ``across``, ``within``, ``ratio``,
+    ``across_w``, ``within_w`` (see :func:`variance_split`). Raises ``ValueError`` when the batch has
+    no values and none are given.
+    """
+    if values is None:
+        values = batch.values
+        if values is None:
+            raise ValueError(f"{name}: the batch has no 'values' field; pass values= explicitly")
+    split = variance_split(values, batch.mask, batch.turn_ids)
+    df = pd.DataFrame(
+        {
+            "traj_id": list(batch.traj_ids),
+            "group_id": list(batch.group_ids),
+            "reward": _scores(batch),
+            **{k: split[k] for k in ("n_turns", "n_tokens", "across", "within", "ratio", "across_w", "within_w")},
+        }
+    )
+    df.attrs["quantity"] = name
+    return df
+
+
+def advantage_variance(batch, advantages, *, name: str = "advantages") -> pd.DataFrame:
+    """The §3.9 split of an advantage tensor ``(B, L)``: :func:`value_variance` with ``values=``.
+
+    For MAE the turn means are exactly ``A^T_k``, so ``across`` is the macro-scale spread and
+    ``within`` the micro-scale (β-weighted centred signal) spread.
+    """
+    return value_variance(batch, advantages, name=name)
+
+
+def variance_summary(df: pd.DataFrame) -> dict:
+    """Batch statistics of a :func:`value_variance` table (plain floats / ints).
+
+    Means are over trajectories with at least one action token (NaN rows excluded).
+    ``median_ratio`` is over finite ratios only; ``n_inf_ratio`` counts ratios that are ``inf``
+    (within = 0 < across); ``n_flat`` counts rows where neither varies (ratio NaN);
+    ``share_across_gt_within`` is over rows with at least one action token.
+    """
+    valid = df["n_tokens"] > 0
+    d = df[valid]
+    ratio = d["ratio"].to_numpy(dtype=np.float64)
+    finite = ratio[np.isfinite(ratio)]
+
+    def mean(col):
+        return float(d[col].mean()) if len(d) else math.nan
+
+    return {
+        "n_traj": int(len(df)),
+        "n_valid": int(valid.sum()),
+        "mean_across": mean("across"),
+        "mean_within": mean("within"),
+        "mean_across_w": mean("across_w"),
+        "mean_within_w": mean("within_w"),
+        "median_ratio": float(np.median(finite)) if finite.size else math.nan,
+        "share_across_gt_within": float((d["across"] > d["within"]).mean()) if len(d) else math.nan,
+        "n_inf_ratio": int(np.isinf(ratio).sum()),
+        "n_flat": int(np.isnan(ratio).sum()),
+    }
+
+
+# ---------------------------------------------------------------------------------------------
+# estimators (thin wrapper over mpo_viz.advantages.compute)
+
+
+def compute_advantages(batch, estimators, **options) -> dict:
+    """Run each named estimator on ``batch``: ``{name: result}`` (``result.advantages``, ``.returns``).
+
+    ``options`` are shared (e.g. ``gamma=``, ``lam=``, ``beta=``); each estimator receives only the
+    options it accepts (see :func:`estimator_options`), so ``-e mpo,grpo --beta 0.5`` works.
+    """
+    from mpo_viz import advantages as adv
+
+    if isinstance(estimators, str):
+        estimators = [e.strip() for e in estimators.split(",") if e.strip()]
+    out = {}
+    for name in estimators:
+        out[name] = adv.compute(batch, name, **estimator_options(name, options))
+    return out
+
+
+def estimator_options(name: str, options: dict) -> dict:
+    """The subset of ``options`` that estimator ``name`` accepts (unknown names raise ValueError)."""
+    from mpo_viz import advantages as adv
+
+    names = list(adv.available())
+    if name not in names:
+        raise ValueError(f"estimator: expected one of {', '.join(names)}, found {name!r}")
+    accepted = _accepted_options(name)
+    if accepted is None:
+        return dict(options)
+    return {k: v for k, v in options.items() if k in accepted and v is not None}
+
+
+def _accepted_options(name: str):
+    """Option names the estimator accepts, from the registry when it says, else its signature."""
+    import inspect
+
+    from mpo_viz import advantages as adv
+
+    for attr in ("options_of", "estimator_options", "accepted_options"):
+        f = getattr(adv, attr, None)
+        if callable(f):
+            try:
+                return set(f(name))
+            except Exception:  # noqa: BLE001 - fall back to the signature
+                pass
+    get = getattr(adv, "get", None)
+    fn = None
+    if callable(get):
+        try:
+            fn = get(name)
+        except Exception:  # noqa: BLE001
+            fn = None
+    fn = getattr(fn, "fn", fn)
+    if fn is None:
+        return None
+    cfg = getattr(fn, "config", None) or getattr(fn, "Config", None)
+    if cfg is not None and hasattr(cfg, "__dataclass_fields__"):
+        return set(cfg.__dataclass_fields__)
+    try:
+        params = inspect.signature(fn).parameters.values()
+    except (TypeError, ValueError):
+        return None
+    if any(p.kind is p.VAR_KEYWORD for p in params):
+        return None
+    return {p.name for p in params if p.kind is p.KEYWORD_ONLY}
+
+
+def _adv_tensors(advantages) -> dict[str, np.ndarray]:
+    """Accept ``{name: tensor}`` or ``{name: result}`` (anything with ``.advantages``)."""
+    out = {}
+    for k, v in advantages.items():
+        out[k] = _np(getattr(v, "advantages", v))
+    return out
+
+
+# ---------------------------------------------------------------------------------------------
+# per-turn tables
+
+
+def turn_table(batch, advantages=None, *, returns=None) -> pd.DataFrame:
+    """One row per assistant turn of ``batch``.
+
+    Columns: ``traj_id``, ``row`` (index in the batch), ``turn``, ``start`` / ``end`` (positions of
+    the turn's first / last action token in the response, inclusive), ``n_tokens`` (action tokens),
+    ``reward`` (``R_k``, the sum of the rewards on the turn's tokens), and when the batch has values
+    ``value_first`` (``V(s_k)``), ``value_mean``, ``value_last``; for each ``name`` of
+    ``advantages`` (``{name: (B, L) tensor or result}``) ``adv_<name>`` = mean of the advantages
+    over the turn's action tokens (for MAE exactly ``A^T_k``); with ``returns`` (``(B, L)``)
+    ``return_first`` = the return at the turn's first action token.
+    """
+    m = _as_2d(batch.mask, "mask") != 0
+    t = _as_2d(batch.turn_ids, "turn_ids", np.int64)
+    idx = _turn_index(m, t)
+    T = idx.n_slots
+    first = np.full(T, np.iinfo(np.int64).max)
+    last = np.full(T, -1)
+    np.minimum.at(first, idx.slot, idx.cols)
+    np.maximum.at(last, idx.slot, idx.cols)
+    traj_ids = np.asarray(list(batch.traj_ids), dtype=object)
+    df = pd.DataFrame(
+        {
+            "traj_id": traj_ids[idx.turn_row] if T else np.array([], dtype=object),
+            "row": idx.turn_row,
+            "turn": idx.turn_k,
+            "start": first,
+            "end": last,
+            "n_tokens": idx.count,
+        }
+    )
+    r = _as_2d(batch.rewards, "rewards")
+    df["reward"] = np.bincount(idx.slot, weights=r[idx.rows, idx.cols], minlength=T)
+    if batch.values is not None:
+        v = _as_2d(batch.values, "values")
+        df["value_first"] = v[idx.turn_row, first] if T else np.array([])
+        df["value_mean"] = _turn_means(v, idx)
+        df["value_last"] = v[idx.turn_row, last] if T else np.array([])
+    for name, a in _adv_tensors(advantages or {}).items():
+        a = _as_2d(a, f"advantages[{name!r}]")
+        if a.shape != m.shape:
+            raise ValueError(f"advantages[{name!r}]: expected shape {m.shape}, found {a.shape}")
+        df[f"adv_{name}"] = _turn_means(a, idx)
+    if returns is not None:
+        g = _as_2d(getattr(returns, "returns", returns), "returns")
+        df["return_first"] = g[idx.turn_row, first] if T else np.array([])
+    return df
+
+
+def _turn_table_ref(batch, advantages=None) -> pd.DataFrame:
+    """Reference loop for :func:`turn_table` (core columns + advantages)."""
+    m = _as_2d(batch.mask, "mask") != 0
+    t = _as_2d(batch.turn_ids, "turn_ids", np.int64)
+    r = _as_2d(batch.rewards, "rewards")
+    adv = _adv_tensors(advantages or {})
+    rows = []
+    for b in range(m.shape[0]):
+        turns: dict[int, list[int]] = {}
+        for j in range(m.shape[1]):
+            if m[b, j]:
+                turns.setdefault(int(t[b, j]), []).append(j)
+        for k in sorted(turns):
+            pos = turns[k]
+            row = {
+                "traj_id": batch.traj_ids[b],
+                "row": b,
+                "turn": k,
+                "start": pos[0],
+                "end": pos[-1],
+                "n_tokens": len(pos),
+                "reward": sum(r[b, j] for j in pos),
+            }
+            for name, a in adv.items():
+                row[f"adv_{name}"] = sum(a[b, j] for j in pos) / len(pos)
+            rows.append(row)
+    return pd.DataFrame(rows)
+
+
+# ---------------------------------------------------------------------------------------------
+# estimator comparison
+
+
+def _pearson(a: np.ndarray, b: np.ndarray) -> float:
+    if a.size < 2:
+        return math.nan
+    da, db = a - a.mean(), b - b.mean()
+    den = math.sqrt(float((da * da).sum()) * float((db * db).sum()))
+    return float((da * db).sum() / den) if den > 0 else math.nan
+
+
+def _concordance(ta: np.ndarray, tb: np.ndarray, turn_row: np.ndarray) -> tuple[int, int]:
+    """(concordant, comparable) turn pairs within trajectories: a pair ``k < k'`` of the same
+    trajectory is comparable when neither estimator ties it, concordant when both order it alike."""
+    conc = comp = 0
+    bounds = np.flatnonzero(np.diff(turn_row)) + 1
+    for s, e in zip(np.r_[0, bounds], np.r_[bounds, turn_row.size]):
+        if e - s < 2:
+            continue
+        da = np.sign(ta[s:e, None] - ta[None, s:e])
+        db = np.sign(tb[s:e, None] - tb[None, s:e])
+        iu = np.triu_indices(e - s, 1)
+        da, db = da[iu], db[iu]
+        ok = (da != 0) & (db != 0)
+        comp += int(ok.sum())
+        conc += int((ok & (da == db)).sum())
+    return conc, comp
+
+
+def compare_estimators(batch, advantages) -> pd.DataFrame:
+    """Agreement between every pair of estimators on one batch, one row per pair ``(a, b)``.
+
+    ``advantages``: ``{name: (B, L) tensor or result}`` (at least two). Over action tokens:
+    ``token_corr`` (Pearson correlation of the per-token advantages), ``sign_agreement`` (share of
+    action tokens where ``sign(A_a) == sign(A_b)``, zero being its own sign). Over turns (turn
+    advantage = mean over the turn's action tokens): ``turn_corr``, ``turn_sign_agreement``,
+    ``turn_rank_agreement`` (share of concordant pairs among the pairs of turns *of the same
+    trajectory* that neither estimator ties; NaN when there is none), ``n_sign_flips`` (turns where
+    ``A_a · A_b < 0``) and ``n_turns``.
+    """
+    adv = _adv_tensors(advantages)
+    if len(adv) < 2:
+        raise ValueError(f"advantages: expected at least two estimators, found {len(adv)}")
+    m = _as_2d(batch.mask, "mask") != 0
+    t = _as_2d(batch.turn_ids, "turn_ids", np.int64)
+    idx = _turn_index(m, t)
+    tok = {k: _as_2d(v, f"advantages[{k!r}]")[idx.rows, idx.cols] for k, v in adv.items()}
+    turn = {k: _turn_means(_as_2d(v, k), idx) for k, v in adv.items()}
+    rows = []
+    for a, b in itertools.combinations(adv, 2):
+        conc, comp = _concordance(turn[a], turn[b], idx.turn_row)
+        rows.append(
+            {
+                "a": a,
+                "b": b,
+                "token_corr": _pearson(tok[a], tok[b]),
+                "sign_agreement": float((np.sign(tok[a]) == np.sign(tok[b])).mean()) if tok[a].size else math.nan,
+                "turn_corr": _pearson(turn[a], turn[b]),
+                "turn_sign_agreement": float((np.sign(turn[a]) == np.sign(turn[b])).mean()) if turn[a].size else math.nan,
+                "turn_rank_agreement": conc / comp if comp else math.nan,
+                "n_sign_flips": int((turn[a] * turn[b] < 0).sum()),
+                "n_turns": int(idx.n_slots),
+            }
+        )
+    return pd.DataFrame(rows)
+
+
+def sign_flips(batch, advantages) -> pd.DataFrame:
+    """The turns whose advantage sign differs between two estimators (``A_a · A_b < 0``).
+
+    One row per (pair, turn): ``a``, ``b``, ``traj_id``, ``row``, ``turn``, ``adv_a``, ``adv_b``
+    (turn means of the advantages).
+    """
+    adv = _adv_tensors(advantages)
+    tt = turn_table(batch, adv)
+    parts = []
+    for a, b in itertools.combinations(adv, 2):
+        sel = tt[tt[f"adv_{a}"] * tt[f"adv_{b}"] < 0]
+        parts.append(
+            pd.DataFrame(
+                {
+                    "a": a,
+                    "b": b,
+                    "traj_id": sel["traj_id"].to_numpy(),
+                    "row": sel["row"].to_numpy(),
+                    "turn": sel["turn"].to_numpy(),
+                    "adv_a": sel[f"adv_{a}"].to_numpy(),
+                    "adv_b": sel[f"adv_{b}"].to_numpy(),
+                }
+            )
+        )
+    cols = ["a", "b", "traj_id", "row", "turn", "adv_a", "adv_b"]
+    return pd.concat(parts, ignore_index=True) if parts else pd.DataFrame(columns=cols)
+
+
+def disagreement(batch, advantages) -> np.ndarray:
+    """Per trajectory ``(B,)``: the share of (turn, estimator pair) combinations whose turn
+    advantages have opposite signs — 0 when every estimator agrees on every turn's sign, NaN for a
+    row without turns. Used by the report to pick the most disagreed-on trajectories."""
+    adv = _adv_tensors(advantages)
+    m = _as_2d(batch.mask, "mask") != 0
+    t = _as_2d(batch.turn_ids, "turn_ids", np.int64)
+    idx = _turn_index(m, t)
+    B = m.shape[0]
+    turn = {k: _turn_means(_as_2d(v, k), idx) for k, v in adv.items()}
+    pairs = list(itertools.combinations(adv, 2))
+    flips = np.zeros(B)
+    for a, b in pairs:
+        flips += np.bincount(idx.turn_row, weights=(turn[a] * turn[b] < 0).astype(np.float64), minlength=B)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        return flips / (idx.n_turns * max(len(pairs), 1))
+
+
+# ---------------------------------------------------------------------------------------------
+# critic quality
+
+
+@dataclass
+class CriticQuality:
+    """How well the critic's values predict returns (over action tokens)."""
+
+    explained_variance: float
+    """``1 − Var(G − V) / Var(G)`` (population variances; NaN when Var(G) = 0) — verl's metric."""
+    mse: float
+    """``mean (V − G)²``."""
+    bias: float
+    """``mean (V − G)``: positive = the critic is optimistic."""
+    n_tokens: int
+    per_turn: pd.DataFrame = field(repr=False)
+    """One row per turn: ``traj_id``, ``row``, ``turn``, ``value_first`` (``V(s_k)``),
+    ``return_first`` (the return at the turn's first action token), ``error`` = value − return,
+    ``abs_error``."""
+
+    def as_dict(self) -> dict:
+        return {
+            "explained_variance": self.explained_variance,
+            "mse": self.mse,
+            "bias": self.bias,
+            "n_tokens": self.n_tokens,
+        }
+
+
+def critic_quality(batch, returns=None, *, estimator: str = "mpo", **options) -> CriticQuality:
+    """Explained variance of ``batch.values`` against ``returns`` and the per-turn value error.
+
+    ``returns``: ``(B, L)`` tensor or an estimator result; ``None`` uses the returns of
+    ``estimator`` (default ``"mpo"``, whose default critic target is the Monte-Carlo return).
+    """
+    if batch.values is None:
+        raise ValueError("values: the batch has no 'values' field; critic quality needs a critic")
+    if returns is None:
+        returns = compute_advantages(batch, [estimator], **options)[estimator]
+    g = _as_2d(getattr(returns, "returns", returns), "returns")
+    v = _as_2d(batch.values, "values")
+    m = _as_2d(batch.mask, "mask") != 0
+    if g.shape != m.shape:
+        raise ValueError(f"returns: expected shape {m.shape}, found {g.shape}")
+    gv, vv = g[m], v[m]
+    var_g = float(gv.var()) if gv.size else math.nan
+    ev = 1.0 - float((gv - vv).var()) / var_g if gv.size and var_g > 0 else math.nan
+    tt = turn_table(batch, returns=g)
+    per_turn = tt[["traj_id", "row", "turn"]].copy()
+    if "value_first" in tt:
+        per_turn["value_first"] = tt["value_first"]
+        per_turn["return_first"] = tt["return_first"]
+        per_turn["error"] = per_turn["value_first"] - per_turn["return_first"]
+        per_turn["abs_error"] = per_turn["error"].abs()
+    return CriticQuality(
+        explained_variance=ev,
+        mse=float(((vv - gv) ** 2).mean()) if gv.size else math.nan,
+        bias=float((vv - gv).mean()) if gv.size else math.nan,
+        n_tokens=int(gv.size),
+        per_turn=per_turn,
+    )

@@ -1,0 +1,448 @@
+// mpo_viz per-token credit strip: the one renderer of tokens in the project.
+//
+// Input: one JSON payload (built by mpo_viz.strip.strip_payload, schema "mpo_viz.strip/v1"):
+//   { version: 1, title, tokens: [str], mask: [0|1], turn_ids: [int],
+//     channels: { name: [number|null] }, channel_info: { name: { label, center, scale } },
+//     channel: initial channel name, meta: { key: value } }
+// Tokens are text coloured by the chosen channel on a diverging scale centred at the channel's
+// centre (0 unless said otherwise); observation tokens are greyed; every turn starts a new row with
+// a turn label; hovering a token shows every channel. Only the visible rows are in the DOM, so a
+// 50,000-token trajectory scrolls smoothly.
+//
+// Two entry points:
+//   mount(el, payload, options) -> { update(payload), setChannel(name), scrollToToken(i), destroy() }
+//   render({ model, el })       -> cleanup   (anywidget: reads the "payload" and "channel" traits)
+// The report inlines this file as a classic script: everything after the EXPORTS marker is cut and
+// `mount`/`render` are put on window.mpoStrip.
+
+const ROW_H = 20; // px, fixed so that row i sits at i * ROW_H (virtualized scrolling)
+const OVERSCAN = 12; // rows rendered above and below the viewport
+const GUTTER = 44; // px, the turn-label column
+const NEG = [178, 24, 43]; // diverging scale (RdBu): negative
+const MID = [247, 247, 247]; // centre
+const POS = [33, 102, 172]; // positive
+
+function esc(s) {
+  return String(s).replace(/[&<>"']/g, (c) => ({ "&": "&amp;", "<": "&lt;", ">": "&gt;", '"': "&quot;", "'": "&#39;" })[c]);
+}
+
+// Text of a token as displayed: control characters made visible, never empty.
+function displayText(s) {
+  if (s === null || s === undefined) return "\u00b7";
+  s = String(s);
+  if (s.length === 0) return "\u2205";
+  return s.replace(/\r?\n/g, "\u21b5").replace(/\t/g, "\u21e5").replace(/\r/g, "\u240d");
+}
+
+function fmt(v) {
+  if (v === null || v === undefined || (typeof v === "number" && !Number.isFinite(v))) return v === null || v === undefined ? "\u2014" : String(v);
+  if (typeof v !== "number") return esc(v);
+  const a = Math.abs(v);
+  if (a !== 0 && (a < 1e-3 || a >= 1e5)) return v.toExponential(3);
+  return (Math.round(v * 1e4) / 1e4).toString();
+}
+
+function mix(a, b, t) {
+  return [0, 1, 2].map((j) => Math.round(a[j] + (b[j] - a[j]) * t));
+}
+
+// Colour for (v - centre) / scale in [-1, 1]; returns [css background, dark text?].
+function colour(x) {
+  const t = Math.max(-1, Math.min(1, x));
+  const c = t < 0 ? mix(MID, NEG, -t) : mix(MID, POS, t);
+  return [`rgb(${c[0]},${c[1]},${c[2]})`, Math.abs(t) < 0.6];
+}
+
+function normalize(payload) {
+  if (payload === null || payload === undefined) payload = {};
+  if (typeof payload === "string") payload = payload ? JSON.parse(payload) : {};
+  const tokens = payload.tokens || [];
+  const n = tokens.length;
+  const mask = payload.mask || new Array(n).fill(1);
+  const turn = payload.turn_ids || new Array(n).fill(0);
+  const channels = payload.channels || {};
+  const info = payload.channel_info || {};
+  const names = Object.keys(channels);
+  for (const k of names) {
+    if (channels[k].length !== n) throw new Error(`mpo strip: channel ${k} has ${channels[k].length} values for ${n} tokens`);
+  }
+  if (mask.length !== n || turn.length !== n) throw new Error(`mpo strip: mask/turn_ids length differs from tokens (${n})`);
+  return { tokens, mask, turn, channels, info, names, n, title: payload.title || "", meta: payload.meta || {}, channel: payload.channel };
+}
+
+export function mount(el, payload, options = {}) {
+  let d = normalize(payload);
+  let channel = options.channel && d.channels[options.channel] ? options.channel : (d.channel && d.channels[d.channel] ? d.channel : d.names[0]);
+  const height = options.height || 360;
+  const scales = new Map(); // channel -> [centre, scale]
+  const widthCache = new Map();
+  let rowStart = new Int32Array(1); // row r holds tokens rowStart[r] .. rowStart[r+1]-1
+  let rowKind = new Uint8Array(0); // 1 = first action row of a turn, 2 = observation row, 0 = continuation
+  let nRows = 0;
+  let lastRange = [-1, -1];
+  let layoutWidth = 0;
+  let raf = 0;
+  let hovered = -1;
+
+  el.innerHTML = "";
+  const root = document.createElement("div");
+  root.className = "mpo-strip";
+  root.innerHTML = `
+    <div class="mpo-strip-head">
+      <span class="mpo-strip-title"></span>
+      <label class="mpo-strip-ctl">colour by <select class="mpo-strip-channel" aria-label="channel"></select></label>
+      <label class="mpo-strip-ctl">turn <select class="mpo-strip-turn" aria-label="jump to turn"></select></label>
+      <span class="mpo-strip-legend"><span class="mpo-strip-lo"></span><span class="mpo-strip-bar"></span><span class="mpo-strip-hi"></span></span>
+    </div>
+    <div class="mpo-strip-viewport" tabindex="0"><div class="mpo-strip-spacer"></div><div class="mpo-strip-layer"></div></div>
+    <div class="mpo-strip-tip" role="tooltip" hidden></div>`;
+  el.appendChild(root);
+  const $ = (s) => root.querySelector(s);
+  const title = $(".mpo-strip-title");
+  const select = $(".mpo-strip-channel");
+  const turnSelect = $(".mpo-strip-turn");
+  const viewport = $(".mpo-strip-viewport");
+  const spacer = $(".mpo-strip-spacer");
+  const layer = $(".mpo-strip-layer");
+  const tip = $(".mpo-strip-tip");
+  const lo = $(".mpo-strip-lo");
+  const hi = $(".mpo-strip-hi");
+  const bar = $(".mpo-strip-bar");
+  viewport.style.height = `${height}px`;
+  bar.style.background = `linear-gradient(to right, rgb(${NEG}), rgb(${MID}), rgb(${POS}))`;
+
+  // --- measuring and layout -------------------------------------------------------------------
+  const canvas = document.createElement("canvas");
+  const ctx = canvas.getContext("2d");
+  function setFont() {
+    const probe = document.createElement("span");
+    probe.className = "mpo-strip-tok";
+    probe.textContent = "x";
+    layer.appendChild(probe);
+    const cs = getComputedStyle(probe);
+    ctx.font = `${cs.fontStyle} ${cs.fontWeight} ${cs.fontSize} ${cs.fontFamily}`;
+    // horizontal padding + border + margin of one token span
+    const extra = ["paddingLeft", "paddingRight", "marginRight", "marginLeft", "borderLeftWidth", "borderRightWidth"]
+      .reduce((s, k) => s + (parseFloat(cs[k]) || 0), 0);
+    layer.removeChild(probe);
+    return extra;
+  }
+  let spanExtra = setFont();
+  function width(s) {
+    let w = widthCache.get(s);
+    if (w === undefined) {
+      w = ctx.measureText(s).width + spanExtra;
+      widthCache.set(s, w);
+    }
+    return w;
+  }
+
+  function layout() {
+    const avail = Math.max(120, (viewport.clientWidth || options.width || 800) - GUTTER - 24);
+    layoutWidth = viewport.clientWidth;
+    const starts = [0];
+    const kinds = [];
+    const { n, mask, turn, tokens } = d;
+    let x = 0;
+    let prevKind = -1; // 1 action, 0 observation
+    let prevTurn = -1;
+    let forceBreak = false;
+    for (let i = 0; i < n; i++) {
+      const act = mask[i] ? 1 : 0;
+      const newTurn = act && turn[i] !== prevTurn;
+      const seg = act !== prevKind || newTurn;
+      const raw = tokens[i] === null || tokens[i] === undefined ? "" : String(tokens[i]);
+      const w = width(displayText(raw));
+      if (i > 0 && (seg || forceBreak || x + w > avail)) {
+        starts.push(i);
+        x = 0;
+      }
+      if (i === 0 || starts[starts.length - 1] === i) kinds.push(act ? (newTurn ? 1 : 0) : seg ? 2 : 3);
+      x += w;
+      forceBreak = raw.indexOf("\n") >= 0;
+      if (act) prevTurn = turn[i];
+      prevKind = act;
+    }
+    if (n === 0) kinds.length = 0;
+    nRows = n === 0 ? 0 : starts.length;
+    starts.push(n);
+    rowStart = Int32Array.from(starts);
+    rowKind = Uint8Array.from(kinds);
+    spacer.style.height = `${nRows * ROW_H}px`;
+    lastRange = [-1, -1];
+  }
+
+  // --- colours ---------------------------------------------------------------------------------
+  function scaleOf(name) {
+    if (scales.has(name)) return scales.get(name);
+    const inf = d.info[name] || {};
+    const centre = Number.isFinite(inf.center) ? inf.center : 0;
+    let s = Number.isFinite(inf.scale) && inf.scale > 0 ? inf.scale : 0;
+    if (!s) {
+      const vals = d.channels[name];
+      const dev = [];
+      for (let i = 0; i < d.n; i++) {
+        const v = vals[i];
+        if (d.mask[i] && v !== null && Number.isFinite(v)) dev.push(Math.abs(v - centre));
+      }
+      if (dev.length) {
+        dev.sort((a, b) => a - b);
+        s = dev[Math.min(dev.length - 1, Math.floor(0.99 * (dev.length - 1)))] || dev[dev.length - 1];
+      }
+      if (!(s > 0)) s = 1;
+    }
+    const r = [centre, s];
+    scales.set(name, r);
+    return r;
+  }
+
+  function legend() {
+    if (!channel) {
+      lo.textContent = hi.textContent = "";
+      return;
+    }
+    const [c, s] = scaleOf(channel);
+    lo.textContent = fmt(c - s);
+    hi.textContent = fmt(c + s);
+    bar.title = `${(d.info[channel] || {}).label || channel}: centre ${fmt(c)}, saturates at \u00b1${fmt(s)}`;
+  }
+
+  // --- rendering --------------------------------------------------------------------------------
+  function rowHtml(r) {
+    const a = rowStart[r];
+    const b = rowStart[r + 1];
+    const kind = rowKind[r];
+    const vals = channel ? d.channels[channel] : null;
+    const [c, s] = channel ? scaleOf(channel) : [0, 1];
+    let label = "";
+    let cls = "mpo-strip-row";
+    if (kind === 1) {
+      label = `T${d.turn[a]}`;
+      cls += " mpo-strip-turnstart";
+    } else if (kind === 2 || kind === 3) {
+      if (kind === 2) label = "obs";
+      cls += " mpo-strip-obsrow";
+    }
+    let h = `<div class="${cls}" style="top:${r * ROW_H}px"><span class="mpo-strip-gutter">${label}</span>`;
+    for (let i = a; i < b; i++) {
+      const text = esc(displayText(d.tokens[i]));
+      if (!d.mask[i]) {
+        h += `<span class="mpo-strip-tok mpo-strip-obs" data-i="${i}">${text}</span>`;
+        continue;
+      }
+      const v = vals ? vals[i] : null;
+      if (v === null || v === undefined || !Number.isFinite(v)) {
+        h += `<span class="mpo-strip-tok mpo-strip-na" data-i="${i}">${text}</span>`;
+        continue;
+      }
+      const [bg, dark] = colour((v - c) / s);
+      h += `<span class="mpo-strip-tok${dark ? "" : " mpo-strip-light"}" data-i="${i}" style="background:${bg}">${text}</span>`;
+    }
+    return h + "</div>";
+  }
+
+  function renderVisible(force) {
+    raf = 0;
+    if (Math.abs(viewport.clientWidth - layoutWidth) > 1 && viewport.clientWidth > 0) {
+      const first = rowStart[Math.min(nRows, Math.floor(viewport.scrollTop / ROW_H))] || 0;
+      layout();
+      scrollToToken(first, false);
+      force = true;
+    }
+    const top = viewport.scrollTop;
+    const h = viewport.clientHeight || height;
+    const r0 = Math.max(0, Math.floor(top / ROW_H) - OVERSCAN);
+    const r1 = Math.min(nRows, Math.ceil((top + h) / ROW_H) + OVERSCAN);
+    if (!force && r0 === lastRange[0] && r1 === lastRange[1]) return;
+    lastRange = [r0, r1];
+    let html = "";
+    for (let r = r0; r < r1; r++) html += rowHtml(r);
+    layer.innerHTML = html;
+  }
+
+  function schedule() {
+    if (!raf) raf = requestAnimationFrame(() => renderVisible(false));
+  }
+
+  function rowOfToken(i) {
+    let lo_ = 0;
+    let hi_ = nRows - 1;
+    while (lo_ < hi_) {
+      const mid = (lo_ + hi_ + 1) >> 1;
+      if (rowStart[mid] <= i) lo_ = mid;
+      else hi_ = mid - 1;
+    }
+    return lo_;
+  }
+
+  function scrollToToken(i, render = true) {
+    if (!nRows) return;
+    viewport.scrollTop = rowOfToken(Math.max(0, Math.min(d.n - 1, i))) * ROW_H;
+    if (render) renderVisible(true);
+  }
+
+  // --- controls ----------------------------------------------------------------------------------
+  function fillControls() {
+    const bits = [];
+    if (d.title) bits.push(`<b>${esc(d.title)}</b>`);
+    let nAct = 0;
+    let K = 0;
+    for (let i = 0; i < d.n; i++) if (d.mask[i]) { nAct++; K = Math.max(K, d.turn[i] + 1); }
+    bits.push(`${d.n.toLocaleString()} tokens \u00b7 ${nAct.toLocaleString()} action \u00b7 ${K} turns`);
+    for (const [k, v] of Object.entries(d.meta)) bits.push(`${esc(k)} ${fmt(v)}`);
+    title.innerHTML = bits.join(" \u00b7 ");
+    select.innerHTML = d.names.map((k) => `<option value="${esc(k)}">${esc((d.info[k] || {}).label || k)}</option>`).join("");
+    if (channel) select.value = channel;
+    select.disabled = d.names.length === 0;
+    const firsts = [];
+    let prev = -1;
+    for (let i = 0; i < d.n; i++) if (d.mask[i] && d.turn[i] !== prev) { firsts.push([d.turn[i], i]); prev = d.turn[i]; }
+    turnSelect.innerHTML = firsts.slice(0, 5000).map(([k, i]) => `<option value="${i}">T${k} @${i}</option>`).join("");
+    turnSelect.disabled = firsts.length === 0;
+  }
+
+  function setChannel(name, notify = false) {
+    if (!d.channels[name] || name === channel) return;
+    channel = name;
+    select.value = name;
+    legend();
+    renderVisible(true);
+    if (hovered >= 0) showTip(hovered);
+    if (notify && options.onChannel) options.onChannel(name);
+  }
+
+  // --- hover ---------------------------------------------------------------------------------------
+  function showTip(i) {
+    const rows = d.names.map((k) => {
+      const v = d.channels[k][i];
+      const label = esc((d.info[k] || {}).label || k);
+      return `<tr class="${k === channel ? "mpo-strip-active" : ""}"><td>${label}</td><td>${fmt(v)}</td></tr>`;
+    });
+    tip.innerHTML =
+      `<div class="mpo-strip-tiphead">#${i} \u00b7 turn ${d.turn[i]} \u00b7 ${d.mask[i] ? "action" : "observation"}</div>` +
+      `<div class="mpo-strip-tiptext">${esc(JSON.stringify(d.tokens[i] === undefined ? null : d.tokens[i]))}</div>` +
+      `<table>${rows.join("")}</table>`;
+    tip.hidden = false;
+  }
+
+  function onOver(ev) {
+    const t = ev.target.closest ? ev.target.closest("[data-i]") : null;
+    if (!t) return;
+    const i = +t.dataset.i;
+    if (i !== hovered) {
+      const old = layer.querySelector(".mpo-strip-hover");
+      if (old) old.classList.remove("mpo-strip-hover");
+      t.classList.add("mpo-strip-hover");
+      hovered = i;
+      showTip(i);
+    }
+    const rb = root.getBoundingClientRect();
+    const tb = t.getBoundingClientRect();
+    let left = tb.left - rb.left;
+    const tw = tip.offsetWidth || 240;
+    if (left + tw > rb.width) left = Math.max(0, rb.width - tw);
+    let top = tb.bottom - rb.top + 4;
+    if (top + tip.offsetHeight > rb.height && tb.top - rb.top - tip.offsetHeight - 4 >= 0) top = tb.top - rb.top - tip.offsetHeight - 4;
+    tip.style.left = `${left}px`;
+    tip.style.top = `${top}px`;
+  }
+
+  function onLeave() {
+    hovered = -1;
+    tip.hidden = true;
+    const old = layer.querySelector(".mpo-strip-hover");
+    if (old) old.classList.remove("mpo-strip-hover");
+  }
+
+  const onSelect = () => setChannel(select.value, true);
+  const onTurn = () => scrollToToken(+turnSelect.value);
+  select.addEventListener("change", onSelect);
+  turnSelect.addEventListener("change", onTurn);
+  viewport.addEventListener("scroll", schedule, { passive: true });
+  layer.addEventListener("mouseover", onOver);
+  viewport.addEventListener("mouseleave", onLeave);
+  let ro = null;
+  if (typeof ResizeObserver !== "undefined") {
+    ro = new ResizeObserver(() => {
+      if (viewport.clientWidth > 0 && Math.abs(viewport.clientWidth - layoutWidth) > 1) schedule();
+    });
+    ro.observe(viewport);
+  }
+
+  function update(p) {
+    d = normalize(p);
+    scales.clear();
+    if (!d.channels[channel]) channel = d.channel && d.channels[d.channel] ? d.channel : d.names[0];
+    onLeave();
+    fillControls();
+    legend();
+    layout();
+    viewport.scrollTop = 0;
+    renderVisible(true);
+  }
+
+  fillControls();
+  legend();
+  layout();
+  renderVisible(true);
+
+  return {
+    update,
+    setChannel: (name) => setChannel(name, false),
+    scrollToToken,
+    get channel() {
+      return channel;
+    },
+    get rows() {
+      return nRows;
+    },
+    destroy() {
+      if (raf) cancelAnimationFrame(raf);
+      if (ro) ro.disconnect();
+      select.removeEventListener("change", onSelect);
+      turnSelect.removeEventListener("change", onTurn);
+      viewport.removeEventListener("scroll", schedule);
+      layer.removeEventListener("mouseover", onOver);
+      viewport.removeEventListener("mouseleave", onLeave);
+      el.innerHTML = "";
+    },
+  };
+}
+
+// anywidget entry point: the model has a "payload" trait (JSON string or object) and optionally a
+// "channel" trait kept in sync both ways.
+export function render({ model, el }) {
+  const read = () => model.get("payload");
+  const has = (k) => {
+    try {
+      return model.get(k) !== undefined;
+    } catch (e) {
+      return false;
+    }
+  };
+  const view = mount(el, read(), {
+    channel: has("channel") ? model.get("channel") : undefined,
+    height: has("height") && model.get("height") ? model.get("height") : undefined,
+    onChannel: (name) => {
+      if (has("channel")) {
+        model.set("channel", name);
+        model.save_changes();
+      }
+    },
+  });
+  const onPayload = () => view.update(read());
+  const onChannel = () => {
+    const c = model.get("channel");
+    if (c) view.setChannel(c);
+  };
+  model.on("change:payload", onPayload);
+  model.on("change:channel", onChannel);
+  return () => {
+    model.off("change:payload", onPayload);
+    model.off("change:channel", onChannel);
+    view.destroy();
+  };
+}
+
+// @@EXPORTS@@ (everything below is cut when the report inlines this file as a classic script)
+export default { render, mount };
