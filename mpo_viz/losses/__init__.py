@@ -1,0 +1,54 @@
+"""Policy and value losses, aggregation, KL penalties and logprob/entropy helpers (DESIGN §3.8).
+
+``from mpo_viz.losses import policy_loss, value_loss, aggregate, kl_penalty, token_logprobs,
+token_entropy``. Loss kinds live in a string registry (``available()``, ``register()``,
+``get()``); each declares what it needs (``turns``, ``rollout_logp``) and its default clip range
+and aggregation.
+
+Modules: ``policy`` (kinds, registry, metrics, reference loop), ``aggregate`` (the six modes),
+``kl``, ``value``, ``logprobs`` (chunked helpers), ``_common`` (input checks, turn segments).
+"""
+
+from mpo_viz.losses.aggregate import AGG_MODES, aggregate
+from mpo_viz.losses.kl import KL_KINDS, kl_penalty
+from mpo_viz.losses.logprobs import (
+    token_entropy,
+    token_entropy_reference,
+    token_logprobs,
+    token_logprobs_reference,
+)
+from mpo_viz.losses.policy import (
+    METRIC_NAMES,
+    RATIO_MODES,
+    LossKind,
+    PolicyInputs,
+    PolicyTerms,
+    available,
+    get,
+    policy_loss,
+    policy_loss_reference,
+    register,
+)
+from mpo_viz.losses.value import value_loss
+
+__all__ = [
+    "AGG_MODES",
+    "KL_KINDS",
+    "METRIC_NAMES",
+    "RATIO_MODES",
+    "LossKind",
+    "PolicyInputs",
+    "PolicyTerms",
+    "aggregate",
+    "available",
+    "get",
+    "kl_penalty",
+    "policy_loss",
+    "policy_loss_reference",
+    "register",
+    "token_entropy",
+    "token_entropy_reference",
+    "token_logprobs",
+    "token_logprobs_reference",
+    "value_loss",
+]

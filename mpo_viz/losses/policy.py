@@ -1,0 +1,540 @@
+"""Policy losses (DESIGN §3.8): token PPO, MPO's turn-level PPO, GSPO, SAO; a registry; metrics.
+
+All four kinds share one shape. With ``logr_t = clamp(logπ_θ − logπ_base, ±20)`` on action tokens
+(base = ``old_logp``, or ``rollout_logp`` for SAO), each action token gets a surrogate ratio
+``s_t`` and the clipped objective
+
+    L_t = max(−A_t·s_t, −A_t·clip(s_t, 1 − ε_low, 1 + ε_high))        [dual clip: A_t < 0 → min(L_t, −c·A_t)]
+
+* ``token_ppo``: ``s_t = exp(logr_t)``.
+* ``turn_ppo`` (MPO): ``s_{k,j} = sg(ρ_k)·exp(logπ_θ(j) − sg(logπ_θ(j)))`` with the turn ratio
+  ``ρ_k = exp(mean_{j∈k} logr_j)`` (``ratio="geo_mean"``) or ``exp(clamp(Σ_{j∈k} logr_j, ±20))``
+  (``ratio="product"``). The value of ``s`` is ``ρ_k`` (turn-level trust region) but its gradient
+  is ``ρ_k·∇logπ_θ(j)`` (token-level credit). Making ``ρ_k`` itself differentiable would give every
+  token of the turn the gradient ``−ρ_k·mean_j A_{k,j}·∇logπ``: MAE's within-turn centering would
+  cancel. ``tests/test_losses_policy.py`` holds a regression test for exactly this.
+* ``gspo``: the same construction with the whole trajectory (all its action tokens) as the unit.
+* ``sao``: ``r_t = exp(logr_t)`` against the *rollout* log-probs; ``L_t = −A_t·sg(r_t)·exp(logπ_θ −
+  sg(logπ_θ))`` for ``1 − ε_low < r_t < 1 + ε_high`` and 0 outside (no gradient, whatever A's sign).
+
+The clipped branch is taken only where it is *strictly* larger (then its gradient is 0, as with
+``torch.maximum``); ties take the unclipped branch, whose gradient is then the same.
+
+:func:`policy_loss_reference` is the readable per-token loop the vectorized code is tested against.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import numpy as np
+import torch
+
+from mpo_viz.losses._common import (
+    Segments,
+    as_tensor,
+    check_finite,
+    check_mask,
+    check_same_shape,
+    result_dtype,
+    row_segments,
+    segments,
+)
+from mpo_viz.losses.aggregate import AGG_MODES, reduce_checked
+from mpo_viz.losses.kl import kl_penalty
+
+__all__ = [
+    "LOGR_CLAMP",
+    "RATIO_MODES",
+    "METRIC_NAMES",
+    "LossKind",
+    "PolicyInputs",
+    "PolicyTerms",
+    "available",
+    "get",
+    "register",
+    "policy_loss",
+    "policy_loss_reference",
+]
+
+LOGR_CLAMP = 20.0
+RATIO_MODES = ("geo_mean", "product")
+
+METRIC_NAMES = (
+    "clipfrac_low",
+    "clipfrac_high",
+    "clipfrac",
+    "dual_clipfrac",
+    "turn_clipfrac",
+    "approx_kl",
+    "ratio_mean",
+    "ratio_min",
+    "ratio_max",
+    "turn_ratio_mean",
+    "turn_ratio_min",
+    "turn_ratio_max",
+    "within_turn_shift",
+    "surrogate_gap",
+)
+
+
+# --------------------------------------------------------------------------------------------
+# Registry
+# --------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class PolicyInputs:
+    """What a loss kind receives; every tensor (B, L), zeros on masked tokens.
+
+    ``logp`` is differentiable; ``logr`` = clamp(logp − base, ±20) (differentiable through logp),
+    base being ``old_logp`` or, for kinds that need it, ``rollout_logp``.
+    """
+
+    logp: torch.Tensor
+    logr: torch.Tensor
+    advantages: torch.Tensor
+    mask: torch.Tensor  # bool
+    turns: Segments
+    clip_low: float
+    clip_high: float
+    ratio: str
+
+
+@dataclass(frozen=True)
+class PolicyTerms:
+    """What a loss kind returns: the per-token loss and, per token, which clip is active (bool)."""
+
+    loss: torch.Tensor
+    clipped_low: torch.Tensor
+    clipped_high: torch.Tensor
+    dual_clipped: torch.Tensor
+
+
+@dataclass(frozen=True)
+class LossKind:
+    """A registered policy loss.
+
+    ``needs`` ⊆ {"turns", "rollout_logp"}: "turns" — the loss itself uses turn ids (pass
+    ``turn_ids`` when turns are not the mask runs); "rollout_logp" — ``rollout_logp`` is required.
+    ``ratio_against`` is the log-prob the ratio is formed against. ``clip_low``/``clip_high``/``agg``
+    are the defaults used when the caller passes None; ``options`` the extra keyword options.
+    """
+
+    name: str
+    fn: Callable[..., PolicyTerms]
+    needs: frozenset
+    ratio_against: str = "old_logp"
+    clip_low: float = 0.2
+    clip_high: float = 0.2
+    agg: str = "token-mean"
+    options: tuple = ()
+    doc: str = field(default="", compare=False)
+
+
+_REGISTRY: dict[str, LossKind] = {}
+_NEEDS = frozenset({"turns", "rollout_logp"})
+
+
+def register(
+    name: str,
+    fn: Callable[..., PolicyTerms] | None = None,
+    *,
+    needs=(),
+    ratio_against: str = "old_logp",
+    clip_low: float = 0.2,
+    clip_high: float = 0.2,
+    agg: str = "token-mean",
+    options=(),
+):
+    """Register a loss kind ``fn(inputs: PolicyInputs, **options) -> PolicyTerms`` under ``name``.
+
+    Usable as ``register("name", fn, ...)`` or as a decorator ``@register("name", ...)``. A name
+    can be registered once (ValueError otherwise).
+    """
+
+    def deco(f):
+        if name in _REGISTRY:
+            raise ValueError(f"name: loss kind {name!r} is already registered")
+        nd = frozenset(needs)
+        if not nd <= _NEEDS:
+            raise ValueError(f"needs: expected a subset of {sorted(_NEEDS)}, found {sorted(nd)}")
+        if ratio_against not in ("old_logp", "rollout_logp"):
+            raise ValueError(f"ratio_against: expected 'old_logp' or 'rollout_logp', found {ratio_against!r}")
+        if agg not in AGG_MODES:
+            raise ValueError(f"agg: expected one of {', '.join(AGG_MODES)}, found {agg!r}")
+        _REGISTRY[name] = LossKind(
+            name=name,
+            fn=f,
+            needs=nd,
+            ratio_against=ratio_against,
+            clip_low=float(clip_low),
+            clip_high=float(clip_high),
+            agg=agg,
+            options=tuple(options),
+            doc=(f.__doc__ or "").strip(),
+        )
+        return f
+
+    return deco(fn) if fn is not None else deco
+
+
+def available() -> list[str]:
+    """Names of the registered loss kinds, sorted."""
+    return sorted(_REGISTRY)
+
+
+def get(name: str) -> LossKind:
+    """The :class:`LossKind` registered under ``name`` (ValueError naming the known ones)."""
+    try:
+        return _REGISTRY[name]
+    except KeyError:
+        raise ValueError(f"kind: expected one of {', '.join(available())}, found {name!r}") from None
+
+
+# --------------------------------------------------------------------------------------------
+# The kinds
+# --------------------------------------------------------------------------------------------
+
+
+def _clipped_objective(s, adv, mask, lo: float, hi: float, dual_clip: float | None) -> PolicyTerms:
+    """``max(−A·s, −A·clip(s, lo, hi))`` and the optional dual clip, with the active-branch masks."""
+    unclipped = -adv * s
+    s_c = s.detach().clamp(lo, hi)
+    clipped = -adv * s_c
+    active = mask & (clipped > unclipped)  # strictly: then s is outside the band and clip(s) is flat
+    loss = torch.where(active, clipped, unclipped)
+    sd = s.detach()
+    low = active & (sd < lo)
+    high = active & (sd > hi)
+    if dual_clip is not None:
+        dual_val = -adv.detach() * dual_clip
+        dual = mask & (adv < 0) & (loss > dual_val)
+        loss = torch.where(dual, dual_val, loss)
+    else:
+        dual = torch.zeros_like(mask)
+    return PolicyTerms(loss=loss, clipped_low=low, clipped_high=high, dual_clipped=dual)
+
+
+def unit_ratio(logr: torch.Tensor, units: Segments, ratio: str) -> torch.Tensor:
+    """Per-unit ratio (S,) from the clamped token log-ratios (B, L) (detached).
+
+    ``geo_mean``: ``exp(mean_{j∈k} logr_j)``; ``product``: ``exp(clamp(Σ_{j∈k} logr_j, ±20))``.
+    """
+    lr = logr.detach()
+    tot = units.sum(lr)
+    if ratio == "geo_mean":
+        log_rho = tot / units.counts.to(lr.dtype)
+    else:
+        log_rho = tot.clamp(-LOGR_CLAMP, LOGR_CLAMP)
+    return torch.exp(log_rho)
+
+
+def _token_gradient_surrogate(x: PolicyInputs, units: Segments) -> torch.Tensor:
+    """``s_{k,j} = sg(ρ_k) · exp(logπ_j − sg(logπ_j))``: value ρ_k, gradient ρ_k·∇logπ_j."""
+    rho = unit_ratio(x.logr, units, x.ratio)
+    return units.broadcast(rho, fill=1.0) * torch.exp(x.logp - x.logp.detach())
+
+
+def _check_dual(dual_clip):
+    if dual_clip is None:
+        return None
+    c = float(dual_clip)
+    if not c > 1:
+        raise ValueError(f"dual_clip: expected a number > 1 (verl uses 3) or None, found {dual_clip}")
+    return c
+
+
+@register("token_ppo", options=("dual_clip",))
+def token_ppo(x: PolicyInputs, *, dual_clip=None) -> PolicyTerms:
+    """PPO's clipped surrogate with the per-token ratio ``r_t = exp(logr_t)``; optional dual clip."""
+    s = torch.exp(x.logr)
+    return _clipped_objective(s, x.advantages, x.mask, 1 - x.clip_low, 1 + x.clip_high, _check_dual(dual_clip))
+
+
+@register("turn_ppo", needs=("turns",), options=("dual_clip",))
+def turn_ppo(x: PolicyInputs, *, dual_clip=None) -> PolicyTerms:
+    """MPO: the turn ratio ρ_k in the token-gradient form ``sg(ρ_k)·exp(logπ − sg(logπ))``."""
+    s = _token_gradient_surrogate(x, x.turns)
+    return _clipped_objective(s, x.advantages, x.mask, 1 - x.clip_low, 1 + x.clip_high, _check_dual(dual_clip))
+
+
+@register("gspo", clip_low=3e-4, clip_high=4e-4, agg="seq-mean-token-mean", options=("dual_clip",))
+def gspo(x: PolicyInputs, *, dual_clip=None) -> PolicyTerms:
+    """GSPO: the turn_ppo construction with the whole trajectory as one unit."""
+    s = _token_gradient_surrogate(x, row_segments(x.mask))
+    return _clipped_objective(s, x.advantages, x.mask, 1 - x.clip_low, 1 + x.clip_high, _check_dual(dual_clip))
+
+
+@register("sao", needs=("rollout_logp",), ratio_against="rollout_logp", clip_low=0.3, clip_high=5.0)
+def sao(x: PolicyInputs) -> PolicyTerms:
+    """SAO: ``−A·sg(r)·exp(logπ − sg(logπ))`` inside ``(1 − ε_low, 1 + ε_high)`` vs rollout, 0 outside."""
+    r = torch.exp(x.logr.detach())
+    lo, hi = 1 - x.clip_low, 1 + x.clip_high
+    inside = x.mask & (r > lo) & (r < hi)
+    s = r * torch.exp(x.logp - x.logp.detach())
+    loss = torch.where(inside, -x.advantages * s, torch.zeros((), dtype=s.dtype, device=s.device))
+    return PolicyTerms(
+        loss=loss,
+        clipped_low=x.mask & (r <= lo),
+        clipped_high=x.mask & (r >= hi),
+        dual_clipped=torch.zeros_like(x.mask),
+    )
+
+
+# --------------------------------------------------------------------------------------------
+# The entry point
+# --------------------------------------------------------------------------------------------
+
+
+def policy_loss(
+    kind: str,
+    logp,
+    old_logp,
+    advantages,
+    mask,
+    *,
+    turn_ids=None,
+    clip_low: float | None = None,
+    clip_high: float | None = None,
+    ratio: str = "geo_mean",
+    agg: str | None = None,
+    scale=None,
+    rollout_logp=None,
+    **options,
+) -> tuple[torch.Tensor, dict[str, float]]:
+    """The policy loss ``agg(L)`` of a registered ``kind`` and its metrics (DESIGN §3.8).
+
+    Shapes: ``logp`` (B, L) — log π_θ of the response tokens, differentiable; ``old_logp`` (B, L)
+    — log π_old (may be None for ``sao``); ``advantages`` (B, L); ``mask`` (B, L) 0/1 action
+    tokens; ``turn_ids`` (B, L) int or None (= mask runs; validated against the mask);
+    ``rollout_logp`` (B, L) — the sampler's log-probs, required by ``sao``. Torch or numpy.
+
+    ``clip_low``/``clip_high`` (ε_low, ε_high) and ``agg`` default per kind (None): token_ppo and
+    turn_ppo 0.2/0.2 token-mean; gspo 3e-4/4e-4 seq-mean-token-mean; sao 0.3/5.0 token-mean.
+    ``ratio`` ∈ {"geo_mean", "product"}: the turn ratio of turn_ppo (and gspo's sequence ratio);
+    every kind also uses it for the turn-level metrics. ``scale``: see
+    :func:`mpo_viz.losses.aggregate`. ``options``: per kind — ``dual_clip`` (c > 1, default None =
+    off) for token_ppo, turn_ppo and gspo.
+
+    Returns ``(loss, metrics)``: a 0-d tensor (``agg="none"``: the (B, L) loss matrix, zeros where
+    masked), float64 when ``logp`` is float64 else float32; masked tokens get exactly zero
+    gradient. ``metrics`` are plain floats (``METRIC_NAMES``), over action tokens / turns:
+
+    * ``clipfrac_low``/``clipfrac_high``: share of action tokens whose clipped branch is active,
+      below 1 − ε_low / above 1 + ε_high (sao: outside its band); ``clipfrac`` their sum;
+      ``dual_clipfrac``: share where the dual clip is active;
+    * ``turn_clipfrac``: share of turns whose ρ_k lies outside [1 − ε_low, 1 + ε_high];
+    * ``approx_kl``: mean k3 between ``old_logp`` and ``logp`` (sao without ``old_logp``: vs
+      ``rollout_logp``);
+    * ``ratio_mean/min/max`` of the token ratios ``exp(logr_t)``, ``turn_ratio_mean/min/max`` of ρ_k;
+    * ``within_turn_shift`` = Σ_k Σ_{j∈k} (logr_{k,j} − mean_k logr)² / Σ_k n_k;
+    * ``surrogate_gap`` = token-mean(A·exp(logr)) − token-mean(A·ρ_{k(t)}): the unclipped token-ratio
+      surrogate minus the unclipped turn-ratio surrogate.
+
+    For ``sao`` ``logr`` (hence every ratio metric) is against ``rollout_logp``. With no action token
+    the fractions are 0.0 and the other metrics NaN.
+    """
+    spec = get(kind)
+    unknown = sorted(set(options) - set(spec.options))
+    if unknown:
+        allowed = ", ".join(spec.options) or "none"
+        raise ValueError(f"options: {kind} accepts {allowed}; found unknown option(s) {', '.join(unknown)}")
+    if ratio not in RATIO_MODES:
+        raise ValueError(f"ratio: expected one of {', '.join(RATIO_MODES)}, found {ratio!r}")
+    agg = spec.agg if agg is None else agg
+    if agg not in AGG_MODES:
+        raise ValueError(f"agg: expected one of {', '.join(AGG_MODES)}, found {agg!r}")
+    eps_low = spec.clip_low if clip_low is None else float(clip_low)
+    eps_high = spec.clip_high if clip_high is None else float(clip_high)
+    if not (0 <= eps_low < 1) or not eps_high >= 0:
+        raise ValueError(f"clip_low/clip_high: expected 0 <= clip_low < 1 and clip_high >= 0, found {eps_low}, {eps_high}")
+    if scale is not None:
+        if agg == "none":
+            raise ValueError("scale: expected None with agg='none' (nothing is divided), found a value")
+        scale = float(scale)
+        if not scale > 0:
+            raise ValueError(f"scale: expected a positive number, found {scale}")
+
+    lp = as_tensor(logp, "logp")
+    if lp.dim() != 2:
+        raise ValueError(f"logp: expected a 2-D (B, L) array, found shape {tuple(lp.shape)}")
+    dt = result_dtype(lp)
+    lp = lp.to(dt)
+    dev = lp.device
+    m = check_mask(mask, device=dev)
+    check_same_shape(lp, "logp", m)
+
+    def _other(x, name):
+        t = as_tensor(x, name, dtype=dt, device=dev).detach()
+        check_same_shape(t, name, m)
+        check_finite(t, name, m)
+        return t
+
+    adv = _other(advantages, "advantages")
+    old = None if old_logp is None else _other(old_logp, "old_logp")
+    roll = None if rollout_logp is None else _other(rollout_logp, "rollout_logp")
+    if "rollout_logp" in spec.needs and roll is None:
+        raise ValueError(f"rollout_logp: the {kind!r} loss needs rollout_logp (the sampler's log-probs), found None")
+    if spec.ratio_against == "old_logp" and old is None:
+        raise ValueError(f"old_logp: the {kind!r} loss needs old_logp, found None")
+    check_finite(lp.detach(), "logp", m)
+
+    # Sanitize first: whatever sits on masked tokens (padding garbage, -inf) never enters the math,
+    # and torch.where routes exactly zero gradient there.
+    zero = torch.zeros((), dtype=dt, device=dev)
+    lp = torch.where(m, lp, zero)
+    adv = torch.where(m, adv, zero)
+    base = roll if spec.ratio_against == "rollout_logp" else old
+    base = torch.where(m, base, zero)
+    logr = (lp - base).clamp(-LOGR_CLAMP, LOGR_CLAMP)
+    turns = segments(m, turn_ids)
+
+    x = PolicyInputs(logp=lp, logr=logr, advantages=adv, mask=m, turns=turns, clip_low=eps_low, clip_high=eps_high, ratio=ratio)
+    terms = spec.fn(x, **options)
+    loss = reduce_checked(terms.loss, m, agg, scale=scale, turn_segments=turns)
+    kl_base = old if old is not None else roll
+    metrics = _metrics(x, terms, torch.where(m, kl_base, zero))
+    return loss, metrics
+
+
+def _metrics(x: PolicyInputs, terms: PolicyTerms, kl_base: torch.Tensor) -> dict[str, float]:
+    with torch.no_grad():
+        m = x.mask
+        dt = x.logr.dtype
+        nan = torch.full((), float("nan"), dtype=dt, device=m.device)
+        n = m.sum()
+        nf = n.clamp_min(1).to(dt)
+        has = n > 0
+        lr = x.logr.detach()
+        r = torch.exp(lr)
+        lo, hi = 1 - x.clip_low, 1 + x.clip_high
+        rho = unit_ratio(lr, x.turns, x.ratio)  # (S,)
+        n_turns = rho.numel()
+        rho_tok = x.turns.broadcast(rho, fill=0.0)
+        mean_lr_tok = x.turns.broadcast(x.turns.mean(lr), fill=0.0)
+        kl = kl_penalty(x.logp.detach(), kl_base, "k3", mask=m)
+        adv = x.advantages
+
+        def frac(b):
+            return b.sum().to(dt) / nf
+
+        def masked_mean(v):
+            return torch.where(has, (v * m).sum() / nf, nan)
+
+        if n_turns:
+            turn_stats = [
+                ((rho < lo) | (rho > hi)).to(dt).mean(),
+                rho.mean(),
+                rho.min(),
+                rho.max(),
+            ]
+        else:
+            turn_stats = [torch.zeros((), dtype=dt, device=m.device), nan, nan, nan]
+        inf = torch.full((), float("inf"), dtype=dt, device=m.device)
+        vals = [
+            frac(terms.clipped_low),
+            frac(terms.clipped_high),
+            frac(terms.clipped_low | terms.clipped_high),
+            frac(terms.dual_clipped),
+            turn_stats[0],
+            masked_mean(kl),
+            masked_mean(r),
+            torch.where(has, torch.where(m, r, inf).min(), nan) if m.numel() else nan,
+            torch.where(has, torch.where(m, r, -inf).max(), nan) if m.numel() else nan,
+            turn_stats[1],
+            turn_stats[2],
+            turn_stats[3],
+            masked_mean((lr - mean_lr_tok) ** 2),
+            masked_mean(adv * r - adv * rho_tok),
+        ]
+        out = torch.stack([v.to(dt) for v in vals]).tolist()
+    return dict(zip(METRIC_NAMES, out))
+
+
+# --------------------------------------------------------------------------------------------
+# Reference loop
+# --------------------------------------------------------------------------------------------
+
+
+def _ref_turns(mask_row, tid_row):
+    """Lists of action-token positions per turn (from ids, or from mask runs when ids are None)."""
+    turns: dict[int, list[int]] = {}
+    run, prev = -1, 0
+    for t, mv in enumerate(mask_row):
+        if mv and not prev:
+            run += 1
+        prev = mv
+        if mv:
+            k = run if tid_row is None else int(tid_row[t])
+            turns.setdefault(k, []).append(t)
+    return [turns[k] for k in sorted(turns)]
+
+
+def policy_loss_reference(
+    kind,
+    logp,
+    old_logp,
+    advantages,
+    mask,
+    *,
+    turn_ids=None,
+    clip_low=None,
+    clip_high=None,
+    ratio="geo_mean",
+    rollout_logp=None,
+    dual_clip=None,
+):
+    """A plain Python loop for the per-token loss matrix and its derivative ∂L_t/∂logπ_t.
+
+    In all four kinds each token's loss depends on the policy only through its own log-prob on the
+    gradient path (the turn ratio is a constant there), so the gradient of ``Σ_t L_t`` is this
+    diagonal. Returns two float64 numpy arrays (B, L), zeros on masked tokens. No turn-id checks.
+    """
+    spec = get(kind)
+    eps_low = spec.clip_low if clip_low is None else clip_low
+    eps_high = spec.clip_high if clip_high is None else clip_high
+    lo, hi = 1 - eps_low, 1 + eps_high
+    lp = np.asarray(logp, dtype=np.float64)
+    base = np.asarray(rollout_logp if spec.ratio_against == "rollout_logp" else old_logp, dtype=np.float64)
+    adv = np.asarray(advantages, dtype=np.float64)
+    msk = np.asarray(mask) != 0
+    tids = None if turn_ids is None else np.asarray(turn_ids)
+    B, L = lp.shape
+    loss = np.zeros((B, L))
+    grad = np.zeros((B, L))
+    for i in range(B):
+        turns = _ref_turns(msk[i], None if tids is None else tids[i])
+        if kind == "gspo":
+            turns = [[t for tt in turns for t in tt]] if turns else []
+        for tt in turns:
+            logr = {}
+            for t in tt:
+                d = lp[i, t] - base[i, t]
+                logr[t] = min(max(d, -LOGR_CLAMP), LOGR_CLAMP)
+            tot = sum(logr.values())
+            rho = math.exp(tot / len(tt)) if ratio == "geo_mean" else math.exp(min(max(tot, -LOGR_CLAMP), LOGR_CLAMP))
+            for t in tt:
+                a = adv[i, t]
+                if kind == "sao":
+                    r = math.exp(logr[t])
+                    if lo < r < hi:
+                        loss[i, t], grad[i, t] = -a * r, -a * r
+                    continue
+                if kind == "token_ppo":
+                    s = math.exp(logr[t])
+                    ds = s if abs(lp[i, t] - base[i, t]) <= LOGR_CLAMP else 0.0  # the clamp is flat outside
+                else:  # turn_ppo, gspo: value ρ, gradient ρ·∇logπ_t
+                    s, ds = rho, rho
+                unclipped = -a * s
+                clipped = -a * min(max(s, lo), hi)
+                if clipped > unclipped:
+                    val, g = clipped, 0.0
+                else:
+                    val, g = unclipped, -a * ds
+                if dual_clip is not None and a < 0 and val > -dual_clip * a:
+                    val, g = -dual_clip * a, 0.0
+                loss[i, t], grad[i, t] = val, g
+    return loss, grad
