@@ -1,0 +1,126 @@
+"""Load, save and scan trajectory/v1 data: ``.jsonl``, ``.parquet``, or a folder of them.
+
+* :func:`load` validates every row (DESIGN §4). ``errors="raise"`` raises
+  :class:`~mpo_viz.schema.TrajectoryError` naming file, line/row, traj_id, field, expected and
+  found; ``errors="collect"`` returns the good rows with ``batch.rejected`` listing every rejected
+  row and why. No row is ever dropped silently.
+* :func:`scan` yields batches of at most ``max_tokens`` response tokens (a single longer trajectory
+  comes alone), so files larger than memory stream in bounded memory.
+* Files are never unpickled: only JSONL and Parquet are read.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import numpy as np
+
+from mpo_viz.io import jsonl, parquet
+from mpo_viz.schema import SCHEMA_VERSION, Problem, TrajectoryError
+
+__all__ = ["load", "save", "scan", "files_of"]
+
+_READERS = {".jsonl": jsonl, ".parquet": parquet}
+
+
+def files_of(path) -> list[Path]:
+    """The data files behind ``path``: the file itself, or a folder's ``*.jsonl``/``*.parquet`` sorted by name."""
+    p = Path(path)
+    if p.is_dir():
+        files = sorted(f for f in p.iterdir() if f.suffix in _READERS and f.is_file())
+        if not files:
+            raise FileNotFoundError(f"{p}: expected .jsonl or .parquet files in this folder, found none")
+        return files
+    if not p.exists():
+        raise FileNotFoundError(f"{p}: no such file or folder")
+    if p.suffix not in _READERS:
+        raise ValueError(f"{p}: expected a .jsonl or .parquet file (or a folder of them), found suffix {p.suffix!r}")
+    return [p]
+
+
+def _meta_of(f: Path) -> dict:
+    meta = _READERS[f.suffix].read_meta(f)
+    schema = meta.get("schema", SCHEMA_VERSION)
+    if schema != SCHEMA_VERSION:
+        raise TrajectoryError(
+            Problem(field="schema", expected=f"{SCHEMA_VERSION!r} (file metadata)", found=repr(schema), file=str(f))
+        )
+    meta["schema"] = SCHEMA_VERSION
+    return meta
+
+
+def _pieces(path, errors: str, rows_per_chunk: int | None = None) -> Iterator:
+    """Validated batches of successive chunks of every file (duplicate ids checked across all)."""
+    from mpo_viz.trajectory import TrajectoryBatch
+
+    if errors not in ("raise", "collect"):
+        raise ValueError(f"errors: expected 'raise' or 'collect', found {errors!r}")
+    seen: set = set()
+    for f in files_of(path):
+        meta = _meta_of(f)
+        reader = _READERS[f.suffix]
+        kw = {"rows_per_chunk": rows_per_chunk} if rows_per_chunk else {}
+        for cols, problems in reader.iter_chunks(f, **kw):
+            yield TrajectoryBatch._from_columns(cols, meta, problems=problems, errors=errors, seen_ids=seen)
+
+
+def load(path, *, errors: str = "raise", trust: bool = False):
+    """Load a ``.jsonl`` / ``.parquet`` file or a folder of them into one validated TrajectoryBatch.
+
+    ``trust`` is accepted for API symmetry; no format read here can execute code (nothing is
+    unpickled), so it changes nothing.
+    """
+    from mpo_viz.trajectory import TrajectoryBatch
+
+    pieces = list(_pieces(path, errors, rows_per_chunk=4096))
+    if not pieces:
+        return TrajectoryBatch.from_rows([], _meta_of(files_of(path)[0]))
+    return TrajectoryBatch.concat(pieces)
+
+
+def scan(path, *, max_tokens: int = 1_000_000, errors: str = "raise") -> Iterator:
+    """Yield TrajectoryBatches of at most ``max_tokens`` response tokens each, in file order.
+
+    Memory stays bounded by the chunk size (plus one set of traj_ids for the duplicate check),
+    whatever the file size. With ``errors="collect"`` each yielded batch carries the problems of
+    the rows read since the previous one in ``batch.rejected``.
+    """
+    from mpo_viz.trajectory import TrajectoryBatch
+
+    if max_tokens < 1:
+        raise ValueError(f"max_tokens: expected >= 1, found {max_tokens}")
+    pending, acc, rejected = [], 0, []
+    for piece in _pieces(path, errors, rows_per_chunk=64):
+        rejected.extend(piece.rejected)
+        lengths = np.diff(piece._off)
+        start = 0
+        for i, n in enumerate(lengths):
+            if acc and acc + int(n) > max_tokens:
+                if i > start:
+                    pending.append(piece._subset(np.arange(start, i)))
+                out = TrajectoryBatch.concat(pending)
+                out.rejected, rejected = rejected, []
+                yield out
+                pending, acc, start = [], 0, i
+            acc += int(n)
+        if start < len(lengths):
+            pending.append(piece._subset(np.arange(start, len(lengths))))
+    if pending or rejected:
+        out = TrajectoryBatch.concat(pending) if pending else TrajectoryBatch.from_rows([], None)
+        out.rejected = rejected
+        yield out
+
+
+def save(batch, path) -> Path:
+    """Write ``batch`` to ``path`` (``.jsonl`` with ``_meta.json`` beside it, or ``.parquet``).
+
+    Writes go to a temporary name and are renamed into place, so readers never see half a file.
+    Returns the path written.
+    """
+    p = Path(path)
+    if p.suffix not in _READERS:
+        raise ValueError(f"{p}: expected a .jsonl or .parquet path, found suffix {p.suffix!r}")
+    p.parent.mkdir(parents=True, exist_ok=True)
+    _READERS[p.suffix].write(batch, p)
+    return p

@@ -1,0 +1,67 @@
+"""JSONL reading and writing: one trajectory/v1 object a line, metadata in ``_meta.json`` beside."""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Iterator
+from pathlib import Path
+
+from mpo_viz.io.columns import Columns, columns_from_rows
+from mpo_viz.schema import JSONL_META_NAME, Problem
+
+ROWS_PER_CHUNK = 256
+
+
+def read_meta(path: Path) -> dict:
+    """The ``_meta.json`` in the folder of ``path`` (a JSONL file), or {} when there is none."""
+    meta_path = path.parent / JSONL_META_NAME
+    if not meta_path.exists():
+        return {}
+    try:
+        meta = json.loads(meta_path.read_text())
+    except (OSError, json.JSONDecodeError) as exc:
+        raise ValueError(f"{meta_path}: expected a JSON object of file metadata, found unreadable JSON ({exc})") from None
+    if not isinstance(meta, dict):
+        raise ValueError(f"{meta_path}: expected a JSON object of file metadata, found {type(meta).__name__}")
+    return meta
+
+
+def iter_chunks(path: Path, rows_per_chunk: int = ROWS_PER_CHUNK) -> Iterator[tuple[Columns, list[Problem]]]:
+    """Yield (columns, problems) for successive chunks of lines; unreadable lines become problems."""
+    rows, lines, problems = [], [], []
+    with open(path, encoding="utf-8") as fh:
+        for lineno, text in enumerate(fh, start=1):
+            if not text.strip():
+                continue  # blank lines (e.g. a trailing newline) carry no row
+            try:
+                obj = json.loads(text)
+            except json.JSONDecodeError as exc:
+                problems.append(
+                    Problem(field="<line>", expected="one JSON object", found=f"unreadable JSON ({exc.msg} at column {exc.colno})", file=str(path), line=lineno)
+                )
+                continue
+            rows.append(obj)
+            lines.append(lineno)
+            if len(rows) >= rows_per_chunk:
+                cols, probs = columns_from_rows(rows, source=str(path), lines=lines)
+                yield cols, problems + probs
+                rows, lines, problems = [], [], []
+    if rows or problems:
+        cols, probs = columns_from_rows(rows, source=str(path), lines=lines)
+        yield cols, problems + probs
+
+
+def write(batch, path: Path) -> None:
+    """Write rows as JSONL (temporary name, then rename) and the metadata as ``_meta.json`` beside."""
+    from mpo_viz.trajectory import row_to_json
+
+    tmp = path.with_name(path.name + ".tmp")
+    with open(tmp, "w", encoding="utf-8") as fh:
+        for row in batch.rows():
+            fh.write(row_to_json(row))
+            fh.write("\n")
+    os.replace(tmp, path)
+    meta_tmp = path.parent / (JSONL_META_NAME + ".tmp")
+    meta_tmp.write_text(json.dumps(batch.meta, indent=1, sort_keys=True, default=str))
+    os.replace(meta_tmp, path.parent / JSONL_META_NAME)

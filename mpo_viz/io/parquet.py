@@ -1,0 +1,231 @@
+"""Parquet reading and writing through pyarrow record batches: no per-token Python objects.
+
+List columns map to flat numpy arrays plus offsets (zero-copy where Arrow allows). The writer emits
+row groups of bounded size so that :func:`mpo_viz.scan` reads a file of any size in flat memory.
+File metadata is stored as Parquet key-value metadata, each value JSON-encoded.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Iterator
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from mpo_viz.io.columns import Columns
+from mpo_viz.schema import (
+    EXTRA_TOKEN_DTYPE,
+    PROMPT_FIELD,
+    REQUIRED,
+    SCALAR_FIELDS,
+    TOKEN_FIELDS,
+    TURN_FIELDS,
+    Problem,
+)
+
+ROW_GROUP_TOKENS = 131_072  # response tokens per row group (bounds scan memory)
+READ_ROWS = 64  # rows per Arrow record batch when reading
+
+_SCALAR_TYPES = {str: pa.string(), int: pa.int64(), float: pa.float64(), bool: pa.bool_()}
+
+
+def read_meta(path: Path) -> dict:
+    md = pq.read_schema(path).metadata or {}
+    meta = {}
+    for k, v in md.items():
+        key = k.decode("utf-8", "replace")
+        if key in ("pandas", "ARROW:schema"):
+            continue
+        text = v.decode("utf-8", "replace")
+        try:
+            meta[key] = json.loads(text)
+        except json.JSONDecodeError:
+            meta[key] = text
+    return meta
+
+
+def _list_parts(arr: pa.Array):
+    """(flat numpy values, int64 offsets from 0, present bool) of a (large_)list array chunk."""
+    if isinstance(arr, pa.ChunkedArray):
+        arr = arr.combine_chunks()
+    off = arr.offsets.to_numpy().astype(np.int64)
+    values = arr.values.slice(int(off[0]), int(off[-1] - off[0]))
+    off = off - off[0]
+    present = ~arr.is_null().to_numpy(zero_copy_only=False)
+    if pa.types.is_string(values.type) or pa.types.is_large_string(values.type):
+        flat = np.asarray(values.to_numpy(zero_copy_only=False), dtype=object)
+    else:
+        flat = values.to_numpy(zero_copy_only=False)
+        if values.null_count and flat.dtype.kind in "iu":
+            flat = flat.astype(np.float64)
+    return flat, off, present
+
+
+def columns_from_record_batch(rb: pa.RecordBatch, *, source: str, first_row: int) -> tuple[Columns, list[Problem]]:
+    n = rb.num_rows
+    cols = Columns(n=n, file=source, row=np.arange(first_row, first_row + n, dtype=np.int64))
+    problems: list[Problem] = []
+    bad = np.zeros(n, dtype=bool)
+    names = rb.schema.names
+    scal = {}
+    for name in names:
+        if name in SCALAR_FIELDS:
+            scal[name] = np.array(rb.column(name).to_pylist() + [None], dtype=object)[:-1]
+    cols.scalar = scal
+    for req in REQUIRED:
+        if req not in names:
+            for i in range(n):
+                problems.append(Problem(field=req, expected="the required field", found="no such column", file=source, row=first_row + i, traj_id=_tid(scal, i)))
+            bad[:] = True
+    if "reward" in names and not (pa.types.is_floating(rb.schema.field("reward").type) or pa.types.is_integer(rb.schema.field("reward").type) or pa.types.is_null(rb.schema.field("reward").type)):
+        for i in range(n):
+            problems.append(Problem(field="reward", expected="a float column", found=str(rb.schema.field("reward").type), file=source, row=first_row + i, traj_id=_tid(scal, i)))
+        bad[:] = True
+    if "reward" in scal:
+        scal["reward"] = np.array([None if x is None else float(x) for x in scal["reward"]] + [None], dtype=object)[:-1] if not bad.any() else scal["reward"]
+
+    rlen = None
+    if "response_ids" in names:
+        _, roff, _ = _list_parts(rb.column("response_ids"))
+        rlen = np.diff(roff)
+    for name in names:
+        if name in SCALAR_FIELDS:
+            continue
+        col = rb.column(name)
+        is_list = pa.types.is_list(col.type) or pa.types.is_large_list(col.type)
+        if name in TOKEN_FIELDS or name in TURN_FIELDS or name == PROMPT_FIELD:
+            if not is_list:
+                for i in range(n):
+                    problems.append(Problem(field=name, expected="a list column", found=str(col.type), file=source, row=first_row + i, traj_id=_tid(scal, i)))
+                bad[:] = True
+                continue
+            flat, off, present = _list_parts(col)
+            if name == PROMPT_FIELD:
+                cols.prompt = (flat.astype(np.int64), off)
+            elif name in TURN_FIELDS:
+                cols.turn[name] = (flat.astype(np.float64), off, present)
+            else:
+                if name not in ("response_ids", "loss_mask", "turn_ids", "response_tokens"):
+                    flat = flat.astype(TOKEN_FIELDS[name])
+                cols.token[name] = (flat, off, present)
+        elif is_list and rlen is not None and (pa.types.is_floating(col.type.value_type) or pa.types.is_integer(col.type.value_type)):
+            flat, off, present = _list_parts(col)
+            if np.all(~present | (np.diff(off) == rlen)):
+                cols.token[name] = (flat.astype(EXTRA_TOKEN_DTYPE), off, present)
+            else:
+                cols.extra[name] = np.array(col.to_pylist() + [None], dtype=object)[:-1]
+        else:
+            cols.extra[name] = np.array(col.to_pylist() + [None], dtype=object)[:-1]
+    for k in ("response_ids", "loss_mask"):
+        if k not in cols.token:
+            cols.token[k] = (np.zeros(0, dtype=np.int64), np.zeros(n + 1, dtype=np.int64), np.zeros(n, dtype=bool))
+    if cols.prompt is None:
+        cols.prompt = (np.zeros(0, dtype=np.int64), np.zeros(n + 1, dtype=np.int64))
+    for k in ("response_ids", "loss_mask", "prompt_ids"):
+        arr = rb.column(k) if k in names else None
+        if arr is not None and arr.null_count:
+            for i in np.flatnonzero(arr.is_null().to_numpy(zero_copy_only=False)):
+                problems.append(Problem(field=k, expected="the required field", found="null", file=source, row=first_row + int(i), traj_id=_tid(scal, int(i))))
+                bad[i] = True
+    cols.bad = bad
+    return cols, problems
+
+
+def _tid(scal, i):
+    t = scal.get("traj_id")
+    return None if t is None or t[i] is None else str(t[i])
+
+
+def iter_chunks(path: Path, rows_per_chunk: int = READ_ROWS) -> Iterator[tuple[Columns, list[Problem]]]:
+    pf = pq.ParquetFile(path)
+    first = 0
+    for rb in pf.iter_batches(batch_size=rows_per_chunk):
+        yield columns_from_record_batch(rb, source=str(path), first_row=first)
+        first += rb.num_rows
+
+
+def _list_array(flat: np.ndarray, off: np.ndarray, present: np.ndarray | None, value_type) -> pa.Array:
+    values = pa.array(flat, type=value_type) if flat.dtype != object else pa.array(flat.tolist(), type=value_type)
+    mask = None if present is None or present.all() else pa.array(~present)
+    return pa.ListArray.from_arrays(pa.array(off.astype(np.int32)), values, mask=mask)
+
+
+_VALUE_TYPES = {
+    np.dtype(np.int64): pa.int64(),
+    np.dtype(np.int8): pa.int8(),
+    np.dtype(np.float32): pa.float32(),
+    np.dtype(np.float64): pa.float64(),
+    np.dtype(object): pa.string(),
+}
+
+
+def _columns_to_write(batch) -> tuple[set, dict]:
+    """Names of the columns the whole batch carries, and the Arrow types of its opaque extras."""
+    include = set(REQUIRED) | {PROMPT_FIELD}
+    include |= {k for k, v in batch._scalars.items() if any(x is not None for x in v)}
+    include |= {k for k in batch._tok if k not in batch._present or batch._present[k].any()}
+    include |= {k for k, (_, _, p) in batch._turn.items() if p.any()}
+    extra_types = {k: pa.array(list(v)).type for k, v in batch._extras.items()}
+    return include, extra_types
+
+
+def _record_batch(batch, include: set, extra_types: dict) -> pa.RecordBatch:
+    arrays, names = [], []
+    for name, v in batch._scalars.items():
+        typ = SCALAR_FIELDS[name]
+        if name not in include:
+            continue
+        vals = [None if x is None else (x.item() if isinstance(x, np.generic) else x) for x in v]
+        if name == "reward":
+            vals = [float(x) for x in v]
+        arrays.append(pa.array(vals, type=_SCALAR_TYPES[typ]))
+        names.append(name)
+    pf, po = batch._prompt
+    arrays.append(_list_array(pf, po, None, pa.int64()))
+    names.append(PROMPT_FIELD)
+    for name, flat in batch._tok.items():
+        pres = batch._present.get(name)
+        if name not in include:
+            continue
+        arrays.append(_list_array(flat, batch._off, pres, _VALUE_TYPES[flat.dtype]))
+        names.append(name)
+    for name, (flat, off, pres) in batch._turn.items():
+        if name not in include:
+            continue
+        arrays.append(_list_array(flat, off, pres, pa.float64()))
+        names.append(name)
+    for name, v in batch._extras.items():
+        arrays.append(pa.array(list(v), type=extra_types[name]))
+        names.append(name)
+    return pa.RecordBatch.from_arrays(arrays, names=names)
+
+
+def write(batch, path: Path) -> None:
+    """Write ``batch`` to ``path`` (temporary name, then rename), in row groups of bounded size."""
+    tmp = path.with_name(path.name + ".tmp")
+    meta = {k.encode(): json.dumps(v, default=str).encode() for k, v in batch.meta.items()}
+    lengths = np.diff(batch._off)
+    # Cut rows into chunks of about ROW_GROUP_TOKENS response tokens (at least one row each).
+    bounds, start, acc = [], 0, 0
+    for i, n in enumerate(lengths):
+        if acc and acc + n > ROW_GROUP_TOKENS:
+            bounds.append((start, i))
+            start, acc = i, 0
+        acc += int(n)
+    bounds.append((start, len(lengths)))
+    include, extra_types = _columns_to_write(batch)
+    writer = None
+    try:
+        for a, b in bounds:
+            rb = _record_batch(batch._subset(np.arange(a, b)), include, extra_types)
+            if writer is None:
+                writer = pq.ParquetWriter(tmp, rb.schema.with_metadata(meta), compression="zstd")
+            writer.write_batch(rb, row_group_size=max(b - a, 1))
+    finally:
+        if writer is not None:
+            writer.close()
+    os.replace(tmp, path)

@@ -1,0 +1,171 @@
+"""Seeded synthetic multi-turn batches for benchmarks, property tests and demos.
+
+Each trajectory alternates assistant turns (action tokens) and tool/environment replies
+(observation tokens), starting with an assistant turn. The numbers mimic what an agent rollout
+with a critic looks like:
+
+* tasks come in groups of ``group_size`` samples; each task has a latent success probability
+  ``p`` and each sample succeeds with probability ``p`` (outcome reward 1 or 0 on the last action
+  token, the DESIGN §4 default);
+* critic values move mostly *between* turns — the turn value drifts from ``p`` towards the
+  outcome as the trajectory advances — and only a little *inside* a turn (a small random walk),
+  the pattern the MPO paper reports (across ≫ within);
+* ``old_logprobs`` are negative (a mix of confident and uncertain tokens), ``rollout_logprobs`` and
+  ``ref_logprobs`` differ from them by small noise.
+
+Everything is a pure function of ``seed`` and the arguments.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from mpo_viz.trajectory import TrajectoryBatch
+
+__all__ = ["make_batch", "make_rows"]
+
+
+def _draw(rng: np.random.Generator, spec, size=None):
+    """An integer from ``spec``: an int, or an inclusive range ``(lo, hi)``."""
+    if isinstance(spec, (int, np.integer)):
+        return np.full(size, int(spec)) if size is not None else int(spec)
+    lo, hi = spec
+    return rng.integers(lo, hi + 1, size=size)
+
+
+def make_rows(
+    n_traj: int,
+    seed: int = 0,
+    *,
+    turns=(2, 6),
+    turn_len=(20, 200),
+    obs_len=(20, 300),
+    prompt_len=(16, 64),
+    group_size: int = 4,
+    max_len: int | None = None,
+    vocab_size: int = 32_000,
+    final_obs: bool = False,
+    within_noise: float = 0.01,
+    across_noise: float = 0.05,
+) -> list[dict]:
+    """Rows (dicts of trajectory/v1 fields, numpy arrays inside) of a synthetic batch.
+
+    Arguments as :func:`make_batch`.
+    """
+    if n_traj < 0:
+        raise ValueError(f"n_traj: expected >= 0, found {n_traj}")
+    if group_size < 1:
+        raise ValueError(f"group_size: expected >= 1, found {group_size}")
+    if turns is None and max_len is None:
+        raise ValueError("turns=None (fill up to max_len) needs max_len")
+    rng = np.random.default_rng(seed)
+    n_groups = -(-n_traj // group_size) if n_traj else 0
+    task_p = rng.beta(1.2, 1.2, size=n_groups)
+    rows = []
+    for i in range(n_traj):
+        g = i // group_size
+        p = task_p[g]
+        success = rng.random() < p
+        # turn and observation lengths; with turns=None draw until max_len is filled
+        k = _draw(rng, turns) if turns is not None else max(1, max_len // 20)
+        a_len = _draw(rng, turn_len, size=k)
+        o_len = _draw(rng, obs_len, size=k)
+        if not final_obs:
+            o_len[-1] = 0
+        seg_len = np.stack([a_len, o_len], axis=1).reshape(-1)
+        if max_len is not None:
+            ends = np.cumsum(seg_len)
+            cut = np.searchsorted(ends, max_len, side="left")  # segment in which max_len is reached
+            if cut < len(seg_len):
+                seg_len = seg_len[: cut + 1].copy()
+                seg_len[-1] -= ends[cut] - max_len
+                if len(seg_len) % 2 == 0 and seg_len[-1] == 0:
+                    seg_len = seg_len[:-1]
+            if len(seg_len) % 2 == 0 and turns is None:
+                pass
+        is_act = np.zeros(len(seg_len), dtype=bool)
+        is_act[0::2] = True
+        keep = seg_len > 0
+        seg_len, is_act = seg_len[keep], is_act[keep]
+        n_turns = int(is_act.sum())
+        length = int(seg_len.sum())
+        mask = np.repeat(is_act.astype(np.int8), seg_len)
+        seg_turn = np.cumsum(is_act) - 1
+        turn_ids = np.repeat(seg_turn, seg_len).astype(np.int64)
+
+        reward = 1.0 if success else 0.0
+        # turn-level value: drifts from p to the outcome, plus noise
+        frac = (np.arange(n_turns) / max(n_turns, 1)) ** 1.5
+        v_turn = p + (reward - p) * frac + rng.normal(0, across_noise, size=n_turns)
+        values = v_turn[turn_ids] + np.cumsum(rng.normal(0, within_noise, size=length)) * 0.5
+        # reset the within-turn walk at each turn start so within-turn variation stays small
+        starts = np.concatenate([[0], np.cumsum(seg_len)[:-1]])
+        walk_base = np.repeat((values - v_turn[turn_ids])[starts], seg_len)
+        values = np.clip(values - walk_base, -0.5, 1.5).astype(np.float32)
+
+        confident = rng.random(length) < 0.7
+        old_lp = np.where(confident, -rng.exponential(0.05, length), -rng.exponential(1.5, length))
+        old_lp = np.where(mask == 1, old_lp, 0.0).astype(np.float32)
+        rollout_lp = np.where(mask == 1, old_lp + rng.normal(0, 0.01, length), 0.0).astype(np.float32)
+        ref_lp = np.where(mask == 1, old_lp + rng.normal(0, 0.05, length), 0.0).astype(np.float32)
+
+        rows.append(
+            {
+                "traj_id": f"s{seed}-t{i:06d}",
+                "group_id": f"s{seed}-g{g:06d}",
+                "prompt_ids": rng.integers(4, vocab_size, size=_draw(rng, prompt_len)),
+                "response_ids": rng.integers(4, vocab_size, size=length),
+                "loss_mask": mask,
+                "turn_ids": turn_ids,
+                "reward": reward,
+                "values": values,
+                "old_logprobs": old_lp,
+                "rollout_logprobs": rollout_lp,
+                "ref_logprobs": ref_lp,
+                "sample_idx": i % group_size,
+                "num_turns": n_turns,
+            }
+        )
+    return rows
+
+
+def make_batch(
+    n_traj: int,
+    seed: int = 0,
+    *,
+    turns=(2, 6),
+    turn_len=(20, 200),
+    obs_len=(20, 300),
+    prompt_len=(16, 64),
+    group_size: int = 4,
+    max_len: int | None = None,
+    vocab_size: int = 32_000,
+    final_obs: bool = False,
+    within_noise: float = 0.01,
+    across_noise: float = 0.05,
+) -> TrajectoryBatch:
+    """A realistic random multi-turn batch of ``n_traj`` trajectories.
+
+    Args:
+        n_traj: number of trajectories (groups of ``group_size`` consecutive ones share a task).
+        seed: the only source of randomness.
+        turns: assistant turns per trajectory, an int or inclusive range; ``None`` keeps adding
+            turns until ``max_len`` tokens (benchmark shape: every row ends at ``max_len``).
+        turn_len: action tokens per assistant turn (int or inclusive range).
+        obs_len: observation tokens after each turn but the last (int or range).
+        prompt_len: prompt tokens (int or range).
+        group_size: samples per task (GRPO-style groups).
+        max_len: truncate responses to this many tokens (the cut may fall inside a turn).
+        vocab_size: token ids are drawn from ``[4, vocab_size)``.
+        final_obs: also put an observation after the last turn.
+        within_noise / across_noise: scale of value variation inside / between turns.
+
+    Returns a validated :class:`TrajectoryBatch` with ``values``, ``old_logprobs``,
+    ``rollout_logprobs``, ``ref_logprobs``, ``turn_ids`` and an outcome ``reward`` in {0, 1}.
+    """
+    rows = make_rows(
+        n_traj, seed, turns=turns, turn_len=turn_len, obs_len=obs_len, prompt_len=prompt_len,
+        group_size=group_size, max_len=max_len, vocab_size=vocab_size, final_obs=final_obs,
+        within_noise=within_noise, across_noise=across_noise,
+    )
+    return TrajectoryBatch.from_rows(rows, {"source_framework": "mpo_viz.synthetic", "values_source": "synthetic"})
