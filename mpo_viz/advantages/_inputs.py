@@ -1,0 +1,238 @@
+"""Input handling shared by the fast estimators: conversion, dtype rule, validation, whitening.
+
+Inputs may be torch tensors or numpy arrays (or nested lists) of shape ``(B, L)``. The compute
+dtype is float64 when rewards or values arrive as float64, else float32; rewards, values and mask
+are brought to it (no copy when they already are), turn ids to int64. Outputs are torch tensors in
+that dtype, on the device of the first torch input (CPU when none).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from mpo_viz.advantages import kernels as K
+from mpo_viz.turns import turn_ids_from_mask
+
+__all__ = ["Prepared", "prepare", "to_torch", "whiten_", "group_codes", "scalar_check"]
+
+
+def _to_numpy(x, name: str) -> np.ndarray:
+    if isinstance(x, torch.Tensor):
+        x = x.detach()
+        if x.device.type != "cpu":
+            x = x.cpu()
+        if x.dtype in (torch.bfloat16, torch.float16):
+            x = x.float()
+        return x.numpy()
+    try:
+        return np.asarray(x)
+    except Exception as exc:  # ragged lists and the like
+        raise ValueError(f"{name}: expected a (B, L) array or tensor, found {type(x).__name__} ({exc})") from None
+
+
+def _float_dtype(*arrays) -> np.dtype:
+    for a in arrays:
+        if a is not None and a.dtype == np.float64:
+            return np.dtype(np.float64)
+    return np.dtype(np.float32)
+
+
+def _as(a: np.ndarray, dtype, name: str) -> np.ndarray:
+    if a.dtype.kind not in "fiub":
+        raise ValueError(f"{name}: expected a numeric array, found dtype {a.dtype}")
+    return np.ascontiguousarray(a, dtype=dtype)
+
+
+@dataclass
+class Prepared:
+    """Validated kernel inputs. ``values``/``turn_ids`` are empty ``(B, 0)`` arrays when unused."""
+
+    rewards: np.ndarray
+    values: np.ndarray
+    mask: np.ndarray
+    turn_ids: np.ndarray
+    bootstrap: np.ndarray  # float64 (B,), NaN = terminal
+    nturns: np.ndarray  # int64 (B,)
+    dtype: np.dtype
+    device: torch.device
+
+    @property
+    def shape(self) -> tuple[int, int]:
+        return self.mask.shape
+
+
+def _device_of(*xs) -> torch.device:
+    for x in xs:
+        if isinstance(x, torch.Tensor):
+            return x.device
+    return torch.device("cpu")
+
+
+def prepare(
+    rewards,
+    mask,
+    *,
+    values=None,
+    need_values: bool = False,
+    turn_ids=None,
+    need_turns: bool = False,
+    bootstrap_value=None,
+) -> Prepared:
+    """Convert and validate estimator inputs; raise ``ValueError`` naming argument and first bad row.
+
+    Checks: shapes; mask entries 0/1; rewards finite on action tokens and exactly 0 on masked ones;
+    values finite on action tokens (``need_values``); turn ids (``need_turns``; derived from the mask
+    runs when ``None``) non-negative, non-decreasing, 0..K−1 on action tokens with none skipped;
+    ``bootstrap_value`` shaped ``(B,)`` (NaN = terminal).
+    """
+    device = _device_of(rewards, values, mask)
+    m0 = _to_numpy(mask, "mask")
+    if m0.ndim != 2:
+        raise ValueError(f"mask: expected a 2-D (B, L) array, found shape {tuple(m0.shape)}")
+    B, L = m0.shape
+    r0 = _to_numpy(rewards, "rewards")
+    if r0.shape != (B, L):
+        raise ValueError(f"rewards: expected shape {(B, L)} (the mask's), found {tuple(r0.shape)}")
+    v0 = None
+    if need_values:
+        if values is None:
+            raise ValueError("values: this estimator needs critic values, found None")
+        v0 = _to_numpy(values, "values")
+        if v0.shape != (B, L):
+            raise ValueError(f"values: expected shape {(B, L)} (the mask's), found {tuple(v0.shape)}")
+    dtype = _float_dtype(r0, v0)
+    r = _as(r0, dtype, "rewards")
+    m = _as(m0, dtype, "mask")
+    v = _as(v0, dtype, "values") if v0 is not None else np.empty((B, 0), dtype=dtype)
+    if need_turns:
+        if turn_ids is None:
+            tid = turn_ids_from_mask(m != 0)
+        else:
+            t0 = _to_numpy(turn_ids, "turn_ids")
+            if t0.shape != (B, L):
+                raise ValueError(f"turn_ids: expected shape {(B, L)} (the mask's), found {tuple(t0.shape)}")
+            if t0.dtype.kind == "f":
+                bad = ~np.isfinite(t0) | (t0 != np.round(t0))
+                if bad.any():
+                    row = int(np.argmax(bad.any(1)))
+                    raise ValueError(f"turn_ids: row {row}: expected integer ids, found {t0[row][bad[row]][0]!r}")
+            elif t0.dtype.kind not in "iub":
+                raise ValueError(f"turn_ids: expected integer ids, found dtype {t0.dtype}")
+            tid = np.ascontiguousarray(t0, dtype=np.int64)
+        tid = np.ascontiguousarray(tid, dtype=np.int64)
+    else:
+        tid = np.empty((B, 0), dtype=np.int64)
+    if bootstrap_value is None:
+        boot = np.full(B, np.nan)
+    else:
+        boot = np.ascontiguousarray(_to_numpy(bootstrap_value, "bootstrap_value"), dtype=np.float64)
+        if boot.shape != (B,):
+            raise ValueError(f"bootstrap_value: expected shape ({B},) (one per row, NaN = terminal), found {tuple(boot.shape)}")
+        if np.isinf(boot).any():
+            row = int(np.argmax(np.isinf(boot)))
+            raise ValueError(f"bootstrap_value: row {row}: expected a finite value or NaN (terminal), found {boot[row]}")
+    err_code = np.empty(B, dtype=np.int64)
+    err_pos = np.empty(B, dtype=np.int64)
+    nturns = np.empty(B, dtype=np.int64)
+    K.validate_kernel(r, v, m, tid, int(need_values), int(need_turns), err_code, err_pos, nturns)
+    if err_code.any():
+        row = int(np.flatnonzero(err_code)[0])
+        _raise(int(err_code[row]), row, int(err_pos[row]), r0, v0, m0, tid)
+    return Prepared(r, v, m, tid, boot, nturns, dtype, device)
+
+
+def _raise(code: int, row: int, pos: int, r, v, m, tid) -> None:
+    at = f"row {row}, position {pos}"
+    if code == K.E_MASK:
+        raise ValueError(f"mask: {at}: expected 0 or 1, found {m[row, pos]!r}")
+    if code == K.E_TID_NEG:
+        raise ValueError(f"turn_ids: {at}: expected ids >= 0, found {int(tid[row, pos])}")
+    if code == K.E_TID_DEC:
+        raise ValueError(
+            f"turn_ids: {at}: expected non-decreasing ids, found {int(tid[row, pos - 1])} then {int(tid[row, pos])}"
+        )
+    if code == K.E_TID_FIRST:
+        raise ValueError(
+            f"turn_ids: {at}: expected the first action token in turn 0, found turn {int(tid[row, pos])}"
+        )
+    if code == K.E_TID_SKIP:
+        raise ValueError(
+            f"turn_ids: {at}: expected consecutive turn ids on action tokens, found turn {int(tid[row, pos])} "
+            "after a lower turn (a turn id with no action token)"
+        )
+    if code == K.E_REWARD_NONFINITE:
+        raise ValueError(f"rewards: {at}: expected a finite reward on an action token, found {r[row, pos]!r}")
+    if code == K.E_VALUE_NONFINITE:
+        raise ValueError(f"values: {at}: expected a finite value on an action token, found {v[row, pos]!r}")
+    if code == K.E_REWARD_MASKED:
+        raise ValueError(
+            f"rewards: {at}: expected 0 on a masked (observation/padding) token, found {r[row, pos]!r} "
+            "(rewards belong on action tokens; adapters move them, DESIGN §4)"
+        )
+    raise AssertionError(f"unknown validation code {code}")  # pragma: no cover
+
+
+def to_torch(a: np.ndarray, device: torch.device) -> torch.Tensor:
+    t = torch.from_numpy(a)
+    return t if device.type == "cpu" else t.to(device)
+
+
+def whiten_(adv: np.ndarray, mask: np.ndarray) -> np.ndarray:
+    """In place over the ``mask == 1`` tokens: ``A ← (A − mean)/sqrt(var_unbiased + 1e-8)``.
+
+    Masked positions stay 0. With fewer than two action tokens the variance is taken as 0.
+    """
+    sel = mask != 0
+    n = int(sel.sum())
+    if n == 0:
+        return adv
+    x = adv[sel].astype(np.float64)
+    mean = x.mean()
+    var = ((x - mean) ** 2).sum() / (n - 1) if n > 1 else 0.0
+    adv[sel] = (x - mean) / np.sqrt(var + 1e-8)
+    return adv
+
+
+def group_codes(group_ids, B: int, name: str = "group_ids") -> np.ndarray:
+    """Integer codes 0..G−1 (first appearance order) for any array-like of strings or ints (B,)."""
+    if isinstance(group_ids, torch.Tensor):
+        group_ids = group_ids.detach().cpu().numpy()
+    try:
+        n = len(group_ids)
+    except TypeError:
+        raise ValueError(f"{name}: expected one id per row ({B}), found {type(group_ids).__name__}") from None
+    if n != B:
+        raise ValueError(f"{name}: expected {B} ids (one per row), found {n}")
+    ids = list(group_ids)
+    for i, g in enumerate(ids):
+        if g is None or (isinstance(g, float) and np.isnan(g)):
+            raise ValueError(f"{name}: row {i}: expected a group id, found {g!r}")
+        if isinstance(g, np.ndarray) and g.ndim > 0:
+            raise ValueError(f"{name}: row {i}: expected a scalar id (string or int), found an array")
+    table: dict = {}
+    codes = np.empty(B, dtype=np.int64)
+    for i, g in enumerate(ids):
+        key = g.item() if isinstance(g, np.generic) else g
+        codes[i] = table.setdefault(key, len(table))
+    return codes
+
+
+def scalar_check(name: str, value, lo=None, hi=None, *, lo_open=False, hi_open=False) -> float:
+    """A float option within bounds, else ``ValueError`` naming it."""
+    try:
+        x = float(value)
+    except (TypeError, ValueError):
+        raise ValueError(f"{name}: expected a number, found {value!r}") from None
+    bad = not np.isfinite(x)
+    if lo is not None:
+        bad |= x <= lo if lo_open else x < lo
+    if hi is not None:
+        bad |= x >= hi if hi_open else x > hi
+    if bad:
+        lb = "(" if lo_open else "["
+        hb = ")" if hi_open else "]"
+        raise ValueError(f"{name}: expected a value in {lb}{lo if lo is not None else '-inf'}, {hi if hi is not None else 'inf'}{hb}, found {value!r}")
+    return x

@@ -1,0 +1,214 @@
+"""Critic-free estimators with group baselines: GRPO, Dr. GRPO, RLOO, REINFORCE++ (and its group
+baseline variant), GiGPO. DESIGN §3.6.
+
+Inputs: rewards and mask ``(B, L)`` (torch or numpy), ``group_ids`` any array-like of B strings or
+ints. Outputs ``(advantages, returns)`` torch ``(B, L)`` (float64 in → float64 out, else float32),
+zero on masked positions. ``returns`` are the advantages before any whitening (DESIGN §3.5: group
+estimators have no critic; for REINFORCE++ these are the discounted token returns).
+
+The trajectory score is ``s_i = Σ_t r_{i,t}`` (rewards on masked tokens are an input error, so
+this is the sum over action tokens).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from mpo_viz.advantages import kernels as K
+from mpo_viz.advantages._inputs import group_codes, prepare, scalar_check, to_torch, whiten_
+
+__all__ = ["grpo", "drgrpo", "rloo", "reinforce_pp", "reinforce_pp_baseline", "gigpo", "group_stats"]
+
+
+def group_stats(x: np.ndarray, codes: np.ndarray):
+    """Per-element group count, mean and unbiased std (NaN for groups of one) of float64 ``x``."""
+    g = int(codes.max()) + 1 if codes.size else 0
+    cnt = np.bincount(codes, minlength=g).astype(np.float64)
+    mean = np.bincount(codes, weights=x, minlength=g) / np.maximum(cnt, 1)
+    dev = x - mean[codes]
+    with np.errstate(invalid="ignore", divide="ignore"):
+        var = np.bincount(codes, weights=dev * dev, minlength=g) / (cnt - 1)
+    return cnt[codes], mean[codes], np.sqrt(var)[codes]
+
+
+def _grpo_scores(s, codes, eps, norm_by_std):
+    n, mean, std = group_stats(s, codes)
+    one = n == 1
+    mean = np.where(one, 0.0, mean)  # verl: a group of one has mean 0, std 1
+    std = np.where(one, 1.0, std)
+    return (s - mean) / (std + eps) if norm_by_std else s - mean
+
+
+def _broadcast(p, per_row, whiten):
+    adv = (per_row[:, None] * (p.mask != 0)).astype(p.dtype)
+    ret = adv.copy()
+    if whiten:
+        whiten_(adv, p.mask)
+    return to_torch(adv, p.device), to_torch(ret, p.device)
+
+
+def _scores(p) -> np.ndarray:
+    return p.rewards.sum(axis=1, dtype=np.float64)
+
+
+def grpo(rewards, mask, group_ids, *, eps=1e-6, norm_by_std=True, whiten=False):
+    """GRPO (verl): ``A_i = (s_i − mean_g)/(std_g + ε)`` broadcast over row i's action tokens.
+
+    ``std_g`` is the unbiased std of the scores in i's group; a group of one uses mean 0, std 1.
+    ``norm_by_std=False`` is Dr. GRPO: ``A_i = s_i − mean_g``. Shapes: rewards, mask ``(B, L)``,
+    group_ids ``(B,)``; returns ``(advantages, returns)`` ``(B, L)`` with returns = advantages
+    (before whitening).
+    """
+    eps = scalar_check("eps", eps, 0.0, None)
+    p = prepare(rewards, mask)
+    codes = group_codes(group_ids, p.shape[0])
+    return _broadcast(p, _grpo_scores(_scores(p), codes, eps, bool(norm_by_std)), whiten)
+
+
+def drgrpo(rewards, mask, group_ids, *, whiten=False):
+    """Dr. GRPO: ``A_i = s_i − mean_g`` (GRPO without the std division). Shapes as :func:`grpo`."""
+    return grpo(rewards, mask, group_ids, norm_by_std=False, whiten=whiten)
+
+
+def rloo(rewards, mask, group_ids, *, whiten=False):
+    """RLOO: ``A_i = s_i − mean_{j≠i, j∈g} s_j`` (leave-one-out); a group of one gets 0.
+
+    Shapes as :func:`grpo`; returns = advantages (before whitening).
+    """
+    p = prepare(rewards, mask)
+    codes = group_codes(group_ids, p.shape[0])
+    s = _scores(p)
+    n, mean, _ = group_stats(s, codes)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        a = np.where(n > 1, (s - mean) * n / np.maximum(n - 1, 1), 0.0)
+    return _broadcast(p, a, whiten)
+
+
+def reinforce_pp(rewards, mask, *, gamma=1.0, whiten=True):
+    """REINFORCE++: discounted token returns ``G_t = r_t + γ·G_{t'}`` over action tokens (t' = next
+    action token; observation tokens are skipped and the return carried over them — verl resets
+    there instead), then whitened over the batch's action tokens (``whiten=True``, the algorithm's
+    default). Shapes: rewards, mask ``(B, L)``; returns ``(advantages, returns)`` with returns =
+    the unwhitened ``G``.
+    """
+    gamma = scalar_check("gamma", gamma, 0.0, 1.0)
+    p = prepare(rewards, mask)
+    g = np.empty(p.shape, dtype=p.dtype)
+    K.discounted_kernel(p.rewards, p.mask, gamma, g)
+    adv = g.copy()
+    if whiten:
+        whiten_(adv, p.mask)
+    return to_torch(adv, p.device), to_torch(g, p.device)
+
+
+def reinforce_pp_baseline(rewards, mask, group_ids, *, whiten=True):
+    """REINFORCE++ with a group baseline: ``(s_i − mean_g)`` broadcast over row i's action tokens,
+    then whitened over the batch (``whiten=True`` default). A group of one has baseline 0 (as in
+    GRPO). Shapes as :func:`grpo`; returns = the unwhitened advantages.
+    """
+    p = prepare(rewards, mask)
+    codes = group_codes(group_ids, p.shape[0])
+    return _broadcast(p, _grpo_scores(_scores(p), codes, 0.0, False), whiten)
+
+
+def _ragged(x, B: int, name: str) -> list[np.ndarray]:
+    if x is None:
+        raise ValueError(f"{name}: GiGPO needs the token ids to find each turn's anchor observation, found None")
+    if hasattr(x, "detach"):
+        x = x.detach().cpu().numpy()
+    if len(x) != B:
+        raise ValueError(f"{name}: expected {B} rows (one per trajectory), found {len(x)}")
+    return [np.asarray(row).reshape(-1).astype(np.int64) for row in x]
+
+
+def turn_spans(mask_row: np.ndarray, tid_row: np.ndarray) -> list[tuple[int, int]]:
+    """``(first, last)`` action-token positions of each turn k = 0..K−1 of one row."""
+    pos = np.flatnonzero(mask_row != 0)
+    if pos.size == 0:
+        return []
+    k = tid_row[pos]
+    starts = np.flatnonzero(np.r_[True, k[1:] != k[:-1]])
+    ends = np.r_[starts[1:] - 1, pos.size - 1]
+    return list(zip(pos[starts].tolist(), pos[ends].tolist()))
+
+
+def gigpo(rewards, mask, group_ids, *, prompt_ids, response_ids, turn_ids=None, omega=1.0,
+          step_gamma=0.95, norm="std", eps=1e-6, whiten=False):
+    """GiGPO: ``A = A^E + ω·A^S``, constant over a turn's action tokens (DESIGN §3.6).
+
+    * Episode level ``A^E``: GRPO over the group (``eps``; std normalization).
+    * Step level: turn k's *anchor* is the token ids of the observation just before it — the
+      response tokens between turn k−1's last and turn k's first action token; for k = 0 the
+      prompt ids followed by any observation tokens before the first action token. Turns with
+      identical anchors in the same group form a step group. Step return
+      ``Σ_{k'≥k} γ^{k'−k} R_{k'}`` (γ = ``step_gamma``, ``R_k`` = the turn's reward sum);
+      ``A^S = (ret − mean)/(std + ε)`` in the step group (unbiased std; ``norm="mean"``: no
+      division); a step group of one gives ``A^S = 0``.
+
+    Shapes: rewards, mask, turn_ids ``(B, L)``; group_ids ``(B,)``; prompt_ids and response_ids:
+    B token-id sequences (ragged lists or padded ``(B, ·)`` arrays; response_ids aligned with the
+    mask). Returns ``(advantages, returns)`` ``(B, L)``, returns = advantages before whitening.
+    """
+    omega = scalar_check("omega", omega, None, None)
+    step_gamma = scalar_check("step_gamma", step_gamma, 0.0, 1.0)
+    eps = scalar_check("eps", eps, 0.0, None)
+    if norm not in ("std", "mean"):
+        raise ValueError(f"norm: expected 'std' or 'mean', found {norm!r}")
+    p = prepare(rewards, mask, turn_ids=turn_ids, need_turns=True)
+    B, L = p.shape
+    codes = group_codes(group_ids, B)
+    prompts = _ragged(prompt_ids, B, "prompt_ids")
+    responses = _ragged(response_ids, B, "response_ids")
+    a_e = _grpo_scores(_scores(p), codes, eps, True)
+
+    # Turn reward sums R[i, k] and discounted step returns.
+    kmax = int(p.nturns.max()) if B else 0
+    act = p.mask != 0
+    rows, cols = np.nonzero(act)
+    kk = p.turn_ids[rows, cols]
+    R = np.bincount(rows * kmax + kk, weights=p.rewards[rows, cols].astype(np.float64),
+                    minlength=B * kmax).reshape(B, kmax) if kmax else np.zeros((B, 0))
+    step_ret = np.zeros((B, kmax))
+    nxt = np.zeros(B)
+    for k in range(kmax - 1, -1, -1):
+        nxt = np.where(k < p.nturns, R[:, k] + step_gamma * nxt, 0.0)
+        step_ret[:, k] = nxt
+
+    # Anchor keys -> step-group codes over all (row, turn) pairs.
+    keys: dict = {}
+    members_row, members_turn, members_code = [], [], []
+    spans_all = []
+    for i in range(B):
+        spans = turn_spans(p.mask[i], p.turn_ids[i])
+        spans_all.append(spans)
+        resp = responses[i]
+        if spans and resp.shape[0] < spans[-1][1] + 1:
+            raise ValueError(f"response_ids: row {i}: expected at least {spans[-1][1] + 1} tokens "
+                             f"(aligned with the mask), found {resp.shape[0]}")
+        prev_end = -1
+        for k, (first, last) in enumerate(spans):
+            obs = resp[prev_end + 1:first]
+            anchor = np.concatenate([prompts[i], obs]) if k == 0 else obs
+            key = (int(codes[i]), anchor.tobytes())
+            members_row.append(i)
+            members_turn.append(k)
+            members_code.append(keys.setdefault(key, len(keys)))
+            prev_end = last
+    a_s = np.zeros((B, kmax))
+    if members_row:
+        mr, mt, mc = (np.asarray(x, dtype=np.int64) for x in (members_row, members_turn, members_code))
+        x = step_ret[mr, mt]
+        n, mean, std = group_stats(x, mc)
+        with np.errstate(invalid="ignore", divide="ignore"):
+            val = (x - mean) / (std + eps) if norm == "std" else x - mean
+        a_s[mr, mt] = np.where(n > 1, val, 0.0)
+
+    adv = np.zeros((B, L), dtype=p.dtype)
+    for i in range(B):
+        for k, (first, last) in enumerate(spans_all[i]):
+            seg = slice(first, last + 1)
+            adv[i, seg] = (a_e[i] + omega * a_s[i, k]) * act[i, seg]
+    ret = adv.copy()
+    if whiten:
+        whiten_(adv, p.mask)
+    return to_torch(adv, p.device), to_torch(ret, p.device)

@@ -1,0 +1,254 @@
+"""Numba kernels behind the fast estimators: one trajectory per row, rows in parallel (``prange``).
+
+Every kernel reads float32 or float64 token arrays of shape ``(B, L)`` (rewards, values and mask in
+one dtype), accumulates in float64 scalars, and writes **every** output position (masked positions
+get 0), so the callers allocate outputs with ``np.empty``. Each kernel is compiled lazily, once per
+dtype, on first use (a few seconds; ``cache=False`` on purpose, so an edited kernel never runs
+stale). The readable specification of each kernel is the matching loop in
+:mod:`mpo_viz.advantages.reference`; tests check them equal.
+
+Integer "enum" arguments (kept as ints so every call has the same numba signature):
+
+* ``within``: 0 intra, 1 local, 2 global, 3 td  (DESIGN §3.4)
+* ``value_at``: 0 first, 1 last, 2 mean         (DESIGN §3.3)
+* ``ret_mode``: 0 Monte-Carlo returns, 1 turn returns ``G^T_k`` broadcast  (DESIGN §3.5)
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+from numba import njit, prange
+
+WITHIN = {"intra": 0, "local": 1, "global": 2, "td": 3}
+VALUE_AT = {"first": 0, "last": 1, "mean": 2}
+RET_MODE = {"mc": 0, "turn": 1}
+
+# Error codes of ``validate_kernel`` (the Python side turns them into messages).
+E_MASK = 1  # mask entry not 0/1
+E_TID_NEG = 2  # negative turn id
+E_TID_DEC = 3  # turn ids decrease
+E_TID_FIRST = 4  # first action token not in turn 0
+E_TID_SKIP = 5  # consecutive action tokens skip a turn id
+E_REWARD_NONFINITE = 6  # NaN/inf reward on an action token
+E_VALUE_NONFINITE = 7  # NaN/inf value on an action token
+E_REWARD_MASKED = 8  # non-zero (or NaN) reward on a masked token
+
+
+@njit(parallel=True, cache=False)
+def validate_kernel(r, v, m, tid, check_values, check_tids, err_code, err_pos, nturns):
+    """Per row: the first problem (``err_code``/``err_pos``, 0/-1 if none) and the turn count K.
+
+    ``tid`` is only read when ``check_tids`` is 1, ``v`` only when ``check_values`` is 1.
+    ``nturns[i]`` = 1 + the largest turn id on an action token (0 without action tokens); when turn
+    ids are not checked it is the number of mask runs.
+    """
+    B, L = m.shape
+    for i in prange(B):
+        code = 0
+        pos = -1
+        last_tid = 0
+        last_act_tid = -1
+        runs = 0
+        prev_m = 0.0
+        for t in range(L):
+            mt = m[i, t]
+            if mt != 0.0 and mt != 1.0:
+                code = E_MASK
+                pos = t
+                break
+            if check_tids == 1:
+                ti = tid[i, t]
+                if ti < 0:
+                    code = E_TID_NEG
+                    pos = t
+                    break
+                if ti < last_tid:
+                    code = E_TID_DEC
+                    pos = t
+                    break
+                last_tid = ti
+                if mt == 1.0:
+                    if last_act_tid == -1 and ti != 0:
+                        code = E_TID_FIRST
+                        pos = t
+                        break
+                    if last_act_tid >= 0 and ti > last_act_tid + 1:
+                        code = E_TID_SKIP
+                        pos = t
+                        break
+                    last_act_tid = ti
+            rt = r[i, t]
+            if mt == 1.0:
+                if not math.isfinite(rt):
+                    code = E_REWARD_NONFINITE
+                    pos = t
+                    break
+                if check_values == 1 and not math.isfinite(v[i, t]):
+                    code = E_VALUE_NONFINITE
+                    pos = t
+                    break
+                if prev_m == 0.0:
+                    runs += 1
+            elif rt != 0.0:  # also catches NaN
+                code = E_REWARD_MASKED
+                pos = t
+                break
+            prev_m = mt
+        err_code[i] = code
+        err_pos[i] = pos
+        nturns[i] = last_act_tid + 1 if check_tids == 1 else runs
+
+
+@njit(parallel=True, cache=False)
+def gae_kernel(r, v, m, boot, gamma, lam, ret_lam, adv, ret):
+    """Token GAE over action tokens (DESIGN §3.2), per-row ``lam`` (B,).
+
+    ``A_t = δ_t + γ·λ_i·A_{t+1}``, ``δ_t = r_t + γ·V_{t+1} − V_t`` (V after the last action token =
+    ``boot[i]`` if finite else 0); ``ret = A' + V`` where ``A'`` uses ``ret_lam`` instead of λ_i
+    when ``ret_lam`` is finite (VAPO's λ = 1 critic), else ``ret = A + V``.
+    """
+    B, L = m.shape
+    sep = math.isfinite(ret_lam)
+    for i in prange(B):
+        nv = boot[i] if math.isfinite(boot[i]) else 0.0
+        a = 0.0
+        a2 = 0.0
+        gl = gamma * lam[i]
+        gl2 = gamma * ret_lam if sep else 0.0
+        for t in range(L - 1, -1, -1):
+            if m[i, t] != 0.0:
+                vt = np.float64(v[i, t])
+                delta = np.float64(r[i, t]) + gamma * nv - vt
+                a = delta + gl * a
+                adv[i, t] = a
+                if sep:
+                    a2 = delta + gl2 * a2
+                    ret[i, t] = a2 + vt
+                else:
+                    ret[i, t] = a + vt
+                nv = vt
+            else:
+                adv[i, t] = 0.0
+                ret[i, t] = 0.0
+
+
+@njit(parallel=True, cache=False)
+def discounted_kernel(r, m, gamma, out):
+    """``G_t = r_t + γ·G_{t'}`` over action tokens (t' = next action token; 0 after the last).
+
+    Observation tokens are skipped, the return carried over them; masked outputs are 0.
+    """
+    B, L = m.shape
+    for i in prange(B):
+        g = 0.0
+        for t in range(L - 1, -1, -1):
+            if m[i, t] != 0.0:
+                g = np.float64(r[i, t]) + gamma * g
+                out[i, t] = g
+            else:
+                out[i, t] = 0.0
+
+
+@njit(parallel=True, cache=False)
+def mae_kernel(
+    r, v, m, tid, boot, gamma, lam, tgamma, tlam, beta, within, value_at, ret_mode,
+    adv, ret, t_adv, t_val, t_rew, t_ret,
+):
+    """Turn GAE + centered within-turn signal (DESIGN §3.3–3.5); ``beta = 0`` is ``turn_gae``.
+
+    Walks each row backwards one turn at a time. Pass 1 over turn k's tokens (last to first)
+    accumulates ``R_k``, ``V(s_k)``, the within-turn signal ``u`` (stored in ``adv`` for now) and the
+    Monte-Carlo return (stored in ``ret``); then ``A^T_k = R_k + γ_T·V(s_{k+1}) − V(s_k) +
+    γ_T·λ_T·A^T_{k+1}``; pass 2 writes ``A^T_k + β·(u − mean u)`` and, with ``ret_mode`` 1,
+    ``G^T_k = A^T_k + V(s_k)``. Turn arrays ``t_*`` (B, Kcap) get ``A^T_k``, ``V(s_k)``, ``R_k``,
+    ``G^T_k`` for ``k < Kcap`` (pass ``Kcap = 0`` arrays to skip).
+    """
+    B, L = m.shape
+    kcap = t_adv.shape[1]
+    for i in prange(B):
+        bs = boot[i] if math.isfinite(boot[i]) else 0.0
+        nv_tok = bs  # value at the next action token (crosses turn boundaries)
+        vt_next = bs  # V(s_{k+1})
+        at_next = 0.0  # A^T_{k+1}
+        g_next = bs  # MC return at the next action token
+        glob = 0.0  # full-trajectory token GAE (within = global)
+        t = L - 1
+        while t >= 0:
+            if m[i, t] == 0.0:
+                adv[i, t] = 0.0
+                ret[i, t] = 0.0
+                t -= 1
+                continue
+            k = tid[i, t]
+            e = t
+            rsum = 0.0
+            usum = 0.0
+            vsum = 0.0
+            n = 0
+            u = 0.0
+            g = g_next
+            s = t
+            tt = t
+            while tt >= 0 and tid[i, tt] == k:
+                if m[i, tt] != 0.0:
+                    vt = np.float64(v[i, tt])
+                    rt = np.float64(r[i, tt])
+                    rsum += rt
+                    vsum += vt
+                    delta = rt + gamma * nv_tok - vt
+                    glob = delta + gamma * lam * glob
+                    if n == 0:
+                        g = rt + tgamma * g  # the return crosses a turn boundary here
+                        if within == 0:
+                            u = 0.0
+                        elif within == 1:
+                            u = delta
+                        elif within == 2:
+                            u = glob
+                        else:
+                            u = delta
+                    else:
+                        g = rt + gamma * g
+                        if within == 0:
+                            u = (nv_tok - vt) + lam * u
+                        elif within == 1:
+                            u = delta + gamma * lam * u
+                        elif within == 2:
+                            u = glob
+                        else:
+                            u = delta
+                    n += 1
+                    usum += u
+                    adv[i, tt] = u
+                    ret[i, tt] = g
+                    nv_tok = vt
+                    s = tt
+                else:
+                    adv[i, tt] = 0.0
+                    ret[i, tt] = 0.0
+                tt -= 1
+            if value_at == 0:
+                vs = np.float64(v[i, s])
+            elif value_at == 1:
+                vs = np.float64(v[i, e])
+            else:
+                vs = vsum / n
+            at = rsum + tgamma * vt_next - vs + tgamma * tlam * at_next
+            gt = at + vs
+            umean = usum / n
+            for q in range(tt + 1, e + 1):
+                if m[i, q] != 0.0:
+                    adv[i, q] = at + beta * (adv[i, q] - umean)
+                    if ret_mode == 1:
+                        ret[i, q] = gt
+            if k < kcap:
+                t_adv[i, k] = at
+                t_val[i, k] = vs
+                t_rew[i, k] = rsum
+                t_ret[i, k] = gt
+            vt_next = vs
+            at_next = at
+            g_next = g
+            t = tt

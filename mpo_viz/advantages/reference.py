@@ -1,0 +1,325 @@
+"""Reference estimators: plain per-trajectory Python loops, written to be read, not to be fast.
+
+This module is the executable specification of DESIGN §3.2–3.7. Each function mirrors the fast
+function of the same name in :mod:`mpo_viz.advantages` (same arguments and options) but loops over
+trajectories and tokens in Python floats (float64) and returns numpy float64 arrays ``(B, L)``.
+It does not validate its input (the fast functions do); tests feed both the same valid batches and
+check the results equal.
+
+Conventions shared by all loops:
+* a trajectory's *action tokens* are the positions with ``mask == 1``; every recurrence runs over
+  them only (observation tokens neither advance the clock nor carry values);
+* turns are the groups of action tokens with equal ``turn_ids`` (mask runs when ``turn_ids`` is
+  None);
+* the value after the last action token is ``bootstrap_value[i]`` when finite, else 0.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+
+import numpy as np
+
+__all__ = [
+    "gae", "vapo", "turn_gae", "mae", "grpo", "drgrpo", "rloo", "reinforce_pp",
+    "reinforce_pp_baseline", "gigpo", "turns_of",
+]
+
+
+# ----------------------------------------------------------------------------- helpers
+
+def _np(x) -> np.ndarray:
+    if hasattr(x, "detach"):
+        x = x.detach().cpu().numpy()
+    return np.asarray(x, dtype=np.float64)
+
+
+def _bootstrap(bootstrap_value, i: int) -> float:
+    if bootstrap_value is None:
+        return 0.0
+    b = float(_np(bootstrap_value)[i])
+    return b if math.isfinite(b) else 0.0
+
+
+def turns_of(mask_row, turn_ids_row=None) -> list[list[int]]:
+    """The action-token positions of each turn of one trajectory: ``[[t, ...] for k in 0..K−1]``."""
+    positions = [t for t, m in enumerate(mask_row) if m != 0]
+    turns: list[list[int]] = []
+    if turn_ids_row is None:
+        prev = None
+        for t in positions:
+            if prev is None or t != prev + 1:  # a new maximal run of mask == 1
+                turns.append([])
+            turns[-1].append(t)
+            prev = t
+        return turns
+    for t in positions:
+        k = int(turn_ids_row[t])
+        while len(turns) <= k:
+            turns.append([])
+        turns[k].append(t)
+    return turns
+
+
+def _whiten(adv: np.ndarray, mask) -> np.ndarray:
+    """``(A − mean)/sqrt(var_unbiased + 1e-8)`` over the action tokens; masked stay 0."""
+    mask = _np(mask)
+    xs = [adv[i, t] for i in range(adv.shape[0]) for t in range(adv.shape[1]) if mask[i, t] != 0]
+    if not xs:
+        return adv
+    mean = sum(xs) / len(xs)
+    var = sum((x - mean) ** 2 for x in xs) / (len(xs) - 1) if len(xs) > 1 else 0.0
+    out = adv.copy()
+    for i in range(adv.shape[0]):
+        for t in range(adv.shape[1]):
+            if mask[i, t] != 0:
+                out[i, t] = (adv[i, t] - mean) / math.sqrt(var + 1e-8)
+    return out
+
+
+def _row_turns(mask, turn_ids, i):
+    return turns_of(mask[i], None if turn_ids is None else _np(turn_ids)[i])
+
+
+# ----------------------------------------------------------------------------- token GAE, VAPO
+
+def _gae_row(r, v, positions, gamma, lam, last_value):
+    """Token GAE over the given action positions of one row: dict t -> (A_t, G_t)."""
+    out = {}
+    next_value = last_value
+    next_adv = 0.0
+    for t in reversed(positions):
+        delta = r[t] + gamma * next_value - v[t]
+        a = delta + gamma * lam * next_adv
+        out[t] = (a, a + v[t])
+        next_value, next_adv = v[t], a
+    return out
+
+
+def gae(rewards, values, mask, *, gamma=1.0, lam=1.0, bootstrap_value=None, whiten=False):
+    r, v, m = _np(rewards), _np(values), _np(mask)
+    adv, ret = np.zeros_like(m), np.zeros_like(m)
+    for i in range(m.shape[0]):
+        positions = [t for t in range(m.shape[1]) if m[i, t] != 0]
+        for t, (a, g) in _gae_row(r[i], v[i], positions, gamma, lam, _bootstrap(bootstrap_value, i)).items():
+            adv[i, t], ret[i, t] = a, g
+    return (_whiten(adv, m) if whiten else adv), ret
+
+
+def vapo(rewards, values, mask, *, gamma=1.0, alpha=0.05, bootstrap_value=None, whiten=False):
+    r, v, m = _np(rewards), _np(values), _np(mask)
+    adv, ret = np.zeros_like(m), np.zeros_like(m)
+    for i in range(m.shape[0]):
+        positions = [t for t in range(m.shape[1]) if m[i, t] != 0]
+        n = len(positions)
+        lam = min(max(1.0 - 1.0 / (alpha * n), 0.0), math.nextafter(1.0, 0.0)) if n else 0.0
+        last = _bootstrap(bootstrap_value, i)
+        for t, (a, _) in _gae_row(r[i], v[i], positions, gamma, lam, last).items():
+            adv[i, t] = a
+        for t, (_, g) in _gae_row(r[i], v[i], positions, gamma, 1.0, last).items():
+            ret[i, t] = g
+    return (_whiten(adv, m) if whiten else adv), ret
+
+
+# ----------------------------------------------------------------------------- turn GAE and MAE
+
+def _turn_gae_row(r, v, turns, turn_gamma, turn_lam, value_at, last_value):
+    """Per turn k: (V(s_k), R_k, A^T_k, G^T_k)."""
+    K = len(turns)
+    if value_at == "first":
+        vs = [v[tk[0]] for tk in turns]
+    elif value_at == "last":
+        vs = [v[tk[-1]] for tk in turns]
+    else:
+        vs = [sum(v[t] for t in tk) / len(tk) for tk in turns]
+    rs = [sum(r[t] for t in tk) for tk in turns]
+    at = [0.0] * K
+    nxt_v, nxt_a = last_value, 0.0
+    for k in reversed(range(K)):
+        delta = rs[k] + turn_gamma * nxt_v - vs[k]
+        at[k] = delta + turn_gamma * turn_lam * nxt_a
+        nxt_v, nxt_a = vs[k], at[k]
+    return vs, rs, at, [at[k] + vs[k] for k in range(K)]
+
+
+def turn_gae(rewards, values, mask, *, turn_ids=None, turn_gamma=1.0, turn_lam=0.9, value_at="first",
+             bootstrap_value=None, whiten=False):
+    r, v, m = _np(rewards), _np(values), _np(mask)
+    adv, ret = np.zeros_like(m), np.zeros_like(m)
+    for i in range(m.shape[0]):
+        turns = _row_turns(m, turn_ids, i)
+        _, _, at, gt = _turn_gae_row(r[i], v[i], turns, turn_gamma, turn_lam, value_at,
+                                     _bootstrap(bootstrap_value, i))
+        for k, tk in enumerate(turns):
+            for t in tk:
+                adv[i, t], ret[i, t] = at[k], gt[k]
+    return (_whiten(adv, m) if whiten else adv), ret
+
+
+def _within_row(r, v, turns, within, gamma, lam, last_value):
+    """The within-turn signal u_t for every action token of one row (dict t -> u_t)."""
+    positions = [t for tk in turns for t in tk]
+    next_value = {}  # value at the next action token (the next turn's first; last_value at the end)
+    for j, t in enumerate(positions):
+        next_value[t] = v[positions[j + 1]] if j + 1 < len(positions) else last_value
+    delta = {t: r[t] + gamma * next_value[t] - v[t] for t in positions}
+    u = {}
+    if within == "intra":
+        for tk in turns:
+            for j, t in enumerate(tk):  # u_t = Σ_l λ^l (V_{t+l+1} − V_{t+l}) inside the turn
+                u[t] = sum(lam ** l * (v[tk[j + l + 1]] - v[tk[j + l]]) for l in range(len(tk) - 1 - j))
+    elif within == "local":
+        for tk in turns:
+            for j, t in enumerate(tk):  # token GAE truncated at the turn's end
+                u[t] = sum((gamma * lam) ** l * delta[tk[j + l]] for l in range(len(tk) - j))
+    elif within == "global":
+        for t, (a, _) in _gae_row(r, v, positions, gamma, lam, last_value).items():
+            u[t] = a
+    elif within == "td":
+        u = delta
+    else:
+        raise ValueError(f"within: unknown {within!r}")
+    return u
+
+
+def mae(rewards, values, mask, *, turn_ids=None, gamma=1.0, lam=0.95, turn_gamma=1.0, turn_lam=0.9,
+        beta=1.0, within="intra", value_at="first", critic_target="mc", bootstrap_value=None, whiten=False):
+    r, v, m = _np(rewards), _np(values), _np(mask)
+    adv, ret = np.zeros_like(m), np.zeros_like(m)
+    for i in range(m.shape[0]):
+        turns = _row_turns(m, turn_ids, i)
+        last = _bootstrap(bootstrap_value, i)
+        _, _, at, gt = _turn_gae_row(r[i], v[i], turns, turn_gamma, turn_lam, value_at, last)
+        u = _within_row(r[i], v[i], turns, within, gamma, lam, last)
+        for k, tk in enumerate(turns):
+            u_mean = sum(u[t] for t in tk) / len(tk)
+            for t in tk:
+                adv[i, t] = at[k] + beta * (u[t] - u_mean)
+        # critic targets
+        if critic_target == "turn":
+            for k, tk in enumerate(turns):
+                for t in tk:
+                    ret[i, t] = gt[k]
+        else:  # Monte-Carlo: γ inside a turn, γ_T across a boundary (and onto the bootstrap value)
+            g = last
+            for k in reversed(range(len(turns))):
+                for j in reversed(range(len(turns[k]))):
+                    t = turns[k][j]
+                    g = r[i, t] + (turn_gamma if j == len(turns[k]) - 1 else gamma) * g
+                    ret[i, t] = g
+    return (_whiten(adv, m) if whiten else adv), ret
+
+
+# ----------------------------------------------------------------------------- group baselines
+
+def _groups(group_ids) -> dict:
+    if hasattr(group_ids, "tolist"):
+        group_ids = group_ids.tolist()
+    groups: dict = {}
+    for i, g in enumerate(group_ids):
+        groups.setdefault(g, []).append(i)
+    return groups
+
+
+def _broadcast(per_row, m):
+    adv = np.zeros_like(m)
+    for i in range(m.shape[0]):
+        for t in range(m.shape[1]):
+            if m[i, t] != 0:
+                adv[i, t] = per_row[i]
+    return adv
+
+
+def _grpo_row_values(scores, groups, eps, norm_by_std):
+    out = [0.0] * len(scores)
+    for members in groups.values():
+        xs = [scores[i] for i in members]
+        if len(xs) == 1:
+            mean, std = 0.0, 1.0
+        else:
+            mean, std = statistics.fmean(xs), statistics.stdev(xs)
+        for i in members:
+            out[i] = (scores[i] - mean) / (std + eps) if norm_by_std else scores[i] - mean
+    return out
+
+
+def grpo(rewards, mask, group_ids, *, eps=1e-6, norm_by_std=True, whiten=False):
+    r, m = _np(rewards), _np(mask)
+    scores = [float(sum(r[i])) for i in range(m.shape[0])]
+    adv = _broadcast(_grpo_row_values(scores, _groups(group_ids), eps, norm_by_std), m)
+    return (_whiten(adv, m) if whiten else adv), adv.copy()
+
+
+def drgrpo(rewards, mask, group_ids, *, whiten=False):
+    return grpo(rewards, mask, group_ids, norm_by_std=False, whiten=whiten)
+
+
+def rloo(rewards, mask, group_ids, *, whiten=False):
+    r, m = _np(rewards), _np(mask)
+    scores = [float(sum(r[i])) for i in range(m.shape[0])]
+    per_row = [0.0] * len(scores)
+    for members in _groups(group_ids).values():
+        for i in members:
+            others = [scores[j] for j in members if j != i]
+            per_row[i] = scores[i] - sum(others) / len(others) if others else 0.0
+    adv = _broadcast(per_row, m)
+    return (_whiten(adv, m) if whiten else adv), adv.copy()
+
+
+def reinforce_pp(rewards, mask, *, gamma=1.0, whiten=True):
+    r, m = _np(rewards), _np(mask)
+    g_all = np.zeros_like(m)
+    for i in range(m.shape[0]):
+        g = 0.0
+        for t in reversed(range(m.shape[1])):
+            if m[i, t] != 0:
+                g = r[i, t] + gamma * g
+                g_all[i, t] = g
+    return (_whiten(g_all, m) if whiten else g_all.copy()), g_all
+
+
+def reinforce_pp_baseline(rewards, mask, group_ids, *, whiten=True):
+    r, m = _np(rewards), _np(mask)
+    scores = [float(sum(r[i])) for i in range(m.shape[0])]
+    adv = _broadcast(_grpo_row_values(scores, _groups(group_ids), 0.0, False), m)
+    return (_whiten(adv, m) if whiten else adv), adv.copy()
+
+
+def gigpo(rewards, mask, group_ids, *, prompt_ids, response_ids, turn_ids=None, omega=1.0,
+          step_gamma=0.95, norm="std", eps=1e-6, whiten=False):
+    r, m = _np(rewards), _np(mask)
+    B = m.shape[0]
+    groups = _groups(group_ids)
+    gid = list(group_ids.tolist() if hasattr(group_ids, "tolist") else group_ids)
+    scores = [float(sum(r[i])) for i in range(B)]
+    a_e = _grpo_row_values(scores, groups, eps, True)
+    step_groups: dict = {}  # (group id, anchor tokens) -> [(row, turn, step return)]
+    turns_all = []
+    for i in range(B):
+        turns = _row_turns(m, turn_ids, i)
+        turns_all.append(turns)
+        resp = [int(x) for x in np.asarray(response_ids[i]).reshape(-1)]
+        rk = [sum(r[i, t] for t in tk) for tk in turns]
+        for k, tk in enumerate(turns):
+            step_return = sum(step_gamma ** (k2 - k) * rk[k2] for k2 in range(k, len(turns)))
+            prev_end = turns[k - 1][-1] if k > 0 else -1
+            obs = resp[prev_end + 1:tk[0]]
+            anchor = [int(x) for x in np.asarray(prompt_ids[i]).reshape(-1)] + obs if k == 0 else obs
+            step_groups.setdefault((gid[i], tuple(anchor)), []).append((i, k, step_return))
+    a_s = {}
+    for members in step_groups.values():
+        xs = [x for _, _, x in members]
+        for i, k, x in members:
+            if len(xs) == 1:
+                a_s[i, k] = 0.0
+            elif norm == "std":
+                a_s[i, k] = (x - statistics.fmean(xs)) / (statistics.stdev(xs) + eps)
+            else:
+                a_s[i, k] = x - statistics.fmean(xs)
+    adv = np.zeros_like(m)
+    for i in range(B):
+        for k, tk in enumerate(turns_all[i]):
+            for t in tk:
+                adv[i, t] = a_e[i] + omega * a_s[i, k]
+    return (_whiten(adv, m) if whiten else adv), adv.copy()

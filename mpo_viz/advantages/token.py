@@ -1,0 +1,169 @@
+"""Critic-based estimators: token GAE, VAPO, turn GAE and MAE (the MPO estimator). DESIGN §3.2–3.5, §3.7.
+
+All take ``(B, L)`` rewards, values and mask (torch or numpy), keyword-only options, and return
+``(advantages, returns)`` as torch tensors of shape ``(B, L)``, float64 when rewards or values are
+float64 else float32, zero on masked positions. Recurrences run over action tokens only
+(``mask == 1``); observation tokens neither advance the clock nor carry values. The value after a
+row's last action token is 0 (terminal) unless ``bootstrap_value[i]`` (shape ``(B,)``) is finite.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from mpo_viz.advantages import kernels as K
+from mpo_viz.advantages._inputs import prepare, scalar_check, to_torch, whiten_
+
+__all__ = ["gae", "vapo", "turn_gae", "mae", "mae_with_turns"]
+
+
+def _finish(p, adv, ret, whiten):
+    if whiten:
+        whiten_(adv, p.mask)
+    return to_torch(adv, p.device), to_torch(ret, p.device)
+
+
+def gae(rewards, values, mask, *, gamma=1.0, lam=1.0, bootstrap_value=None, whiten=False):
+    """Token-level GAE (the PPO baseline, verl semantics).
+
+    Over the action tokens of each row, last to first::
+
+        δ_t = r_t + γ·V_{t+1} − V_t        (V_{t+1}: value at the next action token; after the
+        A_t = δ_t + γ·λ·A_{t+1}             last one, bootstrap_value or 0)
+        G_t = A_t + V_t                     (returns, computed before any whitening)
+
+    Shapes: rewards, values, mask ``(B, L)``; bootstrap_value ``(B,)`` or None.
+    Returns ``(advantages, returns)``, ``(B, L)``, 0 where ``mask == 0``. ``whiten=True`` maps the
+    advantages over the action tokens of the batch to ``(A − mean)/sqrt(var_unbiased + 1e-8)``.
+    """
+    gamma = scalar_check("gamma", gamma, 0.0, 1.0)
+    lam = scalar_check("lam", lam, 0.0, 1.0)
+    p = prepare(rewards, mask, values=values, need_values=True, bootstrap_value=bootstrap_value)
+    B, L = p.shape
+    adv = np.empty((B, L), dtype=p.dtype)
+    ret = np.empty((B, L), dtype=p.dtype)
+    K.gae_kernel(p.rewards, p.values, p.mask, p.bootstrap, gamma, np.full(B, lam), np.nan, adv, ret)
+    return _finish(p, adv, ret, whiten)
+
+
+def vapo_lambda(n_action_tokens, alpha=0.05) -> np.ndarray:
+    """VAPO's length-adaptive λ per row: ``1 − 1/(α·ℓ)`` clamped to ``[0, 1)`` (ℓ = 0 gives 0)."""
+    n = np.asarray(n_action_tokens, dtype=np.float64)
+    with np.errstate(divide="ignore"):
+        lam = 1.0 - 1.0 / (alpha * n)
+    return np.where(n > 0, np.clip(lam, 0.0, np.nextafter(1.0, 0.0)), 0.0)
+
+
+def vapo(rewards, values, mask, *, gamma=1.0, alpha=0.05, bootstrap_value=None, whiten=False):
+    """VAPO advantages: token GAE with the length-adaptive ``λ_i = 1 − 1/(α·ℓ_i)`` (DESIGN §3.7).
+
+    ``ℓ_i`` = the row's number of action tokens; λ clamped to ``[0, 1)``. Returns use λ = 1 (its
+    decoupled critic): ``G_t = Σ_l γ^l r_{t+l} (+ γ^… bootstrap)`` = GAE(λ=1) + V.
+    Shapes as :func:`gae`.
+    """
+    gamma = scalar_check("gamma", gamma, 0.0, 1.0)
+    alpha = scalar_check("alpha", alpha, 0.0, None, lo_open=True)
+    p = prepare(rewards, mask, values=values, need_values=True, bootstrap_value=bootstrap_value)
+    B, L = p.shape
+    lam = vapo_lambda((p.mask != 0).sum(1), alpha)
+    adv = np.empty((B, L), dtype=p.dtype)
+    ret = np.empty((B, L), dtype=p.dtype)
+    K.gae_kernel(p.rewards, p.values, p.mask, p.bootstrap, gamma, lam, 1.0, adv, ret)
+    return _finish(p, adv, ret, whiten)
+
+
+def _option(name, value, table):
+    if value not in table:
+        raise ValueError(f"{name}: expected one of {sorted(table)}, found {value!r}")
+    return table[value]
+
+
+def mae_with_turns(
+    rewards, values, mask, *, turn_ids=None, gamma=1.0, lam=0.95, turn_gamma=1.0, turn_lam=0.9,
+    beta=1.0, within="intra", value_at="first", critic_target="mc", bootstrap_value=None, whiten=False,
+):
+    """:func:`mae` plus the per-turn arrays; returns ``(adv, ret, turns)``.
+
+    ``turns`` is a dict of numpy ``(B, Kmax)`` arrays (NaN beyond a row's turn count):
+    ``advantage`` (``A^T_k``), ``value`` (``V(s_k)``), ``reward`` (``R_k``), ``return``
+    (``G^T_k``), and ``nturns`` ``(B,)``.
+    """
+    return _mae(rewards, values, mask, turn_ids=turn_ids, gamma=gamma, lam=lam, turn_gamma=turn_gamma,
+                turn_lam=turn_lam, beta=beta, within=within, value_at=value_at, critic_target=critic_target,
+                bootstrap_value=bootstrap_value, whiten=whiten, tables=True)
+
+
+def _mae(rewards, values, mask, *, turn_ids, gamma, lam, turn_gamma, turn_lam, beta, within, value_at,
+         critic_target, bootstrap_value, whiten, tables):
+    gamma = scalar_check("gamma", gamma, 0.0, 1.0)
+    lam = scalar_check("lam", lam, 0.0, 1.0)
+    turn_gamma = scalar_check("turn_gamma", turn_gamma, 0.0, 1.0)
+    turn_lam = scalar_check("turn_lam", turn_lam, 0.0, 1.0)
+    beta = scalar_check("beta", beta, 0.0, None)
+    w = _option("within", within, K.WITHIN)
+    va = _option("value_at", value_at, K.VALUE_AT)
+    rm = _option("critic_target", critic_target, K.RET_MODE)
+    p = prepare(rewards, mask, values=values, need_values=True, turn_ids=turn_ids, need_turns=True,
+                bootstrap_value=bootstrap_value)
+    B, L = p.shape
+    adv = np.empty((B, L), dtype=p.dtype)
+    ret = np.empty((B, L), dtype=p.dtype)
+    kmax = int(p.nturns.max()) if (tables and B) else 0
+    t_adv, t_val, t_rew, t_ret = (np.full((B, kmax), np.nan) for _ in range(4))
+    K.mae_kernel(p.rewards, p.values, p.mask, p.turn_ids, p.bootstrap, gamma, lam, turn_gamma, turn_lam,
+                 beta, w, va, rm, adv, ret, t_adv, t_val, t_rew, t_ret)
+    a, g = _finish(p, adv, ret, whiten)
+    if not tables:
+        return a, g
+    turns = {"advantage": t_adv, "value": t_val, "reward": t_rew, "return": t_ret, "nturns": p.nturns}
+    return a, g, turns
+
+
+def turn_gae(rewards, values, mask, *, turn_ids=None, turn_gamma=1.0, turn_lam=0.9, value_at="first",
+             bootstrap_value=None, whiten=False):
+    """Turn-level GAE (the macro scale, DESIGN §3.3), broadcast to each turn's action tokens.
+
+    For turns ``k = 0..K−1`` of a row (``turn_ids``; None = maximal runs of ``mask == 1``)::
+
+        V(s_k) = value at the first action token of turn k   (value_at="first"; "last", "mean")
+        R_k    = Σ rewards on turn k's tokens
+        δ^T_k  = R_k + γ_T·V(s_{k+1}) − V(s_k)               (V(s_K) = bootstrap or 0)
+        A^T_k  = δ^T_k + γ_T·λ_T·A^T_{k+1};   returns G^T_k = A^T_k + V(s_k)
+
+    Shapes: rewards, values, mask, turn_ids ``(B, L)``; bootstrap_value ``(B,)``. Returns
+    ``(advantages, returns)`` ``(B, L)``, 0 on masked positions. Equals ``mae(..., beta=0,
+    critic_target="turn")``.
+    """
+    return _mae(rewards, values, mask, turn_ids=turn_ids, gamma=1.0, lam=1.0, turn_gamma=turn_gamma,
+                turn_lam=turn_lam, beta=0.0, within="intra", value_at=value_at, critic_target="turn",
+                bootstrap_value=bootstrap_value, whiten=whiten, tables=False)
+
+
+def mae(rewards, values, mask, *, turn_ids=None, gamma=1.0, lam=0.95, turn_gamma=1.0, turn_lam=0.9,
+        beta=1.0, within="intra", value_at="first", critic_target="mc", bootstrap_value=None, whiten=False):
+    """MAE, the multiscale advantage of MPO (DESIGN §3.4): turn GAE plus a centered within-turn signal.
+
+    For action token j of turn k (``n_k`` action tokens)::
+
+        A_{k,j} = A^T_k + β·(u_{k,j} − mean_{j'} u_{k,j'})      so mean_j A_{k,j} = A^T_k exactly
+
+    ``A^T_k`` is :func:`turn_gae` (options ``turn_gamma``, ``turn_lam``, ``value_at``). The
+    within-turn signal ``u`` (``within``), over the turn's action tokens t..end_k:
+
+    * ``"intra"`` (default): ``u_t = Σ_{l≥0} λ^l (V_{t+l+1} − V_{t+l})`` inside the turn, no reward,
+      no discount, 0 at the turn's last token (recursively ``u_t = V_{t+1} − V_t + λ·u_{t+1}``);
+    * ``"local"``: token GAE truncated at the turn end, ``u_t = Σ_{l=0}^{end−t} (γλ)^l δ_{t+l}``,
+      the value after the turn's last token being the next turn's first-token value (0 or the
+      bootstrap after the last turn);
+    * ``"global"``: the full-trajectory token GAE (γ, λ); ``"td"``: ``δ_t``.
+
+    Returns (``critic_target``): ``"mc"`` (default) Monte-Carlo returns ``G_t = r_t + d·G_{t'}``
+    with ``d = γ`` inside a turn and ``γ_T`` across a turn boundary, the bootstrap value (or 0)
+    after the last action token, discounted by ``γ_T``; ``"turn"``: ``G^T_k`` broadcast.
+
+    Shapes: rewards, values, mask, turn_ids ``(B, L)``; bootstrap_value ``(B,)``. Returns
+    ``(advantages, returns)`` ``(B, L)``, 0 on masked positions.
+    """
+    return _mae(rewards, values, mask, turn_ids=turn_ids, gamma=gamma, lam=lam, turn_gamma=turn_gamma,
+                turn_lam=turn_lam, beta=beta, within=within, value_at=value_at, critic_target=critic_target,
+                bootstrap_value=bootstrap_value, whiten=whiten, tables=False)
