@@ -1,0 +1,274 @@
+"""The environment interface: a finite, exactly-known model behind a gym-like text API (DESIGN §6).
+
+Every environment here is a *finite model* that both the game loop and the oracle read, so the
+oracle values are exact for the very dynamics the game runs:
+
+* a **task** (immutable, sampled once per episode from a seed: a knowledge base, a calculation, a
+  house of rooms) and a per-task **turn limit**;
+* a hashable **state** ``(t, s)``: the turn index ``t`` (turns already taken) and the
+  environment's inner state ``s`` (search progress, calculator progress, room and key, ...);
+* ``outcomes(task, s, action)``: the exact distribution of ``(next inner state, reward, done,
+  observation text)`` after a *canonical* action string (``"search velora"``);
+* ``actions(task, s)``: the noise support — the small set of valid actions the noisy expert draws
+  from when it acts at random;
+* ``expert_action(task, s)`` and an optional ``reasoning(task, s)`` (state-dependent text the
+  expert writes before its command);
+* ``parse(task, s, text)``: free text -> a canonical action, or ``None`` plus an in-game error.
+
+A subclass implements those hooks (plus ``prompt``, ``sample_task``, ``vocabulary``); this base class
+turns them into ``reset(seed) -> observation`` and ``step(text) -> (observation, reward, terminated,
+truncated, info)``, keeps the conversation as OpenAI-style ``messages``, spends a turn on a
+malformed action (never an exception) and truncates at the turn limit. ``docs/environments.md``
+walks through writing one.
+"""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass
+from typing import Any, Hashable, Sequence
+
+__all__ = ["Outcome", "TextEnv", "words_of", "TURN_LIMIT_MESSAGE", "SUCCESS", "FAILURE"]
+
+TURN_LIMIT_MESSAGE = "the turn limit is reached ."
+#: inner states after termination (every environment ends in one of these two)
+SUCCESS, FAILURE = "success", "failure"
+SYSTEM_PROMPT = (
+    "you are an agent . think briefly , then end your reply with exactly one command ."
+)
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """One possible result of a turn, with its exact probability.
+
+    ``state`` is the full next state ``(t + 1, inner)``; ``reward`` the reward of this turn;
+    ``terminated`` the task ended (success or failure); ``truncated`` the turn limit was reached
+    without termination (the episode ends, no further reward).
+    """
+
+    prob: float
+    state: Hashable
+    reward: float
+    terminated: bool
+    truncated: bool
+    observation: str
+
+
+def words_of(*texts: str) -> list[str]:
+    """The whitespace-separated words of template strings (``{placeholders}`` dropped), in order."""
+    out: list[str] = []
+    seen = set()
+    for text in texts:
+        for w in text.split():
+            if "{" in w or w in seen:
+                continue
+            seen.add(w)
+            out.append(w)
+    return out
+
+
+def _check_difficulty(difficulty) -> tuple[int, int]:
+    if isinstance(difficulty, (int,)) and not isinstance(difficulty, bool):
+        lo = hi = int(difficulty)
+    else:
+        try:
+            lo, hi = (int(x) for x in difficulty)
+        except (TypeError, ValueError):
+            raise ValueError(
+                f"difficulty: expected an int or a (min, max) pair of expert turns, found {difficulty!r}"
+            ) from None
+    return lo, hi
+
+
+class TextEnv:
+    """Base class of the multi-turn text environments (gym habit, text in and out).
+
+    Parameters (keyword-only):
+        difficulty: the number of turns the noise-free expert needs, an int or an inclusive
+            ``(min, max)`` range sampled per task (default ``(3, 6)``; values of 20 and more work).
+        slack: extra turns on top of the expert's need before the turn limit (default 2).
+        max_turns: a fixed turn limit instead of ``needed + slack``.
+        shaping: reward added on each turn that makes progress (default 0: sparse outcome reward).
+        seed: seeds the task and the dynamics when ``reset`` is called without a seed.
+
+    State, after ``reset``: ``task``, ``state`` (``(t, inner)``), ``turn_limit``, ``messages``
+    (OpenAI-style dicts), ``done``.
+    """
+
+    name = "base"
+    #: role of the environment's replies in ``messages`` (and the chat layout's marker).
+    obs_role = "tool"
+    #: the verbs that start a command; ``parse`` reads the text from the last verb on.
+    verbs: tuple[str, ...] = ()
+    #: the smallest ``difficulty`` the environment can build.
+    min_difficulty = 2
+
+    def __init__(self, *, difficulty=(3, 6), slack: int = 2, max_turns: int | None = None,
+                 shaping: float = 0.0, seed: int | None = None):
+        lo, hi = _check_difficulty(difficulty)
+        if lo < self.min_difficulty or hi < lo:
+            raise ValueError(
+                f"difficulty: expected {self.min_difficulty} <= min <= max for {self.name}, found ({lo}, {hi})"
+            )
+        if slack < 0:
+            raise ValueError(f"slack: expected >= 0, found {slack}")
+        if max_turns is not None and max_turns < 1:
+            raise ValueError(f"max_turns: expected >= 1, found {max_turns}")
+        self.difficulty = (lo, hi)
+        self.slack = int(slack)
+        self.max_turns = max_turns
+        self.shaping = float(shaping)
+        self.seed = seed
+        self.task: Any = None
+        self.state: Hashable = None
+        self.turn_limit = 0
+        self.messages: list[dict] = []
+        self.done = True
+        self._rng = random.Random(seed)
+
+    # ------------------------------------------------------------------ hooks for subclasses
+    def sample_task(self, rng: random.Random, size: int) -> Any:
+        """A new immutable task whose noise-free expert solution takes exactly ``size`` turns."""
+        raise NotImplementedError
+
+    def needed_turns(self, task) -> int:
+        """Turns the noise-free expert needs on ``task``."""
+        raise NotImplementedError
+
+    def prompt(self, task) -> str:
+        """The task description (the first user message)."""
+        raise NotImplementedError
+
+    def initial_state(self, task) -> Hashable:
+        """The inner state at the start (hashable)."""
+        raise NotImplementedError
+
+    def actions(self, task, s) -> tuple[str, ...]:
+        """The noise support: canonical valid actions, in a fixed order, distinct."""
+        raise NotImplementedError
+
+    def outcomes(self, task, s, action: str) -> list[tuple[float, Hashable, float, bool, str]]:
+        """``[(prob, next_inner, reward, done, observation), ...]`` for a canonical action."""
+        raise NotImplementedError
+
+    def expert_action(self, task, s) -> str:
+        """The scripted expert's action (one of ``actions(task, s)``)."""
+        raise NotImplementedError
+
+    def reasoning(self, task, s) -> str:
+        """The expert's short thought before its command (state-dependent; '' for none)."""
+        return ""
+
+    def parse(self, task, s, text: str) -> tuple[str | None, str]:
+        """Free text -> ``(canonical action, "")`` or ``(None, error observation)``.
+
+        Default: lower-case, read from the last verb of ``self.verbs``, and accept the command if it
+        is one of ``self.accepts(task, s)`` (by default ``actions(task, s)``).
+        """
+        toks = text.lower().split()
+        starts = [i for i, w in enumerate(toks) if w in self.verbs]
+        if not starts:
+            return None, self.invalid_message(task, s, "no command found")
+        cmd = " ".join(toks[starts[-1]:])
+        if cmd in self.accepts(task, s):
+            return cmd, ""
+        return None, self.invalid_message(task, s, "unknown command")
+
+    def accepts(self, task, s) -> Sequence[str]:
+        """Commands ``parse`` accepts (default: the noise support)."""
+        return self.actions(task, s)
+
+    def invalid_message(self, task, s, reason: str) -> str:
+        return f"invalid action : {reason} ."
+
+    def vocabulary(self) -> list[str]:
+        """Every word any prompt, observation or expert turn of this environment can contain."""
+        raise NotImplementedError
+
+    # ------------------------------------------------------------------ the model, full states
+    def limit_for(self, task) -> int:
+        return self.max_turns if self.max_turns is not None else self.needed_turns(task) + self.slack
+
+    def transitions(self, task, state, action: str | None, error: str = "") -> list[Outcome]:
+        """Exact outcomes of one turn from the full state ``(t, inner)``.
+
+        ``action=None`` is a malformed action: the turn is spent, nothing else changes, and the
+        observation is ``error``. Reaching the turn limit without termination truncates.
+        """
+        t, s = state
+        limit = self.limit_for(task)
+        raw = [(1.0, s, 0.0, False, error)] if action is None else self.outcomes(task, s, action)
+        res = []
+        for p, s2, r, done, obs in raw:
+            trunc = (not done) and t + 1 >= limit
+            if trunc:
+                obs = f"{obs} {TURN_LIMIT_MESSAGE}"
+            res.append(Outcome(float(p), (t + 1, s2), float(r), bool(done), trunc, obs))
+        return res
+
+    def full_initial_state(self, task):
+        return (0, self.initial_state(task))
+
+    # ------------------------------------------------------------------ gym-like API
+    def make_task(self, seed: int | None):
+        rng = random.Random(seed)
+        lo, hi = self.difficulty
+        return self.sample_task(rng, rng.randint(lo, hi))
+
+    def reset(self, seed: int | None = None, *, task_seed: int | None = None, task: Any = None) -> str:
+        """Start an episode; returns the first observation (the task prompt).
+
+        ``seed`` seeds the dynamics (slips) and, unless ``task_seed`` or ``task`` is given, the task.
+        Group sampling: the same ``task_seed`` with different ``seed``\\ s.
+        """
+        if seed is None:
+            seed = self._rng.randrange(2**63)
+        self._rng = random.Random(seed)
+        if task is None:
+            task = self.make_task(seed if task_seed is None else task_seed)
+        self.task = task
+        self.turn_limit = self.limit_for(task)
+        self.state = self.full_initial_state(task)
+        self.done = False
+        obs = self.prompt(task)
+        self.messages = [
+            {"role": "system", "content": SYSTEM_PROMPT},
+            {"role": "user", "content": obs},
+        ]
+        return obs
+
+    def step(self, action_text: str):
+        """Play one turn: ``(observation, reward, terminated, truncated, info)``.
+
+        A malformed action is answered in-game (an error observation, the turn spent). Calling
+        ``step`` after the episode ended is a usage error (``RuntimeError``).
+        """
+        if self.done:
+            raise RuntimeError("step() after the episode ended: call reset() first")
+        action, error = self.parse(self.task, self.state[1], action_text)
+        outs = self.transitions(self.task, self.state, action, error)
+        u = self._rng.random()
+        acc = 0.0
+        out = outs[-1]
+        for o in outs:
+            acc += o.prob
+            if u < acc:
+                out = o
+                break
+        prev = self.state
+        self.state = out.state
+        self.done = out.terminated or out.truncated
+        self.messages.append({"role": "assistant", "content": " ".join(action_text.split())})
+        self.messages.append({"role": self.obs_role, "content": out.observation})
+        info = {"action": action, "valid": action is not None, "turn": prev[0], "prev_state": prev,
+                "success": bool(out.terminated and out.state[1] == SUCCESS)}
+        return out.observation, out.reward, out.terminated, out.truncated, info
+
+    # ------------------------------------------------------------------ helpers
+    def system_prompt(self) -> str:
+        return SYSTEM_PROMPT
+
+    def base_words(self) -> list[str]:
+        """Words every environment uses (system prompt, errors, turn limit)."""
+        return words_of(SYSTEM_PROMPT, TURN_LIMIT_MESSAGE, "invalid action : no command found unknown .")
