@@ -29,7 +29,12 @@ __all__ = [
     "variance_summary",
     "turn_table",
     "compute_advantages",
+    "estimator_options",
+    "is_group_estimator",
     "compare_estimators",
+    "compare_stats",
+    "merge_compare_stats",
+    "finish_compare",
     "sign_flips",
     "disagreement",
     "critic_quality",
@@ -311,51 +316,19 @@ def compute_advantages(batch, estimators, **options) -> dict:
 
 
 def estimator_options(name: str, options: dict) -> dict:
-    """The subset of ``options`` that estimator ``name`` accepts (unknown names raise ValueError)."""
+    """The subset of ``options`` that estimator ``name`` accepts (its registry ``options``), with
+    ``None`` values dropped; an unknown name raises ``ValueError`` listing the available ones."""
     from mpo_viz import advantages as adv
 
-    names = list(adv.available())
-    if name not in names:
-        raise ValueError(f"estimator: expected one of {', '.join(names)}, found {name!r}")
-    accepted = _accepted_options(name)
-    if accepted is None:
-        return dict(options)
+    accepted = adv.get(name).options
     return {k: v for k, v in options.items() if k in accepted and v is not None}
 
 
-def _accepted_options(name: str):
-    """Option names the estimator accepts, from the registry when it says, else its signature."""
-    import inspect
-
+def is_group_estimator(name: str) -> bool:
+    """True when estimator ``name`` compares trajectories of a group (it needs ``groups``)."""
     from mpo_viz import advantages as adv
 
-    for attr in ("options_of", "estimator_options", "accepted_options"):
-        f = getattr(adv, attr, None)
-        if callable(f):
-            try:
-                return set(f(name))
-            except Exception:  # noqa: BLE001 - fall back to the signature
-                pass
-    get = getattr(adv, "get", None)
-    fn = None
-    if callable(get):
-        try:
-            fn = get(name)
-        except Exception:  # noqa: BLE001
-            fn = None
-    fn = getattr(fn, "fn", fn)
-    if fn is None:
-        return None
-    cfg = getattr(fn, "config", None) or getattr(fn, "Config", None)
-    if cfg is not None and hasattr(cfg, "__dataclass_fields__"):
-        return set(cfg.__dataclass_fields__)
-    try:
-        params = inspect.signature(fn).parameters.values()
-    except (TypeError, ValueError):
-        return None
-    if any(p.kind is p.VAR_KEYWORD for p in params):
-        return None
-    return {p.name for p in params if p.kind is p.KEYWORD_ONLY}
+    return "groups" in adv.get(name).needs
 
 
 def _adv_tensors(advantages) -> dict[str, np.ndarray]:
@@ -451,14 +424,6 @@ def _turn_table_ref(batch, advantages=None) -> pd.DataFrame:
 # estimator comparison
 
 
-def _pearson(a: np.ndarray, b: np.ndarray) -> float:
-    if a.size < 2:
-        return math.nan
-    da, db = a - a.mean(), b - b.mean()
-    den = math.sqrt(float((da * da).sum()) * float((db * db).sum()))
-    return float((da * db).sum() / den) if den > 0 else math.nan
-
-
 def _concordance(ta: np.ndarray, tb: np.ndarray, turn_row: np.ndarray) -> tuple[int, int]:
     """(concordant, comparable) turn pairs within trajectories: a pair ``k < k'`` of the same
     trajectory is comparable when neither estimator ties it, concordant when both order it alike."""
@@ -477,6 +442,92 @@ def _concordance(ta: np.ndarray, tb: np.ndarray, turn_row: np.ndarray) -> tuple[
     return conc, comp
 
 
+def compare_stats(batch, advantages) -> dict:
+    """Additive sufficient statistics of :func:`compare_estimators` for one batch.
+
+    ``{(a, b): {...sums...}}``; statistics of several batches (chunks of one file) add up key by key
+    (:func:`merge_compare_stats`) and :func:`finish_compare` turns them into the comparison table,
+    so a file streamed in chunks gets exactly the numbers of the whole file.
+    """
+    adv = _adv_tensors(advantages)
+    if len(adv) < 2:
+        raise ValueError(f"advantages: expected at least two estimators, found {len(adv)}")
+    m = _as_2d(batch.mask, "mask") != 0
+    t = _as_2d(batch.turn_ids, "turn_ids", np.int64)
+    idx = _turn_index(m, t)
+    tok, turn = {}, {}
+    for k, v in adv.items():
+        v = _as_2d(v, f"advantages[{k!r}]")
+        if v.shape != m.shape:
+            raise ValueError(f"advantages[{k!r}]: expected shape {m.shape} (the mask's), found {v.shape}")
+        tok[k] = v[idx.rows, idx.cols]
+        turn[k] = _turn_means(v, idx)
+    out = {}
+    for a, b in itertools.combinations(adv, 2):
+        conc, comp = _concordance(turn[a], turn[b], idx.turn_row)
+        out[(a, b)] = {
+            "tok": _moments(tok[a], tok[b]),
+            "turn": _moments(turn[a], turn[b]),
+            "tok_sign": float((np.sign(tok[a]) == np.sign(tok[b])).sum()),
+            "turn_sign": float((np.sign(turn[a]) == np.sign(turn[b])).sum()),
+            "conc": conc,
+            "comp": comp,
+            "flips": int((turn[a] * turn[b] < 0).sum()),
+        }
+    return out
+
+
+def _moments(x: np.ndarray, y: np.ndarray) -> np.ndarray:
+    """[n, Σx, Σy, Σx², Σy², Σxy] about a fixed shift of 0 (values are O(1) advantages)."""
+    return np.array([x.size, x.sum(), y.sum(), (x * x).sum(), (y * y).sum(), (x * y).sum()], dtype=np.float64)
+
+
+def _corr_from_moments(mo: np.ndarray) -> float:
+    n, sx, sy, sxx, syy, sxy = mo
+    if n < 2:
+        return math.nan
+    cov = sxy - sx * sy / n
+    vx, vy = sxx - sx * sx / n, syy - sy * sy / n
+    # guard against cancellation leaving a tiny negative / zero variance for a constant series
+    tol = 1e-12 * max(sxx, syy, 1e-300)
+    if vx <= tol or vy <= tol:
+        return math.nan
+    return float(max(-1.0, min(1.0, cov / math.sqrt(vx * vy))))
+
+
+def merge_compare_stats(acc: dict | None, new: dict) -> dict:
+    """Add the statistics of :func:`compare_stats` of another batch into ``acc`` (returned)."""
+    if acc is None:
+        return {k: {kk: (vv.copy() if isinstance(vv, np.ndarray) else vv) for kk, vv in v.items()} for k, v in new.items()}
+    for k, v in new.items():
+        if k not in acc:
+            raise ValueError(f"advantages: estimator pair {k} missing from earlier batches")
+        for kk, vv in v.items():
+            acc[k][kk] = acc[k][kk] + vv
+    return acc
+
+
+def finish_compare(stats: dict) -> pd.DataFrame:
+    """The comparison table (see :func:`compare_estimators`) from accumulated statistics."""
+    rows = []
+    for (a, b), s in stats.items():
+        n_tok, n_turn = s["tok"][0], s["turn"][0]
+        rows.append(
+            {
+                "a": a,
+                "b": b,
+                "token_corr": _corr_from_moments(s["tok"]),
+                "sign_agreement": s["tok_sign"] / n_tok if n_tok else math.nan,
+                "turn_corr": _corr_from_moments(s["turn"]),
+                "turn_sign_agreement": s["turn_sign"] / n_turn if n_turn else math.nan,
+                "turn_rank_agreement": s["conc"] / s["comp"] if s["comp"] else math.nan,
+                "n_sign_flips": int(s["flips"]),
+                "n_turns": int(n_turn),
+            }
+        )
+    return pd.DataFrame(rows)
+
+
 def compare_estimators(batch, advantages) -> pd.DataFrame:
     """Agreement between every pair of estimators on one batch, one row per pair ``(a, b)``.
 
@@ -486,33 +537,9 @@ def compare_estimators(batch, advantages) -> pd.DataFrame:
     advantage = mean over the turn's action tokens): ``turn_corr``, ``turn_sign_agreement``,
     ``turn_rank_agreement`` (share of concordant pairs among the pairs of turns *of the same
     trajectory* that neither estimator ties; NaN when there is none), ``n_sign_flips`` (turns where
-    ``A_a · A_b < 0``) and ``n_turns``.
+    ``A_a · A_b < 0``) and ``n_turns``. Correlations are NaN when either side is constant.
     """
-    adv = _adv_tensors(advantages)
-    if len(adv) < 2:
-        raise ValueError(f"advantages: expected at least two estimators, found {len(adv)}")
-    m = _as_2d(batch.mask, "mask") != 0
-    t = _as_2d(batch.turn_ids, "turn_ids", np.int64)
-    idx = _turn_index(m, t)
-    tok = {k: _as_2d(v, f"advantages[{k!r}]")[idx.rows, idx.cols] for k, v in adv.items()}
-    turn = {k: _turn_means(_as_2d(v, k), idx) for k, v in adv.items()}
-    rows = []
-    for a, b in itertools.combinations(adv, 2):
-        conc, comp = _concordance(turn[a], turn[b], idx.turn_row)
-        rows.append(
-            {
-                "a": a,
-                "b": b,
-                "token_corr": _pearson(tok[a], tok[b]),
-                "sign_agreement": float((np.sign(tok[a]) == np.sign(tok[b])).mean()) if tok[a].size else math.nan,
-                "turn_corr": _pearson(turn[a], turn[b]),
-                "turn_sign_agreement": float((np.sign(turn[a]) == np.sign(turn[b])).mean()) if turn[a].size else math.nan,
-                "turn_rank_agreement": conc / comp if comp else math.nan,
-                "n_sign_flips": int((turn[a] * turn[b] < 0).sum()),
-                "n_turns": int(idx.n_slots),
-            }
-        )
-    return pd.DataFrame(rows)
+    return finish_compare(compare_stats(batch, advantages))
 
 
 def sign_flips(batch, advantages) -> pd.DataFrame:

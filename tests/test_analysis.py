@@ -204,3 +204,21 @@ def test_critic_quality_hand_numbers():
     np.testing.assert_allclose(q.per_turn["error"], [0.0, 0.0])  # value_first == return_first
     g2 = torch.tensor([[0.5, 0.0, 2.5, 4.0]])
     np.testing.assert_allclose(an.critic_quality(b, g2).per_turn["error"], [0.5, -0.5])
+
+
+def test_compare_stats_add_up_over_chunks():
+    import mpo_viz as mv
+
+    b = mv.synthetic.make_batch(12, seed=3, turns=(1, 4), turn_len=(1, 6), obs_len=(0, 3))
+    rng = np.random.default_rng(0)
+    adv = {k: torch.from_numpy(rng.normal(size=tuple(b.mask.shape))).float() * b.mask for k in "xyz"}
+    whole = an.compare_estimators(b, adv)
+    acc = None
+    for sl in (slice(0, 5), slice(5, 12)):
+        part = b[list(range(12))[sl]]
+        L = part.mask.shape[1]
+        acc = an.merge_compare_stats(acc, an.compare_stats(part, {k: v[sl, :L] for k, v in adv.items()}))
+    chunked = an.finish_compare(acc)
+    num = ["token_corr", "sign_agreement", "turn_corr", "turn_sign_agreement", "turn_rank_agreement", "n_sign_flips", "n_turns"]
+    np.testing.assert_allclose(whole[num].to_numpy(float), chunked[num].to_numpy(float), rtol=1e-9)
+    assert len(whole) == 3

@@ -1,0 +1,166 @@
+"""Static plotly figures (no ipywidgets import): value curves, the across/within diagnostic,
+estimator comparison. Every function returns a ``plotly.graph_objects.Figure``; the widgets wrap
+them in ``FigureWidget`` and the report inlines them.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pandas as pd
+import plotly.graph_objects as go
+from plotly.subplots import make_subplots
+
+from mpo_viz import analysis as an
+
+__all__ = ["value_curve", "across_within", "estimator_comparison", "ESTIMATOR_COLOURS"]
+
+# One colour per estimator name, stable across figures (plotly's qualitative "D3" palette).
+ESTIMATOR_COLOURS = {
+    "mpo": "#d62728",
+    "mae": "#d62728",
+    "gae": "#1f77b4",
+    "turn_gae": "#ff7f0e",
+    "grpo": "#2ca02c",
+    "drgrpo": "#98df8a",
+    "rloo": "#9467bd",
+    "reinforce_pp": "#8c564b",
+    "reinforce_pp_baseline": "#c49c94",
+    "vapo": "#e377c2",
+    "gigpo": "#17becf",
+}
+_FALLBACK = ["#7f7f7f", "#bcbd22", "#aec7e8", "#ffbb78", "#ff9896", "#c5b0d5"]
+
+
+def _colour(name: str, i: int) -> str:
+    return ESTIMATOR_COLOURS.get(name, _FALLBACK[i % len(_FALLBACK)])
+
+
+def _row_arrays(batch, row: int):
+    sub = batch[[row]]
+    n = int(sub.lengths[0])
+    return sub, n, sub.mask[0, :n].numpy() != 0
+
+
+def value_curve(batch, row: int, *, advantages: dict | None = None, returns=None, title: str | None = None) -> go.Figure:
+    """Critic values along one trajectory (x = response token position).
+
+    Traces: ``value`` (action tokens; gaps over observations), ``turn mean`` (each turn's mean
+    value as a step over the turn's span), optionally ``return`` (``returns``: ``(B, L)`` tensor or
+    result) and, in a second panel, the per-token advantages of each entry of ``advantages``
+    (``{name: (B, L) tensor or result}``). Each turn's span (first to last action token) is shaded.
+    """
+    sub, n, act = _row_arrays(batch, row)
+    if sub.values is None:
+        raise ValueError("values: the batch has no 'values' field; a value curve needs a critic")
+    x = np.arange(n)
+    v = sub.values[0, :n].numpy().astype(np.float64)
+    tt = an.turn_table(sub)
+    two = bool(advantages)
+    fig = make_subplots(rows=2 if two else 1, cols=1, shared_xaxes=True, vertical_spacing=0.06,
+                        row_heights=[0.6, 0.4] if two else None)
+    fig.add_trace(go.Scatter(x=x, y=np.where(act, v, np.nan), mode="lines", name="value",
+                             line=dict(color="#333", width=1.2), connectgaps=False), row=1, col=1)
+    # turn means as steps over each turn's span: x = start .. end, y = mean (NaN breaks between turns)
+    sx, sy = [], []
+    for s, e, m in zip(tt["start"], tt["end"], tt["value_mean"]):
+        sx += [s, e + 1, None]
+        sy += [m, m, None]
+    fig.add_trace(go.Scatter(x=sx, y=sy, mode="lines", name="turn mean", line=dict(color="#d62728", width=2.5),
+                             line_shape="hv"), row=1, col=1)
+    if returns is not None:
+        g = np.asarray(an._np(getattr(returns, "returns", returns)))[row, :n]
+        fig.add_trace(go.Scatter(x=x, y=np.where(act, g, np.nan), mode="lines", name="return",
+                                 line=dict(color="#1f77b4", width=1, dash="dot")), row=1, col=1)
+    for i, (name, a) in enumerate((advantages or {}).items()):
+        a = an._np(getattr(a, "advantages", a))[row, :n]
+        fig.add_trace(go.Scatter(x=x, y=np.where(act, a, np.nan), mode="lines", name=f"A ({name})",
+                                 line=dict(color=_colour(name, i), width=1.2)), row=2, col=1)
+    for k, (s, e) in enumerate(zip(tt["start"], tt["end"])):
+        fig.add_vrect(x0=s - 0.5, x1=e + 0.5, fillcolor="#9ecae1" if k % 2 == 0 else "#c6dbef", opacity=0.35,
+                      line_width=0, layer="below", row="all", col=1)
+    traj = batch.traj_ids[row]
+    fig.update_layout(
+        title=title if title is not None else f"values along trajectory {traj} ({len(tt)} turns; shaded: turn spans)",
+        height=420 if two else 320, margin=dict(l=50, r=20, t=50, b=40), template="plotly_white",
+        legend=dict(orientation="h", y=-0.15),
+    )
+    fig.update_yaxes(title_text="value", row=1, col=1)
+    if two:
+        fig.update_yaxes(title_text="advantage", row=2, col=1)
+    fig.update_xaxes(title_text="response token", row=2 if two else 1, col=1)
+    return fig
+
+
+def across_within(vv: pd.DataFrame, *, title: str | None = None, max_points: int = 5000) -> go.Figure:
+    """The paper's Fig. 2 diagnostic from a :func:`mpo_viz.analysis.value_variance` table.
+
+    Left: one point per trajectory, ``within`` (x) against ``across`` (y) on log axes with the line
+    y = x, coloured by reward (points above the line: values vary more across turns than within).
+    Right: histogram of ``log10(across / within)`` over finite ratios. Rows with a zero or NaN
+    statistic cannot sit on log axes and are left out (counted in the title). At most
+    ``max_points`` points are drawn (an evenly spaced subset), the histogram uses all rows.
+    """
+    d = vv[(vv["across"] > 0) & (vv["within"] > 0)]
+    dropped = len(vv) - len(d)
+    if len(d) > max_points:
+        d = d.iloc[np.linspace(0, len(d) - 1, max_points).round().astype(int)]
+    fig = make_subplots(rows=1, cols=2, column_widths=[0.58, 0.42], horizontal_spacing=0.12,
+                        subplot_titles=("across vs within (per trajectory)", "log10(across / within)"))
+    fig.add_trace(
+        go.Scatter(
+            x=d["within"], y=d["across"], mode="markers", name="trajectories",
+            text=d["traj_id"], customdata=np.stack([d["reward"], d["n_turns"]], axis=1) if len(d) else None,
+            hovertemplate="%{text}<br>within %{x:.3g}<br>across %{y:.3g}<br>reward %{customdata[0]:.3g}"
+                          "<br>turns %{customdata[1]}<extra></extra>",
+            marker=dict(color=d["reward"], colorscale="Viridis", size=7, opacity=0.8, showscale=True,
+                        colorbar=dict(title="reward", x=0.5, len=0.8)),
+        ),
+        row=1, col=1,
+    )
+    if len(d):
+        lo = float(min(d["within"].min(), d["across"].min()))
+        hi = float(max(d["within"].max(), d["across"].max()))
+        fig.add_trace(go.Scatter(x=[lo, hi], y=[lo, hi], mode="lines", name="y = x",
+                                 line=dict(color="#888", dash="dash")), row=1, col=1)
+    r = vv["ratio"].to_numpy(dtype=np.float64)
+    r = r[np.isfinite(r) & (r > 0)]
+    fig.add_trace(go.Histogram(x=np.log10(r), nbinsx=40, name="log10 ratio", marker_color="#4c78a8"), row=1, col=2)
+    fig.add_vline(x=0, line=dict(color="#888", dash="dash"), row=1, col=2)
+    fig.update_xaxes(type="log", title_text="within-turn variance", row=1, col=1)
+    fig.update_yaxes(type="log", title_text="across-turn variance", row=1, col=1)
+    fig.update_xaxes(title_text="log10(across / within)", row=1, col=2)
+    fig.update_yaxes(title_text="trajectories", row=1, col=2)
+    n_inf = int(np.isinf(vv["ratio"].to_numpy(dtype=np.float64)).sum())
+    note = f"{len(vv)} trajectories"
+    if dropped:
+        note += f"; {dropped} with a zero statistic not on the log axes"
+    if n_inf:
+        note += f"; {n_inf} infinite ratios"
+    fig.update_layout(
+        title=title if title is not None else f"critic value variance across vs within turns ({note})",
+        height=420, showlegend=False, template="plotly_white", margin=dict(l=60, r=20, t=70, b=50),
+    )
+    return fig
+
+
+def estimator_comparison(batch, row: int, advantages: dict, *, title: str | None = None) -> go.Figure:
+    """Per-turn advantages of several estimators on one trajectory: grouped bars, one series per
+    estimator, x = turn; turn advantage = mean over the turn's action tokens (``A^T_k`` for MAE)."""
+    if not advantages:
+        raise ValueError("advantages: expected at least one estimator, found none")
+    sub, n, _ = _row_arrays(batch, row)
+    L = sub.mask.shape[1]
+    rows_adv = {k: an._np(getattr(v, "advantages", v))[row : row + 1, :L] for k, v in advantages.items()}
+    tt = an.turn_table(sub, rows_adv)
+    fig = go.Figure()
+    for i, name in enumerate(rows_adv):
+        fig.add_trace(go.Bar(x=[f"T{k}" for k in tt["turn"]], y=tt[f"adv_{name}"], name=name,
+                             marker_color=_colour(name, i)))
+    fig.update_layout(
+        barmode="group", template="plotly_white", height=300, margin=dict(l=50, r=20, t=50, b=40),
+        title=title if title is not None else f"per-turn advantage by estimator ({batch.traj_ids[row]})",
+        xaxis_title="turn", yaxis_title="mean advantage over the turn",
+    )
+    return fig

@@ -1,0 +1,82 @@
+"""mpo_viz.plots: figure contents (traces, steps at the turn means, shaded spans, log axes)."""
+
+from __future__ import annotations
+
+import math
+import sys
+
+import numpy as np
+import pandas as pd
+import pytest
+import torch
+
+from mpo_viz import plots
+from mpo_viz.trajectory import TrajectoryBatch
+
+
+def _batch():
+    # turns of 2 and 3 action tokens with 2 observation tokens between; obs values 9 must not show
+    rows = [{"traj_id": "A", "group_id": "g", "prompt_ids": [1], "response_ids": list(range(7)),
+             "loss_mask": [1, 1, 0, 0, 1, 1, 1], "values": [0.5, 0.7, 9, 9, 0.2, 0.3, 0.4], "reward": 1.0}]
+    return TrajectoryBatch.from_rows(rows)
+
+
+def test_value_curve_steps_spans_and_gaps():
+    b = _batch()
+    adv = {"x": torch.tensor([[1.0, 2.0, 0, 0, 3.0, 3.0, 3.0]])}
+    fig = plots.value_curve(b, 0, advantages=adv)
+    names = [t.name for t in fig.data]
+    assert names == ["value", "turn mean", "A (x)"]
+    val = np.array(fig.data[0].y, dtype=float)
+    np.testing.assert_allclose(val[[0, 1, 4, 5, 6]], [0.5, 0.7, 0.2, 0.3, 0.4], rtol=1e-6)
+    assert np.isnan(val[2]) and np.isnan(val[3])  # observation tokens are gaps
+    step = fig.data[1]
+    assert list(step.x) == [0, 2, None, 4, 7, None]
+    np.testing.assert_allclose([y for y in step.y if y is not None], [0.6, 0.6, 0.3, 0.3], rtol=1e-6)
+    assert step.line.shape == "hv"
+    # one shaded span per turn and panel: [start - .5, end + .5]
+    spans = sorted({(s.x0, s.x1) for s in fig.layout.shapes})
+    assert spans == [(-0.5, 1.5), (3.5, 6.5)]
+    assert fig.data[2].yaxis == "y2"
+
+
+def test_value_curve_needs_values():
+    rows = [{"traj_id": "A", "group_id": "g", "prompt_ids": [1], "response_ids": [1, 2],
+             "loss_mask": [1, 1], "reward": 1.0}]
+    with pytest.raises(ValueError, match="values"):
+        plots.value_curve(TrajectoryBatch.from_rows(rows), 0)
+
+
+def test_across_within_log_axes_and_histogram():
+    vv = pd.DataFrame({
+        "traj_id": ["a", "b", "c", "d"], "reward": [1.0, 0.0, 1.0, 0.0], "n_turns": [3, 3, 1, 2],
+        "across": [1.0, 0.01, 0.0, 0.5], "within": [0.1, 0.1, 0.2, 0.0],
+        "ratio": [10.0, 0.1, 0.0, math.inf],
+    })
+    fig = plots.across_within(vv)
+    sc, line, hist = fig.data
+    assert list(sc.x) == [0.1, 0.1] and list(sc.y) == [1.0, 0.01]  # c and d cannot sit on log axes
+    assert list(sc.marker.color) == [1.0, 0.0]
+    assert list(line.x) == list(line.y) == [0.01, 1.0]  # y = x over the data range
+    np.testing.assert_allclose(hist.x, [1.0, -1.0])  # log10 of the finite positive ratios
+    assert fig.layout.xaxis.type == "log" and fig.layout.yaxis.type == "log"
+    assert "2 with a zero statistic" in fig.layout.title.text and "1 infinite" in fig.layout.title.text
+
+
+def test_estimator_comparison_bars_are_turn_means():
+    b = _batch()
+    adv = {"mpo": torch.tensor([[1.0, 3.0, 0, 0, -1.0, -2.0, -3.0]]), "grpo": torch.ones(1, 7)}
+    fig = plots.estimator_comparison(b, 0, adv)
+    assert [t.name for t in fig.data] == ["mpo", "grpo"]
+    assert list(fig.data[0].x) == ["T0", "T1"]
+    np.testing.assert_allclose(fig.data[0].y, [2.0, -2.0])
+    np.testing.assert_allclose(fig.data[1].y, [1.0, 1.0])
+    assert fig.layout.barmode == "group"
+
+
+def test_plots_do_not_import_ipywidgets():
+    import subprocess
+
+    code = "import sys, mpo_viz.plots; print('ipywidgets' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "False"
