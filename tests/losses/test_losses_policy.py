@@ -1,0 +1,376 @@
+"""Policy losses: hand-computed loss matrices and gradients, the MAE regression, metrics, checks."""
+
+from __future__ import annotations
+
+import math
+import zlib
+
+import numpy as np
+import pytest
+import torch
+
+from mpo_viz.losses import METRIC_NAMES, available, get, policy_loss, policy_loss_reference, register
+from mpo_viz.losses.policy import PolicyTerms
+
+ln = math.log
+KINDS = ["token_ppo", "turn_ppo", "gspo", "sao"]
+
+
+def _logp_pair(logr, seed=0):
+    """old_logp (negative numbers) and logp = old + logr, float64; logr may hold NaN for masked."""
+    logr = np.asarray(logr, dtype=np.float64)
+    old = -1.0 - 0.25 * np.arange(logr.size).reshape(logr.shape)
+    lp = torch.tensor(np.where(np.isnan(logr), -7.0, old + np.nan_to_num(logr)), dtype=torch.float64, requires_grad=True)
+    return lp, torch.tensor(old)
+
+
+def _run(kind, lp, old, adv, mask, **kw):
+    loss, metrics = policy_loss(kind, lp, old, adv, mask, agg="none", **kw)
+    loss.sum().backward()
+    g = lp.grad.clone()
+    lp.grad = None
+    return loss.detach(), g, metrics
+
+
+# --------------------------------------------------------------------------------------------
+# Hand-computed cases, one per kind
+# --------------------------------------------------------------------------------------------
+
+
+def test_token_ppo_by_hand():
+    nan = float("nan")
+    logr = [[ln(1.5), ln(0.5), ln(1.1), ln(0.7), nan], [ln(1.5), ln(4.0), ln(0.5), nan, nan]]
+    mask = torch.tensor([[1, 1, 1, 1, 0], [1, 1, 1, 0, 0]])
+    adv = torch.tensor([[1.0, -1.0, -2.0, 2.0, 0.0], [-1.0, -1.0, 1.0, 0.0, 0.0]], dtype=torch.float64)
+    lp, old = _logp_pair(logr)
+    loss, g, met = _run("token_ppo", lp, old, adv, mask)
+    # r=1.5,A=+1: clipped high (-1.2); r=.5,A=-1: clipped low (0.8); r=1.1,A=-2: unclipped 2.2;
+    # r=.7,A=+2: unclipped -1.4 (no clip for A>0 below the band); r=1.5,A=-1: unclipped 1.5;
+    # r=4,A=-1: unclipped 4; r=.5,A=+1: unclipped -0.5.
+    exp_loss = [[-1.2, 0.8, 2.2, -1.4, 0], [1.5, 4.0, -0.5, 0, 0]]
+    exp_grad = [[0, 0, 2.2, -1.4, 0], [1.5, 4.0, -0.5, 0, 0]]  # −A·r where unclipped
+    np.testing.assert_allclose(loss.numpy(), exp_loss, atol=1e-12)
+    np.testing.assert_allclose(g.numpy(), exp_grad, atol=1e-12)
+    assert met["clipfrac_low"] == pytest.approx(1 / 7)
+    assert met["clipfrac_high"] == pytest.approx(1 / 7)
+    assert met["clipfrac"] == pytest.approx(2 / 7)
+    assert met["dual_clipfrac"] == 0.0
+    assert met["ratio_mean"] == pytest.approx((1.5 + 0.5 + 1.1 + 0.7 + 1.5 + 4.0 + 0.5) / 7)
+    assert met["ratio_min"] == pytest.approx(0.5)
+    assert met["ratio_max"] == pytest.approx(4.0)
+
+    # dual clip c=3: r=4, A=-1 → min(4, 3) = 3 and no gradient
+    loss, g, met = _run("token_ppo", lp, old, adv, mask, dual_clip=3.0)
+    exp_loss[1][1], exp_grad[1][1] = 3.0, 0.0
+    np.testing.assert_allclose(loss.numpy(), exp_loss, atol=1e-12)
+    np.testing.assert_allclose(g.numpy(), exp_grad, atol=1e-12)
+    assert met["dual_clipfrac"] == pytest.approx(1 / 7)
+
+    # token-mean over the 7 action tokens; gradient divided by 7
+    lm, _ = policy_loss("token_ppo", lp, old, adv, mask)
+    lm.backward()
+    assert lm.item() == pytest.approx((-1.2 + 0.8 + 2.2 - 1.4 + 1.5 + 4.0 - 0.5) / 7)
+    np.testing.assert_allclose(lp.grad.numpy(), np.array([[0, 0, 2.2, -1.4, 0], [1.5, 4.0, -0.5, 0, 0]]) / 7, atol=1e-12)
+
+
+@pytest.mark.parametrize("ratio", ["geo_mean", "product"])
+def test_turn_ppo_by_hand(ratio):
+    nan = float("nan")
+    # turn 0 = positions 0,1 (token ratios 2 and 0.5: ρ = 1 either way); obs at 2;
+    # turn 1 = positions 3,4,5 (token ratios 3, 1, 1.125: geometric mean 1.5, product 3.375).
+    logr = [[ln(2.0), ln(0.5), nan, ln(3.0), 0.0, ln(1.125), nan]]
+    mask = torch.tensor([[1, 1, 0, 1, 1, 1, 0]])
+    adv = torch.tensor([[2.0, -3.0, 0.0, 1.0, -1.0, 0.5, 0.0]], dtype=torch.float64)
+    lp, old = _logp_pair(logr)
+    loss, g, met = _run("turn_ppo", lp, old, adv, mask, ratio=ratio)
+    rho1 = 1.5 if ratio == "geo_mean" else 3.375
+    # turn 0: ρ=1 in band, loss −A, grad −A (token_ppo would have clipped both tokens).
+    # turn 1: ρ1 > 1.2: A=+1 clipped at −1.2; A=−1 unclipped ρ1 (grad ρ1); A=+.5 clipped at −0.6.
+    exp_loss = [[-2.0, 3.0, 0, -1.2, rho1, -0.6, 0]]
+    exp_grad = [[-2.0, 3.0, 0, 0, rho1, 0, 0]]
+    np.testing.assert_allclose(loss.numpy(), exp_loss, atol=1e-12)
+    np.testing.assert_allclose(g.numpy(), exp_grad, atol=1e-12)
+    assert met["clipfrac_high"] == pytest.approx(2 / 5)
+    assert met["clipfrac_low"] == 0.0
+    assert met["turn_clipfrac"] == pytest.approx(1 / 2)
+    assert met["turn_ratio_mean"] == pytest.approx((1 + rho1) / 2)
+    assert met["turn_ratio_min"] == pytest.approx(1.0)
+    assert met["turn_ratio_max"] == pytest.approx(rho1)
+    # within-turn shift: Σ (logr − turn mean)² / 5
+    lr0, lr1 = [ln(2), ln(0.5)], [ln(3), 0.0, ln(1.125)]
+    shift = sum((v - np.mean(lr0)) ** 2 for v in lr0) + sum((v - np.mean(lr1)) ** 2 for v in lr1)
+    assert met["within_turn_shift"] == pytest.approx(shift / 5)
+    # surrogate gap: token-mean of A·r minus token-mean of A·ρ_k
+    tok = 2 * 2.0 + -3 * 0.5 + 1 * 3.0 + -1 * 1.0 + 0.5 * 1.125
+    trn = 2 * 1 + -3 * 1 + (1 - 1 + 0.5) * rho1
+    assert met["surrogate_gap"] == pytest.approx((tok - trn) / 5)
+    # approx_kl = mean k3 with Δ = logπ − logπ_old = logr
+    k3 = [math.exp(-d) + d - 1 for d in lr0 + lr1]
+    assert met["approx_kl"] == pytest.approx(np.mean(k3))
+
+
+def test_turn_ppo_dual_clip_and_low_side():
+    # one turn, ρ = 0.5 < 0.8: A<0 clipped low at 0.8·|A|; A>0 unclipped −0.5·A with gradient.
+    # with ρ = 5 and dual clip 3: A<0 → min(5·|A|, 3·|A|) = 3·|A|, no gradient.
+    logr = [[ln(0.5), ln(0.5)], [ln(5.0), ln(5.0)]]
+    mask = torch.ones(2, 2)
+    adv = torch.tensor([[-1.0, 2.0], [-1.0, 2.0]], dtype=torch.float64)
+    lp, old = _logp_pair(logr)
+    loss, g, met = _run("turn_ppo", lp, old, adv, mask, dual_clip=3.0)
+    np.testing.assert_allclose(loss.numpy(), [[0.8, -1.0], [3.0, -2.4]], atol=1e-12)
+    np.testing.assert_allclose(g.numpy(), [[0.0, -1.0], [0.0, 0.0]], atol=1e-12)
+    assert met["clipfrac_low"] == pytest.approx(1 / 4)
+    assert met["clipfrac_high"] == pytest.approx(1 / 4)
+    assert met["dual_clipfrac"] == pytest.approx(1 / 4)
+
+
+def test_gspo_by_hand():
+    nan = float("nan")
+    # row 0: all action tokens of the row form one unit: ratios 2, .5, 1 → ρ = 1 (in band)
+    # row 1: every token ratio 1.001 → ρ = 1.001 > 1 + 4e-4: A>0 clipped, A<0 unclipped
+    logr = [[ln(2.0), ln(0.5), nan, 0.0], [ln(1.001), ln(1.001), ln(1.001), nan]]
+    mask = torch.tensor([[1, 1, 0, 1], [1, 1, 1, 0]])
+    adv = torch.tensor([[1.0, -2.0, 0.0, 3.0], [1.0, -1.0, 2.0, 0.0]], dtype=torch.float64)
+    lp, old = _logp_pair(logr)
+    loss, g, met = _run("gspo", lp, old, adv, mask)
+    exp_loss = [[-1.0, 2.0, 0, -3.0], [-1.0004, 1.001, -2.0008, 0]]
+    exp_grad = [[-1.0, 2.0, 0, -3.0], [0, 1.001, 0, 0]]
+    np.testing.assert_allclose(loss.numpy(), exp_loss, atol=1e-9)
+    np.testing.assert_allclose(g.numpy(), exp_grad, atol=1e-9)
+    # default agg = seq-mean-token-mean: ½ (mean row 0 + mean row 1)
+    agg, _ = policy_loss("gspo", lp, old, adv, mask)
+    assert agg.item() == pytest.approx(0.5 * ((-1 + 2 - 3) / 3 + (-1.0004 + 1.001 - 2.0008) / 3), abs=1e-9)
+    assert met["clipfrac_high"] == pytest.approx(2 / 6)
+
+
+def test_sao_by_hand_uses_rollout_logp():
+    # band (1 − 0.3, 1 + 5) = (0.7, 6): ratios .6 and 6.5 are outside (0, no gradient, either sign)
+    rl = [[ln(0.6), ln(0.8), ln(5.5), ln(6.5), ln(0.6)]]
+    mask = torch.ones(1, 5)
+    adv = torch.tensor([[1.0, -2.0, 1.0, -1.0, -1.0]], dtype=torch.float64)
+    lp, roll = _logp_pair(rl)
+    old = roll + 0.5  # a different old_logp: the ratio must not use it
+    loss, g, met = _run("sao", lp, old, adv, mask, rollout_logp=roll)
+    np.testing.assert_allclose(loss.numpy(), [[0.0, 1.6, -5.5, 0.0, 0.0]], atol=1e-12)
+    np.testing.assert_allclose(g.numpy(), [[0.0, 1.6, -5.5, 0.0, 0.0]], atol=1e-12)
+    assert met["clipfrac_low"] == pytest.approx(2 / 5)
+    assert met["clipfrac_high"] == pytest.approx(1 / 5)
+    assert met["ratio_max"] == pytest.approx(6.5)
+    # approx_kl is between old and new: Δ = logr − 0.5
+    d = np.array([ln(0.6), ln(0.8), ln(5.5), ln(6.5), ln(0.6)]) - 0.5
+    assert met["approx_kl"] == pytest.approx(np.mean(np.exp(-d) + d - 1))
+    # defaults for sao come from the registry
+    assert (get("sao").clip_low, get("sao").clip_high) == (0.3, 5.0)
+
+
+# --------------------------------------------------------------------------------------------
+# The regression test: MAE's within-turn centering must reach the gradient
+# --------------------------------------------------------------------------------------------
+
+
+def test_mae_centering_reaches_gradient_naive_turn_ratio_cancels_it():
+    """Keep the token-gradient form. A differentiable per-turn ratio cancels MAE's centered part."""
+    n = 4
+    a_turn = 0.5
+    u = torch.tensor([0.3, 0.1, -0.1, -0.3], dtype=torch.float64)  # centered within-turn signal
+    old = torch.full((1, n), -2.0, dtype=torch.float64)
+    drift = torch.tensor([[0.05, -0.02, 0.03, 0.02]], dtype=torch.float64)  # ρ = exp(0.02), in band
+    mask = torch.ones(1, n)
+    rho = math.exp(drift.mean().item())
+
+    def ours(beta):
+        lp = (old + drift).clone().requires_grad_(True)
+        adv = (a_turn + beta * u)[None]
+        loss, _ = policy_loss("turn_ppo", lp, old, adv, mask, agg="none")
+        loss.sum().backward()
+        return lp.grad[0]
+
+    def naive(beta):  # ρ_k differentiable, every token −A_{k,j}·ρ_k
+        lp = (old + drift).clone().requires_grad_(True)
+        adv = (a_turn + beta * u)[None]
+        rho_k = torch.exp((lp - old).mean())
+        (-adv * rho_k).sum().backward()
+        return lp.grad[0]
+
+    # token-gradient form: ∂/∂logπ_j = −A_{k,j}·ρ_k — the centered part is there
+    np.testing.assert_allclose(ours(1.0).numpy(), (-(a_turn + u) * rho).numpy(), atol=1e-12)
+    assert not torch.allclose(ours(1.0), ours(0.0))
+    # naive: every token gets −ρ_k·mean_j A_{k,j} = −ρ_k·A^T_k whatever β is
+    np.testing.assert_allclose(naive(1.0).numpy(), np.full(n, -rho * a_turn), atol=1e-12)
+    np.testing.assert_allclose(naive(1.0).numpy(), naive(0.0).numpy(), atol=1e-12)
+
+
+# --------------------------------------------------------------------------------------------
+# Masks, extremes, equivalence with the reference loop
+# --------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("agg", ["token-mean", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm", "turn-mean", "none"])
+def test_masked_positions_get_exactly_zero_gradient(kind, agg):
+    g = torch.Generator().manual_seed(3)
+    mask = torch.tensor([[0, 1, 1, 0, 1, 0], [1, 1, 1, 1, 1, 1], [0, 0, 0, 0, 0, 0]])
+    base = -torch.rand(3, 6, generator=g, dtype=torch.float64)
+    lp = (base + 0.3 * torch.randn(3, 6, generator=g, dtype=torch.float64)).masked_fill(mask == 0, float("-inf"))
+    lp.requires_grad_(True)
+    old = base.masked_fill(mask == 0, float("nan"))
+    adv = torch.randn(3, 6, generator=g, dtype=torch.float64).masked_fill(mask == 0, float("inf"))
+    loss, metrics = policy_loss(kind, lp, old, adv, mask, agg=agg, rollout_logp=old)
+    loss.sum().backward()
+    assert torch.isfinite(lp.grad).all()
+    assert (lp.grad[mask == 0] == 0).all()
+    assert torch.isfinite(loss).all()
+    assert set(metrics) == set(METRIC_NAMES)
+    assert all(isinstance(v, float) and math.isfinite(v) for v in metrics.values())
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("drift", [3.0, -3.0])
+def test_product_ratio_on_long_turns_stays_finite(dtype, drift):
+    # two turns of 500 tokens, log-ratio drift of ±3 per token: Σ = ±1500 → clamped at ±20
+    L = 1000
+    mask = torch.ones(2, L)
+    old = torch.full((2, L), -5.0, dtype=dtype)
+    lp = (old + drift + 0.5 * torch.randn(2, L, dtype=dtype, generator=torch.Generator().manual_seed(0))).requires_grad_(True)
+    adv = torch.randn(2, L, dtype=dtype, generator=torch.Generator().manual_seed(1))
+    tid = torch.cat([torch.zeros(500), torch.ones(500)]).long().expand(2, L)
+    for agg in ["token-mean", "turn-mean", "none"]:
+        loss, met = policy_loss("turn_ppo", lp, old, adv, mask, turn_ids=tid, ratio="product", agg=agg, dual_clip=3.0)
+        loss.sum().backward()
+        assert torch.isfinite(loss).all() and torch.isfinite(lp.grad).all()
+        lp.grad = None
+        assert all(math.isfinite(v) for v in met.values())
+        assert met["turn_ratio_max"] == pytest.approx(math.exp(20 if drift > 0 else -20), rel=1e-5)
+    # without dual clip, A<0 tokens keep the unclipped gradient ρ·|A| — large but finite
+    loss, _ = policy_loss("turn_ppo", lp, old, adv, mask, turn_ids=tid, ratio="product")
+    loss.backward()
+    assert torch.isfinite(lp.grad).all()
+
+
+def _random_case(rng, B, L, edge):
+    mask = (rng.random((B, L)) < 0.6).astype(np.int64)
+    if edge == "one_token_turns":
+        mask = np.tile(np.array([1, 0] * L)[:L], (B, 1))
+    elif edge == "empty_rows":
+        mask[0] = 0
+    elif edge == "all_masked":
+        mask[:] = 0
+    old = -rng.random((B, L)) * 3
+    scale = 25.0 if edge == "huge_drift" else 0.4
+    lp = old + rng.normal(0, scale, (B, L))
+    adv = rng.normal(0, 1, (B, L))
+    roll = old + rng.normal(0, 0.5, (B, L))
+    tid = None
+    if edge == "given_turn_ids":  # merge every pair of runs into one turn (obs inside a turn)
+        from mpo_viz.turns import turn_ids_from_mask
+
+        tid = turn_ids_from_mask(mask) // 2
+    return lp, old, adv, mask, roll, tid
+
+
+@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("ratio", ["geo_mean", "product"])
+@pytest.mark.parametrize("edge", ["random", "one_token_turns", "empty_rows", "all_masked", "huge_drift", "given_turn_ids"])
+def test_matches_reference_loop(kind, ratio, edge):
+    rng = np.random.default_rng(zlib.crc32(f"{kind}/{ratio}/{edge}".encode()))
+    lp, old, adv, mask, roll, tid = _random_case(rng, 4, 23, edge)
+    dual = 3.0 if kind != "sao" else None
+    kw = {"dual_clip": dual} if dual else {}
+    t = torch.tensor(lp, requires_grad=True)
+    loss, _ = policy_loss(kind, t, old, adv, mask, turn_ids=tid, ratio=ratio, rollout_logp=roll, agg="none", **kw)
+    loss.sum().backward()
+    ref_loss, ref_grad = policy_loss_reference(
+        kind, lp, old, adv, mask, turn_ids=tid, ratio=ratio, rollout_logp=roll, dual_clip=dual
+    )
+    np.testing.assert_allclose(loss.detach().numpy(), ref_loss, rtol=1e-10, atol=1e-10)
+    np.testing.assert_allclose(t.grad.numpy(), ref_grad, rtol=1e-10, atol=1e-10)
+
+
+def test_numpy_in_float32_out_and_float64_kept():
+    mask = np.ones((2, 3))
+    lp32 = np.full((2, 3), -1.0, dtype=np.float32)
+    loss, _ = policy_loss("token_ppo", lp32, lp32, np.ones((2, 3)), mask)
+    assert loss.dtype == torch.float32
+    loss, _ = policy_loss("token_ppo", lp32.astype(np.float64), lp32, np.ones((2, 3), dtype=np.float32), mask)
+    assert loss.dtype == torch.float64
+    assert loss.item() == pytest.approx(-1.0)
+    bf = torch.full((2, 3), -1.0, dtype=torch.bfloat16, requires_grad=True)
+    loss, _ = policy_loss("turn_ppo", bf, lp32, np.ones((2, 3)), mask)
+    loss.backward()
+    assert loss.dtype == torch.float32 and bf.grad.dtype == torch.bfloat16
+
+
+def test_no_action_token_metrics():
+    mask = torch.zeros(2, 3)
+    lp = torch.zeros(2, 3, requires_grad=True)
+    loss, met = policy_loss("turn_ppo", lp, torch.zeros(2, 3), torch.ones(2, 3), mask)
+    loss.backward()
+    assert loss.item() == 0.0 and (lp.grad == 0).all()
+    assert met["clipfrac"] == 0.0 and met["turn_clipfrac"] == 0.0
+    assert math.isnan(met["ratio_mean"]) and math.isnan(met["turn_ratio_max"]) and math.isnan(met["approx_kl"])
+
+
+# --------------------------------------------------------------------------------------------
+# Registry and bad input
+# --------------------------------------------------------------------------------------------
+
+
+def test_registry_declares_needs_and_refuses_duplicates():
+    assert set(KINDS) <= set(available())
+    assert get("turn_ppo").needs == frozenset({"turns"})
+    assert get("sao").needs == frozenset({"rollout_logp"}) and get("sao").ratio_against == "rollout_logp"
+    assert get("token_ppo").needs == frozenset()
+    assert (get("gspo").clip_low, get("gspo").clip_high, get("gspo").agg) == (3e-4, 4e-4, "seq-mean-token-mean")
+    assert (get("token_ppo").clip_low, get("turn_ppo").clip_high) == (0.2, 0.2)
+    with pytest.raises(ValueError, match="already registered"):
+        register("turn_ppo", lambda x: None)
+    with pytest.raises(ValueError, match="needs"):
+        register("new_kind_bad_needs", lambda x: None, needs=("values",))
+
+
+def test_register_custom_kind():
+    name = "test_zero_loss_kind"
+    if name not in available():
+
+        @register(name)
+        def _zero(x):
+            z = torch.zeros_like(x.mask)
+            return PolicyTerms(loss=x.logp * 0, clipped_low=z, clipped_high=z, dual_clipped=z)
+
+    loss, met = policy_loss(name, torch.zeros(1, 2), torch.zeros(1, 2), torch.ones(1, 2), torch.ones(1, 2))
+    assert loss.item() == 0.0 and met["ratio_mean"] == 1.0
+
+
+def test_bad_input_raises_clearly():
+    m = torch.ones(2, 5)
+    z = torch.zeros(2, 5)
+    with pytest.raises(ValueError, match=r"advantages: expected shape \(2, 5\).*found \(2, 4\)"):
+        policy_loss("token_ppo", z, z, torch.zeros(2, 4), m)
+    with pytest.raises(ValueError, match=r"old_logp: expected shape"):
+        policy_loss("token_ppo", z, torch.zeros(5), z, m)
+    with pytest.raises(ValueError, match=r"logp: expected a 2-D"):
+        policy_loss("token_ppo", torch.zeros(5), torch.zeros(5), torch.zeros(5), torch.ones(5))
+    with pytest.raises(ValueError, match=r"turn_ids: row 1: expected non-decreasing"):
+        policy_loss("turn_ppo", z, z, z, m, turn_ids=torch.tensor([[0, 0, 1, 1, 1], [0, 1, 0, 1, 1]]))
+    with pytest.raises(ValueError, match=r"turn_ids: row 0: expected consecutive"):
+        policy_loss("turn_ppo", z, z, z, m, turn_ids=torch.tensor([[0, 0, 2, 2, 2], [0, 0, 0, 0, 0]]))
+    with pytest.raises(ValueError, match=r"turn_ids: row 1: expected the first action token in turn 0"):
+        policy_loss("turn_ppo", z, z, z, m, turn_ids=torch.tensor([[0, 0, 0, 0, 0], [1, 1, 1, 1, 1]]))
+    with pytest.raises(ValueError, match=r"turn_ids: expected shape"):
+        policy_loss("turn_ppo", z, z, z, m, turn_ids=torch.zeros(2, 4, dtype=torch.long))
+    with pytest.raises(ValueError, match=r"mask: row 0: expected 0/1"):
+        policy_loss("token_ppo", z, z, z, torch.tensor([[1, 2, 1, 1, 1], [1, 1, 1, 1, 1]]))
+    with pytest.raises(ValueError, match=r"advantages: row 1: expected finite.*position 3"):
+        policy_loss("token_ppo", z, z, torch.tensor([[0.0] * 5, [0, 0, 0, float("nan"), 0]]), m)
+    with pytest.raises(ValueError, match=r"rollout_logp: the 'sao' loss needs rollout_logp"):
+        policy_loss("sao", z, z, z, m)
+    with pytest.raises(ValueError, match=r"kind: expected one of .*turn_ppo.*found 'ppo'"):
+        policy_loss("ppo", z, z, z, m)
+    with pytest.raises(ValueError, match=r"options: sao accepts none; found unknown option\(s\) dual_clip"):
+        policy_loss("sao", z, z, z, m, rollout_logp=z, dual_clip=3.0)
+    with pytest.raises(ValueError, match=r"ratio: expected one of geo_mean, product, found 'arith'"):
+        policy_loss("turn_ppo", z, z, z, m, ratio="arith")
+    with pytest.raises(ValueError, match=r"agg: expected one of"):
+        policy_loss("turn_ppo", z, z, z, m, agg="mean")
+    with pytest.raises(ValueError, match=r"dual_clip: expected a number > 1"):
+        policy_loss("token_ppo", z, z, z, m, dual_clip=0.5)
