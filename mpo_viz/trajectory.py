@@ -50,6 +50,9 @@ def _row_index(offsets: np.ndarray) -> np.ndarray:
 
 def _take(flat: np.ndarray, offsets: np.ndarray, idx: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """Gather rows ``idx`` of a ragged column: returns (flat, offsets) of the selection."""
+    n = len(offsets) - 1
+    if len(idx) == n and (n == 0 or (idx[0] == 0 and idx[-1] == n - 1 and np.all(np.diff(idx) == 1))):
+        return flat[offsets[0] : offsets[-1]], offsets - offsets[0]  # all rows, in order
     lengths = np.diff(offsets)[idx]
     new_off = np.zeros(len(idx) + 1, dtype=np.int64)
     np.cumsum(lengths, out=new_off[1:])

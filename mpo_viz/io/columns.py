@@ -53,6 +53,14 @@ class Columns:
         return {"file": f, "line": line, "row": row, "traj_id": t if isinstance(t, str) else (None if t is None else str(t))}
 
 
+def _num(x) -> str:
+    """A number for messages: 2 not np.float64(2.0)."""
+    x = x.item() if isinstance(x, np.generic) else x
+    if isinstance(x, float) and x.is_integer():
+        return str(int(x))
+    return repr(x)
+
+
 def _problem(cols: Columns, i: int, fld: str, expected: str, found: str) -> Problem:
     return Problem(field=fld, expected=expected, found=found, **cols.where(i))
 
@@ -119,7 +127,8 @@ def columns_from_rows(rows: list, *, source=None, lines=None) -> tuple[Columns, 
                 else:
                     ok = isinstance(v, str)
                 if not ok:
-                    problems.append(_problem(cols, i, k, f"a {typ.__name__}", f"{type(v).__name__} {short(v)}"))
+                    tname = {str: "string", int: "integer", float: "float", bool: "boolean"}[typ]
+                    problems.append(_problem(cols, i, k, f"a {tname}", f"{type(v).__name__} {short(v)}"))
                     bad[i] = True
                     continue
                 scal[k][i] = v
@@ -252,7 +261,7 @@ def validate_columns(cls, cols: Columns, meta, problems: list[Problem], *, seen_
         pos = np.flatnonzero(badm)
         for i, p in zip(*_first_per_row(seg_m[pos], pos)):
             if not bad[i]:
-                flag(i, "loss_mask", "0 or 1", f"{mflat[p]!r} at position {p - moff[i]}")
+                flag(i, "loss_mask", "0 or 1", f"{_num(mflat[p])} at position {p - moff[i]}")
     for name in ("response_ids", "turn_ids"):
         if name not in cols.token:
             continue
@@ -264,13 +273,13 @@ def validate_columns(cls, cols: Columns, meta, problems: list[Problem], *, seen_
                 pos = np.flatnonzero(nonint)
                 for i, p in zip(*_first_per_row(seg[pos], pos)):
                     if not bad[i]:
-                        flag(i, name, "integers >= 0", f"{flat[p]!r} at position {p - off[i]}")
+                        flag(i, name, "integers >= 0", f"{_num(flat[p])} at position {p - off[i]}")
         elif flat.size and flat.min() < 0:
             seg = np.repeat(np.arange(n), np.diff(off))
             pos = np.flatnonzero(flat < 0)
             for i, p in zip(*_first_per_row(seg[pos], pos)):
                 if not bad[i]:
-                    flag(i, name, "integers >= 0", f"{flat[p]!r} at position {p - off[i]}")
+                    flag(i, name, "integers >= 0", f"{_num(flat[p])} at position {p - off[i]}")
 
     # -- align the rows that survived so far into a batch
     good = np.flatnonzero(~bad)
@@ -320,7 +329,7 @@ def validate_columns(cls, cols: Columns, meta, problems: list[Problem], *, seen_
         if nf.any():
             pos = np.flatnonzero(nf)
             for j, p in zip(*_first_per_row(seg[pos], pos)):
-                bflag(j, name, "finite numbers on action tokens", f"{batch._tok[name][p]} at position {p - off[j]}")
+                bflag(j, name, "finite numbers on action tokens", f"{_num(batch._tok[name][p])} at position {p - off[j]}")
 
     reward = batch._scalars["reward"].astype(np.float64)
     # -- token rewards: finite, zero on masked tokens, sum to a finite outcome reward
@@ -332,12 +341,12 @@ def validate_columns(cls, cols: Columns, meta, problems: list[Problem], *, seen_
         if nf.any():
             pos = np.flatnonzero(nf)
             for j, p in zip(*_first_per_row(seg[pos], pos)):
-                bflag(j, "token_rewards", "finite numbers", f"{tr[p]} at position {p - off[j]}")
+                bflag(j, "token_rewards", "finite numbers", f"{_num(tr[p])} at position {p - off[j]}")
         onmask = row_has & ~m & (tr != 0) & np.isfinite(tr)
         if onmask.any():
             pos = np.flatnonzero(onmask)
             for j, p in zip(*_first_per_row(seg[pos], pos)):
-                bflag(j, "token_rewards", "0 on observation tokens (loss_mask == 0)", f"{tr[p]} at position {p - off[j]}")
+                bflag(j, "token_rewards", "0 on observation tokens (loss_mask == 0)", f"{_num(tr[p])} at position {p - off[j]}")
         sums = np.zeros(len(batch))
         np.add.at(sums, seg, np.where(row_has, np.nan_to_num(tr), 0.0))
         mism = has & np.isfinite(reward) & (np.abs(sums - reward) > REWARD_SUM_TOL)
@@ -407,8 +416,14 @@ def _aligned_batch(cls, cols: Columns, good: np.ndarray, meta):
             vals, _ = _take(flat, foff, good)
             tokens[name] = vals.astype(dt)
             continue
-        out = np.zeros(off[-1], dtype=dt) if dt != object else np.full(off[-1], "", dtype=object)
         sel = np.flatnonzero(p)
+        if len(sel) == len(good):
+            vals, voff = _take(flat, foff, good)
+            if np.array_equal(voff, off):  # every row carries the field: no scatter needed
+                tokens[name] = vals.astype(dt) if dt != object else vals
+                present[name] = p
+                continue
+        out = np.zeros(off[-1], dtype=dt) if dt != object else np.full(off[-1], "", dtype=object)
         if len(sel):
             vals, _ = _take(flat, foff, good[sel])
             target, _ = _take(np.arange(off[-1], dtype=np.int64), off, sel)

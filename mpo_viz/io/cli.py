@@ -1,0 +1,77 @@
+"""``mpo-viz info PATH`` and ``mpo-viz validate PATH``."""
+
+from __future__ import annotations
+
+import json
+
+
+from mpo_viz.schema import TrajectoryError
+
+
+def _fmt_stats(s: dict) -> str:
+    if not s.get("n"):
+        return "-"
+    return f"mean {s['mean']:.4g}  std {s['std']:.4g}  min {s['min']:.4g}  max {s['max']:.4g}"
+
+
+def cmd_info(args) -> int:
+    import mpo_viz as mv
+
+    batch = mv.load(args.path, errors="collect")
+    s = batch.summary()
+    s["rejected_rows"] = len(batch.rejected)
+    if args.json:
+        print(json.dumps(s, indent=1, default=str))
+        return 0
+    print(f"{args.path}")
+    print(f"  trajectories     {s['trajectories']}  in {s['groups']} groups (size {_fmt_stats(s['group_size'])})")
+    print(f"  response tokens  {s['response_tokens']}  (action {s['action_tokens']}, prompt tokens {s['prompt_tokens']})")
+    print(f"  turns/traj       {_fmt_stats(s['turns'])}")
+    print(f"  length           {_fmt_stats(s['response_length'])}")
+    print(f"  tokens/turn      {_fmt_stats(s['action_tokens_per_turn'])}")
+    print(f"  reward           {_fmt_stats(s['reward'])}  (missing: {s['reward_missing']})")
+    print(f"  score (sum)      {_fmt_stats(s['score'])}")
+    print(f"  fields           {', '.join(s['fields'])}")
+    for k, v in s["meta"].items():
+        print(f"  meta.{k:<11} {v}")
+    if batch.rejected:
+        print(f"  REJECTED ROWS    {len(batch.rejected)} problem(s); run `mpo-viz validate {args.path}` to list them")
+        return 1
+    return 0
+
+
+def cmd_validate(args) -> int:
+    import mpo_viz as mv
+    from mpo_viz.io import _pieces
+
+    n_ok, problems = 0, []
+    try:
+        for piece in _pieces(args.path, "collect", rows_per_chunk=1024):
+            n_ok += len(piece)
+            problems.extend(piece.rejected)
+    except TrajectoryError as exc:  # file-level problems (unknown schema version)
+        problems.extend(exc.problems)
+    bad_rows = len({(p.file, p.line, p.row) for p in problems})
+    limit = args.max_problems
+    for p in problems[: limit if limit > 0 else None]:
+        print(str(p))
+    if limit > 0 and len(problems) > limit:
+        print(f"... and {len(problems) - limit} more")
+    if problems:
+        print(f"INVALID: {len(problems)} problem(s) in {bad_rows} row(s); {n_ok} valid row(s)")
+        return 1
+    print(f"OK: {n_ok} valid trajectories, no problems ({mv.SCHEMA_VERSION})")
+    return 0
+
+
+def add_subcommand(sub) -> None:
+    p = sub.add_parser("info", help="counts, fields present, reward and turn statistics of a trajectory file or folder")
+    p.add_argument("path", help=".jsonl, .parquet, or a folder of them")
+    p.add_argument("--json", action="store_true", help="print the summary as JSON")
+    p.set_defaults(func=cmd_info)
+    p = sub.add_parser("validate", help="check every row against trajectory/v1; list every problem; exit 1 if any")
+    p.add_argument("path", help=".jsonl, .parquet, or a folder of them")
+    p.add_argument("--max-problems", type=int, default=200, help="print at most this many problems (0 = all)")
+    p.set_defaults(func=cmd_validate)
+
+

@@ -1,0 +1,41 @@
+"""The `mpo-viz` command: info and validate on good and bad files (in-process and as a subprocess)."""
+
+import json
+import subprocess
+import sys
+
+import mpo_viz as mv
+from mpo_viz.cli import main
+
+
+def test_info_and_validate_good(tmp_path, capsys):
+    b = mv.synthetic.make_batch(8, seed=0, turn_len=(2, 6), obs_len=(1, 4))
+    path = mv.save(b, tmp_path / "x.parquet")
+    assert main(["info", str(path)]) == 0
+    out = capsys.readouterr().out
+    assert "trajectories     8  in 2 groups" in out and "values" in out
+    assert main(["info", "--json", str(path)]) == 0
+    s = json.loads(capsys.readouterr().out)
+    assert s["trajectories"] == 8 and s["response_tokens"] == b.num_tokens
+    assert main(["validate", str(path)]) == 0
+    assert "OK: 8 valid trajectories" in capsys.readouterr().out
+
+
+def test_validate_lists_every_problem(tmp_path, capsys):
+    good = dict(traj_id="a", group_id="g", prompt_ids=[], response_ids=[1, 2], loss_mask=[1, 1], reward=0.0)
+    lines = [json.dumps(good), "{oops", json.dumps(good | {"traj_id": "b", "loss_mask": [1, 5]}), json.dumps(good)]
+    (tmp_path / "x.jsonl").write_text("\n".join(lines) + "\n")
+    assert main(["validate", str(tmp_path / "x.jsonl")]) == 1
+    out = capsys.readouterr().out
+    assert "line 2: field '<line>'" in out
+    assert "line 3, traj_id='b': field 'loss_mask': expected 0 or 1, found 5 at position 1" in out
+    assert "line 4, traj_id='a': field 'traj_id': expected a unique traj_id" in out
+    assert "INVALID: 3 problem(s) in 3 row(s); 1 valid row(s)" in out
+
+
+def test_bad_input_no_traceback(tmp_path):
+    r = subprocess.run([sys.executable, "-m", "mpo_viz.cli", "info", str(tmp_path / "nope.jsonl")], capture_output=True, text=True)
+    assert r.returncode == 1
+    assert "no such file" in r.stderr and "Traceback" not in r.stderr
+    r = subprocess.run([sys.executable, "-m", "mpo_viz.cli", "--debug", "info", str(tmp_path / "nope.jsonl")], capture_output=True, text=True)
+    assert r.returncode != 0 and "Traceback" in r.stderr
