@@ -15,6 +15,7 @@ import sys
 # Modules that contribute subcommands, in the order they appear in ``--help``.
 COMMAND_MODULES = [
     "mpo_viz.io.cli",  # info, validate
+    "mpo_viz.envs.cli",  # generate
 ]
 
 
