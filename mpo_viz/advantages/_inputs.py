@@ -118,7 +118,7 @@ def prepare(
                 bad = ~np.isfinite(t0) | (t0 != np.round(t0))
                 if bad.any():
                     row = int(np.argmax(bad.any(1)))
-                    raise ValueError(f"turn_ids: row {row}: expected integer ids, found {t0[row][bad[row]][0]!r}")
+                    raise ValueError(f"turn_ids: row {row}: expected integer ids, found {_py(t0[row][bad[row]][0])!r}")
             elif t0.dtype.kind not in "iub":
                 raise ValueError(f"turn_ids: expected integer ids, found dtype {t0.dtype}")
             tid = np.ascontiguousarray(t0, dtype=np.int64)
@@ -144,10 +144,14 @@ def prepare(
     return Prepared(r, v, m, tid, boot, nturns, dtype, device)
 
 
+def _py(x):
+    return x.item() if isinstance(x, np.generic) else x
+
+
 def _raise(code: int, row: int, pos: int, r, v, m, tid) -> None:
     at = f"row {row}, position {pos}"
     if code == K.E_MASK:
-        raise ValueError(f"mask: {at}: expected 0 or 1, found {m[row, pos]!r}")
+        raise ValueError(f"mask: {at}: expected 0 or 1, found {_py(m[row, pos])!r}")
     if code == K.E_TID_NEG:
         raise ValueError(f"turn_ids: {at}: expected ids >= 0, found {int(tid[row, pos])}")
     if code == K.E_TID_DEC:
@@ -164,12 +168,12 @@ def _raise(code: int, row: int, pos: int, r, v, m, tid) -> None:
             "after a lower turn (a turn id with no action token)"
         )
     if code == K.E_REWARD_NONFINITE:
-        raise ValueError(f"rewards: {at}: expected a finite reward on an action token, found {r[row, pos]!r}")
+        raise ValueError(f"rewards: {at}: expected a finite reward on an action token, found {_py(r[row, pos])!r}")
     if code == K.E_VALUE_NONFINITE:
-        raise ValueError(f"values: {at}: expected a finite value on an action token, found {v[row, pos]!r}")
+        raise ValueError(f"values: {at}: expected a finite value on an action token, found {_py(v[row, pos])!r}")
     if code == K.E_REWARD_MASKED:
         raise ValueError(
-            f"rewards: {at}: expected 0 on a masked (observation/padding) token, found {r[row, pos]!r} "
+            f"rewards: {at}: expected 0 on a masked (observation/padding) token, found {_py(r[row, pos])!r} "
             "(rewards belong on action tokens; adapters move them, DESIGN §4)"
         )
     raise AssertionError(f"unknown validation code {code}")  # pragma: no cover

@@ -1,0 +1,133 @@
+"""Bad input: a ValueError naming the argument, the first offending row, expected and found."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+import mpo_viz.advantages as A
+
+
+def _ok():
+    M = np.array([[1, 1, 0, 1, 0], [1, 0, 1, 1, 1], [0, 0, 0, 0, 0]], dtype=np.float32)
+    R = np.zeros_like(M)
+    R[1, 4] = 1.0
+    V = np.ones_like(M)
+    return R, V, M
+
+
+def test_valid_input_passes():
+    R, V, M = _ok()
+    A.gae(R, V, M)
+    A.mae(R, V, M)
+
+
+@pytest.mark.parametrize("fn", ["gae", "mae", "turn_gae", "vapo"])
+def test_shape_mismatch(fn):
+    R, V, M = _ok()
+    with pytest.raises(ValueError, match=r"values: expected shape \(3, 5\).*found \(3, 4\)"):
+        getattr(A, fn)(R, V[:, :4], M)
+    with pytest.raises(ValueError, match=r"rewards: expected shape \(3, 5\).*found \(2, 5\)"):
+        getattr(A, fn)(R[:2], V, M)
+    with pytest.raises(ValueError, match=r"mask: expected a 2-D"):
+        getattr(A, fn)(R, V, M[0])
+    with pytest.raises(ValueError, match=r"bootstrap_value: expected shape \(3,\)"):
+        getattr(A, fn)(R, V, M, bootstrap_value=np.zeros(2))
+
+
+def test_mask_not_binary():
+    R, V, M = _ok()
+    M[1, 2] = 0.5
+    with pytest.raises(ValueError, match=r"mask: row 1, position 2: expected 0 or 1, found 0.5"):
+        A.gae(R, V, M)
+    with pytest.raises(ValueError, match=r"mask: row 1"):
+        A.grpo(R, M, ["a", "a", "b"])
+
+
+def test_nan_values_on_action_tokens_only():
+    R, V, M = _ok()
+    V[0, 2] = np.nan  # observation token: fine
+    V[2, :] = np.inf  # a row without action tokens: fine
+    A.gae(R, V, M)
+    V[1, 3] = np.inf
+    with pytest.raises(ValueError, match=r"values: row 1, position 3: expected a finite value on an action token, found .*inf"):
+        A.mae(R, V, M)
+
+
+def test_reward_problems():
+    R, V, M = _ok()
+    R[0, 2] = 0.3  # observation token
+    with pytest.raises(ValueError, match=r"rewards: row 0, position 2: expected 0 on a masked"):
+        A.gae(R, V, M)
+    with pytest.raises(ValueError, match=r"rewards: row 0, position 2"):
+        A.rloo(R, M, [1, 1, 2])
+    R, V, M = _ok()
+    R[1, 0] = np.nan
+    with pytest.raises(ValueError, match=r"rewards: row 1, position 0: expected a finite reward"):
+        A.reinforce_pp(R, M)
+    R, V, M = _ok()
+    R[2, 4] = np.nan  # NaN on a padding token is a non-zero reward there
+    with pytest.raises(ValueError, match=r"rewards: row 2, position 4: expected 0 on a masked"):
+        A.grpo(R, M, [1, 1, 2])
+
+
+def test_turn_id_problems():
+    R, V, M = _ok()
+    T = np.array([[0, 0, 0, 1, 1], [0, 0, 1, 1, 1], [0, 0, 0, 0, 0]])
+    A.mae(R, V, M, turn_ids=T)
+    bad = T.copy()
+    bad[1, 3] = 0
+    with pytest.raises(ValueError, match=r"turn_ids: row 1, position 3: expected non-decreasing ids, found 1 then 0"):
+        A.mae(R, V, M, turn_ids=bad)
+    bad = T.copy()
+    bad[0, 3:] = 2
+    with pytest.raises(ValueError, match=r"turn_ids: row 0, position 3: expected consecutive turn ids"):
+        A.turn_gae(R, V, M, turn_ids=bad)
+    bad = T + 1
+    with pytest.raises(ValueError, match=r"turn_ids: row 0, position 0: expected the first action token in turn 0"):
+        A.mae(R, V, M, turn_ids=bad)
+    bad = T.copy()
+    bad[2, 0] = -1
+    with pytest.raises(ValueError, match=r"turn_ids: row 2, position 0: expected ids >= 0"):
+        A.mae(R, V, M, turn_ids=bad)
+    with pytest.raises(ValueError, match=r"turn_ids: expected shape \(3, 5\)"):
+        A.mae(R, V, M, turn_ids=T[:, :3])
+    with pytest.raises(ValueError, match=r"turn_ids: row 0: expected integer ids"):
+        A.mae(R, V, M, turn_ids=T + 0.5)
+
+
+def test_group_ids_problems():
+    R, V, M = _ok()
+    with pytest.raises(ValueError, match=r"group_ids: expected 3 ids \(one per row\), found 2"):
+        A.grpo(R, M, ["a", "b"])
+    with pytest.raises(ValueError, match=r"group_ids: row 1: expected a group id, found None"):
+        A.rloo(R, M, ["a", None, "b"])
+    with pytest.raises(ValueError, match=r"group_ids: expected 3 ids"):
+        A.reinforce_pp_baseline(R, M, torch.arange(4))
+
+
+def test_option_problems():
+    R, V, M = _ok()
+    with pytest.raises(ValueError, match=r"within: expected one of .*found 'nope'"):
+        A.mae(R, V, M, within="nope")
+    with pytest.raises(ValueError, match=r"value_at: expected one of"):
+        A.turn_gae(R, V, M, value_at="middle")
+    with pytest.raises(ValueError, match=r"lam: expected a value in \[0.0, 1.0\], found 1.5"):
+        A.gae(R, V, M, lam=1.5)
+    with pytest.raises(ValueError, match=r"critic_target: expected one of"):
+        A.mae(R, V, M, critic_target="x")
+    with pytest.raises(ValueError, match=r"beta: expected"):
+        A.mae(R, V, M, beta=-1)
+    with pytest.raises(TypeError):
+        A.gae(R, V, M, 1.0)  # options are keyword-only
+
+
+def test_gigpo_needs_token_ids():
+    R, V, M = _ok()
+    with pytest.raises(ValueError, match=r"prompt_ids: GiGPO needs"):
+        A.gigpo(R, M, [0, 0, 1], prompt_ids=None, response_ids=[[1] * 5] * 3)
+    with pytest.raises(ValueError, match=r"response_ids: expected 3 rows"):
+        A.gigpo(R, M, [0, 0, 1], prompt_ids=[[1]] * 3, response_ids=[[1] * 5] * 2)
+    with pytest.raises(ValueError, match=r"response_ids: row 1: expected at least 5 tokens"):
+        A.gigpo(R, M, [0, 0, 1], prompt_ids=[[1]] * 3, response_ids=[[1] * 5, [1] * 3, []])

@@ -1,0 +1,113 @@
+"""The registry and compute(batch, name, **options) on TrajectoryBatch objects."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+import mpo_viz.advantages as A
+from mpo_viz.advantages import registry
+from mpo_viz.synthetic import make_batch
+from mpo_viz.trajectory import TrajectoryBatch
+
+NAMES = ["drgrpo", "gae", "gigpo", "grpo", "mae", "mpo", "reinforce_pp", "reinforce_pp_baseline", "rloo",
+         "turn_gae", "vapo"]
+
+
+@pytest.fixture(scope="module")
+def batch():
+    return make_batch(16, seed=7, turns=(1, 4), turn_len=(1, 8), obs_len=(1, 6), prompt_len=(2, 5), group_size=4)
+
+
+def test_available_lists_every_builtin():
+    assert set(NAMES) <= set(A.available())
+    assert A.available() == sorted(A.available())
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_compute_every_estimator(batch, name):
+    res = A.compute(batch, name)
+    B, L = batch.mask.shape
+    assert res.advantages.shape == (B, L) and res.returns.shape == (B, L)
+    assert res.advantages.dtype == torch.float32
+    m = batch.mask.numpy() == 0
+    assert (res.advantages.numpy()[m] == 0).all()
+    assert res.options == registry.get(name).options  # all defaults recorded
+    assert len(res.turns) == int(batch.num_turns.sum())
+    assert res.traj_ids == batch.traj_ids
+    assert res.wall_time_s >= res.timings["estimate"] > 0
+    assert np.isfinite(res.advantages.numpy()).all()
+
+
+def test_compute_equals_tensor_function(batch):
+    res = A.compute(batch, "mae", beta=0.5, within="local", turn_lam=0.8)
+    a, g = A.mae(batch.rewards, batch.values, batch.mask, turn_ids=batch.turn_ids,
+                 bootstrap_value=batch.bootstrap_value, beta=0.5, within="local", turn_lam=0.8)
+    torch.testing.assert_close(res.advantages, a, rtol=0, atol=0)
+    torch.testing.assert_close(res.returns, g, rtol=0, atol=0)
+    assert res.options["beta"] == 0.5 and res.options["lam"] == 0.95 and res.options["value_at"] == "first"
+    # mean over each turn of MAE is the turn advantage (turn GAE), whatever β
+    tg = A.compute(batch, "turn_gae", turn_lam=0.8)
+    np.testing.assert_allclose(res.turns["turn_advantage"], tg.turns["turn_advantage"], atol=1e-5)
+    np.testing.assert_allclose(res.turns["turn_value"], batch.turns()["value_first"], atol=1e-7)
+    np.testing.assert_allclose(res.turns["turn_reward"], batch.turns()["reward"], atol=1e-6)
+    # turn_gae returns: G^T_k = A^T_k + V(s_k)
+    np.testing.assert_allclose(tg.turns["turn_return"], tg.turns["turn_advantage"] + tg.turns["turn_value"], atol=1e-5)
+
+
+def test_gigpo_through_compute_uses_token_ids(batch):
+    res = A.compute(batch, "gigpo", omega=0.0)
+    grpo = A.compute(batch, "grpo")
+    torch.testing.assert_close(res.advantages, grpo.advantages)  # ω = 0 leaves the episode level
+
+
+def test_unknown_name_and_option(batch):
+    with pytest.raises(ValueError, match=r"name: unknown estimator 'ppo'; available: .*gae"):
+        A.compute(batch, "ppo")
+    with pytest.raises(ValueError, match=r"options: estimator 'gae' has no option 'beta'; valid options: gamma, lam, whiten"):
+        A.compute(batch, "gae", beta=1.0)
+    with pytest.raises(ValueError, match=r"no option 'turn_ids'"):
+        A.compute(batch, "mae", turn_ids=None)  # taken from the batch, not an option
+
+
+def _no_values_batch():
+    rows = [{"traj_id": f"t{i}", "group_id": "g", "prompt_ids": [1], "response_ids": [5, 6, 7],
+             "loss_mask": [1, 0, 1], "reward": float(i)} for i in range(3)]
+    return TrajectoryBatch.from_rows(rows)
+
+
+def test_needs_are_checked_up_front():
+    b = _no_values_batch()
+    assert A.missing(b, "mpo") == ["values"]
+    assert A.missing(b, "grpo") == []
+    with pytest.raises(ValueError, match=r"estimator 'mpo' needs what this batch lacks — values: critic values.*supports: .*grpo"):
+        A.compute(b, "mpo")
+    res = A.compute(b, "grpo")
+    assert res.turns["turn_value"].isna().all()
+    np.testing.assert_allclose(res.advantages.numpy()[:, 0], [-1, 0, 1], atol=1e-5)
+    assert registry.get("gigpo").needs == ("groups", "turns", "prompt_ids", "response_ids")
+
+
+def test_register_refuses_duplicates_and_runs_custom():
+    with pytest.raises(ValueError, match=r"estimator 'gae' is already registered"):
+        A.register("gae")(lambda batch: None)
+    name = "test_only_constant"
+    if name not in A.available():
+        @A.register(name, needs=("values",))
+        def constant(batch, *, c=2.0):
+            """Every action token gets c."""
+            return batch.mask * c, batch.mask * c
+    b = make_batch(3, seed=1)
+    res = A.compute(b, name, c=3.0)
+    assert res.options == {"c": 3.0}
+    assert registry.get(name).doc == "Every action token gets c."
+    np.testing.assert_allclose(res.turns["turn_advantage"], 3.0)
+    with pytest.raises(ValueError, match=r"estimator 'test_only_constant' is already registered"):
+        A.register(name)(lambda batch: None)
+
+
+def test_attach_puts_results_on_the_batch(batch):
+    res = A.compute(batch, "gae")
+    b2 = res.attach(batch, advantages="adv_gae", returns="ret_gae")
+    torch.testing.assert_close(b2.padded("adv_gae"), res.advantages)
