@@ -3,10 +3,10 @@
 A plain ``log_softmax(logits).gather(...)`` allocates a second tensor as large as the logits
 (8 × 4096 × 32000 float32 = 4.2 GB) and autograd keeps it; an entropy written with softmax keeps
 two or three. Here the forward walks over chunks of positions (``chunk_size`` positions ×
-V at a time, upcast to float32 per chunk for bf16/fp16 logits) and keeps only the (B, L)
-log-sum-exp; the backward recomputes the softmax of each chunk and writes straight into the
-gradient buffer of the logits (which autograd has to allocate anyway). Extra memory is
-O(chunk_size × V + B × L) in both directions. ``benchmarks/losses.py`` measures it.
+V at a time, upcast to float32 per chunk for bf16/fp16 logits; a fused ``log_softmax`` per chunk)
+and keeps nothing but the (B, L) result; the backward recomputes the softmax of each chunk and
+writes straight into the gradient buffer of the logits (which autograd has to allocate anyway).
+Extra memory is O(chunk_size × V + B × L) in both directions. ``benchmarks/losses.py`` measures it.
 
 :func:`token_logprobs_reference` and :func:`token_entropy_reference` are the plain versions the
 tests compare against.
@@ -18,11 +18,11 @@ import torch
 
 __all__ = ["token_logprobs", "token_entropy", "token_logprobs_reference", "token_entropy_reference", "default_chunk_size"]
 
-_CHUNK_BYTES = 64 * 2**20  # per float32 chunk temporary
+_CHUNK_BYTES = 32 * 2**20  # per float32 chunk temporary
 
 
 def default_chunk_size(vocab: int) -> int:
-    """Positions per chunk so that one float32 chunk is ~64 MiB (2 097 positions at V = 32 000/4)."""
+    """Positions per chunk so that one float32 chunk is ~32 MiB (262 positions at V = 32 000)."""
     return max(1, _CHUNK_BYTES // (4 * max(int(vocab), 1)))
 
 
@@ -93,35 +93,37 @@ class _LogProbs(torch.autograd.Function):
         B, L, V = logits3.shape
         dt = _compute_dtype(logits)
         out = torch.empty(B * L, dtype=dt, device=logits.device)
-        lse = torch.empty(B * L, dtype=dt, device=logits.device)
         flat_ids = ids.reshape(-1)
         for x, s, e in _blocks(logits3, chunk):
-            xc = _chunk(x, dt, temperature)
-            lse_c = torch.logsumexp(xc, -1)
-            lse[s:e] = lse_c
-            out[s:e] = xc.gather(-1, flat_ids[s:e, None]).squeeze(-1) - lse_c
-        ctx.save_for_backward(logits, ids, lse)
+            # fused log_softmax on one chunk (faster than logsumexp + gather), then gather
+            lsm = torch.log_softmax(_chunk(x, dt, temperature), -1)
+            out[s:e] = lsm.gather(-1, flat_ids[s:e, None]).squeeze(-1)
+        ctx.save_for_backward(logits, ids)
         ctx.chunk, ctx.temperature = chunk, temperature
         return out.reshape(logits.shape[:-1])
 
     @staticmethod
     def backward(ctx, grad_out):
-        logits, ids, lse = ctx.saved_tensors
+        logits, ids = ctx.saved_tensors
         logits3 = logits if logits.dim() == 3 else logits.unsqueeze(0)
         B, L, V = logits3.shape
-        dt = lse.dtype
+        dt = _compute_dtype(logits)
         grad = torch.empty((B * L, V), dtype=logits.dtype, device=logits.device)
         go = grad_out.reshape(-1).to(dt)
         flat_ids = ids.reshape(-1)
         for x, s, e in _blocks(logits3, ctx.chunk):
-            xc = _chunk(x, dt, ctx.temperature)
-            # d(x_y − lse)/dx = onehot(y) − softmax(x)
-            g = torch.exp(xc - lse[s:e, None]).mul_(-go[s:e, None])
+            # d log_softmax(x)_y / dx = onehot(y) − softmax(x)
+            g = torch.softmax(_chunk(x, dt, ctx.temperature), -1).mul_(-go[s:e, None])
             g.scatter_add_(-1, flat_ids[s:e, None], go[s:e, None])
             if ctx.temperature != 1.0:
                 g.div_(ctx.temperature)
             grad[s:e] = g
         return grad.reshape(logits.shape), None, None, None, None
+
+
+def _plogp(lsm: torch.Tensor) -> torch.Tensor:
+    """``p · log p`` from log-probs, 0 where p = 0 (also where log p = −inf: a banned token)."""
+    return lsm.exp().mul_(lsm).nan_to_num_(nan=0.0)
 
 
 class _Entropy(torch.autograd.Function):
@@ -130,32 +132,25 @@ class _Entropy(torch.autograd.Function):
         B, L, V = logits3.shape
         dt = _compute_dtype(logits)
         out = torch.empty(B * L, dtype=dt, device=logits.device)
-        lse = torch.empty(B * L, dtype=dt, device=logits.device)
         for x, s, e in _blocks(logits3, chunk):
-            xc = _chunk(x, dt, temperature)
-            lse_c = torch.logsumexp(xc, -1)
-            p = torch.exp(xc - lse_c[:, None])
-            lse[s:e] = lse_c
-            # H = lse − Σ p·x; p = 0 terms count 0 even where x = −inf (a banned token)
-            out[s:e] = lse_c - (p * xc).masked_fill_(p == 0, 0).sum(-1)
-        ctx.save_for_backward(logits, lse, out)
+            lsm = torch.log_softmax(_chunk(x, dt, temperature), -1)
+            out[s:e] = -_plogp(lsm).sum(-1)  # H = −Σ p log p
+        ctx.save_for_backward(logits, out)
         ctx.chunk, ctx.temperature = chunk, temperature
         return out.reshape(logits.shape[:-1])
 
     @staticmethod
     def backward(ctx, grad_out):
-        logits, lse, ent = ctx.saved_tensors
+        logits, ent = ctx.saved_tensors
         logits3 = logits if logits.dim() == 3 else logits.unsqueeze(0)
         B, L, V = logits3.shape
-        dt = lse.dtype
+        dt = ent.dtype
         grad = torch.empty((B * L, V), dtype=logits.dtype, device=logits.device)
         go = grad_out.reshape(-1).to(dt)
-        ex = lse - ent  # E_p[x]
         for x, s, e in _blocks(logits3, ctx.chunk):
-            xc = _chunk(x, dt, ctx.temperature)
-            # dH/dx_v = −p_v (x_v − E_p[x])
-            p = torch.exp(xc - lse[s:e, None])
-            g = xc.sub(ex[s:e, None]).mul_(p).masked_fill_(p == 0, 0).mul_(-go[s:e, None])
+            # dH/dx_v = −p_v (x_v − E_p[x]) = −p_v (log p_v + H)   (p_v log p_v := 0 at p_v = 0)
+            lsm = torch.log_softmax(_chunk(x, dt, ctx.temperature), -1)
+            g = _plogp(lsm).add_(lsm.exp_().mul_(ent[s:e, None])).mul_(-go[s:e, None])
             if ctx.temperature != 1.0:
                 g.div_(ctx.temperature)
             grad[s:e] = g
@@ -167,7 +162,7 @@ def token_logprobs(logits, token_ids, *, chunk_size: int | None = None, temperat
 
     Shapes: ``logits`` (B, L, V) or (N, V), any float dtype (bf16/fp16 are upcast per chunk);
     ``token_ids`` (B, L) or (N,) integers in [0, V). Returns (B, L) / (N,), float64 for float64
-    logits else float32. ``chunk_size``: positions per chunk (default ~64 MiB of float32 per chunk).
+    logits else float32. ``chunk_size``: positions per chunk (default ~32 MiB of float32 per chunk).
     Extra memory beyond the logits (and their gradient, in backward): one chunk plus O(B·L).
     """
     logits, logits3, ids, chunk = _prepare(logits, token_ids, chunk_size, float(temperature))
@@ -186,12 +181,14 @@ def token_entropy(logits, *, chunk_size: int | None = None, temperature: float =
 
 def token_logprobs_reference(logits, token_ids, *, temperature: float = 1.0) -> torch.Tensor:
     """The plain version: ``log_softmax(logits / T).gather(token_ids)`` (a full (B, L, V) copy)."""
-    x = logits.to(_compute_dtype(logits)) / temperature
+    x = logits.to(_compute_dtype(logits))
+    x = x / temperature if temperature != 1.0 else x
     return torch.log_softmax(x, -1).gather(-1, torch.as_tensor(token_ids).to(torch.int64).unsqueeze(-1)).squeeze(-1)
 
 
 def token_entropy_reference(logits, *, temperature: float = 1.0) -> torch.Tensor:
     """The plain version: ``−Σ softmax · log_softmax`` (several full (B, L, V) copies)."""
-    x = logits.to(_compute_dtype(logits)) / temperature
+    x = logits.to(_compute_dtype(logits))
+    x = x / temperature if temperature != 1.0 else x
     logp = torch.log_softmax(x, -1)
     return -(logp.exp() * logp).sum(-1)

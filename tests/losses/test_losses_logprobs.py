@@ -99,7 +99,7 @@ def test_no_grad_path_and_default_chunk():
     with torch.no_grad():
         out = token_logprobs(logits, ids)
     assert not out.requires_grad
-    assert default_chunk_size(32000) == 64 * 2**20 // (4 * 32000)
+    assert default_chunk_size(32000) == 32 * 2**20 // (4 * 32000)
 
 
 def test_bad_input():
