@@ -16,6 +16,7 @@ import sys
 COMMAND_MODULES = [
     "mpo_viz.io.cli",  # info, validate
     "mpo_viz.envs.cli",  # generate
+    "mpo_viz.report_cli",  # advantages, report
 ]
 
 

@@ -77,9 +77,13 @@ def value_curve(batch, row: int, *, advantages: dict | None = None, returns=None
         a = an._np(getattr(a, "advantages", a))[row, :n]
         fig.add_trace(go.Scatter(x=x, y=np.where(act, a, np.nan), mode="lines", name=f"A ({name})",
                                  line=dict(color=_colour(name, i), width=1.2)), row=2, col=1)
-    for k, (s, e) in enumerate(zip(tt["start"], tt["end"])):
-        fig.add_vrect(x0=s - 0.5, x1=e + 0.5, fillcolor="#9ecae1" if k % 2 == 0 else "#c6dbef", opacity=0.35,
-                      line_width=0, layer="below", row="all", col=1)
+    # turn spans shaded over every panel (one layout update: add_vrect per turn is slow in plotly)
+    shapes = [
+        dict(type="rect", xref="x", yref="paper", x0=s - 0.5, x1=e + 0.5, y0=0, y1=1, line_width=0,
+             fillcolor="#9ecae1" if k % 2 == 0 else "#c6dbef", opacity=0.35, layer="below")
+        for k, (s, e) in enumerate(zip(tt["start"].tolist(), tt["end"].tolist()))
+    ]
+    fig.update_layout(shapes=shapes)
     traj = batch.traj_ids[row]
     fig.update_layout(
         title=title if title is not None else f"values along trajectory {traj} ({len(tt)} turns; shaded: turn spans)",

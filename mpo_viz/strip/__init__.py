@@ -167,6 +167,8 @@ def strip_payload(
 
     * ``adv_<name>`` for each entry of ``advantages`` (``{name: (B, L) tensor or result}``), and
       per-token ``adv_*`` columns already in the batch (e.g. written by ``mpo-viz advantages``);
+    * ``micro_mpo`` (or ``micro_mae``): that advantage minus its turn mean — MAE's within-turn part
+      ``β(u − ū)`` — so the micro scale is visible even when ``A^T_k`` dominates the colour;
     * ``advantages`` (logged), ``value``, ``td`` (the one-step TD error ``δ_t = r_t + γV_{t+1} − V_t``
       over action tokens, i.e. token GAE with λ = 0), ``reward``;
     * ``logprob`` (``old_logprobs``, else ``rollout_logprobs``), ``ratio`` =
@@ -194,6 +196,13 @@ def strip_payload(
         a = getattr(a, "advantages", a)
         a = a.detach().cpu().numpy() if hasattr(a, "detach") else np.asarray(a)
         add(f"adv_{name}", a[row], f"advantage ({name})")
+    for name in [k for k in chans if k in ("adv_mpo", "adv_mae")][:1]:
+        # MAE's micro scale: the advantage minus its turn mean (= β(u − ū)); the turn mean is A^T_k
+        a = np.where(mask != 0, chans[name], 0.0)
+        cnt = np.bincount(turn_ids, weights=(mask != 0).astype(np.float64))
+        tot = np.bincount(turn_ids, weights=a)
+        with np.errstate(invalid="ignore", divide="ignore"):
+            add(f"micro_{name[4:]}", a - (tot / cnt)[turn_ids], f"within-turn part ({name[4:]}: A − turn mean)")
     for f in sub.token_fields:
         if f.startswith("adv_") and f not in chans:
             add(f, sub.padded(f, fill=math.nan)[0].numpy(), f"advantage ({f[4:]}, stored)")
@@ -244,21 +253,9 @@ def _td_error(sub, gamma: float):
         from mpo_viz.advantages import gae
     except ImportError:  # estimators not built yet
         return None
-    adv, _ = gae(
-        sub.padded("rewards", torch_float64()),
-        sub.padded("values", torch_float64()),
-        sub.mask,
-        gamma=gamma,
-        lam=0.0,
-        bootstrap_value=sub.bootstrap_value,
-    )
+    # float32 inputs, like compute(): the same compiled kernel, no second JIT specialization
+    adv, _ = gae(sub.rewards, sub.values, sub.mask, gamma=gamma, lam=0.0, bootstrap_value=sub.bootstrap_value)
     return adv[0].detach().cpu().numpy()
-
-
-def torch_float64():
-    import torch
-
-    return torch.float64
 
 
 def payload_json(payload: dict) -> str:

@@ -1,0 +1,505 @@
+"""One self-contained HTML report that opens offline: plotly.js and the token strip are inlined
+(no CDN, no network), data are inline JSON.
+
+Contents: a summary table (batch size, across/within statistics of the critic values, critic
+quality, per-estimator advantage statistics), the estimator-comparison table, the across/within
+figure, and for a selection of trajectories (best, worst, most disagreed-on) the token strip, the
+value curve and the per-turn advantages of every estimator.
+
+The input streams: :func:`build_report` accepts a path (read chunk by chunk with
+:func:`mpo_viz.io.scan`, memory bounded by the chunk size plus the selected trajectories) or a
+TrajectoryBatch. Group estimators need each group's rows in one chunk: rows of the group still open
+at a chunk's end are carried into the next chunk (:func:`iter_group_chunks`).
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import heapq
+import html
+import json
+import math
+import time
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from mpo_viz import analysis as an
+
+__all__ = ["ReportConfig", "build_report", "write_report", "iter_group_chunks", "EstimatorOptions"]
+
+
+@dataclass
+class EstimatorOptions:
+    """Options shared by the estimators (each estimator takes only those it accepts; ``None`` keeps
+    the estimator's default)."""
+
+    gamma: float | None = None
+    """token discount γ."""
+    lam: float | None = None
+    """token λ (GAE / MAE within-turn)."""
+    turn_gamma: float | None = None
+    """turn discount γ_T."""
+    turn_lam: float | None = None
+    """turn λ_T."""
+    beta: float | None = None
+    """MAE weight of the within-turn signal."""
+    within: str | None = None
+    """MAE within-turn signal: intra, local, global, td."""
+    value_at: str | None = None
+    """V(s_k): first, last, mean."""
+    critic_target: str | None = None
+    """MAE returns: mc or turn."""
+    whiten: bool | None = None
+    """whiten the advantages over each chunk."""
+
+    def as_dict(self) -> dict:
+        return {k: v for k, v in self.__dict__.items() if v is not None}
+
+
+@dataclass
+class ReportConfig:
+    """Everything :func:`build_report` takes besides the data (one flat config)."""
+
+    estimators: tuple[str, ...] | None = None
+    """estimator names; None: those of mpo, gae, grpo that the data supports."""
+    gamma: float | None = None
+    """token discount γ (None: each estimator's default)."""
+    lam: float | None = None
+    """token λ."""
+    turn_gamma: float | None = None
+    """turn discount γ_T."""
+    turn_lam: float | None = None
+    """turn λ_T."""
+    beta: float | None = None
+    """MAE β."""
+    within: str | None = None
+    """MAE within-turn signal."""
+    value_at: str | None = None
+    """V(s_k) choice."""
+    critic_target: str | None = None
+    """MAE critic target."""
+    whiten: bool | None = None
+    """whiten advantages."""
+    n_best: int = 2
+    """trajectories with the highest score to show."""
+    n_worst: int = 2
+    """trajectories with the lowest score to show."""
+    n_disagreed: int = 2
+    """trajectories where the estimators disagree most on turn signs."""
+    title: str = "mpo_viz report"
+    """page title."""
+    max_tokens: int = 1_000_000
+    """chunk size (response tokens) when streaming a file."""
+    max_points: int = 5000
+    """most points in the across/within scatter."""
+    strip_height: int = 320
+    """pixel height of each token strip."""
+    progress: bool | None = None
+    """tqdm progress bar on stderr (None: only on a terminal)."""
+
+    def estimator_options(self) -> dict:
+        return EstimatorOptions(self.gamma, self.lam, self.turn_gamma, self.turn_lam, self.beta, self.within,
+                                self.value_at, self.critic_target, self.whiten).as_dict()
+
+
+# ------------------------------------------------------------------------------------------------
+# chunking that keeps groups together
+
+
+def iter_group_chunks(chunks: Iterable, *, need_groups: bool = True) -> Iterator:
+    """Re-cut a stream of TrajectoryBatches so that no group is split between two batches.
+
+    The rows of the last group of each batch are held back and prepended to the next one. With
+    ``need_groups``, a group id that reappears after its group was closed raises ``ValueError``
+    (group estimators would silently see a partial group); sort the file by ``group_id``.
+    """
+    from mpo_viz.trajectory import TrajectoryBatch
+
+    carry = None
+    closed: set = set()
+    for chunk in chunks:
+        if carry is not None and len(carry):
+            chunk = TrajectoryBatch.concat([carry, chunk]) if len(chunk) else carry
+        if not len(chunk):
+            continue
+        gids = list(chunk.group_ids)
+        last = gids[-1]
+        cut = len(gids)
+        while cut > 0 and gids[cut - 1] == last:
+            cut -= 1
+        done = chunk[list(range(cut))] if cut else None
+        carry = chunk[list(range(cut, len(gids)))]
+        if done is not None and len(done):
+            _check_closed(done, closed, need_groups)
+            yield done
+    if carry is not None and len(carry):
+        _check_closed(carry, closed, need_groups)
+        yield carry
+
+
+def _check_closed(batch, closed: set, need_groups: bool) -> None:
+    gids = list(batch.group_ids)
+    here = set(gids)
+    if need_groups:
+        again = here & closed
+        if again:
+            g = sorted(again)[0]
+            i = gids.index(g)
+            raise ValueError(
+                f"group_id: group {g!r} (traj_id {batch.traj_ids[i]!r}) appears again after other groups; "
+                "group estimators need each group's rows together — sort the file by group_id"
+            )
+    # the batch's last group may continue only if it is the carry; every group here is complete
+    closed |= here
+
+
+# ------------------------------------------------------------------------------------------------
+# streaming accumulation
+
+
+@dataclass
+class _Pick:
+    key: float
+    order: int
+    batch: object  # one-row TrajectoryBatch
+    adv: dict  # name -> (1, L) numpy
+    ret: dict
+
+
+@dataclass
+class _Acc:
+    estimators: list
+    n_best: int
+    n_worst: int
+    n_disagreed: int
+    n_traj: int = 0
+    n_tokens: int = 0
+    n_action: int = 0
+    n_rejected: int = 0
+    vv: list = field(default_factory=list)
+    adv_split: dict = field(default_factory=dict)  # name -> list of DataFrames (across/within)
+    adv_mom: dict = field(default_factory=dict)  # name -> [n, Σa, Σa², Σ|a|]
+    cmp: dict | None = None
+    ev: np.ndarray = field(default_factory=lambda: np.zeros(5))  # n, Σg, Σg², Σ(g−v), Σ(g−v)²
+    ev_source: str | None = None
+    best: list = field(default_factory=list)
+    worst: list = field(default_factory=list)
+    disagreed: list = field(default_factory=list)
+    order: int = 0
+    timings: dict = field(default_factory=dict)
+
+    def _push(self, heap: list, n: int, key: float, make) -> None:
+        """Keep the ``n`` largest keys (ties: earliest row first) in a min-heap of (key, -order)."""
+        if n <= 0 or not math.isfinite(key):
+            return
+        item = (key, -self.order)
+        if len(heap) < n:
+            heapq.heappush(heap, (*item, make()))
+        elif item > heap[0][:2]:
+            heapq.heapreplace(heap, (*item, make()))
+
+    def add(self, chunk, results: dict) -> None:
+        t0 = time.perf_counter()
+        B = len(chunk)
+        mask = chunk.mask.numpy() != 0
+        self.n_traj += B
+        self.n_tokens += int(chunk.lengths.sum())
+        self.n_action += int(mask.sum())
+        adv = {k: r.advantages.detach().cpu().numpy() for k, r in results.items()}
+        ret = {k: r.returns.detach().cpu().numpy() for k, r in results.items()}
+        if chunk.values is not None:
+            self.vv.append(an.value_variance(chunk))
+            src = next((k for k in ("mpo", "mae", "gae", "turn_gae", "vapo") if k in ret), None)
+            if src is not None:
+                self.ev_source = src
+                g = ret[src][mask].astype(np.float64)
+                d = g - chunk.values.numpy()[mask].astype(np.float64)
+                self.ev += np.array([g.size, g.sum(), (g * g).sum(), d.sum(), (d * d).sum()])
+        for k, a in adv.items():
+            s = an.variance_split(a, chunk.mask, chunk.turn_ids)
+            self.adv_split.setdefault(k, []).append(pd.DataFrame({"across": s["across"], "within": s["within"], "ratio": s["ratio"], "n_tokens": s["n_tokens"]}))
+            av = a[mask].astype(np.float64)
+            mo = np.array([av.size, av.sum(), (av * av).sum(), np.abs(av).sum()])
+            self.adv_mom[k] = self.adv_mom.get(k, np.zeros(4)) + mo
+        if len(adv) >= 2:
+            self.cmp = an.merge_compare_stats(self.cmp, an.compare_stats(chunk, adv))
+            dis = an.disagreement(chunk, adv)
+        else:
+            dis = np.full(B, np.nan)
+        score = chunk.padded("rewards").numpy().astype(np.float64).sum(axis=1)
+        for i in range(B):
+            self.order += 1
+
+            def make(i=i):
+                L = int(chunk.lengths[i])
+                return _Pick(0.0, self.order, chunk[[i]], {k: a[i : i + 1, :L] for k, a in adv.items()},
+                             {k: g[i : i + 1, :L] for k, g in ret.items()})
+
+            if not mask[i].any():
+                continue
+            self._push(self.best, self.n_best, score[i], make)
+            self._push(self.worst, self.n_worst, -score[i], make)
+            if dis[i] > 0:  # nothing to show where every estimator agrees on every turn's sign
+                self._push(self.disagreed, self.n_disagreed, dis[i], make)
+        self.timings["accumulate"] = self.timings.get("accumulate", 0.0) + time.perf_counter() - t0
+
+    def picks(self) -> list[tuple[list[str], _Pick, float]]:
+        """Selected trajectories in display order, each once, with its tags."""
+        out: dict[str, tuple[list[str], _Pick]] = {}
+        for tag, heap, sign in (("best", self.best, 1), ("worst", self.worst, -1), ("most disagreed-on", self.disagreed, 1)):
+            for key, _neg, pick in sorted(heap, key=lambda h: (-h[0], -h[1])):
+                tid = pick.batch.traj_ids[0]
+                label = f"{tag} (score {sign * key:.4g})" if tag != "most disagreed-on" else f"{tag} ({key:.0%} of turn signs differ)"
+                if tid in out:
+                    out[tid][0].append(label)
+                else:
+                    out[tid] = ([label], pick)
+        return [(tags, p) for tags, p in out.values()]
+
+
+# ------------------------------------------------------------------------------------------------
+# building the page
+
+
+def _iter_source(source, cfg: ReportConfig, need_groups: bool):
+    import mpo_viz as mv
+
+    if isinstance(source, (str, Path)):
+        chunks = mv.scan(source, max_tokens=cfg.max_tokens)
+    else:
+        chunks = [source]
+    return iter_group_chunks(chunks, need_groups=need_groups)
+
+
+def _first_chunk_estimators(batch, requested) -> list[str]:
+    from mpo_viz import advantages as adv
+
+    if requested:
+        names = [e.strip() for e in (requested.split(",") if isinstance(requested, str) else requested) if e.strip()]
+        for n in names:
+            adv.get(n)  # unknown names raise, listing the available ones
+        return names
+    return [n for n in ("mpo", "gae", "grpo") if not adv.missing(batch, n)]
+
+
+def _progress(total, cfg: ReportConfig, unit: str, desc: str):
+    from tqdm.auto import tqdm
+
+    disable = None if cfg.progress is None else not cfg.progress
+    return tqdm(total=total, unit=unit, desc=desc, disable=disable, leave=False, dynamic_ncols=True)
+
+
+def _count_rows(source) -> int | None:
+    """Number of trajectories in a Parquet file / folder from metadata only (None for JSONL)."""
+    if not isinstance(source, (str, Path)):
+        return len(source)
+    try:
+        import pyarrow.parquet as pq
+
+        from mpo_viz.io import files_of
+
+        files = files_of(source)
+        if all(f.suffix == ".parquet" for f in files):
+            return sum(pq.ParquetFile(f).metadata.num_rows for f in files)
+    except Exception:  # noqa: BLE001 - a count is only for the progress bar
+        return None
+    return None
+
+
+def build_report(source, config: ReportConfig | None = None, *, source_name: str | None = None) -> str:
+    """The report's HTML text. ``source``: a path (``.jsonl``, ``.parquet``, folder) or a batch."""
+    cfg = config or ReportConfig()
+    opts = cfg.estimator_options()
+    t_start = time.perf_counter()
+    acc = None
+    names: list[str] = []
+    bar = _progress(_count_rows(source), cfg, "traj", "report")
+    need_groups = True
+    try:
+        for chunk in _iter_source(source, cfg, need_groups):
+            if acc is None:
+                names = _first_chunk_estimators(chunk, cfg.estimators)
+                acc = _Acc(names, cfg.n_best, cfg.n_worst, cfg.n_disagreed)
+            t0 = time.perf_counter()
+            results = an.compute_advantages(chunk, names, **opts)
+            acc.timings["estimators"] = acc.timings.get("estimators", 0.0) + time.perf_counter() - t0
+            acc.n_rejected += len(getattr(chunk, "rejected", []) or [])
+            acc.add(chunk, results)
+            bar.update(len(chunk))
+    finally:
+        bar.close()
+    if acc is None:
+        raise ValueError(f"{source_name or source}: no trajectories to report on")
+    return _render(acc, cfg, opts, source_name or (str(source) if isinstance(source, (str, Path)) else "batch"),
+                   time.perf_counter() - t_start)
+
+
+def write_report(source, path, config: ReportConfig | None = None) -> Path:
+    """Write :func:`build_report` to ``path`` (temporary name, then rename). Returns the path."""
+    import os
+
+    p = Path(path)
+    text = build_report(source, config, source_name=str(source) if isinstance(source, (str, Path)) else None)
+    p.parent.mkdir(parents=True, exist_ok=True)
+    tmp = p.with_name(p.name + ".tmp")
+    tmp.write_text(text, encoding="utf-8")
+    os.replace(tmp, p)
+    return p
+
+
+def _fmt(v) -> str:
+    if v is None:
+        return "—"
+    if isinstance(v, (float, np.floating)):
+        if math.isnan(v):
+            return "—"
+        if math.isinf(v):
+            return "∞" if v > 0 else "−∞"
+        a = abs(v)
+        return f"{v:.3e}" if a and (a < 1e-3 or a >= 1e5) else f"{v:.4g}"
+    if isinstance(v, (int, np.integer)):
+        return f"{int(v):,}"
+    return html.escape(str(v))
+
+
+def _table(rows: list[tuple], header: tuple | None = None, cls: str = "kv") -> str:
+    h = ""
+    if header:
+        h = "<tr>" + "".join(f"<th>{html.escape(str(c))}</th>" for c in header) + "</tr>"
+    body = "".join("<tr>" + "".join(f"<td>{c if isinstance(c, str) and c.startswith('<') else _fmt(c)}</td>" for c in r) + "</tr>" for r in rows)
+    return f'<table class="{cls}">{h}{body}</table>'
+
+
+def _figure_html(fig, div_id: str) -> str:
+    return fig.to_html(full_html=False, include_plotlyjs=False, div_id=div_id,
+                       config={"displaylogo": False, "responsive": True})
+
+
+def _render(acc: _Acc, cfg: ReportConfig, opts: dict, source_name: str, wall: float) -> str:
+    import plotly.offline
+
+    import mpo_viz
+    from mpo_viz import plots
+    from mpo_viz.strip import payload_json, strip_css, strip_js, strip_payload
+
+    t0 = time.perf_counter()
+    parts: list[str] = []
+    # ---- summary
+    summary = [("source", source_name), ("trajectories", acc.n_traj), ("response tokens", acc.n_tokens),
+               ("action tokens", acc.n_action), ("estimators", ", ".join(acc.estimators) or "none"),
+               ("shared options", json.dumps(opts) if opts else "defaults")]
+    if acc.n_rejected:
+        summary.append(("rejected rows", acc.n_rejected))
+    vv = pd.concat(acc.vv, ignore_index=True) if acc.vv else None
+    if vv is not None:
+        s = an.variance_summary(vv)
+        summary += [
+            ("value across-turn variance (mean)", s["mean_across"]),
+            ("value within-turn variance (mean)", s["mean_within"]),
+            ("median across / within", s["median_ratio"]),
+            ("share with across > within", f"{s['share_across_gt_within']:.1%}" if not math.isnan(s["share_across_gt_within"]) else "—"),
+            ("infinite ratios (within = 0)", s["n_inf_ratio"]),
+            ("length-weighted across / within (means)", f"{_fmt(s['mean_across_w'])} / {_fmt(s['mean_within_w'])}"),
+        ]
+        n, sg, sgg, sd, sdd = acc.ev
+        if n > 1:
+            var_g = sgg / n - (sg / n) ** 2
+            var_d = sdd / n - (sd / n) ** 2
+            ev = 1 - var_d / var_g if var_g > 0 else float("nan")
+            summary += [(f"critic explained variance (vs {acc.ev_source} returns)", ev),
+                        ("critic bias mean(V − G)", -sd / n)]
+    else:
+        summary.append(("critic values", "absent: no across/within diagnostic"))
+    parts.append("<h2>Summary</h2>" + _table(summary))
+    # ---- per-estimator statistics
+    rows = []
+    for k in acc.estimators:
+        n, s1, s2, sa = acc.adv_mom.get(k, np.zeros(4))
+        sp = pd.concat(acc.adv_split[k], ignore_index=True) if acc.adv_split.get(k) else None
+        sp = sp[sp["n_tokens"] > 0] if sp is not None else None
+        rows.append((k, s1 / n if n else float("nan"), math.sqrt(max(s2 / n - (s1 / n) ** 2, 0)) if n else float("nan"),
+                     sa / n if n else float("nan"),
+                     float(sp["across"].mean()) if sp is not None and len(sp) else float("nan"),
+                     float(sp["within"].mean()) if sp is not None and len(sp) else float("nan")))
+    if rows:
+        parts.append("<h2>Advantages by estimator</h2>" + _table(
+            rows, ("estimator", "mean", "std", "mean |A|", "across-turn var (mean)", "within-turn var (mean)"), "grid"))
+    if acc.cmp:
+        cmp = an.finish_compare(acc.cmp)
+        parts.append("<h2>Estimator agreement</h2><p class=note>Per pair of estimators: Pearson correlation and sign "
+                     "agreement over action tokens and over turns (turn advantage = mean over the turn); rank agreement = "
+                     "share of concordant turn pairs within a trajectory; sign flips = turns with opposite signs.</p>"
+                     + _table([tuple(r) for r in cmp.itertuples(index=False)], tuple(cmp.columns), "grid"))
+    figs: list[str] = []
+    if vv is not None and len(vv):
+        parts.append("<h2>Critic values: across vs within turns</h2>" + _figure_html(plots.across_within(vv, max_points=cfg.max_points), "fig-across-within"))
+        figs.append("fig-across-within")
+    # ---- selected trajectories
+    picks = acc.picks()
+    if picks:
+        parts.append("<h2>Selected trajectories</h2><p class=note>Hover a token to see every channel; the menu "
+                     "switches the colouring (diverging scale centred at 0; grey = observation tokens).</p>")
+    for j, (tags, p) in enumerate(picks):
+        b = p.batch
+        tid = b.traj_ids[0]
+        parts.append(f'<section class="traj"><h3>{html.escape(tid)} <small>{html.escape(" · ".join(tags))}</small></h3>')
+        payload = strip_payload(b, 0, advantages=p.adv, title=f"trajectory {tid}")
+        parts.append(f'<div class="strip" id="strip-{j}" data-payload="payload-{j}" data-height="{int(cfg.strip_height)}"></div>'
+                     f'<script type="application/json" id="payload-{j}">{payload_json(payload)}</script>')
+        if b.values is not None:
+            ret = p.ret.get(acc.ev_source) if acc.ev_source else None
+            fig = plots.value_curve(b, 0, advantages=p.adv, returns=ret)
+            parts.append(_figure_html(fig, f"fig-value-{j}"))
+            figs.append(f"fig-value-{j}")
+        if p.adv:
+            parts.append(_figure_html(plots.estimator_comparison(b, 0, p.adv), f"fig-turns-{j}"))
+            figs.append(f"fig-turns-{j}")
+        parts.append("</section>")
+    render_s = time.perf_counter() - t0
+    timing = ", ".join(f"{k} {v:.2f}s" for k, v in {**acc.timings, "render": render_s}.items())
+    stamp = _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
+    foot = (f"<footer>mpo_viz {html.escape(mpo_viz.__version__)} · generated {stamp} in {wall + render_s:.1f}s "
+            f"({html.escape(timing)}) · self-contained: opens offline</footer>")
+    body = "\n".join(parts)
+    title = html.escape(cfg.title)
+    return f"""<!doctype html>
+<html lang="en"><head><meta charset="utf-8"><meta name="viewport" content="width=device-width, initial-scale=1">
+<title>{title}</title>
+<style>{_PAGE_CSS}</style>
+<style>{strip_css()}</style>
+<script>{plotly.offline.get_plotlyjs()}</script>
+<script>{strip_js(module=False)}</script>
+</head><body>
+<h1>{title}</h1>
+{body}
+{foot}
+<script>
+(function () {{
+  window.mpoStrips = [];
+  document.querySelectorAll("div.strip[data-payload]").forEach(function (el) {{
+    var p = JSON.parse(document.getElementById(el.dataset.payload).textContent);
+    window.mpoStrips.push(window.mpoStrip.mount(el, p, {{ height: +el.dataset.height || 320 }}));
+  }});
+  window.mpoReportFigures = {json.dumps(figs)};
+  window.mpoReportReady = true;
+}})();
+</script>
+</body></html>
+"""
+
+
+_PAGE_CSS = """
+body { font-family: system-ui, -apple-system, "Segoe UI", Roboto, sans-serif; margin: 24px auto; max-width: 1200px;
+       padding: 0 16px; color: #222; }
+h1 { font-size: 22px; margin-bottom: 4px; } h2 { font-size: 17px; margin-top: 28px; border-bottom: 1px solid #ddd; }
+h3 { font-size: 15px; margin-bottom: 6px; } h3 small { color: #666; font-weight: normal; }
+table { border-collapse: collapse; font-size: 13px; margin: 6px 0; }
+td, th { padding: 3px 10px; border-bottom: 1px solid #eee; text-align: left; font-variant-numeric: tabular-nums; }
+table.kv td:first-child { color: #555; } table.grid th { background: #f6f6f6; }
+.note { color: #555; font-size: 13px; } section.traj { margin: 18px 0 30px; }
+footer { margin-top: 40px; color: #888; font-size: 12px; }
+"""
