@@ -39,7 +39,10 @@ from mpo_viz.envs.registry import make_env
 from mpo_viz.envs.tokenizer import ChatLayout, build_tokenizer
 from mpo_viz.turns import turn_ids_from_mask
 
-__all__ = ["GenerateConfig", "generate", "generate_rows", "run_episode", "oracle_columns"]
+#: the extra per-token columns a generated batch carries (float32; saved and loaded like any column)
+ORACLE_TOKEN_FIELDS = ("oracle_values", "oracle_token_adv", "decisive")
+
+__all__ = ["ORACLE_TOKEN_FIELDS", "GenerateConfig", "generate", "generate_rows", "run_episode", "oracle_columns"]
 
 
 @dataclass
@@ -223,7 +226,8 @@ def generate(cfg: GenerateConfig):
     from mpo_viz.trajectory import TrajectoryBatch
 
     rows, meta = generate_rows(cfg)
-    return TrajectoryBatch.from_rows(rows, meta=meta)
+    extra = {name: [r.pop(name) for r in rows] for name in ORACLE_TOKEN_FIELDS}
+    return TrajectoryBatch.from_rows(rows, meta=meta).with_token_fields(**extra)
 
 
 def oracle_columns(batch) -> dict:

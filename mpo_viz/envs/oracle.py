@@ -142,11 +142,17 @@ class Oracle:
         q_exec = self.q(state, action)
         alive = list(pi)
         vals, dec = [], []
+        v = self.value(state)  # the posterior over all of the support: V(x) exactly
         for j, tok in enumerate(tokens):
-            w = sum(pi[a] for a in alive)
-            vals.append(sum(pi[a] * q[a] for a in alive) / w if w > 0 else q_exec)
+            vals.append(v)
             nxt = [a for a in alive if len(tx[a]) > j and tx[a][j] == tok]
             dec.append(len(nxt) < len(alive))
+            if len(nxt) < len(alive):  # recompute only when the token rules something out (no float drift)
+                w = sum(pi[a] for a in nxt)
+                if len(nxt) == 1 and w > 0:
+                    v = q[nxt[0]]
+                else:
+                    v = sum(pi[a] * q[a] for a in nxt) / w if w > 0 else q_exec
             alive = nxt
         on = len(alive) == 1 and tx[alive[0]] == tuple(tokens)
         return TurnOracle(vals, q_exec, self.value(state), dec, on)
