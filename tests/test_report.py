@@ -1,0 +1,115 @@
+"""mpo_viz.report and the `mpo-viz advantages` / `mpo-viz report` commands, end to end."""
+
+from __future__ import annotations
+
+import json
+import re
+
+import numpy as np
+import pytest
+
+import mpo_viz as mv
+from mpo_viz import advantages as adv
+from mpo_viz.cli import main
+from mpo_viz.report import ReportConfig, build_report, iter_group_chunks
+
+
+@pytest.fixture(scope="module")
+def small(tmp_path_factory):
+    d = tmp_path_factory.mktemp("data")
+    b = mv.synthetic.make_batch(16, seed=5, turns=(2, 4), turn_len=(5, 30), obs_len=(5, 30), group_size=4)
+    path = d / "small.parquet"
+    mv.save(b, path)
+    return path, b
+
+
+def _check_columns(out, ref_batch, names, **opts):
+    got = mv.load(out)
+    assert got.traj_ids == ref_batch.traj_ids
+    for n in names:
+        r = adv.compute(ref_batch, n, **{k: v for k, v in opts.items() if k in adv.get(n).options})
+        m = ref_batch.mask.numpy() != 0
+        np.testing.assert_allclose(got.padded(f"adv_{n}").numpy()[m], r.advantages.numpy()[m], rtol=1e-5, atol=1e-6)
+        np.testing.assert_allclose(got.padded(f"ret_{n}").numpy()[m], r.returns.numpy()[m], rtol=1e-5, atol=1e-6)
+    return got
+
+
+def test_advantages_cli_small_file(small, tmp_path, capsys):
+    path, b = small
+    out = tmp_path / "out.parquet"
+    rc = main(["advantages", str(path), "-e", "mpo,gae,grpo", "--beta", "0.5", "--lam", "0.9", "-o", str(out), "--no-progress"])
+    assert rc == 0
+    assert "16 trajectories" in capsys.readouterr().out
+    got = _check_columns(out, b, ["mpo", "gae", "grpo"], beta=0.5, lam=0.9)
+    assert got.meta["advantage_estimators"]["mpo"] == {"lam": 0.9, "beta": 0.5}
+    # the original fields survive
+    np.testing.assert_array_equal(got.padded("old_logprobs").numpy(), b.padded("old_logprobs").numpy())
+
+
+def test_advantages_cli_streams_chunks_and_keeps_groups(small, tmp_path):
+    path, b = small
+    out = tmp_path / "out.jsonl"
+    # ~1/10 of the file per chunk: many chunk boundaries fall inside groups of 4
+    assert int(b.lengths.sum()) > 10 * 150
+    rc = main(["advantages", str(path), "-e", "grpo,rloo,mpo", "-o", str(out), "--max-tokens", "150", "--no-progress"])
+    assert rc == 0
+    _check_columns(out, b, ["grpo", "rloo", "mpo"])
+
+
+def test_iter_group_chunks_refuses_split_groups():
+    b = mv.synthetic.make_batch(6, seed=1, group_size=2, turns=2, turn_len=3, obs_len=2)
+    order = [0, 2, 4, 1, 3, 5]  # every group split
+    chunks = [b[[i]] for i in order]
+    with pytest.raises(ValueError, match="group_id: group .* appears again"):
+        list(iter_group_chunks(chunks))
+    assert sum(len(c) for c in iter_group_chunks(chunks, need_groups=False)) == 6
+    # contiguous groups cut anywhere come out whole
+    got = list(iter_group_chunks([b[[0, 1, 2]], b[[3]], b[[4, 5]]]))
+    assert [c.group_ids for c in got] == [b.group_ids[:2], b.group_ids[2:4], b.group_ids[4:]]
+
+
+def test_malformed_file_clean_error(tmp_path, capsys):
+    bad = tmp_path / "bad.jsonl"
+    good = {"traj_id": "a", "group_id": "g", "prompt_ids": [1], "response_ids": [1, 2], "loss_mask": [1, 1], "reward": 1.0}
+    bad.write_text(json.dumps(good) + "\n" + json.dumps({**good, "traj_id": "b", "loss_mask": [1, 2]}) + "\n")
+    rc = main(["advantages", str(bad), "-e", "grpo", "-o", str(tmp_path / "o.parquet"), "--no-progress"])
+    err = capsys.readouterr().err
+    assert rc == 1
+    assert "Traceback" not in err and "loss_mask" in err and "line 2" in err
+    assert not (tmp_path / "o.parquet").exists() and not list(tmp_path.glob("*.tmp"))
+    rc = main(["report", str(bad), "-o", str(tmp_path / "r.html"), "--no-progress"])
+    assert rc == 1 and "loss_mask" in capsys.readouterr().err
+
+
+def test_unknown_estimator_is_a_clean_error(small, tmp_path, capsys):
+    path, _ = small
+    rc = main(["advantages", str(path), "-e", "mpo,nope", "-o", str(tmp_path / "o.parquet"), "--no-progress"])
+    assert rc == 1 and "nope" in capsys.readouterr().err
+
+
+def test_report_cli_is_self_contained(small, tmp_path, capsys):
+    path, b = small
+    out = tmp_path / "r.html"
+    rc = main(["report", str(path), "-o", str(out), "-e", "mpo,gae,grpo", "--max-tokens", "400", "--no-progress"])
+    assert rc == 0 and "wrote" in capsys.readouterr().out
+    html = out.read_text()
+    # nothing is fetched: no external script, stylesheet or CDN
+    assert not re.search(r"<(script|link)[^>]+(src|href)=", html)
+    assert "window.mpoStrip = { mount, render }" in html and "Plotly" in html
+    payloads = re.findall(r'<script type="application/json" id="payload-\d+">(.*?)</script>', html, re.S)
+    assert 3 <= len(payloads) <= 6
+    p = json.loads(payloads[0])
+    assert {"adv_mpo", "adv_gae", "adv_grpo", "value", "td"} <= set(p["channels"])
+    assert "Estimator agreement" in html and "fig-across-within" in html
+
+
+def test_report_selection_and_summary(small):
+    _, b = small
+    html = build_report(b, ReportConfig(estimators=("mpo", "gae"), n_best=1, n_worst=1, n_disagreed=0, progress=False))
+    scores = b.rewards.numpy().sum(1)
+    best = b.traj_ids[int(np.argmax(scores))]  # first of the highest score
+    worst = b.traj_ids[int(np.argmin(scores))]
+    heads = re.findall(r"<h3>(\S+) <small>([^<]*)</small>", html)
+    assert heads[0][0] == best and heads[0][1].startswith("best")
+    assert heads[1][0] == worst and heads[1][1].startswith("worst")
+    assert f"<td>trajectories</td><td>{len(b)}</td>" in html

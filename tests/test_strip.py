@@ -1,0 +1,80 @@
+"""mpo_viz.strip: the payload builder (channels, blanks on observations, escaping) and the shipped JS."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import numpy as np
+import pytest
+import torch
+
+from mpo_viz.strip import payload_from_arrays, payload_json, strip_css, strip_js, strip_payload
+from mpo_viz.trajectory import TrajectoryBatch
+
+
+def _batch():
+    rows = [
+        {"traj_id": "A", "group_id": "g", "prompt_ids": [1], "response_ids": [10, 11, 12, 13, 14, 15],
+         "loss_mask": [1, 1, 0, 1, 1, 1], "values": [0.5, 0.6, 7.0, 0.2, 0.4, 0.9], "reward": 1.0,
+         "old_logprobs": [-1.0, -0.5, 0.0, -2.0, -0.1, -0.3], "rollout_logprobs": [-1.0, -0.7, 0.0, -2.0, -0.1, -0.2],
+         "ref_logprobs": [-1.5, -0.5, 0.0, -2.0, -0.1, -0.3],
+         "response_tokens": ["Hi", " </script>", "\n<obs>", "a", "b", "c"]},
+        {"traj_id": "B", "group_id": "g", "prompt_ids": [1], "response_ids": [10, 11],
+         "loss_mask": [1, 1], "values": [0.1, 0.2], "reward": 0.0, "old_logprobs": [-1.0, -1.0],
+         "rollout_logprobs": [-1.0, -1.0], "ref_logprobs": [-1.0, -1.0], "response_tokens": ["x", "y"]},
+    ]
+    return TrajectoryBatch.from_rows(rows)
+
+
+def test_payload_channels_by_hand():
+    b = _batch()
+    adv = torch.tensor([[1.0, 3.0, 0, -1.0, -2.0, 0.0], [0.5, 0.5, 0, 0, 0, 0]])
+    p = strip_payload(b, 0, advantages={"mpo": adv})
+    assert p["tokens"] == ["Hi", " </script>", "\n<obs>", "a", "b", "c"]
+    assert p["mask"] == [1, 1, 0, 1, 1, 1] and p["turn_ids"] == [0, 0, 0, 1, 1, 1]
+    ch = p["channels"]
+    assert p["channel"] == "adv_mpo"
+    assert ch["adv_mpo"] == [1.0, 3.0, None, -1.0, -2.0, 0.0]  # observation tokens are blank
+    # the micro part: A minus the turn mean (turn 0 mean 2, turn 1 mean -1)
+    assert ch["micro_mpo"] == [-1.0, 1.0, None, 0.0, -1.0, 1.0]
+    assert ch["value"] == [0.5, 0.6, None, 0.2, 0.4, 0.9]
+    # TD error δ_t = r_t + V_{t+1} − V_t over action tokens (obs skipped), reward 1 at the end, V_after = 0
+    np.testing.assert_allclose([x for x in ch["td"] if x is not None], [0.1, -0.4, 0.2, 0.5, 0.1], atol=1e-6)
+    assert ch["reward"] == [0.0, 0.0, None, 0.0, 0.0, 1.0]
+    assert ch["logprob"][:2] == [-1.0, -0.5]
+    assert ch["ratio"][1] == pytest.approx(math.exp(0.2), rel=1e-4) and p["channel_info"]["ratio"]["center"] == 1.0
+    assert ch["kl"][0] == pytest.approx(0.5)
+    assert p["meta"]["turns"] == 2 and p["meta"]["score"] == 1.0
+
+
+def test_payload_json_is_safe_inside_a_script_tag():
+    p = strip_payload(_batch(), 0)
+    s = payload_json(p)
+    assert "</script>" not in s and "<!--" not in s
+    assert json.loads(s)["tokens"][1] == " </script>"
+
+
+def test_payload_from_arrays_rounds_and_checks():
+    p = payload_from_arrays(["a", "b"], [1, 0], None, {"x": [1 / 3, float("nan")]}, digits=3)
+    assert p["channels"]["x"] == [0.333, None] and p["turn_ids"] == [0, 0]
+    with pytest.raises(ValueError, match=r"channels\['x'\]: expected 2 values"):
+        payload_from_arrays(["a", "b"], [1, 0], None, {"x": [1.0]})
+    with pytest.raises(ValueError, match="channel: expected one of"):
+        payload_from_arrays(["a"], [1], None, {"x": [1.0]}, channel="y")
+
+
+def test_token_ids_shown_without_response_tokens():
+    rows = [{"traj_id": "A", "group_id": "g", "prompt_ids": [1], "response_ids": [7, 8], "loss_mask": [1, 1], "reward": 1.0}]
+    p = strip_payload(TrajectoryBatch.from_rows(rows), 0)
+    assert p["tokens"] == ["7 ", "8 "] and "value" not in p["channels"]
+    p2 = strip_payload(TrajectoryBatch.from_rows(rows), 0, tokens=lambda ids: [f"<{i}>" for i in ids])
+    assert p2["tokens"] == ["<7>", "<8>"]
+
+
+def test_js_module_and_classic_script():
+    mod = strip_js()
+    assert "export function mount" in mod and "export function render" in mod
+    classic = strip_js(module=False)
+    assert "export " not in classic and "window.mpoStrip = { mount, render }" in classic
+    assert ".mpo-strip-tok" in strip_css()
