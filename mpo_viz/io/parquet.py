@@ -141,7 +141,9 @@ def _tid(scal, i):
 
 
 def iter_chunks(path: Path, rows_per_chunk: int = READ_ROWS) -> Iterator[tuple[Columns, list[Problem]]]:
-    pf = pq.ParquetFile(path)
+    # pre_buffer=False: with pre-buffering Arrow reads ahead and its pool grows with the file size;
+    # without it, memory stays at about one row group (measured in benchmarks/io.py).
+    pf = pq.ParquetFile(path, pre_buffer=False)
     first = 0
     for rb in pf.iter_batches(batch_size=rows_per_chunk):
         yield columns_from_record_batch(rb, source=str(path), first_row=first)
