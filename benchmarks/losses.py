@@ -1,7 +1,9 @@
-"""Peak memory (and time) of the chunked logprob/entropy helpers vs a plain log_softmax.
+"""Peak memory (and time) of the chunked logprob/entropy helpers vs a plain log_softmax; the speed
+of each policy loss (metrics included) vs a plain token-PPO baseline.
 
     python benchmarks/losses.py            # quick: (2, 1024, 32000), forward and forward+backward
     python benchmarks/losses.py --full     # the (8, 4096, 32000) case of the issue (4.2 GB logits)
+    python benchmarks/losses.py --speed    # only the policy-loss timing table
 
 Each variant runs in its own subprocess: the child allocates the logits, resets the kernel's
 peak-RSS counter (``/proc/self/clear_refs``), runs the variant once, and reports
@@ -48,7 +50,12 @@ def child(variant: str, B: int, L: int, V: int) -> None:
 
     import torch
 
-    from mpo_viz.losses import token_entropy, token_entropy_reference, token_logprobs, token_logprobs_reference
+    from mpo_viz.losses import (
+        token_entropy,
+        token_entropy_reference,
+        token_logprobs,
+        token_logprobs_reference,
+    )
 
     torch.set_num_threads(2)
     helper, chunked, backward = VARIANTS[variant]
@@ -90,10 +97,61 @@ def run(variant: str, B: int, L: int, V: int, fixed_mmap: bool = False) -> dict:
     return json.loads(p.stdout.strip().splitlines()[-1])
 
 
+def speed(B: int = 64, L: int = 4096, reps: int = 9) -> None:
+    """Forward + backward of each policy loss (with its metrics and input checks) vs a plain
+    token-PPO written inline as verl does, on float32 (B, L) with turns of 200 action tokens
+    separated by 100 observation tokens; median of ``reps`` runs, side by side in this process."""
+    import time
+
+    import torch
+
+    from mpo_viz.losses import policy_loss
+
+    torch.set_num_threads(1)  # one thread: stable numbers on a shared 2-core machine
+    g = torch.Generator().manual_seed(0)
+    pos = torch.arange(L)
+    mask = ((pos % 300) < 200).float().expand(B, L).contiguous()
+    old = -3 * torch.rand(B, L, generator=g)
+    lp0 = old + 0.1 * torch.randn(B, L, generator=g)
+    adv = torch.randn(B, L, generator=g)
+
+    def baseline(lp):
+        ratio = torch.exp((lp - old).clamp(-20, 20))
+        loss = torch.maximum(-adv * ratio, -adv * ratio.clamp(0.8, 1.2))
+        return (loss * mask).sum() / mask.sum()
+
+    variants = [("plain token PPO (baseline)", baseline)]
+    for kind, kw in [
+        ("token_ppo", {}),
+        ("turn_ppo", {}),
+        ("turn_ppo", {"ratio": "product"}),
+        ("turn_ppo", {"agg": "turn-mean"}),
+        ("gspo", {}),
+        ("sao", {"rollout_logp": old}),
+    ]:
+        label = kind + "".join(f" {k}={v}" for k, v in kw.items() if k != "rollout_logp")
+        variants.append((label, lambda lp, kind=kind, kw=kw: policy_loss(kind, lp, old, adv, mask, **kw)[0]))
+    times = {}
+    for label, fn in variants:
+        ts = []
+        for _ in range(reps):
+            lp = lp0.clone().requires_grad_(True)
+            t0 = time.perf_counter()
+            fn(lp).backward()
+            ts.append(time.perf_counter() - t0)
+        times[label] = sorted(ts)[len(ts) // 2]
+    base = times["plain token PPO (baseline)"]
+    print(f"\npolicy losses, forward+backward, float32 ({B}, {L}), median of {reps}, {torch.get_num_threads()} threads")
+    print(f"{'variant':<32} {'ms':>9} {'vs baseline':>12}")
+    for label, t in times.items():
+        print(f"{label:<32} {1000 * t:>9.1f} {t / base:>12.2f}")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--full", action="store_true", help="the (8, 4096, 32000) case (needs ~9 GB free)")
     ap.add_argument("--all-full", action="store_true", help="every variant at full size (needs ~25 GB free)")
+    ap.add_argument("--speed", action="store_true", help="only the policy-loss timing table")
     ap.add_argument(
         "--fixed-mmap",
         action="store_true",
@@ -104,6 +162,9 @@ def main() -> None:
     a = ap.parse_args()
     if a.child:
         child(a.child[0], *map(int, a.child[1:]))
+        return
+    if a.speed:
+        speed()
         return
     if a.full or a.all_full:
         full, quarter = (8, 4096, 32000), (2, 4096, 32000)
@@ -137,6 +198,7 @@ def main() -> None:
         if base is None:
             ratio = "n/a"
         print(f"{str(shape):<20} {v:<26} {logits_mb:>10.0f} {r['extra_mb']:>14.1f} {ratio:>9} {r['time_s']:>8.2f}")
+    speed()
 
 
 if __name__ == "__main__":

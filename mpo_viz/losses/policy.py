@@ -334,8 +334,10 @@ def policy_loss(
     * ``surrogate_gap`` = token-mean(A·exp(logr)) − token-mean(A·ρ_{k(t)}): the unclipped token-ratio
       surrogate minus the unclipped turn-ratio surrogate.
 
-    For ``sao`` ``logr`` (hence every ratio metric) is against ``rollout_logp``. With no action token
-    the fractions are 0.0 and the other metrics NaN.
+    Turn-level metrics always use the turns, for every kind (gspo's loss uses the sequence ratio,
+    its ``turn_*`` metrics still describe turns), with ρ_k formed as ``ratio`` says. For ``sao``
+    ``logr`` (hence every ratio metric) is against ``rollout_logp``. With no action token the
+    fractions are 0.0 and the other metrics NaN.
     """
     spec = get(kind)
     unknown = sorted(set(options) - set(spec.options))

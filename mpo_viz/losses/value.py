@@ -4,7 +4,13 @@ from __future__ import annotations
 
 import torch
 
-from mpo_viz.losses._common import as_tensor, check_finite, check_mask, check_same_shape, result_dtype
+from mpo_viz.losses._common import (
+    as_tensor,
+    check_finite,
+    check_mask,
+    check_same_shape,
+    result_dtype,
+)
 from mpo_viz.losses.aggregate import aggregate
 
 __all__ = ["value_loss"]

@@ -7,7 +7,12 @@ import math
 import pytest
 import torch
 
-from mpo_viz.losses import token_entropy, token_entropy_reference, token_logprobs, token_logprobs_reference
+from mpo_viz.losses import (
+    token_entropy,
+    token_entropy_reference,
+    token_logprobs,
+    token_logprobs_reference,
+)
 from mpo_viz.losses.logprobs import default_chunk_size
 
 

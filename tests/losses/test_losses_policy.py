@@ -9,7 +9,14 @@ import numpy as np
 import pytest
 import torch
 
-from mpo_viz.losses import METRIC_NAMES, available, get, policy_loss, policy_loss_reference, register
+from mpo_viz.losses import (
+    METRIC_NAMES,
+    available,
+    get,
+    policy_loss,
+    policy_loss_reference,
+    register,
+)
 from mpo_viz.losses.policy import PolicyTerms
 
 ln = math.log
@@ -161,6 +168,11 @@ def test_sao_by_hand_uses_rollout_logp():
     assert met["approx_kl"] == pytest.approx(np.mean(np.exp(-d) + d - 1))
     # defaults for sao come from the registry
     assert (get("sao").clip_low, get("sao").clip_high) == (0.3, 5.0)
+    # old_logp is optional for sao: the loss is unchanged, approx_kl is then against rollout_logp
+    loss2, met2 = policy_loss("sao", lp, None, adv, mask, rollout_logp=roll, agg="none")
+    assert torch.equal(loss2.detach(), loss)
+    d = np.array([ln(0.6), ln(0.8), ln(5.5), ln(6.5), ln(0.6)])
+    assert met2["approx_kl"] == pytest.approx(np.mean(np.exp(-d) + d - 1))
 
 
 # --------------------------------------------------------------------------------------------
@@ -374,3 +386,17 @@ def test_bad_input_raises_clearly():
         policy_loss("turn_ppo", z, z, z, m, agg="mean")
     with pytest.raises(ValueError, match=r"dual_clip: expected a number > 1"):
         policy_loss("token_ppo", z, z, z, m, dual_clip=0.5)
+
+
+@pytest.mark.parametrize("agg", ["token-mean", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm", "turn-mean"])
+def test_agg_equals_aggregate_of_the_matrix(agg):
+    from mpo_viz.losses import aggregate
+
+    rng = np.random.default_rng(7)
+    lp, old, adv, mask, roll, _ = _random_case(rng, 3, 11, "random")
+    tid = np.array([[0] * 11, [0] * 11, [0] * 11])  # one turn per row, given as numpy
+    mat, _ = policy_loss("turn_ppo", lp, old, adv, mask, turn_ids=tid, agg="none")
+    out, _ = policy_loss("turn_ppo", lp, old, adv, mask, turn_ids=tid, agg=agg, scale=None)
+    assert out.item() == pytest.approx(aggregate(mat, mask, agg, turn_ids=tid).item())
+    out, _ = policy_loss("turn_ppo", lp, old, adv, mask, turn_ids=tid, agg=agg, scale=5.0)
+    assert out.item() == pytest.approx(aggregate(mat, mask, agg, turn_ids=tid, scale=5.0).item())
