@@ -48,20 +48,45 @@ def _as(a: np.ndarray, dtype, name: str) -> np.ndarray:
 
 @dataclass
 class Prepared:
-    """Validated kernel inputs. ``values``/``turn_ids`` are empty ``(B, 0)`` arrays when unused."""
+    """Converted kernel inputs. ``values``/``turn_ids`` are empty ``(B, 0)`` arrays when unused."""
 
     rewards: np.ndarray
     values: np.ndarray
     mask: np.ndarray
     turn_ids: np.ndarray
     bootstrap: np.ndarray  # float64 (B,), NaN = terminal
-    nturns: np.ndarray  # int64 (B,)
+    nturns: np.ndarray | None  # int64 (B,), set by validate()
     dtype: np.dtype
     device: torch.device
+    originals: tuple  # (rewards, values, mask) as given, for messages
+    check_values: bool
+    check_turns: bool
 
     @property
     def shape(self) -> tuple[int, int]:
         return self.mask.shape
+
+    def validate(self) -> np.ndarray:
+        """Check every token; raise ``ValueError`` on the first bad row, else set and return ``nturns``."""
+        B = self.shape[0]
+        err_code = np.empty(B, dtype=np.int64)
+        err_pos = np.empty(B, dtype=np.int64)
+        nturns = np.empty(B, dtype=np.int64)
+        K.validate_kernel(self.rewards, self.values, self.mask, self.turn_ids, int(self.check_values),
+                          int(self.check_turns), err_code, err_pos, nturns)
+        if err_code.any():
+            row = int(np.flatnonzero(err_code)[0])
+            r0, v0, m0 = self.originals
+            _raise(int(err_code[row]), row, int(err_pos[row]), r0, v0, m0, self.turn_ids)
+        self.nturns = nturns
+        return nturns
+
+    def check_bad(self, bad: np.ndarray) -> None:
+        """After a fused kernel: raise the precise message if it flagged any row."""
+        if bad.any():
+            self.validate()
+            row = int(np.flatnonzero(bad)[0])  # pragma: no cover - the validator always finds it
+            raise AssertionError(f"internal: kernel flagged row {row} but validation found no problem")
 
 
 def _device_of(*xs) -> torch.device:
@@ -80,8 +105,13 @@ def prepare(
     turn_ids=None,
     need_turns: bool = False,
     bootstrap_value=None,
+    validate: bool = True,
 ) -> Prepared:
     """Convert and validate estimator inputs; raise ``ValueError`` naming argument and first bad row.
+
+    With ``validate=False`` only shapes and options are checked here: the caller runs a kernel that
+    checks the tokens on the way and calls :meth:`Prepared.validate` when it reports a bad row
+    (one pass over the data instead of two).
 
     Checks: shapes; mask entries 0/1; rewards finite on action tokens and exactly 0 on masked ones;
     values finite on action tokens (``need_values``); turn ids (``need_turns``; derived from the mask
@@ -134,14 +164,10 @@ def prepare(
         if np.isinf(boot).any():
             row = int(np.argmax(np.isinf(boot)))
             raise ValueError(f"bootstrap_value: row {row}: expected a finite value or NaN (terminal), found {boot[row]}")
-    err_code = np.empty(B, dtype=np.int64)
-    err_pos = np.empty(B, dtype=np.int64)
-    nturns = np.empty(B, dtype=np.int64)
-    K.validate_kernel(r, v, m, tid, int(need_values), int(need_turns), err_code, err_pos, nturns)
-    if err_code.any():
-        row = int(np.flatnonzero(err_code)[0])
-        _raise(int(err_code[row]), row, int(err_pos[row]), r0, v0, m0, tid)
-    return Prepared(r, v, m, tid, boot, nturns, dtype, device)
+    p = Prepared(r, v, m, tid, boot, None, dtype, device, (r0, v0, m0), bool(need_values), bool(need_turns))
+    if validate:
+        p.validate()
+    return p
 
 
 def _py(x):

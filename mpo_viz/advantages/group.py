@@ -92,9 +92,11 @@ def reinforce_pp(rewards, mask, *, gamma=1.0, whiten=True):
     the unwhitened ``G``.
     """
     gamma = scalar_check("gamma", gamma, 0.0, 1.0)
-    p = prepare(rewards, mask)
+    p = prepare(rewards, mask, validate=False)
     g = np.empty(p.shape, dtype=p.dtype)
-    K.discounted_kernel(p.rewards, p.mask, gamma, g)
+    bad = np.empty(p.shape[0], dtype=np.int64)
+    K.discounted_kernel(p.rewards, p.mask, gamma, g, bad)
+    p.check_bad(bad)
     adv = g.copy()
     if whiten:
         whiten_(adv, p.mask)

@@ -102,12 +102,17 @@ def validate_kernel(r, v, m, tid, check_values, check_tids, err_code, err_pos, n
 
 
 @njit(parallel=True, cache=False)
-def gae_kernel(r, v, m, boot, gamma, lam, ret_lam, adv, ret):
+def gae_kernel(r, v, m, boot, gamma, lam, ret_lam, adv, ret, bad):
     """Token GAE over action tokens (DESIGN §3.2), per-row ``lam`` (B,).
 
     ``A_t = δ_t + γ·λ_i·A_{t+1}``, ``δ_t = r_t + γ·V_{t+1} − V_t`` (V after the last action token =
     ``boot[i]`` if finite else 0); ``ret = A' + V`` where ``A'`` uses ``ret_lam`` instead of λ_i
     when ``ret_lam`` is finite (VAPO's λ = 1 critic), else ``ret = A + V``.
+
+    Checks the input on the way (fused, so the data is read once): ``bad[i]`` counts positions of
+    row i with a mask entry not 0/1, a non-finite reward or value on an action token, or a non-zero
+    reward on a masked token. Outputs are meaningless where ``bad[i] > 0``; the caller then runs
+    :func:`validate_kernel` for the message.
     """
     B, L = m.shape
     sep = math.isfinite(ret_lam)
@@ -117,10 +122,16 @@ def gae_kernel(r, v, m, boot, gamma, lam, ret_lam, adv, ret):
         a2 = 0.0
         gl = gamma * lam[i]
         gl2 = gamma * ret_lam if sep else 0.0
+        nb = 0
         for t in range(L - 1, -1, -1):
-            if m[i, t] != 0.0:
+            mt = m[i, t]
+            rt = np.float64(r[i, t])
+            nb += (mt != 0.0) & (mt != 1.0)
+            if mt != 0.0:
                 vt = np.float64(v[i, t])
-                delta = np.float64(r[i, t]) + gamma * nv - vt
+                nb += not ((vt - vt) == 0.0)  # NaN or inf
+                nb += not ((rt - rt) == 0.0)
+                delta = rt + gamma * nv - vt
                 a = delta + gl * a
                 adv[i, t] = a
                 if sep:
@@ -130,31 +141,42 @@ def gae_kernel(r, v, m, boot, gamma, lam, ret_lam, adv, ret):
                     ret[i, t] = a + vt
                 nv = vt
             else:
+                nb += rt != 0.0  # also NaN
                 adv[i, t] = 0.0
                 ret[i, t] = 0.0
+        bad[i] = nb
 
 
 @njit(parallel=True, cache=False)
-def discounted_kernel(r, m, gamma, out):
+def discounted_kernel(r, m, gamma, out, bad):
     """``G_t = r_t + γ·G_{t'}`` over action tokens (t' = next action token; 0 after the last).
 
     Observation tokens are skipped, the return carried over them; masked outputs are 0.
+    ``bad[i]`` counts invalid positions of row i (mask not 0/1, non-finite reward on an action
+    token, non-zero reward on a masked one), as in :func:`gae_kernel`.
     """
     B, L = m.shape
     for i in prange(B):
         g = 0.0
+        nb = 0
         for t in range(L - 1, -1, -1):
-            if m[i, t] != 0.0:
-                g = np.float64(r[i, t]) + gamma * g
+            mt = m[i, t]
+            rt = np.float64(r[i, t])
+            nb += (mt != 0.0) & (mt != 1.0)
+            if mt != 0.0:
+                nb += not ((rt - rt) == 0.0)
+                g = rt + gamma * g
                 out[i, t] = g
             else:
+                nb += rt != 0.0
                 out[i, t] = 0.0
+        bad[i] = nb
 
 
 @njit(parallel=True, cache=False)
 def mae_kernel(
     r, v, m, tid, boot, gamma, lam, tgamma, tlam, beta, within, value_at, ret_mode,
-    adv, ret, t_adv, t_val, t_rew, t_ret,
+    adv, ret, t_adv, t_val, t_rew, t_ret, bad,
 ):
     """Turn GAE + centered within-turn signal (DESIGN §3.3–3.5); ``beta = 0`` is ``turn_gae``.
 
@@ -164,6 +186,9 @@ def mae_kernel(
     γ_T·λ_T·A^T_{k+1}``; pass 2 writes ``A^T_k + β·(u − mean u)`` and, with ``ret_mode`` 1,
     ``G^T_k = A^T_k + V(s_k)``. Turn arrays ``t_*`` (B, Kcap) get ``A^T_k``, ``V(s_k)``, ``R_k``,
     ``G^T_k`` for ``k < Kcap`` (pass ``Kcap = 0`` arrays to skip).
+
+    Fused input checks, as in :func:`gae_kernel`, plus the turn ids: ``bad[i]`` also counts ids
+    that are negative or decrease, and turns that are not numbered 0..K−1 on action tokens.
     """
     B, L = m.shape
     kcap = t_adv.shape[1]
@@ -174,14 +199,26 @@ def mae_kernel(
         at_next = 0.0  # A^T_{k+1}
         g_next = bs  # MC return at the next action token
         glob = 0.0  # full-trajectory token GAE (within = global)
+        nb = 0
+        last_k = -1  # turn id of the turn processed before (the next one in the row)
+        prev_tid = tid[i, L - 1] if L > 0 else 0  # id at position t + 1
         t = L - 1
         while t >= 0:
-            if m[i, t] == 0.0:
+            mt = m[i, t]
+            ti = tid[i, t]
+            nb += (ti > prev_tid) | (ti < 0)
+            prev_tid = ti
+            if mt == 0.0:
+                rt = r[i, t]
+                nb += rt != 0.0
                 adv[i, t] = 0.0
                 ret[i, t] = 0.0
                 t -= 1
                 continue
-            k = tid[i, t]
+            k = ti
+            if last_k >= 0:
+                nb += k != last_k - 1
+            last_k = k
             e = t
             rsum = 0.0
             usum = 0.0
@@ -192,9 +229,13 @@ def mae_kernel(
             s = t
             tt = t
             while tt >= 0 and tid[i, tt] == k:
-                if m[i, tt] != 0.0:
+                mq = m[i, tt]
+                rt = np.float64(r[i, tt])
+                nb += (mq != 0.0) & (mq != 1.0)
+                if mq != 0.0:
                     vt = np.float64(v[i, tt])
-                    rt = np.float64(r[i, tt])
+                    nb += not ((vt - vt) == 0.0)
+                    nb += not ((rt - rt) == 0.0)
                     rsum += rt
                     vsum += vt
                     delta = rt + gamma * nv_tok - vt
@@ -203,8 +244,6 @@ def mae_kernel(
                         g = rt + tgamma * g  # the return crosses a turn boundary here
                         if within == 0:
                             u = 0.0
-                        elif within == 1:
-                            u = delta
                         elif within == 2:
                             u = glob
                         else:
@@ -226,6 +265,7 @@ def mae_kernel(
                     nv_tok = vt
                     s = tt
                 else:
+                    nb += rt != 0.0
                     adv[i, tt] = 0.0
                     ret[i, tt] = 0.0
                 tt -= 1
@@ -243,7 +283,7 @@ def mae_kernel(
                     adv[i, q] = at + beta * (adv[i, q] - umean)
                     if ret_mode == 1:
                         ret[i, q] = gt
-            if k < kcap:
+            if k >= 0 and k < kcap:
                 t_adv[i, k] = at
                 t_val[i, k] = vs
                 t_rew[i, k] = rsum
@@ -252,3 +292,6 @@ def mae_kernel(
             at_next = at
             g_next = g
             t = tt
+        if last_k > 0:  # the first turn of the row must be turn 0
+            nb += 1
+        bad[i] = nb

@@ -38,11 +38,13 @@ def gae(rewards, values, mask, *, gamma=1.0, lam=1.0, bootstrap_value=None, whit
     """
     gamma = scalar_check("gamma", gamma, 0.0, 1.0)
     lam = scalar_check("lam", lam, 0.0, 1.0)
-    p = prepare(rewards, mask, values=values, need_values=True, bootstrap_value=bootstrap_value)
+    p = prepare(rewards, mask, values=values, need_values=True, bootstrap_value=bootstrap_value, validate=False)
     B, L = p.shape
     adv = np.empty((B, L), dtype=p.dtype)
     ret = np.empty((B, L), dtype=p.dtype)
-    K.gae_kernel(p.rewards, p.values, p.mask, p.bootstrap, gamma, np.full(B, lam), np.nan, adv, ret)
+    bad = np.empty(B, dtype=np.int64)
+    K.gae_kernel(p.rewards, p.values, p.mask, p.bootstrap, gamma, np.full(B, lam), np.nan, adv, ret, bad)
+    p.check_bad(bad)
     return _finish(p, adv, ret, whiten)
 
 
@@ -68,7 +70,9 @@ def vapo(rewards, values, mask, *, gamma=1.0, alpha=0.05, bootstrap_value=None, 
     lam = vapo_lambda((p.mask != 0).sum(1), alpha)
     adv = np.empty((B, L), dtype=p.dtype)
     ret = np.empty((B, L), dtype=p.dtype)
-    K.gae_kernel(p.rewards, p.values, p.mask, p.bootstrap, gamma, lam, 1.0, adv, ret)
+    bad = np.empty(B, dtype=np.int64)
+    K.gae_kernel(p.rewards, p.values, p.mask, p.bootstrap, gamma, lam, 1.0, adv, ret, bad)
+    p.check_bad(bad)
     return _finish(p, adv, ret, whiten)
 
 
@@ -103,15 +107,18 @@ def _mae(rewards, values, mask, *, turn_ids, gamma, lam, turn_gamma, turn_lam, b
     w = _option("within", within, K.WITHIN)
     va = _option("value_at", value_at, K.VALUE_AT)
     rm = _option("critic_target", critic_target, K.RET_MODE)
+    # the per-turn tables need K first (a validation pass); plain calls let the kernel check
     p = prepare(rewards, mask, values=values, need_values=True, turn_ids=turn_ids, need_turns=True,
-                bootstrap_value=bootstrap_value)
+                bootstrap_value=bootstrap_value, validate=tables)
     B, L = p.shape
     adv = np.empty((B, L), dtype=p.dtype)
     ret = np.empty((B, L), dtype=p.dtype)
     kmax = int(p.nturns.max()) if (tables and B) else 0
     t_adv, t_val, t_rew, t_ret = (np.full((B, kmax), np.nan) for _ in range(4))
+    bad = np.empty(B, dtype=np.int64)
     K.mae_kernel(p.rewards, p.values, p.mask, p.turn_ids, p.bootstrap, gamma, lam, turn_gamma, turn_lam,
-                 beta, w, va, rm, adv, ret, t_adv, t_val, t_rew, t_ret)
+                 beta, w, va, rm, adv, ret, t_adv, t_val, t_rew, t_ret, bad)
+    p.check_bad(bad)
     a, g = _finish(p, adv, ret, whiten)
     if not tables:
         return a, g

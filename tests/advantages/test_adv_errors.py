@@ -131,3 +131,48 @@ def test_gigpo_needs_token_ids():
         A.gigpo(R, M, [0, 0, 1], prompt_ids=[[1]] * 3, response_ids=[[1] * 5] * 2)
     with pytest.raises(ValueError, match=r"response_ids: row 1: expected at least 5 tokens"):
         A.gigpo(R, M, [0, 0, 1], prompt_ids=[[1]] * 3, response_ids=[[1] * 5, [1] * 3, []])
+
+
+def _corrupt(kind):
+    R, V, M = _ok()
+    T = np.array([[0, 0, 0, 1, 1], [0, 0, 1, 1, 1], [0, 0, 0, 0, 0]])
+    if kind == "mask":
+        M[0, 4] = 2.0
+    elif kind == "reward_nan":
+        R[1, 2] = np.nan
+    elif kind == "reward_inf_masked":
+        R[0, 2] = -np.inf
+    elif kind == "reward_masked":
+        R[2, 4] = 1e-30
+    elif kind == "value_nan":
+        V[0, 1] = np.nan
+    elif kind == "tid_dec":
+        T[1, 4] = 0
+    elif kind == "tid_neg":
+        T[2, :] = -1
+    elif kind == "tid_skip":
+        T[0, 3:] = 3
+    elif kind == "tid_first":
+        T[1, :] += 1
+    return R, V, M, T
+
+
+# The fast paths check the tokens inside the estimator kernels (one pass over the data); every kind
+# of problem must still surface as the validator's message, for every such kernel.
+@pytest.mark.parametrize("kind", ["mask", "reward_nan", "reward_inf_masked", "reward_masked", "value_nan",
+                                  "tid_dec", "tid_neg", "tid_skip", "tid_first"])
+@pytest.mark.parametrize("fn", ["gae", "mae", "turn_gae", "reinforce_pp", "vapo"])
+def test_fused_kernel_checks(fn, kind):
+    R, V, M, T = _corrupt(kind)
+    uses_values = fn in ("gae", "mae", "turn_gae", "vapo")
+    uses_turns = fn in ("mae", "turn_gae")
+    if kind.startswith("tid") and not uses_turns or kind == "value_nan" and not uses_values:
+        pytest.skip("not an input of this estimator")
+    arg = {"mask": "mask", "value_nan": "values"}.get(kind, "turn_ids" if kind.startswith("tid") else "rewards")
+    with pytest.raises(ValueError, match=rf"^{arg}: row \d"):
+        if fn == "reinforce_pp":
+            A.reinforce_pp(R, M)
+        elif uses_turns:
+            getattr(A, fn)(R, V, M, turn_ids=T)
+        else:
+            getattr(A, fn)(R, V, M)
