@@ -11,7 +11,9 @@ Payload (all lists of length N = the trajectory's response length, padding exclu
      "channels": {name: [float|null]},                     # null = no value (NaN, inf)
      "channel_info": {name: {"label": str, "center": float, "scale": float|null}},
      "channel": str,                                       # initially shown
-     "meta": {key: scalar}}                                # shown in the header
+     "meta": {key: scalar},                                # shown in the header
+     "spaced": bool}                                       # optional: put a gap between tokens
+                                                           # (word-level tokens without spaces)
 
 Colours: diverging scale centred at ``center`` (0, except the probability ratio: 1), saturating at
 ``scale`` (default: the 99th percentile of ``|v − center|`` over action tokens).
@@ -226,16 +228,27 @@ def strip_payload(
         add("kl", old - ref, "KL k1 (old − ref)")
     if sub.has("entropy"):
         add("entropy", sub.padded("entropy", fill=math.nan)[0].numpy(), "entropy")
+    # any other numeric per-token column (e.g. an environment's oracle_values) is a channel too
+    known = {"response_ids", "loss_mask", "turn_ids", "response_tokens", "token_rewards", "values", "advantages",
+             "returns", "old_logprobs", "rollout_logprobs", "ref_logprobs", "entropy"}
+    for f in sub.token_fields:
+        if f in known or f in chans or f.startswith(("adv_", "ret_")):
+            continue
+        try:
+            add(f, sub.padded(f, torch_float64(), fill=math.nan)[0].numpy(), f)
+        except (ValueError, TypeError, KeyError):
+            continue  # strings or other non-numeric columns
     # observation tokens carry no values: blank them so hover shows "—" rather than a stale number
     for k in chans:
         chans[k] = np.where(mask != 0, chans[k], np.nan)
     if channel is None:
         channel = next((k for k in chans if k.startswith("adv_")), None) or ("value" if "value" in chans else None)
+    toks = _row_tokens(batch, row, n, tokens)
     traj_id = batch.traj_ids[row]
     score = float(sub.rewards[0].sum())
     meta = {"group": batch.group_ids[row], "score": round(score, 6), "turns": int(sub.num_turns[0])}
-    return payload_from_arrays(
-        _row_tokens(batch, row, n, tokens),
+    payload = payload_from_arrays(
+        toks,
         mask,
         turn_ids,
         chans,
@@ -245,6 +258,15 @@ def strip_payload(
         meta=meta,
         digits=digits,
     )
+    # word-level tokenizers give tokens without whitespace: ask the strip to space them out
+    payload["spaced"] = len(toks) > 1 and not any(any(c.isspace() for c in t) for t in toks)
+    return payload
+
+
+def torch_float64():
+    import torch
+
+    return torch.float64
 
 
 def _td_error(sub, gamma: float):

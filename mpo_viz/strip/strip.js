@@ -67,7 +67,7 @@ function normalize(payload) {
     if (channels[k].length !== n) throw new Error(`mpo strip: channel ${k} has ${channels[k].length} values for ${n} tokens`);
   }
   if (mask.length !== n || turn.length !== n) throw new Error(`mpo strip: mask/turn_ids length differs from tokens (${n})`);
-  return { tokens, mask, turn, channels, info, names, n, title: payload.title || "", meta: payload.meta || {}, channel: payload.channel };
+  return { tokens, mask, turn, channels, info, names, n, title: payload.title || "", meta: payload.meta || {}, channel: payload.channel, spaced: !!payload.spaced };
 }
 
 export function mount(el, payload, options = {}) {
@@ -127,6 +127,7 @@ export function mount(el, payload, options = {}) {
     layer.removeChild(probe);
     return extra;
   }
+  root.classList.toggle("mpo-strip-spaced", d.spaced);
   let spanExtra = setFont();
   function width(s) {
     let w = widthCache.get(s);
@@ -372,6 +373,9 @@ export function mount(el, payload, options = {}) {
   function update(p) {
     d = normalize(p);
     scales.clear();
+    root.classList.toggle("mpo-strip-spaced", d.spaced);
+    widthCache.clear();
+    spanExtra = setFont();
     if (!d.channels[channel]) channel = d.channel && d.channels[d.channel] ? d.channel : d.names[0];
     onLeave();
     fillControls();
