@@ -35,7 +35,7 @@ def play(env, expert, seed, **reset_kw):
 
 
 def test_registry():
-    assert available_envs() == sorted(ENVS)
+    assert set(ENVS) <= set(available_envs())
     assert isinstance(make_env("search"), SearchEnv)
     with pytest.raises(ValueError, match="name: expected one of"):
         make_env("chess")
