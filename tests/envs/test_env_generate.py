@@ -81,3 +81,24 @@ def test_cli_generate_then_validate(tmp_path, suffix, capsys):
     assert b.meta["generator"]["env_options"] == {"slip": 0.2}
     assert main(["generate", "--env", "search", "--slip", "0.2", "--episodes", "4", "--out", str(out)]) == 1
     assert main(["generate", "--env", "search", "--difficulty", "x", "--episodes", "4", "--out", str(out)]) == 1
+
+
+@pytest.mark.parametrize("within,opts", [("td", {}), ("intra", {"lam": 0.0})])
+def test_mae_on_the_exact_critic_recovers_the_oracle_credit(within, opts):
+    # Deterministic transitions (search): with V = oracle, turn GAE with turn_lam = 0 gives
+    # A^T_k = R_k + V(s_{k+1}) − V(s_k) = Q − V exactly, and the one-step increments inside a turn are
+    # the oracle token advantages, so MAE = a*_t + A*_k·(1 − 1/n_k) token by token (DESIGN §3.4).
+    from mpo_viz.advantages import compute
+
+    b = generate(GenerateConfig(env="search", episodes=16, seed=5, noise=0.4))
+    res = compute(b, "mpo", within=within, turn_lam=0.0, **opts)
+    oc = oracle_columns(b)
+    m = b.mask.numpy() != 0
+    tid = b.turn_ids.numpy()
+    a_star = oc["token_adv"].numpy().astype(np.float64)
+    expect = np.zeros_like(a_star)
+    for i in range(len(b)):
+        for k, A in enumerate(oc["turn_adv"][i]):
+            sel = m[i] & (tid[i] == k)
+            expect[i, sel] = a_star[i, sel] + A * (1 - 1 / sel.sum())
+    np.testing.assert_allclose(res.advantages.numpy()[m], expect[m], atol=2e-5)
