@@ -1,0 +1,219 @@
+"""Benchmark: `mpo-viz advantages` on 2M- and 10M-token Parquet files, and the token strip's first
+render of a 50,000-token trajectory in Chromium.
+
+1. Synthetic Parquet files of about 2M and 10M response tokens (written once under
+   ``$TMPDIR/mpo_viz_bench/``, reused).
+2. Each file through ``mpo-viz advantages -e mpo,gae,grpo`` (streaming, chunks of 1M tokens) in a
+   fresh process, side by side with the baseline that loads the whole file, computes and saves it
+   in one piece (``mv.load`` → ``compute`` → ``mv.save``). Reported: wall time, tokens/s, and the
+   peak resident memory of the process (``wait4`` rusage) — the streaming one should stay flat as
+   the file grows, the baseline grows with it.
+3. The strip: a page with a 50,000-token payload, loaded in headless Chromium 3 times; reported:
+   median time of JSON.parse + mount (first render) and navigation start → mounted. Target <= 1 s.
+
+Usage: ``python benchmarks/report.py [--sizes 2,10] [--quick] [--screenshot docs/report.png]``
+(``--quick``: 0.2M and 1M tokens, for a smoke run). Speed is printed, never asserted.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parents[1]
+CACHE = Path(tempfile.gettempdir()) / "mpo_viz_bench"  # generated files, reused between runs
+sys.path.insert(0, str(ROOT))
+
+ESTIMATORS = "mpo,gae,grpo"
+
+
+def make_file(m_tokens: float) -> Path:
+    """A synthetic Parquet file of about ``m_tokens`` million response tokens (cached)."""
+    import mpo_viz as mv
+    from mpo_viz.report_cli import _merge_parts
+
+    target = int(m_tokens * 1e6)
+    out = CACHE / f"synthetic_{m_tokens:g}M.parquet"
+    if out.exists():
+        return out
+    CACHE.mkdir(parents=True, exist_ok=True)
+    parts = Path(tempfile.mkdtemp(dir=CACHE))
+    total, seed = 0, 0
+    while total < target:
+        b = mv.synthetic.make_batch(400, seed=1000 + seed, group_size=4)
+        mv.save(b, parts / f"part-{seed:06d}.parquet")
+        total += b.num_tokens
+        seed += 1
+    _merge_parts(parts, out)
+    for f in parts.iterdir():
+        f.unlink()
+    parts.rmdir()
+    return out
+
+
+_STREAM = """
+import json, sys
+from mpo_viz.report_cli import AdvantagesConfig, annotate_file
+s = annotate_file(sys.argv[1], sys.argv[2], AdvantagesConfig(estimators=tuple(sys.argv[3].split(',')), progress=False))
+print(json.dumps(s))
+"""
+
+_BASELINE = """
+import json, sys, time
+import mpo_viz as mv
+from mpo_viz import advantages as adv
+t = time.perf_counter()
+b = mv.load(sys.argv[1])
+cols = {}
+for n in sys.argv[3].split(','):
+    r = adv.compute(b, n)
+    cols['adv_' + n] = r.advantages
+    cols['ret_' + n] = r.returns
+mv.save(b.with_token_fields(**cols), sys.argv[2])
+print(json.dumps({"tokens": b.num_tokens, "seconds": time.perf_counter() - t}))
+"""
+
+
+def run_child(code: str, *args: str) -> tuple[dict, float, float]:
+    """Run ``code`` in a fresh interpreter; returns (its JSON output, wall seconds, peak RSS MiB)."""
+    t = time.perf_counter()
+    p = subprocess.Popen([sys.executable, "-c", code, *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                         cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)})
+    out = p.stdout.read()
+    err = p.stderr.read()
+    _, status, ru = os.wait4(p.pid, 0)
+    p.returncode = os.waitstatus_to_exitcode(status)
+    wall = time.perf_counter() - t
+    if p.returncode != 0:
+        raise RuntimeError(f"child failed ({p.returncode}):\n{err.decode()[-2000:]}")
+    return json.loads(out.decode().strip().splitlines()[-1]), wall, ru.ru_maxrss / 1024
+
+
+def bench_advantages(sizes: list[float]) -> list[dict]:
+    rows = []
+    for m in sizes:
+        f = make_file(m)
+        with tempfile.TemporaryDirectory(dir=CACHE) as d:
+            s, wall, rss = run_child(_STREAM, str(f), str(Path(d) / "out.parquet"), ESTIMATORS)
+            b, bwall, brss = run_child(_BASELINE, str(f), str(Path(d) / "base.parquet"), ESTIMATORS)
+        rows.append({"file": f.name, "tokens": s["tokens"], "stream_s": wall, "stream_tok_s": s["tokens"] / wall,
+                     "stream_rss": rss, "base_s": bwall, "base_tok_s": b["tokens"] / bwall, "base_rss": brss,
+                     "timings": s["timings"]})
+    return rows
+
+
+def _chromium():
+    from playwright.sync_api import sync_playwright
+
+    args = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+            "--disable-background-networking", "--disable-component-update", "--disable-sync"]
+    pw = sync_playwright().start()
+    return pw, pw.chromium.launch(executable_path="/usr/bin/chromium", args=args, headless=True)
+
+
+def bench_strip(n: int = 50_000, repeats: int = 3) -> dict:
+    from mpo_viz.strip import payload_from_arrays, payload_json, strip_css, strip_js
+
+    rng = np.random.default_rng(0)
+    mask = np.zeros(n, dtype=int)
+    pos = 0
+    while pos < n:
+        a, o = int(rng.integers(20, 200)), int(rng.integers(20, 300))
+        mask[pos : pos + a] = 1
+        pos += a + o
+    words = np.array(["the", " search", " result", " for", "\n", " tool", "(", "x", ")", " 42", " Paris", " answer"])
+    toks = words[rng.integers(0, len(words), n)].tolist()
+    chans = {f"adv_{k}": rng.normal(0, 0.3, n) for k in ("mpo", "gae", "grpo")}
+    chans |= {"value": np.cumsum(rng.normal(0, 0.01, n)), "td": rng.normal(0, 0.05, n), "logprob": -rng.exponential(1, n)}
+    p = payload_from_arrays(toks, mask, None, chans)
+    html = (f"<!doctype html><meta charset=utf-8><style>{strip_css()}</style><div id=s></div>"
+            f"<script type='application/json' id=p>{payload_json(p)}</script><script>{strip_js(module=False)}</script>"
+            "<script>const t0 = performance.now();"
+            "window.v = mpoStrip.mount(document.getElementById('s'), JSON.parse(document.getElementById('p').textContent));"
+            "window.mountMs = performance.now() - t0; window.sinceNav = performance.now();</script>")
+    with tempfile.TemporaryDirectory() as d:
+        f = Path(d) / "strip.html"
+        f.write_text(html)
+        pw, browser = _chromium()
+        try:
+            mount, nav = [], []
+            for _ in range(repeats):
+                page = browser.new_page(viewport={"width": 1280, "height": 900})
+                page.goto(f.as_uri())
+                mount.append(page.evaluate("window.mountMs"))
+                nav.append(page.evaluate("window.sinceNav"))
+                page.close()
+        finally:
+            browser.close()
+            pw.stop()
+    return {"tokens": n, "payload_mb": len(html) / 1e6, "mount_ms": statistics.median(mount),
+            "nav_ms": statistics.median(nav)}
+
+
+def screenshot(path: Path) -> None:
+    """A screenshot of the report on the shipped search trajectories (summary + one strip with hover)."""
+    from mpo_viz.report import ReportConfig, write_report
+
+    src = ROOT / "trajectories" / "search.parquet"
+    with tempfile.TemporaryDirectory() as d:
+        rep = write_report(src, Path(d) / "report.html", ReportConfig(progress=False, n_best=1, n_worst=1, n_disagreed=1))
+        pw, browser = _chromium()
+        try:
+            page = browser.new_page(viewport={"width": 1200, "height": 900}, device_scale_factor=1)
+            page.goto(rep.as_uri())
+            page.wait_for_function("window.mpoReportReady === true")
+            sec = page.locator("section.traj").first
+            sec.scroll_into_view_if_needed()
+            page.hover("#strip-0 .mpo-strip-turnstart >> nth=2")
+            page.hover("#strip-0 .mpo-strip-turnstart >> nth=2 >> .mpo-strip-tok >> nth=3")
+            path.parent.mkdir(parents=True, exist_ok=True)
+            sec.screenshot(path=str(path))
+        finally:
+            browser.close()
+            pw.stop()
+    print(f"screenshot: {path}")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--sizes", default="2,10", help="file sizes in millions of tokens (default 2,10)")
+    ap.add_argument("--quick", action="store_true", help="0.2M and 1M tokens")
+    ap.add_argument("--no-strip", action="store_true")
+    ap.add_argument("--screenshot", type=Path, help="also write a screenshot of the report here")
+    a = ap.parse_args()
+    sizes = [0.2, 1.0] if a.quick else [float(x) for x in a.sizes.split(",")]
+    rows = bench_advantages(sizes)
+    print(f"\nmpo-viz advantages -e {ESTIMATORS} (fresh process each; wall time includes imports and numba JIT)")
+    print(f"{'file':<26}{'tokens':>12}{'stream s':>10}{'tok/s':>11}{'peak MiB':>10}  |{'load-all s':>11}{'tok/s':>11}"
+          f"{'peak MiB':>10}  {'speed ×':>8}{'memory ×':>9}")
+    for r in rows:
+        print(f"{r['file']:<26}{r['tokens']:>12,}{r['stream_s']:>10.1f}{r['stream_tok_s']:>11,.0f}{r['stream_rss']:>10,.0f}  |"
+              f"{r['base_s']:>11.1f}{r['base_tok_s']:>11,.0f}{r['base_rss']:>10,.0f}  "
+              f"{r['stream_tok_s'] / r['base_tok_s']:>8.2f}{r['stream_rss'] / r['base_rss']:>9.2f}")
+    for r in rows:
+        t = r["timings"]
+        print(f"  {r['file']}: streaming phases read {t['read']:.1f}s, estimate {t['estimate']:.1f}s, write {t['write']:.1f}s")
+    if len(rows) >= 2:
+        a0, a1 = rows[0], rows[-1]
+        print(f"peak memory, largest / smallest file: streaming {a1['stream_rss'] / a0['stream_rss']:.2f}×, "
+              f"load-all {a1['base_rss'] / a0['base_rss']:.2f}× (file {a1['tokens'] / a0['tokens']:.1f}× larger)")
+    if not a.no_strip:
+        s = bench_strip()
+        print(f"\nstrip first render, {s['tokens']:,} tokens, 6 channels, page {s['payload_mb']:.1f} MB (median of 3):")
+        print(f"  JSON.parse + mount {s['mount_ms']:.0f} ms; navigation start -> mounted {s['nav_ms']:.0f} ms "
+              f"(target <= 1000 ms: {'met' if s['nav_ms'] <= 1000 else 'NOT met'})")
+    if a.screenshot:
+        screenshot(a.screenshot)
+
+
+if __name__ == "__main__":
+    main()
