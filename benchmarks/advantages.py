@@ -29,7 +29,6 @@ import statistics
 import sys
 import time
 
-import numpy as np
 import torch
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
@@ -172,37 +171,7 @@ def main(argv=None) -> int:
     print(header)
     print("-" * len(header))
     for B in sizes:
-        t0 = time.perf_counter()
-        b = make_batch(B, seed=B, turns=(4, 40), turn_len=(20, 200), obs_len=(20, 300), max_len=L)
-        R, V, M, T = b.rewards, b.values, b.mask, b.turn_ids
-        if R.shape[1] < L:  # every row shorter than L (tiny B): pad to the nominal length
-            pad = L - R.shape[1]
-            R, V, M = (torch.nn.functional.pad(x, (0, pad)) for x in (R, V, M))
-            T = torch.cat([T, T[:, -1:].expand(-1, pad)], dim=1)  # padding carries the last id
-        build_s = time.perf_counter() - t0
-        pos = B * R.shape[1]
-        fill = float(M.sum()) / pos
-
-        ms_fast, _, (a_f, g_f) = timeit(lambda: A.gae(R, V, M, gamma=GAMMA, lam=LAM), args.reps)
-        ms_loop, _, (a_l, g_l) = timeit(lambda: gae_loop_verl(R, V, M), args.loop_reps)
-        rows.append((B, "gae", ms_fast, ms_loop, max_diff(a_f, a_l, M), max_diff(g_f, g_l, M)))
-        _print(rows[-1], L, pos)
-
-        def fast_mae():
-            return A.mae(R, V, M, turn_ids=T, gamma=GAMMA, lam=LAM, turn_gamma=TURN_GAMMA, turn_lam=TURN_LAM, beta=BETA)
-
-        ms_fast, _, (a_f, g_f) = timeit(fast_mae, args.reps)
-        ms_loop, _, (a_l, g_l) = timeit(lambda: mae_loop_torch(R, V, M, T), args.loop_reps)
-        rows.append((B, "mae", ms_fast, ms_loop, max_diff(a_f, a_l, M), max_diff(g_f, g_l, M)))
-        _print(rows[-1], L, pos)
-
-        # mae with turn ids derived from the mask (turns.turn_ids_from_mask), for reference
-        ms_d, _, (a_d, _) = timeit(lambda: A.mae(R, V, M, gamma=GAMMA, lam=LAM, turn_gamma=TURN_GAMMA,
-                                                  turn_lam=TURN_LAM, beta=BETA), args.reps)
-        rows.append((B, "mae*", ms_d, ms_loop, max_diff(a_d, a_l, M), float("nan")))
-        _print(rows[-1], L, pos)
-        print(f"{'':>5} (batch built in {build_s:.1f} s; {fill:.0%} of positions are action tokens, "
-              f"mean {b.num_turns.mean():.1f} turns/row)")
+        run_size(B, L, args, rows)
 
     print("\nmae* = mae with turn_ids=None (derived from mask runs on every call); loop column repeats mae's.")
     print("Scaling with batch size (fast ms per 1M positions):")
@@ -210,6 +179,41 @@ def main(argv=None) -> int:
         per = [f"B={B}: {ms * 1e3 / (B * L / 1e6):.2f}" for (B, e, ms, _, _, _) in rows if e == est]
         print(f"  {est}: " + ", ".join(per))
     return 0
+
+
+def run_size(B, L, args, rows):
+    """Build one batch of B rows, time fast vs loop for gae, mae and mae with derived turn ids."""
+    t0 = time.perf_counter()
+    b = make_batch(B, seed=B, turns=(4, 40), turn_len=(20, 200), obs_len=(20, 300), max_len=L)
+    R, V, M, T = b.rewards, b.values, b.mask, b.turn_ids
+    if R.shape[1] < L:  # every row shorter than L (tiny B): pad to the nominal length
+        pad = L - R.shape[1]
+        R, V, M = (torch.nn.functional.pad(x, (0, pad)) for x in (R, V, M))
+        T = torch.cat([T, T[:, -1:].expand(-1, pad)], dim=1)  # padding carries the last id
+    build_s = time.perf_counter() - t0
+    pos = B * R.shape[1]
+    fill = float(M.sum()) / pos
+
+    ms_fast, _, (a_f, g_f) = timeit(lambda: A.gae(R, V, M, gamma=GAMMA, lam=LAM), args.reps)
+    ms_loop, _, (a_l, g_l) = timeit(lambda: gae_loop_verl(R, V, M), args.loop_reps)
+    rows.append((B, "gae", ms_fast, ms_loop, max_diff(a_f, a_l, M), max_diff(g_f, g_l, M)))
+    _print(rows[-1], L, pos)
+
+    def fast_mae():
+        return A.mae(R, V, M, turn_ids=T, gamma=GAMMA, lam=LAM, turn_gamma=TURN_GAMMA, turn_lam=TURN_LAM, beta=BETA)
+
+    ms_fast, _, (a_f, g_f) = timeit(fast_mae, args.reps)
+    ms_loop, _, (a_l, g_l) = timeit(lambda: mae_loop_torch(R, V, M, T), args.loop_reps)
+    rows.append((B, "mae", ms_fast, ms_loop, max_diff(a_f, a_l, M), max_diff(g_f, g_l, M)))
+    _print(rows[-1], L, pos)
+
+    # mae with turn ids derived from the mask (turns.turn_ids_from_mask), for reference
+    ms_d, _, (a_d, _) = timeit(lambda: A.mae(R, V, M, gamma=GAMMA, lam=LAM, turn_gamma=TURN_GAMMA,
+                                              turn_lam=TURN_LAM, beta=BETA), args.reps)
+    rows.append((B, "mae*", ms_d, ms_loop, max_diff(a_d, a_l, M), float("nan")))
+    _print(rows[-1], L, pos)
+    print(f"{'':>5} (batch built in {build_s:.1f} s; {fill:.0%} of positions are action tokens, "
+          f"mean {b.num_turns.mean():.1f} turns/row)")
 
 
 def _print(row, L, pos):

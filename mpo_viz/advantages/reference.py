@@ -168,11 +168,11 @@ def _within_row(r, v, turns, within, gamma, lam, last_value):
     if within == "intra":
         for tk in turns:
             for j, t in enumerate(tk):  # u_t = Σ_l λ^l (V_{t+l+1} − V_{t+l}) inside the turn
-                u[t] = sum(lam ** l * (v[tk[j + l + 1]] - v[tk[j + l]]) for l in range(len(tk) - 1 - j))
+                u[t] = sum(lam ** lag * (v[tk[j + lag + 1]] - v[tk[j + lag]]) for lag in range(len(tk) - 1 - j))
     elif within == "local":
         for tk in turns:
             for j, t in enumerate(tk):  # token GAE truncated at the turn's end
-                u[t] = sum((gamma * lam) ** l * delta[tk[j + l]] for l in range(len(tk) - j))
+                u[t] = sum((gamma * lam) ** lag * delta[tk[j + lag]] for lag in range(len(tk) - j))
     elif within == "global":
         for t, (a, _) in _gae_row(r, v, positions, gamma, lam, last_value).items():
             u[t] = a
