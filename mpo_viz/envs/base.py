@@ -25,8 +25,9 @@ walks through writing one.
 from __future__ import annotations
 
 import random
+from collections.abc import Hashable, Sequence
 from dataclasses import dataclass
-from typing import Any, Hashable, Sequence
+from typing import Any
 
 __all__ = ["Outcome", "TextEnv", "words_of", "TURN_LIMIT_MESSAGE", "SUCCESS", "FAILURE"]
 

@@ -31,7 +31,7 @@ token, ``Q(x, a) − V(x, y_{<last})``); its sum over the turn is the turn-level
 
 from __future__ import annotations
 
-from typing import Callable, Hashable, Sequence
+from collections.abc import Callable, Hashable, Sequence
 
 import numpy as np
 

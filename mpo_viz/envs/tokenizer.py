@@ -18,8 +18,8 @@ observation has none). The concatenation ``prompt_ids + response_ids`` equals
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from pathlib import Path
-from typing import Iterable
 
 from tokenizers import Tokenizer
 from tokenizers.models import WordLevel

@@ -5,7 +5,15 @@ import random
 import numpy as np
 import pytest
 
-from mpo_viz.envs import AutomationEnv, ChatLayout, NoisyExpert, Oracle, SearchEnv, build_tokenizer, make_env
+from mpo_viz.envs import (
+    AutomationEnv,
+    ChatLayout,
+    NoisyExpert,
+    Oracle,
+    SearchEnv,
+    build_tokenizer,
+    make_env,
+)
 from mpo_viz.envs.automation import AutomationTask
 from mpo_viz.envs.search import SearchTask
 
