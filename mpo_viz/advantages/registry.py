@@ -221,6 +221,12 @@ def compute(batch, name: str, **options) -> AdvantageResult:
         alt = [e for e in available() if not [n for n in _REGISTRY[e].needs if not _has(batch, n)]]
         raise ValueError(f"estimator {name!r} needs what this batch lacks — {what}. "
                          f"Estimators this batch supports: {', '.join(alt) or 'none'}")
+    if "values" in est.needs:
+        no_values = [i for i, v in enumerate(batch.field("values")) if v is None]
+        if no_values:
+            i = no_values[0]
+            raise ValueError(f"values: row {i} (traj_id {batch.traj_ids[i]!r}) has no critic values; estimator "
+                             f"{name!r} needs them on every row ({len(no_values)} rows lack them)")
     unknown = [o for o in options if o not in est.options]
     if unknown:
         raise ValueError(f"options: estimator {name!r} has no option {', '.join(map(repr, unknown))}; "

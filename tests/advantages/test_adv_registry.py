@@ -111,3 +111,12 @@ def test_attach_puts_results_on_the_batch(batch):
     res = A.compute(batch, "gae")
     b2 = res.attach(batch, advantages="adv_gae", returns="ret_gae")
     torch.testing.assert_close(b2.padded("adv_gae"), res.advantages)
+
+
+def test_rows_without_values_are_named():
+    rows = [{"traj_id": f"t{i}", "group_id": "g", "prompt_ids": [1], "response_ids": [5, 6, 7],
+             "loss_mask": [1, 0, 1], "reward": 1.0} for i in range(3)]
+    rows[0]["values"] = [0.1, 0.2, 0.3]
+    b = TrajectoryBatch.from_rows(rows)
+    with pytest.raises(ValueError, match=r"values: row 1 \(traj_id 't1'\) has no critic values; estimator 'gae' needs them on every row \(2 rows"):
+        A.compute(b, "gae")
