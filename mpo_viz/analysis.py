@@ -343,8 +343,11 @@ def _adv_tensors(advantages) -> dict[str, np.ndarray]:
 # per-turn tables
 
 
-def turn_table(batch, advantages=None, *, returns=None) -> pd.DataFrame:
+def turn_table(batch, advantages=None, *, returns=None, **options) -> pd.DataFrame:
     """One row per assistant turn of ``batch``.
+
+    ``advantages``: ``{name: (B, L) tensor or result}``, or estimator names (``"mpo,gae"`` or a
+    list) to compute here with the shared ``options`` (see :func:`compute_advantages`).
 
     Columns: ``traj_id``, ``row`` (index in the batch), ``turn``, ``start`` / ``end`` (positions of
     the turn's first / last action token in the response, inclusive), ``n_tokens`` (action tokens),
@@ -354,6 +357,10 @@ def turn_table(batch, advantages=None, *, returns=None) -> pd.DataFrame:
     over the turn's action tokens (for MAE exactly ``A^T_k``); with ``returns`` (``(B, L)``)
     ``return_first`` = the return at the turn's first action token.
     """
+    if isinstance(advantages, str) or (isinstance(advantages, (list, tuple)) and all(isinstance(a, str) for a in advantages)):
+        advantages = compute_advantages(batch, advantages, **options)
+    elif options:
+        raise ValueError(f"options: only used with estimator names, found {sorted(options)}")
     m = _as_2d(batch.mask, "mask") != 0
     t = _as_2d(batch.turn_ids, "turn_ids", np.int64)
     idx = _turn_index(m, t)

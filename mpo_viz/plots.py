@@ -5,8 +5,6 @@ them in ``FigureWidget`` and the report inlines them.
 
 from __future__ import annotations
 
-import math
-
 import numpy as np
 import pandas as pd
 import plotly.graph_objects as go

@@ -13,7 +13,6 @@ Bad input: the loader's message on one line, exit code 1, no traceback.
 
 from __future__ import annotations
 
-import json
 import os
 import shutil
 import time

@@ -222,3 +222,9 @@ def test_compare_stats_add_up_over_chunks():
     num = ["token_corr", "sign_agreement", "turn_corr", "turn_sign_agreement", "turn_rank_agreement", "n_sign_flips", "n_turns"]
     np.testing.assert_allclose(whole[num].to_numpy(float), chunked[num].to_numpy(float), rtol=1e-9)
     assert len(whole) == 3
+
+
+def test_turn_table_with_estimator_names_matches_mae_turn_advantage(toy):
+    # MAE's turn mean is exactly A^T_k (DESIGN §3.4 worked example, λ = λ_T = 0.9, γ = 1)
+    tt = an.turn_table(toy, "mpo", lam=0.9, turn_lam=0.9)
+    np.testing.assert_allclose(tt["adv_mpo"], [0.442, 0.38, 0.2, -0.3575, -0.175, -0.25], atol=1e-6)

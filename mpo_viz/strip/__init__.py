@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import json
 import math
-from functools import lru_cache
+from functools import cache
 from importlib import resources
 
 import numpy as np
@@ -40,7 +40,7 @@ __all__ = [
 EXPORTS_MARKER = "// @@EXPORTS@@"
 
 
-@lru_cache(maxsize=None)
+@cache
 def _read(name: str) -> str:
     return resources.files(__name__).joinpath(name).read_text(encoding="utf-8")
 

@@ -40,7 +40,7 @@ def test_report_opens_offline_and_plots_render(page, page_errors, page_requests,
         # plotly drew the figure: an SVG root and at least one trace with data
         assert page.locator(f"#{fid} .main-svg").count() >= 1, fid
         assert page.evaluate(f"document.getElementById('{fid}').data.length") >= 1, fid
-    assert page.locator(f"#fig-across-within .scatterlayer .point").count() >= 1
+    assert page.locator("#fig-across-within .scatterlayer .point").count() >= 1
     assert page.locator(".mpo-strip").count() == len(re.findall(r'id="payload-\d+"', report_file.read_text()))
     assert page_errors == []
     assert [u for u in page_requests if not u.startswith(("file:", "data:", "blob:"))] == []
@@ -90,7 +90,7 @@ def test_strip_50k_tokens_is_virtualized(page, page_errors, tmp_path):
     rng = np.random.default_rng(0)
     n = 50_000
     mask = np.zeros(n, dtype=int)
-    pos, k = 0, 0
+    pos = 0
     while pos < n:
         a, o = int(rng.integers(20, 200)), int(rng.integers(20, 300))
         mask[pos : pos + a] = 1

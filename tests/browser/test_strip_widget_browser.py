@@ -1,0 +1,54 @@
+"""The strip's anywidget entry point ``render({model, el})`` with a stand-in model, in Chromium."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from mpo_viz.strip import payload_from_arrays, strip_css, strip_js
+
+pytestmark = pytest.mark.browser
+
+_MODEL = """
+class FakeModel {
+  constructor(state) { this.state = state; this.handlers = {}; this.saved = 0; }
+  get(k) { return this.state[k]; }
+  set(k, v) { this.state[k] = v; (this.handlers["change:" + k] || []).slice().forEach((f) => f()); }
+  on(e, f) { (this.handlers[e] = this.handlers[e] || []).push(f); }
+  off(e, f) { this.handlers[e] = (this.handlers[e] || []).filter((g) => g !== f); }
+  save_changes() { this.saved += 1; }
+}
+"""
+
+
+def test_render_follows_the_model_both_ways(page, page_errors, tmp_path):
+    p1 = payload_from_arrays(["a", "b", "c", "d"], [1, 1, 0, 1], None, {"x": [1.0, -1.0, 0.0, 0.5], "y": [0.1, 0.2, 0.3, 0.4]},
+                             title="first")
+    p2 = payload_from_arrays(["p", "q"], [1, 1], None, {"y": [1.0, 2.0]}, title="second")
+    # the ES module itself, inline (file:// pages cannot import modules from files)
+    html = (f"<!doctype html><meta charset=utf-8><style>{strip_css()}</style><div id=w></div>"
+            f"<script type=module>{strip_js()}\n{_MODEL}\n"
+            f"window.model = new FakeModel({{payload: {json.dumps(json.dumps(p1))}, channel: 'x'}});\n"
+            "window.cleanup = render({ model: window.model, el: document.getElementById('w') });\n"
+            "window.ready = true;</script>")
+    f = tmp_path / "w.html"
+    f.write_text(html)
+    page.goto(f.as_uri())
+    page.wait_for_function("window.ready === true")
+    assert page.input_value("#w select.mpo-strip-channel") == "x"
+    assert "first" in page.inner_text("#w .mpo-strip-title")
+    # UI -> model
+    page.select_option("#w select.mpo-strip-channel", "y")
+    assert page.evaluate("[window.model.state.channel, window.model.saved]") == ["y", 1]
+    # model -> UI
+    page.evaluate("window.model.set('channel', 'x')")
+    assert page.input_value("#w select.mpo-strip-channel") == "x"
+    page.evaluate(f"window.model.set('payload', {json.dumps(p2)})")  # an object works as well as JSON text
+    assert "second" in page.inner_text("#w .mpo-strip-title")
+    assert page.locator("#w .mpo-strip-tok").count() == 2
+    assert page.input_value("#w select.mpo-strip-channel") == "y"  # x is gone: first channel
+    page.evaluate("window.cleanup()")
+    assert page.inner_html("#w") == ""
+    assert page.evaluate("Object.values(window.model.handlers).every((h) => h.length === 0)")
+    assert page_errors == []
