@@ -225,7 +225,9 @@ class TextEnv:
         """
         if seed is None:
             seed = self._rng.randrange(2**63)
-        self._rng = random.Random(seed)
+        # the dynamics draw from their own stream, so that the same seed does not correlate the
+        # task's features with the slips of the episode
+        self._rng = random.Random(f"dynamics-{seed}")
         if task is None:
             task = self.make_task(seed if task_seed is None else task_seed)
         self.task = task
