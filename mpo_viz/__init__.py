@@ -1,7 +1,11 @@
 """mpo_viz: credit assignment for long-horizon LLM agents (MPO, GAE, GRPO, ...) with Jupyter views.
 
-The public API (DESIGN §5); this module only re-exports.
+The public API (DESIGN §5); this module only re-exports. The heavier subpackages
+(``mv.advantages``, ``mv.losses``, ``mv.analysis``, ``mv.plots``, ``mv.report``, ``mv.envs``,
+``mv.widgets``) load on first access, so ``import mpo_viz`` stays quick.
 """
+
+import importlib
 
 from mpo_viz import synthetic
 from mpo_viz.io import load, save, scan
@@ -9,6 +13,8 @@ from mpo_viz.schema import SCHEMA_VERSION, TrajectoryError
 from mpo_viz.trajectory import TrajectoryBatch
 
 __version__ = "0.1.0"
+
+_LAZY = ("advantages", "losses", "analysis", "plots", "report", "envs", "widgets", "turns")
 
 __all__ = [
     "SCHEMA_VERSION",
@@ -19,4 +25,11 @@ __all__ = [
     "scan",
     "synthetic",
     "__version__",
+    *_LAZY,
 ]
+
+
+def __getattr__(name):
+    if name in _LAZY:
+        return importlib.import_module(f"mpo_viz.{name}")
+    raise AttributeError(f"module 'mpo_viz' has no attribute {name!r}")
