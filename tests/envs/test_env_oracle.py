@@ -4,6 +4,8 @@ import random
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from mpo_viz.envs import (
     AutomationEnv,
@@ -180,3 +182,44 @@ def test_long_horizon_is_cheap():
     v = orc.value(env.state)
     assert 0.0 < v < 1.0
     assert len(orc._v) < 2000  # memoized on hashable states
+
+
+@settings(max_examples=15, deadline=None)
+@given(name=st.sampled_from(["search", "tooluse", "automation"]), seed=st.integers(0, 10_000),
+       noise=st.floats(0.05, 1.0), walk=st.integers(0, 10_000))
+def test_partial_turn_values_are_a_martingale(name, seed, noise, walk):
+    # Along any prefix of the expert's text, the value is the policy-weighted average of the values
+    # one token later: Σ_tok P(tok | prefix) V(prefix + tok) = V(prefix) (and V(∅) = V(s), the end = Q).
+    env = make_env(name, difficulty=(3, 5))
+    env.reset(seed=seed)
+    ex = NoisyExpert(noise)
+    lay = ChatLayout(build_tokenizer(env))
+    orc = Oracle(env, ex, encode=lay.action)
+    rng = random.Random(walk)
+    for _ in range(rng.randint(0, 2)):  # move to a later state along a random expert path
+        if env.done:
+            return
+        env.step(ex.act(env, rng)[1])
+    if env.done:
+        return
+    state = env.state
+    pi, tx = orc.policy(state[1]), orc.texts(state[1])
+    for a in pi:
+        to = orc.turn(state, tx[a], a)
+        assert to.on_support and to.values[0] == pytest.approx(orc.value(state))
+        assert to.q == pytest.approx(orc.q(state, a))
+        for j in range(len(tx[a])):
+            alive = [b for b in pi if tx[b][:j] == tx[a][:j]]
+            w = sum(pi[b] for b in alive)
+            nxt = {}
+            for b in alive:
+                nxt.setdefault(tx[b][j], []).append(b)
+            avg = 0.0
+            for tok, group in nxt.items():
+                p_tok = sum(pi[b] for b in group) / w
+                v_tok = sum(pi[b] * orc.q(state, b) for b in group) / sum(pi[b] for b in group)
+                avg += p_tok * v_tok
+                if tok == tx[a][j]:  # the oracle's own next value is this group's posterior value
+                    after = to.values[j + 1] if j + 1 < len(tx[a]) else to.q
+                    assert after == pytest.approx(v_tok, abs=1e-12)
+            assert avg == pytest.approx(to.values[j], abs=1e-12)
