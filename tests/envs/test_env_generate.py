@@ -102,3 +102,14 @@ def test_mae_on_the_exact_critic_recovers_the_oracle_credit(within, opts):
             sel = m[i] & (tid[i] == k)
             expect[i, sel] = a_star[i, sel] + A * (1 - 1 / sel.sum())
     np.testing.assert_allclose(res.advantages.numpy()[m], expect[m], atol=2e-5)
+
+
+def test_long_horizon_without_reasoning(tmp_path):
+    out = tmp_path / "long.parquet"
+    assert main(["generate", "--env", "tooluse", "--noise", "0", "--episodes", "4", "--difficulty", "20-22",
+                 "--no-reasoning", "--out", str(out)]) == 0
+    b = mv.load(out)
+    assert (b.num_turns >= 20).all() and (b.num_turns <= 22).all() and (b.reward == 1).all()
+    toks = list(b.field("response_tokens")[0])
+    assert toks[0] == "calc" and toks[4] == "<|eot|>" and toks[5] == "<|tool|>"  # "calc x op c <|eot|>"
+    np.testing.assert_allclose(b.padded("values")[b.padded("loss_mask") == 1].numpy(), 1.0)  # noise 0: V = 1
