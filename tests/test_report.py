@@ -113,3 +113,13 @@ def test_report_selection_and_summary(small):
     assert heads[0][0] == best and heads[0][1].startswith("best")
     assert heads[1][0] == worst and heads[1][1].startswith("worst")
     assert f"<td>trajectories</td><td>{len(b)}</td>" in html
+
+
+def test_report_without_values_uses_what_the_data_allow():
+    rows = [{"traj_id": f"t{i}", "group_id": f"g{i // 2}", "prompt_ids": [1], "response_ids": [1, 2, 3, 4],
+             "loss_mask": [1, 0, 1, 1], "reward": float(i % 2)} for i in range(4)]
+    b = mv.TrajectoryBatch.from_rows(rows)
+    html = build_report(b, ReportConfig(progress=False))
+    assert "<td>estimators</td><td>grpo</td>" in html
+    assert "absent: no across/within diagnostic" in html and "fig-across-within" not in html
+    assert "fig-value-" not in html and 'id="payload-0"' in html

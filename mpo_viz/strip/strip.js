@@ -120,7 +120,11 @@ export function mount(el, payload, options = {}) {
     probe.textContent = "x";
     layer.appendChild(probe);
     const cs = getComputedStyle(probe);
-    ctx.font = `${cs.fontStyle} ${cs.fontWeight} ${cs.fontSize} ${cs.fontFamily}`;
+    // detached from the document (e.g. a widget view not yet attached) there is no computed font:
+    // measure with a stand-in and measure again once attached (see renderVisible)
+    const font = cs.fontFamily ? `${cs.fontStyle} ${cs.fontWeight} ${cs.fontSize} ${cs.fontFamily}` : "12px monospace";
+    if (font !== ctx.font) widthCache.clear();
+    ctx.font = font;
     // horizontal padding + border + margin of one token span
     const extra = ["paddingLeft", "paddingRight", "marginRight", "marginLeft", "borderLeftWidth", "borderRightWidth"]
       .reduce((s, k) => s + (parseFloat(cs[k]) || 0), 0);
@@ -246,6 +250,7 @@ export function mount(el, payload, options = {}) {
     raf = 0;
     if (Math.abs(viewport.clientWidth - layoutWidth) > 1 && viewport.clientWidth > 0) {
       const first = rowStart[Math.min(nRows, Math.floor(viewport.scrollTop / ROW_H))] || 0;
+      spanExtra = setFont();
       layout();
       scrollToToken(first, false);
       force = true;

@@ -52,3 +52,25 @@ def test_render_follows_the_model_both_ways(page, page_errors, tmp_path):
     assert page.inner_html("#w") == ""
     assert page.evaluate("Object.values(window.model.handlers).every((h) => h.length === 0)")
     assert page_errors == []
+
+
+def test_mount_while_detached_lays_out_once_attached(page, page_errors, tmp_path):
+    words = ["alpha", " beta", " gamma", " delta"] * 500
+    p = payload_from_arrays(words, [1] * len(words), None, {"x": [0.1] * len(words)})
+    html = (f"<!doctype html><meta charset=utf-8><style>{strip_css()}</style><body style='width:700px'>"
+            f"<script>{strip_js(module=False)}\n"
+            f"const el = document.createElement('div'); window.v = mpoStrip.mount(el, {json.dumps(p)});\n"
+            "setTimeout(() => { document.body.appendChild(el); window.attached = true; }, 50);</script>")
+    f = tmp_path / "d.html"
+    f.write_text(html)
+    page.goto(f.as_uri())
+    page.wait_for_function("window.attached === true")
+    page.wait_for_function("document.querySelectorAll('.mpo-strip-tok').length > 0")
+    page.wait_for_timeout(100)
+    overflow = page.evaluate("""() => {
+        const vp = document.querySelector('.mpo-strip-viewport').getBoundingClientRect();
+        return [...document.querySelectorAll('.mpo-strip-row')].filter(r => {
+            const t = r.querySelectorAll('.mpo-strip-tok'); return t.length && t[t.length - 1].getBoundingClientRect().right > vp.right;
+        }).length; }""")
+    assert overflow == 0
+    assert page_errors == []
