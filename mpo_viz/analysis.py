@@ -141,7 +141,8 @@ def variance_split(x, mask, turn_ids=None) -> dict[str, np.ndarray]:
     * ``within = mean_k Var_{t∈k}(x_t)`` (population variance inside each turn; a one-token turn
       contributes 0);
     * ``ratio = across / within``: ``inf`` when ``within == 0 < across``; ``nan`` when both are 0
-      (nothing varies) or the row has no action token;
+      (nothing varies) or the row has no action token. A variance below ``1e-24 · max(x²)`` of the
+      row is round-off (e.g. a turn of identical values) and counts as 0;
     * the length-weighted pair ``across_w = Σ_k n_k (m_k − m)² / n`` and
       ``within_w = Σ_k n_k Var_k / n`` (``m`` the mean over all n action tokens), which sum to the
       population variance of the row's action-token values;
@@ -169,6 +170,14 @@ def variance_split(x, mask, turn_ids=None) -> dict[str, np.ndarray]:
             idx.turn_row, weights=idx.count * (mk - m_all[idx.turn_row]) ** 2, minlength=B
         ) / n
         within_w = np.bincount(idx.turn_row, weights=idx.count * var_k, minlength=B) / n
+    # round-off: a turn of identical values can leave a variance of ~1e-34·x² instead of 0, which
+    # would turn an infinite ratio into an astronomically large finite one; snap those to 0
+    scale2 = np.zeros(B)
+    if xv.size:
+        np.maximum.at(scale2, idx.rows, xv * xv)
+    tiny = _TINY * scale2
+    for arr in (across, within, across_w, within_w):
+        arr[arr <= tiny] = 0.0
     ratio = _ratio(across, within)
     return {
         "n_tokens": n.astype(np.int64),
@@ -179,6 +188,9 @@ def variance_split(x, mask, turn_ids=None) -> dict[str, np.ndarray]:
         "across_w": across_w,
         "within_w": within_w,
     }
+
+
+_TINY = 1e-24  # variances below _TINY · max(x²) of the row are round-off: treated as 0
 
 
 def _ratio(across: np.ndarray, within: np.ndarray) -> np.ndarray:
@@ -214,10 +226,14 @@ def _variance_split_ref(x, mask, turn_ids=None) -> dict[str, np.ndarray]:
         across = sum((mu - mm) ** 2 for mu in means) / K
         within = sum(variances) / K
         m_all = sum(vals) / n
+        across_w = sum(len(v) * (mu - m_all) ** 2 for v, mu in zip(turns.values(), means)) / n
+        within_w = sum(len(v) * var for v, var in zip(turns.values(), variances)) / n
+        tiny = _TINY * max(a * a for a in vals)
+        across, within, across_w, within_w = (0.0 if z <= tiny else z for z in (across, within, across_w, within_w))
         out["across"].append(across)
         out["within"].append(within)
-        out["across_w"].append(sum(len(v) * (mu - m_all) ** 2 for v, mu in zip(turns.values(), means)) / n)
-        out["within_w"].append(sum(len(v) * var for v, var in zip(turns.values(), variances)) / n)
+        out["across_w"].append(across_w)
+        out["within_w"].append(within_w)
         out["ratio"].append(math.inf if within == 0 and across > 0 else (across / within if within > 0 else math.nan))
     return {k: np.asarray(v, dtype=np.int64 if k.startswith("n_") else np.float64) for k, v in out.items()}
 

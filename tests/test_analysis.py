@@ -228,3 +228,14 @@ def test_turn_table_with_estimator_names_matches_mae_turn_advantage(toy):
     # MAE's turn mean is exactly A^T_k (DESIGN §3.4 worked example, λ = λ_T = 0.9, γ = 1)
     tt = an.turn_table(toy, "mpo", lam=0.9, turn_lam=0.9)
     np.testing.assert_allclose(tt["adv_mpo"], [0.442, 0.38, 0.2, -0.3575, -0.175, -0.25], atol=1e-6)
+
+
+def test_identical_values_with_round_off_count_as_zero_within():
+    # 0.1 three times: the float mean is not exactly 0.1, yet the turn does not vary
+    x = np.array([[0.1, 0.1, 0.1, 0.7, 0.7, 0.7]])
+    mask = np.array([[1, 1, 1, 0, 1, 1]])
+    s = an.variance_split(x, mask)
+    assert s["within"][0] == 0.0 and s["ratio"][0] == math.inf
+    assert s["across"][0] == pytest.approx(0.09)
+    r = an._variance_split_ref(x, mask)
+    assert r["within"][0] == 0.0 and r["ratio"][0] == math.inf
