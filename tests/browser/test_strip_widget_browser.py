@@ -74,3 +74,21 @@ def test_mount_while_detached_lays_out_once_attached(page, page_errors, tmp_path
         }).length; }""")
     assert overflow == 0
     assert page_errors == []
+
+
+def test_empty_and_channel_less_payloads(page, page_errors, tmp_path):
+    html = (f"<!doctype html><meta charset=utf-8><style>{strip_css()}</style><div id=a></div><div id=b></div>"
+            f"<script>{strip_js(module=False)}\n"
+            "window.a = mpoStrip.mount(document.getElementById('a'), {tokens: []});\n"
+            "window.b = mpoStrip.mount(document.getElementById('b'), {tokens: ['x', 'y'], mask: [0, 1]});\n"
+            "window.done = true;</script>")
+    f = tmp_path / "e.html"
+    f.write_text(html)
+    page.goto(f.as_uri())
+    page.wait_for_function("window.done === true")
+    assert page.evaluate("[window.a.rows, window.b.rows]") == [0, 2]
+    assert page.locator("#a .mpo-strip-tok").count() == 0
+    page.hover("#b [data-i='1']")
+    assert "action" in page.inner_text("#b .mpo-strip-tip")
+    assert page.is_disabled("#b select.mpo-strip-channel")
+    assert page_errors == []
