@@ -4,8 +4,9 @@ render of a 50,000-token trajectory in Chromium.
 1. Synthetic Parquet files of about 2M and 10M response tokens (written once under
    ``$TMPDIR/mpo_viz_bench/``, reused).
 2. Each file through ``mpo-viz advantages -e mpo,gae,grpo`` (streaming, chunks of 1M tokens) in a
-   fresh process, side by side with the baseline that loads the whole file, computes and saves it
-   in one piece (``mv.load`` → ``compute`` → ``mv.save``). Reported: wall time, tokens/s, and the
+   fresh process — into one file (parts merged) and into a folder (one file per chunk) — side by
+   side with the baseline that loads the whole file, computes and saves it in one piece
+   (``mv.load`` → ``compute`` → ``mv.save``). Reported: wall time, tokens/s, and the
    peak resident memory of the process (``wait4`` rusage) — the streaming one should stay flat as
    the file grows, the baseline grows with it.
 3. The strip: a page with a 50,000-token payload, loaded in headless Chromium 3 times; reported:
@@ -99,15 +100,17 @@ def run_child(code: str, *args: str) -> tuple[dict, float, float]:
 
 
 def bench_advantages(sizes: list[float]) -> list[dict]:
+    """Per file: the baseline (load all) and streaming into one file / into a folder, side by side."""
     rows = []
     for m in sizes:
         f = make_file(m)
         with tempfile.TemporaryDirectory(dir=CACHE) as d:
-            s, wall, rss = run_child(_STREAM, str(f), str(Path(d) / "out.parquet"), ESTIMATORS)
             b, bwall, brss = run_child(_BASELINE, str(f), str(Path(d) / "base.parquet"), ESTIMATORS)
-        rows.append({"file": f.name, "tokens": s["tokens"], "stream_s": wall, "stream_tok_s": s["tokens"] / wall,
-                     "stream_rss": rss, "base_s": bwall, "base_tok_s": b["tokens"] / bwall, "base_rss": brss,
-                     "timings": s["timings"]})
+            rows.append({"file": f.name, "mode": "load all (baseline)", "tokens": b["tokens"], "s": bwall, "rss": brss})
+            for mode, out in (("stream -> file", "out.parquet"), ("stream -> folder", "outdir")):
+                s, wall, rss = run_child(_STREAM, str(f), str(Path(d) / out), ESTIMATORS)
+                rows.append({"file": f.name, "mode": mode, "tokens": s["tokens"], "s": wall, "rss": rss,
+                             "timings": s["timings"], "base_s": bwall, "base_rss": brss})
     return rows
 
 
@@ -192,20 +195,25 @@ def main() -> None:
     a = ap.parse_args()
     sizes = [0.2, 1.0] if a.quick else [float(x) for x in a.sizes.split(",")]
     rows = bench_advantages(sizes)
-    print(f"\nmpo-viz advantages -e {ESTIMATORS} (fresh process each; wall time includes imports and numba JIT)")
-    print(f"{'file':<26}{'tokens':>12}{'stream s':>10}{'tok/s':>11}{'peak MiB':>10}  |{'load-all s':>11}{'tok/s':>11}"
-          f"{'peak MiB':>10}  {'speed ×':>8}{'memory ×':>9}")
+    print(f"\nmpo-viz advantages -e {ESTIMATORS}, chunks of 1M tokens (fresh process each; wall time includes "
+          "imports and numba JIT)")
+    print(f"{'file':<24}{'mode':<21}{'tokens':>12}{'wall s':>8}{'tokens/s':>11}{'peak MiB':>10}"
+          f"{'speed vs base':>15}{'memory vs base':>16}")
     for r in rows:
-        print(f"{r['file']:<26}{r['tokens']:>12,}{r['stream_s']:>10.1f}{r['stream_tok_s']:>11,.0f}{r['stream_rss']:>10,.0f}  |"
-              f"{r['base_s']:>11.1f}{r['base_tok_s']:>11,.0f}{r['base_rss']:>10,.0f}  "
-              f"{r['stream_tok_s'] / r['base_tok_s']:>8.2f}{r['stream_rss'] / r['base_rss']:>9.2f}")
+        base = "base_s" in r
+        print(f"{r['file']:<24}{r['mode']:<21}{r['tokens']:>12,}{r['s']:>8.1f}{r['tokens'] / r['s']:>11,.0f}{r['rss']:>10,.0f}"
+              f"{(r['base_s'] / r['s'] if base else 1):>14.2f}x{(r['rss'] / r['base_rss'] if base else 1):>15.2f}x")
     for r in rows:
-        t = r["timings"]
-        print(f"  {r['file']}: streaming phases read {t['read']:.1f}s, estimate {t['estimate']:.1f}s, write {t['write']:.1f}s")
-    if len(rows) >= 2:
-        a0, a1 = rows[0], rows[-1]
-        print(f"peak memory, largest / smallest file: streaming {a1['stream_rss'] / a0['stream_rss']:.2f}×, "
-              f"load-all {a1['base_rss'] / a0['base_rss']:.2f}× (file {a1['tokens'] / a0['tokens']:.1f}× larger)")
+        if "timings" in r:
+            t = r["timings"]
+            print(f"  {r['file']} {r['mode']}: read {t['read']:.1f}s, estimate {t['estimate']:.1f}s, write {t['write']:.1f}s")
+    by_mode = {}
+    for r in rows:
+        by_mode.setdefault(r["mode"], []).append(r)
+    if len(sizes) >= 2:
+        print("peak memory, largest / smallest file: " + ", ".join(
+            f"{k} {v[-1]['rss'] / v[0]['rss']:.2f}x" for k, v in by_mode.items())
+            + f" (file {rows[-1]['tokens'] / rows[0]['tokens']:.1f}x larger)")
     if not a.no_strip:
         s = bench_strip()
         print(f"\nstrip first render, {s['tokens']:,} tokens, 6 channels, page {s['payload_mb']:.1f} MB (median of 3):")

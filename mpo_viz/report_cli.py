@@ -4,7 +4,8 @@
 (bounded memory: one chunk of ``--max-tokens`` response tokens at a time, groups kept together),
 runs each estimator on each chunk and writes the rows with extra per-token columns
 ``adv_<name>`` / ``ret_<name>``. Chunks are written as parts and merged row group by row group, so
-the output holds the union of the columns whatever chunk they first appear in.
+the output holds the union of the columns whatever chunk they first appear in; with ``-o FOLDER``
+the parts are the output (one Parquet file per chunk, which ``mv.load``/``mv.scan`` read as one set).
 
 ``report PATH -o report.html`` writes the self-contained HTML report (:mod:`mpo_viz.report`).
 
@@ -46,9 +47,10 @@ def _parts_dir(out: Path) -> Path:
 def annotate_file(path, out, config: AdvantagesConfig | None = None) -> dict:
     """Add ``adv_<name>`` / ``ret_<name>`` columns for each estimator to every row of ``path``.
 
-    Returns statistics: ``trajectories``, ``tokens`` (response tokens), ``chunks``, ``seconds``,
-    ``tokens_per_s``, per-phase ``timings``, ``rejected`` (rows rejected by the loader with
-    ``errors="raise"`` there are none: the first bad row raises), ``out``.
+    ``out``: a ``.parquet`` or ``.jsonl`` file, or a folder (one Parquet file per chunk). The input
+    is read with ``errors="raise"``: the first invalid row stops the run with the loader's message
+    and no output is left behind. Returns statistics: ``out``, ``trajectories``, ``tokens``
+    (response tokens), ``chunks``, ``seconds``, ``tokens_per_s`` and per-phase ``timings``.
     """
     import mpo_viz as mv
     from mpo_viz import advantages as adv
@@ -56,8 +58,11 @@ def annotate_file(path, out, config: AdvantagesConfig | None = None) -> dict:
 
     cfg = config or AdvantagesConfig()
     out = Path(out)
-    if out.suffix not in (".parquet", ".jsonl"):
-        raise ValueError(f"-o: expected a .parquet or .jsonl path, found {str(out)!r}")
+    folder = out.suffix == "" or out.is_dir()
+    if not folder and out.suffix not in (".parquet", ".jsonl"):
+        raise ValueError(f"-o: expected a .parquet or .jsonl path or a folder, found {str(out)!r}")
+    if folder and out.exists() and any(out.glob("part-*.parquet")):
+        raise ValueError(f"-o: folder {str(out)!r} already holds part-*.parquet files; expected a new or empty folder")
     names = [e.strip() for e in cfg.estimators if e.strip()]
     if not names:
         raise ValueError("-e: expected at least one estimator name, found none")
@@ -67,13 +72,16 @@ def annotate_file(path, out, config: AdvantagesConfig | None = None) -> dict:
     opts = {n: an.estimator_options(n, cfg.options) for n in names}
     t0 = time.perf_counter()
     timings = {"read": 0.0, "estimate": 0.0, "write": 0.0}
-    parts = _parts_dir(out)
-    if parts.exists():
+    # a folder output receives one Parquet file per chunk directly (no merge pass); a file output
+    # is assembled from parts in a temporary folder beside it
+    parts = out if folder else _parts_dir(out)
+    if not folder and parts.exists():
         shutil.rmtree(parts)
-    parts.mkdir(parents=True)
+    parts.mkdir(parents=True, exist_ok=True)
     n_traj = n_tok = n_chunks = 0
     from tqdm.auto import tqdm
 
+    ok = False
     bar = tqdm(total=_count_rows(path), unit="traj", desc="advantages", leave=False, dynamic_ncols=True,
                disable=None if cfg.progress is None else not cfg.progress)
     try:
@@ -94,7 +102,7 @@ def annotate_file(path, out, config: AdvantagesConfig | None = None) -> dict:
             annotated.meta = {**chunk.meta, "advantage_estimators": {n: _jsonable(r_opts) for n, r_opts in opts.items()}}
             tc = time.perf_counter()
             timings["estimate"] += tc - tb
-            mv.save(annotated, parts / f"part-{n_chunks:06d}{out.suffix}" if out.suffix == ".parquet"
+            mv.save(annotated, parts / f"part-{n_chunks:06d}.parquet" if folder or out.suffix == ".parquet"
                     else parts / f"part-{n_chunks:06d}" / f"rows{out.suffix}")
             timings["write"] += time.perf_counter() - tc
             n_chunks += 1
@@ -105,11 +113,17 @@ def annotate_file(path, out, config: AdvantagesConfig | None = None) -> dict:
         tm = time.perf_counter()
         if n_chunks == 0:
             raise ValueError(f"{path}: no trajectories to annotate")
-        _merge_parts(parts, out)
+        if not folder:
+            _merge_parts(parts, out)
         timings["write"] += time.perf_counter() - tm
+        ok = True
     finally:
         bar.close()
-        shutil.rmtree(parts, ignore_errors=True)
+        if not folder:
+            shutil.rmtree(parts, ignore_errors=True)
+        elif not ok:
+            for f in parts.glob("part-*.parquet"):  # no half-written folder left behind
+                f.unlink()
     secs = time.perf_counter() - t0
     return {"out": str(out), "trajectories": n_traj, "tokens": n_tok, "chunks": n_chunks, "seconds": secs,
             "tokens_per_s": n_tok / secs if secs > 0 else float("nan"), "timings": timings}
@@ -214,7 +228,8 @@ def add_subcommand(sub) -> None:
     p = sub.add_parser("advantages", help="add adv_<name>/ret_<name> columns for chosen estimators (streams)",
                        description=__doc__.split("\n\n")[1])
     p.add_argument("path", help="trajectories: .jsonl, .parquet or a folder")
-    p.add_argument("-o", "--output", required=True, help="output .parquet or .jsonl")
+    p.add_argument("-o", "--output", required=True,
+                   help="output .parquet or .jsonl file, or a folder (one Parquet file per chunk, no merge pass)")
     _estimator_args(p, "mpo,gae,grpo")
     p.set_defaults(func=cmd_advantages)
 

@@ -123,3 +123,15 @@ def test_report_without_values_uses_what_the_data_allow():
     assert "<td>estimators</td><td>grpo</td>" in html
     assert "absent: no across/within diagnostic" in html and "fig-across-within" not in html
     assert "fig-value-" not in html and 'id="payload-0"' in html
+
+
+def test_advantages_cli_folder_output(small, tmp_path):
+    path, b = small
+    out = tmp_path / "annotated"
+    assert main(["advantages", str(path), "-e", "grpo,gae", "-o", str(out), "--max-tokens", "400", "--no-progress"]) == 0
+    assert len(list(out.glob("part-*.parquet"))) > 1
+    _check_columns(out, b, ["grpo", "gae"])
+    with pytest.raises(ValueError, match="already holds part"):
+        from mpo_viz.report_cli import AdvantagesConfig, annotate_file
+
+        annotate_file(path, out, AdvantagesConfig(estimators=("gae",), progress=False))
