@@ -1,0 +1,124 @@
+"""``EstimatorComparison``: one trajectory under several estimators.
+
+Stacked strips (one per estimator, each coloured by that estimator's advantages; hover shows them
+all), the per-turn advantages as grouped bars (:func:`mpo_viz.plots.estimator_comparison`), and
+the agreement metrics (:func:`mpo_viz.analysis.compare_estimators`: correlation, sign agreement,
+rank agreement, sign flips) on this trajectory and on the whole batch. The sliders are shared by
+every estimator (each takes the options it accepts).
+"""
+
+from __future__ import annotations
+
+import time
+
+import ipywidgets as W
+import numpy as np
+import plotly.graph_objects as go
+
+from mpo_viz import analysis as an
+from mpo_viz import plots
+from mpo_viz.strip import strip_payload
+from mpo_viz.widgets.engine import AdvantageEngine, ParamControls, default_estimators
+from mpo_viz.widgets.explorer import _html_table, as_batch, trajectory_table
+from mpo_viz.widgets.picker import TrajectoryPicker
+from mpo_viz.widgets.snapshot import Snapshot
+from mpo_viz.widgets.strip_widget import StripWidget
+
+__all__ = ["EstimatorComparison"]
+
+
+class EstimatorComparison(W.VBox):
+    """Compare estimators on one trajectory (picked from a table), with shared parameter sliders.
+
+    ``estimators``: names (default: mpo, gae, grpo where supported; at least one). ``row``: index
+    or traj_id. ``options``: initial slider values. Attributes: ``params``, ``picker``, ``strips``
+    (``{name: StripWidget}``), ``figure`` (per-turn bars), ``metrics`` (HTML), ``metrics_df``
+    (this trajectory), ``batch_metrics_df`` (whole batch), ``results``.
+    """
+
+    def __init__(self, batch, estimators=None, *, row=0, page_size: int = 10, tokens=None,
+                 strip_height: int = 160, params: ParamControls | None = None, **options):
+        self.batch = as_batch(batch)
+        names = list(estimators) if estimators is not None else default_estimators(self.batch)
+        self.engine = AdvantageEngine(self.batch, names)
+        self.names = self.engine.names
+        self.params = params if params is not None else ParamControls(**options)
+        self.tokens = tokens
+        self.results = self.engine.compute(self.params.options)
+        self.picker = TrajectoryPicker(trajectory_table(self.batch, self._adv()), page_size=page_size,
+                                       sort_by="disagree" if len(self.names) >= 2 else "reward")
+        self.strips = {n: StripWidget(height=strip_height) for n in self.names}
+        self.figure = None
+        self.figure_box = W.Box(layout=W.Layout(width="100%"))
+        self.metrics = W.HTML()
+        self.metrics.add_class("mpo-turns")
+        self.timings: dict = {}
+        self.picker.on_pick(self.select)
+        self.params.on_change(self._params_changed)
+        strips = [w for n in self.names for w in (W.HTML(f"<b>{n}</b>"), self.strips[n])]
+        super().__init__([self.params, self.picker, *strips, self.figure_box, self.metrics])
+        self.add_class("mpo-comparison")
+        self.row = -1
+        r = self.batch.traj_ids.index(row) if isinstance(row, str) else int(row) % len(self.batch)
+        self.select(r)
+
+    def _adv(self) -> dict:
+        return {k: a for k, (a, _) in self.results.items()}
+
+    def _rows(self) -> dict:
+        return {k: a[self.row : self.row + 1, : self._n].detach().cpu().numpy() for k, (a, _) in self.results.items()}
+
+    def select(self, row: int) -> None:
+        """Show batch row ``row``."""
+        self.row = int(row)
+        self._sub = self.batch[[self.row]]
+        self._n = int(self._sub.lengths[0])
+        self._redraw(new_row=True)
+
+    def _params_changed(self, options: dict) -> None:
+        t0 = time.perf_counter()
+        self.results = self.engine.compute(options)
+        if "disagree" in self.picker.table.columns:
+            self.picker.set_column("disagree", an.disagreement(self.batch, self._adv()))
+        self.timings["compute"] = time.perf_counter() - t0
+        self._redraw(new_row=False)
+
+    def _redraw(self, new_row: bool) -> None:
+        adv = self._rows()
+        payload = strip_payload(self._sub, 0, advantages=adv, tokens=self.tokens)
+        for name, w in self.strips.items():
+            p = dict(payload, channel=f"adv_{name}", title=f"{name} · {self.batch.traj_ids[self.row]}")
+            w.set_payload(p, keep_channel=False)
+        bars = plots.estimator_comparison(self._sub, 0, adv)
+        if new_row or self.figure is None:
+            self.figure = go.FigureWidget(bars)
+            self.figure_box.children = (self.figure,)
+        else:
+            with self.figure.batch_update():
+                for tr, new in zip(self.figure.data, bars.data):
+                    tr.y = new.y
+        self.metrics_df = an.compare_estimators(self._sub, adv) if len(adv) >= 2 else None
+        self.batch_metrics_df = an.compare_estimators(self.batch, self._adv()) if len(adv) >= 2 else None
+        if self.metrics_df is None:
+            self.metrics.value = "<i>one estimator: nothing to compare</i>"
+        else:
+            self.metrics.value = ("<b>agreement on this trajectory</b>" + _html_table(self.metrics_df)
+                                  + "<b>agreement on the whole batch</b>" + _html_table(self.batch_metrics_df))
+
+    def turn_advantages(self) -> dict:
+        """``{name: per-turn mean advantage (K,)}`` of the current trajectory, as the bars show."""
+        return {tr.name: np.asarray(tr.y, dtype=np.float64) for tr in self.figure.data}
+
+    def to_html(self, path=None) -> str:
+        """Static snapshot: the stacked strips, the per-turn bars and the agreement tables."""
+        snap = Snapshot(f"mpo_viz estimator comparison: {self.batch.traj_ids[self.row]}")
+        snap.kv([("estimators", ", ".join(self.names)), *self.params.options.items()])
+        for name, w in self.strips.items():
+            snap.heading(name, 3).strip(w.payload_dict, w.height)
+        snap.figure(self.figure)
+        if self.metrics_df is not None:
+            snap.heading("agreement on this trajectory", 3).table(self.metrics_df)
+            snap.heading("agreement on the whole batch", 3).table(self.batch_metrics_df)
+        if path is not None:
+            snap.write(path)
+        return snap.render()

@@ -1,0 +1,349 @@
+"""``TrainingDashboard``: live curves of a run folder (DESIGN §4), refreshing while the run grows.
+
+A run folder holds ``config.json``, ``metrics.jsonl`` (one JSON object per iteration, appended; a
+writer may be caught mid-line), ``trajectories/iter=000123.parquet`` and ``checkpoints/iter=…/``
+with a ``latest`` file. The dashboard reads ``metrics.jsonl`` incrementally from the byte offset it
+reached, consuming complete lines only (a partial last line is shown if it already parses, and read
+again next time), and draws one panel per family of metrics:
+
+success / reward · losses · KL · clip fractions · within-turn shift · across / within · phase timings
+
+Metric names are matched by pattern (nested objects are flattened with ``/``), so a trainer that
+adds a metric gets it drawn without a change here. ``refresh()`` reads and redraws once; with
+``live=True`` an asyncio task on the kernel's event loop calls it every ``interval`` seconds.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import math
+import re
+from pathlib import Path
+
+import ipywidgets as W
+import numpy as np
+import plotly.graph_objects as go
+from plotly.subplots import make_subplots
+
+from mpo_viz.widgets.snapshot import Snapshot
+
+__all__ = ["TrainingDashboard", "read_metrics", "PANELS", "panel_of"]
+
+#: (title, predicate on a flattened metric name); a metric goes to the first panel that takes it
+PANELS = [
+    ("success / reward", lambda k: "success" in k or "reward" in k or "score" in k or "pass@" in k),
+    ("losses", lambda k: "loss" in k),
+    ("KL", lambda k: re.search(r"(^|[/_])kl($|[/_])", k) is not None or k.endswith("kl")),
+    ("clip fractions", lambda k: "clipfrac" in k or "clip_frac" in k),
+    ("within-turn shift", lambda k: "within_turn_shift" in k or "surrogate_gap" in k),
+    ("across / within", lambda k: "across" in k or "within" in k),
+    ("phase timings (s)", lambda k: k.startswith(("timings/", "timing/", "time/", "phase_time")) or
+     (k.endswith("_s") and k != "time_s")),
+]
+_SKIP = {"iteration", "phase", "time_s", "step"}
+
+
+def panel_of(key: str) -> int | None:
+    """Index in :data:`PANELS` of the panel that draws metric ``key`` (None: not drawn)."""
+    if key in _SKIP:
+        return None
+    for i, (_, pred) in enumerate(PANELS):
+        if pred(key):
+            return i
+    return None
+
+
+def _flatten(d: dict, prefix: str = "") -> dict:
+    out = {}
+    for k, v in d.items():
+        name = f"{prefix}{k}"
+        if isinstance(v, dict):
+            out.update(_flatten(v, name + "/"))
+        else:
+            out[name] = v
+    return out
+
+
+def read_metrics(path, offset: int = 0) -> tuple[list[dict], int, dict | None]:
+    """Read ``metrics.jsonl`` from byte ``offset``: ``(records, new_offset, pending)``.
+
+    ``records``: the complete lines (ending in a newline) after ``offset``, parsed and flattened;
+    ``new_offset``: the byte after the last complete line; ``pending``: the partial last line when it
+    already parses as a JSON object (a writer that has not written the newline yet), else None.
+    A complete line that is not a JSON object raises ``ValueError`` naming the file and line.
+    """
+    p = Path(path)
+    if not p.exists():
+        return [], offset, None
+    with open(p, "rb") as fh:
+        fh.seek(offset)
+        data = fh.read()
+    end = data.rfind(b"\n") + 1
+    records = []
+    line_no = None
+    for i, line in enumerate(data[:end].split(b"\n")[:-1] if end else []):
+        if not line.strip():
+            continue
+        try:
+            obj = json.loads(line)
+        except json.JSONDecodeError as exc:
+            line_no = line_no or _line_number(p, offset) + i
+            raise ValueError(f"{p}: line {line_no}: expected one JSON object per line, found {line[:80]!r} ({exc})") from None
+        if not isinstance(obj, dict):
+            raise ValueError(f"{p}: line {_line_number(p, offset) + i}: expected a JSON object, found {type(obj).__name__}")
+        records.append(_flatten(obj))
+    pending = None
+    tail = data[end:]
+    if tail.strip():
+        try:
+            obj = json.loads(tail)
+            pending = _flatten(obj) if isinstance(obj, dict) else None
+        except json.JSONDecodeError:
+            pending = None
+    return records, offset + end, pending
+
+
+def _line_number(p: Path, offset: int) -> int:
+    with open(p, "rb") as fh:
+        return fh.read(offset).count(b"\n") + 1
+
+
+def _num(v) -> float:
+    if isinstance(v, bool):
+        return float(v)
+    if isinstance(v, (int, float)):
+        return float(v)
+    return math.nan
+
+
+class TrainingDashboard(W.VBox):
+    """Live training curves of one run folder.
+
+    ``run_dir``: the run folder (it may not hold ``metrics.jsonl`` yet). ``interval``: seconds between
+    refreshes when live. ``live``: start refreshing now (default: only when the metrics file changed
+    within the last ``interval * 30`` seconds, i.e. the run looks active); the "live" toggle turns it
+    on and off. Attributes: ``records`` (list of flattened metric dicts, one per complete line),
+    ``pending`` (the partial last line, parsed, or None), ``figure`` (FigureWidget), ``config``.
+    """
+
+    def __init__(self, run_dir, *, interval: float = 2.0, live: bool | None = None):
+        self.run_dir = Path(run_dir)
+        if not self.run_dir.is_dir():
+            raise ValueError(f"run_dir: expected a run folder, found {str(self.run_dir)!r} (not a directory)")
+        if interval <= 0:
+            raise ValueError(f"interval: expected > 0 seconds, found {interval}")
+        self.interval = float(interval)
+        self.records: list[dict] = []
+        self.pending: dict | None = None
+        self._offset = 0
+        self._keys: tuple = ()
+        self._task = None
+        self.config: dict = {}
+        self.figure: go.FigureWidget | None = None
+        self.figure_box = W.Box(layout=W.Layout(width="100%"))
+        self.status = W.HTML()
+        self.config_html = W.HTML()
+        self.live = W.ToggleButton(value=False, description="live", tooltip=f"refresh every {self.interval:g} s",
+                                   icon="refresh", layout=W.Layout(width="90px"))
+        self.refresh_button = W.Button(description="refresh", layout=W.Layout(width="90px"))
+        self.iterations = W.Dropdown(description="trajectories", options=[], style={"description_width": "80px"},
+                                     layout=W.Layout(width="300px"))
+        self.open_button = W.Button(description="explore", tooltip="open the selected iteration's trajectories",
+                                    layout=W.Layout(width="90px"))
+        self.explorer_box = W.Box(layout=W.Layout(width="100%"))
+        self.explorer = None
+        self.refresh_button.on_click(lambda _: self.refresh())
+        self.open_button.on_click(lambda _: self.open_iteration())
+        self.live.observe(self._live_changed, names="value")
+        bar = W.HBox([self.live, self.refresh_button, self.iterations, self.open_button])
+        super().__init__([bar, self.status, self.figure_box, W.HTML("<b>config</b>"), self.config_html,
+                          self.explorer_box])
+        self.add_class("mpo-dashboard")
+        self.refresh()
+        if live is None:
+            m = self.run_dir / "metrics.jsonl"
+            import time
+
+            live = m.exists() and time.time() - m.stat().st_mtime < self.interval * 30
+        self.live.value = bool(live)
+
+    # --- reading ---------------------------------------------------------------------------------------
+    def refresh(self) -> int:
+        """Read what the run wrote since the last call and redraw; returns the number of new records."""
+        cfg = self.run_dir / "config.json"
+        if cfg.exists() and not self.config:
+            try:
+                self.config = json.loads(cfg.read_text())
+            except json.JSONDecodeError:
+                self.config = {}  # being written: read it next time
+            self.config_html.value = _kv_html(_flatten(self.config)) if self.config else "<i>no config.json yet</i>"
+        new, self._offset, self.pending = read_metrics(self.run_dir / "metrics.jsonl", self._offset)
+        self.records.extend(new)
+        files = self.trajectory_files()
+        labels = [f.stem for f in files]
+        if labels != list(self.iterations.options):
+            cur = self.iterations.value
+            self.iterations.options = labels
+            self.iterations.value = cur if cur in labels else (labels[-1] if labels else None)
+        self._redraw()
+        self._update_status(len(new))
+        return len(new)
+
+    def trajectory_files(self) -> list[Path]:
+        """``trajectories/iter=*.parquet`` (and ``.jsonl``), oldest first."""
+        d = self.run_dir / "trajectories"
+        if not d.is_dir():
+            return []
+        return sorted([p for p in d.iterdir() if p.name.startswith("iter=") and p.suffix in (".parquet", ".jsonl")])
+
+    def latest_checkpoint(self) -> str | None:
+        f = self.run_dir / "checkpoints" / "latest"
+        try:
+            return f.read_text().strip() or None
+        except OSError:
+            return None
+
+    @property
+    def table(self):
+        """The metrics as a DataFrame (complete lines, then the pending one if any)."""
+        import pandas as pd
+
+        return pd.DataFrame(self.records + ([self.pending] if self.pending else []))
+
+    # --- drawing -----------------------------------------------------------------------------------
+    def _series(self):
+        recs = self.records + ([self.pending] if self.pending else [])
+        keys: dict[int, list[str]] = {}
+        for r in recs:
+            for k, v in r.items():
+                i = panel_of(k)
+                if i is not None and isinstance(v, (int, float)) and k not in keys.get(i, []):
+                    keys.setdefault(i, []).append(k)
+        x = np.array([_num(r.get("iteration", j)) for j, r in enumerate(recs)])
+        ys = {k: np.array([_num(r.get(k)) for r in recs]) for ks in keys.values() for k in ks}
+        return x, keys, ys
+
+    def _redraw(self) -> None:
+        x, keys, ys = self._series()
+        layout_keys = tuple((i, tuple(ks)) for i, ks in sorted(keys.items()))
+        if self.figure is None or layout_keys != self._keys:
+            self._keys = layout_keys
+            self.figure = go.FigureWidget(self._build(x, keys, ys))
+            self.figure_box.children = (self.figure,)
+            return
+        with self.figure.batch_update():
+            for tr in self.figure.data:
+                tr.x = x
+                tr.y = ys[tr.meta]
+
+    def _build(self, x, keys, ys) -> go.Figure:
+        titles = [t for t, _ in PANELS]
+        rows = math.ceil(len(PANELS) / 2)
+        fig = make_subplots(rows=rows, cols=2, subplot_titles=titles, vertical_spacing=0.08, horizontal_spacing=0.08)
+        palette = ["#1f77b4", "#d62728", "#2ca02c", "#ff7f0e", "#9467bd", "#8c564b", "#e377c2", "#17becf"]
+        for i, ks in keys.items():
+            r, c = i // 2 + 1, i % 2 + 1
+            for j, k in enumerate(ks):
+                fig.add_trace(go.Scatter(x=x, y=ys[k], mode="lines+markers", name=k, meta=k,
+                                         marker=dict(size=4), line=dict(color=palette[j % len(palette)], width=1.5),
+                                         legendgroup=str(i), hovertemplate=f"{k}<br>iteration %{{x}}: %{{y:.4g}}<extra></extra>"),
+                              row=r, col=c)
+        fig.update_xaxes(title_text="iteration", row=rows, col=1)
+        fig.update_xaxes(title_text="iteration", row=rows - 1, col=2)
+        fig.update_layout(height=260 * rows, template="plotly_white", margin=dict(l=50, r=20, t=50, b=40),
+                          legend=dict(font=dict(size=10)), title=f"run {self.run_dir.name}")
+        return fig
+
+    def _update_status(self, n_new: int) -> None:
+        import datetime as dt
+
+        last = self.records[-1] if self.records else {}
+        it = last.get("iteration", len(self.records) - 1 if self.records else None)
+        bits = [f"<b>{self.run_dir.name}</b>", f"{len(self.records)} iterations"]
+        if it is not None:
+            bits.append(f"last iteration {it}")
+        if "phase" in last:
+            bits.append(f"phase {last['phase']}")
+        if self.pending is not None:
+            bits.append("a line is being written")
+        bits.append(f"{len(self.trajectory_files())} trajectory files")
+        ck = self.latest_checkpoint()
+        if ck:
+            bits.append(f"latest checkpoint {ck}")
+        bits.append(f"+{n_new} at {dt.datetime.now().strftime('%H:%M:%S')}")
+        self.status.value = " · ".join(bits)
+
+    # --- live refresh -------------------------------------------------------------------------------------
+    def _live_changed(self, change) -> None:
+        if change["new"]:
+            self.start()
+        else:
+            self.stop()
+
+    def start(self) -> None:
+        """Refresh every ``interval`` seconds on the running event loop (the kernel's)."""
+        if self._task is not None and not self._task.done():
+            return
+        try:
+            loop = asyncio.get_running_loop()
+        except RuntimeError:
+            loop = None
+        if loop is None:
+            try:
+                loop = asyncio.get_event_loop()
+            except RuntimeError:
+                loop = None
+        if loop is None or not loop.is_running():
+            # no running loop (a plain script): live refresh is not possible; call refresh() yourself
+            self.live.value = False
+            return
+        self._task = loop.create_task(self._loop())
+
+    def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            self._task = None
+        if self.live.value:
+            self.live.value = False
+
+    async def _loop(self) -> None:
+        while True:
+            await asyncio.sleep(self.interval)
+            try:
+                self.refresh()
+            except ValueError as exc:
+                self.status.value = f"<span style='color:#b00'>{exc}</span>"
+
+    # --- trajectories of an iteration -----------------------------------------------------------------------
+    def open_iteration(self, name: str | None = None, **explorer_options):
+        """Open ``trajectories/<name>.parquet`` (default: the selected one) in an explorer below."""
+        from mpo_viz.widgets.explorer import TrajectoryExplorer
+
+        name = name or self.iterations.value
+        files = {f.stem: f for f in self.trajectory_files()}
+        if name not in files:
+            raise ValueError(f"name: expected one of {sorted(files)}, found {name!r}")
+        self.explorer = TrajectoryExplorer(files[name], **explorer_options)
+        self.explorer_box.children = (self.explorer,)
+        return self.explorer
+
+    def to_html(self, path=None) -> str:
+        """Static snapshot: status, the curves, the config."""
+        snap = Snapshot(f"mpo_viz training run {self.run_dir.name}")
+        snap.raw(f"<p>{self.status.value}</p>")
+        if self.figure is not None:
+            snap.figure(self.figure)
+        if self.config:
+            snap.heading("config").kv(list(_flatten(self.config).items()))
+        if path is not None:
+            snap.write(path)
+        return snap.render()
+
+
+def _kv_html(d: dict) -> str:
+    import html
+
+    rows = "".join(f"<tr><td style='color:#555;padding-right:12px'>{html.escape(str(k))}</td>"
+                   f"<td>{html.escape(json.dumps(v) if not isinstance(v, str) else v)}</td></tr>" for k, v in d.items())
+    return f"<table style='font-size:12px'>{rows}</table>"

@@ -1,0 +1,263 @@
+"""``TrajectoryExplorer``: pick a trajectory, see its token strip, value curve and per-turn table,
+and move γ, λ, γ_T, λ_T, β (and MAE's ``within`` / ``value_at``) to recompute the advantages live.
+
+Layout (top to bottom): the parameter controls; the picker (sortable, paginated: reward, turns,
+length, estimator disagreement, across/within ratio); the strip (anywidget wrapping the strip ES
+module: channel menu, hover shows every channel); the value curve with turn spans and per-token
+advantages (``plots.value_curve`` in a ``FigureWidget``); the per-turn table.
+
+A slider change recomputes every estimator on the whole batch (kernels only, see
+:class:`~mpo_viz.widgets.engine.AdvantageEngine`), updates the picker's disagreement column, and
+pushes only what changed: the strip's advantage channels, the advantage and return traces of the
+figure, and the per-turn table.
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import ipywidgets as W
+import numpy as np
+import pandas as pd
+import plotly.graph_objects as go
+
+from mpo_viz import analysis as an
+from mpo_viz import plots
+from mpo_viz.strip import payload_from_arrays, strip_payload
+from mpo_viz.widgets.engine import AdvantageEngine, ParamControls, default_estimators
+from mpo_viz.widgets.picker import TrajectoryPicker
+from mpo_viz.widgets.snapshot import Snapshot
+from mpo_viz.widgets.strip_widget import StripWidget
+
+__all__ = ["TrajectoryExplorer", "as_batch", "trajectory_table", "RETURN_SOURCES"]
+
+#: estimators whose returns the value curve shows (the first present), as the report does
+RETURN_SOURCES = ("mpo", "mae", "gae", "turn_gae", "vapo")
+
+_TABLE_CSS = """<style>
+.mpo-turns table { border-collapse: collapse; font-size: 12px; }
+.mpo-turns td, .mpo-turns th { padding: 2px 8px; border-bottom: 1px solid #eee; text-align: right;
+  font-variant-numeric: tabular-nums; }
+.mpo-turns th { background: #f6f6f6; }
+</style>"""
+
+
+def as_batch(source):
+    """A TrajectoryBatch as is, or a path (``.jsonl``, ``.parquet``, folder) loaded with ``mv.load``."""
+    if isinstance(source, (str, Path)):
+        import mpo_viz as mv
+
+        return mv.load(source)
+    if not hasattr(source, "traj_ids") or not hasattr(source, "mask"):
+        raise ValueError(f"batch: expected a TrajectoryBatch or a path, found {type(source).__name__}")
+    return source
+
+
+def trajectory_table(batch, advantages: dict | None = None) -> pd.DataFrame:
+    """One row per trajectory for the picker: ``row``, ``traj_id``, ``reward`` (score), ``turns``,
+    ``tokens`` (response length), ``action`` (action tokens), ``disagree`` (share of turn/estimator
+    pairs with opposite signs; with >= 2 estimators), ``ratio`` (critic across/within; with values)."""
+    mask = batch.mask.numpy() != 0
+    df = pd.DataFrame({
+        "row": np.arange(len(batch)),
+        "traj_id": list(batch.traj_ids),
+        "reward": batch.rewards.numpy().astype(np.float64).sum(axis=1) if len(batch) else np.zeros(0),
+        "turns": np.asarray(batch.num_turns, dtype=np.int64),
+        "tokens": batch.lengths.numpy().astype(np.int64),
+        "action": mask.sum(axis=1).astype(np.int64),
+    })
+    if advantages and len(advantages) >= 2:
+        df["disagree"] = an.disagreement(batch, advantages)
+    if batch.values is not None and len(batch):
+        df["ratio"] = an.variance_split(batch.values, batch.mask, batch.turn_ids)["ratio"]
+    return df
+
+
+def _html_table(df: pd.DataFrame) -> str:
+    return _TABLE_CSS + df.to_html(index=False, float_format=lambda v: f"{v:.4g}", na_rep="—", border=0)
+
+
+class TrajectoryExplorer(W.VBox):
+    """Explore one batch's credit assignment, one trajectory at a time.
+
+    ``batch``: a TrajectoryBatch or a path. ``estimators``: names (default: those of mpo, gae, grpo
+    the batch supports). ``row``: the trajectory shown first (index or traj_id). ``options``:
+    initial γ/λ/... (``gamma``, ``lam``, ``turn_gamma``, ``turn_lam``, ``beta``, ``within``,
+    ``value_at``). ``params``: share another widget's :class:`ParamControls` instead of making one.
+    ``tokens``: display strings per token id (a callable ``ids -> strings``), default the batch's
+    ``response_tokens``. ``show_picker``: False hides the picker (an explorer opened by another view).
+
+    Attributes: ``params``, ``picker``, ``strip`` (StripWidget), ``figure`` (FigureWidget or None
+    without critic values), ``turns`` (HTML table), ``row``, ``results`` (``{name: (adv, ret)}``,
+    ``(B, L)`` tensors for the current options), ``timings`` (seconds of the last update by phase).
+    """
+
+    def __init__(self, batch, *, estimators=None, row=0, page_size: int = 15, tokens=None,
+                 strip_height: int = 320, params: ParamControls | None = None, show_picker: bool = True,
+                 **options):
+        self.batch = as_batch(batch)
+        if len(self.batch) == 0:
+            raise ValueError("batch: expected at least one trajectory, found none")
+        names = estimators if estimators is not None else default_estimators(self.batch)
+        self.engine = AdvantageEngine(self.batch, names)
+        self.names = self.engine.names
+        self.params = params if params is not None else ParamControls(**options)
+        self.tokens = tokens
+        self.timings: dict = {}
+        self.results = self.engine.compute(self.params.options)
+        self.picker = TrajectoryPicker(trajectory_table(self.batch, self._adv()), page_size=page_size,
+                                       sort_by="reward", descending=True)
+        self.strip = StripWidget(height=strip_height)
+        self.figure: go.FigureWidget | None = None
+        self.figure_box = W.Box(layout=W.Layout(width="100%"))
+        self.turns = W.HTML()
+        self.turns.add_class("mpo-turns")
+        self.status = W.HTML()
+        self.row = -1
+        self.picker.on_pick(self.select)
+        self.params.on_change(self._params_changed)
+        children = [self.params] + ([self.picker] if show_picker else []) + [self.status, self.strip, self.figure_box,
+                                                                           self.turns]
+        super().__init__(children)
+        self.add_class("mpo-explorer")
+        self.select(self._row_of(row))
+
+    # --- helpers ------------------------------------------------------------------------------------
+    def _row_of(self, row) -> int:
+        if isinstance(row, str):
+            try:
+                return self.batch.traj_ids.index(row)
+            except ValueError:
+                raise ValueError(f"row: no trajectory with traj_id {row!r}") from None
+        B = len(self.batch)
+        if not -B <= int(row) < B:
+            raise ValueError(f"row: expected an index in [0, {B}) or a traj_id, found {row}")
+        return int(row) % B
+
+    def _adv(self) -> dict:
+        return {k: a for k, (a, _) in self.results.items()}
+
+    def _ret_source(self) -> str | None:
+        return next((k for k in RETURN_SOURCES if k in self.results), None)
+
+    def _row_arrays(self):
+        """``{name: (1, n) numpy advantages}``, the returns row (or None) of the current trajectory."""
+        n = self._n
+        adv = {k: a[self.row : self.row + 1, :n].detach().cpu().numpy() for k, (a, _) in self.results.items()}
+        src = self._ret_source()
+        ret = self.results[src][1][self.row : self.row + 1, :n].detach().cpu().numpy() if src else None
+        return adv, ret
+
+    @property
+    def advantages(self) -> dict:
+        """``{name: (B, L) tensor}`` for the current options."""
+        return self._adv()
+
+    # --- picking a trajectory -------------------------------------------------------------------------
+    def select(self, row) -> None:
+        """Show trajectory ``row`` (index or traj_id)."""
+        t0 = time.perf_counter()
+        row = self._row_of(row)
+        self.row = row
+        self._sub = self.batch[[row]]
+        self._n = int(self._sub.lengths[0])
+        adv, ret = self._row_arrays()
+        payload = strip_payload(self._sub, 0, advantages=adv, tokens=self.tokens,
+                                channel=f"adv_{self.names[0]}")
+        t1 = time.perf_counter()
+        self.strip.set_payload(payload)
+        t2 = time.perf_counter()
+        if self._sub.values is not None:
+            self.figure = go.FigureWidget(plots.value_curve(self._sub, 0, advantages=adv, returns=ret))
+            self.figure_box.children = (self.figure,)
+        else:
+            self.figure = None
+            self.figure_box.children = (W.HTML("<i>no critic values in this batch: no value curve</i>"),)
+        t3 = time.perf_counter()
+        self._update_turns(adv, ret)
+        self.timings = {"payload": t1 - t0, "push": t2 - t1, "figure": t3 - t2, "turn_table": time.perf_counter() - t3}
+        self._status()
+
+    def _update_turns(self, adv, ret) -> None:
+        tt = an.turn_table(self._sub, adv, returns=ret)
+        cols = [c for c in tt.columns if c not in ("traj_id", "row")]
+        self.turn_df = tt[cols]
+        self.turns.value = _html_table(self.turn_df)
+
+    def _status(self) -> None:
+        o = self.params.options
+        opts = ", ".join(f"{k}={v:g}" if isinstance(v, float) else f"{k}={v}" for k, v in o.items())
+        ms = sum(self.timings.values()) * 1000
+        self.status.value = (f"<b>{self.batch.traj_ids[self.row]}</b> (row {self.row}) · estimators "
+                             f"{', '.join(self.names)} · {opts} · updated in {ms:.0f} ms")
+
+    # --- parameters -----------------------------------------------------------------------------------
+    def _params_changed(self, options: dict) -> None:
+        t0 = time.perf_counter()
+        self.results = self.engine.compute(options)
+        t1 = time.perf_counter()
+        if "disagree" in self.picker.table.columns:
+            self.picker.set_column("disagree", an.disagreement(self.batch, self._adv()))
+        t2 = time.perf_counter()
+        adv, ret = self._row_arrays()
+        payload = dict(self.strip.payload_dict)
+        payload["channels"] = {**payload["channels"], **self._adv_channels(adv)}
+        t3 = time.perf_counter()
+        self.strip.set_payload(payload)
+        t4 = time.perf_counter()
+        if self.figure is not None:
+            act = self._sub.mask[0, : self._n].numpy() != 0
+            with self.figure.batch_update():
+                for tr in self.figure.data:
+                    if tr.name and tr.name.startswith("A (") and tr.name[3:-1] in adv:
+                        tr.y = np.where(act, adv[tr.name[3:-1]][0], np.nan)
+                    elif tr.name == "return" and ret is not None:
+                        tr.y = np.where(act, ret[0], np.nan)
+        t5 = time.perf_counter()
+        self._update_turns(adv, ret)
+        self.timings = {"compute": t1 - t0, "picker": t2 - t1, "payload": t3 - t2, "push": t4 - t3,
+                        "figure": t5 - t4, "turn_table": time.perf_counter() - t5}
+        self._status()
+
+    def _adv_channels(self, adv: dict) -> dict:
+        """The strip channels that depend on the options: ``adv_<name>`` and MAE's ``micro_<name>``
+        (the advantage minus its turn mean, as :func:`mpo_viz.strip.strip_payload` defines it),
+        rounded like the strip module rounds; observation tokens blank (None)."""
+        sub = self._sub
+        n = self._n
+        mask = sub.mask[0, :n].numpy()
+        act = mask != 0
+        tid = sub.turn_ids[0, :n].numpy()
+        chans = {f"adv_{k}": a[0] for k, a in adv.items()}
+        for name in [k for k in adv if k in ("mpo", "mae")][:1]:
+            a = np.where(act, adv[name][0].astype(np.float64), 0.0)
+            cnt = np.bincount(tid, weights=act.astype(np.float64))
+            tot = np.bincount(tid, weights=a)
+            with np.errstate(invalid="ignore", divide="ignore"):
+                chans[f"micro_{name}"] = a - (tot / cnt)[tid]
+        chans = {k: np.where(act, v, np.nan) for k, v in chans.items()}
+        return payload_from_arrays([""] * n, mask, tid, chans)["channels"]
+
+    # --- static snapshot ---------------------------------------------------------------------------------
+    def snapshot(self, snap: Snapshot | None = None) -> Snapshot:
+        snap = snap or Snapshot(f"mpo_viz explorer: {self.batch.traj_ids[self.row]}")
+        snap.heading(f"trajectory {self.batch.traj_ids[self.row]} (row {self.row})")
+        snap.kv([("estimators", ", ".join(self.names)), *self.params.options.items()])
+        snap.strip(self.strip.payload_dict, self.strip.height)
+        if self.figure is not None:
+            snap.figure(self.figure)
+        snap.heading("per-turn table", 3).table(self.turn_df)
+        return snap
+
+    def to_html(self, path=None) -> str:
+        """A static, self-contained HTML page of the current view (the picker's current page, the
+        strip, the value curve, the per-turn table). With ``path``: also written there."""
+        snap = Snapshot(f"mpo_viz explorer: {self.batch.traj_ids[self.row]}")
+        snap.heading("trajectories (current page of the picker)")
+        t = self.picker.table.set_index("row").loc[self.picker.page_rows].reset_index()
+        snap.table(t)
+        self.snapshot(snap)
+        if path is not None:
+            snap.write(path)
+        return snap.render()
