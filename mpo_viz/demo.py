@@ -66,7 +66,7 @@ def run(folder: Path, out: Path) -> int:
         if len(results) > 1:
             _rule(f"{name}: how the estimators agree")
             cmp = analysis.compare_estimators(batch, {k: v.advantages for k, v in results.items()})
-            with_cols = [c for c in cmp.columns if c in ("a", "b", "token_corr", "sign_agreement", "turn_rank_agreement", "n_turn_sign_flips")]
+            with_cols = [c for c in cmp.columns if c in ("a", "b", "token_corr", "sign_agreement", "turn_rank_agreement", "n_sign_flips")]
             print(cmp[with_cols].to_string(index=False, float_format=lambda x: f"{x:.3f}"))
 
         _rule(f"{name}: advantage columns and report")
