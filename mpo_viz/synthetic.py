@@ -50,7 +50,7 @@ def make_rows(
 ) -> list[dict]:
     """Rows (dicts of trajectory/v1 fields, numpy arrays inside) of a synthetic batch.
 
-    Arguments as :func:`make_batch`.
+    Arguments are documented in :func:`make_batch`, which validates these rows into a batch.
     """
     if n_traj < 0:
         raise ValueError(f"n_traj: expected >= 0, found {n_traj}")
@@ -81,8 +81,6 @@ def make_rows(
                 seg_len[-1] -= ends[cut] - max_len
                 if len(seg_len) % 2 == 0 and seg_len[-1] == 0:
                     seg_len = seg_len[:-1]
-            if len(seg_len) % 2 == 0 and turns is None:
-                pass
         is_act = np.zeros(len(seg_len), dtype=bool)
         is_act[0::2] = True
         keep = seg_len > 0
@@ -129,26 +127,14 @@ def make_rows(
     return rows
 
 
-def make_batch(
-    n_traj: int,
-    seed: int = 0,
-    *,
-    turns=(2, 6),
-    turn_len=(20, 200),
-    obs_len=(20, 300),
-    prompt_len=(16, 64),
-    group_size: int = 4,
-    max_len: int | None = None,
-    vocab_size: int = 32_000,
-    final_obs: bool = False,
-    within_noise: float = 0.01,
-    across_noise: float = 0.05,
-) -> TrajectoryBatch:
+def make_batch(n_traj: int, seed: int = 0, **options) -> TrajectoryBatch:
     """A realistic random multi-turn batch of ``n_traj`` trajectories.
 
     Args:
         n_traj: number of trajectories (groups of ``group_size`` consecutive ones share a task).
         seed: the only source of randomness.
+
+    Options (keyword-only; :func:`make_rows` holds the signature and defaults):
         turns: assistant turns per trajectory, an int or inclusive range; ``None`` keeps adding
             turns until ``max_len`` tokens (benchmark shape: every row ends at ``max_len``).
         turn_len: action tokens per assistant turn (int or inclusive range).
@@ -163,9 +149,5 @@ def make_batch(
     Returns a validated :class:`TrajectoryBatch` with ``values``, ``old_logprobs``,
     ``rollout_logprobs``, ``ref_logprobs``, ``turn_ids`` and an outcome ``reward`` in {0, 1}.
     """
-    rows = make_rows(
-        n_traj, seed, turns=turns, turn_len=turn_len, obs_len=obs_len, prompt_len=prompt_len,
-        group_size=group_size, max_len=max_len, vocab_size=vocab_size, final_obs=final_obs,
-        within_noise=within_noise, across_noise=across_noise,
-    )
+    rows = make_rows(n_traj, seed, **options)
     return TrajectoryBatch.from_rows(rows, {"source_framework": "mpo_viz.synthetic", "values_source": "synthetic"})
