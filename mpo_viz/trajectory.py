@@ -189,7 +189,16 @@ class TrajectoryBatch:
         return v1 + extra
 
     def has(self, field: str) -> bool:
-        return field in self.fields
+        """Whether at least one row carries ``field`` (cheap: no scan of scalar columns unless asked)."""
+        if field in REQUIRED:
+            return True
+        if field in self._present:
+            return bool(self._present[field].any())
+        if field in self._turn:
+            return bool(self._turn[field][2].any())
+        if field in self._scalars:
+            return any(x is not None for x in self._scalars[field])
+        return field in self._extras
 
     @property
     def traj_ids(self) -> list[str]:
