@@ -119,6 +119,4 @@ class EstimatorComparison(W.VBox):
         if self.metrics_df is not None:
             snap.heading("agreement on this trajectory", 3).table(self.metrics_df)
             snap.heading("agreement on the whole batch", 3).table(self.batch_metrics_df)
-        if path is not None:
-            snap.write(path)
-        return snap.render()
+        return snap.write(path) if path is not None else snap.render()

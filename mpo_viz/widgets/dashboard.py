@@ -336,9 +336,7 @@ class TrainingDashboard(W.VBox):
             snap.figure(self.figure)
         if self.config:
             snap.heading("config").kv(list(_flatten(self.config).items()))
-        if path is not None:
-            snap.write(path)
-        return snap.render()
+        return snap.write(path) if path is not None else snap.render()
 
 
 def _kv_html(d: dict) -> str:

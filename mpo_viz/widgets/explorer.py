@@ -258,6 +258,4 @@ class TrajectoryExplorer(W.VBox):
         t = self.picker.table.set_index("row").loc[self.picker.page_rows].reset_index()
         snap.table(t)
         self.snapshot(snap)
-        if path is not None:
-            snap.write(path)
-        return snap.render()
+        return snap.write(path) if path is not None else snap.render()

@@ -110,14 +110,16 @@ class Snapshot:
 </body></html>
 """
 
-    def write(self, path) -> str:
-        """Write the page (temporary name, then rename); returns the path as a string."""
+    def write(self, path, text: str | None = None) -> str:
+        """Write the page (``text``, default :meth:`render`; temporary name, then rename); returns
+        the page's text."""
         import os
         from pathlib import Path
 
         p = Path(path)
         p.parent.mkdir(parents=True, exist_ok=True)
         tmp = p.with_name(p.name + ".tmp")
-        tmp.write_text(self.render(), encoding="utf-8")
+        text = self.render() if text is None else text
+        tmp.write_text(text, encoding="utf-8")
         os.replace(tmp, p)
-        return str(p)
+        return text

@@ -84,6 +84,4 @@ class VarianceView(W.Box):
         snap.figure(self.figure)
         if self.explorer is not None:
             self.explorer.snapshot(snap)
-        if path is not None:
-            snap.write(path)
-        return snap.render()
+        return snap.write(path) if path is not None else snap.render()

@@ -1,0 +1,132 @@
+"""TrainingDashboard on run folders written by the test, growing while the widget watches."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+import mpo_viz as mv
+from mpo_viz.widgets import TrainingDashboard, read_metrics
+from mpo_viz.widgets.dashboard import PANELS, panel_of
+
+
+def _line(i, **extra):
+    rec = {"iteration": i, "phase": "train", "time_s": 1.5 * i, "success_rate": 0.1 * i, "reward_mean": 0.2 * i,
+           "policy_loss": 1.0 / (i + 1), "value_loss": 0.5, "approx_kl": 0.01 * i, "clipfrac_low": 0.02,
+           "clipfrac_high": 0.03, "within_turn_shift": 0.001 * i, "value_across": 0.3, "value_within": 0.01,
+           "timings": {"rollout_s": 2.0, "update_s": 1.0}, **extra}
+    return json.dumps(rec) + "\n"
+
+
+@pytest.fixture
+def run(tmp_path):
+    d = tmp_path / "run1"
+    d.mkdir()
+    (d / "config.json").write_text(json.dumps({"estimator": "mpo", "loss": {"kind": "turn_ppo", "clip": 0.2}}))
+    return d
+
+
+def test_panels_route_metric_names():
+    titles = [t for t, _ in PANELS]
+    where = {k: titles[panel_of(k)] for k in ("success_rate", "reward_mean", "policy_loss", "approx_kl", "kl/k3",
+                                              "clipfrac_high", "within_turn_shift", "value_across",
+                                              "timings/rollout_s")}
+    assert where == {"success_rate": "success / reward", "reward_mean": "success / reward",
+                     "policy_loss": "losses", "approx_kl": "KL", "kl/k3": "KL", "clipfrac_high": "clip fractions",
+                     "within_turn_shift": "within-turn shift", "value_across": "across / within",
+                     "timings/rollout_s": "phase timings (s)"}
+    assert panel_of("iteration") is None and panel_of("time_s") is None and panel_of("phase") is None
+
+
+def test_dashboard_follows_a_growing_run(run):
+    m = run / "metrics.jsonl"
+    m.write_text(_line(0) + _line(1) + _line(2)[:40])  # two lines and a partial third
+    dash = TrainingDashboard(run, live=False)
+    assert len(dash.records) == 2 and dash.pending is None
+    assert dash.config["loss"]["kind"] == "turn_ppo" and "loss/clip" in dash.config_html.value
+    tr = {t.meta: t for t in dash.figure.data}
+    assert {"success_rate", "policy_loss", "approx_kl", "clipfrac_low", "within_turn_shift", "value_across",
+            "timings/rollout_s"} <= set(tr)
+    np.testing.assert_allclose(tr["policy_loss"].y, [1.0, 0.5])
+    fig_before = dash.figure
+    # the writer finishes the line and writes another one
+    with open(m, "a") as fh:
+        fh.write(_line(2)[40:] + _line(3))
+    assert dash.refresh() == 2
+    assert [r["iteration"] for r in dash.records] == [0, 1, 2, 3]
+    assert dash.figure is fig_before  # same metrics: traces updated in place
+    tr = {t.meta: t for t in dash.figure.data}
+    np.testing.assert_allclose(tr["policy_loss"].x, [0, 1, 2, 3])
+    np.testing.assert_allclose(tr["policy_loss"].y, [1.0, 0.5, 1 / 3, 0.25])
+    # a last line without its newline that already parses is shown, and not counted twice later
+    with open(m, "a") as fh:
+        fh.write(_line(4, turn_clipfrac=0.5).rstrip("\n"))
+    assert dash.refresh() == 0 and dash.pending["iteration"] == 4
+    assert "turn_clipfrac" in {t.meta for t in dash.figure.data}  # a new metric: the figure is rebuilt
+    with open(m, "a") as fh:
+        fh.write("\n")
+    assert dash.refresh() == 1 and dash.pending is None and len(dash.records) == 5
+    assert len(dash.table) == 5
+    # trajectories and checkpoints appear
+    assert dash.iterations.options == ()
+    (run / "trajectories").mkdir()
+    b = mv.synthetic.make_batch(4, seed=0, turns=(2, 3), turn_len=(3, 6), obs_len=(2, 4))
+    mv.save(b, run / "trajectories" / "iter=000003.parquet")
+    (run / "checkpoints").mkdir()
+    (run / "checkpoints" / "latest").write_text("iter=000003\n")
+    dash.refresh()
+    assert dash.iterations.options == ("iter=000003",) and dash.iterations.value == "iter=000003"
+    assert "latest checkpoint iter=000003" in dash.status.value
+    ex = dash.open_iteration(estimators=["mpo", "gae"])
+    assert len(ex.batch) == 4 and dash.explorer_box.children == (ex,)
+    html = dash.to_html()
+    assert "fig-" in html and "turn_ppo" in html
+
+
+def test_read_metrics_offsets_and_errors(tmp_path):
+    p = tmp_path / "metrics.jsonl"
+    assert read_metrics(p) == ([], 0, None)  # not written yet
+    p.write_text('{"iteration": 0, "a": {"b": 1}}\n\n{"iteration": 1}\n{"itera')
+    recs, off, pending = read_metrics(p)
+    assert recs == [{"iteration": 0, "a/b": 1}, {"iteration": 1}] and pending is None
+    assert off == len(p.read_bytes()) - len('{"itera')
+    assert read_metrics(p, off) == ([], off, None)
+    p.write_text('{"iteration": 0}\nnot json\n')
+    with pytest.raises(ValueError, match=r"metrics.jsonl: line 2: expected one JSON object per line"):
+        read_metrics(p)
+    p.write_text('{"iteration": 0}\n[1, 2]\n')
+    with pytest.raises(ValueError, match=r"line 2: expected a JSON object, found list"):
+        read_metrics(p)
+
+
+def test_dashboard_bad_inputs(tmp_path):
+    with pytest.raises(ValueError, match="run_dir: expected a run folder"):
+        TrainingDashboard(tmp_path / "missing")
+    with pytest.raises(ValueError, match="interval: expected > 0"):
+        TrainingDashboard(tmp_path, interval=0)
+    d = TrainingDashboard(tmp_path, live=False)  # an empty folder: nothing yet, no error
+    assert d.records == [] and "0 iterations" in d.status.value
+
+
+def test_live_refresh_on_a_running_loop(run):
+    import asyncio
+
+    m = run / "metrics.jsonl"
+    m.write_text(_line(0))
+
+    async def main():
+        dash = TrainingDashboard(run, interval=0.05, live=True)  # the file is fresh: live
+        assert dash.live.value and dash._task is not None
+        with open(m, "a") as fh:
+            fh.write(_line(1))
+        for _ in range(100):
+            await asyncio.sleep(0.02)
+            if len(dash.records) == 2:
+                break
+        dash.live.value = False
+        assert dash._task is None
+        return len(dash.records)
+
+    assert asyncio.run(main()) == 2
