@@ -49,7 +49,7 @@ class EstimatorComparison(W.VBox):
                                        sort_by="disagree" if len(self.names) >= 2 else "reward")
         self.strips = {n: StripWidget(height=strip_height) for n in self.names}
         self.figure = None
-        self.figure_box = W.Box(layout=W.Layout(width="100%"))
+        self.figure_box = W.VBox(layout=W.Layout(width="100%"))  # a column: the figure takes the full width
         self.metrics = W.HTML()
         self.metrics.add_class("mpo-turns")
         self.timings: dict = {}

@@ -141,7 +141,7 @@ class TrainingDashboard(W.VBox):
         self._task = None
         self.config: dict = {}
         self.figure: go.FigureWidget | None = None
-        self.figure_box = W.Box(layout=W.Layout(width="100%"))
+        self.figure_box = W.VBox(layout=W.Layout(width="100%"))  # a column: the figure takes the full width
         self.status = W.HTML()
         self.config_html = W.HTML()
         self.live = W.ToggleButton(value=False, description="live", tooltip=f"refresh every {self.interval:g} s",
@@ -252,7 +252,7 @@ class TrainingDashboard(W.VBox):
         fig.update_xaxes(title_text="iteration", row=rows, col=1)
         fig.update_xaxes(title_text="iteration", row=rows - 1, col=2)
         fig.update_layout(height=260 * rows, template="plotly_white", margin=dict(l=50, r=20, t=50, b=40),
-                          legend=dict(font=dict(size=10)), title=f"run {self.run_dir.name}")
+                          legend=dict(font=dict(size=10)), title=f"run: {self.run_dir.name}")
         return fig
 
     def _update_status(self, n_new: int) -> None:

@@ -87,6 +87,7 @@ class TrajectoryExplorer(W.VBox):
     ``value_at``). ``params``: share another widget's :class:`ParamControls` instead of making one.
     ``tokens``: display strings per token id (a callable ``ids -> strings``), default the batch's
     ``response_tokens``. ``show_picker``: False hides the picker (an explorer opened by another view).
+    ``figure_width``: pixel width of the value curve (default: plotly's autosize).
 
     Attributes: ``params``, ``picker``, ``strip`` (StripWidget), ``figure`` (FigureWidget or None
     without critic values), ``turns`` (HTML table), ``row``, ``results`` (``{name: (adv, ret)}``,
@@ -95,7 +96,7 @@ class TrajectoryExplorer(W.VBox):
 
     def __init__(self, batch, *, estimators=None, row=0, page_size: int = 15, tokens=None,
                  strip_height: int = 320, params: ParamControls | None = None, show_picker: bool = True,
-                 **options):
+                 figure_width: int | None = None, **options):
         self.batch = as_batch(batch)
         if len(self.batch) == 0:
             raise ValueError("batch: expected at least one trajectory, found none")
@@ -104,14 +105,15 @@ class TrajectoryExplorer(W.VBox):
         self.names = self.engine.names
         self.params = params if params is not None else ParamControls(**options)
         self.tokens = tokens
+        self.figure_width = figure_width
         self.timings: dict = {}
         self.results = self.engine.compute(self.params.options)
         self.picker = TrajectoryPicker(trajectory_table(self.batch, self._adv()), page_size=page_size,
                                        sort_by="reward", descending=True)
         self.strip = StripWidget(height=strip_height)
         self.figure: go.FigureWidget | None = None
-        self.figure_box = W.Box(layout=W.Layout(width="100%"))
-        self.turns = W.HTML()
+        self.figure_box = W.VBox(layout=W.Layout(width="100%"))  # a column: the figure takes the full width
+        self.turns = W.HTML(layout=W.Layout(overflow="auto", max_width="100%"))
         self.turns.add_class("mpo-turns")
         self.status = W.HTML()
         self.row = -1
@@ -169,7 +171,10 @@ class TrajectoryExplorer(W.VBox):
         self.strip.set_payload(payload)
         t2 = time.perf_counter()
         if self._sub.values is not None:
-            self.figure = go.FigureWidget(plots.value_curve(self._sub, 0, advantages=adv, returns=ret))
+            fig = plots.value_curve(self._sub, 0, advantages=adv, returns=ret)
+            if self.figure_width:
+                fig.update_layout(width=self.figure_width)
+            self.figure = go.FigureWidget(fig)
             self.figure_box.children = (self.figure,)
         else:
             self.figure = None

@@ -67,14 +67,15 @@ class TrajectoryPicker(W.VBox):
                                   style={"description_width": "50px"}, layout=W.Layout(width="220px"))
         self.descending = W.ToggleButton(value=descending, description="desc" if descending else "asc",
                                          tooltip="descending / ascending", layout=W.Layout(width="60px"))
-        self.filter = W.Text(placeholder="filter traj_id…", layout=W.Layout(width="170px"))
+        self.filter = W.Text(placeholder="filter traj_id…", layout=W.Layout(width="140px"))
         self.prev = W.Button(description="◀", tooltip="previous page", layout=W.Layout(width="36px"))
         self.next = W.Button(description="▶", tooltip="next page", layout=W.Layout(width="36px"))
-        self.page_label = W.Label()
+        self.page_label = W.Label(layout=W.Layout(min_width="150px"))
         self.head = W.HTML()
         self.head.add_class("mpo-picker-head")
         self.select = W.Select(options=[], rows=min(self.page_size, max(1, len(self.table))),
                                layout=W.Layout(width="100%"))
+        self.select.add_class("mpo-picker-list")
         self.page = 0
         self.sort_by.observe(lambda _: self._resort(), names="value")
         self.descending.observe(self._toggle, names="value")

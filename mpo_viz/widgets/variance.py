@@ -40,7 +40,10 @@ class VarianceView(W.Box):
         self.table = an.value_variance(self.batch)
         self.summary = an.variance_summary(self.table)
         fig = plots.across_within(self.table, max_points=max_points)
-        fig.update_layout(width=640, clickmode="event")
+        fig.update_layout(width=640, clickmode="event", title_font_size=13)
+        # at this width plots.py's colourbar (x = 0.5) would sit on the histogram: move it into the gap
+        fig.update_traces(selector=dict(type="scatter", mode="markers"), marker_colorbar=dict(x=0.515, xanchor="left",
+                                                                                               thickness=14))
         self.figure = go.FigureWidget(fig)
         self.figure.data[0].on_click(self._clicked)
         t = self.table[["traj_id", "reward", "n_turns", "across", "within", "ratio"]].copy()
@@ -55,7 +58,7 @@ class VarianceView(W.Box):
         self.info = W.HTML(
             f"<b>{s['n_traj']:,} trajectories</b> · median across/within {s['median_ratio']:.3g} · "
             f"share with across &gt; within {s['share_across_gt_within']:.1%} · click a point or pick a row")
-        self.right = W.VBox(layout=W.Layout(flex="1 1 600px", min_width="560px"))
+        self.right = W.VBox(layout=W.Layout(flex="1 1 600px", min_width="560px", overflow="hidden"))
         left = W.VBox([self.info, self.figure, self.picker], layout=W.Layout(flex="0 1 660px", min_width="480px"))
         super().__init__([left, self.right], layout=W.Layout(display="flex", flex_flow="row wrap", width="100%"))
         self.add_class("mpo-variance")
@@ -71,7 +74,8 @@ class VarianceView(W.Box):
         """Open trajectory ``traj`` (batch row or traj_id) in the explorer beside the plot."""
         row = self.batch.traj_ids.index(traj) if isinstance(traj, str) else int(traj)
         if self.explorer is None:
-            self.explorer = TrajectoryExplorer(self.batch, row=row, show_picker=False, **self.explorer_options)
+            opts = {"figure_width": 600, "strip_height": 280, **self.explorer_options}
+            self.explorer = TrajectoryExplorer(self.batch, row=row, show_picker=False, **opts)
             self.right.children = (self.explorer,)
         else:
             self.explorer.select(row)

@@ -42,6 +42,18 @@ def open_notebook(page, server, name: str, timeout_ms: int = 60_000) -> None:
     )
 
 
+def tidy_for_screenshots(page) -> None:
+    """Collapse the left sidebar (wider notebook) and dismiss the "Jupyter news" notification."""
+    try:
+        page.locator(".jp-SideBar.jp-mod-left .lm-TabBar-tab.lm-mod-current").first.click(timeout=3_000)
+    except Exception:  # noqa: BLE001 - already collapsed
+        pass
+    try:
+        page.locator(".jp-Notification-Toast-Close, .Toastify__close-button").first.click(timeout=2_000)
+    except Exception:  # noqa: BLE001 - no notification
+        pass
+
+
 def run_all(page, timeout_ms: int = 120_000) -> float:
     """Run every cell via the Run menu ("Run All Cells"); wait for the :data:`DONE` output.
     Returns the seconds it took."""

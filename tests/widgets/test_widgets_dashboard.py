@@ -129,4 +129,8 @@ def test_live_refresh_on_a_running_loop(run):
         assert dash._task is None
         return len(dash.records)
 
-    assert asyncio.run(main()) == 2
+    # a thread of its own: another test in this process (Playwright) may hold a running loop here
+    from concurrent.futures import ThreadPoolExecutor
+
+    with ThreadPoolExecutor(1) as pool:
+        assert pool.submit(asyncio.run, main()).result(timeout=30) == 2

@@ -1,0 +1,177 @@
+"""The widgets in a real JupyterLab 4 (fresh server, Chromium): run all cells through the Run menu,
+move a slider, pick a trajectory, click a point of the variance scatter, and check that the strip
+and the plots changed to the numbers mpo_viz.advantages.compute gives. Screenshots go to docs/.
+
+One server and one test: starting JupyterLab and a kernel is most of the cost.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+import numpy as np
+import pytest
+from jupyter_helpers import open_notebook, plot_data, run_all, tidy_for_screenshots, write_notebook  # noqa: I001
+
+import mpo_viz as mv
+from mpo_viz import advantages as adv
+from mpo_viz.analysis import estimator_options
+from mpo_viz.widgets.engine import PARAM_DEFAULTS
+
+pytestmark = pytest.mark.browser
+
+REPO = Path(__file__).resolve().parents[2]
+DATA = REPO / "trajectories" / "search.parquet"
+DOCS = REPO / "docs"
+
+
+def _write_run(d: Path) -> None:
+    d.mkdir()
+    (d / "config.json").write_text(json.dumps({"estimator": "mpo", "loss": "turn_ppo", "lr": 1e-5}))
+    rng = np.random.default_rng(0)
+    lines = []
+    for i in range(30):
+        lines.append(json.dumps({
+            "iteration": i, "phase": "train", "time_s": 12.0 * i,
+            "success_rate": float(min(1, 0.2 + 0.02 * i + 0.03 * rng.normal())), "reward_mean": 0.1 + 0.02 * i,
+            "policy_loss": float(0.5 * np.exp(-i / 10) + 0.02 * rng.normal()), "value_loss": 0.3 * np.exp(-i / 15),
+            "approx_kl": 0.002 + 0.0005 * i, "kl_ref": 0.001 * i, "clipfrac_low": 0.01 + 0.001 * i,
+            "clipfrac_high": 0.02, "turn_clipfrac": 0.05, "within_turn_shift": 0.001 * (1 + np.sin(i / 3)),
+            "value_across": 0.05, "value_within": 0.004 + 0.0001 * i,
+            "timings": {"rollout_s": 6.0 + rng.random(), "advantages_s": 0.05, "update_s": 4.0 + rng.random()},
+        }))
+    (d / "metrics.jsonl").write_text("\n".join(lines) + "\n")
+
+
+def _strip_title(page, scope: str) -> str:
+    return page.evaluate("(s) => document.querySelector(s + ' .mpo-strip-title').textContent", scope)
+
+
+def _turn_colours(page, scope: str) -> dict:
+    """{turn: set of background colours of its visible action tokens} in the strip of ``scope``."""
+    return page.evaluate(
+        """(scope) => {
+          const root = document.querySelector(scope + ' .mpo-strip');
+          const out = {}; let turn = null;
+          for (const row of root.querySelectorAll('.mpo-strip-row')) {
+            const lab = row.querySelector('.mpo-strip-gutter').textContent;
+            if (/^T\\d+$/.test(lab)) turn = lab;
+            if (row.classList.contains('mpo-strip-obsrow') || turn === null) continue;
+            for (const t of row.querySelectorAll('.mpo-strip-tok:not(.mpo-strip-obs)'))
+              (out[turn] = out[turn] || new Set()).add(t.style.background);
+          }
+          return Object.fromEntries(Object.entries(out).map(([k, v]) => [k, [...v]]));
+        }""", scope)
+
+
+def _trace(page, scope: str, name: str) -> np.ndarray:
+    i = page.evaluate(f"document.querySelector('{scope} .js-plotly-plot').data.findIndex((t) => t.name === {name!r})")
+    assert i >= 0, name
+    return np.array([np.nan if v is None else v for v in plot_data(page, f"{scope} .js-plotly-plot", i)], dtype=float)
+
+
+def _set_slider(page, scope: str, label: str, value: str) -> None:
+    """Type a value into an ipywidgets slider's editable readout and press Enter (as a user can)."""
+    slider = page.locator(scope).first.locator(".widget-slider").filter(has=page.locator(".widget-label", has_text=re.compile(f"^{re.escape(label)}$")))
+    readout = slider.locator(".widget-readout")
+    readout.click()
+    page.keyboard.press("Control+A")
+    page.keyboard.type(value)
+    page.keyboard.press("Enter")
+
+
+def test_widgets_in_jupyterlab(page, page_errors, jupyter_server):
+    root = jupyter_server.root
+    _write_run(root / "run")
+    cells = [
+        "import mpo_viz as mv\nfrom mpo_viz.widgets import TrajectoryExplorer, VarianceView, EstimatorComparison, "
+        f"TrainingDashboard\nb = mv.load({str(DATA)!r})",
+        "ex = TrajectoryExplorer(b, row=0)\nex",
+        "vv = VarianceView(b)\nvv",
+        "cmp = EstimatorComparison(b, ['mpo', 'gae', 'grpo'], row=5)\ncmp",
+        f"dash = TrainingDashboard({str(root / 'run')!r}, live=False)\ndash",
+    ]
+    write_notebook(root / "widgets.ipynb", cells)
+    page.set_viewport_size({"width": 1440, "height": 2600})  # tall: element screenshots are not clipped
+    open_notebook(page, jupyter_server, "widgets.ipynb")
+    tidy_for_screenshots(page)
+    run_all(page)
+    ex_css = ".jp-OutputArea-output .mpo-explorer"
+    page.wait_for_selector(f"{ex_css} .mpo-strip-row")
+    page.wait_for_selector(f"{ex_css} .js-plotly-plot .scatterlayer")
+    b = mv.load(DATA)
+    n0 = int(b.lengths[0])
+    act0 = b.mask[0, :n0].numpy() != 0
+    assert b.traj_ids[0] in _strip_title(page, ex_css)
+
+    # ---- the explorer's first view: MPO with the default sliders
+    def mpo_row(row, **opts):
+        o = {**PARAM_DEFAULTS, **opts}
+        return adv.compute(b, "mpo", **estimator_options("mpo", o)).advantages[row].numpy()
+
+    a_before = _trace(page, ex_css, "A (mpo)")
+    np.testing.assert_allclose(a_before[act0], mpo_row(0)[:n0][act0], rtol=1e-5, atol=1e-6)
+    colours_before = _turn_colours(page, ex_css)
+    assert any(len(c) > 1 for c in colours_before.values())  # β = 1: colour varies inside a turn
+
+    # ---- move β to 0: MAE becomes turn GAE, constant over each turn's tokens
+    _set_slider(page, ex_css, "β", "0")
+    page.wait_for_function(
+        "(sel) => { const gd = document.querySelector(sel); const t = gd.data.find((d) => d.name === 'A (mpo)');"
+        " const ys = Array.from(t.y).filter((v) => v !== null && !Number.isNaN(v)); return ys.length > 0 &&"
+        f" Math.abs(ys[0] - {float(mpo_row(0, beta=0.0)[:n0][act0][0])}) < 1e-5; }}", arg=f"{ex_css} .js-plotly-plot")
+    a_after = _trace(page, ex_css, "A (mpo)")
+    np.testing.assert_allclose(a_after[act0], mpo_row(0, beta=0.0)[:n0][act0], rtol=1e-5, atol=1e-6)
+    page.wait_for_function(
+        "(scope) => [...document.querySelectorAll(scope + ' .mpo-strip-turnstart')].length > 0", arg=ex_css)
+    colours_after = _turn_colours(page, ex_css)
+    assert colours_after and all(len(c) == 1 for c in colours_after.values()), colours_after
+
+    # ---- pick another trajectory from the picker (the third row of its first page)
+    sel = page.locator(ex_css).first.locator(".mpo-picker-list select")
+    label = sel.locator("option").nth(2).inner_text()
+    tid = label.split("\u00a0")[0].strip()
+    sel.select_option(index=2)
+    page.wait_for_function(f"(s) => document.querySelector(s + ' .mpo-strip-title').textContent.includes({tid!r})",
+                           arg=ex_css)
+    row = b.traj_ids.index(tid)
+    n = int(b.lengths[row])
+    act = b.mask[row, :n].numpy() != 0
+    page.wait_for_function(f"(s) => document.querySelector(s + ' .js-plotly-plot').data[0].x.length === {n}", arg=ex_css)
+    np.testing.assert_allclose(_trace(page, ex_css, "A (mpo)")[act], mpo_row(row, beta=0.0)[:n][act], rtol=1e-5, atol=1e-6)
+    assert f"{n:,} tokens" in _strip_title(page, ex_css)
+    page.locator(ex_css).first.screenshot(path=str(DOCS / "widgets_explorer.png"))
+
+    # ---- the variance view: clicking a point opens that trajectory in an explorer beside it
+    vv_css = ".jp-OutputArea-output .mpo-variance"
+    page.wait_for_selector(f"{vv_css} .js-plotly-plot .scatterlayer .point")
+    k = 7
+    clicked = page.evaluate(f"document.querySelector('{vv_css} .js-plotly-plot').data[0].text[{k}]")
+    pt = page.locator(f"{vv_css} .js-plotly-plot .scatterlayer .trace").first.locator(".point").nth(k)
+    pt.scroll_into_view_if_needed()
+    box = pt.bounding_box()
+    page.mouse.move(box["x"] + box["width"] / 2, box["y"] + box["height"] / 2)
+    page.mouse.down()
+    page.mouse.up()
+    page.wait_for_selector(f"{vv_css} .mpo-explorer .mpo-strip-title", timeout=60_000)
+    page.wait_for_function(f"(s) => document.querySelector(s + ' .mpo-strip-title').textContent.includes({clicked!r})",
+                           arg=vv_css)
+    page.wait_for_selector(f"{vv_css} .mpo-explorer .js-plotly-plot .scatterlayer")
+    page.mouse.move(5, 5)  # no hover label in the screenshot
+    page.wait_for_timeout(300)
+    page.locator(vv_css).screenshot(path=str(DOCS / "widgets_variance.png"))
+
+    # ---- the comparison (three stacked strips, bars) and the dashboard drew
+    cmp_css = ".jp-OutputArea-output .mpo-comparison"
+    page.wait_for_selector(f"{cmp_css} .js-plotly-plot .barlayer")
+    assert page.locator(f"{cmp_css} .mpo-strip").count() == 3
+    page.locator(cmp_css).screenshot(path=str(DOCS / "widgets_comparison.png"))
+    dash_css = ".jp-OutputArea-output .mpo-dashboard"
+    page.wait_for_selector(f"{dash_css} .js-plotly-plot .scatterlayer")
+    n_traces = page.evaluate(f"document.querySelector('{dash_css} .js-plotly-plot').data.length")
+    assert n_traces >= 12
+    page.locator(dash_css).screenshot(path=str(DOCS / "widgets_dashboard.png"))
+    errs = [e for e in page_errors if "favicon" not in e]
+    assert errs == []
