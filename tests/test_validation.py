@@ -137,3 +137,28 @@ def test_errors_argument_checked(tmp_path):
     path = write_jsonl(tmp_path / "x.jsonl", [good("a")])
     with pytest.raises(ValueError, match="errors"):
         mv.load(path, errors="ignore")
+
+
+@pytest.mark.parametrize("field, values, expected", [
+    ("response_ids", lambda r: [str(v) for v in r], "a list column of numbers"),
+    ("values", lambda r: [str(v) for v in r], "a list column of numbers"),
+    ("values", lambda r: [[v] for v in r], "a list column of numbers"),
+    ("response_tokens", lambda r: list(range(len(r))), "a list<string> column"),
+])
+def test_parquet_list_of_wrong_element_type(tmp_path, field, values, expected):
+    # The JSONL reader refuses strings/nested lists in numeric fields; Parquet must too (named,
+    # not a TypeError from deep inside, and never a silent string -> float cast).
+    rows = [good("a"), good("b")]
+    for r in rows:
+        r[field] = values(r["values"] if field == "values" else r["response_ids"])
+    pq.write_table(pa.Table.from_pylist(rows), tmp_path / "x.parquet")
+    with pytest.raises(TrajectoryError, match=rf"x.parquet, row 0, traj_id='a': field '{field}': expected {expected}, found list<"):
+        mv.load(tmp_path / "x.parquet")
+    b = mv.load(tmp_path / "x.parquet", errors="collect")
+    assert len(b) == 0 and len(b.rejected) == 2
+
+
+def test_parquet_bool_mask_accepted(tmp_path):
+    rows = [good("a", loss_mask=[True, True, False, True, True])]
+    pq.write_table(pa.Table.from_pylist(rows), tmp_path / "x.parquet")
+    assert mv.load(tmp_path / "x.parquet").mask.tolist() == [[1.0, 1.0, 0.0, 1.0, 1.0]]

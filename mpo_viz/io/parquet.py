@@ -103,6 +103,12 @@ def columns_from_record_batch(rb: pa.RecordBatch, *, source: str, first_row: int
                     problems.append(Problem(field=name, expected="a list column", found=str(col.type), file=source, row=first_row + i, traj_id=_tid(scal, i)))
                 bad[:] = True
                 continue
+            elem = _element_problem(name, col.type.value_type)
+            if elem is not None:
+                for i in range(n):
+                    problems.append(Problem(field=name, expected=elem, found=str(col.type), file=source, row=first_row + i, traj_id=_tid(scal, i)))
+                bad[:] = True
+                continue
             flat, off, present = _list_parts(col)
             if name == PROMPT_FIELD:
                 cols.prompt = (flat.astype(np.int64), off)
@@ -133,6 +139,21 @@ def columns_from_record_batch(rb: pa.RecordBatch, *, source: str, first_row: int
                 bad[i] = True
     cols.bad = bad
     return cols, problems
+
+
+def _element_problem(name: str, t: pa.DataType) -> str | None:
+    """What a v1 list column ``name`` should hold, if its element type ``t`` is wrong; else None.
+
+    Same rule as the JSONL reader: ``response_tokens`` holds strings, every other v1 list field
+    numbers (integer, floating or boolean; an all-null/empty list column has type null).
+    """
+    if pa.types.is_null(t):
+        return None
+    if name == "response_tokens":
+        return None if (pa.types.is_string(t) or pa.types.is_large_string(t)) else "a list<string> column"
+    if pa.types.is_integer(t) or pa.types.is_floating(t) or pa.types.is_boolean(t):
+        return None
+    return "a list column of numbers"
 
 
 def _tid(scal, i):
