@@ -171,11 +171,29 @@ def _merge_parts(parts: Path, out: Path) -> None:
 # ------------------------------------------------------------------------------------------------
 # argparse
 
+# The registered estimators, spelled out for --help without importing the numba kernels at parser
+# build time (tests/test_report.py checks this list against mpo_viz.advantages.available()).
+ESTIMATOR_NAMES = ("mpo", "mae", "turn_gae", "gae", "vapo", "grpo", "drgrpo", "rloo", "reinforce_pp",
+                   "reinforce_pp_baseline", "gigpo")
+
+_ADVANTAGES_DESCRIPTION = """\
+Stream PATH chunk by chunk (--max-tokens response tokens at a time, the rows of a group kept
+together), run each estimator on each chunk and write every input row with extra per-token
+columns adv_<name> and ret_<name>. -o FILE.parquet or FILE.jsonl writes one file; -o FOLDER
+writes one Parquet file per chunk (mpo-viz and mv.load read the folder as one set). Bad input
+stops with the loader's one-line message and leaves no output behind."""
+
+_REPORT_DESCRIPTION = """\
+Write one self-contained HTML file (opens offline): summary, advantages by estimator, estimator
+agreement, critic values across vs within turns, and the token strip, value curve and per-turn
+advantages of the best, worst and most disagreed-on trajectories. PATH is streamed chunk by
+chunk; statistics are those of the whole file."""
+
 
 def _estimator_args(p, default: str | None) -> None:
     p.add_argument("-e", "--estimators", default=default,
-                   help="comma-separated estimator names" + (f" (default {default})" if default else
-                                                            " (default: mpo,gae,grpo where the data allow)"))
+                   help=f"comma-separated, from: {', '.join(ESTIMATOR_NAMES)}" + (f" (default {default})" if default else
+                                                                             " (default: mpo,gae,grpo where the data allow)"))
     g = p.add_argument_group("estimator options (each estimator takes the ones it accepts; unset = its default)")
     g.add_argument("--gamma", type=float, help="token discount γ")
     g.add_argument("--lam", type=float, help="token λ")
@@ -196,9 +214,17 @@ def _options(args) -> dict:
 
 
 def _names(s: str | None) -> tuple[str, ...] | None:
+    """The ``-e`` list, each name checked against the registry (the message names the flag)."""
     if s is None:
         return None
-    return tuple(e.strip() for e in s.split(",") if e.strip())
+    names = tuple(e.strip() for e in s.split(",") if e.strip())
+    from mpo_viz.advantages import available
+
+    for n in names:
+        if n not in available():
+            hint = f" (names are lower case: {n.lower()!r})" if n.lower() in available() else ""
+            raise ValueError(f"-e/--estimators: unknown estimator {n!r}{hint}; available: {', '.join(available())}")
+    return names
 
 
 def cmd_advantages(args) -> int:
@@ -226,14 +252,15 @@ def cmd_report(args) -> int:
 
 def add_subcommand(sub) -> None:
     p = sub.add_parser("advantages", help="add adv_<name>/ret_<name> columns for chosen estimators (streams)",
-                       description=__doc__.split("\n\n")[1])
+                       description=_ADVANTAGES_DESCRIPTION)
     p.add_argument("path", help="trajectories: .jsonl, .parquet or a folder")
     p.add_argument("-o", "--output", required=True,
                    help="output .parquet or .jsonl file, or a folder (one Parquet file per chunk, no merge pass)")
     _estimator_args(p, "mpo,gae,grpo")
     p.set_defaults(func=cmd_advantages)
 
-    r = sub.add_parser("report", help="self-contained offline HTML report (summary, across/within, token strips)")
+    r = sub.add_parser("report", help="self-contained offline HTML report (summary, across/within, token strips)",
+                       description=_REPORT_DESCRIPTION)
     r.add_argument("path", help="trajectories: .jsonl, .parquet or a folder")
     r.add_argument("-o", "--output", default="report.html", help="output HTML (default report.html)")
     _estimator_args(r, None)

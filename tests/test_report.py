@@ -135,3 +135,22 @@ def test_advantages_cli_folder_output(small, tmp_path):
         from mpo_viz.report_cli import AdvantagesConfig, annotate_file
 
         annotate_file(path, out, AdvantagesConfig(estimators=("gae",), progress=False))
+
+
+def test_help_lists_every_registered_estimator(capsys):
+    from mpo_viz.report_cli import ESTIMATOR_NAMES
+
+    assert sorted(ESTIMATOR_NAMES) == sorted(adv.available())
+    for cmd in ("advantages", "report"):
+        with pytest.raises(SystemExit):
+            main([cmd, "--help"])
+        out = " ".join(capsys.readouterr().out.split())
+        assert "reinforce_pp_baseline" in out and "``" not in out and ":func:" not in out
+
+
+def test_unknown_estimator_names_the_flag(small, tmp_path, capsys):
+    path, _ = small
+    assert main(["report", str(path), "-e", "MPO", "-o", str(tmp_path / "r.html"), "--no-progress"]) == 1
+    err = capsys.readouterr().err
+    assert "-e/--estimators: unknown estimator 'MPO' (names are lower case: 'mpo'); available: drgrpo" in err
+    assert not (tmp_path / "r.html").exists()
