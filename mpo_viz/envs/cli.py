@@ -66,7 +66,11 @@ def add_subcommand(sub) -> None:
     from mpo_viz.envs.registry import available_envs
 
     p = sub.add_parser("generate", help="play an environment with the noisy expert; write trajectory/v1 "
-                                        "with exact oracle values")
+                                        "with exact oracle values",
+                       description="Play --episodes trajectories (--episodes / --group-size tasks, --group-size "
+                                   "samples each) of an environment with the scripted noisy expert and write them "
+                                   "as trajectory/v1 with exact oracle values in `values` (docs/environments.md). "
+                                   "The output is a deterministic function of the options.")
     p.add_argument("--env", required=True, choices=available_envs(), help="environment")
     p.add_argument("--policy", default="expert", choices=["expert"], help="who acts (the scripted noisy expert)")
     p.add_argument("--noise", type=float, default=0.25, help="expert noise p: random valid action with probability p")
