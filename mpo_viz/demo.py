@@ -33,7 +33,7 @@ def run(folder: Path, out: Path) -> int:
         return 1
     out.mkdir(parents=True, exist_ok=True)
     reports = []
-    for path in sets:
+    for k, path in enumerate(sets):
         name = path.stem if path.is_file() else path.name
         _rule(f"{name}: validate + info ({path})")
         if cli(["validate", str(path)]) != 0:
@@ -45,15 +45,18 @@ def run(folder: Path, out: Path) -> int:
         names = [e for e in ESTIMATORS if e in available() and not missing(batch, e)]
         skipped = [e for e in ESTIMATORS if e not in names]
         results = {}
-        print(f"{'estimator':<12} {'ms':>8} {'mean |A| (action tokens)':>26} {'turn-level rows':>16}")
+        print(f"{'estimator':<12} {'ms':>8} {'mean |A| (action tokens)':>26} {'turns':>8}")
         m = batch.mask.numpy() > 0
         for e in names:
             r = compute(batch, e)
             results[e] = r
             a = r.advantages.numpy()
-            print(f"{e:<12} {r.wall_time_s * 1e3:>8.1f} {np.abs(a[m]).mean() if m.any() else 0:>26.4f} {len(r.turns):>16}")
+            print(f"{e:<12} {r.wall_time_s * 1e3:>8.1f} {np.abs(a[m]).mean() if m.any() else 0:>26.4f} {len(r.turns):>8}")
         if skipped:
             print(f"(skipped, the data lack what they need: {', '.join(skipped)})")
+        if k == 0:
+            print("(ms: wall time of compute(); in a fresh process the first call of each numba kernel "
+                  "includes its compilation, a few seconds — the later sets show the running speed)")
 
         if batch.values is not None:
             _rule(f"{name}: critic values across vs within turns (DESIGN §3.9)")
