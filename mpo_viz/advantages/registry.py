@@ -119,8 +119,18 @@ def get(name: str) -> Estimator:
         raise ValueError(f"name: unknown estimator {name!r}; available: {', '.join(available())}") from None
 
 
+def _check_batch(batch) -> None:
+    from mpo_viz.trajectory import TrajectoryBatch
+
+    if not isinstance(batch, TrajectoryBatch):
+        raise ValueError(f"batch: expected a TrajectoryBatch (mv.load(...) or TrajectoryBatch.from_rows), found "
+                         f"{type(batch).__name__}; on plain (B, L) tensors call the estimator function itself, "
+                         f"e.g. mpo_viz.advantages.mae(rewards, values, mask, turn_ids=...)")
+
+
 def missing(batch, name: str) -> list[str]:
     """What the batch lacks for estimator ``name`` (empty when it can run)."""
+    _check_batch(batch)
     return [n for n in get(name).needs if not _has(batch, n)]
 
 

@@ -120,3 +120,9 @@ def test_rows_without_values_are_named():
     b = TrajectoryBatch.from_rows(rows)
     with pytest.raises(ValueError, match=r"values: row 1 \(traj_id 't1'\) has no critic values; estimator 'gae' needs them on every row \(2 rows"):
         A.compute(b, "gae")
+
+
+def test_compute_on_plain_tensors_says_what_to_call(batch):
+    for call in (lambda: A.compute(batch.values, "mpo"), lambda: A.missing(batch.values, "mpo")):
+        with pytest.raises(ValueError, match=r"batch: expected a TrajectoryBatch .*found Tensor.*mpo_viz\.advantages\.mae\("):
+            call()
