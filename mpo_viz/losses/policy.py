@@ -343,7 +343,8 @@ def policy_loss(
     unknown = sorted(set(options) - set(spec.options))
     if unknown:
         allowed = ", ".join(spec.options) or "none"
-        raise ValueError(f"options: {kind} accepts {allowed}; found unknown option(s) {', '.join(unknown)}")
+        raise ValueError(f"options: {kind} accepts {allowed}; found unknown option(s) {', '.join(unknown)} "
+                         f"(keywords of every kind: {', '.join(policy_loss.__kwdefaults__)})")
     if ratio not in RATIO_MODES:
         raise ValueError(f"ratio: expected one of {', '.join(RATIO_MODES)}, found {ratio!r}")
     agg = spec.agg if agg is None else agg

@@ -380,6 +380,9 @@ def test_bad_input_raises_clearly():
         policy_loss("ppo", z, z, z, m)
     with pytest.raises(ValueError, match=r"options: sao accepts none; found unknown option\(s\) dual_clip"):
         policy_loss("sao", z, z, z, m, rollout_logp=z, dual_clip=3.0)
+    with pytest.raises(ValueError, match=r"options: turn_ppo accepts dual_clip; found unknown option\(s\) clip "
+                                         r"\(keywords of every kind: turn_ids, clip_low, clip_high, ratio, agg, scale, rollout_logp\)"):
+        policy_loss("turn_ppo", z, z, z, m, clip=0.2)
     with pytest.raises(ValueError, match=r"ratio: expected one of geo_mean, product, found 'arith'"):
         policy_loss("turn_ppo", z, z, z, m, ratio="arith")
     with pytest.raises(ValueError, match=r"agg: expected one of"):
