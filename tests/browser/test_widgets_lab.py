@@ -72,6 +72,14 @@ def _trace(page, scope: str, name: str) -> np.ndarray:
     return np.array([np.nan if v is None else v for v in plot_data(page, f"{scope} .js-plotly-plot", i)], dtype=float)
 
 
+def _wait_first_value(page, scope: str, value: float) -> None:
+    """Wait until the first finite y of the figure's "A (mpo)" trace equals ``value``."""
+    page.wait_for_function(
+        "([sel, v]) => { const gd = document.querySelector(sel); const t = gd.data.find((d) => d.name === 'A (mpo)');"
+        " const ys = Array.from(t.y).filter((y) => y !== null && !Number.isNaN(y)); return ys.length > 0 &&"
+        " Math.abs(ys[0] - v) < 1e-5; }", arg=[f"{scope} .js-plotly-plot", value])
+
+
 def _set_slider(page, scope: str, label: str, value: str) -> None:
     """Type a value into an ipywidgets slider's editable readout and press Enter (as a user can)."""
     slider = page.locator(scope).first.locator(".widget-slider").filter(has=page.locator(".widget-label", has_text=re.compile(f"^{re.escape(label)}$")))
@@ -118,16 +126,20 @@ def test_widgets_in_jupyterlab(page, page_errors, jupyter_server):
 
     # ---- move β to 0: MAE becomes turn GAE, constant over each turn's tokens
     _set_slider(page, ex_css, "β", "0")
-    page.wait_for_function(
-        "(sel) => { const gd = document.querySelector(sel); const t = gd.data.find((d) => d.name === 'A (mpo)');"
-        " const ys = Array.from(t.y).filter((v) => v !== null && !Number.isNaN(v)); return ys.length > 0 &&"
-        f" Math.abs(ys[0] - {float(mpo_row(0, beta=0.0)[:n0][act0][0])}) < 1e-5; }}", arg=f"{ex_css} .js-plotly-plot")
+    _wait_first_value(page, ex_css, float(mpo_row(0, beta=0.0)[:n0][act0][0]))
     a_after = _trace(page, ex_css, "A (mpo)")
     np.testing.assert_allclose(a_after[act0], mpo_row(0, beta=0.0)[:n0][act0], rtol=1e-5, atol=1e-6)
     page.wait_for_function(
         "(scope) => [...document.querySelectorAll(scope + ' .mpo-strip-turnstart')].length > 0", arg=ex_css)
     colours_after = _turn_colours(page, ex_css)
     assert colours_after and all(len(c) == 1 for c in colours_after.values()), colours_after
+
+    # ---- and back to β = 1 (the colour varies inside turns again)
+    _set_slider(page, ex_css, "β", "1")
+    _wait_first_value(page, ex_css, float(mpo_row(0)[:n0][act0][0]))
+    page.wait_for_function(
+        "(scope) => [...document.querySelectorAll(scope + ' .mpo-strip-turnstart')].length > 0", arg=ex_css)
+    assert any(len(c) > 1 for c in _turn_colours(page, ex_css).values())
 
     # ---- pick another trajectory from the picker (the third row of its first page)
     sel = page.locator(ex_css).first.locator(".mpo-picker-list select")
@@ -140,7 +152,7 @@ def test_widgets_in_jupyterlab(page, page_errors, jupyter_server):
     n = int(b.lengths[row])
     act = b.mask[row, :n].numpy() != 0
     page.wait_for_function(f"(s) => document.querySelector(s + ' .js-plotly-plot').data[0].x.length === {n}", arg=ex_css)
-    np.testing.assert_allclose(_trace(page, ex_css, "A (mpo)")[act], mpo_row(row, beta=0.0)[:n][act], rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(_trace(page, ex_css, "A (mpo)")[act], mpo_row(row)[:n][act], rtol=1e-5, atol=1e-6)
     assert f"{n:,} tokens" in _strip_title(page, ex_css)
     page.locator(ex_css).first.screenshot(path=str(DOCS / "widgets_explorer.png"))
 
