@@ -63,6 +63,10 @@ def annotate_file(path, out, config: AdvantagesConfig | None = None) -> dict:
         raise ValueError(f"-o: expected a .parquet or .jsonl path or a folder, found {str(out)!r}")
     if folder and out.exists() and any(out.glob("part-*.parquet")):
         raise ValueError(f"-o: folder {str(out)!r} already holds part-*.parquet files; expected a new or empty folder")
+    src, dst = Path(path).resolve(), out.resolve()
+    if dst == src or src in dst.parents or (folder and dst in src.parents):
+        raise ValueError(f"-o: expected an output outside the input, found {str(out)!r} for input {str(path)!r} "
+                         f"(the input would be overwritten, or read back with the output as one set)")
     names = [e.strip() for e in cfg.estimators if e.strip()]
     if not names:
         raise ValueError("-e: expected at least one estimator name, found none")

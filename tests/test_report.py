@@ -156,3 +156,19 @@ def test_unknown_estimator_names_the_flag(small, tmp_path, capsys):
     err = capsys.readouterr().err
     assert "-e/--estimators: unknown estimator 'MPO' (names are lower case: 'mpo'); available: drgrpo" in err
     assert not (tmp_path / "r.html").exists()
+
+
+def test_advantages_refuses_to_write_over_or_into_its_input(small, tmp_path, capsys):
+    path, _ = small
+    folder = tmp_path / "logs"
+    folder.mkdir()
+    mv.save(mv.load(path), folder / "a.parquet")
+    before = (folder / "a.parquet").read_bytes()
+    for inp, out in ((folder / "a.parquet", folder / "a.parquet"),  # the input itself
+                     (folder, folder / "scored.parquet"),            # inside the input folder
+                     (folder / "a.parquet", folder)):                # a folder output holding the input
+        assert main(["advantages", str(inp), "-o", str(out), "--no-progress"]) == 1
+        assert "-o: expected an output outside the input" in capsys.readouterr().err
+    assert sorted(p.name for p in folder.iterdir()) == ["a.parquet"]
+    assert (folder / "a.parquet").read_bytes() == before
+    assert main(["advantages", str(folder / "a.parquet"), "-o", str(tmp_path / "scored.parquet"), "--no-progress"]) == 0
