@@ -39,3 +39,17 @@ def test_bad_input_no_traceback(tmp_path):
     assert "no such file" in r.stderr and "Traceback" not in r.stderr
     r = subprocess.run([sys.executable, "-m", "mpo_viz.cli", "--debug", "info", str(tmp_path / "nope.jsonl")], capture_output=True, text=True)
     assert r.returncode != 0 and "Traceback" in r.stderr
+
+
+def test_output_into_a_closed_pipe_is_quiet(tmp_path):
+    # `mpo-viz validate big | head`: the reader exits early; no "Broken pipe" error or traceback
+    rows = [dict(traj_id=f"t{i}", group_id="g", prompt_ids=[], response_ids=[1, 2], loss_mask=[1, 5], reward=0.0)
+            for i in range(3000)]
+    (tmp_path / "x.jsonl").write_text("\n".join(json.dumps(r) for r in rows) + "\n")
+    p = subprocess.Popen([sys.executable, "-m", "mpo_viz.cli", "validate", "--max-problems", "0", str(tmp_path / "x.jsonl")],
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    p.stdout.readline()
+    p.stdout.close()
+    err = p.stderr.read().decode()
+    assert p.wait(timeout=60) == 141
+    assert "Broken pipe" not in err and "Traceback" not in err and "Exception ignored" not in err
