@@ -1,13 +1,15 @@
 """The widgets in a real JupyterLab 4 (fresh server, Chromium): run all cells through the Run menu,
 move a slider, pick a trajectory, click a point of the variance scatter, and check that the strip
-and the plots changed to the numbers mpo_viz.advantages.compute gives. Screenshots go to docs/.
+and the plots changed to the numbers mpo_viz.advantages.compute gives. Screenshots: see WRITE_DOCS.
 
-One server and one test: starting JupyterLab and a kernel is most of the cost.
+One server and one test: starting JupyterLab and a kernel is most of the cost. Refresh the
+screenshots in docs/ with ``MPO_VIZ_SCREENSHOTS=1 pytest tests/browser/test_widgets_lab.py``.
 """
 
 from __future__ import annotations
 
 import json
+import os
 import re
 from pathlib import Path
 
@@ -24,7 +26,9 @@ pytestmark = pytest.mark.browser
 
 REPO = Path(__file__).resolve().parents[2]
 DATA = REPO / "trajectories" / "search.parquet"
-DOCS = REPO / "docs"
+# screenshots: into docs/ when MPO_VIZ_SCREENSHOTS=1 (to refresh the documentation's images), else
+# into the test's temporary folder, so `make test` leaves the working tree untouched
+WRITE_DOCS = os.environ.get("MPO_VIZ_SCREENSHOTS") == "1"
 
 
 def _write_run(d: Path) -> None:
@@ -90,8 +94,9 @@ def _set_slider(page, scope: str, label: str, value: str) -> None:
     page.keyboard.press("Enter")
 
 
-def test_widgets_in_jupyterlab(page, page_errors, jupyter_server):
+def test_widgets_in_jupyterlab(page, page_errors, jupyter_server, tmp_path):
     root = jupyter_server.root
+    shots = REPO / "docs" if WRITE_DOCS else tmp_path
     _write_run(root / "run")
     cells = [
         "import mpo_viz as mv\nfrom mpo_viz.widgets import TrajectoryExplorer, VarianceView, EstimatorComparison, "
@@ -154,7 +159,7 @@ def test_widgets_in_jupyterlab(page, page_errors, jupyter_server):
     page.wait_for_function(f"(s) => document.querySelector(s + ' .js-plotly-plot').data[0].x.length === {n}", arg=ex_css)
     np.testing.assert_allclose(_trace(page, ex_css, "A (mpo)")[act], mpo_row(row)[:n][act], rtol=1e-5, atol=1e-6)
     assert f"{n:,} tokens" in _strip_title(page, ex_css)
-    page.locator(ex_css).first.screenshot(path=str(DOCS / "widgets_explorer.png"))
+    page.locator(ex_css).first.screenshot(path=str(shots / "widgets_explorer.png"))
 
     # ---- the variance view: clicking a point opens that trajectory in an explorer beside it
     vv_css = ".jp-OutputArea-output .mpo-variance"
@@ -173,17 +178,17 @@ def test_widgets_in_jupyterlab(page, page_errors, jupyter_server):
     page.wait_for_selector(f"{vv_css} .mpo-explorer .js-plotly-plot .scatterlayer")
     page.mouse.move(5, 5)  # no hover label in the screenshot
     page.wait_for_timeout(300)
-    page.locator(vv_css).screenshot(path=str(DOCS / "widgets_variance.png"))
+    page.locator(vv_css).screenshot(path=str(shots / "widgets_variance.png"))
 
     # ---- the comparison (three stacked strips, bars) and the dashboard drew
     cmp_css = ".jp-OutputArea-output .mpo-comparison"
     page.wait_for_selector(f"{cmp_css} .js-plotly-plot .barlayer")
     assert page.locator(f"{cmp_css} .mpo-strip").count() == 3
-    page.locator(cmp_css).screenshot(path=str(DOCS / "widgets_comparison.png"))
+    page.locator(cmp_css).screenshot(path=str(shots / "widgets_comparison.png"))
     dash_css = ".jp-OutputArea-output .mpo-dashboard"
     page.wait_for_selector(f"{dash_css} .js-plotly-plot .scatterlayer")
     n_traces = page.evaluate(f"document.querySelector('{dash_css} .js-plotly-plot').data.length")
     assert n_traces >= 12
-    page.locator(dash_css).screenshot(path=str(DOCS / "widgets_dashboard.png"))
+    page.locator(dash_css).screenshot(path=str(shots / "widgets_dashboard.png"))
     errs = [e for e in page_errors if "favicon" not in e]
     assert errs == []
