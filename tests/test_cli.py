@@ -53,3 +53,13 @@ def test_output_into_a_closed_pipe_is_quiet(tmp_path):
     err = p.stderr.read().decode()
     assert p.wait(timeout=60) == 141
     assert "Broken pipe" not in err and "Traceback" not in err and "Exception ignored" not in err
+
+
+def test_info_with_rejected_rows_exits_1_in_both_formats(tmp_path, capsys):
+    good = dict(traj_id="a", group_id="g", prompt_ids=[7], response_ids=[1, 2, 3], loss_mask=[1, 0, 1], reward=0.0)
+    (tmp_path / "x.jsonl").write_text(json.dumps(good) + "\n{oops\n")
+    assert main(["info", str(tmp_path / "x.jsonl")]) == 1
+    out = capsys.readouterr().out
+    assert "response tokens  3  (action 2)\n  prompt tokens    1\n" in out and "REJECTED" in out
+    assert main(["info", "--json", str(tmp_path / "x.jsonl")]) == 1
+    assert json.loads(capsys.readouterr().out)["rejected_rows"] == 1

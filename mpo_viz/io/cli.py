@@ -21,18 +21,19 @@ def cmd_info(args) -> int:
     s["rejected_rows"] = len(batch.rejected)
     if args.json:
         print(json.dumps(s, indent=1, default=str))
-        return 0
+        return 1 if batch.rejected else 0
     print(f"{args.path}")
     print(f"  trajectories     {s['trajectories']}  in {s['groups']} groups (size {_fmt_stats(s['group_size'])})")
-    print(f"  response tokens  {s['response_tokens']}  (action {s['action_tokens']}, prompt tokens {s['prompt_tokens']})")
+    print(f"  response tokens  {s['response_tokens']}  (action {s['action_tokens']})")
+    print(f"  prompt tokens    {s['prompt_tokens']}")
     print(f"  turns/traj       {_fmt_stats(s['turns'])}")
-    print(f"  length           {_fmt_stats(s['response_length'])}")
-    print(f"  tokens/turn      {_fmt_stats(s['action_tokens_per_turn'])}")
+    print(f"  response length  {_fmt_stats(s['response_length'])}")
+    print(f"  action tok/turn  {_fmt_stats(s['action_tokens_per_turn'])}")
     print(f"  reward           {_fmt_stats(s['reward'])}  (missing: {s['reward_missing']})")
     print(f"  score (sum)      {_fmt_stats(s['score'])}")
     print(f"  fields           {', '.join(s['fields'])}")
     for k, v in s["meta"].items():
-        print(f"  meta.{k:<11} {v}")
+        print(f"  {'meta.' + k:<16} {v}")
     if batch.rejected:
         print(f"  REJECTED ROWS    {len(batch.rejected)} problem(s); run `mpo-viz validate {args.path}` to list them")
         return 1
