@@ -4,6 +4,8 @@ import json
 import subprocess
 import sys
 
+import pytest
+
 import mpo_viz as mv
 from mpo_viz.cli import main
 
@@ -63,3 +65,9 @@ def test_info_with_rejected_rows_exits_1_in_both_formats(tmp_path, capsys):
     assert "response tokens  3  (action 2)\n  prompt tokens    1\n" in out and "REJECTED" in out
     assert main(["info", "--json", str(tmp_path / "x.jsonl")]) == 1
     assert json.loads(capsys.readouterr().out)["rejected_rows"] == 1
+
+
+def test_version(capsys):
+    with pytest.raises(SystemExit) as e:
+        main(["--version"])
+    assert e.value.code == 0 and capsys.readouterr().out.strip() == f"mpo-viz {mv.__version__}"
