@@ -71,7 +71,7 @@ def test_duplicate_traj_id(tmp_path):
 def test_duplicate_across_files_of_a_folder(tmp_path):
     write_jsonl(tmp_path / "1.jsonl", [good("a")])
     write_jsonl(tmp_path / "2.jsonl", [good("b"), good("a")])
-    with pytest.raises(TrajectoryError, match="2.jsonl, line 2, traj_id='a'.*duplicate"):
+    with pytest.raises(TrajectoryError, match=r"2.jsonl, line 2, traj_id='a'.*duplicate of 'a' \(first in .*1.jsonl, line 1\)"):
         mv.load(tmp_path)
 
 

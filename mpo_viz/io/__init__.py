@@ -56,7 +56,7 @@ def _pieces(path, errors: str, rows_per_chunk: int | None = None) -> Iterator:
 
     if errors not in ("raise", "collect"):
         raise ValueError(f"errors: expected 'raise' or 'collect', found {errors!r}")
-    seen: set = set()
+    seen: dict = {}  # traj_id -> where it first occurred (named in duplicate messages)
     for f in files_of(path):
         meta = _meta_of(f)
         reader = _READERS[f.suffix]

@@ -224,7 +224,8 @@ def _first_per_row(rows: np.ndarray, pos: np.ndarray):
 def validate_columns(cls, cols: Columns, meta, problems: list[Problem], *, seen_ids=None):
     """Run every DESIGN §4 rule over ``cols``; return ``(batch of good rows, all problems)``.
 
-    ``seen_ids`` (a set, updated in place) carries traj_ids across chunks/files so duplicates are
+    ``seen_ids`` (a set, or a dict traj_id -> "file, line/row" to name the first occurrence; updated
+    in place) carries traj_ids across chunks/files so duplicates are
     found across a whole folder or scan.
     """
     n = cols.n
@@ -389,11 +390,18 @@ def validate_columns(cls, cols: Columns, meta, problems: list[Problem], *, seen_
         if bad[gi[j]]:
             continue
         if t in seen or t in first_line:
-            bflag(j, "traj_id", "a unique traj_id", f"a duplicate of {t!r}" + (f" (first at {first_line[t]})" if t in first_line else " (seen earlier)"))
+            if t in first_line:
+                where = f" (first at {first_line[t][1]})"
+            else:  # an earlier chunk or file; a dict seen_ids knows where
+                where = f" (first in {seen[t]})" if isinstance(seen, dict) else " (seen earlier)"
+            bflag(j, "traj_id", "a unique traj_id", f"a duplicate of {t!r}{where}")
         else:
             w = cols.where(gi[j])
-            first_line[t] = f"line {w['line']}" if w["line"] is not None else f"row {w['row']}"
-    seen.update(first_line)
+            first_line[t] = (w["file"], f"line {w['line']}" if w["line"] is not None else f"row {w['row']}")
+    if isinstance(seen, dict):
+        seen.update({t: (f"{f}, {loc}" if f is not None else loc) for t, (f, loc) in first_line.items()})
+    else:
+        seen.update(first_line)
 
     keep = np.flatnonzero(~bad[gi])
     out = batch if len(keep) == len(batch) else batch._subset(keep)
