@@ -231,10 +231,27 @@ def _names(s: str | None) -> tuple[str, ...] | None:
     return names
 
 
+_FLAG_KEYS = ("gamma", "lam", "turn_gamma", "turn_lam", "beta", "within", "value_at", "critic_target", "whiten",
+              "max_tokens")
+
+
+def _as_flag(exc: ValueError) -> ValueError:
+    """``lam: expected ...`` from the Python API reads ``--lam: expected ...`` on the command line."""
+    msg = str(exc)
+    key = msg.split(":", 1)[0]
+    return ValueError("--" + key.replace("_", "-") + msg[len(key):]) if key in _FLAG_KEYS else exc
+
+
 def cmd_advantages(args) -> int:
     cfg = AdvantagesConfig(estimators=_names(args.estimators), options=_options(args), max_tokens=args.max_tokens,
                            progress=False if args.no_progress else None)
-    stats = annotate_file(args.path, args.output, cfg)
+    try:
+        stats = annotate_file(args.path, args.output, cfg)
+    except ValueError as exc:
+        flagged = _as_flag(exc)
+        if flagged is exc:
+            raise
+        raise flagged from exc
     print(f"wrote {stats['out']}: {stats['trajectories']:,} trajectories, {stats['tokens']:,} tokens, "
           f"columns {', '.join(f'adv_{n}, ret_{n}' for n in cfg.estimators)} "
           f"({stats['seconds']:.1f}s, {stats['tokens_per_s']:,.0f} tokens/s)")
@@ -249,7 +266,13 @@ def cmd_report(args) -> int:
                        n_disagreed=args.n_disagreed, title=args.title, max_tokens=args.max_tokens,
                        progress=False if args.no_progress else None)
     t = time.perf_counter()
-    p = write_report(args.path, args.output, cfg)
+    try:
+        p = write_report(args.path, args.output, cfg)
+    except ValueError as exc:
+        flagged = _as_flag(exc)
+        if flagged is exc:
+            raise
+        raise flagged from exc
     print(f"wrote {p} ({p.stat().st_size / 1e6:.1f} MB, {time.perf_counter() - t:.1f}s); open it in a browser (works offline)")
     return 0
 

@@ -172,3 +172,12 @@ def test_advantages_refuses_to_write_over_or_into_its_input(small, tmp_path, cap
     assert sorted(p.name for p in folder.iterdir()) == ["a.parquet"]
     assert (folder / "a.parquet").read_bytes() == before
     assert main(["advantages", str(folder / "a.parquet"), "-o", str(tmp_path / "scored.parquet"), "--no-progress"]) == 0
+
+
+def test_option_errors_name_the_command_line_flag(small, tmp_path, capsys):
+    path, _ = small
+    assert main(["advantages", str(path), "-e", "mpo", "--turn-lam", "2", "-o", str(tmp_path / "o.parquet"), "--no-progress"]) == 1
+    assert "error: --turn-lam: expected a value in [0.0, 1.0], found 2.0" in capsys.readouterr().err
+    assert main(["report", str(path), "--max-tokens", "0", "-o", str(tmp_path / "r.html"), "--no-progress"]) == 1
+    assert "error: --max-tokens: expected >= 1, found 0" in capsys.readouterr().err
+    assert not (tmp_path / "o.parquet").exists() and not (tmp_path / "r.html").exists()
