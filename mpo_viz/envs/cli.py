@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import shlex
 
 
@@ -34,6 +35,10 @@ def _command_line(args) -> str:
     return " ".join(shlex.quote(p) for p in [*parts, "--out", args.out])
 
 
+_FLAG_KEYS = ("noise", "episodes", "group_size", "seed", "value_noise", "difficulty", "gamma", "slack", "max_turns",
+              "shaping", "slip", "distractors")
+
+
 def cmd_generate(args) -> int:
     import mpo_viz as mv
     from mpo_viz.envs.generate import GenerateConfig, generate
@@ -52,7 +57,16 @@ def cmd_generate(args) -> int:
     try:
         batch = generate(cfg)
     except TypeError as exc:  # an option the environment does not take (e.g. --slip for search)
+        m = re.search(r"unexpected keyword argument '(\w+)'", str(exc))
+        if m:
+            raise ValueError(f"--{m.group(1).replace('_', '-')}: expected an option of the {args.env} environment, "
+                             f"found one it does not take (--slip: automation; --distractors: search)") from None
         raise ValueError(f"--env {args.env}: {exc}") from None
+    except ValueError as exc:  # "noise: expected ..." from the Python API reads "--noise: ..." here
+        key = str(exc).split(":", 1)[0]
+        if key not in _FLAG_KEYS:
+            raise
+        raise ValueError("--" + key.replace("_", "-") + str(exc)[len(key):]) from exc
     batch.meta["command"] = _command_line(args)
     path = mv.save(batch, args.out)
     succ = float(batch.reward.mean()) if not cfg.env_options.get("shaping") else float("nan")
