@@ -366,7 +366,7 @@ def _fmt(v) -> str:
     return html.escape(str(v))
 
 
-def _table(rows: list[tuple], header: tuple | None = None, cls: str = "kv") -> str:
+def html_table(rows: list[tuple], header: tuple | None = None, cls: str = "kv") -> str:
     h = ""
     if header:
         h = "<tr>" + "".join(f"<th>{html.escape(str(c))}</th>" for c in header) + "</tr>"
@@ -374,17 +374,64 @@ def _table(rows: list[tuple], header: tuple | None = None, cls: str = "kv") -> s
     return f'<table class="{cls}">{h}{body}</table>'
 
 
-def _figure_html(fig, div_id: str) -> str:
+def figure_html(fig, div_id: str) -> str:
     return fig.to_html(full_html=False, include_plotlyjs=False, div_id=div_id,
                        config={"displaylogo": False, "responsive": True})
 
 
-def _render(acc: _Acc, cfg: ReportConfig, opts: dict, source_name: str, wall: float) -> str:
+def strip_html(element_id: str, payload: dict, height: int = 320, *, payload_id: str | None = None) -> str:
+    """A strip placeholder plus its JSON payload (in a script tag with id ``payload_id``, default
+    ``<element_id>-data``); :func:`page_html`'s script mounts it."""
+    from mpo_viz.strip import payload_json
+
+    pid = payload_id or f"{element_id}-data"
+    return (f'<div class="strip" id="{element_id}" data-payload="{pid}" data-height="{int(height)}"></div>'
+            f'<script type="application/json" id="{pid}">{payload_json(payload)}</script>')
+
+
+def page_html(title: str, body: str, *, footer: str, figure_ids: list[str]) -> str:
+    """The self-contained page shell shared by the report and widget snapshots.
+
+    Inlines the page CSS, the strip's CSS and script and plotly.js (no CDN: opens offline), then
+    mounts every strip placed with :func:`strip_html`. Sets ``window.mpoStrips``,
+    ``window.mpoReportFigures`` (``figure_ids``) and ``window.mpoReportReady`` for tests.
+    """
     import plotly.offline
+
+    from mpo_viz.strip import strip_css, strip_js
+
+    t = html.escape(title)
+    return f"""<!doctype html>
+<html lang="en"><head><meta charset="utf-8"><meta name="viewport" content="width=device-width, initial-scale=1">
+<title>{t}</title>
+<style>{PAGE_CSS}</style>
+<style>{strip_css()}</style>
+<script>{plotly.offline.get_plotlyjs()}</script>
+<script>{strip_js(module=False)}</script>
+</head><body>
+<h1>{t}</h1>
+{body}
+{footer}
+<script>
+(function () {{
+  window.mpoStrips = [];
+  document.querySelectorAll("div.strip[data-payload]").forEach(function (el) {{
+    var p = JSON.parse(document.getElementById(el.dataset.payload).textContent);
+    window.mpoStrips.push(window.mpoStrip.mount(el, p, {{ height: +el.dataset.height || 320 }}));
+  }});
+  window.mpoReportFigures = {json.dumps(figure_ids)};
+  window.mpoReportReady = true;
+}})();
+</script>
+</body></html>
+"""
+
+
+def _render(acc: _Acc, cfg: ReportConfig, opts: dict, source_name: str, wall: float) -> str:
 
     import mpo_viz
     from mpo_viz import plots
-    from mpo_viz.strip import payload_json, strip_css, strip_js, strip_payload
+    from mpo_viz.strip import strip_payload
 
     t0 = time.perf_counter()
     parts: list[str] = []
@@ -414,7 +461,7 @@ def _render(acc: _Acc, cfg: ReportConfig, opts: dict, source_name: str, wall: fl
                         ("critic bias mean(V − G)", -sd / n)]
     else:
         summary.append(("critic values", "absent: no across/within diagnostic"))
-    parts.append("<h2>Summary</h2>" + _table(summary))
+    parts.append("<h2>Summary</h2>" + html_table(summary))
     # ---- per-estimator statistics
     rows = []
     for k in acc.estimators:
@@ -426,17 +473,17 @@ def _render(acc: _Acc, cfg: ReportConfig, opts: dict, source_name: str, wall: fl
                      float(sp["across"].mean()) if sp is not None and len(sp) else float("nan"),
                      float(sp["within"].mean()) if sp is not None and len(sp) else float("nan")))
     if rows:
-        parts.append("<h2>Advantages by estimator</h2>" + _table(
+        parts.append("<h2>Advantages by estimator</h2>" + html_table(
             rows, ("estimator", "mean", "std", "mean |A|", "across-turn var (mean)", "within-turn var (mean)"), "grid"))
     if acc.cmp:
         cmp = an.finish_compare(acc.cmp)
         parts.append("<h2>Estimator agreement</h2><p class=note>Per pair of estimators: Pearson correlation and sign "
                      "agreement over action tokens and over turns (turn advantage = mean over the turn); rank agreement = "
                      "share of concordant turn pairs within a trajectory; sign flips = turns with opposite signs.</p>"
-                     + _table([tuple(r) for r in cmp.itertuples(index=False)], tuple(cmp.columns), "grid"))
+                     + html_table([tuple(r) for r in cmp.itertuples(index=False)], tuple(cmp.columns), "grid"))
     figs: list[str] = []
     if vv is not None and len(vv):
-        parts.append("<h2>Critic values: across vs within turns</h2>" + _figure_html(plots.across_within(vv, max_points=cfg.max_points), "fig-across-within"))
+        parts.append("<h2>Critic values: across vs within turns</h2>" + figure_html(plots.across_within(vv, max_points=cfg.max_points), "fig-across-within"))
         figs.append("fig-across-within")
     # ---- selected trajectories
     picks = acc.picks()
@@ -448,15 +495,14 @@ def _render(acc: _Acc, cfg: ReportConfig, opts: dict, source_name: str, wall: fl
         tid = b.traj_ids[0]
         parts.append(f'<section class="traj"><h3>{html.escape(tid)} <small>{html.escape(" · ".join(tags))}</small></h3>')
         payload = strip_payload(b, 0, advantages=p.adv, title=f"trajectory {tid}")
-        parts.append(f'<div class="strip" id="strip-{j}" data-payload="payload-{j}" data-height="{int(cfg.strip_height)}"></div>'
-                     f'<script type="application/json" id="payload-{j}">{payload_json(payload)}</script>')
+        parts.append(strip_html(f"strip-{j}", payload, cfg.strip_height, payload_id=f"payload-{j}"))
         if b.values is not None:
             ret = p.ret.get(acc.ev_source) if acc.ev_source else None
             fig = plots.value_curve(b, 0, advantages=p.adv, returns=ret)
-            parts.append(_figure_html(fig, f"fig-value-{j}"))
+            parts.append(figure_html(fig, f"fig-value-{j}"))
             figs.append(f"fig-value-{j}")
         if p.adv:
-            parts.append(_figure_html(plots.estimator_comparison(b, 0, p.adv), f"fig-turns-{j}"))
+            parts.append(figure_html(plots.estimator_comparison(b, 0, p.adv), f"fig-turns-{j}"))
             figs.append(f"fig-turns-{j}")
         parts.append("</section>")
     render_s = time.perf_counter() - t0
@@ -465,34 +511,10 @@ def _render(acc: _Acc, cfg: ReportConfig, opts: dict, source_name: str, wall: fl
     foot = (f"<footer>mpo_viz {html.escape(mpo_viz.__version__)} · generated {stamp} in {wall + render_s:.1f}s "
             f"({html.escape(timing)}) · self-contained: opens offline</footer>")
     body = "\n".join(parts)
-    title = html.escape(cfg.title)
-    return f"""<!doctype html>
-<html lang="en"><head><meta charset="utf-8"><meta name="viewport" content="width=device-width, initial-scale=1">
-<title>{title}</title>
-<style>{_PAGE_CSS}</style>
-<style>{strip_css()}</style>
-<script>{plotly.offline.get_plotlyjs()}</script>
-<script>{strip_js(module=False)}</script>
-</head><body>
-<h1>{title}</h1>
-{body}
-{foot}
-<script>
-(function () {{
-  window.mpoStrips = [];
-  document.querySelectorAll("div.strip[data-payload]").forEach(function (el) {{
-    var p = JSON.parse(document.getElementById(el.dataset.payload).textContent);
-    window.mpoStrips.push(window.mpoStrip.mount(el, p, {{ height: +el.dataset.height || 320 }}));
-  }});
-  window.mpoReportFigures = {json.dumps(figs)};
-  window.mpoReportReady = true;
-}})();
-</script>
-</body></html>
-"""
+    return page_html(cfg.title, body, footer=foot, figure_ids=figs)
 
 
-_PAGE_CSS = """
+PAGE_CSS = """
 body { font-family: system-ui, -apple-system, "Segoe UI", Roboto, sans-serif; margin: 24px auto; max-width: 1200px;
        padding: 0 16px; color: #222; }
 h1 { font-size: 22px; margin-bottom: 4px; } h2 { font-size: 17px; margin-top: 28px; border-bottom: 1px solid #ddd; }

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import datetime as _dt
 import html
-import json
 
 import pandas as pd
 
@@ -41,74 +40,45 @@ class Snapshot:
 
     def kv(self, pairs) -> Snapshot:
         """A two-column key/value table (the report's summary style)."""
-        from mpo_viz.report import _table
+        from mpo_viz.report import html_table
 
-        self.parts.append(_table([(str(k), v) for k, v in pairs]))
+        self.parts.append(html_table([(str(k), v) for k, v in pairs]))
         return self
 
     def table(self, df: pd.DataFrame, max_rows: int = 200) -> Snapshot:
         """A DataFrame as the report's grid table (first ``max_rows`` rows)."""
-        from mpo_viz.report import _table
+        from mpo_viz.report import html_table
 
         d = df.head(max_rows)
         rows = [tuple(r) for r in d.itertuples(index=False)]
-        self.parts.append(_table(rows, tuple(map(str, d.columns)), "grid"))
+        self.parts.append(html_table(rows, tuple(map(str, d.columns)), "grid"))
         if len(df) > max_rows:
             self.note(f"first {max_rows} of {len(df):,} rows")
         return self
 
     def strip(self, payload: dict, height: int = 320) -> Snapshot:
-        from mpo_viz.strip import payload_json
+        from mpo_viz.report import strip_html
 
-        sid = self._id("strip")
-        self.parts.append(f'<div class="strip" id="{sid}" data-payload="{sid}-data" data-height="{int(height)}"></div>'
-                          f'<script type="application/json" id="{sid}-data">{payload_json(payload)}</script>')
+        self.parts.append(strip_html(self._id("strip"), payload, height))
         return self
 
     def figure(self, fig) -> Snapshot:
         import plotly.graph_objects as go
 
-        from mpo_viz.report import _figure_html
+        from mpo_viz.report import figure_html
 
         fid = self._id("fig")
-        self.parts.append(_figure_html(go.Figure(fig), fid))
+        self.parts.append(figure_html(go.Figure(fig), fid))
         self.figures.append(fid)
         return self
 
     def render(self) -> str:
-        import plotly.offline
-
         import mpo_viz
-        from mpo_viz.report import _PAGE_CSS
-        from mpo_viz.strip import strip_css, strip_js
+        from mpo_viz.report import page_html
 
         stamp = _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
-        title = html.escape(self.title)
-        body = "\n".join(self.parts)
-        return f"""<!doctype html>
-<html lang="en"><head><meta charset="utf-8"><meta name="viewport" content="width=device-width, initial-scale=1">
-<title>{title}</title>
-<style>{_PAGE_CSS}</style>
-<style>{strip_css()}</style>
-<script>{plotly.offline.get_plotlyjs()}</script>
-<script>{strip_js(module=False)}</script>
-</head><body>
-<h1>{title}</h1>
-{body}
-<footer>mpo_viz {html.escape(mpo_viz.__version__)} · widget snapshot {stamp} · self-contained: opens offline</footer>
-<script>
-(function () {{
-  window.mpoStrips = [];
-  document.querySelectorAll("div.strip[data-payload]").forEach(function (el) {{
-    var p = JSON.parse(document.getElementById(el.dataset.payload).textContent);
-    window.mpoStrips.push(window.mpoStrip.mount(el, p, {{ height: +el.dataset.height || 320 }}));
-  }});
-  window.mpoReportFigures = {json.dumps(self.figures)};
-  window.mpoReportReady = true;
-}})();
-</script>
-</body></html>
-"""
+        foot = f"<footer>mpo_viz {html.escape(mpo_viz.__version__)} · widget snapshot {stamp} · self-contained: opens offline</footer>"
+        return page_html(self.title, "\n".join(self.parts), footer=foot, figure_ids=self.figures)
 
     def write(self, path, text: str | None = None) -> str:
         """Write the page (``text``, default :meth:`render`; temporary name, then rename); returns
