@@ -117,7 +117,7 @@ def across_within(vv: pd.DataFrame, *, title: str | None = None, max_points: int
             hovertemplate="%{text}<br>within %{x:.3g}<br>across %{y:.3g}<br>reward %{customdata[0]:.3g}"
                           "<br>turns %{customdata[1]}<extra></extra>",
             marker=dict(color=d["reward"], colorscale="Viridis", size=7, opacity=0.8, showscale=True,
-                        colorbar=dict(title="reward", x=0.5, len=0.8)),
+                        colorbar=dict(title="reward", x=1.02, xanchor="left", len=0.8, thickness=14)),
         ),
         row=1, col=1,
     )
@@ -142,7 +142,7 @@ def across_within(vv: pd.DataFrame, *, title: str | None = None, max_points: int
         note += f"; {n_inf} infinite ratios"
     fig.update_layout(
         title=title if title is not None else f"critic value variance across vs within turns ({note})",
-        height=420, showlegend=False, template="plotly_white", margin=dict(l=60, r=20, t=70, b=50),
+        height=420, showlegend=False, template="plotly_white", margin=dict(l=60, r=90, t=70, b=50),
     )
     return fig
 

@@ -41,9 +41,6 @@ class VarianceView(W.Box):
         self.summary = an.variance_summary(self.table)
         fig = plots.across_within(self.table, max_points=max_points)
         fig.update_layout(width=640, clickmode="event", title_font_size=13)
-        # at this width plots.py's colourbar (x = 0.5) would sit on the histogram: move it into the gap
-        fig.update_traces(selector=dict(type="scatter", mode="markers"), marker_colorbar=dict(x=0.515, xanchor="left",
-                                                                                               thickness=14))
         self.figure = go.FigureWidget(fig)
         self.figure.data[0].on_click(self._clicked)
         t = self.table[["traj_id", "reward", "n_turns", "across", "within", "ratio"]].copy()
