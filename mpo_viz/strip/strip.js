@@ -376,7 +376,10 @@ export function mount(el, payload, options = {}) {
   }
 
   function update(p) {
+    const prev = d;
     d = normalize(p);
+    // A new payload for the same trajectory (e.g. a slider moved) keeps the reader's place.
+    const keepTop = prev && prev.title === d.title && prev.n === d.n ? viewport.scrollTop : 0;
     scales.clear();
     root.classList.toggle("mpo-strip-spaced", d.spaced);
     widthCache.clear();
@@ -386,7 +389,7 @@ export function mount(el, payload, options = {}) {
     fillControls();
     legend();
     layout();
-    viewport.scrollTop = 0;
+    viewport.scrollTop = keepTop;
     renderVisible(true);
   }
 
