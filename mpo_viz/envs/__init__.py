@@ -11,7 +11,6 @@ from mpo_viz.envs.expert import NoisyExpert
 from mpo_viz.envs.oracle import Oracle, TurnOracle
 from mpo_viz.envs.registry import available_envs, make_env, register_env
 from mpo_viz.envs.search import SearchEnv
-from mpo_viz.envs.tokenizer import ChatLayout, build_tokenizer, load_tokenizer
 from mpo_viz.envs.tooluse import ToolUseEnv
 
 __all__ = [
@@ -19,3 +18,15 @@ __all__ = [
     "SearchEnv", "TextEnv", "ToolUseEnv", "TurnOracle", "available_envs", "build_tokenizer",
     "load_tokenizer", "make_env", "register_env",
 ]
+
+_TOKENIZER_NAMES = ("ChatLayout", "build_tokenizer", "load_tokenizer")
+
+
+def __getattr__(name):
+    # the tokenizer pulls in transformers (about 1 s): imported on first use, so that `mpo-viz`
+    # commands that never tokenize (every one but generate) do not pay for it
+    if name in _TOKENIZER_NAMES:
+        from mpo_viz.envs import tokenizer
+
+        return getattr(tokenizer, name)
+    raise AttributeError(f"module 'mpo_viz.envs' has no attribute {name!r}")
