@@ -29,8 +29,15 @@ class CLIError(Exception):
         self.code = code
 
 
+class _Parser(argparse.ArgumentParser):
+    """argparse, but a usage error is one line (the usage block is in ``--help``); exit code 2."""
+
+    def error(self, message: str):
+        self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = _Parser(
         prog="mpo-viz",
         description="Credit assignment for long-horizon LLM agents: inspect, score and visualize trajectories.",
     )
@@ -47,6 +54,9 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
+    if not (sys.argv[1:] if argv is None else argv):  # bare `mpo-viz`: show the commands
+        parser.print_help()
+        return 2
     args = parser.parse_args(argv)
     try:
         rc = int(args.func(args) or 0)

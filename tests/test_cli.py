@@ -81,3 +81,13 @@ def test_parser_does_not_import_transformers():
             "assert 'transformers' in sys.modules")
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert r.returncode == 0, r.stderr
+
+
+def test_usage_errors_are_one_line(tmp_path, capsys):
+    with pytest.raises(SystemExit) as e:
+        main(["advantages", str(tmp_path / "x.jsonl"), "--within", "bogus", "-o", str(tmp_path / "o.parquet")])
+    err = capsys.readouterr().err
+    assert e.value.code == 2 and err.count("\n") == 1 and "usage:" not in err
+    assert err.startswith("mpo-viz advantages: error: argument --within: invalid choice: 'bogus'")
+    assert err.rstrip().endswith("(see mpo-viz advantages --help)")
+    assert main([]) == 2 and "validate" in capsys.readouterr().out  # bare `mpo-viz` lists the commands
