@@ -11,6 +11,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from functools import partial
 from pathlib import Path
 
 import mpo_viz as mv
@@ -58,13 +59,13 @@ def main() -> None:
     print(f"{'format':<8} {'op':<6} {'seconds':>8} {'MB':>8} {'MB/s':>8} {'Mtok/s':>8}")
     for suffix in (".parquet", ".jsonl"):
         path = tmp / f"b{suffix}"
-        _, tw = timed(lambda: mv.save(batch, path))
+        _, tw = timed(partial(mv.save, batch, path))
         mb = os.path.getsize(path) / 1e6
-        loaded, tr = timed(lambda: mv.load(path))
+        loaded, tr = timed(partial(mv.load, path))
         assert loaded.num_tokens == n_tok
         for op, t in (("write", tw), ("load", tr)):
             print(f"{suffix[1:]:<8} {op:<6} {t:>8.2f} {mb:>8.1f} {mb / t:>8.1f} {n_tok / t / 1e6:>8.2f}")
-    del batch
+    del batch, loaded
 
     print("\nmv.scan peak memory (child process, max_tokens=250,000):")
     print(f"{'file tokens':>12} {'file MB':>8} {'seconds':>8} {'Mtok/s':>8} {'RSS after import MB':>20} {'peak RSS MB':>12} {'RSS growth MB':>14} {'peak held MB':>13}")

@@ -24,14 +24,13 @@ import pandas as pd
 import torch
 
 from mpo_viz.schema import (
+    EXTRA_TOKEN_DTYPE,
     FINITE_ON_ACTIONS,
     REQUIRED,
-    REWARD_SUM_TOL,
     SCALAR_FIELDS,
     SCHEMA_VERSION,
     TOKEN_FIELDS,
     TURN_FIELDS,
-    EXTRA_TOKEN_DTYPE,
     Problem,
     TrajectoryError,
     short,
@@ -498,7 +497,7 @@ class TrajectoryBatch:
                     parts.append(b._tok[name])
                     pres.append(rows_mask(b, b._present.get(name)))
                 else:
-                    parts.append(np.zeros(b.num_tokens, dtype=dt) if dt != object else np.full(b.num_tokens, "", dtype=object))
+                    parts.append(np.zeros(b.num_tokens, dtype=dt) if dt.kind != "O" else np.full(b.num_tokens, "", dtype=object))
                     pres.append(np.zeros(len(b), dtype=bool))
             tokens[name] = np.concatenate(parts)
             if name not in ("response_ids", "loss_mask"):

@@ -191,7 +191,7 @@ def columns_from_rows(rows: list, *, source=None, lines=None) -> tuple[Columns, 
         off = np.zeros(n + 1, dtype=np.int64)
         np.cumsum(lens, out=off[1:])
         parts = [a for a, p in zip(arrs, present) if p and len(a)]
-        if dt == object:
+        if dt.kind == "O":
             flat = np.empty(off[-1], dtype=object)
             if parts:
                 flat[:] = np.concatenate(parts)
@@ -249,7 +249,7 @@ def validate_columns(cls, cols: Columns, meta, problems: list[Problem], *, seen_
     # -- lengths of per-token fields, then integrality and 0/1 on the raw values
     rflat, roff, rpres = cols.token["response_ids"]
     rlen = np.diff(roff)
-    for name, (flat, off, pres) in cols.token.items():
+    for name, (_, off, pres) in cols.token.items():
         if name == "response_ids":
             continue
         flen = np.diff(off)
@@ -428,14 +428,14 @@ def _aligned_batch(cls, cols: Columns, good: np.ndarray, meta):
         if len(sel) == len(good):
             vals, voff = _take(flat, foff, good)
             if np.array_equal(voff, off):  # every row carries the field: no scatter needed
-                tokens[name] = vals.astype(dt) if dt != object else vals
+                tokens[name] = vals.astype(dt) if dt.kind != "O" else vals
                 present[name] = p
                 continue
-        out = np.zeros(off[-1], dtype=dt) if dt != object else np.full(off[-1], "", dtype=object)
+        out = np.zeros(off[-1], dtype=dt) if dt.kind != "O" else np.full(off[-1], "", dtype=object)
         if len(sel):
             vals, _ = _take(flat, foff, good[sel])
             target, _ = _take(np.arange(off[-1], dtype=np.int64), off, sel)
-            out[target] = vals.astype(dt) if dt != object else vals
+            out[target] = vals.astype(dt) if dt.kind != "O" else vals
         tokens[name] = out
         present[name] = p
     turn = {}
