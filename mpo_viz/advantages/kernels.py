@@ -3,8 +3,10 @@
 Every kernel reads float32 or float64 token arrays of shape ``(B, L)`` (rewards, values and mask in
 one dtype), accumulates in float64 scalars, and writes **every** output position (masked positions
 get 0), so the callers allocate outputs with ``np.empty``. Each kernel is compiled lazily, once per
-dtype, on first use (a few seconds; ``cache=False`` on purpose, so an edited kernel never runs
-stale). The readable specification of each kernel is the matching loop in
+dtype, on first use (a few seconds), and cached on disk (``cache=True``: numba keys the cache on
+this file's modification time, so an edited kernel recompiles; every kernel lives in this one file,
+so no cached kernel can depend on stale code elsewhere). Later processes load the compiled code
+instead of compiling again, which is what keeps each ``mpo-viz`` command quick. The readable specification of each kernel is the matching loop in
 :mod:`mpo_viz.advantages.reference`; tests check them equal.
 
 Integer "enum" arguments (kept as ints so every call has the same numba signature):
@@ -36,7 +38,7 @@ E_VALUE_NONFINITE = 7  # NaN/inf value on an action token
 E_REWARD_MASKED = 8  # non-zero (or NaN) reward on a masked token
 
 
-@njit(parallel=True, cache=False)
+@njit(parallel=True, cache=True)
 def validate_kernel(r, v, m, tid, check_values, check_tids, err_code, err_pos, nturns):
     """Per row: the first problem (``err_code``/``err_pos``, 0/-1 if none) and the turn count K.
 
@@ -101,7 +103,7 @@ def validate_kernel(r, v, m, tid, check_values, check_tids, err_code, err_pos, n
         nturns[i] = last_act_tid + 1 if check_tids == 1 else runs
 
 
-@njit(parallel=True, cache=False)
+@njit(parallel=True, cache=True)
 def gae_kernel(r, v, m, boot, gamma, lam, ret_lam, adv, ret, bad):
     """Token GAE over action tokens (DESIGN §3.2), per-row ``lam`` (B,).
 
@@ -147,7 +149,7 @@ def gae_kernel(r, v, m, boot, gamma, lam, ret_lam, adv, ret, bad):
         bad[i] = nb
 
 
-@njit(parallel=True, cache=False)
+@njit(parallel=True, cache=True)
 def discounted_kernel(r, m, gamma, out, bad):
     """``G_t = r_t + γ·G_{t'}`` over action tokens (t' = next action token; 0 after the last).
 
@@ -173,7 +175,7 @@ def discounted_kernel(r, m, gamma, out, bad):
         bad[i] = nb
 
 
-@njit(parallel=True, cache=False)
+@njit(parallel=True, cache=True)
 def mae_kernel(
     r, v, m, tid, boot, gamma, lam, tgamma, tlam, beta, within, value_at, ret_mode,
     adv, ret, t_adv, t_val, t_rew, t_ret, bad,
