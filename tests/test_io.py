@@ -134,3 +134,17 @@ def test_scan_collect_reports_bad_rows(tmp_path):
     pieces = list(mv.scan(tmp_path / "x.jsonl", max_tokens=4, errors="collect"))
     assert sum(len(p) for p in pieces) == 9
     assert [p.line for piece in pieces for p in piece.rejected] == [6]
+
+
+def test_jsonl_refuses_to_change_shared_metadata(tmp_path):
+    b = mv.synthetic.make_batch(4, seed=0, turn_len=(2, 4), obs_len=(1, 2))
+    mv.save(b[:2], tmp_path / "a.jsonl")
+    mv.save(b[2:], tmp_path / "b.jsonl")  # same metadata: fine, both share _meta.json
+    other = b[2:]
+    other.meta = {**b.meta, "values_source": "oracle"}
+    with pytest.raises(ValueError, match=r"c.jsonl: the JSONL files of a folder share _meta.json, and a.jsonl \(and 1 more\)"):
+        mv.save(other, tmp_path / "c.jsonl")
+    assert not (tmp_path / "c.jsonl").exists()
+    assert mv.load(tmp_path / "a.jsonl").meta["values_source"] == "synthetic"
+    mv.save(other, tmp_path / "own" / "c.jsonl")  # a folder of its own works
+    assert mv.load(tmp_path / "own").meta["values_source"] == "oracle"

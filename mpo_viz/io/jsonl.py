@@ -53,9 +53,24 @@ def iter_chunks(path: Path, rows_per_chunk: int = ROWS_PER_CHUNK) -> Iterator[tu
 
 
 def write(batch, path: Path) -> None:
-    """Write rows as JSONL (temporary name, then rename) and the metadata as ``_meta.json`` beside."""
+    """Write rows as JSONL (temporary name, then rename) and the metadata as ``_meta.json`` beside.
+
+    The JSONL files of a folder share its ``_meta.json``. If other JSONL files are already there
+    with different metadata, writing would silently change what they load with, so this refuses
+    (ValueError) and asks for a folder of its own (or Parquet, which keeps metadata in the file).
+    """
     from mpo_viz.trajectory import row_to_json
 
+    meta_path = path.parent / JSONL_META_NAME
+    new_meta = json.loads(json.dumps(batch.meta, default=str))
+    others = sorted(f.name for f in path.parent.glob("*.jsonl") if f.name != path.name)
+    if others and meta_path.exists() and read_meta(path) != new_meta:
+        raise ValueError(
+            f"{path}: the JSONL files of a folder share {meta_path.name}, and {others[0]}"
+            f"{f' (and {len(others) - 1} more)' if len(others) > 1 else ''} already use it with different "
+            f"metadata; writing here would change how they load. Save into a folder of its own, or as .parquet "
+            f"(metadata inside the file)."
+        )
     tmp = path.with_name(path.name + ".tmp")
     with open(tmp, "w", encoding="utf-8") as fh:
         for row in batch.rows():
@@ -63,5 +78,5 @@ def write(batch, path: Path) -> None:
             fh.write("\n")
     os.replace(tmp, path)
     meta_tmp = path.parent / (JSONL_META_NAME + ".tmp")
-    meta_tmp.write_text(json.dumps(batch.meta, indent=1, sort_keys=True, default=str))
-    os.replace(meta_tmp, path.parent / JSONL_META_NAME)
+    meta_tmp.write_text(json.dumps(new_meta, indent=1, sort_keys=True))
+    os.replace(meta_tmp, meta_path)
