@@ -21,7 +21,7 @@ import json
 import math
 import time
 from collections.abc import Iterable, Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 
 import numpy as np
@@ -56,34 +56,18 @@ class EstimatorOptions:
     whiten: bool | None = None
     """whiten the advantages over each chunk."""
 
-    def as_dict(self) -> dict:
-        return {k: v for k, v in self.__dict__.items() if v is not None}
+    def estimator_options(self) -> dict:
+        """The options that are set (not None), for :func:`mpo_viz.analysis.compute_advantages`."""
+        return {f.name: getattr(self, f.name) for f in fields(EstimatorOptions) if getattr(self, f.name) is not None}
 
 
 @dataclass
-class ReportConfig:
-    """Everything :func:`build_report` takes besides the data (one flat config)."""
+class ReportConfig(EstimatorOptions):
+    """Everything :func:`build_report` takes besides the data (one flat config: the estimator
+    options of :class:`EstimatorOptions` plus the fields below)."""
 
     estimators: tuple[str, ...] | None = None
     """estimator names; None: those of mpo, gae, grpo that the data supports."""
-    gamma: float | None = None
-    """token discount γ (None: each estimator's default)."""
-    lam: float | None = None
-    """token λ."""
-    turn_gamma: float | None = None
-    """turn discount γ_T."""
-    turn_lam: float | None = None
-    """turn λ_T."""
-    beta: float | None = None
-    """MAE β."""
-    within: str | None = None
-    """MAE within-turn signal."""
-    value_at: str | None = None
-    """V(s_k) choice."""
-    critic_target: str | None = None
-    """MAE critic target."""
-    whiten: bool | None = None
-    """whiten advantages."""
     n_best: int = 2
     """trajectories with the highest score to show."""
     n_worst: int = 2
@@ -100,10 +84,6 @@ class ReportConfig:
     """pixel height of each token strip."""
     progress: bool | None = None
     """tqdm progress bar on stderr (None: only on a terminal)."""
-
-    def estimator_options(self) -> dict:
-        return EstimatorOptions(self.gamma, self.lam, self.turn_gamma, self.turn_lam, self.beta, self.within,
-                                self.value_at, self.critic_target, self.whiten).as_dict()
 
 
 # ------------------------------------------------------------------------------------------------
