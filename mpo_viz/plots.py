@@ -35,6 +35,41 @@ def _colour(name: str, i: int) -> str:
     return ESTIMATOR_COLOURS.get(name, _FALLBACK[i % len(_FALLBACK)])
 
 
+MAX_LINE_POINTS = 6000
+"""Per-token lines longer than this are drawn decimated (see :func:`line_points`)."""
+
+
+def line_points(y, act, *, max_points: int = MAX_LINE_POINTS) -> tuple[np.ndarray, np.ndarray]:
+    """``(x, y)`` of a per-token line drawn over action tokens, with gaps (NaN) over observations.
+
+    Up to ``max_points`` tokens every token is a point (``x = 0..n-1``). Longer lines (a 50,000-token
+    trajectory) are decimated for display the usual way for long series: positions fall into
+    ``max_points / 2`` buckets and each bucket keeps its lowest and highest point, plus the first
+    and last token of every run of action tokens and the observation token after it (so the gaps
+    stay). Every point drawn is a real ``(token, value)`` pair and every bucket's extremes survive;
+    the exact per-token numbers are in the strip. Returns float32 ``y`` (half the JSON of float64).
+    """
+    y = np.asarray(y, dtype=np.float64)
+    act = np.asarray(act, dtype=bool)
+    n = len(y)
+    full = np.where(act, y, np.nan).astype(np.float32)
+    if n <= max_points:
+        return np.arange(n), full
+    idx = np.flatnonzero(act)
+    if not len(idx):
+        return np.arange(0), full[:0]
+    width = int(np.ceil(n / max(1, max_points // 2)))
+    bucket = idx // width
+    order = np.lexsort((y[idx], bucket))  # by bucket, then by value
+    sb = bucket[order]
+    lo = np.r_[True, sb[1:] != sb[:-1]]
+    hi = np.r_[sb[1:] != sb[:-1], True]
+    new_run = np.r_[True, np.diff(idx) > 1]
+    ends = idx[np.r_[new_run[1:], True]]
+    keep = np.unique(np.concatenate([idx[order[lo]], idx[order[hi]], idx[new_run], ends, ends[ends + 1 < n] + 1]))
+    return keep, full[keep]
+
+
 def _row_arrays(batch, row: int):
     sub = batch[[row]]
     n = int(sub.lengths[0])
@@ -44,7 +79,8 @@ def _row_arrays(batch, row: int):
 def value_curve(batch, row: int, *, advantages: dict | None = None, returns=None, title: str | None = None) -> go.Figure:
     """Critic values along one trajectory (x = response token position).
 
-    Traces: ``value`` (action tokens; gaps over observations), ``turn mean`` (each turn's mean
+    Traces (per-token lines via :func:`line_points`, decimated beyond ``MAX_LINE_POINTS`` tokens):
+    ``value`` (action tokens; gaps over observations), ``turn mean`` (each turn's mean
     value as a step over the turn's span), optionally ``return`` (``returns``: ``(B, L)`` tensor or
     result) and, in a second panel, the per-token advantages of each entry of ``advantages``
     (``{name: (B, L) tensor or result}``). Each turn's span (first to last action token) is shaded.
@@ -52,13 +88,13 @@ def value_curve(batch, row: int, *, advantages: dict | None = None, returns=None
     sub, n, act = _row_arrays(batch, row)
     if sub.values is None:
         raise ValueError("values: the batch has no 'values' field; a value curve needs a critic")
-    x = np.arange(n)
     v = sub.values[0, :n].numpy().astype(np.float64)
     tt = an.turn_table(sub)
     two = bool(advantages)
     fig = make_subplots(rows=2 if two else 1, cols=1, shared_xaxes=True, vertical_spacing=0.06,
                         row_heights=[0.6, 0.4] if two else None)
-    fig.add_trace(go.Scatter(x=x, y=np.where(act, v, np.nan), mode="lines", name="value",
+    vx, vy = line_points(v, act)
+    fig.add_trace(go.Scatter(x=vx, y=vy, mode="lines", name="value",
                              line=dict(color="#333", width=1.2), connectgaps=False), row=1, col=1)
     # turn means as steps over each turn's span: x = start .. end, y = mean (NaN breaks between turns)
     sx, sy = [], []
@@ -69,11 +105,13 @@ def value_curve(batch, row: int, *, advantages: dict | None = None, returns=None
                              line_shape="hv"), row=1, col=1)
     if returns is not None:
         g = np.asarray(an._np(getattr(returns, "returns", returns)))[row, :n]
-        fig.add_trace(go.Scatter(x=x, y=np.where(act, g, np.nan), mode="lines", name="return",
+        gx, gy = line_points(g, act)
+        fig.add_trace(go.Scatter(x=gx, y=gy, mode="lines", name="return",
                                  line=dict(color="#1f77b4", width=1, dash="dot")), row=1, col=1)
     for i, (name, a) in enumerate((advantages or {}).items()):
         a = an._np(getattr(a, "advantages", a))[row, :n]
-        fig.add_trace(go.Scatter(x=x, y=np.where(act, a, np.nan), mode="lines", name=f"A ({name})",
+        ax, ay = line_points(a, act)
+        fig.add_trace(go.Scatter(x=ax, y=ay, mode="lines", name=f"A ({name})",
                                  line=dict(color=_colour(name, i), width=1.2)), row=2, col=1)
     # turn spans shaded over every panel (one layout update: add_vrect per turn is slow in plotly)
     shapes = [

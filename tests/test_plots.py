@@ -80,3 +80,31 @@ def test_plots_do_not_import_ipywidgets():
     code = "import sys, mpo_viz.plots; print('ipywidgets' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "False"
+
+
+def test_line_points_short_lines_keep_every_token():
+    y = np.array([0.5, 0.6, 9.0, 0.7, 0.8])
+    act = np.array([1, 1, 0, 1, 1], dtype=bool)
+    x, yy = plots.line_points(y, act)
+    assert x.tolist() == [0, 1, 2, 3, 4]
+    assert np.isnan(yy[2]) and yy.dtype == np.float32
+    np.testing.assert_allclose(yy[[0, 1, 3, 4]], [0.5, 0.6, 0.7, 0.8], rtol=1e-6)
+
+
+def test_line_points_decimates_long_lines_faithfully():
+    rng = np.random.default_rng(0)
+    n = 50_000
+    act = np.ones(n, dtype=bool)
+    act[10_000:10_300] = False  # one observation gap
+    act[30_000:30_050] = False
+    y = np.cumsum(rng.normal(size=n))
+    x, yy = plots.line_points(y, act, max_points=2000)
+    assert len(x) <= 2000 + 3 * 3  # two per bucket, plus run starts/ends and one gap marker per run
+    assert np.all(np.diff(x) > 0)
+    drawn = ~np.isnan(yy)
+    np.testing.assert_allclose(yy[drawn], y[x[drawn]], rtol=1e-6)  # every point is a real token value
+    assert not act[x[~drawn]].any()  # NaNs only on observation tokens: the gaps survive
+    assert {9_999, 10_000, 10_300, 29_999, 30_000, 30_050, n - 1} <= set(x.tolist())
+    for lo, hi in ((0, 10_000), (10_300, 30_000), (30_050, n)):  # each run's extremes are drawn
+        seg = y[lo:hi]
+        assert lo + int(seg.argmin()) in x and lo + int(seg.argmax()) in x

@@ -216,9 +216,9 @@ class TrajectoryExplorer(W.VBox):
             with self.figure.batch_update():
                 for tr in self.figure.data:
                     if tr.name and tr.name.startswith("A (") and tr.name[3:-1] in adv:
-                        tr.y = np.where(act, adv[tr.name[3:-1]][0], np.nan)
+                        tr.x, tr.y = plots.line_points(adv[tr.name[3:-1]][0], act)
                     elif tr.name == "return" and ret is not None:
-                        tr.y = np.where(act, ret[0], np.nan)
+                        tr.x, tr.y = plots.line_points(ret[0], act)
         t5 = time.perf_counter()
         self._update_turns(adv, ret)
         self.timings = {"compute": t1 - t0, "picker": t2 - t1, "payload": t3 - t2, "push": t4 - t3,
