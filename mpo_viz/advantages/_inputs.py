@@ -252,6 +252,9 @@ def group_codes(group_ids, B: int, name: str = "group_ids") -> np.ndarray:
 
 def scalar_check(name: str, value, lo=None, hi=None, *, lo_open=False, hi_open=False) -> float:
     """A float option within bounds, else ``ValueError`` naming it."""
+    # float("0.9") would quietly accept a string and float(True) a flag: numbers only
+    if isinstance(value, (str, bytes, bool, np.bool_)):
+        raise ValueError(f"{name}: expected a number, found {value!r}")
     try:
         x = float(value)
     except (TypeError, ValueError):

@@ -121,6 +121,14 @@ def test_option_problems():
         A.mae(R, V, M, beta=-1)
     with pytest.raises(TypeError):
         A.gae(R, V, M, 1.0)  # options are keyword-only
+    # strings and flags are not numbers, even where float() would take them
+    with pytest.raises(ValueError, match=r"gamma: expected a number, found '0.9'"):
+        A.mae(R, V, M, gamma="0.9")
+    with pytest.raises(ValueError, match=r"beta: expected a number, found True"):
+        A.mae(R, V, M, beta=True)
+    a, _ = A.mae(R, V, M, beta=np.float32(0.5))  # numpy scalars are numbers
+    b, _ = A.mae(R, V, M, beta=0.5)
+    assert torch.equal(a, b)
 
 
 def test_gigpo_needs_token_ids():
