@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from mpo_viz.losses._common import as_tensor, check_mask, check_same_shape, segments
+from mpo_viz.losses._common import as_tensor, check_mask, check_same_shape, number, segments
 
 __all__ = ["AGG_MODES", "aggregate", "reduce_checked"]
 
@@ -53,7 +53,7 @@ def aggregate(loss_matrix, mask, mode: str = "token-mean", *, turn_ids=None, sca
     if scale is not None:
         if mode == "none":
             raise ValueError("scale: expected None with mode='none' (nothing is divided), found a value")
-        scale = float(scale)
+        scale = number(scale, "scale")
         if not scale > 0:
             raise ValueError(f"scale: expected a positive number, found {scale}")
     segs = segments(m, turn_ids) if mode == "turn-mean" else None

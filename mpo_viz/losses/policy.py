@@ -38,6 +38,7 @@ from mpo_viz.losses._common import (
     check_finite,
     check_mask,
     check_same_shape,
+    number,
     result_dtype,
     row_segments,
     segments,
@@ -241,7 +242,7 @@ def _token_gradient_surrogate(x: PolicyInputs, units: Segments) -> torch.Tensor:
 def _check_dual(dual_clip):
     if dual_clip is None:
         return None
-    c = float(dual_clip)
+    c = number(dual_clip, "dual_clip")
     if not c > 1:
         raise ValueError(f"dual_clip: expected a number > 1 (verl uses 3) or None, found {dual_clip}")
     return c
@@ -350,14 +351,14 @@ def policy_loss(
     agg = spec.agg if agg is None else agg
     if agg not in AGG_MODES:
         raise ValueError(f"agg: expected one of {', '.join(AGG_MODES)}, found {agg!r}")
-    eps_low = spec.clip_low if clip_low is None else float(clip_low)
-    eps_high = spec.clip_high if clip_high is None else float(clip_high)
+    eps_low = spec.clip_low if clip_low is None else number(clip_low, "clip_low")
+    eps_high = spec.clip_high if clip_high is None else number(clip_high, "clip_high")
     if not (0 <= eps_low < 1) or not eps_high >= 0:
         raise ValueError(f"clip_low/clip_high: expected 0 <= clip_low < 1 and clip_high >= 0, found {eps_low}, {eps_high}")
     if scale is not None:
         if agg == "none":
             raise ValueError("scale: expected None with agg='none' (nothing is divided), found a value")
-        scale = float(scale)
+        scale = number(scale, "scale")
         if not scale > 0:
             raise ValueError(f"scale: expected a positive number, found {scale}")
 

@@ -9,6 +9,7 @@ from mpo_viz.losses._common import (
     check_finite,
     check_mask,
     check_same_shape,
+    number,
     result_dtype,
 )
 from mpo_viz.losses.aggregate import aggregate
@@ -55,6 +56,7 @@ def value_loss(
         loss_mat = unclipped
         clipped_active = torch.zeros_like(m)
     else:
+        clip = number(clip, "clip")
         if not clip > 0:
             raise ValueError(f"clip: expected a positive number or None, found {clip}")
         if old_values is None:

@@ -92,3 +92,5 @@ def test_value_loss_errors():
         value_loss(z, None, z, torch.ones(1, 3))
     with pytest.raises(ValueError, match=r"returns: expected shape \(1, 3\)"):
         value_loss(z, z, torch.zeros(1, 2), torch.ones(1, 3))
+    with pytest.raises(ValueError, match=r"clip: expected a number, found '0.5'"):
+        value_loss(z, z, z, torch.ones(1, 3), clip="0.5")

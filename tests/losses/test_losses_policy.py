@@ -370,6 +370,15 @@ def test_bad_input_raises_clearly():
         policy_loss("turn_ppo", z, z, z, m, turn_ids=torch.tensor([[0, 0, 0, 0, 0], [1, 1, 1, 1, 1]]))
     with pytest.raises(ValueError, match=r"turn_ids: expected shape"):
         policy_loss("turn_ppo", z, z, z, m, turn_ids=torch.zeros(2, 4, dtype=torch.long))
+    # strings and flags are not numbers, even where float() would take them
+    with pytest.raises(ValueError, match=r"clip_low: expected a number, found '0.2'"):
+        policy_loss("token_ppo", z, z, z, m, clip_low="0.2")
+    with pytest.raises(ValueError, match=r"clip_high: expected a number, found True"):
+        policy_loss("token_ppo", z, z, z, m, clip_high=True)
+    with pytest.raises(ValueError, match=r"dual_clip: expected a number, found '3'"):
+        policy_loss("token_ppo", z, z, z, m, dual_clip="3")
+    with pytest.raises(ValueError, match=r"scale: expected a number, found '8'"):
+        policy_loss("token_ppo", z, z, z, m, scale="8")
     with pytest.raises(ValueError, match=r"mask: row 0: expected 0/1"):
         policy_loss("token_ppo", z, z, z, torch.tensor([[1, 2, 1, 1, 1], [1, 1, 1, 1, 1]]))
     with pytest.raises(ValueError, match=r"advantages: row 1: expected finite.*position 3"):
