@@ -14,6 +14,7 @@ import numpy as np
 import torch
 
 from mpo_viz.advantages import kernels as K
+from mpo_viz.checks import number
 from mpo_viz.turns import turn_ids_from_mask
 
 __all__ = ["Prepared", "prepare", "to_torch", "whiten_", "group_codes", "scalar_check"]
@@ -252,13 +253,7 @@ def group_codes(group_ids, B: int, name: str = "group_ids") -> np.ndarray:
 
 def scalar_check(name: str, value, lo=None, hi=None, *, lo_open=False, hi_open=False) -> float:
     """A float option within bounds, else ``ValueError`` naming it."""
-    # float("0.9") would quietly accept a string and float(True) a flag: numbers only
-    if isinstance(value, (str, bytes, bool, np.bool_)):
-        raise ValueError(f"{name}: expected a number, found {value!r}")
-    try:
-        x = float(value)
-    except (TypeError, ValueError):
-        raise ValueError(f"{name}: expected a number, found {value!r}") from None
+    x = number(value, name)
     bad = not np.isfinite(x)
     if lo is not None:
         bad |= x <= lo if lo_open else x < lo

@@ -18,17 +18,6 @@ from mpo_viz.turns import check_turn_ids, num_turns, turn_ids_from_mask
 __all__ = ["as_tensor", "result_dtype", "check_mask", "check_same_shape", "check_finite", "Segments", "segments"]
 
 
-def number(value, name: str) -> float:
-    """``float(value)`` for a real number; ValueError naming ``name`` for a string, a bool or
-    anything else (``float("0.2")`` would quietly accept a string, ``float(True)`` a flag)."""
-    if isinstance(value, (str, bytes, bool, np.bool_)):
-        raise ValueError(f"{name}: expected a number, found {value!r}")
-    try:
-        return float(value)
-    except (TypeError, ValueError):
-        raise ValueError(f"{name}: expected a number, found {value!r}") from None
-
-
 def as_tensor(x, name: str, *, dtype: torch.dtype | None = None, device=None) -> torch.Tensor:
     """``x`` (torch tensor, numpy array or nested list) as a torch tensor, gradient kept.
 

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import torch
 
-from mpo_viz.losses._common import as_tensor, check_mask, check_same_shape, number, segments
+from mpo_viz.checks import number
+from mpo_viz.losses._common import as_tensor, check_mask, check_same_shape, segments
 
 __all__ = ["AGG_MODES", "aggregate", "reduce_checked"]
 

@@ -32,13 +32,13 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
+from mpo_viz.checks import number
 from mpo_viz.losses._common import (
     Segments,
     as_tensor,
     check_finite,
     check_mask,
     check_same_shape,
-    number,
     result_dtype,
     row_segments,
     segments,

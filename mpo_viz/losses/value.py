@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import torch
 
+from mpo_viz.checks import number
 from mpo_viz.losses._common import (
     as_tensor,
     check_finite,
     check_mask,
     check_same_shape,
-    number,
     result_dtype,
 )
 from mpo_viz.losses.aggregate import aggregate
