@@ -167,14 +167,20 @@ class TextEnv:
         Default: lower-case, read from the last verb of ``self.verbs``, and accept the command if it
         is one of ``self.accepts(task, s)`` (by default ``actions(task, s)``).
         """
-        toks = text.lower().split()
-        starts = [i for i, w in enumerate(toks) if w in self.verbs]
-        if not starts:
+        words = self.command_words(text)
+        if words is None:
             return None, self.invalid_message(task, s, "no command found")
-        cmd = " ".join(toks[starts[-1]:])
+        cmd = " ".join(words)
         if cmd in self.accepts(task, s):
             return cmd, ""
         return None, self.invalid_message(task, s, "unknown command")
+
+    def command_words(self, text: str) -> list[str] | None:
+        """The lower-cased words of ``text`` from its last verb of ``self.verbs`` on (what comes before
+        is reasoning), or None when no verb occurs."""
+        toks = text.lower().split()
+        starts = [i for i, w in enumerate(toks) if w in self.verbs]
+        return toks[starts[-1]:] if starts else None
 
     def accepts(self, task, s) -> Sequence[str]:
         """Commands ``parse`` accepts (default: the noise support)."""

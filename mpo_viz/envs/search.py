@@ -121,11 +121,9 @@ class SearchEnv(TextEnv):
         return self.actions(task, s)
 
     def parse(self, task, s, text):
-        toks = text.lower().split()
-        starts = [i for i, w in enumerate(toks) if w in self.verbs]
-        if not starts:
+        cmd = self.command_words(text)
+        if cmd is None:
             return None, self.invalid_message(task, s, "no command found")
-        cmd = toks[starts[-1]:]
         if len(cmd) != 2:
             return None, self.invalid_message(task, s, "expected search <entity> or answer <entity>")
         if cmd[1] not in task.entities:

@@ -84,11 +84,9 @@ class ToolUseEnv(TextEnv):
         return tuple(f"calc {v} {op} {c}" for op in OPS for c in CONSTANTS) + (f"answer {v}",)
 
     def parse(self, task, s, text):
-        toks = text.lower().split()
-        starts = [i for i, w in enumerate(toks) if w in self.verbs]
-        if not starts:
+        cmd = self.command_words(text)
+        if cmd is None:
             return None, self.invalid_message(task, s, "no command found")
-        cmd = toks[starts[-1]:]
 
         def num(w):
             return w.isdigit() and int(w) <= MAX_VALUE and str(int(w)) == w
