@@ -7,7 +7,7 @@ import torch
 from mpo_viz.checks import number
 from mpo_viz.losses._common import as_tensor, check_mask, check_same_shape, segments
 
-__all__ = ["AGG_MODES", "aggregate", "reduce_checked"]
+__all__ = ["AGG_MODES", "aggregate", "check_scale", "reduce_checked"]
 
 AGG_MODES = (
     "token-mean",
@@ -51,14 +51,22 @@ def aggregate(loss_matrix, mask, mode: str = "token-mean", *, turn_ids=None, sca
     check_same_shape(loss, "loss_matrix", m)
     if not loss.is_floating_point() or loss.dtype not in (torch.float32, torch.float64):
         loss = loss.to(torch.float32)
-    if scale is not None:
-        if mode == "none":
-            raise ValueError("scale: expected None with mode='none' (nothing is divided), found a value")
-        scale = number(scale, "scale")
-        if not scale > 0:
-            raise ValueError(f"scale: expected a positive number, found {scale}")
+    scale = check_scale(scale, mode)
     segs = segments(m, turn_ids) if mode == "turn-mean" else None
     return reduce_checked(loss, m, mode, scale=scale, turn_segments=segs)
+
+
+def check_scale(scale, mode: str, *, mode_arg: str = "mode") -> float | None:
+    """``scale`` as a positive float (or None); ValueError with ``mode='none'``, where nothing is
+    divided (``mode_arg`` names the mode argument in the message: ``mode`` or ``agg``)."""
+    if scale is None:
+        return None
+    if mode == "none":
+        raise ValueError(f"scale: expected None with {mode_arg}='none' (nothing is divided), found a value")
+    scale = number(scale, "scale")
+    if not scale > 0:
+        raise ValueError(f"scale: expected a positive number, found {scale}")
+    return scale
 
 
 def reduce_checked(loss: torch.Tensor, m: torch.Tensor, mode: str, *, scale: float | None, turn_segments=None):

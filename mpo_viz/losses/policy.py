@@ -43,7 +43,7 @@ from mpo_viz.losses._common import (
     row_segments,
     segments,
 )
-from mpo_viz.losses.aggregate import AGG_MODES, reduce_checked
+from mpo_viz.losses.aggregate import AGG_MODES, check_scale, reduce_checked
 from mpo_viz.losses.kl import kl_penalty
 
 __all__ = [
@@ -355,12 +355,7 @@ def policy_loss(
     eps_high = spec.clip_high if clip_high is None else number(clip_high, "clip_high")
     if not (0 <= eps_low < 1) or not eps_high >= 0:
         raise ValueError(f"clip_low/clip_high: expected 0 <= clip_low < 1 and clip_high >= 0, found {eps_low}, {eps_high}")
-    if scale is not None:
-        if agg == "none":
-            raise ValueError("scale: expected None with agg='none' (nothing is divided), found a value")
-        scale = number(scale, "scale")
-        if not scale > 0:
-            raise ValueError(f"scale: expected a positive number, found {scale}")
+    scale = check_scale(scale, agg, mode_arg="agg")
 
     lp = as_tensor(logp, "logp")
     if lp.dim() != 2:
