@@ -14,6 +14,7 @@ Bad input: the loader's message on one line, exit code 1, no traceback.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import time
@@ -242,16 +243,23 @@ def _as_flag(exc: ValueError) -> ValueError:
     return ValueError("--" + key.replace("_", "-") + msg[len(key):]) if key in _FLAG_KEYS else exc
 
 
-def cmd_advantages(args) -> int:
-    cfg = AdvantagesConfig(estimators=_names(args.estimators), options=_options(args), max_tokens=args.max_tokens,
-                           progress=False if args.no_progress else None)
+@contextlib.contextmanager
+def _errors_name_flags():
+    """Re-raise a ValueError about an option under its command-line flag (``lam: ...`` -> ``--lam: ...``)."""
     try:
-        stats = annotate_file(args.path, args.output, cfg)
+        yield
     except ValueError as exc:
         flagged = _as_flag(exc)
         if flagged is exc:
             raise
         raise flagged from exc
+
+
+def cmd_advantages(args) -> int:
+    cfg = AdvantagesConfig(estimators=_names(args.estimators), options=_options(args), max_tokens=args.max_tokens,
+                           progress=False if args.no_progress else None)
+    with _errors_name_flags():
+        stats = annotate_file(args.path, args.output, cfg)
     print(f"wrote {stats['out']}: {stats['trajectories']:,} trajectories, {stats['tokens']:,} tokens, "
           f"columns {', '.join(f'adv_{n}, ret_{n}' for n in cfg.estimators)} "
           f"({stats['seconds']:.1f}s, {stats['tokens_per_s']:,.0f} tokens/s)")
@@ -266,13 +274,8 @@ def cmd_report(args) -> int:
                        n_disagreed=args.n_disagreed, title=args.title, max_tokens=args.max_tokens,
                        progress=False if args.no_progress else None)
     t = time.perf_counter()
-    try:
+    with _errors_name_flags():
         p = write_report(args.path, args.output, cfg)
-    except ValueError as exc:
-        flagged = _as_flag(exc)
-        if flagged is exc:
-            raise
-        raise flagged from exc
     print(f"wrote {p} ({p.stat().st_size / 1e6:.1f} MB, {time.perf_counter() - t:.1f}s); open it in a browser (works offline)")
     return 0
 
