@@ -25,9 +25,7 @@ import torch
 
 from mpo_viz.schema import (
     EXTRA_TOKEN_DTYPE,
-    FINITE_ON_ACTIONS,
     REQUIRED,
-    SCALAR_FIELDS,
     SCHEMA_VERSION,
     TOKEN_FIELDS,
     TURN_FIELDS,
@@ -36,7 +34,7 @@ from mpo_viz.schema import (
     short,
 )
 
-__all__ = ["TrajectoryBatch"]
+__all__ = ["TrajectoryBatch", "row_to_json"]
 
 _EMPTY_OFF = np.zeros(1, dtype=np.int64)
 
@@ -375,7 +373,7 @@ class TrajectoryBatch:
             flat, off, pres = self._turn[name]
             return [flat[off[i] : off[i + 1]] if pres[i] else None for i in range(len(self))]
         if name in self._scalars:
-            return [None if _is_missing(x) and name != "reward" else _py(x) for x in self._scalars[name]]
+            return [None if x is None and name != "reward" else _py(x) for x in self._scalars[name]]
         if name in self._extras:
             return list(self._extras[name])
         raise KeyError(f"no field {name!r} in this batch (present: {sorted(self.fields)})")
@@ -390,7 +388,7 @@ class TrajectoryBatch:
         out: dict = {}
         for name, v in self._scalars.items():
             x = v[i]
-            if name in REQUIRED or not _is_missing(x):
+            if name in REQUIRED or x is not None:
                 out[name] = _py(x)
         pf, po = self._prompt
         out["prompt_ids"] = pf[po[i] : po[i + 1]].tolist()
@@ -713,10 +711,6 @@ class TrajectoryBatch:
         }
 
 
-def _is_missing(x) -> bool:
-    return x is None
-
-
 def _py(x):
     """numpy scalar -> Python scalar (for rows and JSON)."""
     if isinstance(x, np.generic):
@@ -736,6 +730,3 @@ def row_to_json(row: dict) -> str:
     """One JSONL line for a row (NaN written as ``NaN``, as Python's json reads it back)."""
     return json.dumps(row, default=_json_default, allow_nan=True)
 
-
-# Re-export for the io layer.
-__all__ += ["row_to_json", "FINITE_ON_ACTIONS", "SCALAR_FIELDS"]

@@ -372,9 +372,6 @@ def validate_columns(cls, cols: Columns, meta, problems: list[Problem], *, seen_
     has_tr = batch._present.get("token_rewards", np.zeros(len(batch), dtype=bool))
     for j in np.flatnonzero(no_act & has_outcome & ~has_tr):
         bflag(j, "reward", "no reward on a trajectory with no action token (nowhere to put it)", f"{reward[j]}")
-    if "turn_rewards" in batch._turn:
-        _, toff, has = batch._turn["turn_rewards"]
-        pass  # length check above already covers K == 0 with entries
 
     # -- bootstrap value: finite or NaN/None
     bv = batch._scalars.get("bootstrap_value")
