@@ -40,7 +40,7 @@ ESTIMATORS = "mpo,gae,grpo"
 def make_file(m_tokens: float) -> Path:
     """A synthetic Parquet file of about ``m_tokens`` million response tokens (cached)."""
     import mpo_viz as mv
-    from mpo_viz.report_cli import _merge_parts
+    from mpo_viz.cli.advantages import _merge_parts
 
     target = int(m_tokens * 1e6)
     out = CACHE / f"synthetic_{m_tokens:g}M.parquet"
@@ -63,7 +63,7 @@ def make_file(m_tokens: float) -> Path:
 
 _STREAM = """
 import json, sys
-from mpo_viz.report_cli import AdvantagesConfig, annotate_file
+from mpo_viz.cli.advantages import AdvantagesConfig, annotate_file
 s = annotate_file(sys.argv[1], sys.argv[2], AdvantagesConfig(estimators=tuple(sys.argv[3].split(',')), progress=False))
 print(json.dumps(s))
 """

@@ -132,13 +132,13 @@ def test_advantages_cli_folder_output(small, tmp_path):
     assert len(list(out.glob("part-*.parquet"))) > 1
     _check_columns(out, b, ["grpo", "gae"])
     with pytest.raises(ValueError, match="already holds part"):
-        from mpo_viz.report_cli import AdvantagesConfig, annotate_file
+        from mpo_viz.cli.advantages import AdvantagesConfig, annotate_file
 
         annotate_file(path, out, AdvantagesConfig(estimators=("gae",), progress=False))
 
 
 def test_help_lists_every_registered_estimator(capsys):
-    from mpo_viz.report_cli import ESTIMATOR_NAMES
+    from mpo_viz.cli.advantages import ESTIMATOR_NAMES
 
     # built-ins only: other tests register their own estimators in the same process
     builtin = [n for n in adv.available() if adv.registry.get(n).fn.__module__.startswith("mpo_viz.")]

@@ -1,24 +1,17 @@
 """The ``mpo-viz`` command.
 
-Each subcommand lives in the module that owns its feature and exposes
-``add_subcommand(subparsers) -> None``; that function registers an ``argparse`` parser whose
-``func(args) -> int`` does the work. Bad input: a one-line message on stderr and exit code 1 or 2,
+One module per command group in this package, each exposing ``add_subcommand(subparsers) -> None``
+that registers ``argparse`` parsers whose ``func(args) -> int`` does the work; :data:`COMMANDS` lists
+them, imported explicitly, in ``--help`` order. Bad input: a one-line message on stderr and exit code 1 or 2,
 no traceback unless ``--debug``.
 """
 
 from __future__ import annotations
 
 import argparse
-import importlib
 import os
 import sys
 
-# Modules that contribute subcommands, in the order they appear in ``--help``.
-COMMAND_MODULES = [
-    "mpo_viz.io.cli",  # info, validate
-    "mpo_viz.envs.cli",  # generate
-    "mpo_viz.report_cli",  # advantages, report
-]
 
 
 class CLIError(Exception):
@@ -47,8 +40,10 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"mpo-viz {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     sub.required = True
-    for name in COMMAND_MODULES:
-        importlib.import_module(name).add_subcommand(sub)
+    from mpo_viz.cli import advantages, data, generate
+
+    for module in (data, generate, advantages):  # --help order: info, validate, generate, advantages, report
+        module.add_subcommand(sub)
     return parser
 
 
