@@ -13,7 +13,6 @@ import os
 import sys
 
 
-
 class CLIError(Exception):
     """An expected failure: printed as one line, exit code ``code``."""
 
@@ -40,9 +39,10 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"mpo-viz {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     sub.required = True
-    from mpo_viz.cli import advantages, data, generate
+    from mpo_viz.cli import advantages, convert, data, generate
 
-    for module in (data, generate, advantages):  # --help order: info, validate, generate, advantages, report
+    # --help order: info, validate, convert, generate, advantages, report
+    for module in (data, convert, generate, advantages):
         module.add_subcommand(sub)
     return parser
 
