@@ -4,7 +4,7 @@ VENV   := .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 
-.PHONY: venv test test-slow test-browser demo lab bench browser-deps lint clean
+.PHONY: venv test test-slow test-browser demo lab bench browser-deps lint clean notebooks-html
 
 # torch first: `pip install torch==2.13.0` takes the CPU build on disk; installing the project
 # into an environment without torch would pull a multi-GB CUDA build.
@@ -26,9 +26,20 @@ browser-deps:
 	fi
 
 # The default suite: unit, notebook and browser tests (slow ones excluded, see test-slow).
+# Notebooks run at their fast size (MPO_VIZ_NOTEBOOK_FAST=1: tiny models and runs).
 test: venv browser-deps
 	$(PY) -m pytest -m "not slow" tests
-	$(PY) -m pytest --nbmake -p no:randomly notebooks
+	MPO_VIZ_NOTEBOOK_FAST=1 $(PY) -m pytest --nbmake -p no:randomly notebooks
+
+# Every notebook executed and rendered to HTML with its outputs, into build/notebooks-html/ (not
+# committed). At the committed sizes this trains for real (tens of minutes on 2 cores); `make
+# notebooks-html FAST=1` renders the fast size in a few minutes.
+NB_HTML := build/notebooks-html
+notebooks-html: venv
+	mkdir -p $(NB_HTML)
+	$(if $(FAST),MPO_VIZ_NOTEBOOK_FAST=1 ,)$(VENV)/bin/jupyter nbconvert --to html --execute \
+	  --ExecutePreprocessor.timeout=3600 --output-dir $(NB_HTML) notebooks/*.ipynb
+	@echo "rendered: $(NB_HTML)/"
 
 test-slow: venv browser-deps
 	$(PY) -m pytest -m slow tests
