@@ -92,12 +92,15 @@ class Config:
     """Sampling temperature of the rollout (> 0)."""
     top_p: float = 1.0
     """Nucleus sampling threshold of the rollout, in (0, 1]."""
-    max_turn_tokens: int = 64
+    max_turn_tokens: int = 48
     """Tokens one assistant turn may take before it is cut."""
     max_total_tokens: int = 1024
     """Response tokens of one episode before it is truncated (with a bootstrap value)."""
     rollout_batch_size: int = 64
     """Episodes decoded together in the rollout."""
+    oracle_noise: float | None = 0.25
+    """Record the environment's exact oracle values (for the noisy expert of this noise rate) beside
+    the critic's, for the critic-vs-oracle metrics; None skips the oracle (faster rollouts)."""
 
     # ------------------------------------------------------------------ optimisation
     policy_lr: float = 1e-4
@@ -161,6 +164,10 @@ class Config:
     """Master seed: models, rollouts, shuffles and SFT data all derive from it."""
     device: str = "cpu"
     """Torch device (``cpu``, ``cuda``, ``cuda:1``); CPU runs are bit-for-bit reproducible."""
+    num_threads: int = 1
+    """Torch CPU threads (``torch.set_num_threads``, set when the Trainer starts; 0 = leave torch's
+    default). One thread is the fastest for the tiny models on a shared CPU: with two busy cores,
+    two threads ran a forward/backward ~10x slower than one."""
 
     def __post_init__(self):
         _validate(self)
@@ -332,6 +339,7 @@ def _validate(cfg: Config) -> None:
     _int(cfg, "max_turn_tokens", 1)
     _int(cfg, "max_total_tokens", 1)
     _int(cfg, "rollout_batch_size", 1)
+    _num(cfg, "oracle_noise", 0, 1, allow_none=True)
 
     _num(cfg, "policy_lr", 0, lo_open=True)
     _num(cfg, "critic_lr", 0, lo_open=True, allow_none=True)
@@ -360,6 +368,7 @@ def _validate(cfg: Config) -> None:
     _int(cfg, "iterations", 0)
     _int(cfg, "seed", 0)
     _str(cfg, "device")
+    _int(cfg, "num_threads", 0)
 
     # ---- refusals: settings that cannot do what they say
     est = get_estimator(cfg.estimator)

@@ -113,6 +113,8 @@ class Trainer:
         if not _resume and self.run.metrics_path.exists() and self.run.metrics_path.stat().st_size:
             raise ValueError(f"run_dir: {str(self.run.path)!r} already holds metrics.jsonl; pick a new folder")
         self.device = torch.device(cfg.device)
+        if cfg.num_threads:
+            torch.set_num_threads(cfg.num_threads)
         self._build()
         self.history: list[dict] = []
         self.interrupted = False
@@ -252,18 +254,18 @@ class Trainer:
         return tr
 
     # ------------------------------------------------------------------ rollouts
-    def _rollout(self, n: int, *, seed: int, group_size: int = 1, greedy: bool = False, critic=True):
+    def _rollout(self, n: int, *, seed: int, group_size: int = 1, greedy: bool = False, critic=True,
+                 seeds=None, timings: dict | None = None):
+        from mpo_viz.envs.expert import NoisyExpert
         from mpo_viz.rollout import rollout
 
         cfg = self.cfg
-        kw = dict(group_size=group_size, critic=self.critic if critic else None, seed=seed,
-                  max_turn_tokens=cfg.max_turn_tokens, max_total_tokens=cfg.max_total_tokens,
-                  batch_size=cfg.rollout_batch_size, progress=False)
-        if greedy:
-            kw["greedy"] = True
-        else:
-            kw.update(temperature=cfg.temperature, top_p=cfg.top_p)
-        return rollout(self.policy, self.env, n, **kw)
+        return rollout(self.policy, self.env, None if seeds is not None else n, group_size=group_size,
+                       critic=self.critic if critic else None, seed=seed, seeds=seeds,
+                       temperature=0.0 if greedy else cfg.temperature, top_p=1.0 if greedy else cfg.top_p,
+                       max_turn_tokens=cfg.max_turn_tokens, max_total_tokens=cfg.max_total_tokens,
+                       batch_size=cfg.rollout_batch_size, progress=False, timings=timings,
+                       oracle=NoisyExpert(noise=cfg.oracle_noise) if cfg.oracle_noise is not None else None)
 
     def _next_seed(self) -> int:
         s = derive_seed(self.cfg.seed, "rollout", self.state["seed_cursor"])
@@ -279,8 +281,10 @@ class Trainer:
         n = self.cfg.eval_episodes if n_episodes is None else int(n_episodes)
         if n < 1:
             raise ValueError(f"n_episodes: expected >= 1, found {n_episodes}")
+        seeds = [derive_seed(self.cfg.seed, "eval", i) for i in range(n)]
         with torch.random.fork_rng(devices=[]):
-            batch = self._rollout(n, seed=derive_seed(self.cfg.seed, "eval"), greedy=greedy, critic=False)
+            batch = self._rollout(n, seed=derive_seed(self.cfg.seed, "eval"), greedy=greedy, critic=False,
+                                  seeds=seeds)
         return episode_stats(batch, prefix="eval_")
 
     # ------------------------------------------------------------------ SFT and critic warm-up
@@ -430,15 +434,18 @@ class Trainer:
             self.reference = self._frozen_copy()  # the policy as RL starts
 
         t = time.perf_counter()
-        batch = self._rollout(cfg.episodes, seed=self._next_seed(), group_size=cfg.group_size)
-        timings["rollout"] = time.perf_counter() - t
+        inner: dict = {}
+        batch = self._rollout(cfg.episodes, seed=self._next_seed(), group_size=cfg.group_size, timings=inner)
+        # the rollout runs the critic once over the finished episodes: that is the "values" phase
+        critic_s = float(inner.get("critic", 0.0))
+        timings["rollout"] = time.perf_counter() - t - critic_s
+        timings["rollout_oracle"] = float(inner.get("oracle", 0.0))
         rollout_tokens = int(batch.mask.sum())
-        inner = batch.meta.get("timings") if isinstance(batch.meta.get("timings"), dict) else {}
 
         t = time.perf_counter()
         if self.reference is not None:
             batch = self._ref_logprobs(batch)
-        timings["values"] = time.perf_counter() - t + float(inner.get("critic", 0.0))
+        timings["values"] = time.perf_counter() - t + critic_s
 
         t = time.perf_counter()
         res = compute(batch, cfg.estimator, **cfg.estimator_options)

@@ -85,7 +85,7 @@ def sft(trainer, *, steps: int, target: float) -> dict:
             mask = mb.take(r.mask).to(trainer.device)
             loss = -aggregate(logp, mask, "token-mean", scale=n_tok)
             loss.backward()
-            total += float(loss)
+            total += float(loss.detach())
         if cfg.grad_clip > 0:
             torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)
         opt.step()

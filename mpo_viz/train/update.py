@@ -318,17 +318,17 @@ def update_epochs(
                             loss, logp, take(r.old_logp), take(r.advantages), mask, turn_ids=turn_ids,
                             rollout_logp=take(r.rollout_logp), scale=scale_p, **loss_options)
                         total = lp_loss
-                        sums["policy_loss"] += float(lp_loss)
+                        sums["policy_loss"] += float(lp_loss.detach())
                         if ent is not None:
                             ent_mean = aggregate(ent, mask, "token-mean", scale=scale_v)
-                            sums["entropy"] += float(ent_mean)
+                            sums["entropy"] += float(ent_mean.detach())
                             if entropy_coef:
                                 total = total - entropy_coef * ent_mean
                         if kl_coef:
                             kl = kl_penalty(logp, take(r.ref_logp), kl_estimator, mask=mask)
                             kl_loss = aggregate(kl, mask, "token-mean", scale=scale_v)
                             total = total + kl_coef * kl_loss
-                            sums["kl_ref"] += float(kl_loss)
+                            sums["kl_ref"] += float(kl_loss.detach())
                         total.backward()
                         pm.add(metrics, tokens=n_tok, turns=n_turns)
                     if critic is not None:
@@ -338,7 +338,7 @@ def update_epochs(
                         v_loss, vmetrics = value_loss(v, take(r.values), take(r.returns), mask, clip=clip,
                                                       scale=scale_v)
                         v_loss.backward()
-                        sums["value_loss"] += float(v_loss)
+                        sums["value_loss"] += float(v_loss.detach())
                         cm.add(vmetrics, tokens=n_tok)
                 if policy is not None:
                     sums["grad_norm"] = _step(policy_opt, [p for p in policy.parameters() if p.requires_grad],
