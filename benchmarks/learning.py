@@ -121,15 +121,17 @@ CELLS = {
 SIZES = {
     # a smoke run of the whole pipeline (seconds): nothing here learns
     "tiny": dict(cells=("automation",), methods=("mpo", "grpo"), seeds=(0,), iterations=1, episodes=4,
-                 eval_episodes=4, eval_interval=1, sft_steps=1, warmup_steps=1, epochs=1, minibatches=1),
+                 eval_episodes=4, eval_interval=1, sft_steps=1, warmup_steps=1, epochs=1, minibatches=1,
+                 max_turn_tokens=16, max_total_tokens=96),
     # the documented results: about 90 minutes on a quiet 2-core machine (estimated from ~9k tokens/s
     # training and ~2k tokens/s sampling with the 1M-parameter model)
     "small": dict(cells=("search", "automation", "search-g1", "automation-g1"), methods=None, seeds=(0, 1, 2, 3, 4),
                   iterations=10, episodes=16, eval_episodes=32, eval_interval=2, sft_steps=150, warmup_steps=4,
-                  epochs=2, minibatches=2),
+                  epochs=2, minibatches=2, max_turn_tokens=64, max_total_tokens=1024),
     # everything, with room to learn (many hours on 2 cores; meant for a larger machine)
     "full": dict(cells=tuple(CELLS), methods=None, seeds=tuple(range(10)), iterations=40, episodes=32,
-                 eval_episodes=64, eval_interval=4, sft_steps=400, warmup_steps=8, epochs=2, minibatches=4),
+                 eval_episodes=64, eval_interval=4, sft_steps=400, warmup_steps=8, epochs=2, minibatches=4,
+                 max_turn_tokens=64, max_total_tokens=1024),
 }
 
 
@@ -153,7 +155,8 @@ def base_config(size: str, cell: Cell, seed: int, **changes):
     kw = dict(env=cell.env, difficulty=cell.difficulty, env_options=dict(cell.env_options), model_size="1m",
               seed=seed, episodes=s["episodes"], group_size=cell.group_size, iterations=s["iterations"],
               epochs=s["epochs"], minibatches=s["minibatches"], eval_episodes=s["eval_episodes"],
-              eval_interval=s["eval_interval"], save_trajectories_every=s["eval_interval"], keep_checkpoints=1)
+              eval_interval=s["eval_interval"], save_trajectories_every=s["eval_interval"], keep_checkpoints=1,
+              max_turn_tokens=s["max_turn_tokens"], max_total_tokens=s["max_total_tokens"])
     kw.update(changes)
     return Config(**kw)
 
