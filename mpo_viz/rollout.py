@@ -233,16 +233,50 @@ def sample_tokens(logits: torch.Tensor, u: torch.Tensor, temperature: float, top
     return tok, roll, old
 
 
+def _grow_cache():
+    """A ``DynamicCache`` whose layers keep keys/values in buffers with spare room (capacity doubles),
+    so appending one token writes in place instead of copying the whole cache (``torch.cat`` in
+    ``DynamicLayer``). ``layer.keys``/``values`` are views of the used part, as the model expects."""
+    from transformers.cache_utils import Cache, DynamicCache, DynamicLayer
+
+    class GrowLayer(DynamicLayer):
+        def set_kv(self, keys: torch.Tensor, values: torch.Tensor) -> None:
+            self._k, self._v, self._n = keys, values, keys.shape[-2]
+            self.keys, self.values = keys, values
+
+        def update(self, key_states, value_states, *args, **kwargs):
+            if not self.is_initialized:
+                self.lazy_initialization(key_states, value_states)
+                self.set_kv(key_states[..., :0, :], value_states[..., :0, :])
+            n, q = self._n, key_states.shape[-2]
+            if n + q > self._k.shape[-2]:
+                cap = max(2 * self._k.shape[-2], n + q, 64)
+                k = key_states.new_empty(*key_states.shape[:-2], cap, key_states.shape[-1])
+                v = value_states.new_empty(*value_states.shape[:-2], cap, value_states.shape[-1])
+                k[..., :n, :] = self._k[..., :n, :]
+                v[..., :n, :] = self._v[..., :n, :]
+                self._k, self._v = k, v
+            self._k[..., n:n + q, :] = key_states
+            self._v[..., n:n + q, :] = value_states
+            self._n = n + q
+            self.keys, self.values = self._k[..., :self._n, :], self._v[..., :self._n, :]
+            return self.keys, self.values
+
+    class GrowCache(DynamicCache):
+        def __init__(self):
+            Cache.__init__(self, layer_class_to_replicate=GrowLayer)
+
+    return GrowCache()
+
+
 class _Engine:
     """The shared cache of the live rows and the forward calls (internal)."""
 
     def __init__(self, model, pad_id: int):
-        from transformers import DynamicCache
-
         self.model = model
         self.device = next(model.parameters()).device
         self.pad_id = pad_id
-        self.cache = DynamicCache()
+        self.cache = _grow_cache()
         self.attn = torch.zeros(0, 0, dtype=torch.long, device=self.device)
         self.next_pos = torch.zeros(0, dtype=torch.long, device=self.device)
         self._keep = "logits_to_keep" in inspect.signature(model.forward).parameters
@@ -268,19 +302,16 @@ class _Engine:
         self.next_pos = torch.cat([self.next_pos, self.next_pos.new_zeros(n)])
         for layer in self._layers():
             z = layer.keys.new_zeros(n, *layer.keys.shape[1:])
-            layer.keys = torch.cat([layer.keys, z], 0)
-            layer.values = torch.cat([layer.values, z.clone()], 0)
+            layer.set_kv(torch.cat([layer.keys, z], 0), torch.cat([layer.values, z], 0))
 
     def keep_rows(self, idx: list[int]) -> None:
         """Keep the rows ``idx`` (in that order), then drop the slots no row uses, moving each row's
         used slots to the right (left padding; the order of a row's slots is kept)."""
-        from transformers import DynamicCache
-
         ix = torch.tensor(idx, dtype=torch.long, device=self.device)
         self.attn = self.attn[ix]
         self.next_pos = self.next_pos[ix]
         if not len(idx):  # every row left: start over with an empty cache
-            self.cache = DynamicCache()
+            self.cache = _grow_cache()
             self.attn = self.attn[:, :0]
             return
         layers = self._layers()
@@ -288,7 +319,7 @@ class _Engine:
         width = int(used.max())
         if width == self.attn.shape[1]:
             for layer in layers:
-                layer.keys, layer.values = layer.keys[ix], layer.values[ix]
+                layer.set_kv(layer.keys[ix], layer.values[ix])
             return
         # slot s of row b moves to width - used_b + (rank of s among b's used slots)
         S = self.attn.shape[1]
@@ -301,8 +332,8 @@ class _Engine:
         for layer in layers:
             k, v = layer.keys[ix], layer.values[ix]
             g = src[:, None, :, None].expand(-1, k.shape[1], -1, k.shape[3])
-            layer.keys = torch.gather(k, 2, g) * new_attn[:, None, :, None].to(k.dtype)
-            layer.values = torch.gather(v, 2, g) * new_attn[:, None, :, None].to(v.dtype)
+            keep = new_attn[:, None, :, None].to(k.dtype)
+            layer.set_kv(torch.gather(k, 2, g) * keep, torch.gather(v, 2, g) * keep)
         assert S >= width
         self.attn = new_attn
 
