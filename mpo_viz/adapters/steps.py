@@ -352,11 +352,19 @@ def iter_steps(src, col: Collector, *, obs_reward: str = "move") -> Iterator[Non
         except ValueError as exc:
             field, _, msg = str(exc).partition(": ")
             exp, _, found = msg.partition(", found ")
-            col.problem(field, exp.removeprefix("expected "), found or "-", line=line, row=row,
-                        traj_id=_get(obj, "trajectory_id", "uid", "rollout_id", "id")[0] if isinstance(obj, dict) else None)
+            col.problem(field, exp.removeprefix("expected "), found or "-", line=line, row=row, traj_id=_record_id(obj, kind))
         yield
     flush_flat()
     yield
+
+
+def _record_id(obj: dict, kind: str) -> str | None:
+    """The trajectory (or episode) id of a record, for messages."""
+    if kind == "verifiers":
+        t = next((x.get("trajectory_id") for x in obj["trajectory"] if isinstance(x, dict) and x.get("trajectory_id")), None)
+    else:
+        t = _get(obj, "uid", "rollout_id", "id")[0]
+    return None if t is None else str(t)
 
 
 def _trajectories(obj: dict, kind: str, n):
