@@ -10,6 +10,7 @@ from collections.abc import Iterator
 import numpy as np
 
 from mpo_viz.adapters.report import ConversionReport
+from mpo_viz.checks import OptionError
 from mpo_viz.schema import Problem, TrajectoryError, short
 from mpo_viz.trajectory import TrajectoryBatch
 
@@ -18,9 +19,9 @@ OBS_REWARD = ("move", "error")
 
 def check_options(*, obs_reward: str = "move", errors: str = "raise") -> None:
     if obs_reward not in OBS_REWARD:
-        raise ValueError(f"obs_reward: expected 'move' or 'error', found {obs_reward!r}")
+        raise OptionError("obs_reward", f"expected 'move' or 'error', found {obs_reward!r}")
     if errors not in ("raise", "collect"):
-        raise ValueError(f"errors: expected 'raise' or 'collect', found {errors!r}")
+        raise OptionError("errors", f"expected 'raise' or 'collect', found {errors!r}")
 
 
 def file_error(framework: str, source, field: str, expected: str, found: str) -> TrajectoryError:

@@ -40,6 +40,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from mpo_viz.adapters._common import Collector, check_options, dumps, jsonl_lines, run
+from mpo_viz.checks import OptionError
 
 __all__ = ["ChatEncoder", "from_chat", "iter_chat", "load_tokenizer"]
 
@@ -51,20 +52,26 @@ _REWARD_KEYS = ("reward", "score")
 def load_tokenizer(tokenizer):
     """A tokenizer object, or one loaded from a local folder (never downloaded)."""
     if tokenizer is None:
-        raise ValueError("tokenizer: expected a local tokenizer folder with a chat template (text must become token "
-                         "ids), found none")
+        raise OptionError("tokenizer", "expected a local tokenizer folder with a chat template (text must become "
+                          "token ids), found none")
     if not isinstance(tokenizer, (str, Path)):
         return tokenizer
     path = Path(tokenizer)
     if not path.is_dir():
-        raise ValueError(f"tokenizer: expected a local tokenizer folder, found {str(path)!r} (not a folder)")
-    from transformers import AutoTokenizer
-
+        raise OptionError("tokenizer", f"expected a local tokenizer folder, found {str(path)!r} (not a folder)")
     try:
+        if (path / "tokenizer.json").is_file():
+            # a fast tokenizer file: loading it needs no model-specific class (and skips importing
+            # transformers' auto classes, seconds); we never add special tokens, so no class hook is missed
+            from transformers import PreTrainedTokenizerFast
+
+            return PreTrainedTokenizerFast.from_pretrained(str(path), local_files_only=True)
+        from transformers import AutoTokenizer
+
         return AutoTokenizer.from_pretrained(str(path), local_files_only=True)
     except Exception as exc:  # noqa: BLE001 - any loading failure is a bad folder
-        raise ValueError(f"tokenizer: expected a tokenizer folder (tokenizer.json / tokenizer_config.json), "
-                         f"found {str(path)!r} that does not load ({type(exc).__name__}: {str(exc)[:120]})") from None
+        raise OptionError("tokenizer", f"expected a tokenizer folder (tokenizer.json / tokenizer_config.json), "
+                          f"found {str(path)!r} that does not load ({type(exc).__name__}: {str(exc)[:120]})") from None
 
 
 class TemplateError(ValueError):
@@ -93,8 +100,8 @@ class ChatEncoder:
     def __init__(self, tokenizer):
         self.tok = load_tokenizer(tokenizer)
         if not getattr(self.tok, "chat_template", None):
-            raise ValueError("tokenizer: expected a tokenizer with a chat template, found one without "
-                             "(tokenizer_config.json has no chat_template)")
+            raise OptionError("tokenizer", "expected a tokenizer with a chat template, found one without "
+                              "(tokenizer_config.json has no chat_template)")
         self.name = getattr(self.tok, "name_or_path", None) or type(self.tok).__name__
 
     def render(self, messages, *, gen: bool, tools=None) -> str:

@@ -1,22 +1,14 @@
-"""``mpo-viz convert --from verl|skyrl|steps|openai|trl|art IN -o OUT``: other frameworks' logs → v1."""
+"""``mpo-viz convert --from verl|skyrl|steps|openai|trl|art IN -o OUT``: other frameworks' logs → v1.
+
+Option problems raised by :mod:`mpo_viz.adapters` are :class:`~mpo_viz.checks.OptionError`s, so the
+command names the flag (``--tokenizer: expected ...``) from the parser's own table.
+"""
 
 from __future__ import annotations
 
-import re
 from pathlib import Path
 
 FROM = ("verl", "skyrl", "steps", "openai", "trl", "art")
-# library parameter names → the flags that set them (errors name the flag the user typed)
-_FLAGS = {"tokenizer": "--tokenizer", "trust": "--trust", "obs_reward": "--obs-reward", "out": "-o",
-          "from": "--from", "errors": "--errors", "reward_columns": "--reward-columns"}
-
-
-def _flagged(exc: Exception) -> str:
-    msg = str(exc)
-    m = re.match(r"(\w+): ", msg)
-    if m and m.group(1) in _FLAGS:
-        return _FLAGS[m.group(1)] + msg[len(m.group(1)):]
-    return msg.replace("trust=True (--trust)", "--trust")
 
 
 def cmd_convert(args) -> int:
@@ -26,11 +18,8 @@ def cmd_convert(args) -> int:
     src = Path(args.input)
     if not src.exists():
         raise CLIError(f"IN: expected a {args.source} log file or folder, found no such path {str(src)!r}")
-    try:
-        report = convert(args.source, src, args.out, tokenizer=args.tokenizer, trust=args.trust,
-                         obs_reward=args.obs_reward, errors=args.errors, chunk_rows=args.chunk_rows)
-    except (ValueError, OSError) as exc:
-        raise CLIError(_flagged(exc)) from exc
+    report = convert(args.source, src, args.out, tokenizer=args.tokenizer, trust=args.trust,
+                     obs_reward=args.obs_reward, errors=args.errors, chunk_rows=args.chunk_rows)
     if args.report_json:
         Path(args.report_json).write_text(report.to_json() + "\n")
         print(f"wrote {report.trajectories} trajectories to {args.out}; report in {args.report_json}")
@@ -61,4 +50,3 @@ def add_subcommand(sub) -> None:
     p.add_argument("--report-json", metavar="PATH", help="write the conversion report as JSON here instead of printing it")
     p.add_argument("--chunk-rows", type=int, default=1024, help="trajectories per chunk (memory bound; default 1024)")
     p.set_defaults(func=cmd_convert)
-

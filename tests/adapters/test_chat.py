@@ -99,6 +99,7 @@ def test_tokenizer_errors(tmp_path):
         from_chat([convo()], tokenizer=None)
     with pytest.raises(ValueError, match=r"^tokenizer: expected a local tokenizer folder, found .*nope"):
         from_chat([convo()], tokenizer=tmp_path / "nope")
-    (tmp_path / "empty").mkdir()
-    with pytest.raises(ValueError, match=r"^tokenizer: expected a tokenizer folder"):
-        from_chat([convo()], tokenizer=tmp_path / "empty")
+    (tmp_path / "bad").mkdir()
+    (tmp_path / "bad" / "tokenizer.json").write_text("{not json")
+    with pytest.raises(ValueError, match=r"^tokenizer: expected a tokenizer folder .* that does not load"):
+        from_chat([convo()], tokenizer=tmp_path / "bad")
