@@ -83,7 +83,7 @@ def dumps(value) -> str:
 
 def move_obs_rewards(rewards: np.ndarray, mask: np.ndarray, *, obs_reward: str, report: ConversionReport):
     """Move non-zero rewards on observation tokens (``mask == 0``) to the last action token before
-    them (DESIGN: adapters move, and count, every such reward); with no action token before, to the
+    them (v1 never has a reward on an observation token; every move is counted); with no action token before, to the
     first action token after. Returns ``(rewards, None)`` or ``(None, (expected, found))`` — with
     ``obs_reward='error'`` any reward on an observation token is refused; a row without action
     tokens cannot hold a reward at all.

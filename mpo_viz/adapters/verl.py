@@ -86,6 +86,8 @@ _DROPPED = {
     "input_ids": "the same ids as prompts + responses",
     "attention_mask": "used to strip padding; padding is not stored in v1",
     "position_ids": "positions follow from the unpadded ids",
+    "multi_modal_inputs": "model inputs (pixel tensors), not trajectory data",
+    "multi_modal_data": "model inputs (images), not trajectory data",
 }
 _LAYOUT = "a dict of tensors with 'prompts' (B, P), 'responses' (B, R) and 'response_mask' or 'attention_mask'"
 
@@ -114,7 +116,10 @@ def load_verl(path, *, trust: bool = False) -> dict:
     try:
         with warnings.catch_warnings():  # a plain pickle's protocol warning: the refusal below says more
             warnings.simplefilter("ignore")
-            obj = torch.load(path, map_location="cpu", weights_only=True)
+            try:  # memory-mapped: a large batch is paged in row by row as it is converted
+                obj = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
+            except RuntimeError:  # not the zip format (legacy torch.save): read it whole
+                obj = torch.load(path, map_location="cpu", weights_only=True)
     except Exception as exc:  # UnpicklingError and friends: not a plain dict of tensors
         if not trust:
             why = str(exc).strip().splitlines()
@@ -245,7 +250,7 @@ def iter_verl(data, col: Collector, *, obs_reward: str = "move", trust: bool = F
         n = int(rlen[i])
         g = None if uid is None else str(uid[i])
         tid = str(req[i]) if req is not None else (f"{g}:{i}" if g is not None else f"row{i}")
-        mask = rmask[i].astype(np.int64)
+        mask = rmask[i].astype(np.int64) * (np.arange(R) < n)  # nothing past the response counts as an action
         row = {"traj_id": tid, "group_id": g if g is not None else tid,
                "prompt_ids": prompts[i][plen[i]].astype(np.int64).tolist(),
                "response_ids": resp[i, :n].astype(np.int64).tolist(),

@@ -197,3 +197,13 @@ def test_layout_errors_name_field_and_layout(tmp_path, change, field, found):
         from_verl(tmp_path / "bad.pt", errors="collect")  # a wrong layout is raised even when collecting
     msg = str(e.value)
     assert msg.startswith(f"{tmp_path / 'bad.pt'}: field {field!r}: expected verl layout: ") and found in msg
+
+
+def test_nothing_in_the_padding_is_lost():
+    d = tiny()
+    d["response_mask"][1, 6] = 1  # a stray 1 in the padding (attention 0 there)
+    d["token_level_scores"][1, 6] = 2.0  # and a reward on it
+    b, rep = from_verl(d)
+    r1 = b.row(1)
+    assert r1["response_ids"] == [14, 15, 16, 22, 17] and r1["loss_mask"] == [1, 1, 1, 0, 1]
+    assert r1["token_rewards"] == [0, 0, 0.5, 0, 3.0] and r1["reward"] == 3.5 and rep.rewards_moved == 2
