@@ -113,6 +113,11 @@ def load_verl(path, *, trust: bool = False) -> dict:
     path = Path(path)
     if not path.is_file():
         raise FileNotFoundError(f"{path}: no such file")
+    with open(path, "rb") as fh:
+        head = fh.read(4)
+    if not (head.startswith(b"PK\x03\x04") or head[:1] == b"\x80"):  # torch.save's zip, or a pickle
+        raise file_error("verl", path, "<file>", "a torch.save'd batch (zip archive) or a pickled DataProto",
+                         f"a file starting with {head!r} (text or another format; the wrong --from?)")
     try:
         with warnings.catch_warnings():  # a plain pickle's protocol warning: the refusal below says more
             warnings.simplefilter("ignore")

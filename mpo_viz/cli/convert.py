@@ -9,12 +9,15 @@ from __future__ import annotations
 from pathlib import Path
 
 FROM = ("verl", "skyrl", "steps", "openai", "trl", "art")
+# the frameworks whose logs one adapter reads, by their own names
+ALIASES = {"verifiers": "steps", "rllm": "steps", "agent-lightning": "steps", "chat": "openai"}
 
 
 def cmd_convert(args) -> int:
     from mpo_viz.adapters import convert
     from mpo_viz.cli import CLIError
 
+    args.source = ALIASES.get(args.source, args.source)
     src = Path(args.input)
     if not src.exists():
         raise CLIError(f"IN: expected a {args.source} log file or folder, found no such path {str(src)!r}")
@@ -36,7 +39,8 @@ def add_subcommand(sub) -> None:
                     "moved off observation tokens, retokenization mismatches, steps kept apart, fields dropped. "
                     "Field mappings and how to dump each framework's logs: docs/adapters.md. Exit 1 when rows were "
                     "rejected (--errors collect), 0 otherwise.")
-    p.add_argument("--from", dest="source", required=True, choices=FROM, help="the layout of IN")
+    p.add_argument("--from", dest="source", required=True, choices=(*FROM, *ALIASES), metavar="{" + ",".join(FROM) + "}",
+                   help="the layout of IN (verifiers, rllm and agent-lightning logs: steps; chat: openai)")
     p.add_argument("input", metavar="IN", help="the log: a file (or, for trl/art, a folder of Parquet files)")
     p.add_argument("-o", "--out", required=True, help="output: a .parquet file, or a folder (one part file per chunk)")
     p.add_argument("--tokenizer", metavar="DIR", help="local tokenizer folder with a chat template (openai, trl, art)")

@@ -95,6 +95,15 @@ def test_collect_lists_bad_rows_and_exits_1(tmp_path, capsys):
     assert len(mv.load(tmp_path / "o.parquet")) == 2
 
 
+def test_framework_names_and_a_text_file_given_as_verl(tmp_path, capsys):
+    assert main(["convert", "--from", "rllm", str(SAMPLES / "rllm_episodes.jsonl"), "-o", str(tmp_path / "r.parquet")]) == 0
+    assert len(mv.load(tmp_path / "r.parquet")) == 10
+    capsys.readouterr()
+    assert main(["convert", "--from", "verl", str(SAMPLES / "openai_chat.jsonl"), "-o", str(tmp_path / "o.parquet")]) == 1
+    assert ("openai_chat.jsonl: field '<file>': expected verl layout: a torch.save'd batch (zip archive) or a pickled "
+            "DataProto, found a file starting with b'{\"id'") in capsys.readouterr().err
+
+
 def test_binary_input_for_a_text_layout(tmp_path, capsys):
     assert main(["convert", "--from", "steps", str(SAMPLES / "verl_batch.pt"), "-o", str(tmp_path / "o.parquet")]) == 1
     assert "verl_batch.pt: field '<file>': expected steps layout: a UTF-8 JSONL file" in capsys.readouterr().err
