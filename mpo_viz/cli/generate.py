@@ -37,8 +37,8 @@ def _command_line(args) -> str:
 
 
 def cmd_generate(args) -> int:
-    import mpo_viz as mv
     from mpo_viz.envs.generate import GenerateConfig, generate
+    from mpo_viz.io import save
 
     opts = {}
     for name in ("slack", "max_turns", "shaping", "slip", "distractors"):
@@ -53,7 +53,7 @@ def cmd_generate(args) -> int:
     )
     batch = generate(cfg)  # a bad field raises OptionError; mpo-viz names its flag (dest = the field)
     batch.meta["command"] = _command_line(args)
-    path = mv.save(batch, args.out)
+    path = save(batch, args.out)
     succ = float(batch.reward.mean()) if not cfg.env_options.get("shaping") else float("nan")
     print(f"wrote {len(batch)} trajectories ({len(batch) // cfg.group_size} tasks x {cfg.group_size}) "
           f"to {path}; mean reward {succ:.3f}; values_source=oracle" +
