@@ -29,6 +29,17 @@ CRITIC_CASES = [
     ("mae", {"within": "global", "value_at": "mean", "critic_target": "turn"}),
     ("mae", {"within": "td", "gamma": 0.97, "value_at": "last", "beta": 2.0, "whiten": True}),
     ("mae", {"within": "intra", "lam": 1.0, "turn_lam": 1.0, "critic_target": "mc", "turn_gamma": 0.8, "gamma": 0.9}),
+    # γ < 1 on the one SMDP clock (γ inside turns, γ_T across), every within signal and value_at
+    ("turn_gae", {"gamma": 0.7, "turn_gamma": 0.9, "turn_lam": 0.6}),
+    ("turn_gae", {"gamma": 0.0, "turn_gamma": 0.5, "value_at": "mean"}),  # γ = 0: only a turn's first reward
+    ("mae", {"gamma": 0.8, "lam": 0.9, "turn_gamma": 0.6, "turn_lam": 0.7, "within": "intra", "value_at": "last"}),
+    ("mae", {"gamma": 0.8, "lam": 0.9, "turn_gamma": 0.6, "within": "global", "critic_target": "mc"}),
+    ("mae", {"gamma": 0.6, "lam": 0.5, "turn_gamma": 0.9, "within": "td", "value_at": "mean"}),
+    ("mae", {"gamma": 0.0, "turn_gamma": 0.0, "within": "local"}),
+    # γλ = 1 (no decay inside the recurrences) with γ_T < 1 at the boundaries
+    ("mae", {"gamma": 1.0, "lam": 1.0, "turn_gamma": 0.9, "turn_lam": 1.0, "within": "local"}),
+    ("mae", {"gamma": 1.0, "lam": 1.0, "turn_gamma": 0.9, "within": "global", "critic_target": "turn"}),
+    ("gae", {"gamma": 1.0, "lam": 1.0}),
 ]
 
 GROUP_CASES = [
