@@ -1,5 +1,5 @@
-"""Advantage estimators (DESIGN §3.2–3.7): fast numba/numpy implementations, a string registry and
-``compute(batch, name, **options)``.
+"""Advantage estimators (explained in docs/concepts.md): fast numba/numpy implementations, a string
+registry and ``compute(batch, name, **options)``.
 
 Tensor functions take ``(B, L)`` torch tensors or numpy arrays and keyword-only options, and return
 ``(advantages, returns)`` torch tensors (float64 in → float64 out, else float32), 0 on masked

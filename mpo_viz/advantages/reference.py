@@ -314,6 +314,7 @@ def gigpo(rewards, mask, group_ids, *, prompt_ids, response_ids, turn_ids=None, 
     scores = [float(sum(r[i])) for i in range(B)]
     a_e = _grpo_row_values(scores, groups, eps, True)
     step_groups: dict = {}  # (group id, anchor tokens) -> [(row, turn, step return)]
+    a_s_zero = []  # (row, turn) of turns without an anchor
     turns_all = []
     for i in range(B):
         turns = _row_turns(m, turn_ids, i)
@@ -324,9 +325,12 @@ def gigpo(rewards, mask, group_ids, *, prompt_ids, response_ids, turn_ids=None, 
             step_return = sum(step_gamma ** (k2 - k) * rk[k2] for k2 in range(k, len(turns)))
             prev_end = turns[k - 1][-1] if k > 0 else -1
             obs = resp[prev_end + 1:tk[0]]
+            if k > 0 and not obs:  # an empty observation is no anchor: the turn's A^S is 0
+                a_s_zero.append((i, k))
+                continue
             anchor = [int(x) for x in np.asarray(prompt_ids[i]).reshape(-1)] + obs if k == 0 else obs
             step_groups.setdefault((gid[i], tuple(anchor)), []).append((i, k, step_return))
-    a_s = {}
+    a_s = {key: 0.0 for key in a_s_zero}
     for members in step_groups.values():
         xs = [x for _, _, x in members]
         for i, k, x in members:

@@ -141,14 +141,19 @@ class AdvantageResult:
     Attributes:
         name: the estimator's registry name.
         advantages: float32/float64 tensor ``(B, L)``, 0 on masked positions.
-        returns: critic targets ``(B, L)`` per DESIGN §3.5, 0 on masked positions.
+        returns: critic targets ``(B, L)`` (the estimator's ``returns``), 0 on masked positions.
         turns: one row per assistant turn: ``traj_id``, ``group_id``, ``turn``, ``n_tokens``,
             ``turn_reward`` (R_k), ``turn_value`` (V(s_k) per ``value_at``; NaN without values),
-            ``turn_advantage`` (mean advantage over the turn's action tokens — A^T_k for mae and
-            turn_gae), ``turn_return`` (mean return over the turn's action tokens).
+            ``turn_advantage`` (mean advantage over the turn's action tokens *before whitening* —
+            A^T_k for mae and turn_gae whatever ``whiten`` is, in the units of ``turn_reward`` and
+            ``turn_value``; with ``whiten=True`` the token ``advantages`` are whitened and a turn's
+            mean of them is ``(turn_advantage − μ)/σ``, μ and σ the mean and std of the unwhitened
+            advantages over the batch's action tokens), ``turn_return`` (mean return over the
+            turn's action tokens).
         options: every option used, defaults filled in.
         wall_time_s: seconds for the whole call.
-        timings: seconds per phase: ``inputs`` (batch → tensors), ``estimate``, ``turn_table``.
+        timings: seconds per phase: ``inputs`` (batch → tensors), ``estimate``, ``turn_table``
+            (with ``whiten=True`` it includes a second, unwhitened estimate for ``turns``).
         traj_ids: the batch's trajectory ids, row order.
     """
 
@@ -246,7 +251,10 @@ def compute(batch, name: str, **options) -> AdvantageResult:
     t1 = time.perf_counter()
     adv, ret = est.fn(*args, **kwargs, **used)
     t2 = time.perf_counter()
-    turns = turn_table(batch, adv, ret, value_at=used.get("value_at", "first"))
+    raw = adv
+    if used.get("whiten"):  # the per-turn table keeps the estimator's own units (A^T_k), not whitened ones
+        raw, _ = est.fn(*args, **kwargs, **{**used, "whiten": False})
+    turns = turn_table(batch, raw, ret, value_at=used.get("value_at", "first"))
     t3 = time.perf_counter()
     return AdvantageResult(
         name=name, advantages=adv, returns=ret, turns=turns, options=used, wall_time_s=t3 - t0,

@@ -142,6 +142,25 @@ def test_gigpo_by_hand():
     assert (a.numpy()[:, 1] == 0).all()
 
 
+def test_gigpo_empty_observation_is_no_anchor():
+    # rows 0, 1: turns 0 and 1 adjacent (explicit ids, no observation between); rows 2, 3: observation [7]
+    M = np.array([[1, 1, 1, 1], [1, 1, 1, 1], [1, 0, 1, 1], [1, 0, 1, 1]], dtype=np.float64)
+    T = np.array([[0, 0, 1, 1], [0, 0, 1, 1], [0, 0, 1, 1], [0, 0, 1, 1]])
+    R = np.array([[0, 0, 0, 1.0], [0, 0, 0, 0], [0, 0, 0, 1.0], [0, 0, 0, 0]])
+    resp = [[50, 51, 52, 53], [54, 55, 56, 57], [58, 7, 59, 60], [61, 7, 62, 63]]
+    a, _ = A.gigpo(R, M, ["q"] * 4, prompt_ids=[[1, 2]] * 4, response_ids=resp, turn_ids=T, step_gamma=0.5)
+    s = np.array([1.0, 0, 1, 0])
+    a_e = (s - s.mean()) / (s.std(ddof=1) + 1e-6)
+    step0 = 0.5 * s  # turn 0 of every row is anchored on the shared prompt
+    a_s0 = (step0 - step0.mean()) / (step0.std(ddof=1) + 1e-6)
+    # turn 1: rows 0 and 1 saw no observation → A^S = 0 (not one step group of "empty" anchors);
+    # rows 2 and 3 share the anchor [7], step returns 1 and 0
+    a_s1 = np.array([0.0, 0.0, 0.5 / (np.sqrt(0.5) + 1e-6), -0.5 / (np.sqrt(0.5) + 1e-6)])
+    np.testing.assert_allclose(a.numpy()[:, 0], a_e + a_s0, rtol=1e-9)
+    np.testing.assert_allclose(a.numpy()[:, 3], a_e + a_s1, rtol=1e-9)
+    np.testing.assert_allclose(a.numpy()[[0, 1], 2], a_e[[0, 1]], rtol=1e-9)
+
+
 # ----------------------------------------------------------------------------- identities
 
 @PROPS
