@@ -73,7 +73,7 @@ def vapo(
     rewards: TensorLike, values: TensorLike, mask: TensorLike, *, gamma: float = 1.0, alpha: float = 0.05,
     bootstrap_value: TensorLike | None = None, whiten: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """VAPO advantages: token GAE with the length-adaptive ``λ_i = 1 − 1/(α·ℓ_i)`` (VAPO, Yue et al. 2025).
+    """VAPO advantages: token GAE with the length-adaptive ``λ_i = 1 − 1/(α·ℓ_i)``.
 
     ``ℓ_i`` = the row's number of action tokens; λ clamped to ``[0, 1)``. Returns use λ = 1 (its
     decoupled critic): ``G_t = Σ_l γ^l r_{t+l} (+ γ^… bootstrap)`` = GAE(λ=1) + V.
