@@ -111,14 +111,16 @@ def log_settings(config) -> dict:
         if typ is str:
             out[key] = str(raw)
             continue
+        least = 1 if key == "every" else 0
+        what = f"{'an integer' if typ is int else 'a number'} >= {least}"
         if isinstance(raw, bool):
-            raise ValueError(f"{where}: expected a {typ.__name__} >= 0, found {raw!r}")
+            raise ValueError(f"{where}: expected {what}, found {raw!r}")
         try:
             val = typ(raw)
         except (TypeError, ValueError):
-            raise ValueError(f"{where}: expected a {typ.__name__} >= 0, found {raw!r}") from None
-        if val < 0 or (key == "every" and val < 1):
-            raise ValueError(f"{where}: expected a {typ.__name__} >= {1 if key == 'every' else 0}, found {raw!r}")
+            raise ValueError(f"{where}: expected {what}, found {raw!r}") from None
+        if val < least or (typ is int and isinstance(raw, float) and raw != val):
+            raise ValueError(f"{where}: expected {what}, found {raw!r}")
         out[key] = val
     names = [n.strip() for n in out["compare"].split(",") if n.strip()]
     bad = [n for n in names if n not in adv_registry.available()]
