@@ -13,7 +13,7 @@ import torch
 
 import mpo_viz as mv
 from mpo_viz import advantages as adv
-from mpo_viz.analysis import estimator_options
+from mpo_viz.advantages import estimator_options
 from mpo_viz.strip import strip_payload
 from mpo_viz.widgets import AdvantageEngine, ParamControls, TrajectoryExplorer, TrajectoryPicker
 

@@ -9,7 +9,8 @@ import pytest
 
 import mpo_viz as mv
 from mpo_viz import advantages as adv
-from mpo_viz.analysis import estimator_options, value_variance
+from mpo_viz.advantages import estimator_options
+from mpo_viz.analysis import value_variance
 from mpo_viz.widgets import EstimatorComparison, VarianceView
 
 
