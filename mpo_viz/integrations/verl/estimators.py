@@ -23,7 +23,8 @@ import torch
 
 from mpo_viz.advantages import registry as adv_registry
 from mpo_viz.integrations.verl.batch import move_observation_rewards
-from mpo_viz.integrations.verl.options import ESTIMATORS, estimator_options, with_key
+from mpo_viz.checks import OptionError
+from mpo_viz.integrations.verl.options import ESTIMATORS, estimator_options
 
 __all__ = ["ESTIMATORS", "MissingCriticError", "estimate", "verl_estimator"]
 
@@ -55,10 +56,8 @@ def estimate(name: str, token_level_rewards: torch.Tensor, response_mask: torch.
     fn = adv_registry.get(ESTIMATORS[name]).fn
     try:
         adv, ret = fn(rewards, values.detach().to(dt), mask, **options)
-    except ValueError as exc:
-        if any(str(exc).startswith(f"{k}:") for k in options):
-            raise with_key(exc, f"algorithm.{name}") from exc
-        raise
+    except OptionError as exc:  # a combination the declarations cannot see
+        raise ValueError(f"algorithm.{name}.{exc.option}: {exc.detail}") from exc
     dev = token_level_rewards.device
     return adv.to(dev, dt), ret.to(dev, dt)
 

@@ -2,10 +2,11 @@
 
 Estimator ``NAME`` (``mpo``, ``turn_gae``) reads its options from ``algorithm.NAME.*`` — e.g.
 ``+algorithm.mpo.beta=0.5`` on verl's Hydra command line. The option names and defaults are the
-ones :mod:`mpo_viz.advantages` registers for that estimator (``mpo_viz.advantages.get(name).options``);
-an unknown key is an error naming it and listing the valid ones, and a bad value is an error naming
-``algorithm.NAME.KEY``. verl's own ``algorithm.gamma``/``algorithm.lam`` belong to verl's estimators
-and are not read by ours (our defaults differ: MAE's within-turn λ is 0.95).
+ones :mod:`mpo_viz.advantages.registry` declares for that estimator (``registry.options(name)``);
+their declarations (kind, bounds, choices) are the registry's too, so an unknown key or a bad value
+is an error naming ``algorithm.NAME.KEY`` with what was expected and found. verl's own
+``algorithm.gamma``/``algorithm.lam`` belong to verl's estimators and are not read by ours (our
+defaults differ: MAE's within-turn λ is 0.95).
 
 Run-folder logging reads ``algorithm.mpo_viz.*`` (see :data:`LOG_KEYS`), each overridable by an
 ``MPO_VIZ_*`` environment variable when the config leaves it unset.
@@ -14,12 +15,12 @@ Run-folder logging reads ``algorithm.mpo_viz.*`` (see :data:`LOG_KEYS`), each ov
 from __future__ import annotations
 
 import os
-import re
 from collections.abc import Mapping
 
 from mpo_viz.advantages import registry as adv_registry
+from mpo_viz.checks import OptionError
 
-__all__ = ["ESTIMATORS", "LOG_KEYS", "plain", "section", "estimator_options", "log_settings", "with_key"]
+__all__ = ["ESTIMATORS", "LOG_KEYS", "plain", "section", "estimator_options", "log_settings"]
 
 #: verl estimator name -> mpo_viz registry name
 ESTIMATORS = {"mpo": "mpo", "turn_gae": "turn_gae"}
@@ -65,31 +66,25 @@ def section(config, name: str) -> dict:
     return out
 
 
-_LEAD = re.compile(r"^([A-Za-z_][A-Za-z0-9_]*): ")
-
-
-def with_key(exc: ValueError, prefix: str) -> ValueError:
-    """A ValueError whose message ``"opt: ..."`` becomes ``"<prefix>.opt: ..."`` (else ``"<prefix>: ..."``)."""
-    msg = str(exc)
-    m = _LEAD.match(msg)
-    return ValueError(f"{prefix}.{msg}" if m else f"{prefix}: {msg}")
-
-
 def estimator_options(config, name: str) -> dict:
-    """The options of our estimator ``name`` from ``algorithm.<name>.*`` (only those set).
+    """The options of our estimator ``name`` from ``algorithm.<name>.*`` (only those set), each
+    checked against its declaration in :mod:`mpo_viz.advantages.registry` (kind, bounds, choices).
 
-    Raises ValueError for a key the estimator does not take (naming ``algorithm.<name>.<key>``,
-    listing the valid keys) and for a non-scalar value.
+    Raises ValueError naming ``algorithm.<name>.<key>`` for a key the estimator does not take
+    (listing the valid keys) or a value it refuses (expected and found).
     """
     given = section(config, name)
-    valid = adv_registry.get(ESTIMATORS[name]).options
+    spec = {o.name: o for o in adv_registry.options(ESTIMATORS[name])}
+    out = {}
     for key, value in given.items():
-        if key not in valid:
+        if key not in spec:
             raise ValueError(f"algorithm.{name}.{key}: unknown option of estimator {name!r}; expected one of "
-                             f"{', '.join(sorted(valid))}, found {key!r}")
-        if isinstance(value, (dict, list)):
-            raise ValueError(f"algorithm.{name}.{key}: expected a number, string or bool, found {value!r}")
-    return dict(given)
+                             f"{', '.join(spec)}, found {key!r}")
+        try:
+            out[key] = spec[key].check(value)
+        except OptionError as exc:
+            raise ValueError(f"algorithm.{name}.{key}: {exc.detail}") from None
+    return out
 
 
 def log_settings(config) -> dict:
