@@ -67,8 +67,7 @@ def test_env_run_dir_writes_v1_trajectories_and_metrics(tmp_path, monkeypatch):
         np.testing.assert_array_equal(b.field("loss_mask")[i], data.batch["response_mask"][i, :n].numpy())
         np.testing.assert_allclose(b.field("values")[i], data.batch["values"][i, :n].numpy())
         np.testing.assert_allclose(b.field("old_logprobs")[i], data.batch["old_log_probs"][i, :n].numpy())
-        adv = np.where(m[i, :n].numpy(), out.batch["advantages"][i, :n].numpy(), 0)
-        np.testing.assert_allclose(b.field("advantages")[i], adv)
+        np.testing.assert_allclose(b.field("advantages")[i], out.batch["advantages"][i, :n].numpy())
         assert b.field("step")[i] == 1
     # the rewards moved onto action tokens: the trajectory reward is the verl score, on an action token
     r, moved, _ = move_observation_rewards(data.batch["token_level_rewards"], data.batch["response_mask"])

@@ -1,6 +1,6 @@
 """What the plugin reads from a verl batch: token rewards (moved onto action tokens), values, the
-response mask (whose runs are the turns), the uid groups; and the conversion of a batch to
-``mpo_viz.trajectory/v1`` rows for the run folder.
+response mask (whose runs are the turns), the uid groups. (Conversion of a whole batch to
+``mpo_viz.trajectory/v1`` rows is :func:`mpo_viz.adapters.verl.from_verl`.)
 
 verl's layout (``verl/experimental/agent_loop/agent_loop.py``, ``AgentLoopManager`` output):
 ``prompts`` (B, P) left-padded, ``responses`` (B, R) right-padded, ``attention_mask`` (B, P + R),
@@ -16,13 +16,12 @@ This module touches only tensors and numpy arrays (no verl import): a ``DataProt
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 
 import numpy as np
 import torch
 
-__all__ = ["Inputs", "move_observation_rewards", "read_inputs", "to_rows"]
+__all__ = ["Inputs", "move_observation_rewards", "read_inputs"]
 
 
 @dataclass
@@ -101,67 +100,3 @@ def read_inputs(data) -> Inputs:
     uid = data.non_tensor_batch.get("uid") if data.non_tensor_batch is not None else None
     return Inputs(rewards=rewards, mask=mask, values=values, uid=None if uid is None else np.asarray(uid, dtype=object),
                   moved=moved, dropped=dropped)
-
-
-def _np(t: torch.Tensor, dtype=np.float32) -> np.ndarray:
-    return t.detach().to("cpu", torch.float64 if dtype == np.float64 else torch.float32).numpy().astype(dtype, copy=False)
-
-
-# per-token batch key -> v1 field written to the run folder
-TOKEN_FIELDS = {
-    "values": "values",
-    "old_log_probs": "old_logprobs",
-    "rollout_log_probs": "rollout_logprobs",
-    "ref_log_prob": "ref_logprobs",
-    "advantages": "advantages",
-    "returns": "returns",
-    "entropys": "entropy",
-}
-
-
-def to_rows(data, inputs: Inputs, *, step: int, rows=None) -> list[dict]:
-    """v1 rows (one dict per trajectory) of the verl batch ``data`` at training step ``step``.
-
-    Needs ``prompts``, ``responses`` and ``attention_mask`` (B, P + R) to recover the real prompt and
-    response tokens (ValueError naming the missing key otherwise). Each row: ``traj_id``
-    ``"s{step}-{i}"``, ``group_id`` = the uid (or the row index without uids), ``prompt_ids``,
-    ``response_ids`` and ``loss_mask`` over the valid response tokens, ``token_rewards`` = the
-    rewards the estimators saw (moved onto action tokens), ``reward`` = their sum, ``step``, and the
-    per-token fields of :data:`TOKEN_FIELDS` present in the batch (``advantages``/``returns`` zeroed
-    off the action tokens: verl's whitening leaves non-zero values there). ``rows``: indices to convert
-    (default all).
-    """
-    for key in ("prompts", "responses", "attention_mask"):
-        if not _has(data, key):
-            raise ValueError(f"data.batch[{key!r}]: needed to write trajectories (prompt and response tokens), "
-                             f"found none in this verl batch (keys: {', '.join(sorted(data.batch.keys()))})")
-    prompts = data.batch["prompts"].cpu().numpy()
-    responses = data.batch["responses"].cpu().numpy()
-    att = data.batch["attention_mask"].cpu().numpy() != 0
-    P, R = prompts.shape[1], responses.shape[1]
-    if att.shape[1] != P + R:
-        raise ValueError(f"data.batch['attention_mask']: expected {P + R} columns (prompts {P} + responses {R}), "
-                         f"found {att.shape[1]}")
-    mask = _np(inputs.mask) != 0
-    rew = _np(inputs.rewards, np.float64)
-    extra = {f: _np(data.batch[k]) for k, f in TOKEN_FIELDS.items() if _has(data, k)}
-    for f in ("advantages", "returns"):  # verl leaves whitening residue on non-action tokens
-        if f in extra:
-            extra[f] = np.where(mask, extra[f], np.float32(0))
-    out = []
-    for i in (range(len(prompts)) if rows is None else rows):
-        n = int(att[i, P:].sum())
-        row = {
-            "traj_id": f"s{step}-{i}",
-            "group_id": str(inputs.uid[i]) if inputs.uid is not None else str(i),
-            "prompt_ids": prompts[i][att[i, :P]].astype(np.int64),
-            "response_ids": responses[i, :n].astype(np.int64),
-            "loss_mask": mask[i, :n].astype(np.int8),
-            "token_rewards": rew[i, :n],
-            "reward": float(rew[i, :n].sum()) if n else math.nan,
-            "step": int(step),
-        }
-        for f, arr in extra.items():
-            row[f] = arr[i, :n]
-        out.append(row)
-    return out

@@ -5,9 +5,11 @@ Switched on by ``algorithm.mpo_viz.run_dir`` or ``MPO_VIZ_RUN_DIR`` (settings: :
 Per logged step ``N`` (``data.meta_info["global_steps"]`` when verl sets it, else the next number
 after the folder's last logged iteration, so a resumed run appends):
 
-* ``trajectories/iter=00000N.parquet`` — ``mpo_viz.trajectory/v1`` rows (:func:`.batch.to_rows`):
-  tokens, ``loss_mask``, the rewards the estimators saw, ``values``, ``old_logprobs`` (and rollout /
-  reference log-probs when present), the trained ``advantages`` and ``returns``, ``step``. At most
+* ``trajectories/iter=00000N.parquet`` — ``mpo_viz.trajectory/v1`` rows converted by the verl
+  adapter (:func:`mpo_viz.adapters.verl.from_verl`: tokens, ``loss_mask``, token rewards with
+  observation rewards moved onto action tokens, ``values``, ``old_logprobs``, rollout / reference
+  log-probs when present, the trained ``advantages`` and ``returns`` as verl holds them, ``step``;
+  rows the adapter refuses are counted in ``log/rows_rejected``). At most
   ``max_rows`` rows (whole uid groups, seeded by ``seed`` and the step); none once ``trajectories/``
   holds ``max_mb`` MB. Needs ``prompts``/``responses``/``attention_mask`` in the batch (the v1
   trainer's advantage step fetches only a few fields: then only metrics are written, and
@@ -36,10 +38,11 @@ from pathlib import Path
 
 import numpy as np
 import pandas as pd
+import torch
 
 from mpo_viz.advantages import registry as adv_registry
 from mpo_viz.analysis import variance_split, variance_summary
-from mpo_viz.integrations.verl.batch import Inputs, read_inputs, to_rows
+from mpo_viz.integrations.verl.batch import Inputs, read_inputs
 from mpo_viz.integrations.verl.options import ESTIMATORS, estimator_options, log_settings, plain
 
 __all__ = ["RunLogger", "maybe_log", "logger_for"]
@@ -202,8 +205,8 @@ class RunLogger:
 
     # ------------------------------------------------------------------------------------------
     def _trajectories(self, data, inp: Inputs, step: int) -> dict:
+        from mpo_viz.adapters.verl import from_verl
         from mpo_viz.io import save
-        from mpo_viz.trajectory import TrajectoryBatch
 
         missing = [k for k in ("prompts", "responses", "attention_mask") if k not in data.batch.keys()]
         if missing:
@@ -212,12 +215,16 @@ class RunLogger:
         if cap and self._traj_mb() >= cap:
             return {"log/trajectories_skipped": f"max_mb={cap:g} reached", "log/rows_saved": 0}
         rows = self._subsample(inp, step)
-        meta = {"source_framework": "verl", "values_source": "critic" if inp.values is not None else None}
-        batch = TrajectoryBatch.from_rows(to_rows(data, inp, step=step, rows=rows),
-                                          {k: v for k, v in meta.items() if v is not None})
+        idx = torch.as_tensor(rows, dtype=torch.long)
+        flat = {k: v[idx] for k, v in data.batch.items()}
+        flat.update({k: np.asarray(v)[rows] for k, v in (data.non_tensor_batch or {}).items()})
+        flat["meta_info"] = {"global_steps": step}
+        batch, report = from_verl(flat, errors="collect", source=f"verl step {step}")
         path = self.run_dir / "trajectories" / f"iter={step:06d}.parquet"
-        save(batch, path)
-        return {"log/rows_saved": len(rows), "log/trajectory_file": path.name}
+        if len(batch):
+            save(batch, path)
+        return {"log/rows_saved": len(batch), "log/rows_rejected": len(report.rejected),
+                "log/trajectory_file": path.name if len(batch) else None}
 
     def _traj_mb(self) -> float:
         d = self.run_dir / "trajectories"
