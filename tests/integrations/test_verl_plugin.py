@@ -69,9 +69,9 @@ def test_external_lib_of_the_model_config():
 
 
 def test_registry_lookups_return_ours():
-    import mpo_viz.integrations.verl as plugin
     from verl.trainer.ppo import core_algos as ca
 
+    import mpo_viz.integrations.verl as plugin
     from mpo_viz.integrations.verl.estimators import MissingCriticError
 
     assert ca.get_adv_estimator_fn("mpo").__name__ == "mpo_viz_mpo"
@@ -94,5 +94,5 @@ def test_both_trainer_paths_are_wrapped():
     from mpo_viz.integrations.verl import patch
 
     assert v1u.compute_advantage is rt.compute_advantage
-    assert getattr(rt.compute_advantage, "__mpo_viz_wrapped__").__module__ == "verl.trainer.ppo.ray_trainer"
+    assert rt.compute_advantage.__mpo_viz_wrapped__.__module__ == "verl.trainer.ppo.ray_trainer"
     assert {"verl.trainer.ppo.ray_trainer", "verl.trainer.ppo.v1.utils"} <= set(patch.patched_modules())

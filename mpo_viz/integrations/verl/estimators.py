@@ -22,8 +22,8 @@ from __future__ import annotations
 import torch
 
 from mpo_viz.advantages import registry as adv_registry
-from mpo_viz.integrations.verl.batch import move_observation_rewards
 from mpo_viz.checks import OptionError
+from mpo_viz.integrations.verl.batch import move_observation_rewards
 from mpo_viz.integrations.verl.options import ESTIMATORS, estimator_options
 
 __all__ = ["ESTIMATORS", "MissingCriticError", "estimate", "verl_estimator"]
