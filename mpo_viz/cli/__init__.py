@@ -21,6 +21,7 @@ import sys
 
 from mpo_viz.checks import OptionError
 
+
 class CLIError(Exception):
     """An expected failure: printed as one line, exit code ``code``."""
 
