@@ -18,7 +18,7 @@ RANK = {
     "mpo_viz.version": 0, "mpo_viz.checks": 0, "mpo_viz.schema": 0, "mpo_viz.ragged": 0, "mpo_viz.turns": 0,
     "mpo_viz.validate": 1,
     "mpo_viz.trajectory": 2,
-    "mpo_viz.io": 3, "mpo_viz.synthetic": 3, "mpo_viz.envs": 3, "mpo_viz.models": 3, "mpo_viz.rollout": 3,
+    "mpo_viz.io": 3, "mpo_viz.adapters": 3, "mpo_viz.synthetic": 3, "mpo_viz.envs": 3, "mpo_viz.models": 3, "mpo_viz.rollout": 3,
     "mpo_viz.advantages": 4,
     "mpo_viz.losses": 5, "mpo_viz.analysis": 5,
     "mpo_viz.plots": 6, "mpo_viz.strip": 6,
