@@ -137,6 +137,11 @@ class Collector:
     def pending(self) -> int:
         return len(self._rows)
 
+    @property
+    def has_problems(self) -> bool:
+        """Whether rows that could not be converted wait to be reported by :meth:`flush`."""
+        return bool(self._problems)
+
     def _loc(self, line, row) -> str:
         return f"line {line}" if line is not None else f"row {row}"
 
@@ -182,7 +187,7 @@ def drive(gen: Iterator, col: Collector, chunk_rows: int | None) -> Iterator[Tra
     for _ in gen:
         if chunk_rows and col.pending >= chunk_rows:
             yield col.flush()
-    if col.pending or col._problems or not chunk_rows:
+    if col.pending or col.has_problems or not chunk_rows:
         yield col.flush()
 
 
