@@ -36,8 +36,8 @@ turns                      ``turn_ids``: the maximal runs of ``response_mask == 
 ``advantages``/``returns``  ``advantages``/``returns`` as logged (verl whitens GAE advantages)
 ``entropys``               ``entropy``
 ``uid`` (non-tensor)       ``group_id`` (the GRPO group); absent: every row its own group
-``request_id``             ``traj_id``; absent: ``"{uid}:{i}"`` (``"row{i}"`` without uid), ``i``
-                           the row of the batch
+``request_id``             ``traj_id``; absent: ``"{uid}:{i}"`` (``"step{global_steps}/row{i}"`` or
+                           ``"row{i}"`` without uid), ``i`` the row of the batch
 ``__num_turns__``          extra field ``verl_num_turns`` (verl counts messages, not assistant turns)
 other non-tensor keys      ``extra_json`` (JSON-able values only; others are dropped and reported)
 ``input_ids``,             dropped (``prompts`` + ``responses`` and their masks say the same)
@@ -254,7 +254,8 @@ def iter_verl(data, col: Collector, *, obs_reward: str = "move", trust: bool = F
         rep.rows_in += 1
         n = int(rlen[i])
         g = None if uid is None else str(uid[i])
-        tid = str(req[i]) if req is not None else (f"{g}:{i}" if g is not None else f"row{i}")
+        tid = str(req[i]) if req is not None else (f"{g}:{i}" if g is not None else
+                                                     f"step{step}/row{i}" if step is not None else f"row{i}")
         mask = rmask[i].astype(np.int64) * (np.arange(R) < n)  # nothing past the response counts as an action
         row = {"traj_id": tid, "group_id": g if g is not None else tid,
                "prompt_ids": prompts[i][plen[i]].astype(np.int64).tolist(),

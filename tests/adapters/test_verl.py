@@ -165,6 +165,9 @@ def test_files_weights_only_and_trust(tmp_path):
     torch.save(nested, tmp_path / "nested.pt")
     b2, _ = from_verl(tmp_path / "nested.pt")
     assert b2.field("step") == [7, 7] and b2.row(0)["response_ids"] == b.row(0)["response_ids"]
+    nested["non_tensor_batch"] = {}  # no uid: ids from the step and the row, each row its own group
+    torch.save(nested, tmp_path / "nouid.pt")
+    assert from_verl(tmp_path / "nouid.pt")[0].traj_ids == ["step7/row0", "step7/row1"]
     # numpy arrays inside need unpickling: refused without trust, with a pointer to --trust
     d2 = dict(d, uid=np.array(["a", "a"], dtype=object))
     torch.save(d2, tmp_path / "np.pt")
