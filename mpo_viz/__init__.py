@@ -11,8 +11,7 @@ from mpo_viz import synthetic
 from mpo_viz.io import load, save, scan
 from mpo_viz.schema import SCHEMA_VERSION, TrajectoryError
 from mpo_viz.trajectory import TrajectoryBatch
-
-__version__ = "0.1.0"
+from mpo_viz.version import __version__
 
 _LAZY = ("advantages", "losses", "analysis", "plots", "report", "envs", "widgets", "turns")
 

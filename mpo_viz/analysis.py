@@ -30,6 +30,7 @@ __all__ = [
     "variance_summary",
     "turn_table",
     "compute_advantages",
+    "to_numpy",
     "compare_estimators",
     "compare_stats",
     "merge_compare_stats",
@@ -45,7 +46,7 @@ __all__ = [
 # helpers
 
 
-def _np(x, dtype=np.float64) -> np.ndarray:
+def to_numpy(x, dtype=np.float64) -> np.ndarray:
     """A torch tensor or array-like as a numpy array of ``dtype`` (a copy only when needed)."""
     if hasattr(x, "detach"):
         x = x.detach().cpu().numpy()
@@ -53,7 +54,7 @@ def _np(x, dtype=np.float64) -> np.ndarray:
 
 
 def _as_2d(x, name: str, dtype=np.float64) -> np.ndarray:
-    a = _np(x, dtype)
+    a = to_numpy(x, dtype)
     if a.ndim == 1:
         a = a[None]
     if a.ndim != 2:
@@ -239,7 +240,7 @@ def _variance_split_ref(x, mask, turn_ids=None) -> dict[str, np.ndarray]:
 
 def _scores(batch) -> np.ndarray:
     """The trajectory score of DESIGN §3.6: the sum of the rewards an estimator sees, ``(B,)``."""
-    r = _np(batch.rewards)
+    r = to_numpy(batch.rewards)
     return r.sum(axis=1) if r.ndim == 2 else r
 
 
@@ -329,7 +330,7 @@ def _adv_tensors(advantages) -> dict[str, np.ndarray]:
     """Accept ``{name: tensor}`` or ``{name: result}`` (anything with ``.advantages``)."""
     out = {}
     for k, v in advantages.items():
-        out[k] = _np(getattr(v, "advantages", v))
+        out[k] = to_numpy(getattr(v, "advantages", v))
     return out
 
 

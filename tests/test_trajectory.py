@@ -171,3 +171,30 @@ def test_summary(batch):
     assert s["turns"]["mean"] == pytest.approx(1.5)
     assert s["reward_missing"] == 1
     assert isinstance(pd.DataFrame([s["turns"]]), pd.DataFrame)
+
+
+def test_from_columns_and_the_columns_accessor(batch):
+    from mpo_viz.validate import columns_from_rows
+
+    cols, problems = columns_from_rows(rows())
+    b2 = TrajectoryBatch.from_columns(cols, {"values_source": "critic"}, problems=problems)
+    assert [repr(b2.row(i)) for i in range(4)] == [repr(batch.row(i)) for i in range(4)]  # repr: NaN == NaN
+    c = batch.columns
+    np.testing.assert_array_equal(c.offsets, [0, 6, 9, 13, 15])  # response lengths 6, 3, 4, 2
+    np.testing.assert_array_equal(batch.offsets, c.offsets)
+    np.testing.assert_array_equal(c.tokens["loss_mask"], [1, 1, 0, 0, 1, 1, 1, 0, 1, 0, 1, 1, 0, 1, 1])
+    np.testing.assert_array_equal(c.present["turn_ids"], [False, True, False, False])
+    flat, off, pres = c.turn["turn_rewards"]
+    np.testing.assert_array_equal(pres, [False, True, False, True])
+    np.testing.assert_allclose(flat[off[1] : off[2]], [0.5, 0.25])
+    np.testing.assert_array_equal(c.prompt[1], [0, 2, 3, 4, 4])
+    # a bad row: collected with file/row/field named, the good rows kept
+    bad = rows()
+    bad[2]["loss_mask"] = [0, 2, 1, 0]
+    cols, problems = columns_from_rows(bad, source="x.jsonl", lines=[1, 2, 3, 4])
+    b3 = TrajectoryBatch.from_columns(cols, problems=problems, errors="collect")
+    assert b3.traj_ids == ["a", "b", "d"]
+    p = b3.rejected[0]
+    assert (p.file, p.line, p.traj_id, p.field) == ("x.jsonl", 3, "c", "loss_mask")
+    with pytest.raises(TrajectoryError, match="loss_mask"):
+        TrajectoryBatch.from_columns(columns_from_rows(bad)[0])

@@ -29,6 +29,33 @@ def file_error(framework: str, source, field: str, expected: str, found: str) ->
                                    file=None if source is None else str(source)))
 
 
+def jsonl_lines(path, col: Collector) -> Iterator[tuple[int, object]]:
+    """(line number, parsed object) of each non-blank line of a JSONL file; an unreadable line is a
+    problem of that line, a file that is not UTF-8 text (e.g. a binary dump) a problem of the file."""
+    from pathlib import Path
+
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"{path}: no such file")
+    n = 0
+    try:
+        with open(path, encoding="utf-8") as fh:
+            for n, text in enumerate(fh, start=1):
+                if not text.strip():
+                    continue
+                try:
+                    obj = json.loads(text)
+                except json.JSONDecodeError as exc:
+                    col.report.rows_in += 1
+                    col.problem("<line>", "one JSON object", f"unreadable JSON ({exc.msg} at column {exc.colno})",
+                                line=n, layout=False)
+                    continue
+                yield n, obj
+    except UnicodeDecodeError as exc:
+        raise file_error(col.framework, path, "<file>", "a UTF-8 JSONL file, one JSON object a line",
+                         f"bytes that are not UTF-8 text near line {n + 1} ({exc.reason}); a binary file?") from None
+
+
 def jsonable(value):
     """``value`` as plain JSON types (numpy scalars and arrays, tuples), or raise TypeError."""
     if isinstance(value, np.generic):
@@ -109,6 +136,11 @@ class Collector:
     def pending(self) -> int:
         return len(self._rows)
 
+    @property
+    def has_problems(self) -> bool:
+        """Whether rows that could not be converted wait to be reported by :meth:`flush`."""
+        return bool(self._problems)
+
     def _loc(self, line, row) -> str:
         return f"line {line}" if line is not None else f"row {row}"
 
@@ -154,7 +186,7 @@ def drive(gen: Iterator, col: Collector, chunk_rows: int | None) -> Iterator[Tra
     for _ in gen:
         if chunk_rows and col.pending >= chunk_rows:
             yield col.flush()
-    if col.pending or col._problems or not chunk_rows:
+    if col.pending or col.has_problems or not chunk_rows:
         yield col.flush()
 
 

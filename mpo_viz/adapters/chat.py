@@ -39,7 +39,7 @@ import math
 from collections.abc import Iterator
 from pathlib import Path
 
-from mpo_viz.adapters._common import Collector, check_options, dumps, run
+from mpo_viz.adapters._common import Collector, check_options, dumps, jsonl_lines, run
 
 __all__ = ["ChatEncoder", "from_chat", "iter_chat", "load_tokenizer"]
 
@@ -249,21 +249,6 @@ def conversation_row(enc: ChatEncoder, col: Collector, messages, *, traj_id: str
     return out
 
 
-def _lines(path: Path, col: Collector) -> Iterator[tuple[int, object]]:
-    if not path.is_file():
-        raise FileNotFoundError(f"{path}: no such file")
-    with open(path, encoding="utf-8") as fh:
-        for n, text in enumerate(fh, start=1):
-            if not text.strip():
-                continue
-            try:
-                yield n, json.loads(text)
-            except json.JSONDecodeError as exc:
-                col.report.rows_in += 1
-                col.problem("<line>", "one JSON object", f"unreadable JSON ({exc.msg} at column {exc.colno})", line=n,
-                            layout=False)
-
-
 def _first(d: dict, keys):
     return next((d[k] for k in keys if d.get(k) is not None), None)
 
@@ -272,7 +257,7 @@ def iter_chat(src, col: Collector, *, tokenizer=None, obs_reward: str = "move") 
     enc = tokenizer if isinstance(tokenizer, ChatEncoder) else ChatEncoder(tokenizer)
     col.meta.setdefault("tokenizer", Path(str(enc.name)).name)
     groups: dict = {}
-    items = _lines(Path(src), col) if isinstance(src, (str, Path)) else ((None, x) for x in src)
+    items = jsonl_lines(src, col) if isinstance(src, (str, Path)) else ((None, x) for x in src)
     for i, (line, obj) in enumerate(items):
         col.report.rows_in += 1
         row = None if line is not None else i

@@ -51,6 +51,7 @@ other non-tensor keys      ``extra_json`` (JSON-able values only; others are dro
 from __future__ import annotations
 
 import pickle
+import warnings
 from collections.abc import Iterator, Mapping
 from pathlib import Path
 
@@ -111,7 +112,9 @@ def load_verl(path, *, trust: bool = False) -> dict:
     if not path.is_file():
         raise FileNotFoundError(f"{path}: no such file")
     try:
-        obj = torch.load(path, map_location="cpu", weights_only=True)
+        with warnings.catch_warnings():  # a plain pickle's protocol warning: the refusal below says more
+            warnings.simplefilter("ignore")
+            obj = torch.load(path, map_location="cpu", weights_only=True)
     except Exception as exc:  # UnpicklingError and friends: not a plain dict of tensors
         if not trust:
             why = str(exc).strip().splitlines()
@@ -191,7 +194,7 @@ def iter_verl(data, col: Collector, *, obs_reward: str = "move", trust: bool = F
     bad = ~np.isin(rmask, (0, 1))
     if bad.any():
         i, t = map(int, np.argwhere(bad)[0])
-        raise file_error("verl", src, "response_mask", "0/1 entries", f"{rmask[i, t]!r} at row {i}, position {t}")
+        raise file_error("verl", src, "response_mask", "0/1 entries", f"{rmask[i, t].item()!r} at row {i}, position {t}")
     if attn is not None:
         plen = attn[:, :P].astype(bool)
         rlen = attn[:, P:].sum(axis=1).astype(np.int64)

@@ -46,9 +46,9 @@ _TABLE_CSS = """<style>
 def as_batch(source):
     """A TrajectoryBatch as is, or a path (``.jsonl``, ``.parquet``, folder) loaded with ``mv.load``."""
     if isinstance(source, (str, Path)):
-        import mpo_viz as mv
+        from mpo_viz.io import load
 
-        return mv.load(source)
+        return load(source)
     if not hasattr(source, "traj_ids") or not hasattr(source, "mask"):
         raise ValueError(f"batch: expected a TrajectoryBatch or a path, found {type(source).__name__}")
     return source
@@ -74,7 +74,9 @@ def trajectory_table(batch, advantages: dict | None = None) -> pd.DataFrame:
     return df
 
 
-def _html_table(df: pd.DataFrame) -> str:
+def frame_html(df: pd.DataFrame) -> str:
+    """A DataFrame as a compact HTML table for an ``ipywidgets.HTML`` (the explorer's turn table,
+    the comparison's agreement tables)."""
     return _TABLE_CSS + df.to_html(index=False, float_format=lambda v: f"{v:.4g}", na_rep="—", border=0)
 
 
@@ -188,7 +190,7 @@ class TrajectoryExplorer(W.VBox):
         tt = an.turn_table(self._sub, adv, returns=ret)
         cols = [c for c in tt.columns if c not in ("traj_id", "row")]
         self.turn_df = tt[cols]
-        self.turns.value = _html_table(self.turn_df)
+        self.turns.value = frame_html(self.turn_df)
 
     def _status(self) -> None:
         o = self.params.options
