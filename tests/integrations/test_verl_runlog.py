@@ -83,6 +83,8 @@ def test_env_run_dir_writes_v1_trajectories_and_metrics(tmp_path, monkeypatch):
     assert recs[1]["adv/mpo/mean"] == pytest.approx(float(mpo_adv[m].double().mean()), rel=1e-5)
     assert recs[1]["adv/trained/mean"] == pytest.approx(float(out.batch["advantages"][m].double().mean()), rel=1e-5)
     assert recs[1]["adv/mpo/corr_trained"] == pytest.approx(1.0, abs=1e-6)  # mpo is what was trained
+    gae_adv, _ = A.gae(r, data.batch["values"], m.float(), gamma=1.0, lam=1.0)  # verl's algorithm.gamma/lam
+    assert recs[1]["adv/gae/abs_mean"] == pytest.approx(float(gae_adv[m].double().abs().mean()), rel=1e-5)
     grpo_adv, _ = A.grpo(r, m.float(), UIDS)
     assert recs[1]["adv/grpo/std"] == pytest.approx(float(grpo_adv[m].double().std(unbiased=False)), rel=1e-5)
     assert {"adv/gae/across", "adv/gae/within", "adv/mpo/across", "adv/grpo/within"} <= set(recs[1])

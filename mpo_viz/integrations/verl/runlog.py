@@ -17,8 +17,9 @@ after the folder's last logged iteration, so a resumed run appends):
 * one line of ``metrics.jsonl``: ``iteration``, ``phase`` ("train"), ``time_s``, ``estimator``,
   ``reward/mean``/``std``, ``values/across``/``within``/``median_ratio``/``share_across_gt_within``
   (the across/within split of the critic values over turns), and per estimator ``E`` of ``compare``
-  (default mpo, gae, grpo — computed side by side on this batch with mpo_viz's code, mpo with the
-  run's ``algorithm.mpo.*`` options) and for ``trained`` (the advantages verl will train on):
+  (default mpo, gae, grpo — computed side by side on this batch with mpo_viz's code: mpo with the
+  run's ``algorithm.mpo.*`` options, gae with verl's ``algorithm.gamma``/``lam`` unwhitened, grpo
+  with ``algorithm.norm_adv_by_std_in_grpo``) and for ``trained`` (the advantages verl will train on):
   ``adv/E/mean``, ``std``, ``abs_mean``, ``across``, ``within`` and ``corr_trained`` (Pearson
   correlation with the trained advantages over action tokens); ``timings/mpo_viz_log_s``.
 * ``config.json`` once: the estimator, its options, the logging settings and verl's algorithm config.
@@ -88,6 +89,19 @@ def _last_iteration(path: Path) -> int | None:
             if isinstance(it, int):
                 last = it if last is None else max(last, it)
     return last
+
+
+def _verl_settings(config, name: str) -> dict:
+    """verl's own settings of the estimators it shares with us: ``gae`` with ``algorithm.gamma``/
+    ``lam`` (unwhitened: whitening would set every std to 1), ``grpo`` with
+    ``algorithm.norm_adv_by_std_in_grpo``. Others run with mpo_viz's defaults."""
+    keys = {"gae": {"gamma": "gamma", "lam": "lam"}, "grpo": {"norm_by_std": "norm_adv_by_std_in_grpo"}}
+    out = {}
+    for ours, theirs in keys.get(name, {}).items():
+        v = None if config is None else config.get(theirs, None)
+        if v is not None:
+            out[ours] = bool(v) if ours == "norm_by_std" else float(v)
+    return out
 
 
 def _atomic_write(path: Path, text: str) -> None:
@@ -174,7 +188,7 @@ class RunLogger:
             return None
         if "groups" in est.needs and inp.uid is None:
             return None
-        opts = estimator_options(config, name) if name in ESTIMATORS else {}
+        opts = estimator_options(config, name) if name in ESTIMATORS else _verl_settings(config, name)
         r, m = inp.rewards.detach().cpu(), inp.mask.detach().cpu()
         if "values" in est.needs:
             args = (r, inp.values.detach().cpu().to(r.dtype), m)
