@@ -187,7 +187,8 @@ class TrajectoryExplorer(W.VBox):
         self._status()
 
     def _update_turns(self, adv, ret) -> None:
-        tt = an.turn_table(self._sub, adv, returns=ret)
+        src = self._ret_source()
+        tt = self._sub.turns(advantages=adv, returns={src: ret} if ret is not None else None)
         cols = [c for c in tt.columns if c not in ("traj_id", "row")]
         self.turn_df = tt[cols]
         self.turns.value = frame_html(self.turn_df)
