@@ -21,6 +21,7 @@ import numpy as np
 import pandas as pd
 
 from mpo_viz.advantages import registry
+from mpo_viz.advantages.token import gae
 from mpo_viz.turns import turn_ids_from_mask
 
 __all__ = [
@@ -31,6 +32,7 @@ __all__ = [
     "turn_table",
     "compute_advantages",
     "to_numpy",
+    "td_error",
     "compare_estimators",
     "compare_stats",
     "merge_compare_stats",
@@ -324,6 +326,19 @@ def compute_advantages(batch, estimators, **options) -> dict:
     """
     names = registry.parse_names(estimators)
     return {name: registry.compute(batch, name, **o) for name, o in registry.split_options(names, options).items()}
+
+
+def td_error(batch, *, gamma: float = 1.0):
+    """The one-step TD error ``δ_t = r_t + γ·V_{t+1} − V_t`` over action tokens (``V_{t+1}``: the
+    value at the next action token; after the last, the bootstrap value or 0), ``(B, L)`` float32,
+    0 on masked positions: token GAE with λ = 0. None when the batch has no values. The strip's
+    ``td`` channel."""
+    if batch.values is None:
+        return None
+    # float32 inputs, like compute(): the same compiled kernel, no second JIT specialization
+    adv, _ = gae(batch.rewards, batch.values, batch.mask, gamma=gamma, lam=0.0,
+                 bootstrap_value=batch.bootstrap_value)
+    return adv
 
 
 def _adv_tensors(advantages) -> dict[str, np.ndarray]:

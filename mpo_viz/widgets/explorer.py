@@ -167,7 +167,7 @@ class TrajectoryExplorer(W.VBox):
         self._sub = self.batch[[row]]
         self._n = int(self._sub.lengths[0])
         adv, ret = self._row_arrays()
-        payload = strip_payload(self._sub, 0, advantages=adv, tokens=self.tokens,
+        payload = strip_payload(self._sub, 0, advantages=adv, td=an.td_error(self._sub), tokens=self.tokens,
                                 channel=f"adv_{self.names[0]}")
         t1 = time.perf_counter()
         self.strip.set_payload(payload)
