@@ -2,7 +2,7 @@
 
 Pandas out; tensors (torch or numpy, ``(B, L)``) or a :class:`~mpo_viz.trajectory.TrajectoryBatch`
 in. Every statistic is computed over **action tokens** (``mask == 1``) only: observation and padding
-tokens carry no value and no credit (DESIGN §3.1).
+tokens carry no value and no credit (docs/concepts.md §1–2).
 
 Turns are the ids of ``batch.turn_ids`` (given, or derived from mask runs by
 :func:`mpo_viz.turns.turn_ids_from_mask` — the one definition shared with estimators and losses).
@@ -133,7 +133,7 @@ def _turn_means(x: np.ndarray, idx: _Turns) -> np.ndarray:
 
 
 def variance_split(x, mask, turn_ids=None) -> dict[str, np.ndarray]:
-    """The across/within split of DESIGN §3.9 for any per-token tensor (values, advantages, ...).
+    """The across/within split (docs/concepts.md §5) for any per-token tensor (values, advantages, ...).
 
     Shapes: ``x``, ``mask``, ``turn_ids`` are ``(B, L)`` (torch or numpy; ``turn_ids=None`` derives
     turns from mask runs). Returns a dict of float64 / int64 numpy arrays of shape ``(B,)``:
@@ -241,13 +241,13 @@ def _variance_split_ref(x, mask, turn_ids=None) -> dict[str, np.ndarray]:
 
 
 def _scores(batch) -> np.ndarray:
-    """The trajectory score of DESIGN §3.6: the sum of the rewards an estimator sees, ``(B,)``."""
+    """The trajectory score (docs/concepts.md §3): the sum of the rewards an estimator sees, ``(B,)``."""
     r = to_numpy(batch.rewards)
     return r.sum(axis=1) if r.ndim == 2 else r
 
 
 def value_variance(batch, values=None, *, name: str = "values") -> pd.DataFrame:
-    """DESIGN §3.9, one row per trajectory of ``batch`` (the paper's Fig. 2 diagnostic).
+    """The across/within diagnostic, one row per trajectory of ``batch`` (the paper's Fig. 2 diagnostic).
 
     ``values``: a ``(B, L)`` tensor to split instead of ``batch.values`` — pass an advantage tensor
     to get the same split for advantages (see :func:`advantage_variance`).

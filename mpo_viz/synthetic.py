@@ -6,7 +6,7 @@ with a critic looks like:
 
 * tasks come in groups of ``group_size`` samples; each task has a latent success probability
   ``p`` and each sample succeeds with probability ``p`` (outcome reward 1 or 0 on the last action
-  token, the DESIGN §4 default);
+  token, the default of docs/concepts.md §3);
 * critic values move mostly *between* turns — the turn value drifts from ``p`` towards the
   outcome as the trajectory advances — and only a little *inside* a turn (a small random walk),
   the pattern the MPO paper reports (across ≫ within);

@@ -5,7 +5,7 @@ over all response tokens of the batch plus the shared ``offsets`` (B+1,); rows a
 ``flat[offsets[i]:offsets[i+1]]``. Loading Parquet therefore never creates per-token Python
 objects, and padded ``(B, L)`` tensors are one vectorized scatter.
 
-Derived per-token arrays follow DESIGN §3.1 and §4 and are computed once, lazily:
+Derived per-token arrays follow docs/concepts.md §1 and §3 and are computed once, lazily:
 
 * ``turn_ids`` — the given ids, or for rows without them the maximal runs of ``loss_mask == 1``
   (:func:`mpo_viz.turns.turn_ids_from_mask`); padding carries the row's last id.
@@ -48,7 +48,7 @@ _EMPTY_OFF = np.zeros(1, dtype=np.int64)
 
 
 class TrajectoryBatch:
-    """A batch of trajectory/v1 rows (DESIGN §4).
+    """A batch of trajectory/v1 rows (the format: trajectories/README.md).
 
     Build with :meth:`from_rows` (list of dicts) or :func:`mpo_viz.load`. Select with ``b[i]``,
     ``b[slice | index list | bool array]`` or :meth:`select`; join with :meth:`concat`.
@@ -250,7 +250,7 @@ class TrajectoryBatch:
         return self._cache["K"]
 
     def _flat_rewards(self) -> np.ndarray:
-        """Rewards an estimator sees, flat float64 (DESIGN §4)."""
+        """Rewards an estimator sees, flat float64 (docs/concepts.md §3)."""
         if "rewards" not in self._cache:
             n = self.num_tokens
             out = np.zeros(n, dtype=np.float64)
@@ -320,7 +320,7 @@ class TrajectoryBatch:
 
     @property
     def rewards(self) -> torch.Tensor:
-        """Token rewards an estimator sees (DESIGN §4), float32 ``(B, L)``; ``padded('rewards', torch.float64)`` for float64."""
+        """Token rewards an estimator sees (docs/concepts.md §3), float32 ``(B, L)``; ``padded('rewards', torch.float64)`` for float64."""
         return self.padded("rewards")
 
     @property

@@ -1,6 +1,6 @@
 """Turn ids: the one definition of "what a turn is", shared by the batch, estimators and losses.
 
-DESIGN §3.1: ``turn_ids[t]`` is the turn of response token ``t``. Observation tokens carry the id
+docs/concepts.md §1: ``turn_ids[t]`` is the turn of response token ``t``. Observation tokens carry the id
 of the turn they follow (observation tokens before the first action token carry 0), so ids never
 decrease. When turn ids are absent, turns are the maximal runs of ``mask == 1``.
 
@@ -59,7 +59,7 @@ def check_turn_ids(turn_ids, mask, *, name: str = "turn_ids") -> None:
     * the ids on action tokens (mask == 1) are exactly 0..K−1 with none skipped, i.e. every id
       from 0 to the largest one on an action token has at least one action token.
 
-    Observation tokens may carry any id that keeps the row non-decreasing (DESIGN: the id of the
+    Observation tokens may carry any id that keeps the row non-decreasing (the rule: the id of the
     turn they follow); only action tokens define turns.
     """
     t = turn_ids.detach().cpu().numpy() if isinstance(turn_ids, torch.Tensor) else np.asarray(turn_ids)

@@ -1,4 +1,4 @@
-"""Advantage estimators (DESIGN §3.2–3.7): fast numba/numpy implementations, a string registry and
+"""Advantage estimators (docs/concepts.md §4–5): fast numba/numpy implementations, a string registry and
 ``compute(batch, name, **options)``; every estimator's options are declared once in
 :mod:`mpo_viz.advantages.registry` (:func:`options`, :class:`Option`).
 

@@ -483,7 +483,7 @@ class AdvantageResult:
     Attributes:
         name: the estimator's registry name.
         advantages: float32/float64 tensor ``(B, L)``, 0 on masked positions.
-        returns: critic targets ``(B, L)`` per DESIGN §3.5, 0 on masked positions.
+        returns: critic targets ``(B, L)`` (docs/concepts.md §4, "returns"), 0 on masked positions.
         turns: the per-turn table (``batch.turns``, columns in docs/concepts.md) with this
             estimator's ``adv_<name>`` (mean advantage over the turn's action tokens — A^T_k for
             mae and turn_gae without whitening) and ``ret_<name>`` (the return at the turn's
