@@ -1,5 +1,5 @@
-"""Advantage estimators (docs/concepts.md §4–5): fast numba/numpy implementations, a string registry and
-``compute(batch, name, **options)``; every estimator's options are declared once in
+"""Advantage estimators (explained in docs/concepts.md): fast numba/numpy implementations, a string
+registry and ``compute(batch, name, **options)``; every estimator's options are declared once in
 :mod:`mpo_viz.advantages.registry` (:func:`options`, :class:`Option`).
 
 Tensor functions take ``(B, L)`` torch tensors or numpy arrays and keyword-only options, and return

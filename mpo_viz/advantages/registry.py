@@ -187,9 +187,10 @@ def _kind_of(default) -> str | None:
 # Every option of the built-in estimators, once. Defaults come from each function's signature.
 
 GAMMA = Option("gamma", kind="float", low=0.0, high=1.0, label="γ",
-               doc="token discount γ (gae, vapo, mae inside turns, reinforce_pp)")
+               doc="token discount γ (gae, vapo, reinforce_pp; mae and turn_gae inside turns)")
 LAM = Option("lam", kind="float", low=0.0, high=1.0, label="λ", doc="token λ (gae; mae's within-turn signal)")
-TURN_GAMMA = Option("turn_gamma", kind="float", low=0.0, high=1.0, label="γ_T", doc="turn discount γ_T (mae, turn_gae)")
+TURN_GAMMA = Option("turn_gamma", kind="float", low=0.0, high=1.0, label="γ_T",
+                    doc="turn discount γ_T, from a turn's last token to the next turn's first (mae, turn_gae)")
 TURN_LAM = Option("turn_lam", kind="float", low=0.0, high=1.0, label="λ_T", doc="turn λ_T (mae, turn_gae)")
 BETA = Option("beta", kind="float", low=0.0, span=(0.0, 3.0), label="β",
               doc="weight β of mae's centred within-turn signal (0 = turn GAE)")
@@ -198,7 +199,8 @@ WITHIN = Option("within", kind="choice", choices=("intra", "local", "global", "t
 VALUE_AT = Option("value_at", kind="choice", choices=("first", "last", "mean"), label="V(s_k) at",
                   doc="which token's value is the turn value V(s_k)")
 CRITIC_TARGET = Option("critic_target", kind="choice", choices=("mc", "turn"), label="target", advanced=True,
-                       doc="mae's returns: Monte-Carlo (mc) or the turn return broadcast (turn)")
+                       doc="mae's returns: Monte-Carlo (mc) or the turn return broadcast (turn: flat inside "
+                           "turns, it switches the within-turn signal off; warns once)")
 WHITEN = Option("whiten", kind="bool", label="whiten", advanced=True,
                 doc="whiten the advantages over the batch's action tokens")
 ALPHA = Option("alpha", kind="float", low=0.0, low_open=True, span=(0.01, 1.0), label="α",
@@ -483,14 +485,19 @@ class AdvantageResult:
     Attributes:
         name: the estimator's registry name.
         advantages: float32/float64 tensor ``(B, L)``, 0 on masked positions.
-        returns: critic targets ``(B, L)`` (docs/concepts.md §4, "returns"), 0 on masked positions.
+        returns: critic targets ``(B, L)`` (the estimator's ``returns``, docs/concepts.md §4), 0 on
+            masked positions.
         turns: the per-turn table (``batch.turns``, columns in docs/concepts.md) with this
-            estimator's ``adv_<name>`` (mean advantage over the turn's action tokens — A^T_k for
-            mae and turn_gae without whitening) and ``ret_<name>`` (the return at the turn's
-            first action token).
+            estimator's ``adv_<name>`` and ``ret_<name>``: the mean advantage over the turn's action
+            tokens *before whitening* — A^T_k for mae and turn_gae whatever ``whiten`` is, in the
+            units of ``reward`` and ``value_first``; with ``whiten=True`` the token ``advantages``
+            are whitened and a turn's mean of them is ``(adv_<name> − μ)/σ``, μ and σ the mean and
+            std of the unwhitened advantages over the batch's action tokens — and the return at the
+            turn's first action token.
         options: every option used, defaults filled in.
         wall_time_s: seconds for the whole call.
-        timings: seconds per phase: ``inputs`` (batch → tensors), ``estimate``, ``turn_table``.
+        timings: seconds per phase: ``inputs`` (batch → tensors), ``estimate``, ``turn_table``
+            (with ``whiten=True`` it includes a second, unwhitened estimate for ``turns``).
         traj_ids: the batch's trajectory ids, row order.
     """
 
@@ -527,7 +534,10 @@ def compute(batch, name: str, **options) -> AdvantageResult:
     t1 = time.perf_counter()
     adv, ret, used = b.run(**options)
     t2 = time.perf_counter()
-    turns = batch.turns(advantages={name: adv}, returns={name: ret})
+    raw = adv
+    if used.get("whiten"):  # the per-turn table keeps the estimator's own units (A^T_k), not whitened ones
+        raw, _, _ = b.run(**{**options, "whiten": False})
+    turns = batch.turns(advantages={name: raw}, returns={name: ret})
     t3 = time.perf_counter()
     return AdvantageResult(
         name=name, advantages=adv, returns=ret, turns=turns, options=used, wall_time_s=t3 - t0,

@@ -59,6 +59,27 @@ def test_compute_equals_tensor_function(batch):
     np.testing.assert_allclose(tg.turns["ret_turn_gae"], tg.turns["adv_turn_gae"] + tg.turns["value_first"], atol=1e-5)
 
 
+@pytest.mark.parametrize("name", ["mpo", "turn_gae", "grpo", "reinforce_pp"])
+def test_turn_advantage_column_stays_unwhitened(batch, name):
+    # adv_<name> is the turn's mean advantage in the estimator's own units (A^T_k for mae and
+    # turn_gae) whatever whiten is; only the token tensor is whitened
+    plain = A.compute(batch, name, whiten=False)
+    white = A.compute(batch, name, whiten=True)
+    col = f"adv_{name}"
+    np.testing.assert_allclose(white.turns[col], plain.turns[col], rtol=1e-6, atol=1e-6)
+    m = batch.mask.numpy() != 0
+    x = plain.advantages.numpy()[m].astype(np.float64)
+    np.testing.assert_allclose(white.advantages.numpy()[m], (x - x.mean()) / np.sqrt(x.var(ddof=1) + 1e-8),
+                               rtol=1e-4, atol=1e-5)
+    assert not np.allclose(white.advantages.numpy()[m], x)  # whitening did change the tokens
+    if name in ("mpo", "turn_gae"):
+        _, _, t = A.mae_with_turns(batch.rewards, batch.values, batch.mask, turn_ids=batch.turn_ids,
+                                   bootstrap_value=batch.bootstrap_value,
+                                   **({"beta": 0.0, "critic_target": "turn", "lam": 1.0} if name == "turn_gae" else {}))
+        at = t["advantage"][~np.isnan(t["advantage"])]  # row-major: the table's turn order
+        np.testing.assert_allclose(white.turns[col], at, rtol=1e-5, atol=1e-5)
+
+
 def test_gigpo_through_compute_uses_token_ids(batch):
     res = A.compute(batch, "gigpo", omega=0.0)
     grpo = A.compute(batch, "grpo")

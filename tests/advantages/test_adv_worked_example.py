@@ -1,4 +1,4 @@
-"""DESIGN §3.4 worked example, in full: both trajectories, turn values, turn GAE, token GAE, the
+"""The worked example of MAE (trajectory A is the one of docs/concepts.md §5), in full: both trajectories, turn values, turn GAE, token GAE, the
 intra signal, MAE(intra) and MAE(local); through the tensor functions (float32 and float64), the
 reference loops, and compute() on a TrajectoryBatch."""
 
