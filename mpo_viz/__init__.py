@@ -1,6 +1,6 @@
 """mpo_viz: credit assignment for long-horizon LLM agents (MPO, GAE, GRPO, ...) with Jupyter views.
 
-The public API (DESIGN §5); this module only re-exports. The heavier subpackages
+The public API; this module only re-exports. The heavier subpackages
 (``mv.advantages``, ``mv.losses``, ``mv.analysis``, ``mv.plots``, ``mv.report``, ``mv.envs``,
 ``mv.widgets``) load on first access, so ``import mpo_viz`` stays quick.
 """

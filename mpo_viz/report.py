@@ -377,7 +377,7 @@ def _render(acc: _Acc, cfg: ReportConfig, opts: dict, source_name: str, wall: fl
         b = p.batch
         tid = b.traj_ids[0]
         parts.append(f'<section class="traj"><h3>{html.escape(tid)} <small>{html.escape(" · ".join(tags))}</small></h3>')
-        payload = strip_payload(b, 0, advantages=p.adv, title=f"trajectory {tid}")
+        payload = strip_payload(b, 0, advantages=p.adv, td=an.td_error(b), title=f"trajectory {tid}")
         parts.append(strip_html(f"strip-{j}", payload, cfg.strip_height, payload_id=f"payload-{j}"))
         if b.values is not None:
             ret = p.ret.get(acc.ev_source) if acc.ev_source else None

@@ -5,7 +5,7 @@ over all response tokens of the batch plus the shared ``offsets`` (B+1,); rows a
 ``flat[offsets[i]:offsets[i+1]]``. Loading Parquet therefore never creates per-token Python
 objects, and padded ``(B, L)`` tensors are one vectorized scatter.
 
-Derived per-token arrays follow DESIGN §3.1 and §4 and are computed once, lazily:
+Derived per-token arrays follow docs/concepts.md §1 and §3 and are computed once, lazily:
 
 * ``turn_ids`` — the given ids, or for rows without them the maximal runs of ``loss_mask == 1``
   (:func:`mpo_viz.turns.turn_ids_from_mask`); padding carries the row's last id.
@@ -48,7 +48,7 @@ _EMPTY_OFF = np.zeros(1, dtype=np.int64)
 
 
 class TrajectoryBatch:
-    """A batch of trajectory/v1 rows (DESIGN §4).
+    """A batch of trajectory/v1 rows (the format: trajectories/README.md).
 
     Build with :meth:`from_rows` (list of dicts) or :func:`mpo_viz.load`. Select with ``b[i]``,
     ``b[slice | index list | bool array]`` or :meth:`select`; join with :meth:`concat`.
@@ -250,7 +250,7 @@ class TrajectoryBatch:
         return self._cache["K"]
 
     def _flat_rewards(self) -> np.ndarray:
-        """Rewards an estimator sees, flat float64 (DESIGN §4)."""
+        """Rewards an estimator sees, flat float64 (docs/concepts.md §3)."""
         if "rewards" not in self._cache:
             n = self.num_tokens
             out = np.zeros(n, dtype=np.float64)
@@ -320,7 +320,7 @@ class TrajectoryBatch:
 
     @property
     def rewards(self) -> torch.Tensor:
-        """Token rewards an estimator sees (DESIGN §4), float32 ``(B, L)``; ``padded('rewards', torch.float64)`` for float64."""
+        """Token rewards an estimator sees (docs/concepts.md §3), float32 ``(B, L)``; ``padded('rewards', torch.float64)`` for float64."""
         return self.padded("rewards")
 
     @property
@@ -617,12 +617,25 @@ class TrajectoryBatch:
             df = df[list(columns)]
         return df
 
-    def turns(self) -> pd.DataFrame:
-        """One row per assistant turn: ``traj_id``, ``group_id``, ``turn``, ``n_tokens`` (action
-        tokens), ``start``/``end`` (positions of its first/last action token), ``n_obs_after``
-        (observation tokens between this turn's last action token and the next turn or the end),
-        ``reward`` (R_k: the sum of the rewards an estimator sees on the turn), and when values are
-        present ``value_first``/``value_mean``/``value_last`` over the turn's action tokens.
+    def turns(self, advantages: dict | None = None, returns: dict | None = None) -> pd.DataFrame:
+        """The per-turn table: one row per assistant turn, in row then turn order.
+
+        The one per-turn table of the package (``compute(...).turns``, ``analysis.turn_table``, the
+        report, the explorer's turn table and the comparison all build it here); its columns are
+        documented in docs/concepts.md ("The per-turn table"):
+
+        * ``traj_id``, ``group_id``, ``row`` (index in the batch), ``turn`` (k);
+        * ``start`` / ``end``: response positions of the turn's first / last action token;
+        * ``n_tokens`` (action tokens), ``n_obs_after`` (observation tokens between the turn's last
+          action token and the next turn or the end of the response);
+        * ``reward``: ``R_k``, the sum of the rewards an estimator sees on the turn's tokens;
+        * with values: ``value_first`` (``V(s_k)``), ``value_mean``, ``value_last`` over the turn's
+          action tokens (NaN for a row without values);
+        * for each ``name`` of ``advantages`` (``{name: (B, L) tensor or array, or an object with
+          .advantages}``): ``adv_<name>``, the mean advantage over the turn's action tokens (for
+          MAE and turn GAE without whitening exactly ``A^T_k``);
+        * for each ``name`` of ``returns`` (``{name: (B, L)}``, or objects with ``.returns``):
+          ``ret_<name>``, the return at the turn's first action token (comparable to ``value_first``).
         """
         act = np.flatnonzero(self._tok["loss_mask"] != 0)
         rows = self._seg[act]
@@ -634,13 +647,15 @@ class TrajectoryBatch:
         end_pos, end_rows, end_tids = self._action_turn_ends()
         n_tok = np.diff(np.append(starts, len(act)))
         trow = rows[starts]
+        pos = self._pos[act]
         data = {
             "traj_id": self._scalars["traj_id"][trow],
             "group_id": self._scalars["group_id"][trow],
+            "row": trow,
             "turn": tids[starts],
-            "n_tokens": n_tok,
-            "start": self._pos[act[starts]],
+            "start": pos[starts],
             "end": self._pos[end_pos],
+            "n_tokens": n_tok,
         }
         # next turn's first action token, or the row end
         nxt = np.empty(len(starts), dtype=np.int64)
@@ -648,16 +663,29 @@ class TrajectoryBatch:
             nxt[:-1] = np.where(trow[1:] == trow[:-1], act[starts[1:]], self._off[trow[:-1] + 1])
             nxt[-1] = self._off[trow[-1] + 1]
         data["n_obs_after"] = nxt - end_pos - 1
-        r = self._flat_rewards()[act]
-        data["reward"] = np.add.reduceat(r, starts) if len(starts) else np.zeros(0)
+
+        def per_turn_sum(x):
+            return np.add.reduceat(x, starts) if len(starts) else np.zeros(0)
+
+        data["reward"] = per_turn_sum(self._flat_rewards()[act])
         if self.has("values"):
             v = self._tok["values"].astype(np.float64)
             if not self._present["values"].all():
                 v = np.where(np.repeat(self._present["values"], np.diff(self._off)), v, np.nan)
             va = v[act]
             data["value_first"] = va[starts] if len(starts) else np.zeros(0)
-            data["value_mean"] = (np.add.reduceat(va, starts) / n_tok) if len(starts) else np.zeros(0)
+            data["value_mean"] = per_turn_sum(va) / n_tok if len(starts) else np.zeros(0)
             data["value_last"] = v[end_pos]
+        for what, tensors in (("adv", advantages), ("ret", returns)):
+            for name, x in (tensors or {}).items():
+                x = getattr(x, "advantages" if what == "adv" else "returns", x)
+                x = np.asarray(x.detach().cpu().numpy() if hasattr(x, "detach") else x, dtype=np.float64)
+                if x.ndim != 2 or x.shape[0] != len(self) or x.shape[1] < (int(np.diff(self._off).max()) if len(self) else 0):
+                    raise ValueError(f"{'advantages' if what == 'adv' else 'returns'}[{name!r}]: expected a (B, L) "
+                                     f"tensor with B = {len(self)} and L >= the longest response, found shape {x.shape}")
+                xa = x[rows, pos]
+                data[f"{what}_{name}"] = (per_turn_sum(xa) / np.maximum(n_tok, 1) if what == "adv"
+                                          else (xa[starts] if len(starts) else np.zeros(0)))
         return pd.DataFrame(data)
 
     def summary(self) -> dict:

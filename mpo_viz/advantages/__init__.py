@@ -27,7 +27,6 @@ from mpo_viz.advantages.registry import (
     parse_names,
     register,
     split_options,
-    turn_table,
     vocabulary,
 )
 from mpo_viz.advantages.token import gae, mae, mae_with_turns, turn_gae, vapo
@@ -60,7 +59,6 @@ __all__ = [
     "rloo",
     "split_options",
     "turn_gae",
-    "turn_table",
     "vapo",
     "vocabulary",
 ]

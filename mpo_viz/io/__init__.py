@@ -1,6 +1,6 @@
 """Load, save and scan trajectory/v1 data: ``.jsonl``, ``.parquet``, or a folder of them.
 
-* :func:`load` validates every row (DESIGN §4). ``errors="raise"`` raises
+* :func:`load` validates every row (:mod:`mpo_viz.validate`; rules in trajectories/README.md). ``errors="raise"`` raises
   :class:`~mpo_viz.schema.TrajectoryError` naming file, line/row, traj_id, field, expected and
   found; ``errors="collect"`` returns the good rows with ``batch.rejected`` listing every rejected
   row and why. No row is ever dropped silently.

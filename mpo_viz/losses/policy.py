@@ -12,7 +12,7 @@ All four kinds share one shape. With ``logr_t = clamp(logπ_θ − logπ_base, �
   (``ratio="product"``). The value of ``s`` is ``ρ_k`` (turn-level trust region) but its gradient
   is ``ρ_k·∇logπ_θ(j)`` (token-level credit). Making ``ρ_k`` itself differentiable would give every
   token of the turn the gradient ``−ρ_k·mean_j A_{k,j}·∇logπ``: MAE's within-turn centering would
-  cancel. ``tests/test_losses_policy.py`` holds a regression test for exactly this.
+  cancel. ``tests/losses/test_losses_policy.py`` holds a regression test for exactly this.
 * ``gspo``: the same construction with the whole trajectory (all its action tokens) as the unit.
 * ``sao``: ``r_t = exp(logr_t)`` against the *rollout* log-probs; ``L_t = −A_t·sg(r_t)·exp(logπ_θ −
   sg(logπ_θ))`` for ``1 − ε_low < r_t < 1 + ε_high`` and 0 outside (no gradient, whatever A's sign).

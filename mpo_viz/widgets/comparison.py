@@ -85,7 +85,7 @@ class EstimatorComparison(W.VBox):
 
     def _redraw(self, new_row: bool) -> None:
         adv = self._rows()
-        payload = strip_payload(self._sub, 0, advantages=adv, tokens=self.tokens)
+        payload = strip_payload(self._sub, 0, advantages=adv, td=an.td_error(self._sub), tokens=self.tokens)
         for name, w in self.strips.items():
             p = dict(payload, channel=f"adv_{name}", title=f"{name} · {self.batch.traj_ids[self.row]}")
             w.set_payload(p, keep_channel=False)

@@ -167,7 +167,7 @@ class TrajectoryExplorer(W.VBox):
         self._sub = self.batch[[row]]
         self._n = int(self._sub.lengths[0])
         adv, ret = self._row_arrays()
-        payload = strip_payload(self._sub, 0, advantages=adv, tokens=self.tokens,
+        payload = strip_payload(self._sub, 0, advantages=adv, td=an.td_error(self._sub), tokens=self.tokens,
                                 channel=f"adv_{self.names[0]}")
         t1 = time.perf_counter()
         self.strip.set_payload(payload)
@@ -187,7 +187,8 @@ class TrajectoryExplorer(W.VBox):
         self._status()
 
     def _update_turns(self, adv, ret) -> None:
-        tt = an.turn_table(self._sub, adv, returns=ret)
+        src = self._ret_source()
+        tt = self._sub.turns(advantages=adv, returns={src: ret} if ret is not None else None)
         cols = [c for c in tt.columns if c not in ("traj_id", "row")]
         self.turn_df = tt[cols]
         self.turns.value = frame_html(self.turn_df)

@@ -18,9 +18,17 @@ def _ok():
 
 
 def test_valid_input_passes():
+    # the inputs every error test below breaks one way, computed by hand (V = 1 on every token):
+    # row 0: rewards 0, turns {0, 1} and {3}; row 1: reward 1 at the end, turns {0} and {2, 3, 4}; row 2: empty
     R, V, M = _ok()
-    A.gae(R, V, M)
-    A.mae(R, V, M)
+    a, g = A.gae(R, V, M)  # γ = λ = 1: A_t = (rewards to go) − V_t
+    np.testing.assert_allclose(a.numpy(), [[-1, -1, 0, -1, 0], [0, 0, 0, 0, 0], [0, 0, 0, 0, 0]])
+    np.testing.assert_allclose(g.numpy(), [[0, 0, 0, 0, 0], [1, 0, 1, 1, 1], [0, 0, 0, 0, 0]])
+    # MAE: flat values inside turns give u = 0, so A = A^T_k. Row 0: δ^T_1 = 0 + 0 − 1 = −1,
+    # A^T_0 = (0 + 1 − 1) + λ_T·(−1) = −0.9. Row 1: δ^T_1 = 1 + 0 − 1 = 0 and δ^T_0 = 0 + 1 − 1 = 0.
+    a, g = A.mae(R, V, M)
+    np.testing.assert_allclose(a.numpy(), [[-0.9, -0.9, 0, -1, 0], [0, 0, 0, 0, 0], [0, 0, 0, 0, 0]], atol=1e-7)
+    np.testing.assert_allclose(g.numpy(), [[0, 0, 0, 0, 0], [1, 0, 1, 1, 1], [0, 0, 0, 0, 0]])  # MC returns
 
 
 @pytest.mark.parametrize("fn", ["gae", "mae", "turn_gae", "vapo"])
