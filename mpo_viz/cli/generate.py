@@ -4,8 +4,9 @@ oracle's)."""
 
 from __future__ import annotations
 
-import re
 import shlex
+
+from mpo_viz.checks import OptionError
 
 
 def _difficulty(text: str):
@@ -15,7 +16,7 @@ def _difficulty(text: str):
             return (int(lo), int(hi))
         return int(text)
     except ValueError:
-        raise ValueError(f"--difficulty: expected N or MIN-MAX (expert turns), found {text!r}") from None
+        raise OptionError("difficulty", f"expected N or MIN-MAX (expert turns), found {text!r}") from None
 
 
 def _command_line(args) -> str:
@@ -41,10 +42,6 @@ def _command_line(args) -> str:
     return " ".join(shlex.quote(p) for p in [*parts, "--out", args.out])
 
 
-_FLAG_KEYS = ("noise", "episodes", "group_size", "seed", "value_noise", "difficulty", "gamma", "slack", "max_turns",
-              "shaping", "slip", "distractors")
-
-
 #: flags of --policy model only (None when not given)
 _MODEL_FLAGS = ("model", "save_model", "size", "critic", "temperature", "top_p", "max_turn_tokens",
                 "max_total_tokens", "batch_size")
@@ -56,50 +53,19 @@ def _resolve_policy(args) -> str:
     if args.policy is None:
         args.policy = "model" if args.model is not None or args.save_model is not None else "expert"
     if args.policy == "expert" and given:
-        flag = "--" + given[0].replace("_", "-")
-        raise ValueError(f"{flag}: expected only with --policy model, found it with --policy expert")
+        raise OptionError(given[0], "expected only with --policy model, found it with --policy expert")
     if args.policy == "model":
         if args.value_noise:
-            raise ValueError("--value-noise: expected only with --policy expert (a model run records its critic's "
-                             "values), found it with --policy model")
+            raise OptionError("value_noise", "expected only with --policy expert (a model run records its "
+                                             "critic's values), found it with --policy model")
         if args.model is not None and args.size is not None:
-            raise ValueError("--size: expected only for a fresh model (without --model), found it with --model")
+            raise OptionError("size", "expected only for a fresh model (without --model), found it with --model")
     return args.policy
 
 
 def _env_options(args) -> dict:
-    opts = {}
-    for name in ("slack", "max_turns", "shaping", "slip", "distractors"):
-        v = getattr(args, name)
-        if v is not None:
-            opts[name] = v
-    return opts
-
-
-def _make_env(args):
-    from mpo_viz.envs.registry import make_env
-
-    try:
-        return make_env(args.env, difficulty=_difficulty(args.difficulty), **_env_options(args))
-    except TypeError as exc:
-        m = re.search(r"unexpected keyword argument '(\w+)'", str(exc))
-        if m:
-            raise ValueError(f"--{m.group(1).replace('_', '-')}: expected an option of the {args.env} environment, "
-                             f"found one it does not take (--slip: automation; --distractors: search)") from None
-        raise
-    except ValueError as exc:
-        key = str(exc).split(":", 1)[0]
-        if key not in _FLAG_KEYS:
-            raise
-        raise ValueError("--" + key.replace("_", "-") + str(exc)[len(key):]) from exc
-
-
-def _flag_error(exc: ValueError, flags: dict) -> ValueError:
-    """``"temperature: expected ..."`` from the Python API reads ``"--temperature: ..."`` here."""
-    key = str(exc).split(":", 1)[0]
-    if key in flags:
-        return ValueError(flags[key] + str(exc)[len(key):])
-    return exc
+    return {name: getattr(args, name) for name in ("slack", "max_turns", "shaping", "slip", "distractors")
+            if getattr(args, name) is not None}
 
 
 def _load_model(args):
@@ -117,10 +83,10 @@ def _load_model(args):
             with models.quiet_progress():
                 policy, critic = models.load_policy(path), None
     except (OSError, ValueError) as exc:
-        raise ValueError(f"--model: {exc}") from None
+        raise OptionError("model", str(exc)) from None
     if args.critic is not None:
         if critic is not None:
-            raise ValueError(f"--critic: expected only when --model has no critic/, found {path / 'critic'}")
+            raise OptionError("critic", f"expected only when --model has no critic/, found {path / 'critic'}")
         critic = models.make_critic(policy, args.critic, seed=args.seed)
     return policy, critic
 
@@ -128,49 +94,44 @@ def _load_model(args):
 def cmd_generate_model(args) -> int:
     import time
 
-    import mpo_viz as mv
     from mpo_viz import models
     from mpo_viz.envs.expert import NoisyExpert
+    from mpo_viz.envs.registry import make_env
     from mpo_viz.envs.tokenizer import build_tokenizer
+    from mpo_viz.io import save
     from mpo_viz.rollout import rollout
 
-    env = _make_env(args)
+    env = make_env(args.env, difficulty=_difficulty(args.difficulty), **_env_options(args))
     if args.episodes < 1 or args.episodes % max(args.group_size, 1):
-        raise ValueError(f"--episodes: expected a positive multiple of --group-size={args.group_size}, "
-                         f"found {args.episodes}")
+        raise OptionError("episodes", f"expected a positive multiple of --group-size={args.group_size}, "
+                                      f"found {args.episodes}")
     if args.model is not None:
         policy, critic = _load_model(args)
     else:
-        try:
-            policy = models.tiny_policy(build_tokenizer(env), args.size or "1m", seed=args.seed)
-            critic = models.make_critic(policy, args.critic or "policy", seed=args.seed)
-        except ValueError as exc:
-            raise _flag_error(exc, {"size": "--size", "init": "--critic"}) from None
-    try:
-        oracle = NoisyExpert(noise=args.noise)
-    except ValueError as exc:
-        raise _flag_error(exc, {"noise": "--noise"}) from None
+        policy = models.tiny_policy(build_tokenizer(env), args.size or "1m", seed=args.seed)
+        critic = models.make_critic(policy, args.critic or "policy", seed=args.seed)
+    oracle = NoisyExpert(noise=args.noise)
     opts = {k: getattr(args, k) for k in ("temperature", "top_p", "max_turn_tokens", "max_total_tokens",
                                           "batch_size") if getattr(args, k) is not None}
     t0 = time.perf_counter()
     try:
         batch = rollout(policy, env, args.episodes, group_size=args.group_size, critic=critic, seed=args.seed,
                         oracle=oracle, progress=None, **opts)
-    except ValueError as exc:
-        flags = {k: "--" + k.replace("_", "-") for k in ("temperature", "top_p", "max_turn_tokens",
-                                                         "max_total_tokens", "batch_size", "group_size")}
-        flags["n_episodes"] = "--episodes"
-        if str(exc).startswith("policy "):
-            raise ValueError(f"--model: {exc}" if args.model else str(exc)) from None
-        raise _flag_error(exc, flags) from None
+    except OptionError as exc:
+        if exc.option == "n_episodes":
+            raise OptionError("episodes", exc.detail) from None
+        raise
+    except ValueError as exc:  # the model's tokenizer does not cover the environment
+        if args.model is not None:
+            raise OptionError("model", str(exc)) from None
+        raise
     secs = time.perf_counter() - t0
     batch.meta["command"] = _command_line(args)
-    path = mv.save(batch, args.out)
+    path = save(batch, args.out)
     if args.save_model is not None:
         models.save(args.save_model, policy, critic)
     n_act = int(batch.mask.sum())
-    reward = batch.reward
-    reward_txt = f"mean reward {float(reward.mean()):.3f}" if not env.shaping else "shaped rewards"
+    reward_txt = f"mean reward {float(batch.reward.mean()):.3f}" if not env.shaping else "shaped rewards"
     print(f"wrote {len(batch)} trajectories ({len(batch) // args.group_size} tasks x {args.group_size}) to {path}; "
           f"{reward_txt}; {n_act} action tokens in {secs:.1f} s; values_source="
           f"{'critic' if critic is not None else 'none'} (oracle beside); policy {policy.name}")
@@ -180,8 +141,8 @@ def cmd_generate_model(args) -> int:
 
 
 def cmd_generate(args) -> int:
-    import mpo_viz as mv
     from mpo_viz.envs.generate import GenerateConfig, generate
+    from mpo_viz.io import save
 
     if _resolve_policy(args) == "model":
         return cmd_generate_model(args)
@@ -196,21 +157,9 @@ def cmd_generate(args) -> int:
         reasoning=not args.no_reasoning, difficulty=_difficulty(args.difficulty), gamma=args.gamma,
         env_options=opts,
     )
-    try:
-        batch = generate(cfg)
-    except TypeError as exc:  # an option the environment does not take (e.g. --slip for search)
-        m = re.search(r"unexpected keyword argument '(\w+)'", str(exc))
-        if m:
-            raise ValueError(f"--{m.group(1).replace('_', '-')}: expected an option of the {args.env} environment, "
-                             f"found one it does not take (--slip: automation; --distractors: search)") from None
-        raise ValueError(f"--env {args.env}: {exc}") from None
-    except ValueError as exc:  # "noise: expected ..." from the Python API reads "--noise: ..." here
-        key = str(exc).split(":", 1)[0]
-        if key not in _FLAG_KEYS:
-            raise
-        raise ValueError("--" + key.replace("_", "-") + str(exc)[len(key):]) from exc
+    batch = generate(cfg)  # a bad field raises OptionError; mpo-viz names its flag (dest = the field)
     batch.meta["command"] = _command_line(args)
-    path = mv.save(batch, args.out)
+    path = save(batch, args.out)
     succ = float(batch.reward.mean()) if not cfg.env_options.get("shaping") else float("nan")
     print(f"wrote {len(batch)} trajectories ({len(batch) // cfg.group_size} tasks x {cfg.group_size}) "
           f"to {path}; mean reward {succ:.3f}; values_source=oracle" +
