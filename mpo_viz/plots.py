@@ -104,12 +104,12 @@ def value_curve(batch, row: int, *, advantages: dict | None = None, returns=None
     fig.add_trace(go.Scatter(x=sx, y=sy, mode="lines", name="turn mean", line=dict(color="#d62728", width=2.5),
                              line_shape="hv"), row=1, col=1)
     if returns is not None:
-        g = np.asarray(an._np(getattr(returns, "returns", returns)))[row, :n]
+        g = np.asarray(an.to_numpy(getattr(returns, "returns", returns)))[row, :n]
         gx, gy = line_points(g, act)
         fig.add_trace(go.Scatter(x=gx, y=gy, mode="lines", name="return",
                                  line=dict(color="#1f77b4", width=1, dash="dot")), row=1, col=1)
     for i, (name, a) in enumerate((advantages or {}).items()):
-        a = an._np(getattr(a, "advantages", a))[row, :n]
+        a = an.to_numpy(getattr(a, "advantages", a))[row, :n]
         ax, ay = line_points(a, act)
         fig.add_trace(go.Scatter(x=ax, y=ay, mode="lines", name=f"A ({name})",
                                  line=dict(color=_colour(name, i), width=1.2)), row=2, col=1)
@@ -192,7 +192,7 @@ def estimator_comparison(batch, row: int, advantages: dict, *, title: str | None
         raise ValueError("advantages: expected at least one estimator, found none")
     sub, n, _ = _row_arrays(batch, row)
     L = sub.mask.shape[1]
-    rows_adv = {k: an._np(getattr(v, "advantages", v))[row : row + 1, :L] for k, v in advantages.items()}
+    rows_adv = {k: an.to_numpy(getattr(v, "advantages", v))[row : row + 1, :L] for k, v in advantages.items()}
     tt = an.turn_table(sub, rows_adv)
     fig = go.Figure()
     for i, name in enumerate(rows_adv):

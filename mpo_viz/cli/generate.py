@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
-import re
 import shlex
+
+from mpo_viz.checks import OptionError
 
 
 def _difficulty(text: str):
@@ -13,7 +14,7 @@ def _difficulty(text: str):
             return (int(lo), int(hi))
         return int(text)
     except ValueError:
-        raise ValueError(f"--difficulty: expected N or MIN-MAX (expert turns), found {text!r}") from None
+        raise OptionError("difficulty", f"expected N or MIN-MAX (expert turns), found {text!r}") from None
 
 
 def _command_line(args) -> str:
@@ -35,13 +36,9 @@ def _command_line(args) -> str:
     return " ".join(shlex.quote(p) for p in [*parts, "--out", args.out])
 
 
-_FLAG_KEYS = ("noise", "episodes", "group_size", "seed", "value_noise", "difficulty", "gamma", "slack", "max_turns",
-              "shaping", "slip", "distractors")
-
-
 def cmd_generate(args) -> int:
-    import mpo_viz as mv
     from mpo_viz.envs.generate import GenerateConfig, generate
+    from mpo_viz.io import save
 
     opts = {}
     for name in ("slack", "max_turns", "shaping", "slip", "distractors"):
@@ -54,21 +51,9 @@ def cmd_generate(args) -> int:
         reasoning=not args.no_reasoning, difficulty=_difficulty(args.difficulty), gamma=args.gamma,
         env_options=opts,
     )
-    try:
-        batch = generate(cfg)
-    except TypeError as exc:  # an option the environment does not take (e.g. --slip for search)
-        m = re.search(r"unexpected keyword argument '(\w+)'", str(exc))
-        if m:
-            raise ValueError(f"--{m.group(1).replace('_', '-')}: expected an option of the {args.env} environment, "
-                             f"found one it does not take (--slip: automation; --distractors: search)") from None
-        raise ValueError(f"--env {args.env}: {exc}") from None
-    except ValueError as exc:  # "noise: expected ..." from the Python API reads "--noise: ..." here
-        key = str(exc).split(":", 1)[0]
-        if key not in _FLAG_KEYS:
-            raise
-        raise ValueError("--" + key.replace("_", "-") + str(exc)[len(key):]) from exc
+    batch = generate(cfg)  # a bad field raises OptionError; mpo-viz names its flag (dest = the field)
     batch.meta["command"] = _command_line(args)
-    path = mv.save(batch, args.out)
+    path = save(batch, args.out)
     succ = float(batch.reward.mean()) if not cfg.env_options.get("shaping") else float("nan")
     print(f"wrote {len(batch)} trajectories ({len(batch) // cfg.group_size} tasks x {cfg.group_size}) "
           f"to {path}; mean reward {succ:.3f}; values_source=oracle" +
