@@ -29,14 +29,16 @@ class Policy:
         layout: :func:`~mpo_viz.models.layout.layout_for` the tokenizer — the environments'
             word-level chat layout, or the tokenizer's chat template.
         path: the folder it was loaded from (None when built in memory).
+        name: a description for messages and metadata when there is no path.
     """
 
-    def __init__(self, model, tokenizer, *, path: str | None = None):
+    def __init__(self, model, tokenizer, *, path: str | None = None, name: str | None = None):
         if not callable(model) or not hasattr(model, "config"):
             raise ValueError(f"model: expected a Hugging Face causal LM, found {type(model).__name__}")
         self.model = model
         self.tokenizer = tokenizer
         self.path = path
+        self._name = name
         gen = getattr(model, "generation_config", None)
         eos = getattr(gen, "eos_token_id", None) if gen is not None else None
         stop = [eos] if isinstance(eos, int) else list(eos or [])
@@ -53,7 +55,7 @@ class Policy:
     @property
     def name(self) -> str:
         """The folder it came from, or a short description."""
-        return self.path or f"<{type(self.model).__name__} in memory>"
+        return self.path or self._name or f"<{type(self.model).__name__} in memory>"
 
     def num_parameters(self) -> int:
         return sum(p.numel() for p in self.model.parameters())

@@ -46,4 +46,4 @@ def tiny_policy(tokenizer, size: str = "1m", seed: int = 0) -> Policy:
         model = LlamaForCausalLM(cfg)
     model.generation_config.eos_token_id = cfg.eos_token_id
     model.generation_config.pad_token_id = cfg.pad_token_id
-    return Policy(model.eval(), tokenizer)
+    return Policy(model.eval(), tokenizer, name=f"tiny_policy(size={size!r}, seed={seed})")
