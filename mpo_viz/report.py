@@ -28,6 +28,7 @@ import pandas as pd
 
 from mpo_viz import analysis as an
 from mpo_viz.io import count_rows, scan
+from mpo_viz.version import __version__
 
 __all__ = ["ReportConfig", "build_report", "write_report"]
 
@@ -312,7 +313,6 @@ def page_html(title: str, body: str, *, footer: str, figure_ids: list[str]) -> s
 
 def _render(acc: _Acc, cfg: ReportConfig, opts: dict, source_name: str, wall: float) -> str:
 
-    import mpo_viz
     from mpo_viz import plots
     from mpo_viz.strip import strip_payload
 
@@ -377,7 +377,7 @@ def _render(acc: _Acc, cfg: ReportConfig, opts: dict, source_name: str, wall: fl
         b = p.batch
         tid = b.traj_ids[0]
         parts.append(f'<section class="traj"><h3>{html.escape(tid)} <small>{html.escape(" · ".join(tags))}</small></h3>')
-        payload = strip_payload(b, 0, advantages=p.adv, title=f"trajectory {tid}")
+        payload = strip_payload(b, 0, advantages=p.adv, td=an.td_error(b), title=f"trajectory {tid}")
         parts.append(strip_html(f"strip-{j}", payload, cfg.strip_height, payload_id=f"payload-{j}"))
         if b.values is not None:
             ret = p.ret.get(acc.ev_source) if acc.ev_source else None
@@ -391,7 +391,7 @@ def _render(acc: _Acc, cfg: ReportConfig, opts: dict, source_name: str, wall: fl
     render_s = time.perf_counter() - t0
     timing = ", ".join(f"{k} {v:.2f}s" for k, v in {**acc.timings, "render": render_s}.items())
     stamp = _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
-    foot = (f"<footer>mpo_viz {html.escape(mpo_viz.__version__)} · generated {stamp} in {wall + render_s:.1f}s "
+    foot = (f"<footer>mpo_viz {html.escape(__version__)} · generated {stamp} in {wall + render_s:.1f}s "
             f"({html.escape(timing)}) · self-contained: opens offline</footer>")
     body = "\n".join(parts)
     return page_html(cfg.title, body, footer=foot, figure_ids=figs)

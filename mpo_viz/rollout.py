@@ -57,6 +57,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
+from mpo_viz.checks import OptionError
 from mpo_viz.envs.base import TextEnv
 from mpo_viz.envs.expert import NoisyExpert
 from mpo_viz.envs.oracle import Oracle
@@ -102,17 +103,17 @@ class RolloutConfig:
         for name in ("group_size", "max_turn_tokens", "max_total_tokens", "batch_size"):
             v = getattr(self, name)
             if isinstance(v, bool) or not isinstance(v, int) or v < 1:
-                raise ValueError(f"{name}: expected an int >= 1, found {v!r}")
+                raise OptionError(name, f"expected an int >= 1, found {v!r}")
         t = self.temperature
         if isinstance(t, bool) or not isinstance(t, (int, float)) or not (math.isfinite(t) and t >= 0):
-            raise ValueError(f"temperature: expected a finite number >= 0 (0 = greedy), found {t!r}")
+            raise OptionError("temperature", f"expected a finite number >= 0 (0 = greedy), found {t!r}")
         p = self.top_p
         if isinstance(p, bool) or not isinstance(p, (int, float)) or not (0 < p <= 1):
-            raise ValueError(f"top_p: expected a number in (0, 1], found {p!r}")
+            raise OptionError("top_p", f"expected a number in (0, 1], found {p!r}")
         if self.seeds is not None:
             for s in self.seeds:
                 if isinstance(s, bool) or not isinstance(s, (int, np.integer)) or s < 0:
-                    raise ValueError(f"seeds: expected task seeds (ints >= 0), found {s!r}")
+                    raise OptionError("seeds", f"expected task seeds (ints >= 0), found {s!r}")
 
 
 def task_seeds(seed: int, n_tasks: int) -> list[int]:
@@ -233,16 +234,50 @@ def sample_tokens(logits: torch.Tensor, u: torch.Tensor, temperature: float, top
     return tok, roll, old
 
 
+def _grow_cache():
+    """A ``DynamicCache`` whose layers keep keys/values in buffers with spare room (capacity doubles),
+    so appending one token writes in place instead of copying the whole cache (``torch.cat`` in
+    ``DynamicLayer``). ``layer.keys``/``values`` are views of the used part, as the model expects."""
+    from transformers.cache_utils import Cache, DynamicCache, DynamicLayer
+
+    class GrowLayer(DynamicLayer):
+        def set_kv(self, keys: torch.Tensor, values: torch.Tensor) -> None:
+            self._k, self._v, self._n = keys, values, keys.shape[-2]
+            self.keys, self.values = keys, values
+
+        def update(self, key_states, value_states, *args, **kwargs):
+            if not self.is_initialized:
+                self.lazy_initialization(key_states, value_states)
+                self.set_kv(key_states[..., :0, :], value_states[..., :0, :])
+            n, q = self._n, key_states.shape[-2]
+            if n + q > self._k.shape[-2]:
+                cap = max(2 * self._k.shape[-2], n + q, 64)
+                k = key_states.new_empty(*key_states.shape[:-2], cap, key_states.shape[-1])
+                v = value_states.new_empty(*value_states.shape[:-2], cap, value_states.shape[-1])
+                k[..., :n, :] = self._k[..., :n, :]
+                v[..., :n, :] = self._v[..., :n, :]
+                self._k, self._v = k, v
+            self._k[..., n:n + q, :] = key_states
+            self._v[..., n:n + q, :] = value_states
+            self._n = n + q
+            self.keys, self.values = self._k[..., :self._n, :], self._v[..., :self._n, :]
+            return self.keys, self.values
+
+    class GrowCache(DynamicCache):
+        def __init__(self):
+            Cache.__init__(self, layer_class_to_replicate=GrowLayer)
+
+    return GrowCache()
+
+
 class _Engine:
     """The shared cache of the live rows and the forward calls (internal)."""
 
     def __init__(self, model, pad_id: int):
-        from transformers import DynamicCache
-
         self.model = model
         self.device = next(model.parameters()).device
         self.pad_id = pad_id
-        self.cache = DynamicCache()
+        self.cache = _grow_cache()
         self.attn = torch.zeros(0, 0, dtype=torch.long, device=self.device)
         self.next_pos = torch.zeros(0, dtype=torch.long, device=self.device)
         self._keep = "logits_to_keep" in inspect.signature(model.forward).parameters
@@ -268,19 +303,16 @@ class _Engine:
         self.next_pos = torch.cat([self.next_pos, self.next_pos.new_zeros(n)])
         for layer in self._layers():
             z = layer.keys.new_zeros(n, *layer.keys.shape[1:])
-            layer.keys = torch.cat([layer.keys, z], 0)
-            layer.values = torch.cat([layer.values, z.clone()], 0)
+            layer.set_kv(torch.cat([layer.keys, z], 0), torch.cat([layer.values, z], 0))
 
     def keep_rows(self, idx: list[int]) -> None:
         """Keep the rows ``idx`` (in that order), then drop the slots no row uses, moving each row's
         used slots to the right (left padding; the order of a row's slots is kept)."""
-        from transformers import DynamicCache
-
         ix = torch.tensor(idx, dtype=torch.long, device=self.device)
         self.attn = self.attn[ix]
         self.next_pos = self.next_pos[ix]
         if not len(idx):  # every row left: start over with an empty cache
-            self.cache = DynamicCache()
+            self.cache = _grow_cache()
             self.attn = self.attn[:, :0]
             return
         layers = self._layers()
@@ -288,7 +320,7 @@ class _Engine:
         width = int(used.max())
         if width == self.attn.shape[1]:
             for layer in layers:
-                layer.keys, layer.values = layer.keys[ix], layer.values[ix]
+                layer.set_kv(layer.keys[ix], layer.values[ix])
             return
         # slot s of row b moves to width - used_b + (rank of s among b's used slots)
         S = self.attn.shape[1]
@@ -301,8 +333,8 @@ class _Engine:
         for layer in layers:
             k, v = layer.keys[ix], layer.values[ix]
             g = src[:, None, :, None].expand(-1, k.shape[1], -1, k.shape[3])
-            layer.keys = torch.gather(k, 2, g) * new_attn[:, None, :, None].to(k.dtype)
-            layer.values = torch.gather(v, 2, g) * new_attn[:, None, :, None].to(v.dtype)
+            keep = new_attn[:, None, :, None].to(k.dtype)
+            layer.set_kv(torch.gather(k, 2, g) * keep, torch.gather(v, 2, g) * keep)
         assert S >= width
         self.attn = new_attn
 
@@ -335,12 +367,12 @@ def rollout(policy: Policy, env, n_episodes: int | None = None, *, group_size: i
         sample order), metadata ``values_source="critic"`` when a critic ran.
     """
     if not isinstance(policy, Policy):
-        raise ValueError(f"policy: expected a mpo_viz.models.Policy (tiny_policy, load_policy, models.load), "
-                         f"found {type(policy).__name__}")
+        raise OptionError("policy", f"expected a mpo_viz.models.Policy (tiny_policy, load_policy, models.load), "
+                                    f"found {type(policy).__name__}")
     if isinstance(env, str):
         env = make_env(env)
     if not isinstance(env, TextEnv):
-        raise ValueError(f"env: expected a TextEnv or an environment name, found {type(env).__name__}")
+        raise OptionError("env", f"expected a TextEnv or an environment name, found {type(env).__name__}")
     cfg = RolloutConfig(group_size=group_size, seed=seed, temperature=temperature, top_p=top_p,
                         max_turn_tokens=max_turn_tokens, max_total_tokens=max_total_tokens,
                         batch_size=batch_size, seeds=None if seeds is None else [int(s) for s in seeds])
@@ -348,15 +380,15 @@ def rollout(policy: Policy, env, n_episodes: int | None = None, *, group_size: i
     g = cfg.group_size
     if cfg.seeds is None:
         if n_episodes is None or isinstance(n_episodes, bool) or n_episodes < 1 or n_episodes % g:
-            raise ValueError(f"n_episodes: expected a positive multiple of group_size={g}, found {n_episodes!r}")
+            raise OptionError("n_episodes", f"expected a positive multiple of group_size={g}, found {n_episodes!r}")
         plan = _plan_from_seed(cfg.seed, n_episodes // g, g)
     else:
         if n_episodes is not None and n_episodes != len(cfg.seeds) * g:
-            raise ValueError(f"n_episodes: expected len(seeds) * group_size = {len(cfg.seeds) * g} with seeds, "
-                             f"found {n_episodes}")
+            raise OptionError("n_episodes", f"expected len(seeds) * group_size = {len(cfg.seeds) * g} with seeds, "
+                                            f"found {n_episodes}")
         plan = _plan_from_list(cfg.seed, cfg.seeds, g)
     if critic is not None and not callable(critic):
-        raise ValueError(f"critic: expected a mpo_viz.models.Critic or None, found {type(critic).__name__}")
+        raise OptionError("critic", f"expected a mpo_viz.models.Critic or None, found {type(critic).__name__}")
     check_vocabulary(policy.tokenizer, env.vocabulary(), where=f"policy {policy.name} for env {env.name!r}")
     vocab = policy.model.get_input_embeddings().num_embeddings
     if len(policy.tokenizer) > vocab:
@@ -387,8 +419,8 @@ def rollout(policy: Policy, env, n_episodes: int | None = None, *, group_size: i
             prompt = layout.prompt(e.messages)
             timer.add("tokenize", t0)
             if len(prompt) >= cfg.max_total_tokens:
-                raise ValueError(f"max_total_tokens: expected more than the prompt of task {ts} "
-                                 f"({len(prompt)} tokens), found {cfg.max_total_tokens}")
+                raise OptionError("max_total_tokens", f"expected more than the prompt of task {ts} "
+                                                      f"({len(prompt)} tokens), found {cfg.max_total_tokens}")
             rng = np.random.Generator(np.random.PCG64(np.random.SeedSequence([cfg.seed, ts, es, 0x6D706F])))
             episodes.append(_Episode(index=len(episodes), group=gi, sample=j, task_seed=ts, seed=es, env=e,
                                      oracle=orc, prompt=prompt, rng=rng, pending=list(prompt)))

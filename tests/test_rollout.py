@@ -209,7 +209,7 @@ def test_bad_input_names_the_argument():
     with pytest.raises(ValueError, match="max_total_tokens: expected more than the prompt"):
         rollout(pol, env, 1, max_total_tokens=10)
     other = M.tiny_policy(build_tokenizer(make_env("tooluse")))
-    with pytest.raises(ValueError, match=r"policy <LlamaForCausalLM in memory> for env 'search': .* mapped to the "
+    with pytest.raises(ValueError, match=r"policy tiny_policy\(size='1m', seed=0\) for env 'search': .* mapped to the "
                                          r"unknown token"):
         rollout(other, env, 1)
 

@@ -37,6 +37,7 @@ from mpo_viz.adapters.skyrl import from_skyrl, iter_skyrl
 from mpo_viz.adapters.steps import from_steps, iter_steps
 from mpo_viz.adapters.trl import from_trl, iter_trl
 from mpo_viz.adapters.verl import from_verl, iter_verl
+from mpo_viz.checks import OptionError
 
 __all__ = ["ConversionReport", "FORMATS", "from_verl", "from_skyrl", "from_steps", "from_chat", "from_trl",
            "from_art", "stream", "convert"]
@@ -61,16 +62,17 @@ def stream(kind: str, src, *, tokenizer=None, trust: bool = False, obs_reward: s
     complete once the iterator is exhausted.
     """
     if kind not in FORMATS:
-        raise ValueError(f"from: expected one of {sorted(FORMATS)}, found {kind!r}")
+        raise OptionError("kind", f"expected one of {sorted(FORMATS)}, found {kind!r}")
     check_options(obs_reward=obs_reward, errors=errors)
     gen_fn, takes, needs_tok = FORMATS[kind]
     if needs_tok and tokenizer is None:
-        raise ValueError(f"tokenizer: expected a local tokenizer folder ({kind} logs are text; the tokenizer turns "
-                         "them into token ids), found none")
+        raise OptionError("tokenizer", f"expected a local tokenizer folder ({kind} logs are text; the tokenizer "
+                          "turns them into token ids), found none")
     if not needs_tok and tokenizer is not None:
-        raise ValueError(f"tokenizer: expected none ({kind} logs hold token ids already), found {tokenizer!r}")
+        raise OptionError("tokenizer", f"expected none ({kind} logs hold token ids already), found {str(tokenizer)!r}")
     if trust and "trust" not in takes:
-        raise ValueError(f"trust: expected only with verl or skyrl inputs (the only ones that may be pickles), found it with {kind}")
+        raise OptionError("trust", f"expected only with verl or skyrl inputs (the only ones that may be pickles), "
+                          f"found it with {kind}")
     opts = {"obs_reward": obs_reward}
     if "trust" in takes:
         opts["trust"] = trust

@@ -10,6 +10,7 @@ from collections.abc import Iterator
 import numpy as np
 
 from mpo_viz.adapters.report import ConversionReport
+from mpo_viz.checks import OptionError
 from mpo_viz.schema import Problem, TrajectoryError, short
 from mpo_viz.trajectory import TrajectoryBatch
 
@@ -18,15 +19,42 @@ OBS_REWARD = ("move", "error")
 
 def check_options(*, obs_reward: str = "move", errors: str = "raise") -> None:
     if obs_reward not in OBS_REWARD:
-        raise ValueError(f"obs_reward: expected 'move' or 'error', found {obs_reward!r}")
+        raise OptionError("obs_reward", f"expected 'move' or 'error', found {obs_reward!r}")
     if errors not in ("raise", "collect"):
-        raise ValueError(f"errors: expected 'raise' or 'collect', found {errors!r}")
+        raise OptionError("errors", f"expected 'raise' or 'collect', found {errors!r}")
 
 
 def file_error(framework: str, source, field: str, expected: str, found: str) -> TrajectoryError:
     """A problem with the whole input (wrong layout): raised even under ``errors='collect'``."""
     return TrajectoryError(Problem(field=field, expected=f"{framework} layout: {expected}", found=found,
                                    file=None if source is None else str(source)))
+
+
+def jsonl_lines(path, col: Collector) -> Iterator[tuple[int, object]]:
+    """(line number, parsed object) of each non-blank line of a JSONL file; an unreadable line is a
+    problem of that line, a file that is not UTF-8 text (e.g. a binary dump) a problem of the file."""
+    from pathlib import Path
+
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"{path}: no such file")
+    n = 0
+    try:
+        with open(path, encoding="utf-8") as fh:
+            for n, text in enumerate(fh, start=1):
+                if not text.strip():
+                    continue
+                try:
+                    obj = json.loads(text)
+                except json.JSONDecodeError as exc:
+                    col.report.rows_in += 1
+                    col.problem("<line>", "one JSON object", f"unreadable JSON ({exc.msg} at column {exc.colno})",
+                                line=n, layout=False)
+                    continue
+                yield n, obj
+    except UnicodeDecodeError as exc:
+        raise file_error(col.framework, path, "<file>", "a UTF-8 JSONL file, one JSON object a line",
+                         f"bytes that are not UTF-8 text near line {n + 1} ({exc.reason}); a binary file?") from None
 
 
 def jsonable(value):
@@ -55,7 +83,7 @@ def dumps(value) -> str:
 
 def move_obs_rewards(rewards: np.ndarray, mask: np.ndarray, *, obs_reward: str, report: ConversionReport):
     """Move non-zero rewards on observation tokens (``mask == 0``) to the last action token before
-    them (DESIGN: adapters move, and count, every such reward); with no action token before, to the
+    them (v1 never has a reward on an observation token; every move is counted); with no action token before, to the
     first action token after. Returns ``(rewards, None)`` or ``(None, (expected, found))`` — with
     ``obs_reward='error'`` any reward on an observation token is refused; a row without action
     tokens cannot hold a reward at all.
@@ -109,6 +137,11 @@ class Collector:
     def pending(self) -> int:
         return len(self._rows)
 
+    @property
+    def has_problems(self) -> bool:
+        """Whether rows that could not be converted wait to be reported by :meth:`flush`."""
+        return bool(self._problems)
+
     def _loc(self, line, row) -> str:
         return f"line {line}" if line is not None else f"row {row}"
 
@@ -154,7 +187,7 @@ def drive(gen: Iterator, col: Collector, chunk_rows: int | None) -> Iterator[Tra
     for _ in gen:
         if chunk_rows and col.pending >= chunk_rows:
             yield col.flush()
-    if col.pending or col._problems or not chunk_rows:
+    if col.pending or col.has_problems or not chunk_rows:
         yield col.flush()
 
 

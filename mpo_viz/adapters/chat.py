@@ -39,7 +39,8 @@ import math
 from collections.abc import Iterator
 from pathlib import Path
 
-from mpo_viz.adapters._common import Collector, check_options, dumps, run
+from mpo_viz.adapters._common import Collector, check_options, dumps, jsonl_lines, run
+from mpo_viz.checks import OptionError
 
 __all__ = ["ChatEncoder", "from_chat", "iter_chat", "load_tokenizer"]
 
@@ -51,20 +52,26 @@ _REWARD_KEYS = ("reward", "score")
 def load_tokenizer(tokenizer):
     """A tokenizer object, or one loaded from a local folder (never downloaded)."""
     if tokenizer is None:
-        raise ValueError("tokenizer: expected a local tokenizer folder with a chat template (text must become token "
-                         "ids), found none")
+        raise OptionError("tokenizer", "expected a local tokenizer folder with a chat template (text must become "
+                          "token ids), found none")
     if not isinstance(tokenizer, (str, Path)):
         return tokenizer
     path = Path(tokenizer)
     if not path.is_dir():
-        raise ValueError(f"tokenizer: expected a local tokenizer folder, found {str(path)!r} (not a folder)")
-    from transformers import AutoTokenizer
-
+        raise OptionError("tokenizer", f"expected a local tokenizer folder, found {str(path)!r} (not a folder)")
     try:
+        if (path / "tokenizer.json").is_file():
+            # a fast tokenizer file: loading it needs no model-specific class (and skips importing
+            # transformers' auto classes, seconds); we never add special tokens, so no class hook is missed
+            from transformers import PreTrainedTokenizerFast
+
+            return PreTrainedTokenizerFast.from_pretrained(str(path), local_files_only=True)
+        from transformers import AutoTokenizer
+
         return AutoTokenizer.from_pretrained(str(path), local_files_only=True)
     except Exception as exc:  # noqa: BLE001 - any loading failure is a bad folder
-        raise ValueError(f"tokenizer: expected a tokenizer folder (tokenizer.json / tokenizer_config.json), "
-                         f"found {str(path)!r} that does not load ({type(exc).__name__}: {str(exc)[:120]})") from None
+        raise OptionError("tokenizer", f"expected a tokenizer folder (tokenizer.json / tokenizer_config.json), "
+                          f"found {str(path)!r} that does not load ({type(exc).__name__}: {str(exc)[:120]})") from None
 
 
 class TemplateError(ValueError):
@@ -93,8 +100,8 @@ class ChatEncoder:
     def __init__(self, tokenizer):
         self.tok = load_tokenizer(tokenizer)
         if not getattr(self.tok, "chat_template", None):
-            raise ValueError("tokenizer: expected a tokenizer with a chat template, found one without "
-                             "(tokenizer_config.json has no chat_template)")
+            raise OptionError("tokenizer", "expected a tokenizer with a chat template, found one without "
+                              "(tokenizer_config.json has no chat_template)")
         self.name = getattr(self.tok, "name_or_path", None) or type(self.tok).__name__
 
     def render(self, messages, *, gen: bool, tools=None) -> str:
@@ -249,21 +256,6 @@ def conversation_row(enc: ChatEncoder, col: Collector, messages, *, traj_id: str
     return out
 
 
-def _lines(path: Path, col: Collector) -> Iterator[tuple[int, object]]:
-    if not path.is_file():
-        raise FileNotFoundError(f"{path}: no such file")
-    with open(path, encoding="utf-8") as fh:
-        for n, text in enumerate(fh, start=1):
-            if not text.strip():
-                continue
-            try:
-                yield n, json.loads(text)
-            except json.JSONDecodeError as exc:
-                col.report.rows_in += 1
-                col.problem("<line>", "one JSON object", f"unreadable JSON ({exc.msg} at column {exc.colno})", line=n,
-                            layout=False)
-
-
 def _first(d: dict, keys):
     return next((d[k] for k in keys if d.get(k) is not None), None)
 
@@ -272,7 +264,7 @@ def iter_chat(src, col: Collector, *, tokenizer=None, obs_reward: str = "move") 
     enc = tokenizer if isinstance(tokenizer, ChatEncoder) else ChatEncoder(tokenizer)
     col.meta.setdefault("tokenizer", Path(str(enc.name)).name)
     groups: dict = {}
-    items = _lines(Path(src), col) if isinstance(src, (str, Path)) else ((None, x) for x in src)
+    items = jsonl_lines(src, col) if isinstance(src, (str, Path)) else ((None, x) for x in src)
     for i, (line, obj) in enumerate(items):
         col.report.rows_in += 1
         row = None if line is not None else i

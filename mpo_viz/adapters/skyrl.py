@@ -47,6 +47,7 @@ from mpo_viz.adapters._common import (
     dumps,
     file_error,
     jsonable,
+    jsonl_lines,
     move_obs_rewards,
     run,
 )
@@ -92,20 +93,17 @@ def _outputs(src, col: Collector, trust: bool) -> Iterator[tuple[int | None, dic
         yield None, obj
         return
     if path.suffix == ".jsonl":
-        with open(path, encoding="utf-8") as fh:
-            for n, text in enumerate(fh, start=1):
-                if text.strip():
-                    try:
-                        yield n, json.loads(text)
-                    except json.JSONDecodeError as exc:
-                        raise file_error("skyrl", path, "<line>", f"one GeneratorOutput JSON object per line (line {n})",
-                                         f"unreadable JSON ({exc.msg})") from None
+        for n, obj in jsonl_lines(path, col):
+            yield n, obj
         return
     try:
         obj = json.loads(path.read_text(encoding="utf-8"))
     except json.JSONDecodeError as exc:
         raise file_error("skyrl", path, "<file>", "one GeneratorOutput JSON object (.json) or one per line (.jsonl)",
                          f"unreadable JSON ({exc.msg} at line {exc.lineno})") from None
+    except UnicodeDecodeError as exc:
+        raise file_error("skyrl", path, "<file>", "one GeneratorOutput JSON object (.json) or one per line (.jsonl)",
+                         f"bytes that are not UTF-8 text ({exc.reason}); a binary file?") from None
     yield None, obj
 
 

@@ -51,6 +51,7 @@ from mpo_viz.adapters._common import (
     check_options,
     dumps,
     jsonable,
+    jsonl_lines,
     move_obs_rewards,
     run,
 )
@@ -289,21 +290,8 @@ def _task_group(task) -> str | None:
 def _records(src, col: Collector) -> Iterator[tuple[int | None, int | None, object]]:
     """(line, row, object) of every record: JSONL lines of a file, or items of a list."""
     if isinstance(src, (str, Path)):
-        path = Path(src)
-        if not path.is_file():
-            raise FileNotFoundError(f"{path}: no such file")
-        with open(path, encoding="utf-8") as fh:
-            for n, text in enumerate(fh, start=1):
-                if not text.strip():
-                    continue
-                try:
-                    obj = json.loads(text)
-                except json.JSONDecodeError as exc:
-                    col.report.rows_in += 1
-                    col.problem("<line>", "one JSON object", f"unreadable JSON ({exc.msg} at column {exc.colno})",
-                                line=n, layout=False)
-                    continue
-                yield n, None, obj
+        for n, obj in jsonl_lines(src, col):
+            yield n, None, obj
     else:
         for i, obj in enumerate(src):
             yield None, i, obj
@@ -352,11 +340,19 @@ def iter_steps(src, col: Collector, *, obs_reward: str = "move") -> Iterator[Non
         except ValueError as exc:
             field, _, msg = str(exc).partition(": ")
             exp, _, found = msg.partition(", found ")
-            col.problem(field, exp.removeprefix("expected "), found or "-", line=line, row=row,
-                        traj_id=_get(obj, "trajectory_id", "uid", "rollout_id", "id")[0] if isinstance(obj, dict) else None)
+            col.problem(field, exp.removeprefix("expected "), found or "-", line=line, row=row, traj_id=_record_id(obj, kind))
         yield
     flush_flat()
     yield
+
+
+def _record_id(obj: dict, kind: str) -> str | None:
+    """The trajectory (or episode) id of a record, for messages."""
+    if kind == "verifiers":
+        t = next((x.get("trajectory_id") for x in obj["trajectory"] if isinstance(x, dict) and x.get("trajectory_id")), None)
+    else:
+        t = _get(obj, "uid", "rollout_id", "id")[0]
+    return None if t is None else str(t)
 
 
 def _trajectories(obj: dict, kind: str, n):

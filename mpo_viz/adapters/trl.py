@@ -36,6 +36,7 @@ import numpy as np
 
 from mpo_viz.adapters._common import Collector, check_options, dumps, file_error, jsonable, run
 from mpo_viz.adapters.chat import ChatEncoder, conversation_row
+from mpo_viz.checks import OptionError
 
 __all__ = ["from_trl", "iter_trl", "parquet_rows"]
 
@@ -90,7 +91,7 @@ def iter_trl(src, col: Collector, *, tokenizer=None, obs_reward: str = "move", r
                 if reward_columns is not None:
                     absent = [c for c in reward_columns if c not in names]
                     if absent:
-                        raise ValueError(f"reward_columns: expected columns of {path}, found {absent} not among {names}")
+                        raise OptionError("reward_columns", f"expected columns of {path}, found {absent} not among {names}")
                     rew_cols = list(reward_columns)
                 else:
                     rew_cols = [c for c in names if c not in _FIXED and _is_num(row.get(c))]

@@ -36,8 +36,8 @@ turns                      ``turn_ids``: the maximal runs of ``response_mask == 
 ``advantages``/``returns``  ``advantages``/``returns`` as logged (verl whitens GAE advantages)
 ``entropys``               ``entropy``
 ``uid`` (non-tensor)       ``group_id`` (the GRPO group); absent: every row its own group
-``request_id``             ``traj_id``; absent: ``"{uid}:{i}"`` (``"row{i}"`` without uid), ``i``
-                           the row of the batch
+``request_id``             ``traj_id``; absent: ``"{uid}:{i}"`` (``"step{global_steps}/row{i}"`` or
+                           ``"row{i}"`` without uid), ``i`` the row of the batch
 ``__num_turns__``          extra field ``verl_num_turns`` (verl counts messages, not assistant turns)
 other non-tensor keys      ``extra_json`` (JSON-able values only; others are dropped and reported)
 ``input_ids``,             dropped (``prompts`` + ``responses`` and their masks say the same)
@@ -51,6 +51,7 @@ other non-tensor keys      ``extra_json`` (JSON-able values only; others are dro
 from __future__ import annotations
 
 import pickle
+import warnings
 from collections.abc import Iterator, Mapping
 from pathlib import Path
 
@@ -85,6 +86,8 @@ _DROPPED = {
     "input_ids": "the same ids as prompts + responses",
     "attention_mask": "used to strip padding; padding is not stored in v1",
     "position_ids": "positions follow from the unpadded ids",
+    "multi_modal_inputs": "model inputs (pixel tensors), not trajectory data",
+    "multi_modal_data": "model inputs (images), not trajectory data",
 }
 _LAYOUT = "a dict of tensors with 'prompts' (B, P), 'responses' (B, R) and 'response_mask' or 'attention_mask'"
 
@@ -110,8 +113,18 @@ def load_verl(path, *, trust: bool = False) -> dict:
     path = Path(path)
     if not path.is_file():
         raise FileNotFoundError(f"{path}: no such file")
+    with open(path, "rb") as fh:
+        head = fh.read(4)
+    if not (head.startswith(b"PK\x03\x04") or head[:1] == b"\x80"):  # torch.save's zip, or a pickle
+        raise file_error("verl", path, "<file>", "a torch.save'd batch (zip archive) or a pickled DataProto",
+                         f"a file starting with {head!r} (text or another format; the wrong --from?)")
     try:
-        obj = torch.load(path, map_location="cpu", weights_only=True)
+        with warnings.catch_warnings():  # a plain pickle's protocol warning: the refusal below says more
+            warnings.simplefilter("ignore")
+            try:  # memory-mapped: a large batch is paged in row by row as it is converted
+                obj = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
+            except RuntimeError:  # not the zip format (legacy torch.save): read it whole
+                obj = torch.load(path, map_location="cpu", weights_only=True)
     except Exception as exc:  # UnpicklingError and friends: not a plain dict of tensors
         if not trust:
             why = str(exc).strip().splitlines()
@@ -191,7 +204,7 @@ def iter_verl(data, col: Collector, *, obs_reward: str = "move", trust: bool = F
     bad = ~np.isin(rmask, (0, 1))
     if bad.any():
         i, t = map(int, np.argwhere(bad)[0])
-        raise file_error("verl", src, "response_mask", "0/1 entries", f"{rmask[i, t]!r} at row {i}, position {t}")
+        raise file_error("verl", src, "response_mask", "0/1 entries", f"{rmask[i, t].item()!r} at row {i}, position {t}")
     if attn is not None:
         plen = attn[:, :P].astype(bool)
         rlen = attn[:, P:].sum(axis=1).astype(np.int64)
@@ -241,8 +254,9 @@ def iter_verl(data, col: Collector, *, obs_reward: str = "move", trust: bool = F
         rep.rows_in += 1
         n = int(rlen[i])
         g = None if uid is None else str(uid[i])
-        tid = str(req[i]) if req is not None else (f"{g}:{i}" if g is not None else f"row{i}")
-        mask = rmask[i].astype(np.int64)
+        tid = str(req[i]) if req is not None else (f"{g}:{i}" if g is not None else
+                                                     f"step{step}/row{i}" if step is not None else f"row{i}")
+        mask = rmask[i].astype(np.int64) * (np.arange(R) < n)  # nothing past the response counts as an action
         row = {"traj_id": tid, "group_id": g if g is not None else tid,
                "prompt_ids": prompts[i][plen[i]].astype(np.int64).tolist(),
                "response_ids": resp[i, :n].astype(np.int64).tolist(),

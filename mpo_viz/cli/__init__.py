@@ -43,7 +43,7 @@ def build_parser() -> argparse.ArgumentParser:
         description="Credit assignment for long-horizon LLM agents: inspect, score and visualize trajectories.",
     )
     parser.add_argument("--debug", action="store_true", help="show full tracebacks on errors")
-    from mpo_viz import __version__
+    from mpo_viz.version import __version__
 
     parser.add_argument("--version", action="version", version=f"mpo-viz {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")

@@ -14,11 +14,11 @@ See docs/models.md.
 from mpo_viz.models.critic import Critic, load_critic, make_critic, save_critic
 from mpo_viz.models.layout import TemplateLayout, layout_for
 from mpo_viz.models.policy import Policy, check_vocabulary, load_policy, save_policy
-from mpo_viz.models.store import load, save
+from mpo_viz.models.store import load, quiet_progress, save
 from mpo_viz.models.tiny import SIZES, tiny_config, tiny_policy
 
 __all__ = [
     "Critic", "Policy", "SIZES", "TemplateLayout", "check_vocabulary", "layout_for", "load",
-    "load_critic", "load_policy", "make_critic", "save", "save_critic", "save_policy",
+    "load_critic", "load_policy", "make_critic", "quiet_progress", "save", "save_critic", "save_policy",
     "tiny_config", "tiny_policy",
 ]

@@ -19,7 +19,7 @@ from mpo_viz import analysis as an
 from mpo_viz import plots
 from mpo_viz.strip import strip_payload
 from mpo_viz.widgets.engine import AdvantageEngine, ParamControls, default_estimators
-from mpo_viz.widgets.explorer import _html_table, as_batch, trajectory_table
+from mpo_viz.widgets.explorer import as_batch, frame_html, trajectory_table
 from mpo_viz.widgets.picker import TrajectoryPicker
 from mpo_viz.widgets.snapshot import Snapshot
 from mpo_viz.widgets.strip_widget import StripWidget
@@ -85,7 +85,7 @@ class EstimatorComparison(W.VBox):
 
     def _redraw(self, new_row: bool) -> None:
         adv = self._rows()
-        payload = strip_payload(self._sub, 0, advantages=adv, tokens=self.tokens)
+        payload = strip_payload(self._sub, 0, advantages=adv, td=an.td_error(self._sub), tokens=self.tokens)
         for name, w in self.strips.items():
             p = dict(payload, channel=f"adv_{name}", title=f"{name} · {self.batch.traj_ids[self.row]}")
             w.set_payload(p, keep_channel=False)
@@ -102,8 +102,8 @@ class EstimatorComparison(W.VBox):
         if self.metrics_df is None:
             self.metrics.value = "<i>one estimator: nothing to compare</i>"
         else:
-            self.metrics.value = ("<b>agreement on this trajectory</b>" + _html_table(self.metrics_df)
-                                  + "<b>agreement on the whole batch</b>" + _html_table(self.batch_metrics_df))
+            self.metrics.value = ("<b>agreement on this trajectory</b>" + frame_html(self.metrics_df)
+                                  + "<b>agreement on the whole batch</b>" + frame_html(self.batch_metrics_df))
 
     def turn_advantages(self) -> dict:
         """``{name: per-turn mean advantage (K,)}`` of the current trajectory, as the bars show."""

@@ -46,9 +46,9 @@ _TABLE_CSS = """<style>
 def as_batch(source):
     """A TrajectoryBatch as is, or a path (``.jsonl``, ``.parquet``, folder) loaded with ``mv.load``."""
     if isinstance(source, (str, Path)):
-        import mpo_viz as mv
+        from mpo_viz.io import load
 
-        return mv.load(source)
+        return load(source)
     if not hasattr(source, "traj_ids") or not hasattr(source, "mask"):
         raise ValueError(f"batch: expected a TrajectoryBatch or a path, found {type(source).__name__}")
     return source
@@ -74,7 +74,9 @@ def trajectory_table(batch, advantages: dict | None = None) -> pd.DataFrame:
     return df
 
 
-def _html_table(df: pd.DataFrame) -> str:
+def frame_html(df: pd.DataFrame) -> str:
+    """A DataFrame as a compact HTML table for an ``ipywidgets.HTML`` (the explorer's turn table,
+    the comparison's agreement tables)."""
     return _TABLE_CSS + df.to_html(index=False, float_format=lambda v: f"{v:.4g}", na_rep="—", border=0)
 
 
@@ -165,7 +167,7 @@ class TrajectoryExplorer(W.VBox):
         self._sub = self.batch[[row]]
         self._n = int(self._sub.lengths[0])
         adv, ret = self._row_arrays()
-        payload = strip_payload(self._sub, 0, advantages=adv, tokens=self.tokens,
+        payload = strip_payload(self._sub, 0, advantages=adv, td=an.td_error(self._sub), tokens=self.tokens,
                                 channel=f"adv_{self.names[0]}")
         t1 = time.perf_counter()
         self.strip.set_payload(payload)
@@ -185,10 +187,15 @@ class TrajectoryExplorer(W.VBox):
         self._status()
 
     def _update_turns(self, adv, ret) -> None:
-        tt = an.turn_table(self._sub, adv, returns=ret)
+        src = self._ret_source()
+        tt = self._sub.turns(advantages=adv, returns={src: ret} if ret is not None else None)
+        ov = plots.learned_and_oracle(self._sub)
+        if ov is not None and len(tt):  # the critic beside the exact value of each turn's state
+            tt["oracle_first"] = ov[0, tt["start"].to_numpy()]
+            tt["critic_err"] = tt["value_first"] - tt["oracle_first"]
         cols = [c for c in tt.columns if c not in ("traj_id", "row")]
         self.turn_df = tt[cols]
-        self.turns.value = _html_table(self.turn_df)
+        self.turns.value = frame_html(self.turn_df)
 
     def _status(self) -> None:
         o = self.params.options

@@ -220,10 +220,10 @@ def write_trl(eps, tok, out: Path):
         completion = " ".join(m["content"] for m in e["messages"][2:])
         success = float(json.loads(e["row"]["extra_json"])["success"])
         rows.append({"step": 10, "prompt": prompt, "completion": completion, "correctness": success,
-                     "format": round(0.1 * sum(1 for t in e["turn_rewards"][:-1] if t), 6)})
+                     "progress": round(sum(e["turn_rewards"]) - success, 6)})
     for task in {r["prompt"] for r in rows}:
         g = [r for r in rows if r["prompt"] == task]
-        s = np.array([r["correctness"] + r["format"] for r in g])
+        s = np.array([r["correctness"] + r["progress"] for r in g])
         for r, a in zip(g, (s - s.mean()) / (s.std(ddof=1) + 1e-4)):
             r["advantage"] = float(a)
     pq.write_table(pa.Table.from_pylist(rows), out / "trl" / "completions_00010.parquet")
