@@ -36,18 +36,19 @@ def _difficulty(text: str):
         raise ValueError(f"--difficulty: expected N or MIN-MAX (expert turns), found {text!r}") from None
 
 
-def _config(d: dict, given: set[str], source: str):
-    """A Config from ``d``. A bad field set by a flag stays an OptionError (``mpo-viz`` then names the
-    flag: ``--episodes: ...``); one that came from the config file is named as a field of that file."""
+def _config(base: dict, over: dict, source: str):
+    """A Config from the file's fields ``base`` and the flags' ``over``. A bad field stays an
+    OptionError (``mpo-viz`` then names its flag: ``--episodes: ...``, ``--group-size: ...``) unless
+    its value came from the config file, which is then named with the field."""
     from mpo_viz.checks import OptionError
     from mpo_viz.train.config import Config
 
     try:
-        return Config.from_dict(d, source=source)
+        return Config.from_dict({**base, **over}, source=source)
     except OptionError as exc:
-        if exc.option in given:
-            raise
-        raise ValueError(f"{source}: {exc}") from None
+        if exc.option in base and exc.option not in over:
+            raise ValueError(f"{source}: {exc}") from None
+        raise
 
 
 def _overrides(args) -> dict:
@@ -68,7 +69,6 @@ def cmd_train(args) -> int:
     # a launched run is stopped with SIGINT; make sure it raises KeyboardInterrupt here
     signal.signal(signal.SIGINT, signal.default_int_handler)
     over = _overrides(args)
-    given = set(over)
     if args.resume:
         if args.run_dir:
             raise CLIError("--run-dir: not with --resume (the run folder is the one being resumed)", 2)
@@ -77,14 +77,14 @@ def cmd_train(args) -> int:
             from mpo_viz.train.runfolder import RunFolder
 
             src = args.config or str(RunFolder(args.resume).config_path)
-            cfg = _config({**Config.load(src).to_dict(), **over}, given, src)
+            cfg = _config(Config.load(src).to_dict(), over, src)
         tr = Trainer.resume(args.resume, cfg, iterations=over.get("iterations"))
         print(f"resuming {args.resume} at iteration {tr.iteration} of {tr.cfg.iterations}", flush=True)
     else:
         if not args.run_dir:
             raise CLIError("--run-dir: expected the folder to write the run to (or --resume DIR)", 2)
         base = Config.load(args.config).to_dict() if args.config else {}
-        cfg = _config({**base, **over}, given, args.config or "config")
+        cfg = _config(base, over, args.config or "config")
         tr = Trainer(cfg, args.run_dir)
         print(f"training {cfg.estimator} + {cfg.loss} on {cfg.env} for {cfg.iterations} iterations "
               f"({cfg.episodes} episodes, G={cfg.group_size}, {cfg.epochs}x{cfg.minibatches} updates) -> "

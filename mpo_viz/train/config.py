@@ -228,7 +228,10 @@ class Config:
         p = Path(path)
         if not p.is_file():
             raise OptionError("config", f"expected a JSON file, found {str(p)!r} (missing)")
-        return cls.from_json(p.read_text(), source=str(p))
+        try:
+            return cls.from_json(p.read_text(), source=str(p))
+        except OptionError as exc:  # a bad field of the file: name the file too
+            raise ValueError(f"{p}: {exc}") from None
 
     def replace(self, **changes) -> Config:
         """A copy with some fields changed (validated again)."""
