@@ -57,6 +57,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
+from mpo_viz.checks import OptionError
 from mpo_viz.envs.base import TextEnv
 from mpo_viz.envs.expert import NoisyExpert
 from mpo_viz.envs.oracle import Oracle
@@ -102,17 +103,17 @@ class RolloutConfig:
         for name in ("group_size", "max_turn_tokens", "max_total_tokens", "batch_size"):
             v = getattr(self, name)
             if isinstance(v, bool) or not isinstance(v, int) or v < 1:
-                raise ValueError(f"{name}: expected an int >= 1, found {v!r}")
+                raise OptionError(name, f"expected an int >= 1, found {v!r}")
         t = self.temperature
         if isinstance(t, bool) or not isinstance(t, (int, float)) or not (math.isfinite(t) and t >= 0):
-            raise ValueError(f"temperature: expected a finite number >= 0 (0 = greedy), found {t!r}")
+            raise OptionError("temperature", f"expected a finite number >= 0 (0 = greedy), found {t!r}")
         p = self.top_p
         if isinstance(p, bool) or not isinstance(p, (int, float)) or not (0 < p <= 1):
-            raise ValueError(f"top_p: expected a number in (0, 1], found {p!r}")
+            raise OptionError("top_p", f"expected a number in (0, 1], found {p!r}")
         if self.seeds is not None:
             for s in self.seeds:
                 if isinstance(s, bool) or not isinstance(s, (int, np.integer)) or s < 0:
-                    raise ValueError(f"seeds: expected task seeds (ints >= 0), found {s!r}")
+                    raise OptionError("seeds", f"expected task seeds (ints >= 0), found {s!r}")
 
 
 def task_seeds(seed: int, n_tasks: int) -> list[int]:
@@ -366,12 +367,12 @@ def rollout(policy: Policy, env, n_episodes: int | None = None, *, group_size: i
         sample order), metadata ``values_source="critic"`` when a critic ran.
     """
     if not isinstance(policy, Policy):
-        raise ValueError(f"policy: expected a mpo_viz.models.Policy (tiny_policy, load_policy, models.load), "
-                         f"found {type(policy).__name__}")
+        raise OptionError("policy", f"expected a mpo_viz.models.Policy (tiny_policy, load_policy, models.load), "
+                                    f"found {type(policy).__name__}")
     if isinstance(env, str):
         env = make_env(env)
     if not isinstance(env, TextEnv):
-        raise ValueError(f"env: expected a TextEnv or an environment name, found {type(env).__name__}")
+        raise OptionError("env", f"expected a TextEnv or an environment name, found {type(env).__name__}")
     cfg = RolloutConfig(group_size=group_size, seed=seed, temperature=temperature, top_p=top_p,
                         max_turn_tokens=max_turn_tokens, max_total_tokens=max_total_tokens,
                         batch_size=batch_size, seeds=None if seeds is None else [int(s) for s in seeds])
@@ -379,15 +380,15 @@ def rollout(policy: Policy, env, n_episodes: int | None = None, *, group_size: i
     g = cfg.group_size
     if cfg.seeds is None:
         if n_episodes is None or isinstance(n_episodes, bool) or n_episodes < 1 or n_episodes % g:
-            raise ValueError(f"n_episodes: expected a positive multiple of group_size={g}, found {n_episodes!r}")
+            raise OptionError("n_episodes", f"expected a positive multiple of group_size={g}, found {n_episodes!r}")
         plan = _plan_from_seed(cfg.seed, n_episodes // g, g)
     else:
         if n_episodes is not None and n_episodes != len(cfg.seeds) * g:
-            raise ValueError(f"n_episodes: expected len(seeds) * group_size = {len(cfg.seeds) * g} with seeds, "
-                             f"found {n_episodes}")
+            raise OptionError("n_episodes", f"expected len(seeds) * group_size = {len(cfg.seeds) * g} with seeds, "
+                                            f"found {n_episodes}")
         plan = _plan_from_list(cfg.seed, cfg.seeds, g)
     if critic is not None and not callable(critic):
-        raise ValueError(f"critic: expected a mpo_viz.models.Critic or None, found {type(critic).__name__}")
+        raise OptionError("critic", f"expected a mpo_viz.models.Critic or None, found {type(critic).__name__}")
     check_vocabulary(policy.tokenizer, env.vocabulary(), where=f"policy {policy.name} for env {env.name!r}")
     vocab = policy.model.get_input_embeddings().num_embeddings
     if len(policy.tokenizer) > vocab:
@@ -418,8 +419,8 @@ def rollout(policy: Policy, env, n_episodes: int | None = None, *, group_size: i
             prompt = layout.prompt(e.messages)
             timer.add("tokenize", t0)
             if len(prompt) >= cfg.max_total_tokens:
-                raise ValueError(f"max_total_tokens: expected more than the prompt of task {ts} "
-                                 f"({len(prompt)} tokens), found {cfg.max_total_tokens}")
+                raise OptionError("max_total_tokens", f"expected more than the prompt of task {ts} "
+                                                      f"({len(prompt)} tokens), found {cfg.max_total_tokens}")
             rng = np.random.Generator(np.random.PCG64(np.random.SeedSequence([cfg.seed, ts, es, 0x6D706F])))
             episodes.append(_Episode(index=len(episodes), group=gi, sample=j, task_seed=ts, seed=es, env=e,
                                      oracle=orc, prompt=prompt, rng=rng, pending=list(prompt)))

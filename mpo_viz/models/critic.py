@@ -21,6 +21,8 @@ from pathlib import Path
 import torch
 from torch import nn
 
+from mpo_viz.checks import OptionError
+
 __all__ = ["Critic", "make_critic", "save_critic", "load_critic", "vocab_sha256", "CRITIC_FORMAT"]
 
 CRITIC_FORMAT = "mpo_viz.critic/v1"
@@ -70,7 +72,7 @@ def make_critic(policy, init: str = "fresh", seed: int = 0) -> Critic:
     ``"shared"`` — the policy's trunk module itself. The head is ``N(0, 0.02²)`` weights, zero bias,
     drawn from ``seed`` (the global RNG is left untouched). Same device and dtype as the policy."""
     if init not in _INITS:
-        raise ValueError(f"init: expected one of {list(_INITS)}, found {init!r}")
+        raise OptionError("init", f"expected one of {list(_INITS)}, found {init!r}")
     from transformers import AutoModel
 
     base = _trunk_of(policy)

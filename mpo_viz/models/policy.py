@@ -11,6 +11,7 @@ from pathlib import Path
 
 import torch
 
+from mpo_viz.checks import OptionError
 from mpo_viz.models.layout import layout_for
 
 __all__ = ["Policy", "load_policy", "save_policy", "check_vocabulary", "resolve_dtype", "resolve_device"]
@@ -34,7 +35,7 @@ class Policy:
 
     def __init__(self, model, tokenizer, *, path: str | None = None, name: str | None = None):
         if not callable(model) or not hasattr(model, "config"):
-            raise ValueError(f"model: expected a Hugging Face causal LM, found {type(model).__name__}")
+            raise OptionError("model", f"expected a Hugging Face causal LM, found {type(model).__name__}")
         self.model = model
         self.tokenizer = tokenizer
         self.path = path
@@ -69,10 +70,10 @@ def resolve_device(device) -> torch.device:
     try:
         dev = torch.device(device)
     except (RuntimeError, TypeError):
-        raise ValueError(f"device: expected 'cpu', 'cuda', 'cuda:N' or 'mps', found {device!r}") from None
+        raise OptionError("device", f"expected 'cpu', 'cuda', 'cuda:N' or 'mps', found {device!r}") from None
     if dev.type == "cuda" and not torch.cuda.is_available():
-        raise ValueError(f"device: expected an available device, found {device!r} (torch.cuda.is_available() "
-                         "is False)")
+        raise OptionError("device", f"expected an available device, found {device!r} (torch.cuda.is_available() "
+                                    "is False)")
     return dev
 
 
@@ -82,12 +83,13 @@ def resolve_dtype(dtype, device: torch.device) -> torch.dtype:
         return torch.float32
     if isinstance(dtype, str):
         if dtype not in _DTYPES:
-            raise ValueError(f"dtype: expected one of {sorted(_DTYPES)}, found {dtype!r}")
+            raise OptionError("dtype", f"expected one of {sorted(_DTYPES)}, found {dtype!r}")
         dtype = _DTYPES[dtype]
     if dtype not in (torch.float32, torch.bfloat16, torch.float16):
-        raise ValueError(f"dtype: expected float32, bfloat16 or float16, found {dtype}")
+        raise OptionError("dtype", f"expected float32, bfloat16 or float16, found {dtype}")
     if device.type == "cpu" and dtype != torch.float32:
-        raise ValueError(f"dtype: expected float32 on CPU (half precision is slow and inexact there), found {dtype}")
+        raise OptionError("dtype", f"expected float32 on CPU (half precision is slow and inexact there), "
+                                   f"found {dtype}")
     return dtype
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
+from mpo_viz.checks import OptionError
 from mpo_viz.models.policy import Policy
 
 __all__ = ["SIZES", "tiny_config", "tiny_policy"]
@@ -25,7 +26,7 @@ def tiny_config(tokenizer, size: str = "1m") -> LlamaConfig:
     """The ``LlamaConfig`` of a tiny policy of ``size`` for ``tokenizer`` (vocabulary, pad and
     end-of-turn ids taken from it)."""
     if size not in SIZES:
-        raise ValueError(f"size: expected one of {sorted(SIZES)}, found {size!r}")
+        raise OptionError("size", f"expected one of {sorted(SIZES)}, found {size!r}")
     s = SIZES[size]
     eos = tokenizer.eos_token_id
     return LlamaConfig(
