@@ -12,7 +12,7 @@ denominator of the aggregation mode (``token-mean``: its action-token count; ``s
 rows with an action token; ``turn-mean``: its turns; ``seq-mean-token-sum-norm``: its longest
 response), so the accumulated gradient equals that of the minibatch as one batch, however it is cut.
 
-**Alignment** (DESIGN §3.1). Row ``i`` is fed as ``prompt_i + response_i`` (right padding,
+**Alignment** (the rollout's, see docs/models.md). Row ``i`` is fed as ``prompt_i + response_i`` (right padding,
 positions 0..T−1). The logits at position ``P_i + t − 1`` give ``log π(response token t)``; the
 critic's output at the same position is ``V_t``.
 
