@@ -22,7 +22,7 @@ import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 
-__all__ = ["Config", "CRITIC_DEFAULTS", "RESUMABLE_FIELDS", "TrustRegionWarning"]
+__all__ = ["Config", "CRITIC_DEFAULTS", "RESUMABLE_FIELDS", "TrustRegionWarning", "derive_seed", "env_kwargs"]
 
 #: what each critic field means when left at None (and the estimator needs a critic)
 CRITIC_DEFAULTS = {
@@ -425,3 +425,17 @@ def _check_loss_options(kind: str, options: dict) -> None:
         policy_loss(kind, z, z, z, torch.ones(1, 1), rollout_logp=z, **options)
     except ValueError as exc:
         raise ValueError(f"loss_options.{exc}") from None
+
+
+def derive_seed(seed: int, *parts) -> int:
+    """A 31-bit seed from the master seed and labels (stable across processes and platforms)."""
+    text = "/".join(str(p) for p in (seed, *parts))
+    return int.from_bytes(hashlib.sha256(text.encode()).digest()[:4], "little") & 0x7FFFFFFF
+
+
+def env_kwargs(cfg: Config) -> dict:
+    """The keyword options of ``make_env(cfg.env, ...)``: ``cfg.env_options`` plus ``difficulty``."""
+    kw = dict(cfg.env_options)
+    if cfg.difficulty is not None:
+        kw["difficulty"] = tuple(cfg.difficulty) if isinstance(cfg.difficulty, list) else cfg.difficulty
+    return kw

@@ -18,7 +18,6 @@ stopped after iteration k and resumed is bit-for-bit the run that never stopped 
 from __future__ import annotations
 
 import copy
-import hashlib
 import json
 import math
 import sys
@@ -35,7 +34,7 @@ from mpo_viz.train.checkpoint import (
     restore_rng,
     save_checkpoint,
 )
-from mpo_viz.train.config import Config
+from mpo_viz.train.config import Config, derive_seed, env_kwargs
 from mpo_viz.train.runfolder import RunFolder
 from mpo_viz.train.update import rows_of, update_epochs
 
@@ -43,19 +42,6 @@ __all__ = ["Trainer", "derive_seed", "RESULT_KEYS_VOLATILE"]
 
 #: metric keys that measure time (they differ between two runs that are otherwise bit-identical)
 RESULT_KEYS_VOLATILE = ("time_s", "timings", "throughput")
-
-
-def derive_seed(seed: int, *parts) -> int:
-    """A 31-bit seed from the master seed and labels (stable across processes and platforms)."""
-    text = "/".join(str(p) for p in (seed, *parts))
-    return int.from_bytes(hashlib.sha256(text.encode()).digest()[:4], "little") & 0x7FFFFFFF
-
-
-def _env_kwargs(cfg: Config) -> dict:
-    kw = dict(cfg.env_options)
-    if cfg.difficulty is not None:
-        kw["difficulty"] = tuple(cfg.difficulty) if isinstance(cfg.difficulty, list) else cfg.difficulty
-    return kw
 
 
 def _success(batch) -> np.ndarray:
@@ -131,7 +117,7 @@ class Trainer:
 
         cfg = self.cfg
         try:
-            self.env = make_env(cfg.env, **_env_kwargs(cfg))
+            self.env = make_env(cfg.env, **env_kwargs(cfg))
         except TypeError as exc:
             raise ValueError(f"env_options: the {cfg.env} environment refuses them ({exc})") from None
         critic0 = None
