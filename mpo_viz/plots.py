@@ -76,12 +76,24 @@ def _row_arrays(batch, row: int):
     return sub, n, sub.mask[0, :n].numpy() != 0
 
 
+def learned_and_oracle(batch) -> np.ndarray | None:
+    """The ``oracle_values`` ``(B, L)`` float64 of a batch whose ``values`` are something else (a
+    learned or noisy critic), else None (no oracle column, no values, or values equal to the oracle's)."""
+    if batch.values is None or not batch.has("oracle_values"):
+        return None
+    o = batch.padded("oracle_values").numpy().astype(np.float64)
+    if np.array_equal(o, batch.values.numpy().astype(np.float64)):
+        return None
+    return o
+
+
 def value_curve(batch, row: int, *, advantages: dict | None = None, returns=None, title: str | None = None) -> go.Figure:
     """Critic values along one trajectory (x = response token position).
 
     Traces (per-token lines via :func:`line_points`, decimated beyond ``MAX_LINE_POINTS`` tokens):
     ``value`` (action tokens; gaps over observations), ``turn mean`` (each turn's mean
-    value as a step over the turn's span), optionally ``return`` (``returns``: ``(B, L)`` tensor or
+    value as a step over the turn's span), ``oracle value`` when the batch carries ``oracle_values``
+    that differ from ``values`` (:func:`learned_and_oracle`), optionally ``return`` (``returns``: ``(B, L)`` tensor or
     result) and, in a second panel, the per-token advantages of each entry of ``advantages``
     (``{name: (B, L) tensor or result}``). Each turn's span (first to last action token) is shaded.
     """
@@ -103,6 +115,11 @@ def value_curve(batch, row: int, *, advantages: dict | None = None, returns=None
         sy += [m, m, None]
     fig.add_trace(go.Scatter(x=sx, y=sy, mode="lines", name="turn mean", line=dict(color="#d62728", width=2.5),
                              line_shape="hv"), row=1, col=1)
+    ov = learned_and_oracle(sub)
+    if ov is not None:  # a learned (or noisy) critic beside the exact values of mpo-viz generate/rollout
+        ox, oy = line_points(ov[0, :n], act)
+        fig.add_trace(go.Scatter(x=ox, y=oy, mode="lines", name="oracle value",
+                                 line=dict(color="#2ca02c", width=1.2, dash="dash"), connectgaps=False), row=1, col=1)
     if returns is not None:
         g = np.asarray(an.to_numpy(getattr(returns, "returns", returns)))[row, :n]
         gx, gy = line_points(g, act)
