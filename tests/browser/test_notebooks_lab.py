@@ -17,7 +17,7 @@ from pathlib import Path
 
 import nbformat
 import pytest
-from jupyter_helpers import DONE, open_notebook, run_all, tidy_for_screenshots  # noqa: I001
+from jupyter_helpers import tidy_for_screenshots  # noqa: I001
 
 pytestmark = pytest.mark.browser
 
@@ -44,10 +44,43 @@ def fast_size(monkeypatch, tmp_path):
     (settings / "tracker.jupyterlab-settings").write_text(json.dumps({"windowingMode": "none"}))
 
 
+#: the notebook in front (JupyterLab keeps earlier notebooks' panels in the page, hidden)
+FRONT = ".jp-NotebookPanel:not(.lm-mod-hidden)"
+
+
+def _marker(name: str) -> str:
+    return f"MPO-NOTEBOOK-DONE-{name.split('_')[0]}"
+
+
 def _copy_with_marker(src: Path, dst: Path) -> None:
+    """The notebook with a last cell printing a marker of its own: its output says every cell ran."""
     nb = nbformat.read(str(src), as_version=4)
-    nb.cells.append(nbformat.v4.new_code_cell(f"print({DONE!r})"))
+    nb.cells.append(nbformat.v4.new_code_cell(f"print({_marker(src.name)!r})"))
     nbformat.write(nb, str(dst))
+
+
+def _open(page, server, name: str) -> None:
+    """Open ``name`` in JupyterLab and wait until it is in front with its kernel idle."""
+    # ?reset: a fresh workspace, so the earlier notebooks (their kernels gone) are not restored beside it
+    page.goto(f"{server.url}/lab/tree/{name}?reset", wait_until="domcontentloaded")
+    page.wait_for_selector(f"{FRONT} .jp-Cell", timeout=60_000)
+    try:  # JupyterLab may ask which kernel to start: accept its proposal
+        page.locator(".jp-Dialog .jp-Dialog-button.jp-mod-accept").click(timeout=5_000)
+    except Exception:  # noqa: BLE001 - no dialog: the kernel started on its own
+        pass
+    page.wait_for_function(
+        "(front) => { const p = document.querySelector(front); return (!!p && [...p.querySelectorAll("
+        "'.jp-NotebookPanel-toolbar [aria-label], .jp-Toolbar-kernelStatus')].some(e => /idle/i.test("
+        "e.getAttribute('aria-label') || '') || /idle/i.test(e.textContent || ''))) || !!document.querySelector("
+        "'.jp-Notebook-ExecutionIndicator[data-status=\"idle\"]'); }",
+        arg=FRONT, timeout=60_000)
+
+
+def _run_all(page, name: str, timeout_ms: int) -> None:
+    """Run every cell through the Run menu and wait for this notebook's marker."""
+    page.locator(".lm-MenuBar-itemLabel", has_text="Run").first.click()
+    page.locator(".lm-Menu-itemLabel", has_text="Run All Cells").first.click()
+    page.wait_for_selector(f"{FRONT} .jp-OutputArea-output:has-text('{_marker(name)}')", timeout=timeout_ms)
 
 
 def test_notebooks_render_in_jupyterlab(fast_size, page, page_errors, jupyter_server, tmp_path):
@@ -57,24 +90,23 @@ def test_notebooks_render_in_jupyterlab(fast_size, page, page_errors, jupyter_se
     page.set_viewport_size({"width": 1440, "height": 2600})
     for name, (expected, shot) in NOTEBOOKS.items():
         _copy_with_marker(REPO / "notebooks" / name, root / name)
-        open_notebook(page, jupyter_server, name)
+        _open(page, jupyter_server, name)
         tidy_for_screenshots(page)
-        run_all(page, timeout_ms=600_000)  # notebook 03 trains (tiny runs in subprocesses)
-        errors = page.locator(".jp-OutputArea-output[data-mime-type='application/vnd.jupyter.stderr']",
+        _run_all(page, name, timeout_ms=600_000)  # notebook 03 trains (tiny runs in subprocesses)
+        errors = page.locator(f"{FRONT} .jp-OutputArea-output[data-mime-type='application/vnd.jupyter.stderr']",
                               has_text="Traceback")
         assert errors.count() == 0, f"{name}: {errors.first.inner_text()[:2000]}"
         for css, n in expected:
-            page.wait_for_selector(f".jp-OutputArea-output .{css} .js-plotly-plot .main-svg", timeout=60_000)
-            assert page.locator(f".jp-OutputArea-output .{css}").count() >= n, (name, css)  # views nest explorers
-        text = page.locator(".jp-NotebookPanel:not(.lm-mod-hidden) .jp-Notebook").first.inner_text()
+            page.wait_for_selector(f"{FRONT} .jp-OutputArea-output .{css} .js-plotly-plot .main-svg", timeout=60_000)
+            assert page.locator(f"{FRONT} .jp-OutputArea-output .{css}").count() >= n, (name, css)  # views nest explorers
+        text = page.locator(f"{FRONT} .jp-Notebook").first.inner_text()
         assert "Error displaying widget" not in text, name
         assert "Loading widget..." not in text, name
         page.mouse.move(5, 5)
         page.wait_for_timeout(300)
-        page.locator(f".jp-OutputArea-output .{shot}").first.screenshot(
+        page.locator(f"{FRONT} .jp-OutputArea-output .{shot}").first.screenshot(
             path=str(shots / f"notebook_{name.split('_')[0]}.png"))
         # close the notebook (and its kernel) before the next: one kernel at a time on a small machine
-        page.goto(f"{jupyter_server.url}/api/status")
         for s in _sessions(jupyter_server.url):
             _delete_session(jupyter_server.url, s)
     errs = [e for e in page_errors if "favicon" not in e]
