@@ -34,7 +34,7 @@ from mpo_viz.train.checkpoint import (
     restore_rng,
     save_checkpoint,
 )
-from mpo_viz.train.config import Config, derive_seed, env_kwargs
+from mpo_viz.train.config import Config
 from mpo_viz.train.runfolder import RunFolder
 from mpo_viz.train.runtime import derive_seed, env_kwargs, set_threads
 from mpo_viz.train.update import rows_of, update_epochs
