@@ -12,7 +12,11 @@ from plotly.subplots import make_subplots
 
 from mpo_viz import analysis as an
 
-__all__ = ["value_curve", "across_within", "estimator_comparison", "ESTIMATOR_COLOURS"]
+__all__ = ["value_curve", "across_within", "estimator_comparison", "ESTIMATOR_COLOURS", "FIGURE_CONFIG", "line_trace"]
+
+#: plotly config of every figure the views and the report show: sized by its container, plotly's
+#: own image export (the camera button) at twice the resolution
+FIGURE_CONFIG = {"displaylogo": False, "responsive": True, "toImageButtonOptions": {"format": "png", "scale": 2}}
 
 # One colour per estimator name, stable across figures (plotly's qualitative "D3" palette).
 ESTIMATOR_COLOURS = {
@@ -70,6 +74,19 @@ def line_points(y, act, *, max_points: int = MAX_LINE_POINTS) -> tuple[np.ndarra
     return keep, full[keep]
 
 
+def line_trace(x, y, **kwargs) -> go.Scatter:
+    """A per-token line (``x``, ``y`` from :func:`line_points`) as a Scatter whose isolated points
+    (a one-token turn: a finite value between two gaps) get a marker, since a line needs two."""
+    y = np.asarray(y, dtype=np.float64)
+    f = np.isfinite(y)
+    iso = f & ~np.r_[False, f[:-1]] & ~np.r_[f[1:], False]
+    colour = kwargs.pop("marker_color", (kwargs.get("line") or {}).get("color"))
+    if iso.any():
+        return go.Scatter(x=x, y=y.astype(np.float32), mode="lines+markers",
+                          marker=dict(size=np.where(iso, 6, 0).astype(np.int8), color=colour), **kwargs)
+    return go.Scatter(x=x, y=y.astype(np.float32), mode="lines", marker=dict(color=colour), **kwargs)
+
+
 def _row_arrays(batch, row: int):
     sub = batch[[row]]
     n = int(sub.lengths[0])
@@ -94,25 +111,25 @@ def value_curve(batch, row: int, *, advantages: dict | None = None, returns=None
     fig = make_subplots(rows=2 if two else 1, cols=1, shared_xaxes=True, vertical_spacing=0.06,
                         row_heights=[0.6, 0.4] if two else None)
     vx, vy = line_points(v, act)
-    fig.add_trace(go.Scatter(x=vx, y=vy, mode="lines", name="value",
-                             line=dict(color="#333", width=1.2), connectgaps=False), row=1, col=1)
-    # turn means as steps over each turn's span: x = start .. end, y = mean (NaN breaks between turns)
+    fig.add_trace(line_trace(vx, vy, name="value", line=dict(color="#333", width=1.2), connectgaps=False),
+                  row=1, col=1)
+    # turn means as flat segments over exactly each turn's shaded span (first action token − ½ to
+    # last + ½), None breaking between turns
     sx, sy = [], []
     for s, e, m in zip(tt["start"], tt["end"], tt["value_mean"]):
-        sx += [s, e + 1, None]
+        sx += [s - 0.5, e + 0.5, None]
         sy += [m, m, None]
-    fig.add_trace(go.Scatter(x=sx, y=sy, mode="lines", name="turn mean", line=dict(color="#d62728", width=2.5),
-                             line_shape="hv"), row=1, col=1)
+    fig.add_trace(go.Scatter(x=sx, y=sy, mode="lines", name="turn mean", line=dict(color="#d62728", width=2.5)),
+                  row=1, col=1)
     if returns is not None:
         g = np.asarray(an._np(getattr(returns, "returns", returns)))[row, :n]
         gx, gy = line_points(g, act)
-        fig.add_trace(go.Scatter(x=gx, y=gy, mode="lines", name="return",
-                                 line=dict(color="#1f77b4", width=1, dash="dot")), row=1, col=1)
+        fig.add_trace(line_trace(gx, gy, name="return", line=dict(color="#1f77b4", width=1, dash="dot")), row=1, col=1)
     for i, (name, a) in enumerate((advantages or {}).items()):
         a = an._np(getattr(a, "advantages", a))[row, :n]
         ax, ay = line_points(a, act)
-        fig.add_trace(go.Scatter(x=ax, y=ay, mode="lines", name=f"A ({name})",
-                                 line=dict(color=_colour(name, i), width=1.2)), row=2, col=1)
+        fig.add_trace(line_trace(ax, ay, name=f"A ({name})", line=dict(color=_colour(name, i), width=1.2),
+                                 marker_color=_colour(name, i)), row=2, col=1)
     # turn spans shaded over every panel (one layout update: add_vrect per turn is slow in plotly)
     shapes = [
         dict(type="rect", xref="x", yref="paper", x0=s - 0.5, x1=e + 0.5, y0=0, y1=1, line_width=0,
@@ -123,7 +140,7 @@ def value_curve(batch, row: int, *, advantages: dict | None = None, returns=None
     traj = batch.traj_ids[row]
     fig.update_layout(
         title=title if title is not None else f"values along trajectory {traj} ({len(tt)} turns; shaded: turn spans)",
-        height=420 if two else 320, margin=dict(l=50, r=20, t=50, b=40), template="plotly_white",
+        height=420 if two else 320, margin=dict(l=50, r=20, t=50, b=40), template="plotly_white", autosize=True,
         legend=dict(orientation="h", y=-0.15),
     )
     fig.update_yaxes(title_text="value", row=1, col=1)
@@ -154,7 +171,10 @@ def across_within(vv: pd.DataFrame, *, title: str | None = None, max_points: int
             text=d["traj_id"], customdata=np.stack([d["reward"], d["n_turns"]], axis=1) if len(d) else None,
             hovertemplate="%{text}<br>within %{x:.3g}<br>across %{y:.3g}<br>reward %{customdata[0]:.3g}"
                           "<br>turns %{customdata[1]}<extra></extra>",
-            marker=dict(color=d["reward"], colorscale="Viridis", size=7, opacity=0.8, showscale=True,
+            # many points overlap: smaller, translucent markers with a thin outline so density shows
+            marker=dict(color=d["reward"], colorscale="Viridis", size=7 if len(d) <= 300 else 5,
+                        opacity=0.85 if len(d) <= 300 else max(0.25, min(0.6, 120 / len(d) ** 0.8)),
+                        line=dict(width=0.3, color="#333"), showscale=True,
                         colorbar=dict(title="reward", x=1.02, xanchor="left", len=0.8, thickness=14)),
         ),
         row=1, col=1,
@@ -180,7 +200,7 @@ def across_within(vv: pd.DataFrame, *, title: str | None = None, max_points: int
         note += f"; {n_inf} infinite ratios"
     fig.update_layout(
         title=title if title is not None else f"critic value variance across vs within turns ({note})",
-        height=420, showlegend=False, template="plotly_white", margin=dict(l=60, r=90, t=70, b=50),
+        height=480, showlegend=False, template="plotly_white", margin=dict(l=60, r=90, t=70, b=50), autosize=True,
     )
     return fig
 
