@@ -106,13 +106,51 @@ def test_report_cli_is_self_contained(small, tmp_path, capsys):
 def test_report_selection_and_summary(small):
     _, b = small
     html = build_report(b, ReportConfig(estimators=("mpo", "gae"), n_best=1, n_worst=1, n_disagreed=0, progress=False))
-    scores = b.rewards.numpy().sum(1)
-    best = b.traj_ids[int(np.argmax(scores))]  # first of the highest score
-    worst = b.traj_ids[int(np.argmin(scores))]
+    scores = b.rewards.numpy().sum(1).round(9)
+    from mpo_viz import analysis as an
+
+    dis = an.disagreement(b, {k: r.advantages for k, r in an.compute_advantages(b, ["mpo", "gae"]).items()})
+
+    def choose(target):
+        # among the trajectories with that score, the largest disagreement (first on ties)
+        idx = np.flatnonzero(scores == target)
+        return idx[int(np.argmax(dis[idx]))], len(idx)
+
+    (bi, nb), (wi, nw) = choose(scores.max()), choose(scores.min())
     heads = re.findall(r"<h3>(\S+) <small>([^<]*)</small>", html)
-    assert heads[0][0] == best and heads[0][1].startswith("best")
-    assert heads[1][0] == worst and heads[1][1].startswith("worst")
+    assert heads[0][0] == b.traj_ids[bi] and heads[0][1].startswith(f"highest score {scores.max():.4g}")
+    assert heads[1][0] == b.traj_ids[wi] and heads[1][1].startswith(f"lowest score {scores.min():.4g}")
+    for (_, label), n in ((heads[0], nb), (heads[1], nw)):
+        assert (f"shared by {n:,} trajectories: chosen by the largest estimator disagreement" in label) == (n > 1)
     assert f"<td>trajectories</td><td>{len(b)}</td>" in html
+
+
+def test_report_ties_on_binary_rewards_and_one_score():
+    # 0/1 rewards: 3 successes, 3 failures; the one chosen among each is the most disagreed-on
+    b = mv.synthetic.make_batch(6, seed=2, turns=(2, 4), turn_len=(5, 20), obs_len=(3, 10), group_size=2)
+    from mpo_viz import analysis as an
+
+    html = build_report(b, ReportConfig(estimators=("mpo", "gae"), n_best=1, n_worst=1, n_disagreed=0, progress=False))
+    scores = b.rewards.numpy().sum(1).round(9)
+    dis = an.disagreement(b, {k: r.advantages for k, r in an.compute_advantages(b, ["mpo", "gae"]).items()})
+    heads = re.findall(r"<h3>(\S+) <small>([^<]*)</small>", html)
+    labels = " | ".join(h[1] for h in heads)
+    assert "best (score" not in labels and "worst (score" not in labels
+    for (tid, label), target in zip(heads, (scores.max(), scores.min())):
+        idx = np.flatnonzero(scores == target)
+        assert dis[b.traj_ids.index(tid)] == dis[idx].max()
+        if len(idx) > 1:
+            assert f"shared by {len(idx)} trajectories" in label
+    # every trajectory with the same score: no best or worst, the largest disagreement instead
+    same = mv.TrajectoryBatch.from_rows([
+        {"traj_id": f"t{i}", "group_id": "g", "prompt_ids": [1], "response_ids": [1, 2, 3, 4, 5],
+         "loss_mask": [1, 1, 0, 1, 1], "values": [1.2, -1.0 + 0.1 * i, 0, 0.9, 0.3], "reward": 1.0}
+        for i in range(4)])
+    html = build_report(same, ReportConfig(estimators=("mpo", "gae"), n_best=1, n_worst=1, n_disagreed=1, progress=False))
+    heads = re.findall(r"<h3>(\S+) <small>([^<]*)</small>", html)
+    assert len(heads) == 1 and "every trajectory scores 1, so none is best or worst: chosen by the largest" in heads[0][1]
+    assert "most disagreed-on" in heads[0][1]  # the same trajectory, both reasons on one heading
+    assert "highest score" not in html and "lowest score" not in html
 
 
 def test_report_without_values_uses_what_the_data_allow():
