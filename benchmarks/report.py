@@ -40,7 +40,7 @@ ESTIMATORS = "mpo,gae,grpo"
 def make_file(m_tokens: float) -> Path:
     """A synthetic Parquet file of about ``m_tokens`` million response tokens (cached)."""
     import mpo_viz as mv
-    from mpo_viz.cli.advantages import _merge_parts
+    from mpo_viz.io import merge_parts
 
     target = int(m_tokens * 1e6)
     out = CACHE / f"synthetic_{m_tokens:g}M.parquet"
@@ -54,7 +54,7 @@ def make_file(m_tokens: float) -> Path:
         mv.save(b, parts / f"part-{seed:06d}.parquet")
         total += b.num_tokens
         seed += 1
-    _merge_parts(parts, out)
+    merge_parts(parts, out)
     for f in parts.iterdir():
         f.unlink()
     parts.rmdir()
@@ -63,8 +63,8 @@ def make_file(m_tokens: float) -> Path:
 
 _STREAM = """
 import json, sys
-from mpo_viz.cli.advantages import AdvantagesConfig, annotate_file
-s = annotate_file(sys.argv[1], sys.argv[2], AdvantagesConfig(estimators=tuple(sys.argv[3].split(',')), progress=False))
+from mpo_viz.annotate import AnnotateConfig, annotate_file
+s = annotate_file(sys.argv[1], sys.argv[2], AnnotateConfig(estimators=tuple(sys.argv[3].split(',')), progress=False))
 print(json.dumps(s))
 """
 

@@ -44,7 +44,7 @@ def bench_slider(repeats: int) -> None:
     import mpo_viz as mv
     from mpo_viz import advantages as adv
     from mpo_viz import plots
-    from mpo_viz.analysis import estimator_options
+    from mpo_viz.advantages import estimator_options
     from mpo_viz.strip import payload_json, strip_payload
     from mpo_viz.widgets import TrajectoryExplorer
 

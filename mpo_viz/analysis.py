@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import pandas as pd
 
+from mpo_viz.advantages import registry
 from mpo_viz.turns import turn_ids_from_mask
 
 __all__ = [
@@ -29,8 +30,6 @@ __all__ = [
     "variance_summary",
     "turn_table",
     "compute_advantages",
-    "estimator_options",
-    "is_group_estimator",
     "compare_estimators",
     "compare_stats",
     "merge_compare_stats",
@@ -319,32 +318,11 @@ def compute_advantages(batch, estimators, **options) -> dict:
     """Run each named estimator on ``batch``: ``{name: result}`` (``result.advantages``, ``.returns``).
 
     ``options`` are shared (e.g. ``gamma=``, ``lam=``, ``beta=``); each estimator receives only the
-    options it accepts (see :func:`estimator_options`), so ``-e mpo,grpo --beta 0.5`` works.
+    options it accepts (:func:`mpo_viz.advantages.split_options`, which refuses an option none of
+    them takes), so ``-e mpo,grpo --beta 0.5`` works.
     """
-    from mpo_viz import advantages as adv
-
-    if isinstance(estimators, str):
-        estimators = [e.strip() for e in estimators.split(",") if e.strip()]
-    out = {}
-    for name in estimators:
-        out[name] = adv.compute(batch, name, **estimator_options(name, options))
-    return out
-
-
-def estimator_options(name: str, options: dict) -> dict:
-    """The subset of ``options`` that estimator ``name`` accepts (its registry ``options``), with
-    ``None`` values dropped; an unknown name raises ``ValueError`` listing the available ones."""
-    from mpo_viz import advantages as adv
-
-    accepted = adv.get(name).options
-    return {k: v for k, v in options.items() if k in accepted and v is not None}
-
-
-def is_group_estimator(name: str) -> bool:
-    """True when estimator ``name`` compares trajectories of a group (it needs ``groups``)."""
-    from mpo_viz import advantages as adv
-
-    return "groups" in adv.get(name).needs
+    names = registry.parse_names(estimators)
+    return {name: registry.compute(batch, name, **o) for name, o in registry.split_options(names, options).items()}
 
 
 def _adv_tensors(advantages) -> dict[str, np.ndarray]:

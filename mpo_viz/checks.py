@@ -1,18 +1,40 @@
-"""Small argument checks shared by the estimators and the losses."""
+"""Small argument checks shared by the estimators, the losses and the configs.
+
+:class:`OptionError` is the one error for a bad option or config field: its ``option`` attribute
+names the field, so a caller can say it in its own words — the ``mpo-viz`` command names the flag
+(``--lam: expected ...``) from the parser's own dest -> flag table, without reading the message.
+"""
 
 from __future__ import annotations
 
 import numpy as np
 
-__all__ = ["number"]
+__all__ = ["OptionError", "number"]
+
+
+class OptionError(ValueError):
+    """A bad value of option or config field ``option``; ``str()`` is ``"<option>: <detail>"``.
+
+    Attributes:
+        option: the option's Python name (``"turn_lam"``).
+        detail: the message without the name (``"expected a value in [0, 1], found 1.5"``).
+    """
+
+    def __init__(self, option: str, detail: str):
+        super().__init__(f"{option}: {detail}")
+        self.option = option
+        self.detail = detail
+
+    def __reduce__(self):  # picklable across processes (the trainer launches subprocesses)
+        return (type(self), (self.option, self.detail))
 
 
 def number(value, name: str) -> float:
-    """``float(value)`` for a real number; ValueError naming ``name`` for a string, a bool or
-    anything else (``float("0.2")`` would quietly accept a string, ``float(True)`` a flag)."""
+    """``float(value)`` for a real number; :class:`OptionError` naming ``name`` for a string, a bool
+    or anything else (``float("0.2")`` would quietly accept a string, ``float(True)`` a flag)."""
     if isinstance(value, (str, bytes, bool, np.bool_)):
-        raise ValueError(f"{name}: expected a number, found {value!r}")
+        raise OptionError(name, f"expected a number, found {value!r}")
     try:
         return float(value)
     except (TypeError, ValueError):
-        raise ValueError(f"{name}: expected a number, found {value!r}") from None
+        raise OptionError(name, f"expected a number, found {value!r}") from None

@@ -8,8 +8,8 @@ value curve and the per-turn advantages of every estimator.
 
 The input streams: :func:`build_report` accepts a path (read chunk by chunk with
 :func:`mpo_viz.io.scan`, memory bounded by the chunk size plus the selected trajectories) or a
-TrajectoryBatch. Group estimators need each group's rows in one chunk: rows of the group still open
-at a chunk's end are carried into the next chunk (:func:`iter_group_chunks`).
+TrajectoryBatch. Group estimators need each group's rows in one chunk: the file is scanned with
+``keep_groups=True``.
 """
 
 from __future__ import annotations
@@ -20,54 +20,29 @@ import html
 import json
 import math
 import time
-from collections.abc import Iterable, Iterator
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
 import pandas as pd
 
 from mpo_viz import analysis as an
+from mpo_viz.io import count_rows, scan
 
-__all__ = ["ReportConfig", "build_report", "write_report", "iter_group_chunks", "EstimatorOptions"]
-
-
-@dataclass
-class EstimatorOptions:
-    """Options shared by the estimators (each estimator takes only those it accepts; ``None`` keeps
-    the estimator's default)."""
-
-    gamma: float | None = None
-    """token discount γ."""
-    lam: float | None = None
-    """token λ (GAE / MAE within-turn)."""
-    turn_gamma: float | None = None
-    """turn discount γ_T."""
-    turn_lam: float | None = None
-    """turn λ_T."""
-    beta: float | None = None
-    """MAE weight of the within-turn signal."""
-    within: str | None = None
-    """MAE within-turn signal: intra, local, global, td."""
-    value_at: str | None = None
-    """V(s_k): first, last, mean."""
-    critic_target: str | None = None
-    """MAE returns: mc or turn."""
-    whiten: bool | None = None
-    """whiten the advantages over each chunk."""
-
-    def estimator_options(self) -> dict:
-        """The options that are set (not None), for :func:`mpo_viz.analysis.compute_advantages`."""
-        return {f.name: getattr(self, f.name) for f in fields(EstimatorOptions) if getattr(self, f.name) is not None}
+__all__ = ["ReportConfig", "build_report", "write_report"]
 
 
 @dataclass
-class ReportConfig(EstimatorOptions):
-    """Everything :func:`build_report` takes besides the data (one flat config: the estimator
-    options of :class:`EstimatorOptions` plus the fields below)."""
+class ReportConfig:
+    """Everything :func:`build_report` takes besides the data (one flat config)."""
 
     estimators: tuple[str, ...] | None = None
-    """estimator names; None: those of mpo, gae, grpo that the data supports."""
+    """estimator names; None: those of ``mpo_viz.advantages.DEFAULT_ESTIMATORS`` (mpo, gae, grpo)
+    that the data supports."""
+    options: dict = field(default_factory=dict)
+    """options shared by the estimators (``gamma``, ``lam``, ``beta``, ...; declared in
+    :mod:`mpo_viz.advantages.registry`): each estimator takes those it accepts, one that none of
+    them takes is an error."""
     n_best: int = 2
     """trajectories with the highest score to show."""
     n_worst: int = 2
@@ -90,57 +65,6 @@ class ReportConfig(EstimatorOptions):
     export_dir: str | None = None
     """also write every table of the report as CSV into this folder, and every figure as PNG and
     SVG when plotly's static renderer (``kaleido``) is installed (else a warning says so)."""
-
-
-# ------------------------------------------------------------------------------------------------
-# chunking that keeps groups together
-
-
-def iter_group_chunks(chunks: Iterable, *, need_groups: bool = True) -> Iterator:
-    """Re-cut a stream of TrajectoryBatches so that no group is split between two batches.
-
-    The rows of the last group of each batch are held back and prepended to the next one. With
-    ``need_groups``, a group id that reappears after its group was closed raises ``ValueError``
-    (group estimators would silently see a partial group); sort the file by ``group_id``.
-    """
-    from mpo_viz.trajectory import TrajectoryBatch
-
-    carry = None
-    closed: set = set()
-    for chunk in chunks:
-        if carry is not None and len(carry):
-            chunk = TrajectoryBatch.concat([carry, chunk]) if len(chunk) else carry
-        if not len(chunk):
-            continue
-        gids = list(chunk.group_ids)
-        last = gids[-1]
-        cut = len(gids)
-        while cut > 0 and gids[cut - 1] == last:
-            cut -= 1
-        done = chunk[list(range(cut))] if cut else None
-        carry = chunk[list(range(cut, len(gids)))]
-        if done is not None and len(done):
-            _check_closed(done, closed, need_groups)
-            yield done
-    if carry is not None and len(carry):
-        _check_closed(carry, closed, need_groups)
-        yield carry
-
-
-def _check_closed(batch, closed: set, need_groups: bool) -> None:
-    gids = list(batch.group_ids)
-    here = set(gids)
-    if need_groups:
-        again = here & closed
-        if again:
-            g = sorted(again)[0]
-            i = gids.index(g)
-            raise ValueError(
-                f"group_id: group {g!r} (traj_id {batch.traj_ids[i]!r}) appears again after other groups; "
-                "group estimators need each group's rows together — sort the file by group_id"
-            )
-    # the batch's last group may continue only if it is the carry; every group here is complete
-    closed |= here
 
 
 # ------------------------------------------------------------------------------------------------
@@ -283,25 +207,18 @@ class _Acc:
 # building the page
 
 
-def _iter_source(source, cfg: ReportConfig, need_groups: bool):
-    import mpo_viz as mv
-
+def _iter_source(source, cfg: ReportConfig):
     if isinstance(source, (str, Path)):
-        chunks = mv.scan(source, max_tokens=cfg.max_tokens)
-    else:
-        chunks = [source]
-    return iter_group_chunks(chunks, need_groups=need_groups)
+        return scan(source, max_tokens=cfg.max_tokens, keep_groups=True)
+    return iter([source])
 
 
 def _first_chunk_estimators(batch, requested) -> list[str]:
-    from mpo_viz import advantages as adv
+    from mpo_viz.advantages import registry
 
     if requested:
-        names = [e.strip() for e in (requested.split(",") if isinstance(requested, str) else requested) if e.strip()]
-        for n in names:
-            adv.get(n)  # unknown names raise, listing the available ones
-        return names
-    return [n for n in ("mpo", "gae", "grpo") if not adv.missing(batch, n)]
+        return list(registry.parse_names(requested))  # unknown names raise, listing the available ones
+    return registry.default_estimators(batch)
 
 
 def _progress(total, cfg: ReportConfig, unit: str, desc: str):
@@ -312,26 +229,13 @@ def _progress(total, cfg: ReportConfig, unit: str, desc: str):
 
 
 def _count_rows(source) -> int | None:
-    """Number of trajectories in a Parquet file / folder from metadata only (None for JSONL)."""
-    if not isinstance(source, (str, Path)):
-        return len(source)
-    try:
-        import pyarrow.parquet as pq
-
-        from mpo_viz.io import files_of
-
-        files = files_of(source)
-        if all(f.suffix == ".parquet" for f in files):
-            return sum(pq.ParquetFile(f).metadata.num_rows for f in files)
-    except Exception:  # noqa: BLE001 - a count is only for the progress bar
-        return None
-    return None
+    return count_rows(source) if isinstance(source, (str, Path)) else len(source)
 
 
 def build_report(source, config: ReportConfig | None = None, *, source_name: str | None = None) -> str:
     """The report's HTML text. ``source``: a path (``.jsonl``, ``.parquet``, folder) or a batch."""
     cfg = config or ReportConfig()
-    opts = cfg.estimator_options()
+    opts = {k: v for k, v in cfg.options.items() if v is not None}
     t_start = time.perf_counter()
     from mpo_viz.tokens import tokenizer_decoder
 
@@ -339,9 +243,8 @@ def build_report(source, config: ReportConfig | None = None, *, source_name: str
     acc = None
     names: list[str] = []
     bar = _progress(_count_rows(source), cfg, "traj", "report")
-    need_groups = True
     try:
-        for chunk in _iter_source(source, cfg, need_groups):
+        for chunk in _iter_source(source, cfg):
             if acc is None:
                 names = _first_chunk_estimators(chunk, cfg.estimators)
                 acc = _Acc(names, cfg.n_best, cfg.n_worst, cfg.n_disagreed)

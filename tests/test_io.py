@@ -10,6 +10,8 @@ from hypothesis import strategies as st
 
 import mpo_viz as mv
 from mpo_viz import TrajectoryBatch
+from mpo_viz.checks import OptionError
+from mpo_viz.io import group_chunks
 
 f32 = st.floats(min_value=-1e6, max_value=1e6, width=32, allow_nan=False)
 
@@ -148,3 +150,45 @@ def test_jsonl_refuses_to_change_shared_metadata(tmp_path):
     assert mv.load(tmp_path / "a.jsonl").meta["values_source"] == "synthetic"
     mv.save(other, tmp_path / "own" / "c.jsonl")  # a folder of its own works
     assert mv.load(tmp_path / "own").meta["values_source"] == "oracle"
+
+
+def test_group_chunks_refuses_split_groups():
+    b = mv.synthetic.make_batch(6, seed=1, group_size=2, turns=2, turn_len=3, obs_len=2)
+    order = [0, 2, 4, 1, 3, 5]  # every group split
+    chunks = [b[[i]] for i in order]
+    with pytest.raises(ValueError, match="group_id: group .* appears again"):
+        list(group_chunks(chunks))
+    assert sum(len(c) for c in group_chunks(chunks, strict=False)) == 6
+    # contiguous groups cut anywhere come out whole
+    got = list(group_chunks([b[[0, 1, 2]], b[[3]], b[[4, 5]]]))
+    assert [c.group_ids for c in got] == [b.group_ids[:2], b.group_ids[2:4], b.group_ids[4:]]
+
+
+
+
+def test_scan_keep_groups_keeps_every_group_in_one_batch(tmp_path):
+    b = mv.synthetic.make_batch(24, seed=3, group_size=4, turns=(2, 3), turn_len=(3, 9), obs_len=(2, 5))
+    mv.save(b, tmp_path / "g.parquet")
+    max_tokens = 70  # two or three rows a chunk: many cuts inside groups of 4
+    plain = list(mv.scan(tmp_path / "g.parquet", max_tokens=max_tokens))
+    assert any(p.group_ids[-1] == q.group_ids[0] for p, q in zip(plain, plain[1:]))  # plain scan splits groups
+    kept = list(mv.scan(tmp_path / "g.parquet", max_tokens=max_tokens, keep_groups=True))
+    assert [t for c in kept for t in c.traj_ids] == b.traj_ids  # every row once, in file order
+    seen = [set(c.group_ids) for c in kept]
+    for i, s in enumerate(seen):
+        assert all(not (s & t) for t in seen[i + 1:])
+    assert all(sum(1 for g in c.group_ids if g == gid) == 4 for c in kept for gid in set(c.group_ids))
+
+
+def test_count_rows_and_bad_max_tokens(tmp_path):
+    b = mv.synthetic.make_batch(5, seed=1)
+    mv.save(b, tmp_path / "a.parquet")
+    mv.save(b[[0, 1]], tmp_path / "d" / "x.parquet")
+    mv.save(b[[2]], tmp_path / "d" / "y.parquet")
+    mv.save(b, tmp_path / "a.jsonl")
+    assert mv.io.count_rows(tmp_path / "a.parquet") == 5
+    assert mv.io.count_rows(tmp_path / "d") == 3
+    assert mv.io.count_rows(tmp_path / "a.jsonl") is None
+    with pytest.raises(OptionError, match=r"max_tokens: expected an integer >= 1, found 0") as e:
+        next(mv.scan(tmp_path / "a.parquet", max_tokens=0))
+    assert e.value.option == "max_tokens"

@@ -11,7 +11,7 @@ import pytest
 import mpo_viz as mv
 from mpo_viz import advantages as adv
 from mpo_viz.cli import main
-from mpo_viz.report import ReportConfig, build_report, iter_group_chunks
+from mpo_viz.report import ReportConfig, build_report
 
 
 @pytest.fixture(scope="module")
@@ -54,18 +54,6 @@ def test_advantages_cli_streams_chunks_and_keeps_groups(small, tmp_path):
     rc = main(["advantages", str(path), "-e", "grpo,rloo,mpo", "-o", str(out), "--max-tokens", "150", "--no-progress"])
     assert rc == 0
     _check_columns(out, b, ["grpo", "rloo", "mpo"])
-
-
-def test_iter_group_chunks_refuses_split_groups():
-    b = mv.synthetic.make_batch(6, seed=1, group_size=2, turns=2, turn_len=3, obs_len=2)
-    order = [0, 2, 4, 1, 3, 5]  # every group split
-    chunks = [b[[i]] for i in order]
-    with pytest.raises(ValueError, match="group_id: group .* appears again"):
-        list(iter_group_chunks(chunks))
-    assert sum(len(c) for c in iter_group_chunks(chunks, need_groups=False)) == 6
-    # contiguous groups cut anywhere come out whole
-    got = list(iter_group_chunks([b[[0, 1, 2]], b[[3]], b[[4, 5]]]))
-    assert [c.group_ids for c in got] == [b.group_ids[:2], b.group_ids[2:4], b.group_ids[4:]]
 
 
 def test_malformed_file_clean_error(tmp_path, capsys):
@@ -170,29 +158,30 @@ def test_advantages_cli_folder_output(small, tmp_path):
     assert len(list(out.glob("part-*.parquet"))) > 1
     _check_columns(out, b, ["grpo", "gae"])
     with pytest.raises(ValueError, match="already holds part"):
-        from mpo_viz.cli.advantages import AdvantagesConfig, annotate_file
+        from mpo_viz.annotate import AnnotateConfig, annotate_file
 
-        annotate_file(path, out, AdvantagesConfig(estimators=("gae",), progress=False))
+        annotate_file(path, out, AnnotateConfig(estimators=("gae",), progress=False))
 
 
-def test_help_lists_every_registered_estimator(capsys):
-    from mpo_viz.cli.advantages import ESTIMATOR_NAMES
-
-    # built-ins only: other tests register their own estimators in the same process
-    builtin = [n for n in adv.available() if adv.registry.get(n).fn.__module__.startswith("mpo_viz.")]
-    assert sorted(ESTIMATOR_NAMES) == sorted(builtin)
+def test_help_lists_every_registered_estimator_and_option(capsys):
     for cmd in ("advantages", "report"):
         with pytest.raises(SystemExit):
             main([cmd, "--help"])
         out = " ".join(capsys.readouterr().out.split())
-        assert "reinforce_pp_baseline" in out and "``" not in out and ":func:" not in out
+        assert "``" not in out and ":func:" not in out
+        for n in adv.available():
+            assert n in out
+        for o in adv.vocabulary().values():  # every declared option is a flag, with its doc
+            assert "--" + o.name.replace("_", "-") in out and o.doc.split(" (")[0] in out
+        # a default that differs between estimators is shown per estimator
+        assert "defaults gae 1.0, mae 0.95, mpo 0.95" in out
 
 
 def test_unknown_estimator_names_the_flag(small, tmp_path, capsys):
     path, _ = small
     assert main(["report", str(path), "-e", "MPO", "-o", str(tmp_path / "r.html"), "--no-progress"]) == 1
     err = capsys.readouterr().err
-    assert "-e/--estimators: unknown estimator 'MPO' (names are lower case: 'mpo'); available: drgrpo" in err
+    assert "--estimators: unknown estimator 'MPO' (names are lower case: 'mpo'); available: drgrpo" in err
     assert not (tmp_path / "r.html").exists()
 
 
@@ -206,7 +195,7 @@ def test_advantages_refuses_to_write_over_or_into_its_input(small, tmp_path, cap
                      (folder, folder / "scored.parquet"),            # inside the input folder
                      (folder / "a.parquet", folder)):                # a folder output holding the input
         assert main(["advantages", str(inp), "-o", str(out), "--no-progress"]) == 1
-        assert "-o: expected an output outside the input" in capsys.readouterr().err
+        assert "--output: expected an output outside the input" in capsys.readouterr().err
     assert sorted(p.name for p in folder.iterdir()) == ["a.parquet"]
     assert (folder / "a.parquet").read_bytes() == before
     assert main(["advantages", str(folder / "a.parquet"), "-o", str(tmp_path / "scored.parquet"), "--no-progress"]) == 0
@@ -215,7 +204,16 @@ def test_advantages_refuses_to_write_over_or_into_its_input(small, tmp_path, cap
 def test_option_errors_name_the_command_line_flag(small, tmp_path, capsys):
     path, _ = small
     assert main(["advantages", str(path), "-e", "mpo", "--turn-lam", "2", "-o", str(tmp_path / "o.parquet"), "--no-progress"]) == 1
-    assert "error: --turn-lam: expected a value in [0.0, 1.0], found 2.0" in capsys.readouterr().err
+    assert "error: --turn-lam: expected a value in [0, 1], found 2.0" in capsys.readouterr().err
     assert main(["report", str(path), "--max-tokens", "0", "-o", str(tmp_path / "r.html"), "--no-progress"]) == 1
-    assert "error: --max-tokens: expected >= 1, found 0" in capsys.readouterr().err
+    assert "error: --max-tokens: expected an integer >= 1, found 0" in capsys.readouterr().err
+    # an option none of the chosen estimators takes is refused, naming the flag and who takes it
+    assert main(["advantages", str(path), "-e", "gae,grpo", "--beta", "0.5", "-o", str(tmp_path / "o.parquet"),
+                 "--no-progress"]) == 1
+    assert "error: --beta: none of the estimators gae, grpo takes this option (mae, mpo do)" in capsys.readouterr().err
+    # a flag option with a default of True can be switched off
+    assert main(["advantages", str(path), "-e", "reinforce_pp", "--no-whiten", "-o", str(tmp_path / "w.parquet"),
+                 "--no-progress"]) == 0
+    got = mv.load(tmp_path / "w.parquet")
+    assert got.meta["advantage_estimators"]["reinforce_pp"] == {"whiten": False}
     assert not (tmp_path / "o.parquet").exists() and not (tmp_path / "r.html").exists()

@@ -8,7 +8,6 @@ import json
 import re
 import warnings
 
-import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest

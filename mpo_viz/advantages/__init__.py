@@ -1,5 +1,6 @@
 """Advantage estimators (DESIGN §3.2–3.7): fast numba/numpy implementations, a string registry and
-``compute(batch, name, **options)``.
+``compute(batch, name, **options)``; every estimator's options are declared once in
+:mod:`mpo_viz.advantages.registry` (:func:`options`, :class:`Option`).
 
 Tensor functions take ``(B, L)`` torch tensors or numpy arrays and keyword-only options, and return
 ``(advantages, returns)`` torch tensors (float64 in → float64 out, else float32), 0 on masked
@@ -9,35 +10,57 @@ tested against.
 
 from mpo_viz.advantages.group import drgrpo, gigpo, grpo, reinforce_pp, reinforce_pp_baseline, rloo
 from mpo_viz.advantages.registry import (
+    DEFAULT_ESTIMATORS,
     AdvantageResult,
+    Bound,
     Estimator,
+    Option,
     available,
+    bind,
     compute,
+    default_estimators,
+    estimator_options,
     get,
+    is_group_estimator,
     missing,
+    options,
+    parse_names,
     register,
+    split_options,
     turn_table,
+    vocabulary,
 )
 from mpo_viz.advantages.token import gae, mae, mae_with_turns, turn_gae, vapo
 
 __all__ = [
+    "DEFAULT_ESTIMATORS",
     "AdvantageResult",
+    "Bound",
     "Estimator",
+    "Option",
     "available",
+    "bind",
     "compute",
+    "default_estimators",
+    "estimator_options",
     "drgrpo",
     "gae",
     "get",
     "gigpo",
     "grpo",
+    "is_group_estimator",
     "mae",
     "mae_with_turns",
     "missing",
+    "options",
+    "parse_names",
     "register",
     "reinforce_pp",
     "reinforce_pp_baseline",
     "rloo",
+    "split_options",
     "turn_gae",
     "turn_table",
     "vapo",
+    "vocabulary",
 ]

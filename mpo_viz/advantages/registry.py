@@ -1,25 +1,51 @@
-"""String registry of estimators and ``compute(batch, name, **options)`` on a TrajectoryBatch.
+"""The estimators' one registry: names, what each needs from a batch, its typed options, and
+``compute(batch, name, **options)`` on a TrajectoryBatch.
 
-Each entry declares what it *needs* from a batch (``values``, ``groups``, ``turns``, or any other
-field name such as ``prompt_ids``) so callers can check a batch up front (:func:`missing`), and its
-options (the estimator's keyword-only arguments with their defaults), which :func:`compute` fills in
-and records in the result.
+**Options are declared here once.** Each estimator's keyword-only options are :class:`Option`
+objects — name, kind (``float``, ``int``, ``bool``, ``choice``, ``str``), bounds or choices, a
+one-line doc, a display label — and the default is the one in the estimator function's signature
+(checked at registration). Everything else is derived from this declaration: the ``mpo-viz
+advantages``/``report`` flags (:mod:`mpo_viz.cli.advantages`), the explorer's sliders and menus
+(:class:`mpo_viz.widgets.ParamControls`), the report's and the annotator's shared ``options``, and
+:func:`compute`'s checks (an unknown option, a value of the wrong kind or out of bounds raise
+:class:`~mpo_viz.checks.OptionError`, a ``ValueError`` whose ``option`` attribute names it).
 
-Register your own::
+The API:
 
-    @register("my_est", needs=("values",))
+* :func:`register` ``(name, *, needs=(), inputs=None, bound=(), options=None)`` — a decorator;
+* :func:`available` ``() -> list[str]``; :func:`get` ``(name) -> Estimator``;
+* :func:`options` ``(name) -> tuple[Option, ...]``, defaults filled in;
+* :func:`vocabulary` ``(names=None) -> dict[str, Option]``: every option of these estimators (all
+  registered ones by default) by name, the first declaration of each (a name means one thing:
+  :func:`register` refuses a redeclaration of another kind or bounds);
+* :func:`estimator_options` ``(name, shared) -> dict``: the subset of shared options that estimator
+  ``name`` takes; :func:`split_options` ``(names, shared) -> {name: dict}``, refusing an option
+  none of them takes;
+* :func:`bind` ``(batch, name) -> Bound``: the estimator with the batch's inputs prepared once;
+  ``Bound.run(**options) -> (adv, ret, used)`` — the path :func:`compute` and the widgets share;
+* :data:`DEFAULT_ESTIMATORS` (mpo, gae, grpo), :func:`default_estimators` ``(batch)`` (those the
+  batch supports), :func:`is_group_estimator` ``(name)``, :func:`parse_names` ``("mpo,gae")``.
+
+Register your own (it then shows up in ``mpo-viz advantages --help`` and in the explorer)::
+
+    @register("my_est", needs=("values",),
+              options=[Option("scale", kind="float", low=0.0, high=2.0, doc="multiplies V")])
     def my_est(batch, *, scale=1.0):
         '''One line shown by ``describe()``.'''
         return adv, ret          # (B, L) tensors
 
+Without ``options=`` each keyword-only option takes the registered declaration of its name (γ, λ, β,
+...) or is declared from its default's type (a float, an int, a bool or a string; anything else is
+``"any"``: accepted from Python, not shown on the command line or in the explorer), with no bounds.
 """
 
 from __future__ import annotations
 
 import inspect
+import math
 import time
-from collections.abc import Callable
-from dataclasses import dataclass, field
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 import pandas as pd
@@ -27,8 +53,167 @@ import torch
 
 from mpo_viz.advantages import group as G
 from mpo_viz.advantages import token as T
+from mpo_viz.checks import OptionError, number
 
-__all__ = ["Estimator", "AdvantageResult", "register", "available", "get", "missing", "compute", "turn_table"]
+__all__ = [
+    "Option", "Estimator", "Bound", "AdvantageResult", "register", "available", "get", "options", "vocabulary",
+    "estimator_options", "split_options", "takers", "bind", "missing", "compute", "turn_table", "is_group_estimator",
+    "default_estimators", "parse_names", "DEFAULT_ESTIMATORS",
+]
+
+#: the estimators shown when none are named (each where the batch supports it)
+DEFAULT_ESTIMATORS = ("mpo", "gae", "grpo")
+
+KINDS = ("float", "int", "bool", "choice", "str", "any")
+
+_UNSET = object()
+
+
+@dataclass(frozen=True)
+class Option:
+    """One typed estimator option.
+
+    Attributes:
+        name: the keyword argument.
+        default: its default; left out, it is read from the estimator function's signature.
+        kind: ``"float"``, ``"int"``, ``"bool"``, ``"choice"`` (one of ``choices``), ``"str"``, or
+            ``"any"`` (unchecked; not shown on the command line or in the explorer).
+        low, high: inclusive bounds of a number (None: unbounded); ``low_open``/``high_open``
+            make them exclusive.
+        choices: the allowed values of a ``choice``.
+        doc: one line, shown by ``--help`` and as the control's tooltip.
+        label: short display name (``"γ"``); default the name.
+        span: ``(min, max)`` of a slider for a number without two finite bounds (e.g. β ≥ 0 on
+            0…3); without it such a number gets a text box.
+        advanced: shown folded away in the explorer (the CLI shows every option).
+    """
+
+    name: str
+    default: object = _UNSET
+    kind: str = "float"
+    low: float | None = None
+    high: float | None = None
+    choices: tuple = ()
+    doc: str = ""
+    label: str = ""
+    span: tuple[float, float] | None = None
+    advanced: bool = False
+    low_open: bool = False
+    high_open: bool = False
+
+    def __post_init__(self):
+        if not isinstance(self.name, str) or not self.name.isidentifier():
+            raise ValueError(f"Option.name: expected a Python identifier, found {self.name!r}")
+        if self.kind not in KINDS:
+            raise ValueError(f"Option {self.name!r}: kind: expected one of {', '.join(KINDS)}, found {self.kind!r}")
+        if (self.kind == "choice") != bool(self.choices):
+            raise ValueError(f"Option {self.name!r}: choices go with kind='choice' (and only with it)")
+        object.__setattr__(self, "choices", tuple(self.choices))
+
+    @property
+    def display(self) -> str:
+        """The label, or the name."""
+        return self.label or self.name
+
+    @property
+    def slider(self) -> tuple[float, float] | None:
+        """``(min, max)`` of a slider for this number, or None (a text box)."""
+        if self.kind != "float":
+            return None
+        if self.span is not None:
+            return self.span
+        if self.low is not None and self.high is not None:
+            return (self.low, self.high)
+        return None
+
+    def bounds_text(self) -> str:
+        """``[0, 1]``, ``(0, inf)``, ``one of intra, local`` or ``""``."""
+        if self.kind == "choice":
+            return "one of " + ", ".join(map(str, self.choices))
+        if self.low is None and self.high is None:
+            return ""
+        lo = "-inf" if self.low is None else f"{self.low:g}"
+        hi = "inf" if self.high is None else f"{self.high:g}"
+        return f"{'(' if self.low_open or self.low is None else '['}{lo}, {hi}{')' if self.high_open or self.high is None else ']'}"
+
+    def check(self, value):
+        """``value`` if it is a valid setting of this option, else :class:`OptionError` naming it."""
+        n = self.name
+        if self.kind == "any":
+            return value
+        if self.kind == "bool":
+            if not isinstance(value, (bool, np.bool_)):
+                raise OptionError(n, f"expected True or False, found {value!r}")
+            return bool(value)
+        if self.kind == "choice":
+            if value not in self.choices:
+                raise OptionError(n, f"expected one of {', '.join(map(repr, self.choices))}, found {value!r}")
+            return value
+        if self.kind == "str":
+            if not isinstance(value, str):
+                raise OptionError(n, f"expected a string, found {value!r}")
+            return value
+        if self.kind == "int" and not (isinstance(value, (int, np.integer)) and not isinstance(value, (bool, np.bool_))):
+            raise OptionError(n, f"expected an integer, found {value!r}")
+        x = number(value, n)
+        bad = not math.isfinite(x)
+        if self.low is not None:
+            bad |= x <= self.low if self.low_open else x < self.low
+        if self.high is not None:
+            bad |= x >= self.high if self.high_open else x > self.high
+        if bad:
+            raise OptionError(n, f"expected a value in {self.bounds_text() or '(-inf, inf)'}, found {value!r}")
+        return value
+
+    def same_meaning(self, other: Option) -> bool:
+        """Same kind, bounds and choices (defaults and docs may differ between estimators)."""
+        return (self.kind, self.low, self.high, self.low_open, self.high_open, self.choices) == (
+            other.kind, other.low, other.high, other.low_open, other.high_open, other.choices)
+
+
+def _kind_of(default) -> str | None:
+    if isinstance(default, bool):
+        return "bool"
+    if isinstance(default, int):
+        return "int"
+    if isinstance(default, float):
+        return "float"
+    if isinstance(default, str):
+        return "str"
+    return None
+
+
+# ----------------------------------------------------------------------------- the shared vocabulary
+# Every option of the built-in estimators, once. Defaults come from each function's signature.
+
+GAMMA = Option("gamma", kind="float", low=0.0, high=1.0, label="γ",
+               doc="token discount γ (gae, vapo, mae inside turns, reinforce_pp)")
+LAM = Option("lam", kind="float", low=0.0, high=1.0, label="λ", doc="token λ (gae; mae's within-turn signal)")
+TURN_GAMMA = Option("turn_gamma", kind="float", low=0.0, high=1.0, label="γ_T", doc="turn discount γ_T (mae, turn_gae)")
+TURN_LAM = Option("turn_lam", kind="float", low=0.0, high=1.0, label="λ_T", doc="turn λ_T (mae, turn_gae)")
+BETA = Option("beta", kind="float", low=0.0, span=(0.0, 3.0), label="β",
+              doc="weight β of mae's centred within-turn signal (0 = turn GAE)")
+WITHIN = Option("within", kind="choice", choices=("intra", "local", "global", "td"), label="within",
+                doc="mae's within-turn signal u")
+VALUE_AT = Option("value_at", kind="choice", choices=("first", "last", "mean"), label="V(s_k) at",
+                  doc="which token's value is the turn value V(s_k)")
+CRITIC_TARGET = Option("critic_target", kind="choice", choices=("mc", "turn"), label="target", advanced=True,
+                       doc="mae's returns: Monte-Carlo (mc) or the turn return broadcast (turn)")
+WHITEN = Option("whiten", kind="bool", label="whiten", advanced=True,
+                doc="whiten the advantages over the batch's action tokens")
+ALPHA = Option("alpha", kind="float", low=0.0, low_open=True, span=(0.01, 1.0), label="α",
+               doc="vapo: length-adaptive λ = 1 − 1/(α·ℓ)")
+EPS = Option("eps", kind="float", low=0.0, label="ε", advanced=True, doc="added to the group std (grpo, gigpo)")
+NORM_BY_STD = Option("norm_by_std", kind="bool", label="÷ std", advanced=True,
+                     doc="grpo: divide by the group std (False = Dr. GRPO)")
+OMEGA = Option("omega", kind="float", span=(0.0, 3.0), label="ω", doc="gigpo: weight ω of the step-level advantage")
+STEP_GAMMA = Option("step_gamma", kind="float", low=0.0, high=1.0, label="γ_step",
+                    doc="gigpo: discount of the step return")
+NORM = Option("norm", kind="choice", choices=("std", "mean"), label="step norm", advanced=True,
+              doc="gigpo: step-group normalization (std, or mean only)")
+
+_VOCAB: dict[str, Option] = {o.name: o for o in (GAMMA, LAM, TURN_GAMMA, TURN_LAM, BETA, WITHIN, VALUE_AT,
+                                                  CRITIC_TARGET, WHITEN, ALPHA, EPS, NORM_BY_STD, OMEGA, STEP_GAMMA, NORM)}
 
 # What each kind of need means and how to check it on a batch.
 NEED_TEXT = {
@@ -59,7 +244,7 @@ class Estimator:
         fn: the callable doing the work, called as ``fn(*inputs(batch)[0], **inputs(batch)[1], **options)``.
         inputs: maps a batch to the ``(args, kwargs)`` taken from it (tensors, ids, ...).
         needs: what the batch must carry (see :data:`NEED_TEXT`).
-        options: option name -> default (the keyword-only arguments of ``fn`` not taken from the batch).
+        spec: the declared options (:class:`Option`, defaults filled in), in signature order.
         doc: the first line of ``fn``'s docstring.
     """
 
@@ -67,29 +252,62 @@ class Estimator:
     fn: Callable
     inputs: Callable
     needs: tuple[str, ...]
-    options: dict
+    spec: tuple[Option, ...]
     doc: str = ""
+
+    @property
+    def options(self) -> dict:
+        """Option name -> default."""
+        return {o.name: o.default for o in self.spec}
 
 
 _REGISTRY: dict[str, Estimator] = {}
 
 
-def _options_of(fn: Callable, bound: tuple[str, ...]) -> dict:
-    sig = inspect.signature(fn)
-    return {
-        p.name: p.default
-        for p in sig.parameters.values()
-        if p.kind == inspect.Parameter.KEYWORD_ONLY and p.name not in bound
-    }
+def _declare(name: str, fn: Callable, bound: tuple[str, ...], declared) -> tuple[Option, ...]:
+    """The options of ``fn`` (keyword-only, minus ``bound``) as :class:`Option` s with defaults."""
+    given = {}
+    for o in declared or ():
+        if not isinstance(o, Option):
+            raise ValueError(f"options: estimator {name!r}: expected Option objects, found {o!r}")
+        given[o.name] = o
+    params = {p.name: p for p in inspect.signature(fn).parameters.values()
+              if p.kind == inspect.Parameter.KEYWORD_ONLY and p.name not in bound}
+    extra = [n for n in given if n not in params]
+    if extra:
+        raise ValueError(f"options: estimator {name!r} declares {', '.join(map(repr, extra))}, which "
+                         f"{fn.__qualname__} does not take as a keyword-only argument")
+    out = []
+    for pname, p in params.items():
+        if p.default is inspect.Parameter.empty:
+            raise ValueError(f"options: estimator {name!r}: option {pname!r} of {fn.__qualname__} has no default")
+        o = given.get(pname) or _VOCAB.get(pname)
+        if o is None:
+            # e.g. a None default: "any", callable from Python, not shown on the CLI or the sliders
+            o = Option(pname, kind=_kind_of(p.default) or "any")
+        if o.default is not _UNSET and o.default != p.default:
+            raise ValueError(f"options: estimator {name!r}: option {pname!r} declares default {o.default!r} but "
+                             f"{fn.__qualname__} has {p.default!r}; the signature's default is the one")
+        known = _VOCAB.get(pname)
+        if known is not None and not known.same_meaning(o):
+            raise ValueError(f"options: estimator {name!r}: option {pname!r} ({o.kind} {o.bounds_text()}) means "
+                             f"something else than the registered {pname!r} ({known.kind} {known.bounds_text()}); "
+                             "one name, one meaning: pick another name")
+        out.append(replace(o, default=p.default))
+    return tuple(out)
 
 
 def register(name: str, *, needs: tuple[str, ...] = (), inputs: Callable | None = None,
-             bound: tuple[str, ...] = ()):
+             bound: tuple[str, ...] = (), options: Iterable[Option] | None = None):
     """Decorator registering ``fn`` under ``name``; raises ``ValueError`` if the name is taken.
 
     Without ``inputs`` the function is called as ``fn(batch, **options)``. With ``inputs``, a
     callable ``batch -> (args, kwargs)``, it is called as ``fn(*args, **kwargs, **options)``;
     ``bound`` lists the keyword names ``inputs`` supplies (they are not options).
+
+    ``options``: :class:`Option` declarations of ``fn``'s keyword-only options (defaults from the
+    signature). An undeclared option takes the registered declaration of its name (γ, λ, β, ...)
+    or, for a new name, one inferred from its default's type.
     """
     if not isinstance(name, str) or not name:
         raise ValueError(f"name: expected a non-empty string, found {name!r}")
@@ -98,9 +316,12 @@ def register(name: str, *, needs: tuple[str, ...] = (), inputs: Callable | None 
         if name in _REGISTRY:
             raise ValueError(f"estimator {name!r} is already registered (by {_REGISTRY[name].fn.__module__}."
                              f"{_REGISTRY[name].fn.__qualname__}); pick another name")
+        spec = _declare(name, fn, tuple(bound), options)
         get_inputs = inputs if inputs is not None else (lambda b: ((b,), {}))
         doc = (inspect.getdoc(fn) or "").split("\n", 1)[0]
-        _REGISTRY[name] = Estimator(name, fn, get_inputs, tuple(needs), _options_of(fn, bound), doc)
+        _REGISTRY[name] = Estimator(name, fn, get_inputs, tuple(needs), spec, doc)
+        for o in spec:
+            _VOCAB.setdefault(o.name, replace(o, default=_UNSET))
         return fn
 
     return deco
@@ -119,6 +340,71 @@ def get(name: str) -> Estimator:
         raise ValueError(f"name: unknown estimator {name!r}; available: {', '.join(available())}") from None
 
 
+def options(name: str) -> tuple[Option, ...]:
+    """The declared options of estimator ``name``, defaults filled in."""
+    return get(name).spec
+
+
+def vocabulary(names: Iterable[str] | None = None) -> dict[str, Option]:
+    """Every option of ``names`` (default: every registered estimator) by option name, in order of
+    declaration; each carries the default of the first of ``names`` that takes it."""
+    out: dict[str, Option] = {}
+    for n in (available() if names is None else names):
+        for o in get(n).spec:
+            out.setdefault(o.name, o)
+    order = {k: i for i, k in enumerate(_VOCAB)}  # declaration order: γ, λ, γ_T, ... then users' options
+    return dict(sorted(out.items(), key=lambda kv: order[kv[0]]))
+
+
+def takers(option: str, names: Iterable[str] | None = None) -> list[str]:
+    """The estimators among ``names`` (default: all registered) that take ``option``."""
+    return [n for n in (available() if names is None else names) if option in get(n).options]
+
+
+def estimator_options(name: str, shared: dict) -> dict:
+    """The subset of ``shared`` that estimator ``name`` takes, ``None`` values dropped (the shared
+    options of the CLI, the report and the sliders: each estimator takes the ones it accepts)."""
+    accepted = get(name).options
+    return {k: v for k, v in shared.items() if k in accepted and v is not None}
+
+
+def split_options(names: Iterable[str], shared: dict) -> dict[str, dict]:
+    """``{name: estimator_options(name, shared)}``; an option (not None) that none of ``names``
+    takes raises :class:`OptionError` naming it and the estimators that would."""
+    names = list(names)
+    for k, v in shared.items():
+        if v is not None and not takers(k, names):
+            who = takers(k) if k in _VOCAB else []
+            raise OptionError(k, f"none of the estimators {', '.join(names)} takes this option"
+                                 + (f" ({', '.join(who)} do)" if who else "; no registered estimator does"))
+    return {n: estimator_options(n, shared) for n in names}
+
+
+def is_group_estimator(name: str) -> bool:
+    """True when estimator ``name`` compares trajectories of a group (it needs ``groups``)."""
+    return "groups" in get(name).needs
+
+
+def default_estimators(batch) -> list[str]:
+    """Those of :data:`DEFAULT_ESTIMATORS` that ``batch`` supports (mpo and gae need values)."""
+    return [n for n in DEFAULT_ESTIMATORS if not missing(batch, n)]
+
+
+def parse_names(names) -> tuple[str, ...]:
+    """``"mpo, gae"`` or a sequence of names -> a tuple of registered names; :class:`OptionError`
+    (option ``estimators``) for an empty list or an unknown name."""
+    if isinstance(names, str):
+        names = names.split(",")
+    out = tuple(str(n).strip() for n in names if str(n).strip())
+    if not out:
+        raise OptionError("estimators", "expected at least one estimator name, found none")
+    for n in out:
+        if n not in _REGISTRY:
+            hint = f" (names are lower case: {n.lower()!r})" if n.lower() in _REGISTRY else ""
+            raise OptionError("estimators", f"unknown estimator {n!r}{hint}; available: {', '.join(available())}")
+    return out
+
+
 def _check_batch(batch) -> None:
     from mpo_viz.trajectory import TrajectoryBatch
 
@@ -132,6 +418,62 @@ def missing(batch, name: str) -> list[str]:
     """What the batch lacks for estimator ``name`` (empty when it can run)."""
     _check_batch(batch)
     return [n for n in get(name).needs if not _has(batch, n)]
+
+
+class Bound:
+    """Estimator ``name`` bound to a batch: the batch is checked and its inputs are prepared once;
+    :meth:`run` checks the options and calls the estimator. :func:`compute` is ``bind`` + ``run`` +
+    the per-turn table; the widgets keep a ``Bound`` per estimator and call ``run`` when a slider
+    moves."""
+
+    def __init__(self, batch, name: str):
+        est = get(name)
+        lacks = missing(batch, name)
+        if lacks:
+            what = "; ".join(f"{n}: {NEED_TEXT.get(n, f'field {n!r}')}" for n in lacks)
+            alt = [e for e in available() if not [n for n in _REGISTRY[e].needs if not _has(batch, n)]]
+            raise ValueError(f"estimator {name!r} needs what this batch lacks — {what}. "
+                             f"Estimators this batch supports: {', '.join(alt) or 'none'}")
+        if "values" in est.needs:
+            no_values = [i for i, v in enumerate(batch.field("values")) if v is None]
+            if no_values:
+                i = no_values[0]
+                raise ValueError(f"values: row {i} (traj_id {batch.traj_ids[i]!r}) has no critic values; estimator "
+                                 f"{name!r} needs them on every row ({len(no_values)} rows lack them)")
+        self.name = name
+        self.estimator = est
+        self.batch = batch
+        self._spec = {o.name: o for o in est.spec}
+        self._inputs = None
+
+    def inputs(self) -> tuple[tuple, dict]:
+        """The ``(args, kwargs)`` taken from the batch (prepared on the first call)."""
+        if self._inputs is None:
+            self._inputs = self.estimator.inputs(self.batch)
+        return self._inputs
+
+    def resolve(self, **options) -> dict:
+        """Every option the estimator runs with: its defaults, overridden by ``options`` (each
+        checked against its declaration; an unknown one raises :class:`OptionError`)."""
+        unknown = [o for o in options if o not in self._spec]
+        if unknown:
+            raise OptionError("options", f"estimator {self.name!r} has no option {', '.join(map(repr, unknown))}; "
+                                         f"valid options: {', '.join(self._spec) or 'none'}")
+        for k, v in options.items():
+            self._spec[k].check(v)
+        return {**self.estimator.options, **options}
+
+    def run(self, **options):
+        """``(advantages, returns, used_options)`` for these options (see :meth:`resolve`)."""
+        used = self.resolve(**options)
+        args, kwargs = self.inputs()
+        adv, ret = self.estimator.fn(*args, **kwargs, **used)
+        return adv, ret, used
+
+
+def bind(batch, name: str) -> Bound:
+    """:class:`Bound`: estimator ``name`` with ``batch`` checked and its inputs prepared once."""
+    return Bound(batch, name)
 
 
 @dataclass
@@ -221,30 +563,15 @@ def compute(batch, name: str, **options) -> AdvantageResult:
     """Run estimator ``name`` on a TrajectoryBatch; returns an :class:`AdvantageResult`.
 
     Checks up front that the batch carries what the estimator needs (``ValueError`` naming what is
-    missing) and that every option is known (``ValueError`` listing the valid ones).
+    missing) and every option against its declaration (:class:`OptionError`: an unknown option
+    lists the valid ones; a value of the wrong kind or out of bounds names the expected range).
     """
     t0 = time.perf_counter()
-    est = get(name)
-    lacks = missing(batch, name)
-    if lacks:
-        what = "; ".join(f"{n}: {NEED_TEXT.get(n, f'field {n!r}')}" for n in lacks)
-        alt = [e for e in available() if not [n for n in _REGISTRY[e].needs if not _has(batch, n)]]
-        raise ValueError(f"estimator {name!r} needs what this batch lacks — {what}. "
-                         f"Estimators this batch supports: {', '.join(alt) or 'none'}")
-    if "values" in est.needs:
-        no_values = [i for i, v in enumerate(batch.field("values")) if v is None]
-        if no_values:
-            i = no_values[0]
-            raise ValueError(f"values: row {i} (traj_id {batch.traj_ids[i]!r}) has no critic values; estimator "
-                             f"{name!r} needs them on every row ({len(no_values)} rows lack them)")
-    unknown = [o for o in options if o not in est.options]
-    if unknown:
-        raise ValueError(f"options: estimator {name!r} has no option {', '.join(map(repr, unknown))}; "
-                         f"valid options: {', '.join(est.options) or 'none'}")
-    used = {**est.options, **options}
-    args, kwargs = est.inputs(batch)
+    b = bind(batch, name)
+    b.resolve(**options)  # bad options fail before the inputs are prepared
+    b.inputs()
     t1 = time.perf_counter()
-    adv, ret = est.fn(*args, **kwargs, **used)
+    adv, ret, used = b.run(**options)
     t2 = time.perf_counter()
     turns = turn_table(batch, adv, ret, value_at=used.get("value_at", "first"))
     t3 = time.perf_counter()
@@ -276,6 +603,7 @@ def _gigpo_inputs(b):
 
 
 _TURN_BOUND = ("bootstrap_value", "turn_ids")
+# The built-ins take their option declarations from the vocabulary above by name.
 register("gae", needs=("values",), inputs=_critic_inputs, bound=("bootstrap_value",))(T.gae)
 register("vapo", needs=("values",), inputs=_critic_inputs, bound=("bootstrap_value",))(T.vapo)
 register("turn_gae", needs=("values", "turns"), inputs=_turn_inputs, bound=_TURN_BOUND)(T.turn_gae)

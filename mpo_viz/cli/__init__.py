@@ -1,9 +1,16 @@
 """The ``mpo-viz`` command.
 
-One module per command group in this package, each exposing ``add_subcommand(subparsers) -> None``
-that registers ``argparse`` parsers whose ``func(args) -> int`` does the work; :data:`COMMANDS` lists
-them, imported explicitly, in ``--help`` order. Bad input: a one-line message on stderr and exit code 1 or 2,
-no traceback unless ``--debug``.
+One module per command group in this package (``data``, ``generate``, ``advantages``), each exposing
+``add_subcommand(subparsers) -> None`` that registers ``argparse`` parsers whose ``func(args) -> int``
+does the work; :func:`build_parser` imports them explicitly, in ``--help`` order. To add a command
+group: write ``cli/<group>.py`` with ``add_subcommand`` and add it to the tuple in :func:`build_parser`.
+
+A command builds the library's config from its flags and calls the library. Errors: the library
+raises :class:`~mpo_viz.checks.OptionError` for a bad option or config field (its ``option``
+attribute names the field); :func:`main` says it under the flag whose ``dest`` is that field
+(``lam: expected ...`` reads ``--lam: expected ...``), so name each flag's ``dest`` after the config
+field it fills. Bad input: a one-line message on stderr and exit code 1 or 2, no traceback unless
+``--debug``.
 """
 
 from __future__ import annotations
@@ -12,6 +19,7 @@ import argparse
 import os
 import sys
 
+from mpo_viz.checks import OptionError
 
 
 class CLIError(Exception):
@@ -44,7 +52,26 @@ def build_parser() -> argparse.ArgumentParser:
 
     for module in (data, generate, advantages):  # --help order: info, validate, generate, advantages, report
         module.add_subcommand(sub)
+    for command in sub.choices.values():
+        command.set_defaults(flags=flags_of(command))
     return parser
+
+
+def flags_of(parser: argparse.ArgumentParser) -> dict[str, str]:
+    """``dest -> flag`` of a parser's arguments: the longest option string (``--turn-lam``), or the
+    metavar of a positional (``PATH``)."""
+    out = {}
+    for a in parser._actions:
+        if a.dest in (argparse.SUPPRESS, "help"):
+            continue
+        out[a.dest] = max(a.option_strings, key=len) if a.option_strings else (a.metavar or a.dest.upper())
+    return out
+
+
+def in_flags(exc: OptionError, flags: dict[str, str]) -> str:
+    """The message of ``exc`` with its option named by its flag (``--lam: ...``) when it has one."""
+    flag = flags.get(exc.option)
+    return f"{flag}: {exc.detail}" if flag else str(exc)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -63,10 +90,11 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("mpo-viz: interrupted", file=sys.stderr)
         return 130
-    except (CLIError, ValueError, OSError) as exc:  # TrajectoryError is a ValueError
+    except (CLIError, ValueError, OSError) as exc:  # TrajectoryError and OptionError are ValueErrors
         if args.debug:
             raise
-        print(f"mpo-viz {args.command}: error: {exc}", file=sys.stderr)
+        msg = in_flags(exc, getattr(args, "flags", {})) if isinstance(exc, OptionError) else str(exc)
+        print(f"mpo-viz {args.command}: error: {msg}", file=sys.stderr)
         return getattr(exc, "code", 1)
 
 

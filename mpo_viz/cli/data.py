@@ -43,11 +43,11 @@ def cmd_info(args) -> int:
 
 def cmd_validate(args) -> int:
     import mpo_viz as mv
-    from mpo_viz.io import _pieces
+    from mpo_viz.io import pieces
 
     n_ok, problems = 0, []
     try:
-        for piece in _pieces(args.path, "collect", rows_per_chunk=1024):
+        for piece in pieces(args.path, "collect", rows_per_chunk=1024):
             n_ok += len(piece)
             problems.extend(piece.rejected)
     except TrajectoryError as exc:  # file-level problems (unknown schema version)

@@ -5,7 +5,10 @@
   found; ``errors="collect"`` returns the good rows with ``batch.rejected`` listing every rejected
   row and why. No row is ever dropped silently.
 * :func:`scan` yields batches of at most ``max_tokens`` response tokens (a single longer trajectory
-  comes alone), so files larger than memory stream in bounded memory.
+  comes alone), so files larger than memory stream in bounded memory; ``keep_groups=True`` re-cuts
+  them so that no group is split between two batches (group estimators need whole groups).
+* :func:`count_rows` counts a Parquet file's rows from its metadata (progress bars);
+  :func:`merge_parts` assembles one file from parts written chunk by chunk.
 * Files are never unpickled: only JSONL and Parquet are read.
 """
 
@@ -16,10 +19,13 @@ from pathlib import Path
 
 import numpy as np
 
+from mpo_viz.checks import OptionError
 from mpo_viz.io import jsonl, parquet
+from mpo_viz.io.groups import group_chunks
+from mpo_viz.io.parts import merge_parts
 from mpo_viz.schema import SCHEMA_VERSION, Problem, TrajectoryError
 
-__all__ = ["load", "save", "scan", "files_of"]
+__all__ = ["load", "save", "scan", "files_of", "count_rows", "group_chunks", "merge_parts", "pieces"]
 
 _READERS = {".jsonl": jsonl, ".parquet": parquet}
 
@@ -54,8 +60,9 @@ def _meta_of(f: Path) -> dict:
     return meta
 
 
-def _pieces(path, errors: str, rows_per_chunk: int | None = None) -> Iterator:
-    """Validated batches of successive chunks of every file (duplicate ids checked across all)."""
+def pieces(path, errors: str = "raise", rows_per_chunk: int | None = None) -> Iterator:
+    """Validated batches of successive chunks of every file, as the readers deliver them (``rows_per_chunk``
+    rows at most; duplicate ids checked across all); :func:`load` and :func:`scan` are built on it."""
     from mpo_viz.trajectory import TrajectoryBatch
 
     if errors not in ("raise", "collect"):
@@ -77,25 +84,35 @@ def load(path, *, errors: str = "raise", trust: bool = False):
     """
     from mpo_viz.trajectory import TrajectoryBatch
 
-    pieces = list(_pieces(path, errors, rows_per_chunk=4096))
-    if not pieces:
+    parts = list(pieces(path, errors, rows_per_chunk=4096))
+    if not parts:
         return TrajectoryBatch.from_rows([], _meta_of(files_of(path)[0]))
-    return TrajectoryBatch.concat(pieces)
+    return TrajectoryBatch.concat(parts)
 
 
-def scan(path, *, max_tokens: int = 1_000_000, errors: str = "raise") -> Iterator:
+def scan(path, *, max_tokens: int = 1_000_000, errors: str = "raise", keep_groups: bool = False) -> Iterator:
     """Yield TrajectoryBatches of at most ``max_tokens`` response tokens each, in file order.
 
     Memory stays bounded by the chunk size (plus one set of traj_ids for the duplicate check),
     whatever the file size. With ``errors="collect"`` each yielded batch carries the problems of
     the rows read since the previous one in ``batch.rejected``.
+
+    ``keep_groups=True``: no group is split between two batches — the rows of the group still open
+    at a chunk's end go into the next batch (so a batch can exceed ``max_tokens`` by one group), and
+    a group id that reappears after its group was closed raises ``ValueError`` (sort the file by
+    ``group_id``); see :func:`group_chunks`.
     """
+    if isinstance(max_tokens, bool) or not isinstance(max_tokens, (int, np.integer)) or max_tokens < 1:
+        raise OptionError("max_tokens", f"expected an integer >= 1, found {max_tokens!r}")
+    chunks = _scan(path, int(max_tokens), errors)
+    return group_chunks(chunks) if keep_groups else chunks
+
+
+def _scan(path, max_tokens: int, errors: str) -> Iterator:
     from mpo_viz.trajectory import TrajectoryBatch
 
-    if max_tokens < 1:
-        raise ValueError(f"max_tokens: expected >= 1, found {max_tokens}")
     pending, acc, rejected = [], 0, []
-    for piece in _pieces(path, errors, rows_per_chunk=64):
+    for piece in pieces(path, errors, rows_per_chunk=64):
         rejected.extend(piece.rejected)
         lengths = np.diff(piece._off)
         start = 0
@@ -114,6 +131,20 @@ def scan(path, *, max_tokens: int = 1_000_000, errors: str = "raise") -> Iterato
         out = TrajectoryBatch.concat(pending) if pending else TrajectoryBatch.from_rows([], None)
         out.rejected = rejected
         yield out
+
+
+def count_rows(path) -> int | None:
+    """Number of trajectories in a Parquet file or folder from metadata only, without reading the
+    rows; None for JSONL (counting would mean reading it) or an unreadable file."""
+    import pyarrow.parquet as pq
+
+    try:
+        files = files_of(path)
+        if all(f.suffix == ".parquet" for f in files):
+            return sum(pq.ParquetFile(f).metadata.num_rows for f in files)
+    except (OSError, ValueError):  # a count is only for a progress bar; load() reports the problem
+        return None
+    return None
 
 
 def save(batch, path) -> Path:

@@ -54,7 +54,7 @@ class EstimatorComparison(W.VBox):
         names = list(estimators) if estimators is not None else default_estimators(self.batch)
         self.engine = AdvantageEngine(self.batch, names)
         self.names = self.engine.names
-        self.params = params if params is not None else ParamControls(**options)
+        self.params = params if params is not None else ParamControls(self.names, **options)
         self.tokens = token_decoder(tokens)
         self.results = self.engine.compute(self.params.options)
         self.scale = ColourScale(scale, self.batch, self.results)

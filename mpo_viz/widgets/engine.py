@@ -1,13 +1,23 @@
 """Recomputing advantages fast when a slider moves, and the shared parameter controls.
 
-:class:`AdvantageEngine` prepares each estimator's inputs once per batch (``Estimator.inputs``) and
-then calls only the estimator kernel (``Estimator.fn``) with the estimator's defaults overridden
-by the shared options — the same call :func:`mpo_viz.advantages.compute` makes, minus its per-turn
-table, so a slider change on a 100k-token batch costs a few milliseconds. The tests check the
-result equals ``compute`` exactly.
+:class:`AdvantageEngine` binds each estimator to the batch once (:func:`mpo_viz.advantages.bind`:
+the batch checked, its inputs prepared) and on each change calls ``Bound.run`` — the path
+:func:`mpo_viz.advantages.compute` takes, with its option checks, minus the per-turn table — so a
+slider change on a 100k-token batch costs a few milliseconds. The tests check the result equals
+``compute`` exactly.
 
-:class:`ParamControls` holds the sliders γ, λ, γ_T, λ_T, β and the menus ``within`` / ``value_at``;
-each estimator receives only the options it accepts (:func:`mpo_viz.analysis.estimator_options`).
+:class:`ParamControls` derives its controls from the estimators' declared options
+(:func:`mpo_viz.advantages.vocabulary`): a slider for a bounded number, a text box for an
+unbounded one, a menu for a choice, a checkbox for a flag; ``advanced`` options sit folded under
+"more options". Each estimator receives only the options it accepts
+(:func:`mpo_viz.advantages.estimator_options`).
+
+One set of defaults: a control is shared only by estimators for which the option means the same
+thing and has the same default (γ of mpo, gae and reinforce_pp: 1). Where defaults differ (λ: 0.95
+for mpo's within-turn signal, 1 for gae) each group of estimators gets its own control, labelled
+with them ("λ · gae") and keyed ``"lam@gae"`` in :attr:`ParamControls.options`; so every estimator
+starts from, and runs with, its own defaults, exactly as :func:`mpo_viz.advantages.compute` and the
+report run it. :func:`options_of` turns the controls' setting into one estimator's options.
 """
 
 from __future__ import annotations
@@ -16,32 +26,23 @@ import time
 
 import ipywidgets as W
 
-from mpo_viz import analysis as an
+from mpo_viz.advantages import registry
 
-__all__ = ["AdvantageEngine", "ParamControls", "default_estimators", "PARAM_DEFAULTS"]
+__all__ = ["AdvantageEngine", "ParamControls", "default_estimators", "options_of"]
 
-#: initial slider values: MAE's defaults (DESIGN §3.4). GAE shares γ and λ with MAE here.
-PARAM_DEFAULTS = {"gamma": 1.0, "lam": 0.95, "turn_gamma": 1.0, "turn_lam": 0.9, "beta": 1.0,
-                  "within": "intra", "value_at": "first"}
-
-_SLIDERS = [  # option, label, min, max, step, what
-    ("gamma", "γ", 0.0, 1.0, 0.01, "token discount γ (gae, mpo inside turns, reinforce_pp)"),
-    ("lam", "λ", 0.0, 1.0, 0.01, "token λ (gae; mpo's within-turn signal)"),
-    ("turn_gamma", "γ_T", 0.0, 1.0, 0.01, "turn discount γ_T (mpo, turn_gae)"),
-    ("turn_lam", "λ_T", 0.0, 1.0, 0.01, "turn λ_T (mpo, turn_gae)"),
-    ("beta", "β", 0.0, 3.0, 0.05, "mpo: weight β of the centred within-turn signal (0 = turn GAE)"),
-]
-_CHOICES = [
-    ("within", "within", ("intra", "local", "global", "td"), "mpo's within-turn signal u"),
-    ("value_at", "V(s_k) at", ("first", "last", "mean"), "which token's value is the turn value V(s_k)"),
-]
+default_estimators = registry.default_estimators
 
 
-def default_estimators(batch) -> list[str]:
-    """Those of ``mpo``, ``gae``, ``grpo`` that ``batch`` supports (mpo and gae need values)."""
-    from mpo_viz import advantages as adv
-
-    return [n for n in ("mpo", "gae", "grpo") if not adv.missing(batch, n)]
+def options_of(name: str, options: dict) -> dict:
+    """The options estimator ``name`` takes from a controls setting: the shared keys it accepts,
+    overridden by the ``"key@a+b"`` keys whose group names it (None values dropped)."""
+    plain = {k: v for k, v in options.items() if "@" not in k}
+    for k, v in options.items():
+        if "@" in k:
+            key, group = k.split("@", 1)
+            if name in group.split("+"):
+                plain[key] = v
+    return registry.estimator_options(name, plain)
 
 
 class AdvantageEngine:
@@ -52,82 +53,90 @@ class AdvantageEngine:
     """
 
     def __init__(self, batch, estimators):
-        from mpo_viz import advantages as adv
-
-        if isinstance(estimators, str):
-            estimators = [e.strip() for e in estimators.split(",") if e.strip()]
-        if not estimators:
-            raise ValueError("estimators: expected at least one estimator name, found none")
+        names = registry.parse_names(estimators)  # unknown names raise, listing the available ones
         self.batch = batch
-        self.names = list(estimators)
-        self._est = {}
-        self._inputs = {}
+        self.names = list(names)
+        self._bound = {}
         for name in self.names:
-            est = adv.get(name)  # unknown names raise, listing the available ones
-            lacks = adv.missing(batch, name)
+            lacks = registry.missing(batch, name)
             if lacks:
                 raise ValueError(f"estimators: {name!r} needs what this batch lacks ({', '.join(lacks)}); "
                                  f"this batch supports {default_estimators(batch) or 'none of mpo, gae, grpo'}")
-            self._est[name] = est
+            self._bound[name] = registry.bind(batch, name)
         self.timings: dict = {}
-
-    def _inputs_of(self, name):
-        if name not in self._inputs:
-            self._inputs[name] = self._est[name].inputs(self.batch)
-        return self._inputs[name]
 
     def options_for(self, name: str, options: dict) -> dict:
         """Every option estimator ``name`` runs with: its defaults, overridden by those it accepts."""
-        return {**self._est[name].options, **an.estimator_options(name, options)}
+        return self._bound[name].resolve(**options_of(name, options))
 
     def compute(self, options: dict) -> dict:
         t0 = time.perf_counter()
         out = {}
-        for name in self.names:
-            args, kwargs = self._inputs_of(name)
-            out[name] = self._est[name].fn(*args, **kwargs, **self.options_for(name, options))
+        for name, b in self._bound.items():
+            adv, ret, _ = b.run(**options_of(name, options))
+            out[name] = (adv, ret)
         self.timings["compute"] = time.perf_counter() - t0
         return out
 
 
 class ParamControls(W.VBox):
-    """Sliders γ, λ, γ_T, λ_T, β and menus ``within`` / ``value_at``, shared by the estimators.
+    """One control per option of ``estimators`` (default mpo, gae, grpo), shared by them.
 
+    Derived from the declarations (:func:`mpo_viz.advantages.vocabulary`): a float with a slider
+    range gets a slider, other numbers a text box, a choice a menu, a flag a checkbox; an option's
+    initial value is the default of the first estimator taking it, unless given in ``initial``.
     ``options`` (dict) is the current setting; ``on_change(callback)`` calls ``callback(options)``
     after any control changes; ``set(**options)`` sets several controls and fires once.
     Sliders update on release (``continuous_update=False``) so a drag recomputes once.
     """
 
-    def __init__(self, **initial):
-        unknown = [k for k in initial if k not in PARAM_DEFAULTS]
+    def __init__(self, estimators=None, **initial):
+        names = registry.parse_names(estimators if estimators is not None else registry.DEFAULT_ESTIMATORS)
+        vocab = {k: o for k, o in registry.vocabulary(names).items() if o.kind != "any"}
+        unknown = [k for k in initial if k not in vocab]
         if unknown:
-            raise ValueError(f"options: unknown {', '.join(map(repr, unknown))}; valid: {', '.join(PARAM_DEFAULTS)}")
-        vals = {**PARAM_DEFAULTS, **{k: v for k, v in initial.items() if v is not None}}
+            raise ValueError(f"options: unknown {', '.join(map(repr, unknown))}; valid: {', '.join(vocab)}")
+        # one control per (option, group of estimators that give it the same meaning and default)
+        self.spec: dict[str, registry.Option] = {}
+        self.groups: dict[str, tuple[str, ...]] = {}
+        for key in vocab:
+            groups: list[tuple[registry.Option, list[str]]] = []
+            for n in registry.takers(key, names):
+                o = next(x for x in registry.options(n) if x.name == key)
+                for g in groups:
+                    if g[0].same_meaning(o) and g[0].default == o.default:
+                        g[1].append(n)
+                        break
+                else:
+                    groups.append((o, [n]))
+            for o, members in groups:
+                ck = key if len(groups) == 1 else f"{key}@{'+'.join(members)}"
+                self.spec[ck] = o
+                self.groups[ck] = tuple(members)
         self.controls: dict[str, W.ValueWidget] = {}
-        style = {"description_width": "38px"}
-        for key, label, lo, hi, step, what in _SLIDERS:
-            self.controls[key] = W.FloatSlider(
-                value=float(vals[key]), min=lo, max=hi, step=step, description=label, tooltip=what,
-                continuous_update=False, readout_format=".2f", style=style,
-                layout=W.Layout(width="250px"),
-            )
-        for key, label, choices, what in _CHOICES:
-            if vals[key] not in choices:
-                raise ValueError(f"{key}: expected one of {choices}, found {vals[key]!r}")
-            self.controls[key] = W.Dropdown(options=choices, value=vals[key], description=label, tooltip=what,
-                                            style={"description_width": "62px"}, layout=W.Layout(width="170px"))
+        for ck, o in self.spec.items():
+            value = initial.get(ck.split("@")[0])
+            value = o.default if value is None else o.check(value)
+            label = o.display if "@" not in ck else f"{o.display} · {'+'.join(self.groups[ck])}"
+            self.controls[ck] = _control(o, value, label, f"{o.doc} — used by {', '.join(self.groups[ck])}")
         self._callbacks: list = []
         self._muted = False
         for c in self.controls.values():
             c.observe(self._changed, names="value")
-        row1 = W.HBox([self.controls[k] for k in ("gamma", "lam", "beta")])
-        row2 = W.HBox([self.controls[k] for k in ("turn_gamma", "turn_lam", "within", "value_at")])
-        super().__init__([row1, row2])
+        main = [self.controls[k] for k, o in self.spec.items() if not o.advanced]
+        more = [self.controls[k] for k, o in self.spec.items() if o.advanced]
+        rows: list = [W.HBox(main[i : i + 4]) for i in range(0, len(main), 4)]
+        if more:
+            fold = W.Accordion(children=[W.VBox([W.HBox(more[i : i + 4]) for i in range(0, len(more), 4)])],
+                               selected_index=None)
+            fold.set_title(0, "more options")
+            rows.append(fold)
+        super().__init__(rows)
         self.add_class("mpo-params")
 
     @property
     def options(self) -> dict:
-        return {k: (float(c.value) if isinstance(c, W.FloatSlider) else c.value) for k, c in self.controls.items()}
+        return {k: (float(c.value) if self.spec[k].kind == "float" else c.value) for k, c in self.controls.items()}
 
     def on_change(self, callback) -> None:
         self._callbacks.append(callback)
@@ -140,13 +149,36 @@ class ParamControls(W.VBox):
             cb(opts)
 
     def set(self, **options) -> None:
-        unknown = [k for k in options if k not in self.controls]
+        """Set controls and fire once. A plain option name (``lam``) sets every control of that
+        option (each estimator group's); ``set(**{"lam@gae": 0.9})`` sets one."""
+        keys = {k: [c for c in self.controls if c == k or c.split("@")[0] == k] for k in options}
+        unknown = [k for k, cs in keys.items() if not cs]
         if unknown:
             raise ValueError(f"options: unknown {', '.join(map(repr, unknown))}; valid: {', '.join(self.controls)}")
         self._muted = True
         try:
             for k, v in options.items():
-                self.controls[k].value = v
+                for c in keys[k]:
+                    self.controls[c].value = v
         finally:
             self._muted = False
         self._changed()
+
+
+def _control(o: registry.Option, value, label: str | None = None, tooltip: str | None = None) -> W.ValueWidget:
+    """The widget for one declared option, set to ``value``."""
+    common = {"description": label or o.display, "tooltip": tooltip or o.doc, "style": {"description_width": "initial"}}
+    if o.kind == "choice":
+        return W.Dropdown(options=o.choices, value=value, layout=W.Layout(width="170px"), **common)
+    if o.kind == "bool":
+        return W.Checkbox(value=bool(value), indent=False, layout=W.Layout(width="110px"), **common)
+    if o.kind == "int":
+        return W.IntText(value=int(value), layout=W.Layout(width="150px"), **common)
+    if o.kind == "str":
+        return W.Text(value=value, layout=W.Layout(width="170px"), **common)
+    rng = o.slider
+    if rng is None:
+        return W.FloatText(value=float(value), layout=W.Layout(width="150px"), **common)
+    lo, hi = rng
+    return W.FloatSlider(value=float(value), min=lo, max=hi, step=(hi - lo) / 100, continuous_update=False,
+                         readout_format=".2f", layout=W.Layout(width="250px"), **common)

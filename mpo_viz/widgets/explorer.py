@@ -131,7 +131,7 @@ class TrajectoryExplorer(W.VBox):
         names = estimators if estimators is not None else default_estimators(self.batch)
         self.engine = AdvantageEngine(self.batch, names)
         self.names = self.engine.names
-        self.params = params if params is not None else ParamControls(**options)
+        self.params = params if params is not None else ParamControls(self.names, **options)
         self.tokens = token_decoder(tokens)
         self.figure_width = figure_width
         self.timings: dict = {}

@@ -13,7 +13,13 @@ from __future__ import annotations
 import anywidget
 import traitlets
 
-from mpo_viz.export import FIGURE_FORMATS, csv_link, static_export_available, write_figures, write_tables
+from mpo_viz.export import (
+    FIGURE_FORMATS,
+    csv_link,
+    static_export_available,
+    write_figures,
+    write_tables,
+)
 
 __all__ = ["ExportBar", "csv_link", "write_tables", "write_figures", "static_export_available", "FIGURE_FORMATS"]
 

@@ -19,8 +19,7 @@ from jupyter_helpers import open_notebook, plot_data, run_all, tidy_for_screensh
 
 import mpo_viz as mv
 from mpo_viz import advantages as adv
-from mpo_viz.analysis import estimator_options
-from mpo_viz.widgets.engine import PARAM_DEFAULTS
+from mpo_viz.advantages import estimator_options
 
 pytestmark = pytest.mark.browser
 
@@ -121,7 +120,7 @@ def test_widgets_in_jupyterlab(page, page_errors, jupyter_server, tmp_path):
 
     # ---- the explorer's first view: MPO with the default sliders
     def mpo_row(row, **opts):
-        o = {**PARAM_DEFAULTS, **opts}
+        o = dict(opts)  # unset options: mpo's defaults, as the sliders start
         return adv.compute(b, "mpo", **estimator_options("mpo", o)).advantages[row].numpy()
 
     a_before = _trace(page, ex_css, "A (mpo)")

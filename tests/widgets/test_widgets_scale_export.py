@@ -114,7 +114,8 @@ def test_header_names_the_options_each_estimator_ran_with(batch):
         ran = ex.engine.options_for(k, ex.params.options)
         seg = re.search(rf"<b>{k}</b> ([^;·]*)", head).group(1)
         for opt, val in ran.items():
-            assert f"{opt}=" in seg, (k, opt, seg)
+            text = f"{opt}={val:g}" if isinstance(val, float) else f"{opt}={val}"
+            assert text in seg, (k, text, seg)
     # no end-to-end claim: the time is labelled as the kernel's share
     assert "kernel" in head and "updated in" not in head
 

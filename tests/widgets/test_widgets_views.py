@@ -9,8 +9,9 @@ import pytest
 
 import mpo_viz as mv
 from mpo_viz import advantages as adv
-from mpo_viz.analysis import estimator_options, value_variance
+from mpo_viz.analysis import value_variance
 from mpo_viz.widgets import EstimatorComparison, VarianceView
+from mpo_viz.widgets.engine import options_of
 
 
 @pytest.fixture(scope="module")
@@ -61,7 +62,7 @@ def test_estimator_comparison_bars_follow_the_sliders(batch):
         tid = batch.traj_ids[c.row]
         got = c.turn_advantages()
         for name in names:
-            t = adv.compute(batch, name, **estimator_options(name, options)).turns
+            t = adv.compute(batch, name, **options_of(name, options)).turns
             want = t[t["traj_id"] == tid]["turn_advantage"].to_numpy()
             np.testing.assert_allclose(got[name], want, rtol=1e-5, atol=1e-7)
 

@@ -1,0 +1,50 @@
+"""Assembling one file from parts written chunk by chunk (``mpo-viz advantages`` writes each chunk
+as a part, then merges them)."""
+
+from __future__ import annotations
+
+import os
+import shutil
+from pathlib import Path
+
+from mpo_viz.schema import JSONL_META_NAME
+
+__all__ = ["merge_parts"]
+
+
+def merge_parts(parts: Path, out: Path) -> None:
+    """Concatenate the part files of folder ``parts`` into one file ``out`` (temporary name, then rename).
+
+    ``.parquet``: the ``part-*.parquet`` files, row group by row group, under the union of their
+    schemas (a column a part lacks is null there); the first part's file metadata. ``.jsonl``: the
+    ``part-*/rows.jsonl`` files, byte for byte, and the first part's ``_meta.json`` beside ``out``.
+    """
+    tmp = out.with_name(out.name + ".tmp")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    if out.suffix == ".parquet":
+        import pyarrow as pa
+        import pyarrow.parquet as pq
+
+        files = sorted(parts.glob("part-*.parquet"))
+        schemas = [pq.read_schema(f) for f in files]
+        unified = pa.unify_schemas([s.remove_metadata() for s in schemas], promote_options="permissive")
+        unified = unified.with_metadata(schemas[0].metadata)
+        with pq.ParquetWriter(tmp, unified, compression="zstd") as w:
+            for f in files:
+                pf = pq.ParquetFile(f)
+                for g in range(pf.num_row_groups):
+                    t = pf.read_row_group(g)
+                    cols = [
+                        t.column(fld.name).cast(fld.type) if fld.name in t.column_names else pa.nulls(t.num_rows, fld.type)
+                        for fld in unified
+                    ]
+                    w.write_table(pa.Table.from_arrays(cols, schema=unified))
+        os.replace(tmp, out)
+    else:
+        dirs = sorted(parts.glob("part-*"))
+        with open(tmp, "wb") as fh:
+            for d in dirs:
+                with open(d / f"rows{out.suffix}", "rb") as src:
+                    shutil.copyfileobj(src, fh)
+        os.replace(tmp, out)
+        shutil.copyfile(dirs[0] / JSONL_META_NAME, out.parent / JSONL_META_NAME)
