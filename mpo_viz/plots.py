@@ -150,7 +150,8 @@ def value_curve(batch, row: int, *, advantages: dict | None = None, returns=None
     return fig
 
 
-def across_within(vv: pd.DataFrame, *, title: str | None = None, max_points: int = 5000) -> go.Figure:
+def across_within(vv: pd.DataFrame, *, title: str | None = None, max_points: int = 5000,
+                  source: str = "critic") -> go.Figure:
     """The paper's Fig. 2 diagnostic from a :func:`mpo_viz.analysis.value_variance` table.
 
     Left: one point per trajectory, ``within`` (x) against ``across`` (y) on log axes with the line
@@ -158,6 +159,8 @@ def across_within(vv: pd.DataFrame, *, title: str | None = None, max_points: int
     Right: histogram of ``log10(across / within)`` over finite ratios. Rows with a zero or NaN
     statistic cannot sit on log axes and are left out (counted in the title). At most
     ``max_points`` points are drawn (an evenly spaced subset), the histogram uses all rows.
+    ``source``: where the values come from (the data's ``values_source``: ``critic``, ``oracle``),
+    named in the title.
     """
     d = vv[(vv["across"] > 0) & (vv["within"] > 0)]
     dropped = len(vv) - len(d)
@@ -199,7 +202,7 @@ def across_within(vv: pd.DataFrame, *, title: str | None = None, max_points: int
     if n_inf:
         note += f"; {n_inf} infinite ratios"
     fig.update_layout(
-        title=title if title is not None else f"critic value variance across vs within turns ({note})",
+        title=title if title is not None else f"{source} value variance across vs within turns ({note})",
         height=480, showlegend=False, template="plotly_white", margin=dict(l=60, r=90, t=70, b=50), autosize=True,
     )
     return fig

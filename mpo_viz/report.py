@@ -102,6 +102,8 @@ class _Acc:
     order: int = 0
     timings: dict = field(default_factory=dict)
     scores: dict = field(default_factory=dict)  # score (rounded) -> number of trajectories
+    accuracy: dict | None = None  # merged analysis.accuracy_stats (oracle columns present)
+    values_source: str = "critic"
     n_compared: int = 0  # trajectories with a disagreement value (>= 2 estimators)
 
     def _push(self, heap: list, n: int, key: tuple, make) -> None:
@@ -137,6 +139,9 @@ class _Acc:
             av = a[mask].astype(np.float64)
             mo = np.array([av.size, av.sum(), (av * av).sum(), np.abs(av).sum()])
             self.adv_mom[k] = self.adv_mom.get(k, np.zeros(4)) + mo
+        self.values_source = an.values_source(chunk)
+        if adv and an.has_oracle(chunk):
+            self.accuracy = an.merge_accuracy_stats(self.accuracy, an.accuracy_stats(chunk, adv))
         if len(adv) >= 2:
             self.cmp = an.merge_compare_stats(self.cmp, an.compare_stats(chunk, adv))
             dis = an.disagreement(chunk, adv)
@@ -400,8 +405,8 @@ def _render(acc: _Acc, cfg: ReportConfig, opts: dict, source_name: str, wall: fl
             var_g = sgg / n - (sg / n) ** 2
             var_d = sdd / n - (sd / n) ** 2
             ev = 1 - var_d / var_g if var_g > 0 else float("nan")
-            summary += [(f"critic explained variance (vs {acc.ev_source} returns)", ev),
-                        ("critic bias mean(V − G)", -sd / n)]
+            summary += [(f"explained variance of the values ({acc.values_source}) vs {acc.ev_source} returns", ev),
+                        ("value bias mean(V − G)", -sd / n)]
     else:
         summary.append(("critic values", "absent: no across/within diagnostic"))
     parts.append("<h2>Summary</h2>" + html_table(summary))
@@ -428,10 +433,25 @@ def _render(acc: _Acc, cfg: ReportConfig, opts: dict, source_name: str, wall: fl
                      "share of concordant turn pairs within a trajectory; sign flips = turns with opposite signs.</p>"
                      + html_table([tuple(r) for r in cmp.itertuples(index=False)], tuple(cmp.columns), "grid",
                                   csv="estimator_agreement"))
+    # ---- accuracy against the oracle, or what would tell without one
+    if acc.accuracy:
+        ac = an.finish_accuracy(acc.accuracy)
+        tables["accuracy"] = ac
+        legend = "".join(f"<li><b>{k}</b>: {html.escape(v)}</li>" for k, v in an.ACCURACY_COLUMNS.items())
+        parts.append("<h2 id=accuracy>Accuracy against the oracle</h2>"
+                     f"<p class=reading>{html.escape(an.accuracy_reading(ac, acc.values_source))}</p>"
+                     + html_table([tuple(r) for r in ac.itertuples(index=False)], tuple(ac.columns), "grid", csv="accuracy")
+                     + f"<ul class=note>{legend}</ul><p class=note>Over every turn and action token of the data, each "
+                     "estimator with the options above. The same measures over the shipped sets, many option settings "
+                     "and critic noise levels: <code>benchmarks/credit_accuracy.py</code> (docs/report.md explains "
+                     "its columns).</p>")
+    else:
+        parts.append(f"<h2 id=accuracy>Accuracy</h2><p class=note>{html.escape(an.NO_ORACLE_TEXT)}</p>")
     figs: list[str] = []
     if vv is not None and len(vv):
-        f = plots.across_within(vv, max_points=cfg.max_points)
-        parts.append("<h2>Critic values: across vs within turns</h2>" + figure_html(f, "fig-across-within"))
+        f = plots.across_within(vv, max_points=cfg.max_points, source=acc.values_source)
+        parts.append(f"<h2>Values ({html.escape(acc.values_source)}): across vs within turns</h2>"
+                     + figure_html(f, "fig-across-within"))
         figs.append("fig-across-within")
         fig_objs["across_within"] = f
         tables["value_variance"] = vv
@@ -515,7 +535,8 @@ h3 { font-size: 15px; margin-bottom: 6px; } h3 small { color: #666; font-weight:
 table { border-collapse: collapse; font-size: 13px; margin: 6px 0; }
 td, th { padding: 3px 10px; border-bottom: 1px solid #eee; text-align: left; font-variant-numeric: tabular-nums; }
 table.kv td:first-child { color: #555; } table.grid th { background: #f6f6f6; }
-.note { color: #555; font-size: 13px; } section.traj { margin: 18px 0 30px; }
+.note { color: #555; font-size: 13px; } .reading { font-size: 14px; background: #f3f7fb; padding: 6px 10px;
+  border-left: 3px solid #1f5fa8; } section.traj { margin: 18px 0 30px; }
 .export { font-size: 12px; color: #666; margin: 2px 0 10px; } .export a { color: #1f5fa8; margin-right: 6px; }
 footer { margin-top: 40px; color: #888; font-size: 12px; }
 """

@@ -217,3 +217,35 @@ def test_option_errors_name_the_command_line_flag(small, tmp_path, capsys):
     got = mv.load(tmp_path / "w.parquet")
     assert got.meta["advantage_estimators"]["reinforce_pp"] == {"whiten": False}
     assert not (tmp_path / "o.parquet").exists() and not (tmp_path / "r.html").exists()
+
+
+def test_report_accuracy_section_against_the_benchmark(tmp_path):
+    import sys
+    from pathlib import Path
+
+    from mpo_viz.advantages import compute
+
+    root = Path(__file__).resolve().parents[1]
+    sys.path.insert(0, str(root / "benchmarks"))
+    import credit_accuracy as bench  # an independent implementation of the same measures
+
+    b = mv.load(root / "trajectories" / "tooluse.parquet")[:80]
+    path = tmp_path / "t.parquet"
+    mv.save(b, path)
+    # streamed in several chunks: the accuracy statistics are merged across them
+    html = build_report(path, ReportConfig(estimators=("mpo", "vapo", "grpo"), max_tokens=3000, progress=False))
+    sec = html[html.index("<h2 id=accuracy>"):]
+    assert "Accuracy against the oracle" in sec and "<p class=reading>Token credit closest to the oracle:" in sec
+    assert "benchmarks/credit_accuracy.py" in sec and "download='accuracy.csv'" in sec
+    rows = re.findall(r"<tr><td>(mpo|vapo|grpo)</td>((?:<td>[^<]*</td>)+)</tr>", sec)
+    ref = bench.reference(b)
+    for name, cells in rows:
+        vals = [float("nan") if c == "—" else float(c) for c in re.findall(r"<td>([^<]*)</td>", cells)]
+        want = bench.metrics(compute(b, name).advantages.double().numpy(), ref)
+        cols = ["turn_corr", "turn_sign", "tok_corr", "within_corr", "dec_sign", "dec_mass"]
+        np.testing.assert_allclose(vals, [want[c] for c in cols], rtol=2e-3, atol=1e-4, err_msg=name)  # 4 digits
+    assert len(rows) == 3
+    assert "explained variance of the values (oracle)" in html and "critic explained" not in html
+    # no oracle: the section says what would tell instead
+    plain = build_report(mv.synthetic.make_batch(5, seed=3), ReportConfig(progress=False))
+    assert "cannot be measured here" in plain and "explained variance" in plain

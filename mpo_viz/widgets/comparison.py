@@ -68,6 +68,8 @@ class EstimatorComparison(W.VBox):
         self.metrics.add_class("mpo-turns")
         self.export = ExportBar(basename="mpo_viz_comparison")
         self.timings: dict = {}
+        self.accuracy_df = None
+        self._acc_options: dict | None = None
         self.picker.on_pick(self.select)
         self.params.on_change(self._params_changed)
         self.scale.on_change(lambda: self._redraw(new_row=False))
@@ -128,11 +130,31 @@ class EstimatorComparison(W.VBox):
         self.metrics_df = an.compare_estimators(self._sub, adv) if len(adv) >= 2 else None
         self.batch_metrics_df = an.compare_estimators(self.batch, self._adv()) if len(adv) >= 2 else None
         if self.metrics_df is None:
-            self.metrics.value = "<i>one estimator: nothing to compare</i>"
+            text = "<i>one estimator: nothing to compare</i>"
         else:
-            self.metrics.value = ("<b>agreement on this trajectory</b>" + _html_table(self.metrics_df)
-                                  + "<b>agreement on the whole batch</b>" + _html_table(self.batch_metrics_df))
+            text = ("<b>agreement on this trajectory</b>" + _html_table(self.metrics_df)
+                    + "<b>agreement on the whole batch</b>" + _html_table(self.batch_metrics_df))
+        if self._acc_options != self.params.options:  # batch-wide: depends on the options, not on the row
+            self._accuracy()
+        self.metrics.value = text + self.accuracy_html
         self.export.set_tables(self.tables())
+
+    def _accuracy(self) -> None:
+        """Accuracy of every estimator against the oracle on the whole batch, for the options on
+        the controls now (or, without oracle columns, what would tell)."""
+        self._acc_options = dict(self.params.options)
+        if not an.has_oracle(self.batch):
+            self.accuracy_df = None
+            self.accuracy_reading = an.NO_ORACLE_TEXT
+            self.accuracy_html = f"<p class='mpo-accuracy'><b>accuracy</b>: {html.escape(an.NO_ORACLE_TEXT)}</p>"
+            return
+        self.accuracy_df = an.credit_accuracy(self.batch, self._adv())
+        self.accuracy_reading = an.accuracy_reading(self.accuracy_df, an.values_source(self.batch))
+        legend = "; ".join(f"<b>{k}</b> {html.escape(v)}" for k, v in an.ACCURACY_COLUMNS.items())
+        self.accuracy_html = ("<div class='mpo-accuracy'><b>accuracy against the oracle (whole batch, options as set)"
+                              f"</b><p class='mpo-reading'>{html.escape(self.accuracy_reading)}</p>"
+                              + _html_table(self.accuracy_df)
+                              + f"<details><summary>columns</summary><small>{legend}</small></details></div>")
 
     def focus_token(self, adv: dict) -> int:
         """First action token of the turn where the estimators disagree most on the current
@@ -162,6 +184,8 @@ class EstimatorComparison(W.VBox):
         if self.metrics_df is not None:
             out[f"agreement_{tid}"] = self.metrics_df
             out["agreement_batch"] = self.batch_metrics_df
+        if self.accuracy_df is not None:
+            out["accuracy"] = self.accuracy_df
         return out
 
     def figures(self) -> dict:
@@ -193,4 +217,7 @@ class EstimatorComparison(W.VBox):
         if self.metrics_df is not None:
             snap.heading("agreement on this trajectory", 3).table(self.metrics_df)
             snap.heading("agreement on the whole batch", 3).table(self.batch_metrics_df)
+        snap.heading("accuracy against the oracle", 3).note(self.accuracy_reading)
+        if self.accuracy_df is not None:
+            snap.table(self.accuracy_df)
         return snap.write(path) if path is not None else snap.render()

@@ -36,10 +36,11 @@ class VarianceView(W.Box):
     def __init__(self, batch, *, max_points: int = 5000, page_size: int = 10, **explorer_options):
         self.batch = as_batch(batch)
         if self.batch.values is None:
-            raise ValueError("batch: VarianceView needs critic values (the 'values' field); this batch has none")
+            raise ValueError("batch: VarianceView needs values (the 'values' field: a critic's or an oracle's); "
+                             "this batch has none")
         self.table = an.value_variance(self.batch)
         self.summary = an.variance_summary(self.table)
-        fig = plots.across_within(self.table, max_points=max_points)
+        fig = plots.across_within(self.table, max_points=max_points, source=an.values_source(self.batch))
         fig.update_layout(clickmode="event", title_font_size=13)
         self.figure = go.FigureWidget(fig)
         self.figure._config = {**self.figure._config, **plots.FIGURE_CONFIG}

@@ -142,3 +142,36 @@ def test_tables_as_csv_and_figures_need_a_renderer(batch, tmp_path):
     cmp = EstimatorComparison(batch, ["mpo", "gae"])
     names = {p.stem for p in cmp.export_tables(tmp_path / "c")}
     assert "agreement_batch" in names and any(n.startswith("turn_advantages_") for n in names)
+
+
+def test_accuracy_section_follows_the_options():
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[2]
+    sys.path.insert(0, str(root / "benchmarks"))
+    import credit_accuracy as bench  # the benchmark's own implementation: an independent check
+
+    b = mv.load(root / "trajectories" / "search.parquet")[:120]
+    cmp = EstimatorComparison(b, ["mpo", "gae", "vapo"])
+    ref = bench.reference(b)
+    for name in ("mpo", "gae", "vapo"):
+        got = cmp.accuracy_df.set_index("estimator").loc[name]
+        want = bench.metrics(cmp.results[name][0].double().numpy(), ref)
+        for col in ("turn_corr", "turn_sign", "tok_corr", "within_corr", "dec_sign", "dec_mass"):
+            np.testing.assert_allclose(got[col], want[col], rtol=1e-6, atol=1e-9, err_msg=f"{name} {col}")  # float32 oracle sums
+    reading = cmp.accuracy_reading
+    best = cmp.accuracy_df.loc[cmp.accuracy_df["tok_corr"].idxmax(), "estimator"]
+    assert reading.startswith(f"Token credit closest to the oracle: {best} ")
+    assert "values_source: oracle" in reading  # the shipped values are the oracle's, and it says so
+    assert "accuracy against the oracle" in cmp.metrics.value
+    # the slider setting counts: mpo at λ = 0 (within-turn signal = one-step residuals) scores differently
+    before = cmp.accuracy_df.set_index("estimator").loc["mpo", "tok_corr"]
+    cmp.params.set(**{"lam@mpo": 0.0})
+    after = cmp.accuracy_df.set_index("estimator").loc["mpo", "tok_corr"]
+    want = bench.metrics(cmp.results["mpo"][0].double().numpy(), ref)["tok_corr"]
+    assert after == pytest.approx(want, rel=1e-9) and after != pytest.approx(before, rel=1e-6)
+    # without oracle columns: no numbers, a text that says what would tell
+    plain = mv.synthetic.make_batch(6, seed=1)
+    c2 = EstimatorComparison(plain, ["mpo", "gae"])
+    assert c2.accuracy_df is None and "explained variance" in c2.metrics.value and "oracle" in c2.metrics.value
