@@ -12,7 +12,7 @@ from plotly.subplots import make_subplots
 
 from mpo_viz import analysis as an
 
-__all__ = ["value_curve", "across_within", "estimator_comparison", "ESTIMATOR_COLOURS", "FIGURE_CONFIG", "line_trace"]
+__all__ = ["value_curve", "value_curve_parts", "across_within", "estimator_comparison", "ESTIMATOR_COLOURS", "FIGURE_CONFIG", "line_trace"]
 
 #: plotly config of every figure the views and the report show: sized by its container, plotly's
 #: own image export (the camera button) at twice the resolution
@@ -93,53 +93,82 @@ def _row_arrays(batch, row: int):
     return sub, n, sub.mask[0, :n].numpy() != 0
 
 
-def value_curve(batch, row: int, *, advantages: dict | None = None, returns=None, title: str | None = None) -> go.Figure:
-    """Critic values along one trajectory (x = response token position).
-
-    Traces (per-token lines via :func:`line_points`, decimated beyond ``MAX_LINE_POINTS`` tokens):
-    ``value`` (action tokens; gaps over observations), ``turn mean`` (each turn's mean
-    value as a step over the turn's span), optionally ``return`` (``returns``: ``(B, L)`` tensor or
-    result) and, in a second panel, the per-token advantages of each entry of ``advantages``
-    (``{name: (B, L) tensor or result}``). Each turn's span (first to last action token) is shaded.
-    """
+def value_curve_parts(batch, row: int, *, advantages: dict | None = None, returns=None, lines: dict | None = None,
+                      title: str | None = None) -> dict:
+    """What :func:`value_curve` draws, as plain data (no plotly objects, so a view can update a
+    figure on screen in place without building a new one): ``{"traces": [...], "shapes": [...],
+    "title": str, "two": bool}``. Each trace is a dict with ``name``, ``x``, ``y``, ``mode``,
+    ``size`` (marker sizes or None), ``panel`` (1: values, 2: advantages) and ``style`` (line
+    options). ``lines``: more per-token lines for the value panel, ``{label: (B, L) array}`` (e.g. a
+    learned critic beside the oracle)."""
     sub, n, act = _row_arrays(batch, row)
     if sub.values is None:
         raise ValueError("values: the batch has no 'values' field; a value curve needs a critic")
     v = sub.values[0, :n].numpy().astype(np.float64)
     tt = an.turn_table(sub)
-    two = bool(advantages)
-    fig = make_subplots(rows=2 if two else 1, cols=1, shared_xaxes=True, vertical_spacing=0.06,
-                        row_heights=[0.6, 0.4] if two else None)
-    vx, vy = line_points(v, act)
-    fig.add_trace(line_trace(vx, vy, name="value", line=dict(color="#333", width=1.2), connectgaps=False),
-                  row=1, col=1)
+    traces = []
+
+    def line(name, y, panel, style):
+        x, yy = line_points(y, act)
+        yy = np.asarray(yy, dtype=np.float64)
+        f = np.isfinite(yy)
+        iso = f & ~np.r_[False, f[:-1]] & ~np.r_[f[1:], False]
+        traces.append({"name": name, "x": np.asarray(x), "y": yy.astype(np.float32), "panel": panel, "style": style,
+                       "mode": "lines+markers" if iso.any() else "lines",
+                       "size": np.where(iso, 6, 0).astype(np.int8) if iso.any() else None})
+
+    line("value", v, 1, {"color": "#333", "width": 1.2})
     # turn means as flat segments over exactly each turn's shaded span (first action token − ½ to
     # last + ½), None breaking between turns
     sx, sy = [], []
     for s, e, m in zip(tt["start"], tt["end"], tt["value_mean"]):
         sx += [s - 0.5, e + 0.5, None]
         sy += [m, m, None]
-    fig.add_trace(go.Scatter(x=sx, y=sy, mode="lines", name="turn mean", line=dict(color="#d62728", width=2.5)),
-                  row=1, col=1)
+    traces.append({"name": "turn mean", "x": sx, "y": sy, "panel": 1, "mode": "lines", "size": None,
+                   "style": {"color": "#d62728", "width": 2.5}})
     if returns is not None:
-        g = np.asarray(an._np(getattr(returns, "returns", returns)))[row, :n]
-        gx, gy = line_points(g, act)
-        fig.add_trace(line_trace(gx, gy, name="return", line=dict(color="#1f77b4", width=1, dash="dot")), row=1, col=1)
+        line("return", np.asarray(an._np(getattr(returns, "returns", returns)))[row, :n], 1,
+             {"color": "#1f77b4", "width": 1, "dash": "dot"})
+    for i, (name, y) in enumerate((lines or {}).items()):
+        line(name, np.asarray(an._np(y))[row, :n], 1, {"color": _FALLBACK[i % len(_FALLBACK)], "width": 1.2})
     for i, (name, a) in enumerate((advantages or {}).items()):
-        a = an._np(getattr(a, "advantages", a))[row, :n]
-        ax, ay = line_points(a, act)
-        fig.add_trace(line_trace(ax, ay, name=f"A ({name})", line=dict(color=_colour(name, i), width=1.2),
-                                 marker_color=_colour(name, i)), row=2, col=1)
+        line(f"A ({name})", an._np(getattr(a, "advantages", a))[row, :n], 2, {"color": _colour(name, i), "width": 1.2})
     # turn spans shaded over every panel (one layout update: add_vrect per turn is slow in plotly)
     shapes = [
         dict(type="rect", xref="x", yref="paper", x0=s - 0.5, x1=e + 0.5, y0=0, y1=1, line_width=0,
              fillcolor="#9ecae1" if k % 2 == 0 else "#c6dbef", opacity=0.35, layer="below")
         for k, (s, e) in enumerate(zip(tt["start"].tolist(), tt["end"].tolist()))
     ]
-    fig.update_layout(shapes=shapes)
     traj = batch.traj_ids[row]
+    return {"traces": traces, "shapes": shapes, "two": bool(advantages),
+            "title": title if title is not None else f"values along trajectory {traj} ({len(tt)} turns; shaded: turn spans)"}
+
+
+def value_curve(batch, row: int, *, advantages: dict | None = None, returns=None, lines: dict | None = None,
+                title: str | None = None) -> go.Figure:
+    """Values along one trajectory (x = response token position).
+
+    Traces (per-token lines via :func:`line_points`, decimated beyond ``MAX_LINE_POINTS`` tokens;
+    an isolated point, a one-token turn, gets a marker): ``value`` (action tokens; gaps over
+    observations), ``turn mean`` (each turn's mean value over exactly the turn's span), optionally
+    ``return`` (``returns``: ``(B, L)`` tensor or result), the extra ``lines``, and, in a second
+    panel, the per-token advantages of each entry of ``advantages`` (``{name: (B, L) tensor or
+    result}``). Each turn's span (first to last action token) is shaded. The content is
+    :func:`value_curve_parts`.
+    """
+    parts = value_curve_parts(batch, row, advantages=advantages, returns=returns, lines=lines, title=title)
+    two = parts["two"]
+    fig = make_subplots(rows=2 if two else 1, cols=1, shared_xaxes=True, vertical_spacing=0.06,
+                        row_heights=[0.6, 0.4] if two else None)
+    for t in parts["traces"]:
+        marker = {"color": t["style"]["color"]}
+        if t["size"] is not None:
+            marker["size"] = t["size"]
+        fig.add_trace(go.Scatter(x=t["x"], y=t["y"], mode=t["mode"], name=t["name"], line=t["style"], marker=marker,
+                                 connectgaps=False), row=t["panel"], col=1)
+    fig.update_layout(shapes=parts["shapes"])
     fig.update_layout(
-        title=title if title is not None else f"values along trajectory {traj} ({len(tt)} turns; shaded: turn spans)",
+        title=parts["title"],
         height=420 if two else 320, margin=dict(l=50, r=20, t=50, b=40), template="plotly_white", autosize=True,
         legend=dict(orientation="h", y=-0.15),
     )
@@ -222,7 +251,7 @@ def estimator_comparison(batch, row: int, advantages: dict, *, title: str | None
         fig.add_trace(go.Bar(x=[f"T{k}" for k in tt["turn"]], y=tt[f"adv_{name}"], name=name,
                              marker_color=_colour(name, i)))
     fig.update_layout(
-        barmode="group", template="plotly_white", height=300, margin=dict(l=50, r=20, t=50, b=40),
+        barmode="group", template="plotly_white", height=300, margin=dict(l=50, r=20, t=50, b=40), autosize=True,
         title=title if title is not None else f"per-turn advantage by estimator ({batch.traj_ids[row]})",
         xaxis_title="turn", yaxis_title="mean advantage over the turn",
     )

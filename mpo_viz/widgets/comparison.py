@@ -121,7 +121,6 @@ class EstimatorComparison(W.VBox):
         bars = plots.estimator_comparison(self._sub, 0, adv)
         if new_row or self.figure is None:
             self.figure = go.FigureWidget(bars)
-            self.figure._config = {**self.figure._config, **plots.FIGURE_CONFIG}
             self.figure_box.children = (self.figure,)
         else:
             with self.figure.batch_update():

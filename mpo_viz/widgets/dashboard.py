@@ -257,7 +257,6 @@ class TrainingDashboard(W.VBox):
         if self.figure is None or layout_keys != self._keys:
             self._keys = layout_keys
             self.figure = go.FigureWidget(self._build(x, keys, ys))
-            self.figure._config = {**self.figure._config, "displaylogo": False, "responsive": True}
             self.figure_box.children = (self.figure,)
             return
         with self.figure.batch_update():

@@ -145,6 +145,7 @@ class TrajectoryExplorer(W.VBox):
         self.turns = W.HTML(layout=W.Layout(overflow="auto", max_width="100%", max_height="360px"))
         self.turns.add_class("mpo-turns")
         self.status = W.HTML()
+        self.status.add_class("mpo-status")
         self.export = ExportBar(basename="mpo_viz_explorer")
         self.row = -1
         self.picker.on_pick(self.select)
@@ -209,7 +210,7 @@ class TrajectoryExplorer(W.VBox):
         self.strip.set_payload(payload)
         t2 = time.perf_counter()
         if self._sub.values is not None:
-            self._draw_curve(plots.value_curve(self._sub, 0, advantages=adv, returns=ret))
+            self._draw_curve(plots.value_curve_parts(self._sub, 0, advantages=adv, returns=ret))
         else:
             self.figure = None
             self.figure_box.children = (W.HTML("<i>no critic values in this batch: no value curve</i>"),)
@@ -218,27 +219,32 @@ class TrajectoryExplorer(W.VBox):
         self.timings = {"payload": t1 - t0, "push": t2 - t1, "figure": t3 - t2, "turn_table": time.perf_counter() - t3}
         self._status()
 
-    def _draw_curve(self, fig) -> None:
-        """Show ``fig``: update the traces, shapes and title of the figure on screen in place when
-        it has the same traces (a pick, a slider move), else make a new FigureWidget."""
-        if self.figure_width:
-            fig.update_layout(width=self.figure_width)
+    def _draw_curve(self, parts: dict) -> None:
+        """Show a value curve (:func:`mpo_viz.plots.value_curve_parts`): when the figure on screen
+        has the same traces (a pick, a slider move), update its trace data, shaded spans and title
+        in place (one message, no new figure in the browser); else build a new FigureWidget."""
         old = self.figure
-        if old is not None and [t.name for t in old.data] == [t.name for t in fig.data]:
+        if old is not None and [t.name for t in old.data] == [t["name"] for t in parts["traces"]]:
             with old.batch_update():
-                for tr, new in zip(old.data, fig.data):
-                    tr.x, tr.y = new.x, new.y
-                    tr.mode = new.mode
-                    tr.marker.size = new.marker.size
-                old.layout.shapes = fig.layout.shapes
-                old.layout.title.text = fig.layout.title.text
+                for tr, new in zip(old.data, parts["traces"]):
+                    tr.x, tr.y = new["x"], new["y"]
+                    tr.mode = new["mode"]
+                    tr.marker.size = new["size"]
+                old.layout.shapes = parts["shapes"]
+                old.layout.title.text = parts["title"]
                 for ax in ("xaxis", "yaxis", "xaxis2", "yaxis2"):
                     if ax in old.layout:
                         old.layout[ax].autorange = True
             return
+        fig = self._figure_from_parts(parts)
+        if self.figure_width:
+            fig.update_layout(width=self.figure_width)
         self.figure = go.FigureWidget(fig)
-        self.figure._config = {**self.figure._config, **plots.FIGURE_CONFIG}
         self.figure_box.children = (self.figure,)
+
+    def _figure_from_parts(self, parts: dict):
+        adv, ret = self._row_arrays()
+        return plots.value_curve(self._sub, 0, advantages=adv, returns=ret, title=parts["title"])
 
     def _update_turns(self, adv, ret) -> None:
         tt = an.turn_table(self._sub, adv, returns=ret)

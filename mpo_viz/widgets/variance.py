@@ -43,7 +43,6 @@ class VarianceView(W.Box):
         fig = plots.across_within(self.table, max_points=max_points, source=an.values_source(self.batch))
         fig.update_layout(clickmode="event", title_font_size=13)
         self.figure = go.FigureWidget(fig)
-        self.figure._config = {**self.figure._config, **plots.FIGURE_CONFIG}
         self.figure.data[0].on_click(self._clicked)
         t = self.table[["traj_id", "reward", "n_turns", "across", "within", "ratio"]].copy()
         t.insert(0, "row", range(len(t)))
