@@ -4,7 +4,13 @@ VENV   := .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 
-.PHONY: venv test test-slow test-browser demo lab bench browser-deps lint clean
+.PHONY: venv venv-verl test test-verl test-slow test-browser demo lab bench browser-deps lint clean
+
+# The verl environment (tests/integrations): pins in VERL_REQ; rebuilt only when they change
+# (.installed holds their hash), mpo_viz reinstalled (editable, no deps) when pyproject.toml changes.
+VERL_VENV := .venv-verl
+VPY       := $(VERL_VENV)/bin/python
+VERL_REQ  := tests/integrations/requirements-verl.txt
 
 # torch first: `pip install torch==2.13.0` takes the CPU build on disk; installing the project
 # into an environment without torch would pull a multi-GB CUDA build.
@@ -26,9 +32,33 @@ browser-deps:
 	fi
 
 # The default suite: unit, notebook and browser tests (slow ones excluded, see test-slow).
+# tests/integrations needs verl and runs in its own environment (`make test-verl`); where verl is
+# missing tests/conftest.py leaves it out and the run's header says so.
 test: venv browser-deps
 	$(PY) -m pytest -m "not slow" tests
 	$(PY) -m pytest --nbmake -p no:randomly notebooks
+
+venv-verl:
+	@key=$$(sha256sum $(VERL_REQ) | cut -c1-16); \
+	if [ "$$(cat $(VERL_VENV)/.installed 2>/dev/null)" != "$$key" ]; then \
+	  echo "building $(VERL_VENV) (pins $$key)"; \
+	  rm -rf $(VERL_VENV) && $(PYTHON) -m venv $(VERL_VENV) && \
+	  $(VPY) -m pip install -q --upgrade pip && \
+	  $(VPY) -m pip install -q torch==2.13.0 && \
+	  $(VPY) -m pip install -q --no-deps $$(grep '^verl==' $(VERL_REQ)) && \
+	  grep -v '^verl==' $(VERL_REQ) > $(VERL_VENV)/requirements.txt && \
+	  $(VPY) -m pip install -q -r $(VERL_VENV)/requirements.txt && \
+	  rm -f $(VERL_VENV)/.installed-pkg && echo $$key > $(VERL_VENV)/.installed \
+	  || { echo "ERROR: could not build $(VERL_VENV) from $(VERL_REQ)" >&2; exit 1; }; \
+	fi; \
+	pkey=$$(sha256sum pyproject.toml | cut -c1-16); \
+	if [ "$$(cat $(VERL_VENV)/.installed-pkg 2>/dev/null)" != "$$pkey" ]; then \
+	  $(VPY) -m pip install -q --no-deps -e . && echo $$pkey > $(VERL_VENV)/.installed-pkg; \
+	fi
+
+# The plugin against verl 0.9.1's own functions, on CPU (tests/integrations only).
+test-verl: venv-verl
+	$(VPY) -m pytest -p no:cacheprovider --confcutdir=tests/integrations tests/integrations
 
 test-slow: venv browser-deps
 	$(PY) -m pytest -m slow tests
@@ -46,4 +76,4 @@ lint: venv
 	$(VENV)/bin/ruff check mpo_viz tests benchmarks
 
 clean:
-	rm -rf $(VENV) .pytest_cache .hypothesis .ruff_cache *.egg-info
+	rm -rf $(VENV) $(VERL_VENV) .pytest_cache .hypothesis .ruff_cache *.egg-info

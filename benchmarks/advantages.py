@@ -63,7 +63,11 @@ def gae_loop_verl(token_level_rewards, values, response_mask, gamma=GAMMA, lam=L
 @torch.no_grad()
 def mae_loop_torch(rewards, values, mask, turn_ids, gamma=GAMMA, lam=LAM, turn_gamma=TURN_GAMMA,
                    turn_lam=TURN_LAM, beta=BETA):
-    """MAE (within="intra", value_at="first", critic_target="mc") in verl's per-position style."""
+    """MAE (within="intra", value_at="first", critic_target="mc") in verl's per-position style.
+
+    One SMDP clock, as the fast kernel: γ between tokens of a turn, γ_T across a boundary; the turn
+    reward is ``Σ_j γ^j r_{k,j}`` and the turn discount ``γ^{n_k−1}·γ_T`` (at γ = 1 the plain sum, γ_T).
+    """
     B, L = rewards.shape
     m_bool = mask > 0
     # first action token of each turn: an action token whose turn id exceeds every earlier action id
@@ -76,6 +80,7 @@ def mae_loop_torch(rewards, values, mask, turn_ids, gamma=GAMMA, lam=LAM, turn_g
     next_tid = torch.full((B,), -1, dtype=turn_ids.dtype)
     u = zeros.clone()  # intra signal
     usum, n, rsum = zeros.clone(), zeros.clone(), zeros.clone()  # running sums over the current turn
+    pw = torch.ones(B, dtype=rewards.dtype)  # γ^(action tokens after this one in the turn)
     vt_next, at_next = zeros.clone(), zeros.clone()  # V(s_{k+1}), A^T_{k+1}
     g = zeros.clone()  # Monte-Carlo return
     u_rev, g_rev, at_rev, um_rev = [], [], [], []
@@ -83,21 +88,24 @@ def mae_loop_torch(rewards, values, mask, turn_ids, gamma=GAMMA, lam=LAM, turn_g
         mt = mask[:, t]
         vt, rt, tt, st = values[:, t], rewards[:, t], turn_ids[:, t], is_start[:, t]
         same = (tt == next_tid).to(rewards.dtype)  # next action token is in this turn
-        u_ = same * (nextvalues - vt + lam * u)
+        u_ = same * (gamma * nextvalues - vt + gamma * lam * u)
         usum_ = same * usum + u_
         n_ = same * n + 1
-        rsum_ = same * rsum + rt
+        rsum_ = same * gamma * rsum + rt
+        pw_ = same * gamma * pw + (1 - same)
         g_ = rt + (same * gamma + (1 - same) * turn_gamma) * g
         # skip observation tokens (verl's mask handling)
         u = u_ * mt + (1 - mt) * u
         usum = usum_ * mt + (1 - mt) * usum
         n = n_ * mt + (1 - mt) * n
         rsum = rsum_ * mt + (1 - mt) * rsum
+        pw = pw_ * mt + (1 - mt) * pw
         g = g_ * mt + (1 - mt) * g
         nextvalues = vt * mt + (1 - mt) * nextvalues
         next_tid = torch.where(mt > 0, tt, next_tid)
         # at a turn's first token: turn GAE
-        at = rsum + turn_gamma * vt_next - vt + turn_gamma * turn_lam * at_next
+        big_g = pw * turn_gamma
+        at = rsum + big_g * vt_next - vt + big_g * turn_lam * at_next
         vt_next = vt * st + (1 - st) * vt_next
         at_next = at * st + (1 - st) * at_next
         u_rev.append(u)

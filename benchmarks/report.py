@@ -28,8 +28,6 @@ import tempfile
 import time
 from pathlib import Path
 
-import numpy as np
-
 ROOT = Path(__file__).resolve().parents[1]
 CACHE = Path(tempfile.gettempdir()) / "mpo_viz_bench"  # generated files, reused between runs
 sys.path.insert(0, str(ROOT))
@@ -125,18 +123,9 @@ def _chromium():
 
 def bench_strip(n: int = 50_000, repeats: int = 3) -> dict:
     from mpo_viz.strip import payload_from_arrays, payload_json, strip_css, strip_js
+    from mpo_viz.synthetic import strip_arrays
 
-    rng = np.random.default_rng(0)
-    mask = np.zeros(n, dtype=int)
-    pos = 0
-    while pos < n:
-        a, o = int(rng.integers(20, 200)), int(rng.integers(20, 300))
-        mask[pos : pos + a] = 1
-        pos += a + o
-    words = np.array(["the", " search", " result", " for", "\n", " tool", "(", "x", ")", " 42", " Paris", " answer"])
-    toks = words[rng.integers(0, len(words), n)].tolist()
-    chans = {f"adv_{k}": rng.normal(0, 0.3, n) for k in ("mpo", "gae", "grpo")}
-    chans |= {"value": np.cumsum(rng.normal(0, 0.01, n)), "td": rng.normal(0, 0.05, n), "logprob": -rng.exponential(1, n)}
+    toks, mask, chans = strip_arrays(n, seed=0)
     p = payload_from_arrays(toks, mask, None, chans)
     html = (f"<!doctype html><meta charset=utf-8><style>{strip_css()}</style><div id=s></div>"
             f"<script type='application/json' id=p>{payload_json(p)}</script><script>{strip_js(module=False)}</script>"

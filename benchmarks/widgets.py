@@ -53,6 +53,7 @@ def bench_slider(repeats: int) -> None:
     import mpo_viz as mv
     from mpo_viz import advantages as adv
     from mpo_viz import plots
+    from mpo_viz.analysis import td_error
     from mpo_viz.strip import payload_json, strip_payload
     from mpo_viz.widgets import TrajectoryExplorer
     from mpo_viz.widgets.engine import options_of
@@ -77,7 +78,7 @@ def bench_slider(repeats: int) -> None:
         opts = {**ex.params.options, "beta": float(beta)}
         res = {k: adv.compute(b, k, **options_of(k, opts)) for k in names}
         rows = {k: r.advantages[0:1, :n_row] for k, r in res.items()}
-        p = strip_payload(sub, 0, advantages=rows)
+        p = strip_payload(sub, 0, advantages=rows, td=td_error(sub))
         payload_json(p)
         go.FigureWidget(plots.value_curve(sub, 0, advantages=rows, returns=res["mpo"].returns[0:1, :n_row]))
 

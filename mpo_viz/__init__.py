@@ -1,6 +1,6 @@
 """mpo_viz: credit assignment for long-horizon LLM agents (MPO, GAE, GRPO, ...) with Jupyter views.
 
-The public API (DESIGN §5); this module only re-exports. The heavier subpackages
+The public API; this module only re-exports. The heavier subpackages
 (``mv.advantages``, ``mv.losses``, ``mv.analysis``, ``mv.plots``, ``mv.report``, ``mv.envs``,
 ``mv.widgets``) load on first access, so ``import mpo_viz`` stays quick.
 """
@@ -11,8 +11,7 @@ from mpo_viz import synthetic
 from mpo_viz.io import load, save, scan
 from mpo_viz.schema import SCHEMA_VERSION, TrajectoryError
 from mpo_viz.trajectory import TrajectoryBatch
-
-__version__ = "0.1.0"
+from mpo_viz.version import __version__
 
 _LAZY = ("advantages", "losses", "analysis", "plots", "report", "envs", "widgets", "turns")
 

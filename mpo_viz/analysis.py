@@ -2,7 +2,7 @@
 
 Pandas out; tensors (torch or numpy, ``(B, L)``) or a :class:`~mpo_viz.trajectory.TrajectoryBatch`
 in. Every statistic is computed over **action tokens** (``mask == 1``) only: observation and padding
-tokens carry no value and no credit (DESIGN §3.1).
+tokens carry no value and no credit (docs/concepts.md §1–2).
 
 Turns are the ids of ``batch.turn_ids`` (given, or derived from mask runs by
 :func:`mpo_viz.turns.turn_ids_from_mask` — the one definition shared with estimators and losses).
@@ -21,6 +21,7 @@ import numpy as np
 import pandas as pd
 
 from mpo_viz.advantages import registry
+from mpo_viz.advantages.token import gae
 from mpo_viz.turns import turn_ids_from_mask
 
 __all__ = [
@@ -30,6 +31,8 @@ __all__ = [
     "variance_summary",
     "turn_table",
     "compute_advantages",
+    "to_numpy",
+    "td_error",
     "compare_estimators",
     "compare_stats",
     "merge_compare_stats",
@@ -55,7 +58,7 @@ __all__ = [
 # helpers
 
 
-def _np(x, dtype=np.float64) -> np.ndarray:
+def to_numpy(x, dtype=np.float64) -> np.ndarray:
     """A torch tensor or array-like as a numpy array of ``dtype`` (a copy only when needed)."""
     if hasattr(x, "detach"):
         x = x.detach().cpu().numpy()
@@ -63,7 +66,7 @@ def _np(x, dtype=np.float64) -> np.ndarray:
 
 
 def _as_2d(x, name: str, dtype=np.float64) -> np.ndarray:
-    a = _np(x, dtype)
+    a = to_numpy(x, dtype)
     if a.ndim == 1:
         a = a[None]
     if a.ndim != 2:
@@ -140,7 +143,7 @@ def _turn_means(x: np.ndarray, idx: _Turns) -> np.ndarray:
 
 
 def variance_split(x, mask, turn_ids=None) -> dict[str, np.ndarray]:
-    """The across/within split of DESIGN §3.9 for any per-token tensor (values, advantages, ...).
+    """The across/within split (docs/concepts.md §5) for any per-token tensor (values, advantages, ...).
 
     Shapes: ``x``, ``mask``, ``turn_ids`` are ``(B, L)`` (torch or numpy; ``turn_ids=None`` derives
     turns from mask runs). Returns a dict of float64 / int64 numpy arrays of shape ``(B,)``:
@@ -248,13 +251,13 @@ def _variance_split_ref(x, mask, turn_ids=None) -> dict[str, np.ndarray]:
 
 
 def _scores(batch) -> np.ndarray:
-    """The trajectory score of DESIGN §3.6: the sum of the rewards an estimator sees, ``(B,)``."""
-    r = _np(batch.rewards)
+    """The trajectory score (docs/concepts.md §3): the sum of the rewards an estimator sees, ``(B,)``."""
+    r = to_numpy(batch.rewards)
     return r.sum(axis=1) if r.ndim == 2 else r
 
 
 def value_variance(batch, values=None, *, name: str = "values") -> pd.DataFrame:
-    """DESIGN §3.9, one row per trajectory of ``batch`` (the paper's Fig. 2 diagnostic).
+    """The across/within diagnostic, one row per trajectory of ``batch`` (the paper's Fig. 2 diagnostic).
 
     ``values``: a ``(B, L)`` tensor to split instead of ``batch.values`` — pass an advantage tensor
     to get the same split for advantages (see :func:`advantage_variance`).
@@ -335,11 +338,24 @@ def compute_advantages(batch, estimators, **options) -> dict:
     return {name: registry.compute(batch, name, **o) for name, o in registry.split_options(names, options).items()}
 
 
+def td_error(batch, *, gamma: float = 1.0):
+    """The one-step TD error ``δ_t = r_t + γ·V_{t+1} − V_t`` over action tokens (``V_{t+1}``: the
+    value at the next action token; after the last, the bootstrap value or 0), ``(B, L)`` float32,
+    0 on masked positions: token GAE with λ = 0. None when the batch has no values. The strip's
+    ``td`` channel."""
+    if batch.values is None:
+        return None
+    # float32 inputs, like compute(): the same compiled kernel, no second JIT specialization
+    adv, _ = gae(batch.rewards, batch.values, batch.mask, gamma=gamma, lam=0.0,
+                 bootstrap_value=batch.bootstrap_value)
+    return adv
+
+
 def _adv_tensors(advantages) -> dict[str, np.ndarray]:
     """Accept ``{name: tensor}`` or ``{name: result}`` (anything with ``.advantages``)."""
     out = {}
     for k, v in advantages.items():
-        out[k] = _np(getattr(v, "advantages", v))
+        out[k] = to_numpy(getattr(v, "advantages", v))
     return out
 
 
@@ -348,58 +364,21 @@ def _adv_tensors(advantages) -> dict[str, np.ndarray]:
 
 
 def turn_table(batch, advantages=None, *, returns=None, **options) -> pd.DataFrame:
-    """One row per assistant turn of ``batch``.
+    """The per-turn table of ``batch`` (:meth:`TrajectoryBatch.turns`, columns in docs/concepts.md).
 
-    ``advantages``: ``{name: (B, L) tensor or result}``, or estimator names (``"mpo,gae"`` or a
-    list) to compute here with the shared ``options`` (see :func:`compute_advantages`).
-
-    Columns: ``traj_id``, ``row`` (index in the batch), ``turn``, ``start`` / ``end`` (positions of
-    the turn's first / last action token in the response, inclusive), ``n_tokens`` (action tokens),
-    ``reward`` (``R_k``, the sum of the rewards on the turn's tokens), and when the batch has values
-    ``value_first`` (``V(s_k)``), ``value_mean``, ``value_last``; for each ``name`` of
-    ``advantages`` (``{name: (B, L) tensor or result}``) ``adv_<name>`` = mean of the advantages
-    over the turn's action tokens (for MAE exactly ``A^T_k``); with ``returns`` (``(B, L)``)
-    ``return_first`` = the return at the turn's first action token.
+    ``advantages``: ``{name: (B, L) tensor or result}`` -> ``adv_<name>`` columns (mean over the
+    turn's action tokens); or estimator names (``"mpo,gae"`` or a list) to compute here with the
+    shared ``options`` (see :func:`compute_advantages`), which also fill ``ret_<name>``.
+    ``returns``: ``{name: (B, L) tensor or result}`` -> ``ret_<name>`` columns (the return at the
+    turn's first action token).
     """
     if isinstance(advantages, str) or (isinstance(advantages, (list, tuple)) and all(isinstance(a, str) for a in advantages)):
         advantages = compute_advantages(batch, advantages, **options)
+        if returns is None:
+            returns = advantages
     elif options:
         raise ValueError(f"options: only used with estimator names, found {sorted(options)}")
-    m = _as_2d(batch.mask, "mask") != 0
-    t = _as_2d(batch.turn_ids, "turn_ids", np.int64)
-    idx = _turn_index(m, t)
-    T = idx.n_slots
-    first = np.full(T, np.iinfo(np.int64).max)
-    last = np.full(T, -1)
-    np.minimum.at(first, idx.slot, idx.cols)
-    np.maximum.at(last, idx.slot, idx.cols)
-    traj_ids = np.asarray(list(batch.traj_ids), dtype=object)
-    df = pd.DataFrame(
-        {
-            "traj_id": traj_ids[idx.turn_row] if T else np.array([], dtype=object),
-            "row": idx.turn_row,
-            "turn": idx.turn_k,
-            "start": first,
-            "end": last,
-            "n_tokens": idx.count,
-        }
-    )
-    r = _as_2d(batch.rewards, "rewards")
-    df["reward"] = np.bincount(idx.slot, weights=r[idx.rows, idx.cols], minlength=T)
-    if batch.values is not None:
-        v = _as_2d(batch.values, "values")
-        df["value_first"] = v[idx.turn_row, first] if T else np.array([])
-        df["value_mean"] = _turn_means(v, idx)
-        df["value_last"] = v[idx.turn_row, last] if T else np.array([])
-    for name, a in _adv_tensors(advantages or {}).items():
-        a = _as_2d(a, f"advantages[{name!r}]")
-        if a.shape != m.shape:
-            raise ValueError(f"advantages[{name!r}]: expected shape {m.shape}, found {a.shape}")
-        df[f"adv_{name}"] = _turn_means(a, idx)
-    if returns is not None:
-        g = _as_2d(getattr(returns, "returns", returns), "returns")
-        df["return_first"] = g[idx.turn_row, first] if T else np.array([])
-    return df
+    return batch.turns(advantages=advantages, returns=returns)
 
 
 def _turn_table_ref(batch, advantages=None) -> pd.DataFrame:
@@ -646,11 +625,11 @@ def critic_quality(batch, returns=None, *, estimator: str = "mpo", **options) ->
     gv, vv = g[m], v[m]
     var_g = float(gv.var()) if gv.size else math.nan
     ev = 1.0 - float((gv - vv).var()) / var_g if gv.size and var_g > 0 else math.nan
-    tt = turn_table(batch, returns=g)
+    tt = batch.turns(returns={"target": g})
     per_turn = tt[["traj_id", "row", "turn"]].copy()
     if "value_first" in tt:
         per_turn["value_first"] = tt["value_first"]
-        per_turn["return_first"] = tt["return_first"]
+        per_turn["return_first"] = tt["ret_target"]
         per_turn["error"] = per_turn["value_first"] - per_turn["return_first"]
         per_turn["abs_error"] = per_turn["error"].abs()
     return CriticQuality(

@@ -1,15 +1,38 @@
-"""Small argument checks shared by the estimators, the losses and the configs.
+"""Small argument checks and type aliases shared by the estimators, the losses and the configs.
 
 :class:`OptionError` is the one error for a bad option or config field: its ``option`` attribute
 names the field, so a caller can say it in its own words — the ``mpo-viz`` command names the flag
 (``--lam: expected ...``) from the parser's own dest -> flag table, without reading the message.
+:func:`warn_once` is for surprises that are not errors.
 """
 
 from __future__ import annotations
 
-import numpy as np
+import warnings
+from collections.abc import Sequence
 
-__all__ = ["OptionError", "number"]
+import numpy as np
+import torch
+
+__all__ = ["OptionError", "TensorLike", "number", "warn_once"]
+
+#: What the tensor API accepts for a ``(B, L)`` (or ``(B,)``) input: a torch tensor, a numpy array
+#: or a nested sequence of numbers.
+TensorLike = torch.Tensor | np.ndarray | Sequence
+
+_WARNED: set[str] = set()
+
+
+def warn_once(key: str, message: str, *, stacklevel: int = 3) -> None:
+    """``warnings.warn(message)`` (a ``UserWarning``) the first time ``key`` is seen in this process.
+
+    For surprises that are not errors (an option that switches a feature off, groups of one): the
+    user sees it once, not on every slider move of a widget. ``_WARNED.clear()`` resets it (tests).
+    """
+    if key in _WARNED:
+        return
+    _WARNED.add(key)
+    warnings.warn(message, UserWarning, stacklevel=stacklevel)
 
 
 class OptionError(ValueError):

@@ -16,7 +16,7 @@ import numpy as np
 
 import mpo_viz as mv
 from mpo_viz import analysis
-from mpo_viz.advantages import available, compute, missing
+from mpo_viz.advantages import DEFAULT_ESTIMATORS, available, compute, missing
 from mpo_viz.cli import main as cli
 
 ESTIMATORS = ["mpo", "turn_gae", "gae", "grpo", "rloo", "gigpo"]
@@ -73,7 +73,7 @@ def run(folder: Path, out: Path) -> int:
             print(cmp[with_cols].to_string(index=False, float_format=lambda x: f"{x:.3f}"))
 
         _rule(f"{name}: advantage columns and report")
-        est = ",".join(e for e in ("mpo", "gae", "grpo") if e in names)
+        est = ",".join(e for e in DEFAULT_ESTIMATORS if e in names)
         adv_out = out / f"{name}_advantages.parquet"
         if cli(["advantages", str(path), "-e", est, "-o", str(adv_out), "--no-progress"]) != 0:
             return 1

@@ -127,12 +127,12 @@ def value_curve_parts(batch, row: int, *, advantages: dict | None = None, return
     traces.append({"name": "turn mean", "x": sx, "y": sy, "panel": 1, "mode": "lines", "size": None,
                    "style": {"color": "#d62728", "width": 2.5}})
     if returns is not None:
-        line("return", np.asarray(an._np(getattr(returns, "returns", returns)))[row, :n], 1,
+        line("return", np.asarray(an.to_numpy(getattr(returns, "returns", returns)))[row, :n], 1,
              {"color": "#1f77b4", "width": 1, "dash": "dot"})
     for i, (name, y) in enumerate((lines or {}).items()):
-        line(name, np.asarray(an._np(y))[row, :n], 1, {"color": _FALLBACK[i % len(_FALLBACK)], "width": 1.2})
+        line(name, np.asarray(an.to_numpy(y))[row, :n], 1, {"color": _FALLBACK[i % len(_FALLBACK)], "width": 1.2})
     for i, (name, a) in enumerate((advantages or {}).items()):
-        line(f"A ({name})", an._np(getattr(a, "advantages", a))[row, :n], 2, {"color": _colour(name, i), "width": 1.2})
+        line(f"A ({name})", an.to_numpy(getattr(a, "advantages", a))[row, :n], 2, {"color": _colour(name, i), "width": 1.2})
     # turn spans shaded over every panel (one layout update: add_vrect per turn is slow in plotly)
     shapes = [
         dict(type="rect", xref="x", yref="paper", x0=s - 0.5, x1=e + 0.5, y0=0, y1=1, line_width=0,
@@ -169,7 +169,7 @@ def value_curve(batch, row: int, *, advantages: dict | None = None, returns=None
     fig.update_layout(shapes=parts["shapes"])
     fig.update_layout(
         title=parts["title"],
-        height=420 if two else 320, margin=dict(l=50, r=20, t=50, b=40), template="plotly_white", autosize=True,
+        height=420 if two else 320, margin=dict(l=50, r=20, t=50, b=40), template="plotly_white",
         legend=dict(orientation="h", y=-0.15),
     )
     fig.update_yaxes(title_text="value", row=1, col=1)
@@ -232,7 +232,7 @@ def across_within(vv: pd.DataFrame, *, title: str | None = None, max_points: int
         note += f"; {n_inf} infinite ratios"
     fig.update_layout(
         title=title if title is not None else f"{source} value variance across vs within turns ({note})",
-        height=480, showlegend=False, template="plotly_white", margin=dict(l=60, r=90, t=70, b=50), autosize=True,
+        height=480, showlegend=False, template="plotly_white", margin=dict(l=60, r=90, t=70, b=50),
     )
     return fig
 
@@ -244,14 +244,14 @@ def estimator_comparison(batch, row: int, advantages: dict, *, title: str | None
         raise ValueError("advantages: expected at least one estimator, found none")
     sub, n, _ = _row_arrays(batch, row)
     L = sub.mask.shape[1]
-    rows_adv = {k: an._np(getattr(v, "advantages", v))[row : row + 1, :L] for k, v in advantages.items()}
+    rows_adv = {k: an.to_numpy(getattr(v, "advantages", v))[row : row + 1, :L] for k, v in advantages.items()}
     tt = an.turn_table(sub, rows_adv)
     fig = go.Figure()
     for i, name in enumerate(rows_adv):
         fig.add_trace(go.Bar(x=[f"T{k}" for k in tt["turn"]], y=tt[f"adv_{name}"], name=name,
                              marker_color=_colour(name, i)))
     fig.update_layout(
-        barmode="group", template="plotly_white", height=300, margin=dict(l=50, r=20, t=50, b=40), autosize=True,
+        barmode="group", template="plotly_white", height=300, margin=dict(l=50, r=20, t=50, b=40),
         title=title if title is not None else f"per-turn advantage by estimator ({batch.traj_ids[row]})",
         xaxis_title="turn", yaxis_title="mean advantage over the turn",
     )

@@ -28,6 +28,7 @@ import pandas as pd
 
 from mpo_viz import analysis as an
 from mpo_viz.io import count_rows, scan
+from mpo_viz.version import __version__
 
 __all__ = ["ReportConfig", "build_report", "write_report"]
 
@@ -375,7 +376,6 @@ def page_html(title: str, body: str, *, footer: str, figure_ids: list[str]) -> s
 
 def _render(acc: _Acc, cfg: ReportConfig, opts: dict, source_name: str, wall: float, decode=None) -> str:
 
-    import mpo_viz
     from mpo_viz import plots
     from mpo_viz.strip import robust_scale, set_scale, strip_payload, within_turn_part
 
@@ -475,7 +475,7 @@ def _render(acc: _Acc, cfg: ReportConfig, opts: dict, source_name: str, wall: fl
         tid = b.traj_ids[0]
         parts.append(f'<section class="traj"><h3>{html.escape(tid)} <small>{html.escape(" · ".join(tags))}</small></h3>')
         tokens = decode if decode is not None and not _has_tokens(b) else None
-        payload = strip_payload(b, 0, advantages=p.adv, title=f"trajectory {tid}", tokens=tokens)
+        payload = strip_payload(b, 0, advantages=p.adv, td=an.td_error(b), title=f"trajectory {tid}", tokens=tokens)
         adv_names = [k for k in payload["channels"] if k.startswith("adv_")]
         set_scale(payload, adv_names, s_adv, "shared by the estimators and the selected trajectories")
         set_scale(payload, [k for k in payload["channels"] if k.startswith("micro_")], s_micro,
@@ -500,7 +500,7 @@ def _render(acc: _Acc, cfg: ReportConfig, opts: dict, source_name: str, wall: fl
     render_s = time.perf_counter() - t0
     timing = ", ".join(f"{k} {v:.2f}s" for k, v in {**acc.timings, "render": render_s}.items())
     stamp = _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
-    foot = (f"<footer>mpo_viz {html.escape(mpo_viz.__version__)} · generated {stamp} in {wall + render_s:.1f}s "
+    foot = (f"<footer>mpo_viz {html.escape(__version__)} · generated {stamp} in {wall + render_s:.1f}s "
             f"({html.escape(timing)}) · self-contained: opens offline{html.escape(export_note)}</footer>")
     body = "\n".join(parts)
     return page_html(cfg.title, body, footer=foot, figure_ids=figs)

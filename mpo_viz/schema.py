@@ -1,7 +1,8 @@
-"""trajectory/v1: field names, dtypes, the version string and the validation rules (DESIGN §4).
+"""trajectory/v1 (trajectories/README.md): field names, dtypes, the version string, the constants
+of the validation rules and the :class:`Problem` / :class:`TrajectoryError` that report them.
 
-One row per trajectory with ragged (unpadded) arrays. This module only *describes* the format and
-reports problems; :mod:`mpo_viz.trajectory` holds the data and runs the checks.
+One row per trajectory with ragged (unpadded) arrays. This module only *describes* the format;
+:mod:`mpo_viz.validate` beside it runs the rules, :mod:`mpo_viz.trajectory` holds the data.
 """
 
 from __future__ import annotations

@@ -6,7 +6,7 @@ with a critic looks like:
 
 * tasks come in groups of ``group_size`` samples; each task has a latent success probability
   ``p`` and each sample succeeds with probability ``p`` (outcome reward 1 or 0 on the last action
-  token, the DESIGN §4 default);
+  token, the default of docs/concepts.md §3);
 * critic values move mostly *between* turns — the turn value drifts from ``p`` towards the
   outcome as the trajectory advances — and only a little *inside* a turn (a small random walk),
   the pattern the MPO paper reports (across ≫ within);
@@ -22,7 +22,7 @@ import numpy as np
 
 from mpo_viz.trajectory import TrajectoryBatch
 
-__all__ = ["make_batch", "make_rows"]
+__all__ = ["make_batch", "make_rows", "strip_arrays"]
 
 
 def _draw(rng: np.random.Generator, spec, size=None):
@@ -151,3 +151,29 @@ def make_batch(n_traj: int, seed: int = 0, **options) -> TrajectoryBatch:
     """
     rows = make_rows(n_traj, seed, **options)
     return TrajectoryBatch.from_rows(rows, {"source_framework": "mpo_viz.synthetic", "values_source": "synthetic"})
+
+
+_STRIP_WORDS = np.array(["the", " search", " result", " for", "\n", " tool", "(", "x", ")", " 42", " Paris", " answer"])
+
+
+def strip_arrays(n: int, seed: int = 0) -> tuple[list[str], np.ndarray, dict[str, np.ndarray]]:
+    """One long random trajectory as the token strip takes it (``mpo_viz.strip.payload_from_arrays``):
+    ``(tokens, mask, channels)`` for ``n`` tokens.
+
+    Assistant spans of 20–200 tokens alternate with tool spans of 20–300 (the first span is an
+    assistant one); tokens are drawn from a few words; channels (float64 ``(n,)``): ``adv_mpo``,
+    ``adv_gae``, ``adv_grpo`` (N(0, 0.3²)), ``value`` (a random walk), ``td`` (N(0, 0.05²)),
+    ``logprob`` (−Exp(1)). For strip rendering benchmarks and browser tests.
+    """
+    rng = np.random.default_rng(seed)
+    mask = np.zeros(n, dtype=np.int64)
+    pos = 0
+    while pos < n:
+        a, o = int(rng.integers(20, 200)), int(rng.integers(20, 300))
+        mask[pos : pos + a] = 1
+        pos += a + o
+    tokens = _STRIP_WORDS[rng.integers(0, len(_STRIP_WORDS), n)].tolist()
+    channels = {f"adv_{k}": rng.normal(0, 0.3, n) for k in ("mpo", "gae", "grpo")}
+    channels |= {"value": np.cumsum(rng.normal(0, 0.01, n)), "td": rng.normal(0, 0.05, n),
+                 "logprob": -rng.exponential(1, n)}
+    return tokens, mask, channels

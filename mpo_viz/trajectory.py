@@ -5,7 +5,7 @@ over all response tokens of the batch plus the shared ``offsets`` (B+1,); rows a
 ``flat[offsets[i]:offsets[i+1]]``. Loading Parquet therefore never creates per-token Python
 objects, and padded ``(B, L)`` tensors are one vectorized scatter.
 
-Derived per-token arrays follow DESIGN §3.1 and §4 and are computed once, lazily:
+Derived per-token arrays follow docs/concepts.md §1 and §3 and are computed once, lazily:
 
 * ``turn_ids`` — the given ids, or for rows without them the maximal runs of ``loss_mask == 1``
   (:func:`mpo_viz.turns.turn_ids_from_mask`); padding carries the row's last id.
@@ -23,6 +23,13 @@ import numpy as np
 import pandas as pd
 import torch
 
+from mpo_viz.ragged import (
+    BatchColumns,
+    offsets_from_lengths,
+    row_index,
+    take,
+    turn_ids_from_mask_flat,
+)
 from mpo_viz.schema import (
     EXTRA_TOKEN_DTYPE,
     REQUIRED,
@@ -33,53 +40,15 @@ from mpo_viz.schema import (
     TrajectoryError,
     short,
 )
+from mpo_viz.validate import Columns, columns_from_rows, validate_columns
 
 __all__ = ["TrajectoryBatch", "row_to_json"]
 
 _EMPTY_OFF = np.zeros(1, dtype=np.int64)
 
 
-def _row_index(offsets: np.ndarray) -> np.ndarray:
-    """Row of every flat element: ``seg[t] = i`` for ``offsets[i] <= t < offsets[i+1]``."""
-    lengths = np.diff(offsets)
-    return np.repeat(np.arange(len(lengths), dtype=np.int64), lengths)
-
-
-def _take(flat: np.ndarray, offsets: np.ndarray, idx: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Gather rows ``idx`` of a ragged column: returns (flat, offsets) of the selection."""
-    n = len(offsets) - 1
-    if len(idx) == n and (n == 0 or (idx[0] == 0 and idx[-1] == n - 1 and np.all(np.diff(idx) == 1))):
-        return flat[offsets[0] : offsets[-1]], offsets - offsets[0]  # all rows, in order
-    lengths = np.diff(offsets)[idx]
-    new_off = np.zeros(len(idx) + 1, dtype=np.int64)
-    np.cumsum(lengths, out=new_off[1:])
-    gather = np.repeat(offsets[:-1][idx] - new_off[:-1], lengths) + np.arange(new_off[-1], dtype=np.int64)
-    return flat[gather], new_off
-
-
-def _offsets_from_lengths(lengths: np.ndarray) -> np.ndarray:
-    off = np.zeros(len(lengths) + 1, dtype=np.int64)
-    np.cumsum(lengths, out=off[1:])
-    return off
-
-
-def _derive_turn_ids_flat(mask: np.ndarray, offsets: np.ndarray) -> np.ndarray:
-    """Turn ids from mask runs on a flat ragged mask (vectorized twin of turns.turn_ids_from_mask)."""
-    m = mask != 0
-    n = len(m)
-    if n == 0:
-        return np.zeros(0, dtype=np.int64)
-    prev = np.zeros(n, dtype=bool)
-    prev[1:] = m[:-1]
-    starts_at = offsets[:-1][np.diff(offsets) > 0]
-    prev[starts_at] = False  # a row's first token has no predecessor
-    cs = np.cumsum(m & ~prev)
-    before = np.where(offsets[:-1] > 0, cs[np.maximum(offsets[:-1] - 1, 0)], 0)
-    return np.maximum(cs - np.repeat(before, np.diff(offsets)) - 1, 0).astype(np.int64)
-
-
 class TrajectoryBatch:
-    """A batch of trajectory/v1 rows (DESIGN §4).
+    """A batch of trajectory/v1 rows (the format: trajectories/README.md).
 
     Build with :meth:`from_rows` (list of dicts) or :func:`mpo_viz.load`. Select with ``b[i]``,
     ``b[slice | index list | bool array]`` or :meth:`select`; join with :meth:`concat`.
@@ -133,16 +102,21 @@ class TrajectoryBatch:
         every rejected row and why. ``source``/``lines`` name the file and 1-based line of each row
         for messages.
         """
-        from mpo_viz.io.columns import columns_from_rows
-
         rows = list(rows)
         cols, problems = columns_from_rows(rows, source=source, lines=lines)
-        return cls._from_columns(cols, meta, problems=problems, errors=errors)
+        return cls.from_columns(cols, meta, problems=problems, errors=errors)
 
     @classmethod
-    def _from_columns(cls, cols, meta, *, problems=None, errors="raise", seen_ids=None):
-        from mpo_viz.io.columns import validate_columns
+    def from_columns(cls, columns: Columns, meta: dict | None = None, *, problems=None, errors: str = "raise",
+                     seen_ids=None) -> TrajectoryBatch:
+        """Validate reader columns (:class:`mpo_viz.validate.Columns`: flat arrays + offsets per
+        field, as the JSONL and Parquet readers produce them) and build a batch.
 
+        ``problems``: problems the reader already found (unreadable lines, wrong Arrow types);
+        ``errors`` as :meth:`from_rows`; ``seen_ids``: a dict carried across calls so that a
+        duplicate ``traj_id`` is found across the chunks and files of one load.
+        """
+        cols = columns
         if errors not in ("raise", "collect"):
             raise ValueError(f"errors: expected 'raise' or 'collect', found {errors!r}")
         batch, problems = validate_columns(cls, cols, meta, problems or [], seen_ids=seen_ids)
@@ -154,6 +128,17 @@ class TrajectoryBatch:
     # ------------------------------------------------------------------ basics
     def __len__(self) -> int:
         return len(self._off) - 1
+
+    @property
+    def offsets(self) -> np.ndarray:
+        """int64 ``(B+1,)``: row i's response tokens are ``offsets[i]:offsets[i+1]`` of every flat column."""
+        return self._off
+
+    @property
+    def columns(self) -> BatchColumns:
+        """The batch's storage (:class:`mpo_viz.ragged.BatchColumns`), shared, not copied: read only."""
+        return BatchColumns(self._off, self._tok, self._present, self._prompt, self._turn, self._scalars,
+                            self._extras)
 
     def __repr__(self) -> str:
         fields = sorted(self.fields)
@@ -219,7 +204,7 @@ class TrajectoryBatch:
     @property
     def _seg(self) -> np.ndarray:
         if "seg" not in self._cache:
-            self._cache["seg"] = _row_index(self._off)
+            self._cache["seg"] = row_index(self._off)
         return self._cache["seg"]
 
     @property
@@ -233,7 +218,7 @@ class TrajectoryBatch:
     # ------------------------------------------------------------------ derived flat arrays
     def _flat_turn_ids(self) -> np.ndarray:
         if "turn_ids" not in self._cache:
-            derived = _derive_turn_ids_flat(self._tok["loss_mask"], self._off)
+            derived = turn_ids_from_mask_flat(self._tok["loss_mask"], self._off)
             if "turn_ids" in self._tok:
                 given = np.repeat(self._present["turn_ids"], np.diff(self._off))
                 derived = np.where(given, self._tok["turn_ids"], derived)
@@ -266,7 +251,7 @@ class TrajectoryBatch:
         return self._cache["K"]
 
     def _flat_rewards(self) -> np.ndarray:
-        """Rewards an estimator sees, flat float64 (DESIGN §4)."""
+        """Rewards an estimator sees, flat float64 (docs/concepts.md §3)."""
         if "rewards" not in self._cache:
             n = self.num_tokens
             out = np.zeros(n, dtype=np.float64)
@@ -336,7 +321,7 @@ class TrajectoryBatch:
 
     @property
     def rewards(self) -> torch.Tensor:
-        """Token rewards an estimator sees (DESIGN §4), float32 ``(B, L)``; ``padded('rewards', torch.float64)`` for float64."""
+        """Token rewards an estimator sees (docs/concepts.md §3), float32 ``(B, L)``; ``padded('rewards', torch.float64)`` for float64."""
         return self.padded("rewards")
 
     @property
@@ -448,13 +433,13 @@ class TrajectoryBatch:
         idx = idx % max(n, 1)
         tokens, off = {}, None
         for name, flat in self._tok.items():
-            tokens[name], off = _take(flat, self._off, idx)
+            tokens[name], off = take(flat, self._off, idx)
         if off is None:
-            off = _offsets_from_lengths(np.diff(self._off)[idx])
-        pf, po = _take(*self._prompt, idx)
+            off = offsets_from_lengths(np.diff(self._off)[idx])
+        pf, po = take(*self._prompt, idx)
         turn = {}
         for name, (flat, toff, pres) in self._turn.items():
-            f2, o2 = _take(flat, toff, idx)
+            f2, o2 = take(flat, toff, idx)
             turn[name] = (f2, o2, pres[idx])
         return TrajectoryBatch(
             offsets=off,
@@ -481,7 +466,7 @@ class TrajectoryBatch:
             return batches[0]
         n_each = [len(b) for b in batches]
         lengths = np.concatenate([np.diff(b._off) for b in batches])
-        off = _offsets_from_lengths(lengths)
+        off = offsets_from_lengths(lengths)
 
         def rows_mask(b, pres):
             return pres if pres is not None else np.ones(len(b), dtype=bool)
@@ -503,7 +488,7 @@ class TrajectoryBatch:
                 present[name] = np.concatenate(pres)
         prompt = (
             np.concatenate([b._prompt[0] for b in batches]),
-            _offsets_from_lengths(np.concatenate([np.diff(b._prompt[1]) for b in batches])),
+            offsets_from_lengths(np.concatenate([np.diff(b._prompt[1]) for b in batches])),
         )
         turn = {}
         for name in dict.fromkeys(k for b in batches for k in b._turn):
@@ -518,7 +503,7 @@ class TrajectoryBatch:
                     flats.append(np.zeros(0, dtype=TURN_FIELDS.get(name, np.float64)))
                     lens.append(np.zeros(len(b), dtype=np.int64))
                     pres.append(np.zeros(len(b), dtype=bool))
-            turn[name] = (np.concatenate(flats), _offsets_from_lengths(np.concatenate(lens)), np.concatenate(pres))
+            turn[name] = (np.concatenate(flats), offsets_from_lengths(np.concatenate(lens)), np.concatenate(pres))
 
         def cat_obj(dicts, name, fill):
             parts = []
@@ -633,12 +618,25 @@ class TrajectoryBatch:
             df = df[list(columns)]
         return df
 
-    def turns(self) -> pd.DataFrame:
-        """One row per assistant turn: ``traj_id``, ``group_id``, ``turn``, ``n_tokens`` (action
-        tokens), ``start``/``end`` (positions of its first/last action token), ``n_obs_after``
-        (observation tokens between this turn's last action token and the next turn or the end),
-        ``reward`` (R_k: the sum of the rewards an estimator sees on the turn), and when values are
-        present ``value_first``/``value_mean``/``value_last`` over the turn's action tokens.
+    def turns(self, advantages: dict | None = None, returns: dict | None = None) -> pd.DataFrame:
+        """The per-turn table: one row per assistant turn, in row then turn order.
+
+        The one per-turn table of the package (``compute(...).turns``, ``analysis.turn_table``, the
+        report, the explorer's turn table and the comparison all build it here); its columns are
+        documented in docs/concepts.md ("The per-turn table"):
+
+        * ``traj_id``, ``group_id``, ``row`` (index in the batch), ``turn`` (k);
+        * ``start`` / ``end``: response positions of the turn's first / last action token;
+        * ``n_tokens`` (action tokens), ``n_obs_after`` (observation tokens between the turn's last
+          action token and the next turn or the end of the response);
+        * ``reward``: ``R_k``, the sum of the rewards an estimator sees on the turn's tokens;
+        * with values: ``value_first`` (``V(s_k)``), ``value_mean``, ``value_last`` over the turn's
+          action tokens (NaN for a row without values);
+        * for each ``name`` of ``advantages`` (``{name: (B, L) tensor or array, or an object with
+          .advantages}``): ``adv_<name>``, the mean advantage over the turn's action tokens (for
+          MAE and turn GAE without whitening exactly ``A^T_k``);
+        * for each ``name`` of ``returns`` (``{name: (B, L)}``, or objects with ``.returns``):
+          ``ret_<name>``, the return at the turn's first action token (comparable to ``value_first``).
         """
         act = np.flatnonzero(self._tok["loss_mask"] != 0)
         rows = self._seg[act]
@@ -650,13 +648,15 @@ class TrajectoryBatch:
         end_pos, end_rows, end_tids = self._action_turn_ends()
         n_tok = np.diff(np.append(starts, len(act)))
         trow = rows[starts]
+        pos = self._pos[act]
         data = {
             "traj_id": self._scalars["traj_id"][trow],
             "group_id": self._scalars["group_id"][trow],
+            "row": trow,
             "turn": tids[starts],
-            "n_tokens": n_tok,
-            "start": self._pos[act[starts]],
+            "start": pos[starts],
             "end": self._pos[end_pos],
+            "n_tokens": n_tok,
         }
         # next turn's first action token, or the row end
         nxt = np.empty(len(starts), dtype=np.int64)
@@ -664,16 +664,29 @@ class TrajectoryBatch:
             nxt[:-1] = np.where(trow[1:] == trow[:-1], act[starts[1:]], self._off[trow[:-1] + 1])
             nxt[-1] = self._off[trow[-1] + 1]
         data["n_obs_after"] = nxt - end_pos - 1
-        r = self._flat_rewards()[act]
-        data["reward"] = np.add.reduceat(r, starts) if len(starts) else np.zeros(0)
+
+        def per_turn_sum(x):
+            return np.add.reduceat(x, starts) if len(starts) else np.zeros(0)
+
+        data["reward"] = per_turn_sum(self._flat_rewards()[act])
         if self.has("values"):
             v = self._tok["values"].astype(np.float64)
             if not self._present["values"].all():
                 v = np.where(np.repeat(self._present["values"], np.diff(self._off)), v, np.nan)
             va = v[act]
             data["value_first"] = va[starts] if len(starts) else np.zeros(0)
-            data["value_mean"] = (np.add.reduceat(va, starts) / n_tok) if len(starts) else np.zeros(0)
+            data["value_mean"] = per_turn_sum(va) / n_tok if len(starts) else np.zeros(0)
             data["value_last"] = v[end_pos]
+        for what, tensors in (("adv", advantages), ("ret", returns)):
+            for name, x in (tensors or {}).items():
+                x = getattr(x, "advantages" if what == "adv" else "returns", x)
+                x = np.asarray(x.detach().cpu().numpy() if hasattr(x, "detach") else x, dtype=np.float64)
+                if x.ndim != 2 or x.shape[0] != len(self) or x.shape[1] < (int(np.diff(self._off).max()) if len(self) else 0):
+                    raise ValueError(f"{'advantages' if what == 'adv' else 'returns'}[{name!r}]: expected a (B, L) "
+                                     f"tensor with B = {len(self)} and L >= the longest response, found shape {x.shape}")
+                xa = x[rows, pos]
+                data[f"{what}_{name}"] = (per_turn_sum(xa) / np.maximum(n_tok, 1) if what == "adv"
+                                          else (xa[starts] if len(starts) else np.zeros(0)))
         return pd.DataFrame(data)
 
     def summary(self) -> dict:

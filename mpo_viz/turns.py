@@ -1,8 +1,9 @@
 """Turn ids: the one definition of "what a turn is", shared by the batch, estimators and losses.
 
-DESIGN §3.1: ``turn_ids[t]`` is the turn of response token ``t``. Observation tokens carry the id
+``turn_ids[t]`` is the turn of response token ``t``. Observation tokens carry the id
 of the turn they follow (observation tokens before the first action token carry 0), so ids never
-decrease. When turn ids are absent, turns are the maximal runs of ``mask == 1``.
+decrease. When turn ids are absent, turns are the maximal runs of ``mask == 1``. Only the ids on
+action tokens define turns: the tensor API reads no id where ``mask == 0``.
 
 Both helpers accept numpy arrays or torch tensors of shape ``(B, L)`` (or ``(L,)``) and return the
 same kind of object, so estimators (numpy/numba) and losses (torch, autograd) share one definition.
@@ -53,14 +54,14 @@ def num_turns(mask, turn_ids):
 
 
 def check_turn_ids(turn_ids, mask, *, name: str = "turn_ids") -> None:
-    """Raise ``ValueError`` naming ``name`` and the first offending row unless, in every row:
+    """Raise ``ValueError`` naming ``name``, the first offending row and position unless, in every
+    row, the ids on action tokens (``mask != 0``) are integers numbered 0..K−1 in order: the first
+    action token is in turn 0, and from one action token to the next the id stays or grows by 1
+    (so ids are ≥ 0, never decrease and no id lacks an action token).
 
-    * ids are integers ≥ 0 and never decrease along the row (padding included), and
-    * the ids on action tokens (mask == 1) are exactly 0..K−1 with none skipped, i.e. every id
-      from 0 to the largest one on an action token has at least one action token.
-
-    Observation tokens may carry any id that keeps the row non-decreasing (DESIGN: the id of the
-    turn they follow); only action tokens define turns.
+    Only action tokens define turns: ids on masked positions are never read (−1 padding, NaN in a
+    float array, anything). This is the rule of the tensor API (estimators and losses); the v1 file
+    loader is stricter about what is stored (ids ≥ 0 and non-decreasing on every token).
     """
     t = turn_ids.detach().cpu().numpy() if isinstance(turn_ids, torch.Tensor) else np.asarray(turn_ids)
     m = mask.detach().cpu().numpy() if isinstance(mask, torch.Tensor) else np.asarray(mask)
@@ -70,36 +71,43 @@ def check_turn_ids(turn_ids, mask, *, name: str = "turn_ids") -> None:
         t, m = t[None], m[None]
     if t.size == 0:
         return
-    if not np.issubdtype(t.dtype, np.integer):
-        if not np.all(np.isfinite(t)) or not np.all(t == np.round(t)):
-            raise ValueError(f"{name}: expected integer turn ids, found dtype {t.dtype} with non-integers")
-        t = t.astype(np.int64)
-    neg = (t < 0).any(-1)
-    if neg.any():
-        r = int(np.argmax(neg))
-        raise ValueError(f"{name}: row {r}: expected ids >= 0, found {int(t[r].min())}")
-    dec = (np.diff(t, axis=-1) < 0).any(-1)
-    if dec.any():
-        r = int(np.argmax(dec))
-        p = int(np.argmax(np.diff(t[r]) < 0))
-        raise ValueError(
-            f"{name}: row {r}: expected non-decreasing ids, found {int(t[r, p])} then {int(t[r, p + 1])} "
-            f"at position {p + 1}"
-        )
     act = m != 0
-    # On action tokens of a non-decreasing row, ids are 0..K-1 with no gap iff the first action id is
-    # 0 and consecutive action ids differ by 0 or 1.
+
+    def first_bad(bad):
+        r = int(np.argmax(bad.any(-1)))
+        return r, int(np.argmax(bad[r]))
+
+    if t.dtype.kind not in "iub":
+        if t.dtype.kind != "f":
+            raise ValueError(f"{name}: expected integer turn ids, found dtype {t.dtype}")
+        bad = act & (~np.isfinite(t) | (t != np.round(t)))
+        if bad.any():
+            r, p = first_bad(bad)
+            raise ValueError(f"{name}: row {r}, position {p}: expected an integer id on an action token, "
+                             f"found {t[r, p].item()!r}")
+    t = np.where(act, t, 0).astype(np.int64)
+    neg = act & (t < 0)
+    if neg.any():
+        r, p = first_bad(neg)
+        raise ValueError(f"{name}: row {r}, position {p}: expected ids >= 0 on action tokens, found {int(t[r, p])}")
     for r in np.flatnonzero(act.any(-1)):
-        ids = t[r][act[r]]
+        pos = np.flatnonzero(act[r])
+        ids = t[r, pos]
         if ids[0] != 0:
             raise ValueError(
-                f"{name}: row {int(r)}: expected the first action token in turn 0, found turn {int(ids[0])} "
-                f"(turn ids 0..{int(ids[0]) - 1} have no action token)"
+                f"{name}: row {int(r)}, position {int(pos[0])}: expected the first action token in turn 0, "
+                f"found turn {int(ids[0])} (turn ids 0..{int(ids[0]) - 1} have no action token)"
             )
-        gap = np.diff(ids) > 1
-        if gap.any():
-            g = int(np.argmax(gap))
+        step = np.diff(ids)
+        if (step < 0).any():
+            g = int(np.argmax(step < 0))
             raise ValueError(
-                f"{name}: row {int(r)}: expected consecutive turn ids on action tokens, found {int(ids[g])} "
-                f"then {int(ids[g + 1])} (a turn id with no action token)"
+                f"{name}: row {int(r)}, position {int(pos[g + 1])}: expected non-decreasing ids on action "
+                f"tokens, found {int(ids[g])} (position {int(pos[g])}) then {int(ids[g + 1])}"
+            )
+        if (step > 1).any():
+            g = int(np.argmax(step > 1))
+            raise ValueError(
+                f"{name}: row {int(r)}, position {int(pos[g + 1])}: expected consecutive turn ids on action "
+                f"tokens, found {int(ids[g])} then {int(ids[g + 1])} (a turn id with no action token)"
             )

@@ -30,7 +30,10 @@ def _batch():
 def test_payload_channels_by_hand():
     b = _batch()
     adv = torch.tensor([[1.0, 3.0, 0, -1.0, -2.0, 0.0], [0.5, 0.5, 0, 0, 0, 0]])
-    p = strip_payload(b, 0, advantages={"mpo": adv})
+    from mpo_viz.analysis import td_error
+
+    assert "td" not in strip_payload(b, 0)["channels"]  # the strip computes no estimator: δ comes from the caller
+    p = strip_payload(b, 0, advantages={"mpo": adv}, td=td_error(b))
     assert p["tokens"] == ["Hi", " </script>", "\n<obs>", "a", "b", "c"]
     assert p["mask"] == [1, 1, 0, 1, 1, 1] and p["turn_ids"] == [0, 0, 0, 1, 1, 1]
     ch = p["channels"]

@@ -41,3 +41,18 @@ def test_rewards_are_outcomes():
     assert set(np.unique(b.reward)) <= {0.0, 1.0}
     np.testing.assert_allclose(b.rewards.sum(1).numpy(), b.reward)
     assert isinstance(b, mv.TrajectoryBatch)
+
+
+def test_strip_arrays_spans_and_channels():
+    from mpo_viz.synthetic import strip_arrays
+
+    toks, mask, ch = strip_arrays(5000, seed=3)
+    assert len(toks) == len(mask) == 5000 and mask[0] == 1
+    edges = np.flatnonzero(np.diff(np.r_[0, mask, 0]))  # run starts and ends, alternately
+    runs = np.diff(edges)[::2]  # assistant spans
+    gaps = np.diff(edges)[1::2][:-1]  # tool spans between them
+    assert runs[:-1].min() >= 20 and runs.max() < 200 and gaps.min() >= 20 and gaps.max() < 300
+    assert set(ch) == {"adv_mpo", "adv_gae", "adv_grpo", "value", "td", "logprob"}
+    assert all(v.shape == (5000,) for v in ch.values()) and (ch["logprob"] <= 0).all()
+    t2, m2, c2 = strip_arrays(5000, seed=3)
+    assert t2 == toks and (m2 == mask).all() and (c2["value"] == ch["value"]).all()

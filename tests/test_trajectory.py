@@ -3,7 +3,6 @@
 import math
 
 import numpy as np
-import pandas as pd
 import pytest
 import torch
 
@@ -93,6 +92,15 @@ def test_turns_table(batch):
     np.testing.assert_allclose(a.value_last, [0.2, 0.6], rtol=1e-6)
     b = t[t.traj_id == "b"]
     assert b.reward.tolist() == [0.5, 0.25] and b.n_obs_after.tolist() == [1, 0]
+    assert t.row.tolist() == [0, 0, 1, 1, 2, 3]
+    # per-estimator columns: adv_<name> = mean over the turn's action tokens, ret_<name> = at its first
+    adv = np.arange(24, dtype=np.float64).reshape(4, 6)
+    t2 = batch.turns(advantages={"x": adv}, returns={"x": torch.from_numpy(-adv)})
+    # row a: turns at positions (0, 1) and (4, 5); row b: 0 and 2; row c: (1, 2); row d: (0, 1)
+    np.testing.assert_allclose(t2.adv_x, [0.5, 4.5, 6, 8, 13.5, 18.5])
+    np.testing.assert_allclose(t2.ret_x, [0, -4, -6, -8, -13, -18])
+    with pytest.raises(ValueError, match=r"advantages\['y'\]: expected a \(B, L\) tensor with B = 4"):
+        batch.turns(advantages={"y": adv[:2]})
     c = t[t.traj_id == "c"]
     np.testing.assert_allclose(c.reward, [1.0])
     assert c.start.tolist() == [1] and c.n_obs_after.tolist() == [1]
@@ -168,6 +176,33 @@ def test_summary(batch):
     s = batch.summary()
     assert s["trajectories"] == 4 and s["groups"] == 2
     assert s["response_tokens"] == 15 and s["action_tokens"] == 10
-    assert s["turns"]["mean"] == pytest.approx(1.5)
+    # turns per trajectory: a 2, b 2, c 1, d 1
+    assert s["turns"] == pytest.approx({"n": 4, "mean": 1.5, "std": 0.5, "min": 1, "max": 2})
     assert s["reward_missing"] == 1
-    assert isinstance(pd.DataFrame([s["turns"]]), pd.DataFrame)
+
+
+def test_from_columns_and_the_columns_accessor(batch):
+    from mpo_viz.validate import columns_from_rows
+
+    cols, problems = columns_from_rows(rows())
+    b2 = TrajectoryBatch.from_columns(cols, {"values_source": "critic"}, problems=problems)
+    assert [repr(b2.row(i)) for i in range(4)] == [repr(batch.row(i)) for i in range(4)]  # repr: NaN == NaN
+    c = batch.columns
+    np.testing.assert_array_equal(c.offsets, [0, 6, 9, 13, 15])  # response lengths 6, 3, 4, 2
+    np.testing.assert_array_equal(batch.offsets, c.offsets)
+    np.testing.assert_array_equal(c.tokens["loss_mask"], [1, 1, 0, 0, 1, 1, 1, 0, 1, 0, 1, 1, 0, 1, 1])
+    np.testing.assert_array_equal(c.present["turn_ids"], [False, True, False, False])
+    flat, off, pres = c.turn["turn_rewards"]
+    np.testing.assert_array_equal(pres, [False, True, False, True])
+    np.testing.assert_allclose(flat[off[1] : off[2]], [0.5, 0.25])
+    np.testing.assert_array_equal(c.prompt[1], [0, 2, 3, 4, 4])
+    # a bad row: collected with file/row/field named, the good rows kept
+    bad = rows()
+    bad[2]["loss_mask"] = [0, 2, 1, 0]
+    cols, problems = columns_from_rows(bad, source="x.jsonl", lines=[1, 2, 3, 4])
+    b3 = TrajectoryBatch.from_columns(cols, problems=problems, errors="collect")
+    assert b3.traj_ids == ["a", "b", "d"]
+    p = b3.rejected[0]
+    assert (p.file, p.line, p.traj_id, p.field) == ("x.jsonl", 3, "c", "loss_mask")
+    with pytest.raises(TrajectoryError, match="loss_mask"):
+        TrajectoryBatch.from_columns(columns_from_rows(bad)[0])

@@ -1,5 +1,5 @@
-"""Advantage estimators (DESIGN §3.2–3.7): fast numba/numpy implementations, a string registry and
-``compute(batch, name, **options)``; every estimator's options are declared once in
+"""Advantage estimators (explained in docs/concepts.md): fast numba/numpy implementations, a string
+registry and ``compute(batch, name, **options)``; every estimator's options are declared once in
 :mod:`mpo_viz.advantages.registry` (:func:`options`, :class:`Option`).
 
 Tensor functions take ``(B, L)`` torch tensors or numpy arrays and keyword-only options, and return
@@ -27,7 +27,6 @@ from mpo_viz.advantages.registry import (
     parse_names,
     register,
     split_options,
-    turn_table,
     vocabulary,
 )
 from mpo_viz.advantages.token import gae, mae, mae_with_turns, turn_gae, vapo
@@ -60,7 +59,6 @@ __all__ = [
     "rloo",
     "split_options",
     "turn_gae",
-    "turn_table",
     "vapo",
     "vocabulary",
 ]

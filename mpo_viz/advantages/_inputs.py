@@ -116,7 +116,8 @@ def prepare(
 
     Checks: shapes; mask entries 0/1; rewards finite on action tokens and exactly 0 on masked ones;
     values finite on action tokens (``need_values``); turn ids (``need_turns``; derived from the mask
-    runs when ``None``) non-negative, non-decreasing, 0..K−1 on action tokens with none skipped;
+    runs when ``None``) on action tokens: integers ≥ 0, non-decreasing, 0..K−1 with none skipped
+    (ids on masked positions are ignored, whatever they are: −1 padding, NaN);
     ``bootstrap_value`` shaped ``(B,)`` (NaN = terminal).
     """
     device = _device_of(rewards, values, mask)
@@ -145,11 +146,14 @@ def prepare(
             t0 = _to_numpy(turn_ids, "turn_ids")
             if t0.shape != (B, L):
                 raise ValueError(f"turn_ids: expected shape {(B, L)} (the mask's), found {tuple(t0.shape)}")
-            if t0.dtype.kind == "f":
-                bad = ~np.isfinite(t0) | (t0 != np.round(t0))
+            if t0.dtype.kind == "f":  # only action tokens matter: NaN or -1 padding elsewhere is fine
+                bad = (~np.isfinite(t0) | (t0 != np.round(t0))) & (m != 0)
                 if bad.any():
                     row = int(np.argmax(bad.any(1)))
-                    raise ValueError(f"turn_ids: row {row}: expected integer ids, found {_py(t0[row][bad[row]][0])!r}")
+                    pos = int(np.argmax(bad[row]))
+                    raise ValueError(f"turn_ids: row {row}, position {pos}: expected an integer id on an action "
+                                     f"token, found {_py(t0[row, pos])!r}")
+                t0 = np.where(m != 0, t0, 0.0)
             elif t0.dtype.kind not in "iub":
                 raise ValueError(f"turn_ids: expected integer ids, found dtype {t0.dtype}")
             tid = np.ascontiguousarray(t0, dtype=np.int64)
@@ -180,10 +184,12 @@ def _raise(code: int, row: int, pos: int, r, v, m, tid) -> None:
     if code == K.E_MASK:
         raise ValueError(f"mask: {at}: expected 0 or 1, found {_py(m[row, pos])!r}")
     if code == K.E_TID_NEG:
-        raise ValueError(f"turn_ids: {at}: expected ids >= 0, found {int(tid[row, pos])}")
+        raise ValueError(f"turn_ids: {at}: expected ids >= 0 on action tokens, found {int(tid[row, pos])}")
     if code == K.E_TID_DEC:
+        prev = int(np.flatnonzero(m[row, :pos] != 0)[-1])
         raise ValueError(
-            f"turn_ids: {at}: expected non-decreasing ids, found {int(tid[row, pos - 1])} then {int(tid[row, pos])}"
+            f"turn_ids: {at}: expected non-decreasing ids on action tokens, found {int(tid[row, prev])} "
+            f"(position {prev}) then {int(tid[row, pos])}"
         )
     if code == K.E_TID_FIRST:
         raise ValueError(
@@ -201,7 +207,7 @@ def _raise(code: int, row: int, pos: int, r, v, m, tid) -> None:
     if code == K.E_REWARD_MASKED:
         raise ValueError(
             f"rewards: {at}: expected 0 on a masked (observation/padding) token, found {_py(r[row, pos])!r} "
-            "(rewards belong on action tokens; adapters move them, DESIGN §4)"
+            "(rewards belong on action tokens; adapters move them there)"
         )
     raise AssertionError(f"unknown validation code {code}")  # pragma: no cover
 

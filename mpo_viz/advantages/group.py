@@ -1,10 +1,14 @@
 """Critic-free estimators with group baselines: GRPO, Dr. GRPO, RLOO, REINFORCE++ (and its group
-baseline variant), GiGPO. DESIGN §3.6.
+baseline variant), GiGPO.
 
 Inputs: rewards and mask ``(B, L)`` (torch or numpy), ``group_ids`` any array-like of B strings or
 ints. Outputs ``(advantages, returns)`` torch ``(B, L)`` (float64 in → float64 out, else float32),
-zero on masked positions. ``returns`` are the advantages before any whitening (DESIGN §3.5: group
-estimators have no critic; for REINFORCE++ these are the discounted token returns).
+zero on masked positions. ``returns`` are the advantages before any whitening (group estimators
+have no critic; for REINFORCE++ these are the discounted token returns).
+
+A *group of one* (a ``group_id`` held by a single row) has no other sample to compare against; each
+estimator then falls back to a fixed rule — GRPO ``s/(1 + ε)`` (mean 0, std 1, as verl: 0.999999·s),
+Dr. GRPO and the REINFORCE++ baseline the raw score ``s``, RLOO 0 — and warns once per process.
 
 The trajectory score is ``s_i = Σ_t r_{i,t}`` (rewards on masked tokens are an input error, so
 this is the sum over action tokens).
@@ -12,10 +16,14 @@ this is the sum over action tokens).
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import numpy as np
+import torch
 
 from mpo_viz.advantages import kernels as K
 from mpo_viz.advantages._inputs import group_codes, prepare, scalar_check, to_torch, whiten_
+from mpo_viz.checks import TensorLike, warn_once
 
 __all__ = ["grpo", "drgrpo", "rloo", "reinforce_pp", "reinforce_pp_baseline", "gigpo", "group_stats"]
 
@@ -29,6 +37,33 @@ def group_stats(x: np.ndarray, codes: np.ndarray):
     with np.errstate(invalid="ignore", divide="ignore"):
         var = np.bincount(codes, weights=dev * dev, minlength=g) / (cnt - 1)
     return cnt[codes], mean[codes], np.sqrt(var)[codes]
+
+
+#: What each estimator gives a group of one (for the warning).
+SINGLETON_RULE = {
+    "grpo": "A = s/(1 + eps) (mean 0, std 1, as verl: 0.999999·s at eps = 1e-6)",
+    "drgrpo": "A = s, the raw score (mean 0)",
+    "rloo": "A = 0 (no other sample to leave out)",
+    "reinforce_pp_baseline": "A = s, the raw score (baseline 0), before whitening",
+    "gigpo": "an episode-level A^E = s/(1 + eps), as GRPO",
+}
+
+
+def warn_groups_of_one(codes: np.ndarray, group_ids, estimator: str) -> None:
+    """Warn once per process and estimator when some group holds a single row."""
+    if codes.size == 0:
+        return
+    cnt = np.bincount(codes)
+    single = np.flatnonzero(cnt[codes] == 1)
+    if single.size:
+        i = int(single[0])
+        warn_once(
+            f"groups-of-one:{estimator}",
+            f"group_ids: {single.size} of {cnt.size} groups hold a single trajectory (e.g. row {i}, group "
+            f"{list(group_ids)[i]!r}); with no other sample of the task to compare against, {estimator} gives "
+            f"{SINGLETON_RULE[estimator]}. Sample several trajectories per task under one group_id.",
+            stacklevel=4,
+        )
 
 
 def _grpo_scores(s, codes, eps, norm_by_std):
@@ -51,32 +86,41 @@ def _scores(p) -> np.ndarray:
     return p.rewards.sum(axis=1, dtype=np.float64)
 
 
-def grpo(rewards, mask, group_ids, *, eps=1e-6, norm_by_std=True, whiten=False):
+def grpo(
+    rewards: TensorLike, mask: TensorLike, group_ids: TensorLike, *, eps: float = 1e-6, norm_by_std: bool = True,
+    whiten: bool = False,
+) -> tuple[torch.Tensor, torch.Tensor]:
     """GRPO (verl): ``A_i = (s_i − mean_g)/(std_g + ε)`` broadcast over row i's action tokens.
 
-    ``std_g`` is the unbiased std of the scores in i's group; a group of one uses mean 0, std 1.
-    ``norm_by_std=False`` is Dr. GRPO: ``A_i = s_i − mean_g``. Shapes: rewards, mask ``(B, L)``,
-    group_ids ``(B,)``; returns ``(advantages, returns)`` ``(B, L)`` with returns = advantages
-    (before whitening).
+    ``std_g`` is the unbiased std of the scores in i's group; a group of one uses mean 0, std 1
+    (so ``s_i/(1 + ε)``) and warns once. ``norm_by_std=False`` is Dr. GRPO: ``A_i = s_i − mean_g``
+    (a group of one: ``s_i``). Shapes: rewards, mask ``(B, L)``, group_ids ``(B,)``; returns
+    ``(advantages, returns)`` ``(B, L)`` with returns = advantages (before whitening).
     """
     eps = scalar_check("eps", eps, 0.0, None)
     p = prepare(rewards, mask)
     codes = group_codes(group_ids, p.shape[0])
+    warn_groups_of_one(codes, group_ids, "grpo" if norm_by_std else "drgrpo")
     return _broadcast(p, _grpo_scores(_scores(p), codes, eps, bool(norm_by_std)), whiten)
 
 
-def drgrpo(rewards, mask, group_ids, *, whiten=False):
+def drgrpo(
+    rewards: TensorLike, mask: TensorLike, group_ids: TensorLike, *, whiten: bool = False,
+) -> tuple[torch.Tensor, torch.Tensor]:
     """Dr. GRPO: ``A_i = s_i − mean_g`` (GRPO without the std division). Shapes as :func:`grpo`."""
     return grpo(rewards, mask, group_ids, norm_by_std=False, whiten=whiten)
 
 
-def rloo(rewards, mask, group_ids, *, whiten=False):
-    """RLOO: ``A_i = s_i − mean_{j≠i, j∈g} s_j`` (leave-one-out); a group of one gets 0.
+def rloo(
+    rewards: TensorLike, mask: TensorLike, group_ids: TensorLike, *, whiten: bool = False,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """RLOO: ``A_i = s_i − mean_{j≠i, j∈g} s_j`` (leave-one-out); a group of one gets 0 (and warns once).
 
     Shapes as :func:`grpo`; returns = advantages (before whitening).
     """
     p = prepare(rewards, mask)
     codes = group_codes(group_ids, p.shape[0])
+    warn_groups_of_one(codes, group_ids, "rloo")
     s = _scores(p)
     n, mean, _ = group_stats(s, codes)
     with np.errstate(invalid="ignore", divide="ignore"):
@@ -84,7 +128,9 @@ def rloo(rewards, mask, group_ids, *, whiten=False):
     return _broadcast(p, a, whiten)
 
 
-def reinforce_pp(rewards, mask, *, gamma=1.0, whiten=True):
+def reinforce_pp(
+    rewards: TensorLike, mask: TensorLike, *, gamma: float = 1.0, whiten: bool = True,
+) -> tuple[torch.Tensor, torch.Tensor]:
     """REINFORCE++: discounted token returns ``G_t = r_t + γ·G_{t'}`` over action tokens (t' = next
     action token; observation tokens are skipped and the return carried over them — verl resets
     there instead), then whitened over the batch's action tokens (``whiten=True``, the algorithm's
@@ -103,13 +149,16 @@ def reinforce_pp(rewards, mask, *, gamma=1.0, whiten=True):
     return to_torch(adv, p.device), to_torch(g, p.device)
 
 
-def reinforce_pp_baseline(rewards, mask, group_ids, *, whiten=True):
+def reinforce_pp_baseline(
+    rewards: TensorLike, mask: TensorLike, group_ids: TensorLike, *, whiten: bool = True,
+) -> tuple[torch.Tensor, torch.Tensor]:
     """REINFORCE++ with a group baseline: ``(s_i − mean_g)`` broadcast over row i's action tokens,
     then whitened over the batch (``whiten=True`` default). A group of one has baseline 0 (as in
-    GRPO). Shapes as :func:`grpo`; returns = the unwhitened advantages.
+    GRPO) and warns once. Shapes as :func:`grpo`; returns = the unwhitened advantages.
     """
     p = prepare(rewards, mask)
     codes = group_codes(group_ids, p.shape[0])
+    warn_groups_of_one(codes, group_ids, "reinforce_pp_baseline")
     return _broadcast(p, _grpo_scores(_scores(p), codes, 0.0, False), whiten)
 
 
@@ -134,15 +183,21 @@ def turn_spans(mask_row: np.ndarray, tid_row: np.ndarray) -> list[tuple[int, int
     return list(zip(pos[starts].tolist(), pos[ends].tolist()))
 
 
-def gigpo(rewards, mask, group_ids, *, prompt_ids, response_ids, turn_ids=None, omega=1.0,
-          step_gamma=0.95, norm="std", eps=1e-6, whiten=False):
-    """GiGPO: ``A = A^E + ω·A^S``, constant over a turn's action tokens (DESIGN §3.6).
+def gigpo(
+    rewards: TensorLike, mask: TensorLike, group_ids: TensorLike, *, prompt_ids: Sequence | TensorLike,
+    response_ids: Sequence | TensorLike, turn_ids: TensorLike | None = None, omega: float = 1.0,
+    step_gamma: float = 0.95, norm: str = "std", eps: float = 1e-6, whiten: bool = False,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """GiGPO: ``A = A^E + ω·A^S``, constant over a turn's action tokens.
 
-    * Episode level ``A^E``: GRPO over the group (``eps``; std normalization).
+    * Episode level ``A^E``: GRPO over the group (``eps``; std normalization; a group of one
+      gives ``s/(1 + ε)`` and warns once).
     * Step level: turn k's *anchor* is the token ids of the observation just before it — the
       response tokens between turn k−1's last and turn k's first action token; for k = 0 the
-      prompt ids followed by any observation tokens before the first action token. Turns with
-      identical anchors in the same group form a step group. Step return
+      prompt ids followed by any observation tokens before the first action token. An empty
+      observation is no anchor: a turn k > 0 that directly follows turn k−1 (adjacent turn ids, no
+      observation token between) joins no step group and gets ``A^S = 0``. Turns with identical
+      anchors in the same group form a step group. Step return
       ``Σ_{k'≥k} γ^{k'−k} R_{k'}`` (γ = ``step_gamma``, ``R_k`` = the turn's reward sum);
       ``A^S = (ret − mean)/(std + ε)`` in the step group (unbiased std; ``norm="mean"``: no
       division); a step group of one gives ``A^S = 0``.
@@ -159,6 +214,7 @@ def gigpo(rewards, mask, group_ids, *, prompt_ids, response_ids, turn_ids=None, 
     p = prepare(rewards, mask, turn_ids=turn_ids, need_turns=True)
     B, L = p.shape
     codes = group_codes(group_ids, B)
+    warn_groups_of_one(codes, group_ids, "gigpo")
     prompts = _ragged(prompt_ids, B, "prompt_ids")
     responses = _ragged(response_ids, B, "response_ids")
     a_e = _grpo_scores(_scores(p), codes, eps, True)
@@ -190,12 +246,14 @@ def gigpo(rewards, mask, group_ids, *, prompt_ids, response_ids, turn_ids=None, 
         prev_end = -1
         for k, (first, last) in enumerate(spans):
             obs = resp[prev_end + 1:first]
+            prev_end = last
+            if k > 0 and obs.size == 0:  # no observation, no anchor: A^S stays 0
+                continue
             anchor = np.concatenate([prompts[i], obs]) if k == 0 else obs
             key = (int(codes[i]), anchor.tobytes())
             members_row.append(i)
             members_turn.append(k)
             members_code.append(keys.setdefault(key, len(keys)))
-            prev_end = last
     a_s = np.zeros((B, kmax))
     if members_row:
         mr, mt, mc = (np.asarray(x, dtype=np.int64) for x in (members_row, members_turn, members_code))

@@ -11,9 +11,9 @@ instead of compiling again, which is what keeps each ``mpo-viz`` command quick. 
 
 Integer "enum" arguments (kept as ints so every call has the same numba signature):
 
-* ``within``: 0 intra, 1 local, 2 global, 3 td  (DESIGN §3.4)
-* ``value_at``: 0 first, 1 last, 2 mean         (DESIGN §3.3)
-* ``ret_mode``: 0 Monte-Carlo returns, 1 turn returns ``G^T_k`` broadcast  (DESIGN §3.5)
+* ``within``: 0 intra, 1 local, 2 global, 3 td  (:func:`mpo_viz.advantages.mae`)
+* ``value_at``: 0 first, 1 last, 2 mean         (:func:`mpo_viz.advantages.turn_gae`)
+* ``ret_mode``: 0 Monte-Carlo returns, 1 turn returns ``G^T_k`` broadcast  (``critic_target``)
 """
 
 from __future__ import annotations
@@ -29,8 +29,8 @@ RET_MODE = {"mc": 0, "turn": 1}
 
 # Error codes of ``validate_kernel`` (the Python side turns them into messages).
 E_MASK = 1  # mask entry not 0/1
-E_TID_NEG = 2  # negative turn id
-E_TID_DEC = 3  # turn ids decrease
+E_TID_NEG = 2  # negative turn id on an action token
+E_TID_DEC = 3  # turn ids decrease from one action token to the next
 E_TID_FIRST = 4  # first action token not in turn 0
 E_TID_SKIP = 5  # consecutive action tokens skip a turn id
 E_REWARD_NONFINITE = 6  # NaN/inf reward on an action token
@@ -42,15 +42,16 @@ E_REWARD_MASKED = 8  # non-zero (or NaN) reward on a masked token
 def validate_kernel(r, v, m, tid, check_values, check_tids, err_code, err_pos, nturns):
     """Per row: the first problem (``err_code``/``err_pos``, 0/-1 if none) and the turn count K.
 
-    ``tid`` is only read when ``check_tids`` is 1, ``v`` only when ``check_values`` is 1.
-    ``nturns[i]`` = 1 + the largest turn id on an action token (0 without action tokens); when turn
-    ids are not checked it is the number of mask runs.
+    ``tid`` is only read when ``check_tids`` is 1, and then only on action tokens (the ids on
+    masked positions are never read: only action tokens define turns); ``v`` only when
+    ``check_values`` is 1. On action tokens the ids must be ≥ 0, start at 0, never decrease and
+    never skip an id. ``nturns[i]`` = 1 + the largest turn id on an action token (0 without action
+    tokens); when turn ids are not checked it is the number of mask runs.
     """
     B, L = m.shape
     for i in prange(B):
         code = 0
         pos = -1
-        last_tid = 0
         last_act_tid = -1
         runs = 0
         prev_m = 0.0
@@ -60,27 +61,25 @@ def validate_kernel(r, v, m, tid, check_values, check_tids, err_code, err_pos, n
                 code = E_MASK
                 pos = t
                 break
-            if check_tids == 1:
+            if check_tids == 1 and mt == 1.0:
                 ti = tid[i, t]
                 if ti < 0:
                     code = E_TID_NEG
                     pos = t
                     break
-                if ti < last_tid:
+                if last_act_tid == -1 and ti != 0:
+                    code = E_TID_FIRST
+                    pos = t
+                    break
+                if ti < last_act_tid:
                     code = E_TID_DEC
                     pos = t
                     break
-                last_tid = ti
-                if mt == 1.0:
-                    if last_act_tid == -1 and ti != 0:
-                        code = E_TID_FIRST
-                        pos = t
-                        break
-                    if last_act_tid >= 0 and ti > last_act_tid + 1:
-                        code = E_TID_SKIP
-                        pos = t
-                        break
-                    last_act_tid = ti
+                if ti > last_act_tid + 1:
+                    code = E_TID_SKIP
+                    pos = t
+                    break
+                last_act_tid = ti
             rt = r[i, t]
             if mt == 1.0:
                 if not math.isfinite(rt):
@@ -105,7 +104,7 @@ def validate_kernel(r, v, m, tid, check_values, check_tids, err_code, err_pos, n
 
 @njit(parallel=True, cache=True)
 def gae_kernel(r, v, m, boot, gamma, lam, ret_lam, adv, ret, bad):
-    """Token GAE over action tokens (DESIGN §3.2), per-row ``lam`` (B,).
+    """Token GAE over action tokens (verl semantics: γ between any two action tokens), per-row ``lam`` (B,).
 
     ``A_t = δ_t + γ·λ_i·A_{t+1}``, ``δ_t = r_t + γ·V_{t+1} − V_t`` (V after the last action token =
     ``boot[i]`` if finite else 0); ``ret = A' + V`` where ``A'`` uses ``ret_lam`` instead of λ_i
@@ -180,17 +179,23 @@ def mae_kernel(
     r, v, m, tid, boot, gamma, lam, tgamma, tlam, beta, within, value_at, ret_mode,
     adv, ret, t_adv, t_val, t_rew, t_ret, bad,
 ):
-    """Turn GAE + centered within-turn signal (DESIGN §3.3–3.5); ``beta = 0`` is ``turn_gae``.
+    """Turn GAE + centered within-turn signal (:func:`mpo_viz.advantages.mae`); ``beta = 0`` is ``turn_gae``.
 
-    Walks each row backwards one turn at a time. Pass 1 over turn k's tokens (last to first)
-    accumulates ``R_k``, ``V(s_k)``, the within-turn signal ``u`` (stored in ``adv`` for now) and the
-    Monte-Carlo return (stored in ``ret``); then ``A^T_k = R_k + γ_T·V(s_{k+1}) − V(s_k) +
-    γ_T·λ_T·A^T_{k+1}``; pass 2 writes ``A^T_k + β·(u − mean u)`` and, with ``ret_mode`` 1,
-    ``G^T_k = A^T_k + V(s_k)``. Turn arrays ``t_*`` (B, Kcap) get ``A^T_k``, ``V(s_k)``, ``R_k``,
-    ``G^T_k`` for ``k < Kcap`` (pass ``Kcap = 0`` arrays to skip).
+    One clock for every recurrence: the discount from an action token to the next one is ``γ``
+    inside a turn and ``γ_T`` from a turn's last action token to the next turn's first (or to the
+    bootstrap value after the last turn). Walks each row backwards one turn at a time. Pass 1 over
+    turn k's ``n_k`` action tokens (last to first) accumulates the discounted turn reward
+    ``R_k = Σ_j γ^j r_{k,j}`` (Horner), ``γ^{n_k−1}``, ``V(s_k)``, the within-turn signal ``u``
+    (stored in ``adv`` for now) and the Monte-Carlo return (stored in ``ret``); then, with
+    ``Γ_k = γ^{n_k−1}·γ_T``, ``A^T_k = R_k + Γ_k·V(s_{k+1}) − V(s_k) + Γ_k·λ_T·A^T_{k+1}``; pass 2
+    writes ``A^T_k + β·(u − mean u)`` and, with ``ret_mode`` 1, ``G^T_k = A^T_k + V(s_k)``. Turn
+    arrays ``t_*`` (B, Kcap) get ``A^T_k``, ``V(s_k)``, ``R_k``, ``G^T_k`` for ``k < Kcap`` (pass
+    ``Kcap = 0`` arrays to skip).
 
-    Fused input checks, as in :func:`gae_kernel`, plus the turn ids: ``bad[i]`` also counts ids
-    that are negative or decrease, and turns that are not numbered 0..K−1 on action tokens.
+    Turns are defined by the action tokens alone: the ids on masked positions are never read (a
+    turn's span runs over masked tokens until an action token with another id). Fused input
+    checks, as in :func:`gae_kernel`, plus the turn ids on action tokens: ``bad[i]`` also counts
+    negative ids and turns that are not numbered 0..K−1 in order.
     """
     B, L = m.shape
     kcap = t_adv.shape[1]
@@ -200,29 +205,28 @@ def mae_kernel(
         vt_next = bs  # V(s_{k+1})
         at_next = 0.0  # A^T_{k+1}
         g_next = bs  # MC return at the next action token
-        glob = 0.0  # full-trajectory token GAE (within = global)
+        glob = 0.0  # full-trajectory token GAE on the one clock (within = global)
         nb = 0
-        last_k = -1  # turn id of the turn processed before (the next one in the row)
-        prev_tid = tid[i, L - 1] if L > 0 else 0  # id at position t + 1
+        seen = False  # a turn of this row was processed already
+        last_k = 0  # turn id of the turn processed before (the next one in the row)
         t = L - 1
         while t >= 0:
             mt = m[i, t]
-            ti = tid[i, t]
-            nb += (ti > prev_tid) | (ti < 0)
-            prev_tid = ti
             if mt == 0.0:
-                rt = r[i, t]
-                nb += rt != 0.0
+                nb += r[i, t] != 0.0  # also NaN
                 adv[i, t] = 0.0
                 ret[i, t] = 0.0
                 t -= 1
                 continue
-            k = ti
-            if last_k >= 0:
+            k = tid[i, t]
+            nb += k < 0
+            if seen:
                 nb += k != last_k - 1
+            seen = True
             last_k = k
             e = t
-            rsum = 0.0
+            rsum = 0.0  # R_k = Σ_j γ^j r_{k,j}, by Horner from the end
+            pw = 1.0  # γ^{n−1}
             usum = 0.0
             vsum = 0.0
             n = 0
@@ -230,36 +234,34 @@ def mae_kernel(
             g = g_next
             s = t
             tt = t
-            while tt >= 0 and tid[i, tt] == k:
+            while tt >= 0:
                 mq = m[i, tt]
                 rt = np.float64(r[i, tt])
-                nb += (mq != 0.0) & (mq != 1.0)
                 if mq != 0.0:
+                    if tid[i, tt] != k:
+                        break
+                    nb += mq != 1.0
                     vt = np.float64(v[i, tt])
-                    nb += not ((vt - vt) == 0.0)
+                    nb += not ((vt - vt) == 0.0)  # NaN or inf
                     nb += not ((rt - rt) == 0.0)
-                    rsum += rt
-                    vsum += vt
-                    delta = rt + gamma * nv_tok - vt
-                    glob = delta + gamma * lam * glob
                     if n == 0:
-                        g = rt + tgamma * g  # the return crosses a turn boundary here
-                        if within == 0:
-                            u = 0.0
-                        elif within == 2:
-                            u = glob
-                        else:
-                            u = delta
+                        d = tgamma  # the turn's last token: the clock crosses the boundary
                     else:
-                        g = rt + gamma * g
-                        if within == 0:
-                            u = (nv_tok - vt) + lam * u
-                        elif within == 1:
-                            u = delta + gamma * lam * u
-                        elif within == 2:
-                            u = glob
-                        else:
-                            u = delta
+                        d = gamma
+                        pw *= gamma
+                    rsum = rt + gamma * rsum
+                    vsum += vt
+                    delta = rt + d * nv_tok - vt
+                    glob = delta + d * lam * glob
+                    g = rt + d * g
+                    if within == 0:
+                        u = 0.0 if n == 0 else (gamma * nv_tok - vt) + gamma * lam * u
+                    elif within == 1:
+                        u = delta if n == 0 else delta + gamma * lam * u
+                    elif within == 2:
+                        u = glob
+                    else:
+                        u = delta
                     n += 1
                     usum += u
                     adv[i, tt] = u
@@ -277,7 +279,8 @@ def mae_kernel(
                 vs = np.float64(v[i, e])
             else:
                 vs = vsum / n
-            at = rsum + tgamma * vt_next - vs + tgamma * tlam * at_next
+            big_g = pw * tgamma  # Γ_k = γ^{n_k−1}·γ_T, the discount from V(s_k) to V(s_{k+1})
+            at = rsum + big_g * vt_next - vs + big_g * tlam * at_next
             gt = at + vs
             umean = usum / n
             for q in range(tt + 1, e + 1):
@@ -294,6 +297,6 @@ def mae_kernel(
             at_next = at
             g_next = g
             t = tt
-        if last_k > 0:  # the first turn of the row must be turn 0
+        if seen and last_k != 0:  # the first turn of the row must be turn 0
             nb += 1
         bad[i] = nb

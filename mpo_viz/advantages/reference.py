@@ -1,6 +1,6 @@
 """Reference estimators: plain per-trajectory Python loops, written to be read, not to be fast.
 
-This module is the executable specification of DESIGN §3.2–3.7. Each function mirrors the fast
+This module is the executable specification of the estimators (docs/concepts.md explains them). Each function mirrors the fast
 function of the same name in :mod:`mpo_viz.advantages` (same arguments and options) but loops over
 trajectories and tokens in Python floats (float64) and returns numpy float64 arrays ``(B, L)``.
 It does not validate its input (the fast functions do); tests feed both the same valid batches and
@@ -124,8 +124,19 @@ def vapo(rewards, values, mask, *, gamma=1.0, alpha=0.05, bootstrap_value=None, 
 
 # ----------------------------------------------------------------------------- turn GAE and MAE
 
-def _turn_gae_row(r, v, turns, turn_gamma, turn_lam, value_at, last_value):
-    """Per turn k: (V(s_k), R_k, A^T_k, G^T_k)."""
+def _clock(turns, gamma, turn_gamma):
+    """The discount from each action token to the next one (dict t -> d_t): γ inside a turn,
+    γ_T from a turn's last token to the next turn's first (or to the bootstrap value)."""
+    return {t: (turn_gamma if j == len(tk) - 1 else gamma) for tk in turns for j, t in enumerate(tk)}
+
+
+def _turn_gae_row(r, v, turns, gamma, turn_gamma, turn_lam, value_at, last_value):
+    """Per turn k: (V(s_k), R_k, A^T_k, G^T_k), SMDP-discounted.
+
+    ``R_k = Σ_j γ^j r_{k,j}`` (j counts turn k's action tokens from 0) and the discount from
+    ``V(s_k)`` to ``V(s_{k+1})`` is ``Γ_k = γ^{n_k−1}·γ_T``, the product of the token clock over
+    the turn: the Monte-Carlo return at a turn's first token is exactly ``R_k + Γ_k·G_{k+1}``.
+    """
     K = len(turns)
     if value_at == "first":
         vs = [v[tk[0]] for tk in turns]
@@ -133,23 +144,24 @@ def _turn_gae_row(r, v, turns, turn_gamma, turn_lam, value_at, last_value):
         vs = [v[tk[-1]] for tk in turns]
     else:
         vs = [sum(v[t] for t in tk) / len(tk) for tk in turns]
-    rs = [sum(r[t] for t in tk) for tk in turns]
+    rs = [sum(gamma ** j * r[t] for j, t in enumerate(tk)) for tk in turns]
+    big_g = [gamma ** (len(tk) - 1) * turn_gamma for tk in turns]
     at = [0.0] * K
     nxt_v, nxt_a = last_value, 0.0
     for k in reversed(range(K)):
-        delta = rs[k] + turn_gamma * nxt_v - vs[k]
-        at[k] = delta + turn_gamma * turn_lam * nxt_a
+        delta = rs[k] + big_g[k] * nxt_v - vs[k]
+        at[k] = delta + big_g[k] * turn_lam * nxt_a
         nxt_v, nxt_a = vs[k], at[k]
     return vs, rs, at, [at[k] + vs[k] for k in range(K)]
 
 
-def turn_gae(rewards, values, mask, *, turn_ids=None, turn_gamma=1.0, turn_lam=0.9, value_at="first",
-             bootstrap_value=None, whiten=False):
+def turn_gae(rewards, values, mask, *, turn_ids=None, gamma=1.0, turn_gamma=1.0, turn_lam=0.9,
+             value_at="first", bootstrap_value=None, whiten=False):
     r, v, m = _np(rewards), _np(values), _np(mask)
     adv, ret = np.zeros_like(m), np.zeros_like(m)
     for i in range(m.shape[0]):
         turns = _row_turns(m, turn_ids, i)
-        _, _, at, gt = _turn_gae_row(r[i], v[i], turns, turn_gamma, turn_lam, value_at,
+        _, _, at, gt = _turn_gae_row(r[i], v[i], turns, gamma, turn_gamma, turn_lam, value_at,
                                      _bootstrap(bootstrap_value, i))
         for k, tk in enumerate(turns):
             for t in tk:
@@ -157,24 +169,32 @@ def turn_gae(rewards, values, mask, *, turn_ids=None, turn_gamma=1.0, turn_lam=0
     return (_whiten(adv, m) if whiten else adv), ret
 
 
-def _within_row(r, v, turns, within, gamma, lam, last_value):
-    """The within-turn signal u_t for every action token of one row (dict t -> u_t)."""
+def _within_row(r, v, turns, within, gamma, lam, turn_gamma, last_value):
+    """The within-turn signal u_t for every action token of one row (dict t -> u_t).
+
+    Every token recurrence runs on the one clock of :func:`_clock` (γ inside a turn, γ_T across a
+    boundary), the same clock as the Monte-Carlo returns.
+    """
     positions = [t for tk in turns for t in tk]
+    clock = _clock(turns, gamma, turn_gamma)
     next_value = {}  # value at the next action token (the next turn's first; last_value at the end)
     for j, t in enumerate(positions):
         next_value[t] = v[positions[j + 1]] if j + 1 < len(positions) else last_value
-    delta = {t: r[t] + gamma * next_value[t] - v[t] for t in positions}
+    delta = {t: r[t] + clock[t] * next_value[t] - v[t] for t in positions}
     u = {}
     if within == "intra":
         for tk in turns:
-            for j, t in enumerate(tk):  # u_t = Σ_l λ^l (V_{t+l+1} − V_{t+l}) inside the turn
-                u[t] = sum(lam ** lag * (v[tk[j + lag + 1]] - v[tk[j + lag]]) for lag in range(len(tk) - 1 - j))
+            for j, t in enumerate(tk):  # u_t = Σ_l (γλ)^l (γ·V_{t+l+1} − V_{t+l}) inside the turn
+                u[t] = sum((gamma * lam) ** lag * (gamma * v[tk[j + lag + 1]] - v[tk[j + lag]])
+                           for lag in range(len(tk) - 1 - j))
     elif within == "local":
         for tk in turns:
             for j, t in enumerate(tk):  # token GAE truncated at the turn's end
                 u[t] = sum((gamma * lam) ** lag * delta[tk[j + lag]] for lag in range(len(tk) - j))
-    elif within == "global":
-        for t, (a, _) in _gae_row(r, v, positions, gamma, lam, last_value).items():
+    elif within == "global":  # A_t = δ_t + d_t·λ·A_{t'} over the whole row
+        a = 0.0
+        for t in reversed(positions):
+            a = delta[t] + clock[t] * lam * a
             u[t] = a
     elif within == "td":
         u = delta
@@ -190,8 +210,8 @@ def mae(rewards, values, mask, *, turn_ids=None, gamma=1.0, lam=0.95, turn_gamma
     for i in range(m.shape[0]):
         turns = _row_turns(m, turn_ids, i)
         last = _bootstrap(bootstrap_value, i)
-        _, _, at, gt = _turn_gae_row(r[i], v[i], turns, turn_gamma, turn_lam, value_at, last)
-        u = _within_row(r[i], v[i], turns, within, gamma, lam, last)
+        _, _, at, gt = _turn_gae_row(r[i], v[i], turns, gamma, turn_gamma, turn_lam, value_at, last)
+        u = _within_row(r[i], v[i], turns, within, gamma, lam, turn_gamma, last)
         for k, tk in enumerate(turns):
             u_mean = sum(u[t] for t in tk) / len(tk)
             for t in tk:
@@ -201,13 +221,12 @@ def mae(rewards, values, mask, *, turn_ids=None, gamma=1.0, lam=0.95, turn_gamma
             for k, tk in enumerate(turns):
                 for t in tk:
                     ret[i, t] = gt[k]
-        else:  # Monte-Carlo: γ inside a turn, γ_T across a boundary (and onto the bootstrap value)
+        else:  # Monte-Carlo on the same clock: γ inside a turn, γ_T across a boundary (and onto the bootstrap)
+            clock = _clock(turns, gamma, turn_gamma)
             g = last
-            for k in reversed(range(len(turns))):
-                for j in reversed(range(len(turns[k]))):
-                    t = turns[k][j]
-                    g = r[i, t] + (turn_gamma if j == len(turns[k]) - 1 else gamma) * g
-                    ret[i, t] = g
+            for t in reversed([t for tk in turns for t in tk]):
+                g = r[i, t] + clock[t] * g
+                ret[i, t] = g
     return (_whiten(adv, m) if whiten else adv), ret
 
 
@@ -295,6 +314,7 @@ def gigpo(rewards, mask, group_ids, *, prompt_ids, response_ids, turn_ids=None, 
     scores = [float(sum(r[i])) for i in range(B)]
     a_e = _grpo_row_values(scores, groups, eps, True)
     step_groups: dict = {}  # (group id, anchor tokens) -> [(row, turn, step return)]
+    a_s_zero = []  # (row, turn) of turns without an anchor
     turns_all = []
     for i in range(B):
         turns = _row_turns(m, turn_ids, i)
@@ -305,9 +325,12 @@ def gigpo(rewards, mask, group_ids, *, prompt_ids, response_ids, turn_ids=None, 
             step_return = sum(step_gamma ** (k2 - k) * rk[k2] for k2 in range(k, len(turns)))
             prev_end = turns[k - 1][-1] if k > 0 else -1
             obs = resp[prev_end + 1:tk[0]]
+            if k > 0 and not obs:  # an empty observation is no anchor: the turn's A^S is 0
+                a_s_zero.append((i, k))
+                continue
             anchor = [int(x) for x in np.asarray(prompt_ids[i]).reshape(-1)] + obs if k == 0 else obs
             step_groups.setdefault((gid[i], tuple(anchor)), []).append((i, k, step_return))
-    a_s = {}
+    a_s = {key: 0.0 for key in a_s_zero}
     for members in step_groups.values():
         xs = [x for _, _, x in members]
         for i, k, x in members:

@@ -57,7 +57,7 @@ from mpo_viz.checks import OptionError, number
 
 __all__ = [
     "Option", "Estimator", "Bound", "AdvantageResult", "register", "available", "get", "options", "vocabulary",
-    "estimator_options", "split_options", "takers", "bind", "missing", "compute", "turn_table", "is_group_estimator",
+    "estimator_options", "split_options", "takers", "bind", "missing", "compute", "is_group_estimator",
     "default_estimators", "parse_names", "DEFAULT_ESTIMATORS",
 ]
 
@@ -187,9 +187,10 @@ def _kind_of(default) -> str | None:
 # Every option of the built-in estimators, once. Defaults come from each function's signature.
 
 GAMMA = Option("gamma", kind="float", low=0.0, high=1.0, label="γ",
-               doc="token discount γ (gae, vapo, mae inside turns, reinforce_pp)")
+               doc="token discount γ (gae, vapo, reinforce_pp; mae and turn_gae inside turns)")
 LAM = Option("lam", kind="float", low=0.0, high=1.0, label="λ", doc="token λ (gae; mae's within-turn signal)")
-TURN_GAMMA = Option("turn_gamma", kind="float", low=0.0, high=1.0, label="γ_T", doc="turn discount γ_T (mae, turn_gae)")
+TURN_GAMMA = Option("turn_gamma", kind="float", low=0.0, high=1.0, label="γ_T",
+                    doc="turn discount γ_T, from a turn's last token to the next turn's first (mae, turn_gae)")
 TURN_LAM = Option("turn_lam", kind="float", low=0.0, high=1.0, label="λ_T", doc="turn λ_T (mae, turn_gae)")
 BETA = Option("beta", kind="float", low=0.0, span=(0.0, 3.0), label="β",
               doc="weight β of mae's centred within-turn signal (0 = turn GAE)")
@@ -198,7 +199,8 @@ WITHIN = Option("within", kind="choice", choices=("intra", "local", "global", "t
 VALUE_AT = Option("value_at", kind="choice", choices=("first", "last", "mean"), label="V(s_k) at",
                   doc="which token's value is the turn value V(s_k)")
 CRITIC_TARGET = Option("critic_target", kind="choice", choices=("mc", "turn"), label="target", advanced=True,
-                       doc="mae's returns: Monte-Carlo (mc) or the turn return broadcast (turn)")
+                       doc="mae's returns: Monte-Carlo (mc) or the turn return broadcast (turn: flat inside "
+                           "turns, it switches the within-turn signal off; warns once)")
 WHITEN = Option("whiten", kind="bool", label="whiten", advanced=True,
                 doc="whiten the advantages over the batch's action tokens")
 ALPHA = Option("alpha", kind="float", low=0.0, low_open=True, span=(0.01, 1.0), label="α",
@@ -483,14 +485,19 @@ class AdvantageResult:
     Attributes:
         name: the estimator's registry name.
         advantages: float32/float64 tensor ``(B, L)``, 0 on masked positions.
-        returns: critic targets ``(B, L)`` per DESIGN §3.5, 0 on masked positions.
-        turns: one row per assistant turn: ``traj_id``, ``group_id``, ``turn``, ``n_tokens``,
-            ``turn_reward`` (R_k), ``turn_value`` (V(s_k) per ``value_at``; NaN without values),
-            ``turn_advantage`` (mean advantage over the turn's action tokens — A^T_k for mae and
-            turn_gae), ``turn_return`` (mean return over the turn's action tokens).
+        returns: critic targets ``(B, L)`` (the estimator's ``returns``, docs/concepts.md §4), 0 on
+            masked positions.
+        turns: the per-turn table (``batch.turns``, columns in docs/concepts.md) with this
+            estimator's ``adv_<name>`` and ``ret_<name>``: the mean advantage over the turn's action
+            tokens *before whitening* — A^T_k for mae and turn_gae whatever ``whiten`` is, in the
+            units of ``reward`` and ``value_first``; with ``whiten=True`` the token ``advantages``
+            are whitened and a turn's mean of them is ``(adv_<name> − μ)/σ``, μ and σ the mean and
+            std of the unwhitened advantages over the batch's action tokens — and the return at the
+            turn's first action token.
         options: every option used, defaults filled in.
         wall_time_s: seconds for the whole call.
-        timings: seconds per phase: ``inputs`` (batch → tensors), ``estimate``, ``turn_table``.
+        timings: seconds per phase: ``inputs`` (batch → tensors), ``estimate``, ``turn_table``
+            (with ``whiten=True`` it includes a second, unwhitened estimate for ``turns``).
         traj_ids: the batch's trajectory ids, row order.
     """
 
@@ -513,52 +520,6 @@ class AdvantageResult:
                 f"wall_time_s={self.wall_time_s:.4f}, options={self.options})")
 
 
-def turn_table(batch, advantages, returns, *, value_at: str = "first") -> pd.DataFrame:
-    """One row per assistant turn of ``batch`` with the turn's reward, value, mean advantage and
-    mean return (columns as :class:`AdvantageResult.turns`)."""
-    m = batch.mask.numpy() != 0
-    tid = batch.turn_ids.numpy()
-    rows, cols = np.nonzero(m)
-    k = tid[rows, cols]
-    if len(rows):
-        first = np.r_[True, (rows[1:] != rows[:-1]) | (k[1:] != k[:-1])]
-    else:
-        first = np.zeros(0, dtype=bool)
-    starts = np.flatnonzero(first)
-    ends = np.r_[starts[1:], len(rows)] - 1
-    n = np.diff(np.r_[starts, len(rows)])
-
-    def per_turn_sum(x):
-        return np.add.reduceat(x, starts) if len(starts) else np.zeros(0)
-
-    rew = batch.padded("rewards", torch.float64).numpy()[rows, cols]
-    a = advantages.detach().cpu().double().numpy()[rows, cols]
-    g = returns.detach().cpu().double().numpy()[rows, cols]
-    if batch.has("values"):
-        v = batch.values.double().numpy()[rows, cols]
-        if value_at == "last":
-            tv = v[ends]
-        elif value_at == "mean":
-            tv = per_turn_sum(v) / n
-        else:
-            tv = v[starts]
-    else:
-        tv = np.full(len(starts), np.nan)
-    trow = rows[starts]
-    traj = np.asarray(batch.traj_ids, dtype=object)
-    grp = np.asarray(batch.group_ids, dtype=object)
-    return pd.DataFrame({
-        "traj_id": traj[trow] if len(trow) else np.zeros(0, dtype=object),
-        "group_id": grp[trow] if len(trow) else np.zeros(0, dtype=object),
-        "turn": k[starts],
-        "n_tokens": n,
-        "turn_reward": per_turn_sum(rew),
-        "turn_value": tv,
-        "turn_advantage": per_turn_sum(a) / np.maximum(n, 1),
-        "turn_return": per_turn_sum(g) / np.maximum(n, 1),
-    })
-
-
 def compute(batch, name: str, **options) -> AdvantageResult:
     """Run estimator ``name`` on a TrajectoryBatch; returns an :class:`AdvantageResult`.
 
@@ -573,7 +534,10 @@ def compute(batch, name: str, **options) -> AdvantageResult:
     t1 = time.perf_counter()
     adv, ret, used = b.run(**options)
     t2 = time.perf_counter()
-    turns = turn_table(batch, adv, ret, value_at=used.get("value_at", "first"))
+    raw = adv
+    if used.get("whiten"):  # the per-turn table keeps the estimator's own units (A^T_k), not whitened ones
+        raw, _, _ = b.run(**{**options, "whiten": False})
+    turns = batch.turns(advantages={name: raw}, returns={name: ret})
     t3 = time.perf_counter()
     return AdvantageResult(
         name=name, advantages=adv, returns=ret, turns=turns, options=used, wall_time_s=t3 - t0,

@@ -1,29 +1,42 @@
-"""Critic-based estimators: token GAE, VAPO, turn GAE and MAE (the MPO estimator). DESIGN §3.2–3.5, §3.7.
+"""Critic-based estimators: token GAE, VAPO, turn GAE and MAE (the MPO estimator).
 
 All take ``(B, L)`` rewards, values and mask (torch or numpy), keyword-only options, and return
 ``(advantages, returns)`` as torch tensors of shape ``(B, L)``, float64 when rewards or values are
 float64 else float32, zero on masked positions. Recurrences run over action tokens only
 (``mask == 1``); observation tokens neither advance the clock nor carry values. The value after a
 row's last action token is 0 (terminal) unless ``bootstrap_value[i]`` (shape ``(B,)``) is finite.
+``docs/concepts.md`` explains the estimators; :mod:`mpo_viz.advantages.reference` holds the readable
+loops these are tested against.
+
+Discounting: :func:`gae` and :func:`vapo` discount by γ between any two consecutive action tokens
+(verl). :func:`turn_gae` and :func:`mae` run on one SMDP clock instead — γ between two action tokens
+of the same turn, γ_T from a turn's last action token to the next turn's first — for the turn
+level, the within-turn signals and the Monte-Carlo critic target alike, so a converged critic is a
+fixed point. At γ = γ_T = 1 (the defaults) the two conventions agree.
 """
 
 from __future__ import annotations
 
 import numpy as np
+import torch
 
 from mpo_viz.advantages import kernels as K
 from mpo_viz.advantages._inputs import prepare, scalar_check, to_torch, whiten_
+from mpo_viz.checks import TensorLike, warn_once
 
 __all__ = ["gae", "vapo", "turn_gae", "mae", "mae_with_turns"]
 
 
-def _finish(p, adv, ret, whiten):
+def _finish(p, adv: np.ndarray, ret: np.ndarray, whiten: bool) -> tuple[torch.Tensor, torch.Tensor]:
     if whiten:
         whiten_(adv, p.mask)
     return to_torch(adv, p.device), to_torch(ret, p.device)
 
 
-def gae(rewards, values, mask, *, gamma=1.0, lam=1.0, bootstrap_value=None, whiten=False):
+def gae(
+    rewards: TensorLike, values: TensorLike, mask: TensorLike, *, gamma: float = 1.0, lam: float = 1.0,
+    bootstrap_value: TensorLike | None = None, whiten: bool = False,
+) -> tuple[torch.Tensor, torch.Tensor]:
     """Token-level GAE (the PPO baseline, verl semantics).
 
     Over the action tokens of each row, last to first::
@@ -48,7 +61,7 @@ def gae(rewards, values, mask, *, gamma=1.0, lam=1.0, bootstrap_value=None, whit
     return _finish(p, adv, ret, whiten)
 
 
-def vapo_lambda(n_action_tokens, alpha=0.05) -> np.ndarray:
+def vapo_lambda(n_action_tokens: TensorLike, alpha: float = 0.05) -> np.ndarray:
     """VAPO's length-adaptive λ per row: ``1 − 1/(α·ℓ)`` clamped to ``[0, 1)`` (ℓ = 0 gives 0)."""
     n = np.asarray(n_action_tokens, dtype=np.float64)
     with np.errstate(divide="ignore"):
@@ -56,8 +69,11 @@ def vapo_lambda(n_action_tokens, alpha=0.05) -> np.ndarray:
     return np.where(n > 0, np.clip(lam, 0.0, np.nextafter(1.0, 0.0)), 0.0)
 
 
-def vapo(rewards, values, mask, *, gamma=1.0, alpha=0.05, bootstrap_value=None, whiten=False):
-    """VAPO advantages: token GAE with the length-adaptive ``λ_i = 1 − 1/(α·ℓ_i)`` (DESIGN §3.7).
+def vapo(
+    rewards: TensorLike, values: TensorLike, mask: TensorLike, *, gamma: float = 1.0, alpha: float = 0.05,
+    bootstrap_value: TensorLike | None = None, whiten: bool = False,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """VAPO advantages: token GAE with the length-adaptive ``λ_i = 1 − 1/(α·ℓ_i)``.
 
     ``ℓ_i`` = the row's number of action tokens; λ clamped to ``[0, 1)``. Returns use λ = 1 (its
     decoupled critic): ``G_t = Σ_l γ^l r_{t+l} (+ γ^… bootstrap)`` = GAE(λ=1) + V.
@@ -76,21 +92,23 @@ def vapo(rewards, values, mask, *, gamma=1.0, alpha=0.05, bootstrap_value=None, 
     return _finish(p, adv, ret, whiten)
 
 
-def _option(name, value, table):
+def _option(name: str, value, table: dict) -> int:
     if value not in table:
         raise ValueError(f"{name}: expected one of {sorted(table)}, found {value!r}")
     return table[value]
 
 
 def mae_with_turns(
-    rewards, values, mask, *, turn_ids=None, gamma=1.0, lam=0.95, turn_gamma=1.0, turn_lam=0.9,
-    beta=1.0, within="intra", value_at="first", critic_target="mc", bootstrap_value=None, whiten=False,
-):
+    rewards: TensorLike, values: TensorLike, mask: TensorLike, *, turn_ids: TensorLike | None = None,
+    gamma: float = 1.0, lam: float = 0.95, turn_gamma: float = 1.0, turn_lam: float = 0.9, beta: float = 1.0,
+    within: str = "intra", value_at: str = "first", critic_target: str = "mc",
+    bootstrap_value: TensorLike | None = None, whiten: bool = False,
+) -> tuple[torch.Tensor, torch.Tensor, dict[str, np.ndarray]]:
     """:func:`mae` plus the per-turn arrays; returns ``(adv, ret, turns)``.
 
-    ``turns`` is a dict of numpy ``(B, Kmax)`` arrays (NaN beyond a row's turn count):
-    ``advantage`` (``A^T_k``), ``value`` (``V(s_k)``), ``reward`` (``R_k``), ``return``
-    (``G^T_k``), and ``nturns`` ``(B,)``.
+    ``turns`` is a dict of numpy float64 ``(B, Kmax)`` arrays (NaN beyond a row's turn count):
+    ``advantage`` (``A^T_k``, before any whitening), ``value`` (``V(s_k)``), ``reward`` (``R_k =
+    Σ_j γ^j r_{k,j}``, the plain sum at γ = 1), ``return`` (``G^T_k``), and ``nturns`` int64 ``(B,)``.
     """
     return _mae(rewards, values, mask, turn_ids=turn_ids, gamma=gamma, lam=lam, turn_gamma=turn_gamma,
                 turn_lam=turn_lam, beta=beta, within=within, value_at=value_at, critic_target=critic_target,
@@ -98,7 +116,7 @@ def mae_with_turns(
 
 
 def _mae(rewards, values, mask, *, turn_ids, gamma, lam, turn_gamma, turn_lam, beta, within, value_at,
-         critic_target, bootstrap_value, whiten, tables):
+         critic_target, bootstrap_value, whiten, tables, warn=True):
     gamma = scalar_check("gamma", gamma, 0.0, 1.0)
     lam = scalar_check("lam", lam, 0.0, 1.0)
     turn_gamma = scalar_check("turn_gamma", turn_gamma, 0.0, 1.0)
@@ -107,6 +125,8 @@ def _mae(rewards, values, mask, *, turn_ids, gamma, lam, turn_gamma, turn_lam, b
     w = _option("within", within, K.WITHIN)
     va = _option("value_at", value_at, K.VALUE_AT)
     rm = _option("critic_target", critic_target, K.RET_MODE)
+    if warn and critic_target == "turn" and beta > 0:
+        warn_once("mae.critic_target=turn", CRITIC_TURN_WARNING, stacklevel=4)
     # the per-turn tables need K first (a validation pass); plain calls let the kernel check
     p = prepare(rewards, mask, values=values, need_values=True, turn_ids=turn_ids, need_turns=True,
                 bootstrap_value=bootstrap_value, validate=tables)
@@ -126,50 +146,85 @@ def _mae(rewards, values, mask, *, turn_ids, gamma, lam, turn_gamma, turn_lam, b
     return a, g, turns
 
 
-def turn_gae(rewards, values, mask, *, turn_ids=None, turn_gamma=1.0, turn_lam=0.9, value_at="first",
-             bootstrap_value=None, whiten=False):
-    """Turn-level GAE (the macro scale, DESIGN §3.3), broadcast to each turn's action tokens.
+#: Shown once per process when ``mae`` runs with ``critic_target="turn"`` (and β > 0).
+CRITIC_TURN_WARNING = (
+    "critic_target='turn': the critic is then trained on the turn returns G^T_k, which are flat "
+    "inside each turn; once it fits them the default within-turn signal u ('intra', value increments "
+    "inside the turn) is 0 and MAE reduces to turn GAE: the micro scale switches itself off. Keep "
+    "critic_target='mc' (the default) to keep it; pass beta=0 (or use turn_gae) if turn GAE is what "
+    "you want."
+)
 
-    For turns ``k = 0..K−1`` of a row (``turn_ids``; None = maximal runs of ``mask == 1``)::
+
+def turn_gae(
+    rewards: TensorLike, values: TensorLike, mask: TensorLike, *, turn_ids: TensorLike | None = None,
+    gamma: float = 1.0, turn_gamma: float = 1.0, turn_lam: float = 0.9, value_at: str = "first",
+    bootstrap_value: TensorLike | None = None, whiten: bool = False,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Turn-level GAE (the macro scale), broadcast to each turn's action tokens.
+
+    For turns ``k = 0..K−1`` of a row (``turn_ids``; None = maximal runs of ``mask == 1``), turn k
+    having ``n_k`` action tokens with rewards ``r_{k,0..n_k−1}``::
 
         V(s_k) = value at the first action token of turn k   (value_at="first"; "last", "mean")
-        R_k    = Σ rewards on turn k's tokens
-        δ^T_k  = R_k + γ_T·V(s_{k+1}) − V(s_k)               (V(s_K) = bootstrap or 0)
-        A^T_k  = δ^T_k + γ_T·λ_T·A^T_{k+1};   returns G^T_k = A^T_k + V(s_k)
+        R_k    = Σ_j γ^j r_{k,j}                             (the plain sum at γ = 1, the default)
+        Γ_k    = γ^{n_k−1}·γ_T                               (γ_T at γ = 1)
+        δ^T_k  = R_k + Γ_k·V(s_{k+1}) − V(s_k)               (V(s_K) = bootstrap or 0)
+        A^T_k  = δ^T_k + Γ_k·λ_T·A^T_{k+1};   returns G^T_k = A^T_k + V(s_k)
 
-    Shapes: rewards, values, mask, turn_ids ``(B, L)``; bootstrap_value ``(B,)``. Returns
-    ``(advantages, returns)`` ``(B, L)``, 0 on masked positions. Equals ``mae(..., beta=0,
-    critic_target="turn")``.
+    The discounting is SMDP-consistent: γ between two action tokens of a turn, γ_T from a turn's
+    last action token to the next turn's first, the clock of MAE's Monte-Carlo critic target; a
+    critic equal to those returns gives ``A^T_k = 0`` (deterministic episode, rewards at turn ends).
+
+    Shapes: rewards, values, mask, turn_ids ``(B, L)`` (ids read on action tokens only);
+    bootstrap_value ``(B,)``. Returns ``(advantages, returns)`` ``(B, L)``, 0 on masked positions.
+    Equals ``mae(..., beta=0, critic_target="turn")`` with the same options, whatever ``lam`` and
+    ``within`` are.
     """
-    return _mae(rewards, values, mask, turn_ids=turn_ids, gamma=1.0, lam=1.0, turn_gamma=turn_gamma,
+    return _mae(rewards, values, mask, turn_ids=turn_ids, gamma=gamma, lam=1.0, turn_gamma=turn_gamma,
                 turn_lam=turn_lam, beta=0.0, within="intra", value_at=value_at, critic_target="turn",
-                bootstrap_value=bootstrap_value, whiten=whiten, tables=False)
+                bootstrap_value=bootstrap_value, whiten=whiten, tables=False, warn=False)
 
 
-def mae(rewards, values, mask, *, turn_ids=None, gamma=1.0, lam=0.95, turn_gamma=1.0, turn_lam=0.9,
-        beta=1.0, within="intra", value_at="first", critic_target="mc", bootstrap_value=None, whiten=False):
-    """MAE, the multiscale advantage of MPO (DESIGN §3.4): turn GAE plus a centered within-turn signal.
+def mae(
+    rewards: TensorLike, values: TensorLike, mask: TensorLike, *, turn_ids: TensorLike | None = None,
+    gamma: float = 1.0, lam: float = 0.95, turn_gamma: float = 1.0, turn_lam: float = 0.9, beta: float = 1.0,
+    within: str = "intra", value_at: str = "first", critic_target: str = "mc",
+    bootstrap_value: TensorLike | None = None, whiten: bool = False,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """MAE, the multiscale advantage of MPO: turn GAE plus a centered within-turn signal.
 
     For action token j of turn k (``n_k`` action tokens)::
 
         A_{k,j} = A^T_k + β·(u_{k,j} − mean_{j'} u_{k,j'})      so mean_j A_{k,j} = A^T_k exactly
 
-    ``A^T_k`` is :func:`turn_gae` (options ``turn_gamma``, ``turn_lam``, ``value_at``). The
-    within-turn signal ``u`` (``within``), over the turn's action tokens t..end_k:
+    ``A^T_k`` is :func:`turn_gae` (options ``gamma``, ``turn_gamma``, ``turn_lam``, ``value_at``).
 
-    * ``"intra"`` (default): ``u_t = Σ_{l≥0} λ^l (V_{t+l+1} − V_{t+l})`` inside the turn, no reward,
-      no discount, 0 at the turn's last token (recursively ``u_t = V_{t+1} − V_t + λ·u_{t+1}``);
+    One clock for every token recurrence: the discount ``d_t`` from action token t to the next
+    one is ``γ`` inside a turn and ``γ_T`` from a turn's last action token to the next turn's first
+    (and onto the bootstrap value after the last turn); observation tokens are skipped. With
+    ``δ_t = r_t + d_t·V_{t'} − V_t`` (t' the next action token), the within-turn signal ``u``
+    (``within``), over the turn's action tokens t..end_k:
+
+    * ``"intra"`` (default): ``u_t = Σ_{l≥0} (γλ)^l (γ·V_{t+l+1} − V_{t+l})`` inside the turn, no
+      reward, 0 at the turn's last token (recursively ``u_t = γ·V_{t+1} − V_t + γλ·u_{t+1}``; at
+      γ = 1 the λ-weighted value increments);
     * ``"local"``: token GAE truncated at the turn end, ``u_t = Σ_{l=0}^{end−t} (γλ)^l δ_{t+l}``,
       the value after the turn's last token being the next turn's first-token value (0 or the
-      bootstrap after the last turn);
-    * ``"global"``: the full-trajectory token GAE (γ, λ); ``"td"``: ``δ_t``.
+      bootstrap after the last turn), reached with ``γ_T``;
+    * ``"global"``: the full-row token GAE on the clock, ``u_t = δ_t + d_t·λ·u_{t'}``;
+      ``"td"``: ``δ_t``.
 
-    Returns (``critic_target``): ``"mc"`` (default) Monte-Carlo returns ``G_t = r_t + d·G_{t'}``
-    with ``d = γ`` inside a turn and ``γ_T`` across a turn boundary, the bootstrap value (or 0)
-    after the last action token, discounted by ``γ_T``; ``"turn"``: ``G^T_k`` broadcast.
+    Returns (``critic_target``): ``"mc"`` (default) Monte-Carlo returns ``G_t = r_t + d_t·G_{t'}``
+    (the bootstrap value, or 0, after the last action token); ``"turn"``: ``G^T_k`` broadcast —
+    flat inside turns, so a critic trained on it makes ``u`` ('intra') vanish and MAE turn GAE
+    (a ``UserWarning`` says so once per process). With the "mc" critic converged on deterministic
+    episodes whose rewards come at turn ends, every advantage is 0 for any γ, γ_T, λ, λ_T, β,
+    ``within`` (``value_at="first"``).
 
-    Shapes: rewards, values, mask, turn_ids ``(B, L)``; bootstrap_value ``(B,)``. Returns
-    ``(advantages, returns)`` ``(B, L)``, 0 on masked positions.
+    Shapes: rewards, values, mask, turn_ids ``(B, L)`` (ids read on action tokens only);
+    bootstrap_value ``(B,)``. Returns ``(advantages, returns)`` ``(B, L)``, 0 on masked positions,
+    float64 if rewards or values are float64 else float32.
     """
     return _mae(rewards, values, mask, turn_ids=turn_ids, gamma=gamma, lam=lam, turn_gamma=turn_gamma,
                 turn_lam=turn_lam, beta=beta, within=within, value_at=value_at, critic_target=critic_target,

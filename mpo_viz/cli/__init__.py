@@ -43,14 +43,15 @@ def build_parser() -> argparse.ArgumentParser:
         description="Credit assignment for long-horizon LLM agents: inspect, score and visualize trajectories.",
     )
     parser.add_argument("--debug", action="store_true", help="show full tracebacks on errors")
-    from mpo_viz import __version__
+    from mpo_viz.version import __version__
 
     parser.add_argument("--version", action="version", version=f"mpo-viz {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     sub.required = True
-    from mpo_viz.cli import advantages, data, generate
+    from mpo_viz.cli import advantages, convert, data, generate, train
 
-    for module in (data, generate, advantages):  # --help order: info, validate, generate, advantages, report
+    # --help order: info, validate, convert, generate, advantages, report, train
+    for module in (data, convert, generate, advantages, train):
         module.add_subcommand(sub)
     for command in sub.choices.values():
         command.set_defaults(flags=flags_of(command))

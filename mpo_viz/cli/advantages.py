@@ -108,7 +108,9 @@ def add_subcommand(sub) -> None:
     p.add_argument("path", help="trajectories: .jsonl, .parquet or a folder")
     p.add_argument("-o", "--output", dest="out", required=True,
                    help="output .parquet or .jsonl file, or a folder (one Parquet file per chunk, no merge pass)")
-    _estimator_args(p, "mpo,gae,grpo")
+    from mpo_viz.advantages.registry import DEFAULT_ESTIMATORS
+
+    _estimator_args(p, ",".join(DEFAULT_ESTIMATORS))
     p.set_defaults(func=cmd_advantages)
 
     r = sub.add_parser("report", help="self-contained offline HTML report (summary, across/within, token strips)",

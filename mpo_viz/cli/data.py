@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 
-from mpo_viz.schema import TrajectoryError
+from mpo_viz.schema import SCHEMA_VERSION, TrajectoryError
 
 
 def _fmt_stats(s: dict) -> str:
@@ -14,9 +14,9 @@ def _fmt_stats(s: dict) -> str:
 
 
 def cmd_info(args) -> int:
-    import mpo_viz as mv
+    from mpo_viz.io import load
 
-    batch = mv.load(args.path, errors="collect")
+    batch = load(args.path, errors="collect")
     s = batch.summary()
     s["rejected_rows"] = len(batch.rejected)
     if args.json:
@@ -42,7 +42,6 @@ def cmd_info(args) -> int:
 
 
 def cmd_validate(args) -> int:
-    import mpo_viz as mv
     from mpo_viz.io import pieces
 
     n_ok, problems = 0, []
@@ -61,7 +60,7 @@ def cmd_validate(args) -> int:
     if problems:
         print(f"INVALID: {len(problems)} problem(s) in {bad_rows} row(s); {n_ok} valid row(s)")
         return 1
-    print(f"OK: {n_ok} valid trajectories, no problems ({mv.SCHEMA_VERSION})")
+    print(f"OK: {n_ok} valid trajectories, no problems ({SCHEMA_VERSION})")
     return 0
 
 

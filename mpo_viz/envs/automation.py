@@ -20,6 +20,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from mpo_viz.checks import OptionError
 from mpo_viz.envs.base import FAILURE, SUCCESS, TextEnv, words_of
 
 __all__ = ["AutomationEnv", "AutomationTask"]
@@ -71,7 +72,7 @@ class AutomationEnv(TextEnv):
     def __init__(self, *, slip: float = 0.1, **kw):
         super().__init__(**kw)
         if not 0.0 <= slip < 1.0:
-            raise ValueError(f"slip: expected 0 <= slip < 1, found {slip}")
+            raise OptionError("slip", f"expected 0 <= slip < 1, found {slip}")
         self.slip = float(slip)
 
     def sample_task(self, rng, size):

@@ -29,6 +29,8 @@ from collections.abc import Hashable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from mpo_viz.checks import OptionError
+
 __all__ = ["Outcome", "TextEnv", "words_of", "TURN_LIMIT_MESSAGE", "SUCCESS", "FAILURE"]
 
 TURN_LIMIT_MESSAGE = "the turn limit is reached ."
@@ -76,8 +78,7 @@ def _check_difficulty(difficulty) -> tuple[int, int]:
         try:
             lo, hi = (int(x) for x in difficulty)
         except (TypeError, ValueError):
-            raise ValueError(
-                f"difficulty: expected an int or a (min, max) pair of expert turns, found {difficulty!r}"
+            raise OptionError("difficulty", f"expected an int or a (min, max) pair of expert turns, found {difficulty!r}"
             ) from None
     return lo, hi
 
@@ -109,13 +110,12 @@ class TextEnv:
                  shaping: float = 0.0, seed: int | None = None):
         lo, hi = _check_difficulty(difficulty)
         if lo < self.min_difficulty or hi < lo:
-            raise ValueError(
-                f"difficulty: expected {self.min_difficulty} <= min <= max for {self.name}, found ({lo}, {hi})"
+            raise OptionError("difficulty", f"expected {self.min_difficulty} <= min <= max for {self.name}, found ({lo}, {hi})"
             )
         if slack < 0:
-            raise ValueError(f"slack: expected >= 0, found {slack}")
+            raise OptionError("slack", f"expected >= 0, found {slack}")
         if max_turns is not None and max_turns < 1:
-            raise ValueError(f"max_turns: expected >= 1, found {max_turns}")
+            raise OptionError("max_turns", f"expected >= 1, found {max_turns}")
         self.difficulty = (lo, hi)
         self.slack = int(slack)
         self.max_turns = max_turns

@@ -16,6 +16,7 @@ from __future__ import annotations
 import random
 from dataclasses import dataclass
 
+from mpo_viz.checks import OptionError
 from mpo_viz.envs.base import TextEnv
 
 __all__ = ["NoisyExpert"]
@@ -35,7 +36,7 @@ class NoisyExpert:
 
     def __post_init__(self):
         if not 0.0 <= self.noise <= 1.0:
-            raise ValueError(f"noise: expected 0 <= noise <= 1, found {self.noise}")
+            raise OptionError("noise", f"expected 0 <= noise <= 1, found {self.noise}")
 
     def probs(self, env: TextEnv, task, s) -> dict[str, float]:
         """``{action: π(a | s)}`` over the noise support (insertion order = ``env.actions``)."""

@@ -32,6 +32,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from mpo_viz.checks import OptionError
 from mpo_viz.envs.base import TextEnv
 from mpo_viz.envs.expert import NoisyExpert
 from mpo_viz.envs.oracle import Oracle
@@ -77,15 +78,14 @@ class GenerateConfig:
 
     def validate(self) -> None:
         if self.policy != "expert":
-            raise ValueError(f"policy: expected 'expert', found {self.policy!r}")
+            raise OptionError("policy", f"expected 'expert', found {self.policy!r}")
         if self.group_size < 1:
-            raise ValueError(f"group_size: expected >= 1, found {self.group_size}")
+            raise OptionError("group_size", f"expected >= 1, found {self.group_size}")
         if self.episodes < 1 or self.episodes % self.group_size:
-            raise ValueError(
-                f"episodes: expected a positive multiple of group_size={self.group_size}, found {self.episodes}"
+            raise OptionError("episodes", f"expected a positive multiple of group_size={self.group_size}, found {self.episodes}"
             )
         if not (self.value_noise >= 0 and math.isfinite(self.value_noise)):
-            raise ValueError(f"value_noise: expected a finite sigma >= 0, found {self.value_noise}")
+            raise OptionError("value_noise", f"expected a finite sigma >= 0, found {self.value_noise}")
 
 
 def run_episode(env: TextEnv, expert: NoisyExpert, layout: ChatLayout, *, seed: int,

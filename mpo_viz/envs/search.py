@@ -15,6 +15,7 @@ from __future__ import annotations
 import random
 from dataclasses import dataclass
 
+from mpo_viz.checks import OptionError
 from mpo_viz.envs.base import FAILURE, SUCCESS, TextEnv, words_of
 
 __all__ = ["SearchEnv", "SearchTask", "NAMES", "RELATIONS"]
@@ -77,7 +78,7 @@ class SearchEnv(TextEnv):
     def __init__(self, *, distractors: int = 3, **kw):
         super().__init__(**kw)
         if distractors < 0:
-            raise ValueError(f"distractors: expected >= 0, found {distractors}")
+            raise OptionError("distractors", f"expected >= 0, found {distractors}")
         if self.difficulty[1] + distractors > len(NAMES):
             raise ValueError(f"difficulty: at most {len(NAMES) - distractors} turns with {distractors} distractors")
         self.distractors = int(distractors)

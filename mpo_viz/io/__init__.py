@@ -1,6 +1,6 @@
 """Load, save and scan trajectory/v1 data: ``.jsonl``, ``.parquet``, or a folder of them.
 
-* :func:`load` validates every row (DESIGN §4). ``errors="raise"`` raises
+* :func:`load` validates every row (:mod:`mpo_viz.validate`; rules in trajectories/README.md). ``errors="raise"`` raises
   :class:`~mpo_viz.schema.TrajectoryError` naming file, line/row, traj_id, field, expected and
   found; ``errors="collect"`` returns the good rows with ``batch.rejected`` listing every rejected
   row and why. No row is ever dropped silently.
@@ -73,7 +73,7 @@ def pieces(path, errors: str = "raise", rows_per_chunk: int | None = None) -> It
         reader = _READERS[f.suffix]
         kw = {"rows_per_chunk": rows_per_chunk} if rows_per_chunk else {}
         for cols, problems in reader.iter_chunks(f, **kw):
-            yield TrajectoryBatch._from_columns(cols, meta, problems=problems, errors=errors, seen_ids=seen)
+            yield TrajectoryBatch.from_columns(cols, meta, problems=problems, errors=errors, seen_ids=seen)
 
 
 def load(path, *, errors: str = "raise", trust: bool = False):
@@ -114,19 +114,19 @@ def _scan(path, max_tokens: int, errors: str) -> Iterator:
     pending, acc, rejected = [], 0, []
     for piece in pieces(path, errors, rows_per_chunk=64):
         rejected.extend(piece.rejected)
-        lengths = np.diff(piece._off)
+        lengths = np.diff(piece.offsets)
         start = 0
         for i, n in enumerate(lengths):
             if acc and acc + int(n) > max_tokens:
                 if i > start:
-                    pending.append(piece._subset(np.arange(start, i)))
+                    pending.append(piece[start:i])
                 out = TrajectoryBatch.concat(pending)
                 out.rejected, rejected = rejected, []
                 yield out
                 pending, acc, start = [], 0, i
             acc += int(n)
         if start < len(lengths):
-            pending.append(piece._subset(np.arange(start, len(lengths))))
+            pending.append(piece[start:])
     if pending or rejected:
         out = TrajectoryBatch.concat(pending) if pending else TrajectoryBatch.from_rows([], None)
         out.rejected = rejected

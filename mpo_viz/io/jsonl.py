@@ -7,8 +7,8 @@ import os
 from collections.abc import Iterator
 from pathlib import Path
 
-from mpo_viz.io.columns import Columns, columns_from_rows
 from mpo_viz.schema import JSONL_META_NAME, Problem
+from mpo_viz.validate import Columns, columns_from_rows
 
 ROWS_PER_CHUNK = 256
 

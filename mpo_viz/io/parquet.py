@@ -16,7 +16,6 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from mpo_viz.io.columns import Columns
 from mpo_viz.schema import (
     EXTRA_TOKEN_DTYPE,
     PROMPT_FIELD,
@@ -27,6 +26,7 @@ from mpo_viz.schema import (
     Problem,
     TrajectoryError,
 )
+from mpo_viz.validate import Columns
 
 ROW_GROUP_TOKENS = 131_072  # response tokens per row group (bounds scan memory)
 READ_ROWS = 64  # rows per Arrow record batch when reading
@@ -216,17 +216,19 @@ _VALUE_TYPES = {
 
 def _columns_to_write(batch) -> tuple[set, dict]:
     """Names of the columns the whole batch carries, and the Arrow types of its opaque extras."""
+    c = batch.columns
     include = set(REQUIRED) | {PROMPT_FIELD}
-    include |= {k for k, v in batch._scalars.items() if any(x is not None for x in v)}
-    include |= {k for k in batch._tok if k not in batch._present or batch._present[k].any()}
-    include |= {k for k, (_, _, p) in batch._turn.items() if p.any()}
-    extra_types = {k: pa.array(list(v)).type for k, v in batch._extras.items()}
+    include |= {k for k, v in c.scalars.items() if any(x is not None for x in v)}
+    include |= {k for k in c.tokens if k not in c.present or c.present[k].any()}
+    include |= {k for k, (_, _, p) in c.turn.items() if p.any()}
+    extra_types = {k: pa.array(list(v)).type for k, v in c.extras.items()}
     return include, extra_types
 
 
 def _record_batch(batch, include: set, extra_types: dict) -> pa.RecordBatch:
+    c = batch.columns
     arrays, names = [], []
-    for name, v in batch._scalars.items():
+    for name, v in c.scalars.items():
         typ = SCALAR_FIELDS[name]
         if name not in include:
             continue
@@ -235,21 +237,21 @@ def _record_batch(batch, include: set, extra_types: dict) -> pa.RecordBatch:
             vals = [float(x) for x in v]
         arrays.append(pa.array(vals, type=_SCALAR_TYPES[typ]))
         names.append(name)
-    pf, po = batch._prompt
+    pf, po = c.prompt
     arrays.append(_list_array(pf, po, None, pa.int64()))
     names.append(PROMPT_FIELD)
-    for name, flat in batch._tok.items():
-        pres = batch._present.get(name)
+    for name, flat in c.tokens.items():
+        pres = c.present.get(name)
         if name not in include:
             continue
-        arrays.append(_list_array(flat, batch._off, pres, _VALUE_TYPES[flat.dtype]))
+        arrays.append(_list_array(flat, c.offsets, pres, _VALUE_TYPES[flat.dtype]))
         names.append(name)
-    for name, (flat, off, pres) in batch._turn.items():
+    for name, (flat, off, pres) in c.turn.items():
         if name not in include:
             continue
         arrays.append(_list_array(flat, off, pres, pa.float64()))
         names.append(name)
-    for name, v in batch._extras.items():
+    for name, v in c.extras.items():
         arrays.append(pa.array(list(v), type=extra_types[name]))
         names.append(name)
     return pa.RecordBatch.from_arrays(arrays, names=names)
@@ -259,7 +261,7 @@ def write(batch, path: Path) -> None:
     """Write ``batch`` to ``path`` (temporary name, then rename), in row groups of bounded size."""
     tmp = path.with_name(path.name + ".tmp")
     meta = {k.encode(): json.dumps(v, default=str).encode() for k, v in batch.meta.items()}
-    lengths = np.diff(batch._off)
+    lengths = np.diff(batch.offsets)
     # Cut rows into chunks of about ROW_GROUP_TOKENS response tokens (at least one row each).
     bounds, start, acc = [], 0, 0
     for i, n in enumerate(lengths):
@@ -272,7 +274,7 @@ def write(batch, path: Path) -> None:
     writer = None
     try:
         for a, b in bounds:
-            rb = _record_batch(batch._subset(np.arange(a, b)), include, extra_types)
+            rb = _record_batch(batch[a:b], include, extra_types)
             if writer is None:
                 writer = pq.ParquetWriter(tmp, rb.schema.with_metadata(meta), compression="zstd")
             writer.write_batch(rb, row_group_size=max(b - a, 1))

@@ -1,4 +1,4 @@
-"""Policy and value losses, aggregation, KL penalties and logprob/entropy helpers (DESIGN §3.8).
+"""Policy and value losses, aggregation, KL penalties and logprob/entropy helpers.
 
 ``from mpo_viz.losses import policy_loss, value_loss, aggregate, kl_penalty, token_logprobs,
 token_entropy``. Loss kinds live in a string registry (``available()``, ``register()``,

@@ -2,7 +2,7 @@
 
 Every public loss takes ``(B, L)`` torch tensors or numpy arrays. This module turns them into
 tensors of one floating dtype on one device (float64 when the leading argument is float64, else
-float32 — DESIGN §5), checks shapes against the mask, and builds the flat "segment" index that
+float32), checks shapes against the mask, and builds the flat "segment" index that
 turns per-turn reductions into one ``index_add_``.
 """
 
@@ -37,7 +37,7 @@ def as_tensor(x, name: str, *, dtype: torch.dtype | None = None, device=None) ->
 
 
 def result_dtype(x) -> torch.dtype:
-    """float64 when ``x`` is float64 (torch or numpy), else float32 (DESIGN §5)."""
+    """float64 when ``x`` is float64 (torch or numpy), else float32."""
     dt = x.dtype
     if dt in (torch.float64, np.float64) or (isinstance(dt, np.dtype) and dt == np.float64):
         return torch.float64
@@ -108,7 +108,8 @@ def segments(mask: torch.Tensor, turn_ids=None, *, name: str = "turn_ids", check
     """Segments of the turns of ``mask`` (bool (B, L)).
 
     ``turn_ids=None`` derives turns from mask runs (:func:`mpo_viz.turns.turn_ids_from_mask`);
-    given ids are validated with :func:`mpo_viz.turns.check_turn_ids` (ValueError naming the row).
+    given ids are validated with :func:`mpo_viz.turns.check_turn_ids` (ValueError naming the row)
+    on action tokens only: any id on a masked position (−1 padding included) is accepted.
     """
     if turn_ids is None:
         tid = turn_ids_from_mask(mask)
@@ -116,7 +117,8 @@ def segments(mask: torch.Tensor, turn_ids=None, *, name: str = "turn_ids", check
         tid = as_tensor(turn_ids, name, device=mask.device)
         if check:
             check_turn_ids(tid, mask, name=name)
-        tid = tid.to(torch.int64)
+        # ids on masked positions are never read (−1 padding, NaN): zero them before the int cast
+        tid = torch.where(mask, tid, torch.zeros((), dtype=tid.dtype, device=tid.device)).to(torch.int64)
     k = num_turns(mask, tid)  # (B,)
     offsets = torch.cumsum(k, 0) - k
     total = int(k.sum())

@@ -1,10 +1,10 @@
-"""Loss aggregation: a per-token loss matrix → a scalar, in the six modes of DESIGN §3.8."""
+"""Loss aggregation: a per-token loss matrix → a scalar, in six modes."""
 
 from __future__ import annotations
 
 import torch
 
-from mpo_viz.checks import number
+from mpo_viz.checks import TensorLike, number
 from mpo_viz.losses._common import as_tensor, check_mask, check_same_shape, segments
 
 __all__ = ["AGG_MODES", "aggregate", "check_scale", "reduce_checked"]
@@ -19,10 +19,13 @@ AGG_MODES = (
 )
 
 
-def aggregate(loss_matrix, mask, mode: str = "token-mean", *, turn_ids=None, scale=None) -> torch.Tensor:
+def aggregate(
+    loss_matrix: TensorLike, mask: TensorLike, mode: str = "token-mean", *, turn_ids: TensorLike | None = None,
+    scale: float | None = None,
+) -> torch.Tensor:
     """Reduce a per-token loss ``L`` (B, L) over the action tokens of ``mask`` (B, L, 0/1).
 
-    With ``m`` the mask and B' the number of rows with at least one action token (DESIGN §3.8):
+    With ``m`` the mask and B' the number of rows with at least one action token:
 
     * ``token-mean``: ``Σ m·L / Σ m`` — or ``Σ m·L / scale`` with ``scale`` given (the global token
       count under gradient accumulation);
@@ -31,7 +34,8 @@ def aggregate(loss_matrix, mask, mode: str = "token-mean", *, turn_ids=None, sca
     * ``seq-mean-token-sum-norm``: ``Σ_i Σ_t m·L / C`` with ``C = scale`` (default the padded length
       L; no 1/B, as verl);
     * ``turn-mean``: the mean over all turns of the batch (each turn weighs 1) of the token-mean
-      inside the turn; turns from ``turn_ids`` or, when None, from mask runs;
+      inside the turn; turns from ``turn_ids`` (read on action tokens only: any id on a masked
+      position, −1 padding included, is ignored) or, when None, from mask runs;
     * ``none``: the matrix itself with exact zeros where masked.
 
     ``scale`` (a positive number) replaces the outer denominator in every mode — the token count

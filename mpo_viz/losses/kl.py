@@ -1,9 +1,10 @@
-"""KL penalties between the policy and a reference, per token (DESIGN §3.8)."""
+"""KL penalties between the policy and a reference, per token."""
 
 from __future__ import annotations
 
 import torch
 
+from mpo_viz.checks import TensorLike
 from mpo_viz.losses._common import as_tensor, check_mask, check_same_shape, result_dtype
 
 __all__ = ["KL_KINDS", "kl_penalty"]
@@ -15,13 +16,22 @@ LOG_DIFF_CLAMP = 20.0
 K3_CLAMP = 10.0
 
 
-def kl_penalty(logp, ref_logp, kind: str = "k3", *, mask=None) -> torch.Tensor:
+def kl_penalty(logp: TensorLike, ref_logp: TensorLike, kind: str = "k3", *, mask: TensorLike | None = None) -> torch.Tensor:
     """Per-token KL estimate between the policy and the reference, ``Δ = logπ − logπ_ref``.
 
-    * ``k1 = Δ`` (unbiased for KL(π‖π_ref) under samples of π; high variance, can be negative);
-    * ``k2 = ½ Δ²`` (biased, low variance; its gradient is the KL gradient on-policy);
-    * ``k3 = exp(−Δ) + Δ − 1`` (unbiased, ≥ 0), with Δ clamped to ±20 before ``exp`` (so the value
-      and the gradient stay finite, as verl) and the result clamped to [−10, 10].
+    For tokens sampled from π (on-policy), estimates of KL(π ‖ π_ref) = E_π[Δ]:
+
+    * ``k1 = Δ`` (verl ``kl``): unbiased *value*, high variance, can be negative;
+    * ``k2 = ½ Δ²`` (``mse``): biased value, low variance;
+    * ``k3 = exp(−Δ) + Δ − 1`` (``low_var_kl``): unbiased value, ≥ 0, low variance; Δ clamped to
+      ±20 before ``exp`` (value and gradient stay finite, as verl) and the result to [−10, 10].
+
+    **Values, not gradients.** k1 and k3 are unbiased estimates of the KL's *value* only. Used as
+    a loss term (differentiated through ``logπ`` at the sampled tokens), their expected gradients
+    are not the KL's: ``E_π[∇k1] = E_π[∇logπ] = 0`` (k1 as a penalty does nothing in expectation)
+    and ``E_π[∇k3] = ∇KL(π_ref ‖ π)`` (the reverse direction: biased). ``k2``'s expected gradient
+    ``E_π[Δ·∇logπ]`` is exactly ``∇KL(π ‖ π_ref)``. So: log k1/k3 as a metric; put k2 in the loss
+    when you want the true KL gradient. The tests check all three on a small categorical example.
 
     Shapes: ``logp``, ``ref_logp`` (B, L) (any shape, in fact, when no mask is given) → the same
     shape, float64 if ``logp`` is float64 else float32. With ``mask`` (B, L 0/1) masked entries are

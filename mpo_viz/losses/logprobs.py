@@ -16,6 +16,8 @@ from __future__ import annotations
 
 import torch
 
+from mpo_viz.checks import TensorLike
+
 __all__ = ["token_logprobs", "token_entropy", "token_logprobs_reference", "token_entropy_reference", "default_chunk_size"]
 
 _CHUNK_BYTES = 32 * 2**20  # per float32 chunk temporary
@@ -157,7 +159,7 @@ class _Entropy(torch.autograd.Function):
         return grad.reshape(logits.shape), None, None, None
 
 
-def token_logprobs(logits, token_ids, *, chunk_size: int | None = None, temperature: float = 1.0) -> torch.Tensor:
+def token_logprobs(logits: TensorLike, token_ids: TensorLike, *, chunk_size: int | None = None, temperature: float = 1.0) -> torch.Tensor:
     """``log softmax(logits / temperature)[..., token_ids]``, chunk by chunk; differentiable.
 
     Shapes: ``logits`` (B, L, V) or (N, V), any float dtype (bf16/fp16 are upcast per chunk);
@@ -169,7 +171,7 @@ def token_logprobs(logits, token_ids, *, chunk_size: int | None = None, temperat
     return _LogProbs.apply(logits, logits3, ids, chunk, float(temperature))
 
 
-def token_entropy(logits, *, chunk_size: int | None = None, temperature: float = 1.0) -> torch.Tensor:
+def token_entropy(logits: TensorLike, *, chunk_size: int | None = None, temperature: float = 1.0) -> torch.Tensor:
     """Entropy ``H = −Σ_v p_v log p_v`` of ``softmax(logits / temperature)`` per position, chunked.
 
     Shapes: ``logits`` (B, L, V) or (N, V) → (B, L) / (N,), float64 for float64 logits else
@@ -179,14 +181,14 @@ def token_entropy(logits, *, chunk_size: int | None = None, temperature: float =
     return _Entropy.apply(logits, logits3, chunk, float(temperature))
 
 
-def token_logprobs_reference(logits, token_ids, *, temperature: float = 1.0) -> torch.Tensor:
+def token_logprobs_reference(logits: TensorLike, token_ids: TensorLike, *, temperature: float = 1.0) -> torch.Tensor:
     """The plain version: ``log_softmax(logits / T).gather(token_ids)`` (a full (B, L, V) copy)."""
     x = logits.to(_compute_dtype(logits))
     x = x / temperature if temperature != 1.0 else x
     return torch.log_softmax(x, -1).gather(-1, torch.as_tensor(token_ids).to(torch.int64).unsqueeze(-1)).squeeze(-1)
 
 
-def token_entropy_reference(logits, *, temperature: float = 1.0) -> torch.Tensor:
+def token_entropy_reference(logits: TensorLike, *, temperature: float = 1.0) -> torch.Tensor:
     """The plain version: ``−Σ softmax · log_softmax`` (several full (B, L, V) copies)."""
     x = logits.to(_compute_dtype(logits))
     x = x / temperature if temperature != 1.0 else x

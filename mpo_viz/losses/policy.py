@@ -1,4 +1,4 @@
-"""Policy losses (DESIGN §3.8): token PPO, MPO's turn-level PPO, GSPO, SAO; a registry; metrics.
+"""Policy losses: token PPO, MPO's turn-level PPO, GSPO, SAO; a registry; metrics.
 
 All four kinds share one shape. With ``logr_t = clamp(logπ_θ − logπ_base, ±20)`` on action tokens
 (base = ``old_logp``, or ``rollout_logp`` for SAO), each action token gets a surrogate ratio
@@ -12,7 +12,7 @@ All four kinds share one shape. With ``logr_t = clamp(logπ_θ − logπ_base, �
   (``ratio="product"``). The value of ``s`` is ``ρ_k`` (turn-level trust region) but its gradient
   is ``ρ_k·∇logπ_θ(j)`` (token-level credit). Making ``ρ_k`` itself differentiable would give every
   token of the turn the gradient ``−ρ_k·mean_j A_{k,j}·∇logπ``: MAE's within-turn centering would
-  cancel. ``tests/test_losses_policy.py`` holds a regression test for exactly this.
+  cancel. ``tests/losses/test_losses_policy.py`` holds a regression test for exactly this.
 * ``gspo``: the same construction with the whole trajectory (all its action tokens) as the unit.
 * ``sao``: ``r_t = exp(logr_t)`` against the *rollout* log-probs; ``L_t = −A_t·sg(r_t)·exp(logπ_θ −
   sg(logπ_θ))`` for ``1 − ε_low < r_t < 1 + ε_high`` and 0 outside (no gradient, whatever A's sign).
@@ -28,11 +28,12 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 import torch
 
-from mpo_viz.checks import number
+from mpo_viz.checks import TensorLike, number
 from mpo_viz.losses._common import (
     Segments,
     as_tensor,
@@ -44,7 +45,6 @@ from mpo_viz.losses._common import (
     segments,
 )
 from mpo_viz.losses.aggregate import AGG_MODES, check_scale, reduce_checked
-from mpo_viz.losses.kl import kl_penalty
 
 __all__ = [
     "LOGR_CLAMP",
@@ -249,21 +249,21 @@ def _check_dual(dual_clip):
 
 
 @register("token_ppo", options=("dual_clip",))
-def token_ppo(x: PolicyInputs, *, dual_clip=None) -> PolicyTerms:
+def token_ppo(x: PolicyInputs, *, dual_clip: float | None = None) -> PolicyTerms:
     """PPO's clipped surrogate with the per-token ratio ``r_t = exp(logr_t)``; optional dual clip."""
     s = torch.exp(x.logr)
     return _clipped_objective(s, x.advantages, x.mask, 1 - x.clip_low, 1 + x.clip_high, _check_dual(dual_clip))
 
 
 @register("turn_ppo", needs=("turns",), options=("dual_clip",))
-def turn_ppo(x: PolicyInputs, *, dual_clip=None) -> PolicyTerms:
+def turn_ppo(x: PolicyInputs, *, dual_clip: float | None = None) -> PolicyTerms:
     """MPO: the turn ratio ρ_k in the token-gradient form ``sg(ρ_k)·exp(logπ − sg(logπ))``."""
     s = _token_gradient_surrogate(x, x.turns)
     return _clipped_objective(s, x.advantages, x.mask, 1 - x.clip_low, 1 + x.clip_high, _check_dual(dual_clip))
 
 
 @register("gspo", clip_low=3e-4, clip_high=4e-4, agg="seq-mean-token-mean", options=("dual_clip",))
-def gspo(x: PolicyInputs, *, dual_clip=None) -> PolicyTerms:
+def gspo(x: PolicyInputs, *, dual_clip: float | None = None) -> PolicyTerms:
     """GSPO: the turn_ppo construction with the whole trajectory as one unit."""
     s = _token_gradient_surrogate(x, row_segments(x.mask))
     return _clipped_objective(s, x.advantages, x.mask, 1 - x.clip_low, 1 + x.clip_high, _check_dual(dual_clip))
@@ -292,25 +292,26 @@ def sao(x: PolicyInputs) -> PolicyTerms:
 
 def policy_loss(
     kind: str,
-    logp,
-    old_logp,
-    advantages,
-    mask,
+    logp: TensorLike,
+    old_logp: TensorLike | None,
+    advantages: TensorLike,
+    mask: TensorLike,
     *,
-    turn_ids=None,
+    turn_ids: TensorLike | None = None,
     clip_low: float | None = None,
     clip_high: float | None = None,
     ratio: str = "geo_mean",
     agg: str | None = None,
-    scale=None,
-    rollout_logp=None,
-    **options,
+    scale: float | None = None,
+    rollout_logp: TensorLike | None = None,
+    **options: Any,
 ) -> tuple[torch.Tensor, dict[str, float]]:
-    """The policy loss ``agg(L)`` of a registered ``kind`` and its metrics (DESIGN §3.8).
+    """The policy loss ``agg(L)`` of a registered ``kind`` and its metrics.
 
     Shapes: ``logp`` (B, L) — log π_θ of the response tokens, differentiable; ``old_logp`` (B, L)
     — log π_old (may be None for ``sao``); ``advantages`` (B, L); ``mask`` (B, L) 0/1 action
-    tokens; ``turn_ids`` (B, L) int or None (= mask runs; validated against the mask);
+    tokens; ``turn_ids`` (B, L) int or None (= mask runs); validated on action tokens only — any
+    id on a masked position (−1 padding, NaN in a float array) is ignored;
     ``rollout_logp`` (B, L) — the sampler's log-probs, required by ``sao``. Torch or numpy.
 
     ``clip_low``/``clip_high`` (ε_low, ε_high) and ``agg`` default per kind (None): token_ppo and
@@ -328,8 +329,10 @@ def policy_loss(
       below 1 − ε_low / above 1 + ε_high (sao: outside its band); ``clipfrac`` their sum;
       ``dual_clipfrac``: share where the dual clip is active;
     * ``turn_clipfrac``: share of turns whose ρ_k lies outside [1 − ε_low, 1 + ε_high];
-    * ``approx_kl``: mean k3 between ``old_logp`` and ``logp`` (sao without ``old_logp``: vs
-      ``rollout_logp``);
+    * ``approx_kl``: ``mean(r − 1 − log r)`` over action tokens with ``r = π_θ/π_old``
+      (``exp(logp − old_logp)``, log clamped to ±20): the k3 estimate of KL(π_old ‖ π_θ), the
+      direction PPO implementations report, unbiased because the tokens were sampled from π_old
+      (sao without ``old_logp``: against ``rollout_logp``);
     * ``ratio_mean/min/max`` of the token ratios ``exp(logr_t)``, ``turn_ratio_mean/min/max`` of ρ_k;
     * ``within_turn_shift`` = Σ_k Σ_{j∈k} (logr_{k,j} − mean_k logr)² / Σ_k n_k;
     * ``surrogate_gap`` = token-mean(A·exp(logr)) − token-mean(A·ρ_{k(t)}): the unclipped token-ratio
@@ -414,7 +417,10 @@ def _metrics(x: PolicyInputs, terms: PolicyTerms, kl_base: torch.Tensor) -> dict
         n_turns = rho.numel()
         rho_tok = x.turns.broadcast(rho, fill=0.0)
         mean_lr_tok = x.turns.broadcast(x.turns.mean(lr), fill=0.0)
-        kl = kl_penalty(x.logp.detach(), kl_base, "k3", mask=m)
+        # approx_kl: mean of r − 1 − log r with r = π_θ/π_old (k3 of KL(π_old ‖ π_θ), whose samples
+        # come from π_old), log r clamped to ±20 like every ratio here
+        log_r = torch.where(m, (x.logp.detach() - kl_base).clamp(-LOGR_CLAMP, LOGR_CLAMP), 0.0)
+        kl = torch.expm1(log_r) - log_r
         adv = x.advantages
 
         def frac(b):
@@ -473,19 +479,19 @@ def _ref_turns(mask_row, tid_row):
 
 
 def policy_loss_reference(
-    kind,
-    logp,
-    old_logp,
-    advantages,
-    mask,
+    kind: str,
+    logp: TensorLike,
+    old_logp: TensorLike | None,
+    advantages: TensorLike,
+    mask: TensorLike,
     *,
-    turn_ids=None,
-    clip_low=None,
-    clip_high=None,
-    ratio="geo_mean",
-    rollout_logp=None,
-    dual_clip=None,
-):
+    turn_ids: TensorLike | None = None,
+    clip_low: float | None = None,
+    clip_high: float | None = None,
+    ratio: str = "geo_mean",
+    rollout_logp: TensorLike | None = None,
+    dual_clip: float | None = None,
+) -> tuple[np.ndarray, np.ndarray]:
     """A plain Python loop for the per-token loss matrix and its derivative ∂L_t/∂logπ_t.
 
     In all four kinds each token's loss depends on the policy only through its own log-prob on the

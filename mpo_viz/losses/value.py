@@ -1,10 +1,10 @@
-"""The clipped critic loss (DESIGN §3.8)."""
+"""The clipped critic loss."""
 
 from __future__ import annotations
 
 import torch
 
-from mpo_viz.checks import number
+from mpo_viz.checks import TensorLike, number
 from mpo_viz.losses._common import (
     as_tensor,
     check_finite,
@@ -18,15 +18,15 @@ __all__ = ["value_loss"]
 
 
 def value_loss(
-    values,
-    old_values,
-    returns,
-    mask,
+    values: TensorLike,
+    old_values: TensorLike | None,
+    returns: TensorLike,
+    mask: TensorLike,
     *,
     clip: float | None = 0.5,
     agg: str = "token-mean",
-    turn_ids=None,
-    scale=None,
+    turn_ids: TensorLike | None = None,
+    scale: float | None = None,
 ) -> tuple[torch.Tensor, dict[str, float]]:
     """``½ · agg(max((V − G)², (clip(V, V_old − ε, V_old + ε) − G)²))`` with ε = ``clip``.
 
@@ -34,6 +34,8 @@ def value_loss(
     (the values at rollout time; may be None when ``clip`` is None), ``returns`` G (B, L),
     ``mask`` (B, L) 0/1. ``clip=None`` is the plain ``½·agg((V − G)²)``. ``agg``/``turn_ids``/
     ``scale`` as in :func:`mpo_viz.losses.aggregate` (``agg="none"`` returns the ½-scaled matrix).
+    ``values``, ``returns`` and ``old_values`` must be finite on action tokens (``ValueError``
+    naming the first row and position otherwise); masked positions are never read.
 
     Returns ``(loss, metrics)``; the dtype is float64 when ``values`` is float64, else float32.
     Metrics (plain floats): ``vf_clipfrac`` — share of action tokens whose clipped branch is strictly
@@ -45,6 +47,7 @@ def value_loss(
     v = v.to(dt)
     m = check_mask(mask, device=v.device)
     check_same_shape(v, "values", m)
+    check_finite(v.detach(), "values", m)
     g = as_tensor(returns, "returns", dtype=dt, device=v.device)
     check_same_shape(g, "returns", m)
     check_finite(g, "returns", m)

@@ -223,8 +223,8 @@ def strip_payload(
     row: int,
     *,
     advantages: dict | None = None,
+    td=None,
     tokens=None,
-    gamma: float = 1.0,
     channel: str | None = None,
     title: str | None = None,
     digits: int = 5,
@@ -238,7 +238,8 @@ def strip_payload(
     * ``micro_mpo`` (or ``micro_mae``): that advantage minus its turn mean — MAE's within-turn part
       ``β(u − ū)`` — so the micro scale is visible even when ``A^T_k`` dominates the colour;
     * ``advantages`` (logged), ``value``, ``td`` (the one-step TD error ``δ_t = r_t + γV_{t+1} − V_t``
-      over action tokens, i.e. token GAE with λ = 0), ``reward``;
+      over action tokens, given by the caller as ``td``: a ``(B, L)`` tensor or array, e.g.
+      :func:`mpo_viz.analysis.td_error`; the strip computes no estimator itself), ``reward``;
     * ``logprob`` (``old_logprobs``, else ``rollout_logprobs``), ``ratio`` =
       ``exp(old − rollout)`` (centred at 1), ``kl`` = ``old − ref`` (k1), ``entropy``.
 
@@ -279,9 +280,9 @@ def strip_payload(
     values = sub.values
     if values is not None:
         add("value", values[0].numpy(), "value")
-        td = _td_error(sub, gamma)
-        if td is not None:
-            add("td", td, f"TD error (γ={gamma:g})")
+    if td is not None:
+        td = td.detach().cpu().numpy() if hasattr(td, "detach") else np.asarray(td)
+        add("td", td[row] if td.ndim == 2 else td, "TD error δ")
     add("reward", sub.padded("rewards", fill=0.0)[0].numpy(), "reward")
     old = sub.padded("old_logprobs", fill=math.nan)[0].numpy() if sub.has("old_logprobs") else None
     roll = sub.padded("rollout_logprobs", fill=math.nan)[0].numpy() if sub.has("rollout_logprobs") else None
@@ -333,17 +334,6 @@ def torch_float64():
     import torch
 
     return torch.float64
-
-
-def _td_error(sub, gamma: float):
-    """δ_t over action tokens of a one-row batch: token GAE with λ = 0 from the estimators package."""
-    try:
-        from mpo_viz.advantages import gae
-    except ImportError:  # estimators not built yet
-        return None
-    # float32 inputs, like compute(): the same compiled kernel, no second JIT specialization
-    adv, _ = gae(sub.rewards, sub.values, sub.mask, gamma=gamma, lam=0.0, bootstrap_value=sub.bootstrap_value)
-    return adv[0].detach().cpu().numpy()
 
 
 def payload_json(payload: dict) -> str:

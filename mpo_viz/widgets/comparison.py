@@ -25,7 +25,7 @@ from mpo_viz import analysis as an
 from mpo_viz import plots
 from mpo_viz.strip import strip_payload
 from mpo_viz.widgets.engine import AdvantageEngine, ParamControls, default_estimators
-from mpo_viz.widgets.explorer import _html_table, _opts_text, as_batch, trajectory_table
+from mpo_viz.widgets.explorer import _opts_text, as_batch, frame_html, trajectory_table
 from mpo_viz.widgets.picker import TrajectoryPicker
 from mpo_viz.widgets.snapshot import Snapshot
 from mpo_viz.widgets.strip_widget import StripWidget
@@ -108,7 +108,7 @@ class EstimatorComparison(W.VBox):
 
     def _redraw(self, new_row: bool) -> None:
         adv = self._rows()
-        payload = strip_payload(self._sub, 0, advantages=adv, tokens=self.tokens)
+        payload = strip_payload(self._sub, 0, advantages=adv, td=an.td_error(self._sub), tokens=self.tokens)
         payload["focus"] = self.focus_token(adv)
         payloads = [dict(payload, channel=f"adv_{name}", title=f"{name} · {self.batch.traj_ids[self.row]}")
                     for name in self.strips]
@@ -131,8 +131,8 @@ class EstimatorComparison(W.VBox):
         if self.metrics_df is None:
             text = "<i>one estimator: nothing to compare</i>"
         else:
-            text = ("<b>agreement on this trajectory</b>" + _html_table(self.metrics_df)
-                    + "<b>agreement on the whole batch</b>" + _html_table(self.batch_metrics_df))
+            text = ("<b>agreement on this trajectory</b>" + frame_html(self.metrics_df)
+                    + "<b>agreement on the whole batch</b>" + frame_html(self.batch_metrics_df))
         if self._acc_options != self.params.options:  # batch-wide: depends on the options, not on the row
             self._accuracy()
         self.metrics.value = text + self.accuracy_html
@@ -152,7 +152,7 @@ class EstimatorComparison(W.VBox):
         legend = "; ".join(f"<b>{k}</b> {html.escape(v)}" for k, v in an.ACCURACY_COLUMNS.items())
         self.accuracy_html = ("<div class='mpo-accuracy'><b>accuracy against the oracle (whole batch, options as set)"
                               f"</b><p class='mpo-reading'>{html.escape(self.accuracy_reading)}</p>"
-                              + _html_table(self.accuracy_df)
+                              + frame_html(self.accuracy_df)
                               + f"<details><summary>columns</summary><small>{legend}</small></details></div>")
 
     def focus_token(self, adv: dict) -> int:

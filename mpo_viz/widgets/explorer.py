@@ -46,9 +46,9 @@ _TABLE_CSS = """<style>
 def as_batch(source):
     """A TrajectoryBatch as is, or a path (``.jsonl``, ``.parquet``, folder) loaded with ``mv.load``."""
     if isinstance(source, (str, Path)):
-        import mpo_viz as mv
+        from mpo_viz.io import load
 
-        return mv.load(source)
+        return load(source)
     if not hasattr(source, "traj_ids") or not hasattr(source, "mask"):
         raise ValueError(f"batch: expected a TrajectoryBatch or a path, found {type(source).__name__}")
     return source
@@ -95,7 +95,9 @@ def token_decoder(tokens):
     return tokens
 
 
-def _html_table(df: pd.DataFrame) -> str:
+def frame_html(df: pd.DataFrame) -> str:
+    """A DataFrame as a compact HTML table for an ``ipywidgets.HTML`` (the explorer's turn table,
+    the comparison's agreement tables)."""
     return _TABLE_CSS + df.to_html(index=False, float_format=lambda v: f"{v:.4g}", na_rep="—", border=0)
 
 
@@ -203,7 +205,7 @@ class TrajectoryExplorer(W.VBox):
         self._n = int(self._sub.lengths[0])
         self.picker.show(row)
         adv, ret = self._row_arrays()
-        payload = strip_payload(self._sub, 0, advantages=adv, tokens=self.tokens,
+        payload = strip_payload(self._sub, 0, advantages=adv, td=an.td_error(self._sub), tokens=self.tokens,
                                 channel=f"adv_{self.names[0]}")
         self.scale.apply(payload)
         t1 = time.perf_counter()
@@ -247,14 +249,15 @@ class TrajectoryExplorer(W.VBox):
         return plots.value_curve(self._sub, 0, advantages=adv, returns=ret, title=parts["title"])
 
     def _update_turns(self, adv, ret) -> None:
-        tt = an.turn_table(self._sub, adv, returns=ret)
+        src = self._ret_source()
+        tt = self._sub.turns(advantages=adv, returns={src: ret} if ret is not None else None)
         cols = [c for c in tt.columns if c not in ("traj_id", "row")]
         self.turn_df = tt[cols]
         # a light table: at most MAX_TURN_ROWS rows in the page (the full table is ``turn_df`` / CSV)
         shown = self.turn_df.head(MAX_TURN_ROWS)
         more = (f"<p class='mpo-note'>first {MAX_TURN_ROWS} of {len(self.turn_df):,} turns; all of them in the CSV</p>"
                 if len(self.turn_df) > MAX_TURN_ROWS else "")
-        self.turns.value = _html_table(shown) + more
+        self.turns.value = frame_html(shown) + more
         self.export.set_tables(self.tables())
 
     def tables(self) -> dict:

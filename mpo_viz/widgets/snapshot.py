@@ -73,11 +73,11 @@ class Snapshot:
         return self
 
     def render(self) -> str:
-        import mpo_viz
         from mpo_viz.report import page_html
+        from mpo_viz.version import __version__
 
         stamp = _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
-        foot = f"<footer>mpo_viz {html.escape(mpo_viz.__version__)} · widget snapshot {stamp} · self-contained: opens offline</footer>"
+        foot = f"<footer>mpo_viz {html.escape(__version__)} · widget snapshot {stamp} · self-contained: opens offline</footer>"
         return page_html(self.title, "\n".join(self.parts), footer=foot, figure_ids=self.figures)
 
     def write(self, path, text: str | None = None) -> str:

@@ -29,6 +29,17 @@ CRITIC_CASES = [
     ("mae", {"within": "global", "value_at": "mean", "critic_target": "turn"}),
     ("mae", {"within": "td", "gamma": 0.97, "value_at": "last", "beta": 2.0, "whiten": True}),
     ("mae", {"within": "intra", "lam": 1.0, "turn_lam": 1.0, "critic_target": "mc", "turn_gamma": 0.8, "gamma": 0.9}),
+    # γ < 1 on the one SMDP clock (γ inside turns, γ_T across), every within signal and value_at
+    ("turn_gae", {"gamma": 0.7, "turn_gamma": 0.9, "turn_lam": 0.6}),
+    ("turn_gae", {"gamma": 0.0, "turn_gamma": 0.5, "value_at": "mean"}),  # γ = 0: only a turn's first reward
+    ("mae", {"gamma": 0.8, "lam": 0.9, "turn_gamma": 0.6, "turn_lam": 0.7, "within": "intra", "value_at": "last"}),
+    ("mae", {"gamma": 0.8, "lam": 0.9, "turn_gamma": 0.6, "within": "global", "critic_target": "mc"}),
+    ("mae", {"gamma": 0.6, "lam": 0.5, "turn_gamma": 0.9, "within": "td", "value_at": "mean"}),
+    ("mae", {"gamma": 0.0, "turn_gamma": 0.0, "within": "local"}),
+    # γλ = 1 (no decay inside the recurrences) with γ_T < 1 at the boundaries
+    ("mae", {"gamma": 1.0, "lam": 1.0, "turn_gamma": 0.9, "turn_lam": 1.0, "within": "local"}),
+    ("mae", {"gamma": 1.0, "lam": 1.0, "turn_gamma": 0.9, "within": "global", "critic_target": "turn"}),
+    ("gae", {"gamma": 1.0, "lam": 1.0}),
 ]
 
 GROUP_CASES = [
@@ -84,6 +95,47 @@ def test_critic_estimators_match_reference(make_random, name, opts, dtype):
     for seed in range(3):
         d = make_random(seed, B=10, dtype=dtype, adjacent_turns=(seed == 2), obs_inside=(seed == 2))
         _compare(name, opts, d, dtype)
+
+
+def _degenerate(kind):
+    rng = np.random.default_rng(11)
+    if kind == "all_masked":
+        M = np.zeros((3, 5))
+        T = np.zeros((3, 5), dtype=np.int64)
+    elif kind == "no_rows":
+        M = np.zeros((0, 4))
+        T = np.zeros((0, 4), dtype=np.int64)
+    elif kind == "no_columns":
+        M = np.zeros((2, 0))
+        T = np.zeros((2, 0), dtype=np.int64)
+    else:  # one_token_turns: every turn one action token, adjacent ids and ids across observations
+        M = np.array([[1, 1, 1, 0, 1, 1], [1, 0, 1, 0, 1, 0], [0, 1, 1, 1, 1, 1]], dtype=np.float64)
+        T = np.array([[0, 1, 2, 2, 3, 4], [0, 0, 1, 1, 2, 2], [0, 0, 1, 2, 3, 4]])
+    R = np.where(M == 1, rng.normal(size=M.shape), 0.0)
+    V = np.where(M == 1, rng.normal(size=M.shape), 1e3)
+    boot = np.where(rng.random(M.shape[0]) < 0.5, 2.0, np.nan)
+    return {"rewards": R, "values": V, "mask": M, "turn_ids": T, "bootstrap_value": boot}
+
+
+@pytest.mark.parametrize("kind", ["all_masked", "no_rows", "no_columns", "one_token_turns"])
+@pytest.mark.parametrize("name,opts", [
+    ("gae", {"gamma": 0.9, "lam": 0.7}),
+    ("turn_gae", {"gamma": 0.8, "turn_gamma": 0.9, "turn_lam": 0.6, "value_at": "mean"}),
+    ("mae", {"gamma": 0.8, "turn_gamma": 0.9, "lam": 0.7, "within": "intra"}),
+    ("mae", {"gamma": 0.8, "turn_gamma": 0.9, "lam": 0.7, "within": "local", "value_at": "last"}),
+    ("mae", {"gamma": 0.8, "turn_gamma": 0.9, "lam": 0.7, "within": "global"}),
+    ("mae", {"gamma": 1.0, "lam": 1.0, "turn_gamma": 0.7, "within": "td", "whiten": True}),
+])
+def test_degenerate_batches_match_reference(kind, name, opts):
+    d = _degenerate(kind)
+    _compare(name, opts, d, np.float64)
+    if kind == "one_token_turns" and name != "gae":
+        # a one-token turn: R_k = r, Γ_k = γ_T, and MAE gives exactly A^T_k (nothing to centre)
+        tg, _ = A.turn_gae(d["rewards"], d["values"], d["mask"], turn_ids=d["turn_ids"],
+                           bootstrap_value=d["bootstrap_value"], gamma=0.8, turn_gamma=0.9, turn_lam=0.6)
+        tg1, _ = A.turn_gae(d["rewards"], d["values"], d["mask"], turn_ids=d["turn_ids"],
+                            bootstrap_value=d["bootstrap_value"], gamma=0.1, turn_gamma=0.9, turn_lam=0.6)
+        torch.testing.assert_close(tg, tg1, rtol=0, atol=0)  # γ never enters when every turn has one token
 
 
 @pytest.mark.parametrize("name,opts", [c for c in CRITIC_CASES if c[0] in ("turn_gae", "mae")])

@@ -18,9 +18,17 @@ def _ok():
 
 
 def test_valid_input_passes():
+    # the inputs every error test below breaks one way, computed by hand (V = 1 on every token):
+    # row 0: rewards 0, turns {0, 1} and {3}; row 1: reward 1 at the end, turns {0} and {2, 3, 4}; row 2: empty
     R, V, M = _ok()
-    A.gae(R, V, M)
-    A.mae(R, V, M)
+    a, g = A.gae(R, V, M)  # γ = λ = 1: A_t = (rewards to go) − V_t
+    np.testing.assert_allclose(a.numpy(), [[-1, -1, 0, -1, 0], [0, 0, 0, 0, 0], [0, 0, 0, 0, 0]])
+    np.testing.assert_allclose(g.numpy(), [[0, 0, 0, 0, 0], [1, 0, 1, 1, 1], [0, 0, 0, 0, 0]])
+    # MAE: flat values inside turns give u = 0, so A = A^T_k. Row 0: δ^T_1 = 0 + 0 − 1 = −1,
+    # A^T_0 = (0 + 1 − 1) + λ_T·(−1) = −0.9. Row 1: δ^T_1 = 1 + 0 − 1 = 0 and δ^T_0 = 0 + 1 − 1 = 0.
+    a, g = A.mae(R, V, M)
+    np.testing.assert_allclose(a.numpy(), [[-0.9, -0.9, 0, -1, 0], [0, 0, 0, 0, 0], [0, 0, 0, 0, 0]], atol=1e-7)
+    np.testing.assert_allclose(g.numpy(), [[0, 0, 0, 0, 0], [1, 0, 1, 1, 1], [0, 0, 0, 0, 0]])  # MC returns
 
 
 @pytest.mark.parametrize("fn", ["gae", "mae", "turn_gae", "vapo"])
@@ -78,7 +86,8 @@ def test_turn_id_problems():
     A.mae(R, V, M, turn_ids=T)
     bad = T.copy()
     bad[1, 3] = 0
-    with pytest.raises(ValueError, match=r"turn_ids: row 1, position 3: expected non-decreasing ids, found 1 then 0"):
+    with pytest.raises(ValueError, match=r"turn_ids: row 1, position 3: expected non-decreasing ids on action "
+                                         r"tokens, found 1 \(position 2\) then 0"):
         A.mae(R, V, M, turn_ids=bad)
     bad = T.copy()
     bad[0, 3:] = 2
@@ -88,13 +97,43 @@ def test_turn_id_problems():
     with pytest.raises(ValueError, match=r"turn_ids: row 0, position 0: expected the first action token in turn 0"):
         A.mae(R, V, M, turn_ids=bad)
     bad = T.copy()
-    bad[2, 0] = -1
-    with pytest.raises(ValueError, match=r"turn_ids: row 2, position 0: expected ids >= 0"):
+    bad[1, 0] = -1
+    with pytest.raises(ValueError, match=r"turn_ids: row 1, position 0: expected ids >= 0 on action tokens, found -1"):
         A.mae(R, V, M, turn_ids=bad)
     with pytest.raises(ValueError, match=r"turn_ids: expected shape \(3, 5\)"):
         A.mae(R, V, M, turn_ids=T[:, :3])
-    with pytest.raises(ValueError, match=r"turn_ids: row 0: expected integer ids"):
+    with pytest.raises(ValueError, match=r"turn_ids: row 0, position 0: expected an integer id on an action token, "
+                                         r"found 0.5"):
         A.mae(R, V, M, turn_ids=T + 0.5)
+
+
+@pytest.mark.parametrize("fn", ["mae", "turn_gae", "gigpo", "mae_with_turns"])
+def test_turn_ids_on_masked_positions_are_ignored(fn):
+    # Only action tokens define turns: -1 padding, a decrease, NaN (float ids) or garbage on masked
+    # positions are accepted and change no number.
+    R, V, M = _ok()
+    T = np.array([[0, 0, 0, 1, 1], [0, 0, 1, 1, 1], [0, 0, 0, 0, 0]])
+    odd = T.copy()
+    odd[0, 2], odd[0, 4] = -1, -7  # observation between the turns, padding after
+    odd[1, 1] = 5  # observation inside row 1's first span
+    odd[2, :] = -1  # a row with no action token
+    oddf = odd.astype(np.float64)
+    oddf[0, 4] = np.nan
+
+    def run(tid):
+        if fn == "gigpo":
+            resp = [[1, 2, 3, 4, 5]] * 3
+            return A.gigpo(R, M, ["g", "g", "h"], prompt_ids=[[9]] * 3, response_ids=resp, turn_ids=tid)
+        return getattr(A, fn)(R, V, M, turn_ids=tid)
+
+    want = run(T)
+    for tid in (odd, oddf, torch.from_numpy(odd)):
+        got = run(tid)
+        for a, b in zip(want[:2], got[:2]):
+            torch.testing.assert_close(a, b, rtol=0, atol=0)
+        if fn == "mae_with_turns":
+            for key in ("advantage", "value", "reward", "return", "nturns"):
+                np.testing.assert_array_equal(want[2][key], got[2][key])
 
 
 def test_group_ids_problems():
@@ -157,7 +196,7 @@ def _corrupt(kind):
     elif kind == "tid_dec":
         T[1, 4] = 0
     elif kind == "tid_neg":
-        T[2, :] = -1
+        T[0, 3:] = -1  # on action tokens (on masked ones any id is fine)
     elif kind == "tid_skip":
         T[0, 3:] = 3
     elif kind == "tid_first":

@@ -155,3 +155,37 @@ def test_user_estimator_shows_in_the_explorer(batch):
     assert isinstance(c["whiten"], W.Checkbox)
     ex.params.set(scale=0.5)
     torch.testing.assert_close(ex.results[name][0], 0.5 * A.compute(batch, "gae").advantages)
+
+
+def test_the_functions_own_checks_agree_with_the_declarations(batch):
+    # the tensor functions check their arguments themselves (they are called without the registry);
+    # their bounds and choices must be the declared ones: a value just outside is refused by both,
+    # a value on a closed bound is accepted by both
+    checked = 0
+    for name in A.available():
+        est = registry.get(name)
+        if not est.fn.__module__.startswith("mpo_viz."):
+            continue
+        args, kwargs = est.inputs(batch)
+        for o in est.spec:
+            bad, good = [], []
+            if o.kind == "float":
+                if o.low is not None:
+                    bad.append(o.low - 1e-3)
+                    (bad if o.low_open else good).append(o.low)
+                if o.high is not None:
+                    bad.append(o.high + 1e-3)
+                    (bad if o.high_open else good).append(o.high)
+            elif o.kind == "choice":
+                bad.append("nope")
+                good += list(o.choices)
+            for v in bad:
+                with pytest.raises(ValueError, match=o.name):
+                    est.fn(*args, **kwargs, **{o.name: v})
+                with pytest.raises(OptionError):
+                    registry.bind(batch, name).resolve(**{o.name: v})
+                checked += 1
+            for v in good:
+                est.fn(*args, **kwargs, **{o.name: v})
+                registry.bind(batch, name).resolve(**{o.name: v})
+    assert checked > 25

@@ -1,5 +1,6 @@
-"""Closed forms derived by hand, identities of DESIGN §3.4/§3.10, invariances, and property-based
-(hypothesis) checks of the invariants."""
+"""Closed forms derived by hand, the identities of the estimators (β = 0 is turn GAE; MAE = token GAE
+at γ = γ_T = λ = λ_T = 1 with value_at="mean", within="global" and rewards at turn ends), the SMDP
+fixed point of a converged critic, invariances, and property-based (hypothesis) checks."""
 
 from __future__ import annotations
 
@@ -141,6 +142,25 @@ def test_gigpo_by_hand():
     assert (a.numpy()[:, 1] == 0).all()
 
 
+def test_gigpo_empty_observation_is_no_anchor():
+    # rows 0, 1: turns 0 and 1 adjacent (explicit ids, no observation between); rows 2, 3: observation [7]
+    M = np.array([[1, 1, 1, 1], [1, 1, 1, 1], [1, 0, 1, 1], [1, 0, 1, 1]], dtype=np.float64)
+    T = np.array([[0, 0, 1, 1], [0, 0, 1, 1], [0, 0, 1, 1], [0, 0, 1, 1]])
+    R = np.array([[0, 0, 0, 1.0], [0, 0, 0, 0], [0, 0, 0, 1.0], [0, 0, 0, 0]])
+    resp = [[50, 51, 52, 53], [54, 55, 56, 57], [58, 7, 59, 60], [61, 7, 62, 63]]
+    a, _ = A.gigpo(R, M, ["q"] * 4, prompt_ids=[[1, 2]] * 4, response_ids=resp, turn_ids=T, step_gamma=0.5)
+    s = np.array([1.0, 0, 1, 0])
+    a_e = (s - s.mean()) / (s.std(ddof=1) + 1e-6)
+    step0 = 0.5 * s  # turn 0 of every row is anchored on the shared prompt
+    a_s0 = (step0 - step0.mean()) / (step0.std(ddof=1) + 1e-6)
+    # turn 1: rows 0 and 1 saw no observation → A^S = 0 (not one step group of "empty" anchors);
+    # rows 2 and 3 share the anchor [7], step returns 1 and 0
+    a_s1 = np.array([0.0, 0.0, 0.5 / (np.sqrt(0.5) + 1e-6), -0.5 / (np.sqrt(0.5) + 1e-6)])
+    np.testing.assert_allclose(a.numpy()[:, 0], a_e + a_s0, rtol=1e-9)
+    np.testing.assert_allclose(a.numpy()[:, 3], a_e + a_s1, rtol=1e-9)
+    np.testing.assert_allclose(a.numpy()[[0, 1], 2], a_e[[0, 1]], rtol=1e-9)
+
+
 # ----------------------------------------------------------------------------- identities
 
 @PROPS
@@ -148,9 +168,9 @@ def test_gigpo_by_hand():
        value_at=st.sampled_from(["first", "last", "mean"]), gamma=st.floats(0.5, 1), lam=st.floats(0, 1))
 def test_mae_turn_mean_is_turn_gae(seed, beta, within, value_at, gamma, lam):
     d = random_batch(seed, B=6, obs_inside=bool(seed % 2))
-    kw = dict(turn_ids=d["turn_ids"], bootstrap_value=d["bootstrap_value"], value_at=value_at)
+    kw = dict(turn_ids=d["turn_ids"], bootstrap_value=d["bootstrap_value"], value_at=value_at, gamma=gamma)
     tg, tret = A.turn_gae(d["rewards"], d["values"], d["mask"], **kw)
-    a, ret = A.mae(d["rewards"], d["values"], d["mask"], beta=beta, within=within, gamma=gamma, lam=lam,
+    a, ret = A.mae(d["rewards"], d["values"], d["mask"], beta=beta, within=within, lam=lam,
                    critic_target="turn", **kw)
     for x, y in zip(_turn_means(a, d), _turn_means(tg, d)):
         np.testing.assert_allclose(x, y, rtol=1e-9, atol=1e-9)
@@ -158,13 +178,152 @@ def test_mae_turn_mean_is_turn_gae(seed, beta, within, value_at, gamma, lam):
 
 
 @PROPS
-@given(seed=st.integers(0, 2**31 - 1), within=st.sampled_from(["intra", "local", "global", "td"]))
-def test_beta_zero_is_turn_gae(seed, within):
+@given(seed=st.integers(0, 2**31 - 1), within=st.sampled_from(["intra", "local", "global", "td"]),
+       value_at=st.sampled_from(["first", "last", "mean"]), gamma=st.floats(0, 1), lam=st.floats(0, 1),
+       turn_gamma=st.floats(0, 1), turn_lam=st.floats(0, 1))
+def test_beta_zero_is_turn_gae(seed, within, value_at, gamma, lam, turn_gamma, turn_lam):
+    # turn_gae = MAE with β = 0 for every option (the same clock on both sides)
     d = random_batch(seed, B=6)
-    kw = dict(turn_ids=d["turn_ids"], bootstrap_value=d["bootstrap_value"], turn_lam=0.7, turn_gamma=0.9)
-    tg, _ = A.turn_gae(d["rewards"], d["values"], d["mask"], **kw)
-    a, _ = A.mae(d["rewards"], d["values"], d["mask"], beta=0.0, within=within, **kw)
+    kw = dict(turn_ids=d["turn_ids"], bootstrap_value=d["bootstrap_value"], turn_lam=turn_lam,
+              turn_gamma=turn_gamma, gamma=gamma, value_at=value_at)
+    tg, tret = A.turn_gae(d["rewards"], d["values"], d["mask"], **kw)
+    a, ret = A.mae(d["rewards"], d["values"], d["mask"], beta=0.0, within=within, lam=lam, critic_target="turn", **kw)
     torch.testing.assert_close(a, tg, rtol=0, atol=0)
+    torch.testing.assert_close(ret, tret, rtol=0, atol=0)
+
+
+# ----------------------------------------------------------------------------- SMDP discounting
+
+def test_turn_gae_smdp_discount_by_hand():
+    # turns [r 1, 0, 2 | V 1, 9, 9] and [r 4 | V 3]; γ = 0.5 inside turns, γ_T = 0.8, λ_T = 0.5, bootstrap 5
+    M = np.array([[1, 1, 1, 0, 1]], dtype=np.float64)
+    R = np.array([[1.0, 0, 2.0, 0, 4.0]])
+    V = np.array([[1.0, 9, 9, 7, 3.0]])
+    a, g = A.turn_gae(R, V, M, gamma=0.5, turn_gamma=0.8, turn_lam=0.5, bootstrap_value=np.array([5.0]))
+    at1 = 4 + 0.8 * 5 - 3  # R_1 = 4, Γ_1 = γ^0·γ_T = 0.8 → 5
+    r0 = 1 + 0.5 * 0 + 0.25 * 2  # R_0 = Σ_j γ^j r_{0,j} = 1.5
+    big_g0 = 0.5**2 * 0.8  # Γ_0 = γ^{n_0 − 1}·γ_T = 0.2
+    at0 = r0 + big_g0 * 3 - 1 + big_g0 * 0.5 * at1  # 1.5 + 0.6 − 1 + 0.5 = 1.6
+    np.testing.assert_allclose(a.numpy()[0], [at0, at0, at0, 0, at1])
+    np.testing.assert_allclose(g.numpy()[0], [at0 + 1, at0 + 1, at0 + 1, 0, at1 + 3])
+    _, _, turns = A.mae_with_turns(R, V, M, gamma=0.5, turn_gamma=0.8, turn_lam=0.5, bootstrap_value=np.array([5.0]))
+    np.testing.assert_allclose(turns["reward"][0], [r0, 4.0])
+    np.testing.assert_allclose(turns["advantage"][0], [at0, at1])
+
+
+def test_mae_within_signals_on_one_clock_by_hand():
+    # one row, turns of 2 and 1 action tokens split by an observation; γ = 0.5, γ_T = 0.8, λ = 0.5
+    M = np.array([[1, 1, 0, 1]], dtype=np.float64)
+    R = np.array([[0.0, 1.0, 0, 2.0]])
+    V = np.array([[1.0, 2.0, 50, 4.0]])
+    g, gt, lam = 0.5, 0.8, 0.5
+    kw = dict(gamma=g, turn_gamma=gt, lam=lam, turn_lam=1.0, beta=1.0)
+    d0 = 0 + g * 2 - 1  # inside turn 0: discount γ
+    d1 = 1 + gt * 4 - 2  # turn 0's last token → turn 1's first: γ_T
+    d3 = 2 + gt * 0 - 4  # last token → terminal: γ_T
+    # turn GAE: R_0 = 0 + γ·1, Γ_0 = γ·γ_T; R_1 = 2, Γ_1 = γ_T
+    at1 = 2 - 4
+    at0 = g * 1 + g * gt * 4 - 1 + g * gt * at1
+    cases = {
+        "intra": [g * 2 - 1, 0.0],  # (γ·V_1 − V_0) + γλ·0
+        "local": [d0 + g * lam * d1, d1],
+        "td": [d0, d1],
+        "global": [d0 + g * lam * (d1 + gt * lam * d3), d1 + gt * lam * d3],
+    }
+    for within, u in cases.items():
+        a, ret = A.mae(R, V, M, within=within, **kw)
+        um = (u[0] + u[1]) / 2
+        np.testing.assert_allclose(a.numpy()[0], [at0 + u[0] - um, at0 + u[1] - um, 0, at1], err_msg=within)
+    # Monte-Carlo target on the same clock
+    g3 = 2.0
+    g1 = 1 + gt * g3
+    np.testing.assert_allclose(ret.numpy()[0], [0 + g * g1, g1, 0, g3])
+
+
+@pytest.mark.parametrize("n_first, biased", [(10, 0.1553), (50, 0.4288), (200, 0.8590)])
+def test_converged_critic_gives_zero_advantage_for_long_turns(n_first, biased):
+    # The review's case: γ = γ_T = 0.99, a first turn of n tokens, a second of 10, reward 1 at the end,
+    # the critic equal to the MC target. Discounting R_k and V(s_{k+1}) by γ_T alone gave the first
+    # turn a positive advantage growing with its length (``biased``: its mean over the turn's tokens
+    # before the SMDP fix), i.e. a push toward longer turns. Now it is 0.
+    lens = (n_first, 10)
+    L = sum(lens)
+    M = np.ones((1, L))
+    T = np.repeat([0, 1], lens)[None]
+    R = np.zeros((1, L))
+    R[0, -1] = 1.0
+    _, G = A.mae(R, np.zeros((1, L)), M, turn_ids=T, gamma=0.99, turn_gamma=0.99)
+    np.testing.assert_allclose(G.numpy()[0, 0], 0.99 ** (L - 1))
+    a, _ = A.mae(R, G.numpy(), M, turn_ids=T, gamma=0.99, turn_gamma=0.99)
+    assert abs(a.numpy()[0, :n_first].mean() - biased) > 0.1  # far from the old value …
+    np.testing.assert_allclose(a.numpy(), 0.0, atol=1e-12)  # … and exactly the fixed point
+
+
+def _own_mc_returns(name, d, gamma, turn_gamma):
+    """The estimator's critic target at λ = λ_T = 1 (it does not depend on the values then)."""
+    zeros = np.zeros_like(d["values"])
+    kw = dict(bootstrap_value=d["bootstrap_value"])
+    if name == "gae":
+        return A.gae(d["rewards"], zeros, d["mask"], gamma=gamma, lam=1.0, **kw)[1].numpy()
+    kw.update(turn_ids=d["turn_ids"], gamma=gamma, turn_gamma=turn_gamma)
+    if name == "turn_gae":
+        return A.turn_gae(d["rewards"], zeros, d["mask"], turn_lam=1.0, **kw)[1].numpy()
+    return A.mae(d["rewards"], zeros, d["mask"], lam=1.0, turn_lam=1.0, critic_target="mc", **kw)[1].numpy()
+
+
+def _call_with_critic(name, d, values, *, gamma, turn_gamma, lam, turn_lam, beta, within, value_at):
+    kw = dict(bootstrap_value=d["bootstrap_value"])
+    if name == "gae":
+        return A.gae(d["rewards"], values, d["mask"], gamma=gamma, lam=lam, **kw)[0].numpy()
+    kw.update(turn_ids=d["turn_ids"], gamma=gamma, turn_gamma=turn_gamma, turn_lam=turn_lam, value_at=value_at)
+    if name == "turn_gae":
+        return A.turn_gae(d["rewards"], values, d["mask"], **kw)[0].numpy()
+    return A.mae(d["rewards"], values, d["mask"], lam=lam, beta=beta, within=within, **kw)[0].numpy()
+
+
+unit = st.floats(0, 1)
+
+
+@PROPS
+@given(seed=st.integers(0, 2**31 - 1), name=st.sampled_from(["mae", "turn_gae", "gae"]),
+       gamma=unit, turn_gamma=unit, lam=unit, turn_lam=unit, beta=st.floats(0, 5),
+       within=st.sampled_from(["intra", "local", "global", "td"]))
+def test_mc_critic_is_a_fixed_point_for_any_discount(seed, name, gamma, turn_gamma, lam, turn_lam, beta, within):
+    # Deterministic episodes, rewards at turn ends, a critic equal to the estimator's own Monte-Carlo
+    # returns: every advantage is 0 whatever γ, γ_T, λ, λ_T, β and the within-turn signal
+    # (value_at="first"), with or without a bootstrap value, observation tokens anywhere.
+    d = random_batch(seed, B=6, reward_kind="turn_end", obs_inside=bool(seed % 2), adjacent_turns=bool(seed % 3 == 0))
+    v = _own_mc_returns(name, d, gamma, turn_gamma)
+    a = _call_with_critic(name, d, v, gamma=gamma, turn_gamma=turn_gamma, lam=lam, turn_lam=turn_lam, beta=beta,
+                          within=within, value_at="first")
+    np.testing.assert_allclose(a, 0.0, atol=1e-9)
+
+
+@PROPS
+@given(seed=st.integers(0, 2**31 - 1), name=st.sampled_from(["mae", "turn_gae", "gae"]),
+       turn_gamma=unit, lam=unit, turn_lam=unit, beta=st.floats(0, 5),
+       within=st.sampled_from(["intra", "local", "global", "td"]), value_at=st.sampled_from(["first", "last", "mean"]))
+def test_mc_critic_is_a_fixed_point_for_every_value_at_at_gamma_one(seed, name, turn_gamma, lam, turn_lam, beta,
+                                                                     within, value_at):
+    d = random_batch(seed, B=6, reward_kind="turn_end", obs_inside=bool(seed % 2))
+    v = _own_mc_returns(name, d, 1.0, turn_gamma)
+    a = _call_with_critic(name, d, v, gamma=1.0, turn_gamma=turn_gamma, lam=lam, turn_lam=turn_lam, beta=beta,
+                          within=within, value_at=value_at)
+    np.testing.assert_allclose(a, 0.0, atol=1e-9)
+
+
+@PROPS
+@given(seed=st.integers(0, 2**31 - 1), gamma=unit, turn_gamma=unit)
+def test_turn_returns_are_the_mc_returns_at_each_turn_start(seed, gamma, turn_gamma):
+    # one clock: turn_gae's G^T_k (λ_T = 1) is MAE's Monte-Carlo return at turn k's first action token
+    d = random_batch(seed, B=6)
+    g_turn = _own_mc_returns("turn_gae", d, gamma, turn_gamma)
+    g_mc = _own_mc_returns("mae", d, gamma, turn_gamma)
+    for i in range(g_mc.shape[0]):
+        act = np.flatnonzero(d["mask"][i] == 1)
+        ids = d["turn_ids"][i][act]
+        firsts = act[np.r_[True, ids[1:] != ids[:-1]]] if act.size else act
+        np.testing.assert_allclose(g_turn[i, firsts], g_mc[i, firsts], rtol=1e-10, atol=1e-10)
 
 
 @PROPS

@@ -49,11 +49,35 @@ def test_compute_equals_tensor_function(batch):
     assert res.options["beta"] == 0.5 and res.options["lam"] == 0.95 and res.options["value_at"] == "first"
     # mean over each turn of MAE is the turn advantage (turn GAE), whatever β
     tg = A.compute(batch, "turn_gae", turn_lam=0.8)
-    np.testing.assert_allclose(res.turns["turn_advantage"], tg.turns["turn_advantage"], atol=1e-5)
-    np.testing.assert_allclose(res.turns["turn_value"], batch.turns()["value_first"], atol=1e-7)
-    np.testing.assert_allclose(res.turns["turn_reward"], batch.turns()["reward"], atol=1e-6)
+    np.testing.assert_allclose(res.turns["adv_mae"], tg.turns["adv_turn_gae"], atol=1e-5)
+    # the result's table is the batch's per-turn table plus this estimator's columns
+    base = batch.turns()
+    assert list(res.turns.columns) == [*base.columns, "adv_mae", "ret_mae"]
+    np.testing.assert_allclose(res.turns["value_first"], base["value_first"], atol=0)
+    np.testing.assert_allclose(res.turns["reward"], base["reward"], atol=0)
     # turn_gae returns: G^T_k = A^T_k + V(s_k)
-    np.testing.assert_allclose(tg.turns["turn_return"], tg.turns["turn_advantage"] + tg.turns["turn_value"], atol=1e-5)
+    np.testing.assert_allclose(tg.turns["ret_turn_gae"], tg.turns["adv_turn_gae"] + tg.turns["value_first"], atol=1e-5)
+
+
+@pytest.mark.parametrize("name", ["mpo", "turn_gae", "grpo", "reinforce_pp"])
+def test_turn_advantage_column_stays_unwhitened(batch, name):
+    # adv_<name> is the turn's mean advantage in the estimator's own units (A^T_k for mae and
+    # turn_gae) whatever whiten is; only the token tensor is whitened
+    plain = A.compute(batch, name, whiten=False)
+    white = A.compute(batch, name, whiten=True)
+    col = f"adv_{name}"
+    np.testing.assert_allclose(white.turns[col], plain.turns[col], rtol=1e-6, atol=1e-6)
+    m = batch.mask.numpy() != 0
+    x = plain.advantages.numpy()[m].astype(np.float64)
+    np.testing.assert_allclose(white.advantages.numpy()[m], (x - x.mean()) / np.sqrt(x.var(ddof=1) + 1e-8),
+                               rtol=1e-4, atol=1e-5)
+    assert not np.allclose(white.advantages.numpy()[m], x)  # whitening did change the tokens
+    if name in ("mpo", "turn_gae"):
+        _, _, t = A.mae_with_turns(batch.rewards, batch.values, batch.mask, turn_ids=batch.turn_ids,
+                                   bootstrap_value=batch.bootstrap_value,
+                                   **({"beta": 0.0, "critic_target": "turn", "lam": 1.0} if name == "turn_gae" else {}))
+        at = t["advantage"][~np.isnan(t["advantage"])]  # row-major: the table's turn order
+        np.testing.assert_allclose(white.turns[col], at, rtol=1e-5, atol=1e-5)
 
 
 def test_gigpo_through_compute_uses_token_ids(batch):
@@ -84,7 +108,7 @@ def test_needs_are_checked_up_front():
     with pytest.raises(ValueError, match=r"estimator 'mpo' needs what this batch lacks — values: critic values.*supports: .*grpo"):
         A.compute(b, "mpo")
     res = A.compute(b, "grpo")
-    assert res.turns["turn_value"].isna().all()
+    assert "value_first" not in res.turns and len(res.turns) == 6  # mask [1, 0, 1]: two turns a row
     np.testing.assert_allclose(res.advantages.numpy()[:, 0], [-1, 0, 1], atol=1e-5)
     assert registry.get("gigpo").needs == ("groups", "turns", "prompt_ids", "response_ids")
 
@@ -102,7 +126,7 @@ def test_register_refuses_duplicates_and_runs_custom():
     res = A.compute(b, name, c=3.0)
     assert res.options == {"c": 3.0}
     assert registry.get(name).doc == "Every action token gets c."
-    np.testing.assert_allclose(res.turns["turn_advantage"], 3.0)
+    np.testing.assert_allclose(res.turns[f"adv_{name}"], 3.0)
     with pytest.raises(ValueError, match=r"estimator 'test_only_constant' is already registered"):
         A.register(name)(lambda batch: None)
 

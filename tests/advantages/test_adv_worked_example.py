@@ -1,4 +1,4 @@
-"""DESIGN §3.4 worked example, in full: both trajectories, turn values, turn GAE, token GAE, the
+"""The worked example of MAE (trajectory A is the one of docs/concepts.md §5), in full: both trajectories, turn values, turn GAE, token GAE, the
 intra signal, MAE(intra) and MAE(local); through the tensor functions (float32 and float64), the
 reference loops, and compute() on a TrajectoryBatch."""
 
@@ -133,19 +133,21 @@ def test_worked_example_through_compute():
     for i in range(2):
         np.testing.assert_allclose(_act(res.advantages, Mb, i), EXPECT["mae_intra"][i], atol=3e-6)
     t = res.turns
-    assert list(t.columns[:4]) == ["traj_id", "group_id", "turn", "n_tokens"]
+    assert list(t.columns) == ["traj_id", "group_id", "row", "turn", "start", "end", "n_tokens", "n_obs_after", "reward",
+                               "value_first", "value_mean", "value_last", "adv_mpo", "ret_mpo"]
     assert t["traj_id"].tolist() == ["A"] * 3 + ["B"] * 3
     assert t["n_tokens"].tolist() == TURNS_A + TURNS_B
-    np.testing.assert_allclose(t["turn_advantage"], EXPECT["turn_gae"][0] + EXPECT["turn_gae"][1], atol=3e-6)
-    np.testing.assert_allclose(t["turn_value"], EXPECT["turn_values"][0] + EXPECT["turn_values"][1], atol=3e-6)
-    np.testing.assert_allclose(t["turn_reward"], [0, 0, 1, 0, 0, 0])
+    np.testing.assert_allclose(t["adv_mpo"], EXPECT["turn_gae"][0] + EXPECT["turn_gae"][1], atol=3e-6)
+    np.testing.assert_allclose(t["value_first"], EXPECT["turn_values"][0] + EXPECT["turn_values"][1], atol=3e-6)
+    np.testing.assert_allclose(t["reward"], [0, 0, 1, 0, 0, 0])
+    np.testing.assert_allclose(t["ret_mpo"], [1, 1, 1, 0, 0, 0])  # the MC return at each turn's first token
     # MC returns (γ = γ_T = 1): the reward-to-go, 1 everywhere in A, 0 in B
     np.testing.assert_allclose(_act(res.returns, Mb, 0), np.ones(7))
     np.testing.assert_allclose(_act(res.returns, Mb, 1), np.zeros(6))
     assert res.wall_time_s > 0 and set(res.timings) == {"inputs", "estimate", "turn_table"}
 
     tg = A.compute(batch, "turn_gae")
-    np.testing.assert_allclose(tg.turns["turn_advantage"], EXPECT["turn_gae"][0] + EXPECT["turn_gae"][1], atol=3e-6)
+    np.testing.assert_allclose(tg.turns["adv_turn_gae"], EXPECT["turn_gae"][0] + EXPECT["turn_gae"][1], atol=3e-6)
     tok = A.compute(batch, "gae", lam=0.9)
     np.testing.assert_allclose(_act(tok.advantages, Mb, 0), EXPECT["token_gae_A"], atol=3e-6)
     loc = A.compute(batch, "mae", lam=0.9, within="local")

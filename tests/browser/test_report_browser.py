@@ -11,6 +11,7 @@ import pytest
 import mpo_viz as mv
 from mpo_viz.report import ReportConfig, write_report
 from mpo_viz.strip import payload_from_arrays, payload_json, strip_css, strip_js
+from mpo_viz.synthetic import strip_arrays
 
 pytestmark = pytest.mark.browser
 
@@ -87,17 +88,9 @@ def test_channel_switch_recolours(page, page_errors, report_file):
 
 
 def test_strip_50k_tokens_is_virtualized(page, page_errors, tmp_path):
-    rng = np.random.default_rng(0)
     n = 50_000
-    mask = np.zeros(n, dtype=int)
-    pos = 0
-    while pos < n:
-        a, o = int(rng.integers(20, 200)), int(rng.integers(20, 300))
-        mask[pos : pos + a] = 1
-        pos += a + o
-    words = np.array(["the", " search", " result", "\n", " tool", "(", "x", ")", " 42", " Paris"])
-    toks = words[rng.integers(0, len(words), n)].tolist()
-    p = payload_from_arrays(toks, mask, None, {"adv": rng.normal(size=n), "value": rng.random(n)})
+    toks, mask, chans = strip_arrays(n, seed=0)
+    p = payload_from_arrays(toks, mask, None, {"adv": chans["adv_mpo"], "value": chans["value"]})
     html = (f"<!doctype html><meta charset=utf-8><style>{strip_css()}</style><div id=s></div>"
             f"<script type='application/json' id=p>{payload_json(p)}</script><script>{strip_js(module=False)}</script>"
             "<script>window.v = mpoStrip.mount(document.getElementById('s'), JSON.parse(document.getElementById('p').textContent));</script>")

@@ -81,7 +81,7 @@ def test_cli_generate_then_validate(tmp_path, suffix, capsys):
     assert b.meta["generator"]["env_options"] == {"slip": 0.2}
     capsys.readouterr()
     assert main(["generate", "--env", "search", "--slip", "0.2", "--episodes", "4", "--out", str(out)]) == 1
-    assert "error: --slip: expected an option of the search environment, found one it does not take" in capsys.readouterr().err
+    assert "error: --slip: expected an option of the search environment (distractors, difficulty, slack, max_turns, shaping, seed), found one it does not take" in capsys.readouterr().err
     assert main(["generate", "--env", "search", "--difficulty", "x", "--episodes", "4", "--out", str(out)]) == 1
     assert main(["generate", "--env", "search", "--noise", "2", "--episodes", "4", "--out", str(out)]) == 1
     assert "error: --noise: expected 0 <= noise <= 1, found 2.0" in capsys.readouterr().err

@@ -1,4 +1,4 @@
-"""aggregate(): every mode of DESIGN §3.8 by hand, with scale, turn ids, masks and empty batches."""
+"""aggregate(): every mode by hand, with scale, turn ids, masks and empty batches."""
 
 from __future__ import annotations
 
@@ -83,5 +83,5 @@ def test_bad_input():
         aggregate(L, M, "token-mean", scale=0)
     with pytest.raises(ValueError, match=r"scale: expected None with mode='none'"):
         aggregate(L, M, "none", scale=3)
-    with pytest.raises(ValueError, match=r"turn_ids: row 0: expected consecutive"):
+    with pytest.raises(ValueError, match=r"turn_ids: row 0, position 3: expected consecutive"):
         aggregate(L, M, "turn-mean", turn_ids=[[0, 0, 0, 2, 2], [0] * 5, [0] * 5])

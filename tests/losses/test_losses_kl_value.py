@@ -51,6 +51,31 @@ def test_kl_expectations_equal_the_closed_form():
     assert torch.allclose(th.grad, grad_kl)
 
 
+def test_kl_as_a_loss_term_values_unbiased_gradients_only_k2():
+    # π = softmax(θ) = [.5, .25, .25], π_ref = [.25, .25, .5]; tokens x ~ π. Δ = [ln 2, 0, −ln 2].
+    # KL(π‖π_ref) = .5·ln 2 + .25·(−ln 2) = .25·ln 2. With ∇_θ logπ(x) = e_x − π:
+    #   ∇KL = Σ π Δ (e_x − π) = π ⊙ (Δ − KL) = ln 2 · [.375, −.0625, −.3125]
+    #   E[∇k1] = Σ π (e_x − π) = 0
+    #   E[∇k2] = Σ π Δ (e_x − π) = ∇KL                       (exact)
+    #   E[∇k3] = Σ π (1 − e^{−Δ}) (e_x − π) = π − π_ref = [.25, 0, −.25] = ∇KL(π_ref‖π)   (biased)
+    ln2 = math.log(2.0)
+    th = torch.tensor([ln2, 0.0, 0.0], dtype=torch.float64, requires_grad=True)
+    ref = torch.log(torch.tensor([0.25, 0.25, 0.5], dtype=torch.float64))
+    kl = 0.25 * ln2
+    want_value = {"k1": kl, "k2": 0.5 * (0.5 * ln2**2 + 0.25 * ln2**2), "k3": kl}
+    want_grad = {"k1": [0.0, 0.0, 0.0], "k2": [0.375 * ln2, -0.0625 * ln2, -0.3125 * ln2], "k3": [0.25, 0.0, -0.25]}
+    for kind in ("k1", "k2", "k3"):
+        lp = torch.log_softmax(th, -1)
+        np.testing.assert_allclose(lp.exp().detach().numpy(), [0.5, 0.25, 0.25])
+        expected = (lp.exp().detach() * kl_penalty(lp, ref, kind)).sum()  # E_{x~π}[k(x)], π not differentiated
+        assert expected.item() == pytest.approx(want_value[kind], abs=1e-12), kind
+        expected.backward()
+        np.testing.assert_allclose(th.grad.numpy(), want_grad[kind], atol=1e-12, err_msg=kind)
+        th.grad = None
+    assert want_value["k2"] != pytest.approx(kl)  # k2's value is biased
+    assert want_grad["k3"] != pytest.approx(want_grad["k2"])  # k3's gradient is biased
+
+
 def test_kl_mask_and_errors():
     lp = torch.tensor([[0.0, float("nan")]], requires_grad=True)
     out = kl_penalty(lp, torch.tensor([[1.0, 0.0]]), "k3", mask=torch.tensor([[1, 0]]))
@@ -94,3 +119,17 @@ def test_value_loss_errors():
         value_loss(z, z, torch.zeros(1, 2), torch.ones(1, 3))
     with pytest.raises(ValueError, match=r"clip: expected a number, found '0.5'"):
         value_loss(z, z, z, torch.ones(1, 3), clip="0.5")
+
+
+@pytest.mark.parametrize("which", ["values", "returns", "old_values"])
+@pytest.mark.parametrize("bad", [float("nan"), float("inf"), -float("inf")])
+def test_value_loss_refuses_non_finite_on_action_tokens(which, bad):
+    m = torch.tensor([[1, 1, 0], [0, 1, 1]])
+    x = {k: torch.zeros(2, 3, dtype=torch.float64) for k in ("values", "returns", "old_values")}
+    for k in x:
+        x[k][0, 2] = bad  # masked position: never read
+    value_loss(x["values"], x["old_values"], x["returns"], m)
+    x[which][1, 2] = bad
+    with pytest.raises(ValueError, match=rf"^{which}: row 1: expected finite values on action tokens, found "
+                                         rf"{bad} at position 2"):
+        value_loss(x["values"], x["old_values"], x["returns"], m)

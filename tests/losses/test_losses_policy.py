@@ -111,9 +111,9 @@ def test_turn_ppo_by_hand(ratio):
     tok = 2 * 2.0 + -3 * 0.5 + 1 * 3.0 + -1 * 1.0 + 0.5 * 1.125
     trn = 2 * 1 + -3 * 1 + (1 - 1 + 0.5) * rho1
     assert met["surrogate_gap"] == pytest.approx((tok - trn) / 5)
-    # approx_kl = mean k3 with Δ = logπ − logπ_old = logr
-    k3 = [math.exp(-d) + d - 1 for d in lr0 + lr1]
-    assert met["approx_kl"] == pytest.approx(np.mean(k3))
+    # approx_kl = mean(r − 1 − log r), r = π_new/π_old = 2, .5, 3, 1, 1.125 (KL(π_old ‖ π_new), samples of π_old)
+    kl = [1 - ln(2), -0.5 + ln(2), 2 - ln(3), 0.0, 0.125 - ln(1.125)]
+    assert met["approx_kl"] == pytest.approx(np.mean(kl))
 
 
 def test_turn_ppo_dual_clip_and_low_side():
@@ -163,16 +163,16 @@ def test_sao_by_hand_uses_rollout_logp():
     assert met["clipfrac_low"] == pytest.approx(2 / 5)
     assert met["clipfrac_high"] == pytest.approx(1 / 5)
     assert met["ratio_max"] == pytest.approx(6.5)
-    # approx_kl is between old and new: Δ = logr − 0.5
+    # approx_kl is between old and new: log r = log(π_new/π_old) = logr − 0.5
     d = np.array([ln(0.6), ln(0.8), ln(5.5), ln(6.5), ln(0.6)]) - 0.5
-    assert met["approx_kl"] == pytest.approx(np.mean(np.exp(-d) + d - 1))
+    assert met["approx_kl"] == pytest.approx(np.mean(np.exp(d) - 1 - d))
     # defaults for sao come from the registry
     assert (get("sao").clip_low, get("sao").clip_high) == (0.3, 5.0)
     # old_logp is optional for sao: the loss is unchanged, approx_kl is then against rollout_logp
     loss2, met2 = policy_loss("sao", lp, None, adv, mask, rollout_logp=roll, agg="none")
     assert torch.equal(loss2.detach(), loss)
-    d = np.array([ln(0.6), ln(0.8), ln(5.5), ln(6.5), ln(0.6)])
-    assert met2["approx_kl"] == pytest.approx(np.mean(np.exp(-d) + d - 1))
+    r = np.array([0.6, 0.8, 5.5, 6.5, 0.6])
+    assert met2["approx_kl"] == pytest.approx(np.mean(r - 1 - np.log(r)))
 
 
 # --------------------------------------------------------------------------------------------
@@ -257,6 +257,36 @@ def test_product_ratio_on_long_turns_stays_finite(dtype, drift):
     loss, _ = policy_loss("turn_ppo", lp, old, adv, mask, turn_ids=tid, ratio="product")
     loss.backward()
     assert torch.isfinite(lp.grad).all()
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_turn_ids_on_masked_positions_change_nothing(kind):
+    # only action tokens define turns: −1 padding, garbage, NaN (float ids) on masked positions are
+    # accepted and give the same loss, gradient and metrics as clean ids
+    from mpo_viz.losses import aggregate, value_loss
+
+    rng = np.random.default_rng(7)
+    mask = torch.tensor([[1, 1, 0, 1, 1, 0, 0], [0, 1, 0, 0, 1, 1, 0], [0, 0, 0, 0, 0, 0, 0]])
+    clean = torch.tensor([[0, 0, 0, 1, 1, 1, 1], [0, 0, 0, 0, 1, 1, 1], [0, 0, 0, 0, 0, 0, 0]])
+    odd = clean.clone()
+    odd[mask == 0] = torch.tensor([-1, 5, -1, -1, 9, -1, 3, -1, -1, -1, -1, -1, -1, -1])[: int((mask == 0).sum())]
+    oddf = odd.double()
+    oddf[0, 6] = float("nan")
+    old = torch.tensor(-rng.random((3, 7)))
+    base = old + torch.tensor(rng.normal(0, 0.3, (3, 7)))
+    adv = torch.tensor(rng.normal(0, 1, (3, 7)))
+    results = []
+    for tid in (clean, odd, oddf):
+        lp = base.clone().requires_grad_(True)
+        loss, met = policy_loss(kind, lp, old, adv, mask, turn_ids=tid, rollout_logp=old, agg="turn-mean")
+        loss.backward()
+        vl, _ = value_loss(base, old, adv, mask, agg="turn-mean", turn_ids=tid)
+        results.append((loss.item(), lp.grad.clone(), met, aggregate(adv, mask, "turn-mean", turn_ids=tid).item(),
+                        vl.item()))
+    for got in results[1:]:
+        assert got[0] == results[0][0] and got[3] == results[0][3] and got[4] == results[0][4]
+        assert torch.equal(got[1], results[0][1])
+        assert got[2] == pytest.approx(results[0][2], nan_ok=True)
 
 
 def _random_case(rng, B, L, edge):
@@ -362,11 +392,11 @@ def test_bad_input_raises_clearly():
         policy_loss("token_ppo", z, torch.zeros(5), z, m)
     with pytest.raises(ValueError, match=r"logp: expected a 2-D"):
         policy_loss("token_ppo", torch.zeros(5), torch.zeros(5), torch.zeros(5), torch.ones(5))
-    with pytest.raises(ValueError, match=r"turn_ids: row 1: expected non-decreasing"):
+    with pytest.raises(ValueError, match=r"turn_ids: row 1, position 2: expected non-decreasing ids on action tokens"):
         policy_loss("turn_ppo", z, z, z, m, turn_ids=torch.tensor([[0, 0, 1, 1, 1], [0, 1, 0, 1, 1]]))
-    with pytest.raises(ValueError, match=r"turn_ids: row 0: expected consecutive"):
+    with pytest.raises(ValueError, match=r"turn_ids: row 0, position 2: expected consecutive"):
         policy_loss("turn_ppo", z, z, z, m, turn_ids=torch.tensor([[0, 0, 2, 2, 2], [0, 0, 0, 0, 0]]))
-    with pytest.raises(ValueError, match=r"turn_ids: row 1: expected the first action token in turn 0"):
+    with pytest.raises(ValueError, match=r"turn_ids: row 1, position 0: expected the first action token in turn 0"):
         policy_loss("turn_ppo", z, z, z, m, turn_ids=torch.tensor([[0, 0, 0, 0, 0], [1, 1, 1, 1, 1]]))
     with pytest.raises(ValueError, match=r"turn_ids: expected shape"):
         policy_loss("turn_ppo", z, z, z, m, turn_ids=torch.zeros(2, 4, dtype=torch.long))

@@ -13,6 +13,7 @@ import torch
 
 import mpo_viz as mv
 from mpo_viz import advantages as adv
+from mpo_viz.analysis import td_error
 from mpo_viz.strip import strip_payload
 from mpo_viz.widgets import AdvantageEngine, ParamControls, TrajectoryExplorer, TrajectoryPicker
 from mpo_viz.widgets.engine import options_of
@@ -89,11 +90,11 @@ def test_slider_recomputes_strip_figure_and_turn_table(batch):
     np.testing.assert_allclose(np.asarray(tr.y, dtype=np.float64)[act], ref["mpo"].returns[2, :n].numpy()[act], rtol=1e-6)
     # per-turn table: mean advantage over each turn (A^T_k for MAE) as compute's turn table has it
     turns = ref["mpo"].turns
-    want_turns = turns[turns["traj_id"] == batch.traj_ids[2]]["turn_advantage"].to_numpy()
+    want_turns = turns[turns["traj_id"] == batch.traj_ids[2]]["adv_mpo"].to_numpy()
     np.testing.assert_allclose(ex.turn_df["adv_mpo"].to_numpy(), want_turns, rtol=1e-5, atol=1e-7)
     # the partial payload update equals a payload built from scratch by the strip module
     full = strip_payload(batch[[2]], 0, advantages={k: r.advantages[2:3, :n] for k, r in ref.items()},
-                         channel="adv_mpo")
+                         td=td_error(batch[[2]]), channel="adv_mpo")
     assert p["channels"] == full["channels"]
     assert ex.timings["compute"] >= 0 and "push" in ex.timings
 

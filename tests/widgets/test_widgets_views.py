@@ -63,7 +63,7 @@ def test_estimator_comparison_bars_follow_the_sliders(batch):
         got = c.turn_advantages()
         for name in names:
             t = adv.compute(batch, name, **options_of(name, options)).turns
-            want = t[t["traj_id"] == tid]["turn_advantage"].to_numpy()
+            want = t[t["traj_id"] == tid][f"adv_{name}"].to_numpy()
             np.testing.assert_allclose(got[name], want, rtol=1e-5, atol=1e-7)
 
     check(c.params.options)

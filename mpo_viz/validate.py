@@ -1,9 +1,13 @@
-"""Rows or Arrow record batches -> validated TrajectoryBatch (DESIGN §4 validation rules).
+"""The trajectory/v1 validation rules (docs/concepts.md, "Data"), beside :mod:`mpo_viz.schema`.
 
-Both readers produce the same intermediate *columns* (flat arrays + offsets per field, each field
-with its own offsets until lengths are checked); :func:`validate_columns` runs every rule once,
-vectorized over the whole batch, and splits good rows from rejected ones. Every problem names the
+Every reader produces the same intermediate :class:`Columns` (flat arrays + offsets per field, each
+field with its own offsets until lengths are checked): :func:`columns_from_rows` from Python rows,
+the Parquet reader from Arrow record batches. :func:`validate_columns` runs every rule once,
+vectorized over the whole batch, and splits good rows from rejected ones; it is what
+``TrajectoryBatch.from_columns`` and ``TrajectoryBatch.from_rows`` call. Every problem names the
 file, line (JSONL) or row (Parquet / list of rows), traj_id, field, expected and found.
+
+This module imports nothing above the schema: it builds the batch with the class it is given.
 """
 
 from __future__ import annotations
@@ -13,6 +17,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from mpo_viz.ragged import offsets_from_lengths, row_index, take
 from mpo_viz.schema import (
     EXTRA_TOKEN_DTYPE,
     FINITE_ON_ACTIONS,
@@ -25,6 +30,8 @@ from mpo_viz.schema import (
     Problem,
     short,
 )
+
+__all__ = ["Columns", "columns_from_rows", "validate_columns"]
 
 _INT_TOKEN = {"response_ids", "loss_mask", "turn_ids"}
 
@@ -222,7 +229,10 @@ def _first_per_row(rows: np.ndarray, pos: np.ndarray):
 
 
 def validate_columns(cls, cols: Columns, meta, problems: list[Problem], *, seen_ids=None):
-    """Run every DESIGN §4 rule over ``cols``; return ``(batch of good rows, all problems)``.
+    """Run every v1 rule over ``cols``; return ``(batch of good rows, all problems)``.
+
+    ``cls``: the batch class to build (``TrajectoryBatch``; called with the aligned columns as
+    keyword arguments, then read through its public ``columns``/``num_turns``).
 
     ``seen_ids`` (a set, or a dict traj_id -> "file, line/row" to name the first occurrence; updated
     in place) carries traj_ids across chunks/files so duplicates are
@@ -286,17 +296,18 @@ def validate_columns(cls, cols: Columns, meta, problems: list[Problem], *, seen_
     good = np.flatnonzero(~bad)
     batch = _aligned_batch(cls, cols, good, meta)
     gi = good  # batch row j is cols row gi[j]
-    off = batch._off
-    seg = batch._seg
-    m = batch._tok["loss_mask"] != 0
+    bc = batch.columns
+    off = bc.offsets
+    seg = row_index(off)
+    m = bc.tokens["loss_mask"] != 0
 
     def bflag(j, fld, expected, found):
         flag(gi[j], fld, expected, found)
 
     # -- turn ids: non-decreasing; on action tokens 0..K-1 without gaps
-    if "turn_ids" in batch._tok:
-        t = batch._tok["turn_ids"]
-        has = batch._present["turn_ids"]
+    if "turn_ids" in bc.tokens:
+        t = bc.tokens["turn_ids"]
+        has = bc.present["turn_ids"]
         row_has = np.repeat(has, np.diff(off))
         same_row = np.zeros(len(t), dtype=bool)
         same_row[1:] = seg[1:] == seg[:-1]
@@ -323,20 +334,20 @@ def validate_columns(cls, cols: Columns, meta, problems: list[Problem], *, seen_
 
     # -- finite values/logprobs on action tokens
     for name in FINITE_ON_ACTIONS:
-        if name not in batch._tok:
+        if name not in bc.tokens:
             continue
-        row_has = np.repeat(batch._present[name], np.diff(off))
-        nf = m & row_has & ~np.isfinite(batch._tok[name])
+        row_has = np.repeat(bc.present[name], np.diff(off))
+        nf = m & row_has & ~np.isfinite(bc.tokens[name])
         if nf.any():
             pos = np.flatnonzero(nf)
             for j, p in zip(*_first_per_row(seg[pos], pos)):
-                bflag(j, name, "finite numbers on action tokens", f"{_num(batch._tok[name][p])} at position {p - off[j]}")
+                bflag(j, name, "finite numbers on action tokens", f"{_num(bc.tokens[name][p])} at position {p - off[j]}")
 
-    reward = batch._scalars["reward"].astype(np.float64)
+    reward = bc.scalars["reward"].astype(np.float64)
     # -- token rewards: finite, zero on masked tokens, sum to a finite outcome reward
-    if "token_rewards" in batch._tok:
-        tr = batch._tok["token_rewards"]
-        has = batch._present["token_rewards"]
+    if "token_rewards" in bc.tokens:
+        tr = bc.tokens["token_rewards"]
+        has = bc.present["token_rewards"]
         row_has = np.repeat(has, np.diff(off))
         nf = row_has & ~np.isfinite(tr)
         if nf.any():
@@ -356,8 +367,8 @@ def validate_columns(cls, cols: Columns, meta, problems: list[Problem], *, seen_
 
     # -- turn rewards: one per assistant turn, finite
     k = batch.num_turns
-    if "turn_rewards" in batch._turn:
-        flat, toff, has = batch._turn["turn_rewards"]
+    if "turn_rewards" in bc.turn:
+        flat, toff, has = bc.turn["turn_rewards"]
         tl = np.diff(toff)
         for j in np.flatnonzero(has & (tl != k)):
             bflag(j, "turn_rewards", f"{k[j]} entries (one per assistant turn)", f"{tl[j]}")
@@ -369,12 +380,12 @@ def validate_columns(cls, cols: Columns, meta, problems: list[Problem], *, seen_
     # -- a reward needs an action token to sit on
     no_act = k == 0
     has_outcome = np.isfinite(reward) & (reward != 0)
-    has_tr = batch._present.get("token_rewards", np.zeros(len(batch), dtype=bool))
+    has_tr = bc.present.get("token_rewards", np.zeros(len(batch), dtype=bool))
     for j in np.flatnonzero(no_act & has_outcome & ~has_tr):
         bflag(j, "reward", "no reward on a trajectory with no action token (nowhere to put it)", f"{reward[j]}")
 
     # -- bootstrap value: finite or NaN/None
-    bv = batch._scalars.get("bootstrap_value")
+    bv = bc.scalars.get("bootstrap_value")
     if bv is not None:
         for j, x in enumerate(bv):
             if x is not None and math.isinf(float(x)):
@@ -383,7 +394,7 @@ def validate_columns(cls, cols: Columns, meta, problems: list[Problem], *, seen_
     # -- duplicate trajectory ids (within this batch and, with seen_ids, across chunks/files)
     seen = seen_ids if seen_ids is not None else set()
     first_line: dict = {}
-    for j, t in enumerate(batch._scalars["traj_id"]):
+    for j, t in enumerate(bc.scalars["traj_id"]):
         if bad[gi[j]]:
             continue
         if t in seen or t in first_line:
@@ -401,45 +412,43 @@ def validate_columns(cls, cols: Columns, meta, problems: list[Problem], *, seen_
         seen.update(first_line)
 
     keep = np.flatnonzero(~bad[gi])
-    out = batch if len(keep) == len(batch) else batch._subset(keep)
+    out = batch if len(keep) == len(batch) else batch[keep]
     problems.sort(key=lambda p: (str(p.file), p.line if p.line is not None else -1, p.row if p.row is not None else -1))
     return out, problems
 
 
 def _aligned_batch(cls, cols: Columns, good: np.ndarray, meta):
     """Rows ``good`` of ``cols`` as a TrajectoryBatch with every token field aligned to response_ids."""
-    from mpo_viz.trajectory import _offsets_from_lengths, _take
-
     rflat, roff, _ = cols.token["response_ids"]
     rlen = np.diff(roff)[good]
-    off = _offsets_from_lengths(rlen)
+    off = offsets_from_lengths(rlen)
     tokens, present = {}, {}
     for name, (flat, foff, pres) in cols.token.items():
         dt = TOKEN_FIELDS.get(name, EXTRA_TOKEN_DTYPE)
         p = pres[good] if name not in ("response_ids", "loss_mask") else np.ones(len(good), dtype=bool)
         if name in ("response_ids", "loss_mask"):
-            vals, _ = _take(flat, foff, good)
+            vals, _ = take(flat, foff, good)
             tokens[name] = vals.astype(dt)
             continue
         sel = np.flatnonzero(p)
         if len(sel) == len(good):
-            vals, voff = _take(flat, foff, good)
+            vals, voff = take(flat, foff, good)
             if np.array_equal(voff, off):  # every row carries the field: no scatter needed
                 tokens[name] = vals.astype(dt) if dt.kind != "O" else vals
                 present[name] = p
                 continue
         out = np.zeros(off[-1], dtype=dt) if dt.kind != "O" else np.full(off[-1], "", dtype=object)
         if len(sel):
-            vals, _ = _take(flat, foff, good[sel])
-            target, _ = _take(np.arange(off[-1], dtype=np.int64), off, sel)
+            vals, _ = take(flat, foff, good[sel])
+            target, _ = take(np.arange(off[-1], dtype=np.int64), off, sel)
             out[target] = vals.astype(dt) if dt.kind != "O" else vals
         tokens[name] = out
         present[name] = p
     turn = {}
     for name, (flat, toff, pres) in cols.turn.items():
-        f2, o2 = _take(flat, toff, good)
+        f2, o2 = take(flat, toff, good)
         turn[name] = (f2.astype(TURN_FIELDS.get(name, np.float64)), o2, pres[good])
-    pf, po = _take(cols.prompt[0], cols.prompt[1], good)
+    pf, po = take(cols.prompt[0], cols.prompt[1], good)
     scalars = {}
     for name, v in cols.scalar.items():
         v = v[good]

@@ -1,0 +1,129 @@
+"""Benchmark: `mpo_viz.rollout.rollout` against plain `model.generate` on the same model and batch.
+
+Run:  .venv/bin/python benchmarks/rollout.py            (every environment, batch 16 and 64)
+      .venv/bin/python benchmarks/rollout.py --quick    (search only, batch 16; a smoke run)
+
+For each environment and batch size B: one rollout of B episodes (B tasks, one sample each) with the
+"1m" tiny Llama and a critic sharing nothing with it (`init="policy"`: a copy of the trunk), default
+sampling (T = 1, top-p 1), `max_turn_tokens` 48. Then, in the same process, `model.generate` on the
+same model with the same B prompts (each episode's first prompt, left padded), KV cache on,
+`do_sample=True`, and `min_new_tokens = max_new_tokens = N` where N × B is the rollout's number of
+action tokens, so both sides produce the same number of new tokens.
+
+Speed is *action tokens/s*: sampled tokens per second of wall time. The rollout's time is the whole
+call (prefill of every observation, every decode step, environments, oracle, critic, building the
+batch); generate's is the call alone. `ratio` = rollout / generate (target >= 0.8: the cost of being
+multi-turn). Shares: the fraction of rollout time in the environments, tokenization (chat layout,
+decoding) plus the oracle, and the critic forward. Peak memory: the process's resident set size,
+sampled every 5 ms during each call, minus the size before it.
+
+Threads: one torch thread by default (`--threads`): a 1M-parameter model is overhead-bound, and on a
+shared machine OpenMP spin-waits of a second thread cost far more than they give.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import platform
+import sys
+import threading
+import time
+
+import torch
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+
+from mpo_viz import models  # noqa: E402
+from mpo_viz.envs import build_tokenizer, make_env  # noqa: E402
+from mpo_viz.rollout import rollout  # noqa: E402
+
+
+class PeakRSS:
+    """Peak resident memory above the starting point while the block runs (a 5 ms sampler thread)."""
+
+    def __enter__(self):
+        import psutil
+
+        self.proc = psutil.Process()
+        self.base = self.peak = self.proc.memory_info().rss
+        self.stop = False
+        self.thread = threading.Thread(target=self._run, daemon=True)
+        self.thread.start()
+        return self
+
+    def _run(self):
+        while not self.stop:
+            self.peak = max(self.peak, self.proc.memory_info().rss)
+            time.sleep(0.005)
+
+    def __exit__(self, *exc):
+        self.stop = True
+        self.thread.join()
+        self.peak = max(self.peak, self.proc.memory_info().rss)
+        self.mib = (self.peak - self.base) / 2**20
+
+
+def bench(env_name: str, batch: int, seed: int = 0) -> dict:
+    env = make_env(env_name)
+    policy = models.tiny_policy(build_tokenizer(env), "1m", seed=seed)
+    critic = models.make_critic(policy, "policy", seed=seed)
+    # warm-up (first-call allocations, lazy imports)
+    rollout(policy, env, 2, critic=critic, seed=seed + 1, batch_size=2, max_turn_tokens=8)
+    tm: dict = {}
+    with PeakRSS() as mem_r:
+        t0 = time.perf_counter()
+        out = rollout(policy, env, batch, critic=critic, seed=seed, batch_size=batch, timings=tm)
+        t_roll = time.perf_counter() - t0
+    n_act = int(out.mask.sum())
+    # generate: the same prompts, the same number of new tokens per row on average
+    prompts = [list(p) for p in out.field("prompt_ids")]
+    width = max(map(len, prompts))
+    pad = policy.tokenizer.pad_token_id
+    ids = torch.tensor([[pad] * (width - len(p)) + p for p in prompts])
+    att = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts])
+    new = max(1, round(n_act / batch))
+    torch.manual_seed(seed)
+    with PeakRSS() as mem_g, torch.no_grad():
+        t0 = time.perf_counter()
+        policy.model.generate(ids, attention_mask=att, do_sample=True, max_new_tokens=new, min_new_tokens=new,
+                              top_k=0, top_p=1.0, temperature=1.0, use_cache=True, pad_token_id=pad)
+        t_gen = time.perf_counter() - t0
+    total = tm["total"]
+    return {
+        "env": env_name, "B": batch, "tokens": n_act, "roll_tps": n_act / t_roll, "gen_tps": new * batch / t_gen,
+        "env_share": tm.get("env", 0.0) / total,
+        "tok_share": (tm.get("tokenize", 0.0) + tm.get("oracle", 0.0)) / total,
+        "critic_share": tm.get("critic", 0.0) / total, "mem_r": mem_r.mib, "mem_g": mem_g.mib,
+        "turns": float(out.num_turns.mean()),
+    }
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--quick", action="store_true", help="search only, batch 16")
+    ap.add_argument("--threads", type=int, default=1, help="torch threads (default 1)")
+    args = ap.parse_args()
+    torch.set_num_threads(args.threads)
+    envs = ["search"] if args.quick else ["search", "tooluse", "automation"]
+    sizes = [16] if args.quick else [16, 64]
+    print(f"# rollout vs model.generate — tiny Llama '1m', {platform.processor() or platform.machine()}, "
+          f"{os.cpu_count()} CPUs, torch {torch.__version__}, {args.threads} thread(s); load average "
+          f"{os.getloadavg()[0]:.1f} at start")
+    head = (f"{'env':<11}{'B':>4}{'tokens':>8}{'turns':>6}{'rollout tok/s':>15}{'generate tok/s':>16}{'ratio':>7}"
+            f"{'env %':>7}{'tok+oracle %':>14}{'critic %':>10}{'peak MiB r/g':>14}")
+    print(head)
+    print("-" * len(head))
+    for name in envs:
+        for b in sizes:
+            r = bench(name, b)
+            print(f"{r['env']:<11}{r['B']:>4}{r['tokens']:>8}{r['turns']:>6.1f}{r['roll_tps']:>15.0f}"
+                  f"{r['gen_tps']:>16.0f}{r['roll_tps'] / r['gen_tps']:>7.2f}{100 * r['env_share']:>7.1f}"
+                  f"{100 * r['tok_share']:>14.1f}{100 * r['critic_share']:>10.1f}"
+                  f"{r['mem_r']:>8.0f}/{r['mem_g']:<5.0f}", flush=True)
+    print(f"# load average {os.getloadavg()[0]:.1f} at the end (the machine is shared: absolute numbers move "
+          "with it; the ratio is measured side by side)")
+
+
+if __name__ == "__main__":
+    main()

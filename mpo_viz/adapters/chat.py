@@ -1,0 +1,307 @@
+"""OpenAI-style chat logs → trajectory/v1, through a local tokenizer's chat template.
+
+Input: JSONL, one conversation a line::
+
+    {"id": "t0", "group_id": "task-3", "reward": 1.0,
+     "messages": [{"role": "system", "content": "..."}, {"role": "user", "content": "..."},
+                  {"role": "assistant", "content": "...", "token_ids": [...], "logprobs": [...]},
+                  {"role": "tool", "content": "...", "reward": 0.1}, ...]}
+
+* ``messages`` — roles ``system``/``user``/``assistant``/``tool`` as the OpenAI chat API has them
+  (``tool_calls``, ``tool_call_id`` and ``tools`` at the row level are passed to the template).
+* Trajectory id from ``id``/``traj_id``/``trajectory_id`` (else ``"line{n}"``); group from
+  ``group_id``/``group``/``uid``/``prompt_id``/``example_id`` (else identical prompt messages);
+  outcome reward from ``reward``/``score`` (else NaN).
+* An assistant message may carry the ids the model generated — ``token_ids`` (vLLM
+  ``return_token_ids``) or ``logprobs.content[*].token`` of the form ``"token_id:N"`` (vLLM
+  ``return_tokens_as_token_ids``) — and its log-probs: a list of floats, or OpenAI's
+  ``{"content": [{"token", "logprob"}, ...]}``.
+* A ``reward`` on an assistant message is that turn's reward (``turn_rewards``); a ``reward`` on a
+  tool/user message is an observation's reward: moved to the assistant turn before it and
+  counted (``obs_reward='move'``), or refused (``'error'``).
+
+Tokens. The conversation is rendered with the tokenizer's chat template one message at a time:
+``prompt_ids`` is the rendering of the messages before the first assistant turn with the generation
+prompt; each assistant turn's **action tokens** are what its message adds after the generation
+prompt; everything between two assistant turns (tool replies, role headers, the next generation
+prompt) is observation tokens (``loss_mask`` 0). When an assistant message has logged ids, they
+are kept (token in, token out) and compared with the template's: a difference is counted as a
+retokenization mismatch (logged ids win); template tokens after the logged ids (e.g. a newline
+after the end-of-turn token) become observation tokens. The template must render incrementally
+(the text of the first k messages is a prefix of the text of the first k+1); a template that
+rewrites earlier turns (e.g. strips earlier reasoning) is refused for that row.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Iterator
+from pathlib import Path
+
+from mpo_viz.adapters._common import Collector, check_options, dumps, jsonl_lines, run
+from mpo_viz.checks import OptionError
+
+__all__ = ["ChatEncoder", "from_chat", "iter_chat", "load_tokenizer"]
+
+_ID_KEYS = ("id", "traj_id", "trajectory_id")
+_GROUP_KEYS = ("group_id", "group", "uid", "prompt_id", "example_id")
+_REWARD_KEYS = ("reward", "score")
+
+
+def load_tokenizer(tokenizer):
+    """A tokenizer object, or one loaded from a local folder (never downloaded)."""
+    if tokenizer is None:
+        raise OptionError("tokenizer", "expected a local tokenizer folder with a chat template (text must become "
+                          "token ids), found none")
+    if not isinstance(tokenizer, (str, Path)):
+        return tokenizer
+    path = Path(tokenizer)
+    if not path.is_dir():
+        raise OptionError("tokenizer", f"expected a local tokenizer folder, found {str(path)!r} (not a folder)")
+    try:
+        if (path / "tokenizer.json").is_file():
+            # a fast tokenizer file: loading it needs no model-specific class (and skips importing
+            # transformers' auto classes, seconds); we never add special tokens, so no class hook is missed
+            from transformers import PreTrainedTokenizerFast
+
+            return PreTrainedTokenizerFast.from_pretrained(str(path), local_files_only=True)
+        from transformers import AutoTokenizer
+
+        return AutoTokenizer.from_pretrained(str(path), local_files_only=True)
+    except Exception as exc:  # noqa: BLE001 - any loading failure is a bad folder
+        raise OptionError("tokenizer", f"expected a tokenizer folder (tokenizer.json / tokenizer_config.json), "
+                          f"found {str(path)!r} that does not load ({type(exc).__name__}: {str(exc)[:120]})") from None
+
+
+class TemplateError(ValueError):
+    """The chat template cannot be split into turns for this conversation."""
+
+
+def _logged(msg: dict):
+    """(token ids or None, log-probs or None) logged with an assistant message."""
+    ids = msg.get("token_ids")
+    lp = msg.get("logprobs")
+    lps = None
+    if isinstance(lp, dict) and isinstance(lp.get("content"), list):
+        content = lp["content"]
+        lps = [float(c["logprob"]) for c in content]
+        if ids is None and content and all(isinstance(c.get("token"), str) and c["token"].startswith("token_id:")
+                                           for c in content):
+            ids = [int(c["token"].split(":", 1)[1]) for c in content]
+    elif isinstance(lp, list):
+        lps = [float(x) for x in lp]
+    return (None if ids is None else [int(x) for x in ids]), lps
+
+
+class ChatEncoder:
+    """Splits a conversation rendered by a chat template into prompt, action and observation tokens."""
+
+    def __init__(self, tokenizer):
+        self.tok = load_tokenizer(tokenizer)
+        if not getattr(self.tok, "chat_template", None):
+            raise OptionError("tokenizer", "expected a tokenizer with a chat template, found one without "
+                              "(tokenizer_config.json has no chat_template)")
+        self.name = getattr(self.tok, "name_or_path", None) or type(self.tok).__name__
+
+    def render(self, messages, *, gen: bool, tools=None) -> str:
+        kw = {"tools": tools} if tools else {}
+        return self.tok.apply_chat_template(messages, tokenize=False, add_generation_prompt=gen, **kw)
+
+    def ids(self, text: str) -> list[int]:
+        return list(self.tok(text, add_special_tokens=False)["input_ids"]) if text else []
+
+    def encode(self, messages: list[dict], *, actions: list[int], tools=None, report=None, where: str = ""):
+        """Token layout of ``messages`` whose assistant messages at indexes ``actions`` are the policy's.
+
+        Returns ``dict(prompt_ids, response_ids, loss_mask, turn_ids, logprobs or None,
+        turn_of_message)`` — ``turn_of_message[i]`` is the turn whose observation (or action)
+        message ``i`` is, -1 before the first turn.
+        """
+        clean = [{k: v for k, v in m.items() if k not in ("token_ids", "logprobs", "reward", "trainable")}
+                 for m in messages]
+        if not actions:
+            raise TemplateError("messages: expected at least one assistant message, found none")
+        pieces = []  # (kind, text or ids, turn) in order after the prompt
+        g0 = self.render(clean[: actions[0]], gen=True, tools=tools)
+        prev_end = g0
+        prompt_text = g0
+        for j, a in enumerate(actions):
+            gen = self.render(clean[:a], gen=True, tools=tools) if j else g0
+            end = self.render(clean[: a + 1], gen=False, tools=tools)
+            if not gen.startswith(prev_end):
+                raise TemplateError(f"messages[{a}]: expected the chat template to render the conversation "
+                                    f"incrementally, found the text before message {a} changed when it was added")
+            if not end.startswith(gen):
+                raise TemplateError(f"messages[{a}]: expected the rendering with message {a} to start with the "
+                                    "generation prompt, found it does not (template adds or strips text)")
+            if j:
+                pieces.append(("obs", gen[len(prev_end):], j - 1))
+            pieces.append(("act", end[len(gen):], j, a))
+            prev_end = end
+        full = self.render(clean, gen=False, tools=tools)
+        if not full.startswith(prev_end):
+            raise TemplateError(f"messages[{actions[-1] + 1}]: expected the chat template to render the conversation "
+                                "incrementally, found the text of the last turn changed when later messages were added")
+        pieces.append(("obs", full[len(prev_end):], len(actions) - 1))
+        resp, mask, tids, lps = [], [], [], []
+        have_lp = True
+        for piece in pieces:
+            kind, text, turn = piece[0], piece[1], piece[2]
+            ids = self.ids(text)
+            if kind == "obs":
+                resp += ids
+                mask += [0] * len(ids)
+                tids += [turn] * len(ids)
+                lps += [0.0] * len(ids)
+                continue
+            msg = messages[piece[3]]
+            logged, lp = _logged(msg)
+            act, rest = ids, []
+            if logged is not None:
+                if report is not None:
+                    report.retokenized_messages += 1
+                if ids[: len(logged)] == logged:
+                    act, rest = logged, ids[len(logged):]
+                    if rest and report is not None:
+                        report.note("template tokens after an assistant message's logged ids kept as observation tokens",
+                                    1)
+                else:
+                    first = next((p for p, (x, y) in enumerate(zip(logged, ids)) if x != y), min(len(logged), len(ids)))
+                    if report is not None:
+                        report.mismatch(f"{where}messages[{piece[3]}]: logged {len(logged)} ids, the chat template gives "
+                                        f"{len(ids)} (first difference at token {first})")
+                    act = logged
+            if not act:
+                raise TemplateError(f"messages[{piece[3]}]: expected an assistant message with at least one token, found none")
+            if lp is not None and len(lp) != len(act):
+                if report is not None:
+                    report.note("log-probs whose count differs from the message's tokens: rollout_logprobs left out")
+                lp = None
+            have_lp = have_lp and lp is not None
+            resp += act
+            mask += [1] * len(act)
+            tids += [turn] * len(act)
+            lps += lp if lp is not None else [0.0] * len(act)
+            resp += rest
+            mask += [0] * len(rest)
+            tids += [turn] * len(rest)
+            lps += [0.0] * len(rest)
+        turn_of = []
+        t = -1
+        act_set = {a: j for j, a in enumerate(actions)}
+        for i in range(len(messages)):
+            t = act_set.get(i, t)
+            turn_of.append(t)
+        if not have_lp and report is not None and any(_logged(messages[a])[1] is not None for a in actions):
+            report.note("log-probs logged for some assistant messages only: rollout_logprobs left out for the row")
+        return {"prompt_ids": self.ids(prompt_text), "response_ids": resp, "loss_mask": mask, "turn_ids": tids,
+                "logprobs": lps if have_lp else None, "turn_of_message": turn_of}
+
+    def tokens(self, ids) -> list[str]:
+        return [str(t) for t in self.tok.convert_ids_to_tokens(list(ids))]
+
+
+def conversation_row(enc: ChatEncoder, col: Collector, messages, *, traj_id: str, group_id: str, reward,
+                     actions: list[int] | None = None, tools=None, line=None, row=None, obs_reward: str = "move",
+                     extra: dict | None = None, scalars: dict | None = None) -> dict | None:
+    """One conversation → a v1 row (None, with a problem recorded, if it cannot be converted)."""
+    rep = col.report
+    if not isinstance(messages, list) or not all(isinstance(m, dict) and "role" in m for m in messages):
+        col.problem("messages", "a list of {role, content} messages", type(messages).__name__, line=line, row=row,
+                    traj_id=traj_id)
+        return None
+    if actions is None:
+        actions = [i for i, m in enumerate(messages) if m["role"] == "assistant"]
+    try:
+        enc_out = enc.encode(messages, actions=actions, tools=tools, report=rep,
+                             where=f"{'line ' + str(line) if line is not None else 'row ' + str(row)}: ")
+    except TemplateError as exc:
+        field, _, msg = str(exc).partition(": ")
+        exp, _, found = msg.partition(", found ")
+        col.problem(field, exp.removeprefix("expected "), found, line=line, row=row, traj_id=traj_id)
+        return None
+    turn_r = [0.0] * len(actions)
+    has_turn_r = False
+    for i, m in enumerate(messages):
+        r = m.get("reward")
+        if r is None or float(r) == 0:
+            continue
+        t = enc_out["turn_of_message"][i]
+        if i in actions:
+            turn_r[t] += float(r)
+        elif obs_reward == "error":
+            col.problem(f"messages[{i}].reward", "rewards on assistant messages only (obs_reward='error')",
+                        f"{float(r):g} on a {m['role']} message", line=line, row=row, traj_id=traj_id, layout=False)
+            return None
+        elif t >= 0:
+            rep.rewards_moved += 1
+            turn_r[t] += float(r)
+        else:
+            rep.rewards_moved_forward += 1
+            turn_r[0] += float(r)
+        has_turn_r = True
+    out = {**(scalars or {}), "traj_id": traj_id, "group_id": group_id, "prompt_ids": enc_out["prompt_ids"],
+           "response_ids": enc_out["response_ids"], "loss_mask": enc_out["loss_mask"],
+           "turn_ids": enc_out["turn_ids"], "reward": math.nan if reward is None else float(reward),
+           "num_turns": len(actions), "response_tokens": enc.tokens(enc_out["response_ids"]),
+           "messages_json": json.dumps([{k: v for k, v in m.items() if k not in ("token_ids", "logprobs")}
+                                        for m in messages], ensure_ascii=False)}
+    if has_turn_r:
+        out["turn_rewards"] = turn_r
+    if enc_out["logprobs"] is not None:
+        out["rollout_logprobs"] = enc_out["logprobs"]
+    if extra:
+        out["extra_json"] = dumps(extra)
+    return out
+
+
+def _first(d: dict, keys):
+    return next((d[k] for k in keys if d.get(k) is not None), None)
+
+
+def iter_chat(src, col: Collector, *, tokenizer=None, obs_reward: str = "move") -> Iterator[None]:
+    enc = tokenizer if isinstance(tokenizer, ChatEncoder) else ChatEncoder(tokenizer)
+    col.meta.setdefault("tokenizer", Path(str(enc.name)).name)
+    groups: dict = {}
+    items = jsonl_lines(src, col) if isinstance(src, (str, Path)) else ((None, x) for x in src)
+    for i, (line, obj) in enumerate(items):
+        col.report.rows_in += 1
+        row = None if line is not None else i
+        if not isinstance(obj, dict) or not isinstance(obj.get("messages"), list):
+            found = f"keys {sorted(obj)}" if isinstance(obj, dict) else type(obj).__name__
+            col.problem("messages", "one conversation per line with a 'messages' list of {role, content}", found,
+                        line=line, row=row)
+            yield
+            continue
+        msgs = obj["messages"]
+        tid = _first(obj, _ID_KEYS)
+        tid = str(tid) if tid is not None else (f"line{line}" if line is not None else f"row{i}")
+        gid = _first(obj, _GROUP_KEYS)
+        if gid is None:
+            first_a = next((k for k, m in enumerate(msgs) if isinstance(m, dict) and m.get("role") == "assistant"),
+                           len(msgs))
+            key = dumps(msgs[:first_a])
+            gid = groups.setdefault(key, f"prompt{len(groups)}")
+            col.report.note("no group id: group_id from identical messages before the first assistant turn")
+        extra = {k: v for k, v in obj.items()
+                 if k not in ("messages", "tools", *_ID_KEYS, *_GROUP_KEYS, *_REWARD_KEYS)}
+        out = conversation_row(enc, col, msgs, traj_id=tid, group_id=str(gid), reward=_first(obj, _REWARD_KEYS),
+                               tools=obj.get("tools"), line=line, row=row, obs_reward=obs_reward, extra=extra or None)
+        if out is not None:
+            col.add(out, line=line, row_index=row)
+        yield
+
+
+def from_chat(src, *, tokenizer, obs_reward: str = "move", errors: str = "raise", source=None):
+    """Convert OpenAI-style chat JSONL (a path, or a list of dicts) to v1 with a local tokenizer.
+
+    ``tokenizer``: a local folder (``save_pretrained`` layout, with a chat template) or a loaded
+    tokenizer. Returns ``(TrajectoryBatch, ConversionReport)``; the report counts retokenization
+    mismatches of logged assistant ids.
+    """
+    check_options(obs_reward=obs_reward, errors=errors)
+    if source is None and isinstance(src, (str, Path)):
+        source = src
+    col = Collector("openai", source=source, errors=errors)
+    return run(iter_chat(src, col, tokenizer=tokenizer, obs_reward=obs_reward), col)

@@ -1,0 +1,140 @@
+"""``mpo-viz train``: SFT warm start, critic warm-up and RL iterations, writing a run folder.
+
+::
+
+    mpo-viz train --env search --estimator mpo --loss turn_ppo --iterations 30 --run-dir runs/mpo
+    mpo-viz train --resume runs/mpo --iterations 50      # continue up to 50 iterations in all
+
+Flags override the fields of ``--config FILE.json`` (a :class:`mpo_viz.train.Config` as JSON);
+every other field keeps its default. One progress line per iteration, a summary at the end.
+"""
+
+from __future__ import annotations
+
+import re
+import signal
+import sys
+import time
+
+#: flag -> Config field, for the flags that set a field directly
+FLAGS = {
+    "env": "env", "estimator": "estimator", "loss": "loss", "iterations": "iterations",
+    "episodes": "episodes", "group_size": "group_size", "epochs": "epochs", "minibatches": "minibatches",
+    "sft_steps": "sft_steps", "seed": "seed", "difficulty": "difficulty", "model_size": "model_size",
+    "model_dir": "model_dir", "policy_lr": "policy_lr", "critic_lr": "critic_lr",
+    "eval_interval": "eval_interval", "eval_episodes": "eval_episodes", "policy_lag": "policy_lag",
+    "kl_coef": "kl_coef", "entropy_coef": "entropy_coef", "device": "device",
+}
+
+
+def _difficulty(text: str):
+    try:
+        if "-" in text:
+            lo, hi = text.split("-", 1)
+            return [int(lo), int(hi)]
+        return int(text)
+    except ValueError:
+        raise ValueError(f"--difficulty: expected N or MIN-MAX (expert turns), found {text!r}") from None
+
+
+def _flag_error(exc: ValueError, given: set[str]) -> ValueError:
+    """"field: message" from the Config reads "--field: message" when the field came from a flag."""
+    msg = str(exc)
+    m = re.match(r"([a-z_]+)(\.[a-z_]+)?: ", msg)
+    if m and m.group(1) in given:
+        return ValueError("--" + m.group(1).replace("_", "-") + msg[len(m.group(1)):])
+    return exc
+
+
+def _overrides(args) -> dict:
+    out = {}
+    for flag, field in FLAGS.items():
+        v = getattr(args, flag, None)
+        if v is None:
+            continue
+        out[field] = _difficulty(v) if flag == "difficulty" else v
+    return out
+
+
+def cmd_train(args) -> int:
+    from mpo_viz.cli import CLIError
+    from mpo_viz.train.config import Config
+    from mpo_viz.train.loop import Trainer
+
+    # a launched run is stopped with SIGINT; make sure it raises KeyboardInterrupt here
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    over = _overrides(args)
+    given = set(over)
+    if args.resume:
+        if args.run_dir:
+            raise CLIError("--run-dir: not with --resume (the run folder is the one being resumed)", 2)
+        cfg = None
+        if args.config or set(over) - {"iterations"}:
+            from mpo_viz.train.runfolder import RunFolder
+
+            base = Config.load(args.config) if args.config else Config.load(RunFolder(args.resume).config_path)
+            try:
+                cfg = Config.from_dict({**base.to_dict(), **over})
+            except ValueError as exc:
+                raise _flag_error(exc, given) from None
+        tr = Trainer.resume(args.resume, cfg, iterations=over.get("iterations"))
+        print(f"resuming {args.resume} at iteration {tr.iteration} of {tr.cfg.iterations}", flush=True)
+    else:
+        if not args.run_dir:
+            raise CLIError("--run-dir: expected the folder to write the run to (or --resume DIR)", 2)
+        try:
+            base = Config.load(args.config).to_dict() if args.config else {}
+            cfg = Config.from_dict({**base, **over}, source=args.config or "config")
+        except ValueError as exc:
+            raise _flag_error(exc, given) from None
+        tr = Trainer(cfg, args.run_dir)
+        print(f"training {cfg.estimator} + {cfg.loss} on {cfg.env} for {cfg.iterations} iterations "
+              f"({cfg.episodes} episodes, G={cfg.group_size}, {cfg.epochs}x{cfg.minibatches} updates) -> "
+              f"{args.run_dir}", flush=True)
+    t0 = time.perf_counter()
+    out = tr.run_all(log=lambda line: print(line, flush=True))
+    wall = time.perf_counter() - t0
+    last_eval = next((r for r in reversed(tr.history) if "eval_success" in r), None)
+    if tr.interrupted:
+        print(f"interrupted at iteration {tr.iteration}; continue with: mpo-viz train --resume {tr.run.path} "
+              f"--iterations {tr.cfg.iterations}", file=sys.stderr, flush=True)
+        return 130
+    summary = f"done: {len(out)} iterations in {wall:.1f} s, at iteration {tr.iteration}/{tr.cfg.iterations}"
+    if out:
+        summary += f"; last rollout success {out[-1]['success']:.3f}"
+    if last_eval:
+        summary += f"; greedy eval success {last_eval['eval_success']:.3f}"
+    print(summary + f"; run folder {tr.run.path}", flush=True)
+    return 0
+
+
+def add_subcommand(sub) -> None:
+    p = sub.add_parser("train", help="train a policy with any estimator and loss, writing a run folder",
+                       description="SFT warm start, critic warm-up and RL iterations (rollout, advantages, "
+                                   "E x M updates, evaluation), writing a run folder that TrainingDashboard "
+                                   "reads. Flags override --config; --resume continues a run.")
+    p.add_argument("--env", help="environment (search, tooluse, automation)")
+    p.add_argument("--estimator", help="advantage estimator (mpo, gae, grpo, ...)")
+    p.add_argument("--loss", help="policy loss (turn_ppo, token_ppo, gspo, sao)")
+    p.add_argument("--iterations", type=int, help="RL iterations in all (with --resume: the new total)")
+    p.add_argument("--run-dir", dest="run_dir", help="the run folder to create")
+    p.add_argument("--resume", metavar="DIR", help="continue the run in DIR from its latest checkpoint")
+    p.add_argument("--config", metavar="FILE.json", help="a Config as JSON; flags override its fields")
+    p.add_argument("--episodes", type=int, help="episodes per iteration")
+    p.add_argument("--group-size", dest="group_size", type=int, help="samples per task (G)")
+    p.add_argument("--epochs", type=int, help="passes over each iteration's episodes (E)")
+    p.add_argument("--minibatches", type=int, help="optimizer steps per epoch (M)")
+    p.add_argument("--sft-steps", dest="sft_steps", type=int, help="SFT warm-start step budget (0: none)")
+    p.add_argument("--seed", type=int, help="master seed")
+    p.add_argument("--difficulty", help="expert turns per task: N or MIN-MAX")
+    p.add_argument("--model-size", dest="model_size", help="tiny policy size: 1m, 3m, 10m")
+    p.add_argument("--model-dir", dest="model_dir", help="start from a local model folder (DIR/policy, DIR/critic)")
+    p.add_argument("--policy-lr", dest="policy_lr", type=float, help="policy learning rate")
+    p.add_argument("--critic-lr", dest="critic_lr", type=float, help="critic learning rate")
+    p.add_argument("--eval-interval", dest="eval_interval", type=int, help="iterations between greedy evaluations")
+    p.add_argument("--eval-episodes", dest="eval_episodes", type=int, help="episodes per evaluation")
+    p.add_argument("--policy-lag", dest="policy_lag", type=int, help="update on rollouts N iterations old")
+    p.add_argument("--kl-coef", dest="kl_coef", type=float, help="KL-to-reference coefficient (0: off)")
+    p.add_argument("--entropy-coef", dest="entropy_coef", type=float, help="entropy bonus (0: off)")
+    p.add_argument("--device", help="torch device (cpu, cuda)")
+    p.set_defaults(func=cmd_train)

@@ -1,0 +1,24 @@
+"""Policies and critics: a tiny Llama from a config, any local Hugging Face causal LM, a value head.
+
+* :func:`tiny_policy` — a Llama ``*ForCausalLM`` built from a config (sizes ``"1m"``, ``"3m"``,
+  ``"10m"``) over an environment's word-level tokenizer; nothing is downloaded.
+* :func:`load_policy` — any local Hugging Face causal-LM folder, offline.
+* :class:`Critic` — a causal-LM trunk with a scalar head; its output at position ``P + t − 1`` is
+  the value of response token ``t`` (the state before the token is generated).
+* :func:`save` / :func:`load` — a model folder ``DIR/policy`` (standard Hugging Face, tokenizer
+  included) and ``DIR/critic`` (safetensors plus a small JSON config).
+
+See docs/models.md.
+"""
+
+from mpo_viz.models.critic import Critic, load_critic, make_critic, save_critic
+from mpo_viz.models.layout import TemplateLayout, layout_for
+from mpo_viz.models.policy import Policy, check_vocabulary, load_policy, save_policy
+from mpo_viz.models.store import load, quiet_progress, save
+from mpo_viz.models.tiny import SIZES, tiny_config, tiny_policy
+
+__all__ = [
+    "Critic", "Policy", "SIZES", "TemplateLayout", "check_vocabulary", "layout_for", "load",
+    "load_critic", "load_policy", "make_critic", "quiet_progress", "save", "save_critic", "save_policy",
+    "tiny_config", "tiny_policy",
+]

@@ -1,0 +1,187 @@
+"""The critic: a causal-LM trunk with a scalar value head, and its checkpoint format.
+
+Alignment (trajectory/v1): for a sequence ``prompt_ids (P) + response_ids (L)``, the critic's output
+at position ``P + t − 1`` is ``values[t]``, the value of the state *before* response token ``t`` is
+generated; its output at the last position ``P + L − 1`` is the value after the whole response
+(the ``bootstrap_value`` of a truncated episode).
+
+A saved critic is a folder: ``config.json`` (``format: "mpo_viz.critic/v1"``, ``shared_trunk``,
+``hidden_size``, the tokenizer's ``vocab_size`` and ``vocab_sha256``, the trunk's Hugging Face
+config unless the trunk is shared, and a fingerprint of the policy's trunk when it is) and
+``model.safetensors`` (``head.*``, plus ``trunk.*`` unless shared).
+"""
+
+from __future__ import annotations
+
+import copy
+import hashlib
+import json
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from mpo_viz.checks import OptionError
+
+__all__ = ["Critic", "make_critic", "save_critic", "load_critic", "vocab_sha256", "CRITIC_FORMAT"]
+
+CRITIC_FORMAT = "mpo_viz.critic/v1"
+_INITS = ("fresh", "policy", "shared")
+
+
+class Critic(nn.Module):
+    """``V = head(trunk(ids).last_hidden_state)``: ``(B, T)`` float32 values, one per position.
+
+    ``trunk`` is a Hugging Face base model (e.g. ``LlamaModel``: ids -> hidden states ``(B, T, H)``);
+    ``head`` is ``nn.Linear(H, 1)``. ``shared=True`` marks a trunk that is the policy's own module
+    (its parameters are then the policy's; only the head is the critic's own — see
+    :meth:`own_parameters`).
+    """
+
+    def __init__(self, trunk: nn.Module, *, shared: bool = False):
+        super().__init__()
+        self.trunk = trunk
+        self.shared = bool(shared)
+        self.head = nn.Linear(trunk.config.hidden_size, 1)
+        self.head.to(device=next(trunk.parameters()).device, dtype=next(trunk.parameters()).dtype)
+
+    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None,
+                position_ids: torch.Tensor | None = None) -> torch.Tensor:
+        """``input_ids`` ``(B, T)`` (with ``attention_mask`` 0 on padding) -> values ``(B, T)`` float32."""
+        h = self.trunk(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
+                       use_cache=False).last_hidden_state
+        return self.head(h).squeeze(-1).float()
+
+    def own_parameters(self):
+        """The parameters that belong to the critic alone (all of them, or the head when shared)."""
+        return list(self.head.parameters()) if self.shared else list(self.parameters())
+
+
+def _trunk_of(policy) -> nn.Module:
+    model = policy.model
+    trunk = getattr(model, "base_model", None)
+    if trunk is None or trunk is model:
+        raise ValueError(f"policy {policy.name}: expected a *ForCausalLM with a base model to use as the trunk, "
+                         f"found {type(model).__name__}")
+    return trunk
+
+
+def make_critic(policy, init: str = "fresh", seed: int = 0) -> Critic:
+    """A critic for ``policy``: ``init="fresh"`` — a new trunk of the policy's architecture
+    (randomly initialized from ``seed``); ``"policy"`` — a copy of the policy's trunk weights;
+    ``"shared"`` — the policy's trunk module itself. The head is ``N(0, 0.02²)`` weights, zero bias,
+    drawn from ``seed`` (the global RNG is left untouched). Same device and dtype as the policy."""
+    if init not in _INITS:
+        raise OptionError("init", f"expected one of {list(_INITS)}, found {init!r}")
+    from transformers import AutoModel
+
+    base = _trunk_of(policy)
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        if init == "fresh":
+            trunk = AutoModel.from_config(base.config).to(device=policy.device, dtype=policy.dtype)
+        elif init == "policy":
+            trunk = copy.deepcopy(base)
+        else:
+            trunk = base
+        critic = Critic(trunk, shared=init == "shared")
+        with torch.no_grad():
+            critic.head.weight.normal_(0.0, 0.02)
+            critic.head.bias.zero_()
+    return critic.eval()
+
+
+def vocab_sha256(tokenizer) -> str:
+    """A fingerprint of the token -> id map (a critic reads the policy's ids)."""
+    items = sorted(tokenizer.get_vocab().items(), key=lambda kv: kv[1])
+    return hashlib.sha256(json.dumps(items, ensure_ascii=False).encode()).hexdigest()
+
+
+def _fingerprint(module: nn.Module) -> str:
+    """Names, shapes and the first/last 512 values of every tensor (cheap on large trunks)."""
+    h = hashlib.sha256()
+    for name, t in sorted(module.state_dict().items()):
+        flat = t.detach().reshape(-1)
+        sample = torch.cat([flat[:512], flat[-512:]]).float().cpu().numpy()
+        h.update(f"{name}{tuple(t.shape)}".encode())
+        h.update(sample.tobytes())
+    return h.hexdigest()
+
+
+def save_critic(critic: Critic, path, policy) -> Path:
+    """Write ``critic`` (for ``policy``) to the folder ``path``: ``config.json`` + ``model.safetensors``."""
+    from safetensors.torch import save_file
+
+    path = Path(path)
+    path.mkdir(parents=True, exist_ok=True)
+    cfg = {
+        "format": CRITIC_FORMAT,
+        "shared_trunk": critic.shared,
+        "hidden_size": critic.trunk.config.hidden_size,
+        "vocab_size": len(policy.tokenizer),
+        "vocab_sha256": vocab_sha256(policy.tokenizer),
+        "trunk_config": None if critic.shared else critic.trunk.config.to_dict(),
+        "policy_trunk_fingerprint": _fingerprint(critic.trunk) if critic.shared else None,
+    }
+    state = critic.head.state_dict(prefix="head.")
+    if not critic.shared:
+        state.update(critic.trunk.state_dict(prefix="trunk."))
+    save_file({k: v.detach().contiguous().cpu() for k, v in state.items()}, str(path / "model.safetensors"),
+              metadata={"format": "pt"})
+    (path / "config.json").write_text(json.dumps(cfg, indent=1))
+    return path
+
+
+def load_critic(path, policy) -> Critic:
+    """Load the critic saved at ``path`` for ``policy`` (same device and dtype). Refuses, naming the
+    folder, a critic saved for another tokenizer, or one whose shared trunk is not this policy's."""
+    from safetensors import SafetensorError
+    from safetensors.torch import load_file
+    from transformers import AutoConfig, AutoModel
+
+    path = Path(path)
+    if not path.is_dir():
+        raise FileNotFoundError(f"{path}: expected a critic folder, found no such folder")
+    try:
+        cfg = json.loads((path / "config.json").read_text())
+    except (OSError, json.JSONDecodeError) as exc:
+        raise ValueError(f"{path / 'config.json'}: expected the critic's JSON config, found none readable ({exc})") from None
+    if not isinstance(cfg, dict) or cfg.get("format") != CRITIC_FORMAT:
+        raise ValueError(f"{path / 'config.json'}: expected format {CRITIC_FORMAT!r}, "
+                         f"found {cfg.get('format') if isinstance(cfg, dict) else type(cfg).__name__!r}")
+    if cfg.get("vocab_size") != len(policy.tokenizer) or cfg.get("vocab_sha256") != vocab_sha256(policy.tokenizer):
+        raise ValueError(f"{path}: expected a critic for the tokenizer of the policy {policy.name} "
+                         f"({len(policy.tokenizer)} tokens), found one saved for another tokenizer "
+                         f"({cfg.get('vocab_size')} tokens)")
+    base = _trunk_of(policy)
+    if cfg.get("shared_trunk"):
+        if cfg.get("policy_trunk_fingerprint") != _fingerprint(base):
+            raise ValueError(f"{path}: expected a critic whose shared trunk is the policy {policy.name}, found one "
+                             "saved with a trunk of different weights")
+        trunk = base
+    else:
+        try:
+            tcfg = dict(cfg["trunk_config"])
+            trunk = AutoModel.from_config(AutoConfig.for_model(tcfg.pop("model_type"), **tcfg))
+        except (KeyError, TypeError, ValueError) as exc:
+            raise ValueError(f"{path / 'config.json'}: expected trunk_config (a Hugging Face model config), "
+                             f"found an unusable one ({type(exc).__name__}: {exc})") from None
+        trunk.to(device=policy.device, dtype=policy.dtype)
+    critic = Critic(trunk, shared=bool(cfg.get("shared_trunk")))
+    try:
+        state = load_file(str(path / "model.safetensors"))
+    except (OSError, SafetensorError) as exc:
+        raise ValueError(f"{path / 'model.safetensors'}: expected the critic's weights, found none readable ({exc})") from None
+    own = critic.head.state_dict(prefix="head.")
+    if not critic.shared:
+        own.update(critic.trunk.state_dict(prefix="trunk."))
+    missing, extra = sorted(set(own) - set(state)), sorted(set(state) - set(own))
+    bad = [k for k in own if k in state and tuple(state[k].shape) != tuple(own[k].shape)]
+    if missing or extra or bad:
+        raise ValueError(f"{path / 'model.safetensors'}: expected the tensors of a critic with hidden size "
+                         f"{cfg.get('hidden_size')}, found missing {missing[:3]}, unexpected {extra[:3]}, "
+                         f"wrong shapes {bad[:3]}")
+    with torch.no_grad():
+        for k, v in own.items():
+            v.copy_(state[k])
+    return critic.eval()

@@ -1,0 +1,108 @@
+"""How a conversation becomes token ids for a policy: the environments' word-level chat layout, or
+the chat template of any Hugging Face tokenizer.
+
+A layout has the interface the rollout needs (all ids are plain ``list[int]``):
+
+* ``prompt(messages)`` — the messages before the first assistant turn, ending with the generation
+  prompt (the assistant marker);
+* ``observation(role, text, final)`` — an environment reply after an assistant turn that ended with
+  a stop token, up to and including the next generation prompt (none when ``final``);
+* ``action(text)`` — the ids of a scripted turn (content then the stop token; for the oracle);
+* ``stop_ids`` — the ids that end an assistant turn; ``text(ids)`` — the turn's text as the
+  environment reads it (stop and special tokens dropped); ``tokens(ids)`` — display strings.
+"""
+
+from __future__ import annotations
+
+from mpo_viz.envs.tokenizer import CHAT_TEMPLATE, EOT, ChatLayout
+
+__all__ = ["WordLayout", "TemplateLayout", "layout_for", "FALLBACK_TEMPLATE"]
+
+#: used when a Hugging Face tokenizer has no chat template: one message per block, ended by EOS
+FALLBACK_TEMPLATE = (
+    "{% for m in messages %}<|{{ m['role'] }}|>\n{{ m['content'] }}{{ eos_token }}\n{% endfor %}"
+    "{% if add_generation_prompt %}<|assistant|>\n{% endif %}"
+)
+
+
+class WordLayout(ChatLayout):
+    """The chat layout of :mod:`mpo_viz.envs.tokenizer` (one id per role marker, ``<|eot|>`` ends a
+    turn), with the rollout's interface. ``prompt + response`` equals ``apply_chat_template``."""
+
+    def __init__(self, tokenizer):
+        super().__init__(tokenizer)
+        self.stop_ids = frozenset([self.eot])
+        self._special = frozenset(tokenizer.all_special_ids)
+
+    def text(self, ids) -> str:
+        return self.tokenizer.decode([i for i in ids if i not in self._special])
+
+
+class TemplateLayout:
+    """The layout of a Hugging Face tokenizer's chat template (or :data:`FALLBACK_TEMPLATE`).
+
+    Observation ids are the *delta* of two renderings: a short conversation ending with an
+    assistant turn, and the same conversation plus the observation (and the next generation
+    prompt). The delta starts right after the assistant turn's stop token, so the action ids stay
+    exactly what was sampled and the template's own separators (``"\\n"`` after ``<|im_end|>``, the
+    tool-role header) are observation tokens. A template that refuses the ``tool`` role is asked
+    with ``user`` instead.
+    """
+
+    def __init__(self, tokenizer, *, stop_ids=None, template: str | None = None):
+        self.tokenizer = tokenizer
+        self.template = template or tokenizer.chat_template or FALLBACK_TEMPLATE
+        ids = set(stop_ids or ())
+        if tokenizer.eos_token_id is not None:
+            ids.add(int(tokenizer.eos_token_id))
+        if not ids:
+            raise ValueError(f"tokenizer {tokenizer.name_or_path!r}: expected an EOS token or stop_ids to end a "
+                             "turn, found neither")
+        self.stop_ids = frozenset(ids)
+        self.eot = int(tokenizer.eos_token_id) if tokenizer.eos_token_id is not None else min(ids)
+        self._stop_strs = [tokenizer.decode([i]) for i in sorted(self.stop_ids)]
+        self._special = frozenset(tokenizer.all_special_ids)
+
+    def _render(self, messages, gen: bool) -> str:
+        return self.tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=gen,
+                                                  chat_template=self.template)
+
+    def encode(self, text: str) -> list[int]:
+        return list(self.tokenizer.encode(text, add_special_tokens=False))
+
+    def prompt(self, messages: list[dict]) -> list[int]:
+        return self.encode(self._render(messages, True))
+
+    def action(self, text: str) -> list[int]:
+        return self.encode(text) + [self.eot]
+
+    def observation(self, role: str, text: str, final: bool) -> list[int]:
+        base = [{"role": "user", "content": "q"}, {"role": "assistant", "content": "a"}]
+        head = self._render(base, False)
+        cut = max((head.rfind(s) + len(s) for s in self._stop_strs if s and head.rfind(s) >= 0), default=-1)
+        if cut < 0:
+            raise ValueError(f"tokenizer {self.tokenizer.name_or_path!r}: its chat template does not end an "
+                             f"assistant turn with a stop token ({self._stop_strs}); cannot place observations")
+        for r in (role, "user"):
+            try:
+                full = self._render([*base, {"role": r, "content": text}], not final)
+            except Exception:  # jinja: a template that raises on an unknown role
+                continue
+            if full.startswith(head[:cut]) and text in full[cut:]:
+                return self.encode(full[cut:])
+        raise ValueError(f"tokenizer {self.tokenizer.name_or_path!r}: its chat template renders neither a "
+                         f"{role!r} nor a 'user' message after an assistant turn")
+
+    def text(self, ids) -> str:
+        return self.tokenizer.decode([i for i in ids if i not in self._special], skip_special_tokens=True)
+
+    def tokens(self, ids) -> list[str]:
+        return self.tokenizer.convert_ids_to_tokens(list(ids))
+
+
+def layout_for(tokenizer, *, stop_ids=None):
+    """:class:`WordLayout` for an environment tokenizer (its built-in template and ``<|eot|>``),
+    else :class:`TemplateLayout`."""
+    if getattr(tokenizer, "chat_template", None) == CHAT_TEMPLATE and EOT in tokenizer.get_vocab():
+        return WordLayout(tokenizer)
+    return TemplateLayout(tokenizer, stop_ids=stop_ids)

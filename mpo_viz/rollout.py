@@ -1,0 +1,680 @@
+"""Batched multi-turn rollout of a policy in a text environment: token in, token out, honest log-probs.
+
+``rollout(policy, env, n_episodes, group_size=G, critic=critic, seed=0)`` plays ``n_episodes``
+episodes (``n_episodes / G`` tasks, G samples each) and returns a trajectory/v1
+:class:`~mpo_viz.trajectory.TrajectoryBatch`.
+
+**One batch turn.** Up to ``batch_size`` live episodes share one key/value cache (rows = episodes,
+columns = cache slots; a 0/1 ``attention_mask`` marks the slots each row really uses, and
+``position_ids`` carry each row's own positions, so a padded row computes what it would alone):
+
+1. *feed* — every row's pending tokens (a new episode's prompt; otherwise the last sampled token
+   of its previous turn and the observation after it) go through the model in one forward,
+   left-padded to the longest; only the last position's logits are kept;
+2. *decode* — all rows sample their next token at once from those logits, then one-token forwards
+   with the cache follow; a row whose turn ended (the stop token, ``max_turn_tokens``, or the
+   ``max_total_tokens`` budget) feeds padding until every row is done;
+3. *step* — each environment reads the decoded text of its turn (the ids stay exactly as sampled),
+   its observation is laid out by the policy's chat layout (``loss_mask`` 0) and becomes the row's
+   pending tokens; finished episodes leave, the cache is compacted, queued episodes join.
+
+Earlier turns are never recomputed (see ``benchmarks/rollout.py`` for the cost against
+``model.generate``). After an episode ends, the critic runs once over ``prompt + response``.
+
+**Log-probs per action token.** ``old_logprobs``: ``log softmax(logits)[token]`` (temperature 1, no
+top-p: the policy's own log-prob, what the losses use as π_old). ``rollout_logprobs``: the log-prob
+under the distribution actually sampled from — ``softmax(logits / T)`` restricted to the top-p
+nucleus and renormalized; at T = 1, top-p = 1 both are the same numbers; at ``temperature=0``
+(greedy) the sampled distribution is a point mass and ``rollout_logprobs`` are 0.
+Observation tokens carry 0 in both.
+
+**Episode ends.** ``stop_reason``: ``"terminated"`` (the task ended), ``"turn_limit"`` (the
+environment's turn limit — part of the environment, whose values are 0 there; not bootstrapped),
+``"max_total_tokens"`` (the rollout's token budget cut the episode: ``truncated`` and
+``bootstrap_value`` = the critic's output at the last position). A turn cut by ``max_turn_tokens`` is
+given to the environment as written; a turn cut by the total budget is not (the episode ends).
+An observation is always appended whole, so a row may exceed ``max_total_tokens`` by one
+observation.
+
+**Determinism.** Every episode draws its sampling noise from its own stream (seeded by the rollout
+seed, its task and sample), and each token is sampled by inversion of the CDF with one uniform
+number, so the same seed gives the same tokens whatever ``batch_size`` (float log-probs agree to
+rounding: batch composition changes summation order by ~1e-7).
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import inspect
+import json
+import math
+import random
+import time
+from collections import deque
+from dataclasses import dataclass, field
+
+import numpy as np
+import torch
+
+from mpo_viz.checks import OptionError
+from mpo_viz.envs.base import TextEnv
+from mpo_viz.envs.expert import NoisyExpert
+from mpo_viz.envs.oracle import Oracle
+from mpo_viz.envs.registry import make_env
+from mpo_viz.models.policy import Policy, check_vocabulary
+from mpo_viz.trajectory import TrajectoryBatch
+
+__all__ = ["rollout", "RolloutConfig", "task_seeds", "STOP_REASONS", "ORACLE_TOKEN_FIELDS"]
+
+STOP_REASONS = ("terminated", "turn_limit", "max_total_tokens")
+#: the oracle's per-token columns (as in files of ``mpo-viz generate``)
+ORACLE_TOKEN_FIELDS = ("oracle_values", "oracle_token_adv", "decisive")
+_UBLOCK = 64  # uniforms drawn per episode at a time
+#: the default oracle: exact values under the noisy expert of ``mpo-viz generate`` (noise 0.25)
+DEFAULT_ORACLE = NoisyExpert()
+
+
+@dataclass
+class RolloutConfig:
+    """Options of :func:`rollout` (recorded in the file metadata as ``generator``).
+
+    Fields:
+        group_size: samples per task (G); tasks are groups (one ``group_id``).
+        seed: master seed: tasks (unless ``seeds``), environment dynamics and sampling noise.
+        temperature: sampling temperature; 0 = greedy (argmax).
+        top_p: nucleus sampling mass in (0, 1]; 1 = the whole distribution.
+        max_turn_tokens: at most this many tokens per assistant turn (the stop token included).
+        max_total_tokens: the episode's token budget (prompt + response, see the module docstring).
+        batch_size: live episodes decoded together.
+        seeds: explicit task seeds (one group of G episodes each) instead of tasks drawn from ``seed``.
+    """
+
+    group_size: int = 1
+    seed: int = 0
+    temperature: float = 1.0
+    top_p: float = 1.0
+    max_turn_tokens: int = 48
+    max_total_tokens: int = 1024
+    batch_size: int = 16
+    seeds: list[int] | None = None
+
+    def validate(self) -> None:
+        for name in ("group_size", "max_turn_tokens", "max_total_tokens", "batch_size"):
+            v = getattr(self, name)
+            if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+                raise OptionError(name, f"expected an int >= 1, found {v!r}")
+        t = self.temperature
+        if isinstance(t, bool) or not isinstance(t, (int, float)) or not (math.isfinite(t) and t >= 0):
+            raise OptionError("temperature", f"expected a finite number >= 0 (0 = greedy), found {t!r}")
+        p = self.top_p
+        if isinstance(p, bool) or not isinstance(p, (int, float)) or not (0 < p <= 1):
+            raise OptionError("top_p", f"expected a number in (0, 1], found {p!r}")
+        if self.seeds is not None:
+            for s in self.seeds:
+                if isinstance(s, bool) or not isinstance(s, (int, np.integer)) or s < 0:
+                    raise OptionError("seeds", f"expected task seeds (ints >= 0), found {s!r}")
+
+
+def task_seeds(seed: int, n_tasks: int) -> list[int]:
+    """The task seeds :func:`rollout` draws from ``seed`` when ``seeds`` is not given (the same
+    tasks ``mpo-viz generate --seed`` plays with the expert)."""
+    return [t for t, _ in _plan_from_seed(seed, n_tasks, 1)]
+
+
+def _plan_from_seed(seed: int, n_tasks: int, g: int) -> list[tuple[int, list[int]]]:
+    # the draw order of envs/generate.py: a task seed, then the G sample seeds of that task
+    master = random.Random(seed)
+    out = []
+    for _ in range(n_tasks):
+        ts = master.randrange(2**31)
+        out.append((ts, [master.randrange(2**31) for _ in range(g)]))
+    return out
+
+
+def _plan_from_list(seed: int, seeds, g: int) -> list[tuple[int, list[int]]]:
+    out = []
+    for ts in seeds:
+        r = random.Random(f"rollout-{seed}-{int(ts)}")
+        out.append((int(ts), [r.randrange(2**31) for _ in range(g)]))
+    return out
+
+
+@dataclass
+class _Episode:
+    """One episode's state during the rollout (internal)."""
+
+    index: int
+    group: int
+    sample: int
+    task_seed: int
+    seed: int
+    env: TextEnv
+    oracle: Oracle | None
+    prompt: list[int]
+    rng: np.random.Generator
+    pending: list[int] = field(default_factory=list)
+    ids: list[int] = field(default_factory=list)
+    mask: list[int] = field(default_factory=list)
+    turn_ids: list[int] = field(default_factory=list)
+    old_lp: list[float] = field(default_factory=list)
+    roll_lp: list[float] = field(default_factory=list)
+    o_values: list[float] = field(default_factory=list)
+    o_adv: list[float] = field(default_factory=list)
+    o_dec: list[int] = field(default_factory=list)
+    o_turn: dict = field(default_factory=lambda: {"turn_v": [], "turn_q": [], "turn_adv": [], "turn_actions": []})
+    rewards: list[float] = field(default_factory=list)
+    success: bool = False
+    stop_reason: str | None = None
+    _ubuf: np.ndarray = field(default_factory=lambda: np.zeros(0))
+    _upos: int = 0
+
+    @property
+    def length(self) -> int:
+        return len(self.prompt) + len(self.ids)
+
+    def uniform(self) -> float:
+        if self._upos >= len(self._ubuf):
+            self._ubuf = self.rng.random(_UBLOCK)
+            self._upos = 0
+        u = self._ubuf[self._upos]
+        self._upos += 1
+        return float(u)
+
+
+class _Timer:
+    def __init__(self):
+        self.t: dict[str, float] = {}
+
+    def add(self, name: str, t0: float) -> float:
+        now = time.perf_counter()
+        self.t[name] = self.t.get(name, 0.0) + now - t0
+        return now
+
+
+def sample_tokens(logits: torch.Tensor, u: torch.Tensor, temperature: float, top_p: float):
+    """Sample one token per row by inverting the CDF with the uniforms ``u``.
+
+    ``logits`` ``(n, V)``, ``u`` ``(n,)`` float64 in [0, 1). Returns ``(tokens (n,) int64,
+    rollout_logprobs (n,), old_logprobs (n,))`` (float32): ``old = log softmax(logits)[tok]``,
+    ``rollout = log q(tok)`` with ``q = softmax(logits / T)`` on the smallest set of most likely
+    tokens whose mass reaches ``top_p`` (ties kept in id order), renormalized; at T = 0
+    ``tok = argmax`` (lowest id on ties) and ``rollout = 0``.
+    """
+    logits = logits.float()
+    lp1 = torch.log_softmax(logits, dim=-1)
+    if temperature == 0:
+        tok = torch.argmax(logits, dim=-1)
+        roll = torch.zeros(len(tok), dtype=torch.float32, device=logits.device)
+    else:
+        lp = lp1 if temperature == 1 else torch.log_softmax(logits / temperature, dim=-1)
+        u = u.to(device=logits.device, dtype=torch.float64)
+        if top_p < 1:
+            slp, order = torch.sort(lp, dim=-1, descending=True, stable=True)
+            p = slp.double().exp()
+            before = torch.cumsum(p, dim=-1) - p
+            keep = before < top_p
+            keep[:, 0] = True
+            p = p * keep
+            mass = p.sum(-1)
+            k = torch.searchsorted(torch.cumsum(p, -1), (u * mass)[:, None], right=True)[:, 0]
+            k = torch.minimum(k, keep.sum(-1) - 1)
+            tok = order.gather(1, k[:, None])[:, 0]
+            roll = (slp.gather(1, k[:, None])[:, 0].double() - mass.log()).float()
+        else:
+            p = lp.double().exp()
+            cdf = torch.cumsum(p, dim=-1)
+            k = torch.searchsorted(cdf, (u * cdf[:, -1])[:, None], right=True)[:, 0]
+            last = p.shape[1] - 1 - torch.argmax(torch.flip(p > 0, [1]).to(torch.int8), dim=1)
+            tok = torch.minimum(k, last)
+            roll = lp.gather(1, tok[:, None])[:, 0]
+    old = lp1.gather(1, tok[:, None])[:, 0]
+    if temperature == 1 and top_p == 1:
+        roll = old
+    return tok, roll, old
+
+
+def _grow_cache():
+    """A ``DynamicCache`` whose layers keep keys/values in buffers with spare room (capacity doubles),
+    so appending one token writes in place instead of copying the whole cache (``torch.cat`` in
+    ``DynamicLayer``). ``layer.keys``/``values`` are views of the used part, as the model expects."""
+    from transformers.cache_utils import Cache, DynamicCache, DynamicLayer
+
+    class GrowLayer(DynamicLayer):
+        def set_kv(self, keys: torch.Tensor, values: torch.Tensor) -> None:
+            self._k, self._v, self._n = keys, values, keys.shape[-2]
+            self.keys, self.values = keys, values
+
+        def update(self, key_states, value_states, *args, **kwargs):
+            if not self.is_initialized:
+                self.lazy_initialization(key_states, value_states)
+                self.set_kv(key_states[..., :0, :], value_states[..., :0, :])
+            n, q = self._n, key_states.shape[-2]
+            if n + q > self._k.shape[-2]:
+                cap = max(2 * self._k.shape[-2], n + q, 64)
+                k = key_states.new_empty(*key_states.shape[:-2], cap, key_states.shape[-1])
+                v = value_states.new_empty(*value_states.shape[:-2], cap, value_states.shape[-1])
+                k[..., :n, :] = self._k[..., :n, :]
+                v[..., :n, :] = self._v[..., :n, :]
+                self._k, self._v = k, v
+            self._k[..., n:n + q, :] = key_states
+            self._v[..., n:n + q, :] = value_states
+            self._n = n + q
+            self.keys, self.values = self._k[..., :self._n, :], self._v[..., :self._n, :]
+            return self.keys, self.values
+
+    class GrowCache(DynamicCache):
+        def __init__(self):
+            Cache.__init__(self, layer_class_to_replicate=GrowLayer)
+
+    return GrowCache()
+
+
+class _Engine:
+    """The shared cache of the live rows and the forward calls (internal)."""
+
+    def __init__(self, model, pad_id: int):
+        self.model = model
+        self.device = next(model.parameters()).device
+        self.pad_id = pad_id
+        self.cache = _grow_cache()
+        self.attn = torch.zeros(0, 0, dtype=torch.long, device=self.device)
+        self.next_pos = torch.zeros(0, dtype=torch.long, device=self.device)
+        self._keep = "logits_to_keep" in inspect.signature(model.forward).parameters
+
+    def _layers(self):
+        return [layer for layer in getattr(self.cache, "layers", []) if getattr(layer, "is_initialized", False)
+                and layer.keys is not None and layer.keys.numel()]
+
+    def forward(self, ids: torch.Tensor, mask: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:
+        """Append ``ids`` ``(B, W)`` (mask 0/1, positions) to the cache; the logits of the last column."""
+        self.attn = torch.cat([self.attn, mask], dim=1)
+        kw = {"logits_to_keep": 1} if self._keep else {}
+        out = self.model(input_ids=ids, attention_mask=self.attn, position_ids=pos, past_key_values=self.cache,
+                         use_cache=True, **kw)
+        self.cache = out.past_key_values
+        return out.logits[:, -1]
+
+    def add_rows(self, n: int) -> None:
+        """``n`` empty rows at the end (every slot masked)."""
+        if n == 0:
+            return
+        self.attn = torch.cat([self.attn, self.attn.new_zeros(n, self.attn.shape[1])], 0)
+        self.next_pos = torch.cat([self.next_pos, self.next_pos.new_zeros(n)])
+        for layer in self._layers():
+            z = layer.keys.new_zeros(n, *layer.keys.shape[1:])
+            layer.set_kv(torch.cat([layer.keys, z], 0), torch.cat([layer.values, z], 0))
+
+    def keep_rows(self, idx: list[int]) -> None:
+        """Keep the rows ``idx`` (in that order), then drop the slots no row uses, moving each row's
+        used slots to the right (left padding; the order of a row's slots is kept)."""
+        ix = torch.tensor(idx, dtype=torch.long, device=self.device)
+        self.attn = self.attn[ix]
+        self.next_pos = self.next_pos[ix]
+        if not len(idx):  # every row left: start over with an empty cache
+            self.cache = _grow_cache()
+            self.attn = self.attn[:, :0]
+            return
+        layers = self._layers()
+        used = self.attn.sum(1)
+        width = int(used.max())
+        if width == self.attn.shape[1]:
+            for layer in layers:
+                layer.set_kv(layer.keys[ix], layer.values[ix])
+            return
+        # slot s of row b moves to width - used_b + (rank of s among b's used slots)
+        S = self.attn.shape[1]
+        rank = torch.cumsum(self.attn, 1) - 1
+        dest = torch.where(self.attn.bool(), width - used[:, None] + rank, torch.full_like(rank, -1))
+        src = torch.zeros(len(idx), width, dtype=torch.long, device=self.device)
+        rows, cols = torch.nonzero(dest >= 0, as_tuple=True)
+        src[rows, dest[rows, cols]] = cols
+        new_attn = (torch.arange(width, device=self.device)[None, :] >= (width - used)[:, None]).long()
+        for layer in layers:
+            k, v = layer.keys[ix], layer.values[ix]
+            g = src[:, None, :, None].expand(-1, k.shape[1], -1, k.shape[3])
+            keep = new_attn[:, None, :, None].to(k.dtype)
+            layer.set_kv(torch.gather(k, 2, g) * keep, torch.gather(v, 2, g) * keep)
+        assert S >= width
+        self.attn = new_attn
+
+
+def rollout(policy: Policy, env, n_episodes: int | None = None, *, group_size: int = 1, critic=None,
+            seed: int = 0, temperature: float = 1.0, top_p: float = 1.0, max_turn_tokens: int = 48,
+            max_total_tokens: int = 1024, batch_size: int = 16, seeds=None,
+            oracle: NoisyExpert | None = DEFAULT_ORACLE, progress: bool | None = None,
+            timings: dict | None = None) -> TrajectoryBatch:
+    """Play ``n_episodes`` episodes of ``env`` with ``policy`` (see the module docstring).
+
+    Args:
+        policy: a :class:`~mpo_viz.models.Policy` (``tiny_policy``, ``load_policy``, ``models.load``).
+        env: a :class:`~mpo_viz.envs.TextEnv` (copied per episode; its options are kept) or a
+            registered environment name.
+        n_episodes: trajectories in all, a multiple of ``group_size``; may be omitted with ``seeds``.
+        group_size, seed, temperature, top_p, max_turn_tokens, max_total_tokens, batch_size, seeds:
+            see :class:`RolloutConfig`. With ``seeds``, the same task seed and ``seed`` always give the
+            same episodes, whatever else is in the list (reproducible, resumable evaluation sets).
+        critic: a :class:`~mpo_viz.models.Critic`; its ``values`` are recorded (``values[t]`` = the
+            critic's output at position ``P + t − 1``) and ``bootstrap_value`` on truncation.
+        oracle: the noisy expert whose exact values are recorded beside (``oracle_values``,
+            ``oracle_token_adv``, ``decisive``, ``extra_json.oracle``); None to skip.
+        progress: a tqdm.auto bar over episodes (None: only on long rollouts in a terminal/notebook).
+        timings: a dict that receives seconds per phase (``model``, ``sampling``, ``env``,
+            ``tokenize``, ``oracle``, ``critic``, ``total``).
+
+    Returns:
+        a validated :class:`~mpo_viz.trajectory.TrajectoryBatch` (one row per episode, in task then
+        sample order), metadata ``values_source="critic"`` when a critic ran.
+    """
+    if not isinstance(policy, Policy):
+        raise OptionError("policy", f"expected a mpo_viz.models.Policy (tiny_policy, load_policy, models.load), "
+                                    f"found {type(policy).__name__}")
+    if isinstance(env, str):
+        env = make_env(env)
+    if not isinstance(env, TextEnv):
+        raise OptionError("env", f"expected a TextEnv or an environment name, found {type(env).__name__}")
+    cfg = RolloutConfig(group_size=group_size, seed=seed, temperature=temperature, top_p=top_p,
+                        max_turn_tokens=max_turn_tokens, max_total_tokens=max_total_tokens,
+                        batch_size=batch_size, seeds=None if seeds is None else [int(s) for s in seeds])
+    cfg.validate()
+    g = cfg.group_size
+    if cfg.seeds is None:
+        if n_episodes is None or isinstance(n_episodes, bool) or n_episodes < 1 or n_episodes % g:
+            raise OptionError("n_episodes", f"expected a positive multiple of group_size={g}, found {n_episodes!r}")
+        plan = _plan_from_seed(cfg.seed, n_episodes // g, g)
+    else:
+        if n_episodes is not None and n_episodes != len(cfg.seeds) * g:
+            raise OptionError("n_episodes", f"expected len(seeds) * group_size = {len(cfg.seeds) * g} with seeds, "
+                                            f"found {n_episodes}")
+        plan = _plan_from_list(cfg.seed, cfg.seeds, g)
+    if critic is not None and not callable(critic):
+        raise OptionError("critic", f"expected a mpo_viz.models.Critic or None, found {type(critic).__name__}")
+    check_vocabulary(policy.tokenizer, env.vocabulary(), where=f"policy {policy.name} for env {env.name!r}")
+    vocab = policy.model.get_input_embeddings().num_embeddings
+    if len(policy.tokenizer) > vocab:
+        raise ValueError(f"policy {policy.name}: the tokenizer has {len(policy.tokenizer)} tokens, the model "
+                         f"embeds {vocab}")
+
+    timer = _Timer()
+    t_start = time.perf_counter()
+    layout = policy.layout
+    model = policy.model
+    was_training = model.training
+    model.eval()
+    pad_id = policy.tokenizer.pad_token_id
+    pad_id = int(pad_id) if pad_id is not None else min(layout.stop_ids)
+    stop = torch.tensor(sorted(layout.stop_ids), dtype=torch.long, device=policy.device)
+
+    # episodes, in task then sample order
+    episodes: list[_Episode] = []
+    for gi, (ts, sample_seeds) in enumerate(plan):
+        task = env.make_task(ts)
+        orc = None
+        for j, es in enumerate(sample_seeds):
+            e = copy.deepcopy(env)
+            e.reset(seed=es, task=task)
+            if oracle is not None and orc is None:
+                orc = _make_oracle(e, oracle, layout)
+            t0 = time.perf_counter()
+            prompt = layout.prompt(e.messages)
+            timer.add("tokenize", t0)
+            if len(prompt) >= cfg.max_total_tokens:
+                raise OptionError("max_total_tokens", f"expected more than the prompt of task {ts} "
+                                                      f"({len(prompt)} tokens), found {cfg.max_total_tokens}")
+            rng = np.random.Generator(np.random.PCG64(np.random.SeedSequence([cfg.seed, ts, es, 0x6D706F])))
+            episodes.append(_Episode(index=len(episodes), group=gi, sample=j, task_seed=ts, seed=es, env=e,
+                                     oracle=orc, prompt=prompt, rng=rng, pending=list(prompt)))
+
+    queue = deque(episodes)
+    live: list[_Episode] = []
+    engine = _Engine(model, pad_id)
+    done_eps: list[_Episode] = []
+    bar = _progress_bar(len(episodes), progress)
+    with torch.no_grad():
+        while queue or live:
+            # admit queued episodes into free rows
+            n_new = min(cfg.batch_size - len(live), len(queue))
+            engine.add_rows(n_new)
+            live += [queue.popleft() for _ in range(n_new)]
+            # 1. feed pending tokens, left-padded
+            t0 = time.perf_counter()
+            width = max(len(ep.pending) for ep in live)
+            ids = torch.full((len(live), width), pad_id, dtype=torch.long)
+            msk = torch.zeros((len(live), width), dtype=torch.long)
+            pos = torch.zeros((len(live), width), dtype=torch.long)
+            start = engine.next_pos.cpu()
+            for b, ep in enumerate(live):
+                n = len(ep.pending)
+                ids[b, width - n:] = torch.tensor(ep.pending)
+                msk[b, width - n:] = 1
+                pos[b, width - n:] = start[b] + torch.arange(n)
+                ep.pending = []
+            dev = engine.device
+            engine.next_pos = engine.next_pos + msk.sum(1).to(dev)
+            logits = engine.forward(ids.to(dev), msk.to(dev), pos.to(dev))
+            t0 = timer.add("model", t0)
+            # 2. decode one turn for every row
+            budget_total = torch.tensor([cfg.max_total_tokens - ep.length for ep in live])
+            budget = torch.clamp(budget_total, max=cfg.max_turn_tokens).to(dev)
+            active = torch.ones(len(live), dtype=torch.bool, device=dev)
+            count = torch.zeros(len(live), dtype=torch.long, device=dev)
+            toks, rlps, olps = [], [], []
+            while True:
+                u = torch.tensor([ep.uniform() if a else 0.0 for ep, a in zip(live, active.tolist())],
+                                 dtype=torch.float64)
+                tok, rlp, olp = sample_tokens(logits, u, cfg.temperature, cfg.top_p)
+                toks.append(tok)
+                rlps.append(rlp)
+                olps.append(olp)
+                count = count + active.long()
+                ended = torch.isin(tok, stop) | (count >= budget)
+                now_active = active & ~ended
+                t0 = timer.add("sampling", t0)
+                if not bool(now_active.any()):
+                    break
+                col = now_active.long()[:, None]
+                step_ids = torch.where(now_active, tok, torch.full_like(tok, pad_id))[:, None]
+                step_pos = engine.next_pos[:, None].clone()
+                engine.next_pos = engine.next_pos + col[:, 0]
+                # a row whose turn ended before this step feeds padding (masked slot)
+                logits = engine.forward(step_ids, col, step_pos)
+                active = now_active
+                t0 = timer.add("model", t0)
+            tok_m = torch.stack(toks, 1).cpu()
+            rlp_m = torch.stack(rlps, 1).float().cpu()
+            olp_m = torch.stack(olps, 1).float().cpu()
+            counts = count.cpu().tolist()
+            bt = budget_total.tolist()
+            # 3. step the environments
+            keep = []
+            for b, ep in enumerate(live):
+                n = counts[b]
+                turn = tok_m[b, :n].tolist()
+                ended_by_stop = turn[-1] in layout.stop_ids
+                cut_by_total = (not ended_by_stop) and n >= bt[b] and bt[b] <= cfg.max_turn_tokens
+                _record_turn(ep, turn, rlp_m[b, :n].tolist(), olp_m[b, :n].tolist(), layout, timer,
+                             final_cut=cut_by_total)
+                ep.pending = [turn[-1]]  # the last sampled token was never fed
+                if ep.stop_reason is None and ep.length >= cfg.max_total_tokens:
+                    ep.stop_reason = "max_total_tokens"
+                if ep.stop_reason is None:
+                    ep.pending += ep.ids[len(ep.ids) - _obs_len(ep):]
+                    keep.append(b)
+                else:
+                    done_eps.append(ep)
+                    bar.update(1)
+            t0 = time.perf_counter()
+            engine.keep_rows(keep)
+            live = [live[b] for b in keep]
+            timer.add("model", t0)
+    bar.close()
+    values = boot = None
+    if critic is not None:
+        t0 = time.perf_counter()
+        values, boot = _critic_values(critic, episodes, cfg.batch_size, pad_id)
+        timer.add("critic", t0)
+    if was_training:
+        model.train()
+    t0 = time.perf_counter()
+    batch = _to_batch(episodes, env, layout, cfg, values, boot, oracle, policy)
+    timer.add("batch", t0)
+    timer.t["total"] = time.perf_counter() - t_start
+    if timings is not None:
+        timings.update(timer.t)
+    return batch
+
+
+def _progress_bar(n: int, progress: bool | None):
+    from tqdm.auto import tqdm
+
+    disable = (not progress) if progress is not None else (True if n < 64 else None)
+    return tqdm(total=n, desc="rollout", unit="ep", disable=disable, leave=False)
+
+
+def _make_oracle(env: TextEnv, expert: NoisyExpert, layout) -> Oracle | None:
+    try:
+        orc = Oracle(env, expert, gamma=1.0, encode=layout.action)
+        orc.value(env.state)
+        return orc
+    except NotImplementedError:  # an environment without an exact model: no oracle columns
+        return None
+
+
+def _obs_len(ep: _Episode) -> int:
+    n = 0
+    for m in reversed(ep.mask):
+        if m:
+            break
+        n += 1
+    return n
+
+
+def _record_turn(ep: _Episode, turn: list[int], rlp: list[float], olp: list[float], layout, timer: _Timer,
+                 *, final_cut: bool) -> None:
+    """Append one sampled turn (and, unless cut by the total budget, the environment's reply)."""
+    k = len(ep.rewards)
+    t0 = time.perf_counter()
+    text = layout.text(turn)
+    t0 = timer.add("tokenize", t0)
+    env = ep.env
+    state = env.state
+    ep.ids += turn
+    ep.mask += [1] * len(turn)
+    ep.turn_ids += [k] * len(turn)
+    ep.roll_lp += rlp
+    ep.old_lp += olp
+    if final_cut:  # the total budget cut this turn: the environment never sees it
+        if ep.oracle is not None:
+            to = ep.oracle.turn(state, turn, None)
+            ep.o_values += to.values.tolist()
+            ep.o_adv += to.token_adv.tolist()
+            ep.o_dec += to.decisive.astype(int).tolist()
+            timer.add("oracle", t0)
+        ep.rewards.append(0.0)
+        ep.stop_reason = "max_total_tokens"
+        return
+    obs, r, term, trunc, info = env.step(text)
+    t0 = timer.add("env", t0)
+    ep.rewards.append(float(r))
+    ep.success = bool(info["success"])
+    if term:
+        ep.stop_reason = "terminated"
+    elif trunc:
+        ep.stop_reason = "turn_limit"
+    otoks = layout.observation(env.obs_role, obs, final=env.done)
+    t0 = timer.add("tokenize", t0)
+    ep.ids += otoks
+    ep.mask += [0] * len(otoks)
+    ep.turn_ids += [k] * len(otoks)
+    ep.roll_lp += [0.0] * len(otoks)
+    ep.old_lp += [0.0] * len(otoks)
+    if ep.oracle is not None:
+        to = ep.oracle.turn(state, turn, info["action"])
+        v_next = 0.0 if env.done else ep.oracle.value(env.state)
+        ep.o_values += to.values.tolist() + [v_next] * len(otoks)
+        ep.o_adv += to.token_adv.tolist() + [0.0] * len(otoks)
+        ep.o_dec += to.decisive.astype(int).tolist() + [0] * len(otoks)
+        o = ep.o_turn
+        o["turn_v"].append(to.v)
+        o["turn_q"].append(to.q)
+        o["turn_adv"].append(to.q - to.v)
+        o["turn_actions"].append(info["action"])
+        timer.add("oracle", t0)
+
+
+def _critic_values(critic, episodes: list[_Episode], batch_size: int, pad_id: int):
+    """Per episode: ``values`` (L,) with ``values[t]`` = critic output at ``P + t − 1``, and the output
+    at the last position ``P + L − 1`` (the value after the response). One forward per batch over the
+    finished sequences (right padding, positions 0..)."""
+    dev = next(critic.parameters()).device
+    vals, last = [None] * len(episodes), [None] * len(episodes)
+    order = sorted(range(len(episodes)), key=lambda i: episodes[i].length)  # similar lengths together
+    for s in range(0, len(order), batch_size):
+        chunk = order[s:s + batch_size]
+        width = max(episodes[i].length for i in chunk)
+        ids = torch.full((len(chunk), width), pad_id, dtype=torch.long)
+        att = torch.zeros((len(chunk), width), dtype=torch.long)
+        for b, i in enumerate(chunk):
+            seq = episodes[i].prompt + episodes[i].ids
+            ids[b, :len(seq)] = torch.tensor(seq)
+            att[b, :len(seq)] = 1
+        with torch.no_grad():
+            out = critic(ids.to(dev), attention_mask=att.to(dev)).float().cpu()
+        for b, i in enumerate(chunk):
+            p, n = len(episodes[i].prompt), len(episodes[i].ids)
+            vals[i] = out[b, p - 1:p + n - 1].numpy().astype(np.float32)
+            last[i] = float(out[b, p + n - 1])
+    return vals, last
+
+
+def _to_batch(episodes, env, layout, cfg: RolloutConfig, values, boot, oracle, policy) -> TrajectoryBatch:
+    shaped = env.shaping != 0.0
+    rows, extra = [], {name: [] for name in ORACLE_TOKEN_FIELDS}
+    has_oracle = oracle is not None and all(ep.oracle is not None for ep in episodes)
+    for ep in episodes:
+        gid = f"{env.name}-s{cfg.seed}-t{ep.group:04d}"
+        truncated = ep.stop_reason in ("turn_limit", "max_total_tokens")
+        info = {"env": env.name, "task_seed": ep.task_seed, "seed": ep.seed, "success": ep.success,
+                "needed_turns": env.needed_turns(ep.env.task), "turn_limit": ep.env.turn_limit}
+        if has_oracle:
+            info["oracle"] = {k: ([round(x, 9) for x in v] if k != "turn_actions" else v)
+                              for k, v in ep.o_turn.items()}
+        row = {
+            "traj_id": f"{gid}-{ep.sample}",
+            "group_id": gid,
+            "sample_idx": ep.sample,
+            "prompt_ids": ep.prompt,
+            "response_ids": ep.ids,
+            "loss_mask": ep.mask,
+            "turn_ids": ep.turn_ids,
+            "rollout_logprobs": np.asarray(ep.roll_lp, dtype=np.float32),
+            "old_logprobs": np.asarray(ep.old_lp, dtype=np.float32),
+            "response_tokens": layout.tokens(ep.ids),
+            "messages_json": json.dumps(ep.env.messages),
+            "reward": float("nan") if shaped else float(sum(ep.rewards)),
+            "num_turns": len(ep.rewards),
+            "stop_reason": ep.stop_reason,
+            "truncated": truncated,
+            "extra_json": json.dumps(info),
+        }
+        if shaped:
+            row["turn_rewards"] = ep.rewards
+        if values is not None:
+            row["values"] = values[ep.index]
+            row["bootstrap_value"] = boot[ep.index] if ep.stop_reason == "max_total_tokens" else float("nan")
+        if has_oracle:
+            extra["oracle_values"].append(np.asarray(ep.o_values, dtype=np.float32))
+            extra["oracle_token_adv"].append(np.asarray(ep.o_adv, dtype=np.float32))
+            extra["decisive"].append(np.asarray(ep.o_dec, dtype=np.float32))
+        rows.append(row)
+    meta = {
+        "tokenizer": policy.path or f"mpo_viz.envs.build_tokenizer({env.name!r})",
+        "source_framework": "mpo_viz.rollout",
+        "policy": policy.name,
+        "generator": {"env": env.name, **dataclasses.asdict(cfg),
+                      "oracle_noise": oracle.noise if oracle is not None else None},
+    }
+    if values is not None:
+        meta["values_source"] = "critic"
+    batch = TrajectoryBatch.from_rows(rows, meta=meta)
+    return batch.with_token_fields(**extra) if has_oracle else batch

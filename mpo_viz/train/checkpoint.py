@@ -1,0 +1,217 @@
+"""Checkpoints of a run: ``checkpoints/iter=NNNNNN/`` and the ``latest`` file (DESIGN §4).
+
+A checkpoint folder holds everything the next iteration depends on, so that a resumed run continues
+bit for bit (on CPU):
+
+* ``<name>.safetensors`` — the weights of each module (policy, critic, reference policy);
+* ``optimizers.pt`` — the AdamW states, a dict of tensors and numbers, read back with
+  ``torch.load(weights_only=True)`` (nothing is unpickled);
+* ``rng.pt`` — torch RNG states (the global one and each named ``torch.Generator``), also read with
+  ``weights_only=True``; ``rng.json`` — Python's ``random`` and numpy's global states;
+* ``state.json`` — iteration, config hash, environment seed cursor, elapsed time, flags;
+* ``batches/<name>.parquet`` — trajectory batches the next iterations need (``policy_lag``).
+
+Writing: into ``.iter=NNNNNN.tmp`` then renamed, then ``latest`` is replaced atomically, then all but
+the newest ``keep`` checkpoints are removed. A reader never sees a half-written checkpoint.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import shutil
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import torch
+
+__all__ = ["Checkpoint", "save_checkpoint", "load_checkpoint", "latest_checkpoint", "checkpoint_name",
+           "capture_rng", "restore_rng", "write_atomic"]
+
+
+def checkpoint_name(iteration: int) -> str:
+    return f"iter={iteration:06d}"
+
+
+def write_atomic(path: Path, text: str) -> None:
+    """Write ``text`` to ``path`` through a temporary name and a rename."""
+    path = Path(path)
+    tmp = path.with_name(f".{path.name}.tmp")
+    with open(tmp, "w") as fh:
+        fh.write(text)
+        fh.flush()
+        os.fsync(fh.fileno())
+    os.replace(tmp, path)
+
+
+@dataclass
+class Checkpoint:
+    """A loaded checkpoint: ``path``, ``state`` (state.json), ``rng`` (see :func:`capture_rng`),
+    ``optimizers`` (name -> state dict) and ``batches`` (name -> TrajectoryBatch); weights are
+    loaded into modules with :meth:`load_weights`."""
+
+    path: Path
+    state: dict
+    rng: dict
+    optimizers: dict
+    batches: dict = field(default_factory=dict)
+
+    def load_weights(self, name: str, module: torch.nn.Module) -> None:
+        from safetensors.torch import load_model
+
+        f = self.path / f"{name}.safetensors"
+        if not f.is_file():
+            raise ValueError(f"{self.path}: expected weights {f.name}, found none")
+        missing, unexpected = load_model(module, str(f), strict=True)
+        if missing or unexpected:  # strict=True raises first; kept for older safetensors
+            raise ValueError(f"{f}: weights do not match the module (missing {missing}, unexpected {unexpected})")
+
+    def has_weights(self, name: str) -> bool:
+        return (self.path / f"{name}.safetensors").is_file()
+
+
+# ---------------------------------------------------------------------------------------------
+# RNG states
+
+
+def capture_rng(generators: dict[str, torch.Generator] | None = None) -> dict:
+    """Every RNG state the run draws from: torch's global CPU (and CUDA) state, the named
+    generators, Python's ``random`` and numpy's global state."""
+    out = {"torch": torch.get_rng_state(), "python": random.getstate(), "numpy": np.random.get_state()}
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        out["cuda"] = torch.cuda.get_rng_state_all()
+    for k, g in (generators or {}).items():
+        out[f"gen/{k}"] = g.get_state()
+    return out
+
+
+def restore_rng(rng: dict, generators: dict[str, torch.Generator] | None = None) -> None:
+    torch.set_rng_state(rng["torch"])
+    random.setstate(rng["python"])
+    np.random.set_state(rng["numpy"])
+    if "cuda" in rng and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(rng["cuda"])
+    for k, g in (generators or {}).items():
+        key = f"gen/{k}"
+        if key not in rng:
+            raise ValueError(f"rng: the checkpoint has no state for generator {k!r}")
+        g.set_state(rng[key])
+
+
+def _rng_split(rng: dict) -> tuple[dict, dict]:
+    tensors = {k: v for k, v in rng.items() if isinstance(v, torch.Tensor)}
+    if "cuda" in rng:
+        tensors.update({f"cuda/{i}": t for i, t in enumerate(rng["cuda"])})
+    py = rng["python"]
+    npst = rng["numpy"]
+    plain = {
+        "python": [py[0], list(py[1]), py[2]],
+        "numpy": [npst[0], npst[1].tolist(), int(npst[2]), int(npst[3]), float(npst[4])],
+    }
+    return tensors, plain
+
+
+def _rng_join(tensors: dict, plain: dict) -> dict:
+    out = {k: v for k, v in tensors.items() if not k.startswith("cuda/")}
+    cuda = sorted((int(k.split("/")[1]), v) for k, v in tensors.items() if k.startswith("cuda/"))
+    if cuda:
+        out["cuda"] = [v for _, v in cuda]
+    py = plain["python"]
+    out["python"] = (py[0], tuple(py[1]), py[2])
+    n = plain["numpy"]
+    out["numpy"] = (n[0], np.asarray(n[1], dtype=np.uint32), n[2], n[3], n[4])
+    return out
+
+
+# ---------------------------------------------------------------------------------------------
+# save / load
+
+
+def save_checkpoint(
+    ckpt_dir: Path,
+    iteration: int,
+    *,
+    modules: dict[str, torch.nn.Module],
+    optimizers: dict[str, torch.optim.Optimizer],
+    rng: dict,
+    state: dict,
+    batches: dict | None = None,
+    keep: int = 3,
+) -> Path:
+    """Write ``ckpt_dir/iter=NNNNNN/`` atomically, point ``ckpt_dir/latest`` at it and keep the
+    newest ``keep`` checkpoints. Returns the checkpoint's path."""
+    from safetensors.torch import save_model
+
+    from mpo_viz.io import save as save_batch
+
+    ckpt_dir = Path(ckpt_dir)
+    ckpt_dir.mkdir(parents=True, exist_ok=True)
+    name = checkpoint_name(iteration)
+    final = ckpt_dir / name
+    tmp = ckpt_dir / f".{name}.tmp"
+    if tmp.exists():
+        shutil.rmtree(tmp)
+    tmp.mkdir()
+    for k, m in modules.items():
+        save_model(m, str(tmp / f"{k}.safetensors"))
+    torch.save({k: o.state_dict() for k, o in optimizers.items()}, tmp / "optimizers.pt")
+    tensors, plain = _rng_split(rng)
+    torch.save(tensors, tmp / "rng.pt")
+    (tmp / "rng.json").write_text(json.dumps(plain))
+    for k, b in (batches or {}).items():
+        save_batch(b, tmp / "batches" / f"{k}.parquet")
+    (tmp / "state.json").write_text(json.dumps({**state, "iteration": iteration}, indent=2))
+    old = None
+    if final.exists():  # rewriting the same iteration (e.g. iteration 0 after SFT)
+        old = ckpt_dir / f".{name}.old"
+        if old.exists():
+            shutil.rmtree(old)
+        os.replace(final, old)
+    os.replace(tmp, final)
+    write_atomic(ckpt_dir / "latest", name + "\n")
+    if old is not None:
+        shutil.rmtree(old, ignore_errors=True)
+    _prune(ckpt_dir, keep, name)
+    return final
+
+
+def _prune(ckpt_dir: Path, keep: int, newest: str) -> None:
+    done = sorted(p for p in ckpt_dir.iterdir() if p.is_dir() and p.name.startswith("iter="))
+    for p in done[:-keep] if keep > 0 else []:
+        if p.name != newest:
+            shutil.rmtree(p, ignore_errors=True)
+
+
+def latest_checkpoint(ckpt_dir: Path) -> Path | None:
+    """The checkpoint ``latest`` names, or None when there is none yet."""
+    f = Path(ckpt_dir) / "latest"
+    if not f.is_file():
+        return None
+    name = f.read_text().strip()
+    p = Path(ckpt_dir) / name
+    if not p.is_dir():
+        raise ValueError(f"{f}: names {name!r}, but {p} is missing")
+    return p
+
+
+def load_checkpoint(path: Path) -> Checkpoint:
+    """Read a checkpoint folder (weights are loaded later, into modules). Nothing is unpickled:
+    tensors through ``torch.load(weights_only=True)``, the rest from JSON."""
+    from mpo_viz.io import load as load_batch
+
+    path = Path(path)
+    for f in ("state.json", "optimizers.pt", "rng.pt", "rng.json"):
+        if not (path / f).is_file():
+            raise ValueError(f"{path}: expected {f} in a checkpoint folder, found it missing")
+    state = json.loads((path / "state.json").read_text())
+    optim = torch.load(path / "optimizers.pt", weights_only=True, map_location="cpu")
+    tensors = torch.load(path / "rng.pt", weights_only=True, map_location="cpu")
+    rng = _rng_join(tensors, json.loads((path / "rng.json").read_text()))
+    batches = {}
+    bdir = path / "batches"
+    if bdir.is_dir():
+        for f in sorted(bdir.glob("*.parquet")):
+            batches[f.stem] = load_batch(f)
+    return Checkpoint(path=path, state=state, rng=rng, optimizers=optim, batches=batches)

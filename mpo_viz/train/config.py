@@ -1,0 +1,427 @@
+"""The trainer's configuration: one flat dataclass, validated on construction, JSON round trip.
+
+``Config(env="search", estimator="mpo", loss="turn_ppo")`` — every field has a default that works
+for the tiny CPU models. A bad value raises ``ValueError`` naming the field, what was expected and
+what was found; unknown keys in a JSON file are refused by name. Estimator options are checked
+against the advantages registry (:func:`mpo_viz.advantages.get`), loss options by a dry call of
+:func:`mpo_viz.losses.policy_loss` on a one-token batch, so every option either estimator or loss
+accepts is accepted here and nothing else.
+
+Critic fields (``critic_lr``, ``value_clip``, ``critic_warmup_steps``, ``critic_warmup_ev``,
+``critic_init``) default to ``None`` = "the default, when the estimator uses a critic"; setting one
+with a critic-free estimator (grpo, rloo, ...) is refused, since it would silently do nothing.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import math
+import warnings
+from dataclasses import dataclass, field
+from pathlib import Path
+
+__all__ = ["Config", "CRITIC_DEFAULTS", "RESUMABLE_FIELDS", "TrustRegionWarning"]
+
+#: what each critic field means when left at None (and the estimator needs a critic)
+CRITIC_DEFAULTS = {
+    "critic_lr": 3e-4,
+    "value_clip": 0.5,
+    "critic_warmup_steps": 8,
+    "critic_warmup_ev": 0.5,
+    "critic_init": "policy",
+}
+#: fields a resume may change (``mpo-viz train --resume DIR --iterations N``)
+RESUMABLE_FIELDS = ("iterations",)
+
+_LOSS_KEYWORDS = ("clip_low", "clip_high", "ratio", "agg")
+
+
+class TrustRegionWarning(UserWarning):
+    """A PPO-style loss configured so that every importance ratio is 1 (the clip never acts)."""
+
+
+@dataclass
+class Config:
+    """Everything one training run needs (see docs/training.md for a guide to each group)."""
+
+    # ------------------------------------------------------------------ environment
+    env: str = "search"
+    """Registered environment name (``search``, ``tooluse``, ``automation``, or your own)."""
+    difficulty: int | list | None = None
+    """Expert turns per task: an int or ``[min, max]``; None = the environment's default (3–6)."""
+    env_options: dict = field(default_factory=dict)
+    """Further keyword options of the environment (``slack``, ``max_turns``, ``distractors``, ...)."""
+
+    # ------------------------------------------------------------------ models
+    model_size: str = "1m"
+    """Size of the tiny Llama policy built for the environment's tokenizer: ``1m``, ``3m``, ``10m``."""
+    model_dir: str | None = None
+    """A local model folder to start from instead (``DIR/policy``, and ``DIR/critic`` when present)."""
+    critic_init: str | None = None
+    """How the critic starts: ``"policy"`` (a copy of the policy's trunk; default), ``"fresh"`` (a new
+    trunk), or ``"shared"`` (the policy's trunk itself plus a value head; the value loss then also
+    trains the shared trunk through the policy's optimizer)."""
+
+    # ------------------------------------------------------------------ algorithm
+    estimator: str = "mpo"
+    """Advantage estimator, any name of :func:`mpo_viz.advantages.available` (mpo, gae, grpo, ...)."""
+    estimator_options: dict = field(default_factory=dict)
+    """Options of the estimator (``gamma``, ``lam``, ``beta``, ...), checked against its registry entry."""
+    loss: str = "turn_ppo"
+    """Policy loss kind, any name of :func:`mpo_viz.losses.available` (turn_ppo, token_ppo, gspo, sao)."""
+    loss_options: dict = field(default_factory=dict)
+    """Options of the loss: ``clip_low``, ``clip_high``, ``ratio``, ``agg`` and the kind's own (``dual_clip``)."""
+
+    # ------------------------------------------------------------------ batch shape
+    episodes: int = 64
+    """Episodes rolled out per iteration (N); a multiple of ``group_size``."""
+    group_size: int = 1
+    """Samples per task (G); group estimators (grpo, rloo, ...) need G >= 2."""
+    epochs: int = 2
+    """Passes over each iteration's episodes (E)."""
+    minibatches: int = 4
+    """Optimizer steps per epoch (M); the episodes are shuffled and split into M minibatches."""
+    micro_batch_tokens: int = 8192
+    """Token budget (prompt + response, padded) of one forward/backward; a minibatch is cut into
+    micro-batches under it and their gradients accumulated (the loss normaliser stays the minibatch's)."""
+
+    # ------------------------------------------------------------------ rollout
+    temperature: float = 1.0
+    """Sampling temperature of the rollout (> 0)."""
+    top_p: float = 1.0
+    """Nucleus sampling threshold of the rollout, in (0, 1]."""
+    max_turn_tokens: int = 48
+    """Tokens one assistant turn may take before it is cut."""
+    max_total_tokens: int = 1024
+    """Response tokens of one episode before it is truncated (with a bootstrap value)."""
+    rollout_batch_size: int = 64
+    """Episodes decoded together in the rollout."""
+    oracle_noise: float | None = 0.25
+    """Record the environment's exact oracle values (for the noisy expert of this noise rate) beside
+    the critic's, for the critic-vs-oracle metrics; None skips the oracle (faster rollouts)."""
+
+    # ------------------------------------------------------------------ optimisation
+    policy_lr: float = 1e-4
+    """AdamW learning rate of the policy."""
+    critic_lr: float | None = None
+    """AdamW learning rate of the critic (None: 3e-4 when the estimator uses a critic)."""
+    weight_decay: float = 0.0
+    """AdamW weight decay (policy and critic)."""
+    grad_clip: float = 1.0
+    """Max global gradient norm per optimizer step (0 = no clipping)."""
+    value_clip: float | None = None
+    """ε_v of the clipped value loss (None: 0.5 with a critic; 0 = unclipped)."""
+    kl_coef: float = 0.0
+    """Coefficient of the KL-to-reference penalty (reference = the policy when RL starts); 0 = off."""
+    kl_estimator: str = "k3"
+    """KL estimator of the penalty: ``k1``, ``k2``, ``k3`` (or verl's names ``kl``, ``mse``, ``low_var_kl``)."""
+    entropy_coef: float = 0.0
+    """Coefficient of the entropy bonus (subtracted from the loss); 0 = off."""
+    policy_lag: int = 0
+    """Update on the rollouts of ``policy_lag`` iterations ago (0 = on-policy), to stress importance
+    sampling: the ratios then start away from 1."""
+
+    # ------------------------------------------------------------------ SFT warm start
+    sft_steps: int = 400
+    """Step budget of the SFT warm start on noisy-expert episodes (0 = no SFT)."""
+    sft_target_success: float = 0.4
+    """SFT stops once the greedy eval success reaches this (headroom is left for RL)."""
+    sft_noise: float = 0.3
+    """Noise rate of the scripted expert whose episodes SFT imitates."""
+    sft_batch_episodes: int = 16
+    """Expert episodes per SFT step."""
+    sft_lr: float = 1e-3
+    """AdamW learning rate of SFT."""
+    sft_eval_interval: int = 25
+    """SFT steps between greedy evaluations (which decide the stop)."""
+
+    # ------------------------------------------------------------------ critic warm-up
+    critic_warmup_steps: int | None = None
+    """Rollouts the critic is fitted on before RL (None: 8 with a critic; 0 = none)."""
+    critic_warmup_ev: float | None = None
+    """Warm-up stops once the critic's explained variance on a fresh rollout passes this (None: 0.5)."""
+
+    # ------------------------------------------------------------------ evaluation
+    eval_episodes: int = 64
+    """Greedy evaluation episodes (a fixed held-out set of tasks, the same at every evaluation)."""
+    eval_interval: int = 5
+    """Iterations between evaluations (0 = never; the last iteration of ``run`` is always evaluated)."""
+
+    # ------------------------------------------------------------------ run folder
+    save_trajectories_every: int = 1
+    """Write ``trajectories/iter=NNNNNN.parquet`` every k-th iteration (0 = never)."""
+    trajectories_max_mb: float = 2048.0
+    """Disk cap of ``trajectories/``: past it the oldest files are removed."""
+    keep_checkpoints: int = 3
+    """Checkpoints kept (the newest; at least 1)."""
+
+    # ------------------------------------------------------------------ run
+    iterations: int = 50
+    """RL iterations in all (``run()`` and the CLI continue up to this number)."""
+    seed: int = 0
+    """Master seed: models, rollouts, shuffles and SFT data all derive from it."""
+    device: str = "cpu"
+    """Torch device (``cpu``, ``cuda``, ``cuda:1``); CPU runs are bit-for-bit reproducible."""
+    num_threads: int = 1
+    """Torch CPU threads (``torch.set_num_threads``, set when the Trainer starts; 0 = leave torch's
+    default). One thread is the fastest for the tiny models on a shared CPU: with two busy cores,
+    two threads ran a forward/backward ~10x slower than one."""
+
+    def __post_init__(self):
+        _validate(self)
+
+    # ------------------------------------------------------------------ derived
+    @property
+    def uses_critic(self) -> bool:
+        """True when the estimator needs critic values."""
+        from mpo_viz.advantages import get
+
+        return "values" in get(self.estimator).needs
+
+    def critic(self, name: str):
+        """A critic field resolved: its value, or its default when None (see :data:`CRITIC_DEFAULTS`)."""
+        v = getattr(self, name)
+        return CRITIC_DEFAULTS[name] if v is None else v
+
+    # ------------------------------------------------------------------ JSON
+    def to_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+    def to_json(self, indent: int | None = 2) -> str:
+        return json.dumps(self.to_dict(), indent=indent, sort_keys=False)
+
+    @classmethod
+    def from_dict(cls, d: dict, *, source: str = "config") -> Config:
+        """A Config from a dict (unknown keys refused by name)."""
+        if not isinstance(d, dict):
+            raise ValueError(f"{source}: expected a JSON object of Config fields, found {type(d).__name__}")
+        names = [f.name for f in dataclasses.fields(cls)]
+        unknown = [k for k in d if k not in names]
+        if unknown:
+            raise ValueError(f"{source}: unknown field(s) {', '.join(map(repr, unknown))}; "
+                             f"Config fields: {', '.join(names)}")
+        return cls(**d)
+
+    @classmethod
+    def from_json(cls, text: str, *, source: str = "config") -> Config:
+        try:
+            d = json.loads(text)
+        except json.JSONDecodeError as exc:
+            raise ValueError(f"{source}: expected JSON, found a syntax error ({exc})") from None
+        return cls.from_dict(d, source=source)
+
+    def save(self, path) -> Path:
+        """Write the config as JSON (temporary name, then rename)."""
+        p = Path(path)
+        tmp = p.with_name(p.name + ".tmp")
+        tmp.write_text(self.to_json() + "\n")
+        tmp.replace(p)
+        return p
+
+    @classmethod
+    def load(cls, path) -> Config:
+        p = Path(path)
+        if not p.is_file():
+            raise ValueError(f"config: expected a JSON file, found {str(p)!r} (missing)")
+        return cls.from_json(p.read_text(), source=str(p))
+
+    def replace(self, **changes) -> Config:
+        """A copy with some fields changed (validated again)."""
+        return dataclasses.replace(self, **changes)
+
+    def identity(self) -> dict:
+        """The fields that define a run (all but :data:`RESUMABLE_FIELDS`)."""
+        return {k: v for k, v in self.to_dict().items() if k not in RESUMABLE_FIELDS}
+
+    def hash(self) -> str:
+        """sha256 (first 16 hex digits) of :meth:`identity` as canonical JSON."""
+        text = json.dumps(self.identity(), sort_keys=True, separators=(",", ":"))
+        return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+    def differences(self, other: Config) -> list[str]:
+        """Fields (outside :data:`RESUMABLE_FIELDS`) whose values differ, as ``name: a != b``."""
+        a, b = self.identity(), other.identity()
+        return [f"{k}: {a[k]!r} != {b[k]!r}" for k in a if a[k] != b[k]]
+
+
+# ---------------------------------------------------------------------------------------------
+# validation
+
+
+def _is_int(v) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+def _is_num(v) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+
+
+def _int(cfg, name, lo=None, hi=None, allow_none=False):
+    v = getattr(cfg, name)
+    if v is None and allow_none:
+        return
+    rng = (f" >= {lo}" if lo is not None else "") + (f" and <= {hi}" if hi is not None else "")
+    if not _is_int(v) or (lo is not None and v < lo) or (hi is not None and v > hi):
+        raise ValueError(f"{name}: expected an integer{rng}, found {v!r}")
+
+
+def _num(cfg, name, lo=None, hi=None, *, lo_open=False, hi_open=False, allow_none=False):
+    v = getattr(cfg, name)
+    if v is None and allow_none:
+        return
+    ok = _is_num(v)
+    if ok and lo is not None:
+        ok = v > lo if lo_open else v >= lo
+    if ok and hi is not None:
+        ok = v < hi if hi_open else v <= hi
+    if not ok:
+        parts = []
+        if lo is not None:
+            parts.append(f"{'>' if lo_open else '>='} {lo}")
+        if hi is not None:
+            parts.append(f"{'<' if hi_open else '<='} {hi}")
+        raise ValueError(f"{name}: expected a finite number{' ' + ' and '.join(parts) if parts else ''}, found {v!r}")
+
+
+def _str(cfg, name, choices=None, allow_none=False):
+    v = getattr(cfg, name)
+    if v is None and allow_none:
+        return
+    if not isinstance(v, str) or not v:
+        raise ValueError(f"{name}: expected a non-empty string, found {v!r}")
+    if choices is not None and v not in choices:
+        raise ValueError(f"{name}: expected one of {', '.join(map(repr, choices))}, found {v!r}")
+
+
+def _validate(cfg: Config) -> None:
+    from mpo_viz.advantages import available as estimators
+    from mpo_viz.advantages import get as get_estimator
+    from mpo_viz.envs.registry import available_envs
+    from mpo_viz.losses import KL_KINDS
+    from mpo_viz.losses import available as losses
+
+    _str(cfg, "env", available_envs())
+    if cfg.difficulty is not None:
+        d = cfg.difficulty
+        if isinstance(d, tuple):
+            cfg.difficulty = d = list(d)
+        if not (_is_int(d) or (isinstance(d, list) and len(d) == 2 and all(_is_int(x) for x in d))):
+            raise ValueError(f"difficulty: expected an int or [min, max] of expert turns, or None, found {d!r}")
+    if not isinstance(cfg.env_options, dict):
+        raise ValueError(f"env_options: expected a dict of environment options, found {cfg.env_options!r}")
+    _str(cfg, "model_size", ("1m", "3m", "10m"))
+    _str(cfg, "model_dir", allow_none=True)
+    _str(cfg, "critic_init", ("policy", "fresh", "shared"), allow_none=True)
+
+    _str(cfg, "estimator", estimators())
+    _str(cfg, "loss", losses())
+    if not isinstance(cfg.estimator_options, dict):
+        raise ValueError(f"estimator_options: expected a dict, found {cfg.estimator_options!r}")
+    if not isinstance(cfg.loss_options, dict):
+        raise ValueError(f"loss_options: expected a dict, found {cfg.loss_options!r}")
+    _check_estimator_options(cfg.estimator, cfg.estimator_options, get_estimator(cfg.estimator).options)
+    _check_loss_options(cfg.loss, cfg.loss_options)
+
+    _int(cfg, "episodes", 1)
+    _int(cfg, "group_size", 1)
+    if cfg.episodes % cfg.group_size:
+        raise ValueError(f"episodes: expected a multiple of group_size={cfg.group_size}, found {cfg.episodes}")
+    _int(cfg, "epochs", 1)
+    _int(cfg, "minibatches", 1)
+    if cfg.minibatches > cfg.episodes:
+        raise ValueError(f"minibatches: expected at most episodes={cfg.episodes} (one episode each at least), "
+                         f"found {cfg.minibatches}")
+    _int(cfg, "micro_batch_tokens", 1)
+    _num(cfg, "temperature", 0, lo_open=True)
+    _num(cfg, "top_p", 0, 1, lo_open=True)
+    _int(cfg, "max_turn_tokens", 1)
+    _int(cfg, "max_total_tokens", 1)
+    _int(cfg, "rollout_batch_size", 1)
+    _num(cfg, "oracle_noise", 0, 1, allow_none=True)
+
+    _num(cfg, "policy_lr", 0, lo_open=True)
+    _num(cfg, "critic_lr", 0, lo_open=True, allow_none=True)
+    _num(cfg, "weight_decay", 0)
+    _num(cfg, "grad_clip", 0)
+    _num(cfg, "value_clip", 0, allow_none=True)
+    _num(cfg, "kl_coef", 0)
+    _str(cfg, "kl_estimator", tuple(KL_KINDS))
+    _num(cfg, "entropy_coef", 0)
+    _int(cfg, "policy_lag", 0)
+
+    _int(cfg, "sft_steps", 0)
+    _num(cfg, "sft_target_success", 0, 1)
+    _num(cfg, "sft_noise", 0, 1)
+    _int(cfg, "sft_batch_episodes", 1)
+    _num(cfg, "sft_lr", 0, lo_open=True)
+    _int(cfg, "sft_eval_interval", 1)
+    _int(cfg, "critic_warmup_steps", 0, allow_none=True)
+    _num(cfg, "critic_warmup_ev", hi=1, allow_none=True)
+
+    _int(cfg, "eval_episodes", 1)
+    _int(cfg, "eval_interval", 0)
+    _int(cfg, "save_trajectories_every", 0)
+    _num(cfg, "trajectories_max_mb", 0, lo_open=True)
+    _int(cfg, "keep_checkpoints", 1)
+    _int(cfg, "iterations", 0)
+    _int(cfg, "seed", 0)
+    _str(cfg, "device")
+    _int(cfg, "num_threads", 0)
+
+    # ---- refusals: settings that cannot do what they say
+    est = get_estimator(cfg.estimator)
+    if "groups" in est.needs and cfg.group_size < 2:
+        raise ValueError(f"group_size: the group estimator {cfg.estimator!r} compares the G samples of a task "
+                         f"and needs group_size >= 2, found {cfg.group_size} (every advantage would be 0)")
+    if "values" not in est.needs:
+        set_ = [k for k in CRITIC_DEFAULTS if getattr(cfg, k) is not None]
+        if set_:
+            raise ValueError(f"{', '.join(set_)}: the estimator {cfg.estimator!r} uses no critic, so critic "
+                             f"settings would do nothing; found {', '.join(f'{k}={getattr(cfg, k)!r}' for k in set_)} "
+                             f"(leave them unset, or pick a critic estimator such as mpo or gae)")
+    if cfg.loss in ("turn_ppo", "token_ppo") and cfg.epochs == 1 and cfg.minibatches == 1 and cfg.policy_lag == 0:
+        warnings.warn(
+            f"loss {cfg.loss!r} with epochs=1, minibatches=1 and policy_lag=0: the only update is made at the "
+            "rollout policy, every importance ratio is 1 and the clipped trust region does nothing "
+            "(raise epochs or minibatches, or set policy_lag)", TrustRegionWarning, stacklevel=3)
+
+
+def _check_estimator_options(name: str, options: dict, accepted: dict) -> None:
+    for k, v in options.items():
+        if k not in accepted:
+            raise ValueError(f"estimator_options: estimator {name!r} has no option {k!r}; "
+                             f"valid options: {', '.join(accepted) or 'none'}")
+        default = accepted[k]
+        where = f"estimator_options.{k}"
+        if isinstance(default, bool):
+            if not isinstance(v, bool):
+                raise ValueError(f"{where}: expected true or false, found {v!r}")
+        elif isinstance(default, (int, float)):
+            if not _is_num(v):
+                raise ValueError(f"{where}: expected a finite number, found {v!r}")
+        elif isinstance(default, str) and not isinstance(v, str):
+            raise ValueError(f"{where}: expected a string, found {v!r}")
+
+
+def _check_loss_options(kind: str, options: dict) -> None:
+    """Dry-run the loss on one action token with these options; its ValueError names the option."""
+    import torch
+
+    from mpo_viz.losses import get as get_loss
+    from mpo_viz.losses import policy_loss
+
+    spec = get_loss(kind)
+    allowed = (*_LOSS_KEYWORDS, *spec.options)
+    for k in options:
+        if k not in allowed:
+            raise ValueError(f"loss_options: loss {kind!r} has no option {k!r}; valid options: {', '.join(allowed)}")
+    if options.get("agg") == "none":
+        raise ValueError("loss_options.agg: expected a reducing mode (token-mean, seq-mean-token-mean, ...), "
+                         "found 'none'")
+    z = torch.zeros(1, 1)
+    try:
+        policy_loss(kind, z, z, z, torch.ones(1, 1), rollout_logp=z, **options)
+    except ValueError as exc:
+        raise ValueError(f"loss_options.{exc}") from None

@@ -1,0 +1,570 @@
+"""The trainer: SFT warm start, critic warm-up, then RL iterations writing a run folder.
+
+One iteration (DESIGN §6)::
+
+    rollout N episodes (G per task)          mpo_viz.rollout.rollout  -> values, log-probs, rewards
+    reference log-probs (kl_coef > 0)        one no-grad forward of the frozen reference policy
+    advantages and returns                   mpo_viz.advantages.compute(batch, estimator, **options)
+    E epochs × M minibatches of updates      mpo_viz.train.update (policy_loss, value_loss)
+    greedy evaluation (every eval_interval)  a fixed held-out set of tasks
+    trajectories/iter=N.parquet, metrics.jsonl line, checkpoints/iter=N/
+
+Randomness: every draw comes from a seeded source whose state is checkpointed — the rollout seed is
+``derive(seed, "rollout", cursor)`` with a cursor that advances per rollout; shuffles come from the
+trainer's ``torch.Generator``; evaluation tasks are fixed by ``derive(seed, "eval")``. So a run
+stopped after iteration k and resumed is bit-for-bit the run that never stopped (on CPU).
+"""
+
+from __future__ import annotations
+
+import copy
+import hashlib
+import json
+import math
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from mpo_viz.train.checkpoint import (
+    capture_rng,
+    latest_checkpoint,
+    load_checkpoint,
+    restore_rng,
+    save_checkpoint,
+)
+from mpo_viz.train.config import Config
+from mpo_viz.train.runfolder import RunFolder
+from mpo_viz.train.update import rows_of, update_epochs
+
+__all__ = ["Trainer", "derive_seed", "RESULT_KEYS_VOLATILE"]
+
+#: metric keys that measure time (they differ between two runs that are otherwise bit-identical)
+RESULT_KEYS_VOLATILE = ("time_s", "timings", "throughput")
+
+
+def derive_seed(seed: int, *parts) -> int:
+    """A 31-bit seed from the master seed and labels (stable across processes and platforms)."""
+    text = "/".join(str(p) for p in (seed, *parts))
+    return int.from_bytes(hashlib.sha256(text.encode()).digest()[:4], "little") & 0x7FFFFFFF
+
+
+def _env_kwargs(cfg: Config) -> dict:
+    kw = dict(cfg.env_options)
+    if cfg.difficulty is not None:
+        kw["difficulty"] = tuple(cfg.difficulty) if isinstance(cfg.difficulty, list) else cfg.difficulty
+    return kw
+
+
+def _success(batch) -> np.ndarray:
+    """Per-episode success: ``extra_json["success"]`` when the rollout recorded it, else reward > 0."""
+    if batch.has("extra_json"):
+        out = []
+        for x in batch.field("extra_json"):
+            try:
+                out.append(bool(json.loads(x).get("success")))
+            except (TypeError, ValueError, AttributeError):
+                out.append(False)
+        return np.array(out, dtype=np.float64)
+    r = np.nan_to_num(batch.reward.astype(np.float64))
+    return (r > 0).astype(np.float64)
+
+
+def episode_stats(batch, prefix: str = "") -> dict:
+    """Success rate, reward mean/std, turns, tokens and truncation of a rolled-out batch."""
+    scores = batch.padded("rewards", torch.float64).sum(1).numpy()
+    lengths = batch.lengths.numpy().astype(np.float64)
+    act = batch.mask.sum(1).numpy().astype(np.float64)
+    trunc = np.array([bool(x) for x in batch.field("truncated")], dtype=np.float64) if batch.has("truncated") else np.zeros(len(batch))
+    return {
+        f"{prefix}success": float(_success(batch).mean()),
+        f"{prefix}reward_mean": float(scores.mean()),
+        f"{prefix}reward_std": float(scores.std()),
+        f"{prefix}turns_mean": float(batch.num_turns.astype(np.float64).mean()),
+        f"{prefix}tokens_mean": float(lengths.mean()),
+        f"{prefix}action_tokens_mean": float(act.mean()),
+        f"{prefix}truncated_frac": float(trunc.mean()),
+    }
+
+
+class Trainer:
+    """Train a policy (and critic) on an environment, writing a run folder.
+
+    ``Trainer(cfg, run_dir)`` starts a new run (``run_dir`` must not hold one yet);
+    :meth:`resume` continues one. Steps: :meth:`sft`, :meth:`warmup_critic`, :meth:`iterate`
+    (a generator of per-iteration metrics), :meth:`evaluate`; :meth:`run` does them all.
+
+    Attributes: ``cfg``, ``run`` (:class:`~mpo_viz.train.runfolder.RunFolder`), ``env``, ``policy``
+    (:class:`mpo_viz.models.Policy`), ``critic`` (or None), ``reference`` (frozen policy model, or
+    None), ``iteration`` (completed RL iterations), ``history`` (the metrics written this session).
+    """
+
+    def __init__(self, cfg: Config, run_dir, *, _resume: bool = False, quiet: bool = False):
+        if not isinstance(cfg, Config):
+            raise ValueError(f"cfg: expected a mpo_viz.train.Config, found {type(cfg).__name__}")
+        self.cfg = cfg
+        self.run = RunFolder(run_dir)
+        self.quiet = quiet
+        if not _resume and (self.run.checkpoints / "latest").exists():
+            raise ValueError(f"run_dir: {str(self.run.path)!r} already holds a run (checkpoints/latest); "
+                             f"continue it with Trainer.resume({str(self.run.path)!r}) or pick a new folder")
+        if not _resume and self.run.metrics_path.exists() and self.run.metrics_path.stat().st_size:
+            raise ValueError(f"run_dir: {str(self.run.path)!r} already holds metrics.jsonl; pick a new folder")
+        self.device = torch.device(cfg.device)
+        if cfg.num_threads:
+            torch.set_num_threads(cfg.num_threads)
+        self._build()
+        self.history: list[dict] = []
+        self.interrupted = False
+        if not _resume:
+            self.run.create()
+            cfg.save(self.run.config_path)
+            self._checkpoint()  # iteration 0: the initial weights, so that any step can be undone
+
+    # ------------------------------------------------------------------ construction
+    def _build(self) -> None:
+        from mpo_viz import models
+        from mpo_viz.envs.registry import make_env
+        from mpo_viz.envs.tokenizer import build_tokenizer
+
+        cfg = self.cfg
+        try:
+            self.env = make_env(cfg.env, **_env_kwargs(cfg))
+        except TypeError as exc:
+            raise ValueError(f"env_options: the {cfg.env} environment refuses them ({exc})") from None
+        critic0 = None
+        if cfg.model_dir:
+            self.policy, critic0 = models.load(cfg.model_dir, device=cfg.device)
+        else:
+            self.policy = models.tiny_policy(build_tokenizer(self.env), size=cfg.model_size, seed=cfg.seed)
+            self.policy.model.to(self.device)
+        models.check_vocabulary(self.policy.tokenizer, self.env.vocabulary(), where=f"the policy's tokenizer for {cfg.env}")
+        self.pad_id = self.policy.tokenizer.pad_token_id
+        if self.pad_id is None:
+            self.pad_id = self.policy.tokenizer.eos_token_id or 0
+        self.critic = None
+        if cfg.uses_critic:
+            if critic0 is not None and cfg.critic_init is None:
+                self.critic = critic0
+            else:
+                self.critic = models.make_critic(self.policy, init=cfg.critic("critic_init"),
+                                                 seed=derive_seed(cfg.seed, "critic"))
+            self.critic.to(self.device)
+        self.reference = None
+        p_params = [p for p in self.policy.model.parameters() if p.requires_grad]
+        self.policy_opt = torch.optim.AdamW(p_params, lr=cfg.policy_lr, weight_decay=cfg.weight_decay)
+        self.critic_opt = None
+        if self.critic is not None:
+            own = self.critic.own_parameters()
+            self.critic_opt = torch.optim.AdamW(own, lr=cfg.critic("critic_lr"), weight_decay=cfg.weight_decay)
+        self.generator = torch.Generator().manual_seed(derive_seed(cfg.seed, "shuffle"))
+        self.state = {"iteration": 0, "seed_cursor": 0, "sft_done": False, "critic_warm": False,
+                      "elapsed_s": 0.0, "config_hash": cfg.hash(), "config": cfg.to_dict()}
+        self.lagged: list = []  # rollouts waiting for their update (policy_lag)
+
+    @property
+    def iteration(self) -> int:
+        """Completed RL iterations."""
+        return int(self.state["iteration"])
+
+    def _modules(self) -> dict:
+        out = {"policy": self.policy.model}
+        if self.critic is not None:
+            out["critic"] = self.critic
+        if self.reference is not None:
+            out["reference"] = self.reference
+        return out
+
+    def _optimizers(self) -> dict:
+        out = {"policy": self.policy_opt}
+        if self.critic_opt is not None:
+            out["critic"] = self.critic_opt
+        return out
+
+    def _checkpoint(self) -> Path:
+        batches = {f"lag{i}": b for i, b in enumerate(self.lagged)}
+        state = {**self.state, "n_lagged": len(self.lagged), "written": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
+        return save_checkpoint(self.run.checkpoints, self.iteration, modules=self._modules(),
+                               optimizers=self._optimizers(), rng=capture_rng({"shuffle": self.generator}),
+                               state=state, batches=batches, keep=self.cfg.keep_checkpoints)
+
+    def _restore(self, path: Path) -> None:
+        ck = load_checkpoint(path)
+        st = ck.state
+        if st.get("config_hash") != self.cfg.hash():
+            stored = Config.from_dict(st["config"]) if "config" in st else None
+            diff = self.cfg.differences(stored) if stored else ["(the checkpoint does not record its config)"]
+            raise ValueError(f"config: the checkpoint {path} was written with a different config; differing "
+                             f"fields: {'; '.join(diff)}")
+        ck.load_weights("policy", self.policy.model)
+        if self.critic is not None:
+            ck.load_weights("critic", self.critic)
+        if ck.has_weights("reference"):
+            if self.reference is None:
+                self.reference = self._frozen_copy()
+            ck.load_weights("reference", self.reference)
+        else:
+            self.reference = None
+        self.policy_opt.load_state_dict(ck.optimizers["policy"])
+        if self.critic_opt is not None:
+            self.critic_opt.load_state_dict(ck.optimizers["critic"])
+        restore_rng(ck.rng, {"shuffle": self.generator})
+        self.state = {k: st[k] for k in ("iteration", "seed_cursor", "sft_done", "critic_warm", "elapsed_s",
+                                         "config_hash", "config")}
+        self.lagged = [ck.batches[f"lag{i}"] for i in range(int(st.get("n_lagged", 0)))]
+        # files written after this checkpoint belong to an iteration that did not finish
+        self.run.truncate_metrics(self.iteration)
+        self.run.remove_trajectories_after(self.iteration)
+
+    def _frozen_copy(self):
+        ref = copy.deepcopy(self.policy.model).eval()
+        for p in ref.parameters():
+            p.requires_grad_(False)
+        return ref
+
+    @classmethod
+    def resume(cls, run_dir, cfg: Config | None = None, *, iterations: int | None = None,
+               quiet: bool = False) -> Trainer:
+        """Continue the run in ``run_dir`` from its latest checkpoint.
+
+        ``cfg``: the config to continue with (default: the folder's ``config.json``); one that
+        differs in anything but ``iterations`` is refused, naming the fields. ``iterations``: the new
+        total of RL iterations (updates ``config.json``).
+        """
+        run = RunFolder(run_dir)
+        if not run.config_path.is_file():
+            raise ValueError(f"run_dir: expected a run folder with config.json, found {str(run.path)!r} without one")
+        stored = Config.load(run.config_path)
+        if cfg is not None:
+            diff = stored.differences(cfg)
+            if diff:
+                raise ValueError(f"config: cannot resume {str(run.path)!r} with a different config; differing "
+                                 f"fields (stored != given): {'; '.join(diff)}")
+            stored = stored.replace(iterations=cfg.iterations)
+        if iterations is not None:
+            stored = stored.replace(iterations=iterations)
+        ck = latest_checkpoint(run.checkpoints)
+        if ck is None:
+            raise ValueError(f"run_dir: {str(run.path)!r} has no checkpoint to resume from (checkpoints/latest missing)")
+        tr = cls(stored, run_dir, _resume=True, quiet=quiet)
+        tr._restore(ck)
+        stored.save(run.config_path)
+        return tr
+
+    # ------------------------------------------------------------------ rollouts
+    def _rollout(self, n: int, *, seed: int, group_size: int = 1, greedy: bool = False, critic=True,
+                 seeds=None, timings: dict | None = None):
+        from mpo_viz.envs.expert import NoisyExpert
+        from mpo_viz.rollout import rollout
+
+        cfg = self.cfg
+        return rollout(self.policy, self.env, None if seeds is not None else n, group_size=group_size,
+                       critic=self.critic if critic else None, seed=seed, seeds=seeds,
+                       temperature=0.0 if greedy else cfg.temperature, top_p=1.0 if greedy else cfg.top_p,
+                       max_turn_tokens=cfg.max_turn_tokens, max_total_tokens=cfg.max_total_tokens,
+                       batch_size=cfg.rollout_batch_size, progress=False, timings=timings,
+                       oracle=NoisyExpert(noise=cfg.oracle_noise) if cfg.oracle_noise is not None else None)
+
+    def _next_seed(self) -> int:
+        s = derive_seed(self.cfg.seed, "rollout", self.state["seed_cursor"])
+        self.state["seed_cursor"] += 1
+        return s
+
+    def evaluate(self, n_episodes: int | None = None, *, greedy: bool = True) -> dict:
+        """Success and reward of the current policy on the fixed held-out tasks (greedy by default).
+
+        Returns ``eval_success``, ``eval_reward_mean``, ``eval_reward_std``, ``eval_turns_mean``,
+        ``eval_tokens_mean``, ... (see :func:`episode_stats`). Draws from no training RNG.
+        """
+        n = self.cfg.eval_episodes if n_episodes is None else int(n_episodes)
+        if n < 1:
+            raise ValueError(f"n_episodes: expected >= 1, found {n_episodes}")
+        seeds = [derive_seed(self.cfg.seed, "eval", i) for i in range(n)]
+        with torch.random.fork_rng(devices=[]):
+            batch = self._rollout(n, seed=derive_seed(self.cfg.seed, "eval"), greedy=greedy, critic=False,
+                                  seeds=seeds)
+        return episode_stats(batch, prefix="eval_")
+
+    # ------------------------------------------------------------------ SFT and critic warm-up
+    def sft(self, steps: int | None = None, *, target_success: float | None = None) -> dict:
+        """Warm start on noisy-expert episodes (cross-entropy on their action tokens).
+
+        Stops at ``target_success`` greedy eval success (default ``cfg.sft_target_success``) or after
+        ``steps`` (default ``cfg.sft_steps``). Writes one ``phase: "sft"`` metrics line and the
+        iteration-0 checkpoint. Only before RL starts.
+        """
+        from mpo_viz.train.sft import sft as run_sft
+
+        if self.iteration > 0:
+            raise ValueError(f"sft: the run already has {self.iteration} RL iterations; SFT is a warm start")
+        cfg = self.cfg
+        steps = cfg.sft_steps if steps is None else int(steps)
+        target = cfg.sft_target_success if target_success is None else float(target_success)
+        t0 = time.perf_counter()
+        try:
+            res = run_sft(self, steps=steps, target=target)
+        except KeyboardInterrupt:
+            self._restore(latest_checkpoint(self.run.checkpoints))
+            self.interrupted = True
+            self._say("interrupted: SFT abandoned; the run is back at its last checkpoint (resumable)")
+            return {}
+        self.state["sft_done"] = True
+        self.state["elapsed_s"] += time.perf_counter() - t0
+        rec = {"iteration": 0, "phase": "sft", "time_s": self.state["elapsed_s"], **res}
+        self.run.append_metrics(rec)
+        self.history.append(rec)
+        self._checkpoint()
+        return rec
+
+    def warmup_critic(self, steps: int | None = None, *, gate: float | None = None) -> dict:
+        """Fit the critic on rollouts of the current policy until its explained variance on a fresh
+        rollout (before fitting on it) reaches ``gate`` (default ``cfg.critic_warmup_ev``), or for
+        ``steps`` rollouts (default ``cfg.critic_warmup_steps``). Each step: one rollout of
+        ``episodes``, returns from the estimator, E × M critic-only updates."""
+        from mpo_viz.advantages import compute
+
+        cfg = self.cfg
+        if self.critic is None:
+            raise ValueError(f"warmup_critic: the estimator {cfg.estimator!r} uses no critic")
+        steps = cfg.critic("critic_warmup_steps") if steps is None else int(steps)
+        gate = cfg.critic("critic_warmup_ev") if gate is None else float(gate)
+        t0 = time.perf_counter()
+        ev, done = math.nan, 0
+        try:
+            for k in range(steps):
+                batch = self._rollout(cfg.episodes, seed=self._next_seed(), group_size=cfg.group_size)
+                res = compute(batch, cfg.estimator, **cfg.estimator_options)
+                ev = _explained_variance(batch, res.returns)
+                self._say(f"critic warm-up {k + 1}/{steps}: explained variance {ev:.3f} (gate {gate})")
+                if ev >= gate:
+                    break
+                r = rows_of(res.attach(batch))
+                update_epochs(r, policy=None, policy_opt=None, critic=self.critic, critic_opt=self.critic_opt,
+                              generator=self.generator, epochs=cfg.epochs, minibatches=cfg.minibatches,
+                              micro_batch_tokens=cfg.micro_batch_tokens, pad_id=self.pad_id, device=self.device,
+                              value_clip=cfg.critic("value_clip"), grad_clip=cfg.grad_clip)
+                done += 1
+        except KeyboardInterrupt:
+            self._restore(latest_checkpoint(self.run.checkpoints))
+            self.interrupted = True
+            self._say("interrupted: critic warm-up abandoned; the run is back at its last checkpoint (resumable)")
+            return {}
+        self.state["critic_warm"] = True
+        self.state["elapsed_s"] += time.perf_counter() - t0
+        rec = {"iteration": self.iteration, "phase": "critic_warmup", "time_s": self.state["elapsed_s"],
+               "warmup_steps": done, "warmup_explained_var": ev, "warmup_gate": gate, "warmup_passed": bool(ev >= gate)}
+        self.run.append_metrics(rec)
+        self.history.append(rec)
+        self._checkpoint()
+        return rec
+
+    # ------------------------------------------------------------------ RL
+    def iterate(self, n: int | None = None):
+        """Run ``n`` RL iterations (default: up to ``cfg.iterations`` in all), yielding each one's
+        metrics dict after its files are written.
+
+        Ctrl-C (KeyboardInterrupt) abandons the current iteration: the trainer goes back to the last
+        checkpoint (the run folder stays consistent and resumable) and the generator ends, with
+        ``self.interrupted`` set.
+        """
+        target = self.cfg.iterations if n is None else self.iteration + int(n)
+        while self.iteration < target:
+            try:
+                rec = self._one_iteration()
+            except KeyboardInterrupt:
+                self._restore(latest_checkpoint(self.run.checkpoints))
+                self.interrupted = True
+                self._say(f"interrupted: iteration {self.iteration + 1} abandoned; the run is at iteration "
+                          f"{self.iteration} (resume with Trainer.resume or mpo-viz train --resume)")
+                return
+            yield rec
+
+    def run_all(self, iterations: int | None = None, *, log=None) -> list[dict]:
+        """SFT (unless done or ``sft_steps`` = 0), critic warm-up (unless done, or no critic), then RL
+        iterations up to ``iterations`` in all (default ``cfg.iterations``); ``log(line)`` receives one
+        progress line per iteration. Returns the iteration metrics."""
+        log = log or self._say
+        cfg = self.cfg
+        if self.iteration == 0 and not self.state["sft_done"] and cfg.sft_steps > 0:
+            r = self.sft()
+            if self.interrupted:
+                return []
+            log(f"sft: {r.get('sft_steps')} steps, greedy success {r.get('sft_success', float('nan')):.3f}, "
+                f"loss {r.get('sft_loss', float('nan')):.3f}")
+        if self.critic is not None and not self.state["critic_warm"] and cfg.critic("critic_warmup_steps") > 0:
+            r = self.warmup_critic()
+            if self.interrupted:
+                return []
+            log(f"critic warm-up: {r['warmup_steps']} steps, explained variance {r['warmup_explained_var']:.3f}")
+        total = cfg.iterations if iterations is None else int(iterations)
+        out = []
+        for rec in self.iterate(max(total - self.iteration, 0)):
+            out.append(rec)
+            log(progress_line(rec, total))
+        if out and "eval_success" not in out[-1] and not self.interrupted:
+            ev = self.evaluate()
+            rec = {"iteration": self.iteration, "phase": "eval", "time_s": self.state["elapsed_s"], **ev}
+            self.run.append_metrics(rec)
+            self.history.append(rec)
+            log(f"final greedy eval: success {ev['eval_success']:.3f}")
+        return out
+
+    def _ref_logprobs(self, batch):
+        from mpo_viz.train.update import forward_policy, make_micro, micro_batches
+
+        r = rows_of(batch)
+        out = torch.zeros(r.mask.shape, dtype=torch.float32)
+        with torch.no_grad():
+            for rows in micro_batches(r, np.arange(len(r)), self.cfg.micro_batch_tokens):
+                mb = make_micro(r, rows, self.pad_id, self.device)
+                lp, _ = forward_policy(self.reference, mb)
+                out[torch.from_numpy(rows), : mb.Lb] = lp.float().cpu()
+        return batch.with_token_fields(ref_logprobs=out)
+
+    def _one_iteration(self) -> dict:
+        from mpo_viz.advantages import compute
+
+        cfg = self.cfg
+        it = self.iteration + 1
+        t_start = time.perf_counter()
+        timings = {}
+        if cfg.kl_coef > 0 and self.reference is None:
+            self.reference = self._frozen_copy()  # the policy as RL starts
+
+        t = time.perf_counter()
+        inner: dict = {}
+        batch = self._rollout(cfg.episodes, seed=self._next_seed(), group_size=cfg.group_size, timings=inner)
+        # the rollout runs the critic once over the finished episodes: that is the "values" phase
+        critic_s = float(inner.get("critic", 0.0))
+        timings["rollout"] = time.perf_counter() - t - critic_s
+        timings["rollout_oracle"] = float(inner.get("oracle", 0.0))
+        rollout_tokens = int(batch.mask.sum())
+
+        t = time.perf_counter()
+        if self.reference is not None:
+            batch = self._ref_logprobs(batch)
+        timings["values"] = time.perf_counter() - t + critic_s
+
+        t = time.perf_counter()
+        res = compute(batch, cfg.estimator, **cfg.estimator_options)
+        batch = res.attach(batch)
+        timings["advantages"] = time.perf_counter() - t
+
+        rec = {"iteration": it, "phase": "rl", **episode_stats(batch)}
+        rec.update(self._value_stats(batch, res.returns))
+
+        # policy_lag: train on the rollout of policy_lag iterations ago (none yet: no update)
+        self.lagged.append(batch)
+        train_batch = self.lagged.pop(0) if len(self.lagged) > cfg.policy_lag else None
+        check_loss_inputs(train_batch if train_batch is not None else batch, cfg.loss)
+
+        t = time.perf_counter()
+        upd = {}
+        if train_batch is not None:
+            upd = update_epochs(
+                rows_of(train_batch), policy=self.policy.model, policy_opt=self.policy_opt, critic=self.critic,
+                critic_opt=self.critic_opt, generator=self.generator, epochs=cfg.epochs, minibatches=cfg.minibatches,
+                micro_batch_tokens=cfg.micro_batch_tokens, pad_id=self.pad_id, device=self.device, loss=cfg.loss,
+                loss_options=cfg.loss_options, kl_coef=cfg.kl_coef, kl_estimator=cfg.kl_estimator,
+                entropy_coef=cfg.entropy_coef, value_clip=cfg.critic("value_clip") if self.critic is not None else None,
+                grad_clip=cfg.grad_clip)
+        timings["update"] = time.perf_counter() - t
+        rec.update(upd)
+
+        t = time.perf_counter()
+        if cfg.eval_interval and it % cfg.eval_interval == 0:
+            rec.update(self.evaluate())
+        timings["eval"] = time.perf_counter() - t
+
+        t = time.perf_counter()
+        if cfg.save_trajectories_every and it % cfg.save_trajectories_every == 0:
+            batch.meta["iteration"] = it
+            batch.meta["estimator"] = cfg.estimator
+            batch.meta["estimator_options"] = res.options
+            self.run.write_trajectories(batch, it, max_mb=cfg.trajectories_max_mb)
+        timings["write"] = time.perf_counter() - t
+        timings["total"] = time.perf_counter() - t_start
+        self.state["iteration"] = it
+        self.state["elapsed_s"] += timings["total"]
+        rec["time_s"] = self.state["elapsed_s"]
+        rec["timings"] = timings
+        rec["throughput"] = {
+            "rollout_tokens_per_sec": rollout_tokens / timings["rollout"] if timings["rollout"] > 0 else math.nan,
+            "update_tokens_per_sec": upd.get("update_tokens", 0) / timings["update"] if timings["update"] > 0 else math.nan,
+        }
+        self.run.append_metrics(rec)
+        t = time.perf_counter()
+        self._checkpoint()
+        rec["timings"]["checkpoint"] = time.perf_counter() - t
+        self.history.append(rec)
+        return rec
+
+    def _value_stats(self, batch, returns) -> dict:
+        """Explained variance of the critic and the across/within split of its values (and of the
+        oracle values when the environment provides them)."""
+        from mpo_viz.analysis import value_variance, variance_summary
+
+        out = {}
+        if batch.has("values") and self.critic is not None:
+            out["critic_explained_var"] = _explained_variance(batch, returns)
+            s = variance_summary(value_variance(batch))
+            out.update({"values_across": s["mean_across"], "values_within": s["mean_within"],
+                        "values_across_within_ratio": s["median_ratio"]})
+        if batch.has("oracle_values"):
+            s = variance_summary(value_variance(batch, batch.padded("oracle_values"), name="oracle_values"))
+            out.update({"oracle_across": s["mean_across"], "oracle_within": s["mean_within"],
+                        "oracle_across_within_ratio": s["median_ratio"]})
+            if batch.has("values") and self.critic is not None:
+                m = batch.mask.bool()
+                err = (batch.values - batch.padded("oracle_values"))[m]
+                out["critic_oracle_mae"] = float(err.abs().mean()) if err.numel() else math.nan
+        return out
+
+    def _say(self, line: str) -> None:
+        if not self.quiet:
+            print(line, file=sys.stderr, flush=True)
+
+
+def _explained_variance(batch, returns) -> float:
+    """``1 − Var(G − V)/Var(G)`` over action tokens (NaN when Var(G) = 0 or no values)."""
+    if not batch.has("values"):
+        return math.nan
+    m = batch.mask.bool()
+    g = returns.double()[m]
+    v = batch.values.double()[m]
+    if g.numel() == 0:
+        return math.nan
+    vg = float(g.var(unbiased=False))
+    return 1.0 - float((g - v).var(unbiased=False)) / vg if vg > 0 else math.nan
+
+
+def check_loss_inputs(batch, loss: str) -> None:
+    """Refuse a batch that lacks what the loss kind needs (``rollout_logprobs`` for sao, ...)."""
+    from mpo_viz.losses import get as get_loss
+
+    spec = get_loss(loss)
+    if "rollout_logp" in spec.needs and not batch.has("rollout_logprobs"):
+        raise ValueError(f"loss: {loss!r} forms its ratio against the sampler's log-probs and needs the field "
+                         f"'rollout_logprobs', found a batch without it (fields: {', '.join(sorted(batch.fields))})")
+    if spec.ratio_against == "old_logp" and not batch.has("old_logprobs"):
+        raise ValueError(f"loss: {loss!r} needs the field 'old_logprobs' (the policy's log-probs at rollout), "
+                         f"found a batch without it")
+
+
+def progress_line(rec: dict, total: int | None = None) -> str:
+    """One line per iteration for the shell and the log."""
+    it = rec.get("iteration")
+    head = f"iter {it}" + (f"/{total}" if total else "")
+    bits = [head, f"success {rec.get('success', float('nan')):.3f}", f"reward {rec.get('reward_mean', float('nan')):+.3f}"]
+    if "eval_success" in rec:
+        bits.append(f"eval {rec['eval_success']:.3f}")
+    for k, fmt in (("policy_loss", "{:+.4f}"), ("value_loss", "{:.4f}"), ("approx_kl", "{:.4f}"),
+                   ("clipfrac", "{:.3f}"), ("critic_explained_var", "{:.3f}")):
+        if k in rec and rec[k] is not None:
+            bits.append(f"{k} " + fmt.format(rec[k]))
+    tm = rec.get("timings", {})
+    if tm:
+        bits.append(f"{tm.get('total', float('nan')):.1f}s")
+    return " | ".join(bits)

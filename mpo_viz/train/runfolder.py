@@ -1,0 +1,140 @@
+"""The run folder a trainer writes and the TrainingDashboard reads (DESIGN §4).
+
+::
+
+    RUN/
+      config.json                      the Config (JSON)
+      metrics.jsonl                    one JSON object per line: one per iteration (phase "rl"),
+                                       plus one for SFT and one for the critic warm-up (iteration 0)
+      trajectories/iter=NNNNNN.parquet trajectory/v1 with critic values, log-probs, advantages, returns
+      checkpoints/iter=NNNNNN/         see mpo_viz.train.checkpoint; checkpoints/latest names the newest
+      train.log                        the log of a launched run (mpo_viz.train.launch)
+
+Every file is written under a temporary name and renamed, except ``metrics.jsonl``, which is
+appended one complete line at a time (readers tolerate a partial last line; on resume the lines
+after the checkpoint's iteration, and a partial last line, are cut).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+from pathlib import Path
+
+__all__ = ["RunFolder", "read_metrics_file"]
+
+
+def _clean(x):
+    """JSON-safe: NaN/inf become null, numpy scalars plain numbers, nested dicts kept."""
+    if isinstance(x, dict):
+        return {str(k): _clean(v) for k, v in x.items()}
+    if isinstance(x, (list, tuple)):
+        return [_clean(v) for v in x]
+    if hasattr(x, "item") and not isinstance(x, (str, bytes)):
+        try:
+            x = x.item()
+        except (ValueError, AttributeError):
+            pass
+    if isinstance(x, float) and not math.isfinite(x):
+        return None
+    return x
+
+
+def read_metrics_file(path) -> list[dict]:
+    """The complete lines of a ``metrics.jsonl`` as dicts (a partial last line is skipped)."""
+    p = Path(path)
+    if not p.is_file():
+        return []
+    out = []
+    data = p.read_bytes()
+    end = data.rfind(b"\n") + 1
+    for i, line in enumerate(data[:end].split(b"\n")[:-1], start=1):
+        if line.strip():
+            try:
+                out.append(json.loads(line))
+            except json.JSONDecodeError as exc:
+                raise ValueError(f"{p}: line {i}: expected a JSON object, found {line[:80]!r} ({exc})") from None
+    return out
+
+
+class RunFolder:
+    """Paths and writers of one run folder."""
+
+    def __init__(self, path):
+        self.path = Path(path)
+        self.config_path = self.path / "config.json"
+        self.metrics_path = self.path / "metrics.jsonl"
+        self.trajectories = self.path / "trajectories"
+        self.checkpoints = self.path / "checkpoints"
+        self.log_path = self.path / "train.log"
+
+    def create(self) -> None:
+        self.path.mkdir(parents=True, exist_ok=True)
+
+    # ------------------------------------------------------------------ metrics
+    def append_metrics(self, record: dict) -> None:
+        """Append one metrics object as one line (written with a single ``write`` call)."""
+        line = json.dumps(_clean(record), allow_nan=False) + "\n"
+        with open(self.metrics_path, "a") as fh:
+            fh.write(line)
+            fh.flush()
+            os.fsync(fh.fileno())
+
+    def metrics(self) -> list[dict]:
+        return read_metrics_file(self.metrics_path)
+
+    def truncate_metrics(self, iteration: int) -> int:
+        """Keep the lines whose ``iteration`` <= ``iteration`` (and drop a partial last line);
+        returns the number of lines removed."""
+        if not self.metrics_path.is_file():
+            return 0
+        data = self.metrics_path.read_bytes()
+        keep, removed = [], 0
+        for line in data.split(b"\n"):
+            if not line.strip():
+                continue
+            try:
+                obj = json.loads(line)
+            except json.JSONDecodeError:
+                removed += 1
+                continue
+            if int(obj.get("iteration", 0)) <= iteration:
+                keep.append(line)
+            else:
+                removed += 1
+        if removed:
+            tmp = self.metrics_path.with_name(".metrics.jsonl.tmp")
+            tmp.write_bytes(b"".join(x + b"\n" for x in keep))
+            os.replace(tmp, self.metrics_path)
+        return removed
+
+    # ------------------------------------------------------------------ trajectories
+    def trajectory_path(self, iteration: int) -> Path:
+        return self.trajectories / f"iter={iteration:06d}.parquet"
+
+    def write_trajectories(self, batch, iteration: int, *, max_mb: float) -> Path:
+        """Save ``batch`` as ``trajectories/iter=NNNNNN.parquet`` (atomic), then remove the oldest
+        files while the folder holds more than ``max_mb`` megabytes (the newest always stays)."""
+        from mpo_viz.io import save
+
+        p = save(batch, self.trajectory_path(iteration))
+        files = sorted(self.trajectories.glob("iter=*.parquet"))
+        total = sum(f.stat().st_size for f in files)
+        while len(files) > 1 and total > max_mb * 2**20:
+            f = files.pop(0)
+            total -= f.stat().st_size
+            f.unlink()
+        return p
+
+    def remove_trajectories_after(self, iteration: int) -> None:
+        """Remove trajectory files of iterations past ``iteration`` (written by an unfinished run)."""
+        if not self.trajectories.is_dir():
+            return
+        for f in self.trajectories.glob("iter=*.parquet"):
+            try:
+                it = int(f.stem.split("=", 1)[1])
+            except ValueError:
+                continue
+            if it > iteration:
+                f.unlink()

@@ -1,0 +1,357 @@
+"""One iteration's updates: E epochs × M minibatches of policy (and critic) steps, micro-batched.
+
+Inputs are a rolled-out :class:`~mpo_viz.trajectory.TrajectoryBatch` carrying ``old_logprobs``
+(and ``rollout_logprobs``), ``advantages`` and ``returns`` (and critic ``values``). Per epoch the
+rows are shuffled with the trainer's generator and split into M minibatches of near-equal size;
+each minibatch is cut into micro-batches of at most ``micro_batch_tokens`` padded tokens (rows
+sorted by length first, so that padding stays small), whose gradients are accumulated before one
+AdamW step.
+
+**Normaliser.** The loss of a micro-batch is aggregated with ``scale`` = the *minibatch's* global
+denominator of the aggregation mode (``token-mean``: its action-token count; ``seq-mean-*``: its
+rows with an action token; ``turn-mean``: its turns; ``seq-mean-token-sum-norm``: its longest
+response), so the accumulated gradient equals that of the minibatch as one batch, however it is cut.
+
+**Alignment** (DESIGN §3.1). Row ``i`` is fed as ``prompt_i + response_i`` (right padding,
+positions 0..T−1). The logits at position ``P_i + t − 1`` give ``log π(response token t)``; the
+critic's output at the same position is ``V_t``.
+
+Per optimizer step the policy loss is
+
+    policy_loss(kind, logπ_θ, old_logp, A, mask; scale) + kl_coef·agg(kl(logπ_θ, ref_logp))
+        − entropy_coef·agg(H)
+
+and, when the estimator uses a critic, ``value_loss(V_θ, V_old, G, mask; clip=ε_v, scale)`` on the
+critic's own AdamW.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from mpo_viz.losses import aggregate, kl_penalty, policy_loss, token_entropy, token_logprobs, value_loss
+from mpo_viz.losses import get as get_loss
+
+__all__ = ["Rows", "rows_of", "micro_batches", "forward_policy", "forward_critic", "normaliser",
+           "update_epochs", "MetricMeter", "policy_logits", "critic_values"]
+
+
+# ---------------------------------------------------------------------------------------------
+# the model calls (one place that knows how a policy / critic is called)
+
+
+def policy_logits(policy: torch.nn.Module, ids: torch.Tensor, attn: torch.Tensor) -> torch.Tensor:
+    """``(b, T, V)`` logits of a Hugging Face causal LM on right-padded ``ids``."""
+    return policy(input_ids=ids, attention_mask=attn, use_cache=False).logits
+
+
+def critic_values(critic: torch.nn.Module, ids: torch.Tensor, attn: torch.Tensor) -> torch.Tensor:
+    """``(b, T)`` outputs of the critic's scalar head on right-padded ``ids``."""
+    out = critic(input_ids=ids, attention_mask=attn)
+    return out if isinstance(out, torch.Tensor) else out.values
+
+
+# ---------------------------------------------------------------------------------------------
+# the batch as tensors
+
+
+@dataclass
+class Rows:
+    """A batch as the update needs it. ``seqs``: per row ``prompt + response`` ids (int64);
+    ``prompt_len``/``resp_len`` (B,); per-token ``(B, L)`` tensors: ``mask`` (bool), ``turn_ids``,
+    ``old_logp``, ``rollout_logp``, ``advantages``, ``returns``, ``values``, ``ref_logp`` (None
+    when absent)."""
+
+    seqs: list
+    prompt_len: np.ndarray
+    resp_len: np.ndarray
+    mask: torch.Tensor
+    turn_ids: torch.Tensor
+    old_logp: torch.Tensor | None
+    rollout_logp: torch.Tensor | None
+    advantages: torch.Tensor | None
+    returns: torch.Tensor | None
+    values: torch.Tensor | None
+    ref_logp: torch.Tensor | None
+
+    def __len__(self) -> int:
+        return len(self.seqs)
+
+
+def rows_of(batch) -> Rows:
+    """The :class:`Rows` of a TrajectoryBatch (float32 per-token fields)."""
+    prompts = batch.field("prompt_ids")
+    resps = batch.field("response_ids")
+    seqs = [torch.from_numpy(np.concatenate([p, r]).astype(np.int64)) for p, r in zip(prompts, resps)]
+
+    def opt(name):
+        return batch.padded(name, torch.float32) if batch.has(name) else None
+
+    return Rows(
+        seqs=seqs,
+        prompt_len=np.array([len(p) for p in prompts], dtype=np.int64),
+        resp_len=np.array([len(r) for r in resps], dtype=np.int64),
+        mask=batch.mask.bool(),
+        turn_ids=batch.turn_ids,
+        old_logp=opt("old_logprobs"),
+        rollout_logp=opt("rollout_logprobs"),
+        advantages=opt("advantages"),
+        returns=opt("returns"),
+        values=opt("values"),
+        ref_logp=opt("ref_logprobs"),
+    )
+
+
+@dataclass
+class Micro:
+    """One micro-batch: padded ``ids``/``attn`` (b, T), the gather index ``pos`` (b, Lb) of each
+    response token's predicting position, the row indices, and ``Lb`` (its longest response)."""
+
+    rows: np.ndarray
+    ids: torch.Tensor
+    attn: torch.Tensor
+    pos: torch.Tensor
+    Lb: int
+
+    def take(self, x: torch.Tensor | None) -> torch.Tensor | None:
+        return None if x is None else x[torch.from_numpy(self.rows), : self.Lb]
+
+
+def make_micro(r: Rows, rows: np.ndarray, pad_id: int, device) -> Micro:
+    rows = np.asarray(rows, dtype=np.int64)
+    T = int((r.prompt_len[rows] + r.resp_len[rows]).max())
+    Lb = int(r.resp_len[rows].max())
+    ids = torch.full((len(rows), T), pad_id, dtype=torch.int64)
+    attn = torch.zeros((len(rows), T), dtype=torch.int64)
+    for j, i in enumerate(rows):
+        s = r.seqs[i]
+        ids[j, : len(s)] = s
+        attn[j, : len(s)] = 1
+    P = torch.from_numpy(r.prompt_len[rows])
+    pos = (P[:, None] - 1 + torch.arange(Lb)[None, :]).clamp(max=T - 2)
+    return Micro(rows=rows, ids=ids.to(device), attn=attn.to(device), pos=pos.to(device), Lb=Lb)
+
+
+def micro_batches(r: Rows, rows: np.ndarray, budget: int) -> list[np.ndarray]:
+    """Cut ``rows`` into groups whose padded size (rows × longest prompt+response) is at most
+    ``budget`` tokens (a longer row goes alone). Rows are sorted by length first (stable)."""
+    rows = np.asarray(rows, dtype=np.int64)
+    total = r.prompt_len[rows] + r.resp_len[rows]
+    order = rows[np.argsort(total, kind="stable")]
+    out, cur, cur_max = [], [], 0
+    for i in order:
+        t = int(r.prompt_len[i] + r.resp_len[i])
+        m = max(cur_max, t)
+        if cur and m * (len(cur) + 1) > budget:
+            out.append(np.array(cur, dtype=np.int64))
+            cur, m = [], t
+        cur.append(int(i))
+        cur_max = m
+    if cur:
+        out.append(np.array(cur, dtype=np.int64))
+    return out
+
+
+def _gather(full: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:
+    return full.gather(1, pos)
+
+
+def forward_policy(policy, mb: Micro, *, entropy: bool = False):
+    """``(logp, ent)``, each ``(b, Lb)``: log π of each response token under ``policy`` (with
+    gradient) and, if asked, the entropy of the policy's distribution at that position."""
+    logits = policy_logits(policy, mb.ids, mb.attn)
+    lp = token_logprobs(logits[:, :-1], mb.ids[:, 1:])
+    logp = _gather(lp, mb.pos)
+    ent = None
+    if entropy:
+        ent = _gather(token_entropy(logits[:, :-1]), mb.pos)
+    return logp, ent
+
+
+def forward_critic(critic, mb: Micro) -> torch.Tensor:
+    """``(b, Lb)`` critic values of each response token (the output at position P + t − 1)."""
+    return _gather(critic_values(critic, mb.ids, mb.attn), mb.pos)
+
+
+def normaliser(r: Rows, rows: np.ndarray, agg: str) -> float:
+    """The minibatch's global denominator of aggregation mode ``agg`` (see the module docstring)."""
+    m = r.mask[torch.from_numpy(np.asarray(rows, dtype=np.int64))]
+    if agg == "token-mean":
+        n = int(m.sum())
+    elif agg.startswith("seq-mean-token-sum-norm"):
+        n = int(r.resp_len[rows].max())
+    elif agg.startswith("seq-mean"):
+        n = int((m.sum(1) > 0).sum())
+    elif agg == "turn-mean":
+        t = r.turn_ids[torch.from_numpy(np.asarray(rows, dtype=np.int64))]
+        n = int(sum(len(torch.unique(t[i][m[i]])) for i in range(len(rows))))
+    else:
+        raise ValueError(f"agg: expected a reducing mode, found {agg!r}")
+    return float(max(n, 1))
+
+
+# ---------------------------------------------------------------------------------------------
+# metrics over micro-batches
+
+
+class MetricMeter:
+    """Combines per-micro-batch metrics: ``*_min`` by min, ``*_max`` by max, everything else by a
+    weighted mean (weight = the micro-batch's action tokens, or turns for ``turn_*`` metrics);
+    NaN values are left out."""
+
+    def __init__(self):
+        self.sum = defaultdict(float)
+        self.w = defaultdict(float)
+        self.ext: dict[str, float] = {}
+
+    def add(self, metrics: dict, *, tokens: float, turns: float | None = None) -> None:
+        for k, v in metrics.items():
+            v = float(v)
+            if v != v:  # NaN
+                continue
+            if k.endswith("_min"):
+                self.ext[k] = min(self.ext.get(k, v), v)
+            elif k.endswith("_max"):
+                self.ext[k] = max(self.ext.get(k, v), v)
+            else:
+                w = turns if (k.startswith("turn_") and turns is not None) else tokens
+                self.sum[k] += v * w
+                self.w[k] += w
+
+    def result(self) -> dict:
+        out = {k: self.sum[k] / self.w[k] for k in self.sum if self.w[k] > 0}
+        out.update(self.ext)
+        return out
+
+
+def _n_turns(mask: torch.Tensor, turn_ids: torch.Tensor) -> int:
+    t = torch.where(mask, turn_ids, torch.full_like(turn_ids, -1))
+    return int(sum(len(torch.unique(t[i][mask[i]])) for i in range(mask.shape[0])))
+
+
+# ---------------------------------------------------------------------------------------------
+# the update
+
+
+def _grad_norm(params) -> float:
+    norms = [p.grad.detach().norm(2) for p in params if p.grad is not None]
+    return float(torch.linalg.vector_norm(torch.stack(norms), 2)) if norms else 0.0
+
+
+def _step(opt, params, grad_clip: float) -> float:
+    if grad_clip > 0:
+        gn = float(torch.nn.utils.clip_grad_norm_(params, grad_clip))
+    else:
+        gn = _grad_norm(params)
+    opt.step()
+    opt.zero_grad(set_to_none=True)
+    return gn
+
+
+def update_epochs(
+    r: Rows,
+    *,
+    policy: torch.nn.Module | None,
+    policy_opt: torch.optim.Optimizer | None,
+    critic: torch.nn.Module | None,
+    critic_opt: torch.optim.Optimizer | None,
+    generator: torch.Generator,
+    epochs: int,
+    minibatches: int,
+    micro_batch_tokens: int,
+    pad_id: int,
+    device,
+    loss: str = "turn_ppo",
+    loss_options: dict | None = None,
+    kl_coef: float = 0.0,
+    kl_estimator: str = "k3",
+    entropy_coef: float = 0.0,
+    value_clip: float | None = 0.5,
+    grad_clip: float = 1.0,
+) -> dict:
+    """Run ``epochs`` × ``minibatches`` optimizer steps on the rows of ``r``; returns the metrics.
+
+    ``policy=None`` updates only the critic (the critic warm-up); ``critic=None`` only the policy.
+    Metrics: ``policy_loss``, ``entropy`` (token-mean), ``kl_ref`` (with a reference),
+    ``grad_norm`` (policy, before clipping), ``value_loss``, ``critic_grad_norm`` — each the mean
+    over optimizer steps of the minibatch's value; every :func:`mpo_viz.losses.policy_loss` metric
+    and ``vf_clipfrac``, ``vf_explained_var``, ``vf_mse`` of :func:`value_loss` — combined over
+    micro-batches by :class:`MetricMeter`; ``update_tokens`` (action tokens × epochs) and
+    ``optimizer_steps``.
+    """
+    loss_options = dict(loss_options or {})
+    spec = get_loss(loss)
+    agg = loss_options.get("agg") or spec.agg
+    B = len(r)
+    pm, cm, steps_meter = MetricMeter(), MetricMeter(), MetricMeter()
+    steps, tokens = 0, 0
+    want_entropy = True
+    if policy is not None:
+        policy.train()
+    if critic is not None:
+        critic.train()
+    try:
+        for _ in range(epochs):
+            perm = torch.randperm(B, generator=generator).numpy()
+            for chunk in np.array_split(perm, minibatches):
+                if len(chunk) == 0:
+                    continue
+                scale_p = normaliser(r, chunk, agg)
+                scale_v = normaliser(r, chunk, "token-mean")
+                micros = micro_batches(r, chunk, micro_batch_tokens)
+                sums = defaultdict(float)  # minibatch losses: the sum of the micro-batch terms
+                for rows in micros:
+                    mb = make_micro(r, rows, pad_id, device)
+                    mask = mb.take(r.mask).to(device)
+                    n_tok = float(mask.sum())
+                    tokens += int(n_tok)
+                    turn_ids = mb.take(r.turn_ids).to(device)
+                    n_turns = _n_turns(mask.cpu(), turn_ids.cpu())
+                    if policy is not None:
+                        logp, ent = forward_policy(policy, mb, entropy=want_entropy)
+                        take = (lambda x: None if x is None else mb.take(x).to(device))
+                        lp_loss, metrics = policy_loss(
+                            loss, logp, take(r.old_logp), take(r.advantages), mask, turn_ids=turn_ids,
+                            rollout_logp=take(r.rollout_logp), scale=scale_p, **loss_options)
+                        total = lp_loss
+                        sums["policy_loss"] += float(lp_loss.detach())
+                        if ent is not None:
+                            ent_mean = aggregate(ent, mask, "token-mean", scale=scale_v)
+                            sums["entropy"] += float(ent_mean.detach())
+                            if entropy_coef:
+                                total = total - entropy_coef * ent_mean
+                        if kl_coef:
+                            kl = kl_penalty(logp, take(r.ref_logp), kl_estimator, mask=mask)
+                            kl_loss = aggregate(kl, mask, "token-mean", scale=scale_v)
+                            total = total + kl_coef * kl_loss
+                            sums["kl_ref"] += float(kl_loss.detach())
+                        total.backward()
+                        pm.add(metrics, tokens=n_tok, turns=n_turns)
+                    if critic is not None:
+                        v = forward_critic(critic, mb)
+                        take = (lambda x: None if x is None else mb.take(x).to(device))
+                        clip = value_clip if value_clip else None
+                        v_loss, vmetrics = value_loss(v, take(r.values), take(r.returns), mask, clip=clip,
+                                                      scale=scale_v)
+                        v_loss.backward()
+                        sums["value_loss"] += float(v_loss.detach())
+                        cm.add(vmetrics, tokens=n_tok)
+                if policy is not None:
+                    sums["grad_norm"] = _step(policy_opt, [p for p in policy.parameters() if p.requires_grad],
+                                              grad_clip)
+                if critic is not None:
+                    sums["critic_grad_norm"] = _step(critic_opt, [p for p in critic.parameters() if p.requires_grad],
+                                                     grad_clip)
+                steps_meter.add(sums, tokens=1.0)
+                steps += 1
+    finally:
+        if policy is not None:
+            policy.eval()
+        if critic is not None:
+            critic.eval()
+    out = {**pm.result(), **cm.result(), **steps_meter.result(), "optimizer_steps": steps, "update_tokens": tokens}
+    return out

@@ -1,0 +1,148 @@
+"""The package imports one way: io/envs/rollout → TrajectoryBatch → advantages → losses/analysis →
+plots/strip → widgets/report/CLI. Nothing lower imports anything higher, there is no import circle,
+and nothing inside the package imports the top-level ``mpo_viz`` package (``demo.py`` aside: it
+reads like user code). Every import counts, also those inside functions."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+PKG = Path(__file__).resolve().parents[1] / "mpo_viz"
+
+# rank of each module (by dotted prefix; the longest prefix wins). A module may import modules of
+# its own rank or lower. A new module must be placed here.
+RANK = {
+    "mpo_viz.version": 0, "mpo_viz.checks": 0, "mpo_viz.schema": 0, "mpo_viz.ragged": 0, "mpo_viz.turns": 0,
+    "mpo_viz.validate": 1,
+    "mpo_viz.trajectory": 2,
+    "mpo_viz.io": 3, "mpo_viz.adapters": 3, "mpo_viz.synthetic": 3, "mpo_viz.envs": 3, "mpo_viz.models": 3, "mpo_viz.rollout": 3,
+    "mpo_viz.advantages": 4,
+    "mpo_viz.losses": 5, "mpo_viz.analysis": 5,
+    "mpo_viz.plots": 6, "mpo_viz.strip": 6,
+    "mpo_viz.widgets": 7, "mpo_viz.report": 7, "mpo_viz.annotate": 7, "mpo_viz.train": 7,
+    "mpo_viz.integrations": 7,
+    "mpo_viz.cli": 8,
+    "mpo_viz": 9,  # the package itself: re-exports only, imported by nobody inside
+}
+ASIDE = {"mpo_viz.demo"}
+
+
+def _modules() -> dict[str, Path]:
+    out = {}
+    for f in PKG.rglob("*.py"):
+        parts = list(f.relative_to(PKG.parent).with_suffix("").parts)
+        if parts[-1] == "__init__":
+            parts.pop()
+        out[".".join(parts)] = f
+    return out
+
+
+MODULES = _modules()
+
+
+def _resolve(name: str) -> str:
+    """The module a dotted name refers to (``mpo_viz.advantages.compute`` -> ``mpo_viz.advantages``)."""
+    while name not in MODULES and "." in name:
+        name = name.rsplit(".", 1)[0]
+    return name
+
+
+def _imports(mod: str) -> list[tuple[str, int]]:
+    """``(imported module, line)`` for every mpo_viz import in ``mod``, wherever it sits."""
+    tree = ast.parse(MODULES[mod].read_text(encoding="utf-8"))
+    is_pkg = MODULES[mod].name == "__init__.py"
+    out = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            out += [(_resolve(a.name), node.lineno) for a in node.names if a.name.split(".")[0] == "mpo_viz"]
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:  # relative import
+                anchor = mod.split(".") if is_pkg else mod.split(".")[:-1]
+                anchor = anchor[: len(anchor) - node.level + 1]
+                base = ".".join(anchor + ([base] if base else []))
+            if base.split(".")[0] != "mpo_viz":
+                continue
+            for a in node.names:
+                sub = f"{base}.{a.name}"
+                out.append((sub if sub in MODULES else _resolve(base), node.lineno))
+    return out
+
+
+def _rank(mod: str) -> int:
+    key = max((k for k in RANK if mod == k or mod.startswith(k + ".")), key=len, default=None)
+    if key is None:
+        raise AssertionError(f"{mod}: not placed in tests/test_layers.py RANK; give it a layer")
+    return RANK[key]
+
+
+def test_every_module_has_a_layer():
+    for mod in MODULES:
+        if mod not in ASIDE:
+            _rank(mod)
+
+
+@pytest.mark.parametrize("mod", sorted(m for m in MODULES if m not in ASIDE and m != "mpo_viz"))
+def test_nothing_imports_upward_or_the_top_level_package(mod):
+    for target, line in _imports(mod):
+        where = f"{MODULES[mod].relative_to(PKG.parent)}:{line}"
+        assert target != "mpo_viz", f"{where}: imports the top-level mpo_viz package; import the module itself"
+        assert target not in ASIDE, f"{where}: imports {target}"
+        assert _rank(target) <= _rank(mod), (
+            f"{where}: {mod} (layer {_rank(mod)}) imports {target} (layer {_rank(target)}), a higher layer")
+
+
+def test_no_import_circle():
+    graph = {m: sorted({t for t, _ in _imports(m) if t != m and t in MODULES}) for m in MODULES if m not in ASIDE}
+    # a package's __init__ importing its own submodules is the package assembling itself, not a dependency
+    # of the submodules on the package: drop package -> own child edges before looking for circles
+    graph = {m: [t for t in ts if not t.startswith(m + ".")] for m, ts in graph.items()}
+    state: dict[str, int] = {}
+    stack: list[str] = []
+
+    def visit(m):
+        state[m] = 1
+        stack.append(m)
+        for t in graph.get(m, []):
+            if state.get(t) == 1:
+                raise AssertionError("import circle: " + " -> ".join(stack[stack.index(t):] + [t]))
+            if t not in state:
+                visit(t)
+        stack.pop()
+        state[m] = 2
+
+    for m in graph:
+        if m not in state:
+            visit(m)
+
+
+def test_the_checker_sees_what_it_should(tmp_path):
+    # the walker finds function-level and relative imports (a check that would pass on nothing is no check)
+    assert ("mpo_viz.trajectory", 1) in [(t, 1) for t, _ in _imports("mpo_viz.io")]
+    assert "mpo_viz.advantages.registry" in [t for t, _ in _imports("mpo_viz.analysis")]
+    assert _rank("mpo_viz.advantages.kernels") == 4 and _rank("mpo_viz.cli.advantages") == 8
+
+
+def test_no_private_name_crosses_a_module():
+    # a helper used by another module is public (or lives next to its user): no `from m import _x`, no
+    # `module._x`, and no reaching into another module's objects' private fields (`batch._tok`);
+    # `obj._x` is fine inside the module whose classes set `self._x` (e.g. concat reading other batches)
+    bad = []
+    for mod, f in MODULES.items():
+        tree = ast.parse(f.read_text(encoding="utf-8"))
+        own = {n.attr for n in ast.walk(tree) if isinstance(n, ast.Attribute) and isinstance(n.value, ast.Name)
+               and n.value.id == "self" and n.attr.startswith("_")}
+        for node in ast.walk(tree):
+            if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("mpo_viz"):
+                bad += [f"{mod}:{node.lineno} imports {a.name}" for a in node.names
+                        if a.name.startswith("_") and not a.name.startswith("__")]
+            elif (isinstance(node, ast.Attribute) and node.attr.startswith("_") and not node.attr.startswith("__")
+                  and isinstance(node.value, ast.Name) and node.value.id not in ("self", "cls")
+                  and node.attr not in own):
+                if node.attr == "_actions":  # argparse's parser._actions: a third-party object
+                    continue
+                bad.append(f"{mod}:{node.lineno} reads {ast.unparse(node)}")
+    assert not bad, "\n".join(bad)

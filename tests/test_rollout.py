@@ -1,0 +1,228 @@
+"""Rollout: log-probs against a plain teacher-forced forward, critic values against a direct critic
+forward, determinism across batch sizes, rewards and turns against a replay of the environment."""
+
+import json
+
+import numpy as np
+import pytest
+import torch
+from model_helpers import make_instruct_folder, teacher_forced_logprobs
+
+from mpo_viz import models as M
+from mpo_viz.envs import NoisyExpert, Oracle, build_tokenizer, make_env
+from mpo_viz.envs.generate import oracle_columns
+from mpo_viz.rollout import rollout, sample_tokens, task_seeds
+from mpo_viz.turns import turn_ids_from_mask
+
+ENVS = ["search", "tooluse", "automation"]
+SHORT = {"max_turn_tokens": 6}
+
+
+def _env(name):
+    return make_env(name, difficulty=make_env(name).min_difficulty)
+
+
+@pytest.fixture(scope="module", autouse=True)
+def one_thread():
+    # a tiny model is overhead-bound: one thread avoids OpenMP spin-waits on a shared machine
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)
+
+
+def _policy(name, seed=0):
+    env = _env(name)
+    pol = M.tiny_policy(build_tokenizer(env), "1m", seed=seed)
+    eot = pol.layout.eot
+    with torch.no_grad():  # a sharper end-of-turn logit: turns of ragged lengths, some cut at the limit
+        pol.model.get_output_embeddings().weight[eot] *= 40.0
+    return env, pol
+
+
+def _rows(batch):
+    return [batch.row(i) for i in range(len(batch))]
+
+
+@pytest.mark.parametrize("name", ENVS)
+def test_logprobs_honest_and_batch_size_free(name):
+    env, pol = _policy(name)
+    out = {bs: rollout(pol, env, 8, group_size=2, seed=3, batch_size=bs, **SHORT) for bs in (1, 16)}
+    rows1, rows16 = _rows(out[1]), _rows(out[16])
+    turn_lens = set()
+    for r1, r16 in zip(rows1, rows16):
+        assert r1["response_ids"] == r16["response_ids"]           # same tokens whatever the batch size
+        np.testing.assert_allclose(r1["old_logprobs"], r16["old_logprobs"], atol=1e-5)
+        for r in (r1, r16):
+            m = np.asarray(r["loss_mask"]).astype(bool)
+            ref = teacher_forced_logprobs(pol.model, r["prompt_ids"], r["response_ids"]).numpy()
+            old, roll = np.asarray(r["old_logprobs"]), np.asarray(r["rollout_logprobs"])
+            assert np.array_equal(old, roll)                         # T = 1, top_p = 1
+            assert np.abs(old[m] - ref[m]).max() < 2e-3
+            assert (old[~m] == 0).all()
+        tid = np.asarray(r1["turn_ids"])
+        turn_lens |= {int(((tid == k) & m).sum()) for k in range(r1["num_turns"])}
+    assert len({len(r["response_ids"]) for r in rows1}) > 1 and len(turn_lens) > 2   # ragged
+
+
+def _replay(name, r):
+    """Play the recorded assistant texts again in a fresh environment: observations and rewards."""
+    env = _env(name)
+    extra = json.loads(r["extra_json"])
+    env.reset(seed=extra["seed"], task=env.make_task(extra["task_seed"]))
+    msgs = json.loads(r["messages_json"])
+    rewards, steps = [], 0
+    for m in msgs:
+        if m["role"] == "assistant":
+            obs, rew, term, trunc, _ = env.step(m["content"])
+            rewards.append(rew)
+            steps += 1
+    return env, msgs, rewards
+
+
+@pytest.mark.parametrize("name", ENVS)
+def test_turns_rewards_and_messages_match_a_replay(name):
+    env, pol = _policy(name, seed=1)
+    batch = rollout(pol, env, 6, group_size=3, seed=0, **SHORT)
+    assert batch.group_ids == [f"{name}-s0-t0000"] * 3 + [f"{name}-s0-t0001"] * 3
+    lay = pol.layout
+    for r in _rows(batch):
+        mask = np.asarray(r["loss_mask"])
+        assert r["turn_ids"] == turn_ids_from_mask(mask).tolist()
+        renv, msgs, rewards = _replay(name, r)
+        assert r["num_turns"] == len(rewards) == sum(m["role"] == "assistant" for m in msgs)
+        assert r["reward"] == pytest.approx(sum(rewards))
+        assert r["stop_reason"] == ("terminated" if renv.state[1] in ("success", "failure") else "turn_limit")
+        # the decoded action tokens are what the environment read; observations are the layout's ids
+        ids = np.asarray(r["response_ids"])
+        for k, m in enumerate([m for m in msgs if m["role"] == "assistant"]):
+            tok = ids[(np.asarray(r["turn_ids"]) == k) & (mask == 1)].tolist()
+            assert " ".join(lay.text(tok).split()) == m["content"]
+        tool = [m for m in msgs[2:] if m["role"] == env.obs_role]
+        expect = list(r["prompt_ids"])
+        for k in range(r["num_turns"]):
+            expect += ids[(np.asarray(r["turn_ids"]) == k) & (mask == 1)].tolist()
+            expect += lay.observation(env.obs_role, tool[k]["content"], final=k == r["num_turns"] - 1)
+        assert expect == r["prompt_ids"] + r["response_ids"]
+
+
+def test_critic_values_bootstrap_and_oracle():
+    env, pol = _policy("search", seed=2)
+    critic = M.make_critic(pol, "fresh", seed=4)
+    batch = rollout(pol, env, 6, group_size=2, critic=critic, seed=1, max_turn_tokens=8, max_total_tokens=90)
+    assert batch.meta["values_source"] == "critic"
+    reasons = set(batch.field("stop_reason"))
+    assert "max_total_tokens" in reasons
+    orc = oracle_columns(batch)
+    for i, r in enumerate(_rows(batch)):
+        seq = torch.tensor([r["prompt_ids"] + r["response_ids"]])
+        with torch.no_grad():
+            direct = critic(seq)[0].numpy()
+        p, n = len(r["prompt_ids"]), len(r["response_ids"])
+        np.testing.assert_allclose(r["values"], direct[p - 1:p + n - 1], atol=1e-5)
+        if r["stop_reason"] == "max_total_tokens":
+            assert r["truncated"] and r["bootstrap_value"] == pytest.approx(float(direct[-1]), abs=1e-5)
+            assert p + n <= 90 or r["loss_mask"][-1] == 0
+        else:
+            assert np.isnan(r["bootstrap_value"])
+        # oracle columns: the first action token carries V(s_0) under the noisy expert
+        extra = json.loads(r["extra_json"])
+        e = _env("search")
+        e.reset(seed=extra["seed"], task=e.make_task(extra["task_seed"]))
+        v0 = Oracle(e, NoisyExpert(), gamma=1.0).value(e.state)
+        assert float(orc["values"][i, 0]) == pytest.approx(v0, abs=1e-6)
+
+
+def test_temperature_top_p_and_greedy():
+    env, pol = _policy("tooluse", seed=3)
+    T, top_p = 0.7, 0.8
+    b = rollout(pol, env, 4, seed=2, temperature=T, top_p=top_p, **SHORT)
+    g = rollout(pol, env, 4, seed=2, temperature=0, **SHORT)
+    for r in _rows(b):
+        ids = torch.tensor([r["prompt_ids"] + r["response_ids"]])
+        with torch.no_grad():
+            logits = pol.model(ids).logits[0].double()
+        p = len(r["prompt_ids"])
+        m = np.asarray(r["loss_mask"]).astype(bool)
+        for t in np.nonzero(m)[0]:
+            tok = r["response_ids"][t]
+            q = torch.softmax(logits[p + t - 1] / T, -1)
+            order = torch.argsort(q, descending=True, stable=True)
+            before = torch.cumsum(q[order], 0) - q[order]
+            nucleus = order[before < top_p]
+            assert tok in nucleus.tolist()
+            want = float(torch.log(q[tok] / q[nucleus].sum()))
+            assert r["rollout_logprobs"][t] == pytest.approx(want, abs=2e-4)
+            assert r["old_logprobs"][t] == pytest.approx(float(torch.log_softmax(logits[p + t - 1], -1)[tok]), abs=2e-4)
+    for r in _rows(g):
+        ids = torch.tensor([r["prompt_ids"] + r["response_ids"]])
+        with torch.no_grad():
+            am = pol.model(ids).logits[0].argmax(-1).numpy()
+        p = len(r["prompt_ids"])
+        m = np.asarray(r["loss_mask"]).astype(bool)
+        assert (np.asarray(r["response_ids"])[m] == am[p - 1:-1][m]).all()
+        assert (np.asarray(r["rollout_logprobs"]) == 0).all()
+
+
+def test_sample_tokens_inverts_the_cdf():
+    logits = torch.tensor([[0.0, 1.0, 2.0, -1.0], [3.0, 3.0, -50.0, 0.0]])
+    n = 1000
+    u = (torch.arange(n, dtype=torch.float64) + 0.5) / n          # evenly spread uniforms: exact quantiles
+    for row in logits:
+        tok, roll, old = sample_tokens(row.expand(n, -1), u, 1.0, 1.0)
+        p = torch.softmax(row.double(), -1)
+        counts = torch.bincount(tok, minlength=4).double()
+        assert (counts - n * p).abs().max() <= 1.0
+        assert torch.equal(roll, old)
+    p = torch.softmax(logits[0].double(), -1)                       # .087 .237 .644 .032
+    tok, roll, _ = sample_tokens(logits[:1].expand(n, -1), u, 1.0, 0.5)
+    assert set(tok.tolist()) == {2} and float(roll.abs().max()) < 1e-6   # the nucleus is the top token alone
+    tok, roll, _ = sample_tokens(logits[:1].expand(n, -1), u, 1.0, 0.7)   # nucleus {2, 1}
+    q = p[[1, 2]] / p[[1, 2]].sum()
+    counts = torch.bincount(tok, minlength=4).double()
+    assert counts[0] == counts[3] == 0 and (counts[[1, 2]] - n * q).abs().max() <= 1.0
+    assert torch.allclose(roll[tok == 1].double(), q[0].log(), atol=1e-6)
+
+
+def test_task_seeds_make_episodes_reproducible():
+    env, pol = _policy("automation", seed=4)
+    both = rollout(pol, env, seeds=[11, 12], group_size=2, seed=5, **SHORT)
+    one = rollout(pol, env, seeds=[12], group_size=2, seed=5, **SHORT)
+    assert [r["response_ids"] for r in _rows(both)[2:]] == [r["response_ids"] for r in _rows(one)]
+    assert [json.loads(x)["task_seed"] for x in one.field("extra_json")] == [12, 12]
+    drawn = rollout(pol, env, 2, group_size=1, seed=7, **SHORT)
+    assert [json.loads(x)["task_seed"] for x in drawn.field("extra_json")] == task_seeds(7, 2)
+
+
+def test_bad_input_names_the_argument():
+    env, pol = _policy("search")
+    with pytest.raises(ValueError, match="n_episodes: expected a positive multiple of group_size=4, found 6"):
+        rollout(pol, env, 6, group_size=4)
+    with pytest.raises(ValueError, match="n_episodes: expected len.seeds. . group_size = 4 with seeds, found 3"):
+        rollout(pol, env, 3, seeds=[1, 2], group_size=2)
+    with pytest.raises(ValueError, match="temperature: expected a finite number >= 0"):
+        rollout(pol, env, 1, temperature=-1)
+    with pytest.raises(ValueError, match=r"top_p: expected a number in \(0, 1\], found 0"):
+        rollout(pol, env, 1, top_p=0)
+    with pytest.raises(ValueError, match="policy: expected a mpo_viz.models.Policy"):
+        rollout(pol.model, env, 1)
+    with pytest.raises(ValueError, match="max_total_tokens: expected more than the prompt"):
+        rollout(pol, env, 1, max_total_tokens=10)
+    other = M.tiny_policy(build_tokenizer(make_env("tooluse")))
+    with pytest.raises(ValueError, match=r"policy tiny_policy\(size='1m', seed=0\) for env 'search': .* mapped to the "
+                                         r"unknown token"):
+        rollout(other, env, 1)
+
+
+def test_local_instruct_model_with_chat_template(tmp_path):
+    env = _env("tooluse")
+    pol = M.load_policy(make_instruct_folder(tmp_path / "inst", env))
+    batch = rollout(pol, env, 4, group_size=2, seed=0, max_turn_tokens=8, batch_size=3)
+    for r in _rows(batch):
+        m = np.asarray(r["loss_mask"]).astype(bool)
+        ref = teacher_forced_logprobs(pol.model, r["prompt_ids"], r["response_ids"]).numpy()
+        assert np.abs(np.asarray(r["old_logprobs"])[m] - ref[m]).max() < 2e-3
+        msgs = json.loads(r["messages_json"])
+        text = pol.tokenizer.decode(r["prompt_ids"])
+        assert text == pol.tokenizer.apply_chat_template(msgs[:2], tokenize=False, add_generation_prompt=True)
+        assert "<|im_start|>tool\n" in pol.tokenizer.decode(r["response_ids"])

@@ -1,0 +1,95 @@
+"""Config: defaults, JSON round trip, validation naming the field, refusals and the trust-region warning."""
+
+import json
+import warnings
+
+import pytest
+
+from mpo_viz.train.config import CRITIC_DEFAULTS, Config, TrustRegionWarning
+
+
+def test_defaults_round_trip_through_json(tmp_path):
+    cfg = Config(env="automation", estimator="gae", loss="token_ppo", estimator_options={"lam": 0.95},
+                 loss_options={"clip_high": 0.28, "dual_clip": 3.0}, difficulty=[3, 4])
+    p = cfg.save(tmp_path / "c.json")
+    back = Config.load(p)
+    assert back == cfg
+    assert back.hash() == cfg.hash()
+    assert json.loads(p.read_text())["loss_options"] == {"clip_high": 0.28, "dual_clip": 3.0}
+
+
+def test_hash_ignores_iterations_only():
+    a = Config()
+    assert a.hash() == a.replace(iterations=999).hash()
+    assert a.hash() != a.replace(seed=1).hash()
+    assert a.replace(seed=1, episodes=32).differences(a) == ["episodes: 32 != 64", "seed: 1 != 0"]
+
+
+@pytest.mark.parametrize("changes, field", [
+    ({"episodes": 0}, "episodes"),
+    ({"episodes": 10, "group_size": 4}, "episodes"),
+    ({"epochs": 1.5}, "epochs"),
+    ({"policy_lr": "1e-4"}, "policy_lr"),
+    ({"policy_lr": True}, "policy_lr"),
+    ({"top_p": 0}, "top_p"),
+    ({"env": "chess"}, "env"),
+    ({"estimator": "nope"}, "estimator"),
+    ({"loss": "nope"}, "loss"),
+    ({"model_size": "7b"}, "model_size"),
+    ({"difficulty": "hard"}, "difficulty"),
+    ({"estimator_options": {"gama": 1.0}}, "estimator_options"),
+    ({"estimator_options": {"gamma": "1"}}, "estimator_options.gamma"),
+    ({"loss_options": {"clip_low": "0.2"}}, "loss_options.clip_low"),
+    ({"loss_options": {"ratio": "median"}}, "loss_options.ratio"),
+    ({"loss_options": {"scale": 3.0}}, "loss_options"),
+    ({"loss_options": {"agg": "none"}}, "loss_options.agg"),
+    ({"loss": "sao", "loss_options": {"dual_clip": 3.0}}, "loss_options"),
+    ({"kl_estimator": "k4"}, "kl_estimator"),
+    ({"keep_checkpoints": 0}, "keep_checkpoints"),
+    ({"minibatches": 100, "episodes": 64}, "minibatches"),
+])
+def test_bad_values_name_the_field(changes, field):
+    with pytest.raises(ValueError) as e:
+        Config(**changes)
+    assert str(e.value).startswith(field + ":"), str(e.value)
+
+
+def test_unknown_json_keys_are_refused_by_name():
+    with pytest.raises(ValueError, match="unknown field.*'learning_rate'"):
+        Config.from_dict({"learning_rate": 1e-3})
+    with pytest.raises(ValueError, match="expected JSON"):
+        Config.from_json("{not json")
+
+
+def test_group_estimator_with_group_size_one_is_refused():
+    with pytest.raises(ValueError, match="^group_size: .*'grpo'.*>= 2, found 1"):
+        Config(estimator="grpo", loss="token_ppo")
+    Config(estimator="grpo", loss="token_ppo", group_size=4)  # fine
+
+
+@pytest.mark.parametrize("field", sorted(CRITIC_DEFAULTS))
+def test_critic_settings_with_a_critic_free_estimator_are_refused(field):
+    value = {"critic_lr": 1e-3, "value_clip": 0.2, "critic_warmup_steps": 3, "critic_warmup_ev": 0.4,
+             "critic_init": "fresh"}[field]
+    with pytest.raises(ValueError, match=f"^{field}: the estimator 'rloo' uses no critic"):
+        Config(estimator="rloo", loss="token_ppo", group_size=2, **{field: value})
+    # with a critic estimator the same setting is fine, and None means the default
+    assert Config(estimator="gae", **{field: value}).critic(field) == value
+    assert Config(estimator="gae").critic(field) == CRITIC_DEFAULTS[field]
+
+
+@pytest.mark.parametrize("loss", ["turn_ppo", "token_ppo"])
+def test_one_epoch_one_minibatch_without_lag_warns(loss):
+    with pytest.warns(TrustRegionWarning, match="every importance ratio is 1"):
+        Config(loss=loss, epochs=1, minibatches=1)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        Config(loss=loss, epochs=1, minibatches=1, policy_lag=1)
+        Config(loss=loss, epochs=1, minibatches=2)
+        Config(loss="sao", epochs=1, minibatches=1)
+
+
+def test_uses_critic_follows_the_registry():
+    assert Config(estimator="mpo").uses_critic
+    assert Config(estimator="gae").uses_critic
+    assert not Config(estimator="grpo", group_size=2).uses_critic

@@ -1,0 +1,129 @@
+"""The trainer end to end: run folders the dashboard reads, exact resume, interrupts, refusals."""
+
+import json
+
+import numpy as np
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from mpo_viz import load
+from mpo_viz.advantages import compute
+from mpo_viz.train import Trainer
+from mpo_viz.train.loop import RESULT_KEYS_VOLATILE, check_loss_inputs
+from mpo_viz.widgets.dashboard import TrainingDashboard
+
+from train_helpers import tiny
+
+
+def _stable(rec: dict) -> dict:
+    return {k: v for k, v in rec.items() if k not in RESULT_KEYS_VOLATILE}
+
+
+@pytest.mark.parametrize("estimator, loss, group_size", [("mpo", "turn_ppo", 1), ("grpo", "token_ppo", 2),
+                                                          ("gae", "token_ppo", 1)])
+def test_three_iterations_write_a_run_folder_the_dashboard_reads(tmp_path, estimator, loss, group_size):
+    cfg = tiny(estimator=estimator, loss=loss, group_size=group_size, keep_checkpoints=2)
+    tr = Trainer(cfg, tmp_path / "run", quiet=True)
+    recs = list(tr.iterate())
+    assert [r["iteration"] for r in recs] == [1, 2, 3] and tr.iteration == 3
+    assert (tr.critic is not None) == (estimator != "grpo")
+
+    dash = TrainingDashboard(tmp_path / "run", live=False)
+    assert [r["iteration"] for r in dash.records] == [1, 2, 3]
+    assert dash.config["estimator"] == estimator
+    assert dash.latest_checkpoint() == "iter=000003"
+    assert [f.stem for f in dash.trajectory_files()] == ["iter=000001", "iter=000002", "iter=000003"]
+    drawn = {tr_.meta for tr_ in dash.figure.data}
+    for key in ("success", "policy_loss", "approx_kl", "clipfrac_low", "turn_clipfrac", "within_turn_shift",
+                "timings/rollout", "timings/update"):
+        assert key in drawn, key
+    if estimator != "grpo":
+        assert {"value_loss", "values_across", "values_within", "oracle_across"} <= drawn
+    assert "eval_success" in dash.records[2] and "eval_success" not in dash.records[0]
+    ckpts = sorted(p.name for p in (tmp_path / "run" / "checkpoints").iterdir())
+    assert ckpts == ["iter=000002", "iter=000003", "latest"]
+
+    # the saved trajectories are v1 and their advantages are the estimator's on the saved data
+    b = load(tmp_path / "run" / "trajectories" / "iter=000002.parquet")
+    assert len(b) == cfg.episodes and b.meta["schema"] == "mpo_viz.trajectory/v1"
+    assert {"old_logprobs", "rollout_logprobs", "advantages", "returns"} <= b.fields
+    assert ("values" in b.fields) == (estimator != "grpo")
+    again = compute(b, estimator)
+    m = b.mask.bool()
+    assert torch.allclose(b.padded("advantages")[m], again.advantages.float()[m], atol=1e-5)
+    rec = recs[1]
+    assert rec["success"] == pytest.approx(np.mean([json.loads(x)["success"] for x in b.field("extra_json")]))
+    assert rec["action_tokens_mean"] == pytest.approx(float(b.mask.sum(1).mean()))
+    assert rec["optimizer_steps"] == cfg.epochs * cfg.minibatches
+
+
+def test_resume_is_bit_exact(tmp_path):
+    """2 iterations, a fresh process-like resume, 2 more == 4 uninterrupted: metrics (timings aside)
+    and final weights, with policy_lag and a KL reference in play."""
+    cfg = tiny(estimator="mpo", loss="turn_ppo", epochs=2, policy_lag=1, kl_coef=0.05, iterations=4,
+               eval_interval=2)
+    a = Trainer(cfg, tmp_path / "a", quiet=True)
+    full = [_stable(r) for r in a.iterate()]
+    b = Trainer(cfg, tmp_path / "b", quiet=True)
+    first = [_stable(r) for r in b.iterate(2)]
+    del b
+    b = Trainer.resume(tmp_path / "b", quiet=True)
+    assert b.iteration == 2 and len(b.lagged) == 1 and b.reference is not None
+    rest = [_stable(r) for r in b.iterate()]
+    assert first + rest == full
+    assert full[0].get("optimizer_steps") is None and full[1]["optimizer_steps"] == 4  # lag: no update at 1
+    for name in ("policy", "critic", "reference"):
+        wa = load_file(str(tmp_path / "a" / "checkpoints" / "iter=000004" / f"{name}.safetensors"))
+        wb = load_file(str(tmp_path / "b" / "checkpoints" / "iter=000004" / f"{name}.safetensors"))
+        assert wa.keys() == wb.keys()
+        assert all(torch.equal(wa[k], wb[k]) for k in wa), name
+    ma = [_stable(json.loads(x)) for x in (tmp_path / "a" / "metrics.jsonl").read_text().splitlines()]
+    mb = [_stable(json.loads(x)) for x in (tmp_path / "b" / "metrics.jsonl").read_text().splitlines()]
+    assert ma == mb
+
+
+def test_keyboard_interrupt_abandons_the_iteration_and_leaves_a_resumable_run(tmp_path, monkeypatch):
+    import mpo_viz.train.loop as loop
+
+    cfg = tiny(estimator="grpo", loss="token_ppo", group_size=2, iterations=3, eval_interval=0)
+    ref = [_stable(r) for r in Trainer(cfg, tmp_path / "ref", quiet=True).iterate()]
+    tr = Trainer(cfg, tmp_path / "run", quiet=True)
+    real = loop.update_epochs
+    calls = {"n": 0}
+
+    def flaky(*a, **k):
+        calls["n"] += 1
+        out = real(*a, **k)  # the weights move ...
+        if calls["n"] == 2:
+            raise KeyboardInterrupt  # ... then Ctrl-C, before the iteration's files are written
+        return out
+
+    monkeypatch.setattr(loop, "update_epochs", flaky)
+    got = [_stable(r) for r in tr.iterate()]
+    assert tr.interrupted and tr.iteration == 1 and len(got) == 1
+    lines = (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()
+    assert [json.loads(x)["iteration"] for x in lines] == [1]
+    monkeypatch.setattr(loop, "update_epochs", real)
+    # the same trainer object went back to the checkpoint: continuing it reproduces the clean run
+    got += [_stable(r) for r in tr.iterate()]
+    assert got == ref
+
+
+def test_refusals(tmp_path):
+    cfg = tiny(estimator="grpo", loss="token_ppo", group_size=2, iterations=1, eval_interval=0)
+    tr = Trainer(cfg, tmp_path / "run", quiet=True)
+    list(tr.iterate())
+    with pytest.raises(ValueError, match="already holds a run"):
+        Trainer(cfg, tmp_path / "run")
+    with pytest.raises(ValueError) as e:
+        Trainer.resume(tmp_path / "run", cfg.replace(seed=3, episodes=8, iterations=5))
+    assert "episodes: 4 != 8" in str(e.value) and "seed: 0 != 3" in str(e.value)
+    assert Trainer.resume(tmp_path / "run", cfg.replace(iterations=5), quiet=True).cfg.iterations == 5
+    with pytest.raises(ValueError, match="no checkpoint|config.json"):
+        Trainer.resume(tmp_path / "empty")
+    b = load(tmp_path / "run" / "trajectories" / "iter=000001.parquet")
+    stripped = type(b).from_rows([{k: v for k, v in r.items() if k != "rollout_logprobs"} for r in b.rows()])
+    with pytest.raises(ValueError, match="'sao'.*rollout_logprobs"):
+        check_loss_inputs(stripped, "sao")
+    check_loss_inputs(stripped, "token_ppo")
