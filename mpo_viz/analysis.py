@@ -139,11 +139,11 @@ def _turn_means(x: np.ndarray, idx: _Turns) -> np.ndarray:
 
 
 # ---------------------------------------------------------------------------------------------
-# §3.9 across / within split
+# across / within split (docs/concepts.md §7.8)
 
 
 def variance_split(x, mask, turn_ids=None) -> dict[str, np.ndarray]:
-    """The across/within split (docs/concepts.md §5) for any per-token tensor (values, advantages, ...).
+    """The across/within split (docs/concepts.md §7.8) for any per-token tensor (values, advantages, ...).
 
     Shapes: ``x``, ``mask``, ``turn_ids`` are ``(B, L)`` (torch or numpy; ``turn_ids=None`` derives
     turns from mask runs). Returns a dict of float64 / int64 numpy arrays of shape ``(B,)``:
@@ -285,7 +285,7 @@ def value_variance(batch, values=None, *, name: str = "values") -> pd.DataFrame:
 
 
 def advantage_variance(batch, advantages, *, name: str = "advantages") -> pd.DataFrame:
-    """The §3.9 split of an advantage tensor ``(B, L)``: :func:`value_variance` with ``values=``.
+    """The across/within split (docs/concepts.md §7.8) of an advantage tensor ``(B, L)``: :func:`value_variance` with ``values=``.
 
     For MAE the turn means are exactly ``A^T_k``, so ``across`` is the macro-scale spread and
     ``within`` the micro-scale (β-weighted centred signal) spread.

@@ -1,6 +1,6 @@
 """The trainer: SFT warm start, critic warm-up, then RL iterations writing a run folder.
 
-One iteration (DESIGN §6)::
+One iteration::
 
     rollout N episodes (G per task)          mpo_viz.rollout.rollout  -> values, log-probs, rewards
     reference log-probs (kl_coef > 0)        one no-grad forward of the frozen reference policy

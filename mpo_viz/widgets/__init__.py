@@ -5,7 +5,7 @@
   list) to open that trajectory in an explorer beside the plot.
 * :class:`EstimatorComparison` — one trajectory under several estimators: stacked strips, per-turn
   bars, agreement metrics; parameters shared through sliders.
-* :class:`TrainingDashboard` — live curves of a run folder (DESIGN §4), refreshing while it grows.
+* :class:`TrainingDashboard` — live curves of a run folder (docs/concepts.md §8), refreshing while it grows.
 
 Every view takes a TrajectoryBatch or a path and has ``to_html()`` for a static snapshot built with
 the report's machinery. The token strip is the anywidget :class:`StripWidget` around the one strip

@@ -1,4 +1,4 @@
-"""``TrainingDashboard``: live curves of a run folder (DESIGN §4), refreshing while the run grows.
+"""``TrainingDashboard``: live curves of a run folder (docs/concepts.md §8), refreshing while the run grows.
 
 A run folder holds ``config.json``, ``metrics.jsonl`` (one JSON object per iteration, appended; a
 writer may be caught mid-line), ``trajectories/iter=000123.parquet`` and ``checkpoints/iter=…/``

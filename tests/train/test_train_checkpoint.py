@@ -8,7 +8,13 @@ import numpy as np
 import pytest
 import torch
 
-from mpo_viz.train.checkpoint import capture_rng, latest_checkpoint, load_checkpoint, restore_rng, save_checkpoint
+from mpo_viz.train.checkpoint import (
+    capture_rng,
+    latest_checkpoint,
+    load_checkpoint,
+    restore_rng,
+    save_checkpoint,
+)
 from mpo_viz.train.runfolder import RunFolder, read_metrics_file
 
 

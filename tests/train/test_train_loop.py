@@ -6,14 +6,13 @@ import numpy as np
 import pytest
 import torch
 from safetensors.torch import load_file
+from train_helpers import tiny
 
 from mpo_viz import load
 from mpo_viz.advantages import compute
 from mpo_viz.train import Trainer
 from mpo_viz.train.loop import RESULT_KEYS_VOLATILE, check_loss_inputs
 from mpo_viz.widgets.dashboard import TrainingDashboard
-
-from train_helpers import tiny
 
 
 def _stable(rec: dict) -> dict:

@@ -111,7 +111,7 @@ def test_beta_zero_makes_mae_constant_inside_turns(batch):
     for k in np.unique(tid[act]):
         vals = a[act & (tid == k)]
         assert np.ptp(vals) == 0.0
-    # and equals turn GAE (DESIGN §3.10 identity)
+    # and equals turn GAE (docs/concepts.md §20 identity)
     tg = adv.compute(batch, "turn_gae", turn_lam=0.9).advantages[1, :n].numpy()
     np.testing.assert_allclose(a[act], tg[act], rtol=1e-4, atol=1e-7)
 
