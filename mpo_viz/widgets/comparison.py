@@ -25,7 +25,7 @@ from mpo_viz import analysis as an
 from mpo_viz import plots
 from mpo_viz.strip import strip_payload
 from mpo_viz.widgets.engine import AdvantageEngine, ParamControls, default_estimators
-from mpo_viz.widgets.explorer import _opts_text, as_batch, frame_html, trajectory_table
+from mpo_viz.widgets.explorer import as_batch, frame_html, opts_text, trajectory_table
 from mpo_viz.widgets.picker import TrajectoryPicker
 from mpo_viz.widgets.snapshot import Snapshot
 from mpo_viz.widgets.strip_widget import StripWidget
@@ -116,7 +116,7 @@ class EstimatorComparison(W.VBox):
         for (name, w), p in zip(self.strips.items(), payloads):
             w.set_payload(p, keep_channel=False)
             self.strip_labels[name].value = (f"<b>{name}</b> <span style='color:#555'>ran with "
-                                             f"{html.escape(_opts_text(self.engine.options_for(name, self.params.options)))}"
+                                             f"{html.escape(opts_text(self.engine.options_for(name, self.params.options)))}"
                                              "</span>")
         bars = plots.estimator_comparison(self._sub, 0, adv)
         if new_row or self.figure is None:
@@ -209,7 +209,7 @@ class EstimatorComparison(W.VBox):
     def to_html(self, path=None) -> str:
         """Static snapshot: the stacked strips, the per-turn bars and the agreement tables."""
         snap = Snapshot(f"mpo_viz estimator comparison: {self.batch.traj_ids[self.row]}")
-        snap.kv([(f"{k} ran with", _opts_text(self.engine.options_for(k, self.params.options))) for k in self.names])
+        snap.kv([(f"{k} ran with", opts_text(self.engine.options_for(k, self.params.options))) for k in self.names])
         for name, w in self.strips.items():
             snap.heading(name, 3).strip(w.payload_dict, w.height)
         snap.figure(self.figure)

@@ -78,7 +78,7 @@ MAX_TURN_ROWS = 200
 """The per-turn table shows at most this many turns (all of them are in ``turn_df`` and the CSV)."""
 
 
-def _opts_text(o: dict) -> str:
+def opts_text(o: dict) -> str:
     return ", ".join(f"{k}={v:g}" if isinstance(v, float) else f"{k}={v}" for k, v in o.items()) or "no options"
 
 
@@ -287,7 +287,7 @@ class TrajectoryExplorer(W.VBox):
         """The header: what is shown and with which options. The time given is the kernel's share
         only (recompute + building what is sent); the browser's drawing comes after it and is
         measured by ``benchmarks/widgets.py``, so the header does not claim an end-to-end time."""
-        ran = "; ".join(f"<b>{k}</b> {_opts_text(self.engine.options_for(k, self.params.options))}" for k in self.names)
+        ran = "; ".join(f"<b>{k}</b> {opts_text(self.engine.options_for(k, self.params.options))}" for k in self.names)
         ms = sum(self.timings.values()) * 1000
         self.status.value = (f"<b>{self.batch.traj_ids[self.row]}</b> (row {self.row}) · ran with: {ran or '—'}"
                              f" · <span title='kernel-side time of the last update (recompute and payloads); the "
@@ -352,7 +352,7 @@ class TrajectoryExplorer(W.VBox):
     def snapshot(self, snap: Snapshot | None = None) -> Snapshot:
         snap = snap or Snapshot(f"mpo_viz explorer: {self.batch.traj_ids[self.row]}")
         snap.heading(f"trajectory {self.batch.traj_ids[self.row]} (row {self.row})")
-        snap.kv([(f"{k} ran with", _opts_text(self.engine.options_for(k, self.params.options))) for k in self.names])
+        snap.kv([(f"{k} ran with", opts_text(self.engine.options_for(k, self.params.options))) for k in self.names])
         snap.strip(self.strip.payload_dict, self.strip.height)
         if self.figure is not None:
             snap.figure(self.figure)
