@@ -4,7 +4,7 @@ VENV   := .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 
-.PHONY: venv venv-verl test test-verl test-slow test-browser demo lab bench browser-deps lint clean
+.PHONY: venv venv-verl test test-verl test-slow test-browser demo lab bench browser-deps lint clean notebooks-html
 
 # The verl environment (tests/integrations): pins in VERL_REQ; rebuilt only when they change
 # (.installed holds their hash), mpo_viz reinstalled (editable, no deps) when pyproject.toml changes.
@@ -34,9 +34,20 @@ browser-deps:
 # The default suite: unit, notebook and browser tests (slow ones excluded, see test-slow).
 # tests/integrations needs verl and runs in its own environment (`make test-verl`); where verl is
 # missing tests/conftest.py leaves it out and the run's header says so.
+# Notebooks run at their fast size (MPO_VIZ_NOTEBOOK_FAST=1: tiny models and runs).
 test: venv browser-deps
 	$(PY) -m pytest -m "not slow" tests
-	$(PY) -m pytest --nbmake -p no:randomly notebooks
+	MPO_VIZ_NOTEBOOK_FAST=1 $(PY) -m pytest --nbmake -p no:randomly notebooks
+
+# Every notebook executed and rendered to HTML with its outputs, into build/notebooks-html/ (not
+# committed). At the committed sizes this trains for real (tens of minutes on 2 cores); `make
+# notebooks-html FAST=1` renders the fast size in a few minutes.
+NB_HTML := build/notebooks-html
+notebooks-html: venv
+	mkdir -p $(NB_HTML)
+	$(if $(FAST),MPO_VIZ_NOTEBOOK_FAST=1 ,)$(VENV)/bin/jupyter nbconvert --to html --execute \
+	  --ExecutePreprocessor.timeout=3600 --output-dir $(NB_HTML) notebooks/*.ipynb
+	@echo "rendered: $(NB_HTML)/"
 
 venv-verl:
 	@key=$$(sha256sum $(VERL_REQ) | cut -c1-16); \

@@ -93,6 +93,17 @@ def _row_arrays(batch, row: int):
     return sub, n, sub.mask[0, :n].numpy() != 0
 
 
+def learned_and_oracle(batch) -> np.ndarray | None:
+    """The ``oracle_values`` ``(B, L)`` float64 of a batch whose ``values`` are something else (a
+    learned or noisy critic), else None (no oracle column, no values, or values equal to the oracle's)."""
+    if batch.values is None or not batch.has("oracle_values"):
+        return None
+    o = batch.padded("oracle_values").numpy().astype(np.float64)
+    if np.array_equal(o, batch.values.numpy().astype(np.float64)):
+        return None
+    return o
+
+
 def value_curve_parts(batch, row: int, *, advantages: dict | None = None, returns=None, lines: dict | None = None,
                       title: str | None = None) -> dict:
     """What :func:`value_curve` draws, as plain data (no plotly objects, so a view can update a
@@ -126,6 +137,9 @@ def value_curve_parts(batch, row: int, *, advantages: dict | None = None, return
         sy += [m, m, None]
     traces.append({"name": "turn mean", "x": sx, "y": sy, "panel": 1, "mode": "lines", "size": None,
                    "style": {"color": "#d62728", "width": 2.5}})
+    ov = learned_and_oracle(sub)
+    if ov is not None:  # a learned (or noisy) critic beside the exact values of mpo-viz generate/rollout
+        line("oracle value", ov[0, :n], 1, {"color": "#2ca02c", "width": 1.2, "dash": "dash"})
     if returns is not None:
         line("return", np.asarray(an.to_numpy(getattr(returns, "returns", returns)))[row, :n], 1,
              {"color": "#1f77b4", "width": 1, "dash": "dot"})
@@ -150,7 +164,8 @@ def value_curve(batch, row: int, *, advantages: dict | None = None, returns=None
 
     Traces (per-token lines via :func:`line_points`, decimated beyond ``MAX_LINE_POINTS`` tokens;
     an isolated point, a one-token turn, gets a marker): ``value`` (action tokens; gaps over
-    observations), ``turn mean`` (each turn's mean value over exactly the turn's span), optionally
+    observations), ``turn mean`` (each turn's mean value over exactly the turn's span), ``oracle value``
+    when the batch carries ``oracle_values`` that differ from ``values`` (:func:`learned_and_oracle`), optionally
     ``return`` (``returns``: ``(B, L)`` tensor or result), the extra ``lines``, and, in a second
     panel, the per-token advantages of each entry of ``advantages`` (``{name: (B, L) tensor or
     result}``). Each turn's span (first to last action token) is shaded. The content is

@@ -226,3 +226,16 @@ def test_local_instruct_model_with_chat_template(tmp_path):
         text = pol.tokenizer.decode(r["prompt_ids"])
         assert text == pol.tokenizer.apply_chat_template(msgs[:2], tokenize=False, add_generation_prompt=True)
         assert "<|im_start|>tool\n" in pol.tokenizer.decode(r["response_ids"])
+
+
+def test_only_last_position_logits_are_kept():
+    # bounded memory: no forward of the rollout returns more than one position of logits per row
+    env, pol = _policy("search", seed=5)
+    shapes = []
+    hook = pol.model.register_forward_hook(lambda mod, args, out: shapes.append(tuple(out.logits.shape)))
+    try:
+        rollout(pol, env, 6, group_size=2, batch_size=4, **SHORT)
+    finally:
+        hook.remove()
+    assert shapes and all(s[1] == 1 and s[0] <= 4 for s in shapes)
+    assert max(s[0] for s in shapes) == 4

@@ -18,10 +18,12 @@ The API:
 * :func:`vocabulary` ``(names=None) -> dict[str, Option]``: every option of these estimators (all
   registered ones by default) by name, the first declaration of each (a name means one thing:
   :func:`register` refuses a redeclaration of another kind or bounds);
+* :func:`takers` ``(option, names=None) -> list[str]``: the estimators that take an option;
 * :func:`estimator_options` ``(name, shared) -> dict``: the subset of shared options that estimator
   ``name`` takes; :func:`split_options` ``(names, shared) -> {name: dict}``, refusing an option
   none of them takes;
 * :func:`bind` ``(batch, name) -> Bound``: the estimator with the batch's inputs prepared once;
+  ``Bound.resolve(**options) -> dict`` (checked, defaults filled in) and
   ``Bound.run(**options) -> (adv, ret, used)`` — the path :func:`compute` and the widgets share;
 * :data:`DEFAULT_ESTIMATORS` (mpo, gae, grpo), :func:`default_estimators` ``(batch)`` (those the
   batch supports), :func:`is_group_estimator` ``(name)``, :func:`parse_names` ``("mpo,gae")``.
@@ -31,7 +33,7 @@ Register your own (it then shows up in ``mpo-viz advantages --help`` and in the 
     @register("my_est", needs=("values",),
               options=[Option("scale", kind="float", low=0.0, high=2.0, doc="multiplies V")])
     def my_est(batch, *, scale=1.0):
-        '''One line shown by ``describe()``.'''
+        '''First line: the estimator's ``doc``.'''
         return adv, ret          # (B, L) tensors
 
 Without ``options=`` each keyword-only option takes the registered declaration of its name (γ, λ, β,

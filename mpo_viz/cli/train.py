@@ -11,7 +11,6 @@ every other field keeps its default. One progress line per iteration, a summary 
 
 from __future__ import annotations
 
-import re
 import signal
 import sys
 import time
@@ -37,13 +36,19 @@ def _difficulty(text: str):
         raise ValueError(f"--difficulty: expected N or MIN-MAX (expert turns), found {text!r}") from None
 
 
-def _flag_error(exc: ValueError, given: set[str]) -> ValueError:
-    """"field: message" from the Config reads "--field: message" when the field came from a flag."""
-    msg = str(exc)
-    m = re.match(r"([a-z_]+)(\.[a-z_]+)?: ", msg)
-    if m and m.group(1) in given:
-        return ValueError("--" + m.group(1).replace("_", "-") + msg[len(m.group(1)):])
-    return exc
+def _config(base: dict, over: dict, source: str):
+    """A Config from the file's fields ``base`` and the flags' ``over``. A bad field stays an
+    OptionError (``mpo-viz`` then names its flag: ``--episodes: ...``, ``--group-size: ...``) unless
+    its value came from the config file, which is then named with the field."""
+    from mpo_viz.checks import OptionError
+    from mpo_viz.train.config import Config
+
+    try:
+        return Config.from_dict({**base, **over}, source=source)
+    except OptionError as exc:
+        if exc.option in base and exc.option not in over:
+            raise ValueError(f"{source}: {exc}") from None
+        raise
 
 
 def _overrides(args) -> dict:
@@ -64,7 +69,6 @@ def cmd_train(args) -> int:
     # a launched run is stopped with SIGINT; make sure it raises KeyboardInterrupt here
     signal.signal(signal.SIGINT, signal.default_int_handler)
     over = _overrides(args)
-    given = set(over)
     if args.resume:
         if args.run_dir:
             raise CLIError("--run-dir: not with --resume (the run folder is the one being resumed)", 2)
@@ -72,21 +76,15 @@ def cmd_train(args) -> int:
         if args.config or set(over) - {"iterations"}:
             from mpo_viz.train.runfolder import RunFolder
 
-            base = Config.load(args.config) if args.config else Config.load(RunFolder(args.resume).config_path)
-            try:
-                cfg = Config.from_dict({**base.to_dict(), **over})
-            except ValueError as exc:
-                raise _flag_error(exc, given) from None
+            src = args.config or str(RunFolder(args.resume).config_path)
+            cfg = _config(Config.load(src).to_dict(), over, src)
         tr = Trainer.resume(args.resume, cfg, iterations=over.get("iterations"))
         print(f"resuming {args.resume} at iteration {tr.iteration} of {tr.cfg.iterations}", flush=True)
     else:
         if not args.run_dir:
             raise CLIError("--run-dir: expected the folder to write the run to (or --resume DIR)", 2)
-        try:
-            base = Config.load(args.config).to_dict() if args.config else {}
-            cfg = Config.from_dict({**base, **over}, source=args.config or "config")
-        except ValueError as exc:
-            raise _flag_error(exc, given) from None
+        base = Config.load(args.config).to_dict() if args.config else {}
+        cfg = _config(base, over, args.config or "config")
         tr = Trainer(cfg, args.run_dir)
         print(f"training {cfg.estimator} + {cfg.loss} on {cfg.env} for {cfg.iterations} iterations "
               f"({cfg.episodes} episodes, G={cfg.group_size}, {cfg.epochs}x{cfg.minibatches} updates) -> "

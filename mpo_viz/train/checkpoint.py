@@ -1,4 +1,4 @@
-"""Checkpoints of a run: ``checkpoints/iter=NNNNNN/`` and the ``latest`` file (docs/concepts.md §8).
+"""Checkpoints of a run: ``checkpoints/iter=NNNNNN/`` and the ``latest`` file.
 
 A checkpoint folder holds everything the next iteration depends on, so that a resumed run continues
 bit for bit (on CPU):

@@ -1,7 +1,7 @@
 """The trainer's configuration: one flat dataclass, validated on construction, JSON round trip.
 
 ``Config(env="search", estimator="mpo", loss="turn_ppo")`` — every field has a default that works
-for the tiny CPU models. A bad value raises ``ValueError`` naming the field, what was expected and
+for the tiny CPU models. A bad value raises :class:`~mpo_viz.checks.OptionError` (a ``ValueError``) naming the field, what was expected and
 what was found; unknown keys in a JSON file are refused by name. Estimator options are checked
 against the advantages registry (:func:`mpo_viz.advantages.get`), loss options by a dry call of
 :func:`mpo_viz.losses.policy_loss` on a one-token batch, so every option either estimator or loss
@@ -21,6 +21,8 @@ import math
 import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
+
+from mpo_viz.checks import OptionError
 
 __all__ = ["Config", "CRITIC_DEFAULTS", "RESUMABLE_FIELDS", "TrustRegionWarning"]
 
@@ -165,9 +167,10 @@ class Config:
     device: str = "cpu"
     """Torch device (``cpu``, ``cuda``, ``cuda:1``); CPU runs are bit-for-bit reproducible."""
     num_threads: int = 1
-    """Torch CPU threads (``torch.set_num_threads``, set when the Trainer starts; 0 = leave torch's
-    default). One thread is the fastest for the tiny models on a shared CPU: with two busy cores,
-    two threads ran a forward/backward ~10x slower than one."""
+    """CPU threads of torch and of the numba estimator kernels (set when the Trainer starts; 0 = leave
+    the defaults). One thread is the fastest for the tiny models on a shared CPU: with two busy cores,
+    two threads ran a forward/backward ~10x slower than one, and numba's idle OpenMP workers slowed
+    torch 5-7x unless held to the same count."""
 
     def __post_init__(self):
         _validate(self)
@@ -224,8 +227,11 @@ class Config:
     def load(cls, path) -> Config:
         p = Path(path)
         if not p.is_file():
-            raise ValueError(f"config: expected a JSON file, found {str(p)!r} (missing)")
-        return cls.from_json(p.read_text(), source=str(p))
+            raise OptionError("config", f"expected a JSON file, found {str(p)!r} (missing)")
+        try:
+            return cls.from_json(p.read_text(), source=str(p))
+        except OptionError as exc:  # a bad field of the file: name the file too
+            raise ValueError(f"{p}: {exc}") from None
 
     def replace(self, **changes) -> Config:
         """A copy with some fields changed (validated again)."""
@@ -264,7 +270,7 @@ def _int(cfg, name, lo=None, hi=None, allow_none=False):
         return
     rng = (f" >= {lo}" if lo is not None else "") + (f" and <= {hi}" if hi is not None else "")
     if not _is_int(v) or (lo is not None and v < lo) or (hi is not None and v > hi):
-        raise ValueError(f"{name}: expected an integer{rng}, found {v!r}")
+        raise OptionError(name, f"expected an integer{rng}, found {v!r}")
 
 
 def _num(cfg, name, lo=None, hi=None, *, lo_open=False, hi_open=False, allow_none=False):
@@ -282,7 +288,7 @@ def _num(cfg, name, lo=None, hi=None, *, lo_open=False, hi_open=False, allow_non
             parts.append(f"{'>' if lo_open else '>='} {lo}")
         if hi is not None:
             parts.append(f"{'<' if hi_open else '<='} {hi}")
-        raise ValueError(f"{name}: expected a finite number{' ' + ' and '.join(parts) if parts else ''}, found {v!r}")
+        raise OptionError(name, f"expected a finite number{' ' + ' and '.join(parts) if parts else ''}, found {v!r}")
 
 
 def _str(cfg, name, choices=None, allow_none=False):
@@ -290,9 +296,9 @@ def _str(cfg, name, choices=None, allow_none=False):
     if v is None and allow_none:
         return
     if not isinstance(v, str) or not v:
-        raise ValueError(f"{name}: expected a non-empty string, found {v!r}")
+        raise OptionError(name, f"expected a non-empty string, found {v!r}")
     if choices is not None and v not in choices:
-        raise ValueError(f"{name}: expected one of {', '.join(map(repr, choices))}, found {v!r}")
+        raise OptionError(name, f"expected one of {', '.join(map(repr, choices))}, found {v!r}")
 
 
 def _validate(cfg: Config) -> None:
@@ -308,9 +314,9 @@ def _validate(cfg: Config) -> None:
         if isinstance(d, tuple):
             cfg.difficulty = d = list(d)
         if not (_is_int(d) or (isinstance(d, list) and len(d) == 2 and all(_is_int(x) for x in d))):
-            raise ValueError(f"difficulty: expected an int or [min, max] of expert turns, or None, found {d!r}")
+            raise OptionError("difficulty", f"expected an int or [min, max] of expert turns, or None, found {d!r}")
     if not isinstance(cfg.env_options, dict):
-        raise ValueError(f"env_options: expected a dict of environment options, found {cfg.env_options!r}")
+        raise OptionError("env_options", f"expected a dict of environment options, found {cfg.env_options!r}")
     _str(cfg, "model_size", ("1m", "3m", "10m"))
     _str(cfg, "model_dir", allow_none=True)
     _str(cfg, "critic_init", ("policy", "fresh", "shared"), allow_none=True)
@@ -318,20 +324,20 @@ def _validate(cfg: Config) -> None:
     _str(cfg, "estimator", estimators())
     _str(cfg, "loss", losses())
     if not isinstance(cfg.estimator_options, dict):
-        raise ValueError(f"estimator_options: expected a dict, found {cfg.estimator_options!r}")
+        raise OptionError("estimator_options", f"expected a dict, found {cfg.estimator_options!r}")
     if not isinstance(cfg.loss_options, dict):
-        raise ValueError(f"loss_options: expected a dict, found {cfg.loss_options!r}")
-    _check_estimator_options(cfg.estimator, cfg.estimator_options, get_estimator(cfg.estimator).options)
+        raise OptionError("loss_options", f"expected a dict, found {cfg.loss_options!r}")
+    _check_estimator_options(cfg.estimator, cfg.estimator_options)
     _check_loss_options(cfg.loss, cfg.loss_options)
 
     _int(cfg, "episodes", 1)
     _int(cfg, "group_size", 1)
     if cfg.episodes % cfg.group_size:
-        raise ValueError(f"episodes: expected a multiple of group_size={cfg.group_size}, found {cfg.episodes}")
+        raise OptionError("episodes", f"expected a multiple of group_size={cfg.group_size}, found {cfg.episodes}")
     _int(cfg, "epochs", 1)
     _int(cfg, "minibatches", 1)
     if cfg.minibatches > cfg.episodes:
-        raise ValueError(f"minibatches: expected at most episodes={cfg.episodes} (one episode each at least), "
+        raise OptionError("minibatches", f"expected at most episodes={cfg.episodes} (one episode each at least), "
                          f"found {cfg.minibatches}")
     _int(cfg, "micro_batch_tokens", 1)
     _num(cfg, "temperature", 0, lo_open=True)
@@ -373,12 +379,12 @@ def _validate(cfg: Config) -> None:
     # ---- refusals: settings that cannot do what they say
     est = get_estimator(cfg.estimator)
     if "groups" in est.needs and cfg.group_size < 2:
-        raise ValueError(f"group_size: the group estimator {cfg.estimator!r} compares the G samples of a task "
+        raise OptionError("group_size", f"the group estimator {cfg.estimator!r} compares the G samples of a task "
                          f"and needs group_size >= 2, found {cfg.group_size} (every advantage would be 0)")
     if "values" not in est.needs:
         set_ = [k for k in CRITIC_DEFAULTS if getattr(cfg, k) is not None]
         if set_:
-            raise ValueError(f"{', '.join(set_)}: the estimator {cfg.estimator!r} uses no critic, so critic "
+            raise OptionError(set_[0], f"the estimator {cfg.estimator!r} uses no critic, so critic "
                              f"settings would do nothing; found {', '.join(f'{k}={getattr(cfg, k)!r}' for k in set_)} "
                              f"(leave them unset, or pick a critic estimator such as mpo or gae)")
     if cfg.loss in ("turn_ppo", "token_ppo") and cfg.epochs == 1 and cfg.minibatches == 1 and cfg.policy_lag == 0:
@@ -388,21 +394,20 @@ def _validate(cfg: Config) -> None:
             "(raise epochs or minibatches, or set policy_lag)", TrustRegionWarning, stacklevel=3)
 
 
-def _check_estimator_options(name: str, options: dict, accepted: dict) -> None:
+def _check_estimator_options(name: str, options: dict) -> None:
+    """Each option must be one the estimator declares (:func:`mpo_viz.advantages.options`) and pass
+    its declared check (type, bounds, choices)."""
+    from mpo_viz.advantages import options as declared
+
+    spec = {o.name: o for o in declared(name)}
     for k, v in options.items():
-        if k not in accepted:
-            raise ValueError(f"estimator_options: estimator {name!r} has no option {k!r}; "
-                             f"valid options: {', '.join(accepted) or 'none'}")
-        default = accepted[k]
-        where = f"estimator_options.{k}"
-        if isinstance(default, bool):
-            if not isinstance(v, bool):
-                raise ValueError(f"{where}: expected true or false, found {v!r}")
-        elif isinstance(default, (int, float)):
-            if not _is_num(v):
-                raise ValueError(f"{where}: expected a finite number, found {v!r}")
-        elif isinstance(default, str) and not isinstance(v, str):
-            raise ValueError(f"{where}: expected a string, found {v!r}")
+        if k not in spec:
+            raise OptionError("estimator_options", f"estimator {name!r} has no option {k!r}; "
+                                                   f"valid options: {', '.join(spec) or 'none'}")
+        try:
+            spec[k].check(v)
+        except OptionError as exc:
+            raise OptionError(f"estimator_options.{k}", exc.detail) from None
 
 
 def _check_loss_options(kind: str, options: dict) -> None:
@@ -416,12 +421,15 @@ def _check_loss_options(kind: str, options: dict) -> None:
     allowed = (*_LOSS_KEYWORDS, *spec.options)
     for k in options:
         if k not in allowed:
-            raise ValueError(f"loss_options: loss {kind!r} has no option {k!r}; valid options: {', '.join(allowed)}")
+            raise OptionError("loss_options", f"loss {kind!r} has no option {k!r}; valid options: {', '.join(allowed)}")
     if options.get("agg") == "none":
-        raise ValueError("loss_options.agg: expected a reducing mode (token-mean, seq-mean-token-mean, ...), "
-                         "found 'none'")
+        raise OptionError("loss_options.agg", "expected a reducing mode (token-mean, seq-mean-token-mean, ...), "
+                                              "found 'none'")
     z = torch.zeros(1, 1)
     try:
         policy_loss(kind, z, z, z, torch.ones(1, 1), rollout_logp=z, **options)
-    except ValueError as exc:
-        raise ValueError(f"loss_options.{exc}") from None
+    except OptionError as exc:
+        raise OptionError(f"loss_options.{exc.option}", exc.detail) from None
+    except ValueError as exc:  # "ratio: expected ..." from the loss itself
+        name, _, detail = str(exc).partition(": ")
+        raise OptionError(f"loss_options.{name}", detail or str(exc)) from None

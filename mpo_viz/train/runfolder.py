@@ -1,4 +1,4 @@
-"""The run folder a trainer writes and the TrainingDashboard reads (docs/concepts.md §8).
+"""The run folder a trainer writes and the TrainingDashboard reads.
 
 ::
 

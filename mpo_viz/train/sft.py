@@ -58,10 +58,10 @@ def sft(trainer, *, steps: int, target: float) -> dict:
     from tqdm.auto import tqdm
 
     from mpo_viz.envs.registry import make_env
-    from mpo_viz.train.loop import _env_kwargs, derive_seed
+    from mpo_viz.train.runtime import derive_seed, env_kwargs
 
     cfg = trainer.cfg
-    env = make_env(cfg.env, **_env_kwargs(cfg))
+    env = make_env(cfg.env, **env_kwargs(cfg))
     model = trainer.policy.model
     opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=cfg.sft_lr,
                             weight_decay=cfg.weight_decay)

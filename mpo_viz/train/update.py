@@ -12,7 +12,7 @@ denominator of the aggregation mode (``token-mean``: its action-token count; ``s
 rows with an action token; ``turn-mean``: its turns; ``seq-mean-token-sum-norm``: its longest
 response), so the accumulated gradient equals that of the minibatch as one batch, however it is cut.
 
-**Alignment** (docs/concepts.md §2). Row ``i`` is fed as ``prompt_i + response_i`` (right padding,
+**Alignment** (the rollout's, see docs/models.md). Row ``i`` is fed as ``prompt_i + response_i`` (right padding,
 positions 0..T−1). The logits at position ``P_i + t − 1`` give ``log π(response token t)``; the
 critic's output at the same position is ``V_t``.
 
@@ -313,15 +313,17 @@ def update_epochs(
                 sums = defaultdict(float)  # minibatch losses: the sum of the micro-batch terms
                 for rows in micros:
                     mb = make_micro(r, rows, pad_id, device)
-                    mask = mb.take(r.mask).to(device)
+
+                    def take(x, mb=mb):
+                        return None if x is None else mb.take(x).to(device)
+
+                    mask = take(r.mask)
                     n_tok = float(mask.sum())
                     tokens += int(n_tok)
                     turn_ids = mb.take(r.turn_ids).to(device)
                     n_turns = _n_turns(mask.cpu(), turn_ids.cpu())
                     if policy is not None:
                         logp, ent = forward_policy(policy, mb, entropy=want_entropy)
-                        def take(x, mb=mb):
-                            return None if x is None else mb.take(x).to(device)
                         lp_loss, metrics = policy_loss(
                             loss, logp, take(r.old_logp), take(r.advantages), mask, turn_ids=turn_ids,
                             rollout_logp=take(r.rollout_logp), scale=scale_p, **loss_options)
@@ -341,8 +343,6 @@ def update_epochs(
                         pm.add(metrics, tokens=n_tok, turns=n_turns)
                     if critic is not None:
                         v = forward_critic(critic, mb)
-                        def take(x, mb=mb):
-                            return None if x is None else mb.take(x).to(device)
                         clip = value_clip if value_clip else None
                         v_loss, vmetrics = value_loss(v, take(r.values), take(r.returns), mask, clip=clip,
                                                       scale=scale_v)

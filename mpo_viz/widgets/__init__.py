@@ -5,7 +5,8 @@
   list) to open that trajectory in an explorer beside the plot.
 * :class:`EstimatorComparison` — one trajectory under several estimators: stacked strips, per-turn
   bars, agreement metrics; parameters shared through sliders.
-* :class:`TrainingDashboard` — live curves of a run folder (docs/concepts.md §8), refreshing while it grows.
+* :class:`TrainingDashboard` — live curves of a run folder, refreshing while it grows.
+* :class:`RunComparison` — one metric of several run folders on one axis (MPO vs GRPO vs PPO).
 
 Every view takes a TrajectoryBatch or a path and has ``to_html()`` for a static snapshot built with
 the report's machinery. The token strip is the anywidget :class:`StripWidget` around the one strip
@@ -17,6 +18,7 @@ from mpo_viz.widgets.dashboard import TrainingDashboard, read_metrics
 from mpo_viz.widgets.engine import AdvantageEngine, ParamControls, default_estimators
 from mpo_viz.widgets.explorer import TrajectoryExplorer, trajectory_table
 from mpo_viz.widgets.picker import TrajectoryPicker
+from mpo_viz.widgets.runs import RunComparison
 from mpo_viz.widgets.snapshot import Snapshot
 from mpo_viz.widgets.strip_widget import StripWidget
 from mpo_viz.widgets.variance import VarianceView
@@ -26,6 +28,7 @@ __all__ = [
     "VarianceView",
     "EstimatorComparison",
     "TrainingDashboard",
+    "RunComparison",
     "read_metrics",
     "StripWidget",
     "TrajectoryPicker",

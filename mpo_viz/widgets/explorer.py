@@ -251,6 +251,10 @@ class TrajectoryExplorer(W.VBox):
     def _update_turns(self, adv, ret) -> None:
         src = self._ret_source()
         tt = self._sub.turns(advantages=adv, returns={src: ret} if ret is not None else None)
+        ov = plots.learned_and_oracle(self._sub)
+        if ov is not None and len(tt):  # the critic beside the exact value of each turn's state
+            tt["oracle_first"] = ov[0, tt["start"].to_numpy()]
+            tt["critic_err"] = tt["value_first"] - tt["oracle_first"]
         cols = [c for c in tt.columns if c not in ("traj_id", "row")]
         self.turn_df = tt[cols]
         # a light table: at most MAX_TURN_ROWS rows in the page (the full table is ``turn_df`` / CSV)

@@ -148,3 +148,21 @@ def test_bad_clip_settings_name_the_key(kw, key):
     old, logp, adv, mask = tensors()
     with pytest.raises(ValueError, match=rf"actor_rollout_ref\.actor\.{key}"):
         ours_through_verl("turn_ppo", old, logp, adv, mask, "token-mean", cfg)
+
+
+def test_mpo_gspo_is_registered_where_verl_has_no_gspo(monkeypatch):
+    """verl 0.9.1 ships gspo, so mpo_gspo stays out; a verl without it gets ours (GSPO defaults
+    3e-4/4e-4 come from the actor config's clip_ratio_low/high, as for every loss here)."""
+    import mpo_viz.integrations.verl as plugin
+
+    # a copy of verl's registry without gspo, and a fresh record of ours; both restored afterwards
+    monkeypatch.setattr(core_algos, "POLICY_LOSS_REGISTRY",
+                        {k: v for k, v in core_algos.POLICY_LOSS_REGISTRY.items() if k != "gspo"})
+    monkeypatch.setattr(plugin, "_registered", {"estimators": [], "losses": []})
+    assert "mpo_gspo" in plugin.register()["losses"]
+    cfg = actor_config(clip_ratio_low=3e-4, clip_ratio_high=4e-4, loss_agg_mode="seq-mean-token-mean")
+    old, logp, adv, mask = tensors(seed=8)
+    loss, _ = ours_through_verl("mpo_gspo", old, logp, adv, mask, "seq-mean-token-mean", cfg)
+    want, _ = policy_loss("gspo", logp, old, adv, mask, clip_low=3e-4, clip_high=4e-4, dual_clip=3.0,
+                          agg="seq-mean-token-mean")
+    torch.testing.assert_close(loss, want, rtol=1e-12, atol=1e-12)

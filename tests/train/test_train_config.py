@@ -93,3 +93,12 @@ def test_uses_critic_follows_the_registry():
     assert Config(estimator="mpo").uses_critic
     assert Config(estimator="gae").uses_critic
     assert not Config(estimator="grpo", group_size=2).uses_critic
+
+
+def test_every_field_is_documented():
+    import dataclasses
+    from pathlib import Path
+
+    doc = (Path(__file__).resolve().parents[2] / "docs" / "training.md").read_text()
+    missing = [f.name for f in dataclasses.fields(Config) if f"`{f.name}`" not in doc]
+    assert not missing, f"docs/training.md does not describe {missing}"

@@ -1,0 +1,136 @@
+"""Trainer benchmark: phase timings of one iteration, and success against wall time for MPO, GRPO, PPO.
+
+Part 1 — one 64-episode iteration (mpo + turn_ppo, the "1m" model) on ``search`` and ``automation``
+at default difficulty, after a short SFT warm start (a random policy writes every turn to the token
+limit, which is not what training looks like): seconds per phase (rollout, values, advantages,
+update, eval) and tokens/s of rollout and update. Target: <= 15 s per iteration.
+
+Part 2 — from one SFT warm start on ``search`` (saved once, loaded by each run), MPO (mae +
+turn_ppo), GRPO (grpo + token_ppo, G = 4) and PPO (gae + token_ppo) each train for ``--minutes`` of
+wall time; greedy eval success on the same 64 held-out tasks every ``--eval-interval`` iterations,
+against wall time (critic warm-up included) and iterations. Goal: MPO >= 90% within 20 minutes.
+
+    python benchmarks/train.py                         # both parts, 20 minutes per algorithm
+    python benchmarks/train.py --part 2 --minutes 8    # what fits a busy machine
+    python benchmarks/train.py --part 1 --sft-steps 40
+
+Run folders go to ``--out`` (default /tmp/mpo_viz_bench_train). Rows are printed as they come.
+"""
+
+from __future__ import annotations
+
+import argparse
+import shutil
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from mpo_viz import models  # noqa: E402
+from mpo_viz.train import Config, Trainer  # noqa: E402
+
+ALGOS = [("MPO", "mpo", "turn_ppo", 1), ("GRPO", "grpo", "token_ppo", 4), ("PPO", "gae", "token_ppo", 1)]
+
+
+def _fresh(path: Path) -> Path:
+    shutil.rmtree(path, ignore_errors=True)
+    return path
+
+
+def part1(args) -> None:
+    print("\n## one iteration of 64 episodes (mpo + turn_ppo, model 1m, 1 CPU thread)\n", flush=True)
+    head = ("| env | SFT steps | SFT greedy success | rollout s | values s | advantages s | update s | eval s | "
+            "total s | action tokens | rollout tok/s | update tok/s |")
+    print(head)
+    print("|" + "|".join(["---"] * (head.count("|") - 1)) + "|")
+    for env in ("search", "automation"):
+        cfg = Config(env=env, estimator="mpo", loss="turn_ppo", episodes=64, sft_steps=args.sft_steps,
+                     sft_target_success=0.4, critic_warmup_steps=0, iterations=1, eval_interval=1, eval_episodes=64,
+                     seed=args.seed)
+        tr = Trainer(cfg, _fresh(args.out / f"phases-{env}"), quiet=True)
+        sft = tr.sft() if args.sft_steps else {"sft_steps": 0, "sft_success": float("nan")}
+        rec = next(tr.iterate(1))
+        t = rec["timings"]
+        th = rec["throughput"]
+        total = t["rollout"] + t["values"] + t["advantages"] + t["update"] + t["eval"]
+        print(f"| {env} | {sft['sft_steps']} | {sft['sft_success']:.2f} | {t['rollout']:.2f} | {t['values']:.2f} | "
+              f"{t['advantages']:.2f} | {t['update']:.2f} | {t['eval']:.2f} | {total:.2f} | "
+              f"{int(rec['action_tokens_mean'] * cfg.episodes)} | {th['rollout_tokens_per_sec']:.0f} | "
+              f"{th['update_tokens_per_sec']:.0f} |", flush=True)
+
+
+def warm_start(args) -> Path:
+    """SFT on search once (to the target success or the step budget); the policy is saved for all runs."""
+    folder = args.out / "warm_start"
+    if (folder / "policy").is_dir() and not args.redo_sft:
+        print(f"warm start: reusing {folder}", flush=True)
+        return folder
+    cfg = Config(env="search", estimator="grpo", loss="token_ppo", group_size=4, sft_steps=args.sft_steps_warm,
+                 sft_target_success=args.sft_target, iterations=0, eval_episodes=64, seed=args.seed)
+    t0 = time.perf_counter()
+    tr = Trainer(cfg, _fresh(args.out / "sft"), quiet=True)
+    r = tr.sft()
+    models.save(_fresh(folder), tr.policy)
+    print(f"warm start: {r['sft_steps']} SFT steps, greedy success {r['sft_success']:.3f} "
+          f"(noisy expert {r['sft_expert_success']:.3f}), {time.perf_counter() - t0:.0f} s -> {folder}", flush=True)
+    return folder
+
+
+def part2(args) -> None:
+    warm = warm_start(args)
+    print(f"\n## search, from the SFT warm start: greedy eval success (64 held-out tasks) vs wall time, "
+          f"{args.minutes:g} min per algorithm\n", flush=True)
+    print("| algorithm | iteration | wall min | greedy eval success | rollout success |")
+    print("|---|---|---|---|---|", flush=True)
+    summary = []
+    for name, est, loss, g in ALGOS:
+        if args.algos and name not in args.algos:
+            continue
+        cfg = Config(env="search", model_dir=str(warm), sft_steps=0, estimator=est, loss=loss, group_size=g,
+                     episodes=64, eval_interval=args.eval_interval, eval_episodes=64, iterations=10**6, seed=args.seed)
+        t0 = time.perf_counter()
+        tr = Trainer(cfg, _fresh(args.out / name), quiet=True)
+        ev = tr.evaluate()["eval_success"]
+        print(f"| {name} | 0 | 0.0 | {ev:.3f} | |", flush=True)
+        best = (ev, 0, 0.0)
+        if tr.critic is not None:
+            tr.warmup_critic()
+        while time.perf_counter() - t0 < args.minutes * 60:
+            rec = next(tr.iterate(1))
+            if "eval_success" in rec:
+                wall = (time.perf_counter() - t0) / 60
+                print(f"| {name} | {rec['iteration']} | {wall:.1f} | {rec['eval_success']:.3f} | "
+                      f"{rec['success']:.3f} |", flush=True)
+                if rec["eval_success"] > best[0]:
+                    best = (rec["eval_success"], rec["iteration"], wall)
+        summary.append((name, tr.iteration, (time.perf_counter() - t0) / 60, *best))
+    print("\n| algorithm | iterations run | wall min | best greedy eval success | at iteration | at wall min |")
+    print("|---|---|---|---|---|---|")
+    for name, its, wall, b, bi, bw in summary:
+        print(f"| {name} | {its} | {wall:.1f} | {b:.3f} | {bi} | {bw:.1f} |", flush=True)
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--part", type=int, choices=(1, 2), help="run only part 1 or part 2")
+    p.add_argument("--minutes", type=float, default=20.0, help="wall minutes per algorithm in part 2")
+    p.add_argument("--eval-interval", type=int, default=3, help="iterations between greedy evaluations (part 2)")
+    p.add_argument("--sft-steps", type=int, default=60, help="SFT steps before the timed iteration (part 1)")
+    p.add_argument("--sft-steps-warm", type=int, default=400, help="SFT step budget of the warm start (part 2)")
+    p.add_argument("--sft-target", type=float, default=0.4, help="SFT stops at this greedy success (part 2)")
+    p.add_argument("--algos", nargs="*", help="subset of MPO GRPO PPO")
+    p.add_argument("--redo-sft", action="store_true", help="redo the warm start even if saved")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--out", type=Path, default=Path("/tmp/mpo_viz_bench_train"))
+    args = p.parse_args(argv)
+    args.out.mkdir(parents=True, exist_ok=True)
+    if args.part in (None, 1):
+        part1(args)
+    if args.part in (None, 2):
+        part2(args)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

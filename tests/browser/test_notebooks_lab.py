@@ -1,0 +1,88 @@
+"""The shipped notebooks in a real JupyterLab (one server, Chromium): open each, run all its cells
+through the Run menu at the fast size (MPO_VIZ_NOTEBOOK_FAST=1), and check that every widget the
+notebook displays rendered (its view is in the page, nothing reads "Error displaying widget") and
+that no cell raised.
+
+The notebooks are copied into the server's root beside a link to the repository's
+``trajectories/``, which is how they find their data. Screenshots of one widget per notebook go to
+``docs/notebook_*.png`` with ``MPO_VIZ_SCREENSHOTS=1``, else to the test's temporary folder.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import urllib.request
+from pathlib import Path
+
+import nbformat
+import pytest
+from jupyter_helpers import DONE, open_notebook, run_all, tidy_for_screenshots  # noqa: I001
+
+pytestmark = pytest.mark.browser
+
+REPO = Path(__file__).resolve().parents[2]
+WRITE_DOCS = os.environ.get("MPO_VIZ_SCREENSHOTS") == "1"
+
+#: notebook -> (the widget views it must show, as (CSS class, count), the one to screenshot)
+NOTEBOOKS = {
+    "02_value_variance.ipynb": ([("mpo-variance", 1)], "mpo-variance"),
+    "04_bring_your_own_logs.ipynb": ([("mpo-explorer", 1), ("mpo-comparison", 1)], "mpo-comparison"),
+}
+
+
+@pytest.fixture
+def fast_size(monkeypatch, tmp_path):
+    """The kernels JupyterLab starts inherit the server's environment: the notebooks' fast size.
+    And no windowing in JupyterLab's notebook view, so that every cell's output is in the page."""
+    monkeypatch.setenv("MPO_VIZ_NOTEBOOK_FAST", "1")
+    settings = tmp_path / "jconfig" / "lab" / "user-settings" / "@jupyterlab" / "notebook-extension"
+    settings.mkdir(parents=True)
+    (settings / "tracker.jupyterlab-settings").write_text(json.dumps({"windowingMode": "none"}))
+
+
+def _copy_with_marker(src: Path, dst: Path) -> None:
+    nb = nbformat.read(str(src), as_version=4)
+    nb.cells.append(nbformat.v4.new_code_cell(f"print({DONE!r})"))
+    nbformat.write(nb, str(dst))
+
+
+def test_notebooks_render_in_jupyterlab(fast_size, page, page_errors, jupyter_server, tmp_path):
+    root = jupyter_server.root
+    (root / "trajectories").symlink_to(REPO / "trajectories", target_is_directory=True)
+    shots = REPO / "docs" if WRITE_DOCS else tmp_path
+    page.set_viewport_size({"width": 1440, "height": 2600})
+    for name, (expected, shot) in NOTEBOOKS.items():
+        _copy_with_marker(REPO / "notebooks" / name, root / name)
+        open_notebook(page, jupyter_server, name)
+        tidy_for_screenshots(page)
+        run_all(page, timeout_ms=240_000)
+        errors = page.locator(".jp-OutputArea-output[data-mime-type='application/vnd.jupyter.stderr']",
+                              has_text="Traceback")
+        assert errors.count() == 0, f"{name}: {errors.first.inner_text()[:2000]}"
+        for css, n in expected:
+            page.wait_for_selector(f".jp-OutputArea-output .{css} .js-plotly-plot .main-svg", timeout=60_000)
+            assert page.locator(f".jp-OutputArea-output .{css}").count() == n, (name, css)
+        text = page.locator(".jp-NotebookPanel:not(.lm-mod-hidden) .jp-Notebook").first.inner_text()
+        assert "Error displaying widget" not in text, name
+        assert "Loading widget..." not in text, name
+        page.mouse.move(5, 5)
+        page.wait_for_timeout(300)
+        page.locator(f".jp-OutputArea-output .{shot}").first.screenshot(
+            path=str(shots / f"notebook_{name.split('_')[0]}.png"))
+        # close the notebook (and its kernel) before the next: one kernel at a time on a small machine
+        page.goto(f"{jupyter_server.url}/api/status")
+        for s in _sessions(jupyter_server.url):
+            _delete_session(jupyter_server.url, s)
+    errs = [e for e in page_errors if "favicon" not in e]
+    assert errs == []
+
+
+def _sessions(url: str) -> list[str]:
+    with urllib.request.urlopen(f"{url}/api/sessions", timeout=10) as r:
+        return [s["id"] for s in json.loads(r.read())]
+
+
+def _delete_session(url: str, sid: str) -> None:
+    req = urllib.request.Request(f"{url}/api/sessions/{sid}", method="DELETE")
+    urllib.request.urlopen(req, timeout=30).close()

@@ -1,0 +1,97 @@
+"""``mpo-viz train`` and ``mpo_viz.train.launch``: a run from the shell, resume, errors naming the
+flag, and a subprocess a notebook can stop and resume."""
+
+import json
+import time
+
+import pytest
+from train_helpers import TINY, tiny
+
+from mpo_viz.cli import main
+from mpo_viz.train import Trainer, launch
+
+
+def _cfg_file(tmp_path, **changes):
+    d = {k: v for k, v in TINY.items() if k not in ("env", "iterations", "episodes")}
+    d.update(changes)
+    p = tmp_path / "tiny.json"
+    p.write_text(json.dumps(d))
+    return str(p)
+
+
+def test_train_then_resume_from_the_shell(tmp_path, capsys):
+    run = str(tmp_path / "run")
+    rc = main(["train", "--env", "search", "--estimator", "grpo", "--loss", "token_ppo", "--group-size", "2",
+               "--episodes", "4", "--iterations", "1", "--run-dir", run, "--config", _cfg_file(tmp_path)])
+    out = capsys.readouterr().out
+    assert rc == 0, out
+    assert "iter 1/1 | success" in out and "done: 1 iterations" in out
+    assert "final greedy eval: success" in out  # the last iteration is always evaluated
+    rc = main(["train", "--resume", run, "--iterations", "2"])
+    out = capsys.readouterr().out
+    assert rc == 0 and "resuming" in out and "iter 2/2" in out
+    lines = [json.loads(x) for x in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    assert [(r["iteration"], r["phase"]) for r in lines] == [(1, "rl"), (1, "eval"), (2, "rl"), (2, "eval")]
+    assert json.loads((tmp_path / "run" / "config.json").read_text())["iterations"] == 2
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--episodes", "0"], "--episodes: expected an integer >= 1, found 0"),
+    (["--estimator", "grpo", "--loss", "token_ppo"], "--group-size: the group estimator 'grpo'"),
+    (["--loss", "ppo"], "--loss: expected one of"),
+    (["--difficulty", "hard"], "--difficulty: expected N or MIN-MAX"),
+    (["--estimator", "grpo", "--group-size", "2", "--critic-lr", "0.001"], "--critic-lr: the estimator 'grpo' uses no critic"),
+])
+def test_bad_flags_are_named(tmp_path, capsys, argv, message):
+    rc = main(["train", "--run-dir", str(tmp_path / "r"), "--iterations", "1", *argv])
+    err = capsys.readouterr().err
+    assert rc != 0 and message in err, err
+    assert not (tmp_path / "r" / "checkpoints").exists()
+
+
+def test_config_file_errors_name_the_file_and_field(tmp_path, capsys):
+    cfg = _cfg_file(tmp_path, max_turn_tokens=0)
+    assert main(["train", "--run-dir", str(tmp_path / "r"), "--config", cfg]) == 1
+    assert f"{cfg}: max_turn_tokens: expected an integer >= 1" in capsys.readouterr().err
+    (tmp_path / "bad.json").write_text('{"learning_rate": 1}')
+    assert main(["train", "--run-dir", str(tmp_path / "r"), "--config", str(tmp_path / "bad.json")]) == 1
+    assert "unknown field(s) 'learning_rate'" in capsys.readouterr().err
+
+
+def test_resume_with_other_settings_is_refused_naming_them(tmp_path, capsys):
+    cfg = tiny(estimator="grpo", loss="token_ppo", group_size=2, iterations=1, eval_interval=0)
+    list(Trainer(cfg, tmp_path / "run", quiet=True).iterate())
+    rc = main(["train", "--resume", str(tmp_path / "run"), "--iterations", "3", "--seed", "5", "--epochs", "3"])
+    err = capsys.readouterr().err
+    assert rc == 1 and "differing fields" in err and "seed: 0 != 5" in err and "epochs: 1 != 3" in err
+    assert main(["train", "--resume", str(tmp_path / "run"), "--run-dir", "x"]) == 2
+
+
+def _wait_for(pred, timeout):
+    t0 = time.time()
+    while time.time() - t0 < timeout:
+        if pred():
+            return True
+        time.sleep(0.5)
+    return False
+
+
+@pytest.mark.slow
+def test_launch_stop_and_resume(tmp_path):
+    cfg = tiny(estimator="grpo", loss="token_ppo", group_size=2, iterations=200, eval_interval=0)
+    run = tmp_path / "run"
+    h = launch(cfg, run)
+    metrics = run / "metrics.jsonl"
+    assert _wait_for(lambda: metrics.exists() and metrics.read_text().count("\n") >= 1 or not h.running, 600), h.log()
+    assert h.running, h.log()
+    rc = h.stop()
+    assert rc == 130 and not h.running, h.log()
+    assert "interrupted at iteration" in h.log()
+    done = metrics.read_text().count("\n")
+    tr = Trainer.resume(run, quiet=True)
+    assert tr.iteration == done >= 1
+    # launching on the same folder continues the run
+    h2 = launch(cfg, run, iterations=done + 1)
+    assert h2.wait(600) == 0, h2.log()
+    assert "resuming" in h2.log() and f"iter {done + 1}/{done + 1}" in h2.log()
+    assert Trainer.resume(run, quiet=True).iteration == done + 1
