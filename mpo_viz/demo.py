@@ -27,7 +27,9 @@ def _rule(title: str) -> None:
 
 
 def run(folder: Path, out: Path) -> int:
-    sets = sorted(folder.glob("*.parquet")) + sorted(p for p in folder.iterdir() if p.is_dir())
+    # trajectory/v1 sets: Parquet files, and folders of JSONL files with their _meta.json (not the
+    # foreign-format logs of samples/, nor trained/, which has its own section below)
+    sets = sorted(folder.glob("*.parquet")) + sorted(p for p in folder.iterdir() if (p / "_meta.json").is_file())
     if not sets:
         print(f"no trajectory sets under {folder}", file=sys.stderr)
         return 1
@@ -82,11 +84,35 @@ def run(folder: Path, out: Path) -> int:
             return 1
         reports.append(rep)
 
+    if (folder / "trained").is_dir():
+        learned_critic(folder / "trained")
+
     _rule("done")
     for rep in reports:
         print(f"report: {rep.resolve()}")
     print("open a report in any browser (it works offline), or run `make lab` for the notebooks.")
     return 0
+
+
+def learned_critic(folder: Path) -> None:
+    """The across/within split of a *trained* critic (trajectories/trained/: MPO runs of the trainer),
+    next to the oracle values of the same trajectories, early and late in training."""
+    _rule(f"learned critic: values across vs within turns ({folder})")
+    files = sorted(folder.glob("*_early.parquet")) + sorted(folder.glob("*_late.parquet"))
+    if not files:
+        print("(no *_early/*_late.parquet files here)")
+        return
+    print(f"{'set':<20} {'values':<8} {'mean across':>12} {'mean within':>12} {'median ratio':>13} {'across > within':>16}")
+    for path in sorted(files, key=lambda p: (p.stem.rsplit("_", 1)[0], p.stem.endswith("late"))):
+        batch = mv.load(path)
+        for label, values in (("critic", None), ("oracle", batch.padded("oracle_values") if batch.has("oracle_values") else None)):
+            if label == "oracle" and values is None:
+                continue
+            s = analysis.variance_summary(analysis.value_variance(batch, values))
+            print(f"{path.stem:<20} {label:<8} {s['mean_across']:>12.5f} {s['mean_within']:>12.5f} "
+                  f"{s['median_ratio']:>13.2f} {s['share_across_gt_within']:>16.0%}")
+    print("(critic: the values the trained critic gave during training; oracle: the exact values under the "
+          "scripted expert on the same trajectories, for reference — see trajectories/README.md)")
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -24,9 +24,12 @@ pytestmark = pytest.mark.browser
 REPO = Path(__file__).resolve().parents[2]
 WRITE_DOCS = os.environ.get("MPO_VIZ_SCREENSHOTS") == "1"
 
-#: notebook -> (the widget views it must show, as (CSS class, count), the one to screenshot)
+#: notebook -> (the widget views it must show, as (CSS class, at least how many), the one to screenshot)
 NOTEBOOKS = {
-    "02_value_variance.ipynb": ([("mpo-variance", 1)], "mpo-variance"),
+    "01_explore_credit_assignment.ipynb": ([("mpo-explorer", 1), ("mpo-variance", 1), ("mpo-comparison", 1),
+                                            ("mpo-dashboard", 1)], "mpo-dashboard"),
+    "02_value_variance.ipynb": ([("mpo-variance", 2)], "mpo-variance"),
+    "03_train_interactively.ipynb": ([("mpo-dashboard", 1), ("mpo-explorer", 2)], "mpo-dashboard"),
     "04_bring_your_own_logs.ipynb": ([("mpo-explorer", 1), ("mpo-comparison", 1)], "mpo-comparison"),
 }
 
@@ -56,13 +59,13 @@ def test_notebooks_render_in_jupyterlab(fast_size, page, page_errors, jupyter_se
         _copy_with_marker(REPO / "notebooks" / name, root / name)
         open_notebook(page, jupyter_server, name)
         tidy_for_screenshots(page)
-        run_all(page, timeout_ms=240_000)
+        run_all(page, timeout_ms=600_000)  # notebook 03 trains (tiny runs in subprocesses)
         errors = page.locator(".jp-OutputArea-output[data-mime-type='application/vnd.jupyter.stderr']",
                               has_text="Traceback")
         assert errors.count() == 0, f"{name}: {errors.first.inner_text()[:2000]}"
         for css, n in expected:
             page.wait_for_selector(f".jp-OutputArea-output .{css} .js-plotly-plot .main-svg", timeout=60_000)
-            assert page.locator(f".jp-OutputArea-output .{css}").count() == n, (name, css)
+            assert page.locator(f".jp-OutputArea-output .{css}").count() >= n, (name, css)  # views nest explorers
         text = page.locator(".jp-NotebookPanel:not(.lm-mod-hidden) .jp-Notebook").first.inner_text()
         assert "Error displaying widget" not in text, name
         assert "Loading widget..." not in text, name
