@@ -8,7 +8,9 @@ For each environment and batch size B: one rollout of B episodes (B tasks, one s
 sampling (T = 1, top-p 1), `max_turn_tokens` 48. Then, in the same process, `model.generate` on the
 same model with the same B prompts (each episode's first prompt, left padded), KV cache on,
 `do_sample=True`, and `min_new_tokens = max_new_tokens = N` where N × B is the rollout's number of
-action tokens, so both sides produce the same number of new tokens.
+action tokens, so both sides produce the same number of new tokens. `w/o critic` is the same ratio
+with the critic's forward taken out of the rollout's time (generate has no critic): the cost of
+being multi-turn alone.
 
 Speed is *action tokens/s*: sampled tokens per second of wall time. The rollout's time is the whole
 call (prefill of every observation, every decode step, environments, oracle, critic, building the
@@ -92,6 +94,7 @@ def bench(env_name: str, batch: int, seed: int = 0) -> dict:
     total = tm["total"]
     return {
         "env": env_name, "B": batch, "tokens": n_act, "roll_tps": n_act / t_roll, "gen_tps": new * batch / t_gen,
+        "roll_tps_nc": n_act / (t_roll - tm.get("critic", 0.0)),
         "env_share": tm.get("env", 0.0) / total,
         "tok_share": (tm.get("tokenize", 0.0) + tm.get("oracle", 0.0)) / total,
         "critic_share": tm.get("critic", 0.0) / total, "mem_r": mem_r.mib, "mem_g": mem_g.mib,
@@ -111,14 +114,15 @@ def main() -> None:
           f"{os.cpu_count()} CPUs, torch {torch.__version__}, {args.threads} thread(s); load average "
           f"{os.getloadavg()[0]:.1f} at start")
     head = (f"{'env':<11}{'B':>4}{'tokens':>8}{'turns':>6}{'rollout tok/s':>15}{'generate tok/s':>16}{'ratio':>7}"
-            f"{'env %':>7}{'tok+oracle %':>14}{'critic %':>10}{'peak MiB r/g':>14}")
+            f"{'w/o critic':>11}{'env %':>7}{'tok+oracle %':>14}{'critic %':>10}{'peak MiB r/g':>14}")
     print(head)
     print("-" * len(head))
     for name in envs:
         for b in sizes:
             r = bench(name, b)
             print(f"{r['env']:<11}{r['B']:>4}{r['tokens']:>8}{r['turns']:>6.1f}{r['roll_tps']:>15.0f}"
-                  f"{r['gen_tps']:>16.0f}{r['roll_tps'] / r['gen_tps']:>7.2f}{100 * r['env_share']:>7.1f}"
+                  f"{r['gen_tps']:>16.0f}{r['roll_tps'] / r['gen_tps']:>7.2f}"
+                  f"{r['roll_tps_nc'] / r['gen_tps']:>11.2f}{100 * r['env_share']:>7.1f}"
                   f"{100 * r['tok_share']:>14.1f}{100 * r['critic_share']:>10.1f}"
                   f"{r['mem_r']:>8.0f}/{r['mem_g']:<5.0f}", flush=True)
     print(f"# load average {os.getloadavg()[0]:.1f} at the end (the machine is shared: absolute numbers move "

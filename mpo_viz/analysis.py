@@ -41,6 +41,16 @@ __all__ = [
     "disagreement",
     "critic_quality",
     "CriticQuality",
+    "has_oracle",
+    "ORACLE_FIELDS",
+    "accuracy_stats",
+    "merge_accuracy_stats",
+    "finish_accuracy",
+    "credit_accuracy",
+    "accuracy_reading",
+    "NO_ORACLE_TEXT",
+    "ACCURACY_COLUMNS",
+    "values_source",
 ]
 
 
@@ -129,11 +139,11 @@ def _turn_means(x: np.ndarray, idx: _Turns) -> np.ndarray:
 
 
 # ---------------------------------------------------------------------------------------------
-# §3.9 across / within split
+# across / within split (docs/concepts.md §7.8)
 
 
 def variance_split(x, mask, turn_ids=None) -> dict[str, np.ndarray]:
-    """The across/within split (docs/concepts.md §5) for any per-token tensor (values, advantages, ...).
+    """The across/within split (docs/concepts.md §7.8) for any per-token tensor (values, advantages, ...).
 
     Shapes: ``x``, ``mask``, ``turn_ids`` are ``(B, L)`` (torch or numpy; ``turn_ids=None`` derives
     turns from mask runs). Returns a dict of float64 / int64 numpy arrays of shape ``(B,)``:
@@ -275,7 +285,7 @@ def value_variance(batch, values=None, *, name: str = "values") -> pd.DataFrame:
 
 
 def advantage_variance(batch, advantages, *, name: str = "advantages") -> pd.DataFrame:
-    """The §3.9 split of an advantage tensor ``(B, L)``: :func:`value_variance` with ``values=``.
+    """The across/within split (docs/concepts.md §7.8) of an advantage tensor ``(B, L)``: :func:`value_variance` with ``values=``.
 
     For MAE the turn means are exactly ``A^T_k``, so ``across`` is the macro-scale spread and
     ``within`` the micro-scale (β-weighted centred signal) spread.
@@ -629,3 +639,139 @@ def critic_quality(batch, returns=None, *, estimator: str = "mpo", **options) ->
         n_tokens=int(gv.size),
         per_turn=per_turn,
     )
+
+
+# ---------------------------------------------------------------------------------------------
+# accuracy against the oracle (environments of mpo_viz.envs write the exact advantages)
+
+ORACLE_FIELDS = ("oracle_token_adv", "decisive")
+"""Per-token columns an accuracy check needs: the oracle's token advantage ``a*_t`` (the change of
+the exact value across token t; it sums over a turn to the turn's exact advantage ``A*_k``) and
+``decisive`` (1 on the tokens that decide the action). ``mpo-viz generate`` writes both."""
+
+ACCURACY_COLUMNS = {
+    "turn_corr": "Pearson correlation of the turn advantage (mean over the turn's tokens) with the oracle's A*_k",
+    "turn_sign": "share of turns with A*_k ≠ 0 whose sign the estimator gets right",
+    "tok_corr": "Pearson correlation of token advantages with the oracle's a*_t",
+    "within_corr": "the same after centring both inside each turn (the micro scale only; — when the estimator "
+                   "is constant within turns)",
+    "dec_sign": "sign agreement on decisive tokens with a*_t ≠ 0",
+    "dec_mass": "share of Σ|A_t| on decisive tokens (the oracle: 1; an estimator constant in a turn: the share "
+                "of decisive tokens)",
+}
+"""The accuracy columns and what each means (the same as ``benchmarks/credit_accuracy.py``)."""
+
+NO_ORACLE_TEXT = (
+    "No oracle columns (oracle_token_adv, decisive: written by mpo-viz generate for its environments), so how "
+    "right each estimator is cannot be measured here, only how they agree. What would tell: the explained "
+    "variance of the values against the returns (a critic near 0 gives value-based estimators little to work "
+    "with), and the across/within split of the values (a critic flat inside turns gives MPO's within-turn "
+    "signal nothing to redistribute). To measure accuracy, generate trajectories with an oracle "
+    "(mpo-viz generate) or see benchmarks/credit_accuracy.py.")
+
+
+def values_source(batch) -> str:
+    """Where ``values`` come from, from the file metadata (``values_source``: ``critic``,
+    ``oracle``, …), else ``"critic"`` — as the label a view should use (an oracle is no critic)."""
+    src = (getattr(batch, "meta", None) or {}).get("values_source")
+    return str(src) if src else "critic"
+
+
+def has_oracle(batch) -> bool:
+    """Whether ``batch`` carries the oracle columns of :data:`ORACLE_FIELDS`."""
+    return all(batch.has(f) for f in ORACLE_FIELDS)
+
+
+def accuracy_stats(batch, advantages) -> dict:
+    """Mergeable sufficient statistics of :func:`credit_accuracy` for one batch (or chunk):
+    ``{name: {moment arrays and counts}}``. ``advantages``: ``{name: (B, L) tensor or result}``."""
+    if not has_oracle(batch):
+        raise ValueError(f"batch: accuracy needs the oracle columns {', '.join(ORACLE_FIELDS)}; this batch lacks "
+                         f"{', '.join(f for f in ORACLE_FIELDS if not batch.has(f))}")
+    m = _as_2d(batch.mask, "mask") != 0
+    t = _as_2d(batch.turn_ids, "turn_ids", np.int64)
+    idx = _turn_index(m, t)
+    o = np.nan_to_num(_as_2d(batch.padded("oracle_token_adv"), "oracle_token_adv"))
+    d = _as_2d(batch.padded("decisive"), "decisive") > 0.5
+    ot = o[idx.rows, idx.cols]
+    dt = d[idx.rows, idx.cols]
+    keep = idx.count > 0
+    o_turn = np.bincount(idx.slot, weights=ot, minlength=idx.n_slots)[keep]  # A*_k = Σ_t∈k a*_t
+    o_c = ot - (np.bincount(idx.slot, weights=ot, minlength=idx.n_slots) / np.maximum(idx.count, 1))[idx.slot]
+    out = {}
+    for name, a in _adv_tensors(advantages).items():
+        at = a[idx.rows, idx.cols]
+        a_mean = np.bincount(idx.slot, weights=at, minlength=idx.n_slots) / np.maximum(idx.count, 1)
+        a_c = at - a_mean[idx.slot]
+        a_turn = a_mean[keep]
+        nz_t = np.abs(o_turn) > 1e-6
+        nz_d = dt & (np.abs(ot) > 1e-6)
+        out[name] = {
+            "turn": _moments(a_turn, o_turn),
+            "turn_sign": np.array([np.sum(np.sign(a_turn[nz_t]) == np.sign(o_turn[nz_t])), nz_t.sum()], dtype=np.float64),
+            "tok": _moments(at, ot),
+            "within": _moments(a_c, o_c),
+            "within_max": float(np.abs(a_c).max()) if a_c.size else 0.0,
+            "dec_sign": np.array([np.sum(np.sign(at[nz_d]) == np.sign(ot[nz_d])), nz_d.sum()], dtype=np.float64),
+            "mass": np.array([np.abs(at[dt]).sum(), np.abs(at).sum()], dtype=np.float64),
+        }
+    return out
+
+
+def merge_accuracy_stats(acc: dict | None, new: dict) -> dict:
+    """Add the statistics of one chunk to ``acc`` (None: start)."""
+    if acc is None:
+        return {k: dict(v) for k, v in new.items()}
+    for k, v in new.items():
+        a = acc.setdefault(k, dict(v))
+        if a is v:
+            continue
+        for f, x in v.items():
+            a[f] = max(a[f], x) if f == "within_max" else a[f] + x
+    return acc
+
+
+def finish_accuracy(stats: dict) -> pd.DataFrame:
+    """One row per estimator with the :data:`ACCURACY_COLUMNS` from merged statistics."""
+    rows = []
+    for name, s in stats.items():
+        rows.append({
+            "estimator": name,
+            "turn_corr": _corr_from_moments(s["turn"]),
+            "turn_sign": s["turn_sign"][0] / s["turn_sign"][1] if s["turn_sign"][1] else math.nan,
+            "tok_corr": _corr_from_moments(s["tok"]),
+            "within_corr": _corr_from_moments(s["within"]) if s["within_max"] > 1e-9 else math.nan,
+            "dec_sign": s["dec_sign"][0] / s["dec_sign"][1] if s["dec_sign"][1] else math.nan,
+            "dec_mass": s["mass"][0] / s["mass"][1] if s["mass"][1] > 0 else math.nan,
+        })
+    return pd.DataFrame(rows, columns=["estimator", *ACCURACY_COLUMNS])
+
+
+def credit_accuracy(batch, advantages) -> pd.DataFrame:
+    """How right each estimator's credit is on ``batch``, against the oracle columns: one row per
+    entry of ``advantages`` (``{name: (B, L)}``) with the :data:`ACCURACY_COLUMNS`, over all turns
+    and action tokens of the batch (the definitions of ``benchmarks/credit_accuracy.py``)."""
+    return finish_accuracy(accuracy_stats(batch, advantages))
+
+
+def accuracy_reading(df: pd.DataFrame, values: str = "critic") -> str:
+    """One line that reads an accuracy table: which estimator's token credit is closest to the
+    oracle and which is farthest, with the turn-level picture when it differs."""
+    d = df.dropna(subset=["tok_corr"])
+    if d.empty:
+        return "No estimator's token credit varies enough to correlate with the oracle."
+    best = d.loc[d["tok_corr"].idxmax()]
+    worst = d.loc[d["tok_corr"].idxmin()]
+    text = (f"Token credit closest to the oracle: {best['estimator']} (correlation {best['tok_corr']:.2f}, "
+            f"{best['dec_mass']:.0%} of its |A| on decisive tokens)")
+    if worst["estimator"] != best["estimator"]:
+        text += f"; farthest: {worst['estimator']} ({worst['tok_corr']:.2f})"
+    dt = df.dropna(subset=["turn_corr"])
+    if len(dt):
+        bt = dt.loc[dt["turn_corr"].idxmax()]
+        text += (f". Across turns {bt['estimator']} is best (turn correlation {bt['turn_corr']:.2f}, "
+                 f"{bt['turn_sign']:.0%} of turn signs right)" if bt["estimator"] != best["estimator"] else
+                 f". {best['estimator']} is also best across turns (turn correlation {bt['turn_corr']:.2f})")
+    if values == "oracle":
+        text += ". Values here are the oracle's own (values_source: oracle), so this is the best case for value-based estimators"
+    return text + "."

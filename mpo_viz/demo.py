@@ -61,7 +61,7 @@ def run(folder: Path, out: Path) -> int:
                   "includes its compilation, a few seconds — the later sets show the running speed)")
 
         if batch.values is not None:
-            _rule(f"{name}: critic values across vs within turns (DESIGN §3.9)")
+            _rule(f"{name}: critic values across vs within turns (docs/concepts.md §7.8)")
             s = analysis.variance_summary(analysis.value_variance(batch))
             print(
                 f"mean across {s['mean_across']:.5f}   mean within {s['mean_within']:.5f}   "

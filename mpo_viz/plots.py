@@ -12,7 +12,11 @@ from plotly.subplots import make_subplots
 
 from mpo_viz import analysis as an
 
-__all__ = ["value_curve", "across_within", "estimator_comparison", "ESTIMATOR_COLOURS"]
+__all__ = ["value_curve", "value_curve_parts", "across_within", "estimator_comparison", "ESTIMATOR_COLOURS", "FIGURE_CONFIG", "line_trace"]
+
+#: plotly config of every figure the views and the report show: sized by its container, plotly's
+#: own image export (the camera button) at twice the resolution
+FIGURE_CONFIG = {"displaylogo": False, "responsive": True, "toImageButtonOptions": {"format": "png", "scale": 2}}
 
 # One colour per estimator name, stable across figures (plotly's qualitative "D3" palette).
 ESTIMATOR_COLOURS = {
@@ -70,6 +74,19 @@ def line_points(y, act, *, max_points: int = MAX_LINE_POINTS) -> tuple[np.ndarra
     return keep, full[keep]
 
 
+def line_trace(x, y, **kwargs) -> go.Scatter:
+    """A per-token line (``x``, ``y`` from :func:`line_points`) as a Scatter whose isolated points
+    (a one-token turn: a finite value between two gaps) get a marker, since a line needs two."""
+    y = np.asarray(y, dtype=np.float64)
+    f = np.isfinite(y)
+    iso = f & ~np.r_[False, f[:-1]] & ~np.r_[f[1:], False]
+    colour = kwargs.pop("marker_color", (kwargs.get("line") or {}).get("color"))
+    if iso.any():
+        return go.Scatter(x=x, y=y.astype(np.float32), mode="lines+markers",
+                          marker=dict(size=np.where(iso, 6, 0).astype(np.int8), color=colour), **kwargs)
+    return go.Scatter(x=x, y=y.astype(np.float32), mode="lines", marker=dict(color=colour), **kwargs)
+
+
 def _row_arrays(batch, row: int):
     sub = batch[[row]]
     n = int(sub.lengths[0])
@@ -87,59 +104,86 @@ def learned_and_oracle(batch) -> np.ndarray | None:
     return o
 
 
-def value_curve(batch, row: int, *, advantages: dict | None = None, returns=None, title: str | None = None) -> go.Figure:
-    """Critic values along one trajectory (x = response token position).
-
-    Traces (per-token lines via :func:`line_points`, decimated beyond ``MAX_LINE_POINTS`` tokens):
-    ``value`` (action tokens; gaps over observations), ``turn mean`` (each turn's mean
-    value as a step over the turn's span), ``oracle value`` when the batch carries ``oracle_values``
-    that differ from ``values`` (:func:`learned_and_oracle`), optionally ``return`` (``returns``: ``(B, L)`` tensor or
-    result) and, in a second panel, the per-token advantages of each entry of ``advantages``
-    (``{name: (B, L) tensor or result}``). Each turn's span (first to last action token) is shaded.
-    """
+def value_curve_parts(batch, row: int, *, advantages: dict | None = None, returns=None, lines: dict | None = None,
+                      title: str | None = None) -> dict:
+    """What :func:`value_curve` draws, as plain data (no plotly objects, so a view can update a
+    figure on screen in place without building a new one): ``{"traces": [...], "shapes": [...],
+    "title": str, "two": bool}``. Each trace is a dict with ``name``, ``x``, ``y``, ``mode``,
+    ``size`` (marker sizes or None), ``panel`` (1: values, 2: advantages) and ``style`` (line
+    options). ``lines``: more per-token lines for the value panel, ``{label: (B, L) array}`` (e.g. a
+    learned critic beside the oracle)."""
     sub, n, act = _row_arrays(batch, row)
     if sub.values is None:
         raise ValueError("values: the batch has no 'values' field; a value curve needs a critic")
     v = sub.values[0, :n].numpy().astype(np.float64)
     tt = an.turn_table(sub)
-    two = bool(advantages)
-    fig = make_subplots(rows=2 if two else 1, cols=1, shared_xaxes=True, vertical_spacing=0.06,
-                        row_heights=[0.6, 0.4] if two else None)
-    vx, vy = line_points(v, act)
-    fig.add_trace(go.Scatter(x=vx, y=vy, mode="lines", name="value",
-                             line=dict(color="#333", width=1.2), connectgaps=False), row=1, col=1)
-    # turn means as steps over each turn's span: x = start .. end, y = mean (NaN breaks between turns)
+    traces = []
+
+    def line(name, y, panel, style):
+        x, yy = line_points(y, act)
+        yy = np.asarray(yy, dtype=np.float64)
+        f = np.isfinite(yy)
+        iso = f & ~np.r_[False, f[:-1]] & ~np.r_[f[1:], False]
+        traces.append({"name": name, "x": np.asarray(x), "y": yy.astype(np.float32), "panel": panel, "style": style,
+                       "mode": "lines+markers" if iso.any() else "lines",
+                       "size": np.where(iso, 6, 0).astype(np.int8) if iso.any() else None})
+
+    line("value", v, 1, {"color": "#333", "width": 1.2})
+    # turn means as flat segments over exactly each turn's shaded span (first action token − ½ to
+    # last + ½), None breaking between turns
     sx, sy = [], []
     for s, e, m in zip(tt["start"], tt["end"], tt["value_mean"]):
-        sx += [s, e + 1, None]
+        sx += [s - 0.5, e + 0.5, None]
         sy += [m, m, None]
-    fig.add_trace(go.Scatter(x=sx, y=sy, mode="lines", name="turn mean", line=dict(color="#d62728", width=2.5),
-                             line_shape="hv"), row=1, col=1)
+    traces.append({"name": "turn mean", "x": sx, "y": sy, "panel": 1, "mode": "lines", "size": None,
+                   "style": {"color": "#d62728", "width": 2.5}})
     ov = learned_and_oracle(sub)
     if ov is not None:  # a learned (or noisy) critic beside the exact values of mpo-viz generate/rollout
-        ox, oy = line_points(ov[0, :n], act)
-        fig.add_trace(go.Scatter(x=ox, y=oy, mode="lines", name="oracle value",
-                                 line=dict(color="#2ca02c", width=1.2, dash="dash"), connectgaps=False), row=1, col=1)
+        line("oracle value", ov[0, :n], 1, {"color": "#2ca02c", "width": 1.2, "dash": "dash"})
     if returns is not None:
-        g = np.asarray(an.to_numpy(getattr(returns, "returns", returns)))[row, :n]
-        gx, gy = line_points(g, act)
-        fig.add_trace(go.Scatter(x=gx, y=gy, mode="lines", name="return",
-                                 line=dict(color="#1f77b4", width=1, dash="dot")), row=1, col=1)
+        line("return", np.asarray(an.to_numpy(getattr(returns, "returns", returns)))[row, :n], 1,
+             {"color": "#1f77b4", "width": 1, "dash": "dot"})
+    for i, (name, y) in enumerate((lines or {}).items()):
+        line(name, np.asarray(an.to_numpy(y))[row, :n], 1, {"color": _FALLBACK[i % len(_FALLBACK)], "width": 1.2})
     for i, (name, a) in enumerate((advantages or {}).items()):
-        a = an.to_numpy(getattr(a, "advantages", a))[row, :n]
-        ax, ay = line_points(a, act)
-        fig.add_trace(go.Scatter(x=ax, y=ay, mode="lines", name=f"A ({name})",
-                                 line=dict(color=_colour(name, i), width=1.2)), row=2, col=1)
+        line(f"A ({name})", an.to_numpy(getattr(a, "advantages", a))[row, :n], 2, {"color": _colour(name, i), "width": 1.2})
     # turn spans shaded over every panel (one layout update: add_vrect per turn is slow in plotly)
     shapes = [
         dict(type="rect", xref="x", yref="paper", x0=s - 0.5, x1=e + 0.5, y0=0, y1=1, line_width=0,
              fillcolor="#9ecae1" if k % 2 == 0 else "#c6dbef", opacity=0.35, layer="below")
         for k, (s, e) in enumerate(zip(tt["start"].tolist(), tt["end"].tolist()))
     ]
-    fig.update_layout(shapes=shapes)
     traj = batch.traj_ids[row]
+    return {"traces": traces, "shapes": shapes, "two": bool(advantages),
+            "title": title if title is not None else f"values along trajectory {traj} ({len(tt)} turns; shaded: turn spans)"}
+
+
+def value_curve(batch, row: int, *, advantages: dict | None = None, returns=None, lines: dict | None = None,
+                title: str | None = None) -> go.Figure:
+    """Values along one trajectory (x = response token position).
+
+    Traces (per-token lines via :func:`line_points`, decimated beyond ``MAX_LINE_POINTS`` tokens;
+    an isolated point, a one-token turn, gets a marker): ``value`` (action tokens; gaps over
+    observations), ``turn mean`` (each turn's mean value over exactly the turn's span), ``oracle value``
+    when the batch carries ``oracle_values`` that differ from ``values`` (:func:`learned_and_oracle`), optionally
+    ``return`` (``returns``: ``(B, L)`` tensor or result), the extra ``lines``, and, in a second
+    panel, the per-token advantages of each entry of ``advantages`` (``{name: (B, L) tensor or
+    result}``). Each turn's span (first to last action token) is shaded. The content is
+    :func:`value_curve_parts`.
+    """
+    parts = value_curve_parts(batch, row, advantages=advantages, returns=returns, lines=lines, title=title)
+    two = parts["two"]
+    fig = make_subplots(rows=2 if two else 1, cols=1, shared_xaxes=True, vertical_spacing=0.06,
+                        row_heights=[0.6, 0.4] if two else None)
+    for t in parts["traces"]:
+        marker = {"color": t["style"]["color"]}
+        if t["size"] is not None:
+            marker["size"] = t["size"]
+        fig.add_trace(go.Scatter(x=t["x"], y=t["y"], mode=t["mode"], name=t["name"], line=t["style"], marker=marker,
+                                 connectgaps=False), row=t["panel"], col=1)
+    fig.update_layout(shapes=parts["shapes"])
     fig.update_layout(
-        title=title if title is not None else f"values along trajectory {traj} ({len(tt)} turns; shaded: turn spans)",
+        title=parts["title"],
         height=420 if two else 320, margin=dict(l=50, r=20, t=50, b=40), template="plotly_white",
         legend=dict(orientation="h", y=-0.15),
     )
@@ -150,7 +194,8 @@ def value_curve(batch, row: int, *, advantages: dict | None = None, returns=None
     return fig
 
 
-def across_within(vv: pd.DataFrame, *, title: str | None = None, max_points: int = 5000) -> go.Figure:
+def across_within(vv: pd.DataFrame, *, title: str | None = None, max_points: int = 5000,
+                  source: str = "critic") -> go.Figure:
     """The paper's Fig. 2 diagnostic from a :func:`mpo_viz.analysis.value_variance` table.
 
     Left: one point per trajectory, ``within`` (x) against ``across`` (y) on log axes with the line
@@ -158,6 +203,8 @@ def across_within(vv: pd.DataFrame, *, title: str | None = None, max_points: int
     Right: histogram of ``log10(across / within)`` over finite ratios. Rows with a zero or NaN
     statistic cannot sit on log axes and are left out (counted in the title). At most
     ``max_points`` points are drawn (an evenly spaced subset), the histogram uses all rows.
+    ``source``: where the values come from (the data's ``values_source``: ``critic``, ``oracle``),
+    named in the title.
     """
     d = vv[(vv["across"] > 0) & (vv["within"] > 0)]
     dropped = len(vv) - len(d)
@@ -171,7 +218,10 @@ def across_within(vv: pd.DataFrame, *, title: str | None = None, max_points: int
             text=d["traj_id"], customdata=np.stack([d["reward"], d["n_turns"]], axis=1) if len(d) else None,
             hovertemplate="%{text}<br>within %{x:.3g}<br>across %{y:.3g}<br>reward %{customdata[0]:.3g}"
                           "<br>turns %{customdata[1]}<extra></extra>",
-            marker=dict(color=d["reward"], colorscale="Viridis", size=7, opacity=0.8, showscale=True,
+            # many points overlap: smaller, translucent markers with a thin outline so density shows
+            marker=dict(color=d["reward"], colorscale="Viridis", size=7 if len(d) <= 300 else 5,
+                        opacity=0.85 if len(d) <= 300 else max(0.25, min(0.6, 120 / len(d) ** 0.8)),
+                        line=dict(width=0.3, color="#333"), showscale=True,
                         colorbar=dict(title="reward", x=1.02, xanchor="left", len=0.8, thickness=14)),
         ),
         row=1, col=1,
@@ -196,8 +246,8 @@ def across_within(vv: pd.DataFrame, *, title: str | None = None, max_points: int
     if n_inf:
         note += f"; {n_inf} infinite ratios"
     fig.update_layout(
-        title=title if title is not None else f"critic value variance across vs within turns ({note})",
-        height=420, showlegend=False, template="plotly_white", margin=dict(l=60, r=90, t=70, b=50),
+        title=title if title is not None else f"{source} value variance across vs within turns ({note})",
+        height=480, showlegend=False, template="plotly_white", margin=dict(l=60, r=90, t=70, b=50),
     )
     return fig
 

@@ -171,15 +171,16 @@ class TrajectoryBatch:
         return v1 + extra
 
     def has(self, field: str) -> bool:
-        """Whether at least one row carries ``field`` (cheap: no scan of scalar columns unless asked)."""
+        """Whether at least one row carries ``field`` (cheap: no scan of scalar columns unless asked).
+        An empty batch (e.g. ``batch[0:0]``) has the columns of the batch it came from."""
         if field in REQUIRED:
             return True
         if field in self._present:
-            return bool(self._present[field].any())
+            return bool(self._present[field].any()) or len(self) == 0
         if field in self._turn:
-            return bool(self._turn[field][2].any())
+            return bool(self._turn[field][2].any()) or len(self) == 0
         if field in self._scalars:
-            return any(x is not None for x in self._scalars[field])
+            return any(x is not None for x in self._scalars[field]) or len(self) == 0
         return field in self._extras
 
     @property

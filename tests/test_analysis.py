@@ -1,4 +1,4 @@
-"""mpo_viz.analysis against hand-computed numbers (DESIGN §3.9 worked example) and reference loops."""
+"""mpo_viz.analysis against hand-computed numbers (docs/concepts.md §7.8, worked example) and reference loops."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 from mpo_viz import analysis as an
 from mpo_viz.trajectory import TrajectoryBatch
 
-# DESIGN §3.4 worked example, with observation tokens (2 each) between the turns; their values (9.0)
+# docs/concepts.md §7.3 worked example, with observation tokens (2 each) between the turns; their values (9.0)
 # must never enter any statistic.
 VA = [0.50, 0.55, 0.60, 0.58, 0.62, 0.80, 0.85]  # turns of 2, 3, 2 tokens
 VB = [0.40, 0.38, 0.35, 0.20, 0.25, 0.22]  # turns of 3, 1, 2 tokens
@@ -225,7 +225,7 @@ def test_compare_stats_add_up_over_chunks():
 
 
 def test_turn_table_with_estimator_names_matches_mae_turn_advantage(toy):
-    # MAE's turn mean is exactly A^T_k (DESIGN §3.4 worked example, λ = λ_T = 0.9, γ = 1)
+    # MAE's turn mean is exactly A^T_k (docs/concepts.md §7.3 worked example, λ = λ_T = 0.9, γ = 1)
     tt = an.turn_table(toy, "mpo", lam=0.9, turn_lam=0.9)
     np.testing.assert_allclose(tt["adv_mpo"], [0.442, 0.38, 0.2, -0.3575, -0.175, -0.25], atol=1e-6)
 

@@ -31,13 +31,27 @@ def test_value_curve_steps_spans_and_gaps():
     np.testing.assert_allclose(val[[0, 1, 4, 5, 6]], [0.5, 0.7, 0.2, 0.3, 0.4], rtol=1e-6)
     assert np.isnan(val[2]) and np.isnan(val[3])  # observation tokens are gaps
     step = fig.data[1]
-    assert list(step.x) == [0, 2, None, 4, 7, None]
+    # the turn mean is a flat segment over exactly the turn's shaded span, not past it
+    assert list(step.x) == [-0.5, 1.5, None, 3.5, 6.5, None]
     np.testing.assert_allclose([y for y in step.y if y is not None], [0.6, 0.6, 0.3, 0.3], rtol=1e-6)
-    assert step.line.shape == "hv"
     # one shaded span per turn and panel: [start - .5, end + .5]
     spans = sorted({(s.x0, s.x1) for s in fig.layout.shapes})
     assert spans == [(-0.5, 1.5), (3.5, 6.5)]
     assert fig.data[2].yaxis == "y2"
+    assert fig.data[0].mode == "lines"  # no isolated point: no markers
+
+
+def test_value_curve_single_token_turn_is_drawn():
+    # turns of 1, 2 and 1 action tokens: a line needs two points, so one-token turns get a marker
+    rows = [{"traj_id": "A", "group_id": "g", "prompt_ids": [1], "response_ids": list(range(7)),
+             "loss_mask": [1, 0, 1, 1, 0, 0, 1], "values": [0.5, 9, 0.2, 0.3, 9, 9, 0.8], "reward": 1.0}]
+    b = TrajectoryBatch.from_rows(rows)
+    fig = plots.value_curve(b, 0, advantages={"x": torch.tensor([[1.0, 0, 2.0, 3.0, 0, 0, 4.0]])})
+    for tr in (fig.data[0], fig.data[2]):
+        assert tr.mode == "lines+markers"
+        assert list(tr.marker.size) == [6, 0, 0, 0, 0, 0, 6]  # exactly the one-token turns
+    step = fig.data[1]
+    assert list(step.x) == [-0.5, 0.5, None, 1.5, 3.5, None, 5.5, 6.5, None]
 
 
 def test_value_curve_needs_values():

@@ -94,13 +94,51 @@ def test_report_cli_is_self_contained(small, tmp_path, capsys):
 def test_report_selection_and_summary(small):
     _, b = small
     html = build_report(b, ReportConfig(estimators=("mpo", "gae"), n_best=1, n_worst=1, n_disagreed=0, progress=False))
-    scores = b.rewards.numpy().sum(1)
-    best = b.traj_ids[int(np.argmax(scores))]  # first of the highest score
-    worst = b.traj_ids[int(np.argmin(scores))]
+    scores = b.rewards.numpy().sum(1).round(9)
+    from mpo_viz import analysis as an
+
+    dis = an.disagreement(b, {k: r.advantages for k, r in an.compute_advantages(b, ["mpo", "gae"]).items()})
+
+    def choose(target):
+        # among the trajectories with that score, the largest disagreement (first on ties)
+        idx = np.flatnonzero(scores == target)
+        return idx[int(np.argmax(dis[idx]))], len(idx)
+
+    (bi, nb), (wi, nw) = choose(scores.max()), choose(scores.min())
     heads = re.findall(r"<h3>(\S+) <small>([^<]*)</small>", html)
-    assert heads[0][0] == best and heads[0][1].startswith("best")
-    assert heads[1][0] == worst and heads[1][1].startswith("worst")
+    assert heads[0][0] == b.traj_ids[bi] and heads[0][1].startswith(f"highest score {scores.max():.4g}")
+    assert heads[1][0] == b.traj_ids[wi] and heads[1][1].startswith(f"lowest score {scores.min():.4g}")
+    for (_, label), n in ((heads[0], nb), (heads[1], nw)):
+        assert (f"shared by {n:,} trajectories: chosen by the largest estimator disagreement" in label) == (n > 1)
     assert f"<td>trajectories</td><td>{len(b)}</td>" in html
+
+
+def test_report_ties_on_binary_rewards_and_one_score():
+    # 0/1 rewards: 3 successes, 3 failures; the one chosen among each is the most disagreed-on
+    b = mv.synthetic.make_batch(6, seed=2, turns=(2, 4), turn_len=(5, 20), obs_len=(3, 10), group_size=2)
+    from mpo_viz import analysis as an
+
+    html = build_report(b, ReportConfig(estimators=("mpo", "gae"), n_best=1, n_worst=1, n_disagreed=0, progress=False))
+    scores = b.rewards.numpy().sum(1).round(9)
+    dis = an.disagreement(b, {k: r.advantages for k, r in an.compute_advantages(b, ["mpo", "gae"]).items()})
+    heads = re.findall(r"<h3>(\S+) <small>([^<]*)</small>", html)
+    labels = " | ".join(h[1] for h in heads)
+    assert "best (score" not in labels and "worst (score" not in labels
+    for (tid, label), target in zip(heads, (scores.max(), scores.min())):
+        idx = np.flatnonzero(scores == target)
+        assert dis[b.traj_ids.index(tid)] == dis[idx].max()
+        if len(idx) > 1:
+            assert f"shared by {len(idx)} trajectories" in label
+    # every trajectory with the same score: no best or worst, the largest disagreement instead
+    same = mv.TrajectoryBatch.from_rows([
+        {"traj_id": f"t{i}", "group_id": "g", "prompt_ids": [1], "response_ids": [1, 2, 3, 4, 5],
+         "loss_mask": [1, 1, 0, 1, 1], "values": [1.2, -1.0 + 0.1 * i, 0, 0.9, 0.3], "reward": 1.0}
+        for i in range(4)])
+    html = build_report(same, ReportConfig(estimators=("mpo", "gae"), n_best=1, n_worst=1, n_disagreed=1, progress=False))
+    heads = re.findall(r"<h3>(\S+) <small>([^<]*)</small>", html)
+    assert len(heads) == 1 and "every trajectory scores 1, so none is best or worst: chosen by the largest" in heads[0][1]
+    assert "most disagreed-on" in heads[0][1]  # the same trajectory, both reasons on one heading
+    assert "highest score" not in html and "lowest score" not in html
 
 
 def test_report_without_values_uses_what_the_data_allow():
@@ -179,3 +217,35 @@ def test_option_errors_name_the_command_line_flag(small, tmp_path, capsys):
     got = mv.load(tmp_path / "w.parquet")
     assert got.meta["advantage_estimators"]["reinforce_pp"] == {"whiten": False}
     assert not (tmp_path / "o.parquet").exists() and not (tmp_path / "r.html").exists()
+
+
+def test_report_accuracy_section_against_the_benchmark(tmp_path):
+    import sys
+    from pathlib import Path
+
+    from mpo_viz.advantages import compute
+
+    root = Path(__file__).resolve().parents[1]
+    sys.path.insert(0, str(root / "benchmarks"))
+    import credit_accuracy as bench  # an independent implementation of the same measures
+
+    b = mv.load(root / "trajectories" / "tooluse.parquet")[:80]
+    path = tmp_path / "t.parquet"
+    mv.save(b, path)
+    # streamed in several chunks: the accuracy statistics are merged across them
+    html = build_report(path, ReportConfig(estimators=("mpo", "vapo", "grpo"), max_tokens=3000, progress=False))
+    sec = html[html.index("<h2 id=accuracy>"):]
+    assert "Accuracy against the oracle" in sec and "<p class=reading>Token credit closest to the oracle:" in sec
+    assert "benchmarks/credit_accuracy.py" in sec and "download='accuracy.csv'" in sec
+    rows = re.findall(r"<tr><td>(mpo|vapo|grpo)</td>((?:<td>[^<]*</td>)+)</tr>", sec)
+    ref = bench.reference(b)
+    for name, cells in rows:
+        vals = [float("nan") if c == "—" else float(c) for c in re.findall(r"<td>([^<]*)</td>", cells)]
+        want = bench.metrics(compute(b, name).advantages.double().numpy(), ref)
+        cols = ["turn_corr", "turn_sign", "tok_corr", "within_corr", "dec_sign", "dec_mass"]
+        np.testing.assert_allclose(vals, [want[c] for c in cols], rtol=2e-3, atol=1e-4, err_msg=name)  # 4 digits
+    assert len(rows) == 3
+    assert "explained variance of the values (oracle)" in html and "critic explained" not in html
+    # no oracle: the section says what would tell instead
+    plain = build_report(mv.synthetic.make_batch(5, seed=3), ReportConfig(progress=False))
+    assert "cannot be measured here" in plain and "explained variance" in plain

@@ -1,4 +1,4 @@
-"""One test per trajectory/v1 validation rule (DESIGN §4). Each error names file, line or row,
+"""One test per trajectory/v1 validation rule (docs/concepts.md §8). Each error names file, line or row,
 traj_id, field, expected and found; errors='collect' keeps the good rows and loses none."""
 
 import json

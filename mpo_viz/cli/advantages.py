@@ -94,7 +94,8 @@ def cmd_report(args) -> int:
 
     cfg = ReportConfig(estimators=_names(args.estimators), options=_options(args), n_best=args.n_best, n_worst=args.n_worst,
                        n_disagreed=args.n_disagreed, title=args.title, max_tokens=args.max_tokens,
-                       progress=False if args.no_progress else None)
+                       progress=False if args.no_progress else None, tokenizer=args.tokenizer,
+                       export_dir=args.export)
     t = time.perf_counter()
     p = write_report(args.path, args.output, cfg)
     print(f"wrote {p} ({p.stat().st_size / 1e6:.1f} MB, {time.perf_counter() - t:.1f}s); open it in a browser (works offline)")
@@ -121,4 +122,10 @@ def add_subcommand(sub) -> None:
     r.add_argument("--n-best", type=int, default=2, help="highest-score trajectories to show (default 2)")
     r.add_argument("--n-worst", type=int, default=2, help="lowest-score trajectories to show (default 2)")
     r.add_argument("--n-disagreed", type=int, default=2, help="most disagreed-on trajectories to show (default 2)")
+    r.add_argument("--tokenizer", metavar="DIR", default=None,
+                   help="local tokenizer folder (or tokenizer.json): show decoded text in the strips when the data "
+                        "has no response_tokens; loaded offline, nothing is downloaded")
+    r.add_argument("--export", metavar="DIR", default=None,
+                   help="also write the report's tables as CSV, and its figures as PNG and SVG when plotly's static "
+                        "renderer (kaleido) is installed, into DIR")
     r.set_defaults(func=cmd_report)

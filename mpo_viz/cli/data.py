@@ -31,7 +31,8 @@ def cmd_info(args) -> int:
     print(f"  action tok/turn  {_fmt_stats(s['action_tokens_per_turn'])}")
     print(f"  reward           {_fmt_stats(s['reward'])}  (missing: {s['reward_missing']})")
     print(f"  score (sum)      {_fmt_stats(s['score'])}")
-    print(f"  fields           {', '.join(s['fields'])}")
+    # with no valid row there are no fields to speak of (the required ones would be listed as if present)
+    print(f"  fields           {', '.join(s['fields']) if len(batch) else 'none: no valid row'}")
     for k, v in s["meta"].items():
         print(f"  {'meta.' + k:<16} {v}")
     if batch.rejected:

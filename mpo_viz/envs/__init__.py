@@ -1,4 +1,4 @@
-"""Multi-turn text environments with scripted noisy experts and exact oracle values (DESIGN §6).
+"""Multi-turn text environments with scripted noisy experts and exact oracle values (docs/environments.md).
 
 ``make_env("search" | "tooluse" | "automation", **kw)``; :class:`NoisyExpert`; :class:`Oracle`;
 ``build_tokenizer(env)``; ``generate(GenerateConfig(...))`` -> trajectory/v1 rows with oracle values.

@@ -1,4 +1,4 @@
-"""The environment interface: a finite, exactly-known model behind a gym-like text API (DESIGN §6).
+"""The environment interface: a finite, exactly-known model behind a gym-like text API (docs/environments.md).
 
 Every environment here is a *finite model* that both the game loop and the oracle read, so the
 oracle values are exact for the very dynamics the game runs:

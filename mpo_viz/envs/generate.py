@@ -8,7 +8,7 @@ dynamics and expert seeds per sample) and returns a :class:`~mpo_viz.trajectory.
   ``loss_mask``; ``turn_ids`` from :func:`mpo_viz.turns.turn_ids_from_mask`), ``response_tokens``,
   ``messages_json``, ``reward`` (the outcome; with shaping, ``turn_rewards`` and ``reward`` NaN),
   ``num_turns``, ``stop_reason`` (``"terminated"``/``"truncated"``), ``truncated``, ``sample_idx``;
-* ``values``: oracle values aligned as DESIGN §3.1 — before each action token the partial-turn value
+* ``values``: oracle values aligned as docs/concepts.md §2 — before each action token the partial-turn value
   (:mod:`mpo_viz.envs.oracle`); observation tokens carry ``V`` of the state they lead to (0 after the
   end) — plus Gaussian noise of ``value_noise`` σ on every token if asked (a stand-in for a critic);
 * extra per-token columns ``oracle_values`` (the noise-free values), ``oracle_token_adv`` (exact

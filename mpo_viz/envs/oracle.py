@@ -17,7 +17,7 @@ the policy (the posterior over the action given the prefix):
 
     V(x, y_{<j}) = Σ_{a: T(s,a)[:j] = y_{<j}} π(a|s) Q(x, a)  /  Σ_{a: T(s,a)[:j] = y_{<j}} π(a|s)
 
-so ``V(x, ∅) = V(x)`` at the first token (DESIGN §3.1: the value before token t; the first action
+so ``V(x, ∅) = V(x)`` at the first token (docs/concepts.md §1–2: the value before token t; the first action
 token of turn k carries V(s_k)), and after the last token (the action is known) the value is
 ``Q(x, a)``. Tokens shared by all consistent actions (the reasoning filler, the end-of-turn token)
 leave the value unchanged; a token is *decisive* when it rules out at least one valid action.

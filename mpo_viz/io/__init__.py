@@ -32,6 +32,10 @@ _READERS = {".jsonl": jsonl, ".parquet": parquet}
 
 def files_of(path) -> list[Path]:
     """The data files behind ``path``: the file itself, or a folder's ``*.jsonl``/``*.parquet`` sorted by name."""
+    if not isinstance(path, (str, Path)) and not hasattr(path, "__fspath__"):
+        hint = (" (rows in memory: mpo_viz.TrajectoryBatch.from_rows([...]) takes a list of row dicts)"
+                if isinstance(path, (dict, list, tuple)) else "")
+        raise TypeError(f"path: expected a file or folder path (str or Path), found {type(path).__name__}{hint}")
     p = Path(path)
     if p.is_dir():
         files = sorted(f for f in p.iterdir() if f.suffix in _READERS and f.is_file())

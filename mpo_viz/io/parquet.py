@@ -24,6 +24,7 @@ from mpo_viz.schema import (
     TOKEN_FIELDS,
     TURN_FIELDS,
     Problem,
+    TrajectoryError,
 )
 from mpo_viz.validate import Columns
 
@@ -65,6 +66,27 @@ def _list_parts(arr: pa.Array):
     return flat, off, present
 
 
+#: column names that give away another framework's dump: (framework, --from name, columns)
+_FOREIGN = [
+    ("verl", "verl", {"prompts", "responses", "attention_mask", "response_mask", "token_level_scores",
+                      "token_level_rewards", "input_ids", "old_log_probs", "ref_log_prob"}),
+    ("SkyRL", "skyrl", {"prompt_token_ids", "response_ids", "loss_masks", "rewards", "trajectory_ids"}),
+    ("TRL", "trl", {"prompt", "completion", "chosen", "rejected", "completion_ids", "prompt_ids", "advantages"}),
+    ("OpenAI-style chat log", "openai", {"messages", "conversations", "tools"}),
+]
+
+
+def foreign_hint(names, missing) -> str:
+    """'missing …; the columns (…) look like a <framework> dump: convert it …' for a non-v1 table."""
+    cols = ", ".join(list(names)[:10]) + (", …" if len(names) > 10 else "")
+    best = max(_FOREIGN, key=lambda f: len(f[2] & set(names)))
+    found = f"none of {', '.join(missing)}; its columns are {cols or 'none'}"
+    if len(best[2] & set(names)) >= 2:
+        return (f"{found}: this looks like a {best[0]} dump, not mpo_viz.trajectory/v1; convert it with "
+                f"`mpo-viz convert --from {best[1]} FILE -o trajectories.parquet`")
+    return f"{found}: not an mpo_viz.trajectory/v1 file; convert it with `mpo-viz convert` (its --help lists the formats)"
+
+
 def columns_from_record_batch(rb: pa.RecordBatch, *, source: str, first_row: int) -> tuple[Columns, list[Problem]]:
     n = rb.num_rows
     cols = Columns(n=n, file=source, row=np.arange(first_row, first_row + n, dtype=np.int64))
@@ -76,6 +98,12 @@ def columns_from_record_batch(rb: pa.RecordBatch, *, source: str, first_row: int
         if name in SCALAR_FIELDS:
             scal[name] = np.array(rb.column(name).to_pylist() + [None], dtype=object)[:-1]
     cols.scalar = scal
+    missing = [req for req in REQUIRED if req not in names]
+    if len(missing) >= 3:
+        # not a trajectory/v1 file at all (e.g. a verl or TRL dump): one file-level problem that says
+        # what it looks like, instead of the same missing columns once per row
+        raise TrajectoryError(Problem(field="columns", expected=f"the trajectory/v1 columns ({', '.join(REQUIRED)})",
+                                      found=foreign_hint(names, missing), file=source))
     for req in REQUIRED:
         if req not in names:
             for i in range(n):

@@ -12,11 +12,21 @@ Payload (all lists of length N = the trajectory's response length, padding exclu
      "channel_info": {name: {"label": str, "center": float, "scale": float|null}},
      "channel": str,                                       # initially shown
      "meta": {key: scalar},                                # shown in the header
-     "spaced": bool}                                       # optional: put a gap between tokens
+     "spaced": bool,                                       # optional: put a gap between tokens
                                                            # (word-level tokens without spaces)
+     "focus": int}                                         # optional: token to scroll to on open
 
 Colours: diverging scale centred at ``center`` (0, except the probability ratio: 1), saturating at
-``scale`` (default: the 99th percentile of ``|v − center|`` over action tokens).
+``scale`` (default: the 99th percentile of ``|v − center|`` over the strip's action tokens). An
+optional ``channel_info[name]["scale_note"]`` says where a given scale comes from (shown in the
+legend). Tokens beyond the scale are clipped to the end colours; the strip marks them (``▲``, a
+dark underline) and the legend counts them and gives the largest ``|v − center|``.
+
+Colour-scale modes (:data:`SCALE_MODES`, used by the widgets and the report; :func:`robust_scale`,
+:func:`set_scale`): ``"absolute"`` — one fixed number for all advantage channels, taken from the
+whole batch (the same value has the same colour across trajectories, strips and slider moves);
+``"shared"`` — one number for all advantage channels of the trajectory shown (strips stacked for
+comparison share it); ``"own"`` — each channel its own 99th percentile (the strip's default).
 """
 
 from __future__ import annotations
@@ -35,7 +45,63 @@ __all__ = [
     "payload_from_arrays",
     "payload_json",
     "EXPORTS_MARKER",
+    "SCALE_MODES",
+    "robust_scale",
+    "set_scale",
+    "within_turn_part",
 ]
+
+#: colour-scale modes of the advantage channels (module docstring)
+SCALE_MODES = ("absolute", "shared", "own")
+SCALE_QUANTILE = 0.99
+"""The strip saturates at this quantile of ``|v − center|`` (the JS uses the same order statistic)."""
+
+
+def robust_scale(values, mask=None, *, center: float = 0.0, q: float = SCALE_QUANTILE) -> float:
+    """The ``q`` quantile (lower order statistic, as the strip computes it) of ``|v − center|`` over
+    the finite entries of ``values`` where ``mask`` is non-zero; 1.0 when there is none or it is 0."""
+    v = np.asarray(values.detach().cpu().numpy() if hasattr(values, "detach") else values, dtype=np.float64)
+    if mask is not None:
+        m = np.asarray(mask.detach().cpu().numpy() if hasattr(mask, "detach") else mask) != 0
+        v = v[m[..., : v.shape[-1]] if m.shape != v.shape else m]
+    d = np.abs(v[np.isfinite(v)] - center)
+    if not d.size:
+        return 1.0
+    d.sort()
+    s = float(d[min(d.size - 1, int(np.floor(q * (d.size - 1))))]) or float(d[-1])
+    return s if s > 0 else 1.0
+
+
+def set_scale(payload: dict, names, scale: float | None, note: str = "") -> dict:
+    """Set the colour scale of channels ``names`` (those present) in ``payload`` in place:
+    ``scale`` None gives each back its own 99th percentile. Returns the payload."""
+    info = payload.setdefault("channel_info", {})
+    for k in names:
+        if k in payload.get("channels", {}):
+            i = info.setdefault(k, {"label": k, "center": 0.0})
+            i["scale"] = None if scale is None else float(_floats([scale], 4)[0])
+            i["scale_note"] = note if scale is not None else ""
+    return payload
+
+
+def within_turn_part(adv, mask, turn_ids) -> np.ndarray:
+    """``A − (mean of A over its turn's action tokens)`` on action tokens, 0 elsewhere, for ``(B, L)``
+    or ``(L,)`` arrays: MAE's micro scale ``β(u − ū)`` (the strip's ``micro_*`` channel)."""
+    a = np.asarray(adv.detach().cpu().numpy() if hasattr(adv, "detach") else adv, dtype=np.float64)
+    m = np.asarray(mask.detach().cpu().numpy() if hasattr(mask, "detach") else mask) != 0
+    t = np.asarray(turn_ids.detach().cpu().numpy() if hasattr(turn_ids, "detach") else turn_ids, dtype=np.int64)
+    one = a.ndim == 1
+    a, m, t = np.atleast_2d(a), np.atleast_2d(m), np.atleast_2d(t)
+    L = a.shape[1]
+    m, t = m[:, :L], t[:, :L]
+    k = int(t.max()) + 1 if t.size else 1
+    key = (np.arange(a.shape[0])[:, None] * k + np.clip(t, 0, None)).ravel()
+    am = np.where(m, a, 0.0).ravel()
+    cnt = np.bincount(key, weights=m.ravel().astype(np.float64), minlength=a.shape[0] * k)
+    tot = np.bincount(key, weights=am, minlength=a.shape[0] * k)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        out = np.where(m.ravel(), am - (tot / np.where(cnt > 0, cnt, 1))[key], 0.0).reshape(a.shape)
+    return out[0] if one else out
 
 EXPORTS_MARKER = "// @@EXPORTS@@"
 

@@ -67,7 +67,9 @@ function normalize(payload) {
     if (channels[k].length !== n) throw new Error(`mpo strip: channel ${k} has ${channels[k].length} values for ${n} tokens`);
   }
   if (mask.length !== n || turn.length !== n) throw new Error(`mpo strip: mask/turn_ids length differs from tokens (${n})`);
-  return { tokens, mask, turn, channels, info, names, n, title: payload.title || "", meta: payload.meta || {}, channel: payload.channel, spaced: !!payload.spaced };
+  const focus = Number.isInteger(payload.focus) && payload.focus >= 0 && payload.focus < n ? payload.focus : -1;
+  return { tokens, mask, turn, channels, info, names, n, title: payload.title || "", meta: payload.meta || {}, channel: payload.channel,
+           spaced: !!payload.spaced, focus };
 }
 
 export function mount(el, payload, options = {}) {
@@ -92,7 +94,7 @@ export function mount(el, payload, options = {}) {
       <span class="mpo-strip-title"></span>
       <label class="mpo-strip-ctl">colour by <select class="mpo-strip-channel" aria-label="channel"></select></label>
       <label class="mpo-strip-ctl">turn <select class="mpo-strip-turn" aria-label="jump to turn"></select></label>
-      <span class="mpo-strip-legend"><span class="mpo-strip-lo"></span><span class="mpo-strip-bar"></span><span class="mpo-strip-hi"></span></span>
+      <span class="mpo-strip-legend"><span class="mpo-strip-lo"></span><span class="mpo-strip-bar"></span><span class="mpo-strip-hi"></span><span class="mpo-strip-scale"></span><span class="mpo-strip-clipinfo"></span></span>
     </div>
     <div class="mpo-strip-viewport" tabindex="0"><div class="mpo-strip-spacer"></div><div class="mpo-strip-layer"></div></div>
     <div class="mpo-strip-tip" role="tooltip" hidden></div>`;
@@ -108,7 +110,18 @@ export function mount(el, payload, options = {}) {
   const lo = $(".mpo-strip-lo");
   const hi = $(".mpo-strip-hi");
   const bar = $(".mpo-strip-bar");
-  viewport.style.height = `${height}px`;
+  const scaleNote = $(".mpo-strip-scale");
+  const clipInfo = $(".mpo-strip-clipinfo");
+  // The viewport fits its content up to `height` px; the mouse wheel scrolls the page, not the
+  // strip, until the strip is clicked (a notebook full of strips must still scroll).
+  function fitHeight() {
+    viewport.style.height = `${Math.max(ROW_H * 2, Math.min(height, nRows * ROW_H + 4))}px`;
+    const more = nRows * ROW_H + 4 > height;
+    viewport.classList.toggle("mpo-strip-more", more);
+    viewport.title = more ? "click the strip, then the mouse wheel scrolls it (or jump with the turn menu)" : "";
+  }
+  const onDown = () => root.classList.add("mpo-strip-engaged");
+  const onOut = (ev) => { if (!root.contains(ev.relatedTarget)) root.classList.remove("mpo-strip-engaged"); };
   bar.style.background = `linear-gradient(to right, rgb(${NEG}), rgb(${MID}), rgb(${POS}))`;
 
   // --- measuring and layout -------------------------------------------------------------------
@@ -196,7 +209,18 @@ export function mount(el, payload, options = {}) {
       }
       if (!(s > 0)) s = 1;
     }
-    const r = [centre, s];
+    // tokens beyond the scale are clipped to the end colours: count them and keep the extreme
+    const vals = d.channels[name];
+    let clipped = 0;
+    let worst = 0;
+    for (let i = 0; i < d.n; i++) {
+      const v = vals[i];
+      if (!d.mask[i] || v === null || !Number.isFinite(v)) continue;
+      const a = Math.abs(v - centre);
+      if (a > s * (1 + 1e-9)) clipped++;
+      if (a > worst) worst = a;
+    }
+    const r = [centre, s, clipped, worst];
     scales.set(name, r);
     return r;
   }
@@ -206,10 +230,15 @@ export function mount(el, payload, options = {}) {
       lo.textContent = hi.textContent = "";
       return;
     }
-    const [c, s] = scaleOf(channel);
+    const [c, s, clipped, worst] = scaleOf(channel);
+    const inf = d.info[channel] || {};
     lo.textContent = fmt(c - s);
     hi.textContent = fmt(c + s);
-    bar.title = `${(d.info[channel] || {}).label || channel}: centre ${fmt(c)}, saturates at \u00b1${fmt(s)}`;
+    scaleNote.textContent = inf.scale_note ? `(${inf.scale_note})` : "";
+    clipInfo.textContent = clipped ? `\u25b2 ${clipped} clipped, largest |v${c ? " \u2212 " + fmt(c) : ""}| ${fmt(worst)}` : "";
+    clipInfo.hidden = !clipped;
+    bar.title = `${inf.label || channel}: centre ${fmt(c)}, colours saturate at \u00b1${fmt(s)}` +
+      (inf.scale_note ? ` (${inf.scale_note})` : "") + (clipped ? `; ${clipped} tokens beyond it are clipped (marked \u25b2)` : "");
   }
 
   // --- rendering --------------------------------------------------------------------------------
@@ -218,7 +247,7 @@ export function mount(el, payload, options = {}) {
     const b = rowStart[r + 1];
     const kind = rowKind[r];
     const vals = channel ? d.channels[channel] : null;
-    const [c, s] = channel ? scaleOf(channel) : [0, 1];
+    const [c, s] = channel ? scaleOf(channel) : [0, 1, 0, 0];
     let label = "";
     let cls = "mpo-strip-row";
     if (kind === 1) {
@@ -240,8 +269,10 @@ export function mount(el, payload, options = {}) {
         h += `<span class="mpo-strip-tok mpo-strip-na" data-i="${i}">${text}</span>`;
         continue;
       }
-      const [bg, dark] = colour((v - c) / s);
-      h += `<span class="mpo-strip-tok${dark ? "" : " mpo-strip-light"}" data-i="${i}" style="background:${bg}">${text}</span>`;
+      const x = (v - c) / s;
+      const [bg, dark] = colour(x);
+      const clip = Math.abs(x) > 1 + 1e-9 ? " mpo-strip-clip" : "";
+      h += `<span class="mpo-strip-tok${dark ? "" : " mpo-strip-light"}${clip}" data-i="${i}" style="background:${bg}">${text}</span>`;
     }
     return h + "</div>";
   }
@@ -367,6 +398,8 @@ export function mount(el, payload, options = {}) {
   viewport.addEventListener("scroll", schedule, { passive: true });
   layer.addEventListener("mouseover", onOver);
   viewport.addEventListener("mouseleave", onLeave);
+  root.addEventListener("mousedown", onDown);
+  root.addEventListener("mouseout", onOut);
   let ro = null;
   if (typeof ResizeObserver !== "undefined") {
     ro = new ResizeObserver(() => {
@@ -379,7 +412,8 @@ export function mount(el, payload, options = {}) {
     const prev = d;
     d = normalize(p);
     // A new payload for the same trajectory (e.g. a slider moved) keeps the reader's place.
-    const keepTop = prev && prev.title === d.title && prev.n === d.n ? viewport.scrollTop : 0;
+    const same = prev && prev.title === d.title && prev.n === d.n;
+    const keepTop = same ? viewport.scrollTop : 0;
     scales.clear();
     root.classList.toggle("mpo-strip-spaced", d.spaced);
     widthCache.clear();
@@ -389,13 +423,18 @@ export function mount(el, payload, options = {}) {
     fillControls();
     legend();
     layout();
+    fitHeight();
     viewport.scrollTop = keepTop;
+    // a new trajectory opens where the payload points (e.g. the turn where estimators disagree most)
+    if (!same && d.focus >= 0) scrollToToken(d.focus, false);
     renderVisible(true);
   }
 
   fillControls();
   legend();
   layout();
+  fitHeight();
+  if (d.focus >= 0) scrollToToken(d.focus, false);
   renderVisible(true);
 
   return {
@@ -408,6 +447,9 @@ export function mount(el, payload, options = {}) {
     get rows() {
       return nRows;
     },
+    get scale() {
+      return channel ? scaleOf(channel).slice() : null;
+    },
     destroy() {
       if (raf) cancelAnimationFrame(raf);
       if (ro) ro.disconnect();
@@ -416,6 +458,8 @@ export function mount(el, payload, options = {}) {
       viewport.removeEventListener("scroll", schedule);
       layer.removeEventListener("mouseover", onOver);
       viewport.removeEventListener("mouseleave", onLeave);
+      root.removeEventListener("mousedown", onDown);
+      root.removeEventListener("mouseout", onOut);
       el.innerHTML = "";
     },
   };

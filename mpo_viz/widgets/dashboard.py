@@ -1,4 +1,4 @@
-"""``TrainingDashboard``: live curves of a run folder (DESIGN §4), refreshing while the run grows.
+"""``TrainingDashboard``: live curves of a run folder (docs/concepts.md §8), refreshing while the run grows.
 
 A run folder holds ``config.json``, ``metrics.jsonl`` (one JSON object per iteration, appended; a
 writer may be caught mid-line), ``trajectories/iter=000123.parquet`` and ``checkpoints/iter=…/``
@@ -156,10 +156,14 @@ class TrainingDashboard(W.VBox):
         self.refresh_button.on_click(lambda _: self.refresh())
         self.open_button.on_click(lambda _: self.open_iteration())
         self.live.observe(self._live_changed, names="value")
+        from mpo_viz.widgets.export import ExportBar
+
+        self.export = ExportBar(basename="mpo_viz_training")
         bar = W.HBox([self.live, self.refresh_button, self.iterations, self.open_button])
-        super().__init__([bar, self.status, self.figure_box, W.HTML("<b>config</b>"), self.config_html,
+        super().__init__([bar, self.status, self.figure_box, self.export, W.HTML("<b>config</b>"), self.config_html,
                           self.explorer_box])
         self.add_class("mpo-dashboard")
+        self.add_class("mpo-view")
         self.refresh()
         if live is None:
             m = self.run_dir / "metrics.jsonl"
@@ -188,7 +192,30 @@ class TrainingDashboard(W.VBox):
             self.iterations.value = cur if cur in labels else (labels[-1] if labels else None)
         self._redraw()
         self._update_status(len(new))
+        if new and not self.live.value:  # while live, the CSV link waits (it would travel every interval)
+            self.export.set_tables(self.tables())
         return len(new)
+
+    def tables(self) -> dict:
+        """``{"metrics": one row per iteration, the flattened metrics}``."""
+        import pandas as pd
+
+        return {"metrics": pd.DataFrame(self.records)}
+
+    def figures(self) -> dict:
+        return {"training_curves": self.figure} if self.figure is not None else {}
+
+    def export_tables(self, folder) -> list:
+        """Write :meth:`tables` as CSV files into ``folder``; returns the paths."""
+        from mpo_viz.widgets.export import write_tables
+
+        return write_tables(self.tables(), folder)
+
+    def export_figures(self, folder, formats=("png", "svg")) -> list:
+        """Write :meth:`figures` with plotly's static export (needs ``kaleido``, else ``RuntimeError``)."""
+        from mpo_viz.widgets.export import write_figures
+
+        return write_figures(self.figures(), folder, formats)
 
     def trajectory_files(self) -> list[Path]:
         """``trajectories/iter=*.parquet`` (and ``.jsonl``), oldest first."""
@@ -280,6 +307,7 @@ class TrainingDashboard(W.VBox):
             self.start()
         else:
             self.stop()
+            self.export.set_tables(self.tables())
 
     def start(self) -> None:
         """Refresh every ``interval`` seconds on the running event loop (the kernel's)."""

@@ -11,6 +11,13 @@ slider change on a 100k-token batch costs a few milliseconds. The tests check th
 unbounded one, a menu for a choice, a checkbox for a flag; ``advanced`` options sit folded under
 "more options". Each estimator receives only the options it accepts
 (:func:`mpo_viz.advantages.estimator_options`).
+
+One set of defaults: a control is shared only by estimators for which the option means the same
+thing and has the same default (γ of mpo, gae and reinforce_pp: 1). Where defaults differ (λ: 0.95
+for mpo's within-turn signal, 1 for gae) each group of estimators gets its own control, labelled
+with them ("λ · gae") and keyed ``"lam@gae"`` in :attr:`ParamControls.options`; so every estimator
+starts from, and runs with, its own defaults, exactly as :func:`mpo_viz.advantages.compute` and the
+report run it. :func:`options_of` turns the controls' setting into one estimator's options.
 """
 
 from __future__ import annotations
@@ -21,9 +28,21 @@ import ipywidgets as W
 
 from mpo_viz.advantages import registry
 
-__all__ = ["AdvantageEngine", "ParamControls", "default_estimators"]
+__all__ = ["AdvantageEngine", "ParamControls", "default_estimators", "options_of"]
 
 default_estimators = registry.default_estimators
+
+
+def options_of(name: str, options: dict) -> dict:
+    """The options estimator ``name`` takes from a controls setting: the shared keys it accepts,
+    overridden by the ``"key@a+b"`` keys whose group names it (None values dropped)."""
+    plain = {k: v for k, v in options.items() if "@" not in k}
+    for k, v in options.items():
+        if "@" in k:
+            key, group = k.split("@", 1)
+            if name in group.split("+"):
+                plain[key] = v
+    return registry.estimator_options(name, plain)
 
 
 class AdvantageEngine:
@@ -48,13 +67,13 @@ class AdvantageEngine:
 
     def options_for(self, name: str, options: dict) -> dict:
         """Every option estimator ``name`` runs with: its defaults, overridden by those it accepts."""
-        return self._bound[name].resolve(**registry.estimator_options(name, options))
+        return self._bound[name].resolve(**options_of(name, options))
 
     def compute(self, options: dict) -> dict:
         t0 = time.perf_counter()
         out = {}
         for name, b in self._bound.items():
-            adv, ret, _ = b.run(**registry.estimator_options(name, options))
+            adv, ret, _ = b.run(**options_of(name, options))
             out[name] = (adv, ret)
         self.timings["compute"] = time.perf_counter() - t0
         return out
@@ -73,15 +92,33 @@ class ParamControls(W.VBox):
 
     def __init__(self, estimators=None, **initial):
         names = registry.parse_names(estimators if estimators is not None else registry.DEFAULT_ESTIMATORS)
-        self.spec = {k: o for k, o in registry.vocabulary(names).items() if o.kind != "any"}
-        unknown = [k for k in initial if k not in self.spec]
+        vocab = {k: o for k, o in registry.vocabulary(names).items() if o.kind != "any"}
+        unknown = [k for k in initial if k not in vocab]
         if unknown:
-            raise ValueError(f"options: unknown {', '.join(map(repr, unknown))}; valid: {', '.join(self.spec)}")
+            raise ValueError(f"options: unknown {', '.join(map(repr, unknown))}; valid: {', '.join(vocab)}")
+        # one control per (option, group of estimators that give it the same meaning and default)
+        self.spec: dict[str, registry.Option] = {}
+        self.groups: dict[str, tuple[str, ...]] = {}
+        for key in vocab:
+            groups: list[tuple[registry.Option, list[str]]] = []
+            for n in registry.takers(key, names):
+                o = next(x for x in registry.options(n) if x.name == key)
+                for g in groups:
+                    if g[0].same_meaning(o) and g[0].default == o.default:
+                        g[1].append(n)
+                        break
+                else:
+                    groups.append((o, [n]))
+            for o, members in groups:
+                ck = key if len(groups) == 1 else f"{key}@{'+'.join(members)}"
+                self.spec[ck] = o
+                self.groups[ck] = tuple(members)
         self.controls: dict[str, W.ValueWidget] = {}
-        for key, o in self.spec.items():
-            value = initial.get(key)
+        for ck, o in self.spec.items():
+            value = initial.get(ck.split("@")[0])
             value = o.default if value is None else o.check(value)
-            self.controls[key] = _control(o, value)
+            label = o.display if "@" not in ck else f"{o.display} · {'+'.join(self.groups[ck])}"
+            self.controls[ck] = _control(o, value, label, f"{o.doc} — used by {', '.join(self.groups[ck])}")
         self._callbacks: list = []
         self._muted = False
         for c in self.controls.values():
@@ -112,21 +149,25 @@ class ParamControls(W.VBox):
             cb(opts)
 
     def set(self, **options) -> None:
-        unknown = [k for k in options if k not in self.controls]
+        """Set controls and fire once. A plain option name (``lam``) sets every control of that
+        option (each estimator group's); ``set(**{"lam@gae": 0.9})`` sets one."""
+        keys = {k: [c for c in self.controls if c == k or c.split("@")[0] == k] for k in options}
+        unknown = [k for k, cs in keys.items() if not cs]
         if unknown:
             raise ValueError(f"options: unknown {', '.join(map(repr, unknown))}; valid: {', '.join(self.controls)}")
         self._muted = True
         try:
             for k, v in options.items():
-                self.controls[k].value = v
+                for c in keys[k]:
+                    self.controls[c].value = v
         finally:
             self._muted = False
         self._changed()
 
 
-def _control(o: registry.Option, value) -> W.ValueWidget:
+def _control(o: registry.Option, value, label: str | None = None, tooltip: str | None = None) -> W.ValueWidget:
     """The widget for one declared option, set to ``value``."""
-    common = {"description": o.display, "tooltip": o.doc, "style": {"description_width": "initial"}}
+    common = {"description": label or o.display, "tooltip": tooltip or o.doc, "style": {"description_width": "initial"}}
     if o.kind == "choice":
         return W.Dropdown(options=o.choices, value=value, layout=W.Layout(width="170px"), **common)
     if o.kind == "bool":

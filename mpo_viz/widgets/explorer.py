@@ -74,6 +74,27 @@ def trajectory_table(batch, advantages: dict | None = None) -> pd.DataFrame:
     return df
 
 
+MAX_TURN_ROWS = 200
+"""The per-turn table shows at most this many turns (all of them are in ``turn_df`` and the CSV)."""
+
+
+def opts_text(o: dict) -> str:
+    return ", ".join(f"{k}={v:g}" if isinstance(v, float) else f"{k}={v}" for k, v in o.items()) or "no options"
+
+
+def token_decoder(tokens):
+    """The ``tokens=`` argument of the views: display strings, a callable ``ids -> strings``, a
+    tokenizer object (its per-token decode), or a local tokenizer folder (loaded offline); None
+    keeps the batch's ``response_tokens``."""
+    if tokens is None or callable(tokens) and not hasattr(tokens, "convert_ids_to_tokens"):
+        return tokens
+    if isinstance(tokens, (str, Path)) or hasattr(tokens, "convert_ids_to_tokens"):
+        from mpo_viz.tokens import tokenizer_decoder
+
+        return tokenizer_decoder(tokens)
+    return tokens
+
+
 def frame_html(df: pd.DataFrame) -> str:
     """A DataFrame as a compact HTML table for an ``ipywidgets.HTML`` (the explorer's turn table,
     the comparison's agreement tables)."""
@@ -87,18 +108,25 @@ class TrajectoryExplorer(W.VBox):
     the batch supports). ``row``: the trajectory shown first (index or traj_id). ``options``:
     initial γ/λ/... (``gamma``, ``lam``, ``turn_gamma``, ``turn_lam``, ``beta``, ``within``,
     ``value_at``). ``params``: share another widget's :class:`ParamControls` instead of making one.
-    ``tokens``: display strings per token id (a callable ``ids -> strings``), default the batch's
-    ``response_tokens``. ``show_picker``: False hides the picker (an explorer opened by another view).
-    ``figure_width``: pixel width of the value curve (default: plotly's autosize).
+    ``tokens``: display strings per token id (a callable ``ids -> strings``, or a local tokenizer
+    folder / tokenizer object whose per-token decode is used), default the batch's
+    ``response_tokens``. ``show_picker``: False hides the picker (an explorer opened by another
+    view). ``figure_width``: pixel width of the value curve (default: the output's width).
+    ``scale``: colour scale of the advantage channels (``"absolute"`` default, ``"shared"``,
+    ``"own"`` or a number; see :mod:`mpo_viz.widgets.scales`).
 
     Attributes: ``params``, ``picker``, ``strip`` (StripWidget), ``figure`` (FigureWidget or None
     without critic values), ``turns`` (HTML table), ``row``, ``results`` (``{name: (adv, ret)}``,
-    ``(B, L)`` tensors for the current options), ``timings`` (seconds of the last update by phase).
+    ``(B, L)`` tensors for the current options), ``timings`` (kernel-side seconds of the last update
+    by phase), ``export`` (the PNG / SVG / CSV bar).
     """
 
     def __init__(self, batch, *, estimators=None, row=0, page_size: int = 15, tokens=None,
                  strip_height: int = 320, params: ParamControls | None = None, show_picker: bool = True,
-                 figure_width: int | None = None, **options):
+                 figure_width: int | None = None, scale="absolute", **options):
+        from mpo_viz.widgets.export import ExportBar
+        from mpo_viz.widgets.scales import ColourScale
+
         self.batch = as_batch(batch)
         if len(self.batch) == 0:
             raise ValueError("batch: expected at least one trajectory, found none")
@@ -106,25 +134,34 @@ class TrajectoryExplorer(W.VBox):
         self.engine = AdvantageEngine(self.batch, names)
         self.names = self.engine.names
         self.params = params if params is not None else ParamControls(self.names, **options)
-        self.tokens = tokens
+        self.tokens = token_decoder(tokens)
         self.figure_width = figure_width
         self.timings: dict = {}
         self.results = self.engine.compute(self.params.options)
+        self.scale = ColourScale(scale, self.batch, self.results)
         self.picker = TrajectoryPicker(trajectory_table(self.batch, self._adv()), page_size=page_size,
                                        sort_by="reward", descending=True)
         self.strip = StripWidget(height=strip_height)
         self.figure: go.FigureWidget | None = None
         self.figure_box = W.VBox(layout=W.Layout(width="100%"))  # a column: the figure takes the full width
-        self.turns = W.HTML(layout=W.Layout(overflow="auto", max_width="100%"))
+        self.turns = W.HTML(layout=W.Layout(overflow="auto", max_width="100%", max_height="360px"))
         self.turns.add_class("mpo-turns")
         self.status = W.HTML()
+        self.status.add_class("mpo-status")
+        self.export = ExportBar(basename="mpo_viz_explorer")
         self.row = -1
         self.picker.on_pick(self.select)
         self.params.on_change(self._params_changed)
-        children = [self.params] + ([self.picker] if show_picker else []) + [self.status, self.strip, self.figure_box,
-                                                                           self.turns]
-        super().__init__(children)
+        self.scale.on_change(self._rescale)
+        # the controls sit next to what they change: picker, then the sliders and the colour scale
+        # right above the strip and curve they recompute
+        controls = W.HBox([self.params, self.scale.control], layout=W.Layout(flex_flow="row wrap",
+                                                                              align_items="flex-end"))
+        children = ([self.picker] if show_picker else []) + [controls, self.status, self.strip, self.figure_box,
+                                                              self.turns, self.export]
+        super().__init__(children, layout=W.Layout(width="100%"))
         self.add_class("mpo-explorer")
+        self.add_class("mpo-view")
         self.select(self._row_of(row))
 
     # --- helpers ------------------------------------------------------------------------------------
@@ -160,24 +197,22 @@ class TrajectoryExplorer(W.VBox):
 
     # --- picking a trajectory -------------------------------------------------------------------------
     def select(self, row) -> None:
-        """Show trajectory ``row`` (index or traj_id)."""
+        """Show trajectory ``row`` (index or traj_id); the picker highlights it."""
         t0 = time.perf_counter()
         row = self._row_of(row)
         self.row = row
         self._sub = self.batch[[row]]
         self._n = int(self._sub.lengths[0])
+        self.picker.show(row)
         adv, ret = self._row_arrays()
         payload = strip_payload(self._sub, 0, advantages=adv, td=an.td_error(self._sub), tokens=self.tokens,
                                 channel=f"adv_{self.names[0]}")
+        self.scale.apply(payload)
         t1 = time.perf_counter()
         self.strip.set_payload(payload)
         t2 = time.perf_counter()
         if self._sub.values is not None:
-            fig = plots.value_curve(self._sub, 0, advantages=adv, returns=ret)
-            if self.figure_width:
-                fig.update_layout(width=self.figure_width)
-            self.figure = go.FigureWidget(fig)
-            self.figure_box.children = (self.figure,)
+            self._draw_curve(plots.value_curve_parts(self._sub, 0, advantages=adv, returns=ret))
         else:
             self.figure = None
             self.figure_box.children = (W.HTML("<i>no critic values in this batch: no value curve</i>"),)
@@ -185,6 +220,33 @@ class TrajectoryExplorer(W.VBox):
         self._update_turns(adv, ret)
         self.timings = {"payload": t1 - t0, "push": t2 - t1, "figure": t3 - t2, "turn_table": time.perf_counter() - t3}
         self._status()
+
+    def _draw_curve(self, parts: dict) -> None:
+        """Show a value curve (:func:`mpo_viz.plots.value_curve_parts`): when the figure on screen
+        has the same traces (a pick, a slider move), update its trace data, shaded spans and title
+        in place (one message, no new figure in the browser); else build a new FigureWidget."""
+        old = self.figure
+        if old is not None and [t.name for t in old.data] == [t["name"] for t in parts["traces"]]:
+            with old.batch_update():
+                for tr, new in zip(old.data, parts["traces"]):
+                    tr.x, tr.y = new["x"], new["y"]
+                    tr.mode = new["mode"]
+                    tr.marker.size = new["size"]
+                old.layout.shapes = parts["shapes"]
+                old.layout.title.text = parts["title"]
+                for ax in ("xaxis", "yaxis", "xaxis2", "yaxis2"):
+                    if ax in old.layout:
+                        old.layout[ax].autorange = True
+            return
+        fig = self._figure_from_parts(parts)
+        if self.figure_width:
+            fig.update_layout(width=self.figure_width)
+        self.figure = go.FigureWidget(fig)
+        self.figure_box.children = (self.figure,)
+
+    def _figure_from_parts(self, parts: dict):
+        adv, ret = self._row_arrays()
+        return plots.value_curve(self._sub, 0, advantages=adv, returns=ret, title=parts["title"])
 
     def _update_turns(self, adv, ret) -> None:
         src = self._ret_source()
@@ -195,14 +257,45 @@ class TrajectoryExplorer(W.VBox):
             tt["critic_err"] = tt["value_first"] - tt["oracle_first"]
         cols = [c for c in tt.columns if c not in ("traj_id", "row")]
         self.turn_df = tt[cols]
-        self.turns.value = frame_html(self.turn_df)
+        # a light table: at most MAX_TURN_ROWS rows in the page (the full table is ``turn_df`` / CSV)
+        shown = self.turn_df.head(MAX_TURN_ROWS)
+        more = (f"<p class='mpo-note'>first {MAX_TURN_ROWS} of {len(self.turn_df):,} turns; all of them in the CSV</p>"
+                if len(self.turn_df) > MAX_TURN_ROWS else "")
+        self.turns.value = frame_html(shown) + more
+        self.export.set_tables(self.tables())
+
+    def tables(self) -> dict:
+        """The view's tables as DataFrames: ``turns`` (the current trajectory's per-turn table) and
+        ``trajectories`` (the picker's table)."""
+        tid = self.batch.traj_ids[self.row]
+        return {f"turns_{tid}": self.turn_df, "trajectories": self.picker.table.drop(columns=["row"])}
+
+    def figures(self) -> dict:
+        """The view's figures (``{name: figure}``)."""
+        return {f"value_curve_{self.batch.traj_ids[self.row]}": self.figure} if self.figure is not None else {}
+
+    def export_tables(self, folder) -> list:
+        """Write :meth:`tables` as CSV files into ``folder``; returns the paths."""
+        from mpo_viz.widgets.export import write_tables
+
+        return write_tables(self.tables(), folder)
+
+    def export_figures(self, folder, formats=("png", "svg")) -> list:
+        """Write :meth:`figures` as images (plotly's static export; needs the ``kaleido`` renderer,
+        else a ``RuntimeError`` says so); returns the paths."""
+        from mpo_viz.widgets.export import write_figures
+
+        return write_figures(self.figures(), folder, formats)
 
     def _status(self) -> None:
-        o = self.params.options
-        opts = ", ".join(f"{k}={v:g}" if isinstance(v, float) else f"{k}={v}" for k, v in o.items())
+        """The header: what is shown and with which options. The time given is the kernel's share
+        only (recompute + building what is sent); the browser's drawing comes after it and is
+        measured by ``benchmarks/widgets.py``, so the header does not claim an end-to-end time."""
+        ran = "; ".join(f"<b>{k}</b> {opts_text(self.engine.options_for(k, self.params.options))}" for k in self.names)
         ms = sum(self.timings.values()) * 1000
-        self.status.value = (f"<b>{self.batch.traj_ids[self.row]}</b> (row {self.row}) · estimators "
-                             f"{', '.join(self.names)} · {opts} · updated in {ms:.0f} ms")
+        self.status.value = (f"<b>{self.batch.traj_ids[self.row]}</b> (row {self.row}) · ran with: {ran or '—'}"
+                             f" · <span title='kernel-side time of the last update (recompute and payloads); the "
+                             f"browser draws after it'>kernel {ms:.0f} ms</span>")
 
     # --- parameters -----------------------------------------------------------------------------------
     def _params_changed(self, options: dict) -> None:
@@ -215,6 +308,8 @@ class TrajectoryExplorer(W.VBox):
         adv, ret = self._row_arrays()
         payload = dict(self.strip.payload_dict)
         payload["channels"] = {**payload["channels"], **self._adv_channels(adv)}
+        payload["channel_info"] = {k: dict(v) for k, v in payload["channel_info"].items()}
+        self.scale.apply(payload)
         t3 = time.perf_counter()
         self.strip.set_payload(payload)
         t4 = time.perf_counter()
@@ -231,6 +326,12 @@ class TrajectoryExplorer(W.VBox):
         self.timings = {"compute": t1 - t0, "picker": t2 - t1, "payload": t3 - t2, "push": t4 - t3,
                         "figure": t5 - t4, "turn_table": time.perf_counter() - t5}
         self._status()
+
+    def _rescale(self) -> None:
+        payload = dict(self.strip.payload_dict)
+        payload["channel_info"] = {k: dict(v) for k, v in payload["channel_info"].items()}
+        self.scale.apply(payload)
+        self.strip.set_payload(payload)
 
     def _adv_channels(self, adv: dict) -> dict:
         """The strip channels that depend on the options: ``adv_<name>`` and MAE's ``micro_<name>``
@@ -255,7 +356,7 @@ class TrajectoryExplorer(W.VBox):
     def snapshot(self, snap: Snapshot | None = None) -> Snapshot:
         snap = snap or Snapshot(f"mpo_viz explorer: {self.batch.traj_ids[self.row]}")
         snap.heading(f"trajectory {self.batch.traj_ids[self.row]} (row {self.row})")
-        snap.kv([("estimators", ", ".join(self.names)), *self.params.options.items()])
+        snap.kv([(f"{k} ran with", opts_text(self.engine.options_for(k, self.params.options))) for k in self.names])
         snap.strip(self.strip.payload_dict, self.strip.height)
         if self.figure is not None:
             snap.figure(self.figure)

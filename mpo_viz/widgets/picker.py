@@ -172,6 +172,25 @@ class TrajectoryPicker(W.VBox):
         for cb in self._callbacks:
             cb(int(change["new"]))
 
+    def show(self, row: int) -> None:
+        """Highlight batch row ``row`` without firing: move to its page (clearing a filter that
+        hides it) and select it, so the open trajectory is always visible in the list."""
+        pos = np.flatnonzero(self.table["row"].to_numpy() == row)
+        if not len(pos):
+            return
+        where = np.flatnonzero(self._order == pos[0])
+        if not len(where):
+            self.filter.value = ""
+            where = np.flatnonzero(self._order == pos[0])
+        page = int(where[0]) // self.page_size
+        if page != self.page:
+            self.goto(page)
+        self._busy = True
+        try:
+            self.select.value = int(row)
+        finally:
+            self._busy = False
+
     def pick(self, row: int) -> None:
         """Select batch row ``row``: moves to its page (clearing a filter that hides it) and fires."""
         pos = np.flatnonzero(self.table["row"].to_numpy() == row)

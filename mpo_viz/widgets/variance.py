@@ -36,11 +36,12 @@ class VarianceView(W.Box):
     def __init__(self, batch, *, max_points: int = 5000, page_size: int = 10, **explorer_options):
         self.batch = as_batch(batch)
         if self.batch.values is None:
-            raise ValueError("batch: VarianceView needs critic values (the 'values' field); this batch has none")
+            raise ValueError("batch: VarianceView needs values (the 'values' field: a critic's or an oracle's); "
+                             "this batch has none")
         self.table = an.value_variance(self.batch)
         self.summary = an.variance_summary(self.table)
-        fig = plots.across_within(self.table, max_points=max_points)
-        fig.update_layout(width=640, clickmode="event", title_font_size=13)
+        fig = plots.across_within(self.table, max_points=max_points, source=an.values_source(self.batch))
+        fig.update_layout(clickmode="event", title_font_size=13)
         self.figure = go.FigureWidget(fig)
         self.figure.data[0].on_click(self._clicked)
         t = self.table[["traj_id", "reward", "n_turns", "across", "within", "ratio"]].copy()
@@ -55,10 +56,17 @@ class VarianceView(W.Box):
         self.info = W.HTML(
             f"<b>{s['n_traj']:,} trajectories</b> · median across/within {s['median_ratio']:.3g} · "
             f"share with across &gt; within {s['share_across_gt_within']:.1%} · click a point or pick a row")
+        from mpo_viz.widgets.export import ExportBar
+
+        self.export = ExportBar(basename="mpo_viz_variance")
+        self.export.set_tables(self.tables())
         self.right = W.VBox(layout=W.Layout(flex="1 1 600px", min_width="560px", overflow="hidden"))
-        left = W.VBox([self.info, self.figure, self.picker], layout=W.Layout(flex="0 1 660px", min_width="480px"))
+        # the scatter takes the room it gets (400+ points need it); the explorer wraps below when narrow
+        left = W.VBox([self.info, self.figure, self.picker, self.export],
+                      layout=W.Layout(flex="1 1 720px", min_width="520px"))
         super().__init__([left, self.right], layout=W.Layout(display="flex", flex_flow="row wrap", width="100%"))
         self.add_class("mpo-variance")
+        self.add_class("mpo-view")
 
     def _clicked(self, trace, points, _state=None) -> None:
         """plotly click callback on the scatter: open the clicked trajectory."""
@@ -70,13 +78,33 @@ class VarianceView(W.Box):
     def open_trajectory(self, traj) -> None:
         """Open trajectory ``traj`` (batch row or traj_id) in the explorer beside the plot."""
         row = self.batch.traj_ids.index(traj) if isinstance(traj, str) else int(traj)
+        self.picker.show(row)  # the list highlights what is open
         if self.explorer is None:
-            opts = {"figure_width": 600, "strip_height": 280, **self.explorer_options}
+            opts = {"strip_height": 280, **self.explorer_options}
             self.explorer = TrajectoryExplorer(self.batch, row=row, show_picker=False, **opts)
             self.right.children = (self.explorer,)
         else:
             self.explorer.select(row)
         self.opened.append(self.batch.traj_ids[row])
+
+    def tables(self) -> dict:
+        """``{"value_variance": the per-trajectory across/within table}``."""
+        return {"value_variance": self.table}
+
+    def figures(self) -> dict:
+        return {"across_within": self.figure}
+
+    def export_tables(self, folder) -> list:
+        """Write :meth:`tables` as CSV files into ``folder``; returns the paths."""
+        from mpo_viz.widgets.export import write_tables
+
+        return write_tables(self.tables(), folder)
+
+    def export_figures(self, folder, formats=("png", "svg")) -> list:
+        """Write :meth:`figures` with plotly's static export (needs ``kaleido``, else ``RuntimeError``)."""
+        from mpo_viz.widgets.export import write_figures
+
+        return write_figures(self.figures(), folder, formats)
 
     def to_html(self, path=None) -> str:
         """Static snapshot: summary, the figure, and the opened trajectory's explorer view."""

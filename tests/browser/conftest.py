@@ -16,14 +16,8 @@ from __future__ import annotations
 
 import os
 import shutil
-import signal
-import socket
 import subprocess
-import sys
-import time
-import urllib.request
 from pathlib import Path
-from types import SimpleNamespace
 
 import pytest
 
@@ -120,71 +114,20 @@ def page(browser, page_errors, page_requests):
         ctx.close()
 
 
-def _free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def _stop(proc: subprocess.Popen, timeout: float = 15.0) -> None:
-    """Stop the server we started: SIGTERM to its PID, then SIGKILL to its own process group
-    (kernels it started) if anything is left."""
-    if proc.poll() is None:
-        proc.send_signal(signal.SIGTERM)
-        try:
-            proc.wait(timeout=timeout)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait(timeout=5)
-    try:
-        os.killpg(proc.pid, signal.SIGKILL)  # the group was created for this server (start_new_session)
-    except (ProcessLookupError, PermissionError):
-        pass
-
-
 @pytest.fixture
 def jupyter_server(tmp_path):
     """A fresh JupyterLab server for one test: 127.0.0.1, a free port, no token, ``--allow-root``,
     root folder ``tmp_path / "root"``; isolated config/runtime/workspace folders. Yields an object
     with ``url`` (``http://127.0.0.1:PORT``), ``port``, ``root`` (Path), ``pid`` and ``log`` (Path).
     """
-    root = tmp_path / "root"
-    root.mkdir()
-    port = _free_port()
-    log = tmp_path / "jupyter.log"
-    env = {
-        **os.environ,
-        "JUPYTER_CONFIG_DIR": str(tmp_path / "jconfig"),
-        "JUPYTER_RUNTIME_DIR": str(tmp_path / "jruntime"),
-        "JUPYTERLAB_WORKSPACES_DIR": str(tmp_path / "jworkspaces"),
-        "IPYTHONDIR": str(tmp_path / "ipython"),
-        "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}",
-    }
-    cmd = [
-        sys.executable, "-m", "jupyterlab", "--no-browser", "--allow-root",
-        "--ip=127.0.0.1", f"--port={port}", "--port-retries=0",
-        "--ServerApp.token=", "--ServerApp.password=", "--ServerApp.disable_check_xsrf=True",
-        f"--ServerApp.root_dir={root}", "--LabApp.news_url=", "--LabApp.check_for_updates_class=jupyterlab.NeverCheckForUpdate",
-    ]
-    fh = open(log, "wb")
-    proc = subprocess.Popen(cmd, stdout=fh, stderr=subprocess.STDOUT, cwd=root, env=env, start_new_session=True)
-    url = f"http://127.0.0.1:{port}"
+    from jupyter_helpers import LabError, jupyter_lab
+
     try:
-        deadline = time.monotonic() + 90
-        while True:
-            if proc.poll() is not None:
-                pytest.fail(f"JupyterLab exited with {proc.returncode} before answering:\n{log.read_text()[-2000:]}",
-                            pytrace=False)
-            try:
-                with urllib.request.urlopen(f"{url}/api/status", timeout=2) as r:
-                    if r.status == 200:
-                        break
-            except OSError:
-                pass
-            if time.monotonic() > deadline:
-                pytest.fail(f"JupyterLab did not answer on {url} within 90 s:\n{log.read_text()[-2000:]}", pytrace=False)
-            time.sleep(0.25)
-        yield SimpleNamespace(url=url, port=port, root=root, pid=proc.pid, log=log)
+        lab = jupyter_lab(tmp_path)
+        server = lab.__enter__()
+    except LabError as exc:
+        pytest.fail(str(exc), pytrace=False)
+    try:
+        yield server
     finally:
-        _stop(proc)
-        fh.close()
+        lab.__exit__(None, None, None)

@@ -7,8 +7,16 @@ a user does it; a final cell prints a marker whose output tells us every cell ra
 
 from __future__ import annotations
 
+import contextlib
+import os
+import signal
+import socket
+import subprocess
+import sys
 import time
+import urllib.request
 from pathlib import Path
+from types import SimpleNamespace
 
 import nbformat
 
@@ -71,3 +79,147 @@ def plot_data(page, selector: str, trace: int, key: str = "y") -> list:
         " return Array.from(v, (x) => (x === null || Number.isNaN(x) ? null : x)); }",
         [selector, trace, key],
     )
+
+
+# --- a JupyterLab server (the conftest fixture and benchmarks/widgets.py both use it) ------------
+
+def _free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _stop(proc: subprocess.Popen, timeout: float = 15.0) -> None:
+    """Stop the server we started: SIGTERM to its PID, then SIGKILL to its own process group
+    (kernels it started) if anything is left."""
+    if proc.poll() is None:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(timeout=5)
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)  # the group was created for this server (start_new_session)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
+class LabError(RuntimeError):
+    """JupyterLab did not start."""
+
+
+@contextlib.contextmanager
+def jupyter_lab(tmp: Path):
+    """A fresh JupyterLab server: 127.0.0.1, a free port, no token, ``--allow-root``, root folder
+    ``tmp / "root"``; isolated config/runtime/workspace folders. Yields an object with ``url``,
+    ``port``, ``root`` (Path), ``pid`` and ``log`` (Path); stops the server (by its PID) on exit."""
+    tmp = Path(tmp)
+    root = tmp / "root"
+    root.mkdir(parents=True, exist_ok=True)
+    port = _free_port()
+    log = tmp / "jupyter.log"
+    env = {
+        **os.environ,
+        "JUPYTER_CONFIG_DIR": str(tmp / "jconfig"),
+        "JUPYTER_RUNTIME_DIR": str(tmp / "jruntime"),
+        "JUPYTERLAB_WORKSPACES_DIR": str(tmp / "jworkspaces"),
+        "IPYTHONDIR": str(tmp / "ipython"),
+        "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}",
+    }
+    cmd = [
+        sys.executable, "-m", "jupyterlab", "--no-browser", "--allow-root",
+        "--ip=127.0.0.1", f"--port={port}", "--port-retries=0",
+        "--ServerApp.token=", "--ServerApp.password=", "--ServerApp.disable_check_xsrf=True",
+        f"--ServerApp.root_dir={root}", "--LabApp.news_url=", "--LabApp.check_for_updates_class=jupyterlab.NeverCheckForUpdate",
+    ]
+    fh = open(log, "wb")
+    proc = subprocess.Popen(cmd, stdout=fh, stderr=subprocess.STDOUT, cwd=root, env=env, start_new_session=True)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 90
+        while True:
+            if proc.poll() is not None:
+                raise LabError(f"JupyterLab exited with {proc.returncode} before answering:\n{log.read_text()[-2000:]}")
+            try:
+                with urllib.request.urlopen(f"{url}/api/status", timeout=2) as r:
+                    if r.status == 200:
+                        break
+            except OSError:
+                pass
+            if time.monotonic() > deadline:
+                raise LabError(f"JupyterLab did not answer on {url} within 90 s:\n{log.read_text()[-2000:]}")
+            time.sleep(0.25)
+        yield SimpleNamespace(url=url, port=port, root=root, pid=proc.pid, log=log)
+    finally:
+        _stop(proc)
+        fh.close()
+
+
+# --- latency, measured in the page from the input to the last redraw ---------------------------
+
+_WAIT_DRAWN = """
+  const frame = () => new Promise((r) => requestAnimationFrame(() => r()));
+  const start = performance.now();
+  while (!done()) {
+    if (performance.now() - start > limit) throw new Error('mpo timing: the view did not update within ' + limit + ' ms');
+    await frame();
+  }
+  const t1 = performance.now();
+  await frame(); await frame();  // the frame with the new content is painted
+  return {ms: t1 - t0, painted_ms: performance.now() - t0};
+"""
+
+
+def time_pick(page, scope: str, index: int, traj_id: str, limit_ms: int = 60_000) -> dict:
+    """Pick option ``index`` of the picker in ``scope`` (as a user does: the select's change event)
+    and measure, in the page, the milliseconds until the strip, the value curve and the header
+    show ``traj_id`` (``ms``), and until the frame after that is painted (``painted_ms``)."""
+    return page.evaluate(
+        "async ([scope, index, tid, limit]) => {"
+        "  const root = document.querySelector(scope);"
+        "  const sel = root.querySelector('.mpo-picker-list select');"
+        "  const done = () => {"
+        "    const title = (root.querySelector('.mpo-strip-title') || {}).textContent || '';"
+        "    const gd = root.querySelector('.js-plotly-plot');"
+        "    const ft = gd && gd.layout && gd.layout.title ? String(gd.layout.title.text || gd.layout.title) : '';"
+        "    const head = root.querySelector('.mpo-status') || root;"
+        "    return title.includes(tid) && (!gd || ft.includes(tid)) && head.textContent.includes(tid); };"
+        "  const t0 = performance.now();"
+        "  sel.selectedIndex = index;"
+        "  sel.dispatchEvent(new Event('input', {bubbles: true}));"
+        "  sel.dispatchEvent(new Event('change', {bubbles: true}));"
+        + _WAIT_DRAWN + "}",
+        [scope, index, traj_id, limit_ms])
+
+
+def time_slider(page, scope: str, label: str, value: str, trace: str, first_value: float,
+                limit_ms: int = 60_000) -> dict:
+    """Type ``value`` into the slider ``label`` of ``scope`` and press Enter (as a user can); measure,
+    in the page, from the Enter key to the figure's ``trace`` starting at ``first_value`` and the
+    header naming the new setting (``ms``; ``painted_ms``: the next frame painted)."""
+    import re
+
+    page.evaluate("() => { window.__mpoT0 = null; const on = (e) => { if (e.key === 'Enter') {"
+                  " window.__mpoT0 = performance.now(); document.removeEventListener('keydown', on, true); } };"
+                  " document.addEventListener('keydown', on, true); }")
+    slider = page.locator(scope).first.locator(".widget-slider").filter(
+        has=page.locator(".widget-label", has_text=re.compile(f"^{re.escape(label)}$")))
+    slider.locator(".widget-readout").click()
+    page.keyboard.press("Control+A")
+    page.keyboard.type(value)
+    page.keyboard.press("Enter")
+    return page.evaluate(
+        "async ([scope, trace, v, setting, limit]) => {"
+        "  const root = document.querySelector(scope);"
+        "  const t0 = window.__mpoT0;"
+        "  if (t0 === null) throw new Error('mpo timing: the Enter key was not seen');"
+        "  const done = () => {"
+        "    const gd = root.querySelector('.js-plotly-plot');"
+        "    const t = gd && gd.data ? gd.data.find((d) => d.name === trace) : null;"
+        "    if (!t) return false;"
+        "    const ys = Array.from(t.y).filter((y) => y !== null && !Number.isNaN(y));"
+        "    const head = root.querySelector('.mpo-status') || root;"
+        "    return ys.length > 0 && Math.abs(ys[0] - v) < 1e-5 && head.textContent.includes(setting); };"
+        + _WAIT_DRAWN + "}",
+        [scope, trace, first_value, f"={float(value):g}", limit_ms])

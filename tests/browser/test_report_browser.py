@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import re
 
+import numpy as np
 import pytest
 
 import mpo_viz as mv
@@ -117,3 +118,54 @@ def test_jupyter_server_fixture_starts_fresh(jupyter_server):
     assert listing["type"] == "directory" and listing["content"] == []
     with urllib.request.urlopen(f"{jupyter_server.url}/api/kernelspecs", timeout=10) as r:
         assert "python3" in json.loads(r.read())["kernelspecs"]
+
+
+def test_report_accuracy_shared_scale_and_export(page, page_errors, tmp_path):
+    """A report on oracle data: the accuracy section shows, every strip's advantage channels share
+    one scale (the legend of each says the same range), and the PNG / SVG / CSV links download."""
+    from pathlib import Path
+
+    from mpo_viz.strip import _floats
+
+    root = Path(__file__).resolve().parents[2]
+    b = mv.load(root / "trajectories" / "search.parquet")[:60]
+    path = tmp_path / "acc.html"
+    write_report(b, path, ReportConfig(estimators=("mpo", "gae", "vapo"), n_best=1, n_worst=1, n_disagreed=1,
+                                       progress=False))
+    _open(page, path)
+    assert page.locator("h2#accuracy").inner_text() == "Accuracy against the oracle"
+    assert page.locator("p.reading").inner_text().startswith("Token credit closest to the oracle:")
+    strips = page.locator(".mpo-strip").count()
+    assert strips >= 2
+    # the same range in every strip's legend, and every strip's payload carries that one scale
+    his = {page.inner_text(f"#strip-{j} .mpo-strip-hi") for j in range(strips)}
+    assert len(his) == 1, his
+    scales = {_payload(page, j)["channel_info"]["adv_mpo"]["scale"] for j in range(strips)}
+    assert len(scales) == 1
+    s = scales.pop()
+    assert float(his.pop()) == pytest.approx(s, abs=1e-4)
+    # the clipped count in the legend is the number of tokens beyond the scale
+    for j in range(strips):
+        p = _payload(page, j)
+        v = np.array([x for x, m in zip(p["channels"]["adv_mpo"], p["mask"]) if m and x is not None])
+        want = int((np.abs(v) > s * (1 + 1e-9)).sum())
+        text = page.inner_text(f"#strip-{j} .mpo-strip-clipinfo") if want else ""
+        assert (int(re.match(r"\D*(\d+) clipped", text).group(1)) if want else 0) == want
+        assert page.locator(f"#strip-{j} .mpo-strip-clip").count() <= want  # only visible rows are in the DOM
+    assert _floats([s], 4)[0] == s
+    # export: plotly.js's image export from the links, and a CSV table
+    for fmt in ("png", "svg"):
+        with page.expect_download(timeout=30_000) as dl:
+            page.locator(f"a[data-fig='fig-across-within'][data-fmt='{fmt}']").click()
+        f = tmp_path / f"aw.{fmt}"
+        dl.value.save_as(f)
+        data = f.read_bytes()
+        assert data.startswith(b"\x89PNG") if fmt == "png" else b"<svg" in data[:400]
+    with page.expect_download() as dl:
+        page.locator("a[download='accuracy.csv']").click()
+    dl.value.save_as(tmp_path / "acc.csv")
+    import pandas as pd
+
+    acc = pd.read_csv(tmp_path / "acc.csv")
+    assert list(acc["estimator"]) == ["mpo", "gae", "vapo"]
+    assert page_errors == []

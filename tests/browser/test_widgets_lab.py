@@ -15,7 +15,15 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from jupyter_helpers import open_notebook, plot_data, run_all, tidy_for_screenshots, write_notebook  # noqa: I001
+from jupyter_helpers import (  # noqa: I001
+    open_notebook,
+    plot_data,
+    run_all,
+    tidy_for_screenshots,
+    time_pick,
+    time_slider,
+    write_notebook,
+)
 
 import mpo_viz as mv
 from mpo_viz import advantages as adv
@@ -93,6 +101,54 @@ def _set_slider(page, scope: str, label: str, value: str) -> None:
     page.keyboard.press("Enter")
 
 
+def _check_comparison(page, cmp_css: str, b, tmp_path: Path) -> None:
+    """The stacked strips share one colour scale (the legends say the same range, the one computed
+    here from the whole batch) and count the clipped tokens; the accuracy section is there; the
+    export bar's PNG / SVG buttons and CSV links download."""
+    from mpo_viz.analysis import credit_accuracy
+    from mpo_viz.strip import _floats, robust_scale
+
+    names = ["mpo", "gae", "grpo"]
+    res = {k: adv.compute(b, k).advantages for k in names}
+    s = max(robust_scale(a, b.mask) for a in res.values())
+    his = page.eval_on_selector_all(f"{cmp_css} .mpo-strip-hi", "els => els.map(e => e.textContent)")
+    los = page.eval_on_selector_all(f"{cmp_css} .mpo-strip-lo", "els => els.map(e => e.textContent)")
+    assert len(set(his)) == 1 and len(his) == 3, his
+    assert float(his[0]) == pytest.approx(s, abs=1e-4) and float(los[0]) == pytest.approx(-s, abs=1e-4)
+    row = 5
+    n = int(b.lengths[row])
+    m = b.mask[row, :n].numpy() != 0
+    clip = page.eval_on_selector_all(f"{cmp_css} .mpo-strip-clipinfo", "els => els.map(e => e.textContent)")
+    s4 = _floats([s], 4)[0]  # what the payload carries: the scale to 4 digits, values to 5
+    for name, text in zip(names, clip):
+        v = np.array(_floats(res[name][row, :n].numpy()[m], 5))
+        want = int((np.abs(v) > s4 * (1 + 1e-9)).sum())
+        got = int(re.match(r"\D*(\d+) clipped", text).group(1)) if text else 0
+        assert got == want, (name, text, want)
+    # accuracy against the oracle: the reading names the estimator with the best token correlation
+    acc = credit_accuracy(b, res)
+    best = acc.loc[acc["tok_corr"].idxmax(), "estimator"]
+    reading = page.locator(f"{cmp_css} .mpo-reading").inner_text()
+    assert reading.startswith(f"Token credit closest to the oracle: {best} ")
+    # export: plotly.js's image export from the bar's buttons, and the CSV links
+    bar = page.locator(f"{cmp_css} .mpo-export").first
+    for fmt in ("png", "svg"):
+        with page.expect_download(timeout=30_000) as dl:
+            bar.locator(f".mpo-export-{fmt}").click()
+        f = tmp_path / f"fig.{fmt}"
+        dl.value.save_as(f)
+        head = f.read_bytes()[:64]
+        assert head.startswith(b"\x89PNG") if fmt == "png" else b"<svg" in f.read_bytes()[:400]
+    with page.expect_download() as dl:
+        bar.locator("a[download='accuracy.csv']").click()
+    f = tmp_path / "acc.csv"
+    dl.value.save_as(f)
+    import pandas as pd
+
+    got = pd.read_csv(f).set_index("estimator")
+    np.testing.assert_allclose(got.loc[list(acc["estimator"]), "tok_corr"], acc["tok_corr"], rtol=1e-9)
+
+
 def test_widgets_in_jupyterlab(page, page_errors, jupyter_server, tmp_path):
     root = jupyter_server.root
     shots = REPO / "docs" if WRITE_DOCS else tmp_path
@@ -111,8 +167,17 @@ def test_widgets_in_jupyterlab(page, page_errors, jupyter_server, tmp_path):
     tidy_for_screenshots(page)
     run_all(page)
     ex_css = ".jp-OutputArea-output .mpo-explorer"
-    page.wait_for_selector(f"{ex_css} .mpo-strip-row")
-    page.wait_for_selector(f"{ex_css} .js-plotly-plot .scatterlayer")
+    page.wait_for_selector(f"{ex_css} .mpo-strip-row", timeout=90_000)  # the front end may still be busy
+    try:
+        page.wait_for_selector(f"{ex_css} .js-plotly-plot .scatterlayer", timeout=60_000)
+    except Exception:
+        # Seen on this loaded machine: a plotly FigureWidget view drawn before its data arrived stays
+        # empty (no traces, no title). Reopening the notebook with the live kernel draws every view
+        # again from the kernel's widget models; the checks below then run on the redrawn views.
+        page.screenshot(path=str(tmp_path / "empty_figure.png"), full_page=True)
+        print(f"\nempty figure after the first draw (screenshot {tmp_path / 'empty_figure.png'}); reopening the notebook")
+        page.reload(wait_until="domcontentloaded")
+        page.wait_for_selector(f"{ex_css} .js-plotly-plot .scatterlayer", timeout=120_000)
     b = mv.load(DATA)
     n0 = int(b.lengths[0])
     act0 = b.mask[0, :n0].numpy() != 0
@@ -128,9 +193,10 @@ def test_widgets_in_jupyterlab(page, page_errors, jupyter_server, tmp_path):
     colours_before = _turn_colours(page, ex_css)
     assert any(len(c) > 1 for c in colours_before.values())  # β = 1: colour varies inside a turn
 
-    # ---- move β to 0: MAE becomes turn GAE, constant over each turn's tokens
-    _set_slider(page, ex_css, "β", "0")
-    _wait_first_value(page, ex_css, float(mpo_row(0, beta=0.0)[:n0][act0][0]))
+    # ---- move β to 0: MAE becomes turn GAE, constant over each turn's tokens. The latency from the
+    # Enter key to the redrawn figure is measured in the page and printed (a measurement, not an
+    # assert: benchmarks/widgets.py reports it with the Python side)
+    lat = {"slider": time_slider(page, ex_css, "β", "0", "A (mpo)", float(mpo_row(0, beta=0.0)[:n0][act0][0]))}
     a_after = _trace(page, ex_css, "A (mpo)")
     np.testing.assert_allclose(a_after[act0], mpo_row(0, beta=0.0)[:n0][act0], rtol=1e-5, atol=1e-6)
     page.wait_for_function(
@@ -145,14 +211,16 @@ def test_widgets_in_jupyterlab(page, page_errors, jupyter_server, tmp_path):
         "(scope) => [...document.querySelectorAll(scope + ' .mpo-strip-turnstart')].length > 0", arg=ex_css)
     assert any(len(c) > 1 for c in _turn_colours(page, ex_css).values())
 
-    # ---- pick another trajectory from the picker (the third row of its first page)
+    # ---- pick another trajectory from the picker (the third row of its first page), timed in the page
     sel = page.locator(ex_css).first.locator(".mpo-picker-list select")
     label = sel.locator("option").nth(2).inner_text()
     tid = label.split("\u00a0")[0].strip()
-    sel.select_option(index=2)
-    page.wait_for_function(f"(s) => document.querySelector(s + ' .mpo-strip-title').textContent.includes({tid!r})",
-                           arg=ex_css)
+    lat["pick"] = time_pick(page, ex_css, 2, tid)
     row = b.traj_ids.index(tid)
+    print(f"\nbrowser latency (Chromium, loaded machine; measurements, not asserts): pick of a "
+          f"{int(b.lengths[row])}-token trajectory {lat['pick']['ms']:.0f} ms (painted {lat['pick']['painted_ms']:.0f} ms), "
+          f"β slider on {len(b)} trajectories {lat['slider']['ms']:.0f} ms (painted {lat['slider']['painted_ms']:.0f} ms)")
+    assert all(v["ms"] > 0 for v in lat.values())
     n = int(b.lengths[row])
     act = b.mask[row, :n].numpy() != 0
     page.wait_for_function(f"(s) => document.querySelector(s + ' .js-plotly-plot').data[0].x.length === {n}", arg=ex_css)
@@ -183,6 +251,8 @@ def test_widgets_in_jupyterlab(page, page_errors, jupyter_server, tmp_path):
     cmp_css = ".jp-OutputArea-output .mpo-comparison"
     page.wait_for_selector(f"{cmp_css} .js-plotly-plot .barlayer")
     assert page.locator(f"{cmp_css} .mpo-strip").count() == 3
+    _check_comparison(page, cmp_css, b, tmp_path)
+    page.mouse.move(5, 5)
     page.locator(cmp_css).screenshot(path=str(shots / "widgets_comparison.png"))
     dash_css = ".jp-OutputArea-output .mpo-dashboard"
     page.wait_for_selector(f"{dash_css} .js-plotly-plot .scatterlayer")

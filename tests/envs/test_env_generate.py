@@ -1,4 +1,4 @@
-"""Generated trajectory/v1 files: validation, determinism, oracle alignment (DESIGN §3.1), the CLI."""
+"""Generated trajectory/v1 files: validation, determinism, oracle alignment (docs/concepts.md §2), the CLI."""
 
 import json
 
@@ -93,7 +93,7 @@ def test_cli_generate_then_validate(tmp_path, suffix, capsys):
 def test_mae_on_the_exact_critic_recovers_the_oracle_credit(within, opts):
     # Deterministic transitions (search): with V = oracle, turn GAE with turn_lam = 0 gives
     # A^T_k = R_k + V(s_{k+1}) − V(s_k) = Q − V exactly, and the one-step increments inside a turn are
-    # the oracle token advantages, so MAE = a*_t + A*_k·(1 − 1/n_k) token by token (DESIGN §3.4).
+    # the oracle token advantages, so MAE = a*_t + A*_k·(1 − 1/n_k) token by token (docs/concepts.md §7.3).
     from mpo_viz.advantages import compute
 
     b = generate(GenerateConfig(env="search", episodes=16, seed=5, noise=0.4))

@@ -13,10 +13,10 @@ import torch
 
 import mpo_viz as mv
 from mpo_viz import advantages as adv
-from mpo_viz.advantages import estimator_options
 from mpo_viz.analysis import td_error
 from mpo_viz.strip import strip_payload
 from mpo_viz.widgets import AdvantageEngine, ParamControls, TrajectoryExplorer, TrajectoryPicker
+from mpo_viz.widgets.engine import options_of
 
 
 @pytest.fixture(scope="module")
@@ -25,7 +25,7 @@ def batch():
 
 
 def _expected(batch, name, **options):
-    return adv.compute(batch, name, **estimator_options(name, options))
+    return adv.compute(batch, name, **options_of(name, options))
 
 
 OPTION_SETS = [
@@ -74,7 +74,7 @@ def test_slider_recomputes_strip_figure_and_turn_table(batch):
     before = _channel(ex.strip.payload_dict, "adv_mpo", n)
     ex.params.set(beta=0.25, lam=0.8, turn_lam=0.6)
     opts = {**ex.params.options}
-    assert opts["beta"] == 0.25 and opts["lam"] == 0.8
+    assert opts["beta"] == 0.25 and opts["lam@mpo"] == opts["lam@gae"] == 0.8  # set(lam=…) sets both λ controls
     ref = {k: _expected(batch, k, **opts) for k in ("mpo", "gae", "grpo")}
     p = json.loads(ex.strip.payload)  # what the browser receives
     for k, r in ref.items():
@@ -111,7 +111,7 @@ def test_beta_zero_makes_mae_constant_inside_turns(batch):
     for k in np.unique(tid[act]):
         vals = a[act & (tid == k)]
         assert np.ptp(vals) == 0.0
-    # and equals turn GAE (DESIGN §3.10 identity)
+    # and equals turn GAE (docs/concepts.md §20 identity)
     tg = adv.compute(batch, "turn_gae", turn_lam=0.9).advantages[1, :n].numpy()
     np.testing.assert_allclose(a[act], tg[act], rtol=1e-4, atol=1e-7)
 
@@ -182,3 +182,24 @@ def test_to_html_is_a_self_contained_snapshot(batch, tmp_path):
     m = re.search(r'id="(strip-\d+)-data">(.*?)</script>', html)
     snap = json.loads(m.group(2))
     assert snap["channels"] == ex.strip.payload_dict["channels"]
+
+
+def test_each_estimator_starts_from_its_own_defaults(batch):
+    # λ means mpo's within-turn λ (default 0.95) and gae's token λ (default 1): two controls, each
+    # at its estimator's default; γ means the same for both (default 1): one shared control
+    ex = TrajectoryExplorer(batch, estimators=["mpo", "gae", "grpo"])
+    o = ex.params.options
+    assert o["lam@mpo"] == 0.95 and o["lam@gae"] == 1.0 and "lam" not in o
+    assert o["gamma"] == 1.0 and "gamma@gae" not in o
+    assert ex.params.controls["lam@gae"].description == "λ · gae"
+    for name in ("mpo", "gae", "grpo"):  # exactly what compute gives with no options at all
+        ref = adv.compute(batch, name)
+        assert torch.equal(ex.results[name][0], ref.advantages), name
+    # the header says what each ran with
+    assert re.search(r"<b>gae</b> [^;]*lam=1\b", ex.status.value)
+    assert re.search(r"<b>mpo</b> [^;]*lam=0.95\b", ex.status.value)
+    # moving gae's λ leaves mpo alone
+    before = ex.results["mpo"][0].clone()
+    ex.params.set(**{"lam@gae": 0.5})
+    assert torch.equal(ex.results["mpo"][0], before)
+    assert torch.equal(ex.results["gae"][0], adv.compute(batch, "gae", lam=0.5).advantages)

@@ -9,9 +9,9 @@ import pytest
 
 import mpo_viz as mv
 from mpo_viz import advantages as adv
-from mpo_viz.advantages import estimator_options
 from mpo_viz.analysis import value_variance
 from mpo_viz.widgets import EstimatorComparison, VarianceView
+from mpo_viz.widgets.engine import options_of
 
 
 @pytest.fixture(scope="module")
@@ -47,7 +47,7 @@ def test_variance_view_click_opens_an_explorer(batch):
 def test_variance_view_needs_values():
     b = mv.TrajectoryBatch.from_rows([{"traj_id": "a", "group_id": "g", "prompt_ids": [1], "response_ids": [2, 3],
                                        "loss_mask": [1, 1], "reward": 1.0}])
-    with pytest.raises(ValueError, match="batch: VarianceView needs critic values"):
+    with pytest.raises(ValueError, match="batch: VarianceView needs values"):
         VarianceView(b)
 
 
@@ -62,7 +62,7 @@ def test_estimator_comparison_bars_follow_the_sliders(batch):
         tid = batch.traj_ids[c.row]
         got = c.turn_advantages()
         for name in names:
-            t = adv.compute(batch, name, **estimator_options(name, options)).turns
+            t = adv.compute(batch, name, **options_of(name, options)).turns
             want = t[t["traj_id"] == tid][f"adv_{name}"].to_numpy()
             np.testing.assert_allclose(got[name], want, rtol=1e-5, atol=1e-7)
 
