@@ -35,7 +35,8 @@ def write_notebook(path: Path, cells: list[str]) -> Path:
 def open_notebook(page, server, name: str, timeout_ms: int = 60_000) -> None:
     """Open ``name`` (relative to the server root) in JupyterLab and wait until its kernel is idle."""
     page.goto(f"{server.url}/lab/tree/{name}", wait_until="domcontentloaded")
-    page.wait_for_selector(".jp-NotebookPanel .jp-Cell", timeout=timeout_ms)
+    # the panel just opened (earlier notebooks stay open in hidden panels)
+    page.wait_for_selector(".jp-NotebookPanel:not(.lm-mod-hidden) .jp-Cell", timeout=timeout_ms)
     # JupyterLab may ask which kernel to start: accept its proposal (the server's python3)
     try:
         page.locator(".jp-Dialog .jp-Dialog-button.jp-mod-accept").click(timeout=5_000)
