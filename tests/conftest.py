@@ -3,6 +3,7 @@
 import importlib.util
 import os
 
+import pytest
 from hypothesis import HealthCheck, settings
 
 settings.register_profile(
@@ -26,3 +27,15 @@ def pytest_report_header(config):
     if not HAVE_VERL:
         return "tests/integrations: not collected (verl is not installed here; run `make test-verl`)"
     return None
+
+
+@pytest.fixture(scope="module")
+def one_thread():
+    """Torch on one thread for the module: tiny models are overhead-bound, and a second thread only
+    spin-waits in OpenMP on a shared 2-core machine. Use with ``pytestmark = pytest.mark.usefixtures("one_thread")``."""
+    import torch
+
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)

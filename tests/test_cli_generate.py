@@ -4,7 +4,6 @@ import json
 
 import numpy as np
 import pytest
-import torch
 
 import mpo_viz as mv
 from mpo_viz.cli import main
@@ -12,12 +11,7 @@ from mpo_viz.cli import main
 FAST = ["--env", "search", "--difficulty", "2", "--group-size", "2", "--episodes", "4", "--max-turn-tokens", "5"]
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
+pytestmark = pytest.mark.usefixtures("one_thread")  # see tests/conftest.py
 
 
 def test_fresh_model_saved_and_reloaded_gives_the_same_file(tmp_path, capsys):

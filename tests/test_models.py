@@ -11,14 +11,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 from mpo_viz import models as M
 from mpo_viz.envs import build_tokenizer, make_env
 
-
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    # tiny models are overhead-bound: one thread avoids OpenMP spin-waits on a shared machine
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
+pytestmark = pytest.mark.usefixtures("one_thread")  # see tests/conftest.py
 
 
 @pytest.fixture(scope="module")

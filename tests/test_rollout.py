@@ -22,13 +22,7 @@ def _env(name):
     return make_env(name, difficulty=make_env(name).min_difficulty)
 
 
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    # a tiny model is overhead-bound: one thread avoids OpenMP spin-waits on a shared machine
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
+pytestmark = pytest.mark.usefixtures("one_thread")  # see tests/conftest.py
 
 
 def _policy(name, seed=0):
