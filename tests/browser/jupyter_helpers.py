@@ -32,23 +32,28 @@ def write_notebook(path: Path, cells: list[str]) -> Path:
     return path
 
 
-def open_notebook(page, server, name: str, timeout_ms: int = 60_000) -> None:
-    """Open ``name`` (relative to the server root) in JupyterLab and wait until its kernel is idle."""
-    page.goto(f"{server.url}/lab/tree/{name}", wait_until="domcontentloaded")
-    # the panel just opened (earlier notebooks stay open in hidden panels)
-    page.wait_for_selector(".jp-NotebookPanel:not(.lm-mod-hidden) .jp-Cell", timeout=timeout_ms)
+FRONT = ".jp-NotebookPanel:not(.lm-mod-hidden)"
+"""The notebook panel in front (earlier notebooks stay open in hidden panels)."""
+
+
+def open_notebook(page, server, name: str, timeout_ms: int = 60_000, *, reset: bool = False) -> None:
+    """Open ``name`` (relative to the server root) in JupyterLab and wait until the kernel of the
+    notebook in front is idle. ``reset``: a fresh workspace, so earlier notebooks (their kernels
+    gone) are not restored beside it."""
+    page.goto(f"{server.url}/lab/tree/{name}{'?reset' if reset else ''}", wait_until="domcontentloaded")
+    page.wait_for_selector(f"{FRONT} .jp-Cell", timeout=timeout_ms)
     # JupyterLab may ask which kernel to start: accept its proposal (the server's python3)
     try:
         page.locator(".jp-Dialog .jp-Dialog-button.jp-mod-accept").click(timeout=5_000)
     except Exception:  # noqa: BLE001 - no dialog: the kernel started on its own
         pass
-    # the kernel status in the notebook toolbar reads "Idle" once the kernel started
+    # the kernel status in the front notebook's toolbar reads "Idle" once the kernel started
     page.wait_for_function(
-        "() => [...document.querySelectorAll('.jp-NotebookPanel-toolbar [aria-label], .jp-Toolbar-kernelStatus')]"
-        ".some(e => /idle/i.test(e.getAttribute('aria-label') || '') || /idle/i.test(e.textContent || ''))"
-        " || !!document.querySelector('.jp-Notebook-ExecutionIndicator[data-status=\"idle\"]')",
-        timeout=timeout_ms,
-    )
+        "(front) => { const p = document.querySelector(front); return (!!p && [...p.querySelectorAll("
+        "'.jp-NotebookPanel-toolbar [aria-label], .jp-Toolbar-kernelStatus')].some(e => /idle/i.test("
+        "e.getAttribute('aria-label') || '') || /idle/i.test(e.textContent || ''))) || !!document.querySelector("
+        "'.jp-Notebook-ExecutionIndicator[data-status=\"idle\"]'); }",
+        arg=FRONT, timeout=timeout_ms)
 
 
 def tidy_for_screenshots(page) -> None:

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import nbformat
 import pytest
-from jupyter_helpers import tidy_for_screenshots  # noqa: I001
+from jupyter_helpers import FRONT, open_notebook, tidy_for_screenshots  # noqa: I001
 
 pytestmark = pytest.mark.browser
 
@@ -45,7 +45,6 @@ def fast_size(monkeypatch, tmp_path):
 
 
 #: the notebook in front (JupyterLab keeps earlier notebooks' panels in the page, hidden)
-FRONT = ".jp-NotebookPanel:not(.lm-mod-hidden)"
 
 
 def _marker(name: str) -> str:
@@ -57,23 +56,6 @@ def _copy_with_marker(src: Path, dst: Path) -> None:
     nb = nbformat.read(str(src), as_version=4)
     nb.cells.append(nbformat.v4.new_code_cell(f"print({_marker(src.name)!r})"))
     nbformat.write(nb, str(dst))
-
-
-def _open(page, server, name: str) -> None:
-    """Open ``name`` in JupyterLab and wait until it is in front with its kernel idle."""
-    # ?reset: a fresh workspace, so the earlier notebooks (their kernels gone) are not restored beside it
-    page.goto(f"{server.url}/lab/tree/{name}?reset", wait_until="domcontentloaded")
-    page.wait_for_selector(f"{FRONT} .jp-Cell", timeout=60_000)
-    try:  # JupyterLab may ask which kernel to start: accept its proposal
-        page.locator(".jp-Dialog .jp-Dialog-button.jp-mod-accept").click(timeout=5_000)
-    except Exception:  # noqa: BLE001 - no dialog: the kernel started on its own
-        pass
-    page.wait_for_function(
-        "(front) => { const p = document.querySelector(front); return (!!p && [...p.querySelectorAll("
-        "'.jp-NotebookPanel-toolbar [aria-label], .jp-Toolbar-kernelStatus')].some(e => /idle/i.test("
-        "e.getAttribute('aria-label') || '') || /idle/i.test(e.textContent || ''))) || !!document.querySelector("
-        "'.jp-Notebook-ExecutionIndicator[data-status=\"idle\"]'); }",
-        arg=FRONT, timeout=60_000)
 
 
 def _run_all(page, name: str, timeout_ms: int) -> None:
@@ -90,7 +72,7 @@ def test_notebooks_render_in_jupyterlab(fast_size, page, page_errors, jupyter_se
     page.set_viewport_size({"width": 1440, "height": 2600})
     for name, (expected, shot) in NOTEBOOKS.items():
         _copy_with_marker(REPO / "notebooks" / name, root / name)
-        _open(page, jupyter_server, name)
+        open_notebook(page, jupyter_server, name, reset=True)
         tidy_for_screenshots(page)
         _run_all(page, name, timeout_ms=600_000)  # notebook 03 trains (tiny runs in subprocesses)
         errors = page.locator(f"{FRONT} .jp-OutputArea-output[data-mime-type='application/vnd.jupyter.stderr']",
