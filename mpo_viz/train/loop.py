@@ -293,9 +293,7 @@ class Trainer:
         try:
             res = run_sft(self, steps=steps, target=target)
         except KeyboardInterrupt:
-            self._restore(latest_checkpoint(self.run.checkpoints))
-            self.interrupted = True
-            self._say("interrupted: SFT abandoned; the run is back at its last checkpoint (resumable)")
+            self._abandon("interrupted: SFT abandoned; the run is back at its last checkpoint (resumable)")
             return {}
         self.state["sft_done"] = True
         self.state["elapsed_s"] += time.perf_counter() - t0
@@ -334,9 +332,7 @@ class Trainer:
                               value_clip=cfg.critic("value_clip"), grad_clip=cfg.grad_clip)
                 done += 1
         except KeyboardInterrupt:
-            self._restore(latest_checkpoint(self.run.checkpoints))
-            self.interrupted = True
-            self._say("interrupted: critic warm-up abandoned; the run is back at its last checkpoint (resumable)")
+            self._abandon("interrupted: critic warm-up abandoned; the run is back at its last checkpoint (resumable)")
             return {}
         self.state["critic_warm"] = True
         self.state["elapsed_s"] += time.perf_counter() - t0
@@ -361,10 +357,8 @@ class Trainer:
             try:
                 rec = self._one_iteration()
             except KeyboardInterrupt:
-                self._restore(latest_checkpoint(self.run.checkpoints))
-                self.interrupted = True
-                self._say(f"interrupted: iteration {self.iteration + 1} abandoned; the run is at iteration "
-                          f"{self.iteration} (resume with Trainer.resume or mpo-viz train --resume)")
+                self._abandon(f"interrupted: iteration {self.iteration + 1} abandoned; the run is at iteration "
+                              f"{self.iteration} (resume with Trainer.resume or mpo-viz train --resume)")
                 return
             yield rec
 
@@ -508,6 +502,13 @@ class Trainer:
                 err = (batch.values - batch.padded("oracle_values"))[m]
                 out["critic_oracle_mae"] = float(err.abs().mean()) if err.numel() else math.nan
         return out
+
+    def _abandon(self, message: str) -> None:
+        """After a KeyboardInterrupt: back to the last checkpoint (memory and disk agree), mark the
+        trainer interrupted and say so; the run folder stays resumable."""
+        self._restore(latest_checkpoint(self.run.checkpoints))
+        self.interrupted = True
+        self._say(message)
 
     def _say(self, line: str) -> None:
         if not self.quiet:
