@@ -4,7 +4,7 @@ plugin. Run it in the verl environment (``make venv-verl``), from the repository
 
     .venv-verl/bin/python trajectories/verl/make_verl_run.py
 
-What it does (everything on CPU, about ten minutes on 2 cores):
+What it does (everything on CPU, about 4 minutes on 2 cores):
 
 1. mpo_viz's trainer (``mpo_viz.train``, config :data:`CONFIG`): a 1M-parameter Llama policy and a
    critic on ``automation`` with a progress reward (``shaping`` 0.1 per turn that moves on, 1 for
@@ -53,8 +53,8 @@ COMMAND = ".venv-verl/bin/python trajectories/verl/make_verl_run.py"
 #: the trainer settings of the SFT warm start, critic warm-up and updates
 CONFIG = dict(env="automation", env_options={"shaping": 0.1}, model_size="1m", episodes=16, group_size=4,
               epochs=2, minibatches=2, max_turn_tokens=48, max_total_tokens=384, sft_steps=120, sft_eval_interval=40,
-              sft_target_success=0.5, eval_episodes=16, critic_warmup_steps=3, estimator="mpo", loss="turn_ppo",
-              seed=0, num_threads=1)
+              sft_target_success=0.5, eval_episodes=16, critic_warmup_steps=8, critic_lr=1e-3, estimator="mpo",
+              loss="turn_ppo", seed=0, num_threads=1)
 #: logged verl steps
 ITERATIONS = 12
 #: the recipe of docs/verl.md (the run folder is added by main())
@@ -174,7 +174,7 @@ def make(out: Path) -> dict:
                                 grad_clip=cfg.grad_clip)
             ep = episode_stats(batch)
             steps.append({"step": step, "success": ep["success"], "score_mean": ep["reward_mean"],
-                          "truncated_frac": ep["truncated_frac"], "policy_loss": upd.get("policy_loss"),
+                          "turn_limit_frac": ep["truncated_frac"], "policy_loss": upd.get("policy_loss"),
                           "value_loss": upd.get("value_loss"), "approx_kl": upd.get("approx_kl")})
             print(f"step {step}: success {ep['success']:.3f}, score {ep['reward_mean']:.3f}, policy loss "
                   f"{upd.get('policy_loss', float('nan')):+.4f}, value loss {upd.get('value_loss', float('nan')):.4f}",
