@@ -58,9 +58,14 @@ def turns_of(mask_row):
     return out
 
 
+def _bytes(folder: Path) -> int:
+    return sum(p.stat().st_size for p in folder.rglob("*") if p.is_file())
+
+
 def test_folder_is_small_and_complete(records, steps):
-    size = sum(p.stat().st_size for p in RUN.rglob("*") if p.is_file())
-    assert size < 1_000_000, f"{size} bytes"
+    assert _bytes(RUN) < 1_000_000, f"{_bytes(RUN)} bytes"
+    # the budget of shipped training data: trajectories/trained and this folder together
+    assert _bytes(HERE) + _bytes(HERE.parent / "trained") <= 3 * 2**20
     assert (RUN / "config.json").is_file()
     assert [r["iteration"] for r in records] == sorted(steps) and len(steps) >= 5
     assert all(r["phase"] == "train" and r["estimator"] == "mpo" for r in records)
