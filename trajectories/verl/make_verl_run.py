@@ -51,10 +51,12 @@ HERE = Path(__file__).resolve().parent
 COMMAND = ".venv-verl/bin/python trajectories/verl/make_verl_run.py"
 
 #: the trainer settings of the SFT warm start, critic warm-up and updates
+#: (every SFT and critic setting given: they were the trainer's defaults or chosen here, and a later
+#: change of a default must not change what this script makes)
 CONFIG = dict(env="automation", env_options={"shaping": 0.1}, model_size="1m", episodes=16, group_size=4,
-              epochs=2, minibatches=2, max_turn_tokens=48, max_total_tokens=384, sft_steps=120, sft_eval_interval=40,
-              sft_target_success=0.5, eval_episodes=16, critic_warmup_steps=8, critic_lr=1e-3, estimator="mpo",
-              loss="turn_ppo", seed=0, num_threads=1)
+              epochs=2, minibatches=2, max_turn_tokens=48, max_total_tokens=384, sft_steps=120, sft_lr=1e-3,
+              sft_eval_interval=40, sft_target_success=0.5, sft_noise=0.3, sft_batch_episodes=16, eval_episodes=16,
+              critic_warmup_steps=8, critic_lr=1e-3, estimator="mpo", loss="turn_ppo", seed=0, num_threads=1)
 #: logged verl steps
 ITERATIONS = 12
 #: the recipe of docs/verl.md (the run folder is added by main())
