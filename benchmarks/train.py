@@ -45,11 +45,15 @@ def part1(args) -> None:
     print(head)
     print("|" + "|".join(["---"] * (head.count("|") - 1)) + "|")
     for env in ("search", "automation"):
-        cfg = Config(env=env, estimator="mpo", loss="turn_ppo", episodes=64, sft_steps=args.sft_steps,
+        start = _start_of(args, env)
+        cfg = Config(env=env, estimator="mpo", loss="turn_ppo", episodes=64, sft_steps=0 if start else args.sft_steps,
                      sft_target_success=0.4, critic_warmup_steps=0, iterations=1, eval_interval=1, eval_episodes=64,
-                     seed=args.seed)
+                     seed=args.seed, model_dir=start)
         tr = Trainer(cfg, _fresh(args.out / f"phases-{env}"), quiet=True)
-        sft = tr.sft() if args.sft_steps else {"sft_steps": 0, "sft_success": float("nan")}
+        if start:
+            sft = {"sft_steps": f"from {Path(start).parent.name}", "sft_success": tr.evaluate()["eval_success"]}
+        else:
+            sft = tr.sft() if args.sft_steps else {"sft_steps": 0, "sft_success": float("nan")}
         rec = next(tr.iterate(1))
         t = rec["timings"]
         th = rec["throughput"]
@@ -58,6 +62,15 @@ def part1(args) -> None:
               f"{t['advantages']:.2f} | {t['update']:.2f} | {t['eval']:.2f} | {total:.2f} | "
               f"{int(rec['action_tokens_mean'] * cfg.episodes)} | {th['rollout_tokens_per_sec']:.0f} | "
               f"{th['update_tokens_per_sec']:.0f} |", flush=True)
+
+
+def _start_of(args, env: str) -> str | None:
+    """The model folder part 1 starts ``env`` from (``--model-dir ENV=DIR``), or None (SFT first)."""
+    for item in args.model_dir or ():
+        name, _, folder = item.partition("=")
+        if name == env:
+            return folder
+    return None
 
 
 def warm_start(args) -> Path:
@@ -117,7 +130,9 @@ def main(argv=None) -> int:
     p.add_argument("--minutes", type=float, default=20.0, help="wall minutes per algorithm in part 2")
     p.add_argument("--eval-interval", type=int, default=3, help="iterations between greedy evaluations (part 2)")
     p.add_argument("--sft-steps", type=int, default=60, help="SFT steps before the timed iteration (part 1)")
-    p.add_argument("--sft-steps-warm", type=int, default=400, help="SFT step budget of the warm start (part 2)")
+    p.add_argument("--model-dir", nargs="*", metavar="ENV=DIR",
+                   help="part 1: start ENV from this model folder (e.g. a learning-grid start) instead of SFT")
+    p.add_argument("--sft-steps-warm", type=int, default=1500, help="SFT step budget of the warm start (part 2)")
     p.add_argument("--sft-target", type=float, default=0.4, help="SFT stops at this greedy success (part 2)")
     p.add_argument("--algos", nargs="*", help="subset of MPO GRPO PPO")
     p.add_argument("--redo-sft", action="store_true", help="redo the warm start even if saved")
