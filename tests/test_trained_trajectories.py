@@ -14,7 +14,7 @@ import mpo_viz as mv
 from mpo_viz.train import Config
 
 TRAINED = Path(__file__).resolve().parents[1] / "trajectories" / "trained"
-ENVS = ("automation",)
+ENVS = ("automation", "search")
 
 
 def test_total_size_at_most_3_mb():
@@ -40,8 +40,9 @@ def test_early_and_late_sets(env):
     assert not np.allclose(late.values[m].numpy(), late.padded("oracle_values")[m].numpy())
 
 
-def test_run_folder_is_a_trainer_run():
-    run = TRAINED / "run"
+@pytest.mark.parametrize("name", ["run", "run_search"])
+def test_run_folder_is_a_trainer_run(name):
+    run = TRAINED / name
     cfg = Config.load(run / "config.json")
     recs = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
     rl = [r for r in recs if r.get("phase") == "rl"]
