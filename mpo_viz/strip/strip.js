@@ -465,9 +465,10 @@ export function mount(el, payload, options = {}) {
   };
 }
 
-// anywidget entry point: the model has a "payload" trait (JSON string or object) and optionally a
+// anywidget entry point (through the default export only: a named `render` export is anywidget's
+// deprecated form and logs a warning per model): the model has a "payload" trait (JSON string or object) and optionally a
 // "channel" trait kept in sync both ways.
-export function render({ model, el }) {
+function render({ model, el }) {
   const read = () => model.get("payload");
   const has = (k) => {
     try {
