@@ -369,8 +369,11 @@ class TrainingDashboard(W.VBox):
 
 
 def _kv_html(d: dict) -> str:
+    """The config as name/value pairs in newspaper columns (a run's config has ~60 fields: one long
+    table would be taller than the curves above it)."""
     import html
 
-    rows = "".join(f"<tr><td style='color:#555;padding-right:12px'>{html.escape(str(k))}</td>"
-                   f"<td>{html.escape(json.dumps(v) if not isinstance(v, str) else v)}</td></tr>" for k, v in d.items())
-    return f"<table style='font-size:12px'>{rows}</table>"
+    items = "".join(f"<div style='break-inside:avoid;padding:1px 0'><span style='color:#555;padding-right:8px'>"
+                    f"{html.escape(str(k))}</span>{html.escape(json.dumps(v) if not isinstance(v, str) else v)}</div>"
+                    for k, v in d.items())
+    return f"<div class='mpo-config' style='font-size:12px;columns:230px;column-gap:24px'>{items}</div>"

@@ -262,9 +262,16 @@ def test_widgets_in_jupyterlab(page, page_errors, jupyter_server, tmp_path):
     page.keyboard.press("Control+s")
     page.wait_for_function("() => !document.querySelector('.lm-TabBar-tab.jp-mod-dirty')", timeout=30_000)
     page.reload(wait_until="domcontentloaded")
-    for css in (ex_css, vv_css, cmp_css, dash_css):
-        page.wait_for_selector(f"{css} .js-plotly-plot .main-svg .plot", timeout=120_000)
-    page.wait_for_selector(f"{ex_css} .mpo-strip-row", timeout=60_000)
+    drawn = ("(css) => { const gd = document.querySelector(css + ' .js-plotly-plot');"
+             " return !!gd && !!gd._fullLayout && (gd.data || []).length > 0 && !!gd.querySelector('.main-svg'); }")
+    try:
+        for css in (ex_css, vv_css, cmp_css, dash_css):
+            page.wait_for_function(drawn, arg=css, timeout=120_000)
+        page.wait_for_selector(f"{ex_css} .mpo-strip-row", state="attached", timeout=60_000)
+    except Exception:
+        page.screenshot(path=str(tmp_path / "reopened.png"), full_page=True)
+        raise AssertionError(f"after reopening, a view was not drawn (css {css!r}; screenshot {tmp_path / 'reopened.png'}); "
+                             f"console: {page_errors[:5]}") from None
     page.wait_for_timeout(3_000)  # anywidget's limit is 2 s: a model that missed it has said so by now
     assert tid in _strip_title(page, ex_css)  # the state the kernel holds, not the first view's
     for css in (ex_css, vv_css, cmp_css, dash_css):
