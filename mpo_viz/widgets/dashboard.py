@@ -373,7 +373,7 @@ def _kv_html(d: dict) -> str:
     table would be taller than the curves above it)."""
     import html
 
-    items = "".join(f"<div style='break-inside:avoid;padding:1px 0'><span style='color:#555;padding-right:8px'>"
+    items = "".join(f"<div style='break-inside:avoid;padding:1px 0;overflow-wrap:anywhere'><span style='color:#555;padding-right:8px'>"
                     f"{html.escape(str(k))}</span>{html.escape(json.dumps(v) if not isinstance(v, str) else v)}</div>"
                     for k, v in d.items())
     return f"<div class='mpo-config' style='font-size:12px;columns:230px;column-gap:24px'>{items}</div>"
