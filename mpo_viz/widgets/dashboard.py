@@ -376,4 +376,4 @@ def _kv_html(d: dict) -> str:
     items = "".join(f"<div style='break-inside:avoid;padding:1px 0;overflow-wrap:anywhere'><span style='color:#555;padding-right:8px'>"
                     f"{html.escape(str(k))}</span>{html.escape(json.dumps(v) if not isinstance(v, str) else v)}</div>"
                     for k, v in d.items())
-    return f"<div class='mpo-config' style='font-size:12px;columns:230px;column-gap:24px'>{items}</div>"
+    return f"<div class='mpo-config' style='font-size:12px;columns:280px;column-gap:24px'>{items}</div>"
