@@ -125,26 +125,33 @@ CELLS = {
 SIZES = {
     # a smoke run of the whole pipeline (seconds): nothing here learns
     "tiny": dict(cells=("automation",), methods=("mpo", "grpo"), seeds=(0,), iterations=1, episodes=4,
-                 eval_episodes=4, eval_interval=1, sft_steps=1, warmup_steps=1, epochs=1, minibatches=2,
+                 eval_episodes=4, eval_interval=1, sft_steps=1, sft_target=0.4, warmup_steps=1, epochs=1, minibatches=2,
                  max_turn_tokens=16, max_total_tokens=96),
     # the documented results: about 90 minutes on a quiet 2-core machine (estimated from ~9k tokens/s
     # training and ~2k tokens/s sampling with the 1M-parameter model)
     "small": dict(cells=("search", "automation", "search-g1", "automation-g1"), methods=None, seeds=(0, 1, 2, 3, 4),
-                  iterations=8, episodes=16, eval_episodes=32, eval_interval=2, sft_steps=400, warmup_steps=4,
+                  iterations=8, episodes=16, eval_episodes=32, eval_interval=2, sft_steps=1500, sft_target=0.4, warmup_steps=4,
                   epochs=2, minibatches=2, max_turn_tokens=64, max_total_tokens=1024),
     # everything, with room to learn (many hours on 2 cores; meant for a larger machine)
     "full": dict(cells=tuple(CELLS), methods=None, seeds=tuple(range(10)), iterations=40, episodes=32,
-                 eval_episodes=64, eval_interval=4, sft_steps=400, warmup_steps=8, epochs=2, minibatches=4,
+                 eval_episodes=64, eval_interval=4, sft_steps=1500, sft_target=0.4, warmup_steps=8, epochs=2, minibatches=4,
                  max_turn_tokens=64, max_total_tokens=1024),
 }
 
 
-def plan(size: str) -> list[tuple[int, Cell, str]]:
-    """The runs of a size in the order they run: seed by seed, cell by cell, method by method."""
+#: the seed of the shared starts (SFT and critic warm-up)
+START_SEED = 0
+
+
+def plan(size: str, cells=None) -> list[tuple[int, Cell, str]]:
+    """The runs of a size in the order they run: seed by seed, cell by cell, method by method
+    (``cells``: only these of the size's cells)."""
     s = SIZES[size]
     out = []
     for seed in s["seeds"]:
         for name in s["cells"]:
+            if cells and name not in cells:
+                continue
             cell = CELLS[name]
             for m in cell.methods:
                 if s["methods"] is None or m in s["methods"]:
@@ -182,21 +189,24 @@ def log(msg: str) -> None:
     print(f"[{time.strftime('%H:%M:%S')}] {msg}", flush=True)
 
 
-def make_start(size: str, cell: Cell, seed: int, out: Path) -> Path:
-    """The shared start of (environment, seed): SFT on the noisy expert, then a critic warm-up on
-    Monte-Carlo returns. Written once to ``OUT/starts/KEY/seed=S/model`` (policy/ and critic/)."""
+def make_start(size: str, cell: Cell, out: Path) -> Path:
+    """The shared start of an environment variant: SFT on the noisy expert, then a critic warm-up on
+    Monte-Carlo returns, made once with seed 0 and used by every method and every seed of the cells
+    that share ``cell.start_key``. Written to ``OUT/starts/KEY/model`` (policy/ and critic/)."""
     from mpo_viz import models
     from mpo_viz.train import Trainer
 
     s = SIZES[size]
-    d = out / "starts" / cell.start_key / f"seed={seed}"
+    d = out / "starts" / cell.start_key
     model = d / "model"
     if (model / "policy").is_dir() and (model / "critic").is_dir() and (d / "start.json").is_file():
         return model
     if d.exists():
         shutil.rmtree(d)  # an interrupted start is redone whole
     t0 = time.perf_counter()
-    sft_cfg = base_config(size, cell, seed, estimator="grpo", loss="token_ppo", group_size=4, sft_steps=s["sft_steps"])
+    seed = START_SEED
+    sft_cfg = base_config(size, cell, seed, estimator="grpo", loss="token_ppo", group_size=4, sft_steps=s["sft_steps"],
+                          sft_target_success=s["sft_target"], eval_episodes=64)
     sft_tr = Trainer(sft_cfg, d / "sft", quiet=True)
     sft = sft_tr.sft()
     models.save(d / "sft_model", sft_tr.policy)
@@ -207,10 +217,10 @@ def make_start(size: str, cell: Cell, seed: int, out: Path) -> Path:
     warm = warm_tr.warmup_critic()
     models.save(d / "tmp_model", warm_tr.policy, warm_tr.critic)
     (d / "tmp_model").rename(model)
-    info = {"sft": sft, "warmup": warm, "seconds": time.perf_counter() - t0,
+    info = {"sft": sft, "warmup": warm, "seconds": time.perf_counter() - t0, "seed": seed,
             "sft_config_hash": sft_cfg.hash(), "warmup_config_hash": warm_cfg.hash()}
     (d / "start.json").write_text(json.dumps(info, indent=1, default=float) + "\n")
-    log(f"start {cell.start_key} seed {seed}: SFT {sft.get('sft_steps')} steps, greedy success "
+    log(f"start {cell.start_key}: SFT {sft.get('sft_steps')} steps, greedy success "
         f"{sft.get('sft_success', math.nan):.3f}; critic warm-up explained variance "
         f"{warm.get('warmup_explained_var', math.nan):.3f} ({info['seconds']:.0f} s)")
     return model
@@ -241,7 +251,7 @@ def run_one(size: str, cell: Cell, method: str, seed: int, out: Path) -> None:
     state = run_state(d, s["iterations"])
     if state == "done":
         return
-    start = make_start(size, cell, seed, out)
+    start = make_start(size, cell, out)
     cfg = run_config(size, cell, method, seed, start)
     t0 = time.perf_counter()
     if state == "partial":
@@ -534,7 +544,12 @@ def main(argv=None) -> int:
     ap.add_argument("--status", action="store_true", help="list each run as done, partial or missing")
     ap.add_argument("--export", type=Path, default=None, help="copy results, tables and figures into this folder")
     ap.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's choice)")
+    ap.add_argument("--cells", nargs="+", default=None, metavar="CELL",
+                    help="run only these cells of the size (e.g. one process per environment on 2 cores)")
     args = ap.parse_args(argv)
+    bad = [c for c in args.cells or () if c not in SIZES[args.size]["cells"]]
+    if bad:
+        ap.error(f"--cells: {bad} not in the {args.size} grid's cells {list(SIZES[args.size]['cells'])}")
     out = args.out or REPO / "runs" / f"learning-{args.size}"
     out.mkdir(parents=True, exist_ok=True)
     if args.threads:
@@ -545,10 +560,10 @@ def main(argv=None) -> int:
         print(status(args.size, out))
         return 0
     if not args.report_only:
-        runs = plan(args.size)
+        runs = plan(args.size, args.cells)
         meta = {"size": args.size, "grid": SIZES[args.size], "runs": len(runs), "python": sys.version.split()[0],
                 "machine": f"{platform.machine()}, {os.cpu_count()} CPUs", "command": " ".join(sys.argv)}
-        (out / "grid.json").write_text(json.dumps(meta, indent=1) + "\n")
+        (out / "grid.json").write_text(json.dumps({**meta, "runs": len(plan(args.size))}, indent=1) + "\n")
         t0 = time.perf_counter()
         log(f"grid {args.size}: {len(runs)} runs into {out}")
         try:

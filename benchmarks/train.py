@@ -45,11 +45,15 @@ def part1(args) -> None:
     print(head)
     print("|" + "|".join(["---"] * (head.count("|") - 1)) + "|")
     for env in ("search", "automation"):
-        cfg = Config(env=env, estimator="mpo", loss="turn_ppo", episodes=64, sft_steps=args.sft_steps,
+        start = _start_of(args, env)
+        cfg = Config(env=env, estimator="mpo", loss="turn_ppo", episodes=64, sft_steps=0 if start else args.sft_steps,
                      sft_target_success=0.4, critic_warmup_steps=0, iterations=1, eval_interval=1, eval_episodes=64,
-                     seed=args.seed)
+                     seed=args.seed, model_dir=start)
         tr = Trainer(cfg, _fresh(args.out / f"phases-{env}"), quiet=True)
-        sft = tr.sft() if args.sft_steps else {"sft_steps": 0, "sft_success": float("nan")}
+        if start:
+            sft = {"sft_steps": f"from {Path(start).parent.name}", "sft_success": tr.evaluate()["eval_success"]}
+        else:
+            sft = tr.sft() if args.sft_steps else {"sft_steps": 0, "sft_success": float("nan")}
         rec = next(tr.iterate(1))
         t = rec["timings"]
         th = rec["throughput"]
@@ -60,13 +64,32 @@ def part1(args) -> None:
               f"{th['update_tokens_per_sec']:.0f} |", flush=True)
 
 
+def _difficulty(args):
+    """``--difficulty`` as a Config value: None, N, or [MIN, MAX]."""
+    d = args.difficulty
+    return None if d is None else d[0] if len(d) == 1 else list(d)
+
+
+def _start_of(args, env: str) -> str | None:
+    """The model folder part 1 starts ``env`` from (``--model-dir ENV=DIR``), or None (SFT first)."""
+    for item in args.model_dir or ():
+        name, _, folder = item.partition("=")
+        if name == env:
+            return folder
+    return None
+
+
 def warm_start(args) -> Path:
     """SFT on search once (to the target success or the step budget); the policy is saved for all runs."""
+    if args.warm_start:
+        print(f"warm start: the model folder {args.warm_start}", flush=True)
+        return Path(args.warm_start)
     folder = args.out / "warm_start"
     if (folder / "policy").is_dir() and not args.redo_sft:
         print(f"warm start: reusing {folder}", flush=True)
         return folder
-    cfg = Config(env="search", estimator="grpo", loss="token_ppo", group_size=4, sft_steps=args.sft_steps_warm,
+    cfg = Config(env="search", difficulty=_difficulty(args), estimator="grpo", loss="token_ppo", group_size=4,
+                 sft_steps=args.sft_steps_warm,
                  sft_target_success=args.sft_target, iterations=0, eval_episodes=64, seed=args.seed)
     t0 = time.perf_counter()
     tr = Trainer(cfg, _fresh(args.out / "sft"), quiet=True)
@@ -79,15 +102,16 @@ def warm_start(args) -> Path:
 
 def part2(args) -> None:
     warm = warm_start(args)
-    print(f"\n## search, from the SFT warm start: greedy eval success (64 held-out tasks) vs wall time, "
-          f"{args.minutes:g} min per algorithm\n", flush=True)
+    turns = "default" if args.difficulty is None else "-".join(map(str, args.difficulty))
+    print(f"\n## search ({turns} expert turns), from the SFT warm start: greedy eval success (64 held-out tasks) "
+          f"vs wall time, {args.minutes:g} min per algorithm\n", flush=True)
     print("| algorithm | iteration | wall min | greedy eval success | rollout success |")
     print("|---|---|---|---|---|", flush=True)
     summary = []
     for name, est, loss, g in ALGOS:
         if args.algos and name not in args.algos:
             continue
-        cfg = Config(env="search", model_dir=str(warm), sft_steps=0, estimator=est, loss=loss, group_size=g,
+        cfg = Config(env="search", difficulty=_difficulty(args), model_dir=str(warm), sft_steps=0, estimator=est, loss=loss, group_size=g,
                      episodes=64, eval_interval=args.eval_interval, eval_episodes=64, iterations=10**6, seed=args.seed)
         t0 = time.perf_counter()
         tr = Trainer(cfg, _fresh(args.out / name), quiet=True)
@@ -117,9 +141,14 @@ def main(argv=None) -> int:
     p.add_argument("--minutes", type=float, default=20.0, help="wall minutes per algorithm in part 2")
     p.add_argument("--eval-interval", type=int, default=3, help="iterations between greedy evaluations (part 2)")
     p.add_argument("--sft-steps", type=int, default=60, help="SFT steps before the timed iteration (part 1)")
-    p.add_argument("--sft-steps-warm", type=int, default=400, help="SFT step budget of the warm start (part 2)")
+    p.add_argument("--model-dir", nargs="*", metavar="ENV=DIR",
+                   help="part 1: start ENV from this model folder (e.g. a learning-grid start) instead of SFT")
+    p.add_argument("--sft-steps-warm", type=int, default=1500, help="SFT step budget of the warm start (part 2)")
     p.add_argument("--sft-target", type=float, default=0.4, help="SFT stops at this greedy success (part 2)")
     p.add_argument("--algos", nargs="*", help="subset of MPO GRPO PPO")
+    p.add_argument("--warm-start", metavar="DIR", help="part 2: start from this model folder instead of SFT")
+    p.add_argument("--difficulty", type=int, nargs="+", default=None, metavar="TURNS",
+                   help="part 2: search's expert turns, N or MIN MAX (default: the environment's)")
     p.add_argument("--redo-sft", action="store_true", help="redo the warm start even if saved")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out", type=Path, default=Path("/tmp/mpo_viz_bench_train"))

@@ -23,6 +23,8 @@ FLAGS = {
     "model_dir": "model_dir", "policy_lr": "policy_lr", "critic_lr": "critic_lr",
     "eval_interval": "eval_interval", "eval_episodes": "eval_episodes", "policy_lag": "policy_lag",
     "kl_coef": "kl_coef", "entropy_coef": "entropy_coef", "device": "device",
+    "sft_lr": "sft_lr", "sft_target_success": "sft_target_success", "sft_noise": "sft_noise",
+    "critic_warmup_steps": "critic_warmup_steps", "critic_warmup_ev": "critic_warmup_ev",
 }
 
 
@@ -123,6 +125,14 @@ def add_subcommand(sub) -> None:
     p.add_argument("--epochs", type=int, help="passes over each iteration's episodes (E)")
     p.add_argument("--minibatches", type=int, help="optimizer steps per epoch (M)")
     p.add_argument("--sft-steps", dest="sft_steps", type=int, help="SFT warm-start step budget (0: none)")
+    p.add_argument("--sft-lr", dest="sft_lr", type=float, help="SFT learning rate")
+    p.add_argument("--sft-target-success", dest="sft_target_success", type=float,
+                   help="SFT stops at this greedy eval success (0..1)")
+    p.add_argument("--sft-noise", dest="sft_noise", type=float, help="noise rate of the imitated expert (0..1)")
+    p.add_argument("--critic-warmup-steps", dest="critic_warmup_steps", type=int,
+                   help="critic warm-up rollouts before RL (0: none)")
+    p.add_argument("--critic-warmup-ev", dest="critic_warmup_ev", type=float,
+                   help="explained variance that ends the critic warm-up")
     p.add_argument("--seed", type=int, help="master seed")
     p.add_argument("--difficulty", help="expert turns per task: N or MIN-MAX")
     p.add_argument("--model-size", dest="model_size", help="tiny policy size: 1m, 3m, 10m")

@@ -322,7 +322,11 @@ class Trainer:
                 batch = self._rollout(cfg.episodes, seed=self._next_seed(), group_size=cfg.group_size)
                 res = compute(batch, cfg.estimator, **cfg.estimator_options)
                 ev = _explained_variance(batch, res.returns)
-                self._say(f"critic warm-up {k + 1}/{steps}: explained variance {ev:.3f} (gate {gate})")
+                if math.isnan(ev):  # every return the same (e.g. no episode succeeded): no variance to explain
+                    self._say(f"critic warm-up {k + 1}/{steps}: the returns are all equal, so explained variance "
+                              f"is undefined and the gate {gate} cannot pass; fitting the critic to them anyway")
+                else:
+                    self._say(f"critic warm-up {k + 1}/{steps}: explained variance {ev:.3f} (gate {gate})")
                 if ev >= gate:
                     break
                 r = rows_of(res.attach(batch))

@@ -82,12 +82,17 @@ def test_launch_stop_and_resume(tmp_path):
     run = tmp_path / "run"
     h = launch(cfg, run)
     metrics = run / "metrics.jsonl"
-    assert _wait_for(lambda: metrics.exists() and metrics.read_text().count("\n") >= 1 or not h.running, 600), h.log()
+    def rl_lines():
+        return [ln for ln in metrics.read_text().splitlines() if '"phase": "rl"' in ln] if metrics.exists() else []
+
+    # wait for two RL iterations (SFT and the critic warm-up write lines of their own first): a stop
+    # that lands between an iteration's metrics line and its checkpoint rolls that line back
+    assert _wait_for(lambda: len(rl_lines()) >= 2 or not h.running, 600), h.log()
     assert h.running, h.log()
     rc = h.stop()
     assert rc == 130 and not h.running, h.log()
     assert "interrupted at iteration" in h.log()
-    done = metrics.read_text().count("\n")
+    done = len(rl_lines())
     tr = Trainer.resume(run, quiet=True)
     assert tr.iteration == done >= 1
     # launching on the same folder continues the run

@@ -26,7 +26,8 @@ import sys
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
-ENV = "automation"
+#: the environment whose run folder ships as ``run/`` (the others as ``run_<env>/``)
+RUN_ENV = "automation"
 
 COMMANDS = [
     # 1. SFT warm start (the run was stopped once SFT had written its checkpoint: the RL part of this
@@ -75,10 +76,11 @@ def extract(run: Path, out: Path = HERE) -> list[Path]:
     files = sorted((run / "trajectories").glob("iter=*.parquet"))
     if not files:
         raise SystemExit(f"{run}: expected trajectories/iter=*.parquet, found none (train first: --commands)")
-    cfg_hash = Config.load(run / "config.json").hash()
-    written = [mv.save(_with_hash(files[0], cfg_hash), out / f"{ENV}_early.parquet"),
-               mv.save(_with_hash(files[-1], cfg_hash), out / f"{ENV}_late.parquet")]
-    dst = out / "run"
+    cfg = Config.load(run / "config.json")
+    cfg_hash, env = cfg.hash(), cfg.env
+    written = [mv.save(_with_hash(files[0], cfg_hash), out / f"{env}_early.parquet"),
+               mv.save(_with_hash(files[-1], cfg_hash), out / f"{env}_late.parquet")]
+    dst = out / ("run" if env == RUN_ENV else f"run_{env}")
     if dst.exists():
         shutil.rmtree(dst)
     (dst / "trajectories").mkdir(parents=True)
