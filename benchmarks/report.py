@@ -165,8 +165,9 @@ def screenshot(path: Path) -> None:
             page.wait_for_function("window.mpoReportReady === true")
             sec = page.locator("section.traj").first
             sec.scroll_into_view_if_needed()
-            page.hover("#strip-0 .mpo-strip-turnstart >> nth=2")
-            page.hover("#strip-0 .mpo-strip-turnstart >> nth=2 >> .mpo-strip-tok >> nth=3")
+            # a token of the last turn: its tooltip opens upwards, over the strip, not over the figure below
+            page.hover("#strip-0 .mpo-strip-turnstart >> nth=-1")
+            page.hover("#strip-0 .mpo-strip-turnstart >> nth=-1 >> .mpo-strip-tok >> nth=3")
             path.parent.mkdir(parents=True, exist_ok=True)
             sec.screenshot(path=str(path))
         finally:

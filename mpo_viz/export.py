@@ -13,7 +13,8 @@ from pathlib import Path
 
 import pandas as pd
 
-__all__ = ["csv_link", "write_tables", "write_figures", "static_export_available", "FIGURE_FORMATS", "MAX_LINK_ROWS"]
+__all__ = ["csv_link", "write_tables", "write_figures", "static_export_available", "FIGURE_FORMATS", "MAX_LINK_ROWS",
+           "NO_RENDERER"]
 
 FIGURE_FORMATS = ("png", "svg", "pdf", "jpeg", "webp")
 MAX_LINK_ROWS = 5000
@@ -48,6 +49,14 @@ def write_tables(tables: dict, folder) -> list[Path]:
     return paths
 
 
+NO_RENDERER = (
+    "static figure export needs a renderer: plotly uses the 'kaleido' package, which is not installed "
+    "(pip install kaleido). Without it, export from the browser: the PNG / SVG buttons of each view (or the "
+    "camera icon of each figure), and the report's PNG / SVG links; tables export as CSV either way "
+    "(export_tables(), the CSV links).")
+"""What :func:`write_figures` raises, and the report's export says, when no renderer is installed."""
+
+
 def static_export_available() -> bool:
     """Whether plotly's static image export has a renderer here (the ``kaleido`` package)."""
     try:
@@ -60,18 +69,17 @@ def static_export_available() -> bool:
 def write_figures(figures: dict, folder, formats=("png", "svg")) -> list[Path]:
     """Write each ``{name: figure}`` as ``folder/<name>.<format>`` with plotly's static export.
 
-    Raises ``ValueError`` for an unknown format and ``RuntimeError`` when no renderer is installed
-    (in the browser, the view's PNG / SVG buttons export the same figures without one).
+    Raises ``ValueError`` for an unknown format, ``RuntimeError`` (:data:`NO_RENDERER`) when no
+    renderer is installed, and ``RuntimeError`` naming the figure and format when the renderer is
+    there but fails (kaleido 1.x drives a Chrome it must find). In the browser, the view's PNG / SVG
+    buttons export the same figures without a renderer.
     """
     formats = (formats,) if isinstance(formats, str) else tuple(formats)
     bad = [f for f in formats if f not in FIGURE_FORMATS]
     if bad:
         raise ValueError(f"formats: expected some of {FIGURE_FORMATS}, found {bad}")
     if not static_export_available():
-        raise RuntimeError(
-            "static figure export needs a renderer: plotly uses the 'kaleido' package, which is not installed "
-            "(pip install kaleido). Without it, export from the browser: the view's PNG / SVG buttons, or the "
-            "camera icon of each figure; tables export as CSV with export_tables() either way.")
+        raise RuntimeError(NO_RENDERER)
     import plotly.graph_objects as go
 
     out = Path(folder)
@@ -80,8 +88,12 @@ def write_figures(figures: dict, folder, formats=("png", "svg")) -> list[Path]:
     for name, fig in figures.items():
         for fmt in formats:
             p = out / f"{_slug(name)}.{fmt}"
-            go.Figure(fig).write_image(str(p), format=fmt)
+            try:
+                go.Figure(fig).write_image(str(p), format=fmt)
+            except Exception as exc:  # noqa: BLE001 - the renderer's own errors vary by version
+                raise RuntimeError(
+                    f"static figure export: the renderer (kaleido) failed on figure {name!r} as {fmt} "
+                    f"({type(exc).__name__}: {exc}). kaleido 1.x needs a Chrome or Chromium it can find; the "
+                    "browser's PNG / SVG buttons export without it.") from exc
             paths.append(p)
     return paths
-
-

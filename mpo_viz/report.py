@@ -30,7 +30,7 @@ from mpo_viz import analysis as an
 from mpo_viz.io import count_rows, scan
 from mpo_viz.version import __version__
 
-__all__ = ["ReportConfig", "build_report", "write_report"]
+__all__ = ["ReportConfig", "build_report", "write_report", "ExportWarning"]
 
 
 @dataclass
@@ -510,9 +510,14 @@ def _has_tokens(b) -> bool:
     return b.has("response_tokens") and b.field("response_tokens")[0] is not None
 
 
+class ExportWarning(RuntimeWarning):
+    """The report's ``export_dir`` wrote the tables but not the figures (no static renderer)."""
+
+
 def _export(folder, tables: dict, figures: dict) -> str:
     """Write the report's tables as CSV and, with a renderer, its figures as PNG and SVG into
-    ``folder``; returns a note for the footer. Without a renderer: a warning that says so."""
+    ``folder``; returns a note for the footer. Without a renderer: an :class:`ExportWarning` that
+    says what was written, what to install, and that the page's PNG / SVG links still work."""
     import warnings
 
     from mpo_viz.export import static_export_available, write_figures, write_tables
@@ -521,9 +526,10 @@ def _export(folder, tables: dict, figures: dict) -> str:
     if static_export_available():
         paths += write_figures(figures, folder, ("png", "svg"))
         return f" · exported {len(paths)} files to {folder}"
-    warnings.warn(f"export_dir: wrote {len(paths)} tables as CSV to {folder}, but no figures: static figure export "
-                  "needs plotly's renderer, the 'kaleido' package (pip install kaleido); the report's PNG / SVG "
-                  "links export them from the browser", RuntimeWarning, stacklevel=3)
+    warnings.warn(f"export: wrote {len(paths)} tables as CSV to {folder}, but not the {len(figures)} figures: "
+                  "static figure export needs plotly's renderer, the 'kaleido' package (pip install kaleido). "
+                  "The report's PNG / SVG links under each figure export them from the browser without it.",
+                  ExportWarning, stacklevel=3)
     return f" · exported {len(paths)} tables (CSV) to {folder}; figures: no static renderer (kaleido) installed"
 
 

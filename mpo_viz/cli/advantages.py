@@ -11,6 +11,7 @@ Bad input: the loader's message on one line, exit code 1, no traceback.
 from __future__ import annotations
 
 import argparse
+import sys
 import time
 
 __all__ = ["add_subcommand"]
@@ -96,8 +97,19 @@ def cmd_report(args) -> int:
                        n_disagreed=args.n_disagreed, title=args.title, max_tokens=args.max_tokens,
                        progress=False if args.no_progress else None, tokenizer=args.tokenizer,
                        export_dir=args.export)
+    import warnings
+
+    from mpo_viz.report import ExportWarning
+
     t = time.perf_counter()
-    p = write_report(args.path, args.output, cfg)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always", ExportWarning)
+        p = write_report(args.path, args.output, cfg)
+    for w in caught:  # the export's note as a plain line, other warnings as Python shows them
+        if issubclass(w.category, ExportWarning):
+            print(f"note: {w.message}", file=sys.stderr)
+        else:
+            warnings.showwarning(w.message, w.category, w.filename, w.lineno)
     print(f"wrote {p} ({p.stat().st_size / 1e6:.1f} MB, {time.perf_counter() - t:.1f}s); open it in a browser (works offline)")
     return 0
 

@@ -119,7 +119,7 @@ def strip_css() -> str:
 def strip_js(*, module: bool = True) -> str:
     """The strip's JavaScript.
 
-    ``module=True``: the ES module text (exports ``mount``, ``render``, default ``{render, mount}``),
+    ``module=True``: the ES module text (exports ``mount`` and the default ``{render, mount}``),
     for anywidget's ``_esm``. ``module=False``: a classic script for inlining into a page without
     imports; it defines ``window.mpoStrip = {mount, render}``.
     """

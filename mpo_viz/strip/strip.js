@@ -465,9 +465,10 @@ export function mount(el, payload, options = {}) {
   };
 }
 
-// anywidget entry point: the model has a "payload" trait (JSON string or object) and optionally a
-// "channel" trait kept in sync both ways.
-export function render({ model, el }) {
+// anywidget entry point, reached through the module's default object only (anywidget treats a
+// top-level named render as its deprecated form and warns once per model): the model has a
+// "payload" trait (JSON string or object) and optionally a "channel" trait kept in sync both ways.
+function render({ model, el }) {
   const read = () => model.get("payload");
   const has = (k) => {
     try {

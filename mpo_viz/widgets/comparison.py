@@ -19,13 +19,13 @@ import time
 
 import ipywidgets as W
 import numpy as np
-import plotly.graph_objects as go
 
 from mpo_viz import analysis as an
 from mpo_viz import plots
 from mpo_viz.strip import strip_payload
 from mpo_viz.widgets.engine import AdvantageEngine, ParamControls, default_estimators
 from mpo_viz.widgets.explorer import as_batch, frame_html, opts_text, trajectory_table
+from mpo_viz.widgets.figure import FigureWidget
 from mpo_viz.widgets.picker import TrajectoryPicker
 from mpo_viz.widgets.snapshot import Snapshot
 from mpo_viz.widgets.strip_widget import StripWidget
@@ -120,7 +120,7 @@ class EstimatorComparison(W.VBox):
                                              "</span>")
         bars = plots.estimator_comparison(self._sub, 0, adv)
         if new_row or self.figure is None:
-            self.figure = go.FigureWidget(bars)
+            self.figure = FigureWidget(bars)
             self.figure_box.children = (self.figure,)
         else:
             with self.figure.batch_update():

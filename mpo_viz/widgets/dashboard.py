@@ -26,6 +26,7 @@ import numpy as np
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
+from mpo_viz.widgets.figure import FigureWidget
 from mpo_viz.widgets.snapshot import Snapshot
 
 __all__ = ["TrainingDashboard", "read_metrics", "PANELS", "panel_of"]
@@ -140,7 +141,7 @@ class TrainingDashboard(W.VBox):
         self._keys: tuple = ()
         self._task = None
         self.config: dict = {}
-        self.figure: go.FigureWidget | None = None
+        self.figure: FigureWidget | None = None
         self.figure_box = W.VBox(layout=W.Layout(width="100%"))  # a column: the figure takes the full width
         self.status = W.HTML()
         self.config_html = W.HTML()
@@ -256,7 +257,7 @@ class TrainingDashboard(W.VBox):
         layout_keys = tuple((i, tuple(ks)) for i, ks in sorted(keys.items()))
         if self.figure is None or layout_keys != self._keys:
             self._keys = layout_keys
-            self.figure = go.FigureWidget(self._build(x, keys, ys))
+            self.figure = FigureWidget(self._build(x, keys, ys))
             self.figure_box.children = (self.figure,)
             return
         with self.figure.batch_update():
@@ -368,8 +369,11 @@ class TrainingDashboard(W.VBox):
 
 
 def _kv_html(d: dict) -> str:
+    """The config as name/value pairs in newspaper columns (a run's config has ~60 fields: one long
+    table would be taller than the curves above it)."""
     import html
 
-    rows = "".join(f"<tr><td style='color:#555;padding-right:12px'>{html.escape(str(k))}</td>"
-                   f"<td>{html.escape(json.dumps(v) if not isinstance(v, str) else v)}</td></tr>" for k, v in d.items())
-    return f"<table style='font-size:12px'>{rows}</table>"
+    items = "".join(f"<div style='break-inside:avoid;padding:1px 0;overflow-wrap:anywhere'><span style='color:#555;padding-right:8px'>"
+                    f"{html.escape(str(k))}</span>{html.escape(json.dumps(v) if not isinstance(v, str) else v)}</div>"
+                    for k, v in d.items())
+    return f"<div class='mpo-config' style='font-size:12px;columns:280px;column-gap:24px'>{items}</div>"

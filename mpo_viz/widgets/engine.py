@@ -86,7 +86,9 @@ class ParamControls(W.VBox):
     range gets a slider, other numbers a text box, a choice a menu, a flag a checkbox; an option's
     initial value is the default of the first estimator taking it, unless given in ``initial``.
     ``options`` (dict) is the current setting; ``on_change(callback)`` calls ``callback(options)``
-    after any control changes; ``set(**options)`` sets several controls and fires once.
+    after any control changes; ``set(**options)`` sets several controls and fires once (a split
+    option needs ``estimator=``, see :meth:`set`); ``reset(*names)`` puts controls back to their
+    estimators' defaults.
     Sliders update on release (``continuous_update=False``) so a drag recomputes once.
     """
 
@@ -148,18 +150,57 @@ class ParamControls(W.VBox):
         for cb in self._callbacks:
             cb(opts)
 
-    def set(self, **options) -> None:
-        """Set controls and fire once. A plain option name (``lam``) sets every control of that
-        option (each estimator group's); ``set(**{"lam@gae": 0.9})`` sets one."""
-        keys = {k: [c for c in self.controls if c == k or c.split("@")[0] == k] for k in options}
+    def keys_of(self, name: str, estimator: str | None = None) -> list[str]:
+        """The control keys of option ``name`` (``["lam@mpo", "lam@gae"]``, ``["beta"]``); with
+        ``estimator``, only the one whose group of estimators includes it."""
+        keys = [c for c in self.controls if c == name or c.split("@")[0] == name]
+        return [c for c in keys if estimator in self.groups[c]] if estimator is not None else keys
+
+    def set(self, *, estimator: str | None = None, **options) -> None:
+        """Set controls and fire once.
+
+        A plain option name sets its control when one control holds it for every estimator taking
+        it (``beta``; ``gamma``, shared by mpo and gae). Where the estimators split an option (λ:
+        mpo's within-turn λ, default 0.95, and gae's token λ, default 1, are two controls), a plain
+        name is ambiguous: say which with ``estimator="mpo"`` (the control of mpo's group) or with the
+        key itself, ``set(**{"lam@gae": 0.9})``; a plain split name alone raises ``ValueError``.
+        ``estimator`` applies to every plain name given; a shared control (γ) still moves every
+        estimator of its group."""
+        if estimator is not None and estimator not in {n for g in self.groups.values() for n in g}:
+            raise ValueError(f"estimator: expected one of {', '.join(dict.fromkeys(n for g in self.groups.values() for n in g))}, "
+                             f"found {estimator!r}")
+        keys = {k: self.keys_of(k, estimator if "@" not in k else None) for k in options}
         unknown = [k for k, cs in keys.items() if not cs]
+        if unknown:
+            whose = f" for {estimator}" if estimator is not None else ""
+            raise ValueError(f"options: unknown{whose} {', '.join(map(repr, unknown))}; valid: {', '.join(self.controls)}")
+        split = {k: cs for k, cs in keys.items() if len(cs) > 1}
+        if split:
+            k, cs = next(iter(split.items()))
+            groups = "; ".join(f"{c}: {'+'.join(self.groups[c])}, default {self.spec[c].default:g}"
+                               if isinstance(self.spec[c].default, float) else f"{c}: {'+'.join(self.groups[c])}"
+                               for c in cs)
+            raise ValueError(f"options: {k!r} is a separate control per estimator here ({groups}); say which: "
+                             f"set({k}=…, estimator={self.groups[cs[0]][0]!r}) or set(**{{{cs[0]!r}: …}})")
+        self._muted = True
+        try:
+            for k, v in options.items():
+                self.controls[keys[k][0]].value = v
+        finally:
+            self._muted = False
+        self._changed()
+
+    def reset(self, *names: str) -> None:
+        """Put the controls of ``names`` (option names or control keys; none: every control) back to
+        their estimators' own defaults (``lam@mpo`` to 0.95, ``lam@gae`` to 1) and fire once."""
+        keys = [c for n in names for c in self.keys_of(n)] if names else list(self.controls)
+        unknown = [n for n in names if not self.keys_of(n)]
         if unknown:
             raise ValueError(f"options: unknown {', '.join(map(repr, unknown))}; valid: {', '.join(self.controls)}")
         self._muted = True
         try:
-            for k, v in options.items():
-                for c in keys[k]:
-                    self.controls[c].value = v
+            for c in keys:
+                self.controls[c].value = self.spec[c].default
         finally:
             self._muted = False
         self._changed()

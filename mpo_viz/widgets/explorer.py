@@ -20,12 +20,12 @@ from pathlib import Path
 import ipywidgets as W
 import numpy as np
 import pandas as pd
-import plotly.graph_objects as go
 
 from mpo_viz import analysis as an
 from mpo_viz import plots
 from mpo_viz.strip import payload_from_arrays, strip_payload
 from mpo_viz.widgets.engine import AdvantageEngine, ParamControls, default_estimators
+from mpo_viz.widgets.figure import FigureWidget
 from mpo_viz.widgets.picker import TrajectoryPicker
 from mpo_viz.widgets.snapshot import Snapshot
 from mpo_viz.widgets.strip_widget import StripWidget
@@ -142,7 +142,7 @@ class TrajectoryExplorer(W.VBox):
         self.picker = TrajectoryPicker(trajectory_table(self.batch, self._adv()), page_size=page_size,
                                        sort_by="reward", descending=True)
         self.strip = StripWidget(height=strip_height)
-        self.figure: go.FigureWidget | None = None
+        self.figure: FigureWidget | None = None
         self.figure_box = W.VBox(layout=W.Layout(width="100%"))  # a column: the figure takes the full width
         self.turns = W.HTML(layout=W.Layout(overflow="auto", max_width="100%", max_height="360px"))
         self.turns.add_class("mpo-turns")
@@ -241,7 +241,7 @@ class TrajectoryExplorer(W.VBox):
         fig = self._figure_from_parts(parts)
         if self.figure_width:
             fig.update_layout(width=self.figure_width)
-        self.figure = go.FigureWidget(fig)
+        self.figure = FigureWidget(fig)
         self.figure_box.children = (self.figure,)
 
     def _figure_from_parts(self, parts: dict):

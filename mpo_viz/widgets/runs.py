@@ -14,9 +14,9 @@ import math
 from pathlib import Path
 
 import ipywidgets as W
-import plotly.graph_objects as go
 
 from mpo_viz.widgets.dashboard import panel_of, read_metrics
+from mpo_viz.widgets.figure import FigureWidget
 
 __all__ = ["RunComparison", "run_label"]
 
@@ -66,7 +66,7 @@ class RunComparison(W.VBox):
         self.x = W.Dropdown(description="x", options=[(v, k) for k, v in X_AXES.items()], value=x,
                             layout=W.Layout(width="280px"))
         self.refresh_button = W.Button(description="refresh", layout=W.Layout(width="90px"))
-        self.figure = go.FigureWidget()
+        self.figure = FigureWidget()
         self.figure.update_layout(height=380, margin=dict(l=50, r=20, t=30, b=40), template="plotly_white")
         for label in self.labels:
             self.figure.add_scatter(x=[], y=[], mode="lines+markers", name=label, marker=dict(size=5))

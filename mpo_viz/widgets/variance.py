@@ -12,11 +12,11 @@ trajectories the scatter leaves out (zero statistics cannot sit on log axes, and
 from __future__ import annotations
 
 import ipywidgets as W
-import plotly.graph_objects as go
 
 from mpo_viz import analysis as an
 from mpo_viz import plots
 from mpo_viz.widgets.explorer import TrajectoryExplorer, as_batch
+from mpo_viz.widgets.figure import FigureWidget
 from mpo_viz.widgets.picker import TrajectoryPicker
 from mpo_viz.widgets.snapshot import Snapshot
 
@@ -41,8 +41,9 @@ class VarianceView(W.Box):
         self.table = an.value_variance(self.batch)
         self.summary = an.variance_summary(self.table)
         fig = plots.across_within(self.table, max_points=max_points, source=an.values_source(self.batch))
-        fig.update_layout(clickmode="event", title_font_size=13)
-        self.figure = go.FigureWidget(fig)
+        # 400+ points: a tall plot at the full width of its column (translucent markers, see across_within)
+        fig.update_layout(clickmode="event", title_font_size=13, height=560)
+        self.figure = FigureWidget(fig)
         self.figure.data[0].on_click(self._clicked)
         t = self.table[["traj_id", "reward", "n_turns", "across", "within", "ratio"]].copy()
         t.insert(0, "row", range(len(t)))

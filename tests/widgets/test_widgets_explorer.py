@@ -72,9 +72,14 @@ def test_slider_recomputes_strip_figure_and_turn_table(batch):
     n = int(batch.lengths[2])
     act = batch.mask[2, :n].numpy() != 0
     before = _channel(ex.strip.payload_dict, "adv_mpo", n)
-    ex.params.set(beta=0.25, lam=0.8, turn_lam=0.6)
+    # λ is two controls (mpo's within-turn λ, gae's token λ): a plain `lam` must say whose
+    with pytest.raises(ValueError, match=r"'lam' is a separate control per estimator here \(lam@mpo: mpo, default "
+                                         r"0.95; lam@gae: gae, default 1\); say which"):
+        ex.params.set(beta=0.25, lam=0.8)
+    assert ex.params.options["beta"] == 1.0  # nothing was set
+    ex.params.set(beta=0.25, lam=0.8, turn_lam=0.6, estimator="mpo")
     opts = {**ex.params.options}
-    assert opts["beta"] == 0.25 and opts["lam@mpo"] == opts["lam@gae"] == 0.8  # set(lam=…) sets both λ controls
+    assert opts["beta"] == 0.25 and opts["lam@mpo"] == 0.8 and opts["lam@gae"] == 1.0  # gae keeps its own λ
     ref = {k: _expected(batch, k, **opts) for k in ("mpo", "gae", "grpo")}
     p = json.loads(ex.strip.payload)  # what the browser receives
     for k, r in ref.items():
@@ -203,3 +208,14 @@ def test_each_estimator_starts_from_its_own_defaults(batch):
     ex.params.set(**{"lam@gae": 0.5})
     assert torch.equal(ex.results["mpo"][0], before)
     assert torch.equal(ex.results["gae"][0], adv.compute(batch, "gae", lam=0.5).advantages)
+    # reset: each control back to its own estimator's default, so every result equals compute()'s
+    ex.params.set(lam=0.3, estimator="mpo")
+    ex.params.reset("lam")
+    assert ex.params.options["lam@mpo"] == 0.95 and ex.params.options["lam@gae"] == 1.0
+    ex.params.reset()
+    for name in ex.names:
+        assert torch.equal(ex.results[name][0], adv.compute(batch, name).advantages), name
+    with pytest.raises(ValueError, match="estimator: expected one of mpo, gae"):
+        ex.params.set(lam=0.5, estimator="ppo")
+    with pytest.raises(ValueError, match="unknown for gae 'beta'"):
+        ex.params.set(beta=0.5, estimator="gae")

@@ -51,7 +51,7 @@ def test_comparison_strips_share_one_absolute_scale(batch):
             assert "absolute" in info[f"adv_{k}"]["scale_note"]
     # the number stays when the row and the sliders change (same value -> same colour)
     cmp.select(5)
-    cmp.params.set(beta=0.0, lam=0.5)
+    cmp.params.set(beta=0.0, lam=0.5, estimator="mpo")
     for w in cmp.strips.values():
         assert w.payload_dict["channel_info"]["adv_mpo"]["scale"] == pytest.approx(expected, rel=1e-3)
     # "shared": recomputed for the trajectory shown, the largest of the estimators' 99th percentiles

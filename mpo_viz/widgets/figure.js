@@ -1,0 +1,57 @@
+// mpo_viz figure widget: plotly's own FigureWidget front end, with two changes.
+//
+// 1. Imported once per page. anywidget imports a widget's ES module afresh for every model (a new
+//    blob URL each time), and plotly's module is ~5 MB: reopening a notebook with a live kernel
+//    creates every figure model at once, the imports queue on the main thread, and each model that
+//    is not ready within anywidget's 2 s limit logs "[anywidget] Failed to initialize model" and
+//    drops the kernel's later messages to it. Here every figure model shares one import of plotly's
+//    module (its source comes in the `_plotly_esm` trait).
+// 2. Sized to its output. plotly draws into the view's element before the page attaches it; with no
+//    width there it takes its 700 px default. A ResizeObserver redraws the figure at the element's
+//    width once it has one (and when the output is resized); the layout's height is kept. Figures
+//    given an explicit layout width keep it.
+
+const KEY = Symbol.for("mpo_viz.plotly_widget_module");
+
+function plotlyModule(source) {
+  const g = globalThis;
+  if (!g[KEY]) {
+    if (!source) throw new Error("mpo_viz figure: the model has no plotly module source (_plotly_esm is empty)");
+    const url = URL.createObjectURL(new Blob([source], { type: "text/javascript" }));
+    g[KEY] = import(/* webpackIgnore: true */ /* @vite-ignore */ url).finally(() => URL.revokeObjectURL(url));
+  }
+  return g[KEY];
+}
+
+function fit(gd) {
+  const w = gd.clientWidth;
+  const full = gd._fullLayout;
+  if (!(w > 0) || !full || (gd.layout && gd.layout.width)) return;
+  // plotly's own resize handler (config.responsive): relayout with autosize, width from the element
+  if (Math.abs(full.width - w) > 2 && typeof gd._responsiveChartHandler === "function") gd._responsiveChartHandler();
+}
+
+export default () => {
+  let inner = null;
+  return {
+    async initialize(ctx) {
+      const mod = await plotlyModule(ctx.model.get("_plotly_esm"));
+      inner = typeof mod.default === "function" ? mod.default() : mod.default;
+      if (!inner || !inner.render) throw new Error("mpo_viz figure: plotly's widget module has no default export with render()");
+      return inner.initialize ? inner.initialize(ctx) : undefined;
+    },
+    render(ctx) {
+      const cleanup = inner.render(ctx);
+      const gd = ctx.el;
+      let ro = null;
+      if (typeof ResizeObserver !== "undefined") {
+        ro = new ResizeObserver(() => fit(gd));
+        ro.observe(gd);
+      }
+      return () => {
+        if (ro) ro.disconnect();
+        if (typeof cleanup === "function") cleanup();
+      };
+    },
+  };
+};
