@@ -1,22 +1,24 @@
-"""Write trajectories/trained/ from a real MPO training run of the trainer: the rollouts of an early and
+"""Write trajectories/trained/ from real MPO training runs of the trainer: the rollouts of an early and
 a late RL iteration (learned critic values, real log-probs, the advantages trained on, oracle columns)
-and a small copy of the run folder for the dashboard.
+and a small copy of each run folder for the dashboard.
 
-The run (commands in trajectories/README.md; ``--commands`` prints them): an SFT warm start on the
-noisy expert, its policy saved as a model folder (``--sft-model``), then RL with mpo + turn_ppo from
-that folder with the config ``automation_rl.json`` beside this script. Then the extraction:
+The runs (``--commands`` prints the commands; trajectories/README.md explains them) start from the
+shared SFT + critic warm-up starts of ``benchmarks/learning.py --size small``:
 
-    python trajectories/trained/make_trained.py runs/trained/automation_rl
+* ``search`` (2–3 expert turns): the learning grid's seed-0 MPO run itself (8 iterations × 16
+  episodes);
+* ``automation``: a longer critic warm-up (30 rollouts at critic lr 1e-3, so that the critic explains
+  part of the returns) and 6 iterations × 32 episodes of mpo + turn_ppo from the grid's start.
 
-writes, from that run folder:
+Then the extraction, per run folder:
 
-    automation_early.parquet   the rollout of RL iteration 1 (right after the critic warm-up)
-    automation_late.parquet    the rollout of the last RL iteration
-    run/                       config.json, metrics.jsonl (every iteration) and the trajectories of
-                               the first, middle and last iteration; no checkpoints
+    python trajectories/trained/make_trained.py RUN_DIR
 
-Each Parquet file keeps its metadata (estimator, options, iteration) and gains ``config_hash``. The
-extraction is deterministic: the same run folder gives the same files.
+writes ``ENV_early.parquet`` (the first saved RL iteration), ``ENV_late.parquet`` (the last), and the
+run folder without checkpoints — config.json, metrics.jsonl (every iteration) and the trajectories of
+the first, middle and last saved iteration — as ``run/`` (automation) or ``run_ENV/``. Each Parquet
+file keeps its metadata (estimator, options, iteration) and gains ``config_hash``. The extraction is
+deterministic: the same run folder gives the same files.
 """
 
 from __future__ import annotations
@@ -30,35 +32,19 @@ HERE = Path(__file__).resolve().parent
 RUN_ENV = "automation"
 
 COMMANDS = [
-    # 1. SFT warm start (the run was stopped once SFT had written its checkpoint: the RL part of this
-    #    config was not used; its critic warm-up had not finished)
-    "mpo-viz train --env automation --estimator mpo --loss turn_ppo --model-size 1m --episodes 16 --group-size 4 "
-    "--iterations 10 --eval-interval 5 --eval-episodes 16 --seed 0 --sft-steps 100 --run-dir runs/trained/automation",
-    # 2. its post-SFT policy as a model folder
-    "python trajectories/trained/make_trained.py --sft-model runs/trained/automation runs/trained/automation_sft",
-    # 3. critic warm-up and RL from that model folder
-    "mpo-viz train --config trajectories/trained/automation_rl.json --run-dir runs/trained/automation_rl",
+    # 1. the learning grid's search cells: SFT + critic warm-up start, then every method and seed
+    "python benchmarks/learning.py --size small --threads 1 --cells search search-g1",
+    # 2. the grid's automation cells (their start is what the automation run below starts from)
+    "python benchmarks/learning.py --size small --threads 1 --cells automation automation-g1",
+    # 3. automation: a longer critic warm-up and 6 RL iterations from the grid's start
+    "mpo-viz train --env automation --estimator mpo --loss turn_ppo --model-dir "
+    "runs/learning-small/starts/automation/model --sft-steps 0 --critic-warmup-steps 30 --critic-lr 1e-3 "
+    "--iterations 6 --episodes 32 --group-size 4 --eval-interval 3 --eval-episodes 32 --seed 0 "
+    "--run-dir runs/trained/automation",
     # 4. the files shipped here
-    "python trajectories/trained/make_trained.py runs/trained/automation_rl",
+    "python trajectories/trained/make_trained.py runs/learning-small/runs/search/mpo/seed=0",
+    "python trajectories/trained/make_trained.py runs/trained/automation",
 ]
-
-
-def sft_model(run: Path, out: Path) -> Path:
-    """The policy of a run folder right after its SFT warm start (its iteration-0 checkpoint, written
-    before the critic warm-up) as a model folder that a config's ``model_dir`` can start from."""
-    from mpo_viz import models
-    from mpo_viz.envs.registry import make_env
-    from mpo_viz.envs.tokenizer import build_tokenizer
-    from mpo_viz.train import Config
-    from mpo_viz.train.checkpoint import load_checkpoint
-
-    cfg = Config.load(run / "config.json")
-    ck = load_checkpoint(run / "checkpoints" / "iter=000000")
-    if not (ck.state.get("sft_done") and not ck.state.get("critic_warm")):
-        raise SystemExit(f"{run}: expected the iteration-0 checkpoint written after SFT and before the critic warm-up")
-    policy = models.tiny_policy(build_tokenizer(make_env(cfg.env)), size=cfg.model_size, seed=cfg.seed)
-    ck.load_weights("policy", policy.model)
-    return models.save(out, policy)
 
 
 def _with_hash(path: Path, cfg_hash: str):
@@ -98,9 +84,6 @@ def main(argv: list[str]) -> int:
         return 0
     if argv[0] == "--commands":
         print("\n".join(COMMANDS))
-        return 0
-    if argv[0] == "--sft-model":
-        print(sft_model(Path(argv[1]), Path(argv[2])))
         return 0
     written = extract(Path(argv[0]))
     for p in written:
