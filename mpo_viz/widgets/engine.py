@@ -84,7 +84,9 @@ class ParamControls(W.VBox):
 
     Derived from the declarations (:func:`mpo_viz.advantages.vocabulary`): a float with a slider
     range gets a slider, other numbers a text box, a choice a menu, a flag a checkbox; an option's
-    initial value is the default of the first estimator taking it, unless given in ``initial``.
+    initial value is its estimators' default unless given in ``initial`` — by option name
+    (``beta=0.5``) or, for an option that is a separate control per estimator, by control key
+    (``**{"lam@mpo": 0.9}``; a plain ``lam=`` is refused there, as in :meth:`set`).
     ``options`` (dict) is the current setting; ``on_change(callback)`` calls ``callback(options)``
     after any control changes; ``set(**options)`` sets several controls and fires once (a split
     option needs ``estimator=``, see :meth:`set`); ``reset(*names)`` puts controls back to their
@@ -95,9 +97,6 @@ class ParamControls(W.VBox):
     def __init__(self, estimators=None, **initial):
         names = registry.parse_names(estimators if estimators is not None else registry.DEFAULT_ESTIMATORS)
         vocab = {k: o for k, o in registry.vocabulary(names).items() if o.kind != "any"}
-        unknown = [k for k in initial if k not in vocab]
-        if unknown:
-            raise ValueError(f"options: unknown {', '.join(map(repr, unknown))}; valid: {', '.join(vocab)}")
         # one control per (option, group of estimators that give it the same meaning and default)
         self.spec: dict[str, registry.Option] = {}
         self.groups: dict[str, tuple[str, ...]] = {}
@@ -115,9 +114,18 @@ class ParamControls(W.VBox):
                 ck = key if len(groups) == 1 else f"{key}@{'+'.join(members)}"
                 self.spec[ck] = o
                 self.groups[ck] = tuple(members)
+        unknown = [k for k in initial if k not in vocab and k not in self.spec]
+        if unknown:
+            raise ValueError(f"options: unknown {', '.join(map(repr, unknown))}; valid: {', '.join(vocab)} "
+                             f"(or a control key: {', '.join(k for k in self.spec if '@' in k) or 'none here'})")
+        for k in initial:  # a plain name that is a separate control per estimator: the same rule as set()
+            split = [c for c in self.spec if "@" in c and c.split("@")[0] == k]
+            if split and k not in self.spec:
+                raise ValueError(f"options: {k!r} is a separate control per estimator here "
+                                 f"({', '.join(split)}); give the control key, e.g. **{{{split[0]!r}: …}}")
         self.controls: dict[str, W.ValueWidget] = {}
         for ck, o in self.spec.items():
-            value = initial.get(ck.split("@")[0])
+            value = initial.get(ck, initial.get(ck.split("@")[0]))
             value = o.default if value is None else o.check(value)
             label = o.display if "@" not in ck else f"{o.display} · {'+'.join(self.groups[ck])}"
             self.controls[ck] = _control(o, value, label, f"{o.doc} — used by {', '.join(self.groups[ck])}")

@@ -217,5 +217,13 @@ def test_each_estimator_starts_from_its_own_defaults(batch):
         assert torch.equal(ex.results[name][0], adv.compute(batch, name).advantages), name
     with pytest.raises(ValueError, match="estimator: expected one of mpo, gae"):
         ex.params.set(lam=0.5, estimator="ppo")
+    # at construction the same rule: a split option by its control key, a plain name refused
+    ex2 = TrajectoryExplorer(batch, estimators=["mpo", "gae", "grpo"], **{"lam@mpo": 0.5}, beta=0.25)
+    assert ex2.params.options["lam@mpo"] == 0.5 and ex2.params.options["lam@gae"] == 1.0
+    assert ex2.params.options["beta"] == 0.25
+    assert torch.equal(ex2.results["gae"][0], adv.compute(batch, "gae").advantages)
+    assert torch.equal(ex2.results["mpo"][0], adv.compute(batch, "mpo", lam=0.5, beta=0.25).advantages)
+    with pytest.raises(ValueError, match="'lam' is a separate control per estimator here"):
+        TrajectoryExplorer(batch, estimators=["mpo", "gae"], lam=0.5)
     with pytest.raises(ValueError, match="unknown for gae 'beta'"):
         ex.params.set(beta=0.5, estimator="gae")
