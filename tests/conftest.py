@@ -29,6 +29,23 @@ def pytest_report_header(config):
     return None
 
 
+@pytest.fixture(scope="session")
+def load_script():
+    """``load_script(path, name)``: a repository script that is not a package module
+    (``benchmarks/*.py``, ``trajectories/**/make_*.py``) imported from its path as module ``name``
+    (registered in ``sys.modules``, so that its dataclasses resolve their module)."""
+    import sys
+
+    def load(path, name):
+        spec = importlib.util.spec_from_file_location(name, path)
+        mod = importlib.util.module_from_spec(spec)
+        sys.modules[name] = mod
+        spec.loader.exec_module(mod)
+        return mod
+
+    return load
+
+
 @pytest.fixture(scope="module")
 def one_thread():
     """Torch on one thread for the module: tiny models are overhead-bound, and a second thread only

@@ -8,7 +8,6 @@ recorded in made_with.json are the script's.
 
 from __future__ import annotations
 
-import importlib.util
 import json
 from pathlib import Path
 
@@ -37,13 +36,6 @@ def records():
 @pytest.fixture(scope="module")
 def steps():
     return {int(p.stem.split("=")[1]): mv.load(p) for p in sorted((RUN / "trajectories").glob("iter=*.parquet"))}
-
-
-def script():
-    spec = importlib.util.spec_from_file_location("make_verl_run", HERE / "make_verl_run.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
 
 
 def turns_of(mask_row):
@@ -83,8 +75,8 @@ def test_trajectories_are_v1_from_verl(steps, records):
         assert set(counts) == {4}
 
 
-def test_settings_are_the_scripts(made_with, records, steps):
-    mod = script()
+def test_settings_are_the_scripts(made_with, records, steps, load_script):
+    mod = load_script(HERE / "make_verl_run.py", "make_verl_run")
     cfg = Config(**mod.CONFIG)
     assert made_with["trainer_config_hash"] == cfg.hash() and made_with["trainer_config"] == cfg.to_dict()
     assert made_with["verl_overrides"] == mod.OVERRIDES + mod.VERL_REQUIRED and made_with["iterations"] == mod.ITERATIONS == len(records)

@@ -1,7 +1,6 @@
 """The shipped sample logs: reproducible from their script, and every framework's layout of the same
 episodes converts to the same trajectories (token ids, turns, total rewards)."""
 
-import importlib.util
 import math
 
 import numpy as np
@@ -11,15 +10,13 @@ from conftest import SAMPLES
 from mpo_viz.adapters import from_art, from_chat, from_skyrl, from_steps, from_trl, from_verl
 
 
-def make_samples():
-    spec = importlib.util.spec_from_file_location("make_samples", SAMPLES / "make_samples.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+@pytest.fixture(scope="module")
+def make_samples(load_script):
+    return load_script(SAMPLES / "make_samples.py", "make_samples")
 
 
-def test_samples_regenerate_identically(tmp_path):
-    make_samples().main(tmp_path)
+def test_samples_regenerate_identically(tmp_path, make_samples):
+    make_samples.main(tmp_path)
     shipped = sorted(p.relative_to(SAMPLES) for p in SAMPLES.rglob("*") if p.is_file() and p.suffix != ".py"
                      and "__pycache__" not in p.parts)
     made = sorted(p.relative_to(tmp_path) for p in tmp_path.rglob("*") if p.is_file())
@@ -29,8 +26,8 @@ def test_samples_regenerate_identically(tmp_path):
 
 
 @pytest.fixture(scope="module")
-def episodes():
-    eps, _ = make_samples().episodes()
+def episodes(make_samples):
+    eps, _ = make_samples.episodes()
     return eps
 
 
