@@ -41,11 +41,13 @@ test: venv browser-deps
 
 # Every notebook executed and rendered to HTML with its outputs, into build/notebooks-html/ (not
 # committed). At the committed sizes this trains for real (tens of minutes on 2 cores); `make
-# notebooks-html FAST=1` renders the fast size in a few minutes.
+# notebooks-html FAST=1` renders the fast size in a few minutes. PLOTLY_RENDERER adds each plotly
+# figure's HTML (plotly.js embedded) beside its JupyterLab mimetype, so the static page shows the
+# figures; the interactive widgets load their manager from unpkg.com when the page is opened.
 NB_HTML := build/notebooks-html
 notebooks-html: venv
 	mkdir -p $(NB_HTML)
-	$(if $(FAST),MPO_VIZ_NOTEBOOK_FAST=1 ,)$(VENV)/bin/jupyter nbconvert --to html --execute \
+	$(if $(FAST),MPO_VIZ_NOTEBOOK_FAST=1 ,)PLOTLY_RENDERER=plotly_mimetype+notebook $(VENV)/bin/jupyter nbconvert --to html --execute \
 	  --ExecutePreprocessor.timeout=3600 --output-dir $(NB_HTML) notebooks/*.ipynb
 	@echo "rendered: $(NB_HTML)/"
 
