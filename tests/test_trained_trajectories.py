@@ -14,7 +14,7 @@ import mpo_viz as mv
 from mpo_viz.train import Config
 
 TRAINED = Path(__file__).resolve().parents[1] / "trajectories" / "trained"
-ENVS = ("automation", "search")
+ENVS = ("automation", "search", "tooluse")
 
 
 def test_total_size_at_most_3_mb():
@@ -40,7 +40,7 @@ def test_early_and_late_sets(env):
     assert not np.allclose(late.values[m].numpy(), late.padded("oracle_values")[m].numpy())
 
 
-@pytest.mark.parametrize("name", ["run", "run_search"])
+@pytest.mark.parametrize("name", ["run", "run_search", "run_tooluse"])
 def test_run_folder_is_a_trainer_run(name):
     run = TRAINED / name
     cfg = Config.load(run / "config.json")

@@ -9,6 +9,8 @@ shared SFT + critic warm-up starts of ``benchmarks/learning.py --size small``:
   episodes);
 * ``automation``: a longer critic warm-up (30 rollouts at critic lr 1e-3, so that the critic explains
   part of the returns) and 6 iterations × 32 episodes of mpo + turn_ppo from the grid's start.
+* ``tooluse`` (3–6 expert turns; not in the grid): one command makes its own start — 1,500 SFT steps,
+  the same 30-rollout critic warm-up — then the same 6 iterations × 32 episodes.
 
 Then the extraction, per run folder:
 
@@ -41,9 +43,14 @@ COMMANDS = [
     "runs/learning-small/starts/automation/model --sft-steps 0 --critic-warmup-steps 30 --critic-lr 1e-3 "
     "--iterations 6 --episodes 32 --group-size 4 --eval-interval 3 --eval-episodes 32 --seed 0 "
     "--run-dir runs/trained/automation",
-    # 4. the files shipped here
+    # 4. tooluse: its own SFT start (1,500 steps), the same critic warm-up and RL as automation
+    "mpo-viz train --env tooluse --estimator mpo --loss turn_ppo --sft-steps 1500 --critic-warmup-steps 30 "
+    "--critic-lr 1e-3 --iterations 6 --episodes 32 --group-size 4 --eval-interval 3 --eval-episodes 32 --seed 0 "
+    "--run-dir runs/trained/tooluse",
+    # 5. the files shipped here
     "python trajectories/trained/make_trained.py runs/learning-small/runs/search/mpo/seed=0",
     "python trajectories/trained/make_trained.py runs/trained/automation",
+    "python trajectories/trained/make_trained.py runs/trained/tooluse",
 ]
 
 
