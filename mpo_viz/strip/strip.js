@@ -21,6 +21,8 @@ const GUTTER = 44; // px, the turn-label column
 const NEG = [178, 24, 43]; // diverging scale (RdBu): negative
 const MID = [247, 247, 247]; // centre
 const POS = [33, 102, 172]; // positive
+const CONTROL = /[\r\n\t]/; // characters displayText replaces
+const PRINTABLE_ASCII = /^[\x20-\x7e]*$/;
 
 function esc(s) {
   return String(s).replace(/[&<>"']/g, (c) => ({ "&": "&amp;", "<": "&lt;", ">": "&gt;", '"': "&quot;", "'": "&#39;" })[c]);
@@ -31,6 +33,7 @@ function displayText(s) {
   if (s === null || s === undefined) return "\u00b7";
   s = String(s);
   if (s.length === 0) return "\u2205";
+  if (!CONTROL.test(s)) return s;
   return s.replace(/\r?\n/g, "\u21b5").replace(/\t/g, "\u21e5").replace(/\r/g, "\u240d");
 }
 
@@ -77,7 +80,9 @@ export function mount(el, payload, options = {}) {
   let channel = options.channel && d.channels[options.channel] ? options.channel : (d.channel && d.channels[d.channel] ? d.channel : d.names[0]);
   const height = options.height || 360;
   const scales = new Map(); // channel -> [centre, scale]
-  const widthCache = new Map();
+  const widthCache = new Map(); // display text -> measured width (without span padding); kept across payloads
+  let cachedFont = "";
+  let asciiAdvance = 0; // width of one printable ASCII character when the token font is monospaced, else 0
   let rowStart = new Int32Array(1); // row r holds tokens rowStart[r] .. rowStart[r+1]-1
   let rowKind = new Uint8Array(0); // 1 = first action row of a turn, 2 = observation row, 0 = continuation
   let nRows = 0;
@@ -136,8 +141,16 @@ export function mount(el, payload, options = {}) {
     // detached from the document (e.g. a widget view not yet attached) there is no computed font:
     // measure with a stand-in and measure again once attached (see renderVisible)
     const font = cs.fontFamily ? `${cs.fontStyle} ${cs.fontWeight} ${cs.fontSize} ${cs.fontFamily}` : "12px monospace";
-    if (font !== ctx.font) widthCache.clear();
-    ctx.font = font;
+    if (font !== cachedFont) {
+      widthCache.clear();
+      ctx.font = font;
+      cachedFont = font;
+      // a monospaced font: every printable ASCII character has one advance, so an ASCII token's
+      // width is its length times it (no canvas call per distinct token)
+      const one = ctx.measureText("W").width;
+      const mono = [" ", "i", "M", "1", "~"].every((c) => Math.abs(ctx.measureText(c.repeat(10)).width - 10 * one) < 1e-3);
+      asciiAdvance = mono ? one : 0;
+    }
     // horizontal padding + border + margin of one token span
     const extra = ["paddingLeft", "paddingRight", "marginRight", "marginLeft", "borderLeftWidth", "borderRightWidth"]
       .reduce((s, k) => s + (parseFloat(cs[k]) || 0), 0);
@@ -149,10 +162,10 @@ export function mount(el, payload, options = {}) {
   function width(s) {
     let w = widthCache.get(s);
     if (w === undefined) {
-      w = ctx.measureText(s).width + spanExtra;
+      w = asciiAdvance && PRINTABLE_ASCII.test(s) ? s.length * asciiAdvance : ctx.measureText(s).width;
       widthCache.set(s, w);
     }
-    return w;
+    return w + spanExtra;
   }
 
   function layout() {
@@ -416,7 +429,6 @@ export function mount(el, payload, options = {}) {
     const keepTop = same ? viewport.scrollTop : 0;
     scales.clear();
     root.classList.toggle("mpo-strip-spaced", d.spaced);
-    widthCache.clear();
     spanExtra = setFont();
     if (!d.channels[channel]) channel = d.channel && d.channels[d.channel] ? d.channel : d.names[0];
     onLeave();
