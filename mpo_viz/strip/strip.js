@@ -10,8 +10,11 @@
 // 50,000-token trajectory scrolls smoothly.
 //
 // Two entry points:
-//   mount(el, payload, options) -> { update(payload), setChannel(name), scrollToToken(i), destroy() }
-//   render({ model, el })       -> cleanup   (anywidget: reads the "payload" and "channel" traits)
+//   mount(el, payload, options) -> { update(payload), patch(p), setChannel(name), scrollToToken(i), destroy() }
+//   render({ model, el })       -> cleanup   (anywidget: reads the "payload", "patch" and "channel" traits)
+// patch(p) replaces channels of the payload shown, p = { channels: { name: [number|null] },
+// channel_info: { name: info } } (or its JSON): the tokens keep their layout and scroll position,
+// only the colours, the legend and the hover change (a slider move sends only what it changed).
 // The report inlines this file as a classic script: everything after the EXPORTS marker is cut and
 // `mount`/`render` are put on window.mpoStrip.
 
@@ -442,6 +445,22 @@ export function mount(el, payload, options = {}) {
     renderVisible(true);
   }
 
+  function patch(p) {
+    if (typeof p === "string") p = p ? JSON.parse(p) : null;
+    if (!p) return;
+    const chans = p.channels || {};
+    const fresh = Object.keys(chans).filter((k) => !d.channels[k]);
+    if (fresh.length) throw new Error(`mpo strip: patch of channels the payload does not have: ${fresh.join(", ")}`);
+    for (const [k, v] of Object.entries(chans)) {
+      if (v.length !== d.n) throw new Error(`mpo strip: channel ${k} has ${v.length} values for ${d.n} tokens`);
+    }
+    d = { ...d, channels: { ...d.channels, ...chans }, info: { ...d.info, ...(p.channel_info || {}) } };
+    scales.clear();
+    legend();
+    renderVisible(true);
+    if (hovered >= 0) showTip(hovered);
+  }
+
   fillControls();
   legend();
   layout();
@@ -451,6 +470,7 @@ export function mount(el, payload, options = {}) {
 
   return {
     update,
+    patch,
     setChannel: (name) => setChannel(name, false),
     scrollToToken,
     get channel() {
@@ -499,15 +519,26 @@ function render({ model, el }) {
       }
     },
   });
-  const onPayload = () => view.update(read());
+  const readPatch = () => (has("patch") ? model.get("patch") : "");
+  if (readPatch()) view.patch(readPatch());
+  // a new payload comes with the patch reset; a patch holds every channel replaced since its payload
+  const onPayload = () => {
+    view.update(read());
+    if (readPatch()) view.patch(readPatch());
+  };
+  const onPatch = () => {
+    if (readPatch()) view.patch(readPatch());
+  };
   const onChannel = () => {
     const c = model.get("channel");
     if (c) view.setChannel(c);
   };
   model.on("change:payload", onPayload);
+  model.on("change:patch", onPatch);
   model.on("change:channel", onChannel);
   return () => {
     model.off("change:payload", onPayload);
+    model.off("change:patch", onPatch);
     model.off("change:channel", onChannel);
     view.destroy();
   };

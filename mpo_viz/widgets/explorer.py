@@ -301,31 +301,45 @@ class TrajectoryExplorer(W.VBox):
     def _params_changed(self, options: dict) -> None:
         t0 = time.perf_counter()
         self.results = self.engine.compute(options)
+        ran = set(self.engine.ran)  # the estimators whose options changed; the others kept their tensors
         t1 = time.perf_counter()
-        if "disagree" in self.picker.table.columns:
+        if "disagree" in self.picker.table.columns and ran:
             self.picker.set_column("disagree", an.disagreement(self.batch, self._adv()))
         t2 = time.perf_counter()
         adv, ret = self._row_arrays()
+        # the strip: only the channels of the estimators that ran (and every advantage channel's
+        # colour scale, which "shared" takes from all of them) go to the browser, as a patch
+        chans = {k: v for k, v in self._adv_channels(adv).items() if k.split("_", 1)[1] in ran}
         payload = dict(self.strip.payload_dict)
-        payload["channels"] = {**payload["channels"], **self._adv_channels(adv)}
+        payload["channels"] = {**payload["channels"], **chans}
         payload["channel_info"] = {k: dict(v) for k, v in payload["channel_info"].items()}
         self.scale.apply(payload)
+        info = {k: v for k, v in payload["channel_info"].items() if k.startswith(("adv_", "micro_"))}
         t3 = time.perf_counter()
-        self.strip.set_payload(payload)
+        self.strip.update_channels(chans, info)
         t4 = time.perf_counter()
         if self.figure is not None:
             act = self._sub.mask[0, : self._n].numpy() != 0
-            with self.figure.batch_update():
+            src = self._ret_source()
+            with self.figure.batch_update():  # one message: the traces whose numbers changed
                 for tr in self.figure.data:
-                    if tr.name and tr.name.startswith("A (") and tr.name[3:-1] in adv:
-                        tr.x, tr.y = plots.line_points(adv[tr.name[3:-1]][0], act)
-                    elif tr.name == "return" and ret is not None:
-                        tr.x, tr.y = plots.line_points(ret[0], act)
+                    if tr.name and tr.name.startswith("A (") and tr.name[3:-1] in adv and tr.name[3:-1] in ran:
+                        self._set_line(tr, *plots.line_points(adv[tr.name[3:-1]][0], act))
+                    elif tr.name == "return" and ret is not None and src in ran:
+                        self._set_line(tr, *plots.line_points(ret[0], act))
         t5 = time.perf_counter()
         self._update_turns(adv, ret)
         self.timings = {"compute": t1 - t0, "picker": t2 - t1, "payload": t3 - t2, "push": t4 - t3,
                         "figure": t5 - t4, "turn_table": time.perf_counter() - t5}
         self._status()
+
+    @staticmethod
+    def _set_line(tr, x, y) -> None:
+        """Set a trace's points; ``x`` only when it differs (below ``MAX_LINE_POINTS`` tokens it is
+        the token positions, the same for every option setting), so a slider move sends ``y`` alone."""
+        if tr.x is None or len(tr.x) != len(x) or not np.array_equal(np.asarray(tr.x), x):
+            tr.x = x
+        tr.y = y
 
     def _rescale(self) -> None:
         payload = dict(self.strip.payload_dict)

@@ -5,6 +5,11 @@ Traits (synced with the browser):
 
 * ``payload`` — the strip payload (schema ``mpo_viz.strip/v1``, see :mod:`mpo_viz.strip`) as compact
   JSON text (:func:`mpo_viz.strip.payload_json`: NaN/inf already mapped to null);
+* ``patch`` — channels replaced since that payload was pushed, as compact JSON
+  ``{"channels": {name: values}, "channel_info": {name: info}}`` ("" for none): a slider move sends
+  only the channels it changed instead of the whole payload (tokens, mask, every channel), and the
+  strip recolours without laying the tokens out again. It holds every channel replaced since the
+  last payload, so a view opened later shows the same as the others (``payload`` + ``patch``);
 * ``channel`` — the channel shown; the strip's "colour by" menu writes it back;
 * ``height`` — viewport height in pixels.
 """
@@ -18,7 +23,18 @@ import traitlets
 
 from mpo_viz.strip import payload_json, strip_css, strip_js
 
-__all__ = ["StripWidget"]
+__all__ = ["StripWidget", "apply_patch"]
+
+
+def apply_patch(payload: dict, patch: dict | None) -> dict:
+    """``payload`` with the channels and channel info of ``patch`` replaced (a new dict; the strip
+    module's ``patch()`` does the same in the browser)."""
+    if not patch:
+        return payload
+    out = dict(payload)
+    out["channels"] = {**payload.get("channels", {}), **patch.get("channels", {})}
+    out["channel_info"] = {**payload.get("channel_info", {}), **patch.get("channel_info", {})}
+    return out
 
 
 class StripWidget(anywidget.AnyWidget):
@@ -27,11 +43,13 @@ class StripWidget(anywidget.AnyWidget):
     _esm = strip_js()
     _css = strip_css()
     payload = traitlets.Unicode("{}").tag(sync=True)
+    patch = traitlets.Unicode("").tag(sync=True)
     channel = traitlets.Unicode("").tag(sync=True)
     height = traitlets.Int(320).tag(sync=True)
 
     def __init__(self, payload: dict | None = None, *, height: int = 320, **kwargs):
         super().__init__(height=height, **kwargs)
+        self._patch: dict = {}
         if payload is not None:
             self.set_payload(payload)
 
@@ -39,12 +57,36 @@ class StripWidget(anywidget.AnyWidget):
         """Push a new payload; the shown channel is kept when the new payload has it."""
         ch = self.channel if keep_channel and self.channel in payload.get("channels", {}) else payload.get("channel")
         self._payload = payload
+        self._patch = {}
         with self.hold_sync():
             self.payload = payload_json(payload)
+            self.patch = ""
             self.channel = ch or ""
+
+    def update_channels(self, channels: dict, channel_info: dict | None = None) -> None:
+        """Replace existing channels (lists as in a payload, one value per token) and their
+        ``channel_info``, sending only them (the ``patch`` trait); tokens, mask and the other
+        channels stay as pushed. ``payload_dict`` is the payload with them replaced."""
+        have = self.payload_dict.get("channels", {})
+        n = len(self.payload_dict.get("tokens", []))
+        for k, v in channels.items():
+            if k not in have:
+                raise ValueError(f"channels: {k!r} is not a channel of the payload shown ({', '.join(have)})")
+            if len(v) != n:
+                raise ValueError(f"channels[{k!r}]: expected {n} values (one per token), found {len(v)}")
+        info = {k: v for k, v in (channel_info or {}).items() if k in have}
+        self._patch = {"channels": {**self._patch.get("channels", {}), **channels},
+                       "channel_info": {**self._patch.get("channel_info", {}), **info}}
+        self._payload = apply_patch(self.payload_dict, {"channels": channels, "channel_info": info})
+        self.patch = payload_json(self._patch)
 
     @property
     def payload_dict(self) -> dict:
-        """The payload last pushed, as a dict (parsed from the synced JSON when set from outside)."""
+        """The payload shown, as a dict: the one last pushed with the channels replaced since (parsed
+        from the synced JSON when set from outside)."""
         p = getattr(self, "_payload", None)
-        return p if p is not None else json.loads(self.payload or "{}")
+        return p if p is not None else self.synced_payload()
+
+    def synced_payload(self) -> dict:
+        """What the browser holds, decoded from the synced traits: ``payload`` with ``patch`` applied."""
+        return apply_patch(json.loads(self.payload or "{}"), json.loads(self.patch) if self.patch else None)

@@ -92,3 +92,38 @@ def test_empty_and_channel_less_payloads(page, page_errors, tmp_path):
     assert "action" in page.inner_text("#b .mpo-strip-tip")
     assert page.is_disabled("#b select.mpo-strip-channel")
     assert page_errors == []
+
+
+def test_patch_recolours_without_a_new_payload(page, page_errors, tmp_path):
+    p = payload_from_arrays(["a", "b", "c", "d"], [1, 1, 0, 1], None, {"x": [1.0, -1.0, 0.0, 0.5], "y": [0.1, 0.2, 0.3, 0.4]},
+                            channel_info={"x": {"scale": 1.0}}, title="patched")
+    patch = {"channels": {"x": [1.0, 2.0, None, -0.5]}, "channel_info": {"x": {"label": "x", "center": 0.0, "scale": 2.0}}}
+    html = (f"<!doctype html><meta charset=utf-8><style>{strip_css()}</style><div id=w></div><div id=v></div>"
+            f"<script type=module>{strip_js()}\n{_MODEL}\n"
+            f"window.model = new FakeModel({{payload: {json.dumps(json.dumps(p))}, patch: '', channel: 'x'}});\n"
+            "window.cleanup = render({ model: window.model, el: document.getElementById('w') });\n"
+            "window.render = render; window.ready = true;</script>")
+    f = tmp_path / "p.html"
+    f.write_text(html)
+    page.goto(f.as_uri())
+    page.wait_for_function("window.ready === true")
+    bg = "(sel) => [...document.querySelectorAll(sel + ' .mpo-strip-tok:not(.mpo-strip-obs)')].map((t) => t.style.background)"
+    assert page.evaluate(bg, "#w")[0] == "rgb(33, 102, 172)"  # 1.0 at scale 1: the end colour
+    page.evaluate("window.before = document.querySelector('#w .mpo-strip-row')")
+    page.evaluate(f"window.model.set('patch', {json.dumps(json.dumps(patch))})")
+    # by hand: 1.0 / 2 -> half way to blue (140, 175, 210); 2.0 / 2 -> blue; -0.5 / 2 -> a quarter to red (230, 191, 196)
+    want = ["rgb(140, 175, 210)", "rgb(33, 102, 172)", "rgb(230, 191, 196)"]
+    assert page.evaluate(bg, "#w") == want
+    assert page.inner_text("#w .mpo-strip-hi") == "2"
+    assert "patched" in page.inner_text("#w .mpo-strip-title")
+    page.hover("#w [data-i='1']")
+    assert "2" in page.inner_text("#w .mpo-strip-tip tr.mpo-strip-active")
+    # a view opened later from the same model shows the payload with the patch applied
+    page.evaluate("window.cleanup2 = render({ model: window.model, el: document.getElementById('v') }); 0")
+    assert page.evaluate(bg, "#v") == want
+    # a new payload (with the patch reset) replaces both
+    page.evaluate(f"window.model.state.patch = ''; window.model.set('payload', {json.dumps(json.dumps(p))})")
+    assert page.evaluate(bg, "#w")[0] == "rgb(33, 102, 172)"
+    page.evaluate("window.cleanup(); window.cleanup2()")
+    assert page.evaluate("Object.values(window.model.handlers).every((h) => h.length === 0)")
+    assert page_errors == []
