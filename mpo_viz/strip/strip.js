@@ -11,7 +11,7 @@
 //
 // Two entry points:
 //   mount(el, payload, options) -> { update(payload), patch(p), setChannel(name), scrollToToken(i), destroy() }
-//   render({ model, el })       -> cleanup   (anywidget: reads the "payload", "patch" and "channel" traits)
+//   render({ model, el })       -> cleanup   (anywidget: reads the "payload", "arrays", "patch" and "channel" traits)
 // patch(p) replaces channels of the payload shown, p = { channels: { name: [number|null] },
 // channel_info: { name: info } } (or its JSON): the tokens keep their layout and scroll position,
 // only the colours, the legend and the hover change (a slider move sends only what it changed).
@@ -41,7 +41,9 @@ function displayText(s) {
 }
 
 function fmt(v) {
-  if (v === null || v === undefined || (typeof v === "number" && !Number.isFinite(v))) return v === null || v === undefined ? "\u2014" : String(v);
+  // a missing value: null in JSON, NaN in a typed array (the widget's binary channels)
+  if (v === null || v === undefined || (typeof v === "number" && Number.isNaN(v))) return "\u2014";
+  if (typeof v === "number" && !Number.isFinite(v)) return String(v);
   if (typeof v !== "number") return esc(v);
   const a = Math.abs(v);
   if (a !== 0 && (a < 1e-3 || a >= 1e5)) return v.toExponential(3);
@@ -497,11 +499,35 @@ export function mount(el, payload, options = {}) {
   };
 }
 
+// The numbers of a widget payload sent as binary buffers (the "arrays" trait: DataViews), as
+// typed arrays; a view's offset may not be a multiple of the element size, then it is copied.
+function typed(dv, Type) {
+  if (!dv) return null;
+  if (ArrayBuffer.isView(dv) && !(dv instanceof DataView)) return dv;
+  const buf = dv.buffer || dv;
+  const off = dv.byteOffset || 0;
+  const len = dv.byteLength;
+  return off % Type.BYTES_PER_ELEMENT === 0
+    ? new Type(buf, off, len / Type.BYTES_PER_ELEMENT)
+    : new Type(buf.slice(off, off + len));
+}
+
+function withArrays(payload, arrays) {
+  if (!arrays || !arrays.mask) return payload;
+  const p = typeof payload === "string" ? (payload ? JSON.parse(payload) : {}) : { ...payload };
+  p.mask = typed(arrays.mask, Uint8Array);
+  p.turn_ids = typed(arrays.turn_ids, Int32Array);
+  const chans = {};
+  for (const k of Object.keys(p.channels || {})) chans[k] = typed((arrays.channels || {})[k], Float64Array);
+  p.channels = chans;
+  return p;
+}
+
 // anywidget entry point, reached through the module's default object only (anywidget treats a
 // top-level named render as its deprecated form and warns once per model): the model has a
-// "payload" trait (JSON string or object) and optionally a "channel" trait kept in sync both ways.
+// "payload" trait (JSON string or object; its numbers optionally in an "arrays" trait of binary
+// buffers), optionally a "patch" trait and a "channel" trait kept in sync both ways.
 function render({ model, el }) {
-  const read = () => model.get("payload");
   const has = (k) => {
     try {
       return model.get(k) !== undefined;
@@ -509,6 +535,7 @@ function render({ model, el }) {
       return false;
     }
   };
+  const read = () => withArrays(model.get("payload"), has("arrays") ? model.get("arrays") : null);
   const view = mount(el, read(), {
     channel: has("channel") ? model.get("channel") : undefined,
     height: has("height") && model.get("height") ? model.get("height") : undefined,
@@ -521,23 +548,35 @@ function render({ model, el }) {
   });
   const readPatch = () => (has("patch") ? model.get("patch") : "");
   if (readPatch()) view.patch(readPatch());
-  // a new payload comes with the patch reset; a patch holds every channel replaced since its payload
+  // a new payload comes with the patch reset; a patch holds every channel replaced since its payload.
+  // payload and arrays change together (one message): one update, once both are set
+  let queued = false;
+  let closed = false;
   const onPayload = () => {
-    view.update(read());
-    if (readPatch()) view.patch(readPatch());
+    if (queued) return;
+    queued = true;
+    queueMicrotask(() => {
+      queued = false;
+      if (closed) return;
+      view.update(read());
+      if (readPatch()) view.patch(readPatch());
+    });
   };
   const onPatch = () => {
-    if (readPatch()) view.patch(readPatch());
+    if (!queued && readPatch()) view.patch(readPatch()); // queued: the update applies it
   };
   const onChannel = () => {
     const c = model.get("channel");
     if (c) view.setChannel(c);
   };
   model.on("change:payload", onPayload);
+  model.on("change:arrays", onPayload);
   model.on("change:patch", onPatch);
   model.on("change:channel", onChannel);
   return () => {
+    closed = true;
     model.off("change:payload", onPayload);
+    model.off("change:arrays", onPayload);
     model.off("change:patch", onPatch);
     model.off("change:channel", onChannel);
     view.destroy();

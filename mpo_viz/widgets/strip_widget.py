@@ -4,7 +4,13 @@ so the widgets and the report share one token renderer.
 Traits (synced with the browser):
 
 * ``payload`` — the strip payload (schema ``mpo_viz.strip/v1``, see :mod:`mpo_viz.strip`) as compact
-  JSON text (:func:`mpo_viz.strip.payload_json`: NaN/inf already mapped to null);
+  JSON text (:func:`mpo_viz.strip.payload_json`), without its numbers: the channels' values
+  (``null`` placeholders in the JSON, keeping the channel order), the mask and the turn ids travel in
+  ``arrays``;
+* ``arrays`` — those numbers as binary buffers (the comm's binary frames, no JSON):
+  ``{"channels": {name: float64}, "mask": uint8, "turn_ids": int32}``, little-endian; a null value
+  is NaN. The same numbers as the JSON would carry (the payload's rounded values, exactly), at a
+  fraction of the cost to encode and decode: a 50,000-token payload is 3.9 MB of JSON otherwise;
 * ``patch`` — channels replaced since that payload was pushed, as compact JSON
   ``{"channels": {name: values}, "channel_info": {name: info}}`` ("" for none): a slider move sends
   only the channels it changed instead of the whole payload (tokens, mask, every channel), and the
@@ -19,11 +25,12 @@ from __future__ import annotations
 import json
 
 import anywidget
+import numpy as np
 import traitlets
 
 from mpo_viz.strip import payload_json, strip_css, strip_js
 
-__all__ = ["StripWidget", "apply_patch"]
+__all__ = ["StripWidget", "apply_patch", "split_payload", "join_payload"]
 
 
 def apply_patch(payload: dict, patch: dict | None) -> dict:
@@ -37,12 +44,40 @@ def apply_patch(payload: dict, patch: dict | None) -> dict:
     return out
 
 
+def split_payload(payload: dict) -> tuple[dict, dict]:
+    """``(payload without its numbers, arrays)``: the channels' values (float64, None as NaN), the
+    mask (uint8) and the turn ids (int32) as little-endian bytes, for the ``arrays`` trait; the
+    payload keeps ``null`` per channel (the channel order) and no mask or turn ids. A payload without
+    tokens is returned whole, with no arrays."""
+    if not payload.get("tokens"):
+        return payload, {}
+    wire = {k: v for k, v in payload.items() if k not in ("mask", "turn_ids")}
+    wire["channels"] = {k: None for k in payload.get("channels", {})}
+    arrays = {"channels": {k: memoryview(np.asarray(v, dtype="<f8")) for k, v in payload.get("channels", {}).items()},
+              "mask": memoryview(np.asarray(payload["mask"], dtype=np.uint8)),
+              "turn_ids": memoryview(np.asarray(payload["turn_ids"], dtype="<i4"))}
+    return wire, arrays
+
+
+def join_payload(wire: dict, arrays: dict | None) -> dict:
+    """The inverse of :func:`split_payload` (lists again, NaN as None)."""
+    if not arrays:
+        return wire
+    out = dict(wire)
+    out["mask"] = np.frombuffer(arrays["mask"], dtype=np.uint8).astype(np.int64).tolist()
+    out["turn_ids"] = np.frombuffer(arrays["turn_ids"], dtype="<i4").astype(np.int64).tolist()
+    out["channels"] = {k: [None if v != v else v for v in np.frombuffer(arrays["channels"][k], dtype="<f8").tolist()]
+                       for k in wire.get("channels", {})}
+    return out
+
+
 class StripWidget(anywidget.AnyWidget):
     """One trajectory's per-token credit strip (hover: every channel; menu: the colouring)."""
 
     _esm = strip_js()
     _css = strip_css()
     payload = traitlets.Unicode("{}").tag(sync=True)
+    arrays = traitlets.Dict().tag(sync=True)
     patch = traitlets.Unicode("").tag(sync=True)
     channel = traitlets.Unicode("").tag(sync=True)
     height = traitlets.Int(320).tag(sync=True)
@@ -58,8 +93,10 @@ class StripWidget(anywidget.AnyWidget):
         ch = self.channel if keep_channel and self.channel in payload.get("channels", {}) else payload.get("channel")
         self._payload = payload
         self._patch = {}
+        wire, arrays = split_payload(payload)
         with self.hold_sync():
-            self.payload = payload_json(payload)
+            self.payload = payload_json(wire)
+            self.arrays = arrays
             self.patch = ""
             self.channel = ch or ""
 
@@ -88,5 +125,7 @@ class StripWidget(anywidget.AnyWidget):
         return p if p is not None else self.synced_payload()
 
     def synced_payload(self) -> dict:
-        """What the browser holds, decoded from the synced traits: ``payload`` with ``patch`` applied."""
-        return apply_patch(json.loads(self.payload or "{}"), json.loads(self.patch) if self.patch else None)
+        """What the browser holds, decoded from the synced traits: ``payload`` with the numbers of
+        ``arrays`` put back (NaN as None) and ``patch`` applied."""
+        p = join_payload(json.loads(self.payload or "{}"), self.arrays)
+        return apply_patch(p, json.loads(self.patch) if self.patch else None)

@@ -4,13 +4,15 @@ strip gets only the changed channels (the ``patch`` trait) instead of a new payl
 from __future__ import annotations
 
 import json
+import math
+import struct
 
 import pytest
 
 import mpo_viz as mv
 from mpo_viz.strip import payload_from_arrays
 from mpo_viz.widgets import AdvantageEngine, TrajectoryExplorer
-from mpo_viz.widgets.strip_widget import StripWidget, apply_patch
+from mpo_viz.widgets.strip_widget import StripWidget, apply_patch, join_payload, split_payload
 
 
 @pytest.fixture(scope="module")
@@ -39,7 +41,7 @@ def test_strip_patch_replaces_channels_only():
     w.update_channels({"x": [0.5, None, -1.0]}, {"x": {"label": "x", "center": 0.0, "scale": 2.0}})
     sent = json.loads(w.patch)
     assert sent == {"channels": {"x": [0.5, None, -1.0]}, "channel_info": {"x": {"label": "x", "center": 0.0, "scale": 2.0}}}
-    assert json.loads(w.payload)["channels"]["x"] == [1.0, 2.0, 3.0]  # the payload itself was not re-sent
+    assert join_payload(json.loads(w.payload), w.arrays)["channels"]["x"] == [1.0, 2.0, 3.0]  # not re-sent
     # a second patch keeps the first's channels: payload + patch is the whole state for a new view
     w.update_channels({"y": [7.0, 8.0, 9.0]})
     assert set(json.loads(w.patch)["channels"]) == {"x", "y"}
@@ -64,3 +66,21 @@ def test_slider_move_sends_only_changed_channels(batch):
     assert set(json.loads(ex.strip.patch)["channels"]) == {"adv_mpo", "micro_mpo"}
     ex.select(2)  # a pick sends a new payload
     assert ex.strip.patch == "" and ex.strip.payload != payload
+
+
+def test_payload_numbers_travel_as_binary_buffers():
+    p = payload_from_arrays(["a", "b", "c"], [1, 0, 1], [0, 0, 1], {"x": [0.5, None, -2.0], "y": [1.0, 2.0, 3.0]})
+    wire, arrays = split_payload(p)
+    # the JSON keeps the tokens and the channel order, no numbers
+    assert wire["tokens"] == ["a", "b", "c"] and wire["channels"] == {"x": None, "y": None}
+    assert "mask" not in wire and "turn_ids" not in wire
+    # a missing value (x[1], null in JSON) is NaN in float64, little-endian
+    assert bytes(arrays["mask"]) == bytes([1, 0, 1])
+    assert bytes(arrays["turn_ids"]) == (0).to_bytes(4, "little") * 2 + (1).to_bytes(4, "little")
+    assert bytes(arrays["channels"]["x"])[:8] == struct.pack("<d", 0.5)
+    assert math.isnan(struct.unpack("<d", bytes(arrays["channels"]["x"])[8:16])[0])
+    assert join_payload(wire, arrays) == p
+    # what the widget syncs decodes to the payload
+    w = StripWidget(p)
+    assert json.loads(w.payload)["channels"] == {"x": None, "y": None} and w.synced_payload() == p
+    assert split_payload({"tokens": []}) == ({"tokens": []}, {})
