@@ -140,6 +140,7 @@ class TrajectoryExplorer(W.VBox):
         self.timings: dict = {}
         self.results = self.engine.compute(self.params.options)
         self.scale = ColourScale(scale, self.batch, self.results)
+        self._disagreement = an.Disagreement(self.batch)  # the picker's column, again on every slider move
         self.picker = TrajectoryPicker(trajectory_table(self.batch, self._adv()), page_size=page_size,
                                        sort_by="reward", descending=True)
         self.strip = StripWidget(height=strip_height)
@@ -330,7 +331,7 @@ class TrajectoryExplorer(W.VBox):
         self.strip.update_channels(chans, info)
         t4 = time.perf_counter()
         if "disagree" in self.picker.table.columns and ran:
-            self.picker.set_column("disagree", an.disagreement(self.batch, self._adv()))
+            self.picker.set_column("disagree", self._disagreement(self._adv()))
         t5 = time.perf_counter()
         self._update_turns(adv, ret)
         self.timings = {"compute": t1 - t0, "figure": t2 - t1, "payload": t3 - t2, "push": t4 - t3,
