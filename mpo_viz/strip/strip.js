@@ -277,22 +277,33 @@ export function mount(el, payload, options = {}) {
     }
     let h = `<div class="${cls}" style="top:${r * ROW_H}px"><span class="mpo-strip-gutter">${label}</span>`;
     for (let i = a; i < b; i++) {
-      const text = esc(displayText(d.tokens[i]));
-      if (!d.mask[i]) {
-        h += `<span class="mpo-strip-tok mpo-strip-obs" data-i="${i}">${text}</span>`;
-        continue;
-      }
-      const v = vals ? vals[i] : null;
-      if (v === null || v === undefined || !Number.isFinite(v)) {
-        h += `<span class="mpo-strip-tok mpo-strip-na" data-i="${i}">${text}</span>`;
-        continue;
-      }
-      const x = (v - c) / s;
-      const [bg, dark] = colour(x);
-      const clip = Math.abs(x) > 1 + 1e-9 ? " mpo-strip-clip" : "";
-      h += `<span class="mpo-strip-tok${dark ? "" : " mpo-strip-light"}${clip}" data-i="${i}" style="background:${bg}">${text}</span>`;
+      const [tc, bg] = tokenStyle(i, vals, c, s);
+      h += `<span class="${tc}" data-i="${i}"${bg ? ` style="background:${bg}"` : ""}>${esc(displayText(d.tokens[i]))}</span>`;
     }
     return h + "</div>";
+  }
+
+  // [class, background or ""] of token i coloured by `vals` on the scale (c, s)
+  function tokenStyle(i, vals, c, s) {
+    if (!d.mask[i]) return ["mpo-strip-tok mpo-strip-obs", ""];
+    const v = vals ? vals[i] : null;
+    if (v === null || v === undefined || !Number.isFinite(v)) return ["mpo-strip-tok mpo-strip-na", ""];
+    const x = (v - c) / s;
+    const [bg, dark] = colour(x);
+    const clip = Math.abs(x) > 1 + 1e-9 ? " mpo-strip-clip" : "";
+    return [`mpo-strip-tok${dark ? "" : " mpo-strip-light"}${clip}`, bg];
+  }
+
+  // new colours for the token spans in the DOM (the same tokens, rows and positions: a patch)
+  function recolour() {
+    const vals = channel ? d.channels[channel] : null;
+    const [c, s] = channel ? scaleOf(channel) : [0, 1, 0, 0];
+    for (const t of layer.querySelectorAll("[data-i]")) {
+      const i = +t.dataset.i;
+      const [tc, bg] = tokenStyle(i, vals, c, s);
+      t.className = i === hovered ? `${tc} mpo-strip-hover` : tc;
+      t.style.background = bg;
+    }
   }
 
   function renderVisible(force) {
@@ -459,7 +470,7 @@ export function mount(el, payload, options = {}) {
     d = { ...d, channels: { ...d.channels, ...chans }, info: { ...d.info, ...(p.channel_info || {}) } };
     scales.clear();
     legend();
-    renderVisible(true);
+    recolour();
     if (hovered >= 0) showTip(hovered);
   }
 
