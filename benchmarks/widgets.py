@@ -106,7 +106,8 @@ def bench_slider(repeats: int) -> None:
     print("|---|---|")
     for k, v in phases.items():
         print(f"| {k} | {statistics.median(v) * 1000:.2f} |")
-    print(f"\npushed strip payload: {len(ex.strip.payload) / 1e3:.0f} kB of JSON")
+    print(f"\npushed to the strip on a slider move: a patch of {len(ex.strip.patch) / 1e3:.0f} kB of JSON (the changed "
+          f"channels); the whole payload would be {len(payload_json(ex.strip.payload_dict)) / 1e3:.0f} kB")
 
 
 _FAKE_MODEL = """
@@ -138,7 +139,12 @@ def bench_open(repeats: int = 3) -> None:
         ex.select(0)
         tp.append(time.perf_counter() - t0)
     py_med = statistics.median(tp) * 1000
-    payload = ex.strip.payload  # the JSON text the comm carries
+    from mpo_viz.strip import payload_json
+
+    payload = payload_json(ex.strip.payload_dict)  # the whole payload as JSON, as the report inlines it
+    wire = len(ex.strip.payload)
+    binary = sum(m.nbytes for m in ex.strip.arrays["channels"].values()) + ex.strip.arrays["mask"].nbytes \
+        + ex.strip.arrays["turn_ids"].nbytes
     fig_json = pio.to_json(ex.figure, validate=False)
     tmp = Path(tempfile.mkdtemp(prefix="mpo_viz_bench_widgets_"))
     (tmp / "payload.js").write_text("window.PAYLOAD = " + json.dumps(payload) + ";\nwindow.FIG = " + json.dumps(fig_json) + ";")
@@ -184,7 +190,8 @@ def bench_open(repeats: int = 3) -> None:
     print(f"| Chromium: strip render (JSON in model → first rows drawn; {rows[0]['tokens']} token spans in the DOM) | {med['strip']:.0f} |")
     print(f"| Chromium: value curve Plotly.newPlot | {med['plot']:.0f} |")
     print(f"| Chromium: total to the next frame | {med['total']:.0f} |")
-    print(f"\npayload {len(payload) / 1e6:.1f} MB, figure {len(fig_json) / 1e6:.1f} MB of JSON; "
+    print(f"\npayload {len(payload) / 1e6:.1f} MB as JSON (the widget sends {wire / 1e6:.1f} MB of JSON and "
+          f"{binary / 1e6:.1f} MB of binary buffers), figure {len(fig_json) / 1e6:.1f} MB of JSON; "
           f"target: browser render <= 1000 ms -> {'met' if med['total'] <= 1000 else 'NOT met'}")
 
 

@@ -39,6 +39,7 @@ __all__ = [
     "finish_compare",
     "sign_flips",
     "disagreement",
+    "Disagreement",
     "critic_quality",
     "CriticQuality",
     "has_oracle",
@@ -564,18 +565,37 @@ def disagreement(batch, advantages) -> np.ndarray:
     """Per trajectory ``(B,)``: the share of (turn, estimator pair) combinations whose turn
     advantages have opposite signs — 0 when every estimator agrees on every turn's sign, NaN for a
     row without turns. Used by the report to pick the most disagreed-on trajectories."""
-    adv = _adv_tensors(advantages)
-    m = _as_2d(batch.mask, "mask") != 0
-    t = _as_2d(batch.turn_ids, "turn_ids", np.int64)
-    idx = _turn_index(m, t)
-    B = m.shape[0]
-    turn = {k: _turn_means(_as_2d(v, k), idx) for k, v in adv.items()}
-    pairs = list(itertools.combinations(adv, 2))
-    flips = np.zeros(B)
-    for a, b in pairs:
-        flips += np.bincount(idx.turn_row, weights=(turn[a] * turn[b] < 0).astype(np.float64), minlength=B)
-    with np.errstate(invalid="ignore", divide="ignore"):
-        return flips / (idx.n_turns * max(len(pairs), 1))
+    return Disagreement(batch)(advantages)
+
+
+class Disagreement:
+    """:func:`disagreement` on one batch, computed again and again (a view's sliders): the turn
+    index is built once, and an estimator's turn means are kept while its advantages are the same
+    tensor object as last time (the widgets' engine returns the same tensors for an estimator whose
+    options did not change). ``Disagreement(batch)(advantages)`` equals
+    ``disagreement(batch, advantages)``."""
+
+    def __init__(self, batch):
+        m = _as_2d(batch.mask, "mask") != 0
+        t = _as_2d(batch.turn_ids, "turn_ids", np.int64)
+        self._idx = _turn_index(m, t)
+        self._B = m.shape[0]
+        self._means: dict = {}  # name -> (the advantages object, its turn means)
+
+    def __call__(self, advantages) -> np.ndarray:
+        turn = {}
+        for k, v in advantages.items():
+            obj = getattr(v, "advantages", v)
+            hit = self._means.get(k)
+            if hit is None or hit[0] is not obj:
+                hit = self._means[k] = (obj, _turn_means(_as_2d(to_numpy(obj), k), self._idx))
+            turn[k] = hit[1]
+        pairs = list(itertools.combinations(turn, 2))
+        flips = np.zeros(self._B)
+        for a, b in pairs:
+            flips += np.bincount(self._idx.turn_row, weights=(turn[a] * turn[b] < 0).astype(np.float64), minlength=self._B)
+        with np.errstate(invalid="ignore", divide="ignore"):
+            return flips / (self._idx.n_turns * max(len(pairs), 1))
 
 
 # ---------------------------------------------------------------------------------------------

@@ -12,7 +12,7 @@ from plotly.subplots import make_subplots
 
 from mpo_viz import analysis as an
 
-__all__ = ["value_curve", "value_curve_parts", "across_within", "estimator_comparison", "ESTIMATOR_COLOURS", "FIGURE_CONFIG", "line_trace"]
+__all__ = ["value_curve", "value_curve_parts", "span_shapes", "across_within", "estimator_comparison", "ESTIMATOR_COLOURS", "FIGURE_CONFIG", "line_trace"]
 
 #: plotly config of every figure the views and the report show: sized by its container, plotly's
 #: own image export (the camera button) at twice the resolution
@@ -104,6 +104,31 @@ def learned_and_oracle(batch) -> np.ndarray | None:
     return o
 
 
+MAX_SPAN_SHAPES = 40
+"""Past this many turns the shaded turn spans are drawn as two path shapes (see :func:`span_shapes`)."""
+
+SPAN_COLOURS = ("#9ecae1", "#c6dbef")
+"""Fill colours of the shaded turn spans, alternating (even turns, odd turns)."""
+
+
+def span_shapes(starts, ends, *, max_shapes: int = MAX_SPAN_SHAPES) -> list[dict]:
+    """The shaded turn spans of a value curve, ``[start − ½, end + ½]`` over every panel, as plotly
+    shape dicts, colours alternating between turns.
+
+    Up to ``max_shapes`` turns: one rectangle per turn. More turns (a 50,000-token trajectory has
+    hundreds) are drawn as two path shapes, one per colour, each the union of that colour's
+    rectangles (``M x0,0 H x1 V 1 H x0 Z`` per turn, y in paper units): the same shading, but
+    plotly (Python and plotly.js) handles two shapes instead of hundreds, each of which costs it
+    about half a millisecond to validate and to draw."""
+    spans = [(float(s) - 0.5, float(e) + 0.5) for s, e in zip(starts, ends)]
+    style = dict(xref="x", yref="paper", line_width=0, opacity=0.35, layer="below")
+    if len(spans) <= max_shapes:
+        return [dict(type="rect", x0=x0, x1=x1, y0=0, y1=1, fillcolor=SPAN_COLOURS[k % 2], **style)
+                for k, (x0, x1) in enumerate(spans)]
+    return [dict(type="path", path=" ".join(f"M{x0!r},0 H{x1!r} V1 H{x0!r} Z" for x0, x1 in spans[k::2]),
+                 fillcolor=SPAN_COLOURS[k], **style) for k in (0, 1)]
+
+
 def value_curve_parts(batch, row: int, *, advantages: dict | None = None, returns=None, lines: dict | None = None,
                       title: str | None = None) -> dict:
     """What :func:`value_curve` draws, as plain data (no plotly objects, so a view can update a
@@ -147,12 +172,7 @@ def value_curve_parts(batch, row: int, *, advantages: dict | None = None, return
         line(name, np.asarray(an.to_numpy(y))[row, :n], 1, {"color": _FALLBACK[i % len(_FALLBACK)], "width": 1.2})
     for i, (name, a) in enumerate((advantages or {}).items()):
         line(f"A ({name})", an.to_numpy(getattr(a, "advantages", a))[row, :n], 2, {"color": _colour(name, i), "width": 1.2})
-    # turn spans shaded over every panel (one layout update: add_vrect per turn is slow in plotly)
-    shapes = [
-        dict(type="rect", xref="x", yref="paper", x0=s - 0.5, x1=e + 0.5, y0=0, y1=1, line_width=0,
-             fillcolor="#9ecae1" if k % 2 == 0 else "#c6dbef", opacity=0.35, layer="below")
-        for k, (s, e) in enumerate(zip(tt["start"].tolist(), tt["end"].tolist()))
-    ]
+    shapes = span_shapes(tt["start"].tolist(), tt["end"].tolist())
     traj = batch.traj_ids[row]
     return {"traces": traces, "shapes": shapes, "two": bool(advantages),
             "title": title if title is not None else f"values along trajectory {traj} ({len(tt)} turns; shaded: turn spans)"}

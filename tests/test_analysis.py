@@ -239,3 +239,18 @@ def test_identical_values_with_round_off_count_as_zero_within():
     assert s["across"][0] == pytest.approx(0.09)
     r = an._variance_split_ref(x, mask)
     assert r["within"][0] == 0.0 and r["ratio"][0] == math.inf
+
+
+def test_disagreement_cache_follows_changed_tensors():
+    b, adv = _two_traj_batch()
+    d = an.Disagreement(b)
+    np.testing.assert_allclose(d(adv), [1 / 3, 0.0])  # P: turn 1 of 3 flips sign; Q: none
+    kept = d._means["c"]
+    # a new tensor for "a" (P's turn 1 now positive, as c's): recomputed; "c" is the same object: kept
+    a2 = adv["a"].clone()
+    a2[0, 3:5] = 1.0
+    np.testing.assert_allclose(d({"a": a2, "c": adv["c"]}), [0.0, 0.0])
+    assert d._means["c"] is kept and d._means["a"][0] is a2
+    # equal to the plain function (a tensor changed in place would keep its old means: the engine
+    # returns new tensors from every run)
+    np.testing.assert_allclose(d({"a": a2, "c": adv["c"]}), an.disagreement(b, {"a": a2, "c": adv["c"]}))

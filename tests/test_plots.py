@@ -122,3 +122,19 @@ def test_line_points_decimates_long_lines_faithfully():
     for lo, hi in ((0, 10_000), (10_300, 30_000), (30_050, n)):  # each run's extremes are drawn
         seg = y[lo:hi]
         assert lo + int(seg.argmin()) in x and lo + int(seg.argmax()) in x
+
+
+def test_span_shapes_rects_then_two_paths():
+    # turns [0, 2], [4, 6], [10, 12]: spans [-0.5, 2.5], [3.5, 6.5], [9.5, 12.5]
+    rects = plots.span_shapes([0, 4, 10], [2, 6, 12], max_shapes=3)
+    assert [(s["type"], s["x0"], s["x1"], s["fillcolor"]) for s in rects] == [
+        ("rect", -0.5, 2.5, "#9ecae1"), ("rect", 3.5, 6.5, "#c6dbef"), ("rect", 9.5, 12.5, "#9ecae1")]
+    # more turns than max_shapes: one path per colour, the same rectangles (y in paper units)
+    paths = plots.span_shapes([0, 4, 10], [2, 6, 12], max_shapes=2)
+    assert [(s["type"], s["fillcolor"], s["yref"]) for s in paths] == [("path", "#9ecae1", "paper"), ("path", "#c6dbef", "paper")]
+    assert paths[0]["path"] == "M-0.5,0 H2.5 V1 H-0.5 Z M9.5,0 H12.5 V1 H9.5 Z"
+    assert paths[1]["path"] == "M3.5,0 H6.5 V1 H3.5 Z"
+    # a plotly figure takes them as they are
+    import plotly.graph_objects as go
+
+    assert [s.type for s in go.Figure(layout={"shapes": paths}).layout.shapes] == ["path", "path"]

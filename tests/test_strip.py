@@ -83,3 +83,18 @@ def test_js_module_and_classic_script():
     classic = strip_js(module=False)
     assert "export " not in classic and "window.mpoStrip = { mount, render }" in classic
     assert ".mpo-strip-tok" in strip_css()
+
+
+def test_round_sig_is_the_string_rounding():
+    from mpo_viz.strip import round_sig
+
+    # by hand: 5 significant digits, half to even on exact ties (12345.5, 12344.5 are exact binaries)
+    got = round_sig([0.123456, 12345.5, 12344.5, -0.000987654, 99999.7, 0.0, math.nan, math.inf, 1e-30], 5)
+    np.testing.assert_array_equal(got, [0.12346, 12346.0, 12344.0, -0.00098765, 100000.0, 0.0, np.nan, np.nan, 1e-30])
+    # and element for element what float(f"{v:.5g}") gives, over magnitudes, near-ties and powers of ten
+    rng = np.random.default_rng(0)
+    x = np.concatenate([rng.normal(size=3000) * 10.0 ** rng.integers(-25, 25, 3000),
+                        np.round(rng.normal(size=1000) * 1e4) + 0.5, np.round(rng.normal(size=1000), 5),
+                        np.nextafter(10.0 ** np.arange(-12, 12), np.inf), np.nextafter(10.0 ** np.arange(-12, 12), -np.inf)])
+    for sig in (4, 5):
+        np.testing.assert_array_equal(round_sig(x, sig), [float(f"{v:.{sig}g}") for v in x.tolist()])

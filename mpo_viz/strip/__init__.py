@@ -131,14 +131,41 @@ def strip_js(*, module: bool = True) -> str:
     return "(function () {\n" + head + "\nwindow.mpoStrip = { mount, render };\n})();\n"
 
 
-def _floats(x, sig: int) -> list:
-    """Rounded to ``sig`` significant digits; NaN / inf → None (JSON null)."""
+def round_sig(x, sig: int) -> np.ndarray:
+    """``x`` rounded to ``sig`` significant digits, as float64 (NaN where ``x`` is NaN or ±inf):
+    element for element the number ``float(f"{v:.{sig}g}")`` gives, computed on whole arrays.
+
+    Each finite non-zero ``v`` is scaled by an exact power of ten ``10**k`` (``|k| <= 22``) so that
+    ``sig`` digits are left of the point, rounded half to even, and divided back (one correctly
+    rounded operation, so the result is the double nearest to the decimal, as ``float()`` of the
+    string is). Where that could differ from the string (the scaled value within 1e-9 of a half,
+    i.e. a possible tie; a misjudged exponent; ``|k| > 22``) the value is formatted as a string."""
     a = np.asarray(x, dtype=np.float64).ravel()
-    out: list = []
-    f = f"{{:.{sig}g}}"
-    for v in a.tolist():
-        out.append(float(f.format(v)) if math.isfinite(v) else None)
+    out = np.where(np.isfinite(a), a, np.nan)
+    nz = np.flatnonzero(np.isfinite(a) & (a != 0))
+    if not len(nz):
+        return out
+    w = a[nz]
+    with np.errstate(divide="ignore", over="ignore", invalid="ignore"):
+        k = (sig - 1) - np.floor(np.log10(np.abs(w))).astype(np.int64)
+        ok = np.abs(k) <= 22
+        p = 10.0 ** np.abs(np.where(ok, k, 0))
+        scaled = np.where(k >= 0, w * p, w / p)
+        m = np.rint(scaled)
+        r = np.where(k >= 0, m / p, m * p)
+        mag = np.abs(scaled)
+        frac = mag - np.floor(mag)
+    bad = ~ok | (mag < 10.0 ** (sig - 1)) | (mag >= 10.0**sig) | (np.abs(frac - 0.5) < 1e-9)
+    if bad.any():
+        f = f"{{:.{sig}g}}"
+        r[bad] = [float(f.format(v)) for v in w[bad].tolist()]
+    out[nz] = r
     return out
+
+
+def _floats(x, sig: int) -> list:
+    """Rounded to ``sig`` significant digits (:func:`round_sig`); NaN / inf → None (JSON null)."""
+    return [None if v != v else v for v in round_sig(x, sig).tolist()]
 
 
 def payload_from_arrays(

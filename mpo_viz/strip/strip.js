@@ -10,8 +10,11 @@
 // 50,000-token trajectory scrolls smoothly.
 //
 // Two entry points:
-//   mount(el, payload, options) -> { update(payload), setChannel(name), scrollToToken(i), destroy() }
-//   render({ model, el })       -> cleanup   (anywidget: reads the "payload" and "channel" traits)
+//   mount(el, payload, options) -> { update(payload), patch(p), setChannel(name), scrollToToken(i), destroy() }
+//   render({ model, el })       -> cleanup   (anywidget: reads the "payload", "arrays", "patch" and "channel" traits)
+// patch(p) replaces channels of the payload shown, p = { channels: { name: [number|null] },
+// channel_info: { name: info } } (or its JSON): the tokens keep their layout and scroll position,
+// only the colours, the legend and the hover change (a slider move sends only what it changed).
 // The report inlines this file as a classic script: everything after the EXPORTS marker is cut and
 // `mount`/`render` are put on window.mpoStrip.
 
@@ -21,6 +24,8 @@ const GUTTER = 44; // px, the turn-label column
 const NEG = [178, 24, 43]; // diverging scale (RdBu): negative
 const MID = [247, 247, 247]; // centre
 const POS = [33, 102, 172]; // positive
+const CONTROL = /[\r\n\t]/; // characters displayText replaces
+const PRINTABLE_ASCII = /^[\x20-\x7e]*$/;
 
 function esc(s) {
   return String(s).replace(/[&<>"']/g, (c) => ({ "&": "&amp;", "<": "&lt;", ">": "&gt;", '"': "&quot;", "'": "&#39;" })[c]);
@@ -31,11 +36,14 @@ function displayText(s) {
   if (s === null || s === undefined) return "\u00b7";
   s = String(s);
   if (s.length === 0) return "\u2205";
+  if (!CONTROL.test(s)) return s;
   return s.replace(/\r?\n/g, "\u21b5").replace(/\t/g, "\u21e5").replace(/\r/g, "\u240d");
 }
 
 function fmt(v) {
-  if (v === null || v === undefined || (typeof v === "number" && !Number.isFinite(v))) return v === null || v === undefined ? "\u2014" : String(v);
+  // a missing value: null in JSON, NaN in a typed array (the widget's binary channels)
+  if (v === null || v === undefined || (typeof v === "number" && Number.isNaN(v))) return "\u2014";
+  if (typeof v === "number" && !Number.isFinite(v)) return String(v);
   if (typeof v !== "number") return esc(v);
   const a = Math.abs(v);
   if (a !== 0 && (a < 1e-3 || a >= 1e5)) return v.toExponential(3);
@@ -77,7 +85,9 @@ export function mount(el, payload, options = {}) {
   let channel = options.channel && d.channels[options.channel] ? options.channel : (d.channel && d.channels[d.channel] ? d.channel : d.names[0]);
   const height = options.height || 360;
   const scales = new Map(); // channel -> [centre, scale]
-  const widthCache = new Map();
+  const widthCache = new Map(); // display text -> measured width (without span padding); kept across payloads
+  let cachedFont = "";
+  let asciiAdvance = 0; // width of one printable ASCII character when the token font is monospaced, else 0
   let rowStart = new Int32Array(1); // row r holds tokens rowStart[r] .. rowStart[r+1]-1
   let rowKind = new Uint8Array(0); // 1 = first action row of a turn, 2 = observation row, 0 = continuation
   let nRows = 0;
@@ -136,8 +146,16 @@ export function mount(el, payload, options = {}) {
     // detached from the document (e.g. a widget view not yet attached) there is no computed font:
     // measure with a stand-in and measure again once attached (see renderVisible)
     const font = cs.fontFamily ? `${cs.fontStyle} ${cs.fontWeight} ${cs.fontSize} ${cs.fontFamily}` : "12px monospace";
-    if (font !== ctx.font) widthCache.clear();
-    ctx.font = font;
+    if (font !== cachedFont) {
+      widthCache.clear();
+      ctx.font = font;
+      cachedFont = font;
+      // a monospaced font: every printable ASCII character has one advance, so an ASCII token's
+      // width is its length times it (no canvas call per distinct token)
+      const one = ctx.measureText("W").width;
+      const mono = [" ", "i", "M", "1", "~"].every((c) => Math.abs(ctx.measureText(c.repeat(10)).width - 10 * one) < 1e-3);
+      asciiAdvance = mono ? one : 0;
+    }
     // horizontal padding + border + margin of one token span
     const extra = ["paddingLeft", "paddingRight", "marginRight", "marginLeft", "borderLeftWidth", "borderRightWidth"]
       .reduce((s, k) => s + (parseFloat(cs[k]) || 0), 0);
@@ -149,10 +167,10 @@ export function mount(el, payload, options = {}) {
   function width(s) {
     let w = widthCache.get(s);
     if (w === undefined) {
-      w = ctx.measureText(s).width + spanExtra;
+      w = asciiAdvance && PRINTABLE_ASCII.test(s) ? s.length * asciiAdvance : ctx.measureText(s).width;
       widthCache.set(s, w);
     }
-    return w;
+    return w + spanExtra;
   }
 
   function layout() {
@@ -259,22 +277,33 @@ export function mount(el, payload, options = {}) {
     }
     let h = `<div class="${cls}" style="top:${r * ROW_H}px"><span class="mpo-strip-gutter">${label}</span>`;
     for (let i = a; i < b; i++) {
-      const text = esc(displayText(d.tokens[i]));
-      if (!d.mask[i]) {
-        h += `<span class="mpo-strip-tok mpo-strip-obs" data-i="${i}">${text}</span>`;
-        continue;
-      }
-      const v = vals ? vals[i] : null;
-      if (v === null || v === undefined || !Number.isFinite(v)) {
-        h += `<span class="mpo-strip-tok mpo-strip-na" data-i="${i}">${text}</span>`;
-        continue;
-      }
-      const x = (v - c) / s;
-      const [bg, dark] = colour(x);
-      const clip = Math.abs(x) > 1 + 1e-9 ? " mpo-strip-clip" : "";
-      h += `<span class="mpo-strip-tok${dark ? "" : " mpo-strip-light"}${clip}" data-i="${i}" style="background:${bg}">${text}</span>`;
+      const [tc, bg] = tokenStyle(i, vals, c, s);
+      h += `<span class="${tc}" data-i="${i}"${bg ? ` style="background:${bg}"` : ""}>${esc(displayText(d.tokens[i]))}</span>`;
     }
     return h + "</div>";
+  }
+
+  // [class, background or ""] of token i coloured by `vals` on the scale (c, s)
+  function tokenStyle(i, vals, c, s) {
+    if (!d.mask[i]) return ["mpo-strip-tok mpo-strip-obs", ""];
+    const v = vals ? vals[i] : null;
+    if (v === null || v === undefined || !Number.isFinite(v)) return ["mpo-strip-tok mpo-strip-na", ""];
+    const x = (v - c) / s;
+    const [bg, dark] = colour(x);
+    const clip = Math.abs(x) > 1 + 1e-9 ? " mpo-strip-clip" : "";
+    return [`mpo-strip-tok${dark ? "" : " mpo-strip-light"}${clip}`, bg];
+  }
+
+  // new colours for the token spans in the DOM (the same tokens, rows and positions: a patch)
+  function recolour() {
+    const vals = channel ? d.channels[channel] : null;
+    const [c, s] = channel ? scaleOf(channel) : [0, 1, 0, 0];
+    for (const t of layer.querySelectorAll("[data-i]")) {
+      const i = +t.dataset.i;
+      const [tc, bg] = tokenStyle(i, vals, c, s);
+      t.className = i === hovered ? `${tc} mpo-strip-hover` : tc;
+      t.style.background = bg;
+    }
   }
 
   function renderVisible(force) {
@@ -416,7 +445,6 @@ export function mount(el, payload, options = {}) {
     const keepTop = same ? viewport.scrollTop : 0;
     scales.clear();
     root.classList.toggle("mpo-strip-spaced", d.spaced);
-    widthCache.clear();
     spanExtra = setFont();
     if (!d.channels[channel]) channel = d.channel && d.channels[d.channel] ? d.channel : d.names[0];
     onLeave();
@@ -430,6 +458,22 @@ export function mount(el, payload, options = {}) {
     renderVisible(true);
   }
 
+  function patch(p) {
+    if (typeof p === "string") p = p ? JSON.parse(p) : null;
+    if (!p) return;
+    const chans = p.channels || {};
+    const fresh = Object.keys(chans).filter((k) => !d.channels[k]);
+    if (fresh.length) throw new Error(`mpo strip: patch of channels the payload does not have: ${fresh.join(", ")}`);
+    for (const [k, v] of Object.entries(chans)) {
+      if (v.length !== d.n) throw new Error(`mpo strip: channel ${k} has ${v.length} values for ${d.n} tokens`);
+    }
+    d = { ...d, channels: { ...d.channels, ...chans }, info: { ...d.info, ...(p.channel_info || {}) } };
+    scales.clear();
+    legend();
+    recolour();
+    if (hovered >= 0) showTip(hovered);
+  }
+
   fillControls();
   legend();
   layout();
@@ -439,6 +483,7 @@ export function mount(el, payload, options = {}) {
 
   return {
     update,
+    patch,
     setChannel: (name) => setChannel(name, false),
     scrollToToken,
     get channel() {
@@ -465,11 +510,35 @@ export function mount(el, payload, options = {}) {
   };
 }
 
+// The numbers of a widget payload sent as binary buffers (the "arrays" trait: DataViews), as
+// typed arrays; a view's offset may not be a multiple of the element size, then it is copied.
+function typed(dv, Type) {
+  if (!dv) return null;
+  if (ArrayBuffer.isView(dv) && !(dv instanceof DataView)) return dv;
+  const buf = dv.buffer || dv;
+  const off = dv.byteOffset || 0;
+  const len = dv.byteLength;
+  return off % Type.BYTES_PER_ELEMENT === 0
+    ? new Type(buf, off, len / Type.BYTES_PER_ELEMENT)
+    : new Type(buf.slice(off, off + len));
+}
+
+function withArrays(payload, arrays) {
+  if (!arrays || !arrays.mask) return payload;
+  const p = typeof payload === "string" ? (payload ? JSON.parse(payload) : {}) : { ...payload };
+  p.mask = typed(arrays.mask, Uint8Array);
+  p.turn_ids = typed(arrays.turn_ids, Int32Array);
+  const chans = {};
+  for (const k of Object.keys(p.channels || {})) chans[k] = typed((arrays.channels || {})[k], Float64Array);
+  p.channels = chans;
+  return p;
+}
+
 // anywidget entry point, reached through the module's default object only (anywidget treats a
 // top-level named render as its deprecated form and warns once per model): the model has a
-// "payload" trait (JSON string or object) and optionally a "channel" trait kept in sync both ways.
+// "payload" trait (JSON string or object; its numbers optionally in an "arrays" trait of binary
+// buffers), optionally a "patch" trait and a "channel" trait kept in sync both ways.
 function render({ model, el }) {
-  const read = () => model.get("payload");
   const has = (k) => {
     try {
       return model.get(k) !== undefined;
@@ -477,6 +546,7 @@ function render({ model, el }) {
       return false;
     }
   };
+  const read = () => withArrays(model.get("payload"), has("arrays") ? model.get("arrays") : null);
   const view = mount(el, read(), {
     channel: has("channel") ? model.get("channel") : undefined,
     height: has("height") && model.get("height") ? model.get("height") : undefined,
@@ -487,15 +557,38 @@ function render({ model, el }) {
       }
     },
   });
-  const onPayload = () => view.update(read());
+  const readPatch = () => (has("patch") ? model.get("patch") : "");
+  if (readPatch()) view.patch(readPatch());
+  // a new payload comes with the patch reset; a patch holds every channel replaced since its payload.
+  // payload and arrays change together (one message): one update, once both are set
+  let queued = false;
+  let closed = false;
+  const onPayload = () => {
+    if (queued) return;
+    queued = true;
+    queueMicrotask(() => {
+      queued = false;
+      if (closed) return;
+      view.update(read());
+      if (readPatch()) view.patch(readPatch());
+    });
+  };
+  const onPatch = () => {
+    if (!queued && readPatch()) view.patch(readPatch()); // queued: the update applies it
+  };
   const onChannel = () => {
     const c = model.get("channel");
     if (c) view.setChannel(c);
   };
   model.on("change:payload", onPayload);
+  model.on("change:arrays", onPayload);
+  model.on("change:patch", onPatch);
   model.on("change:channel", onChannel);
   return () => {
+    closed = true;
     model.off("change:payload", onPayload);
+    model.off("change:arrays", onPayload);
+    model.off("change:patch", onPatch);
     model.off("change:channel", onChannel);
     view.destroy();
   };

@@ -64,17 +64,30 @@ class AdvantageEngine:
                                  f"this batch supports {default_estimators(batch) or 'none of mpo, gae, grpo'}")
             self._bound[name] = registry.bind(batch, name)
         self.timings: dict = {}
+        self._last: dict = {}  # name -> (its options as a sorted tuple, its (advantages, returns))
+        self.ran: list[str] = []
 
     def options_for(self, name: str, options: dict) -> dict:
         """Every option estimator ``name`` runs with: its defaults, overridden by those it accepts."""
         return self._bound[name].resolve(**options_of(name, options))
 
     def compute(self, options: dict) -> dict:
+        """``{name: (advantages, returns)}`` for the controls' setting ``options``. An estimator
+        whose own options (:func:`options_of`) are those of the previous call is not run again: its
+        previous tensors are returned (the same objects), so moving β reruns only the estimators
+        that take β. ``ran`` (attribute) lists the estimators this call ran."""
         t0 = time.perf_counter()
         out = {}
+        self.ran = []
         for name, b in self._bound.items():
-            adv, ret, _ = b.run(**options_of(name, options))
-            out[name] = (adv, ret)
+            opts = options_of(name, options)
+            key = tuple(sorted(opts.items()))
+            last = self._last.get(name)
+            if last is None or last[0] != key:
+                adv, ret, _ = b.run(**opts)
+                last = self._last[name] = (key, (adv, ret))
+                self.ran.append(name)
+            out[name] = last[1]
         self.timings["compute"] = time.perf_counter() - t0
         return out
 

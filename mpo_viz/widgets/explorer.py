@@ -35,12 +35,11 @@ __all__ = ["TrajectoryExplorer", "as_batch", "trajectory_table", "RETURN_SOURCES
 #: estimators whose returns the value curve shows (the first present), as the report does
 RETURN_SOURCES = ("mpo", "mae", "gae", "turn_gae", "vapo")
 
-_TABLE_CSS = """<style>
-.mpo-turns table { border-collapse: collapse; font-size: 12px; }
+_TABLE_CSS = """.mpo-turns table { border-collapse: collapse; font-size: 12px; }
 .mpo-turns td, .mpo-turns th { padding: 2px 8px; border-bottom: 1px solid #eee; text-align: right;
   font-variant-numeric: tabular-nums; }
 .mpo-turns th { background: #f6f6f6; }
-</style>"""
+"""
 
 
 def as_batch(source):
@@ -95,10 +94,12 @@ def token_decoder(tokens):
     return tokens
 
 
-def frame_html(df: pd.DataFrame) -> str:
+def frame_html(df: pd.DataFrame, *, css: bool = True) -> str:
     """A DataFrame as a compact HTML table for an ``ipywidgets.HTML`` (the explorer's turn table,
-    the comparison's agreement tables)."""
-    return _TABLE_CSS + df.to_html(index=False, float_format=lambda v: f"{v:.4g}", na_rep="—", border=0)
+    the comparison's agreement tables). ``css=False``: without the table's ``<style>``, for a view
+    that holds it once in a :func:`mpo_viz.widgets.export.style_widget`."""
+    table = df.to_html(index=False, float_format=lambda v: f"{v:.4g}", na_rep="—", border=0)
+    return f"<style>{_TABLE_CSS}</style>" + table if css else table
 
 
 class TrajectoryExplorer(W.VBox):
@@ -124,7 +125,7 @@ class TrajectoryExplorer(W.VBox):
     def __init__(self, batch, *, estimators=None, row=0, page_size: int = 15, tokens=None,
                  strip_height: int = 320, params: ParamControls | None = None, show_picker: bool = True,
                  figure_width: int | None = None, scale="absolute", **options):
-        from mpo_viz.widgets.export import ExportBar
+        from mpo_viz.widgets.export import ExportBar, style_widget
         from mpo_viz.widgets.scales import ColourScale
 
         self.batch = as_batch(batch)
@@ -139,6 +140,7 @@ class TrajectoryExplorer(W.VBox):
         self.timings: dict = {}
         self.results = self.engine.compute(self.params.options)
         self.scale = ColourScale(scale, self.batch, self.results)
+        self._disagreement = an.Disagreement(self.batch)  # the picker's column, again on every slider move
         self.picker = TrajectoryPicker(trajectory_table(self.batch, self._adv()), page_size=page_size,
                                        sort_by="reward", descending=True)
         self.strip = StripWidget(height=strip_height)
@@ -158,7 +160,7 @@ class TrajectoryExplorer(W.VBox):
         controls = W.HBox([self.params, self.scale.control], layout=W.Layout(flex_flow="row wrap",
                                                                               align_items="flex-end"))
         children = ([self.picker] if show_picker else []) + [controls, self.status, self.strip, self.figure_box,
-                                                              self.turns, self.export]
+                                                              style_widget(_TABLE_CSS), self.turns, self.export]
         super().__init__(children, layout=W.Layout(width="100%"))
         self.add_class("mpo-explorer")
         self.add_class("mpo-view")
@@ -261,7 +263,7 @@ class TrajectoryExplorer(W.VBox):
         shown = self.turn_df.head(MAX_TURN_ROWS)
         more = (f"<p class='mpo-note'>first {MAX_TURN_ROWS} of {len(self.turn_df):,} turns; all of them in the CSV</p>"
                 if len(self.turn_df) > MAX_TURN_ROWS else "")
-        self.turns.value = frame_html(shown) + more
+        self.turns.value = frame_html(shown, css=False) + more  # the table's CSS is a child set once
         self.export.set_tables(self.tables())
 
     def tables(self) -> dict:
@@ -299,33 +301,50 @@ class TrajectoryExplorer(W.VBox):
 
     # --- parameters -----------------------------------------------------------------------------------
     def _params_changed(self, options: dict) -> None:
+        # Sent in the order the browser takes longest over: the value curve first (plotly's redraw
+        # is most of a move's time in the browser; it starts while the kernel builds the rest),
+        # then the strip's patch, the picker's column, the per-turn table and the header.
         t0 = time.perf_counter()
         self.results = self.engine.compute(options)
-        t1 = time.perf_counter()
-        if "disagree" in self.picker.table.columns:
-            self.picker.set_column("disagree", an.disagreement(self.batch, self._adv()))
-        t2 = time.perf_counter()
+        ran = set(self.engine.ran)  # the estimators whose options changed; the others kept their tensors
         adv, ret = self._row_arrays()
-        payload = dict(self.strip.payload_dict)
-        payload["channels"] = {**payload["channels"], **self._adv_channels(adv)}
-        payload["channel_info"] = {k: dict(v) for k, v in payload["channel_info"].items()}
-        self.scale.apply(payload)
-        t3 = time.perf_counter()
-        self.strip.set_payload(payload)
-        t4 = time.perf_counter()
+        t1 = time.perf_counter()
         if self.figure is not None:
             act = self._sub.mask[0, : self._n].numpy() != 0
-            with self.figure.batch_update():
+            src = self._ret_source()
+            with self.figure.batch_update():  # one message: the traces whose numbers changed
                 for tr in self.figure.data:
-                    if tr.name and tr.name.startswith("A (") and tr.name[3:-1] in adv:
-                        tr.x, tr.y = plots.line_points(adv[tr.name[3:-1]][0], act)
-                    elif tr.name == "return" and ret is not None:
-                        tr.x, tr.y = plots.line_points(ret[0], act)
+                    if tr.name and tr.name.startswith("A (") and tr.name[3:-1] in adv and tr.name[3:-1] in ran:
+                        self._set_line(tr, *plots.line_points(adv[tr.name[3:-1]][0], act))
+                    elif tr.name == "return" and ret is not None and src in ran:
+                        self._set_line(tr, *plots.line_points(ret[0], act))
+        t2 = time.perf_counter()
+        # the strip: only the channels of the estimators that ran (and every advantage channel's
+        # colour scale, which "shared" takes from all of them) go to the browser, as a patch
+        chans = {k: v for k, v in self._adv_channels(adv).items() if k.split("_", 1)[1] in ran}
+        payload = dict(self.strip.payload_dict)
+        payload["channels"] = {**payload["channels"], **chans}
+        payload["channel_info"] = {k: dict(v) for k, v in payload["channel_info"].items()}
+        self.scale.apply(payload)
+        info = {k: v for k, v in payload["channel_info"].items() if k.startswith(("adv_", "micro_"))}
+        t3 = time.perf_counter()
+        self.strip.update_channels(chans, info)
+        t4 = time.perf_counter()
+        if "disagree" in self.picker.table.columns and ran:
+            self.picker.set_column("disagree", self._disagreement(self._adv()))
         t5 = time.perf_counter()
         self._update_turns(adv, ret)
-        self.timings = {"compute": t1 - t0, "picker": t2 - t1, "payload": t3 - t2, "push": t4 - t3,
-                        "figure": t5 - t4, "turn_table": time.perf_counter() - t5}
+        self.timings = {"compute": t1 - t0, "figure": t2 - t1, "payload": t3 - t2, "push": t4 - t3,
+                        "picker": t5 - t4, "turn_table": time.perf_counter() - t5}
         self._status()
+
+    @staticmethod
+    def _set_line(tr, x, y) -> None:
+        """Set a trace's points; ``x`` only when it differs (below ``MAX_LINE_POINTS`` tokens it is
+        the token positions, the same for every option setting), so a slider move sends ``y`` alone."""
+        if tr.x is None or len(tr.x) != len(x) or not np.array_equal(np.asarray(tr.x), x):
+            tr.x = x
+        tr.y = y
 
     def _rescale(self) -> None:
         payload = dict(self.strip.payload_dict)

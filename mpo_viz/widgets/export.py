@@ -22,7 +22,7 @@ from mpo_viz.export import (
     write_tables,
 )
 
-__all__ = ["ExportBar", "csv_link", "write_tables", "write_figures", "static_export_available", "FIGURE_FORMATS"]
+__all__ = ["ExportBar", "style_widget", "csv_link", "write_tables", "write_figures", "static_export_available", "FIGURE_FORMATS"]
 
 _DOWNLOAD_JS = (
     "(async function(btn, format){"
@@ -47,27 +47,41 @@ _CSS = (".mpo-export { display: flex; flex-wrap: wrap; gap: 4px 10px; align-item
         ".mpo-export a { color: #1f5fa8; } .mpo-export-note { color: #666; }")
 
 
-class ExportBar(W.HTML):
+def style_widget(css: str) -> W.HTML:
+    """A hidden HTML widget holding a ``<style>`` (it applies to the page while the widget is shown).
+    Views keep their CSS in one of these, set once, instead of inside HTML they replace on every
+    update: each ``<style>`` element put into the page makes the browser rebuild its style rules
+    (about 10 ms in JupyterLab, whose own stylesheets are large)."""
+    return W.HTML(f"<style>{css}</style>", layout=W.Layout(display="none"))
+
+
+class ExportBar(W.VBox):
     """"export: PNG SVG · <table> (CSV) …": the buttons download every figure of the enclosing view
     (the nearest element with class ``mpo-view``) with plotly.js's own image export; the links are
-    the view's tables as CSV. A plain HTML widget (no extra front-end module).
+    the view's tables as CSV. Plain HTML widgets (no extra front-end module): the bar, and its
+    stylesheet in a hidden one set once (:func:`style_widget`).
 
-    ``set_tables({name: DataFrame})`` refreshes the CSV links.
+    ``set_tables({name: DataFrame})`` refreshes the CSV links; ``value`` is the bar's HTML.
     """
 
     def __init__(self, basename: str = "mpo_viz"):
         self.basename = basename
         self.links = ""
-        super().__init__()
+        self.bar = W.HTML()
+        super().__init__([style_widget(_CSS), self.bar])
         self._draw()
+
+    @property
+    def value(self) -> str:
+        return self.bar.value
 
     def _draw(self) -> None:
         b = html.escape(self.basename, quote=True)
-        self.value = (f"<style>{_CSS}</style><div class='mpo-export'><span class='mpo-export-label'>export</span>"
-                      f"<button class='mpo-export-png' data-base='{b}' title='every figure of this view as PNG "
-                      f"(plotly.js export)' onclick=\"{_DOWNLOAD_JS % 'png'}\">PNG</button>"
-                      f"<button class='mpo-export-svg' data-base='{b}' title='every figure of this view as SVG "
-                      f"(plotly.js export)' onclick=\"{_DOWNLOAD_JS % 'svg'}\">SVG</button>{self.links}</div>")
+        self.bar.value = (f"<div class='mpo-export'><span class='mpo-export-label'>export</span>"
+                          f"<button class='mpo-export-png' data-base='{b}' title='every figure of this view as PNG "
+                          f"(plotly.js export)' onclick=\"{_DOWNLOAD_JS % 'png'}\">PNG</button>"
+                          f"<button class='mpo-export-svg' data-base='{b}' title='every figure of this view as SVG "
+                          f"(plotly.js export)' onclick=\"{_DOWNLOAD_JS % 'svg'}\">SVG</button>{self.links}</div>")
 
     def set_tables(self, tables: dict) -> None:
         self.links = " ".join(csv_link(df, name) for name, df in tables.items())

@@ -1,4 +1,4 @@
-// mpo_viz figure widget: plotly's own FigureWidget front end, with two changes.
+// mpo_viz figure widget: plotly's own FigureWidget front end, with three changes.
 //
 // 1. Imported once per page. anywidget imports a widget's ES module afresh for every model (a new
 //    blob URL each time), and plotly's module is ~5 MB: reopening a notebook with a live kernel
@@ -10,6 +10,11 @@
 //    width there it takes its 700 px default. A ResizeObserver redraws the figure at the element's
 //    width once it has one (and when the output is resized); the layout's height is kept. Figures
 //    given an explicit layout width keep it.
+// 3. Its reports to Python after a redraw come after the frame. After every update plotly's view
+//    diffs its full layout and full data against the model and sends the differences back to
+//    Python (_sendLayoutDelta, _sendTraceDeltas), synchronously, before the browser can paint the
+//    redraw: about a fifth of a slider move's redraw. Here they run once the next frame is out (in
+//    order, each with its own edit id, reading the state at that time), so the new curve shows first.
 
 const KEY = Symbol.for("mpo_viz.plotly_widget_module");
 
@@ -21,6 +26,34 @@ function plotlyModule(source) {
     g[KEY] = import(/* webpackIgnore: true */ /* @vite-ignore */ url).finally(() => URL.revokeObjectURL(url));
   }
   return g[KEY];
+}
+
+const DEFERRED = Symbol.for("mpo_viz.plotly_deltas_deferred");
+
+// fn after the next frame; by a timer alone where frames do not come (a hidden tab)
+function afterFrame(fn) {
+  let ran = false;
+  const run = () => {
+    if (!ran) {
+      ran = true;
+      fn();
+    }
+  };
+  requestAnimationFrame(() => setTimeout(run, 0));
+  setTimeout(run, 250);
+}
+
+function deferDeltas(mod) {
+  const View = mod && mod.FigureView;
+  if (!View || View.prototype[DEFERRED]) return;
+  for (const name of ["_sendLayoutDelta", "_sendTraceDeltas"]) {
+    const send = View.prototype[name];
+    if (typeof send !== "function") continue;
+    View.prototype[name] = function (...args) {
+      afterFrame(() => send.apply(this, args));
+    };
+  }
+  View.prototype[DEFERRED] = true;
 }
 
 function fit(gd) {
@@ -36,6 +69,7 @@ export default () => {
   return {
     async initialize(ctx) {
       const mod = await plotlyModule(ctx.model.get("_plotly_esm"));
+      deferDeltas(mod);
       inner = typeof mod.default === "function" ? mod.default() : mod.default;
       if (!inner || !inner.render) throw new Error("mpo_viz figure: plotly's widget module has no default export with render()");
       return inner.initialize ? inner.initialize(ctx) : undefined;

@@ -92,3 +92,70 @@ def test_empty_and_channel_less_payloads(page, page_errors, tmp_path):
     assert "action" in page.inner_text("#b .mpo-strip-tip")
     assert page.is_disabled("#b select.mpo-strip-channel")
     assert page_errors == []
+
+
+def test_patch_recolours_without_a_new_payload(page, page_errors, tmp_path):
+    p = payload_from_arrays(["a", "b", "c", "d"], [1, 1, 0, 1], None, {"x": [1.0, -1.0, 0.0, 0.5], "y": [0.1, 0.2, 0.3, 0.4]},
+                            channel_info={"x": {"scale": 1.0}}, title="patched")
+    patch = {"channels": {"x": [1.0, 2.0, None, -0.5]}, "channel_info": {"x": {"label": "x", "center": 0.0, "scale": 2.0}}}
+    html = (f"<!doctype html><meta charset=utf-8><style>{strip_css()}</style><div id=w></div><div id=v></div>"
+            f"<script type=module>{strip_js()}\n{_MODEL}\n"
+            f"window.model = new FakeModel({{payload: {json.dumps(json.dumps(p))}, patch: '', channel: 'x'}});\n"
+            "window.cleanup = render({ model: window.model, el: document.getElementById('w') });\n"
+            "window.render = render; window.ready = true;</script>")
+    f = tmp_path / "p.html"
+    f.write_text(html)
+    page.goto(f.as_uri())
+    page.wait_for_function("window.ready === true")
+    bg = "(sel) => [...document.querySelectorAll(sel + ' .mpo-strip-tok:not(.mpo-strip-obs)')].map((t) => t.style.background)"
+    assert page.evaluate(bg, "#w")[0] == "rgb(33, 102, 172)"  # 1.0 at scale 1: the end colour
+    page.evaluate("window.before = document.querySelector('#w .mpo-strip-row')")
+    page.evaluate(f"window.model.set('patch', {json.dumps(json.dumps(patch))})")
+    # by hand: 1.0 / 2 -> half way to blue (140, 175, 210); 2.0 / 2 -> blue; -0.5 / 2 -> a quarter to red (230, 191, 196)
+    want = ["rgb(140, 175, 210)", "rgb(33, 102, 172)", "rgb(230, 191, 196)"]
+    assert page.evaluate(bg, "#w") == want
+    assert page.inner_text("#w .mpo-strip-hi") == "2"
+    assert "patched" in page.inner_text("#w .mpo-strip-title")
+    page.hover("#w [data-i='1']")
+    assert "2" in page.inner_text("#w .mpo-strip-tip tr.mpo-strip-active")
+    # a view opened later from the same model shows the payload with the patch applied
+    page.evaluate("window.cleanup2 = render({ model: window.model, el: document.getElementById('v') }); 0")
+    assert page.evaluate(bg, "#v") == want
+    # a new payload (with the patch reset) replaces both
+    page.evaluate(f"window.model.state.patch = ''; window.model.set('payload', {json.dumps(json.dumps(p))})")
+    assert page.evaluate(bg, "#w")[0] == "rgb(33, 102, 172)"
+    page.evaluate("window.cleanup(); window.cleanup2()")
+    assert page.evaluate("Object.values(window.model.handlers).every((h) => h.length === 0)")
+    assert page_errors == []
+
+
+def test_render_reads_numbers_from_binary_arrays(page, page_errors, tmp_path):
+    from mpo_viz.widgets.strip_widget import split_payload
+
+    p = payload_from_arrays(["a", "b", "c"], [1, 0, 1], [0, 0, 1], {"x": [0.5, None, -2.0], "y": [1.0, 2.0, 3.0]}, title="bin")
+    wire, _ = split_payload(p)
+    # the buffers as the widget manager hands them over: DataViews, one at an odd offset (copied)
+    html = (f"<!doctype html><meta charset=utf-8><style>{strip_css()}</style><div id=w></div>"
+            f"<script type=module>{strip_js()}\n{_MODEL}\n"
+            "const x = new Uint8Array(new Float64Array([0.5, NaN, -2.0]).buffer);\n"
+            "const odd = new ArrayBuffer(25); new Uint8Array(odd, 1, 24).set(x);\n"
+            "const arrays = {channels: {x: new DataView(odd, 1, 24), y: new DataView(new Float64Array([1, 2, 3]).buffer)},\n"
+            "  mask: new DataView(new Uint8Array([1, 0, 1]).buffer), turn_ids: new DataView(new Int32Array([0, 0, 1]).buffer)};\n"
+            f"window.model = new FakeModel({{payload: {json.dumps(json.dumps(wire))}, arrays, patch: '', channel: 'x'}});\n"
+            "window.cleanup = render({ model: window.model, el: document.getElementById('w') });\n"
+            "window.ready = true;</script>")
+    f = tmp_path / "b.html"
+    f.write_text(html)
+    page.goto(f.as_uri())
+    page.wait_for_function("window.ready === true")
+    assert page.locator("#w .mpo-strip-tok").count() == 3 and page.locator("#w .mpo-strip-obs").count() == 1
+    # by hand: the strip's own scale is the lower 99th-percentile |x| over action tokens {0.5, 2}: 0.5;
+    # 0.5 -> the blue end, -2 -> the red end, clipped
+    bg = page.evaluate("[...document.querySelectorAll('#w .mpo-strip-tok:not(.mpo-strip-obs)')].map((t) => t.style.background)")
+    assert bg == ["rgb(33, 102, 172)", "rgb(178, 24, 43)"]
+    assert page.locator("#w .mpo-strip-clip").count() == 1
+    page.hover("#w [data-i='1']")  # the observation token: x is missing (NaN), y is 2
+    rows = page.eval_on_selector_all("#w .mpo-strip-tip tr", "rs => rs.map((r) => r.textContent)")
+    assert rows == ["x\u2014", "y2"]
+    page.evaluate("window.cleanup()")
+    assert page_errors == []

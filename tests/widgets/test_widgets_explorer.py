@@ -81,7 +81,7 @@ def test_slider_recomputes_strip_figure_and_turn_table(batch):
     opts = {**ex.params.options}
     assert opts["beta"] == 0.25 and opts["lam@mpo"] == 0.8 and opts["lam@gae"] == 1.0  # gae keeps its own λ
     ref = {k: _expected(batch, k, **opts) for k in ("mpo", "gae", "grpo")}
-    p = json.loads(ex.strip.payload)  # what the browser receives
+    p = ex.strip.synced_payload()  # what the browser holds: the payload pushed, the patch of channels since
     for k, r in ref.items():
         want = r.advantages[2, :n].numpy().astype(np.float64)
         got = _channel(p, f"adv_{k}", n)

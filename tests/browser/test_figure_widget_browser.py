@@ -1,0 +1,44 @@
+"""figure.js (the figure widget's front end) around a stand-in for plotly's widget module, in
+Chromium: the deltas plotly's view reports to Python after a redraw are sent after the next frame,
+in the order they were asked for, with their arguments."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from mpo_viz.widgets.figure import FIGURE_JS
+
+pytestmark = pytest.mark.browser
+
+# plotly's module exports FigureView (whose _sendLayoutDelta / _sendTraceDeltas report to Python)
+# and a default {initialize, render}; this stand-in records the calls
+_FAKE_PLOTLY = """
+export class FigureView {
+  _sendLayoutDelta(id) { globalThis.sent.push(['layout', id]); }
+  _sendTraceDeltas(id) { globalThis.sent.push(['trace', id]); }
+}
+export default () => ({ initialize() {}, render() { return () => {}; } });
+"""
+
+
+def test_deltas_to_python_follow_the_frame(page, page_errors, tmp_path):
+    html = ("<!doctype html><meta charset=utf-8><div id=f></div><script type=module>\n"
+            f"{FIGURE_JS.replace('export default', 'const widget =')}\n"
+            "window.sent = [];\n"
+            f"const model = {{ get: (k) => (k === '_plotly_esm' ? {json.dumps(_FAKE_PLOTLY)} : undefined) }};\n"
+            "const w = widget(); await w.initialize({ model });\n"
+            "const mod = await globalThis[Symbol.for('mpo_viz.plotly_widget_module')];\n"
+            "const view = new mod.FigureView();\n"
+            "view._sendTraceDeltas(7); view._sendLayoutDelta(8);\n"
+            "window.syncSent = window.sent.length;\n"
+            "await new Promise((r) => requestAnimationFrame(() => setTimeout(r, 20)));\n"
+            "window.ready = true;</script>")
+    f = tmp_path / "f.html"
+    f.write_text(html)
+    page.goto(f.as_uri())
+    page.wait_for_function("window.ready === true")
+    assert page.evaluate("window.syncSent") == 0  # nothing before the frame
+    assert page.evaluate("window.sent") == [["trace", 7], ["layout", 8]]
+    assert page_errors == []
