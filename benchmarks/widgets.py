@@ -295,6 +295,7 @@ def report_lab(runs: list, loads: list, repeats: int) -> None:
           f"JupyterLab and the median of {repeats} repeats (50k pick: 3); the table is the median over runs\n")
     print("load average (1 min) at start / end of each run: "
           + "; ".join(f"run {i + 1}: {a:.2f} / {b:.2f}" for i, (a, b) in enumerate(loads)) + f" ({os.cpu_count()} CPUs)\n")
+    print("targets are from the input to the last redraw; the next painted frame is the stricter reading\n")
     print("| action | Python side ms (kernel) | Chromium: input -> redrawn ms | Chromium: -> next frame painted ms "
           "| per run (painted ms) | target ms | browser / Python |")
     print("|---|---|---|---|---|---|---|")
@@ -303,8 +304,9 @@ def report_lab(runs: list, loads: list, repeats: int) -> None:
         ms = statistics.median(r[k]["ms"] for r in runs)
         painted = statistics.median(r[k]["painted"] for r in runs)
         each = ", ".join(f"{r[k]['painted']:.0f}" for r in runs)
-        print(f"| {k} | {py:.0f} | {ms:.0f} | {painted:.0f} | {each} | {target} "
-              f"({'met' if painted <= target else 'NOT met'}) | {ms / max(py, 1e-9):.1f}x |")
+        redrawn_ok, painted_ok = ("met" if v <= target else "NOT met" for v in (ms, painted))
+        print(f"| {k} | {py:.0f} | {ms:.0f} | {painted:.0f} | {each} | {target} (redrawn: {redrawn_ok}; "
+              f"painted: {painted_ok}) | {ms / max(py, 1e-9):.1f}x |")
 
 
 def main(argv=None) -> int:
