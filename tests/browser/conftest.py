@@ -115,6 +115,21 @@ def page(browser, page_errors, page_requests):
 
 
 @pytest.fixture
+def open_html(page, tmp_path):
+    """``open_html(html)``: write a self-contained test page to a file, open it in ``page`` and wait
+    until its script sets ``window.ready = true`` (file:// pages cannot import modules from files,
+    so the tested ES modules are inlined in ``html``)."""
+    def _open(html: str, name: str = "page.html"):
+        f = tmp_path / name
+        f.write_text(html)
+        page.goto(f.as_uri())
+        page.wait_for_function("window.ready === true")
+        return page
+
+    return _open
+
+
+@pytest.fixture
 def jupyter_server(tmp_path):
     """A fresh JupyterLab server for one test: 127.0.0.1, a free port, no token, ``--allow-root``,
     root folder ``tmp_path / "root"``; isolated config/runtime/workspace folders. Yields an object

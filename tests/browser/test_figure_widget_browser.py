@@ -23,7 +23,7 @@ export default () => ({ initialize() {}, render() { return () => {}; } });
 """
 
 
-def test_deltas_to_python_follow_the_frame(page, page_errors, tmp_path):
+def test_deltas_to_python_follow_the_frame(page, page_errors, open_html):
     html = ("<!doctype html><meta charset=utf-8><div id=f></div><script type=module>\n"
             f"{FIGURE_JS.replace('export default', 'const widget =')}\n"
             "window.sent = [];\n"
@@ -35,10 +35,7 @@ def test_deltas_to_python_follow_the_frame(page, page_errors, tmp_path):
             "window.syncSent = window.sent.length;\n"
             "await new Promise((r) => requestAnimationFrame(() => setTimeout(r, 20)));\n"
             "window.ready = true;</script>")
-    f = tmp_path / "f.html"
-    f.write_text(html)
-    page.goto(f.as_uri())
-    page.wait_for_function("window.ready === true")
+    open_html(html, "f.html")
     assert page.evaluate("window.syncSent") == 0  # nothing before the frame
     assert page.evaluate("window.sent") == [["trace", 7], ["layout", 8]]
     assert page_errors == []

@@ -22,7 +22,7 @@ class FakeModel {
 """
 
 
-def test_render_follows_the_model_both_ways(page, page_errors, tmp_path):
+def test_render_follows_the_model_both_ways(page, page_errors, open_html):
     p1 = payload_from_arrays(["a", "b", "c", "d"], [1, 1, 0, 1], None, {"x": [1.0, -1.0, 0.0, 0.5], "y": [0.1, 0.2, 0.3, 0.4]},
                              title="first")
     p2 = payload_from_arrays(["p", "q"], [1, 1], None, {"y": [1.0, 2.0]}, title="second")
@@ -32,10 +32,7 @@ def test_render_follows_the_model_both_ways(page, page_errors, tmp_path):
             f"window.model = new FakeModel({{payload: {json.dumps(json.dumps(p1))}, channel: 'x'}});\n"
             "window.cleanup = render({ model: window.model, el: document.getElementById('w') });\n"
             "window.ready = true;</script>")
-    f = tmp_path / "w.html"
-    f.write_text(html)
-    page.goto(f.as_uri())
-    page.wait_for_function("window.ready === true")
+    open_html(html, "w.html")
     assert page.input_value("#w select.mpo-strip-channel") == "x"
     assert "first" in page.inner_text("#w .mpo-strip-title")
     # UI -> model
@@ -94,7 +91,7 @@ def test_empty_and_channel_less_payloads(page, page_errors, tmp_path):
     assert page_errors == []
 
 
-def test_patch_recolours_without_a_new_payload(page, page_errors, tmp_path):
+def test_patch_recolours_without_a_new_payload(page, page_errors, open_html):
     p = payload_from_arrays(["a", "b", "c", "d"], [1, 1, 0, 1], None, {"x": [1.0, -1.0, 0.0, 0.5], "y": [0.1, 0.2, 0.3, 0.4]},
                             channel_info={"x": {"scale": 1.0}}, title="patched")
     patch = {"channels": {"x": [1.0, 2.0, None, -0.5]}, "channel_info": {"x": {"label": "x", "center": 0.0, "scale": 2.0}}}
@@ -103,10 +100,7 @@ def test_patch_recolours_without_a_new_payload(page, page_errors, tmp_path):
             f"window.model = new FakeModel({{payload: {json.dumps(json.dumps(p))}, patch: '', channel: 'x'}});\n"
             "window.cleanup = render({ model: window.model, el: document.getElementById('w') });\n"
             "window.render = render; window.ready = true;</script>")
-    f = tmp_path / "p.html"
-    f.write_text(html)
-    page.goto(f.as_uri())
-    page.wait_for_function("window.ready === true")
+    open_html(html, "p.html")
     bg = "(sel) => [...document.querySelectorAll(sel + ' .mpo-strip-tok:not(.mpo-strip-obs)')].map((t) => t.style.background)"
     assert page.evaluate(bg, "#w")[0] == "rgb(33, 102, 172)"  # 1.0 at scale 1: the end colour
     page.evaluate("window.before = document.querySelector('#w .mpo-strip-row')")
@@ -129,7 +123,7 @@ def test_patch_recolours_without_a_new_payload(page, page_errors, tmp_path):
     assert page_errors == []
 
 
-def test_render_reads_numbers_from_binary_arrays(page, page_errors, tmp_path):
+def test_render_reads_numbers_from_binary_arrays(page, page_errors, open_html):
     from mpo_viz.widgets.strip_widget import split_payload
 
     p = payload_from_arrays(["a", "b", "c"], [1, 0, 1], [0, 0, 1], {"x": [0.5, None, -2.0], "y": [1.0, 2.0, 3.0]}, title="bin")
@@ -144,10 +138,7 @@ def test_render_reads_numbers_from_binary_arrays(page, page_errors, tmp_path):
             f"window.model = new FakeModel({{payload: {json.dumps(json.dumps(wire))}, arrays, patch: '', channel: 'x'}});\n"
             "window.cleanup = render({ model: window.model, el: document.getElementById('w') });\n"
             "window.ready = true;</script>")
-    f = tmp_path / "b.html"
-    f.write_text(html)
-    page.goto(f.as_uri())
-    page.wait_for_function("window.ready === true")
+    open_html(html, "b.html")
     assert page.locator("#w .mpo-strip-tok").count() == 3 and page.locator("#w .mpo-strip-obs").count() == 1
     # by hand: the strip's own scale is the lower 99th-percentile |x| over action tokens {0.5, 2}: 0.5;
     # 0.5 -> the blue end, -2 -> the red end, clipped
