@@ -137,8 +137,9 @@ class Config:
     sft_batch_episodes: int = 16
     """Expert episodes per SFT step."""
     sft_lr: float = 3e-3
-    """AdamW learning rate of SFT (3e-3: at 1e-3 the 1M model had not started copying after 600
-    steps; at 6e-3 it stalled)."""
+    """AdamW learning rate of SFT (3e-3: on ``search`` at 1e-3 the 1M model had not started copying
+    after 600 steps; at 6e-3 it stalled. The best rate depends on the task: on one-room
+    ``automation`` 1e-3 copied within 100 steps and 3e-3 did not in 300)."""
     sft_eval_interval: int = 50
     """SFT steps between greedy evaluations (which decide the stop)."""
 
