@@ -24,7 +24,7 @@ from mpo_viz import analysis as an
 from mpo_viz import plots
 from mpo_viz.strip import strip_payload
 from mpo_viz.widgets.engine import AdvantageEngine, ParamControls, default_estimators
-from mpo_viz.widgets.explorer import as_batch, frame_html, opts_text, trajectory_table
+from mpo_viz.widgets.explorer import TABLE_CSS, as_batch, frame_html, opts_text, trajectory_table
 from mpo_viz.widgets.figure import FigureWidget
 from mpo_viz.widgets.picker import TrajectoryPicker
 from mpo_viz.widgets.snapshot import Snapshot
@@ -45,7 +45,7 @@ class EstimatorComparison(W.VBox):
     def __init__(self, batch, estimators=None, *, row=0, page_size: int = 10, tokens=None,
                  strip_height: int = 160, params: ParamControls | None = None, scale="absolute", **options):
         from mpo_viz.widgets.explorer import token_decoder
-        from mpo_viz.widgets.export import ExportBar
+        from mpo_viz.widgets.export import ExportBar, style_widget
         from mpo_viz.widgets.scales import ColourScale
 
         self.batch = as_batch(batch)
@@ -76,7 +76,8 @@ class EstimatorComparison(W.VBox):
         strips = [w for n in self.names for w in (self.strip_labels[n], self.strips[n])]
         controls = W.HBox([self.params, self.scale.control], layout=W.Layout(flex_flow="row wrap",
                                                                               align_items="flex-end"))
-        super().__init__([self.picker, controls, *strips, self.figure_box, self.metrics, self.export],
+        super().__init__([self.picker, controls, *strips, self.figure_box, style_widget(TABLE_CSS), self.metrics,
+                          self.export],
                          layout=W.Layout(width="100%"))
         self.add_class("mpo-comparison")
         self.add_class("mpo-view")

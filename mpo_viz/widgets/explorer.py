@@ -35,7 +35,7 @@ __all__ = ["TrajectoryExplorer", "as_batch", "trajectory_table", "RETURN_SOURCES
 #: estimators whose returns the value curve shows (the first present), as the report does
 RETURN_SOURCES = ("mpo", "mae", "gae", "turn_gae", "vapo")
 
-_TABLE_CSS = """.mpo-turns table { border-collapse: collapse; font-size: 12px; }
+TABLE_CSS = """.mpo-turns table { border-collapse: collapse; font-size: 12px; }
 .mpo-turns td, .mpo-turns th { padding: 2px 8px; border-bottom: 1px solid #eee; text-align: right;
   font-variant-numeric: tabular-nums; }
 .mpo-turns th { background: #f6f6f6; }
@@ -94,12 +94,12 @@ def token_decoder(tokens):
     return tokens
 
 
-def frame_html(df: pd.DataFrame, *, css: bool = True) -> str:
-    """A DataFrame as a compact HTML table for an ``ipywidgets.HTML`` (the explorer's turn table,
-    the comparison's agreement tables). ``css=False``: without the table's ``<style>``, for a view
-    that holds it once in a :func:`mpo_viz.widgets.export.style_widget`."""
-    table = df.to_html(index=False, float_format=lambda v: f"{v:.4g}", na_rep="—", border=0)
-    return f"<style>{_TABLE_CSS}</style>" + table if css else table
+def frame_html(df: pd.DataFrame) -> str:
+    """A DataFrame as a compact HTML table for an ``ipywidgets.HTML`` with class ``mpo-turns`` (the
+    explorer's turn table, the comparison's agreement tables). Its stylesheet, ``TABLE_CSS``, is not
+    in the HTML: a view holds it once in a :func:`mpo_viz.widgets.export.style_widget`, since a
+    ``<style>`` in HTML replaced on every update makes the browser rebuild its style rules."""
+    return df.to_html(index=False, float_format=lambda v: f"{v:.4g}", na_rep="—", border=0)
 
 
 class TrajectoryExplorer(W.VBox):
@@ -160,7 +160,7 @@ class TrajectoryExplorer(W.VBox):
         controls = W.HBox([self.params, self.scale.control], layout=W.Layout(flex_flow="row wrap",
                                                                               align_items="flex-end"))
         children = ([self.picker] if show_picker else []) + [controls, self.status, self.strip, self.figure_box,
-                                                              style_widget(_TABLE_CSS), self.turns, self.export]
+                                                              style_widget(TABLE_CSS), self.turns, self.export]
         super().__init__(children, layout=W.Layout(width="100%"))
         self.add_class("mpo-explorer")
         self.add_class("mpo-view")
@@ -263,7 +263,7 @@ class TrajectoryExplorer(W.VBox):
         shown = self.turn_df.head(MAX_TURN_ROWS)
         more = (f"<p class='mpo-note'>first {MAX_TURN_ROWS} of {len(self.turn_df):,} turns; all of them in the CSV</p>"
                 if len(self.turn_df) > MAX_TURN_ROWS else "")
-        self.turns.value = frame_html(shown, css=False) + more  # the table's CSS is a child set once
+        self.turns.value = frame_html(shown) + more
         self.export.set_tables(self.tables())
 
     def tables(self) -> dict:
