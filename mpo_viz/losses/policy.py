@@ -10,10 +10,15 @@ All four kinds share one shape. With ``logr_t = clamp(logπ_θ − logπ_base, �
 * ``turn_ppo`` (MPO): ``s_{k,j} = sg(ρ_k)·exp(logπ_θ(j) − sg(logπ_θ(j)))`` with the turn ratio
   ``ρ_k = exp(mean_{j∈k} logr_j)`` (``ratio="geo_mean"``) or ``exp(clamp(Σ_{j∈k} logr_j, ±20))``
   (``ratio="product"``). The value of ``s`` is ``ρ_k`` (turn-level trust region) but its gradient
-  is ``ρ_k·∇logπ_θ(j)`` (token-level credit). Making ``ρ_k`` itself differentiable would give every
+  is ``ρ_k·∇logπ_θ(j)`` (token-level credit). The turn's band alone lets one token of a long turn
+  move far while the turn's mean ratio stays inside it; the option ``token_clip`` = c (default
+  None = off) adds a band on each token's own ratio ``r_t``: a token with ``A_t > 0, r_t > c`` or
+  ``A_t < 0, r_t < 1/c`` keeps its loss value and gets no gradient (counted in ``clipfrac_high`` /
+  ``clipfrac_low``). Making ``ρ_k`` itself differentiable would give every
   token of the turn the gradient ``−ρ_k·mean_j A_{k,j}·∇logπ``: MAE's within-turn centering would
   cancel. ``tests/losses/test_losses_policy.py`` holds a regression test for exactly this.
-* ``gspo``: the same construction with the whole trajectory (all its action tokens) as the unit.
+* ``gspo``: the same construction with the whole trajectory (all its action tokens) as the unit,
+  ``token_clip`` too.
 * ``sao``: ``r_t = exp(logr_t)`` against the *rollout* log-probs; ``L_t = −A_t·sg(r_t)·exp(logπ_θ −
   sg(logπ_θ))`` for ``1 − ε_low < r_t < 1 + ε_high`` and 0 outside (no gradient, whatever A's sign).
 
@@ -200,8 +205,13 @@ def get(name: str) -> LossKind:
 # --------------------------------------------------------------------------------------------
 
 
-def _clipped_objective(s, adv, mask, lo: float, hi: float, dual_clip: float | None) -> PolicyTerms:
-    """``max(−A·s, −A·clip(s, lo, hi))`` and the optional dual clip, with the active-branch masks."""
+def _clipped_objective(s, adv, mask, lo: float, hi: float, dual_clip: float | None,
+                       token_hold: tuple[torch.Tensor, torch.Tensor] | None = None) -> PolicyTerms:
+    """``max(−A·s, −A·clip(s, lo, hi))`` and the optional dual clip, with the active-branch masks.
+
+    ``token_hold`` = (low, high) bool (B, L): tokens whose loss keeps its value but loses its
+    gradient (the token band of turn_ppo/gspo), counted as clipped low / high.
+    """
     unclipped = -adv * s
     s_c = s.detach().clamp(lo, hi)
     clipped = -adv * s_c
@@ -216,6 +226,10 @@ def _clipped_objective(s, adv, mask, lo: float, hi: float, dual_clip: float | No
         loss = torch.where(dual, dual_val, loss)
     else:
         dual = torch.zeros_like(mask)
+    if token_hold is not None:
+        hold_low, hold_high = token_hold
+        loss = torch.where(hold_low | hold_high, loss.detach(), loss)
+        low, high = low | hold_low, high | hold_high
     return PolicyTerms(loss=loss, clipped_low=low, clipped_high=high, dual_clipped=dual)
 
 
@@ -239,6 +253,21 @@ def _token_gradient_surrogate(x: PolicyInputs, units: Segments) -> torch.Tensor:
     return units.broadcast(rho, fill=1.0) * torch.exp(x.logp - x.logp.detach())
 
 
+def _token_band(x: PolicyInputs, token_clip) -> tuple[torch.Tensor, torch.Tensor] | None:
+    """Tokens the band ``[1/c, c]`` on each token's own ratio ``r_t`` holds: ``A_t < 0`` and
+    ``r_t < 1/c`` (low), ``A_t > 0`` and ``r_t > c`` (high). None when ``token_clip`` is None."""
+    if token_clip is None:
+        return None
+    c = number(token_clip, "token_clip")
+    if not c > 1:
+        raise ValueError(f"token_clip: expected a number > 1 (a band [1/c, c] on each token's own ratio) "
+                         f"or None, found {token_clip}")
+    logr = x.logr.detach()
+    log_c = math.log(c)
+    adv = x.advantages
+    return x.mask & (adv < 0) & (logr < -log_c), x.mask & (adv > 0) & (logr > log_c)
+
+
 def _check_dual(dual_clip):
     if dual_clip is None:
         return None
@@ -255,18 +284,22 @@ def token_ppo(x: PolicyInputs, *, dual_clip: float | None = None) -> PolicyTerms
     return _clipped_objective(s, x.advantages, x.mask, 1 - x.clip_low, 1 + x.clip_high, _check_dual(dual_clip))
 
 
-@register("turn_ppo", needs=("turns",), options=("dual_clip",))
-def turn_ppo(x: PolicyInputs, *, dual_clip: float | None = None) -> PolicyTerms:
-    """MPO: the turn ratio ρ_k in the token-gradient form ``sg(ρ_k)·exp(logπ − sg(logπ))``."""
+@register("turn_ppo", needs=("turns",), options=("dual_clip", "token_clip"))
+def turn_ppo(x: PolicyInputs, *, dual_clip: float | None = None, token_clip: float | None = None) -> PolicyTerms:
+    """MPO: the turn ratio ρ_k in the token-gradient form ``sg(ρ_k)·exp(logπ − sg(logπ))``;
+    optional token band ``token_clip`` = c: a token whose own ratio left ``[1/c, c]`` on the side
+    its advantage pushes gets no gradient."""
     s = _token_gradient_surrogate(x, x.turns)
-    return _clipped_objective(s, x.advantages, x.mask, 1 - x.clip_low, 1 + x.clip_high, _check_dual(dual_clip))
+    return _clipped_objective(s, x.advantages, x.mask, 1 - x.clip_low, 1 + x.clip_high, _check_dual(dual_clip),
+                              _token_band(x, token_clip))
 
 
-@register("gspo", clip_low=3e-4, clip_high=4e-4, agg="seq-mean-token-mean", options=("dual_clip",))
-def gspo(x: PolicyInputs, *, dual_clip: float | None = None) -> PolicyTerms:
-    """GSPO: the turn_ppo construction with the whole trajectory as one unit."""
+@register("gspo", clip_low=3e-4, clip_high=4e-4, agg="seq-mean-token-mean", options=("dual_clip", "token_clip"))
+def gspo(x: PolicyInputs, *, dual_clip: float | None = None, token_clip: float | None = None) -> PolicyTerms:
+    """GSPO: the turn_ppo construction with the whole trajectory as one unit (token band as turn_ppo)."""
     s = _token_gradient_surrogate(x, row_segments(x.mask))
-    return _clipped_objective(s, x.advantages, x.mask, 1 - x.clip_low, 1 + x.clip_high, _check_dual(dual_clip))
+    return _clipped_objective(s, x.advantages, x.mask, 1 - x.clip_low, 1 + x.clip_high, _check_dual(dual_clip),
+                              _token_band(x, token_clip))
 
 
 @register("sao", needs=("rollout_logp",), ratio_against="rollout_logp", clip_low=0.3, clip_high=5.0)
@@ -319,14 +352,17 @@ def policy_loss(
     ``ratio`` ∈ {"geo_mean", "product"}: the turn ratio of turn_ppo (and gspo's sequence ratio);
     every kind also uses it for the turn-level metrics. ``scale``: see
     :func:`mpo_viz.losses.aggregate`. ``options``: per kind — ``dual_clip`` (c > 1, default None =
-    off) for token_ppo, turn_ppo and gspo.
+    off) for token_ppo, turn_ppo and gspo; ``token_clip`` (c > 1, default None = off) for turn_ppo
+    and gspo: the token band ``[1/c, c]`` on each token's own ratio (a token past it on the side its
+    advantage pushes gets no gradient).
 
     Returns ``(loss, metrics)``: a 0-d tensor (``agg="none"``: the (B, L) loss matrix, zeros where
     masked), float64 when ``logp`` is float64 else float32; masked tokens get exactly zero
     gradient. ``metrics`` are plain floats (``METRIC_NAMES``), over action tokens / turns:
 
     * ``clipfrac_low``/``clipfrac_high``: share of action tokens whose clipped branch is active,
-      below 1 − ε_low / above 1 + ε_high (sao: outside its band); ``clipfrac`` their sum;
+      below 1 − ε_low / above 1 + ε_high (sao: outside its band; with ``token_clip``, also the
+      tokens its band holds, low / high side); ``clipfrac`` their union;
       ``dual_clipfrac``: share where the dual clip is active;
     * ``turn_clipfrac``: share of turns whose ρ_k lies outside [1 − ε_low, 1 + ε_high];
     * ``approx_kl``: ``mean(r − 1 − log r)`` over action tokens with ``r = π_θ/π_old``
@@ -491,6 +527,7 @@ def policy_loss_reference(
     ratio: str = "geo_mean",
     rollout_logp: TensorLike | None = None,
     dual_clip: float | None = None,
+    token_clip: float | None = None,
 ) -> tuple[np.ndarray, np.ndarray]:
     """A plain Python loop for the per-token loss matrix and its derivative ∂L_t/∂logπ_t.
 
@@ -541,5 +578,9 @@ def policy_loss_reference(
                     val, g = unclipped, -a * ds
                 if dual_clip is not None and a < 0 and val > -dual_clip * a:
                     val, g = -dual_clip * a, 0.0
+                if token_clip is not None:  # the token band: this token's own ratio, on its advantage's side
+                    r_tok = math.exp(logr[t])
+                    if (a > 0 and r_tok > token_clip) or (a < 0 and r_tok < 1 / token_clip):
+                        g = 0.0
                 loss[i, t], grad[i, t] = val, g
     return loss, grad

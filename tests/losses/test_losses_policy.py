@@ -131,6 +131,36 @@ def test_turn_ppo_dual_clip_and_low_side():
     assert met["dual_clipfrac"] == pytest.approx(1 / 4)
 
 
+@pytest.mark.parametrize("kind", ["turn_ppo", "gspo"])
+def test_token_clip_holds_tokens_past_their_own_band(kind):
+    # row 0, one turn: token ratios 3, 0.4, 1 (geometric mean 1.2^(1/3) ≈ 1.063, inside the turn's
+    # band); A = +1, −1, +2. With token_clip = 2: the first token (A > 0, r = 3 > 2) and the second
+    # (A < 0, r = 0.4 < 1/2) keep their loss −A·ρ and lose their gradient; the third is untouched.
+    # row 1: ratios 0.4 (A = +1) and 3 (A = −1) are past the band on the side their advantage does
+    # not push, so nothing is held (geometric mean √1.2). gspo: one unit per row, the same numbers.
+    logr = [[ln(3.0), ln(0.4), 0.0], [ln(0.4), ln(3.0), float("nan")]]
+    mask = torch.tensor([[1, 1, 1], [1, 1, 0]])
+    adv = torch.tensor([[1.0, -1.0, 2.0], [1.0, -1.0, 0.0]], dtype=torch.float64)
+    lp, old = _logp_pair(logr)
+    r0, r1 = 1.2 ** (1 / 3), 1.2 ** 0.5
+    kw = {"clip_low": 0.2, "clip_high": 0.2} if kind == "gspo" else {}
+    loss, g, met = _run(kind, lp, old, adv, mask, **kw)
+    exp_loss = [[-r0, r0, -2 * r0], [-r1, r1, 0.0]]
+    np.testing.assert_allclose(loss.numpy(), exp_loss, atol=1e-12)
+    np.testing.assert_allclose(g.numpy(), exp_loss, atol=1e-12)  # unclipped: gradient −A·ρ
+    assert met["clipfrac"] == 0.0
+    loss, g, met = _run(kind, lp, old, adv, mask, token_clip=2.0, **kw)
+    np.testing.assert_allclose(loss.numpy(), exp_loss, atol=1e-12)
+    np.testing.assert_allclose(g.numpy(), [[0.0, 0.0, -2 * r0], [-r1, r1, 0.0]], atol=1e-12)
+    assert met["clipfrac_high"] == pytest.approx(1 / 5)
+    assert met["clipfrac_low"] == pytest.approx(1 / 5)
+    assert met["clipfrac"] == pytest.approx(2 / 5)
+    assert met["turn_clipfrac"] == 0.0
+    # a wide band holds nothing
+    _, g, _ = _run(kind, lp, old, adv, mask, token_clip=4.0, **kw)
+    np.testing.assert_allclose(g.numpy(), exp_loss, atol=1e-12)
+
+
 def test_gspo_by_hand():
     nan = float("nan")
     # row 0: all action tokens of the row form one unit: ratios 2, .5, 1 → ρ = 1 (in band)
@@ -310,19 +340,23 @@ def _random_case(rng, B, L, edge):
     return lp, old, adv, mask, roll, tid
 
 
-@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("kind", KINDS + ["turn_ppo+token_clip", "gspo+token_clip"])
 @pytest.mark.parametrize("ratio", ["geo_mean", "product"])
 @pytest.mark.parametrize("edge", ["random", "one_token_turns", "empty_rows", "all_masked", "huge_drift", "given_turn_ids"])
 def test_matches_reference_loop(kind, ratio, edge):
     rng = np.random.default_rng(zlib.crc32(f"{kind}/{ratio}/{edge}".encode()))
     lp, old, adv, mask, roll, tid = _random_case(rng, 4, 23, edge)
+    kind, _, with_band = kind.partition("+")
     dual = 3.0 if kind != "sao" else None
+    band = 1.3 if with_band else None  # token ratios of the random case spread well past 1.3
     kw = {"dual_clip": dual} if dual else {}
+    if band:
+        kw["token_clip"] = band
     t = torch.tensor(lp, requires_grad=True)
     loss, _ = policy_loss(kind, t, old, adv, mask, turn_ids=tid, ratio=ratio, rollout_logp=roll, agg="none", **kw)
     loss.sum().backward()
     ref_loss, ref_grad = policy_loss_reference(
-        kind, lp, old, adv, mask, turn_ids=tid, ratio=ratio, rollout_logp=roll, dual_clip=dual
+        kind, lp, old, adv, mask, turn_ids=tid, ratio=ratio, rollout_logp=roll, dual_clip=dual, token_clip=band
     )
     np.testing.assert_allclose(loss.detach().numpy(), ref_loss, rtol=1e-10, atol=1e-10)
     np.testing.assert_allclose(t.grad.numpy(), ref_grad, rtol=1e-10, atol=1e-10)
@@ -419,7 +453,7 @@ def test_bad_input_raises_clearly():
         policy_loss("ppo", z, z, z, m)
     with pytest.raises(ValueError, match=r"options: sao accepts none; found unknown option\(s\) dual_clip"):
         policy_loss("sao", z, z, z, m, rollout_logp=z, dual_clip=3.0)
-    with pytest.raises(ValueError, match=r"options: turn_ppo accepts dual_clip; found unknown option\(s\) clip "
+    with pytest.raises(ValueError, match=r"options: turn_ppo accepts dual_clip, token_clip; found unknown option\(s\) clip "
                                          r"\(keywords of every kind: turn_ids, clip_low, clip_high, ratio, agg, scale, rollout_logp\)"):
         policy_loss("turn_ppo", z, z, z, m, clip=0.2)
     with pytest.raises(ValueError, match=r"ratio: expected one of geo_mean, product, found 'arith'"):
@@ -428,6 +462,11 @@ def test_bad_input_raises_clearly():
         policy_loss("turn_ppo", z, z, z, m, agg="mean")
     with pytest.raises(ValueError, match=r"dual_clip: expected a number > 1"):
         policy_loss("token_ppo", z, z, z, m, dual_clip=0.5)
+    with pytest.raises(ValueError, match=r"token_clip: expected a number > 1 \(a band \[1/c, c\] on each token's own "
+                                         r"ratio\) or None, found 1.0"):
+        policy_loss("turn_ppo", z, z, z, m, token_clip=1.0)
+    with pytest.raises(ValueError, match=r"options: token_ppo accepts dual_clip; found unknown option\(s\) token_clip"):
+        policy_loss("token_ppo", z, z, z, m, token_clip=2.0)
 
 
 @pytest.mark.parametrize("agg", ["token-mean", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm", "turn-mean"])
