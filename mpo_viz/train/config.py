@@ -153,7 +153,8 @@ class Config:
     eval_episodes: int = 64
     """Greedy evaluation episodes (a fixed held-out set of tasks, the same at every evaluation)."""
     eval_interval: int = 5
-    """Iterations between evaluations (0 = never; the last iteration of ``run`` is always evaluated)."""
+    """Iterations between evaluations (0 = none in between). ``run_all`` (and ``mpo-viz train``)
+    always evaluates before the first RL iteration (recorded as iteration 0) and after the last."""
 
     # ------------------------------------------------------------------ run folder
     save_trajectories_every: int = 1

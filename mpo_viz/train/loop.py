@@ -367,9 +367,10 @@ class Trainer:
             yield rec
 
     def run_all(self, iterations: int | None = None, *, log=None) -> list[dict]:
-        """SFT (unless done or ``sft_steps`` = 0), critic warm-up (unless done, or no critic), then RL
-        iterations up to ``iterations`` in all (default ``cfg.iterations``); ``log(line)`` receives one
-        progress line per iteration. Returns the iteration metrics."""
+        """SFT (unless done or ``sft_steps`` = 0), critic warm-up (unless done, or no critic), a greedy
+        evaluation before RL (iteration 0, phase ``"eval"``; once per run folder), then RL iterations
+        up to ``iterations`` in all (default ``cfg.iterations``), the last one always evaluated;
+        ``log(line)`` receives one progress line per iteration. Returns the iteration metrics."""
         log = log or self._say
         cfg = self.cfg
         if self.iteration == 0 and not self.state["sft_done"] and cfg.sft_steps > 0:
@@ -384,6 +385,14 @@ class Trainer:
                 return []
             log(f"critic warm-up: {r['warmup_steps']} steps, explained variance {r['warmup_explained_var']:.3f}")
         total = cfg.iterations if iterations is None else int(iterations)
+        if self.iteration == 0 and total > 0 and not self._start_evaluated():
+            # where every learning curve starts: the policy before its first RL update (the
+            # evaluation draws from no training RNG, so the run itself is unchanged)
+            ev = self.evaluate()
+            rec = {"iteration": 0, "phase": "eval", "time_s": self.state["elapsed_s"], **ev}
+            self.run.append_metrics(rec)
+            self.history.append(rec)
+            log(f"greedy eval before RL: success {ev['eval_success']:.3f}")
         out = []
         for rec in self.iterate(max(total - self.iteration, 0)):
             out.append(rec)
@@ -395,6 +404,10 @@ class Trainer:
             self.history.append(rec)
             log(f"final greedy eval: success {ev['eval_success']:.3f}")
         return out
+
+    def _start_evaluated(self) -> bool:
+        """Whether the run folder already holds the evaluation before the first RL iteration."""
+        return any(r.get("phase") == "eval" and r.get("iteration") == 0 for r in self.run.metrics())
 
     def _ref_logprobs(self, batch):
         from mpo_viz.train.update import forward_policy, make_micro, micro_batches

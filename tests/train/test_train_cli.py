@@ -26,12 +26,14 @@ def test_train_then_resume_from_the_shell(tmp_path, capsys):
     out = capsys.readouterr().out
     assert rc == 0, out
     assert "iter 1/1 | success" in out and "done: 1 iterations" in out
+    assert "greedy eval before RL: success" in out  # where the curve starts
     assert "final greedy eval: success" in out  # the last iteration is always evaluated
     rc = main(["train", "--resume", run, "--iterations", "2"])
     out = capsys.readouterr().out
-    assert rc == 0 and "resuming" in out and "iter 2/2" in out
+    assert rc == 0 and "resuming" in out and "iter 2/2" in out and "before RL" not in out
     lines = [json.loads(x) for x in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
-    assert [(r["iteration"], r["phase"]) for r in lines] == [(1, "rl"), (1, "eval"), (2, "rl"), (2, "eval")]
+    assert [(r["iteration"], r["phase"]) for r in lines] == [(0, "eval"), (1, "rl"), (1, "eval"), (2, "rl"),
+                                                             (2, "eval")]
     assert json.loads((tmp_path / "run" / "config.json").read_text())["iterations"] == 2
 
 

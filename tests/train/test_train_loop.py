@@ -109,6 +109,31 @@ def test_keyboard_interrupt_abandons_the_iteration_and_leaves_a_resumable_run(tm
     assert got == ref
 
 
+def test_run_all_evaluates_once_before_rl_without_changing_the_run(tmp_path):
+    cfg = tiny(estimator="grpo", loss="token_ppo", group_size=2, iterations=2, eval_interval=2)
+    plain = [_stable(r) for r in Trainer(cfg, tmp_path / "plain", quiet=True).iterate()]
+    tr = Trainer(cfg, tmp_path / "run", quiet=True)
+    start = tr.evaluate()
+    got = [_stable(r) for r in tr.run_all()]
+    assert got == plain  # the evaluation draws from no training RNG
+    lines = [json.loads(x) for x in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    assert [(r["iteration"], r["phase"]) for r in lines] == [(0, "eval"), (1, "rl"), (2, "rl")]
+    assert lines[0]["eval_success"] == start["eval_success"]
+    assert lines[0]["eval_tokens_mean"] == start["eval_tokens_mean"]  # the same policy on the same tasks
+    # a run folder that holds it already (a run stopped before its first iteration) is not evaluated again
+    again = Trainer(cfg, tmp_path / "again", quiet=True)
+    again.run.append_metrics(lines[0])
+    again.run_all(1)
+    phases = [json.loads(x)["phase"] for x in (tmp_path / "again" / "metrics.jsonl").read_text().splitlines()]
+    assert phases == ["eval", "rl", "eval"]
+    # eval_interval = 0: none in between, but both ends of the curve
+    ends = Trainer(tiny(estimator="grpo", loss="token_ppo", group_size=2, iterations=2, eval_interval=0),
+                   tmp_path / "ends", quiet=True)
+    ends.run_all()
+    lines = [json.loads(x) for x in (tmp_path / "ends" / "metrics.jsonl").read_text().splitlines()]
+    assert [(r["iteration"], r["phase"]) for r in lines] == [(0, "eval"), (1, "rl"), (2, "rl"), (2, "eval")]
+
+
 def test_refusals(tmp_path):
     cfg = tiny(estimator="grpo", loss="token_ppo", group_size=2, iterations=1, eval_interval=0)
     tr = Trainer(cfg, tmp_path / "run", quiet=True)
