@@ -288,7 +288,9 @@ class TrainingDashboard(W.VBox):
 
         last = self.records[-1] if self.records else {}
         it = last.get("iteration", len(self.records) - 1 if self.records else None)
-        bits = [f"<b>{self.run_dir.name}</b>", f"{len(self.records)} iterations"]
+        # records of other phases (SFT, critic warm-up, evaluations) are not iterations
+        n_it = sum(1 for r in self.records if r.get("phase", "rl") == "rl")
+        bits = [f"<b>{self.run_dir.name}</b>", f"{n_it} iterations"]
         if it is not None:
             bits.append(f"last iteration {it}")
         if "phase" in last:

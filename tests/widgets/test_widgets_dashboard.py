@@ -134,3 +134,16 @@ def test_live_refresh_on_a_running_loop(run):
 
     with ThreadPoolExecutor(1) as pool:
         assert pool.submit(asyncio.run, main()).result(timeout=30) == 2
+
+
+def test_status_counts_rl_iterations_only(tmp_path):
+    recs = [{"iteration": 0, "phase": "critic_warmup"}, {"iteration": 0, "phase": "eval", "eval_success": 0.5},
+            {"iteration": 1, "phase": "rl", "success": 0.25}, {"iteration": 2, "phase": "rl", "success": 0.5},
+            {"iteration": 2, "phase": "eval", "eval_success": 0.75}]
+    (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in recs))
+    d = TrainingDashboard(tmp_path, live=False)
+    assert len(d.records) == 5
+    assert "2 iterations" in d.status.value and "last iteration 2" in d.status.value
+    # records without a phase (other loggers) count as iterations
+    (tmp_path / "metrics.jsonl").write_text('{"iteration": 1}\n{"iteration": 2}\n{"iteration": 3}\n')
+    assert "3 iterations" in TrainingDashboard(tmp_path, live=False).status.value
