@@ -1,0 +1,75 @@
+"""trajectories/starts/: the shipped SFT start loads as float32 from float16 weights, reads the
+automation environment's words, plays what its record says, and ``make_start.py`` rounds and
+records a start the way its docstring says."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from mpo_viz import models
+from mpo_viz.envs.registry import make_env
+from mpo_viz.rollout import rollout
+
+ROOT = Path(__file__).resolve().parents[1]
+START = ROOT / "trajectories" / "starts" / "automation"
+
+
+def _make_start():
+    spec = importlib.util.spec_from_file_location("make_start", ROOT / "trajectories" / "starts" / "make_start.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def _stored_dtypes(path: Path) -> set[str]:
+    # the safetensors header: 8 bytes of length, then JSON naming each tensor's dtype
+    raw = path.read_bytes()
+    n = int.from_bytes(raw[:8], "little")
+    header = json.loads(raw[8:8 + n])
+    return {v["dtype"] for k, v in header.items() if k != "__metadata__"}
+
+
+def test_record_and_size():
+    rec = json.loads((START / "start.json").read_text())
+    assert rec["sft_config_hash"] and rec["sft_steps"] == 1450 and rec["stored_as"] == "float16"
+    assert _stored_dtypes(START / "policy" / "model.safetensors") == {"F16"}
+    total = sum(p.stat().st_size for p in START.rglob("*") if p.is_file())
+    assert total < 2.5 * 2**20, total
+    assert not (START / "critic").exists()  # runs warm up their own critic
+
+
+def test_loads_as_float32_and_plays_one_room_tasks():
+    policy, critic = models.load(START)
+    assert critic is None and policy.dtype == torch.float32
+    env = make_env("automation", difficulty=3)
+    models.check_vocabulary(policy.tokenizer, env.vocabulary(), where="the shipped start")
+    # greedy on 8 one-room tasks: the start copies the key's colour and the direction (0.99 of 128
+    # tasks when measured); slips (p = 0.1) can cost a task, more than two failures would not be it
+    b = rollout(policy, env, 8, seed=0, temperature=0.0, progress=False, oracle=None)
+    assert float(np.sum(b.field("reward"))) >= 6, b.field("reward")
+
+
+def test_make_start_rounds_to_float16_and_keeps_the_record(tmp_path):
+    env = make_env("automation", difficulty=3)
+    from mpo_viz.envs.tokenizer import build_tokenizer
+
+    src = tmp_path / "start"
+    policy = models.tiny_policy(build_tokenizer(env), size="1m", seed=3)
+    models.save(src / "model", policy)
+    (src / "start.json").write_text(json.dumps({
+        "sft": {"sft_steps": 7, "sft_success": 0.25, "sft_expert_success": 0.5}, "sft_config_hash": "abc"}))
+    out = tmp_path / "out"
+    written = _make_start().write_start(src, out)
+    assert out / "policy" / "model.safetensors" in written
+    assert _stored_dtypes(out / "policy" / "model.safetensors") == {"F16"}
+    rec = json.loads((out / "start.json").read_text())
+    assert (rec["sft_steps"], rec["sft_success"], rec["sft_config_hash"]) == (7, 0.25, "abc")
+    back, _ = models.load(out)
+    for (name, a), (_, b) in zip(policy.model.state_dict().items(), back.model.state_dict().items()):
+        assert b.dtype == torch.float32
+        torch.testing.assert_close(b, a.half().float(), rtol=0, atol=0, msg=name)
