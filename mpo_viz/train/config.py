@@ -74,7 +74,8 @@ class Config:
     loss: str = "turn_ppo"
     """Policy loss kind, any name of :func:`mpo_viz.losses.available` (turn_ppo, token_ppo, gspo, sao)."""
     loss_options: dict = field(default_factory=dict)
-    """Options of the loss: ``clip_low``, ``clip_high``, ``ratio``, ``agg`` and the kind's own (``dual_clip``)."""
+    """Options of the loss: ``clip_low``, ``clip_high``, ``ratio``, ``agg`` and the kind's own (``dual_clip``;
+    ``token_clip`` for turn_ppo and gspo)."""
 
     # ------------------------------------------------------------------ batch shape
     episodes: int = 64
