@@ -70,9 +70,15 @@ def flags_of(parser: argparse.ArgumentParser) -> dict[str, str]:
 
 
 def in_flags(exc: OptionError, flags: dict[str, str]) -> str:
-    """The message of ``exc`` with its option named by its flag (``--lam: ...``) when it has one."""
+    """The message of ``exc`` with its option named by its flag (``--lam: ...``) when it has one; a
+    key inside a dict field (``loss_options.token_clip``) reads ``--loss-option token_clip: ...``."""
     flag = flags.get(exc.option)
-    return f"{flag}: {exc.detail}" if flag else str(exc)
+    if flag:
+        return f"{flag}: {exc.detail}"
+    head, dot, key = str(exc.option).partition(".")
+    if dot and flags.get(head):
+        return f"{flags[head]} {key}: {exc.detail}"
+    return str(exc)
 
 
 def main(argv: list[str] | None = None) -> int:

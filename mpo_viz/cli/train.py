@@ -11,6 +11,7 @@ every other field keeps its default. One progress line per iteration, a summary 
 
 from __future__ import annotations
 
+import json
 import signal
 import sys
 import time
@@ -48,9 +49,26 @@ def _config(base: dict, over: dict, source: str):
     try:
         return Config.from_dict({**base, **over}, source=source)
     except OptionError as exc:
-        if exc.option in base and exc.option not in over:
+        field = str(exc.option).partition(".")[0]  # loss_options.token_clip -> loss_options
+        if field in base and field not in over:
             raise ValueError(f"{source}: {exc}") from None
         raise
+
+
+def _options(items, flag: str) -> dict:
+    """``KEY=VALUE`` strings as a dict; each VALUE is read as JSON (``2``, ``1e-3``, ``true``,
+    ``null``) and kept as text when it is not JSON (``within=local``)."""
+    out = {}
+    for item in items or ():
+        key, sep, text = item.partition("=")
+        if not sep or not key.strip():
+            raise ValueError(f"{flag}: expected KEY=VALUE (e.g. {flag} {'token_clip=2' if 'loss' in flag else 'turn_lam=1.0'}), "
+                             f"found {item!r}")
+        try:
+            out[key.strip()] = json.loads(text)
+        except json.JSONDecodeError:
+            out[key.strip()] = text
+    return out
 
 
 def _overrides(args) -> dict:
@@ -60,6 +78,17 @@ def _overrides(args) -> dict:
         if v is None:
             continue
         out[field] = _difficulty(v) if flag == "difficulty" else v
+    return out
+
+
+def _with_options(cfg_dict: dict, args) -> dict:
+    """The config's ``estimator_options``/``loss_options`` updated key by key from the repeatable
+    ``--estimator-option``/``--loss-option`` flags."""
+    out = {}
+    for flag, field in (("--estimator-option", "estimator_options"), ("--loss-option", "loss_options")):
+        given = _options(getattr(args, field, None), flag)
+        if given:
+            out[field] = {**(cfg_dict.get(field) or {}), **given}
     return out
 
 
@@ -75,18 +104,19 @@ def cmd_train(args) -> int:
         if args.run_dir:
             raise CLIError("--run-dir: not with --resume (the run folder is the one being resumed)", 2)
         cfg = None
-        if args.config or set(over) - {"iterations"}:
+        if args.config or set(over) - {"iterations"} or args.estimator_options or args.loss_options:
             from mpo_viz.train.runfolder import RunFolder
 
             src = args.config or str(RunFolder(args.resume).config_path)
-            cfg = _config(Config.load(src).to_dict(), over, src)
+            base = Config.load(src).to_dict()
+            cfg = _config(base, {**over, **_with_options(base, args)}, src)
         tr = Trainer.resume(args.resume, cfg, iterations=over.get("iterations"))
         print(f"resuming {args.resume} at iteration {tr.iteration} of {tr.cfg.iterations}", flush=True)
     else:
         if not args.run_dir:
             raise CLIError("--run-dir: expected the folder to write the run to (or --resume DIR)", 2)
         base = Config.load(args.config).to_dict() if args.config else {}
-        cfg = _config(base, over, args.config or "config")
+        cfg = _config(base, {**over, **_with_options(base, args)}, args.config or "config")
         tr = Trainer(cfg, args.run_dir)
         print(f"training {cfg.estimator} + {cfg.loss} on {cfg.env} for {cfg.iterations} iterations "
               f"({cfg.episodes} episodes, G={cfg.group_size}, {cfg.epochs}x{cfg.minibatches} updates) -> "
@@ -116,6 +146,10 @@ def add_subcommand(sub) -> None:
     p.add_argument("--env", help="environment (search, tooluse, automation)")
     p.add_argument("--estimator", help="advantage estimator (mpo, gae, grpo, ...)")
     p.add_argument("--loss", help="policy loss (turn_ppo, token_ppo, gspo, sao)")
+    p.add_argument("--estimator-option", dest="estimator_options", action="append", metavar="KEY=VALUE",
+                   help="an option of the estimator, repeatable (e.g. beta=0.5, turn_lam=1.0)")
+    p.add_argument("--loss-option", dest="loss_options", action="append", metavar="KEY=VALUE",
+                   help="an option of the loss, repeatable (e.g. token_clip=2, clip_high=0.28, agg=seq-mean-token-mean)")
     p.add_argument("--iterations", type=int, help="RL iterations in all (with --resume: the new total)")
     p.add_argument("--run-dir", dest="run_dir", help="the run folder to create")
     p.add_argument("--resume", metavar="DIR", help="continue the run in DIR from its latest checkpoint")

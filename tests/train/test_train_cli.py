@@ -43,12 +43,32 @@ def test_train_then_resume_from_the_shell(tmp_path, capsys):
     (["--loss", "ppo"], "--loss: expected one of"),
     (["--difficulty", "hard"], "--difficulty: expected N or MIN-MAX"),
     (["--estimator", "grpo", "--group-size", "2", "--critic-lr", "0.001"], "--critic-lr: the estimator 'grpo' uses no critic"),
+    (["--loss-option", "token_clip"], "--loss-option: expected KEY=VALUE (e.g. --loss-option token_clip=2), found 'token_clip'"),
+    (["--estimator-option", "=1"], "--estimator-option: expected KEY=VALUE"),
+    (["--loss", "token_ppo", "--loss-option", "token_clip=2"], "loss 'token_ppo' has no option 'token_clip'"),
+    (["--estimator-option", "turn_lam=2"], "--estimator-option turn_lam: expected a value in [0, 1], found 2"),
+    (["--config", "BAD_OPTIONS"], "tiny.json: estimator_options.turn_lam: expected a value in [0, 1], found 2"),
 ])
 def test_bad_flags_are_named(tmp_path, capsys, argv, message):
+    if "BAD_OPTIONS" in argv:  # the same bad value from a config file names the file and the field
+        argv = ["--config", _cfg_file(tmp_path, estimator_options={"turn_lam": 2})]
     rc = main(["train", "--run-dir", str(tmp_path / "r"), "--iterations", "1", *argv])
     err = capsys.readouterr().err
     assert rc != 0 and message in err, err
     assert not (tmp_path / "r" / "checkpoints").exists()
+
+
+def test_estimator_and_loss_options_from_flags_merge_into_the_config_file(tmp_path, capsys):
+    run = tmp_path / "run"
+    cfg = _cfg_file(tmp_path, loss_options={"clip_high": 0.28, "token_clip": 4.0}, estimator_options={"beta": 0.5},
+                    critic_warmup_steps=0)
+    rc = main(["train", "--run-dir", str(run), "--config", cfg, "--env", "search", "--episodes", "2", "--iterations",
+               "1", "--loss-option", "token_clip=2", "--estimator-option", "turn_lam=1.0",
+               "--estimator-option", "within=local"])
+    assert rc == 0, capsys.readouterr().err
+    saved = json.loads((run / "config.json").read_text())
+    assert saved["loss_options"] == {"clip_high": 0.28, "token_clip": 2}  # the flag wins key by key
+    assert saved["estimator_options"] == {"beta": 0.5, "turn_lam": 1.0, "within": "local"}
 
 
 def test_config_file_errors_name_the_file_and_field(tmp_path, capsys):
