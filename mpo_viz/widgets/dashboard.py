@@ -290,7 +290,7 @@ class TrainingDashboard(W.VBox):
         it = last.get("iteration", len(self.records) - 1 if self.records else None)
         # records of other phases (SFT, critic warm-up, evaluations) are not iterations
         n_it = sum(1 for r in self.records if r.get("phase", "rl") == "rl")
-        bits = [f"<b>{self.run_dir.name}</b>", f"{n_it} iterations"]
+        bits = [f"<b>{self.run_dir.name}</b>", f"{n_it} iteration{'' if n_it == 1 else 's'}"]
         if it is not None:
             bits.append(f"last iteration {it}")
         if "phase" in last:
