@@ -315,7 +315,7 @@ def collect(size: str, out: Path) -> list[dict]:
         cfg = Config.load(d / "config.json")
         state = run_state(d, SIZES[size]["iterations"])
         env_steps, episodes = 0.0, 0
-        rl_by_it = {}
+        rl_by_it = {0: (0.0, 0, {})}  # the evaluation before RL: no environment step yet
         for r in recs:
             if r.get("phase") == "rl":
                 env_steps += cfg.episodes * float(r.get("turns_mean") or 0.0)

@@ -66,8 +66,13 @@ def test_tiny_grid_runs_reports_and_resumes(learning, tmp_path):
     assert {r["method"] for r in rows} == {"mpo", "grpo"}
     assert all(0.0 <= r["eval_success"] <= 1.0 for r in rows)
     mpo = [r for r in rows if r["method"] == "mpo"]
-    assert all(np.isfinite(r["credit_token_corr"]) or math.isnan(r["credit_token_corr"]) for r in mpo)
-    assert mpo[0]["critic_explained_var"] is not None  # a critic method logs its critic
+    trained = [r for r in mpo if r["iteration"] > 0]  # the evaluation before RL has no trajectories
+    assert trained and all(np.isfinite(r["credit_token_corr"]) or math.isnan(r["credit_token_corr"]) for r in trained)
+    assert mpo[-1]["critic_explained_var"] is not None  # a critic method logs its critic
+    # each run's curve starts with the evaluation before RL, at 0 environment steps
+    first = {r["method"]: r for r in sorted(rows, key=lambda r: -r["iteration"])}
+    assert all(r["iteration"] == 0 and r["env_steps"] == 0.0 and r["episodes"] == 0 for r in first.values())
+    assert all(r["iteration"] == 1 and r["env_steps"] > 0 for r in rows if r["iteration"] != 0)
     summary = [json.loads(x) for x in (out / "summary.jsonl").read_text().splitlines()]
     assert {(s["method"], s["seeds_done"]) for s in summary} == {("mpo", 1), ("grpo", 1)}
     assert "| automation | mpo | 1/1 |" in (out / "tables.md").read_text()

@@ -10,13 +10,13 @@ All four kinds share one shape. With ``logr_t = clamp(logπ_θ − logπ_base, �
 * ``turn_ppo`` (MPO): ``s_{k,j} = sg(ρ_k)·exp(logπ_θ(j) − sg(logπ_θ(j)))`` with the turn ratio
   ``ρ_k = exp(mean_{j∈k} logr_j)`` (``ratio="geo_mean"``) or ``exp(clamp(Σ_{j∈k} logr_j, ±20))``
   (``ratio="product"``). The value of ``s`` is ``ρ_k`` (turn-level trust region) but its gradient
-  is ``ρ_k·∇logπ_θ(j)`` (token-level credit). The turn's band alone lets one token of a long turn
-  move far while the turn's mean ratio stays inside it; the option ``token_clip`` = c (default
-  None = off) adds a band on each token's own ratio ``r_t``: a token with ``A_t > 0, r_t > c`` or
-  ``A_t < 0, r_t < 1/c`` keeps its loss value and gets no gradient (counted in ``clipfrac_high`` /
-  ``clipfrac_low``). Making ``ρ_k`` itself differentiable would give every
+  is ``ρ_k·∇logπ_θ(j)`` (token-level credit). Making ``ρ_k`` itself differentiable would give every
   token of the turn the gradient ``−ρ_k·mean_j A_{k,j}·∇logπ``: MAE's within-turn centering would
   cancel. ``tests/losses/test_losses_policy.py`` holds a regression test for exactly this.
+  The turn's band alone lets one token of a long turn move far while the turn's mean ratio stays
+  inside it; the option ``token_clip`` = c (default None = off) adds a band on each token's own
+  ratio ``r_t``: a token with ``A_t > 0, r_t > c`` or ``A_t < 0, r_t < 1/c`` keeps its loss value
+  and gets no gradient (counted in ``clipfrac_high`` / ``clipfrac_low``).
 * ``gspo``: the same construction with the whole trajectory (all its action tokens) as the unit,
   ``token_clip`` too.
 * ``sao``: ``r_t = exp(logr_t)`` against the *rollout* log-probs; ``L_t = −A_t·sg(r_t)·exp(logπ_θ −
