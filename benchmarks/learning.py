@@ -1,44 +1,56 @@
-"""Does MPO's credit assignment help? A fixed grid of training runs, with seeds and confidence intervals.
+"""Does MPO's turn-level credit help? Replication v2: a pre-registered grid of training runs.
 
-    python benchmarks/learning.py --size small                 # run (or continue) the grid
-    python benchmarks/learning.py --size small --report-only   # tables and figures from what ran
-    python benchmarks/learning.py --size small --status        # which runs are done, partial, missing
+    python benchmarks/learning.py --size v2                  # run (or continue) the grid
+    python benchmarks/learning.py --size v2 --seeds 0 2 4    # a share of it (e.g. one process per core)
+    python benchmarks/learning.py --size v2 --report-only    # records, tables and figures from what ran
+    python benchmarks/learning.py --size v2 --status         # which runs are done, partial, missing
 
-Everything is fixed here, before any run: the methods, the cells (environment variants), the
-budgets, the seeds and the statistics. ``docs/results.md`` states the comparisons and reads the
-results.
+Everything is fixed here, before any run: the arms, the cells, the budgets, the seeds and the
+statistics. ``docs/results.md`` states them in words and reads the results. (The first grid, v1,
+was run by this file at commit 14b590f; its records are in ``docs/results/small/``.)
 
-**Methods** (estimator + policy loss): ``mpo`` (mpo + turn_ppo), ``mpo_token`` (mpo + token_ppo: the
-estimator alone), ``turn_gae`` (turn_gae + turn_ppo: the macro scale alone, MAE at β = 0), ``ppo``
-(gae + token_ppo), ``grpo`` (grpo + token_ppo), ``rloo`` (rloo + token_ppo), ``vapo`` (vapo +
-token_ppo with its clip-higher 0.2/0.28), ``sao`` (gae + sao).
+**Start.** The shipped automation start (``trajectories/starts/automation``: SFT on the noise-0.3
+expert), the same policy for every arm and seed.
 
-**Cells**: ``search`` and ``automation`` (default difficulty, all methods, G = 4); the single-rollout
-regime ``*-g1`` (G = 1, where GRPO/RLOO are undefined: mpo vs ppo); in ``full`` also a horizon sweep
-on automation (3, 6, 12 expert turns) and its slip probability (0, 0.1, 0.3), with mpo, turn_gae,
-ppo and grpo.
+**Cells.** ``automation-d3-4`` (3–4 expert turns) first; ``automation-d5-6`` (5–6 turns: MPO's
+claim is about long horizons) after it.
 
-**Budgets**: every method of a cell gets the same episodes per iteration, iterations, epochs and
-minibatches (equal episodes and equal gradient steps), and starts from the same model folder per
-(environment, seed): one SFT warm start on the noisy expert, then one critic warm-up (Monte-Carlo
-returns) that every critic-based method starts from (critic-free methods ignore the critic). The
-greedy evaluation tasks are fixed by the seed and the same for every method.
+**Arms** (G = 4 for every arm, so that all see the same tasks and episodes): ``grpo`` (grpo +
+token_ppo), ``ppo`` (gae + token_ppo), ``turn_gae`` (turn_gae + token_ppo), ``mpo_token`` (mpo +
+token_ppo), ``mpo`` (mpo + turn_ppo at its default token band 2), ``mpo_bare`` (mpo + turn_ppo,
+``token_clip=None``), ``mpo_oracle`` (mpo + turn_ppo with ``critic="oracle"``: the exact values of
+the noise-0.3 expert).
+
+**Critic warm-up**, once per (cell, seed) and shared by every learned-critic arm of that seed (a
+saved model folder, so their critics start equal): 512 episodes of the start, a fifth held out,
+fitted to Monte-Carlo returns at lr 1e-3 until the held-out explained variance reaches 0.2 or 256
+steps end. During RL the critic gets 4 epochs per iteration at lr 3e-4.
+
+**Budget**, equal for every arm: 20 iterations × 32 episodes (8 tasks × 4), 2 policy epochs × 4
+minibatches (160 policy steps) at lr 1e-4.
+
+**Evaluation**: sampled (T = 1) and greedy success on 128 held-out tasks, fixed by the seed and
+the same for every arm of that seed (``eval_seed``), before RL (iteration 0), every 5 iterations
+and at the end; pass@k (k = 1…8) of each final policy on the first 64 of those tasks with 8
+samples each (the unbiased estimator).
+
+**Seeds**: 6 (0–5). A seed fixes RL sampling, minibatch order, the warm-up pool and the
+evaluation tasks.
+
+**Statistics**: primary = final held-out sampled success, paired by seed: the mean difference,
+its 95% t-interval, a two-sided paired t-test, Holm-corrected over the 6 comparisons of a cell
+(:data:`COMPARISONS`). A verdict names a winner only when the Holm-corrected p < 0.05. Secondary:
+pass@k, greedy success, collapses (rollout success < 0.05 at any iteration after the 4th), the
+critic's explained variance and across/within ratio over training, per-turn credit correlation
+with the oracle.
 
 **Resume**: every run is a trainer run folder under ``OUT/runs/``; a finished run is skipped, a
-partial one continues from its last checkpoint (``Trainer.resume``), so the grid can be stopped
-(Ctrl-C, a kill) and started again with the same command. The results are rebuilt from the run
-folders each time. Order: seed by seed, so a partial grid has balanced seeds across cells.
+partial one continues from its last checkpoint, a warm-up folder is made once. Stop the grid
+(Ctrl-C, a kill) and start it again with the same command. Results are rebuilt from the folders.
 
-**Outputs** (in ``OUT``, default ``runs/learning-SIZE``): ``results.jsonl`` (one row per run and
-evaluation point), ``summary.jsonl`` (one row per cell and method), ``comparisons.jsonl``,
-``tables.md`` and ``figures/*.png``; ``--export DIR`` copies them (not the run folders) for committing.
-
-**Statistics** (fixed): over seeds, the mean of final greedy eval success with a 95% bootstrap CI
-(10,000 resamples of seeds) and the IQM (mean of the middle 50%); environment steps (assistant turns
-played in RL iterations) and wall time to reach 50% and 80% eval success; the across/within split of
-the learned critic's values over training; credit accuracy: the correlation of the advantages each
-method trained on with the oracle's, per token and per turn, over training. Comparisons are paired by
-seed (same start, same evaluation tasks): mean difference of final eval success with a 95% bootstrap CI.
+**Outputs** (``OUT``, default ``runs/learning-SIZE``): ``results.jsonl`` (one row per cell, arm,
+seed and iteration), ``final.jsonl`` (one row per run: final success, pass@k, collapse),
+``comparisons.jsonl``, ``tables.md``, ``figures/*.png``; ``--export DIR`` copies them.
 """
 
 from __future__ import annotations
@@ -60,126 +72,101 @@ REPO = Path(__file__).resolve().parents[1]
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
+from scipy import stats as sps  # noqa: E402
+
+from mpo_viz.advantages import get as get_estimator  # noqa: E402
+
 # --------------------------------------------------------------------------------------------- the grid
 
-#: method -> (estimator, estimator options, loss, loss options)
-METHODS = {
-    "mpo": ("mpo", {}, "turn_ppo", {}),
-    "mpo_token": ("mpo", {}, "token_ppo", {}),
-    "turn_gae": ("turn_gae", {}, "turn_ppo", {}),
-    "ppo": ("gae", {}, "token_ppo", {}),
-    "grpo": ("grpo", {}, "token_ppo", {}),
-    "rloo": ("rloo", {}, "token_ppo", {}),
-    "vapo": ("vapo", {}, "token_ppo", {"clip_low": 0.2, "clip_high": 0.28}),
-    "sao": ("gae", {}, "sao", {}),
-}
-SWEEP_METHODS = ("mpo", "turn_gae", "ppo", "grpo")
-G1_METHODS = ("mpo", "ppo")
-
-#: the comparisons stated in advance (docs/results.md): (label, method a, method b)
-COMPARISONS = [
-    ("MPO vs GRPO", "mpo", "grpo"),
-    ("MPO vs PPO", "mpo", "ppo"),
-    ("MPO vs turn GAE (β = 1 vs β = 0)", "mpo", "turn_gae"),
-    ("turn_ppo vs token_ppo (MPO vs MPO-token)", "mpo", "mpo_token"),
-]
+START = REPO / "trajectories" / "starts" / "automation"
 
 
 @dataclasses.dataclass(frozen=True)
-class Cell:
-    """One environment variant of the grid."""
+class Arm:
+    """One method of the grid: estimator and loss (with options) and where its values come from."""
 
-    name: str
-    env: str
-    methods: tuple
-    group_size: int = 4
-    difficulty: object = None  # None: the environment's default; int: a fixed horizon; (min, max)
-    env_options: tuple = ()  # ((key, value), ...)
-
-    @property
-    def start_key(self) -> str:
-        """Cells with the same environment share their start (SFT + critic warm-up) per seed."""
-        opts = "".join(f"-{k}{v}" for k, v in self.env_options)
-        d = self.difficulty
-        d = "" if d is None else f"-d{d}" if isinstance(d, int) else f"-d{d[0]}-{d[1]}"
-        return f"{self.env}{d}{opts}"
+    estimator: str
+    loss: str
+    loss_options: tuple = ()  # ((key, value), ...)
+    critic: str = "learned"
 
 
-MAIN = tuple(METHODS)
-CELLS = {
-    "search": Cell("search", "search", MAIN, difficulty=(2, 3)),
-    "automation": Cell("automation", "automation", MAIN),
-    "search-g1": Cell("search-g1", "search", G1_METHODS, group_size=1, difficulty=(2, 3)),
-    "automation-g1": Cell("automation-g1", "automation", G1_METHODS, group_size=1),
-    "automation-h3": Cell("automation-h3", "automation", SWEEP_METHODS, difficulty=3),
-    "automation-h6": Cell("automation-h6", "automation", SWEEP_METHODS, difficulty=6),
-    "automation-h12": Cell("automation-h12", "automation", SWEEP_METHODS, difficulty=12),
-    "automation-slip0": Cell("automation-slip0", "automation", SWEEP_METHODS, env_options=(("slip", 0.0),)),
-    "automation-slip0.3": Cell("automation-slip0.3", "automation", SWEEP_METHODS, env_options=(("slip", 0.3),)),
+ARMS = {
+    "grpo": Arm("grpo", "token_ppo"),
+    "ppo": Arm("gae", "token_ppo"),
+    "turn_gae": Arm("turn_gae", "token_ppo"),
+    "mpo_token": Arm("mpo", "token_ppo"),
+    "mpo": Arm("mpo", "turn_ppo"),
+    "mpo_bare": Arm("mpo", "turn_ppo", (("token_clip", None),)),
+    "mpo_oracle": Arm("mpo", "turn_ppo", critic="oracle"),
 }
-# (automation at slip 0.1 is the main automation cell: 0.1 is the environment's default.) search runs
-# at 2-3 expert turns: at its default 3-6, 100 SFT steps left the 1M policy at 0 greedy and 0 sampled
-# success (trajectories/trained/), an RL problem with no signal for any method.
 
-#: size -> the grid's cells, seeds and budgets
+#: the comparisons stated in advance: (label, arm a, arm b); Holm over all of them, per cell
+COMPARISONS = [
+    ("MPO vs GRPO", "mpo", "grpo"),
+    ("MPO vs PPO", "mpo", "ppo"),
+    ("MPO vs turn GAE", "mpo", "turn_gae"),
+    ("MPO vs MPO-token (turn_ppo vs token_ppo)", "mpo", "mpo_token"),
+    ("MPO vs MPO bare (token band vs none)", "mpo", "mpo_bare"),
+    ("MPO-oracle vs MPO (exact vs learned critic)", "mpo_oracle", "mpo"),
+]
+
+#: cell name -> expert turns per task
+CELLS = {"automation-d3-4": [3, 4], "automation-d5-6": [5, 6]}
+
+#: the noise rate of the expert the start imitated: the oracle values are this expert's
+ORACLE_NOISE = 0.3
+
 SIZES = {
-    # a smoke run of the whole pipeline (seconds): nothing here learns
-    "tiny": dict(cells=("automation",), methods=("mpo", "grpo"), seeds=(0,), iterations=1, episodes=4,
-                 eval_episodes=4, eval_interval=1, sft_steps=1, sft_target=0.4, warmup_steps=1, epochs=1, minibatches=2,
-                 max_turn_tokens=16, max_total_tokens=96),
-    # the documented results: about 90 minutes on a quiet 2-core machine (estimated from ~9k tokens/s
-    # training and ~2k tokens/s sampling with the 1M-parameter model)
-    "small": dict(cells=("search", "automation", "search-g1", "automation-g1"), methods=None, seeds=(0, 1, 2, 3, 4),
-                  iterations=8, episodes=16, eval_episodes=32, eval_interval=2, sft_steps=1500, sft_target=0.4, warmup_steps=4,
-                  epochs=2, minibatches=2, max_turn_tokens=64, max_total_tokens=1024),
-    # everything, with room to learn (many hours on 2 cores; meant for a larger machine)
-    "full": dict(cells=tuple(CELLS), methods=None, seeds=tuple(range(10)), iterations=40, episodes=32,
-                 eval_episodes=64, eval_interval=4, sft_steps=1500, sft_target=0.4, warmup_steps=8, epochs=2, minibatches=4,
-                 max_turn_tokens=64, max_total_tokens=1024),
+    # a smoke run of the whole pipeline (a minute): nothing here learns
+    "tiny": dict(cells=("automation-d3-4",), arms=("grpo", "mpo", "mpo_oracle"), seeds=(0,), iterations=2,
+                 episodes=8, epochs=1, minibatches=2, critic_epochs=1, eval_episodes=8, eval_interval=1,
+                 warmup_episodes=20, warmup_steps=2, pass_tasks=4, pass_samples=2, max_turn_tokens=48),
+    # the pre-registered grid (docs/results.md): 2 cells × 7 arms × 6 seeds
+    "v2": dict(cells=tuple(CELLS), arms=tuple(ARMS), seeds=tuple(range(6)), iterations=20, episodes=32, epochs=2,
+               minibatches=4, critic_epochs=4, eval_episodes=128, eval_interval=5, warmup_episodes=512,
+               warmup_steps=256, pass_tasks=64, pass_samples=8, max_turn_tokens=48),
 }
+GROUP_SIZE = 4
+COLLAPSE_LEVEL, COLLAPSE_AFTER = 0.05, 4
 
 
-#: the seed of the shared starts (SFT and critic warm-up)
-START_SEED = 0
-
-
-def plan(size: str, cells=None) -> list[tuple[int, Cell, str]]:
-    """The runs of a size in the order they run: seed by seed, cell by cell, method by method
-    (``cells``: only these of the size's cells)."""
+def plan(size: str, cells=None, seeds=None) -> list[tuple[str, int, str]]:
+    """``(cell, seed, arm)`` in the order they run: cell by cell, seed by seed, arm by arm (a
+    partial grid has whole seeds of its first cell)."""
     s = SIZES[size]
-    out = []
-    for seed in s["seeds"]:
-        for name in s["cells"]:
-            if cells and name not in cells:
-                continue
-            cell = CELLS[name]
-            for m in cell.methods:
-                if s["methods"] is None or m in s["methods"]:
-                    out.append((seed, cell, m))
-    return out
+    return [(c, seed, a) for c in s["cells"] if not cells or c in cells
+            for seed in s["seeds"] if seeds is None or seed in seeds for a in s["arms"]]
 
 
-def base_config(size: str, cell: Cell, seed: int, **changes):
+def base_config(size: str, cell: str, seed: int, **changes):
     from mpo_viz.train import Config
 
     s = SIZES[size]
-    d = cell.difficulty
-    kw = dict(env=cell.env, difficulty=list(d) if isinstance(d, tuple) else d, env_options=dict(cell.env_options), model_size="1m",
-              seed=seed, episodes=s["episodes"], group_size=cell.group_size, iterations=s["iterations"],
-              epochs=s["epochs"], minibatches=s["minibatches"], eval_episodes=s["eval_episodes"],
-              eval_interval=s["eval_interval"], save_trajectories_every=s["eval_interval"], keep_checkpoints=1,
-              max_turn_tokens=s["max_turn_tokens"], max_total_tokens=s["max_total_tokens"])
+    kw = dict(env="automation", difficulty=list(CELLS[cell]), model_dir=str(START), sft_steps=0, seed=seed,
+              episodes=s["episodes"], group_size=GROUP_SIZE, iterations=s["iterations"], epochs=s["epochs"],
+              minibatches=s["minibatches"], eval_episodes=s["eval_episodes"], eval_interval=s["eval_interval"],
+              save_trajectories_every=s["eval_interval"], keep_checkpoints=1, oracle_noise=ORACLE_NOISE,
+              max_turn_tokens=s["max_turn_tokens"], num_threads=1)
     kw.update(changes)
     return Config(**kw)
 
 
-def run_config(size: str, cell: Cell, method: str, seed: int, start: Path):
-    est, est_opts, loss, loss_opts = METHODS[method]
-    cfg = base_config(size, cell, seed, estimator=est, estimator_options=dict(est_opts), loss=loss,
-                      loss_options=dict(loss_opts), model_dir=str(start), sft_steps=0)
-    if cfg.uses_critic:
-        cfg = cfg.replace(critic_warmup_steps=0)  # the shared start's critic is already warmed up
-    return cfg
+def warmup_config(size: str, cell: str, seed: int):
+    """The warm-up's trainer config (gae at λ = 1: its returns are the Monte-Carlo ones)."""
+    s = SIZES[size]
+    return base_config(size, cell, seed, estimator="gae", loss="token_ppo", iterations=0,
+                       critic_warmup_episodes=s["warmup_episodes"], critic_warmup_steps=s["warmup_steps"])
+
+
+def run_config(size: str, cell: str, arm: str, seed: int, warm: Path):
+    """An arm's config: learned-critic arms start from the seed's warm-up folder (policy = the start,
+    critic = the fitted one) and skip the warm-up; the others start from the start itself."""
+    a = ARMS[arm]
+    kw = dict(estimator=a.estimator, loss=a.loss, loss_options=dict(a.loss_options), critic=a.critic)
+    if "values" in get_estimator(a.estimator).needs and a.critic == "learned":
+        kw.update(model_dir=str(warm), critic_warmup_steps=0, critic_epochs=SIZES[size]["critic_epochs"])
+    return base_config(size, cell, seed, **kw)
 
 
 # --------------------------------------------------------------------------------------------- running
@@ -189,70 +176,61 @@ def log(msg: str) -> None:
     print(f"[{time.strftime('%H:%M:%S')}] {msg}", flush=True)
 
 
-def make_start(size: str, cell: Cell, out: Path) -> Path:
-    """The shared start of an environment variant: SFT on the noisy expert, then a critic warm-up on
-    Monte-Carlo returns, made once with seed 0 and used by every method and every seed of the cells
-    that share ``cell.start_key``. Written to ``OUT/starts/KEY/model`` (policy/ and critic/)."""
+def warm_dir(out: Path, cell: str, seed: int) -> Path:
+    return out / "warmups" / cell / f"seed={seed}"
+
+
+def make_warmup(size: str, cell: str, seed: int, out: Path) -> Path:
+    """The seed's critic warm-up, made once: ``warm_dir/model`` (policy/ = the start, critic/ =
+    fitted) and ``warm_dir/warmup.json`` (the warm-up's metrics line)."""
     from mpo_viz import models
     from mpo_viz.train import Trainer
 
-    s = SIZES[size]
-    d = out / "starts" / cell.start_key
-    model = d / "model"
-    if (model / "policy").is_dir() and (model / "critic").is_dir() and (d / "start.json").is_file():
-        return model
+    d = warm_dir(out, cell, seed)
+    if (d / "model" / "critic").is_dir() and (d / "warmup.json").is_file():
+        return d / "model"
     if d.exists():
-        shutil.rmtree(d)  # an interrupted start is redone whole
+        shutil.rmtree(d)  # an interrupted warm-up is redone whole
+    cfg = warmup_config(size, cell, seed)
     t0 = time.perf_counter()
-    seed = START_SEED
-    sft_cfg = base_config(size, cell, seed, estimator="grpo", loss="token_ppo", group_size=4, sft_steps=s["sft_steps"],
-                          sft_target_success=s["sft_target"], eval_episodes=64)
-    sft_tr = Trainer(sft_cfg, d / "sft", quiet=True)
-    sft = sft_tr.sft()
-    models.save(d / "sft_model", sft_tr.policy)
-    warm_cfg = base_config(size, cell, seed, estimator="gae", estimator_options={"lam": 1.0}, loss="token_ppo",
-                           group_size=4, model_dir=str(d / "sft_model"), sft_steps=0,
-                           critic_warmup_steps=s["warmup_steps"])
-    warm_tr = Trainer(warm_cfg, d / "warmup", quiet=True)
-    warm = warm_tr.warmup_critic()
-    models.save(d / "tmp_model", warm_tr.policy, warm_tr.critic)
-    (d / "tmp_model").rename(model)
-    info = {"sft": sft, "warmup": warm, "seconds": time.perf_counter() - t0, "seed": seed,
-            "sft_config_hash": sft_cfg.hash(), "warmup_config_hash": warm_cfg.hash()}
-    (d / "start.json").write_text(json.dumps(info, indent=1, default=float) + "\n")
-    log(f"start {cell.start_key}: SFT {sft.get('sft_steps')} steps, greedy success "
-        f"{sft.get('sft_success', math.nan):.3f}; critic warm-up explained variance "
-        f"{warm.get('warmup_explained_var', math.nan):.3f} ({info['seconds']:.0f} s)")
-    return model
+    tr = Trainer(cfg, d / "run", quiet=True)
+    rec = tr.warmup_critic()
+    if tr.interrupted:
+        raise KeyboardInterrupt
+    models.save(d / "tmp_model", tr.policy, tr.critic)
+    (d / "tmp_model").rename(d / "model")
+    rec = {**rec, "seconds": time.perf_counter() - t0, "config_hash": cfg.hash()}
+    (d / "warmup.json").write_text(json.dumps(rec, default=float) + "\n")
+    log(f"{cell} warm-up seed {seed}: {rec['warmup_steps']} steps, held-out EV {rec['warmup_explained_var']:.3f} "
+        f"(stopped by the {rec['warmup_stop']}; {rec['seconds']:.0f} s)")
+    return d / "model"
 
 
-def run_dir(out: Path, cell: Cell, method: str, seed: int) -> Path:
-    return out / "runs" / cell.name / method / f"seed={seed}"
+def run_dir(out: Path, cell: str, arm: str, seed: int) -> Path:
+    return out / "runs" / cell / arm / f"seed={seed}"
 
 
 def run_state(d: Path, iterations: int) -> str:
-    """``done``, ``partial`` or ``missing``."""
+    """``done`` (final evaluation and pass@k written), ``partial`` or ``missing``."""
     from mpo_viz.train.runfolder import read_metrics_file
 
     if not (d / "checkpoints" / "latest").exists():
         return "missing"
     recs = read_metrics_file(d / "metrics.jsonl")
-    its = [r.get("iteration", 0) for r in recs if r.get("phase") in ("rl", "eval")]
-    finished = any(r.get("phase") in ("rl", "eval") and r.get("iteration") == iterations and r.get("eval_success") is not None
-                   for r in recs)
-    return "done" if its and finished else "partial"
+    fin = any(r.get("iteration") == iterations and "eval_sampled_success" in r for r in recs)
+    return "done" if fin and (d / "pass_at_k.json").is_file() else "partial"
 
 
-def run_one(size: str, cell: Cell, method: str, seed: int, out: Path) -> None:
+def run_one(size: str, cell: str, arm: str, seed: int, out: Path) -> None:
     from mpo_viz.train import Trainer
 
     s = SIZES[size]
-    d = run_dir(out, cell, method, seed)
+    d = run_dir(out, cell, arm, seed)
     state = run_state(d, s["iterations"])
     if state == "done":
         return
-    start = make_start(size, cell, out)
-    cfg = run_config(size, cell, method, seed, start)
+    warm = make_warmup(size, cell, seed, out)
+    cfg = run_config(size, cell, arm, seed, warm)
     t0 = time.perf_counter()
     if state == "partial":
         tr = Trainer.resume(d, cfg, quiet=True)
@@ -263,12 +241,24 @@ def run_one(size: str, cell: Cell, method: str, seed: int, out: Path) -> None:
     tr.run_all(log=lambda line: None)
     if tr.interrupted:
         raise KeyboardInterrupt
-    ev = [r for r in tr.run.metrics() if r.get("eval_success") is not None]
-    log(f"{cell.name:16s} {method:10s} seed {seed}: eval success {ev[-1]['eval_success']:.3f} "
-        f"({time.perf_counter() - t0:.0f} s, config {cfg.hash()})")
+    pk = tr.pass_at_k(s["pass_tasks"], s["pass_samples"])
+    (d / "pass_at_k.json").write_text(json.dumps(pk) + "\n")
+    ev = [r for r in tr.run.metrics() if r.get("eval_sampled_success") is not None]
+    top = f"pass@{s['pass_samples']}"
+    log(f"{cell} {arm:10s} seed {seed}: held-out sampled {ev[0]['eval_sampled_success']:.3f} -> "
+        f"{ev[-1]['eval_sampled_success']:.3f}, greedy {ev[0]['eval_success']:.3f} -> {ev[-1]['eval_success']:.3f}, "
+        f"{top} {pk[top]:.3f} ({time.perf_counter() - t0:.0f} s, "
+        f"config {cfg.hash()})")
 
 
-# --------------------------------------------------------------------------------------------- results
+# --------------------------------------------------------------------------------------------- records
+
+
+def _corr(x, y) -> float:
+    x, y = np.asarray(x, float), np.asarray(y, float)
+    if len(x) < 3 or x.std() == 0 or y.std() == 0:
+        return math.nan
+    return float(np.corrcoef(x, y)[0, 1])
 
 
 def credit_accuracy(path: Path) -> dict:
@@ -280,9 +270,7 @@ def credit_accuracy(path: Path) -> dict:
     if not (b.has("advantages") and b.has("oracle_token_adv")):
         return {}
     m = b.mask.bool().numpy()
-    a = b.padded("advantages").numpy()
-    o = b.padded("oracle_token_adv").numpy()
-    out = {"credit_token_corr": _corr(a[m], o[m])}
+    out = {"credit_token_corr": _corr(b.padded("advantages").numpy()[m], b.padded("oracle_token_adv").numpy()[m])}
     t = turn_table(b, {"adv": b.padded("advantages")})
     try:
         ot = np.concatenate([np.asarray(json.loads(x)["oracle"]["turn_adv"], dtype=float) for x in b.field("extra_json")])
@@ -294,139 +282,163 @@ def credit_accuracy(path: Path) -> dict:
     return out
 
 
-def _corr(x, y) -> float:
-    x, y = np.asarray(x, float), np.asarray(y, float)
-    if len(x) < 3 or x.std() == 0 or y.std() == 0:
-        return math.nan
-    return float(np.corrcoef(x, y)[0, 1])
+def collapsed(recs: list[dict]) -> bool:
+    """Rollout (sampled) success below :data:`COLLAPSE_LEVEL` at any RL iteration after the 4th."""
+    return any(r.get("phase") == "rl" and r["iteration"] > COLLAPSE_AFTER and r.get("success", 1.0) < COLLAPSE_LEVEL
+               for r in recs)
 
 
-def collect(size: str, out: Path) -> list[dict]:
-    """One row per run and evaluation point, from the run folders (finished or not)."""
+def _num(x):
+    return None if x is None or (isinstance(x, float) and not math.isfinite(x)) else x
+
+
+def collect(size: str, out: Path) -> tuple[list[dict], list[dict]]:
+    """``(rows, finals)``: one row per (cell, arm, seed, iteration 0..N) of every run folder, and one
+    row per finished run."""
     from mpo_viz.train import Config
     from mpo_viz.train.runfolder import read_metrics_file
 
-    rows = []
-    for seed, cell, method in plan(size):
-        d = run_dir(out, cell, method, seed)
+    rows, finals = [], []
+    iters = SIZES[size]["iterations"]
+    for cell, seed, arm in plan(size):
+        d = run_dir(out, cell, arm, seed)
         recs = read_metrics_file(d / "metrics.jsonl")
         if not recs:
             continue
         cfg = Config.load(d / "config.json")
-        state = run_state(d, SIZES[size]["iterations"])
-        env_steps, episodes = 0.0, 0
-        rl_by_it = {0: (0.0, 0, {})}  # the evaluation before RL: no environment step yet
+        state = run_state(d, iters)
+        coll = collapsed(recs)
+        warm = warm_dir(out, cell, seed) / "warmup.json"
+        wrec = json.loads(warm.read_text()) if warm.is_file() and cfg.model_dir != str(START) else {}
+        by_it: dict[int, dict] = {}
         for r in recs:
-            if r.get("phase") == "rl":
-                env_steps += cfg.episodes * float(r.get("turns_mean") or 0.0)
-                episodes += cfg.episodes
-                rl_by_it[r["iteration"]] = (env_steps, episodes, r)
-        for r in recs:
-            if r.get("eval_success") is None:
-                continue
-            it = int(r.get("iteration", 0))
-            steps, eps, rl = rl_by_it.get(it, (env_steps, episodes, {}))
-            row = {"cell": cell.name, "env": cell.env, "method": method, "seed": seed, "iteration": it,
-                   "episodes": eps, "env_steps": steps, "time_s": r.get("time_s"),
-                   "eval_success": r["eval_success"], "sampled_success": rl.get("success"),
-                   "values_across": rl.get("values_across"), "values_within": rl.get("values_within"),
-                   "values_across_within_ratio": rl.get("values_across_within_ratio"),
-                   "oracle_across_within_ratio": rl.get("oracle_across_within_ratio"),
-                   "critic_explained_var": rl.get("critic_explained_var"), "run_state": state,
+            if r.get("phase") in ("rl", "eval"):
+                by_it.setdefault(int(r["iteration"]), {}).update(r)
+        for it in sorted(by_it):
+            r = by_it[it]
+            row = {"cell": cell, "method": arm, "seed": seed, "iteration": it,
+                   "sampled_success": _num(r.get("eval_sampled_success")), "greedy_success": _num(r.get("eval_success")),
+                   "n_eval_tasks": r.get("n_eval_tasks"), "eval_seed": r.get("eval_seed", cfg.eval_key),
+                   "rollout_success": _num(r.get("success")),
+                   "critic_explained_var": _num(r.get("critic_explained_var")),
+                   "values_across_within_ratio": _num(r.get("values_across_within_ratio")),
+                   "oracle_across_within_ratio": _num(r.get("oracle_across_within_ratio")),
+                   "approx_kl": _num(r.get("approx_kl")), "ratio_max": _num(r.get("ratio_max")),
+                   "turn_ratio_max": _num(r.get("turn_ratio_max")), "clipfrac": _num(r.get("clipfrac")),
+                   "entropy": _num(r.get("entropy")), "collapsed": coll, "run_state": state,
                    "config_hash": cfg.hash()}
+            if it == 0 and wrec:  # before RL: the warm-up's held-out fit
+                row["critic_explained_var"] = _num(wrec.get("warmup_explained_var"))
+                row["values_across_within_ratio"] = _num(wrec.get("warmup_values_across_within_ratio"))
             traj = d / "trajectories" / f"iter={it:06d}.parquet"
             if traj.is_file():
-                row.update(credit_accuracy(traj))
+                row.update({k: _num(v) for k, v in credit_accuracy(traj).items()})
             rows.append(row)
-    return rows
+        pk_path = d / "pass_at_k.json"
+        if state == "done":
+            ev = [by_it[i] for i in sorted(by_it) if "eval_sampled_success" in by_it[i]]
+            finals.append({"cell": cell, "method": arm, "seed": seed, "start_sampled": ev[0]["eval_sampled_success"],
+                           "start_greedy": ev[0]["eval_success"], "final_sampled": ev[-1]["eval_sampled_success"],
+                           "final_greedy": ev[-1]["eval_success"], "collapsed": coll,
+                           "warmup_explained_var": _num(wrec.get("warmup_explained_var")),
+                           "warmup_stop": wrec.get("warmup_stop"),
+                           **json.loads(pk_path.read_text())})
+    return rows, finals
 
 
-def bootstrap_ci(x, *, n: int = 10_000, seed: int = 0, level: float = 0.95) -> tuple[float, float]:
-    """Percentile bootstrap CI of the mean over the values (seeds) ``x``."""
-    x = np.asarray([v for v in x if v is not None and np.isfinite(v)], float)
-    if len(x) == 0:
-        return math.nan, math.nan
-    if len(x) == 1:
-        return float(x[0]), float(x[0])
-    rng = np.random.default_rng(seed)
-    means = x[rng.integers(0, len(x), size=(n, len(x)))].mean(1)
-    lo, hi = np.quantile(means, [(1 - level) / 2, 1 - (1 - level) / 2])
-    return float(lo), float(hi)
+# --------------------------------------------------------------------------------------------- statistics
 
 
-def iqm(x) -> float:
-    """Interquartile mean: the mean of the middle 50% (sorted, a quarter cut from each end)."""
-    x = np.sort(np.asarray([v for v in x if v is not None and np.isfinite(v)], float))
-    if len(x) == 0:
-        return math.nan
-    k = len(x) // 4
-    return float(x[k: len(x) - k].mean())
+def paired_test(diff) -> dict:
+    """Mean of the paired differences, its 95% t-interval and the two-sided paired t-test p-value
+    (NaN with fewer than 2 pairs; p = 1 when every difference is 0)."""
+    d = np.asarray(diff, float)
+    n = len(d)
+    if n < 2:
+        m = float(d.mean()) if n else math.nan
+        return {"mean_diff": m, "ci_low": math.nan, "ci_high": math.nan, "p_value": math.nan}
+    m, se = float(d.mean()), float(d.std(ddof=1) / math.sqrt(n))
+    if se == 0:
+        return {"mean_diff": m, "ci_low": m, "ci_high": m, "p_value": 1.0 if m == 0 else 0.0}
+    t = m / se
+    q = float(sps.t.ppf(0.975, n - 1))
+    return {"mean_diff": m, "ci_low": m - q * se, "ci_high": m + q * se,
+            "p_value": float(2 * sps.t.sf(abs(t), n - 1))}
 
 
-def _first_reach(rows: list[dict], key: str, threshold: float) -> float:
-    for r in sorted(rows, key=lambda r: r["iteration"]):
-        if r["eval_success"] >= threshold:
-            return float(r[key])
-    return math.nan
+def holm(p_values) -> list[float]:
+    """Holm's step-down adjusted p-values (NaN stays NaN and is not counted)."""
+    p = np.asarray(p_values, float)
+    ok = np.flatnonzero(np.isfinite(p))
+    out = np.full(len(p), math.nan)
+    m = len(ok)
+    running = 0.0
+    for rank, i in enumerate(ok[np.argsort(p[ok], kind="stable")]):
+        running = max(running, min(1.0, (m - rank) * p[i]))
+        out[i] = running
+    return out.tolist()
 
 
-def summarize(size: str, rows: list[dict]) -> tuple[list[dict], list[dict]]:
-    """(per cell and method, paired comparisons) from the result rows of finished runs."""
-    iters = SIZES[size]["iterations"]
-    by = {}
-    for r in rows:
-        by.setdefault((r["cell"], r["method"], r["seed"]), []).append(r)
-    final = {k: max(v, key=lambda r: r["iteration"]) for k, v in by.items()}
-    done = {k for k, v in final.items() if v["iteration"] == iters and v["run_state"] == "done"}
-    summary = []
-    for seed_, cell, method in plan(size):
-        if seed_ != SIZES[size]["seeds"][0]:
-            continue
-        keys = [(cell.name, method, s) for s in SIZES[size]["seeds"] if (cell.name, method, s) in done]
-        vals = [final[k]["eval_success"] for k in keys]
-        lo, hi = bootstrap_ci(vals)
-        steps50 = [_first_reach(by[k], "env_steps", 0.5) for k in keys]
-        steps80 = [_first_reach(by[k], "env_steps", 0.8) for k in keys]
-        time50 = [_first_reach(by[k], "time_s", 0.5) for k in keys]
-
-        def fin(name, keys=keys):
-            v = [final[k].get(name) for k in keys]
-            v = [x for x in v if x is not None and np.isfinite(x)]
-            return float(np.mean(v)) if v else math.nan
-
-        summary.append({
-            "cell": cell.name, "method": method, "seeds_done": len(keys), "seeds_planned": len(SIZES[size]["seeds"]),
-            "final_eval_mean": float(np.mean(vals)) if vals else math.nan, "final_eval_ci_low": lo, "final_eval_ci_high": hi,
-            "final_eval_iqm": iqm(vals),
-            "reached_50": int(np.isfinite(steps50).sum()) if keys else 0,
-            "env_steps_to_50_median": float(np.nanmedian(steps50)) if np.isfinite(steps50).any() else math.nan,
-            "reached_80": int(np.isfinite(steps80).sum()) if keys else 0,
-            "env_steps_to_80_median": float(np.nanmedian(steps80)) if np.isfinite(steps80).any() else math.nan,
-            "seconds_to_50_median": float(np.nanmedian(time50)) if np.isfinite(time50).any() else math.nan,
-            "final_critic_across_within": fin("values_across_within_ratio"),
-            "final_credit_token_corr": fin("credit_token_corr"), "final_credit_turn_corr": fin("credit_turn_corr"),
-            "seconds_per_run": fin("time_s"),
-        })
-    comps = []
-    for name in SIZES[size]["cells"]:
+def compare(size: str, finals: list[dict]) -> list[dict]:
+    """The pre-registered comparisons of final held-out sampled success, paired by seed, per cell."""
+    f = {(r["cell"], r["method"], r["seed"]): r for r in finals}
+    out = []
+    for cell in SIZES[size]["cells"]:
+        rows = []
         for label, a, b in COMPARISONS:
-            seeds = [s for s in SIZES[size]["seeds"] if (name, a, s) in done and (name, b, s) in done]
-            if a not in CELLS[name].methods or b not in CELLS[name].methods:
-                continue
-            diff = [final[(name, a, s)]["eval_success"] - final[(name, b, s)]["eval_success"] for s in seeds]
-            lo, hi = bootstrap_ci(diff)
-            if not seeds:
-                verdict = "not run"
-            elif lo > 0:
-                verdict = f"{a} higher"
-            elif hi < 0:
-                verdict = f"{b} higher"
+            seeds = [s for s in SIZES[size]["seeds"] if (cell, a, s) in f and (cell, b, s) in f]
+            diff = [f[(cell, a, s)]["final_sampled"] - f[(cell, b, s)]["final_sampled"] for s in seeds]
+            rows.append({"cell": cell, "comparison": label, "a": a, "b": b, "paired_seeds": len(seeds),
+                         "diffs": diff, **paired_test(diff)})
+        for r, ph in zip(rows, holm([r["p_value"] for r in rows])):
+            r["p_holm"] = ph
+            r["comparisons"] = len(COMPARISONS)
+            if r["paired_seeds"] == 0:
+                r["verdict"] = "not run"
+            elif math.isfinite(ph) and ph < 0.05:
+                r["verdict"] = f"{r['a'] if r['mean_diff'] > 0 else r['b']} higher (Holm p < 0.05)"
             else:
-                verdict = "inside the noise (CI contains 0)"
-            comps.append({"cell": name, "comparison": label, "a": a, "b": b, "paired_seeds": len(seeds),
-                          "mean_diff": float(np.mean(diff)) if diff else math.nan, "ci_low": lo, "ci_high": hi,
-                          "verdict": verdict})
-    return summary, comps
+                r["verdict"] = "no difference shown (Holm p >= 0.05)"
+        out += rows
+    return out
+
+
+def summarize(size: str, finals: list[dict]) -> list[dict]:
+    """Per cell and arm: mean and 95% t-interval of the final sampled success over seeds, the start,
+    the change, greedy, pass@1 and pass@8, collapses."""
+    out = []
+    for cell in SIZES[size]["cells"]:
+        for arm in SIZES[size]["arms"]:
+            rs = [r for r in finals if r["cell"] == cell and r["method"] == arm]
+            if not rs:
+                continue
+
+            def ms(key, rs=rs):
+                v = np.array([r[key] for r in rs if r.get(key) is not None], float)
+                if len(v) == 0:
+                    return math.nan, math.nan
+                half = float(sps.t.ppf(0.975, len(v) - 1) * v.std(ddof=1) / math.sqrt(len(v))) if len(v) > 1 else math.nan
+                return float(v.mean()), half
+
+            k = SIZES[size]["pass_samples"]
+            fs, fh = ms("final_sampled")
+            ch, chh = ms_change(rs)
+            out.append({"cell": cell, "method": arm, "seeds": len(rs), "start_sampled": ms("start_sampled")[0],
+                        "final_sampled": fs, "final_sampled_ci": fh, "change": ch, "change_ci": chh,
+                        "final_greedy": ms("final_greedy")[0], "start_greedy": ms("start_greedy")[0],
+                        "pass@1": ms("pass@1")[0], f"pass@{k}": ms(f"pass@{k}")[0],
+                        "collapsed": sum(bool(r["collapsed"]) for r in rs),
+                        "warmup_explained_var": ms("warmup_explained_var")[0]})
+    return out
+
+
+def ms_change(rs: list[dict]) -> tuple[float, float]:
+    """Mean change of sampled success (final − start) and the half-width of its 95% t-interval."""
+    t = paired_test([r["final_sampled"] - r["start_sampled"] for r in rs])
+    return t["mean_diff"], (t["ci_high"] - t["mean_diff"]) if math.isfinite(t["ci_high"]) else math.nan
+
+
+# --------------------------------------------------------------------------------------------- presentation
 
 
 def _fmt(x, nd=3) -> str:
@@ -434,29 +446,33 @@ def _fmt(x, nd=3) -> str:
 
 
 def tables(size: str, summary: list[dict], comps: list[dict], n_done: int, n_planned: int) -> str:
+    k = SIZES[size]["pass_samples"]
     lines = [f"Grid `{size}`: {n_done} of {n_planned} runs finished.", "",
-             "| cell | method | seeds | final eval success (95% CI) | IQM | env steps to 50% (reached) | "
-             "env steps to 80% (reached) | critic across/within | credit corr token / turn |",
-             "|---|---|---|---|---|---|---|---|---|"]
+             f"| cell | arm | seeds | sampled success: start → final (95% CI) | change (95% CI) | greedy start → final "
+             f"| pass@1 | pass@{k} | collapsed | warm-up EV |",
+             "|---|---|---|---|---|---|---|---|---|---|"]
     for s in summary:
         lines.append(
-            f"| {s['cell']} | {s['method']} | {s['seeds_done']}/{s['seeds_planned']} | "
-            f"{_fmt(s['final_eval_mean'])} ({_fmt(s['final_eval_ci_low'])}–{_fmt(s['final_eval_ci_high'])}) | "
-            f"{_fmt(s['final_eval_iqm'])} | {_fmt(s['env_steps_to_50_median'], 0)} ({s['reached_50']}) | "
-            f"{_fmt(s['env_steps_to_80_median'], 0)} ({s['reached_80']}) | {_fmt(s['final_critic_across_within'], 2)} | "
-            f"{_fmt(s['final_credit_token_corr'], 2)} / {_fmt(s['final_credit_turn_corr'], 2)} |")
-    lines += ["", "| cell | comparison | paired seeds | mean difference of final eval success (95% CI) | verdict |",
-              "|---|---|---|---|---|"]
+            f"| {s['cell']} | {s['method']} | {s['seeds']} | {_fmt(s['start_sampled'])} → {_fmt(s['final_sampled'])} "
+            f"(± {_fmt(s['final_sampled_ci'])}) | {s['change']:+.3f} (± {_fmt(s['change_ci'])}) | "
+            f"{_fmt(s['start_greedy'])} → {_fmt(s['final_greedy'])} | {_fmt(s['pass@1'])} | {_fmt(s[f'pass@{k}'])} | "
+            f"{s['collapsed']} of {s['seeds']} | {_fmt(s['warmup_explained_var'], 2)} |")
+    lines += ["", "| cell | comparison (a vs b) | paired seeds | mean difference of final sampled success (95% CI) "
+              "| p | p (Holm, 6) | verdict |", "|---|---|---|---|---|---|---|"]
     for c in comps:
         lines.append(f"| {c['cell']} | {c['comparison']} | {c['paired_seeds']} | {_fmt(c['mean_diff'])} "
-                     f"({_fmt(c['ci_low'])} to {_fmt(c['ci_high'])}) | {c['verdict']} |")
+                     f"({_fmt(c['ci_low'])} to {_fmt(c['ci_high'])}) | {_fmt(c['p_value'])} | {_fmt(c['p_holm'])} "
+                     f"| {c['verdict']} |")
     return "\n".join(lines) + "\n"
 
 
+COLOURS = {"grpo": "#2ca02c", "ppo": "#1f77b4", "turn_gae": "#9467bd", "mpo_token": "#ff7f0e", "mpo": "#d62728",
+           "mpo_bare": "#7f7f7f", "mpo_oracle": "#8c564b"}
+
+
 def figures(size: str, rows: list[dict], fig_dir: Path) -> list[Path]:
-    """One PNG per cell: eval success vs environment steps and vs wall time (mean over seeds with a
-    95% bootstrap band), the learned critic's across/within ratio and the token credit accuracy over
-    training."""
+    """One PNG per cell: held-out sampled success and rollout success against iteration, and the
+    critic's explained variance against iteration — mean over seeds with a 95% t-band per arm."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -464,65 +480,64 @@ def figures(size: str, rows: list[dict], fig_dir: Path) -> list[Path]:
 
     fig_dir.mkdir(parents=True, exist_ok=True)
     paths = []
-    colours = dict(zip(METHODS, ["#d62728", "#ff7f0e", "#9467bd", "#1f77b4", "#2ca02c", "#17becf", "#8c564b", "#7f7f7f"]))
-    for name in SIZES[size]["cells"]:
-        cell_rows = [r for r in rows if r["cell"] == name]
+    panels = [("sampled_success", "held-out sampled success (128 tasks)"),
+              ("rollout_success", "rollout success (32 episodes)"),
+              ("critic_explained_var", "explained variance of the values")]
+    for cell in SIZES[size]["cells"]:
+        cell_rows = [r for r in rows if r["cell"] == cell]
         if not cell_rows:
             continue
-        fig, axes = plt.subplots(1, 4, figsize=(17, 3.6))
-        panels = [("env_steps", "eval_success", "environment steps", "greedy eval success"),
-                  ("time_s", "eval_success", "seconds of training", "greedy eval success"),
-                  ("iteration", "values_across_within_ratio", "iteration", "critic across/within (median)"),
-                  ("iteration", "credit_token_corr", "iteration", "corr(advantage, oracle), tokens")]
-        for ax, (xk, yk, xl, yl) in zip(axes, panels):
-            for method in CELLS[name].methods:
-                rs = [r for r in cell_rows if r["method"] == method and r.get(yk) is not None]
-                if not rs:
+        fig, axes = plt.subplots(1, 3, figsize=(15, 3.8))
+        for ax, (key, label) in zip(axes, panels):
+            for arm in SIZES[size]["arms"]:
+                pts = {}
+                for r in cell_rows:
+                    if r["method"] == arm and r.get(key) is not None:
+                        pts.setdefault(r["iteration"], []).append(r[key])
+                if not pts:
                     continue
-                its = sorted({r["iteration"] for r in rs})
-                xs, ys, lo, hi = [], [], [], []
-                for it in its:
-                    at = [r for r in rs if r["iteration"] == it and np.isfinite(r[yk])]
-                    if not at:
-                        continue
-                    v = [r[yk] for r in at]
-                    xs.append(float(np.mean([r[xk] for r in at])))
-                    ys.append(float(np.mean(v)))
-                    a, b = bootstrap_ci(v, n=2000)
-                    lo.append(a)
-                    hi.append(b)
-                n = len({r["seed"] for r in rs})
-                ax.plot(xs, ys, marker="o", ms=3, color=colours[method], label=f"{method} ({n})")
-                ax.fill_between(xs, lo, hi, color=colours[method], alpha=0.12, linewidth=0)
-            ax.set_xlabel(xl)
-            ax.set_ylabel(yl)
+                its = sorted(pts)
+                mean = np.array([np.mean(pts[i]) for i in its])
+                half = np.array([paired_half(pts[i]) for i in its])
+                n = max(len(v) for v in pts.values())
+                ax.plot(its, mean, marker="o", ms=2.5, color=COLOURS[arm], label=f"{arm} ({n})")
+                ok = np.isfinite(half)
+                ax.fill_between(np.array(its)[ok], (mean - half)[ok], (mean + half)[ok], color=COLOURS[arm],
+                                alpha=0.12, linewidth=0)
+            ax.set_xlabel("iteration")
+            ax.set_ylabel(label)
             ax.grid(alpha=0.3)
         axes[0].set_ylim(0, 1)
         axes[1].set_ylim(0, 1)
-        if any(line.get_ydata().size and np.nanmax(line.get_ydata()) > 0 for line in axes[2].get_lines()):
-            axes[2].set_yscale("log")
-        axes[0].legend(fontsize=7, title="method (seeds)", title_fontsize=7)
-        fig.suptitle(f"{name} — grid {size}: mean over seeds, 95% bootstrap band", fontsize=10)
+        axes[0].legend(fontsize=7, title="arm (seeds)", title_fontsize=7)
+        fig.suptitle(f"{cell} — grid {size}: mean over seeds, 95% t-band", fontsize=10)
         fig.tight_layout()
-        p = fig_dir / f"learning_{size}_{name}.png"
+        p = fig_dir / f"learning_{size}_{cell}.png"
         fig.savefig(p, dpi=80)
         plt.close(fig)
         paths.append(p)
     return paths
 
 
+def paired_half(values) -> float:
+    """Half-width of the 95% t-interval of a mean (NaN below 2 values)."""
+    v = np.asarray(values, float)
+    if len(v) < 2:
+        return math.nan
+    return float(sps.t.ppf(0.975, len(v) - 1) * v.std(ddof=1) / math.sqrt(len(v)))
+
+
 def report(size: str, out: Path) -> str:
-    rows = collect(size, out)
-    with open(out / "results.jsonl", "w") as fh:
-        for r in rows:
-            fh.write(json.dumps(r) + "\n")
-    summary, comps = summarize(size, rows)
-    for name, data in (("summary.jsonl", summary), ("comparisons.jsonl", comps)):
+    rows, finals = collect(size, out)
+    comps = compare(size, finals)
+    summary = summarize(size, finals)
+    for name, data in (("results.jsonl", rows), ("final.jsonl", finals), ("comparisons.jsonl", comps),
+                       ("summary.jsonl", summary)):
         with open(out / name, "w") as fh:
             for r in data:
                 fh.write(json.dumps(r) + "\n")
     runs = plan(size)
-    n_done = sum(run_state(run_dir(out, c, m, s), SIZES[size]["iterations"]) == "done" for s, c, m in runs)
+    n_done = sum(run_state(run_dir(out, c, a, s), SIZES[size]["iterations"]) == "done" for c, s, a in runs)
     text = tables(size, summary, comps, n_done, len(runs))
     (out / "tables.md").write_text(text)
     figures(size, rows, out / "figures")
@@ -530,56 +545,51 @@ def report(size: str, out: Path) -> str:
 
 
 def status(size: str, out: Path) -> str:
-    lines = []
-    for seed, cell, method in plan(size):
-        lines.append(f"{cell.name:18s} {method:10s} seed {seed}: {run_state(run_dir(out, cell, method, seed), SIZES[size]['iterations'])}")
-    return "\n".join(lines)
+    return "\n".join(f"{c:16s} {a:10s} seed {s}: {run_state(run_dir(out, c, a, s), SIZES[size]['iterations'])}"
+                     for c, s, a in plan(size))
 
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--size", choices=list(SIZES), default="small")
+    ap.add_argument("--size", choices=list(SIZES), default="v2")
     ap.add_argument("--out", type=Path, default=None, help="results and run folders (default runs/learning-SIZE)")
-    ap.add_argument("--report-only", action="store_true", help="tables and figures from the run folders; run nothing")
+    ap.add_argument("--report-only", action="store_true", help="records, tables and figures from the run folders")
     ap.add_argument("--status", action="store_true", help="list each run as done, partial or missing")
-    ap.add_argument("--export", type=Path, default=None, help="copy results, tables and figures into this folder")
-    ap.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's choice)")
-    ap.add_argument("--cells", nargs="+", default=None, metavar="CELL",
-                    help="run only these cells of the size (e.g. one process per environment on 2 cores)")
+    ap.add_argument("--export", type=Path, default=None, help="copy the records, tables and figures into this folder")
+    ap.add_argument("--cells", nargs="+", default=None, metavar="CELL", help="run only these cells")
+    ap.add_argument("--seeds", nargs="+", type=int, default=None, metavar="SEED",
+                    help="run only these seeds (e.g. even seeds in one process, odd in another)")
     args = ap.parse_args(argv)
     bad = [c for c in args.cells or () if c not in SIZES[args.size]["cells"]]
     if bad:
         ap.error(f"--cells: {bad} not in the {args.size} grid's cells {list(SIZES[args.size]['cells'])}")
     out = args.out or REPO / "runs" / f"learning-{args.size}"
     out.mkdir(parents=True, exist_ok=True)
-    if args.threads:
-        import torch
-
-        torch.set_num_threads(args.threads)
     if args.status:
         print(status(args.size, out))
         return 0
     if not args.report_only:
-        runs = plan(args.size, args.cells)
-        meta = {"size": args.size, "grid": SIZES[args.size], "runs": len(runs), "python": sys.version.split()[0],
-                "machine": f"{platform.machine()}, {os.cpu_count()} CPUs", "command": " ".join(sys.argv)}
-        (out / "grid.json").write_text(json.dumps({**meta, "runs": len(plan(args.size))}, indent=1) + "\n")
+        runs = plan(args.size, args.cells, args.seeds)
+        meta = {"size": args.size, "grid": SIZES[args.size], "arms": {k: dataclasses.asdict(v) for k, v in ARMS.items()},
+                "comparisons": COMPARISONS, "python": sys.version.split()[0],
+                "machine": f"{platform.machine()}, {os.cpu_count()} CPUs", "runs": len(plan(args.size))}
+        (out / "grid.json").write_text(json.dumps(meta, indent=1) + "\n")
         t0 = time.perf_counter()
         log(f"grid {args.size}: {len(runs)} runs into {out}")
         try:
-            for i, (seed, cell, method) in enumerate(runs):
-                run_one(args.size, cell, method, seed, out)
-                if (i + 1) % len(CELLS[cell.name].methods) == 0:
+            for i, (cell, seed, arm) in enumerate(runs):
+                run_one(args.size, cell, arm, seed, out)
+                if (i + 1) % len(SIZES[args.size]["arms"]) == 0:
                     report(args.size, out)  # results as they come
         except KeyboardInterrupt:
             log("interrupted: the finished runs stay, a partial one resumes from its last checkpoint")
             print(report(args.size, out))
             return 130
-        log(f"grid {args.size} done in {time.perf_counter() - t0:.0f} s")
+        log(f"grid {args.size}: {len(runs)} runs done in {time.perf_counter() - t0:.0f} s")
     print(report(args.size, out))
     if args.export:
         args.export.mkdir(parents=True, exist_ok=True)
-        for name in ("results.jsonl", "summary.jsonl", "comparisons.jsonl", "tables.md", "grid.json"):
+        for name in ("results.jsonl", "final.jsonl", "comparisons.jsonl", "summary.jsonl", "tables.md", "grid.json"):
             if (out / name).is_file():
                 shutil.copy(out / name, args.export / name)
         for p in (out / "figures").glob("*.png"):

@@ -26,6 +26,8 @@ from mpo_viz.turns import turn_ids_from_mask
 
 __all__ = [
     "variance_split",
+    "explained_variance",
+    "pass_at_k",
     "value_variance",
     "advantage_variance",
     "variance_summary",
@@ -599,7 +601,41 @@ class Disagreement:
 
 
 # ---------------------------------------------------------------------------------------------
+# pass@k
+
+
+def pass_at_k(successes, k: int) -> float:
+    """The unbiased pass@k of a ``(T, n)`` 0/1 array (T tasks, n samples each; n ≥ k):
+    ``mean_tasks [1 − C(n − c, k) / C(n, k)]`` with c the task's successes — the chance that at
+    least one of k samples drawn without replacement from the n succeeds (Chen et al., 2021)."""
+    s = np.asarray(successes, dtype=np.float64)
+    if s.ndim != 2:
+        raise ValueError(f"successes: expected a (tasks, samples) array, found shape {s.shape}")
+    n = s.shape[1]
+    if not 1 <= k <= n:
+        raise ValueError(f"k: expected 1 <= k <= {n} (the samples per task), found {k}")
+    c = s.sum(1).astype(int)
+    fail = np.array([math.comb(n - ci, k) / math.comb(n, k) for ci in c])
+    return float(np.mean(1.0 - fail)) if len(c) else math.nan
+
+
+# ---------------------------------------------------------------------------------------------
 # critic quality
+
+
+def explained_variance(returns, values, mask) -> float:
+    """``1 − Var(G − V) / Var(G)`` over the action tokens (``mask`` = 1) of ``(B, L)`` returns G and
+    values V (population variances, float64): the share of the returns' variance the values
+    explain (1 perfect, 0 no better than the mean, < 0 worse). NaN when Var(G) = 0 or there are
+    no action tokens."""
+    m = _as_2d(mask, "mask") != 0
+    g = _as_2d(returns, "returns")[m]
+    v = _as_2d(values, "values")[m]
+    if g.size == 0:
+        return math.nan
+    var_g = float(g.var())
+    return 1.0 - float((g - v).var()) / var_g if var_g > 0 else math.nan
+
 
 
 @dataclass
@@ -643,8 +679,7 @@ def critic_quality(batch, returns=None, *, estimator: str = "mpo", **options) ->
     if g.shape != m.shape:
         raise ValueError(f"returns: expected shape {m.shape}, found {g.shape}")
     gv, vv = g[m], v[m]
-    var_g = float(gv.var()) if gv.size else math.nan
-    ev = 1.0 - float((gv - vv).var()) / var_g if gv.size and var_g > 0 else math.nan
+    ev = explained_variance(g, v, m)
     tt = batch.turns(returns={"target": g})
     per_turn = tt[["traj_id", "row", "turn"]].copy()
     if "value_first" in tt:

@@ -1,5 +1,5 @@
-"""benchmarks/learning.py: the grid's plan and statistics, and a tiny smoke run of the whole pipeline
-(SFT start, critic warm-up, two methods, results, tables, figures, resume)."""
+"""benchmarks/learning.py: the v2 grid's plan, configs and statistics, and a tiny smoke run of the
+whole pipeline (shared warm-up, three arms, records, tables, figures, resume)."""
 
 from __future__ import annotations
 
@@ -18,69 +18,104 @@ def learning(load_script):
     return load_script(REPO / "benchmarks" / "learning.py", "learning_benchmark")
 
 
-def test_plan_is_seed_major_and_complete(learning):
-    runs = learning.plan("small")
-    seeds = [s for s, _, _ in runs]
-    assert seeds == sorted(seeds)  # a partial grid has whole seeds
-    per_seed = [(c.name, m) for s, c, m in runs if s == 0]
-    assert ("search", "grpo") in per_seed and ("automation", "sao") in per_seed
-    assert {m for c, m in per_seed if c.endswith("-g1")} == {"mpo", "ppo"}  # G = 1: GRPO is undefined
-    assert len(runs) == len(set((s, c.name, m) for s, c, m in runs))
-    assert len(learning.SIZES["small"]["seeds"]) >= 5
-    full = {c.name for _, c, _ in learning.plan("full")}
-    assert {"automation-h3", "automation-h12", "automation-slip0", "automation-slip0.3"} <= full
+def test_plan_is_cell_then_seed_major_and_complete(learning):
+    runs = learning.plan("v2")
+    assert len(runs) == 2 * 7 * 6 and len(set(runs)) == len(runs)
+    assert [c for c, _, _ in runs] == sorted(c for c, _, _ in runs)  # the 3-4 cell first
+    first = [s for c, s, _ in runs if c == "automation-d3-4"]
+    assert first == sorted(first)  # a partial cell has whole seeds
+    assert {a for _, _, a in runs} == {"grpo", "ppo", "turn_gae", "mpo_token", "mpo", "mpo_bare", "mpo_oracle"}
+    assert learning.plan("v2", seeds=[1, 3]) == [r for r in runs if r[1] in (1, 3)]
 
 
-def test_every_method_config_is_valid(learning, tmp_path):
-    for name in learning.CELLS:
-        cell = learning.CELLS[name]
-        for m in cell.methods:
-            cfg = learning.run_config("small", cell, m, 0, tmp_path)
-            assert cfg.episodes % cfg.group_size == 0
-            assert cfg.sft_steps == 0 and cfg.model_dir == str(tmp_path)
-            if cfg.uses_critic:
-                assert cfg.critic_warmup_steps == 0  # the shared start's critic
-    vapo = learning.run_config("small", learning.CELLS["search"], "vapo", 0, tmp_path)
-    assert vapo.loss_options["clip_high"] == 0.28
+def test_arm_configs(learning, tmp_path):
+    s = learning.SIZES["v2"]
+    assert s["iterations"] >= 20 and s["episodes"] >= 32 and len(s["seeds"]) >= 6 and s["eval_episodes"] >= 128
+    cfgs = {a: learning.run_config("v2", "automation-d3-4", a, 3, tmp_path) for a in learning.ARMS}
+    for a, cfg in cfgs.items():  # equal budgets and one evaluation set for every arm of a seed
+        assert (cfg.iterations, cfg.episodes, cfg.group_size, cfg.epochs, cfg.minibatches, cfg.policy_lr) == \
+            (20, 32, 4, 2, 4, 1e-4), a
+        assert cfg.eval_key == 3 and cfg.eval_episodes == 128 and cfg.difficulty == [3, 4] and cfg.sft_steps == 0
+    learned = [a for a, c in cfgs.items() if c.learns_critic]
+    assert sorted(learned) == ["mpo", "mpo_bare", "mpo_token", "ppo", "turn_gae"]
+    for a in learned:  # the shared warm-up folder, not warmed again, 4 critic epochs
+        assert cfgs[a].model_dir == str(tmp_path) and cfgs[a].critic_warmup_steps == 0 and cfgs[a].critic_epochs == 4
+    assert cfgs["grpo"].model_dir == str(learning.START) and not cfgs["grpo"].uses_critic
+    assert cfgs["mpo_oracle"].critic == "oracle" and cfgs["mpo_oracle"].model_dir == str(learning.START)
+    assert cfgs["mpo_bare"].loss_options == {"token_clip": None} and cfgs["mpo"].loss_options == {}
+    assert (cfgs["turn_gae"].estimator, cfgs["turn_gae"].loss) == ("turn_gae", "token_ppo")
+    warm = learning.warmup_config("v2", "automation-d3-4", 3)
+    assert (warm.critic_warmup_episodes, warm.critic_warmup_steps, warm.critic_option("critic_warmup_lr"),
+            warm.critic_option("critic_warmup_ev")) == (512, 256, 1e-3, 0.2)
 
 
-def test_statistics(learning):
-    assert learning.iqm([0.0, 1.0, 2.0, 3.0, 100.0]) == pytest.approx(2.0)  # 5 // 4 = 1 cut per end
-    assert learning.iqm([1.0, 2.0, 3.0, 4.0]) == pytest.approx(2.5)
-    assert math.isnan(learning.iqm([]))
-    lo, hi = learning.bootstrap_ci([0.2, 0.4, 0.6, 0.8, 1.0])
-    assert lo < 0.6 < hi and 0.2 <= lo and hi <= 1.0
-    assert learning.bootstrap_ci([0.5]) == (0.5, 0.5)
-    # the bootstrap is seeded: the same CI every time
-    assert learning.bootstrap_ci([0.1, 0.9, 0.3]) == learning.bootstrap_ci([0.1, 0.9, 0.3])
-    rows = [{"iteration": 1, "eval_success": 0.3, "env_steps": 10.0}, {"iteration": 2, "eval_success": 0.6, "env_steps": 25.0},
-            {"iteration": 3, "eval_success": 0.4, "env_steps": 40.0}]
-    assert learning._first_reach(rows, "env_steps", 0.5) == 25.0
-    assert math.isnan(learning._first_reach(rows, "env_steps", 0.8))
+def test_paired_t_test_by_hand(learning):
+    # differences 0.1, 0.2, 0.3: mean 0.2, sd 0.1, se 0.1/√3, t = 2√3 ≈ 3.4641 with 2 df;
+    # two-sided p = 1 − t/√(t² + 2) for 2 df (closed form) = 1 − 3.4641/3.7417 = 0.07418
+    r = learning.paired_test([0.1, 0.2, 0.3])
+    assert r["mean_diff"] == pytest.approx(0.2)
+    t = 2 * math.sqrt(3)
+    assert r["p_value"] == pytest.approx(1 - t / math.sqrt(t * t + 2), rel=1e-9)
+    q = 4.302652729911275  # t_{0.975, 2}
+    assert r["ci_low"] == pytest.approx(0.2 - q * 0.1 / math.sqrt(3)) and r["ci_high"] == pytest.approx(0.2 + q * 0.1 / math.sqrt(3))
+    assert learning.paired_test([0.1, 0.1])["p_value"] == 0.0  # no spread, a non-zero mean
+    assert learning.paired_test([0.0, 0.0])["p_value"] == 1.0
+    assert math.isnan(learning.paired_test([0.3])["p_value"])
+
+
+def test_holm_by_hand(learning):
+    # p sorted 0.01, 0.02, 0.04, 0.30 with m = 4: 0.04, 0.06, 0.08, 0.30 (monotone)
+    assert learning.holm([0.04, 0.01, 0.30, 0.02]) == pytest.approx([0.08, 0.04, 0.30, 0.06])
+    # monotonicity carries forward: 0.01·3 = 0.03, then 0.011·2 = 0.022 -> 0.03, then 0.5
+    assert learning.holm([0.01, 0.011, 0.5]) == pytest.approx([0.03, 0.03, 0.5])
+    out = learning.holm([0.02, float("nan"), 0.01])  # NaN is neither counted nor adjusted
+    assert out[0] == pytest.approx(0.02) and math.isnan(out[1]) and out[2] == pytest.approx(0.02)
+
+
+def test_collapse_rule(learning):
+    recs = [{"phase": "rl", "iteration": i, "success": s} for i, s in enumerate([0.5, 0.0, 0.3, 0.4, 0.01, 0.4], 1)]
+    assert learning.collapsed(recs)  # 0.01 at iteration 5, after the 4th
+    recs[4]["success"] = 0.2
+    assert not learning.collapsed(recs)  # 0.0 at iteration 2 does not count: the first 4 are free
+    recs.append({"phase": "rl", "iteration": 7, "success": 0.04})
+    assert learning.collapsed(recs)
 
 
 def test_tiny_grid_runs_reports_and_resumes(learning, tmp_path):
     out = tmp_path / "grid"
-    assert learning.main(["--size", "tiny", "--out", str(out), "--threads", "1"]) == 0
+    assert learning.main(["--size", "tiny", "--out", str(out)]) == 0
     rows = [json.loads(x) for x in (out / "results.jsonl").read_text().splitlines()]
-    assert {r["method"] for r in rows} == {"mpo", "grpo"}
-    assert all(0.0 <= r["eval_success"] <= 1.0 for r in rows)
-    mpo = [r for r in rows if r["method"] == "mpo"]
-    trained = [r for r in mpo if r["iteration"] > 0]  # the evaluation before RL has no trajectories
-    assert trained and all(np.isfinite(r["credit_token_corr"]) or math.isnan(r["credit_token_corr"]) for r in trained)
-    assert mpo[-1]["critic_explained_var"] is not None  # a critic method logs its critic
-    # each run's curve starts with the evaluation before RL, at 0 environment steps
-    first = {r["method"]: r for r in sorted(rows, key=lambda r: -r["iteration"])}
-    assert all(r["iteration"] == 0 and r["env_steps"] == 0.0 and r["episodes"] == 0 for r in first.values())
-    assert all(r["iteration"] == 1 and r["env_steps"] > 0 for r in rows if r["iteration"] != 0)
-    summary = [json.loads(x) for x in (out / "summary.jsonl").read_text().splitlines()]
-    assert {(s["method"], s["seeds_done"]) for s in summary} == {("mpo", 1), ("grpo", 1)}
-    assert "| automation | mpo | 1/1 |" in (out / "tables.md").read_text()
-    assert (out / "figures" / "learning_tiny_automation.png").stat().st_size > 1000
-    # both runs started from the same model folder
-    starts = {json.loads((d / "config.json").read_text())["model_dir"] for d in (out / "runs" / "automation").glob("*/seed=0")}
+    assert {r["method"] for r in rows} == {"mpo", "grpo", "mpo_oracle"}
+    for r in rows:
+        for k in ("cell", "method", "seed", "iteration", "sampled_success", "greedy_success", "n_eval_tasks",
+                  "eval_seed", "critic_explained_var", "values_across_within_ratio", "collapsed"):
+            assert k in r, k
+        assert r["n_eval_tasks"] == 8 and r["eval_seed"] == 0
+        assert 0.0 <= r["sampled_success"] <= 1.0 and 0.0 <= r["greedy_success"] <= 1.0
+    # every arm starts from the same policy on the same tasks: one start, measured once per run
+    starts = {(r["sampled_success"], r["greedy_success"]) for r in rows if r["iteration"] == 0}
     assert len(starts) == 1
+    # the critic arms log the explained variance of the values they read, the oracle arm too
+    for arm in ("mpo", "mpo_oracle"):
+        assert any(r["critic_explained_var"] is not None for r in rows if r["method"] == arm and r["iteration"] > 0)
+    assert all(r["critic_explained_var"] is None for r in rows if r["method"] == "grpo")
+    # the learned-critic arm starts from the seed's shared warm-up
+    warm = out / "warmups" / "automation-d3-4" / "seed=0"
+    assert json.loads((out / "runs" / "automation-d3-4" / "mpo" / "seed=0" / "config.json").read_text())["model_dir"] \
+        == str(warm / "model")
+    w = json.loads((warm / "warmup.json").read_text())
+    assert w["warmup_stop"] in ("gate", "budget") and w["warmup_episodes"] == 20
+    finals = [json.loads(x) for x in (out / "final.jsonl").read_text().splitlines()]
+    assert len(finals) == 3 and all(0 <= f["pass@1"] <= f["pass@2"] <= 1 for f in finals)
+    comps = [json.loads(x) for x in (out / "comparisons.jsonl").read_text().splitlines()]
+    assert {(c["a"], c["b"]) for c in comps} == {(a, b) for _, a, b in learning.COMPARISONS}
+    for c in comps:
+        for k in ("cell", "a", "b", "paired_seeds", "mean_diff", "ci_low", "ci_high", "p_value", "p_holm", "verdict"):
+            assert k in c
+    assert "| automation-d3-4 | mpo | 1 |" in (out / "tables.md").read_text()
+    assert (out / "figures" / "learning_tiny_automation-d3-4.png").stat().st_size > 1000
     # a second call finds every run done and runs nothing new
     before = {p: p.stat().st_mtime_ns for p in (out / "runs").rglob("metrics.jsonl")}
     assert learning.main(["--size", "tiny", "--out", str(out)]) == 0
     assert {p: p.stat().st_mtime_ns for p in (out / "runs").rglob("metrics.jsonl")} == before
+    assert np.isfinite([f["final_sampled"] for f in finals]).all()

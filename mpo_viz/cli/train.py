@@ -26,6 +26,7 @@ FLAGS = {
     "kl_coef": "kl_coef", "entropy_coef": "entropy_coef", "device": "device",
     "sft_lr": "sft_lr", "sft_target_success": "sft_target_success", "sft_noise": "sft_noise",
     "critic_warmup_steps": "critic_warmup_steps", "critic_warmup_ev": "critic_warmup_ev",
+    "critic_warmup_episodes": "critic_warmup_episodes", "critic": "critic", "critic_epochs": "critic_epochs",
 }
 
 
@@ -133,7 +134,8 @@ def cmd_train(args) -> int:
     if out:
         summary += f"; last rollout success {out[-1]['success']:.3f}"
     if last_eval:
-        summary += f"; greedy eval success {last_eval['eval_success']:.3f}"
+        summary += (f"; held-out sampled success {last_eval.get('eval_sampled_success', float('nan')):.3f}, "
+                    f"greedy {last_eval['eval_success']:.3f}")
     print(summary + f"; run folder {tr.run.path}", flush=True)
     return 0
 
@@ -163,18 +165,25 @@ def add_subcommand(sub) -> None:
     p.add_argument("--sft-target-success", dest="sft_target_success", type=float,
                    help="SFT stops at this greedy eval success (0..1)")
     p.add_argument("--sft-noise", dest="sft_noise", type=float, help="noise rate of the imitated expert (0..1)")
+    p.add_argument("--critic", choices=("learned", "oracle"),
+                   help="values from a learned critic (default) or the environment's exact oracle values")
+    p.add_argument("--critic-epochs", dest="critic_epochs", type=int,
+                   help="critic passes over each iteration's episodes (default 4)")
+    p.add_argument("--critic-warmup-episodes", dest="critic_warmup_episodes", type=int,
+                   help="episodes of the start policy the critic warm-up fits (default 512)")
     p.add_argument("--critic-warmup-steps", dest="critic_warmup_steps", type=int,
-                   help="critic warm-up rollouts before RL (0: none)")
+                   help="critic warm-up step budget (default 256; 0: none)")
     p.add_argument("--critic-warmup-ev", dest="critic_warmup_ev", type=float,
-                   help="explained variance that ends the critic warm-up")
+                   help="held-out explained variance that ends the critic warm-up (default 0.2)")
     p.add_argument("--seed", type=int, help="master seed")
     p.add_argument("--difficulty", help="expert turns per task: N or MIN-MAX")
     p.add_argument("--model-size", dest="model_size", help="tiny policy size: 1m, 3m, 10m")
     p.add_argument("--model-dir", dest="model_dir", help="start from a local model folder (DIR/policy, DIR/critic)")
     p.add_argument("--policy-lr", dest="policy_lr", type=float, help="policy learning rate")
     p.add_argument("--critic-lr", dest="critic_lr", type=float, help="critic learning rate")
-    p.add_argument("--eval-interval", dest="eval_interval", type=int, help="iterations between greedy evaluations")
-    p.add_argument("--eval-episodes", dest="eval_episodes", type=int, help="episodes per evaluation")
+    p.add_argument("--eval-interval", dest="eval_interval", type=int, help="iterations between evaluations")
+    p.add_argument("--eval-episodes", dest="eval_episodes", type=int,
+                   help="held-out tasks per evaluation (each played greedy and sampled; default 128)")
     p.add_argument("--policy-lag", dest="policy_lag", type=int, help="update on rollouts N iterations old")
     p.add_argument("--kl-coef", dest="kl_coef", type=float, help="KL-to-reference coefficient (0: off)")
     p.add_argument("--entropy-coef", dest="entropy_coef", type=float, help="entropy bonus (0: off)")

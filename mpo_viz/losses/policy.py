@@ -14,11 +14,15 @@ All four kinds share one shape. With ``logr_t = clamp(logπ_θ − logπ_base, �
   token of the turn the gradient ``−ρ_k·mean_j A_{k,j}·∇logπ``: MAE's within-turn centering would
   cancel. ``tests/losses/test_losses_policy.py`` holds a regression test for exactly this.
   The turn's band alone lets one token of a long turn move far while the turn's mean ratio stays
-  inside it; the option ``token_clip`` = c (default None = off) adds a band on each token's own
-  ratio ``r_t``: a token with ``A_t > 0, r_t > c`` or ``A_t < 0, r_t < 1/c`` keeps its loss value
-  and gets no gradient (counted in ``clipfrac_high`` / ``clipfrac_low``).
-* ``gspo``: the same construction with the whole trajectory (all its action tokens) as the unit,
-  ``token_clip`` too.
+  inside it (ε = 0.2 on a 26-token geometric mean admits a ~1.2^26-fold move of one token), and
+  the turn ratio weights every token's gradient by ρ_k ≈ 1, so a token whose probability already
+  fell keeps being pushed down for a negative advantage (token_ppo's own ratio shrinks that push).
+  So turn_ppo holds a band on each token's own ratio ``r_t`` **by default**, ``token_clip`` = c =
+  :data:`TURN_PPO_TOKEN_CLIP` (2.0): a token with ``A_t > 0, r_t > c`` or ``A_t < 0, r_t < 1/c``
+  keeps its loss value and gets no gradient (counted in ``clipfrac_high`` / ``clipfrac_low``).
+  ``token_clip=None`` is the bare form.
+* ``gspo``: the same construction with the whole trajectory (all its action tokens) as the unit;
+  ``token_clip`` available (default None: GSPO's own tight clip is its trust region).
 * ``sao``: ``r_t = exp(logr_t)`` against the *rollout* log-probs; ``L_t = −A_t·sg(r_t)·exp(logπ_θ −
   sg(logπ_θ))`` for ``1 − ε_low < r_t < 1 + ε_high`` and 0 outside (no gradient, whatever A's sign).
 
@@ -53,6 +57,7 @@ from mpo_viz.losses.aggregate import AGG_MODES, check_scale, reduce_checked
 
 __all__ = [
     "LOGR_CLAMP",
+    "TURN_PPO_TOKEN_CLIP",
     "RATIO_MODES",
     "METRIC_NAMES",
     "LossKind",
@@ -66,6 +71,9 @@ __all__ = [
 ]
 
 LOGR_CLAMP = 20.0
+#: turn_ppo's default token band c: each token's own ratio is held to [1/c, c] on the side its
+#: advantage pushes (``token_clip=None`` is the bare turn-level trust region)
+TURN_PPO_TOKEN_CLIP = 2.0
 RATIO_MODES = ("geo_mean", "product")
 
 METRIC_NAMES = (
@@ -285,10 +293,11 @@ def token_ppo(x: PolicyInputs, *, dual_clip: float | None = None) -> PolicyTerms
 
 
 @register("turn_ppo", needs=("turns",), options=("dual_clip", "token_clip"))
-def turn_ppo(x: PolicyInputs, *, dual_clip: float | None = None, token_clip: float | None = None) -> PolicyTerms:
-    """MPO: the turn ratio ρ_k in the token-gradient form ``sg(ρ_k)·exp(logπ − sg(logπ))``;
-    optional token band ``token_clip`` = c: a token whose own ratio left ``[1/c, c]`` on the side
-    its advantage pushes gets no gradient."""
+def turn_ppo(x: PolicyInputs, *, dual_clip: float | None = None,
+             token_clip: float | None = TURN_PPO_TOKEN_CLIP) -> PolicyTerms:
+    """MPO: the turn ratio ρ_k in the token-gradient form ``sg(ρ_k)·exp(logπ − sg(logπ))``, with
+    the token band ``token_clip`` = c (default 2.0; None = the bare form): a token whose own ratio
+    left ``[1/c, c]`` on the side its advantage pushes gets no gradient."""
     s = _token_gradient_surrogate(x, x.turns)
     return _clipped_objective(s, x.advantages, x.mask, 1 - x.clip_low, 1 + x.clip_high, _check_dual(dual_clip),
                               _token_band(x, token_clip))
@@ -352,9 +361,9 @@ def policy_loss(
     ``ratio`` ∈ {"geo_mean", "product"}: the turn ratio of turn_ppo (and gspo's sequence ratio);
     every kind also uses it for the turn-level metrics. ``scale``: see
     :func:`mpo_viz.losses.aggregate`. ``options``: per kind — ``dual_clip`` (c > 1, default None =
-    off) for token_ppo, turn_ppo and gspo; ``token_clip`` (c > 1, default None = off) for turn_ppo
-    and gspo: the token band ``[1/c, c]`` on each token's own ratio (a token past it on the side its
-    advantage pushes gets no gradient).
+    off) for token_ppo, turn_ppo and gspo; ``token_clip`` (c > 1) for turn_ppo (default 2.0, None =
+    off) and gspo (default None = off): the token band ``[1/c, c]`` on each token's own ratio (a
+    token past it on the side its advantage pushes gets no gradient).
 
     Returns ``(loss, metrics)``: a 0-d tensor (``agg="none"``: the (B, L) loss matrix, zeros where
     masked), float64 when ``logp`` is float64 else float32; masked tokens get exactly zero
@@ -527,9 +536,12 @@ def policy_loss_reference(
     ratio: str = "geo_mean",
     rollout_logp: TensorLike | None = None,
     dual_clip: float | None = None,
-    token_clip: float | None = None,
+    token_clip: float | None | str = "default",
 ) -> tuple[np.ndarray, np.ndarray]:
     """A plain Python loop for the per-token loss matrix and its derivative ∂L_t/∂logπ_t.
+
+    ``token_clip="default"`` takes the kind's own default (turn_ppo: 2.0; gspo: None); a number or
+    None as :func:`policy_loss`.
 
     In all four kinds each token's loss depends on the policy only through its own log-prob on the
     gradient path (the turn ratio is a constant there), so the gradient of ``Σ_t L_t`` is this
@@ -538,6 +550,8 @@ def policy_loss_reference(
     spec = get(kind)
     eps_low = spec.clip_low if clip_low is None else clip_low
     eps_high = spec.clip_high if clip_high is None else clip_high
+    if token_clip == "default":
+        token_clip = TURN_PPO_TOKEN_CLIP if kind == "turn_ppo" else None
     lo, hi = 1 - eps_low, 1 + eps_high
     lp = np.asarray(logp, dtype=np.float64)
     base = np.asarray(rollout_logp if spec.ratio_against == "rollout_logp" else old_logp, dtype=np.float64)

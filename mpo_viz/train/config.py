@@ -7,9 +7,10 @@ against the advantages registry (:func:`mpo_viz.advantages.get`), loss options b
 :func:`mpo_viz.losses.policy_loss` on a one-token batch, so every option either estimator or loss
 accepts is accepted here and nothing else.
 
-Critic fields (``critic_lr``, ``value_clip``, ``critic_warmup_steps``, ``critic_warmup_ev``,
-``critic_init``) default to ``None`` = "the default, when the estimator uses a critic"; setting one
-with a critic-free estimator (grpo, rloo, ...) is refused, since it would silently do nothing.
+Critic fields (``critic_lr``, ``value_clip``, ``critic_epochs``, ``critic_warmup_*``,
+``critic_init``) default to ``None`` = "the default, when the estimator uses a learned critic";
+setting one with a critic-free estimator (grpo, rloo, ...) or with ``critic="oracle"`` is refused,
+since it would silently do nothing.
 """
 
 from __future__ import annotations
@@ -24,16 +25,21 @@ from pathlib import Path
 
 from mpo_viz.checks import OptionError
 
-__all__ = ["Config", "CRITIC_DEFAULTS", "RESUMABLE_FIELDS", "TrustRegionWarning"]
+__all__ = ["Config", "CRITIC_DEFAULTS", "CRITIC_KINDS", "RESUMABLE_FIELDS", "TrustRegionWarning"]
 
 #: what each critic field means when left at None (and the estimator needs a critic)
 CRITIC_DEFAULTS = {
     "critic_lr": 3e-4,
     "value_clip": 0.5,
-    "critic_warmup_steps": 8,
-    "critic_warmup_ev": 0.5,
+    "critic_epochs": 4,
+    "critic_warmup_episodes": 512,
+    "critic_warmup_steps": 256,
+    "critic_warmup_ev": 0.2,
+    "critic_warmup_lr": 1e-3,
     "critic_init": "policy",
 }
+#: where an estimator's values can come from (``Config.critic``)
+CRITIC_KINDS = ("learned", "oracle")
 #: fields a resume may change (``mpo-viz train --resume DIR --iterations N``)
 RESUMABLE_FIELDS = ("iterations",)
 
@@ -61,6 +67,11 @@ class Config:
     """Size of the tiny Llama policy built for the environment's tokenizer: ``1m``, ``3m``, ``10m``."""
     model_dir: str | None = None
     """A local model folder to start from instead (``DIR/policy``, and ``DIR/critic`` when present)."""
+    critic: str = "learned"
+    """Where the values the estimator reads come from: ``"learned"`` (a critic trained on the
+    returns; default) or ``"oracle"`` (the environment's exact values under the noisy expert of
+    ``oracle_noise``, read as ``values``; no critic is trained). The oracle is the critic the paper's
+    premise assumes: with it, a method's result is not limited by a weak learned critic."""
     critic_init: str | None = None
     """How the critic starts: ``"policy"`` (a copy of the policy's trunk; default), ``"fresh"`` (a new
     trunk), or ``"shared"`` (the policy's trunk itself plus a value head; the value loss then also
@@ -75,7 +86,7 @@ class Config:
     """Policy loss kind, any name of :func:`mpo_viz.losses.available` (turn_ppo, token_ppo, gspo, sao)."""
     loss_options: dict = field(default_factory=dict)
     """Options of the loss: ``clip_low``, ``clip_high``, ``ratio``, ``agg`` and the kind's own (``dual_clip``;
-    ``token_clip`` for turn_ppo and gspo)."""
+    ``token_clip`` for turn_ppo — default 2.0, ``None`` for the bare turn-level trust region — and gspo)."""
 
     # ------------------------------------------------------------------ batch shape
     episodes: int = 64
@@ -83,7 +94,10 @@ class Config:
     group_size: int = 1
     """Samples per task (G); group estimators (grpo, rloo, ...) need G >= 2."""
     epochs: int = 2
-    """Passes over each iteration's episodes (E)."""
+    """Passes of the policy over each iteration's episodes (E)."""
+    critic_epochs: int | None = None
+    """Passes of the critic over each iteration's episodes, apart from the policy's (None: 4 with a
+    learned critic). With ``critic_init="shared"`` the critic moves with the policy (E passes)."""
     minibatches: int = 4
     """Optimizer steps per epoch (M); the episodes are shuffled and split into M minibatches."""
     micro_batch_tokens: int = 8192
@@ -103,13 +117,14 @@ class Config:
     """Episodes decoded together in the rollout."""
     oracle_noise: float | None = 0.25
     """Record the environment's exact oracle values (for the noisy expert of this noise rate) beside
-    the critic's, for the critic-vs-oracle metrics; None skips the oracle (faster rollouts)."""
+    the critic's, for the critic-vs-oracle metrics; None skips the oracle (faster rollouts). With
+    ``critic="oracle"`` these are the values the estimator reads."""
 
     # ------------------------------------------------------------------ optimisation
     policy_lr: float = 1e-4
     """AdamW learning rate of the policy."""
     critic_lr: float | None = None
-    """AdamW learning rate of the critic (None: 3e-4 when the estimator uses a critic)."""
+    """AdamW learning rate of the critic during RL (None: 3e-4 when the estimator uses a critic)."""
     weight_decay: float = 0.0
     """AdamW weight decay (policy and critic)."""
     grad_clip: float = 1.0
@@ -145,14 +160,24 @@ class Config:
     """SFT steps between greedy evaluations (which decide the stop)."""
 
     # ------------------------------------------------------------------ critic warm-up
+    critic_warmup_episodes: int | None = None
+    """Episodes of the start policy rolled out once as the warm-up's pool (None: 512); a fifth of
+    them is held out to measure the fit."""
     critic_warmup_steps: int | None = None
-    """Rollouts the critic is fitted on before RL (None: 8 with a critic; 0 = none)."""
+    """Step budget of the warm-up: AdamW steps of 32 pool episodes each (None: 256; 0 = no warm-up)."""
     critic_warmup_ev: float | None = None
-    """Warm-up stops once the critic's explained variance on a fresh rollout passes this (None: 0.5)."""
+    """The gate: the warm-up stops once the critic's explained variance of the Monte-Carlo returns
+    on the held-out episodes reaches this (checked every 16 steps; None: 0.2)."""
+    critic_warmup_lr: float | None = None
+    """AdamW learning rate of the warm-up (None: 1e-3)."""
 
     # ------------------------------------------------------------------ evaluation
-    eval_episodes: int = 64
-    """Greedy evaluation episodes (a fixed held-out set of tasks, the same at every evaluation)."""
+    eval_episodes: int = 128
+    """Tasks of the held-out evaluation set; each evaluation plays them once greedily and once
+    sampled (at ``temperature``/``top_p``): the same tasks and the same sampling seeds every time."""
+    eval_seed: int | None = None
+    """Fixes the evaluation tasks and their sampling seeds (None: ``seed``), so that every run
+    sharing it (e.g. every method of one seed) is judged on the same set."""
     eval_interval: int = 5
     """Iterations between evaluations (0 = none in between). ``run_all`` (and ``mpo-viz train``)
     always evaluates before the first RL iteration (recorded as iteration 0) and after the last."""
@@ -184,12 +209,22 @@ class Config:
     # ------------------------------------------------------------------ derived
     @property
     def uses_critic(self) -> bool:
-        """True when the estimator needs critic values."""
+        """True when the estimator needs critic values (learned or oracle)."""
         from mpo_viz.advantages import get
 
         return "values" in get(self.estimator).needs
 
-    def critic(self, name: str):
+    @property
+    def learns_critic(self) -> bool:
+        """True when a critic is trained: the estimator reads values and ``critic="learned"``."""
+        return self.uses_critic and self.critic == "learned"
+
+    @property
+    def eval_key(self) -> int:
+        """The seed that fixes the evaluation set (``eval_seed``, else ``seed``)."""
+        return self.seed if self.eval_seed is None else self.eval_seed
+
+    def critic_option(self, name: str):
         """A critic field resolved: its value, or its default when None (see :data:`CRITIC_DEFAULTS`)."""
         v = getattr(self, name)
         return CRITIC_DEFAULTS[name] if v is None else v
@@ -325,6 +360,7 @@ def _validate(cfg: Config) -> None:
         raise OptionError("env_options", f"expected a dict of environment options, found {cfg.env_options!r}")
     _str(cfg, "model_size", ("1m", "3m", "10m"))
     _str(cfg, "model_dir", allow_none=True)
+    _str(cfg, "critic", CRITIC_KINDS)
     _str(cfg, "critic_init", ("policy", "fresh", "shared"), allow_none=True)
 
     _str(cfg, "estimator", estimators())
@@ -341,6 +377,7 @@ def _validate(cfg: Config) -> None:
     if cfg.episodes % cfg.group_size:
         raise OptionError("episodes", f"expected a multiple of group_size={cfg.group_size}, found {cfg.episodes}")
     _int(cfg, "epochs", 1)
+    _int(cfg, "critic_epochs", 1, allow_none=True)
     _int(cfg, "minibatches", 1)
     if cfg.minibatches > cfg.episodes:
         raise OptionError("minibatches", f"expected at most episodes={cfg.episodes} (one episode each at least), "
@@ -369,10 +406,13 @@ def _validate(cfg: Config) -> None:
     _int(cfg, "sft_batch_episodes", 1)
     _num(cfg, "sft_lr", 0, lo_open=True)
     _int(cfg, "sft_eval_interval", 1)
+    _int(cfg, "critic_warmup_episodes", 10, allow_none=True)
     _int(cfg, "critic_warmup_steps", 0, allow_none=True)
     _num(cfg, "critic_warmup_ev", hi=1, allow_none=True)
+    _num(cfg, "critic_warmup_lr", 0, lo_open=True, allow_none=True)
 
     _int(cfg, "eval_episodes", 1)
+    _int(cfg, "eval_seed", 0, allow_none=True)
     _int(cfg, "eval_interval", 0)
     _int(cfg, "save_trajectories_every", 0)
     _num(cfg, "trajectories_max_mb", 0, lo_open=True)
@@ -387,12 +427,26 @@ def _validate(cfg: Config) -> None:
     if "groups" in est.needs and cfg.group_size < 2:
         raise OptionError("group_size", f"the group estimator {cfg.estimator!r} compares the G samples of a task "
                          f"and needs group_size >= 2, found {cfg.group_size} (every advantage would be 0)")
+    set_ = [k for k in CRITIC_DEFAULTS if getattr(cfg, k) is not None]
+    found = ", ".join(f"{k}={getattr(cfg, k)!r}" for k in set_)
     if "values" not in est.needs:
-        set_ = [k for k in CRITIC_DEFAULTS if getattr(cfg, k) is not None]
         if set_:
             raise OptionError(set_[0], f"the estimator {cfg.estimator!r} uses no critic, so critic "
-                             f"settings would do nothing; found {', '.join(f'{k}={getattr(cfg, k)!r}' for k in set_)} "
+                             f"settings would do nothing; found {found} "
                              f"(leave them unset, or pick a critic estimator such as mpo or gae)")
+        if cfg.critic != "learned":
+            raise OptionError("critic", f"the estimator {cfg.estimator!r} reads no values, so critic={cfg.critic!r} "
+                                        f"would do nothing (pick a critic estimator such as mpo or gae)")
+    elif cfg.critic == "oracle":
+        if set_:
+            raise OptionError(set_[0], f"critic='oracle' reads the environment's exact values and trains no critic, "
+                                       f"so learned-critic settings would do nothing; found {found}")
+        if cfg.oracle_noise is None:
+            raise OptionError("oracle_noise", "critic='oracle' reads the oracle values of the noisy expert of "
+                                              "oracle_noise; expected a noise rate in [0, 1], found None")
+    if cfg.critic_init == "shared" and cfg.critic_epochs is not None:
+        raise OptionError("critic_epochs", f"with critic_init='shared' the critic's trunk is the policy's and moves "
+                                           f"with it (epochs={cfg.epochs}); found critic_epochs={cfg.critic_epochs}")
     if cfg.loss in ("turn_ppo", "token_ppo") and cfg.epochs == 1 and cfg.minibatches == 1 and cfg.policy_lag == 0:
         warnings.warn(
             f"loss {cfg.loss!r} with epochs=1, minibatches=1 and policy_lag=0: the only update is made at the "

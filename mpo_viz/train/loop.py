@@ -27,6 +27,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from mpo_viz.analysis import explained_variance, pass_at_k
 from mpo_viz.train.checkpoint import (
     capture_rng,
     latest_checkpoint,
@@ -35,11 +36,17 @@ from mpo_viz.train.checkpoint import (
     save_checkpoint,
 )
 from mpo_viz.train.config import Config
+from mpo_viz.train.critic_fit import critic_outputs, fit_values, mc_returns
 from mpo_viz.train.runfolder import RunFolder
 from mpo_viz.train.runtime import derive_seed, env_kwargs, set_threads
 from mpo_viz.train.update import rows_of, update_epochs
 
 __all__ = ["Trainer", "RESULT_KEYS_VOLATILE", "episode_stats", "check_loss_inputs", "progress_line"]
+
+#: the critic warm-up's fixed settings: episodes per AdamW step, held-out share, steps between checks
+WARMUP_BATCH_EPISODES = 32
+WARMUP_HOLDOUT = 0.2
+WARMUP_EVAL_EVERY = 16
 
 #: metric keys that measure time (they differ between two runs that are otherwise bit-identical)
 RESULT_KEYS_VOLATILE = ("time_s", "timings", "throughput")
@@ -132,11 +139,11 @@ class Trainer:
         if self.pad_id is None:
             self.pad_id = self.policy.tokenizer.eos_token_id or 0
         self.critic = None
-        if cfg.uses_critic:
+        if cfg.learns_critic:
             if critic0 is not None and cfg.critic_init is None:
                 self.critic = critic0
             else:
-                self.critic = models.make_critic(self.policy, init=cfg.critic("critic_init"),
+                self.critic = models.make_critic(self.policy, init=cfg.critic_option("critic_init"),
                                                  seed=derive_seed(cfg.seed, "critic"))
             self.critic.to(self.device)
         self.reference = None
@@ -145,7 +152,7 @@ class Trainer:
         self.critic_opt = None
         if self.critic is not None:
             own = self.critic.own_parameters()
-            self.critic_opt = torch.optim.AdamW(own, lr=cfg.critic("critic_lr"), weight_decay=cfg.weight_decay)
+            self.critic_opt = torch.optim.AdamW(own, lr=cfg.critic_option("critic_lr"), weight_decay=cfg.weight_decay)
         self.generator = torch.Generator().manual_seed(derive_seed(cfg.seed, "shuffle"))
         self.state = {"iteration": 0, "seed_cursor": 0, "sft_done": False, "critic_warm": False,
                       "elapsed_s": 0.0, "config_hash": cfg.hash(), "config": cfg.to_dict()}
@@ -259,20 +266,49 @@ class Trainer:
         self.state["seed_cursor"] += 1
         return s
 
-    def evaluate(self, n_episodes: int | None = None, *, greedy: bool = True) -> dict:
-        """Success and reward of the current policy on the fixed held-out tasks (greedy by default).
+    def _eval_seeds(self, n: int) -> list[int]:
+        """The task seeds of the first ``n`` tasks of the held-out evaluation set (fixed by ``eval_key``)."""
+        return [derive_seed(self.cfg.eval_key, "eval", i) for i in range(n)]
 
-        Returns ``eval_success``, ``eval_reward_mean``, ``eval_reward_std``, ``eval_turns_mean``,
-        ``eval_tokens_mean``, ... (see :func:`episode_stats`). Draws from no training RNG.
-        """
+    def _eval_rollout(self, n: int, *, greedy: bool, group_size: int = 1):
+        with torch.random.fork_rng(devices=[]):
+            return self._rollout(n, seed=derive_seed(self.cfg.eval_key, "eval"), greedy=greedy, critic=False,
+                                 seeds=self._eval_seeds(n), group_size=group_size)
+
+    def evaluate(self, n_episodes: int | None = None, *, greedy: bool = True) -> dict:
+        """Success and reward of the current policy on the fixed held-out tasks, greedy (keys
+        ``eval_success``, ``eval_reward_mean``, ``eval_reward_std``, ``eval_turns_mean``, ...; see
+        :func:`episode_stats`) or sampled at the rollout's temperature (``greedy=False``: keys
+        ``eval_sampled_success``, ...). The tasks and the sampling seeds are fixed by
+        ``cfg.eval_key``: the same at every evaluation and in every run that shares it. Draws from
+        no training RNG."""
         n = self.cfg.eval_episodes if n_episodes is None else int(n_episodes)
         if n < 1:
             raise ValueError(f"n_episodes: expected >= 1, found {n_episodes}")
-        seeds = [derive_seed(self.cfg.seed, "eval", i) for i in range(n)]
-        with torch.random.fork_rng(devices=[]):
-            batch = self._rollout(n, seed=derive_seed(self.cfg.seed, "eval"), greedy=greedy, critic=False,
-                                  seeds=seeds)
-        return episode_stats(batch, prefix="eval_")
+        batch = self._eval_rollout(n, greedy=greedy)
+        return episode_stats(batch, prefix="eval_" if greedy else "eval_sampled_")
+
+    def evaluation(self, n_episodes: int | None = None) -> dict:
+        """Both evaluations of :meth:`evaluate` (greedy and sampled) on the held-out set, with
+        ``eval_seed`` and ``n_eval_tasks``: what RL moves first is the sampled success."""
+        out = {**self.evaluate(n_episodes), **self.evaluate(n_episodes, greedy=False)}
+        out["eval_seed"] = self.cfg.eval_key
+        out["n_eval_tasks"] = self.cfg.eval_episodes if n_episodes is None else int(n_episodes)
+        return out
+
+    def pass_at_k(self, n_tasks: int = 64, n_samples: int = 8, ks=None) -> dict:
+        """pass@k of the current policy on the first ``n_tasks`` held-out tasks, ``n_samples``
+        sampled episodes each (fixed seeds), for k = 1 … ``n_samples`` (or ``ks``): the unbiased
+        estimator ``mean_tasks [1 − C(n − c, k) / C(n, k)]`` with c successes of n samples
+        (:func:`mpo_viz.analysis.pass_at_k`). Returns ``{"pass@k": value, ...}`` plus
+        ``pass_tasks`` and ``pass_samples``."""
+        if n_tasks < 1 or n_samples < 1:
+            raise ValueError(f"n_tasks/n_samples: expected >= 1, found {n_tasks}, {n_samples}")
+        batch = self._eval_rollout(n_tasks, greedy=False, group_size=n_samples)
+        wins = _success(batch).reshape(n_tasks, n_samples)
+        out = {f"pass@{k}": pass_at_k(wins, k) for k in (ks or range(1, n_samples + 1))}
+        out.update(pass_tasks=n_tasks, pass_samples=n_samples)
+        return out
 
     # ------------------------------------------------------------------ SFT and critic warm-up
     def sft(self, steps: int | None = None, *, target_success: float | None = None) -> dict:
@@ -304,44 +340,50 @@ class Trainer:
         return rec
 
     def warmup_critic(self, steps: int | None = None, *, gate: float | None = None) -> dict:
-        """Fit the critic on rollouts of the current policy until its explained variance on a fresh
-        rollout (before fitting on it) reaches ``gate`` (default ``cfg.critic_warmup_ev``), or for
-        ``steps`` rollouts (default ``cfg.critic_warmup_steps``). Each step: one rollout of
-        ``episodes``, returns from the estimator, E × M critic-only updates."""
-        from mpo_viz.advantages import compute
+        """Fit the critic before RL on a pool of rollouts of the current policy.
 
+        The pool: ``critic_warmup_episodes`` episodes (one per task; their seeds depend only on
+        ``cfg.seed``, so the warm-up depends only on the start and the seed). A fifth is held out.
+        The critic is fitted to the Monte-Carlo returns (the estimator's ``gamma``/``turn_gamma``)
+        at ``critic_warmup_lr`` by :func:`~mpo_viz.train.critic_fit.fit_values` until its explained
+        variance on the held-out episodes reaches ``gate`` (default ``critic_warmup_ev``) or the
+        ``steps`` budget (default ``critic_warmup_steps``) ends. The metrics line (phase
+        ``critic_warmup``) says which (``warmup_stop``: ``"gate"``/``"budget"``) and the EV reached.
+        """
         cfg = self.cfg
         if self.critic is None:
-            raise ValueError(f"warmup_critic: the estimator {cfg.estimator!r} uses no critic")
-        steps = cfg.critic("critic_warmup_steps") if steps is None else int(steps)
-        gate = cfg.critic("critic_warmup_ev") if gate is None else float(gate)
+            raise ValueError(f"warmup_critic: no learned critic to warm up (estimator {cfg.estimator!r}, "
+                             f"critic={cfg.critic!r})")
+        steps = cfg.critic_option("critic_warmup_steps") if steps is None else int(steps)
+        gate = cfg.critic_option("critic_warmup_ev") if gate is None else float(gate)
+        n_pool = cfg.critic_option("critic_warmup_episodes")
         t0 = time.perf_counter()
-        ev, done = math.nan, 0
         try:
-            for k in range(steps):
-                batch = self._rollout(cfg.episodes, seed=self._next_seed(), group_size=cfg.group_size)
-                res = compute(batch, cfg.estimator, **cfg.estimator_options)
-                ev = _explained_variance(batch, res.returns)
-                if math.isnan(ev):  # every return the same (e.g. no episode succeeded): no variance to explain
-                    self._say(f"critic warm-up {k + 1}/{steps}: the returns are all equal, so explained variance "
-                              f"is undefined and the gate {gate} cannot pass; fitting the critic to them anyway")
-                else:
-                    self._say(f"critic warm-up {k + 1}/{steps}: explained variance {ev:.3f} (gate {gate})")
-                if ev >= gate:
-                    break
-                r = rows_of(res.attach(batch))
-                update_epochs(r, policy=None, policy_opt=None, critic=self.critic, critic_opt=self.critic_opt,
-                              generator=self.generator, epochs=cfg.epochs, minibatches=cfg.minibatches,
-                              micro_batch_tokens=cfg.micro_batch_tokens, pad_id=self.pad_id, device=self.device,
-                              value_clip=cfg.critic("value_clip"), grad_clip=cfg.grad_clip)
-                done += 1
+            self._say(f"critic warm-up: rolling out a pool of {n_pool} episodes of the start policy")
+            pool = self._rollout(n_pool, seed=derive_seed(cfg.seed, "critic-warmup"), group_size=1)
+            opts = cfg.estimator_options
+            targets = mc_returns(pool, gamma=opts.get("gamma", 1.0), turn_gamma=opts.get("turn_gamma", 1.0))
+            fit = fit_values(self.critic, pool, targets, steps=steps, lr=cfg.critic_option("critic_warmup_lr"),
+                             batch_episodes=WARMUP_BATCH_EPISODES, holdout=WARMUP_HOLDOUT, gate=gate,
+                             eval_every=WARMUP_EVAL_EVERY, seed=derive_seed(cfg.seed, "critic-warmup-fit"),
+                             pad_id=self.pad_id, device=self.device, micro_batch_tokens=cfg.micro_batch_tokens,
+                             grad_clip=cfg.grad_clip, weight_decay=cfg.weight_decay,
+                             log=None if self.quiet else self._say)
+            values = critic_outputs(self.critic, rows_of(pool), np.arange(len(pool)), pad_id=self.pad_id,
+                                    device=self.device, micro_batch_tokens=cfg.micro_batch_tokens)
+            split = self._value_stats(pool.with_token_fields(values=values), targets)
         except KeyboardInterrupt:
             self._abandon("interrupted: critic warm-up abandoned; the run is back at its last checkpoint (resumable)")
             return {}
+        self._say(fit.summary())
         self.state["critic_warm"] = True
         self.state["elapsed_s"] += time.perf_counter() - t0
         rec = {"iteration": self.iteration, "phase": "critic_warmup", "time_s": self.state["elapsed_s"],
-               "warmup_steps": done, "warmup_explained_var": ev, "warmup_gate": gate, "warmup_passed": bool(ev >= gate)}
+               "warmup_steps": fit.steps, "warmup_explained_var": fit.heldout_ev, "warmup_gate": gate,
+               "warmup_passed": fit.passed, "warmup_stop": fit.stop, "warmup_best_explained_var": fit.best_ev,
+               "warmup_train_explained_var": fit.train_ev, "warmup_episodes": n_pool,
+               "warmup_heldout_episodes": fit.n_heldout, "warmup_history": fit.history,
+               **{f"warmup_{k}": v for k, v in split.items() if k != "critic_explained_var"}}
         self.run.append_metrics(rec)
         self.history.append(rec)
         self._checkpoint()
@@ -379,30 +421,32 @@ class Trainer:
                 return []
             log(f"sft: {r.get('sft_steps')} steps, greedy success {r.get('sft_success', float('nan')):.3f}, "
                 f"loss {r.get('sft_loss', float('nan')):.3f}")
-        if self.critic is not None and not self.state["critic_warm"] and cfg.critic("critic_warmup_steps") > 0:
+        if self.critic is not None and not self.state["critic_warm"] and cfg.critic_option("critic_warmup_steps") > 0:
             r = self.warmup_critic()
             if self.interrupted:
                 return []
-            log(f"critic warm-up: {r['warmup_steps']} steps, explained variance {r['warmup_explained_var']:.3f}")
+            log(f"critic warm-up: {r['warmup_steps']} steps, held-out explained variance "
+                f"{r['warmup_explained_var']:.3f} ({'passed the gate' if r['warmup_passed'] else 'budget ended first'})")
         total = cfg.iterations if iterations is None else int(iterations)
         if self.iteration == 0 and total > 0 and not self._start_evaluated():
             # where every learning curve starts: the policy before its first RL update (the
             # evaluation draws from no training RNG, so the run itself is unchanged)
-            ev = self.evaluate()
+            ev = self.evaluation()
             rec = {"iteration": 0, "phase": "eval", "time_s": self.state["elapsed_s"], **ev}
             self.run.append_metrics(rec)
             self.history.append(rec)
-            log(f"greedy eval before RL: success {ev['eval_success']:.3f}")
+            log(f"eval before RL: sampled success {ev['eval_sampled_success']:.3f}, greedy {ev['eval_success']:.3f} "
+                f"({ev['n_eval_tasks']} tasks)")
         out = []
         for rec in self.iterate(max(total - self.iteration, 0)):
             out.append(rec)
             log(progress_line(rec, total))
         if out and "eval_success" not in out[-1] and not self.interrupted:
-            ev = self.evaluate()
+            ev = self.evaluation()
             rec = {"iteration": self.iteration, "phase": "eval", "time_s": self.state["elapsed_s"], **ev}
             self.run.append_metrics(rec)
             self.history.append(rec)
-            log(f"final greedy eval: success {ev['eval_success']:.3f}")
+            log(f"final eval: sampled success {ev['eval_sampled_success']:.3f}, greedy {ev['eval_success']:.3f}")
         return out
 
     def _start_evaluated(self) -> bool:
@@ -434,6 +478,8 @@ class Trainer:
         t = time.perf_counter()
         inner: dict = {}
         batch = self._rollout(cfg.episodes, seed=self._next_seed(), group_size=cfg.group_size, timings=inner)
+        if cfg.critic == "oracle":
+            batch = _oracle_as_values(batch, cfg.env)
         # the rollout runs the critic once over the finished episodes: that is the "values" phase
         critic_s = float(inner.get("critic", 0.0))
         timings["rollout"] = time.perf_counter() - t - critic_s
@@ -459,21 +505,13 @@ class Trainer:
         check_loss_inputs(train_batch if train_batch is not None else batch, cfg.loss)
 
         t = time.perf_counter()
-        upd = {}
-        if train_batch is not None:
-            upd = update_epochs(
-                rows_of(train_batch), policy=self.policy.model, policy_opt=self.policy_opt, critic=self.critic,
-                critic_opt=self.critic_opt, generator=self.generator, epochs=cfg.epochs, minibatches=cfg.minibatches,
-                micro_batch_tokens=cfg.micro_batch_tokens, pad_id=self.pad_id, device=self.device, loss=cfg.loss,
-                loss_options=cfg.loss_options, kl_coef=cfg.kl_coef, kl_estimator=cfg.kl_estimator,
-                entropy_coef=cfg.entropy_coef, value_clip=cfg.critic("value_clip") if self.critic is not None else None,
-                grad_clip=cfg.grad_clip)
+        upd = self._update(train_batch) if train_batch is not None else {}
         timings["update"] = time.perf_counter() - t
         rec.update(upd)
 
         t = time.perf_counter()
         if cfg.eval_interval and it % cfg.eval_interval == 0:
-            rec.update(self.evaluate())
+            rec.update(self.evaluation())
         timings["eval"] = time.perf_counter() - t
 
         t = time.perf_counter()
@@ -499,13 +537,36 @@ class Trainer:
         self.history.append(rec)
         return rec
 
+    def _update(self, batch) -> dict:
+        """The policy's ``epochs`` and, apart, the critic's ``critic_epochs`` passes over ``batch``
+        (a shared-trunk critic moves with the policy instead). Critic metrics of the separate pass
+        are ``value_loss``, ``vf_*``, ``critic_grad_norm``, ``critic_optimizer_steps``."""
+        cfg = self.cfg
+        r = rows_of(batch)
+        common = dict(generator=self.generator, minibatches=cfg.minibatches, micro_batch_tokens=cfg.micro_batch_tokens,
+                      pad_id=self.pad_id, device=self.device, grad_clip=cfg.grad_clip)
+        value_clip = cfg.critic_option("value_clip") if self.critic is not None else None
+        joint = self.critic is not None and getattr(self.critic, "shared", False)
+        out = update_epochs(
+            r, policy=self.policy.model, policy_opt=self.policy_opt, critic=self.critic if joint else None,
+            critic_opt=self.critic_opt if joint else None, epochs=cfg.epochs, loss=cfg.loss,
+            loss_options=cfg.loss_options, kl_coef=cfg.kl_coef, kl_estimator=cfg.kl_estimator,
+            entropy_coef=cfg.entropy_coef, value_clip=value_clip, **common)
+        if self.critic is not None and not joint:
+            c = update_epochs(r, policy=None, policy_opt=None, critic=self.critic, critic_opt=self.critic_opt,
+                              epochs=cfg.critic_option("critic_epochs"), value_clip=value_clip, **common)
+            out["critic_optimizer_steps"] = c.pop("optimizer_steps")
+            out["critic_update_tokens"] = c.pop("update_tokens")
+            out.update(c)
+        return out
+
     def _value_stats(self, batch, returns) -> dict:
         """Explained variance of the critic and the across/within split of its values (and of the
         oracle values when the environment provides them)."""
         from mpo_viz.analysis import value_variance, variance_summary
 
         out = {}
-        if batch.has("values") and self.critic is not None:
+        if batch.has("values"):  # a learned critic's values, or the oracle's when critic="oracle"
             out["critic_explained_var"] = _explained_variance(batch, returns)
             s = variance_summary(value_variance(batch))
             out.update({"values_across": s["mean_across"], "values_within": s["mean_within"],
@@ -514,7 +575,7 @@ class Trainer:
             s = variance_summary(value_variance(batch, batch.padded("oracle_values"), name="oracle_values"))
             out.update({"oracle_across": s["mean_across"], "oracle_within": s["mean_within"],
                         "oracle_across_within_ratio": s["median_ratio"]})
-            if batch.has("values") and self.critic is not None:
+            if batch.has("values") and self.cfg.critic == "learned":
                 m = batch.mask.bool()
                 err = (batch.values - batch.padded("oracle_values"))[m]
                 out["critic_oracle_mae"] = float(err.abs().mean()) if err.numel() else math.nan
@@ -533,16 +594,17 @@ class Trainer:
 
 
 def _explained_variance(batch, returns) -> float:
-    """``1 − Var(G − V)/Var(G)`` over action tokens (NaN when Var(G) = 0 or no values)."""
-    if not batch.has("values"):
-        return math.nan
-    m = batch.mask.bool()
-    g = returns.double()[m]
-    v = batch.values.double()[m]
-    if g.numel() == 0:
-        return math.nan
-    vg = float(g.var(unbiased=False))
-    return 1.0 - float((g - v).var(unbiased=False)) / vg if vg > 0 else math.nan
+    """The explained variance of the batch's values against ``returns`` (NaN without values)."""
+    return explained_variance(returns, batch.values, batch.mask) if batch.has("values") else math.nan
+
+
+def _oracle_as_values(batch, env: str):
+    """The batch with the oracle's exact values as its ``values`` (``critic="oracle"``); terminal
+    after the last action token (no bootstrap: a cut episode's return is 0, as its rewards say)."""
+    if not batch.has("oracle_values"):
+        raise ValueError(f"critic: 'oracle' reads the environment's exact values, found a rollout of {env!r} without "
+                         f"oracle_values (its environment has no exact model; use critic='learned')")
+    return batch.with_token_fields(values=batch.padded("oracle_values", torch.float32))
 
 
 def check_loss_inputs(batch, loss: str) -> None:

@@ -89,7 +89,7 @@ def test_turn_ppo_by_hand(ratio):
     mask = torch.tensor([[1, 1, 0, 1, 1, 1, 0]])
     adv = torch.tensor([[2.0, -3.0, 0.0, 1.0, -1.0, 0.5, 0.0]], dtype=torch.float64)
     lp, old = _logp_pair(logr)
-    loss, g, met = _run("turn_ppo", lp, old, adv, mask, ratio=ratio)
+    loss, g, met = _run("turn_ppo", lp, old, adv, mask, ratio=ratio, token_clip=None)  # the bare form
     rho1 = 1.5 if ratio == "geo_mean" else 3.375
     # turn 0: ρ=1 in band, loss −A, grad −A (token_ppo would have clipped both tokens).
     # turn 1: ρ1 > 1.2: A=+1 clipped at −1.2; A=−1 unclipped ρ1 (grad ρ1); A=+.5 clipped at −0.6.
@@ -123,7 +123,7 @@ def test_turn_ppo_dual_clip_and_low_side():
     mask = torch.ones(2, 2)
     adv = torch.tensor([[-1.0, 2.0], [-1.0, 2.0]], dtype=torch.float64)
     lp, old = _logp_pair(logr)
-    loss, g, met = _run("turn_ppo", lp, old, adv, mask, dual_clip=3.0)
+    loss, g, met = _run("turn_ppo", lp, old, adv, mask, dual_clip=3.0, token_clip=None)
     np.testing.assert_allclose(loss.numpy(), [[0.8, -1.0], [3.0, -2.4]], atol=1e-12)
     np.testing.assert_allclose(g.numpy(), [[0.0, -1.0], [0.0, 0.0]], atol=1e-12)
     assert met["clipfrac_low"] == pytest.approx(1 / 4)
@@ -144,18 +144,24 @@ def test_token_clip_holds_tokens_past_their_own_band(kind):
     lp, old = _logp_pair(logr)
     r0, r1 = 1.2 ** (1 / 3), 1.2 ** 0.5
     kw = {"clip_low": 0.2, "clip_high": 0.2} if kind == "gspo" else {}
-    loss, g, met = _run(kind, lp, old, adv, mask, **kw)
+    loss, g, met = _run(kind, lp, old, adv, mask, token_clip=None, **kw)
     exp_loss = [[-r0, r0, -2 * r0], [-r1, r1, 0.0]]
     np.testing.assert_allclose(loss.numpy(), exp_loss, atol=1e-12)
     np.testing.assert_allclose(g.numpy(), exp_loss, atol=1e-12)  # unclipped: gradient −A·ρ
     assert met["clipfrac"] == 0.0
+    held = [[0.0, 0.0, -2 * r0], [-r1, r1, 0.0]]
     loss, g, met = _run(kind, lp, old, adv, mask, token_clip=2.0, **kw)
     np.testing.assert_allclose(loss.numpy(), exp_loss, atol=1e-12)
-    np.testing.assert_allclose(g.numpy(), [[0.0, 0.0, -2 * r0], [-r1, r1, 0.0]], atol=1e-12)
+    np.testing.assert_allclose(g.numpy(), held, atol=1e-12)
     assert met["clipfrac_high"] == pytest.approx(1 / 5)
     assert met["clipfrac_low"] == pytest.approx(1 / 5)
     assert met["clipfrac"] == pytest.approx(2 / 5)
     assert met["turn_clipfrac"] == 0.0
+    # no option given: turn_ppo holds the band c = 2 by default, gspo holds none
+    loss, g, met = _run(kind, lp, old, adv, mask, **kw)
+    np.testing.assert_allclose(loss.numpy(), exp_loss, atol=1e-12)
+    np.testing.assert_allclose(g.numpy(), held if kind == "turn_ppo" else exp_loss, atol=1e-12)
+    assert met["clipfrac"] == pytest.approx(2 / 5 if kind == "turn_ppo" else 0.0)
     # a wide band holds nothing
     _, g, _ = _run(kind, lp, old, adv, mask, token_clip=4.0, **kw)
     np.testing.assert_allclose(g.numpy(), exp_loss, atol=1e-12)
@@ -340,18 +346,20 @@ def _random_case(rng, B, L, edge):
     return lp, old, adv, mask, roll, tid
 
 
-@pytest.mark.parametrize("kind", KINDS + ["turn_ppo+token_clip", "gspo+token_clip"])
+@pytest.mark.parametrize("kind", KINDS + ["turn_ppo+token_clip", "gspo+token_clip", "turn_ppo+bare"])
 @pytest.mark.parametrize("ratio", ["geo_mean", "product"])
 @pytest.mark.parametrize("edge", ["random", "one_token_turns", "empty_rows", "all_masked", "huge_drift", "given_turn_ids"])
 def test_matches_reference_loop(kind, ratio, edge):
     rng = np.random.default_rng(zlib.crc32(f"{kind}/{ratio}/{edge}".encode()))
     lp, old, adv, mask, roll, tid = _random_case(rng, 4, 23, edge)
-    kind, _, with_band = kind.partition("+")
+    kind, _, variant = kind.partition("+")
     dual = 3.0 if kind != "sao" else None
-    band = 1.3 if with_band else None  # token ratios of the random case spread well past 1.3
     kw = {"dual_clip": dual} if dual else {}
-    if band:
-        kw["token_clip"] = band
+    band = "default"  # neither side is told: each takes the kind's own default (turn_ppo: 2.0)
+    if variant == "token_clip":
+        band = kw["token_clip"] = 1.3  # token ratios of the random case spread well past 1.3
+    elif variant == "bare":
+        band = kw["token_clip"] = None
     t = torch.tensor(lp, requires_grad=True)
     loss, _ = policy_loss(kind, t, old, adv, mask, turn_ids=tid, ratio=ratio, rollout_logp=roll, agg="none", **kw)
     loss.sum().backward()

@@ -26,8 +26,8 @@ def test_train_then_resume_from_the_shell(tmp_path, capsys):
     out = capsys.readouterr().out
     assert rc == 0, out
     assert "iter 1/1 | success" in out and "done: 1 iterations" in out
-    assert "greedy eval before RL: success" in out  # where the curve starts
-    assert "final greedy eval: success" in out  # the last iteration is always evaluated
+    assert "eval before RL: sampled success" in out  # where the curve starts
+    assert "final eval: sampled success" in out  # the last iteration is always evaluated
     rc = main(["train", "--resume", run, "--iterations", "2"])
     out = capsys.readouterr().out
     assert rc == 0 and "resuming" in out and "iter 2/2" in out and "before RL" not in out

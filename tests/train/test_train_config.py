@@ -70,12 +70,31 @@ def test_group_estimator_with_group_size_one_is_refused():
 @pytest.mark.parametrize("field", sorted(CRITIC_DEFAULTS))
 def test_critic_settings_with_a_critic_free_estimator_are_refused(field):
     value = {"critic_lr": 1e-3, "value_clip": 0.2, "critic_warmup_steps": 3, "critic_warmup_ev": 0.4,
-             "critic_init": "fresh"}[field]
+             "critic_init": "fresh", "critic_epochs": 2, "critic_warmup_episodes": 64, "critic_warmup_lr": 3e-4}[field]
     with pytest.raises(ValueError, match=f"^{field}: the estimator 'rloo' uses no critic"):
         Config(estimator="rloo", loss="token_ppo", group_size=2, **{field: value})
-    # with a critic estimator the same setting is fine, and None means the default
-    assert Config(estimator="gae", **{field: value}).critic(field) == value
-    assert Config(estimator="gae").critic(field) == CRITIC_DEFAULTS[field]
+    # nor with the oracle's values, which train no critic
+    with pytest.raises(ValueError, match=f"^{field}: critic='oracle' reads the environment's exact values"):
+        Config(estimator="gae", critic="oracle", **{field: value})
+    # with a learned critic the same setting is fine, and None means the default
+    assert Config(estimator="gae", **{field: value}).critic_option(field) == value
+    assert Config(estimator="gae").critic_option(field) == CRITIC_DEFAULTS[field]
+
+
+def test_the_oracle_critic_needs_a_value_estimator_and_an_oracle():
+    assert Config(estimator="mpo", critic="oracle").learns_critic is False
+    assert Config(estimator="mpo").learns_critic is True
+    with pytest.raises(ValueError, match="^critic: the estimator 'grpo' reads no values"):
+        Config(estimator="grpo", loss="token_ppo", group_size=2, critic="oracle")
+    with pytest.raises(ValueError, match="^oracle_noise: critic='oracle' reads the oracle values .* found None"):
+        Config(estimator="mpo", critic="oracle", oracle_noise=None)
+    with pytest.raises(ValueError, match="^critic: expected one of 'learned', 'oracle', found 'exact'"):
+        Config(critic="exact")
+
+
+def test_a_shared_trunk_critic_moves_with_the_policy():
+    with pytest.raises(ValueError, match="^critic_epochs: with critic_init='shared' .* found critic_epochs=3"):
+        Config(estimator="gae", critic_init="shared", critic_epochs=3)
 
 
 @pytest.mark.parametrize("loss", ["turn_ppo", "token_ppo"])
