@@ -513,7 +513,9 @@ def figures(size: str, rows: list[dict], fig_dir: Path) -> list[Path]:
         fig.suptitle(f"{cell} — grid {size}: mean over seeds, 95% t-band", fontsize=10)
         fig.tight_layout()
         p = fig_dir / f"learning_{size}_{cell}.png"
-        fig.savefig(p, dpi=80)
+        tmp = p.with_name(f".{p.stem}.{os.getpid()}.png")
+        fig.savefig(tmp, dpi=80)
+        tmp.replace(p)
         plt.close(fig)
         paths.append(p)
     return paths
@@ -527,19 +529,24 @@ def paired_half(values) -> float:
     return float(sps.t.ppf(0.975, len(v) - 1) * v.std(ddof=1) / math.sqrt(len(v)))
 
 
+def _write(path: Path, text: str) -> None:
+    """Write under a temporary name, then rename: two grid processes may report at once."""
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    tmp.write_text(text)
+    tmp.replace(path)
+
+
 def report(size: str, out: Path) -> str:
     rows, finals = collect(size, out)
     comps = compare(size, finals)
     summary = summarize(size, finals)
     for name, data in (("results.jsonl", rows), ("final.jsonl", finals), ("comparisons.jsonl", comps),
                        ("summary.jsonl", summary)):
-        with open(out / name, "w") as fh:
-            for r in data:
-                fh.write(json.dumps(r) + "\n")
+        _write(out / name, "".join(json.dumps(r) + "\n" for r in data))
     runs = plan(size)
     n_done = sum(run_state(run_dir(out, c, a, s), SIZES[size]["iterations"]) == "done" for c, s, a in runs)
     text = tables(size, summary, comps, n_done, len(runs))
-    (out / "tables.md").write_text(text)
+    _write(out / "tables.md", text)
     figures(size, rows, out / "figures")
     return text
 
