@@ -15,7 +15,7 @@ PKG = Path(__file__).resolve().parents[1] / "mpo_viz"
 # rank of each module (by dotted prefix; the longest prefix wins). A module may import modules of
 # its own rank or lower. A new module must be placed here.
 RANK = {
-    "mpo_viz.version": 0, "mpo_viz.checks": 0, "mpo_viz.schema": 0, "mpo_viz.ragged": 0, "mpo_viz.turns": 0,
+    "mpo_viz.version": 0, "mpo_viz.checks": 0, "mpo_viz.options": 0, "mpo_viz.schema": 0, "mpo_viz.ragged": 0, "mpo_viz.turns": 0,
     "mpo_viz.validate": 1,
     "mpo_viz.trajectory": 2,
     "mpo_viz.io": 3, "mpo_viz.tokens": 3, "mpo_viz.adapters": 3, "mpo_viz.synthetic": 3, "mpo_viz.envs": 3, "mpo_viz.models": 3, "mpo_viz.rollout": 3,

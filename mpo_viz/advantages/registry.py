@@ -1,8 +1,8 @@
 """The estimators' one registry: names, what each needs from a batch, its typed options, and
 ``compute(batch, name, **options)`` on a TrajectoryBatch.
 
-**Options are declared here once.** Each estimator's keyword-only options are :class:`Option`
-objects — name, kind (``float``, ``int``, ``bool``, ``choice``, ``str``), bounds or choices, a
+**Options are declared here once.** Each estimator's keyword-only options are
+:class:`~mpo_viz.options.Option` objects (the one option type of the package) — name, kind (``float``, ``int``, ``bool``, ``choice``, ``str``), bounds or choices, a
 one-line doc, a display label — and the default is the one in the estimator function's signature
 (checked at registration). Everything else is derived from this declaration: the ``mpo-viz
 advantages``/``report`` flags (:mod:`mpo_viz.cli.advantages`), the explorer's sliders and menus
@@ -44,18 +44,17 @@ Without ``options=`` each keyword-only option takes the registered declaration o
 from __future__ import annotations
 
 import inspect
-import math
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field, replace
 
-import numpy as np
 import pandas as pd
 import torch
 
 from mpo_viz.advantages import group as G
 from mpo_viz.advantages import token as T
-from mpo_viz.checks import OptionError, number
+from mpo_viz.checks import OptionError
+from mpo_viz.options import UNSET, Option
 
 __all__ = [
     "Option", "Estimator", "Bound", "AdvantageResult", "register", "available", "get", "options", "vocabulary",
@@ -65,113 +64,6 @@ __all__ = [
 
 #: the estimators shown when none are named (each where the batch supports it)
 DEFAULT_ESTIMATORS = ("mpo", "gae", "grpo")
-
-KINDS = ("float", "int", "bool", "choice", "str", "any")
-
-_UNSET = object()
-
-
-@dataclass(frozen=True)
-class Option:
-    """One typed estimator option.
-
-    Attributes:
-        name: the keyword argument.
-        default: its default; left out, it is read from the estimator function's signature.
-        kind: ``"float"``, ``"int"``, ``"bool"``, ``"choice"`` (one of ``choices``), ``"str"``, or
-            ``"any"`` (unchecked; not shown on the command line or in the explorer).
-        low, high: inclusive bounds of a number (None: unbounded); ``low_open``/``high_open``
-            make them exclusive.
-        choices: the allowed values of a ``choice``.
-        doc: one line, shown by ``--help`` and as the control's tooltip.
-        label: short display name (``"γ"``); default the name.
-        span: ``(min, max)`` of a slider for a number without two finite bounds (e.g. β ≥ 0 on
-            0…3); without it such a number gets a text box.
-        advanced: shown folded away in the explorer (the CLI shows every option).
-    """
-
-    name: str
-    default: object = _UNSET
-    kind: str = "float"
-    low: float | None = None
-    high: float | None = None
-    choices: tuple = ()
-    doc: str = ""
-    label: str = ""
-    span: tuple[float, float] | None = None
-    advanced: bool = False
-    low_open: bool = False
-    high_open: bool = False
-
-    def __post_init__(self):
-        if not isinstance(self.name, str) or not self.name.isidentifier():
-            raise ValueError(f"Option.name: expected a Python identifier, found {self.name!r}")
-        if self.kind not in KINDS:
-            raise ValueError(f"Option {self.name!r}: kind: expected one of {', '.join(KINDS)}, found {self.kind!r}")
-        if (self.kind == "choice") != bool(self.choices):
-            raise ValueError(f"Option {self.name!r}: choices go with kind='choice' (and only with it)")
-        object.__setattr__(self, "choices", tuple(self.choices))
-
-    @property
-    def display(self) -> str:
-        """The label, or the name."""
-        return self.label or self.name
-
-    @property
-    def slider(self) -> tuple[float, float] | None:
-        """``(min, max)`` of a slider for this number, or None (a text box)."""
-        if self.kind != "float":
-            return None
-        if self.span is not None:
-            return self.span
-        if self.low is not None and self.high is not None:
-            return (self.low, self.high)
-        return None
-
-    def bounds_text(self) -> str:
-        """``[0, 1]``, ``(0, inf)``, ``one of intra, local`` or ``""``."""
-        if self.kind == "choice":
-            return "one of " + ", ".join(map(str, self.choices))
-        if self.low is None and self.high is None:
-            return ""
-        lo = "-inf" if self.low is None else f"{self.low:g}"
-        hi = "inf" if self.high is None else f"{self.high:g}"
-        return f"{'(' if self.low_open or self.low is None else '['}{lo}, {hi}{')' if self.high_open or self.high is None else ']'}"
-
-    def check(self, value):
-        """``value`` if it is a valid setting of this option, else :class:`OptionError` naming it."""
-        n = self.name
-        if self.kind == "any":
-            return value
-        if self.kind == "bool":
-            if not isinstance(value, (bool, np.bool_)):
-                raise OptionError(n, f"expected True or False, found {value!r}")
-            return bool(value)
-        if self.kind == "choice":
-            if value not in self.choices:
-                raise OptionError(n, f"expected one of {', '.join(map(repr, self.choices))}, found {value!r}")
-            return value
-        if self.kind == "str":
-            if not isinstance(value, str):
-                raise OptionError(n, f"expected a string, found {value!r}")
-            return value
-        if self.kind == "int" and not (isinstance(value, (int, np.integer)) and not isinstance(value, (bool, np.bool_))):
-            raise OptionError(n, f"expected an integer, found {value!r}")
-        x = number(value, n)
-        bad = not math.isfinite(x)
-        if self.low is not None:
-            bad |= x <= self.low if self.low_open else x < self.low
-        if self.high is not None:
-            bad |= x >= self.high if self.high_open else x > self.high
-        if bad:
-            raise OptionError(n, f"expected a value in {self.bounds_text() or '(-inf, inf)'}, found {value!r}")
-        return value
-
-    def same_meaning(self, other: Option) -> bool:
-        """Same kind, bounds and choices (defaults and docs may differ between estimators)."""
-        return (self.kind, self.low, self.high, self.low_open, self.high_open, self.choices) == (
-            other.kind, other.low, other.high, other.low_open, other.high_open, other.choices)
-
 
 def _kind_of(default) -> str | None:
     if isinstance(default, bool):
@@ -289,7 +181,7 @@ def _declare(name: str, fn: Callable, bound: tuple[str, ...], declared) -> tuple
         if o is None:
             # e.g. a None default: "any", callable from Python, not shown on the CLI or the sliders
             o = Option(pname, kind=_kind_of(p.default) or "any")
-        if o.default is not _UNSET and o.default != p.default:
+        if o.default is not UNSET and o.default != p.default:
             raise ValueError(f"options: estimator {name!r}: option {pname!r} declares default {o.default!r} but "
                              f"{fn.__qualname__} has {p.default!r}; the signature's default is the one")
         known = _VOCAB.get(pname)
@@ -325,7 +217,7 @@ def register(name: str, *, needs: tuple[str, ...] = (), inputs: Callable | None 
         doc = (inspect.getdoc(fn) or "").split("\n", 1)[0]
         _REGISTRY[name] = Estimator(name, fn, get_inputs, tuple(needs), spec, doc)
         for o in spec:
-            _VOCAB.setdefault(o.name, replace(o, default=_UNSET))
+            _VOCAB.setdefault(o.name, replace(o, default=UNSET))
         return fn
 
     return deco
