@@ -63,6 +63,7 @@ from mpo_viz.envs.expert import NoisyExpert
 from mpo_viz.envs.oracle import Oracle
 from mpo_viz.envs.registry import make_env
 from mpo_viz.models.policy import Policy, check_vocabulary
+from mpo_viz.options import check_fields, setting
 from mpo_viz.trajectory import TrajectoryBatch
 
 __all__ = ["rollout", "RolloutConfig", "task_seeds", "STOP_REASONS", "ORACLE_TOKEN_FIELDS"]
@@ -77,43 +78,28 @@ DEFAULT_ORACLE = NoisyExpert()
 
 @dataclass
 class RolloutConfig:
-    """Options of :func:`rollout` (recorded in the file metadata as ``generator``).
+    """Options of :func:`rollout` (recorded in the file metadata as ``generator``); each field is
+    declared as an :class:`~mpo_viz.options.Option` and checked by :meth:`validate`."""
 
-    Fields:
-        group_size: samples per task (G); tasks are groups (one ``group_id``).
-        seed: master seed: tasks (unless ``seeds``), environment dynamics and sampling noise.
-        temperature: sampling temperature; 0 = greedy (argmax).
-        top_p: nucleus sampling mass in (0, 1]; 1 = the whole distribution.
-        max_turn_tokens: at most this many tokens per assistant turn (the stop token included).
-        max_total_tokens: the episode's token budget (prompt + response, see the module docstring).
-        batch_size: live episodes decoded together.
-        seeds: explicit task seeds (one group of G episodes each) instead of tasks drawn from ``seed``.
-    """
-
-    group_size: int = 1
-    seed: int = 0
-    temperature: float = 1.0
-    top_p: float = 1.0
-    max_turn_tokens: int = 48
-    max_total_tokens: int = 1024
-    batch_size: int = 16
+    group_size: int = setting(1, kind="int", low=1, doc="samples per task (G); tasks are groups (one group_id)")
+    seed: int = setting(0, kind="any", doc="master seed: tasks (unless seeds), environment dynamics and sampling noise")
+    temperature: float = setting(1.0, low=0, expect="a finite number >= 0 (0 = greedy)",
+                                 doc="sampling temperature; 0 = greedy (argmax)")
+    top_p: float = setting(1.0, low=0, high=1, low_open=True, expect="a number in (0, 1]",
+                           doc="nucleus sampling mass in (0, 1]; 1 = the whole distribution")
+    max_turn_tokens: int = setting(48, kind="int", low=1,
+                                   doc="at most this many tokens per assistant turn (the stop token included)")
+    max_total_tokens: int = setting(1024, kind="int", low=1,
+                                    doc="the episode's token budget (prompt + response, see the module docstring)")
+    batch_size: int = setting(16, kind="int", low=1, doc="live episodes decoded together")
     seeds: list[int] | None = None
+    """explicit task seeds (one group of G episodes each) instead of tasks drawn from ``seed``"""
 
     def validate(self) -> None:
-        for name in ("group_size", "max_turn_tokens", "max_total_tokens", "batch_size"):
-            v = getattr(self, name)
-            if isinstance(v, bool) or not isinstance(v, int) or v < 1:
-                raise OptionError(name, f"expected an int >= 1, found {v!r}")
-        t = self.temperature
-        if isinstance(t, bool) or not isinstance(t, (int, float)) or not (math.isfinite(t) and t >= 0):
-            raise OptionError("temperature", f"expected a finite number >= 0 (0 = greedy), found {t!r}")
-        p = self.top_p
-        if isinstance(p, bool) or not isinstance(p, (int, float)) or not (0 < p <= 1):
-            raise OptionError("top_p", f"expected a number in (0, 1], found {p!r}")
-        if self.seeds is not None:
-            for s in self.seeds:
-                if isinstance(s, bool) or not isinstance(s, (int, np.integer)) or s < 0:
-                    raise OptionError("seeds", f"expected task seeds (ints >= 0), found {s!r}")
+        check_fields(self)
+        for s in self.seeds or ():
+            if isinstance(s, bool) or not isinstance(s, (int, np.integer)) or s < 0:
+                raise OptionError("seeds", f"expected task seeds (ints >= 0), found {s!r}")
 
 
 def task_seeds(seed: int, n_tasks: int) -> list[int]:

@@ -14,7 +14,7 @@ import numpy as np
 import torch
 
 from mpo_viz.advantages import kernels as K
-from mpo_viz.checks import number
+from mpo_viz.options import Option, interval
 from mpo_viz.turns import turn_ids_from_mask
 
 __all__ = ["Prepared", "prepare", "to_torch", "whiten_", "group_codes", "scalar_check"]
@@ -258,15 +258,9 @@ def group_codes(group_ids, B: int, name: str = "group_ids") -> np.ndarray:
 
 
 def scalar_check(name: str, value, lo=None, hi=None, *, lo_open=False, hi_open=False) -> float:
-    """A float option within bounds, else ``ValueError`` naming it."""
-    x = number(value, name)
-    bad = not np.isfinite(x)
-    if lo is not None:
-        bad |= x <= lo if lo_open else x < lo
-    if hi is not None:
-        bad |= x >= hi if hi_open else x > hi
-    if bad:
-        lb = "(" if lo_open else "["
-        hb = ")" if hi_open else "]"
-        raise ValueError(f"{name}: expected a value in {lb}{lo if lo is not None else '-inf'}, {hi if hi is not None else 'inf'}{hb}, found {value!r}")
-    return x
+    """A float option within bounds as a float, else :class:`~mpo_viz.checks.OptionError` (a
+    ``ValueError``) naming it: the check of :class:`~mpo_viz.options.Option`, with the bounds
+    written as the tensor functions give them (``[0.0, 1.0]``)."""
+    words = f"a value in {interval(lo, hi, lo_open, hi_open, fmt=str)}"
+    Option(name, low=lo, high=hi, low_open=lo_open, high_open=hi_open, expect=words).check(value)
+    return float(value)

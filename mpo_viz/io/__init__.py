@@ -19,15 +19,16 @@ from pathlib import Path
 
 import numpy as np
 
-from mpo_viz.checks import OptionError
 from mpo_viz.io import jsonl, parquet
 from mpo_viz.io.groups import group_chunks
 from mpo_viz.io.parts import merge_parts
+from mpo_viz.options import Option
 from mpo_viz.schema import SCHEMA_VERSION, Problem, TrajectoryError
 
 __all__ = ["load", "save", "scan", "files_of", "count_rows", "group_chunks", "merge_parts", "pieces"]
 
 _READERS = {".jsonl": jsonl, ".parquet": parquet}
+MAX_TOKENS = Option("max_tokens", kind="int", low=1, doc="response tokens per chunk")
 
 
 def files_of(path) -> list[Path]:
@@ -102,9 +103,7 @@ def scan(path, *, max_tokens: int = 1_000_000, errors: str = "raise", keep_group
     a group id that reappears after its group was closed raises ``ValueError`` (sort the file by
     ``group_id``); see :func:`group_chunks`.
     """
-    if isinstance(max_tokens, bool) or not isinstance(max_tokens, (int, np.integer)) or max_tokens < 1:
-        raise OptionError("max_tokens", f"expected an integer >= 1, found {max_tokens!r}")
-    chunks = _scan(path, int(max_tokens), errors)
+    chunks = _scan(path, MAX_TOKENS.check(max_tokens), errors)
     return group_chunks(chunks) if keep_groups else chunks
 
 
