@@ -28,6 +28,8 @@ import numpy as np
 import torch
 
 from mpo_viz.analysis import explained_variance, pass_at_k
+from mpo_viz.losses import LOGPROB_FIELDS
+from mpo_viz.losses import get as get_loss
 from mpo_viz.train.checkpoint import (
     capture_rng,
     latest_checkpoint,
@@ -40,6 +42,7 @@ from mpo_viz.train.critic_fit import critic_outputs, fit_values, mc_returns
 from mpo_viz.train.runfolder import RunFolder
 from mpo_viz.train.runtime import derive_seed, env_kwargs, set_threads
 from mpo_viz.train.update import rows_of, update_epochs
+from mpo_viz.trajectory import TrajectoryBatch
 
 __all__ = ["Trainer", "RESULT_KEYS_VOLATILE", "episode_stats", "check_loss_inputs", "progress_line"]
 
@@ -607,17 +610,17 @@ def _oracle_as_values(batch, env: str):
     return batch.with_token_fields(values=batch.padded("oracle_values", torch.float32))
 
 
-def check_loss_inputs(batch, loss: str) -> None:
-    """Refuse a batch that lacks what the loss kind needs (``rollout_logprobs`` for sao, ...)."""
-    from mpo_viz.losses import get as get_loss
+def check_loss_inputs(batch: TrajectoryBatch, loss: str) -> None:
+    """Refuse a batch that lacks the log-probs the loss kind needs (``rollout_logprobs`` for sao,
+    ``old_logprobs`` for the others: :attr:`mpo_viz.losses.LossKind.logprobs`)."""
+    for arg in get_loss(loss).logprobs:
+        field = LOGPROB_FIELDS[arg]
+        if not batch.has(field):
+            raise ValueError(f"loss: {loss!r} forms its ratio against {_LOGPROB_WHAT[field]} and needs the field "
+                             f"{field!r}, found a batch without it (fields: {', '.join(sorted(batch.fields))})")
 
-    spec = get_loss(loss)
-    if "rollout_logp" in spec.needs and not batch.has("rollout_logprobs"):
-        raise ValueError(f"loss: {loss!r} forms its ratio against the sampler's log-probs and needs the field "
-                         f"'rollout_logprobs', found a batch without it (fields: {', '.join(sorted(batch.fields))})")
-    if spec.ratio_against == "old_logp" and not batch.has("old_logprobs"):
-        raise ValueError(f"loss: {loss!r} needs the field 'old_logprobs' (the policy's log-probs at rollout), "
-                         f"found a batch without it")
+
+_LOGPROB_WHAT = {"old_logprobs": "the policy's log-probs at rollout", "rollout_logprobs": "the sampler's log-probs"}
 
 
 def progress_line(rec: dict, total: int | None = None) -> str:
