@@ -48,7 +48,6 @@ import copy
 import dataclasses
 import inspect
 import json
-import math
 import random
 import time
 from collections import deque
