@@ -20,8 +20,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from mpo_viz.options import Option
 from mpo_viz.envs.base import FAILURE, SUCCESS, TextEnv, words_of
+from mpo_viz.options import Option
 
 __all__ = ["AutomationEnv", "AutomationTask"]
 

@@ -15,8 +15,8 @@ from __future__ import annotations
 import random
 from dataclasses import dataclass
 
-from mpo_viz.options import Option
 from mpo_viz.envs.base import FAILURE, SUCCESS, TextEnv, words_of
+from mpo_viz.options import Option
 
 __all__ = ["SearchEnv", "SearchTask", "NAMES", "RELATIONS"]
 
