@@ -184,7 +184,7 @@ class Option:
         ``none`` is None for an optional option, and the text is read by kind (an ``int``, a
         ``float``, ``true``/``false``, JSON for a ``dict``, the text itself otherwise).
         ``ValueError`` saying what was expected when it cannot be read."""
-        if self.optional and text.strip().lower() in _NONE_WORDS:
+        if self.optional and text.strip().lower() in _NONE_WORDS and text not in self.allowed:
             return None
         if self.parse is not None:
             return self.parse(text)
@@ -201,7 +201,8 @@ class Option:
                     raise ValueError
                 return value
         except (ValueError, KeyError, json.JSONDecodeError):
-            raise ValueError(f"expected {self.expected()}{' or none' if self.optional else ''}, found {text!r}") from None
+            none = " or none" if self.optional and not self.expect else ""
+            raise ValueError(f"expected {self.expected()}{none}, found {text!r}") from None
         return text
 
 
