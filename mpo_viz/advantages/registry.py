@@ -26,7 +26,10 @@ The API:
   ``Bound.resolve(**options) -> dict`` (checked, defaults filled in) and
   ``Bound.run(**options) -> (adv, ret, used)`` — the path :func:`compute` and the widgets share;
 * :data:`DEFAULT_ESTIMATORS` (mpo, gae, grpo), :func:`default_estimators` ``(batch)`` (those the
-  batch supports), :func:`is_group_estimator` ``(name)``, :func:`parse_names` ``("mpo,gae")``.
+  batch supports), :func:`is_group_estimator` ``(name)``, :func:`parse_names` ``("mpo,gae")``;
+* the traits the views read: :func:`multiscale_estimator` ``(names)`` (whose within-turn part gets a
+  channel of its own) and :func:`returns_source` ``(names)`` (whose returns are the critic's
+  targets), from ``register(..., multiscale=, critic_returns=)``.
 
 Register your own (it then shows up in ``mpo-viz advantages --help`` and in the explorer)::
 
@@ -59,6 +62,7 @@ from mpo_viz.options import UNSET, Option
 __all__ = [
     "Option", "Estimator", "Bound", "AdvantageResult", "register", "available", "get", "options", "vocabulary",
     "estimator_options", "split_options", "takers", "bind", "missing", "compute", "is_group_estimator",
+    "multiscale_estimator", "returns_source",
     "default_estimators", "parse_names", "DEFAULT_ESTIMATORS",
 ]
 
@@ -142,6 +146,11 @@ class Estimator:
         needs: what the batch must carry (see :data:`NEED_TEXT`).
         spec: the declared options (:class:`Option`, defaults filled in), in signature order.
         doc: the first line of ``fn``'s docstring.
+        multiscale: its advantage is a turn-level part plus a centred within-turn part (MAE): the
+            views show the within-turn part (``A − turn mean``) as a channel of its own.
+        critic_returns: its returns are targets for the critic (value-based estimators): the views
+            draw them beside the values and the report measures the critic against them
+            (:func:`returns_source`).
     """
 
     name: str
@@ -150,6 +159,8 @@ class Estimator:
     needs: tuple[str, ...]
     spec: tuple[Option, ...]
     doc: str = ""
+    multiscale: bool = False
+    critic_returns: bool = False
 
     @property
     def options(self) -> dict:
@@ -194,7 +205,8 @@ def _declare(name: str, fn: Callable, bound: tuple[str, ...], declared) -> tuple
 
 
 def register(name: str, *, needs: tuple[str, ...] = (), inputs: Callable | None = None,
-             bound: tuple[str, ...] = (), options: Iterable[Option] | None = None):
+             bound: tuple[str, ...] = (), options: Iterable[Option] | None = None, multiscale: bool = False,
+             critic_returns: bool | None = None):
     """Decorator registering ``fn`` under ``name``; raises ``ValueError`` if the name is taken.
 
     Without ``inputs`` the function is called as ``fn(batch, **options)``. With ``inputs``, a
@@ -204,6 +216,10 @@ def register(name: str, *, needs: tuple[str, ...] = (), inputs: Callable | None 
     ``options``: :class:`Option` declarations of ``fn``'s keyword-only options (defaults from the
     signature). An undeclared option takes the registered declaration of its name (γ, λ, β, ...)
     or, for a new name, one inferred from its default's type.
+
+    Traits the views read (:class:`Estimator`): ``multiscale`` (a centred within-turn part, shown as
+    a channel of its own), ``critic_returns`` (its returns are critic targets; default: when it
+    needs ``values``).
     """
     if not isinstance(name, str) or not name:
         raise ValueError(f"name: expected a non-empty string, found {name!r}")
@@ -215,7 +231,8 @@ def register(name: str, *, needs: tuple[str, ...] = (), inputs: Callable | None 
         spec = _declare(name, fn, tuple(bound), options)
         get_inputs = inputs if inputs is not None else (lambda b: ((b,), {}))
         doc = (inspect.getdoc(fn) or "").split("\n", 1)[0]
-        _REGISTRY[name] = Estimator(name, fn, get_inputs, tuple(needs), spec, doc)
+        returns = "values" in needs if critic_returns is None else bool(critic_returns)
+        _REGISTRY[name] = Estimator(name, fn, get_inputs, tuple(needs), spec, doc, bool(multiscale), returns)
         for o in spec:
             _VOCAB.setdefault(o.name, replace(o, default=UNSET))
         return fn
@@ -274,6 +291,20 @@ def split_options(names: Iterable[str], shared: dict) -> dict[str, dict]:
             raise OptionError(k, f"none of the estimators {', '.join(names)} takes this option"
                                  + (f" ({', '.join(who)} do)" if who else "; no registered estimator does"))
     return {n: estimator_options(n, shared) for n in names}
+
+
+def multiscale_estimator(names: Iterable[str]) -> str | None:
+    """The first of ``names`` (in their order) whose advantage has a within-turn part of its own
+    (:attr:`Estimator.multiscale`: mpo, mae); names not registered are skipped."""
+    return next((n for n in names if n in _REGISTRY and _REGISTRY[n].multiscale), None)
+
+
+def returns_source(names: Iterable[str]) -> str | None:
+    """The estimator among ``names`` whose returns the views draw beside the values and the report
+    measures the critic against: the first registered (mpo, mae, gae, turn_gae, vapo, then your
+    own) with :attr:`Estimator.critic_returns`; None when there is none."""
+    names = set(names)
+    return next((n for n, e in _REGISTRY.items() if n in names and e.critic_returns), None)
 
 
 def is_group_estimator(name: str) -> bool:
@@ -461,12 +492,13 @@ def _gigpo_inputs(b):
 
 
 _TURN_BOUND = ("bootstrap_value", "turn_ids")
-# The built-ins take their option declarations from the vocabulary above by name.
+# The built-ins take their option declarations from the vocabulary above by name. The order of
+# registration is the order of preference of returns_source: mpo, mae, gae, turn_gae, vapo.
+register("mpo", needs=("values", "turns"), inputs=_turn_inputs, bound=_TURN_BOUND, multiscale=True)(T.mae)
+register("mae", needs=("values", "turns"), inputs=_turn_inputs, bound=_TURN_BOUND, multiscale=True)(T.mae)
 register("gae", needs=("values",), inputs=_critic_inputs, bound=("bootstrap_value",))(T.gae)
-register("vapo", needs=("values",), inputs=_critic_inputs, bound=("bootstrap_value",))(T.vapo)
 register("turn_gae", needs=("values", "turns"), inputs=_turn_inputs, bound=_TURN_BOUND)(T.turn_gae)
-register("mae", needs=("values", "turns"), inputs=_turn_inputs, bound=_TURN_BOUND)(T.mae)
-register("mpo", needs=("values", "turns"), inputs=_turn_inputs, bound=_TURN_BOUND)(T.mae)
+register("vapo", needs=("values",), inputs=_critic_inputs, bound=("bootstrap_value",))(T.vapo)
 register("grpo", needs=("groups",), inputs=_group_inputs)(G.grpo)
 register("drgrpo", needs=("groups",), inputs=_group_inputs)(G.drgrpo)
 register("rloo", needs=("groups",), inputs=_group_inputs)(G.rloo)
