@@ -37,6 +37,10 @@ from functools import cache
 from importlib import resources
 
 import numpy as np
+import torch
+
+from mpo_viz.advantages import registry
+from mpo_viz.turns import turn_ids_from_mask
 
 __all__ = [
     "strip_js",
@@ -187,8 +191,6 @@ def payload_from_arrays(
     ``{name: {"label", "center", "scale"}}``; ``channel``: the channel shown first (default: the
     first). Values are rounded to ``digits`` significant digits to keep payloads small.
     """
-    from mpo_viz.turns import turn_ids_from_mask
-
     tokens = [("" if t is None else str(t)) for t in tokens]
     n = len(tokens)
     m = np.asarray(mask).ravel()
@@ -262,8 +264,9 @@ def strip_payload(
 
     * ``adv_<name>`` for each entry of ``advantages`` (``{name: (B, L) tensor or result}``), and
       per-token ``adv_*`` columns already in the batch (e.g. written by ``mpo-viz advantages``);
-    * ``micro_mpo`` (or ``micro_mae``): that advantage minus its turn mean — MAE's within-turn part
-      ``β(u − ū)`` — so the micro scale is visible even when ``A^T_k`` dominates the colour;
+    * ``micro_<name>`` for the first multiscale estimator among them (mpo or mae:
+      :func:`mpo_viz.advantages.multiscale_estimator`): that advantage minus its turn mean — MAE's
+      within-turn part ``β(u − ū)`` — so the micro scale is visible even when ``A^T_k`` dominates the colour;
     * ``advantages`` (logged), ``value``, ``td`` (the one-step TD error ``δ_t = r_t + γV_{t+1} − V_t``
       over action tokens, given by the caller as ``td``: a ``(B, L)`` tensor or array, e.g.
       :func:`mpo_viz.analysis.td_error`; the strip computes no estimator itself), ``reward``;
@@ -292,8 +295,9 @@ def strip_payload(
         a = getattr(a, "advantages", a)
         a = a.detach().cpu().numpy() if hasattr(a, "detach") else np.asarray(a)
         add(f"adv_{name}", a[row], f"advantage ({name})")
-    for name in [k for k in chans if k in ("adv_mpo", "adv_mae")][:1]:
+    for est in filter(None, [registry.multiscale_estimator(k[4:] for k in chans)]):
         # MAE's micro scale: the advantage minus its turn mean (= β(u − ū)); the turn mean is A^T_k
+        name = f"adv_{est}"
         a = np.where(mask != 0, chans[name], 0.0)
         cnt = np.bincount(turn_ids, weights=(mask != 0).astype(np.float64))
         tot = np.bincount(turn_ids, weights=a)
@@ -329,7 +333,7 @@ def strip_payload(
         if f in known or f in chans or f.startswith(("adv_", "ret_")):
             continue
         try:
-            add(f, sub.padded(f, torch_float64(), fill=math.nan)[0].numpy(), f)
+            add(f, sub.padded(f, torch.float64, fill=math.nan)[0].numpy(), f)
         except (ValueError, TypeError, KeyError):
             continue  # strings or other non-numeric columns
     # observation tokens carry no values: blank them so hover shows "—" rather than a stale number
@@ -355,12 +359,6 @@ def strip_payload(
     # word-level tokenizers give tokens without whitespace: ask the strip to space them out
     payload["spaced"] = len(toks) > 1 and not any(any(c.isspace() for c in t) for t in toks)
     return payload
-
-
-def torch_float64():
-    import torch
-
-    return torch.float64
 
 
 def payload_json(payload: dict) -> str:

@@ -24,16 +24,25 @@ from mpo_viz import analysis as an
 from mpo_viz import plots
 from mpo_viz.strip import strip_payload
 from mpo_viz.widgets.engine import AdvantageEngine, ParamControls, default_estimators
-from mpo_viz.widgets.explorer import TABLE_CSS, as_batch, frame_html, opts_text, trajectory_table
+from mpo_viz.widgets.explorer import (
+    TABLE_CSS,
+    as_batch,
+    frame_html,
+    opts_text,
+    token_decoder,
+    trajectory_table,
+)
+from mpo_viz.widgets.export_bar import Exportable, ExportBar, style_widget
 from mpo_viz.widgets.figure import FigureWidget
 from mpo_viz.widgets.picker import TrajectoryPicker
+from mpo_viz.widgets.scales import ColourScale
 from mpo_viz.widgets.snapshot import Snapshot
 from mpo_viz.widgets.strip_widget import StripWidget
 
 __all__ = ["EstimatorComparison"]
 
 
-class EstimatorComparison(W.VBox):
+class EstimatorComparison(Exportable, W.VBox):
     """Compare estimators on one trajectory (picked from a table), with shared parameter sliders.
 
     ``estimators``: names (default: mpo, gae, grpo where supported; at least one). ``row``: index
@@ -44,10 +53,6 @@ class EstimatorComparison(W.VBox):
 
     def __init__(self, batch, estimators=None, *, row=0, page_size: int = 10, tokens=None,
                  strip_height: int = 160, params: ParamControls | None = None, scale="absolute", **options):
-        from mpo_viz.widgets.explorer import token_decoder
-        from mpo_viz.widgets.export import ExportBar, style_widget
-        from mpo_viz.widgets.scales import ColourScale
-
         self.batch = as_batch(batch)
         if len(self.batch) == 0:
             raise ValueError("batch: expected at least one trajectory to compare estimators on, found an empty batch")
@@ -191,17 +196,7 @@ class EstimatorComparison(W.VBox):
     def figures(self) -> dict:
         return {f"turn_advantages_{self.batch.traj_ids[self.row]}": self.figure}
 
-    def export_tables(self, folder) -> list:
-        """Write :meth:`tables` as CSV files into ``folder``; returns the paths."""
-        from mpo_viz.widgets.export import write_tables
 
-        return write_tables(self.tables(), folder)
-
-    def export_figures(self, folder, formats=("png", "svg")) -> list:
-        """Write :meth:`figures` with plotly's static export (needs ``kaleido``, else ``RuntimeError``)."""
-        from mpo_viz.widgets.export import write_figures
-
-        return write_figures(self.figures(), folder, formats)
 
     def turn_advantages(self) -> dict:
         """``{name: per-turn mean advantage (K,)}`` of the current trajectory, as the bars show."""
@@ -220,4 +215,4 @@ class EstimatorComparison(W.VBox):
         snap.heading("accuracy against the oracle", 3).note(self.accuracy_reading)
         if self.accuracy_df is not None:
             snap.table(self.accuracy_df)
-        return snap.write(path) if path is not None else snap.render()
+        return snap.output(path)

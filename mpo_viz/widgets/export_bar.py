@@ -1,11 +1,12 @@
-"""Getting figures and tables out of the widgets.
+"""Getting figures and tables out of the widgets: the export bar and the views' export methods.
 
 In the browser: :class:`ExportBar` (an HTML widget) puts "PNG" / "SVG" buttons beside a view that
 download every plotly figure of that view with plotly.js's own image export, and CSV links for its
-tables (data URIs, so they also work in a static ``to_html`` page). From Python:
-:func:`write_tables` (CSV, always available) and :func:`write_figures` (PNG / SVG / PDF through
-plotly's static export, which needs a renderer, the ``kaleido`` package; without one it raises a
-``RuntimeError`` that says so and what to do instead).
+tables (data URIs, so they also work in a static ``to_html`` page). From Python, every view is an
+:class:`Exportable`: ``tables()`` / ``figures()`` and ``export_tables(folder)`` (CSV, always
+available), ``export_figures(folder)`` (PNG / SVG / PDF through plotly's static export,
+:func:`mpo_viz.export.write_figures`, which needs a renderer, the ``kaleido`` package; without one
+it raises a ``RuntimeError`` that says so and what to do instead).
 """
 
 from __future__ import annotations
@@ -22,7 +23,8 @@ from mpo_viz.export import (
     write_tables,
 )
 
-__all__ = ["ExportBar", "style_widget", "csv_link", "write_tables", "write_figures", "static_export_available", "FIGURE_FORMATS"]
+__all__ = ["ExportBar", "Exportable", "style_widget", "csv_link", "write_tables", "write_figures",
+           "static_export_available", "FIGURE_FORMATS"]
 
 _DOWNLOAD_JS = (
     "(async function(btn, format){"
@@ -86,3 +88,24 @@ class ExportBar(W.VBox):
     def set_tables(self, tables: dict) -> None:
         self.links = " ".join(csv_link(df, name) for name, df in tables.items())
         self._draw()
+
+
+class Exportable:
+    """The export methods the views share. A view defines :meth:`tables` and :meth:`figures`."""
+
+    def tables(self) -> dict:
+        """The view's tables, ``{name: DataFrame}``."""
+        raise NotImplementedError
+
+    def figures(self) -> dict:
+        """The view's figures, ``{name: figure}``."""
+        raise NotImplementedError
+
+    def export_tables(self, folder) -> list:
+        """Write :meth:`tables` as CSV files into ``folder``; returns the paths."""
+        return write_tables(self.tables(), folder)
+
+    def export_figures(self, folder, formats=("png", "svg")) -> list:
+        """Write :meth:`figures` as images (plotly's static export; needs the ``kaleido`` renderer,
+        else a ``RuntimeError`` says so); returns the paths."""
+        return write_figures(self.figures(), folder, formats)
