@@ -32,7 +32,7 @@ from pathlib import Path
 from mpo_viz.adapters._common import Collector, check_options, drive
 from mpo_viz.adapters.art import from_art, iter_art
 from mpo_viz.adapters.chat import from_chat, iter_chat
-from mpo_viz.adapters.report import ConversionReport
+from mpo_viz.adapters.conversion import ConversionReport
 from mpo_viz.adapters.skyrl import from_skyrl, iter_skyrl
 from mpo_viz.adapters.steps import from_steps, iter_steps
 from mpo_viz.adapters.trl import from_trl, iter_trl

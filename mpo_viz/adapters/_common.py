@@ -4,12 +4,11 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import math
 from collections.abc import Iterator
 
 import numpy as np
 
-from mpo_viz.adapters.report import ConversionReport
+from mpo_viz.adapters.conversion import ConversionReport
 from mpo_viz.checks import OptionError
 from mpo_viz.schema import Problem, TrajectoryError, short
 from mpo_viz.trajectory import TrajectoryBatch
@@ -195,14 +194,6 @@ def run(gen: Iterator, col: Collector):
     """Convert everything at once: ``(TrajectoryBatch, ConversionReport)``."""
     batch = next(iter(drive(gen, col, None)))
     return batch, col.report
-
-
-def finite_or_nan(x) -> float:
-    try:
-        v = float(x)
-    except (TypeError, ValueError):
-        return math.nan
-    return v
 
 
 def describe(value) -> str:

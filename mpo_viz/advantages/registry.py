@@ -62,7 +62,7 @@ from mpo_viz.options import UNSET, Option
 __all__ = [
     "Option", "Estimator", "Bound", "AdvantageResult", "register", "available", "get", "options", "vocabulary",
     "estimator_options", "split_options", "takers", "bind", "missing", "compute", "is_group_estimator",
-    "multiscale_estimator", "returns_source",
+    "multiscale_estimator", "returns_source", "critic_returns_estimators",
     "default_estimators", "parse_names", "DEFAULT_ESTIMATORS",
 ]
 
@@ -299,12 +299,18 @@ def multiscale_estimator(names: Iterable[str]) -> str | None:
     return next((n for n in names if n in _REGISTRY and _REGISTRY[n].multiscale), None)
 
 
+def critic_returns_estimators() -> list[str]:
+    """The estimators whose returns are critic targets (:attr:`Estimator.critic_returns`), in order
+    of preference: registration order (mpo, mae, gae, turn_gae, vapo, then your own)."""
+    return [n for n, e in _REGISTRY.items() if e.critic_returns]
+
+
 def returns_source(names: Iterable[str]) -> str | None:
     """The estimator among ``names`` whose returns the views draw beside the values and the report
-    measures the critic against: the first registered (mpo, mae, gae, turn_gae, vapo, then your
-    own) with :attr:`Estimator.critic_returns`; None when there is none."""
+    measures the critic against: the first of :func:`critic_returns_estimators` among them; None
+    when there is none."""
     names = set(names)
-    return next((n for n, e in _REGISTRY.items() if n in names and e.critic_returns), None)
+    return next((n for n in critic_returns_estimators() if n in names), None)
 
 
 def is_group_estimator(name: str) -> bool:

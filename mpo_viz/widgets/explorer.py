@@ -44,7 +44,7 @@ def __getattr__(name):
     if name == "RETURN_SOURCES":  # deprecated: the estimators declare it (register(critic_returns=))
         warnings.warn("RETURN_SOURCES is deprecated: the value curve shows the returns of "
                       "mpo_viz.advantages.returns_source(names)", DeprecationWarning, stacklevel=2)
-        return tuple(n for n in registry.available() if registry.get(n).critic_returns)
+        return tuple(registry.critic_returns_estimators())
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 TABLE_CSS = """.mpo-turns table { border-collapse: collapse; font-size: 12px; }
