@@ -351,6 +351,43 @@ def rollout(policy: Policy, env, n_episodes: int | None = None, *, group_size: i
         a validated :class:`~mpo_viz.trajectory.TrajectoryBatch` (one row per episode, in task then
         sample order), metadata ``values_source="critic"`` when a critic ran.
     """
+    env = _check_inputs(policy, env, critic)
+    cfg = RolloutConfig(group_size=group_size, seed=seed, temperature=temperature, top_p=top_p,
+                        max_turn_tokens=max_turn_tokens, max_total_tokens=max_total_tokens,
+                        batch_size=batch_size, seeds=None if seeds is None else [int(s) for s in seeds])
+    cfg.validate()
+    plan = _plan(cfg, n_episodes)
+    timer = _Timer()
+    t_start = time.perf_counter()
+    model = policy.model
+    was_training = model.training
+    model.eval()
+    pad_id = policy.tokenizer.pad_token_id
+    pad_id = int(pad_id) if pad_id is not None else min(policy.layout.stop_ids)
+    episodes = _episodes(env, plan, cfg, oracle, policy.layout, timer)
+    bar = _progress_bar(len(episodes), progress)
+    with torch.no_grad():
+        _play(_Engine(model, pad_id), episodes, cfg, policy, timer, bar)
+    bar.close()
+    values = boot = None
+    if critic is not None:
+        t0 = time.perf_counter()
+        values, boot = _critic_values(critic, episodes, cfg.batch_size, pad_id)
+        timer.add("critic", t0)
+    if was_training:
+        model.train()
+    t0 = time.perf_counter()
+    batch = _to_batch(episodes, env, policy.layout, cfg, values, boot, oracle, policy)
+    timer.add("batch", t0)
+    timer.t["total"] = time.perf_counter() - t_start
+    if timings is not None:
+        timings.update(timer.t)
+    return batch
+
+
+def _check_inputs(policy: Policy, env, critic) -> TextEnv:
+    """The environment (a name made into one); ``OptionError`` for a wrong policy, environment or
+    critic, ``ValueError`` for a tokenizer that does not fit the environment or the model."""
     if not isinstance(policy, Policy):
         raise OptionError("policy", f"expected a mpo_viz.models.Policy (tiny_policy, load_policy, models.load), "
                                     f"found {type(policy).__name__}")
@@ -358,20 +395,6 @@ def rollout(policy: Policy, env, n_episodes: int | None = None, *, group_size: i
         env = make_env(env)
     if not isinstance(env, TextEnv):
         raise OptionError("env", f"expected a TextEnv or an environment name, found {type(env).__name__}")
-    cfg = RolloutConfig(group_size=group_size, seed=seed, temperature=temperature, top_p=top_p,
-                        max_turn_tokens=max_turn_tokens, max_total_tokens=max_total_tokens,
-                        batch_size=batch_size, seeds=None if seeds is None else [int(s) for s in seeds])
-    cfg.validate()
-    g = cfg.group_size
-    if cfg.seeds is None:
-        if n_episodes is None or isinstance(n_episodes, bool) or n_episodes < 1 or n_episodes % g:
-            raise OptionError("n_episodes", f"expected a positive multiple of group_size={g}, found {n_episodes!r}")
-        plan = _plan_from_seed(cfg.seed, n_episodes // g, g)
-    else:
-        if n_episodes is not None and n_episodes != len(cfg.seeds) * g:
-            raise OptionError("n_episodes", f"expected len(seeds) * group_size = {len(cfg.seeds) * g} with seeds, "
-                                            f"found {n_episodes}")
-        plan = _plan_from_list(cfg.seed, cfg.seeds, g)
     if critic is not None and not callable(critic):
         raise OptionError("critic", f"expected a mpo_viz.models.Critic or None, found {type(critic).__name__}")
     check_vocabulary(policy.tokenizer, env.vocabulary(), where=f"policy {policy.name} for env {env.name!r}")
@@ -379,18 +402,24 @@ def rollout(policy: Policy, env, n_episodes: int | None = None, *, group_size: i
     if len(policy.tokenizer) > vocab:
         raise ValueError(f"policy {policy.name}: the tokenizer has {len(policy.tokenizer)} tokens, the model "
                          f"embeds {vocab}")
+    return env
 
-    timer = _Timer()
-    t_start = time.perf_counter()
-    layout = policy.layout
-    model = policy.model
-    was_training = model.training
-    model.eval()
-    pad_id = policy.tokenizer.pad_token_id
-    pad_id = int(pad_id) if pad_id is not None else min(layout.stop_ids)
-    stop = torch.tensor(sorted(layout.stop_ids), dtype=torch.long, device=policy.device)
 
-    # episodes, in task then sample order
+def _plan(cfg: RolloutConfig, n_episodes: int | None) -> list[tuple[int, list[int]]]:
+    """``[(task seed, [sample seeds])]``: the tasks drawn from ``cfg.seed``, or ``cfg.seeds``."""
+    g = cfg.group_size
+    if cfg.seeds is None:
+        if n_episodes is None or isinstance(n_episodes, bool) or n_episodes < 1 or n_episodes % g:
+            raise OptionError("n_episodes", f"expected a positive multiple of group_size={g}, found {n_episodes!r}")
+        return _plan_from_seed(cfg.seed, n_episodes // g, g)
+    if n_episodes is not None and n_episodes != len(cfg.seeds) * g:
+        raise OptionError("n_episodes", f"expected len(seeds) * group_size = {len(cfg.seeds) * g} with seeds, "
+                                        f"found {n_episodes}")
+    return _plan_from_list(cfg.seed, cfg.seeds, g)
+
+
+def _episodes(env: TextEnv, plan, cfg: RolloutConfig, oracle, layout, timer: _Timer) -> list[_Episode]:
+    """The episodes of the plan, reset and prompted, in task then sample order."""
     episodes: list[_Episode] = []
     for gi, (ts, sample_seeds) in enumerate(plan):
         task = env.make_task(ts)
@@ -409,104 +438,115 @@ def rollout(policy: Policy, env, n_episodes: int | None = None, *, group_size: i
             rng = np.random.Generator(np.random.PCG64(np.random.SeedSequence([cfg.seed, ts, es, 0x6D706F])))
             episodes.append(_Episode(index=len(episodes), group=gi, sample=j, task_seed=ts, seed=es, env=e,
                                      oracle=orc, prompt=prompt, rng=rng, pending=list(prompt)))
+    return episodes
 
+
+def _play(engine: _Engine, episodes: list[_Episode], cfg: RolloutConfig, policy: Policy, timer: _Timer, bar) -> None:
+    """Play every episode to its end: batch turns of up to ``batch_size`` live episodes, queued
+    ones joining as others finish (the module docstring's feed / decode / step)."""
     queue = deque(episodes)
     live: list[_Episode] = []
-    engine = _Engine(model, pad_id)
-    done_eps: list[_Episode] = []
-    bar = _progress_bar(len(episodes), progress)
-    with torch.no_grad():
-        while queue or live:
-            # admit queued episodes into free rows
-            n_new = min(cfg.batch_size - len(live), len(queue))
-            engine.add_rows(n_new)
-            live += [queue.popleft() for _ in range(n_new)]
-            # 1. feed pending tokens, left-padded
-            t0 = time.perf_counter()
-            width = max(len(ep.pending) for ep in live)
-            ids = torch.full((len(live), width), pad_id, dtype=torch.long)
-            msk = torch.zeros((len(live), width), dtype=torch.long)
-            pos = torch.zeros((len(live), width), dtype=torch.long)
-            start = engine.next_pos.cpu()
-            for b, ep in enumerate(live):
-                n = len(ep.pending)
-                ids[b, width - n:] = torch.tensor(ep.pending)
-                msk[b, width - n:] = 1
-                pos[b, width - n:] = start[b] + torch.arange(n)
-                ep.pending = []
-            dev = engine.device
-            engine.next_pos = engine.next_pos + msk.sum(1).to(dev)
-            logits = engine.forward(ids.to(dev), msk.to(dev), pos.to(dev))
-            t0 = timer.add("model", t0)
-            # 2. decode one turn for every row
-            budget_total = torch.tensor([cfg.max_total_tokens - ep.length for ep in live])
-            budget = torch.clamp(budget_total, max=cfg.max_turn_tokens).to(dev)
-            active = torch.ones(len(live), dtype=torch.bool, device=dev)
-            count = torch.zeros(len(live), dtype=torch.long, device=dev)
-            toks, rlps, olps = [], [], []
-            while True:
-                u = torch.tensor([ep.uniform() if a else 0.0 for ep, a in zip(live, active.tolist())],
-                                 dtype=torch.float64)
-                tok, rlp, olp = sample_tokens(logits, u, cfg.temperature, cfg.top_p)
-                toks.append(tok)
-                rlps.append(rlp)
-                olps.append(olp)
-                count = count + active.long()
-                ended = torch.isin(tok, stop) | (count >= budget)
-                now_active = active & ~ended
-                t0 = timer.add("sampling", t0)
-                if not bool(now_active.any()):
-                    break
-                col = now_active.long()[:, None]
-                step_ids = torch.where(now_active, tok, torch.full_like(tok, pad_id))[:, None]
-                step_pos = engine.next_pos[:, None].clone()
-                engine.next_pos = engine.next_pos + col[:, 0]
-                # a row whose turn ended before this step feeds padding (masked slot)
-                logits = engine.forward(step_ids, col, step_pos)
-                active = now_active
-                t0 = timer.add("model", t0)
-            tok_m = torch.stack(toks, 1).cpu()
-            rlp_m = torch.stack(rlps, 1).float().cpu()
-            olp_m = torch.stack(olps, 1).float().cpu()
-            counts = count.cpu().tolist()
-            bt = budget_total.tolist()
-            # 3. step the environments
-            keep = []
-            for b, ep in enumerate(live):
-                n = counts[b]
-                turn = tok_m[b, :n].tolist()
-                ended_by_stop = turn[-1] in layout.stop_ids
-                cut_by_total = (not ended_by_stop) and n >= bt[b] and bt[b] <= cfg.max_turn_tokens
-                _record_turn(ep, turn, rlp_m[b, :n].tolist(), olp_m[b, :n].tolist(), layout, timer,
-                             final_cut=cut_by_total)
-                ep.pending = [turn[-1]]  # the last sampled token was never fed
-                if ep.stop_reason is None and ep.length >= cfg.max_total_tokens:
-                    ep.stop_reason = "max_total_tokens"
-                if ep.stop_reason is None:
-                    ep.pending += ep.ids[len(ep.ids) - _obs_len(ep):]
-                    keep.append(b)
-                else:
-                    done_eps.append(ep)
-                    bar.update(1)
-            t0 = time.perf_counter()
-            engine.keep_rows(keep)
-            live = [live[b] for b in keep]
-            timer.add("model", t0)
-    bar.close()
-    values = boot = None
-    if critic is not None:
+    stop = torch.tensor(sorted(policy.layout.stop_ids), dtype=torch.long, device=policy.device)
+    while queue or live:
+        n_new = min(cfg.batch_size - len(live), len(queue))  # admit queued episodes into free rows
+        engine.add_rows(n_new)
+        live += [queue.popleft() for _ in range(n_new)]
+        logits = _feed(engine, live, timer)
+        turn = _decode_turn(engine, live, logits, cfg, stop, timer)
+        keep = _step_envs(live, turn, cfg, policy.layout, timer, bar)
         t0 = time.perf_counter()
-        values, boot = _critic_values(critic, episodes, cfg.batch_size, pad_id)
-        timer.add("critic", t0)
-    if was_training:
-        model.train()
+        engine.keep_rows(keep)
+        live = [live[b] for b in keep]
+        timer.add("model", t0)
+
+
+def _feed(engine: _Engine, live: list[_Episode], timer: _Timer) -> torch.Tensor:
+    """1. Every row's pending tokens through the model in one forward, left-padded to the longest;
+    the logits of the last position."""
     t0 = time.perf_counter()
-    batch = _to_batch(episodes, env, layout, cfg, values, boot, oracle, policy)
-    timer.add("batch", t0)
-    timer.t["total"] = time.perf_counter() - t_start
-    if timings is not None:
-        timings.update(timer.t)
-    return batch
+    width = max(len(ep.pending) for ep in live)
+    ids = torch.full((len(live), width), engine.pad_id, dtype=torch.long)
+    msk = torch.zeros((len(live), width), dtype=torch.long)
+    pos = torch.zeros((len(live), width), dtype=torch.long)
+    start = engine.next_pos.cpu()
+    for b, ep in enumerate(live):
+        n = len(ep.pending)
+        ids[b, width - n:] = torch.tensor(ep.pending)
+        msk[b, width - n:] = 1
+        pos[b, width - n:] = start[b] + torch.arange(n)
+        ep.pending = []
+    dev = engine.device
+    engine.next_pos = engine.next_pos + msk.sum(1).to(dev)
+    logits = engine.forward(ids.to(dev), msk.to(dev), pos.to(dev))
+    timer.add("model", t0)
+    return logits
+
+
+@dataclass
+class _Turn:
+    """One batch turn as decoded: per row the sampled tokens, their rollout and old log-probs (row
+    ``b``'s first ``counts[b]`` columns), and the total budget left before it."""
+
+    tokens: torch.Tensor
+    rollout_logp: torch.Tensor
+    old_logp: torch.Tensor
+    counts: list
+    budget_total: list
+
+
+def _decode_turn(engine: _Engine, live: list[_Episode], logits: torch.Tensor, cfg: RolloutConfig,
+                 stop: torch.Tensor, timer: _Timer) -> _Turn:
+    """2. Sample one turn for every row at once: one-token forwards with the cache until every row
+    hit its stop token or budget (a row whose turn ended feeds padding)."""
+    t0 = time.perf_counter()
+    dev = engine.device
+    budget_total = torch.tensor([cfg.max_total_tokens - ep.length for ep in live])
+    budget = torch.clamp(budget_total, max=cfg.max_turn_tokens).to(dev)
+    active = torch.ones(len(live), dtype=torch.bool, device=dev)
+    count = torch.zeros(len(live), dtype=torch.long, device=dev)
+    toks, rlps, olps = [], [], []
+    while True:
+        u = torch.tensor([ep.uniform() if a else 0.0 for ep, a in zip(live, active.tolist())], dtype=torch.float64)
+        tok, rlp, olp = sample_tokens(logits, u, cfg.temperature, cfg.top_p)
+        toks.append(tok)
+        rlps.append(rlp)
+        olps.append(olp)
+        count = count + active.long()
+        now_active = active & ~(torch.isin(tok, stop) | (count >= budget))
+        t0 = timer.add("sampling", t0)
+        if not bool(now_active.any()):
+            break
+        col = now_active.long()[:, None]
+        step_ids = torch.where(now_active, tok, torch.full_like(tok, engine.pad_id))[:, None]
+        step_pos = engine.next_pos[:, None].clone()
+        engine.next_pos = engine.next_pos + col[:, 0]
+        logits = engine.forward(step_ids, col, step_pos)
+        active = now_active
+        t0 = timer.add("model", t0)
+    return _Turn(torch.stack(toks, 1).cpu(), torch.stack(rlps, 1).float().cpu(), torch.stack(olps, 1).float().cpu(),
+                 count.cpu().tolist(), budget_total.tolist())
+
+
+def _step_envs(live: list[_Episode], turn: _Turn, cfg: RolloutConfig, layout, timer: _Timer, bar) -> list[int]:
+    """3. Each environment reads its row's turn; the rows whose episode goes on (their pending
+    tokens set: the last sampled token and the observation), the finished ones counted."""
+    keep = []
+    for b, ep in enumerate(live):
+        n, bt = turn.counts[b], turn.budget_total[b]
+        ids = turn.tokens[b, :n].tolist()
+        ended_by_stop = ids[-1] in layout.stop_ids
+        cut_by_total = (not ended_by_stop) and n >= bt and bt <= cfg.max_turn_tokens
+        _record_turn(ep, ids, turn.rollout_logp[b, :n].tolist(), turn.old_logp[b, :n].tolist(), layout, timer,
+                     final_cut=cut_by_total)
+        ep.pending = [ids[-1]]  # the last sampled token was never fed
+        if ep.stop_reason is None and ep.length >= cfg.max_total_tokens:
+            ep.stop_reason = "max_total_tokens"
+        if ep.stop_reason is None:
+            ep.pending += ep.ids[len(ep.ids) - _obs_len(ep):]
+            keep.append(b)
+        else:
+            bar.update(1)
+    return keep
 
 
 def _progress_bar(n: int, progress: bool | None):
