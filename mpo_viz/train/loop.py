@@ -41,7 +41,7 @@ from mpo_viz.train.config import Config
 from mpo_viz.train.critic_fit import critic_outputs, fit_values, mc_returns
 from mpo_viz.train.runfolder import RunFolder
 from mpo_viz.train.runtime import derive_seed, env_kwargs, set_threads
-from mpo_viz.train.update import rows_of, update_epochs
+from mpo_viz.train.update import Learners, UpdateSettings, rows_of, update_epochs
 from mpo_viz.trajectory import TrajectoryBatch
 
 __all__ = ["Trainer", "RESULT_KEYS_VOLATILE", "episode_stats", "check_loss_inputs", "progress_line"]
@@ -546,18 +546,16 @@ class Trainer:
         are ``value_loss``, ``vf_*``, ``critic_grad_norm``, ``critic_optimizer_steps``."""
         cfg = self.cfg
         r = rows_of(batch)
-        common = dict(generator=self.generator, minibatches=cfg.minibatches, micro_batch_tokens=cfg.micro_batch_tokens,
-                      pad_id=self.pad_id, device=self.device, grad_clip=cfg.grad_clip)
+        common = dict(generator=self.generator, pad_id=self.pad_id, device=self.device)
         value_clip = cfg.critic_option("value_clip") if self.critic is not None else None
         joint = self.critic is not None and getattr(self.critic, "shared", False)
-        out = update_epochs(
-            r, policy=self.policy.model, policy_opt=self.policy_opt, critic=self.critic if joint else None,
-            critic_opt=self.critic_opt if joint else None, epochs=cfg.epochs, loss=cfg.loss,
-            loss_options=cfg.loss_options, kl_coef=cfg.kl_coef, kl_estimator=cfg.kl_estimator,
-            entropy_coef=cfg.entropy_coef, value_clip=value_clip, **common)
+        learners = Learners(self.policy.model, self.policy_opt, self.critic if joint else None,
+                            self.critic_opt if joint else None)
+        out = update_epochs(r, learners, UpdateSettings.of(cfg, value_clip=value_clip), **common)
         if self.critic is not None and not joint:
-            c = update_epochs(r, policy=None, policy_opt=None, critic=self.critic, critic_opt=self.critic_opt,
-                              epochs=cfg.critic_option("critic_epochs"), value_clip=value_clip, **common)
+            c = update_epochs(r, Learners(critic=self.critic, critic_opt=self.critic_opt),
+                              UpdateSettings.of(cfg, epochs=cfg.critic_option("critic_epochs"), value_clip=value_clip),
+                              **common)
             out["critic_optimizer_steps"] = c.pop("optimizer_steps")
             out["critic_update_tokens"] = c.pop("update_tokens")
             out.update(c)
