@@ -37,6 +37,7 @@ from __future__ import annotations
 import json
 import math
 from collections.abc import Iterator
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from mpo_viz.adapters._common import Collector, check_options, dumps, jsonl_lines, run
@@ -94,6 +95,23 @@ def _logged(msg: dict):
     return (None if ids is None else [int(x) for x in ids]), lps
 
 
+@dataclass
+class _Layout:
+    """A response being laid out: ids, loss mask, turn ids, log-probs (0 where none)."""
+
+    resp: list = field(default_factory=list)
+    mask: list = field(default_factory=list)
+    tids: list = field(default_factory=list)
+    lps: list = field(default_factory=list)
+    have_lp: bool = True
+
+    def add(self, ids: list, mask: int, turn: int, lp: list | None = None) -> None:
+        self.resp += ids
+        self.mask += [mask] * len(ids)
+        self.tids += [turn] * len(ids)
+        self.lps += lp if lp is not None else [0.0] * len(ids)
+
+
 class ChatEncoder:
     """Splits a conversation rendered by a chat template into prompt, action and observation tokens."""
 
@@ -118,14 +136,38 @@ class ChatEncoder:
         turn_of_message)`` — ``turn_of_message[i]`` is the turn whose observation (or action)
         message ``i`` is, -1 before the first turn.
         """
-        clean = [{k: v for k, v in m.items() if k not in ("token_ids", "logprobs", "reward", "trainable")}
-                 for m in messages]
         if not actions:
             raise TemplateError("messages: expected at least one assistant message, found none")
-        pieces = []  # (kind, text or ids, turn) in order after the prompt
+        prompt_text, pieces = self._pieces(messages, actions, tools)
+        out = _Layout()
+        for piece in pieces:
+            ids = self.ids(piece[1])
+            if piece[0] == "obs":
+                out.add(ids, 0, piece[2])
+            else:
+                self._action(out, ids, messages, piece[3], piece[2], report, where)
+        turn_of = []
+        t = -1
+        act_set = {a: j for j, a in enumerate(actions)}
+        for i in range(len(messages)):
+            t = act_set.get(i, t)
+            turn_of.append(t)
+        if not out.have_lp and report is not None and any(_logged(messages[a])[1] is not None for a in actions):
+            report.note("log-probs logged for some assistant messages only: rollout_logprobs left out for the row")
+        return {"prompt_ids": self.ids(prompt_text), "response_ids": out.resp, "loss_mask": out.mask,
+                "turn_ids": out.tids, "logprobs": out.lps if out.have_lp else None, "turn_of_message": turn_of}
+
+    def _pieces(self, messages: list[dict], actions: list[int], tools) -> tuple[str, list[tuple]]:
+        """The prompt's text and the pieces after it, in order: ``("act", text, turn, message
+        index)`` for an assistant message of the policy, ``("obs", text, turn)`` for the text the
+        template puts between two of them (and after the last) — each piece the difference of two
+        renderings of the conversation (``TemplateError`` when the template does not render it
+        incrementally)."""
+        clean = [{k: v for k, v in m.items() if k not in ("token_ids", "logprobs", "reward", "trainable")}
+                 for m in messages]
+        pieces = []
         g0 = self.render(clean[: actions[0]], gen=True, tools=tools)
         prev_end = g0
-        prompt_text = g0
         for j, a in enumerate(actions):
             gen = self.render(clean[:a], gen=True, tools=tools) if j else g0
             end = self.render(clean[: a + 1], gen=False, tools=tools)
@@ -144,59 +186,35 @@ class ChatEncoder:
             raise TemplateError(f"messages[{actions[-1] + 1}]: expected the chat template to render the conversation "
                                 "incrementally, found the text of the last turn changed when later messages were added")
         pieces.append(("obs", full[len(prev_end):], len(actions) - 1))
-        resp, mask, tids, lps = [], [], [], []
-        have_lp = True
-        for piece in pieces:
-            kind, text, turn = piece[0], piece[1], piece[2]
-            ids = self.ids(text)
-            if kind == "obs":
-                resp += ids
-                mask += [0] * len(ids)
-                tids += [turn] * len(ids)
-                lps += [0.0] * len(ids)
-                continue
-            msg = messages[piece[3]]
-            logged, lp = _logged(msg)
-            act, rest = ids, []
-            if logged is not None:
+        return g0, pieces
+
+    def _action(self, out: _Layout, ids: list[int], messages: list[dict], a: int, turn: int, report, where: str) -> None:
+        """Add assistant message ``a`` (its rendered ``ids``): its logged ids and log-probs when it
+        has them (the template's tokens after them as observation tokens)."""
+        logged, lp = _logged(messages[a])
+        act, rest = ids, []
+        if logged is not None:
+            if report is not None:
+                report.retokenized_messages += 1
+            if ids[: len(logged)] == logged:
+                act, rest = logged, ids[len(logged):]
+                if rest and report is not None:
+                    report.note("template tokens after an assistant message's logged ids kept as observation tokens", 1)
+            else:
+                first = next((p for p, (x, y) in enumerate(zip(logged, ids)) if x != y), min(len(logged), len(ids)))
                 if report is not None:
-                    report.retokenized_messages += 1
-                if ids[: len(logged)] == logged:
-                    act, rest = logged, ids[len(logged):]
-                    if rest and report is not None:
-                        report.note("template tokens after an assistant message's logged ids kept as observation tokens",
-                                    1)
-                else:
-                    first = next((p for p, (x, y) in enumerate(zip(logged, ids)) if x != y), min(len(logged), len(ids)))
-                    if report is not None:
-                        report.mismatch(f"{where}messages[{piece[3]}]: logged {len(logged)} ids, the chat template gives "
-                                        f"{len(ids)} (first difference at token {first})")
-                    act = logged
-            if not act:
-                raise TemplateError(f"messages[{piece[3]}]: expected an assistant message with at least one token, found none")
-            if lp is not None and len(lp) != len(act):
-                if report is not None:
-                    report.note("log-probs whose count differs from the message's tokens: rollout_logprobs left out")
-                lp = None
-            have_lp = have_lp and lp is not None
-            resp += act
-            mask += [1] * len(act)
-            tids += [turn] * len(act)
-            lps += lp if lp is not None else [0.0] * len(act)
-            resp += rest
-            mask += [0] * len(rest)
-            tids += [turn] * len(rest)
-            lps += [0.0] * len(rest)
-        turn_of = []
-        t = -1
-        act_set = {a: j for j, a in enumerate(actions)}
-        for i in range(len(messages)):
-            t = act_set.get(i, t)
-            turn_of.append(t)
-        if not have_lp and report is not None and any(_logged(messages[a])[1] is not None for a in actions):
-            report.note("log-probs logged for some assistant messages only: rollout_logprobs left out for the row")
-        return {"prompt_ids": self.ids(prompt_text), "response_ids": resp, "loss_mask": mask, "turn_ids": tids,
-                "logprobs": lps if have_lp else None, "turn_of_message": turn_of}
+                    report.mismatch(f"{where}messages[{a}]: logged {len(logged)} ids, the chat template gives "
+                                    f"{len(ids)} (first difference at token {first})")
+                act = logged
+        if not act:
+            raise TemplateError(f"messages[{a}]: expected an assistant message with at least one token, found none")
+        if lp is not None and len(lp) != len(act):
+            if report is not None:
+                report.note("log-probs whose count differs from the message's tokens: rollout_logprobs left out")
+            lp = None
+        out.have_lp = out.have_lp and lp is not None
+        out.add(act, 1, turn, lp)
+        out.add(rest, 0, turn)
 
     def tokens(self, ids) -> list[str]:
         return [str(t) for t in self.tok.convert_ids_to_tokens(list(ids))]
