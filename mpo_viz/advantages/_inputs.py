@@ -139,40 +139,46 @@ def prepare(
     r = _as(r0, dtype, "rewards")
     m = _as(m0, dtype, "mask")
     v = _as(v0, dtype, "values") if v0 is not None else np.empty((B, 0), dtype=dtype)
-    if need_turns:
-        if turn_ids is None:
-            tid = turn_ids_from_mask(m != 0)
-        else:
-            t0 = _to_numpy(turn_ids, "turn_ids")
-            if t0.shape != (B, L):
-                raise ValueError(f"turn_ids: expected shape {(B, L)} (the mask's), found {tuple(t0.shape)}")
-            if t0.dtype.kind == "f":  # only action tokens matter: NaN or -1 padding elsewhere is fine
-                bad = (~np.isfinite(t0) | (t0 != np.round(t0))) & (m != 0)
-                if bad.any():
-                    row = int(np.argmax(bad.any(1)))
-                    pos = int(np.argmax(bad[row]))
-                    raise ValueError(f"turn_ids: row {row}, position {pos}: expected an integer id on an action "
-                                     f"token, found {_py(t0[row, pos])!r}")
-                t0 = np.where(m != 0, t0, 0.0)
-            elif t0.dtype.kind not in "iub":
-                raise ValueError(f"turn_ids: expected integer ids, found dtype {t0.dtype}")
-            tid = np.ascontiguousarray(t0, dtype=np.int64)
-        tid = np.ascontiguousarray(tid, dtype=np.int64)
-    else:
-        tid = np.empty((B, 0), dtype=np.int64)
-    if bootstrap_value is None:
-        boot = np.full(B, np.nan)
-    else:
-        boot = np.ascontiguousarray(_to_numpy(bootstrap_value, "bootstrap_value"), dtype=np.float64)
-        if boot.shape != (B,):
-            raise ValueError(f"bootstrap_value: expected shape ({B},) (one per row, NaN = terminal), found {tuple(boot.shape)}")
-        if np.isinf(boot).any():
-            row = int(np.argmax(np.isinf(boot)))
-            raise ValueError(f"bootstrap_value: row {row}: expected a finite value or NaN (terminal), found {boot[row]}")
+    tid = _turn_ids(turn_ids, m, B, L) if need_turns else np.empty((B, 0), dtype=np.int64)
+    boot = _bootstrap(bootstrap_value, B)
     p = Prepared(r, v, m, tid, boot, None, dtype, device, (r0, v0, m0), bool(need_values), bool(need_turns))
     if validate:
         p.validate()
     return p
+
+
+def _turn_ids(turn_ids, m: np.ndarray, B: int, L: int) -> np.ndarray:
+    """Turn ids as int64 ``(B, L)``: derived from the mask runs when None; given ones must be integers
+    on action tokens (NaN or -1 padding on masked ones is fine and becomes 0)."""
+    if turn_ids is None:
+        return np.ascontiguousarray(turn_ids_from_mask(m != 0), dtype=np.int64)
+    t0 = _to_numpy(turn_ids, "turn_ids")
+    if t0.shape != (B, L):
+        raise ValueError(f"turn_ids: expected shape {(B, L)} (the mask's), found {tuple(t0.shape)}")
+    if t0.dtype.kind == "f":  # only action tokens matter: NaN or -1 padding elsewhere is fine
+        bad = (~np.isfinite(t0) | (t0 != np.round(t0))) & (m != 0)
+        if bad.any():
+            row = int(np.argmax(bad.any(1)))
+            pos = int(np.argmax(bad[row]))
+            raise ValueError(f"turn_ids: row {row}, position {pos}: expected an integer id on an action "
+                             f"token, found {_py(t0[row, pos])!r}")
+        t0 = np.where(m != 0, t0, 0.0)
+    elif t0.dtype.kind not in "iub":
+        raise ValueError(f"turn_ids: expected integer ids, found dtype {t0.dtype}")
+    return np.ascontiguousarray(t0, dtype=np.int64)
+
+
+def _bootstrap(bootstrap_value, B: int) -> np.ndarray:
+    """The bootstrap values as float64 ``(B,)``: NaN (terminal) when None; no infinities."""
+    if bootstrap_value is None:
+        return np.full(B, np.nan)
+    boot = np.ascontiguousarray(_to_numpy(bootstrap_value, "bootstrap_value"), dtype=np.float64)
+    if boot.shape != (B,):
+        raise ValueError(f"bootstrap_value: expected shape ({B},) (one per row, NaN = terminal), found {tuple(boot.shape)}")
+    if np.isinf(boot).any():
+        row = int(np.argmax(np.isinf(boot)))
+        raise ValueError(f"bootstrap_value: row {row}: expected a finite value or NaN (terminal), found {boot[row]}")
+    return boot
 
 
 def _py(x):
