@@ -113,6 +113,25 @@ def _ev(critic, r: Rows, rows, targets: torch.Tensor, **kw) -> float:
     return explained_variance(targets[idx], v.double(), r.mask[idx])
 
 
+def _fit_step(critic: torch.nn.Module, r: Rows, chunk: np.ndarray, g32: torch.Tensor, opt, params: list,
+              grad_clip: float, *, pad_id: int, device, micro_batch_tokens: int) -> float:
+    """One AdamW step of ``½·mean_t (V_t − G_t)²`` over the action tokens of rows ``chunk`` (its
+    micro-batches' gradients accumulated); returns the loss."""
+    n_tok = float(r.mask[torch.from_numpy(chunk)].sum().clamp_min(1))
+    step_loss = 0.0
+    for group in micro_batches(r, chunk, micro_batch_tokens):
+        mb = make_micro(r, group, pad_id, device)
+        v = forward_critic(critic, mb)
+        loss, _ = value_loss(v, None, mb.take(g32).to(device), mb.take(r.mask).to(device), clip=None, scale=n_tok)
+        loss.backward()
+        step_loss += float(loss.detach())
+    if grad_clip > 0:
+        torch.nn.utils.clip_grad_norm_(params, grad_clip)
+    opt.step()
+    critic.zero_grad(set_to_none=True)  # a shared trunk's gradients too: they must not reach the policy
+    return step_loss
+
+
 def fit_values(
     critic: torch.nn.Module,
     batch: TrajectoryBatch,
@@ -171,18 +190,7 @@ def fit_values(
         if len(order) < batch_episodes:
             order += train[torch.randperm(len(train), generator=gen).numpy()].tolist()
         chunk, order = np.array(order[:batch_episodes]), order[batch_episodes:]
-        n_tok = float(r.mask[torch.from_numpy(chunk)].sum().clamp_min(1))
-        step_loss = 0.0
-        for group in micro_batches(r, chunk, micro_batch_tokens):
-            mb = make_micro(r, group, pad_id, device)
-            v = forward_critic(critic, mb)
-            loss, _ = value_loss(v, None, mb.take(g32).to(device), mb.take(r.mask).to(device), clip=None, scale=n_tok)
-            loss.backward()
-            step_loss += float(loss.detach())
-        if grad_clip > 0:
-            torch.nn.utils.clip_grad_norm_(params, grad_clip)
-        opt.step()
-        critic.zero_grad(set_to_none=True)  # a shared trunk's gradients too: they must not reach the policy
+        step_loss = _fit_step(critic, r, chunk, g32, opt, params, grad_clip, **kw)
         done += 1
         losses.append(step_loss)
         if bar is not None:

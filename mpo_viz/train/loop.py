@@ -27,6 +27,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from mpo_viz.advantages import compute
 from mpo_viz.analysis import explained_variance, pass_at_k
 from mpo_viz.losses import LOGPROB_FIELDS
 from mpo_viz.losses import get as get_loss
@@ -469,30 +470,14 @@ class Trainer:
         return batch.with_token_fields(ref_logprobs=out)
 
     def _one_iteration(self) -> dict:
-        from mpo_viz.advantages import compute
-
         cfg = self.cfg
         it = self.iteration + 1
         t_start = time.perf_counter()
-        timings = {}
+        timings: dict = {}
         if cfg.kl_coef > 0 and self.reference is None:
             self.reference = self._frozen_copy()  # the policy as RL starts
-
-        t = time.perf_counter()
-        inner: dict = {}
-        batch = self._rollout(cfg.episodes, seed=self._next_seed(), group_size=cfg.group_size, timings=inner)
-        if cfg.critic == "oracle":
-            batch = _oracle_as_values(batch, cfg.env)
-        # the rollout runs the critic once over the finished episodes: that is the "values" phase
-        critic_s = float(inner.get("critic", 0.0))
-        timings["rollout"] = time.perf_counter() - t - critic_s
-        timings["rollout_oracle"] = float(inner.get("oracle", 0.0))
+        batch = self._collect(timings)
         rollout_tokens = int(batch.mask.sum())
-
-        t = time.perf_counter()
-        if self.reference is not None:
-            batch = self._ref_logprobs(batch)
-        timings["values"] = time.perf_counter() - t + critic_s
 
         t = time.perf_counter()
         res = compute(batch, cfg.estimator, **cfg.estimator_options)
@@ -516,14 +501,7 @@ class Trainer:
         if cfg.eval_interval and it % cfg.eval_interval == 0:
             rec.update(self.evaluation())
         timings["eval"] = time.perf_counter() - t
-
-        t = time.perf_counter()
-        if cfg.save_trajectories_every and it % cfg.save_trajectories_every == 0:
-            batch.meta["iteration"] = it
-            batch.meta["estimator"] = cfg.estimator
-            batch.meta["estimator_options"] = res.options
-            self.run.write_trajectories(batch, it, max_mb=cfg.trajectories_max_mb)
-        timings["write"] = time.perf_counter() - t
+        self._write(rec, batch, res.options, timings)
         timings["total"] = time.perf_counter() - t_start
         self.state["iteration"] = it
         self.state["elapsed_s"] += timings["total"]
@@ -539,6 +517,38 @@ class Trainer:
         rec["timings"]["checkpoint"] = time.perf_counter() - t
         self.history.append(rec)
         return rec
+
+    def _collect(self, timings: dict) -> TrajectoryBatch:
+        """The iteration's rollout, with the values the estimator reads (the critic's, or the oracle's)
+        and the reference's log-probs (``kl_coef > 0``); ``timings`` gets ``rollout``,
+        ``rollout_oracle`` and ``values``."""
+        cfg = self.cfg
+        t = time.perf_counter()
+        inner: dict = {}
+        batch = self._rollout(cfg.episodes, seed=self._next_seed(), group_size=cfg.group_size, timings=inner)
+        if cfg.critic == "oracle":
+            batch = _oracle_as_values(batch, cfg.env)
+        # the rollout runs the critic once over the finished episodes: that is the "values" phase
+        critic_s = float(inner.get("critic", 0.0))
+        timings["rollout"] = time.perf_counter() - t - critic_s
+        timings["rollout_oracle"] = float(inner.get("oracle", 0.0))
+        t = time.perf_counter()
+        if self.reference is not None:
+            batch = self._ref_logprobs(batch)
+        timings["values"] = time.perf_counter() - t + critic_s
+        return batch
+
+    def _write(self, rec: dict, batch: TrajectoryBatch, options: dict, timings: dict) -> None:
+        """``trajectories/iter=N.parquet`` every ``save_trajectories_every`` iterations."""
+        cfg = self.cfg
+        it = rec["iteration"]
+        t = time.perf_counter()
+        if cfg.save_trajectories_every and it % cfg.save_trajectories_every == 0:
+            batch.meta["iteration"] = it
+            batch.meta["estimator"] = cfg.estimator
+            batch.meta["estimator_options"] = options
+            self.run.write_trajectories(batch, it, max_mb=cfg.trajectories_max_mb)
+        timings["write"] = time.perf_counter() - t
 
     def _update(self, batch) -> dict:
         """The policy's ``epochs`` and, apart, the critic's ``critic_epochs`` passes over ``batch``
