@@ -30,8 +30,9 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from mpo_viz.adapters._common import Collector, check_options, drive
+from mpo_viz.adapters._write import write_chunks
 from mpo_viz.adapters.art import from_art, iter_art
-from mpo_viz.adapters.chat import from_chat, iter_chat
+from mpo_viz.adapters.chat import ChatEncoder, from_chat, iter_chat
 from mpo_viz.adapters.conversion import ConversionReport
 from mpo_viz.adapters.skyrl import from_skyrl, iter_skyrl
 from mpo_viz.adapters.steps import from_steps, iter_steps
@@ -77,8 +78,6 @@ def stream(kind: str, src, *, tokenizer=None, trust: bool = False, obs_reward: s
     if "trust" in takes:
         opts["trust"] = trust
     if "tokenizer" in takes:
-        from mpo_viz.adapters.chat import ChatEncoder
-
         opts["tokenizer"] = ChatEncoder(tokenizer)
     col = Collector(kind, source=src if isinstance(src, (str, Path)) else None, errors=errors)
     return drive(gen_fn(src, col, **opts), col, chunk_rows), col.report
@@ -90,8 +89,6 @@ def convert(kind: str, src, out, *, tokenizer=None, trust: bool = False, obs_rew
     ``part-NNNNN.parquet`` files (one per chunk). Memory stays bounded by the chunk size. The same
     input always gives the same bytes. Returns the report.
     """
-    from mpo_viz.adapters._write import write_chunks
-
     batches, report = stream(kind, src, tokenizer=tokenizer, trust=trust, obs_reward=obs_reward, errors=errors,
                              chunk_rows=chunk_rows)
     write_chunks(batches, out)

@@ -58,6 +58,7 @@ from mpo_viz.advantages import group as G
 from mpo_viz.advantages import token as T
 from mpo_viz.checks import OptionError
 from mpo_viz.options import UNSET, Option
+from mpo_viz.trajectory import TrajectoryBatch
 
 __all__ = [
     "Option", "Estimator", "Bound", "AdvantageResult", "register", "available", "get", "options", "vocabulary",
@@ -339,8 +340,6 @@ def parse_names(names) -> tuple[str, ...]:
 
 
 def _check_batch(batch) -> None:
-    from mpo_viz.trajectory import TrajectoryBatch
-
     if not isinstance(batch, TrajectoryBatch):
         raise ValueError(f"batch: expected a TrajectoryBatch (mv.load(...) or TrajectoryBatch.from_rows), found "
                          f"{type(batch).__name__}; on plain (B, L) tensors call the estimator function itself, "

@@ -15,8 +15,10 @@ import time
 import warnings
 
 from mpo_viz.advantages import registry
+from mpo_viz.annotate import AnnotateConfig, annotate_file
 from mpo_viz.cli.flags import add_option
 from mpo_viz.options import Option
+from mpo_viz.report import ExportWarning, ReportConfig, write_report
 
 __all__ = ["add_subcommand", "estimator_option_help"]
 
@@ -76,8 +78,6 @@ def _names(s: str | None) -> tuple[str, ...] | None:
 
 
 def cmd_advantages(args) -> int:
-    from mpo_viz.annotate import AnnotateConfig, annotate_file
-
     cfg = AnnotateConfig(estimators=_names(args.estimators), options=_options(args), max_tokens=args.max_tokens,
                            progress=False if args.no_progress else None)
     stats = annotate_file(args.path, args.out, cfg)
@@ -88,14 +88,10 @@ def cmd_advantages(args) -> int:
 
 
 def cmd_report(args) -> int:
-    from mpo_viz.report import ReportConfig, write_report
-
     cfg = ReportConfig(estimators=_names(args.estimators), options=_options(args), n_best=args.n_best, n_worst=args.n_worst,
                        n_disagreed=args.n_disagreed, title=args.title, max_tokens=args.max_tokens,
                        progress=False if args.no_progress else None, tokenizer=args.tokenizer,
                        export_dir=args.export)
-    from mpo_viz.report import ExportWarning
-
     t = time.perf_counter()
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always", ExportWarning)

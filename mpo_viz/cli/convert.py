@@ -8,15 +8,15 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from mpo_viz.adapters import convert
+from mpo_viz.cli.errors import CLIError
+
 FROM = ("verl", "skyrl", "steps", "openai", "trl", "art")
 # the frameworks whose logs one adapter reads, by their own names
 ALIASES = {"verifiers": "steps", "rllm": "steps", "agent-lightning": "steps", "chat": "openai"}
 
 
 def cmd_convert(args) -> int:
-    from mpo_viz.adapters import convert
-    from mpo_viz.cli import CLIError
-
     args.source = ALIASES.get(args.source, args.source)
     src = Path(args.input)
     if not src.exists():

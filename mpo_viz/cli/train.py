@@ -18,12 +18,15 @@ import sys
 import time
 
 from mpo_viz import losses
+from mpo_viz import train as training
 from mpo_viz.advantages import registry
 from mpo_viz.checks import OptionError
 from mpo_viz.cli.advantages import estimator_option_help
+from mpo_viz.cli.errors import CLIError
 from mpo_viz.cli.flags import add_option, option_help, read_text
 from mpo_viz.options import Option
 from mpo_viz.train.config import Config
+from mpo_viz.train.runfolder import RunFolder
 
 #: the dict fields whose keys get flags of their own (``--beta`` fills ``estimator_options.beta``)
 OPTION_FIELDS = ("estimator_options", "loss_options")
@@ -84,10 +87,7 @@ def _with_options(cfg_dict: dict, args) -> dict:
 
 
 def cmd_train(args) -> int:
-    from mpo_viz.cli import CLIError
-    from mpo_viz.train.loop import Trainer  # pulls in the models (transformers): this command only
-    from mpo_viz.train.runfolder import RunFolder
-
+    Trainer = training.Trainer  # imported on first use: the models (transformers, ~1 s), for this command only
     # a launched run is stopped with SIGINT; make sure it raises KeyboardInterrupt here
     signal.signal(signal.SIGINT, signal.default_int_handler)
     # a bad option is named by the flag that gave it: the typed flag, else --estimator-option/--loss-option

@@ -24,6 +24,7 @@ from mpo_viz.io.groups import group_chunks
 from mpo_viz.io.parts import merge_parts
 from mpo_viz.options import Option
 from mpo_viz.schema import SCHEMA_VERSION, Problem, TrajectoryError
+from mpo_viz.trajectory import TrajectoryBatch
 
 __all__ = ["load", "save", "scan", "files_of", "count_rows", "group_chunks", "merge_parts", "pieces"]
 
@@ -64,8 +65,6 @@ def _meta_of(f: Path) -> dict:
 def pieces(path, errors: str = "raise", rows_per_chunk: int | None = None) -> Iterator:
     """Validated batches of successive chunks of every file, as the readers deliver them (``rows_per_chunk``
     rows at most; duplicate ids checked across all); :func:`load` and :func:`scan` are built on it."""
-    from mpo_viz.trajectory import TrajectoryBatch
-
     if errors not in ("raise", "collect"):
         raise ValueError(f"errors: expected 'raise' or 'collect', found {errors!r}")
     seen: dict = {}  # traj_id -> where it first occurred (named in duplicate messages)
@@ -83,8 +82,6 @@ def load(path, *, errors: str = "raise", trust: bool = False):
     ``trust`` is accepted for API symmetry; no format read here can execute code (nothing is
     unpickled), so it changes nothing.
     """
-    from mpo_viz.trajectory import TrajectoryBatch
-
     parts = list(pieces(path, errors, rows_per_chunk=4096))
     if not parts:
         return TrajectoryBatch.from_rows([], _meta_of(files_of(path)[0]))
@@ -108,8 +105,6 @@ def scan(path, *, max_tokens: int = 1_000_000, errors: str = "raise", keep_group
 
 
 def _scan(path, max_tokens: int, errors: str) -> Iterator:
-    from mpo_viz.trajectory import TrajectoryBatch
-
     pending, acc, rejected = [], 0, []
     for piece in pieces(path, errors, rows_per_chunk=64):
         rejected.extend(piece.rejected)

@@ -27,10 +27,15 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from mpo_viz import models
 from mpo_viz.advantages import compute
-from mpo_viz.analysis import explained_variance, pass_at_k
+from mpo_viz.analysis import explained_variance, pass_at_k, value_variance, variance_summary
+from mpo_viz.envs.expert import NoisyExpert
+from mpo_viz.envs.registry import make_env
+from mpo_viz.envs.tokenizer import build_tokenizer
 from mpo_viz.losses import LOGPROB_FIELDS
 from mpo_viz.losses import get as get_loss
+from mpo_viz.rollout import rollout
 from mpo_viz.train.checkpoint import (
     capture_rng,
     latest_checkpoint,
@@ -42,7 +47,16 @@ from mpo_viz.train.config import Config
 from mpo_viz.train.critic_fit import critic_outputs, fit_values, mc_returns
 from mpo_viz.train.runfolder import RunFolder
 from mpo_viz.train.runtime import derive_seed, env_kwargs, set_threads
-from mpo_viz.train.update import Learners, UpdateSettings, rows_of, update_epochs
+from mpo_viz.train.sft import sft as run_sft
+from mpo_viz.train.update import (
+    Learners,
+    UpdateSettings,
+    forward_policy,
+    make_micro,
+    micro_batches,
+    rows_of,
+    update_epochs,
+)
 from mpo_viz.trajectory import TrajectoryBatch
 
 __all__ = ["Trainer", "RESULT_KEYS_VOLATILE", "episode_stats", "check_loss_inputs", "progress_line"]
@@ -123,10 +137,6 @@ class Trainer:
 
     # ------------------------------------------------------------------ construction
     def _build(self) -> None:
-        from mpo_viz import models
-        from mpo_viz.envs.registry import make_env
-        from mpo_viz.envs.tokenizer import build_tokenizer
-
         cfg = self.cfg
         try:
             self.env = make_env(cfg.env, **env_kwargs(cfg))
@@ -254,9 +264,6 @@ class Trainer:
     # ------------------------------------------------------------------ rollouts
     def _rollout(self, n: int, *, seed: int, group_size: int = 1, greedy: bool = False, critic=True,
                  seeds=None, timings: dict | None = None):
-        from mpo_viz.envs.expert import NoisyExpert
-        from mpo_viz.rollout import rollout
-
         cfg = self.cfg
         return rollout(self.policy, self.env, None if seeds is not None else n, group_size=group_size,
                        critic=self.critic if critic else None, seed=seed, seeds=seeds,
@@ -322,8 +329,6 @@ class Trainer:
         ``steps`` (default ``cfg.sft_steps``). Writes one ``phase: "sft"`` metrics line and the
         iteration-0 checkpoint. Only before RL starts.
         """
-        from mpo_viz.train.sft import sft as run_sft
-
         if self.iteration > 0:
             raise ValueError(f"sft: the run already has {self.iteration} RL iterations; SFT is a warm start")
         cfg = self.cfg
@@ -458,8 +463,6 @@ class Trainer:
         return any(r.get("phase") == "eval" and r.get("iteration") == 0 for r in self.run.metrics())
 
     def _ref_logprobs(self, batch):
-        from mpo_viz.train.update import forward_policy, make_micro, micro_batches
-
         r = rows_of(batch)
         out = torch.zeros(r.mask.shape, dtype=torch.float32)
         with torch.no_grad():
@@ -574,8 +577,6 @@ class Trainer:
     def _value_stats(self, batch, returns) -> dict:
         """Explained variance of the critic and the across/within split of its values (and of the
         oracle values when the environment provides them)."""
-        from mpo_viz.analysis import value_variance, variance_summary
-
         out = {}
         if batch.has("values"):  # a learned critic's values, or the oracle's when critic="oracle"
             out["critic_explained_var"] = _explained_variance(batch, returns)

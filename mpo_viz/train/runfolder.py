@@ -22,6 +22,8 @@ import math
 import os
 from pathlib import Path
 
+from mpo_viz.io import save
+
 __all__ = ["RunFolder", "read_metrics_file"]
 
 
@@ -116,8 +118,6 @@ class RunFolder:
     def write_trajectories(self, batch, iteration: int, *, max_mb: float) -> Path:
         """Save ``batch`` as ``trajectories/iter=NNNNNN.parquet`` (atomic), then remove the oldest
         files while the folder holds more than ``max_mb`` megabytes (the newest always stays)."""
-        from mpo_viz.io import save
-
         p = save(batch, self.trajectory_path(iteration))
         files = sorted(self.trajectories.glob("iter=*.parquet"))
         total = sum(f.stat().st_size for f in files)
