@@ -126,7 +126,7 @@ NEED_TEXT = {
 }
 
 
-def _has(batch, need: str) -> bool:
+def _has(batch: TrajectoryBatch, need: str) -> bool:
     if need == "values":
         return batch.has("values")
     if need == "groups":
@@ -319,7 +319,7 @@ def is_group_estimator(name: str) -> bool:
     return "groups" in get(name).needs
 
 
-def default_estimators(batch) -> list[str]:
+def default_estimators(batch: TrajectoryBatch) -> list[str]:
     """Those of :data:`DEFAULT_ESTIMATORS` that ``batch`` supports (mpo and gae need values)."""
     return [n for n in DEFAULT_ESTIMATORS if not missing(batch, n)]
 
@@ -339,14 +339,14 @@ def parse_names(names) -> tuple[str, ...]:
     return out
 
 
-def _check_batch(batch) -> None:
+def _check_batch(batch: TrajectoryBatch) -> None:
     if not isinstance(batch, TrajectoryBatch):
         raise ValueError(f"batch: expected a TrajectoryBatch (mv.load(...) or TrajectoryBatch.from_rows), found "
                          f"{type(batch).__name__}; on plain (B, L) tensors call the estimator function itself, "
                          f"e.g. mpo_viz.advantages.mae(rewards, values, mask, turn_ids=...)")
 
 
-def missing(batch, name: str) -> list[str]:
+def missing(batch: TrajectoryBatch, name: str) -> list[str]:
     """What the batch lacks for estimator ``name`` (empty when it can run)."""
     _check_batch(batch)
     return [n for n in get(name).needs if not _has(batch, n)]
@@ -358,7 +358,7 @@ class Bound:
     the per-turn table; the widgets keep a ``Bound`` per estimator and call ``run`` when a slider
     moves."""
 
-    def __init__(self, batch, name: str):
+    def __init__(self, batch: TrajectoryBatch, name: str):
         est = get(name)
         lacks = missing(batch, name)
         if lacks:
@@ -403,7 +403,7 @@ class Bound:
         return adv, ret, used
 
 
-def bind(batch, name: str) -> Bound:
+def bind(batch: TrajectoryBatch, name: str) -> Bound:
     """:class:`Bound`: estimator ``name`` with ``batch`` checked and its inputs prepared once."""
     return Bound(batch, name)
 
@@ -440,7 +440,7 @@ class AdvantageResult:
     timings: dict = field(default_factory=dict)
     traj_ids: list = field(default_factory=list)
 
-    def attach(self, batch, *, advantages: str = "advantages", returns: str = "returns"):
+    def attach(self, batch: TrajectoryBatch, *, advantages: str = "advantages", returns: str = "returns"):
         """``batch.with_token_fields`` with these advantages and returns under the given names."""
         return batch.with_token_fields(**{advantages: self.advantages, returns: self.returns})
 
@@ -450,7 +450,7 @@ class AdvantageResult:
                 f"wall_time_s={self.wall_time_s:.4f}, options={self.options})")
 
 
-def compute(batch, name: str, **options) -> AdvantageResult:
+def compute(batch: TrajectoryBatch, name: str, **options) -> AdvantageResult:
     """Run estimator ``name`` on a TrajectoryBatch; returns an :class:`AdvantageResult`.
 
     Checks up front that the batch carries what the estimator needs (``ValueError`` naming what is

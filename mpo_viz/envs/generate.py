@@ -229,7 +229,7 @@ def generate(cfg: GenerateConfig):
     return TrajectoryBatch.from_rows(rows, meta=meta).with_token_fields(**extra)
 
 
-def oracle_columns(batch) -> dict:
+def oracle_columns(batch: TrajectoryBatch) -> dict:
     """The oracle columns of a generated batch: ``values`` ``(B, L)`` float32 (noise-free),
     ``token_adv`` ``(B, L)``, ``decisive`` ``(B, L)`` (0/1) as padded torch tensors, and the per-turn
     lists ``turn_v``, ``turn_q``, ``turn_adv`` (one list per trajectory) from ``extra_json``."""

@@ -141,7 +141,7 @@ def count_rows(path) -> int | None:
     return None
 
 
-def save(batch, path) -> Path:
+def save(batch: TrajectoryBatch, path) -> Path:
     """Write ``batch`` to ``path`` (``.jsonl`` with ``_meta.json`` beside it, or ``.parquet``).
 
     Writes go to a temporary name and are renamed into place, so readers never see half a file.

@@ -39,7 +39,7 @@ def group_chunks(chunks: Iterable[TrajectoryBatch], *, strict: bool = True) -> I
         yield carry
 
 
-def _check_closed(batch, closed: set, strict: bool) -> None:
+def _check_closed(batch: TrajectoryBatch, closed: set, strict: bool) -> None:
     gids = list(batch.group_ids)
     here = set(gids)
     if strict:

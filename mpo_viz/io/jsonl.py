@@ -8,7 +8,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from mpo_viz.schema import JSONL_META_NAME, Problem
-from mpo_viz.trajectory import row_to_json
+from mpo_viz.trajectory import TrajectoryBatch, row_to_json
 from mpo_viz.validate import Columns, columns_from_rows
 
 ROWS_PER_CHUNK = 256
@@ -53,7 +53,7 @@ def iter_chunks(path: Path, rows_per_chunk: int = ROWS_PER_CHUNK) -> Iterator[tu
         yield cols, problems + probs
 
 
-def write(batch, path: Path) -> None:
+def write(batch: TrajectoryBatch, path: Path) -> None:
     """Write rows as JSONL (temporary name, then rename) and the metadata as ``_meta.json`` beside.
 
     The JSONL files of a folder share its ``_meta.json``. If other JSONL files are already there

@@ -26,6 +26,7 @@ from mpo_viz.schema import (
     Problem,
     TrajectoryError,
 )
+from mpo_viz.trajectory import TrajectoryBatch
 from mpo_viz.validate import Columns
 
 ROW_GROUP_TOKENS = 131_072  # response tokens per row group (bounds scan memory)
@@ -219,7 +220,7 @@ _VALUE_TYPES = {
 }
 
 
-def _columns_to_write(batch) -> tuple[set, dict]:
+def _columns_to_write(batch: TrajectoryBatch) -> tuple[set, dict]:
     """Names of the columns the whole batch carries, and the Arrow types of its opaque extras."""
     c = batch.columns
     include = set(REQUIRED) | {PROMPT_FIELD}
@@ -230,7 +231,7 @@ def _columns_to_write(batch) -> tuple[set, dict]:
     return include, extra_types
 
 
-def _record_batch(batch, include: set, extra_types: dict) -> pa.RecordBatch:
+def _record_batch(batch: TrajectoryBatch, include: set, extra_types: dict) -> pa.RecordBatch:
     c = batch.columns
     arrays, names = [], []
     for name, v in c.scalars.items():
@@ -262,7 +263,7 @@ def _record_batch(batch, include: set, extra_types: dict) -> pa.RecordBatch:
     return pa.RecordBatch.from_arrays(arrays, names=names)
 
 
-def write(batch, path: Path) -> None:
+def write(batch: TrajectoryBatch, path: Path) -> None:
     """Write ``batch`` to ``path`` (temporary name, then rename), in row groups of bounded size."""
     tmp = path.with_name(path.name + ".tmp")
     meta = {k.encode(): json.dumps(v, default=str).encode() for k, v in batch.meta.items()}

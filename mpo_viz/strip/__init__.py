@@ -40,6 +40,7 @@ import numpy as np
 import torch
 
 from mpo_viz.advantages import registry
+from mpo_viz.trajectory import TrajectoryBatch
 from mpo_viz.turns import turn_ids_from_mask
 
 __all__ = [
@@ -233,7 +234,7 @@ def _scalar(v):
     return v
 
 
-def _row_tokens(batch, i: int, n: int, tokens) -> list[str]:
+def _row_tokens(batch: TrajectoryBatch, i: int, n: int, tokens) -> list[str]:
     if tokens is not None:
         if callable(tokens):
             ids = batch.field("response_ids")[i]
@@ -248,7 +249,7 @@ def _row_tokens(batch, i: int, n: int, tokens) -> list[str]:
 
 
 def strip_payload(
-    batch,
+    batch: TrajectoryBatch,
     row: int,
     *,
     advantages: dict | None = None,

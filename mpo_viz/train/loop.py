@@ -70,7 +70,7 @@ WARMUP_EVAL_EVERY = 16
 RESULT_KEYS_VOLATILE = ("time_s", "timings", "throughput")
 
 
-def _success(batch) -> np.ndarray:
+def _success(batch: TrajectoryBatch) -> np.ndarray:
     """Per-episode success: ``extra_json["success"]`` when the rollout recorded it, else reward > 0."""
     if batch.has("extra_json"):
         out = []
@@ -84,7 +84,7 @@ def _success(batch) -> np.ndarray:
     return (r > 0).astype(np.float64)
 
 
-def episode_stats(batch, prefix: str = "") -> dict:
+def episode_stats(batch: TrajectoryBatch, prefix: str = "") -> dict:
     """Success rate, reward mean/std, turns, tokens and truncation of a rolled-out batch."""
     scores = batch.padded("rewards", torch.float64).sum(1).numpy()
     lengths = batch.lengths.numpy().astype(np.float64)
@@ -462,7 +462,7 @@ class Trainer:
         """Whether the run folder already holds the evaluation before the first RL iteration."""
         return any(r.get("phase") == "eval" and r.get("iteration") == 0 for r in self.run.metrics())
 
-    def _ref_logprobs(self, batch):
+    def _ref_logprobs(self, batch: TrajectoryBatch):
         r = rows_of(batch)
         out = torch.zeros(r.mask.shape, dtype=torch.float32)
         with torch.no_grad():
@@ -553,7 +553,7 @@ class Trainer:
             self.run.write_trajectories(batch, it, max_mb=cfg.trajectories_max_mb)
         timings["write"] = time.perf_counter() - t
 
-    def _update(self, batch) -> dict:
+    def _update(self, batch: TrajectoryBatch) -> dict:
         """The policy's ``epochs`` and, apart, the critic's ``critic_epochs`` passes over ``batch``
         (a shared-trunk critic moves with the policy instead). Critic metrics of the separate pass
         are ``value_loss``, ``vf_*``, ``critic_grad_norm``, ``critic_optimizer_steps``."""
@@ -574,7 +574,7 @@ class Trainer:
             out.update(c)
         return out
 
-    def _value_stats(self, batch, returns) -> dict:
+    def _value_stats(self, batch: TrajectoryBatch, returns) -> dict:
         """Explained variance of the critic and the across/within split of its values (and of the
         oracle values when the environment provides them)."""
         out = {}
@@ -605,12 +605,12 @@ class Trainer:
             print(line, file=sys.stderr, flush=True)
 
 
-def _explained_variance(batch, returns) -> float:
+def _explained_variance(batch: TrajectoryBatch, returns) -> float:
     """The explained variance of the batch's values against ``returns`` (NaN without values)."""
     return explained_variance(returns, batch.values, batch.mask) if batch.has("values") else math.nan
 
 
-def _oracle_as_values(batch, env: str):
+def _oracle_as_values(batch: TrajectoryBatch, env: str):
     """The batch with the oracle's exact values as its ``values`` (``critic="oracle"``); terminal
     after the last action token (no bootstrap: a cut episode's return is 0, as its rewards say)."""
     if not batch.has("oracle_values"):

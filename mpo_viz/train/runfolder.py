@@ -23,6 +23,7 @@ import os
 from pathlib import Path
 
 from mpo_viz.io import save
+from mpo_viz.trajectory import TrajectoryBatch
 
 __all__ = ["RunFolder", "read_metrics_file"]
 
@@ -115,7 +116,7 @@ class RunFolder:
     def trajectory_path(self, iteration: int) -> Path:
         return self.trajectories / f"iter={iteration:06d}.parquet"
 
-    def write_trajectories(self, batch, iteration: int, *, max_mb: float) -> Path:
+    def write_trajectories(self, batch: TrajectoryBatch, iteration: int, *, max_mb: float) -> Path:
         """Save ``batch`` as ``trajectories/iter=NNNNNN.parquet`` (atomic), then remove the oldest
         files while the folder holds more than ``max_mb`` megabytes (the newest always stays)."""
         p = save(batch, self.trajectory_path(iteration))

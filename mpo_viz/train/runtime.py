@@ -6,6 +6,8 @@ import hashlib
 
 import torch
 
+from mpo_viz.train.config import Config
+
 __all__ = ["derive_seed", "env_kwargs", "set_threads"]
 
 
@@ -29,7 +31,7 @@ def set_threads(n: int) -> None:
     torch.set_num_threads(n)
 
 
-def env_kwargs(cfg) -> dict:
+def env_kwargs(cfg: Config) -> dict:
     """The keyword options ``make_env`` gets from a Config (``env_options`` plus ``difficulty``)."""
     kw = dict(cfg.env_options)
     if cfg.difficulty is not None:

@@ -44,6 +44,7 @@ from mpo_viz.losses import (
 )
 from mpo_viz.losses import get as get_loss
 from mpo_viz.train.config import Config
+from mpo_viz.trajectory import TrajectoryBatch
 
 __all__ = ["Rows", "rows_of", "micro_batches", "forward_policy", "forward_critic", "normaliser",
            "update_epochs", "Learners", "UpdateSettings", "MetricMeter", "policy_logits", "critic_values"]
@@ -91,7 +92,7 @@ class Rows:
         return len(self.seqs)
 
 
-def rows_of(batch) -> Rows:
+def rows_of(batch: TrajectoryBatch) -> Rows:
     """The :class:`Rows` of a TrajectoryBatch (float32 per-token fields)."""
     prompts = batch.field("prompt_ids")
     resps = batch.field("response_ids")

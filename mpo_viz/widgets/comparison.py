@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import html
 import time
+from pathlib import Path
 
 import ipywidgets as W
 import numpy as np
@@ -23,6 +24,7 @@ import numpy as np
 from mpo_viz import analysis as an
 from mpo_viz import plots
 from mpo_viz.strip import strip_payload
+from mpo_viz.trajectory import TrajectoryBatch
 from mpo_viz.widgets.engine import AdvantageEngine, ParamControls, default_estimators
 from mpo_viz.widgets.explorer import (
     TABLE_CSS,
@@ -51,7 +53,7 @@ class EstimatorComparison(Exportable, W.VBox):
     (this trajectory), ``batch_metrics_df`` (whole batch), ``results``.
     """
 
-    def __init__(self, batch, estimators=None, *, row=0, page_size: int = 10, tokens=None,
+    def __init__(self, batch: TrajectoryBatch | str | Path, estimators=None, *, row=0, page_size: int = 10, tokens=None,
                  strip_height: int = 160, params: ParamControls | None = None, scale="absolute", **options):
         self.batch = as_batch(batch)
         if len(self.batch) == 0:

@@ -28,6 +28,7 @@ from mpo_viz.advantages import registry
 from mpo_viz.io import load
 from mpo_viz.strip import payload_from_arrays, strip_payload
 from mpo_viz.token_text import tokenizer_decoder
+from mpo_viz.trajectory import TrajectoryBatch
 from mpo_viz.widgets.engine import AdvantageEngine, ParamControls, default_estimators
 from mpo_viz.widgets.export_bar import Exportable, ExportBar, style_widget
 from mpo_viz.widgets.figure import FigureWidget
@@ -63,7 +64,7 @@ def as_batch(source):
     return source
 
 
-def trajectory_table(batch, advantages: dict | None = None) -> pd.DataFrame:
+def trajectory_table(batch: TrajectoryBatch, advantages: dict | None = None) -> pd.DataFrame:
     """One row per trajectory for the picker: ``row``, ``traj_id``, ``reward`` (score), ``turns``,
     ``tokens`` (response length), ``action`` (action tokens), ``disagree`` (share of turn/estimator
     pairs with opposite signs; with >= 2 estimators), ``ratio`` (critic across/within; with values)."""
@@ -130,7 +131,7 @@ class TrajectoryExplorer(Exportable, W.VBox):
     by phase), ``export`` (the PNG / SVG / CSV bar).
     """
 
-    def __init__(self, batch, *, estimators=None, row=0, page_size: int = 15, tokens=None,
+    def __init__(self, batch: TrajectoryBatch | str | Path, *, estimators=None, row=0, page_size: int = 15, tokens=None,
                  strip_height: int = 320, params: ParamControls | None = None, show_picker: bool = True,
                  figure_width: int | None = None, scale="absolute", **options):
         self.batch = as_batch(batch)

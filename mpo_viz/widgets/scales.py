@@ -24,6 +24,7 @@ import numpy as np
 
 from mpo_viz.advantages import registry
 from mpo_viz.strip import SCALE_MODES, robust_scale, set_scale, within_turn_part
+from mpo_viz.trajectory import TrajectoryBatch
 
 __all__ = ["ColourScale"]
 
@@ -37,7 +38,7 @@ class ColourScale:
     taken from. ``on_change(callback)``: called with no argument when the menu changes.
     """
 
-    def __init__(self, mode, batch, results: dict):
+    def __init__(self, mode, batch: TrajectoryBatch, results: dict):
         fixed = None
         if isinstance(mode, (int, float)) and not isinstance(mode, bool):
             if not (math.isfinite(mode) and mode > 0):

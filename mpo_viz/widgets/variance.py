@@ -11,10 +11,13 @@ trajectories the scatter leaves out (zero statistics cannot sit on log axes, and
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import ipywidgets as W
 
 from mpo_viz import analysis as an
 from mpo_viz import plots
+from mpo_viz.trajectory import TrajectoryBatch
 from mpo_viz.widgets.explorer import TrajectoryExplorer, as_batch
 from mpo_viz.widgets.export_bar import Exportable, ExportBar
 from mpo_viz.widgets.figure import FigureWidget
@@ -34,7 +37,7 @@ class VarianceView(Exportable, W.Box):
     ``opened`` (traj_ids opened so far, in order).
     """
 
-    def __init__(self, batch, *, max_points: int = 5000, page_size: int = 10, **explorer_options):
+    def __init__(self, batch: TrajectoryBatch | str | Path, *, max_points: int = 5000, page_size: int = 10, **explorer_options):
         self.batch = as_batch(batch)
         if self.batch.values is None:
             raise ValueError("batch: VarianceView needs values (the 'values' field: a critic's or an oracle's); "
