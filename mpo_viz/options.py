@@ -20,7 +20,7 @@ import json
 import math
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
-from functools import cache
+from typing import Any
 
 import numpy as np
 
@@ -210,23 +210,28 @@ class Option:
 # options of a dataclass's fields
 
 
-def setting(default=dataclasses.MISSING, *, default_factory=dataclasses.MISSING, **option) -> dataclasses.Field:
+def setting(default=dataclasses.MISSING, *, default_factory=dataclasses.MISSING, **option) -> Any:
     """A dataclass field declared by an :class:`Option` (its keywords: ``kind``, ``low``, ``doc``,
     ...); the option takes the field's name and default. :func:`declared` reads them back."""
     return dataclasses.field(default=default, default_factory=default_factory, metadata={"option": option})
 
 
-@cache
+_DECLARED: dict[type, dict[str, Option]] = {}
+
+
 def declared(cls: type) -> dict[str, Option]:
     """``{field name: Option}`` of the fields of dataclass ``cls`` declared with :func:`setting`,
-    in field order (defaults filled in)."""
-    out = {}
-    for f in dataclasses.fields(cls):
-        if "option" not in f.metadata:
-            continue
-        default = f.default if f.default is not dataclasses.MISSING else f.default_factory()
-        out[f.name] = Option(f.name, default=default, **f.metadata["option"])
-    return out
+    in field order (defaults filled in; built once per class)."""
+    if cls not in _DECLARED:
+        out = {}
+        for f in dataclasses.fields(cls):
+            if "option" not in f.metadata:
+                continue
+            factory: Callable = f.default_factory  # type: ignore[assignment]  # set when there is no default
+            default = f.default if f.default is not dataclasses.MISSING else factory()
+            out[f.name] = Option(f.name, default=default, **f.metadata["option"])
+        _DECLARED[cls] = out
+    return _DECLARED[cls]
 
 
 def check_fields(obj) -> None:

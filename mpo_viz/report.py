@@ -86,7 +86,7 @@ class ReportConfig:
 class _Pick:
     key: float
     order: int
-    batch: object  # one-row TrajectoryBatch
+    batch: TrajectoryBatch  # one row
     adv: dict  # name -> (1, L) numpy
     ret: dict
 

@@ -61,7 +61,7 @@ from mpo_viz.envs.base import TextEnv
 from mpo_viz.envs.expert import NoisyExpert
 from mpo_viz.envs.oracle import Oracle
 from mpo_viz.envs.registry import make_env
-from mpo_viz.models.policy import Policy, check_vocabulary
+from mpo_viz.models.policy import Policy, check_vocabulary, embedding_rows
 from mpo_viz.options import check_fields, setting
 from mpo_viz.trajectory import TrajectoryBatch
 
@@ -398,7 +398,7 @@ def _check_inputs(policy: Policy, env, critic) -> TextEnv:
     if critic is not None and not callable(critic):
         raise OptionError("critic", f"expected a mpo_viz.models.Critic or None, found {type(critic).__name__}")
     check_vocabulary(policy.tokenizer, env.vocabulary(), where=f"policy {policy.name} for env {env.name!r}")
-    vocab = policy.model.get_input_embeddings().num_embeddings
+    vocab = embedding_rows(policy.model)
     if len(policy.tokenizer) > vocab:
         raise ValueError(f"policy {policy.name}: the tokenizer has {len(policy.tokenizer)} tokens, the model "
                          f"embeds {vocab}")
@@ -632,7 +632,8 @@ def _critic_values(critic, episodes: list[_Episode], batch_size: int, pad_id: in
     at the last position ``P + L − 1`` (the value after the response). One forward per batch over the
     finished sequences (right padding, positions 0..)."""
     dev = next(critic.parameters()).device
-    vals, last = [None] * len(episodes), [None] * len(episodes)
+    vals: list = [None] * len(episodes)
+    last: list = [None] * len(episodes)
     order = sorted(range(len(episodes)), key=lambda i: episodes[i].length)  # similar lengths together
     for s in range(0, len(order), batch_size):
         chunk = order[s:s + batch_size]
@@ -654,7 +655,8 @@ def _critic_values(critic, episodes: list[_Episode], batch_size: int, pad_id: in
 
 def _to_batch(episodes, env, layout, cfg: RolloutConfig, values, boot, oracle, policy) -> TrajectoryBatch:
     shaped = env.shaping != 0.0
-    rows, extra = [], {name: [] for name in ORACLE_TOKEN_FIELDS}
+    rows: list[dict] = []
+    extra: dict[str, list] = {name: [] for name in ORACLE_TOKEN_FIELDS}
     has_oracle = oracle is not None and all(ep.oracle is not None for ep in episodes)
     for ep in episodes:
         gid = f"{env.name}-s{cfg.seed}-t{ep.group:04d}"

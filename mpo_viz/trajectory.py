@@ -18,6 +18,7 @@ from __future__ import annotations
 import json
 import math
 from collections.abc import Iterable, Sequence
+from typing import Any
 
 import numpy as np
 import pandas as pd
@@ -83,7 +84,7 @@ class TrajectoryBatch:
         self.meta: dict = dict(meta or {})
         self.meta.setdefault("schema", SCHEMA_VERSION)
         self.rejected: list[Problem] = list(rejected or [])
-        self._cache: dict[str, object] = {}
+        self._cache: dict[str, Any] = {}
 
     @classmethod
     def from_rows(
@@ -557,7 +558,7 @@ class TrajectoryBatch:
             if name in self._present and not self._present[name].all():
                 row_has = np.repeat(self._present[name], np.diff(self._off))
                 if flat.dtype == object:
-                    flat = np.where(row_has, flat, None)
+                    flat = np.where(row_has, flat, np.array(None, dtype=object))
                 else:
                     flat = np.where(row_has, flat.astype(np.float64), np.nan)
             data[name] = flat

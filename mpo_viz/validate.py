@@ -16,7 +16,9 @@ This module imports nothing above the schema: the surviving rows are aligned
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, field
+from functools import partial
 
 import numpy as np
 
@@ -213,14 +215,15 @@ def _promote_token_extras(lists: dict, extra: dict, n: int) -> None:
 
 def _flatten_lists(cols: Columns, lists: dict) -> None:
     """The list columns as flat arrays + offsets (a bad row's entries left out)."""
-    n, bad = cols.n, cols.bad
+    n = cols.n
+    bad = cols.bad if cols.bad is not None else np.zeros(n, dtype=np.bool_)
     for k, arrs in lists.items():
         if k == PROMPT_FIELD:
             continue
         dt = TOKEN_FIELDS.get(k) or TURN_FIELDS.get(k) or EXTRA_TOKEN_DTYPE
         if k in ("loss_mask", "turn_ids"):
             dt = np.dtype(np.float64)  # raw: checked for 0/1 and integrality before narrowing
-        present = np.array([a is not None and not bad[i] for i, a in enumerate(arrs)], dtype=bool)
+        present = np.array([a is not None and not bad[i] for i, a in enumerate(arrs)], dtype=np.bool_)
         off = offsets_from_lengths(np.array([len(a) if p else 0 for a, p in zip(arrs, present)], dtype=np.int64))
         parts = [a for a, p in zip(arrs, present) if p and len(a)]
         if dt.kind == "O":
@@ -299,11 +302,11 @@ def _integer_problems(cols: Columns, bad: np.ndarray, name: str) -> list[tuple]:
 def check_columns(cols: Columns, bad: np.ndarray) -> list[tuple]:
     """The rules of the raw columns, in order (identity, lengths, 0/1 mask, integers); ``bad`` is
     updated in place as rows fail, so that a row is not checked past what it failed."""
-    rules = [lambda: _identity_problems(cols, bad, "traj_id"), lambda: _identity_problems(cols, bad, "group_id")]
-    rules += [lambda name=name: _length_problems(cols, bad, name) for name in cols.token if name != "response_ids"]
-    rules += [lambda: _mask_problems(cols, bad)]
-    rules += [lambda name=name: _integer_problems(cols, bad, name) for name in ("response_ids", "turn_ids")
-              if name in cols.token]
+    rules: list[Callable[[], list[tuple]]] = [lambda: _identity_problems(cols, bad, "traj_id"),
+                                               lambda: _identity_problems(cols, bad, "group_id")]
+    rules += [partial(_length_problems, cols, bad, name) for name in cols.token if name != "response_ids"]
+    rules += [partial(_mask_problems, cols, bad)]
+    rules += [partial(_integer_problems, cols, bad, name) for name in ("response_ids", "turn_ids") if name in cols.token]
     out = []
     for rule in rules:
         found = rule()
@@ -401,7 +404,7 @@ def _turn_reward_problems(bc, k: np.ndarray) -> list[tuple]:
 def _reward_problems(bc, k: np.ndarray, reward: np.ndarray) -> list[tuple]:
     """A reward needs an action token to sit on; a bootstrap value is finite or NaN (terminal)."""
     has_tr = bc.present.get("token_rewards", np.zeros(len(k), dtype=bool))
-    out = [(j, "reward", "no reward on a trajectory with no action token (nowhere to put it)", f"{reward[j]}")
+    out: list[tuple] = [(j, "reward", "no reward on a trajectory with no action token (nowhere to put it)", f"{reward[j]}")
            for j in np.flatnonzero((k == 0) & np.isfinite(reward) & (reward != 0) & ~has_tr)]
     bv = bc.scalars.get("bootstrap_value")
     if bv is not None:
@@ -508,6 +511,8 @@ def aligned_columns(cols: Columns, good: np.ndarray) -> dict:
     for name, (flat, toff, pres) in cols.turn.items():
         f2, o2 = take(flat, toff, good)
         turn[name] = (f2.astype(TURN_FIELDS.get(name, np.float64)), o2, pres[good])
+    if cols.prompt is None:
+        raise ValueError("columns: expected prompt_ids columns (the readers always set them), found none")
     pf, po = take(cols.prompt[0], cols.prompt[1], good)
     scalars = {}
     for name, v in cols.scalar.items():

@@ -26,8 +26,9 @@ silently, and nothing is unpickled without ``trust=True``.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 from mpo_viz.adapters._common import Collector, check_options, drive
 from mpo_viz.adapters._write import write_chunks
@@ -44,7 +45,7 @@ __all__ = ["ConversionReport", "FORMATS", "from_verl", "from_skyrl", "from_steps
            "from_art", "stream", "convert"]
 
 # name (``mpo-viz convert --from``) -> (row generator, options it takes, needs a tokenizer)
-FORMATS = {
+FORMATS: dict[str, tuple[Callable, tuple, bool]] = {
     "verl": (iter_verl, ("obs_reward", "trust"), False),
     "skyrl": (iter_skyrl, ("obs_reward", "trust"), False),
     "steps": (iter_steps, ("obs_reward",), False),
@@ -74,7 +75,7 @@ def stream(kind: str, src, *, tokenizer=None, trust: bool = False, obs_reward: s
     if trust and "trust" not in takes:
         raise OptionError("trust", f"expected only with verl or skyrl inputs (the only ones that may be pickles), "
                           f"found it with {kind}")
-    opts = {"obs_reward": obs_reward}
+    opts: dict[str, Any] = {"obs_reward": obs_reward}
     if "trust" in takes:
         opts["trust"] = trust
     if "tokenizer" in takes:

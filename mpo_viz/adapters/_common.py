@@ -98,15 +98,15 @@ def move_obs_rewards(rewards: np.ndarray, mask: np.ndarray, *, obs_reward: str, 
     acts = np.flatnonzero(act)
     if not len(acts):
         return None, ("an action token to carry the reward", f"{r[obs[0]]:g} on a row without action tokens")
-    for p in obs:
-        k = np.searchsorted(acts, p) - 1
+    for q in obs:
+        k = int(np.searchsorted(acts, q)) - 1
         if k >= 0:
             report.rewards_moved += 1
-            r[acts[k]] += r[p]
+            r[acts[k]] += r[q]
         else:
             report.rewards_moved_forward += 1
-            r[acts[0]] += r[p]
-        r[p] = 0.0
+            r[acts[0]] += r[q]
+        r[q] = 0.0
     return r, None
 
 

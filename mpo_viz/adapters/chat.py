@@ -165,7 +165,7 @@ class ChatEncoder:
         incrementally)."""
         clean = [{k: v for k, v in m.items() if k not in ("token_ids", "logprobs", "reward", "trainable")}
                  for m in messages]
-        pieces = []
+        pieces: list[tuple] = []
         g0 = self.render(clean[: actions[0]], gen=True, tools=tools)
         prev_end = g0
         for j, a in enumerate(actions):

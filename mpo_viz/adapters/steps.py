@@ -43,6 +43,7 @@ import math
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -194,7 +195,7 @@ def _merged_row(col: Collector, steps: list[Step], base: dict) -> tuple[dict, li
         first = next(j for j, x in enumerate(m) if x)
         tids += [max(k - 1, 0)] * first + [k] * (len(m) - first)
         if all_lp:
-            lp += [float(x) for x in s.logprobs]
+            lp += [float(x) for x in s.logprobs or ()]
         a = 0.0 if s.advantage is None else float(s.advantage)
         adv += [a if x else 0.0 for x in m]
         tok_r += list(s.token_rewards) if s.token_rewards is not None else [0.0] * len(m)
@@ -266,6 +267,10 @@ def _get(d: dict, *keys):
 
 def _step_from(d: dict, where: str, kind: str) -> Step:
     """One step record of any recognized layout → Step (ValueError names the field)."""
+    pk: tuple[str, ...]
+    ck: tuple[str, ...]
+    lk: tuple[str, ...]
+    mk: tuple[str, ...]
     if kind == "verifiers":
         tok = d.get("tokens")
         if not isinstance(tok, dict):
@@ -337,7 +342,7 @@ def _task_group(task) -> str | None:
     return "task-" + hashlib.sha1(dumps(jsonable(task)).encode()).hexdigest()[:12]
 
 
-def _records(src, col: Collector) -> Iterator[tuple[int | None, int | None, object]]:
+def _records(src, col: Collector) -> Iterator[tuple[int | None, int | None, Any]]:
     """(line, row, object) of every record: JSONL lines of a file, or items of a list."""
     if isinstance(src, (str, Path)):
         for n, obj in jsonl_lines(src, col):
@@ -413,7 +418,7 @@ def _trajectories(obj: dict, kind: str, n):
         tid = str(tid) if tid is not None else f"line{n}"
         ex = obj.get("example_id")
         steps = [_step_from(s, f"trajectory[{k}]", "verifiers") for k, s in enumerate(items)]
-        scal = {"truncated": bool(obj["is_truncated"])} if isinstance(obj.get("is_truncated"), bool) else {}
+        scal: dict = {"truncated": bool(obj["is_truncated"])} if isinstance(obj.get("is_truncated"), bool) else {}
         if isinstance(obj.get("stop_condition"), str):
             scal["stop_reason"] = obj["stop_condition"]
         yield tid, str(ex) if ex is not None else tid, steps, obj.get("reward"), scal

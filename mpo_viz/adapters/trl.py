@@ -126,7 +126,7 @@ def _trl_row(enc: ChatEncoder, col: Collector, row: dict, i: int, tid: str, grou
     prompt, comp = row.get("prompt"), row.get("completion")
     gkey = dumps(jsonable(prompt)) if not isinstance(prompt, str) else prompt
     gid = f"step{step}/" + groups.setdefault(gkey, f"prompt{len(groups)}")
-    extra = {}
+    extra: dict = {}
     for k, v in row.items():
         if k not in _FIXED and k not in rew_cols:
             try:
@@ -146,10 +146,11 @@ def _trl_row(enc: ChatEncoder, col: Collector, row: dict, i: int, tid: str, grou
         if i == 0:
             rep.note("text prompt/completion retokenized (TRL logs decoded text without special tokens)")
     elif isinstance(prompt, list) and isinstance(comp, list):
-        out = conversation_row(enc, col, list(prompt) + list(comp), traj_id=tid, group_id=gid, reward=reward,
-                               row=i, obs_reward=obs_reward, extra=extra or None, scalars=scal)
-        if out is None:
+        conv = conversation_row(enc, col, list(prompt) + list(comp), traj_id=tid, group_id=gid, reward=reward,
+                                row=i, obs_reward=obs_reward, extra=extra or None, scalars=scal)
+        if conv is None:
             return None
+        out = conv
     else:
         col.problem("completion", "prompt and completion both text, or both lists of chat messages",
                     f"prompt {type(prompt).__name__}, completion {type(comp).__name__}", row=i, traj_id=tid)

@@ -55,6 +55,7 @@ import warnings
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -202,9 +203,9 @@ class _VerlBatch:
     per_token: dict
     extra_tok: dict
     non_tensor: dict
-    uid: object
-    req: object
-    step: object
+    uid: Any
+    req: Any
+    step: Any
 
 
 def _read_batch(data: dict, col: Collector) -> _VerlBatch:
@@ -316,7 +317,7 @@ def _verl_row(vb: _VerlBatch, i: int, col: Collector, obs_reward: str) -> dict |
     if vb.rewards is not None:
         r, why = move_obs_rewards(vb.rewards[i], mask, obs_reward=obs_reward, report=rep)
         if why is not None:
-            col.problem(vb.reward_key, *why, row=i, traj_id=tid, layout=False)
+            col.problem(str(vb.reward_key), *why, row=i, traj_id=tid, layout=False)
             return None
         row["token_rewards"] = r[:n].tolist()
         row["reward"] = float(r.sum())

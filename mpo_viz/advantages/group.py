@@ -261,7 +261,7 @@ def gigpo(
     responses = _ragged(response_ids, B, "response_ids")
     a_e = _grpo_scores(_scores(p), codes, eps, True)
 
-    kmax = int(p.nturns.max()) if B else 0
+    kmax = int(p.nturns.max()) if B and p.nturns is not None else 0
     act = p.mask != 0
     step_ret = _step_returns(p, kmax, step_gamma)
     (members_row, members_turn, members_code), spans_all = _step_groups(p, codes, prompts, responses)

@@ -230,7 +230,7 @@ def register(name: str, *, needs: tuple[str, ...] = (), inputs: Callable | None 
             raise ValueError(f"estimator {name!r} is already registered (by {_REGISTRY[name].fn.__module__}."
                              f"{_REGISTRY[name].fn.__qualname__}); pick another name")
         spec = _declare(name, fn, tuple(bound), options)
-        get_inputs = inputs if inputs is not None else (lambda b: ((b,), {}))
+        get_inputs: Callable = inputs if inputs is not None else (lambda b: ((b,), {}))
         doc = (inspect.getdoc(fn) or "").split("\n", 1)[0]
         returns = "values" in needs if critic_returns is None else bool(critic_returns)
         _REGISTRY[name] = Estimator(name, fn, get_inputs, tuple(needs), spec, doc, bool(multiscale), returns)
@@ -376,7 +376,7 @@ class Bound:
         self.estimator = est
         self.batch = batch
         self._spec = {o.name: o for o in est.spec}
-        self._inputs = None
+        self._inputs: tuple[tuple, dict] | None = None
 
     def inputs(self) -> tuple[tuple, dict]:
         """The ``(args, kwargs)`` taken from the batch (prepared on the first call)."""

@@ -224,11 +224,9 @@ def finish_advantages(stats: dict, names=None) -> pd.DataFrame:
     and within-turn variance over trajectories with an action token."""
     rows = []
     for k in stats if names is None else names:
-        s = stats.get(k)
-        mo, ab = (s["moments"], s["abs"]) if s else (Moments(), Moments())
-        sp = s["split"] if s else None
-        sp = sp[sp["n_tokens"] > 0] if sp is not None else None
-        has = sp is not None and len(sp)
-        rows.append((k, mo.mean_or_nan, mo.std, ab.mean_or_nan, float(sp["across"].mean()) if has else math.nan,
-                     float(sp["within"].mean()) if has else math.nan))
+        s: dict = stats.get(k) or {"moments": Moments(), "abs": Moments(), "split": None}
+        mo, ab, sp = s["moments"], s["abs"], s["split"]
+        sp = sp[sp["n_tokens"] > 0] if sp is not None else pd.DataFrame({"across": [], "within": []})
+        rows.append((k, mo.mean_or_nan, mo.std, ab.mean_or_nan, float(sp["across"].mean()) if len(sp) else math.nan,
+                     float(sp["within"].mean()) if len(sp) else math.nan))
     return pd.DataFrame(rows, columns=list(ADVANTAGE_COLUMNS))

@@ -97,7 +97,7 @@ def _ratio(across: np.ndarray, within: np.ndarray) -> np.ndarray:
 def variance_split_reference(x, mask, turn_ids=None) -> dict[str, np.ndarray]:
     """Reference loop for :func:`variance_split` (one trajectory, one turn at a time)."""
     x, m, t = prepare(x, mask, turn_ids)
-    out = {k: [] for k in ("n_tokens", "n_turns", "across", "within", "ratio", "across_w", "within_w")}
+    out: dict[str, list] = {k: [] for k in ("n_tokens", "n_turns", "across", "within", "ratio", "across_w", "within_w")}
     for b in range(x.shape[0]):
         turns: dict[int, list[float]] = {}
         for j in range(x.shape[1]):

@@ -58,7 +58,7 @@ def flags_of(parser: argparse.ArgumentParser) -> dict[str, str]:
     for a in parser._actions:
         if a.dest in (argparse.SUPPRESS, "help"):
             continue
-        out[a.dest] = max(a.option_strings, key=len) if a.option_strings else (a.metavar or a.dest.upper())
+        out[a.dest] = max(a.option_strings, key=len) if a.option_strings else str(a.metavar or a.dest.upper())
     return out
 
 

@@ -78,7 +78,7 @@ def _names(s: str | None) -> tuple[str, ...] | None:
 
 
 def cmd_advantages(args) -> int:
-    cfg = AnnotateConfig(estimators=_names(args.estimators), options=_options(args), max_tokens=args.max_tokens,
+    cfg = AnnotateConfig(estimators=_names(args.estimators) or registry.DEFAULT_ESTIMATORS, options=_options(args), max_tokens=args.max_tokens,
                            progress=False if args.no_progress else None)
     stats = annotate_file(args.path, args.out, cfg)
     print(f"wrote {stats['out']}: {stats['trajectories']:,} trajectories, {stats['tokens']:,} tokens, "

@@ -52,7 +52,7 @@ class Outcome:
     """
 
     prob: float
-    state: Hashable
+    state: tuple
     reward: float
     terminated: bool
     truncated: bool
@@ -143,7 +143,7 @@ class TextEnv:
         self.shaping = float(shaping)
         self.seed = seed
         self.task: Any = None
-        self.state: Hashable = None
+        self.state: Any = None  # (turn, inner state): hashable
         self.turn_limit = 0
         self.messages: list[dict] = []
         self.done = True

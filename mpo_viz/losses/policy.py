@@ -463,7 +463,7 @@ def _settings(spec: LossKind, given: dict) -> dict:
     unknown = sorted(set(given) - {o.name for o in KEYWORDS} - set(spec.options))
     if unknown:
         raise ValueError(f"options: {spec.name} accepts {', '.join(spec.options) or 'none'}; found unknown option(s) "
-                         f"{', '.join(unknown)} (keywords of every kind: {', '.join(policy_loss.__kwdefaults__)})")
+                         f"{', '.join(unknown)} (keywords of every kind: {', '.join(policy_loss.__kwdefaults__ or {})})")
     out = {}
     for o in spec.keywords():
         if o.name not in given and o.default is UNSET:  # an option without a default, not given
@@ -621,8 +621,8 @@ def policy_loss_reference(
     spec = get(kind)
     eps_low = spec.clip_low if clip_low is None else clip_low
     eps_high = spec.clip_high if clip_high is None else clip_high
-    if token_clip == "default":
-        token_clip = next((o.default for o in spec.spec if o.name == "token_clip"), None)
+    band = (next((o.default for o in spec.spec if o.name == "token_clip"), None) if isinstance(token_clip, str)
+            else token_clip)  # "default": the kind's own
     lo, hi = 1 - eps_low, 1 + eps_high
     lp = np.asarray(logp, dtype=np.float64)
     base = np.asarray(rollout_logp if spec.ratio_against == "rollout_logp" else old_logp, dtype=np.float64)
@@ -663,9 +663,9 @@ def policy_loss_reference(
                     val, g = unclipped, -a * ds
                 if dual_clip is not None and a < 0 and val > -dual_clip * a:
                     val, g = -dual_clip * a, 0.0
-                if token_clip is not None:  # the token band: this token's own ratio, on its advantage's side
+                if band is not None:  # the token band: this token's own ratio, on its advantage's side
                     r_tok = math.exp(logr[t])
-                    if (a > 0 and r_tok > token_clip) or (a < 0 and r_tok < 1 / token_clip):
+                    if (a > 0 and r_tok > band) or (a < 0 and r_tok < 1 / band):
                         g = 0.0
                 loss[i, t], grad[i, t] = val, g
     return loss, grad

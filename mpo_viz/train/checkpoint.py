@@ -211,6 +211,6 @@ def load_checkpoint(path: Path) -> Checkpoint:
     batches = {}
     bdir = path / "batches"
     if bdir.is_dir():
-        for f in sorted(bdir.glob("*.parquet")):
-            batches[f.stem] = load_batch(f)
+        for part in sorted(bdir.glob("*.parquet")):
+            batches[part.stem] = load_batch(part)
     return Checkpoint(path=path, state=state, rng=rng, optimizers=optim, batches=batches)

@@ -170,7 +170,7 @@ def fit_values(
     train, held = holdout_split(len(r), holdout, seed)
     kw = dict(pad_id=pad_id, device=device, micro_batch_tokens=micro_batch_tokens)
     g32 = targets.float()
-    own = critic.own_parameters() if hasattr(critic, "own_parameters") else list(critic.parameters())
+    own = getattr(critic, "own_parameters", critic.parameters)()
     params = [p for p in own if p.requires_grad]  # a shared trunk is the policy's: only the head moves
     opt = torch.optim.AdamW(params, lr=lr, weight_decay=weight_decay)
     gen = torch.Generator().manual_seed(int(seed) + 1)

@@ -23,6 +23,7 @@ import math
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
@@ -160,7 +161,7 @@ class Trainer:
                 self.critic = models.make_critic(self.policy, init=cfg.critic_option("critic_init"),
                                                  seed=derive_seed(cfg.seed, "critic"))
             self.critic.to(self.device)
-        self.reference = None
+        self.reference: torch.nn.Module | None = None
         p_params = [p for p in self.policy.model.parameters() if p.requires_grad]
         self.policy_opt = torch.optim.AdamW(p_params, lr=cfg.policy_lr, weight_decay=cfg.weight_decay)
         self.critic_opt = None
@@ -168,7 +169,7 @@ class Trainer:
             own = self.critic.own_parameters()
             self.critic_opt = torch.optim.AdamW(own, lr=cfg.critic_option("critic_lr"), weight_decay=cfg.weight_decay)
         self.generator = torch.Generator().manual_seed(derive_seed(cfg.seed, "shuffle"))
-        self.state = {"iteration": 0, "seed_cursor": 0, "sft_done": False, "critic_warm": False,
+        self.state: dict[str, Any] = {"iteration": 0, "seed_cursor": 0, "sft_done": False, "critic_warm": False,
                       "elapsed_s": 0.0, "config_hash": cfg.hash(), "config": cfg.to_dict()}
         self.lagged: list = []  # rollouts waiting for their update (policy_lag)
 
@@ -587,16 +588,20 @@ class Trainer:
             s = variance_summary(value_variance(batch, batch.padded("oracle_values"), name="oracle_values"))
             out.update({"oracle_across": s["mean_across"], "oracle_within": s["mean_within"],
                         "oracle_across_within_ratio": s["median_ratio"]})
-            if batch.has("values") and self.cfg.critic == "learned":
+            values = batch.values
+            if values is not None and self.cfg.critic == "learned":
                 m = batch.mask.bool()
-                err = (batch.values - batch.padded("oracle_values"))[m]
+                err = (values - batch.padded("oracle_values"))[m]
                 out["critic_oracle_mae"] = float(err.abs().mean()) if err.numel() else math.nan
         return out
 
     def _abandon(self, message: str) -> None:
         """After a KeyboardInterrupt: back to the last checkpoint (memory and disk agree), mark the
         trainer interrupted and say so; the run folder stays resumable."""
-        self._restore(latest_checkpoint(self.run.checkpoints))
+        ck = latest_checkpoint(self.run.checkpoints)
+        if ck is None:  # the constructor writes the iteration-0 checkpoint
+            raise RuntimeError(f"{self.run.checkpoints}: no checkpoint to go back to")
+        self._restore(ck)
         self.interrupted = True
         self._say(message)
 

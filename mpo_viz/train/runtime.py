@@ -25,7 +25,7 @@ def set_threads(n: int) -> None:
     try:
         import numba
 
-        numba.set_num_threads(min(n, numba.config.NUMBA_NUM_THREADS))
+        numba.set_num_threads(min(n, numba.config.NUMBA_NUM_THREADS))  # type: ignore[attr-defined]
     except ImportError:  # pragma: no cover - numba is a dependency
         pass
     torch.set_num_threads(n)

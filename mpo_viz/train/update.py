@@ -30,6 +30,7 @@ from __future__ import annotations
 import warnings
 from collections import defaultdict
 from dataclasses import dataclass, field
+from typing import Any, overload
 
 import numpy as np
 import torch
@@ -127,7 +128,14 @@ class Micro:
     pos: torch.Tensor
     Lb: int
 
+    @overload
+    def take(self, x: torch.Tensor) -> torch.Tensor: ...
+
+    @overload
+    def take(self, x: None) -> None: ...
+
     def take(self, x: torch.Tensor | None) -> torch.Tensor | None:
+        """This micro-batch's rows of a ``(B, L)`` tensor, cut to ``Lb`` (None stays None)."""
         return None if x is None else x[torch.from_numpy(self.rows), : self.Lb]
 
 
@@ -152,7 +160,9 @@ def micro_batches(r: Rows, rows: np.ndarray, budget: int) -> list[np.ndarray]:
     rows = np.asarray(rows, dtype=np.int64)
     total = r.prompt_len[rows] + r.resp_len[rows]
     order = rows[np.argsort(total, kind="stable")]
-    out, cur, cur_max = [], [], 0
+    out: list[np.ndarray] = []
+    cur: list[int] = []
+    cur_max = 0
     for i in order:
         t = int(r.prompt_len[i] + r.resp_len[i])
         m = max(cur_max, t)
@@ -324,6 +334,9 @@ def update_epochs(r: Rows, learners: Learners | None = None, settings: UpdateSet
         learners = Learners(**{k: keywords.pop(k) for k in _LEARNER_KEYS if k in keywords})
         keywords["loss_options"] = dict(keywords.get("loss_options") or {})
         settings = UpdateSettings(**keywords)
+    if learners is None or settings is None:
+        raise TypeError("update_epochs: expected update_epochs(r, Learners(...), UpdateSettings(...), generator=, "
+                        "pad_id=, device=)")
     run = _Update(r, learners, settings, generator, pad_id, device)
     for model in (learners.policy, learners.critic):
         if model is not None:
@@ -357,7 +370,7 @@ class _Update:
         r, lr, st = self.r, self.learners, self.settings
         scale_p = normaliser(r, chunk, self.agg) if lr.policy is not None else None
         scale_v = normaliser(r, chunk, "token-mean")
-        sums = defaultdict(float)  # minibatch losses: the sum of the micro-batch terms
+        sums: defaultdict[str, float] = defaultdict(float)  # minibatch losses: the sum of the micro-batch terms
         for rows in micro_batches(r, chunk, st.micro_batch_tokens):
             self._micro(make_micro(r, rows, self.pad_id, self.device), scale_p, scale_v, sums)
         if lr.policy is not None:
@@ -373,10 +386,10 @@ class _Update:
         """The forward and backward of one micro-batch."""
         r, lr, st, device = self.r, self.learners, self.settings, self.device
 
-        def take(x):
+        def take(x: torch.Tensor | None) -> Any:  # a field of the batch, None when absent (a loss that needs it says so)
             return None if x is None else mb.take(x).to(device)
 
-        mask = take(r.mask)
+        mask = mb.take(r.mask).to(device)
         n_tok = float(mask.sum())
         self.tokens += int(n_tok)
         turn_ids = mb.take(r.turn_ids).to(device)

@@ -69,7 +69,7 @@ class EstimatorComparison(Exportable, W.VBox):
                                        sort_by="disagree" if len(self.names) >= 2 else "reward")
         self.strips = {n: StripWidget(height=strip_height) for n in self.names}
         self.strip_labels = {n: W.HTML() for n in self.names}
-        self.figure = None
+        self.figure: FigureWidget | None = None
         self.figure_box = W.VBox(layout=W.Layout(width="100%"))  # a column: the figure takes the full width
         self.metrics = W.HTML()
         self.metrics.add_class("mpo-turns")
@@ -202,7 +202,7 @@ class EstimatorComparison(Exportable, W.VBox):
 
     def turn_advantages(self) -> dict:
         """``{name: per-turn mean advantage (K,)}`` of the current trajectory, as the bars show."""
-        return {tr.name: np.asarray(tr.y, dtype=np.float64) for tr in self.figure.data}
+        return {tr.name: np.asarray(tr.y, dtype=np.float64) for tr in (self.figure.data if self.figure else ())}
 
     def to_html(self, path=None) -> str:
         """Static snapshot: the stacked strips, the per-turn bars and the agreement tables."""

@@ -141,7 +141,7 @@ class TrainingDashboard(Exportable, W.VBox):
         self.pending: dict | None = None
         self._offset = 0
         self._keys: tuple = ()
-        self._task = None
+        self._task: asyncio.Task | None = None
         self.config: dict = {}
         self.figure: FigureWidget | None = None
         self.figure_box = W.VBox(layout=W.Layout(width="100%"))  # a column: the figure takes the full width
@@ -155,7 +155,7 @@ class TrainingDashboard(Exportable, W.VBox):
         self.open_button = W.Button(description="explore", tooltip="open the selected iteration's trajectories",
                                     layout=W.Layout(width="90px"))
         self.explorer_box = W.Box(layout=W.Layout(width="100%"))
-        self.explorer = None
+        self.explorer: TrajectoryExplorer | None = None
         self.refresh_button.on_click(lambda _: self.refresh())
         self.open_button.on_click(lambda _: self.open_iteration())
         self.live.observe(self._live_changed, names="value")
