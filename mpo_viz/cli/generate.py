@@ -9,19 +9,19 @@ import time
 from pathlib import Path
 
 from mpo_viz.checks import OptionError
+from mpo_viz.envs.base import parse_difficulty
 from mpo_viz.envs.expert import NoisyExpert
 from mpo_viz.envs.registry import available_envs, make_env
 from mpo_viz.io import save
 
 
 def _difficulty(text: str):
+    """The ``--difficulty`` flag's value: N, or (MIN, MAX)."""
     try:
-        if "-" in text:
-            lo, hi = text.split("-", 1)
-            return (int(lo), int(hi))
-        return int(text)
-    except ValueError:
-        raise OptionError("difficulty", f"expected N or MIN-MAX (expert turns), found {text!r}") from None
+        d = parse_difficulty(text)
+    except ValueError as exc:
+        raise OptionError("difficulty", str(exc)) from None
+    return tuple(d) if isinstance(d, list) else d
 
 
 def _command_line(args) -> str:

@@ -32,7 +32,7 @@ from typing import Any
 from mpo_viz.checks import OptionError
 from mpo_viz.options import Option
 
-__all__ = ["Outcome", "TextEnv", "words_of", "TURN_LIMIT_MESSAGE", "SUCCESS", "FAILURE"]
+__all__ = ["Outcome", "TextEnv", "words_of", "parse_difficulty", "TURN_LIMIT_MESSAGE", "SUCCESS", "FAILURE"]
 
 TURN_LIMIT_MESSAGE = "the turn limit is reached ."
 #: inner states after termination (every environment ends in one of these two)
@@ -82,6 +82,18 @@ def _check_difficulty(difficulty) -> tuple[int, int]:
             raise OptionError("difficulty", f"expected an int or a (min, max) pair of expert turns, found {difficulty!r}"
             ) from None
     return lo, hi
+
+
+def parse_difficulty(text: str) -> int | list[int]:
+    """``"4"`` -> 4, ``"3-6"`` -> [3, 6]: the text form of ``difficulty`` (the ``--difficulty`` flags),
+    ``ValueError`` saying what was expected."""
+    try:
+        if "-" in text:
+            lo, hi = text.split("-", 1)
+            return [int(lo), int(hi)]
+        return int(text)
+    except ValueError:
+        raise ValueError(f"expected N or MIN-MAX (expert turns), found {text!r}") from None
 
 
 class TextEnv:

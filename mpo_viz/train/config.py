@@ -30,6 +30,7 @@ from mpo_viz.advantages import available as estimators
 from mpo_viz.advantages import get as get_estimator
 from mpo_viz.advantages import options as estimator_declarations
 from mpo_viz.checks import OptionError
+from mpo_viz.envs.base import parse_difficulty
 from mpo_viz.envs.registry import available_envs
 from mpo_viz.losses import KL_KINDS
 from mpo_viz.losses import available as losses
@@ -62,17 +63,6 @@ RESUMABLE_FIELDS = ("iterations",)
 
 class TrustRegionWarning(UserWarning):
     """A PPO-style loss configured so that every importance ratio is 1 (the clip never acts)."""
-
-
-def parse_difficulty(text: str):
-    """``"4"`` -> 4, ``"3-6"`` -> [3, 6]: the ``--difficulty`` flag's text (expert turns per task)."""
-    try:
-        if "-" in text:
-            lo, hi = text.split("-", 1)
-            return [int(lo), int(hi)]
-        return int(text)
-    except ValueError:
-        raise ValueError(f"expected N or MIN-MAX (expert turns), found {text!r}") from None
 
 
 @dataclass
