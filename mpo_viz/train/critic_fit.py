@@ -60,8 +60,13 @@ class CriticFit:
 
     def summary(self) -> str:
         """One line: where the fit stopped and why."""
-        why = (f"passed the gate {self.gate:g}" if self.passed
-               else f"the budget of {self.steps} steps ended before the gate {self.gate:g}")
+        if self.passed:
+            why = f"passed the gate {self.gate:g}"
+        elif math.isnan(self.heldout_ev):
+            why = ("the held-out returns are all equal, so the explained variance is undefined and no gate can "
+                   "pass (e.g. no held-out episode succeeded)")
+        else:
+            why = f"the budget of {self.steps} steps ended before the gate {self.gate:g}"
         return (f"critic fit: {self.steps} steps, held-out explained variance {self.heldout_ev:.3f} ({why}; "
                 f"{self.n_train} training / {self.n_heldout} held-out episodes)")
 
