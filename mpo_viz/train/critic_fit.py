@@ -1,7 +1,8 @@
 """Fit a critic to a batch's returns, with a held-out split and an explained-variance gate.
 
-One loop serves the trainer's critic warm-up (a pool of rollouts of the start policy) and fitting a
-critic to logged trajectories that carry no values. Per step::
+One loop (:func:`fit_values`) serves the trainer's critic warm-up (a pool of rollouts of the start
+policy) and :func:`fit_critic`, which gives logged trajectories that carry no values the values of
+a critic fitted to their own returns (``mpo-viz fit-critic``). Per step::
 
     draw ``batch_episodes`` training episodes (a seeded permutation, epoch by epoch)
     loss = ½ · token-mean over their action tokens of (V_θ(t) − G_t)²       (no value clipping)
@@ -24,14 +25,20 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 from tqdm.auto import tqdm
+from transformers import LlamaConfig, LlamaModel
 
-from mpo_viz.advantages import mae
-from mpo_viz.analysis import explained_variance
+from mpo_viz.advantages import mae, turn_gae
+from mpo_viz.analysis import explained_variance, value_variance, variance_summary
+from mpo_viz.checks import OptionError
 from mpo_viz.losses import value_loss
+from mpo_viz.models import Critic
+from mpo_viz.models.tiny import MAX_POSITIONS
+from mpo_viz.models.tiny import SIZES as TINY_SIZES
 from mpo_viz.train.update import Rows, forward_critic, make_micro, micro_batches, rows_of
 from mpo_viz.trajectory import TrajectoryBatch
 
-__all__ = ["CriticFit", "mc_returns", "holdout_split", "critic_outputs", "fit_values"]
+__all__ = ["CRITIC_TARGETS", "CriticFit", "FittedCritic", "critic_outputs", "fit_critic", "fit_targets", "fit_values",
+           "holdout_split", "mc_returns", "vocab_critic"]
 
 
 @dataclass
@@ -212,3 +219,165 @@ def fit_values(
     return CriticFit(steps=done, stop=stop, gate=math.nan if gate is None else float(gate), heldout_ev=ev,
                      best_ev=best, best_step=best_step, train_ev=_ev(critic, r, train, targets, **kw),
                      n_train=len(train), n_heldout=len(held), history=history)
+
+
+# ---------------------------------------------------------------------------------------------
+# fitting a critic to logged trajectories that carry no values
+
+#: what a critic fitted to logs can learn: Monte-Carlo returns per token, or the return from the
+#: start of each turn broadcast over the turn (a target flat inside turns)
+CRITIC_TARGETS = ("mc", "turn")
+
+
+@dataclass
+class FittedCritic:
+    """The result of :func:`fit_critic`: ``batch`` (the input with ``values`` from the fitted
+    critic, ``bootstrap_value`` on truncated rows, and metadata ``values_source="fitted_critic"``
+    and ``critic_fit``), the ``critic`` module, the :class:`CriticFit` and ``info`` (what the
+    metadata records)."""
+
+    batch: TrajectoryBatch
+    critic: torch.nn.Module
+    fit: CriticFit
+    info: dict
+
+
+def fit_targets(batch: TrajectoryBatch, target: str = "mc", *, gamma: float = 1.0, turn_gamma: float = 1.0
+                ) -> torch.Tensor:
+    """``(B, L)`` float64 targets: ``"mc"`` — :func:`mc_returns`; ``"turn"`` — the Monte-Carlo
+    return from the first action token of each turn, on every token of the turn (turn GAE with
+    λ_T = 1 and zero values: ``G^T_k = Σ_{k' ≥ k} Γ·R_{k'}``)."""
+    if target == "mc":
+        return mc_returns(batch, gamma=gamma, turn_gamma=turn_gamma)
+    if target != "turn":
+        raise OptionError("target", f"expected one of {', '.join(CRITIC_TARGETS)}, found {target!r}")
+    zeros = torch.zeros(batch.mask.shape, dtype=torch.float64)
+    _, ret = turn_gae(batch.padded("rewards", torch.float64), zeros, batch.mask, turn_ids=batch.turn_ids,
+                      gamma=gamma, turn_gamma=turn_gamma, turn_lam=1.0, bootstrap_value=batch.bootstrap_value)
+    return ret
+
+
+def vocab_critic(vocab_size: int, *, size: str = "1m", seed: int = 0, max_positions: int = MAX_POSITIONS) -> Critic:
+    """A fresh critic whose trunk is a tiny Llama of ``size`` (``1m``, ``3m``, ``10m``) over ids
+    ``0 .. vocab_size − 1`` (built from a config, nothing downloaded; weights fixed by ``seed``)."""
+    if size not in TINY_SIZES:
+        raise OptionError("size", f"expected one of {', '.join(TINY_SIZES)}, found {size!r}")
+    s = TINY_SIZES[size]
+    cfg = LlamaConfig(vocab_size=int(vocab_size), **s, num_key_value_heads=s["num_attention_heads"],
+                      max_position_embeddings=int(max_positions), tie_word_embeddings=False, pad_token_id=0,
+                      bos_token_id=None, eos_token_id=None, rms_norm_eps=1e-5)
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        critic = Critic(LlamaModel(cfg))
+        with torch.no_grad():
+            critic.head.weight.normal_(0.0, 0.02)
+            critic.head.bias.zero_()
+    return critic.eval()
+
+
+def _check_fit_input(batch: TrajectoryBatch, targets: torch.Tensor, holdout: float, source: str) -> None:
+    """Refuse what no critic can be fitted to: no rewards, returns without variance, too few rows."""
+    if len(batch) == 0:
+        raise ValueError(f"{source}: no trajectories to fit a critic to")
+    def carried(name):
+        return np.array([x is not None for x in batch.field(name)]) if batch.has(name) else np.zeros(len(batch), bool)
+
+    no_reward = np.isnan(batch.reward) & ~carried("token_rewards") & ~carried("turn_rewards")
+    if no_reward.all():
+        raise ValueError(f"{source}: no trajectory carries a reward (every 'reward' is missing or NaN, and there are "
+                         f"no token_rewards or turn_rewards), so there are no returns to fit a critic to")
+    n_held = max(1, int(round(holdout * len(batch))))
+    if n_held < 2 or len(batch) - n_held < 2:
+        raise ValueError(f"{source}: a held-out split of {holdout:g} leaves {len(batch) - n_held} training and "
+                         f"{n_held} held-out trajectories of {len(batch)}; expected at least 2 of each "
+                         f"(fit on more trajectories, or change --holdout)")
+    g = targets[batch.mask.bool()]
+    if g.numel() == 0 or float(g.var(unbiased=False)) == 0.0:
+        raise ValueError(f"{source}: every return is the same ({float(g[0]) if g.numel() else 'no action token'}), "
+                         f"so there is nothing for a critic to learn (explained variance is undefined)")
+
+
+def _last_outputs(critic: torch.nn.Module, batch: TrajectoryBatch, rows) -> dict[int, float]:
+    """The critic's output after the whole response (position ``P + L − 1``) of each row in ``rows``."""
+    out = {}
+    with torch.no_grad():
+        for i in rows:
+            seq = np.concatenate([batch.field("prompt_ids")[i], batch.field("response_ids")[i]]).astype(np.int64)
+            dev = next(critic.parameters()).device
+            out[int(i)] = float(critic(torch.from_numpy(seq)[None].to(dev))[0, -1])
+    return out
+
+
+def fit_critic(
+    batch: TrajectoryBatch,
+    *,
+    target: str = "mc",
+    size: str = "1m",
+    steps: int = 256,
+    lr: float = 1e-3,
+    batch_episodes: int = 16,
+    holdout: float = 0.2,
+    seed: int = 0,
+    gate: float | None = None,
+    eval_every: int = 16,
+    gamma: float = 1.0,
+    turn_gamma: float = 1.0,
+    critic: torch.nn.Module | None = None,
+    device="cpu",
+    micro_batch_tokens: int = 8192,
+    progress: bool = True,
+    log: Callable[[str], None] | None = None,
+    source: str = "batch",
+) -> FittedCritic:
+    """Fit a small critic to a batch's own returns and write its values into the batch.
+
+    The critic (a fresh tiny Llama trunk of ``size`` over the batch's ids, or ``critic`` — e.g. a
+    trained policy's trunk via :func:`mpo_viz.models.make_critic`) is fitted by :func:`fit_values`
+    to ``target`` (:func:`fit_targets`: ``"mc"`` Monte-Carlo returns, or ``"turn"``) on all but a
+    ``holdout`` share of the trajectories, ``steps`` AdamW steps of ``batch_episodes`` episodes at
+    ``lr`` (``gate`` = a held-out EV that ends it early; None = the whole budget). Then every row
+    gets ``values`` from the fitted critic (the output before each response token), truncated rows
+    a ``bootstrap_value`` (the output after the response), and the metadata records
+    ``values_source="fitted_critic"`` and ``critic_fit`` (target, size, steps, held-out and training
+    explained variance, the across/within split of the new values, ...). Deterministic for a seed.
+
+    Errors (``ValueError`` naming ``source``): no rewards, returns all equal, too few trajectories
+    for a held-out split (at least 2 on each side).
+    """
+    if critic is None and size not in TINY_SIZES:
+        raise OptionError("size", f"expected one of {', '.join(TINY_SIZES)}, found {size!r}")
+    for name, value, ok, want in (("steps", steps, steps >= 0, "an integer >= 0"),
+                                  ("lr", lr, lr > 0, "a number > 0"),
+                                  ("holdout", holdout, 0 < holdout < 1, "a share in (0, 1)"),
+                                  ("batch_episodes", batch_episodes, batch_episodes >= 1, "an integer >= 1")):
+        if not ok:
+            raise OptionError(name, f"expected {want}, found {value!r}")
+    targets = fit_targets(batch, target, gamma=gamma, turn_gamma=turn_gamma)
+    _check_fit_input(batch, targets, holdout, source)
+    fresh = critic is None
+    if fresh:
+        longest = int(max(len(p) + len(r) for p, r in zip(batch.field("prompt_ids"), batch.field("response_ids"))))
+        vocab = int(max(max((int(x.max()) for x in batch.field(f) if len(x)), default=0)
+                        for f in ("prompt_ids", "response_ids"))) + 1
+        critic = vocab_critic(vocab, size=size, seed=seed, max_positions=max(MAX_POSITIONS, longest + 1))
+    critic.to(device)
+    fit = fit_values(critic, batch, targets, steps=steps, lr=lr, batch_episodes=batch_episodes, holdout=holdout,
+                     gate=gate, eval_every=eval_every, seed=seed, pad_id=0, device=device,
+                     micro_batch_tokens=micro_batch_tokens, progress=progress, log=log)
+    values = critic_outputs(critic, rows_of(batch), np.arange(len(batch)), pad_id=0, device=device,
+                            micro_batch_tokens=micro_batch_tokens)
+    out = batch.with_token_fields(values=values)
+    cut = [i for i, t in enumerate(batch.field("truncated") if batch.has("truncated") else []) if t]
+    if cut:
+        last = _last_outputs(critic, batch, cut)
+        old = batch.bootstrap_value.tolist()
+        out = out.with_scalars(bootstrap_value=[last.get(i, old[i]) for i in range(len(batch))])
+    split = variance_summary(value_variance(out))
+    info = {"target": target, "size": size if fresh else "given", "steps": fit.steps, "lr": lr,
+            "batch_episodes": batch_episodes, "holdout": holdout, "seed": seed, "stop": fit.stop,
+            "heldout_explained_variance": fit.heldout_ev, "best_heldout_explained_variance": fit.best_ev,
+            "train_explained_variance": fit.train_ev, "n_train": fit.n_train, "n_heldout": fit.n_heldout,
+            "values_mean_across": split["mean_across"], "values_mean_within": split["mean_within"],
+            "values_median_across_within_ratio": split["median_ratio"], "truncated_bootstrapped": len(cut)}
+    out = out.with_meta(values_source="fitted_critic", critic_fit=info)
+    return FittedCritic(batch=out, critic=critic, fit=fit, info=info)

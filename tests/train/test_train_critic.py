@@ -15,7 +15,14 @@ import mpo_viz as mv
 from mpo_viz.analysis import pass_at_k
 from mpo_viz.models import Critic
 from mpo_viz.train import Trainer
-from mpo_viz.train.critic_fit import critic_outputs, fit_values, holdout_split, mc_returns
+from mpo_viz.train.critic_fit import (
+    critic_outputs,
+    fit_critic,
+    fit_targets,
+    fit_values,
+    holdout_split,
+    mc_returns,
+)
 from mpo_viz.train.update import rows_of
 
 
@@ -176,3 +183,87 @@ def test_trainer_pass_at_k_reads_its_samples(tmp_path):
     vals = [pk[f"pass@{k}"] for k in range(1, 5)]
     assert all(0 <= v <= 1 for v in vals) and vals == sorted(vals)  # pass@k never falls with k
     assert tr.pass_at_k(3, 4) == pk
+
+
+# ---------------------------------------------------------------------------------------------
+# fit_critic: values for logs that carry none
+
+
+def test_fit_critic_learns_what_can_be_learned_and_records_it(tmp_path):
+    b = _label_batch(60)
+    res = fit_critic(b, steps=200, lr=3e-3, batch_episodes=16, holdout=0.25, gate=0.95, eval_every=10, progress=False)
+    assert res.fit.heldout_ev > 0.95 and res.fit.stop == "gate"
+    # the values written are the fitted critic's, aligned as the rollout's: V before each token
+    v = res.batch.values.numpy()
+    m = res.batch.mask.bool().numpy()
+    wins = np.array([i % 2 == 0 for i in range(60)])
+    assert np.abs(v[wins][m[wins]] - 1).max() < 0.3 and np.abs(v[~wins][m[~wins]]).max() < 0.3
+    info = res.batch.meta["critic_fit"]
+    assert res.batch.meta["values_source"] == "fitted_critic" and b.meta.get("values_source") is None
+    assert info["heldout_explained_variance"] == res.fit.heldout_ev and info["target"] == "mc" and info["n_heldout"] == 15
+    for k in ("values_mean_across", "values_mean_within", "values_median_across_within_ratio", "train_explained_variance"):
+        assert k in info
+    mv.save(res.batch, tmp_path / "fitted.parquet")  # the metadata survives the file
+    back = mv.load(tmp_path / "fitted.parquet")
+    assert back.meta["values_source"] == "fitted_critic"
+    assert back.meta["critic_fit"]["heldout_explained_variance"] == pytest.approx(res.fit.heldout_ev)
+
+
+def test_fit_critic_turn_target_and_bootstrap_of_cut_rows():
+    rows = [{"traj_id": f"t{i}", "group_id": "g", "prompt_ids": [1, 3 if i % 2 else 4], "response_ids": [5, 6, 7, 8],
+             "loss_mask": [1, 1, 0, 1], "reward": float(i % 2), "turn_rewards": [0.5, 0.0],
+             "truncated": i == 0} for i in range(10)]
+    b = mv.TrajectoryBatch.from_rows(rows)
+    # turn target: the return from each turn's first action token, on the whole turn
+    t = fit_targets(b, "turn")[1].numpy()
+    np.testing.assert_allclose(t, [1.5, 1.5, 0.0, 1.0])
+    res = fit_critic(b, target="turn", steps=2, size="1m", holdout=0.2, progress=False)
+    assert res.info["target"] == "turn" and res.info["truncated_bootstrapped"] == 1
+    bv = res.batch.bootstrap_value
+    assert np.isfinite(float(bv[0])) and np.isnan(bv[1:].numpy()).all()
+    # the bootstrap value is the critic's output after the whole response
+    seq = torch.tensor([[1, 4, 5, 6, 7, 8]])
+    with torch.no_grad():
+        assert float(bv[0]) == pytest.approx(float(res.critic(seq)[0, -1]), abs=1e-6)
+
+
+def test_fit_critic_refuses_what_cannot_be_fitted():
+    b = _label_batch(10)
+    no_reward = mv.TrajectoryBatch.from_rows([{**r, "reward": float("nan")} for r in _rows(b)])
+    with pytest.raises(ValueError, match="logs.jsonl: no trajectory carries a reward"):
+        fit_critic(no_reward, source="logs.jsonl", progress=False)
+    flat = mv.TrajectoryBatch.from_rows([{**r, "reward": 1.0} for r in _rows(b)])
+    with pytest.raises(ValueError, match=r"logs.jsonl: every return is the same \(1.0\)"):
+        fit_critic(flat, source="logs.jsonl", progress=False)
+    with pytest.raises(ValueError, match="a held-out split of 0.2 leaves 3 training and 1 held-out trajectories of 4"):
+        fit_critic(_label_batch(4), progress=False)
+    with pytest.raises(ValueError, match="^size: expected one of 1m, 3m, 10m, found '2m'"):
+        fit_critic(b, size="2m", progress=False)
+    with pytest.raises(ValueError, match="^target: expected one of mc, turn, found 'gae'"):
+        fit_critic(b, target="gae", progress=False)
+    with pytest.raises(ValueError, match=r"^holdout: expected a share in \(0, 1\), found 0"):
+        fit_critic(b, holdout=0, progress=False)
+
+
+def _rows(b):
+    return [{"traj_id": t, "group_id": g, "prompt_ids": list(p), "response_ids": list(r), "loss_mask": list(m)}
+            for t, g, p, r, m in zip(b.field("traj_id"), b.field("group_id"), b.field("prompt_ids"),
+                                     b.field("response_ids"), b.field("loss_mask"))]
+
+
+def test_fit_critic_from_the_shell(tmp_path, capsys):
+    from mpo_viz.cli import main
+
+    src = tmp_path / "logs.parquet"
+    mv.save(_label_batch(20), src)
+    out = tmp_path / "fitted.parquet"
+    assert main(["fit-critic", str(src), "-o", str(out), "--steps", "3", "--seed", "1", "--lr", "1e-7", "-q"]) == 0
+    cap = capsys.readouterr()
+    assert "critic fit: 3 steps, held-out explained variance" in cap.out and f"wrote {out}" in cap.out
+    assert "warning: the critic explains almost none" in cap.err  # 3 tiny steps explain nothing
+    b = mv.load(out)
+    assert b.has("values") and b.meta["values_source"] == "fitted_critic" and b.meta["critic_fit"]["seed"] == 1
+    assert main(["fit-critic", str(src), "-o", str(tmp_path / "x.parquet"), "--size", "2m", "-q"]) == 1
+    assert "mpo-viz fit-critic: error: --size: expected one of 1m, 3m, 10m, found '2m'" in capsys.readouterr().err
+    assert main(["fit-critic", str(tmp_path / "missing.parquet"), "-o", str(out)]) == 1
+    assert "missing.parquet: no such file or folder" in capsys.readouterr().err
