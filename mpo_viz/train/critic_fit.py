@@ -88,16 +88,32 @@ def mc_returns(batch: TrajectoryBatch, *, gamma: float = 1.0, turn_gamma: float 
     return ret
 
 
-def holdout_split(n: int, share: float, seed: int) -> tuple[np.ndarray, np.ndarray]:
-    """``(train, heldout)`` row indices: a seeded permutation of ``n`` rows, the first
-    ``max(1, round(share·n))`` held out; both sorted. Needs ``n ≥ 2`` and ``0 < share < 1``."""
+def holdout_split(n: int, share: float, seed: int, groups=None) -> tuple[np.ndarray, np.ndarray]:
+    """``(train, heldout)`` row indices, both sorted: a seeded permutation of the ``n`` rows, the
+    first ``max(1, round(share·n))`` held out. With ``groups`` (one label per row, e.g. the
+    ``group_id`` of G samples of one task) whole groups are held out, in a seeded order, until at
+    least that many rows are: no task is on both sides. Needs ``n ≥ 2``, ``0 < share < 1`` and, with
+    groups, at least 2 of them."""
     if not 0 < share < 1:
         raise ValueError(f"holdout: expected a share in (0, 1), found {share}")
     if n < 2:
         raise ValueError(f"holdout: a held-out split needs at least 2 trajectories, found {n}")
     k = min(max(1, int(round(share * n))), n - 1)
-    perm = torch.randperm(n, generator=torch.Generator().manual_seed(int(seed))).numpy()
-    return np.sort(perm[k:]), np.sort(perm[:k])
+    gen = torch.Generator().manual_seed(int(seed))
+    if groups is None:
+        perm = torch.randperm(n, generator=gen).numpy()
+        return np.sort(perm[k:]), np.sort(perm[:k])
+    labels, inv = np.unique(np.asarray(groups, dtype=object).astype(str), return_inverse=True)
+    if len(labels) < 2:
+        raise ValueError(f"holdout: a held-out split by group needs at least 2 groups, found {len(labels)}")
+    held = np.zeros(n, dtype=bool)
+    for g in torch.randperm(len(labels), generator=gen).numpy():
+        if held.sum() >= k:
+            break
+        held |= inv == g
+    if held.all():  # one group was more than the rest: give it back
+        held &= inv != inv[np.flatnonzero(held)[-1]]
+    return np.flatnonzero(~held), np.flatnonzero(held)
 
 
 def critic_outputs(critic: torch.nn.Module, r: Rows, rows, *, pad_id: int, device, micro_batch_tokens: int = 8192
@@ -144,14 +160,18 @@ def fit_values(
     weight_decay: float = 0.0,
     log: Callable[[str], None] | None = None,
     progress: bool = False,
+    groups=None,
+    on_eval: Callable[[int, float, torch.nn.Module], None] | None = None,
 ) -> CriticFit:
     """Fit ``critic`` (in place) to ``targets`` (B, L) on the training split of ``batch``.
 
     The batch's rows are split by :func:`holdout_split` (``holdout`` share, ``seed``); each step
     is one AdamW step (``lr``, ``weight_decay``; a fresh optimizer) on ``batch_episodes``
     training episodes with the loss ``½·mean_t (V_t − G_t)²`` over their action tokens;
-    ``gate=None`` never stops early. ``log(line)`` receives a line per evaluation; ``progress``
-    shows a tqdm bar. Returns a :class:`CriticFit`; the critic is left in eval mode.
+    ``gate=None`` never stops early. ``groups`` (a label per row): hold out whole groups.
+    ``log(line)`` receives a line per evaluation, ``on_eval(step, heldout_ev, critic)`` is called
+    at each (step 0 included); ``progress`` shows a tqdm bar. Returns a :class:`CriticFit`; the
+    critic is left in eval mode.
     """
     if steps < 0 or batch_episodes < 1 or eval_every < 1:
         raise ValueError(f"steps/batch_episodes/eval_every: expected >= 0, >= 1, >= 1, found "
@@ -160,7 +180,7 @@ def fit_values(
     targets = torch.as_tensor(targets, dtype=torch.float64)
     if targets.shape != r.mask.shape:
         raise ValueError(f"targets: expected shape {tuple(r.mask.shape)}, found {tuple(targets.shape)}")
-    train, held = holdout_split(len(r), holdout, seed)
+    train, held = holdout_split(len(r), holdout, seed, groups)
     kw = dict(pad_id=pad_id, device=device, micro_batch_tokens=micro_batch_tokens)
     g32 = targets.float()
     own = critic.own_parameters() if hasattr(critic, "own_parameters") else list(critic.parameters())
@@ -177,6 +197,8 @@ def fit_values(
     best, best_step, done = ev, 0, 0
     stop = "gate" if reached(ev) else "budget"
     history.append({"step": 0, "heldout_ev": ev, "loss": math.nan})
+    if on_eval is not None:
+        on_eval(0, ev, critic)
     bar = tqdm(total=steps, desc="critic fit", unit="step") if progress and stop != "gate" else None
     critic.train()
     while stop != "gate" and done < steps:
@@ -206,6 +228,9 @@ def fit_values(
             losses = []
             if ev > best or math.isnan(best):
                 best, best_step = ev, done
+            if on_eval is not None:
+                on_eval(done, ev, critic)
+                critic.train()
             if bar is not None:
                 bar.set_postfix(heldout_ev=f"{ev:.3f}")
             if log is not None:
@@ -223,6 +248,9 @@ def fit_values(
 
 # ---------------------------------------------------------------------------------------------
 # fitting a critic to logged trajectories that carry no values
+
+#: fewer groups than this: the held-out split is by trajectory, not by group
+MIN_GROUPS_FOR_GROUP_SPLIT = 5
 
 #: what a critic fitted to logs can learn: Monte-Carlo returns per token, or the return from the
 #: start of each turn broadcast over the turn (a target flat inside turns)
@@ -335,7 +363,8 @@ def fit_critic(
     trained policy's trunk via :func:`mpo_viz.models.make_critic`) is fitted by :func:`fit_values`
     to ``target`` (:func:`fit_targets`: ``"mc"`` Monte-Carlo returns, or ``"turn"``) on all but a
     ``holdout`` share of the trajectories, ``steps`` AdamW steps of ``batch_episodes`` episodes at
-    ``lr`` (``gate`` = a held-out EV that ends it early; None = the whole budget). Then every row
+    ``lr`` (``gate`` = a held-out EV that ends it early; None = the whole budget); whole groups are
+    held out when the batch has at least 5 of them (no task on both sides), else trajectories. Then every row
     gets ``values`` from the fitted critic (the output before each response token), truncated rows
     a ``bootstrap_value`` (the output after the response), and the metadata records
     ``values_source="fitted_critic"`` and ``critic_fit`` (target, size, steps, held-out and training
@@ -354,6 +383,10 @@ def fit_critic(
             raise OptionError(name, f"expected {want}, found {value!r}")
     targets = fit_targets(batch, target, gamma=gamma, turn_gamma=turn_gamma)
     _check_fit_input(batch, targets, holdout, source)
+    # the G samples of one task share its start: hold out whole groups, so that no task is on both
+    # sides, when there are enough of them to approach the share (else rows)
+    groups = batch.field("group_id")
+    groups = groups if len(set(groups)) >= MIN_GROUPS_FOR_GROUP_SPLIT else None
     fresh = critic is None
     if fresh:
         longest = int(max(len(p) + len(r) for p, r in zip(batch.field("prompt_ids"), batch.field("response_ids"))))
@@ -363,7 +396,7 @@ def fit_critic(
     critic.to(device)
     fit = fit_values(critic, batch, targets, steps=steps, lr=lr, batch_episodes=batch_episodes, holdout=holdout,
                      gate=gate, eval_every=eval_every, seed=seed, pad_id=0, device=device,
-                     micro_batch_tokens=micro_batch_tokens, progress=progress, log=log)
+                     micro_batch_tokens=micro_batch_tokens, progress=progress, log=log, groups=groups)
     values = critic_outputs(critic, rows_of(batch), np.arange(len(batch)), pad_id=0, device=device,
                             micro_batch_tokens=micro_batch_tokens)
     out = batch.with_token_fields(values=values)
@@ -378,6 +411,7 @@ def fit_critic(
             "heldout_explained_variance": fit.heldout_ev, "best_heldout_explained_variance": fit.best_ev,
             "train_explained_variance": fit.train_ev, "n_train": fit.n_train, "n_heldout": fit.n_heldout,
             "values_mean_across": split["mean_across"], "values_mean_within": split["mean_within"],
-            "values_median_across_within_ratio": split["median_ratio"], "truncated_bootstrapped": len(cut)}
+            "values_median_across_within_ratio": split["median_ratio"], "truncated_bootstrapped": len(cut),
+            "holdout_by": "row" if groups is None else "group"}
     out = out.with_meta(values_source="fitted_critic", critic_fit=info)
     return FittedCritic(batch=out, critic=critic, fit=fit, info=info)

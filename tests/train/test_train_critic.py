@@ -267,3 +267,14 @@ def test_fit_critic_from_the_shell(tmp_path, capsys):
     assert "mpo-viz fit-critic: error: --size: expected one of 1m, 3m, 10m, found '2m'" in capsys.readouterr().err
     assert main(["fit-critic", str(tmp_path / "missing.parquet"), "-o", str(out)]) == 1
     assert "missing.parquet: no such file or folder" in capsys.readouterr().err
+
+
+def test_holdout_split_keeps_groups_whole():
+    groups = [f"g{i // 4}" for i in range(40)]  # 10 groups of 4
+    tr, ho = holdout_split(40, 0.2, seed=1, groups=groups)
+    assert len(ho) == 8 and len(tr) == 32
+    assert not {groups[i] for i in tr} & {groups[i] for i in ho}
+    uneven = ["a"] * 9 + ["b"]  # the first group drawn may exceed the share: never all rows held out
+    for seed in range(5):
+        tr, ho = holdout_split(10, 0.2, seed=seed, groups=uneven)
+        assert len(tr) >= 1 and len(ho) >= 1
