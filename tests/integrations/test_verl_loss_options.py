@@ -195,3 +195,50 @@ def test_without_the_target_verl_refuses_the_key():
     """Why the _target_ override: verl's PolicyLossConfig takes no key it does not declare."""
     with pytest.raises(InstantiationException, match="unexpected keyword argument 'token_clip'"):
         actor(["+actor_rollout_ref.actor.policy_loss.token_clip=1.5"])
+
+
+def test_the_engine_workers_actor_loss_reads_the_options():
+    """verl's engine workers train the actor with ``verl.workers.utils.losses.ppo_loss`` bound to the
+    actor config they build (``engine_workers.py``: ``partial(ppo_loss, config=actor_config)``).
+    Fed a batch in the workers' layout (unpadded model log-probs, left-padded prompts, the global
+    token count), it computes turn_ppo with the band from the command line."""
+    from verl.utils import tensordict_utils as tu
+    from verl.workers.utils.losses import ppo_loss
+    from verl.workers.utils.padding import no_padding_2_padding
+
+    cfg = actor([TARGET, "+actor_rollout_ref.actor.policy_loss.token_clip=1.5"])
+    old, logp, adv, mask = tensors(seed=5)
+    B, R = mask.shape
+    g = torch.Generator().manual_seed(5)
+    prompt_lens = torch.randint(2, 6, (B,), generator=g)
+    P = int(prompt_lens.max())
+    resp_lens = torch.tensor([int(torch.nonzero(mask[i]).max()) + 1 for i in range(B)])
+    attention = torch.zeros(B, P + R, dtype=torch.int64)
+    chunks = []
+    for i in range(B):
+        attention[i, P - prompt_lens[i]:P] = 1
+        attention[i, P:P + resp_lens[i]] = 1
+        # the model's log-prob of token t+1 sits at position t (verl left-shifts by one)
+        seq = torch.randn(int(prompt_lens[i] + resp_lens[i]), generator=g, dtype=torch.float64)
+        seq[prompt_lens[i] - 1:prompt_lens[i] - 1 + resp_lens[i]] = logp.detach()[i, :resp_lens[i]]
+        chunks.append(seq)
+    flat = torch.cat(chunks).requires_grad_(True)
+    td = tu.get_tensordict(
+        {"prompts": torch.zeros(B, P, dtype=torch.int64), "responses": torch.zeros(B, R, dtype=torch.int64),
+         "attention_mask": attention, "response_mask": mask.to(torch.int64), "old_log_probs": old, "advantages": adv},
+        non_tensor_dict={"dp_size": 1, "batch_num_tokens": int(mask.sum()), "global_batch_size": B})
+    loss, metrics = ppo_loss(cfg, {"log_probs": flat}, td)
+    (grad,) = torch.autograd.grad(loss, flat)
+
+    padded = no_padding_2_padding(flat, td)  # verl's own slicing of the model output
+    torch.testing.assert_close(padded.detach()[mask], logp.detach()[mask], rtol=0, atol=0)
+    want, ours_metrics = policy_loss("turn_ppo", padded, old, adv, mask, clip_low=0.2, clip_high=0.2, dual_clip=3.0,
+                                     token_clip=1.5)
+    (want_grad,) = torch.autograd.grad(want, flat)
+    torch.testing.assert_close(loss, want, rtol=1e-12, atol=1e-12)
+    torch.testing.assert_close(grad, want_grad, rtol=1e-12, atol=1e-12)
+    assert band_tokens(old, logp, adv, mask, 1.5) > 0
+    bare, _ = policy_loss("turn_ppo", padded, old, adv, mask, dual_clip=3.0, token_clip=None)
+    (bare_grad,) = torch.autograd.grad(bare, flat)
+    assert not torch.equal(grad, bare_grad)
+    assert metrics["actor/clipfrac_high"].values == [pytest.approx(ours_metrics["clipfrac_high"])]
