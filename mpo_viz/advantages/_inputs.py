@@ -8,6 +8,7 @@ that dtype, on the device of the first torch input (CPU when none).
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import numpy as np
@@ -17,7 +18,9 @@ from mpo_viz.advantages import kernels as K
 from mpo_viz.checks import number
 from mpo_viz.turns import turn_ids_from_mask
 
-__all__ = ["Prepared", "prepare", "to_torch", "whiten_", "group_codes", "scalar_check"]
+__all__ = [
+    "Prepared", "prepare", "to_torch", "whiten_", "whiten_reference", "merge_moments", "group_codes", "scalar_check",
+]
 
 
 def _to_numpy(x, name: str) -> np.ndarray:
@@ -217,10 +220,16 @@ def to_torch(a: np.ndarray, device: torch.device) -> torch.Tensor:
     return t if device.type == "cpu" else t.to(device)
 
 
-def whiten_(adv: np.ndarray, mask: np.ndarray) -> np.ndarray:
+#: Added to the variance before the square root when whitening (verl's ``masked_whiten``).
+WHITEN_EPS = 1e-8
+
+
+def whiten_reference(adv: np.ndarray, mask: np.ndarray) -> np.ndarray:
     """In place over the ``mask == 1`` tokens: ``A ← (A − mean)/sqrt(var_unbiased + 1e-8)``.
 
-    Masked positions stay 0. With fewer than two action tokens the variance is taken as 0.
+    Masked positions stay 0. With fewer than two action tokens the variance is taken as 0. The
+    readable form (numpy: gather, two-pass mean and variance, scatter) that :func:`whiten_` is
+    tested against; the estimators use :func:`whiten_`.
     """
     sel = mask != 0
     n = int(sel.sum())
@@ -229,8 +238,53 @@ def whiten_(adv: np.ndarray, mask: np.ndarray) -> np.ndarray:
     x = adv[sel].astype(np.float64)
     mean = x.mean()
     var = ((x - mean) ** 2).sum() / (n - 1) if n > 1 else 0.0
-    adv[sel] = (x - mean) / np.sqrt(var + 1e-8)
+    adv[sel] = (x - mean) / np.sqrt(var + WHITEN_EPS)
     return adv
+
+
+def merge_moments(moments: np.ndarray) -> tuple[int, float, float]:
+    """The batch's ``(N, mean, std)`` from per-row moments ``(n_i, mean_i, M2_i)`` (float64 ``(B, 3)``).
+
+    Chan's pairwise merge: ``N = Σ n_i``, ``mean = Σ n_i·mean_i / N`` (computed as a shift, the
+    first non-empty row's mean, plus the mean offset: a constant batch gives its constant exactly),
+    ``M2 = Σ M2_i + Σ n_i (mean_i − mean)²``, ``std = sqrt(M2/(N − 1) + 1e-8)`` (variance 0 when
+    ``N < 2``). ``N = 0`` gives ``(0, 0.0, 1.0)``.
+    """
+    n = moments[:, 0]
+    total = float(n.sum())
+    if total == 0:
+        return 0, 0.0, 1.0
+    mu = moments[:, 1]
+    shift = float(mu[int(np.argmax(n > 0))])
+    mean = shift + float((n * (mu - shift)).sum()) / total
+    m2 = float(moments[:, 2].sum()) + float((n * (mu - mean) ** 2).sum())
+    var = m2 / (total - 1) if total > 1 else 0.0
+    return int(total), mean, math.sqrt(var + WHITEN_EPS)
+
+
+def whiten_(adv: np.ndarray, mask: np.ndarray, moments: np.ndarray | None = None,
+            out: np.ndarray | None = None) -> np.ndarray:
+    """Whiten over the ``mask == 1`` tokens: ``A ← (A − mean)/sqrt(var_unbiased + 1e-8)``; returns ``out``.
+
+    Same map as :func:`whiten_reference` (masked positions keep their value, 0 for estimator
+    outputs; < 2 action tokens: variance 0), computed in at most two parallel passes:
+    ``moments`` (float64 ``(B, 3)``, per-row ``(n_i, mean_i, M2_i)``) when an estimator kernel
+    produced them on the way (``wh = 1``), else :func:`~mpo_viz.advantages.kernels.moments_kernel`;
+    then :func:`merge_moments` and one rewrite of the action tokens. ``out`` (same shape and dtype
+    as ``adv``) receives the result; ``None`` whitens ``adv`` in place. Shapes: adv, mask ``(B, L)``.
+    """
+    if out is None:
+        out = adv
+    if moments is None:
+        moments = np.empty((adv.shape[0], 3))
+        K.moments_kernel(adv, mask, moments)
+    n, mean, std = merge_moments(moments)
+    if n == 0:
+        if out is not adv:
+            out[...] = adv
+        return out
+    K.whiten_apply_kernel(adv, mask, mean, 1.0 / std, out)
+    return out
 
 
 def group_codes(group_ids, B: int, name: str = "group_ids") -> np.ndarray:
