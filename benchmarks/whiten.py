@@ -17,7 +17,9 @@ L tokens, float32 `rewards`, `values`, `mask`, `turn_ids`.
 Columns, per estimator and batch size (all in this one process, on the same inputs):
 * `plain ms`: the public call with `whiten=False`; `white ms`: with `whiten=True` (the kernel
   writes per-row moments on the way; one parallel pass rewrites the action tokens);
-  `ratio` = white / plain (target ≤ 1.2).
+  `ratio` = white / plain (target ≤ 1.2); `cpu ratio`: the same on the process's CPU time
+  (`time.process_time`, all threads), which a busy machine disturbs less than the wall time (with
+  `--threads 1` it is the single thread's time).
 * `numpy ms`: `whiten=False` followed by the numpy whitening the estimators used before
   (`_inputs.whiten_reference` on a copy): what `whiten=True` cost before the fusion.
 * `verl ms`: verl's GAE with its whitening (gae only); `verl/white` = verl ms / white ms; and
@@ -27,6 +29,9 @@ Columns, per estimator and batch size (all in this one process, on the same inpu
 Timing is best-of-N (`--reps`, the verl loop `--verl-reps`), the two variants interleaved round by
 round so that both see the same machine; the load average is printed before and after. Numba
 compiles each kernel on its first call; that happens on a tiny batch before anything is timed.
+`--threads N` sets numba's and torch's threads (default: theirs, one per CPU). On a shared machine
+one thread gives the steadier numbers: a parallel kernel waits for its slowest thread, and with
+`whiten=True` there are two parallel passes to wait for.
 """
 
 from __future__ import annotations
@@ -61,15 +66,18 @@ GAMMA, LAM = 1.0, 0.95
 
 
 def best_of(fns, reps):
-    """Interleaved best-of-``reps`` seconds of each callable, and each one's last output."""
-    best = [float("inf")] * len(fns)
+    """Interleaved best-of-``reps`` wall seconds and process CPU seconds of each callable, and each
+    one's last output: ``(wall, cpu, outs)``."""
+    wall = [float("inf")] * len(fns)
+    cpu = [float("inf")] * len(fns)
     outs = [None] * len(fns)
     for _ in range(reps):
         for j, fn in enumerate(fns):
-            t0 = time.perf_counter()
+            c0, t0 = time.process_time(), time.perf_counter()
             outs[j] = fn()
-            best[j] = min(best[j], time.perf_counter() - t0)
-    return best, outs
+            wall[j] = min(wall[j], time.perf_counter() - t0)
+            cpu[j] = min(cpu[j], time.process_time() - c0)
+    return wall, cpu, outs
 
 
 def load() -> str:
@@ -99,12 +107,16 @@ def main(argv=None) -> int:
     ap.add_argument("--length", type=int, default=8192)
     ap.add_argument("--reps", type=int, default=15, help="rounds of the fast calls (best reported)")
     ap.add_argument("--verl-reps", type=int, default=2, help="rounds of verl's per-position loop")
+    ap.add_argument("--threads", type=int, default=0, help="numba and torch threads (default 0: leave theirs)")
     args = ap.parse_args(argv)
     sizes = args.sizes or ([32, 128] if args.quick else [128, 512])
     L = args.length
 
     import numba
 
+    if args.threads:
+        numba.set_num_threads(args.threads)
+        torch.set_num_threads(args.threads)
     print(f"# whitening benchmark — {platform.processor() or platform.machine()}, {os.cpu_count()} CPUs, "
           f"torch {torch.__version__} ({torch.get_num_threads()} threads), numba {numba.__version__} "
           f"({numba.get_num_threads()} threads); verl {verl.__version__ if verl else '—'}")
@@ -115,7 +127,7 @@ def main(argv=None) -> int:
         A.gae(tiny.rewards, tiny.values, tiny.mask, whiten=w)
         A.mae(tiny.rewards, tiny.values, tiny.mask, turn_ids=tiny.turn_ids, whiten=w)
     print(f"# before: {load()}")
-    header = (f"{'B':>5} {'L':>5} {'estimator':<9} {'plain ms':>9} {'white ms':>9} {'ratio':>6} "
+    header = (f"{'B':>5} {'L':>5} {'estimator':<9} {'plain ms':>9} {'white ms':>9} {'ratio':>6} {'cpu ratio':>9} "
               f"{'numpy ms':>9} {'ratio':>6} {'verl ms':>9} {'verl/white':>10} {'max|Δ|':>9}")
     print(header)
     print("-" * len(header))
@@ -139,16 +151,16 @@ def run_size(B, L, args):
         return A.mae(R, V, M, turn_ids=T, whiten=w)
 
     for name, call in (("gae", gae), ("mae", mae)):
-        (t0, t1, tn), (_, white, old) = best_of(
+        (t0, t1, tn), (c0, c1, _), (_, white, old) = best_of(
             [partial(call, False), partial(call, True), partial(numpy_whitened, call, M)], args.reps)
         assert np.allclose(white[0].numpy(), old, rtol=2e-5, atol=2e-5)  # the same numbers as before
         verl_cols = f"{'—':>9} {'—':>10} {'—':>9}"
         if name == "gae" and compute_gae_advantage_return is not None:
-            (tv,), ((va, _),) = best_of([partial(compute_gae_advantage_return, R, V, M, GAMMA, LAM)],
+            (tv,), _, ((va, _),) = best_of([partial(compute_gae_advantage_return, R, V, M, GAMMA, LAM)],
                                         args.verl_reps)
             d = float(np.abs(va.numpy()[act] - white[0].numpy()[act]).max())
             verl_cols = f"{tv * 1e3:>9.0f} {tv / t1:>9.0f}x {d:>9.1e}"
-        print(f"{B:>5} {L:>5} {name:<9} {t0 * 1e3:>9.1f} {t1 * 1e3:>9.1f} {t1 / t0:>5.2f}x "
+        print(f"{B:>5} {L:>5} {name:<9} {t0 * 1e3:>9.1f} {t1 * 1e3:>9.1f} {t1 / t0:>5.2f}x {c1 / c0:>8.2f}x "
               f"{tn * 1e3:>9.1f} {tn / t0:>5.2f}x {verl_cols}", flush=True)
     print(f"{'':>5} ({act.mean():.0%} of the {B * L:,} positions are action tokens)")
 

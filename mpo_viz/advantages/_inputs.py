@@ -243,7 +243,7 @@ def whiten_reference(adv: np.ndarray, mask: np.ndarray) -> np.ndarray:
 
 
 def merge_moments(moments: np.ndarray) -> tuple[int, float, float]:
-    """The batch's ``(N, mean, std)`` from per-row moments ``(n_i, mean_i, M2_i)`` (float64 ``(B, 3)``).
+    """The batch's ``(N, mean, std)`` from per-row statistics ``(n_i, mean_i, M2_i, …)`` (float64 ``(B, ≥3)``).
 
     Chan's pairwise merge: ``N = Σ n_i``, ``mean = Σ n_i·mean_i / N`` (computed as a shift, the
     first non-empty row's mean, plus the mean offset: a constant batch gives its constant exactly),
@@ -262,29 +262,24 @@ def merge_moments(moments: np.ndarray) -> tuple[int, float, float]:
     return int(total), mean, math.sqrt(var + WHITEN_EPS)
 
 
-def whiten_(adv: np.ndarray, mask: np.ndarray, moments: np.ndarray | None = None,
-            out: np.ndarray | None = None) -> np.ndarray:
-    """Whiten over the ``mask == 1`` tokens: ``A ← (A − mean)/sqrt(var_unbiased + 1e-8)``; returns ``out``.
+def whiten_(adv: np.ndarray, mask: np.ndarray, moments: np.ndarray | None = None) -> np.ndarray:
+    """In place over the ``mask == 1`` tokens: ``A ← (A − mean)/sqrt(var_unbiased + 1e-8)``; returns ``adv``.
 
     Same map as :func:`whiten_reference` (masked positions keep their value, 0 for estimator
     outputs; < 2 action tokens: variance 0), computed in at most two parallel passes:
-    ``moments`` (float64 ``(B, 3)``, per-row ``(n_i, mean_i, M2_i)``) when an estimator kernel
-    produced them on the way (``wh = 1``), else :func:`~mpo_viz.advantages.kernels.moments_kernel`;
-    then :func:`merge_moments` and one rewrite of the action tokens. ``out`` (same shape and dtype
-    as ``adv``) receives the result; ``None`` whitens ``adv`` in place. Shapes: adv, mask ``(B, L)``.
+    ``moments`` (float64 ``(B, 4)``, per-row ``(n_i, mean_i, M2_i, z_i)``, see
+    :mod:`mpo_viz.advantages.kernels`) when an estimator kernel produced them on the way
+    (``wh = 1``; its masked outputs are 0), else :func:`~mpo_viz.advantages.kernels.moments_kernel`;
+    then :func:`merge_moments` and one rewrite of the action tokens
+    (:func:`~mpo_viz.advantages.kernels.whiten_apply_kernel`). Shapes: adv, mask ``(B, L)``.
     """
-    if out is None:
-        out = adv
     if moments is None:
-        moments = np.empty((adv.shape[0], 3))
+        moments = np.empty((adv.shape[0], 4))
         K.moments_kernel(adv, mask, moments)
     n, mean, std = merge_moments(moments)
-    if n == 0:
-        if out is not adv:
-            out[...] = adv
-        return out
-    K.whiten_apply_kernel(adv, mask, mean, 1.0 / std, out)
-    return out
+    if n > 0:
+        K.whiten_apply_kernel(adv, mask, mean, 1.0 / std, moments)
+    return adv
 
 
 def group_codes(group_ids, B: int, name: str = "group_ids") -> np.ndarray:

@@ -141,10 +141,10 @@ def reinforce_pp(
     p = prepare(rewards, mask, validate=False)
     g = np.empty(p.shape, dtype=p.dtype)
     bad = np.empty(p.shape[0], dtype=np.int64)
-    moments = np.empty((p.shape[0], 3))
+    moments = np.empty((p.shape[0], 4))
     K.discounted_kernel(p.rewards, p.mask, gamma, g, bad, int(whiten), moments)
     p.check_bad(bad)
-    adv = whiten_(g, p.mask, moments, out=np.empty_like(g)) if whiten else g.copy()
+    adv = whiten_(g.copy(), p.mask, moments) if whiten else g.copy()
     return to_torch(adv, p.device), to_torch(g, p.device)
 
 

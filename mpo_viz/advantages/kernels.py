@@ -16,13 +16,14 @@ Integer "enum" arguments (kept as ints so every call has the same numba signatur
 * ``ret_mode``: 0 Monte-Carlo returns, 1 turn returns ``G^T_k`` broadcast  (``critic_target``)
 
 Whitening (``whiten=True``) is fused: with ``wh = 1`` an estimator kernel also writes, per row, the
-count, mean and sum of squared deviations of the advantages it stored on the action tokens
-(``wst[i] = (n_i, mean_i, M2_i)``, float64 ``(B, 3)``), accumulated on the way as shifted sums
-(shift = the row's first stored value, so a constant row gives exactly ``M2_i = 0``). The caller
-merges the rows (:func:`mpo_viz.advantages._inputs.merge_moments`) and rewrites the action tokens
-once with :func:`whiten_apply_kernel`: one extra pass over the batch instead of numpy's gather,
-copy, two reductions and scatter. :func:`moments_kernel` gives the same row moments for any
-advantage array (the estimators without a kernel of their own). The readable specification is
+count, mean and sum of squared deviations of the advantages it stored on the action tokens, and how
+many of them are exactly 0 (``wst[i] = (n_i, mean_i, M2_i, z_i)``, float64 ``(B, 4)``),
+accumulated on the way as shifted sums (shift = the row's first stored value, so a constant row
+gives exactly ``M2_i = 0``). The caller merges the rows
+(:func:`mpo_viz.advantages._inputs.merge_moments`) and rewrites the action tokens in place with
+:func:`whiten_apply_kernel`: one extra pass over the batch instead of numpy's gather, copy, two
+reductions and scatter. :func:`moments_kernel` gives the same row statistics for any advantage
+array (the estimators without a kernel of their own). The readable specification is
 :func:`mpo_viz.advantages._inputs.whiten_reference` (and ``_whiten`` in the reference loops).
 """
 
@@ -113,8 +114,8 @@ def validate_kernel(r, v, m, tid, check_values, check_tids, err_code, err_pos, n
 
 
 @njit(cache=True)
-def _put_moments(wst, i, n, shift, s1, s2):
-    """Row i's ``(n, mean, M2)`` from shifted sums ``s1 = Σ(x − shift)``, ``s2 = Σ(x − shift)²``."""
+def _put_moments(wst, i, n, shift, s1, s2, z):
+    """Row i's ``(n, mean, M2, z)`` from shifted sums ``s1 = Σ(x − shift)``, ``s2 = Σ(x − shift)²``."""
     wst[i, 0] = n
     if n == 0:
         wst[i, 1] = 0.0
@@ -122,43 +123,62 @@ def _put_moments(wst, i, n, shift, s1, s2):
     else:
         wst[i, 1] = shift + s1 / n
         wst[i, 2] = max(s2 - s1 * s1 / n, 0.0)
+    wst[i, 3] = z
 
 
 @njit(parallel=True, cache=True)
 def moments_kernel(a, m, wst):
-    """Per row over the action tokens (``m != 0``) of ``a``: ``wst[i] = (n_i, mean_i, M2_i)``, float64."""
+    """Per row over the action tokens (``m != 0``) of ``a``: ``wst[i] = (n_i, mean_i, M2_i, z_i)``.
+
+    ``z_i`` counts the positions where ``a`` being 0 and ``m`` being 0 disagree (action tokens
+    holding exactly 0, masked positions holding anything else): :func:`whiten_apply_kernel` reads
+    the mask of row i only when ``z_i > 0``.
+    """
     B, L = m.shape
     for i in prange(B):
         n = 0
+        z = 0
         shift = 0.0
         s1 = 0.0
         s2 = 0.0
         for t in range(L):
+            x = np.float64(a[i, t])
             if m[i, t] != 0.0:
-                x = np.float64(a[i, t])
                 if n == 0:
                     shift = x
                 d = x - shift
                 s1 += d
                 s2 += d * d
                 n += 1
-        _put_moments(wst, i, n, shift, s1, s2)
+                z += x == 0.0
+            else:
+                z += x != 0.0
+        _put_moments(wst, i, n, shift, s1, s2, z)
 
 
 @njit(parallel=True, cache=True)
-def whiten_apply_kernel(src, m, mean, inv_std, dst):
-    """``dst = (src − mean)·inv_std`` on the action tokens (``m != 0``), ``dst = src`` elsewhere.
+def whiten_apply_kernel(a, m, mean, inv_std, wst):
+    """In place: ``a ← (a − mean)·inv_std`` on the action tokens (``m != 0``); other positions unchanged.
 
     ``inv_std = 1/sqrt(var_unbiased + 1e-8)`` (:func:`mpo_viz.advantages._inputs.merge_moments`):
     a multiplication, not a division, so the pass runs at memory speed (a float64 division per
-    element made it 1.5x slower); the two differ by at most one float64 rounding. ``src`` and ``dst``
-    may be the same array (in place). Arithmetic in float64, stored in ``dst``'s dtype.
+    element made it 1.5x slower); the two differ by at most one float64 rounding. A row whose
+    ``wst[i, 3]`` (``z_i``) is 0 has its action tokens exactly at its non-zero entries, so the
+    pass reads ``a`` alone there (a third of the memory traffic); other rows read the mask.
+    Arithmetic in float64, stored in ``a``'s dtype.
     """
     B, L = m.shape
     for i in prange(B):
-        for t in range(L):
-            x = src[i, t]
-            dst[i, t] = (np.float64(x) - mean) * inv_std if m[i, t] != 0.0 else x
+        if wst[i, 0] == 0:
+            continue
+        if wst[i, 3] == 0:
+            for t in range(L):
+                x = a[i, t]
+                a[i, t] = (np.float64(x) - mean) * inv_std if x != 0.0 else x
+        else:
+            for t in range(L):
+                x = a[i, t]
+                a[i, t] = (np.float64(x) - mean) * inv_std if m[i, t] != 0.0 else x
 
 
 @njit(parallel=True, cache=True)
@@ -172,8 +192,8 @@ def gae_kernel(r, v, m, boot, gamma, lam, ret_lam, adv, ret, bad, wh, wst):
     Checks the input on the way (fused, so the data is read once): ``bad[i]`` counts positions of
     row i with a mask entry not 0/1, a non-finite reward or value on an action token, or a non-zero
     reward on a masked token. Outputs are meaningless where ``bad[i] > 0``; the caller then runs
-    :func:`validate_kernel` for the message. With ``wh = 1`` also the row moments of the stored
-    advantages, ``wst[i] = (n_i, mean_i, M2_i)`` (module docstring).
+    :func:`validate_kernel` for the message. With ``wh = 1`` also the row statistics of the stored
+    advantages, ``wst[i] = (n_i, mean_i, M2_i, z_i)`` (module docstring).
     """
     B, L = m.shape
     sep = math.isfinite(ret_lam)
@@ -185,6 +205,7 @@ def gae_kernel(r, v, m, boot, gamma, lam, ret_lam, adv, ret, bad, wh, wst):
         gl2 = gamma * ret_lam if sep else 0.0
         nb = 0
         wn = 0
+        wz = 0
         shift = 0.0
         s1 = 0.0
         s2 = 0.0
@@ -207,6 +228,7 @@ def gae_kernel(r, v, m, boot, gamma, lam, ret_lam, adv, ret, bad, wh, wst):
                     s1 += dx
                     s2 += dx * dx
                     wn += 1
+                    wz += x == 0.0
                 if sep:
                     a2 = delta + gl2 * a2
                     ret[i, t] = a2 + vt
@@ -219,7 +241,7 @@ def gae_kernel(r, v, m, boot, gamma, lam, ret_lam, adv, ret, bad, wh, wst):
                 ret[i, t] = 0.0
         bad[i] = nb
         if wh == 1:
-            _put_moments(wst, i, wn, shift, s1, s2)
+            _put_moments(wst, i, wn, shift, s1, s2, wz)
 
 
 @njit(parallel=True, cache=True)
@@ -229,13 +251,14 @@ def discounted_kernel(r, m, gamma, out, bad, wh, wst):
     Observation tokens are skipped, the return carried over them; masked outputs are 0.
     ``bad[i]`` counts invalid positions of row i (mask not 0/1, non-finite reward on an action
     token, non-zero reward on a masked one), as in :func:`gae_kernel`; ``wh``/``wst``: the row
-    moments of the stored ``G`` (module docstring).
+    statistics of the stored ``G`` (module docstring).
     """
     B, L = m.shape
     for i in prange(B):
         g = 0.0
         nb = 0
         wn = 0
+        wz = 0
         shift = 0.0
         s1 = 0.0
         s2 = 0.0
@@ -255,12 +278,13 @@ def discounted_kernel(r, m, gamma, out, bad, wh, wst):
                     s1 += dx
                     s2 += dx * dx
                     wn += 1
+                    wz += x == 0.0
             else:
                 nb += rt != 0.0
                 out[i, t] = 0.0
         bad[i] = nb
         if wh == 1:
-            _put_moments(wst, i, wn, shift, s1, s2)
+            _put_moments(wst, i, wn, shift, s1, s2, wz)
 
 
 @njit(parallel=True, cache=True)
@@ -284,13 +308,14 @@ def mae_kernel(
     Turns are defined by the action tokens alone: the ids on masked positions are never read (a
     turn's span runs over masked tokens until an action token with another id). Fused input
     checks, as in :func:`gae_kernel`, plus the turn ids on action tokens: ``bad[i]`` also counts
-    negative ids and turns that are not numbered 0..K−1 in order. ``wh``/``wst``: the row moments
+    negative ids and turns that are not numbered 0..K−1 in order. ``wh``/``wst``: the row statistics
     of the stored advantages (module docstring), accumulated in pass 2.
     """
     B, L = m.shape
     kcap = t_adv.shape[1]
     for i in prange(B):
         wn = 0
+        wz = 0
         wshift = 0.0
         s1 = 0.0
         s2 = 0.0
@@ -390,6 +415,7 @@ def mae_kernel(
                         s1 += dx
                         s2 += dx * dx
                         wn += 1
+                        wz += x == 0.0
             if k >= 0 and k < kcap:
                 t_adv[i, k] = at
                 t_val[i, k] = vs
@@ -403,4 +429,4 @@ def mae_kernel(
             nb += 1
         bad[i] = nb
         if wh == 1:
-            _put_moments(wst, i, wn, wshift, s1, s2)
+            _put_moments(wst, i, wn, wshift, s1, s2, wz)

@@ -58,7 +58,7 @@ def gae(
     adv = np.empty((B, L), dtype=p.dtype)
     ret = np.empty((B, L), dtype=p.dtype)
     bad = np.empty(B, dtype=np.int64)
-    moments = np.empty((B, 3))
+    moments = np.empty((B, 4))
     K.gae_kernel(p.rewards, p.values, p.mask, p.bootstrap, gamma, np.full(B, lam), np.nan, adv, ret, bad,
                  int(whiten), moments)
     p.check_bad(bad)
@@ -91,7 +91,7 @@ def vapo(
     adv = np.empty((B, L), dtype=p.dtype)
     ret = np.empty((B, L), dtype=p.dtype)
     bad = np.empty(B, dtype=np.int64)
-    moments = np.empty((B, 3))
+    moments = np.empty((B, 4))
     K.gae_kernel(p.rewards, p.values, p.mask, p.bootstrap, gamma, lam, 1.0, adv, ret, bad, int(whiten), moments)
     p.check_bad(bad)
     return _finish(p, adv, ret, whiten, moments)
@@ -141,7 +141,7 @@ def _mae(rewards, values, mask, *, turn_ids, gamma, lam, turn_gamma, turn_lam, b
     kmax = int(p.nturns.max()) if (tables and B) else 0
     t_adv, t_val, t_rew, t_ret = (np.full((B, kmax), np.nan) for _ in range(4))
     bad = np.empty(B, dtype=np.int64)
-    moments = np.empty((B, 3))
+    moments = np.empty((B, 4))
     K.mae_kernel(p.rewards, p.values, p.mask, p.turn_ids, p.bootstrap, gamma, lam, turn_gamma, turn_lam,
                  beta, w, va, rm, adv, ret, t_adv, t_val, t_rew, t_ret, bad, int(whiten), moments)
     p.check_bad(bad)

@@ -50,22 +50,43 @@ def test_whiten_matches_numpy_and_loop(name, mask, offset, dtype):
     rng = np.random.default_rng(1)
     adv = np.where(mask != 0, offset + rng.normal(size=mask.shape), 0.0).astype(dtype)
     m = mask.astype(dtype)
-    fast = whiten_(adv.copy(), m)
-    out = np.empty_like(adv)
-    into = whiten_(adv, m, out=out)  # out of place: adv untouched
-    assert into is out
+    a = adv.copy()
+    fast = whiten_(a, m)
+    assert fast is a  # in place
     slow = whiten_reference(adv.copy(), m)
     loop = ref._whiten(adv.astype(np.float64), m)
     assert fast.dtype == dtype
     np.testing.assert_allclose(fast, slow, **_tol(dtype))
     np.testing.assert_allclose(fast, loop, **_tol(dtype))
-    np.testing.assert_array_equal(out, fast)
     assert (fast[m == 0] == 0).all()
     n = int((m != 0).sum())
     if n == 1:  # variance 0: the single token becomes (x − x)/sqrt(1e-8) = 0
         assert (fast == 0).all()
     if n == 0:
         np.testing.assert_array_equal(fast, adv)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_zeros_on_action_tokens_and_values_on_masked_ones(dtype):
+    # the rewrite reads only the advantages in rows where "non-zero" and "action token" coincide;
+    # rows with an action token holding exactly 0 (or -0.0), or a masked position holding a value
+    # (the generic path: any array), must read the mask instead
+    rng = np.random.default_rng(3)
+    m = (rng.random((5, 9)) < 0.6).astype(dtype)
+    m[:, 0] = 1
+    adv = np.where(m != 0, rng.normal(size=m.shape), 0.0).astype(dtype)
+    adv[1, 0] = 0.0  # an action token with advantage 0
+    adv[2, 0] = -0.0
+    adv[0, 1:] = np.where(m[0, 1:] != 0, 1.5, 0.0)  # row 0: no zero action token, masked all 0
+    m[3, 4] = 0
+    adv[3, 4] = 5.0  # a value on a masked position: kept as it is
+    w = np.empty((5, 4))
+    K.moments_kernel(adv, m, w)
+    assert list(w[:4, 3]) == [0, 1, 1, 1]
+    got = whiten_(adv.copy(), m)
+    np.testing.assert_allclose(got, whiten_reference(adv.copy(), m), **_tol(dtype))
+    assert got[1, 0] != 0 and got[2, 0] != 0  # the zeros were whitened too
+    assert got[3, 4] == 5.0
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
@@ -85,7 +106,7 @@ def test_row_moments_and_merge():
     m[4] = 0
     m[4, 7] = 1  # one action token in the row
     x = np.where(m != 0, 5e3 + rng.normal(size=m.shape), 0.0)
-    w = np.empty((6, 3))
+    w = np.empty((6, 4))
     K.moments_kernel(x, m, w)
     for i in range(6):
         xi = x[i][m[i] != 0]
@@ -95,13 +116,14 @@ def test_row_moments_and_merge():
             np.testing.assert_allclose(w[i, 2], ((xi - xi.mean()) ** 2).sum(), rtol=1e-9, atol=1e-12)
         else:
             assert w[i, 1] == 0 and w[i, 2] == 0
+        assert w[i, 3] == 0  # no action token holds 0, no masked position a value
     n, mean, std = merge_moments(w)
     xa = x[m != 0]
     assert n == xa.size
     np.testing.assert_allclose(mean, xa.mean(), rtol=1e-14)
     np.testing.assert_allclose(std, np.sqrt(xa.var(ddof=1) + 1e-8), rtol=1e-10)
-    assert merge_moments(np.zeros((3, 3))) == (0, 0.0, 1.0)
-    assert merge_moments(np.zeros((0, 3))) == (0, 0.0, 1.0)
+    assert merge_moments(np.zeros((3, 4))) == (0, 0.0, 1.0)
+    assert merge_moments(np.zeros((0, 4))) == (0, 0.0, 1.0)
 
 
 # ----------------------------------------------------------------------------- the estimators
