@@ -267,18 +267,26 @@ def whiten_(adv: np.ndarray, mask: np.ndarray, moments: np.ndarray | None = None
 
     Same map as :func:`whiten_reference` (masked positions keep their value, 0 for estimator
     outputs; < 2 action tokens: variance 0), computed in at most two parallel passes:
-    ``moments`` (float64 ``(B, 4)``, per-row ``(n_i, mean_i, M2_i, z_i)``, see
+    ``moments`` (float64 ``(B, 4)``, per-row ``(n_i, mean_i, M2_i, end_i)``, see
     :mod:`mpo_viz.advantages.kernels`) when an estimator kernel produced them on the way
-    (``wh = 1``; its masked outputs are 0), else :func:`~mpo_viz.advantages.kernels.moments_kernel`;
-    then :func:`merge_moments` and one rewrite of the action tokens
-    (:func:`~mpo_viz.advantages.kernels.whiten_apply_kernel`). Shapes: adv, mask ``(B, L)``.
+    (``wh = 1``; its masked outputs are 0; rows with ``M2_i < 0`` are recomputed here), else
+    :func:`~mpo_viz.advantages.kernels.moments_kernel`; then :func:`merge_moments` and one
+    rewrite of the action tokens (:func:`~mpo_viz.advantages.kernels.whiten_apply_kernel`).
+    Shapes: adv, mask ``(B, L)``.
     """
-    if moments is None:
+    from_kernel = moments is not None
+    if not from_kernel:
         moments = np.empty((adv.shape[0], 4))
         K.moments_kernel(adv, mask, moments)
+    else:
+        redo = np.flatnonzero(moments[:, 2] < 0)  # rows whose plain-sum M2 cancelled: exactly
+        if redo.size:
+            sub = np.empty((redo.size, 4))
+            K.moments_kernel(np.ascontiguousarray(adv[redo]), np.ascontiguousarray(mask[redo]), sub)
+            moments[redo] = sub
     n, mean, std = merge_moments(moments)
     if n > 0:
-        K.whiten_apply_kernel(adv, mask, mean, 1.0 / std, moments)
+        K.whiten_apply_kernel(adv, mask, mean, 1.0 / std, moments, int(from_kernel))
     return adv
 
 

@@ -68,24 +68,26 @@ def test_whiten_matches_numpy_and_loop(name, mask, offset, dtype):
 
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_zeros_on_action_tokens_and_values_on_masked_ones(dtype):
-    # the rewrite reads only the advantages in rows where "non-zero" and "action token" coincide;
-    # rows with an action token holding exactly 0 (or -0.0), or a masked position holding a value
-    # (the generic path: any array), must read the mask instead
+    # given the estimator kernels' row moments, the rewrite tests the entries themselves (not the
+    # mask) in rows whose non-zeros are exactly the action tokens; a row with an action token
+    # holding exactly 0 (or -0.0) must read the mask instead. Without kernel moments (any array)
+    # a value on a masked position is kept.
     rng = np.random.default_rng(3)
     m = (rng.random((5, 9)) < 0.6).astype(dtype)
     m[:, 0] = 1
     adv = np.where(m != 0, rng.normal(size=m.shape), 0.0).astype(dtype)
     adv[1, 0] = 0.0  # an action token with advantage 0
     adv[2, 0] = -0.0
-    adv[0, 1:] = np.where(m[0, 1:] != 0, 1.5, 0.0)  # row 0: no zero action token, masked all 0
-    m[3, 4] = 0
-    adv[3, 4] = 5.0  # a value on a masked position: kept as it is
     w = np.empty((5, 4))
     K.moments_kernel(adv, m, w)
-    assert list(w[:4, 3]) == [0, 1, 1, 1]
+    expect = whiten_reference(adv.copy(), m)
+    got = whiten_(adv.copy(), m, w.copy())  # as from a kernel: masked positions are 0
+    np.testing.assert_allclose(got, expect, **_tol(dtype))
+    assert got[1, 0] != 0 and got[2, 0] != 0  # the zeros were whitened too
+    m[3, 4] = 0
+    adv[3, 4] = 5.0  # a value on a masked position: kept as it is
     got = whiten_(adv.copy(), m)
     np.testing.assert_allclose(got, whiten_reference(adv.copy(), m), **_tol(dtype))
-    assert got[1, 0] != 0 and got[2, 0] != 0  # the zeros were whitened too
     assert got[3, 4] == 5.0
 
 
@@ -116,7 +118,7 @@ def test_row_moments_and_merge():
             np.testing.assert_allclose(w[i, 2], ((xi - xi.mean()) ** 2).sum(), rtol=1e-9, atol=1e-12)
         else:
             assert w[i, 1] == 0 and w[i, 2] == 0
-        assert w[i, 3] == 0  # no action token holds 0, no masked position a value
+        assert w[i, 3] == (np.flatnonzero(m[i])[-1] + 1 if xi.size else 0)
     n, mean, std = merge_moments(w)
     xa = x[m != 0]
     assert n == xa.size
@@ -226,3 +228,46 @@ def test_whitened_estimators_match_reference_loops(name, opts, dtype):
             kw["turn_ids"] = d["turn_ids"]
         slow, _ = getattr(ref, name)(d["rewards"], d["values"], d["mask"], **kw)
         np.testing.assert_allclose(w.numpy(), slow, **_tol(dtype))
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_rows_far_from_zero_are_recomputed_exactly(dtype):
+    # advantages 1e3 + noise of 1e-3: Σx² − (Σx)²/n cancels in every row, so the kernel asks for an
+    # exact recomputation (M2 = −1) and the result still matches the numpy path
+    d = random_batch(5, B=8, dtype=dtype)
+    act = d["mask"] != 0
+    rng = np.random.default_rng(5)
+    R = np.where(act, 1e3 + 1e-3 * rng.normal(size=act.shape), 0.0).astype(dtype)
+    Z = np.zeros_like(R)
+    B = R.shape[0]
+    adv, ret = np.empty_like(R), np.empty_like(R)
+    w = np.empty((B, 4))
+    K.gae_kernel(R, Z, d["mask"], np.full(B, np.nan), 1.0, np.zeros(B), np.nan, adv, ret, np.empty(B, np.int64), 1, w)
+    assert (w[act.any(1), 2] == -1).all()
+    a, _ = A.gae(R, Z, d["mask"], lam=0.0)
+    got, _ = A.gae(R, Z, d["mask"], lam=0.0, whiten=True)
+    expect = whiten_reference(a.numpy().copy(), d["mask"])
+    # float32 inputs: 1e3 + 1e-3·noise keeps ~4 digits of the noise; compare on that scale
+    np.testing.assert_allclose(got.numpy(), expect, **({"rtol": 1e-7, "atol": 1e-7} if dtype == np.float64
+                                                        else {"rtol": 1e-4, "atol": 1e-4}))
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("name", ["gae", "mae", "reinforce_pp"])
+def test_estimators_with_exact_zero_advantages(name, dtype):
+    # values 0 and sparse rewards: many action tokens get exactly 0 (gae with λ = 0: A = r; mae:
+    # u = 0 and A^T_k = R_k with λ_T = 0; reinforce_pp: returns 0 after the last reward), so the
+    # rewrite must read the mask in those rows
+    d = random_batch(6, B=10, dtype=dtype)
+    act = d["mask"] != 0
+    rng = np.random.default_rng(6)
+    R = np.where(act & (rng.random(act.shape) < 0.3), rng.normal(size=act.shape), 0.0).astype(dtype)
+    Z = np.zeros_like(R)
+    kw = {"gae": {"lam": 0.0}, "mae": {"turn_lam": 0.0, "turn_ids": d["turn_ids"]}, "reinforce_pp": {}}[name]
+    fn = getattr(A, name)
+    args = (R, d["mask"]) if name == "reinforce_pp" else (R, Z, d["mask"])
+    a, _ = fn(*args, whiten=False, **kw)
+    assert (a.numpy()[act] == 0).any()
+    w, _ = fn(*args, whiten=True, **kw)
+    np.testing.assert_allclose(w.numpy(), whiten_reference(a.numpy().copy(), d["mask"]), **_tol(dtype))
+    assert (w.numpy()[~act] == 0).all()
