@@ -17,7 +17,9 @@ L tokens, float32 `rewards`, `values`, `mask`, `turn_ids`.
 Columns, per estimator and batch size (all in this one process, on the same inputs):
 * `plain ms`: the public call with `whiten=False`; `white ms`: with `whiten=True` (the kernel
   writes per-row moments on the way; one parallel pass rewrites the action tokens);
-  `ratio` = white / plain (target ≤ 1.2); `cpu ratio`: the same on the process's CPU time
+  `ratio` = white / plain, best against best (target ≤ 1.2); `paired`: the median over the rounds
+  of white / plain within a round (the two calls back to back, so under the same load);
+  `cpu ratio`: best against best on the process's CPU time
   (`time.process_time`, all threads), which a busy machine disturbs less than the wall time (with
   `--threads 1` it is the single thread's time).
 * `numpy ms`: `whiten=False` followed by the numpy whitening the estimators used before
@@ -39,6 +41,7 @@ from __future__ import annotations
 import argparse
 import os
 import platform
+import statistics
 import sys
 import time
 from functools import partial
@@ -66,18 +69,22 @@ GAMMA, LAM = 1.0, 0.95
 
 
 def best_of(fns, reps):
-    """Interleaved best-of-``reps`` wall seconds and process CPU seconds of each callable, and each
-    one's last output: ``(wall, cpu, outs)``."""
+    """Interleaved best-of-``reps`` wall seconds and process CPU seconds of each callable, each
+    one's last output, and every round's wall seconds: ``(wall, cpu, outs, rounds)``."""
     wall = [float("inf")] * len(fns)
     cpu = [float("inf")] * len(fns)
     outs = [None] * len(fns)
+    rounds = []
     for _ in range(reps):
+        row = []
         for j, fn in enumerate(fns):
             c0, t0 = time.process_time(), time.perf_counter()
             outs[j] = fn()
-            wall[j] = min(wall[j], time.perf_counter() - t0)
+            row.append(time.perf_counter() - t0)
+            wall[j] = min(wall[j], row[-1])
             cpu[j] = min(cpu[j], time.process_time() - c0)
-    return wall, cpu, outs
+        rounds.append(row)
+    return wall, cpu, outs, rounds
 
 
 def load() -> str:
@@ -127,7 +134,8 @@ def main(argv=None) -> int:
         A.gae(tiny.rewards, tiny.values, tiny.mask, whiten=w)
         A.mae(tiny.rewards, tiny.values, tiny.mask, turn_ids=tiny.turn_ids, whiten=w)
     print(f"# before: {load()}")
-    header = (f"{'B':>5} {'L':>5} {'estimator':<9} {'plain ms':>9} {'white ms':>9} {'ratio':>6} {'cpu ratio':>9} "
+    header = (f"{'B':>5} {'L':>5} {'estimator':<9} {'plain ms':>9} {'white ms':>9} {'ratio':>6} {'paired':>8} "
+              f"{'cpu ratio':>9} "
               f"{'numpy ms':>9} {'ratio':>6} {'verl ms':>9} {'verl/white':>10} {'max|Δ|':>9}")
     print(header)
     print("-" * len(header))
@@ -151,16 +159,18 @@ def run_size(B, L, args):
         return A.mae(R, V, M, turn_ids=T, whiten=w)
 
     for name, call in (("gae", gae), ("mae", mae)):
-        (t0, t1, tn), (c0, c1, _), (_, white, old) = best_of(
+        (t0, t1, tn), (c0, c1, _), (_, white, old), rounds = best_of(
             [partial(call, False), partial(call, True), partial(numpy_whitened, call, M)], args.reps)
+        paired = statistics.median(r[1] / r[0] for r in rounds)
         assert np.allclose(white[0].numpy(), old, rtol=2e-5, atol=2e-5)  # the same numbers as before
         verl_cols = f"{'—':>9} {'—':>10} {'—':>9}"
         if name == "gae" and compute_gae_advantage_return is not None:
-            (tv,), _, ((va, _),) = best_of([partial(compute_gae_advantage_return, R, V, M, GAMMA, LAM)],
+            (tv,), _, ((va, _),), _ = best_of([partial(compute_gae_advantage_return, R, V, M, GAMMA, LAM)],
                                         args.verl_reps)
             d = float(np.abs(va.numpy()[act] - white[0].numpy()[act]).max())
             verl_cols = f"{tv * 1e3:>9.0f} {tv / t1:>9.0f}x {d:>9.1e}"
-        print(f"{B:>5} {L:>5} {name:<9} {t0 * 1e3:>9.1f} {t1 * 1e3:>9.1f} {t1 / t0:>5.2f}x {c1 / c0:>8.2f}x "
+        print(f"{B:>5} {L:>5} {name:<9} {t0 * 1e3:>9.1f} {t1 * 1e3:>9.1f} {t1 / t0:>5.2f}x {paired:>7.2f}x "
+              f"{c1 / c0:>8.2f}x "
               f"{tn * 1e3:>9.1f} {tn / t0:>5.2f}x {verl_cols}", flush=True)
     print(f"{'':>5} ({act.mean():.0%} of the {B * L:,} positions are action tokens)")
 

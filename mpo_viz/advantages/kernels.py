@@ -203,11 +203,12 @@ def whiten_apply_kernel(a, m, mean, inv_std, wst, masked_zero):
         if masked_zero == 1 and nz == n:
             for t in range(end):
                 x = a[i, t]
-                a[i, t] = (np.float64(x) - mean) * inv_std if x != 0.0 else x
+                if x != 0.0:  # a store only here: cache lines inside observation spans stay clean
+                    a[i, t] = (np.float64(x) - mean) * inv_std
         else:
             for t in range(end):
-                x = a[i, t]
-                a[i, t] = (np.float64(x) - mean) * inv_std if m[i, t] != 0.0 else x
+                if m[i, t] != 0.0:
+                    a[i, t] = (np.float64(a[i, t]) - mean) * inv_std
 
 
 @njit(parallel=True, cache=True)
