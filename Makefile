@@ -79,8 +79,10 @@ test-slow: venv browser-deps
 demo: venv
 	$(PY) -m mpo_viz.demo
 
+# Jupyter refuses to start as root without --allow-root (containers often run as root).
+USER_ID ?= $(shell id -u)
 lab: venv
-	$(VENV)/bin/jupyter lab notebooks/
+	$(VENV)/bin/jupyter lab $(if $(filter 0,$(USER_ID)),--allow-root ,)notebooks/
 
 bench: venv
 	@for f in benchmarks/*.py; do echo "== $$f"; $(PY) $$f || exit 1; done

@@ -28,11 +28,30 @@ Columns (over all turns / action tokens of the set):
 
 Nothing is timed against a baseline here; `ms` is the wall time of `compute` per call (400
 trajectories, kernels compiled beforehand), for scale.
+
+**Learned critics** (`--critic learned`): real critics are wrong in structured ways (shrunk to the
+mean, smooth across turns, noisy inside them), so here the values come from critics *fitted* to
+expert sets: per environment and set size (the shipped 400 episodes; `--sizes 2000` generates a
+larger set of the same expert, noise 0.25, G = 4, seed 1), per target (`mc`: Monte-Carlo returns;
+`oracle`: the oracle values themselves, an upper bound on what a critic can learn), per trunk
+(`fresh`: a new tiny Llama; `policy`: the trunk of a trained policy of that environment where one
+is shipped — `trajectories/starts/automation`) and per critic seed, one fit of
+`mpo_viz.train.critic_fit.fit_values` (lr 1e-3, 16 episodes per step, a fifth of the groups held
+out) measured at the step budgets {16, 64, 256, 1024} and at its best held-out explained variance
+(`best`, checked every 16 steps). At each, every estimator runs on the **held-out** episodes (whole
+groups the critic never saw) with the critic's values, and its credit is scored against the
+oracle as above. Rows: means over critic seeds with 95% t-intervals, beside the critic's held-out
+EV and the median across/within ratio of its values (and the oracle's). A row whose critic
+explains nothing (EV ≈ 0) says nothing about the estimators: read the EV first.
+
+      .venv/bin/python benchmarks/credit_accuracy.py --critic learned                 # everything
+      .venv/bin/python benchmarks/credit_accuracy.py --critic learned --envs automation --csv a.csv
 """
 
 from __future__ import annotations
 
 import argparse
+import math
 import os
 import sys
 import time
@@ -169,8 +188,183 @@ def run(envs, sigmas, seed: int = 0, noise_model: str = "token") -> pd.DataFrame
     return pd.DataFrame(out)
 
 
+# --------------------------------------------------------------------------------------------- learned critics
+
+START_DIRS = {"automation": os.path.join(ROOT, "starts", "automation")}
+#: estimators whose credit the learned-critic tables print (the CSV has every one)
+SHOWN = ("mpo", "turn_gae", "gae lam=1", "vapo", "grpo")
+
+
+def expert_set(env: str, size: int):
+    """The shipped 400 episodes, or ``size`` new episodes of the same expert (noise 0.25, G = 4, seed 1)."""
+    from mpo_viz.envs.generate import GenerateConfig, generate
+
+    if size == 400:
+        return mv.load(os.path.join(ROOT, f"{env}.parquet"))
+    return generate(GenerateConfig(env=env, noise=0.25, episodes=size, group_size=4, seed=1))
+
+
+def make_critic(env: str, trunk: str, batch, seed: int):
+    """A critic over the set's ids: a fresh tiny Llama trunk, or the trunk of the shipped policy."""
+    from mpo_viz import models
+    from mpo_viz.train.critic_fit import vocab_critic
+
+    if trunk == "policy":
+        policy, _ = models.load(START_DIRS[env])
+        return models.make_critic(policy, init="policy", seed=seed)
+    vocab = 1 + max(int(x.max()) for f in ("prompt_ids", "response_ids") for x in batch.field(f) if len(x))
+    return vocab_critic(vocab, size="1m", seed=seed)
+
+
+def score_heldout(batch, values, held) -> list[dict]:
+    """Every estimator on the held-out rows with ``values``: the accuracy columns per estimator."""
+    sub = batch[held].with_token_fields(values=values[held])
+    ref = reference(sub)
+    out = []
+    for label, name, opts in ESTIMATORS:
+        res = compute(sub, name, **opts)
+        out.append({"estimator": label, **metrics(res.advantages.double().numpy(), ref)})
+    return out
+
+
+def fit_and_score(env: str, size: int, target: str, trunk: str, seed: int, budgets, batch, log) -> list[dict]:
+    """One critic fit, scored at each budget and at its best held-out EV."""
+    import copy
+
+    import torch
+
+    from mpo_viz.analysis import value_variance, variance_summary
+    from mpo_viz.train.critic_fit import critic_outputs, fit_values, holdout_split, mc_returns
+    from mpo_viz.train.update import rows_of
+
+    targets = mc_returns(batch) if target == "mc" else batch.padded("oracle_values", torch.float64)
+    critic = make_critic(env, trunk, batch, seed)
+    groups = batch.field("group_id")
+    _, held = holdout_split(len(batch), 0.2, seed, groups)
+    r = rows_of(batch)
+    oracle_ratio = variance_summary(value_variance(batch[held], batch[held].padded("oracle_values")))["median_ratio"]
+    snaps, best = {}, {"ev": -math.inf, "state": None, "step": 0}
+
+    def on_eval(step, ev, c):
+        if step in budgets:
+            snaps[step] = (ev, copy.deepcopy(c.state_dict()))
+        if ev > best["ev"]:
+            best.update(ev=ev, state=copy.deepcopy(c.state_dict()), step=step)
+
+    t0 = time.perf_counter()
+    every = min(16, math.gcd(*budgets))  # the budgets must be among the checked steps
+    fit_values(critic, batch, targets, steps=max(budgets), lr=1e-3, batch_episodes=16, holdout=0.2, gate=None,
+               eval_every=every, seed=seed, pad_id=0, groups=groups, on_eval=on_eval)
+    snaps["best"] = (best["ev"], best["state"])
+    rows = []
+    for budget, (ev, state) in snaps.items():
+        critic.load_state_dict(state)
+        values = critic_outputs(critic, r, np.arange(len(batch)), pad_id=0, device="cpu")
+        sub = batch[held]
+        ratio = variance_summary(value_variance(sub, values[held][:, : sub.mask.shape[1]]))["median_ratio"]
+        for row in score_heldout(batch, values, held):
+            rows.append({"env": env, "size": size, "target": target, "trunk": trunk, "seed": seed,
+                         "budget": str(budget), "best_step": best["step"] if budget == "best" else budget,
+                         "heldout_ev": ev, "values_ratio": ratio, "oracle_ratio": oracle_ratio, **row})
+    log(f"{env} n={size} target={target} trunk={trunk} seed={seed}: held-out EV "
+        + ", ".join(f"{b}: {snaps[b][0]:.3f}" for b in budgets) + f", best {best['ev']:.3f} at step {best['step']} "
+        f"({time.perf_counter() - t0:.0f} s)")
+    return rows
+
+
+def summarize_learned(df: pd.DataFrame) -> pd.DataFrame:
+    """Means over critic seeds with the half-width of the 95% t-interval (``*_ci``)."""
+    from scipy import stats as sps
+
+    keys = ["env", "size", "target", "trunk", "budget", "estimator"]
+    cols = ["heldout_ev", "values_ratio", "oracle_ratio", "best_step", "turn_corr", "turn_sign", "tok_corr",
+            "within_corr", "dec_sign", "dec_mass"]
+    out = []
+    for k, g in df.groupby(keys, sort=False):
+        row = dict(zip(keys, k))
+        row["seeds"] = len(g)
+        for c in cols:
+            v = g[c].to_numpy(dtype=float)
+            v = v[np.isfinite(v)]
+            row[c] = float(v.mean()) if len(v) else math.nan
+            row[f"{c}_ci"] = (float(sps.t.ppf(0.975, len(v) - 1) * v.std(ddof=1) / math.sqrt(len(v)))
+                              if len(v) > 1 else math.nan)
+        out.append(row)
+    return pd.DataFrame(out)
+
+
+def learned_tables(summary: pd.DataFrame) -> str:
+    """One table per environment: a line per critic (size, target, trunk, budget) with its EV and
+    the turn- and token-level correlation of the shown estimators."""
+
+    def f(x, ci):
+        return "–" if not np.isfinite(x) else (f"{x:.2f}" + (f"±{ci:.2f}" if np.isfinite(ci) else ""))
+
+    lines = []
+    for env, e in summary.groupby("env", sort=False):
+        lines += [f"\n== {env}: a critic fitted to expert episodes; credit scored on held-out groups "
+                  f"(turn_corr / tok_corr, mean ± 95% CI over critic seeds)", "",
+                  "| n | target | trunk | steps | held-out EV | across/within (oracle) | "
+                  + " | ".join(SHOWN) + " |", "|---" * (6 + len(SHOWN)) + "|"]
+        for k, g in e.groupby(["size", "target", "trunk", "budget"], sort=False):
+            first = g.iloc[0]
+            steps = k[3] if k[3] != "best" else f"best ({first['best_step']:.0f})"
+            cells = []
+            for name in SHOWN:
+                r = g[g.estimator == name]
+                if r.empty:
+                    cells.append("–")
+                    continue
+                r = r.iloc[0]
+                cells.append(f"{f(r['turn_corr'], r['turn_corr_ci'])} / {f(r['tok_corr'], r['tok_corr_ci'])}")
+            lines.append(f"| {k[0]} | {k[1]} | {k[2]} | {steps} | {f(first['heldout_ev'], first['heldout_ev_ci'])} | "
+                         f"{first['values_ratio']:.2g} ({first['oracle_ratio']:.2g}) | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def run_learned(envs, sizes, targets, trunks, seeds, budgets, log=print) -> pd.DataFrame:
+    rows = []
+    for env in envs:
+        for size in sizes:
+            batch = expert_set(env, size)
+            for target in targets:
+                for trunk in trunks:
+                    if trunk == "policy" and env not in START_DIRS:
+                        continue  # no trained policy of this environment is shipped
+                    for seed in seeds:
+                        rows += fit_and_score(env, size, target, trunk, seed, budgets, batch, log)
+    return pd.DataFrame(rows)
+
+
+def main_learned(args) -> int:
+    import torch
+
+    torch.set_num_threads(args.threads)
+    t0 = time.perf_counter()
+    df = run_learned(args.envs, args.sizes, args.targets, args.trunks, args.seeds, args.budgets)
+    summary = summarize_learned(df)
+    print(learned_tables(summary))
+    if args.csv:
+        df.to_csv(args.csv, index=False)
+        summary.to_csv(args.csv.replace(".csv", "") + "_summary.csv", index=False)
+        print(f"\nwrote {args.csv} (every fit, budget and estimator) and its _summary.csv")
+    print(f"\ntotal {time.perf_counter() - t0:.1f} s")
+    return 0
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--critic", choices=("noise", "learned"), default="noise",
+                    help="noise: the oracle plus Gaussian noise (default); learned: critics fitted to the sets")
+    ap.add_argument("--sizes", type=int, nargs="*", default=[400, 2000],
+                    help="learned: set sizes (400 = the shipped set; others are generated)")
+    ap.add_argument("--targets", nargs="*", default=["mc", "oracle"], choices=["mc", "oracle"],
+                    help="learned: what the critic is fitted to")
+    ap.add_argument("--trunks", nargs="*", default=["fresh", "policy"], choices=["fresh", "policy"],
+                    help="learned: a fresh trunk, or a shipped trained policy's (automation)")
+    ap.add_argument("--seeds", type=int, nargs="*", default=[0, 1, 2], help="learned: critic seeds")
+    ap.add_argument("--budgets", type=int, nargs="*", default=[16, 64, 256, 1024], help="learned: step budgets")
+    ap.add_argument("--threads", type=int, default=1, help="learned: torch CPU threads")
     ap.add_argument("--quick", action="store_true", help="sigma in {0, 0.1} only")
     ap.add_argument("--sigmas", type=float, nargs="*", default=None, help="critic noise levels")
     ap.add_argument("--envs", nargs="*", default=list(ENVS), choices=ENVS)
@@ -178,6 +372,8 @@ def main(argv=None) -> int:
                     help="critic noise: i.i.d. per token (default) or one draw per turn")
     ap.add_argument("--csv", default=None, help="also write the table as CSV")
     args = ap.parse_args(argv)
+    if args.critic == "learned":
+        return main_learned(args)
     sigmas = args.sigmas if args.sigmas is not None else ([0.0, 0.1] if args.quick else [0.0, 0.05, 0.1, 0.2])
     t0 = time.perf_counter()
     df = run(args.envs, sigmas, noise_model=args.noise_model)

@@ -34,6 +34,7 @@ from mpo_viz.ragged import (
 from mpo_viz.schema import (
     EXTRA_TOKEN_DTYPE,
     REQUIRED,
+    SCALAR_FIELDS,
     SCHEMA_VERSION,
     TOKEN_FIELDS,
     TURN_FIELDS,
@@ -525,18 +526,32 @@ class TrajectoryBatch:
             dtype = TOKEN_FIELDS.get(name, EXTRA_TOKEN_DTYPE)
             tokens[name] = flat.astype(dtype)
             present[name] = np.ones(len(self), dtype=bool)
-        out = TrajectoryBatch(
-            offsets=self._off,
-            tokens=tokens,
-            present=present,
-            prompt=self._prompt,
-            turn=self._turn,
-            scalars=self._scalars,
-            extras=self._extras,
-            meta=self.meta,
-            rejected=self.rejected,
-        )
-        return out
+        return self._replace(tokens=tokens, present=present)
+
+    def with_scalars(self, **fields) -> TrajectoryBatch:
+        """A new batch with per-row scalar fields set (e.g. ``bootstrap_value=v``): each value a
+        sequence of one entry per row (None or NaN where a row has none). Only the v1 scalar fields
+        (``bootstrap_value``, ``step``, ...; not the identity fields ``traj_id``/``group_id``/``reward``)."""
+        scalars = dict(self._scalars)
+        for name, value in fields.items():
+            if name not in SCALAR_FIELDS or name in REQUIRED:
+                raise ValueError(f"with_scalars: expected an optional v1 scalar field "
+                                 f"({', '.join(k for k in SCALAR_FIELDS if k not in REQUIRED)}), found {name!r}")
+            v = list(value)
+            if len(v) != len(self):
+                raise ValueError(f"{name}: expected {len(self)} rows, found {len(v)}")
+            scalars[name] = np.array([None if x is None else _py(x) for x in v], dtype=object)
+        return self._replace(scalars=scalars)
+
+    def with_meta(self, **entries) -> TrajectoryBatch:
+        """A new batch whose file metadata has ``entries`` added (this batch's is left as it is)."""
+        return self._replace(meta={**self.meta, **entries})
+
+    def _replace(self, **parts) -> TrajectoryBatch:
+        kw: dict[str, Any] = dict(offsets=self._off, tokens=self._tok, present=self._present, prompt=self._prompt, turn=self._turn,
+                  scalars=self._scalars, extras=self._extras, meta=self.meta, rejected=self.rejected)
+        kw.update(parts)
+        return TrajectoryBatch(**kw)
 
     # ------------------------------------------------------------------ pandas views
     def to_pandas(self, columns: Sequence[str] | None = None) -> pd.DataFrame:

@@ -8,6 +8,7 @@ that dtype, on the device of the first torch input (CPU when none).
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import numpy as np
@@ -17,7 +18,9 @@ from mpo_viz.advantages import kernels as K
 from mpo_viz.options import Option, interval
 from mpo_viz.turns import turn_ids_from_mask
 
-__all__ = ["Prepared", "prepare", "to_torch", "whiten_", "group_codes", "scalar_check"]
+__all__ = [
+    "Prepared", "prepare", "to_torch", "whiten_", "whiten_reference", "merge_moments", "group_codes", "scalar_check",
+]
 
 
 def _to_numpy(x, name: str) -> np.ndarray:
@@ -223,10 +226,16 @@ def to_torch(a: np.ndarray, device: torch.device) -> torch.Tensor:
     return t if device.type == "cpu" else t.to(device)
 
 
-def whiten_(adv: np.ndarray, mask: np.ndarray) -> np.ndarray:
+#: Added to the variance before the square root when whitening (verl's ``masked_whiten``).
+WHITEN_EPS = 1e-8
+
+
+def whiten_reference(adv: np.ndarray, mask: np.ndarray) -> np.ndarray:
     """In place over the ``mask == 1`` tokens: ``A ← (A − mean)/sqrt(var_unbiased + 1e-8)``.
 
-    Masked positions stay 0. With fewer than two action tokens the variance is taken as 0.
+    Masked positions stay 0. With fewer than two action tokens the variance is taken as 0. The
+    readable form (numpy: gather, two-pass mean and variance, scatter) that :func:`whiten_` is
+    tested against; the estimators use :func:`whiten_`.
     """
     sel = mask != 0
     n = int(sel.sum())
@@ -235,7 +244,55 @@ def whiten_(adv: np.ndarray, mask: np.ndarray) -> np.ndarray:
     x = adv[sel].astype(np.float64)
     mean = x.mean()
     var = ((x - mean) ** 2).sum() / (n - 1) if n > 1 else 0.0
-    adv[sel] = (x - mean) / np.sqrt(var + 1e-8)
+    adv[sel] = (x - mean) / np.sqrt(var + WHITEN_EPS)
+    return adv
+
+
+def merge_moments(moments: np.ndarray) -> tuple[int, float, float]:
+    """The batch's ``(N, mean, std)`` from per-row statistics ``(n_i, mean_i, M2_i, …)`` (float64 ``(B, ≥3)``).
+
+    Chan's pairwise merge: ``N = Σ n_i``, ``mean = Σ n_i·mean_i / N`` (computed as a shift, the
+    first non-empty row's mean, plus the mean offset: a constant batch gives its constant exactly),
+    ``M2 = Σ M2_i + Σ n_i (mean_i − mean)²``, ``std = sqrt(M2/(N − 1) + 1e-8)`` (variance 0 when
+    ``N < 2``). ``N = 0`` gives ``(0, 0.0, 1.0)``.
+    """
+    n = moments[:, 0]
+    total = float(n.sum())
+    if total == 0:
+        return 0, 0.0, 1.0
+    mu = moments[:, 1]
+    shift = float(mu[int(np.argmax(n > 0))])
+    mean = shift + float((n * (mu - shift)).sum()) / total
+    m2 = float(moments[:, 2].sum()) + float((n * (mu - mean) ** 2).sum())
+    var = m2 / (total - 1) if total > 1 else 0.0
+    return int(total), mean, math.sqrt(var + WHITEN_EPS)
+
+
+def whiten_(adv: np.ndarray, mask: np.ndarray, moments: np.ndarray | None = None) -> np.ndarray:
+    """In place over the ``mask == 1`` tokens: ``A ← (A − mean)/sqrt(var_unbiased + 1e-8)``; returns ``adv``.
+
+    Same map as :func:`whiten_reference` (masked positions keep their value, 0 for estimator
+    outputs; < 2 action tokens: variance 0), computed in at most two parallel passes:
+    ``moments`` (float64 ``(B, 4)``, per-row ``(n_i, mean_i, M2_i, end_i)``, see
+    :mod:`mpo_viz.advantages.kernels`) when an estimator kernel produced them on the way
+    (``wh = 1``; its masked outputs are 0; rows with ``M2_i < 0`` are recomputed here), else
+    :func:`~mpo_viz.advantages.kernels.moments_kernel`; then :func:`merge_moments` and one
+    rewrite of the action tokens (:func:`~mpo_viz.advantages.kernels.whiten_apply_kernel`).
+    Shapes: adv, mask ``(B, L)``.
+    """
+    from_kernel = moments is not None
+    if moments is None:
+        moments = np.empty((adv.shape[0], 4))
+        K.moments_kernel(adv, mask, moments)
+    else:
+        redo = np.flatnonzero(moments[:, 2] < 0)  # rows whose plain-sum M2 cancelled: exactly
+        if redo.size:
+            sub = np.empty((redo.size, 4))
+            K.moments_kernel(np.ascontiguousarray(adv[redo]), np.ascontiguousarray(mask[redo]), sub)
+            moments[redo] = sub
+    n, mean, std = merge_moments(moments)
+    if n > 0:
+        K.whiten_apply_kernel(adv, mask, mean, 1.0 / std, moments, int(from_kernel))
     return adv
 
 

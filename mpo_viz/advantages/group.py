@@ -141,11 +141,10 @@ def reinforce_pp(
     p = prepare(rewards, mask, validate=False)
     g = np.empty(p.shape, dtype=p.dtype)
     bad = np.empty(p.shape[0], dtype=np.int64)
-    K.discounted_kernel(p.rewards, p.mask, gamma, g, bad)
+    moments = np.empty((p.shape[0], 4))
+    K.discounted_kernel(p.rewards, p.mask, gamma, g, bad, int(whiten), moments)
     p.check_bad(bad)
-    adv = g.copy()
-    if whiten:
-        whiten_(adv, p.mask)
+    adv = whiten_(g.copy(), p.mask, moments) if whiten else g.copy()
     return to_torch(adv, p.device), to_torch(g, p.device)
 
 

@@ -1,7 +1,8 @@
 """Fit a critic to a batch's returns, with a held-out split and an explained-variance gate.
 
-One loop serves the trainer's critic warm-up (a pool of rollouts of the start policy) and fitting a
-critic to logged trajectories that carry no values. Per step::
+One loop (:func:`fit_values`) serves the trainer's critic warm-up (a pool of rollouts of the start
+policy) and :func:`fit_critic`, which gives logged trajectories that carry no values the values of
+a critic fitted to their own returns (``mpo-viz fit-critic``). Per step::
 
     draw ``batch_episodes`` training episodes (a seeded permutation, epoch by epoch)
     loss = ½ · token-mean over their action tokens of (V_θ(t) − G_t)²       (no value clipping)
@@ -24,14 +25,20 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 from tqdm.auto import tqdm
+from transformers import LlamaConfig, LlamaModel
 
-from mpo_viz.advantages import mae
-from mpo_viz.analysis import explained_variance
+from mpo_viz.advantages import mae, turn_gae
+from mpo_viz.analysis import explained_variance, value_variance, variance_summary
+from mpo_viz.checks import OptionError
 from mpo_viz.losses import value_loss
+from mpo_viz.models import Critic
+from mpo_viz.models.tiny import MAX_POSITIONS
+from mpo_viz.models.tiny import SIZES as TINY_SIZES
 from mpo_viz.train.update import Rows, forward_critic, make_micro, micro_batches, rows_of
 from mpo_viz.trajectory import TrajectoryBatch
 
-__all__ = ["CriticFit", "mc_returns", "holdout_split", "critic_outputs", "fit_values"]
+__all__ = ["CRITIC_TARGETS", "CriticFit", "FittedCritic", "critic_outputs", "fit_critic", "fit_targets", "fit_values",
+           "holdout_split", "mc_returns", "vocab_critic"]
 
 
 @dataclass
@@ -60,8 +67,13 @@ class CriticFit:
 
     def summary(self) -> str:
         """One line: where the fit stopped and why."""
-        why = (f"passed the gate {self.gate:g}" if self.passed
-               else f"the budget of {self.steps} steps ended before the gate {self.gate:g}")
+        if self.passed:
+            why = f"passed the gate {self.gate:g}"
+        elif math.isnan(self.heldout_ev):
+            why = ("the held-out returns are all equal, so the explained variance is undefined and no gate can "
+                   "pass (e.g. no held-out episode succeeded)")
+        else:
+            why = f"the budget of {self.steps} steps ended before the gate {self.gate:g}"
         return (f"critic fit: {self.steps} steps, held-out explained variance {self.heldout_ev:.3f} ({why}; "
                 f"{self.n_train} training / {self.n_heldout} held-out episodes)")
 
@@ -76,16 +88,32 @@ def mc_returns(batch: TrajectoryBatch, *, gamma: float = 1.0, turn_gamma: float 
     return ret
 
 
-def holdout_split(n: int, share: float, seed: int) -> tuple[np.ndarray, np.ndarray]:
-    """``(train, heldout)`` row indices: a seeded permutation of ``n`` rows, the first
-    ``max(1, round(share·n))`` held out; both sorted. Needs ``n ≥ 2`` and ``0 < share < 1``."""
+def holdout_split(n: int, share: float, seed: int, groups=None) -> tuple[np.ndarray, np.ndarray]:
+    """``(train, heldout)`` row indices, both sorted: a seeded permutation of the ``n`` rows, the
+    first ``max(1, round(share·n))`` held out. With ``groups`` (one label per row, e.g. the
+    ``group_id`` of G samples of one task) whole groups are held out, in a seeded order, until at
+    least that many rows are: no task is on both sides. Needs ``n ≥ 2``, ``0 < share < 1`` and, with
+    groups, at least 2 of them."""
     if not 0 < share < 1:
         raise ValueError(f"holdout: expected a share in (0, 1), found {share}")
     if n < 2:
         raise ValueError(f"holdout: a held-out split needs at least 2 trajectories, found {n}")
     k = min(max(1, int(round(share * n))), n - 1)
-    perm = torch.randperm(n, generator=torch.Generator().manual_seed(int(seed))).numpy()
-    return np.sort(perm[k:]), np.sort(perm[:k])
+    gen = torch.Generator().manual_seed(int(seed))
+    if groups is None:
+        perm = torch.randperm(n, generator=gen).numpy()
+        return np.sort(perm[k:]), np.sort(perm[:k])
+    labels, inv = np.unique(np.asarray(groups, dtype=object).astype(str), return_inverse=True)
+    if len(labels) < 2:
+        raise ValueError(f"holdout: a held-out split by group needs at least 2 groups, found {len(labels)}")
+    held = np.zeros(n, dtype=bool)
+    for g in torch.randperm(len(labels), generator=gen).numpy():
+        if held.sum() >= k:
+            break
+        held |= inv == g
+    if held.all():  # one group was more than the rest: give it back
+        held &= inv != inv[np.flatnonzero(held)[-1]]
+    return np.flatnonzero(~held), np.flatnonzero(held)
 
 
 def critic_outputs(critic: torch.nn.Module, r: Rows, rows, *, pad_id: int, device, micro_batch_tokens: int = 8192
@@ -132,6 +160,22 @@ def _fit_step(critic: torch.nn.Module, r: Rows, chunk: np.ndarray, g32: torch.Te
     return step_loss
 
 
+def _next_episodes(order: list[int], train: np.ndarray, n: int, gen: torch.Generator) -> tuple[np.ndarray, list[int]]:
+    """The next ``n`` training episodes of the shuffled order (reshuffled when it runs out), and the rest."""
+    if len(order) < n:
+        order = order + train[torch.randperm(len(train), generator=gen).numpy()].tolist()
+    return np.array(order[:n]), order[n:]
+
+
+def _say_eval(bar, log: Callable[[str], None] | None, done: int, steps: int, ev: float, gate: float | None) -> None:
+    """An evaluation's held-out EV on the progress bar and in the log."""
+    if bar is not None:
+        bar.set_postfix(heldout_ev=f"{ev:.3f}")
+    if log is not None:
+        log(f"critic fit: step {done}/{steps}, held-out explained variance {ev:.3f}"
+            + (f" (gate {gate:g})" if gate is not None else ""))
+
+
 def fit_values(
     critic: torch.nn.Module,
     batch: TrajectoryBatch,
@@ -151,14 +195,18 @@ def fit_values(
     weight_decay: float = 0.0,
     log: Callable[[str], None] | None = None,
     progress: bool = False,
+    groups=None,
+    on_eval: Callable[[int, float, torch.nn.Module], None] | None = None,
 ) -> CriticFit:
     """Fit ``critic`` (in place) to ``targets`` (B, L) on the training split of ``batch``.
 
     The batch's rows are split by :func:`holdout_split` (``holdout`` share, ``seed``); each step
     is one AdamW step (``lr``, ``weight_decay``; a fresh optimizer) on ``batch_episodes``
     training episodes with the loss ``½·mean_t (V_t − G_t)²`` over their action tokens;
-    ``gate=None`` never stops early. ``log(line)`` receives a line per evaluation; ``progress``
-    shows a tqdm bar. Returns a :class:`CriticFit`; the critic is left in eval mode.
+    ``gate=None`` never stops early. ``groups`` (a label per row): hold out whole groups.
+    ``log(line)`` receives a line per evaluation, ``on_eval(step, heldout_ev, critic)`` is called
+    at each (step 0 included); ``progress`` shows a tqdm bar. Returns a :class:`CriticFit`; the
+    critic is left in eval mode.
     """
     if steps < 0 or batch_episodes < 1 or eval_every < 1:
         raise ValueError(f"steps/batch_episodes/eval_every: expected >= 0, >= 1, >= 1, found "
@@ -167,7 +215,7 @@ def fit_values(
     targets = torch.as_tensor(targets, dtype=torch.float64)
     if targets.shape != r.mask.shape:
         raise ValueError(f"targets: expected shape {tuple(r.mask.shape)}, found {tuple(targets.shape)}")
-    train, held = holdout_split(len(r), holdout, seed)
+    train, held = holdout_split(len(r), holdout, seed, groups)
     kw = dict(pad_id=pad_id, device=device, micro_batch_tokens=micro_batch_tokens)
     g32 = targets.float()
     own = getattr(critic, "own_parameters", critic.parameters)()
@@ -184,12 +232,12 @@ def fit_values(
     best, best_step, done = ev, 0, 0
     stop = "gate" if reached(ev) else "budget"
     history.append({"step": 0, "heldout_ev": ev, "loss": math.nan})
+    if on_eval is not None:
+        on_eval(0, ev, critic)
     bar = tqdm(total=steps, desc="critic fit", unit="step") if progress and stop != "gate" else None
     critic.train()
     while stop != "gate" and done < steps:
-        if len(order) < batch_episodes:
-            order += train[torch.randperm(len(train), generator=gen).numpy()].tolist()
-        chunk, order = np.array(order[:batch_episodes]), order[batch_episodes:]
+        chunk, order = _next_episodes(order, train, batch_episodes, gen)
         step_loss = _fit_step(critic, r, chunk, g32, opt, params, grad_clip, **kw)
         done += 1
         losses.append(step_loss)
@@ -202,11 +250,10 @@ def fit_values(
             losses = []
             if ev > best or math.isnan(best):
                 best, best_step = ev, done
-            if bar is not None:
-                bar.set_postfix(heldout_ev=f"{ev:.3f}")
-            if log is not None:
-                log(f"critic fit: step {done}/{steps}, held-out explained variance {ev:.3f}"
-                    + (f" (gate {gate:g})" if gate is not None else ""))
+            if on_eval is not None:
+                on_eval(done, ev, critic)
+                critic.train()
+            _say_eval(bar, log, done, steps, ev, gate)
             if reached(ev):
                 stop = "gate"
     if bar is not None:
@@ -215,3 +262,174 @@ def fit_values(
     return CriticFit(steps=done, stop=stop, gate=math.nan if gate is None else float(gate), heldout_ev=ev,
                      best_ev=best, best_step=best_step, train_ev=_ev(critic, r, train, targets, **kw),
                      n_train=len(train), n_heldout=len(held), history=history)
+
+
+# ---------------------------------------------------------------------------------------------
+# fitting a critic to logged trajectories that carry no values
+
+#: fewer groups than this: the held-out split is by trajectory, not by group
+MIN_GROUPS_FOR_GROUP_SPLIT = 5
+
+#: what a critic fitted to logs can learn: Monte-Carlo returns per token, or the return from the
+#: start of each turn broadcast over the turn (a target flat inside turns)
+CRITIC_TARGETS = ("mc", "turn")
+
+
+@dataclass
+class FittedCritic:
+    """The result of :func:`fit_critic`: ``batch`` (the input with ``values`` from the fitted
+    critic, ``bootstrap_value`` on truncated rows, and metadata ``values_source="fitted_critic"``
+    and ``critic_fit``), the ``critic`` module, the :class:`CriticFit` and ``info`` (what the
+    metadata records)."""
+
+    batch: TrajectoryBatch
+    critic: torch.nn.Module
+    fit: CriticFit
+    info: dict
+
+
+def fit_targets(batch: TrajectoryBatch, target: str = "mc", *, gamma: float = 1.0, turn_gamma: float = 1.0
+                ) -> torch.Tensor:
+    """``(B, L)`` float64 targets: ``"mc"`` — :func:`mc_returns`; ``"turn"`` — the Monte-Carlo
+    return from the first action token of each turn, on every token of the turn (turn GAE with
+    λ_T = 1 and zero values: ``G^T_k = Σ_{k' ≥ k} Γ·R_{k'}``)."""
+    if target == "mc":
+        return mc_returns(batch, gamma=gamma, turn_gamma=turn_gamma)
+    if target != "turn":
+        raise OptionError("target", f"expected one of {', '.join(CRITIC_TARGETS)}, found {target!r}")
+    zeros = torch.zeros(batch.mask.shape, dtype=torch.float64)
+    _, ret = turn_gae(batch.padded("rewards", torch.float64), zeros, batch.mask, turn_ids=batch.turn_ids,
+                      gamma=gamma, turn_gamma=turn_gamma, turn_lam=1.0, bootstrap_value=batch.bootstrap_value)
+    return ret
+
+
+def vocab_critic(vocab_size: int, *, size: str = "1m", seed: int = 0, max_positions: int = MAX_POSITIONS) -> Critic:
+    """A fresh critic whose trunk is a tiny Llama of ``size`` (``1m``, ``3m``, ``10m``) over ids
+    ``0 .. vocab_size − 1`` (built from a config, nothing downloaded; weights fixed by ``seed``)."""
+    if size not in TINY_SIZES:
+        raise OptionError("size", f"expected one of {', '.join(TINY_SIZES)}, found {size!r}")
+    s = TINY_SIZES[size]
+    cfg = LlamaConfig(vocab_size=int(vocab_size), **s, num_key_value_heads=s["num_attention_heads"],
+                      max_position_embeddings=int(max_positions), tie_word_embeddings=False, pad_token_id=0,
+                      bos_token_id=None, eos_token_id=None, rms_norm_eps=1e-5)
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        critic = Critic(LlamaModel(cfg))
+        with torch.no_grad():
+            critic.head.weight.normal_(0.0, 0.02)
+            critic.head.bias.zero_()
+    return critic.eval()
+
+
+def _check_fit_input(batch: TrajectoryBatch, targets: torch.Tensor, holdout: float, source: str) -> None:
+    """Refuse what no critic can be fitted to: no rewards, returns without variance, too few rows."""
+    if len(batch) == 0:
+        raise ValueError(f"{source}: no trajectories to fit a critic to")
+    def carried(name):
+        return np.array([x is not None for x in batch.field(name)]) if batch.has(name) else np.zeros(len(batch), bool)
+
+    no_reward = np.isnan(batch.reward) & ~carried("token_rewards") & ~carried("turn_rewards")
+    if no_reward.all():
+        raise ValueError(f"{source}: no trajectory carries a reward (every 'reward' is missing or NaN, and there are "
+                         f"no token_rewards or turn_rewards), so there are no returns to fit a critic to")
+    n_held = max(1, int(round(holdout * len(batch))))
+    if n_held < 2 or len(batch) - n_held < 2:
+        raise ValueError(f"{source}: a held-out split of {holdout:g} leaves {len(batch) - n_held} training and "
+                         f"{n_held} held-out trajectories of {len(batch)}; expected at least 2 of each "
+                         f"(fit on more trajectories, or change --holdout)")
+    g = targets[batch.mask.bool()]
+    if g.numel() == 0 or float(g.var(unbiased=False)) == 0.0:
+        raise ValueError(f"{source}: every return is the same ({float(g[0]) if g.numel() else 'no action token'}), "
+                         f"so there is nothing for a critic to learn (explained variance is undefined)")
+
+
+def _last_outputs(critic: torch.nn.Module, batch: TrajectoryBatch, rows) -> dict[int, float]:
+    """The critic's output after the whole response (position ``P + L − 1``) of each row in ``rows``."""
+    out = {}
+    with torch.no_grad():
+        for i in rows:
+            seq = np.concatenate([batch.field("prompt_ids")[i], batch.field("response_ids")[i]]).astype(np.int64)
+            dev = next(critic.parameters()).device
+            out[int(i)] = float(critic(torch.from_numpy(seq)[None].to(dev))[0, -1])
+    return out
+
+
+def fit_critic(
+    batch: TrajectoryBatch,
+    *,
+    target: str = "mc",
+    size: str = "1m",
+    steps: int = 256,
+    lr: float = 1e-3,
+    batch_episodes: int = 16,
+    holdout: float = 0.2,
+    seed: int = 0,
+    gate: float | None = None,
+    eval_every: int = 16,
+    gamma: float = 1.0,
+    turn_gamma: float = 1.0,
+    critic: torch.nn.Module | None = None,
+    device="cpu",
+    micro_batch_tokens: int = 8192,
+    progress: bool = True,
+    log: Callable[[str], None] | None = None,
+    source: str = "batch",
+) -> FittedCritic:
+    """Fit a small critic to a batch's own returns and write its values into the batch.
+
+    The critic (a fresh tiny Llama trunk of ``size`` over the batch's ids, or ``critic`` — e.g. a
+    trained policy's trunk via :func:`mpo_viz.models.make_critic`) is fitted by :func:`fit_values`
+    to ``target`` (:func:`fit_targets`: ``"mc"`` Monte-Carlo returns, or ``"turn"``) on all but a
+    ``holdout`` share of the trajectories, ``steps`` AdamW steps of ``batch_episodes`` episodes at
+    ``lr`` (``gate`` = a held-out EV that ends it early; None = the whole budget); whole groups are
+    held out when the batch has at least 5 of them (no task on both sides), else trajectories. Then every row
+    gets ``values`` from the fitted critic (the output before each response token), truncated rows
+    a ``bootstrap_value`` (the output after the response), and the metadata records
+    ``values_source="fitted_critic"`` and ``critic_fit`` (target, size, steps, held-out and training
+    explained variance, the across/within split of the new values, ...). Deterministic for a seed.
+
+    Errors (``ValueError`` naming ``source``): no rewards, returns all equal, too few trajectories
+    for a held-out split (at least 2 on each side).
+    """
+    if critic is None and size not in TINY_SIZES:
+        raise OptionError("size", f"expected one of {', '.join(TINY_SIZES)}, found {size!r}")
+    for name, value, ok, want in (("steps", steps, steps >= 0, "an integer >= 0"),
+                                  ("lr", lr, lr > 0, "a number > 0"),
+                                  ("holdout", holdout, 0 < holdout < 1, "a share in (0, 1)"),
+                                  ("batch_episodes", batch_episodes, batch_episodes >= 1, "an integer >= 1")):
+        if not ok:
+            raise OptionError(name, f"expected {want}, found {value!r}")
+    targets = fit_targets(batch, target, gamma=gamma, turn_gamma=turn_gamma)
+    _check_fit_input(batch, targets, holdout, source)
+    # the G samples of one task share its start: hold out whole groups, so that no task is on both
+    # sides, when there are enough of them to approach the share (else rows)
+    ids = batch.field("group_id")
+    groups = ids if len(set(ids)) >= MIN_GROUPS_FOR_GROUP_SPLIT else None
+    fresh = critic is None
+    if critic is None:
+        longest = int(max(len(p) + len(r) for p, r in zip(batch.field("prompt_ids"), batch.field("response_ids"))))
+        vocab = int(max(max((int(x.max()) for x in batch.field(f) if len(x)), default=0)
+                        for f in ("prompt_ids", "response_ids"))) + 1
+        critic = vocab_critic(vocab, size=size, seed=seed, max_positions=max(MAX_POSITIONS, longest + 1))
+    critic.to(device)
+    fit = fit_values(critic, batch, targets, steps=steps, lr=lr, batch_episodes=batch_episodes, holdout=holdout,
+                     gate=gate, eval_every=eval_every, seed=seed, pad_id=0, device=device,
+                     micro_batch_tokens=micro_batch_tokens, progress=progress, log=log, groups=groups)
+    values = critic_outputs(critic, rows_of(batch), np.arange(len(batch)), pad_id=0, device=device,
+                            micro_batch_tokens=micro_batch_tokens)
+    out = batch.with_token_fields(values=values)
+    cut = [i for i, t in enumerate(batch.field("truncated") if batch.has("truncated") else []) if t]
+    if cut:
+        last = _last_outputs(critic, batch, cut)
+        old = batch.bootstrap_value.tolist()
+        out = out.with_scalars(bootstrap_value=[last.get(i, old[i]) for i in range(len(batch))])
+    split = variance_summary(value_variance(out))
+    info = {"target": target, "size": size if fresh else "given", "steps": fit.steps, "lr": lr,
+            "batch_episodes": batch_episodes, "holdout": holdout, "seed": seed, "stop": fit.stop,
+            "heldout_explained_variance": fit.heldout_ev, "best_heldout_explained_variance": fit.best_ev,
+            "train_explained_variance": fit.train_ev, "n_train": fit.n_train, "n_heldout": fit.n_heldout,
+            "values_mean_across": split["mean_across"], "values_mean_within": split["mean_within"],
+            "values_median_across_within_ratio": split["median_ratio"], "truncated_bootstrapped": len(cut),
+            "holdout_by": "row" if groups is None else "group"}
+    out = out.with_meta(values_source="fitted_critic", critic_fit=info)
+    return FittedCritic(batch=out, critic=critic, fit=fit, info=info)

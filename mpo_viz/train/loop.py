@@ -393,6 +393,7 @@ class Trainer:
                "warmup_passed": fit.passed, "warmup_stop": fit.stop, "warmup_best_explained_var": fit.best_ev,
                "warmup_train_explained_var": fit.train_ev, "warmup_episodes": n_pool,
                "warmup_heldout_episodes": fit.n_heldout, "warmup_history": fit.history,
+               "warmup_summary": fit.summary(),
                **{f"warmup_{k}": v for k, v in split.items() if k != "critic_explained_var"}}
         self.run.append_metrics(rec)
         self.history.append(rec)

@@ -26,6 +26,11 @@ Registered names:
   ``old_log_prob`` — the rollout's log-probs when verl runs in rollout-correction bypass mode
   (``algorithm.rollout_correction.bypass_mode=True``), which is SAO's setting.
 
+turn_ppo's own options (``token_clip``, ``dual_clip``, ``ratio``) come from
+``actor_rollout_ref.actor.policy_loss`` (:mod:`mpo_viz.integrations.verl.config`): with verl's own
+``PolicyLossConfig`` there, the toolkit's defaults (``token_clip`` as :mod:`mpo_viz.losses.policy`
+declares it, ``dual_clip`` = ``clip_ratio_c``, the ratio of the loss_mode).
+
 Metrics: verl's names (``actor/pg_clipfrac``, ``actor/ppo_kl`` = mean(logπ_old − logπ),
 ``actor/pg_clipfrac_lower`` = share of dual-clipped tokens) plus ours with an ``actor/`` prefix
 (``actor/turn_clipfrac``, ``actor/within_turn_shift``, ``actor/approx_kl`` (k3), ratio statistics,
@@ -36,6 +41,7 @@ from __future__ import annotations
 
 import torch
 
+from mpo_viz.integrations.verl.config import FROM_VERL, RATIO_OF, loss_options
 from mpo_viz.losses import policy as P
 
 __all__ = ["LOSSES", "read_clip", "verl_loss", "metrics_for_verl"]
@@ -110,9 +116,15 @@ def verl_loss(name: str):
 
         lo, hi, c = read_clip(config)
         extra = {"dual_clip": c} if "dual_clip" in spec.options else {}
+        turn_ratio = ratio
+        if name in RATIO_OF:  # turn_ppo's options from actor.policy_loss (mpo_viz.integrations.verl.config)
+            opts = loss_options(_get(config, "policy_loss"), name)
+            turn_ratio = opts["ratio"]
+            extra = {"dual_clip": c if opts["dual_clip"] == FROM_VERL else opts["dual_clip"],
+                     "token_clip": opts["token_clip"]}
         base = {"rollout_logp": old_log_prob} if spec.ratio_against == "rollout_logp" else {}
         mat, ours = P.policy_loss(kind, log_prob, old_log_prob, advantages, response_mask, clip_low=lo,
-                                  clip_high=hi, ratio=ratio, agg="none", **base, **extra)
+                                  clip_high=hi, ratio=turn_ratio, agg="none", **base, **extra)
         if rollout_is_weights is not None:
             mat = mat * rollout_is_weights
         info = _get(config, "global_batch_info", {}) or {}
