@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from functools import lru_cache
 
 import numpy as np
 import torch
@@ -324,6 +325,12 @@ def scalar_check(name: str, value, lo=None, hi=None, *, lo_open=False, hi_open=F
     """A float option within bounds as a float, else :class:`~mpo_viz.checks.OptionError` (a
     ``ValueError``) naming it: the check of :class:`~mpo_viz.options.Option`, with the bounds
     written as the tensor functions give them (``[0.0, 1.0]``)."""
-    words = f"a value in {interval(lo, hi, lo_open, hi_open, fmt=str)}"
-    Option(name, low=lo, high=hi, low_open=lo_open, high_open=hi_open, expect=words).check(value)
+    _bounded(name, lo, hi, lo_open, hi_open).check(value)
     return float(value)
+
+
+@lru_cache(maxsize=256)
+def _bounded(name: str, lo, hi, lo_open: bool, hi_open: bool) -> Option:
+    """The Option of a bounded float (built once: the estimators check their options on every call)."""
+    words = f"a value in {interval(lo, hi, lo_open, hi_open, fmt=str)}"
+    return Option(name, low=lo, high=hi, low_open=lo_open, high_open=hi_open, expect=words)
