@@ -87,7 +87,6 @@ def _with_options(cfg_dict: dict, args) -> dict:
 
 
 def cmd_train(args) -> int:
-    Trainer = training.Trainer  # imported on first use: the models (transformers, ~1 s), for this command only
     # a launched run is stopped with SIGINT; make sure it raises KeyboardInterrupt here
     signal.signal(signal.SIGINT, signal.default_int_handler)
     # a bad option is named by the flag that gave it: the typed flag, else --estimator-option/--loss-option
@@ -101,14 +100,15 @@ def cmd_train(args) -> int:
             src = args.config or str(RunFolder(args.resume).config_path)
             base = Config.load(src).to_dict()
             cfg = _config(base, {**over, **_with_options(base, args)}, src)
-        tr = Trainer.resume(args.resume, cfg, iterations=over.get("iterations"))
+        # (mpo_viz.train.Trainer is imported on first use: the models, transformers, for this command only)
+        tr = training.Trainer.resume(args.resume, cfg, iterations=over.get("iterations"))
         print(f"resuming {args.resume} at iteration {tr.iteration} of {tr.cfg.iterations}", flush=True)
     else:
         if not args.run_dir:
             raise CLIError("--run-dir: expected the folder to write the run to (or --resume DIR)", 2)
         base = Config.load(args.config).to_dict() if args.config else {}
         cfg = _config(base, {**over, **_with_options(base, args)}, args.config or "config")
-        tr = Trainer(cfg, args.run_dir)
+        tr = training.Trainer(cfg, args.run_dir)
         print(f"training {cfg.estimator} + {cfg.loss} on {cfg.env} for {cfg.iterations} iterations "
               f"({cfg.episodes} episodes, G={cfg.group_size}, {cfg.epochs}x{cfg.minibatches} updates) -> "
               f"{args.run_dir}", flush=True)
