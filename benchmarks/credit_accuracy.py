@@ -322,30 +322,63 @@ def learned_tables(summary: pd.DataFrame) -> str:
     return "\n".join(lines)
 
 
-def run_learned(envs, sizes, targets, trunks, seeds, budgets, log=print) -> pd.DataFrame:
+FIT_KEYS = ["env", "size", "target", "trunk", "seed"]
+
+
+def run_learned(envs, sizes, targets, trunks, seeds, budgets, log=print, done=frozenset(),
+                on_fit=None) -> pd.DataFrame:
+    """Every fit of the grid envs × sizes × targets × trunks × seeds, skipping those in ``done``
+    (tuples of :data:`FIT_KEYS`); ``on_fit(rows)`` after each fit (e.g. to append them to a CSV)."""
     rows = []
     for env in envs:
         for size in sizes:
-            batch = expert_set(env, size)
+            batch = None
             for target in targets:
                 for trunk in trunks:
                     if trunk == "policy" and env not in START_DIRS:
                         continue  # no trained policy of this environment is shipped
                     for seed in seeds:
-                        rows += fit_and_score(env, size, target, trunk, seed, budgets, batch, log)
+                        if (env, size, target, trunk, seed) in done:
+                            continue
+                        batch = expert_set(env, size) if batch is None else batch
+                        fit = fit_and_score(env, size, target, trunk, seed, budgets, batch, log)
+                        rows += fit
+                        if on_fit is not None:
+                            on_fit(fit)
     return pd.DataFrame(rows)
 
 
+def _csv_fits(path: str) -> tuple[pd.DataFrame, set]:
+    """The rows already in ``path`` (a run that stopped part-way) and the fits they cover."""
+    if not os.path.exists(path):
+        return pd.DataFrame(), set()
+    df = pd.read_csv(path, dtype={"budget": str})
+    return df, {tuple(k) for k in df[FIT_KEYS].itertuples(index=False)}
+
+
 def main_learned(args) -> int:
+    """The learned-critic grid; with ``--csv`` every fit's rows are appended as it ends, and fits
+    already in the file are kept and skipped (a stopped run resumes)."""
     import torch
 
     torch.set_num_threads(args.threads)
     t0 = time.perf_counter()
-    df = run_learned(args.envs, args.sizes, args.targets, args.trunks, args.seeds, args.budgets)
-    summary = summarize_learned(df)
+    old, done = _csv_fits(args.csv) if args.csv else (pd.DataFrame(), set())
+    if done:
+        print(f"{args.csv}: {len(done)} fits already there, kept and skipped")
+
+    def append(rows):
+        if args.csv:
+            pd.DataFrame(rows).to_csv(args.csv, mode="a", index=False, header=not os.path.exists(args.csv))
+
+    new = run_learned(args.envs, args.sizes, args.targets, args.trunks, args.seeds, args.budgets, done=done,
+                      on_fit=append)
+    df = pd.concat([old, new], ignore_index=True)
+    keep = (df.env.isin(args.envs) & df["size"].isin(args.sizes) & df.target.isin(args.targets)
+            & df.trunk.isin(args.trunks) & df.seed.isin(args.seeds))
+    summary = summarize_learned(df[keep])
     print(learned_tables(summary))
     if args.csv:
-        df.to_csv(args.csv, index=False)
         summary.to_csv(args.csv.replace(".csv", "") + "_summary.csv", index=False)
         print(f"\nwrote {args.csv} (every fit, budget and estimator) and its _summary.csv")
     print(f"\ntotal {time.perf_counter() - t0:.1f} s")

@@ -1,0 +1,94 @@
+"""benchmarks/credit_accuracy.py --critic learned at a tiny size: the table, the CSV of every fit,
+the t-intervals over critic seeds, scoring on held-out groups only, and a stopped run resuming."""
+
+from __future__ import annotations
+
+import math
+import sys
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+from scipy import stats
+
+import mpo_viz as mv
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "benchmarks"))
+import credit_accuracy as bench  # noqa: E402
+
+ARGS = ["--critic", "learned", "--envs", "search", "--sizes", "400", "--targets", "oracle", "--trunks", "fresh",
+        "--seeds", "0", "1", "--budgets", "2", "4"]
+
+
+@pytest.fixture
+def small_set(monkeypatch):
+    """The shipped search set's first 40 episodes (10 groups of 4): a fit takes seconds."""
+    batch = mv.load(ROOT / "trajectories" / "search.parquet")[:40]
+    monkeypatch.setattr(bench, "expert_set", lambda env, size: batch)
+    return batch
+
+
+def test_learned_table_csv_and_intervals(small_set, tmp_path, capsys):
+    csv = tmp_path / "fits.csv"
+    assert bench.main([*ARGS, "--csv", str(csv)]) == 0
+    out = capsys.readouterr().out
+    assert "== search: a critic fitted to expert episodes" in out
+    assert "| 400 | oracle | fresh | 2 |" in out and "| 400 | oracle | fresh | best (" in out
+    df = pd.read_csv(csv, dtype={"budget": str})
+    n_est = len(bench.ESTIMATORS)
+    assert len(df) == 2 * 3 * n_est  # 2 seeds × (budgets 2, 4 and best) × every estimator
+    assert sorted(df.budget.unique()) == ["2", "4", "best"]
+    assert set(df.seed) == {0, 1}
+    # the summary: mean and the 95% t half-width over the two seeds, by hand
+    summary = pd.read_csv(tmp_path / "fits_summary.csv", dtype={"budget": str})
+    g = df[(df.budget == "4") & (df.estimator == "mpo")]
+    s = summary[(summary.budget == "4") & (summary.estimator == "mpo")].iloc[0]
+    v = g.turn_corr.to_numpy()
+    assert s.turn_corr == pytest.approx(v.mean())
+    assert s.turn_corr_ci == pytest.approx(stats.t.ppf(0.975, 1) * v.std(ddof=1) / math.sqrt(2))
+    assert s.seeds == 2
+    # every held-out EV is a number; a seed's held-out groups (hence the oracle's across/within ratio
+    # on them) are the same at every budget
+    assert np.isfinite(df.heldout_ev).all()
+    assert (df.groupby("seed").oracle_ratio.nunique() == 1).all()
+
+
+def test_scores_only_held_out_groups(small_set, monkeypatch):
+    seen = []
+    real = bench.score_heldout
+
+    def spy(batch, values, held):
+        seen.append(np.asarray(held))
+        return real(batch, values, held)
+
+    monkeypatch.setattr(bench, "score_heldout", spy)
+    bench.run_learned(["search"], [400], ["mc"], ["fresh"], [0], [2], log=lambda s: None)
+    from mpo_viz.train.critic_fit import holdout_split
+
+    groups = small_set.field("group_id")
+    train, held = holdout_split(len(small_set), 0.2, 0, groups)
+    assert all(np.array_equal(np.sort(h), np.sort(held)) for h in seen)
+    assert not set(np.asarray(groups)[train]) & set(np.asarray(groups)[held])  # whole groups held out
+
+
+def test_stopped_run_resumes_from_csv(small_set, tmp_path, monkeypatch, capsys):
+    csv = tmp_path / "fits.csv"
+    bench.main([*ARGS[:-5], "0", "--budgets", "2", "--csv", str(csv)])  # seed 0 only
+    first = pd.read_csv(csv)
+    calls = []
+    real = bench.fit_and_score
+
+    def counted(env, size, target, trunk, seed, *a, **k):
+        calls.append(seed)
+        return real(env, size, target, trunk, seed, *a, **k)
+
+    monkeypatch.setattr(bench, "fit_and_score", counted)
+    capsys.readouterr()
+    bench.main([*ARGS[:-5], "0", "1", "--budgets", "2", "--csv", str(csv)])
+    assert calls == [1]  # seed 0 was in the file
+    assert "1 fits already there" in capsys.readouterr().out
+    both = pd.read_csv(csv)
+    assert len(both) == 2 * len(first)
+    pd.testing.assert_frame_equal(both.iloc[: len(first)], first)
