@@ -22,6 +22,7 @@ import json
 import math
 import sys
 import time
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -38,8 +39,10 @@ from mpo_viz.losses import LOGPROB_FIELDS
 from mpo_viz.losses import get as get_loss
 from mpo_viz.rollout import rollout
 from mpo_viz.train.checkpoint import (
+    CheckpointError,
+    CheckpointWarning,
     capture_rng,
-    latest_checkpoint,
+    checkpoint_candidates,
     load_checkpoint,
     restore_rng,
     save_checkpoint,
@@ -243,6 +246,8 @@ class Trainer:
         total of RL iterations (updates ``config.json``).
         """
         run = RunFolder(run_dir)
+        if not run.path.is_dir():
+            raise ValueError(f"run_dir: no such folder {str(run.path)!r} (nothing to resume)")
         if not run.config_path.is_file():
             raise ValueError(f"run_dir: expected a run folder with config.json, found {str(run.path)!r} without one")
         stored = Config.load(run.config_path)
@@ -254,13 +259,32 @@ class Trainer:
             stored = stored.replace(iterations=cfg.iterations)
         if iterations is not None:
             stored = stored.replace(iterations=iterations)
-        ck = latest_checkpoint(run.checkpoints)
-        if ck is None:
-            raise ValueError(f"run_dir: {str(run.path)!r} has no checkpoint to resume from (checkpoints/latest missing)")
+        if not checkpoint_candidates(run.checkpoints):
+            raise ValueError(f"run_dir: {str(run.path)!r} has no checkpoint to resume from (checkpoints/ holds none)")
         tr = cls(stored, run_dir, _resume=True, quiet=quiet)
-        tr._restore(ck)
+        tr._restore_usable()
         stored.save(run.config_path)
         return tr
+
+    def _restore_usable(self) -> Path:
+        """Restore the newest checkpoint that reads (:func:`checkpoint_candidates`): a damaged one
+        (truncated or unreadable file) is skipped for the previous one with a
+        :class:`CheckpointWarning` naming the file; none usable is a one-line
+        :class:`CheckpointError`. A checkpoint of another config is refused as before."""
+        cands = checkpoint_candidates(self.run.checkpoints)
+        damaged: list[CheckpointError] = []
+        for path in cands:
+            try:
+                self._restore(path)
+            except CheckpointError as exc:
+                damaged.append(exc)
+                continue
+            for exc in damaged:
+                warnings.warn(f"damaged checkpoint skipped: {exc}; resumed from {path.name} instead",
+                              CheckpointWarning, stacklevel=3)
+            return path
+        first = f"; the newest: {damaged[0]}" if damaged else ""
+        raise CheckpointError(f"{self.run.checkpoints}: no usable checkpoint ({len(cands)} found{first})")
 
     # ------------------------------------------------------------------ rollouts
     def _rollout(self, n: int, *, seed: int, group_size: int = 1, greedy: bool = False, critic=True,
@@ -599,10 +623,7 @@ class Trainer:
     def _abandon(self, message: str) -> None:
         """After a KeyboardInterrupt: back to the last checkpoint (memory and disk agree), mark the
         trainer interrupted and say so; the run folder stays resumable."""
-        ck = latest_checkpoint(self.run.checkpoints)
-        if ck is None:  # the constructor writes the iteration-0 checkpoint
-            raise RuntimeError(f"{self.run.checkpoints}: no checkpoint to go back to")
-        self._restore(ck)
+        self._restore_usable()
         self.interrupted = True
         self._say(message)
 
