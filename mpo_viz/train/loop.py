@@ -47,6 +47,7 @@ from mpo_viz.train.checkpoint import (
     restore_rng,
     save_checkpoint,
 )
+from mpo_viz.train.collapse import collapse_flags, new_signals
 from mpo_viz.train.config import Config
 from mpo_viz.train.critic_fit import critic_outputs, fit_values, mc_returns
 from mpo_viz.train.runfolder import RunFolder
@@ -466,10 +467,7 @@ class Trainer:
         if self.iteration == 0 and total > 0 and not self._start_evaluated():
             # where every learning curve starts: the policy before its first RL update (the
             # evaluation draws from no training RNG, so the run itself is unchanged)
-            ev = self.evaluation()
-            rec = {"iteration": 0, "phase": "eval", "time_s": self.state["elapsed_s"], **ev}
-            self.run.append_metrics(rec)
-            self.history.append(rec)
+            ev = self._eval_line()
             log(f"eval before RL: sampled success {ev['eval_sampled_success']:.3f}, greedy {ev['eval_success']:.3f} "
                 f"({ev['n_eval_tasks']} tasks)")
         out = []
@@ -477,12 +475,29 @@ class Trainer:
             out.append(rec)
             log(progress_line(rec, total))
         if out and "eval_success" not in out[-1] and not self.interrupted:
-            ev = self.evaluation()
-            rec = {"iteration": self.iteration, "phase": "eval", "time_s": self.state["elapsed_s"], **ev}
-            self.run.append_metrics(rec)
-            self.history.append(rec)
+            ev = self._eval_line()
             log(f"final eval: sampled success {ev['eval_sampled_success']:.3f}, greedy {ev['eval_success']:.3f}")
         return out
+
+    def _eval_line(self) -> dict:
+        """Both evaluations at the current iteration, written as a ``phase: "eval"`` metrics line
+        (flagged like an iteration's line, see :meth:`_flag_collapse`); returns the line."""
+        rec = {"iteration": self.iteration, "phase": "eval", "time_s": self.state["elapsed_s"], **self.evaluation()}
+        self._flag_collapse(rec)
+        self.run.append_metrics(rec)
+        self.history.append(rec)
+        return rec
+
+    def _flag_collapse(self, rec: dict) -> None:
+        """Mark ``rec`` with the collapse signatures it shows (``rec["collapse"]``: the metrics, see
+        :mod:`mpo_viz.train.collapse`) read against the run's earlier lines, and warn in the
+        console of each that the previous line did not show."""
+        stream = self.run.metrics() + [rec]
+        flags = collapse_flags(stream)[-1]
+        if flags:
+            rec["collapse"] = [f.metric for f in flags]
+        for f in new_signals(stream):
+            self._say(f"warning: {f.message}")
 
     def _start_evaluated(self) -> bool:
         """Whether the run folder already holds the evaluation before the first RL iteration."""
@@ -531,6 +546,7 @@ class Trainer:
             rec.update(self.evaluation())
         timings["eval"] = time.perf_counter() - t
         self._write(rec, batch, res.options, timings)
+        self._flag_collapse(rec)
         timings["total"] = time.perf_counter() - t_start
         self.state["iteration"] = it
         self.state["elapsed_s"] += timings["total"]
@@ -673,4 +689,6 @@ def progress_line(rec: dict, total: int | None = None) -> str:
     tm = rec.get("timings", {})
     if tm:
         bits.append(f"{tm.get('total', float('nan')):.1f}s")
+    if rec.get("collapse"):
+        bits.append("collapse? " + ", ".join(rec["collapse"]))
     return " | ".join(bits)
