@@ -20,6 +20,8 @@ from __future__ import annotations
 import copy
 import json
 import math
+import os
+import shutil
 import sys
 import time
 import warnings
@@ -50,7 +52,7 @@ from mpo_viz.train.checkpoint import (
 from mpo_viz.train.collapse import collapse_flags, new_signals
 from mpo_viz.train.config import Config
 from mpo_viz.train.critic_fit import critic_outputs, fit_values, mc_returns
-from mpo_viz.train.runfolder import RunFolder
+from mpo_viz.train.runfolder import RunFolder, clean_json
 from mpo_viz.train.runtime import derive_seed, env_kwargs, set_threads
 from mpo_viz.train.sft import sft as run_sft
 from mpo_viz.train.update import (
@@ -280,8 +282,8 @@ class Trainer:
             except CheckpointError as exc:
                 damaged.append(exc)
                 continue
-            for exc in damaged:
-                warnings.warn(f"damaged checkpoint skipped: {exc}; resumed from {path.name} instead",
+            for err in damaged:
+                warnings.warn(f"damaged checkpoint skipped: {err}; resumed from {path.name} instead",
                               CheckpointWarning, stacklevel=3)
             return path
         first = f"; the newest: {damaged[0]}" if damaged else ""
@@ -362,7 +364,7 @@ class Trainer:
         target = cfg.sft_target_success if target_success is None else float(target_success)
         t0 = time.perf_counter()
         try:
-            res = run_sft(self, steps=steps, target=target)
+            res = run_sft(self, steps=steps, target=target, log=self._say)
         except KeyboardInterrupt:
             self._abandon("interrupted: SFT abandoned; the run is back at its last checkpoint (resumable)")
             return {}
@@ -371,8 +373,31 @@ class Trainer:
         rec = {"iteration": 0, "phase": "sft", "time_s": self.state["elapsed_s"], **res}
         self.run.append_metrics(rec)
         self.history.append(rec)
+        if res["sft_steps"] > 0:
+            self._save_start(rec)
         self._checkpoint()
         return rec
+
+    def _save_start(self, sft_record: dict | None = None) -> Path:
+        """Write the start (the policy after SFT; the critic too once warmed up) as the model folder
+        ``RUN/start`` (through a temporary name), with ``start.json`` (the SFT record and the config
+        hash): ``--model-dir RUN/start`` reuses it; no checkpoint rule removes it."""
+        final, tmp = self.run.start, self.run.path / ".start.tmp"
+        info_path = final / "start.json"
+        info = json.loads(info_path.read_text()) if sft_record is None and info_path.is_file() else {}
+        if sft_record is not None:
+            info = {"source": f"mpo-viz train: the SFT start of {self.run.path.name}",
+                    "sft_config_hash": self.cfg.hash(), "sft": sft_record}
+        if self.critic is not None and self.state["critic_warm"]:
+            info["critic"] = "warmed up on the start's rollouts (see the critic_warmup line of metrics.jsonl)"
+        if tmp.exists():
+            shutil.rmtree(tmp)
+        models.save(tmp, self.policy, self.critic if self.state["critic_warm"] else None)
+        (tmp / "start.json").write_text(json.dumps(clean_json(info), indent=1) + "\n")
+        if final.exists():
+            shutil.rmtree(final)
+        os.replace(tmp, final)
+        return final
 
     def warmup_critic(self, steps: int | None = None, *, gate: float | None = None) -> dict:
         """Fit the critic before RL on a pool of rollouts of the current policy.
@@ -422,6 +447,8 @@ class Trainer:
                **{f"warmup_{k}": v for k, v in split.items() if k != "critic_explained_var"}}
         self.run.append_metrics(rec)
         self.history.append(rec)
+        if self.run.start.is_dir():  # this run's SFT start: keep its critic beside it
+            self._save_start()
         self._checkpoint()
         return rec
 
@@ -455,8 +482,7 @@ class Trainer:
             r = self.sft()
             if self.interrupted:
                 return []
-            log(f"sft: {r.get('sft_steps')} steps, greedy success {r.get('sft_success', float('nan')):.3f}, "
-                f"loss {r.get('sft_loss', float('nan')):.3f}")
+            log(sft_line(r, self.run.start if r.get("sft_steps") else None))
         if self.critic is not None and not self.state["critic_warm"] and cfg.critic_option("critic_warmup_steps") > 0:
             r = self.warmup_critic()
             if self.interrupted:
@@ -673,6 +699,19 @@ def check_loss_inputs(batch: TrajectoryBatch, loss: str) -> None:
 
 
 _LOGPROB_WHAT = {"old_logprobs": "the policy's log-probs at rollout", "rollout_logprobs": "the sampler's log-probs"}
+
+
+def sft_line(rec: dict, start: Path | None) -> str:
+    """The line after SFT: steps, greedy success against the target (a missed target said so, in
+    the same line), and where the start was kept."""
+    steps, succ, target = rec.get("sft_steps"), rec.get("sft_success", math.nan), rec.get("sft_target_success")
+    if steps == 0:
+        return f"sft: none needed, the start's greedy success {succ:.3f} already meets the target {target:g}"
+    head = f"sft: {steps} steps, greedy success {succ:.3f}, loss {rec.get('sft_loss', math.nan):.3f}"
+    if target is not None and not succ >= target:
+        head += (f"; MISSED the target {target:g} (the budget of {steps} steps ended first): RL starts from a weak "
+                 f"policy; raise --sft-steps or start from a saved start (--model-dir)")
+    return head + (f"; start kept in {start} (--model-dir {start})" if start is not None else "")
 
 
 def progress_line(rec: dict, total: int | None = None) -> str:

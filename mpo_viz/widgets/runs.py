@@ -166,7 +166,7 @@ class RunComparison(Exportable, W.VBox):
         d, key = Path(run_dir), self.group.value
         if key is None:
             return self.labels[self.run_dirs.index(d)]
-        if key == "tags":
+        if key == "tags" and self.tags is not None:
             return self.tags[d]
         cfg = self.configs[d]
         return " + ".join(str(cfg.get(f)) for f in key.split(" + "))

@@ -5,8 +5,6 @@ metrics.jsonl."""
 import json
 from pathlib import Path
 
-import pytest
-
 from mpo_viz.train import Config, Trainer
 from mpo_viz.train.collapse import DOCS, collapse_flags, new_signals
 
