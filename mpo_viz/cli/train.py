@@ -133,7 +133,10 @@ def _train(args) -> int:
               f"({cfg.episodes} episodes, G={cfg.group_size}, {cfg.epochs}x{cfg.minibatches} updates) -> "
               f"{args.run_dir}", flush=True)
     t0 = time.perf_counter()
-    out = tr.run_all(log=lambda line: print(line, flush=True))
+    try:
+        out = tr.run_all(log=lambda line: print(line, flush=True))
+    finally:
+        tr.close()
     wall = time.perf_counter() - t0
     last_eval = next((r for r in reversed(tr.history) if "eval_success" in r), None)
     if tr.interrupted:

@@ -50,11 +50,12 @@ from mpo_viz.train.checkpoint import (
     save_checkpoint,
 )
 from mpo_viz.train.collapse import collapse_flags, new_signals
-from mpo_viz.train.config import Config
+from mpo_viz.train.config import RESUMABLE_FIELDS, Config
 from mpo_viz.train.critic_fit import critic_outputs, fit_values, mc_returns
 from mpo_viz.train.runfolder import RunFolder, clean_json
 from mpo_viz.train.runtime import derive_seed, env_kwargs, set_threads
 from mpo_viz.train.sft import sft as run_sft
+from mpo_viz.train.trackers import Tracker, check_available, open_tracker
 from mpo_viz.train.update import (
     Learners,
     UpdateSettings,
@@ -131,6 +132,9 @@ class Trainer:
                              f"continue it with Trainer.resume({str(self.run.path)!r}) or pick a new folder")
         if not _resume and self.run.metrics_path.exists() and self.run.metrics_path.stat().st_size:
             raise ValueError(f"run_dir: {str(self.run.path)!r} already holds metrics.jsonl; pick a new folder")
+        self.tracker: Tracker | None = None
+        if cfg.log_to:  # a missing package is said before anything is written
+            check_available(cfg.log_to)
         self.device = torch.device(cfg.device)
         if cfg.num_threads:
             set_threads(cfg.num_threads)
@@ -140,6 +144,7 @@ class Trainer:
         if not _resume:
             self.run.create()
             cfg.save(self.run.config_path)
+            self._open_tracker()
             self._checkpoint()  # iteration 0: the initial weights, so that any step can be undone
 
     # ------------------------------------------------------------------ construction
@@ -259,7 +264,7 @@ class Trainer:
             if diff:
                 raise ValueError(f"config: cannot resume {str(run.path)!r} with a different config; differing "
                                  f"fields (stored != given): {'; '.join(diff)}")
-            stored = stored.replace(iterations=cfg.iterations)
+            stored = stored.replace(**{k: getattr(cfg, k) for k in RESUMABLE_FIELDS})
         if iterations is not None:
             stored = stored.replace(iterations=iterations)
         if not checkpoint_candidates(run.checkpoints):
@@ -267,7 +272,26 @@ class Trainer:
         tr = cls(stored, run_dir, _resume=True, quiet=quiet)
         tr._restore_usable()
         stored.save(run.config_path)
+        tr._open_tracker(resume_from=tr.iteration)
         return tr
+
+    def _open_tracker(self, resume_from: int | None = None) -> None:
+        """Mirror every metrics line to ``cfg.log_to`` from now on (a tracker opened for the first
+        time on a resumed run first receives the lines already written)."""
+        if not self.cfg.log_to:
+            return
+        self.tracker = open_tracker(self.cfg.log_to, self.run.path, self.cfg.to_dict(), resume_from=resume_from)
+        if resume_from is not None and self.tracker.fresh:
+            for rec in self.run.metrics():
+                self.tracker.log(rec)
+        self.run.mirror = self.tracker.log
+
+    def close(self) -> None:
+        """Close the experiment tracker (``cfg.log_to``), if any; the run folder needs no closing."""
+        if self.tracker is not None:
+            self.tracker.close()
+            self.tracker = None
+            self.run.mirror = None
 
     def _restore_usable(self) -> Path:
         """Restore the newest checkpoint that reads (:func:`checkpoint_candidates`): a damaged one

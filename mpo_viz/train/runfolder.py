@@ -69,6 +69,8 @@ class RunFolder:
 
     def __init__(self, path):
         self.path = Path(path)
+        #: called with each metrics line after it is written (an experiment tracker's ``log``)
+        self.mirror = None
         self.config_path = self.path / "config.json"
         self.metrics_path = self.path / "metrics.jsonl"
         self.trajectories = self.path / "trajectories"
@@ -81,12 +83,16 @@ class RunFolder:
 
     # ------------------------------------------------------------------ metrics
     def append_metrics(self, record: dict) -> None:
-        """Append one metrics object as one line (written with a single ``write`` call)."""
-        line = json.dumps(clean_json(record), allow_nan=False) + "\n"
+        """Append one metrics object as one line (written with a single ``write`` call), then hand
+        it to :attr:`mirror` when one is set."""
+        clean = clean_json(record)
+        line = json.dumps(clean, allow_nan=False) + "\n"
         with open(self.metrics_path, "a") as fh:
             fh.write(line)
             fh.flush()
             os.fsync(fh.fileno())
+        if self.mirror is not None:
+            self.mirror(clean)
 
     def metrics(self) -> list[dict]:
         return read_metrics_file(self.metrics_path)

@@ -40,14 +40,14 @@ def test_success_moves_by_hand():
 def test_when_nothing_rose_the_summary_says_what_to_look_at():
     stream = [{"iteration": 0, "phase": "critic_warmup", "warmup_passed": False, "warmup_explained_var": 0.05,
                "warmup_gate": 0.2},
-              _eval(0, 0.02, 0.0), _rl(1, success=0.0, approx_kl=1e-5, critic_explained_var=0.01),
-              _rl(2, success=0.03, approx_kl=3e-5, critic_explained_var=0.03, collapse=["success"]),
+              _eval(0, 0.02, 0.0), _rl(1, success=0.0, approx_kl=1e-7, critic_explained_var=0.01),
+              _rl(2, success=0.03, approx_kl=3e-7, critic_explained_var=0.03, collapse=["success"]),
               _eval(2, 0.0, 0.0)]
     found = hints(stream)
     assert [h.split(" ")[0:3] for h in found] == [["collapse", "signatures", "were"], ["the", "critic", "warm-up"],
                                                   ["almost", "no", "rollout"], ["the", "policy", "barely"],
                                                   ["the", "critic", "explains"], ["only", "2", "iterations:"]]
-    assert "approx_kl 2.0e-05" in found[3] and "critic_explained_var 0.020" in found[4]
+    assert "approx_kl 2.0e-07" in found[3] and "critic_explained_var 0.020" in found[4]
     last = summary_lines(stream)[-1]
     assert last.startswith("what to look at: collapse signatures were flagged (success)") and DOCS_NOT_LEARNING in last
 
