@@ -38,7 +38,7 @@ from mpo_viz.widgets.export_bar import Exportable, ExportBar
 from mpo_viz.widgets.figure import FigureWidget
 from mpo_viz.widgets.snapshot import Snapshot
 
-__all__ = ["TrainingDashboard", "read_metrics", "PANELS", "Panel", "panel_of"]
+__all__ = ["TrainingDashboard", "read_metrics", "PANELS", "PALETTE", "Panel", "panel_of", "flatten_keys"]
 
 class Panel(NamedTuple):
     """One panel of the dashboard: its ``title``, ``takes(name)`` (does it draw this flattened
@@ -100,12 +100,14 @@ def _stacks(key: str) -> bool:
     return key.startswith("timings/") and not key.endswith(("/total", "_oracle"))
 
 
-def _flatten(d: dict, prefix: str = "") -> dict:
+def flatten_keys(d: dict, prefix: str = "") -> dict:
+    """Nested dicts as one level, their keys joined with ``/`` (``{"timings": {"rollout": 1}}`` ->
+    ``{"timings/rollout": 1}``): how metrics and configs are named in the views."""
     out = {}
     for k, v in d.items():
         name = f"{prefix}{k}"
         if isinstance(v, dict):
-            out.update(_flatten(v, name + "/"))
+            out.update(flatten_keys(v, name + "/"))
         else:
             out[name] = v
     return out
@@ -138,13 +140,13 @@ def read_metrics(path, offset: int = 0) -> tuple[list[dict], int, dict | None]:
             raise ValueError(f"{p}: line {line_no}: expected one JSON object per line, found {line[:80]!r} ({exc})") from None
         if not isinstance(obj, dict):
             raise ValueError(f"{p}: line {_line_number(p, offset) + i}: expected a JSON object, found {type(obj).__name__}")
-        records.append(_flatten(obj))
+        records.append(flatten_keys(obj))
     pending = None
     tail = data[end:]
     if tail.strip():
         try:
             obj = json.loads(tail)
-            pending = _flatten(obj) if isinstance(obj, dict) else None
+            pending = flatten_keys(obj) if isinstance(obj, dict) else None
         except json.JSONDecodeError:
             pending = None
     return records, offset + end, pending
@@ -225,7 +227,7 @@ class TrainingDashboard(Exportable, W.VBox):
                 self.config = json.loads(cfg.read_text())
             except json.JSONDecodeError:
                 self.config = {}  # being written: read it next time
-            self.config_html.value = _kv_html(_flatten(self.config)) if self.config else "<i>no config.json yet</i>"
+            self.config_html.value = _kv_html(flatten_keys(self.config)) if self.config else "<i>no config.json yet</i>"
         new, self._offset, self.pending = read_metrics(self.run_dir / "metrics.jsonl", self._offset)
         self.records.extend(new)
         files = self.trajectory_files()
@@ -400,7 +402,7 @@ class TrainingDashboard(Exportable, W.VBox):
         if self.figure is not None:
             snap.figure(self.figure)
         if self.config:
-            snap.heading("config").kv(list(_flatten(self.config).items()))
+            snap.heading("config").kv(list(flatten_keys(self.config).items()))
         return snap.output(path)
 
 

@@ -30,7 +30,7 @@ import pandas as pd
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
-from mpo_viz.widgets.dashboard import PALETTE, _flatten, panel_of, read_metrics
+from mpo_viz.widgets.dashboard import PALETTE, flatten_keys, panel_of, read_metrics
 from mpo_viz.widgets.export_bar import Exportable, ExportBar
 from mpo_viz.widgets.figure import FigureWidget
 from mpo_viz.widgets.snapshot import Snapshot
@@ -55,7 +55,7 @@ def run_label(run_dir: Path) -> str:
 def _config(run_dir) -> dict:
     """The folder's config.json, flattened with ``/`` (empty when missing or unreadable)."""
     try:
-        return _flatten(json.loads((Path(run_dir) / "config.json").read_text()))
+        return flatten_keys(json.loads((Path(run_dir) / "config.json").read_text()))
     except (OSError, ValueError, AttributeError):
         return {}
 
