@@ -16,6 +16,7 @@ import json
 import signal
 import sys
 import time
+import warnings
 
 from mpo_viz import losses
 from mpo_viz import train as training
@@ -25,11 +26,15 @@ from mpo_viz.cli.advantages import estimator_option_help
 from mpo_viz.cli.errors import CLIError
 from mpo_viz.cli.flags import add_option, option_help, read_text
 from mpo_viz.options import Option
+from mpo_viz.train.checkpoint import CheckpointWarning
 from mpo_viz.train.config import Config
 from mpo_viz.train.runfolder import RunFolder
+from mpo_viz.train.summary import summary_lines
 
 #: the dict fields whose keys get flags of their own (``--beta`` fills ``estimator_options.beta``)
 OPTION_FIELDS = ("estimator_options", "loss_options")
+#: warning classes printed as one ``mpo-viz train: warning: ...`` line
+TRAINER_WARNINGS = (CheckpointWarning,)
 
 
 def _config(base: dict, over: dict, source: str) -> Config:
@@ -89,6 +94,21 @@ def _with_options(cfg_dict: dict, args) -> dict:
 def cmd_train(args) -> int:
     # a launched run is stopped with SIGINT; make sure it raises KeyboardInterrupt here
     signal.signal(signal.SIGINT, signal.default_int_handler)
+    with warnings.catch_warnings():
+        warnings.showwarning = _one_line_warning
+        return _train(args)
+
+
+def _one_line_warning(message, category, filename, lineno, file=None, line=None) -> None:
+    """The trainer's own warnings (a damaged checkpoint skipped) as one line on stderr; others as
+    Python shows them."""
+    if issubclass(category, TRAINER_WARNINGS):
+        print(f"mpo-viz train: warning: {message}", file=sys.stderr, flush=True)
+    else:
+        sys.stderr.write(warnings.formatwarning(message, category, filename, lineno, line))
+
+
+def _train(args) -> int:
     # a bad option is named by the flag that gave it: the typed flag, else --estimator-option/--loss-option
     args.flags = {k: v for k, v in args.flags.items() if "." not in k or k in vars(args)}
     over = _overrides(args)
@@ -113,7 +133,10 @@ def cmd_train(args) -> int:
               f"({cfg.episodes} episodes, G={cfg.group_size}, {cfg.epochs}x{cfg.minibatches} updates) -> "
               f"{args.run_dir}", flush=True)
     t0 = time.perf_counter()
-    out = tr.run_all(log=lambda line: print(line, flush=True))
+    try:
+        out = tr.run_all(log=lambda line: print(line, flush=True))
+    finally:
+        tr.close()
     wall = time.perf_counter() - t0
     last_eval = next((r for r in reversed(tr.history) if "eval_success" in r), None)
     if tr.interrupted:
@@ -127,6 +150,9 @@ def cmd_train(args) -> int:
         summary += (f"; held-out sampled success {last_eval.get('eval_sampled_success', float('nan')):.3f}, "
                     f"greedy {last_eval['eval_success']:.3f}")
     print(summary + f"; run folder {tr.run.path}", flush=True)
+    if out:
+        for line in summary_lines(tr.run.metrics()):
+            print(line, flush=True)
     return 0
 
 

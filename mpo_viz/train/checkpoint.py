@@ -13,6 +13,11 @@ bit for bit (on CPU):
 
 Writing: into ``.iter=NNNNNN.tmp`` then renamed, then ``latest`` is replaced atomically, then all but
 the newest ``keep`` checkpoints are removed. A reader never sees a half-written checkpoint.
+
+Reading: a file that is missing, truncated or otherwise unreadable raises :class:`CheckpointError`
+(a ``ValueError``) naming the file; :func:`checkpoint_candidates` lists the checkpoints a resume may
+fall back to, newest first (the trainer skips a damaged one for the previous one, with a
+:class:`CheckpointWarning`).
 """
 
 from __future__ import annotations
@@ -26,12 +31,34 @@ from pathlib import Path
 
 import numpy as np
 import torch
+from safetensors.torch import load_model, save_model
 
 from mpo_viz.io import load as load_batch
 from mpo_viz.io import save as save_batch
 
-__all__ = ["Checkpoint", "save_checkpoint", "load_checkpoint", "latest_checkpoint", "checkpoint_name",
-           "capture_rng", "restore_rng", "write_atomic"]
+__all__ = ["Checkpoint", "CheckpointError", "CheckpointWarning", "save_checkpoint", "load_checkpoint",
+           "latest_checkpoint", "checkpoint_candidates", "checkpoint_name", "capture_rng", "restore_rng",
+           "write_atomic"]
+
+
+class CheckpointError(ValueError):
+    """A checkpoint file that is missing, truncated or unreadable; the message names the file."""
+
+
+class CheckpointWarning(UserWarning):
+    """A damaged checkpoint was skipped for an older one."""
+
+
+def _read(f: Path, reader):
+    """``reader(f)``, any failure to read it (a truncated safetensors header, a damaged zip of
+    ``torch.save``, bad JSON) as a one-line :class:`CheckpointError` naming ``f``."""
+    if not f.is_file():
+        raise CheckpointError(f"{f.parent}: expected {f.name} in a checkpoint folder, found it missing")
+    try:
+        return reader(f)
+    except Exception as exc:  # safetensors, torch and json each raise their own kind
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
+        raise CheckpointError(f"{f}: unreadable ({type(exc).__name__}: {first[:200]})") from None
 
 
 def checkpoint_name(iteration: int) -> str:
@@ -62,14 +89,12 @@ class Checkpoint:
     batches: dict = field(default_factory=dict)
 
     def load_weights(self, name: str, module: torch.nn.Module) -> None:
-        from safetensors.torch import load_model
-
         f = self.path / f"{name}.safetensors"
         if not f.is_file():
-            raise ValueError(f"{self.path}: expected weights {f.name}, found none")
-        missing, unexpected = load_model(module, str(f), strict=True)
+            raise CheckpointError(f"{self.path}: expected weights {f.name}, found none")
+        missing, unexpected = _read(f, lambda x: load_model(module, str(x), strict=True))
         if missing or unexpected:  # strict=True raises first; kept for older safetensors
-            raise ValueError(f"{f}: weights do not match the module (missing {missing}, unexpected {unexpected})")
+            raise CheckpointError(f"{f}: weights do not match the module (missing {missing}, unexpected {unexpected})")
 
     def has_weights(self, name: str) -> bool:
         return (self.path / f"{name}.safetensors").is_file()
@@ -145,8 +170,6 @@ def save_checkpoint(
 ) -> Path:
     """Write ``ckpt_dir/iter=NNNNNN/`` atomically, point ``ckpt_dir/latest`` at it and keep the
     newest ``keep`` checkpoints. Returns the checkpoint's path."""
-    from safetensors.torch import save_model
-
     ckpt_dir = Path(ckpt_dir)
     ckpt_dir.mkdir(parents=True, exist_ok=True)
     name = checkpoint_name(iteration)
@@ -197,20 +220,39 @@ def latest_checkpoint(ckpt_dir: Path) -> Path | None:
     return p
 
 
+def checkpoint_candidates(ckpt_dir: Path) -> list[Path]:
+    """The checkpoints a resume may start from, newest first: the one ``latest`` names, then the
+    older ``iter=NNNNNN`` folders. When ``latest`` is missing, unreadable or names a missing folder,
+    every checkpoint folder counts (newest first). Empty when there is none."""
+    ckpt_dir = Path(ckpt_dir)
+    if not ckpt_dir.is_dir():
+        return []
+    found = sorted((p for p in ckpt_dir.iterdir() if p.is_dir() and p.name.startswith("iter=")), reverse=True)
+    try:
+        named = latest_checkpoint(ckpt_dir)
+    except (OSError, UnicodeDecodeError, ValueError):
+        named = None
+    return found if named is None else [p for p in found if p.name <= named.name]
+
+
+def _torch_tensors(f: Path):
+    return torch.load(f, weights_only=True, map_location="cpu")
+
+
 def load_checkpoint(path: Path) -> Checkpoint:
     """Read a checkpoint folder (weights are loaded later, into modules). Nothing is unpickled:
     tensors through ``torch.load(weights_only=True)``, the rest from JSON."""
     path = Path(path)
     for f in ("state.json", "optimizers.pt", "rng.pt", "rng.json"):
         if not (path / f).is_file():
-            raise ValueError(f"{path}: expected {f} in a checkpoint folder, found it missing")
-    state = json.loads((path / "state.json").read_text())
-    optim = torch.load(path / "optimizers.pt", weights_only=True, map_location="cpu")
-    tensors = torch.load(path / "rng.pt", weights_only=True, map_location="cpu")
-    rng = _rng_join(tensors, json.loads((path / "rng.json").read_text()))
+            raise CheckpointError(f"{path}: expected {f} in a checkpoint folder, found it missing")
+    state = _read(path / "state.json", lambda f: json.loads(f.read_text()))
+    optim = _read(path / "optimizers.pt", _torch_tensors)
+    tensors = _read(path / "rng.pt", _torch_tensors)
+    rng = _rng_join(tensors, _read(path / "rng.json", lambda f: json.loads(f.read_text())))
     batches = {}
     bdir = path / "batches"
     if bdir.is_dir():
         for part in sorted(bdir.glob("*.parquet")):
-            batches[part.stem] = load_batch(part)
+            batches[part.stem] = _read(part, load_batch)
     return Checkpoint(path=path, state=state, rng=rng, optimizers=optim, batches=batches)

@@ -57,8 +57,10 @@ CRITIC_KINDS = ("learned", "oracle")
 CRITIC_INITS = ("policy", "fresh", "shared")
 #: sizes of the tiny policy (``Config.model_size``)
 MODEL_SIZES = ("1m", "3m", "10m")
-#: fields a resume may change (``mpo-viz train --resume DIR --iterations N``)
-RESUMABLE_FIELDS = ("iterations",)
+#: fields a resume may change (``mpo-viz train --resume DIR --iterations N --log-to tensorboard``)
+RESUMABLE_FIELDS = ("iterations", "log_to")
+#: experiment trackers (``Config.log_to``; :mod:`mpo_viz.train.trackers`)
+TRACKER_KINDS = ("wandb", "tensorboard")
 
 
 class TrustRegionWarning(UserWarning):
@@ -257,7 +259,12 @@ class Config:
         doc="Disk cap of ``trajectories/``: past it the oldest files are removed.")
     keep_checkpoints: int = setting(
         3, kind="int", low=1,
-        doc="Checkpoints kept (the newest; at least 1).")
+        doc="Checkpoints kept (the newest; at least 1). The SFT start (``start/``) is kept apart, always.")
+    log_to: str | None = setting(
+        None, kind="choice", choices=TRACKER_KINDS, optional=True,
+        doc="Mirror every metrics line and the config to an experiment tracker: ``\"wandb\"`` (offline "
+            "unless ``WANDB_MODE`` says otherwise; ``RUN/wandb/``) or ``\"tensorboard\"`` (event files in "
+            "``RUN/tensorboard/``); needs that package. The run folder stays the source of truth.")
 
     # ------------------------------------------------------------------ run
     iterations: int = setting(

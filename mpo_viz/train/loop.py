@@ -20,8 +20,11 @@ from __future__ import annotations
 import copy
 import json
 import math
+import os
+import shutil
 import sys
 import time
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -38,17 +41,21 @@ from mpo_viz.losses import LOGPROB_FIELDS
 from mpo_viz.losses import get as get_loss
 from mpo_viz.rollout import rollout
 from mpo_viz.train.checkpoint import (
+    CheckpointError,
+    CheckpointWarning,
     capture_rng,
-    latest_checkpoint,
+    checkpoint_candidates,
     load_checkpoint,
     restore_rng,
     save_checkpoint,
 )
-from mpo_viz.train.config import Config
+from mpo_viz.train.collapse import collapse_flags, new_signals
+from mpo_viz.train.config import RESUMABLE_FIELDS, Config
 from mpo_viz.train.critic_fit import critic_outputs, fit_values, mc_returns
-from mpo_viz.train.runfolder import RunFolder
+from mpo_viz.train.runfolder import RunFolder, clean_json
 from mpo_viz.train.runtime import derive_seed, env_kwargs, set_threads
 from mpo_viz.train.sft import sft as run_sft
+from mpo_viz.train.trackers import Tracker, check_available, open_tracker
 from mpo_viz.train.update import (
     Learners,
     UpdateSettings,
@@ -125,6 +132,9 @@ class Trainer:
                              f"continue it with Trainer.resume({str(self.run.path)!r}) or pick a new folder")
         if not _resume and self.run.metrics_path.exists() and self.run.metrics_path.stat().st_size:
             raise ValueError(f"run_dir: {str(self.run.path)!r} already holds metrics.jsonl; pick a new folder")
+        self.tracker: Tracker | None = None
+        if cfg.log_to:  # a missing package is said before anything is written
+            check_available(cfg.log_to)
         self.device = torch.device(cfg.device)
         if cfg.num_threads:
             set_threads(cfg.num_threads)
@@ -134,6 +144,7 @@ class Trainer:
         if not _resume:
             self.run.create()
             cfg.save(self.run.config_path)
+            self._open_tracker()
             self._checkpoint()  # iteration 0: the initial weights, so that any step can be undone
 
     # ------------------------------------------------------------------ construction
@@ -243,6 +254,8 @@ class Trainer:
         total of RL iterations (updates ``config.json``).
         """
         run = RunFolder(run_dir)
+        if not run.path.is_dir():
+            raise ValueError(f"run_dir: no such folder {str(run.path)!r} (nothing to resume)")
         if not run.config_path.is_file():
             raise ValueError(f"run_dir: expected a run folder with config.json, found {str(run.path)!r} without one")
         stored = Config.load(run.config_path)
@@ -251,16 +264,54 @@ class Trainer:
             if diff:
                 raise ValueError(f"config: cannot resume {str(run.path)!r} with a different config; differing "
                                  f"fields (stored != given): {'; '.join(diff)}")
-            stored = stored.replace(iterations=cfg.iterations)
+            stored = stored.replace(**{k: getattr(cfg, k) for k in RESUMABLE_FIELDS})
         if iterations is not None:
             stored = stored.replace(iterations=iterations)
-        ck = latest_checkpoint(run.checkpoints)
-        if ck is None:
-            raise ValueError(f"run_dir: {str(run.path)!r} has no checkpoint to resume from (checkpoints/latest missing)")
+        if not checkpoint_candidates(run.checkpoints):
+            raise ValueError(f"run_dir: {str(run.path)!r} has no checkpoint to resume from (checkpoints/ holds none)")
         tr = cls(stored, run_dir, _resume=True, quiet=quiet)
-        tr._restore(ck)
+        tr._restore_usable()
         stored.save(run.config_path)
+        tr._open_tracker(resume_from=tr.iteration)
         return tr
+
+    def _open_tracker(self, resume_from: int | None = None) -> None:
+        """Mirror every metrics line to ``cfg.log_to`` from now on (a tracker opened for the first
+        time on a resumed run first receives the lines already written)."""
+        if not self.cfg.log_to:
+            return
+        self.tracker = open_tracker(self.cfg.log_to, self.run.path, self.cfg.to_dict(), resume_from=resume_from)
+        if resume_from is not None and self.tracker.fresh:
+            for rec in self.run.metrics():
+                self.tracker.log(rec)
+        self.run.mirror = self.tracker.log
+
+    def close(self) -> None:
+        """Close the experiment tracker (``cfg.log_to``), if any; the run folder needs no closing."""
+        if self.tracker is not None:
+            self.tracker.close()
+            self.tracker = None
+            self.run.mirror = None
+
+    def _restore_usable(self) -> Path:
+        """Restore the newest checkpoint that reads (:func:`checkpoint_candidates`): a damaged one
+        (truncated or unreadable file) is skipped for the previous one with a
+        :class:`CheckpointWarning` naming the file; none usable is a one-line
+        :class:`CheckpointError`. A checkpoint of another config is refused as before."""
+        cands = checkpoint_candidates(self.run.checkpoints)
+        damaged: list[CheckpointError] = []
+        for path in cands:
+            try:
+                self._restore(path)
+            except CheckpointError as exc:
+                damaged.append(exc)
+                continue
+            for err in damaged:
+                warnings.warn(f"damaged checkpoint skipped: {err}; resumed from {path.name} instead",
+                              CheckpointWarning, stacklevel=3)
+            return path
+        first = f"; the newest: {damaged[0]}" if damaged else ""
+        raise CheckpointError(f"{self.run.checkpoints}: no usable checkpoint ({len(cands)} found{first})")
 
     # ------------------------------------------------------------------ rollouts
     def _rollout(self, n: int, *, seed: int, group_size: int = 1, greedy: bool = False, critic=True,
@@ -337,7 +388,7 @@ class Trainer:
         target = cfg.sft_target_success if target_success is None else float(target_success)
         t0 = time.perf_counter()
         try:
-            res = run_sft(self, steps=steps, target=target)
+            res = run_sft(self, steps=steps, target=target, log=self._say)
         except KeyboardInterrupt:
             self._abandon("interrupted: SFT abandoned; the run is back at its last checkpoint (resumable)")
             return {}
@@ -346,8 +397,31 @@ class Trainer:
         rec = {"iteration": 0, "phase": "sft", "time_s": self.state["elapsed_s"], **res}
         self.run.append_metrics(rec)
         self.history.append(rec)
+        if res["sft_steps"] > 0:
+            self._save_start(rec)
         self._checkpoint()
         return rec
+
+    def _save_start(self, sft_record: dict | None = None) -> Path:
+        """Write the start (the policy after SFT; the critic too once warmed up) as the model folder
+        ``RUN/start`` (through a temporary name), with ``start.json`` (the SFT record and the config
+        hash): ``--model-dir RUN/start`` reuses it; no checkpoint rule removes it."""
+        final, tmp = self.run.start, self.run.path / ".start.tmp"
+        info_path = final / "start.json"
+        info = json.loads(info_path.read_text()) if sft_record is None and info_path.is_file() else {}
+        if sft_record is not None:
+            info = {"source": f"mpo-viz train: the SFT start of {self.run.path.name}",
+                    "sft_config_hash": self.cfg.hash(), "sft": sft_record}
+        if self.critic is not None and self.state["critic_warm"]:
+            info["critic"] = "warmed up on the start's rollouts (see the critic_warmup line of metrics.jsonl)"
+        if tmp.exists():
+            shutil.rmtree(tmp)
+        models.save(tmp, self.policy, self.critic if self.state["critic_warm"] else None)
+        (tmp / "start.json").write_text(json.dumps(clean_json(info), indent=1) + "\n")
+        if final.exists():
+            shutil.rmtree(final)
+        os.replace(tmp, final)
+        return final
 
     def warmup_critic(self, steps: int | None = None, *, gate: float | None = None) -> dict:
         """Fit the critic before RL on a pool of rollouts of the current policy.
@@ -397,6 +471,8 @@ class Trainer:
                **{f"warmup_{k}": v for k, v in split.items() if k != "critic_explained_var"}}
         self.run.append_metrics(rec)
         self.history.append(rec)
+        if self.run.start.is_dir():  # this run's SFT start: keep its critic beside it
+            self._save_start()
         self._checkpoint()
         return rec
 
@@ -430,8 +506,7 @@ class Trainer:
             r = self.sft()
             if self.interrupted:
                 return []
-            log(f"sft: {r.get('sft_steps')} steps, greedy success {r.get('sft_success', float('nan')):.3f}, "
-                f"loss {r.get('sft_loss', float('nan')):.3f}")
+            log(sft_line(r, self.run.start if r.get("sft_steps") else None))
         if self.critic is not None and not self.state["critic_warm"] and cfg.critic_option("critic_warmup_steps") > 0:
             r = self.warmup_critic()
             if self.interrupted:
@@ -442,10 +517,7 @@ class Trainer:
         if self.iteration == 0 and total > 0 and not self._start_evaluated():
             # where every learning curve starts: the policy before its first RL update (the
             # evaluation draws from no training RNG, so the run itself is unchanged)
-            ev = self.evaluation()
-            rec = {"iteration": 0, "phase": "eval", "time_s": self.state["elapsed_s"], **ev}
-            self.run.append_metrics(rec)
-            self.history.append(rec)
+            ev = self._eval_line()
             log(f"eval before RL: sampled success {ev['eval_sampled_success']:.3f}, greedy {ev['eval_success']:.3f} "
                 f"({ev['n_eval_tasks']} tasks)")
         out = []
@@ -453,12 +525,29 @@ class Trainer:
             out.append(rec)
             log(progress_line(rec, total))
         if out and "eval_success" not in out[-1] and not self.interrupted:
-            ev = self.evaluation()
-            rec = {"iteration": self.iteration, "phase": "eval", "time_s": self.state["elapsed_s"], **ev}
-            self.run.append_metrics(rec)
-            self.history.append(rec)
+            ev = self._eval_line()
             log(f"final eval: sampled success {ev['eval_sampled_success']:.3f}, greedy {ev['eval_success']:.3f}")
         return out
+
+    def _eval_line(self) -> dict:
+        """Both evaluations at the current iteration, written as a ``phase: "eval"`` metrics line
+        (flagged like an iteration's line, see :meth:`_flag_collapse`); returns the line."""
+        rec = {"iteration": self.iteration, "phase": "eval", "time_s": self.state["elapsed_s"], **self.evaluation()}
+        self._flag_collapse(rec)
+        self.run.append_metrics(rec)
+        self.history.append(rec)
+        return rec
+
+    def _flag_collapse(self, rec: dict) -> None:
+        """Mark ``rec`` with the collapse signatures it shows (``rec["collapse"]``: the metrics, see
+        :mod:`mpo_viz.train.collapse`) read against the run's earlier lines, and warn in the
+        console of each that the previous line did not show."""
+        stream = self.run.metrics() + [rec]
+        flags = collapse_flags(stream)[-1]
+        if flags:
+            rec["collapse"] = [f.metric for f in flags]
+        for f in new_signals(stream):
+            self._say(f"warning: {f.message}")
 
     def _start_evaluated(self) -> bool:
         """Whether the run folder already holds the evaluation before the first RL iteration."""
@@ -507,6 +596,7 @@ class Trainer:
             rec.update(self.evaluation())
         timings["eval"] = time.perf_counter() - t
         self._write(rec, batch, res.options, timings)
+        self._flag_collapse(rec)
         timings["total"] = time.perf_counter() - t_start
         self.state["iteration"] = it
         self.state["elapsed_s"] += timings["total"]
@@ -599,10 +689,7 @@ class Trainer:
     def _abandon(self, message: str) -> None:
         """After a KeyboardInterrupt: back to the last checkpoint (memory and disk agree), mark the
         trainer interrupted and say so; the run folder stays resumable."""
-        ck = latest_checkpoint(self.run.checkpoints)
-        if ck is None:  # the constructor writes the iteration-0 checkpoint
-            raise RuntimeError(f"{self.run.checkpoints}: no checkpoint to go back to")
-        self._restore(ck)
+        self._restore_usable()
         self.interrupted = True
         self._say(message)
 
@@ -638,6 +725,19 @@ def check_loss_inputs(batch: TrajectoryBatch, loss: str) -> None:
 _LOGPROB_WHAT = {"old_logprobs": "the policy's log-probs at rollout", "rollout_logprobs": "the sampler's log-probs"}
 
 
+def sft_line(rec: dict, start: Path | None) -> str:
+    """The line after SFT: steps, greedy success against the target (a missed target said so, in
+    the same line), and where the start was kept."""
+    steps, succ, target = rec.get("sft_steps"), rec.get("sft_success", math.nan), rec.get("sft_target_success")
+    if steps == 0:
+        return f"sft: none needed, the start's greedy success {succ:.3f} already meets the target {target:g}"
+    head = f"sft: {steps} steps, greedy success {succ:.3f}, loss {rec.get('sft_loss', math.nan):.3f}"
+    if target is not None and not succ >= target:
+        head += (f"; MISSED the target {target:g} (the budget of {steps} steps ended first): RL starts from a weak "
+                 f"policy; raise --sft-steps or start from a saved start (--model-dir)")
+    return head + (f"; start kept in {start} (--model-dir {start})" if start is not None else "")
+
+
 def progress_line(rec: dict, total: int | None = None) -> str:
     """One line per iteration for the shell and the log."""
     it = rec.get("iteration")
@@ -652,4 +752,6 @@ def progress_line(rec: dict, total: int | None = None) -> str:
     tm = rec.get("timings", {})
     if tm:
         bits.append(f"{tm.get('total', float('nan')):.1f}s")
+    if rec.get("collapse"):
+        bits.append("collapse? " + ", ".join(rec["collapse"]))
     return " | ".join(bits)

@@ -8,6 +8,9 @@
                                        plus one for SFT and one for the critic warm-up (iteration 0)
       trajectories/iter=NNNNNN.parquet trajectory/v1 with critic values, log-probs, advantages, returns
       checkpoints/iter=NNNNNN/         see mpo_viz.train.checkpoint; checkpoints/latest names the newest
+      start/                           the SFT start as a model folder (policy/, and critic/ after the
+                                       critic warm-up): ``--model-dir RUN/start`` starts another run
+                                       from it; kept whatever ``keep_checkpoints`` says
       train.log                        the log of a launched run (mpo_viz.train.launch)
 
 Every file is written under a temporary name and renamed, except ``metrics.jsonl``, which is
@@ -25,15 +28,15 @@ from pathlib import Path
 from mpo_viz.io import save
 from mpo_viz.trajectory import TrajectoryBatch
 
-__all__ = ["RunFolder", "read_metrics_file"]
+__all__ = ["RunFolder", "read_metrics_file", "clean_json"]
 
 
-def _clean(x):
+def clean_json(x):
     """JSON-safe: NaN/inf become null, numpy scalars plain numbers, nested dicts kept."""
     if isinstance(x, dict):
-        return {str(k): _clean(v) for k, v in x.items()}
+        return {str(k): clean_json(v) for k, v in x.items()}
     if isinstance(x, (list, tuple)):
-        return [_clean(v) for v in x]
+        return [clean_json(v) for v in x]
     if hasattr(x, "item") and not isinstance(x, (str, bytes)):
         try:
             x = x.item()
@@ -66,10 +69,13 @@ class RunFolder:
 
     def __init__(self, path):
         self.path = Path(path)
+        #: called with each metrics line after it is written (an experiment tracker's ``log``)
+        self.mirror = None
         self.config_path = self.path / "config.json"
         self.metrics_path = self.path / "metrics.jsonl"
         self.trajectories = self.path / "trajectories"
         self.checkpoints = self.path / "checkpoints"
+        self.start = self.path / "start"
         self.log_path = self.path / "train.log"
 
     def create(self) -> None:
@@ -77,12 +83,16 @@ class RunFolder:
 
     # ------------------------------------------------------------------ metrics
     def append_metrics(self, record: dict) -> None:
-        """Append one metrics object as one line (written with a single ``write`` call)."""
-        line = json.dumps(_clean(record), allow_nan=False) + "\n"
+        """Append one metrics object as one line (written with a single ``write`` call), then hand
+        it to :attr:`mirror` when one is set."""
+        clean = clean_json(record)
+        line = json.dumps(clean, allow_nan=False) + "\n"
         with open(self.metrics_path, "a") as fh:
             fh.write(line)
             fh.flush()
             os.fsync(fh.fileno())
+        if self.mirror is not None:
+            self.mirror(clean)
 
     def metrics(self) -> list[dict]:
         return read_metrics_file(self.metrics_path)

@@ -6,7 +6,8 @@
 * :class:`EstimatorComparison` — one trajectory under several estimators: stacked strips, per-turn
   bars, agreement metrics; parameters shared through sliders.
 * :class:`TrainingDashboard` — live curves of a run folder, refreshing while it grows.
-* :class:`RunComparison` — one metric of several run folders on one axis (MPO vs GRPO vs PPO).
+* :class:`RunComparison` — several metrics of several run folders, runs grouped by method (or any
+  config field, or your tags) with the mean and a band over seeds.
 
 Every view takes a TrajectoryBatch or a path and has ``to_html()`` for a static snapshot built with
 the report's machinery. The token strip is the anywidget :class:`StripWidget` around the one strip

@@ -6,7 +6,12 @@ with a ``latest`` file. The dashboard reads ``metrics.jsonl`` incrementally from
 reached, consuming complete lines only (a partial last line is shown if it already parses, and read
 again next time), and draws one panel per family of metrics:
 
-success / reward · losses · KL · clip fractions · within-turn shift · across / within · phase timings
+success · reward · losses · KL · entropy · importance ratios (log) · clip fractions · within-turn shift ·
+across / within ratio (log) · across / within variance · critic fit · phase timings (stacked)
+
+Each panel has its own legend (right of it) and its own colours; ``ratio_max`` is drawn against
+``turn_ratio_max`` on a log axis (the collapse signature of docs/training.md, "When a run
+collapses"), the phase timings are stacked areas that add up to the iteration's time.
 
 Metric names are matched by pattern (nested objects are flattened with ``/``), so a trainer that
 adds a metric gets it drawn without a change here. ``refresh()`` reads and redraws once; with
@@ -19,7 +24,9 @@ import asyncio
 import json
 import math
 import re
+from collections.abc import Callable
 from pathlib import Path
+from typing import NamedTuple
 
 import ipywidgets as W
 import numpy as np
@@ -31,38 +38,76 @@ from mpo_viz.widgets.export_bar import Exportable, ExportBar
 from mpo_viz.widgets.figure import FigureWidget
 from mpo_viz.widgets.snapshot import Snapshot
 
-__all__ = ["TrainingDashboard", "read_metrics", "PANELS", "panel_of"]
+__all__ = ["TrainingDashboard", "read_metrics", "PANELS", "PALETTE", "Panel", "panel_of", "flatten_keys"]
 
-#: (title, predicate on a flattened metric name); a metric goes to the first panel that takes it
+class Panel(NamedTuple):
+    """One panel of the dashboard: its ``title``, ``takes(name)`` (does it draw this flattened
+    metric), a ``log`` y axis, ``stacked`` traces (``timings/*`` add up to the iteration's time) and
+    the metrics drawn ``first`` (in this order, before the others)."""
+
+    title: str
+    takes: Callable[[str], bool]
+    log: bool = False
+    stacked: bool = False
+    first: tuple = ()
+
+
+def _is_kl(k: str) -> bool:
+    return re.search(r"(^|[/_])kl($|[/_])", k) is not None or k.endswith("kl")
+
+
+def _is_timing(k: str) -> bool:
+    return k.startswith(("timings/", "timing/", "time/", "phase_time")) or (k.endswith("_s") and k != "time_s")
+
+
+#: the panels, in drawing order (two per row, success on top); a metric goes to the first that takes
+#: it. Ratios (~1 to ~100) and variances (~0.01) have axes of their own, the ratios a log one.
 PANELS = [
-    ("success / reward", lambda k: "success" in k or "reward" in k or "score" in k or "pass@" in k),
-    ("losses", lambda k: "loss" in k),
-    ("KL", lambda k: re.search(r"(^|[/_])kl($|[/_])", k) is not None or k.endswith("kl")),
-    ("clip fractions", lambda k: "clipfrac" in k or "clip_frac" in k),
-    ("within-turn shift", lambda k: "within_turn_shift" in k or "surrogate_gap" in k),
-    ("across / within", lambda k: "across" in k or "within" in k),
-    ("phase timings (s)", lambda k: k.startswith(("timings/", "timing/", "time/", "phase_time")) or
-     (k.endswith("_s") and k != "time_s")),
+    Panel("success", lambda k: "success" in k or "pass@" in k,
+          first=("success", "eval_sampled_success", "eval_success")),
+    Panel("reward", lambda k: "reward" in k or "score" in k, first=("reward_mean", "reward_std")),
+    Panel("losses", lambda k: "loss" in k),
+    Panel("KL", _is_kl),
+    Panel("entropy", lambda k: "entropy" in k),
+    Panel("importance ratios (log)", lambda k: re.fullmatch(r"(turn_)?ratio_(max|min|mean)", k) is not None,
+          log=True, first=("ratio_max", "turn_ratio_max")),
+    Panel("clip fractions", lambda k: "clipfrac" in k or "clip_frac" in k),
+    Panel("within-turn shift", lambda k: "within_turn_shift" in k or "surrogate_gap" in k),
+    Panel("across / within ratio (log)", lambda k: k.endswith("across_within_ratio"), log=True),
+    Panel("across / within variance", lambda k: "across" in k or "within" in k),
+    Panel("critic fit", lambda k: "explained_var" in k or k.endswith(("_mae", "vf_mse"))),
+    Panel("phase timings (s, stacked)", _is_timing, stacked=True),
 ]
 _SKIP = {"iteration", "phase", "time_s", "step"}
+#: colours within a panel (each panel starts again: a panel's legend never repeats a colour)
+PALETTE = ["#1f77b4", "#d62728", "#2ca02c", "#ff7f0e", "#9467bd", "#8c564b", "#e377c2", "#17becf", "#7f7f7f",
+           "#bcbd22"]
 
 
 def panel_of(key: str) -> int | None:
     """Index in :data:`PANELS` of the panel that draws metric ``key`` (None: not drawn)."""
     if key in _SKIP:
         return None
-    for i, (_, pred) in enumerate(PANELS):
-        if pred(key):
+    for i, panel in enumerate(PANELS):
+        if panel.takes(key):
             return i
     return None
 
 
-def _flatten(d: dict, prefix: str = "") -> dict:
+def _stacks(key: str) -> bool:
+    """Whether a timing adds to the stack: not the total, not a share of another phase (the
+    rollout's oracle time)."""
+    return key.startswith("timings/") and not key.endswith(("/total", "_oracle"))
+
+
+def flatten_keys(d: dict, prefix: str = "") -> dict:
+    """Nested dicts as one level, their keys joined with ``/`` (``{"timings": {"rollout": 1}}`` ->
+    ``{"timings/rollout": 1}``): how metrics and configs are named in the views."""
     out = {}
     for k, v in d.items():
         name = f"{prefix}{k}"
         if isinstance(v, dict):
-            out.update(_flatten(v, name + "/"))
+            out.update(flatten_keys(v, name + "/"))
         else:
             out[name] = v
     return out
@@ -95,13 +140,13 @@ def read_metrics(path, offset: int = 0) -> tuple[list[dict], int, dict | None]:
             raise ValueError(f"{p}: line {line_no}: expected one JSON object per line, found {line[:80]!r} ({exc})") from None
         if not isinstance(obj, dict):
             raise ValueError(f"{p}: line {_line_number(p, offset) + i}: expected a JSON object, found {type(obj).__name__}")
-        records.append(_flatten(obj))
+        records.append(flatten_keys(obj))
     pending = None
     tail = data[end:]
     if tail.strip():
         try:
             obj = json.loads(tail)
-            pending = _flatten(obj) if isinstance(obj, dict) else None
+            pending = flatten_keys(obj) if isinstance(obj, dict) else None
         except json.JSONDecodeError:
             pending = None
     return records, offset + end, pending
@@ -182,7 +227,7 @@ class TrainingDashboard(Exportable, W.VBox):
                 self.config = json.loads(cfg.read_text())
             except json.JSONDecodeError:
                 self.config = {}  # being written: read it next time
-            self.config_html.value = _kv_html(_flatten(self.config)) if self.config else "<i>no config.json yet</i>"
+            self.config_html.value = _kv_html(flatten_keys(self.config)) if self.config else "<i>no config.json yet</i>"
         new, self._offset, self.pending = read_metrics(self.run_dir / "metrics.jsonl", self._offset)
         self.records.extend(new)
         files = self.trajectory_files()
@@ -238,6 +283,9 @@ class TrainingDashboard(Exportable, W.VBox):
                 i = panel_of(k)
                 if i is not None and isinstance(v, (int, float)) and k not in keys.get(i, []):
                     keys.setdefault(i, []).append(k)
+        for i, ks in keys.items():
+            first = [k for k in PANELS[i].first if k in ks]
+            keys[i] = first + [k for k in ks if k not in first]
         x = np.array([_num(r.get("iteration", j)) for j, r in enumerate(recs)])
         ys = {k: np.array([_num(r.get(k)) for r in recs]) for ks in keys.values() for k in ks}
         return x, keys, ys
@@ -252,25 +300,25 @@ class TrainingDashboard(Exportable, W.VBox):
             return
         with self.figure.batch_update():
             for tr in self.figure.data:
-                tr.x = x
-                tr.y = ys[tr.meta]
+                tr.x, tr.y = _points(x, ys[tr.meta])
 
     def _build(self, x, keys, ys) -> go.Figure:
-        titles = [t for t, _ in PANELS]
+        """Two panels per row, each with its own legend (right of it) and colours, a log y axis for
+        the ratios, the phase timings stacked."""
         rows = math.ceil(len(PANELS) / 2)
-        fig = make_subplots(rows=rows, cols=2, subplot_titles=titles, vertical_spacing=0.08, horizontal_spacing=0.08)
-        palette = ["#1f77b4", "#d62728", "#2ca02c", "#ff7f0e", "#9467bd", "#8c564b", "#e377c2", "#17becf"]
+        fig = make_subplots(rows=rows, cols=2, subplot_titles=[p.title for p in PANELS], vertical_spacing=0.06,
+                            horizontal_spacing=0.22)
         for i, ks in keys.items():
             r, c = i // 2 + 1, i % 2 + 1
+            legend = "legend" if i == 0 else f"legend{i + 1}"
             for j, k in enumerate(ks):
-                fig.add_trace(go.Scatter(x=x, y=ys[k], mode="lines+markers", name=k, meta=k,
-                                         marker=dict(size=4), line=dict(color=palette[j % len(palette)], width=1.5),
-                                         legendgroup=str(i), hovertemplate=f"{k}<br>iteration %{{x}}: %{{y:.4g}}<extra></extra>"),
-                              row=r, col=c)
+                fig.add_trace(_trace(x, ys[k], k, j, legend, PANELS[i].stacked and _stacks(k)), row=r, col=c)
+            if PANELS[i].log:
+                fig.update_yaxes(type="log", row=r, col=c)
         fig.update_xaxes(title_text="iteration", row=rows, col=1)
-        fig.update_xaxes(title_text="iteration", row=rows - 1, col=2)
-        fig.update_layout(height=260 * rows, template="plotly_white", margin=dict(l=50, r=20, t=50, b=40),
-                          legend=dict(font=dict(size=10)), title=f"run: {self.run_dir.name}")
+        fig.update_xaxes(title_text="iteration", row=rows, col=2)
+        fig.update_layout(height=240 * rows, template="plotly_white", margin=dict(l=50, r=150, t=50, b=40),
+                          title=f"run: {self.run_dir.name}", **_legends(fig, keys))
         return fig
 
     def _update_status(self, n_new: int) -> None:
@@ -354,8 +402,40 @@ class TrainingDashboard(Exportable, W.VBox):
         if self.figure is not None:
             snap.figure(self.figure)
         if self.config:
-            snap.heading("config").kv(list(_flatten(self.config).items()))
+            snap.heading("config").kv(list(flatten_keys(self.config).items()))
         return snap.output(path)
+
+
+def _points(x: np.ndarray, y: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The points of one metric: the lines that hold it (``eval_success`` is on evaluation lines
+    only; a timing is on iteration lines only), so lines join real measurements and a stack never
+    drops to 0 at a line of another phase."""
+    keep = np.isfinite(y)
+    return x[keep], y[keep]
+
+
+def _trace(x, y, key: str, j: int, legend: str, stacked: bool) -> go.Scatter:
+    """Metric ``key`` as the ``j``-th trace of its panel (colour ``PALETTE[j]``, dashed past the
+    palette), in that panel's legend; a stacked timing is a filled area. A ratio's minimum starts
+    hidden (click its legend entry): near 0 it would squash the log axis that ``ratio_max`` and
+    ``turn_ratio_max`` are read on."""
+    line = dict(color=PALETTE[j % len(PALETTE)], width=1.5, dash="solid" if j < len(PALETTE) else "dash")
+    kw = dict(stackgroup="timings", mode="lines") if stacked else dict(mode="lines+markers")
+    x, y = _points(x, y)
+    visible = "legendonly" if re.fullmatch(r"(turn_)?ratio_min", key) else True
+    return go.Scatter(x=x, y=y, name=key, meta=key, marker=dict(size=4), line=line, legend=legend, visible=visible,
+                      hovertemplate=f"{key}<br>iteration %{{x}}: %{{y:.4g}}<extra></extra>", **kw)
+
+
+def _legends(fig: go.Figure, keys: dict) -> dict:
+    """One legend per drawn panel, just right of it at its top (``legend``, ``legend2``, ...)."""
+    out = {}
+    for i in keys:
+        ax = fig.get_subplot(i // 2 + 1, i % 2 + 1)
+        name = "legend" if i == 0 else f"legend{i + 1}"
+        out[name] = dict(x=ax.xaxis.domain[1] + 0.01, y=ax.yaxis.domain[1], xanchor="left", yanchor="top",
+                         font=dict(size=9), bgcolor="rgba(255,255,255,0.6)", tracegroupgap=0)
+    return out
 
 
 def _kv_html(d: dict) -> str:

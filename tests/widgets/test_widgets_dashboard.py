@@ -29,15 +29,59 @@ def run(tmp_path):
 
 
 def test_panels_route_metric_names():
-    titles = [t for t, _ in PANELS]
+    titles = [p.title for p in PANELS]
     where = {k: titles[panel_of(k)] for k in ("success_rate", "reward_mean", "policy_loss", "approx_kl", "kl/k3",
                                               "clipfrac_high", "within_turn_shift", "value_across",
-                                              "timings/rollout_s")}
-    assert where == {"success_rate": "success / reward", "reward_mean": "success / reward",
+                                              "timings/rollout_s", "entropy", "ratio_max", "turn_ratio_max",
+                                              "values_across_within_ratio", "critic_explained_var",
+                                              "eval_sampled_success")}
+    assert where == {"success_rate": "success", "reward_mean": "reward",
                      "policy_loss": "losses", "approx_kl": "KL", "kl/k3": "KL", "clipfrac_high": "clip fractions",
-                     "within_turn_shift": "within-turn shift", "value_across": "across / within",
-                     "timings/rollout_s": "phase timings (s)"}
+                     "within_turn_shift": "within-turn shift", "value_across": "across / within variance",
+                     "timings/rollout_s": "phase timings (s, stacked)", "entropy": "entropy",
+                     "ratio_max": "importance ratios (log)", "turn_ratio_max": "importance ratios (log)",
+                     "values_across_within_ratio": "across / within ratio (log)",
+                     "critic_explained_var": "critic fit", "eval_sampled_success": "success"}
     assert panel_of("iteration") is None and panel_of("time_s") is None and panel_of("phase") is None
+
+
+def test_figure_structure_legends_axes_and_stacks(run):
+    """Success on top, one legend per panel with no colour repeated in it, ratios and variances on
+    axes of their own (the ratios' a log one), the phase timings stacked (the total a line)."""
+    rows = [{"iteration": 0, "phase": "eval", "eval_success": 0.5, "eval_sampled_success": 0.25}]
+    rows += [{"iteration": i, "phase": "rl", "success": 0.1 * i, "reward_mean": 0.1 * i, "reward_std": 0.3,
+              "entropy": 0.5 / i, "ratio_max": 3.0 * i, "turn_ratio_max": 1.1, "ratio_min": 1e-6,
+              "values_across": 0.02, "values_within": 0.001, "values_across_within_ratio": 20.0,
+              "timings": {"rollout": 2.0, "update": 1.0 * i, "total": 3.0 + i, "rollout_oracle": 0.5}}
+             for i in (1, 2, 3)]
+    (run / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    fig = TrainingDashboard(run, live=False).figure
+    by_panel = {}
+    for t in fig.data:
+        by_panel.setdefault(PANELS[panel_of(t.meta)].title, []).append(t)
+    assert [t.meta for t in by_panel["success"]] == ["success", "eval_sampled_success", "eval_success"]
+    assert (by_panel["success"][0].xaxis, by_panel["success"][0].yaxis) == ("x", "y")  # the top-left panel
+    # the evaluation's points only where it was measured
+    assert list(by_panel["success"][2].x) == [0] and list(by_panel["success"][2].y) == [0.5]
+    for title, traces in by_panel.items():
+        assert len({t.legend for t in traces}) == 1, title  # one legend per panel ...
+        assert len({t.line.color for t in traces}) == len(traces), title  # ... without a repeated colour
+    assert len({ts[0].legend for ts in by_panel.values()}) == len(by_panel)
+    legend = by_panel["importance ratios (log)"][0].legend
+    assert fig.layout[legend].x > fig.layout[by_panel["importance ratios (log)"][0].xaxis.replace("x", "xaxis")].domain[1]
+    axis = {title: ts[0].yaxis.replace("y", "yaxis") for title, ts in by_panel.items()}
+    assert fig.layout[axis["importance ratios (log)"]].type == "log"
+    assert fig.layout[axis["across / within ratio (log)"]].type == "log"
+    assert fig.layout[axis["across / within variance"]].type != "log"
+    assert len(set(axis.values())) == len(axis)  # ratios and variances never share an axis
+    ratios = {t.meta: t for t in by_panel["importance ratios (log)"]}
+    assert list(ratios) == ["ratio_max", "turn_ratio_max", "ratio_min"] and ratios["ratio_min"].visible == "legendonly"
+    np.testing.assert_allclose(ratios["ratio_max"].y, [3.0, 6.0, 9.0])
+    timings = {t.meta: t for t in by_panel["phase timings (s, stacked)"]}
+    assert {k for k, t in timings.items() if t.stackgroup} == {"timings/rollout", "timings/update"}
+    assert timings["timings/total"].stackgroup is None and timings["timings/rollout_oracle"].stackgroup is None
+    assert list(timings["timings/update"].x) == [1, 2, 3]  # not dropped to 0 at the evaluation line
+    assert [t.meta for t in by_panel["entropy"]] == ["entropy"]
 
 
 def test_dashboard_follows_a_growing_run(run):

@@ -1,0 +1,113 @@
+"""Collapse signatures in a run's metrics stream: one pure function the trainer calls per line.
+
+:func:`collapse_flags` reads the ``metrics.jsonl`` records of a run in order and returns, for each,
+the collapse signatures it shows (a list of :class:`Signal`, empty for a healthy line):
+
+* ``success`` (and ``eval_sampled_success``, ``eval_success``) — the value fell to ~0
+  (``<= SUCCESS_FLOOR``) after an earlier line of the same metric reached a healthy level
+  (``>= SUCCESS_HEALTHY``);
+* ``entropy`` — the policy's mean per-token entropy fell below ``ENTROPY_FRACTION`` of its first
+  RL value while the rollout success is no higher than it was then (a policy that became sure of
+  itself without getting better);
+* ``ratio_max`` — a token's importance ratio is far outside the turn's (``ratio_max >=
+  RATIO_FAR``) while the turn ratio sits in its clip (``turn_ratio_max <= TURN_RATIO_IN_CLIP``):
+  the bare turn-level trust region letting single tokens move freely.
+
+The thresholds are module constants (keyword arguments of :func:`collapse_flags`). The trainer marks
+a line with ``"collapse": [metric, ...]`` and warns in the console when a signature appears
+(:func:`new_signals`); docs/training.md, section "When a run collapses", says what to read and try.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+__all__ = ["Signal", "collapse_flags", "new_signals", "DOCS", "SUCCESS_METRICS"]
+
+#: where the reader is sent
+DOCS = "docs/training.md#when-a-run-collapses"
+#: success metrics watched, in the order they are reported
+SUCCESS_METRICS = ("success", "eval_sampled_success", "eval_success")
+SUCCESS_HEALTHY = 0.2
+SUCCESS_FLOOR = 0.05
+ENTROPY_FRACTION = 0.1
+RATIO_FAR = 10.0
+TURN_RATIO_IN_CLIP = 1.5
+
+
+@dataclass(frozen=True)
+class Signal:
+    """One collapse signature of one line: the ``metric`` that shows it, its ``value``, the
+    ``reference`` it is compared with, and the console ``message`` (naming the metric and the docs)."""
+
+    metric: str
+    value: float
+    reference: float
+    message: str
+
+
+def _num(rec: dict, key: str) -> float | None:
+    v = rec.get(key)
+    if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v):
+        return None
+    return float(v)
+
+
+def _message(it, what: str) -> str:
+    return f"collapse? iteration {it}: {what}; see {DOCS}"
+
+
+def collapse_flags(records, *, healthy: float = SUCCESS_HEALTHY, floor: float = SUCCESS_FLOOR,
+                   entropy_fraction: float = ENTROPY_FRACTION, ratio_far: float = RATIO_FAR,
+                   turn_in_clip: float = TURN_RATIO_IN_CLIP) -> list[list[Signal]]:
+    """The collapse signatures of each record of ``records`` (metrics.jsonl lines, in order), read
+    with what the records before it showed; see the module docstring for the three rules. A metric
+    absent from a line (or null) is not judged on that line."""
+    best: dict[str, float] = {}
+    start: dict[str, float] = {}
+    out = []
+    for rec in records:
+        it = rec.get("iteration")
+        flags = []
+        for key in SUCCESS_METRICS:
+            v = _num(rec, key)
+            if v is None:
+                continue
+            b = best.get(key, -math.inf)
+            if b >= healthy and v <= floor:
+                flags.append(Signal(key, v, b, _message(it, f"{key} fell to {v:.3f} from {b:.3f}")))
+            best[key] = max(b, v)
+        ent, succ = _num(rec, "entropy"), _num(rec, "success")
+        if ent is not None and rec.get("phase", "rl") == "rl":
+            start.setdefault("entropy", ent)
+            if succ is not None:
+                start.setdefault("success", succ)
+            e0, s0 = start["entropy"], start.get("success", math.inf)
+            if e0 > 0 and ent < entropy_fraction * e0 and (succ is None or succ <= s0):
+                flags.append(Signal("entropy", ent, e0, _message(
+                    it, f"entropy fell to {ent:.4f} from {e0:.4f} at the first iteration, with no gain in success")))
+        r, tr = _num(rec, "ratio_max"), _num(rec, "turn_ratio_max")
+        if r is not None and tr is not None and r >= ratio_far and tr <= turn_in_clip:
+            flags.append(Signal("ratio_max", r, tr, _message(
+                it, f"ratio_max {r:.1f} while turn_ratio_max is {tr:.2f}: single tokens move far while the turn "
+                    f"ratio sits in its clip")))
+        out.append(flags)
+    return out
+
+
+def new_signals(records) -> list[Signal]:
+    """The signatures of the last record that the previous record carrying the same metric did not
+    already show: what the console warns about, once per stretch of collapse."""
+    flags = collapse_flags(records)
+    if not flags:
+        return []
+    return [s for s in flags[-1] if not _flagged_before(records[:-1], flags[:-1], s.metric)]
+
+
+def _flagged_before(records, flags, metric: str) -> bool:
+    """Whether the last of ``records`` that carries ``metric`` was flagged for it."""
+    for rec, fl in zip(reversed(records), reversed(flags)):
+        if _num(rec, metric) is not None:
+            return any(s.metric == metric for s in fl)
+    return False
