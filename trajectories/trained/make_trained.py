@@ -4,14 +4,16 @@ and a small copy of each run folder for the dashboard.
 
 The runs (``--commands`` prints the commands; trajectories/README.md explains them) are self-contained,
 mpo + turn_ppo (its default token band ``token_clip`` 2.0) with a learned critic, seed 0, 6 iterations
-× 32 episodes (8 tasks × G = 4), each about 4–10 minutes on a shared 2-core CPU:
+× 32 episodes (8 tasks × G = 4), each 3.5–5 minutes of CPU (12–29 minutes of wall time on a
+shared 2-core machine at load average 5–9):
 
 * ``automation``: from the shipped SFT start ``trajectories/starts/automation`` (``--model-dir``,
   ``--sft-steps 0``);
 * ``search`` (2–3 expert turns) and ``tooluse`` (3–6): a short SFT of their own (150 steps at the
   default lr 3e-3: a start that has barely begun to imitate the expert) and a progress reward
-  (``shaping`` 0.1 for each turn that makes progress, 1 for success), so that the returns differ
-  from episode to episode and the critic has something to fit.
+  (``shaping`` 0.1 for each turn that makes progress, 1 for success), so that a return can differ
+  from 0 before the first success (in these runs hardly an episode makes progress:
+  trajectories/README.md says what each run shows).
 
 Every run warms its critic up with today's procedure (a pool of rollouts of the start, AdamW steps
 of 32 episodes at lr 1e-3 until the explained variance on the held-out fifth reaches 0.2), on a

@@ -4,7 +4,8 @@ plugin. Run it in the verl environment (``make venv-verl``), from the repository
 
     .venv-verl/bin/python trajectories/verl/make_verl_run.py
 
-What it does (everything on CPU, about 4 minutes on 2 cores):
+What it does (everything on CPU, about 5 minutes of CPU time; 17 minutes of wall time on a shared
+2-core machine at load average 6.5):
 
 1. mpo_viz's trainer (``mpo_viz.train``, config :data:`CONFIG`): a 1M-parameter Llama policy and a
    critic on ``automation`` with a progress reward (``shaping`` 0.1 per turn that moves on, 1 for
@@ -57,7 +58,7 @@ COMMAND = ".venv-verl/bin/python trajectories/verl/make_verl_run.py"
 #: (every SFT and critic setting given: they were the trainer's defaults or chosen here, and a later
 #: change of a default must not change what this script makes). The critic warm-up is smaller than
 #: the trainer's default (a pool of 128 episodes, at most 32 steps, instead of 512 and 256) to keep
-#: the script at about 4 minutes; the critic gets its own critic_epochs passes per step, as in the
+#: the script at about 5 minutes of CPU; the critic gets its own critic_epochs passes per step, as in the
 #: trainer.
 CONFIG = dict(env="automation", env_options={"shaping": 0.1}, model_size="1m", episodes=16, group_size=4,
               epochs=2, minibatches=2, max_turn_tokens=48, max_total_tokens=384, sft_steps=120, sft_lr=1e-3,
