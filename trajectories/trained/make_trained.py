@@ -2,15 +2,25 @@
 a late RL iteration (learned critic values, real log-probs, the advantages trained on, oracle columns)
 and a small copy of each run folder for the dashboard.
 
-The runs (``--commands`` prints the commands; trajectories/README.md explains them) start from the
-shared SFT + critic warm-up starts of ``benchmarks/learning.py --size small``:
+The runs (``--commands`` prints the commands; trajectories/README.md explains them) are self-contained,
+mpo + turn_ppo (its default token band ``token_clip`` 2.0) with a learned critic, seed 0, 6 iterations
+× 32 episodes (8 tasks × G = 4), each 3.5–5 minutes of CPU (12–29 minutes of wall time on a
+shared 2-core machine at load average 5–9):
 
-* ``search`` (2–3 expert turns): the learning grid's seed-0 MPO run itself (8 iterations × 16
-  episodes);
-* ``automation``: a longer critic warm-up (30 rollouts at critic lr 1e-3, so that the critic explains
-  part of the returns) and 6 iterations × 32 episodes of mpo + turn_ppo from the grid's start.
-* ``tooluse`` (3–6 expert turns; not in the grid): one command makes its own start — 1,500 SFT steps,
-  the same 30-rollout critic warm-up — then the same 6 iterations × 32 episodes.
+* ``automation``: from the shipped SFT start ``trajectories/starts/automation`` (``--model-dir``,
+  ``--sft-steps 0``);
+* ``search`` (2–3 expert turns) and ``tooluse`` (3–6): a short SFT of their own (150 steps at the
+  default lr 3e-3: a start that has barely begun to imitate the expert) and a progress reward
+  (``shaping`` 0.1 for each turn that makes progress, 1 for success), so that a return can differ
+  from 0 before the first success (in these runs hardly an episode makes progress:
+  trajectories/README.md says what each run shows).
+
+Every run warms its critic up with today's procedure (a pool of rollouts of the start, AdamW steps
+of 32 episodes at lr 1e-3 until the explained variance on the held-out fifth reaches 0.2), on a
+smaller pool and budget than the defaults (``--critic-warmup-episodes 160 --critic-warmup-steps 64``
+instead of 512 and 256: the default pool alone costs minutes here), and evaluates on 32 held-out
+tasks (``--eval-episodes 32`` instead of 128) at iterations 0, 3 and 6. These are example data for
+the dashboard, the explorer and notebooks 01/02, not results: the runs are too short to learn much.
 
 Then the extraction, per run folder:
 
@@ -33,23 +43,27 @@ HERE = Path(__file__).resolve().parent
 #: the environment whose run folder ships as ``run/`` (the others as ``run_<env>/``)
 RUN_ENV = "automation"
 
+#: what every run shares: mpo + turn_ppo (default token band), 6 iterations x 32 episodes, a smaller
+#: critic warm-up than the default (see the docstring), 32 evaluation tasks at iterations 0, 3 and 6
+_COMMON = ("--estimator mpo --loss turn_ppo --critic-warmup-episodes 160 --critic-warmup-steps 64 "
+           "--iterations 6 --episodes 32 --group-size 4 --eval-episodes 32 --eval-interval 3 --seed 0")
+
 COMMANDS = [
-    # 1. the learning grid's search cells: SFT + critic warm-up start, then every method and seed
-    "python benchmarks/learning.py --size small --threads 1 --cells search search-g1",
-    # 2. the grid's automation cells (their start is what the automation run below starts from)
-    "python benchmarks/learning.py --size small --threads 1 --cells automation automation-g1",
-    # 3. automation: a longer critic warm-up and 6 RL iterations from the grid's start
-    "mpo-viz train --env automation --estimator mpo --loss turn_ppo --model-dir "
-    "runs/learning-small/starts/automation/model --sft-steps 0 --critic-warmup-steps 30 --critic-lr 1e-3 "
-    "--iterations 6 --episodes 32 --group-size 4 --eval-interval 3 --eval-episodes 32 --seed 0 "
+    "mkdir -p runs/trained",
+    # 1. automation: from the shipped SFT start
+    f"mpo-viz train --env automation --model-dir trajectories/starts/automation --sft-steps 0 {_COMMON} "
     "--run-dir runs/trained/automation",
-    # 4. tooluse: its own SFT start (1,500 steps), the same critic warm-up and RL as automation
-    "mpo-viz train --env tooluse --estimator mpo --loss turn_ppo --sft-steps 1500 --critic-warmup-steps 30 "
-    "--critic-lr 1e-3 --iterations 6 --episodes 32 --group-size 4 --eval-interval 3 --eval-episodes 32 --seed 0 "
+    # 2. search (2-3 expert turns): a short SFT of its own and a progress reward (env_options has no
+    #    flag of its own: a --config file holds it)
+    """echo '{"env_options": {"shaping": 0.1}}' > runs/trained/shaping.json""",
+    f"mpo-viz train --config runs/trained/shaping.json --env search --difficulty 2-3 --sft-steps 150 {_COMMON} "
+    "--run-dir runs/trained/search",
+    # 3. tooluse (3-6 expert turns): the same
+    f"mpo-viz train --config runs/trained/shaping.json --env tooluse --sft-steps 150 {_COMMON} "
     "--run-dir runs/trained/tooluse",
-    # 5. the files shipped here
-    "python trajectories/trained/make_trained.py runs/learning-small/runs/search/mpo/seed=0",
+    # 4. the files shipped here
     "python trajectories/trained/make_trained.py runs/trained/automation",
+    "python trajectories/trained/make_trained.py runs/trained/search",
     "python trajectories/trained/make_trained.py runs/trained/tooluse",
 ]
 

@@ -4,7 +4,8 @@ plugin. Run it in the verl environment (``make venv-verl``), from the repository
 
     .venv-verl/bin/python trajectories/verl/make_verl_run.py
 
-What it does (everything on CPU, about 4 minutes on 2 cores):
+What it does (everything on CPU, about 5 minutes of CPU time; 17 minutes of wall time on a shared
+2-core machine at load average 6.5):
 
 1. mpo_viz's trainer (``mpo_viz.train``, config :data:`CONFIG`): a 1M-parameter Llama policy and a
    critic on ``automation`` with a progress reward (``shaping`` 0.1 per turn that moves on, 1 for
@@ -22,9 +23,11 @@ What it does (everything on CPU, about 4 minutes on 2 cores):
       Hydra composes from verl's ``ppo_trainer.yaml`` and the overrides of docs/verl.md
       (:data:`OVERRIDES`): the plugin's wrapper computes the ``mpo`` advantages with the critic's
       values, and its run logger appends the step to the run folder (``algorithm.mpo_viz.run_dir``);
-   d. the update: the trainer's own update (``mpo_viz.train.update.update_epochs``) on the
-      advantages and returns verl holds after step c, with the ``turn_ppo`` loss at the clip
-      settings of the composed verl actor config, and the critic's value loss.
+   d. the update, as the trainer's (``mpo_viz.train.update.update_epochs``) on the advantages and
+      returns verl holds after step c: ``epochs`` passes of the policy with the ``turn_ppo`` loss at
+      the settings of the composed verl actor config (clip, dual clip, aggregation, and the token
+      band ``token_clip`` that the plugin reads from ``policy_loss``), then ``critic_epochs`` passes
+      of the critic's value loss.
 
 What is not verl here: the rollout (mpo_viz's, not vLLM/SGLang), the actor and critic updates (the
 trainer's, not verl's FSDP workers) and Ray. What is verl: the ``DataProto``, the config, the
@@ -36,6 +39,7 @@ versions and per-step rollout success. The run is deterministic on CPU for a giv
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import shutil
@@ -52,11 +56,19 @@ COMMAND = ".venv-verl/bin/python trajectories/verl/make_verl_run.py"
 
 #: the trainer settings of the SFT warm start, critic warm-up and updates
 #: (every SFT and critic setting given: they were the trainer's defaults or chosen here, and a later
-#: change of a default must not change what this script makes)
+#: change of a default must not change what this script makes). The critic warm-up is smaller than
+#: the trainer's default (a pool of 128 episodes, at most 32 steps, instead of 512 and 256) to keep
+#: the script at about 5 minutes of CPU; the critic gets its own critic_epochs passes per step, as in the
+#: trainer.
 CONFIG = dict(env="automation", env_options={"shaping": 0.1}, model_size="1m", episodes=16, group_size=4,
               epochs=2, minibatches=2, max_turn_tokens=48, max_total_tokens=384, sft_steps=120, sft_lr=1e-3,
               sft_eval_interval=40, sft_target_success=0.5, sft_noise=0.3, sft_batch_episodes=16, eval_episodes=16,
-              critic_warmup_steps=8, critic_lr=1e-3, estimator="mpo", loss="turn_ppo", seed=0, num_threads=1)
+              eval_seed=0, critic="learned", critic_init="policy", critic_lr=1e-3, value_clip=0.5, critic_epochs=4,
+              critic_warmup_episodes=128, critic_warmup_steps=32, critic_warmup_ev=0.2, critic_warmup_lr=1e-3,
+              estimator="mpo", loss="turn_ppo", seed=0, num_threads=1)
+#: turn_ppo's token band in the update, set in verl's config (the plugin's TurnPPOLossConfig) rather
+#: than left to the plugin's default
+TOKEN_CLIP = 2.0
 #: logged verl steps
 ITERATIONS = 12
 #: the recipe of docs/verl.md (the run folder is added by main())
@@ -67,6 +79,8 @@ OVERRIDES = [
     "actor_rollout_ref.model.external_lib=mpo_viz.integrations.verl",
     "+algorithm.mpo.beta=1.0",
     "+algorithm.mpo.turn_lam=0.9",
+    "actor_rollout_ref.actor.policy_loss._target_=mpo_viz.integrations.verl.config.TurnPPOLossConfig",
+    f"+actor_rollout_ref.actor.policy_loss.token_clip={TOKEN_CLIP}",
 ]
 #: what verl's actor config refuses to be without (any value; no verl worker runs here)
 VERL_REQUIRED = ["actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=1"]
@@ -139,19 +153,26 @@ def make(out: Path) -> dict:
     from verl.utils.config import omega_conf_to_dataclass
 
     import mpo_viz
+    from mpo_viz.integrations.verl.config import FROM_VERL
+    from mpo_viz.integrations.verl.config import loss_options as loss_options_of
     from mpo_viz.rollout import rollout
     from mpo_viz.train import Config, Trainer
     from mpo_viz.train.loop import episode_stats
     from mpo_viz.train.runtime import derive_seed
-    from mpo_viz.train.update import rows_of, update_epochs
+    from mpo_viz.train.update import Learners, UpdateSettings, rows_of, update_epochs
 
     if out.exists():
         shutil.rmtree(out)
     cfg = Config(**CONFIG)
     verl_cfg = composed_config(Path(os.path.relpath(out)))  # relative: config.json names no machine path
     actor = omega_conf_to_dataclass(verl_cfg.actor_rollout_ref.actor)
+    turn = loss_options_of(actor.policy_loss, cfg.loss)  # what the plugin's loss reads in a verl run
     loss_options = {"clip_low": actor.clip_ratio_low, "clip_high": actor.clip_ratio_high,
-                    "dual_clip": actor.clip_ratio_c, "agg": actor.loss_agg_mode}
+                    "dual_clip": actor.clip_ratio_c if turn["dual_clip"] == FROM_VERL else turn["dual_clip"],
+                    "token_clip": turn["token_clip"], "ratio": turn["ratio"], "agg": actor.loss_agg_mode}
+    common = UpdateSettings.of(cfg, value_clip=cfg.critic_option("value_clip"))
+    policy_settings = dataclasses.replace(common, loss_options=loss_options)
+    critic_settings = dataclasses.replace(common, epochs=cfg.critic_option("critic_epochs"))
     algo = verl_cfg.algorithm
     t0 = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="mpo_viz_verl_run_") as work:
@@ -168,18 +189,16 @@ def make(out: Path) -> dict:
             data = rt.compute_advantage(data, adv_estimator=algo.adv_estimator, gamma=algo.gamma, lam=algo.lam,
                                         num_repeat=1, norm_adv_by_std_in_grpo=algo.norm_adv_by_std_in_grpo,
                                         config=algo)
-            upd = update_epochs(rows_of(from_dataproto(batch, data)), policy=tr.policy.model,
-                                policy_opt=tr.policy_opt, critic=tr.critic, critic_opt=tr.critic_opt,
-                                generator=tr.generator, epochs=cfg.epochs, minibatches=cfg.minibatches,
-                                micro_batch_tokens=cfg.micro_batch_tokens, pad_id=tr.pad_id, device=tr.device,
-                                loss=cfg.loss, loss_options=loss_options, value_clip=cfg.critic("value_clip"),
-                                grad_clip=cfg.grad_clip)
+            r = rows_of(from_dataproto(batch, data))
+            where = dict(generator=tr.generator, pad_id=tr.pad_id, device=tr.device)
+            upd = update_epochs(r, Learners(tr.policy.model, tr.policy_opt), policy_settings, **where)
+            crit = update_epochs(r, Learners(critic=tr.critic, critic_opt=tr.critic_opt), critic_settings, **where)
             ep = episode_stats(batch)
             steps.append({"step": step, "success": ep["success"], "score_mean": ep["reward_mean"],
                           "turn_limit_frac": ep["truncated_frac"], "policy_loss": upd.get("policy_loss"),
-                          "value_loss": upd.get("value_loss"), "approx_kl": upd.get("approx_kl")})
+                          "value_loss": crit.get("value_loss"), "approx_kl": upd.get("approx_kl")})
             print(f"step {step}: success {ep['success']:.3f}, score {ep['reward_mean']:.3f}, policy loss "
-                  f"{upd.get('policy_loss', float('nan')):+.4f}, value loss {upd.get('value_loss', float('nan')):.4f}",
+                  f"{upd.get('policy_loss', float('nan')):+.4f}, value loss {crit.get('value_loss', float('nan')):.4f}",
                   file=sys.stderr, flush=True)
     return {
         "command": COMMAND,
@@ -191,7 +210,8 @@ def make(out: Path) -> dict:
         "iterations": ITERATIONS,
         "update_loss_options": loss_options,
         "sft": {k: sft.get(k) for k in ("sft_steps", "sft_success", "sft_expert_success")},
-        "critic_warmup": {k: warm.get(k) for k in ("warmup_steps", "warmup_explained_var")},
+        "critic_warmup": {k: warm.get(k) for k in ("warmup_episodes", "warmup_steps", "warmup_explained_var",
+                                                     "warmup_stop")},
         "steps": steps,
         "versions": {"verl": verl.__version__, "torch": torch.__version__, "mpo_viz": mpo_viz.__version__},
         "seconds": round(time.perf_counter() - t0, 1),
