@@ -56,6 +56,7 @@ def write_data(workdir: Path, n_train: int, n_val: int, seed: int) -> tuple[Path
     import pandas as pd
 
     from mpo_viz.envs.automation import AutomationEnv
+    from mpo_viz.envs.base import SYSTEM_PROMPT
 
     env = AutomationEnv()
     rng = random.Random(seed)
@@ -66,7 +67,7 @@ def write_data(workdir: Path, n_train: int, n_val: int, seed: int) -> tuple[Path
             task = env.sample_task(rng, rng.choice((3, 4)))
             out.append({
                 "data_source": "mpo_viz/automation",
-                "prompt": [{"role": "system", "content": env.system_prompt()},
+                "prompt": [{"role": "system", "content": SYSTEM_PROMPT},
                            {"role": "user", "content": env.prompt(task)}],
                 "ability": "agent",
                 "reward_model": {"style": "rule", "ground_truth": env.expert_action(task, env.initial_state(task))},
