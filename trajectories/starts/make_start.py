@@ -1,12 +1,15 @@
 """Write trajectories/starts/automation/: the SFT start notebook 03 trains from, stored in float16.
 
-The start is the learning grid's shared ``automation`` start (``benchmarks/learning.py --size small``):
+The start is the v1 learning grid's shared ``automation`` start (``benchmarks/learning.py --size small``
+at commit 14b590f; the grid is now v2 and has no ``small`` size, so remaking it means checking out
+that commit's benchmark):
 1,450 SFT steps on the noisy scripted expert (noise 0.3, lr 3e-3, difficulty 3–6) until greedy
 success reached 0.44 on 64 held-out tasks — about 40 minutes on 2 cores, too long for a notebook.
 Only its policy ships (its critic had a 4-rollout warm-up; runs warm their own). Weights are rounded
 to float16 to halve the folder (2.2 MB); they load as float32.
 
-    python benchmarks/learning.py --size small --threads 1 --cells automation    # makes the start
+    git show 14b590f:benchmarks/learning.py > /tmp/learning_v1.py
+    python /tmp/learning_v1.py --size small --threads 1 --cells automation    # makes the start
     python trajectories/starts/make_start.py runs/learning-small/starts/automation
 
 writes ``automation/policy/`` (a Hugging Face folder) and ``automation/start.json`` (the SFT
