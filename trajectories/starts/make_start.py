@@ -8,9 +8,9 @@ success reached 0.44 on 64 held-out tasks — about 40 minutes on 2 cores, too l
 Only its policy ships (its critic had a 4-rollout warm-up; runs warm their own). Weights are rounded
 to float16 to halve the folder (2.2 MB); they load as float32.
 
-    git show 14b590f:benchmarks/learning.py > /tmp/learning_v1.py
-    python /tmp/learning_v1.py --size small --threads 1 --cells automation    # makes the start
-    python trajectories/starts/make_start.py runs/learning-small/starts/automation
+    git worktree add /tmp/v1 14b590f && (cd /tmp/v1 && python benchmarks/learning.py --size small \
+        --threads 1 --cells automation)                                          # makes the start
+    python trajectories/starts/make_start.py /tmp/v1/runs/learning-small/starts/automation
 
 writes ``automation/policy/`` (a Hugging Face folder) and ``automation/start.json`` (the SFT
 record of the source start: steps, success, config hash). Deterministic: the same start gives the
