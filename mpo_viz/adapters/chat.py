@@ -190,6 +190,7 @@ class ChatEncoder:
         self.unk = self.tok.unk_token_id
         self.eos = self.tok.eos_token_id
         self._special = frozenset(self.tok.all_special_ids)
+        self._shown: dict[int, str] = {}  # id -> display string (tokens())
         #: how tool calls become tokens: "template" (the chat template renders them) or "plain"
         self.tool_call_rendering = "template" if self._renders_tool_calls() else "plain"
 
@@ -382,7 +383,15 @@ class ChatEncoder:
             report.unknown(field, n_unk, n, words, where=traj_id)
 
     def tokens(self, ids) -> list[str]:
-        return [str(t) for t in self.tok.convert_ids_to_tokens(list(ids))]
+        """``response_tokens``: each token decoded on its own (a byte-level ``Ġthe`` shows as ``" the"``,
+        a word-level token as its word), special tokens as written."""
+        out = []
+        for i in ids:
+            t = self._shown.get(i)
+            if t is None:
+                t = self._shown[i] = self.tok.decode([i], skip_special_tokens=False, clean_up_tokenization_spaces=False)
+            out.append(t)
+        return out
 
 
 def _is_number(x) -> bool:

@@ -28,6 +28,7 @@ import numpy as np
 import torch
 
 from mpo_viz.analysis import explained_variance, pass_at_k
+from mpo_viz.models.policy import resolve_device
 from mpo_viz.train.checkpoint import (
     capture_rng,
     latest_checkpoint,
@@ -106,7 +107,7 @@ class Trainer:
                              f"continue it with Trainer.resume({str(self.run.path)!r}) or pick a new folder")
         if not _resume and self.run.metrics_path.exists() and self.run.metrics_path.stat().st_size:
             raise ValueError(f"run_dir: {str(self.run.path)!r} already holds metrics.jsonl; pick a new folder")
-        self.device = torch.device(cfg.device)
+        self.device = resolve_device(cfg.device)  # a backend this torch lacks: one line saying how to get it
         if cfg.num_threads:
             set_threads(cfg.num_threads)
         self._build()
