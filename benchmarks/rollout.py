@@ -21,6 +21,12 @@ sampled every 5 ms during each call, minus the size before it.
 
 Threads: one torch thread by default (`--threads`): a 1M-parameter model is overhead-bound, and on a
 shared machine OpenMP spin-waits of a second thread cost far more than they give.
+
+A real model: `--model DIR` plays a local Hugging Face folder instead (e.g. SmolLM2-135M-Instruct
+from `mpo-viz get-model smollm2-135m --out DIR`), with `--env`, `--batch` and `--critic none` to
+time the policy alone; `reward` is then its zero-shot mean reward at T = 1, e.g.
+
+      .venv/bin/python benchmarks/rollout.py --model models/smollm2-135m --env tooluse --batch 8 --threads 2 --critic none
 """
 
 from __future__ import annotations
@@ -66,10 +72,13 @@ class PeakRSS:
         self.mib = (self.peak - self.base) / 2**20
 
 
-def bench(env_name: str, batch: int, seed: int = 0) -> dict:
+def bench(env_name: str, batch: int, seed: int = 0, model_dir: str | None = None, critic_init: str = "policy") -> dict:
     env = make_env(env_name)
-    policy = models.tiny_policy(build_tokenizer(env), "1m", seed=seed)
-    critic = models.make_critic(policy, "policy", seed=seed)
+    if model_dir:
+        policy, _ = models.load(model_dir)
+    else:
+        policy = models.tiny_policy(build_tokenizer(env), "1m", seed=seed)
+    critic = None if critic_init == "none" else models.make_critic(policy, critic_init, seed=seed)
     # warm-up (first-call allocations, lazy imports)
     rollout(policy, env, 2, critic=critic, seed=seed + 1, batch_size=2, max_turn_tokens=8)
     tm: dict = {}
@@ -98,7 +107,7 @@ def bench(env_name: str, batch: int, seed: int = 0) -> dict:
         "env_share": tm.get("env", 0.0) / total,
         "tok_share": (tm.get("tokenize", 0.0) + tm.get("oracle", 0.0)) / total,
         "critic_share": tm.get("critic", 0.0) / total, "mem_r": mem_r.mib, "mem_g": mem_g.mib,
-        "turns": float(out.num_turns.mean()),
+        "turns": float(out.num_turns.mean()), "reward": float(out.reward.mean()),
     }
 
 
@@ -106,25 +115,33 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--quick", action="store_true", help="search only, batch 16")
     ap.add_argument("--threads", type=int, default=1, help="torch threads (default 1)")
+    ap.add_argument("--model", metavar="DIR", default=None, help="a local Hugging Face (or mpo_viz) model folder "
+                                                                  "instead of the tiny '1m' Llama")
+    ap.add_argument("--env", action="append", default=None, help="environment(s) to play (repeatable)")
+    ap.add_argument("--batch", type=int, action="append", default=None, help="batch size(s) (repeatable)")
+    ap.add_argument("--critic", choices=("policy", "shared", "fresh", "none"), default="policy",
+                    help="the critic beside the policy (default policy: a copy of its trunk; none: the policy alone)")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
-    envs = ["search"] if args.quick else ["search", "tooluse", "automation"]
-    sizes = [16] if args.quick else [16, 64]
-    print(f"# rollout vs model.generate — tiny Llama '1m', {platform.processor() or platform.machine()}, "
+    envs = args.env or (["search"] if args.quick else ["search", "tooluse", "automation"])
+    sizes = args.batch or ([16] if args.quick else [16, 64])
+    what = f"model {args.model}" if args.model else "tiny Llama '1m'"
+    print(f"# rollout vs model.generate — {what}, critic {args.critic}, {platform.processor() or platform.machine()}, "
           f"{os.cpu_count()} CPUs, torch {torch.__version__}, {args.threads} thread(s); load average "
           f"{os.getloadavg()[0]:.1f} at start")
     head = (f"{'env':<11}{'B':>4}{'tokens':>8}{'turns':>6}{'rollout tok/s':>15}{'generate tok/s':>16}{'ratio':>7}"
-            f"{'w/o critic':>11}{'env %':>7}{'tok+oracle %':>14}{'critic %':>10}{'peak MiB r/g':>14}")
+            f"{'w/o critic':>11}{'env %':>7}{'tok+oracle %':>14}{'critic %':>10}{'peak MiB r/g':>14}{'reward':>8}")
     print(head)
     print("-" * len(head))
     for name in envs:
         for b in sizes:
-            r = bench(name, b)
-            print(f"{r['env']:<11}{r['B']:>4}{r['tokens']:>8}{r['turns']:>6.1f}{r['roll_tps']:>15.0f}"
-                  f"{r['gen_tps']:>16.0f}{r['roll_tps'] / r['gen_tps']:>7.2f}"
+            r = bench(name, b, model_dir=args.model, critic_init=args.critic)
+            dec = 0 if r["roll_tps"] >= 100 else 2  # a 135M model on a busy CPU makes a few tokens/s
+            print(f"{r['env']:<11}{r['B']:>4}{r['tokens']:>8}{r['turns']:>6.1f}{r['roll_tps']:>15.{dec}f}"
+                  f"{r['gen_tps']:>16.{dec}f}{r['roll_tps'] / r['gen_tps']:>7.2f}"
                   f"{r['roll_tps_nc'] / r['gen_tps']:>11.2f}{100 * r['env_share']:>7.1f}"
                   f"{100 * r['tok_share']:>14.1f}{100 * r['critic_share']:>10.1f}"
-                  f"{r['mem_r']:>8.0f}/{r['mem_g']:<5.0f}", flush=True)
+                  f"{r['mem_r']:>8.0f}/{r['mem_g']:<5.0f}{r['reward']:>8.3f}", flush=True)
     print(f"# load average {os.getloadavg()[0]:.1f} at the end (the machine is shared: absolute numbers move "
           "with it; the ratio is measured side by side)")
 

@@ -20,6 +20,7 @@ import html
 import json
 import math
 import time
+import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -106,6 +107,7 @@ class _Acc:
     accuracy: dict | None = None  # merged analysis.accuracy_stats (oracle columns present)
     values_source: str = "critic"
     n_compared: int = 0  # trajectories with a disagreement value (>= 2 estimators)
+    left_out: str | None = None  # default estimators the data cannot run, and how to get them
 
     def _push(self, heap: list, n: int, key: tuple, make) -> None:
         """Keep the ``n`` largest keys (ties: earliest row first) in a min-heap of (key, -order)."""
@@ -227,6 +229,30 @@ def _first_chunk_estimators(batch, requested) -> list[str]:
     return registry.default_estimators(batch)
 
 
+class LeftOutNote(UserWarning):
+    """Default estimators the report left out because the data lacks what they need (said once,
+    with how to get it; the page's summary says it too)."""
+
+
+def _left_out(batch, requested, source_name: str) -> str | None:
+    """Which default estimators the batch cannot run, and how to make it able to, or None."""
+    from mpo_viz.advantages import registry
+
+    if requested:
+        return None  # named estimators that cannot run raise, saying what they need
+    out = {n: registry.missing(batch, n) for n in registry.DEFAULT_ESTIMATORS}
+    out = {n: lacks for n, lacks in out.items() if lacks}
+    if not out:
+        return None
+    names = ", ".join(out)
+    if all(lacks == ["values"] for lacks in out.values()):
+        return (f"{names} left out: they need critic values, and {source_name} has none. Fit a critic to its returns "
+                f"and report again: mpo-viz fit-critic {source_name} -o with_values.parquet && mpo-viz report "
+                "with_values.parquet")
+    need = "; ".join(f"{n} needs {', '.join(registry.NEED_TEXT.get(x, x) for x in lacks)}" for n, lacks in out.items())
+    return f"{names} left out: {need}"
+
+
 def _progress(total, cfg: ReportConfig, unit: str, desc: str):
     from tqdm.auto import tqdm
 
@@ -254,6 +280,9 @@ def build_report(source, config: ReportConfig | None = None, *, source_name: str
             if acc is None:
                 names = _first_chunk_estimators(chunk, cfg.estimators)
                 acc = _Acc(names, cfg.n_best, cfg.n_worst, cfg.n_disagreed)
+                acc.left_out = _left_out(chunk, cfg.estimators, source_name or "FILE")
+                if acc.left_out:
+                    warnings.warn(acc.left_out, LeftOutNote, stacklevel=2)
             t0 = time.perf_counter()
             results = an.compute_advantages(chunk, names, **opts)
             acc.timings["estimators"] = acc.timings.get("estimators", 0.0) + time.perf_counter() - t0
@@ -386,6 +415,7 @@ def _render(acc: _Acc, cfg: ReportConfig, opts: dict, source_name: str, wall: fl
     # ---- summary
     summary = [("source", source_name), ("trajectories", acc.n_traj), ("response tokens", acc.n_tokens),
                ("action tokens", acc.n_action), ("estimators", ", ".join(acc.estimators) or "none"),
+               *([("estimators left out", acc.left_out)] if acc.left_out else []),
                ("shared options", json.dumps(opts) if opts else "defaults")]
     if acc.n_rejected:
         summary.append(("rejected rows", acc.n_rejected))

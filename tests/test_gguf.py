@@ -15,6 +15,7 @@ import pytest
 import torch
 from model_helpers import make_instruct_folder, write_tiny_gguf
 
+import mpo_viz as mv
 import mpo_viz.models as M
 from mpo_viz.cli import main
 from mpo_viz.envs.registry import make_env
@@ -52,6 +53,26 @@ def test_materialize_gives_the_same_model_and_tokens(tiny, tmp_path):
     # a plain folder: models.load gives the policy and no critic
     p2, critic = M.load(out)
     assert critic is None and p2.num_parameters() == ref.num_parameters()
+
+
+def test_generate_and_report_with_the_converted_folder(tiny, tmp_path, capsys):
+    """generate --model and report on a converted folder: turns end at <|im_end|>, the strip's tokens are text."""
+    out = G.materialize(tiny[1], tmp_path / "m")
+    traj = tmp_path / "t.parquet"
+    assert main(["generate", "--env", "tooluse", "--model", str(out), "--critic", "shared", "--episodes", "2",
+                 "--group-size", "1", "--max-turn-tokens", "8", "--max-total-tokens", "256", "--out", str(traj)]) == 0
+    b = mv.load(traj)
+    pol = M.load_policy(out)
+    for r in b.rows():  # each token decoded on its own (a random model samples byte fragments too)
+        assert r["response_tokens"] == [pol.tokenizer.decode([i]) for i in r["response_ids"]]
+        assert "<|im_start|>tool\n" in "".join(r["response_tokens"])
+    # whole characters: the tokens, joined, give the text back, leading spaces and newlines included
+    text = "answer 45 .\n<|im_start|>tool\nok , 20 14"
+    ids = pol.tokenizer.encode(text, add_special_tokens=False)
+    shown = pol.layout.tokens(ids)
+    assert "".join(shown) == text and " 20" in shown and not any("Ġ" in t or "Ċ" in t for t in shown)
+    assert main(["report", str(traj), "-o", str(tmp_path / "r.html"), "--no-progress"]) == 0
+    assert "Ġ" not in (tmp_path / "r.html").read_text()
 
 
 def test_materialize_errors(tiny, tmp_path):
@@ -147,12 +168,19 @@ def test_real_smollm2_end_to_end(smollm2, tmp_path):
                                                           return_dict=False)])
     with torch.no_grad():
         gen = pol.model.generate(ids, max_new_tokens=12, do_sample=False)
-    assert pol.tokenizer.decode(gen[0, ids.shape[1]:], skip_special_tokens=True).startswith("The capital of France is Paris")
+    answer = gen[0, ids.shape[1]:].tolist()
+    assert pol.tokenizer.decode(answer, skip_special_tokens=True).startswith("The capital of France is Paris")
+    # the strip's tokens, joined, are the text (the decoder keeps each token's leading space)
+    assert "".join(pol.layout.tokens(answer)) == pol.tokenizer.decode(answer)
+    assert " Paris" in pol.layout.tokens(answer)
     batch = rollout(pol, make_env("tooluse"), 2, group_size=1, critic=M.make_critic(pol, "shared"), seed=0,
-                    max_turn_tokens=24, max_total_tokens=96, progress=None)
+                    max_turn_tokens=16, max_total_tokens=256, progress=None)
     r = batch.row(0)
-    # the strip shows text, not byte-level symbols; turns end at <|im_end|>, the tool role follows
+    # the strip shows text, not byte-level symbols; a turn ends at <|im_end|> (id 2) or at the
+    # 16-token cap, and the tool role follows
     assert not any("Ġ" in t for t in r["response_tokens"])
-    act_ends = [i for i in range(len(r["loss_mask"]) - 1) if r["loss_mask"][i] and not r["loss_mask"][i + 1]]
-    assert all(r["response_ids"][i] == 2 for i in act_ends)
+    m, ids = r["loss_mask"], r["response_ids"]
+    starts = [i for i in range(len(m)) if m[i] and (i == 0 or not m[i - 1])]
+    ends = [i for i in range(len(m)) if m[i] and (i == len(m) - 1 or not m[i + 1])]
+    assert len(starts) >= 2 and all(ids[e] == 2 or e - s + 1 == 16 for s, e in zip(starts, ends))
     assert "<|im_start|>tool" in pol.tokenizer.decode(r["response_ids"])

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import re
+import warnings
 
 import numpy as np
 import pytest
@@ -11,7 +12,7 @@ import pytest
 import mpo_viz as mv
 from mpo_viz import advantages as adv
 from mpo_viz.cli import main
-from mpo_viz.report import ReportConfig, build_report
+from mpo_viz.report import LeftOutNote, ReportConfig, build_report
 
 
 @pytest.fixture(scope="module")
@@ -145,10 +146,35 @@ def test_report_without_values_uses_what_the_data_allow():
     rows = [{"traj_id": f"t{i}", "group_id": f"g{i // 2}", "prompt_ids": [1], "response_ids": [1, 2, 3, 4],
              "loss_mask": [1, 0, 1, 1], "reward": float(i % 2)} for i in range(4)]
     b = mv.TrajectoryBatch.from_rows(rows)
-    html = build_report(b, ReportConfig(progress=False))
+    with pytest.warns(LeftOutNote, match=r"^mpo, gae left out: they need critic values, and FILE has none. Fit a "
+                                         r"critic to its returns and report again: mpo-viz fit-critic FILE -o "
+                                         r"with_values.parquet && mpo-viz report with_values.parquet$"):
+        html = build_report(b, ReportConfig(progress=False))
     assert "<td>estimators</td><td>grpo</td>" in html
+    assert "<td>estimators left out</td><td>mpo, gae left out: they need critic values" in html
     assert "absent: no across/within diagnostic" in html and "fig-across-within" not in html
     assert "fig-value-" not in html and 'id="payload-0"' in html
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", LeftOutNote)
+        build_report(b, ReportConfig(progress=False, estimators=("grpo",)))  # named: nothing left out
+
+
+def test_report_cli_says_what_was_left_out_and_what_lacks_a_reward(tmp_path, capsys):
+    from mpo_viz import checks
+
+    checks._WARNED.clear()
+    rows = [{"traj_id": f"t{i}", "group_id": f"g{i // 2}", "prompt_ids": [1], "response_ids": [1, 2, 3, 4],
+             "loss_mask": [1, 0, 1, 1], "reward": float(i % 2) if i != 3 else float("nan")} for i in range(4)]
+    path = tmp_path / "logs.parquet"
+    mv.save(mv.TrajectoryBatch.from_rows(rows), path)
+    assert main(["report", str(path), "-o", str(tmp_path / "r.html"), "--no-progress"]) == 0
+    err = capsys.readouterr().err
+    assert f"note: mpo, gae left out: they need critic values, and {path} has none. Fit a critic to its returns and " \
+           f"report again: mpo-viz fit-critic {path} -o with_values.parquet" in err
+    # the count is the streamed chunk's (the report reads group-aligned chunks), the names are the file's
+    assert re.search(r"warning: grpo: 1 of \d+ trajectories have no reward \(a NaN reward and no turn_rewards or "
+                     r"token_rewards\): 't3', in 1 group\(s\) \('g1'\)", err)
+    checks._WARNED.clear()
 
 
 def test_advantages_cli_folder_output(small, tmp_path):

@@ -99,15 +99,18 @@ def cmd_report(args) -> int:
                        export_dir=args.export)
     import warnings
 
-    from mpo_viz.report import ExportWarning
+    from mpo_viz.report import ExportWarning, LeftOutNote
 
     t = time.perf_counter()
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always", ExportWarning)
+        warnings.simplefilter("always", LeftOutNote)
         p = write_report(args.path, args.output, cfg)
-    for w in caught:  # the export's note as a plain line, other warnings as Python shows them
-        if issubclass(w.category, ExportWarning):
+    for w in caught:  # notes and the library's warnings as plain lines, others as Python shows them
+        if issubclass(w.category, (ExportWarning, LeftOutNote)):
             print(f"note: {w.message}", file=sys.stderr)
+        elif w.category is UserWarning:
+            print(f"warning: {w.message}", file=sys.stderr)
         else:
             warnings.showwarning(w.message, w.category, w.filename, w.lineno)
     print(f"wrote {p} ({p.stat().st_size / 1e6:.1f} MB, {time.perf_counter() - t:.1f}s); open it in a browser (works offline)")

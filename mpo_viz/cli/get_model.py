@@ -16,8 +16,6 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from mpo_viz.cli import CLIError
-
 __all__ = ["add_subcommand"]
 
 _DESCRIPTION = """\
@@ -30,6 +28,9 @@ against its SHA-256 and dequantized by transformers (needs the gguf extra: pip i
 
 
 def cmd_get_model(args) -> int:
+    # here, not at the top: mpo_viz.cli imports this module while it initializes, and the models
+    # (torch, transformers) load only when the command runs, so `mpo-viz --help` stays fast
+    from mpo_viz.cli import CLIError
     from mpo_viz.models import gguf
 
     if args.list:

@@ -16,6 +16,9 @@ What the conversion fixes (each recorded in ``gguf_source.json`` beside the weig
   (``tokenizer.ggml.{bos,eos,unknown,padding}_token_id``): transformers' GGUF tokenizer reader sets
   SmolLM2's end-of-sequence token to ``<|im_start|>`` (id 1) where the file says ``<|im_end|>``
   (id 2), and a policy would then never stop its turn;
+* a byte-level tokenizer decodes with ``ByteLevel`` alone, as the original Hugging Face one does
+  (transformers' reader appends a ``Strip`` that drops the first space of every decode, so a token
+  decoded on its own, ``"Ġ20"``, would show as ``"20"``);
 * ``clean_up_tokenization_spaces`` is off, so decoding gives back the text as it was written (the
   environments' words are separated by single spaces, ``" ."`` included);
 * the generation config's ``eos_token_id`` and ``pad_token_id`` are the metadata's.
@@ -37,6 +40,7 @@ from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 
 import torch
+from tokenizers import decoders
 from transformers import AutoModelForCausalLM, AutoTokenizer
 from transformers import __version__ as tf_version
 
@@ -135,10 +139,30 @@ def _fix_special_tokens(tokenizer, model, meta: dict) -> list[str]:
         if isinstance(tid, int) and getattr(gen, attr) != tid:
             fixes.append(f"generation_config.{attr}: {getattr(gen, attr)!r} -> {tid}")
             setattr(gen, attr, tid)
+    fixes += _fix_byte_level_decoder(tokenizer, meta)
     if getattr(tokenizer, "clean_up_tokenization_spaces", False):
         tokenizer.clean_up_tokenization_spaces = False
         fixes.append("clean_up_tokenization_spaces: True -> False (decode gives back the text as written)")
     return fixes
+
+
+def _fix_byte_level_decoder(tokenizer, meta: dict) -> list[str]:
+    """A byte-level BPE file (``tokenizer.ggml.model`` ``gpt2``) gets the plain ``ByteLevel`` decoder.
+
+    transformers' GGUF reader builds a decoder that ends with ``Strip(" ", start=1)``: every decode
+    loses its first leading space, so a token decoded on its own (the strip's ``response_tokens``)
+    shows ``"Ġ20"`` as ``"20"`` instead of ``" 20"``, and a decoded turn loses its first space. The
+    original Hugging Face tokenizer of a byte-level model decodes with ``ByteLevel`` alone.
+    """
+    backend = getattr(tokenizer, "backend_tokenizer", None)
+    if meta.get("tokenizer.ggml.model") != "gpt2" or backend is None:
+        return []
+    before = json.loads(backend.to_str()).get("decoder") or {}
+    parts = before.get("decoders", [before]) if before.get("type") == "Sequence" else [before]
+    if not any(d.get("type") == "Strip" and d.get("start", 0) > 0 for d in parts):
+        return []
+    backend.decoder = decoders.ByteLevel()
+    return ["decoder: a Sequence ending in Strip(' ', start=1) -> ByteLevel (a decoded token keeps its leading space)"]
 
 
 def materialize(gguf_path, out, *, source: dict | None = None, overwrite: bool = False) -> Path:
