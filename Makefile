@@ -87,8 +87,10 @@ lab: venv
 bench: venv
 	@for f in benchmarks/*.py; do echo "== $$f"; $(PY) $$f || exit 1; done
 
+# ruff (style, imports, complexity) and mypy (types at a basic level, settings in pyproject.toml)
 lint: venv
 	$(VENV)/bin/ruff check mpo_viz tests benchmarks
+	$(VENV)/bin/mypy
 
 clean:
 	rm -rf $(VENV) $(VERL_VENV) .pytest_cache .hypothesis .ruff_cache *.egg-info

@@ -15,9 +15,12 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from tqdm.auto import tqdm
+
 from mpo_viz.advantages import registry as adv
 from mpo_viz.checks import OptionError
 from mpo_viz.io import count_rows, merge_parts, save, scan
+from mpo_viz.trajectory import TrajectoryBatch
 
 __all__ = ["AnnotateConfig", "annotate_file"]
 
@@ -53,14 +56,7 @@ def annotate_file(path, out, config: AnnotateConfig | None = None) -> dict:
     cfg = config or AnnotateConfig()
     out = Path(out)
     folder = out.suffix == "" or out.is_dir()
-    if not folder and out.suffix not in (".parquet", ".jsonl"):
-        raise OptionError("out", f"expected a .parquet or .jsonl path or a folder, found {str(out)!r}")
-    if folder and out.exists() and any(out.glob("part-*.parquet")):
-        raise OptionError("out", f"folder {str(out)!r} already holds part-*.parquet files; expected a new or empty folder")
-    src, dst = Path(path).resolve(), out.resolve()
-    if dst == src or src in dst.parents or (folder and dst in src.parents):
-        raise OptionError("out", f"expected an output outside the input, found {str(out)!r} for input {str(path)!r} "
-                                 f"(the input would be overwritten, or read back with the output as one set)")
+    _check_output(path, out, folder)
     names = adv.parse_names(cfg.estimators)  # unknown names fail before any work, listing the available ones
     need_groups = any(adv.is_group_estimator(n) for n in names)
     opts = adv.split_options(names, cfg.options)  # an option none of them takes fails here too
@@ -73,8 +69,6 @@ def annotate_file(path, out, config: AnnotateConfig | None = None) -> dict:
         shutil.rmtree(parts)
     parts.mkdir(parents=True, exist_ok=True)
     n_traj = n_tok = n_chunks = 0
-    from tqdm.auto import tqdm
-
     ok = False
     bar = tqdm(total=count_rows(path), unit="traj", desc="advantages", leave=False, dynamic_ncols=True,
                disable=None if cfg.progress is None else not cfg.progress)
@@ -86,24 +80,13 @@ def annotate_file(path, out, config: AnnotateConfig | None = None) -> dict:
             timings["read"] += time.perf_counter() - ta
             if chunk is None:
                 break
-            tb = time.perf_counter()
-            cols = {}
-            for n in names:
-                r = adv.compute(chunk, n, **opts[n])
-                cols[f"adv_{n}"] = r.advantages
-                cols[f"ret_{n}"] = r.returns
-            annotated = chunk.with_token_fields(**cols)
-            annotated.meta = {**chunk.meta, "advantage_estimators": {n: _jsonable(r_opts) for n, r_opts in opts.items()}}
-            tc = time.perf_counter()
-            timings["estimate"] += tc - tb
-            save(annotated, parts / f"part-{n_chunks:06d}.parquet" if folder or out.suffix == ".parquet"
-                    else parts / f"part-{n_chunks:06d}" / f"rows{out.suffix}")
-            timings["write"] += time.perf_counter() - tc
+            _annotate_chunk(chunk, opts, timings, parts / f"part-{n_chunks:06d}.parquet" if folder or out.suffix == ".parquet"
+                            else parts / f"part-{n_chunks:06d}" / f"rows{out.suffix}")
             n_chunks += 1
             n_traj += len(chunk)
             n_tok += int(chunk.lengths.sum())
             bar.update(len(chunk))
-            del chunk, annotated, cols
+            del chunk
         tm = time.perf_counter()
         if n_chunks == 0:
             raise ValueError(f"{path}: no trajectories to annotate")
@@ -121,6 +104,34 @@ def annotate_file(path, out, config: AnnotateConfig | None = None) -> dict:
     secs = time.perf_counter() - t0
     return {"out": str(out), "trajectories": n_traj, "tokens": n_tok, "chunks": n_chunks, "seconds": secs,
             "tokens_per_s": n_tok / secs if secs > 0 else float("nan"), "timings": timings}
+
+
+def _check_output(path, out: Path, folder: bool) -> None:
+    """``out`` must be a .parquet/.jsonl file or a new (or empty) folder, outside the input."""
+    if not folder and out.suffix not in (".parquet", ".jsonl"):
+        raise OptionError("out", f"expected a .parquet or .jsonl path or a folder, found {str(out)!r}")
+    if folder and out.exists() and any(out.glob("part-*.parquet")):
+        raise OptionError("out", f"folder {str(out)!r} already holds part-*.parquet files; expected a new or empty folder")
+    src, dst = Path(path).resolve(), out.resolve()
+    if dst == src or src in dst.parents or (folder and dst in src.parents):
+        raise OptionError("out", f"expected an output outside the input, found {str(out)!r} for input {str(path)!r} "
+                                 f"(the input would be overwritten, or read back with the output as one set)")
+
+
+def _annotate_chunk(chunk: TrajectoryBatch, opts: dict, timings: dict, part: Path) -> None:
+    """Every estimator on one chunk, written with its ``adv_<name>`` / ``ret_<name>`` columns to ``part``."""
+    tb = time.perf_counter()
+    cols = {}
+    for n, o in opts.items():
+        r = adv.compute(chunk, n, **o)
+        cols[f"adv_{n}"] = r.advantages
+        cols[f"ret_{n}"] = r.returns
+    annotated = chunk.with_token_fields(**cols)
+    annotated.meta = {**chunk.meta, "advantage_estimators": {n: _jsonable(r_opts) for n, r_opts in opts.items()}}
+    tc = time.perf_counter()
+    timings["estimate"] += tc - tb
+    save(annotated, part)
+    timings["write"] += time.perf_counter() - tc
 
 
 def _jsonable(d: dict) -> dict:

@@ -1,49 +1,29 @@
-"""Getting figures and tables out: CSV files and data-URI links for tables, images of figures
-through plotly's static export (a renderer, the ``kaleido`` package, is needed; without one
-:func:`write_figures` raises a ``RuntimeError`` that says so and what to do instead). Used by the
-report and by the widgets (whose browser-side buttons are :class:`mpo_viz.widgets.export.ExportBar`).
+"""Getting figures and tables out as files: CSV files of tables, images of figures through plotly's
+static export (a renderer, the ``kaleido`` package, is needed; without one :func:`write_figures`
+raises a ``RuntimeError`` that says so and what to do instead). Used by the report and by the
+widgets (whose browser-side buttons are :class:`mpo_viz.widgets.export_bar.ExportBar`); a table's
+in-page CSV link is :func:`mpo_viz.page.csv_link` (also importable from here).
 """
 
 from __future__ import annotations
 
-import base64
-import html
-import re
 from pathlib import Path
 
-import pandas as pd
+import plotly.graph_objects as go
+
+from mpo_viz.page import MAX_LINK_ROWS, csv_link, slug
 
 __all__ = ["csv_link", "write_tables", "write_figures", "static_export_available", "FIGURE_FORMATS", "MAX_LINK_ROWS",
            "NO_RENDERER"]
 
 FIGURE_FORMATS = ("png", "svg", "pdf", "jpeg", "webp")
-MAX_LINK_ROWS = 5000
-"""A table with more rows gets no CSV link in the browser (it would travel on every update); use
-:func:`write_tables`."""
-
-
-def _slug(name: str) -> str:
-    return re.sub(r"[^A-Za-z0-9._-]+", "_", str(name)).strip("_") or "table"
-
-
-def csv_link(df: pd.DataFrame, name: str) -> str:
-    """An ``<a download>`` link with the table as a CSV data URI (empty string past
-    :data:`MAX_LINK_ROWS` rows)."""
-    if len(df) > MAX_LINK_ROWS:
-        return (f"<span class='mpo-export-note'>{html.escape(name)}: {len(df):,} rows, too many for a link — "
-                "use export_tables()</span>")
-    data = base64.b64encode(df.to_csv(index=False).encode("utf-8")).decode("ascii")
-    fn = _slug(name) + ".csv"
-    return f"<a class='mpo-csv' download='{fn}' href='data:text/csv;base64,{data}'>{html.escape(name)} (CSV)</a>"
-
-
 def write_tables(tables: dict, folder) -> list[Path]:
     """Write each ``{name: DataFrame}`` as ``folder/<name>.csv``; returns the paths."""
     out = Path(folder)
     out.mkdir(parents=True, exist_ok=True)
     paths = []
     for name, df in tables.items():
-        p = out / f"{_slug(name)}.csv"
+        p = out / f"{slug(name)}.csv"
         df.to_csv(p, index=False)
         paths.append(p)
     return paths
@@ -80,14 +60,12 @@ def write_figures(figures: dict, folder, formats=("png", "svg")) -> list[Path]:
         raise ValueError(f"formats: expected some of {FIGURE_FORMATS}, found {bad}")
     if not static_export_available():
         raise RuntimeError(NO_RENDERER)
-    import plotly.graph_objects as go
-
     out = Path(folder)
     out.mkdir(parents=True, exist_ok=True)
     paths = []
     for name, fig in figures.items():
         for fmt in formats:
-            p = out / f"{_slug(name)}.{fmt}"
+            p = out / f"{slug(name)}.{fmt}"
             try:
                 go.Figure(fig).write_image(str(p), format=fmt)
             except Exception as exc:  # noqa: BLE001 - the renderer's own errors vary by version

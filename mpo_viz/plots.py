@@ -11,6 +11,7 @@ import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
 from mpo_viz import analysis as an
+from mpo_viz.trajectory import TrajectoryBatch
 
 __all__ = ["value_curve", "value_curve_parts", "span_shapes", "across_within", "estimator_comparison", "ESTIMATOR_COLOURS", "FIGURE_CONFIG", "line_trace"]
 
@@ -87,13 +88,13 @@ def line_trace(x, y, **kwargs) -> go.Scatter:
     return go.Scatter(x=x, y=y.astype(np.float32), mode="lines", marker=dict(color=colour), **kwargs)
 
 
-def _row_arrays(batch, row: int):
+def _row_arrays(batch: TrajectoryBatch, row: int):
     sub = batch[[row]]
     n = int(sub.lengths[0])
     return sub, n, sub.mask[0, :n].numpy() != 0
 
 
-def learned_and_oracle(batch) -> np.ndarray | None:
+def learned_and_oracle(batch: TrajectoryBatch) -> np.ndarray | None:
     """The ``oracle_values`` ``(B, L)`` float64 of a batch whose ``values`` are something else (a
     learned or noisy critic), else None (no oracle column, no values, or values equal to the oracle's)."""
     if batch.values is None or not batch.has("oracle_values"):
@@ -129,7 +130,7 @@ def span_shapes(starts, ends, *, max_shapes: int = MAX_SPAN_SHAPES) -> list[dict
                  fillcolor=SPAN_COLOURS[k], **style) for k in (0, 1)]
 
 
-def value_curve_parts(batch, row: int, *, advantages: dict | None = None, returns=None, lines: dict | None = None,
+def value_curve_parts(batch: TrajectoryBatch, row: int, *, advantages: dict | None = None, returns=None, lines: dict | None = None,
                       title: str | None = None) -> dict:
     """What :func:`value_curve` draws, as plain data (no plotly objects, so a view can update a
     figure on screen in place without building a new one): ``{"traces": [...], "shapes": [...],
@@ -178,7 +179,7 @@ def value_curve_parts(batch, row: int, *, advantages: dict | None = None, return
             "title": title if title is not None else f"values along trajectory {traj} ({len(tt)} turns; shaded: turn spans)"}
 
 
-def value_curve(batch, row: int, *, advantages: dict | None = None, returns=None, lines: dict | None = None,
+def value_curve(batch: TrajectoryBatch, row: int, *, advantages: dict | None = None, returns=None, lines: dict | None = None,
                 title: str | None = None) -> go.Figure:
     """Values along one trajectory (x = response token position).
 
@@ -272,7 +273,7 @@ def across_within(vv: pd.DataFrame, *, title: str | None = None, max_points: int
     return fig
 
 
-def estimator_comparison(batch, row: int, advantages: dict, *, title: str | None = None) -> go.Figure:
+def estimator_comparison(batch: TrajectoryBatch, row: int, advantages: dict, *, title: str | None = None) -> go.Figure:
     """Per-turn advantages of several estimators on one trajectory: grouped bars, one series per
     estimator, x = turn; turn advantage = mean over the turn's action tokens (``A^T_k`` for MAE)."""
     if not advantages:

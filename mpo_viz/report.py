@@ -26,12 +26,21 @@ from pathlib import Path
 
 import numpy as np
 import pandas as pd
+from tqdm.auto import tqdm
 
 from mpo_viz import analysis as an
+from mpo_viz import plots
+from mpo_viz.advantages import registry
+from mpo_viz.export import static_export_available, write_figures, write_tables
 from mpo_viz.io import count_rows, scan
+from mpo_viz.moments import ExplainedVariance
+from mpo_viz.page import figure_html, format_value, html_table, page_html, strip_html, write_page
+from mpo_viz.strip import robust_scale, set_scale, strip_payload, within_turn_part
+from mpo_viz.token_text import tokenizer_decoder
+from mpo_viz.trajectory import TrajectoryBatch
 from mpo_viz.version import __version__
 
-__all__ = ["ReportConfig", "build_report", "write_report", "ExportWarning"]
+__all__ = ["ReportConfig", "build_report", "write_report", "ExportWarning", "LeftOutNote"]
 
 
 @dataclass
@@ -77,13 +86,16 @@ class ReportConfig:
 class _Pick:
     key: float
     order: int
-    batch: object  # one-row TrajectoryBatch
+    batch: TrajectoryBatch  # one row
     adv: dict  # name -> (1, L) numpy
     ret: dict
 
 
 @dataclass
 class _Acc:
+    """What the streaming pass keeps: counts, the mergeable statistics of :mod:`mpo_viz.analysis`
+    (each merged chunk by chunk, finished once in :func:`_render`), and the selected trajectories."""
+
     estimators: list
     n_best: int
     n_worst: int
@@ -92,11 +104,10 @@ class _Acc:
     n_tokens: int = 0
     n_action: int = 0
     n_rejected: int = 0
-    vv: list = field(default_factory=list)
-    adv_split: dict = field(default_factory=dict)  # name -> list of DataFrames (across/within)
-    adv_mom: dict = field(default_factory=dict)  # name -> [n, Σa, Σa², Σ|a|]
-    cmp: dict | None = None
-    ev: np.ndarray = field(default_factory=lambda: np.zeros(5))  # n, Σg, Σg², Σ(g−v), Σ(g−v)²
+    vv: pd.DataFrame | None = None  # analysis.value_variance, merged
+    adv: dict | None = None  # analysis.advantage_stats, merged
+    cmp: dict | None = None  # analysis.compare_stats, merged
+    ev: ExplainedVariance = field(default_factory=ExplainedVariance)
     ev_source: str | None = None
     best: list = field(default_factory=list)
     worst: list = field(default_factory=list)
@@ -119,39 +130,39 @@ class _Acc:
         elif item > heap[0][:2]:
             heapq.heapreplace(heap, (*item, make()))
 
-    def add(self, chunk, results: dict) -> None:
+    def add(self, chunk: TrajectoryBatch, results: dict) -> None:
         t0 = time.perf_counter()
-        B = len(chunk)
-        mask = chunk.mask.numpy() != 0
-        self.n_traj += B
+        self.n_traj += len(chunk)
         self.n_tokens += int(chunk.lengths.sum())
-        self.n_action += int(mask.sum())
+        self.n_action += int(chunk.mask.sum())
         adv = {k: r.advantages.detach().cpu().numpy() for k, r in results.items()}
         ret = {k: r.returns.detach().cpu().numpy() for k, r in results.items()}
+        self._add_statistics(chunk, adv, ret)
+        dis = an.disagreement(chunk, adv) if len(adv) >= 2 else np.full(len(chunk), np.nan)
+        self._add_picks(chunk, adv, ret, dis)
+        self.timings["accumulate"] = self.timings.get("accumulate", 0.0) + time.perf_counter() - t0
+
+    def _add_statistics(self, chunk: TrajectoryBatch, adv: dict, ret: dict) -> None:
+        """Merge the chunk's statistics (values' across/within, explained variance, advantages,
+        agreement, accuracy) into the running ones."""
         if chunk.values is not None:
-            self.vv.append(an.value_variance(chunk))
-            src = next((k for k in ("mpo", "mae", "gae", "turn_gae", "vapo") if k in ret), None)
+            self.vv = an.merge_variance(self.vv, an.value_variance(chunk))
+            src = registry.returns_source(ret)
             if src is not None:
                 self.ev_source = src
-                g = ret[src][mask].astype(np.float64)
-                d = g - chunk.values.numpy()[mask].astype(np.float64)
-                self.ev += np.array([g.size, g.sum(), (g * g).sum(), d.sum(), (d * d).sum()])
-        for k, a in adv.items():
-            s = an.variance_split(a, chunk.mask, chunk.turn_ids)
-            self.adv_split.setdefault(k, []).append(pd.DataFrame({"across": s["across"], "within": s["within"], "ratio": s["ratio"], "n_tokens": s["n_tokens"]}))
-            av = a[mask].astype(np.float64)
-            mo = np.array([av.size, av.sum(), (av * av).sum(), np.abs(av).sum()])
-            self.adv_mom[k] = self.adv_mom.get(k, np.zeros(4)) + mo
+                self.ev = self.ev.merge(ExplainedVariance.of(ret[src], chunk.values, chunk.mask))
+        self.adv = an.merge_advantage_stats(self.adv, an.advantage_stats(chunk, adv))
         self.values_source = an.values_source(chunk)
         if adv and an.has_oracle(chunk):
             self.accuracy = an.merge_accuracy_stats(self.accuracy, an.accuracy_stats(chunk, adv))
         if len(adv) >= 2:
             self.cmp = an.merge_compare_stats(self.cmp, an.compare_stats(chunk, adv))
-            dis = an.disagreement(chunk, adv)
-        else:
-            dis = np.full(B, np.nan)
+
+    def _add_picks(self, chunk: TrajectoryBatch, adv: dict, ret: dict, dis: np.ndarray) -> None:
+        """Offer each trajectory of the chunk to the best / worst / most disagreed-on selections."""
+        mask = chunk.mask.numpy() != 0
         score = chunk.padded("rewards").numpy().astype(np.float64).sum(axis=1)
-        for i in range(B):
+        for i in range(len(chunk)):
             self.order += 1
 
             def make(i=i):
@@ -171,7 +182,6 @@ class _Acc:
             self._push(self.worst, self.n_worst, (-sc, d), make)
             if dis[i] > 0:  # nothing to show where every estimator agrees on every turn's sign
                 self._push(self.disagreed, self.n_disagreed, (float(dis[i]),), make)
-        self.timings["accumulate"] = self.timings.get("accumulate", 0.0) + time.perf_counter() - t0
 
     def picks(self) -> list[tuple[list[str], _Pick]]:
         """Selected trajectories in display order, each once, with labels that say why it was chosen.
@@ -221,9 +231,7 @@ def _iter_source(source, cfg: ReportConfig):
     return iter([source])
 
 
-def _first_chunk_estimators(batch, requested) -> list[str]:
-    from mpo_viz.advantages import registry
-
+def _first_chunk_estimators(batch: TrajectoryBatch, requested) -> list[str]:
     if requested:
         return list(registry.parse_names(requested))  # unknown names raise, listing the available ones
     return registry.default_estimators(batch)
@@ -234,28 +242,25 @@ class LeftOutNote(UserWarning):
     with how to get it; the page's summary says it too)."""
 
 
-def _left_out(batch, requested, source_name: str) -> str | None:
-    """Which default estimators the batch cannot run, and how to make it able to, or None."""
-    from mpo_viz.advantages import registry
-
+def _left_out(batch: TrajectoryBatch, requested, source_name: str) -> str | None:
+    """Which of the default estimators the batch cannot run, and how to make it able to, or None
+    (named estimators that cannot run raise instead, saying what they need)."""
     if requested:
-        return None  # named estimators that cannot run raise, saying what they need
-    out = {n: registry.missing(batch, n) for n in registry.DEFAULT_ESTIMATORS}
-    out = {n: lacks for n, lacks in out.items() if lacks}
-    if not out:
         return None
-    names = ", ".join(out)
-    if all(lacks == ["values"] for lacks in out.values()):
+    lacking = {n: registry.missing(batch, n) for n in registry.DEFAULT_ESTIMATORS}
+    lacking = {n: lacks for n, lacks in lacking.items() if lacks}
+    if not lacking:
+        return None
+    names = ", ".join(lacking)
+    if all(lacks == ["values"] for lacks in lacking.values()):
         return (f"{names} left out: they need critic values, and {source_name} has none. Fit a critic to its returns "
                 f"and report again: mpo-viz fit-critic {source_name} -o with_values.parquet && mpo-viz report "
                 "with_values.parquet")
-    need = "; ".join(f"{n} needs {', '.join(registry.NEED_TEXT.get(x, x) for x in lacks)}" for n, lacks in out.items())
+    need = "; ".join(f"{n} needs {', '.join(registry.NEED_TEXT.get(x, x) for x in lacks)}" for n, lacks in lacking.items())
     return f"{names} left out: {need}"
 
 
 def _progress(total, cfg: ReportConfig, unit: str, desc: str):
-    from tqdm.auto import tqdm
-
     disable = None if cfg.progress is None else not cfg.progress
     return tqdm(total=total, unit=unit, desc=desc, disable=disable, leave=False, dynamic_ncols=True)
 
@@ -269,8 +274,6 @@ def build_report(source, config: ReportConfig | None = None, *, source_name: str
     cfg = config or ReportConfig()
     opts = {k: v for k, v in cfg.options.items() if v is not None}
     t_start = time.perf_counter()
-    from mpo_viz.tokens import tokenizer_decoder
-
     decode = tokenizer_decoder(cfg.tokenizer) if cfg.tokenizer else None  # a bad folder fails before any work
     acc = None
     names: list[str] = []
@@ -299,244 +302,163 @@ def build_report(source, config: ReportConfig | None = None, *, source_name: str
 
 def write_report(source, path, config: ReportConfig | None = None) -> Path:
     """Write :func:`build_report` to ``path`` (temporary name, then rename). Returns the path."""
-    import os
-
-    p = Path(path)
     text = build_report(source, config, source_name=str(source) if isinstance(source, (str, Path)) else None)
-    p.parent.mkdir(parents=True, exist_ok=True)
-    tmp = p.with_name(p.name + ".tmp")
-    tmp.write_text(text, encoding="utf-8")
-    os.replace(tmp, p)
-    return p
+    return write_page(path, text)
 
 
-def _fmt(v) -> str:
-    if v is None:
-        return "—"
-    if isinstance(v, (float, np.floating)):
-        if math.isnan(v):
-            return "—"
-        if math.isinf(v):
-            return "∞" if v > 0 else "−∞"
-        a = abs(v)
-        return f"{v:.3e}" if a and (a < 1e-3 or a >= 1e5) else f"{v:.4g}"
-    if isinstance(v, (int, np.integer)):
-        return f"{int(v):,}"
-    return html.escape(str(v))
+# ------------------------------------------------------------------------------------------------
+# the page, section by section
 
 
-def html_table(rows: list[tuple], header: tuple | None = None, cls: str = "kv", *, csv: str | None = None) -> str:
-    """A table; with ``csv`` (a file name without extension) and a header, a "CSV" download link under it."""
-    link = ""
-    if csv and header:
-        from mpo_viz.export import csv_link
+@dataclass
+class _Page:
+    """The page being built: its HTML parts, the tables and figures it shows (for ``export_dir``)
+    and the ids of its figures (for the page's export links)."""
 
-        link = "<div class=export>" + csv_link(pd.DataFrame([tuple(r) for r in rows], columns=list(map(str, header))), csv) + "</div>"
-    h = ""
-    if header:
-        h = "<tr>" + "".join(f"<th>{html.escape(str(c))}</th>" for c in header) + "</tr>"
-    body = "".join("<tr>" + "".join(f"<td>{c if isinstance(c, str) and c.startswith('<') else _fmt(c)}</td>" for c in r) + "</tr>" for r in rows)
-    return f'<table class="{cls}">{h}{body}</table>{link}'
+    parts: list = field(default_factory=list)
+    tables: dict = field(default_factory=dict)
+    figures: dict = field(default_factory=dict)
+    figure_ids: list = field(default_factory=list)
 
-
-def figure_html(fig, div_id: str) -> str:
-    """A plotly figure (no plotly.js: the page inlines it once) and its "PNG · SVG" export links
-    (plotly.js's own image export, wired by :func:`page_html`)."""
-    from mpo_viz.plots import FIGURE_CONFIG
-
-    links = (f'<div class=export>export <a href="#" data-fig="{div_id}" data-fmt="png">PNG</a> · '
-             f'<a href="#" data-fig="{div_id}" data-fmt="svg">SVG</a></div>')
-    return fig.to_html(full_html=False, include_plotlyjs=False, div_id=div_id, config=FIGURE_CONFIG) + links
-
-
-def strip_html(element_id: str, payload: dict, height: int = 320, *, payload_id: str | None = None) -> str:
-    """A strip placeholder plus its JSON payload (in a script tag with id ``payload_id``, default
-    ``<element_id>-data``); :func:`page_html`'s script mounts it."""
-    from mpo_viz.strip import payload_json
-
-    pid = payload_id or f"{element_id}-data"
-    return (f'<div class="strip" id="{element_id}" data-payload="{pid}" data-height="{int(height)}"></div>'
-            f'<script type="application/json" id="{pid}">{payload_json(payload)}</script>')
-
-
-def page_html(title: str, body: str, *, footer: str, figure_ids: list[str]) -> str:
-    """The self-contained page shell shared by the report and widget snapshots.
-
-    Inlines the page CSS, the strip's CSS and script and plotly.js (no CDN: opens offline), then
-    mounts every strip placed with :func:`strip_html`. Sets ``window.mpoStrips``,
-    ``window.mpoReportFigures`` (``figure_ids``) and ``window.mpoReportReady`` for tests.
-    """
-    import plotly.offline
-
-    from mpo_viz.strip import strip_css, strip_js
-
-    t = html.escape(title)
-    return f"""<!doctype html>
-<html lang="en"><head><meta charset="utf-8"><meta name="viewport" content="width=device-width, initial-scale=1">
-<title>{t}</title>
-<style>{PAGE_CSS}</style>
-<style>{strip_css()}</style>
-<script>{plotly.offline.get_plotlyjs()}</script>
-<script>{strip_js(module=False)}</script>
-</head><body>
-<h1>{t}</h1>
-{body}
-{footer}
-<script>
-(function () {{
-  window.mpoStrips = [];
-  document.querySelectorAll("div.strip[data-payload]").forEach(function (el) {{
-    var p = JSON.parse(document.getElementById(el.dataset.payload).textContent);
-    window.mpoStrips.push(window.mpoStrip.mount(el, p, {{ height: +el.dataset.height || 320 }}));
-  }});
-  window.mpoReportFigures = {json.dumps(figure_ids)};
-  document.querySelectorAll("a[data-fig]").forEach(function (a) {{
-    a.addEventListener("click", function (ev) {{
-      ev.preventDefault();
-      Plotly.downloadImage(document.getElementById(a.dataset.fig), {{ format: a.dataset.fmt, filename: a.dataset.fig }});
-    }});
-  }});
-  window.mpoReportReady = true;
-}})();
-</script>
-</body></html>
-"""
+    def figure(self, fig, div_id: str, name: str) -> None:
+        self.parts.append(figure_html(fig, div_id))
+        self.figure_ids.append(div_id)
+        self.figures[name] = fig
 
 
 def _render(acc: _Acc, cfg: ReportConfig, opts: dict, source_name: str, wall: float, decode=None) -> str:
-
-    from mpo_viz import plots
-    from mpo_viz.strip import robust_scale, set_scale, strip_payload, within_turn_part
-
     t0 = time.perf_counter()
-    parts: list[str] = []
-    tables: dict[str, pd.DataFrame] = {}  # for export_dir
-    fig_objs: dict = {}
-    # ---- summary
+    page = _Page()
+    vv = acc.vv
+    _summary(page, acc, opts, source_name, vv)
+    _estimator_tables(page, acc)
+    _accuracy(page, acc)
+    if vv is not None and len(vv):
+        f = plots.across_within(vv, max_points=cfg.max_points, source=acc.values_source)
+        page.parts.append(f"<h2>Values ({html.escape(acc.values_source)}): across vs within turns</h2>")
+        page.figure(f, "fig-across-within", "across_within")
+        page.tables["value_variance"] = vv
+    _selected(page, acc, cfg, decode)
+    export_note = _export(cfg.export_dir, page.tables, page.figures) if cfg.export_dir else ""
+    render_s = time.perf_counter() - t0
+    timing = ", ".join(f"{k} {v:.2f}s" for k, v in {**acc.timings, "render": render_s}.items())
+    stamp = _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
+    foot = (f"<footer>mpo_viz {html.escape(__version__)} · generated {stamp} in {wall + render_s:.1f}s "
+            f"({html.escape(timing)}) · self-contained: opens offline{html.escape(export_note)}</footer>")
+    return page_html(cfg.title, "\n".join(page.parts), footer=foot, figure_ids=page.figure_ids)
+
+
+def _summary(page: _Page, acc: _Acc, opts: dict, source_name: str, vv: pd.DataFrame | None) -> None:
+    """The summary table: sizes, the values' across/within statistics and the critic's explained
+    variance against the returns of :func:`mpo_viz.advantages.returns_source`."""
     summary = [("source", source_name), ("trajectories", acc.n_traj), ("response tokens", acc.n_tokens),
                ("action tokens", acc.n_action), ("estimators", ", ".join(acc.estimators) or "none"),
                *([("estimators left out", acc.left_out)] if acc.left_out else []),
                ("shared options", json.dumps(opts) if opts else "defaults")]
     if acc.n_rejected:
         summary.append(("rejected rows", acc.n_rejected))
-    vv = pd.concat(acc.vv, ignore_index=True) if acc.vv else None
     if vv is not None:
         s = an.variance_summary(vv)
+        share = s["share_across_gt_within"]
         summary += [
             ("value across-turn variance (mean)", s["mean_across"]),
             ("value within-turn variance (mean)", s["mean_within"]),
             ("median across / within", s["median_ratio"]),
-            ("share with across > within", f"{s['share_across_gt_within']:.1%}" if not math.isnan(s["share_across_gt_within"]) else "—"),
+            ("share with across > within", f"{share:.1%}" if not math.isnan(share) else "—"),
             ("infinite ratios (within = 0)", s["n_inf_ratio"]),
-            ("length-weighted across / within (means)", f"{_fmt(s['mean_across_w'])} / {_fmt(s['mean_within_w'])}"),
+            ("length-weighted across / within (means)",
+             f"{format_value(s['mean_across_w'])} / {format_value(s['mean_within_w'])}"),
         ]
-        n, sg, sgg, sd, sdd = acc.ev
-        if n > 1:
-            var_g = sgg / n - (sg / n) ** 2
-            var_d = sdd / n - (sd / n) ** 2
-            ev = 1 - var_d / var_g if var_g > 0 else float("nan")
-            summary += [(f"explained variance of the values ({acc.values_source}) vs {acc.ev_source} returns", ev),
-                        ("value bias mean(V − G)", -sd / n)]
+        if acc.ev.n > 1:
+            summary += [(f"explained variance of the values ({acc.values_source}) vs {acc.ev_source} returns",
+                         acc.ev.value), ("value bias mean(V − G)", acc.ev.bias)]
     else:
         summary.append(("critic values", "absent: no across/within diagnostic"))
-    parts.append("<h2>Summary</h2>" + html_table(summary))
-    tables["summary"] = pd.DataFrame(summary, columns=["quantity", "value"])
-    # ---- per-estimator statistics
-    rows = []
-    for k in acc.estimators:
-        n, s1, s2, sa = acc.adv_mom.get(k, np.zeros(4))
-        sp = pd.concat(acc.adv_split[k], ignore_index=True) if acc.adv_split.get(k) else None
-        sp = sp[sp["n_tokens"] > 0] if sp is not None else None
-        rows.append((k, s1 / n if n else float("nan"), math.sqrt(max(s2 / n - (s1 / n) ** 2, 0)) if n else float("nan"),
-                     sa / n if n else float("nan"),
-                     float(sp["across"].mean()) if sp is not None and len(sp) else float("nan"),
-                     float(sp["within"].mean()) if sp is not None and len(sp) else float("nan")))
-    if rows:
-        head = ("estimator", "mean", "std", "mean |A|", "across-turn var (mean)", "within-turn var (mean)")
-        parts.append("<h2>Advantages by estimator</h2>" + html_table(rows, head, "grid", csv="advantages_by_estimator"))
-        tables["advantages_by_estimator"] = pd.DataFrame(rows, columns=list(head))
+    page.parts.append("<h2>Summary</h2>" + html_table(summary))
+    page.tables["summary"] = pd.DataFrame(summary, columns=["quantity", "value"])
+
+
+def _estimator_tables(page: _Page, acc: _Acc) -> None:
+    """Advantages by estimator, and the agreement of every pair of estimators."""
+    if acc.estimators:
+        table = an.finish_advantages(acc.adv or {}, acc.estimators)
+        rows = [tuple(r) for r in table.itertuples(index=False)]
+        page.parts.append("<h2>Advantages by estimator</h2>"
+                          + html_table(rows, an.ADVANTAGE_COLUMNS, "grid", csv="advantages_by_estimator"))
+        page.tables["advantages_by_estimator"] = table
     if acc.cmp:
         cmp = an.finish_compare(acc.cmp)
-        tables["estimator_agreement"] = cmp
-        parts.append("<h2>Estimator agreement</h2><p class=note>Per pair of estimators: Pearson correlation and sign "
-                     "agreement over action tokens and over turns (turn advantage = mean over the turn); rank agreement = "
-                     "share of concordant turn pairs within a trajectory; sign flips = turns with opposite signs.</p>"
-                     + html_table([tuple(r) for r in cmp.itertuples(index=False)], tuple(cmp.columns), "grid",
-                                  csv="estimator_agreement"))
-    # ---- accuracy against the oracle, or what would tell without one
-    if acc.accuracy:
-        ac = an.finish_accuracy(acc.accuracy)
-        tables["accuracy"] = ac
-        legend = "".join(f"<li><b>{k}</b>: {html.escape(v)}</li>" for k, v in an.ACCURACY_COLUMNS.items())
-        parts.append("<h2 id=accuracy>Accuracy against the oracle</h2>"
-                     f"<p class=reading>{html.escape(an.accuracy_reading(ac, acc.values_source))}</p>"
-                     + html_table([tuple(r) for r in ac.itertuples(index=False)], tuple(ac.columns), "grid", csv="accuracy")
-                     + f"<ul class=note>{legend}</ul><p class=note>Over every turn and action token of the data, each "
-                     "estimator with the options above. The same measures over the shipped sets, many option settings "
-                     "and critic noise levels: <code>benchmarks/credit_accuracy.py</code> (docs/report.md explains "
-                     "its columns).</p>")
-    else:
-        parts.append(f"<h2 id=accuracy>Accuracy</h2><p class=note>{html.escape(an.NO_ORACLE_TEXT)}</p>")
-    figs: list[str] = []
-    if vv is not None and len(vv):
-        f = plots.across_within(vv, max_points=cfg.max_points, source=acc.values_source)
-        parts.append(f"<h2>Values ({html.escape(acc.values_source)}): across vs within turns</h2>"
-                     + figure_html(f, "fig-across-within"))
-        figs.append("fig-across-within")
-        fig_objs["across_within"] = f
-        tables["value_variance"] = vv
-    # ---- selected trajectories
+        page.tables["estimator_agreement"] = cmp
+        page.parts.append("<h2>Estimator agreement</h2><p class=note>Per pair of estimators: Pearson correlation and "
+                          "sign agreement over action tokens and over turns (turn advantage = mean over the turn); rank "
+                          "agreement = share of concordant turn pairs within a trajectory; sign flips = turns with "
+                          "opposite signs.</p>"
+                          + html_table([tuple(r) for r in cmp.itertuples(index=False)], tuple(cmp.columns), "grid",
+                                       csv="estimator_agreement"))
+
+
+def _accuracy(page: _Page, acc: _Acc) -> None:
+    """Accuracy against the oracle, or what would tell without one."""
+    if not acc.accuracy:
+        page.parts.append(f"<h2 id=accuracy>Accuracy</h2><p class=note>{html.escape(an.NO_ORACLE_TEXT)}</p>")
+        return
+    ac = an.finish_accuracy(acc.accuracy)
+    page.tables["accuracy"] = ac
+    legend = "".join(f"<li><b>{k}</b>: {html.escape(v)}</li>" for k, v in an.ACCURACY_COLUMNS.items())
+    page.parts.append("<h2 id=accuracy>Accuracy against the oracle</h2>"
+                      f"<p class=reading>{html.escape(an.accuracy_reading(ac, acc.values_source))}</p>"
+                      + html_table([tuple(r) for r in ac.itertuples(index=False)], tuple(ac.columns), "grid",
+                                   csv="accuracy")
+                      + f"<ul class=note>{legend}</ul><p class=note>Over every turn and action token of the data, "
+                      "each estimator with the options above. The same measures over the shipped sets, many option "
+                      "settings and critic noise levels: <code>benchmarks/credit_accuracy.py</code> (docs/report.md "
+                      "explains its columns).</p>")
+
+
+def _selected(page: _Page, acc: _Acc, cfg: ReportConfig, decode) -> None:
+    """The selected trajectories: each one's strip, value curve and per-turn advantages.
+
+    One colour scale for every advantage channel of every strip (and one for the within-turn part
+    of the multiscale estimator): the 99th percentile of |A| over the selected trajectories, the
+    largest over estimators, so that the same number has the same colour whichever strip and
+    channel shows it."""
     picks = acc.picks()
-    # one colour scale for every advantage channel of every strip (and one for MAE's within-turn
-    # part): the 99th percentile of |A| over the selected trajectories, the largest over estimators,
-    # so that the same number has the same colour whichever strip and channel shows it
     s_adv = max((robust_scale(a, p.batch.mask) for _, p in picks for a in p.adv.values()), default=1.0)
-    micro = [k for k in acc.estimators if k in ("mpo", "mae")][:1]
-    s_micro = max((robust_scale(within_turn_part(p.adv[micro[0]], p.batch.mask, p.batch.turn_ids), p.batch.mask)
+    micro = registry.multiscale_estimator(acc.estimators)
+    s_micro = max((robust_scale(within_turn_part(p.adv[micro], p.batch.mask, p.batch.turn_ids), p.batch.mask)
                    for _, p in picks), default=1.0) if micro else 1.0
     if picks:
-        parts.append("<h2>Selected trajectories</h2><p class=note>Hover a token to see every channel; the menu "
-                     "switches the colouring (diverging scale centred at 0; grey = observation tokens). Every "
-                     f"advantage channel of every strip saturates at the same ±{_fmt(s_adv)} (the 99th percentile of "
-                     "|A| over these trajectories and estimators); tokens beyond it are clipped, marked ▲ and counted "
-                     "in the legend.</p>")
+        page.parts.append("<h2>Selected trajectories</h2><p class=note>Hover a token to see every channel; the menu "
+                          "switches the colouring (diverging scale centred at 0; grey = observation tokens). Every "
+                          f"advantage channel of every strip saturates at the same ±{format_value(s_adv)} (the 99th "
+                          "percentile of |A| over these trajectories and estimators); tokens beyond it are clipped, "
+                          "marked ▲ and counted in the legend.</p>")
     for j, (tags, p) in enumerate(picks):
-        b = p.batch
-        tid = b.traj_ids[0]
-        parts.append(f'<section class="traj"><h3>{html.escape(tid)} <small>{html.escape(" · ".join(tags))}</small></h3>')
-        tokens = decode if decode is not None and not _has_tokens(b) else None
-        payload = strip_payload(b, 0, advantages=p.adv, td=an.td_error(b), title=f"trajectory {tid}", tokens=tokens)
-        adv_names = [k for k in payload["channels"] if k.startswith("adv_")]
-        set_scale(payload, adv_names, s_adv, "shared by the estimators and the selected trajectories")
-        set_scale(payload, [k for k in payload["channels"] if k.startswith("micro_")], s_micro,
-                  "shared by the selected trajectories")
-        parts.append(strip_html(f"strip-{j}", payload, cfg.strip_height, payload_id=f"payload-{j}"))
-        if b.values is not None:
-            ret = p.ret.get(acc.ev_source) if acc.ev_source else None
-            fig = plots.value_curve(b, 0, advantages=p.adv, returns=ret)
-            parts.append(figure_html(fig, f"fig-value-{j}"))
-            figs.append(f"fig-value-{j}")
-            fig_objs[f"value_curve_{tid}"] = fig
-        if p.adv:
-            fig = plots.estimator_comparison(b, 0, p.adv)
-            parts.append(figure_html(fig, f"fig-turns-{j}"))
-            figs.append(f"fig-turns-{j}")
-            fig_objs[f"turn_advantages_{tid}"] = fig
-            tables[f"turns_{tid}"] = an.turn_table(b, p.adv)
-        parts.append("</section>")
-    export_note = ""
-    if cfg.export_dir:
-        export_note = _export(cfg.export_dir, tables, fig_objs)
-    render_s = time.perf_counter() - t0
-    timing = ", ".join(f"{k} {v:.2f}s" for k, v in {**acc.timings, "render": render_s}.items())
-    stamp = _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
-    foot = (f"<footer>mpo_viz {html.escape(__version__)} · generated {stamp} in {wall + render_s:.1f}s "
-            f"({html.escape(timing)}) · self-contained: opens offline{html.escape(export_note)}</footer>")
-    body = "\n".join(parts)
-    return page_html(cfg.title, body, footer=foot, figure_ids=figs)
+        _trajectory(page, j, tags, p, acc, cfg, decode, (s_adv, s_micro))
 
 
-def _has_tokens(b) -> bool:
+def _trajectory(page: _Page, j: int, tags: list, p: _Pick, acc: _Acc, cfg: ReportConfig, decode,
+                scales: tuple[float, float]) -> None:
+    b = p.batch
+    tid = b.traj_ids[0]
+    page.parts.append(f'<section class="traj"><h3>{html.escape(tid)} <small>{html.escape(" · ".join(tags))}</small></h3>')
+    tokens = decode if decode is not None and not _has_tokens(b) else None
+    payload = strip_payload(b, 0, advantages=p.adv, td=an.td_error(b), title=f"trajectory {tid}", tokens=tokens)
+    set_scale(payload, [k for k in payload["channels"] if k.startswith("adv_")], scales[0],
+              "shared by the estimators and the selected trajectories")
+    set_scale(payload, [k for k in payload["channels"] if k.startswith("micro_")], scales[1],
+              "shared by the selected trajectories")
+    page.parts.append(strip_html(f"strip-{j}", payload, cfg.strip_height, payload_id=f"payload-{j}"))
+    if b.values is not None:
+        ret = p.ret.get(acc.ev_source) if acc.ev_source else None
+        page.figure(plots.value_curve(b, 0, advantages=p.adv, returns=ret), f"fig-value-{j}", f"value_curve_{tid}")
+    if p.adv:
+        page.figure(plots.estimator_comparison(b, 0, p.adv), f"fig-turns-{j}", f"turn_advantages_{tid}")
+        page.tables[f"turns_{tid}"] = an.turn_table(b, p.adv)
+    page.parts.append("</section>")
+
+
+def _has_tokens(b: TrajectoryBatch) -> bool:
     return b.has("response_tokens") and b.field("response_tokens")[0] is not None
 
 
@@ -548,10 +470,6 @@ def _export(folder, tables: dict, figures: dict) -> str:
     """Write the report's tables as CSV and, with a renderer, its figures as PNG and SVG into
     ``folder``; returns a note for the footer. Without a renderer: an :class:`ExportWarning` that
     says what was written, what to install, and that the page's PNG / SVG links still work."""
-    import warnings
-
-    from mpo_viz.export import static_export_available, write_figures, write_tables
-
     paths = write_tables(tables, folder)
     if static_export_available():
         paths += write_figures(figures, folder, ("png", "svg"))
@@ -561,18 +479,3 @@ def _export(folder, tables: dict, figures: dict) -> str:
                   "The report's PNG / SVG links under each figure export them from the browser without it.",
                   ExportWarning, stacklevel=3)
     return f" · exported {len(paths)} tables (CSV) to {folder}; figures: no static renderer (kaleido) installed"
-
-
-PAGE_CSS = """
-body { font-family: system-ui, -apple-system, "Segoe UI", Roboto, sans-serif; margin: 24px auto; max-width: 1200px;
-       padding: 0 16px; color: #222; }
-h1 { font-size: 22px; margin-bottom: 4px; } h2 { font-size: 17px; margin-top: 28px; border-bottom: 1px solid #ddd; }
-h3 { font-size: 15px; margin-bottom: 6px; } h3 small { color: #666; font-weight: normal; }
-table { border-collapse: collapse; font-size: 13px; margin: 6px 0; }
-td, th { padding: 3px 10px; border-bottom: 1px solid #eee; text-align: left; font-variant-numeric: tabular-nums; }
-table.kv td:first-child { color: #555; } table.grid th { background: #f6f6f6; }
-.note { color: #555; font-size: 13px; } .reading { font-size: 14px; background: #f3f7fb; padding: 6px 10px;
-  border-left: 3px solid #1f5fa8; } section.traj { margin: 18px 0 30px; }
-.export { font-size: 12px; color: #666; margin: 2px 0 10px; } .export a { color: #1f5fa8; margin-right: 6px; }
-footer { margin-top: 40px; color: #888; font-size: 12px; }
-"""

@@ -48,7 +48,6 @@ import copy
 import dataclasses
 import inspect
 import json
-import math
 import random
 import time
 from collections import deque
@@ -62,7 +61,8 @@ from mpo_viz.envs.base import TextEnv
 from mpo_viz.envs.expert import NoisyExpert
 from mpo_viz.envs.oracle import Oracle
 from mpo_viz.envs.registry import make_env
-from mpo_viz.models.policy import Policy, check_vocabulary
+from mpo_viz.models.policy import Policy, check_vocabulary, embedding_rows
+from mpo_viz.options import check_fields, setting
 from mpo_viz.trajectory import TrajectoryBatch
 
 __all__ = ["rollout", "RolloutConfig", "task_seeds", "STOP_REASONS", "ORACLE_TOKEN_FIELDS"]
@@ -77,43 +77,28 @@ DEFAULT_ORACLE = NoisyExpert()
 
 @dataclass
 class RolloutConfig:
-    """Options of :func:`rollout` (recorded in the file metadata as ``generator``).
+    """Options of :func:`rollout` (recorded in the file metadata as ``generator``); each field is
+    declared as an :class:`~mpo_viz.options.Option` and checked by :meth:`validate`."""
 
-    Fields:
-        group_size: samples per task (G); tasks are groups (one ``group_id``).
-        seed: master seed: tasks (unless ``seeds``), environment dynamics and sampling noise.
-        temperature: sampling temperature; 0 = greedy (argmax).
-        top_p: nucleus sampling mass in (0, 1]; 1 = the whole distribution.
-        max_turn_tokens: at most this many tokens per assistant turn (the stop token included).
-        max_total_tokens: the episode's token budget (prompt + response, see the module docstring).
-        batch_size: live episodes decoded together.
-        seeds: explicit task seeds (one group of G episodes each) instead of tasks drawn from ``seed``.
-    """
-
-    group_size: int = 1
-    seed: int = 0
-    temperature: float = 1.0
-    top_p: float = 1.0
-    max_turn_tokens: int = 48
-    max_total_tokens: int = 1024
-    batch_size: int = 16
+    group_size: int = setting(1, kind="int", low=1, doc="samples per task (G); tasks are groups (one group_id)")
+    seed: int = setting(0, kind="any", doc="master seed: tasks (unless seeds), environment dynamics and sampling noise")
+    temperature: float = setting(1.0, low=0, expect="a finite number >= 0 (0 = greedy)",
+                                 doc="sampling temperature; 0 = greedy (argmax)")
+    top_p: float = setting(1.0, low=0, high=1, low_open=True, expect="a number in (0, 1]",
+                           doc="nucleus sampling mass in (0, 1]; 1 = the whole distribution")
+    max_turn_tokens: int = setting(48, kind="int", low=1,
+                                   doc="at most this many tokens per assistant turn (the stop token included)")
+    max_total_tokens: int = setting(1024, kind="int", low=1,
+                                    doc="the episode's token budget (prompt + response, see the module docstring)")
+    batch_size: int = setting(16, kind="int", low=1, doc="live episodes decoded together")
     seeds: list[int] | None = None
+    """explicit task seeds (one group of G episodes each) instead of tasks drawn from ``seed``"""
 
     def validate(self) -> None:
-        for name in ("group_size", "max_turn_tokens", "max_total_tokens", "batch_size"):
-            v = getattr(self, name)
-            if isinstance(v, bool) or not isinstance(v, int) or v < 1:
-                raise OptionError(name, f"expected an int >= 1, found {v!r}")
-        t = self.temperature
-        if isinstance(t, bool) or not isinstance(t, (int, float)) or not (math.isfinite(t) and t >= 0):
-            raise OptionError("temperature", f"expected a finite number >= 0 (0 = greedy), found {t!r}")
-        p = self.top_p
-        if isinstance(p, bool) or not isinstance(p, (int, float)) or not (0 < p <= 1):
-            raise OptionError("top_p", f"expected a number in (0, 1], found {p!r}")
-        if self.seeds is not None:
-            for s in self.seeds:
-                if isinstance(s, bool) or not isinstance(s, (int, np.integer)) or s < 0:
-                    raise OptionError("seeds", f"expected task seeds (ints >= 0), found {s!r}")
+        check_fields(self)
+        for s in self.seeds or ():
+            if isinstance(s, bool) or not isinstance(s, (int, np.integer)) or s < 0:
+                raise OptionError("seeds", f"expected task seeds (ints >= 0), found {s!r}")
 
 
 def task_seeds(seed: int, n_tasks: int) -> list[int]:
@@ -366,6 +351,43 @@ def rollout(policy: Policy, env, n_episodes: int | None = None, *, group_size: i
         a validated :class:`~mpo_viz.trajectory.TrajectoryBatch` (one row per episode, in task then
         sample order), metadata ``values_source="critic"`` when a critic ran.
     """
+    env = _check_inputs(policy, env, critic)
+    cfg = RolloutConfig(group_size=group_size, seed=seed, temperature=temperature, top_p=top_p,
+                        max_turn_tokens=max_turn_tokens, max_total_tokens=max_total_tokens,
+                        batch_size=batch_size, seeds=None if seeds is None else [int(s) for s in seeds])
+    cfg.validate()
+    plan = _plan(cfg, n_episodes)
+    timer = _Timer()
+    t_start = time.perf_counter()
+    model = policy.model
+    was_training = model.training
+    model.eval()
+    pad_id = policy.tokenizer.pad_token_id
+    pad_id = int(pad_id) if pad_id is not None else min(policy.layout.stop_ids)
+    episodes = _episodes(env, plan, cfg, oracle, policy.layout, timer)
+    bar = _progress_bar(len(episodes), progress)
+    with torch.no_grad():
+        _play(_Engine(model, pad_id), episodes, cfg, policy, timer, bar)
+    bar.close()
+    values = boot = None
+    if critic is not None:
+        t0 = time.perf_counter()
+        values, boot = _critic_values(critic, episodes, cfg.batch_size, pad_id)
+        timer.add("critic", t0)
+    if was_training:
+        model.train()
+    t0 = time.perf_counter()
+    batch = _to_batch(episodes, env, policy.layout, cfg, values, boot, oracle, policy)
+    timer.add("batch", t0)
+    timer.t["total"] = time.perf_counter() - t_start
+    if timings is not None:
+        timings.update(timer.t)
+    return batch
+
+
+def _check_inputs(policy: Policy, env, critic) -> TextEnv:
+    """The environment (a name made into one); ``OptionError`` for a wrong policy, environment or
+    critic, ``ValueError`` for a tokenizer that does not fit the environment or the model."""
     if not isinstance(policy, Policy):
         raise OptionError("policy", f"expected a mpo_viz.models.Policy (tiny_policy, load_policy, models.load), "
                                     f"found {type(policy).__name__}")
@@ -373,39 +395,31 @@ def rollout(policy: Policy, env, n_episodes: int | None = None, *, group_size: i
         env = make_env(env)
     if not isinstance(env, TextEnv):
         raise OptionError("env", f"expected a TextEnv or an environment name, found {type(env).__name__}")
-    cfg = RolloutConfig(group_size=group_size, seed=seed, temperature=temperature, top_p=top_p,
-                        max_turn_tokens=max_turn_tokens, max_total_tokens=max_total_tokens,
-                        batch_size=batch_size, seeds=None if seeds is None else [int(s) for s in seeds])
-    cfg.validate()
+    if critic is not None and not callable(critic):
+        raise OptionError("critic", f"expected a mpo_viz.models.Critic or None, found {type(critic).__name__}")
+    check_vocabulary(policy.tokenizer, env.vocabulary(), where=f"policy {policy.name} for env {env.name!r}")
+    vocab = embedding_rows(policy.model)
+    if len(policy.tokenizer) > vocab:
+        raise ValueError(f"policy {policy.name}: the tokenizer has {len(policy.tokenizer)} tokens, the model "
+                         f"embeds {vocab}")
+    return env
+
+
+def _plan(cfg: RolloutConfig, n_episodes: int | None) -> list[tuple[int, list[int]]]:
+    """``[(task seed, [sample seeds])]``: the tasks drawn from ``cfg.seed``, or ``cfg.seeds``."""
     g = cfg.group_size
     if cfg.seeds is None:
         if n_episodes is None or isinstance(n_episodes, bool) or n_episodes < 1 or n_episodes % g:
             raise OptionError("n_episodes", f"expected a positive multiple of group_size={g}, found {n_episodes!r}")
-        plan = _plan_from_seed(cfg.seed, n_episodes // g, g)
-    else:
-        if n_episodes is not None and n_episodes != len(cfg.seeds) * g:
-            raise OptionError("n_episodes", f"expected len(seeds) * group_size = {len(cfg.seeds) * g} with seeds, "
-                                            f"found {n_episodes}")
-        plan = _plan_from_list(cfg.seed, cfg.seeds, g)
-    if critic is not None and not callable(critic):
-        raise OptionError("critic", f"expected a mpo_viz.models.Critic or None, found {type(critic).__name__}")
-    check_vocabulary(policy.tokenizer, env.vocabulary(), where=f"policy {policy.name} for env {env.name!r}")
-    vocab = policy.model.get_input_embeddings().num_embeddings
-    if len(policy.tokenizer) > vocab:
-        raise ValueError(f"policy {policy.name}: the tokenizer has {len(policy.tokenizer)} tokens, the model "
-                         f"embeds {vocab}")
+        return _plan_from_seed(cfg.seed, n_episodes // g, g)
+    if n_episodes is not None and n_episodes != len(cfg.seeds) * g:
+        raise OptionError("n_episodes", f"expected len(seeds) * group_size = {len(cfg.seeds) * g} with seeds, "
+                                        f"found {n_episodes}")
+    return _plan_from_list(cfg.seed, cfg.seeds, g)
 
-    timer = _Timer()
-    t_start = time.perf_counter()
-    layout = policy.layout
-    model = policy.model
-    was_training = model.training
-    model.eval()
-    pad_id = policy.tokenizer.pad_token_id
-    pad_id = int(pad_id) if pad_id is not None else min(layout.stop_ids)
-    stop = torch.tensor(sorted(layout.stop_ids), dtype=torch.long, device=policy.device)
 
-    # episodes, in task then sample order
+def _episodes(env: TextEnv, plan, cfg: RolloutConfig, oracle, layout, timer: _Timer) -> list[_Episode]:
+    """The episodes of the plan, reset and prompted, in task then sample order."""
     episodes: list[_Episode] = []
     for gi, (ts, sample_seeds) in enumerate(plan):
         task = env.make_task(ts)
@@ -424,104 +438,115 @@ def rollout(policy: Policy, env, n_episodes: int | None = None, *, group_size: i
             rng = np.random.Generator(np.random.PCG64(np.random.SeedSequence([cfg.seed, ts, es, 0x6D706F])))
             episodes.append(_Episode(index=len(episodes), group=gi, sample=j, task_seed=ts, seed=es, env=e,
                                      oracle=orc, prompt=prompt, rng=rng, pending=list(prompt)))
+    return episodes
 
+
+def _play(engine: _Engine, episodes: list[_Episode], cfg: RolloutConfig, policy: Policy, timer: _Timer, bar) -> None:
+    """Play every episode to its end: batch turns of up to ``batch_size`` live episodes, queued
+    ones joining as others finish (the module docstring's feed / decode / step)."""
     queue = deque(episodes)
     live: list[_Episode] = []
-    engine = _Engine(model, pad_id)
-    done_eps: list[_Episode] = []
-    bar = _progress_bar(len(episodes), progress)
-    with torch.no_grad():
-        while queue or live:
-            # admit queued episodes into free rows
-            n_new = min(cfg.batch_size - len(live), len(queue))
-            engine.add_rows(n_new)
-            live += [queue.popleft() for _ in range(n_new)]
-            # 1. feed pending tokens, left-padded
-            t0 = time.perf_counter()
-            width = max(len(ep.pending) for ep in live)
-            ids = torch.full((len(live), width), pad_id, dtype=torch.long)
-            msk = torch.zeros((len(live), width), dtype=torch.long)
-            pos = torch.zeros((len(live), width), dtype=torch.long)
-            start = engine.next_pos.cpu()
-            for b, ep in enumerate(live):
-                n = len(ep.pending)
-                ids[b, width - n:] = torch.tensor(ep.pending)
-                msk[b, width - n:] = 1
-                pos[b, width - n:] = start[b] + torch.arange(n)
-                ep.pending = []
-            dev = engine.device
-            engine.next_pos = engine.next_pos + msk.sum(1).to(dev)
-            logits = engine.forward(ids.to(dev), msk.to(dev), pos.to(dev))
-            t0 = timer.add("model", t0)
-            # 2. decode one turn for every row
-            budget_total = torch.tensor([cfg.max_total_tokens - ep.length for ep in live])
-            budget = torch.clamp(budget_total, max=cfg.max_turn_tokens).to(dev)
-            active = torch.ones(len(live), dtype=torch.bool, device=dev)
-            count = torch.zeros(len(live), dtype=torch.long, device=dev)
-            toks, rlps, olps = [], [], []
-            while True:
-                u = torch.tensor([ep.uniform() if a else 0.0 for ep, a in zip(live, active.tolist())],
-                                 dtype=torch.float64)
-                tok, rlp, olp = sample_tokens(logits, u, cfg.temperature, cfg.top_p)
-                toks.append(tok)
-                rlps.append(rlp)
-                olps.append(olp)
-                count = count + active.long()
-                ended = torch.isin(tok, stop) | (count >= budget)
-                now_active = active & ~ended
-                t0 = timer.add("sampling", t0)
-                if not bool(now_active.any()):
-                    break
-                col = now_active.long()[:, None]
-                step_ids = torch.where(now_active, tok, torch.full_like(tok, pad_id))[:, None]
-                step_pos = engine.next_pos[:, None].clone()
-                engine.next_pos = engine.next_pos + col[:, 0]
-                # a row whose turn ended before this step feeds padding (masked slot)
-                logits = engine.forward(step_ids, col, step_pos)
-                active = now_active
-                t0 = timer.add("model", t0)
-            tok_m = torch.stack(toks, 1).cpu()
-            rlp_m = torch.stack(rlps, 1).float().cpu()
-            olp_m = torch.stack(olps, 1).float().cpu()
-            counts = count.cpu().tolist()
-            bt = budget_total.tolist()
-            # 3. step the environments
-            keep = []
-            for b, ep in enumerate(live):
-                n = counts[b]
-                turn = tok_m[b, :n].tolist()
-                ended_by_stop = turn[-1] in layout.stop_ids
-                cut_by_total = (not ended_by_stop) and n >= bt[b] and bt[b] <= cfg.max_turn_tokens
-                _record_turn(ep, turn, rlp_m[b, :n].tolist(), olp_m[b, :n].tolist(), layout, timer,
-                             final_cut=cut_by_total)
-                ep.pending = [turn[-1]]  # the last sampled token was never fed
-                if ep.stop_reason is None and ep.length >= cfg.max_total_tokens:
-                    ep.stop_reason = "max_total_tokens"
-                if ep.stop_reason is None:
-                    ep.pending += ep.ids[len(ep.ids) - _obs_len(ep):]
-                    keep.append(b)
-                else:
-                    done_eps.append(ep)
-                    bar.update(1)
-            t0 = time.perf_counter()
-            engine.keep_rows(keep)
-            live = [live[b] for b in keep]
-            timer.add("model", t0)
-    bar.close()
-    values = boot = None
-    if critic is not None:
+    stop = torch.tensor(sorted(policy.layout.stop_ids), dtype=torch.long, device=policy.device)
+    while queue or live:
+        n_new = min(cfg.batch_size - len(live), len(queue))  # admit queued episodes into free rows
+        engine.add_rows(n_new)
+        live += [queue.popleft() for _ in range(n_new)]
+        logits = _feed(engine, live, timer)
+        turn = _decode_turn(engine, live, logits, cfg, stop, timer)
+        keep = _step_envs(live, turn, cfg, policy.layout, timer, bar)
         t0 = time.perf_counter()
-        values, boot = _critic_values(critic, episodes, cfg.batch_size, pad_id)
-        timer.add("critic", t0)
-    if was_training:
-        model.train()
+        engine.keep_rows(keep)
+        live = [live[b] for b in keep]
+        timer.add("model", t0)
+
+
+def _feed(engine: _Engine, live: list[_Episode], timer: _Timer) -> torch.Tensor:
+    """1. Every row's pending tokens through the model in one forward, left-padded to the longest;
+    the logits of the last position."""
     t0 = time.perf_counter()
-    batch = _to_batch(episodes, env, layout, cfg, values, boot, oracle, policy)
-    timer.add("batch", t0)
-    timer.t["total"] = time.perf_counter() - t_start
-    if timings is not None:
-        timings.update(timer.t)
-    return batch
+    width = max(len(ep.pending) for ep in live)
+    ids = torch.full((len(live), width), engine.pad_id, dtype=torch.long)
+    msk = torch.zeros((len(live), width), dtype=torch.long)
+    pos = torch.zeros((len(live), width), dtype=torch.long)
+    start = engine.next_pos.cpu()
+    for b, ep in enumerate(live):
+        n = len(ep.pending)
+        ids[b, width - n:] = torch.tensor(ep.pending)
+        msk[b, width - n:] = 1
+        pos[b, width - n:] = start[b] + torch.arange(n)
+        ep.pending = []
+    dev = engine.device
+    engine.next_pos = engine.next_pos + msk.sum(1).to(dev)
+    logits = engine.forward(ids.to(dev), msk.to(dev), pos.to(dev))
+    timer.add("model", t0)
+    return logits
+
+
+@dataclass
+class _Turn:
+    """One batch turn as decoded: per row the sampled tokens, their rollout and old log-probs (row
+    ``b``'s first ``counts[b]`` columns), and the total budget left before it."""
+
+    tokens: torch.Tensor
+    rollout_logp: torch.Tensor
+    old_logp: torch.Tensor
+    counts: list
+    budget_total: list
+
+
+def _decode_turn(engine: _Engine, live: list[_Episode], logits: torch.Tensor, cfg: RolloutConfig,
+                 stop: torch.Tensor, timer: _Timer) -> _Turn:
+    """2. Sample one turn for every row at once: one-token forwards with the cache until every row
+    hit its stop token or budget (a row whose turn ended feeds padding)."""
+    t0 = time.perf_counter()
+    dev = engine.device
+    budget_total = torch.tensor([cfg.max_total_tokens - ep.length for ep in live])
+    budget = torch.clamp(budget_total, max=cfg.max_turn_tokens).to(dev)
+    active = torch.ones(len(live), dtype=torch.bool, device=dev)
+    count = torch.zeros(len(live), dtype=torch.long, device=dev)
+    toks, rlps, olps = [], [], []
+    while True:
+        u = torch.tensor([ep.uniform() if a else 0.0 for ep, a in zip(live, active.tolist())], dtype=torch.float64)
+        tok, rlp, olp = sample_tokens(logits, u, cfg.temperature, cfg.top_p)
+        toks.append(tok)
+        rlps.append(rlp)
+        olps.append(olp)
+        count = count + active.long()
+        now_active = active & ~(torch.isin(tok, stop) | (count >= budget))
+        t0 = timer.add("sampling", t0)
+        if not bool(now_active.any()):
+            break
+        col = now_active.long()[:, None]
+        step_ids = torch.where(now_active, tok, torch.full_like(tok, engine.pad_id))[:, None]
+        step_pos = engine.next_pos[:, None].clone()
+        engine.next_pos = engine.next_pos + col[:, 0]
+        logits = engine.forward(step_ids, col, step_pos)
+        active = now_active
+        t0 = timer.add("model", t0)
+    return _Turn(torch.stack(toks, 1).cpu(), torch.stack(rlps, 1).float().cpu(), torch.stack(olps, 1).float().cpu(),
+                 count.cpu().tolist(), budget_total.tolist())
+
+
+def _step_envs(live: list[_Episode], turn: _Turn, cfg: RolloutConfig, layout, timer: _Timer, bar) -> list[int]:
+    """3. Each environment reads its row's turn; the rows whose episode goes on (their pending
+    tokens set: the last sampled token and the observation), the finished ones counted."""
+    keep = []
+    for b, ep in enumerate(live):
+        n, bt = turn.counts[b], turn.budget_total[b]
+        ids = turn.tokens[b, :n].tolist()
+        ended_by_stop = ids[-1] in layout.stop_ids
+        cut_by_total = (not ended_by_stop) and n >= bt and bt <= cfg.max_turn_tokens
+        _record_turn(ep, ids, turn.rollout_logp[b, :n].tolist(), turn.old_logp[b, :n].tolist(), layout, timer,
+                     final_cut=cut_by_total)
+        ep.pending = [ids[-1]]  # the last sampled token was never fed
+        if ep.stop_reason is None and ep.length >= cfg.max_total_tokens:
+            ep.stop_reason = "max_total_tokens"
+        if ep.stop_reason is None:
+            ep.pending += ep.ids[len(ep.ids) - _obs_len(ep):]
+            keep.append(b)
+        else:
+            bar.update(1)
+    return keep
 
 
 def _progress_bar(n: int, progress: bool | None):
@@ -607,7 +632,8 @@ def _critic_values(critic, episodes: list[_Episode], batch_size: int, pad_id: in
     at the last position ``P + L − 1`` (the value after the response). One forward per batch over the
     finished sequences (right padding, positions 0..)."""
     dev = next(critic.parameters()).device
-    vals, last = [None] * len(episodes), [None] * len(episodes)
+    vals: list = [None] * len(episodes)
+    last: list = [None] * len(episodes)
     order = sorted(range(len(episodes)), key=lambda i: episodes[i].length)  # similar lengths together
     for s in range(0, len(order), batch_size):
         chunk = order[s:s + batch_size]
@@ -629,7 +655,8 @@ def _critic_values(critic, episodes: list[_Episode], batch_size: int, pad_id: in
 
 def _to_batch(episodes, env, layout, cfg: RolloutConfig, values, boot, oracle, policy) -> TrajectoryBatch:
     shaped = env.shaping != 0.0
-    rows, extra = [], {name: [] for name in ORACLE_TOKEN_FIELDS}
+    rows: list[dict] = []
+    extra: dict[str, list] = {name: [] for name in ORACLE_TOKEN_FIELDS}
     has_oracle = oracle is not None and all(ep.oracle is not None for ep in episodes)
     for ep in episodes:
         gid = f"{env.name}-s{cfg.seed}-t{ep.group:04d}"

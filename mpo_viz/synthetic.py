@@ -66,47 +66,14 @@ def make_rows(
         g = i // group_size
         p = task_p[g]
         success = rng.random() < p
-        # turn and observation lengths; with turns=None draw until max_len is filled
-        k = _draw(rng, turns) if turns is not None else max(1, max_len // 20)
-        a_len = _draw(rng, turn_len, size=k)
-        o_len = _draw(rng, obs_len, size=k)
-        if not final_obs:
-            o_len[-1] = 0
-        seg_len = np.stack([a_len, o_len], axis=1).reshape(-1)
-        if max_len is not None:
-            ends = np.cumsum(seg_len)
-            cut = np.searchsorted(ends, max_len, side="left")  # segment in which max_len is reached
-            if cut < len(seg_len):
-                seg_len = seg_len[: cut + 1].copy()
-                seg_len[-1] -= ends[cut] - max_len
-                if len(seg_len) % 2 == 0 and seg_len[-1] == 0:
-                    seg_len = seg_len[:-1]
-        is_act = np.zeros(len(seg_len), dtype=bool)
-        is_act[0::2] = True
-        keep = seg_len > 0
-        seg_len, is_act = seg_len[keep], is_act[keep]
+        seg_len, is_act = _segments(rng, turns, turn_len, obs_len, max_len, final_obs)
         n_turns = int(is_act.sum())
         length = int(seg_len.sum())
         mask = np.repeat(is_act.astype(np.int8), seg_len)
-        seg_turn = np.cumsum(is_act) - 1
-        turn_ids = np.repeat(seg_turn, seg_len).astype(np.int64)
-
+        turn_ids = np.repeat(np.cumsum(is_act) - 1, seg_len).astype(np.int64)
         reward = 1.0 if success else 0.0
-        # turn-level value: drifts from p to the outcome, plus noise
-        frac = (np.arange(n_turns) / max(n_turns, 1)) ** 1.5
-        v_turn = p + (reward - p) * frac + rng.normal(0, across_noise, size=n_turns)
-        values = v_turn[turn_ids] + np.cumsum(rng.normal(0, within_noise, size=length)) * 0.5
-        # reset the within-turn walk at each turn start so within-turn variation stays small
-        starts = np.concatenate([[0], np.cumsum(seg_len)[:-1]])
-        walk_base = np.repeat((values - v_turn[turn_ids])[starts], seg_len)
-        values = np.clip(values - walk_base, -0.5, 1.5).astype(np.float32)
-
-        confident = rng.random(length) < 0.7
-        old_lp = np.where(confident, -rng.exponential(0.05, length), -rng.exponential(1.5, length))
-        old_lp = np.where(mask == 1, old_lp, 0.0).astype(np.float32)
-        rollout_lp = np.where(mask == 1, old_lp + rng.normal(0, 0.01, length), 0.0).astype(np.float32)
-        ref_lp = np.where(mask == 1, old_lp + rng.normal(0, 0.05, length), 0.0).astype(np.float32)
-
+        values = _values(rng, p, reward, seg_len, turn_ids, n_turns, within_noise, across_noise)
+        old_lp, rollout_lp, ref_lp = _logprobs(rng, mask, length)
         rows.append(
             {
                 "traj_id": f"s{seed}-t{i:06d}",
@@ -125,6 +92,52 @@ def make_rows(
             }
         )
     return rows
+
+
+def _segments(rng, turns, turn_len, obs_len, max_len, final_obs) -> tuple[np.ndarray, np.ndarray]:
+    """The lengths of a trajectory's alternating action and observation segments (empty ones
+    dropped) and which are actions; with ``turns=None`` drawn until ``max_len`` is filled."""
+    k = _draw(rng, turns) if turns is not None else max(1, max_len // 20)
+    a_len = _draw(rng, turn_len, size=k)
+    o_len = _draw(rng, obs_len, size=k)
+    if not final_obs:
+        o_len[-1] = 0
+    seg_len = np.stack([a_len, o_len], axis=1).reshape(-1)
+    if max_len is not None:
+        ends = np.cumsum(seg_len)
+        cut = np.searchsorted(ends, max_len, side="left")  # segment in which max_len is reached
+        if cut < len(seg_len):
+            seg_len = seg_len[: cut + 1].copy()
+            seg_len[-1] -= ends[cut] - max_len
+            if len(seg_len) % 2 == 0 and seg_len[-1] == 0:
+                seg_len = seg_len[:-1]
+    is_act = np.zeros(len(seg_len), dtype=bool)
+    is_act[0::2] = True
+    keep = seg_len > 0
+    return seg_len[keep], is_act[keep]
+
+
+def _values(rng, p: float, reward: float, seg_len, turn_ids, n_turns: int, within_noise: float,
+            across_noise: float) -> np.ndarray:
+    """Critic-like values: a turn-level value drifting from the task's p to the outcome, plus noise
+    across turns, and a small random walk within each turn (reset at each turn start)."""
+    length = int(seg_len.sum())
+    frac = (np.arange(n_turns) / max(n_turns, 1)) ** 1.5
+    v_turn = p + (reward - p) * frac + rng.normal(0, across_noise, size=n_turns)
+    values = v_turn[turn_ids] + np.cumsum(rng.normal(0, within_noise, size=length)) * 0.5
+    starts = np.concatenate([[0], np.cumsum(seg_len)[:-1]])
+    walk_base = np.repeat((values - v_turn[turn_ids])[starts], seg_len)
+    return np.clip(values - walk_base, -0.5, 1.5).astype(np.float32)
+
+
+def _logprobs(rng, mask: np.ndarray, length: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Old, rollout and reference log-probs: mostly confident tokens, 0 on observation tokens."""
+    confident = rng.random(length) < 0.7
+    old_lp = np.where(confident, -rng.exponential(0.05, length), -rng.exponential(1.5, length))
+    old_lp = np.where(mask == 1, old_lp, 0.0).astype(np.float32)
+    rollout_lp = np.where(mask == 1, old_lp + rng.normal(0, 0.01, length), 0.0).astype(np.float32)
+    ref_lp = np.where(mask == 1, old_lp + rng.normal(0, 0.05, length), 0.0).astype(np.float32)
+    return old_lp, rollout_lp, ref_lp
 
 
 def make_batch(n_traj: int, seed: int = 0, **options) -> TrajectoryBatch:

@@ -18,6 +18,7 @@ from __future__ import annotations
 import json
 import math
 from collections.abc import Iterable, Sequence
+from typing import Any
 
 import numpy as np
 import pandas as pd
@@ -84,7 +85,7 @@ class TrajectoryBatch:
         self.meta: dict = dict(meta or {})
         self.meta.setdefault("schema", SCHEMA_VERSION)
         self.rejected: list[Problem] = list(rejected or [])
-        self._cache: dict[str, object] = {}
+        self._cache: dict[str, Any] = {}
 
     @classmethod
     def from_rows(
@@ -465,60 +466,14 @@ class TrajectoryBatch:
             raise ValueError("concat: expected at least one batch, found none")
         if len(batches) == 1:
             return batches[0]
-        n_each = [len(b) for b in batches]
-        lengths = np.concatenate([np.diff(b._off) for b in batches])
-        off = offsets_from_lengths(lengths)
-
-        def rows_mask(b, pres):
-            return pres if pres is not None else np.ones(len(b), dtype=bool)
-
-        tokens, present = {}, {}
-        names = list(dict.fromkeys(k for b in batches for k in b._tok))
-        for name in names:
-            dt = next(b._tok[name].dtype for b in batches if name in b._tok)
-            parts, pres = [], []
-            for b in batches:
-                if name in b._tok:
-                    parts.append(b._tok[name])
-                    pres.append(rows_mask(b, b._present.get(name)))
-                else:
-                    parts.append(np.zeros(b.num_tokens, dtype=dt) if dt.kind != "O" else np.full(b.num_tokens, "", dtype=object))
-                    pres.append(np.zeros(len(b), dtype=bool))
-            tokens[name] = np.concatenate(parts)
-            if name not in ("response_ids", "loss_mask"):
-                present[name] = np.concatenate(pres)
+        tokens, present = _concat_tokens(batches)
         prompt = (
             np.concatenate([b._prompt[0] for b in batches]),
             offsets_from_lengths(np.concatenate([np.diff(b._prompt[1]) for b in batches])),
         )
-        turn = {}
-        for name in dict.fromkeys(k for b in batches for k in b._turn):
-            flats, lens, pres = [], [], []
-            for b in batches:
-                if name in b._turn:
-                    f, o, p = b._turn[name]
-                    flats.append(f)
-                    lens.append(np.diff(o))
-                    pres.append(p)
-                else:
-                    flats.append(np.zeros(0, dtype=TURN_FIELDS.get(name, np.float64)))
-                    lens.append(np.zeros(len(b), dtype=np.int64))
-                    pres.append(np.zeros(len(b), dtype=bool))
-            turn[name] = (np.concatenate(flats), offsets_from_lengths(np.concatenate(lens)), np.concatenate(pres))
-
-        def cat_obj(dicts, name, fill):
-            parts = []
-            for b, n in zip(dicts, n_each):
-                parts.append(b[name] if name in b else np.full(n, fill, dtype=object))
-            return np.concatenate([p.astype(object) if p.dtype != object else p for p in parts])
-
-        sdicts = [b._scalars for b in batches]
-        scalars = {}
-        for name in dict.fromkeys(k for d in sdicts for k in d):
-            scalars[name] = cat_obj(sdicts, name, None)
+        n_each = [len(b) for b in batches]
+        scalars = _concat_objects([b._scalars for b in batches], n_each)
         scalars["reward"] = scalars["reward"].astype(np.float64)
-        edicts = [b._extras for b in batches]
-        extras = {name: cat_obj(edicts, name, None) for name in dict.fromkeys(k for d in edicts for k in d)}
         ids = scalars["traj_id"]
         if len(set(ids)) != len(ids):
             seen, dup = set(), None
@@ -529,13 +484,13 @@ class TrajectoryBatch:
                 seen.add(t)
             raise ValueError(f"concat: duplicate traj_id {dup!r}")
         return cls(
-            offsets=off,
+            offsets=offsets_from_lengths(np.concatenate([np.diff(b._off) for b in batches])),
             tokens=tokens,
             present=present,
             prompt=prompt,
-            turn=turn,
+            turn=_concat_turns(batches),
             scalars=scalars,
-            extras=extras,
+            extras=_concat_objects([b._extras for b in batches], n_each),
             meta=batches[0].meta,
             rejected=[p for b in batches for p in b.rejected],
         )
@@ -593,7 +548,7 @@ class TrajectoryBatch:
         return self._replace(meta={**self.meta, **entries})
 
     def _replace(self, **parts) -> TrajectoryBatch:
-        kw = dict(offsets=self._off, tokens=self._tok, present=self._present, prompt=self._prompt, turn=self._turn,
+        kw: dict[str, Any] = dict(offsets=self._off, tokens=self._tok, present=self._present, prompt=self._prompt, turn=self._turn,
                   scalars=self._scalars, extras=self._extras, meta=self.meta, rejected=self.rejected)
         kw.update(parts)
         return TrajectoryBatch(**kw)
@@ -618,7 +573,7 @@ class TrajectoryBatch:
             if name in self._present and not self._present[name].all():
                 row_has = np.repeat(self._present[name], np.diff(self._off))
                 if flat.dtype == object:
-                    flat = np.where(row_has, flat, None)
+                    flat = np.where(row_has, flat, np.array(None, dtype=object))
                 else:
                     flat = np.where(row_has, flat.astype(np.float64), np.nan)
             data[name] = flat
@@ -759,3 +714,50 @@ def row_to_json(row: dict) -> str:
     """One JSONL line for a row (NaN written as ``NaN``, as Python's json reads it back)."""
     return json.dumps(row, default=_json_default, allow_nan=True)
 
+
+def _concat_tokens(batches: list[TrajectoryBatch]) -> tuple[dict, dict]:
+    """The token fields of several batches joined (a field a batch lacks: absent in its rows)."""
+    tokens, present = {}, {}
+    for name in dict.fromkeys(k for b in batches for k in b._tok):
+        dt = next(b._tok[name].dtype for b in batches if name in b._tok)
+        parts, pres = [], []
+        for b in batches:
+            if name in b._tok:
+                parts.append(b._tok[name])
+                p = b._present.get(name)
+                pres.append(p if p is not None else np.ones(len(b), dtype=bool))
+            else:
+                parts.append(np.zeros(b.num_tokens, dtype=dt) if dt.kind != "O" else np.full(b.num_tokens, "", dtype=object))
+                pres.append(np.zeros(len(b), dtype=bool))
+        tokens[name] = np.concatenate(parts)
+        if name not in ("response_ids", "loss_mask"):
+            present[name] = np.concatenate(pres)
+    return tokens, present
+
+
+def _concat_turns(batches: list[TrajectoryBatch]) -> dict:
+    """The per-turn fields of several batches joined."""
+    turn = {}
+    for name in dict.fromkeys(k for b in batches for k in b._turn):
+        flats, lens, pres = [], [], []
+        for b in batches:
+            if name in b._turn:
+                f, o, p = b._turn[name]
+                flats.append(f)
+                lens.append(np.diff(o))
+                pres.append(p)
+            else:
+                flats.append(np.zeros(0, dtype=TURN_FIELDS.get(name, np.float64)))
+                lens.append(np.zeros(len(b), dtype=np.int64))
+                pres.append(np.zeros(len(b), dtype=bool))
+        turn[name] = (np.concatenate(flats), offsets_from_lengths(np.concatenate(lens)), np.concatenate(pres))
+    return turn
+
+
+def _concat_objects(dicts: list[dict], n_each: list[int]) -> dict:
+    """Per-row object columns (scalars, extras) of several batches joined (None where one lacks a column)."""
+    out = {}
+    for name in dict.fromkeys(k for d in dicts for k in d):
+        parts = [d[name] if name in d else np.full(n, None, dtype=object) for d, n in zip(dicts, n_each)]
+        out[name] = np.concatenate([p.astype(object) if p.dtype != object else p for p in parts])
+    return out

@@ -4,16 +4,21 @@ Every reader produces the same intermediate :class:`Columns` (flat arrays + offs
 field with its own offsets until lengths are checked): :func:`columns_from_rows` from Python rows,
 the Parquet reader from Arrow record batches. :func:`validate_columns` runs every rule once,
 vectorized over the whole batch, and splits good rows from rejected ones; it is what
-``TrajectoryBatch.from_columns`` and ``TrajectoryBatch.from_rows`` call. Every problem names the
-file, line (JSONL) or row (Parquet / list of rows), traj_id, field, expected and found.
+``TrajectoryBatch.from_columns`` and ``TrajectoryBatch.from_rows`` call. Each rule is a function
+that returns its problems (:func:`check_columns` on the raw columns, :func:`check_rows` on the
+aligned batch, duplicate ids last); every problem names the file, line (JSONL) or row (Parquet /
+list of rows), traj_id, field, expected and found.
 
-This module imports nothing above the schema: it builds the batch with the class it is given.
+This module imports nothing above the schema: the surviving rows are aligned
+(:func:`aligned_columns`) and the batch class it is given builds itself from them.
 """
 
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, field
+from functools import partial
 
 import numpy as np
 
@@ -31,7 +36,7 @@ from mpo_viz.schema import (
     short,
 )
 
-__all__ = ["Columns", "columns_from_rows", "validate_columns"]
+__all__ = ["Columns", "columns_from_rows", "validate_columns", "check_columns", "check_rows", "aligned_columns"]
 
 _INT_TOKEN = {"response_ids", "loss_mask", "turn_ids"}
 
@@ -100,103 +105,126 @@ def columns_from_rows(rows: list, *, source=None, lines=None) -> tuple[Columns, 
     cols = Columns(n=n, file=source)
     cols.line = np.asarray(lines, dtype=np.int64) if lines is not None else None
     cols.row = np.arange(n, dtype=np.int64)
-    bad = np.zeros(n, dtype=bool)
+    cols.bad = np.zeros(n, dtype=bool)
     problems: list[Problem] = []
-
     scal: dict[str, list] = {k: [None] * n for k in SCALAR_FIELDS}
     lists: dict[str, list] = {}
     extra: dict[str, list] = {}
     cols.scalar = scal
-
     for i, r in enumerate(rows):
-        if not isinstance(r, dict):
-            problems.append(_problem(cols, i, "<row>", "a JSON object", f"{type(r).__name__}"))
-            bad[i] = True
-            continue
-        tid = r.get("traj_id")
-        scal["traj_id"][i] = tid
-        for req in REQUIRED:
-            if req not in r or r[req] is None and req != "reward":
-                problems.append(_problem(cols, i, req, "the required field", "nothing"))
-                bad[i] = True
-        for k, v in r.items():
-            if k in SCALAR_FIELDS:
-                typ = SCALAR_FIELDS[k]
-                if v is None:
-                    continue
-                if typ is float:
-                    ok = isinstance(v, (int, float, np.integer, np.floating)) and not isinstance(v, bool)
-                    v = float(v) if ok else v
-                elif typ is int:
-                    ok = isinstance(v, (int, np.integer)) and not isinstance(v, bool)
-                elif typ is bool:
-                    ok = isinstance(v, (bool, np.bool_))
-                else:
-                    ok = isinstance(v, str)
-                if not ok:
-                    tname = {str: "string", int: "integer", float: "float", bool: "boolean"}[typ]
-                    problems.append(_problem(cols, i, k, f"a {tname}", f"{type(v).__name__} {short(v)}"))
-                    bad[i] = True
-                    continue
-                scal[k][i] = v
-            elif k in TOKEN_FIELDS or k in TURN_FIELDS or k == PROMPT_FIELD:
-                if v is None:
-                    continue
-                if not isinstance(v, (list, tuple, np.ndarray)):
-                    problems.append(_problem(cols, i, k, "a list", f"{type(v).__name__} {short(v)}"))
-                    bad[i] = True
-                    continue
-                try:
-                    arr = np.asarray(v, dtype=object if k == "response_tokens" else None)
-                    if arr.dtype == object and k != "response_tokens":
-                        arr = np.asarray(v, dtype=np.float64)
-                except (TypeError, ValueError):
-                    problems.append(_problem(cols, i, k, "a flat list of numbers", short(v)))
-                    bad[i] = True
-                    continue
-                why = _kind_ok(arr, k)
-                if why:
-                    problems.append(_problem(cols, i, k, "a flat list of " + ("strings" if k == "response_tokens" else "integers" if k in _INT_TOKEN or k == PROMPT_FIELD else "numbers"), why))
-                    bad[i] = True
-                    continue
-                lists.setdefault(k, [None] * n)[i] = arr
-            else:
-                extra.setdefault(k, [None] * n)[i] = v
+        found = _read_row(r, i, scal, lists, extra)
+        problems += [_problem(cols, i, *f) for f in found]
+        cols.bad[i] = bool(found)
+    _promote_token_extras(lists, extra, n)
+    _flatten_lists(cols, lists)
+    cols.scalar = {k: np.array(v, dtype=object) for k, v in scal.items()}
+    cols.extra = {k: np.array(v + [None], dtype=object)[:-1] for k, v in extra.items()}
+    return cols, problems
 
-    # Extras that are per-token number lists (same length as response_ids in every row that has
-    # them, e.g. adv_mpo written by `mpo-viz advantages`) become token fields; others stay opaque.
-    resp = lists.get("response_ids", [None] * n)
-    for k in list(extra):
-        vals = extra[k]
-        is_tok = any(v is not None for v in vals)
-        for i, v in enumerate(vals):
+
+_TYPE_NAMES = {str: "string", int: "integer", float: "float", bool: "boolean"}
+
+
+def _scalar_ok(v, typ) -> tuple[bool, object]:
+    """Whether ``v`` is a value of scalar type ``typ`` (a float may arrive as an int), and the value."""
+    if typ is float:
+        ok = isinstance(v, (int, float, np.integer, np.floating)) and not isinstance(v, bool)
+        return ok, float(v) if ok else v
+    if typ is int:
+        return isinstance(v, (int, np.integer)) and not isinstance(v, bool), v
+    if typ is bool:
+        return isinstance(v, (bool, np.bool_)), v
+    return isinstance(v, str), v
+
+
+def _list_value(k: str, v) -> tuple[np.ndarray | None, tuple | None]:
+    """A per-token/turn/prompt list as a flat array, or ``(None, (expected, found))``."""
+    if not isinstance(v, (list, tuple, np.ndarray)):
+        return None, ("a list", f"{type(v).__name__} {short(v)}")
+    try:
+        arr = np.asarray(v, dtype=object if k == "response_tokens" else None)
+        if arr.dtype == object and k != "response_tokens":
+            arr = np.asarray(v, dtype=np.float64)
+    except (TypeError, ValueError):
+        return None, ("a flat list of numbers", short(v))
+    why = _kind_ok(arr, k)
+    if why:
+        what = "strings" if k == "response_tokens" else "integers" if k in _INT_TOKEN or k == PROMPT_FIELD else "numbers"
+        return None, ("a flat list of " + what, why)
+    return arr, None
+
+
+def _read_row(r, i: int, scal: dict, lists: dict, extra: dict) -> list[tuple]:
+    """Read row ``i`` into the scalar, list and extra columns; its problems as ``(field, expected,
+    found)`` (the row is bad when there is any)."""
+    if not isinstance(r, dict):
+        return [("<row>", "a JSON object", f"{type(r).__name__}")]
+    scal["traj_id"][i] = r.get("traj_id")
+    found = [(req, "the required field", "nothing") for req in REQUIRED
+             if req not in r or r[req] is None and req != "reward"]
+    n = len(scal["traj_id"])
+    for k, v in r.items():
+        if k in SCALAR_FIELDS:
             if v is None:
                 continue
-            if not isinstance(v, (list, tuple)) or resp[i] is None or len(v) != len(resp[i]):
-                is_tok = False
-                break
-            try:
-                a = np.asarray(v, dtype=np.float64)
-            except (TypeError, ValueError):
-                is_tok = False
-                break
-            if a.ndim != 1:
-                is_tok = False
-                break
-        if is_tok:
-            lists[k] = [None if v is None else np.asarray(v, dtype=np.float64) for v in vals]
+            ok, v = _scalar_ok(v, SCALAR_FIELDS[k])
+            if ok:
+                scal[k][i] = v
+            else:
+                found.append((k, f"a {_TYPE_NAMES[SCALAR_FIELDS[k]]}", f"{type(v).__name__} {short(v)}"))
+        elif k in TOKEN_FIELDS or k in TURN_FIELDS or k == PROMPT_FIELD:
+            if v is None:
+                continue
+            arr, why = _list_value(k, v)
+            if why:
+                found.append((k, *why))
+            else:
+                lists.setdefault(k, [None] * n)[i] = arr
+        else:
+            extra.setdefault(k, [None] * n)[i] = v
+    return found
+
+
+def _is_token_list(vals: list, resp: list) -> bool:
+    """Whether an extra field is per-token numbers: a flat list of the length of response_ids in
+    every row that has it (and some row has it)."""
+    if all(v is None for v in vals):
+        return False
+    for v, ids in zip(vals, resp):
+        if v is None:
+            continue
+        if not isinstance(v, (list, tuple)) or ids is None or len(v) != len(ids):
+            return False
+        try:
+            if np.asarray(v, dtype=np.float64).ndim != 1:
+                return False
+        except (TypeError, ValueError):
+            return False
+    return True
+
+
+def _promote_token_extras(lists: dict, extra: dict, n: int) -> None:
+    """Extras that are per-token number lists (e.g. adv_mpo written by ``mpo-viz advantages``)
+    become token fields; others stay opaque."""
+    resp = lists.get("response_ids", [None] * n)
+    for k in list(extra):
+        if _is_token_list(extra[k], resp):
+            lists[k] = [None if v is None else np.asarray(v, dtype=np.float64) for v in extra[k]]
             del extra[k]
 
+
+def _flatten_lists(cols: Columns, lists: dict) -> None:
+    """The list columns as flat arrays + offsets (a bad row's entries left out)."""
+    n = cols.n
+    bad = cols.bad if cols.bad is not None else np.zeros(n, dtype=np.bool_)
     for k, arrs in lists.items():
         if k == PROMPT_FIELD:
             continue
         dt = TOKEN_FIELDS.get(k) or TURN_FIELDS.get(k) or EXTRA_TOKEN_DTYPE
         if k in ("loss_mask", "turn_ids"):
             dt = np.dtype(np.float64)  # raw: checked for 0/1 and integrality before narrowing
-        present = np.array([a is not None and not bad[i] for i, a in enumerate(arrs)], dtype=bool)
-        lens = np.array([len(a) if p else 0 for a, p in zip(arrs, present)], dtype=np.int64)
-        off = np.zeros(n + 1, dtype=np.int64)
-        np.cumsum(lens, out=off[1:])
+        present = np.array([a is not None and not bad[i] for i, a in enumerate(arrs)], dtype=np.bool_)
+        off = offsets_from_lengths(np.array([len(a) if p else 0 for a, p in zip(arrs, present)], dtype=np.int64))
         parts = [a for a, p in zip(arrs, present) if p and len(a)]
         if dt.kind == "O":
             flat = np.empty(off[-1], dtype=object)
@@ -204,135 +232,127 @@ def columns_from_rows(rows: list, *, source=None, lines=None) -> tuple[Columns, 
                 flat[:] = np.concatenate(parts)
         else:
             flat = np.concatenate([a.astype(dt) for a in parts]) if parts else np.zeros(0, dtype=dt)
-        target = cols.turn if k in TURN_FIELDS else cols.token
-        target[k] = (flat, off, present)
-    parr = lists.get(PROMPT_FIELD, [None] * n)
-    plens = np.array([len(a) if a is not None and not bad[i] else 0 for i, a in enumerate(parr)], dtype=np.int64)
-    poff = np.zeros(n + 1, dtype=np.int64)
-    np.cumsum(plens, out=poff[1:])
-    pparts = [a.astype(np.int64) for i, a in enumerate(parr) if a is not None and not bad[i] and len(a)]
+        (cols.turn if k in TURN_FIELDS else cols.token)[k] = (flat, off, present)
+    parr = [a if a is not None and not bad[i] else None for i, a in enumerate(lists.get(PROMPT_FIELD, [None] * n))]
+    poff = offsets_from_lengths(np.array([0 if a is None else len(a) for a in parr], dtype=np.int64))
+    pparts = [a.astype(np.int64) for a in parr if a is not None and len(a)]
     cols.prompt = (np.concatenate(pparts) if pparts else np.zeros(0, dtype=np.int64), poff)
     for k in ("response_ids", "loss_mask"):
         if k not in cols.token:
             cols.token[k] = (np.zeros(0, dtype=np.float64), np.zeros(n + 1, dtype=np.int64), np.zeros(n, dtype=bool))
-    cols.scalar = {k: np.array(v, dtype=object) for k, v in scal.items()}
-    cols.extra = {k: np.array(v + [None], dtype=object)[:-1] for k, v in extra.items()}
-    cols.bad = bad
-    return cols, problems
 
 
 # ---------------------------------------------------------------------------- validation
+# Each rule is a function that returns its problems as ``(row, field, expected, found)``; the rules
+# of the columns see the rows already rejected (``bad``) and skip them, those of the aligned batch
+# take its row ``j`` (column row ``good[j]``). validate_columns runs them in order.
+
 def _first_per_row(rows: np.ndarray, pos: np.ndarray):
     """Unique rows with the first position flagged in each (inputs ordered by position)."""
     u, first = np.unique(rows, return_index=True)
     return u, pos[first]
 
 
-def validate_columns(cls, cols: Columns, meta, problems: list[Problem], *, seen_ids=None):
-    """Run every v1 rule over ``cols``; return ``(batch of good rows, all problems)``.
-
-    ``cls``: the batch class to build (``TrajectoryBatch``; called with the aligned columns as
-    keyword arguments, then read through its public ``columns``/``num_turns``).
-
-    ``seen_ids`` (a set, or a dict traj_id -> "file, line/row" to name the first occurrence; updated
-    in place) carries traj_ids across chunks/files so duplicates are
-    found across a whole folder or scan.
-    """
-    n = cols.n
-    bad = cols.bad.copy() if cols.bad is not None else np.zeros(n, dtype=bool)
-    problems = list(problems)
-
-    def flag(i, fld, expected, found):
-        problems.append(_problem(cols, int(i), fld, expected, found))
-        bad[int(i)] = True
-
-    # -- identity scalars
-    for i, t in enumerate(cols.scalar.get("traj_id", np.full(n, None, dtype=object))):
+def _identity_problems(cols: Columns, bad: np.ndarray, name: str) -> list[tuple]:
+    """``traj_id``: a non-empty string; ``group_id``: a string."""
+    out = []
+    for i, v in enumerate(cols.scalar.get(name, np.full(cols.n, None, dtype=object))):
         if bad[i]:
             continue
-        if not isinstance(t, str) or not t:
-            flag(i, "traj_id", "a non-empty string", short(t))
-    for i, g in enumerate(cols.scalar.get("group_id", np.full(n, None, dtype=object))):
-        if not bad[i] and not isinstance(g, str):
-            flag(i, "group_id", "a string", short(g))
+        if name == "traj_id" and (not isinstance(v, str) or not v):
+            out.append((i, name, "a non-empty string", short(v)))
+        elif name == "group_id" and not isinstance(v, str):
+            out.append((i, name, "a string", short(v)))
+    return out
 
-    # -- lengths of per-token fields, then integrality and 0/1 on the raw values
-    rflat, roff, rpres = cols.token["response_ids"]
-    rlen = np.diff(roff)
-    for name, (_, off, pres) in cols.token.items():
-        if name == "response_ids":
-            continue
-        flen = np.diff(off)
-        for i in np.flatnonzero(pres & ~bad & (flen != rlen)):
-            flag(i, name, f"{rlen[i]} items (the length of response_ids)", f"{flen[i]}")
+
+def _length_problems(cols: Columns, bad: np.ndarray, name: str) -> list[tuple]:
+    """A per-token field has one item per response token."""
+    rlen = np.diff(cols.token["response_ids"][1])
+    _, off, pres = cols.token[name]
+    flen = np.diff(off)
+    return [(i, name, f"{rlen[i]} items (the length of response_ids)", f"{flen[i]}")
+            for i in np.flatnonzero(pres & ~bad & (flen != rlen))]
+
+
+def _mask_problems(cols: Columns, bad: np.ndarray) -> list[tuple]:
+    """``loss_mask``: 0 or 1 (the first other value of each row)."""
     mflat, moff, _ = cols.token["loss_mask"]
-    seg_m = np.repeat(np.arange(n), np.diff(moff))
     badm = (mflat != 0) & (mflat != 1)
-    if badm.any():
-        pos = np.flatnonzero(badm)
-        for i, p in zip(*_first_per_row(seg_m[pos], pos)):
-            if not bad[i]:
-                flag(i, "loss_mask", "0 or 1", f"{_num(mflat[p])} at position {p - moff[i]}")
-    for name in ("response_ids", "turn_ids"):
-        if name not in cols.token:
-            continue
-        flat, off, _ = cols.token[name]
-        if flat.dtype.kind == "f":
-            nonint = ~np.isfinite(flat) | (flat != np.round(flat)) | (flat < 0)
-            if nonint.any():
-                seg = np.repeat(np.arange(n), np.diff(off))
-                pos = np.flatnonzero(nonint)
-                for i, p in zip(*_first_per_row(seg[pos], pos)):
-                    if not bad[i]:
-                        flag(i, name, "integers >= 0", f"{_num(flat[p])} at position {p - off[i]}")
-        elif flat.size and flat.min() < 0:
-            seg = np.repeat(np.arange(n), np.diff(off))
-            pos = np.flatnonzero(flat < 0)
-            for i, p in zip(*_first_per_row(seg[pos], pos)):
-                if not bad[i]:
-                    flag(i, name, "integers >= 0", f"{_num(flat[p])} at position {p - off[i]}")
+    if not badm.any():
+        return []
+    seg_m = np.repeat(np.arange(cols.n), np.diff(moff))
+    pos = np.flatnonzero(badm)
+    return [(i, "loss_mask", "0 or 1", f"{_num(mflat[p])} at position {p - moff[i]}")
+            for i, p in zip(*_first_per_row(seg_m[pos], pos)) if not bad[i]]
 
-    # -- align the rows that survived so far into a batch
-    good = np.flatnonzero(~bad)
-    batch = _aligned_batch(cls, cols, good, meta)
-    gi = good  # batch row j is cols row gi[j]
-    bc = batch.columns
+
+def _integer_problems(cols: Columns, bad: np.ndarray, name: str) -> list[tuple]:
+    """``response_ids``, ``turn_ids``: integers >= 0 (raw values may be floats: 1.0 is 1)."""
+    flat, off, _ = cols.token[name]
+    nonint = ~np.isfinite(flat) | (flat != np.round(flat)) | (flat < 0) if flat.dtype.kind == "f" else flat < 0
+    if not nonint.any():
+        return []
+    seg = np.repeat(np.arange(cols.n), np.diff(off))
+    pos = np.flatnonzero(nonint)
+    return [(i, name, "integers >= 0", f"{_num(flat[p])} at position {p - off[i]}")
+            for i, p in zip(*_first_per_row(seg[pos], pos)) if not bad[i]]
+
+
+def check_columns(cols: Columns, bad: np.ndarray) -> list[tuple]:
+    """The rules of the raw columns, in order (identity, lengths, 0/1 mask, integers); ``bad`` is
+    updated in place as rows fail, so that a row is not checked past what it failed."""
+    rules: list[Callable[[], list[tuple]]] = [lambda: _identity_problems(cols, bad, "traj_id"),
+                                               lambda: _identity_problems(cols, bad, "group_id")]
+    rules += [partial(_length_problems, cols, bad, name) for name in cols.token if name != "response_ids"]
+    rules += [partial(_mask_problems, cols, bad)]
+    rules += [partial(_integer_problems, cols, bad, name) for name in ("response_ids", "turn_ids") if name in cols.token]
+    out = []
+    for rule in rules:
+        found = rule()
+        for i, *_ in found:
+            bad[i] = True
+        out += found
+    return out
+
+
+def _turn_id_problems(bc, seg: np.ndarray, m: np.ndarray) -> list[tuple]:
+    """``turn_ids``: non-decreasing; on action tokens 0..K-1 without gaps."""
+    if "turn_ids" not in bc.tokens:
+        return []
     off = bc.offsets
-    seg = row_index(off)
-    m = bc.tokens["loss_mask"] != 0
+    t = bc.tokens["turn_ids"]
+    row_has = np.repeat(bc.present["turn_ids"], np.diff(off))
+    same_row = np.zeros(len(t), dtype=bool)
+    same_row[1:] = seg[1:] == seg[:-1]
+    dec = np.zeros(len(t), dtype=bool)
+    dec[1:] = same_row[1:] & (t[1:] < t[:-1]) & row_has[1:]
+    out = []
+    if dec.any():
+        pos = np.flatnonzero(dec)
+        out += [(j, "turn_ids", "non-decreasing ids", f"{t[p - 1]} then {t[p]} at position {p - off[j]}")
+                for j, p in zip(*_first_per_row(seg[pos], pos))]
+    act = np.flatnonzero(m & row_has)
+    if not len(act):
+        return out
+    ar, at = seg[act], t[act]
+    first = np.ones(len(act), dtype=bool)
+    first[1:] = ar[1:] != ar[:-1]
+    step = np.zeros(len(act), dtype=bool)
+    step[1:] = ~first[1:] & ((at[1:] - at[:-1]) > 1)
+    out += [(ar[k], "turn_ids", "turn 0 on the first action token (every turn id 0..K-1 needs an action token)",
+             f"turn {at[k]} at position {act[k] - off[ar[k]]}") for k in np.flatnonzero(first & (at != 0))]
+    if step.any():
+        ks = np.flatnonzero(step)
+        out += [(j, "turn_ids", "consecutive turn ids on action tokens (every id needs an action token)",
+                 f"{at[k - 1]} then {at[k]} at position {act[k] - off[j]}") for j, k in zip(*_first_per_row(ar[ks], ks))]
+    return out
 
-    def bflag(j, fld, expected, found):
-        flag(gi[j], fld, expected, found)
 
-    # -- turn ids: non-decreasing; on action tokens 0..K-1 without gaps
-    if "turn_ids" in bc.tokens:
-        t = bc.tokens["turn_ids"]
-        has = bc.present["turn_ids"]
-        row_has = np.repeat(has, np.diff(off))
-        same_row = np.zeros(len(t), dtype=bool)
-        same_row[1:] = seg[1:] == seg[:-1]
-        dec = np.zeros(len(t), dtype=bool)
-        dec[1:] = same_row[1:] & (t[1:] < t[:-1]) & row_has[1:]
-        if dec.any():
-            pos = np.flatnonzero(dec)
-            for j, p in zip(*_first_per_row(seg[pos], pos)):
-                bflag(j, "turn_ids", "non-decreasing ids", f"{t[p - 1]} then {t[p]} at position {p - off[j]}")
-        act = np.flatnonzero(m & row_has)
-        if len(act):
-            ar, at = seg[act], t[act]
-            first = np.ones(len(act), dtype=bool)
-            first[1:] = ar[1:] != ar[:-1]
-            bad_first = first & (at != 0)
-            step = np.zeros(len(act), dtype=bool)
-            step[1:] = ~first[1:] & ((at[1:] - at[:-1]) > 1)
-            for k in np.flatnonzero(bad_first):
-                bflag(ar[k], "turn_ids", "turn 0 on the first action token (every turn id 0..K-1 needs an action token)", f"turn {at[k]} at position {act[k] - off[ar[k]]}")
-            if step.any():
-                ks = np.flatnonzero(step)
-                for j, k in zip(*_first_per_row(ar[ks], ks)):
-                    bflag(j, "turn_ids", "consecutive turn ids on action tokens (every id needs an action token)", f"{at[k - 1]} then {at[k]} at position {act[k] - off[j]}")
-
-    # -- finite values/logprobs on action tokens
+def _finite_problems(bc, seg: np.ndarray, m: np.ndarray) -> list[tuple]:
+    """Values and log-probs: finite on action tokens."""
+    out = []
+    off = bc.offsets
     for name in FINITE_ON_ACTIONS:
         if name not in bc.tokens:
             continue
@@ -340,85 +360,128 @@ def validate_columns(cls, cols: Columns, meta, problems: list[Problem], *, seen_
         nf = m & row_has & ~np.isfinite(bc.tokens[name])
         if nf.any():
             pos = np.flatnonzero(nf)
-            for j, p in zip(*_first_per_row(seg[pos], pos)):
-                bflag(j, name, "finite numbers on action tokens", f"{_num(bc.tokens[name][p])} at position {p - off[j]}")
+            out += [(j, name, "finite numbers on action tokens", f"{_num(bc.tokens[name][p])} at position {p - off[j]}")
+                    for j, p in zip(*_first_per_row(seg[pos], pos))]
+    return out
 
-    reward = bc.scalars["reward"].astype(np.float64)
-    # -- token rewards: finite, zero on masked tokens, sum to a finite outcome reward
-    if "token_rewards" in bc.tokens:
-        tr = bc.tokens["token_rewards"]
-        has = bc.present["token_rewards"]
-        row_has = np.repeat(has, np.diff(off))
-        nf = row_has & ~np.isfinite(tr)
-        if nf.any():
-            pos = np.flatnonzero(nf)
-            for j, p in zip(*_first_per_row(seg[pos], pos)):
-                bflag(j, "token_rewards", "finite numbers", f"{_num(tr[p])} at position {p - off[j]}")
-        onmask = row_has & ~m & (tr != 0) & np.isfinite(tr)
-        if onmask.any():
-            pos = np.flatnonzero(onmask)
-            for j, p in zip(*_first_per_row(seg[pos], pos)):
-                bflag(j, "token_rewards", "0 on observation tokens (loss_mask == 0)", f"{_num(tr[p])} at position {p - off[j]}")
-        sums = np.zeros(len(batch))
-        np.add.at(sums, seg, np.where(row_has, np.nan_to_num(tr), 0.0))
-        mism = has & np.isfinite(reward) & (np.abs(sums - reward) > REWARD_SUM_TOL)
-        for j in np.flatnonzero(mism):
-            bflag(j, "reward", f"the sum of token_rewards ({sums[j]:.9g}) within {REWARD_SUM_TOL:g}", f"{reward[j]:.9g}")
 
-    # -- turn rewards: one per assistant turn, finite
-    k = batch.num_turns
-    if "turn_rewards" in bc.turn:
-        flat, toff, has = bc.turn["turn_rewards"]
-        tl = np.diff(toff)
-        for j in np.flatnonzero(has & (tl != k)):
-            bflag(j, "turn_rewards", f"{k[j]} entries (one per assistant turn)", f"{tl[j]}")
-        for j in np.flatnonzero(has):
-            seg_vals = flat[toff[j] : toff[j + 1]]
-            if not np.all(np.isfinite(seg_vals)):
-                bflag(j, "turn_rewards", "finite numbers", short(seg_vals.tolist()))
+def _token_reward_problems(bc, seg: np.ndarray, m: np.ndarray, reward: np.ndarray) -> list[tuple]:
+    """``token_rewards``: finite, 0 on observation tokens, summing to a finite outcome ``reward``."""
+    if "token_rewards" not in bc.tokens:
+        return []
+    off = bc.offsets
+    tr = bc.tokens["token_rewards"]
+    has = bc.present["token_rewards"]
+    row_has = np.repeat(has, np.diff(off))
+    out = []
+    for cond, expected in ((row_has & ~np.isfinite(tr), "finite numbers"),
+                           (row_has & ~m & (tr != 0) & np.isfinite(tr), "0 on observation tokens (loss_mask == 0)")):
+        if cond.any():
+            pos = np.flatnonzero(cond)
+            out += [(j, "token_rewards", expected, f"{_num(tr[p])} at position {p - off[j]}")
+                    for j, p in zip(*_first_per_row(seg[pos], pos))]
+    sums = np.zeros(len(has))
+    np.add.at(sums, seg, np.where(row_has, np.nan_to_num(tr), 0.0))
+    mism = has & np.isfinite(reward) & (np.abs(sums - reward) > REWARD_SUM_TOL)
+    return out + [(j, "reward", f"the sum of token_rewards ({sums[j]:.9g}) within {REWARD_SUM_TOL:g}", f"{reward[j]:.9g}")
+                  for j in np.flatnonzero(mism)]
 
-    # -- a reward needs an action token to sit on
-    no_act = k == 0
-    has_outcome = np.isfinite(reward) & (reward != 0)
-    has_tr = bc.present.get("token_rewards", np.zeros(len(batch), dtype=bool))
-    for j in np.flatnonzero(no_act & has_outcome & ~has_tr):
-        bflag(j, "reward", "no reward on a trajectory with no action token (nowhere to put it)", f"{reward[j]}")
 
-    # -- bootstrap value: finite or NaN/None
+def _turn_reward_problems(bc, k: np.ndarray) -> list[tuple]:
+    """``turn_rewards``: one finite number per assistant turn."""
+    if "turn_rewards" not in bc.turn:
+        return []
+    flat, toff, has = bc.turn["turn_rewards"]
+    tl = np.diff(toff)
+    out = [(j, "turn_rewards", f"{k[j]} entries (one per assistant turn)", f"{tl[j]}") for j in np.flatnonzero(has & (tl != k))]
+    for j in np.flatnonzero(has):
+        vals = flat[toff[j] : toff[j + 1]]
+        if not np.all(np.isfinite(vals)):
+            out.append((j, "turn_rewards", "finite numbers", short(vals.tolist())))
+    return out
+
+
+def _reward_problems(bc, k: np.ndarray, reward: np.ndarray) -> list[tuple]:
+    """A reward needs an action token to sit on; a bootstrap value is finite or NaN (terminal)."""
+    has_tr = bc.present.get("token_rewards", np.zeros(len(k), dtype=bool))
+    out: list[tuple] = [(j, "reward", "no reward on a trajectory with no action token (nowhere to put it)", f"{reward[j]}")
+           for j in np.flatnonzero((k == 0) & np.isfinite(reward) & (reward != 0) & ~has_tr)]
     bv = bc.scalars.get("bootstrap_value")
     if bv is not None:
-        for j, x in enumerate(bv):
-            if x is not None and math.isinf(float(x)):
-                bflag(j, "bootstrap_value", "a finite number or NaN (terminal)", f"{x}")
+        out += [(j, "bootstrap_value", "a finite number or NaN (terminal)", f"{x}") for j, x in enumerate(bv)
+                if x is not None and math.isinf(float(x))]
+    return out
 
-    # -- duplicate trajectory ids (within this batch and, with seen_ids, across chunks/files)
+
+def check_rows(bc, num_turns: np.ndarray) -> list[tuple]:
+    """The rules of the aligned rows (``bc``: a batch's :class:`~mpo_viz.ragged.BatchColumns`):
+    turn ids, finite values, token and turn rewards, rewards without actions, bootstrap values.
+    Rows are the batch's."""
+    seg = row_index(bc.offsets)
+    m = bc.tokens["loss_mask"] != 0
+    reward = bc.scalars["reward"].astype(np.float64)
+    return (_turn_id_problems(bc, seg, m) + _finite_problems(bc, seg, m) + _token_reward_problems(bc, seg, m, reward)
+            + _turn_reward_problems(bc, num_turns) + _reward_problems(bc, num_turns, reward))
+
+
+def _duplicate_problems(cols: Columns, traj_ids, rows: np.ndarray, bad: np.ndarray, seen_ids) -> list[tuple]:
+    """Duplicate trajectory ids, within these rows and, with ``seen_ids``, across chunks/files
+    (``seen_ids`` updated in place). ``rows``: the column row of each id."""
     seen = seen_ids if seen_ids is not None else set()
     first_line: dict = {}
-    for j, t in enumerate(bc.scalars["traj_id"]):
-        if bad[gi[j]]:
+    out = []
+    for t, i in zip(traj_ids, rows):
+        if bad[i]:
             continue
         if t in seen or t in first_line:
             if t in first_line:
                 where = f" (first at {first_line[t][1]})"
             else:  # an earlier chunk or file; a dict seen_ids knows where
                 where = f" (first in {seen[t]})" if isinstance(seen, dict) else " (seen earlier)"
-            bflag(j, "traj_id", "a unique traj_id", f"a duplicate of {t!r}{where}")
+            out.append((i, "traj_id", "a unique traj_id", f"a duplicate of {t!r}{where}"))
         else:
-            w = cols.where(gi[j])
+            w = cols.where(i)
             first_line[t] = (w["file"], f"line {w['line']}" if w["line"] is not None else f"row {w['row']}")
     if isinstance(seen, dict):
         seen.update({t: (f"{f}, {loc}" if f is not None else loc) for t, (f, loc) in first_line.items()})
     else:
         seen.update(first_line)
+    return out
 
-    keep = np.flatnonzero(~bad[gi])
+
+def validate_columns(cls, cols: Columns, meta, problems: list[Problem], *, seen_ids=None):
+    """Run every v1 rule over ``cols``; return ``(batch of good rows, all problems)``.
+
+    The phases: :func:`check_columns` on the raw columns; the surviving rows aligned
+    (:func:`aligned_columns`) and built by ``cls`` (``TrajectoryBatch``, called with them as keyword
+    arguments); :func:`check_rows` on the batch's columns; duplicate ``traj_id`` s last. Each phase
+    returns its problems, which name the file, line/row, traj_id, field, expected and found.
+
+    ``seen_ids`` (a set, or a dict traj_id -> "file, line/row" to name the first occurrence; updated
+    in place) carries traj_ids across chunks/files so duplicates are
+    found across a whole folder or scan.
+    """
+    bad = cols.bad.copy() if cols.bad is not None else np.zeros(cols.n, dtype=bool)
+    found = check_columns(cols, bad)
+    good = np.flatnonzero(~bad)  # batch row j is cols row good[j]
+    batch = cls(**aligned_columns(cols, good), meta=meta)
+    rows = [(good[j], *rest) for j, *rest in check_rows(batch.columns, batch.num_turns)]
+    for i, *_ in rows:
+        bad[i] = True
+    found += rows
+    found += _duplicate_problems(cols, batch.columns.scalars["traj_id"], good, bad, seen_ids)
+    for i, *_ in found:
+        bad[i] = True
+    problems = list(problems) + [_problem(cols, int(i), *rest) for i, *rest in found]
+    keep = np.flatnonzero(~bad[good])
     out = batch if len(keep) == len(batch) else batch[keep]
     problems.sort(key=lambda p: (str(p.file), p.line if p.line is not None else -1, p.row if p.row is not None else -1))
     return out, problems
 
 
-def _aligned_batch(cls, cols: Columns, good: np.ndarray, meta):
-    """Rows ``good`` of ``cols`` as a TrajectoryBatch with every token field aligned to response_ids."""
+def aligned_columns(cols: Columns, good: np.ndarray) -> dict:
+    """Rows ``good`` of ``cols`` with every token field aligned to response_ids: the keyword
+    arguments a :class:`~mpo_viz.trajectory.TrajectoryBatch` builds itself from (but ``meta``)."""
     rflat, roff, _ = cols.token["response_ids"]
     rlen = np.diff(roff)[good]
     off = offsets_from_lengths(rlen)
@@ -448,6 +511,8 @@ def _aligned_batch(cls, cols: Columns, good: np.ndarray, meta):
     for name, (flat, toff, pres) in cols.turn.items():
         f2, o2 = take(flat, toff, good)
         turn[name] = (f2.astype(TURN_FIELDS.get(name, np.float64)), o2, pres[good])
+    if cols.prompt is None:
+        raise ValueError("columns: expected prompt_ids columns (the readers always set them), found none")
     pf, po = take(cols.prompt[0], cols.prompt[1], good)
     scalars = {}
     for name, v in cols.scalar.items():
@@ -459,13 +524,5 @@ def _aligned_batch(cls, cols: Columns, good: np.ndarray, meta):
         if name not in scalars:
             scalars[name] = np.full(len(good), None, dtype=object) if name != "reward" else np.full(len(good), np.nan)
     extras = {k: v[good] for k, v in cols.extra.items()}
-    return cls(
-        offsets=off,
-        tokens=tokens,
-        present=present,
-        prompt=(pf.astype(np.int64), po),
-        turn=turn,
-        scalars=scalars,
-        extras=extras,
-        meta=meta,
-    )
+    return {"offsets": off, "tokens": tokens, "present": present, "prompt": (pf.astype(np.int64), po),
+            "turn": turn, "scalars": scalars, "extras": extras}

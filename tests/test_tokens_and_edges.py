@@ -17,7 +17,7 @@ from mpo_viz.cli import main
 from mpo_viz.envs.tokenizer import build_tokenizer
 from mpo_viz.report import ReportConfig, build_report
 from mpo_viz.schema import TrajectoryError
-from mpo_viz.tokens import load_local_tokenizer, tokenizer_decoder
+from mpo_viz.token_text import load_local_tokenizer, tokenizer_decoder
 
 WORDS = ["search", "paris", "capital", "of", "france", "answer", "is", "the"]
 

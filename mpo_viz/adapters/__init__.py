@@ -26,13 +26,15 @@ silently, and nothing is unpickled without ``trust=True``.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 from mpo_viz.adapters._common import Collector, check_options, drive
+from mpo_viz.adapters._write import write_chunks
 from mpo_viz.adapters.art import from_art, iter_art
 from mpo_viz.adapters.chat import ChatEncoder, from_chat, iter_chat
-from mpo_viz.adapters.report import ConversionReport, ConversionWarning
+from mpo_viz.adapters.conversion import ConversionReport, ConversionWarning
 from mpo_viz.adapters.skyrl import from_skyrl, iter_skyrl
 from mpo_viz.adapters.steps import from_steps, iter_steps
 from mpo_viz.adapters.trl import from_trl, iter_trl
@@ -43,7 +45,7 @@ __all__ = ["ConversionReport", "ConversionWarning", "FORMATS", "from_verl", "fro
            "from_art", "stream", "convert"]
 
 # name (``mpo-viz convert --from``) -> (row generator, options it takes, needs a tokenizer)
-FORMATS = {
+FORMATS: dict[str, tuple[Callable, tuple, bool]] = {
     "verl": (iter_verl, ("obs_reward", "trust"), False),
     "skyrl": (iter_skyrl, ("obs_reward", "trust"), False),
     "steps": (iter_steps, ("obs_reward",), False),
@@ -60,7 +62,7 @@ def stream(kind: str, src, *, tokenizer=None, trust: bool = False, obs_reward: s
     Returns ``(batches, report)``: an iterator of validated TrajectoryBatches of at most about
     ``chunk_rows`` trajectories each (problems of each chunk in its ``rejected``), and the report,
     complete once the iterator is exhausted (its warnings are then emitted as
-    :class:`~mpo_viz.adapters.report.ConversionWarning`). ``allow_unknown`` (tokenizer adapters):
+    :class:`~mpo_viz.adapters.conversion.ConversionWarning`). ``allow_unknown`` (tokenizer adapters):
     convert even when most action tokens are the tokenizer's unknown token (checked at every chunk,
     over everything so far).
     """
@@ -79,7 +81,7 @@ def stream(kind: str, src, *, tokenizer=None, trust: bool = False, obs_reward: s
     if trust and "trust" not in takes:
         raise OptionError("trust", f"expected only with verl or skyrl inputs (the only ones that may be pickles), "
                           f"found it with {kind}")
-    opts = {"obs_reward": obs_reward}
+    opts: dict[str, Any] = {"obs_reward": obs_reward}
     if "trust" in takes:
         opts["trust"] = trust
     if "tokenizer" in takes:
@@ -94,8 +96,6 @@ def convert(kind: str, src, out, *, tokenizer=None, trust: bool = False, obs_rew
     ``part-NNNNN.parquet`` files (one per chunk). Memory stays bounded by the chunk size. The same
     input always gives the same bytes. Returns the report.
     """
-    from mpo_viz.adapters._write import write_chunks
-
     batches, report = stream(kind, src, tokenizer=tokenizer, trust=trust, obs_reward=obs_reward, errors=errors,
                              chunk_rows=chunk_rows, allow_unknown=allow_unknown)
     write_chunks(batches, out)

@@ -10,7 +10,7 @@ from collections.abc import Callable, Iterator
 
 import numpy as np
 
-from mpo_viz.adapters.report import ConversionReport, ConversionWarning
+from mpo_viz.adapters.conversion import ConversionReport, ConversionWarning
 from mpo_viz.checks import OptionError
 from mpo_viz.schema import Problem, TrajectoryError, short
 from mpo_viz.trajectory import TrajectoryBatch
@@ -100,15 +100,15 @@ def move_obs_rewards(rewards: np.ndarray, mask: np.ndarray, *, obs_reward: str, 
     acts = np.flatnonzero(act)
     if not len(acts):
         return None, ("an action token to carry the reward", f"{r[obs[0]]:g} on a row without action tokens")
-    for p in obs:
-        k = np.searchsorted(acts, p) - 1
+    for q in obs:
+        k = int(np.searchsorted(acts, q)) - 1
         if k >= 0:
             report.rewards_moved += 1
-            r[acts[k]] += r[p]
+            r[acts[k]] += r[q]
         else:
             report.rewards_moved_forward += 1
-            r[acts[0]] += r[p]
-        r[p] = 0.0
+            r[acts[0]] += r[q]
+        r[q] = 0.0
     return r, None
 
 
@@ -226,14 +226,6 @@ def run(gen: Iterator, col: Collector):
     """Convert everything at once: ``(TrajectoryBatch, ConversionReport)``."""
     batches = list(drive(gen, col, None))  # one batch; exhausting the generator emits the warnings
     return batches[0], col.report
-
-
-def finite_or_nan(x) -> float:
-    try:
-        v = float(x)
-    except (TypeError, ValueError):
-        return math.nan
-    return v
 
 
 def describe(value) -> str:

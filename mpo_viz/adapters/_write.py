@@ -50,7 +50,7 @@ def write_chunks(batches: Iterable[TrajectoryBatch], out) -> Path:
 
 
 def _write_parts(batches, folder: Path) -> list[Path]:
-    parts = []
+    parts: list[Path] = []
     meta = None
     for b in batches:
         meta = b.meta

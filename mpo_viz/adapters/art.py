@@ -96,7 +96,7 @@ def iter_art(src, col: Collector, *, tokenizer=None, obs_reward: str = "move",
                 yield
                 continue
             msgs = [_message(m) for m in msgs_raw]
-            actions = [k for k, m in enumerate(msgs_raw) if m.get("role") == "assistant" and m.get("trainable")]
+            actions: list[int] | None = [k for k, m in enumerate(msgs_raw) if m.get("role") == "assistant" and m.get("trainable")]
             if not actions:
                 actions = None
                 rep.note("no trainable assistant message in a row: every assistant message taken as a turn")

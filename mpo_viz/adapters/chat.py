@@ -58,10 +58,11 @@ import json
 import math
 import numbers
 from collections.abc import Iterator
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from mpo_viz.adapters._common import Collector, check_options, dumps, jsonl_lines, run
-from mpo_viz.adapters.report import UNKNOWN_REFUSE_SHARE, ConversionReport
+from mpo_viz.adapters.conversion import UNKNOWN_REFUSE_SHARE, ConversionReport
 from mpo_viz.checks import OptionError
 
 __all__ = ["ChatEncoder", "from_chat", "iter_chat", "load_tokenizer", "plain_tool_calls"]
@@ -153,7 +154,7 @@ def _content(msg: dict, where: str, report) -> str:
     if isinstance(c, str):
         return c
     if isinstance(c, list):
-        texts = [p.get("text") for p in c if isinstance(p, dict) and isinstance(p.get("text"), str)]
+        texts = [str(p["text"]) for p in c if isinstance(p, dict) and isinstance(p.get("text"), str)]
         if len(texts) != len(c) and report is not None:
             report.note("content parts without text (images, audio) left out of the tokens (kept in messages_json)")
         return "".join(texts)
@@ -175,6 +176,27 @@ def _logged(msg: dict):
     elif isinstance(lp, list):
         lps = [float(x) for x in lp]
     return (None if ids is None else [int(x) for x in ids]), lps
+
+
+@dataclass
+class _Layout:
+    """A response being laid out: ids, loss mask, turn ids, log-probs (0 where none); the indexes of
+    empty assistant messages; per field ``[unknown, total, words]`` token counts."""
+
+    resp: list = field(default_factory=list)
+    mask: list = field(default_factory=list)
+    tids: list = field(default_factory=list)
+    lps: list = field(default_factory=list)
+    have_lp: bool = True
+    empty: list = field(default_factory=list)
+    unknown: dict = field(default_factory=lambda: {"prompt": [0, 0, []], "action": [0, 0, []],
+                                                   "observation": [0, 0, []]})
+
+    def add(self, ids: list, mask: int, turn: int, lp: list | None = None) -> None:
+        self.resp += ids
+        self.mask += [mask] * len(ids)
+        self.tids += [turn] * len(ids)
+        self.lps += lp if lp is not None else [0.0] * len(ids)
 
 
 class ChatEncoder:
@@ -277,10 +299,38 @@ class ChatEncoder:
         clean = self.prepare(messages, report)
         if not actions:
             raise TemplateError("messages: expected at least one assistant message, found none")
-        pieces = []  # (kind, text or ids, turn) in order after the prompt
+        prompt_text, pieces = self._pieces(clean, actions, tools)
+        out = _Layout()
+        prompt_ids = self.ids(prompt_text)
+        self._count(out, "prompt", prompt_ids, prompt_text)
+        for piece in pieces:
+            ids = self.ids(piece[1])
+            if piece[0] == "obs":
+                self._count(out, "observation", ids, piece[1])
+                out.add(ids, 0, piece[2])
+            else:
+                self._action(out, ids, piece[1], messages, piece[3], piece[2], report, where)
+        turn_of = []
+        t = -1
+        act_set = {a: j for j, a in enumerate(actions)}
+        for i in range(len(messages)):
+            t = act_set.get(i, t)
+            turn_of.append(t)
+        if not out.have_lp and report is not None and any(_logged(messages[a])[1] is not None for a in actions):
+            report.note("log-probs logged for some assistant messages only: rollout_logprobs left out for the row")
+        return {"prompt_ids": prompt_ids, "response_ids": out.resp, "loss_mask": out.mask, "turn_ids": out.tids,
+                "logprobs": out.lps if out.have_lp else None, "turn_of_message": turn_of, "empty": out.empty,
+                "unknown": {k: tuple(v) for k, v in out.unknown.items()}}
+
+    def _pieces(self, clean: list[dict], actions: list[int], tools) -> tuple[str, list[tuple]]:
+        """The prompt's text and the pieces after it, in order: ``("act", text, turn, message
+        index)`` for an assistant message of the policy, ``("obs", text, turn)`` for the text the
+        template puts between two of them (and after the last) — each piece the difference of two
+        renderings of the conversation (``TemplateError`` when the template does not render it
+        incrementally). ``clean``: the messages as :meth:`prepare` gives them."""
+        pieces: list[tuple] = []
         g0 = self.render(clean[: actions[0]], gen=True, tools=tools)
         prev_end = g0
-        prompt_text = g0
         for j, a in enumerate(actions):
             gen = self.render(clean[:a], gen=True, tools=tools) if j else g0
             end = self.render(clean[: a + 1], gen=False, tools=tools)
@@ -299,88 +349,61 @@ class ChatEncoder:
             raise TemplateError(f"messages[{actions[-1] + 1}]: expected the chat template to render the conversation "
                                 "incrementally, found the text of the last turn changed when later messages were added")
         pieces.append(("obs", full[len(prev_end):], len(actions) - 1))
-        resp, mask, tids, lps = [], [], [], []
-        unknown = {"prompt": [0, 0, []], "action": [0, 0, []], "observation": [0, 0, []]}
-        empty = []
+        return g0, pieces
 
-        def count(field, ids, text=None):
-            u = unknown[field]
-            u[0] += sum(1 for i in ids if i == self.unk) if self.unk is not None else 0
-            u[1] += len(ids)
-            if text is not None and u[0]:
-                u[2] += self.unknown_words(text, ids)
+    def _count(self, out: _Layout, name: str, ids: list[int], text: str | None = None) -> None:
+        """Add ``ids``' unknown tokens to ``out.unknown[name]`` (``prompt``, ``action`` or
+        ``observation``; and the words that became them, from ``text``, once the field has any)."""
+        u = out.unknown[name]
+        u[0] += sum(1 for i in ids if i == self.unk) if self.unk is not None else 0
+        u[1] += len(ids)
+        if text is not None and u[0]:
+            u[2] += self.unknown_words(text, ids)
 
-        prompt_ids = self.ids(prompt_text)
-        count("prompt", prompt_ids, prompt_text)
-        have_lp = True
-        for piece in pieces:
-            kind, text, turn = piece[0], piece[1], piece[2]
-            ids = self.ids(text)
-            if kind == "obs":
-                count("observation", ids, text)
-                resp += ids
-                mask += [0] * len(ids)
-                tids += [turn] * len(ids)
-                lps += [0.0] * len(ids)
-                continue
-            msg = messages[piece[3]]
-            logged, lp = _logged(msg)
-            act, rest = ids, []
-            if logged is None and self.eos is not None and self.eos in ids[:-1]:
-                k = ids.index(self.eos) + 1  # the model stops at its end-of-sequence token
-                act, rest = ids[:k], ids[k:]
-            if logged is not None:
+    def _action(self, out: _Layout, ids: list[int], text: str, messages: list[dict], a: int, turn: int, report,
+                where: str) -> None:
+        """Add assistant message ``a`` (its rendered ``text`` and ``ids``): its logged ids and
+        log-probs when it has them, else the ids up to the tokenizer's end-of-sequence token (the
+        model stops there); the template's tokens after them as observation tokens."""
+        logged, lp = _logged(messages[a])
+        act, rest = ids, []
+        if logged is None and self.eos is not None and self.eos in ids[:-1]:
+            k = ids.index(self.eos) + 1  # the model stops at its end-of-sequence token
+            act, rest = ids[:k], ids[k:]
+        if logged is not None:
+            if report is not None:
+                report.retokenized_messages += 1
+            if ids[: len(logged)] == logged:
+                act, rest = logged, ids[len(logged):]
+                if rest and report is not None:
+                    report.note("template tokens after an assistant message's logged ids kept as observation tokens", 1)
+            else:
+                first = next((p for p, (x, y) in enumerate(zip(logged, ids)) if x != y), min(len(logged), len(ids)))
                 if report is not None:
-                    report.retokenized_messages += 1
-                if ids[: len(logged)] == logged:
-                    act, rest = logged, ids[len(logged):]
-                    if rest and report is not None:
-                        report.note("template tokens after an assistant message's logged ids kept as observation tokens",
-                                    1)
-                else:
-                    first = next((p for p, (x, y) in enumerate(zip(logged, ids)) if x != y), min(len(logged), len(ids)))
-                    if report is not None:
-                        report.mismatch(f"{where}messages[{piece[3]}]: logged {len(logged)} ids, the chat template gives "
-                                        f"{len(ids)} (first difference at token {first})")
-                    act = logged
-            if not act:
-                raise TemplateError(f"messages[{piece[3]}]: expected an assistant message with at least one token, found none")
-            if self.is_empty(act):
-                empty.append(piece[3])
-            count("action", act, text if logged is None else None)
-            count("observation", rest)
-            if lp is not None and len(lp) != len(act):
-                if report is not None:
-                    report.note("log-probs whose count differs from the message's tokens: rollout_logprobs left out")
-                lp = None
-            have_lp = have_lp and lp is not None
-            resp += act
-            mask += [1] * len(act)
-            tids += [turn] * len(act)
-            lps += lp if lp is not None else [0.0] * len(act)
-            resp += rest
-            mask += [0] * len(rest)
-            tids += [turn] * len(rest)
-            lps += [0.0] * len(rest)
-        turn_of = []
-        t = -1
-        act_set = {a: j for j, a in enumerate(actions)}
-        for i in range(len(messages)):
-            t = act_set.get(i, t)
-            turn_of.append(t)
-        if not have_lp and report is not None and any(_logged(messages[a])[1] is not None for a in actions):
-            report.note("log-probs logged for some assistant messages only: rollout_logprobs left out for the row")
-        return {"prompt_ids": prompt_ids, "response_ids": resp, "loss_mask": mask, "turn_ids": tids,
-                "logprobs": lps if have_lp else None, "turn_of_message": turn_of, "empty": empty,
-                "unknown": {k: tuple(v) for k, v in unknown.items()}}
+                    report.mismatch(f"{where}messages[{a}]: logged {len(logged)} ids, the chat template gives "
+                                    f"{len(ids)} (first difference at token {first})")
+                act = logged
+        if not act:
+            raise TemplateError(f"messages[{a}]: expected an assistant message with at least one token, found none")
+        if self.is_empty(act):
+            out.empty.append(a)
+        self._count(out, "action", act, text if logged is None else None)
+        self._count(out, "observation", rest)
+        if lp is not None and len(lp) != len(act):
+            if report is not None:
+                report.note("log-probs whose count differs from the message's tokens: rollout_logprobs left out")
+            lp = None
+        out.have_lp = out.have_lp and lp is not None
+        out.add(act, 1, turn, lp)
+        out.add(rest, 0, turn)
 
     def record(self, report: ConversionReport, enc_out: dict, traj_id: str) -> None:
         """Add one conversation's empty turns and unknown tokens to ``report``, naming ``traj_id``."""
         report.unknown_token = report.unknown_token or self.tok.unk_token
         for i in enc_out["empty"]:
             report.empty_turn(f"{traj_id} messages[{i}]")
-        for field, (n_unk, n, words) in enc_out["unknown"].items():
-            report.unknown(field, n_unk, n, words, where=traj_id)
+        for name, (n_unk, n, words) in enc_out["unknown"].items():
+            report.unknown(name, n_unk, n, words, where=traj_id)
 
     def tokens(self, ids) -> list[str]:
         """``response_tokens``: each token decoded on its own (a byte-level ``Ġthe`` shows as ``" the"``,
@@ -518,7 +541,7 @@ def from_chat(src, *, tokenizer, obs_reward: str = "move", errors: str = "raise"
     tokenizer. Returns ``(TrajectoryBatch, ConversionReport)``; the report counts retokenization
     mismatches of logged assistant ids, tool calls and how they were rendered, empty turns, unknown
     tokens per field and trajectories without a reward (its ``warnings`` are also emitted as
-    :class:`~mpo_viz.adapters.report.ConversionWarning`). Most action tokens unknown: an
+    :class:`~mpo_viz.adapters.conversion.ConversionWarning`). Most action tokens unknown: an
     :class:`~mpo_viz.checks.OptionError` unless ``allow_unknown=True``.
     """
     check_options(obs_reward=obs_reward, errors=errors)

@@ -37,6 +37,7 @@ import json
 import pickle
 from collections.abc import Iterator, Mapping
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -77,7 +78,7 @@ def _tid(t, i):
     return (f"{inst}_{rep}" if rep is not None else str(inst)), str(inst)
 
 
-def _outputs(src, col: Collector, trust: bool) -> Iterator[tuple[int | None, dict]]:
+def _outputs(src, col: Collector, trust: bool) -> Iterator[tuple[int | None, Any]]:
     if isinstance(src, Mapping):
         yield None, dict(src)
         return

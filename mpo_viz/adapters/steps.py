@@ -43,6 +43,7 @@ import math
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -88,14 +89,37 @@ def _first_diff(a, b) -> int:
 
 def emit_trajectory(col: Collector, steps: list[Step], *, traj_id: str, group_id: str, outcome=None,
                     scalars: dict | None = None, line=None, row=None, obs_reward: str = "move") -> None:
-    """Add one trajectory made of ``steps`` to ``col``: merged into one row, or one row per step."""
-    rep = col.report
+    """Add one trajectory made of ``steps`` to ``col``: merged into one row, or one row per step
+    (when a step's prompt does not extend the previous prompt + completion)."""
     for k, s in enumerate(steps):
-        m = s.mask if s.mask is not None else [1] * len(s.completion_ids)
-        if not any(m):
+        if not any(_step_mask(s)):
             col.problem(f"steps[{k}].completion_ids", "at least one trainable completion token in every step",
                         f"{len(s.completion_ids)} tokens, none trainable", line=line, row=row, traj_id=traj_id)
             return
+    step_r = [s.reward for s in steps]
+    rewards = _Rewards(step_r=step_r, has_step_r=any(r not in (None, 0) for r in step_r),
+                       has_tok_r=any(s.token_rewards is not None for s in steps),
+                       outcome=_outcome(col, step_r, outcome), obs_reward=obs_reward)
+    base = {**(scalars or {}), "traj_id": traj_id, "group_id": group_id}
+    breaks = _merge_breaks(steps)
+    if breaks:
+        col.report.kept_as_steps[breaks[0][2]] += len(steps)
+        for k in range(len(steps)):
+            _emit(col, _step_row(steps, k, base, breaks[0]), rewards.of_step(steps, k), line, row)
+        return
+    if len(steps) > 1:
+        col.report.merged_steps += len(steps)
+    out, tok_r = _merged_row(col, steps, base)
+    _emit(col, out, rewards.merged(tok_r), line, row)
+
+
+def _step_mask(s: Step) -> list:
+    return s.mask if s.mask is not None else [1] * len(s.completion_ids)
+
+
+def _merge_breaks(steps: list[Step]) -> list[tuple[int, int, str]]:
+    """``(step, position, why)`` where a step's prompt does not extend the previous step's prompt +
+    completion (the trajectory cannot be merged into one row)."""
     breaks = []
     for k in range(1, len(steps)):
         prev = list(steps[k - 1].prompt_ids) + list(steps[k - 1].completion_ids)
@@ -106,73 +130,100 @@ def emit_trajectory(col: Collector, steps: list[Step], *, traj_id: str, group_id
                    if p == min(len(prev), len(cur)) else "the next prompt differs from prompt + completion "
                    "(re-rendered or edited history)")
             breaks.append((k, p, why))
-    step_r = [s.reward for s in steps]
-    has_step_r = any(r not in (None, 0) for r in step_r)
-    has_tok_r = any(s.token_rewards is not None for s in steps)
+    return breaks
+
+
+def _outcome(col: Collector, step_r: list, outcome) -> float:
+    """The trajectory reward to add, NaN when none, or when the steps already carry it (it equals the
+    sum of their rewards, or the last one's)."""
     total = sum(r or 0.0 for r in step_r)
     last_r = step_r[-1]
-    if outcome is not None and not math.isnan(outcome) and has_step_r and (
+    if outcome is not None and not math.isnan(outcome) and any(r not in (None, 0) for r in step_r) and (
             abs(outcome - total) <= 1e-9 or (last_r is not None and abs(outcome - last_r) <= 1e-9)):
-        rep.note("trajectory reward equals the sum of its step rewards or the last step's reward (already "
-                 "carried by the steps): not added again, reward NaN")
-        outcome = math.nan
-    outcome = math.nan if outcome is None else float(outcome)
-    base = dict(scalars or {})
-    if not breaks:
-        if len(steps) > 1:
-            rep.merged_steps += len(steps)
-        resp, mask, tids, lp, adv, tok_r = [], [], [], [], [], []
-        all_lp = all(s.logprobs is not None for s in steps)
-        any_adv = any(s.advantage is not None for s in steps)
-        for k, s in enumerate(steps):
-            if k:
-                prev_len = len(steps[k - 1].prompt_ids) + len(steps[k - 1].completion_ids)
-                obs = list(s.prompt_ids[prev_len:])
-                resp += obs
-                mask += [0] * len(obs)
-                tids += [k - 1] * len(obs)
-                lp += [0.0] * len(obs)
-                adv += [0.0] * len(obs)
-                tok_r += [0.0] * len(obs)
-            m = s.mask if s.mask is not None else [1] * len(s.completion_ids)
-            resp += list(s.completion_ids)
-            mask += [int(x) for x in m]
-            # a step's leading untrainable tokens belong to the turn before (ids never skip)
-            first = next(j for j, x in enumerate(m) if x)
-            tids += [max(k - 1, 0)] * first + [k] * (len(m) - first)
-            if all_lp:
-                lp += [float(x) for x in s.logprobs]
-            a = 0.0 if s.advantage is None else float(s.advantage)
-            adv += [a if x else 0.0 for x in m]
-            tok_r += list(s.token_rewards) if s.token_rewards is not None else [0.0] * len(m)
-        out = {**base, "traj_id": traj_id, "group_id": group_id, "prompt_ids": list(steps[0].prompt_ids),
-               "response_ids": resp, "loss_mask": mask, "turn_ids": tids, "num_turns": len(steps)}
-        if all_lp:
-            out["rollout_logprobs"] = lp
-        elif any(s.logprobs is not None for s in steps):
-            rep.note("log-probs missing for some steps of a trajectory: rollout_logprobs left out for it")
-        if any_adv:
-            out["advantages"] = adv
-        if _rewards(out, col, tok_r if has_tok_r else None, step_r if has_step_r else None, outcome, mask,
-                    obs_reward, line, row):
-            col.add(out, line=line, row_index=row)
-        return
-    k, p, why = breaks[0]
-    rep.kept_as_steps[why] += len(steps)
+        col.report.note("trajectory reward equals the sum of its step rewards or the last step's reward (already "
+                        "carried by the steps): not added again, reward NaN")
+        return math.nan
+    return math.nan if outcome is None else float(outcome)
+
+
+@dataclass
+class _Rewards:
+    """What a trajectory's rows get as rewards: step rewards, token rewards, the outcome."""
+
+    step_r: list
+    has_step_r: bool
+    has_tok_r: bool
+    outcome: float
+    obs_reward: str
+
+    def merged(self, tok_r: list) -> tuple:
+        return (tok_r if self.has_tok_r else None, self.step_r if self.has_step_r else None, self.outcome,
+                self.obs_reward)
+
+    def of_step(self, steps: list[Step], k: int) -> tuple:
+        s, last = steps[k], k == len(steps) - 1
+        return (s.token_rewards if self.has_tok_r else None, [s.reward] if self.has_step_r else None,
+                self.outcome if last else math.nan, self.obs_reward)
+
+
+def _emit(col: Collector, out: dict, rewards: tuple, line, row) -> None:
+    """Fill the row's rewards and add it, unless its rewards cannot be placed (a problem recorded)."""
+    tok_r, step_r, outcome, obs_reward = rewards
+    if _rewards(out, col, tok_r, step_r, outcome, out["loss_mask"], obs_reward, line, row):
+        col.add(out, line=line, row_index=row)
+
+
+def _merged_row(col: Collector, steps: list[Step], base: dict) -> tuple[dict, list]:
+    """The steps merged into one row: each step's completion an assistant turn, the new prompt tokens
+    between two steps the observation; and its token rewards."""
+    resp, mask, tids, lp, adv, tok_r = [], [], [], [], [], []
+    all_lp = all(s.logprobs is not None for s in steps)
     for k, s in enumerate(steps):
-        m = [int(x) for x in (s.mask if s.mask is not None else [1] * len(s.completion_ids))]
-        r = {**base, "traj_id": f"{traj_id}/step{k}", "group_id": group_id, "prompt_ids": list(s.prompt_ids),
-             "response_ids": list(s.completion_ids), "loss_mask": m, "num_turns": 1,
-             "extra_json": dumps({"source_traj_id": traj_id, "step": k, "merge_break": {"step": breaks[0][0],
-                                  "position": breaks[0][1]}})}
-        if s.logprobs is not None:
-            r["rollout_logprobs"] = [float(x) for x in s.logprobs]
-        if s.advantage is not None:
-            r["advantages"] = [float(s.advantage) if x else 0.0 for x in m]
-        last = k == len(steps) - 1
-        if _rewards(r, col, s.token_rewards if has_tok_r else None, [s.reward] if has_step_r else None,
-                    outcome if last else math.nan, m, obs_reward, line, row):
-            col.add(r, line=line, row_index=row)
+        if k:
+            prev_len = len(steps[k - 1].prompt_ids) + len(steps[k - 1].completion_ids)
+            obs = list(s.prompt_ids[prev_len:])
+            resp += obs
+            mask += [0] * len(obs)
+            tids += [k - 1] * len(obs)
+            lp += [0.0] * len(obs)
+            adv += [0.0] * len(obs)
+            tok_r += [0.0] * len(obs)
+        m = _step_mask(s)
+        resp += list(s.completion_ids)
+        mask += [int(x) for x in m]
+        # a step's leading untrainable tokens belong to the turn before (ids never skip)
+        first = next(j for j, x in enumerate(m) if x)
+        tids += [max(k - 1, 0)] * first + [k] * (len(m) - first)
+        if all_lp:
+            lp += [float(x) for x in s.logprobs or ()]
+        a = 0.0 if s.advantage is None else float(s.advantage)
+        adv += [a if x else 0.0 for x in m]
+        tok_r += list(s.token_rewards) if s.token_rewards is not None else [0.0] * len(m)
+    out = {**base, "prompt_ids": list(steps[0].prompt_ids), "response_ids": resp, "loss_mask": mask,
+           "turn_ids": tids, "num_turns": len(steps)}
+    if all_lp:
+        out["rollout_logprobs"] = lp
+    elif any(s.logprobs is not None for s in steps):
+        col.report.note("log-probs missing for some steps of a trajectory: rollout_logprobs left out for it")
+    if any(s.advantage is not None for s in steps):
+        out["advantages"] = adv
+    return out, tok_r
+
+
+def _step_row(steps: list[Step], k: int, base: dict, brk: tuple) -> dict:
+    """Step ``k`` as a row of its own (the trajectory could not be merged at ``brk``)."""
+    s = steps[k]
+    traj_id = base["traj_id"]
+    m = [int(x) for x in _step_mask(s)]
+    r = {**base, "traj_id": f"{traj_id}/step{k}", "prompt_ids": list(s.prompt_ids),
+         "response_ids": list(s.completion_ids), "loss_mask": m, "num_turns": 1,
+         "extra_json": dumps({"source_traj_id": traj_id, "step": k, "merge_break": {"step": brk[0],
+                              "position": brk[1]}})}
+    if s.logprobs is not None:
+        r["rollout_logprobs"] = [float(x) for x in s.logprobs]
+    if s.advantage is not None:
+        r["advantages"] = [float(s.advantage) if x else 0.0 for x in m]
+    return r
 
 
 def _rewards(out: dict, col: Collector, tok_r, step_r, outcome: float, mask, obs_reward, line, row) -> bool:
@@ -216,6 +267,10 @@ def _get(d: dict, *keys):
 
 def _step_from(d: dict, where: str, kind: str) -> Step:
     """One step record of any recognized layout → Step (ValueError names the field)."""
+    pk: tuple[str, ...]
+    ck: tuple[str, ...]
+    lk: tuple[str, ...]
+    mk: tuple[str, ...]
     if kind == "verifiers":
         tok = d.get("tokens")
         if not isinstance(tok, dict):
@@ -287,7 +342,7 @@ def _task_group(task) -> str | None:
     return "task-" + hashlib.sha1(dumps(jsonable(task)).encode()).hexdigest()[:12]
 
 
-def _records(src, col: Collector) -> Iterator[tuple[int | None, int | None, object]]:
+def _records(src, col: Collector) -> Iterator[tuple[int | None, int | None, Any]]:
     """(line, row, object) of every record: JSONL lines of a file, or items of a list."""
     if isinstance(src, (str, Path)):
         for n, obj in jsonl_lines(src, col):
@@ -363,7 +418,7 @@ def _trajectories(obj: dict, kind: str, n):
         tid = str(tid) if tid is not None else f"line{n}"
         ex = obj.get("example_id")
         steps = [_step_from(s, f"trajectory[{k}]", "verifiers") for k, s in enumerate(items)]
-        scal = {"truncated": bool(obj["is_truncated"])} if isinstance(obj.get("is_truncated"), bool) else {}
+        scal: dict = {"truncated": bool(obj["is_truncated"])} if isinstance(obj.get("is_truncated"), bool) else {}
         if isinstance(obj.get("stop_condition"), str):
             scal["stop_reason"] = obj["stop_condition"]
         yield tid, str(ex) if ex is not None else tid, steps, obj.get("reward"), scal

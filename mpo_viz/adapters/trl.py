@@ -35,7 +35,7 @@ from pathlib import Path
 import numpy as np
 
 from mpo_viz.adapters._common import Collector, check_options, dumps, file_error, jsonable, run
-from mpo_viz.adapters.chat import conversation_row, encoder_for
+from mpo_viz.adapters.chat import ChatEncoder, conversation_row, encoder_for
 from mpo_viz.checks import OptionError
 
 __all__ = ["from_trl", "iter_trl", "parquet_rows"]
@@ -79,79 +79,91 @@ def iter_trl(src, col: Collector, *, tokenizer=None, obs_reward: str = "move", r
     for path in parquet_files(src, "completions_*.parquet"):
         col.source = str(path)
         groups: dict = {}
-        rew_cols = None
+        rew_cols: list = []
         for i, row, names in parquet_rows(path):
             rep.rows_in += 1
             if i == 0:
-                missing = [c for c in ("prompt", "completion") if c not in names]
-                if missing:
-                    raise file_error("trl", path, missing[0], "a completions_*.parquet with columns step, prompt, "
-                                     "completion, one per reward function, advantage", f"columns {names}")
-                if reward_columns is not None:
-                    absent = [c for c in reward_columns if c not in names]
-                    if absent:
-                        raise OptionError("reward_columns", f"expected columns of {path}, found {absent} not among {names}")
-                    rew_cols = list(reward_columns)
-                else:
-                    rew_cols = [c for c in names if c not in _FIXED and _is_num(row.get(c))]
-                rep.note(f"reward = sum of columns {rew_cols}" + (f" weighted {reward_weights}" if reward_weights else ""))
-            tid = f"{path.stem}/{i}"
-            step = row.get("step")
-            vals = [row.get(c) for c in rew_cols]
-            if any(not _is_num(v) for v in vals):
-                bad = next(c for c, v in zip(rew_cols, vals) if not _is_num(v))
-                col.problem(bad, "a number (a reward function's score) or null", repr(row.get(bad))[:60], row=i, traj_id=tid)
-                yield
-                continue
-            w = [1.0 if not reward_weights else float(reward_weights.get(c, 1.0)) for c in rew_cols]
-            finite = [(x, wi) for x, wi in zip(vals, w) if x is not None and not math.isnan(float(x))]
-            reward = sum(float(x) * wi for x, wi in finite) if finite else math.nan
-            prompt, comp = row.get("prompt"), row.get("completion")
-            gkey = dumps(jsonable(prompt)) if not isinstance(prompt, str) else prompt
-            gid = f"step{step}/" + groups.setdefault(gkey, f"prompt{len(groups)}")
-            extra = {}
-            for k, v in row.items():
-                if k not in _FIXED and k not in rew_cols:
-                    try:
-                        extra[k] = jsonable(v)
-                    except TypeError as exc:
-                        rep.drop(k, f"values of type {exc} are not JSON")
-            scal = {"step": int(step)} if isinstance(step, int) else {}
-            adv = row.get("advantage")
-            if isinstance(prompt, str) and isinstance(comp, str):
-                p_ids, r_ids = enc.ids(prompt), enc.ids(comp)
-                if not r_ids:
-                    col.problem("completion", "a non-empty completion", "empty text", row=i, traj_id=tid)
-                    yield
-                    continue
-                rep.unknown_token = rep.unknown_token or enc.tok.unk_token
-                for field, ids, text in (("prompt", p_ids, prompt), ("action", r_ids, comp)):
-                    n_unk = sum(1 for x in ids if x == enc.unk) if enc.unk is not None else 0
-                    rep.unknown(field, n_unk, len(ids), enc.unknown_words(text, ids) if n_unk else (), where=tid)
-                if enc.is_empty(r_ids):
-                    rep.empty_turn(f"{tid} completion")
-                out = {**scal, "traj_id": tid, "group_id": gid, "prompt_ids": p_ids, "response_ids": r_ids,
-                       "loss_mask": [1] * len(r_ids), "reward": reward, "num_turns": 1,
-                       "response_tokens": enc.tokens(r_ids)}
-                if extra:
-                    out["extra_json"] = dumps(extra)
-                if i == 0:
-                    rep.note("text prompt/completion retokenized (TRL logs decoded text without special tokens)")
-            elif isinstance(prompt, list) and isinstance(comp, list):
-                out = conversation_row(enc, col, list(prompt) + list(comp), traj_id=tid, group_id=gid, reward=reward,
-                                       row=i, obs_reward=obs_reward, extra=extra or None, scalars=scal)
-                if out is None:
-                    yield
-                    continue
-            else:
-                col.problem("completion", "prompt and completion both text, or both lists of chat messages",
-                            f"prompt {type(prompt).__name__}, completion {type(comp).__name__}", row=i, traj_id=tid)
-                yield
-                continue
-            if adv is not None:
-                out["advantages"] = [float(adv) if m else 0.0 for m in out["loss_mask"]]
-            col.add(out, row_index=i)
+                rew_cols = _reward_columns(path, row, names, reward_columns, reward_weights, rep)
+            out = _trl_row(enc, col, row, i, f"{path.stem}/{i}", groups, rew_cols, reward_weights, obs_reward)
+            if out is not None:
+                col.add(out, row_index=i)
             yield
+
+
+def _reward_columns(path, row: dict, names: list, reward_columns, reward_weights, rep) -> list:
+    """The columns whose sum is the reward: ``reward_columns``, else every numeric column of the
+    first row but the fixed ones (the file is refused when prompt or completion is missing)."""
+    missing = [c for c in ("prompt", "completion") if c not in names]
+    if missing:
+        raise file_error("trl", path, missing[0], "a completions_*.parquet with columns step, prompt, "
+                         "completion, one per reward function, advantage", f"columns {names}")
+    if reward_columns is not None:
+        absent = [c for c in reward_columns if c not in names]
+        if absent:
+            raise OptionError("reward_columns", f"expected columns of {path}, found {absent} not among {names}")
+        rew_cols = list(reward_columns)
+    else:
+        rew_cols = [c for c in names if c not in _FIXED and _is_num(row.get(c))]
+    rep.note(f"reward = sum of columns {rew_cols}" + (f" weighted {reward_weights}" if reward_weights else ""))
+    return rew_cols
+
+
+def _trl_row(enc: ChatEncoder, col: Collector, row: dict, i: int, tid: str, groups: dict, rew_cols: list,
+             reward_weights, obs_reward: str) -> dict | None:
+    """Row ``i`` as a v1 row (text retokenized, or a conversation laid out by the chat template);
+    None when it cannot be converted (a problem recorded)."""
+    rep = col.report
+    step = row.get("step")
+    vals = [row.get(c) for c in rew_cols]
+    if any(not _is_num(v) for v in vals):
+        bad = next(c for c, v in zip(rew_cols, vals) if not _is_num(v))
+        col.problem(bad, "a number (a reward function's score) or null", repr(row.get(bad))[:60], row=i, traj_id=tid)
+        return None
+    w = [1.0 if not reward_weights else float(reward_weights.get(c, 1.0)) for c in rew_cols]
+    finite = [(x, wi) for x, wi in zip(vals, w) if x is not None and not math.isnan(float(x))]
+    reward = sum(float(x) * wi for x, wi in finite) if finite else math.nan
+    prompt, comp = row.get("prompt"), row.get("completion")
+    gkey = dumps(jsonable(prompt)) if not isinstance(prompt, str) else prompt
+    gid = f"step{step}/" + groups.setdefault(gkey, f"prompt{len(groups)}")
+    extra: dict = {}
+    for k, v in row.items():
+        if k not in _FIXED and k not in rew_cols:
+            try:
+                extra[k] = jsonable(v)
+            except TypeError as exc:
+                rep.drop(k, f"values of type {exc} are not JSON")
+    scal = {"step": int(step)} if isinstance(step, int) else {}
+    if isinstance(prompt, str) and isinstance(comp, str):
+        p_ids, r_ids = enc.ids(prompt), enc.ids(comp)
+        if not r_ids:
+            col.problem("completion", "a non-empty completion", "empty text", row=i, traj_id=tid)
+            return None
+        rep.unknown_token = rep.unknown_token or enc.tok.unk_token
+        for field, ids, text in (("prompt", p_ids, prompt), ("action", r_ids, comp)):
+            n_unk = sum(1 for x in ids if x == enc.unk) if enc.unk is not None else 0
+            rep.unknown(field, n_unk, len(ids), enc.unknown_words(text, ids) if n_unk else (), where=tid)
+        if enc.is_empty(r_ids):
+            rep.empty_turn(f"{tid} completion")
+        out = {**scal, "traj_id": tid, "group_id": gid, "prompt_ids": p_ids, "response_ids": r_ids,
+               "loss_mask": [1] * len(r_ids), "reward": reward, "num_turns": 1, "response_tokens": enc.tokens(r_ids)}
+        if extra:
+            out["extra_json"] = dumps(extra)
+        if i == 0:
+            rep.note("text prompt/completion retokenized (TRL logs decoded text without special tokens)")
+    elif isinstance(prompt, list) and isinstance(comp, list):
+        conv = conversation_row(enc, col, list(prompt) + list(comp), traj_id=tid, group_id=gid, reward=reward,
+                                row=i, obs_reward=obs_reward, extra=extra or None, scalars=scal)
+        if conv is None:
+            return None
+        out = conv
+    else:
+        col.problem("completion", "prompt and completion both text, or both lists of chat messages",
+                    f"prompt {type(prompt).__name__}, completion {type(comp).__name__}", row=i, traj_id=tid)
+        return None
+    adv = row.get("advantage")
+    if adv is not None:
+        out["advantages"] = [float(adv) if m else 0.0 for m in out["loss_mask"]]
+    return out
 
 
 def from_trl(src, *, tokenizer, obs_reward: str = "move", errors: str = "raise", reward_columns=None,

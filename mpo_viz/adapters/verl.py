@@ -53,7 +53,9 @@ from __future__ import annotations
 import pickle
 import warnings
 from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -168,12 +170,48 @@ def flatten_batch(obj, *, source=None) -> dict:
 
 def iter_verl(data, col: Collector, *, obs_reward: str = "move", trust: bool = False) -> Iterator[None]:
     """Add the rows of one verl batch to ``col`` (yields after each row; see module docstring)."""
-    src = col.source
     if isinstance(data, (str, Path)):
         data = load_verl(data, trust=trust)
     else:
-        data = flatten_batch(data, source=src)
-    rep = col.report
+        data = flatten_batch(data, source=col.source)
+    vb = _read_batch(data, col)
+    if vb.per_token.get("values") is not None:
+        col.meta.setdefault("values_source", "critic")
+    for i in range(vb.B):
+        col.report.rows_in += 1
+        row = _verl_row(vb, i, col, obs_reward)
+        if row is not None:
+            col.add(row, row_index=i)
+        yield
+
+
+@dataclass
+class _VerlBatch:
+    """A verl batch read into numpy: the ``(B, P)`` prompts, ``(B, R)`` responses and their 0/1
+    action mask, each row's prompt tokens (``plen``, bool) and response length, the rewards (and
+    the key they came from), the per-token fields, extra per-token columns and per-row values."""
+
+    B: int
+    R: int
+    prompts: np.ndarray
+    resp: np.ndarray
+    rmask: np.ndarray
+    plen: np.ndarray
+    rlen: np.ndarray
+    reward_key: str | None
+    rewards: np.ndarray | None
+    per_token: dict
+    extra_tok: dict
+    non_tensor: dict
+    uid: Any
+    req: Any
+    step: Any
+
+
+def _read_batch(data: dict, col: Collector) -> _VerlBatch:
+    """The batch's arrays, checked (``file_error`` naming the key, the expected and found shape),
+    with what was guessed or dropped noted in the report."""
+    src, rep = col.source, col.report
     for key in ("prompts", "responses"):
         if key not in data:
             raise file_error("verl", src, key, _LAYOUT, f"no {key!r}; keys: {sorted(map(str, data))}")
@@ -193,6 +231,27 @@ def iter_verl(data, col: Collector, *, obs_reward: str = "move", trust: bool = F
         return a
 
     attn = tensor("attention_mask", (B, P + R)) if "attention_mask" in data else None
+    rmask, plen, rlen = _masks(data, tensor, attn, B, P, R, col)
+    reward_key = next((k for k in REWARD_KEYS if k in data), None)
+    rewards = tensor(reward_key, (B, R)).astype(np.float64) if reward_key else None
+    if reward_key is None:
+        rep.note("no token_level_rewards/token_level_scores/rm_scores: reward NaN (none logged)")
+    per_token = {v1: tensor(k, (B, R)) for k, v1 in VERL_FIELDS.items() if k in data}
+    extra_tok = {k: tensor(k, (B, R)) for k in REWARD_KEYS if k in data and k != reward_key}
+    for k, why in _DROPPED.items():
+        if k in data:
+            rep.drop(k, why)
+    non_tensor = _per_row_values(data, B, R, extra_tok, rep)
+    meta_info = data.get("meta_info") or {}
+    step = meta_info.get("global_steps") if isinstance(meta_info, Mapping) else None
+    return _VerlBatch(B, R, prompts, resp, rmask, plen, rlen, reward_key, rewards, per_token, extra_tok, non_tensor,
+                      data.get("uid"), data.get("request_id"), step)
+
+
+def _masks(data: dict, tensor, attn, B: int, P: int, R: int, col: Collector):
+    """The response's 0/1 action mask, the prompt tokens to keep (bool ``(B, P)``) and each response's
+    length: from ``response_mask`` and ``attention_mask``, whichever the batch has."""
+    src, rep = col.source, col.report
     if "response_mask" in data:
         rmask = tensor("response_mask", (B, R))
     elif attn is not None:
@@ -206,29 +265,22 @@ def iter_verl(data, col: Collector, *, obs_reward: str = "move", trust: bool = F
         i, t = map(int, np.argwhere(bad)[0])
         raise file_error("verl", src, "response_mask", "0/1 entries", f"{rmask[i, t].item()!r} at row {i}, position {t}")
     if attn is not None:
-        plen = attn[:, :P].astype(bool)
-        rlen = attn[:, P:].sum(axis=1).astype(np.int64)
-    else:
-        plen = np.ones((B, P), dtype=bool)
-        # without attention_mask, padding cannot be told from trailing observation tokens: cut
-        # after the last action token (rewards past it are still moved onto it)
-        rlen = np.array([(np.flatnonzero(m)[-1] + 1) if m.any() else 0 for m in rmask], dtype=np.int64)
-        rep.note("no attention_mask: prompts kept whole, responses cut after their last action token")
-    reward_key = next((k for k in REWARD_KEYS if k in data), None)
-    rewards = tensor(reward_key, (B, R)).astype(np.float64) if reward_key else None
-    if reward_key is None:
-        rep.note("no token_level_rewards/token_level_scores/rm_scores: reward NaN (none logged)")
-    per_token = {v1: tensor(k, (B, R)) for k, v1 in VERL_FIELDS.items() if k in data}
-    extra_tok = {k: tensor(k, (B, R)) for k in REWARD_KEYS if k in data and k != reward_key}
-    for k, why in _DROPPED.items():
-        if k in data:
-            rep.drop(k, why)
-    known = {"prompts", "responses", "response_mask", "meta_info", *VERL_FIELDS, *REWARD_KEYS, *_DROPPED}
-    uid = data.get("uid")
-    req = data.get("request_id")
-    non_tensor = {}
+        return rmask, attn[:, :P].astype(bool), attn[:, P:].sum(axis=1).astype(np.int64)
+    # without attention_mask, padding cannot be told from trailing observation tokens: cut
+    # after the last action token (rewards past it are still moved onto it)
+    rep.note("no attention_mask: prompts kept whole, responses cut after their last action token")
+    rlen = np.array([(np.flatnonzero(m)[-1] + 1) if m.any() else 0 for m in rmask], dtype=np.int64)
+    return rmask, np.ones((B, P), dtype=bool), rlen
+
+
+def _per_row_values(data: dict, B: int, R: int, extra_tok: dict, rep) -> dict:
+    """The other keys: one value per row (kept for ``extra_json``), a ``(B, R)`` array (an extra
+    per-token column, added to ``extra_tok``), or dropped with the reason."""
+    known = {"prompts", "responses", "response_mask", "meta_info", "uid", "request_id", *VERL_FIELDS, *REWARD_KEYS,
+             *_DROPPED}
+    out = {}
     for k, v in data.items():
-        if k in known or k in ("uid", "request_id"):
+        if k in known:
             continue
         arr = _numpy(v) if hasattr(v, "detach") else v
         try:
@@ -245,53 +297,51 @@ def iter_verl(data, col: Collector, *, obs_reward: str = "move", trust: bool = F
         if hasattr(arr, "ndim") and getattr(arr, "ndim", 1) == 2 and arr.shape[1] == R:
             extra_tok[str(k)] = np.asarray(arr, dtype=np.float64)
             continue
-        non_tensor[str(k)] = seq
-    meta_info = data.get("meta_info") or {}
-    step = meta_info.get("global_steps") if isinstance(meta_info, Mapping) else None
-    if per_token.get("values") is not None:
-        col.meta.setdefault("values_source", "critic")
-    for i in range(B):
-        rep.rows_in += 1
-        n = int(rlen[i])
-        g = None if uid is None else str(uid[i])
-        tid = str(req[i]) if req is not None else (f"{g}:{i}" if g is not None else
-                                                     f"step{step}/row{i}" if step is not None else f"row{i}")
-        mask = rmask[i].astype(np.int64) * (np.arange(R) < n)  # nothing past the response counts as an action
-        row = {"traj_id": tid, "group_id": g if g is not None else tid,
-               "prompt_ids": prompts[i][plen[i]].astype(np.int64).tolist(),
-               "response_ids": resp[i, :n].astype(np.int64).tolist(),
-               "loss_mask": mask[:n].tolist(),
-               "turn_ids": turn_ids_from_mask(mask[:n]).tolist()}
-        if rewards is not None:
-            r, why = move_obs_rewards(rewards[i], mask, obs_reward=obs_reward, report=rep)
-            if why is not None:
-                col.problem(reward_key, *why, row=i, traj_id=tid, layout=False)
-                yield
-                continue
-            row["token_rewards"] = r[:n].tolist()
-            row["reward"] = float(r.sum())
-        else:
-            row["reward"] = float("nan")
-        for name, a in per_token.items():
-            row[name] = a[i, :n].astype(np.float64).tolist()
-        for name, a in extra_tok.items():
-            row[name] = np.asarray(a[i, :n], dtype=np.float64).tolist()
-        if "__num_turns__" in non_tensor:
-            row["verl_num_turns"] = int(non_tensor["__num_turns__"][i])
-        extra = {}
-        for k, seq in non_tensor.items():
-            if k == "__num_turns__":
-                continue
-            try:
-                extra[k] = jsonable(seq[i])
-            except TypeError as exc:
-                rep.drop(k, f"values of type {exc} are not JSON")
-        if extra:
-            row["extra_json"] = dumps(extra)
-        if step is not None:
-            row["step"] = int(step)
-        col.add(row, row_index=i)
-        yield
+        out[str(k)] = seq
+    return out
+
+
+def _verl_row(vb: _VerlBatch, i: int, col: Collector, obs_reward: str) -> dict | None:
+    """Row ``i`` as a v1 row; None (a problem recorded) when its rewards cannot be placed."""
+    rep = col.report
+    n = int(vb.rlen[i])
+    g = None if vb.uid is None else str(vb.uid[i])
+    tid = str(vb.req[i]) if vb.req is not None else (f"{g}:{i}" if g is not None else
+                                                       f"step{vb.step}/row{i}" if vb.step is not None else f"row{i}")
+    mask = vb.rmask[i].astype(np.int64) * (np.arange(vb.R) < n)  # nothing past the response counts as an action
+    row = {"traj_id": tid, "group_id": g if g is not None else tid,
+           "prompt_ids": vb.prompts[i][vb.plen[i]].astype(np.int64).tolist(),
+           "response_ids": vb.resp[i, :n].astype(np.int64).tolist(),
+           "loss_mask": mask[:n].tolist(),
+           "turn_ids": turn_ids_from_mask(mask[:n]).tolist()}
+    if vb.rewards is not None:
+        r, why = move_obs_rewards(vb.rewards[i], mask, obs_reward=obs_reward, report=rep)
+        if why is not None:
+            col.problem(str(vb.reward_key), *why, row=i, traj_id=tid, layout=False)
+            return None
+        row["token_rewards"] = r[:n].tolist()
+        row["reward"] = float(r.sum())
+    else:
+        row["reward"] = float("nan")
+    for name, a in vb.per_token.items():
+        row[name] = a[i, :n].astype(np.float64).tolist()
+    for name, a in vb.extra_tok.items():
+        row[name] = np.asarray(a[i, :n], dtype=np.float64).tolist()
+    if "__num_turns__" in vb.non_tensor:
+        row["verl_num_turns"] = int(vb.non_tensor["__num_turns__"][i])
+    extra = {}
+    for k, seq in vb.non_tensor.items():
+        if k == "__num_turns__":
+            continue
+        try:
+            extra[k] = jsonable(seq[i])
+        except TypeError as exc:
+            rep.drop(k, f"values of type {exc} are not JSON")
+    if extra:
+        row["extra_json"] = dumps(extra)
+    if vb.step is not None:
+        row["step"] = int(vb.step)
+    return row
 
 
 def from_verl(data, *, obs_reward: str = "move", trust: bool = False, errors: str = "raise", source=None):

@@ -8,16 +8,20 @@ that dtype, on the device of the first torch input (CPU when none).
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
+from functools import lru_cache
 
 import numpy as np
 import torch
 
 from mpo_viz.advantages import kernels as K
-from mpo_viz.checks import number
+from mpo_viz.options import Option, interval
 from mpo_viz.turns import turn_ids_from_mask
 
-__all__ = ["Prepared", "prepare", "to_torch", "whiten_", "group_codes", "scalar_check"]
+__all__ = [
+    "Prepared", "prepare", "to_torch", "whiten_", "whiten_reference", "merge_moments", "group_codes", "scalar_check",
+]
 
 
 def _to_numpy(x, name: str) -> np.ndarray:
@@ -139,40 +143,46 @@ def prepare(
     r = _as(r0, dtype, "rewards")
     m = _as(m0, dtype, "mask")
     v = _as(v0, dtype, "values") if v0 is not None else np.empty((B, 0), dtype=dtype)
-    if need_turns:
-        if turn_ids is None:
-            tid = turn_ids_from_mask(m != 0)
-        else:
-            t0 = _to_numpy(turn_ids, "turn_ids")
-            if t0.shape != (B, L):
-                raise ValueError(f"turn_ids: expected shape {(B, L)} (the mask's), found {tuple(t0.shape)}")
-            if t0.dtype.kind == "f":  # only action tokens matter: NaN or -1 padding elsewhere is fine
-                bad = (~np.isfinite(t0) | (t0 != np.round(t0))) & (m != 0)
-                if bad.any():
-                    row = int(np.argmax(bad.any(1)))
-                    pos = int(np.argmax(bad[row]))
-                    raise ValueError(f"turn_ids: row {row}, position {pos}: expected an integer id on an action "
-                                     f"token, found {_py(t0[row, pos])!r}")
-                t0 = np.where(m != 0, t0, 0.0)
-            elif t0.dtype.kind not in "iub":
-                raise ValueError(f"turn_ids: expected integer ids, found dtype {t0.dtype}")
-            tid = np.ascontiguousarray(t0, dtype=np.int64)
-        tid = np.ascontiguousarray(tid, dtype=np.int64)
-    else:
-        tid = np.empty((B, 0), dtype=np.int64)
-    if bootstrap_value is None:
-        boot = np.full(B, np.nan)
-    else:
-        boot = np.ascontiguousarray(_to_numpy(bootstrap_value, "bootstrap_value"), dtype=np.float64)
-        if boot.shape != (B,):
-            raise ValueError(f"bootstrap_value: expected shape ({B},) (one per row, NaN = terminal), found {tuple(boot.shape)}")
-        if np.isinf(boot).any():
-            row = int(np.argmax(np.isinf(boot)))
-            raise ValueError(f"bootstrap_value: row {row}: expected a finite value or NaN (terminal), found {boot[row]}")
+    tid = _turn_ids(turn_ids, m, B, L) if need_turns else np.empty((B, 0), dtype=np.int64)
+    boot = _bootstrap(bootstrap_value, B)
     p = Prepared(r, v, m, tid, boot, None, dtype, device, (r0, v0, m0), bool(need_values), bool(need_turns))
     if validate:
         p.validate()
     return p
+
+
+def _turn_ids(turn_ids, m: np.ndarray, B: int, L: int) -> np.ndarray:
+    """Turn ids as int64 ``(B, L)``: derived from the mask runs when None; given ones must be integers
+    on action tokens (NaN or -1 padding on masked ones is fine and becomes 0)."""
+    if turn_ids is None:
+        return np.ascontiguousarray(turn_ids_from_mask(m != 0), dtype=np.int64)
+    t0 = _to_numpy(turn_ids, "turn_ids")
+    if t0.shape != (B, L):
+        raise ValueError(f"turn_ids: expected shape {(B, L)} (the mask's), found {tuple(t0.shape)}")
+    if t0.dtype.kind == "f":  # only action tokens matter: NaN or -1 padding elsewhere is fine
+        bad = (~np.isfinite(t0) | (t0 != np.round(t0))) & (m != 0)
+        if bad.any():
+            row = int(np.argmax(bad.any(1)))
+            pos = int(np.argmax(bad[row]))
+            raise ValueError(f"turn_ids: row {row}, position {pos}: expected an integer id on an action "
+                             f"token, found {_py(t0[row, pos])!r}")
+        t0 = np.where(m != 0, t0, 0.0)
+    elif t0.dtype.kind not in "iub":
+        raise ValueError(f"turn_ids: expected integer ids, found dtype {t0.dtype}")
+    return np.ascontiguousarray(t0, dtype=np.int64)
+
+
+def _bootstrap(bootstrap_value, B: int) -> np.ndarray:
+    """The bootstrap values as float64 ``(B,)``: NaN (terminal) when None; no infinities."""
+    if bootstrap_value is None:
+        return np.full(B, np.nan)
+    boot = np.ascontiguousarray(_to_numpy(bootstrap_value, "bootstrap_value"), dtype=np.float64)
+    if boot.shape != (B,):
+        raise ValueError(f"bootstrap_value: expected shape ({B},) (one per row, NaN = terminal), found {tuple(boot.shape)}")
+    if np.isinf(boot).any():
+        row = int(np.argmax(np.isinf(boot)))
+        raise ValueError(f"bootstrap_value: row {row}: expected a finite value or NaN (terminal), found {boot[row]}")
+    return boot
 
 
 def _py(x):
@@ -217,10 +227,16 @@ def to_torch(a: np.ndarray, device: torch.device) -> torch.Tensor:
     return t if device.type == "cpu" else t.to(device)
 
 
-def whiten_(adv: np.ndarray, mask: np.ndarray) -> np.ndarray:
+#: Added to the variance before the square root when whitening (verl's ``masked_whiten``).
+WHITEN_EPS = 1e-8
+
+
+def whiten_reference(adv: np.ndarray, mask: np.ndarray) -> np.ndarray:
     """In place over the ``mask == 1`` tokens: ``A ← (A − mean)/sqrt(var_unbiased + 1e-8)``.
 
-    Masked positions stay 0. With fewer than two action tokens the variance is taken as 0.
+    Masked positions stay 0. With fewer than two action tokens the variance is taken as 0. The
+    readable form (numpy: gather, two-pass mean and variance, scatter) that :func:`whiten_` is
+    tested against; the estimators use :func:`whiten_`.
     """
     sel = mask != 0
     n = int(sel.sum())
@@ -229,7 +245,55 @@ def whiten_(adv: np.ndarray, mask: np.ndarray) -> np.ndarray:
     x = adv[sel].astype(np.float64)
     mean = x.mean()
     var = ((x - mean) ** 2).sum() / (n - 1) if n > 1 else 0.0
-    adv[sel] = (x - mean) / np.sqrt(var + 1e-8)
+    adv[sel] = (x - mean) / np.sqrt(var + WHITEN_EPS)
+    return adv
+
+
+def merge_moments(moments: np.ndarray) -> tuple[int, float, float]:
+    """The batch's ``(N, mean, std)`` from per-row statistics ``(n_i, mean_i, M2_i, …)`` (float64 ``(B, ≥3)``).
+
+    Chan's pairwise merge: ``N = Σ n_i``, ``mean = Σ n_i·mean_i / N`` (computed as a shift, the
+    first non-empty row's mean, plus the mean offset: a constant batch gives its constant exactly),
+    ``M2 = Σ M2_i + Σ n_i (mean_i − mean)²``, ``std = sqrt(M2/(N − 1) + 1e-8)`` (variance 0 when
+    ``N < 2``). ``N = 0`` gives ``(0, 0.0, 1.0)``.
+    """
+    n = moments[:, 0]
+    total = float(n.sum())
+    if total == 0:
+        return 0, 0.0, 1.0
+    mu = moments[:, 1]
+    shift = float(mu[int(np.argmax(n > 0))])
+    mean = shift + float((n * (mu - shift)).sum()) / total
+    m2 = float(moments[:, 2].sum()) + float((n * (mu - mean) ** 2).sum())
+    var = m2 / (total - 1) if total > 1 else 0.0
+    return int(total), mean, math.sqrt(var + WHITEN_EPS)
+
+
+def whiten_(adv: np.ndarray, mask: np.ndarray, moments: np.ndarray | None = None) -> np.ndarray:
+    """In place over the ``mask == 1`` tokens: ``A ← (A − mean)/sqrt(var_unbiased + 1e-8)``; returns ``adv``.
+
+    Same map as :func:`whiten_reference` (masked positions keep their value, 0 for estimator
+    outputs; < 2 action tokens: variance 0), computed in at most two parallel passes:
+    ``moments`` (float64 ``(B, 4)``, per-row ``(n_i, mean_i, M2_i, end_i)``, see
+    :mod:`mpo_viz.advantages.kernels`) when an estimator kernel produced them on the way
+    (``wh = 1``; its masked outputs are 0; rows with ``M2_i < 0`` are recomputed here), else
+    :func:`~mpo_viz.advantages.kernels.moments_kernel`; then :func:`merge_moments` and one
+    rewrite of the action tokens (:func:`~mpo_viz.advantages.kernels.whiten_apply_kernel`).
+    Shapes: adv, mask ``(B, L)``.
+    """
+    from_kernel = moments is not None
+    if moments is None:
+        moments = np.empty((adv.shape[0], 4))
+        K.moments_kernel(adv, mask, moments)
+    else:
+        redo = np.flatnonzero(moments[:, 2] < 0)  # rows whose plain-sum M2 cancelled: exactly
+        if redo.size:
+            sub = np.empty((redo.size, 4))
+            K.moments_kernel(np.ascontiguousarray(adv[redo]), np.ascontiguousarray(mask[redo]), sub)
+            moments[redo] = sub
+    n, mean, std = merge_moments(moments)
+    if n > 0:
+        K.whiten_apply_kernel(adv, mask, mean, 1.0 / std, moments, int(from_kernel))
     return adv
 
 
@@ -258,15 +322,15 @@ def group_codes(group_ids, B: int, name: str = "group_ids") -> np.ndarray:
 
 
 def scalar_check(name: str, value, lo=None, hi=None, *, lo_open=False, hi_open=False) -> float:
-    """A float option within bounds, else ``ValueError`` naming it."""
-    x = number(value, name)
-    bad = not np.isfinite(x)
-    if lo is not None:
-        bad |= x <= lo if lo_open else x < lo
-    if hi is not None:
-        bad |= x >= hi if hi_open else x > hi
-    if bad:
-        lb = "(" if lo_open else "["
-        hb = ")" if hi_open else "]"
-        raise ValueError(f"{name}: expected a value in {lb}{lo if lo is not None else '-inf'}, {hi if hi is not None else 'inf'}{hb}, found {value!r}")
-    return x
+    """A float option within bounds as a float, else :class:`~mpo_viz.checks.OptionError` (a
+    ``ValueError``) naming it: the check of :class:`~mpo_viz.options.Option`, with the bounds
+    written as the tensor functions give them (``[0.0, 1.0]``)."""
+    _bounded(name, lo, hi, lo_open, hi_open).check(value)
+    return float(value)
+
+
+@lru_cache(maxsize=256)
+def _bounded(name: str, lo, hi, lo_open: bool, hi_open: bool) -> Option:
+    """The Option of a bounded float (built once: the estimators check their options on every call)."""
+    words = f"a value in {interval(lo, hi, lo_open, hi_open, fmt=str)}"
+    return Option(name, low=lo, high=hi, low_open=lo_open, high_open=hi_open, expect=words)

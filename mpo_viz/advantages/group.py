@@ -141,11 +141,10 @@ def reinforce_pp(
     p = prepare(rewards, mask, validate=False)
     g = np.empty(p.shape, dtype=p.dtype)
     bad = np.empty(p.shape[0], dtype=np.int64)
-    K.discounted_kernel(p.rewards, p.mask, gamma, g, bad)
+    moments = np.empty((p.shape[0], 4))
+    K.discounted_kernel(p.rewards, p.mask, gamma, g, bad, int(whiten), moments)
     p.check_bad(bad)
-    adv = g.copy()
-    if whiten:
-        whiten_(adv, p.mask)
+    adv = whiten_(g.copy(), p.mask, moments) if whiten else g.copy()
     return to_torch(adv, p.device), to_torch(g, p.device)
 
 
@@ -181,6 +180,48 @@ def turn_spans(mask_row: np.ndarray, tid_row: np.ndarray) -> list[tuple[int, int
     starts = np.flatnonzero(np.r_[True, k[1:] != k[:-1]])
     ends = np.r_[starts[1:] - 1, pos.size - 1]
     return list(zip(pos[starts].tolist(), pos[ends].tolist()))
+
+
+def _step_returns(p, kmax: int, step_gamma: float) -> np.ndarray:
+    """``(B, kmax)`` discounted step returns ``Σ_{k'≥k} γ^{k'−k} R_{k'}`` of the turn reward sums."""
+    B = p.shape[0]
+    rows, cols = np.nonzero(p.mask != 0)
+    kk = p.turn_ids[rows, cols]
+    R = np.bincount(rows * kmax + kk, weights=p.rewards[rows, cols].astype(np.float64),
+                    minlength=B * kmax).reshape(B, kmax) if kmax else np.zeros((B, 0))
+    step_ret = np.zeros((B, kmax))
+    nxt = np.zeros(B)
+    for k in range(kmax - 1, -1, -1):
+        nxt = np.where(k < p.nturns, R[:, k] + step_gamma * nxt, 0.0)
+        step_ret[:, k] = nxt
+    return step_ret
+
+
+def _step_groups(p, codes: np.ndarray, prompts: list, responses: list) -> tuple[tuple[list, list, list], list]:
+    """The (row, turn, step-group code) of every turn with an anchor (turns with identical anchors in
+    the same group share a code), and each row's turn spans."""
+    keys: dict = {}
+    members_row, members_turn, members_code = [], [], []
+    spans_all = []
+    for i in range(p.shape[0]):
+        spans = turn_spans(p.mask[i], p.turn_ids[i])
+        spans_all.append(spans)
+        resp = responses[i]
+        if spans and resp.shape[0] < spans[-1][1] + 1:
+            raise ValueError(f"response_ids: row {i}: expected at least {spans[-1][1] + 1} tokens "
+                             f"(aligned with the mask), found {resp.shape[0]}")
+        prev_end = -1
+        for k, (first, last) in enumerate(spans):
+            obs = resp[prev_end + 1:first]
+            prev_end = last
+            if k > 0 and obs.size == 0:  # no observation, no anchor: A^S stays 0
+                continue
+            anchor = np.concatenate([prompts[i], obs]) if k == 0 else obs
+            key = (int(codes[i]), anchor.tobytes())
+            members_row.append(i)
+            members_turn.append(k)
+            members_code.append(keys.setdefault(key, len(keys)))
+    return (members_row, members_turn, members_code), spans_all
 
 
 def gigpo(
@@ -219,41 +260,10 @@ def gigpo(
     responses = _ragged(response_ids, B, "response_ids")
     a_e = _grpo_scores(_scores(p), codes, eps, True)
 
-    # Turn reward sums R[i, k] and discounted step returns.
-    kmax = int(p.nturns.max()) if B else 0
+    kmax = int(p.nturns.max()) if B and p.nturns is not None else 0
     act = p.mask != 0
-    rows, cols = np.nonzero(act)
-    kk = p.turn_ids[rows, cols]
-    R = np.bincount(rows * kmax + kk, weights=p.rewards[rows, cols].astype(np.float64),
-                    minlength=B * kmax).reshape(B, kmax) if kmax else np.zeros((B, 0))
-    step_ret = np.zeros((B, kmax))
-    nxt = np.zeros(B)
-    for k in range(kmax - 1, -1, -1):
-        nxt = np.where(k < p.nturns, R[:, k] + step_gamma * nxt, 0.0)
-        step_ret[:, k] = nxt
-
-    # Anchor keys -> step-group codes over all (row, turn) pairs.
-    keys: dict = {}
-    members_row, members_turn, members_code = [], [], []
-    spans_all = []
-    for i in range(B):
-        spans = turn_spans(p.mask[i], p.turn_ids[i])
-        spans_all.append(spans)
-        resp = responses[i]
-        if spans and resp.shape[0] < spans[-1][1] + 1:
-            raise ValueError(f"response_ids: row {i}: expected at least {spans[-1][1] + 1} tokens "
-                             f"(aligned with the mask), found {resp.shape[0]}")
-        prev_end = -1
-        for k, (first, last) in enumerate(spans):
-            obs = resp[prev_end + 1:first]
-            prev_end = last
-            if k > 0 and obs.size == 0:  # no observation, no anchor: A^S stays 0
-                continue
-            anchor = np.concatenate([prompts[i], obs]) if k == 0 else obs
-            key = (int(codes[i]), anchor.tobytes())
-            members_row.append(i)
-            members_turn.append(k)
-            members_code.append(keys.setdefault(key, len(keys)))
+    step_ret = _step_returns(p, kmax, step_gamma)
+    (members_row, members_turn, members_code), spans_all = _step_groups(p, codes, prompts, responses)
     a_s = np.zeros((B, kmax))
     if members_row:
         mr, mt, mc = (np.asarray(x, dtype=np.int64) for x in (members_row, members_turn, members_code))

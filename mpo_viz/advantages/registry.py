@@ -1,8 +1,8 @@
 """The estimators' one registry: names, what each needs from a batch, its typed options, and
 ``compute(batch, name, **options)`` on a TrajectoryBatch.
 
-**Options are declared here once.** Each estimator's keyword-only options are :class:`Option`
-objects — name, kind (``float``, ``int``, ``bool``, ``choice``, ``str``), bounds or choices, a
+**Options are declared here once.** Each estimator's keyword-only options are
+:class:`~mpo_viz.options.Option` objects (the one option type of the package) — name, kind (``float``, ``int``, ``bool``, ``choice``, ``str``), bounds or choices, a
 one-line doc, a display label — and the default is the one in the estimator function's signature
 (checked at registration). Everything else is derived from this declaration: the ``mpo-viz
 advantages``/``report`` flags (:mod:`mpo_viz.cli.advantages`), the explorer's sliders and menus
@@ -26,7 +26,10 @@ The API:
   ``Bound.resolve(**options) -> dict`` (checked, defaults filled in) and
   ``Bound.run(**options) -> (adv, ret, used)`` — the path :func:`compute` and the widgets share;
 * :data:`DEFAULT_ESTIMATORS` (mpo, gae, grpo), :func:`default_estimators` ``(batch)`` (those the
-  batch supports), :func:`is_group_estimator` ``(name)``, :func:`parse_names` ``("mpo,gae")``.
+  batch supports), :func:`is_group_estimator` ``(name)``, :func:`parse_names` ``("mpo,gae")``;
+* the traits the views read: :func:`multiscale_estimator` ``(names)`` (whose within-turn part gets a
+  channel of its own) and :func:`returns_source` ``(names)`` (whose returns are the critic's
+  targets), from ``register(..., multiscale=, critic_returns=)``.
 
 Register your own (it then shows up in ``mpo-viz advantages --help`` and in the explorer)::
 
@@ -44,135 +47,29 @@ Without ``options=`` each keyword-only option takes the registered declaration o
 from __future__ import annotations
 
 import inspect
-import math
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field, replace
 
-import numpy as np
 import pandas as pd
 import torch
 
 from mpo_viz.advantages import group as G
 from mpo_viz.advantages import token as T
 from mpo_viz.advantages.unrewarded import warn_unrewarded
-from mpo_viz.checks import OptionError, number
+from mpo_viz.checks import OptionError
+from mpo_viz.options import UNSET, Option
+from mpo_viz.trajectory import TrajectoryBatch
 
 __all__ = [
     "Option", "Estimator", "Bound", "AdvantageResult", "register", "available", "get", "options", "vocabulary",
     "estimator_options", "split_options", "takers", "bind", "missing", "compute", "is_group_estimator",
+    "multiscale_estimator", "returns_source", "critic_returns_estimators",
     "default_estimators", "parse_names", "DEFAULT_ESTIMATORS",
 ]
 
 #: the estimators shown when none are named (each where the batch supports it)
 DEFAULT_ESTIMATORS = ("mpo", "gae", "grpo")
-
-KINDS = ("float", "int", "bool", "choice", "str", "any")
-
-_UNSET = object()
-
-
-@dataclass(frozen=True)
-class Option:
-    """One typed estimator option.
-
-    Attributes:
-        name: the keyword argument.
-        default: its default; left out, it is read from the estimator function's signature.
-        kind: ``"float"``, ``"int"``, ``"bool"``, ``"choice"`` (one of ``choices``), ``"str"``, or
-            ``"any"`` (unchecked; not shown on the command line or in the explorer).
-        low, high: inclusive bounds of a number (None: unbounded); ``low_open``/``high_open``
-            make them exclusive.
-        choices: the allowed values of a ``choice``.
-        doc: one line, shown by ``--help`` and as the control's tooltip.
-        label: short display name (``"γ"``); default the name.
-        span: ``(min, max)`` of a slider for a number without two finite bounds (e.g. β ≥ 0 on
-            0…3); without it such a number gets a text box.
-        advanced: shown folded away in the explorer (the CLI shows every option).
-    """
-
-    name: str
-    default: object = _UNSET
-    kind: str = "float"
-    low: float | None = None
-    high: float | None = None
-    choices: tuple = ()
-    doc: str = ""
-    label: str = ""
-    span: tuple[float, float] | None = None
-    advanced: bool = False
-    low_open: bool = False
-    high_open: bool = False
-
-    def __post_init__(self):
-        if not isinstance(self.name, str) or not self.name.isidentifier():
-            raise ValueError(f"Option.name: expected a Python identifier, found {self.name!r}")
-        if self.kind not in KINDS:
-            raise ValueError(f"Option {self.name!r}: kind: expected one of {', '.join(KINDS)}, found {self.kind!r}")
-        if (self.kind == "choice") != bool(self.choices):
-            raise ValueError(f"Option {self.name!r}: choices go with kind='choice' (and only with it)")
-        object.__setattr__(self, "choices", tuple(self.choices))
-
-    @property
-    def display(self) -> str:
-        """The label, or the name."""
-        return self.label or self.name
-
-    @property
-    def slider(self) -> tuple[float, float] | None:
-        """``(min, max)`` of a slider for this number, or None (a text box)."""
-        if self.kind != "float":
-            return None
-        if self.span is not None:
-            return self.span
-        if self.low is not None and self.high is not None:
-            return (self.low, self.high)
-        return None
-
-    def bounds_text(self) -> str:
-        """``[0, 1]``, ``(0, inf)``, ``one of intra, local`` or ``""``."""
-        if self.kind == "choice":
-            return "one of " + ", ".join(map(str, self.choices))
-        if self.low is None and self.high is None:
-            return ""
-        lo = "-inf" if self.low is None else f"{self.low:g}"
-        hi = "inf" if self.high is None else f"{self.high:g}"
-        return f"{'(' if self.low_open or self.low is None else '['}{lo}, {hi}{')' if self.high_open or self.high is None else ']'}"
-
-    def check(self, value):
-        """``value`` if it is a valid setting of this option, else :class:`OptionError` naming it."""
-        n = self.name
-        if self.kind == "any":
-            return value
-        if self.kind == "bool":
-            if not isinstance(value, (bool, np.bool_)):
-                raise OptionError(n, f"expected True or False, found {value!r}")
-            return bool(value)
-        if self.kind == "choice":
-            if value not in self.choices:
-                raise OptionError(n, f"expected one of {', '.join(map(repr, self.choices))}, found {value!r}")
-            return value
-        if self.kind == "str":
-            if not isinstance(value, str):
-                raise OptionError(n, f"expected a string, found {value!r}")
-            return value
-        if self.kind == "int" and not (isinstance(value, (int, np.integer)) and not isinstance(value, (bool, np.bool_))):
-            raise OptionError(n, f"expected an integer, found {value!r}")
-        x = number(value, n)
-        bad = not math.isfinite(x)
-        if self.low is not None:
-            bad |= x <= self.low if self.low_open else x < self.low
-        if self.high is not None:
-            bad |= x >= self.high if self.high_open else x > self.high
-        if bad:
-            raise OptionError(n, f"expected a value in {self.bounds_text() or '(-inf, inf)'}, found {value!r}")
-        return value
-
-    def same_meaning(self, other: Option) -> bool:
-        """Same kind, bounds and choices (defaults and docs may differ between estimators)."""
-        return (self.kind, self.low, self.high, self.low_open, self.high_open, self.choices) == (
-            other.kind, other.low, other.high, other.low_open, other.high_open, other.choices)
-
 
 def _kind_of(default) -> str | None:
     if isinstance(default, bool):
@@ -230,7 +127,7 @@ NEED_TEXT = {
 }
 
 
-def _has(batch, need: str) -> bool:
+def _has(batch: TrajectoryBatch, need: str) -> bool:
     if need == "values":
         return batch.has("values")
     if need == "groups":
@@ -251,6 +148,11 @@ class Estimator:
         needs: what the batch must carry (see :data:`NEED_TEXT`).
         spec: the declared options (:class:`Option`, defaults filled in), in signature order.
         doc: the first line of ``fn``'s docstring.
+        multiscale: its advantage is a turn-level part plus a centred within-turn part (MAE): the
+            views show the within-turn part (``A − turn mean``) as a channel of its own.
+        critic_returns: its returns are targets for the critic (value-based estimators): the views
+            draw them beside the values and the report measures the critic against them
+            (:func:`returns_source`).
     """
 
     name: str
@@ -259,6 +161,8 @@ class Estimator:
     needs: tuple[str, ...]
     spec: tuple[Option, ...]
     doc: str = ""
+    multiscale: bool = False
+    critic_returns: bool = False
 
     @property
     def options(self) -> dict:
@@ -290,7 +194,7 @@ def _declare(name: str, fn: Callable, bound: tuple[str, ...], declared) -> tuple
         if o is None:
             # e.g. a None default: "any", callable from Python, not shown on the CLI or the sliders
             o = Option(pname, kind=_kind_of(p.default) or "any")
-        if o.default is not _UNSET and o.default != p.default:
+        if o.default is not UNSET and o.default != p.default:
             raise ValueError(f"options: estimator {name!r}: option {pname!r} declares default {o.default!r} but "
                              f"{fn.__qualname__} has {p.default!r}; the signature's default is the one")
         known = _VOCAB.get(pname)
@@ -303,7 +207,8 @@ def _declare(name: str, fn: Callable, bound: tuple[str, ...], declared) -> tuple
 
 
 def register(name: str, *, needs: tuple[str, ...] = (), inputs: Callable | None = None,
-             bound: tuple[str, ...] = (), options: Iterable[Option] | None = None):
+             bound: tuple[str, ...] = (), options: Iterable[Option] | None = None, multiscale: bool = False,
+             critic_returns: bool | None = None):
     """Decorator registering ``fn`` under ``name``; raises ``ValueError`` if the name is taken.
 
     Without ``inputs`` the function is called as ``fn(batch, **options)``. With ``inputs``, a
@@ -313,6 +218,10 @@ def register(name: str, *, needs: tuple[str, ...] = (), inputs: Callable | None 
     ``options``: :class:`Option` declarations of ``fn``'s keyword-only options (defaults from the
     signature). An undeclared option takes the registered declaration of its name (γ, λ, β, ...)
     or, for a new name, one inferred from its default's type.
+
+    Traits the views read (:class:`Estimator`): ``multiscale`` (a centred within-turn part, shown as
+    a channel of its own), ``critic_returns`` (its returns are critic targets; default: when it
+    needs ``values``).
     """
     if not isinstance(name, str) or not name:
         raise ValueError(f"name: expected a non-empty string, found {name!r}")
@@ -322,11 +231,12 @@ def register(name: str, *, needs: tuple[str, ...] = (), inputs: Callable | None 
             raise ValueError(f"estimator {name!r} is already registered (by {_REGISTRY[name].fn.__module__}."
                              f"{_REGISTRY[name].fn.__qualname__}); pick another name")
         spec = _declare(name, fn, tuple(bound), options)
-        get_inputs = inputs if inputs is not None else (lambda b: ((b,), {}))
+        get_inputs: Callable = inputs if inputs is not None else (lambda b: ((b,), {}))
         doc = (inspect.getdoc(fn) or "").split("\n", 1)[0]
-        _REGISTRY[name] = Estimator(name, fn, get_inputs, tuple(needs), spec, doc)
+        returns = "values" in needs if critic_returns is None else bool(critic_returns)
+        _REGISTRY[name] = Estimator(name, fn, get_inputs, tuple(needs), spec, doc, bool(multiscale), returns)
         for o in spec:
-            _VOCAB.setdefault(o.name, replace(o, default=_UNSET))
+            _VOCAB.setdefault(o.name, replace(o, default=UNSET))
         return fn
 
     return deco
@@ -385,12 +295,32 @@ def split_options(names: Iterable[str], shared: dict) -> dict[str, dict]:
     return {n: estimator_options(n, shared) for n in names}
 
 
+def multiscale_estimator(names: Iterable[str]) -> str | None:
+    """The first of ``names`` (in their order) whose advantage has a within-turn part of its own
+    (:attr:`Estimator.multiscale`: mpo, mae); names not registered are skipped."""
+    return next((n for n in names if n in _REGISTRY and _REGISTRY[n].multiscale), None)
+
+
+def critic_returns_estimators() -> list[str]:
+    """The estimators whose returns are critic targets (:attr:`Estimator.critic_returns`), in order
+    of preference: registration order (mpo, mae, gae, turn_gae, vapo, then your own)."""
+    return [n for n, e in _REGISTRY.items() if e.critic_returns]
+
+
+def returns_source(names: Iterable[str]) -> str | None:
+    """The estimator among ``names`` whose returns the views draw beside the values and the report
+    measures the critic against: the first of :func:`critic_returns_estimators` among them; None
+    when there is none."""
+    names = set(names)
+    return next((n for n in critic_returns_estimators() if n in names), None)
+
+
 def is_group_estimator(name: str) -> bool:
     """True when estimator ``name`` compares trajectories of a group (it needs ``groups``)."""
     return "groups" in get(name).needs
 
 
-def default_estimators(batch) -> list[str]:
+def default_estimators(batch: TrajectoryBatch) -> list[str]:
     """Those of :data:`DEFAULT_ESTIMATORS` that ``batch`` supports (mpo and gae need values)."""
     return [n for n in DEFAULT_ESTIMATORS if not missing(batch, n)]
 
@@ -410,16 +340,14 @@ def parse_names(names) -> tuple[str, ...]:
     return out
 
 
-def _check_batch(batch) -> None:
-    from mpo_viz.trajectory import TrajectoryBatch
-
+def _check_batch(batch: TrajectoryBatch) -> None:
     if not isinstance(batch, TrajectoryBatch):
         raise ValueError(f"batch: expected a TrajectoryBatch (mv.load(...) or TrajectoryBatch.from_rows), found "
                          f"{type(batch).__name__}; on plain (B, L) tensors call the estimator function itself, "
                          f"e.g. mpo_viz.advantages.mae(rewards, values, mask, turn_ids=...)")
 
 
-def missing(batch, name: str) -> list[str]:
+def missing(batch: TrajectoryBatch, name: str) -> list[str]:
     """What the batch lacks for estimator ``name`` (empty when it can run)."""
     _check_batch(batch)
     return [n for n in get(name).needs if not _has(batch, n)]
@@ -431,7 +359,7 @@ class Bound:
     the per-turn table; the widgets keep a ``Bound`` per estimator and call ``run`` when a slider
     moves."""
 
-    def __init__(self, batch, name: str):
+    def __init__(self, batch: TrajectoryBatch, name: str):
         est = get(name)
         lacks = missing(batch, name)
         if lacks:
@@ -449,7 +377,7 @@ class Bound:
         self.estimator = est
         self.batch = batch
         self._spec = {o.name: o for o in est.spec}
-        self._inputs = None
+        self._inputs: tuple[tuple, dict] | None = None
 
     def inputs(self) -> tuple[tuple, dict]:
         """The ``(args, kwargs)`` taken from the batch (prepared on the first call)."""
@@ -476,7 +404,7 @@ class Bound:
         return adv, ret, used
 
 
-def bind(batch, name: str) -> Bound:
+def bind(batch: TrajectoryBatch, name: str) -> Bound:
     """:class:`Bound`: estimator ``name`` with ``batch`` checked and its inputs prepared once."""
     return Bound(batch, name)
 
@@ -513,7 +441,7 @@ class AdvantageResult:
     timings: dict = field(default_factory=dict)
     traj_ids: list = field(default_factory=list)
 
-    def attach(self, batch, *, advantages: str = "advantages", returns: str = "returns"):
+    def attach(self, batch: TrajectoryBatch, *, advantages: str = "advantages", returns: str = "returns"):
         """``batch.with_token_fields`` with these advantages and returns under the given names."""
         return batch.with_token_fields(**{advantages: self.advantages, returns: self.returns})
 
@@ -523,7 +451,7 @@ class AdvantageResult:
                 f"wall_time_s={self.wall_time_s:.4f}, options={self.options})")
 
 
-def compute(batch, name: str, **options) -> AdvantageResult:
+def compute(batch: TrajectoryBatch, name: str, **options) -> AdvantageResult:
     """Run estimator ``name`` on a TrajectoryBatch; returns an :class:`AdvantageResult`.
 
     Checks up front that the batch carries what the estimator needs (``ValueError`` naming what is
@@ -573,12 +501,13 @@ def _gigpo_inputs(b):
 
 
 _TURN_BOUND = ("bootstrap_value", "turn_ids")
-# The built-ins take their option declarations from the vocabulary above by name.
+# The built-ins take their option declarations from the vocabulary above by name. The order of
+# registration is the order of preference of returns_source: mpo, mae, gae, turn_gae, vapo.
+register("mpo", needs=("values", "turns"), inputs=_turn_inputs, bound=_TURN_BOUND, multiscale=True)(T.mae)
+register("mae", needs=("values", "turns"), inputs=_turn_inputs, bound=_TURN_BOUND, multiscale=True)(T.mae)
 register("gae", needs=("values",), inputs=_critic_inputs, bound=("bootstrap_value",))(T.gae)
-register("vapo", needs=("values",), inputs=_critic_inputs, bound=("bootstrap_value",))(T.vapo)
 register("turn_gae", needs=("values", "turns"), inputs=_turn_inputs, bound=_TURN_BOUND)(T.turn_gae)
-register("mae", needs=("values", "turns"), inputs=_turn_inputs, bound=_TURN_BOUND)(T.mae)
-register("mpo", needs=("values", "turns"), inputs=_turn_inputs, bound=_TURN_BOUND)(T.mae)
+register("vapo", needs=("values",), inputs=_critic_inputs, bound=("bootstrap_value",))(T.vapo)
 register("grpo", needs=("groups",), inputs=_group_inputs)(G.grpo)
 register("drgrpo", needs=("groups",), inputs=_group_inputs)(G.drgrpo)
 register("rloo", needs=("groups",), inputs=_group_inputs)(G.rloo)

@@ -20,14 +20,11 @@ import os
 import sys
 
 from mpo_viz.checks import OptionError
+from mpo_viz.cli import advantages, convert, data, fit_critic, generate, get_model, train
+from mpo_viz.cli.errors import CLIError
+from mpo_viz.version import __version__
 
-
-class CLIError(Exception):
-    """An expected failure: printed as one line, exit code ``code``."""
-
-    def __init__(self, message: str, code: int = 1):
-        super().__init__(message)
-        self.code = code
+__all__ = ["main", "build_parser", "CLIError", "flags_of", "in_flags"]
 
 
 class _Parser(argparse.ArgumentParser):
@@ -43,13 +40,9 @@ def build_parser() -> argparse.ArgumentParser:
         description="Credit assignment for long-horizon LLM agents: inspect, score and visualize trajectories.",
     )
     parser.add_argument("--debug", action="store_true", help="show full tracebacks on errors")
-    from mpo_viz.version import __version__
-
     parser.add_argument("--version", action="version", version=f"mpo-viz {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     sub.required = True
-    from mpo_viz.cli import advantages, convert, data, fit_critic, generate, get_model, train
-
     # --help order: info, validate, convert, generate, fit-critic, advantages, report, train, get-model
     for module in (data, convert, generate, fit_critic, advantages, train, get_model):
         module.add_subcommand(sub)
@@ -65,7 +58,7 @@ def flags_of(parser: argparse.ArgumentParser) -> dict[str, str]:
     for a in parser._actions:
         if a.dest in (argparse.SUPPRESS, "help"):
             continue
-        out[a.dest] = max(a.option_strings, key=len) if a.option_strings else (a.metavar or a.dest.upper())
+        out[a.dest] = max(a.option_strings, key=len) if a.option_strings else str(a.metavar or a.dest.upper())
     return out
 
 

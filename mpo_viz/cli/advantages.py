@@ -10,11 +10,17 @@ Bad input: the loader's message on one line, exit code 1, no traceback.
 
 from __future__ import annotations
 
-import argparse
 import sys
 import time
+import warnings
 
-__all__ = ["add_subcommand"]
+from mpo_viz.advantages import registry
+from mpo_viz.annotate import AnnotateConfig, annotate_file
+from mpo_viz.cli.flags import add_option
+from mpo_viz.options import Option
+from mpo_viz.report import ExportWarning, LeftOutNote, ReportConfig, write_report
+
+__all__ = ["add_subcommand", "estimator_option_help"]
 
 
 # ------------------------------------------------------------------------------------------------
@@ -36,8 +42,6 @@ chunk; statistics are those of the whole file."""
 
 def _estimator_args(p, default: str | None) -> None:
     """``-e`` and one flag per estimator option, derived from the registry's declarations."""
-    from mpo_viz.advantages import registry
-
     names = registry.available()
     p.add_argument("-e", "--estimators", default=default,
                    help=f"comma-separated, from: {', '.join(names)}" + (
@@ -45,43 +49,36 @@ def _estimator_args(p, default: str | None) -> None:
                        f" (default: {','.join(registry.DEFAULT_ESTIMATORS)} where the data allow)"))
     g = p.add_argument_group("estimator options (each estimator takes the ones it accepts; unset = its default)")
     for o in registry.vocabulary(names).values():
-        if o.kind == "any":
-            continue
-        flag = "--" + o.name.replace("_", "-")
-        takers = registry.takers(o.name, names)
-        defaults = {n: registry.get(n).options[o.name] for n in takers}
-        shown = (f"default {next(iter(defaults.values()))!r}" if len(set(map(repr, defaults.values()))) == 1
-                 else "defaults " + ", ".join(f"{n} {v!r}" for n, v in defaults.items()))
-        what = f"{o.doc or o.name} [{', '.join(takers)}; {shown}]"
-        if o.bounds_text() and o.kind != "choice":
-            what += f" in {o.bounds_text()}"
-        if o.kind == "bool":
-            g.add_argument(flag, dest=o.name, action=argparse.BooleanOptionalAction, default=None, help=what)
-        elif o.kind == "choice":
-            g.add_argument(flag, dest=o.name, choices=o.choices, help=what)
-        else:
-            g.add_argument(flag, dest=o.name, type={"float": float, "int": int, "str": str}[o.kind], help=what)
+        if o.kind != "any":
+            add_option(g, o, help=estimator_option_help(o, names))
     p.add_argument("--max-tokens", type=int, default=1_000_000, help="response tokens per chunk (default 1,000,000)")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
 
 
+def estimator_option_help(o: Option, names) -> str:
+    """``"<doc> [<estimators taking it>; default <d>] in <bounds>"``: the ``--help`` line of an
+    estimator option shared by ``names``."""
+    takers = registry.takers(o.name, names)
+    defaults = {n: registry.get(n).options[o.name] for n in takers}
+    shown = (f"default {next(iter(defaults.values()))!r}" if len(set(map(repr, defaults.values()))) == 1
+             else "defaults " + ", ".join(f"{n} {v!r}" for n, v in defaults.items()))
+    what = f"{o.doc or o.name} [{', '.join(takers)}; {shown}]"
+    if o.bounds_text() and o.kind != "choice":
+        what += f" in {o.bounds_text()}"
+    return what
+
+
 def _options(args) -> dict:
     """The estimator options set on the command line (the flags :func:`_estimator_args` added)."""
-    from mpo_viz.advantages import registry
-
     return {k: getattr(args, k) for k in registry.vocabulary() if getattr(args, k, None) is not None}
 
 
 def _names(s: str | None) -> tuple[str, ...] | None:
-    from mpo_viz.advantages import registry
-
     return None if s is None else registry.parse_names(s)
 
 
 def cmd_advantages(args) -> int:
-    from mpo_viz.annotate import AnnotateConfig, annotate_file
-
-    cfg = AnnotateConfig(estimators=_names(args.estimators), options=_options(args), max_tokens=args.max_tokens,
+    cfg = AnnotateConfig(estimators=_names(args.estimators) or registry.DEFAULT_ESTIMATORS, options=_options(args), max_tokens=args.max_tokens,
                            progress=False if args.no_progress else None)
     stats = annotate_file(args.path, args.out, cfg)
     print(f"wrote {stats['out']}: {stats['trajectories']:,} trajectories, {stats['tokens']:,} tokens, "
@@ -91,16 +88,10 @@ def cmd_advantages(args) -> int:
 
 
 def cmd_report(args) -> int:
-    from mpo_viz.report import ReportConfig, write_report
-
     cfg = ReportConfig(estimators=_names(args.estimators), options=_options(args), n_best=args.n_best, n_worst=args.n_worst,
                        n_disagreed=args.n_disagreed, title=args.title, max_tokens=args.max_tokens,
                        progress=False if args.no_progress else None, tokenizer=args.tokenizer,
                        export_dir=args.export)
-    import warnings
-
-    from mpo_viz.report import ExportWarning, LeftOutNote
-
     t = time.perf_counter()
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always", ExportWarning)
@@ -123,9 +114,7 @@ def add_subcommand(sub) -> None:
     p.add_argument("path", help="trajectories: .jsonl, .parquet or a folder")
     p.add_argument("-o", "--output", dest="out", required=True,
                    help="output .parquet or .jsonl file, or a folder (one Parquet file per chunk, no merge pass)")
-    from mpo_viz.advantages.registry import DEFAULT_ESTIMATORS
-
-    _estimator_args(p, ",".join(DEFAULT_ESTIMATORS))
+    _estimator_args(p, ",".join(registry.DEFAULT_ESTIMATORS))
     p.set_defaults(func=cmd_advantages)
 
     r = sub.add_parser("report", help="self-contained offline HTML report (summary, across/within, token strips)",

@@ -10,21 +10,19 @@ import sys
 import warnings
 from pathlib import Path
 
+from mpo_viz.adapters import ConversionWarning, convert
+from mpo_viz.cli.errors import CLIError
+
 FROM = ("verl", "skyrl", "steps", "openai", "trl", "art")
 # the frameworks whose logs one adapter reads, by their own names
 ALIASES = {"verifiers": "steps", "rllm": "steps", "agent-lightning": "steps", "chat": "openai"}
 
 
 def cmd_convert(args) -> int:
-    from mpo_viz.adapters import convert
-    from mpo_viz.cli import CLIError
-
     args.source = ALIASES.get(args.source, args.source)
     src = Path(args.input)
     if not src.exists():
         raise CLIError(f"IN: expected a {args.source} log file or folder, found no such path {str(src)!r}")
-    from mpo_viz.adapters import ConversionWarning
-
     with warnings.catch_warnings():  # the report says them (and --report-json lists them under "warnings")
         warnings.simplefilter("ignore", ConversionWarning)
         report = convert(args.source, src, args.out, tokenizer=args.tokenizer, trust=args.trust,

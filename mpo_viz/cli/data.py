@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 
+from mpo_viz.io import load, pieces
 from mpo_viz.schema import SCHEMA_VERSION, TrajectoryError
 
 
@@ -14,8 +15,6 @@ def _fmt_stats(s: dict) -> str:
 
 
 def cmd_info(args) -> int:
-    from mpo_viz.io import load
-
     batch = load(args.path, errors="collect")
     s = batch.summary()
     s["rejected_rows"] = len(batch.rejected)
@@ -42,8 +41,6 @@ def cmd_info(args) -> int:
 
 
 def cmd_validate(args) -> int:
-    from mpo_viz.io import pieces
-
     n_ok, problems = 0, []
     try:
         for piece in pieces(args.path, "collect", rows_per_chunk=1024):

@@ -13,7 +13,8 @@ import sys
 import time
 from pathlib import Path
 
-from mpo_viz.cli import CLIError
+import mpo_viz.io as mio
+from mpo_viz.cli.errors import CLIError
 
 __all__ = ["add_subcommand"]
 
@@ -32,8 +33,7 @@ def cmd_fit_critic(args) -> int:
     out = Path(args.out)
     if out.suffix not in (".parquet", ".jsonl"):
         raise CLIError(f"-o: expected a .parquet or .jsonl file, found {str(out)!r}", 2)
-    # the library (torch, transformers) loads only when the command runs: `mpo-viz --help` stays fast
-    import mpo_viz.io as mio
+    # the critic (transformers) loads only when the command runs: `mpo-viz --help` stays fast
     from mpo_viz.train.critic_fit import fit_critic
 
     batch = mio.load(src)

@@ -5,18 +5,23 @@ oracle's)."""
 from __future__ import annotations
 
 import shlex
+import time
+from pathlib import Path
 
 from mpo_viz.checks import OptionError
+from mpo_viz.envs.base import parse_difficulty
+from mpo_viz.envs.expert import NoisyExpert
+from mpo_viz.envs.registry import available_envs, make_env
+from mpo_viz.io import save
 
 
 def _difficulty(text: str):
+    """The ``--difficulty`` flag's value: N, or (MIN, MAX)."""
     try:
-        if "-" in text:
-            lo, hi = text.split("-", 1)
-            return (int(lo), int(hi))
-        return int(text)
-    except ValueError:
-        raise OptionError("difficulty", f"expected N or MIN-MAX (expert turns), found {text!r}") from None
+        d = parse_difficulty(text)
+    except ValueError as exc:
+        raise OptionError("difficulty", str(exc)) from None
+    return tuple(d) if isinstance(d, list) else d
 
 
 def _command_line(args) -> str:
@@ -71,9 +76,7 @@ def _env_options(args) -> dict:
 def _load_model(args):
     """``--model DIR``: a model folder (DIR/policy, DIR/critic) or a plain Hugging Face causal-LM folder
     (no critic unless ``--critic`` builds one)."""
-    from pathlib import Path
-
-    from mpo_viz import models
+    from mpo_viz import models  # transformers (~1 s): only a model run imports it
 
     path = Path(args.model)
     device = models.resolve_device(args.device or "cpu")  # before loading: a missing backend is one line
@@ -89,13 +92,9 @@ def _load_model(args):
 
 
 def cmd_generate_model(args) -> int:
-    import time
-
+    # the models, their tokenizer and the rollout pull in transformers (~1 s): only a model run imports them
     from mpo_viz import models
-    from mpo_viz.envs.expert import NoisyExpert
-    from mpo_viz.envs.registry import make_env
     from mpo_viz.envs.tokenizer import build_tokenizer
-    from mpo_viz.io import save
     from mpo_viz.rollout import rollout
 
     env = make_env(args.env, difficulty=_difficulty(args.difficulty), **_env_options(args))
@@ -140,8 +139,10 @@ def cmd_generate_model(args) -> int:
 
 
 def cmd_generate(args) -> int:
-    from mpo_viz.envs.generate import GenerateConfig, generate
-    from mpo_viz.io import save
+    from mpo_viz.envs.generate import (  # the tokenizer: transformers, as above
+        GenerateConfig,
+        generate,
+    )
 
     if _resolve_policy(args) == "model":
         return cmd_generate_model(args)
@@ -167,8 +168,6 @@ def cmd_generate(args) -> int:
 
 
 def add_subcommand(sub) -> None:
-    from mpo_viz.envs.registry import available_envs
-
     p = sub.add_parser("generate", help="play an environment with the noisy expert or a model; write "
                                         "trajectory/v1 with exact oracle values",
                        description="Play --episodes trajectories (--episodes / --group-size tasks, --group-size "

@@ -16,6 +16,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from mpo_viz.cli.errors import CLIError
+
 __all__ = ["add_subcommand"]
 
 _DESCRIPTION = """\
@@ -28,10 +30,7 @@ against its SHA-256 and dequantized by transformers (needs the gguf extra: pip i
 
 
 def cmd_get_model(args) -> int:
-    # here, not at the top: mpo_viz.cli imports this module while it initializes, and the models
-    # (torch, transformers) load only when the command runs, so `mpo-viz --help` stays fast
-    from mpo_viz.cli import CLIError
-    from mpo_viz.models import gguf
+    from mpo_viz.models import gguf  # torch and transformers (~1 s): only this command imports them
 
     if args.list:
         for m in gguf.KNOWN.values():

@@ -11,42 +11,31 @@ every other field keeps its default. One progress line per iteration, a summary 
 
 from __future__ import annotations
 
+import argparse
 import json
 import signal
 import sys
 import time
 
-#: flag -> Config field, for the flags that set a field directly
-FLAGS = {
-    "env": "env", "estimator": "estimator", "loss": "loss", "iterations": "iterations",
-    "episodes": "episodes", "group_size": "group_size", "epochs": "epochs", "minibatches": "minibatches",
-    "sft_steps": "sft_steps", "seed": "seed", "difficulty": "difficulty", "model_size": "model_size",
-    "model_dir": "model_dir", "policy_lr": "policy_lr", "critic_lr": "critic_lr",
-    "eval_interval": "eval_interval", "eval_episodes": "eval_episodes", "policy_lag": "policy_lag",
-    "kl_coef": "kl_coef", "entropy_coef": "entropy_coef", "device": "device",
-    "sft_lr": "sft_lr", "sft_target_success": "sft_target_success", "sft_noise": "sft_noise",
-    "critic_warmup_steps": "critic_warmup_steps", "critic_warmup_ev": "critic_warmup_ev",
-    "critic_warmup_episodes": "critic_warmup_episodes", "critic": "critic", "critic_epochs": "critic_epochs",
-}
+from mpo_viz import losses
+from mpo_viz import train as training
+from mpo_viz.advantages import registry
+from mpo_viz.checks import OptionError
+from mpo_viz.cli.advantages import estimator_option_help
+from mpo_viz.cli.errors import CLIError
+from mpo_viz.cli.flags import add_option, option_help, read_text
+from mpo_viz.options import Option
+from mpo_viz.train.config import Config
+from mpo_viz.train.runfolder import RunFolder
+
+#: the dict fields whose keys get flags of their own (``--beta`` fills ``estimator_options.beta``)
+OPTION_FIELDS = ("estimator_options", "loss_options")
 
 
-def _difficulty(text: str):
-    try:
-        if "-" in text:
-            lo, hi = text.split("-", 1)
-            return [int(lo), int(hi)]
-        return int(text)
-    except ValueError:
-        raise ValueError(f"--difficulty: expected N or MIN-MAX (expert turns), found {text!r}") from None
-
-
-def _config(base: dict, over: dict, source: str):
+def _config(base: dict, over: dict, source: str) -> Config:
     """A Config from the file's fields ``base`` and the flags' ``over``. A bad field stays an
     OptionError (``mpo-viz`` then names its flag: ``--episodes: ...``, ``--group-size: ...``) unless
     its value came from the config file, which is then named with the field."""
-    from mpo_viz.checks import OptionError
-    from mpo_viz.train.config import Config
-
     try:
         return Config.from_dict({**base, **over}, source=source)
     except OptionError as exc:
@@ -73,52 +62,53 @@ def _options(items, flag: str) -> dict:
 
 
 def _overrides(args) -> dict:
-    out = {}
-    for flag, field in FLAGS.items():
-        v = getattr(args, flag, None)
-        if v is None:
-            continue
-        out[field] = _difficulty(v) if flag == "difficulty" else v
-    return out
+    """The Config fields the flags set (an absent flag leaves no attribute: None is a value)."""
+    given = vars(args)
+    return {name: read_text(Config.options()[name], given[name]) for name in _field_flags() if name in given}
+
+
+def _field_flags() -> list[str]:
+    """The Config fields with a flag of their own (all but the dicts of options)."""
+    return [name for name, o in Config.options().items() if o.kind != "dict"]
 
 
 def _with_options(cfg_dict: dict, args) -> dict:
-    """The config's ``estimator_options``/``loss_options`` updated key by key from the repeatable
-    ``--estimator-option``/``--loss-option`` flags."""
+    """The config's ``estimator_options``/``loss_options`` updated key by key: from the repeatable
+    ``--estimator-option``/``--loss-option KEY=VALUE`` flags, then the typed flags (``--beta``,
+    ``--token-clip``)."""
     out = {}
-    for flag, field in (("--estimator-option", "estimator_options"), ("--loss-option", "loss_options")):
-        given = _options(getattr(args, field, None), flag)
-        if given:
-            out[field] = {**(cfg_dict.get(field) or {}), **given}
+    given = vars(args)
+    for field, flag in zip(OPTION_FIELDS, ("--estimator-option", "--loss-option")):
+        typed = {k.partition(".")[2]: v for k, v in given.items() if k.startswith(field + ".")}
+        escape = _options(given.get(field), flag)
+        if typed or escape:
+            out[field] = {**(cfg_dict.get(field) or {}), **escape, **typed}
     return out
 
 
 def cmd_train(args) -> int:
-    from mpo_viz.cli import CLIError
-    from mpo_viz.train.config import Config
-    from mpo_viz.train.loop import Trainer
-
     # a launched run is stopped with SIGINT; make sure it raises KeyboardInterrupt here
     signal.signal(signal.SIGINT, signal.default_int_handler)
+    # a bad option is named by the flag that gave it: the typed flag, else --estimator-option/--loss-option
+    args.flags = {k: v for k, v in args.flags.items() if "." not in k or k in vars(args)}
     over = _overrides(args)
     if args.resume:
         if args.run_dir:
             raise CLIError("--run-dir: not with --resume (the run folder is the one being resumed)", 2)
         cfg = None
-        if args.config or set(over) - {"iterations"} or args.estimator_options or args.loss_options:
-            from mpo_viz.train.runfolder import RunFolder
-
+        if args.config or set(over) - {"iterations"} or _with_options({}, args):
             src = args.config or str(RunFolder(args.resume).config_path)
             base = Config.load(src).to_dict()
             cfg = _config(base, {**over, **_with_options(base, args)}, src)
-        tr = Trainer.resume(args.resume, cfg, iterations=over.get("iterations"))
+        # (mpo_viz.train.Trainer is imported on first use: the models, transformers, for this command only)
+        tr = training.Trainer.resume(args.resume, cfg, iterations=over.get("iterations"))
         print(f"resuming {args.resume} at iteration {tr.iteration} of {tr.cfg.iterations}", flush=True)
     else:
         if not args.run_dir:
             raise CLIError("--run-dir: expected the folder to write the run to (or --resume DIR)", 2)
         base = Config.load(args.config).to_dict() if args.config else {}
         cfg = _config(base, {**over, **_with_options(base, args)}, args.config or "config")
-        tr = Trainer(cfg, args.run_dir)
+        tr = training.Trainer(cfg, args.run_dir)
         print(f"training {cfg.estimator} + {cfg.loss} on {cfg.env} for {cfg.iterations} iterations "
               f"({cfg.episodes} episodes, G={cfg.group_size}, {cfg.epochs}x{cfg.minibatches} updates) -> "
               f"{args.run_dir}", flush=True)
@@ -144,48 +134,55 @@ def add_subcommand(sub) -> None:
     p = sub.add_parser("train", help="train a policy with any estimator and loss, writing a run folder",
                        description="SFT warm start, critic warm-up and RL iterations (rollout, advantages, "
                                    "E x M updates, evaluation), writing a run folder that TrainingDashboard "
-                                   "reads. Flags override --config; --resume continues a run.")
-    p.add_argument("--env", help="environment (search, tooluse, automation)")
-    p.add_argument("--estimator", help="advantage estimator (mpo, gae, grpo, ...)")
-    p.add_argument("--loss", help="policy loss (turn_ppo, token_ppo, gspo, sao)")
-    p.add_argument("--estimator-option", dest="estimator_options", action="append", metavar="KEY=VALUE",
-                   help="an option of the estimator, repeatable (e.g. beta=0.5, turn_lam=1.0)")
-    p.add_argument("--loss-option", dest="loss_options", action="append", metavar="KEY=VALUE",
-                   help="an option of the loss, repeatable (e.g. token_clip=2, clip_high=0.28, agg=seq-mean-token-mean)")
-    p.add_argument("--iterations", type=int, help="RL iterations in all (with --resume: the new total)")
+                                   "reads. Flags override --config; --resume continues a run. Every Config "
+                                   "field has a flag (docs/training.md lists them); an optional one takes none.")
     p.add_argument("--run-dir", dest="run_dir", help="the run folder to create")
     p.add_argument("--resume", metavar="DIR", help="continue the run in DIR from its latest checkpoint")
     p.add_argument("--config", metavar="FILE.json", help="a Config as JSON; flags override its fields")
-    p.add_argument("--episodes", type=int, help="episodes per iteration")
-    p.add_argument("--group-size", dest="group_size", type=int, help="samples per task (G)")
-    p.add_argument("--epochs", type=int, help="passes over each iteration's episodes (E)")
-    p.add_argument("--minibatches", type=int, help="optimizer steps per epoch (M)")
-    p.add_argument("--sft-steps", dest="sft_steps", type=int, help="SFT warm-start step budget (0: none)")
-    p.add_argument("--sft-lr", dest="sft_lr", type=float, help="SFT learning rate")
-    p.add_argument("--sft-target-success", dest="sft_target_success", type=float,
-                   help="SFT stops at this greedy eval success (0..1)")
-    p.add_argument("--sft-noise", dest="sft_noise", type=float, help="noise rate of the imitated expert (0..1)")
-    p.add_argument("--critic", choices=("learned", "oracle"),
-                   help="values from a learned critic (default) or the environment's exact oracle values")
-    p.add_argument("--critic-epochs", dest="critic_epochs", type=int,
-                   help="critic passes over each iteration's episodes (default 4)")
-    p.add_argument("--critic-warmup-episodes", dest="critic_warmup_episodes", type=int,
-                   help="episodes of the start policy the critic warm-up fits (default 512)")
-    p.add_argument("--critic-warmup-steps", dest="critic_warmup_steps", type=int,
-                   help="critic warm-up step budget (default 256; 0: none)")
-    p.add_argument("--critic-warmup-ev", dest="critic_warmup_ev", type=float,
-                   help="held-out explained variance that ends the critic warm-up (default 0.2)")
-    p.add_argument("--seed", type=int, help="master seed")
-    p.add_argument("--difficulty", help="expert turns per task: N or MIN-MAX")
-    p.add_argument("--model-size", dest="model_size", help="tiny policy size: 1m, 3m, 10m")
-    p.add_argument("--model-dir", dest="model_dir", help="start from a local model folder (DIR/policy, DIR/critic)")
-    p.add_argument("--policy-lr", dest="policy_lr", type=float, help="policy learning rate")
-    p.add_argument("--critic-lr", dest="critic_lr", type=float, help="critic learning rate")
-    p.add_argument("--eval-interval", dest="eval_interval", type=int, help="iterations between evaluations")
-    p.add_argument("--eval-episodes", dest="eval_episodes", type=int,
-                   help="held-out tasks per evaluation (each played greedy and sampled; default 128)")
-    p.add_argument("--policy-lag", dest="policy_lag", type=int, help="update on rollouts N iterations old")
-    p.add_argument("--kl-coef", dest="kl_coef", type=float, help="KL-to-reference coefficient (0: off)")
-    p.add_argument("--entropy-coef", dest="entropy_coef", type=float, help="entropy bonus (0: off)")
-    p.add_argument("--device", help="torch device (cpu, cuda)")
+    g = p.add_argument_group("config fields (unset: the --config file's value, else the default)")
+    for name in _field_flags():
+        o = Config.options()[name]
+        add_option(g, o, help=option_help(o, doc=_first_sentence(o.doc)), default=argparse.SUPPRESS)
+    _option_flags(p)
     p.set_defaults(func=cmd_train)
+
+
+def _option_flags(p) -> None:
+    """One typed flag per estimator option and per loss option (``--beta``, ``--token-clip``),
+    each filling its key of ``estimator_options`` / ``loss_options``; and the generic escapes."""
+    names = registry.available()
+    g = p.add_argument_group("estimator options (the estimator takes those it declares; unset: its default)")
+    for o in registry.vocabulary(names).values():
+        if o.kind != "any":
+            add_option(g, o, help=estimator_option_help(o, names), dest=f"estimator_options.{o.name}",
+                       default=argparse.SUPPRESS)
+    g.add_argument("--estimator-option", dest="estimator_options", action="append", metavar="KEY=VALUE",
+                   help="any option of the estimator, repeatable (e.g. beta=0.5, turn_lam=1.0)")
+    g = p.add_argument_group("loss options (the loss takes those it declares; unset: its default)")
+    for o in _loss_vocabulary().values():
+        add_option(g, o, help=_loss_option_help(o), dest=f"loss_options.{o.name}", default=argparse.SUPPRESS)
+    g.add_argument("--loss-option", dest="loss_options", action="append", metavar="KEY=VALUE",
+                   help="any option of the loss, repeatable (e.g. token_clip=2, clip_high=0.28, agg=seq-mean-token-mean)")
+
+
+def _loss_vocabulary() -> dict[str, Option]:
+    """Every option of the registered loss kinds, by name (the first declaration of each)."""
+    out: dict[str, Option] = {}
+    for kind in losses.available():
+        for o in losses.options(kind):
+            if o.kind != "any":
+                out.setdefault(o.name, o)
+    return out
+
+
+def _loss_option_help(o: Option) -> str:
+    """The option's help with each loss kind's default (``defaults gspo None, turn_ppo 2.0``)."""
+    defaults = {k: x.default for k in losses.available() for x in losses.options(k) if x.name == o.name}
+    if len(set(map(repr, defaults.values()))) == 1:
+        return option_help(o)
+    return option_help(o, defaults="defaults " + ", ".join(f"{k} {v!r}" for k, v in defaults.items()))
+
+
+def _first_sentence(doc: str) -> str:
+    head, dot, _ = doc.partition(". ")
+    return head + ("." if dot else "")

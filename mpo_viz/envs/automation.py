@@ -20,8 +20,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from mpo_viz.checks import OptionError
 from mpo_viz.envs.base import FAILURE, SUCCESS, TextEnv, words_of
+from mpo_viz.options import Option
 
 __all__ = ["AutomationEnv", "AutomationTask"]
 
@@ -69,10 +69,11 @@ class AutomationEnv(TextEnv):
     verbs = ("take", "go", "open")
     min_difficulty = 3
 
+    options = (Option("slip", 0.1, low=0, high=1, high_open=True, doc="the probability that a correct move fails"),)
+
     def __init__(self, *, slip: float = 0.1, **kw):
         super().__init__(**kw)
-        if not 0.0 <= slip < 1.0:
-            raise OptionError("slip", f"expected 0 <= slip < 1, found {slip}")
+        self.options[0].check(slip)
         self.slip = float(slip)
 
     def sample_task(self, rng, size):

@@ -30,8 +30,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from mpo_viz.checks import OptionError
+from mpo_viz.options import Option
 
-__all__ = ["Outcome", "TextEnv", "words_of", "TURN_LIMIT_MESSAGE", "SUCCESS", "FAILURE"]
+__all__ = ["Outcome", "TextEnv", "words_of", "parse_difficulty", "TURN_LIMIT_MESSAGE", "SUCCESS", "FAILURE"]
 
 TURN_LIMIT_MESSAGE = "the turn limit is reached ."
 #: inner states after termination (every environment ends in one of these two)
@@ -51,7 +52,7 @@ class Outcome:
     """
 
     prob: float
-    state: Hashable
+    state: tuple
     reward: float
     terminated: bool
     truncated: bool
@@ -83,10 +84,24 @@ def _check_difficulty(difficulty) -> tuple[int, int]:
     return lo, hi
 
 
+def parse_difficulty(text: str) -> int | list[int]:
+    """``"4"`` -> 4, ``"3-6"`` -> [3, 6]: the text form of ``difficulty`` (the ``--difficulty`` flags),
+    ``ValueError`` saying what was expected."""
+    try:
+        if "-" in text:
+            lo, hi = text.split("-", 1)
+            return [int(lo), int(hi)]
+        return int(text)
+    except ValueError:
+        raise ValueError(f"expected N or MIN-MAX (expert turns), found {text!r}") from None
+
+
 class TextEnv:
     """Base class of the multi-turn text environments (gym habit, text in and out).
 
-    Parameters (keyword-only):
+    Parameters (keyword-only), declared in :attr:`options` (a subclass declares its own extra
+    keyword options there too; :meth:`declared_options` gathers them along the class's bases, and
+    ``make_env`` refuses an option that is not declared):
         difficulty: the number of turns the noise-free expert needs, an int or an inclusive
             ``(min, max)`` range sampled per task (default ``(3, 6)``; values of 20 and more work).
         slack: extra turns on top of the expert's need before the turn limit (default 2).
@@ -105,6 +120,25 @@ class TextEnv:
     verbs: tuple[str, ...] = ()
     #: the smallest ``difficulty`` the environment can build.
     min_difficulty = 2
+    #: the keyword options of ``__init__`` this class adds (the base's: difficulty, slack,
+    #: max_turns, shaping, seed); see :meth:`declared_options`
+    options: tuple[Option, ...] = (
+        Option("difficulty", (3, 6), kind="any", doc="expert turns per task: an int or an inclusive (min, max)"),
+        Option("slack", 2, kind="int", low=0, doc="extra turns on top of the expert's need before the turn limit"),
+        Option("max_turns", None, kind="int", low=1, optional=True, doc="a fixed turn limit instead of needed + slack"),
+        Option("shaping", 0.0, doc="reward added on each turn that makes progress (0: sparse outcome reward)"),
+        Option("seed", None, kind="any", doc="seeds the task and the dynamics when reset is called without a seed"),
+    )
+
+    @classmethod
+    def declared_options(cls) -> dict[str, Option]:
+        """Every keyword option of this environment, by name: the :attr:`options` of the class, then
+        of its bases."""
+        out: dict[str, Option] = {}
+        for c in cls.__mro__:
+            for o in c.__dict__.get("options", ()):
+                out.setdefault(o.name, o)
+        return out
 
     def __init__(self, *, difficulty=(3, 6), slack: int = 2, max_turns: int | None = None,
                  shaping: float = 0.0, seed: int | None = None):
@@ -112,17 +146,16 @@ class TextEnv:
         if lo < self.min_difficulty or hi < lo:
             raise OptionError("difficulty", f"expected {self.min_difficulty} <= min <= max for {self.name}, found ({lo}, {hi})"
             )
-        if slack < 0:
-            raise OptionError("slack", f"expected >= 0, found {slack}")
-        if max_turns is not None and max_turns < 1:
-            raise OptionError("max_turns", f"expected >= 1, found {max_turns}")
+        opts = TextEnv.declared_options()
+        opts["slack"].check(slack)
+        opts["max_turns"].check(max_turns)
         self.difficulty = (lo, hi)
         self.slack = int(slack)
         self.max_turns = max_turns
         self.shaping = float(shaping)
         self.seed = seed
         self.task: Any = None
-        self.state: Hashable = None
+        self.state: Any = None  # (turn, inner state): hashable
         self.turn_limit = 0
         self.messages: list[dict] = []
         self.done = True
@@ -275,9 +308,6 @@ class TextEnv:
         return out.observation, out.reward, out.terminated, out.truncated, info
 
     # ------------------------------------------------------------------ helpers
-    def system_prompt(self) -> str:
-        return SYSTEM_PROMPT
-
     def base_words(self) -> list[str]:
         """Words every environment uses (system prompt, errors, turn limit)."""
         return words_of(SYSTEM_PROMPT, TURN_LIMIT_MESSAGE, "invalid action : no command found unknown .")

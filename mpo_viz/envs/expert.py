@@ -61,7 +61,7 @@ class NoisyExpert:
 
     def act(self, env: TextEnv, rng: random.Random) -> tuple[str, str]:
         """Sample ``(action, text)`` at the environment's current state."""
-        task, s = env.task, env.state[1]
+        task, s = env.task, env.state[1]  # state: (turn, inner state)
         acts = env.actions(task, s)
         a = acts[rng.randrange(len(acts))] if rng.random() < self.noise else env.expert_action(task, s)
         return a, self.text(env, task, s, a)

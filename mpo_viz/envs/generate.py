@@ -38,6 +38,7 @@ from mpo_viz.envs.expert import NoisyExpert
 from mpo_viz.envs.oracle import Oracle
 from mpo_viz.envs.registry import make_env
 from mpo_viz.envs.tokenizer import ChatLayout, build_tokenizer
+from mpo_viz.trajectory import TrajectoryBatch
 from mpo_viz.turns import turn_ids_from_mask
 
 #: the extra per-token columns a generated batch carries (float32; saved and loaded like any column)
@@ -223,14 +224,12 @@ def generate_rows(cfg: GenerateConfig) -> tuple[list[dict], dict]:
 
 def generate(cfg: GenerateConfig):
     """Generate the trajectories of ``cfg`` as a validated :class:`~mpo_viz.trajectory.TrajectoryBatch`."""
-    from mpo_viz.trajectory import TrajectoryBatch
-
     rows, meta = generate_rows(cfg)
     extra = {name: [r.pop(name) for r in rows] for name in ORACLE_TOKEN_FIELDS}
     return TrajectoryBatch.from_rows(rows, meta=meta).with_token_fields(**extra)
 
 
-def oracle_columns(batch) -> dict:
+def oracle_columns(batch: TrajectoryBatch) -> dict:
     """The oracle columns of a generated batch: ``values`` ``(B, L)`` float32 (noise-free),
     ``token_adv`` ``(B, L)``, ``decisive`` ``(B, L)`` (0/1) as padded torch tensors, and the per-turn
     lists ``turn_v``, ``turn_q``, ``turn_adv`` (one list per trajectory) from ``extra_json``."""

@@ -15,8 +15,8 @@ from __future__ import annotations
 import random
 from dataclasses import dataclass
 
-from mpo_viz.checks import OptionError
 from mpo_viz.envs.base import FAILURE, SUCCESS, TextEnv, words_of
+from mpo_viz.options import Option
 
 __all__ = ["SearchEnv", "SearchTask", "NAMES", "RELATIONS"]
 
@@ -75,10 +75,11 @@ class SearchEnv(TextEnv):
     obs_role = "tool"
     verbs = ("search", "answer")
 
+    options = (Option("distractors", 3, kind="int", low=0, doc="entities that are not on the chain"),)
+
     def __init__(self, *, distractors: int = 3, **kw):
         super().__init__(**kw)
-        if distractors < 0:
-            raise OptionError("distractors", f"expected >= 0, found {distractors}")
+        self.options[0].check(distractors)
         if self.difficulty[1] + distractors > len(NAMES):
             raise ValueError(f"difficulty: at most {len(NAMES) - distractors} turns with {distractors} distractors")
         self.distractors = int(distractors)

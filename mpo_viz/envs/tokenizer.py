@@ -45,10 +45,9 @@ def build_tokenizer(words: Iterable[str] | object) -> PreTrainedTokenizerFast:
     Ids: the special tokens first (``[PAD]`` = 0, ``[UNK]`` = 1, role markers, ``<|eot|>``), then
     the words in first-seen order, duplicates dropped. Unknown words map to ``[UNK]``.
     """
-    if hasattr(words, "vocabulary"):
-        words = words.vocabulary()
+    listed: Iterable[str] = words.vocabulary() if hasattr(words, "vocabulary") else words  # type: ignore[assignment]
     vocab: dict[str, int] = {}
-    for w in [*SPECIAL_TOKENS, *words]:
+    for w in [*SPECIAL_TOKENS, *listed]:
         if not isinstance(w, str) or not w or any(c.isspace() for c in w):
             raise ValueError(f"words: expected non-empty strings without whitespace, found {w!r}")
         vocab.setdefault(w, len(vocab))
@@ -77,7 +76,9 @@ class ChatLayout:
     def __init__(self, tokenizer: PreTrainedTokenizerFast):
         self.tokenizer = tokenizer
         self._backend = tokenizer.backend_tokenizer
-        ids = tokenizer.convert_tokens_to_ids
+        def ids(token: str) -> int:
+            return int(tokenizer.convert_tokens_to_ids(token))  # type: ignore[arg-type]  # one token: one id
+
         self.eot = ids(EOT)
         self.unk = ids(UNK)
         self.role = {r: ids(t) for r, t in ROLE_TOKENS.items()}
@@ -104,4 +105,4 @@ class ChatLayout:
 
     def tokens(self, ids) -> list[str]:
         """The token strings of ``ids`` (for ``response_tokens``)."""
-        return self.tokenizer.convert_ids_to_tokens(list(ids))
+        return list(self.tokenizer.convert_ids_to_tokens(list(ids)))

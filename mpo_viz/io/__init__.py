@@ -19,15 +19,17 @@ from pathlib import Path
 
 import numpy as np
 
-from mpo_viz.checks import OptionError
 from mpo_viz.io import jsonl, parquet
 from mpo_viz.io.groups import group_chunks
 from mpo_viz.io.parts import merge_parts
+from mpo_viz.options import Option
 from mpo_viz.schema import SCHEMA_VERSION, Problem, TrajectoryError
+from mpo_viz.trajectory import TrajectoryBatch
 
 __all__ = ["load", "save", "scan", "files_of", "count_rows", "group_chunks", "merge_parts", "pieces"]
 
 _READERS = {".jsonl": jsonl, ".parquet": parquet}
+MAX_TOKENS = Option("max_tokens", kind="int", low=1, doc="response tokens per chunk")
 
 
 def files_of(path) -> list[Path]:
@@ -63,8 +65,6 @@ def _meta_of(f: Path) -> dict:
 def pieces(path, errors: str = "raise", rows_per_chunk: int | None = None) -> Iterator:
     """Validated batches of successive chunks of every file, as the readers deliver them (``rows_per_chunk``
     rows at most; duplicate ids checked across all); :func:`load` and :func:`scan` are built on it."""
-    from mpo_viz.trajectory import TrajectoryBatch
-
     if errors not in ("raise", "collect"):
         raise ValueError(f"errors: expected 'raise' or 'collect', found {errors!r}")
     seen: dict = {}  # traj_id -> where it first occurred (named in duplicate messages)
@@ -82,8 +82,6 @@ def load(path, *, errors: str = "raise", trust: bool = False):
     ``trust`` is accepted for API symmetry; no format read here can execute code (nothing is
     unpickled), so it changes nothing.
     """
-    from mpo_viz.trajectory import TrajectoryBatch
-
     parts = list(pieces(path, errors, rows_per_chunk=4096))
     if not parts:
         return TrajectoryBatch.from_rows([], _meta_of(files_of(path)[0]))
@@ -102,15 +100,11 @@ def scan(path, *, max_tokens: int = 1_000_000, errors: str = "raise", keep_group
     a group id that reappears after its group was closed raises ``ValueError`` (sort the file by
     ``group_id``); see :func:`group_chunks`.
     """
-    if isinstance(max_tokens, bool) or not isinstance(max_tokens, (int, np.integer)) or max_tokens < 1:
-        raise OptionError("max_tokens", f"expected an integer >= 1, found {max_tokens!r}")
-    chunks = _scan(path, int(max_tokens), errors)
+    chunks = _scan(path, MAX_TOKENS.check(max_tokens), errors)
     return group_chunks(chunks) if keep_groups else chunks
 
 
 def _scan(path, max_tokens: int, errors: str) -> Iterator:
-    from mpo_viz.trajectory import TrajectoryBatch
-
     pending, acc, rejected = [], 0, []
     for piece in pieces(path, errors, rows_per_chunk=64):
         rejected.extend(piece.rejected)
@@ -147,7 +141,7 @@ def count_rows(path) -> int | None:
     return None
 
 
-def save(batch, path) -> Path:
+def save(batch: TrajectoryBatch, path) -> Path:
     """Write ``batch`` to ``path`` (``.jsonl`` with ``_meta.json`` beside it, or ``.parquet``).
 
     Writes go to a temporary name and are renamed into place, so readers never see half a file.

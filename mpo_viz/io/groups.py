@@ -5,18 +5,18 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Iterator
 
+from mpo_viz.trajectory import TrajectoryBatch
+
 __all__ = ["group_chunks"]
 
 
-def group_chunks(chunks: Iterable, *, strict: bool = True) -> Iterator:
+def group_chunks(chunks: Iterable[TrajectoryBatch], *, strict: bool = True) -> Iterator[TrajectoryBatch]:
     """Re-cut a stream of TrajectoryBatches so that no group is split between two batches.
 
     The rows of the last group of each batch are held back and prepended to the next one. With
     ``strict``, a group id that reappears after its group was closed raises ``ValueError`` (group
     estimators would silently see a partial group); sort the file by ``group_id``.
     """
-    from mpo_viz.trajectory import TrajectoryBatch
-
     carry = None
     closed: set = set()
     for chunk in chunks:
@@ -39,7 +39,7 @@ def group_chunks(chunks: Iterable, *, strict: bool = True) -> Iterator:
         yield carry
 
 
-def _check_closed(batch, closed: set, strict: bool) -> None:
+def _check_closed(batch: TrajectoryBatch, closed: set, strict: bool) -> None:
     gids = list(batch.group_ids)
     here = set(gids)
     if strict:

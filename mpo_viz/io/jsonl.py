@@ -8,6 +8,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from mpo_viz.schema import JSONL_META_NAME, Problem
+from mpo_viz.trajectory import TrajectoryBatch, row_to_json
 from mpo_viz.validate import Columns, columns_from_rows
 
 ROWS_PER_CHUNK = 256
@@ -52,15 +53,13 @@ def iter_chunks(path: Path, rows_per_chunk: int = ROWS_PER_CHUNK) -> Iterator[tu
         yield cols, problems + probs
 
 
-def write(batch, path: Path) -> None:
+def write(batch: TrajectoryBatch, path: Path) -> None:
     """Write rows as JSONL (temporary name, then rename) and the metadata as ``_meta.json`` beside.
 
     The JSONL files of a folder share its ``_meta.json``. If other JSONL files are already there
     with different metadata, writing would silently change what they load with, so this refuses
     (ValueError) and asks for a folder of its own (or Parquet, which keeps metadata in the file).
     """
-    from mpo_viz.trajectory import row_to_json
-
     meta_path = path.parent / JSONL_META_NAME
     new_meta = json.loads(json.dumps(batch.meta, default=str))
     others = sorted(f.name for f in path.parent.glob("*.jsonl") if f.name != path.name)

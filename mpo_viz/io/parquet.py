@@ -26,6 +26,7 @@ from mpo_viz.schema import (
     Problem,
     TrajectoryError,
 )
+from mpo_viz.trajectory import TrajectoryBatch
 from mpo_viz.validate import Columns
 
 ROW_GROUP_TOKENS = 131_072  # response tokens per row group (bounds scan memory)
@@ -88,72 +89,29 @@ def foreign_hint(names, missing) -> str:
 
 
 def columns_from_record_batch(rb: pa.RecordBatch, *, source: str, first_row: int) -> tuple[Columns, list[Problem]]:
+    """An Arrow record batch -> :class:`~mpo_viz.validate.Columns` and the problems of its columns
+    (missing or mistyped columns reject every row; a null in a required list its row)."""
     n = rb.num_rows
     cols = Columns(n=n, file=source, row=np.arange(first_row, first_row + n, dtype=np.int64))
     problems: list[Problem] = []
     bad = np.zeros(n, dtype=bool)
     names = rb.schema.names
-    scal = {}
-    for name in names:
-        if name in SCALAR_FIELDS:
-            scal[name] = np.array(rb.column(name).to_pylist() + [None], dtype=object)[:-1]
-    cols.scalar = scal
-    missing = [req for req in REQUIRED if req not in names]
-    if len(missing) >= 3:
-        # not a trajectory/v1 file at all (e.g. a verl or TRL dump): one file-level problem that says
-        # what it looks like, instead of the same missing columns once per row
-        raise TrajectoryError(Problem(field="columns", expected=f"the trajectory/v1 columns ({', '.join(REQUIRED)})",
-                                      found=foreign_hint(names, missing), file=source))
-    for req in REQUIRED:
-        if req not in names:
-            for i in range(n):
-                problems.append(Problem(field=req, expected="the required field", found="no such column", file=source, row=first_row + i, traj_id=_tid(scal, i)))
-            bad[:] = True
-    if "reward" in names and not (pa.types.is_floating(rb.schema.field("reward").type) or pa.types.is_integer(rb.schema.field("reward").type) or pa.types.is_null(rb.schema.field("reward").type)):
-        for i in range(n):
-            problems.append(Problem(field="reward", expected="a float column", found=str(rb.schema.field("reward").type), file=source, row=first_row + i, traj_id=_tid(scal, i)))
-        bad[:] = True
-    if "reward" in scal:
-        scal["reward"] = np.array([None if x is None else float(x) for x in scal["reward"]] + [None], dtype=object)[:-1] if not bad.any() else scal["reward"]
+    cols.scalar = {name: np.array(rb.column(name).to_pylist() + [None], dtype=object)[:-1]
+                   for name in names if name in SCALAR_FIELDS}
 
-    rlen = None
-    if "response_ids" in names:
-        _, roff, _ = _list_parts(rb.column("response_ids"))
-        rlen = np.diff(roff)
+    def reject_all(fld: str, expected: str, found: str) -> None:  # a column-level problem: every row
+        problems.extend(Problem(field=fld, expected=expected, found=found, file=source, row=first_row + i,
+                                traj_id=_tid(cols.scalar, i)) for i in range(n))
+        bad[:] = True
+
+    _check_required(rb, names, source, reject_all)
+    if "reward" in cols.scalar and not bad.any():
+        cols.scalar["reward"] = np.array([None if x is None else float(x) for x in cols.scalar["reward"]] + [None],
+                                         dtype=object)[:-1]
+    rlen = np.diff(_list_parts(rb.column("response_ids"))[1]) if "response_ids" in names else None
     for name in names:
-        if name in SCALAR_FIELDS:
-            continue
-        col = rb.column(name)
-        is_list = pa.types.is_list(col.type) or pa.types.is_large_list(col.type)
-        if name in TOKEN_FIELDS or name in TURN_FIELDS or name == PROMPT_FIELD:
-            if not is_list:
-                for i in range(n):
-                    problems.append(Problem(field=name, expected="a list column", found=str(col.type), file=source, row=first_row + i, traj_id=_tid(scal, i)))
-                bad[:] = True
-                continue
-            elem = _element_problem(name, col.type.value_type)
-            if elem is not None:
-                for i in range(n):
-                    problems.append(Problem(field=name, expected=elem, found=str(col.type), file=source, row=first_row + i, traj_id=_tid(scal, i)))
-                bad[:] = True
-                continue
-            flat, off, present = _list_parts(col)
-            if name == PROMPT_FIELD:
-                cols.prompt = (flat.astype(np.int64), off)
-            elif name in TURN_FIELDS:
-                cols.turn[name] = (flat.astype(np.float64), off, present)
-            else:
-                if name not in ("response_ids", "loss_mask", "turn_ids", "response_tokens"):
-                    flat = flat.astype(TOKEN_FIELDS[name])
-                cols.token[name] = (flat, off, present)
-        elif is_list and rlen is not None and (pa.types.is_floating(col.type.value_type) or pa.types.is_integer(col.type.value_type)):
-            flat, off, present = _list_parts(col)
-            if np.all(~present | (np.diff(off) == rlen)):
-                cols.token[name] = (flat.astype(EXTRA_TOKEN_DTYPE), off, present)
-            else:
-                cols.extra[name] = np.array(col.to_pylist() + [None], dtype=object)[:-1]
-        else:
-            cols.extra[name] = np.array(col.to_pylist() + [None], dtype=object)[:-1]
+        if name not in SCALAR_FIELDS:
+            _read_column(cols, name, rb.column(name), rlen, reject_all)
     for k in ("response_ids", "loss_mask"):
         if k not in cols.token:
             cols.token[k] = (np.zeros(0, dtype=np.int64), np.zeros(n + 1, dtype=np.int64), np.zeros(n, dtype=bool))
@@ -163,10 +121,58 @@ def columns_from_record_batch(rb: pa.RecordBatch, *, source: str, first_row: int
         arr = rb.column(k) if k in names else None
         if arr is not None and arr.null_count:
             for i in np.flatnonzero(arr.is_null().to_numpy(zero_copy_only=False)):
-                problems.append(Problem(field=k, expected="the required field", found="null", file=source, row=first_row + int(i), traj_id=_tid(scal, int(i))))
+                problems.append(Problem(field=k, expected="the required field", found="null", file=source,
+                                        row=first_row + int(i), traj_id=_tid(cols.scalar, int(i))))
                 bad[i] = True
     cols.bad = bad
     return cols, problems
+
+
+def _check_required(rb: pa.RecordBatch, names: list, source: str, reject_all) -> None:
+    """The required columns, and a numeric ``reward``; a file that is not trajectory/v1 at all
+    (three or more required columns missing) is one file-level problem that says what it looks like."""
+    missing = [req for req in REQUIRED if req not in names]
+    if len(missing) >= 3:
+        # e.g. a verl or TRL dump: say so once, instead of the same missing columns once per row
+        raise TrajectoryError(Problem(field="columns", expected=f"the trajectory/v1 columns ({', '.join(REQUIRED)})",
+                                      found=foreign_hint(names, missing), file=source))
+    for req in missing:
+        reject_all(req, "the required field", "no such column")
+    if "reward" in names:
+        t = rb.schema.field("reward").type
+        if not (pa.types.is_floating(t) or pa.types.is_integer(t) or pa.types.is_null(t)):
+            reject_all("reward", "a float column", str(t))
+
+
+def _read_column(cols: Columns, name: str, col, rlen, reject_all) -> None:
+    """A list column of v1 into the token, turn or prompt columns (a mistyped one rejects every
+    row); another numeric list column of the response's length is an extra token field; anything
+    else stays an opaque extra."""
+    is_list = pa.types.is_list(col.type) or pa.types.is_large_list(col.type)
+    if name in TOKEN_FIELDS or name in TURN_FIELDS or name == PROMPT_FIELD:
+        if not is_list:
+            reject_all(name, "a list column", str(col.type))
+            return
+        elem = _element_problem(name, col.type.value_type)
+        if elem is not None:
+            reject_all(name, elem, str(col.type))
+            return
+        flat, off, present = _list_parts(col)
+        if name == PROMPT_FIELD:
+            cols.prompt = (flat.astype(np.int64), off)
+        elif name in TURN_FIELDS:
+            cols.turn[name] = (flat.astype(np.float64), off, present)
+        else:
+            if name not in ("response_ids", "loss_mask", "turn_ids", "response_tokens"):
+                flat = flat.astype(TOKEN_FIELDS[name])
+            cols.token[name] = (flat, off, present)
+        return
+    if is_list and rlen is not None and (pa.types.is_floating(col.type.value_type) or pa.types.is_integer(col.type.value_type)):
+        flat, off, present = _list_parts(col)
+        if np.all(~present | (np.diff(off) == rlen)):
+            cols.token[name] = (flat.astype(EXTRA_TOKEN_DTYPE), off, present)
+            return
+    cols.extra[name] = np.array(col.to_pylist() + [None], dtype=object)[:-1]
 
 
 def _element_problem(name: str, t: pa.DataType) -> str | None:
@@ -214,7 +220,7 @@ _VALUE_TYPES = {
 }
 
 
-def _columns_to_write(batch) -> tuple[set, dict]:
+def _columns_to_write(batch: TrajectoryBatch) -> tuple[set, dict]:
     """Names of the columns the whole batch carries, and the Arrow types of its opaque extras."""
     c = batch.columns
     include = set(REQUIRED) | {PROMPT_FIELD}
@@ -225,7 +231,7 @@ def _columns_to_write(batch) -> tuple[set, dict]:
     return include, extra_types
 
 
-def _record_batch(batch, include: set, extra_types: dict) -> pa.RecordBatch:
+def _record_batch(batch: TrajectoryBatch, include: set, extra_types: dict) -> pa.RecordBatch:
     c = batch.columns
     arrays, names = [], []
     for name, v in c.scalars.items():
@@ -257,7 +263,7 @@ def _record_batch(batch, include: set, extra_types: dict) -> pa.RecordBatch:
     return pa.RecordBatch.from_arrays(arrays, names=names)
 
 
-def write(batch, path: Path) -> None:
+def write(batch: TrajectoryBatch, path: Path) -> None:
     """Write ``batch`` to ``path`` (temporary name, then rename), in row groups of bounded size."""
     tmp = path.with_name(path.name + ".tmp")
     meta = {k.encode(): json.dumps(v, default=str).encode() for k, v in batch.meta.items()}

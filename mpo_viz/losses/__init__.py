@@ -18,6 +18,7 @@ from mpo_viz.losses.logprobs import (
     token_logprobs_reference,
 )
 from mpo_viz.losses.policy import (
+    LOGPROB_FIELDS,
     METRIC_NAMES,
     RATIO_MODES,
     LossKind,
@@ -25,6 +26,7 @@ from mpo_viz.losses.policy import (
     PolicyTerms,
     available,
     get,
+    options,
     policy_loss,
     policy_loss_reference,
     register,
@@ -36,6 +38,7 @@ __all__ = [
     "KL_KINDS",
     "METRIC_NAMES",
     "RATIO_MODES",
+    "LOGPROB_FIELDS",
     "LossKind",
     "PolicyInputs",
     "PolicyTerms",
@@ -43,6 +46,7 @@ __all__ = [
     "available",
     "get",
     "kl_penalty",
+    "options",
     "policy_loss",
     "policy_loss_reference",
     "register",

@@ -183,6 +183,7 @@ def token_entropy(logits: TensorLike, *, chunk_size: int | None = None, temperat
 
 def token_logprobs_reference(logits: TensorLike, token_ids: TensorLike, *, temperature: float = 1.0) -> torch.Tensor:
     """The plain version: ``log_softmax(logits / T).gather(token_ids)`` (a full (B, L, V) copy)."""
+    logits = torch.as_tensor(logits)
     x = logits.to(_compute_dtype(logits))
     x = x / temperature if temperature != 1.0 else x
     return torch.log_softmax(x, -1).gather(-1, torch.as_tensor(token_ids).to(torch.int64).unsqueeze(-1)).squeeze(-1)
@@ -190,6 +191,7 @@ def token_logprobs_reference(logits: TensorLike, token_ids: TensorLike, *, tempe
 
 def token_entropy_reference(logits: TensorLike, *, temperature: float = 1.0) -> torch.Tensor:
     """The plain version: ``−Σ softmax · log_softmax`` (several full (B, L, V) copies)."""
+    logits = torch.as_tensor(logits)
     x = logits.to(_compute_dtype(logits))
     x = x / temperature if temperature != 1.0 else x
     logp = torch.log_softmax(x, -1)

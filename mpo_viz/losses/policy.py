@@ -34,15 +34,16 @@ The clipped branch is taken only where it is *strictly* larger (then its gradien
 
 from __future__ import annotations
 
+import inspect
 import math
-from collections.abc import Callable
-from dataclasses import dataclass, field
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import numpy as np
 import torch
 
-from mpo_viz.checks import TensorLike, number
+from mpo_viz.checks import TensorLike
 from mpo_viz.losses._common import (
     Segments,
     as_tensor,
@@ -54,6 +55,7 @@ from mpo_viz.losses._common import (
     segments,
 )
 from mpo_viz.losses.aggregate import AGG_MODES, check_scale, reduce_checked
+from mpo_viz.options import UNSET, Option
 
 __all__ = [
     "LOGR_CLAMP",
@@ -61,11 +63,13 @@ __all__ = [
     "RATIO_MODES",
     "METRIC_NAMES",
     "LossKind",
+    "LOGPROB_FIELDS",
     "PolicyInputs",
     "PolicyTerms",
     "available",
     "get",
     "register",
+    "options",
     "policy_loss",
     "policy_loss_reference",
 ]
@@ -92,6 +96,34 @@ METRIC_NAMES = (
     "within_turn_shift",
     "surrogate_gap",
 )
+
+
+#: the batch field each log-prob argument of :func:`policy_loss` comes from
+LOGPROB_FIELDS = {"old_logp": "old_logprobs", "rollout_logp": "rollout_logprobs"}
+
+# --------------------------------------------------------------------------------------------
+# Options: the keywords of every kind, and the kinds' own (each declared once)
+# --------------------------------------------------------------------------------------------
+
+CLIP_LOW = Option("clip_low", kind="float", low=0, high=1, high_open=True, optional=True, label="ε_low",
+                  doc="lower clip range ε_low: the ratio's band starts at 1 − ε_low (None: the kind's default)")
+CLIP_HIGH = Option("clip_high", kind="float", low=0, optional=True, label="ε_high",
+                   doc="upper clip range ε_high: the ratio's band ends at 1 + ε_high (None: the kind's default)")
+RATIO = Option("ratio", kind="choice", choices=RATIO_MODES, expect=f"one of {', '.join(RATIO_MODES)}",
+               doc="the turn ratio ρ_k of turn_ppo (and gspo's sequence ratio): the geometric mean of the token "
+                   "ratios or their product (clamped)")
+AGG = Option("agg", kind="choice", choices=AGG_MODES, optional=True, expect=f"one of {', '.join(AGG_MODES)}",
+             doc="how the per-token loss is reduced (None: the kind's default)")
+DUAL_CLIP = Option("dual_clip", kind="float", low=1, low_open=True, optional=True, label="c",
+                   expect="a number > 1 (verl uses 3) or None",
+                   doc="dual clip c: where A < 0 the loss is at most −c·A (None: off)")
+TOKEN_CLIP = Option("token_clip", kind="float", low=1, low_open=True, optional=True, label="token band",
+                    expect="a number > 1 (a band [1/c, c] on each token's own ratio) or None",
+                    doc="token band c: a token whose own ratio left [1/c, c] on the side its advantage pushes "
+                        "gets no gradient (None: off)")
+#: every keyword of :func:`policy_loss` a loss kind can be configured with, beside its own options
+KEYWORDS = (CLIP_LOW, CLIP_HIGH, RATIO, AGG)
+_VOCAB = {o.name: o for o in (*KEYWORDS, DUAL_CLIP, TOKEN_CLIP)}
 
 
 # --------------------------------------------------------------------------------------------
@@ -134,7 +166,9 @@ class LossKind:
     ``needs`` ⊆ {"turns", "rollout_logp"}: "turns" — the loss itself uses turn ids (pass
     ``turn_ids`` when turns are not the mask runs); "rollout_logp" — ``rollout_logp`` is required.
     ``ratio_against`` is the log-prob the ratio is formed against. ``clip_low``/``clip_high``/``agg``
-    are the defaults used when the caller passes None; ``options`` the extra keyword options.
+    are the defaults used when the caller passes None; ``options`` the names of the kind's own
+    keyword options, ``spec`` their declarations (:class:`~mpo_viz.options.Option`, defaults from
+    ``fn``'s signature).
     """
 
     name: str
@@ -146,6 +180,21 @@ class LossKind:
     agg: str = "token-mean"
     options: tuple = ()
     doc: str = field(default="", compare=False)
+    spec: tuple = field(default=(), compare=False)
+
+    @property
+    def logprobs(self) -> tuple[str, ...]:
+        """The log-prob arguments of :func:`policy_loss` this kind cannot do without (``old_logp``,
+        ``rollout_logp``); :data:`LOGPROB_FIELDS` names the batch field of each."""
+        out = ("rollout_logp",) if "rollout_logp" in self.needs else ()
+        return out + (("old_logp",) if self.ratio_against == "old_logp" else ())
+
+    def keywords(self) -> tuple[Option, ...]:
+        """The keywords of :func:`policy_loss` with this kind's defaults (``clip_low``,
+        ``clip_high``, ``ratio``, ``agg``), then its own options: every option it can be
+        configured with."""
+        defaults = {"clip_low": self.clip_low, "clip_high": self.clip_high, "ratio": "geo_mean", "agg": self.agg}
+        return tuple(replace(o, default=defaults[o.name]) for o in KEYWORDS) + self.spec
 
 
 _REGISTRY: dict[str, LossKind] = {}
@@ -166,7 +215,10 @@ def register(
     """Register a loss kind ``fn(inputs: PolicyInputs, **options) -> PolicyTerms`` under ``name``.
 
     Usable as ``register("name", fn, ...)`` or as a decorator ``@register("name", ...)``. A name
-    can be registered once (ValueError otherwise).
+    can be registered once (ValueError otherwise). ``options``: the kind's own keyword options,
+    :class:`~mpo_viz.options.Option` declarations or names of the declared ones (``"dual_clip"``,
+    ``"token_clip"``); an undeclared name takes an unchecked option (kind ``"any"``). Defaults come
+    from ``fn``'s signature.
     """
 
     def deco(f):
@@ -187,12 +239,31 @@ def register(
             clip_low=float(clip_low),
             clip_high=float(clip_high),
             agg=agg,
-            options=tuple(options),
+            options=tuple(o.name if isinstance(o, Option) else o for o in options),
             doc=(f.__doc__ or "").strip(),
+            spec=_declare(f, options),
         )
         return f
 
     return deco(fn) if fn is not None else deco
+
+
+def _declare(fn: Callable, options: Iterable) -> tuple[Option, ...]:
+    """The kind's own options as :class:`Option` s, defaults from ``fn``'s signature."""
+    params = inspect.signature(fn).parameters
+    out = []
+    for o in options:
+        o = o if isinstance(o, Option) else _VOCAB.get(o, Option(o, kind="any"))
+        p = params.get(o.name)
+        out.append(replace(o, default=UNSET if p is None or p.default is inspect.Parameter.empty else p.default))
+    return tuple(out)
+
+
+def options(kind: str) -> tuple[Option, ...]:
+    """Every option loss ``kind`` can be configured with, defaults filled in: the keywords of
+    :func:`policy_loss` (``clip_low``, ``clip_high``, ``ratio``, ``agg``, with the kind's
+    defaults), then the kind's own (``dual_clip``, ``token_clip``)."""
+    return get(kind).keywords()
 
 
 def available() -> list[str]:
@@ -266,30 +337,17 @@ def _token_band(x: PolicyInputs, token_clip) -> tuple[torch.Tensor, torch.Tensor
     ``r_t < 1/c`` (low), ``A_t > 0`` and ``r_t > c`` (high). None when ``token_clip`` is None."""
     if token_clip is None:
         return None
-    c = number(token_clip, "token_clip")
-    if not c > 1:
-        raise ValueError(f"token_clip: expected a number > 1 (a band [1/c, c] on each token's own ratio) "
-                         f"or None, found {token_clip}")
     logr = x.logr.detach()
-    log_c = math.log(c)
+    log_c = math.log(token_clip)
     adv = x.advantages
     return x.mask & (adv < 0) & (logr < -log_c), x.mask & (adv > 0) & (logr > log_c)
-
-
-def _check_dual(dual_clip):
-    if dual_clip is None:
-        return None
-    c = number(dual_clip, "dual_clip")
-    if not c > 1:
-        raise ValueError(f"dual_clip: expected a number > 1 (verl uses 3) or None, found {dual_clip}")
-    return c
 
 
 @register("token_ppo", options=("dual_clip",))
 def token_ppo(x: PolicyInputs, *, dual_clip: float | None = None) -> PolicyTerms:
     """PPO's clipped surrogate with the per-token ratio ``r_t = exp(logr_t)``; optional dual clip."""
     s = torch.exp(x.logr)
-    return _clipped_objective(s, x.advantages, x.mask, 1 - x.clip_low, 1 + x.clip_high, _check_dual(dual_clip))
+    return _clipped_objective(s, x.advantages, x.mask, 1 - x.clip_low, 1 + x.clip_high, dual_clip)
 
 
 @register("turn_ppo", needs=("turns",), options=("dual_clip", "token_clip"))
@@ -299,7 +357,7 @@ def turn_ppo(x: PolicyInputs, *, dual_clip: float | None = None,
     the token band ``token_clip`` = c (default 2.0; None = the bare form): a token whose own ratio
     left ``[1/c, c]`` on the side its advantage pushes gets no gradient."""
     s = _token_gradient_surrogate(x, x.turns)
-    return _clipped_objective(s, x.advantages, x.mask, 1 - x.clip_low, 1 + x.clip_high, _check_dual(dual_clip),
+    return _clipped_objective(s, x.advantages, x.mask, 1 - x.clip_low, 1 + x.clip_high, dual_clip,
                               _token_band(x, token_clip))
 
 
@@ -307,7 +365,7 @@ def turn_ppo(x: PolicyInputs, *, dual_clip: float | None = None,
 def gspo(x: PolicyInputs, *, dual_clip: float | None = None, token_clip: float | None = None) -> PolicyTerms:
     """GSPO: the turn_ppo construction with the whole trajectory as one unit (token band as turn_ppo)."""
     s = _token_gradient_surrogate(x, row_segments(x.mask))
-    return _clipped_objective(s, x.advantages, x.mask, 1 - x.clip_low, 1 + x.clip_high, _check_dual(dual_clip),
+    return _clipped_objective(s, x.advantages, x.mask, 1 - x.clip_low, 1 + x.clip_high, dual_clip,
                               _token_band(x, token_clip))
 
 
@@ -389,22 +447,37 @@ def policy_loss(
     fractions are 0.0 and the other metrics NaN.
     """
     spec = get(kind)
-    unknown = sorted(set(options) - set(spec.options))
-    if unknown:
-        allowed = ", ".join(spec.options) or "none"
-        raise ValueError(f"options: {kind} accepts {allowed}; found unknown option(s) {', '.join(unknown)} "
-                         f"(keywords of every kind: {', '.join(policy_loss.__kwdefaults__)})")
-    if ratio not in RATIO_MODES:
-        raise ValueError(f"ratio: expected one of {', '.join(RATIO_MODES)}, found {ratio!r}")
-    agg = spec.agg if agg is None else agg
-    if agg not in AGG_MODES:
-        raise ValueError(f"agg: expected one of {', '.join(AGG_MODES)}, found {agg!r}")
-    eps_low = spec.clip_low if clip_low is None else number(clip_low, "clip_low")
-    eps_high = spec.clip_high if clip_high is None else number(clip_high, "clip_high")
-    if not (0 <= eps_low < 1) or not eps_high >= 0:
-        raise ValueError(f"clip_low/clip_high: expected 0 <= clip_low < 1 and clip_high >= 0, found {eps_low}, {eps_high}")
-    scale = check_scale(scale, agg, mode_arg="agg")
+    settings = _settings(spec, dict(options, clip_low=clip_low, clip_high=clip_high, ratio=ratio, agg=agg))
+    scale = check_scale(scale, settings["agg"], mode_arg="agg")
+    x, old, roll = _policy_inputs(spec, logp, old_logp, advantages, mask, rollout_logp, turn_ids, settings)
+    terms = spec.fn(x, **{k: settings[k] for k in spec.options if k in settings})
+    loss = reduce_checked(terms.loss, x.mask, settings["agg"], scale=scale, turn_segments=x.turns)
+    kl_base = old if old is not None else roll
+    metrics = _metrics(x, terms, torch.where(x.mask, kl_base, x.logp.new_zeros(())))
+    return loss, metrics
 
+
+def _settings(spec: LossKind, given: dict) -> dict:
+    """Every option of ``spec`` checked against its declaration, None keywords given the kind's
+    defaults (``clip_low``, ``clip_high``, ``agg``); an option the kind does not take is refused."""
+    unknown = sorted(set(given) - {o.name for o in KEYWORDS} - set(spec.options))
+    if unknown:
+        raise ValueError(f"options: {spec.name} accepts {', '.join(spec.options) or 'none'}; found unknown option(s) "
+                         f"{', '.join(unknown)} (keywords of every kind: {', '.join(policy_loss.__kwdefaults__ or {})})")
+    out = {}
+    for o in spec.keywords():
+        if o.name not in given and o.default is UNSET:  # an option without a default, not given
+            continue
+        value = o.check(given.get(o.name, o.default))
+        out[o.name] = o.default if value is None and o.name in _KIND_DEFAULTS else value
+    return out
+
+
+_KIND_DEFAULTS = ("clip_low", "clip_high", "agg")  # None: the kind's own default
+
+
+def _policy_inputs(spec: LossKind, logp, old_logp, advantages, mask, rollout_logp, turn_ids, settings: dict):
+    """The checked, sanitized :class:`PolicyInputs` (and the old and rollout log-probs, or None)."""
     lp = as_tensor(logp, "logp")
     if lp.dim() != 2:
         raise ValueError(f"logp: expected a 2-D (B, L) array, found shape {tuple(lp.shape)}")
@@ -414,19 +487,19 @@ def policy_loss(
     m = check_mask(mask, device=dev)
     check_same_shape(lp, "logp", m)
 
-    def _other(x, name):
+    def other(x, name):
+        if x is None:
+            return None
         t = as_tensor(x, name, dtype=dt, device=dev).detach()
         check_same_shape(t, name, m)
         check_finite(t, name, m)
         return t
 
-    adv = _other(advantages, "advantages")
-    old = None if old_logp is None else _other(old_logp, "old_logp")
-    roll = None if rollout_logp is None else _other(rollout_logp, "rollout_logp")
-    if "rollout_logp" in spec.needs and roll is None:
-        raise ValueError(f"rollout_logp: the {kind!r} loss needs rollout_logp (the sampler's log-probs), found None")
-    if spec.ratio_against == "old_logp" and old is None:
-        raise ValueError(f"old_logp: the {kind!r} loss needs old_logp, found None")
+    adv = other(advantages, "advantages")
+    given = {"old_logp": other(old_logp, "old_logp"), "rollout_logp": other(rollout_logp, "rollout_logp")}
+    for arg in spec.logprobs:
+        if given[arg] is None:
+            raise ValueError(f"{arg}: the {spec.name!r} loss needs {arg}{_LOGPROB_WHAT[arg]}, found None")
     check_finite(lp.detach(), "logp", m)
 
     # Sanitize first: whatever sits on masked tokens (padding garbage, -inf) never enters the math,
@@ -434,17 +507,15 @@ def policy_loss(
     zero = torch.zeros((), dtype=dt, device=dev)
     lp = torch.where(m, lp, zero)
     adv = torch.where(m, adv, zero)
-    base = roll if spec.ratio_against == "rollout_logp" else old
-    base = torch.where(m, base, zero)
+    base = torch.where(m, given[spec.ratio_against], zero)
     logr = (lp - base).clamp(-LOGR_CLAMP, LOGR_CLAMP)
-    turns = segments(m, turn_ids)
+    x = PolicyInputs(logp=lp, logr=logr, advantages=adv, mask=m, turns=segments(m, turn_ids),
+                     clip_low=float(settings["clip_low"]), clip_high=float(settings["clip_high"]),
+                     ratio=settings["ratio"])
+    return x, given["old_logp"], given["rollout_logp"]
 
-    x = PolicyInputs(logp=lp, logr=logr, advantages=adv, mask=m, turns=turns, clip_low=eps_low, clip_high=eps_high, ratio=ratio)
-    terms = spec.fn(x, **options)
-    loss = reduce_checked(terms.loss, m, agg, scale=scale, turn_segments=turns)
-    kl_base = old if old is not None else roll
-    metrics = _metrics(x, terms, torch.where(m, kl_base, zero))
-    return loss, metrics
+
+_LOGPROB_WHAT = {"old_logp": "", "rollout_logp": " (the sampler's log-probs)"}
 
 
 def _metrics(x: PolicyInputs, terms: PolicyTerms, kl_base: torch.Tensor) -> dict[str, float]:
@@ -550,8 +621,8 @@ def policy_loss_reference(
     spec = get(kind)
     eps_low = spec.clip_low if clip_low is None else clip_low
     eps_high = spec.clip_high if clip_high is None else clip_high
-    if token_clip == "default":
-        token_clip = TURN_PPO_TOKEN_CLIP if kind == "turn_ppo" else None
+    band = (next((o.default for o in spec.spec if o.name == "token_clip"), None) if isinstance(token_clip, str)
+            else token_clip)  # "default": the kind's own
     lo, hi = 1 - eps_low, 1 + eps_high
     lp = np.asarray(logp, dtype=np.float64)
     base = np.asarray(rollout_logp if spec.ratio_against == "rollout_logp" else old_logp, dtype=np.float64)
@@ -592,9 +663,9 @@ def policy_loss_reference(
                     val, g = unclipped, -a * ds
                 if dual_clip is not None and a < 0 and val > -dual_clip * a:
                     val, g = -dual_clip * a, 0.0
-                if token_clip is not None:  # the token band: this token's own ratio, on its advantage's side
+                if band is not None:  # the token band: this token's own ratio, on its advantage's side
                     r_tok = math.exp(logr[t])
-                    if (a > 0 and r_tok > token_clip) or (a < 0 and r_tok < 1 / token_clip):
+                    if (a > 0 and r_tok > band) or (a < 0 and r_tok < 1 / band):
                         g = 0.0
                 loss[i, t], grad[i, t] = val, g
     return loss, grad

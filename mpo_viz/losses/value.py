@@ -13,6 +13,7 @@ from mpo_viz.losses._common import (
     result_dtype,
 )
 from mpo_viz.losses.aggregate import aggregate
+from mpo_viz.moments import ExplainedVariance
 
 __all__ = ["value_loss"]
 
@@ -40,7 +41,8 @@ def value_loss(
     Returns ``(loss, metrics)``; the dtype is float64 when ``values`` is float64, else float32.
     Metrics (plain floats): ``vf_clipfrac`` — share of action tokens whose clipped branch is strictly
     larger (so the gradient is cut); ``vf_explained_var`` — ``1 − Var(G − V)/Var(G)`` over action
-    tokens (NaN when Var(G) = 0 or there are no action tokens); ``vf_mse`` — mean (V − G)².
+    tokens (NaN when Var(G) = 0 or there are no action tokens; :class:`mpo_viz.moments.ExplainedVariance`,
+    the one definition); ``vf_mse`` — mean (V − G)² (float64).
     """
     v = as_tensor(values, "values")
     dt = result_dtype(v)
@@ -74,21 +76,7 @@ def value_loss(
         loss_mat = torch.where(clipped_active, clipped, unclipped)
     loss = 0.5 * aggregate(loss_mat, m, agg, turn_ids=turn_ids, scale=scale)
     with torch.no_grad():
-        n = m.sum()
-        mf = m.to(dt)
-        nf = n.clamp_min(1).to(dt)
-        err = (g - v) * mf
-        mean_g = (g * mf).sum() / nf
-        mean_e = err.sum() / nf
-        var_g = (((g - mean_g) * mf) ** 2).sum() / nf
-        var_e = (((err - mean_e) * mf) ** 2).sum() / nf
-        ev = torch.where((n > 0) & (var_g > 0), 1 - var_e / var_g, torch.full((), float("nan"), dtype=dt))
-        stats = torch.stack(
-            [
-                (clipped_active.sum() / n.clamp_min(1)).to(dt),
-                ev,
-                torch.where(n > 0, (err**2).sum() / nf, torch.full((), float("nan"), dtype=dt)),
-            ]
-        ).tolist()
-    metrics = {"vf_clipfrac": stats[0], "vf_explained_var": stats[1], "vf_mse": stats[2]}
+        ev = ExplainedVariance.of(g, v, m)  # the one definition, float64
+        clipfrac = float(clipped_active.sum()) / max(int(m.sum()), 1)
+    metrics = {"vf_clipfrac": clipfrac, "vf_explained_var": ev.value, "vf_mse": ev.mse}
     return loss, metrics

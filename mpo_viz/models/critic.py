@@ -29,6 +29,15 @@ CRITIC_FORMAT = "mpo_viz.critic/v1"
 _INITS = ("fresh", "policy", "shared")
 
 
+
+def _config(model):
+    """A Hugging Face model's ``config`` (untyped here: torch types module attributes as modules)."""
+    return model.config
+
+
+def _hidden_size(model) -> int:
+    return int(_config(model).hidden_size)
+
 class Critic(nn.Module):
     """``V = head(trunk(ids).last_hidden_state)``: ``(B, T)`` float32 values, one per position.
 
@@ -42,7 +51,7 @@ class Critic(nn.Module):
         super().__init__()
         self.trunk = trunk
         self.shared = bool(shared)
-        self.head = nn.Linear(trunk.config.hidden_size, 1)
+        self.head = nn.Linear(_hidden_size(trunk), 1)
         self.head.to(device=next(trunk.parameters()).device, dtype=next(trunk.parameters()).dtype)
 
     def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None,
@@ -117,10 +126,10 @@ def save_critic(critic: Critic, path, policy) -> Path:
     cfg = {
         "format": CRITIC_FORMAT,
         "shared_trunk": critic.shared,
-        "hidden_size": critic.trunk.config.hidden_size,
+        "hidden_size": _hidden_size(critic.trunk),
         "vocab_size": len(policy.tokenizer),
         "vocab_sha256": vocab_sha256(policy.tokenizer),
-        "trunk_config": None if critic.shared else critic.trunk.config.to_dict(),
+        "trunk_config": None if critic.shared else _config(critic.trunk).to_dict(),
         "policy_trunk_fingerprint": _fingerprint(critic.trunk) if critic.shared else None,
     }
     state = critic.head.state_dict(prefix="head.")

@@ -36,7 +36,7 @@ class WordLayout(ChatLayout):
         self._special = frozenset(tokenizer.all_special_ids)
 
     def text(self, ids) -> str:
-        return self.tokenizer.decode([i for i in ids if i not in self._special])
+        return str(self.tokenizer.decode([i for i in ids if i not in self._special]))
 
 
 class TemplateLayout:

@@ -14,7 +14,7 @@ import torch
 from mpo_viz.checks import OptionError
 from mpo_viz.models.layout import layout_for
 
-__all__ = ["Policy", "load_policy", "save_policy", "check_vocabulary", "resolve_dtype", "resolve_device"]
+__all__ = ["Policy", "load_policy", "save_policy", "check_vocabulary", "resolve_dtype", "resolve_device", "embedding_rows"]
 
 _DTYPES = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16, "bf16": torch.bfloat16,
            "float16": torch.float16, "fp16": torch.float16}
@@ -128,6 +128,11 @@ def _check_folder(path: Path, what: str) -> None:
                          f"(contents: {sorted(p.name for p in path.iterdir())[:8]})")
 
 
+def embedding_rows(model) -> int:
+    """The rows of a model's input embedding (the token ids it can read)."""
+    return int(model.get_input_embeddings().num_embeddings)
+
+
 def load_policy(path, *, device="cpu", dtype=None, trust_remote_code: bool = False) -> Policy:
     """Load a policy from a local Hugging Face causal-LM folder (``config.json``, weights, tokenizer),
     offline. ``device``: ``"cpu"`` (default) or an accelerator; ``dtype``: float32 by default,
@@ -164,10 +169,10 @@ def load_policy(path, *, device="cpu", dtype=None, trust_remote_code: bool = Fal
     except (OSError, ValueError, KeyError, TypeError) as exc:
         raise ValueError(f"{path}: expected a tokenizer beside the model (tokenizer.json or tokenizer_config.json), "
                          f"found none loadable ({type(exc).__name__}: {exc})") from None
-    if len(tokenizer) > model.get_input_embeddings().num_embeddings:
-        raise ValueError(f"{path}: the tokenizer has {len(tokenizer)} tokens but the model embeds only "
-                         f"{model.get_input_embeddings().num_embeddings}")
-    model.to(dev).eval()
+    rows = embedding_rows(model)
+    if len(tokenizer) > rows:
+        raise ValueError(f"{path}: the tokenizer has {len(tokenizer)} tokens but the model embeds only {rows}")
+    model.to(dev).eval()  # type: ignore[arg-type]  # transformers types .to as taking the model
     return Policy(model, tokenizer, path=str(path))
 
 

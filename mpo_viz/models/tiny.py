@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
@@ -12,7 +14,7 @@ __all__ = ["SIZES", "tiny_config", "tiny_policy"]
 
 #: model sizes: hidden size, layers, attention heads, MLP width. Parameters (vocabulary of ~270
 #: words, tied embeddings): "1m" ≈ 1.1 M, "3m" ≈ 3.1 M, "10m" ≈ 10.7 M.
-SIZES: dict[str, dict[str, int]] = {
+SIZES: dict[str, dict[str, Any]] = {
     "1m": {"hidden_size": 128, "num_hidden_layers": 4, "num_attention_heads": 4, "intermediate_size": 512},
     "3m": {"hidden_size": 256, "num_hidden_layers": 4, "num_attention_heads": 4, "intermediate_size": 640},
     "10m": {"hidden_size": 384, "num_hidden_layers": 6, "num_attention_heads": 6, "intermediate_size": 1024},

@@ -37,6 +37,11 @@ from functools import cache
 from importlib import resources
 
 import numpy as np
+import torch
+
+from mpo_viz.advantages import registry
+from mpo_viz.trajectory import TrajectoryBatch
+from mpo_viz.turns import turn_ids_from_mask
 
 __all__ = [
     "strip_js",
@@ -187,8 +192,6 @@ def payload_from_arrays(
     ``{name: {"label", "center", "scale"}}``; ``channel``: the channel shown first (default: the
     first). Values are rounded to ``digits`` significant digits to keep payloads small.
     """
-    from mpo_viz.turns import turn_ids_from_mask
-
     tokens = [("" if t is None else str(t)) for t in tokens]
     n = len(tokens)
     m = np.asarray(mask).ravel()
@@ -231,7 +234,7 @@ def _scalar(v):
     return v
 
 
-def _row_tokens(batch, i: int, n: int, tokens) -> list[str]:
+def _row_tokens(batch: TrajectoryBatch, i: int, n: int, tokens) -> list[str]:
     if tokens is not None:
         if callable(tokens):
             ids = batch.field("response_ids")[i]
@@ -246,7 +249,7 @@ def _row_tokens(batch, i: int, n: int, tokens) -> list[str]:
 
 
 def strip_payload(
-    batch,
+    batch: TrajectoryBatch,
     row: int,
     *,
     advantages: dict | None = None,
@@ -262,8 +265,9 @@ def strip_payload(
 
     * ``adv_<name>`` for each entry of ``advantages`` (``{name: (B, L) tensor or result}``), and
       per-token ``adv_*`` columns already in the batch (e.g. written by ``mpo-viz advantages``);
-    * ``micro_mpo`` (or ``micro_mae``): that advantage minus its turn mean — MAE's within-turn part
-      ``β(u − ū)`` — so the micro scale is visible even when ``A^T_k`` dominates the colour;
+    * ``micro_<name>`` for the first multiscale estimator among them (mpo or mae:
+      :func:`mpo_viz.advantages.multiscale_estimator`): that advantage minus its turn mean — MAE's
+      within-turn part ``β(u − ū)`` — so the micro scale is visible even when ``A^T_k`` dominates the colour;
     * ``advantages`` (logged), ``value``, ``td`` (the one-step TD error ``δ_t = r_t + γV_{t+1} − V_t``
       over action tokens, given by the caller as ``td``: a ``(B, L)`` tensor or array, e.g.
       :func:`mpo_viz.analysis.td_error`; the strip computes no estimator itself), ``reward``;
@@ -280,87 +284,100 @@ def strip_payload(
     sub = batch[[row]]
     n = int(sub.lengths[0])
     mask = sub.mask[0, :n].numpy()
-    turn_ids = sub.turn_ids[0, :n].numpy()
-    chans: dict[str, np.ndarray] = {}
-    info: dict[str, dict] = {}
-
-    def add(name, arr, label, center=0.0):
-        chans[name] = np.asarray(arr, dtype=np.float64)[:n]
-        info[name] = {"label": label, "center": center, "scale": None}
-
-    for name, a in (advantages or {}).items():
-        a = getattr(a, "advantages", a)
-        a = a.detach().cpu().numpy() if hasattr(a, "detach") else np.asarray(a)
-        add(f"adv_{name}", a[row], f"advantage ({name})")
-    for name in [k for k in chans if k in ("adv_mpo", "adv_mae")][:1]:
-        # MAE's micro scale: the advantage minus its turn mean (= β(u − ū)); the turn mean is A^T_k
-        a = np.where(mask != 0, chans[name], 0.0)
-        cnt = np.bincount(turn_ids, weights=(mask != 0).astype(np.float64))
-        tot = np.bincount(turn_ids, weights=a)
-        with np.errstate(invalid="ignore", divide="ignore"):
-            add(f"micro_{name[4:]}", a - (tot / cnt)[turn_ids], f"within-turn part ({name[4:]}: A − turn mean)")
-    for f in sub.token_fields:
-        if f.startswith("adv_") and f not in chans:
-            add(f, sub.padded(f, fill=math.nan)[0].numpy(), f"advantage ({f[4:]}, stored)")
-    if sub.has("advantages"):
-        add("advantages", sub.padded("advantages", fill=math.nan)[0].numpy(), "advantage (logged)")
-    values = sub.values
-    if values is not None:
-        add("value", values[0].numpy(), "value")
-    if td is not None:
-        td = td.detach().cpu().numpy() if hasattr(td, "detach") else np.asarray(td)
-        add("td", td[row] if td.ndim == 2 else td, "TD error δ")
-    add("reward", sub.padded("rewards", fill=0.0)[0].numpy(), "reward")
-    old = sub.padded("old_logprobs", fill=math.nan)[0].numpy() if sub.has("old_logprobs") else None
-    roll = sub.padded("rollout_logprobs", fill=math.nan)[0].numpy() if sub.has("rollout_logprobs") else None
-    ref = sub.padded("ref_logprobs", fill=math.nan)[0].numpy() if sub.has("ref_logprobs") else None
-    if old is not None or roll is not None:
-        add("logprob", old if old is not None else roll, "logprob (old)" if old is not None else "logprob (rollout)")
-    if old is not None and roll is not None:
-        add("ratio", np.exp(np.clip(old - roll, -20, 20)), "ratio exp(old − rollout)", center=1.0)
-    if old is not None and ref is not None:
-        add("kl", old - ref, "KL k1 (old − ref)")
-    if sub.has("entropy"):
-        add("entropy", sub.padded("entropy", fill=math.nan)[0].numpy(), "entropy")
-    # any other numeric per-token column (e.g. an environment's oracle_values) is a channel too
-    known = {"response_ids", "loss_mask", "turn_ids", "response_tokens", "token_rewards", "values", "advantages",
-             "returns", "old_logprobs", "rollout_logprobs", "ref_logprobs", "entropy"}
-    for f in sub.token_fields:
-        if f in known or f in chans or f.startswith(("adv_", "ret_")):
-            continue
-        try:
-            add(f, sub.padded(f, torch_float64(), fill=math.nan)[0].numpy(), f)
-        except (ValueError, TypeError, KeyError):
-            continue  # strings or other non-numeric columns
+    ch = _Channels(n)
+    _advantage_channels(ch, sub, row, advantages, mask)
+    _value_channels(ch, sub, row, td)
+    _logprob_channels(ch, sub)
+    _other_channels(ch, sub)
     # observation tokens carry no values: blank them so hover shows "—" rather than a stale number
-    for k in chans:
-        chans[k] = np.where(mask != 0, chans[k], np.nan)
+    chans = {k: np.where(mask != 0, v, np.nan) for k, v in ch.values.items()}
     if channel is None:
         channel = next((k for k in chans if k.startswith("adv_")), None) or ("value" if "value" in chans else None)
     toks = _row_tokens(batch, row, n, tokens)
-    traj_id = batch.traj_ids[row]
     score = float(sub.rewards[0].sum())
     meta = {"group": batch.group_ids[row], "score": round(score, 6), "turns": int(sub.num_turns[0])}
-    payload = payload_from_arrays(
-        toks,
-        mask,
-        turn_ids,
-        chans,
-        channel_info=info,
-        channel=channel,
-        title=title if title is not None else f"trajectory {traj_id}",
-        meta=meta,
-        digits=digits,
-    )
+    payload = payload_from_arrays(toks, mask, sub.turn_ids[0, :n].numpy(), chans, channel_info=ch.info,
+                                  channel=channel, title=title if title is not None else f"trajectory {batch.traj_ids[row]}",
+                                  meta=meta, digits=digits)
     # word-level tokenizers give tokens without whitespace: ask the strip to space them out
     payload["spaced"] = len(toks) > 1 and not any(any(c.isspace() for c in t) for t in toks)
     return payload
 
 
-def torch_float64():
-    import torch
+class _Channels:
+    """The channels of one strip being built: values (length n) and their info, in order."""
 
-    return torch.float64
+    def __init__(self, n: int):
+        self.n = n
+        self.values: dict[str, np.ndarray] = {}
+        self.info: dict[str, dict] = {}
+
+    def add(self, name: str, arr, label: str, center: float = 0.0) -> None:
+        self.values[name] = np.asarray(arr, dtype=np.float64)[: self.n]
+        self.info[name] = {"label": label, "center": center, "scale": None}
+
+
+def _advantage_channels(ch: _Channels, sub, row: int, advantages, mask: np.ndarray) -> None:
+    """``adv_<name>`` of each given estimator, the multiscale one's within-turn part
+    ``micro_<name>``, the stored ``adv_*`` columns and the logged ``advantages``."""
+    for name, a in (advantages or {}).items():
+        a = getattr(a, "advantages", a)
+        a = a.detach().cpu().numpy() if hasattr(a, "detach") else np.asarray(a)
+        ch.add(f"adv_{name}", a[row], f"advantage ({name})")
+    for est in filter(None, [registry.multiscale_estimator(k[4:] for k in ch.values)]):
+        # MAE's micro scale: the advantage minus its turn mean (= β(u − ū)); the turn mean is A^T_k
+        turn_ids = sub.turn_ids[0, : ch.n].numpy()
+        a = np.where(mask != 0, ch.values[f"adv_{est}"], 0.0)
+        cnt = np.bincount(turn_ids, weights=(mask != 0).astype(np.float64))
+        tot = np.bincount(turn_ids, weights=a)
+        with np.errstate(invalid="ignore", divide="ignore"):
+            ch.add(f"micro_{est}", a - (tot / cnt)[turn_ids], f"within-turn part ({est}: A − turn mean)")
+    for f in sub.token_fields:
+        if f.startswith("adv_") and f not in ch.values:
+            ch.add(f, sub.padded(f, fill=math.nan)[0].numpy(), f"advantage ({f[4:]}, stored)")
+    if sub.has("advantages"):
+        ch.add("advantages", sub.padded("advantages", fill=math.nan)[0].numpy(), "advantage (logged)")
+
+
+def _value_channels(ch: _Channels, sub, row: int, td) -> None:
+    """``value``, the TD error ``td`` (given by the caller) and ``reward``."""
+    if sub.values is not None:
+        ch.add("value", sub.values[0].numpy(), "value")
+    if td is not None:
+        td = td.detach().cpu().numpy() if hasattr(td, "detach") else np.asarray(td)
+        ch.add("td", td[row] if td.ndim == 2 else td, "TD error δ")
+    ch.add("reward", sub.padded("rewards", fill=0.0)[0].numpy(), "reward")
+
+
+def _logprob_channels(ch: _Channels, sub) -> None:
+    """``logprob`` (old, else rollout), the ``ratio`` old/rollout, ``kl`` to the reference, ``entropy``."""
+    def field(name):
+        return sub.padded(name, fill=math.nan)[0].numpy() if sub.has(name) else None
+
+    old, roll, ref = field("old_logprobs"), field("rollout_logprobs"), field("ref_logprobs")
+    if old is not None or roll is not None:
+        ch.add("logprob", old if old is not None else roll, "logprob (old)" if old is not None else "logprob (rollout)")
+    if old is not None and roll is not None:
+        ch.add("ratio", np.exp(np.clip(old - roll, -20, 20)), "ratio exp(old − rollout)", center=1.0)
+    if old is not None and ref is not None:
+        ch.add("kl", old - ref, "KL k1 (old − ref)")
+    if sub.has("entropy"):
+        ch.add("entropy", field("entropy"), "entropy")
+
+
+_KNOWN = {"response_ids", "loss_mask", "turn_ids", "response_tokens", "token_rewards", "values", "advantages",
+          "returns", "old_logprobs", "rollout_logprobs", "ref_logprobs", "entropy"}
+
+
+def _other_channels(ch: _Channels, sub) -> None:
+    """Any other numeric per-token column (e.g. an environment's oracle_values) is a channel too."""
+    for f in sub.token_fields:
+        if f in _KNOWN or f in ch.values or f.startswith(("adv_", "ret_")):
+            continue
+        try:
+            ch.add(f, sub.padded(f, torch.float64, fill=math.nan)[0].numpy(), f)
+        except (ValueError, TypeError, KeyError):
+            continue  # strings or other non-numeric columns
 
 
 def payload_json(payload: dict) -> str:

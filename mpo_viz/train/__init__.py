@@ -5,10 +5,21 @@
 ``mpo-viz train`` in the shell. Modules: ``config`` (the flat :class:`Config`), ``loop``
 (:class:`Trainer`), ``update`` (epochs × minibatches × micro-batches), ``sft``, ``checkpoint``,
 ``runfolder``, ``launch``. See docs/training.md.
+
+``Trainer`` is imported on first use (``mpo_viz.train.Trainer``): it pulls in the models and
+their tokenizer (transformers, about a second), which the ``mpo-viz`` commands other than ``train``
+never need, while they read the :class:`Config` declarations for their flags.
 """
 
 from mpo_viz.train.config import Config, TrustRegionWarning
 from mpo_viz.train.launch import RunHandle, launch
-from mpo_viz.train.loop import Trainer
 
 __all__ = ["Config", "RunHandle", "Trainer", "TrustRegionWarning", "launch"]
+
+
+def __getattr__(name):
+    if name == "Trainer":
+        from mpo_viz.train.loop import Trainer
+
+        return Trainer
+    raise AttributeError(f"module 'mpo_viz.train' has no attribute {name!r}")

@@ -27,6 +27,9 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from mpo_viz.io import load as load_batch
+from mpo_viz.io import save as save_batch
+
 __all__ = ["Checkpoint", "save_checkpoint", "load_checkpoint", "latest_checkpoint", "checkpoint_name",
            "capture_rng", "restore_rng", "write_atomic"]
 
@@ -144,8 +147,6 @@ def save_checkpoint(
     newest ``keep`` checkpoints. Returns the checkpoint's path."""
     from safetensors.torch import save_model
 
-    from mpo_viz.io import save as save_batch
-
     ckpt_dir = Path(ckpt_dir)
     ckpt_dir.mkdir(parents=True, exist_ok=True)
     name = checkpoint_name(iteration)
@@ -199,8 +200,6 @@ def latest_checkpoint(ckpt_dir: Path) -> Path | None:
 def load_checkpoint(path: Path) -> Checkpoint:
     """Read a checkpoint folder (weights are loaded later, into modules). Nothing is unpickled:
     tensors through ``torch.load(weights_only=True)``, the rest from JSON."""
-    from mpo_viz.io import load as load_batch
-
     path = Path(path)
     for f in ("state.json", "optimizers.pt", "rng.pt", "rng.json"):
         if not (path / f).is_file():
@@ -212,6 +211,6 @@ def load_checkpoint(path: Path) -> Checkpoint:
     batches = {}
     bdir = path / "batches"
     if bdir.is_dir():
-        for f in sorted(bdir.glob("*.parquet")):
-            batches[f.stem] = load_batch(f)
+        for part in sorted(bdir.glob("*.parquet")):
+            batches[part.stem] = load_batch(part)
     return Checkpoint(path=path, state=state, rng=rng, optimizers=optim, batches=batches)

@@ -141,6 +141,41 @@ def _ev(critic, r: Rows, rows, targets: torch.Tensor, **kw) -> float:
     return explained_variance(targets[idx], v.double(), r.mask[idx])
 
 
+def _fit_step(critic: torch.nn.Module, r: Rows, chunk: np.ndarray, g32: torch.Tensor, opt, params: list,
+              grad_clip: float, *, pad_id: int, device, micro_batch_tokens: int) -> float:
+    """One AdamW step of ``½·mean_t (V_t − G_t)²`` over the action tokens of rows ``chunk`` (its
+    micro-batches' gradients accumulated); returns the loss."""
+    n_tok = float(r.mask[torch.from_numpy(chunk)].sum().clamp_min(1))
+    step_loss = 0.0
+    for group in micro_batches(r, chunk, micro_batch_tokens):
+        mb = make_micro(r, group, pad_id, device)
+        v = forward_critic(critic, mb)
+        loss, _ = value_loss(v, None, mb.take(g32).to(device), mb.take(r.mask).to(device), clip=None, scale=n_tok)
+        loss.backward()
+        step_loss += float(loss.detach())
+    if grad_clip > 0:
+        torch.nn.utils.clip_grad_norm_(params, grad_clip)
+    opt.step()
+    critic.zero_grad(set_to_none=True)  # a shared trunk's gradients too: they must not reach the policy
+    return step_loss
+
+
+def _next_episodes(order: list[int], train: np.ndarray, n: int, gen: torch.Generator) -> tuple[np.ndarray, list[int]]:
+    """The next ``n`` training episodes of the shuffled order (reshuffled when it runs out), and the rest."""
+    if len(order) < n:
+        order = order + train[torch.randperm(len(train), generator=gen).numpy()].tolist()
+    return np.array(order[:n]), order[n:]
+
+
+def _say_eval(bar, log: Callable[[str], None] | None, done: int, steps: int, ev: float, gate: float | None) -> None:
+    """An evaluation's held-out EV on the progress bar and in the log."""
+    if bar is not None:
+        bar.set_postfix(heldout_ev=f"{ev:.3f}")
+    if log is not None:
+        log(f"critic fit: step {done}/{steps}, held-out explained variance {ev:.3f}"
+            + (f" (gate {gate:g})" if gate is not None else ""))
+
+
 def fit_values(
     critic: torch.nn.Module,
     batch: TrajectoryBatch,
@@ -183,7 +218,7 @@ def fit_values(
     train, held = holdout_split(len(r), holdout, seed, groups)
     kw = dict(pad_id=pad_id, device=device, micro_batch_tokens=micro_batch_tokens)
     g32 = targets.float()
-    own = critic.own_parameters() if hasattr(critic, "own_parameters") else list(critic.parameters())
+    own = getattr(critic, "own_parameters", critic.parameters)()
     params = [p for p in own if p.requires_grad]  # a shared trunk is the policy's: only the head moves
     opt = torch.optim.AdamW(params, lr=lr, weight_decay=weight_decay)
     gen = torch.Generator().manual_seed(int(seed) + 1)
@@ -202,21 +237,8 @@ def fit_values(
     bar = tqdm(total=steps, desc="critic fit", unit="step") if progress and stop != "gate" else None
     critic.train()
     while stop != "gate" and done < steps:
-        if len(order) < batch_episodes:
-            order += train[torch.randperm(len(train), generator=gen).numpy()].tolist()
-        chunk, order = np.array(order[:batch_episodes]), order[batch_episodes:]
-        n_tok = float(r.mask[torch.from_numpy(chunk)].sum().clamp_min(1))
-        step_loss = 0.0
-        for group in micro_batches(r, chunk, micro_batch_tokens):
-            mb = make_micro(r, group, pad_id, device)
-            v = forward_critic(critic, mb)
-            loss, _ = value_loss(v, None, mb.take(g32).to(device), mb.take(r.mask).to(device), clip=None, scale=n_tok)
-            loss.backward()
-            step_loss += float(loss.detach())
-        if grad_clip > 0:
-            torch.nn.utils.clip_grad_norm_(params, grad_clip)
-        opt.step()
-        critic.zero_grad(set_to_none=True)  # a shared trunk's gradients too: they must not reach the policy
+        chunk, order = _next_episodes(order, train, batch_episodes, gen)
+        step_loss = _fit_step(critic, r, chunk, g32, opt, params, grad_clip, **kw)
         done += 1
         losses.append(step_loss)
         if bar is not None:
@@ -231,11 +253,7 @@ def fit_values(
             if on_eval is not None:
                 on_eval(done, ev, critic)
                 critic.train()
-            if bar is not None:
-                bar.set_postfix(heldout_ev=f"{ev:.3f}")
-            if log is not None:
-                log(f"critic fit: step {done}/{steps}, held-out explained variance {ev:.3f}"
-                    + (f" (gate {gate:g})" if gate is not None else ""))
+            _say_eval(bar, log, done, steps, ev, gate)
             if reached(ev):
                 stop = "gate"
     if bar is not None:
@@ -385,10 +403,10 @@ def fit_critic(
     _check_fit_input(batch, targets, holdout, source)
     # the G samples of one task share its start: hold out whole groups, so that no task is on both
     # sides, when there are enough of them to approach the share (else rows)
-    groups = batch.field("group_id")
-    groups = groups if len(set(groups)) >= MIN_GROUPS_FOR_GROUP_SPLIT else None
+    ids = batch.field("group_id")
+    groups = ids if len(set(ids)) >= MIN_GROUPS_FOR_GROUP_SPLIT else None
     fresh = critic is None
-    if fresh:
+    if critic is None:
         longest = int(max(len(p) + len(r) for p, r in zip(batch.field("prompt_ids"), batch.field("response_ids"))))
         vocab = int(max(max((int(x.max()) for x in batch.field(f) if len(x)), default=0)
                         for f in ("prompt_ids", "response_ids"))) + 1

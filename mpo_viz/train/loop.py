@@ -23,12 +23,20 @@ import math
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
 
-from mpo_viz.analysis import explained_variance, pass_at_k
-from mpo_viz.models.policy import resolve_device
+from mpo_viz import models
+from mpo_viz.advantages import compute
+from mpo_viz.analysis import explained_variance, pass_at_k, value_variance, variance_summary
+from mpo_viz.envs.expert import NoisyExpert
+from mpo_viz.envs.registry import make_env
+from mpo_viz.envs.tokenizer import build_tokenizer
+from mpo_viz.losses import LOGPROB_FIELDS
+from mpo_viz.losses import get as get_loss
+from mpo_viz.rollout import rollout
 from mpo_viz.train.checkpoint import (
     capture_rng,
     latest_checkpoint,
@@ -40,7 +48,17 @@ from mpo_viz.train.config import Config
 from mpo_viz.train.critic_fit import critic_outputs, fit_values, mc_returns
 from mpo_viz.train.runfolder import RunFolder
 from mpo_viz.train.runtime import derive_seed, env_kwargs, set_threads
-from mpo_viz.train.update import rows_of, update_epochs
+from mpo_viz.train.sft import sft as run_sft
+from mpo_viz.train.update import (
+    Learners,
+    UpdateSettings,
+    forward_policy,
+    make_micro,
+    micro_batches,
+    rows_of,
+    update_epochs,
+)
+from mpo_viz.trajectory import TrajectoryBatch
 
 __all__ = ["Trainer", "RESULT_KEYS_VOLATILE", "episode_stats", "check_loss_inputs", "progress_line"]
 
@@ -53,7 +71,7 @@ WARMUP_EVAL_EVERY = 16
 RESULT_KEYS_VOLATILE = ("time_s", "timings", "throughput")
 
 
-def _success(batch) -> np.ndarray:
+def _success(batch: TrajectoryBatch) -> np.ndarray:
     """Per-episode success: ``extra_json["success"]`` when the rollout recorded it, else reward > 0."""
     if batch.has("extra_json"):
         out = []
@@ -67,7 +85,7 @@ def _success(batch) -> np.ndarray:
     return (r > 0).astype(np.float64)
 
 
-def episode_stats(batch, prefix: str = "") -> dict:
+def episode_stats(batch: TrajectoryBatch, prefix: str = "") -> dict:
     """Success rate, reward mean/std, turns, tokens and truncation of a rolled-out batch."""
     scores = batch.padded("rewards", torch.float64).sum(1).numpy()
     lengths = batch.lengths.numpy().astype(np.float64)
@@ -107,7 +125,7 @@ class Trainer:
                              f"continue it with Trainer.resume({str(self.run.path)!r}) or pick a new folder")
         if not _resume and self.run.metrics_path.exists() and self.run.metrics_path.stat().st_size:
             raise ValueError(f"run_dir: {str(self.run.path)!r} already holds metrics.jsonl; pick a new folder")
-        self.device = resolve_device(cfg.device)  # a backend this torch lacks: one line saying how to get it
+        self.device = models.resolve_device(cfg.device)  # a backend this torch lacks: one line saying how to get it
         if cfg.num_threads:
             set_threads(cfg.num_threads)
         self._build()
@@ -120,10 +138,6 @@ class Trainer:
 
     # ------------------------------------------------------------------ construction
     def _build(self) -> None:
-        from mpo_viz import models
-        from mpo_viz.envs.registry import make_env
-        from mpo_viz.envs.tokenizer import build_tokenizer
-
         cfg = self.cfg
         try:
             self.env = make_env(cfg.env, **env_kwargs(cfg))
@@ -147,7 +161,7 @@ class Trainer:
                 self.critic = models.make_critic(self.policy, init=cfg.critic_option("critic_init"),
                                                  seed=derive_seed(cfg.seed, "critic"))
             self.critic.to(self.device)
-        self.reference = None
+        self.reference: torch.nn.Module | None = None
         p_params = [p for p in self.policy.model.parameters() if p.requires_grad]
         self.policy_opt = torch.optim.AdamW(p_params, lr=cfg.policy_lr, weight_decay=cfg.weight_decay)
         self.critic_opt = None
@@ -155,7 +169,7 @@ class Trainer:
             own = self.critic.own_parameters()
             self.critic_opt = torch.optim.AdamW(own, lr=cfg.critic_option("critic_lr"), weight_decay=cfg.weight_decay)
         self.generator = torch.Generator().manual_seed(derive_seed(cfg.seed, "shuffle"))
-        self.state = {"iteration": 0, "seed_cursor": 0, "sft_done": False, "critic_warm": False,
+        self.state: dict[str, Any] = {"iteration": 0, "seed_cursor": 0, "sft_done": False, "critic_warm": False,
                       "elapsed_s": 0.0, "config_hash": cfg.hash(), "config": cfg.to_dict()}
         self.lagged: list = []  # rollouts waiting for their update (policy_lag)
 
@@ -251,9 +265,6 @@ class Trainer:
     # ------------------------------------------------------------------ rollouts
     def _rollout(self, n: int, *, seed: int, group_size: int = 1, greedy: bool = False, critic=True,
                  seeds=None, timings: dict | None = None):
-        from mpo_viz.envs.expert import NoisyExpert
-        from mpo_viz.rollout import rollout
-
         cfg = self.cfg
         return rollout(self.policy, self.env, None if seeds is not None else n, group_size=group_size,
                        critic=self.critic if critic else None, seed=seed, seeds=seeds,
@@ -319,8 +330,6 @@ class Trainer:
         ``steps`` (default ``cfg.sft_steps``). Writes one ``phase: "sft"`` metrics line and the
         iteration-0 checkpoint. Only before RL starts.
         """
-        from mpo_viz.train.sft import sft as run_sft
-
         if self.iteration > 0:
             raise ValueError(f"sft: the run already has {self.iteration} RL iterations; SFT is a warm start")
         cfg = self.cfg
@@ -455,9 +464,7 @@ class Trainer:
         """Whether the run folder already holds the evaluation before the first RL iteration."""
         return any(r.get("phase") == "eval" and r.get("iteration") == 0 for r in self.run.metrics())
 
-    def _ref_logprobs(self, batch):
-        from mpo_viz.train.update import forward_policy, make_micro, micro_batches
-
+    def _ref_logprobs(self, batch: TrajectoryBatch):
         r = rows_of(batch)
         out = torch.zeros(r.mask.shape, dtype=torch.float32)
         with torch.no_grad():
@@ -468,30 +475,14 @@ class Trainer:
         return batch.with_token_fields(ref_logprobs=out)
 
     def _one_iteration(self) -> dict:
-        from mpo_viz.advantages import compute
-
         cfg = self.cfg
         it = self.iteration + 1
         t_start = time.perf_counter()
-        timings = {}
+        timings: dict = {}
         if cfg.kl_coef > 0 and self.reference is None:
             self.reference = self._frozen_copy()  # the policy as RL starts
-
-        t = time.perf_counter()
-        inner: dict = {}
-        batch = self._rollout(cfg.episodes, seed=self._next_seed(), group_size=cfg.group_size, timings=inner)
-        if cfg.critic == "oracle":
-            batch = _oracle_as_values(batch, cfg.env)
-        # the rollout runs the critic once over the finished episodes: that is the "values" phase
-        critic_s = float(inner.get("critic", 0.0))
-        timings["rollout"] = time.perf_counter() - t - critic_s
-        timings["rollout_oracle"] = float(inner.get("oracle", 0.0))
+        batch = self._collect(timings)
         rollout_tokens = int(batch.mask.sum())
-
-        t = time.perf_counter()
-        if self.reference is not None:
-            batch = self._ref_logprobs(batch)
-        timings["values"] = time.perf_counter() - t + critic_s
 
         t = time.perf_counter()
         res = compute(batch, cfg.estimator, **cfg.estimator_options)
@@ -515,14 +506,7 @@ class Trainer:
         if cfg.eval_interval and it % cfg.eval_interval == 0:
             rec.update(self.evaluation())
         timings["eval"] = time.perf_counter() - t
-
-        t = time.perf_counter()
-        if cfg.save_trajectories_every and it % cfg.save_trajectories_every == 0:
-            batch.meta["iteration"] = it
-            batch.meta["estimator"] = cfg.estimator
-            batch.meta["estimator_options"] = res.options
-            self.run.write_trajectories(batch, it, max_mb=cfg.trajectories_max_mb)
-        timings["write"] = time.perf_counter() - t
+        self._write(rec, batch, res.options, timings)
         timings["total"] = time.perf_counter() - t_start
         self.state["iteration"] = it
         self.state["elapsed_s"] += timings["total"]
@@ -539,34 +523,62 @@ class Trainer:
         self.history.append(rec)
         return rec
 
-    def _update(self, batch) -> dict:
+    def _collect(self, timings: dict) -> TrajectoryBatch:
+        """The iteration's rollout, with the values the estimator reads (the critic's, or the oracle's)
+        and the reference's log-probs (``kl_coef > 0``); ``timings`` gets ``rollout``,
+        ``rollout_oracle`` and ``values``."""
+        cfg = self.cfg
+        t = time.perf_counter()
+        inner: dict = {}
+        batch = self._rollout(cfg.episodes, seed=self._next_seed(), group_size=cfg.group_size, timings=inner)
+        if cfg.critic == "oracle":
+            batch = _oracle_as_values(batch, cfg.env)
+        # the rollout runs the critic once over the finished episodes: that is the "values" phase
+        critic_s = float(inner.get("critic", 0.0))
+        timings["rollout"] = time.perf_counter() - t - critic_s
+        timings["rollout_oracle"] = float(inner.get("oracle", 0.0))
+        t = time.perf_counter()
+        if self.reference is not None:
+            batch = self._ref_logprobs(batch)
+        timings["values"] = time.perf_counter() - t + critic_s
+        return batch
+
+    def _write(self, rec: dict, batch: TrajectoryBatch, options: dict, timings: dict) -> None:
+        """``trajectories/iter=N.parquet`` every ``save_trajectories_every`` iterations."""
+        cfg = self.cfg
+        it = rec["iteration"]
+        t = time.perf_counter()
+        if cfg.save_trajectories_every and it % cfg.save_trajectories_every == 0:
+            batch.meta["iteration"] = it
+            batch.meta["estimator"] = cfg.estimator
+            batch.meta["estimator_options"] = options
+            self.run.write_trajectories(batch, it, max_mb=cfg.trajectories_max_mb)
+        timings["write"] = time.perf_counter() - t
+
+    def _update(self, batch: TrajectoryBatch) -> dict:
         """The policy's ``epochs`` and, apart, the critic's ``critic_epochs`` passes over ``batch``
         (a shared-trunk critic moves with the policy instead). Critic metrics of the separate pass
         are ``value_loss``, ``vf_*``, ``critic_grad_norm``, ``critic_optimizer_steps``."""
         cfg = self.cfg
         r = rows_of(batch)
-        common = dict(generator=self.generator, minibatches=cfg.minibatches, micro_batch_tokens=cfg.micro_batch_tokens,
-                      pad_id=self.pad_id, device=self.device, grad_clip=cfg.grad_clip)
+        common = dict(generator=self.generator, pad_id=self.pad_id, device=self.device)
         value_clip = cfg.critic_option("value_clip") if self.critic is not None else None
         joint = self.critic is not None and getattr(self.critic, "shared", False)
-        out = update_epochs(
-            r, policy=self.policy.model, policy_opt=self.policy_opt, critic=self.critic if joint else None,
-            critic_opt=self.critic_opt if joint else None, epochs=cfg.epochs, loss=cfg.loss,
-            loss_options=cfg.loss_options, kl_coef=cfg.kl_coef, kl_estimator=cfg.kl_estimator,
-            entropy_coef=cfg.entropy_coef, value_clip=value_clip, **common)
+        learners = Learners(self.policy.model, self.policy_opt, self.critic if joint else None,
+                            self.critic_opt if joint else None)
+        out = update_epochs(r, learners, UpdateSettings.of(cfg, value_clip=value_clip), **common)
         if self.critic is not None and not joint:
-            c = update_epochs(r, policy=None, policy_opt=None, critic=self.critic, critic_opt=self.critic_opt,
-                              epochs=cfg.critic_option("critic_epochs"), value_clip=value_clip, **common)
+            c = update_epochs(r, Learners(critic=self.critic, critic_opt=self.critic_opt),
+                              UpdateSettings.of(cfg, epochs=cfg.critic_option("critic_epochs"), value_clip=value_clip),
+                              **common)
             out["critic_optimizer_steps"] = c.pop("optimizer_steps")
             out["critic_update_tokens"] = c.pop("update_tokens")
             out.update(c)
         return out
 
-    def _value_stats(self, batch, returns) -> dict:
+    def _value_stats(self, batch: TrajectoryBatch, returns) -> dict:
         """Explained variance of the critic and the across/within split of its values (and of the
         oracle values when the environment provides them)."""
-        from mpo_viz.analysis import value_variance, variance_summary
-
         out = {}
         if batch.has("values"):  # a learned critic's values, or the oracle's when critic="oracle"
             out["critic_explained_var"] = _explained_variance(batch, returns)
@@ -577,16 +589,20 @@ class Trainer:
             s = variance_summary(value_variance(batch, batch.padded("oracle_values"), name="oracle_values"))
             out.update({"oracle_across": s["mean_across"], "oracle_within": s["mean_within"],
                         "oracle_across_within_ratio": s["median_ratio"]})
-            if batch.has("values") and self.cfg.critic == "learned":
+            values = batch.values
+            if values is not None and self.cfg.critic == "learned":
                 m = batch.mask.bool()
-                err = (batch.values - batch.padded("oracle_values"))[m]
+                err = (values - batch.padded("oracle_values"))[m]
                 out["critic_oracle_mae"] = float(err.abs().mean()) if err.numel() else math.nan
         return out
 
     def _abandon(self, message: str) -> None:
         """After a KeyboardInterrupt: back to the last checkpoint (memory and disk agree), mark the
         trainer interrupted and say so; the run folder stays resumable."""
-        self._restore(latest_checkpoint(self.run.checkpoints))
+        ck = latest_checkpoint(self.run.checkpoints)
+        if ck is None:  # the constructor writes the iteration-0 checkpoint
+            raise RuntimeError(f"{self.run.checkpoints}: no checkpoint to go back to")
+        self._restore(ck)
         self.interrupted = True
         self._say(message)
 
@@ -595,12 +611,12 @@ class Trainer:
             print(line, file=sys.stderr, flush=True)
 
 
-def _explained_variance(batch, returns) -> float:
+def _explained_variance(batch: TrajectoryBatch, returns) -> float:
     """The explained variance of the batch's values against ``returns`` (NaN without values)."""
     return explained_variance(returns, batch.values, batch.mask) if batch.has("values") else math.nan
 
 
-def _oracle_as_values(batch, env: str):
+def _oracle_as_values(batch: TrajectoryBatch, env: str):
     """The batch with the oracle's exact values as its ``values`` (``critic="oracle"``); terminal
     after the last action token (no bootstrap: a cut episode's return is 0, as its rewards say)."""
     if not batch.has("oracle_values"):
@@ -609,17 +625,17 @@ def _oracle_as_values(batch, env: str):
     return batch.with_token_fields(values=batch.padded("oracle_values", torch.float32))
 
 
-def check_loss_inputs(batch, loss: str) -> None:
-    """Refuse a batch that lacks what the loss kind needs (``rollout_logprobs`` for sao, ...)."""
-    from mpo_viz.losses import get as get_loss
+def check_loss_inputs(batch: TrajectoryBatch, loss: str) -> None:
+    """Refuse a batch that lacks the log-probs the loss kind needs (``rollout_logprobs`` for sao,
+    ``old_logprobs`` for the others: :attr:`mpo_viz.losses.LossKind.logprobs`)."""
+    for arg in get_loss(loss).logprobs:
+        field = LOGPROB_FIELDS[arg]
+        if not batch.has(field):
+            raise ValueError(f"loss: {loss!r} forms its ratio against {_LOGPROB_WHAT[field]} and needs the field "
+                             f"{field!r}, found a batch without it (fields: {', '.join(sorted(batch.fields))})")
 
-    spec = get_loss(loss)
-    if "rollout_logp" in spec.needs and not batch.has("rollout_logprobs"):
-        raise ValueError(f"loss: {loss!r} forms its ratio against the sampler's log-probs and needs the field "
-                         f"'rollout_logprobs', found a batch without it (fields: {', '.join(sorted(batch.fields))})")
-    if spec.ratio_against == "old_logp" and not batch.has("old_logprobs"):
-        raise ValueError(f"loss: {loss!r} needs the field 'old_logprobs' (the policy's log-probs at rollout), "
-                         f"found a batch without it")
+
+_LOGPROB_WHAT = {"old_logprobs": "the policy's log-probs at rollout", "rollout_logprobs": "the sampler's log-probs"}
 
 
 def progress_line(rec: dict, total: int | None = None) -> str:

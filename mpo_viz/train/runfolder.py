@@ -22,6 +22,9 @@ import math
 import os
 from pathlib import Path
 
+from mpo_viz.io import save
+from mpo_viz.trajectory import TrajectoryBatch
+
 __all__ = ["RunFolder", "read_metrics_file"]
 
 
@@ -113,11 +116,9 @@ class RunFolder:
     def trajectory_path(self, iteration: int) -> Path:
         return self.trajectories / f"iter={iteration:06d}.parquet"
 
-    def write_trajectories(self, batch, iteration: int, *, max_mb: float) -> Path:
+    def write_trajectories(self, batch: TrajectoryBatch, iteration: int, *, max_mb: float) -> Path:
         """Save ``batch`` as ``trajectories/iter=NNNNNN.parquet`` (atomic), then remove the oldest
         files while the folder holds more than ``max_mb`` megabytes (the newest always stays)."""
-        from mpo_viz.io import save
-
         p = save(batch, self.trajectory_path(iteration))
         files = sorted(self.trajectories.glob("iter=*.parquet"))
         total = sum(f.stat().st_size for f in files)

@@ -6,6 +6,8 @@ import hashlib
 
 import torch
 
+from mpo_viz.train.config import Config
+
 __all__ = ["derive_seed", "env_kwargs", "set_threads"]
 
 
@@ -23,13 +25,13 @@ def set_threads(n: int) -> None:
     try:
         import numba
 
-        numba.set_num_threads(min(n, numba.config.NUMBA_NUM_THREADS))
+        numba.set_num_threads(min(n, numba.config.NUMBA_NUM_THREADS))  # type: ignore[attr-defined]
     except ImportError:  # pragma: no cover - numba is a dependency
         pass
     torch.set_num_threads(n)
 
 
-def env_kwargs(cfg) -> dict:
+def env_kwargs(cfg: Config) -> dict:
     """The keyword options ``make_env`` gets from a Config (``env_options`` plus ``difficulty``)."""
     kw = dict(cfg.env_options)
     if cfg.difficulty is not None:

@@ -19,7 +19,11 @@ import math
 import numpy as np
 import torch
 
+from mpo_viz.envs.expert import NoisyExpert
+from mpo_viz.envs.generate import run_episode
+from mpo_viz.envs.registry import make_env
 from mpo_viz.losses import aggregate
+from mpo_viz.train.runtime import derive_seed, env_kwargs
 from mpo_viz.train.update import Rows, forward_policy, make_micro, micro_batches
 
 __all__ = ["expert_rows", "sft"]
@@ -28,9 +32,6 @@ __all__ = ["expert_rows", "sft"]
 def expert_rows(env, policy, *, n: int, noise: float, seeds) -> tuple[Rows, float]:
     """``n`` noisy-expert episodes as :class:`~mpo_viz.train.update.Rows` (ids and mask only) and
     their success rate."""
-    from mpo_viz.envs.expert import NoisyExpert
-    from mpo_viz.envs.generate import run_episode
-
     expert = NoisyExpert(noise=noise)
     seqs, plen, rlen, masks, succ = [], [], [], [], []
     for s in seeds[:n]:
@@ -56,9 +57,6 @@ def sft(trainer, *, steps: int, target: float) -> dict:
     ``sft_steps``, ``sft_loss`` (last step), ``sft_success`` (last greedy eval), ``sft_expert_success``
     (the imitated expert's success), ``sft_tokens``."""
     from tqdm.auto import tqdm
-
-    from mpo_viz.envs.registry import make_env
-    from mpo_viz.train.runtime import derive_seed, env_kwargs
 
     cfg = trainer.cfg
     env = make_env(cfg.env, **env_kwargs(cfg))

@@ -27,8 +27,10 @@ critic's own AdamW.
 
 from __future__ import annotations
 
+import warnings
 from collections import defaultdict
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import Any, overload
 
 import numpy as np
 import torch
@@ -42,9 +44,11 @@ from mpo_viz.losses import (
     value_loss,
 )
 from mpo_viz.losses import get as get_loss
+from mpo_viz.train.config import Config
+from mpo_viz.trajectory import TrajectoryBatch
 
 __all__ = ["Rows", "rows_of", "micro_batches", "forward_policy", "forward_critic", "normaliser",
-           "update_epochs", "MetricMeter", "policy_logits", "critic_values"]
+           "update_epochs", "Learners", "UpdateSettings", "MetricMeter", "policy_logits", "critic_values"]
 
 
 # ---------------------------------------------------------------------------------------------
@@ -89,7 +93,7 @@ class Rows:
         return len(self.seqs)
 
 
-def rows_of(batch) -> Rows:
+def rows_of(batch: TrajectoryBatch) -> Rows:
     """The :class:`Rows` of a TrajectoryBatch (float32 per-token fields)."""
     prompts = batch.field("prompt_ids")
     resps = batch.field("response_ids")
@@ -124,7 +128,14 @@ class Micro:
     pos: torch.Tensor
     Lb: int
 
+    @overload
+    def take(self, x: torch.Tensor) -> torch.Tensor: ...
+
+    @overload
+    def take(self, x: None) -> None: ...
+
     def take(self, x: torch.Tensor | None) -> torch.Tensor | None:
+        """This micro-batch's rows of a ``(B, L)`` tensor, cut to ``Lb`` (None stays None)."""
         return None if x is None else x[torch.from_numpy(self.rows), : self.Lb]
 
 
@@ -149,7 +160,9 @@ def micro_batches(r: Rows, rows: np.ndarray, budget: int) -> list[np.ndarray]:
     rows = np.asarray(rows, dtype=np.int64)
     total = r.prompt_len[rows] + r.resp_len[rows]
     order = rows[np.argsort(total, kind="stable")]
-    out, cur, cur_max = [], [], 0
+    out: list[np.ndarray] = []
+    cur: list[int] = []
+    cur_max = 0
     for i in order:
         t = int(r.prompt_len[i] + r.resp_len[i])
         m = max(cur_max, t)
@@ -259,30 +272,54 @@ def _step(opt, params, grad_clip: float) -> float:
     return gn
 
 
-def update_epochs(
-    r: Rows,
-    *,
-    policy: torch.nn.Module | None,
-    policy_opt: torch.optim.Optimizer | None,
-    critic: torch.nn.Module | None,
-    critic_opt: torch.optim.Optimizer | None,
-    generator: torch.Generator,
-    epochs: int,
-    minibatches: int,
-    micro_batch_tokens: int,
-    pad_id: int,
-    device,
-    loss: str = "turn_ppo",
-    loss_options: dict | None = None,
-    kl_coef: float = 0.0,
-    kl_estimator: str = "k3",
-    entropy_coef: float = 0.0,
-    value_clip: float | None = 0.5,
-    grad_clip: float = 1.0,
-) -> dict:
-    """Run ``epochs`` × ``minibatches`` optimizer steps on the rows of ``r``; returns the metrics.
+@dataclass(frozen=True)
+class Learners:
+    """What an update moves: the policy and/or the critic, each with its optimizer (None: that one
+    is not updated; a critic whose trunk is the policy's moves with the policy's step)."""
 
-    ``policy=None`` updates only the critic (the critic warm-up); ``critic=None`` only the policy.
+    policy: torch.nn.Module | None = None
+    policy_opt: torch.optim.Optimizer | None = None
+    critic: torch.nn.Module | None = None
+    critic_opt: torch.optim.Optimizer | None = None
+
+
+@dataclass(frozen=True)
+class UpdateSettings:
+    """The slice of the trainer's :class:`~mpo_viz.train.Config` an update reads (the fields of the
+    same names; :meth:`of` takes them from a Config)."""
+
+    epochs: int
+    minibatches: int
+    micro_batch_tokens: int
+    loss: str = "turn_ppo"
+    loss_options: dict = field(default_factory=dict)
+    kl_coef: float = 0.0
+    kl_estimator: str = "k3"
+    entropy_coef: float = 0.0
+    value_clip: float | None = 0.5
+    grad_clip: float = 1.0
+
+    @classmethod
+    def of(cls, cfg: Config, *, epochs: int | None = None, value_clip: float | None = None) -> UpdateSettings:
+        """The settings of ``cfg``; ``epochs`` (default ``cfg.epochs``: the critic's own pass gives
+        ``critic_epochs``) and ``value_clip`` (resolved by the trainer) given apart."""
+        return cls(epochs=cfg.epochs if epochs is None else epochs, minibatches=cfg.minibatches,
+                   micro_batch_tokens=cfg.micro_batch_tokens, loss=cfg.loss, loss_options=dict(cfg.loss_options),
+                   kl_coef=cfg.kl_coef, kl_estimator=cfg.kl_estimator, entropy_coef=cfg.entropy_coef,
+                   value_clip=value_clip, grad_clip=cfg.grad_clip)
+
+
+_LEARNER_KEYS = ("policy", "policy_opt", "critic", "critic_opt")
+
+
+def update_epochs(r: Rows, learners: Learners | None = None, settings: UpdateSettings | None = None, *,
+                  generator: torch.Generator, pad_id: int, device, **keywords) -> dict:
+    """Run ``settings.epochs`` × ``settings.minibatches`` optimizer steps on the rows of ``r``;
+    returns the metrics.
+
+    ``learners.policy=None`` updates only the critic (the critic's own pass); ``critic=None`` only
+    the policy. (The former call with every setting a keyword — ``policy=, policy_opt=, critic=,
+    critic_opt=, epochs=, minibatches=, ...`` — still works, with a ``DeprecationWarning``.)
     Metrics: ``policy_loss``, ``entropy`` (token-mean), ``kl_ref`` (with a reference),
     ``grad_norm`` (policy, before clipping), ``value_loss``, ``critic_grad_norm`` — each the mean
     over optimizer steps of the minibatch's value; every :func:`mpo_viz.losses.policy_loss` metric
@@ -290,77 +327,98 @@ def update_epochs(
     micro-batches by :class:`MetricMeter`; ``update_tokens`` (action tokens × epochs) and
     ``optimizer_steps``.
     """
-    loss_options = dict(loss_options or {})
-    spec = get_loss(loss)
-    agg = loss_options.get("agg") or spec.agg
-    B = len(r)
-    pm, cm, steps_meter = MetricMeter(), MetricMeter(), MetricMeter()
-    steps, tokens = 0, 0
-    want_entropy = True
-    if policy is not None:
-        policy.train()
-    if critic is not None:
-        critic.train()
+    if keywords:
+        warnings.warn("update_epochs(r, policy=..., epochs=..., ...) is deprecated: pass "
+                      "update_epochs(r, Learners(...), UpdateSettings(...), generator=, pad_id=, device=)",
+                      DeprecationWarning, stacklevel=2)
+        learners = Learners(**{k: keywords.pop(k) for k in _LEARNER_KEYS if k in keywords})
+        keywords["loss_options"] = dict(keywords.get("loss_options") or {})
+        settings = UpdateSettings(**keywords)
+    if learners is None or settings is None:
+        raise TypeError("update_epochs: expected update_epochs(r, Learners(...), UpdateSettings(...), generator=, "
+                        "pad_id=, device=)")
+    run = _Update(r, learners, settings, generator, pad_id, device)
+    for model in (learners.policy, learners.critic):
+        if model is not None:
+            model.train()
     try:
-        for _ in range(epochs):
-            perm = torch.randperm(B, generator=generator).numpy()
-            for chunk in np.array_split(perm, minibatches):
-                if len(chunk) == 0:
-                    continue
-                scale_p = normaliser(r, chunk, agg)
-                scale_v = normaliser(r, chunk, "token-mean")
-                micros = micro_batches(r, chunk, micro_batch_tokens)
-                sums = defaultdict(float)  # minibatch losses: the sum of the micro-batch terms
-                for rows in micros:
-                    mb = make_micro(r, rows, pad_id, device)
-
-                    def take(x, mb=mb):
-                        return None if x is None else mb.take(x).to(device)
-
-                    mask = take(r.mask)
-                    n_tok = float(mask.sum())
-                    tokens += int(n_tok)
-                    turn_ids = mb.take(r.turn_ids).to(device)
-                    n_turns = _n_turns(mask.cpu(), turn_ids.cpu())
-                    if policy is not None:
-                        logp, ent = forward_policy(policy, mb, entropy=want_entropy)
-                        lp_loss, metrics = policy_loss(
-                            loss, logp, take(r.old_logp), take(r.advantages), mask, turn_ids=turn_ids,
-                            rollout_logp=take(r.rollout_logp), scale=scale_p, **loss_options)
-                        total = lp_loss
-                        sums["policy_loss"] += float(lp_loss.detach())
-                        if ent is not None:
-                            ent_mean = aggregate(ent, mask, "token-mean", scale=scale_v)
-                            sums["entropy"] += float(ent_mean.detach())
-                            if entropy_coef:
-                                total = total - entropy_coef * ent_mean
-                        if kl_coef:
-                            kl = kl_penalty(logp, take(r.ref_logp), kl_estimator, mask=mask)
-                            kl_loss = aggregate(kl, mask, "token-mean", scale=scale_v)
-                            total = total + kl_coef * kl_loss
-                            sums["kl_ref"] += float(kl_loss.detach())
-                        total.backward()
-                        pm.add(metrics, tokens=n_tok, turns=n_turns)
-                    if critic is not None:
-                        v = forward_critic(critic, mb)
-                        clip = value_clip if value_clip else None
-                        v_loss, vmetrics = value_loss(v, take(r.values), take(r.returns), mask, clip=clip,
-                                                      scale=scale_v)
-                        v_loss.backward()
-                        sums["value_loss"] += float(v_loss.detach())
-                        cm.add(vmetrics, tokens=n_tok)
-                if policy is not None:
-                    sums["grad_norm"] = _step(policy_opt, [p for p in policy.parameters() if p.requires_grad],
-                                              grad_clip)
-                if critic is not None:
-                    sums["critic_grad_norm"] = _step(critic_opt, [p for p in critic.parameters() if p.requires_grad],
-                                                     grad_clip)
-                steps_meter.add(sums, tokens=1.0)
-                steps += 1
+        for _ in range(settings.epochs):
+            perm = torch.randperm(len(r), generator=generator).numpy()
+            for chunk in np.array_split(perm, settings.minibatches):
+                if len(chunk):
+                    run.minibatch(chunk)
     finally:
-        if policy is not None:
-            policy.eval()
-        if critic is not None:
-            critic.eval()
-    out = {**pm.result(), **cm.result(), **steps_meter.result(), "optimizer_steps": steps, "update_tokens": tokens}
-    return out
+        for model in (learners.policy, learners.critic):
+            if model is not None:
+                model.eval()
+    return run.result()
+
+
+class _Update:
+    """One update's state: the rows, what moves, the settings, and the metrics so far."""
+
+    def __init__(self, r: Rows, learners: Learners, settings: UpdateSettings, generator, pad_id: int, device):
+        self.r, self.learners, self.settings = r, learners, settings
+        self.generator, self.pad_id, self.device = generator, pad_id, device
+        self.agg = settings.loss_options.get("agg") or get_loss(settings.loss).agg
+        self.pm, self.cm, self.steps_meter = MetricMeter(), MetricMeter(), MetricMeter()
+        self.steps, self.tokens = 0, 0
+
+    def minibatch(self, chunk: np.ndarray) -> None:
+        """One optimizer step (of the policy and/or the critic) on the rows ``chunk``, its
+        micro-batches' gradients accumulated; each normalised by the whole minibatch's denominator."""
+        r, lr, st = self.r, self.learners, self.settings
+        scale_p = normaliser(r, chunk, self.agg) if lr.policy is not None else None
+        scale_v = normaliser(r, chunk, "token-mean")
+        sums: defaultdict[str, float] = defaultdict(float)  # minibatch losses: the sum of the micro-batch terms
+        for rows in micro_batches(r, chunk, st.micro_batch_tokens):
+            self._micro(make_micro(r, rows, self.pad_id, self.device), scale_p, scale_v, sums)
+        if lr.policy is not None:
+            sums["grad_norm"] = _step(lr.policy_opt, [p for p in lr.policy.parameters() if p.requires_grad],
+                                      st.grad_clip)
+        if lr.critic is not None:
+            sums["critic_grad_norm"] = _step(lr.critic_opt, [p for p in lr.critic.parameters() if p.requires_grad],
+                                             st.grad_clip)
+        self.steps_meter.add(sums, tokens=1.0)
+        self.steps += 1
+
+    def _micro(self, mb: Micro, scale_p, scale_v: float, sums: dict) -> None:
+        """The forward and backward of one micro-batch."""
+        r, lr, st, device = self.r, self.learners, self.settings, self.device
+
+        def take(x: torch.Tensor | None) -> Any:  # a field of the batch, None when absent (a loss that needs it says so)
+            return None if x is None else mb.take(x).to(device)
+
+        mask = mb.take(r.mask).to(device)
+        n_tok = float(mask.sum())
+        self.tokens += int(n_tok)
+        turn_ids = mb.take(r.turn_ids).to(device)
+        if lr.policy is not None:
+            logp, ent = forward_policy(lr.policy, mb, entropy=True)
+            lp_loss, metrics = policy_loss(st.loss, logp, take(r.old_logp), take(r.advantages), mask, turn_ids=turn_ids,
+                                           rollout_logp=take(r.rollout_logp), scale=scale_p, **st.loss_options)
+            total = lp_loss
+            sums["policy_loss"] += float(lp_loss.detach())
+            if ent is not None:
+                ent_mean = aggregate(ent, mask, "token-mean", scale=scale_v)
+                sums["entropy"] += float(ent_mean.detach())
+                if st.entropy_coef:
+                    total = total - st.entropy_coef * ent_mean
+            if st.kl_coef:
+                kl = kl_penalty(logp, take(r.ref_logp), st.kl_estimator, mask=mask)
+                kl_loss = aggregate(kl, mask, "token-mean", scale=scale_v)
+                total = total + st.kl_coef * kl_loss
+                sums["kl_ref"] += float(kl_loss.detach())
+            total.backward()
+            self.pm.add(metrics, tokens=n_tok, turns=_n_turns(mask.cpu(), turn_ids.cpu()))
+        if lr.critic is not None:
+            v = forward_critic(lr.critic, mb)
+            v_loss, vmetrics = value_loss(v, take(r.values), take(r.returns), mask,
+                                          clip=st.value_clip if st.value_clip else None, scale=scale_v)
+            v_loss.backward()
+            sums["value_loss"] += float(v_loss.detach())
+            self.cm.add(vmetrics, tokens=n_tok)
+
+    def result(self) -> dict:
+        return {**self.pm.result(), **self.cm.result(), **self.steps_meter.result(), "optimizer_steps": self.steps,
+                "update_tokens": self.tokens}

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import html
 import time
+from pathlib import Path
 
 import ipywidgets as W
 import numpy as np
@@ -23,17 +24,27 @@ import numpy as np
 from mpo_viz import analysis as an
 from mpo_viz import plots
 from mpo_viz.strip import strip_payload
+from mpo_viz.trajectory import TrajectoryBatch
 from mpo_viz.widgets.engine import AdvantageEngine, ParamControls, default_estimators
-from mpo_viz.widgets.explorer import TABLE_CSS, as_batch, frame_html, opts_text, trajectory_table
+from mpo_viz.widgets.explorer import (
+    TABLE_CSS,
+    as_batch,
+    frame_html,
+    opts_text,
+    token_decoder,
+    trajectory_table,
+)
+from mpo_viz.widgets.export_bar import Exportable, ExportBar, style_widget
 from mpo_viz.widgets.figure import FigureWidget
 from mpo_viz.widgets.picker import TrajectoryPicker
+from mpo_viz.widgets.scales import ColourScale
 from mpo_viz.widgets.snapshot import Snapshot
 from mpo_viz.widgets.strip_widget import StripWidget
 
 __all__ = ["EstimatorComparison"]
 
 
-class EstimatorComparison(W.VBox):
+class EstimatorComparison(Exportable, W.VBox):
     """Compare estimators on one trajectory (picked from a table), with shared parameter sliders.
 
     ``estimators``: names (default: mpo, gae, grpo where supported; at least one). ``row``: index
@@ -42,12 +53,8 @@ class EstimatorComparison(W.VBox):
     (this trajectory), ``batch_metrics_df`` (whole batch), ``results``.
     """
 
-    def __init__(self, batch, estimators=None, *, row=0, page_size: int = 10, tokens=None,
+    def __init__(self, batch: TrajectoryBatch | str | Path, estimators=None, *, row=0, page_size: int = 10, tokens=None,
                  strip_height: int = 160, params: ParamControls | None = None, scale="absolute", **options):
-        from mpo_viz.widgets.explorer import token_decoder
-        from mpo_viz.widgets.export import ExportBar, style_widget
-        from mpo_viz.widgets.scales import ColourScale
-
         self.batch = as_batch(batch)
         if len(self.batch) == 0:
             raise ValueError("batch: expected at least one trajectory to compare estimators on, found an empty batch")
@@ -62,7 +69,7 @@ class EstimatorComparison(W.VBox):
                                        sort_by="disagree" if len(self.names) >= 2 else "reward")
         self.strips = {n: StripWidget(height=strip_height) for n in self.names}
         self.strip_labels = {n: W.HTML() for n in self.names}
-        self.figure = None
+        self.figure: FigureWidget | None = None
         self.figure_box = W.VBox(layout=W.Layout(width="100%"))  # a column: the figure takes the full width
         self.metrics = W.HTML()
         self.metrics.add_class("mpo-turns")
@@ -191,21 +198,11 @@ class EstimatorComparison(W.VBox):
     def figures(self) -> dict:
         return {f"turn_advantages_{self.batch.traj_ids[self.row]}": self.figure}
 
-    def export_tables(self, folder) -> list:
-        """Write :meth:`tables` as CSV files into ``folder``; returns the paths."""
-        from mpo_viz.widgets.export import write_tables
 
-        return write_tables(self.tables(), folder)
-
-    def export_figures(self, folder, formats=("png", "svg")) -> list:
-        """Write :meth:`figures` with plotly's static export (needs ``kaleido``, else ``RuntimeError``)."""
-        from mpo_viz.widgets.export import write_figures
-
-        return write_figures(self.figures(), folder, formats)
 
     def turn_advantages(self) -> dict:
         """``{name: per-turn mean advantage (K,)}`` of the current trajectory, as the bars show."""
-        return {tr.name: np.asarray(tr.y, dtype=np.float64) for tr in self.figure.data}
+        return {tr.name: np.asarray(tr.y, dtype=np.float64) for tr in (self.figure.data if self.figure else ())}
 
     def to_html(self, path=None) -> str:
         """Static snapshot: the stacked strips, the per-turn bars and the agreement tables."""
@@ -220,4 +217,4 @@ class EstimatorComparison(W.VBox):
         snap.heading("accuracy against the oracle", 3).note(self.accuracy_reading)
         if self.accuracy_df is not None:
             snap.table(self.accuracy_df)
-        return snap.write(path) if path is not None else snap.render()
+        return snap.output(path)

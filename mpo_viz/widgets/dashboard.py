@@ -26,6 +26,8 @@ import numpy as np
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
+from mpo_viz.widgets.explorer import TrajectoryExplorer
+from mpo_viz.widgets.export_bar import Exportable, ExportBar
 from mpo_viz.widgets.figure import FigureWidget
 from mpo_viz.widgets.snapshot import Snapshot
 
@@ -118,7 +120,7 @@ def _num(v) -> float:
     return math.nan
 
 
-class TrainingDashboard(W.VBox):
+class TrainingDashboard(Exportable, W.VBox):
     """Live training curves of one run folder.
 
     ``run_dir``: the run folder (it may not hold ``metrics.jsonl`` yet). ``interval``: seconds between
@@ -139,7 +141,7 @@ class TrainingDashboard(W.VBox):
         self.pending: dict | None = None
         self._offset = 0
         self._keys: tuple = ()
-        self._task = None
+        self._task: asyncio.Task | None = None
         self.config: dict = {}
         self.figure: FigureWidget | None = None
         self.figure_box = W.VBox(layout=W.Layout(width="100%"))  # a column: the figure takes the full width
@@ -153,12 +155,10 @@ class TrainingDashboard(W.VBox):
         self.open_button = W.Button(description="explore", tooltip="open the selected iteration's trajectories",
                                     layout=W.Layout(width="90px"))
         self.explorer_box = W.Box(layout=W.Layout(width="100%"))
-        self.explorer = None
+        self.explorer: TrajectoryExplorer | None = None
         self.refresh_button.on_click(lambda _: self.refresh())
         self.open_button.on_click(lambda _: self.open_iteration())
         self.live.observe(self._live_changed, names="value")
-        from mpo_viz.widgets.export import ExportBar
-
         self.export = ExportBar(basename="mpo_viz_training")
         bar = W.HBox([self.live, self.refresh_button, self.iterations, self.open_button])
         super().__init__([bar, self.status, self.figure_box, self.export, W.HTML("<b>config</b>"), self.config_html,
@@ -206,17 +206,7 @@ class TrainingDashboard(W.VBox):
     def figures(self) -> dict:
         return {"training_curves": self.figure} if self.figure is not None else {}
 
-    def export_tables(self, folder) -> list:
-        """Write :meth:`tables` as CSV files into ``folder``; returns the paths."""
-        from mpo_viz.widgets.export import write_tables
 
-        return write_tables(self.tables(), folder)
-
-    def export_figures(self, folder, formats=("png", "svg")) -> list:
-        """Write :meth:`figures` with plotly's static export (needs ``kaleido``, else ``RuntimeError``)."""
-        from mpo_viz.widgets.export import write_figures
-
-        return write_figures(self.figures(), folder, formats)
 
     def trajectory_files(self) -> list[Path]:
         """``trajectories/iter=*.parquet`` (and ``.jsonl``), oldest first."""
@@ -349,8 +339,6 @@ class TrainingDashboard(W.VBox):
     # --- trajectories of an iteration -----------------------------------------------------------------------
     def open_iteration(self, name: str | None = None, **explorer_options):
         """Open ``trajectories/<name>.parquet`` (default: the selected one) in an explorer below."""
-        from mpo_viz.widgets.explorer import TrajectoryExplorer
-
         name = name or self.iterations.value
         files = {f.stem: f for f in self.trajectory_files()}
         if name not in files:
@@ -367,7 +355,7 @@ class TrainingDashboard(W.VBox):
             snap.figure(self.figure)
         if self.config:
             snap.heading("config").kv(list(_flatten(self.config).items()))
-        return snap.write(path) if path is not None else snap.render()
+        return snap.output(path)
 
 
 def _kv_html(d: dict) -> str:

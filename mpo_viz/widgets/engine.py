@@ -27,6 +27,7 @@ import time
 import ipywidgets as W
 
 from mpo_viz.advantages import registry
+from mpo_viz.trajectory import TrajectoryBatch
 
 __all__ = ["AdvantageEngine", "ParamControls", "default_estimators", "options_of"]
 
@@ -52,7 +53,7 @@ class AdvantageEngine:
     ``mpo_viz.advantages.compute(batch, name, **estimator_options(name, options))``.
     """
 
-    def __init__(self, batch, estimators):
+    def __init__(self, batch: TrajectoryBatch, estimators):
         names = registry.parse_names(estimators)  # unknown names raise, listing the available ones
         self.batch = batch
         self.names = list(names)

@@ -15,6 +15,7 @@ figure, and the per-turn table.
 from __future__ import annotations
 
 import time
+import warnings
 from pathlib import Path
 
 import ipywidgets as W
@@ -23,17 +24,29 @@ import pandas as pd
 
 from mpo_viz import analysis as an
 from mpo_viz import plots
+from mpo_viz.advantages import registry
+from mpo_viz.io import load
 from mpo_viz.strip import payload_from_arrays, strip_payload
+from mpo_viz.token_text import tokenizer_decoder
+from mpo_viz.trajectory import TrajectoryBatch
 from mpo_viz.widgets.engine import AdvantageEngine, ParamControls, default_estimators
+from mpo_viz.widgets.export_bar import Exportable, ExportBar, style_widget
 from mpo_viz.widgets.figure import FigureWidget
 from mpo_viz.widgets.picker import TrajectoryPicker
+from mpo_viz.widgets.scales import ColourScale
 from mpo_viz.widgets.snapshot import Snapshot
 from mpo_viz.widgets.strip_widget import StripWidget
 
-__all__ = ["TrajectoryExplorer", "as_batch", "trajectory_table", "RETURN_SOURCES"]
+__all__ = ["TrajectoryExplorer", "as_batch", "trajectory_table"]
 
-#: estimators whose returns the value curve shows (the first present), as the report does
-RETURN_SOURCES = ("mpo", "mae", "gae", "turn_gae", "vapo")
+
+
+def __getattr__(name):
+    if name == "RETURN_SOURCES":  # deprecated: the estimators declare it (register(critic_returns=))
+        warnings.warn("RETURN_SOURCES is deprecated: the value curve shows the returns of "
+                      "mpo_viz.advantages.returns_source(names)", DeprecationWarning, stacklevel=2)
+        return tuple(registry.critic_returns_estimators())
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 TABLE_CSS = """.mpo-turns table { border-collapse: collapse; font-size: 12px; }
 .mpo-turns td, .mpo-turns th { padding: 2px 8px; border-bottom: 1px solid #eee; text-align: right;
@@ -45,15 +58,13 @@ TABLE_CSS = """.mpo-turns table { border-collapse: collapse; font-size: 12px; }
 def as_batch(source):
     """A TrajectoryBatch as is, or a path (``.jsonl``, ``.parquet``, folder) loaded with ``mv.load``."""
     if isinstance(source, (str, Path)):
-        from mpo_viz.io import load
-
         return load(source)
     if not hasattr(source, "traj_ids") or not hasattr(source, "mask"):
         raise ValueError(f"batch: expected a TrajectoryBatch or a path, found {type(source).__name__}")
     return source
 
 
-def trajectory_table(batch, advantages: dict | None = None) -> pd.DataFrame:
+def trajectory_table(batch: TrajectoryBatch, advantages: dict | None = None) -> pd.DataFrame:
     """One row per trajectory for the picker: ``row``, ``traj_id``, ``reward`` (score), ``turns``,
     ``tokens`` (response length), ``action`` (action tokens), ``disagree`` (share of turn/estimator
     pairs with opposite signs; with >= 2 estimators), ``ratio`` (critic across/within; with values)."""
@@ -88,8 +99,6 @@ def token_decoder(tokens):
     if tokens is None or callable(tokens) and not hasattr(tokens, "convert_ids_to_tokens"):
         return tokens
     if isinstance(tokens, (str, Path)) or hasattr(tokens, "convert_ids_to_tokens"):
-        from mpo_viz.tokens import tokenizer_decoder
-
         return tokenizer_decoder(tokens)
     return tokens
 
@@ -97,12 +106,12 @@ def token_decoder(tokens):
 def frame_html(df: pd.DataFrame) -> str:
     """A DataFrame as a compact HTML table for an ``ipywidgets.HTML`` with class ``mpo-turns`` (the
     explorer's turn table, the comparison's agreement tables). Its stylesheet, ``TABLE_CSS``, is not
-    in the HTML: a view holds it once in a :func:`mpo_viz.widgets.export.style_widget`, since a
+    in the HTML: a view holds it once in a :func:`mpo_viz.widgets.export_bar.style_widget`, since a
     ``<style>`` in HTML replaced on every update makes the browser rebuild its style rules."""
     return df.to_html(index=False, float_format=lambda v: f"{v:.4g}", na_rep="—", border=0)
 
 
-class TrajectoryExplorer(W.VBox):
+class TrajectoryExplorer(Exportable, W.VBox):
     """Explore one batch's credit assignment, one trajectory at a time.
 
     ``batch``: a TrajectoryBatch or a path. ``estimators``: names (default: those of mpo, gae, grpo
@@ -122,12 +131,9 @@ class TrajectoryExplorer(W.VBox):
     by phase), ``export`` (the PNG / SVG / CSV bar).
     """
 
-    def __init__(self, batch, *, estimators=None, row=0, page_size: int = 15, tokens=None,
+    def __init__(self, batch: TrajectoryBatch | str | Path, *, estimators=None, row=0, page_size: int = 15, tokens=None,
                  strip_height: int = 320, params: ParamControls | None = None, show_picker: bool = True,
                  figure_width: int | None = None, scale="absolute", **options):
-        from mpo_viz.widgets.export import ExportBar, style_widget
-        from mpo_viz.widgets.scales import ColourScale
-
         self.batch = as_batch(batch)
         if len(self.batch) == 0:
             raise ValueError("batch: expected at least one trajectory, found none")
@@ -182,7 +188,7 @@ class TrajectoryExplorer(W.VBox):
         return {k: a for k, (a, _) in self.results.items()}
 
     def _ret_source(self) -> str | None:
-        return next((k for k in RETURN_SOURCES if k in self.results), None)
+        return registry.returns_source(self.results)
 
     def _row_arrays(self):
         """``{name: (1, n) numpy advantages}``, the returns row (or None) of the current trajectory."""
@@ -276,18 +282,7 @@ class TrajectoryExplorer(W.VBox):
         """The view's figures (``{name: figure}``)."""
         return {f"value_curve_{self.batch.traj_ids[self.row]}": self.figure} if self.figure is not None else {}
 
-    def export_tables(self, folder) -> list:
-        """Write :meth:`tables` as CSV files into ``folder``; returns the paths."""
-        from mpo_viz.widgets.export import write_tables
 
-        return write_tables(self.tables(), folder)
-
-    def export_figures(self, folder, formats=("png", "svg")) -> list:
-        """Write :meth:`figures` as images (plotly's static export; needs the ``kaleido`` renderer,
-        else a ``RuntimeError`` says so); returns the paths."""
-        from mpo_viz.widgets.export import write_figures
-
-        return write_figures(self.figures(), folder, formats)
 
     def _status(self) -> None:
         """The header: what is shown and with which options. The time given is the kernel's share
@@ -362,7 +357,7 @@ class TrajectoryExplorer(W.VBox):
         act = mask != 0
         tid = sub.turn_ids[0, :n].numpy()
         chans = {f"adv_{k}": a[0] for k, a in adv.items()}
-        for name in [k for k in adv if k in ("mpo", "mae")][:1]:
+        for name in filter(None, [registry.multiscale_estimator(adv)]):
             a = np.where(act, adv[name][0].astype(np.float64), 0.0)
             cnt = np.bincount(tid, weights=act.astype(np.float64))
             tot = np.bincount(tid, weights=a)
@@ -390,4 +385,4 @@ class TrajectoryExplorer(W.VBox):
         t = self.picker.table.set_index("row").loc[self.picker.page_rows].reset_index()
         snap.table(t)
         self.snapshot(snap)
-        return snap.write(path) if path is not None else snap.render()
+        return snap.output(path)

@@ -3,7 +3,7 @@
 The strip on its own saturates each channel at that channel's 99th percentile on the trajectory
 shown, so two strips (or one strip before and after a slider move) colour the same number
 differently. :class:`ColourScale` fixes the advantage channels (``adv_*``) on one number and MAE's
-within-turn channel (``micro_*``) on another, by mode (:data:`mpo_viz.strip.SCALE_MODES`):
+within-turn channel of the multiscale estimator (``micro_*``, :func:`mpo_viz.advantages.multiscale_estimator`) on another, by mode (:data:`mpo_viz.strip.SCALE_MODES`):
 
 * ``"absolute"`` — computed once from the whole batch under the options the view opened with (the
   99th percentile of ``|A|`` over every action token, the largest over the estimators): the same
@@ -22,7 +22,9 @@ import math
 import ipywidgets as W
 import numpy as np
 
+from mpo_viz.advantages import registry
 from mpo_viz.strip import SCALE_MODES, robust_scale, set_scale, within_turn_part
+from mpo_viz.trajectory import TrajectoryBatch
 
 __all__ = ["ColourScale"]
 
@@ -36,7 +38,7 @@ class ColourScale:
     taken from. ``on_change(callback)``: called with no argument when the menu changes.
     """
 
-    def __init__(self, mode, batch, results: dict):
+    def __init__(self, mode, batch: TrajectoryBatch, results: dict):
         fixed = None
         if isinstance(mode, (int, float)) and not isinstance(mode, bool):
             if not (math.isfinite(mode) and mode > 0):
@@ -48,8 +50,8 @@ class ColourScale:
         advs = {k: a for k, (a, _) in results.items()}
         self.absolute_adv = fixed if fixed is not None else (
             max((robust_scale(a, mask) for a in advs.values()), default=1.0))
-        micro = [k for k in advs if k in ("mpo", "mae")][:1]
-        self.absolute_micro = (robust_scale(within_turn_part(advs[micro[0]], mask, batch.turn_ids), mask)
+        micro = registry.multiscale_estimator(advs)
+        self.absolute_micro = (robust_scale(within_turn_part(advs[micro], mask, batch.turn_ids), mask)
                                if micro else 1.0)
         self.fixed = fixed is not None
         self.control = W.Dropdown(options=[(_LABELS[m], m) for m in SCALE_MODES], value=mode, description="colours",

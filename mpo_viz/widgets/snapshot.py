@@ -1,6 +1,6 @@
-"""Static snapshots of the widgets: one self-contained HTML page built with the report's machinery
-(:mod:`mpo_viz.report`'s page style, figure and table helpers; plotly.js and the strip inlined, so
-the page opens offline). Every widget's ``to_html()`` fills a :class:`Snapshot`.
+"""Static snapshots of the widgets: one self-contained HTML page built from the page pieces the
+report uses (:mod:`mpo_viz.page`: its style, figure, strip and table helpers; plotly.js and the
+strip inlined, so the page opens offline). Every widget's ``to_html()`` fills a :class:`Snapshot`.
 """
 
 from __future__ import annotations
@@ -9,6 +9,10 @@ import datetime as _dt
 import html
 
 import pandas as pd
+import plotly.graph_objects as go
+
+from mpo_viz.page import figure_html, html_table, page_html, strip_html, write_page
+from mpo_viz.version import __version__
 
 __all__ = ["Snapshot"]
 
@@ -40,15 +44,11 @@ class Snapshot:
 
     def kv(self, pairs) -> Snapshot:
         """A two-column key/value table (the report's summary style)."""
-        from mpo_viz.report import html_table
-
         self.parts.append(html_table([(str(k), v) for k, v in pairs]))
         return self
 
     def table(self, df: pd.DataFrame, max_rows: int = 200) -> Snapshot:
         """A DataFrame as the report's grid table (first ``max_rows`` rows)."""
-        from mpo_viz.report import html_table
-
         d = df.head(max_rows)
         rows = [tuple(r) for r in d.itertuples(index=False)]
         self.parts.append(html_table(rows, tuple(map(str, d.columns)), "grid"))
@@ -57,25 +57,16 @@ class Snapshot:
         return self
 
     def strip(self, payload: dict, height: int = 320) -> Snapshot:
-        from mpo_viz.report import strip_html
-
         self.parts.append(strip_html(self._id("strip"), payload, height))
         return self
 
     def figure(self, fig) -> Snapshot:
-        import plotly.graph_objects as go
-
-        from mpo_viz.report import figure_html
-
         fid = self._id("fig")
         self.parts.append(figure_html(go.Figure(fig), fid))
         self.figures.append(fid)
         return self
 
     def render(self) -> str:
-        from mpo_viz.report import page_html
-        from mpo_viz.version import __version__
-
         stamp = _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
         foot = f"<footer>mpo_viz {html.escape(__version__)} · widget snapshot {stamp} · self-contained: opens offline</footer>"
         return page_html(self.title, "\n".join(self.parts), footer=foot, figure_ids=self.figures)
@@ -83,13 +74,10 @@ class Snapshot:
     def write(self, path, text: str | None = None) -> str:
         """Write the page (``text``, default :meth:`render`; temporary name, then rename); returns
         the page's text."""
-        import os
-        from pathlib import Path
-
-        p = Path(path)
-        p.parent.mkdir(parents=True, exist_ok=True)
-        tmp = p.with_name(p.name + ".tmp")
         text = self.render() if text is None else text
-        tmp.write_text(text, encoding="utf-8")
-        os.replace(tmp, p)
+        write_page(path, text)
         return text
+
+    def output(self, path=None) -> str:
+        """The page's text, also written to ``path`` when given (what a view's ``to_html`` returns)."""
+        return self.write(path) if path is not None else self.render()

@@ -53,9 +53,11 @@ def split_payload(payload: dict) -> tuple[dict, dict]:
         return payload, {}
     wire = {k: v for k, v in payload.items() if k not in ("mask", "turn_ids")}
     wire["channels"] = {k: None for k in payload.get("channels", {})}
-    arrays = {"channels": {k: memoryview(np.asarray(v, dtype="<f8")) for k, v in payload.get("channels", {}).items()},
-              "mask": memoryview(np.asarray(payload["mask"], dtype=np.uint8)),
-              "turn_ids": memoryview(np.asarray(payload["turn_ids"], dtype="<i4"))}
+    # (numpy's stubs do not declare the buffer protocol its arrays implement)
+    arrays = {"channels": {k: memoryview(np.asarray(v, dtype="<f8"))  # type: ignore[arg-type]
+                           for k, v in payload.get("channels", {}).items()},
+              "mask": memoryview(np.asarray(payload["mask"], dtype=np.uint8)),  # type: ignore[arg-type]
+              "turn_ids": memoryview(np.asarray(payload["turn_ids"], dtype="<i4"))}  # type: ignore[arg-type]
     return wire, arrays
 
 

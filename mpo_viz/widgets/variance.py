@@ -11,11 +11,15 @@ trajectories the scatter leaves out (zero statistics cannot sit on log axes, and
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import ipywidgets as W
 
 from mpo_viz import analysis as an
 from mpo_viz import plots
+from mpo_viz.trajectory import TrajectoryBatch
 from mpo_viz.widgets.explorer import TrajectoryExplorer, as_batch
+from mpo_viz.widgets.export_bar import Exportable, ExportBar
 from mpo_viz.widgets.figure import FigureWidget
 from mpo_viz.widgets.picker import TrajectoryPicker
 from mpo_viz.widgets.snapshot import Snapshot
@@ -23,7 +27,7 @@ from mpo_viz.widgets.snapshot import Snapshot
 __all__ = ["VarianceView"]
 
 
-class VarianceView(W.Box):
+class VarianceView(Exportable, W.Box):
     """Across-vs-within scatter and histogram; click a point to explore that trajectory.
 
     ``batch``: TrajectoryBatch or path (needs critic values). ``max_points``: most points drawn.
@@ -33,7 +37,7 @@ class VarianceView(W.Box):
     ``opened`` (traj_ids opened so far, in order).
     """
 
-    def __init__(self, batch, *, max_points: int = 5000, page_size: int = 10, **explorer_options):
+    def __init__(self, batch: TrajectoryBatch | str | Path, *, max_points: int = 5000, page_size: int = 10, **explorer_options):
         self.batch = as_batch(batch)
         if self.batch.values is None:
             raise ValueError("batch: VarianceView needs values (the 'values' field: a critic's or an oracle's); "
@@ -57,8 +61,6 @@ class VarianceView(W.Box):
         self.info = W.HTML(
             f"<b>{s['n_traj']:,} trajectories</b> · median across/within {s['median_ratio']:.3g} · "
             f"share with across &gt; within {s['share_across_gt_within']:.1%} · click a point or pick a row")
-        from mpo_viz.widgets.export import ExportBar
-
         self.export = ExportBar(basename="mpo_viz_variance")
         self.export.set_tables(self.tables())
         self.right = W.VBox(layout=W.Layout(flex="1 1 600px", min_width="560px", overflow="hidden"))
@@ -95,17 +97,7 @@ class VarianceView(W.Box):
     def figures(self) -> dict:
         return {"across_within": self.figure}
 
-    def export_tables(self, folder) -> list:
-        """Write :meth:`tables` as CSV files into ``folder``; returns the paths."""
-        from mpo_viz.widgets.export import write_tables
 
-        return write_tables(self.tables(), folder)
-
-    def export_figures(self, folder, formats=("png", "svg")) -> list:
-        """Write :meth:`figures` with plotly's static export (needs ``kaleido``, else ``RuntimeError``)."""
-        from mpo_viz.widgets.export import write_figures
-
-        return write_figures(self.figures(), folder, formats)
 
     def to_html(self, path=None) -> str:
         """Static snapshot: summary, the figure, and the opened trajectory's explorer view."""
@@ -114,4 +106,4 @@ class VarianceView(W.Box):
         snap.figure(self.figure)
         if self.explorer is not None:
             self.explorer.snapshot(snap)
-        return snap.write(path) if path is not None else snap.render()
+        return snap.output(path)

@@ -122,3 +122,43 @@ def test_launch_stop_and_resume(tmp_path):
     assert h2.wait(600) == 0, h2.log()
     assert "resuming" in h2.log() and f"iter {done + 1}/{done + 1}" in h2.log()
     assert Trainer.resume(run, quiet=True).iteration == done + 1
+
+
+def test_every_field_and_option_has_a_typed_flag_and_none_is_a_value(tmp_path, capsys):
+    from mpo_viz.cli import build_parser
+    from mpo_viz.cli.train import _overrides, _with_options
+    from mpo_viz.train import Config
+
+    parser = build_parser()
+    args = parser.parse_args(["train", "--token-clip", "none", "--dual-clip", "3", "--beta", "0.5", "--critic-lr",
+                              "none", "--difficulty", "3-5", "--episodes", "8"])
+    assert _overrides(args) == {"critic_lr": None, "difficulty": [3, 5], "episodes": 8}
+    assert _with_options({"loss_options": {"clip_high": 0.28}}, args) == {
+        "estimator_options": {"beta": 0.5}, "loss_options": {"clip_high": 0.28, "token_clip": None, "dual_clip": 3.0}}
+    cfg = Config(**_overrides(args), **_with_options({}, args))
+    assert cfg.loss_options["token_clip"] is None and cfg.critic_lr is None  # the bare turn-level trust region
+    with pytest.raises(SystemExit):
+        main(["train", "--help"])
+    help_text = " ".join(capsys.readouterr().out.split())
+    for flag in [f"--{n.replace('_', '-')}" for n, o in Config.options().items() if o.kind != "dict"]:
+        assert flag in help_text, flag
+    assert "--token-clip TOKEN_CLIP" in help_text and "a number > 1" in help_text and "defaults gspo None, turn_ppo 2.0" in help_text
+    assert "--episodes EPISODES Episodes rolled out per iteration (N); a multiple of group_size. (an integer >= 1; default 64)" in help_text
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--dual-clip", "0.5"], "--dual-clip: expected a number > 1 (verl uses 3) or None, found 0.5"),
+    (["--turn-lam", "2"], "--turn-lam: expected a value in [0, 1], found 2.0"),
+    (["--top-p", "0"], "--top-p: expected a value in (0, 1], found 0.0"),
+    (["--token-clip", "abc"], "argument --token-clip: expected a number > 1 (a band [1/c, c] on each token's own "
+                              "ratio) or None, found 'abc'"),
+    (["--episodes", "x"], "argument --episodes: expected an integer >= 1, found 'x'"),
+    (["--difficulty", "x"], "--difficulty: expected N or MIN-MAX (expert turns), found 'x'"),
+])
+def test_typed_option_flags_are_named_in_errors(tmp_path, capsys, argv, message):
+    try:
+        rc = main(["train", "--run-dir", str(tmp_path / "r"), *argv])
+    except SystemExit as e:  # a flag argparse cannot read: its one-line usage error
+        rc = e.code
+    err = capsys.readouterr().err
+    assert rc != 0 and message in err, err

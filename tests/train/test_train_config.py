@@ -121,3 +121,29 @@ def test_every_field_is_documented():
     doc = (Path(__file__).resolve().parents[2] / "docs" / "training.md").read_text()
     missing = [f.name for f in dataclasses.fields(Config) if f"`{f.name}`" not in doc]
     assert not missing, f"docs/training.md does not describe {missing}"
+
+
+def test_the_docs_field_table_is_the_generated_one():
+    from pathlib import Path
+
+    from mpo_viz.train.config import TABLE_END, TABLE_START, config_table
+
+    doc = (Path(__file__).resolve().parents[2] / "docs" / "training.md").read_text()
+    committed = doc.split(TABLE_START, 1)[1].split(TABLE_END, 1)[0].strip()
+    assert committed == config_table(), (
+        "docs/training.md's field table differs from the declarations; regenerate it with "
+        "python -c \"from mpo_viz.train.config import write_config_table; write_config_table('docs/training.md')\"")
+
+
+def test_every_field_is_declared_and_checked_by_its_declaration():
+    import dataclasses
+
+    from mpo_viz.checks import OptionError
+
+    opts = Config.options()
+    assert list(opts) == [f.name for f in dataclasses.fields(Config)]
+    assert all(o.doc for o in opts.values())
+    assert opts["episodes"].expected() == "an integer >= 1" and opts["top_p"].bounds_text() == "(0, 1]"
+    with pytest.raises(OptionError, match=r"^top_p: expected a value in \(0, 1\], found 1.5"):
+        Config(top_p=1.5)
+    assert Config(episodes=__import__("numpy").int64(8)).episodes.__class__ is int  # stored as a Python int

@@ -139,3 +139,22 @@ def test_critic_only_update_moves_the_critic_towards_the_returns(setup):
     assert vloss() < 0.5 * l0
     for a, b in zip(before, pol.model.parameters()):
         assert torch.equal(a, b)
+
+
+def test_update_settings_are_the_config_slice_and_the_keyword_call_still_works(setup):
+    from mpo_viz.train import Config
+    from mpo_viz.train.update import Learners, UpdateSettings
+
+    _, _, r = setup
+    cfg = Config(loss="token_ppo", loss_options={"dual_clip": 3.0}, kl_coef=0.1, entropy_coef=0.01, grad_clip=0.5)
+    st = UpdateSettings.of(cfg, value_clip=0.2)
+    assert (st.epochs, st.minibatches, st.micro_batch_tokens, st.loss, st.loss_options, st.kl_coef, st.entropy_coef,
+            st.value_clip, st.grad_clip) == (2, 4, 8192, "token_ppo", {"dual_clip": 3.0}, 0.1, 0.01, 0.2, 0.5)
+    assert UpdateSettings.of(cfg, epochs=4).epochs == 4
+    kw = dict(generator=torch.Generator().manual_seed(0), pad_id=0, device="cpu")
+    assert update_epochs(r, Learners(), UpdateSettings(epochs=0, minibatches=1, micro_batch_tokens=64), **kw) == {
+        "optimizer_steps": 0, "update_tokens": 0}
+    with pytest.warns(DeprecationWarning, match="Learners"):
+        out = update_epochs(r, policy=None, policy_opt=None, critic=None, critic_opt=None, epochs=0, minibatches=1,
+                            micro_batch_tokens=64, **kw)
+    assert out == {"optimizer_steps": 0, "update_tokens": 0}

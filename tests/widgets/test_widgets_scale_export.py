@@ -13,7 +13,7 @@ import pytest
 import mpo_viz as mv
 from mpo_viz.strip import robust_scale, within_turn_part
 from mpo_viz.widgets import EstimatorComparison, TrajectoryExplorer, VarianceView
-from mpo_viz.widgets.export import csv_link, static_export_available
+from mpo_viz.widgets.export_bar import csv_link, static_export_available
 
 
 @pytest.fixture(scope="module")

@@ -1,0 +1,179 @@
+"""Benchmark: what `whiten=True` costs in `gae` and `mae`, and against verl's whitened GAE.
+
+Run:  .venv/bin/python benchmarks/whiten.py                    (B = 128 and 512, L = 8192)
+      .venv/bin/python benchmarks/whiten.py --quick            (B = 32, 128; a smoke run)
+      make venv-verl && .venv-verl/bin/python benchmarks/whiten.py
+                                                               (adds the verl column)
+
+The verl column times verl 0.9.1's `compute_gae_advantage_return` (`verl.trainer.ppo.core_algos`),
+which always whitens (`verl_F.masked_whiten`), on the same tensors. It runs only where `verl`
+imports: `make venv-verl` builds `.venv-verl` (verl 0.9.1 and its pins, CPU torch, this checkout
+installed editable); elsewhere the table says "verl not importable".
+
+Batches come from `mpo_viz.synthetic.make_batch` shaped like agent rollouts (as
+`benchmarks/advantages.py`): assistant spans 20–200 tokens, tool spans 20–300, 4–40 turns cut at
+L tokens, float32 `rewards`, `values`, `mask`, `turn_ids`.
+
+Columns, per estimator and batch size (all in this one process, on the same inputs):
+* `plain ms`: the public call with `whiten=False`; `white ms`: with `whiten=True` (the kernel
+  writes per-row moments on the way; one parallel pass rewrites the action tokens);
+  `ratio` = white / plain, best against best (target ≤ 1.2); `paired`: the median over the rounds
+  of white / plain within a round (the two calls back to back, so under the same load);
+  `cpu ratio`: best against best on the process's CPU time
+  (`time.process_time`, all threads), which a busy machine disturbs less than the wall time (with
+  `--threads 1` it is the single thread's time).
+* `numpy ms`: `whiten=False` followed by the numpy whitening the estimators used before
+  (`_inputs.whiten_reference` on a copy): what `whiten=True` cost before the fusion.
+* `verl ms`: verl's GAE with its whitening (gae only); `verl/white` = verl ms / white ms; and
+  `max|Δ|`, the largest difference between verl's and our whitened advantages on action tokens
+  (verl's `masked_whiten` leaves the other positions non-zero; we write 0 there).
+
+Timing is best-of-N (`--reps`, the verl loop `--verl-reps`), the two variants interleaved round by
+round so that both see the same machine; the load average is printed before and after. Numba
+compiles each kernel on its first call; that happens on a tiny batch before anything is timed.
+`--threads N` sets numba's and torch's threads (default: theirs, one per CPU). On a shared machine
+one thread gives the steadier numbers: a parallel kernel waits for its slowest thread, and with
+`whiten=True` there are two parallel passes to wait for.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import platform
+import statistics
+import sys
+import time
+from functools import partial
+
+import numpy as np
+import torch
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+
+import mpo_viz.advantages as A  # noqa: E402
+from mpo_viz.advantages._inputs import whiten_reference  # noqa: E402
+from mpo_viz.synthetic import make_batch  # noqa: E402
+
+try:  # only in the verl environment (make venv-verl)
+    import verl  # noqa: E402
+    from verl.trainer.ppo.core_algos import compute_gae_advantage_return  # noqa: E402
+except Exception as exc:  # any import failure means: no verl column
+    verl = None
+    compute_gae_advantage_return = None
+    VERL_MISSING = f"verl not importable ({type(exc).__name__}); run with .venv-verl/bin/python (make venv-verl)"
+else:
+    VERL_MISSING = ""
+
+GAMMA, LAM = 1.0, 0.95
+
+
+def best_of(fns, reps):
+    """Interleaved best-of-``reps`` wall seconds and process CPU seconds of each callable, each
+    one's last output, and every round's wall seconds: ``(wall, cpu, outs, rounds)``."""
+    wall = [float("inf")] * len(fns)
+    cpu = [float("inf")] * len(fns)
+    outs = [None] * len(fns)
+    rounds = []
+    for _ in range(reps):
+        row = []
+        for j, fn in enumerate(fns):
+            c0, t0 = time.process_time(), time.perf_counter()
+            outs[j] = fn()
+            row.append(time.perf_counter() - t0)
+            wall[j] = min(wall[j], row[-1])
+            cpu[j] = min(cpu[j], time.process_time() - c0)
+        rounds.append(row)
+    return wall, cpu, outs, rounds
+
+
+def load() -> str:
+    return "load average " + " ".join(f"{x:.2f}" for x in os.getloadavg())
+
+
+def make(B, L):
+    b = make_batch(B, seed=B, turns=(4, 40), turn_len=(20, 200), obs_len=(20, 300), max_len=L)
+    R, V, M, T = b.rewards, b.values, b.mask, b.turn_ids
+    if R.shape[1] < L:  # every row shorter than L: pad to the nominal length
+        pad = L - R.shape[1]
+        R, V, M = (torch.nn.functional.pad(x, (0, pad)) for x in (R, V, M))
+        T = torch.cat([T, T[:, -1:].expand(-1, pad)], dim=1)
+    return R, V, M, T
+
+
+def numpy_whitened(call, M):
+    """The path before the fusion: the plain estimator, then numpy whitening of a copy."""
+    adv, _ = call(False)
+    return whiten_reference(adv.numpy().copy(), M.numpy())
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--quick", action="store_true", help="small batches only (smoke run)")
+    ap.add_argument("--sizes", type=int, nargs="*", default=None, help="batch sizes (default 128 512)")
+    ap.add_argument("--length", type=int, default=8192)
+    ap.add_argument("--reps", type=int, default=15, help="rounds of the fast calls (best reported)")
+    ap.add_argument("--verl-reps", type=int, default=2, help="rounds of verl's per-position loop")
+    ap.add_argument("--threads", type=int, default=0, help="numba and torch threads (default 0: leave theirs)")
+    args = ap.parse_args(argv)
+    sizes = args.sizes or ([32, 128] if args.quick else [128, 512])
+    L = args.length
+
+    import numba
+
+    if args.threads:
+        numba.set_num_threads(args.threads)
+        torch.set_num_threads(args.threads)
+    print(f"# whitening benchmark — {platform.processor() or platform.machine()}, {os.cpu_count()} CPUs, "
+          f"torch {torch.__version__} ({torch.get_num_threads()} threads), numba {numba.__version__} "
+          f"({numba.get_num_threads()} threads); verl {verl.__version__ if verl else '—'}")
+    print(f"# gae γ={GAMMA} λ={LAM}; mae defaults (γ=1 λ=0.95 γ_T=1 λ_T=0.9 β=1); float32; L={L}; "
+          f"best of {args.reps} (verl {args.verl_reps})")
+    tiny = make_batch(4, seed=0, turns=(2, 3), turn_len=(2, 5), obs_len=(1, 3), prompt_len=(2, 3))
+    for w in (False, True):  # numba compiles here, untimed
+        A.gae(tiny.rewards, tiny.values, tiny.mask, whiten=w)
+        A.mae(tiny.rewards, tiny.values, tiny.mask, turn_ids=tiny.turn_ids, whiten=w)
+    print(f"# before: {load()}")
+    header = (f"{'B':>5} {'L':>5} {'estimator':<9} {'plain ms':>9} {'white ms':>9} {'ratio':>6} {'paired':>8} "
+              f"{'cpu ratio':>9} "
+              f"{'numpy ms':>9} {'ratio':>6} {'verl ms':>9} {'verl/white':>10} {'max|Δ|':>9}")
+    print(header)
+    print("-" * len(header))
+    for B in sizes:
+        run_size(B, L, args)
+    print(f"# after: {load()}")
+    if VERL_MISSING:
+        print(f"verl column: {VERL_MISSING}")
+    return 0
+
+
+def run_size(B, L, args):
+    """One batch of B rows: the table's gae and mae lines."""
+    R, V, M, T = make(B, L)
+    act = M.numpy() != 0
+
+    def gae(w):
+        return A.gae(R, V, M, gamma=GAMMA, lam=LAM, whiten=w)
+
+    def mae(w):
+        return A.mae(R, V, M, turn_ids=T, whiten=w)
+
+    for name, call in (("gae", gae), ("mae", mae)):
+        (t0, t1, tn), (c0, c1, _), (_, white, old), rounds = best_of(
+            [partial(call, False), partial(call, True), partial(numpy_whitened, call, M)], args.reps)
+        paired = statistics.median(r[1] / r[0] for r in rounds)
+        assert np.allclose(white[0].numpy(), old, rtol=2e-5, atol=2e-5)  # the same numbers as before
+        verl_cols = f"{'—':>9} {'—':>10} {'—':>9}"
+        if name == "gae" and compute_gae_advantage_return is not None:
+            (tv,), _, ((va, _),), _ = best_of([partial(compute_gae_advantage_return, R, V, M, GAMMA, LAM)],
+                                        args.verl_reps)
+            d = float(np.abs(va.numpy()[act] - white[0].numpy()[act]).max())
+            verl_cols = f"{tv * 1e3:>9.0f} {tv / t1:>9.0f}x {d:>9.1e}"
+        print(f"{B:>5} {L:>5} {name:<9} {t0 * 1e3:>9.1f} {t1 * 1e3:>9.1f} {t1 / t0:>5.2f}x {paired:>7.2f}x "
+              f"{c1 / c0:>8.2f}x "
+              f"{tn * 1e3:>9.1f} {tn / t0:>5.2f}x {verl_cols}", flush=True)
+    print(f"{'':>5} ({act.mean():.0%} of the {B * L:,} positions are action tokens)")
+
+
+if __name__ == "__main__":
+    sys.exit(main())

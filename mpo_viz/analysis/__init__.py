@@ -1,0 +1,114 @@
+"""Analysis: the across/within variance split, per-turn tables, estimator comparison, critic quality,
+accuracy against the oracle, and reading them in words.
+
+Pandas out; tensors (torch or numpy, ``(B, L)``) or a :class:`~mpo_viz.trajectory.TrajectoryBatch`
+in. Every statistic is computed over **action tokens** (``mask == 1``) only: observation and padding
+tokens carry no value and no credit (docs/concepts.md §1–2). Turns are the ids of
+``batch.turn_ids`` (given, or derived from mask runs by :func:`mpo_viz.turns.turn_ids_from_mask` —
+the one definition shared with estimators and losses).
+
+One job per module, each statistic in one place:
+
+* :mod:`~mpo_viz.analysis.variance` — the across/within split (:func:`variance_split`,
+  :func:`value_variance`, :func:`variance_summary`);
+* :mod:`~mpo_viz.analysis.tables` — estimators run on a batch, the per-turn table, the TD error;
+* :mod:`~mpo_viz.analysis.comparison` — pairwise agreement, sign flips, disagreement, each
+  estimator's advantage statistics;
+* :mod:`~mpo_viz.analysis.critic` — explained variance and the critic's error;
+* :mod:`~mpo_viz.analysis.accuracy` — accuracy against the oracle;
+* :mod:`~mpo_viz.analysis.success` — pass@k;
+* :mod:`~mpo_viz.analysis.reading` — the tables in words;
+* :mod:`~mpo_viz.analysis.arrays` — tensors in, turns indexed (shared by the others).
+
+Streamed data (the report reads a file chunk by chunk) use the mergeable form of each statistic:
+``*_stats(batch, ...)`` of one chunk, ``merge_*`` of two, ``finish_*`` at the end (and
+:class:`~mpo_viz.moments.ExplainedVariance` ``.of / .merge / .value``), equal to the numbers of the
+whole. Each vectorized function has a plain-Python reference loop beside it (``*_reference``); the
+tests check them against each other on edge cases.
+"""
+
+from mpo_viz.analysis.accuracy import (
+    ACCURACY_COLUMNS,
+    ORACLE_FIELDS,
+    accuracy_stats,
+    credit_accuracy,
+    finish_accuracy,
+    has_oracle,
+    merge_accuracy_stats,
+)
+from mpo_viz.analysis.arrays import to_numpy
+from mpo_viz.analysis.comparison import (
+    ADVANTAGE_COLUMNS,
+    Disagreement,
+    advantage_stats,
+    compare_estimators,
+    compare_stats,
+    disagreement,
+    finish_advantages,
+    finish_compare,
+    merge_advantage_stats,
+    merge_compare_stats,
+    sign_flips,
+)
+from mpo_viz.analysis.critic import (
+    CriticQuality,
+    ExplainedVariance,
+    critic_quality,
+    explained_variance,
+    values_source,
+)
+from mpo_viz.analysis.reading import NO_ORACLE_TEXT, accuracy_reading
+from mpo_viz.analysis.success import pass_at_k
+from mpo_viz.analysis.tables import compute_advantages, td_error, turn_table, turn_table_reference
+from mpo_viz.analysis.variance import (
+    advantage_variance,
+    merge_variance,
+    value_variance,
+    variance_split,
+    variance_split_reference,
+    variance_summary,
+)
+
+# the reference loops under their former names
+_variance_split_ref = variance_split_reference
+_turn_table_ref = turn_table_reference
+
+__all__ = [
+    "variance_split",
+    "variance_split_reference",
+    "explained_variance",
+    "ExplainedVariance",
+    "pass_at_k",
+    "value_variance",
+    "advantage_variance",
+    "variance_summary",
+    "merge_variance",
+    "turn_table",
+    "turn_table_reference",
+    "compute_advantages",
+    "to_numpy",
+    "td_error",
+    "compare_estimators",
+    "compare_stats",
+    "merge_compare_stats",
+    "finish_compare",
+    "advantage_stats",
+    "merge_advantage_stats",
+    "finish_advantages",
+    "ADVANTAGE_COLUMNS",
+    "sign_flips",
+    "disagreement",
+    "Disagreement",
+    "critic_quality",
+    "CriticQuality",
+    "has_oracle",
+    "ORACLE_FIELDS",
+    "accuracy_stats",
+    "merge_accuracy_stats",
+    "finish_accuracy",
+    "credit_accuracy",
+    "accuracy_reading",
+    "NO_ORACLE_TEXT",
+    "ACCURACY_COLUMNS",
+    "values_source",
+]

@@ -1,0 +1,78 @@
+"""How well the critic's values predict the returns: explained variance, error, bias, per turn.
+
+:func:`explained_variance` is the one definition (finished from
+:class:`mpo_viz.moments.ExplainedVariance`, which the value loss, the trainer and the report's
+streaming pass merge chunk by chunk); :func:`critic_quality` adds the per-turn error;
+:func:`values_source` says where a batch's values come from.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import pandas as pd
+
+from mpo_viz.analysis.arrays import as_2d
+from mpo_viz.analysis.tables import compute_advantages
+from mpo_viz.moments import ExplainedVariance
+from mpo_viz.trajectory import TrajectoryBatch
+
+__all__ = ["explained_variance", "ExplainedVariance", "critic_quality", "CriticQuality", "values_source"]
+
+
+def explained_variance(returns, values, mask) -> float:
+    """``1 − Var(G − V) / Var(G)`` over the action tokens (``mask`` = 1) of ``(B, L)`` returns G and
+    values V (population variances, float64): the share of the returns' variance the values
+    explain (1 perfect, 0 no better than the mean, < 0 worse). NaN when Var(G) = 0 or there are
+    no action tokens. Chunk by chunk: merge :class:`~mpo_viz.moments.ExplainedVariance` s."""
+    return ExplainedVariance.of(returns, values, mask).value
+
+
+@dataclass
+class CriticQuality:
+    """How well the critic's values predict returns (over action tokens)."""
+
+    explained_variance: float
+    """``1 − Var(G − V) / Var(G)`` (population variances; NaN when Var(G) = 0) — verl's metric."""
+    mse: float
+    """``mean (V − G)²``."""
+    bias: float
+    """``mean (V − G)``: positive = the critic is optimistic."""
+    n_tokens: int
+    per_turn: pd.DataFrame = field(repr=False)
+    """One row per turn: ``traj_id``, ``row``, ``turn``, ``value_first`` (``V(s_k)``),
+    ``return_first`` (the return at the turn's first action token), ``error`` = value − return,
+    ``abs_error``."""
+
+
+
+def critic_quality(batch: TrajectoryBatch, returns=None, *, estimator: str = "mpo", **options) -> CriticQuality:
+    """Explained variance of ``batch.values`` against ``returns`` and the per-turn value error.
+
+    ``returns``: ``(B, L)`` tensor or an estimator result; ``None`` uses the returns of
+    ``estimator`` (default ``"mpo"``, whose default critic target is the Monte-Carlo return).
+    """
+    if batch.values is None:
+        raise ValueError("values: the batch has no 'values' field; critic quality needs a critic")
+    if returns is None:
+        returns = compute_advantages(batch, [estimator], **options)[estimator]
+    g = as_2d(getattr(returns, "returns", returns), "returns")
+    m = as_2d(batch.mask, "mask") != 0
+    if g.shape != m.shape:
+        raise ValueError(f"returns: expected shape {m.shape}, found {g.shape}")
+    ev = ExplainedVariance.of(g, as_2d(batch.values, "values"), m)
+    tt = batch.turns(returns={"target": g})
+    per_turn = tt[["traj_id", "row", "turn"]].copy()
+    if "value_first" in tt:
+        per_turn["value_first"] = tt["value_first"]
+        per_turn["return_first"] = tt["ret_target"]
+        per_turn["error"] = per_turn["value_first"] - per_turn["return_first"]
+        per_turn["abs_error"] = per_turn["error"].abs()
+    return CriticQuality(explained_variance=ev.value, mse=ev.mse, bias=ev.bias, n_tokens=ev.n, per_turn=per_turn)
+
+
+def values_source(batch: TrajectoryBatch) -> str:
+    """Where ``values`` come from, from the file metadata (``values_source``: ``critic``,
+    ``oracle``, …), else ``"critic"`` — as the label a view should use (an oracle is no critic)."""
+    src = (getattr(batch, "meta", None) or {}).get("values_source")
+    return str(src) if src else "critic"
