@@ -4,6 +4,7 @@ Run:  .venv/bin/python benchmarks/rollout.py            (every environment, batc
       .venv/bin/python benchmarks/rollout.py --quick    (search only, batch 16; a smoke run)
       .venv/bin/python benchmarks/rollout.py --model-config smollm2-135m      (batch 8 and 16)
       .venv/bin/python benchmarks/rollout.py --model-config path/to/hf_config_folder
+      .venv/bin/python benchmarks/rollout.py --model models/smollm2-135m --envs tooluse --sizes 8 --threads 2 --critic none
 
 `--model-config NAME|DIR` runs the same table on a randomly initialised model of a real small LM's
 shape instead of the tiny one, so the rollout's overhead at real vocabulary and depth is known.
@@ -17,6 +18,11 @@ words followed by filler words `<fill-N>`, up to the model's `vocab_size`, so ev
 can sample decodes to a word (the environment reads a filler word as any unknown word). Sampling,
 log-softmax and the LM head then run over the full vocabulary, as with the real model. A random
 model rarely samples the end-of-turn token, so turns mostly run to `max_turn_tokens`.
+
+`--model DIR` plays a local model folder with its weights instead (a plain Hugging Face folder, e.g.
+SmolLM2-135M-Instruct from `mpo-viz get-model smollm2-135m --out DIR`, or one written by mpo_viz),
+through its own tokenizer and chat template; `reward` is then its mean reward at T = 1 (zero-shot for
+a pretrained model). `--critic none` times the policy alone (`w/o critic` then equals `ratio`).
 
 For each environment and batch size B: one rollout of B episodes (B tasks, one sample each) with the
 "1m" tiny Llama and a critic sharing nothing with it (`init="policy"`: a copy of the trunk), default
@@ -133,13 +139,16 @@ def config_policy(env, spec: str, seed: int = 0) -> models.Policy:
     return models.Policy(model.eval(), tok, name=f"random {type(model).__name__} of {spec}'s shape (seed {seed})")
 
 
-def bench(env_name: str, batch: int, seed: int = 0, model_spec: str | None = None) -> dict:
+def bench(env_name: str, batch: int, seed: int = 0, model_spec: str | None = None, model_dir: str | None = None,
+          critic_init: str = "policy") -> dict:
     env = make_env(env_name)
-    if model_spec is None:
+    if model_dir is not None:
+        policy, _ = models.load(model_dir)
+    elif model_spec is None:
         policy = models.tiny_policy(build_tokenizer(env), "1m", seed=seed)
     else:
         policy = config_policy(env, model_spec, seed=seed)
-    critic = models.make_critic(policy, "policy", seed=seed)
+    critic = None if critic_init == "none" else models.make_critic(policy, critic_init, seed=seed)
     # warm-up (first-call allocations, lazy imports)
     rollout(policy, env, 2, critic=critic, seed=seed + 1, batch_size=2, max_turn_tokens=8)
     tm: dict = {}
@@ -169,7 +178,7 @@ def bench(env_name: str, batch: int, seed: int = 0, model_spec: str | None = Non
         "env_share": tm.get("env", 0.0) / total,
         "tok_share": (tm.get("tokenize", 0.0) + tm.get("oracle", 0.0)) / total,
         "critic_share": tm.get("critic", 0.0) / total, "mem_r": mem_r.mib, "mem_g": mem_g.mib,
-        "turns": float(out.num_turns.mean()), "params": policy.num_parameters(),
+        "turns": float(out.num_turns.mean()), "params": policy.num_parameters(), "reward": float(out.reward.mean()),
     }
 
 
@@ -180,6 +189,11 @@ def main() -> None:
     ap.add_argument("--model-config", metavar="NAME|DIR", default=None,
                     help=f"a random model of this shape instead of the tiny one: {', '.join(MODEL_CONFIGS)} or a "
                          "local Hugging Face config folder (batch 8 and 16)")
+    ap.add_argument("--model", metavar="DIR", default=None,
+                    help="a local model folder with its weights (plain Hugging Face or mpo_viz) instead of the tiny "
+                         "one (batch 8 and 16)")
+    ap.add_argument("--critic", choices=("policy", "shared", "fresh", "none"), default="policy",
+                    help="the critic beside the policy (default policy: a copy of its trunk; none: the policy alone)")
     ap.add_argument("--envs", nargs="*", default=None, help="environments (default: all three; --quick: search)")
     ap.add_argument("--sizes", type=int, nargs="*", default=None, help="batch sizes (default 16 64; "
                                                                         "with --model-config 8 16)")
@@ -188,32 +202,38 @@ def main() -> None:
     envs = args.envs or (["search"] if args.quick else ["search", "tooluse", "automation"])
     if args.sizes:
         sizes = args.sizes
-    elif args.model_config:
+    elif args.model_config or args.model:
         sizes = [8] if args.quick else [8, 16]
     else:
         sizes = [16] if args.quick else [16, 64]
-    if args.model_config:
+    if args.model_config and args.model:
+        raise SystemExit("--model-config and --model: expected one of them, found both")
+    if args.model:
+        what = f"model {args.model}"
+    elif args.model_config:
         c = model_config(args.model_config)
         what = (f"random {c.model_type} of {args.model_config}'s shape (hidden {c.hidden_size}, "
                 f"{c.num_hidden_layers} layers, vocabulary {c.vocab_size})")
     else:
         what = "tiny Llama '1m'"
-    print(f"# rollout vs model.generate — {what}, {platform.processor() or platform.machine()}, "
+    print(f"# rollout vs model.generate — {what}, critic {args.critic}, {platform.processor() or platform.machine()}, "
           f"{os.cpu_count()} CPUs, torch {torch.__version__}, {args.threads} thread(s); load average "
           f"{os.getloadavg()[0]:.1f} at start")
     head = (f"{'env':<11}{'B':>4}{'tokens':>8}{'turns':>6}{'rollout tok/s':>15}{'generate tok/s':>16}{'ratio':>7}"
-            f"{'w/o critic':>11}{'cpu ratio':>10}{'env %':>7}{'tok+oracle %':>14}{'critic %':>10}{'peak MiB r/g':>14}")
+            f"{'w/o critic':>11}{'cpu ratio':>10}{'env %':>7}{'tok+oracle %':>14}{'critic %':>10}{'peak MiB r/g':>14}"
+            f"{'reward':>8}")
     print(head)
     print("-" * len(head))
     for name in envs:
         for b in sizes:
-            r = bench(name, b, model_spec=args.model_config)
-            print(f"{r['env']:<11}{r['B']:>4}{r['tokens']:>8}{r['turns']:>6.1f}{r['roll_tps']:>15.0f}"
-                  f"{r['gen_tps']:>16.0f}{r['roll_tps'] / r['gen_tps']:>7.2f}"
+            r = bench(name, b, model_spec=args.model_config, model_dir=args.model, critic_init=args.critic)
+            dec = 0 if r["roll_tps"] >= 100 else 2  # a 135M model on a busy CPU makes a few tokens/s
+            print(f"{r['env']:<11}{r['B']:>4}{r['tokens']:>8}{r['turns']:>6.1f}{r['roll_tps']:>15.{dec}f}"
+                  f"{r['gen_tps']:>16.{dec}f}{r['roll_tps'] / r['gen_tps']:>7.2f}"
                   f"{r['roll_tps_nc'] / r['gen_tps']:>11.2f}{r['cpu_ratio']:>10.2f}{100 * r['env_share']:>7.1f}"
                   f"{100 * r['tok_share']:>14.1f}{100 * r['critic_share']:>10.1f}"
-                  f"{r['mem_r']:>8.0f}/{r['mem_g']:<5.0f}", flush=True)
-    print(f"# {r['params'] / 1e6:.1f} M parameters (policy; the critic is a copy of its trunk)")
+                  f"{r['mem_r']:>8.0f}/{r['mem_g']:<5.0f}{r['reward']:>8.3f}", flush=True)
+    print(f"# {r['params'] / 1e6:.1f} M parameters (policy; critic: {args.critic})")
     print(f"# load average {os.getloadavg()[0]:.1f} at the end (the machine is shared: absolute numbers move "
           "with it; the ratio is measured side by side)")
 

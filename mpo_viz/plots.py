@@ -154,7 +154,8 @@ def value_curve_parts(batch: TrajectoryBatch, row: int, *, advantages: dict | No
                        "mode": "lines+markers" if iso.any() else "lines",
                        "size": np.where(iso, 6, 0).astype(np.int8) if iso.any() else None})
 
-    line("value", v, 1, {"color": "#333", "width": 1.2})
+    fitted = an.fitted_critic_label(sub)  # values of mpo-viz fit-critic: say so, with its held-out EV
+    line(f"value ({fitted})" if fitted else "value", v, 1, {"color": "#333", "width": 1.2})
     # turn means as flat segments over exactly each turn's shaded span (first action token − ½ to
     # last + ½), None breaking between turns
     sx, sy = [], []
@@ -185,7 +186,8 @@ def value_curve(batch: TrajectoryBatch, row: int, *, advantages: dict | None = N
 
     Traces (per-token lines via :func:`line_points`, decimated beyond ``MAX_LINE_POINTS`` tokens;
     an isolated point, a one-token turn, gets a marker): ``value`` (action tokens; gaps over
-    observations), ``turn mean`` (each turn's mean value over exactly the turn's span), ``oracle value``
+    observations; ``value (fitted critic (held-out EV x))`` when the values come from
+    ``mpo-viz fit-critic``, :func:`mpo_viz.analysis.fitted_critic_label`), ``turn mean`` (each turn's mean value over exactly the turn's span), ``oracle value``
     when the batch carries ``oracle_values`` that differ from ``values`` (:func:`learned_and_oracle`), optionally
     ``return`` (``returns``: ``(B, L)`` tensor or result), the extra ``lines``, and, in a second
     panel, the per-token advantages of each entry of ``advantages`` (``{name: (B, L) tensor or

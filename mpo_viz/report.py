@@ -40,7 +40,7 @@ from mpo_viz.token_text import tokenizer_decoder
 from mpo_viz.trajectory import TrajectoryBatch
 from mpo_viz.version import __version__
 
-__all__ = ["ReportConfig", "build_report", "write_report", "ExportWarning"]
+__all__ = ["ReportConfig", "build_report", "write_report", "ExportWarning", "LeftOutNote"]
 
 
 @dataclass
@@ -118,16 +118,28 @@ class _Acc:
     accuracy: dict | None = None  # merged analysis.accuracy_stats (oracle columns present)
     values_source: str = "critic"
     n_compared: int = 0  # trajectories with a disagreement value (>= 2 estimators)
+    left_out: str | None = None  # default estimators the data cannot run, and how to get them
+    critic_fit: dict | None = None  # the values' fit record when they come from mpo-viz fit-critic
 
-    def _push(self, heap: list, n: int, key: tuple, make) -> None:
-        """Keep the ``n`` largest keys (ties: earliest row first) in a min-heap of (key, -order)."""
-        if n <= 0 or not math.isfinite(key[0]):
+    def _push(self, heap: list, n: int, key: tuple, group, make) -> None:
+        """Keep the largest keys (ties: earliest row first), at most ``n`` per group, in a min-heap
+        of (key, -order, group, pick): ``n`` plus as many as the other selections take, so that
+        :meth:`picks` can choose trajectories of distinct groups across them."""
+        cap = n + self.n_best + self.n_worst + self.n_disagreed if n > 0 else 0
+        if cap <= 0 or not math.isfinite(key[0]):
             return
         item = (key, -self.order)
-        if len(heap) < n:
-            heapq.heappush(heap, (*item, make()))
+        same = [j for j, h in enumerate(heap) if h[2] == group]
+        if len(same) >= n:  # the group has its share: replace its weakest candidate if this one is better
+            j = min(same, key=lambda k: heap[k][:2])
+            if item > heap[j][:2]:
+                heap[j] = (*item, group, make())
+                heapq.heapify(heap)
+            return
+        if len(heap) < cap:
+            heapq.heappush(heap, (*item, group, make()))
         elif item > heap[0][:2]:
-            heapq.heapreplace(heap, (*item, make()))
+            heapq.heapreplace(heap, (*item, group, make()))
 
     def add(self, chunk: TrajectoryBatch, results: dict) -> None:
         t0 = time.perf_counter()
@@ -152,6 +164,8 @@ class _Acc:
                 self.ev = self.ev.merge(ExplainedVariance.of(ret[src], chunk.values, chunk.mask))
         self.adv = an.merge_advantage_stats(self.adv, an.advantage_stats(chunk, adv))
         self.values_source = an.values_source(chunk)
+        if chunk.values is not None:
+            self.critic_fit = an.fitted_critic(chunk)
         if adv and an.has_oracle(chunk):
             self.accuracy = an.merge_accuracy_stats(self.accuracy, an.accuracy_stats(chunk, adv))
         if len(adv) >= 2:
@@ -161,6 +175,7 @@ class _Acc:
         """Offer each trajectory of the chunk to the best / worst / most disagreed-on selections."""
         mask = chunk.mask.numpy() != 0
         score = chunk.padded("rewards").numpy().astype(np.float64).sum(axis=1)
+        groups = chunk.group_ids
         for i in range(len(chunk)):
             self.order += 1
 
@@ -177,47 +192,72 @@ class _Acc:
             # disagreement, the trajectory most worth a look among equals
             d = float(dis[i]) if math.isfinite(dis[i]) else -math.inf
             self.n_compared += math.isfinite(dis[i])
-            self._push(self.best, self.n_best, (sc, d), make)
-            self._push(self.worst, self.n_worst, (-sc, d), make)
+            g = groups[i]
+            self._push(self.best, self.n_best, (sc, d), g, make)
+            self._push(self.worst, self.n_worst, (-sc, d), g, make)
             if dis[i] > 0:  # nothing to show where every estimator agrees on every turn's sign
-                self._push(self.disagreed, self.n_disagreed, (float(dis[i]),), make)
+                self._push(self.disagreed, self.n_disagreed, (float(dis[i]),), g, make)
 
     def picks(self) -> list[tuple[list[str], _Pick]]:
         """Selected trajectories in display order, each once, with labels that say why it was chosen.
 
         "best" / "worst" are the highest / lowest scores; where several trajectories share that
         score (0/1 rewards), the one the estimators disagree on most (share of turn signs that
-        differ) is taken, and the label says so and how many tied. When every trajectory has the
-        same score there is no best or worst: the largest disagreements are shown instead.
+        differ) is taken, and the label says so and how many tied — or, when no tied trajectory has
+        a turn sign the estimators disagree on, that there was nothing to rank by. When every
+        trajectory has the same score there is no best or worst: the largest disagreements are
+        shown instead. The selections span groups: each takes trajectories of groups not shown yet
+        first (the G samples of one task are alike), and a group already shown only when too few
+        groups are left.
         """
         out: dict[str, tuple[list[str], _Pick]] = {}
         one_score = len(self.scores) == 1
-        lists = [("same score", self.best, 1), ("most disagreed-on", self.disagreed, 1)] if one_score else [
-            ("best", self.best, 1), ("worst", self.worst, -1), ("most disagreed-on", self.disagreed, 1)]
-        for tag, heap, sign in lists:
-            for key, _neg, pick in sorted(heap, key=lambda h: (h[0], h[1]), reverse=True):
+        lists = [("same score", self.best, self.n_best, 1), ("most disagreed-on", self.disagreed, self.n_disagreed, 1)] \
+            if one_score else [("best", self.best, self.n_best, 1), ("worst", self.worst, self.n_worst, -1),
+                               ("most disagreed-on", self.disagreed, self.n_disagreed, 1)]
+        shown: set = set()
+        for tag, heap, n, sign in lists:
+            ranked = sorted(heap, key=lambda h: (h[0], h[1]), reverse=True)
+            chosen: list = []
+            while len(chosen) < min(n, len(ranked)):  # the best of a group not shown yet, else the best left
+                h = next((h for h in ranked if h[2] not in shown and h not in chosen), None) or \
+                    next(h for h in ranked if h not in chosen)
+                chosen.append(h)
+                shown.add(h[2])
+            for key, _neg, _group, pick in sorted(chosen, key=lambda h: (h[0], h[1]), reverse=True):
+                label = self._label(tag, key, sign)
                 tid = pick.batch.traj_ids[0]
-                if tag == "most disagreed-on":
-                    label = f"{tag} ({key[0]:.0%} of turn signs differ)"
-                elif tag == "same score":
-                    n = self.scores[round(key[0], 9)]
-                    how = (f"the largest estimator disagreement ({key[1]:.0%} of turn signs differ)"
-                           if math.isfinite(key[1]) else "the first in the data")
-                    label = (f"every trajectory scores {key[0]:.4g}, so none is best or worst: chosen by {how}"
-                             if n > 1 else f"the only trajectory (score {key[0]:.4g})")
-                else:
-                    sc = sign * key[0]
-                    tied = self.scores.get(round(sc, 9), 1)
-                    label = f"{'highest' if tag == 'best' else 'lowest'} score {sc:.4g}"
-                    if tied > 1:
-                        how = (f"the largest estimator disagreement among them ({key[1]:.0%} of turn signs differ)"
-                               if math.isfinite(key[1]) else "the first in the data (one estimator: no disagreement to rank by)")
-                        label += f", shared by {tied:,} trajectories: chosen by {how}"
                 if tid in out:
                     out[tid][0].append(label)
                 else:
                     out[tid] = ([label], pick)
         return [(tags, p) for tags, p in out.values()]
+
+    def _label(self, tag: str, key: tuple, sign: int) -> str:
+        """Why a trajectory was selected (:meth:`picks`)."""
+        if tag == "most disagreed-on":
+            return f"{tag} ({key[0]:.0%} of turn signs differ)"
+        if tag == "same score":
+            n = self.scores[round(key[0], 9)]
+            if n <= 1:
+                return f"the only trajectory (score {key[0]:.4g})"
+            return f"every trajectory scores {key[0]:.4g}, so none is best or worst: chosen by {self._how(key[1])}"
+        sc = sign * key[0]
+        tied = self.scores.get(round(sc, 9), 1)
+        label = f"{'highest' if tag == 'best' else 'lowest'} score {sc:.4g}"
+        if tied > 1:
+            label += f", shared by {tied:,} trajectories: chosen by {self._how(key[1], ' among them')}"
+        return label
+
+    @staticmethod
+    def _how(d: float, among: str = "") -> str:
+        """How a trajectory was chosen among equal scores, from its disagreement ``d``."""
+        if not math.isfinite(d):
+            return "the first in the data (one estimator: no disagreement to rank by)"
+        if d <= 0:
+            return ("the first in the data from a group not shown yet: there was nothing to rank by (the estimators "
+                    "agree on the sign of each of its turns: 0% differ)")
+        return f"the largest estimator disagreement{among} ({d:.0%} of turn signs differ)"
 
 
 # ------------------------------------------------------------------------------------------------
@@ -234,6 +274,29 @@ def _first_chunk_estimators(batch: TrajectoryBatch, requested) -> list[str]:
     if requested:
         return list(registry.parse_names(requested))  # unknown names raise, listing the available ones
     return registry.default_estimators(batch)
+
+
+class LeftOutNote(UserWarning):
+    """Default estimators the report left out because the data lacks what they need (said once,
+    with how to get it; the page's summary says it too)."""
+
+
+def _left_out(batch: TrajectoryBatch, requested, source_name: str) -> str | None:
+    """Which of the default estimators the batch cannot run, and how to make it able to, or None
+    (named estimators that cannot run raise instead, saying what they need)."""
+    if requested:
+        return None
+    lacking = {n: registry.missing(batch, n) for n in registry.DEFAULT_ESTIMATORS}
+    lacking = {n: lacks for n, lacks in lacking.items() if lacks}
+    if not lacking:
+        return None
+    names = ", ".join(lacking)
+    if all(lacks == ["values"] for lacks in lacking.values()):
+        return (f"{names} left out: they need critic values, and {source_name} has none. Fit a critic to its returns "
+                f"and report again: mpo-viz fit-critic {source_name} -o with_values.parquet && mpo-viz report "
+                "with_values.parquet")
+    need = "; ".join(f"{n} needs {', '.join(registry.NEED_TEXT.get(x, x) for x in lacks)}" for n, lacks in lacking.items())
+    return f"{names} left out: {need}"
 
 
 def _progress(total, cfg: ReportConfig, unit: str, desc: str):
@@ -259,6 +322,9 @@ def build_report(source, config: ReportConfig | None = None, *, source_name: str
             if acc is None:
                 names = _first_chunk_estimators(chunk, cfg.estimators)
                 acc = _Acc(names, cfg.n_best, cfg.n_worst, cfg.n_disagreed)
+                acc.left_out = _left_out(chunk, cfg.estimators, source_name or "FILE")
+                if acc.left_out:
+                    warnings.warn(acc.left_out, LeftOutNote, stacklevel=2)
             t0 = time.perf_counter()
             results = an.compute_advantages(chunk, names, **opts)
             acc.timings["estimators"] = acc.timings.get("estimators", 0.0) + time.perf_counter() - t0
@@ -326,6 +392,7 @@ def _summary(page: _Page, acc: _Acc, opts: dict, source_name: str, vv: pd.DataFr
     variance against the returns of :func:`mpo_viz.advantages.returns_source`."""
     summary = [("source", source_name), ("trajectories", acc.n_traj), ("response tokens", acc.n_tokens),
                ("action tokens", acc.n_action), ("estimators", ", ".join(acc.estimators) or "none"),
+               *([("estimators left out", acc.left_out)] if acc.left_out else []),
                ("shared options", json.dumps(opts) if opts else "defaults")]
     if acc.n_rejected:
         summary.append(("rejected rows", acc.n_rejected))
@@ -344,6 +411,8 @@ def _summary(page: _Page, acc: _Acc, opts: dict, source_name: str, vv: pd.DataFr
         if acc.ev.n > 1:
             summary += [(f"explained variance of the values ({acc.values_source}) vs {acc.ev_source} returns",
                          acc.ev.value), ("value bias mean(V − G)", acc.ev.bias)]
+        if acc.critic_fit is not None:
+            summary.append(("values from", _fitted_text(acc.critic_fit)))
     else:
         summary.append(("critic values", "absent: no across/within diagnostic"))
     page.parts.append("<h2>Summary</h2>" + html_table(summary))
@@ -355,7 +424,7 @@ def _estimator_tables(page: _Page, acc: _Acc) -> None:
     if acc.estimators:
         table = an.finish_advantages(acc.adv or {}, acc.estimators)
         rows = [tuple(r) for r in table.itertuples(index=False)]
-        page.parts.append("<h2>Advantages by estimator</h2>"
+        page.parts.append("<h2>Advantages by estimator</h2>" + _fitted_note(acc)
                           + html_table(rows, an.ADVANTAGE_COLUMNS, "grid", csv="advantages_by_estimator"))
         page.tables["advantages_by_estimator"] = table
     if acc.cmp:
@@ -367,6 +436,33 @@ def _estimator_tables(page: _Page, acc: _Acc) -> None:
                           "opposite signs.</p>"
                           + html_table([tuple(r) for r in cmp.itertuples(index=False)], tuple(cmp.columns), "grid",
                                        csv="estimator_agreement"))
+
+
+def _fitted_text(info: dict) -> str:
+    """The summary's line on values from ``mpo-viz fit-critic`` (its ``critic_fit`` record)."""
+    def num(k):
+        v = info.get(k)
+        return f"{float(v):.3g}" if isinstance(v, (int, float)) else "?"
+
+    return (f"a critic fitted to this data's own returns (mpo-viz fit-critic; target {info.get('target', '?')}, "
+            f"{info.get('steps', '?')} steps, {info.get('n_heldout', '?')} held-out trajectories): held-out "
+            f"explained variance {num('heldout_explained_variance')}, training {num('train_explained_variance')}")
+
+
+def _fitted_note(acc: _Acc) -> str:
+    """A note beside the critic-based estimators when the values come from a fitted critic."""
+    if acc.critic_fit is None:
+        return ""
+    critic_based = [n for n in acc.estimators if "values" in registry.get(n).needs]
+    if not critic_based:
+        return ""
+    ev = acc.critic_fit.get("heldout_explained_variance")
+    ev_txt = f"{float(ev):.3g}" if isinstance(ev, (int, float)) else "?"
+    return (f"<p class=note><b>{html.escape(', '.join(critic_based))}: values from a fitted critic (held-out EV "
+            f"{html.escape(ev_txt)})</b> — a critic fitted by mpo-viz fit-critic to this data's returns, which "
+            "explains that share of the variance of returns it was not trained on. The critic-based advantages are "
+            "only as good as those values: near 0 (or below) the critic knows little beyond the mean, and these "
+            "estimators' credit is mostly the returns' noise; the group estimators do not use it.</p>")
 
 
 def _accuracy(page: _Page, acc: _Acc) -> None:
@@ -404,9 +500,18 @@ def _selected(page: _Page, acc: _Acc, cfg: ReportConfig, decode) -> None:
                           "switches the colouring (diverging scale centred at 0; grey = observation tokens). Every "
                           f"advantage channel of every strip saturates at the same ±{format_value(s_adv)} (the 99th "
                           "percentile of |A| over these trajectories and estimators); tokens beyond it are clipped, "
-                          "marked ▲ and counted in the legend.</p>")
+                          "marked ▲ and counted in the legend.</p>" + (_within_note(micro) if micro else ""))
     for j, (tags, p) in enumerate(picks):
         _trajectory(page, j, tags, p, acc, cfg, decode, (s_adv, s_micro))
+
+
+def _within_note(micro: str) -> str:
+    """How to read the within-turn (centred) channel of the multiscale estimator."""
+    return (f"<p class=note><b>Within-turn part (micro_{html.escape(micro)})</b>: each token's advantage minus its "
+            "turn's mean, so it sums to 0 over every turn. It is relative credit inside the turn: a blue token was "
+            "credited <i>more than the rest of its turn</i>, not credited in absolute terms — in a failed episode a "
+            "wrong answer can be blue when the turn's other tokens were blamed more. Read it beside the turn's own "
+            f"sign (adv_{html.escape(micro)}, or the per-turn advantages below).</p>")
 
 
 def _trajectory(page: _Page, j: int, tags: list, p: _Pick, acc: _Acc, cfg: ReportConfig, decode,

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import re
+import warnings
 
 import numpy as np
 import pytest
@@ -11,7 +12,7 @@ import pytest
 import mpo_viz as mv
 from mpo_viz import advantages as adv
 from mpo_viz.cli import main
-from mpo_viz.report import ReportConfig, build_report
+from mpo_viz.report import LeftOutNote, ReportConfig, build_report
 
 
 @pytest.fixture(scope="module")
@@ -99,17 +100,24 @@ def test_report_selection_and_summary(small):
 
     dis = an.disagreement(b, {k: r.advantages for k, r in an.compute_advantages(b, ["mpo", "gae"]).items()})
 
-    def choose(target):
-        # among the trajectories with that score, the largest disagreement (first on ties)
-        idx = np.flatnonzero(scores == target)
-        return idx[int(np.argmax(dis[idx]))], len(idx)
+    groups = np.array(b.group_ids)
 
-    (bi, nb), (wi, nw) = choose(scores.max()), choose(scores.min())
+    def choose(target, shown=()):
+        # among the trajectories with that score, the largest disagreement (first on ties), from a
+        # group not shown yet when there is one
+        idx = np.flatnonzero(scores == target)
+        fresh = idx[~np.isin(groups[idx], list(shown))]
+        pool = fresh if len(fresh) else idx
+        return pool[int(np.argmax(dis[pool]))], len(idx)
+
+    bi, nb = choose(scores.max())
+    wi, nw = choose(scores.min(), shown=[groups[bi]])
     heads = re.findall(r"<h3>(\S+) <small>([^<]*)</small>", html)
     assert heads[0][0] == b.traj_ids[bi] and heads[0][1].startswith(f"highest score {scores.max():.4g}")
     assert heads[1][0] == b.traj_ids[wi] and heads[1][1].startswith(f"lowest score {scores.min():.4g}")
-    for (_, label), n in ((heads[0], nb), (heads[1], nw)):
-        assert (f"shared by {n:,} trajectories: chosen by the largest estimator disagreement" in label) == (n > 1)
+    for (_, label), n, i in ((heads[0], nb, bi), (heads[1], nw, wi)):
+        how = "the largest estimator disagreement" if dis[i] > 0 else "the first in the data from a group not shown yet"
+        assert (f"shared by {n:,} trajectories: chosen by {how}" in label) == (n > 1)
     assert f"<td>trajectories</td><td>{len(b)}</td>" in html
 
 
@@ -124,9 +132,14 @@ def test_report_ties_on_binary_rewards_and_one_score():
     heads = re.findall(r"<h3>(\S+) <small>([^<]*)</small>", html)
     labels = " | ".join(h[1] for h in heads)
     assert "best (score" not in labels and "worst (score" not in labels
+    groups = np.array(b.group_ids)
+    shown: list = []
     for (tid, label), target in zip(heads, (scores.max(), scores.min())):
         idx = np.flatnonzero(scores == target)
-        assert dis[b.traj_ids.index(tid)] == dis[idx].max()
+        fresh = idx[~np.isin(groups[idx], shown)]
+        pool = fresh if len(fresh) else idx
+        assert dis[b.traj_ids.index(tid)] == dis[pool].max()
+        shown.append(groups[b.traj_ids.index(tid)])
         if len(idx) > 1:
             assert f"shared by {len(idx)} trajectories" in label
     # every trajectory with the same score: no best or worst, the largest disagreement instead
@@ -141,14 +154,93 @@ def test_report_ties_on_binary_rewards_and_one_score():
     assert "highest score" not in html and "lowest score" not in html
 
 
+def test_selected_trajectories_span_groups():
+    # 5 groups of 4; every group holds successes and failures, so one group could fill every selection
+    b = mv.synthetic.make_batch(20, seed=3, turns=(2, 4), turn_len=(4, 12), obs_len=(2, 6), group_size=4)
+    html = build_report(b, ReportConfig(estimators=("mpo", "gae", "grpo"), n_best=2, n_worst=2, n_disagreed=1,
+                                        progress=False))
+    tids = [t for t, _ in re.findall(r"<h3>(\S+) <small>([^<]*)</small>", html)]
+    groups = [b.group_ids[b.traj_ids.index(t)] for t in tids]
+    assert len(tids) >= 4 and len(set(groups)) == len(tids), groups  # the most disagreed-on may be one shown
+    # fewer groups than selections: a group repeats only when none is left
+    two = b.select(traj_ids=[t for t, g in zip(b.traj_ids, b.group_ids) if g in set(b.group_ids[:8])])
+    html = build_report(two, ReportConfig(estimators=("mpo", "gae"), n_best=2, n_worst=2, n_disagreed=0,
+                                          progress=False))
+    tids = [t for t, _ in re.findall(r"<h3>(\S+) <small>([^<]*)</small>", html)]
+    assert len(tids) == 4 and len({two.group_ids[two.traj_ids.index(t)] for t in tids}) == 2
+
+
+def test_nothing_to_rank_by_is_said():
+    # grpo and rloo give every turn of a trajectory the sign of its score against the group: they
+    # agree on every sign (0% differ), so ties on the score have nothing to be ranked by
+    rows = [{"traj_id": f"t{i}", "group_id": f"g{i // 4}", "prompt_ids": [1], "response_ids": [1, 2, 3, 4],
+             "loss_mask": [1, 1, 0, 1], "reward": float(i % 4 < 2)} for i in range(12)]
+    b = mv.TrajectoryBatch.from_rows(rows)
+    html = build_report(b, ReportConfig(estimators=("grpo", "rloo"), n_best=2, n_worst=2, progress=False))
+    heads = re.findall(r"<h3>(\S+) <small>([^<]*)</small>", html)
+    assert len(heads) == 4
+    for _, label in heads:
+        assert "largest estimator disagreement" not in label and "(0% of turn signs differ)" not in label
+        assert ("chosen by the first in the data from a group not shown yet: there was nothing to rank by (the "
+                "estimators agree on the sign of each of its turns: 0% differ)") in label
+    assert len({b.group_ids[b.traj_ids.index(t)] for t, _ in heads}) == 3  # 3 groups: one repeats, no more
+
+
+def test_report_and_value_curve_name_a_fitted_critic():
+    from mpo_viz import plots
+    from mpo_viz.train.critic_fit import fit_critic
+
+    rows = [{"traj_id": f"t{i}", "group_id": f"g{i // 2}", "prompt_ids": [1 + i % 3], "response_ids": [2, 3, 4, 5, 6],
+             "loss_mask": [1, 1, 0, 1, 1], "reward": float(i % 3 == 0)} for i in range(12)]
+    res = fit_critic(mv.TrajectoryBatch.from_rows(rows), steps=3, size="1m", holdout=0.25, progress=False)
+    ev = res.info["heldout_explained_variance"]
+    assert res.batch.meta["values_source"] == "fitted_critic"
+    html = build_report(res.batch, ReportConfig(progress=False))
+    assert f"<b>mpo, gae: values from a fitted critic (held-out EV {ev:.3g})</b>" in html
+    assert (f"held-out trajectories): held-out explained variance {ev:.3g}, training "
+            f"{res.info['train_explained_variance']:.3g}") in html
+    assert "Within-turn part (micro_mpo)" in html and "in a failed episode a wrong answer can be blue" in html
+    names = [t["name"] for t in plots.value_curve_parts(res.batch, 0)["traces"]]
+    assert names[0] == f"value (fitted critic (held-out EV {ev:.3g}))"
+    # values of another source: no such label
+    plain = res.batch.with_meta(values_source="critic")
+    assert "values from a fitted critic" not in build_report(plain, ReportConfig(progress=False))
+    assert plots.value_curve_parts(plain, 0)["traces"][0]["name"] == "value"
+
+
 def test_report_without_values_uses_what_the_data_allow():
     rows = [{"traj_id": f"t{i}", "group_id": f"g{i // 2}", "prompt_ids": [1], "response_ids": [1, 2, 3, 4],
              "loss_mask": [1, 0, 1, 1], "reward": float(i % 2)} for i in range(4)]
     b = mv.TrajectoryBatch.from_rows(rows)
-    html = build_report(b, ReportConfig(progress=False))
+    with pytest.warns(LeftOutNote, match=r"^mpo, gae left out: they need critic values, and FILE has none. Fit a "
+                                         r"critic to its returns and report again: mpo-viz fit-critic FILE -o "
+                                         r"with_values.parquet && mpo-viz report with_values.parquet$"):
+        html = build_report(b, ReportConfig(progress=False))
     assert "<td>estimators</td><td>grpo</td>" in html
+    assert "<td>estimators left out</td><td>mpo, gae left out: they need critic values" in html
     assert "absent: no across/within diagnostic" in html and "fig-across-within" not in html
     assert "fig-value-" not in html and 'id="payload-0"' in html
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", LeftOutNote)
+        build_report(b, ReportConfig(progress=False, estimators=("grpo",)))  # named: nothing left out
+
+
+def test_report_cli_says_what_was_left_out_and_what_lacks_a_reward(tmp_path, capsys):
+    from mpo_viz import checks
+
+    checks._WARNED.clear()
+    rows = [{"traj_id": f"t{i}", "group_id": f"g{i // 2}", "prompt_ids": [1], "response_ids": [1, 2, 3, 4],
+             "loss_mask": [1, 0, 1, 1], "reward": float(i % 2) if i != 3 else float("nan")} for i in range(4)]
+    path = tmp_path / "logs.parquet"
+    mv.save(mv.TrajectoryBatch.from_rows(rows), path)
+    assert main(["report", str(path), "-o", str(tmp_path / "r.html"), "--no-progress"]) == 0
+    err = capsys.readouterr().err
+    assert f"note: mpo, gae left out: they need critic values, and {path} has none. Fit a critic to its returns and " \
+           f"report again: mpo-viz fit-critic {path} -o with_values.parquet" in err
+    # the count is the streamed chunk's (the report reads group-aligned chunks), the names are the file's
+    assert re.search(r"warning: grpo: 1 of \d+ trajectories have no reward \(a NaN reward and no turn_rewards or "
+                     r"token_rewards\): 't3', in 1 group\(s\) \('g1'\)", err)
+    checks._WARNED.clear()
 
 
 def test_advantages_cli_folder_output(small, tmp_path):

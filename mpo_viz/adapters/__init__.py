@@ -34,14 +34,14 @@ from mpo_viz.adapters._common import Collector, check_options, drive
 from mpo_viz.adapters._write import write_chunks
 from mpo_viz.adapters.art import from_art, iter_art
 from mpo_viz.adapters.chat import ChatEncoder, from_chat, iter_chat
-from mpo_viz.adapters.conversion import ConversionReport
+from mpo_viz.adapters.conversion import ConversionReport, ConversionWarning
 from mpo_viz.adapters.skyrl import from_skyrl, iter_skyrl
 from mpo_viz.adapters.steps import from_steps, iter_steps
 from mpo_viz.adapters.trl import from_trl, iter_trl
 from mpo_viz.adapters.verl import from_verl, iter_verl
 from mpo_viz.checks import OptionError
 
-__all__ = ["ConversionReport", "FORMATS", "from_verl", "from_skyrl", "from_steps", "from_chat", "from_trl",
+__all__ = ["ConversionReport", "ConversionWarning", "FORMATS", "from_verl", "from_skyrl", "from_steps", "from_chat", "from_trl",
            "from_art", "stream", "convert"]
 
 # name (``mpo-viz convert --from``) -> (row generator, options it takes, needs a tokenizer)
@@ -49,19 +49,22 @@ FORMATS: dict[str, tuple[Callable, tuple, bool]] = {
     "verl": (iter_verl, ("obs_reward", "trust"), False),
     "skyrl": (iter_skyrl, ("obs_reward", "trust"), False),
     "steps": (iter_steps, ("obs_reward",), False),
-    "openai": (iter_chat, ("obs_reward", "tokenizer"), True),
-    "trl": (iter_trl, ("obs_reward", "tokenizer"), True),
-    "art": (iter_art, ("obs_reward", "tokenizer"), True),
+    "openai": (iter_chat, ("obs_reward", "tokenizer", "allow_unknown"), True),
+    "trl": (iter_trl, ("obs_reward", "tokenizer", "allow_unknown"), True),
+    "art": (iter_art, ("obs_reward", "tokenizer", "allow_unknown"), True),
 }
 
 
 def stream(kind: str, src, *, tokenizer=None, trust: bool = False, obs_reward: str = "move",
-           errors: str = "raise", chunk_rows: int = 1024) -> tuple[Iterator, ConversionReport]:
+           errors: str = "raise", chunk_rows: int = 1024, allow_unknown: bool = False) -> tuple[Iterator, ConversionReport]:
     """Convert ``src`` with adapter ``kind`` chunk by chunk.
 
     Returns ``(batches, report)``: an iterator of validated TrajectoryBatches of at most about
     ``chunk_rows`` trajectories each (problems of each chunk in its ``rejected``), and the report,
-    complete once the iterator is exhausted.
+    complete once the iterator is exhausted (its warnings are then emitted as
+    :class:`~mpo_viz.adapters.conversion.ConversionWarning`). ``allow_unknown`` (tokenizer adapters):
+    convert even when most action tokens are the tokenizer's unknown token (checked at every chunk,
+    over everything so far).
     """
     if kind not in FORMATS:
         raise OptionError("kind", f"expected one of {sorted(FORMATS)}, found {kind!r}")
@@ -72,6 +75,9 @@ def stream(kind: str, src, *, tokenizer=None, trust: bool = False, obs_reward: s
                           "turns them into token ids), found none")
     if not needs_tok and tokenizer is not None:
         raise OptionError("tokenizer", f"expected none ({kind} logs hold token ids already), found {str(tokenizer)!r}")
+    if allow_unknown and "allow_unknown" not in takes:
+        raise OptionError("allow_unknown", f"expected only with openai, trl or art inputs (text through a tokenizer), "
+                          f"found it with {kind}")
     if trust and "trust" not in takes:
         raise OptionError("trust", f"expected only with verl or skyrl inputs (the only ones that may be pickles), "
                           f"found it with {kind}")
@@ -79,18 +85,18 @@ def stream(kind: str, src, *, tokenizer=None, trust: bool = False, obs_reward: s
     if "trust" in takes:
         opts["trust"] = trust
     if "tokenizer" in takes:
-        opts["tokenizer"] = ChatEncoder(tokenizer)
+        opts["tokenizer"] = ChatEncoder(tokenizer, allow_unknown=allow_unknown)
     col = Collector(kind, source=src if isinstance(src, (str, Path)) else None, errors=errors)
     return drive(gen_fn(src, col, **opts), col, chunk_rows), col.report
 
 
 def convert(kind: str, src, out, *, tokenizer=None, trust: bool = False, obs_reward: str = "move",
-            errors: str = "raise", chunk_rows: int = 1024) -> ConversionReport:
+            errors: str = "raise", chunk_rows: int = 1024, allow_unknown: bool = False) -> ConversionReport:
     """Convert ``src`` and write trajectory/v1 to ``out``: a ``.parquet`` file, or a folder of
     ``part-NNNNN.parquet`` files (one per chunk). Memory stays bounded by the chunk size. The same
     input always gives the same bytes. Returns the report.
     """
     batches, report = stream(kind, src, tokenizer=tokenizer, trust=trust, obs_reward=obs_reward, errors=errors,
-                             chunk_rows=chunk_rows)
+                             chunk_rows=chunk_rows, allow_unknown=allow_unknown)
     write_chunks(batches, out)
     return report

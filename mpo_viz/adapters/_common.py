@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import dataclasses
 import json
-from collections.abc import Iterator
+import math
+import warnings
+from collections.abc import Callable, Iterator
 
 import numpy as np
 
-from mpo_viz.adapters.conversion import ConversionReport
+from mpo_viz.adapters.conversion import ConversionReport, ConversionWarning
 from mpo_viz.checks import OptionError
 from mpo_viz.schema import Problem, TrajectoryError, short
 from mpo_viz.trajectory import TrajectoryBatch
@@ -118,7 +120,10 @@ class Collector:
     and returns a batch; problems name the input file and its line (JSONL) or row. ``errors='raise'``
     raises :class:`TrajectoryError` at the first problem; ``'collect'`` keeps them in
     ``batch.rejected`` and ``report.rejected``. Trajectory ids are checked for duplicates across all
-    flushes.
+    flushes. A row without any reward (no finite ``reward``, no ``turn_rewards``, no
+    ``token_rewards``) or with a non-finite one is counted and named in the report. ``checks`` are
+    called with the report before each flush (over everything converted so far); one may raise to
+    refuse the whole input (e.g. mostly unknown tokens).
     """
 
     def __init__(self, framework: str, *, source=None, errors: str = "raise", meta: dict | None = None):
@@ -131,6 +136,7 @@ class Collector:
         self._where: list[tuple] = []  # (line, row, file) of each pending row in the input
         self._problems: list[Problem] = []
         self._seen: dict[str, str] = {}
+        self.checks: list[Callable[[ConversionReport], None]] = []
 
     @property
     def pending(self) -> int:
@@ -166,9 +172,16 @@ class Collector:
 
     def flush(self) -> TrajectoryBatch:
         """Validate and return the pending rows as a batch (with this chunk's problems in ``rejected``)."""
+        for check in self.checks:
+            check(self.report)
         rows, where, problems = self._rows, self._where, self._problems
         self._rows, self._where, self._problems = [], [], []
         batch = TrajectoryBatch.from_rows(rows, dict(self.meta), errors="collect", source=self.source)
+        refused = {p.row for p in batch.rejected}
+        for i, row in enumerate(rows):
+            found = None if i in refused else _reward_missing(row)
+            if found is not None:
+                self.report.missing_reward(str(row.get("traj_id")), found)
         for p in batch.rejected:  # from_rows numbers rows 0..n-1 of this chunk: name the input's line/row
             line, row, file = where[p.row] if p.row is not None and p.row < len(where) else (None, None, p.file)
             problems.append(dataclasses.replace(p, file=file, line=line, row=None if line is not None else row))
@@ -181,19 +194,38 @@ class Collector:
         return batch
 
 
+def _reward_missing(row: dict) -> str | None:
+    """What a v1 row has instead of a reward (``"no reward"``, ``"reward inf"``), or None when it has one:
+    a finite ``reward``, or ``turn_rewards``/``token_rewards`` (a NaN ``reward`` beside them is v1's
+    "the outcome is in the turn rewards")."""
+    r = row.get("reward")
+    try:
+        v = math.nan if r is None else float(r)
+    except (TypeError, ValueError):
+        return None  # not a number: validation rejects the row and names it
+    if math.isinf(v):
+        return f"reward {v}"
+    if math.isnan(v) and row.get("turn_rewards") is None and row.get("token_rewards") is None:
+        return "no reward"
+    return None
+
+
 def drive(gen: Iterator, col: Collector, chunk_rows: int | None) -> Iterator[TrajectoryBatch]:
-    """Run an adapter's row generator, yielding a validated batch every ``chunk_rows`` rows (and at the end)."""
+    """Run an adapter's row generator, yielding a validated batch every ``chunk_rows`` rows (and at the
+    end); then each of the report's warnings as a :class:`ConversionWarning`."""
     for _ in gen:
         if chunk_rows and col.pending >= chunk_rows:
             yield col.flush()
     if col.pending or col.has_problems or not chunk_rows:
         yield col.flush()
+    for text in col.report.warnings:
+        warnings.warn(text, ConversionWarning, stacklevel=2)
 
 
 def run(gen: Iterator, col: Collector):
     """Convert everything at once: ``(TrajectoryBatch, ConversionReport)``."""
-    batch = next(iter(drive(gen, col, None)))
-    return batch, col.report
+    batches = list(drive(gen, col, None))  # one batch; exhausting the generator emits the warnings
+    return batches[0], col.report
 
 
 def describe(value) -> str:

@@ -33,10 +33,9 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterator
-from pathlib import Path
 
 from mpo_viz.adapters._common import Collector, check_options, file_error, jsonable, run
-from mpo_viz.adapters.chat import ChatEncoder, conversation_row
+from mpo_viz.adapters.chat import conversation_row, encoder_for
 from mpo_viz.adapters.trl import parquet_files, parquet_rows
 
 __all__ = ["from_art", "iter_art"]
@@ -63,9 +62,9 @@ def _maybe_json(v):
     return jsonable(v)
 
 
-def iter_art(src, col: Collector, *, tokenizer=None, obs_reward: str = "move") -> Iterator[None]:
-    enc = tokenizer if isinstance(tokenizer, ChatEncoder) else ChatEncoder(tokenizer)
-    col.meta.setdefault("tokenizer", Path(str(enc.name)).name)
+def iter_art(src, col: Collector, *, tokenizer=None, obs_reward: str = "move",
+             allow_unknown: bool = False) -> Iterator[None]:
+    enc = encoder_for(tokenizer, col, allow_unknown)
     rep = col.report
     for path in parquet_files(src, "*.parquet"):
         col.source = str(path)
@@ -112,8 +111,9 @@ def iter_art(src, col: Collector, *, tokenizer=None, obs_reward: str = "move") -
             yield
 
 
-def from_art(src, *, tokenizer, obs_reward: str = "move", errors: str = "raise", source=None):
+def from_art(src, *, tokenizer, obs_reward: str = "move", errors: str = "raise", source=None,
+             allow_unknown: bool = False):
     """Convert ART trajectory Parquet (a file, or a ``trajectories/{split}/`` folder) to v1."""
     check_options(obs_reward=obs_reward, errors=errors)
     col = Collector("art", source=source if source is not None else src, errors=errors)
-    return run(iter_art(src, col, tokenizer=tokenizer, obs_reward=obs_reward), col)
+    return run(iter_art(src, col, tokenizer=tokenizer, obs_reward=obs_reward, allow_unknown=allow_unknown), col)

@@ -13,9 +13,30 @@ from dataclasses import dataclass, field
 
 from mpo_viz.schema import Problem
 
-__all__ = ["ConversionReport"]
+__all__ = ["ConversionReport", "ConversionWarning"]
 
 _EXAMPLES = 5  # mismatch examples kept for the printed report
+_NAMED = 20  # conversations named per warning (the counts cover all of them)
+
+#: share of a field's tokens mapped to the unknown token above which the report warns
+UNKNOWN_WARN_SHARE = 0.01
+#: share of the action tokens mapped to the unknown token above which a conversion is refused
+#: (unless ``allow_unknown=True``): the policy's own turns would be mostly ``[UNK]``
+UNKNOWN_REFUSE_SHARE = 0.5
+#: the fields whose unknown tokens are counted, in report order
+UNKNOWN_FIELDS = ("prompt", "action", "observation")
+#: how tool calls became tokens (``ConversionReport.tool_call_rendering``)
+TOOL_CALL_RENDERINGS = {
+    "template": "by the tokenizer's chat template",
+    "plain": "as plain text by mpo_viz (the chat template does not render tool_calls): each call a line "
+             "'<tool_call>{\"name\": ..., \"arguments\": ...}</tool_call>' after the message's content "
+             "(docs/adapters.md)",
+}
+
+
+class ConversionWarning(UserWarning):
+    """A conversion finished, but something in its output needs the user's eye (each of
+    :attr:`ConversionReport.warnings`; ``mpo-viz convert`` prints them in its report instead)."""
 
 
 @dataclass
@@ -36,6 +57,20 @@ class ConversionReport:
       kept); ``mismatch_examples`` — where the first few differed.
     * ``fields_dropped`` — source fields not carried into v1, with the reason.
     * ``notes`` — counted guesses and choices (e.g. "group_id from identical prompts").
+    * ``tool_calls`` — tool calls of assistant messages rendered into action tokens;
+      ``tool_call_rendering`` — how (a key of :data:`TOOL_CALL_RENDERINGS`: ``"template"`` or
+      ``"plain"``), None when there were none.
+    * ``empty_turns`` — assistant turns with no content token (only end-of-turn or special tokens);
+      ``empty_turn_examples`` — where (``"traj_id messages[i]"``), the first :data:`_NAMED`.
+    * ``unknown_tokens`` — per field (``prompt``, ``action``, ``observation``) ``[unknown, total]``
+      token counts, unknown meaning the tokenizer's unknown token (``unknown_token``);
+      ``unknown_examples`` — per field, the first few source words that became it, with the
+      conversation (tokenizer adapters only: the others receive ids, not text).
+    * ``missing_rewards`` — trajectories with no reward at all (no finite ``reward``, no
+      ``turn_rewards``, no ``token_rewards``) or a non-finite one; ``missing_reward_examples`` —
+      ``"traj_id (what was found)"``, the first :data:`_NAMED`.
+
+    :attr:`warnings` turns these counts into sentences; ``str(report)`` prints them first.
     """
 
     framework: str
@@ -52,6 +87,15 @@ class ConversionReport:
     mismatch_examples: list[str] = field(default_factory=list)
     fields_dropped: dict[str, str] = field(default_factory=dict)
     notes: Counter = field(default_factory=Counter)
+    tool_calls: int = 0
+    tool_call_rendering: str | None = None
+    empty_turns: int = 0
+    empty_turn_examples: list[str] = field(default_factory=list)
+    unknown_token: str | None = None
+    unknown_tokens: dict[str, list[int]] = field(default_factory=dict)
+    unknown_examples: dict[str, list[str]] = field(default_factory=dict)
+    missing_rewards: int = 0
+    missing_reward_examples: list[str] = field(default_factory=list)
 
     def note(self, text: str, n: int = 1) -> None:
         """Count one occurrence of a guess or choice described by ``text``."""
@@ -66,11 +110,76 @@ class ConversionReport:
         if len(self.mismatch_examples) < _EXAMPLES:
             self.mismatch_examples.append(where)
 
+    def empty_turn(self, where: str) -> None:
+        """Count an assistant turn without content tokens at ``where`` (``"traj_id messages[i]"``)."""
+        self.empty_turns += 1
+        if len(self.empty_turn_examples) < _NAMED:
+            self.empty_turn_examples.append(where)
+
+    def missing_reward(self, traj_id: str, found: str) -> None:
+        """Count a trajectory without a (finite) reward; ``found`` says what it had (``"no reward"``, ``"reward inf"``)."""
+        self.missing_rewards += 1
+        if len(self.missing_reward_examples) < _NAMED:
+            self.missing_reward_examples.append(f"{traj_id} ({found})")
+
+    def unknown(self, field_name: str, n_unknown: int, n_total: int, words=(), where: str = "") -> None:
+        """Count ``n_unknown`` of ``n_total`` tokens of ``field_name`` mapped to the unknown token;
+        ``words`` are the source texts that became it (examples kept, ``where`` names the conversation)."""
+        c = self.unknown_tokens.setdefault(field_name, [0, 0])
+        c[0] += int(n_unknown)
+        c[1] += int(n_total)
+        ex = self.unknown_examples.setdefault(field_name, [])
+        for w in words:
+            if len(ex) >= _EXAMPLES:
+                break
+            text = f"{w!r} ({where})" if where else repr(w)
+            if text not in ex:
+                ex.append(text)
+
+    def unknown_share(self, field_name: str) -> float:
+        """Share of ``field_name``'s tokens that are the unknown token (0 when none were counted)."""
+        n_unk, n = self.unknown_tokens.get(field_name, (0, 0))
+        return n_unk / n if n else 0.0
+
+    @property
+    def warnings(self) -> list[str]:
+        """What a user must know before trusting the output, one sentence each (empty when nothing)."""
+        out = []
+        if self.empty_turns:
+            out.append(f"{self.empty_turns} assistant turn(s) hold no content token (only the end-of-turn token): "
+                       f"{', '.join(self.empty_turn_examples)}"
+                       + (f" and {self.empty_turns - len(self.empty_turn_examples)} more" if self.empty_turns > len(self.empty_turn_examples) else "")
+                       + "; their message had no content (and no tool call) to train on")
+        for name in UNKNOWN_FIELDS:
+            share = self.unknown_share(name)
+            if share > UNKNOWN_WARN_SHARE:
+                n_unk, n = self.unknown_tokens[name]
+                ex = self.unknown_examples.get(name) or []
+                out.append(f"{n_unk} of {n} {name} tokens ({share:.1%}) are the unknown token {self.unknown_token!r}"
+                           + (f", e.g. {', '.join(ex)}" if ex else "")
+                           + ": the tokenizer does not cover this text (use the model's own tokenizer)")
+        if self.missing_rewards:
+            out.append(f"{self.missing_rewards} trajectories have no finite reward: "
+                       f"{', '.join(self.missing_reward_examples)}"
+                       + (f" and {self.missing_rewards - len(self.missing_reward_examples)} more" if self.missing_rewards > len(self.missing_reward_examples) else "")
+                       + "; estimators count their score as 0 (group estimators warn)")
+        return out
+
     def update(self, other: ConversionReport) -> None:
         """Add the counts of ``other`` (a later chunk of the same conversion) to this report."""
         for name in ("rows_in", "trajectories", "rewards_moved", "rewards_moved_forward", "merged_steps",
-                     "retokenized_messages", "retokenization_mismatches"):
+                     "retokenized_messages", "retokenization_mismatches", "tool_calls", "empty_turns",
+                     "missing_rewards"):
             setattr(self, name, getattr(self, name) + getattr(other, name))
+        self.tool_call_rendering = self.tool_call_rendering or other.tool_call_rendering
+        self.unknown_token = self.unknown_token or other.unknown_token
+        for name, (n_unk, n) in other.unknown_tokens.items():
+            self.unknown(name, n_unk, n)
+            ex = self.unknown_examples.setdefault(name, [])
+            ex.extend(e for e in other.unknown_examples.get(name, []) if e not in ex and len(ex) < _EXAMPLES)
+        for mine, theirs in ((self.empty_turn_examples, other.empty_turn_examples),
+                             (self.missing_reward_examples, other.missing_reward_examples)):
+            mine.extend(theirs[: max(_NAMED - len(mine), 0)])
         self.rejected.extend(other.rejected)
         self.kept_as_steps.update(other.kept_as_steps)
         self.notes.update(other.notes)
@@ -97,6 +206,16 @@ class ConversionReport:
             "mismatch_examples": list(self.mismatch_examples),
             "fields_dropped": dict(sorted(self.fields_dropped.items())),
             "notes": dict(sorted(self.notes.items())),
+            "tool_calls": self.tool_calls,
+            "tool_call_rendering": self.tool_call_rendering,
+            "empty_turns": self.empty_turns,
+            "empty_turn_examples": list(self.empty_turn_examples),
+            "unknown_token": self.unknown_token,
+            "unknown_tokens": {k: list(v) for k, v in sorted(self.unknown_tokens.items())},
+            "unknown_examples": {k: list(v) for k, v in sorted(self.unknown_examples.items())},
+            "missing_rewards": self.missing_rewards,
+            "missing_reward_examples": list(self.missing_reward_examples),
+            "warnings": self.warnings,
         }
 
     def to_json(self) -> str:
@@ -108,6 +227,7 @@ class ConversionReport:
                  f"  input rows            {self.rows_in}",
                  f"  trajectories written  {self.trajectories}",
                  f"  rejected rows         {d['rejected_rows']}"]
+        lines[1:1] = [f"  WARNING               {w}" for w in self.warnings]
         for p in self.rejected[:10]:
             lines.append(f"    {p}")
         if len(self.rejected) > 10:
@@ -123,6 +243,13 @@ class ConversionReport:
                          "assistant messages differ from the chat template's ids (logged ids kept)")
             for ex in self.mismatch_examples:
                 lines.append(f"    {ex}")
+        if self.tool_calls:
+            lines.append(f"  tool calls            {self.tool_calls} rendered into action tokens "
+                         f"{TOOL_CALL_RENDERINGS.get(self.tool_call_rendering or '', self.tool_call_rendering)}")
+        if self.unknown_tokens:
+            shares = ", ".join(f"{k} {self.unknown_tokens[k][0]} of {self.unknown_tokens[k][1]}"
+                               for k in UNKNOWN_FIELDS if k in self.unknown_tokens)
+            lines.append(f"  unknown tokens        {shares} ({self.unknown_token!r})")
         for name, why in sorted(self.fields_dropped.items()):
             lines.append(f"  dropped field         {name}: {why}")
         for text, n in sorted(self.notes.items()):

@@ -35,7 +35,7 @@ from pathlib import Path
 import numpy as np
 
 from mpo_viz.adapters._common import Collector, check_options, dumps, file_error, jsonable, run
-from mpo_viz.adapters.chat import ChatEncoder, conversation_row
+from mpo_viz.adapters.chat import ChatEncoder, conversation_row, encoder_for
 from mpo_viz.checks import OptionError
 
 __all__ = ["from_trl", "iter_trl", "parquet_rows"]
@@ -73,9 +73,8 @@ def _is_num(v) -> bool:
 
 
 def iter_trl(src, col: Collector, *, tokenizer=None, obs_reward: str = "move", reward_columns=None,
-             reward_weights=None) -> Iterator[None]:
-    enc = tokenizer if isinstance(tokenizer, ChatEncoder) else ChatEncoder(tokenizer)
-    col.meta.setdefault("tokenizer", Path(str(enc.name)).name)
+             reward_weights=None, allow_unknown: bool = False) -> Iterator[None]:
+    enc = encoder_for(tokenizer, col, allow_unknown)
     rep = col.report
     for path in parquet_files(src, "completions_*.parquet"):
         col.source = str(path)
@@ -139,6 +138,12 @@ def _trl_row(enc: ChatEncoder, col: Collector, row: dict, i: int, tid: str, grou
         if not r_ids:
             col.problem("completion", "a non-empty completion", "empty text", row=i, traj_id=tid)
             return None
+        rep.unknown_token = rep.unknown_token or enc.tok.unk_token
+        for field, ids, text in (("prompt", p_ids, prompt), ("action", r_ids, comp)):
+            n_unk = sum(1 for x in ids if x == enc.unk) if enc.unk is not None else 0
+            rep.unknown(field, n_unk, len(ids), enc.unknown_words(text, ids) if n_unk else (), where=tid)
+        if enc.is_empty(r_ids):
+            rep.empty_turn(f"{tid} completion")
         out = {**scal, "traj_id": tid, "group_id": gid, "prompt_ids": p_ids, "response_ids": r_ids,
                "loss_mask": [1] * len(r_ids), "reward": reward, "num_turns": 1, "response_tokens": enc.tokens(r_ids)}
         if extra:
@@ -162,9 +167,9 @@ def _trl_row(enc: ChatEncoder, col: Collector, row: dict, i: int, tid: str, grou
 
 
 def from_trl(src, *, tokenizer, obs_reward: str = "move", errors: str = "raise", reward_columns=None,
-             reward_weights=None, source=None):
+             reward_weights=None, source=None, allow_unknown: bool = False):
     """Convert TRL ``completions_*.parquet`` (a file or the ``completions/`` folder) to v1."""
     check_options(obs_reward=obs_reward, errors=errors)
     col = Collector("trl", source=source if source is not None else src, errors=errors)
     return run(iter_trl(src, col, tokenizer=tokenizer, obs_reward=obs_reward, reward_columns=reward_columns,
-                        reward_weights=reward_weights), col)
+                        reward_weights=reward_weights, allow_unknown=allow_unknown), col)

@@ -56,6 +56,7 @@ import torch
 
 from mpo_viz.advantages import group as G
 from mpo_viz.advantages import token as T
+from mpo_viz.advantages.unrewarded import warn_unrewarded
 from mpo_viz.checks import OptionError
 from mpo_viz.options import UNSET, Option
 from mpo_viz.trajectory import TrajectoryBatch
@@ -455,12 +456,15 @@ def compute(batch: TrajectoryBatch, name: str, **options) -> AdvantageResult:
 
     Checks up front that the batch carries what the estimator needs (``ValueError`` naming what is
     missing) and every option against its declaration (:class:`OptionError`: an unknown option
-    lists the valid ones; a value of the wrong kind or out of bounds names the expected range).
+    lists the valid ones; a value of the wrong kind or out of bounds names the expected range). A
+    group estimator warns when rows have no reward (:mod:`mpo_viz.advantages.unrewarded`).
     """
     t0 = time.perf_counter()
     b = bind(batch, name)
     b.resolve(**options)  # bad options fail before the inputs are prepared
     b.inputs()
+    if is_group_estimator(name):  # a row without a reward would silently score 0 against its group
+        warn_unrewarded(batch, name)
     t1 = time.perf_counter()
     adv, ret, used = b.run(**options)
     t2 = time.perf_counter()

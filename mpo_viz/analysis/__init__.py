@@ -55,6 +55,8 @@ from mpo_viz.analysis.critic import (
     ExplainedVariance,
     critic_quality,
     explained_variance,
+    fitted_critic,
+    fitted_critic_label,
     values_source,
 )
 from mpo_viz.analysis.reading import NO_ORACLE_TEXT, accuracy_reading
@@ -111,4 +113,6 @@ __all__ = [
     "NO_ORACLE_TEXT",
     "ACCURACY_COLUMNS",
     "values_source",
+    "fitted_critic",
+    "fitted_critic_label",
 ]

@@ -3,7 +3,8 @@
 :func:`explained_variance` is the one definition (finished from
 :class:`mpo_viz.moments.ExplainedVariance`, which the value loss, the trainer and the report's
 streaming pass merge chunk by chunk); :func:`critic_quality` adds the per-turn error;
-:func:`values_source` says where a batch's values come from.
+:func:`values_source` says where a batch's values come from, :func:`fitted_critic` and
+:func:`fitted_critic_label` what a critic fitted by ``mpo-viz fit-critic`` recorded about itself.
 """
 
 from __future__ import annotations
@@ -17,7 +18,8 @@ from mpo_viz.analysis.tables import compute_advantages
 from mpo_viz.moments import ExplainedVariance
 from mpo_viz.trajectory import TrajectoryBatch
 
-__all__ = ["explained_variance", "ExplainedVariance", "critic_quality", "CriticQuality", "values_source"]
+__all__ = ["explained_variance", "ExplainedVariance", "critic_quality", "CriticQuality", "values_source",
+           "fitted_critic", "fitted_critic_label"]
 
 
 def explained_variance(returns, values, mask) -> float:
@@ -76,3 +78,28 @@ def values_source(batch: TrajectoryBatch) -> str:
     ``oracle``, …), else ``"critic"`` — as the label a view should use (an oracle is no critic)."""
     src = (getattr(batch, "meta", None) or {}).get("values_source")
     return str(src) if src else "critic"
+
+
+def fitted_critic(batch: TrajectoryBatch) -> dict | None:
+    """The ``critic_fit`` record of a batch whose values come from a critic fitted to its own
+    returns (metadata ``values_source == "fitted_critic"``, written by
+    :func:`mpo_viz.train.critic_fit.fit_critic` / ``mpo-viz fit-critic``: target, steps, held-out
+    and training explained variance, ...), else None."""
+    meta = getattr(batch, "meta", None) or {}
+    if meta.get("values_source") != "fitted_critic":
+        return None
+    info = meta.get("critic_fit")
+    return dict(info) if isinstance(info, dict) else {}
+
+
+def fitted_critic_label(batch: TrajectoryBatch) -> str | None:
+    """``"fitted critic (held-out EV 0.12)"`` for a batch of :func:`fitted_critic` (the held-out
+    explained variance of the values against the fit's target, ``"?"`` when not recorded), else
+    None: the label views put beside values and critic-based estimators, so the reader knows how
+    far to trust them."""
+    info = fitted_critic(batch)
+    if info is None:
+        return None
+    ev = info.get("heldout_explained_variance")
+    ev_txt = f"{float(ev):.3g}" if isinstance(ev, (int, float)) else "?"
+    return f"fitted critic (held-out EV {ev_txt})"

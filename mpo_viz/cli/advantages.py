@@ -18,7 +18,7 @@ from mpo_viz.advantages import registry
 from mpo_viz.annotate import AnnotateConfig, annotate_file
 from mpo_viz.cli.flags import add_option
 from mpo_viz.options import Option
-from mpo_viz.report import ExportWarning, ReportConfig, write_report
+from mpo_viz.report import ExportWarning, LeftOutNote, ReportConfig, write_report
 
 __all__ = ["add_subcommand", "estimator_option_help"]
 
@@ -95,10 +95,13 @@ def cmd_report(args) -> int:
     t = time.perf_counter()
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always", ExportWarning)
+        warnings.simplefilter("always", LeftOutNote)
         p = write_report(args.path, args.output, cfg)
-    for w in caught:  # the export's note as a plain line, other warnings as Python shows them
-        if issubclass(w.category, ExportWarning):
+    for w in caught:  # notes and the library's warnings as plain lines, others as Python shows them
+        if issubclass(w.category, (ExportWarning, LeftOutNote)):
             print(f"note: {w.message}", file=sys.stderr)
+        elif w.category is UserWarning:
+            print(f"warning: {w.message}", file=sys.stderr)
         else:
             warnings.showwarning(w.message, w.category, w.filename, w.lineno)
     print(f"wrote {p} ({p.stat().st_size / 1e6:.1f} MB, {time.perf_counter() - t:.1f}s); open it in a browser (works offline)")

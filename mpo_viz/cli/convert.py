@@ -6,9 +6,11 @@ command names the flag (``--tokenizer: expected ...``) from the parser's own tab
 
 from __future__ import annotations
 
+import sys
+import warnings
 from pathlib import Path
 
-from mpo_viz.adapters import convert
+from mpo_viz.adapters import ConversionWarning, convert
 from mpo_viz.cli.errors import CLIError
 
 FROM = ("verl", "skyrl", "steps", "openai", "trl", "art")
@@ -21,10 +23,15 @@ def cmd_convert(args) -> int:
     src = Path(args.input)
     if not src.exists():
         raise CLIError(f"IN: expected a {args.source} log file or folder, found no such path {str(src)!r}")
-    report = convert(args.source, src, args.out, tokenizer=args.tokenizer, trust=args.trust,
-                     obs_reward=args.obs_reward, errors=args.errors, chunk_rows=args.chunk_rows)
+    with warnings.catch_warnings():  # the report says them (and --report-json lists them under "warnings")
+        warnings.simplefilter("ignore", ConversionWarning)
+        report = convert(args.source, src, args.out, tokenizer=args.tokenizer, trust=args.trust,
+                         obs_reward=args.obs_reward, errors=args.errors, chunk_rows=args.chunk_rows,
+                         allow_unknown=args.allow_unknown)
     if args.report_json:
         Path(args.report_json).write_text(report.to_json() + "\n")
+        for w in report.warnings:
+            print(f"warning: {w}", file=sys.stderr)
         print(f"wrote {report.trajectories} trajectories to {args.out}; report in {args.report_json}")
     else:
         print(report)
@@ -36,7 +43,9 @@ def add_subcommand(sub) -> None:
     p = sub.add_parser(
         "convert", help="convert verl / SkyRL / step-wise / OpenAI-chat / TRL / ART logs to trajectory/v1",
         description="Convert another framework's rollout log to trajectory/v1 and print what changed: rows, rewards "
-                    "moved off observation tokens, retokenization mismatches, steps kept apart, fields dropped. "
+                    "moved off observation tokens, retokenization mismatches, steps kept apart, fields dropped, tool calls "
+                    "and how they became tokens; WARNING lines for empty assistant turns, unknown tokens and "
+                    "trajectories without a reward. "
                     "Field mappings and how to dump each framework's logs: docs/adapters.md. Exit 1 when rows were "
                     "rejected (--errors collect), 0 otherwise.")
     p.add_argument("--from", dest="source", required=True, choices=(*FROM, *ALIASES), metavar="{" + ",".join(FROM) + "}",
@@ -51,6 +60,9 @@ def add_subcommand(sub) -> None:
                         "or refuse the row")
     p.add_argument("--errors", choices=("raise", "collect"), default="raise",
                    help="stop at the first bad row (default) or convert the good rows and list the others")
+    p.add_argument("--allow-unknown-tokens", dest="allow_unknown", action="store_true",
+                   help="convert even when most action tokens become the tokenizer's unknown token (refused by "
+                        "default: the tokenizer does not cover the text)")
     p.add_argument("--report-json", metavar="PATH", help="write the conversion report as JSON here instead of printing it")
     p.add_argument("--chunk-rows", type=int, default=1024, help="trajectories per chunk (memory bound; default 1024)")
     p.set_defaults(func=cmd_convert)

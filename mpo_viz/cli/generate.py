@@ -49,7 +49,7 @@ def _command_line(args) -> str:
 
 #: flags of --policy model only (None when not given)
 _MODEL_FLAGS = ("model", "save_model", "size", "critic", "temperature", "top_p", "max_turn_tokens",
-                "max_total_tokens", "batch_size")
+                "max_total_tokens", "batch_size", "device")
 
 
 def _resolve_policy(args) -> str:
@@ -79,12 +79,9 @@ def _load_model(args):
     from mpo_viz import models  # transformers (~1 s): only a model run imports it
 
     path = Path(args.model)
+    device = models.resolve_device(args.device or "cpu")  # before loading: a missing backend is one line
     try:
-        if (path / "policy").is_dir() or not (path / "config.json").is_file():
-            policy, critic = models.load(path)
-        else:
-            with models.quiet_progress():
-                policy, critic = models.load_policy(path), None
+        policy, critic = models.load(path, device=device)
     except (OSError, ValueError) as exc:
         raise OptionError("model", str(exc)) from None
     if args.critic is not None:
@@ -107,7 +104,9 @@ def cmd_generate_model(args) -> int:
     if args.model is not None:
         policy, critic = _load_model(args)
     else:
+        device = models.resolve_device(args.device or "cpu")
         policy = models.tiny_policy(build_tokenizer(env), args.size or "1m", seed=args.seed)
+        policy.model.to(device)
         critic = models.make_critic(policy, args.critic or "policy", seed=args.seed)
     oracle = NoisyExpert(noise=args.noise)
     opts = {k: getattr(args, k) for k in ("temperature", "top_p", "max_turn_tokens", "max_total_tokens",
@@ -215,4 +214,5 @@ def add_subcommand(sub) -> None:
     m.add_argument("--max-turn-tokens", type=int, default=None, help="tokens per assistant turn (default 48)")
     m.add_argument("--max-total-tokens", type=int, default=None, help="tokens per episode (default 1024)")
     m.add_argument("--batch-size", type=int, default=None, help="episodes decoded together (default 16)")
+    m.add_argument("--device", default=None, help="torch device of the model: cpu (default), cuda, cuda:N, mps")
     p.set_defaults(func=cmd_generate)

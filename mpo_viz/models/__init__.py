@@ -6,19 +6,22 @@
 * :class:`Critic` — a causal-LM trunk with a scalar head; its output at position ``P + t − 1`` is
   the value of response token ``t`` (the state before the token is generated).
 * :func:`save` / :func:`load` — a model folder ``DIR/policy`` (standard Hugging Face, tokenizer
-  included) and ``DIR/critic`` (safetensors plus a small JSON config).
+  included) and ``DIR/critic`` (safetensors plus a small JSON config); :func:`load` also takes a
+  plain Hugging Face causal-LM folder (the policy, no critic).
+* :mod:`mpo_viz.models.gguf` — a GGUF file (e.g. SmolLM2-135M-Instruct from the package index) made
+  into a plain Hugging Face folder (``mpo-viz get-model``).
 
 See docs/models.md.
 """
 
 from mpo_viz.models.critic import Critic, load_critic, make_critic, save_critic
 from mpo_viz.models.layout import TemplateLayout, layout_for
-from mpo_viz.models.policy import Policy, check_vocabulary, load_policy, save_policy
-from mpo_viz.models.store import load, quiet_progress, save
+from mpo_viz.models.policy import Policy, check_vocabulary, load_policy, resolve_device, save_policy
+from mpo_viz.models.store import is_plain, load, quiet_progress, save
 from mpo_viz.models.tiny import SIZES, tiny_config, tiny_policy
 
 __all__ = [
-    "Critic", "Policy", "SIZES", "TemplateLayout", "check_vocabulary", "layout_for", "load",
-    "load_critic", "load_policy", "make_critic", "quiet_progress", "save", "save_critic", "save_policy",
-    "tiny_config", "tiny_policy",
+    "Critic", "Policy", "SIZES", "TemplateLayout", "check_vocabulary", "is_plain", "layout_for", "load",
+    "load_critic", "load_policy", "make_critic", "quiet_progress", "resolve_device", "save", "save_critic",
+    "save_policy", "tiny_config", "tiny_policy",
 ]

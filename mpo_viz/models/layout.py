@@ -9,7 +9,8 @@ A layout has the interface the rollout needs (all ids are plain ``list[int]``):
   a stop token, up to and including the next generation prompt (none when ``final``);
 * ``action(text)`` — the ids of a scripted turn (content then the stop token; for the oracle);
 * ``stop_ids`` — the ids that end an assistant turn; ``text(ids)`` — the turn's text as the
-  environment reads it (stop and special tokens dropped); ``tokens(ids)`` — display strings.
+  environment reads it (stop and special tokens dropped); ``tokens(ids)`` — display strings (each
+  token decoded on its own: a byte-level ``Ġthe`` shows as ``" the"``).
 """
 
 from __future__ import annotations
@@ -62,6 +63,7 @@ class TemplateLayout:
         self.eot = int(tokenizer.eos_token_id) if tokenizer.eos_token_id is not None else min(ids)
         self._stop_strs = [tokenizer.decode([i]) for i in sorted(self.stop_ids)]
         self._special = frozenset(tokenizer.all_special_ids)
+        self._shown: dict[int, str] = {}  # id -> display string (tokens())
 
     def _render(self, messages, gen: bool) -> str:
         return self.tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=gen,
@@ -97,7 +99,17 @@ class TemplateLayout:
         return self.tokenizer.decode([i for i in ids if i not in self._special], skip_special_tokens=True)
 
     def tokens(self, ids) -> list[str]:
-        return self.tokenizer.convert_ids_to_tokens(list(ids))
+        """Display strings: each token decoded on its own, so byte-level pieces show their text
+        (``" the"``, ``"\\n"``) rather than ``Ġthe``/``Ċ``; special tokens as written."""
+        out = []
+        for i in ids:
+            i = int(i)
+            t = self._shown.get(i)
+            if t is None:
+                t = self._shown[i] = self.tokenizer.decode([i], skip_special_tokens=False,
+                                                           clean_up_tokenization_spaces=False)
+            out.append(t)
+        return out
 
 
 def layout_for(tokenizer, *, stop_ids=None):

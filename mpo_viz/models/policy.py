@@ -66,14 +66,39 @@ class Policy:
                 f"vocab {len(self.tokenizer)}, {self.dtype}, {self.device}, from {self.name})")
 
 
+#: how to get a torch that has CUDA (docs/training.md, "On a GPU")
+CUDA_INSTALL = ("pip install --force-reinstall torch --index-url https://download.pytorch.org/whl/cu126 "
+                "(pick the CUDA version of your driver at pytorch.org/get-started)")
+
+
 def resolve_device(device) -> torch.device:
+    """``device`` as a ``torch.device`` this torch can use, else an :class:`OptionError` (option
+    ``device``) in one line: which backend is missing and how to get it — a CPU-only torch build
+    needs a CUDA build (:data:`CUDA_INSTALL`), a CUDA build without a visible GPU needs a driver or
+    ``CUDA_VISIBLE_DEVICES``, ``cuda:N`` needs N GPUs, ``mps`` needs macOS on Apple silicon."""
     try:
         dev = torch.device(device)
     except (RuntimeError, TypeError):
         raise OptionError("device", f"expected 'cpu', 'cuda', 'cuda:N' or 'mps', found {device!r}") from None
-    if dev.type == "cuda" and not torch.cuda.is_available():
-        raise OptionError("device", f"expected an available device, found {device!r} (torch.cuda.is_available() "
-                                    "is False)")
+    if dev.type == "cuda":
+        if torch.version.cuda is None:
+            raise OptionError("device", f"expected a device this torch has, found {device!r} but torch "
+                                        f"{torch.__version__} is a CPU-only build; install a CUDA build of torch: "
+                                        f"{CUDA_INSTALL}")
+        n = torch.cuda.device_count() if torch.cuda.is_available() else 0
+        if n == 0:
+            raise OptionError("device", f"expected a visible GPU, found {device!r} but torch {torch.__version__} "
+                                        "(a CUDA build) sees none: check the NVIDIA driver (nvidia-smi) and "
+                                        "CUDA_VISIBLE_DEVICES")
+        if dev.index is not None and dev.index >= n:
+            raise OptionError("device", f"expected cuda:0 to cuda:{n - 1} ({n} visible GPUs), found {device!r}")
+    elif dev.type == "mps":
+        if not (getattr(torch.backends, "mps", None) and torch.backends.mps.is_available()):
+            raise OptionError("device", f"expected a device this torch has, found {device!r} but the MPS backend is "
+                                        "not available (it needs macOS on Apple silicon); use 'cpu', or 'cuda' with "
+                                        f"a CUDA build of torch: {CUDA_INSTALL}")
+    elif dev.type != "cpu":
+        raise OptionError("device", f"expected 'cpu', 'cuda', 'cuda:N' or 'mps', found {device!r}")
     return dev
 
 

@@ -1,4 +1,5 @@
-"""A model folder: ``DIR/policy`` (standard Hugging Face, tokenizer included) and ``DIR/critic``."""
+"""A model folder: ``DIR/policy`` (standard Hugging Face, tokenizer included) and ``DIR/critic`` — or,
+for loading, a plain Hugging Face causal-LM folder."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ from pathlib import Path
 from mpo_viz.models.critic import load_critic, save_critic
 from mpo_viz.models.policy import Policy, load_policy, save_policy
 
-__all__ = ["save", "load", "quiet_progress"]
+__all__ = ["save", "load", "quiet_progress", "is_plain", "LAYOUTS"]
 
 
 @contextmanager
@@ -36,16 +37,34 @@ def save(path, policy: Policy, critic=None) -> Path:
     return path
 
 
+#: what each accepted layout of a model folder needs (for the error on a folder that is neither)
+LAYOUTS = ("a model folder written by mpo_viz (policy/: a Hugging Face causal LM with its tokenizer; critic/: "
+           "optional, from mpo_viz.models.save or --save-model), or a plain Hugging Face causal-LM folder "
+           "(config.json with a *ForCausalLM architecture, weights *.safetensors or pytorch_model.bin, and a tokenizer: "
+           "tokenizer.json or tokenizer_config.json; a GGUF file first becomes one with mpo-viz get-model)")
+
+
+def is_plain(path) -> bool:
+    """Whether ``path`` is a plain Hugging Face folder (``config.json`` at its top, no ``policy/``)."""
+    path = Path(path)
+    return not (path / "policy").is_dir() and (path / "config.json").is_file()
+
+
 def load(path, *, device="cpu", dtype=None, trust_remote_code: bool = False):
-    """``(policy, critic or None)`` from a folder written by :func:`save` (the critic when
-    ``path/critic`` exists). Reloading gives bit-identical outputs."""
+    """``(policy, critic or None)`` from a model folder: one written by :func:`save` (``policy/``, and
+    the critic when ``critic/`` exists), or a plain Hugging Face causal-LM folder (the policy; no
+    critic — :func:`~mpo_viz.models.make_critic` builds one). Reloading gives bit-identical outputs.
+    A folder that is neither raises, saying what each layout needs (:data:`LAYOUTS`)."""
     path = Path(path)
     if not path.is_dir():
-        raise FileNotFoundError(f"{path}: expected a model folder (policy/ and critic/), found no such folder")
-    if not (path / "policy").is_dir():
-        raise ValueError(f"{path}: expected a model folder with policy/ (and critic/), found "
-                         f"{sorted(p.name for p in path.iterdir())[:8]}")
+        raise FileNotFoundError(f"{path}: expected {LAYOUTS}; found no such folder")
+    plain = is_plain(path)
+    if not plain and not (path / "policy").is_dir():
+        raise ValueError(f"{path}: expected {LAYOUTS}; found neither (contents: "
+                         f"{sorted(p.name for p in path.iterdir())[:8]})")
     with quiet_progress():
+        if plain:
+            return load_policy(path, device=device, dtype=dtype, trust_remote_code=trust_remote_code), None
         policy = load_policy(path / "policy", device=device, dtype=dtype, trust_remote_code=trust_remote_code)
         critic = load_critic(path / "critic", policy) if (path / "critic").exists() else None
     return policy, critic

@@ -331,7 +331,8 @@ def _advantage_channels(ch: _Channels, sub, row: int, advantages, mask: np.ndarr
         cnt = np.bincount(turn_ids, weights=(mask != 0).astype(np.float64))
         tot = np.bincount(turn_ids, weights=a)
         with np.errstate(invalid="ignore", divide="ignore"):
-            ch.add(f"micro_{est}", a - (tot / cnt)[turn_ids], f"within-turn part ({est}: A − turn mean)")
+            ch.add(f"micro_{est}", a - (tot / cnt)[turn_ids], f"within-turn part ({est}: A − turn mean; relative to its turn: blue = above the "
+                   "turn's mean, even in a failed episode)")
     for f in sub.token_fields:
         if f.startswith("adv_") and f not in ch.values:
             ch.add(f, sub.padded(f, fill=math.nan)[0].numpy(), f"advantage ({f[4:]}, stored)")

@@ -135,7 +135,7 @@ class Trainer:
         self.tracker: Tracker | None = None
         if cfg.log_to:  # a missing package is said before anything is written
             check_available(cfg.log_to)
-        self.device = torch.device(cfg.device)
+        self.device = models.resolve_device(cfg.device)  # a backend this torch lacks: one line saying how to get it
         if cfg.num_threads:
             set_threads(cfg.num_threads)
         self._build()

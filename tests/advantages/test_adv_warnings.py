@@ -73,3 +73,42 @@ def test_critic_target_turn_warns_once_and_only_where_it_matters():
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         A.mae(R, V, M, critic_target="turn")
+
+
+def _rows(rewards, groups, turn_rewards=None):
+    """A batch of one-turn rows (3 action tokens) with these outcome rewards and groups."""
+    from mpo_viz.trajectory import TrajectoryBatch
+
+    rows = []
+    for i, (r, g) in enumerate(zip(rewards, groups)):
+        row = {"traj_id": f"t{i}", "group_id": g, "prompt_ids": [1], "response_ids": [5, 6, 7],
+               "loss_mask": [1, 1, 1], "reward": r}
+        if turn_rewards and turn_rewards[i] is not None:
+            row["turn_rewards"] = [turn_rewards[i]]
+        rows.append(row)
+    return TrajectoryBatch.from_rows(rows)
+
+
+@pytest.mark.parametrize("name", ["grpo", "drgrpo", "rloo", "reinforce_pp_baseline", "gigpo"])
+def test_group_estimators_warn_about_rows_without_a_reward(name):
+    nan = float("nan")
+    # group a: t1 has no reward (scored 0 beside 1 and 1); group b: nothing rewarded at all;
+    # group c: t5's outcome is in its turn_rewards (NaN reward is v1's "see the turn rewards")
+    b = _rows([1.0, nan, 1.0, nan, nan, nan, 1.0], ["a", "a", "a", "b", "b", "c", "c"],
+              turn_rewards=[None, None, None, None, None, 1.0, None])
+    with pytest.warns(UserWarning, match=rf"^{name}: 3 of 7 trajectories have no reward .*: 't1', 't3', 't4', in 2 "
+                                         r"group\(s\) \('a', 'b'\)\. Their score counts as 0.*; 1 group\(s\) hold no "
+                                         r"reward at all and get advantage 0 on every token") as rec:
+        res = A.compute(b, name)
+    assert len([w for w in rec if "no reward" in str(w.message)]) == 1
+    if name == "grpo":  # what the warning describes: t1 scored 0 against 1, 1; group b all zeros
+        s = np.array([1.0, 0.0, 1.0])
+        want = (s - s.mean()) / (s.std(ddof=1) + 1e-6)
+        np.testing.assert_allclose(res.advantages.numpy()[:3, 0], want, rtol=1e-6)
+        assert (res.advantages.numpy()[3:5] == 0).all()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        A.compute(b, name)  # once per process
+        A.compute(_rows([1.0, 0.0, 1.0, 0.0], ["a", "a", "b", "b"]), name)  # every row rewarded: silent
+        A.compute(b, "reinforce_pp")  # not a group estimator: silent
+

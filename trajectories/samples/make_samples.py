@@ -54,7 +54,8 @@ def episodes():
         tr = list(r["turn_rewards"])
         a = [i for i, m in enumerate(msgs) if m["role"] == "assistant"]
         for k, i in enumerate(a):
-            if i + 1 < len(msgs) and tr[k]:
+            # the last reply always says its reward, 0 included: a log without any reward is flagged
+            if i + 1 < len(msgs) and (tr[k] or k == len(a) - 1):
                 msgs[i + 1]["reward"] = round(tr[k], 6)
         out.append(dict(row=r, messages=msgs, starts=starts.tolist(), ends=ends.tolist(), turn_rewards=tr,
                         task=r["group_id"], sample=int(r["sample_idx"])))
