@@ -5,7 +5,7 @@ Run:  .venv/bin/python benchmarks/fit_critic.py                 (the shipped sea
 
 What is timed, side by side in one process on the same set and critic size:
 
-* ``fit_critic``: the library call (`mpo_viz.fit_critic` / `mpo-viz fit-critic`) — the Monte-Carlo
+* ``fit_critic``: the library call (`mpo_viz.train.critic_fit.fit_critic` / `mpo-viz fit-critic`) — the Monte-Carlo
   targets, the held-out split by group, ``steps`` AdamW steps of 16 episodes, the held-out
   explained variance every 16 steps, then the values of every row written into the batch;
 * ``bare loop``: the least any fit of the same size can cost — ``steps`` AdamW steps of 16 random
