@@ -72,6 +72,8 @@ class CriticFit:
         elif math.isnan(self.heldout_ev):
             why = ("the held-out returns are all equal, so the explained variance is undefined and no gate can "
                    "pass (e.g. no held-out episode succeeded)")
+        elif self.gate is None or math.isnan(self.gate):
+            why = f"the whole budget of {self.steps} steps, no gate"
         else:
             why = f"the budget of {self.steps} steps ended before the gate {self.gate:g}"
         return (f"critic fit: {self.steps} steps, held-out explained variance {self.heldout_ev:.3f} ({why}; "

@@ -99,6 +99,9 @@ def test_fit_says_so_when_the_budget_ends_first():
     assert fit.stop == "budget" and not fit.passed and fit.steps == 3
     assert [h["step"] for h in fit.history] == [0, 2, 3]
     assert "the budget of 3 steps ended before the gate 0.99" in fit.summary()
+    nogate = fit_values(_small_critic(), b, mc_returns(b), steps=2, lr=1e-4, batch_episodes=8, gate=None, eval_every=2)
+    assert nogate.stop == "budget" and "the whole budget of 2 steps, no gate" in nogate.summary()
+    assert "nan" not in nogate.summary().split(";")[0].split("(")[1]
     # gate=None: the whole budget, whatever the EV
     assert fit_values(_small_critic(), b, mc_returns(b), steps=4, gate=None, eval_every=2).steps == 4
 
