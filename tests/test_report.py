@@ -196,12 +196,12 @@ def test_report_and_value_curve_name_a_fitted_critic():
     ev = res.info["heldout_explained_variance"]
     assert res.batch.meta["values_source"] == "fitted_critic"
     html = build_report(res.batch, ReportConfig(progress=False))
-    assert f"<b>mpo, gae: values from a fitted critic (held-out EV {ev:.3g})</b>" in html
+    assert f"<b>mpo, gae: values from a fitted critic (held-out EV {ev:.2f})</b>" in html
     assert (f"held-out trajectories): held-out explained variance {ev:.3g}, training "
             f"{res.info['train_explained_variance']:.3g}") in html
     assert "Within-turn part (micro_mpo)" in html and "in a failed episode a wrong answer can be blue" in html
     names = [t["name"] for t in plots.value_curve_parts(res.batch, 0)["traces"]]
-    assert names[0] == f"value (fitted critic (held-out EV {ev:.3g}))"
+    assert names[0] == f"value (fitted critic (held-out EV {ev:.2f}))"
     # values of another source: no such label
     plain = res.batch.with_meta(values_source="critic")
     assert "values from a fitted critic" not in build_report(plain, ReportConfig(progress=False))

@@ -93,7 +93,7 @@ def fitted_critic(batch: TrajectoryBatch) -> dict | None:
 
 
 def fitted_critic_label(batch: TrajectoryBatch) -> str | None:
-    """``"fitted critic (held-out EV 0.12)"`` for a batch of :func:`fitted_critic` (the held-out
+    """``"fitted critic (held-out EV 0.12)"`` (two decimals) for a batch of :func:`fitted_critic` (the held-out
     explained variance of the values against the fit's target, ``"?"`` when not recorded), else
     None: the label views put beside values and critic-based estimators, so the reader knows how
     far to trust them."""
@@ -101,5 +101,5 @@ def fitted_critic_label(batch: TrajectoryBatch) -> str | None:
     if info is None:
         return None
     ev = info.get("heldout_explained_variance")
-    ev_txt = f"{float(ev):.3g}" if isinstance(ev, (int, float)) else "?"
+    ev_txt = f"{float(ev):.2f}" if isinstance(ev, (int, float)) else "?"
     return f"fitted critic (held-out EV {ev_txt})"
