@@ -55,6 +55,7 @@ def test_learned_table_csv_and_intervals(small_set, tmp_path, capsys):
     assert (df.groupby("seed").oracle_ratio.nunique() == 1).all()
 
 
+@pytest.mark.slow  # a fit of its own (the default suite has the table test)
 def test_scores_only_held_out_groups(small_set, monkeypatch):
     seen = []
     real = bench.score_heldout
@@ -73,6 +74,7 @@ def test_scores_only_held_out_groups(small_set, monkeypatch):
     assert not set(np.asarray(groups)[train]) & set(np.asarray(groups)[held])  # whole groups held out
 
 
+@pytest.mark.slow  # three fits
 def test_stopped_run_resumes_from_csv(small_set, tmp_path, monkeypatch, capsys):
     csv = tmp_path / "fits.csv"
     bench.main([*ARGS[:-5], "0", "--budgets", "2", "--csv", str(csv)])  # seed 0 only
