@@ -168,7 +168,9 @@ class LossKind:
     ``ratio_against`` is the log-prob the ratio is formed against. ``clip_low``/``clip_high``/``agg``
     are the defaults used when the caller passes None; ``options`` the names of the kind's own
     keyword options, ``spec`` their declarations (:class:`~mpo_viz.options.Option`, defaults from
-    ``fn``'s signature).
+    ``fn``'s signature). ``span_ratio``: the clip acts on a ratio over a span of tokens (a turn's or
+    a sequence's geometric mean), so single tokens can move inside it — what the trainer's collapse
+    check watches (``ratio_max`` against ``turn_ratio_max``).
     """
 
     name: str
@@ -179,6 +181,7 @@ class LossKind:
     clip_high: float = 0.2
     agg: str = "token-mean"
     options: tuple = ()
+    span_ratio: bool = False
     doc: str = field(default="", compare=False)
     spec: tuple = field(default=(), compare=False)
 
@@ -211,6 +214,7 @@ def register(
     clip_high: float = 0.2,
     agg: str = "token-mean",
     options=(),
+    span_ratio: bool = False,
 ):
     """Register a loss kind ``fn(inputs: PolicyInputs, **options) -> PolicyTerms`` under ``name``.
 
@@ -240,6 +244,7 @@ def register(
             clip_high=float(clip_high),
             agg=agg,
             options=tuple(o.name if isinstance(o, Option) else o for o in options),
+            span_ratio=bool(span_ratio),
             doc=(f.__doc__ or "").strip(),
             spec=_declare(f, options),
         )
@@ -350,7 +355,7 @@ def token_ppo(x: PolicyInputs, *, dual_clip: float | None = None) -> PolicyTerms
     return _clipped_objective(s, x.advantages, x.mask, 1 - x.clip_low, 1 + x.clip_high, dual_clip)
 
 
-@register("turn_ppo", needs=("turns",), options=("dual_clip", "token_clip"))
+@register("turn_ppo", needs=("turns",), options=("dual_clip", "token_clip"), span_ratio=True)
 def turn_ppo(x: PolicyInputs, *, dual_clip: float | None = None,
              token_clip: float | None = TURN_PPO_TOKEN_CLIP) -> PolicyTerms:
     """MPO: the turn ratio ρ_k in the token-gradient form ``sg(ρ_k)·exp(logπ − sg(logπ))``, with
@@ -361,7 +366,8 @@ def turn_ppo(x: PolicyInputs, *, dual_clip: float | None = None,
                               _token_band(x, token_clip))
 
 
-@register("gspo", clip_low=3e-4, clip_high=4e-4, agg="seq-mean-token-mean", options=("dual_clip", "token_clip"))
+@register("gspo", clip_low=3e-4, clip_high=4e-4, agg="seq-mean-token-mean", options=("dual_clip", "token_clip"),
+          span_ratio=True)
 def gspo(x: PolicyInputs, *, dual_clip: float | None = None, token_clip: float | None = None) -> PolicyTerms:
     """GSPO: the turn_ppo construction with the whole trajectory as one unit (token band as turn_ppo)."""
     s = _token_gradient_surrogate(x, row_segments(x.mask))

@@ -11,7 +11,9 @@ the collapse signatures it shows (a list of :class:`Signal`, empty for a healthy
   itself without getting better);
 * ``ratio_max`` — a token's importance ratio is far outside the turn's (``ratio_max >=
   RATIO_FAR``) while the turn ratio sits in its clip (``turn_ratio_max <= TURN_RATIO_IN_CLIP``):
-  the bare turn-level trust region letting single tokens move freely.
+  the bare turn-level trust region letting single tokens move freely. Judged only for a loss
+  whose clip acts on a span's ratio (``span_ratio``: turn_ppo, gspo); under token_ppo each token's
+  own ratio is clipped and a large ``ratio_max`` is no such sign.
 
 The thresholds are module constants (keyword arguments of :func:`collapse_flags`). The trainer marks
 a line with ``"collapse": [metric, ...]`` and warns in the console when a signature appears
@@ -60,10 +62,11 @@ def _message(it, what: str) -> str:
 
 def collapse_flags(records, *, healthy: float = SUCCESS_HEALTHY, floor: float = SUCCESS_FLOOR,
                    entropy_fraction: float = ENTROPY_FRACTION, ratio_far: float = RATIO_FAR,
-                   turn_in_clip: float = TURN_RATIO_IN_CLIP) -> list[list[Signal]]:
+                   turn_in_clip: float = TURN_RATIO_IN_CLIP, span_ratio: bool = True) -> list[list[Signal]]:
     """The collapse signatures of each record of ``records`` (metrics.jsonl lines, in order), read
     with what the records before it showed; see the module docstring for the three rules. A metric
-    absent from a line (or null) is not judged on that line."""
+    absent from a line (or null) is not judged on that line. ``span_ratio=False`` (a loss that clips
+    each token's own ratio) turns the ``ratio_max`` rule off."""
     best: dict[str, float] = {}
     start: dict[str, float] = {}
     out = []
@@ -88,7 +91,7 @@ def collapse_flags(records, *, healthy: float = SUCCESS_HEALTHY, floor: float = 
                 flags.append(Signal("entropy", ent, e0, _message(
                     it, f"entropy fell to {ent:.4f} from {e0:.4f} at the first iteration, with no gain in success")))
         r, tr = _num(rec, "ratio_max"), _num(rec, "turn_ratio_max")
-        if r is not None and tr is not None and r >= ratio_far and tr <= turn_in_clip:
+        if span_ratio and r is not None and tr is not None and r >= ratio_far and tr <= turn_in_clip:
             flags.append(Signal("ratio_max", r, tr, _message(
                 it, f"ratio_max {r:.1f} while turn_ratio_max is {tr:.2f}: single tokens move far while the turn "
                     f"ratio sits in its clip")))
@@ -96,10 +99,10 @@ def collapse_flags(records, *, healthy: float = SUCCESS_HEALTHY, floor: float = 
     return out
 
 
-def new_signals(records) -> list[Signal]:
+def new_signals(records, *, span_ratio: bool = True) -> list[Signal]:
     """The signatures of the last record that the previous record carrying the same metric did not
     already show: what the console warns about, once per stretch of collapse."""
-    flags = collapse_flags(records)
+    flags = collapse_flags(records, span_ratio=span_ratio)
     if not flags:
         return []
     return [s for s in flags[-1] if not _flagged_before(records[:-1], flags[:-1], s.metric)]

@@ -543,10 +543,11 @@ class Trainer:
         :mod:`mpo_viz.train.collapse`) read against the run's earlier lines, and warn in the
         console of each that the previous line did not show."""
         stream = self.run.metrics() + [rec]
-        flags = collapse_flags(stream)[-1]
+        span = get_loss(self.cfg.loss).span_ratio  # the ratio_max rule: turn- or sequence-level clips only
+        flags = collapse_flags(stream, span_ratio=span)[-1]
         if flags:
             rec["collapse"] = [f.metric for f in flags]
-        for f in new_signals(stream):
+        for f in new_signals(stream, span_ratio=span):
             self._say(f"warning: {f.message}")
 
     def _start_evaluated(self) -> bool:

@@ -59,6 +59,16 @@ def test_token_ratio_far_outside_the_turn_ratio_in_its_clip():
     flags = collapse_flags(stream)
     assert _metrics(flags) == [[], ["ratio_max"], [], []]  # a turn ratio out of its clip is the clip acting
     assert "ratio_max 25.0 while turn_ratio_max is 1.18" in flags[1][0].message
+    # under a loss that clips each token's own ratio (token_ppo) a large ratio_max is no such sign
+    assert _metrics(collapse_flags(stream, span_ratio=False)) == [[], [], [], []]
+    assert new_signals(stream[:2], span_ratio=False) == [] and len(new_signals(stream[:2])) == 1
+
+
+def test_the_ratio_rule_follows_the_loss_registry():
+    from mpo_viz.losses import get
+
+    assert get("turn_ppo").span_ratio and get("gspo").span_ratio
+    assert not get("token_ppo").span_ratio and not get("sao").span_ratio
 
 
 def test_thresholds_are_arguments():
