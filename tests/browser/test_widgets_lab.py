@@ -51,6 +51,9 @@ def _write_run(d: Path) -> None:
             "approx_kl": 0.002 + 0.0005 * i, "kl_ref": 0.001 * i, "clipfrac_low": 0.01 + 0.001 * i,
             "clipfrac_high": 0.02, "turn_clipfrac": 0.05, "within_turn_shift": 0.001 * (1 + np.sin(i / 3)),
             "value_across": 0.05, "value_within": 0.004 + 0.0001 * i,
+            "values_across_within_ratio": 0.05 / (0.004 + 0.0001 * i), "critic_explained_var": 0.2 + 0.01 * i,
+            "entropy": 0.07 * np.exp(-i / 40), "ratio_max": float(2.0 + 0.2 * i + rng.random()),
+            "turn_ratio_max": 1.05 + 0.002 * i, "ratio_min": float(0.4 - 0.005 * i), "turn_ratio_min": 0.95,
             "timings": {"rollout_s": 6.0 + rng.random(), "advantages_s": 0.05, "update_s": 4.0 + rng.random()},
         }))
     (d / "metrics.jsonl").write_text("\n".join(lines) + "\n")
