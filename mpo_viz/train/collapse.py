@@ -101,10 +101,11 @@ def collapse_flags(records, *, healthy: float = SUCCESS_HEALTHY, floor: float = 
     return out
 
 
-def new_signals(records, *, span_ratio: bool = True) -> list[Signal]:
+def new_signals(records, *, span_ratio: bool = True, flags: list[list[Signal]] | None = None) -> list[Signal]:
     """The signatures of the last record that the previous record carrying the same metric did not
-    already show: what the console warns about, once per stretch of collapse."""
-    flags = collapse_flags(records, span_ratio=span_ratio)
+    already show: what the console warns about, once per stretch of collapse. ``flags``: the
+    records' :func:`collapse_flags`, when the caller has them already."""
+    flags = collapse_flags(records, span_ratio=span_ratio) if flags is None else flags
     if not flags:
         return []
     return [s for s in flags[-1] if not _flagged_before(records[:-1], flags[:-1], s.metric)]

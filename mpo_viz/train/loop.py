@@ -544,10 +544,10 @@ class Trainer:
         console of each that the previous line did not show."""
         stream = self.run.metrics() + [rec]
         span = get_loss(self.cfg.loss).span_ratio  # the ratio_max rule: turn- or sequence-level clips only
-        flags = collapse_flags(stream, span_ratio=span)[-1]
-        if flags:
-            rec["collapse"] = [f.metric for f in flags]
-        for f in new_signals(stream, span_ratio=span):
+        flags = collapse_flags(stream, span_ratio=span)
+        if flags[-1]:
+            rec["collapse"] = [f.metric for f in flags[-1]]
+        for f in new_signals(stream, flags=flags):
             self._say(f"warning: {f.message}")
 
     def _start_evaluated(self) -> bool:
