@@ -35,7 +35,7 @@ from mpo_viz.widgets.explorer import (
     trajectory_table,
 )
 from mpo_viz.widgets.export_bar import Exportable, ExportBar, style_widget
-from mpo_viz.widgets.figure import FigureWidget
+from mpo_viz.widgets.figure import FigureWidget, swap_child
 from mpo_viz.widgets.picker import TrajectoryPicker
 from mpo_viz.widgets.scales import ColourScale
 from mpo_viz.widgets.snapshot import Snapshot
@@ -129,7 +129,7 @@ class EstimatorComparison(Exportable, W.VBox):
         bars = plots.estimator_comparison(self._sub, 0, adv)
         if new_row or self.figure is None:
             self.figure = FigureWidget(bars)
-            self.figure_box.children = (self.figure,)
+            swap_child(self.figure_box, self.figure)
         else:
             with self.figure.batch_update():
                 for tr, new in zip(self.figure.data, bars.data):

@@ -21,9 +21,11 @@ adds a metric gets it drawn without a change here. ``refresh()`` reads and redra
 from __future__ import annotations
 
 import asyncio
+import datetime as dt
 import json
 import math
 import re
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import NamedTuple
@@ -35,7 +37,7 @@ from plotly.subplots import make_subplots
 
 from mpo_viz.widgets.explorer import TrajectoryExplorer
 from mpo_viz.widgets.export_bar import Exportable, ExportBar
-from mpo_viz.widgets.figure import FigureWidget
+from mpo_viz.widgets.figure import FigureWidget, swap_child
 from mpo_viz.widgets.snapshot import Snapshot
 
 __all__ = ["TrainingDashboard", "read_metrics", "PANELS", "PALETTE", "Panel", "panel_of", "flatten_keys"]
@@ -213,8 +215,6 @@ class TrainingDashboard(Exportable, W.VBox):
         self.refresh()
         if live is None:
             m = self.run_dir / "metrics.jsonl"
-            import time
-
             live = m.exists() and time.time() - m.stat().st_mtime < self.interval * 30
         self.live.value = bool(live)
 
@@ -296,7 +296,7 @@ class TrainingDashboard(Exportable, W.VBox):
         if self.figure is None or layout_keys != self._keys:
             self._keys = layout_keys
             self.figure = FigureWidget(self._build(x, keys, ys))
-            self.figure_box.children = (self.figure,)
+            swap_child(self.figure_box, self.figure)
             return
         with self.figure.batch_update():
             for tr in self.figure.data:
@@ -322,7 +322,7 @@ class TrainingDashboard(Exportable, W.VBox):
         return fig
 
     def _update_status(self, n_new: int) -> None:
-        import datetime as dt
+
 
         last = self.records[-1] if self.records else {}
         it = last.get("iteration", len(self.records) - 1 if self.records else None)
@@ -392,7 +392,7 @@ class TrainingDashboard(Exportable, W.VBox):
         if name not in files:
             raise ValueError(f"name: expected one of {sorted(files)}, found {name!r}")
         self.explorer = TrajectoryExplorer(files[name], **explorer_options)
-        self.explorer_box.children = (self.explorer,)
+        swap_child(self.explorer_box, self.explorer)
         return self.explorer
 
     def to_html(self, path=None) -> str:

@@ -31,7 +31,7 @@ from mpo_viz.token_text import tokenizer_decoder
 from mpo_viz.trajectory import TrajectoryBatch
 from mpo_viz.widgets.engine import AdvantageEngine, ParamControls, default_estimators
 from mpo_viz.widgets.export_bar import Exportable, ExportBar, style_widget
-from mpo_viz.widgets.figure import FigureWidget
+from mpo_viz.widgets.figure import FigureWidget, swap_child
 from mpo_viz.widgets.picker import TrajectoryPicker
 from mpo_viz.widgets.scales import ColourScale
 from mpo_viz.widgets.snapshot import Snapshot
@@ -223,7 +223,7 @@ class TrajectoryExplorer(Exportable, W.VBox):
             self._draw_curve(plots.value_curve_parts(self._sub, 0, advantages=adv, returns=ret))
         else:
             self.figure = None
-            self.figure_box.children = (W.HTML("<i>no critic values in this batch: no value curve</i>"),)
+            swap_child(self.figure_box, W.HTML("<i>no critic values in this batch: no value curve</i>"))
         t3 = time.perf_counter()
         self._update_turns(adv, ret)
         self.timings = {"payload": t1 - t0, "push": t2 - t1, "figure": t3 - t2, "turn_table": time.perf_counter() - t3}
@@ -250,7 +250,7 @@ class TrajectoryExplorer(Exportable, W.VBox):
         if self.figure_width:
             fig.update_layout(width=self.figure_width)
         self.figure = FigureWidget(fig)
-        self.figure_box.children = (self.figure,)
+        swap_child(self.figure_box, self.figure)
 
     def _figure_from_parts(self, parts: dict):
         adv, ret = self._row_arrays()

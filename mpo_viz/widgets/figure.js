@@ -5,7 +5,8 @@
 //    creates every figure model at once, the imports queue on the main thread, and each model that
 //    is not ready within anywidget's 2 s limit logs "[anywidget] Failed to initialize model" and
 //    drops the kernel's later messages to it. Here every figure model shares one import of plotly's
-//    module (its source comes in the `_plotly_esm` trait).
+//    module. Its source is one model of its own, sent once per kernel (`_plotly_source` refers to
+//    it), and read only by the first figure of the page.
 // 2. Sized to its output. plotly draws into the view's element before the page attaches it; with no
 //    width there it takes its 700 px default. A ResizeObserver redraws the figure at the element's
 //    width once it has one (and when the output is resized); the layout's height is kept. Figures
@@ -18,12 +19,29 @@
 
 const KEY = Symbol.for("mpo_viz.plotly_widget_module");
 
-function plotlyModule(source) {
+const REF = "IPY_MODEL_";
+
+// the source of plotly's module: the PlotlySource model the figure's `_plotly_source` refers to
+async function plotlySource(model) {
+  const ref = model.get("_plotly_source");
+  if (typeof ref !== "string" || !ref.startsWith(REF))
+    throw new Error(`mpo_viz figure: _plotly_source should be a widget reference (${REF}...), found ${JSON.stringify(ref)}`);
+  const src = await model.widget_manager.get_model(ref.slice(REF.length));
+  const source = src.get("source");
+  if (!source) throw new Error("mpo_viz figure: the PlotlySource model has no source");
+  return source;
+}
+
+function plotlyModule(model) {
   const g = globalThis;
   if (!g[KEY]) {
-    if (!source) throw new Error("mpo_viz figure: the model has no plotly module source (_plotly_esm is empty)");
-    const url = URL.createObjectURL(new Blob([source], { type: "text/javascript" }));
-    g[KEY] = import(/* webpackIgnore: true */ /* @vite-ignore */ url).finally(() => URL.revokeObjectURL(url));
+    g[KEY] = plotlySource(model).then((source) => {
+      const url = URL.createObjectURL(new Blob([source], { type: "text/javascript" }));
+      return import(/* webpackIgnore: true */ /* @vite-ignore */ url).finally(() => URL.revokeObjectURL(url));
+    });
+    g[KEY].catch(() => {
+      delete g[KEY]; // a later figure tries again
+    });
   }
   return g[KEY];
 }
@@ -68,7 +86,7 @@ export default () => {
   let inner = null;
   return {
     async initialize(ctx) {
-      const mod = await plotlyModule(ctx.model.get("_plotly_esm"));
+      const mod = await plotlyModule(ctx.model);
       deferDeltas(mod);
       inner = typeof mod.default === "function" ? mod.default() : mod.default;
       if (!inner || !inner.render) throw new Error("mpo_viz figure: plotly's widget module has no default export with render()");

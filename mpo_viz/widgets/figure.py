@@ -5,7 +5,13 @@ that sizes each figure to the width of its output instead of plotly's 700 px.
 Why the first: anywidget imports each model's ES module afresh; plotly's is ~5 MB, and reopening a
 notebook with a live kernel creates every figure model at once, so models missed anywidget's 2 s
 initialization limit ("[anywidget] Failed to initialize model", logged again for each later message
-to them, which are dropped). The Python API is plotly's, unchanged.
+to them, which are dropped). The module's source is synced once per kernel, in one
+:class:`PlotlySource` model that every figure refers to: with a copy in each figure, a notebook of
+five views held ~26 MB of widget state, and reopening it took longer than JupyterLab waits for a
+view's model ("Error displaying widget: model not found"). The Python API is plotly's, unchanged.
+
+:func:`swap_child` puts a new widget in a box and closes the one it replaces (and its children), so
+a view that rebuilds its figure does not leave the old one alive in the kernel and the page.
 """
 
 from __future__ import annotations
@@ -13,11 +19,12 @@ from __future__ import annotations
 import functools
 from pathlib import Path
 
+import ipywidgets as W
 import plotly
 import plotly.graph_objects as go
 import traitlets
 
-__all__ = ["FigureWidget", "FIGURE_JS"]
+__all__ = ["FigureWidget", "FIGURE_JS", "PlotlySource", "plotly_source", "swap_child", "close_tree"]
 
 FIGURE_JS = (Path(__file__).with_name("figure.js")).read_text(encoding="utf-8")
 
@@ -32,20 +39,61 @@ def _plotly_widget_module() -> str:
     return path.read_text(encoding="utf-8")
 
 
+class PlotlySource(W.Widget):
+    """plotly's widget module source (``source``, ~5 MB) as one widget model without a view: the
+    kernel sends it to the page once, and every :class:`FigureWidget` refers to it."""
+
+    source = traitlets.Unicode().tag(sync=True)
+
+
+_SHARED: dict[str, PlotlySource] = {}
+
+
+def plotly_source() -> PlotlySource:
+    """The kernel's one :class:`PlotlySource` (made again if it was closed, e.g. by
+    ``ipywidgets.Widget.close_all()``)."""
+    src = _SHARED.get("plotly")
+    if src is None or src.comm is None:
+        src = _SHARED["plotly"] = PlotlySource(source=_plotly_widget_module())
+    return src
+
+
 class FigureWidget(go.FigureWidget):
     """plotly's ``FigureWidget`` (same API), sized to its output's width and sharing one import of
     plotly's front end with every other figure on the page. A layout ``width`` still fixes the width."""
 
     _esm = FIGURE_JS
-    _plotly_esm = traitlets.Unicode().tag(sync=True)
+    _plotly_source = traitlets.Instance(PlotlySource).tag(sync=True, **W.widget_serialization)
 
-    @traitlets.default("_plotly_esm")
-    def _plotly_esm_default(self) -> str:
-        # a default, not an assignment after __init__: the front end needs it in the state the
-        # widget opens with (later messages wait until the model is initialized)
-        return _plotly_widget_module()
+    @traitlets.default("_plotly_source")
+    def _plotly_source_default(self) -> PlotlySource:
+        # a default, not an assignment after __init__: the front end needs the reference in the
+        # state the widget opens with (later messages wait until the model is initialized)
+        return plotly_source()
 
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
         # plotly's resize handler is what figure.js calls when the output's width changes
         self._config = {**(self._config or {}), "responsive": True}
+
+
+def close_tree(widget: W.Widget) -> None:
+    """Close ``widget``, the boxes' children under it and their ``layout`` / ``style`` models (the
+    kernel's comms and the page's models). Shared models a widget only refers to (a figure's
+    :class:`PlotlySource`) stay open."""
+    for child in getattr(widget, "children", ()) or ():
+        close_tree(child)
+    for name in ("layout", "style"):
+        part = getattr(widget, name, None)
+        if isinstance(part, W.Widget):
+            part.close()
+    widget.close()
+
+
+def swap_child(box: W.Box, widget: W.Widget) -> None:
+    """Make ``widget`` the only child of ``box`` and close the children it replaces (see
+    :func:`close_tree`); a child that is ``widget`` itself is kept."""
+    old = [w for w in box.children if w is not widget]
+    box.children = (widget,)
+    for w in old:
+        close_tree(w)

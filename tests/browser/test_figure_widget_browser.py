@@ -27,7 +27,11 @@ def test_deltas_to_python_follow_the_frame(page, page_errors, open_html):
     html = ("<!doctype html><meta charset=utf-8><div id=f></div><script type=module>\n"
             f"{FIGURE_JS.replace('export default', 'const widget =')}\n"
             "window.sent = [];\n"
-            f"const model = {{ get: (k) => (k === '_plotly_esm' ? {json.dumps(_FAKE_PLOTLY)} : undefined) }};\n"
+            # the figure's model refers to a PlotlySource model, found through the widget manager
+            f"const source = {{ get: (k) => (k === 'source' ? {json.dumps(_FAKE_PLOTLY)} : undefined) }};\n"
+            "window.asked = [];\n"
+            "const widget_manager = { get_model: async (id) => { window.asked.push(id); return source; } };\n"
+            "const model = { get: (k) => (k === '_plotly_source' ? 'IPY_MODEL_abc' : undefined), widget_manager };\n"
             "const w = widget(); await w.initialize({ model });\n"
             "const mod = await globalThis[Symbol.for('mpo_viz.plotly_widget_module')];\n"
             "const view = new mod.FigureView();\n"
@@ -38,4 +42,5 @@ def test_deltas_to_python_follow_the_frame(page, page_errors, open_html):
     open_html(html, "f.html")
     assert page.evaluate("window.syncSent") == 0  # nothing before the frame
     assert page.evaluate("window.sent") == [["trace", 7], ["layout", 8]]
+    assert page.evaluate("window.asked") == ["abc"]  # the reference, without its IPY_MODEL_ prefix
     assert page_errors == []
