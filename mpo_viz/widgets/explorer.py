@@ -26,7 +26,7 @@ from mpo_viz import analysis as an
 from mpo_viz import plots
 from mpo_viz.advantages import registry
 from mpo_viz.io import load
-from mpo_viz.strip import payload_from_arrays, strip_payload
+from mpo_viz.strip import advantage_channels, strip_payload
 from mpo_viz.token_text import tokenizer_decoder
 from mpo_viz.trajectory import TrajectoryBatch
 from mpo_viz.widgets.engine import AdvantageEngine, ParamControls, default_estimators
@@ -35,7 +35,7 @@ from mpo_viz.widgets.figure import FigureWidget
 from mpo_viz.widgets.picker import TrajectoryPicker
 from mpo_viz.widgets.scales import ColourScale
 from mpo_viz.widgets.snapshot import Snapshot
-from mpo_viz.widgets.strip_widget import StripWidget
+from mpo_viz.widgets.strip_widget import StripWidget, patch_strips
 
 __all__ = ["TrajectoryExplorer", "as_batch", "trajectory_table"]
 
@@ -214,7 +214,7 @@ class TrajectoryExplorer(Exportable, W.VBox):
         self.picker.show(row)
         adv, ret = self._row_arrays()
         payload = strip_payload(self._sub, 0, advantages=adv, td=an.td_error(self._sub), tokens=self.tokens,
-                                channel=f"adv_{self.names[0]}")
+                                channel=f"adv_{self.names[0]}", arrays=True)
         self.scale.apply(payload)
         t1 = time.perf_counter()
         self.strip.set_payload(payload)
@@ -316,14 +316,9 @@ class TrajectoryExplorer(Exportable, W.VBox):
         t2 = time.perf_counter()
         # the strip: only the channels of the estimators that ran (and every advantage channel's
         # colour scale, which "shared" takes from all of them) go to the browser, as a patch
-        chans = {k: v for k, v in self._adv_channels(adv).items() if k.split("_", 1)[1] in ran}
-        payload = dict(self.strip.payload_dict)
-        payload["channels"] = {**payload["channels"], **chans}
-        payload["channel_info"] = {k: dict(v) for k, v in payload["channel_info"].items()}
-        self.scale.apply(payload)
-        info = {k: v for k, v in payload["channel_info"].items() if k.startswith(("adv_", "micro_"))}
+        chans = self._adv_channels(adv, ran)
         t3 = time.perf_counter()
-        self.strip.update_channels(chans, info)
+        patch_strips([self.strip], chans, self.scale.apply)
         t4 = time.perf_counter()
         if "disagree" in self.picker.table.columns and ran:
             self.picker.set_column("disagree", self._disagreement(self._adv()))
@@ -342,29 +337,16 @@ class TrajectoryExplorer(Exportable, W.VBox):
         tr.y = y
 
     def _rescale(self) -> None:
-        payload = dict(self.strip.payload_dict)
-        payload["channel_info"] = {k: dict(v) for k, v in payload["channel_info"].items()}
-        self.scale.apply(payload)
-        self.strip.set_payload(payload)
+        patch_strips([self.strip], {}, self.scale.apply)  # the new scales: a patch of channel info
 
-    def _adv_channels(self, adv: dict) -> dict:
-        """The strip channels that depend on the options: ``adv_<name>`` and MAE's ``micro_<name>``
-        (the advantage minus its turn mean, as :func:`mpo_viz.strip.strip_payload` defines it),
-        rounded like the strip module rounds; observation tokens blank (None)."""
-        sub = self._sub
+    def _adv_channels(self, adv: dict, ran) -> dict:
+        """The strip channels of the estimators in ``ran`` (those whose options changed):
+        ``adv_<name>`` and MAE's ``micro_<name>``, as :func:`mpo_viz.strip.strip_payload` builds
+        them (:func:`mpo_viz.strip.advantage_channels`: rounded, observation tokens NaN)."""
         n = self._n
-        mask = sub.mask[0, :n].numpy()
-        act = mask != 0
-        tid = sub.turn_ids[0, :n].numpy()
-        chans = {f"adv_{k}": a[0] for k, a in adv.items()}
-        for name in filter(None, [registry.multiscale_estimator(adv)]):
-            a = np.where(act, adv[name][0].astype(np.float64), 0.0)
-            cnt = np.bincount(tid, weights=act.astype(np.float64))
-            tot = np.bincount(tid, weights=a)
-            with np.errstate(invalid="ignore", divide="ignore"):
-                chans[f"micro_{name}"] = a - (tot / cnt)[tid]
-        chans = {k: np.where(act, v, np.nan) for k, v in chans.items()}
-        return payload_from_arrays([""] * n, mask, tid, chans)["channels"]
+        chans = advantage_channels({k: a[0] for k, a in adv.items()}, self._sub.mask[0, :n].numpy(),
+                                   self._sub.turn_ids[0, :n].numpy())
+        return {k: v for k, v in chans.items() if k.split("_", 1)[1] in ran}
 
     # --- static snapshot ---------------------------------------------------------------------------------
     def snapshot(self, snap: Snapshot | None = None) -> Snapshot:
