@@ -7,11 +7,10 @@ import json
 import math
 import struct
 
+import numpy as np
 import pytest
 
 import mpo_viz as mv
-import numpy as np
-
 from mpo_viz import analysis as an
 from mpo_viz.advantages import compute
 from mpo_viz.strip import payload_from_arrays, payload_json, payload_lists, strip_payload
