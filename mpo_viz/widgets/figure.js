@@ -32,8 +32,8 @@ function plotlyModule(source) {
 }
 
 const DEFERRED = Symbol.for("mpo_viz.plotly_deltas_deferred");
-const QUIET_MS = 120; // the deltas wait until no redraw has asked for one for this long
-const LATEST_MS = 1000; // and at most this long after the first waiting one was asked for
+const QUIET_MS = 250; // the deltas wait until no redraw has asked for one for this long
+const LATEST_MS = 2000; // and at most this long after the first waiting one was asked for
 
 // Deferred calls, run in the order they were asked for, once the page is quiet: no new call for
 // QUIET_MS (a slider move's messages from the kernel come within a few tens of milliseconds, and
