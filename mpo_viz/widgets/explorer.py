@@ -121,7 +121,11 @@ def frame_html(df: pd.DataFrame) -> str:
     The same text as pandas' ``df.to_html(index=False, float_format="{:.4g}", na_rep="—",
     border=0)`` (a test compares them), written column by column: a slider move rewrites the turn
     table, and pandas' writer took ~7 ms of the kernel's ~15 ms for a few rows. Frames with other
-    column types (categorical, datetime, nested objects) go through pandas itself."""
+    column types (categorical, datetime, nested objects) or other column labels (repeated, not
+    strings) go through pandas itself."""
+    if not df.columns.is_unique or not (isinstance(df.columns, pd.RangeIndex)
+                                        or all(isinstance(c, str) for c in df.columns)):
+        return _frame_html_pandas(df)
     cols = []
     for c in df.columns:
         s = df[c]
@@ -137,8 +141,6 @@ def frame_html(df: pd.DataFrame) -> str:
             cols.append(["—" if not isinstance(v, str) else _html_text(v) for v in a])
         else:
             return _frame_html_pandas(df)
-    if not isinstance(df.columns, pd.RangeIndex) and not all(isinstance(c, str) for c in df.columns):
-        return _frame_html_pandas(df)
     head = "".join(f"      <th>{_html_text(c)}</th>\n" for c in df.columns)
     rows = "".join("    <tr>\n" + "".join(f"      <td>{col[i]}</td>\n" for col in cols) + "    </tr>\n"
                    for i in range(len(df)))
