@@ -157,7 +157,7 @@ class StripWidget(anywidget.AnyWidget):
                 raise ValueError(f"channels[{k!r}]: expected {n} values (one per token), found {len(v)}")
             vals[k] = np.ascontiguousarray(v, dtype=np.float64)  # an array of that dtype: not copied
         info = {k: v for k, v in (channel_info or {}).items() if k in have}
-        patch = {"channels": {**self._patch.get("channels", {}), **vals},
+        patch: dict = {"channels": {**self._patch.get("channels", {}), **vals},
                  "channel_info": {**self._patch.get("channel_info", {}), **info}}
         if focus is not None:
             patch["focus"] = int(focus)
