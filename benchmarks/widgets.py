@@ -3,9 +3,10 @@
 1. **Slider change** (Python side). A TrajectoryExplorer on a 64-trajectory batch of about 100k
    response tokens (``mpo_viz.synthetic.make_batch``), estimators mpo, gae, grpo. One slider change
    = ``params.set(beta=…)``: recompute every estimator on the whole batch (kernels only), update the
-   picker's disagreement column, build and push the strip's new advantage channels (JSON through the
-   widget's comm; outside a kernel ipywidgets' DummyComm, so serialization is counted, the socket
-   write is not), update the figure traces and the per-turn table. Median and p90 of 20, by phase.
+   picker's disagreement column, build and push the strip's new advantage channels (a patch: binary
+   buffers through the widget's comm; outside a kernel ipywidgets' DummyComm, so serialization is
+   counted, the socket write is not), update the figure traces, the per-turn table, the header and
+   the export bar's CSV links. Median and p90 of 20, by phase.
    Baseline side by side: the naive path — ``mpo_viz.advantages.compute`` per estimator, a full
    ``strip_payload`` rebuild and a new FigureWidget. Target: median <= 100 ms.
 2. **Opening a 50,000-token trajectory** (Chromium). Python: ``explorer.select(row)`` (payload,
@@ -106,8 +107,24 @@ def bench_slider(repeats: int) -> None:
     print("|---|---|")
     for k, v in phases.items():
         print(f"| {k} | {statistics.median(v) * 1000:.2f} |")
-    print(f"\npushed to the strip on a slider move: a patch of {len(ex.strip.patch) / 1e3:.0f} kB of JSON (the changed "
-          f"channels); the whole payload would be {len(payload_json(ex.strip.payload_dict)) / 1e3:.0f} kB")
+    def sent(w):
+        return len(w.patch) / 1e3, sum(m.nbytes for m in w.patch_arrays.values()) / 1e3
+
+    pj, pb = sent(ex.strip)
+    print(f"\npushed to the strip on a slider move: a patch of {pj:.1f} kB of JSON (channel names and colour "
+          f"scales) and {pb:.0f} kB of binary float64 buffers (the changed channels, no Python list on the way); the "
+          f"whole payload would be {len(payload_json(ex.strip.payload_dict)) / 1e3:.0f} kB of JSON")
+    from mpo_viz.widgets import EstimatorComparison
+    from mpo_viz.widgets.strip_widget import split_payload
+
+    cmp = EstimatorComparison(b, names, row=0)
+    cmp.params.set(beta=0.5)
+    cj, cb = sent(cmp.strips["mpo"])
+    wire, arrays = split_payload(cmp.strips["mpo"].payload_dict)
+    full_b = (sum(m.nbytes for m in arrays["channels"].values()) + arrays["mask"].nbytes + arrays["turn_ids"].nbytes) / 1e3
+    print(f"EstimatorComparison ({len(cmp.strips)} stacked strips), same move: each strip gets a patch of {cj:.1f} kB "
+          f"of JSON and {cb:.0f} kB of buffers (before, each got its whole payload again: tokens, mask and every "
+          f"channel, {len(payload_json(wire)) / 1e3:.0f} kB of JSON and {full_b:.0f} kB of buffers)")
 
 
 _FAKE_MODEL = """

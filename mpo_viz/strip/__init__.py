@@ -49,6 +49,8 @@ __all__ = [
     "strip_payload",
     "payload_from_arrays",
     "payload_json",
+    "payload_lists",
+    "advantage_channels",
     "EXPORTS_MARKER",
     "SCALE_MODES",
     "robust_scale",
@@ -184,6 +186,7 @@ def payload_from_arrays(
     title: str = "",
     meta: dict | None = None,
     digits: int = 5,
+    arrays: bool = False,
 ) -> dict:
     """A strip payload from plain 1-D arrays of one trajectory (length N each).
 
@@ -191,6 +194,11 @@ def payload_from_arrays(
     derived from mask runs); ``channels``: ``{name: N floats}``; ``channel_info``: optional
     ``{name: {"label", "center", "scale"}}``; ``channel``: the channel shown first (default: the
     first). Values are rounded to ``digits`` significant digits to keep payloads small.
+
+    ``arrays``: the numbers as numpy arrays instead of lists — each channel ``(N,)`` float64 (a
+    missing value is NaN instead of None), ``mask`` ``(N,)`` uint8, ``turn_ids`` ``(N,)`` int32 —
+    what the widgets send as binary buffers without going through Python lists; the same numbers
+    (:func:`payload_lists` turns it into the list form, :func:`payload_json` writes either).
     """
     tokens = [("" if t is None else str(t)) for t in tokens]
     n = len(tokens)
@@ -206,7 +214,7 @@ def payload_from_arrays(
         a = np.asarray(v.detach().cpu().numpy() if hasattr(v, "detach") else v, dtype=np.float64).ravel()
         if a.shape[0] != n:
             raise ValueError(f"channels[{k!r}]: expected {n} values (one per token), found {a.shape[0]}")
-        chans[k] = _floats(a, digits)
+        chans[k] = round_sig(a, digits) if arrays else _floats(a, digits)
     info = {k: {"label": k, "center": 0.0, "scale": None} for k in chans}
     for k, v in (channel_info or {}).items():
         if k in info:
@@ -217,8 +225,8 @@ def payload_from_arrays(
         "version": 1,
         "title": str(title),
         "tokens": tokens,
-        "mask": m.tolist(),
-        "turn_ids": t.tolist(),
+        "mask": m.astype(np.uint8) if arrays else m.tolist(),
+        "turn_ids": t.astype(np.int32) if arrays else t.tolist(),
         "channels": chans,
         "channel_info": info,
         "channel": channel if channel is not None else (next(iter(chans)) if chans else None),
@@ -258,6 +266,7 @@ def strip_payload(
     channel: str | None = None,
     title: str | None = None,
     digits: int = 5,
+    arrays: bool = False,
 ) -> dict:
     """The strip payload for trajectory ``row`` of a :class:`~mpo_viz.trajectory.TrajectoryBatch`.
 
@@ -275,7 +284,8 @@ def strip_payload(
       ``exp(old − rollout)`` (centred at 1), ``kl`` = ``old − ref`` (k1), ``entropy``.
 
     ``tokens``: display strings for the row, or a callable ``ids -> strings`` (a tokenizer's
-    per-token decode); default the ``response_tokens`` field, else the token ids.
+    per-token decode); default the ``response_tokens`` field, else the token ids. ``arrays``: the
+    numbers as numpy arrays (:func:`payload_from_arrays`), as the widgets send them.
     """
     B = len(batch)
     if not -B <= row < B:
@@ -298,7 +308,7 @@ def strip_payload(
     meta = {"group": batch.group_ids[row], "score": round(score, 6), "turns": int(sub.num_turns[0])}
     payload = payload_from_arrays(toks, mask, sub.turn_ids[0, :n].numpy(), chans, channel_info=ch.info,
                                   channel=channel, title=title if title is not None else f"trajectory {batch.traj_ids[row]}",
-                                  meta=meta, digits=digits)
+                                  meta=meta, digits=digits, arrays=arrays)
     # word-level tokenizers give tokens without whitespace: ask the strip to space them out
     payload["spaced"] = len(toks) > 1 and not any(any(c.isspace() for c in t) for t in toks)
     return payload
@@ -317,22 +327,53 @@ class _Channels:
         self.info[name] = {"label": label, "center": center, "scale": None}
 
 
+MICRO_LABEL = ("within-turn part ({est}: A − turn mean; relative to its turn: blue = above the turn's mean, "
+               "even in a failed episode)")
+
+
+def _option_channels(advantages: dict, mask: np.ndarray, turn_ids: np.ndarray) -> dict:
+    """``{channel: (values (n,) float64, label)}`` of the channels that depend on the estimators'
+    options: ``adv_<name>`` for each ``{name: (n,) advantages}`` and, for the first multiscale
+    estimator among them (:func:`mpo_viz.advantages.multiscale_estimator`), ``micro_<name>`` = the
+    advantage minus its turn mean over action tokens (MAE's ``β(u − ū)``; the turn mean is
+    ``A^T_k``). Not blanked or rounded (see :func:`advantage_channels`)."""
+    out = {f"adv_{k}": (np.asarray(a, dtype=np.float64), f"advantage ({k})") for k, a in advantages.items()}
+    for est in filter(None, [registry.multiscale_estimator(advantages)]):
+        act = mask != 0
+        a = np.where(act, out[f"adv_{est}"][0], 0.0)
+        cnt = np.bincount(turn_ids, weights=act.astype(np.float64))
+        tot = np.bincount(turn_ids, weights=a)
+        with np.errstate(invalid="ignore", divide="ignore"):
+            out[f"micro_{est}"] = (a - (tot / cnt)[turn_ids], MICRO_LABEL.format(est=est))
+    return out
+
+
+def advantage_channels(advantages: dict, mask, turn_ids, *, digits: int = 5) -> dict:
+    """The strip channels a slider move changes, exactly as :func:`strip_payload` (``arrays=True``)
+    builds them: ``{"adv_<name>": (n,) float64, "micro_<est>": (n,) float64}`` for ``advantages``
+    = ``{name: (n,) advantages of one trajectory}`` (n = its response length), ``mask`` and
+    ``turn_ids`` ``(n,)``; observation tokens NaN, values rounded to ``digits`` significant digits
+    (:func:`round_sig`). What the views send as a patch (``StripWidget.update_channels``)."""
+    m = np.asarray(mask).ravel()
+    t = np.asarray(turn_ids, dtype=np.int64).ravel()
+    rows = {k: np.asarray(a.detach().cpu().numpy() if hasattr(a, "detach") else a, dtype=np.float64).ravel()
+            for k, a in advantages.items()}
+    for k, a in rows.items():
+        if a.shape[0] != m.shape[0]:
+            raise ValueError(f"advantages[{k!r}]: expected {m.shape[0]} values (one per token), found {a.shape[0]}")
+    return {k: round_sig(np.where(m != 0, v, np.nan), digits) for k, (v, _) in _option_channels(rows, m, t).items()}
+
+
 def _advantage_channels(ch: _Channels, sub, row: int, advantages, mask: np.ndarray) -> None:
     """``adv_<name>`` of each given estimator, the multiscale one's within-turn part
-    ``micro_<name>``, the stored ``adv_*`` columns and the logged ``advantages``."""
+    ``micro_<name>`` (:func:`_option_channels`), the stored ``adv_*`` columns and the logged ``advantages``."""
+    rows = {}
     for name, a in (advantages or {}).items():
         a = getattr(a, "advantages", a)
         a = a.detach().cpu().numpy() if hasattr(a, "detach") else np.asarray(a)
-        ch.add(f"adv_{name}", a[row], f"advantage ({name})")
-    for est in filter(None, [registry.multiscale_estimator(k[4:] for k in ch.values)]):
-        # MAE's micro scale: the advantage minus its turn mean (= β(u − ū)); the turn mean is A^T_k
-        turn_ids = sub.turn_ids[0, : ch.n].numpy()
-        a = np.where(mask != 0, ch.values[f"adv_{est}"], 0.0)
-        cnt = np.bincount(turn_ids, weights=(mask != 0).astype(np.float64))
-        tot = np.bincount(turn_ids, weights=a)
-        with np.errstate(invalid="ignore", divide="ignore"):
-            ch.add(f"micro_{est}", a - (tot / cnt)[turn_ids], f"within-turn part ({est}: A − turn mean; relative to its turn: blue = above the "
-                   "turn's mean, even in a failed episode)")
+        rows[name] = np.asarray(a[row], dtype=np.float64)[: ch.n]
+    for k, (v, label) in _option_channels(rows, mask, sub.turn_ids[0, : ch.n].numpy()).items():
+        ch.add(k, v, label)
     for f in sub.token_fields:
         if f.startswith("adv_") and f not in ch.values:
             ch.add(f, sub.padded(f, fill=math.nan)[0].numpy(), f"advantage ({f[4:]}, stored)")
@@ -381,7 +422,31 @@ def _other_channels(ch: _Channels, sub) -> None:
             continue  # strings or other non-numeric columns
 
 
+def _json_numbers(a: np.ndarray) -> list:
+    """An array of a payload (``arrays=True``) as the JSON form's list: NaN / ±inf as None."""
+    if a.dtype.kind == "f":
+        return [None if v != v or v in (math.inf, -math.inf) else v for v in a.tolist()]
+    return a.tolist()
+
+
+def payload_lists(payload: dict) -> dict:
+    """The JSON form of a payload: its numpy arrays (a payload built with ``arrays=True``, or a
+    widget's) as lists, NaN as None; a payload of lists is returned as is. A new dict (the arrays
+    of ``channels``, ``mask`` and ``turn_ids`` converted; nothing else is copied)."""
+    chans = payload.get("channels") or {}
+    if not any(isinstance(payload.get(k), np.ndarray) for k in ("mask", "turn_ids")) and \
+            not any(isinstance(v, np.ndarray) for v in chans.values()):
+        return payload
+    out = dict(payload)
+    for k in ("mask", "turn_ids"):
+        if isinstance(out.get(k), np.ndarray):
+            out[k] = _json_numbers(out[k])
+    out["channels"] = {k: _json_numbers(v) if isinstance(v, np.ndarray) else v for k, v in chans.items()}
+    return out
+
+
 def payload_json(payload: dict) -> str:
-    """Compact JSON of a payload, safe to inline in ``<script type="application/json">``."""
-    s = json.dumps(payload, separators=(",", ":"), allow_nan=False, ensure_ascii=False)
+    """Compact JSON of a payload (lists or arrays, :func:`payload_lists`), safe to inline in
+    ``<script type="application/json">``."""
+    s = json.dumps(payload_lists(payload), separators=(",", ":"), allow_nan=False, ensure_ascii=False)
     return s.replace("</", "<\\/").replace("<!--", "<\\u0021--").replace("\u2028", "\\u2028").replace("\u2029", "\\u2029")

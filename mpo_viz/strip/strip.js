@@ -11,10 +11,13 @@
 //
 // Two entry points:
 //   mount(el, payload, options) -> { update(payload), patch(p), setChannel(name), scrollToToken(i), destroy() }
-//   render({ model, el })       -> cleanup   (anywidget: reads the "payload", "arrays", "patch" and "channel" traits)
-// patch(p) replaces channels of the payload shown, p = { channels: { name: [number|null] },
-// channel_info: { name: info } } (or its JSON): the tokens keep their layout and scroll position,
-// only the colours, the legend and the hover change (a slider move sends only what it changed).
+//   render({ model, el })       -> cleanup   (anywidget: reads the "payload", "arrays", "patch", "patch_arrays"
+//                                              and "channel" traits)
+// patch(p) replaces channels of the payload shown, p = { channels: { name: [number|null] or a
+// Float64Array }, channel_info: { name: info }, focus?: int } (or its JSON): the tokens keep their
+// layout and scroll position, only the colours, the legend and the hover change (a slider move
+// sends only what it changed). The widget sends the patch's values as binary buffers: its JSON has
+// null per channel and the "patch_arrays" trait the float64 buffers.
 // The report inlines this file as a classic script: everything after the EXPORTS marker is cut and
 // `mount`/`render` are put on window.mpoStrip.
 
@@ -468,6 +471,8 @@ export function mount(el, payload, options = {}) {
       if (v.length !== d.n) throw new Error(`mpo strip: channel ${k} has ${v.length} values for ${d.n} tokens`);
     }
     d = { ...d, channels: { ...d.channels, ...chans }, info: { ...d.info, ...(p.channel_info || {}) } };
+    // a new focus is where a view opened later scrolls to; this one keeps the reader's place
+    if (Number.isInteger(p.focus) && p.focus >= 0 && p.focus < d.n) d.focus = p.focus;
     scales.clear();
     legend();
     recolour();
@@ -523,6 +528,30 @@ function typed(dv, Type) {
     : new Type(buf.slice(off, off + len));
 }
 
+// The "patch" trait (JSON; null per channel whose values are in the "patch_arrays" buffers) as an
+// object whose channels are arrays; null for no patch.
+function withPatchArrays(patch, arrays) {
+  const p = typeof patch === "string" ? (patch ? JSON.parse(patch) : null) : patch;
+  if (!p) return null;
+  const chans = {};
+  for (const [k, v] of Object.entries(p.channels || {})) {
+    if (v !== null) chans[k] = v;
+    else if (arrays && arrays[k]) chans[k] = typed(arrays[k], Float64Array);
+    else throw new Error(`mpo strip: the patch's channel ${k} has no values (patch_arrays has no buffer for it)`);
+  }
+  return { ...p, channels: chans };
+}
+
+// payload (an object, numbers as arrays) with a patch's channels, channel info and focus (what
+// patch() does to a view on screen; a view opened later starts from it and lays out once)
+function patched(payload, p) {
+  if (!p) return payload;
+  const out = { ...payload, channels: { ...(payload.channels || {}), ...(p.channels || {}) },
+                channel_info: { ...(payload.channel_info || {}), ...(p.channel_info || {}) } };
+  if (p.focus !== undefined) out.focus = p.focus;
+  return out;
+}
+
 function withArrays(payload, arrays) {
   if (!arrays || !arrays.mask) return payload;
   const p = typeof payload === "string" ? (payload ? JSON.parse(payload) : {}) : { ...payload };
@@ -547,7 +576,10 @@ function render({ model, el }) {
     }
   };
   const read = () => withArrays(model.get("payload"), has("arrays") ? model.get("arrays") : null);
-  const view = mount(el, read(), {
+  const readPatch = () => withPatchArrays(has("patch") ? model.get("patch") : "",
+                                          has("patch_arrays") ? model.get("patch_arrays") : null);
+  const initial = read();
+  const view = mount(el, patched(typeof initial === "string" ? (initial ? JSON.parse(initial) : {}) : initial, readPatch()), {
     channel: has("channel") ? model.get("channel") : undefined,
     height: has("height") && model.get("height") ? model.get("height") : undefined,
     onChannel: (name) => {
@@ -557,11 +589,11 @@ function render({ model, el }) {
       }
     },
   });
-  const readPatch = () => (has("patch") ? model.get("patch") : "");
-  if (readPatch()) view.patch(readPatch());
-  // a new payload comes with the patch reset; a patch holds every channel replaced since its payload.
-  // payload and arrays change together (one message): one update, once both are set
+  // A new payload comes with the patch reset; a patch holds every channel replaced since its
+  // payload. Traits sent together (payload and arrays; patch and patch_arrays) arrive in one
+  // message and fire one change event each: one update, once all of them are set.
   let queued = false;
+  let patchQueued = false;
   let closed = false;
   const onPayload = () => {
     if (queued) return;
@@ -570,11 +602,19 @@ function render({ model, el }) {
       queued = false;
       if (closed) return;
       view.update(read());
-      if (readPatch()) view.patch(readPatch());
+      const p = readPatch();
+      if (p) view.patch(p);
     });
   };
   const onPatch = () => {
-    if (!queued && readPatch()) view.patch(readPatch()); // queued: the update applies it
+    if (queued || patchQueued) return; // queued: the update applies it
+    patchQueued = true;
+    queueMicrotask(() => {
+      patchQueued = false;
+      if (closed || queued) return;
+      const p = readPatch();
+      if (p) view.patch(p);
+    });
   };
   const onChannel = () => {
     const c = model.get("channel");
@@ -583,12 +623,14 @@ function render({ model, el }) {
   model.on("change:payload", onPayload);
   model.on("change:arrays", onPayload);
   model.on("change:patch", onPatch);
+  model.on("change:patch_arrays", onPatch);
   model.on("change:channel", onChannel);
   return () => {
     closed = true;
     model.off("change:payload", onPayload);
     model.off("change:arrays", onPayload);
     model.off("change:patch", onPatch);
+    model.off("change:patch_arrays", onPatch);
     model.off("change:channel", onChannel);
     view.destroy();
   };

@@ -23,7 +23,7 @@ import numpy as np
 
 from mpo_viz import analysis as an
 from mpo_viz import plots
-from mpo_viz.strip import strip_payload
+from mpo_viz.strip import advantage_channels, strip_payload
 from mpo_viz.trajectory import TrajectoryBatch
 from mpo_viz.widgets.engine import AdvantageEngine, ParamControls, default_estimators
 from mpo_viz.widgets.explorer import (
@@ -39,7 +39,7 @@ from mpo_viz.widgets.figure import FigureWidget, swap_child
 from mpo_viz.widgets.picker import TrajectoryPicker
 from mpo_viz.widgets.scales import ColourScale
 from mpo_viz.widgets.snapshot import Snapshot
-from mpo_viz.widgets.strip_widget import StripWidget
+from mpo_viz.widgets.strip_widget import StripWidget, patch_strips
 
 __all__ = ["EstimatorComparison"]
 
@@ -79,7 +79,7 @@ class EstimatorComparison(Exportable, W.VBox):
         self._acc_options: dict | None = None
         self.picker.on_pick(self.select)
         self.params.on_change(self._params_changed)
-        self.scale.on_change(lambda: self._redraw(new_row=False))
+        self.scale.on_change(lambda: self._redraw(new_row=False, ran=set()))  # new scales: a patch of channel info
         strips = [w for n in self.names for w in (self.strip_labels[n], self.strips[n])]
         controls = W.HBox([self.params, self.scale.control], layout=W.Layout(flex_flow="row wrap",
                                                                               align_items="flex-end"))
@@ -109,20 +109,35 @@ class EstimatorComparison(Exportable, W.VBox):
     def _params_changed(self, options: dict) -> None:
         t0 = time.perf_counter()
         self.results = self.engine.compute(options)
-        if "disagree" in self.picker.table.columns:
+        if "disagree" in self.picker.table.columns and self.engine.ran:
             self.picker.set_column("disagree", an.disagreement(self.batch, self._adv()))
         self.timings["compute"] = time.perf_counter() - t0
-        self._redraw(new_row=False)
+        self._redraw(new_row=False, ran=set(self.engine.ran))
 
-    def _redraw(self, new_row: bool) -> None:
+    def _redraw(self, new_row: bool, ran=None) -> None:
+        """Show the current row. ``new_row`` (a pick): a new payload per strip. Else (a slider move,
+        a new colour scale; ``ran``: the estimators whose options changed, default all) each strip
+        gets a patch of the channels of the estimators that ran (the same channels for every
+        strip, one colour scale) and the focus, as the explorer's strip does."""
         adv = self._rows()
-        payload = strip_payload(self._sub, 0, advantages=adv, td=an.td_error(self._sub), tokens=self.tokens)
-        payload["focus"] = self.focus_token(adv)
-        payloads = [dict(payload, channel=f"adv_{name}", title=f"{name} · {self.batch.traj_ids[self.row]}")
-                    for name in self.strips]
-        self.scale.apply(payloads)  # one scale for the stacked strips (they share channel_info)
-        for (name, w), p in zip(self.strips.items(), payloads):
-            w.set_payload(p, keep_channel=False)
+        focus = self.focus_token(adv)
+        tid = self.batch.traj_ids[self.row]
+        if new_row:
+            payload = strip_payload(self._sub, 0, advantages=adv, td=an.td_error(self._sub), tokens=self.tokens,
+                                    arrays=True)
+            payload["focus"] = focus
+            payloads = [dict(payload, channel=f"adv_{name}", title=f"{name} · {tid}") for name in self.strips]
+            self.scale.apply(payloads)  # one scale for the stacked strips (they share channel_info)
+            for w, p in zip(self.strips.values(), payloads):
+                w.set_payload(p, keep_channel=False)
+        else:
+            ran = set(self.names) if ran is None else ran
+            n = self._n
+            chans = advantage_channels({k: a[0] for k, a in adv.items()}, self._sub.mask[0, :n].numpy(),
+                                       self._sub.turn_ids[0, :n].numpy())
+            chans = {k: v for k, v in chans.items() if k.split("_", 1)[1] in ran}
+            patch_strips(self.strips.values(), chans, self.scale.apply, focus=focus)
+        for name in self.strips:
             self.strip_labels[name].value = (f"<b>{name}</b> <span style='color:#555'>ran with "
                                              f"{html.escape(opts_text(self.engine.options_for(name, self.params.options)))}"
                                              "</span>")

@@ -26,7 +26,7 @@ from mpo_viz import analysis as an
 from mpo_viz import plots
 from mpo_viz.advantages import registry
 from mpo_viz.io import load
-from mpo_viz.strip import payload_from_arrays, strip_payload
+from mpo_viz.strip import advantage_channels, strip_payload
 from mpo_viz.token_text import tokenizer_decoder
 from mpo_viz.trajectory import TrajectoryBatch
 from mpo_viz.widgets.engine import AdvantageEngine, ParamControls, default_estimators
@@ -35,7 +35,7 @@ from mpo_viz.widgets.figure import FigureWidget, swap_child
 from mpo_viz.widgets.picker import TrajectoryPicker
 from mpo_viz.widgets.scales import ColourScale
 from mpo_viz.widgets.snapshot import Snapshot
-from mpo_viz.widgets.strip_widget import StripWidget
+from mpo_viz.widgets.strip_widget import StripWidget, patch_strips
 
 __all__ = ["TrajectoryExplorer", "as_batch", "trajectory_table"]
 
@@ -103,12 +103,49 @@ def token_decoder(tokens):
     return tokens
 
 
+def _frame_html_pandas(df: pd.DataFrame) -> str:
+    """:func:`frame_html` by pandas' ``to_html`` (the reference the fast path is tested against)."""
+    return df.to_html(index=False, float_format=lambda v: f"{v:.4g}", na_rep="—", border=0)
+
+
+def _html_text(v) -> str:
+    return str(v).replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")  # as pandas escapes
+
+
 def frame_html(df: pd.DataFrame) -> str:
     """A DataFrame as a compact HTML table for an ``ipywidgets.HTML`` with class ``mpo-turns`` (the
     explorer's turn table, the comparison's agreement tables). Its stylesheet, ``TABLE_CSS``, is not
     in the HTML: a view holds it once in a :func:`mpo_viz.widgets.export_bar.style_widget`, since a
-    ``<style>`` in HTML replaced on every update makes the browser rebuild its style rules."""
-    return df.to_html(index=False, float_format=lambda v: f"{v:.4g}", na_rep="—", border=0)
+    ``<style>`` in HTML replaced on every update makes the browser rebuild its style rules.
+
+    The same text as pandas' ``df.to_html(index=False, float_format="{:.4g}", na_rep="—",
+    border=0)`` (a test compares them), written column by column: a slider move rewrites the turn
+    table, and pandas' writer took ~7 ms of the kernel's ~15 ms for a few rows. Frames with other
+    column types (categorical, datetime, nested objects) or other column labels (repeated, not
+    strings) go through pandas itself."""
+    if not df.columns.is_unique or not (isinstance(df.columns, pd.RangeIndex)
+                                        or all(isinstance(c, str) for c in df.columns)):
+        return _frame_html_pandas(df)
+    cols = []
+    for c in df.columns:
+        s = df[c]
+        kind = s.dtype.kind
+        a = s.to_numpy()
+        if kind == "f":
+            cols.append(["—" if v != v else f"{v:.4g}" for v in a.tolist()])
+        elif kind in "iub":
+            cols.append([str(v) for v in a.tolist()])
+        elif kind == "O" and all(isinstance(v, str) for v in a):
+            cols.append([_html_text(v) for v in a])
+        elif kind == "O" and all(v is None or isinstance(v, float) and v != v or isinstance(v, str) for v in a):
+            cols.append(["—" if not isinstance(v, str) else _html_text(v) for v in a])
+        else:
+            return _frame_html_pandas(df)
+    head = "".join(f"      <th>{_html_text(c)}</th>\n" for c in df.columns)
+    rows = "".join("    <tr>\n" + "".join(f"      <td>{col[i]}</td>\n" for col in cols) + "    </tr>\n"
+                   for i in range(len(df)))
+    return ('<table class="dataframe">\n  <thead>\n    <tr style="text-align: right;">\n' + head
+            + "    </tr>\n  </thead>\n  <tbody>\n" + rows + "  </tbody>\n</table>")
 
 
 class TrajectoryExplorer(Exportable, W.VBox):
@@ -214,7 +251,7 @@ class TrajectoryExplorer(Exportable, W.VBox):
         self.picker.show(row)
         adv, ret = self._row_arrays()
         payload = strip_payload(self._sub, 0, advantages=adv, td=an.td_error(self._sub), tokens=self.tokens,
-                                channel=f"adv_{self.names[0]}")
+                                channel=f"adv_{self.names[0]}", arrays=True)
         self.scale.apply(payload)
         t1 = time.perf_counter()
         self.strip.set_payload(payload)
@@ -256,7 +293,8 @@ class TrajectoryExplorer(Exportable, W.VBox):
         adv, ret = self._row_arrays()
         return plots.value_curve(self._sub, 0, advantages=adv, returns=ret, title=parts["title"])
 
-    def _update_turns(self, adv, ret) -> None:
+    def _update_turns(self, adv, ret, *, export: bool = True) -> None:
+        """The per-turn table (``turn_df`` and the HTML); ``export``: also the export bar's CSV links."""
         src = self._ret_source()
         tt = self._sub.turns(advantages=adv, returns={src: ret} if ret is not None else None)
         ov = plots.learned_and_oracle(self._sub)
@@ -270,7 +308,8 @@ class TrajectoryExplorer(Exportable, W.VBox):
         more = (f"<p class='mpo-note'>first {MAX_TURN_ROWS} of {len(self.turn_df):,} turns; all of them in the CSV</p>"
                 if len(self.turn_df) > MAX_TURN_ROWS else "")
         self.turns.value = frame_html(shown) + more
-        self.export.set_tables(self.tables())
+        if export:
+            self.export.set_tables(self.tables())
 
     def tables(self) -> dict:
         """The view's tables as DataFrames: ``turns`` (the current trajectory's per-turn table) and
@@ -291,7 +330,8 @@ class TrajectoryExplorer(Exportable, W.VBox):
         ran = "; ".join(f"<b>{k}</b> {opts_text(self.engine.options_for(k, self.params.options))}" for k in self.names)
         ms = sum(self.timings.values()) * 1000
         self.status.value = (f"<b>{self.batch.traj_ids[self.row]}</b> (row {self.row}) · ran with: {ran or '—'}"
-                             f" · <span title='kernel-side time of the last update (recompute and payloads); the "
+                             f" · <span title='kernel-side time of the last update until this header (recompute "
+                             f"and payloads; a slider move refreshes the export bar's CSV links after it); the "
                              f"browser draws after it'>kernel {ms:.0f} ms</span>")
 
     # --- parameters -----------------------------------------------------------------------------------
@@ -316,22 +356,22 @@ class TrajectoryExplorer(Exportable, W.VBox):
         t2 = time.perf_counter()
         # the strip: only the channels of the estimators that ran (and every advantage channel's
         # colour scale, which "shared" takes from all of them) go to the browser, as a patch
-        chans = {k: v for k, v in self._adv_channels(adv).items() if k.split("_", 1)[1] in ran}
-        payload = dict(self.strip.payload_dict)
-        payload["channels"] = {**payload["channels"], **chans}
-        payload["channel_info"] = {k: dict(v) for k, v in payload["channel_info"].items()}
-        self.scale.apply(payload)
-        info = {k: v for k, v in payload["channel_info"].items() if k.startswith(("adv_", "micro_"))}
+        chans = self._adv_channels(adv, ran)
         t3 = time.perf_counter()
-        self.strip.update_channels(chans, info)
+        patch_strips([self.strip], chans, self.scale.apply)
         t4 = time.perf_counter()
         if "disagree" in self.picker.table.columns and ran:
             self.picker.set_column("disagree", self._disagreement(self._adv()))
         t5 = time.perf_counter()
-        self._update_turns(adv, ret)
+        self._update_turns(adv, ret, export=False)
         self.timings = {"compute": t1 - t0, "figure": t2 - t1, "payload": t3 - t2, "push": t4 - t3,
                         "picker": t5 - t4, "turn_table": time.perf_counter() - t5}
         self._status()
+        # the export bar's CSV links last: they are not what a move shows, so they come after the
+        # header (its "kernel N ms" is the time until then; ``timings["export"]`` has their share)
+        t6 = time.perf_counter()
+        self.export.set_tables(self.tables())
+        self.timings["export"] = time.perf_counter() - t6
 
     @staticmethod
     def _set_line(tr, x, y) -> None:
@@ -342,29 +382,16 @@ class TrajectoryExplorer(Exportable, W.VBox):
         tr.y = y
 
     def _rescale(self) -> None:
-        payload = dict(self.strip.payload_dict)
-        payload["channel_info"] = {k: dict(v) for k, v in payload["channel_info"].items()}
-        self.scale.apply(payload)
-        self.strip.set_payload(payload)
+        patch_strips([self.strip], {}, self.scale.apply)  # the new scales: a patch of channel info
 
-    def _adv_channels(self, adv: dict) -> dict:
-        """The strip channels that depend on the options: ``adv_<name>`` and MAE's ``micro_<name>``
-        (the advantage minus its turn mean, as :func:`mpo_viz.strip.strip_payload` defines it),
-        rounded like the strip module rounds; observation tokens blank (None)."""
-        sub = self._sub
+    def _adv_channels(self, adv: dict, ran) -> dict:
+        """The strip channels of the estimators in ``ran`` (those whose options changed):
+        ``adv_<name>`` and MAE's ``micro_<name>``, as :func:`mpo_viz.strip.strip_payload` builds
+        them (:func:`mpo_viz.strip.advantage_channels`: rounded, observation tokens NaN)."""
         n = self._n
-        mask = sub.mask[0, :n].numpy()
-        act = mask != 0
-        tid = sub.turn_ids[0, :n].numpy()
-        chans = {f"adv_{k}": a[0] for k, a in adv.items()}
-        for name in filter(None, [registry.multiscale_estimator(adv)]):
-            a = np.where(act, adv[name][0].astype(np.float64), 0.0)
-            cnt = np.bincount(tid, weights=act.astype(np.float64))
-            tot = np.bincount(tid, weights=a)
-            with np.errstate(invalid="ignore", divide="ignore"):
-                chans[f"micro_{name}"] = a - (tot / cnt)[tid]
-        chans = {k: np.where(act, v, np.nan) for k, v in chans.items()}
-        return payload_from_arrays([""] * n, mask, tid, chans)["channels"]
+        chans = advantage_channels({k: a[0] for k, a in adv.items()}, self._sub.mask[0, :n].numpy(),
+                                   self._sub.turn_ids[0, :n].numpy())
+        return {k: v for k, v in chans.items() if k.split("_", 1)[1] in ran}
 
     # --- static snapshot ---------------------------------------------------------------------------------
     def snapshot(self, snap: Snapshot | None = None) -> Snapshot:

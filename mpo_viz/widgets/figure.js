@@ -11,11 +11,14 @@
 //    width there it takes its 700 px default. A ResizeObserver redraws the figure at the element's
 //    width once it has one (and when the output is resized); the layout's height is kept. Figures
 //    given an explicit layout width keep it.
-// 3. Its reports to Python after a redraw come after the frame. After every update plotly's view
-//    diffs its full layout and full data against the model and sends the differences back to
+// 3. Its reports to Python after a redraw come once the page is quiet. After every update plotly's
+//    view diffs its full layout and full data against the model and sends the differences back to
 //    Python (_sendLayoutDelta, _sendTraceDeltas), synchronously, before the browser can paint the
-//    redraw: about a fifth of a slider move's redraw. Here they run once the next frame is out (in
-//    order, each with its own edit id, reading the state at that time), so the new curve shows first.
+//    redraw: about a fifth of a slider move's redraw (~15 ms). Run after the next frame they still
+//    delayed the frames after it and the kernel's other messages of the same move (the strip, the
+//    tables, the header). Here they run when no redraw has asked for one for QUIET_MS, in an idle
+//    period (at the latest LATEST_MS after being asked), in order, each with its own edit id,
+//    reading the state at that time; Python's on_edits_completed callbacks wait for them.
 
 const KEY = Symbol.for("mpo_viz.plotly_widget_module");
 
@@ -47,18 +50,43 @@ function plotlyModule(model) {
 }
 
 const DEFERRED = Symbol.for("mpo_viz.plotly_deltas_deferred");
+const QUIET_MS = 250; // the deltas wait until no redraw has asked for one for this long
+const LATEST_MS = 2000; // and at most this long after the first waiting one was asked for
 
-// fn after the next frame; by a timer alone where frames do not come (a hidden tab)
-function afterFrame(fn) {
-  let ran = false;
-  const run = () => {
-    if (!ran) {
-      ran = true;
+// Deferred calls, run in the order they were asked for, once the page is quiet: no new call for
+// QUIET_MS (a slider move's messages from the kernel come within a few tens of milliseconds, and
+// the frames that show the redraw are painted by then), then in an idle period; at the latest
+// LATEST_MS after the first waiting call (a page that is never idle still reports).
+const queue = [];
+let quietTimer = 0;
+let latestTimer = 0;
+let idleAsked = false;
+function flush() {
+  clearTimeout(quietTimer);
+  clearTimeout(latestTimer);
+  quietTimer = latestTimer = 0;
+  idleAsked = false;
+  const calls = queue.splice(0);
+  for (const fn of calls) {
+    try {
       fn();
+    } catch (e) {
+      console.error("mpo_viz figure: a deferred plotly report failed", e);
     }
-  };
-  requestAnimationFrame(() => setTimeout(run, 0));
-  setTimeout(run, 250);
+  }
+}
+function whenIdle() {
+  quietTimer = 0;
+  if (idleAsked) return;
+  idleAsked = true;
+  if (typeof requestIdleCallback === "function") requestIdleCallback(() => queue.length && flush(), { timeout: 250 });
+  else setTimeout(() => queue.length && flush(), 0);
+}
+function later(fn) {
+  queue.push(fn);
+  clearTimeout(quietTimer);
+  quietTimer = setTimeout(whenIdle, QUIET_MS);
+  if (!latestTimer) latestTimer = setTimeout(flush, LATEST_MS);
 }
 
 function deferDeltas(mod) {
@@ -68,7 +96,7 @@ function deferDeltas(mod) {
     const send = View.prototype[name];
     if (typeof send !== "function") continue;
     View.prototype[name] = function (...args) {
-      afterFrame(() => send.apply(this, args));
+      later(() => send.apply(this, args));
     };
   }
   View.prototype[DEFERRED] = true;

@@ -137,15 +137,22 @@ class TrajectoryPicker(W.VBox):
         self._render()
 
     def _label(self, i: int) -> str:
-        r = self.table.iloc[i]
-        return _NBSP.join(format_cell(r[c], self.widths.get(c, 9)) for c in self.columns)
+        return self._labels([i])[0]
+
+    def _labels(self, rows) -> list[str]:
+        """The option labels of table rows ``rows`` (positions): each column's cells of those rows
+        taken at once (numpy scalars of the column's dtype, as a row of the table gives them), not row
+        by row."""
+        page = self.table.iloc[list(rows)]
+        cols = [(page[c].to_numpy(), self.widths.get(c, 9)) for c in self.columns]
+        return [_NBSP.join(format_cell(v[j], w) for v, w in cols) for j in range(len(page))]
 
     def _render(self) -> None:
         self.page = min(self.page, self.n_pages - 1)
         a = self.page * self.page_size
         rows = self._order[a : a + self.page_size]
         cur = self.select.value
-        opts = [(self._label(i), int(self.table["row"].iat[i])) for i in rows]
+        opts = list(zip(self._labels(rows), self.table["row"].to_numpy()[rows].astype(int).tolist()))
         self._busy = True
         try:
             self.select.options = opts

@@ -85,8 +85,8 @@ class ColourScale:
             p0 = payloads[0]
             mask = np.asarray(p0["mask"])
 
-            def col(k):
-                return np.array([np.nan if v is None else v for v in p0["channels"][k]], dtype=np.float64)
+            def col(k):  # a channel as float64 (an array as is; a list's None as NaN)
+                return np.asarray(p0["channels"][k], dtype=np.float64)
 
             s_adv = max((robust_scale(col(k), mask) for k in adv_names), default=1.0)
             s_micro = max((robust_scale(col(k), mask) for k in micro_names), default=1.0)

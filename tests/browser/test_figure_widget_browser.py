@@ -1,6 +1,6 @@
 """figure.js (the figure widget's front end) around a stand-in for plotly's widget module, in
-Chromium: the deltas plotly's view reports to Python after a redraw are sent after the next frame,
-in the order they were asked for, with their arguments."""
+Chromium: the deltas plotly's view reports to Python after a redraw are sent once the page is quiet
+(not before the frames that show the redraw), in the order they were asked for, with their arguments."""
 
 from __future__ import annotations
 
@@ -38,9 +38,14 @@ def test_deltas_to_python_follow_the_frame(page, page_errors, open_html):
             "view._sendTraceDeltas(7); view._sendLayoutDelta(8);\n"
             "window.syncSent = window.sent.length;\n"
             "await new Promise((r) => requestAnimationFrame(() => setTimeout(r, 20)));\n"
+            "window.frameSent = window.sent.length;\n"
+            "view._sendTraceDeltas(9);  // a second redraw soon after: its report waits with the others\n"
+            "window.t0 = performance.now();\n"
             "window.ready = true;</script>")
     open_html(html, "f.html")
     assert page.evaluate("window.syncSent") == 0  # nothing before the frame
-    assert page.evaluate("window.sent") == [["trace", 7], ["layout", 8]]
+    assert page.evaluate("window.frameSent") == 0  # nor right after it (the next frames come first)
+    page.wait_for_function("window.sent.length === 3", timeout=5_000)
+    assert page.evaluate("window.sent") == [["trace", 7], ["layout", 8], ["trace", 9]]
     assert page.evaluate("window.asked") == ["abc"]  # the reference, without its IPY_MODEL_ prefix
     assert page_errors == []

@@ -150,3 +150,47 @@ def test_render_reads_numbers_from_binary_arrays(page, page_errors, open_html):
     assert rows == ["x\u2014", "y2"]
     page.evaluate("window.cleanup()")
     assert page_errors == []
+
+
+def test_patch_values_from_binary_buffers(page, page_errors, open_html):
+    """The widget's patch: JSON naming the channels (null) with their values in ``patch_arrays``
+    (float64 buffers, as the comm hands them over: DataViews); patch and patch_arrays set one
+    after the other (one message) are applied once, with both; a view opened later starts from
+    payload + patch."""
+    from mpo_viz.widgets.strip_widget import split_payload
+
+    p = payload_from_arrays(["a", "b", "c", "d"], [1, 1, 0, 1], None, {"x": [1.0, -1.0, 0.0, 0.5], "y": [0.1, 0.2, 0.3, 0.4]},
+                            channel_info={"x": {"scale": 1.0}}, title="bufs")
+    wire, _ = split_payload(p)
+    patch = {"channels": {"x": None}, "channel_info": {"x": {"label": "x", "center": 0.0, "scale": 2.0}}, "focus": 3}
+    html = (f"<!doctype html><meta charset=utf-8><style>{strip_css()}</style><div id=w></div><div id=v></div>"
+            f"<script type=module>{strip_js()}\n{_MODEL}\n"
+            "const f64 = (a) => new DataView(new Float64Array(a).buffer);\n"
+            "const arrays = {channels: {x: f64([1, -1, 0, 0.5]), y: f64([0.1, 0.2, 0.3, 0.4])},\n"
+            "  mask: new DataView(new Uint8Array([1, 1, 0, 1]).buffer), turn_ids: new DataView(new Int32Array([0, 0, 1, 1]).buffer)};\n"
+            f"window.model = new FakeModel({{payload: {json.dumps(json.dumps(wire))}, arrays, patch: '', patch_arrays: {{}}, channel: 'x'}});\n"
+            "window.applied = 0;\n"
+            "window.cleanup = render({ model: window.model, el: document.getElementById('w') });\n"
+            "window.f64 = f64; window.render = render; window.ready = true;</script>")
+    open_html(html, "pb.html")
+    bg = "(sel) => [...document.querySelectorAll(sel + ' .mpo-strip-tok:not(.mpo-strip-obs)')].map((t) => t.style.background)"
+    assert page.evaluate(bg, "#w")[0] == "rgb(33, 102, 172)"  # 1.0 at scale 1: the end colour
+    # patch first, its buffers second (as one message applies them): the strip must wait for both
+    page.evaluate(f"window.model.set('patch', {json.dumps(json.dumps(patch))});"
+                  "window.model.set('patch_arrays', {x: window.f64([1, 2, NaN, -0.5])})")
+    # by hand, as test_patch_recolours_without_a_new_payload: 0.5 of blue, blue, a quarter of red
+    want = ["rgb(140, 175, 210)", "rgb(33, 102, 172)", "rgb(230, 191, 196)"]
+    assert page.evaluate(bg, "#w") == want
+    assert page.inner_text("#w .mpo-strip-hi") == "2"
+    # a second move: only the buffers change (the JSON is the same string)
+    page.evaluate("window.model.set('patch_arrays', {x: window.f64([2, 2, NaN, 2])})")
+    assert page.evaluate(bg, "#w") == ["rgb(33, 102, 172)"] * 3
+    page.evaluate("window.model.set('patch_arrays', {x: window.f64([1, 2, NaN, -0.5])})")
+    # a view opened later shows the payload with the patch applied
+    page.evaluate("window.cleanup2 = render({ model: window.model, el: document.getElementById('v') }); 0")
+    assert page.evaluate(bg, "#v") == want
+    page.hover("#v [data-i='1']")
+    assert "2" in page.inner_text("#v .mpo-strip-tip tr.mpo-strip-active")
+    page.evaluate("window.cleanup(); window.cleanup2()")
+    assert page.evaluate("Object.values(window.model.handlers).every((h) => h.length === 0)")
+    assert page_errors == []

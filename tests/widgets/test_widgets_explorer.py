@@ -14,7 +14,7 @@ import torch
 import mpo_viz as mv
 from mpo_viz import advantages as adv
 from mpo_viz.analysis import td_error
-from mpo_viz.strip import strip_payload
+from mpo_viz.strip import payload_lists, strip_payload
 from mpo_viz.widgets import AdvantageEngine, ParamControls, TrajectoryExplorer, TrajectoryPicker
 from mpo_viz.widgets.engine import options_of
 
@@ -64,7 +64,7 @@ def test_engine_refuses_what_the_batch_lacks():
 def _channel(payload, name, n):
     v = payload["channels"][name]
     assert len(v) == n
-    return np.array([np.nan if x is None else x for x in v], dtype=np.float64)
+    return np.asarray(v, dtype=np.float64)  # the widget's arrays as they are; a list's None as NaN
 
 
 def test_slider_recomputes_strip_figure_and_turn_table(batch):
@@ -186,7 +186,7 @@ def test_to_html_is_a_self_contained_snapshot(batch, tmp_path):
     # the snapshot's payload is the widget's payload
     m = re.search(r'id="(strip-\d+)-data">(.*?)</script>', html)
     snap = json.loads(m.group(2))
-    assert snap["channels"] == ex.strip.payload_dict["channels"]
+    assert snap["channels"] == payload_lists(ex.strip.payload_dict)["channels"]
 
 
 def test_each_estimator_starts_from_its_own_defaults(batch):
