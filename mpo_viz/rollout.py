@@ -19,7 +19,8 @@ columns = cache slots; a 0/1 ``attention_mask`` marks the slots each row really 
    pending tokens; finished episodes leave, the cache is compacted, queued episodes join.
 
 Earlier turns are never recomputed (see ``benchmarks/rollout.py`` for the cost against
-``model.generate``). After an episode ends, the critic runs once over ``prompt + response``.
+``model.generate``). After every episode ended, the critic runs once over each ``prompt + response``
+(on the CPU one unpadded sequence at a time: see ``_critic_values``).
 
 **Log-probs per action token.** ``old_logprobs``: ``log softmax(logits)[token]`` (temperature 1, no
 top-p: the policy's own log-prob, what the losses use as π_old). ``rollout_logprobs``: the log-prob
@@ -629,14 +630,22 @@ def _record_turn(ep: _Episode, turn: list[int], rlp: list[float], olp: list[floa
 
 def _critic_values(critic, episodes: list[_Episode], batch_size: int, pad_id: int):
     """Per episode: ``values`` (L,) with ``values[t]`` = critic output at ``P + t − 1``, and the output
-    at the last position ``P + L − 1`` (the value after the response). One forward per batch over the
-    finished sequences (right padding, positions 0..)."""
+    at the last position ``P + L − 1`` (the value after the response).
+
+    On the CPU each finished sequence goes through the critic alone, unpadded: the trunk's matmuls
+    then cost the real tokens only, and without an attention mask the causal attention skips the
+    masked upper triangle (a padded batch pays for the padding and for the full ``(T, T)`` mask:
+    twice the time at 64 episodes of 300–540 tokens). On an accelerator, where one sequence leaves
+    the device idle, batches of ``batch_size`` sequences of similar lengths (right padding,
+    positions 0..). Both give the direct forward's numbers (``critic(prompt + response)``).
+    """
     dev = next(critic.parameters()).device
     vals: list = [None] * len(episodes)
     last: list = [None] * len(episodes)
+    step = 1 if dev.type == "cpu" else batch_size
     order = sorted(range(len(episodes)), key=lambda i: episodes[i].length)  # similar lengths together
-    for s in range(0, len(order), batch_size):
-        chunk = order[s:s + batch_size]
+    for s in range(0, len(order), step):
+        chunk = order[s:s + step]
         width = max(episodes[i].length for i in chunk)
         ids = torch.full((len(chunk), width), pad_id, dtype=torch.long)
         att = torch.zeros((len(chunk), width), dtype=torch.long)
@@ -644,8 +653,8 @@ def _critic_values(critic, episodes: list[_Episode], batch_size: int, pad_id: in
             seq = episodes[i].prompt + episodes[i].ids
             ids[b, :len(seq)] = torch.tensor(seq)
             att[b, :len(seq)] = 1
-        with torch.no_grad():
-            out = critic(ids.to(dev), attention_mask=att.to(dev)).float().cpu()
+        with torch.no_grad():  # one unpadded row: no mask at all (the causal kernel)
+            out = critic(ids.to(dev), attention_mask=None if len(chunk) == 1 else att.to(dev)).float().cpu()
         for b, i in enumerate(chunk):
             p, n = len(episodes[i].prompt), len(episodes[i].ids)
             vals[i] = out[b, p - 1:p + n - 1].numpy().astype(np.float32)
