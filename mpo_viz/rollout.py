@@ -267,6 +267,10 @@ class _Engine:
         self.attn = torch.zeros(0, 0, dtype=torch.long, device=self.device)
         self.next_pos = torch.zeros(0, dtype=torch.long, device=self.device)
         self._keep = "logits_to_keep" in inspect.signature(model.forward).parameters
+        # a one-token step under SDPA gets its 4-D mask made here: (B, 1, 1, S) bool, True = attend, i.e.
+        # the 2-D padding mask itself (a one-token query sees every earlier slot; HF passes a 4-D mask
+        # through as it is). HF's own mask builder costs ~5% of a decode step of a small model.
+        self._mask4 = getattr(getattr(model, "config", None), "_attn_implementation", None) == "sdpa"
 
     def _layers(self):
         return [layer for layer in getattr(self.cache, "layers", []) if getattr(layer, "is_initialized", False)
@@ -276,7 +280,8 @@ class _Engine:
         """Append ``ids`` ``(B, W)`` (mask 0/1, positions) to the cache; the logits of the last column."""
         self.attn = torch.cat([self.attn, mask], dim=1)
         kw = {"logits_to_keep": 1} if self._keep else {}
-        out = self.model(input_ids=ids, attention_mask=self.attn, position_ids=pos, past_key_values=self.cache,
+        attn = self.attn[:, None, None, :].bool() if self._mask4 and ids.shape[1] == 1 else self.attn
+        out = self.model(input_ids=ids, attention_mask=attn, position_ids=pos, past_key_values=self.cache,
                          use_cache=True, **kw)
         self.cache = out.past_key_values
         return out.logits[:, -1]
@@ -422,11 +427,16 @@ def _plan(cfg: RolloutConfig, n_episodes: int | None) -> list[tuple[int, list[in
 def _episodes(env: TextEnv, plan, cfg: RolloutConfig, oracle, layout, timer: _Timer) -> list[_Episode]:
     """The episodes of the plan, reset and prompted, in task then sample order."""
     episodes: list[_Episode] = []
+    # each episode plays a deep copy of the environment's options: not of the episode the caller's
+    # instance last played (its task, state and messages are replaced by reset, and copying them cost
+    # ~30 ms per episode after a trainer's SFT)
+    blank = copy.copy(env)
+    blank.task, blank.state, blank.messages = None, None, []
     for gi, (ts, sample_seeds) in enumerate(plan):
         task = env.make_task(ts)
         orc = None
         for j, es in enumerate(sample_seeds):
-            e = copy.deepcopy(env)
+            e = copy.deepcopy(blank)
             e.reset(seed=es, task=task)
             if oracle is not None and orc is None:
                 orc = _make_oracle(e, oracle, layout)
@@ -628,7 +638,7 @@ def _record_turn(ep: _Episode, turn: list[int], rlp: list[float], olp: list[floa
         timer.add("oracle", t0)
 
 
-def _critic_values(critic, episodes: list[_Episode], batch_size: int, pad_id: int):
+def _critic_values(critic, episodes: list[_Episode], batch_size: int, pad_id: int, per_sequence: bool | None = None):
     """Per episode: ``values`` (L,) with ``values[t]`` = critic output at ``P + t − 1``, and the output
     at the last position ``P + L − 1`` (the value after the response).
 
@@ -638,11 +648,12 @@ def _critic_values(critic, episodes: list[_Episode], batch_size: int, pad_id: in
     twice the time at 64 episodes of 300–540 tokens). On an accelerator, where one sequence leaves
     the device idle, batches of ``batch_size`` sequences of similar lengths (right padding,
     positions 0..). Both give the direct forward's numbers (``critic(prompt + response)``).
+    ``per_sequence``: force one way (None: unpadded on the CPU).
     """
     dev = next(critic.parameters()).device
     vals: list = [None] * len(episodes)
     last: list = [None] * len(episodes)
-    step = 1 if dev.type == "cpu" else batch_size
+    step = 1 if (dev.type == "cpu" if per_sequence is None else per_sequence) else batch_size
     order = sorted(range(len(episodes)), key=lambda i: episodes[i].length)  # similar lengths together
     for s in range(0, len(order), step):
         chunk = order[s:s + step]
