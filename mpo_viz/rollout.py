@@ -52,6 +52,7 @@ import json
 import random
 import time
 from collections import deque
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -256,6 +257,47 @@ def _grow_cache():
     return GrowCache()
 
 
+#: the name under which :func:`_sdpa_grouped` is registered with transformers (during a rollout only)
+SDPA_GROUPED = "mpo_viz_sdpa_grouped"
+
+
+def _sdpa_grouped(module, query, key, value, attention_mask, dropout=0.0, scaling=None, is_causal=None, **kwargs):
+    """transformers' SDPA attention (``integrations.sdpa_attention``), except that grouped key/value
+    heads go to the kernel as they are (``enable_gqa``): transformers copies them out to every query
+    head (``repeat_kv``) whenever a mask is passed, which on the CPU is every step of a padded batch.
+    The same numbers; at 9 query / 3 key/value heads, 16 rows and 400 cached slots, 1.3 ms per layer
+    instead of 4.9. ``query`` ``(B, Hq, q, D)``, ``key``/``value`` ``(B, Hkv, S, D)`` -> ``(B, q, Hq, D)``."""
+    causal = is_causal if is_causal is not None else getattr(module, "is_causal", True)
+    causal = query.shape[2] > 1 and attention_mask is None and causal
+    out = torch.nn.functional.scaled_dot_product_attention(
+        query, key, value, attn_mask=attention_mask, dropout_p=dropout, scale=scaling, is_causal=causal,
+        enable_gqa=query.shape[1] != key.shape[1])
+    return out.transpose(1, 2).contiguous(), None
+
+
+@contextmanager
+def _grouped_attention(model):
+    """While the rollout decodes: a CPU model under SDPA whose key/value heads are fewer than its query
+    heads runs :func:`_sdpa_grouped` (its config's ``_attn_implementation`` is restored after)."""
+    cfg = getattr(model, "config", None)
+    heads, kv = getattr(cfg, "num_attention_heads", None), getattr(cfg, "num_key_value_heads", None)
+    dev = next(model.parameters()).device
+    if (getattr(cfg, "_attn_implementation", None) != "sdpa" or not heads or not kv or kv >= heads
+            or dev.type != "cpu"):
+        yield
+        return
+    from transformers import AttentionInterface
+    from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
+
+    AttentionInterface.register(SDPA_GROUPED, _sdpa_grouped)
+    AttentionMaskInterface.register(SDPA_GROUPED, sdpa_mask)
+    cfg._attn_implementation = SDPA_GROUPED
+    try:
+        yield
+    finally:
+        cfg._attn_implementation = "sdpa"
+
+
 class _Engine:
     """The shared cache of the live rows and the forward calls (internal)."""
 
@@ -270,7 +312,7 @@ class _Engine:
         # a one-token step under SDPA gets its 4-D mask made here: (B, 1, 1, S) bool, True = attend, i.e.
         # the 2-D padding mask itself (a one-token query sees every earlier slot; HF passes a 4-D mask
         # through as it is). HF's own mask builder costs ~5% of a decode step of a small model.
-        self._mask4 = getattr(getattr(model, "config", None), "_attn_implementation", None) == "sdpa"
+        self._mask4 = getattr(getattr(model, "config", None), "_attn_implementation", None) in ("sdpa", SDPA_GROUPED)
 
     def _layers(self):
         return [layer for layer in getattr(self.cache, "layers", []) if getattr(layer, "is_initialized", False)
@@ -372,7 +414,7 @@ def rollout(policy: Policy, env, n_episodes: int | None = None, *, group_size: i
     pad_id = int(pad_id) if pad_id is not None else min(policy.layout.stop_ids)
     episodes = _episodes(env, plan, cfg, oracle, policy.layout, timer)
     bar = _progress_bar(len(episodes), progress)
-    with torch.no_grad():
+    with torch.no_grad(), _grouped_attention(model):
         _play(_Engine(model, pad_id), episodes, cfg, policy, timer, bar)
     bar.close()
     values = boot = None

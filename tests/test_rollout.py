@@ -1,6 +1,7 @@
 """Rollout: log-probs against a plain teacher-forced forward, critic values against a direct critic
 forward, determinism across batch sizes, rewards and turns against a replay of the environment."""
 
+import contextlib
 import json
 from types import SimpleNamespace
 
@@ -8,6 +9,7 @@ import numpy as np
 import pytest
 import torch
 from model_helpers import make_instruct_folder, teacher_forced_logprobs
+from transformers import LlamaConfig, LlamaForCausalLM
 
 import mpo_viz.rollout as R
 from mpo_viz import models as M
@@ -188,6 +190,33 @@ def test_decode_mask_made_here_equals_the_models_own():
     for a, b in zip(_rows(fast), _rows(slow)):
         assert a["response_ids"] == b["response_ids"]
         np.testing.assert_allclose(a["old_logprobs"], b["old_logprobs"], atol=1e-6)
+
+
+def test_grouped_key_value_heads_without_copies_give_the_same_rollout(monkeypatch):
+    """A model with 6 query / 2 key/value heads: the rollout through ``_sdpa_grouped`` (key/value
+    heads handed to SDPA as they are) samples the tokens and log-probs of transformers' own SDPA path
+    (which copies them out), and leaves the model's attention setting as it found it."""
+    env = _env("tooluse")
+    tok = build_tokenizer(env)
+    cfg = LlamaConfig(vocab_size=len(tok), hidden_size=96, num_hidden_layers=2, num_attention_heads=6,
+                      num_key_value_heads=2, intermediate_size=128, pad_token_id=tok.pad_token_id,
+                      eos_token_id=tok.eos_token_id, bos_token_id=None, tie_word_embeddings=True)
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(0)
+        pol = M.Policy(LlamaForCausalLM(cfg).eval(), tok, name="gqa")
+    calls = []
+    grouped = R._sdpa_grouped
+    monkeypatch.setattr(R, "_sdpa_grouped", lambda *a, **k: calls.append(1) or grouped(*a, **k))
+    fast = rollout(pol, env, 6, seed=1, batch_size=4, **SHORT)
+    assert calls and pol.model.config._attn_implementation == "sdpa"
+    monkeypatch.setattr(R, "_grouped_attention", lambda model: contextlib.nullcontext())
+    plain = rollout(pol, env, 6, seed=1, batch_size=4, **SHORT)
+    for a, b in zip(_rows(fast), _rows(plain)):
+        assert a["response_ids"] == b["response_ids"]
+        np.testing.assert_allclose(a["old_logprobs"], b["old_logprobs"], atol=1e-6)
+        ref = teacher_forced_logprobs(pol.model, a["prompt_ids"], a["response_ids"]).numpy()
+        m = np.asarray(a["loss_mask"]).astype(bool)
+        assert np.abs(np.asarray(a["old_logprobs"])[m] - ref[m]).max() < 2e-3
 
 
 def test_a_played_environment_rolls_out_like_a_fresh_one():
