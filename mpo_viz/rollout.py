@@ -19,8 +19,9 @@ columns = cache slots; a 0/1 ``attention_mask`` marks the slots each row really 
    pending tokens; finished episodes leave, the cache is compacted, queued episodes join.
 
 Earlier turns are never recomputed (see ``benchmarks/rollout.py`` for the cost against
-``model.generate``). After every episode ended, the critic runs once over each ``prompt + response``
-(on the CPU one unpadded sequence at a time: see ``_critic_values``).
+``model.generate``). Once an episode ended, the critic runs once over its ``prompt + response`` (on
+the CPU one unpadded sequence at a time: see ``_critic_values``), in a second thread while the
+policy decodes the other episodes when a core is free (``critic_thread``), else after the last.
 
 **Log-probs per action token.** ``old_logprobs``: ``log softmax(logits)[token]`` (temperature 1, no
 top-p: the policy's own log-prob, what the losses use as π_old). ``rollout_logprobs``: the log-prob
@@ -49,9 +50,11 @@ import copy
 import dataclasses
 import inspect
 import json
+import os
 import random
 import time
 from collections import deque
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 
@@ -376,7 +379,7 @@ def rollout(policy: Policy, env, n_episodes: int | None = None, *, group_size: i
             seed: int = 0, temperature: float = 1.0, top_p: float = 1.0, max_turn_tokens: int = 48,
             max_total_tokens: int = 1024, batch_size: int = 16, seeds=None,
             oracle: NoisyExpert | None = DEFAULT_ORACLE, progress: bool | None = None,
-            timings: dict | None = None) -> TrajectoryBatch:
+            timings: dict | None = None, critic_thread: bool | None = None) -> TrajectoryBatch:
     """Play ``n_episodes`` episodes of ``env`` with ``policy`` (see the module docstring).
 
     Args:
@@ -393,7 +396,14 @@ def rollout(policy: Policy, env, n_episodes: int | None = None, *, group_size: i
             ``oracle_token_adv``, ``decisive``, ``extra_json.oracle``); None to skip.
         progress: a tqdm.auto bar over episodes (None: only on long rollouts in a terminal/notebook).
         timings: a dict that receives seconds per phase (``model``, ``sampling``, ``env``,
-            ``tokenize``, ``oracle``, ``critic``, ``total``).
+            ``tokenize``, ``oracle``, ``critic``, ``total``). ``critic``: the seconds the rollout
+            waited for the critic after the last episode ended (with ``critic_thread``, the rest of
+            the critic's forwards ran while the policy decoded).
+        critic_thread: run the critic's forwards in a second thread, on the episodes of each batch
+            turn as they finish, while the policy decodes the others (None: when the machine has more
+            cores than torch's thread count and the critic's trunk is not the policy's). The values
+            are the same numbers either way (each sequence's forward is the same call); the CPU time
+            is the same, the wall time shorter by what the two threads overlap.
 
     Returns:
         a validated :class:`~mpo_viz.trajectory.TrajectoryBatch` (one row per episode, in task then
@@ -414,14 +424,22 @@ def rollout(policy: Policy, env, n_episodes: int | None = None, *, group_size: i
     pad_id = int(pad_id) if pad_id is not None else min(policy.layout.stop_ids)
     episodes = _episodes(env, plan, cfg, oracle, policy.layout, timer)
     bar = _progress_bar(len(episodes), progress)
-    with torch.no_grad(), _grouped_attention(model):
-        _play(_Engine(model, pad_id), episodes, cfg, policy, timer, bar)
-    bar.close()
-    values = boot = None
-    if critic is not None:
-        t0 = time.perf_counter()
-        values, boot = _critic_values(critic, episodes, cfg.batch_size, pad_id)
-        timer.add("critic", t0)
+    if critic_thread is None:  # a second core, and a critic that shares no module with the policy
+        critic_thread = (os.cpu_count() or 1) > torch.get_num_threads() and not getattr(critic, "shared", False)
+    jobs = _CriticJobs(critic, cfg.batch_size, pad_id, thread=bool(critic_thread)) if critic is not None else None
+    try:
+        with torch.no_grad(), _grouped_attention(model):
+            _play(_Engine(model, pad_id), episodes, cfg, policy, timer, bar,
+                  on_done=jobs.submit if jobs is not None else None)
+        bar.close()
+        values = boot = None
+        if jobs is not None:
+            t0 = time.perf_counter()
+            values, boot = jobs.result(episodes)
+            timer.add("critic", t0)
+    finally:
+        if jobs is not None:
+            jobs.close()
     if was_training:
         model.train()
     t0 = time.perf_counter()
@@ -494,9 +512,11 @@ def _episodes(env: TextEnv, plan, cfg: RolloutConfig, oracle, layout, timer: _Ti
     return episodes
 
 
-def _play(engine: _Engine, episodes: list[_Episode], cfg: RolloutConfig, policy: Policy, timer: _Timer, bar) -> None:
+def _play(engine: _Engine, episodes: list[_Episode], cfg: RolloutConfig, policy: Policy, timer: _Timer, bar,
+          on_done=None) -> None:
     """Play every episode to its end: batch turns of up to ``batch_size`` live episodes, queued
-    ones joining as others finish (the module docstring's feed / decode / step)."""
+    ones joining as others finish (the module docstring's feed / decode / step); ``on_done`` gets
+    the episodes that ended in each batch turn."""
     queue = deque(episodes)
     live: list[_Episode] = []
     stop = torch.tensor(sorted(policy.layout.stop_ids), dtype=torch.long, device=policy.device)
@@ -507,6 +527,9 @@ def _play(engine: _Engine, episodes: list[_Episode], cfg: RolloutConfig, policy:
         logits = _feed(engine, live, timer)
         turn = _decode_turn(engine, live, logits, cfg, stop, timer)
         keep = _step_envs(live, turn, cfg, policy.layout, timer, bar)
+        if on_done is not None and len(keep) < len(live):
+            kept = set(keep)
+            on_done([ep for b, ep in enumerate(live) if b not in kept])
         t0 = time.perf_counter()
         engine.keep_rows(keep)
         live = [live[b] for b in keep]
@@ -678,6 +701,43 @@ def _record_turn(ep: _Episode, turn: list[int], rlp: list[float], olp: list[floa
         o["turn_adv"].append(to.q - to.v)
         o["turn_actions"].append(info["action"])
         timer.add("oracle", t0)
+
+
+class _CriticJobs:
+    """The critic's values of finished episodes: with ``thread``, computed in one worker thread as
+    each batch turn's finished episodes are handed in (:meth:`submit`), while the policy decodes the
+    rest; otherwise (or for episodes never handed in) all at the end, in :meth:`result` (internal).
+    The worker runs with the caller's torch thread count (a new thread would get OpenMP's default)."""
+
+    def __init__(self, critic, batch_size: int, pad_id: int, *, thread: bool):
+        self.critic, self.batch_size, self.pad_id = critic, batch_size, pad_id
+        self.pool = ThreadPoolExecutor(1, initializer=torch.set_num_threads,
+                                       initargs=(torch.get_num_threads(),)) if thread else None
+        self.jobs: list = []
+
+    def submit(self, finished: list[_Episode]) -> None:
+        if self.pool is not None and finished:
+            self.jobs.append((finished, self.pool.submit(self._values, finished)))
+
+    def _values(self, eps: list[_Episode]):
+        return _critic_values(self.critic, eps, self.batch_size, self.pad_id)
+
+    def result(self, episodes: list[_Episode]):
+        """``(values, last)`` per episode index, as :func:`_critic_values` gives them."""
+        vals: list = [None] * len(episodes)
+        last: list = [None] * len(episodes)
+        for eps, fut in self.jobs:
+            for ep, v, b in zip(eps, *fut.result()):
+                vals[ep.index], last[ep.index] = v, b
+        rest = [ep for ep in episodes if vals[ep.index] is None]
+        if rest:
+            for ep, v, b in zip(rest, *self._values(rest)):
+                vals[ep.index], last[ep.index] = v, b
+        return vals, last
+
+    def close(self) -> None:
+        if self.pool is not None:
+            self.pool.shutdown(wait=True, cancel_futures=True)
 
 
 def _critic_values(critic, episodes: list[_Episode], batch_size: int, pad_id: int, per_sequence: bool | None = None):

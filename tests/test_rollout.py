@@ -158,6 +158,29 @@ def test_critic_values_unpadded_and_batched_equal_a_direct_forward(per_sequence,
         assert b == pytest.approx(float(direct[-1]), abs=1e-5)
 
 
+def test_critic_in_a_second_thread_gives_the_same_values(monkeypatch):
+    """The critic's forwards run in a worker thread as each batch turn's episodes finish (queued
+    episodes joining rows, so several hand-ins), or all after the last: the same numbers, bit for
+    bit, and those of a direct forward; the bootstrap values too."""
+    env, pol = _policy("search", seed=9)
+    critic = M.make_critic(pol, "policy", seed=2)
+    kw = dict(seed=6, batch_size=3, max_turn_tokens=8, max_total_tokens=90)
+    handed = []
+    submit = R._CriticJobs.submit
+    monkeypatch.setattr(R._CriticJobs, "submit", lambda self, eps: handed.append(len(eps)) or submit(self, eps))
+    threaded = rollout(pol, env, 7, critic=critic, critic_thread=True, **kw)
+    assert len(handed) > 1 and sum(handed) == 7               # episodes handed in over several batch turns
+    at_end = rollout(pol, env, 7, critic=critic, critic_thread=False, **kw)
+    for a, b in zip(_rows(threaded), _rows(at_end)):
+        np.testing.assert_array_equal(a["values"], b["values"])
+        assert a["bootstrap_value"] == b["bootstrap_value"] or (np.isnan(a["bootstrap_value"])
+                                                                and np.isnan(b["bootstrap_value"]))
+        with torch.no_grad():
+            direct = critic(torch.tensor([a["prompt_ids"] + a["response_ids"]]))[0].numpy()
+        p, n = len(a["prompt_ids"]), len(a["response_ids"])
+        np.testing.assert_allclose(a["values"], direct[p - 1:p + n - 1], atol=1e-5)
+
+
 def test_critic_values_of_one_episode_and_constant_values():
     """One episode alone; a critic whose head reads nothing (weight 0, bias 0.25): every value 0.25."""
     env, pol = _policy("search", seed=6)
