@@ -149,7 +149,7 @@ def config_policy(env, spec: str, seed: int = 0) -> models.Policy:
 
 
 def bench(env_name: str, batch: int, seed: int = 0, model_spec: str | None = None, model_dir: str | None = None,
-          critic_init: str = "policy", repeats: int = 1) -> dict:
+          critic_init: str = "policy", repeats: int = 1, critic_thread: bool | None = None) -> dict:
     """One table row: ``repeats`` pairs of (rollout, generate) one after the other, each column the
     median over the pairs (each ratio taken within its pair)."""
     env = make_env(env_name)
@@ -162,7 +162,7 @@ def bench(env_name: str, batch: int, seed: int = 0, model_spec: str | None = Non
     critic = None if critic_init == "none" else models.make_critic(policy, critic_init, seed=seed)
     # warm-up (first-call allocations, lazy imports)
     rollout(policy, env, 2, critic=critic, seed=seed + 1, batch_size=2, max_turn_tokens=8)
-    pairs = [_pair(policy, env, critic, batch, seed) for _ in range(repeats)]
+    pairs = [_pair(policy, env, critic, batch, seed, critic_thread) for _ in range(repeats)]
     med = {k: float(np.median([p[k] for p in pairs])) for k in pairs[0] if k != "out"}
     out = pairs[0]["out"]
     return {
@@ -171,12 +171,13 @@ def bench(env_name: str, batch: int, seed: int = 0, model_spec: str | None = Non
     }
 
 
-def _pair(policy, env, critic, batch: int, seed: int) -> dict:
+def _pair(policy, env, critic, batch: int, seed: int, critic_thread: bool | None = None) -> dict:
     """One rollout, then ``model.generate`` on its prompts for as many new tokens (module docstring)."""
     tm: dict = {}
     with PeakRSS() as mem_r:
         c0, t0 = time.process_time(), time.perf_counter()
-        out = rollout(policy, env, batch, critic=critic, seed=seed, batch_size=batch, timings=tm)
+        kw = {} if critic_thread is None else {"critic_thread": critic_thread}
+        out = rollout(policy, env, batch, critic=critic, seed=seed, batch_size=batch, timings=tm, **kw)
         t_roll, c_roll = time.perf_counter() - t0, time.process_time() - c0
     n_act = int(out.mask.sum())
     # generate: the same prompts, the same number of new tokens per row on average
@@ -218,6 +219,9 @@ def main() -> None:
                          "one (batch 8 and 16)")
     ap.add_argument("--critic", choices=("policy", "shared", "fresh", "none"), default="policy",
                     help="the critic beside the policy (default policy: a copy of its trunk; none: the policy alone)")
+    ap.add_argument("--critic-thread", choices=("auto", "on", "off"), default="auto",
+                    help="the critic's forwards in a second thread while the policy decodes (rollout's "
+                         "critic_thread; auto: when a core is free)")
     ap.add_argument("--envs", nargs="*", default=None, help="environments (default: all three; --quick: search)")
     ap.add_argument("--sizes", type=int, nargs="*", default=None, help="batch sizes (default 16 64; "
                                                                         "with --model-config 8 16)")
@@ -242,7 +246,7 @@ def main() -> None:
         what = "tiny Llama '1m'"
     print(f"# rollout vs model.generate — {what}, critic {args.critic}, {platform.processor() or platform.machine()}, "
           f"{os.cpu_count()} CPUs, torch {torch.__version__}, {args.threads} thread(s), median of {args.repeats} "
-          f"pair(s) per row; load average "
+          f"pair(s) per row, critic thread {args.critic_thread}; load average "
           f"{os.getloadavg()[0]:.1f} at start")
     head = (f"{'env':<11}{'B':>4}{'tokens':>8}{'turns':>6}{'rollout tok/s':>15}{'generate tok/s':>16}{'ratio':>7}"
             f"{'w/o critic':>11}{'cpu ratio':>10}{'env %':>7}{'tok+oracle %':>14}{'critic %':>10}{'peak MiB r/g':>14}"
@@ -252,7 +256,7 @@ def main() -> None:
     for name in envs:
         for b in sizes:
             r = bench(name, b, model_spec=args.model_config, model_dir=args.model, critic_init=args.critic,
-                      repeats=args.repeats)
+                      repeats=args.repeats, critic_thread={"auto": None, "on": True, "off": False}[args.critic_thread])
             dec = 0 if r["roll_tps"] >= 100 else 2  # a 135M model on a busy CPU makes a few tokens/s
             print(f"{r['env']:<11}{r['B']:>4}{r['tokens']:>8}{r['turns']:>6.1f}{r['roll_tps']:>15.{dec}f}"
                   f"{r['gen_tps']:>16.{dec}f}{r['ratio']:>7.2f}"
