@@ -281,12 +281,12 @@ def _sdpa_grouped(module, query, key, value, attention_mask, dropout=0.0, scalin
 @contextmanager
 def _grouped_attention(model):
     """While the rollout decodes: a CPU model under SDPA whose key/value heads are fewer than its query
-    heads runs :func:`_sdpa_grouped` (its config's ``_attn_implementation`` is restored after)."""
+    heads runs :func:`_sdpa_grouped` (``set_attn_implementation``; set back to ``"sdpa"`` after)."""
     cfg = getattr(model, "config", None)
     heads, kv = getattr(cfg, "num_attention_heads", None), getattr(cfg, "num_key_value_heads", None)
     dev = next(model.parameters()).device
     if (getattr(cfg, "_attn_implementation", None) != "sdpa" or not heads or not kv or kv >= heads
-            or dev.type != "cpu"):
+            or dev.type != "cpu" or not hasattr(model, "set_attn_implementation")):
         yield
         return
     from transformers import AttentionInterface
@@ -294,11 +294,11 @@ def _grouped_attention(model):
 
     AttentionInterface.register(SDPA_GROUPED, _sdpa_grouped)
     AttentionMaskInterface.register(SDPA_GROUPED, sdpa_mask)
-    cfg._attn_implementation = SDPA_GROUPED
+    model.set_attn_implementation(SDPA_GROUPED)
     try:
         yield
     finally:
-        cfg._attn_implementation = "sdpa"
+        model.set_attn_implementation("sdpa")
 
 
 class _Engine:
