@@ -2,6 +2,7 @@
 
 Run:  .venv/bin/python benchmarks/rollout.py            (every environment, batch 16 and 64)
       .venv/bin/python benchmarks/rollout.py --quick    (search only, batch 16; a smoke run)
+      .venv/bin/python benchmarks/rollout.py --repeats 3   (each row the median of 3 pairs)
       .venv/bin/python benchmarks/rollout.py --model-config smollm2-135m      (batch 8 and 16)
       .venv/bin/python benchmarks/rollout.py --model-config path/to/hf_config_folder
       .venv/bin/python benchmarks/rollout.py --model models/smollm2-135m --envs tooluse --sizes 8 --threads 2 --critic none
@@ -30,8 +31,15 @@ sampling (T = 1, top-p 1), `max_turn_tokens` 48. Then, in the same process, `mod
 same model with the same B prompts (each episode's first prompt, left padded), KV cache on,
 `do_sample=True`, and `min_new_tokens = max_new_tokens = N` where N × B is the rollout's number of
 action tokens, so both sides produce the same number of new tokens. `w/o critic` is the same ratio
-with the critic's forward taken out of the rollout's time (generate has no critic): the cost of
-being multi-turn alone.
+with the critic's time taken out of the rollout's time (generate has no critic): the cost of being
+multi-turn alone. On a machine with a core beyond torch's threads the rollout runs the critic's
+forwards in a second thread while the policy decodes (`rollout(critic_thread=...)`); the critic's
+time is then only what the rollout waited for it after its last episode, and `cpu ratio` (which
+counts both threads) shows what the critic costs in compute.
+
+`--repeats N` runs N (rollout, generate) pairs per row, one after the other, and prints the median
+of each column over the pairs (each ratio taken within its pair): on a shared machine a single pair
+moves by ±0.2 with the load of the minute it ran in.
 
 Speed is *action tokens/s*: sampled tokens per second of wall time. The rollout's time is the whole
 call (prefill of every observation, every decode step, environments, oracle, critic, building the
@@ -40,7 +48,7 @@ multi-turn). `cpu ratio`: the same ratio on the process's CPU time (`time.proces
 wall time: the two calls run one after the other, and on a shared machine the load can change
 between them (minutes apart for a real-sized model); CPU time moves much less with it (with one
 torch thread it equals the wall time of an idle machine). Shares: the fraction of rollout time in the environments, tokenization (chat layout,
-decoding) plus the oracle, and the critic forward. Peak memory: the process's resident set size,
+decoding) plus the oracle, and the critic (the wait for it). Peak memory: the process's resident set size,
 sampled every 5 ms during each call, minus the size before it.
 
 Threads: one torch thread by default (`--threads`): a 1M-parameter model is overhead-bound, and on a
@@ -57,6 +65,7 @@ import threading
 import time
 from pathlib import Path
 
+import numpy as np
 import torch
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
@@ -140,7 +149,9 @@ def config_policy(env, spec: str, seed: int = 0) -> models.Policy:
 
 
 def bench(env_name: str, batch: int, seed: int = 0, model_spec: str | None = None, model_dir: str | None = None,
-          critic_init: str = "policy") -> dict:
+          critic_init: str = "policy", repeats: int = 1, critic_thread: bool | None = None) -> dict:
+    """One table row: ``repeats`` pairs of (rollout, generate) one after the other, each column the
+    median over the pairs (each ratio taken within its pair)."""
     env = make_env(env_name)
     if model_dir is not None:
         policy, _ = models.load(model_dir)
@@ -151,10 +162,22 @@ def bench(env_name: str, batch: int, seed: int = 0, model_spec: str | None = Non
     critic = None if critic_init == "none" else models.make_critic(policy, critic_init, seed=seed)
     # warm-up (first-call allocations, lazy imports)
     rollout(policy, env, 2, critic=critic, seed=seed + 1, batch_size=2, max_turn_tokens=8)
+    pairs = [_pair(policy, env, critic, batch, seed, critic_thread) for _ in range(repeats)]
+    med = {k: float(np.median([p[k] for p in pairs])) for k in pairs[0] if k != "out"}
+    out = pairs[0]["out"]
+    return {
+        "env": env_name, "B": batch, "tokens": int(out.mask.sum()), **med,
+        "turns": float(out.num_turns.mean()), "params": policy.num_parameters(), "reward": float(out.reward.mean()),
+    }
+
+
+def _pair(policy, env, critic, batch: int, seed: int, critic_thread: bool | None = None) -> dict:
+    """One rollout, then ``model.generate`` on its prompts for as many new tokens (module docstring)."""
     tm: dict = {}
     with PeakRSS() as mem_r:
         c0, t0 = time.process_time(), time.perf_counter()
-        out = rollout(policy, env, batch, critic=critic, seed=seed, batch_size=batch, timings=tm)
+        kw = {} if critic_thread is None else {"critic_thread": critic_thread}
+        out = rollout(policy, env, batch, critic=critic, seed=seed, batch_size=batch, timings=tm, **kw)
         t_roll, c_roll = time.perf_counter() - t0, time.process_time() - c0
     n_act = int(out.mask.sum())
     # generate: the same prompts, the same number of new tokens per row on average
@@ -171,14 +194,14 @@ def bench(env_name: str, batch: int, seed: int = 0, model_spec: str | None = Non
                               top_k=0, top_p=1.0, temperature=1.0, use_cache=True, pad_token_id=pad)
         t_gen, c_gen = time.perf_counter() - t0, time.process_time() - c0
     total = tm["total"]
+    roll_tps, gen_tps = n_act / t_roll, new * batch / t_gen
     return {
-        "env": env_name, "B": batch, "tokens": n_act, "roll_tps": n_act / t_roll, "gen_tps": new * batch / t_gen,
-        "roll_tps_nc": n_act / (t_roll - tm.get("critic", 0.0)),
+        "out": out, "roll_tps": roll_tps, "gen_tps": gen_tps, "ratio": roll_tps / gen_tps,
+        "ratio_nc": n_act / (t_roll - tm.get("critic", 0.0)) / gen_tps,
         "cpu_ratio": (n_act / c_roll) / (new * batch / c_gen),
         "env_share": tm.get("env", 0.0) / total,
         "tok_share": (tm.get("tokenize", 0.0) + tm.get("oracle", 0.0)) / total,
         "critic_share": tm.get("critic", 0.0) / total, "mem_r": mem_r.mib, "mem_g": mem_g.mib,
-        "turns": float(out.num_turns.mean()), "params": policy.num_parameters(), "reward": float(out.reward.mean()),
     }
 
 
@@ -186,6 +209,8 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--quick", action="store_true", help="search only, batch 16")
     ap.add_argument("--threads", type=int, default=1, help="torch threads (default 1)")
+    ap.add_argument("--repeats", type=int, default=1,
+                    help="(rollout, generate) pairs per row; each column is the median over them (default 1)")
     ap.add_argument("--model-config", metavar="NAME|DIR", default=None,
                     help=f"a random model of this shape instead of the tiny one: {', '.join(MODEL_CONFIGS)} or a "
                          "local Hugging Face config folder (batch 8 and 16)")
@@ -194,6 +219,9 @@ def main() -> None:
                          "one (batch 8 and 16)")
     ap.add_argument("--critic", choices=("policy", "shared", "fresh", "none"), default="policy",
                     help="the critic beside the policy (default policy: a copy of its trunk; none: the policy alone)")
+    ap.add_argument("--critic-thread", choices=("auto", "on", "off"), default="auto",
+                    help="the critic's forwards in a second thread while the policy decodes (rollout's "
+                         "critic_thread; auto: when a core is free)")
     ap.add_argument("--envs", nargs="*", default=None, help="environments (default: all three; --quick: search)")
     ap.add_argument("--sizes", type=int, nargs="*", default=None, help="batch sizes (default 16 64; "
                                                                         "with --model-config 8 16)")
@@ -217,7 +245,8 @@ def main() -> None:
     else:
         what = "tiny Llama '1m'"
     print(f"# rollout vs model.generate — {what}, critic {args.critic}, {platform.processor() or platform.machine()}, "
-          f"{os.cpu_count()} CPUs, torch {torch.__version__}, {args.threads} thread(s); load average "
+          f"{os.cpu_count()} CPUs, torch {torch.__version__}, {args.threads} thread(s), median of {args.repeats} "
+          f"pair(s) per row, critic thread {args.critic_thread}; load average "
           f"{os.getloadavg()[0]:.1f} at start")
     head = (f"{'env':<11}{'B':>4}{'tokens':>8}{'turns':>6}{'rollout tok/s':>15}{'generate tok/s':>16}{'ratio':>7}"
             f"{'w/o critic':>11}{'cpu ratio':>10}{'env %':>7}{'tok+oracle %':>14}{'critic %':>10}{'peak MiB r/g':>14}"
@@ -226,11 +255,12 @@ def main() -> None:
     print("-" * len(head))
     for name in envs:
         for b in sizes:
-            r = bench(name, b, model_spec=args.model_config, model_dir=args.model, critic_init=args.critic)
+            r = bench(name, b, model_spec=args.model_config, model_dir=args.model, critic_init=args.critic,
+                      repeats=args.repeats, critic_thread={"auto": None, "on": True, "off": False}[args.critic_thread])
             dec = 0 if r["roll_tps"] >= 100 else 2  # a 135M model on a busy CPU makes a few tokens/s
             print(f"{r['env']:<11}{r['B']:>4}{r['tokens']:>8}{r['turns']:>6.1f}{r['roll_tps']:>15.{dec}f}"
-                  f"{r['gen_tps']:>16.{dec}f}{r['roll_tps'] / r['gen_tps']:>7.2f}"
-                  f"{r['roll_tps_nc'] / r['gen_tps']:>11.2f}{r['cpu_ratio']:>10.2f}{100 * r['env_share']:>7.1f}"
+                  f"{r['gen_tps']:>16.{dec}f}{r['ratio']:>7.2f}"
+                  f"{r['ratio_nc']:>11.2f}{r['cpu_ratio']:>10.2f}{100 * r['env_share']:>7.1f}"
                   f"{100 * r['tok_share']:>14.1f}{100 * r['critic_share']:>10.1f}"
                   f"{r['mem_r']:>8.0f}/{r['mem_g']:<5.0f}{r['reward']:>8.3f}", flush=True)
     print(f"# {r['params'] / 1e6:.1f} M parameters (policy; critic: {args.critic})")

@@ -1,9 +1,14 @@
 """Trainer benchmark: phase timings of one iteration, and success against wall time for MPO, GRPO, PPO.
 
-Part 1 — one 64-episode iteration (mpo + turn_ppo, the "1m" model) on ``search`` and ``automation``
-at default difficulty, after a short SFT warm start (a random policy writes every turn to the token
+Part 1 — one 64-episode iteration (mpo + turn_ppo, the "1m" model, the default config: two policy
+epochs, four critic epochs, four minibatches) on ``search``, ``tooluse`` and ``automation`` at
+default difficulty, after a short SFT warm start (a random policy writes every turn to the token
 limit, which is not what training looks like): seconds per phase (rollout, values, advantages,
-update, eval) and tokens/s of rollout and update. Target: <= 15 s per iteration.
+update) and their sum (``iteration s``: target <= 15 s), then the evaluation that every
+``eval_interval``-th (5th) iteration adds (greedy and sampled, 128 tasks each), timed apart, and
+the iteration with a fifth of it; tokens/s of rollout and update; the load average after each row.
+The estimator's kernels are compiled on their first call (numba, cached on disk): a first run in a
+fresh checkout adds their compile time (~15 s) to ``advantages s`` once.
 
 Part 2 — from one SFT warm start on ``search`` (saved once, loaded by each run), MPO (mae +
 turn_ppo), GRPO (grpo + token_ppo, G = 4) and PPO (gae + token_ppo) each train for ``--minutes`` of
@@ -20,6 +25,7 @@ Run folders go to ``--out`` (default /tmp/mpo_viz_bench_train). Rows are printed
 from __future__ import annotations
 
 import argparse
+import os
 import shutil
 import sys
 import time
@@ -39,16 +45,18 @@ def _fresh(path: Path) -> Path:
 
 
 def part1(args) -> None:
-    print("\n## one iteration of 64 episodes (mpo + turn_ppo, model 1m, 1 CPU thread)\n", flush=True)
-    head = ("| env | SFT steps | SFT greedy success | rollout s | values s | advantages s | update s | eval s | "
-            "total s | action tokens | rollout tok/s | update tok/s |")
+    print(f"\n## one iteration of 64 episodes (mpo + turn_ppo, model 1m, the default config, "
+          f"{Config().num_threads} CPU thread; load average {os.getloadavg()[0]:.1f} at the start)\n", flush=True)
+    head = ("| env | SFT steps | SFT greedy success | rollout s | values s | advantages s | update s | iteration s | "
+            "eval s | iteration + eval/5 s | action tokens | rollout tok/s | update tok/s | load |")
     print(head)
     print("|" + "|".join(["---"] * (head.count("|") - 1)) + "|")
-    for env in ("search", "automation"):
+    for env in args.envs:
         start = _start_of(args, env)
+        # the default config (critic_epochs 4, eval every 5 iterations on 128 tasks, twice) but for the
+        # warm start (SFT, or a model folder) and no critic warm-up: the timed iteration is a plain one
         cfg = Config(env=env, estimator="mpo", loss="turn_ppo", episodes=64, sft_steps=0 if start else args.sft_steps,
-                     sft_target_success=0.4, critic_warmup_steps=0, iterations=1, eval_interval=1, eval_episodes=64,
-                     seed=args.seed, model_dir=start)
+                     sft_target_success=0.4, critic_warmup_steps=0, iterations=1, seed=args.seed, model_dir=start)
         tr = Trainer(cfg, _fresh(args.out / f"phases-{env}"), quiet=True)
         if start:
             sft = {"sft_steps": f"from {Path(start).parent.name}", "sft_success": tr.evaluate()["eval_success"]}
@@ -57,11 +65,14 @@ def part1(args) -> None:
         rec = next(tr.iterate(1))
         t = rec["timings"]
         th = rec["throughput"]
-        total = t["rollout"] + t["values"] + t["advantages"] + t["update"] + t["eval"]
+        it = t["rollout"] + t["values"] + t["advantages"] + t["update"]
+        t0 = time.perf_counter()
+        tr.evaluation()  # what every cfg.eval_interval-th iteration adds (greedy and sampled, eval_episodes each)
+        ev = time.perf_counter() - t0
         print(f"| {env} | {sft['sft_steps']} | {sft['sft_success']:.2f} | {t['rollout']:.2f} | {t['values']:.2f} | "
-              f"{t['advantages']:.2f} | {t['update']:.2f} | {t['eval']:.2f} | {total:.2f} | "
+              f"{t['advantages']:.2f} | {t['update']:.2f} | {it:.2f} | {ev:.2f} | {it + ev / cfg.eval_interval:.2f} | "
               f"{int(rec['action_tokens_mean'] * cfg.episodes)} | {th['rollout_tokens_per_sec']:.0f} | "
-              f"{th['update_tokens_per_sec']:.0f} |", flush=True)
+              f"{th['update_tokens_per_sec']:.0f} | {os.getloadavg()[0]:.1f} |", flush=True)
 
 
 def _difficulty(args):
@@ -141,6 +152,7 @@ def main(argv=None) -> int:
     p.add_argument("--minutes", type=float, default=20.0, help="wall minutes per algorithm in part 2")
     p.add_argument("--eval-interval", type=int, default=3, help="iterations between greedy evaluations (part 2)")
     p.add_argument("--sft-steps", type=int, default=60, help="SFT steps before the timed iteration (part 1)")
+    p.add_argument("--envs", nargs="*", default=["search", "tooluse", "automation"], help="environments of part 1")
     p.add_argument("--model-dir", nargs="*", metavar="ENV=DIR",
                    help="part 1: start ENV from this model folder (e.g. a learning-grid start) instead of SFT")
     p.add_argument("--sft-steps-warm", type=int, default=1500, help="SFT step budget of the warm start (part 2)")

@@ -1,17 +1,21 @@
 """Rollout: log-probs against a plain teacher-forced forward, critic values against a direct critic
 forward, determinism across batch sizes, rewards and turns against a replay of the environment."""
 
+import contextlib
 import json
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
 import torch
 from model_helpers import make_instruct_folder, teacher_forced_logprobs
+from transformers import LlamaConfig, LlamaForCausalLM
 
+import mpo_viz.rollout as R
 from mpo_viz import models as M
 from mpo_viz.envs import NoisyExpert, Oracle, build_tokenizer, make_env
 from mpo_viz.envs.generate import oracle_columns
-from mpo_viz.rollout import rollout, sample_tokens, task_seeds
+from mpo_viz.rollout import _critic_values, rollout, sample_tokens, task_seeds
 from mpo_viz.turns import turn_ids_from_mask
 
 ENVS = ["search", "tooluse", "automation"]
@@ -125,6 +129,132 @@ def test_critic_values_bootstrap_and_oracle():
         e.reset(seed=extra["seed"], task=e.make_task(extra["task_seed"]))
         v0 = Oracle(e, NoisyExpert(), gamma=1.0).value(e.state)
         assert float(orc["values"][i, 0]) == pytest.approx(v0, abs=1e-6)
+
+
+def _episodes_of(batch):
+    """The finished episodes of a batch as ``_critic_values`` reads them (prompt and response ids)."""
+    return [SimpleNamespace(prompt=list(r["prompt_ids"]), ids=list(r["response_ids"]),
+                            length=len(r["prompt_ids"]) + len(r["response_ids"])) for r in _rows(batch)]
+
+
+@pytest.mark.parametrize("per_sequence", [True, False])
+@pytest.mark.parametrize("init", ["fresh", "policy", "shared"])
+def test_critic_values_unpadded_and_batched_equal_a_direct_forward(per_sequence, init):
+    """The CPU's one unpadded forward per sequence and the padded batches of an accelerator: both the
+    direct forward's values at P + t − 1 and its last output; one-token turns (max_turn_tokens=1:
+    every action a single token), ragged lengths, batch sizes that do not divide the episodes."""
+    env, pol = _policy("automation", seed=5)
+    critic = M.make_critic(pol, init, seed=6)
+    batch = rollout(pol, env, 5, seed=4, max_turn_tokens=1, max_total_tokens=110, batch_size=3)
+    eps = _episodes_of(batch)
+    assert len({e.length for e in eps}) > 1
+    vals, last = _critic_values(critic, eps, 2, pad_id=pol.tokenizer.pad_token_id, per_sequence=per_sequence)
+    for e, v, b in zip(eps, vals, last):
+        with torch.no_grad():
+            direct = critic(torch.tensor([e.prompt + e.ids]))[0].numpy()
+        p, n = len(e.prompt), len(e.ids)
+        assert v.shape == (n,) and v.dtype == np.float32
+        np.testing.assert_allclose(v, direct[p - 1:p + n - 1], atol=1e-5)
+        assert b == pytest.approx(float(direct[-1]), abs=1e-5)
+
+
+def test_critic_in_a_second_thread_gives_the_same_values(monkeypatch):
+    """The critic's forwards run in a worker thread as each batch turn's episodes finish (queued
+    episodes joining rows, so several hand-ins), or all after the last: the same numbers, bit for
+    bit, and those of a direct forward; the bootstrap values too."""
+    env, pol = _policy("search", seed=9)
+    critic = M.make_critic(pol, "policy", seed=2)
+    kw = dict(seed=6, batch_size=3, max_turn_tokens=8, max_total_tokens=90)
+    handed = []
+    submit = R._CriticJobs.submit
+    monkeypatch.setattr(R._CriticJobs, "submit", lambda self, eps: handed.append(len(eps)) or submit(self, eps))
+    threaded = rollout(pol, env, 7, critic=critic, critic_thread=True, **kw)
+    assert len(handed) > 1 and sum(handed) == 7               # episodes handed in over several batch turns
+    at_end = rollout(pol, env, 7, critic=critic, critic_thread=False, **kw)
+    for a, b in zip(_rows(threaded), _rows(at_end)):
+        np.testing.assert_array_equal(a["values"], b["values"])
+        assert a["bootstrap_value"] == b["bootstrap_value"] or (np.isnan(a["bootstrap_value"])
+                                                                and np.isnan(b["bootstrap_value"]))
+        with torch.no_grad():
+            direct = critic(torch.tensor([a["prompt_ids"] + a["response_ids"]]))[0].numpy()
+        p, n = len(a["prompt_ids"]), len(a["response_ids"])
+        np.testing.assert_allclose(a["values"], direct[p - 1:p + n - 1], atol=1e-5)
+
+
+def test_critic_values_of_one_episode_and_constant_values():
+    """One episode alone; a critic whose head reads nothing (weight 0, bias 0.25): every value 0.25."""
+    env, pol = _policy("search", seed=6)
+    critic = M.make_critic(pol, "fresh", seed=1)
+    with torch.no_grad():
+        critic.head.weight.zero_()
+        critic.head.bias.fill_(0.25)
+    batch = rollout(pol, env, 1, seed=2, critic=critic, **SHORT)
+    assert len(batch) == 1
+    np.testing.assert_array_equal(batch.row(0)["values"], np.full(len(batch.row(0)["response_ids"]), 0.25, np.float32))
+
+
+def test_decode_mask_made_here_equals_the_models_own():
+    """The one-token step's 4-D mask built by the engine gives the tokens and log-probs of the model's
+    own mask builder (the same rollout with the engine's shortcut turned off)."""
+    env, pol = _policy("tooluse", seed=7)
+    assert pol.model.config._attn_implementation == "sdpa"
+    fast = rollout(pol, env, 6, seed=5, batch_size=4, **SHORT)
+    init = R._Engine.__init__
+
+    def plain(self, *a, **k):
+        init(self, *a, **k)
+        self._mask4 = False
+
+    R._Engine.__init__ = plain
+    try:
+        slow = rollout(pol, env, 6, seed=5, batch_size=4, **SHORT)
+    finally:
+        R._Engine.__init__ = init
+    for a, b in zip(_rows(fast), _rows(slow)):
+        assert a["response_ids"] == b["response_ids"]
+        np.testing.assert_allclose(a["old_logprobs"], b["old_logprobs"], atol=1e-6)
+
+
+def test_grouped_key_value_heads_without_copies_give_the_same_rollout(monkeypatch):
+    """A model with 6 query / 2 key/value heads: the rollout through ``_sdpa_grouped`` (key/value
+    heads handed to SDPA as they are) samples the tokens and log-probs of transformers' own SDPA path
+    (which copies them out), and leaves the model's attention setting as it found it."""
+    env = _env("tooluse")
+    tok = build_tokenizer(env)
+    cfg = LlamaConfig(vocab_size=len(tok), hidden_size=96, num_hidden_layers=2, num_attention_heads=6,
+                      num_key_value_heads=2, intermediate_size=128, pad_token_id=tok.pad_token_id,
+                      eos_token_id=tok.eos_token_id, bos_token_id=None, tie_word_embeddings=True)
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(0)
+        pol = M.Policy(LlamaForCausalLM(cfg).eval(), tok, name="gqa")
+    calls = []
+    grouped = R._sdpa_grouped
+    monkeypatch.setattr(R, "_sdpa_grouped", lambda *a, **k: calls.append(1) or grouped(*a, **k))
+    fast = rollout(pol, env, 6, seed=1, batch_size=4, **SHORT)
+    assert calls and pol.model.config._attn_implementation == "sdpa"
+    monkeypatch.setattr(R, "_grouped_attention", lambda model: contextlib.nullcontext())
+    plain = rollout(pol, env, 6, seed=1, batch_size=4, **SHORT)
+    for a, b in zip(_rows(fast), _rows(plain)):
+        assert a["response_ids"] == b["response_ids"]
+        np.testing.assert_allclose(a["old_logprobs"], b["old_logprobs"], atol=1e-6)
+        ref = teacher_forced_logprobs(pol.model, a["prompt_ids"], a["response_ids"]).numpy()
+        m = np.asarray(a["loss_mask"]).astype(bool)
+        assert np.abs(np.asarray(a["old_logprobs"])[m] - ref[m]).max() < 2e-3
+
+
+def test_a_played_environment_rolls_out_like_a_fresh_one():
+    """The environment handed in has played an episode (task, state, messages set): the rollout's
+    episodes are those of a fresh instance, and the caller's instance is left as it was."""
+    env, pol = _policy("search", seed=8)
+    used = _env("search")
+    used.reset(seed=11)
+    used.step("nonsense words")
+    before = (used.task, used.state, list(used.messages))
+    a = rollout(pol, used, 4, seed=3, **SHORT)
+    b = rollout(pol, env, 4, seed=3, **SHORT)
+    for ra, rb in zip(_rows(a), _rows(b)):
+        assert ra["response_ids"] == rb["response_ids"] and ra["messages_json"] == rb["messages_json"]
+    assert (used.task, used.state, used.messages) == before
 
 
 def test_temperature_top_p_and_greedy():

@@ -25,6 +25,7 @@ import shutil
 import sys
 import time
 import warnings
+from concurrent.futures import ThreadPoolExecutor, wait
 from pathlib import Path
 from typing import Any
 
@@ -657,11 +658,32 @@ class Trainer:
         joint = self.critic is not None and getattr(self.critic, "shared", False)
         learners = Learners(self.policy.model, self.policy_opt, self.critic if joint else None,
                             self.critic_opt if joint else None)
-        out = update_epochs(r, learners, UpdateSettings.of(cfg, value_clip=value_clip), **common)
-        if self.critic is not None and not joint:
-            c = update_epochs(r, Learners(critic=self.critic, critic_opt=self.critic_opt),
-                              UpdateSettings.of(cfg, epochs=cfg.critic_option("critic_epochs"), value_clip=value_clip),
-                              **common)
+        apart = self.critic is not None and not joint
+        critic_settings = UpdateSettings.of(cfg, epochs=cfg.critic_option("critic_epochs"), value_clip=value_clip)
+        critic_learners = Learners(critic=self.critic, critic_opt=self.critic_opt)
+        worker = None
+        if apart and _parallel_ok(self.policy.model, self.critic, self.device):
+            # the critic's pass in a second thread beside the policy's: the two share no parameter, and
+            # the critic's shuffles come from a copy of the generator advanced past the policy's
+            # (``epochs`` permutations), so both passes draw what they drew one after the other
+            g = torch.Generator().manual_seed(0)
+            g.set_state(self.generator.get_state())
+            for _ in range(cfg.epochs):
+                torch.randperm(len(r), generator=g)
+            pool = ThreadPoolExecutor(1, initializer=torch.set_num_threads, initargs=(torch.get_num_threads(),))
+            worker = pool.submit(update_epochs, r, critic_learners, critic_settings, **{**common, "generator": g})
+            pool.shutdown(wait=False)
+        try:
+            out = update_epochs(r, learners, UpdateSettings.of(cfg, value_clip=value_clip), **common)
+        finally:
+            if worker is not None:  # the critic's pass ends before anything else happens
+                wait([worker])
+        if worker is not None:
+            c = worker.result()
+            self.generator.set_state(g.get_state())
+        elif apart:
+            c = update_epochs(r, critic_learners, critic_settings, **common)
+        if apart:
             out["critic_optimizer_steps"] = c.pop("optimizer_steps")
             out["critic_update_tokens"] = c.pop("update_tokens")
             out.update(c)
@@ -756,3 +778,21 @@ def progress_line(rec: dict, total: int | None = None) -> str:
     if rec.get("collapse"):
         bits.append("collapse? " + ", ".join(rec["collapse"]))
     return " | ".join(bits)
+
+
+def _parallel_ok(policy: torch.nn.Module, critic: torch.nn.Module, device) -> bool:
+    """Whether the critic's update may run in a second thread beside the policy's: a CPU with a core
+    beyond torch's threads, and no dropout in either model (dropout draws from torch's global
+    generator, whose draws two threads would interleave in a racing order; with none, each thread's
+    numbers are those of the passes run one after the other)."""
+    if torch.device(device).type != "cpu" or (os.cpu_count() or 1) <= torch.get_num_threads():
+        return False
+    for model in (policy, critic):
+        if any(isinstance(m, torch.nn.modules.dropout._DropoutNd) and m.p > 0 for m in model.modules()):
+            return False
+        for cfg in {id(c): c for c in (getattr(model, "config", None), getattr(getattr(model, "trunk", None),
+                                                                                  "config", None)) if c}.values():
+            if any(isinstance(v, (int, float)) and not isinstance(v, bool) and v > 0
+                   for k, v in cfg.to_dict().items() if "dropout" in k or "pdrop" in k):
+                return False
+    return True

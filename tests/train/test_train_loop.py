@@ -1,6 +1,7 @@
 """The trainer end to end: run folders the dashboard reads, exact resume, interrupts, refusals."""
 
 import json
+import os
 
 import numpy as np
 import pytest
@@ -8,6 +9,7 @@ import torch
 from safetensors.torch import load_file
 from train_helpers import tiny
 
+import mpo_viz.train.loop as L
 from mpo_viz import load
 from mpo_viz.advantages import compute
 from mpo_viz.train import Trainer
@@ -154,3 +156,31 @@ def test_refusals(tmp_path):
     with pytest.raises(ValueError, match="'sao'.*rollout_logprobs"):
         check_loss_inputs(stripped, "sao")
     check_loss_inputs(stripped, "token_ppo")
+
+
+def test_critic_pass_beside_the_policys_gives_the_sequential_run(tmp_path, monkeypatch):
+    """The critic's update in a second thread beside the policy's (a free core, no dropout) and the
+    two passes one after the other: the same metrics and weights bit for bit, and the shuffle
+    generator left in the same state; with dropout in a model the passes stay sequential."""
+    cfg = tiny(estimator="mpo", loss="turn_ppo", epochs=2, minibatches=2, critic_epochs=3, iterations=2)
+    calls = []
+    ok = L._parallel_ok
+    monkeypatch.setattr(L, "_parallel_ok", lambda *a: calls.append(ok(*a)) or True)
+    a = Trainer(cfg, tmp_path / "a", quiet=True)
+    ra = [_stable(r) for r in a.iterate()]
+    monkeypatch.setattr(L, "_parallel_ok", lambda *a: False)
+    b = Trainer(cfg, tmp_path / "b", quiet=True)
+    rb = [_stable(r) for r in b.iterate()]
+    assert len(calls) == 2 and ra == rb and ra[-1]["critic_optimizer_steps"] == 6
+    assert torch.equal(a.generator.get_state(), b.generator.get_state())
+    for x, y in zip([*a.policy.model.parameters(), *a.critic.parameters()],
+                    [*b.policy.model.parameters(), *b.critic.parameters()]):
+        assert torch.equal(x, y)
+    # dropout anywhere: sequential
+    assert ok(a.policy.model, a.critic, "cpu") == ((os.cpu_count() or 1) > torch.get_num_threads())
+    a.critic.trunk.config.attention_dropout = 0.1
+    assert not ok(a.policy.model, a.critic, "cpu")
+    a.critic.trunk.config.attention_dropout = 0.0
+    a.critic.head = torch.nn.Sequential(torch.nn.Dropout(0.1), a.critic.head)
+    assert not ok(a.policy.model, a.critic, "cpu")
+    assert not ok(a.policy.model, b.critic, "cuda")

@@ -2,6 +2,7 @@
 unchanged (the minibatch normaliser passed as ``scale``), and critic-only updates."""
 
 import copy
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -75,6 +76,54 @@ def test_micro_batches_respect_the_budget_and_cover_every_row(setup):
     for p in parts:
         size = len(p) * int((r.prompt_len[p] + r.resp_len[p]).max())
         assert size <= 400 or len(p) == 1
+
+
+def _lengths_rows(lengths):
+    """Rows whose prompt + response lengths are ``lengths`` (prompt 1 token; only lengths matter)."""
+    n = np.asarray(lengths, dtype=np.int64)
+    return SimpleNamespace(prompt_len=np.ones(len(n), dtype=np.int64), resp_len=n - 1)
+
+
+def _best_by_enumeration(lengths, budget, overhead):
+    """The reference: every cut of the length-sorted rows into consecutive groups (2^(n-1) of them),
+    the cheapest feasible one's cost (rows × longest + overhead per group)."""
+    ls = sorted(lengths)
+    n = len(ls)
+    best = None
+    for cuts in range(2 ** (n - 1)):
+        bounds = [0] + [k + 1 for k in range(n - 1) if cuts >> k & 1] + [n]
+        groups = [ls[a:b] for a, b in zip(bounds, bounds[1:])]
+        if any(len(g) * max(g) > budget and len(g) > 1 for g in groups):
+            continue
+        cost = sum(len(g) * max(g) + overhead for g in groups)
+        best = cost if best is None else min(best, cost)
+    return best
+
+
+@pytest.mark.parametrize("lengths, budget, overhead", [
+    ([90, 95, 100, 210, 220, 230, 400], 10**6, 192),   # two clear buckets and a long row
+    ([120] * 7, 10**6, 192),                          # equal lengths: one group
+    ([50, 60, 70, 80, 90, 100, 110, 120], 300, 0),    # no overhead: the budget and padding alone
+    ([10, 500, 20, 30], 100, 50),                     # a row longer than the budget goes alone
+    ([64, 65, 300, 301, 302, 900, 901, 2, 3], 4096, 128),
+])
+def test_micro_batches_are_the_cheapest_length_buckets(lengths, budget, overhead):
+    r = _lengths_rows(lengths)
+    rows = np.arange(len(lengths))[::-1].copy()
+    parts = micro_batches(r, rows, budget, overhead)
+    assert sorted(np.concatenate(parts).tolist()) == list(range(len(lengths)))
+    size = [np.asarray(lengths)[p] for p in parts]
+    assert all(len(g) == 1 or len(g) * g.max() <= budget for g in size)
+    assert all(a.max() <= b.min() for a, b in zip(size, size[1:]))   # consecutive in length order
+    assert sum(len(g) * int(g.max()) + overhead for g in size) == _best_by_enumeration(lengths, budget, overhead)
+
+
+def test_micro_batches_of_nothing_one_row_and_a_huge_overhead():
+    r = _lengths_rows([30, 40, 500])
+    assert micro_batches(r, np.array([], dtype=np.int64), 100) == []
+    assert [p.tolist() for p in micro_batches(r, np.array([2]), 100)] == [[2]]
+    # an overhead larger than any padding: as few groups as the budget allows
+    assert [p.tolist() for p in micro_batches(r, np.arange(3), 10**6, overhead=10**9)] == [[0, 1, 2]]
 
 
 @pytest.mark.parametrize("loss, agg", [("turn_ppo", None), ("token_ppo", "seq-mean-token-mean"),
