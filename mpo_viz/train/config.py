@@ -58,7 +58,7 @@ CRITIC_INITS = ("policy", "fresh", "shared")
 #: sizes of the tiny policy (``Config.model_size``)
 MODEL_SIZES = ("1m", "3m", "10m")
 #: fields a resume may change (``mpo-viz train --resume DIR --iterations N --log-to tensorboard``)
-RESUMABLE_FIELDS = ("iterations", "log_to")
+RESUMABLE_FIELDS = ("iterations", "log_to", "side_thread")
 #: experiment trackers (``Config.log_to``; :mod:`mpo_viz.train.trackers`)
 TRACKER_KINDS = ("wandb", "tensorboard")
 
@@ -282,6 +282,12 @@ class Config:
             "leave the defaults). One thread is the fastest for the tiny models on a shared CPU: with two "
             "busy cores, two threads ran a forward/backward ~10x slower than one, and numba's idle OpenMP "
             "workers slowed torch 5-7x unless held to the same count.")
+
+    side_thread: bool = setting(
+        True, kind="bool",
+        doc="On a CPU with a core beyond ``num_threads``, the critic's forwards during the rollout and its "
+            "update run in a second thread beside the policy's: the same numbers bit for bit, in less wall "
+            "time. Turn it off when several runs share the cores. Not part of the run's identity.")
 
     def __post_init__(self):
         _validate(self)

@@ -323,6 +323,7 @@ class Trainer:
                        temperature=0.0 if greedy else cfg.temperature, top_p=1.0 if greedy else cfg.top_p,
                        max_turn_tokens=cfg.max_turn_tokens, max_total_tokens=cfg.max_total_tokens,
                        batch_size=cfg.rollout_batch_size, progress=False, timings=timings,
+                       critic_thread=None if cfg.side_thread else False,
                        oracle=NoisyExpert(noise=cfg.oracle_noise) if cfg.oracle_noise is not None else None)
 
     def _next_seed(self) -> int:
@@ -662,7 +663,8 @@ class Trainer:
         critic_settings = UpdateSettings.of(cfg, epochs=cfg.critic_option("critic_epochs"), value_clip=value_clip)
         critic_learners = Learners(critic=self.critic, critic_opt=self.critic_opt)
         worker = None
-        if apart and _parallel_ok(self.policy.model, self.critic, self.device):
+        if apart and cfg.side_thread and self.critic is not None and _parallel_ok(self.policy.model, self.critic,
+                                                                                  self.device):
             # the critic's pass in a second thread beside the policy's: the two share no parameter, and
             # the critic's shuffles come from a copy of the generator advanced past the policy's
             # (``epochs`` permutations), so both passes draw what they drew one after the other

@@ -9,6 +9,7 @@ import torch
 from safetensors.torch import load_file
 from train_helpers import tiny
 
+import mpo_viz.rollout as R
 import mpo_viz.train.loop as L
 from mpo_viz import load
 from mpo_viz.advantages import compute
@@ -184,3 +185,28 @@ def test_critic_pass_beside_the_policys_gives_the_sequential_run(tmp_path, monke
     a.critic.head = torch.nn.Sequential(torch.nn.Dropout(0.1), a.critic.head)
     assert not ok(a.policy.model, a.critic, "cpu")
     assert not ok(a.policy.model, b.critic, "cuda")
+
+
+def test_side_thread_off_runs_everything_in_one_thread(tmp_path, monkeypatch):
+    """``side_thread=False``: neither the update nor the rollout starts a second thread (even where
+    one would be allowed), and the run's identity is the same as with it on."""
+    cfg = tiny(estimator="mpo", loss="turn_ppo", critic_epochs=2, iterations=1, side_thread=False)
+    assert cfg.hash() == cfg.replace(side_thread=True).hash() and "side_thread" not in cfg.identity()
+    monkeypatch.setattr(L, "_parallel_ok", lambda *a: True)
+    pools, threads = [], []
+    real_pool, real_jobs = L.ThreadPoolExecutor, R._CriticJobs
+    monkeypatch.setattr(L, "ThreadPoolExecutor", lambda *a, **k: pools.append(1) or real_pool(*a, **k))
+
+    def jobs(*a, thread=False, **k):
+        threads.append(thread)
+        return real_jobs(*a, thread=thread, **k)
+
+    monkeypatch.setattr(R, "_CriticJobs", jobs)
+    t = Trainer(cfg, tmp_path / "off", quiet=True)
+    list(t.iterate())
+    assert pools == [] and threads and not any(threads)
+    pools.clear()
+    threads.clear()
+    t = Trainer(cfg.replace(side_thread=True), tmp_path / "on", quiet=True)
+    list(t.iterate())
+    assert pools  # the same run with it on does use the second thread for the update
