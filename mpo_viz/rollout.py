@@ -301,6 +301,32 @@ def _grouped_attention(model):
         model.set_attn_implementation("sdpa")
 
 
+def usable_cores() -> int:
+    """The CPUs this process may run on (its affinity, which container limits set), at least 1."""
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except (AttributeError, OSError):  # no sched_getaffinity (macOS, Windows)
+        return os.cpu_count() or 1
+
+
+def spare_cores() -> bool:
+    """Whether a second thread with torch's thread count fits beside this one: at least twice
+    ``torch.get_num_threads()`` usable cores (else two threads' torch work would share cores, which
+    on a busy machine runs several times slower)."""
+    return usable_cores() >= 2 * torch.get_num_threads()
+
+
+def uses_sliding_window(config) -> bool:
+    """Whether some attention layer of a Hugging Face ``config`` sees only a window of past tokens
+    (Mistral's ``sliding_window``, Qwen2's with ``use_sliding_window``, Gemma 2/3's
+    ``"sliding_attention"`` layers)."""
+    if config is None:
+        return False
+    if "sliding_attention" in (getattr(config, "layer_types", None) or ()):
+        return True
+    return bool(getattr(config, "sliding_window", None)) and getattr(config, "use_sliding_window", True) is not False
+
+
 class _Engine:
     """The shared cache of the live rows and the forward calls (internal)."""
 
@@ -314,8 +340,11 @@ class _Engine:
         self._keep = "logits_to_keep" in inspect.signature(model.forward).parameters
         # a one-token step under SDPA gets its 4-D mask made here: (B, 1, 1, S) bool, True = attend, i.e.
         # the 2-D padding mask itself (a one-token query sees every earlier slot; HF passes a 4-D mask
-        # through as it is). HF's own mask builder costs ~5% of a decode step of a small model.
-        self._mask4 = getattr(getattr(model, "config", None), "_attn_implementation", None) in ("sdpa", SDPA_GROUPED)
+        # through as it is). HF's own mask builder costs ~5% of a decode step of a small model. Not for a
+        # model with sliding-window layers: their window is part of the mask HF builds.
+        config = getattr(model, "config", None)
+        self._mask4 = (getattr(config, "_attn_implementation", None) in ("sdpa", SDPA_GROUPED)
+                       and not uses_sliding_window(config))
 
     def _layers(self):
         return [layer for layer in getattr(self.cache, "layers", []) if getattr(layer, "is_initialized", False)
@@ -400,8 +429,8 @@ def rollout(policy: Policy, env, n_episodes: int | None = None, *, group_size: i
             waited for the critic after the last episode ended (with ``critic_thread``, the rest of
             the critic's forwards ran while the policy decoded).
         critic_thread: run the critic's forwards in a second thread, on the episodes of each batch
-            turn as they finish, while the policy decodes the others (None: when the machine has more
-            cores than torch's thread count and the critic's trunk is not the policy's). The values
+            turn as they finish, while the policy decodes the others (None: when the process may use
+            at least twice torch's thread count in cores, :func:`spare_cores`, and the critic's trunk is not the policy's). The values
             are the same numbers either way (each sequence's forward is the same call); the CPU time
             is the same, the wall time shorter by what the two threads overlap.
 
@@ -425,7 +454,7 @@ def rollout(policy: Policy, env, n_episodes: int | None = None, *, group_size: i
     episodes = _episodes(env, plan, cfg, oracle, policy.layout, timer)
     bar = _progress_bar(len(episodes), progress)
     if critic_thread is None:  # a second core, and a critic that shares no module with the policy
-        critic_thread = (os.cpu_count() or 1) > torch.get_num_threads() and not getattr(critic, "shared", False)
+        critic_thread = spare_cores() and not getattr(critic, "shared", False)
     jobs = _CriticJobs(critic, cfg.batch_size, pad_id, thread=bool(critic_thread)) if critic is not None else None
     try:
         with torch.no_grad(), _grouped_attention(model):

@@ -77,6 +77,7 @@ def test_critic_heads_and_trunks(search):
             assert torch.allclose(c(ids), ref, atol=1e-6), init
         fresh = M.make_critic(pol, "fresh", seed=5)
         assert not torch.allclose(fresh(ids), ref)
+        assert fresh.trunk.config is not pol.model.config  # its own: a setting changed on one stays there
     shared = M.make_critic(pol, "shared")
     assert {id(p) for p in shared.own_parameters()} == {id(shared.head.weight), id(shared.head.bias)}
     with pytest.raises(ValueError, match="init: expected one of"):

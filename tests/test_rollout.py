@@ -9,7 +9,13 @@ import numpy as np
 import pytest
 import torch
 from model_helpers import make_instruct_folder, teacher_forced_logprobs
-from transformers import LlamaConfig, LlamaForCausalLM
+from transformers import (
+    LlamaConfig,
+    LlamaForCausalLM,
+    MistralConfig,
+    MistralForCausalLM,
+    Qwen2Config,
+)
 
 import mpo_viz.rollout as R
 from mpo_viz import models as M
@@ -213,6 +219,30 @@ def test_decode_mask_made_here_equals_the_models_own():
     for a, b in zip(_rows(fast), _rows(slow)):
         assert a["response_ids"] == b["response_ids"]
         np.testing.assert_allclose(a["old_logprobs"], b["old_logprobs"], atol=1e-6)
+
+
+def test_sliding_window_models_keep_the_models_own_decode_mask():
+    """A model with sliding-window attention (Mistral, window 16, episodes longer than it): the engine
+    leaves the one-token step's mask to transformers (the window is in it), so the rollout samples
+    what a plain forward with the model's own mask gives; configs without a window keep the shortcut."""
+    env = _env("tooluse")
+    tok = build_tokenizer(env)
+    cfg = MistralConfig(vocab_size=len(tok), hidden_size=96, num_hidden_layers=2, num_attention_heads=6,
+                        num_key_value_heads=6, intermediate_size=128, pad_token_id=tok.pad_token_id,
+                        eos_token_id=tok.eos_token_id, bos_token_id=None, sliding_window=16,
+                        attn_implementation="sdpa")
+    torch.manual_seed(0)
+    pol = M.Policy(MistralForCausalLM(cfg).eval(), tok, name="sw")
+    assert R.uses_sliding_window(pol.model.config) and not R._Engine(pol.model, tok.pad_token_id)._mask4
+    batch = rollout(pol, env, 2, seed=1, batch_size=2, max_turn_tokens=8, max_total_tokens=200)
+    for r in _rows(batch):
+        assert len(r["prompt_ids"]) + len(r["response_ids"]) > 16  # past the window
+        ref = teacher_forced_logprobs(pol.model, r["prompt_ids"], r["response_ids"]).numpy()
+        m = np.asarray(r["loss_mask"]).astype(bool)
+        assert np.abs(np.asarray(r["old_logprobs"])[m] - ref[m]).max() < 2e-3
+    assert not R.uses_sliding_window(Qwen2Config(sliding_window=16, use_sliding_window=False))
+    assert R.uses_sliding_window(Qwen2Config(sliding_window=16, use_sliding_window=True, max_window_layers=0))
+    assert not R.uses_sliding_window(None) and not R.uses_sliding_window(LlamaConfig())
 
 
 def test_grouped_key_value_heads_without_copies_give_the_same_rollout(monkeypatch):

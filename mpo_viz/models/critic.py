@@ -88,7 +88,8 @@ def make_critic(policy, init: str = "fresh", seed: int = 0) -> Critic:
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
         if init == "fresh":
-            trunk = AutoModel.from_config(base.config).to(device=policy.device, dtype=policy.dtype)
+            # its own config object: a setting changed on the policy (the rollout's attention) stays there
+            trunk = AutoModel.from_config(copy.deepcopy(base.config)).to(device=policy.device, dtype=policy.dtype)
         elif init == "policy":
             trunk = copy.deepcopy(base)
         else:

@@ -285,7 +285,7 @@ class Config:
 
     side_thread: bool = setting(
         True, kind="bool",
-        doc="On a CPU with a core beyond ``num_threads``, the critic's forwards during the rollout and its "
+        doc="On a CPU where the process may use at least twice ``num_threads`` cores, the critic's forwards during the rollout and its "
             "update run in a second thread beside the policy's: the same numbers bit for bit, in less wall "
             "time. Turn it off when several runs share the cores. Not part of the run's identity.")
 

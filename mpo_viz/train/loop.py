@@ -40,7 +40,7 @@ from mpo_viz.envs.registry import make_env
 from mpo_viz.envs.tokenizer import build_tokenizer
 from mpo_viz.losses import LOGPROB_FIELDS
 from mpo_viz.losses import get as get_loss
-from mpo_viz.rollout import rollout
+from mpo_viz.rollout import rollout, spare_cores
 from mpo_viz.train.checkpoint import (
     CheckpointError,
     CheckpointWarning,
@@ -787,7 +787,7 @@ def _parallel_ok(policy: torch.nn.Module, critic: torch.nn.Module, device) -> bo
     beyond torch's threads, and no dropout in either model (dropout draws from torch's global
     generator, whose draws two threads would interleave in a racing order; with none, each thread's
     numbers are those of the passes run one after the other)."""
-    if torch.device(device).type != "cpu" or (os.cpu_count() or 1) <= torch.get_num_threads():
+    if torch.device(device).type != "cpu" or not spare_cores():
         return False
     for model in (policy, critic):
         if any(isinstance(m, torch.nn.modules.dropout._DropoutNd) and m.p > 0 for m in model.modules()):

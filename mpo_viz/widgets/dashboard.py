@@ -322,8 +322,6 @@ class TrainingDashboard(Exportable, W.VBox):
         return fig
 
     def _update_status(self, n_new: int) -> None:
-
-
         last = self.records[-1] if self.records else {}
         it = last.get("iteration", len(self.records) - 1 if self.records else None)
         # records of other phases (SFT, critic warm-up, evaluations) are not iterations
@@ -386,7 +384,8 @@ class TrainingDashboard(Exportable, W.VBox):
 
     # --- trajectories of an iteration -----------------------------------------------------------------------
     def open_iteration(self, name: str | None = None, **explorer_options):
-        """Open ``trajectories/<name>.parquet`` (default: the selected one) in an explorer below."""
+        """Open ``trajectories/<name>.parquet`` (default: the selected one) in an explorer below; the
+        explorer opened before is closed (``params=`` shared with it stay open)."""
         name = name or self.iterations.value
         files = {f.stem: f for f in self.trajectory_files()}
         if name not in files:

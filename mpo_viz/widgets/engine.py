@@ -165,6 +165,10 @@ class ParamControls(W.VBox):
     def on_change(self, callback) -> None:
         self._callbacks.append(callback)
 
+    def off(self, callback) -> None:
+        """Stop calling ``callback`` (a view that is closed while its controls live on)."""
+        self._callbacks = [cb for cb in self._callbacks if cb != callback]
+
     def _changed(self, _change=None) -> None:
         if self._muted:
             return

@@ -335,6 +335,11 @@ class TrajectoryExplorer(Exportable, W.VBox):
                              f"browser draws after it'>kernel {ms:.0f} ms</span>")
 
     # --- parameters -----------------------------------------------------------------------------------
+    def close(self) -> None:
+        """Close the view; shared ``params`` stop calling it (they may live on in another view)."""
+        self.params.off(self._params_changed)
+        super().close()
+
     def _params_changed(self, options: dict) -> None:
         # Sent in the order the browser takes longest over: the value curve first (plotly's redraw
         # is most of a move's time in the browser; it starts while the kernel builds the rest),

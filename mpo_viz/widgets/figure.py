@@ -77,23 +77,38 @@ class FigureWidget(go.FigureWidget):
         self._config = {**(self._config or {}), "responsive": True}
 
 
-def close_tree(widget: W.Widget) -> None:
-    """Close ``widget``, the boxes' children under it and their ``layout`` / ``style`` models (the
-    kernel's comms and the page's models). Shared models a widget only refers to (a figure's
-    :class:`PlotlySource`) stay open."""
+def _tree(widget: W.Widget) -> list[W.Widget]:
+    """``widget`` and every widget under it (boxes' children), depth first."""
+    out = [widget]
     for child in getattr(widget, "children", ()) or ():
-        close_tree(child)
+        out += _tree(child)
+    return out
+
+
+def close_tree(widget: W.Widget, keep: frozenset[int] = frozenset()) -> None:
+    """Close ``widget``, the boxes' children under it and their ``layout`` / ``style`` models (the
+    kernel's comms and the page's models), except the widgets whose ``id`` is in ``keep`` and what
+    is under them. Shared models a widget only refers to (a figure's :class:`PlotlySource`) stay
+    open."""
+    if id(widget) in keep:
+        return
+    for child in getattr(widget, "children", ()) or ():
+        close_tree(child, keep)
     for name in ("layout", "style"):
         part = getattr(widget, name, None)
-        if isinstance(part, W.Widget):
+        if isinstance(part, W.Widget) and id(part) not in keep:
             part.close()
     widget.close()
 
 
 def swap_child(box: W.Box, widget: W.Widget) -> None:
     """Make ``widget`` the only child of ``box`` and close the children it replaces (see
-    :func:`close_tree`); a child that is ``widget`` itself is kept."""
+    :func:`close_tree`), except what ``widget`` itself shows: a child that is ``widget``, or
+    controls the old and the new view share (an explorer's ``params=``), stay open."""
+    keep = frozenset(id(w) for w in _tree(widget))
+    keep |= frozenset(id(getattr(w, name)) for w in _tree(widget) for name in ("layout", "style")
+                      if isinstance(getattr(w, name, None), W.Widget))
     old = [w for w in box.children if w is not widget]
     box.children = (widget,)
     for w in old:
-        close_tree(w)
+        close_tree(w, keep)

@@ -32,7 +32,7 @@ from plotly.subplots import make_subplots
 
 from mpo_viz.widgets.dashboard import PALETTE, flatten_keys, panel_of, read_metrics
 from mpo_viz.widgets.export_bar import Exportable, ExportBar
-from mpo_viz.widgets.figure import FigureWidget
+from mpo_viz.widgets.figure import FigureWidget, swap_child
 from mpo_viz.widgets.snapshot import Snapshot
 
 __all__ = ["RunComparison", "run_label", "group_table", "BANDS"]
@@ -220,7 +220,7 @@ class RunComparison(Exportable, W.VBox):
     def _redraw(self) -> None:
         """Rebuild the figure (a change of metrics, grouping or x changes its panels)."""
         self.figure = FigureWidget(self._build())
-        self.figure_box.children = (self.figure,)
+        swap_child(self.figure_box, self.figure)
         self.export.set_tables(self.tables())
 
     def _build(self) -> go.Figure:

@@ -96,3 +96,25 @@ def test_views_close_the_figures_they_replace(batch, tmp_path):
         f.write('{"iteration": 1, "success_rate": 0.2, "policy_loss": 0.3}\n')
     dash.refresh()
     assert dash.figure is not fig and not _open(fig) and _open(dash.figure)
+
+
+def test_swap_child_keeps_controls_the_new_view_shares(batch):
+    """An explorer replaced by another that shares its ``params``: the old one is closed, the
+    shared controls stay open and stop calling the closed view."""
+    import ipywidgets as W
+
+    from mpo_viz.widgets import ParamControls
+
+    params = ParamControls(["mpo", "gae"])
+    a = TrajectoryExplorer(batch, estimators=["mpo", "gae"], params=params)
+    box = W.Box([a])
+    b = TrajectoryExplorer(batch, estimators=["mpo", "gae"], params=params)
+    swap_child(box, b)
+    assert not _open(a) and not _open(a.strip) and not _open(a.figure)
+    assert _open(params) and all(_open(c) for c in params.controls.values()) and _open(b)
+    owners = [getattr(cb, "__self__", None) for cb in params._callbacks]
+    assert a not in owners and b in owners  # the closed view is no longer called
+    key = params.keys_of("lam", "mpo")[0]
+    mpo_before = b.results["mpo"][0].clone()
+    params.controls[key].value = 0.5
+    assert not b.results["mpo"][0].equal(mpo_before)  # the live view recomputed
