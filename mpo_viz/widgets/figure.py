@@ -105,9 +105,9 @@ def swap_child(box: W.Box, widget: W.Widget) -> None:
     """Make ``widget`` the only child of ``box`` and close the children it replaces (see
     :func:`close_tree`), except what ``widget`` itself shows: a child that is ``widget``, or
     controls the old and the new view share (an explorer's ``params=``), stay open."""
-    keep = frozenset(id(w) for w in _tree(widget))
-    keep |= frozenset(id(getattr(w, name)) for w in _tree(widget) for name in ("layout", "style")
-                      if isinstance(getattr(w, name, None), W.Widget))
+    tree = _tree(widget)
+    keep = frozenset(id(w) for w in tree) | frozenset(
+        id(getattr(w, name)) for w in tree for name in ("layout", "style") if isinstance(getattr(w, name, None), W.Widget))
     old = [w for w in box.children if w is not widget]
     box.children = (widget,)
     for w in old:
