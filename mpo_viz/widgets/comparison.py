@@ -23,12 +23,13 @@ import numpy as np
 
 from mpo_viz import analysis as an
 from mpo_viz import plots
-from mpo_viz.strip import advantage_channels, strip_payload
+from mpo_viz.strip import strip_payload
 from mpo_viz.trajectory import TrajectoryBatch
 from mpo_viz.widgets.engine import AdvantageEngine, ParamControls, default_estimators
 from mpo_viz.widgets.explorer import (
     TABLE_CSS,
     as_batch,
+    changed_channels,
     frame_html,
     opts_text,
     token_decoder,
@@ -132,10 +133,7 @@ class EstimatorComparison(Exportable, W.VBox):
                 w.set_payload(p, keep_channel=False)
         else:
             ran = set(self.names) if ran is None else ran
-            n = self._n
-            chans = advantage_channels({k: a[0] for k, a in adv.items()}, self._sub.mask[0, :n].numpy(),
-                                       self._sub.turn_ids[0, :n].numpy())
-            chans = {k: v for k, v in chans.items() if k.split("_", 1)[1] in ran}
+            chans = changed_channels(self._sub, adv, ran)
             patch_strips(self.strips.values(), chans, self.scale.apply, focus=focus)
         for name in self.strips:
             self.strip_labels[name].value = (f"<b>{name}</b> <span style='color:#555'>ran with "

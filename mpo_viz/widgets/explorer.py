@@ -148,6 +148,18 @@ def frame_html(df: pd.DataFrame) -> str:
             + "    </tr>\n  </thead>\n  <tbody>\n" + rows + "  </tbody>\n</table>")
 
 
+def changed_channels(sub: TrajectoryBatch, adv: dict, ran) -> dict:
+    """The strip channels of the estimators in ``ran`` (those whose options changed) for the
+    one-row batch ``sub`` and its advantages ``adv`` (``{name: (1, L)}``): ``adv_<name>`` and MAE's
+    ``micro_<name>``, as :func:`mpo_viz.strip.strip_payload` builds them
+    (:func:`mpo_viz.strip.advantage_channels`: rounded, observation tokens NaN). Channels are built
+    from every estimator and then kept, so MAE's ``micro_`` is the one the payload has."""
+    n = int(sub.lengths[0])
+    chans = advantage_channels({k: a[0, :n] for k, a in adv.items()}, sub.mask[0, :n].numpy(),
+                               sub.turn_ids[0, :n].numpy())
+    return {k: v for k, v in chans.items() if k.split("_", 1)[1] in ran}
+
+
 class TrajectoryExplorer(Exportable, W.VBox):
     """Explore one batch's credit assignment, one trajectory at a time.
 
@@ -361,7 +373,7 @@ class TrajectoryExplorer(Exportable, W.VBox):
         t2 = time.perf_counter()
         # the strip: only the channels of the estimators that ran (and every advantage channel's
         # colour scale, which "shared" takes from all of them) go to the browser, as a patch
-        chans = self._adv_channels(adv, ran)
+        chans = changed_channels(self._sub, adv, ran)
         t3 = time.perf_counter()
         patch_strips([self.strip], chans, self.scale.apply)
         t4 = time.perf_counter()
@@ -388,15 +400,6 @@ class TrajectoryExplorer(Exportable, W.VBox):
 
     def _rescale(self) -> None:
         patch_strips([self.strip], {}, self.scale.apply)  # the new scales: a patch of channel info
-
-    def _adv_channels(self, adv: dict, ran) -> dict:
-        """The strip channels of the estimators in ``ran`` (those whose options changed):
-        ``adv_<name>`` and MAE's ``micro_<name>``, as :func:`mpo_viz.strip.strip_payload` builds
-        them (:func:`mpo_viz.strip.advantage_channels`: rounded, observation tokens NaN)."""
-        n = self._n
-        chans = advantage_channels({k: a[0] for k, a in adv.items()}, self._sub.mask[0, :n].numpy(),
-                                   self._sub.turn_ids[0, :n].numpy())
-        return {k: v for k, v in chans.items() if k.split("_", 1)[1] in ran}
 
     # --- static snapshot ---------------------------------------------------------------------------------
     def snapshot(self, snap: Snapshot | None = None) -> Snapshot:
