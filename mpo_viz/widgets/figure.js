@@ -18,7 +18,9 @@
 //    delayed the frames after it and the kernel's other messages of the same move (the strip, the
 //    tables, the header). Here they run when no redraw has asked for one for QUIET_MS, in an idle
 //    period (at the latest LATEST_MS after being asked), in order, each with its own edit id,
-//    reading the state at that time; Python's on_edits_completed callbacks wait for them.
+//    reading the state at that time; Python's on_edits_completed callbacks wait for them. A view
+//    removed in the meantime (its figure replaced or closed) reports nothing: its model may be
+//    closed, and sending through a closed model throws.
 
 const KEY = Symbol.for("mpo_viz.plotly_widget_module");
 
@@ -50,6 +52,7 @@ function plotlyModule(model) {
 }
 
 const DEFERRED = Symbol.for("mpo_viz.plotly_deltas_deferred");
+const REMOVED = Symbol.for("mpo_viz.plotly_view_removed");
 const QUIET_MS = 250; // the deltas wait until no redraw has asked for one for this long
 const LATEST_MS = 2000; // and at most this long after the first waiting one was asked for
 
@@ -96,9 +99,16 @@ function deferDeltas(mod) {
     const send = View.prototype[name];
     if (typeof send !== "function") continue;
     View.prototype[name] = function (...args) {
-      later(() => send.apply(this, args));
+      later(() => {
+        if (!this[REMOVED]) send.apply(this, args);
+      });
     };
   }
+  const remove = View.prototype.remove;
+  View.prototype.remove = function (...args) {
+    this[REMOVED] = true;
+    return typeof remove === "function" ? remove.apply(this, args) : undefined;
+  };
   View.prototype[DEFERRED] = true;
 }
 
