@@ -316,6 +316,13 @@ def spare_cores() -> bool:
     return usable_cores() >= 2 * torch.get_num_threads()
 
 
+def side_pool() -> ThreadPoolExecutor:
+    """A one-worker thread pool for work beside this thread (the rollout's critic, the trainer's
+    critic update). Its thread runs with this thread's torch thread count: a new thread would get
+    OpenMP's default (every core)."""
+    return ThreadPoolExecutor(1, initializer=torch.set_num_threads, initargs=(torch.get_num_threads(),))
+
+
 def uses_sliding_window(config) -> bool:
     """Whether some attention layer of a Hugging Face ``config`` sees only a window of past tokens
     (Mistral's ``sliding_window``, Qwen2's with ``use_sliding_window``, Gemma 2/3's
@@ -736,12 +743,11 @@ class _CriticJobs:
     """The critic's values of finished episodes: with ``thread``, computed in one worker thread as
     each batch turn's finished episodes are handed in (:meth:`submit`), while the policy decodes the
     rest; otherwise (or for episodes never handed in) all at the end, in :meth:`result` (internal).
-    The worker runs with the caller's torch thread count (a new thread would get OpenMP's default)."""
+    The worker is a :func:`side_pool`'s."""
 
     def __init__(self, critic, batch_size: int, pad_id: int, *, thread: bool):
         self.critic, self.batch_size, self.pad_id = critic, batch_size, pad_id
-        self.pool = ThreadPoolExecutor(1, initializer=torch.set_num_threads,
-                                       initargs=(torch.get_num_threads(),)) if thread else None
+        self.pool = side_pool() if thread else None
         self.jobs: list = []
 
     def submit(self, finished: list[_Episode]) -> None:

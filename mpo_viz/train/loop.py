@@ -25,7 +25,7 @@ import shutil
 import sys
 import time
 import warnings
-from concurrent.futures import ThreadPoolExecutor, wait
+from concurrent.futures import wait
 from pathlib import Path
 from typing import Any
 
@@ -40,7 +40,7 @@ from mpo_viz.envs.registry import make_env
 from mpo_viz.envs.tokenizer import build_tokenizer
 from mpo_viz.losses import LOGPROB_FIELDS
 from mpo_viz.losses import get as get_loss
-from mpo_viz.rollout import rollout, spare_cores
+from mpo_viz.rollout import rollout, side_pool, spare_cores
 from mpo_viz.train.checkpoint import (
     CheckpointError,
     CheckpointWarning,
@@ -672,7 +672,7 @@ class Trainer:
             g.set_state(self.generator.get_state())
             for _ in range(cfg.epochs):
                 torch.randperm(len(r), generator=g)
-            pool = ThreadPoolExecutor(1, initializer=torch.set_num_threads, initargs=(torch.get_num_threads(),))
+            pool = side_pool()
             worker = pool.submit(update_epochs, r, critic_learners, critic_settings, **{**common, "generator": g})
             pool.shutdown(wait=False)
         try:
