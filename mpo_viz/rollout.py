@@ -437,9 +437,10 @@ def rollout(policy: Policy, env, n_episodes: int | None = None, *, group_size: i
             the critic's forwards ran while the policy decoded).
         critic_thread: run the critic's forwards in a second thread, on the episodes of each batch
             turn as they finish, while the policy decodes the others (None: when the process may use
-            at least twice torch's thread count in cores, :func:`spare_cores`, and the critic's trunk is not the policy's). The values
-            are the same numbers either way (each sequence's forward is the same call); the CPU time
-            is the same, the wall time shorter by what the two threads overlap.
+            at least twice torch's thread count in cores, :func:`spare_cores`, and the critic's
+            trunk is not the policy's). The values are the same numbers either way (each sequence's
+            forward is the same call); the CPU time is the same, the wall time shorter by what the
+            two threads overlap.
 
     Returns:
         a validated :class:`~mpo_viz.trajectory.TrajectoryBatch` (one row per episode, in task then
