@@ -457,14 +457,16 @@ def rollout(policy: Policy, env, n_episodes: int | None = None, *, group_size: i
     model = policy.model
     was_training = model.training
     model.eval()
-    pad_id = policy.tokenizer.pad_token_id
-    pad_id = int(pad_id) if pad_id is not None else min(policy.layout.stop_ids)
-    episodes = _episodes(env, plan, cfg, oracle, policy.layout, timer)
-    bar = _progress_bar(len(episodes), progress)
-    if critic_thread is None:  # a second core, and a critic that shares no module with the policy
-        critic_thread = spare_cores() and not getattr(critic, "shared", False)
-    jobs = _CriticJobs(critic, cfg.batch_size, pad_id, thread=bool(critic_thread)) if critic is not None else None
-    try:
+    jobs = None
+    try:  # the model goes back to training mode and the critic's thread ends, whatever is raised
+        pad_id = policy.tokenizer.pad_token_id
+        pad_id = int(pad_id) if pad_id is not None else min(policy.layout.stop_ids)
+        episodes = _episodes(env, plan, cfg, oracle, policy.layout, timer)
+        bar = _progress_bar(len(episodes), progress)
+        if critic_thread is None:  # a second core, and a critic that shares no module with the policy
+            critic_thread = spare_cores() and not getattr(critic, "shared", False)
+        if critic is not None:
+            jobs = _CriticJobs(critic, cfg.batch_size, pad_id, thread=bool(critic_thread))
         with torch.no_grad(), _grouped_attention(model):
             _play(_Engine(model, pad_id), episodes, cfg, policy, timer, bar,
                   on_done=jobs.submit if jobs is not None else None)
@@ -477,8 +479,8 @@ def rollout(policy: Policy, env, n_episodes: int | None = None, *, group_size: i
     finally:
         if jobs is not None:
             jobs.close()
-    if was_training:
-        model.train()
+        if was_training:
+            model.train()
     t0 = time.perf_counter()
     batch = _to_batch(episodes, env, policy.layout, cfg, values, boot, oracle, policy)
     timer.add("batch", t0)

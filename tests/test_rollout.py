@@ -287,6 +287,30 @@ def test_a_played_environment_rolls_out_like_a_fresh_one():
     assert (used.task, used.state, used.messages) == before
 
 
+def test_a_failed_rollout_leaves_the_policy_in_training_mode(monkeypatch):
+    """The rollout decodes in eval mode and puts a policy that was training back in training mode,
+    also when it raises: on bad input found after the switch (a prompt longer than
+    ``max_total_tokens``) and from inside the decoding loop (with the critic's thread running)."""
+    env = make_env("search")
+    policy = M.tiny_policy(build_tokenizer(env), "1m", seed=0)
+    critic = M.make_critic(policy, "policy", seed=0)
+    policy.model.train()
+    with pytest.raises(R.OptionError, match="max_total_tokens"):
+        rollout(policy, env, 2, max_total_tokens=3)
+    assert policy.model.training
+
+    def broken(*a, **k):
+        raise RuntimeError("environment failed")
+
+    monkeypatch.setattr(R, "_step_envs", broken)
+    with pytest.raises(RuntimeError, match="environment failed"):
+        rollout(policy, env, 2, critic=critic, critic_thread=True)
+    assert policy.model.training
+    monkeypatch.undo()
+    out = rollout(policy, env, 2, critic=critic, max_turn_tokens=8)  # and it still rolls out
+    assert policy.model.training and len(out) == 2
+
+
 def test_temperature_top_p_and_greedy():
     env, pol = _policy("tooluse", seed=3)
     T, top_p = 0.7, 0.8
