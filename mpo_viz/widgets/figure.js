@@ -26,29 +26,12 @@ const KEY = Symbol.for("mpo_viz.plotly_widget_module");
 
 const REF = "IPY_MODEL_";
 
-const SOURCE_WAIT_MS = 10000; // how long a figure waits for the PlotlySource model to be known
-const SOURCE_RETRY_MS = 100;
-
-// the model `id`; when the manager does not know it yet (a notebook reopened: the kernel's models
-// are created one by one, and a figure may come before the source), asked again until it does
-async function getModel(manager, id) {
-  const t0 = Date.now();
-  for (;;) {
-    try {
-      return await manager.get_model(id);
-    } catch (e) {
-      if (Date.now() - t0 > SOURCE_WAIT_MS) throw e;
-      await new Promise((r) => setTimeout(r, SOURCE_RETRY_MS));
-    }
-  }
-}
-
 // the source of plotly's module: the PlotlySource model the figure's `_plotly_source` refers to
 async function plotlySource(model) {
   const ref = model.get("_plotly_source");
   if (typeof ref !== "string" || !ref.startsWith(REF))
     throw new Error(`mpo_viz figure: _plotly_source should be a widget reference (${REF}...), found ${JSON.stringify(ref)}`);
-  const src = await getModel(model.widget_manager, ref.slice(REF.length));
+  const src = await model.widget_manager.get_model(ref.slice(REF.length));
   const source = src.get("source");
   if (!source) throw new Error("mpo_viz figure: the PlotlySource model has no source");
   return source;

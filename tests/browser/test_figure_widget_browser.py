@@ -1,8 +1,7 @@
 """figure.js (the figure widget's front end) around a stand-in for plotly's widget module, in
 Chromium: the deltas plotly's view reports to Python after a redraw are sent once the page is quiet
 (not before the frames that show the redraw), in the order they were asked for, with their
-arguments; a view removed before then (its figure replaced or closed) sends nothing; the plotly
-source model is asked for again until the widget manager knows it."""
+arguments; a view removed before then (its figure replaced or closed) sends nothing."""
 
 from __future__ import annotations
 
@@ -33,9 +32,7 @@ def test_deltas_to_python_follow_the_frame(page, page_errors, open_html):
             # the figure's model refers to a PlotlySource model, found through the widget manager
             f"const source = {{ get: (k) => (k === 'source' ? {json.dumps(_FAKE_PLOTLY)} : undefined) }};\n"
             "window.asked = [];\n"
-            # the manager does not know the source model at first (a reopened notebook): asked again
-            "const widget_manager = { get_model: async (id) => { window.asked.push(id);\n"
-            "  if (window.asked.length < 3) throw new Error('widget model not found'); return source; } };\n"
+            "const widget_manager = { get_model: async (id) => { window.asked.push(id); return source; } };\n"
             "const model = { get: (k) => (k === '_plotly_source' ? 'IPY_MODEL_abc' : undefined), widget_manager };\n"
             "const w = widget(); await w.initialize({ model });\n"
             "const mod = await globalThis[Symbol.for('mpo_viz.plotly_widget_module')];\n"
@@ -56,5 +53,5 @@ def test_deltas_to_python_follow_the_frame(page, page_errors, open_html):
     page.wait_for_timeout(300)  # the removed view's report would have come with the others
     assert page.evaluate("window.sent") == [["trace", 7], ["layout", 8], ["trace", 9]]
     assert page.evaluate("window.removed") == ["gone"]  # plotly's own remove() still runs
-    assert page.evaluate("window.asked") == ["abc"] * 3  # the reference, without its IPY_MODEL_ prefix, until known
+    assert page.evaluate("window.asked") == ["abc"]  # the reference, without its IPY_MODEL_ prefix
     assert page_errors == []
