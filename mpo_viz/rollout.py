@@ -457,8 +457,8 @@ def rollout(policy: Policy, env, n_episodes: int | None = None, *, group_size: i
     model = policy.model
     was_training = model.training
     model.eval()
-    jobs = None
-    try:  # the model goes back to training mode and the critic's thread ends, whatever is raised
+    jobs = bar = None
+    try:  # the model goes back to training mode, the bar closes and the critic's thread ends, whatever is raised
         pad_id = policy.tokenizer.pad_token_id
         pad_id = int(pad_id) if pad_id is not None else min(policy.layout.stop_ids)
         episodes = _episodes(env, plan, cfg, oracle, policy.layout, timer)
@@ -471,12 +471,15 @@ def rollout(policy: Policy, env, n_episodes: int | None = None, *, group_size: i
             _play(_Engine(model, pad_id), episodes, cfg, policy, timer, bar,
                   on_done=jobs.submit if jobs is not None else None)
         bar.close()
+        bar = None
         values = boot = None
         if jobs is not None:
             t0 = time.perf_counter()
             values, boot = jobs.result(episodes)
             timer.add("critic", t0)
     finally:
+        if bar is not None:
+            bar.close()
         if jobs is not None:
             jobs.close()
         if was_training:
@@ -746,7 +749,7 @@ class _CriticJobs:
     """The critic's values of finished episodes: with ``thread``, computed in one worker thread as
     each batch turn's finished episodes are handed in (:meth:`submit`), while the policy decodes the
     rest; otherwise (or for episodes never handed in) all at the end, in :meth:`result` (internal).
-    The worker is a :func:`side_pool`'s."""
+    The worker runs in a :func:`side_pool`."""
 
     def __init__(self, critic, batch_size: int, pad_id: int, *, thread: bool):
         self.critic, self.batch_size, self.pad_id = critic, batch_size, pad_id

@@ -290,7 +290,8 @@ def test_a_played_environment_rolls_out_like_a_fresh_one():
 def test_a_failed_rollout_leaves_the_policy_in_training_mode(monkeypatch):
     """The rollout decodes in eval mode and puts a policy that was training back in training mode,
     also when it raises: on bad input found after the switch (a prompt longer than
-    ``max_total_tokens``) and from inside the decoding loop (with the critic's thread running)."""
+    ``max_total_tokens``) and from inside the decoding loop, there after the critic's thread got an
+    episode (its pool is shut down)."""
     env = make_env("search")
     policy = M.tiny_policy(build_tokenizer(env), "1m", seed=0)
     critic = M.make_critic(policy, "policy", seed=0)
@@ -299,13 +300,26 @@ def test_a_failed_rollout_leaves_the_policy_in_training_mode(monkeypatch):
         rollout(policy, env, 2, max_total_tokens=3)
     assert policy.model.training
 
-    def broken(*a, **k):
-        raise RuntimeError("environment failed")
+    real_step, real_jobs, submitted, pools = R._step_envs, R._CriticJobs, [], []
 
-    monkeypatch.setattr(R, "_step_envs", broken)
+    def step_then_fail(*a, **k):  # the environments step until the critic's thread has an episode
+        if submitted:
+            raise RuntimeError("environment failed")
+        return real_step(*a, **k)
+
+    def jobs(*a, **k):
+        j = real_jobs(*a, **k)
+        submit = j.submit
+        j.submit = lambda eps: (submitted.extend(eps), submit(eps))
+        pools.append(j.pool)
+        return j
+
+    monkeypatch.setattr(R, "_step_envs", step_then_fail)
+    monkeypatch.setattr(R, "_CriticJobs", jobs)
     with pytest.raises(RuntimeError, match="environment failed"):
-        rollout(policy, env, 2, critic=critic, critic_thread=True)
+        rollout(policy, env, 2, critic=critic, batch_size=1, critic_thread=True)
     assert policy.model.training
+    assert len(submitted) == 1 and pools[0] is not None and pools[0]._shutdown
     monkeypatch.undo()
     out = rollout(policy, env, 2, critic=critic, max_turn_tokens=8)  # and it still rolls out
     assert policy.model.training and len(out) == 2
