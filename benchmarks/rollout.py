@@ -39,9 +39,9 @@ counts both threads) shows what the critic costs in compute.
 
 `--repeats N` runs N (rollout, generate) pairs per row, one after the other, and prints the median
 of each column over the pairs (each ratio taken within its pair): on a shared machine a single pair
-moves by ±0.2 with the load of the minute it ran in, and even the median of three pairs of the 1M
-model's 16-episode cells moved from 0.75 to 1.08 within an hour on an idle 2-core machine; judge
-the 0.8 target on `--repeats 9` or more.
+moves by ±0.2 with the load of the minute it ran in. On an idle 2-core machine, within an hour, the
+1M model's `search` cell at 16 episodes had a median of 0.75 over three pairs, then 0.88 and 1.08
+over nine: judge the 0.8 target on `--repeats 9` or more.
 
 Speed is *action tokens/s*: sampled tokens per second of wall time. The rollout's time is the whole
 call (prefill of every observation, every decode step, environments, oracle, critic, building the
