@@ -56,7 +56,7 @@ def _to_batch(episodes, env, layout, cfg: RolloutConfig, values, boot, oracle, p
         "tokenizer": policy.path or f"mpo_viz.envs.build_tokenizer({env.name!r})",
         "source_framework": "mpo_viz.rollout",
         "policy": policy.name,
-        "generator": {"env": env.name, **dataclasses.asdict(cfg),
+        "generator": {"env": env.name, "env_options": env.option_values(), **dataclasses.asdict(cfg),
                       "oracle_noise": oracle.noise if oracle is not None else None},
     }
     if values is not None:

@@ -206,6 +206,21 @@ class _Engine:
             z = layer.keys.new_zeros(n, *layer.keys.shape[1:])
             layer.set_kv(torch.cat([layer.keys, z], 0), torch.cat([layer.values, z], 0))
 
+    def append(self, other: _Engine) -> None:
+        """The rows of ``other`` (an engine of the same model) placed below this one's: the shorter
+        side's slots padded on the left (masked), so every row keeps its slots, positions and cache."""
+        if self.attn.shape[0] == 0:
+            self.cache, self.attn, self.next_pos = other.cache, other.attn, other.next_pos
+            return
+        a, b = self.attn.shape[1], other.attn.shape[1]
+        w = max(a, b)
+        pad = torch.nn.functional.pad
+        self.attn = torch.cat([pad(self.attn, (w - a, 0)), pad(other.attn, (w - b, 0))], 0)
+        self.next_pos = torch.cat([self.next_pos, other.next_pos])
+        for mine, theirs in zip(self._layers(), other._layers(), strict=True):
+            mine.set_kv(torch.cat([pad(mine.keys, (0, 0, w - a, 0)), pad(theirs.keys, (0, 0, w - b, 0))], 0),
+                        torch.cat([pad(mine.values, (0, 0, w - a, 0)), pad(theirs.values, (0, 0, w - b, 0))], 0))
+
     def keep_rows(self, idx: list[int]) -> None:
         """Keep the rows ``idx`` (in that order), then drop the slots no row uses, moving each row's
         used slots to the right (left padding; the order of a row's slots is kept)."""
