@@ -41,7 +41,7 @@ def test_arm_configs(learning, tmp_path):
     for a in learned:  # the shared warm-up folder, not warmed again, 4 critic epochs
         assert cfgs[a].model_dir == str(tmp_path) and cfgs[a].critic_warmup_steps == 0 and cfgs[a].critic_epochs == 4
     assert cfgs["grpo"].model_dir == str(learning.START) and not cfgs["grpo"].uses_critic
-    assert cfgs["mpo_oracle"].critic == "oracle" and cfgs["mpo_oracle"].model_dir == str(learning.START)
+    assert cfgs["mpo_oracle"].critic == "expert" and cfgs["mpo_oracle"].model_dir == str(learning.START)
     assert cfgs["mpo_bare"].loss_options == {"token_clip": None} and cfgs["mpo"].loss_options == {}
     assert (cfgs["turn_gae"].estimator, cfgs["turn_gae"].loss) == ("turn_gae", "token_ppo")
     warm = learning.warmup_config("v2", "automation-d3-4", 3)
