@@ -13,7 +13,7 @@ from plotly.subplots import make_subplots
 from mpo_viz import analysis as an
 from mpo_viz.trajectory import TrajectoryBatch
 
-__all__ = ["value_curve", "value_curve_parts", "span_shapes", "across_within", "estimator_comparison", "ESTIMATOR_COLOURS", "FIGURE_CONFIG", "line_trace"]
+__all__ = ["value_curve", "value_curve_parts", "MC_TRACE", "span_shapes", "across_within", "estimator_comparison", "ESTIMATOR_COLOURS", "FIGURE_CONFIG", "line_trace"]
 
 #: plotly config of every figure the views and the report show: sized by its container, plotly's
 #: own image export (the camera button) at twice the resolution
@@ -34,6 +34,10 @@ ESTIMATOR_COLOURS = {
     "gigpo": "#17becf",
 }
 _FALLBACK = ["#7f7f7f", "#bcbd22", "#aec7e8", "#ffbb78", "#ff9896", "#c5b0d5"]
+
+
+#: the name of the value curve's Monte-Carlo markers (``mc_value`` ± 1.96 ``mc_value_se`` at turn starts)
+MC_TRACE = "true value for this policy (Monte-Carlo, ±1.96 SE)"
 
 
 def _colour(name: str, i: int) -> str:
@@ -167,6 +171,13 @@ def value_curve_parts(batch: TrajectoryBatch, row: int, *, advantages: dict | No
     ov = learned_and_oracle(sub)
     if ov is not None:  # a learned (or noisy) critic beside the exact values of mpo-viz generate/rollout
         line("oracle value", ov[0, :n], 1, {"color": "#2ca02c", "width": 1.2, "dash": "dash"})
+    mc = sub.field("mc_value")[0] if sub.has("mc_value") else None
+    if mc is not None and len(mc) == len(tt):  # the policy's own Monte-Carlo value at each turn start
+        se = sub.field("mc_value_se")[0] if sub.has("mc_value_se") else None
+        traces.append({"name": MC_TRACE, "x": tt["start"].to_numpy(), "y": np.asarray(mc, dtype=np.float32), "panel": 1,
+                       "mode": "markers", "size": np.full(len(mc), 8, dtype=np.int8),
+                       "style": {"color": "#9467bd", "width": 0},
+                       "error": None if se is None else (1.96 * np.asarray(se)).astype(np.float32)})
     if returns is not None:
         line("return", np.asarray(an.to_numpy(getattr(returns, "returns", returns)))[row, :n], 1,
              {"color": "#1f77b4", "width": 1, "dash": "dot"})
@@ -189,7 +200,9 @@ def value_curve(batch: TrajectoryBatch, row: int, *, advantages: dict | None = N
     observations; ``value (fitted critic (held-out EV x))`` when the values come from
     ``mpo-viz fit-critic``, :func:`mpo_viz.analysis.fitted_critic_label`), ``turn mean`` (each turn's mean value over exactly the turn's span), ``oracle value``
     when the batch carries ``oracle_values`` that differ from ``values`` (:func:`learned_and_oracle`), optionally
-    ``return`` (``returns``: ``(B, L)`` tensor or result), the extra ``lines``, and, in a second
+    ``return`` (``returns``: ``(B, L)`` tensor or result), the extra ``lines``, the policy's own
+    Monte-Carlo value at each turn start with ±1.96 standard errors when the batch carries the
+    truth of ``mpo-viz truth`` (:data:`MC_TRACE`: "true value for this policy"), and, in a second
     panel, the per-token advantages of each entry of ``advantages`` (``{name: (B, L) tensor or
     result}``). Each turn's span (first to last action token) is shaded. The content is
     :func:`value_curve_parts`.
@@ -202,8 +215,11 @@ def value_curve(batch: TrajectoryBatch, row: int, *, advantages: dict | None = N
         marker = {"color": t["style"]["color"]}
         if t["size"] is not None:
             marker["size"] = t["size"]
+        err = t.get("error")
         fig.add_trace(go.Scatter(x=t["x"], y=t["y"], mode=t["mode"], name=t["name"], line=t["style"], marker=marker,
-                                 connectgaps=False), row=t["panel"], col=1)
+                                 connectgaps=False,
+                                 error_y=None if err is None else dict(type="data", array=err, visible=True)),
+                      row=t["panel"], col=1)
     fig.update_layout(shapes=parts["shapes"])
     fig.update_layout(
         title=parts["title"],
@@ -277,7 +293,9 @@ def across_within(vv: pd.DataFrame, *, title: str | None = None, max_points: int
 
 def estimator_comparison(batch: TrajectoryBatch, row: int, advantages: dict, *, title: str | None = None) -> go.Figure:
     """Per-turn advantages of several estimators on one trajectory: grouped bars, one series per
-    estimator, x = turn; turn advantage = mean over the turn's action tokens (``A^T_k`` for MAE)."""
+    estimator, x = turn; turn advantage = mean over the turn's action tokens (``A^T_k`` for MAE). When
+    the batch carries the policy's Monte-Carlo truth (``mpo-viz truth``), the true turn advantage
+    ``a_mc`` (:meth:`~mpo_viz.trajectory.TrajectoryBatch.turns`) is a last, hatched series."""
     if not advantages:
         raise ValueError("advantages: expected at least one estimator, found none")
     sub, n, _ = _row_arrays(batch, row)
@@ -288,6 +306,9 @@ def estimator_comparison(batch: TrajectoryBatch, row: int, advantages: dict, *, 
     for i, name in enumerate(rows_adv):
         fig.add_trace(go.Bar(x=[f"T{k}" for k in tt["turn"]], y=tt[f"adv_{name}"], name=name,
                              marker_color=_colour(name, i)))
+    if "a_mc" in tt and tt["a_mc"].notna().all():  # the policy's true turn credit, from mpo-viz truth
+        fig.add_trace(go.Bar(x=[f"T{k}" for k in tt["turn"]], y=tt["a_mc"], name="truth (Monte-Carlo)",
+                             marker_color="#9467bd", marker_pattern_shape="/"))
     fig.update_layout(
         barmode="group", template="plotly_white", height=300, margin=dict(l=50, r=20, t=50, b=40),
         title=title if title is not None else f"per-turn advantage by estimator ({batch.traj_ids[row]})",

@@ -42,6 +42,7 @@ from mpo_viz.schema import (
     TrajectoryError,
     short,
 )
+from mpo_viz.turns import mc_turn_advantage
 from mpo_viz.validate import Columns, columns_from_rows, validate_columns
 
 __all__ = ["TrajectoryBatch", "row_to_json"]
@@ -629,7 +630,10 @@ class TrajectoryBatch:
           .advantages}``): ``adv_<name>``, the mean advantage over the turn's action tokens (for
           MAE and turn GAE without whitening exactly ``A^T_k``);
         * for each ``name`` of ``returns`` (``{name: (B, L)}``, or objects with ``.returns``):
-          ``ret_<name>``, the return at the turn's first action token (comparable to ``value_first``).
+          ``ret_<name>``, the return at the turn's first action token (comparable to ``value_first``);
+        * with the Monte-Carlo truth of ``mpo-viz truth`` (``mc_*`` fields): ``v_mc``, ``v_mc_se``
+          (the policy's own value at the turn's start and its standard error) and ``a_mc`` (its
+          true turn advantage: ``mc_q − mc_value``, else ``R_k + v_mc(k+1) − v_mc(k)``).
         """
         act = np.flatnonzero(self._tok["loss_mask"] != 0)
         rows = self._seg[act]
@@ -670,6 +674,8 @@ class TrajectoryBatch:
             data["value_first"] = va[starts] if len(starts) else np.zeros(0)
             data["value_mean"] = per_turn_sum(va) / n_tok if len(starts) else np.zeros(0)
             data["value_last"] = v[end_pos]
+        if "mc_value" in self._turn and len(starts):
+            self._mc_columns(data, trow)
         for what, tensors in (("adv", advantages), ("ret", returns)):
             for name, x in (tensors or {}).items():
                 x = getattr(x, "advantages" if what == "adv" else "returns", x)
@@ -681,6 +687,26 @@ class TrajectoryBatch:
                 data[f"{what}_{name}"] = (per_turn_sum(xa) / np.maximum(n_tok, 1) if what == "adv"
                                           else (xa[starts] if len(starts) else np.zeros(0)))
         return pd.DataFrame(data)
+
+    def _turn_column(self, name: str, trow: np.ndarray) -> np.ndarray:
+        """A per-turn field aligned with the turn table's rows (NaN for a row without it)."""
+        flat, off, pres = self._turn[name]
+        out = np.full(len(trow), np.nan)
+        k = self.num_turns
+        first = np.concatenate([[0], np.cumsum(k)[:-1]]) if len(k) else np.zeros(0, dtype=np.int64)
+        for i in np.flatnonzero(pres):
+            out[first[i]:first[i] + k[i]] = flat[off[i]:off[i + 1]]
+        return out
+
+    def _mc_columns(self, data: dict, trow: np.ndarray) -> None:
+        """``v_mc`` / ``v_mc_se`` (the policy's Monte-Carlo value at the turn's start) and ``a_mc``
+        (its true turn advantage, :func:`~mpo_viz.turns.mc_turn_advantage`) from the ``mc_*`` fields."""
+        v = self._turn_column("mc_value", trow)
+        data["v_mc"] = v
+        if "mc_value_se" in self._turn:
+            data["v_mc_se"] = self._turn_column("mc_value_se", trow)
+        q = self._turn_column("mc_q", trow) if "mc_q" in self._turn else None
+        data["a_mc"] = mc_turn_advantage(v, data["reward"], trow, q=q)
 
     def summary(self) -> dict:
         """Counts and statistics for ``mpo-viz info`` (plain Python values)."""

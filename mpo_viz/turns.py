@@ -14,7 +14,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-__all__ = ["turn_ids_from_mask", "check_turn_ids", "num_turns"]
+__all__ = ["turn_ids_from_mask", "check_turn_ids", "num_turns", "mc_turn_advantage"]
 
 
 def turn_ids_from_mask(mask):
@@ -111,3 +111,18 @@ def check_turn_ids(turn_ids, mask, *, name: str = "turn_ids") -> None:
                 f"{name}: row {int(r)}, position {int(pos[g + 1])}: expected consecutive turn ids on action "
                 f"tokens, found {int(ids[g])} then {int(ids[g + 1])} (a turn id with no action token)"
             )
+
+
+def mc_turn_advantage(value: np.ndarray, reward: np.ndarray, row: np.ndarray, *, q: np.ndarray | None = None,
+                      turn_gamma: float = 1.0) -> np.ndarray:
+    """The true turn advantage from Monte-Carlo values, flat over turns in row then turn order
+    (``(T,)`` each): ``Q̂_k − V̂_k`` when ``q`` is given, else ``R_k + γ_T·V̂_{k+1} − V̂_k`` with
+    ``V̂ = 0`` after a row's last turn (``row``: each turn's row, to find the next turn of the same
+    row). ``value``: ``mc_value``; ``reward``: ``R_k``, the rewards on the turn's tokens."""
+    value = np.asarray(value, dtype=np.float64)
+    if q is not None:
+        return np.asarray(q, dtype=np.float64) - value
+    nxt = np.zeros_like(value)
+    if len(value) > 1:
+        nxt[:-1] = np.where(row[1:] == row[:-1], value[1:], 0.0)
+    return np.asarray(reward, dtype=np.float64) + turn_gamma * nxt - value

@@ -27,6 +27,7 @@ import pandas as pd
 
 from mpo_viz.analysis.arrays import adv_tensors, as_2d, batch_turn_index
 from mpo_viz.trajectory import TrajectoryBatch
+from mpo_viz.turns import mc_turn_advantage
 
 __all__ = ["MC_ACCURACY_COLUMNS", "has_mc_truth", "mc_turn_truth", "reliability", "mc_accuracy", "mc_accuracy_parts",
            "finish_mc_accuracy", "fisher_interval"]
@@ -64,15 +65,6 @@ def _flat(batch: TrajectoryBatch, name: str) -> np.ndarray:
     return np.concatenate([np.asarray(v, dtype=np.float64) for v in vals]) if len(vals) else np.zeros(0)
 
 
-def _next_in_row(v: np.ndarray, turn_row: np.ndarray) -> np.ndarray:
-    """``v`` of the next turn of the same row, 0 after a row's last turn."""
-    nxt = np.zeros_like(v)
-    if len(v) > 1:
-        same = turn_row[1:] == turn_row[:-1]
-        nxt[:-1] = np.where(same, v[1:], 0.0)
-    return nxt
-
-
 def mc_turn_truth(batch: TrajectoryBatch, *, use_q: bool | None = None, turn_gamma: float = 1.0) -> dict:
     """The policy's Monte-Carlo turn advantage, flat over the batch's turns (row then turn order):
     ``{"adv", "adv_a", "adv_b", "err_var", "truth"}`` — the estimate, its two split halves (from
@@ -92,7 +84,7 @@ def mc_turn_truth(batch: TrajectoryBatch, *, use_q: bool | None = None, turn_gam
         return {"adv": q - v, "adv_a": None, "adv_b": None, "err_var": se_q ** 2 + se_v ** 2, "truth": "q-v"}
 
     def from_values(x):
-        return rk + turn_gamma * _next_in_row(x, idx.turn_row) - x
+        return mc_turn_advantage(x, rk, idx.turn_row, turn_gamma=turn_gamma)
 
     return {"adv": from_values(v), "adv_a": from_values(_flat(batch, "mc_value_a")),
             "adv_b": from_values(_flat(batch, "mc_value_b")), "err_var": None, "truth": "values"}

@@ -77,6 +77,7 @@ class EstimatorComparison(Exportable, W.VBox):
         self.export = ExportBar(basename="mpo_viz_comparison")
         self.timings: dict = {}
         self.accuracy_df = None
+        self.mc_accuracy_df = None
         self._acc_options: dict | None = None
         self.picker.on_pick(self.select)
         self.params.on_change(self._params_changed)
@@ -160,9 +161,19 @@ class EstimatorComparison(Exportable, W.VBox):
         self.export.set_tables(self.tables())
 
     def _accuracy(self) -> None:
-        """Accuracy of every estimator against the oracle on the whole batch, for the options on
-        the controls now (or, without oracle columns, what would tell)."""
+        """Accuracy of every estimator on the whole batch, for the options on the controls now:
+        against the policy's own Monte-Carlo truth when the batch carries it (``mc_accuracy_df``),
+        and against the oracle (or, without oracle columns, what would tell)."""
         self._acc_options = dict(self.params.options)
+        self.mc_accuracy_df = an.mc_accuracy(self.batch, self._adv()) if an.has_mc_truth(self.batch) else None
+        mc_html = "" if self.mc_accuracy_df is None else (
+            "<div class='mpo-accuracy'><b>accuracy against this policy's truth (Monte-Carlo values of mpo-viz truth; "
+            "turn credit, raw and corrected for the truth's noise)</b>" + frame_html(self.mc_accuracy_df) + "</div>")
+        self._accuracy_oracle()
+        self.accuracy_html = mc_html + self.accuracy_html
+
+    def _accuracy_oracle(self) -> None:
+        """The oracle part of :meth:`_accuracy` (the scripted expert's credit)."""
         if not an.has_oracle(self.batch):
             self.accuracy_df = None
             self.accuracy_reading = an.NO_ORACLE_TEXT

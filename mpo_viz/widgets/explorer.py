@@ -289,6 +289,8 @@ class TrajectoryExplorer(Exportable, W.VBox):
                     tr.x, tr.y = new["x"], new["y"]
                     tr.mode = new["mode"]
                     tr.marker.size = new["size"]
+                    if new.get("error") is not None:
+                        tr.error_y.array = new["error"]
                 old.layout.shapes = parts["shapes"]
                 old.layout.title.text = parts["title"]
                 for ax in ("xaxis", "yaxis", "xaxis2", "yaxis2"):
