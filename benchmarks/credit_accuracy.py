@@ -24,7 +24,12 @@ Columns (over all turns / action tokens of the set):
 * `dec_sign`    sign agreement on decisive tokens with a*_t ≠ 0;
 * `dec_mass`    share of Σ|A_t| that lands on decisive tokens (the oracle: 1; a turn-constant
                 estimator: the share of decisive tokens, about 1/8);
-* `dec_mass_w`  the same for the within-turn part |A_t − mean_k A| (NaN when there is none).
+* `dec_mass_w`  the same for the within-turn part |A_t − mean_k A| (NaN when there is none);
+* `tok_slope`, `dec_slope`, `turn_slope`  calibration: the least-squares slope (with intercept) of
+                the estimator's credit regressed on the true credit — token advantages on a*_t over
+                all action tokens / over decisive tokens, turn advantages on A*_k over turns
+                (1 = calibrated, > 1 over-credits; meaningless for whitened or group-normalized
+                estimators, which have no absolute scale).
 
 Nothing is timed against a baseline here; `ms` is the wall time of `compute` per call (400
 trajectories, kernels compiled beforehand), for scale.
@@ -108,6 +113,13 @@ def _turn_means(x: np.ndarray, inv: np.ndarray, counts: np.ndarray) -> np.ndarra
     return np.bincount(inv, weights=x) / counts
 
 
+def _slope(est: np.ndarray, truth: np.ndarray) -> float:
+    """Least-squares slope (with intercept) of ``est`` regressed on ``truth``."""
+    if len(est) < 2 or truth.std() < 1e-12:
+        return float("nan")
+    return float(np.polyfit(truth, est, 1)[0])
+
+
 def metrics(adv: np.ndarray, ref: dict, *, turn_sum: bool = False) -> dict:
     """Compare a (B, L) advantage array with the oracle (see the module docstring). The turn
     advantage is the mean over the turn's tokens (``turn_sum=True``: the sum, for the oracle row)."""
@@ -126,6 +138,9 @@ def metrics(adv: np.ndarray, ref: dict, *, turn_sum: bool = False) -> dict:
         "dec_sign": _sign(a[d], o[d]),
         "dec_mass": float(np.abs(a[d]).sum() / total) if total > 0 else float("nan"),
         "dec_mass_w": float(np.abs(ac[d]).sum() / total_w) if total_w > 1e-9 else float("nan"),
+        "tok_slope": _slope(a, o),
+        "dec_slope": _slope(a[d], o[d]),
+        "turn_slope": _slope(a_cmp, ref["turn_adv"]),
     }
 
 
