@@ -31,6 +31,18 @@ Columns (over all turns / action tokens of the set):
                 (1 = calibrated, > 1 over-credits; meaningless for whitened or group-normalized
                 estimators, which have no absolute scale).
 
+**Calibration with exact values** (`--oracle-critic`): the critic is the oracle itself (σ = 0) on
+`--episodes` expert episodes per environment (default 2000 of automation: generated, noise 0.25,
+G = 4, seed 1; 400 = the shipped set), and the table gives each estimator's calibration slopes
+beside the slope the derivation of docs/concepts.md predicts on the decisive tokens: with exact
+values the expected credit of token j of an n-token turn is `(1 + β·c_j)·a*_t`, `c_j = 1 −
+(1/n)·Σ_{j'≤j} λ^{j−j'}` for `intra` (0 at the turn's last token) and `local`, `1 − 1/n` for `td`,
+0 for `baseline` and for estimators without a centred within-turn part (γ = 1 here); `pred_dec`
+is the least-squares slope of `(1 + β·c)·a*_t` on `a*_t` over the decisive tokens.
+
+      .venv/bin/python benchmarks/credit_accuracy.py --oracle-critic                  # automation, 2000 episodes
+      .venv/bin/python benchmarks/credit_accuracy.py --oracle-critic --envs search tooluse --episodes 400
+
 Nothing is timed against a baseline here; `ms` is the wall time of `compute` per call (400
 trajectories, kernels compiled beforehand), for scale.
 
@@ -81,6 +93,7 @@ ESTIMATORS = [
     ("mpo turn_lam=0", "mpo", {"turn_lam": 0.0}),
     ("mpo lam=0", "mpo", {"lam": 0.0}),
     ("mpo within=td", "mpo", {"within": "td"}),
+    ("mpo within=baseline", "mpo", {"within": "baseline"}),
     ("mpo value_at=mean", "mpo", {"value_at": "mean"}),
     ("turn_gae", "turn_gae", {}),
     ("turn_gae turn_lam=0", "turn_gae", {"turn_lam": 0.0}),
@@ -201,6 +214,85 @@ def run(envs, sigmas, seed: int = 0, noise_model: str = "token") -> pd.DataFrame
                 out.append({"env": env, "sigma": sigma, "estimator": label, "ms": ms,
                             **metrics(res.advantages.double().numpy(), ref)})
     return pd.DataFrame(out)
+
+
+# --------------------------------------------------------------------------------------------- calibration
+
+#: (label, registry name, options) of the calibration table: the token- and turn-level baselines and
+#: every within-turn choice of MPO (β, λ = λ_T = 1, the signal)
+CALIBRATION = [
+    ("gae lam=1", "gae", {}),
+    ("gae lam=0.95", "gae", {"lam": 0.95}),
+    ("turn_gae", "turn_gae", {}),
+    ("mpo", "mpo", {}),
+    ("mpo beta=0.5", "mpo", {"beta": 0.5}),
+    ("mpo lam=turn_lam=1", "mpo", {"lam": 1.0, "turn_lam": 1.0}),
+    ("mpo local", "mpo", {"within": "local"}),
+    ("mpo within=td", "mpo", {"within": "td"}),
+    ("mpo within=baseline", "mpo", {"within": "baseline"}),
+]
+
+
+def positions_in_turn(ref: dict) -> tuple[np.ndarray, np.ndarray]:
+    """Each action token's place j in its turn (from 0) and its turn's length n, in ``ref`` order."""
+    inv = ref["inv"]
+    first = np.r_[True, inv[1:] != inv[:-1]]
+    start = np.maximum.accumulate(np.where(first, np.arange(len(inv)), 0))
+    return np.arange(len(inv)) - start, ref["counts"][inv]
+
+
+def centring_factor(ref: dict, name: str, opts: dict) -> np.ndarray:
+    """``c_t`` of the derivation (docs/concepts.md) per action token, at γ = 1: the share of token t's
+    own advantage that a centred within-turn signal adds to what ``A^T_k`` already gives it."""
+    j, n = positions_in_turn(ref)
+    within = opts.get("within", "intra")
+    if name != "mpo" or within == "baseline":
+        return np.zeros(len(j))
+    if within == "td":
+        return 1.0 - 1.0 / n
+    lam = float(opts.get("lam", 0.95))
+    # Σ_{j'≤j} λ^{j−j'} = (1 − λ^{j+1}) / (1 − λ), or j + 1 at λ = 1
+    geo = j + 1.0 if lam == 1.0 else (1.0 - lam ** (j + 1)) / (1.0 - lam)
+    c = 1.0 - geo / n
+    if within == "intra":
+        c = np.where(j == n - 1, 0.0, c)  # u = 0 at the last token: its own effect is in A^T_k only
+    return c
+
+
+def run_calibration(envs, episodes: int) -> pd.DataFrame:
+    """The exact oracle values as the critic: each CALIBRATION estimator's slopes and the predicted one."""
+    out = []
+    for env in envs:
+        batch = expert_set(env, episodes)
+        ref = reference(batch)
+        b = batch.with_token_fields(values=ref["values"].numpy().astype(np.float32))
+        o, d = ref["tok"], ref["dec"]
+        for label, name, opts in CALIBRATION:
+            res = compute(b, name, **opts)
+            beta = float(opts.get("beta", 1.0))
+            pred = (1.0 + beta * centring_factor(ref, name, opts)) * o
+            row = metrics(res.advantages.double().numpy(), ref)
+            out.append({"env": env, "episodes": len(batch), "decisive": int(d.sum()), "estimator": label,
+                        "dec_slope": row["dec_slope"], "pred_dec": _slope(pred[d], o[d]),
+                        "tok_slope": row["tok_slope"], "turn_slope": row["turn_slope"],
+                        "tok_corr": row["tok_corr"], "turn_corr": row["turn_corr"]})
+    return pd.DataFrame(out)
+
+
+def main_calibration(args) -> int:
+    t0 = time.perf_counter()
+    df = run_calibration(args.envs, args.episodes)
+    for env, g in df.groupby("env", sort=False):
+        first = g.iloc[0]
+        print(f"\n== {env}: {first['episodes']} expert episodes (noise 0.25), the exact oracle values as the critic; "
+              f"slopes of the estimator's credit on the true credit ({first['decisive']} decisive tokens)")
+        cols = ["estimator", "dec_slope", "pred_dec", "tok_slope", "turn_slope", "tok_corr", "turn_corr"]
+        print(g[cols].to_string(index=False, float_format=lambda x: f"{x:.3f}", na_rep="-"))
+    if args.csv:
+        df.to_csv(args.csv, index=False)
+        print(f"\nwrote {args.csv}")
+    print(f"\ntotal {time.perf_counter() - t0:.1f} s")
+    return 0
 
 
 # --------------------------------------------------------------------------------------------- learned critics
@@ -413,6 +505,10 @@ def main(argv=None) -> int:
     ap.add_argument("--seeds", type=int, nargs="*", default=[0, 1, 2], help="learned: critic seeds")
     ap.add_argument("--budgets", type=int, nargs="*", default=[16, 64, 256, 1024], help="learned: step budgets")
     ap.add_argument("--threads", type=int, default=1, help="learned: torch CPU threads")
+    ap.add_argument("--oracle-critic", action="store_true",
+                    help="calibration: the exact oracle values as the critic, slopes beside the derivation's")
+    ap.add_argument("--episodes", type=int, default=2000,
+                    help="oracle-critic: expert episodes per environment (400 = the shipped set)")
     ap.add_argument("--quick", action="store_true", help="sigma in {0, 0.1} only")
     ap.add_argument("--sigmas", type=float, nargs="*", default=None, help="critic noise levels")
     ap.add_argument("--envs", nargs="*", default=list(ENVS), choices=ENVS)
@@ -422,6 +518,10 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
     if args.critic == "learned":
         return main_learned(args)
+    if args.oracle_critic:
+        if "--envs" not in (argv if argv is not None else sys.argv[1:]):
+            args.envs = ["automation"]
+        return main_calibration(args)
     sigmas = args.sigmas if args.sigmas is not None else ([0.0, 0.1] if args.quick else [0.0, 0.05, 0.1, 0.2])
     t0 = time.perf_counter()
     df = run(args.envs, sigmas, noise_model=args.noise_model)
