@@ -11,7 +11,7 @@ are refused by name. Estimator options are checked against the estimator's decla
 (:func:`mpo_viz.losses.options`), so every option either estimator or loss accepts is accepted here
 and nothing else.
 
-Critic fields (``critic_lr``, ``value_clip``, ``critic_epochs``, ``critic_warmup_*``,
+Critic fields (``critic_lr``, ``value_clip``, ``critic_epochs``, ``critic_warmup_*``, ``value_target``,
 ``critic_init``) default to ``None`` = "the default, when the estimator uses a learned critic";
 setting one with a critic-free estimator (grpo, rloo, ...) or with ``critic="oracle"`` is refused,
 since it would silently do nothing.
@@ -50,11 +50,14 @@ CRITIC_DEFAULTS = {
     "critic_warmup_ev": 0.2,
     "critic_warmup_lr": 1e-3,
     "critic_init": "policy",
+    "value_target": "estimator",
 }
 #: where an estimator's values can come from (``Config.critic``)
 CRITIC_KINDS = ("learned", "oracle")
 #: how the critic starts (``Config.critic_init``)
 CRITIC_INITS = ("policy", "fresh", "shared")
+#: what the learned critic is trained on during RL (``Config.value_target``)
+VALUE_TARGETS = ("estimator", "mc")
 #: sizes of the tiny policy (``Config.model_size``)
 MODEL_SIZES = ("1m", "3m", "10m")
 #: fields a resume may change (``mpo-viz train --resume DIR --iterations N --log-to tensorboard``)
@@ -101,6 +104,14 @@ class Config:
         doc="How the critic starts: ``\"policy\"`` (a copy of the policy's trunk; default), ``\"fresh\"`` "
             "(a new trunk), or ``\"shared\"`` (the policy's trunk itself plus a value head; the value loss "
             "then also trains the shared trunk through the policy's optimizer).")
+    value_target: str | None = setting(
+        None, kind="choice", choices=VALUE_TARGETS, optional=True,
+        doc="What the value loss trains the learned critic on during RL: ``\"estimator\"`` (the estimator's "
+            "own returns; default: gae and vapo ``A + V`` at their λ, turn_gae the turn returns ``G^T_k``, "
+            "which bootstrap on the critic and are flat inside a turn, mpo its ``critic_target``) or "
+            "``\"mc\"`` (the Monte-Carlo returns at the estimator's γ/γ_T, whatever the estimator: runs that "
+            "compare estimators then train their critics on one target). The warm-up always fits the "
+            "Monte-Carlo returns.")
 
     # ------------------------------------------------------------------ algorithm
     estimator: str = setting(
