@@ -26,6 +26,14 @@ saved model folder, so their critics start equal): 512 episodes of the start, a 
 fitted to Monte-Carlo returns at lr 1e-3 until the held-out explained variance reaches 0.2 or 256
 steps end. During RL the critic gets 4 epochs per iteration at lr 3e-4.
 
+**Critic target**: during RL every learned critic trains on the Monte-Carlo returns
+(``--value-target mc``, the default: the trainer's ``value_target="mc"``), so an arm differs from
+another only by the estimator or loss it names, not by what its critic learns (turn_gae's own
+returns bootstrap on the critic and are flat inside turns; docs/training.md). Every row of the
+records says which (``value_target``; null for arms that train no critic). The v2 grid as recorded
+in docs/results/ ran with each estimator's own returns (``--value-target estimator`` reproduces it;
+there only the turn_gae arm's target differed, the others' own returns being Monte-Carlo).
+
 **Budget**, equal for every arm: 20 iterations × 32 episodes (8 tasks × 4), 2 policy epochs × 4
 minibatches (160 policy steps) at lr 1e-4.
 
@@ -159,13 +167,19 @@ def warmup_config(size: str, cell: str, seed: int):
                        critic_warmup_episodes=s["warmup_episodes"], critic_warmup_steps=s["warmup_steps"])
 
 
-def run_config(size: str, cell: str, arm: str, seed: int, warm: Path):
+#: what every learned critic trains on during RL (``Config.value_target``; ``--value-target``)
+VALUE_TARGET = "mc"
+
+
+def run_config(size: str, cell: str, arm: str, seed: int, warm: Path, value_target: str = VALUE_TARGET):
     """An arm's config: learned-critic arms start from the seed's warm-up folder (policy = the start,
-    critic = the fitted one) and skip the warm-up; the others start from the start itself."""
+    critic = the fitted one), skip the warm-up and train on ``value_target``; the others start from
+    the start itself."""
     a = ARMS[arm]
     kw = dict(estimator=a.estimator, loss=a.loss, loss_options=dict(a.loss_options), critic=a.critic)
     if "values" in get_estimator(a.estimator).needs and a.critic == "learned":
-        kw.update(model_dir=str(warm), critic_warmup_steps=0, critic_epochs=SIZES[size]["critic_epochs"])
+        kw.update(model_dir=str(warm), critic_warmup_steps=0, critic_epochs=SIZES[size]["critic_epochs"],
+                  value_target=value_target)
     return base_config(size, cell, seed, **kw)
 
 
@@ -221,7 +235,7 @@ def run_state(d: Path, iterations: int) -> str:
     return "done" if fin and (d / "pass_at_k.json").is_file() else "partial"
 
 
-def run_one(size: str, cell: str, arm: str, seed: int, out: Path) -> None:
+def run_one(size: str, cell: str, arm: str, seed: int, out: Path, value_target: str = VALUE_TARGET) -> None:
     from mpo_viz.train import Trainer
 
     s = SIZES[size]
@@ -230,7 +244,7 @@ def run_one(size: str, cell: str, arm: str, seed: int, out: Path) -> None:
     if state == "done":
         return
     warm = make_warmup(size, cell, seed, out)
-    cfg = run_config(size, cell, arm, seed, warm)
+    cfg = run_config(size, cell, arm, seed, warm, value_target)
     t0 = time.perf_counter()
     if state == "partial":
         tr = Trainer.resume(d, cfg, quiet=True)
@@ -326,6 +340,7 @@ def collect(size: str, out: Path) -> tuple[list[dict], list[dict]]:
                    "approx_kl": _num(r.get("approx_kl")), "ratio_max": _num(r.get("ratio_max")),
                    "turn_ratio_max": _num(r.get("turn_ratio_max")), "clipfrac": _num(r.get("clipfrac")),
                    "entropy": _num(r.get("entropy")), "collapsed": coll, "run_state": state,
+                   "value_target": cfg.critic_option("value_target") if cfg.learns_critic else None,
                    "config_hash": cfg.hash()}
             if it == 0 and wrec:  # before RL: the warm-up's held-out fit
                 row["critic_explained_var"] = _num(wrec.get("warmup_explained_var"))
@@ -342,6 +357,7 @@ def collect(size: str, out: Path) -> tuple[list[dict], list[dict]]:
                            "final_greedy": ev[-1]["eval_success"], "collapsed": coll,
                            "warmup_explained_var": _num(wrec.get("warmup_explained_var")),
                            "warmup_stop": wrec.get("warmup_stop"),
+                           "value_target": cfg.critic_option("value_target") if cfg.learns_critic else None,
                            **json.loads(pk_path.read_text())})
     return rows, finals
 
@@ -566,6 +582,9 @@ def main(argv=None) -> int:
     ap.add_argument("--cells", nargs="+", default=None, metavar="CELL", help="run only these cells")
     ap.add_argument("--seeds", nargs="+", type=int, default=None, metavar="SEED",
                     help="run only these seeds (e.g. even seeds in one process, odd in another)")
+    ap.add_argument("--value-target", choices=("mc", "estimator"), default=VALUE_TARGET,
+                    help="what every learned critic trains on during RL: Monte-Carlo returns (default) or each "
+                         "estimator's own returns (the v2 grid as recorded)")
     args = ap.parse_args(argv)
     bad = [c for c in args.cells or () if c not in SIZES[args.size]["cells"]]
     if bad:
@@ -578,14 +597,14 @@ def main(argv=None) -> int:
     if not args.report_only:
         runs = plan(args.size, args.cells, args.seeds)
         meta = {"size": args.size, "grid": SIZES[args.size], "arms": {k: dataclasses.asdict(v) for k, v in ARMS.items()},
-                "comparisons": COMPARISONS, "python": sys.version.split()[0],
+                "comparisons": COMPARISONS, "value_target": args.value_target, "python": sys.version.split()[0],
                 "machine": f"{platform.machine()}, {os.cpu_count()} CPUs", "runs": len(plan(args.size))}
         (out / "grid.json").write_text(json.dumps(meta, indent=1) + "\n")
         t0 = time.perf_counter()
         log(f"grid {args.size}: {len(runs)} runs into {out}")
         try:
             for i, (cell, seed, arm) in enumerate(runs):
-                run_one(args.size, cell, arm, seed, out)
+                run_one(args.size, cell, arm, seed, out, args.value_target)
                 if (i + 1) % len(SIZES[args.size]["arms"]) == 0:
                     report(args.size, out)  # results as they come
         except KeyboardInterrupt:

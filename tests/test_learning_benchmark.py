@@ -38,8 +38,12 @@ def test_arm_configs(learning, tmp_path):
         assert cfg.eval_key == 3 and cfg.eval_episodes == 128 and cfg.difficulty == [3, 4] and cfg.sft_steps == 0
     learned = [a for a, c in cfgs.items() if c.learns_critic]
     assert sorted(learned) == ["mpo", "mpo_bare", "mpo_token", "ppo", "turn_gae"]
-    for a in learned:  # the shared warm-up folder, not warmed again, 4 critic epochs
+    for a in learned:  # the shared warm-up folder, not warmed again, 4 critic epochs, one critic target
         assert cfgs[a].model_dir == str(tmp_path) and cfgs[a].critic_warmup_steps == 0 and cfgs[a].critic_epochs == 4
+        assert cfgs[a].critic_option("value_target") == "mc"
+        as_v2 = learning.run_config("v2", "automation-d3-4", a, 3, tmp_path, value_target="estimator")
+        assert as_v2.critic_option("value_target") == "estimator" and as_v2.differences(cfgs[a]) == \
+            ["value_target: 'estimator' != 'mc'"]
     assert cfgs["grpo"].model_dir == str(learning.START) and not cfgs["grpo"].uses_critic
     assert cfgs["mpo_oracle"].critic == "oracle" and cfgs["mpo_oracle"].model_dir == str(learning.START)
     assert cfgs["mpo_bare"].loss_options == {"token_clip": None} and cfgs["mpo"].loss_options == {}
@@ -99,6 +103,10 @@ def test_tiny_grid_runs_reports_and_resumes(learning, tmp_path):
     for arm in ("mpo", "mpo_oracle"):
         assert any(r["critic_explained_var"] is not None for r in rows if r["method"] == arm and r["iteration"] > 0)
     assert all(r["critic_explained_var"] is None for r in rows if r["method"] == "grpo")
+    # every row says what its critic trained on: Monte-Carlo returns, or no critic trained at all
+    assert {r["value_target"] for r in rows if r["method"] == "mpo"} == {"mc"}
+    assert all(r["value_target"] is None for r in rows if r["method"] in ("grpo", "mpo_oracle"))
+    assert json.loads((out / "grid.json").read_text())["value_target"] == "mc"
     # the learned-critic arm starts from the seed's shared warm-up
     warm = out / "warmups" / "automation-d3-4" / "seed=0"
     assert json.loads((out / "runs" / "automation-d3-4" / "mpo" / "seed=0" / "config.json").read_text())["model_dir"] \
@@ -107,6 +115,7 @@ def test_tiny_grid_runs_reports_and_resumes(learning, tmp_path):
     assert w["warmup_stop"] in ("gate", "budget") and w["warmup_episodes"] == 20
     finals = [json.loads(x) for x in (out / "final.jsonl").read_text().splitlines()]
     assert len(finals) == 3 and all(0 <= f["pass@1"] <= f["pass@2"] <= 1 for f in finals)
+    assert {f["method"]: f["value_target"] for f in finals} == {"mpo": "mc", "grpo": None, "mpo_oracle": None}
     comps = [json.loads(x) for x in (out / "comparisons.jsonl").read_text().splitlines()]
     assert {(c["a"], c["b"]) for c in comps} == {(a, b) for _, a, b in learning.COMPARISONS}
     for c in comps:
