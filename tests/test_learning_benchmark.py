@@ -128,3 +128,41 @@ def test_tiny_grid_runs_reports_and_resumes(learning, tmp_path):
     assert learning.main(["--size", "tiny", "--out", str(out)]) == 0
     assert {p: p.stat().st_mtime_ns for p in (out / "runs").rglob("metrics.jsonl")} == before
     assert np.isfinite([f["final_sampled"] for f in finals]).all()
+
+
+def test_matched_step_rule_by_hand(learning):
+    # token_ppo's KL 1e-3; the ladder (2.0, 1.5, 1.3, 1.2, 1.1): the first band within ±20% wins
+    kls = {2.0: 2.1e-3, 1.5: 1.5e-3, 1.3: 1.19e-3, 1.2: 0.9e-3}
+    got = learning.choose_token_clip(1e-3, kls)
+    assert got == {"token_clip": 1.3, "kl_ratio": pytest.approx(1.19), "matched": True}
+    # none inside: the closest in log ratio (1.1: ratio 0.5, |log| 0.69; 1.5: ratio 1.5, |log| 0.41)
+    got = learning.choose_token_clip(1e-3, {2.0: 2.5e-3, 1.5: 1.5e-3, 1.1: 0.5e-3})
+    assert got["token_clip"] == 1.5 and got["matched"] is False
+    with pytest.raises(ValueError, match="calibration: expected a positive reference KL"):
+        learning.choose_token_clip(0.0, kls)
+
+
+def test_matched_step_calibration_on_a_tiny_run(learning, tmp_path):
+    out = tmp_path / "grid"
+    assert learning.main(["--size", "tiny", "--out", str(out), "--calibrate-step"]) == 0
+    recs = [json.loads(x) for x in (out / "calibration.jsonl").read_text().splitlines()]
+    assert len(recs) == 1
+    r = recs[0]
+    assert (r["cell"], r["seed"], r["reference"], r["value_target"]) == ("automation-d3-4", 0, "mpo_token", "mc")
+    assert r["reference_kl"] > 0 and r["iterations"] == learning.CALIBRATION_ITERATIONS
+    kls = {float(k): v for k, v in r["kls"].items()}
+    tried = list(kls)
+    assert tried == list(learning.TOKEN_CLIP_LADDER[: len(tried)])  # in the ladder's order
+    ratios = {c: v / r["reference_kl"] for c, v in kls.items()}
+    inside = [c for c in tried if 0.8 <= ratios[c] <= 1.2]
+    if r["matched"]:  # the chosen band brings the KL into the band; the looser ones tried did not
+        assert inside == [r["token_clip"]] == [tried[-1]]
+    else:  # every band tried, none inside: the closest
+        assert tried == list(learning.TOKEN_CLIP_LADDER) and not inside
+        assert r["token_clip"] == min(ratios, key=lambda c: abs(math.log(ratios[c])))
+    assert r["kl_ratio"] == pytest.approx(ratios[r["token_clip"]])
+    # the record is kept and reused; the short runs are not
+    assert not (out / "calibration" / "automation-d3-4" / "seed=0").exists()
+    before = (out / "calibration" / "automation-d3-4" / "seed=0.json").read_text()
+    assert learning.main(["--size", "tiny", "--out", str(out), "--calibrate-step"]) == 0
+    assert (out / "calibration" / "automation-d3-4" / "seed=0.json").read_text() == before
