@@ -385,7 +385,8 @@ def summarize_learned(df: pd.DataFrame) -> pd.DataFrame:
 
     keys = ["env", "size", "target", "trunk", "budget", "estimator"]
     cols = ["heldout_ev", "values_ratio", "oracle_ratio", "best_step", "turn_corr", "turn_sign", "tok_corr",
-            "within_corr", "dec_sign", "dec_mass"]
+            "within_corr", "dec_sign", "dec_mass", "tok_slope", "dec_slope", "turn_slope"]
+    cols = [c for c in cols if c in df]  # a CSV written before the slopes existed has none
     out = []
     for k, g in df.groupby(keys, sort=False):
         row = dict(zip(keys, k))
@@ -527,7 +528,7 @@ def main(argv=None) -> int:
     df = run(args.envs, sigmas, noise_model=args.noise_model)
     pd.set_option("display.width", 200)
     cols = ["estimator", "turn_corr", "turn_sign", "tok_corr", "within_corr", "dec_sign", "dec_mass",
-            "dec_mass_w", "ms"]
+            "dec_mass_w", "dec_slope", "turn_slope", "ms"]
     for env in args.envs:
         for sigma in sigmas:
             part = df[(df.env == env) & ((df.sigma == sigma) | (df.estimator == "oracle (a*_t)"))]
