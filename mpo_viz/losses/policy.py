@@ -346,7 +346,7 @@ def product_warning(kind: str, clip_low: float, clip_high: float, counts: torch.
     return (f"{kind}: ratio='product' clips the product of a unit's token ratios at [{1 - clip_low:g}, {1 + clip_high:g}], "
             f"so a unit of n tokens stays inside only while its mean token log-ratio lies within "
             f"[-{lo:.3f}/n, +{hi:.3f}/n]: at n = 20 that is a {hi / 20:.2%} move per token on average, so once the "
-            f"policy has moved at all nearly every turn of 20+ tokens is outside the band (its tokens whose "
+            f"policy has moved at all nearly every unit of 20+ tokens is outside the band (its tokens whose "
             f"advantage pushes further get no gradient).{here} ratio='geo_mean' (the default) holds the same band on the mean log-ratio, "
             f"i.e. the product's band scaled with the unit's length.")
 

@@ -62,6 +62,9 @@ VALUE_TARGETS = ("estimator", "mc")
 MODEL_SIZES = ("1m", "3m", "10m")
 #: fields a resume may change (``mpo-viz train --resume DIR --iterations N --log-to tensorboard``)
 RESUMABLE_FIELDS = ("iterations", "log_to", "side_thread")
+#: fields added after run folders were first written: left out of a run's identity while unset
+#: (None), so a folder written before them keeps its hash and resumes
+LATER_FIELDS = ("value_target",)
 #: experiment trackers (``Config.log_to``; :mod:`mpo_viz.train.trackers`)
 TRACKER_KINDS = ("wandb", "tensorboard")
 
@@ -379,8 +382,10 @@ class Config:
         return dataclasses.replace(self, **changes)
 
     def identity(self) -> dict:
-        """The fields that define a run (all but :data:`RESUMABLE_FIELDS`)."""
-        return {k: v for k, v in self.to_dict().items() if k not in RESUMABLE_FIELDS}
+        """The fields that define a run (all but :data:`RESUMABLE_FIELDS`, and the
+        :data:`LATER_FIELDS` left unset)."""
+        return {k: v for k, v in self.to_dict().items()
+                if k not in RESUMABLE_FIELDS and not (k in LATER_FIELDS and v is None)}
 
     def hash(self) -> str:
         """sha256 (first 16 hex digits) of :meth:`identity` as canonical JSON."""
@@ -389,8 +394,8 @@ class Config:
 
     def differences(self, other: Config) -> list[str]:
         """Fields (outside :data:`RESUMABLE_FIELDS`) whose values differ, as ``name: a != b``."""
-        a, b = self.identity(), other.identity()
-        return [f"{k}: {a[k]!r} != {b[k]!r}" for k in a if a[k] != b[k]]
+        a, b = self.to_dict(), other.to_dict()
+        return [f"{k}: {a[k]!r} != {b[k]!r}" for k in a if k not in RESUMABLE_FIELDS and a[k] != b[k]]
 
 
 

@@ -25,6 +25,20 @@ def test_hash_ignores_iterations_only():
     assert a.replace(seed=1, episodes=32).differences(a) == ["episodes: 32 != 64", "seed: 1 != 0"]
 
 
+def test_a_field_added_later_keeps_old_hashes_while_unset():
+    # the hash as it was computed before value_target existed: sha256 of the canonical JSON of every
+    # field but the resumable ones; a run folder written then must keep resuming
+    import hashlib
+
+    a = Config(estimator="gae", loss="token_ppo")
+    old = {k: v for k, v in a.to_dict().items() if k not in ("iterations", "log_to", "side_thread", "value_target")}
+    text = json.dumps(old, sort_keys=True, separators=(",", ":"))
+    assert a.hash() == hashlib.sha256(text.encode()).hexdigest()[:16]
+    set_ = a.replace(value_target="mc")
+    assert set_.hash() != a.hash() and set_.differences(a) == ["value_target: 'mc' != None"]
+    assert a.differences(set_) == ["value_target: None != 'mc'"]
+
+
 @pytest.mark.parametrize("changes, field", [
     ({"episodes": 0}, "episodes"),
     ({"episodes": 10, "group_size": 4}, "episodes"),
