@@ -18,7 +18,7 @@ claim is about long horizons) after it.
 **Arms** (G = 4 for every arm, so that all see the same tasks and episodes): ``grpo`` (grpo +
 token_ppo), ``ppo`` (gae + token_ppo), ``turn_gae`` (turn_gae + token_ppo), ``mpo_token`` (mpo +
 token_ppo), ``mpo`` (mpo + turn_ppo at its default token band 2), ``mpo_bare`` (mpo + turn_ppo,
-``token_clip=None``), ``mpo_oracle`` (mpo + turn_ppo with ``critic="oracle"``: the exact values of
+``token_clip=None``), ``mpo_oracle`` (mpo + turn_ppo with ``critic="expert"``: the exact values of
 the noise-0.3 expert).
 
 **Critic warm-up**, once per (cell, seed) and shared by every learned-critic arm of that seed (a
@@ -118,7 +118,7 @@ ARMS = {
     "mpo_token": Arm("mpo", "token_ppo"),
     "mpo": Arm("mpo", "turn_ppo"),
     "mpo_bare": Arm("mpo", "turn_ppo", (("token_clip", None),)),
-    "mpo_oracle": Arm("mpo", "turn_ppo", critic="oracle"),
+    "mpo_oracle": Arm("mpo", "turn_ppo", critic="expert"),
 }
 
 #: the comparisons stated in advance: (label, arm a, arm b); Holm over all of them, per cell

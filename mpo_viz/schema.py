@@ -35,7 +35,17 @@ TOKEN_FIELDS: dict[str, np.dtype] = {
 # Per-token float fields that must be finite on action tokens.
 FINITE_ON_ACTIONS = ("values", "rollout_logprobs", "old_logprobs", "ref_logprobs")
 # Per-turn fields (one entry per assistant turn).
-TURN_FIELDS: dict[str, np.dtype] = {"turn_rewards": np.dtype(np.float64)}
+TURN_FIELDS: dict[str, np.dtype] = {
+    "turn_rewards": np.dtype(np.float64),
+    # Monte-Carlo truth of a policy at each turn start (mpo-viz truth): mean return of M continuations,
+    # its standard error, the means of the two halves; and after the recorded turn (Q) with its error
+    "mc_value": np.dtype(np.float64),
+    "mc_value_se": np.dtype(np.float64),
+    "mc_value_a": np.dtype(np.float64),
+    "mc_value_b": np.dtype(np.float64),
+    "mc_q": np.dtype(np.float64),
+    "mc_q_se": np.dtype(np.float64),
+}
 # Per-trajectory scalars. ``None`` = absent for that row.
 SCALAR_FIELDS: dict[str, type] = {
     "traj_id": str,

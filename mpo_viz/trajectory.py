@@ -528,6 +528,29 @@ class TrajectoryBatch:
             present[name] = np.ones(len(self), dtype=bool)
         return self._replace(tokens=tokens, present=present)
 
+    def with_turn_fields(self, **fields) -> TrajectoryBatch:
+        """A new batch with per-turn fields set (e.g. ``mc_value=[[...], ...]``): each value a list of
+        one sequence per row with one number per assistant turn (``num_turns``), or None for a row
+        without. Only the v1 per-turn fields (``turn_rewards`` and the Monte-Carlo ``mc_*`` fields)."""
+        turn = dict(self._turn)
+        k = self.num_turns
+        for name, value in fields.items():
+            if name not in TURN_FIELDS:
+                raise ValueError(f"with_turn_fields: expected a v1 per-turn field ({', '.join(TURN_FIELDS)}), "
+                                 f"found {name!r}")
+            v = list(value)
+            if len(v) != len(self):
+                raise ValueError(f"{name}: expected {len(self)} rows, found {len(v)}")
+            arrs = [np.zeros(0) if x is None else np.asarray(x, dtype=np.float64).reshape(-1) for x in v]
+            for i, a in enumerate(arrs):
+                if v[i] is not None and len(a) != k[i]:
+                    raise ValueError(f"{name}: row {i} ({self.traj_ids[i]!r}): expected {k[i]} entries (one per "
+                                     f"assistant turn), found {len(a)}")
+            flat = np.concatenate(arrs) if arrs else np.zeros(0)
+            turn[name] = (flat.astype(TURN_FIELDS[name]), offsets_from_lengths(np.asarray([len(a) for a in arrs])),
+                          np.asarray([x is not None for x in v], dtype=bool))
+        return self._replace(turn=turn)
+
     def with_scalars(self, **fields) -> TrajectoryBatch:
         """A new batch with per-row scalar fields set (e.g. ``bootstrap_value=v``): each value a
         sequence of one entry per row (None or NaN where a row has none). Only the v1 scalar fields

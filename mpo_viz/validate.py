@@ -388,16 +388,21 @@ def _token_reward_problems(bc, seg: np.ndarray, m: np.ndarray, reward: np.ndarra
 
 
 def _turn_reward_problems(bc, k: np.ndarray) -> list[tuple]:
-    """``turn_rewards``: one finite number per assistant turn."""
-    if "turn_rewards" not in bc.turn:
-        return []
-    flat, toff, has = bc.turn["turn_rewards"]
-    tl = np.diff(toff)
-    out = [(j, "turn_rewards", f"{k[j]} entries (one per assistant turn)", f"{tl[j]}") for j in np.flatnonzero(has & (tl != k))]
-    for j in np.flatnonzero(has):
-        vals = flat[toff[j] : toff[j + 1]]
-        if not np.all(np.isfinite(vals)):
-            out.append((j, "turn_rewards", "finite numbers", short(vals.tolist())))
+    """Every per-turn field (``turn_rewards``, the Monte-Carlo ``mc_*`` fields): one finite number per
+    assistant turn; standard errors are also >= 0."""
+    out: list[tuple] = []
+    for name in TURN_FIELDS:
+        if name not in bc.turn:
+            continue
+        flat, toff, has = bc.turn[name]
+        tl = np.diff(toff)
+        out += [(j, name, f"{k[j]} entries (one per assistant turn)", f"{tl[j]}") for j in np.flatnonzero(has & (tl != k))]
+        for j in np.flatnonzero(has):
+            vals = flat[toff[j] : toff[j + 1]]
+            if not np.all(np.isfinite(vals)):
+                out.append((j, name, "finite numbers", short(vals.tolist())))
+            elif name.endswith("_se") and np.any(vals < 0):
+                out.append((j, name, "standard errors >= 0", short(vals.tolist())))
     return out
 
 

@@ -45,7 +45,7 @@ def test_arm_configs(learning, tmp_path):
         assert as_v2.critic_option("value_target") == "estimator" and as_v2.differences(cfgs[a]) == \
             ["value_target: 'estimator' != 'mc'"]
     assert cfgs["grpo"].model_dir == str(learning.START) and not cfgs["grpo"].uses_critic
-    assert cfgs["mpo_oracle"].critic == "oracle" and cfgs["mpo_oracle"].model_dir == str(learning.START)
+    assert cfgs["mpo_oracle"].critic == "expert" and cfgs["mpo_oracle"].model_dir == str(learning.START)
     assert cfgs["mpo_bare"].loss_options == {"token_clip": None} and cfgs["mpo"].loss_options == {}
     assert (cfgs["turn_gae"].estimator, cfgs["turn_gae"].loss) == ("turn_gae", "token_ppo")
     warm = learning.warmup_config("v2", "automation-d3-4", 3)

@@ -18,6 +18,8 @@ from transformers import (
 )
 
 import mpo_viz.rollout as R
+import mpo_viz.rollout.engine as RE
+import mpo_viz.rollout.play as RP
 from mpo_viz import models as M
 from mpo_viz.envs import NoisyExpert, Oracle, build_tokenizer, make_env
 from mpo_viz.envs.generate import oracle_columns
@@ -172,8 +174,8 @@ def test_critic_in_a_second_thread_gives_the_same_values(monkeypatch):
     critic = M.make_critic(pol, "policy", seed=2)
     kw = dict(seed=6, batch_size=3, max_turn_tokens=8, max_total_tokens=90)
     handed = []
-    submit = R._CriticJobs.submit
-    monkeypatch.setattr(R._CriticJobs, "submit", lambda self, eps: handed.append(len(eps)) or submit(self, eps))
+    submit = RP._CriticJobs.submit
+    monkeypatch.setattr(RP._CriticJobs, "submit", lambda self, eps: handed.append(len(eps)) or submit(self, eps))
     threaded = rollout(pol, env, 7, critic=critic, critic_thread=True, **kw)
     assert len(handed) > 1 and sum(handed) == 7               # episodes handed in over several batch turns
     at_end = rollout(pol, env, 7, critic=critic, critic_thread=False, **kw)
@@ -205,17 +207,17 @@ def test_decode_mask_made_here_equals_the_models_own():
     env, pol = _policy("tooluse", seed=7)
     assert pol.model.config._attn_implementation == "sdpa"
     fast = rollout(pol, env, 6, seed=5, batch_size=4, **SHORT)
-    init = R._Engine.__init__
+    init = RE._Engine.__init__
 
     def plain(self, *a, **k):
         init(self, *a, **k)
         self._mask4 = False
 
-    R._Engine.__init__ = plain
+    RE._Engine.__init__ = plain
     try:
         slow = rollout(pol, env, 6, seed=5, batch_size=4, **SHORT)
     finally:
-        R._Engine.__init__ = init
+        RE._Engine.__init__ = init
     for a, b in zip(_rows(fast), _rows(slow)):
         assert a["response_ids"] == b["response_ids"]
         np.testing.assert_allclose(a["old_logprobs"], b["old_logprobs"], atol=1e-6)
@@ -233,7 +235,7 @@ def test_sliding_window_models_keep_the_models_own_decode_mask():
                         attn_implementation="sdpa")
     torch.manual_seed(0)
     pol = M.Policy(MistralForCausalLM(cfg).eval(), tok, name="sw")
-    assert R.uses_sliding_window(pol.model.config) and not R._Engine(pol.model, tok.pad_token_id)._mask4
+    assert R.uses_sliding_window(pol.model.config) and not RE._Engine(pol.model, tok.pad_token_id)._mask4
     batch = rollout(pol, env, 2, seed=1, batch_size=2, max_turn_tokens=8, max_total_tokens=200)
     for r in _rows(batch):
         assert len(r["prompt_ids"]) + len(r["response_ids"]) > 16  # past the window
@@ -258,11 +260,11 @@ def test_grouped_key_value_heads_without_copies_give_the_same_rollout(monkeypatc
         torch.manual_seed(0)
         pol = M.Policy(LlamaForCausalLM(cfg).eval(), tok, name="gqa")
     calls = []
-    grouped = R._sdpa_grouped
-    monkeypatch.setattr(R, "_sdpa_grouped", lambda *a, **k: calls.append(1) or grouped(*a, **k))
+    grouped = RE._sdpa_grouped
+    monkeypatch.setattr(RE, "_sdpa_grouped", lambda *a, **k: calls.append(1) or grouped(*a, **k))
     fast = rollout(pol, env, 6, seed=1, batch_size=4, **SHORT)
     assert calls and pol.model.config._attn_implementation == "sdpa"
-    monkeypatch.setattr(R, "_grouped_attention", lambda model: contextlib.nullcontext())
+    monkeypatch.setattr(RP, "_grouped_attention", lambda model: contextlib.nullcontext())
     plain = rollout(pol, env, 6, seed=1, batch_size=4, **SHORT)
     for a, b in zip(_rows(fast), _rows(plain)):
         assert a["response_ids"] == b["response_ids"]
@@ -296,11 +298,11 @@ def test_a_failed_rollout_leaves_the_policy_in_training_mode(monkeypatch):
     policy = M.tiny_policy(build_tokenizer(env), "1m", seed=0)
     critic = M.make_critic(policy, "policy", seed=0)
     policy.model.train()
-    with pytest.raises(R.OptionError, match="max_total_tokens"):
+    with pytest.raises(RP.OptionError, match="max_total_tokens"):
         rollout(policy, env, 2, max_total_tokens=3)
     assert policy.model.training
 
-    real_step, real_jobs, submitted, pools = R._step_envs, R._CriticJobs, [], []
+    real_step, real_jobs, submitted, pools = RP._step_envs, RP._CriticJobs, [], []
 
     def step_then_fail(*a, **k):  # the environments step until the critic's thread has an episode
         if submitted:
@@ -314,8 +316,8 @@ def test_a_failed_rollout_leaves_the_policy_in_training_mode(monkeypatch):
         pools.append(j.pool)
         return j
 
-    monkeypatch.setattr(R, "_step_envs", step_then_fail)
-    monkeypatch.setattr(R, "_CriticJobs", jobs)
+    monkeypatch.setattr(RP, "_step_envs", step_then_fail)
+    monkeypatch.setattr(RP, "_CriticJobs", jobs)
     with pytest.raises(RuntimeError, match="environment failed"):
         rollout(policy, env, 2, critic=critic, batch_size=1, critic_thread=True)
     assert policy.model.training

@@ -24,6 +24,7 @@ walks through writing one.
 
 from __future__ import annotations
 
+import copy
 import random
 from collections.abc import Hashable, Sequence
 from dataclasses import dataclass
@@ -306,6 +307,29 @@ class TextEnv:
         info = {"action": action, "valid": action is not None, "turn": prev[0], "prev_state": prev,
                 "success": bool(out.terminated and out.state[1] == SUCCESS)}
         return out.observation, out.reward, out.terminated, out.truncated, info
+
+    # ------------------------------------------------------------------ replay and branching
+    def option_values(self) -> dict[str, Any]:
+        """The keyword options this environment was built with, by name (every declared option;
+        ``make_env(env.name, **env.option_values())`` builds an identical one). Recorded in the files
+        the toolkit writes so that their episodes can be replayed."""
+        out = {}
+        for name in self.declared_options():
+            v = getattr(self, name)
+            out[name] = list(v) if isinstance(v, tuple) else v
+        return out
+
+    def fork(self, seed) -> TextEnv:
+        """A copy at the current state that plays on independently: the task shared (immutable),
+        the conversation copied, and the dynamics drawing from a new stream seeded by ``seed`` (any
+        hashable: ints, strings). The copy's future is a fresh sample of the same dynamics, since an
+        outcome depends only on the state and the action (``transitions``); this environment is left
+        as it is. Branch rollouts (``mpo_viz.rollout.truth``) continue a policy from such copies;
+        an environment of your own takes part by providing ``fork`` (docs/environments.md)."""
+        other = copy.copy(self)
+        other.messages = [dict(m) for m in self.messages]
+        other._rng = random.Random(f"fork-{seed}")
+        return other
 
     # ------------------------------------------------------------------ helpers
     def base_words(self) -> list[str]:

@@ -3,6 +3,7 @@
 One iteration::
 
     rollout N episodes (G per task)          mpo_viz.rollout.rollout  -> values, log-probs, rewards
+    Monte-Carlo values (critic="mc")         mpo_viz.rollout.truth.mc_truth: branch rollouts per turn start
     reference log-probs (kl_coef > 0)        one no-grad forward of the frozen reference policy
     advantages and returns                   mpo_viz.advantages.compute(batch, estimator, **options)
     E epochs × M minibatches of updates      mpo_viz.train.update (policy_loss, value_loss)
@@ -41,6 +42,7 @@ from mpo_viz.envs.tokenizer import build_tokenizer
 from mpo_viz.losses import LOGPROB_FIELDS
 from mpo_viz.losses import get as get_loss
 from mpo_viz.rollout import rollout, side_pool, spare_cores
+from mpo_viz.rollout.truth import mc_truth
 from mpo_viz.train.checkpoint import (
     CheckpointError,
     CheckpointWarning,
@@ -51,7 +53,13 @@ from mpo_viz.train.checkpoint import (
     save_checkpoint,
 )
 from mpo_viz.train.collapse import collapse_flags, new_signals
-from mpo_viz.train.config import RESUMABLE_FIELDS, Config
+from mpo_viz.train.config import (
+    EXPERT_BIAS,
+    MC_SAMPLES,
+    RESUMABLE_FIELDS,
+    Config,
+    ExpertCriticWarning,
+)
 from mpo_viz.train.critic_fit import critic_outputs, fit_values, mc_returns
 from mpo_viz.train.runfolder import RunFolder, clean_json
 from mpo_viz.train.runtime import derive_seed, env_kwargs, set_threads
@@ -137,6 +145,8 @@ class Trainer:
         if cfg.log_to:  # a missing package is said before anything is written
             check_available(cfg.log_to)
         self.device = models.resolve_device(cfg.device)  # a backend this torch lacks: one line saying how to get it
+        if cfg.critic == "expert" and cfg.uses_critic:
+            warnings.warn(f"critic='expert' reads {EXPERT_BIAS}", ExpertCriticWarning, stacklevel=2)
         if cfg.num_threads:
             set_threads(cfg.num_threads)
         self._build()
@@ -630,17 +640,35 @@ class Trainer:
         t = time.perf_counter()
         inner: dict = {}
         batch = self._rollout(cfg.episodes, seed=self._next_seed(), group_size=cfg.group_size, timings=inner)
-        if cfg.critic == "oracle":
+        if cfg.critic == "expert":
             batch = _oracle_as_values(batch, cfg.env)
         # the rollout runs the critic once over the finished episodes: that is the "values" phase
         critic_s = float(inner.get("critic", 0.0))
         timings["rollout"] = time.perf_counter() - t - critic_s
         timings["rollout_oracle"] = float(inner.get("oracle", 0.0))
         t = time.perf_counter()
+        if cfg.critic == "mc":
+            batch = self._mc_values(batch)
+            timings["mc"] = time.perf_counter() - t
+            t = time.perf_counter()
         if self.reference is not None:
             batch = self._ref_logprobs(batch)
         timings["values"] = time.perf_counter() - t + critic_s
         return batch
+
+    def _mc_values(self, batch: TrajectoryBatch) -> TrajectoryBatch:
+        """``critic="mc"``: the current policy's Monte-Carlo values at every turn start of the batch
+        (``mc_samples`` branch rollouts each, seeded from the run's seed and cursor), read as
+        ``values``: ``mc_value[k]`` broadcast over turn k's tokens (its observation tokens too),
+        terminal after the last action token. The batch keeps the ``mc_*`` fields."""
+        cfg = self.cfg
+        m = cfg.mc_samples if cfg.mc_samples is not None else MC_SAMPLES
+        out = mc_truth(batch, self.policy, m=m, seed=self._next_seed(), env=self.env,
+                       batch_size=max(cfg.rollout_batch_size, m), progress=False)
+        tids = out.field("turn_ids")
+        values = [np.asarray(v, dtype=np.float32)[np.asarray(t, dtype=np.int64)] if len(t) else np.zeros(0, np.float32)
+                  for v, t in zip(out.field("mc_value"), tids)]
+        return out.with_token_fields(values=values).with_meta(values_source="mc")
 
     def _write(self, rec: dict, batch: TrajectoryBatch, options: dict, timings: dict) -> None:
         """``trajectories/iter=N.parquet`` every ``save_trajectories_every`` iterations."""
@@ -701,7 +729,7 @@ class Trainer:
         """Explained variance of the critic and the across/within split of its values (and of the
         oracle values when the environment provides them)."""
         out = {}
-        if batch.has("values"):  # a learned critic's values, or the oracle's when critic="oracle"
+        if batch.has("values"):  # a learned critic's values, the expert's (critic="expert"), or Monte-Carlo
             out["critic_explained_var"] = _explained_variance(batch, returns)
             s = variance_summary(value_variance(batch))
             out.update({"values_across": s["mean_across"], "values_within": s["mean_within"],
@@ -743,10 +771,11 @@ def _explained_variance(batch: TrajectoryBatch, returns) -> float:
 
 
 def _oracle_as_values(batch: TrajectoryBatch, env: str):
-    """The batch with the oracle's exact values as its ``values`` (``critic="oracle"``); terminal
-    after the last action token (no bootstrap: a cut episode's return is 0, as its rewards say)."""
+    """The batch with the scripted expert's exact values as its ``values`` (``critic="expert"``);
+    terminal after the last action token (no bootstrap: a cut episode's return is 0, as its rewards
+    say)."""
     if not batch.has("oracle_values"):
-        raise ValueError(f"critic: 'oracle' reads the environment's exact values, found a rollout of {env!r} without "
+        raise ValueError(f"critic: 'expert' reads the environment's exact values, found a rollout of {env!r} without "
                          f"oracle_values (its environment has no exact model; use critic='learned')")
     return batch.with_token_fields(values=batch.padded("oracle_values", torch.float32))
 

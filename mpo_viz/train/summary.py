@@ -96,7 +96,7 @@ def hints(records) -> list[str]:
         ev = warm.get("warmup_explained_var")
         out.append(f"the critic warm-up missed its gate (warmup_explained_var {'undefined' if ev is None else f'{ev:.3f}'}"
                    f" < {warm.get('warmup_gate')}): critic-based estimators ran on weak values; raise "
-                   f"--critic-warmup-steps or try --critic oracle")
+                   f"--critic-warmup-steps or try --critic mc (the policy's own Monte-Carlo values)")
     s = _mean(rl, "success")
     if s is not None and s < 0.05:
         out.append(f"almost no rollout succeeded (success {s:.3f} on average): RL has little to reinforce; start "

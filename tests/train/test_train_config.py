@@ -31,7 +31,8 @@ def test_a_field_added_later_keeps_old_hashes_while_unset():
     import hashlib
 
     a = Config(estimator="gae", loss="token_ppo")
-    old = {k: v for k, v in a.to_dict().items() if k not in ("iterations", "log_to", "side_thread", "value_target")}
+    old = {k: v for k, v in a.to_dict().items()
+           if k not in ("iterations", "log_to", "side_thread", "mc_samples", "value_target")}
     text = json.dumps(old, sort_keys=True, separators=(",", ":"))
     assert a.hash() == hashlib.sha256(text.encode()).hexdigest()[:16]
     set_ = a.replace(value_target="mc")
@@ -88,23 +89,45 @@ def test_critic_settings_with_a_critic_free_estimator_are_refused(field):
              "value_target": "mc"}[field]
     with pytest.raises(ValueError, match=f"^{field}: the estimator 'rloo' uses no critic"):
         Config(estimator="rloo", loss="token_ppo", group_size=2, **{field: value})
-    # nor with the oracle's values, which train no critic
-    with pytest.raises(ValueError, match=f"^{field}: critic='oracle' reads the environment's exact values"):
-        Config(estimator="gae", critic="oracle", **{field: value})
+    # nor with the expert's or the Monte-Carlo values, which train no critic
+    with pytest.raises(ValueError, match=f"^{field}: critic='expert' reads the scripted expert's exact values"):
+        Config(estimator="gae", critic="expert", **{field: value})
+    with pytest.raises(ValueError, match=f"^{field}: critic='mc' reads the policy's Monte-Carlo values"):
+        Config(estimator="gae", critic="mc", **{field: value})
     # with a learned critic the same setting is fine, and None means the default
     assert Config(estimator="gae", **{field: value}).critic_option(field) == value
     assert Config(estimator="gae").critic_option(field) == CRITIC_DEFAULTS[field]
 
 
-def test_the_oracle_critic_needs_a_value_estimator_and_an_oracle():
-    assert Config(estimator="mpo", critic="oracle").learns_critic is False
+def test_the_expert_critic_needs_a_value_estimator_and_an_oracle():
+    assert Config(estimator="mpo", critic="expert").learns_critic is False
+    assert Config(estimator="mpo", critic="mc").learns_critic is False
     assert Config(estimator="mpo").learns_critic is True
     with pytest.raises(ValueError, match="^critic: the estimator 'grpo' reads no values"):
-        Config(estimator="grpo", loss="token_ppo", group_size=2, critic="oracle")
-    with pytest.raises(ValueError, match="^oracle_noise: critic='oracle' reads the oracle values .* found None"):
-        Config(estimator="mpo", critic="oracle", oracle_noise=None)
-    with pytest.raises(ValueError, match="^critic: expected one of 'learned', 'oracle', found 'exact'"):
+        Config(estimator="grpo", loss="token_ppo", group_size=2, critic="expert")
+    with pytest.raises(ValueError, match="^oracle_noise: critic='expert' reads the oracle values .* found None"):
+        Config(estimator="mpo", critic="expert", oracle_noise=None)
+    with pytest.raises(ValueError, match="^critic: expected one of 'learned', 'expert', 'mc', 'oracle', found 'exact'"):
         Config(critic="exact")
+    with pytest.raises(ValueError, match="^mc_samples: mc_samples sets the continuations of critic='mc'"):
+        Config(estimator="mpo", mc_samples=4)
+    with pytest.raises(ValueError, match="^mc_samples: expected"):
+        Config(estimator="mpo", critic="mc", mc_samples=1)
+
+
+def test_the_old_oracle_name_still_works_with_a_deprecation_warning():
+    with pytest.warns(DeprecationWarning, match="critic='oracle' is the old name of critic='expert'.*0.26 too high"):
+        cfg = Config(estimator="mpo", critic="oracle")
+    assert cfg.critic == "expert" and Config.from_dict(cfg.to_dict()).critic == "expert"
+    with pytest.warns(DeprecationWarning):
+        old = Config.from_dict({**Config(estimator="mpo", critic="expert").to_dict(), "critic": "oracle"})
+    assert old == cfg and old.hash() == cfg.hash()
+
+
+def test_mc_samples_unset_leaves_the_identity_of_older_runs():
+    cfg = Config(estimator="mpo")
+    assert "mc_samples" not in cfg.identity()
+    assert "mc_samples" in Config(estimator="mpo", critic="mc", mc_samples=4).identity()
 
 
 def test_a_shared_trunk_critic_moves_with_the_policy():

@@ -15,6 +15,7 @@ import mpo_viz as mv
 from mpo_viz.analysis import pass_at_k
 from mpo_viz.models import Critic
 from mpo_viz.train import Trainer
+from mpo_viz.train.config import ExpertCriticWarning
 from mpo_viz.train.critic_fit import (
     critic_outputs,
     fit_critic,
@@ -143,9 +144,10 @@ def test_critic_epochs_are_apart_from_the_policys(tmp_path):
     assert "value_loss" in rec and "vf_mse" in rec and "policy_loss" in rec
 
 
-def test_the_oracle_critic_feeds_the_exact_values(tmp_path):
-    cfg = tiny(estimator="mpo", critic="oracle", oracle_noise=0.3, iterations=1, save_trajectories_every=1)
-    tr = Trainer(cfg, tmp_path / "r", quiet=True)
+def test_the_expert_critic_feeds_the_exact_values(tmp_path):
+    cfg = tiny(estimator="mpo", critic="expert", oracle_noise=0.3, iterations=1, save_trajectories_every=1)
+    with pytest.warns(ExpertCriticWarning, match="scripted expert's exact values, not this policy's"):
+        tr = Trainer(cfg, tmp_path / "r", quiet=True)
     assert tr.critic is None and tr.critic_opt is None  # nothing to train
     rec = next(tr.iterate(1))
     assert "critic_explained_var" in rec and "value_loss" not in rec
@@ -154,6 +156,21 @@ def test_the_oracle_critic_feeds_the_exact_values(tmp_path):
     np.testing.assert_array_equal(b.values[m].numpy(), b.padded("oracle_values")[m].numpy())
     with pytest.raises(ValueError, match="warmup_critic: no learned critic to warm up"):
         tr.warmup_critic()
+
+
+def test_the_mc_critic_reads_the_policys_monte_carlo_values(tmp_path):
+    """critic="mc": no critic is trained; each iteration's values are the current policy's
+    Monte-Carlo values at turn starts (mc_value broadcast over each turn), the run folder keeps the
+    mc_* fields, and the Monte-Carlo phase is timed."""
+    cfg = tiny(estimator="turn_gae", critic="mc", mc_samples=2, iterations=1, save_trajectories_every=1)
+    tr = Trainer(cfg, tmp_path / "r", quiet=True)
+    assert tr.critic is None and tr.critic_opt is None
+    rec = next(tr.iterate(1))
+    assert rec["timings"]["mc"] > 0 and "value_loss" not in rec
+    b = mv.load(tmp_path / "r" / "trajectories" / "iter=000001.parquet")
+    assert b.meta["values_source"] == "mc" and b.meta["mc_truth"]["m"] == 2
+    for v, t, mc in zip(b.field("values"), b.field("turn_ids"), b.field("mc_value")):
+        np.testing.assert_array_equal(v, np.asarray(mc, dtype=np.float32)[t])
 
 
 def test_every_run_of_a_seed_is_judged_on_the_same_tasks(tmp_path):
@@ -312,6 +329,7 @@ def test_value_target_is_refused_where_no_critic_is_trained():
 
     with pytest.raises(OptionError, match=r"value_target: the estimator 'grpo' uses no critic"):
         tiny(estimator="grpo", loss="token_ppo", group_size=2, value_target="mc")
-    with pytest.raises(OptionError, match=r"value_target: critic='oracle' .* trains no critic"):
-        tiny(estimator="mpo", critic="oracle", oracle_noise=0.3, value_target="mc")
+    for critic in ("expert", "mc"):  # values read, no critic trained
+        with pytest.raises(OptionError, match=rf"value_target: critic='{critic}' reads .* and trains no critic"):
+            tiny(estimator="mpo", critic=critic, oracle_noise=0.3, value_target="mc")
     assert value_target_line([{"phase": "rl", "iteration": 1}]) is None  # no critic trained: no line

@@ -9,7 +9,7 @@ import torch
 from safetensors.torch import load_file
 from train_helpers import tiny
 
-import mpo_viz.rollout as R
+import mpo_viz.rollout.play as R
 import mpo_viz.train.loop as L
 from mpo_viz import load
 from mpo_viz.advantages import compute

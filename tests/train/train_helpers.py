@@ -11,7 +11,7 @@ TINY = dict(env="search", difficulty=2, episodes=4, epochs=1, minibatches=2, sft
 
 def tiny(**changes) -> Config:
     kw = {**TINY, **changes}
-    if kw.get("estimator", "mpo") in ("mpo", "gae", "mae", "turn_gae", "vapo") and kw.get("critic") != "oracle":
+    if kw.get("estimator", "mpo") in ("mpo", "gae", "mae", "turn_gae", "vapo") and kw.get("critic", "learned") == "learned":
         kw.setdefault("critic_warmup_steps", 0)
     return Config(**kw)
 

@@ -1,0 +1,209 @@
+"""The rollout: :func:`rollout` plays episodes in batch turns (feed, decode, step; see
+:mod:`mpo_viz.rollout`)."""
+
+from __future__ import annotations
+
+import time
+from collections import deque
+
+import torch
+
+from mpo_viz.checks import OptionError
+from mpo_viz.envs.base import TextEnv
+from mpo_viz.envs.expert import NoisyExpert
+from mpo_viz.envs.registry import make_env
+from mpo_viz.models.policy import Policy, check_vocabulary, embedding_rows
+from mpo_viz.rollout.batch import _to_batch
+from mpo_viz.rollout.critic import _CriticJobs
+from mpo_viz.rollout.engine import _Engine, _grouped_attention, sample_tokens, spare_cores
+from mpo_viz.rollout.episodes import _Episode, _episodes, _step_envs, _Timer, _Turn
+from mpo_viz.rollout.plan import DEFAULT_ORACLE, RolloutConfig, _plan
+from mpo_viz.trajectory import TrajectoryBatch
+
+
+def rollout(policy: Policy, env, n_episodes: int | None = None, *, group_size: int = 1, critic=None,
+            seed: int = 0, temperature: float = 1.0, top_p: float = 1.0, max_turn_tokens: int = 48,
+            max_total_tokens: int = 1024, batch_size: int = 16, seeds=None,
+            oracle: NoisyExpert | None = DEFAULT_ORACLE, progress: bool | None = None,
+            timings: dict | None = None, critic_thread: bool | None = None) -> TrajectoryBatch:
+    """Play ``n_episodes`` episodes of ``env`` with ``policy`` (see the module docstring).
+
+    Args:
+        policy: a :class:`~mpo_viz.models.Policy` (``tiny_policy``, ``load_policy``, ``models.load``).
+        env: a :class:`~mpo_viz.envs.TextEnv` (copied per episode; its options are kept) or a
+            registered environment name.
+        n_episodes: trajectories in all, a multiple of ``group_size``; may be omitted with ``seeds``.
+        group_size, seed, temperature, top_p, max_turn_tokens, max_total_tokens, batch_size, seeds:
+            see :class:`RolloutConfig`. With ``seeds``, the same task seed and ``seed`` always give the
+            same episodes, whatever else is in the list (reproducible, resumable evaluation sets).
+        critic: a :class:`~mpo_viz.models.Critic`; its ``values`` are recorded (``values[t]`` = the
+            critic's output at position ``P + t − 1``) and ``bootstrap_value`` on truncation.
+        oracle: the noisy expert whose exact values are recorded beside (``oracle_values``,
+            ``oracle_token_adv``, ``decisive``, ``extra_json.oracle``); None to skip.
+        progress: a tqdm.auto bar over episodes (None: only on long rollouts in a terminal/notebook).
+        timings: a dict that receives seconds per phase (``model``, ``sampling``, ``env``,
+            ``tokenize``, ``oracle``, ``critic``, ``total``). ``critic``: the seconds the rollout
+            waited for the critic after the last episode ended (with ``critic_thread``, the rest of
+            the critic's forwards ran while the policy decoded).
+        critic_thread: run the critic's forwards in a second thread, on the episodes of each batch
+            turn as they finish, while the policy decodes the others (None: when the process may use
+            at least twice torch's thread count in cores, :func:`spare_cores`, and the critic's
+            trunk is not the policy's). The values are the same numbers either way (each sequence's
+            forward is the same call); the CPU time is the same, the wall time shorter by what the
+            two threads overlap.
+
+    Returns:
+        a validated :class:`~mpo_viz.trajectory.TrajectoryBatch` (one row per episode, in task then
+        sample order), metadata ``values_source="critic"`` when a critic ran.
+    """
+    env = _check_inputs(policy, env, critic)
+    cfg = RolloutConfig(group_size=group_size, seed=seed, temperature=temperature, top_p=top_p,
+                        max_turn_tokens=max_turn_tokens, max_total_tokens=max_total_tokens,
+                        batch_size=batch_size, seeds=None if seeds is None else [int(s) for s in seeds])
+    cfg.validate()
+    plan = _plan(cfg, n_episodes)
+    timer = _Timer()
+    t_start = time.perf_counter()
+    model = policy.model
+    was_training = model.training
+    model.eval()
+    jobs = bar = None
+    try:  # the model goes back to training mode, the bar closes and the critic's thread ends, whatever is raised
+        pad_id = policy.tokenizer.pad_token_id
+        pad_id = int(pad_id) if pad_id is not None else min(policy.layout.stop_ids)
+        episodes = _episodes(env, plan, cfg, oracle, policy.layout, timer)
+        bar = _progress_bar(len(episodes), progress)
+        if critic_thread is None:  # a second core, and a critic that shares no module with the policy
+            critic_thread = spare_cores() and not getattr(critic, "shared", False)
+        if critic is not None:
+            jobs = _CriticJobs(critic, cfg.batch_size, pad_id, thread=bool(critic_thread))
+        with torch.no_grad(), _grouped_attention(model):
+            _play(_Engine(model, pad_id), episodes, cfg, policy, timer, bar,
+                  on_done=jobs.submit if jobs is not None else None)
+        bar.close()
+        bar = None
+        values = boot = None
+        if jobs is not None:
+            t0 = time.perf_counter()
+            values, boot = jobs.result(episodes)
+            timer.add("critic", t0)
+    finally:
+        if bar is not None:
+            bar.close()
+        if jobs is not None:
+            jobs.close()
+        if was_training:
+            model.train()
+    t0 = time.perf_counter()
+    batch = _to_batch(episodes, env, policy.layout, cfg, values, boot, oracle, policy)
+    timer.add("batch", t0)
+    timer.t["total"] = time.perf_counter() - t_start
+    if timings is not None:
+        timings.update(timer.t)
+    return batch
+
+
+def _check_inputs(policy: Policy, env, critic) -> TextEnv:
+    """The environment (a name made into one); ``OptionError`` for a wrong policy, environment or
+    critic, ``ValueError`` for a tokenizer that does not fit the environment or the model."""
+    if not isinstance(policy, Policy):
+        raise OptionError("policy", f"expected a mpo_viz.models.Policy (tiny_policy, load_policy, models.load), "
+                                    f"found {type(policy).__name__}")
+    if isinstance(env, str):
+        env = make_env(env)
+    if not isinstance(env, TextEnv):
+        raise OptionError("env", f"expected a TextEnv or an environment name, found {type(env).__name__}")
+    if critic is not None and not callable(critic):
+        raise OptionError("critic", f"expected a mpo_viz.models.Critic or None, found {type(critic).__name__}")
+    check_vocabulary(policy.tokenizer, env.vocabulary(), where=f"policy {policy.name} for env {env.name!r}")
+    vocab = embedding_rows(policy.model)
+    if len(policy.tokenizer) > vocab:
+        raise ValueError(f"policy {policy.name}: the tokenizer has {len(policy.tokenizer)} tokens, the model "
+                         f"embeds {vocab}")
+    return env
+
+
+def _play(engine: _Engine, episodes: list[_Episode], cfg: RolloutConfig, policy: Policy, timer: _Timer, bar,
+          on_done=None) -> None:
+    """Play every episode to its end: batch turns of up to ``batch_size`` live episodes, queued
+    ones joining as others finish (the module docstring's feed / decode / step); ``on_done`` gets
+    the episodes that ended in each batch turn."""
+    queue = deque(episodes)
+    live: list[_Episode] = []
+    stop = torch.tensor(sorted(policy.layout.stop_ids), dtype=torch.long, device=policy.device)
+    while queue or live:
+        n_new = min(cfg.batch_size - len(live), len(queue))  # admit queued episodes into free rows
+        engine.add_rows(n_new)
+        live += [queue.popleft() for _ in range(n_new)]
+        logits = _feed(engine, live, timer)
+        turn = _decode_turn(engine, live, logits, cfg, stop, timer)
+        keep = _step_envs(live, turn, cfg, policy.layout, timer, bar)
+        if on_done is not None and len(keep) < len(live):
+            kept = set(keep)
+            on_done([ep for b, ep in enumerate(live) if b not in kept])
+        t0 = time.perf_counter()
+        engine.keep_rows(keep)
+        live = [live[b] for b in keep]
+        timer.add("model", t0)
+
+
+def _feed(engine: _Engine, live: list[_Episode], timer: _Timer) -> torch.Tensor:
+    """1. Every row's pending tokens through the model in one forward, left-padded to the longest;
+    the logits of the last position."""
+    t0 = time.perf_counter()
+    width = max(len(ep.pending) for ep in live)
+    ids = torch.full((len(live), width), engine.pad_id, dtype=torch.long)
+    msk = torch.zeros((len(live), width), dtype=torch.long)
+    pos = torch.zeros((len(live), width), dtype=torch.long)
+    start = engine.next_pos.cpu()
+    for b, ep in enumerate(live):
+        n = len(ep.pending)
+        ids[b, width - n:] = torch.tensor(ep.pending)
+        msk[b, width - n:] = 1
+        pos[b, width - n:] = start[b] + torch.arange(n)
+        ep.pending = []
+    dev = engine.device
+    engine.next_pos = engine.next_pos + msk.sum(1).to(dev)
+    logits = engine.forward(ids.to(dev), msk.to(dev), pos.to(dev))
+    timer.add("model", t0)
+    return logits
+
+
+def _decode_turn(engine: _Engine, live: list[_Episode], logits: torch.Tensor, cfg: RolloutConfig,
+                 stop: torch.Tensor, timer: _Timer) -> _Turn:
+    """2. Sample one turn for every row at once: one-token forwards with the cache until every row
+    hit its stop token or budget (a row whose turn ended feeds padding)."""
+    t0 = time.perf_counter()
+    dev = engine.device
+    budget_total = torch.tensor([cfg.max_total_tokens - ep.length for ep in live])
+    budget = torch.clamp(budget_total, max=cfg.max_turn_tokens).to(dev)
+    active = torch.ones(len(live), dtype=torch.bool, device=dev)
+    count = torch.zeros(len(live), dtype=torch.long, device=dev)
+    toks, rlps, olps = [], [], []
+    while True:
+        u = torch.tensor([ep.uniform() if a else 0.0 for ep, a in zip(live, active.tolist())], dtype=torch.float64)
+        tok, rlp, olp = sample_tokens(logits, u, cfg.temperature, cfg.top_p)
+        toks.append(tok)
+        rlps.append(rlp)
+        olps.append(olp)
+        count = count + active.long()
+        now_active = active & ~(torch.isin(tok, stop) | (count >= budget))
+        t0 = timer.add("sampling", t0)
+        if not bool(now_active.any()):
+            break
+        col = now_active.long()[:, None]
+        step_ids = torch.where(now_active, tok, torch.full_like(tok, engine.pad_id))[:, None]
+        step_pos = engine.next_pos[:, None].clone()
+        engine.next_pos = engine.next_pos + col[:, 0]
+        logits = engine.forward(step_ids, col, step_pos)
+        active = now_active
+        t0 = timer.add("model", t0)
+    return _Turn(torch.stack(toks, 1).cpu(), torch.stack(rlps, 1).float().cpu(), torch.stack(olps, 1).float().cpu(),
+                 count.cpu().tolist(), budget_total.tolist())
+
+
+def _progress_bar(n: int, progress: bool | None):
+    from tqdm.auto import tqdm
+
+    disable = (not progress) if progress is not None else (True if n < 64 else None)
+    return tqdm(total=n, desc="rollout", unit="ep", disable=disable, leave=False)
