@@ -3,6 +3,7 @@
 Run:  .venv/bin/python benchmarks/credit_accuracy.py            (3 shipped sets × σ ∈ {0, .05, .1, .2})
       .venv/bin/python benchmarks/credit_accuracy.py --quick    (σ ∈ {0, .1}; a smoke run)
       .venv/bin/python benchmarks/credit_accuracy.py --csv out.csv
+      .venv/bin/python benchmarks/credit_accuracy.py --truth mc  (the policy's own truth, below)
 
 Data: the shipped expert trajectories (`trajectories/{search,tooluse,automation}.parquet`, 400 each,
 noise 0.25, G = 4), whose `oracle_values` are the exact values under the noisy expert. The critic
@@ -63,6 +64,14 @@ explains nothing (EV ≈ 0) says nothing about the estimators: read the EV first
 
       .venv/bin/python benchmarks/credit_accuracy.py --critic learned                 # everything
       .venv/bin/python benchmarks/credit_accuracy.py --critic learned --envs automation --csv a.csv
+
+**The policy's truth** (`--truth mc`): the oracle above is the scripted expert's; for a trained
+policy its values are biased. This mode rolls the shipped automation start out (`--episodes`,
+G = 4, 3–4 expert turns), computes the start's own Monte-Carlo truth at every turn start
+(`mpo-viz truth`, `-M` continuations, and Q̂ after the recorded turn), and scores every estimator's
+turn credit against it — raw, disattenuated by the truth's reliability, with Fisher intervals and
+the calibration slope — beside its correlation with the expert's credit (critic-based estimators
+read the expert's exact values, as the v2 replication's oracle arm did).
 """
 
 from __future__ import annotations
@@ -281,7 +290,7 @@ def run_calibration(envs, episodes: int) -> pd.DataFrame:
 
 def main_calibration(args) -> int:
     t0 = time.perf_counter()
-    df = run_calibration(args.envs, args.episodes)
+    df = run_calibration(args.envs, args.episodes or 2000)
     for env, g in df.groupby("env", sort=False):
         first = g.iloc[0]
         print(f"\n== {env}: {first['episodes']} expert episodes (noise 0.25), the exact oracle values as the critic; "
@@ -493,8 +502,74 @@ def main_learned(args) -> int:
     return 0
 
 
+# --------------------------------------------------------------------------------------------- the policy's truth
+
+def policy_truth(episodes: int = 64, group: int = 4, m: int = 8, seed: int = 0, q: bool = True,
+                 expert_noise: float = 0.3, difficulty=(3, 4)) -> tuple[pd.DataFrame, dict]:
+    """``--truth mc``: the shipped automation start's own episodes, the policy's Monte-Carlo truth at
+    every turn start (``mpo_viz.rollout.truth.mc_truth``, ``m`` continuations, with Q̂ after the
+    recorded turn), and every estimator scored per turn against it (raw, disattenuated, slope) and
+    against the scripted expert's credit, the critic-based ones reading the expert's values (the
+    v2 replication's oracle arm). Returns the table and the value comparison at turn starts."""
+    import json
+
+    import torch
+
+    from mpo_viz import models
+    from mpo_viz.analysis import credit_accuracy, mc_accuracy
+    from mpo_viz.envs import NoisyExpert, make_env
+    from mpo_viz.rollout import rollout
+    from mpo_viz.rollout.truth import mc_truth
+
+    torch.set_num_threads(1)
+    policy, _ = models.load(START_DIRS["automation"])
+    env = make_env("automation", difficulty=tuple(difficulty))
+    batch = rollout(policy, env, episodes, group_size=group, seed=seed, oracle=NoisyExpert(noise=expert_noise),
+                    progress=False)
+    t0 = time.perf_counter()
+    batch = mc_truth(batch, policy, m=m, seed=seed, q=q, progress=True)
+    truth_s = time.perf_counter() - t0
+    b = batch.with_token_fields(values=batch.padded("oracle_values"))
+    advs = {label: compute(b, name, **opts).advantages.double().numpy() for label, name, opts in ESTIMATORS}
+    mc = mc_accuracy(batch, advs).set_index("estimator")
+    ex = credit_accuracy(b, advs).set_index("estimator")
+    table = mc.join(ex[["turn_corr"]].rename(columns={"turn_corr": "expert_turn_corr"}))
+    v_pol = np.concatenate(batch.field("mc_value"))
+    v_exp = np.concatenate([json.loads(x)["oracle"]["turn_v"] for x in batch.field("extra_json")])
+    info = {"episodes": episodes, "turns": len(v_pol), "m": m, "truth_s": truth_s, "success": float(np.mean(batch.reward)),
+            "v_policy": float(v_pol.mean()), "v_expert": float(v_exp.mean()),
+            "v_corr": float(np.corrcoef(v_pol, v_exp)[0, 1]), "reliability": float(table.reliability.iloc[0]),
+            "truth": str(table.truth.iloc[0])}
+    return table.reset_index(), info
+
+
+def main_truth(args) -> int:
+    table, info = policy_truth(episodes=args.episodes or 64, m=args.m, seed=args.seed)
+    print(f"\n== the shipped automation start (3-4 expert turns): {info['episodes']} episodes (sampled success "
+          f"{info['success']:.2f}), {info['turns']} turn starts, M = {info['m']} ({info['truth_s']:.0f} s)")
+    print(f"V at turn starts: the policy's own (Monte-Carlo) {info['v_policy']:.3f}, the expert's {info['v_expert']:.3f}"
+          f" (correlation {info['v_corr']:.2f}); truth {info['truth']!r}, reliability {info['reliability']:.2f}")
+    cols = ["estimator", "turn_corr", "turn_corr_lo", "turn_corr_hi", "turn_corr_dis", "turn_slope_dis", "turn_sign",
+            "expert_turn_corr"]
+    print("turn credit against the policy's truth (raw [95%], disattenuated, slope/ρ) and against the expert's "
+          "credit; critics read the expert's values")
+    print(table[cols].to_string(index=False, float_format=lambda x: f"{x:.3f}", na_rep="-"))
+    if args.csv:
+        table.to_csv(args.csv, index=False)
+        print(f"\nwrote {args.csv}")
+    return 0
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--truth", choices=("expert", "mc"), default="expert",
+                    help="expert: the scripted expert's oracle on its own sets (default); mc: the shipped "
+                         "automation start's own episodes against its Monte-Carlo truth")
+    ap.add_argument("--episodes", type=int, default=None,
+                    help="mc: episodes of the start (G = 4; default 64); oracle-critic: expert episodes per "
+                         "environment (default 2000; 400 = the shipped set)")
+    ap.add_argument("-M", dest="m", type=int, default=8, help="mc: continuations per turn start")
+    ap.add_argument("--seed", type=int, default=0, help="mc: rollout and continuation seed")
     ap.add_argument("--critic", choices=("noise", "learned"), default="noise",
                     help="noise: the oracle plus Gaussian noise (default); learned: critics fitted to the sets")
     ap.add_argument("--sizes", type=int, nargs="*", default=[400, 2000],
@@ -508,8 +583,6 @@ def main(argv=None) -> int:
     ap.add_argument("--threads", type=int, default=1, help="learned: torch CPU threads")
     ap.add_argument("--oracle-critic", action="store_true",
                     help="calibration: the exact oracle values as the critic, slopes beside the derivation's")
-    ap.add_argument("--episodes", type=int, default=2000,
-                    help="oracle-critic: expert episodes per environment (400 = the shipped set)")
     ap.add_argument("--quick", action="store_true", help="sigma in {0, 0.1} only")
     ap.add_argument("--sigmas", type=float, nargs="*", default=None, help="critic noise levels")
     ap.add_argument("--envs", nargs="*", default=list(ENVS), choices=ENVS)
@@ -517,6 +590,8 @@ def main(argv=None) -> int:
                     help="critic noise: i.i.d. per token (default) or one draw per turn")
     ap.add_argument("--csv", default=None, help="also write the table as CSV")
     args = ap.parse_args(argv)
+    if args.truth == "mc":
+        return main_truth(args)
     if args.critic == "learned":
         return main_learned(args)
     if args.oracle_critic:

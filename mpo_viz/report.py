@@ -116,6 +116,8 @@ class _Acc:
     timings: dict = field(default_factory=dict)
     scores: dict = field(default_factory=dict)  # score (rounded) -> number of trajectories
     accuracy: dict | None = None  # merged analysis.accuracy_stats (oracle columns present)
+    mc_parts: list = field(default_factory=list)  # analysis.mc_accuracy_parts per chunk (mc_* truth present)
+    mc_meta: dict | None = None  # the mc_truth metadata of the file (policy, M, seed)
     values_source: str = "critic"
     n_compared: int = 0  # trajectories with a disagreement value (>= 2 estimators)
     left_out: str | None = None  # default estimators the data cannot run, and how to get them
@@ -168,6 +170,9 @@ class _Acc:
             self.critic_fit = an.fitted_critic(chunk)
         if adv and an.has_oracle(chunk):
             self.accuracy = an.merge_accuracy_stats(self.accuracy, an.accuracy_stats(chunk, adv))
+        if adv and an.has_mc_truth(chunk):
+            self.mc_parts.append(an.mc_accuracy_parts(chunk, adv, use_q=chunk.has("mc_q")))
+            self.mc_meta = chunk.meta.get("mc_truth") if isinstance(chunk.meta.get("mc_truth"), dict) else None
         if len(adv) >= 2:
             self.cmp = an.merge_compare_stats(self.cmp, an.compare_stats(chunk, adv))
 
@@ -465,15 +470,40 @@ def _fitted_note(acc: _Acc) -> str:
             "estimators' credit is mostly the returns' noise; the group estimators do not use it.</p>")
 
 
+def _mc_accuracy(page: _Page, acc: _Acc) -> None:
+    """Accuracy against the policy's own Monte-Carlo truth (the file's mc_* fields)."""
+    ac = an.finish_mc_accuracy(acc.mc_parts)
+    page.tables["accuracy_mc"] = ac
+    meta = acc.mc_meta or {}
+    who = f"{meta.get('policy', 'the policy')}, M = {meta.get('m', '?')} continuations per turn start"
+    kind = ("Q̂ − V̂ (continuations after each recorded turn)" if ac["truth"].iloc[0] == "q-v" else
+            "R_k + V̂(s_k+1) − V̂(s_k) (neighbouring Monte-Carlo values)")
+    legend = "".join(f"<li><b>{k}</b>: {html.escape(v)}</li>" for k, v in an.MC_ACCURACY_COLUMNS.items() if v)
+    page.parts.append("<h2 id=accuracy>Accuracy against this policy's truth</h2>"
+                      f"<p class=reading>Truth used: the Monte-Carlo values of {html.escape(who)} (mpo-viz truth); "
+                      f"the true turn advantage is {html.escape(kind)}, reliability "
+                      f"{ac['reliability'].iloc[0]:.2f} over {int(ac['n_turns'].iloc[0])} turns. turn_corr_dis "
+                      "corrects the correlation for the truth's own noise.</p>"
+                      + html_table([tuple(r) for r in ac.itertuples(index=False)], tuple(ac.columns), "grid",
+                                   csv="accuracy_mc")
+                      + f"<ul class=note>{legend}</ul>")
+
+
 def _accuracy(page: _Page, acc: _Acc) -> None:
-    """Accuracy against the oracle, or what would tell without one."""
+    """Accuracy against the policy's Monte-Carlo truth when the file carries it; against the
+    expert's oracle when it has the oracle columns; or what would tell without either."""
+    if acc.mc_parts:
+        _mc_accuracy(page, acc)
     if not acc.accuracy:
-        page.parts.append(f"<h2 id=accuracy>Accuracy</h2><p class=note>{html.escape(an.NO_ORACLE_TEXT)}</p>")
+        if not acc.mc_parts:
+            page.parts.append(f"<h2 id=accuracy>Accuracy</h2><p class=note>{html.escape(an.NO_ORACLE_TEXT)}</p>")
         return
     ac = an.finish_accuracy(acc.accuracy)
     page.tables["accuracy"] = ac
     legend = "".join(f"<li><b>{k}</b>: {html.escape(v)}</li>" for k, v in an.ACCURACY_COLUMNS.items())
-    page.parts.append("<h2 id=accuracy>Accuracy against the oracle</h2>"
+    title = ("<h2 id=accuracy-expert>Accuracy against the scripted expert's oracle (biased for this policy)</h2>"
+             if acc.mc_parts else "<h2 id=accuracy>Accuracy against the oracle</h2>")
+    page.parts.append(title +
                       f"<p class=reading>{html.escape(an.accuracy_reading(ac, acc.values_source))}</p>"
                       + html_table([tuple(r) for r in ac.itertuples(index=False)], tuple(ac.columns), "grid",
                                    csv="accuracy")

@@ -342,3 +342,22 @@ def test_report_accuracy_section_against_the_benchmark(tmp_path):
     # no oracle: the section says what would tell instead
     plain = build_report(mv.synthetic.make_batch(5, seed=3), ReportConfig(progress=False))
     assert "cannot be measured here" in plain and "explained variance" in plain
+
+
+def test_report_accuracy_uses_the_policys_truth_when_the_file_has_it():
+    """A file with the Monte-Carlo truth (here the expert's own, so the oracle is there too): the
+    accuracy section is against the policy's truth and says which; the expert's section follows,
+    labelled biased; without the truth the section is the oracle's as before."""
+    from mpo_viz.envs import NoisyExpert
+    from mpo_viz.envs.generate import GenerateConfig, generate
+    from mpo_viz.rollout.truth import mc_truth
+
+    b = generate(GenerateConfig(env="automation", episodes=16, group_size=4, seed=2))
+    t = mc_truth(b, NoisyExpert(noise=0.25), m=4, seed=0, progress=False)
+    html = build_report(t, ReportConfig(estimators=("mpo", "grpo"), n_best=1, n_worst=0, n_disagreed=0, progress=False))
+    assert "Accuracy against this policy's truth" in html
+    assert "Truth used: the Monte-Carlo values of expert(noise=0.25), M = 4" in html
+    assert "Accuracy against the scripted expert's oracle (biased for this policy)" in html
+    assert html.index("this policy's truth") < html.index("scripted expert's oracle")
+    plain = build_report(b, ReportConfig(estimators=("mpo", "grpo"), n_best=1, n_worst=0, n_disagreed=0, progress=False))
+    assert "this policy's truth" not in plain and "Accuracy against the oracle" in plain

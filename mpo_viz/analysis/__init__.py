@@ -62,6 +62,14 @@ from mpo_viz.analysis.critic import (
 from mpo_viz.analysis.reading import NO_ORACLE_TEXT, accuracy_reading
 from mpo_viz.analysis.success import pass_at_k
 from mpo_viz.analysis.tables import compute_advantages, td_error, turn_table, turn_table_reference
+from mpo_viz.analysis.truth import (
+    MC_ACCURACY_COLUMNS,
+    finish_mc_accuracy,
+    has_mc_truth,
+    mc_accuracy,
+    mc_accuracy_parts,
+    mc_turn_truth,
+)
 from mpo_viz.analysis.variance import (
     advantage_variance,
     merge_variance,
@@ -112,6 +120,12 @@ __all__ = [
     "accuracy_reading",
     "NO_ORACLE_TEXT",
     "ACCURACY_COLUMNS",
+    "MC_ACCURACY_COLUMNS",
+    "has_mc_truth",
+    "mc_accuracy",
+    "mc_turn_truth",
+    "mc_accuracy_parts",
+    "finish_mc_accuracy",
     "values_source",
     "fitted_critic",
     "fitted_critic_label",

@@ -14,6 +14,7 @@ import numpy as np
 import pandas as pd
 
 from mpo_viz.analysis.arrays import adv_tensors, as_2d, batch_turn_index
+from mpo_viz.analysis.truth import mc_accuracy
 from mpo_viz.moments import correlation, pair_sums, slope
 from mpo_viz.trajectory import TrajectoryBatch
 
@@ -115,8 +116,20 @@ def finish_accuracy(stats: dict) -> pd.DataFrame:
     return pd.DataFrame(rows, columns=["estimator", *ACCURACY_COLUMNS])
 
 
-def credit_accuracy(batch: TrajectoryBatch, advantages) -> pd.DataFrame:
-    """How right each estimator's credit is on ``batch``, against the oracle columns: one row per
-    entry of ``advantages`` (``{name: (B, L)}``) with the :data:`ACCURACY_COLUMNS`, over all turns
-    and action tokens of the batch (the definitions of ``benchmarks/credit_accuracy.py``)."""
+def credit_accuracy(batch: TrajectoryBatch, advantages, *, truth: str = "expert") -> pd.DataFrame:
+    """How right each estimator's credit is on ``batch``: one row per entry of ``advantages``
+    (``{name: (B, L)}``).
+
+    ``truth="expert"``: against the oracle columns (the scripted expert's exact values), with the
+    :data:`ACCURACY_COLUMNS`, over all turns and action tokens of the batch (the definitions of
+    ``benchmarks/credit_accuracy.py``) — the truth for expert data, biased for any other policy.
+    ``truth="mc"``: against the policy's own Monte-Carlo truth (``mpo-viz truth``), per turn, raw
+    and disattenuated by the truth's reliability, with intervals
+    (:func:`mpo_viz.analysis.truth.mc_accuracy`, :data:`~mpo_viz.analysis.truth.MC_ACCURACY_COLUMNS`).
+    """
+    if truth == "mc":
+        return mc_accuracy(batch, advantages)
+    if truth != "expert":
+        raise ValueError(f"truth: expected 'expert' (the scripted expert's oracle) or 'mc' (the policy's Monte-Carlo "
+                         f"truth), found {truth!r}")
     return finish_accuracy(accuracy_stats(batch, advantages))

@@ -11,8 +11,9 @@ NO_ORACLE_TEXT = (
     "right each estimator is cannot be measured here, only how they agree. What would tell: the explained "
     "variance of the values against the returns (a critic near 0 gives value-based estimators little to work "
     "with), and the across/within split of the values (a critic flat inside turns gives MPO's within-turn "
-    "signal nothing to redistribute). To measure accuracy, generate trajectories with an oracle "
-    "(mpo-viz generate) or see benchmarks/credit_accuracy.py.")
+    "signal nothing to redistribute). To measure accuracy, compute your policy's own Monte-Carlo truth on a "
+    "file the toolkit wrote (mpo-viz truth FILE -o OUT --model DIR), generate trajectories with an oracle "
+    "(mpo-viz generate), or see benchmarks/credit_accuracy.py.")
 
 
 def accuracy_reading(df: pd.DataFrame, values: str = "critic") -> str:
