@@ -25,7 +25,24 @@ Columns (over all turns / action tokens of the set):
 * `dec_sign`    sign agreement on decisive tokens with a*_t ≠ 0;
 * `dec_mass`    share of Σ|A_t| that lands on decisive tokens (the oracle: 1; a turn-constant
                 estimator: the share of decisive tokens, about 1/8);
-* `dec_mass_w`  the same for the within-turn part |A_t − mean_k A| (NaN when there is none).
+* `dec_mass_w`  the same for the within-turn part |A_t − mean_k A| (NaN when there is none);
+* `tok_slope`, `dec_slope`, `turn_slope`  calibration: the least-squares slope (with intercept) of
+                the estimator's credit regressed on the true credit — token advantages on a*_t over
+                all action tokens / over decisive tokens, turn advantages on A*_k over turns
+                (1 = calibrated, > 1 over-credits; meaningless for whitened or group-normalized
+                estimators, which have no absolute scale).
+
+**Calibration with exact values** (`--oracle-critic`): the critic is the oracle itself (σ = 0) on
+`--episodes` expert episodes per environment (default 2000 of automation: generated, noise 0.25,
+G = 4, seed 1; 400 = the shipped set), and the table gives each estimator's calibration slopes
+beside the slope the derivation of docs/concepts.md predicts on the decisive tokens: with exact
+values the expected credit of token j of an n-token turn is `(1 + β·c_j)·a*_t`, `c_j = 1 −
+(1/n)·Σ_{j'≤j} λ^{j−j'}` for `intra` (0 at the turn's last token) and `local`, `1 − 1/n` for `td`,
+0 for `baseline` and for estimators without a centred within-turn part (γ = 1 here); `pred_dec`
+is the least-squares slope of `(1 + β·c)·a*_t` on `a*_t` over the decisive tokens.
+
+      .venv/bin/python benchmarks/credit_accuracy.py --oracle-critic                  # automation, 2000 episodes
+      .venv/bin/python benchmarks/credit_accuracy.py --oracle-critic --envs search tooluse --episodes 400
 
 Nothing is timed against a baseline here; `ms` is the wall time of `compute` per call (400
 trajectories, kernels compiled beforehand), for scale.
@@ -85,6 +102,7 @@ ESTIMATORS = [
     ("mpo turn_lam=0", "mpo", {"turn_lam": 0.0}),
     ("mpo lam=0", "mpo", {"lam": 0.0}),
     ("mpo within=td", "mpo", {"within": "td"}),
+    ("mpo within=baseline", "mpo", {"within": "baseline"}),
     ("mpo value_at=mean", "mpo", {"value_at": "mean"}),
     ("turn_gae", "turn_gae", {}),
     ("turn_gae turn_lam=0", "turn_gae", {"turn_lam": 0.0}),
@@ -117,6 +135,13 @@ def _turn_means(x: np.ndarray, inv: np.ndarray, counts: np.ndarray) -> np.ndarra
     return np.bincount(inv, weights=x) / counts
 
 
+def _slope(est: np.ndarray, truth: np.ndarray) -> float:
+    """Least-squares slope (with intercept) of ``est`` regressed on ``truth``."""
+    if len(est) < 2 or truth.std() < 1e-12:
+        return float("nan")
+    return float(np.polyfit(truth, est, 1)[0])
+
+
 def metrics(adv: np.ndarray, ref: dict, *, turn_sum: bool = False) -> dict:
     """Compare a (B, L) advantage array with the oracle (see the module docstring). The turn
     advantage is the mean over the turn's tokens (``turn_sum=True``: the sum, for the oracle row)."""
@@ -135,6 +160,9 @@ def metrics(adv: np.ndarray, ref: dict, *, turn_sum: bool = False) -> dict:
         "dec_sign": _sign(a[d], o[d]),
         "dec_mass": float(np.abs(a[d]).sum() / total) if total > 0 else float("nan"),
         "dec_mass_w": float(np.abs(ac[d]).sum() / total_w) if total_w > 1e-9 else float("nan"),
+        "tok_slope": _slope(a, o),
+        "dec_slope": _slope(a[d], o[d]),
+        "turn_slope": _slope(a_cmp, ref["turn_adv"]),
     }
 
 
@@ -195,6 +223,85 @@ def run(envs, sigmas, seed: int = 0, noise_model: str = "token") -> pd.DataFrame
                 out.append({"env": env, "sigma": sigma, "estimator": label, "ms": ms,
                             **metrics(res.advantages.double().numpy(), ref)})
     return pd.DataFrame(out)
+
+
+# --------------------------------------------------------------------------------------------- calibration
+
+#: (label, registry name, options) of the calibration table: the token- and turn-level baselines and
+#: every within-turn choice of MPO (β, λ = λ_T = 1, the signal)
+CALIBRATION = [
+    ("gae lam=1", "gae", {}),
+    ("gae lam=0.95", "gae", {"lam": 0.95}),
+    ("turn_gae", "turn_gae", {}),
+    ("mpo", "mpo", {}),
+    ("mpo beta=0.5", "mpo", {"beta": 0.5}),
+    ("mpo lam=turn_lam=1", "mpo", {"lam": 1.0, "turn_lam": 1.0}),
+    ("mpo local", "mpo", {"within": "local"}),
+    ("mpo within=td", "mpo", {"within": "td"}),
+    ("mpo within=baseline", "mpo", {"within": "baseline"}),
+]
+
+
+def positions_in_turn(ref: dict) -> tuple[np.ndarray, np.ndarray]:
+    """Each action token's place j in its turn (from 0) and its turn's length n, in ``ref`` order."""
+    inv = ref["inv"]
+    first = np.r_[True, inv[1:] != inv[:-1]]
+    start = np.maximum.accumulate(np.where(first, np.arange(len(inv)), 0))
+    return np.arange(len(inv)) - start, ref["counts"][inv]
+
+
+def centring_factor(ref: dict, name: str, opts: dict) -> np.ndarray:
+    """``c_t`` of the derivation (docs/concepts.md) per action token, at γ = 1: the share of token t's
+    own advantage that a centred within-turn signal adds to what ``A^T_k`` already gives it."""
+    j, n = positions_in_turn(ref)
+    within = opts.get("within", "intra")
+    if name != "mpo" or within == "baseline":
+        return np.zeros(len(j))
+    if within == "td":
+        return 1.0 - 1.0 / n
+    lam = float(opts.get("lam", 0.95))
+    # Σ_{j'≤j} λ^{j−j'} = (1 − λ^{j+1}) / (1 − λ), or j + 1 at λ = 1
+    geo = j + 1.0 if lam == 1.0 else (1.0 - lam ** (j + 1)) / (1.0 - lam)
+    c = 1.0 - geo / n
+    if within == "intra":
+        c = np.where(j == n - 1, 0.0, c)  # u = 0 at the last token: its own effect is in A^T_k only
+    return c
+
+
+def run_calibration(envs, episodes: int) -> pd.DataFrame:
+    """The exact oracle values as the critic: each CALIBRATION estimator's slopes and the predicted one."""
+    out = []
+    for env in envs:
+        batch = expert_set(env, episodes)
+        ref = reference(batch)
+        b = batch.with_token_fields(values=ref["values"].numpy().astype(np.float32))
+        o, d = ref["tok"], ref["dec"]
+        for label, name, opts in CALIBRATION:
+            res = compute(b, name, **opts)
+            beta = float(opts.get("beta", 1.0))
+            pred = (1.0 + beta * centring_factor(ref, name, opts)) * o
+            row = metrics(res.advantages.double().numpy(), ref)
+            out.append({"env": env, "episodes": len(batch), "decisive": int(d.sum()), "estimator": label,
+                        "dec_slope": row["dec_slope"], "pred_dec": _slope(pred[d], o[d]),
+                        "tok_slope": row["tok_slope"], "turn_slope": row["turn_slope"],
+                        "tok_corr": row["tok_corr"], "turn_corr": row["turn_corr"]})
+    return pd.DataFrame(out)
+
+
+def main_calibration(args) -> int:
+    t0 = time.perf_counter()
+    df = run_calibration(args.envs, args.episodes or 2000)
+    for env, g in df.groupby("env", sort=False):
+        first = g.iloc[0]
+        print(f"\n== {env}: {first['episodes']} expert episodes (noise 0.25), the exact oracle values as the critic; "
+              f"slopes of the estimator's credit on the true credit ({first['decisive']} decisive tokens)")
+        cols = ["estimator", "dec_slope", "pred_dec", "tok_slope", "turn_slope", "tok_corr", "turn_corr"]
+        print(g[cols].to_string(index=False, float_format=lambda x: f"{x:.3f}", na_rep="-"))
+    if args.csv:
+        df.to_csv(args.csv, index=False)
+        print(f"\nwrote {args.csv}")
+    print(f"\ntotal {time.perf_counter() - t0:.1f} s")
+    return 0
 
 
 # --------------------------------------------------------------------------------------------- learned critics
@@ -287,7 +394,8 @@ def summarize_learned(df: pd.DataFrame) -> pd.DataFrame:
 
     keys = ["env", "size", "target", "trunk", "budget", "estimator"]
     cols = ["heldout_ev", "values_ratio", "oracle_ratio", "best_step", "turn_corr", "turn_sign", "tok_corr",
-            "within_corr", "dec_sign", "dec_mass"]
+            "within_corr", "dec_sign", "dec_mass", "tok_slope", "dec_slope", "turn_slope"]
+    cols = [c for c in cols if c in df]  # a CSV written before the slopes existed has none
     out = []
     for k, g in df.groupby(keys, sort=False):
         row = dict(zip(keys, k))
@@ -436,7 +544,7 @@ def policy_truth(episodes: int = 64, group: int = 4, m: int = 8, seed: int = 0, 
 
 
 def main_truth(args) -> int:
-    table, info = policy_truth(episodes=args.episodes, m=args.m, seed=args.seed)
+    table, info = policy_truth(episodes=args.episodes or 64, m=args.m, seed=args.seed)
     print(f"\n== the shipped automation start (3-4 expert turns): {info['episodes']} episodes (sampled success "
           f"{info['success']:.2f}), {info['turns']} turn starts, M = {info['m']} ({info['truth_s']:.0f} s)")
     print(f"V at turn starts: the policy's own (Monte-Carlo) {info['v_policy']:.3f}, the expert's {info['v_expert']:.3f}"
@@ -457,7 +565,9 @@ def main(argv=None) -> int:
     ap.add_argument("--truth", choices=("expert", "mc"), default="expert",
                     help="expert: the scripted expert's oracle on its own sets (default); mc: the shipped "
                          "automation start's own episodes against its Monte-Carlo truth")
-    ap.add_argument("--episodes", type=int, default=64, help="mc: episodes of the start (G = 4)")
+    ap.add_argument("--episodes", type=int, default=None,
+                    help="mc: episodes of the start (G = 4; default 64); oracle-critic: expert episodes per "
+                         "environment (default 2000; 400 = the shipped set)")
     ap.add_argument("-M", dest="m", type=int, default=8, help="mc: continuations per turn start")
     ap.add_argument("--seed", type=int, default=0, help="mc: rollout and continuation seed")
     ap.add_argument("--critic", choices=("noise", "learned"), default="noise",
@@ -471,6 +581,8 @@ def main(argv=None) -> int:
     ap.add_argument("--seeds", type=int, nargs="*", default=[0, 1, 2], help="learned: critic seeds")
     ap.add_argument("--budgets", type=int, nargs="*", default=[16, 64, 256, 1024], help="learned: step budgets")
     ap.add_argument("--threads", type=int, default=1, help="learned: torch CPU threads")
+    ap.add_argument("--oracle-critic", action="store_true",
+                    help="calibration: the exact oracle values as the critic, slopes beside the derivation's")
     ap.add_argument("--quick", action="store_true", help="sigma in {0, 0.1} only")
     ap.add_argument("--sigmas", type=float, nargs="*", default=None, help="critic noise levels")
     ap.add_argument("--envs", nargs="*", default=list(ENVS), choices=ENVS)
@@ -482,12 +594,16 @@ def main(argv=None) -> int:
         return main_truth(args)
     if args.critic == "learned":
         return main_learned(args)
+    if args.oracle_critic:
+        if "--envs" not in (argv if argv is not None else sys.argv[1:]):
+            args.envs = ["automation"]
+        return main_calibration(args)
     sigmas = args.sigmas if args.sigmas is not None else ([0.0, 0.1] if args.quick else [0.0, 0.05, 0.1, 0.2])
     t0 = time.perf_counter()
     df = run(args.envs, sigmas, noise_model=args.noise_model)
     pd.set_option("display.width", 200)
     cols = ["estimator", "turn_corr", "turn_sign", "tok_corr", "within_corr", "dec_sign", "dec_mass",
-            "dec_mass_w", "ms"]
+            "dec_mass_w", "dec_slope", "turn_slope", "ms"]
     for env in args.envs:
         for sigma in sigmas:
             part = df[(df.env == env) & ((df.sigma == sigma) | (df.estimator == "oracle (a*_t)"))]

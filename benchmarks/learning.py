@@ -26,6 +26,14 @@ saved model folder, so their critics start equal): 512 episodes of the start, a 
 fitted to Monte-Carlo returns at lr 1e-3 until the held-out explained variance reaches 0.2 or 256
 steps end. During RL the critic gets 4 epochs per iteration at lr 3e-4.
 
+**Critic target**: during RL every learned critic trains on the Monte-Carlo returns
+(``--value-target mc``, the default: the trainer's ``value_target="mc"``), so an arm differs from
+another only by the estimator or loss it names, not by what its critic learns (turn_gae's own
+returns bootstrap on the critic and are flat inside turns; docs/training.md). Every row of the
+records says which (``value_target``; null for arms that train no critic). The v2 grid as recorded
+in docs/results/ ran with each estimator's own returns (``--value-target estimator`` reproduces it;
+there only the turn_gae arm's target differed, the others' own returns being Monte-Carlo).
+
 **Budget**, equal for every arm: 20 iterations × 32 episodes (8 tasks × 4), 2 policy epochs × 4
 minibatches (160 policy steps) at lr 1e-4.
 
@@ -43,6 +51,18 @@ its 95% t-interval, a two-sided paired t-test, Holm-corrected over the 6 compari
 pass@k, greedy success, collapses (rollout success < 0.05 at any iteration after the 4th), the
 critic's explained variance and across/within ratio over training, per-turn credit correlation
 with the oracle.
+
+**Matched step sizes** (``--calibrate-step``; not part of the v2 grid as run). At one learning
+rate turn_ppo takes larger steps than token_ppo (its band bounds only a turn's mean log-ratio and
+weights each token by ρ_k instead of its own r_j: docs/concepts.md §7.7); in v2 its arms had
+1.5–2.3× the per-update ``approx_kl``. The rule, fixed before any calibration run: on the seed's
+start (its warm-up folder, policy = the start), run ``mpo_token`` (mpo + token_ppo) and mpo +
+turn_ppo with each token band ``token_clip`` of :data:`TOKEN_CLIP_LADDER` in order (loosest first,
+the default 2 at its head) for :data:`CALIBRATION_ITERATIONS` iterations of the grid's budget at
+the same learning rate; the chosen band is the first whose mean per-update ``approx_kl`` lies
+within :data:`KL_BAND` (±20%) of token_ppo's; when none does, the one closest in log ratio, recorded
+as not matched. ``OUT/calibration.jsonl`` records every KL measured and the choice, per cell and
+seed; a grid that compares turn_ppo with token_ppo at matched steps runs turn_ppo at that band.
 
 **Resume**: every run is a trainer run folder under ``OUT/runs/``; a finished run is skipped, a
 partial one continues from its last checkpoint, a warm-up folder is made once. Stop the grid
@@ -159,13 +179,19 @@ def warmup_config(size: str, cell: str, seed: int):
                        critic_warmup_episodes=s["warmup_episodes"], critic_warmup_steps=s["warmup_steps"])
 
 
-def run_config(size: str, cell: str, arm: str, seed: int, warm: Path):
+#: what every learned critic trains on during RL (``Config.value_target``; ``--value-target``)
+VALUE_TARGET = "mc"
+
+
+def run_config(size: str, cell: str, arm: str, seed: int, warm: Path, value_target: str = VALUE_TARGET):
     """An arm's config: learned-critic arms start from the seed's warm-up folder (policy = the start,
-    critic = the fitted one) and skip the warm-up; the others start from the start itself."""
+    critic = the fitted one), skip the warm-up and train on ``value_target``; the others start from
+    the start itself."""
     a = ARMS[arm]
     kw = dict(estimator=a.estimator, loss=a.loss, loss_options=dict(a.loss_options), critic=a.critic)
     if "values" in get_estimator(a.estimator).needs and a.critic == "learned":
-        kw.update(model_dir=str(warm), critic_warmup_steps=0, critic_epochs=SIZES[size]["critic_epochs"])
+        kw.update(model_dir=str(warm), critic_warmup_steps=0, critic_epochs=SIZES[size]["critic_epochs"],
+                  value_target=value_target)
     return base_config(size, cell, seed, **kw)
 
 
@@ -221,7 +247,7 @@ def run_state(d: Path, iterations: int) -> str:
     return "done" if fin and (d / "pass_at_k.json").is_file() else "partial"
 
 
-def run_one(size: str, cell: str, arm: str, seed: int, out: Path) -> None:
+def run_one(size: str, cell: str, arm: str, seed: int, out: Path, value_target: str = VALUE_TARGET) -> None:
     from mpo_viz.train import Trainer
 
     s = SIZES[size]
@@ -230,7 +256,7 @@ def run_one(size: str, cell: str, arm: str, seed: int, out: Path) -> None:
     if state == "done":
         return
     warm = make_warmup(size, cell, seed, out)
-    cfg = run_config(size, cell, arm, seed, warm)
+    cfg = run_config(size, cell, arm, seed, warm, value_target)
     t0 = time.perf_counter()
     if state == "partial":
         tr = Trainer.resume(d, cfg, quiet=True)
@@ -249,6 +275,79 @@ def run_one(size: str, cell: str, arm: str, seed: int, out: Path) -> None:
         f"{ev[-1]['eval_sampled_success']:.3f}, greedy {ev[0]['eval_success']:.3f} -> {ev[-1]['eval_success']:.3f}, "
         f"{top} {pk[top]:.3f} ({time.perf_counter() - t0:.0f} s, "
         f"config {cfg.hash()})")
+
+
+# --------------------------------------------------------------------------------------------- matched step sizes
+
+#: turn_ppo's token bands tried, loosest first (2.0 = the default); fixed before any calibration run
+TOKEN_CLIP_LADDER = (2.0, 1.5, 1.3, 1.2, 1.1)
+#: turn_ppo's per-update approx_kl must lie within this share of token_ppo's to count as matched
+KL_BAND = (0.8, 1.2)
+#: RL iterations per calibration run (the grid's episodes, epochs and minibatches each)
+CALIBRATION_ITERATIONS = 2
+
+
+def choose_token_clip(reference_kl: float, kls: dict) -> dict:
+    """The rule: the first band of :data:`TOKEN_CLIP_LADDER` (among those measured, ``kls``: band ->
+    mean per-update approx_kl) whose KL ratio to ``reference_kl`` (token_ppo's) lies in
+    :data:`KL_BAND`; when none does, the band whose ratio is closest to 1 in log (``matched`` False)."""
+    if not reference_kl > 0 or not any(c in kls for c in TOKEN_CLIP_LADDER):
+        raise ValueError(f"calibration: expected a positive reference KL and measured bands, found {reference_kl!r}, "
+                         f"{kls!r}")
+    ratios = {c: kls[c] / reference_kl for c in TOKEN_CLIP_LADDER if c in kls}
+    inside = [c for c, r in ratios.items() if KL_BAND[0] <= r <= KL_BAND[1]]
+    if inside:
+        return {"token_clip": inside[0], "kl_ratio": ratios[inside[0]], "matched": True}
+    best = min(ratios, key=lambda c: abs(math.log(ratios[c])) if ratios[c] > 0 else math.inf)
+    return {"token_clip": best, "kl_ratio": ratios[best], "matched": False}
+
+
+def _calibration_kl(cfg, d: Path) -> float:
+    """Mean per-update approx_kl of ``cfg`` over :data:`CALIBRATION_ITERATIONS` fresh iterations in ``d``."""
+    from mpo_viz.train import Trainer
+
+    if d.exists():
+        shutil.rmtree(d)  # a calibration run is short: an interrupted one is redone whole
+    tr = Trainer(cfg, d, quiet=True)
+    recs = list(tr.iterate(CALIBRATION_ITERATIONS))
+    if tr.interrupted:
+        raise KeyboardInterrupt
+    return float(np.mean([r["approx_kl"] for r in recs]))
+
+
+def calibrate_step(size: str, cell: str, seed: int, out: Path, value_target: str = VALUE_TARGET) -> dict:
+    """The matched-step rule on the seed's start: token_ppo's KL, turn_ppo's along the ladder until
+    one matches (:func:`choose_token_clip`); the record, also kept in ``OUT/calibration/``."""
+    done = out / "calibration" / cell / f"seed={seed}.json"
+    if done.is_file():
+        return json.loads(done.read_text())
+    warm = make_warmup(size, cell, seed, out)
+    runs = out / "calibration" / cell / f"seed={seed}"
+
+    def short(arm, **changes):
+        cfg = run_config(size, cell, arm, seed, warm, value_target)
+        return dataclasses.replace(cfg, iterations=CALIBRATION_ITERATIONS, eval_interval=0, save_trajectories_every=0,
+                                   **changes)
+
+    ref = short("mpo_token")
+    rec = {"cell": cell, "seed": seed, "reference": "mpo_token", "policy_lr": ref.policy_lr,
+           "iterations": CALIBRATION_ITERATIONS, "ladder": list(TOKEN_CLIP_LADDER), "kl_band": list(KL_BAND),
+           "value_target": value_target, "reference_kl": _calibration_kl(ref, runs / "token_ppo"), "kls": {}}
+    for c in TOKEN_CLIP_LADDER:
+        cfg = short("mpo", loss_options={"token_clip": c})
+        rec["kls"][str(c)] = _calibration_kl(cfg, runs / f"turn_ppo_c={c}")
+        choice = choose_token_clip(rec["reference_kl"], {float(k): v for k, v in rec["kls"].items()})
+        if choice["matched"]:
+            break
+    rec.update(choice)
+    log(f"{cell} seed {seed}: token_ppo approx_kl {rec['reference_kl']:.2e}; turn_ppo "
+        + ", ".join(f"c={k}: {v:.2e}" for k, v in rec["kls"].items())
+        + f" -> token_clip {rec['token_clip']} (ratio {rec['kl_ratio']:.2f}, "
+        + ("matched)" if rec["matched"] else "NOT matched)"))
+    done.parent.mkdir(parents=True, exist_ok=True)
+    _write(done, json.dumps(rec) + "\n")
+    shutil.rmtree(runs, ignore_errors=True)  # the record is what is kept
+    return rec
 
 
 # --------------------------------------------------------------------------------------------- records
@@ -326,6 +425,7 @@ def collect(size: str, out: Path) -> tuple[list[dict], list[dict]]:
                    "approx_kl": _num(r.get("approx_kl")), "ratio_max": _num(r.get("ratio_max")),
                    "turn_ratio_max": _num(r.get("turn_ratio_max")), "clipfrac": _num(r.get("clipfrac")),
                    "entropy": _num(r.get("entropy")), "collapsed": coll, "run_state": state,
+                   "value_target": cfg.critic_option("value_target") if cfg.learns_critic else None,
                    "config_hash": cfg.hash()}
             if it == 0 and wrec:  # before RL: the warm-up's held-out fit
                 row["critic_explained_var"] = _num(wrec.get("warmup_explained_var"))
@@ -342,6 +442,7 @@ def collect(size: str, out: Path) -> tuple[list[dict], list[dict]]:
                            "final_greedy": ev[-1]["eval_success"], "collapsed": coll,
                            "warmup_explained_var": _num(wrec.get("warmup_explained_var")),
                            "warmup_stop": wrec.get("warmup_stop"),
+                           "value_target": cfg.critic_option("value_target") if cfg.learns_critic else None,
                            **json.loads(pk_path.read_text())})
     return rows, finals
 
@@ -551,6 +652,17 @@ def report(size: str, out: Path) -> str:
     return text
 
 
+def calibration_table(recs: list[dict]) -> str:
+    """One line per (cell, seed): token_ppo's per-update KL, turn_ppo's at each band tried, the choice."""
+    lines = ["| cell | seed | token_ppo approx_kl | turn_ppo approx_kl by token_clip | chosen | ratio | matched |",
+             "|---|---|---|---|---|---|---|"]
+    for r in recs:
+        tried = ", ".join(f"{k}: {v:.2e}" for k, v in r["kls"].items())
+        lines.append(f"| {r['cell']} | {r['seed']} | {r['reference_kl']:.2e} | {tried} | {r['token_clip']} | "
+                     f"{r['kl_ratio']:.2f} | {'yes' if r['matched'] else 'no'} |")
+    return "\n".join(lines)
+
+
 def status(size: str, out: Path) -> str:
     return "\n".join(f"{c:16s} {a:10s} seed {s}: {run_state(run_dir(out, c, a, s), SIZES[size]['iterations'])}"
                      for c, s, a in plan(size))
@@ -566,6 +678,12 @@ def main(argv=None) -> int:
     ap.add_argument("--cells", nargs="+", default=None, metavar="CELL", help="run only these cells")
     ap.add_argument("--seeds", nargs="+", type=int, default=None, metavar="SEED",
                     help="run only these seeds (e.g. even seeds in one process, odd in another)")
+    ap.add_argument("--calibrate-step", action="store_true",
+                    help="only apply the matched-step rule (turn_ppo's token band) to the planned cells and seeds, "
+                         "writing OUT/calibration.jsonl")
+    ap.add_argument("--value-target", choices=("mc", "estimator"), default=VALUE_TARGET,
+                    help="what every learned critic trains on during RL: Monte-Carlo returns (default) or each "
+                         "estimator's own returns (the v2 grid as recorded)")
     args = ap.parse_args(argv)
     bad = [c for c in args.cells or () if c not in SIZES[args.size]["cells"]]
     if bad:
@@ -575,17 +693,23 @@ def main(argv=None) -> int:
     if args.status:
         print(status(args.size, out))
         return 0
+    if args.calibrate_step:
+        pairs = dict.fromkeys((c, s) for c, s, _ in plan(args.size, args.cells, args.seeds))
+        recs = [calibrate_step(args.size, c, s, out, args.value_target) for c, s in pairs]
+        _write(out / "calibration.jsonl", "".join(json.dumps(r) + "\n" for r in recs))
+        print(calibration_table(recs))
+        return 0
     if not args.report_only:
         runs = plan(args.size, args.cells, args.seeds)
         meta = {"size": args.size, "grid": SIZES[args.size], "arms": {k: dataclasses.asdict(v) for k, v in ARMS.items()},
-                "comparisons": COMPARISONS, "python": sys.version.split()[0],
+                "comparisons": COMPARISONS, "value_target": args.value_target, "python": sys.version.split()[0],
                 "machine": f"{platform.machine()}, {os.cpu_count()} CPUs", "runs": len(plan(args.size))}
         (out / "grid.json").write_text(json.dumps(meta, indent=1) + "\n")
         t0 = time.perf_counter()
         log(f"grid {args.size}: {len(runs)} runs into {out}")
         try:
             for i, (cell, seed, arm) in enumerate(runs):
-                run_one(args.size, cell, arm, seed, out)
+                run_one(args.size, cell, arm, seed, out, args.value_target)
                 if (i + 1) % len(SIZES[args.size]["arms"]) == 0:
                     report(args.size, out)  # results as they come
         except KeyboardInterrupt:

@@ -7,7 +7,8 @@ into micro-batches (the value loss) give the numbers of the whole, two-pass exac
 ``1 − Var(G − V) / Var(G)`` over action tokens: the value loss's ``vf_explained_var``, the trainer's
 ``critic_explained_var``, the report's summary and :func:`mpo_viz.analysis.explained_variance` all
 finish one. :func:`pair_sums` / :func:`correlation` are the raw sums of a Pearson correlation
-(estimator comparison, accuracy against the oracle).
+(estimator comparison, accuracy against the oracle); :func:`slope` reads the same sums as a
+least-squares calibration slope.
 
 Inputs are numpy arrays or torch tensors (read as float64 numpy on the CPU).
 """
@@ -19,7 +20,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-__all__ = ["Moments", "ExplainedVariance", "pair_sums", "correlation", "as_float64"]
+__all__ = ["Moments", "ExplainedVariance", "pair_sums", "correlation", "slope", "as_float64"]
 
 
 def as_float64(x) -> np.ndarray:
@@ -136,3 +137,20 @@ def correlation(sums) -> float:
     if vx <= tol or vy <= tol:
         return math.nan
     return float(max(-1.0, min(1.0, cov / math.sqrt(vx * vy))))
+
+
+def slope(sums) -> float:
+    """The least-squares slope (with intercept) of the first series regressed on the second, from
+    :func:`pair_sums` ``(x, y)``: ``b = Cov(x, y) / Var(y)`` minimizing ``Σ (x − a − b·y)²``.
+
+    With ``x`` an estimate and ``y`` the truth it estimates, 1 means calibrated (a unit of true
+    credit moves the estimate by one unit), > 1 over-credits, < 1 shrinks. NaN for fewer than 2
+    points or a constant ``y``.
+    """
+    n, sx, sy, sxx, syy, sxy = sums
+    if n < 2:
+        return math.nan
+    vy = syy - sy * sy / n
+    if vy <= 1e-12 * max(syy, 1e-300):
+        return math.nan
+    return float((sxy - sx * sy / n) / vy)

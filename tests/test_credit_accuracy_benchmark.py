@@ -94,3 +94,32 @@ def test_stopped_run_resumes_from_csv(small_set, tmp_path, monkeypatch, capsys):
     both = pd.read_csv(csv)
     assert len(both) == 2 * len(first)
     pd.testing.assert_frame_equal(both.iloc[: len(first)], first)
+
+
+def test_centring_factor_by_hand():
+    # one turn of 3 tokens and one of 1: j = [0, 1, 2 | 0], n = [3, 3, 3 | 1]
+    ref = {"inv": np.array([0, 0, 0, 1]), "counts": np.array([3.0, 1.0])}
+    lam = 0.5
+    # intra: c_j = 1 − (1/n)·Σ_{j'≤j} λ^{j−j'}; 0 at each turn's last token
+    np.testing.assert_allclose(bench.centring_factor(ref, "mpo", {"lam": lam}),
+                               [1 - 1 / 3, 1 - (1 + lam) / 3, 0.0, 0.0])
+    np.testing.assert_allclose(bench.centring_factor(ref, "mpo", {"lam": lam, "within": "local"}),
+                               [1 - 1 / 3, 1 - (1 + lam) / 3, 1 - (1 + lam + lam**2) / 3, 0.0])
+    np.testing.assert_allclose(bench.centring_factor(ref, "mpo", {"within": "td"}), [2 / 3, 2 / 3, 2 / 3, 0.0])
+    np.testing.assert_allclose(bench.centring_factor(ref, "mpo", {"within": "baseline"}), 0.0)
+    np.testing.assert_allclose(bench.centring_factor(ref, "gae", {}), 0.0)
+
+
+def test_oracle_critic_slopes_follow_the_derivation(monkeypatch, capsys):
+    # the shipped automation set (400 episodes) with its exact values as the critic: every estimator's
+    # measured slope on decisive tokens is the derivation's (1 + β·c_t) within sampling error, centred
+    # MPO over-credits, the uncentred baseline does not
+    df = bench.run_calibration(["automation"], 400).set_index("estimator")
+    assert (df["episodes"] == 400).all() and (df["decisive"] > 1000).all()
+    np.testing.assert_allclose(df["dec_slope"], df["pred_dec"], atol=0.06)
+    assert df.loc["mpo", "pred_dec"] > 1.3 and df.loc["mpo within=td", "pred_dec"] > 1.8
+    assert abs(df.loc["mpo within=baseline", "dec_slope"] - 1.0) < 0.06
+    np.testing.assert_allclose(df.loc[["mpo", "turn_gae", "mpo within=td"], "turn_slope"], 1.0, atol=0.02)
+    assert bench.main(["--oracle-critic", "--episodes", "400"]) == 0
+    out = capsys.readouterr().out
+    assert "== automation: 400 expert episodes" in out and "pred_dec" in out and "mpo within=baseline" in out

@@ -38,8 +38,12 @@ def test_arm_configs(learning, tmp_path):
         assert cfg.eval_key == 3 and cfg.eval_episodes == 128 and cfg.difficulty == [3, 4] and cfg.sft_steps == 0
     learned = [a for a, c in cfgs.items() if c.learns_critic]
     assert sorted(learned) == ["mpo", "mpo_bare", "mpo_token", "ppo", "turn_gae"]
-    for a in learned:  # the shared warm-up folder, not warmed again, 4 critic epochs
+    for a in learned:  # the shared warm-up folder, not warmed again, 4 critic epochs, one critic target
         assert cfgs[a].model_dir == str(tmp_path) and cfgs[a].critic_warmup_steps == 0 and cfgs[a].critic_epochs == 4
+        assert cfgs[a].critic_option("value_target") == "mc"
+        as_v2 = learning.run_config("v2", "automation-d3-4", a, 3, tmp_path, value_target="estimator")
+        assert as_v2.critic_option("value_target") == "estimator" and as_v2.differences(cfgs[a]) == \
+            ["value_target: 'estimator' != 'mc'"]
     assert cfgs["grpo"].model_dir == str(learning.START) and not cfgs["grpo"].uses_critic
     assert cfgs["mpo_oracle"].critic == "expert" and cfgs["mpo_oracle"].model_dir == str(learning.START)
     assert cfgs["mpo_bare"].loss_options == {"token_clip": None} and cfgs["mpo"].loss_options == {}
@@ -99,6 +103,10 @@ def test_tiny_grid_runs_reports_and_resumes(learning, tmp_path):
     for arm in ("mpo", "mpo_oracle"):
         assert any(r["critic_explained_var"] is not None for r in rows if r["method"] == arm and r["iteration"] > 0)
     assert all(r["critic_explained_var"] is None for r in rows if r["method"] == "grpo")
+    # every row says what its critic trained on: Monte-Carlo returns, or no critic trained at all
+    assert {r["value_target"] for r in rows if r["method"] == "mpo"} == {"mc"}
+    assert all(r["value_target"] is None for r in rows if r["method"] in ("grpo", "mpo_oracle"))
+    assert json.loads((out / "grid.json").read_text())["value_target"] == "mc"
     # the learned-critic arm starts from the seed's shared warm-up
     warm = out / "warmups" / "automation-d3-4" / "seed=0"
     assert json.loads((out / "runs" / "automation-d3-4" / "mpo" / "seed=0" / "config.json").read_text())["model_dir"] \
@@ -107,6 +115,7 @@ def test_tiny_grid_runs_reports_and_resumes(learning, tmp_path):
     assert w["warmup_stop"] in ("gate", "budget") and w["warmup_episodes"] == 20
     finals = [json.loads(x) for x in (out / "final.jsonl").read_text().splitlines()]
     assert len(finals) == 3 and all(0 <= f["pass@1"] <= f["pass@2"] <= 1 for f in finals)
+    assert {f["method"]: f["value_target"] for f in finals} == {"mpo": "mc", "grpo": None, "mpo_oracle": None}
     comps = [json.loads(x) for x in (out / "comparisons.jsonl").read_text().splitlines()]
     assert {(c["a"], c["b"]) for c in comps} == {(a, b) for _, a, b in learning.COMPARISONS}
     for c in comps:
@@ -119,3 +128,41 @@ def test_tiny_grid_runs_reports_and_resumes(learning, tmp_path):
     assert learning.main(["--size", "tiny", "--out", str(out)]) == 0
     assert {p: p.stat().st_mtime_ns for p in (out / "runs").rglob("metrics.jsonl")} == before
     assert np.isfinite([f["final_sampled"] for f in finals]).all()
+
+
+def test_matched_step_rule_by_hand(learning):
+    # token_ppo's KL 1e-3; the ladder (2.0, 1.5, 1.3, 1.2, 1.1): the first band within ±20% wins
+    kls = {2.0: 2.1e-3, 1.5: 1.5e-3, 1.3: 1.19e-3, 1.2: 0.9e-3}
+    got = learning.choose_token_clip(1e-3, kls)
+    assert got == {"token_clip": 1.3, "kl_ratio": pytest.approx(1.19), "matched": True}
+    # none inside: the closest in log ratio (1.1: ratio 0.5, |log| 0.69; 1.5: ratio 1.5, |log| 0.41)
+    got = learning.choose_token_clip(1e-3, {2.0: 2.5e-3, 1.5: 1.5e-3, 1.1: 0.5e-3})
+    assert got["token_clip"] == 1.5 and got["matched"] is False
+    with pytest.raises(ValueError, match="calibration: expected a positive reference KL"):
+        learning.choose_token_clip(0.0, kls)
+
+
+def test_matched_step_calibration_on_a_tiny_run(learning, tmp_path):
+    out = tmp_path / "grid"
+    assert learning.main(["--size", "tiny", "--out", str(out), "--calibrate-step"]) == 0
+    recs = [json.loads(x) for x in (out / "calibration.jsonl").read_text().splitlines()]
+    assert len(recs) == 1
+    r = recs[0]
+    assert (r["cell"], r["seed"], r["reference"], r["value_target"]) == ("automation-d3-4", 0, "mpo_token", "mc")
+    assert r["reference_kl"] > 0 and r["iterations"] == learning.CALIBRATION_ITERATIONS
+    kls = {float(k): v for k, v in r["kls"].items()}
+    tried = list(kls)
+    assert tried == list(learning.TOKEN_CLIP_LADDER[: len(tried)])  # in the ladder's order
+    ratios = {c: v / r["reference_kl"] for c, v in kls.items()}
+    inside = [c for c in tried if 0.8 <= ratios[c] <= 1.2]
+    if r["matched"]:  # the chosen band brings the KL into the band; the looser ones tried did not
+        assert inside == [r["token_clip"]] == [tried[-1]]
+    else:  # every band tried, none inside: the closest
+        assert tried == list(learning.TOKEN_CLIP_LADDER) and not inside
+        assert r["token_clip"] == min(ratios, key=lambda c: abs(math.log(ratios[c])))
+    assert r["kl_ratio"] == pytest.approx(ratios[r["token_clip"]])
+    # the record is kept and reused; the short runs are not
+    assert not (out / "calibration" / "automation-d3-4" / "seed=0").exists()
+    before = (out / "calibration" / "automation-d3-4" / "seed=0.json").read_text()
+    assert learning.main(["--size", "tiny", "--out", str(out), "--calibrate-step"]) == 0
+    assert (out / "calibration" / "automation-d3-4" / "seed=0.json").read_text() == before

@@ -334,7 +334,8 @@ def test_report_accuracy_section_against_the_benchmark(tmp_path):
     for name, cells in rows:
         vals = [float("nan") if c == "—" else float(c) for c in re.findall(r"<td>([^<]*)</td>", cells)]
         want = bench.metrics(compute(b, name).advantages.double().numpy(), ref)
-        cols = ["turn_corr", "turn_sign", "tok_corr", "within_corr", "dec_sign", "dec_mass"]
+        cols = ["turn_corr", "turn_sign", "tok_corr", "within_corr", "dec_sign", "dec_mass", "tok_slope",
+                "dec_slope", "turn_slope"]
         np.testing.assert_allclose(vals, [want[c] for c in cols], rtol=2e-3, atol=1e-4, err_msg=name)  # 4 digits
     assert len(rows) == 3
     assert "explained variance of the values (oracle)" in html and "critic explained" not in html

@@ -11,7 +11,7 @@ instead of compiling again, which is what keeps each ``mpo-viz`` command quick. 
 
 Integer "enum" arguments (kept as ints so every call has the same numba signature):
 
-* ``within``: 0 intra, 1 local, 2 global, 3 td  (:func:`mpo_viz.advantages.mae`)
+* ``within``: 0 intra, 1 local, 2 global, 3 td, 4 baseline (not centred)  (:func:`mpo_viz.advantages.mae`)
 * ``value_at``: 0 first, 1 last, 2 mean         (:func:`mpo_viz.advantages.turn_gae`)
 * ``ret_mode``: 0 Monte-Carlo returns, 1 turn returns ``G^T_k`` broadcast  (``critic_target``)
 
@@ -37,7 +37,7 @@ import math
 import numpy as np
 from numba import njit, prange
 
-WITHIN = {"intra": 0, "local": 1, "global": 2, "td": 3}
+WITHIN = {"intra": 0, "local": 1, "global": 2, "td": 3, "baseline": 4}
 VALUE_AT = {"first": 0, "last": 1, "mean": 2}
 RET_MODE = {"mc": 0, "turn": 1}
 
@@ -323,7 +323,8 @@ def mae_kernel(
     ``Γ_k = γ^{n_k−1}·γ_T``, ``A^T_k = R_k + Γ_k·V(s_{k+1}) − V(s_k) + Γ_k·λ_T·A^T_{k+1}``; pass 2
     writes ``A^T_k + β·(u − mean u)`` and, with ``ret_mode`` 1, ``G^T_k = A^T_k + V(s_k)``. Turn
     arrays ``t_*`` (B, Kcap) get ``A^T_k``, ``V(s_k)``, ``R_k``, ``G^T_k`` for ``k < Kcap`` (pass
-    ``Kcap = 0`` arrays to skip).
+    ``Kcap = 0`` arrays to skip). ``within`` 4 (baseline) is not centred: pass 2 writes
+    ``A^T_k + β·(V(s_k) − γ^j·V_t)``, j counting the turn's action tokens from 0.
 
     Turns are defined by the action tokens alone: the ids on masked positions are never read (a
     turn's span runs over masked tokens until an action token with another id). Fused input
@@ -398,8 +399,10 @@ def mae_kernel(
                         u = delta if n == 0 else delta + gamma * lam * u
                     elif within == 2:
                         u = glob
-                    else:
+                    elif within == 3:
                         u = delta
+                    else:  # baseline: keep V_t; pass 2 writes V(s_k) − γ^j·V_t
+                        u = vt
                     n += 1
                     usum += u
                     adv[i, tt] = u
@@ -421,9 +424,14 @@ def mae_kernel(
             at = rsum + big_g * vt_next - vs + big_g * tlam * at_next
             gt = at + vs
             umean = usum / n
+            pj = 1.0  # γ^j, j = the token's place in its turn (within = baseline)
             for q in range(tt + 1, e + 1):
                 if m[i, q] != 0.0:
-                    x = at + beta * (adv[i, q] - umean)
+                    if within == 4:
+                        x = at + beta * (vs - pj * adv[i, q])
+                        pj *= gamma
+                    else:
+                        x = at + beta * (adv[i, q] - umean)
                     adv[i, q] = x
                     if ret_mode == 1:
                         ret[i, q] = gt

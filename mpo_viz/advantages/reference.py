@@ -198,6 +198,8 @@ def _within_row(r, v, turns, within, gamma, lam, turn_gamma, last_value):
             u[t] = a
     elif within == "td":
         u = delta
+    elif within == "baseline":  # needs V(s_k): mae() computes it beside the turn GAE
+        raise ValueError("within='baseline' is computed by mae(), not by _within_row")
     else:
         raise ValueError(f"within: unknown {within!r}")
     return u
@@ -210,12 +212,17 @@ def mae(rewards, values, mask, *, turn_ids=None, gamma=1.0, lam=0.95, turn_gamma
     for i in range(m.shape[0]):
         turns = _row_turns(m, turn_ids, i)
         last = _bootstrap(bootstrap_value, i)
-        _, _, at, gt = _turn_gae_row(r[i], v[i], turns, gamma, turn_gamma, turn_lam, value_at, last)
-        u = _within_row(r[i], v[i], turns, within, gamma, lam, turn_gamma, last)
-        for k, tk in enumerate(turns):
-            u_mean = sum(u[t] for t in tk) / len(tk)
-            for t in tk:
-                adv[i, t] = at[k] + beta * (u[t] - u_mean)
+        vs, _, at, gt = _turn_gae_row(r[i], v[i], turns, gamma, turn_gamma, turn_lam, value_at, last)
+        if within == "baseline":  # u = V(s_k) − γ^j·V_t (j: the token's place in its turn), not centred
+            for k, tk in enumerate(turns):
+                for j, t in enumerate(tk):
+                    adv[i, t] = at[k] + beta * (vs[k] - gamma ** j * v[i, t])
+        else:
+            u = _within_row(r[i], v[i], turns, within, gamma, lam, turn_gamma, last)
+            for k, tk in enumerate(turns):
+                u_mean = sum(u[t] for t in tk) / len(tk)
+                for t in tk:
+                    adv[i, t] = at[k] + beta * (u[t] - u_mean)
         # critic targets
         if critic_target == "turn":
             for k, tk in enumerate(turns):

@@ -94,8 +94,9 @@ TURN_GAMMA = Option("turn_gamma", kind="float", low=0.0, high=1.0, label="γ_T",
 TURN_LAM = Option("turn_lam", kind="float", low=0.0, high=1.0, label="λ_T", doc="turn λ_T (mae, turn_gae)")
 BETA = Option("beta", kind="float", low=0.0, span=(0.0, 3.0), label="β",
               doc="weight β of mae's centred within-turn signal (0 = turn GAE)")
-WITHIN = Option("within", kind="choice", choices=("intra", "local", "global", "td"), label="within",
-                doc="mae's within-turn signal u")
+WITHIN = Option("within", kind="choice", choices=("intra", "local", "global", "td", "baseline"), label="within",
+                doc="mae's within-turn signal u (baseline: V(s_k) − γ^j·V_t, not centred; unbiased with exact values, "
+                    "does not keep the turn mean)")
 VALUE_AT = Option("value_at", kind="choice", choices=("first", "last", "mean"), label="V(s_k) at",
                   doc="which token's value is the turn value V(s_k)")
 CRITIC_TARGET = Option("critic_target", kind="choice", choices=("mc", "turn"), label="target", advanced=True,

@@ -203,6 +203,7 @@ def mae(
     For action token j of turn k (``n_k`` action tokens)::
 
         A_{k,j} = A^T_k + β·(u_{k,j} − mean_{j'} u_{k,j'})      so mean_j A_{k,j} = A^T_k exactly
+                                                                 (within="baseline": A^T_k + β·u_{k,j})
 
     ``A^T_k`` is :func:`turn_gae` (options ``gamma``, ``turn_gamma``, ``turn_lam``, ``value_at``).
 
@@ -219,7 +220,13 @@ def mae(
       the value after the turn's last token being the next turn's first-token value (0 or the
       bootstrap after the last turn), reached with ``γ_T``;
     * ``"global"``: the full-row token GAE on the clock, ``u_t = δ_t + d_t·λ·u_{t'}``;
-      ``"td"``: ``δ_t``.
+      ``"td"``: ``δ_t``;
+    * ``"baseline"``: ``u_{k,j} = V(s_k) − γ^j·V_{k,j}`` (j counts the turn's action tokens from 0;
+      ``V(s_k)`` is the turn value of ``value_at``), **not centred**: ``A_{k,j} = A^T_k + β·u_{k,j}``.
+      With exact values (``value_at="first"``) its correction is a function of the state alone, so
+      the expected credit of every token is its own advantage (calibrated; the centred signals
+      give ``(1 + β·c_t)·A^π``, docs/concepts.md); the price is that the turn mean is no longer
+      ``A^T_k``.
 
     Returns (``critic_target``): ``"mc"`` (default) Monte-Carlo returns ``G_t = r_t + d_t·G_{t'}``
     (the bootstrap value, or 0, after the last action token); ``"turn"``: ``G^T_k`` broadcast —

@@ -15,7 +15,7 @@ import pandas as pd
 
 from mpo_viz.analysis.arrays import adv_tensors, as_2d, batch_turn_index
 from mpo_viz.analysis.truth import mc_accuracy
-from mpo_viz.moments import correlation, pair_sums
+from mpo_viz.moments import correlation, pair_sums, slope
 from mpo_viz.trajectory import TrajectoryBatch
 
 __all__ = ["ORACLE_FIELDS", "ACCURACY_COLUMNS", "has_oracle", "accuracy_stats", "merge_accuracy_stats",
@@ -35,6 +35,11 @@ ACCURACY_COLUMNS = {
     "dec_sign": "sign agreement on decisive tokens with a*_t ≠ 0",
     "dec_mass": "share of Σ|A_t| on decisive tokens (the oracle: 1; an estimator constant in a turn: the share "
                 "of decisive tokens)",
+    "tok_slope": "calibration: least-squares slope (with intercept) of token advantages on the oracle's a*_t over "
+                 "action tokens (1 = a unit of true credit gets a unit; > 1 over-credits; whitened or "
+                 "group-normalized estimators have no absolute scale)",
+    "dec_slope": "the same slope over decisive tokens only (where the within-turn credit matters)",
+    "turn_slope": "the same slope of the turn advantage (mean over the turn's tokens) on A*_k over turns",
 }
 """The accuracy columns and what each means (the same as ``benchmarks/credit_accuracy.py``)."""
 
@@ -70,6 +75,7 @@ def accuracy_stats(batch: TrajectoryBatch, advantages) -> dict:
             "turn": pair_sums(a_turn, o_turn),
             "turn_sign": np.array([np.sum(np.sign(a_turn[nz_t]) == np.sign(o_turn[nz_t])), nz_t.sum()], dtype=np.float64),
             "tok": pair_sums(at, ot),
+            "dec": pair_sums(at[dt], ot[dt]),
             "within": pair_sums(a_c, o_c),
             "within_max": float(np.abs(a_c).max()) if a_c.size else 0.0,
             "dec_sign": np.array([np.sum(np.sign(at[nz_d]) == np.sign(ot[nz_d])), nz_d.sum()], dtype=np.float64),
@@ -103,6 +109,9 @@ def finish_accuracy(stats: dict) -> pd.DataFrame:
             "within_corr": correlation(s["within"]) if s["within_max"] > 1e-9 else math.nan,
             "dec_sign": s["dec_sign"][0] / s["dec_sign"][1] if s["dec_sign"][1] else math.nan,
             "dec_mass": s["mass"][0] / s["mass"][1] if s["mass"][1] > 0 else math.nan,
+            "tok_slope": slope(s["tok"]),
+            "dec_slope": slope(s["dec"]),
+            "turn_slope": slope(s["turn"]),
         })
     return pd.DataFrame(rows, columns=["estimator", *ACCURACY_COLUMNS])
 

@@ -26,6 +26,7 @@ import numpy as np
 import pandas as pd
 
 from mpo_viz.analysis.arrays import adv_tensors, as_2d, batch_turn_index
+from mpo_viz.moments import pair_sums, slope
 from mpo_viz.trajectory import TrajectoryBatch
 from mpo_viz.turns import mc_turn_advantage
 
@@ -146,12 +147,12 @@ def finish_mc_accuracy(parts: list[dict]) -> pd.DataFrame:
         a_turn = np.concatenate([p["turns"][name] for p in parts])
         r = _corr(a_turn, A)
         lo, hi = fisher_interval(r, len(A))
-        slope = float(np.cov(a_turn, A, ddof=1)[0, 1] / np.var(A, ddof=1)) if len(A) > 1 and np.var(A) > 0 else math.nan
+        b = slope(pair_sums(a_turn, A))  # the one least-squares slope of the accuracy tables
         nz = np.abs(A) > 1e-9
         rows.append({
             "estimator": name, "turn_corr": r, "turn_corr_lo": lo, "turn_corr_hi": hi,
             "turn_corr_dis": r / root, "dis_lo": lo / root, "dis_hi": hi / root,
-            "turn_slope": slope, "turn_slope_dis": slope / rel if rel > 0 else math.nan,
+            "turn_slope": b, "turn_slope_dis": b / rel if rel > 0 else math.nan,
             "turn_sign": float(np.mean(np.sign(a_turn[nz]) == np.sign(A[nz]))) if nz.any() else math.nan,
             "reliability": rel, "n_turns": len(A), "truth": truth["truth"],
         })

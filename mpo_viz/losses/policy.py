@@ -43,7 +43,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from mpo_viz.checks import TensorLike
+from mpo_viz.checks import TensorLike, warn_once
 from mpo_viz.losses._common import (
     Segments,
     as_tensor,
@@ -337,6 +337,27 @@ def _token_gradient_surrogate(x: PolicyInputs, units: Segments) -> torch.Tensor:
     return units.broadcast(rho, fill=1.0) * torch.exp(x.logp - x.logp.detach())
 
 
+def product_warning(kind: str, clip_low: float, clip_high: float, counts: torch.Tensor) -> str:
+    """What ``ratio="product"`` does to ``kind``'s units at this clip (``counts``: tokens per unit)."""
+    lo, hi = -math.log(1 - clip_low), math.log(1 + clip_high)
+    med = int(counts.median().item()) if counts.numel() else 0
+    here = (f" The median unit of this batch has {med} tokens: a mean token log-ratio beyond "
+            f"-{lo / med:.4f} / +{hi / med:.4f} (a {hi / med:.2%} move per token) clips it." if med else "")
+    return (f"{kind}: ratio='product' clips the product of a unit's token ratios at [{1 - clip_low:g}, {1 + clip_high:g}], "
+            f"so a unit of n tokens stays inside only while its mean token log-ratio lies within "
+            f"[-{lo:.3f}/n, +{hi:.3f}/n]: at n = 20 that is a {hi / 20:.2%} move per token on average, so once the "
+            f"policy has moved at all nearly every unit of 20+ tokens is outside the band (its tokens whose "
+            f"advantage pushes further get no gradient).{here} ratio='geo_mean' (the default) holds the same band on the mean log-ratio, "
+            f"i.e. the product's band scaled with the unit's length.")
+
+
+def _warn_product(kind: str, x: PolicyInputs, units: Segments) -> None:
+    """Once per process per kind: what the product ratio does at this clip (:func:`product_warning`)."""
+    if x.ratio == "product":
+        warn_once(f"{kind}.ratio=product", product_warning(kind, x.clip_low, x.clip_high, units.counts),
+                  stacklevel=5)
+
+
 def _token_band(x: PolicyInputs, token_clip) -> tuple[torch.Tensor, torch.Tensor] | None:
     """Tokens the band ``[1/c, c]`` on each token's own ratio ``r_t`` holds: ``A_t < 0`` and
     ``r_t < 1/c`` (low), ``A_t > 0`` and ``r_t > c`` (high). None when ``token_clip`` is None."""
@@ -361,6 +382,7 @@ def turn_ppo(x: PolicyInputs, *, dual_clip: float | None = None,
     """MPO: the turn ratio ρ_k in the token-gradient form ``sg(ρ_k)·exp(logπ − sg(logπ))``, with
     the token band ``token_clip`` = c (default 2.0; None = the bare form): a token whose own ratio
     left ``[1/c, c]`` on the side its advantage pushes gets no gradient."""
+    _warn_product("turn_ppo", x, x.turns)
     s = _token_gradient_surrogate(x, x.turns)
     return _clipped_objective(s, x.advantages, x.mask, 1 - x.clip_low, 1 + x.clip_high, dual_clip,
                               _token_band(x, token_clip))
@@ -370,7 +392,9 @@ def turn_ppo(x: PolicyInputs, *, dual_clip: float | None = None,
           span_ratio=True)
 def gspo(x: PolicyInputs, *, dual_clip: float | None = None, token_clip: float | None = None) -> PolicyTerms:
     """GSPO: the turn_ppo construction with the whole trajectory as one unit (token band as turn_ppo)."""
-    s = _token_gradient_surrogate(x, row_segments(x.mask))
+    units = row_segments(x.mask)
+    _warn_product("gspo", x, units)
+    s = _token_gradient_surrogate(x, units)
     return _clipped_objective(s, x.advantages, x.mask, 1 - x.clip_low, 1 + x.clip_high, dual_clip,
                               _token_band(x, token_clip))
 

@@ -11,7 +11,7 @@ are refused by name. Estimator options are checked against the estimator's decla
 (:func:`mpo_viz.losses.options`), so every option either estimator or loss accepts is accepted here
 and nothing else.
 
-Critic fields (``critic_lr``, ``value_clip``, ``critic_epochs``, ``critic_warmup_*``,
+Critic fields (``critic_lr``, ``value_clip``, ``critic_epochs``, ``critic_warmup_*``, ``value_target``,
 ``critic_init``) default to ``None`` = "the default, when the estimator uses a learned critic";
 setting one with a critic-free estimator (grpo, rloo, ...) or with ``critic="expert"``/``"mc"`` is refused,
 since it would silently do nothing.
@@ -50,6 +50,7 @@ CRITIC_DEFAULTS = {
     "critic_warmup_ev": 0.2,
     "critic_warmup_lr": 1e-3,
     "critic_init": "policy",
+    "value_target": "estimator",
 }
 #: where an estimator's values can come from (``Config.critic``)
 CRITIC_KINDS = ("learned", "expert", "mc")
@@ -57,14 +58,17 @@ CRITIC_KINDS = ("learned", "expert", "mc")
 CRITIC_ALIASES = {"oracle": "expert"}
 #: the continuations per turn start of ``critic="mc"`` when ``mc_samples`` is None
 MC_SAMPLES = 8
-#: fields added after runs were recorded that leave a run's identity (its hash) as it was while None
-LATER_FIELDS = ("mc_samples",)
+#: fields added after runs were recorded that leave a run's identity (its hash) as it was while None,
+#: so a run folder written before them keeps its hash and resumes
+LATER_FIELDS = ("mc_samples", "value_target")
 #: what ``critic="expert"`` reads, measured (docs/training.md): the reason for its warning
 EXPERT_BIAS = ("the scripted expert's exact values, not this policy's: on the shipped automation start they are "
                "0.26 too high at turn starts (0.62 against the policy's own 0.36), and the expert's turn credit "
                "correlates 0.55 with the policy's own; use critic='mc' for the policy's values")
 #: how the critic starts (``Config.critic_init``)
 CRITIC_INITS = ("policy", "fresh", "shared")
+#: what the learned critic is trained on during RL (``Config.value_target``)
+VALUE_TARGETS = ("estimator", "mc")
 #: sizes of the tiny policy (``Config.model_size``)
 MODEL_SIZES = ("1m", "3m", "10m")
 #: fields a resume may change (``mpo-viz train --resume DIR --iterations N --log-to tensorboard``)
@@ -122,6 +126,14 @@ class Config:
         doc="How the critic starts: ``\"policy\"`` (a copy of the policy's trunk; default), ``\"fresh\"`` "
             "(a new trunk), or ``\"shared\"`` (the policy's trunk itself plus a value head; the value loss "
             "then also trains the shared trunk through the policy's optimizer).")
+    value_target: str | None = setting(
+        None, kind="choice", choices=VALUE_TARGETS, optional=True,
+        doc="What the value loss trains the learned critic on during RL: ``\"estimator\"`` (the estimator's "
+            "own returns; default: gae and vapo ``A + V`` at their λ, turn_gae the turn returns ``G^T_k``, "
+            "which bootstrap on the critic and are flat inside a turn, mpo its ``critic_target``) or "
+            "``\"mc\"`` (the Monte-Carlo returns at the estimator's γ/γ_T, whatever the estimator: runs that "
+            "compare estimators then train their critics on one target). The warm-up always fits the "
+            "Monte-Carlo returns.")
 
     # ------------------------------------------------------------------ algorithm
     estimator: str = setting(
@@ -393,7 +405,8 @@ class Config:
         return dataclasses.replace(self, **changes)
 
     def identity(self) -> dict:
-        """The fields that define a run (all but :data:`RESUMABLE_FIELDS`)."""
+        """The fields that define a run (all but :data:`RESUMABLE_FIELDS`, and the
+        :data:`LATER_FIELDS` left unset)."""
         return {k: v for k, v in self.to_dict().items()
                 if k not in RESUMABLE_FIELDS and not (k in LATER_FIELDS and v is None)}
 
@@ -404,8 +417,8 @@ class Config:
 
     def differences(self, other: Config) -> list[str]:
         """Fields (outside :data:`RESUMABLE_FIELDS`) whose values differ, as ``name: a != b``."""
-        a, b = self.identity(), other.identity()
-        return [f"{k}: {a[k]!r} != {b[k]!r}" for k in a if a[k] != b[k]]
+        a, b = self.to_dict(), other.to_dict()
+        return [f"{k}: {a[k]!r} != {b[k]!r}" for k in a if k not in RESUMABLE_FIELDS and a[k] != b[k]]
 
 
 

@@ -589,10 +589,16 @@ class Trainer:
         t = time.perf_counter()
         res = compute(batch, cfg.estimator, **cfg.estimator_options)
         batch = res.attach(batch)
+        target = res.returns  # what the value loss trains the critic on (value_target)
+        if cfg.learns_critic and cfg.critic_option("value_target") == "mc":
+            target = _mc_target(batch, res.options)
+            batch = batch.with_token_fields(returns=target)
         timings["advantages"] = time.perf_counter() - t
 
         rec = {"iteration": it, "phase": "rl", **episode_stats(batch)}
-        rec.update(self._value_stats(batch, res.returns))
+        if cfg.learns_critic:
+            rec["value_target"] = cfg.critic_option("value_target")
+        rec.update(self._value_stats(batch, target))
 
         # policy_lag: train on the rollout of policy_lag iterations ago (none yet: no update)
         self.lagged.append(batch)
@@ -749,6 +755,14 @@ class Trainer:
     def _say(self, line: str) -> None:
         if not self.quiet:
             print(line, file=sys.stderr, flush=True)
+
+
+def _mc_target(batch: TrajectoryBatch, options: dict) -> torch.Tensor:
+    """The Monte-Carlo returns on the estimator's clock (``value_target="mc"``): γ inside turns and
+    γ_T across them for the turn-aware estimators; an estimator without ``turn_gamma`` (gae, vapo)
+    discounts by γ everywhere, as its own returns do."""
+    gamma = float(options.get("gamma", 1.0))
+    return mc_returns(batch, gamma=gamma, turn_gamma=float(options.get("turn_gamma", gamma)))
 
 
 def _explained_variance(batch: TrajectoryBatch, returns) -> float:

@@ -14,7 +14,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-__all__ = ["Move", "success_moves", "hints", "summary_lines", "DOCS_NOT_LEARNING", "MOVE_SE"]
+__all__ = ["Move", "success_moves", "hints", "summary_lines", "value_target_line", "DOCS_NOT_LEARNING",
+           "MOVE_SE"]
 
 #: the docs section on runs that do not learn
 DOCS_NOT_LEARNING = "docs/training.md#when-a-run-does-not-learn"
@@ -114,13 +115,32 @@ def hints(records) -> list[str]:
     return out
 
 
+#: what each ``value_target`` of the RL records means, in the summary's words
+VALUE_TARGET_TEXT = {
+    "estimator": "the estimator's own returns (value_target 'estimator')",
+    "mc": "the Monte-Carlo returns (value_target 'mc')",
+}
+
+
+def value_target_line(records) -> str | None:
+    """What the learned critic was trained on during RL (None when no critic was trained)."""
+    seen = list(dict.fromkeys(r["value_target"] for r in records if r.get("phase") == "rl" and r.get("value_target")))
+    if not seen:
+        return None
+    return "the critic trained on " + " then ".join(VALUE_TARGET_TEXT.get(t, repr(t)) for t in seen)
+
+
 def summary_lines(records) -> list[str]:
-    """The end of a run in words: one line per success rate (start -> end, moved or not) and, when
-    neither rose, what to look at (:func:`hints`, and the docs section)."""
+    """The end of a run in words: one line per success rate (start -> end, moved or not), what the
+    learned critic trained on (:func:`value_target_line`) and, when neither rate rose, what to look
+    at (:func:`hints`, and the docs section)."""
     moves = success_moves(records)
     if not moves:
         return ["no evaluation before and after RL to compare (eval_interval 0 and no iterations?)"]
     lines = [m.text() for m in moves]
+    target = value_target_line(records)
+    if target is not None:
+        lines.append(target)
     if not any(m.verdict == "rose" for m in moves):
         found = hints(records)
         lines.append("what to look at: " + ("; ".join(found) if found else "the curves of the dashboard")

@@ -40,6 +40,11 @@ CRITIC_CASES = [
     ("mae", {"gamma": 1.0, "lam": 1.0, "turn_gamma": 0.9, "turn_lam": 1.0, "within": "local"}),
     ("mae", {"gamma": 1.0, "lam": 1.0, "turn_gamma": 0.9, "within": "global", "critic_target": "turn"}),
     ("gae", {"gamma": 1.0, "lam": 1.0}),
+    # the uncentred baseline signal u = V(s_k) − γ^j·V_t: every value_at, γ < 1, γλ = 1, whitening
+    ("mae", {"within": "baseline"}),
+    ("mae", {"within": "baseline", "gamma": 0.8, "turn_gamma": 0.6, "beta": 0.5, "value_at": "last"}),
+    ("mae", {"within": "baseline", "gamma": 0.0, "value_at": "mean", "critic_target": "turn"}),
+    ("mae", {"within": "baseline", "gamma": 1.0, "lam": 1.0, "turn_lam": 1.0, "beta": 2.0, "whiten": True}),
 ]
 
 GROUP_CASES = [
@@ -125,6 +130,8 @@ def _degenerate(kind):
     ("mae", {"gamma": 0.8, "turn_gamma": 0.9, "lam": 0.7, "within": "local", "value_at": "last"}),
     ("mae", {"gamma": 0.8, "turn_gamma": 0.9, "lam": 0.7, "within": "global"}),
     ("mae", {"gamma": 1.0, "lam": 1.0, "turn_gamma": 0.7, "within": "td", "whiten": True}),
+    ("mae", {"gamma": 0.8, "turn_gamma": 0.9, "within": "baseline", "value_at": "mean"}),
+    ("mae", {"gamma": 1.0, "lam": 1.0, "turn_lam": 1.0, "within": "baseline", "beta": 1.5}),
 ])
 def test_degenerate_batches_match_reference(kind, name, opts):
     d = _degenerate(kind)

@@ -54,7 +54,7 @@ def test_builtin_options_come_from_the_one_vocabulary():
 @pytest.mark.parametrize("name,opts,match", [
     ("mpo", {"beta": -0.5}, r"beta: expected a value in \[0, inf\), found -0.5"),
     ("mpo", {"lam": 1.5}, r"lam: expected a value in \[0, 1\], found 1.5"),
-    ("mpo", {"within": "INTRA"}, r"within: expected one of 'intra', 'local', 'global', 'td', found 'INTRA'"),
+    ("mpo", {"within": "INTRA"}, r"within: expected one of 'intra', 'local', 'global', 'td', 'baseline', found 'INTRA'"),
     ("mpo", {"gamma": "0.9"}, r"gamma: expected a number, found '0.9'"),
     ("mpo", {"whiten": 1}, r"whiten: expected True or False, found 1"),
     ("vapo", {"alpha": 0.0}, r"alpha: expected a value in \(0, inf\), found 0.0"),

@@ -178,7 +178,26 @@ def test_mae_turn_mean_is_turn_gae(seed, beta, within, value_at, gamma, lam):
 
 
 @PROPS
-@given(seed=st.integers(0, 2**31 - 1), within=st.sampled_from(["intra", "local", "global", "td"]),
+@given(seed=st.integers(0, 2**31 - 1), beta=st.floats(0, 5), gamma=st.floats(0.5, 1))
+def test_mae_baseline_turn_mean_moves_by_the_mean_of_u(seed, beta, gamma):
+    # within="baseline" is not centred: turn k's mean is A^T_k + β·mean_j (V(s_k) − γ^j·V_{k,j}),
+    # computed here from the turn values and raw values by an independent loop
+    d = random_batch(seed, B=6, obs_inside=bool(seed % 2))
+    kw = dict(turn_ids=d["turn_ids"], bootstrap_value=d["bootstrap_value"], gamma=gamma)
+    tg, _ = A.turn_gae(d["rewards"], d["values"], d["mask"], **kw)
+    a, _ = A.mae(d["rewards"], d["values"], d["mask"], beta=beta, within="baseline", **kw)
+    v = np.asarray(d["values"], dtype=np.float64)
+    for i in range(v.shape[0]):
+        act = np.flatnonzero(d["mask"][i] == 1)
+        for k in np.unique(d["turn_ids"][i][act]):
+            pos = act[d["turn_ids"][i][act] == k]
+            u = v[i, pos[0]] - gamma ** np.arange(len(pos)) * v[i, pos]
+            np.testing.assert_allclose(a.numpy()[i, pos].mean(), tg.numpy()[i, pos[0]] + beta * u.mean(),
+                                       rtol=1e-9, atol=1e-9)
+
+
+@PROPS
+@given(seed=st.integers(0, 2**31 - 1), within=st.sampled_from(["intra", "local", "global", "td", "baseline"]),
        value_at=st.sampled_from(["first", "last", "mean"]), gamma=st.floats(0, 1), lam=st.floats(0, 1),
        turn_gamma=st.floats(0, 1), turn_lam=st.floats(0, 1))
 def test_beta_zero_is_turn_gae(seed, within, value_at, gamma, lam, turn_gamma, turn_lam):
@@ -287,7 +306,7 @@ unit = st.floats(0, 1)
 @PROPS
 @given(seed=st.integers(0, 2**31 - 1), name=st.sampled_from(["mae", "turn_gae", "gae"]),
        gamma=unit, turn_gamma=unit, lam=unit, turn_lam=unit, beta=st.floats(0, 5),
-       within=st.sampled_from(["intra", "local", "global", "td"]))
+       within=st.sampled_from(["intra", "local", "global", "td", "baseline"]))
 def test_mc_critic_is_a_fixed_point_for_any_discount(seed, name, gamma, turn_gamma, lam, turn_lam, beta, within):
     # Deterministic episodes, rewards at turn ends, a critic equal to the estimator's own Monte-Carlo
     # returns: every advantage is 0 whatever γ, γ_T, λ, λ_T, β and the within-turn signal
@@ -302,7 +321,8 @@ def test_mc_critic_is_a_fixed_point_for_any_discount(seed, name, gamma, turn_gam
 @PROPS
 @given(seed=st.integers(0, 2**31 - 1), name=st.sampled_from(["mae", "turn_gae", "gae"]),
        turn_gamma=unit, lam=unit, turn_lam=unit, beta=st.floats(0, 5),
-       within=st.sampled_from(["intra", "local", "global", "td"]), value_at=st.sampled_from(["first", "last", "mean"]))
+       within=st.sampled_from(["intra", "local", "global", "td", "baseline"]),
+       value_at=st.sampled_from(["first", "last", "mean"]))
 def test_mc_critic_is_a_fixed_point_for_every_value_at_at_gamma_one(seed, name, turn_gamma, lam, turn_lam, beta,
                                                                      within, value_at):
     d = random_batch(seed, B=6, reward_kind="turn_end", obs_inside=bool(seed % 2))

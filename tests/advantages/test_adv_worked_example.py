@@ -25,6 +25,15 @@ EXPECT = {
     "mae_intra": ([0.467, 0.417, 0.377333, 0.401333, 0.361333, 0.225, 0.175],
                   [-0.378833, -0.361833, -0.331833, -0.175, -0.265, -0.235]),
     "mae_local_A": [0.4645, 0.4195, 0.360533, 0.400733, 0.378733, 0.2175, 0.1825],
+    # within="baseline", β = 1: A^T_k + (V(s_k) − V_t), not centred (γ = 1, so γ^j = 1).
+    # A: u = [.5−.5, .5−.55 | .6−.6, .6−.58, .6−.62 | .8−.8, .8−.85] = [0, −.05 | 0, .02, −.02 | 0, −.05]
+    #    A = [.442, .392 | .38, .40, .36 | .2, .15]; the last token: .2 − .05 = 1 − .85 = r − V_t, its own
+    #    Monte-Carlo advantage (the V(s_k) of A^T_k cancels at β = 1)
+    # B: u = [0, .40−.38, .40−.35 | 0 | 0, .25−.22] = [0, .02, .05 | 0 | 0, .03]
+    #    A = [−.3575, −.3375, −.3075 | −.175 | −.25, −.22]
+    # turn means are not A^T_k: A's turn 0 has mean .417 ≠ .442
+    "mae_baseline": ([0.442, 0.392, 0.38, 0.40, 0.36, 0.2, 0.15],
+                     [-0.3575, -0.3375, -0.3075, -0.175, -0.25, -0.22]),
 }
 
 
@@ -86,6 +95,10 @@ def test_worked_example_tensor_functions(dtype):
         np.testing.assert_allclose(_act(mi, M, i), EXPECT["mae_intra"][i], **tol)
     ml, _ = A.mae(R, V, M, **LAM, within="local")
     np.testing.assert_allclose(_act(ml, M, 0), EXPECT["mae_local_A"], **tol)
+    mb, _ = A.mae(R, V, M, **LAM, within="baseline")
+    for i in range(2):
+        np.testing.assert_allclose(_act(mb, M, i), EXPECT["mae_baseline"][i], **tol)
+    assert abs(_act(mb, M, 0)[:2].mean() - EXPECT["turn_gae"][0][0]) > 0.02  # the turn mean is not kept
 
     # the intra signal itself: centered u = (MAE − turn GAE)/β, and u = 0 at each turn's last token
     centered = _act(mi, M, 0) - _act(tg, M, 0)
@@ -113,6 +126,9 @@ def test_worked_example_reference_loops():
         np.testing.assert_allclose(_act(mi, M, i), EXPECT["mae_intra"][i], atol=6e-7)
     ml, _ = ref.mae(R, V, M, **LAM, within="local")
     np.testing.assert_allclose(_act(ml, M, 0), EXPECT["mae_local_A"], atol=6e-7)
+    mb, _ = ref.mae(R, V, M, **LAM, within="baseline")
+    for i in range(2):
+        np.testing.assert_allclose(_act(mb, M, i), EXPECT["mae_baseline"][i], atol=6e-7)
 
 
 def test_worked_example_through_compute():

@@ -489,3 +489,26 @@ def test_agg_equals_aggregate_of_the_matrix(agg):
     assert out.item() == pytest.approx(aggregate(mat, mask, agg, turn_ids=tid).item())
     out, _ = policy_loss("turn_ppo", lp, old, adv, mask, turn_ids=tid, agg=agg, scale=5.0)
     assert out.item() == pytest.approx(aggregate(mat, mask, agg, turn_ids=tid, scale=5.0).item())
+
+
+@pytest.mark.parametrize("kind", ["turn_ppo", "gspo"])
+def test_product_ratio_warns_once_with_what_the_clip_does(kind):
+    from mpo_viz import checks
+
+    checks._WARNED.clear()
+    mask = torch.ones(2, 20)
+    lp = torch.zeros(2, 20, requires_grad=True)
+    adv = torch.ones(2, 20)
+    # ε = 0.2: log(1.2) = 0.1823, −log(0.8) = 0.2231; per token at n = 20: 0.00912 (0.91%)
+    with pytest.warns(UserWarning, match=rf"{kind}: ratio='product' clips .* \[0.8, 1.2\].*"
+                                         r"\[-0.223/n, \+0.182/n\]: at n = 20 that is a 0.91% move per token") as rec:
+        policy_loss(kind, lp, torch.zeros(2, 20), adv, mask, ratio="product", clip_low=0.2, clip_high=0.2)
+    assert "median unit of this batch has 20 tokens" in str(rec[0].message)
+    assert rec[0].filename == __file__  # points at the caller
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # once per process: no second warning, none for geo_mean
+        policy_loss(kind, lp, torch.zeros(2, 20), adv, mask, ratio="product", clip_low=0.2, clip_high=0.2)
+        policy_loss(kind, lp, torch.zeros(2, 20), adv, mask)
+    checks._WARNED.clear()

@@ -25,6 +25,21 @@ def test_hash_ignores_iterations_only():
     assert a.replace(seed=1, episodes=32).differences(a) == ["episodes: 32 != 64", "seed: 1 != 0"]
 
 
+def test_a_field_added_later_keeps_old_hashes_while_unset():
+    # the hash as it was computed before value_target existed: sha256 of the canonical JSON of every
+    # field but the resumable ones; a run folder written then must keep resuming
+    import hashlib
+
+    a = Config(estimator="gae", loss="token_ppo")
+    old = {k: v for k, v in a.to_dict().items()
+           if k not in ("iterations", "log_to", "side_thread", "mc_samples", "value_target")}
+    text = json.dumps(old, sort_keys=True, separators=(",", ":"))
+    assert a.hash() == hashlib.sha256(text.encode()).hexdigest()[:16]
+    set_ = a.replace(value_target="mc")
+    assert set_.hash() != a.hash() and set_.differences(a) == ["value_target: 'mc' != None"]
+    assert a.differences(set_) == ["value_target: None != 'mc'"]
+
+
 @pytest.mark.parametrize("changes, field", [
     ({"episodes": 0}, "episodes"),
     ({"episodes": 10, "group_size": 4}, "episodes"),
@@ -70,7 +85,8 @@ def test_group_estimator_with_group_size_one_is_refused():
 @pytest.mark.parametrize("field", sorted(CRITIC_DEFAULTS))
 def test_critic_settings_with_a_critic_free_estimator_are_refused(field):
     value = {"critic_lr": 1e-3, "value_clip": 0.2, "critic_warmup_steps": 3, "critic_warmup_ev": 0.4,
-             "critic_init": "fresh", "critic_epochs": 2, "critic_warmup_episodes": 64, "critic_warmup_lr": 3e-4}[field]
+             "critic_init": "fresh", "critic_epochs": 2, "critic_warmup_episodes": 64, "critic_warmup_lr": 3e-4,
+             "value_target": "mc"}[field]
     with pytest.raises(ValueError, match=f"^{field}: the estimator 'rloo' uses no critic"):
         Config(estimator="rloo", loss="token_ppo", group_size=2, **{field: value})
     # nor with the expert's or the Monte-Carlo values, which train no critic

@@ -298,3 +298,38 @@ def test_holdout_split_keeps_groups_whole():
     for seed in range(5):
         tr, ho = holdout_split(10, 0.2, seed=seed, groups=uneven)
         assert len(tr) >= 1 and len(ho) >= 1
+
+
+@pytest.mark.parametrize("value_target", [None, "mc"])
+def test_value_target_says_what_the_critic_trains_on(tmp_path, value_target):
+    # turn_gae's own returns G^T_k bootstrap on the critic (λ_T = 0.9); value_target="mc" replaces them
+    # by the Monte-Carlo returns for the value loss, and every RL line records which it was
+    from mpo_viz.train.summary import value_target_line
+
+    cfg = tiny(estimator="turn_gae", loss="token_ppo", iterations=1, save_trajectories_every=1,
+               value_target=value_target)
+    tr = Trainer(cfg, tmp_path / "r", quiet=True)
+    rec = next(tr.iterate(1))
+    b = mv.load(tmp_path / "r" / "trajectories" / "iter=000001.parquet")
+    m = b.mask.bool()
+    ret, mc = b.padded("returns")[m].double(), mc_returns(b)[m]
+    if value_target == "mc":
+        assert rec["value_target"] == "mc"
+        torch.testing.assert_close(ret, mc, rtol=1e-6, atol=1e-6)
+        assert value_target_line([rec]) == "the critic trained on the Monte-Carlo returns (value_target 'mc')"
+    else:
+        assert rec["value_target"] == "estimator"  # the default: the estimator's own returns
+        assert (ret - mc).abs().max() > 1e-3
+        assert value_target_line([rec]).startswith("the critic trained on the estimator's own returns")
+
+
+def test_value_target_is_refused_where_no_critic_is_trained():
+    from mpo_viz.checks import OptionError
+    from mpo_viz.train.summary import value_target_line
+
+    with pytest.raises(OptionError, match=r"value_target: the estimator 'grpo' uses no critic"):
+        tiny(estimator="grpo", loss="token_ppo", group_size=2, value_target="mc")
+    for critic in ("expert", "mc"):  # values read, no critic trained
+        with pytest.raises(OptionError, match=rf"value_target: critic='{critic}' reads .* and trains no critic"):
+            tiny(estimator="mpo", critic=critic, oracle_noise=0.3, value_target="mc")
+    assert value_target_line([{"phase": "rl", "iteration": 1}]) is None  # no critic trained: no line

@@ -73,9 +73,10 @@ def test_sft_says_how_long_misses_its_target_in_one_line_and_keeps_its_start(tmp
     info = json.loads((run / "start" / "start.json").read_text())
     assert info["sft"]["sft_steps"] == 4 and "critic" in info
     # the summary: start vs end, moved or not
-    tail = cap.out.splitlines()[-3:]
+    tail = cap.out.splitlines()[-4:]
     assert tail[0].startswith("sampled success ") and tail[1].startswith("greedy success ")
-    assert "what to look at:" in tail[2]
+    assert tail[2] == "the critic trained on the estimator's own returns (value_target 'estimator')"
+    assert "what to look at:" in tail[3]
 
 
 def test_a_kept_start_is_reused_and_a_start_at_its_target_takes_no_sft(tmp_path):

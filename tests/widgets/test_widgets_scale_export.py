@@ -158,7 +158,8 @@ def test_accuracy_section_follows_the_options():
     for name in ("mpo", "gae", "vapo"):
         got = cmp.accuracy_df.set_index("estimator").loc[name]
         want = bench.metrics(cmp.results[name][0].double().numpy(), ref)
-        for col in ("turn_corr", "turn_sign", "tok_corr", "within_corr", "dec_sign", "dec_mass"):
+        for col in ("turn_corr", "turn_sign", "tok_corr", "within_corr", "dec_sign", "dec_mass", "tok_slope",
+                    "dec_slope", "turn_slope"):
             np.testing.assert_allclose(got[col], want[col], rtol=1e-6, atol=1e-9, err_msg=f"{name} {col}")  # float32 oracle sums
     reading = cmp.accuracy_reading
     best = cmp.accuracy_df.loc[cmp.accuracy_df["tok_corr"].idxmax(), "estimator"]
