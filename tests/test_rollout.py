@@ -23,7 +23,7 @@ import mpo_viz.rollout.play as RP
 from mpo_viz import models as M
 from mpo_viz.envs import NoisyExpert, Oracle, build_tokenizer, make_env
 from mpo_viz.envs.generate import oracle_columns
-from mpo_viz.rollout import _critic_values, rollout, sample_tokens, task_seeds
+from mpo_viz.rollout import critic_values, rollout, sample_tokens, task_seeds
 from mpo_viz.turns import turn_ids_from_mask
 
 ENVS = ["search", "tooluse", "automation"]
@@ -140,7 +140,7 @@ def test_critic_values_bootstrap_and_oracle():
 
 
 def _episodes_of(batch):
-    """The finished episodes of a batch as ``_critic_values`` reads them (prompt and response ids)."""
+    """The finished episodes of a batch as ``critic_values`` reads them (prompt and response ids)."""
     return [SimpleNamespace(prompt=list(r["prompt_ids"]), ids=list(r["response_ids"]),
                             length=len(r["prompt_ids"]) + len(r["response_ids"])) for r in _rows(batch)]
 
@@ -156,7 +156,7 @@ def test_critic_values_unpadded_and_batched_equal_a_direct_forward(per_sequence,
     batch = rollout(pol, env, 5, seed=4, max_turn_tokens=1, max_total_tokens=110, batch_size=3)
     eps = _episodes_of(batch)
     assert len({e.length for e in eps}) > 1
-    vals, last = _critic_values(critic, eps, 2, pad_id=pol.tokenizer.pad_token_id, per_sequence=per_sequence)
+    vals, last = critic_values(critic, eps, 2, pad_id=pol.tokenizer.pad_token_id, per_sequence=per_sequence)
     for e, v, b in zip(eps, vals, last):
         with torch.no_grad():
             direct = critic(torch.tensor([e.prompt + e.ids]))[0].numpy()
@@ -174,8 +174,8 @@ def test_critic_in_a_second_thread_gives_the_same_values(monkeypatch):
     critic = M.make_critic(pol, "policy", seed=2)
     kw = dict(seed=6, batch_size=3, max_turn_tokens=8, max_total_tokens=90)
     handed = []
-    submit = RP._CriticJobs.submit
-    monkeypatch.setattr(RP._CriticJobs, "submit", lambda self, eps: handed.append(len(eps)) or submit(self, eps))
+    submit = RP.CriticJobs.submit
+    monkeypatch.setattr(RP.CriticJobs, "submit", lambda self, eps: handed.append(len(eps)) or submit(self, eps))
     threaded = rollout(pol, env, 7, critic=critic, critic_thread=True, **kw)
     assert len(handed) > 1 and sum(handed) == 7               # episodes handed in over several batch turns
     at_end = rollout(pol, env, 7, critic=critic, critic_thread=False, **kw)
@@ -207,17 +207,17 @@ def test_decode_mask_made_here_equals_the_models_own():
     env, pol = _policy("tooluse", seed=7)
     assert pol.model.config._attn_implementation == "sdpa"
     fast = rollout(pol, env, 6, seed=5, batch_size=4, **SHORT)
-    init = RE._Engine.__init__
+    init = RE.Engine.__init__
 
     def plain(self, *a, **k):
         init(self, *a, **k)
         self._mask4 = False
 
-    RE._Engine.__init__ = plain
+    RE.Engine.__init__ = plain
     try:
         slow = rollout(pol, env, 6, seed=5, batch_size=4, **SHORT)
     finally:
-        RE._Engine.__init__ = init
+        RE.Engine.__init__ = init
     for a, b in zip(_rows(fast), _rows(slow)):
         assert a["response_ids"] == b["response_ids"]
         np.testing.assert_allclose(a["old_logprobs"], b["old_logprobs"], atol=1e-6)
@@ -235,7 +235,7 @@ def test_sliding_window_models_keep_the_models_own_decode_mask():
                         attn_implementation="sdpa")
     torch.manual_seed(0)
     pol = M.Policy(MistralForCausalLM(cfg).eval(), tok, name="sw")
-    assert R.uses_sliding_window(pol.model.config) and not RE._Engine(pol.model, tok.pad_token_id)._mask4
+    assert R.uses_sliding_window(pol.model.config) and not RE.Engine(pol.model, tok.pad_token_id)._mask4
     batch = rollout(pol, env, 2, seed=1, batch_size=2, max_turn_tokens=8, max_total_tokens=200)
     for r in _rows(batch):
         assert len(r["prompt_ids"]) + len(r["response_ids"]) > 16  # past the window
@@ -264,7 +264,7 @@ def test_grouped_key_value_heads_without_copies_give_the_same_rollout(monkeypatc
     monkeypatch.setattr(RE, "_sdpa_grouped", lambda *a, **k: calls.append(1) or grouped(*a, **k))
     fast = rollout(pol, env, 6, seed=1, batch_size=4, **SHORT)
     assert calls and pol.model.config._attn_implementation == "sdpa"
-    monkeypatch.setattr(RP, "_grouped_attention", lambda model: contextlib.nullcontext())
+    monkeypatch.setattr(RP, "grouped_attention", lambda model: contextlib.nullcontext())
     plain = rollout(pol, env, 6, seed=1, batch_size=4, **SHORT)
     for a, b in zip(_rows(fast), _rows(plain)):
         assert a["response_ids"] == b["response_ids"]
@@ -302,7 +302,7 @@ def test_a_failed_rollout_leaves_the_policy_in_training_mode(monkeypatch):
         rollout(policy, env, 2, max_total_tokens=3)
     assert policy.model.training
 
-    real_step, real_jobs, submitted, pools = RP._step_envs, RP._CriticJobs, [], []
+    real_step, real_jobs, submitted, pools = RP.step_envs, RP.CriticJobs, [], []
 
     def step_then_fail(*a, **k):  # the environments step until the critic's thread has an episode
         if submitted:
@@ -316,8 +316,8 @@ def test_a_failed_rollout_leaves_the_policy_in_training_mode(monkeypatch):
         pools.append(j.pool)
         return j
 
-    monkeypatch.setattr(RP, "_step_envs", step_then_fail)
-    monkeypatch.setattr(RP, "_CriticJobs", jobs)
+    monkeypatch.setattr(RP, "step_envs", step_then_fail)
+    monkeypatch.setattr(RP, "CriticJobs", jobs)
     with pytest.raises(RuntimeError, match="environment failed"):
         rollout(policy, env, 2, critic=critic, batch_size=1, critic_thread=True)
     assert policy.model.training

@@ -20,7 +20,7 @@ columns = cache slots; a 0/1 ``attention_mask`` marks the slots each row really 
 
 Earlier turns are never recomputed (see ``benchmarks/rollout.py`` for the cost against
 ``model.generate``). Once an episode ended, the critic runs once over its ``prompt + response`` (on
-the CPU one unpadded sequence at a time: see ``_critic_values``), in a second thread while the
+the CPU one unpadded sequence at a time: see ``critic_values``), in a second thread while the
 policy decodes the other episodes when a core is free (``critic_thread``), else after the last.
 
 **Log-probs per action token.** ``old_logprobs``: ``log softmax(logits)[token]`` (temperature 1, no
@@ -52,7 +52,7 @@ policy by branch rollouts from those states).
 
 from __future__ import annotations
 
-from mpo_viz.rollout.critic import _critic_values
+from mpo_viz.rollout.critic import critic_values
 from mpo_viz.rollout.engine import (
     SDPA_GROUPED,
     sample_tokens,
@@ -72,4 +72,4 @@ from mpo_viz.rollout.play import rollout
 
 __all__ = ["rollout", "RolloutConfig", "task_seeds", "STOP_REASONS", "ORACLE_TOKEN_FIELDS", "DEFAULT_ORACLE",
            "sample_tokens", "side_pool", "spare_cores", "usable_cores", "uses_sliding_window", "SDPA_GROUPED",
-           "_critic_values"]
+           "critic_values"]

@@ -11,7 +11,7 @@ from mpo_viz.rollout.plan import ORACLE_TOKEN_FIELDS, RolloutConfig
 from mpo_viz.trajectory import TrajectoryBatch
 
 
-def _to_batch(episodes, env, layout, cfg: RolloutConfig, values, boot, oracle, policy) -> TrajectoryBatch:
+def to_batch(episodes, env, layout, cfg: RolloutConfig, values, boot, oracle, policy) -> TrajectoryBatch:
     shaped = env.shaping != 0.0
     rows: list[dict] = []
     extra: dict[str, list] = {name: [] for name in ORACLE_TOKEN_FIELDS}

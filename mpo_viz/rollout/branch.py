@@ -29,10 +29,10 @@ import numpy as np
 import torch
 
 from mpo_viz.models.policy import Policy
-from mpo_viz.rollout.engine import _Engine, _grouped_attention
-from mpo_viz.rollout.episodes import _Episode, _obs_len, _record_turn, _step_envs, _Timer
+from mpo_viz.rollout.engine import Engine, grouped_attention
+from mpo_viz.rollout.episodes import Episode, Timer, obs_len, record_turn, step_envs
 from mpo_viz.rollout.plan import RolloutConfig
-from mpo_viz.rollout.play import _decode_turn, _feed
+from mpo_viz.rollout.play import decode_turn, feed
 from mpo_viz.rollout.replay import TurnState
 
 __all__ = ["branch_returns", "continuation_seed"]
@@ -52,48 +52,48 @@ class _Bar:
             self.bar.update(n)
 
 
-def _root(st: TurnState, index: int, forced: bool) -> _Episode:
+def _root(st: TurnState, index: int, forced: bool) -> Episode:
     """The row that feeds a boundary's prefix (never decoded itself); forced: the prefix and the
     recorded turn's tokens."""
     resp = st.prefix[st.prompt_len:]
     k = st.turn
-    return _Episode(index=index, group=index, sample=-1, task_seed=0, seed=0, env=st.env, oracle=None,
+    return Episode(index=index, group=index, sample=-1, task_seed=0, seed=0, env=st.env, oracle=None,
                     prompt=st.prefix[:st.prompt_len], rng=np.random.default_rng(0),
                     pending=list(st.prefix) + (list(st.action_ids) if forced else []),
                     ids=list(resp), mask=[1] * len(resp), turn_ids=[0] * len(resp), old_lp=[0.0] * len(resp),
                     roll_lp=[0.0] * len(resp), rewards=[0.0] * k)
 
 
-def _clone(root: _Episode, st: TurnState, m: int, seed: int, forced: bool) -> _Episode:
+def _clone(root: Episode, st: TurnState, m: int, seed: int, forced: bool) -> Episode:
     words = continuation_seed(seed, st.traj_id, st.turn, m, forced)
     rng = np.random.Generator(np.random.PCG64(np.random.SeedSequence(words)))
-    return _Episode(index=root.index, group=root.index, sample=m, task_seed=0, seed=0,
+    return Episode(index=root.index, group=root.index, sample=m, task_seed=0, seed=0,
                     env=st.env.fork("-".join(map(str, words))), oracle=None, prompt=root.prompt, rng=rng,
                     ids=list(root.ids), mask=list(root.mask), turn_ids=list(root.turn_ids), old_lp=list(root.old_lp),
                     roll_lp=list(root.roll_lp), rewards=list(root.rewards))
 
 
-def _force(ep: _Episode, st: TurnState, cfg: RolloutConfig, layout, timer: _Timer) -> bool:
+def _force(ep: Episode, st: TurnState, cfg: RolloutConfig, layout, timer: Timer) -> bool:
     """Play the recorded turn in the continuation's environment (its tokens already fed); whether
     the continuation goes on (then its pending tokens are the observation)."""
     n = len(st.action_ids)
-    _record_turn(ep, list(st.action_ids), [0.0] * n, [0.0] * n, layout, timer, final_cut=False)
+    record_turn(ep, list(st.action_ids), [0.0] * n, [0.0] * n, layout, timer, final_cut=False)
     if ep.stop_reason is None and ep.length >= cfg.max_total_tokens:
         ep.stop_reason = "max_total_tokens"
     if ep.stop_reason is not None:
         return False
-    ep.pending = ep.ids[len(ep.ids) - _obs_len(ep):]
+    ep.pending = ep.ids[len(ep.ids) - obs_len(ep):]
     return True
 
 
-def _feed_some(engine: _Engine, live: list[_Episode], logits: torch.Tensor | None, timer: _Timer) -> torch.Tensor:
+def _feed_some(engine: Engine, live: list[Episode], logits: torch.Tensor | None, timer: Timer) -> torch.Tensor:
     """Feed the rows that have pending tokens; rows without keep their logits."""
     flags = [len(ep.pending) > 0 for ep in live]
     if not any(flags):
         assert logits is not None
         return logits
     has = torch.tensor(flags, device=engine.device)
-    new = _feed(engine, live, timer)
+    new = feed(engine, live, timer)
     return new if logits is None else torch.where(has[:, None], new, logits)
 
 
@@ -108,17 +108,17 @@ def branch_returns(policy: Policy, states: list[TurnState], m: int, *, seed: int
     ``tokens`` (continuation action tokens decoded).
     """
     out = np.zeros((len(states), m), dtype=np.float64)
-    timer = _Timer()
+    timer = Timer()
     pad_id = policy.tokenizer.pad_token_id
     pad_id = int(pad_id) if pad_id is not None else min(policy.layout.stop_ids)
     todo = [j for j, st in enumerate(states) if not (forced and st.cut)]  # a cut turn ends the episode: Q = 0
     model = policy.model
     was_training = model.training
     model.eval()
-    finished: list[_Episode] = []
+    finished: list[Episode] = []
     try:
-        with torch.no_grad(), _grouped_attention(model):
-            _play_branches(_Engine(model, pad_id), [states[j] for j in todo], todo, m, seed, cfg, policy, forced,
+        with torch.no_grad(), grouped_attention(model):
+            _play_branches(Engine(model, pad_id), [states[j] for j in todo], todo, m, seed, cfg, policy, forced,
                            share_prefix, timer, _Bar(bar), finished)
     finally:
         if was_training:
@@ -138,8 +138,8 @@ def branch_returns(policy: Policy, states: list[TurnState], m: int, *, seed: int
     return out
 
 
-def _play_branches(engine: _Engine, states: list[TurnState], index: list[int], m: int, seed: int, cfg: RolloutConfig,
-                   policy: Policy, forced: bool, share: bool, timer: _Timer, bar: _Bar, finished: list) -> None:
+def _play_branches(engine: Engine, states: list[TurnState], index: list[int], m: int, seed: int, cfg: RolloutConfig,
+                   policy: Policy, forced: bool, share: bool, timer: Timer, bar: _Bar, finished: list) -> None:
     """The batch turns of the branch rollout: admit boundaries while ``m`` rows are free (shortest
     prefixes first), feed the live rows' pending tokens, feed the new prefixes in an engine of their
     own (padded only among themselves), duplicate each prefix row ``m`` times and append the rows;
@@ -147,12 +147,12 @@ def _play_branches(engine: _Engine, states: list[TurnState], index: list[int], m
     environments."""
     order = sorted(range(len(states)), key=lambda j: len(states[j].prefix))
     queue = deque((states[j], index[j]) for j in order)
-    live: list[_Episode] = []
+    live: list[Episode] = []
     logits: torch.Tensor | None = None
     rows = max(cfg.batch_size, m)
     stop = torch.tensor(sorted(policy.layout.stop_ids), dtype=torch.long, device=policy.device)
     while queue or live:
-        roots: list[tuple[_Episode, TurnState]] = []
+        roots: list[tuple[Episode, TurnState]] = []
         while queue and len(live) + (len(roots) + 1) * m <= rows:
             st, j = queue.popleft()
             roots.append((_root(st, j, forced), st))
@@ -168,8 +168,8 @@ def _play_branches(engine: _Engine, states: list[TurnState], index: list[int], m
             if not live:
                 continue
         assert logits is not None
-        turn = _decode_turn(engine, live, logits, cfg, stop, timer)
-        keep = _step_envs(live, turn, cfg, policy.layout, timer, bar)
+        turn = decode_turn(engine, live, logits, cfg, stop, timer)
+        keep = step_envs(live, turn, cfg, policy.layout, timer, bar)
         kept = set(keep)
         finished.extend(ep for b, ep in enumerate(live) if b not in kept)
         t0 = time.perf_counter()
@@ -179,17 +179,17 @@ def _play_branches(engine: _Engine, states: list[TurnState], index: list[int], m
         timer.add("model", t0)
 
 
-def _admit(engine: _Engine, roots, m: int, seed: int, forced: bool, share: bool, timer: _Timer):
+def _admit(engine: Engine, roots, m: int, seed: int, forced: bool, share: bool, timer: Timer):
     """The new boundaries' rows: their prefixes through a separate engine (with prefix sharing once
     per boundary, the row then duplicated ``m`` times; without, once per continuation), appended to
     ``engine``; the continuations and their logits."""
-    sub = _Engine(engine.model, engine.pad_id)
+    sub = Engine(engine.model, engine.pad_id)
     if share:
         heads = [r for r, _ in roots]
     else:  # every continuation feeds its own copy of the prefix
         heads = [c for r, st in roots for c in _with_prefix(r, st, m, seed, forced)]
     sub.add_rows(len(heads))
-    logits = _feed(sub, heads, timer)
+    logits = feed(sub, heads, timer)
     t0 = time.perf_counter()
     if share:
         idx = [i for i in range(len(roots)) for _ in range(m)]
@@ -201,7 +201,7 @@ def _admit(engine: _Engine, roots, m: int, seed: int, forced: bool, share: bool,
     return heads, logits
 
 
-def _with_prefix(root: _Episode, st: TurnState, m: int, seed: int, forced: bool) -> list[_Episode]:
+def _with_prefix(root: Episode, st: TurnState, m: int, seed: int, forced: bool) -> list[Episode]:
     clones = [_clone(root, st, c, seed, forced) for c in range(m)]
     for c in clones:
         c.pending = list(root.pending)

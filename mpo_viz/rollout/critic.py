@@ -7,10 +7,10 @@ import numpy as np
 import torch
 
 from mpo_viz.rollout.engine import side_pool
-from mpo_viz.rollout.episodes import _Episode
+from mpo_viz.rollout.episodes import Episode
 
 
-class _CriticJobs:
+class CriticJobs:
     """The critic's values of finished episodes: with ``thread``, computed in one worker thread as
     each batch turn's finished episodes are handed in (:meth:`submit`), while the policy decodes the
     rest; otherwise (or for episodes never handed in) all at the end, in :meth:`result` (internal).
@@ -21,15 +21,15 @@ class _CriticJobs:
         self.pool = side_pool() if thread else None
         self.jobs: list = []
 
-    def submit(self, finished: list[_Episode]) -> None:
+    def submit(self, finished: list[Episode]) -> None:
         if self.pool is not None and finished:
             self.jobs.append((finished, self.pool.submit(self._values, finished)))
 
-    def _values(self, eps: list[_Episode]):
-        return _critic_values(self.critic, eps, self.batch_size, self.pad_id)
+    def _values(self, eps: list[Episode]):
+        return critic_values(self.critic, eps, self.batch_size, self.pad_id)
 
-    def result(self, episodes: list[_Episode]):
-        """``(values, last)`` per episode index, as :func:`_critic_values` gives them."""
+    def result(self, episodes: list[Episode]):
+        """``(values, last)`` per episode index, as :func:`critic_values` gives them."""
         vals: list = [None] * len(episodes)
         last: list = [None] * len(episodes)
         for eps, fut in self.jobs:
@@ -46,7 +46,7 @@ class _CriticJobs:
             self.pool.shutdown(wait=True, cancel_futures=True)
 
 
-def _critic_values(critic, episodes: list[_Episode], batch_size: int, pad_id: int, per_sequence: bool | None = None):
+def critic_values(critic, episodes: list[Episode], batch_size: int, pad_id: int, per_sequence: bool | None = None):
     """Per episode: ``values`` (L,) with ``values[t]`` = critic output at ``P + t − 1``, and the output
     at the last position ``P + L − 1`` (the value after the response).
 

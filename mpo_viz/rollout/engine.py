@@ -108,7 +108,7 @@ def _sdpa_grouped(module, query, key, value, attention_mask, dropout=0.0, scalin
 
 
 @contextmanager
-def _grouped_attention(model):
+def grouped_attention(model):
     """While the rollout decodes: a CPU model under SDPA whose key/value heads are fewer than its query
     heads runs :func:`_sdpa_grouped` (``set_attn_implementation``; set back to ``"sdpa"`` after)."""
     cfg = getattr(model, "config", None)
@@ -163,7 +163,7 @@ def uses_sliding_window(config) -> bool:
     return bool(getattr(config, "sliding_window", None)) and getattr(config, "use_sliding_window", True) is not False
 
 
-class _Engine:
+class Engine:
     """The shared cache of the live rows and the forward calls (internal)."""
 
     def __init__(self, model, pad_id: int):
@@ -206,7 +206,7 @@ class _Engine:
             z = layer.keys.new_zeros(n, *layer.keys.shape[1:])
             layer.set_kv(torch.cat([layer.keys, z], 0), torch.cat([layer.values, z], 0))
 
-    def append(self, other: _Engine) -> None:
+    def append(self, other: Engine) -> None:
         """The rows of ``other`` (an engine of the same model) placed below this one's: the shorter
         side's slots padded on the left (masked), so every row keeps its slots, positions and cache."""
         if self.attn.shape[0] == 0:

@@ -20,7 +20,7 @@ _UBLOCK = 64  # uniforms drawn per episode at a time
 
 
 @dataclass
-class _Episode:
+class Episode:
     """One episode's state during the rollout (internal)."""
 
     index: int
@@ -61,7 +61,7 @@ class _Episode:
         return float(u)
 
 
-class _Timer:
+class Timer:
     def __init__(self):
         self.t: dict[str, float] = {}
 
@@ -71,9 +71,9 @@ class _Timer:
         return now
 
 
-def _episodes(env: TextEnv, plan, cfg: RolloutConfig, oracle, layout, timer: _Timer) -> list[_Episode]:
+def make_episodes(env: TextEnv, plan, cfg: RolloutConfig, oracle, layout, timer: Timer) -> list[Episode]:
     """The episodes of the plan, reset and prompted, in task then sample order."""
-    episodes: list[_Episode] = []
+    episodes: list[Episode] = []
     # each episode plays a deep copy of the environment's options: not of the episode the caller's
     # instance last played (its task, state and messages are replaced by reset, and copying them cost
     # ~30 ms per episode after a trainer's SFT)
@@ -94,13 +94,13 @@ def _episodes(env: TextEnv, plan, cfg: RolloutConfig, oracle, layout, timer: _Ti
                 raise OptionError("max_total_tokens", f"expected more than the prompt of task {ts} "
                                                       f"({len(prompt)} tokens), found {cfg.max_total_tokens}")
             rng = np.random.Generator(np.random.PCG64(np.random.SeedSequence([cfg.seed, ts, es, 0x6D706F])))
-            episodes.append(_Episode(index=len(episodes), group=gi, sample=j, task_seed=ts, seed=es, env=e,
+            episodes.append(Episode(index=len(episodes), group=gi, sample=j, task_seed=ts, seed=es, env=e,
                                      oracle=orc, prompt=prompt, rng=rng, pending=list(prompt)))
     return episodes
 
 
 @dataclass
-class _Turn:
+class Turn:
     """One batch turn as decoded: per row the sampled tokens, their rollout and old log-probs (row
     ``b``'s first ``counts[b]`` columns), and the total budget left before it."""
 
@@ -111,7 +111,7 @@ class _Turn:
     budget_total: list
 
 
-def _step_envs(live: list[_Episode], turn: _Turn, cfg: RolloutConfig, layout, timer: _Timer, bar) -> list[int]:
+def step_envs(live: list[Episode], turn: Turn, cfg: RolloutConfig, layout, timer: Timer, bar) -> list[int]:
     """3. Each environment reads its row's turn; the rows whose episode goes on (their pending
     tokens set: the last sampled token and the observation), the finished ones counted."""
     keep = []
@@ -120,13 +120,13 @@ def _step_envs(live: list[_Episode], turn: _Turn, cfg: RolloutConfig, layout, ti
         ids = turn.tokens[b, :n].tolist()
         ended_by_stop = ids[-1] in layout.stop_ids
         cut_by_total = (not ended_by_stop) and n >= bt and bt <= cfg.max_turn_tokens
-        _record_turn(ep, ids, turn.rollout_logp[b, :n].tolist(), turn.old_logp[b, :n].tolist(), layout, timer,
+        record_turn(ep, ids, turn.rollout_logp[b, :n].tolist(), turn.old_logp[b, :n].tolist(), layout, timer,
                      final_cut=cut_by_total)
         ep.pending = [ids[-1]]  # the last sampled token was never fed
         if ep.stop_reason is None and ep.length >= cfg.max_total_tokens:
             ep.stop_reason = "max_total_tokens"
         if ep.stop_reason is None:
-            ep.pending += ep.ids[len(ep.ids) - _obs_len(ep):]
+            ep.pending += ep.ids[len(ep.ids) - obs_len(ep):]
             keep.append(b)
         else:
             bar.update(1)
@@ -142,7 +142,7 @@ def _make_oracle(env: TextEnv, expert: NoisyExpert, layout) -> Oracle | None:
         return None
 
 
-def _obs_len(ep: _Episode) -> int:
+def obs_len(ep: Episode) -> int:
     n = 0
     for m in reversed(ep.mask):
         if m:
@@ -151,7 +151,7 @@ def _obs_len(ep: _Episode) -> int:
     return n
 
 
-def _record_turn(ep: _Episode, turn: list[int], rlp: list[float], olp: list[float], layout, timer: _Timer,
+def record_turn(ep: Episode, turn: list[int], rlp: list[float], olp: list[float], layout, timer: Timer,
                  *, final_cut: bool) -> None:
     """Append one sampled turn (and, unless cut by the total budget, the environment's reply)."""
     k = len(ep.rewards)

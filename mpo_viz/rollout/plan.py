@@ -69,7 +69,7 @@ def _plan_from_list(seed: int, seeds, g: int) -> list[tuple[int, list[int]]]:
     return out
 
 
-def _plan(cfg: RolloutConfig, n_episodes: int | None) -> list[tuple[int, list[int]]]:
+def plan_tasks(cfg: RolloutConfig, n_episodes: int | None) -> list[tuple[int, list[int]]]:
     """``[(task seed, [sample seeds])]``: the tasks drawn from ``cfg.seed``, or ``cfg.seeds``."""
     g = cfg.group_size
     if cfg.seeds is None:

@@ -13,11 +13,11 @@ from mpo_viz.envs.base import TextEnv
 from mpo_viz.envs.expert import NoisyExpert
 from mpo_viz.envs.registry import make_env
 from mpo_viz.models.policy import Policy, check_vocabulary, embedding_rows
-from mpo_viz.rollout.batch import _to_batch
-from mpo_viz.rollout.critic import _CriticJobs
-from mpo_viz.rollout.engine import _Engine, _grouped_attention, sample_tokens, spare_cores
-from mpo_viz.rollout.episodes import _Episode, _episodes, _step_envs, _Timer, _Turn
-from mpo_viz.rollout.plan import DEFAULT_ORACLE, RolloutConfig, _plan
+from mpo_viz.rollout.batch import to_batch
+from mpo_viz.rollout.critic import CriticJobs
+from mpo_viz.rollout.engine import Engine, grouped_attention, sample_tokens, spare_cores
+from mpo_viz.rollout.episodes import Episode, Timer, Turn, make_episodes, step_envs
+from mpo_viz.rollout.plan import DEFAULT_ORACLE, RolloutConfig, plan_tasks
 from mpo_viz.trajectory import TrajectoryBatch
 
 
@@ -61,8 +61,8 @@ def rollout(policy: Policy, env, n_episodes: int | None = None, *, group_size: i
                         max_turn_tokens=max_turn_tokens, max_total_tokens=max_total_tokens,
                         batch_size=batch_size, seeds=None if seeds is None else [int(s) for s in seeds])
     cfg.validate()
-    plan = _plan(cfg, n_episodes)
-    timer = _Timer()
+    plan = plan_tasks(cfg, n_episodes)
+    timer = Timer()
     t_start = time.perf_counter()
     model = policy.model
     was_training = model.training
@@ -71,14 +71,14 @@ def rollout(policy: Policy, env, n_episodes: int | None = None, *, group_size: i
     try:  # the model goes back to training mode, the bar closes and the critic's thread ends, whatever is raised
         pad_id = policy.tokenizer.pad_token_id
         pad_id = int(pad_id) if pad_id is not None else min(policy.layout.stop_ids)
-        episodes = _episodes(env, plan, cfg, oracle, policy.layout, timer)
+        episodes = make_episodes(env, plan, cfg, oracle, policy.layout, timer)
         bar = _progress_bar(len(episodes), progress)
         if critic_thread is None:  # a second core, and a critic that shares no module with the policy
             critic_thread = spare_cores() and not getattr(critic, "shared", False)
         if critic is not None:
-            jobs = _CriticJobs(critic, cfg.batch_size, pad_id, thread=bool(critic_thread))
-        with torch.no_grad(), _grouped_attention(model):
-            _play(_Engine(model, pad_id), episodes, cfg, policy, timer, bar,
+            jobs = CriticJobs(critic, cfg.batch_size, pad_id, thread=bool(critic_thread))
+        with torch.no_grad(), grouped_attention(model):
+            _play(Engine(model, pad_id), episodes, cfg, policy, timer, bar,
                   on_done=jobs.submit if jobs is not None else None)
         bar.close()
         bar = None
@@ -95,7 +95,7 @@ def rollout(policy: Policy, env, n_episodes: int | None = None, *, group_size: i
         if was_training:
             model.train()
     t0 = time.perf_counter()
-    batch = _to_batch(episodes, env, policy.layout, cfg, values, boot, oracle, policy)
+    batch = to_batch(episodes, env, policy.layout, cfg, values, boot, oracle, policy)
     timer.add("batch", t0)
     timer.t["total"] = time.perf_counter() - t_start
     if timings is not None:
@@ -123,21 +123,21 @@ def _check_inputs(policy: Policy, env, critic) -> TextEnv:
     return env
 
 
-def _play(engine: _Engine, episodes: list[_Episode], cfg: RolloutConfig, policy: Policy, timer: _Timer, bar,
+def _play(engine: Engine, episodes: list[Episode], cfg: RolloutConfig, policy: Policy, timer: Timer, bar,
           on_done=None) -> None:
     """Play every episode to its end: batch turns of up to ``batch_size`` live episodes, queued
     ones joining as others finish (the module docstring's feed / decode / step); ``on_done`` gets
     the episodes that ended in each batch turn."""
     queue = deque(episodes)
-    live: list[_Episode] = []
+    live: list[Episode] = []
     stop = torch.tensor(sorted(policy.layout.stop_ids), dtype=torch.long, device=policy.device)
     while queue or live:
         n_new = min(cfg.batch_size - len(live), len(queue))  # admit queued episodes into free rows
         engine.add_rows(n_new)
         live += [queue.popleft() for _ in range(n_new)]
-        logits = _feed(engine, live, timer)
-        turn = _decode_turn(engine, live, logits, cfg, stop, timer)
-        keep = _step_envs(live, turn, cfg, policy.layout, timer, bar)
+        logits = feed(engine, live, timer)
+        turn = decode_turn(engine, live, logits, cfg, stop, timer)
+        keep = step_envs(live, turn, cfg, policy.layout, timer, bar)
         if on_done is not None and len(keep) < len(live):
             kept = set(keep)
             on_done([ep for b, ep in enumerate(live) if b not in kept])
@@ -147,7 +147,7 @@ def _play(engine: _Engine, episodes: list[_Episode], cfg: RolloutConfig, policy:
         timer.add("model", t0)
 
 
-def _feed(engine: _Engine, live: list[_Episode], timer: _Timer) -> torch.Tensor:
+def feed(engine: Engine, live: list[Episode], timer: Timer) -> torch.Tensor:
     """1. Every row's pending tokens through the model in one forward, left-padded to the longest;
     the logits of the last position."""
     t0 = time.perf_counter()
@@ -169,8 +169,8 @@ def _feed(engine: _Engine, live: list[_Episode], timer: _Timer) -> torch.Tensor:
     return logits
 
 
-def _decode_turn(engine: _Engine, live: list[_Episode], logits: torch.Tensor, cfg: RolloutConfig,
-                 stop: torch.Tensor, timer: _Timer) -> _Turn:
+def decode_turn(engine: Engine, live: list[Episode], logits: torch.Tensor, cfg: RolloutConfig,
+                 stop: torch.Tensor, timer: Timer) -> Turn:
     """2. Sample one turn for every row at once: one-token forwards with the cache until every row
     hit its stop token or budget (a row whose turn ended feeds padding)."""
     t0 = time.perf_counter()
@@ -198,7 +198,7 @@ def _decode_turn(engine: _Engine, live: list[_Episode], logits: torch.Tensor, cf
         logits = engine.forward(step_ids, col, step_pos)
         active = now_active
         t0 = timer.add("model", t0)
-    return _Turn(torch.stack(toks, 1).cpu(), torch.stack(rlps, 1).float().cpu(), torch.stack(olps, 1).float().cpu(),
+    return Turn(torch.stack(toks, 1).cpu(), torch.stack(rlps, 1).float().cpu(), torch.stack(olps, 1).float().cpu(),
                  count.cpu().tolist(), budget_total.tolist())
 
 

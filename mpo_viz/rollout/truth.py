@@ -77,7 +77,8 @@ def summarize_returns(g: np.ndarray) -> dict[str, np.ndarray]:
 
 def _sampling_config(batch: TrajectoryBatch, batch_size: int, overrides: dict) -> RolloutConfig:
     """The continuations sample as the file's rollout did (its ``generator``), unless told otherwise."""
-    gen = batch.meta.get("generator") if isinstance(batch.meta.get("generator"), dict) else {}
+    raw = batch.meta.get("generator")
+    gen: dict = raw if isinstance(raw, dict) else {}
     kw = {k: gen[k] for k in _SAMPLING if k in gen}
     kw.update({k: v for k, v in overrides.items() if v is not None})
     cfg = RolloutConfig(batch_size=batch_size, **kw)

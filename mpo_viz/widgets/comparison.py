@@ -78,6 +78,7 @@ class EstimatorComparison(Exportable, W.VBox):
         self.timings: dict = {}
         self.accuracy_df = None
         self.mc_accuracy_df = None
+        self.accuracy_html: str = ""
         self._acc_options: dict | None = None
         self.picker.on_pick(self.select)
         self.params.on_change(self._params_changed)

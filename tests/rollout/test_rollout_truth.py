@@ -17,7 +17,7 @@ from mpo_viz.cli import main
 from mpo_viz.envs import NoisyExpert, make_env
 from mpo_viz.envs.generate import GenerateConfig, generate
 from mpo_viz.rollout import rollout
-from mpo_viz.rollout.engine import _Engine
+from mpo_viz.rollout.engine import Engine
 from mpo_viz.rollout.truth import mc_truth, summarize_returns
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -96,25 +96,25 @@ def test_a_duplicated_prefix_gives_the_logprobs_of_prefixes_fed_alone(start_epis
         return engine.forward(tok, col, pos)
 
     with torch.no_grad():
-        shared = _Engine(model, pad)
+        shared = Engine(model, pad)
         shared.add_rows(1)
         first = feed(shared, [pre])
         shared.keep_rows([0, 0, 0])
         a = step(shared, toks)
-        alone = _Engine(model, pad)
+        alone = Engine(model, pad)
         alone.add_rows(3)
         first3 = feed(alone, [pre] * 3)
         b = step(alone, toks)
         torch.testing.assert_close(first3, first.expand(3, -1), atol=1e-5, rtol=1e-5)
         torch.testing.assert_close(torch.log_softmax(a, -1), torch.log_softmax(b, -1), atol=1e-5, rtol=1e-5)
         # rows of another engine appended (their widths differ: left padding) = rows fed together
-        e1, e2 = _Engine(model, pad), _Engine(model, pad)
+        e1, e2 = Engine(model, pad), Engine(model, pad)
         e1.add_rows(1)
         e2.add_rows(1)
         feed(e1, [pre])
         feed(e2, [other])
         e1.append(e2)
-        together = _Engine(model, pad)
+        together = Engine(model, pad)
         together.add_rows(2)
         feed(together, [pre, other])
         t2 = toks[:2]

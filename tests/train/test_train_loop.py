@@ -194,14 +194,14 @@ def test_side_thread_off_runs_everything_in_one_thread(tmp_path, monkeypatch):
     assert cfg.hash() == cfg.replace(side_thread=True).hash() and "side_thread" not in cfg.identity()
     monkeypatch.setattr(L, "_parallel_ok", lambda *a: True)
     pools, threads = [], []
-    real_pool, real_jobs = L.side_pool, R._CriticJobs
+    real_pool, real_jobs = L.side_pool, R.CriticJobs
     monkeypatch.setattr(L, "side_pool", lambda: pools.append(1) or real_pool())
 
     def jobs(*a, thread=False, **k):
         threads.append(thread)
         return real_jobs(*a, thread=thread, **k)
 
-    monkeypatch.setattr(R, "_CriticJobs", jobs)
+    monkeypatch.setattr(R, "CriticJobs", jobs)
     t = Trainer(cfg, tmp_path / "off", quiet=True)
     list(t.iterate())
     assert pools == [] and threads and not any(threads)
