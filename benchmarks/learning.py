@@ -109,6 +109,8 @@ class Arm:
     loss: str
     loss_options: tuple = ()  # ((key, value), ...)
     critic: str = "learned"
+    estimator_options: tuple = ()  # ((key, value), ...)
+    matched_band: bool = False  # turn_ppo at the token band the matched-step rule chose for the seed
 
 
 ARMS = {
@@ -119,6 +121,12 @@ ARMS = {
     "mpo": Arm("mpo", "turn_ppo"),
     "mpo_bare": Arm("mpo", "turn_ppo", (("token_clip", None),)),
     "mpo_oracle": Arm("mpo", "turn_ppo", critic="expert"),
+    # replication v3 (docs/results.md): the policy's own Monte-Carlo values as the critic (critic="mc"),
+    # the unbiased within-turn baseline, and turn_ppo at the step size of token_ppo
+    "turn_gae_mc": Arm("turn_gae", "token_ppo", critic="mc"),
+    "mpo_mc": Arm("mpo", "token_ppo", critic="mc"),
+    "mpo_baseline": Arm("mpo", "token_ppo", estimator_options=(("within", "baseline"),)),
+    "mpo_matched": Arm("mpo", "turn_ppo", matched_band=True),
 }
 
 #: the comparisons stated in advance: (label, arm a, arm b); Holm over all of them, per cell
@@ -129,6 +137,19 @@ COMPARISONS = [
     ("MPO vs MPO-token (turn_ppo vs token_ppo)", "mpo", "mpo_token"),
     ("MPO vs MPO bare (token band vs none)", "mpo", "mpo_bare"),
     ("MPO-oracle vs MPO (exact vs learned critic)", "mpo_oracle", "mpo"),
+]
+
+#: v3 E2, headroom: can near-true turn credit beat GRPO and PPO here at all? (primaries, Holm over both)
+E2_COMPARISONS = [
+    ("turn GAE + MC values vs PPO", "turn_gae_mc", "ppo"),
+    ("turn GAE + MC values vs GRPO", "turn_gae_mc", "grpo"),
+]
+#: v3 E3, the long horizon one factor at a time (primaries, Holm over the four)
+E3_COMPARISONS = [
+    ("MPO-token vs PPO (the estimator)", "mpo_token", "ppo"),
+    ("MPO-token vs turn GAE (the within-turn signal)", "mpo_token", "turn_gae"),
+    ("MPO matched vs MPO-token (turn_ppo vs token_ppo at matched steps)", "mpo_matched", "mpo_token"),
+    ("MPO baseline vs MPO-token (within='baseline' vs intra)", "mpo_baseline", "mpo_token"),
 ]
 
 #: cell name -> expert turns per task
@@ -143,10 +164,24 @@ SIZES = {
                  episodes=8, epochs=1, minibatches=2, critic_epochs=1, eval_episodes=8, eval_interval=1,
                  warmup_episodes=20, warmup_steps=2, pass_tasks=4, pass_samples=2, max_turn_tokens=48),
     # the pre-registered grid (docs/results.md): 2 cells × 7 arms × 6 seeds
-    "v2": dict(cells=tuple(CELLS), arms=tuple(ARMS), seeds=tuple(range(6)), iterations=20, episodes=32, epochs=2,
+    "v2": dict(cells=tuple(CELLS), arms=("grpo", "ppo", "turn_gae", "mpo_token", "mpo", "mpo_bare", "mpo_oracle"),
+               seeds=tuple(range(6)), iterations=20, episodes=32, epochs=2,
                minibatches=4, critic_epochs=4, eval_episodes=128, eval_interval=5, warmup_episodes=512,
                warmup_steps=256, pass_tasks=64, pass_samples=8, max_turn_tokens=48),
 }
+# v3 (docs/results.md, "Replication v3"): the v2 budget, one experiment a size
+SIZES["v3-e2"] = dict(SIZES["v2"], cells=("automation-d3-4",),
+                      arms=("grpo", "ppo", "turn_gae", "turn_gae_mc", "mpo_mc"), comparisons=E2_COMPARISONS)
+SIZES["v3-e3"] = dict(SIZES["v2"], cells=("automation-d5-6",), seeds=tuple(range(8)),
+                      arms=("grpo", "ppo", "turn_gae", "mpo_token", "mpo_matched", "mpo_baseline"),
+                      comparisons=E3_COMPARISONS)
+#: continuations per turn start of the critic="mc" arms
+MC_SAMPLES = 8
+
+
+def comparisons_of(size: str) -> list[tuple[str, str, str]]:
+    """The comparisons a size states in advance (v1/v2: :data:`COMPARISONS`)."""
+    return SIZES[size].get("comparisons", COMPARISONS)
 GROUP_SIZE = 4
 COLLAPSE_LEVEL, COLLAPSE_AFTER = 0.05, 4
 
@@ -188,7 +223,14 @@ def run_config(size: str, cell: str, arm: str, seed: int, warm: Path, value_targ
     critic = the fitted one), skip the warm-up and train on ``value_target``; the others start from
     the start itself."""
     a = ARMS[arm]
-    kw = dict(estimator=a.estimator, loss=a.loss, loss_options=dict(a.loss_options), critic=a.critic)
+    kw = dict(estimator=a.estimator, loss=a.loss, loss_options=dict(a.loss_options), critic=a.critic,
+              estimator_options=dict(a.estimator_options))
+    if a.critic == "mc":
+        kw["mc_samples"] = MC_SAMPLES
+    if a.matched_band:  # the seed's matched-step record (made once, calibrate_step)
+        out = warm.parents[3]  # warm = OUT/warmups/CELL/seed=S/model
+        kw["loss_options"] = {**kw["loss_options"], "token_clip": calibrate_step(size, cell, seed, out,
+                                                                                  value_target)["token_clip"]}
     if "values" in get_estimator(a.estimator).needs and a.critic == "learned":
         kw.update(model_dir=str(warm), critic_warmup_steps=0, critic_epochs=SIZES[size]["critic_epochs"],
                   value_target=value_target)
@@ -391,6 +433,17 @@ def _num(x):
     return None if x is None or (isinstance(x, float) and not math.isfinite(x)) else x
 
 
+def critic_target(cfg) -> str | None:
+    """What the values an arm's estimator reads are fitted to or come from: the learned critic's
+    ``value_target`` (``mc`` / ``estimator``), ``policy_mc`` (critic="mc": the policy's own
+    Monte-Carlo values, no critic), ``expert`` (the scripted expert's exact values), None (no critic)."""
+    if not cfg.uses_critic:
+        return None
+    if cfg.critic == "learned":
+        return cfg.critic_option("value_target")
+    return {"mc": "policy_mc", "expert": "expert"}[cfg.critic]
+
+
 def collect(size: str, out: Path) -> tuple[list[dict], list[dict]]:
     """``(rows, finals)``: one row per (cell, arm, seed, iteration 0..N) of every run folder, and one
     row per finished run."""
@@ -426,7 +479,7 @@ def collect(size: str, out: Path) -> tuple[list[dict], list[dict]]:
                    "turn_ratio_max": _num(r.get("turn_ratio_max")), "clipfrac": _num(r.get("clipfrac")),
                    "entropy": _num(r.get("entropy")), "collapsed": coll, "run_state": state,
                    "value_target": cfg.critic_option("value_target") if cfg.learns_critic else None,
-                   "config_hash": cfg.hash()}
+                   "critic_target": critic_target(cfg), "config_hash": cfg.hash()}
             if it == 0 and wrec:  # before RL: the warm-up's held-out fit
                 row["critic_explained_var"] = _num(wrec.get("warmup_explained_var"))
                 row["values_across_within_ratio"] = _num(wrec.get("warmup_values_across_within_ratio"))
@@ -443,6 +496,9 @@ def collect(size: str, out: Path) -> tuple[list[dict], list[dict]]:
                            "warmup_explained_var": _num(wrec.get("warmup_explained_var")),
                            "warmup_stop": wrec.get("warmup_stop"),
                            "value_target": cfg.critic_option("value_target") if cfg.learns_critic else None,
+                           "critic_target": critic_target(cfg),
+                           "approx_kl": _num(float(np.nanmean([_num(r.get("approx_kl")) for r in recs
+                                                                if r.get("phase") == "rl"] or [math.nan]))),
                            **json.loads(pk_path.read_text())})
     return rows, finals
 
@@ -486,14 +542,14 @@ def compare(size: str, finals: list[dict]) -> list[dict]:
     out = []
     for cell in SIZES[size]["cells"]:
         rows = []
-        for label, a, b in COMPARISONS:
+        for label, a, b in comparisons_of(size):
             seeds = [s for s in SIZES[size]["seeds"] if (cell, a, s) in f and (cell, b, s) in f]
             diff = [f[(cell, a, s)]["final_sampled"] - f[(cell, b, s)]["final_sampled"] for s in seeds]
             rows.append({"cell": cell, "comparison": label, "a": a, "b": b, "paired_seeds": len(seeds),
                          "diffs": diff, **paired_test(diff)})
         for r, ph in zip(rows, holm([r["p_value"] for r in rows])):
             r["p_holm"] = ph
-            r["comparisons"] = len(COMPARISONS)
+            r["comparisons"] = len(comparisons_of(size))
             if r["paired_seeds"] == 0:
                 r["verdict"] = "not run"
             elif math.isfinite(ph) and ph < 0.05:
@@ -702,7 +758,7 @@ def main(argv=None) -> int:
     if not args.report_only:
         runs = plan(args.size, args.cells, args.seeds)
         meta = {"size": args.size, "grid": SIZES[args.size], "arms": {k: dataclasses.asdict(v) for k, v in ARMS.items()},
-                "comparisons": COMPARISONS, "value_target": args.value_target, "python": sys.version.split()[0],
+                "comparisons": comparisons_of(args.size), "value_target": args.value_target, "python": sys.version.split()[0],
                 "machine": f"{platform.machine()}, {os.cpu_count()} CPUs", "runs": len(plan(args.size))}
         (out / "grid.json").write_text(json.dumps(meta, indent=1) + "\n")
         t0 = time.perf_counter()

@@ -31,7 +31,7 @@ def test_plan_is_cell_then_seed_major_and_complete(learning):
 def test_arm_configs(learning, tmp_path):
     s = learning.SIZES["v2"]
     assert s["iterations"] >= 20 and s["episodes"] >= 32 and len(s["seeds"]) >= 6 and s["eval_episodes"] >= 128
-    cfgs = {a: learning.run_config("v2", "automation-d3-4", a, 3, tmp_path) for a in learning.ARMS}
+    cfgs = {a: learning.run_config("v2", "automation-d3-4", a, 3, tmp_path) for a in s["arms"]}
     for a, cfg in cfgs.items():  # equal budgets and one evaluation set for every arm of a seed
         assert (cfg.iterations, cfg.episodes, cfg.group_size, cfg.epochs, cfg.minibatches, cfg.policy_lr) == \
             (20, 32, 4, 2, 4, 1e-4), a
@@ -166,3 +166,41 @@ def test_matched_step_calibration_on_a_tiny_run(learning, tmp_path):
     before = (out / "calibration" / "automation-d3-4" / "seed=0.json").read_text()
     assert learning.main(["--size", "tiny", "--out", str(out), "--calibrate-step"]) == 0
     assert (out / "calibration" / "automation-d3-4" / "seed=0.json").read_text() == before
+
+
+def test_v3_arm_configs(learning, tmp_path):
+    """The v3 arms: critic="mc" arms read the policy's Monte-Carlo values (8 continuations, no critic,
+    no warm-up folder), mpo_baseline is MAE with within="baseline" and token_ppo on the shared warm-up,
+    and mpo_matched takes the token band of the seed's matched-step record."""
+    warm = tmp_path / "warmups" / "automation-d5-6" / "seed=2" / "model"
+    mc = learning.run_config("v3-e2", "automation-d3-4", "turn_gae_mc", 2, warm)
+    assert (mc.estimator, mc.loss, mc.critic, mc.mc_samples, mc.learns_critic) == ("turn_gae", "token_ppo", "mc", 8, False)
+    assert mc.model_dir == str(learning.START) and learning.critic_target(mc) == "policy_mc"
+    base = learning.run_config("v3-e3", "automation-d5-6", "mpo_baseline", 2, warm)
+    assert base.estimator_options == {"within": "baseline"} and base.loss == "token_ppo" and base.model_dir == str(warm)
+    assert learning.critic_target(base) == "mc" and base.difficulty == [5, 6]
+    rec = tmp_path / "calibration" / "automation-d5-6" / "seed=2.json"
+    rec.parent.mkdir(parents=True)
+    rec.write_text(json.dumps({"token_clip": 1.3, "matched": True}) + "\n")
+    m = learning.run_config("v3-e3", "automation-d5-6", "mpo_matched", 2, warm)
+    assert (m.loss, m.loss_options) == ("turn_ppo", {"token_clip": 1.3})
+    assert learning.critic_target(learning.run_config("v3-e2", "automation-d3-4", "grpo", 2, warm)) is None
+
+
+def test_v3_specs_are_the_preregistered_text(learning):
+    """The arms, seeds and primary comparisons of E2 and E3 in benchmarks/learning.py are those
+    docs/results.md fixed in advance (its "Replication v3" section)."""
+    text = (Path(__file__).resolve().parents[1] / "docs" / "results.md").read_text()
+    v3 = text[text.index("## Replication v3"):text.index("## Replication v2")]
+    for size, head, nxt in (("v3-e2", "**E2", "**E3"), ("v3-e3", "**E3", "**E1")):
+        part = v3[v3.index(head):v3.index(nxt)]
+        spec = learning.SIZES[size]
+        arms_line = "Arms: " + ", ".join(f"`{a}`" for a in spec["arms"]) + "."
+        assert arms_line in " ".join(part.split()), (size, arms_line)
+        listed = [ln[2:].strip() for ln in part.splitlines() if ln.startswith("* `")]
+        assert listed == [f"`{a}` − `{b}`" for _, a, b in spec["comparisons"]], (size, listed)
+        assert f"Holm over {'both' if len(listed) == 2 else 'the four'}" in part
+        assert learning.comparisons_of(size) == spec["comparisons"]
+    assert learning.SIZES["v3-e2"]["seeds"] == tuple(range(6)) and "E2 runs 6 seeds (0–5)" in v3
+    assert learning.SIZES["v3-e3"]["seeds"] == tuple(range(8)) and "E3 runs 8 seeds (0–7)" in v3
+    assert learning.SIZES["v3-e2"]["cells"] == ("automation-d3-4",) and learning.SIZES["v3-e3"]["cells"] == ("automation-d5-6",)
