@@ -4,10 +4,9 @@ policy at every turn start of FILE's episodes (:func:`mpo_viz.rollout.truth.mc_t
 from __future__ import annotations
 
 import time
-from pathlib import Path
 
 import mpo_viz.io as mio
-from mpo_viz.cli.errors import CLIError
+from mpo_viz.cli.errors import CLIError, source_and_output
 
 __all__ = ["add_subcommand"]
 
@@ -21,12 +20,7 @@ you name, unlike the oracle_* columns of generated files (the scripted expert's 
 
 
 def cmd_truth(args) -> int:
-    src = Path(args.path)
-    if not src.exists():
-        raise CLIError(f"{src}: no such file or folder")
-    out = Path(args.out)
-    if out.suffix not in (".parquet", ".jsonl"):
-        raise CLIError(f"-o: expected a .parquet or .jsonl file, found {str(out)!r}", 2)
+    src, out = source_and_output(args.path, args.out)
     if (args.model is None) == (args.policy is None):
         raise CLIError("expected exactly one of --model DIR (a saved policy) and --policy expert --noise P", 2)
     if args.policy is not None and args.policy != "expert":
