@@ -25,12 +25,12 @@ from 0) the kernel writes ``M2_i = −1`` and the caller recomputes that row exa
 :func:`moments_kernel` (shifted sums, exact for a constant row). The caller merges the rows
 (:func:`mpo_viz.advantages._inputs.merge_moments`) and rewrites the action tokens in place with
 :func:`whiten_apply_kernel`: one extra pass over the batch instead of numpy's gather, copy, two
-reductions and scatter. :func:`gae_kernel` and :func:`mae_kernel` also write, per row, the spans
-that hold its action tokens, ``wsp[i, j] = (start, end)`` for ``j < wsn[i]`` (:func:`gae_kernel`:
-the runs of action tokens; :func:`mae_kernel`: each turn, first to last action token), at most
-``wsp.shape[1]`` of them (more: ``wsn[i] = −1``, and the row is rewritten whole): the rewrite then
-reads and writes only those spans, not the observation tokens between them (three quarters of an
-agent rollout's positions), which took a third off its time at 512 × 8192. :func:`moments_kernel` gives the row statistics for any advantage array
+reductions and scatter. :func:`gae_kernel` also writes, per row, the maximal runs of action
+tokens, ``wsp[i, j] = (start, end)`` for ``j < wsn[i]``, at most ``wsp.shape[1]`` of them (more:
+``wsn[i] = −1``, and the row is rewritten whole; :func:`mae_kernel` always writes −1): the rewrite
+then touches only those runs, every position of which is an action token, with no test at all —
+not the observation tokens between them (three quarters of an agent rollout's positions), nor the
+mask. :func:`moments_kernel` gives the row statistics for any advantage array
 (the estimators without a kernel of their own). The readable specification is
 :func:`mpo_viz.advantages._inputs.whiten_reference` (and ``_whiten`` in the reference loops).
 """
@@ -197,19 +197,16 @@ def whiten_apply_kernel(a, m, mean, inv_std, wst, masked_zero, wsp, wsn):
 
     ``inv_std = 1/sqrt(var_unbiased + 1e-8)`` (:func:`mpo_viz.advantages._inputs.merge_moments`):
     a multiplication, not a division (a float64 division per element made the pass 1.5x slower);
-    the two differ by at most one float64 rounding. ``wst[i]`` = ``(n_i, ·, ·, end_i)``: the row's
-    number of action tokens and 1 + its last action position; the pass stops there (right
-    padding is never read). ``wsp``/``wsn`` (module docstring): where ``wsn[i] ≥ 0`` only the
-    row's spans ``wsp[i, :wsn[i]]`` are read and written (they hold every action token); where
-    ``wsn[i] < 0`` the row up to ``end_i``. With ``masked_zero`` 1 (estimator outputs: every
-    masked position holds 0) a row whose number of non-zero entries (in its spans) equals ``n_i``
-    has its action tokens exactly at its non-zero entries, so the rewrite tests the entries
-    themselves and never reads the mask (the count runs over the row, which the rewrite then finds
-    in cache); any other row reads the mask. Arithmetic in float64, stored in ``a``'s dtype.
+    the two differ by at most one float64 rounding. Arithmetic in float64, stored in ``a``'s dtype.
 
-    A stretch is rewritten whole with a select (the whitened ``x`` on action tokens, ``x`` itself
-    elsewhere) on a 1-D view: a branch-free loop the compiler vectorises; a position that is not
-    an action token is written back unchanged.
+    A row with recorded runs (``wsn[i] ≥ 0``, module docstring) is rewritten run by run, every
+    position of a run being an action token: a test-free loop on a 1-D view that the compiler
+    vectorises, reading neither the mask nor the observation tokens. Any other row (``wsn[i] < 0``)
+    up to ``end_i`` (``wst[i]`` = ``(n_i, ·, ·, end_i)``: its number of action tokens and 1 + its
+    last action position; right padding is never read): with ``masked_zero`` 1 (estimator outputs:
+    every masked position holds 0) a row whose number of non-zero entries equals ``n_i`` has its
+    action tokens exactly at its non-zero entries, so the rewrite selects on the entries themselves
+    and never reads the mask; otherwise it selects on the mask.
     """
     B, L = m.shape
     for i in prange(B):
@@ -218,31 +215,26 @@ def whiten_apply_kernel(a, m, mean, inv_std, wst, masked_zero, wsp, wsn):
             continue
         row = a[i]
         k = wsn[i]
-        if k < 0:  # no spans: the whole row up to its last action token
-            k = 1
-            starts, ends = np.zeros(1, np.int64), np.full(1, int(wst[i, 3]), np.int64)
-        else:
-            starts, ends = wsp[i, :k, 0].astype(np.int64), wsp[i, :k, 1].astype(np.int64)
+        if k >= 0:
+            for j in range(k):
+                seg = row[wsp[i, j, 0]:wsp[i, j, 1]]
+                for t in range(seg.shape[0]):
+                    seg[t] = (np.float64(seg[t]) - mean) * inv_std
+            continue
+        end = int(wst[i, 3])
         nz = 0
         if masked_zero == 1:
-            for j in range(k):
-                seg = row[starts[j]:ends[j]]
-                for t in range(seg.shape[0]):
-                    nz += seg[t] != 0.0
+            for t in range(end):
+                nz += row[t] != 0.0
         if masked_zero == 1 and nz == n:
-            for j in range(k):
-                seg = row[starts[j]:ends[j]]
-                for t in range(seg.shape[0]):
-                    x = seg[t]
-                    seg[t] = (np.float64(x) - mean) * inv_std if x != 0.0 else x
+            for t in range(end):
+                x = row[t]
+                row[t] = (np.float64(x) - mean) * inv_std if x != 0.0 else x
         else:
             mrow = m[i]
-            for j in range(k):
-                seg = row[starts[j]:ends[j]]
-                mseg = mrow[starts[j]:ends[j]]
-                for t in range(seg.shape[0]):
-                    x = seg[t]
-                    seg[t] = (np.float64(x) - mean) * inv_std if mseg[t] != 0.0 else x
+            for t in range(end):
+                x = row[t]
+                row[t] = (np.float64(x) - mean) * inv_std if mrow[t] != 0.0 else x
 
 
 @njit(parallel=True, cache=True)
@@ -303,7 +295,7 @@ def gae_kernel(r, v, m, boot, gamma, lam, ret_lam, adv, ret, bad, wh, wst, wsp, 
                 nb += rt != 0.0  # also NaN
                 adv[i, t] = 0.0
                 ret[i, t] = 0.0
-                if run_end >= 0:
+                if run_end >= 0:  # (only with wh = 1; a `wh == 1 and` here made the plain kernel 35% slower)
                     ns = _put_span(wsp, i, ns, t + 1, run_end)
                     run_end = -1
         bad[i] = nb
@@ -374,8 +366,10 @@ def mae_kernel(
     turn's span runs over masked tokens until an action token with another id). Fused input
     checks, as in :func:`gae_kernel`, plus the turn ids on action tokens: ``bad[i]`` also counts
     negative ids and turns that are not numbered 0..K−1 in order. ``wh``/``wst``: the row statistics
-    of the stored advantages (module docstring), accumulated in pass 2, and each turn's span
-    (first to last action token) in ``wsp``/``wsn``.
+    of the stored advantages (module docstring), accumulated in pass 2. It records no runs
+    (``wsn[i] = −1``: the rewrite goes over each row whole): tracking them in its loops made the
+    kernel itself 11–24% slower even without whitening (CPU time at 512 × 8192, three variants),
+    more than the rewrite would save.
     """
     B, L = m.shape
     kcap = t_adv.shape[1]
@@ -384,7 +378,6 @@ def mae_kernel(
         wend = 0  # 1 + the row's last action position
         s1 = 0.0
         s2 = 0.0
-        ns = 0  # turn spans recorded
         bs = boot[i] if math.isfinite(boot[i]) else 0.0
         nv_tok = bs  # value at the next action token (crosses turn boundaries)
         vt_next = bs  # V(s_{k+1})
@@ -479,8 +472,6 @@ def mae_kernel(
                         s2 += x * x
                         wn += 1
             wend = max(wend, e + 1)
-            if wh == 1:
-                ns = _put_span(wsp, i, ns, s, e + 1)
             if k >= 0 and k < kcap:
                 t_adv[i, k] = at
                 t_val[i, k] = vs
@@ -494,5 +485,5 @@ def mae_kernel(
             nb += 1
         bad[i] = nb
         if wh == 1:
-            wsn[i] = ns if ns <= wsp.shape[1] else -1
+            wsn[i] = -1
             _put_sums(wst, i, wn, s1, s2, wend)

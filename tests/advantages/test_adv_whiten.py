@@ -8,7 +8,7 @@ write on the way or from ``moments_kernel``), the numpy one it replaced
 ``whiten=True`` output against ``whiten_reference`` applied to its ``whiten=False`` output.
 Edge cases: one action token in the batch, rows without action tokens, a batch without any,
 constant advantages, values far from 0, float32 and float64; the spans the kernels record for the
-rewrite (runs of action tokens, turns with masked tokens inside, more spans than recorded).
+rewrite (gae: the runs of action tokens, more of them than recorded; mae: none, the whole row).
 """
 
 from __future__ import annotations
@@ -293,16 +293,6 @@ def _runs(mask_row) -> list[tuple[int, int]]:
     return out
 
 
-def _turn_spans(mask_row, tid_row) -> list[tuple[int, int]]:
-    """Each turn's first to last action token, ``[first, last + 1)`` (a plain loop)."""
-    spans: dict = {}
-    for t, (x, k) in enumerate(zip(mask_row, tid_row)):
-        if x != 0:
-            first, _ = spans.get(int(k), (t, t))
-            spans[int(k)] = (first, t + 1)
-    return list(spans.values())
-
-
 def _recorded(wsp, wsn, i) -> list[tuple[int, int]]:
     return sorted((int(a), int(b)) for a, b in wsp[i, : wsn[i]])
 
@@ -322,9 +312,7 @@ def test_kernels_record_the_spans_that_hold_the_action_tokens(dtype):
     e = np.full((B, 0), np.nan)
     K.mae_kernel(d["rewards"], d["values"], m, T, np.full(B, np.nan), 1.0, 0.95, 1.0, 0.9, 1.0, 0, 0, 0, adv, ret,
                  e, e, e, e, np.empty(B, np.int64), 1, w, wsp, wsn)
-    assert any(len(_turn_spans(m[i], T[i])) < len(_runs(m[i])) for i in range(B))  # a turn with a gap inside
-    for i in range(B):  # mae: each turn, masked tokens inside it included
-        assert _recorded(wsp, wsn, i) == sorted(_turn_spans(m[i], T[i])), i
+    assert (wsn == -1).all()  # mae records none: each row is rewritten whole
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
@@ -358,8 +346,8 @@ def test_rows_with_more_spans_than_recorded_are_rewritten_whole(name, dtype):
 
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_mae_turns_with_masked_tokens_inside_whiten_like_the_plain_output(dtype):
-    # masked tokens inside a turn's span (values garbage there): the rewrite through the turn
-    # spans must leave them 0, with and without exact zeros among the action tokens
+    # masked tokens inside a turn's span (values garbage there): the rewrite through the runs
+    # must leave them 0, with and without exact zeros among the action tokens
     for seed, lam_t in ((20, 0.9), (21, 0.0)):
         d = random_batch(seed, B=10, dtype=dtype, obs_inside=True)
         R, V = d["rewards"], d["values"]
