@@ -16,8 +16,8 @@ L tokens, float32 `rewards`, `values`, `mask`, `turn_ids`.
 
 Columns, per estimator and batch size (all in this one process, on the same inputs):
 * `plain ms`: the public call with `whiten=False`, the median over the rounds; `white ms`: with
-  `whiten=True` (the kernel writes per-row moments and the spans of the action tokens on the way;
-  one parallel pass rewrites those spans), the median; `ratio` — **the verdict** (target ≤ 1.2) —
+  `whiten=True` (the kernel writes per-row moments on the way, and gae its runs of action tokens;
+  one parallel pass rewrites those runs, or mae's rows whole), the median; `ratio` — **the verdict** (target ≤ 1.2) —
   the median over the rounds of white / plain within a round (the two calls back to back, so under
   the same load): what a user meets; `best ratio`: best against best (the floor, on a quiet
   moment); `cpu ratio`: best against best on the process's CPU time (`time.process_time`, all
