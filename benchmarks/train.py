@@ -15,9 +15,19 @@ turn_ppo), GRPO (grpo + token_ppo, G = 4) and PPO (gae + token_ppo) each train f
 wall time; greedy eval success on the same 64 held-out tasks every ``--eval-interval`` iterations,
 against wall time (critic warm-up included) and iterations. Goal: MPO >= 90% within 20 minutes.
 
-    python benchmarks/train.py                         # both parts, 20 minutes per algorithm
+Part 3 — a short run from scratch, what a new user tries first: the two-iteration run of
+``mpo-viz train --env search --estimator mpo --loss turn_ppo --episodes 16 --group-size 4
+--sft-steps 20 --seed 0 --iterations 2`` (``Trainer.run_all``, as the command does): seconds per
+phase (``mpo_viz.train.summary.phase_seconds``), the wall and CPU seconds of the whole run and the
+load average at its start and end. Target: <= 120 s wall on 2 cores at load <= 1. With
+``--full-warmup`` a second row runs the same command with the warm-up pool and budget of a full run
+(512 episodes, 256 steps: what every run used before they scaled with its length), and the ratio
+column compares each row's wall time with the first.
+
+    python benchmarks/train.py                         # all three parts, 20 minutes per algorithm
     python benchmarks/train.py --part 2 --minutes 8    # what fits a busy machine
     python benchmarks/train.py --part 1 --sft-steps 40
+    python benchmarks/train.py --part 3 --full-warmup  # the short run, and the same with a full warm-up
 
 Run folders go to ``--out`` (default /tmp/mpo_viz_bench_train). Rows are printed as they come.
 """
@@ -35,6 +45,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from mpo_viz import models  # noqa: E402
 from mpo_viz.train import Config, Trainer  # noqa: E402
+from mpo_viz.train.summary import PHASES, phase_seconds  # noqa: E402
 
 ALGOS = [("MPO", "mpo", "turn_ppo", 1), ("GRPO", "grpo", "token_ppo", 4), ("PPO", "gae", "token_ppo", 1)]
 
@@ -146,9 +157,52 @@ def part2(args) -> None:
         print(f"| {name} | {its} | {wall:.1f} | {b:.3f} | {bi} | {bw:.1f} |", flush=True)
 
 
+#: part 3: the short run's command as Config fields (every other field at its default)
+SHORT_RUN = dict(env="search", estimator="mpo", loss="turn_ppo", episodes=16, group_size=4, sft_steps=20, seed=0,
+                 iterations=2)
+#: part 3's target wall time, seconds
+SHORT_RUN_TARGET_S = 120.0
+
+
+def _short_run(out: Path, **changes) -> dict:
+    """The short run (``SHORT_RUN`` with ``changes``) from scratch: its phase seconds, wall, CPU, loads."""
+    load0, wall0, cpu0 = os.getloadavg()[0], time.perf_counter(), time.process_time()
+    tr = Trainer(Config(**{**SHORT_RUN, **changes}), _fresh(out), quiet=True)
+    tr.run_all(log=lambda line: None)
+    warm = next((r for r in tr.history if r.get("phase") == "critic_warmup"), {})
+    return {"phases": phase_seconds(tr.history), "wall": time.perf_counter() - wall0,
+            "cpu": time.process_time() - cpu0, "load": (load0, os.getloadavg()[0]),
+            "warmup": f"{warm.get('warmup_episodes')} episodes, {warm.get('warmup_steps')} steps "
+                      f"({warm.get('warmup_stop')})"}
+
+
+def part3(args) -> None:
+    flags = " ".join(f"--{k.replace('_', '-')} {v}" for k, v in SHORT_RUN.items())
+    print(f"\n## the short run: mpo-viz train {flags} (wall target {SHORT_RUN_TARGET_S:.0f} s on 2 cores at "
+          f"load <= 1; load average {os.getloadavg()[0]:.1f} at the start)\n", flush=True)
+    rows = [("defaults", {})]
+    if args.full_warmup:
+        rows.append(("full-run warm-up pool and budget (512, 256)",
+                     dict(critic_warmup_episodes=512, critic_warmup_steps=256)))
+    names = [name for name, _ in PHASES]
+    head = ("| run | warm-up | " + " | ".join(f"{n} s" for n in names)
+            + " | wall s | CPU s | wall / first | load start | load end |")
+    print(head)
+    print("|" + "|".join(["---"] * (head.count("|") - 1)) + "|", flush=True)
+    first = None
+    for i, (name, changes) in enumerate(rows):
+        r = _short_run(args.out / f"short-{i}", **changes)
+        first = first or r["wall"]
+        cells = " | ".join(f"{r['phases'].get(n, 0.0):.1f}" for n in names)
+        print(f"| {name} | {r['warmup']} | {cells} | {r['wall']:.1f} | {r['cpu']:.1f} | {r['wall'] / first:.2f} | "
+              f"{r['load'][0]:.1f} | {r['load'][1]:.1f} |", flush=True)
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--part", type=int, choices=(1, 2), help="run only part 1 or part 2")
+    p.add_argument("--part", type=int, choices=(1, 2, 3), help="run only part 1, 2 or 3")
+    p.add_argument("--full-warmup", action="store_true",
+                   help="part 3: also run the short run with a full run's warm-up pool and budget")
     p.add_argument("--minutes", type=float, default=20.0, help="wall minutes per algorithm in part 2")
     p.add_argument("--eval-interval", type=int, default=3, help="iterations between greedy evaluations (part 2)")
     p.add_argument("--sft-steps", type=int, default=60, help="SFT steps before the timed iteration (part 1)")
@@ -170,6 +224,8 @@ def main(argv=None) -> int:
         part1(args)
     if args.part in (None, 2):
         part2(args)
+    if args.part in (None, 3):
+        part3(args)
     return 0
 
 

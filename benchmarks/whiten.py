@@ -15,21 +15,24 @@ Batches come from `mpo_viz.synthetic.make_batch` shaped like agent rollouts (as
 L tokens, float32 `rewards`, `values`, `mask`, `turn_ids`.
 
 Columns, per estimator and batch size (all in this one process, on the same inputs):
-* `plain ms`: the public call with `whiten=False`; `white ms`: with `whiten=True` (the kernel
-  writes per-row moments on the way; one parallel pass rewrites the action tokens);
-  `ratio` = white / plain, best against best (target ≤ 1.2); `paired`: the median over the rounds
-  of white / plain within a round (the two calls back to back, so under the same load);
-  `cpu ratio`: best against best on the process's CPU time
-  (`time.process_time`, all threads), which a busy machine disturbs less than the wall time (with
-  `--threads 1` it is the single thread's time).
-* `numpy ms`: `whiten=False` followed by the numpy whitening the estimators used before
+* `plain ms`: the public call with `whiten=False`, the median over the rounds; `white ms`: with
+  `whiten=True` (the kernel writes per-row moments on the way, and gae its runs of action tokens;
+  one parallel pass rewrites those runs, or mae's rows whole), the median; `ratio` — **the verdict** (target ≤ 1.2) —
+  the median over the rounds of white / plain within a round (the two calls back to back, so under
+  the same load): what a user meets; `best ratio`: best against best (the floor, on a quiet
+  moment); `cpu ratio`: best against best on the process's CPU time (`time.process_time`, all
+  threads), which a busy machine disturbs less than the wall time (with `--threads 1` it is the
+  single thread's time).
+* `numpy ms` (best): `whiten=False` followed by the numpy whitening the estimators used before
   (`_inputs.whiten_reference` on a copy): what `whiten=True` cost before the fusion.
 * `verl ms`: verl's GAE with its whitening (gae only); `verl/white` = verl ms / white ms; and
   `max|Δ|`, the largest difference between verl's and our whitened advantages on action tokens
   (verl's `masked_whiten` leaves the other positions non-zero; we write 0 there).
 
-Timing is best-of-N (`--reps`, the verl loop `--verl-reps`), the two variants interleaved round by
-round so that both see the same machine; the load average is printed before and after. Numba
+Timing: N rounds (`--reps`, the verl loop `--verl-reps`), the variants interleaved round by round
+so that each round sees one machine; the verdict is the median of the rounds' paired ratios, the
+best-of columns beside it; the load average is printed before and after, and a verdict line per
+batch size. Numba
 compiles each kernel on its first call; that happens on a tiny batch before anything is timed.
 `--threads N` sets numba's and torch's threads (default: theirs, one per CPU). On a shared machine
 one thread gives the steadier numbers: a parallel kernel waits for its slowest thread, and with
@@ -66,11 +69,13 @@ else:
     VERL_MISSING = ""
 
 GAMMA, LAM = 1.0, 0.95
+#: the verdict's target: whiten=True within this factor of whiten=False at the median
+TARGET = 1.2
 
 
 def best_of(fns, reps):
     """Interleaved best-of-``reps`` wall seconds and process CPU seconds of each callable, each
-    one's last output, and every round's wall seconds: ``(wall, cpu, outs, rounds)``."""
+    one's last output, and every round's wall seconds (for the medians): ``(wall, cpu, outs, rounds)``."""
     wall = [float("inf")] * len(fns)
     cpu = [float("inf")] * len(fns)
     outs = [None] * len(fns)
@@ -128,13 +133,13 @@ def main(argv=None) -> int:
           f"torch {torch.__version__} ({torch.get_num_threads()} threads), numba {numba.__version__} "
           f"({numba.get_num_threads()} threads); verl {verl.__version__ if verl else '—'}")
     print(f"# gae γ={GAMMA} λ={LAM}; mae defaults (γ=1 λ=0.95 γ_T=1 λ_T=0.9 β=1); float32; L={L}; "
-          f"best of {args.reps} (verl {args.verl_reps})")
+          f"{args.reps} rounds: the verdict is the median paired ratio (verl best of {args.verl_reps})")
     tiny = make_batch(4, seed=0, turns=(2, 3), turn_len=(2, 5), obs_len=(1, 3), prompt_len=(2, 3))
     for w in (False, True):  # numba compiles here, untimed
         A.gae(tiny.rewards, tiny.values, tiny.mask, whiten=w)
         A.mae(tiny.rewards, tiny.values, tiny.mask, turn_ids=tiny.turn_ids, whiten=w)
     print(f"# before: {load()}")
-    header = (f"{'B':>5} {'L':>5} {'estimator':<9} {'plain ms':>9} {'white ms':>9} {'ratio':>6} {'paired':>8} "
+    header = (f"{'B':>5} {'L':>5} {'estimator':<9} {'plain ms':>9} {'white ms':>9} {'ratio':>6} {'best ratio':>10} "
               f"{'cpu ratio':>9} "
               f"{'numpy ms':>9} {'ratio':>6} {'verl ms':>9} {'verl/white':>10} {'max|Δ|':>9}")
     print(header)
@@ -158,10 +163,13 @@ def run_size(B, L, args):
     def mae(w):
         return A.mae(R, V, M, turn_ids=T, whiten=w)
 
+    verdicts = []
     for name, call in (("gae", gae), ("mae", mae)):
         (t0, t1, tn), (c0, c1, _), (_, white, old), rounds = best_of(
             [partial(call, False), partial(call, True), partial(numpy_whitened, call, M)], args.reps)
         paired = statistics.median(r[1] / r[0] for r in rounds)
+        med0, med1 = (statistics.median(r[j] for r in rounds) for j in (0, 1))
+        verdicts.append(f"{name} {paired:.2f}x ({'met' if paired <= TARGET else 'NOT met'})")
         assert np.allclose(white[0].numpy(), old, rtol=2e-5, atol=2e-5)  # the same numbers as before
         verl_cols = f"{'—':>9} {'—':>10} {'—':>9}"
         if name == "gae" and compute_gae_advantage_return is not None:
@@ -169,10 +177,12 @@ def run_size(B, L, args):
                                         args.verl_reps)
             d = float(np.abs(va.numpy()[act] - white[0].numpy()[act]).max())
             verl_cols = f"{tv * 1e3:>9.0f} {tv / t1:>9.0f}x {d:>9.1e}"
-        print(f"{B:>5} {L:>5} {name:<9} {t0 * 1e3:>9.1f} {t1 * 1e3:>9.1f} {t1 / t0:>5.2f}x {paired:>7.2f}x "
+        print(f"{B:>5} {L:>5} {name:<9} {med0 * 1e3:>9.1f} {med1 * 1e3:>9.1f} {paired:>5.2f}x {t1 / t0:>9.2f}x "
               f"{c1 / c0:>8.2f}x "
               f"{tn * 1e3:>9.1f} {tn / t0:>5.2f}x {verl_cols}", flush=True)
     print(f"{'':>5} ({act.mean():.0%} of the {B * L:,} positions are action tokens)")
+    print(f"{'':>5} verdict at B = {B}, median of {args.reps} paired rounds (target <= {TARGET:g}x): "
+          f"{', '.join(verdicts)}", flush=True)
 
 
 if __name__ == "__main__":

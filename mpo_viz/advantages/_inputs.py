@@ -20,7 +20,8 @@ from mpo_viz.options import Option, interval
 from mpo_viz.turns import turn_ids_from_mask
 
 __all__ = [
-    "Prepared", "prepare", "to_torch", "whiten_", "whiten_reference", "merge_moments", "group_codes", "scalar_check",
+    "Prepared", "prepare", "to_torch", "whiten_", "whiten_buffers", "whiten_reference", "merge_moments", "group_codes",
+    "scalar_check", "WHITEN_SPANS",
 ]
 
 
@@ -269,7 +270,20 @@ def merge_moments(moments: np.ndarray) -> tuple[int, float, float]:
     return int(total), mean, math.sqrt(var + WHITEN_EPS)
 
 
-def whiten_(adv: np.ndarray, mask: np.ndarray, moments: np.ndarray | None = None) -> np.ndarray:
+#: spans of action tokens an estimator kernel records per row for the whitening rewrite (a row with
+#: more is rewritten whole); 64 holds every row of the benchmark's rollouts (up to 40 turns)
+WHITEN_SPANS = 64
+
+
+def whiten_buffers(B: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """What an estimator kernel writes for the fused whitening (``wh = 1``; module docstring of
+    :mod:`mpo_viz.advantages.kernels`): the row moments ``wst`` float64 ``(B, 4)``, the spans
+    ``wsp`` int32 ``(B, WHITEN_SPANS, 2)`` and their counts ``wsn`` int64 ``(B,)``."""
+    return np.empty((B, 4)), np.empty((B, WHITEN_SPANS, 2), dtype=np.int32), np.empty(B, dtype=np.int64)
+
+
+def whiten_(adv: np.ndarray, mask: np.ndarray, moments: np.ndarray | None = None,
+            spans: tuple[np.ndarray, np.ndarray] | None = None) -> np.ndarray:
     """In place over the ``mask == 1`` tokens: ``A ← (A − mean)/sqrt(var_unbiased + 1e-8)``; returns ``adv``.
 
     Same map as :func:`whiten_reference` (masked positions keep their value, 0 for estimator
@@ -278,12 +292,15 @@ def whiten_(adv: np.ndarray, mask: np.ndarray, moments: np.ndarray | None = None
     :mod:`mpo_viz.advantages.kernels`) when an estimator kernel produced them on the way
     (``wh = 1``; its masked outputs are 0; rows with ``M2_i < 0`` are recomputed here), else
     :func:`~mpo_viz.advantages.kernels.moments_kernel`; then :func:`merge_moments` and one
-    rewrite of the action tokens (:func:`~mpo_viz.advantages.kernels.whiten_apply_kernel`).
+    rewrite of the action tokens (:func:`~mpo_viz.advantages.kernels.whiten_apply_kernel`),
+    restricted to the spans ``(wsp, wsn)`` that hold them when the kernel recorded those.
     Shapes: adv, mask ``(B, L)``.
     """
     from_kernel = moments is not None
+    B = adv.shape[0]
+    wsp, wsn = spans if spans is not None else (np.empty((B, 0, 2), dtype=np.int32), np.full(B, -1, dtype=np.int64))
     if moments is None:
-        moments = np.empty((adv.shape[0], 4))
+        moments = np.empty((B, 4))
         K.moments_kernel(adv, mask, moments)
     else:
         redo = np.flatnonzero(moments[:, 2] < 0)  # rows whose plain-sum M2 cancelled: exactly
@@ -293,7 +310,7 @@ def whiten_(adv: np.ndarray, mask: np.ndarray, moments: np.ndarray | None = None
             moments[redo] = sub
     n, mean, std = merge_moments(moments)
     if n > 0:
-        K.whiten_apply_kernel(adv, mask, mean, 1.0 / std, moments, int(from_kernel))
+        K.whiten_apply_kernel(adv, mask, mean, 1.0 / std, moments, int(from_kernel), wsp, wsn)
     return adv
 
 

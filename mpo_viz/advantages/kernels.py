@@ -25,7 +25,12 @@ from 0) the kernel writes ``M2_i = −1`` and the caller recomputes that row exa
 :func:`moments_kernel` (shifted sums, exact for a constant row). The caller merges the rows
 (:func:`mpo_viz.advantages._inputs.merge_moments`) and rewrites the action tokens in place with
 :func:`whiten_apply_kernel`: one extra pass over the batch instead of numpy's gather, copy, two
-reductions and scatter. :func:`moments_kernel` gives the row statistics for any advantage array
+reductions and scatter. :func:`gae_kernel` also writes, per row, the maximal runs of action
+tokens, ``wsp[i, j] = (start, end)`` for ``j < wsn[i]``, at most ``wsp.shape[1]`` of them (more:
+``wsn[i] = −1``, and the row is rewritten whole; :func:`mae_kernel` always writes −1): the rewrite
+then touches only those runs, every position of which is an action token, with no test at all —
+not the observation tokens between them (three quarters of an agent rollout's positions), nor the
+mask. :func:`moments_kernel` gives the row statistics for any advantage array
 (the estimators without a kernel of their own). The readable specification is
 :func:`mpo_viz.advantages._inputs.whiten_reference` (and ``_whiten`` in the reference loops).
 """
@@ -139,6 +144,16 @@ def _put_sums(wst, i, n, s1, s2, end):
 
 
 @njit(cache=True)
+def _put_span(wsp, i, ns, start, end):
+    """Record row i's span ``[start, end)`` as its ``ns``-th (dropped past the capacity, still
+    counted); returns the new count."""
+    if ns < wsp.shape[1]:
+        wsp[i, ns, 0] = start
+        wsp[i, ns, 1] = end
+    return ns + 1
+
+
+@njit(cache=True)
 def _put_moments(wst, i, n, shift, s1, s2, end):
     """Row i's ``(n, mean, M2, end)`` from shifted sums ``s1 = Σ(x − shift)``, ``s2 = Σ(x − shift)²``."""
     wst[i, 0] = n
@@ -177,42 +192,53 @@ def moments_kernel(a, m, wst):
 
 
 @njit(parallel=True, cache=True)
-def whiten_apply_kernel(a, m, mean, inv_std, wst, masked_zero):
+def whiten_apply_kernel(a, m, mean, inv_std, wst, masked_zero, wsp, wsn):
     """In place: ``a ← (a − mean)·inv_std`` on the action tokens (``m != 0``); other positions unchanged.
 
     ``inv_std = 1/sqrt(var_unbiased + 1e-8)`` (:func:`mpo_viz.advantages._inputs.merge_moments`):
     a multiplication, not a division (a float64 division per element made the pass 1.5x slower);
-    the two differ by at most one float64 rounding. ``wst[i]`` = ``(n_i, ·, ·, end_i)``: the row's
-    number of action tokens and 1 + its last action position; the pass stops there (right
-    padding is never read). With ``masked_zero`` 1 (estimator outputs: every masked position holds
-    0) a row whose number of non-zero entries equals ``n_i`` has its action tokens exactly at its
-    non-zero entries, so the rewrite tests the entries themselves and never reads the mask (a
-    third less memory traffic; the count runs over the row, which the rewrite then finds in
-    cache); any other row reads the mask. Arithmetic in float64, stored in ``a``'s dtype.
+    the two differ by at most one float64 rounding. Arithmetic in float64, stored in ``a``'s dtype.
+
+    A row with recorded runs (``wsn[i] ≥ 0``, module docstring) is rewritten run by run, every
+    position of a run being an action token: a test-free loop on a 1-D view that the compiler
+    vectorises, reading neither the mask nor the observation tokens. Any other row (``wsn[i] < 0``)
+    up to ``end_i`` (``wst[i]`` = ``(n_i, ·, ·, end_i)``: its number of action tokens and 1 + its
+    last action position; right padding is never read): with ``masked_zero`` 1 (estimator outputs:
+    every masked position holds 0) a row whose number of non-zero entries equals ``n_i`` has its
+    action tokens exactly at its non-zero entries, so the rewrite selects on the entries themselves
+    and never reads the mask; otherwise it selects on the mask.
     """
     B, L = m.shape
     for i in prange(B):
         n = int(wst[i, 0])
-        end = int(wst[i, 3])
         if n == 0:
             continue
+        row = a[i]
+        k = wsn[i]
+        if k >= 0:
+            for j in range(k):
+                seg = row[wsp[i, j, 0]:wsp[i, j, 1]]
+                for t in range(seg.shape[0]):
+                    seg[t] = (np.float64(seg[t]) - mean) * inv_std
+            continue
+        end = int(wst[i, 3])
         nz = 0
         if masked_zero == 1:
             for t in range(end):
-                nz += a[i, t] != 0.0
+                nz += row[t] != 0.0
         if masked_zero == 1 and nz == n:
             for t in range(end):
-                x = a[i, t]
-                if x != 0.0:  # a store only here: cache lines inside observation spans stay clean
-                    a[i, t] = (np.float64(x) - mean) * inv_std
+                x = row[t]
+                row[t] = (np.float64(x) - mean) * inv_std if x != 0.0 else x
         else:
+            mrow = m[i]
             for t in range(end):
-                if m[i, t] != 0.0:
-                    a[i, t] = (np.float64(a[i, t]) - mean) * inv_std
+                x = row[t]
+                row[t] = (np.float64(x) - mean) * inv_std if mrow[t] != 0.0 else x
 
 
 @njit(parallel=True, cache=True)
-def gae_kernel(r, v, m, boot, gamma, lam, ret_lam, adv, ret, bad, wh, wst):
+def gae_kernel(r, v, m, boot, gamma, lam, ret_lam, adv, ret, bad, wh, wst, wsp, wsn):
     """Token GAE over action tokens (verl semantics: γ between any two action tokens), per-row ``lam`` (B,).
 
     ``A_t = δ_t + γ·λ_i·A_{t+1}``, ``δ_t = r_t + γ·V_{t+1} − V_t`` (V after the last action token =
@@ -223,7 +249,8 @@ def gae_kernel(r, v, m, boot, gamma, lam, ret_lam, adv, ret, bad, wh, wst):
     row i with a mask entry not 0/1, a non-finite reward or value on an action token, or a non-zero
     reward on a masked token. Outputs are meaningless where ``bad[i] > 0``; the caller then runs
     :func:`validate_kernel` for the message. With ``wh = 1`` also the row statistics of the stored
-    advantages, ``wst[i] = (n_i, mean_i, M2_i, end_i)`` (module docstring).
+    advantages, ``wst[i] = (n_i, mean_i, M2_i, end_i)``, and the runs of action tokens,
+    ``wsp``/``wsn`` (module docstring).
     """
     B, L = m.shape
     sep = math.isfinite(ret_lam)
@@ -238,6 +265,8 @@ def gae_kernel(r, v, m, boot, gamma, lam, ret_lam, adv, ret, bad, wh, wst):
         wend = 0  # 1 + the row's last action position
         s1 = 0.0
         s2 = 0.0
+        ns = 0  # runs of action tokens recorded
+        run_end = -1  # 1 + the last position of the run being walked; -1: outside a run
         for t in range(L - 1, -1, -1):
             mt = m[i, t]
             rt = np.float64(r[i, t])
@@ -253,7 +282,9 @@ def gae_kernel(r, v, m, boot, gamma, lam, ret_lam, adv, ret, bad, wh, wst):
                     s1 += a
                     s2 += a * a
                     wn += 1
-                    wend = max(wend, t + 1)
+                    if run_end < 0:
+                        run_end = t + 1
+                        wend = max(wend, run_end)
                 if sep:
                     a2 = delta + gl2 * a2
                     ret[i, t] = a2 + vt
@@ -264,8 +295,14 @@ def gae_kernel(r, v, m, boot, gamma, lam, ret_lam, adv, ret, bad, wh, wst):
                 nb += rt != 0.0  # also NaN
                 adv[i, t] = 0.0
                 ret[i, t] = 0.0
+                if run_end >= 0:  # (only with wh = 1; a `wh == 1 and` here made the plain kernel 35% slower)
+                    ns = _put_span(wsp, i, ns, t + 1, run_end)
+                    run_end = -1
         bad[i] = nb
         if wh == 1:
+            if run_end >= 0:
+                ns = _put_span(wsp, i, ns, 0, run_end)
+            wsn[i] = ns if ns <= wsp.shape[1] else -1
             _put_sums(wst, i, wn, s1, s2, wend)
 
 
@@ -310,7 +347,7 @@ def discounted_kernel(r, m, gamma, out, bad, wh, wst):
 @njit(parallel=True, cache=True)
 def mae_kernel(
     r, v, m, tid, boot, gamma, lam, tgamma, tlam, beta, within, value_at, ret_mode,
-    adv, ret, t_adv, t_val, t_rew, t_ret, bad, wh, wst,
+    adv, ret, t_adv, t_val, t_rew, t_ret, bad, wh, wst, wsp, wsn,
 ):
     """Turn GAE + centered within-turn signal (:func:`mpo_viz.advantages.mae`); ``beta = 0`` is ``turn_gae``.
 
@@ -330,7 +367,10 @@ def mae_kernel(
     turn's span runs over masked tokens until an action token with another id). Fused input
     checks, as in :func:`gae_kernel`, plus the turn ids on action tokens: ``bad[i]`` also counts
     negative ids and turns that are not numbered 0..K−1 in order. ``wh``/``wst``: the row statistics
-    of the stored advantages (module docstring), accumulated in pass 2.
+    of the stored advantages (module docstring), accumulated in pass 2. It records no runs
+    (``wsn[i] = −1``: the rewrite goes over each row whole): tracking them in its loops made the
+    kernel itself 11–24% slower even without whitening (CPU time at 512 × 8192, three variants),
+    more than the rewrite would save.
     """
     B, L = m.shape
     kcap = t_adv.shape[1]
@@ -453,4 +493,5 @@ def mae_kernel(
             nb += 1
         bad[i] = nb
         if wh == 1:
+            wsn[i] = -1
             _put_sums(wst, i, wn, s1, s2, wend)

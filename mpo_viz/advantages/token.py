@@ -21,17 +21,18 @@ import numpy as np
 import torch
 
 from mpo_viz.advantages import kernels as K
-from mpo_viz.advantages._inputs import prepare, scalar_check, to_torch, whiten_
+from mpo_viz.advantages._inputs import prepare, scalar_check, to_torch, whiten_, whiten_buffers
 from mpo_viz.checks import TensorLike, warn_once
 
 __all__ = ["gae", "vapo", "turn_gae", "mae", "mae_with_turns"]
 
 
 def _finish(p, adv: np.ndarray, ret: np.ndarray, whiten: bool,
-            moments: np.ndarray) -> tuple[torch.Tensor, torch.Tensor]:
-    """Whiten (with the row moments the kernel wrote on the way) and hand out torch tensors."""
+            buffers: tuple) -> tuple[torch.Tensor, torch.Tensor]:
+    """Whiten (with the row moments and spans the kernel wrote on the way, :func:`whiten_buffers`)
+    and hand out torch tensors."""
     if whiten:
-        whiten_(adv, p.mask, moments)
+        whiten_(adv, p.mask, buffers[0], buffers[1:])
     return to_torch(adv, p.device), to_torch(ret, p.device)
 
 
@@ -58,11 +59,11 @@ def gae(
     adv = np.empty((B, L), dtype=p.dtype)
     ret = np.empty((B, L), dtype=p.dtype)
     bad = np.empty(B, dtype=np.int64)
-    moments = np.empty((B, 4))
+    wb = whiten_buffers(B)
     K.gae_kernel(p.rewards, p.values, p.mask, p.bootstrap, gamma, np.full(B, lam), np.nan, adv, ret, bad,
-                 int(whiten), moments)
+                 int(whiten), *wb)
     p.check_bad(bad)
-    return _finish(p, adv, ret, whiten, moments)
+    return _finish(p, adv, ret, whiten, wb)
 
 
 def vapo_lambda(n_action_tokens: TensorLike, alpha: float = 0.05) -> np.ndarray:
@@ -91,10 +92,10 @@ def vapo(
     adv = np.empty((B, L), dtype=p.dtype)
     ret = np.empty((B, L), dtype=p.dtype)
     bad = np.empty(B, dtype=np.int64)
-    moments = np.empty((B, 4))
-    K.gae_kernel(p.rewards, p.values, p.mask, p.bootstrap, gamma, lam, 1.0, adv, ret, bad, int(whiten), moments)
+    wb = whiten_buffers(B)
+    K.gae_kernel(p.rewards, p.values, p.mask, p.bootstrap, gamma, lam, 1.0, adv, ret, bad, int(whiten), *wb)
     p.check_bad(bad)
-    return _finish(p, adv, ret, whiten, moments)
+    return _finish(p, adv, ret, whiten, wb)
 
 
 def _option(name: str, value, table: dict) -> int:
@@ -141,11 +142,11 @@ def _mae(rewards, values, mask, *, turn_ids, gamma, lam, turn_gamma, turn_lam, b
     kmax = int(p.nturns.max()) if (tables and B) else 0
     t_adv, t_val, t_rew, t_ret = (np.full((B, kmax), np.nan) for _ in range(4))
     bad = np.empty(B, dtype=np.int64)
-    moments = np.empty((B, 4))
+    wb = whiten_buffers(B)
     K.mae_kernel(p.rewards, p.values, p.mask, p.turn_ids, p.bootstrap, gamma, lam, turn_gamma, turn_lam,
-                 beta, w, va, rm, adv, ret, t_adv, t_val, t_rew, t_ret, bad, int(whiten), moments)
+                 beta, w, va, rm, adv, ret, t_adv, t_val, t_rew, t_ret, bad, int(whiten), *wb)
     p.check_bad(bad)
-    a, g = _finish(p, adv, ret, whiten, moments)
+    a, g = _finish(p, adv, ret, whiten, wb)
     if not tables:
         return a, g
     turns = {"advantage": t_adv, "value": t_val, "reward": t_rew, "return": t_ret, "nturns": p.nturns}

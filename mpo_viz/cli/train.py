@@ -29,7 +29,7 @@ from mpo_viz.options import Option
 from mpo_viz.train.checkpoint import CheckpointWarning
 from mpo_viz.train.config import Config
 from mpo_viz.train.runfolder import RunFolder
-from mpo_viz.train.summary import summary_lines
+from mpo_viz.train.summary import phase_line, summary_lines
 
 #: the dict fields whose keys get flags of their own (``--beta`` fills ``estimator_options.beta``)
 OPTION_FIELDS = ("estimator_options", "loss_options")
@@ -150,6 +150,7 @@ def _train(args) -> int:
         summary += (f"; held-out sampled success {last_eval.get('eval_sampled_success', float('nan')):.3f}, "
                     f"greedy {last_eval['eval_success']:.3f}")
     print(summary + f"; run folder {tr.run.path}", flush=True)
+    print(phase_line(tr.history, wall), flush=True)
     if out:
         for line in summary_lines(tr.run.metrics()):
             print(line, flush=True)

@@ -37,10 +37,11 @@ from mpo_viz.losses import available as losses
 from mpo_viz.losses import options as loss_declarations
 from mpo_viz.options import Option, check_fields, declared, setting
 
-__all__ = ["Config", "CRITIC_DEFAULTS", "CRITIC_KINDS", "ExpertCriticWarning", "RESUMABLE_FIELDS", "TrustRegionWarning", "config_table",
-           "parse_difficulty"]
+__all__ = ["Config", "CRITIC_DEFAULTS", "CRITIC_KINDS", "ExpertCriticWarning", "RESUMABLE_FIELDS", "TrustRegionWarning",
+           "config_table", "parse_difficulty", "warmup_pool", "warmup_steps"]
 
-#: what each critic field means when left at None (and the estimator needs a critic)
+#: what each critic field means when left at None (and the estimator needs a critic); the warm-up's
+#: pool and budget are these at most, smaller for a short run (:func:`warmup_pool`, :func:`warmup_steps`)
 CRITIC_DEFAULTS = {
     "critic_lr": 3e-4,
     "value_clip": 0.5,
@@ -52,6 +53,8 @@ CRITIC_DEFAULTS = {
     "critic_init": "policy",
     "value_target": "estimator",
 }
+#: the smallest default warm-up pool (a short run's pool: its own episodes, iterations × episodes, at least this)
+WARMUP_POOL_MIN = 64
 #: where an estimator's values can come from (``Config.critic``)
 CRITIC_KINDS = ("learned", "expert", "mc")
 #: old names of critic kinds, read with a DeprecationWarning
@@ -256,11 +259,15 @@ class Config:
     # ------------------------------------------------------------------ critic warm-up
     critic_warmup_episodes: int | None = setting(
         None, kind="int", low=10, optional=True,
-        doc="Episodes of the start policy rolled out once as the warm-up's pool (None: 512); a fifth of "
-            "them is held out to measure the fit.")
+        doc="Episodes of the start policy rolled out once as the warm-up's pool (None: 512, or for a short "
+            "run the episodes its RL rolls out, ``iterations × episodes``, at least 64); a fifth of them is "
+            "held out to measure the fit.")
     critic_warmup_steps: int | None = setting(
         None, kind="int", low=0, optional=True,
-        doc="Step budget of the warm-up: AdamW steps of 32 pool episodes each (None: 256; 0 = no warm-up).")
+        doc="Step budget of the warm-up: AdamW steps of 32 pool episodes each (None: 256, or half the "
+            "pool's episodes when it has fewer than 512 — 16 passes over it either way; 0 = no warm-up). A pool "
+            "whose returns do not vary (or whose held-out ones do not) takes no step: the critic is set to "
+            "the constant at once.")
     critic_warmup_ev: float | None = setting(
         None, high=1, optional=True,
         doc="The gate: the warm-up stops once the critic's explained variance of the Monte-Carlo returns on "
@@ -351,9 +358,16 @@ class Config:
         return self.seed if self.eval_seed is None else self.eval_seed
 
     def critic_option(self, name: str):
-        """A critic field resolved: its value, or its default when None (see :data:`CRITIC_DEFAULTS`)."""
+        """A critic field resolved: its value, or its default when None (see :data:`CRITIC_DEFAULTS`;
+        the warm-up's pool and budget: :func:`warmup_pool`, :func:`warmup_steps`)."""
         v = getattr(self, name)
-        return CRITIC_DEFAULTS[name] if v is None else v
+        if v is not None:
+            return v
+        if name == "critic_warmup_episodes":
+            return warmup_pool(self.iterations, self.episodes)
+        if name == "critic_warmup_steps":
+            return warmup_steps(self.critic_option("critic_warmup_episodes"))
+        return CRITIC_DEFAULTS[name]
 
     # ------------------------------------------------------------------ JSON
     def to_dict(self) -> dict:
@@ -421,6 +435,20 @@ class Config:
         return [f"{k}: {a[k]!r} != {b[k]!r}" for k in a if k not in RESUMABLE_FIELDS and a[k] != b[k]]
 
 
+
+
+def warmup_pool(iterations: int, episodes: int) -> int:
+    """The default warm-up pool: ``min(512, max(64, iterations × episodes))`` — 512, unless the RL
+    run itself rolls out fewer episodes (a pool larger than the run it prepares costs more than the
+    run; 64 keeps a held-out fifth of 13 episodes)."""
+    cap = CRITIC_DEFAULTS["critic_warmup_episodes"]
+    return int(min(cap, max(WARMUP_POOL_MIN, iterations * episodes)))
+
+
+def warmup_steps(pool: int) -> int:
+    """The default warm-up budget for a pool of ``pool`` episodes: ``min(256, ceil(pool / 2))`` —
+    the default's 16 passes of 32-episode steps over the pool (256 at 512), at most 256."""
+    return int(min(CRITIC_DEFAULTS["critic_warmup_steps"], -(-pool // 2)))
 
 
 # ---------------------------------------------------------------------------------------------

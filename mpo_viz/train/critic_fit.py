@@ -11,6 +11,13 @@ a critic fitted to their own returns (``mpo-viz fit-critic``). Per step::
         EV = 1 − Var(G − V) / Var(G)   over held-out action tokens (population variances)
     stop at the first evaluation with EV ≥ ``gate`` ("gate"), or after ``steps`` ("budget")
 
+unless the outcome is fixed before the first step (no step is then taken): every target is the
+same ("constant": nothing varies, the EV is undefined) or, with a gate, every held-out target is
+("heldout_constant": the EV the gate reads is undefined, so it cannot pass). The critic is then
+set to the constant ``c`` that minimises the loss over the training tokens, their mean (exactly
+the targets' value in the first case), by its value head: weights 0, bias ``c``, so
+``V(s) = c`` everywhere.
+
 Held-out episodes are never trained on. The values are the critic's output at position
 ``P + t − 1`` for response token ``t`` (the state before the token; docs/models.md), exactly as
 the rollout and the trainer's updates read them. Deterministic for a seed on CPU.
@@ -34,20 +41,25 @@ from mpo_viz.losses import value_loss
 from mpo_viz.models import Critic
 from mpo_viz.models.tiny import MAX_POSITIONS
 from mpo_viz.models.tiny import SIZES as TINY_SIZES
+from mpo_viz.moments import Moments
 from mpo_viz.train.update import Rows, forward_critic, make_micro, micro_batches, rows_of
 from mpo_viz.trajectory import TrajectoryBatch
 
-__all__ = ["CRITIC_TARGETS", "CriticFit", "FittedCritic", "critic_outputs", "fit_critic", "fit_targets", "fit_values",
-           "holdout_split", "mc_returns", "vocab_critic"]
+__all__ = ["CONSTANT_STOPS", "CRITIC_TARGETS", "CriticFit", "FittedCritic", "critic_outputs", "fit_critic", "fit_targets",
+           "fit_values", "holdout_split", "mc_returns", "set_constant", "vocab_critic"]
+
+#: the stops of a fit whose outcome was fixed before its first step (the critic set to a constant)
+CONSTANT_STOPS = ("constant", "heldout_constant")
 
 
 @dataclass
 class CriticFit:
-    """What a fit did: ``steps`` taken, why it stopped (``stop``: ``"gate"`` or ``"budget"``), the
-    held-out explained variance at the end (``heldout_ev``) and at its best evaluation
-    (``best_ev`` at ``best_step``), the training episodes' EV at the end (``train_ev``), and
-    ``history``: one dict per evaluation (``step``, ``heldout_ev``, ``loss`` = the mean training
-    loss since the previous evaluation)."""
+    """What a fit did: ``steps`` taken, why it stopped (``stop``: ``"gate"``, ``"budget"``, or one
+    of :data:`CONSTANT_STOPS` with ``constant`` the value the critic was set to), the held-out
+    explained variance at the end (``heldout_ev``) and at its best evaluation (``best_ev`` at
+    ``best_step``), the training episodes' EV at the end (``train_ev``), and ``history``: one dict
+    per evaluation (``step``, ``heldout_ev``, ``loss`` = the mean training loss since the previous
+    evaluation)."""
 
     steps: int
     stop: str
@@ -59,6 +71,7 @@ class CriticFit:
     n_train: int
     n_heldout: int
     history: list = field(default_factory=list)
+    constant: float | None = None
 
     @property
     def passed(self) -> bool:
@@ -67,6 +80,15 @@ class CriticFit:
 
     def summary(self) -> str:
         """One line: where the fit stopped and why."""
+        if self.stop == "constant":
+            return (f"critic fit: 0 steps, the critic set to the constant {self.constant:.4g} (every return of the "
+                    f"{self.n_train + self.n_heldout} episodes is {self.constant:.4g}: nothing varies for a critic to "
+                    f"learn, the explained variance is undefined and no gate can pass)")
+        if self.stop == "heldout_constant":
+            return (f"critic fit: 0 steps, the critic set to the training episodes' mean return {self.constant:.4g} "
+                    f"(the returns of the {self.n_heldout} held-out episodes are all equal, so their explained "
+                    f"variance is undefined and the gate {self.gate:g} cannot pass; {self.n_train} training "
+                    f"episodes)")
         if self.passed:
             why = f"passed the gate {self.gate:g}"
         elif math.isnan(self.heldout_ev):
@@ -178,6 +200,76 @@ def _say_eval(bar, log: Callable[[str], None] | None, done: int, steps: int, ev:
             + (f" (gate {gate:g})" if gate is not None else ""))
 
 
+def set_constant(critic: torch.nn.Module, value: float) -> None:
+    """Make ``critic`` (a :class:`~mpo_viz.models.Critic`: ``head`` an ``nn.Linear(H, 1)``) output
+    ``value`` at every position: head weights 0, bias ``value``. Exact (``0·h + c = c`` for any
+    finite hidden state), and the zero-loss fit to constant targets; the trunk is untouched, and
+    the first update step gives the head's weights a gradient again."""
+    head = getattr(critic, "head", None)
+    if not isinstance(head, torch.nn.Linear) or head.out_features != 1 or head.bias is None:
+        raise ValueError(f"critic: expected a value head nn.Linear(H, 1) with a bias as .head, found "
+                         f"{type(head).__name__ if head is not None else 'none'} on {type(critic).__name__}")
+    with torch.no_grad():
+        head.weight.zero_()
+        head.bias.fill_(float(value))
+
+
+def _fixed_outcome(targets: torch.Tensor, mask: torch.Tensor, held: np.ndarray, gate: float | None) -> str | None:
+    """``"constant"`` when the action-token targets have no variance, ``"heldout_constant"`` when a
+    gate is set and those of the held-out rows have none (the same test as the explained
+    variance's: ``M2 = Σ (G − mean)² = 0``), else None (also for a batch without action tokens)."""
+    m = mask.bool()
+    everything = Moments.of(targets[m])
+    if everything.n and everything.m2 == 0:
+        return "constant"
+    idx = torch.from_numpy(np.asarray(held, dtype=np.int64))
+    if gate is not None and Moments.of(targets[idx][m[idx]]).m2 == 0:
+        return "heldout_constant"
+    return None
+
+
+def _constant_fit(critic: torch.nn.Module, stop: str, targets: torch.Tensor, mask: torch.Tensor, train: np.ndarray,
+                  held: np.ndarray, gate: float | None) -> CriticFit:
+    """Set ``critic`` to the loss-minimising constant of the training tokens (their mean; the
+    shared value itself when ``stop="constant"``) and report it as a fit of 0 steps."""
+    m = mask.bool()
+    idx = torch.from_numpy(np.asarray(train, dtype=np.int64))
+    g = targets[idx][m[idx]]
+    c = float(targets[m][0]) if stop == "constant" else Moments.of(g).mean
+    set_constant(critic, c)
+    critic.eval()
+    flat = torch.full(targets.shape, c, dtype=torch.float32).double()  # what the float32 critic outputs
+    hidx = torch.from_numpy(np.asarray(held, dtype=np.int64))
+    ev = explained_variance(targets[hidx], flat[hidx], mask[hidx])
+    return CriticFit(steps=0, stop=stop, gate=math.nan if gate is None else float(gate), heldout_ev=ev, best_ev=ev,
+                     best_step=0, train_ev=explained_variance(targets[idx], flat[idx], mask[idx]), n_train=len(train),
+                     n_heldout=len(held), history=[{"step": 0, "heldout_ev": ev, "loss": math.nan}], constant=c)
+
+
+def _checked_targets(r: Rows, targets, steps: int, batch_episodes: int, eval_every: int) -> torch.Tensor:
+    """``targets`` as float64 after the checks of :func:`fit_values`' arguments (a ValueError each)."""
+    if steps < 0 or batch_episodes < 1 or eval_every < 1:
+        raise ValueError(f"steps/batch_episodes/eval_every: expected >= 0, >= 1, >= 1, found "
+                         f"{steps}, {batch_episodes}, {eval_every}")
+    targets = torch.as_tensor(targets, dtype=torch.float64)
+    if targets.shape != r.mask.shape:
+        raise ValueError(f"targets: expected shape {tuple(r.mask.shape)}, found {tuple(targets.shape)}")
+    return targets
+
+
+def _fixed_fit(critic: torch.nn.Module, targets: torch.Tensor, mask: torch.Tensor, train: np.ndarray, held: np.ndarray,
+               gate: float | None, on_eval) -> CriticFit | None:
+    """The fit of 0 steps when its outcome is fixed before the first step and the critic has a
+    value head (:func:`_fixed_outcome`, :func:`_constant_fit`; ``on_eval`` called once), else None."""
+    stop = _fixed_outcome(targets, mask, held, gate)
+    if stop is None or not isinstance(getattr(critic, "head", None), torch.nn.Linear):
+        return None
+    fit = _constant_fit(critic, stop, targets, mask, train, held, gate)
+    if on_eval is not None:
+        on_eval(0, fit.heldout_ev, critic)
+    return fit
+
+
 def fit_values(
     critic: torch.nn.Module,
     batch: TrajectoryBatch,
@@ -208,16 +300,17 @@ def fit_values(
     ``gate=None`` never stops early. ``groups`` (a label per row): hold out whole groups.
     ``log(line)`` receives a line per evaluation, ``on_eval(step, heldout_ev, critic)`` is called
     at each (step 0 included); ``progress`` shows a tqdm bar. Returns a :class:`CriticFit`; the
-    critic is left in eval mode.
+    critic is left in eval mode. When the outcome is fixed before the first step (see the module
+    docstring: no target varies, or with a gate no held-out one does) and the critic has a value
+    head, it is set to the constant at once (:func:`set_constant`; ``on_eval`` is called once, at
+    step 0, after that) and the fit reports 0 steps.
     """
-    if steps < 0 or batch_episodes < 1 or eval_every < 1:
-        raise ValueError(f"steps/batch_episodes/eval_every: expected >= 0, >= 1, >= 1, found "
-                         f"{steps}, {batch_episodes}, {eval_every}")
     r = rows_of(batch)
-    targets = torch.as_tensor(targets, dtype=torch.float64)
-    if targets.shape != r.mask.shape:
-        raise ValueError(f"targets: expected shape {tuple(r.mask.shape)}, found {tuple(targets.shape)}")
+    targets = _checked_targets(r, targets, steps, batch_episodes, eval_every)
     train, held = holdout_split(len(r), holdout, seed, groups)
+    fixed = _fixed_fit(critic, targets, r.mask, train, held, gate, on_eval)
+    if fixed is not None:
+        return fixed
     kw = dict(pad_id=pad_id, device=device, micro_batch_tokens=micro_batch_tokens)
     g32 = targets.float()
     own = getattr(critic, "own_parameters", critic.parameters)()

@@ -19,6 +19,7 @@ stopped after iteration k and resumed is bit-for-bit the run that never stopped 
 from __future__ import annotations
 
 import copy
+import hashlib
 import json
 import math
 import os
@@ -76,7 +77,7 @@ from mpo_viz.train.update import (
 )
 from mpo_viz.trajectory import TrajectoryBatch
 
-__all__ = ["Trainer", "RESULT_KEYS_VOLATILE", "episode_stats", "check_loss_inputs", "progress_line"]
+__all__ = ["Trainer", "RESULT_KEYS_VOLATILE", "episode_stats", "check_loss_inputs", "progress_line", "warmup_line"]
 
 #: the critic warm-up's fixed settings: episodes per AdamW step, held-out share, steps between checks
 WARMUP_BATCH_EPISODES = 32
@@ -194,6 +195,8 @@ class Trainer:
         self.state: dict[str, Any] = {"iteration": 0, "seed_cursor": 0, "sft_done": False, "critic_warm": False,
                       "elapsed_s": 0.0, "config_hash": cfg.hash(), "config": cfg.to_dict()}
         self.lagged: list = []  # rollouts waiting for their update (policy_lag)
+        self._evals: dict = {}  # (greedy, n) -> (the policy's weights digest, the stats): see evaluate
+        self.eval_seconds = 0.0  # wall seconds spent in evaluate() by this trainer (cached ones: none)
 
     @property
     def iteration(self) -> int:
@@ -356,12 +359,24 @@ class Trainer:
         :func:`episode_stats`) or sampled at the rollout's temperature (``greedy=False``: keys
         ``eval_sampled_success``, ...). The tasks and the sampling seeds are fixed by
         ``cfg.eval_key``: the same at every evaluation and in every run that shares it. Draws from
-        no training RNG."""
+        no training RNG. An evaluation of weights already evaluated (bit for bit: a digest of the
+        policy's state) returns the earlier result, which a rerun would reproduce, without playing
+        the episodes again."""
         n = self.cfg.eval_episodes if n_episodes is None else int(n_episodes)
         if n < 1:
             raise ValueError(f"n_episodes: expected >= 1, found {n_episodes}")
+        # the same weights on the same tasks and seeds play the same episodes: an evaluation of
+        # unchanged weights (the end of SFT, then the critic warm-up, then the one before RL) is reused
+        digest = _weights_digest(self.policy.model)
+        cached = self._evals.get((greedy, n))
+        if cached is not None and cached[0] == digest:
+            return dict(cached[1])
+        t0 = time.perf_counter()
         batch = self._eval_rollout(n, greedy=greedy)
-        return episode_stats(batch, prefix="eval_" if greedy else "eval_sampled_")
+        out = episode_stats(batch, prefix="eval_" if greedy else "eval_sampled_")
+        self.eval_seconds += time.perf_counter() - t0
+        self._evals[(greedy, n)] = (digest, dict(out))
+        return out
 
     def evaluation(self, n_episodes: int | None = None) -> dict:
         """Both evaluations of :meth:`evaluate` (greedy and sampled) on the held-out set, with
@@ -398,15 +413,17 @@ class Trainer:
         cfg = self.cfg
         steps = cfg.sft_steps if steps is None else int(steps)
         target = cfg.sft_target_success if target_success is None else float(target_success)
-        t0 = time.perf_counter()
+        t0, e0 = time.perf_counter(), self.eval_seconds
         try:
             res = run_sft(self, steps=steps, target=target, log=self._say)
         except KeyboardInterrupt:
             self._abandon("interrupted: SFT abandoned; the run is back at its last checkpoint (resumable)")
             return {}
         self.state["sft_done"] = True
-        self.state["elapsed_s"] += time.perf_counter() - t0
-        rec = {"iteration": 0, "phase": "sft", "time_s": self.state["elapsed_s"], **res}
+        took, evals = time.perf_counter() - t0, self.eval_seconds - e0
+        self.state["elapsed_s"] += took
+        rec = {"iteration": 0, "phase": "sft", "time_s": self.state["elapsed_s"], **res,
+               "timings": {"sft": took - evals, "eval": evals}}
         self.run.append_metrics(rec)
         self.history.append(rec)
         if res["sft_steps"] > 0:
@@ -435,7 +452,7 @@ class Trainer:
         os.replace(tmp, final)
         return final
 
-    def warmup_critic(self, steps: int | None = None, *, gate: float | None = None) -> dict:
+    def warmup_critic(self, steps: int | None = None, *, gate: float | None = None, log=None) -> dict:
         """Fit the critic before RL on a pool of rollouts of the current policy.
 
         The pool: ``critic_warmup_episodes`` episodes (one per task; their seeds depend only on
@@ -443,8 +460,12 @@ class Trainer:
         The critic is fitted to the Monte-Carlo returns (the estimator's ``gamma``/``turn_gamma``)
         at ``critic_warmup_lr`` by :func:`~mpo_viz.train.critic_fit.fit_values` until its explained
         variance on the held-out episodes reaches ``gate`` (default ``critic_warmup_ev``) or the
-        ``steps`` budget (default ``critic_warmup_steps``) ends. The metrics line (phase
-        ``critic_warmup``) says which (``warmup_stop``: ``"gate"``/``"budget"``) and the EV reached.
+        ``steps`` budget (default ``critic_warmup_steps``) ends; when the pool's returns (or the
+        held-out ones) do not vary, no step can change that outcome and the critic is set to the
+        constant at once. The metrics line (phase ``critic_warmup``) says which (``warmup_stop``:
+        ``"gate"``, ``"budget"``, ``"constant"``, ``"heldout_constant"``; ``warmup_constant``), the EV
+        reached and the seconds of the pool's rollout and of the fit (``timings``); ``log(line)``
+        (default: the console) receives one line, :func:`warmup_line`.
         """
         cfg = self.cfg
         if self.critic is None:
@@ -457,6 +478,7 @@ class Trainer:
         try:
             self._say(f"critic warm-up: rolling out a pool of {n_pool} episodes of the start policy")
             pool = self._rollout(n_pool, seed=derive_seed(cfg.seed, "critic-warmup"), group_size=1)
+            t_pool = time.perf_counter() - t0
             opts = cfg.estimator_options
             targets = mc_returns(pool, gamma=opts.get("gamma", 1.0), turn_gamma=opts.get("turn_gamma", 1.0))
             fit = fit_values(self.critic, pool, targets, steps=steps, lr=cfg.critic_option("critic_warmup_lr"),
@@ -471,16 +493,18 @@ class Trainer:
         except KeyboardInterrupt:
             self._abandon("interrupted: critic warm-up abandoned; the run is back at its last checkpoint (resumable)")
             return {}
-        self._say(fit.summary())
         self.state["critic_warm"] = True
-        self.state["elapsed_s"] += time.perf_counter() - t0
+        took = time.perf_counter() - t0
+        self.state["elapsed_s"] += took
         rec = {"iteration": self.iteration, "phase": "critic_warmup", "time_s": self.state["elapsed_s"],
                "warmup_steps": fit.steps, "warmup_explained_var": fit.heldout_ev, "warmup_gate": gate,
                "warmup_passed": fit.passed, "warmup_stop": fit.stop, "warmup_best_explained_var": fit.best_ev,
                "warmup_train_explained_var": fit.train_ev, "warmup_episodes": n_pool,
                "warmup_heldout_episodes": fit.n_heldout, "warmup_history": fit.history,
-               "warmup_summary": fit.summary(),
-               **{f"warmup_{k}": v for k, v in split.items() if k != "critic_explained_var"}}
+               "warmup_summary": fit.summary(), "warmup_constant": fit.constant,
+               **{f"warmup_{k}": v for k, v in split.items() if k != "critic_explained_var"},
+               "timings": {"warmup_pool": t_pool, "warmup_fit": took - t_pool}}
+        (log or self._say)(warmup_line(rec))
         self.run.append_metrics(rec)
         self.history.append(rec)
         if self.run.start.is_dir():  # this run's SFT start: keep its critic beside it
@@ -520,11 +544,9 @@ class Trainer:
                 return []
             log(sft_line(r, self.run.start if r.get("sft_steps") else None))
         if self.critic is not None and not self.state["critic_warm"] and cfg.critic_option("critic_warmup_steps") > 0:
-            r = self.warmup_critic()
+            self.warmup_critic(log=log)
             if self.interrupted:
                 return []
-            log(f"critic warm-up: {r['warmup_steps']} steps, held-out explained variance "
-                f"{r['warmup_explained_var']:.3f} ({'passed the gate' if r['warmup_passed'] else 'budget ended first'})")
         total = cfg.iterations if iterations is None else int(iterations)
         if self.iteration == 0 and total > 0 and not self._start_evaluated():
             # where every learning curve starts: the policy before its first RL update (the
@@ -544,7 +566,9 @@ class Trainer:
     def _eval_line(self) -> dict:
         """Both evaluations at the current iteration, written as a ``phase: "eval"`` metrics line
         (flagged like an iteration's line, see :meth:`_flag_collapse`); returns the line."""
+        t0 = time.perf_counter()
         rec = {"iteration": self.iteration, "phase": "eval", "time_s": self.state["elapsed_s"], **self.evaluation()}
+        rec["timings"] = {"eval": time.perf_counter() - t0}
         self._flag_collapse(rec)
         self.run.append_metrics(rec)
         self.history.append(rec)
@@ -770,6 +794,16 @@ def _explained_variance(batch: TrajectoryBatch, returns) -> float:
     return explained_variance(returns, batch.values, batch.mask) if batch.has("values") else math.nan
 
 
+def _weights_digest(model: torch.nn.Module) -> bytes:
+    """A digest of every tensor of ``model``'s state (names, shapes, dtypes, bytes): equal digests
+    are equal weights, bit for bit (a few ms for the tiny models)."""
+    h = hashlib.blake2b(digest_size=16)
+    for name, t in model.state_dict().items():
+        h.update(f"{name}{tuple(t.shape)}{t.dtype}".encode())
+        h.update(t.detach().cpu().contiguous().reshape(-1).view(torch.uint8).numpy().tobytes())
+    return h.digest()
+
+
 def _oracle_as_values(batch: TrajectoryBatch, env: str):
     """The batch with the scripted expert's exact values as its ``values`` (``critic="expert"``);
     terminal after the last action token (no bootstrap: a cut episode's return is 0, as its rewards
@@ -804,6 +838,29 @@ def sft_line(rec: dict, start: Path | None) -> str:
         head += (f"; MISSED the target {target:g} (the budget of {steps} steps ended first): RL starts from a weak "
                  f"policy; raise --sft-steps or start from a saved start (--model-dir)")
     return head + (f"; start kept in {start} (--model-dir {start})" if start is not None else "")
+
+
+#: what to do when the warm-up's pool taught the critic nothing but a constant (critic_fit.CONSTANT_STOPS)
+WARMUP_CONSTANT_ADVICE = ("RL starts from a critic that predicts that constant, and critic-based advantages are then "
+                          "the bare returns; what helps: a start that succeeds sometimes (more SFT: --sft-steps, "
+                          "or --model-dir of a stronger start), a larger pool (--critic-warmup-episodes), or "
+                          "shaped rewards (per-turn rewards of the environment)")
+
+
+def warmup_line(rec: dict) -> str:
+    """The one line the critic warm-up ends with: the fit's summary (steps, held-out EV, why it
+    stopped); when the pool's returns left nothing to learn, what happened and what to do."""
+    steps, ev, stop = rec.get("warmup_steps"), rec.get("warmup_explained_var", math.nan), rec.get("warmup_stop")
+    if stop == "constant":
+        return (f"critic warm-up: stopped at once (0 steps): every return of the {rec.get('warmup_episodes')} pool "
+                f"episodes is {rec.get('warmup_constant'):.4g}, so there is nothing for a critic to learn and the "
+                f"gate cannot pass; the critic was set to that constant. {WARMUP_CONSTANT_ADVICE}")
+    if stop == "heldout_constant":
+        return (f"critic warm-up: stopped at once (0 steps): the returns of the {rec.get('warmup_heldout_episodes')} "
+                f"held-out pool episodes are all equal, so their explained variance is undefined and the gate "
+                f"{rec.get('warmup_gate'):g} cannot pass; the critic was set to the training episodes' mean return "
+                f"{rec.get('warmup_constant'):.4g}. {WARMUP_CONSTANT_ADVICE}")
+    return rec.get("warmup_summary") or f"critic fit: {steps} steps, held-out explained variance {ev:.3f}"
 
 
 def progress_line(rec: dict, total: int | None = None) -> str:

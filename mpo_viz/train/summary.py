@@ -6,7 +6,8 @@ with the last one, on the same fixed held-out tasks. A change counts as a move w
 twice its standard error, ``se = sqrt(p0 (1 − p0) / n + p1 (1 − p1) / n)`` with ``n`` the
 evaluation tasks (the binomial error of two independent rates: conservative for the paired tasks
 here). :func:`hints` reads the run's RL lines for the usual reasons a run does not move;
-:func:`summary_lines` puts both into the lines ``mpo-viz train`` ends with.
+:func:`summary_lines` puts both into the lines ``mpo-viz train`` ends with, and :func:`phase_line`
+where the time went (:func:`phase_seconds`: the ``timings`` of every record, added up by phase).
 """
 
 from __future__ import annotations
@@ -14,8 +15,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-__all__ = ["Move", "success_moves", "hints", "summary_lines", "value_target_line", "DOCS_NOT_LEARNING",
-           "MOVE_SE"]
+__all__ = ["Move", "success_moves", "hints", "summary_lines", "value_target_line", "phase_seconds", "phase_line",
+           "DOCS_NOT_LEARNING", "MOVE_SE", "PHASES"]
 
 #: the docs section on runs that do not learn
 DOCS_NOT_LEARNING = "docs/training.md#when-a-run-does-not-learn"
@@ -25,6 +26,13 @@ MOVE_SE = 2.0
 #: sampled success by ~0.2 at approx_kl 1e-4 to 1e-3 per iteration)
 APPROX_KL_STILL = 1e-5
 _KINDS = (("sampled", "eval_sampled_success"), ("greedy", "eval_success"))
+#: the phases of a run, in order, and the ``timings`` keys of its records each adds up (the SFT line's
+#: ``sft``/``eval``, the warm-up's ``warmup_pool``/``warmup_fit``, each RL iteration's ``rollout`` ...
+#: ``checkpoint``, each evaluation line's ``eval``); ``rollout_oracle`` is a part of ``rollout``
+PHASES = (("sft", ("sft",)), ("warm-up pool", ("warmup_pool",)), ("warm-up fit", ("warmup_fit",)),
+          ("rollout", ("rollout",)), ("monte-carlo values", ("mc",)), ("values", ("values",)),
+          ("advantages", ("advantages",)),
+          ("update", ("update",)), ("eval", ("eval",)), ("write", ("write", "checkpoint")))
 
 
 @dataclass(frozen=True)
@@ -84,15 +92,21 @@ def _mean(records, key) -> float | None:
 
 def hints(records) -> list[str]:
     """The usual reasons a run does not move, each naming the metric that shows it (in the order
-    worth checking): a collapse flagged, a warm-up that missed its gate, a start that never
-    succeeds, a policy that barely moved, a critic that explains little, few iterations."""
+    worth checking): a collapse flagged, a warm-up with nothing to learn or that missed its gate, a
+    start that never succeeds, a policy that barely moved, a critic that explains little, few
+    iterations."""
     rl = [r for r in records if r.get("phase") == "rl"]
     out = []
     flagged = sorted({m for r in records for m in (r.get("collapse") or [])})
     if flagged:
         out.append(f"collapse signatures were flagged ({', '.join(flagged)}): see docs/training.md#when-a-run-collapses")
     warm = next((r for r in records if r.get("phase") == "critic_warmup"), None)
-    if warm is not None and warm.get("warmup_passed") is False:
+    if warm is not None and warm.get("warmup_constant") is not None:  # the pool's returns left nothing to learn
+        out.append(f"the critic warm-up had nothing to learn (warmup_stop {warm.get('warmup_stop')}: the pool's "
+                   f"returns, or its held-out ones, were all equal) and set the critic to the constant "
+                   f"{warm['warmup_constant']:.4g}: a start that succeeds sometimes (more SFT), a larger pool "
+                   f"(--critic-warmup-episodes), or shaped rewards")
+    elif warm is not None and warm.get("warmup_passed") is False:
         ev = warm.get("warmup_explained_var")
         out.append(f"the critic warm-up missed its gate (warmup_explained_var {'undefined' if ev is None else f'{ev:.3f}'}"
                    f" < {warm.get('warmup_gate')}): critic-based estimators ran on weak values; raise "
@@ -128,6 +142,29 @@ def value_target_line(records) -> str | None:
     if not seen:
         return None
     return "the critic trained on " + " then ".join(VALUE_TARGET_TEXT.get(t, repr(t)) for t in seen)
+
+
+def phase_seconds(records) -> dict[str, float]:
+    """Seconds per phase (:data:`PHASES`, in order; phases with no time left out) summed over the
+    ``timings`` of ``records`` (metrics lines, or a trainer's ``history``)."""
+    out = {}
+    for phase, keys in PHASES:
+        total = sum(float(r["timings"][k]) for r in records if isinstance(r.get("timings"), dict)
+                    for k in keys if isinstance(r["timings"].get(k), (int, float)))
+        if total > 0:
+            out[phase] = total
+    return out
+
+
+def phase_line(records, wall: float | None = None) -> str:
+    """``seconds per phase: sft 12.3, warm-up pool 8.1, ... (sum 61.0 of 64.2 s wall)``; with
+    ``wall`` the rest (start-up, model loading, checkpoints before RL) is what the sum leaves."""
+    sec = phase_seconds(records)
+    if not sec:
+        return "seconds per phase: none recorded"
+    total = sum(sec.values())
+    tail = f"sum {total:.1f} s" + (f" of {wall:.1f} s wall" if wall is not None else "")
+    return "seconds per phase: " + ", ".join(f"{k} {v:.1f}" for k, v in sec.items()) + f" ({tail})"
 
 
 def summary_lines(records) -> list[str]:

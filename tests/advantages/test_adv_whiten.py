@@ -7,7 +7,8 @@ write on the way or from ``moments_kernel``), the numpy one it replaced
 (``_inputs.whiten_reference``) and the Python loop of ``reference._whiten``; and every estimator's
 ``whiten=True`` output against ``whiten_reference`` applied to its ``whiten=False`` output.
 Edge cases: one action token in the batch, rows without action tokens, a batch without any,
-constant advantages, values far from 0, float32 and float64.
+constant advantages, values far from 0, float32 and float64; the spans the kernels record for the
+rewrite (gae: the runs of action tokens, more of them than recorded; mae: none, the whole row).
 """
 
 from __future__ import annotations
@@ -20,7 +21,13 @@ from adv_batches import random_batch
 import mpo_viz.advantages as A
 from mpo_viz.advantages import kernels as K
 from mpo_viz.advantages import reference as ref
-from mpo_viz.advantages._inputs import merge_moments, whiten_, whiten_reference
+from mpo_viz.advantages._inputs import (
+    WHITEN_SPANS,
+    merge_moments,
+    whiten_,
+    whiten_buffers,
+    whiten_reference,
+)
 
 DTYPES = [np.float64, np.float32]
 
@@ -241,8 +248,9 @@ def test_rows_far_from_zero_are_recomputed_exactly(dtype):
     Z = np.zeros_like(R)
     B = R.shape[0]
     adv, ret = np.empty_like(R), np.empty_like(R)
-    w = np.empty((B, 4))
-    K.gae_kernel(R, Z, d["mask"], np.full(B, np.nan), 1.0, np.zeros(B), np.nan, adv, ret, np.empty(B, np.int64), 1, w)
+    w, wsp, wsn = whiten_buffers(B)
+    K.gae_kernel(R, Z, d["mask"], np.full(B, np.nan), 1.0, np.zeros(B), np.nan, adv, ret, np.empty(B, np.int64), 1, w,
+                 wsp, wsn)
     assert (w[act.any(1), 2] == -1).all()
     a, _ = A.gae(R, Z, d["mask"], lam=0.0)
     got, _ = A.gae(R, Z, d["mask"], lam=0.0, whiten=True)
@@ -271,3 +279,82 @@ def test_estimators_with_exact_zero_advantages(name, dtype):
     w, _ = fn(*args, whiten=True, **kw)
     np.testing.assert_allclose(w.numpy(), whiten_reference(a.numpy().copy(), d["mask"]), **_tol(dtype))
     assert (w.numpy()[~act] == 0).all()
+
+
+def _runs(mask_row) -> list[tuple[int, int]]:
+    """The maximal runs ``[start, end)`` of action tokens of a row (a plain loop)."""
+    out, start = [], None
+    for t, x in enumerate(list(mask_row) + [0]):
+        if x != 0 and start is None:
+            start = t
+        elif x == 0 and start is not None:
+            out.append((start, t))
+            start = None
+    return out
+
+
+def _recorded(wsp, wsn, i) -> list[tuple[int, int]]:
+    return sorted((int(a), int(b)) for a, b in wsp[i, : wsn[i]])
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_kernels_record_the_spans_that_hold_the_action_tokens(dtype):
+    d = random_batch(7, B=12, dtype=dtype, obs_inside=True)
+    m, T = d["mask"], d["turn_ids"]
+    B, L = m.shape
+    adv, ret = np.empty_like(m), np.empty_like(m)
+    w, wsp, wsn = whiten_buffers(B)
+    K.gae_kernel(d["rewards"], d["values"], m, np.full(B, np.nan), 1.0, np.full(B, 0.9), np.nan, adv, ret,
+                 np.empty(B, np.int64), 1, w, wsp, wsn)
+    for i in range(B):  # gae: the maximal runs of action tokens
+        assert _recorded(wsp, wsn, i) == _runs(m[i]), i
+    w, wsp, wsn = whiten_buffers(B)
+    e = np.full((B, 0), np.nan)
+    K.mae_kernel(d["rewards"], d["values"], m, T, np.full(B, np.nan), 1.0, 0.95, 1.0, 0.9, 1.0, 0, 0, 0, adv, ret,
+                 e, e, e, e, np.empty(B, np.int64), 1, w, wsp, wsn)
+    assert (wsn == -1).all()  # mae records none: each row is rewritten whole
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("name", ["gae", "mae"])
+def test_rows_with_more_spans_than_recorded_are_rewritten_whole(name, dtype):
+    # row 1 alternates action and observation tokens: 3 x WHITEN_SPANS runs (and turns), more than
+    # the kernel records, so that row is rewritten whole; the others through their spans
+    L = 6 * WHITEN_SPANS + 5
+    m = np.zeros((3, L), dtype=dtype)
+    m[0, 3:40] = 1
+    m[1, 0 : 6 * WHITEN_SPANS : 2] = 1
+    m[2, [5, 6, 9, 20]] = 1
+    T = np.zeros((3, L), dtype=np.int64)
+    for i in range(3):
+        T[i] = np.maximum(np.cumsum(np.diff(np.concatenate([[0], m[i]])) > 0) - 1, 0)
+    rng = np.random.default_rng(8)
+    R = np.where(m != 0, rng.normal(size=m.shape), 0.0).astype(dtype)
+    V = rng.normal(size=m.shape).astype(dtype)
+    kw = {"turn_ids": T} if name == "mae" else {"lam": 0.9}
+    fn = getattr(A, name)
+    a, _ = fn(R, V, m, **kw)
+    w, _ = fn(R, V, m, whiten=True, **kw)
+    np.testing.assert_allclose(w.numpy(), whiten_reference(a.numpy().copy(), m), **_tol(dtype))
+    B = 3
+    wst, wsp, wsn = whiten_buffers(B)
+    adv, ret = np.empty_like(m), np.empty_like(m)
+    K.gae_kernel(R, V, m, np.full(B, np.nan), 1.0, np.full(B, 0.9), np.nan, adv, ret, np.empty(B, np.int64), 1, wst,
+                 wsp, wsn)
+    assert wsn.tolist() == [1, -1, 3]
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_mae_turns_with_masked_tokens_inside_whiten_like_the_plain_output(dtype):
+    # masked tokens inside a turn's span (values garbage there): the rewrite through the runs
+    # must leave them 0, with and without exact zeros among the action tokens
+    for seed, lam_t in ((20, 0.9), (21, 0.0)):
+        d = random_batch(seed, B=10, dtype=dtype, obs_inside=True)
+        R, V = d["rewards"], d["values"]
+        if lam_t == 0.0:  # values 0, sparse rewards: exact zeros on action tokens
+            V = np.zeros_like(V)
+            R = np.where(np.random.default_rng(seed).random(R.shape) < 0.3, R, 0.0).astype(dtype)
+        a, _ = A.mae(R, V, d["mask"], turn_ids=d["turn_ids"], turn_lam=lam_t)
+        w, _ = A.mae(R, V, d["mask"], turn_ids=d["turn_ids"], turn_lam=lam_t, whiten=True)
+        np.testing.assert_allclose(w.numpy(), whiten_reference(a.numpy().copy(), d["mask"]), **_tol(dtype))
+        assert (w.numpy()[d["mask"] == 0] == 0).all()

@@ -5,7 +5,13 @@ import warnings
 
 import pytest
 
-from mpo_viz.train.config import CRITIC_DEFAULTS, Config, TrustRegionWarning
+from mpo_viz.train.config import (
+    CRITIC_DEFAULTS,
+    Config,
+    TrustRegionWarning,
+    warmup_pool,
+    warmup_steps,
+)
 
 
 def test_defaults_round_trip_through_json(tmp_path):
@@ -185,3 +191,19 @@ def test_every_field_is_declared_and_checked_by_its_declaration():
     with pytest.raises(OptionError, match=r"^top_p: expected a value in \(0, 1\], found 1.5"):
         Config(top_p=1.5)
     assert Config(episodes=__import__("numpy").int64(8)).episodes.__class__ is int  # stored as a Python int
+
+
+def test_the_warmup_pool_and_budget_scale_down_with_a_short_run_only():
+    # the default run (50 iterations of 64 episodes) keeps the 512-episode pool and the 256-step budget
+    assert (Config(estimator="mpo").critic_option("critic_warmup_episodes"),
+            Config(estimator="mpo").critic_option("critic_warmup_steps")) == (512, 256)
+    assert warmup_pool(8, 64) == 512 and warmup_pool(10**6, 64) == 512  # a run of 512 episodes or more: unchanged
+    # a short run: its own episodes (iterations x episodes), at least 64; half as many steps (16 passes)
+    short = Config(estimator="mpo", iterations=2, episodes=16, group_size=4)
+    assert (short.critic_option("critic_warmup_episodes"), short.critic_option("critic_warmup_steps")) == (64, 32)
+    assert (warmup_pool(5, 40), warmup_steps(200)) == (200, 100) and warmup_steps(65) == 33
+    assert warmup_pool(0, 64) == 64 and warmup_steps(2000) == 256
+    # a pool that is set keeps its value; the budget follows it unless it is set too
+    assert Config(estimator="mpo", critic_warmup_episodes=100).critic_option("critic_warmup_steps") == 50
+    assert Config(estimator="mpo", critic_warmup_episodes=100, critic_warmup_steps=7).critic_option(
+        "critic_warmup_steps") == 7

@@ -107,19 +107,97 @@ def test_fit_says_so_when_the_budget_ends_first():
     assert fit_values(_small_critic(), b, mc_returns(b), steps=4, gate=None, eval_every=2).steps == 4
 
 
-def test_trainer_warmup_records_why_it_stopped(tmp_path):
+def test_trainer_warmup_records_why_it_stopped(tmp_path, monkeypatch):
+    # a pool with returns to learn (the labelled batch) and a gate the budget cannot reach
     cfg = tiny(estimator="gae", critic_warmup_episodes=12, critic_warmup_steps=2, critic_warmup_ev=1.0)
     tr = Trainer(cfg, tmp_path / "run", quiet=True)
-    rec = tr.warmup_critic()
+    tr.critic = _small_critic(len(tr.policy.tokenizer))
+    monkeypatch.setattr(tr, "_rollout", lambda n, **kw: _label_batch(n))
+    lines = []
+    rec = tr.warmup_critic(log=lines.append)
     assert rec["phase"] == "critic_warmup" and rec["warmup_stop"] == "budget" and rec["warmup_passed"] is False
     assert rec["warmup_steps"] == 2 and rec["warmup_episodes"] == 12 and rec["warmup_heldout_episodes"] == 2
-    assert rec["warmup_gate"] == 1.0 and "warmup_values_across_within_ratio" in rec
-    lines = [json.loads(x) for x in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
-    assert lines[-1]["warmup_stop"] == "budget"
-    # the untrained policy wins no episode: the held-out returns have no variance, no gate can pass,
-    # and the summary says why
-    assert np.isnan(rec["warmup_explained_var"])
-    assert "no gate can pass" in rec["warmup_summary"]
+    assert rec["warmup_gate"] == 1.0 and "warmup_values_across_within_ratio" in rec and rec["warmup_constant"] is None
+    assert lines == [rec["warmup_summary"]] and "the budget of 2 steps ended before the gate 1" in lines[0]
+    assert set(rec["timings"]) == {"warmup_pool", "warmup_fit"} and min(rec["timings"].values()) >= 0
+    metrics = [json.loads(x) for x in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    assert metrics[-1]["warmup_stop"] == "budget"
+
+
+def _lose_everywhere_but(n: int, wins) -> mv.TrajectoryBatch:
+    """The labelled batch of :func:`_label_batch` with the rows ``wins`` winning, the others losing."""
+    rows = []
+    for i in range(n):
+        win = i in set(wins)
+        rows.append({"traj_id": f"t{i}", "group_id": f"g{i}", "prompt_ids": [1, 3 if win else 4],
+                     "response_ids": [5, 6, 7, 8, 9], "loss_mask": [1, 1, 0, 1, 1], "reward": 1.0 if win else 0.0})
+    return mv.TrajectoryBatch.from_rows(rows)
+
+
+def _no_step(*a, **kw):
+    raise AssertionError("a fit whose outcome is fixed took an optimizer step")
+
+
+def test_fit_on_constant_returns_sets_the_constant_without_a_step(monkeypatch):
+    monkeypatch.setattr("mpo_viz.train.critic_fit._fit_step", _no_step)
+    b = _lose_everywhere_but(20, range(20))  # every episode wins: the return of every action token is 1
+    critic, seen = _small_critic(), []
+    fit = fit_values(critic, b, mc_returns(b), steps=300, gate=0.2, eval_every=10, seed=0,
+                     on_eval=lambda step, ev, c: seen.append(step))
+    assert (fit.stop, fit.steps, fit.constant, fit.passed, seen) == ("constant", 0, 1.0, False, [0])
+    assert np.isnan(fit.heldout_ev) and np.isnan(fit.train_ev) and (fit.n_train, fit.n_heldout) == (16, 4)
+    # V = 1 at every position of every row, exactly: the head's weights 0 and its bias 1
+    v = critic_outputs(critic, rows_of(b), np.arange(20), pad_id=0, device="cpu")
+    assert torch.equal(v[b.mask.bool()], torch.ones(int(b.mask.sum())))
+    assert float(critic.head.weight.detach().abs().max()) == 0.0 and float(critic.head.bias.detach()) == 1.0
+    assert fit.summary().startswith("critic fit: 0 steps, the critic set to the constant 1 (every return of the 20 "
+                                    "episodes is 1: nothing varies")
+    # no gate changes nothing: the constant is the exact fit either way
+    assert fit_values(_small_critic(), b, mc_returns(b), steps=5, gate=None).stop == "constant"
+
+
+def test_fit_with_constant_heldout_returns_cannot_pass_a_gate_and_stops(monkeypatch):
+    train, held = holdout_split(30, 0.2, seed=4)
+    wins = [int(i) for i in train[::3]]  # some training rows win, no held-out row does
+    b = _lose_everywhere_but(30, wins)
+    g = mc_returns(b)
+    # the least-squares constant of the training tokens: their mean return (4 action tokens per row)
+    want = len(wins) / len(train)
+    monkeypatch.setattr("mpo_viz.train.critic_fit._fit_step", _no_step)
+    critic = _small_critic()
+    fit = fit_values(critic, b, g, steps=300, gate=0.2, seed=4)
+    assert (fit.stop, fit.steps, fit.n_heldout) == ("heldout_constant", 0, 6)
+    assert fit.constant == pytest.approx(want, abs=1e-15) and np.isnan(fit.heldout_ev)
+    assert abs(fit.train_ev) < 1e-6  # a constant explains nothing of the training returns' variance
+    v = critic_outputs(critic, rows_of(b), np.arange(30), pad_id=0, device="cpu")
+    assert torch.equal(v[b.mask.bool()], torch.full((int(b.mask.sum()),), want, dtype=torch.float32))
+    assert "the returns of the 6 held-out episodes are all equal" in fit.summary()
+    assert "the gate 0.2 cannot pass" in fit.summary()
+    # without a gate nothing is fixed: the training rows still vary, and the whole budget is used
+    monkeypatch.undo()
+    assert fit_values(_small_critic(), b, g, steps=3, gate=None, seed=4).steps == 3
+
+
+def test_trainer_warmup_on_constant_returns_stops_at_once_and_says_so(tmp_path, monkeypatch):
+    # the untrained policy wins no episode of its pool: every return is 0, nothing to learn
+    monkeypatch.setattr("mpo_viz.train.critic_fit._fit_step", _no_step)
+    cfg = tiny(estimator="gae", critic_warmup_episodes=12, critic_warmup_steps=200, iterations=1)
+    tr = Trainer(cfg, tmp_path / "run", quiet=True)
+    lines = []
+    tr.run_all(log=lines.append)
+    rec = next(r for r in tr.history if r["phase"] == "critic_warmup")
+    assert (rec["warmup_stop"], rec["warmup_steps"], rec["warmup_constant"]) == ("constant", 0, 0.0)
+    assert rec["warmup_passed"] is False and np.isnan(rec["warmup_explained_var"])
+    said = [x for x in lines if x.startswith("critic warm-up")]
+    assert said == [("critic warm-up: stopped at once (0 steps): every return of the 12 pool episodes is 0, so "
+                     "there is nothing for a critic to learn and the gate cannot pass; the critic was set to that "
+                     "constant. RL starts from a critic that predicts that constant, and critic-based advantages "
+                     "are then the bare returns; what helps: a start that succeeds sometimes (more SFT: "
+                     "--sft-steps, or --model-dir of a stronger start), a larger pool (--critic-warmup-episodes), "
+                     "or shaped rewards (per-turn rewards of the environment)")]
+    # the first RL iteration read those values: 0 wherever an action token is
+    first = mv.load(sorted((tmp_path / "run" / "trajectories").glob("iter=*.parquet"))[0])
+    assert float(first.values[first.mask.bool()].abs().max()) == 0.0
 
 
 def test_trainer_warmup_stops_at_the_gate(tmp_path, monkeypatch):

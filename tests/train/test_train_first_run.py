@@ -10,7 +10,14 @@ from train_helpers import TINY
 
 from mpo_viz.cli import main
 from mpo_viz.train import Config, Trainer
-from mpo_viz.train.summary import DOCS_NOT_LEARNING, hints, success_moves, summary_lines
+from mpo_viz.train.summary import (
+    DOCS_NOT_LEARNING,
+    hints,
+    phase_line,
+    phase_seconds,
+    success_moves,
+    summary_lines,
+)
 
 
 def _eval(it, sampled, greedy, n=128):
@@ -52,6 +59,32 @@ def test_when_nothing_rose_the_summary_says_what_to_look_at():
     assert last.startswith("what to look at: collapse signatures were flagged (success)") and DOCS_NOT_LEARNING in last
 
 
+def test_a_warmup_with_nothing_to_learn_is_named_first_among_the_warmup_hints():
+    stream = [{"iteration": 0, "phase": "critic_warmup", "warmup_passed": False, "warmup_stop": "constant",
+               "warmup_constant": 0.0, "warmup_explained_var": float("nan"), "warmup_gate": 0.2},
+              _eval(0, 0.0, 0.0), _rl(1, success=0.0), _eval(1, 0.0, 0.0)]
+    found = hints(stream)
+    assert found[0].startswith("the critic warm-up had nothing to learn (warmup_stop constant")
+    assert "set the critic to the constant 0" in found[0] and not any("missed its gate" in h for h in found)
+
+
+def test_phase_seconds_add_up_the_timings_of_every_record_by_hand():
+    stream = [{"phase": "sft", "timings": {"sft": 10.0, "eval": 3.0}},
+              {"phase": "critic_warmup", "timings": {"warmup_pool": 4.0, "warmup_fit": 0.5}},
+              {"phase": "eval", "timings": {"eval": 6.0}},
+              _rl(1, timings={"rollout": 2.0, "rollout_oracle": 0.5, "values": 0.25, "advantages": 0.125,
+                              "update": 3.0, "eval": 0.0, "write": 0.5, "total": 99.0, "checkpoint": 0.25}),
+              _rl(2, timings={"rollout": 1.0, "values": 0.25, "advantages": 0.125, "update": 2.0, "eval": 6.0,
+                              "write": 0.5, "total": 99.0}),
+              _eval(2, 0.1, 0.1)]
+    assert phase_seconds(stream) == {"sft": 10.0, "warm-up pool": 4.0, "warm-up fit": 0.5, "rollout": 3.0,
+                                     "values": 0.5, "advantages": 0.25, "update": 5.0, "eval": 15.0, "write": 1.25}
+    assert phase_line(stream, wall=42.0) == ("seconds per phase: sft 10.0, warm-up pool 4.0, warm-up fit 0.5, "
+                                             "rollout 3.0, values 0.5, advantages 0.2, update 5.0, eval 15.0, "
+                                             "write 1.2 (sum 39.5 s of 42.0 s wall)")
+    assert phase_line([_eval(0, 0.1, 0.1)]) == "seconds per phase: none recorded"
+
+
 def test_sft_says_how_long_misses_its_target_in_one_line_and_keeps_its_start(tmp_path, capsys):
     cfg = {k: v for k, v in TINY.items() if k not in ("sft_steps",)}
     cfg.update(estimator="mpo", critic_warmup_episodes=10, critic_warmup_steps=1, keep_checkpoints=1,
@@ -72,6 +105,12 @@ def test_sft_says_how_long_misses_its_target_in_one_line_and_keeps_its_start(tmp
     assert (run / "start" / "policy").is_dir() and (run / "start" / "critic").is_dir()
     info = json.loads((run / "start" / "start.json").read_text())
     assert info["sft"]["sft_steps"] == 4 and "critic" in info
+    # where the time went: every phase of the run, from SFT to the last evaluation
+    phases = next(x for x in cap.out.splitlines() if x.startswith("seconds per phase: "))
+    names = [x.rsplit(" ", 1)[0] for x in phases.removeprefix("seconds per phase: ").split(" (sum")[0].split(", ")]
+    assert names == ["sft", "warm-up pool", "warm-up fit", "rollout", "values", "advantages", "update", "eval",
+                     "write"]
+    assert phases.endswith(" s wall)")
     # the summary: start vs end, moved or not
     tail = cap.out.splitlines()[-4:]
     assert tail[0].startswith("sampled success ") and tail[1].startswith("greedy success ")

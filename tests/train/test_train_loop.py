@@ -137,6 +137,26 @@ def test_run_all_evaluates_once_before_rl_without_changing_the_run(tmp_path):
     assert [(r["iteration"], r["phase"]) for r in lines] == [(0, "eval"), (1, "rl"), (2, "rl"), (2, "eval")]
 
 
+def test_an_evaluation_of_unchanged_weights_is_reused_and_is_what_a_rerun_gives(tmp_path):
+    tr = Trainer(tiny(estimator="grpo", loss="token_ppo", group_size=2, iterations=1, eval_episodes=3), tmp_path / "r",
+                 quiet=True)
+    greedy, sampled = tr.evaluate(), tr.evaluate(greedy=False)
+    spent = tr.eval_seconds
+    assert spent > 0 and tr.evaluate() == greedy and tr.evaluate(greedy=False) == sampled
+    assert tr.eval_seconds == spent  # nothing played again
+    tr._evals.clear()  # played again: the same episodes, the same numbers
+    assert tr.evaluate() == greedy and tr.eval_seconds > spent
+    # other weights are evaluated again (an update, or any in-place change of a tensor)
+    spent = tr.eval_seconds
+    with torch.no_grad():
+        next(tr.policy.model.parameters()).view(-1)[0] += 1e-3
+    tr.evaluate()
+    assert tr.eval_seconds > spent
+    spent = tr.eval_seconds
+    tr.evaluate(n_episodes=2)  # another number of tasks is another evaluation
+    assert tr.eval_seconds > spent
+
+
 def test_refusals(tmp_path):
     cfg = tiny(estimator="grpo", loss="token_ppo", group_size=2, iterations=1, eval_interval=0)
     tr = Trainer(cfg, tmp_path / "run", quiet=True)
