@@ -43,6 +43,7 @@ import numpy as np
 import torch
 
 from mpo_viz.advantages import registry
+from mpo_viz.analysis.critic import critic_based, values_are_noise
 from mpo_viz.token_text import char_notes, guess_split_groups
 from mpo_viz.trajectory import TrajectoryBatch
 from mpo_viz.turns import turn_ids_from_mask
@@ -309,6 +310,9 @@ def strip_payload(
     _value_channels(ch, sub, row, td)
     _logprob_channels(ch, sub)
     _other_channels(ch, sub)
+    noise = values_are_noise(sub)
+    if noise:
+        _mark_noise(ch)
     # observation tokens carry no values: blank them so hover shows "—" rather than a stale number
     chans = {k: np.where(mask != 0, v, np.nan) for k, v in ch.values.items()}
     if channel is None:
@@ -323,7 +327,21 @@ def strip_payload(
     payload["spaced"] = len(toks) > 1 and not any(any(c.isspace() for c in t) for t in toks)
     if notes:
         payload["notes"] = {str(k): v for k, v in sorted(notes.items())}
+    if noise:
+        payload["meta"]["critic"] = f"NOISE: {noise}"
     return payload
+
+
+NOISE_LABEL = " — NOISE: the critic's values are no estimate, do not read this as credit"
+
+
+def _mark_noise(ch: _Channels) -> None:
+    """Say beside every channel built on critic values (``value``, ``td`` and the ``adv_`` /
+    ``micro_`` channels of critic-based estimators) that those values are noise."""
+    for name, info in ch.info.items():
+        est = name.split("_", 1)[1] if name.startswith(("adv_", "micro_")) else None
+        if name in ("value", "td") or (est is not None and critic_based([est])):
+            info["label"] += NOISE_LABEL
 
 
 class _Channels:
