@@ -150,7 +150,8 @@ h3 { font-size: 15px; margin-bottom: 6px; } h3 small { color: #666; font-weight:
 table { border-collapse: collapse; font-size: 13px; margin: 6px 0; }
 td, th { padding: 3px 10px; border-bottom: 1px solid #eee; text-align: left; font-variant-numeric: tabular-nums; }
 table.kv td:first-child { color: #555; } table.grid th { background: #f6f6f6; }
-.note { color: #555; font-size: 13px; } .reading { font-size: 14px; background: #f3f7fb; padding: 6px 10px;
+.note { color: #555; font-size: 13px; } .warn { font-size: 13px; background: #fdf3e7; padding: 6px 10px;
+  border-left: 3px solid #c0661f; } .reading { font-size: 14px; background: #f3f7fb; padding: 6px 10px;
   border-left: 3px solid #1f5fa8; } section.traj { margin: 18px 0 30px; }
 .export { font-size: 12px; color: #666; margin: 2px 0 10px; } .export a { color: #1f5fa8; margin-right: 6px; }
 footer { margin-top: 40px; color: #888; font-size: 12px; }

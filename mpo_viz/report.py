@@ -122,6 +122,8 @@ class _Acc:
     n_compared: int = 0  # trajectories with a disagreement value (>= 2 estimators)
     left_out: str | None = None  # default estimators the data cannot run, and how to get them
     critic_fit: dict | None = None  # the values' fit record when they come from mpo-viz fit-critic
+    noise: str | None = None  # why the values are noise (analysis.values_are_noise), if they are
+    max_turns: int = 0  # the most turns of any trajectory (the verdicts' minimum of data)
 
     def _push(self, heap: list, n: int, key: tuple, group, make) -> None:
         """Keep the largest keys (ties: earliest row first), at most ``n`` per group, in a min-heap
@@ -148,6 +150,7 @@ class _Acc:
         self.n_traj += len(chunk)
         self.n_tokens += int(chunk.lengths.sum())
         self.n_action += int(chunk.mask.sum())
+        self.max_turns = max(self.max_turns, int(chunk.num_turns.max()) if len(chunk) else 0)
         adv = {k: r.advantages.detach().cpu().numpy() for k, r in results.items()}
         ret = {k: r.returns.detach().cpu().numpy() for k, r in results.items()}
         self._add_statistics(chunk, adv, ret)
@@ -168,6 +171,7 @@ class _Acc:
         self.values_source = an.values_source(chunk)
         if chunk.values is not None:
             self.critic_fit = an.fitted_critic(chunk)
+            self.noise = an.values_are_noise(chunk)
         if adv and an.has_oracle(chunk):
             self.accuracy = an.merge_accuracy_stats(self.accuracy, an.accuracy_stats(chunk, adv))
         if adv and an.has_mc_truth(chunk):
@@ -414,10 +418,16 @@ def _summary(page: _Page, acc: _Acc, opts: dict, source_name: str, vv: pd.DataFr
              f"{format_value(s['mean_across_w'])} / {format_value(s['mean_within_w'])}"),
         ]
         if acc.ev.n > 1:
-            summary += [(f"explained variance of the values ({acc.values_source}) vs {acc.ev_source} returns",
+            where = (" — in-sample: over all of this data, the critic's own training part included"
+                     if acc.critic_fit is not None else "")
+            summary += [(f"explained variance of the values ({acc.values_source}) vs {acc.ev_source} returns{where}",
                          acc.ev.value), ("value bias mean(V − G)", acc.ev.bias)]
         if acc.critic_fit is not None:
             summary.append(("values from", _fitted_text(acc.critic_fit)))
+        if acc.noise:
+            critic_based = an.critic_based(acc.estimators)
+            summary.append(("critic-based credit", f"NOISE: {acc.noise}; "
+                            + (f"{', '.join(critic_based)} not ranked" if critic_based else "no estimator here uses it")))
     else:
         summary.append(("critic values", "absent: no across/within diagnostic"))
     page.parts.append("<h2>Summary</h2>" + html_table(summary))
@@ -451,16 +461,20 @@ def _fitted_text(info: dict) -> str:
 
     return (f"a critic fitted to this data's own returns (mpo-viz fit-critic; target {info.get('target', '?')}, "
             f"{info.get('steps', '?')} steps, {info.get('n_heldout', '?')} held-out trajectories): held-out "
-            f"explained variance {num('heldout_explained_variance')}, training {num('train_explained_variance')}")
+            f"explained variance {num('heldout_explained_variance')} (on trajectories it was not fitted to), "
+            f"in-sample {num('train_explained_variance')} (on its training trajectories)")
 
 
 def _fitted_note(acc: _Acc) -> str:
-    """A note beside the critic-based estimators when the values come from a fitted critic."""
-    if acc.critic_fit is None:
+    """A note beside the critic-based estimators when the values come from a fitted critic, a
+    warning when the values are noise (:func:`mpo_viz.analysis.values_are_noise`)."""
+    critic_based = an.critic_based(acc.estimators)
+    if not critic_based or (acc.critic_fit is None and not acc.noise):
         return ""
-    critic_based = [n for n in acc.estimators if "values" in registry.get(n).needs]
-    if not critic_based:
-        return ""
+    if acc.noise:
+        return (f"<p class=warn><b>{html.escape(', '.join(critic_based))}: NOISE</b> — {html.escape(acc.noise)}. "
+                "Their advantages below are the returns' noise pushed through that critic: the report does not rank "
+                "them, and their strips are labelled so. The group estimators do not use the values.</p>")
     ev = acc.critic_fit.get("heldout_explained_variance")
     ev_txt = f"{float(ev):.3g}" if isinstance(ev, (int, float)) else "?"
     return (f"<p class=note><b>{html.escape(', '.join(critic_based))}: values from a fitted critic (held-out EV "
@@ -501,10 +515,12 @@ def _accuracy(page: _Page, acc: _Acc) -> None:
     ac = an.finish_accuracy(acc.accuracy)
     page.tables["accuracy"] = ac
     legend = "".join(f"<li><b>{k}</b>: {html.escape(v)}</li>" for k, v in an.ACCURACY_COLUMNS.items())
+    reading = an.accuracy_reading(ac, acc.values_source, shortfall=an.data_shortfall(acc.n_traj, acc.scores, acc.max_turns),
+                                  noise=acc.noise, unranked=an.critic_based(acc.estimators))
     title = ("<h2 id=accuracy-expert>Accuracy against the scripted expert's oracle (biased for this policy)</h2>"
              if acc.mc_parts else "<h2 id=accuracy>Accuracy against the oracle</h2>")
     page.parts.append(title +
-                      f"<p class=reading>{html.escape(an.accuracy_reading(ac, acc.values_source))}</p>"
+                      f"<p class=reading>{html.escape(reading)}</p>"
                       + html_table([tuple(r) for r in ac.itertuples(index=False)], tuple(ac.columns), "grid",
                                    csv="accuracy")
                       + f"<ul class=note>{legend}</ul><p class=note>Over every turn and action token of the data, "

@@ -91,3 +91,9 @@ def test_usage_errors_are_one_line(tmp_path, capsys):
     assert err.startswith("mpo-viz advantages: error: argument --within: invalid choice: 'bogus'")
     assert err.rstrip().endswith("(see mpo-viz advantages --help)")
     assert main([]) == 2 and "validate" in capsys.readouterr().out  # bare `mpo-viz` lists the commands
+
+
+def test_validate_of_a_file_without_trajectories_says_so_and_exits_1(tmp_path, capsys):
+    path = mv.save(mv.TrajectoryBatch.from_rows([]), tmp_path / "empty.parquet")
+    assert main(["validate", str(path)]) == 1
+    assert capsys.readouterr().out.strip() == f"EMPTY: {path} holds no trajectories (0 rows); nothing to check or analyse"

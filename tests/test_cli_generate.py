@@ -18,11 +18,14 @@ def test_fresh_model_saved_and_reloaded_gives_the_same_file(tmp_path, capsys):
     a, b = tmp_path / "a.parquet", tmp_path / "b.jsonl"
     assert main(["generate", *FAST, "--save-model", str(tmp_path / "m"), "--out", str(a)]) == 0
     out = capsys.readouterr().out
-    assert "wrote 4 trajectories (2 tasks x 2)" in out and "values_source=critic" in out
+    # a fresh critic's values are labelled untrained; the same critic saved and loaded back counts as a critic
+    assert "wrote 4 trajectories (2 tasks x 2)" in out and "values_source=untrained_critic" in out
+    assert "note: the critic's value head is untrained" in out
     assert (tmp_path / "m/policy/config.json").is_file() and (tmp_path / "m/critic/model.safetensors").is_file()
     assert main(["generate", *FAST, "--model", str(tmp_path / "m"), "--out", str(b)]) == 0
     ba, bb = mv.load(a), mv.load(b)
-    assert ba.meta["values_source"] == "critic" and "--save-model" in ba.meta["command"]
+    assert ba.meta["values_source"] == "untrained_critic" and bb.meta["values_source"] == "critic"
+    assert "--save-model" in ba.meta["command"]
     assert ba.traj_ids == bb.traj_ids
     for i in range(len(ba)):
         ra, rb = ba.row(i), bb.row(i)

@@ -143,3 +143,16 @@ def test_local_instruct_folder_uses_its_chat_template(tmp_path):
     assert prompt + action + obs == pol.tokenizer.encode(full, add_special_tokens=False)
     assert lay.stop_ids == {pol.tokenizer.convert_tokens_to_ids("<|im_end|>")}
     assert lay.text(action) == "compute 3 plus 4"
+
+
+def test_values_source_of_tells_an_untrained_critic():
+    pol = M.tiny_policy(build_tokenizer(["a", "b"]), "1m", seed=0)
+    critic = M.make_critic(pol, "fresh", seed=1)
+    assert M.values_source_of(critic) == M.UNTRAINED_CRITIC == "untrained_critic"
+    critic.trunk.layers[0].mlp.up_proj.weight.data += 1.0  # the trunk alone moved: the head is still random
+    assert M.values_source_of(critic) == "untrained_critic"
+    opt = torch.optim.SGD(critic.head.parameters(), lr=0.1)
+    critic(torch.tensor([[1, 2, 3]])).sum().backward()
+    opt.step()  # one update of the head: values the critic has learned something for
+    assert M.values_source_of(critic) == "critic"
+    assert M.values_source_of(object()) == "critic"  # not a mpo_viz critic (e.g. a loaded or external one)

@@ -5,12 +5,14 @@ from __future__ import annotations
 import json
 import re
 import warnings
+from pathlib import Path
 
 import numpy as np
 import pytest
 
 import mpo_viz as mv
 from mpo_viz import advantages as adv
+from mpo_viz import analysis as an
 from mpo_viz.cli import main
 from mpo_viz.report import LeftOutNote, ReportConfig, build_report
 
@@ -193,19 +195,56 @@ def test_report_and_value_curve_name_a_fitted_critic():
     rows = [{"traj_id": f"t{i}", "group_id": f"g{i // 2}", "prompt_ids": [1 + i % 3], "response_ids": [2, 3, 4, 5, 6],
              "loss_mask": [1, 1, 0, 1, 1], "reward": float(i % 3 == 0)} for i in range(12)]
     res = fit_critic(mv.TrajectoryBatch.from_rows(rows), steps=3, size="1m", holdout=0.25, progress=False)
-    ev = res.info["heldout_explained_variance"]
     assert res.batch.meta["values_source"] == "fitted_critic"
-    html = build_report(res.batch, ReportConfig(progress=False))
-    assert f"<b>mpo, gae: values from a fitted critic (held-out EV {ev:.2f})</b>" in html
-    assert (f"held-out trajectories): held-out explained variance {ev:.3g}, training "
-            f"{res.info['train_explained_variance']:.3g}") in html
+    # a fit that generalizes (its record says held-out EV 0.4): the values are named, not refused
+    good = res.batch.with_meta(critic_fit={**res.info, "heldout_explained_variance": 0.4})
+    html = build_report(good, ReportConfig(progress=False))
+    assert "<b>mpo, gae: values from a fitted critic (held-out EV 0.4)</b>" in html
+    assert ("held-out trajectories): held-out explained variance 0.4 (on trajectories it was not fitted to), "
+            f"in-sample {res.info['train_explained_variance']:.3g} (on its training trajectories)") in html
+    assert "vs mpo returns — in-sample: over all of this data, the critic&#x27;s own training part included</td>" in html
+    assert "NOISE" not in html
     assert "Within-turn part (micro_mpo)" in html and "in a failed episode a wrong answer can be blue" in html
-    names = [t["name"] for t in plots.value_curve_parts(res.batch, 0)["traces"]]
-    assert names[0] == f"value (fitted critic (held-out EV {ev:.2f}))"
+    names = [t["name"] for t in plots.value_curve_parts(good, 0)["traces"]]
+    assert names[0] == "value (fitted critic (held-out EV 0.40))"
     # values of another source: no such label
     plain = res.batch.with_meta(values_source="critic")
     assert "values from a fitted critic" not in build_report(plain, ReportConfig(progress=False))
     assert plots.value_curve_parts(plain, 0)["traces"][0]["name"] == "value"
+
+
+@pytest.mark.parametrize("ev", [0.05, -0.539])
+def test_a_critic_with_heldout_ev_at_most_005_is_labelled_noise_everywhere(ev):
+    from mpo_viz.strip import NOISE_LABEL, strip_payload
+
+    b = mv.load(Path(__file__).resolve().parents[1] / "trajectories" / "search.parquet")[:40]
+    noisy = b.with_meta(values_source="fitted_critic", critic_fit={"heldout_explained_variance": ev,
+                                                                    "train_explained_variance": 0.51})
+    html = build_report(noisy, ReportConfig(estimators=("mpo", "gae", "grpo"), progress=False))
+    why = f"values from a fitted critic with held-out explained variance {ev:.2f} (≤ 0.05)"
+    # the summary, beside the in-sample EV of 0.51 the issue saw alone
+    assert f"<td>critic-based credit</td><td>NOISE: {why}: it predicts returns it was not fitted to no better than their mean; mpo, gae not ranked</td>" in html
+    assert "in-sample 0.51 (on its training trajectories)" in html
+    # the estimator table and the verdict: mpo and gae are not ranked
+    assert "<p class=warn><b>mpo, gae: NOISE</b>" in html
+    reading = re.search(r"<p class=reading>([^<]*)</p>", html).group(1)
+    assert reading.startswith("Token credit closest to the oracle: grpo") and "Not ranked: mpo, gae (" in reading
+    # the strips: every channel built on the values says so
+    p = strip_payload(noisy, 0, advantages={k: r.advantages for k, r in an.compute_advantages(noisy, ["mpo", "grpo"]).items()})
+    assert p["channel_info"]["adv_mpo"]["label"] == "advantage (mpo)" + NOISE_LABEL
+    assert p["channel_info"]["value"]["label"].endswith(NOISE_LABEL) and p["meta"]["critic"] == f"NOISE: {why}: it predicts returns it was not fitted to no better than their mean"
+    assert "NOISE" not in p["channel_info"]["adv_grpo"]["label"]
+    assert NOISE_LABEL in html  # the report's strips carry those labels
+
+
+def test_too_little_data_and_an_untrained_critic_give_no_verdict():
+    b = mv.load(Path(__file__).resolve().parents[1] / "trajectories" / "search.parquet")[:4]
+    b = b.with_meta(values_source="untrained_critic")
+    html = build_report(b, ReportConfig(estimators=("mpo", "grpo"), progress=False))
+    reading = re.search(r"<p class=reading>([^<]*)</p>", html).group(1)
+    assert reading.startswith("Too little data for a verdict: 4 trajectories (a verdict needs at least 16)")
+    assert "best" not in reading and "closest" not in reading
+    assert "<td>critic-based credit</td><td>NOISE: values from an untrained critic" in html
 
 
 def test_report_without_values_uses_what_the_data_allow():

@@ -116,7 +116,7 @@ def test_critic_values_bootstrap_and_oracle():
     env, pol = _policy("search", seed=2)
     critic = M.make_critic(pol, "fresh", seed=4)
     batch = rollout(pol, env, 6, group_size=2, critic=critic, seed=1, max_turn_tokens=8, max_total_tokens=90)
-    assert batch.meta["values_source"] == "critic"
+    assert batch.meta["values_source"] == "untrained_critic"  # its value head is as make_critic drew it
     reasons = set(batch.field("stop_reason"))
     assert "max_total_tokens" in reasons
     orc = oracle_columns(batch)

@@ -56,7 +56,8 @@ FORMATS: dict[str, tuple[Callable, tuple, bool]] = {
 
 
 def stream(kind: str, src, *, tokenizer=None, trust: bool = False, obs_reward: str = "move",
-           errors: str = "raise", chunk_rows: int = 1024, allow_unknown: bool = False) -> tuple[Iterator, ConversionReport]:
+           errors: str = "raise", chunk_rows: int = 1024, allow_unknown: bool = False,
+           unknown_role: str = "error") -> tuple[Iterator, ConversionReport]:
     """Convert ``src`` with adapter ``kind`` chunk by chunk.
 
     Returns ``(batches, report)``: an iterator of validated TrajectoryBatches of at most about
@@ -64,7 +65,9 @@ def stream(kind: str, src, *, tokenizer=None, trust: bool = False, obs_reward: s
     complete once the iterator is exhausted (its warnings are then emitted as
     :class:`~mpo_viz.adapters.conversion.ConversionWarning`). ``allow_unknown`` (tokenizer adapters):
     convert even when most action tokens are the tokenizer's unknown token (checked at every chunk,
-    over everything so far).
+    over everything so far). ``unknown_role`` (tokenizer adapters): a message whose role is not an
+    OpenAI chat role is a row problem (``"error"``) or kept as observation tokens with a warning
+    (``"observation"``). An input without any record is an error.
     """
     if kind not in FORMATS:
         raise OptionError("kind", f"expected one of {sorted(FORMATS)}, found {kind!r}")
@@ -78,6 +81,9 @@ def stream(kind: str, src, *, tokenizer=None, trust: bool = False, obs_reward: s
     if allow_unknown and "allow_unknown" not in takes:
         raise OptionError("allow_unknown", f"expected only with openai, trl or art inputs (text through a tokenizer), "
                           f"found it with {kind}")
+    if unknown_role != "error" and "allow_unknown" not in takes:
+        raise OptionError("unknown_role", f"expected only with openai, trl or art inputs (chat messages), found it "
+                          f"with {kind}")
     if trust and "trust" not in takes:
         raise OptionError("trust", f"expected only with verl or skyrl inputs (the only ones that may be pickles), "
                           f"found it with {kind}")
@@ -85,18 +91,19 @@ def stream(kind: str, src, *, tokenizer=None, trust: bool = False, obs_reward: s
     if "trust" in takes:
         opts["trust"] = trust
     if "tokenizer" in takes:
-        opts["tokenizer"] = ChatEncoder(tokenizer, allow_unknown=allow_unknown)
+        opts["tokenizer"] = ChatEncoder(tokenizer, allow_unknown=allow_unknown, unknown_role=unknown_role)
     col = Collector(kind, source=src if isinstance(src, (str, Path)) else None, errors=errors)
     return drive(gen_fn(src, col, **opts), col, chunk_rows), col.report
 
 
 def convert(kind: str, src, out, *, tokenizer=None, trust: bool = False, obs_reward: str = "move",
-            errors: str = "raise", chunk_rows: int = 1024, allow_unknown: bool = False) -> ConversionReport:
+            errors: str = "raise", chunk_rows: int = 1024, allow_unknown: bool = False,
+            unknown_role: str = "error") -> ConversionReport:
     """Convert ``src`` and write trajectory/v1 to ``out``: a ``.parquet`` file, or a folder of
     ``part-NNNNN.parquet`` files (one per chunk). Memory stays bounded by the chunk size. The same
     input always gives the same bytes. Returns the report.
     """
     batches, report = stream(kind, src, tokenizer=tokenizer, trust=trust, obs_reward=obs_reward, errors=errors,
-                             chunk_rows=chunk_rows, allow_unknown=allow_unknown)
+                             chunk_rows=chunk_rows, allow_unknown=allow_unknown, unknown_role=unknown_role)
     write_chunks(batches, out)
     return report

@@ -210,12 +210,21 @@ def _reward_missing(row: dict) -> str | None:
     return None
 
 
+#: what one input record of each adapter is, for the error on an input without any
+RECORDS = {"openai": "conversation (one JSON object a line with a 'messages' list)", "steps": "step record",
+           "verl": "batch row", "skyrl": "generator output row", "trl": "completion row", "art": "trajectory row"}
+
+
 def drive(gen: Iterator, col: Collector, chunk_rows: int | None) -> Iterator[TrajectoryBatch]:
     """Run an adapter's row generator, yielding a validated batch every ``chunk_rows`` rows (and at the
-    end); then each of the report's warnings as a :class:`ConversionWarning`."""
+    end); then each of the report's warnings as a :class:`ConversionWarning`. An input without any
+    record is a file-level error (a conversion that writes nothing is never a success)."""
     for _ in gen:
         if chunk_rows and col.pending >= chunk_rows:
             yield col.flush()
+    if not col.report.rows_in:
+        raise file_error(col.framework, col.source, "<file>", f"at least one {RECORDS.get(col.framework, 'record')}",
+                         "none: the input is empty")
     if col.pending or col.has_problems or not chunk_rows:
         yield col.flush()
     for text in col.report.warnings:

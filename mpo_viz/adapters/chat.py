@@ -7,8 +7,18 @@ Input: JSONL, one conversation a line::
                   {"role": "assistant", "content": "...", "token_ids": [...], "logprobs": [...]},
                   {"role": "tool", "content": "...", "reward": 0.1}, ...]}
 
-* ``messages`` — roles ``system``/``user``/``assistant``/``tool`` as the OpenAI chat API has them
-  (``tool_calls``, ``tool_call_id`` and ``tools`` at the row level are passed to the template).
+* ``messages`` — roles ``system``/``developer``/``user``/``assistant``/``tool``/``function`` as the
+  OpenAI chat API has them (``tool_calls``, ``tool_call_id`` and ``tools`` at the row level are passed
+  to the template). Any other role (a typo such as ``"asistant"``) is a row problem naming the
+  conversation, the message index and the role; with ``unknown_role="observation"`` the message is
+  kept, rendered as written, as observation tokens, and counted and named in the report's warnings.
+* ``tools`` — the row's tool schemas (OpenAI: ``[{"type": "function", "function": {"name",
+  "description", "parameters"}}]``): passed to the chat template (which renders them into the prompt
+  when it supports tools: the report says whether it does), kept in ``extra_json["tools"]`` and
+  counted by function name in the report.
+* ``sample_idx``, ``step``, ``split``, ``policy_version``, ``stop_reason``, ``truncated``,
+  ``bootstrap_value`` at the row level go to the v1 fields of the same name; every other key of the
+  row goes to ``extra_json``.
 * Trajectory id from ``id``/``traj_id``/``trajectory_id`` (else ``"line{n}"``); group from
   ``group_id``/``group``/``uid``/``prompt_id``/``example_id`` (else identical prompt messages);
   outcome reward from ``reward``/``score`` (else NaN).
@@ -64,12 +74,20 @@ from pathlib import Path
 from mpo_viz.adapters._common import Collector, check_options, dumps, jsonl_lines, run
 from mpo_viz.adapters.conversion import UNKNOWN_REFUSE_SHARE, ConversionReport
 from mpo_viz.checks import OptionError
+from mpo_viz.schema import SCALAR_FIELDS
+from mpo_viz.token_text import merged_texts, raw_bytes_of
 
 __all__ = ["ChatEncoder", "from_chat", "iter_chat", "load_tokenizer", "plain_tool_calls"]
 
 _ID_KEYS = ("id", "traj_id", "trajectory_id")
 _GROUP_KEYS = ("group_id", "group", "uid", "prompt_id", "example_id")
 _REWARD_KEYS = ("reward", "score")
+#: the roles of the OpenAI chat API; any other role is refused or kept as an observation (``unknown_role``)
+KNOWN_ROLES = ("system", "developer", "user", "assistant", "tool", "function")
+UNKNOWN_ROLE = ("error", "observation")
+#: v1 scalar fields a chat row may carry under their own name (the adapter computes the others)
+_ROW_SCALARS = tuple(k for k in SCALAR_FIELDS
+                     if k not in ("traj_id", "group_id", "reward", "num_turns", "messages_json", "extra_json"))
 
 
 def load_tokenizer(tokenizer):
@@ -104,6 +122,8 @@ class TemplateError(ValueError):
 # keys of a logged message that are mpo_viz's or the log's, never the template's
 _LOG_KEYS = ("token_ids", "logprobs", "reward", "trainable")
 _PROBE_NAME, _PROBE_ARG = "mpo_viz_probe_tool", "mpo_viz_probe_arg"
+_PROBE_TOOLS = [{"type": "function", "function": {"name": _PROBE_NAME, "description": "probe",
+                                                  "parameters": {"type": "object", "properties": {_PROBE_ARG: {"type": "string"}}}}}]
 
 
 def _arguments(raw):
@@ -202,7 +222,10 @@ class _Layout:
 class ChatEncoder:
     """Splits a conversation rendered by a chat template into prompt, action and observation tokens."""
 
-    def __init__(self, tokenizer, *, allow_unknown: bool = False):
+    def __init__(self, tokenizer, *, allow_unknown: bool = False, unknown_role: str = "error"):
+        if unknown_role not in UNKNOWN_ROLE:
+            raise OptionError("unknown_role", f"expected one of {list(UNKNOWN_ROLE)}, found {unknown_role!r}")
+        self.unknown_role = unknown_role
         self.tok = load_tokenizer(tokenizer)
         if not getattr(self.tok, "chat_template", None):
             raise OptionError("tokenizer", "expected a tokenizer with a chat template, found one without "
@@ -215,6 +238,9 @@ class ChatEncoder:
         self._shown: dict[int, str] = {}  # id -> display string (tokens())
         #: how tool calls become tokens: "template" (the chat template renders them) or "plain"
         self.tool_call_rendering = "template" if self._renders_tool_calls() else "plain"
+        #: whether the chat template renders a row's ``tools`` schemas into the prompt
+        self.renders_tools = self._renders_tools()
+        self._raw = raw_bytes_of(self.tok)
 
     def _renders_tool_calls(self) -> bool:
         """Whether the chat template renders an assistant message's tool call (name and arguments)."""
@@ -226,6 +252,19 @@ class ChatEncoder:
         except Exception:  # noqa: BLE001 - a template that raises on tool calls does not render them
             return False
         return _PROBE_NAME in text and _PROBE_ARG in text
+
+    def _renders_tools(self) -> bool:
+        """Whether the chat template renders ``tools`` schemas (a probe function's name appears)."""
+        try:
+            text = self.tok.apply_chat_template([{"role": "user", "content": "x"}], tokenize=False, tools=_PROBE_TOOLS)
+        except Exception:  # noqa: BLE001 - a template that raises on tools does not render them
+            return False
+        return _PROBE_NAME in text
+
+    def renders_message(self, clean: list[dict], i: int, tools=None) -> bool:
+        """Whether adding message ``i`` of ``clean`` (as :meth:`prepare` gives them) changes the
+        rendering (a template may skip roles it does not know)."""
+        return self.render(clean[: i + 1], gen=False, tools=tools) != self.render(clean[:i], gen=False, tools=tools)
 
     def render(self, messages, *, gen: bool, tools=None) -> str:
         kw = {"tools": tools} if tools else {}
@@ -405,20 +444,95 @@ class ChatEncoder:
         for name, (n_unk, n, words) in enc_out["unknown"].items():
             report.unknown(name, n_unk, n, words, where=traj_id)
 
+    def _one(self, i: int) -> str:
+        t = self._shown.get(i)
+        if t is None:
+            t = self._shown[i] = self.tok.decode([i], skip_special_tokens=False, clean_up_tokenization_spaces=False)
+        return t
+
     def tokens(self, ids) -> list[str]:
         """``response_tokens``: each token decoded on its own (a byte-level ``Ġthe`` shows as ``" the"``,
-        a word-level token as its word), special tokens as written."""
-        out = []
-        for i in ids:
-            t = self._shown.get(i)
-            if t is None:
-                t = self._shown[i] = self.tok.decode([i], skip_special_tokens=False, clean_up_tokenization_spaces=False)
-            out.append(t)
-        return out
+        a word-level token as its word), special tokens as written; a multi-byte character split
+        across byte-level tokens shows whole on the token that completes it, ``""`` on the tokens
+        before (:func:`mpo_viz.token_text.merged_texts`)."""
+        return merged_texts([int(i) for i in ids], self._one, self._raw)[0]
+
+
+def _tool_name(t: dict) -> str:
+    f = t.get("function", t)
+    return str(f.get("name")) if isinstance(f, dict) and f.get("name") else "<unnamed>"
+
+
+def _tool_schemas_ok(tools) -> bool:
+    """Whether ``tools`` is a list of schema objects (OpenAI's ``{"type": "function", "function": {...}}``
+    or a bare ``{"name", ...}``)."""
+    return isinstance(tools, list) and all(isinstance(t, dict) for t in tools)
 
 
 def _is_number(x) -> bool:
     return isinstance(x, numbers.Real) and not isinstance(x, bool)
+
+
+class _RowProblem(Exception):
+    """A conversation that cannot be converted: ``(field, expected, found, layout)`` for
+    :meth:`~mpo_viz.adapters._common.Collector.problem`."""
+
+
+def _check_messages(enc: ChatEncoder, messages, tools) -> list[int]:
+    """The indexes of the messages whose role is not in :data:`KNOWN_ROLES` (kept as observations);
+    :class:`_RowProblem` for a malformed list, an unknown role under ``unknown_role='error'`` or
+    malformed ``tools``."""
+    if not isinstance(messages, list) or not all(isinstance(m, dict) and "role" in m for m in messages):
+        raise _RowProblem("messages", "a list of {role, content} messages", type(messages).__name__, True)
+    odd = [i for i, m in enumerate(messages) if m["role"] not in KNOWN_ROLES]
+    if odd and enc.unknown_role == "error":
+        i = odd[0]
+        raise _RowProblem(f"messages[{i}].role", f"one of {', '.join(KNOWN_ROLES)} (or unknown_role='observation', "
+                          "mpo-viz convert --unknown-role observation, to keep the message as observation tokens)",
+                          f"{messages[i]['role']!r}", False)
+    if tools is not None and not _tool_schemas_ok(tools):
+        raise _RowProblem("tools", "a list of tool schemas {type: function, function: {name, description, parameters}}",
+                          repr(tools)[:80], True)
+    return odd
+
+
+def _check_rendered(enc: ChatEncoder, messages: list[dict], odd: list[int], tools) -> None:
+    """:class:`TemplateError` when the template renders a kept unknown-role message with content as nothing."""
+    for i in odd:
+        if _content(messages[i], f"messages[{i}]", None) and not enc.renders_message(enc.prepare(messages), i, tools):
+            raise TemplateError(f"messages[{i}].role: expected a role the chat template renders (a message kept as "
+                                f"an observation must become tokens), found {messages[i]['role']!r}, which it "
+                                "renders as nothing")
+
+
+def _turn_rewards(messages: list[dict], actions: list[int], turn_of: list[int], obs_reward: str, rep):
+    """``(turn rewards, whether any message has a reward)``: rewards of assistant messages on their
+    turn; of observation messages moved to the turn before (or the first turn), counted in ``rep``;
+    :class:`_RowProblem` for a reward that is not a number, or on an observation under ``obs_reward='error'``."""
+    turn_r = [0.0] * len(actions)
+    has_turn_r = False
+    for i, m in enumerate(messages):
+        r = m.get("reward")
+        if r is not None and not _is_number(r):
+            raise _RowProblem(f"messages[{i}].reward", "a number (or null)", repr(r)[:60], False)
+        if r is None:
+            continue
+        has_turn_r = True  # an explicit reward, 0 included, is a reward
+        if float(r) == 0:
+            continue
+        t = turn_of[i]
+        if i in actions:
+            turn_r[t] += float(r)
+        elif obs_reward == "error":
+            raise _RowProblem(f"messages[{i}].reward", "rewards on assistant messages only (obs_reward='error')",
+                              f"{float(r):g} on a {m['role']} message", False)
+        elif t >= 0:
+            rep.rewards_moved += 1
+            turn_r[t] += float(r)
+        else:
+            rep.rewards_moved_forward += 1
+            turn_r[0] += float(r)
+    return turn_r, has_turn_r
 
 
 def conversation_row(enc: ChatEncoder, col: Collector, messages, *, traj_id: str, group_id: str, reward,
@@ -426,52 +540,32 @@ def conversation_row(enc: ChatEncoder, col: Collector, messages, *, traj_id: str
                      extra: dict | None = None, scalars: dict | None = None) -> dict | None:
     """One conversation → a v1 row (None, with a problem recorded, if it cannot be converted)."""
     rep = col.report
-    if not isinstance(messages, list) or not all(isinstance(m, dict) and "role" in m for m in messages):
-        col.problem("messages", "a list of {role, content} messages", type(messages).__name__, line=line, row=row,
-                    traj_id=traj_id)
-        return None
-    if actions is None:
-        actions = [i for i, m in enumerate(messages) if m["role"] == "assistant"]
     try:
-        enc_out = enc.encode(messages, actions=actions, tools=tools, report=rep,
-                             where=f"{'line ' + str(line) if line is not None else 'row ' + str(row)}: ")
-    except TemplateError as exc:
-        field, _, msg = str(exc).partition(": ")
-        exp, _, found = msg.partition(", found ")
-        col.problem(field, exp.removeprefix("expected "), found, line=line, row=row, traj_id=traj_id)
-        return None
-    if reward is not None and not _is_number(reward):
-        col.problem("reward", "a number (or null: no outcome reward)", repr(reward)[:60], line=line, row=row,
-                    traj_id=traj_id, layout=False)
+        odd = _check_messages(enc, messages, tools)
+        if actions is None:
+            actions = [i for i, m in enumerate(messages) if m["role"] == "assistant"]
+        try:
+            enc_out = enc.encode(messages, actions=actions, tools=tools, report=rep,
+                                 where=f"{'line ' + str(line) if line is not None else 'row ' + str(row)}: ")
+            _check_rendered(enc, messages, odd, tools)
+        except TemplateError as exc:
+            field, _, msg = str(exc).partition(": ")
+            exp, _, found = msg.partition(", found ")
+            raise _RowProblem(field, exp.removeprefix("expected "), found, True) from None
+        if reward is not None and not _is_number(reward):
+            raise _RowProblem("reward", "a number (or null: no outcome reward)", repr(reward)[:60], False)
+        turn_r, has_turn_r = _turn_rewards(messages, actions, enc_out["turn_of_message"], obs_reward, rep)
+    except _RowProblem as exc:
+        field, expected, found, layout = exc.args
+        col.problem(field, expected, found, line=line, row=row, traj_id=traj_id, layout=layout)
         return None
     enc.record(rep, enc_out, traj_id)
-    turn_r = [0.0] * len(actions)
-    has_turn_r = False
-    for i, m in enumerate(messages):
-        r = m.get("reward")
-        if r is not None and not _is_number(r):
-            col.problem(f"messages[{i}].reward", "a number (or null)", repr(r)[:60], line=line, row=row,
-                        traj_id=traj_id, layout=False)
-            return None
-        if r is None:
-            continue
-        has_turn_r = True  # an explicit reward, 0 included, is a reward
-        if float(r) == 0:
-            continue
-        t = enc_out["turn_of_message"][i]
-        if i in actions:
-            turn_r[t] += float(r)
-        elif obs_reward == "error":
-            col.problem(f"messages[{i}].reward", "rewards on assistant messages only (obs_reward='error')",
-                        f"{float(r):g} on a {m['role']} message", line=line, row=row, traj_id=traj_id, layout=False)
-            return None
-        elif t >= 0:
-            rep.rewards_moved += 1
-            turn_r[t] += float(r)
-        else:
-            rep.rewards_moved_forward += 1
-            turn_r[0] += float(r)
-        has_turn_r = True
+    for i in odd:
+        rep.unknown_role(f"{traj_id} messages[{i}] ({messages[i]['role']!r})")
+    if tools:
+        rep.tool_schemas.update(_tool_name(t) for t in tools)
+        rep.tools_rendering = rep.tools_rendering or ("template" if enc.renders_tools else "kept")
+        extra = {**(extra or {}), "tools": tools}
     out = {**(scalars or {}), "traj_id": traj_id, "group_id": group_id, "prompt_ids": enc_out["prompt_ids"],
            "response_ids": enc_out["response_ids"], "loss_mask": enc_out["loss_mask"],
            "turn_ids": enc_out["turn_ids"], "reward": math.nan if reward is None else float(reward),
@@ -491,18 +585,19 @@ def _first(d: dict, keys):
     return next((d[k] for k in keys if d.get(k) is not None), None)
 
 
-def encoder_for(tokenizer, col: Collector, allow_unknown: bool = False) -> ChatEncoder:
+def encoder_for(tokenizer, col: Collector, allow_unknown: bool = False, unknown_role: str = "error") -> ChatEncoder:
     """The :class:`ChatEncoder` of ``tokenizer`` (a folder, a tokenizer or an encoder), its name in
     the output's metadata and its unknown-token refusal among the collector's checks."""
-    enc = tokenizer if isinstance(tokenizer, ChatEncoder) else ChatEncoder(tokenizer, allow_unknown=allow_unknown)
+    enc = (tokenizer if isinstance(tokenizer, ChatEncoder)
+           else ChatEncoder(tokenizer, allow_unknown=allow_unknown, unknown_role=unknown_role))
     col.meta.setdefault("tokenizer", Path(str(enc.name)).name)
     col.checks.append(enc.refuse_unknown)
     return enc
 
 
 def iter_chat(src, col: Collector, *, tokenizer=None, obs_reward: str = "move",
-              allow_unknown: bool = False) -> Iterator[None]:
-    enc = encoder_for(tokenizer, col, allow_unknown)
+              allow_unknown: bool = False, unknown_role: str = "error") -> Iterator[None]:
+    enc = encoder_for(tokenizer, col, allow_unknown, unknown_role)
     groups: dict = {}
     items = jsonl_lines(src, col) if isinstance(src, (str, Path)) else ((None, x) for x in src)
     for i, (line, obj) in enumerate(items):
@@ -524,17 +619,19 @@ def iter_chat(src, col: Collector, *, tokenizer=None, obs_reward: str = "move",
             key = dumps(msgs[:first_a])
             gid = groups.setdefault(key, f"prompt{len(groups)}")
             col.report.note("no group id: group_id from identical messages before the first assistant turn")
+        scalars = {k: obj[k] for k in _ROW_SCALARS if obj.get(k) is not None}
         extra = {k: v for k, v in obj.items()
-                 if k not in ("messages", "tools", *_ID_KEYS, *_GROUP_KEYS, *_REWARD_KEYS)}
+                 if k not in ("messages", "tools", *_ID_KEYS, *_GROUP_KEYS, *_REWARD_KEYS, *scalars)}
         out = conversation_row(enc, col, msgs, traj_id=tid, group_id=str(gid), reward=_first(obj, _REWARD_KEYS),
-                               tools=obj.get("tools"), line=line, row=row, obs_reward=obs_reward, extra=extra or None)
+                               tools=obj.get("tools"), line=line, row=row, obs_reward=obs_reward, extra=extra or None,
+                               scalars=scalars)
         if out is not None:
             col.add(out, line=line, row_index=row)
         yield
 
 
 def from_chat(src, *, tokenizer, obs_reward: str = "move", errors: str = "raise", source=None,
-              allow_unknown: bool = False):
+              allow_unknown: bool = False, unknown_role: str = "error"):
     """Convert OpenAI-style chat JSONL (a path, or a list of dicts) to v1 with a local tokenizer.
 
     ``tokenizer``: a local folder (``save_pretrained`` layout, with a chat template) or a loaded
@@ -542,10 +639,14 @@ def from_chat(src, *, tokenizer, obs_reward: str = "move", errors: str = "raise"
     mismatches of logged assistant ids, tool calls and how they were rendered, empty turns, unknown
     tokens per field and trajectories without a reward (its ``warnings`` are also emitted as
     :class:`~mpo_viz.adapters.conversion.ConversionWarning`). Most action tokens unknown: an
-    :class:`~mpo_viz.checks.OptionError` unless ``allow_unknown=True``.
+    :class:`~mpo_viz.checks.OptionError` unless ``allow_unknown=True``. A message whose role is not
+    one of :data:`KNOWN_ROLES` is a row problem, or with ``unknown_role="observation"`` kept as
+    observation tokens and named in the report's warnings. An input without any conversation is an
+    error.
     """
     check_options(obs_reward=obs_reward, errors=errors)
     if source is None and isinstance(src, (str, Path)):
         source = src
     col = Collector("openai", source=source, errors=errors)
-    return run(iter_chat(src, col, tokenizer=tokenizer, obs_reward=obs_reward, allow_unknown=allow_unknown), col)
+    return run(iter_chat(src, col, tokenizer=tokenizer, obs_reward=obs_reward, allow_unknown=allow_unknown,
+                         unknown_role=unknown_role), col)

@@ -32,6 +32,12 @@ TOOL_CALL_RENDERINGS = {
              "'<tool_call>{\"name\": ..., \"arguments\": ...}</tool_call>' after the message's content "
              "(docs/adapters.md)",
 }
+#: what became of the rows' ``tools`` schemas (``ConversionReport.tools_rendering``)
+TOOLS_RENDERINGS = {
+    "template": "rendered into the prompt by the tokenizer's chat template and kept in extra_json['tools']",
+    "kept": "kept in extra_json['tools'] only: the chat template does not render tools, so the prompt tokens "
+            "do not hold them",
+}
 
 
 class ConversionWarning(UserWarning):
@@ -66,6 +72,11 @@ class ConversionReport:
       token counts, unknown meaning the tokenizer's unknown token (``unknown_token``);
       ``unknown_examples`` — per field, the first few source words that became it, with the
       conversation (tokenizer adapters only: the others receive ids, not text).
+    * ``unknown_roles`` — messages whose role is not an OpenAI chat role, kept as observation tokens
+      (``unknown_role='observation'``); ``unknown_role_examples`` — ``"traj_id messages[i] ('role')"``,
+      the first :data:`_NAMED`.
+    * ``tool_schemas`` — the rows' ``tools`` schemas, counted by function name; ``tools_rendering`` —
+      what became of them (a key of :data:`TOOLS_RENDERINGS`), None when there were none.
     * ``missing_rewards`` — trajectories with no reward at all (no finite ``reward``, no
       ``turn_rewards``, no ``token_rewards``) or a non-finite one; ``missing_reward_examples`` —
       ``"traj_id (what was found)"``, the first :data:`_NAMED`.
@@ -96,6 +107,10 @@ class ConversionReport:
     unknown_examples: dict[str, list[str]] = field(default_factory=dict)
     missing_rewards: int = 0
     missing_reward_examples: list[str] = field(default_factory=list)
+    unknown_roles: int = 0
+    unknown_role_examples: list[str] = field(default_factory=list)
+    tool_schemas: Counter = field(default_factory=Counter)
+    tools_rendering: str | None = None
 
     def note(self, text: str, n: int = 1) -> None:
         """Count one occurrence of a guess or choice described by ``text``."""
@@ -115,6 +130,12 @@ class ConversionReport:
         self.empty_turns += 1
         if len(self.empty_turn_examples) < _NAMED:
             self.empty_turn_examples.append(where)
+
+    def unknown_role(self, where: str) -> None:
+        """Count a message with an unknown role kept as observation tokens, at ``where``."""
+        self.unknown_roles += 1
+        if len(self.unknown_role_examples) < _NAMED:
+            self.unknown_role_examples.append(where)
 
     def missing_reward(self, traj_id: str, found: str) -> None:
         """Count a trajectory without a (finite) reward; ``found`` says what it had (``"no reward"``, ``"reward inf"``)."""
@@ -158,6 +179,11 @@ class ConversionReport:
                 out.append(f"{n_unk} of {n} {name} tokens ({share:.1%}) are the unknown token {self.unknown_token!r}"
                            + (f", e.g. {', '.join(ex)}" if ex else "")
                            + ": the tokenizer does not cover this text (use the model's own tokenizer)")
+        if self.unknown_roles:
+            out.append(f"{self.unknown_roles} message(s) with a role that is not an OpenAI chat role kept as observation "
+                       f"tokens (loss_mask 0): {', '.join(self.unknown_role_examples)}"
+                       + (f" and {self.unknown_roles - len(self.unknown_role_examples)} more" if self.unknown_roles > len(self.unknown_role_examples) else "")
+                       + "; a misspelt 'assistant' is a model turn lost to the observations")
         if self.missing_rewards:
             out.append(f"{self.missing_rewards} trajectories have no finite reward: "
                        f"{', '.join(self.missing_reward_examples)}"
@@ -169,16 +195,19 @@ class ConversionReport:
         """Add the counts of ``other`` (a later chunk of the same conversion) to this report."""
         for name in ("rows_in", "trajectories", "rewards_moved", "rewards_moved_forward", "merged_steps",
                      "retokenized_messages", "retokenization_mismatches", "tool_calls", "empty_turns",
-                     "missing_rewards"):
+                     "missing_rewards", "unknown_roles"):
             setattr(self, name, getattr(self, name) + getattr(other, name))
         self.tool_call_rendering = self.tool_call_rendering or other.tool_call_rendering
+        self.tools_rendering = self.tools_rendering or other.tools_rendering
+        self.tool_schemas.update(other.tool_schemas)
         self.unknown_token = self.unknown_token or other.unknown_token
         for name, (n_unk, n) in other.unknown_tokens.items():
             self.unknown(name, n_unk, n)
             ex = self.unknown_examples.setdefault(name, [])
             ex.extend(e for e in other.unknown_examples.get(name, []) if e not in ex and len(ex) < _EXAMPLES)
         for mine, theirs in ((self.empty_turn_examples, other.empty_turn_examples),
-                             (self.missing_reward_examples, other.missing_reward_examples)):
+                             (self.missing_reward_examples, other.missing_reward_examples),
+                             (self.unknown_role_examples, other.unknown_role_examples)):
             mine.extend(theirs[: max(_NAMED - len(mine), 0)])
         self.rejected.extend(other.rejected)
         self.kept_as_steps.update(other.kept_as_steps)
@@ -215,6 +244,10 @@ class ConversionReport:
             "unknown_examples": {k: list(v) for k, v in sorted(self.unknown_examples.items())},
             "missing_rewards": self.missing_rewards,
             "missing_reward_examples": list(self.missing_reward_examples),
+            "unknown_roles": self.unknown_roles,
+            "unknown_role_examples": list(self.unknown_role_examples),
+            "tool_schemas": dict(sorted(self.tool_schemas.items())),
+            "tools_rendering": self.tools_rendering,
             "warnings": self.warnings,
         }
 
@@ -246,6 +279,10 @@ class ConversionReport:
         if self.tool_calls:
             lines.append(f"  tool calls            {self.tool_calls} rendered into action tokens "
                          f"{TOOL_CALL_RENDERINGS.get(self.tool_call_rendering or '', self.tool_call_rendering)}")
+        if self.tool_schemas:
+            names = ", ".join(f"{k} ({n}x)" for k, n in sorted(self.tool_schemas.items()))
+            lines.append(f"  tool schemas          {sum(self.tool_schemas.values())} in the rows' tools: {names}; "
+                         f"{TOOLS_RENDERINGS.get(self.tools_rendering or '', self.tools_rendering)}")
         if self.unknown_tokens:
             shares = ", ".join(f"{k} {self.unknown_tokens[k][0]} of {self.unknown_tokens[k][1]}"
                                for k in UNKNOWN_FIELDS if k in self.unknown_tokens)

@@ -51,15 +51,24 @@ from mpo_viz.analysis.comparison import (
     sign_flips,
 )
 from mpo_viz.analysis.critic import (
+    NOISE_EV,
     CriticQuality,
     ExplainedVariance,
+    critic_based,
     critic_quality,
     explained_variance,
     fitted_critic,
     fitted_critic_label,
+    values_are_noise,
     values_source,
 )
-from mpo_viz.analysis.reading import NO_ORACLE_TEXT, accuracy_reading
+from mpo_viz.analysis.reading import (
+    MIN_TRAJECTORIES,
+    NO_ORACLE_TEXT,
+    accuracy_reading,
+    batch_shortfall,
+    data_shortfall,
+)
 from mpo_viz.analysis.success import pass_at_k
 from mpo_viz.analysis.tables import compute_advantages, td_error, turn_table, turn_table_reference
 from mpo_viz.analysis.truth import (
@@ -118,6 +127,12 @@ __all__ = [
     "finish_accuracy",
     "credit_accuracy",
     "accuracy_reading",
+    "data_shortfall",
+    "batch_shortfall",
+    "MIN_TRAJECTORIES",
+    "values_are_noise",
+    "critic_based",
+    "NOISE_EV",
     "NO_ORACLE_TEXT",
     "ACCURACY_COLUMNS",
     "MC_ACCURACY_COLUMNS",

@@ -13,13 +13,21 @@ from dataclasses import dataclass, field
 
 import pandas as pd
 
+from mpo_viz.advantages import registry
 from mpo_viz.analysis.arrays import as_2d
 from mpo_viz.analysis.tables import compute_advantages
 from mpo_viz.moments import ExplainedVariance
 from mpo_viz.trajectory import TrajectoryBatch
 
 __all__ = ["explained_variance", "ExplainedVariance", "critic_quality", "CriticQuality", "values_source",
-           "fitted_critic", "fitted_critic_label"]
+           "fitted_critic", "fitted_critic_label", "values_are_noise", "NOISE_EV", "critic_based"]
+
+#: a fitted critic whose held-out explained variance is at most this knows (almost) nothing beyond the
+#: mean: the credit of the estimators that use its values is the returns' noise
+NOISE_EV = 0.05
+#: ``values_source`` of values from a critic whose value head was never updated
+#: (:func:`mpo_viz.models.critic.values_source_of`; the same string, kept here to keep analysis torch-model free)
+UNTRAINED = "untrained_critic"
 
 
 def explained_variance(returns, values, mask) -> float:
@@ -90,6 +98,35 @@ def fitted_critic(batch: TrajectoryBatch) -> dict | None:
         return None
     info = meta.get("critic_fit")
     return dict(info) if isinstance(info, dict) else {}
+
+
+def values_are_noise(batch: TrajectoryBatch) -> str | None:
+    """Why ``batch``'s values are noise for credit assignment, or None when nothing says so.
+
+    Two cases, both from the file metadata: values of an untrained critic (``values_source ==
+    "untrained_critic"``: its value head as initialized), and a fitted critic (``mpo-viz
+    fit-critic``) whose held-out explained variance is at most :data:`NOISE_EV` (or was not
+    recorded). Views say the returned text beside critic-based credit and do not rank those
+    estimators."""
+    meta = getattr(batch, "meta", None) or {}
+    if meta.get("values_source") == UNTRAINED:
+        return "values from an untrained critic (its value head as initialized): no estimate of the return"
+    info = fitted_critic(batch)
+    if info is None:
+        return None
+    ev = info.get("heldout_explained_variance")
+    if not isinstance(ev, (int, float)) or not ev == ev:
+        return "values from a fitted critic whose held-out explained variance was not recorded"
+    if ev <= NOISE_EV:
+        return (f"values from a fitted critic with held-out explained variance {float(ev):.2f} "
+                f"(≤ {NOISE_EV}): it predicts returns it was not fitted to no better than their mean")
+    return None
+
+
+def critic_based(names) -> list[str]:
+    """The estimators of ``names`` that use critic values (registry ``needs`` holds ``values``)."""
+    known = set(registry.available())
+    return [n for n in names if n in known and "values" in registry.get(n).needs]
 
 
 def fitted_critic_label(batch: TrajectoryBatch) -> str | None:

@@ -1,10 +1,26 @@
-"""The analysis in words: one line that reads a table, and what to look at when a measure is missing."""
+"""The analysis in words: one line that reads a table, and what to look at when a measure is missing.
+
+A verdict (an estimator "closest to the oracle", "best across turns") is written only when the data
+can carry one (:func:`data_shortfall`): at least :data:`MIN_TRAJECTORIES` trajectories, some
+variance in their scores, and at least one trajectory with two turns or more; otherwise the reading
+says "too little data for a verdict" and why. No estimator is called best on a correlation that is
+not positive, and estimators whose credit rests on values that are noise
+(:func:`mpo_viz.analysis.critic.values_are_noise`) are left out of the ranking, with the reason.
+"""
 
 from __future__ import annotations
 
+import math
+
+import numpy as np
 import pandas as pd
 
-__all__ = ["accuracy_reading", "NO_ORACLE_TEXT"]
+from mpo_viz.trajectory import TrajectoryBatch
+
+__all__ = ["accuracy_reading", "NO_ORACLE_TEXT", "data_shortfall", "batch_shortfall", "MIN_TRAJECTORIES"]
+
+#: fewer trajectories than this carry no verdict (correlations of a handful of episodes are noise)
+MIN_TRAJECTORIES = 16
 
 NO_ORACLE_TEXT = (
     "No oracle columns (oracle_token_adv, decisive: written by mpo-viz generate for its environments), so how "
@@ -16,24 +32,79 @@ NO_ORACLE_TEXT = (
     "(mpo-viz generate), or see benchmarks/credit_accuracy.py.")
 
 
-def accuracy_reading(df: pd.DataFrame, values: str = "critic") -> str:
+def data_shortfall(n_traj: int, scores, max_turns: int) -> str | None:
+    """Why a batch of ``n_traj`` trajectories with these ``scores`` (one per trajectory, or a
+    ``{score: count}`` mapping; NaN ignored) and at most ``max_turns`` turns is too little data for
+    a verdict — the reasons joined by ``"; "`` — or None when it is enough."""
+    if isinstance(scores, dict):
+        distinct = {float(s) for s, c in scores.items() if c and not math.isnan(float(s))}
+    else:
+        distinct = {float(s) for s in np.asarray(scores, dtype=np.float64).ravel() if not math.isnan(s)}
+    reasons = []
+    if n_traj < MIN_TRAJECTORIES:
+        reasons.append(f"{n_traj} trajectories (a verdict needs at least {MIN_TRAJECTORIES})")
+    if len(distinct) < 2:
+        reasons.append("no reward variance (every trajectory scores " + (f"{distinct.pop():.4g})" if distinct else
+                                                                        "nothing: no reward)"))
+    if max_turns < 2:
+        reasons.append("no trajectory has 2 turns or more (nothing to compare across turns)")
+    return "; ".join(reasons) or None
+
+
+def batch_shortfall(batch: TrajectoryBatch) -> str | None:
+    """:func:`data_shortfall` of a batch (scores: the sum of each trajectory's rewards)."""
+    scores = batch.rewards.sum(dim=1).double().numpy() if len(batch) else np.zeros(0)
+    turns = int(batch.num_turns.max()) if len(batch) else 0
+    return data_shortfall(len(batch), scores, turns)
+
+
+def accuracy_reading(df: pd.DataFrame, values: str = "critic", *, shortfall: str | None = None,
+                     noise: str | None = None, unranked=()) -> str:
     """One line that reads an accuracy table: which estimator's token credit is closest to the
-    oracle and which is farthest, with the turn-level picture when it differs."""
-    d = df.dropna(subset=["tok_corr"])
+    oracle and which is farthest, with the turn-level picture when it differs.
+
+    ``shortfall``: why the data carries no verdict (:func:`data_shortfall`): then the line says so
+    and ranks nothing. ``noise``: why the critic values are noise (``values_are_noise``); the
+    estimators in ``unranked`` (the critic-based ones) are then left out of the ranking. Only a
+    positive correlation makes an estimator "closest" or "best"."""
+    if shortfall:
+        return f"Too little data for a verdict: {shortfall}. The table is descriptive only."
+    left_out = [n for n in unranked if n in set(df["estimator"])] if noise else []
+    ranked = df[~df["estimator"].isin(left_out)]
+    text, best = _token_reading(ranked.dropna(subset=["tok_corr"]))
+    text += _turn_reading(ranked.dropna(subset=["turn_corr"]), best)
+    if left_out:
+        text += (f". Not ranked: {', '.join(left_out)} ({noise}; their credit is the returns' noise, whatever the "
+                 "table shows)")
+    if values == "oracle":
+        text += ". Values here are the oracle's own (values_source: oracle), so this is the best case for value-based estimators"
+    return text + "."
+
+
+def _token_reading(d: pd.DataFrame) -> tuple[str, str | None]:
+    """The token-level sentence and the estimator it names closest (None when none is)."""
     if d.empty:
-        return "No estimator's token credit varies enough to correlate with the oracle."
+        return "No estimator's token credit varies enough to correlate with the oracle", None
     best = d.loc[d["tok_corr"].idxmax()]
+    if not best["tok_corr"] > 0:
+        return (f"No estimator's token credit correlates positively with the oracle (the highest: {best['estimator']}, "
+                f"{best['tok_corr']:.2f}), so none is closest"), None
     worst = d.loc[d["tok_corr"].idxmin()]
     text = (f"Token credit closest to the oracle: {best['estimator']} (correlation {best['tok_corr']:.2f}, "
             f"{best['dec_mass']:.0%} of its |A| on decisive tokens)")
     if worst["estimator"] != best["estimator"]:
         text += f"; farthest: {worst['estimator']} ({worst['tok_corr']:.2f})"
-    dt = df.dropna(subset=["turn_corr"])
-    if len(dt):
-        bt = dt.loc[dt["turn_corr"].idxmax()]
-        text += (f". Across turns {bt['estimator']} is best (turn correlation {bt['turn_corr']:.2f}, "
-                 f"{bt['turn_sign']:.0%} of turn signs right)" if bt["estimator"] != best["estimator"] else
-                 f". {best['estimator']} is also best across turns (turn correlation {bt['turn_corr']:.2f})")
-    if values == "oracle":
-        text += ". Values here are the oracle's own (values_source: oracle), so this is the best case for value-based estimators"
-    return text + "."
+    return text, str(best["estimator"])
+
+
+def _turn_reading(dt: pd.DataFrame, token_best: str | None) -> str:
+    if dt.empty:
+        return ""
+    bt = dt.loc[dt["turn_corr"].idxmax()]
+    if not bt["turn_corr"] > 0:
+        return (f". Across turns no estimator correlates positively with the oracle (the highest: {bt['estimator']}, "
+                f"{bt['turn_corr']:.2f})")
+    if bt["estimator"] == token_best:
+        return f". {bt['estimator']} is also best across turns (turn correlation {bt['turn_corr']:.2f})"
+    return (f". Across turns {bt['estimator']} is best (turn correlation {bt['turn_corr']:.2f}, "
+            f"{bt['turn_sign']:.0%} of turn signs right)")

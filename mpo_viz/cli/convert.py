@@ -27,7 +27,7 @@ def cmd_convert(args) -> int:
         warnings.simplefilter("ignore", ConversionWarning)
         report = convert(args.source, src, args.out, tokenizer=args.tokenizer, trust=args.trust,
                          obs_reward=args.obs_reward, errors=args.errors, chunk_rows=args.chunk_rows,
-                         allow_unknown=args.allow_unknown)
+                         allow_unknown=args.allow_unknown, unknown_role=args.unknown_role)
     if args.report_json:
         Path(args.report_json).write_text(report.to_json() + "\n")
         for w in report.warnings:
@@ -63,6 +63,9 @@ def add_subcommand(sub) -> None:
     p.add_argument("--allow-unknown-tokens", dest="allow_unknown", action="store_true",
                    help="convert even when most action tokens become the tokenizer's unknown token (refused by "
                         "default: the tokenizer does not cover the text)")
+    p.add_argument("--unknown-role", choices=("error", "observation"), default="error",
+                   help="a chat message whose role is not system/developer/user/assistant/tool/function (a typo such "
+                        "as 'asistant'): refuse the row (default), or keep it as observation tokens with a warning")
     p.add_argument("--report-json", metavar="PATH", help="write the conversion report as JSON here instead of printing it")
     p.add_argument("--chunk-rows", type=int, default=1024, help="trajectories per chunk (memory bound; default 1024)")
     p.set_defaults(func=cmd_convert)

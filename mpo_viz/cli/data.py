@@ -57,6 +57,9 @@ def cmd_validate(args) -> int:
     if problems:
         print(f"INVALID: {len(problems)} problem(s) in {bad_rows} row(s); {n_ok} valid row(s)")
         return 1
+    if not n_ok:
+        print(f"EMPTY: {args.path} holds no trajectories (0 rows); nothing to check or analyse")
+        return 1
     print(f"OK: {n_ok} valid trajectories, no problems ({SCHEMA_VERSION})")
     return 0
 
@@ -72,7 +75,7 @@ def add_subcommand(sub) -> None:
     p = sub.add_parser("validate", help="check every row against trajectory/v1; list every problem; exit 1 if any",
                        description="Check every row against trajectory/v1 (trajectories/README.md) and print one "
                                    "line per problem: file, line or row, traj_id, field, expected, found. "
-                                   "Exit 0 if there is none, 1 otherwise.")
+                                   "Exit 0 if there is none, 1 otherwise (and 1 for a file without any trajectory).")
     p.add_argument("path", help=".jsonl, .parquet, or a folder of them")
     p.add_argument("--max-problems", type=int, default=200, help="print at most this many problems (default 200; 0 = all)")
     p.set_defaults(func=cmd_validate)

@@ -1,7 +1,9 @@
 """``mpo-viz fit-critic FILE -o OUT``: give logs without critic values the values of a fitted critic.
 
-A small critic (a tiny Llama trunk over the file's own token ids) is fitted to the trajectories'
-returns on all but a held-out share, then every trajectory gets its values; the output records in
+A small critic (a tiny Llama trunk over the file's own token ids, or with ``--trunk DIR`` the
+pretrained trunk of a Hugging Face model) is fitted to the trajectories' returns on all but a
+held-out share (early stopping on the held-out explained variance, the best step's weights kept),
+then every trajectory gets its values; the output records in
 its metadata that the values come from a fitted critic, with the held-out explained variance and
 the across/within split (:func:`mpo_viz.train.critic_fit.fit_critic`). After it, every critic-based
 estimator (mpo, gae, turn_gae, vapo) and the across/within view work on the file.
@@ -23,7 +25,12 @@ Fit a small critic to FILE's own returns (Monte-Carlo returns by default) on all
 share of its trajectories, and write FILE with `values` from that critic (and `bootstrap_value` on
 truncated rows) to OUT. The held-out explained variance says how far to trust the values: near 0
 the critic explains nothing, and critic-based estimators then run on noise. Deterministic for a
-seed. Works on any trajectory/v1 file, converted verl or chat logs included."""
+seed. Works on any trajectory/v1 file, converted verl or chat logs included. With --trunk DIR the
+critic starts from the pretrained trunk of the Hugging Face model in DIR (the policy that wrote the
+logs, or e.g. SmolLM2 for logs converted with its tokenizer): the file's ids must be that model's.
+Evaluated every 16 steps on the held-out trajectories; --patience N stops after N evaluations
+without a better held-out EV, and the weights of the best evaluation are the ones written (unless
+--keep-last)."""
 
 
 def cmd_fit_critic(args) -> int:
@@ -36,12 +43,16 @@ def cmd_fit_critic(args) -> int:
     # the critic (transformers) loads only when the command runs: `mpo-viz --help` stays fast
     from mpo_viz.train.critic_fit import fit_critic
 
+    if args.trunk is not None and not Path(args.trunk).is_dir():
+        raise CLIError(f"--trunk: expected a Hugging Face model folder, found no such folder {args.trunk!r}", 2)
     batch = mio.load(src)
-    print(f"fitting a {args.size} critic to the {args.target} returns of {len(batch)} trajectories of {src} "
+    what = f"a critic on the trunk of {args.trunk}" if args.trunk else f"a {args.size} critic"
+    print(f"fitting {what} to the {args.target} returns of {len(batch)} trajectories of {src} "
           f"({args.steps} steps, held-out share {args.holdout:g}, seed {args.seed})", flush=True)
     t0 = time.perf_counter()
     res = fit_critic(batch, target=args.target, size=args.size, steps=args.steps, lr=args.lr,
                      batch_episodes=args.batch_episodes, holdout=args.holdout, seed=args.seed, gate=args.gate,
+                     trunk=args.trunk, patience=args.patience, keep_best=not args.keep_last,
                      progress=not args.quiet, source=str(src))
     mio.save(res.batch, out)
     info = res.info
@@ -62,9 +73,17 @@ def add_subcommand(sub) -> None:
     p.add_argument("path", metavar="FILE", help="a trajectory/v1 file or folder (.parquet, .jsonl)")
     p.add_argument("-o", "--out", required=True, help="the output file (.parquet or .jsonl)")
     p.add_argument("--steps", type=int, default=256, help="AdamW steps (default 256)")
-    p.add_argument("--target", default="mc",
+    p.add_argument("--target", default="mc", choices=("mc", "turn"),
                    help="mc: Monte-Carlo returns (default); turn: the return from each turn's start, flat inside turns")
     p.add_argument("--size", default="1m", help="the critic's tiny Llama trunk: 1m (default), 3m, 10m")
+    p.add_argument("--trunk", metavar="DIR", default=None,
+                   help="fit on the pretrained trunk of the Hugging Face causal LM in DIR (instead of a tiny one); "
+                        "FILE's token ids must be that model's")
+    p.add_argument("--patience", type=int, default=None,
+                   help="stop after this many held-out evaluations (every 16 steps) without a better explained "
+                        "variance (default: the whole budget)")
+    p.add_argument("--keep-last", dest="keep_last", action="store_true",
+                   help="write the values of the last step's weights (default: the step with the best held-out EV)")
     p.add_argument("--seed", type=int, default=0, help="the held-out split, the initial weights and the order")
     p.add_argument("--lr", type=float, default=1e-3, help="AdamW learning rate (default 1e-3)")
     p.add_argument("--holdout", type=float, default=0.2, help="share of trajectories held out to measure the fit")

@@ -132,7 +132,10 @@ def cmd_generate_model(args) -> int:
     reward_txt = f"mean reward {float(batch.reward.mean()):.3f}" if not env.shaping else "shaped rewards"
     print(f"wrote {len(batch)} trajectories ({len(batch) // args.group_size} tasks x {args.group_size}) to {path}; "
           f"{reward_txt}; {n_act} action tokens in {secs:.1f} s; values_source="
-          f"{'critic' if critic is not None else 'none'} (oracle beside); policy {policy.name}")
+          f"{batch.meta.get('values_source', 'none')} (oracle beside); policy {policy.name}")
+    if batch.meta.get("values_source") == models.UNTRAINED_CRITIC:
+        print("note: the critic's value head is untrained (as initialized): its values are no estimate, and reports "
+              "do not rank the estimators that use them; fit one with mpo-viz fit-critic")
     if args.save_model is not None:
         print(f"saved the policy and critic to {args.save_model}")
     return 0

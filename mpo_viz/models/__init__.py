@@ -14,7 +14,14 @@
 See docs/models.md.
 """
 
-from mpo_viz.models.critic import Critic, load_critic, make_critic, save_critic
+from mpo_viz.models.critic import (
+    UNTRAINED_CRITIC,
+    Critic,
+    load_critic,
+    make_critic,
+    save_critic,
+    values_source_of,
+)
 from mpo_viz.models.layout import TemplateLayout, layout_for
 from mpo_viz.models.policy import Policy, check_vocabulary, load_policy, resolve_device, save_policy
 from mpo_viz.models.store import is_plain, load, quiet_progress, save
@@ -22,6 +29,6 @@ from mpo_viz.models.tiny import SIZES, tiny_config, tiny_policy
 
 __all__ = [
     "Critic", "Policy", "SIZES", "TemplateLayout", "check_vocabulary", "is_plain", "layout_for", "load",
-    "load_critic", "load_policy", "make_critic", "quiet_progress", "resolve_device", "save", "save_critic",
+    "load_critic", "load_policy", "make_critic", "UNTRAINED_CRITIC", "values_source_of", "quiet_progress", "resolve_device", "save", "save_critic",
     "save_policy", "tiny_config", "tiny_policy",
 ]

@@ -98,7 +98,26 @@ def make_critic(policy, init: str = "fresh", seed: int = 0) -> Critic:
         with torch.no_grad():
             critic.head.weight.normal_(0.0, 0.02)
             critic.head.bias.zero_()
+    # the head as initialized (not a buffer: never saved): values_source_of tells an untrained critic by it
+    critic.initial_head = tuple(t.detach().clone() for t in (critic.head.weight, critic.head.bias))
     return critic.eval()
+
+
+#: ``values_source`` of values from a critic whose value head is still as :func:`make_critic` drew it
+UNTRAINED_CRITIC = "untrained_critic"
+
+
+def values_source_of(critic) -> str:
+    """The ``values_source`` metadata of values computed by ``critic``: :data:`UNTRAINED_CRITIC`
+    while its value head is exactly as :func:`make_critic` initialized it (no update has moved it:
+    its values are a random projection, not estimates), else ``"critic"`` (trained, or loaded)."""
+    init = getattr(critic, "initial_head", None)
+    head = getattr(critic, "head", None)
+    if init is None or head is None:
+        return "critic"
+    now = (head.weight.detach(), head.bias.detach())
+    same = all(a.shape == b.shape and torch.equal(a.to(b.device, b.dtype), b) for a, b in zip(init, now))
+    return UNTRAINED_CRITIC if same else "critic"
 
 
 def vocab_sha256(tokenizer) -> str:

@@ -16,6 +16,7 @@ A layout has the interface the rollout needs (all ids are plain ``list[int]``):
 from __future__ import annotations
 
 from mpo_viz.envs.tokenizer import CHAT_TEMPLATE, EOT, ChatLayout
+from mpo_viz.token_text import merged_texts, raw_bytes_of
 
 __all__ = ["WordLayout", "TemplateLayout", "layout_for", "FALLBACK_TEMPLATE"]
 
@@ -64,6 +65,7 @@ class TemplateLayout:
         self._stop_strs = [tokenizer.decode([i]) for i in sorted(self.stop_ids)]
         self._special = frozenset(tokenizer.all_special_ids)
         self._shown: dict[int, str] = {}  # id -> display string (tokens())
+        self._raw = False  # the tokenizer's raw_bytes_of, looked up on first use
 
     def _render(self, messages, gen: bool) -> str:
         return self.tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=gen,
@@ -98,18 +100,20 @@ class TemplateLayout:
     def text(self, ids) -> str:
         return self.tokenizer.decode([i for i in ids if i not in self._special], skip_special_tokens=True)
 
+    def _one(self, i: int) -> str:
+        t = self._shown.get(i)
+        if t is None:
+            t = self._shown[i] = self.tokenizer.decode([i], skip_special_tokens=False, clean_up_tokenization_spaces=False)
+        return t
+
     def tokens(self, ids) -> list[str]:
         """Display strings: each token decoded on its own, so byte-level pieces show their text
-        (``" the"``, ``"\\n"``) rather than ``Ġthe``/``Ċ``; special tokens as written."""
-        out = []
-        for i in ids:
-            i = int(i)
-            t = self._shown.get(i)
-            if t is None:
-                t = self._shown[i] = self.tokenizer.decode([i], skip_special_tokens=False,
-                                                           clean_up_tokenization_spaces=False)
-            out.append(t)
-        return out
+        (``" the"``, ``"\\n"``) rather than ``Ġthe``/``Ċ``; special tokens as written; a multi-byte
+        character split across tokens shows whole on the token that completes it
+        (:func:`mpo_viz.token_text.merged_texts`)."""
+        if self._raw is False:
+            self._raw = raw_bytes_of(self.tokenizer)
+        return merged_texts([int(i) for i in ids], self._one, self._raw)[0]
 
 
 def layout_for(tokenizer, *, stop_ids=None):

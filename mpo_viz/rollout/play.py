@@ -12,6 +12,7 @@ from mpo_viz.checks import OptionError
 from mpo_viz.envs.base import TextEnv
 from mpo_viz.envs.expert import NoisyExpert
 from mpo_viz.envs.registry import make_env
+from mpo_viz.models.critic import values_source_of
 from mpo_viz.models.policy import Policy, check_vocabulary, embedding_rows
 from mpo_viz.rollout.batch import to_batch
 from mpo_viz.rollout.critic import CriticJobs
@@ -54,7 +55,8 @@ def rollout(policy: Policy, env, n_episodes: int | None = None, *, group_size: i
 
     Returns:
         a validated :class:`~mpo_viz.trajectory.TrajectoryBatch` (one row per episode, in task then
-        sample order), metadata ``values_source="critic"`` when a critic ran.
+        sample order), metadata ``values_source="critic"`` when a critic ran (``"untrained_critic"``
+        while its value head is as initialized: :func:`mpo_viz.models.critic.values_source_of`).
     """
     env = _check_inputs(policy, env, critic)
     cfg = RolloutConfig(group_size=group_size, seed=seed, temperature=temperature, top_p=top_p,
@@ -96,6 +98,8 @@ def rollout(policy: Policy, env, n_episodes: int | None = None, *, group_size: i
             model.train()
     t0 = time.perf_counter()
     batch = to_batch(episodes, env, policy.layout, cfg, values, boot, oracle, policy)
+    if values is not None:  # "untrained_critic" while the critic's value head is as initialized
+        batch.meta["values_source"] = values_source_of(critic)
     timer.add("batch", t0)
     timer.t["total"] = time.perf_counter() - t_start
     if timings is not None:

@@ -14,7 +14,10 @@ Payload (all lists of length N = the trajectory's response length, padding exclu
      "meta": {key: scalar},                                # shown in the header
      "spaced": bool,                                       # optional: put a gap between tokens
                                                            # (word-level tokens without spaces)
-     "focus": int}                                         # optional: token to scroll to on open
+     "focus": int,                                         # optional: token to scroll to on open
+     "notes": {index: str}}                                # optional: a hover note per token (a
+                                                           # multi-byte character split across
+                                                           # tokens: its raw pieces)
 
 Colours: diverging scale centred at ``center`` (0, except the probability ratio: 1), saturating at
 ``scale`` (default: the 99th percentile of ``|v − center|`` over the strip's action tokens). An
@@ -40,6 +43,8 @@ import numpy as np
 import torch
 
 from mpo_viz.advantages import registry
+from mpo_viz.analysis.critic import critic_based, values_are_noise
+from mpo_viz.token_text import char_notes, guess_split_groups
 from mpo_viz.trajectory import TrajectoryBatch
 from mpo_viz.turns import turn_ids_from_mask
 
@@ -242,18 +247,24 @@ def _scalar(v):
     return v
 
 
-def _row_tokens(batch: TrajectoryBatch, i: int, n: int, tokens) -> list[str]:
-    if tokens is not None:
-        if callable(tokens):
-            ids = batch.field("response_ids")[i]
-            return [str(s) for s in tokens(list(np.asarray(ids).tolist()))]
-        return [str(s) for s in tokens]
-    if batch.has("response_tokens"):
-        toks = batch.field("response_tokens")[i]
-        if toks is not None:
-            return ["" if s is None else str(s) for s in toks]
-    ids = batch.field("response_ids")[i]
-    return [f"{int(x)} " for x in np.asarray(ids).tolist()]
+def _row_tokens(batch: TrajectoryBatch, i: int, n: int, tokens) -> tuple[list[str], dict[int, str]]:
+    """Display strings of row ``i`` and the hover notes of split characters (``{index: note}``):
+    from a decoder's ``with_notes`` (raw bytes listed), else recovered from the texts
+    (:func:`mpo_viz.token_text.guess_split_groups`: token ids listed)."""
+    ids = [int(x) for x in np.asarray(batch.field("response_ids")[i]).tolist()]
+    if tokens is not None and callable(tokens):
+        with_notes = getattr(tokens, "with_notes", None)
+        if with_notes is not None:
+            texts, notes = with_notes(ids)
+            return [str(s) for s in texts], notes
+        texts = [str(s) for s in tokens(ids)]
+    elif tokens is not None:
+        texts = [str(s) for s in tokens]
+    elif batch.has("response_tokens") and batch.field("response_tokens")[i] is not None:
+        texts = ["" if s is None else str(s) for s in batch.field("response_tokens")[i]]
+    else:
+        return [f"{x} " for x in ids], {}
+    return texts, char_notes(texts, ids, guess_split_groups(texts)) if len(texts) == len(ids) else {}
 
 
 def strip_payload(
@@ -299,11 +310,14 @@ def strip_payload(
     _value_channels(ch, sub, row, td)
     _logprob_channels(ch, sub)
     _other_channels(ch, sub)
+    noise = values_are_noise(sub)
+    if noise:
+        _mark_noise(ch)
     # observation tokens carry no values: blank them so hover shows "—" rather than a stale number
     chans = {k: np.where(mask != 0, v, np.nan) for k, v in ch.values.items()}
     if channel is None:
         channel = next((k for k in chans if k.startswith("adv_")), None) or ("value" if "value" in chans else None)
-    toks = _row_tokens(batch, row, n, tokens)
+    toks, notes = _row_tokens(batch, row, n, tokens)
     score = float(sub.rewards[0].sum())
     meta = {"group": batch.group_ids[row], "score": round(score, 6), "turns": int(sub.num_turns[0])}
     payload = payload_from_arrays(toks, mask, sub.turn_ids[0, :n].numpy(), chans, channel_info=ch.info,
@@ -311,7 +325,23 @@ def strip_payload(
                                   meta=meta, digits=digits, arrays=arrays)
     # word-level tokenizers give tokens without whitespace: ask the strip to space them out
     payload["spaced"] = len(toks) > 1 and not any(any(c.isspace() for c in t) for t in toks)
+    if notes:
+        payload["notes"] = {str(k): v for k, v in sorted(notes.items())}
+    if noise:
+        payload["meta"]["critic"] = f"NOISE: {noise}"
     return payload
+
+
+NOISE_LABEL = " — NOISE: the critic's values are no estimate, do not read this as credit"
+
+
+def _mark_noise(ch: _Channels) -> None:
+    """Say beside every channel built on critic values (``value``, ``td`` and the ``adv_`` /
+    ``micro_`` channels of critic-based estimators) that those values are noise."""
+    for name, info in ch.info.items():
+        est = name.split("_", 1)[1] if name.startswith(("adv_", "micro_")) else None
+        if name in ("value", "td") or (est is not None and critic_based([est])):
+            info["label"] += NOISE_LABEL
 
 
 class _Channels:

@@ -43,6 +43,14 @@ function displayText(s) {
   return s.replace(/\r?\n/g, "\u21b5").replace(/\t/g, "\u21e5").replace(/\r/g, "\u240d");
 }
 
+// Text of token i of normalized payload d: a token that only starts a character completed by a later
+// token (it has a note and no text of its own) shows as a midline ellipsis, not as an empty token.
+function tokenText(d, i) {
+  const t = d.tokens[i];
+  if (t === "" && d.notes[i] !== undefined) return "\u22ef";
+  return displayText(t);
+}
+
 function fmt(v) {
   // a missing value: null in JSON, NaN in a typed array (the widget's binary channels)
   if (v === null || v === undefined || (typeof v === "number" && Number.isNaN(v))) return "\u2014";
@@ -79,8 +87,10 @@ function normalize(payload) {
   }
   if (mask.length !== n || turn.length !== n) throw new Error(`mpo strip: mask/turn_ids length differs from tokens (${n})`);
   const focus = Number.isInteger(payload.focus) && payload.focus >= 0 && payload.focus < n ? payload.focus : -1;
+  // notes: {index: text} shown in the hover (a character split across tokens lists its raw pieces)
+  const notes = payload.notes || {};
   return { tokens, mask, turn, channels, info, names, n, title: payload.title || "", meta: payload.meta || {}, channel: payload.channel,
-           spaced: !!payload.spaced, focus };
+           spaced: !!payload.spaced, focus, notes };
 }
 
 export function mount(el, payload, options = {}) {
@@ -191,7 +201,7 @@ export function mount(el, payload, options = {}) {
       const newTurn = act && turn[i] !== prevTurn;
       const seg = act !== prevKind || newTurn;
       const raw = tokens[i] === null || tokens[i] === undefined ? "" : String(tokens[i]);
-      const w = width(displayText(raw));
+      const w = width(tokenText(d, i));
       if (i > 0 && (seg || forceBreak || x + w > avail)) {
         starts.push(i);
         x = 0;
@@ -281,7 +291,7 @@ export function mount(el, payload, options = {}) {
     let h = `<div class="${cls}" style="top:${r * ROW_H}px"><span class="mpo-strip-gutter">${label}</span>`;
     for (let i = a; i < b; i++) {
       const [tc, bg] = tokenStyle(i, vals, c, s);
-      h += `<span class="${tc}" data-i="${i}"${bg ? ` style="background:${bg}"` : ""}>${esc(displayText(d.tokens[i]))}</span>`;
+      h += `<span class="${tc}" data-i="${i}"${bg ? ` style="background:${bg}"` : ""}>${esc(tokenText(d, i))}</span>`;
     }
     return h + "</div>";
   }
@@ -390,6 +400,7 @@ export function mount(el, payload, options = {}) {
     tip.innerHTML =
       `<div class="mpo-strip-tiphead">#${i} \u00b7 turn ${d.turn[i]} \u00b7 ${d.mask[i] ? "action" : "observation"}</div>` +
       `<div class="mpo-strip-tiptext">${esc(JSON.stringify(d.tokens[i] === undefined ? null : d.tokens[i]))}</div>` +
+      (d.notes[i] !== undefined ? `<div class="mpo-strip-tipnote">${esc(d.notes[i])}</div>` : "") +
       `<table>${rows.join("")}</table>`;
     tip.hidden = false;
   }

@@ -9,7 +9,9 @@ a critic fitted to their own returns (``mpo-viz fit-critic``). Per step::
     one AdamW step (gradient norm clipped at ``grad_clip``)
     every ``eval_every`` steps: explained variance on the held-out episodes
         EV = 1 − Var(G − V) / Var(G)   over held-out action tokens (population variances)
-    stop at the first evaluation with EV ≥ ``gate`` ("gate"), or after ``steps`` ("budget")
+    stop at the first evaluation with EV ≥ ``gate`` ("gate"), after ``patience`` evaluations
+    without a better EV ("patience"), or after ``steps`` ("budget")
+    ``keep_best``: end with the weights of the evaluation with the best held-out EV
 
 unless the outcome is fixed before the first step (no step is then taken): every target is the
 same ("constant": nothing varies, the EV is undefined) or, with a gate, every held-out target is
@@ -46,7 +48,7 @@ from mpo_viz.train.update import Rows, forward_critic, make_micro, micro_batches
 from mpo_viz.trajectory import TrajectoryBatch
 
 __all__ = ["CONSTANT_STOPS", "CRITIC_TARGETS", "CriticFit", "FittedCritic", "critic_outputs", "fit_critic", "fit_targets",
-           "fit_values", "holdout_split", "mc_returns", "set_constant", "vocab_critic"]
+           "fit_values", "holdout_split", "mc_returns", "set_constant", "trunk_critic", "vocab_critic"]
 
 #: the stops of a fit whose outcome was fixed before its first step (the critic set to a constant)
 CONSTANT_STOPS = ("constant", "heldout_constant")
@@ -54,12 +56,13 @@ CONSTANT_STOPS = ("constant", "heldout_constant")
 
 @dataclass
 class CriticFit:
-    """What a fit did: ``steps`` taken, why it stopped (``stop``: ``"gate"``, ``"budget"``, or one
-    of :data:`CONSTANT_STOPS` with ``constant`` the value the critic was set to), the held-out
-    explained variance at the end (``heldout_ev``) and at its best evaluation (``best_ev`` at
-    ``best_step``), the training episodes' EV at the end (``train_ev``), and ``history``: one dict
-    per evaluation (``step``, ``heldout_ev``, ``loss`` = the mean training loss since the previous
-    evaluation)."""
+    """What a fit did: ``steps`` taken, why it stopped (``stop``: ``"gate"``, ``"patience"``,
+    ``"budget"``, or one of :data:`CONSTANT_STOPS` with ``constant`` the value the critic was set
+    to), the held-out explained variance of the weights it ended with (``heldout_ev``) and at its
+    best evaluation (``best_ev`` at ``best_step``), the training episodes' EV of the weights it
+    ended with (``train_ev``), ``kept_step`` (the step whose weights it ended with: the last, or
+    ``best_step`` with ``keep_best``), and ``history``: one dict per evaluation (``step``,
+    ``heldout_ev``, ``loss`` = the mean training loss since the previous evaluation)."""
 
     steps: int
     stop: str
@@ -72,6 +75,7 @@ class CriticFit:
     n_heldout: int
     history: list = field(default_factory=list)
     constant: float | None = None
+    kept_step: int | None = None
 
     @property
     def passed(self) -> bool:
@@ -94,11 +98,15 @@ class CriticFit:
         elif math.isnan(self.heldout_ev):
             why = ("the held-out returns are all equal, so the explained variance is undefined and no gate can "
                    "pass (e.g. no held-out episode succeeded)")
+        elif self.stop == "patience":
+            why = f"stopped early: no better held-out EV for the last {self.steps - self.best_step} steps"
         elif self.gate is None or math.isnan(self.gate):
             why = f"the whole budget of {self.steps} steps, no gate"
         else:
             why = f"the budget of {self.steps} steps ended before the gate {self.gate:g}"
-        return (f"critic fit: {self.steps} steps, held-out explained variance {self.heldout_ev:.3f} ({why}; "
+        kept = (f"; the weights of step {self.kept_step}, the best held-out EV, kept"
+                if self.kept_step is not None and self.kept_step != self.steps else "")
+        return (f"critic fit: {self.steps} steps, held-out explained variance {self.heldout_ev:.3f} ({why}{kept}; "
                 f"{self.n_train} training / {self.n_heldout} held-out episodes)")
 
 
@@ -243,11 +251,36 @@ def _constant_fit(critic: torch.nn.Module, stop: str, targets: torch.Tensor, mas
     ev = explained_variance(targets[hidx], flat[hidx], mask[hidx])
     return CriticFit(steps=0, stop=stop, gate=math.nan if gate is None else float(gate), heldout_ev=ev, best_ev=ev,
                      best_step=0, train_ev=explained_variance(targets[idx], flat[idx], mask[idx]), n_train=len(train),
-                     n_heldout=len(held), history=[{"step": 0, "heldout_ev": ev, "loss": math.nan}], constant=c)
+                     n_heldout=len(held), history=[{"step": 0, "heldout_ev": ev, "loss": math.nan}], constant=c, kept_step=0)
 
 
-def _checked_targets(r: Rows, targets, steps: int, batch_episodes: int, eval_every: int) -> torch.Tensor:
-    """``targets`` as float64 after the checks of :func:`fit_values`' arguments (a ValueError each)."""
+class _Best:
+    """The best held-out EV so far (NaN loses to any number), its step, the evaluations since it,
+    and (``keep``) a copy of the trainable weights it had."""
+
+    def __init__(self, ev: float, params: list, keep: bool):
+        self.ev, self.step, self.stale, self.params, self.keep = ev, 0, 0, params, keep
+        self.weights = [p.detach().clone() for p in params] if keep else None
+
+    def offer(self, ev: float, step: int) -> None:
+        if ev > self.ev or (math.isnan(self.ev) and not math.isnan(ev)):
+            self.ev, self.step, self.stale = ev, step, 0
+            if self.keep:
+                self.weights = [p.detach().clone() for p in self.params]
+        else:
+            self.stale += 1
+
+    def restore(self) -> None:
+        with torch.no_grad():
+            for p, w in zip(self.params, self.weights):
+                p.copy_(w)
+
+
+def _check_loop(r: Rows, targets, steps: int, batch_episodes: int, eval_every: int, patience) -> torch.Tensor:
+    """``targets`` as float64 after checking the loop's counts and the targets' shape."""
+    if patience is not None and patience < 1:
+        raise OptionError("patience", f"expected an integer >= 1 (evaluations without a better held-out EV), "
+                          f"found {patience!r}")
     if steps < 0 or batch_episodes < 1 or eval_every < 1:
         raise ValueError(f"steps/batch_episodes/eval_every: expected >= 0, >= 1, >= 1, found "
                          f"{steps}, {batch_episodes}, {eval_every}")
@@ -291,6 +324,8 @@ def fit_values(
     progress: bool = False,
     groups=None,
     on_eval: Callable[[int, float, torch.nn.Module], None] | None = None,
+    patience: int | None = None,
+    keep_best: bool = False,
 ) -> CriticFit:
     """Fit ``critic`` (in place) to ``targets`` (B, L) on the training split of ``batch``.
 
@@ -299,14 +334,18 @@ def fit_values(
     training episodes with the loss ``½·mean_t (V_t − G_t)²`` over their action tokens;
     ``gate=None`` never stops early. ``groups`` (a label per row): hold out whole groups.
     ``log(line)`` receives a line per evaluation, ``on_eval(step, heldout_ev, critic)`` is called
-    at each (step 0 included); ``progress`` shows a tqdm bar. Returns a :class:`CriticFit`; the
-    critic is left in eval mode. When the outcome is fixed before the first step (see the module
-    docstring: no target varies, or with a gate no held-out one does) and the critic has a value
-    head, it is set to the constant at once (:func:`set_constant`; ``on_eval`` is called once, at
-    step 0, after that) and the fit reports 0 steps.
+    at each (step 0 included); ``progress`` shows a tqdm bar. ``patience``: stop after that many
+    evaluations in a row without a better held-out EV (None: never). ``keep_best``: end with the
+    trainable weights of the best evaluation (a copy is taken at each new best). The held-out EV
+    then reported is the best of the evaluations: chosen on the held-out episodes, so optimistic by
+    the spread of their noise. Returns a :class:`CriticFit`; the critic is left in eval mode. When
+    the outcome is fixed before the first step (see the module docstring: no target varies, or with
+    a gate no held-out one does) and the critic has a value head, it is set to the constant at once
+    (:func:`set_constant`; ``on_eval`` is called once, at step 0, after that) and the fit reports 0
+    steps.
     """
     r = rows_of(batch)
-    targets = _checked_targets(r, targets, steps, batch_episodes, eval_every)
+    targets = _check_loop(r, targets, steps, batch_episodes, eval_every, patience)
     train, held = holdout_split(len(r), holdout, seed, groups)
     fixed = _fixed_fit(critic, targets, r.mask, train, held, gate, on_eval)
     if fixed is not None:
@@ -324,14 +363,14 @@ def fit_values(
         return gate is not None and ev >= gate
 
     ev = _ev(critic, r, held, targets, **kw)
-    best, best_step, done = ev, 0, 0
+    best, done = _Best(ev, params, keep_best), 0
     stop = "gate" if reached(ev) else "budget"
     history.append({"step": 0, "heldout_ev": ev, "loss": math.nan})
     if on_eval is not None:
         on_eval(0, ev, critic)
-    bar = tqdm(total=steps, desc="critic fit", unit="step") if progress and stop != "gate" else None
+    bar = tqdm(total=steps, desc="critic fit", unit="step") if progress and stop == "budget" else None
     critic.train()
-    while stop != "gate" and done < steps:
+    while stop == "budget" and done < steps:
         chunk, order = _next_episodes(order, train, batch_episodes, gen)
         step_loss = _fit_step(critic, r, chunk, g32, opt, params, grad_clip, **kw)
         done += 1
@@ -343,20 +382,31 @@ def fit_values(
             critic.train()
             history.append({"step": done, "heldout_ev": ev, "loss": float(np.mean(losses))})
             losses = []
-            if ev > best or math.isnan(best):
-                best, best_step = ev, done
+            best.offer(ev, done)
             if on_eval is not None:
                 on_eval(done, ev, critic)
                 critic.train()
             _say_eval(bar, log, done, steps, ev, gate)
             if reached(ev):
                 stop = "gate"
+            elif patience is not None and best.stale >= patience:
+                stop = "patience"
     if bar is not None:
         bar.close()
+    return _finish(critic, best, keep_best, done, stop, ev, gate, history, r, train, held, targets, kw)
+
+
+def _finish(critic, best: _Best, keep_best: bool, done: int, stop: str, ev: float, gate: float | None, history: list,
+            r: Rows, train: np.ndarray, held: np.ndarray, targets: torch.Tensor, kw: dict) -> CriticFit:
+    """The end of a fit: the best evaluation's weights back with ``keep_best``, eval mode, the record."""
+    kept_step = done
+    if keep_best and best.step != done:
+        best.restore()
+        ev, kept_step = best.ev, best.step
     critic.eval()
     return CriticFit(steps=done, stop=stop, gate=math.nan if gate is None else float(gate), heldout_ev=ev,
-                     best_ev=best, best_step=best_step, train_ev=_ev(critic, r, train, targets, **kw),
-                     n_train=len(train), n_heldout=len(held), history=history)
+                     best_ev=best.ev, best_step=best.step, train_ev=_ev(critic, r, train, targets, **kw),
+                     n_train=len(train), n_heldout=len(held), history=history, kept_step=kept_step)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -438,6 +488,46 @@ def _check_fit_input(batch: TrajectoryBatch, targets: torch.Tensor, holdout: flo
                          f"so there is nothing for a critic to learn (explained variance is undefined)")
 
 
+def trunk_critic(path, batch: TrajectoryBatch, *, seed: int = 0, device="cpu", source: str = "batch") -> Critic:
+    """A critic on a pretrained trunk: the causal LM in folder ``path`` (a plain Hugging Face folder,
+    e.g. SmolLM2's, or a model folder with ``policy/``: the policy that wrote the logs), its trunk's
+    weights copied, a fresh value head drawn from ``seed`` (:func:`mpo_viz.models.make_critic`
+    ``init="policy"``). The batch's ids must be ids of that model: an id past its embedding, or
+    ``response_tokens`` that its tokenizer does not give back (more than half of a row's tokens
+    differ), is an ``OptionError`` naming ``source`` and the folder."""
+    from mpo_viz.models import load, make_critic  # transformers' auto classes: only with a trunk
+    from mpo_viz.models.policy import embedding_rows
+
+    try:
+        policy, _ = load(path, device=device)
+    except (OSError, ValueError) as exc:
+        raise OptionError("trunk", f"expected a Hugging Face causal-LM folder (or a model folder with policy/), "
+                          f"found {str(path)!r} that does not load ({str(exc)[:160]})") from None
+    rows = embedding_rows(policy.model)
+    top = max((int(x.max()) for f in ("prompt_ids", "response_ids") for x in batch.field(f) if len(x)), default=-1)
+    if top >= rows:
+        raise OptionError("trunk", f"expected a model whose vocabulary covers {source}'s token ids, found id {top} "
+                          f"in {source} but {rows} embedding rows in {path} (the logs were tokenized by another model)")
+    _check_same_tokenizer(policy, batch, path, source)
+    return make_critic(policy, "policy", seed=seed)
+
+
+def _check_same_tokenizer(policy, batch: TrajectoryBatch, path, source: str) -> None:
+    """Refuse a trunk whose tokenizer decodes the first row's ids to other text than its ``response_tokens``."""
+    if not batch.has("response_tokens") or batch.field("response_tokens")[0] is None or not len(batch):
+        return
+    ids = [int(i) for i in batch.field("response_ids")[0]]
+    stored = ["" if t is None else str(t) for t in batch.field("response_tokens")[0]]
+    tok = policy.tokenizer
+    shown = [tok.decode([i], skip_special_tokens=False, clean_up_tokenization_spaces=False) for i in ids]
+    raw = [str(t) for t in tok.convert_ids_to_tokens(ids)]
+    differ = sum(1 for s, a, b in zip(stored, shown, raw) if s.strip() not in (a.strip(), b.strip()) and s != "")
+    if ids and differ > len(ids) / 2:
+        raise OptionError("trunk", f"expected the tokenizer that wrote {source}, found {path}'s tokenizer decodes "
+                          f"{differ} of {len(ids)} tokens of {batch.traj_ids[0]} to other text than its "
+                          "response_tokens")
+
+
 def _last_outputs(critic: torch.nn.Module, batch: TrajectoryBatch, rows) -> dict[int, float]:
     """The critic's output after the whole response (position ``P + L − 1``) of each row in ``rows``."""
     out = {}
@@ -464,6 +554,9 @@ def fit_critic(
     gamma: float = 1.0,
     turn_gamma: float = 1.0,
     critic: torch.nn.Module | None = None,
+    trunk=None,
+    patience: int | None = None,
+    keep_best: bool = True,
     device="cpu",
     micro_batch_tokens: int = 8192,
     progress: bool = True,
@@ -472,12 +565,15 @@ def fit_critic(
 ) -> FittedCritic:
     """Fit a small critic to a batch's own returns and write its values into the batch.
 
-    The critic (a fresh tiny Llama trunk of ``size`` over the batch's ids, or ``critic`` — e.g. a
+    The critic (a fresh tiny Llama trunk of ``size`` over the batch's ids; ``trunk`` — a Hugging
+    Face folder whose pretrained trunk is copied, :func:`trunk_critic`; or ``critic`` — e.g. a
     trained policy's trunk via :func:`mpo_viz.models.make_critic`) is fitted by :func:`fit_values`
     to ``target`` (:func:`fit_targets`: ``"mc"`` Monte-Carlo returns, or ``"turn"``) on all but a
     ``holdout`` share of the trajectories, ``steps`` AdamW steps of ``batch_episodes`` episodes at
     ``lr`` (``gate`` = a held-out EV that ends it early; None = the whole budget); whole groups are
-    held out when the batch has at least 5 of them (no task on both sides), else trajectories. Then every row
+    held out when the batch has at least 5 of them (no task on both sides), else trajectories;
+    ``patience`` evaluations without a better held-out EV stop it early, and (``keep_best``, the
+    default) the weights of the evaluation with the best held-out EV are the ones kept. Then every row
     gets ``values`` from the fitted critic (the output before each response token), truncated rows
     a ``bootstrap_value`` (the output after the response), and the metadata records
     ``values_source="fitted_critic"`` and ``critic_fit`` (target, size, steps, held-out and training
@@ -500,7 +596,11 @@ def fit_critic(
     # sides, when there are enough of them to approach the share (else rows)
     ids = batch.field("group_id")
     groups = ids if len(set(ids)) >= MIN_GROUPS_FOR_GROUP_SPLIT else None
-    fresh = critic is None
+    if trunk is not None and critic is not None:
+        raise OptionError("trunk", "expected either a trunk folder or a critic module, found both")
+    fresh = critic is None and trunk is None
+    if trunk is not None:
+        critic = trunk_critic(trunk, batch, seed=seed, device=device, source=source)
     if critic is None:
         longest = int(max(len(p) + len(r) for p, r in zip(batch.field("prompt_ids"), batch.field("response_ids"))))
         vocab = int(max(max((int(x.max()) for x in batch.field(f) if len(x)), default=0)
@@ -509,7 +609,8 @@ def fit_critic(
     critic.to(device)
     fit = fit_values(critic, batch, targets, steps=steps, lr=lr, batch_episodes=batch_episodes, holdout=holdout,
                      gate=gate, eval_every=eval_every, seed=seed, pad_id=0, device=device,
-                     micro_batch_tokens=micro_batch_tokens, progress=progress, log=log, groups=groups)
+                     micro_batch_tokens=micro_batch_tokens, progress=progress, log=log, groups=groups,
+                     patience=patience, keep_best=keep_best)
     values = critic_outputs(critic, rows_of(batch), np.arange(len(batch)), pad_id=0, device=device,
                             micro_batch_tokens=micro_batch_tokens)
     out = batch.with_token_fields(values=values)
@@ -519,7 +620,9 @@ def fit_critic(
         old = batch.bootstrap_value.tolist()
         out = out.with_scalars(bootstrap_value=[last.get(i, old[i]) for i in range(len(batch))])
     split = variance_summary(value_variance(out))
-    info = {"target": target, "size": size if fresh else "given", "steps": fit.steps, "lr": lr,
+    info = {"target": target, "size": size if fresh else ("trunk" if trunk is not None else "given"),
+            "trunk": None if trunk is None else str(trunk), "kept_step": fit.kept_step, "best_step": fit.best_step,
+            "patience": patience, "steps": fit.steps, "lr": lr,
             "batch_episodes": batch_episodes, "holdout": holdout, "seed": seed, "stop": fit.stop,
             "heldout_explained_variance": fit.heldout_ev, "best_heldout_explained_variance": fit.best_ev,
             "train_explained_variance": fit.train_ev, "n_train": fit.n_train, "n_heldout": fit.n_heldout,

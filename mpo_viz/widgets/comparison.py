@@ -181,7 +181,10 @@ class EstimatorComparison(Exportable, W.VBox):
             self.accuracy_html = f"<p class='mpo-accuracy'><b>accuracy</b>: {html.escape(an.NO_ORACLE_TEXT)}</p>"
             return
         self.accuracy_df = an.credit_accuracy(self.batch, self._adv())
-        self.accuracy_reading = an.accuracy_reading(self.accuracy_df, an.values_source(self.batch))
+        self.accuracy_reading = an.accuracy_reading(self.accuracy_df, an.values_source(self.batch),
+                                                    shortfall=an.batch_shortfall(self.batch),
+                                                    noise=an.values_are_noise(self.batch),
+                                                    unranked=an.critic_based(self.names))
         legend = "; ".join(f"<b>{k}</b> {html.escape(v)}" for k, v in an.ACCURACY_COLUMNS.items())
         self.accuracy_html = ("<div class='mpo-accuracy'><b>accuracy against the oracle (whole batch, options as set)"
                               f"</b><p class='mpo-reading'>{html.escape(self.accuracy_reading)}</p>"

@@ -14,6 +14,7 @@ figure, and the per-turn table.
 
 from __future__ import annotations
 
+import html
 import time
 import warnings
 from pathlib import Path
@@ -346,7 +347,8 @@ class TrajectoryExplorer(Exportable, W.VBox):
         self.status.value = (f"<b>{self.batch.traj_ids[self.row]}</b> (row {self.row}) · ran with: {ran or '—'}"
                              f" · <span title='kernel-side time of the last update until this header (recompute "
                              f"and payloads; a slider move refreshes the export bar's CSV links after it); the "
-                             f"browser draws after it'>kernel {ms:.0f} ms</span>")
+                             f"browser draws after it'>kernel {ms:.0f} ms</span>"
+                             + _noise_html(self.batch, self.names))
 
     # --- parameters -----------------------------------------------------------------------------------
     def close(self) -> None:
@@ -423,3 +425,14 @@ class TrajectoryExplorer(Exportable, W.VBox):
         snap.table(t)
         self.snapshot(snap)
         return snap.output(path)
+
+
+def _noise_html(batch, names) -> str:
+    """The header's warning when the critic-based estimators among ``names`` run on values that are
+    noise (:func:`mpo_viz.analysis.values_are_noise`), else ``""``."""
+    noise = an.values_are_noise(batch)
+    based = an.critic_based(names)
+    if not noise or not based:
+        return ""
+    return (f"<br><b style='color:#c0661f'>NOISE: {html.escape(', '.join(based))}</b> — {html.escape(noise)}; "
+            "their credit is not to be read as credit")

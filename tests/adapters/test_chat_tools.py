@@ -199,3 +199,118 @@ def test_a_template_that_raises_is_a_row_problem(tok_dir):
     with pytest.raises(TrajectoryError, match=r"field 'messages': expected openai layout: a conversation the chat "
                                               r"template renders, found it raises .*roles must alternate"):
         from_chat([WORDY], tokenizer=tok)
+
+
+# --- roles, tools schemas, empty input, v1 scalars, split characters ------------------------------
+
+TYPO = {"id": "t0", "group_id": "g", "reward": 1.0, "messages": [
+    {"role": "user", "content": "find paris"}, {"role": "assistant", "content": "search"},
+    {"role": "tool", "content": "paris is in france"}, {"role": "asistant", "content": "france"},
+    {"role": "assistant", "content": "paris"}]}
+
+
+def test_a_role_typo_is_an_error_naming_conversation_index_and_role(bpe, tmp_path, capsys):
+    (tmp_path / "c.jsonl").write_text(json.dumps(TYPO) + "\n")
+    with pytest.raises(TrajectoryError, match=r"c.jsonl, line 1, traj_id='t0': field 'messages\[3\].role': expected one "
+                                              r"of system, developer, user, assistant, tool, function \(or "
+                                              r"unknown_role='observation'.*found 'asistant'"):
+        from_chat(tmp_path / "c.jsonl", tokenizer=bpe(TOOL_CHATML))
+    tok = bpe(TOOL_CHATML)
+    with pytest.warns(ConversionWarning, match=r"1 message\(s\) with a role that is not an OpenAI chat role kept as "
+                                               r"observation tokens \(loss_mask 0\): t0 messages\[3\] \('asistant'\)"):
+        b, rep = from_chat([TYPO], tokenizer=tok, unknown_role="observation")
+    r = b.row(0)
+    # two assistant turns; the misspelt message is text between them, not trained on
+    assert r["num_turns"] == 2 and rep.unknown_roles == 1
+    (a0, o0), (a1, o1) = turn_texts(tok, r)
+    assert (a0, a1) == ("search<|im_end|>", "paris<|im_end|>")
+    assert o0 == "\n<|im_start|>tool\nparis is in france<|im_end|>\n<|im_start|>asistant\nfrance<|im_end|>\n<|im_start|>assistant\n"
+    assert json.loads(r["messages_json"])[3]["role"] == "asistant"
+    # the command line: refused by default (exit 1, the problem named), kept with the flag
+    args = ["convert", "--from", "openai", str(tmp_path / "c.jsonl"), "-o", str(tmp_path / "o.parquet"),
+            "--tokenizer", str(_saved(tok, tmp_path))]
+    assert main(args) == 1 and "found 'asistant'" in capsys.readouterr().err
+    assert main([*args, "--unknown-role", "observation"]) == 0
+    assert "WARNING               1 message(s) with a role" in capsys.readouterr().out
+
+
+def _saved(tok, tmp_path):
+    d = tmp_path / "tok"
+    tok.save_pretrained(str(d))
+    return d
+
+
+def test_an_unknown_role_the_template_drops_is_refused_even_when_kept(bpe):
+    # a template that renders only the roles it knows (Qwen's skips others): the message would vanish
+    known_only = ("{% for m in messages %}{% if m['role'] in ['user', 'assistant', 'tool'] %}<|im_start|>{{ m['role'] }}\n"
+                  "{{ m['content'] }}<|im_end|>\n{% endif %}{% endfor %}"
+                  "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
+    b, rep = from_chat([TYPO], tokenizer=bpe(known_only), unknown_role="observation", errors="collect")
+    assert len(b) == 0
+    (p,) = b.rejected
+    assert p.traj_id == "t0" and p.field == "messages[3].role" and p.found == "'asistant', which it renders as nothing"
+
+
+TOOLS = [{"type": "function", "function": {"name": "search", "description": "find a page",
+                                           "parameters": {"type": "object", "properties": {"q": {"type": "string"}}}}}]
+TOOLS_CHATML = ("{% if tools %}<|im_start|>system\ntools: {% for t in tools %}{{ t.function.name }} "
+                "({{ t.function.description }}) {% endfor %}<|im_end|>\n{% endif %}" + TOOL_CHATML)
+
+
+def test_tools_schemas_are_kept_rendered_and_reported(bpe):
+    tok = bpe(TOOLS_CHATML)
+    b, rep = from_chat([tool_convo(tools=TOOLS), tool_convo(id="a1", tools=TOOLS)], tokenizer=tok)
+    r = b.row(0)
+    assert json.loads(r["extra_json"])["tools"] == TOOLS
+    assert tok.decode(r["prompt_ids"]).startswith("<|im_start|>system\ntools: search (find a page) <|im_end|>\n")
+    assert rep.tool_schemas == {"search": 2} and rep.tools_rendering == "template"
+    assert ("tool schemas          2 in the rows' tools: search (2x); rendered into the prompt by the tokenizer's "
+            "chat template and kept in extra_json['tools']") in str(rep)
+    assert rep.to_dict()["tool_schemas"] == {"search": 2}
+    # a template without tools support: kept in extra_json, and the report says the prompt lacks them
+    b2, rep2 = from_chat([tool_convo(tools=TOOLS)], tokenizer=bpe(TOOL_CHATML))
+    assert json.loads(b2.row(0)["extra_json"])["tools"] == TOOLS and rep2.tools_rendering == "kept"
+    assert "the prompt tokens do not hold them" in str(rep2)
+    # schemas that are not a list of objects: a row problem
+    b3, _ = from_chat([tool_convo(tools="search"), tool_convo(id="ok")], tokenizer=tok, errors="collect")
+    assert b3.traj_ids == ["ok"] and b3.rejected[0].field == "tools" and b3.rejected[0].found == "'search'"
+
+
+def test_an_input_without_conversations_is_an_error(bpe, tmp_path, capsys):
+    (tmp_path / "empty.jsonl").write_text("\n")
+    for errors in ("raise", "collect"):
+        with pytest.raises(TrajectoryError, match=r"empty.jsonl: field '<file>': expected openai layout: at least one "
+                                                  r"conversation .*found none: the input is empty"):
+            from_chat(tmp_path / "empty.jsonl", tokenizer=bpe(TOOL_CHATML), errors=errors)
+    tok_dir = _saved(bpe(TOOL_CHATML), tmp_path)
+    assert main(["convert", "--from", "openai", str(tmp_path / "empty.jsonl"), "-o", str(tmp_path / "o.parquet"),
+                 "--tokenizer", str(tok_dir)]) == 1
+    assert "the input is empty" in capsys.readouterr().err and not (tmp_path / "o.parquet").exists()
+
+
+def test_v1_scalars_of_a_row_go_to_their_fields(bpe):
+    rows = [tool_convo(step=3, split="train", sample_idx=1, policy_version=7, note="x"), tool_convo(id="a1", step="late")]
+    b, _ = from_chat(rows, tokenizer=bpe(TOOL_CHATML), errors="collect")
+    r = b.row(0)
+    assert (r["step"], r["split"], r["sample_idx"], r["policy_version"]) == (3, "train", 1, 7)
+    assert json.loads(r["extra_json"]) == {"note": "x"}
+    assert b.traj_ids == ["a0"] and b.rejected[0].traj_id == "a1" and b.rejected[0].field == "step"
+
+
+def test_a_character_split_across_byte_level_tokens_shows_once(bpe):
+    from mpo_viz.strip import strip_payload
+
+    tok = bpe(TOOL_CHATML)
+    row = {"id": "s0", "reward": 1.0, "messages": [{"role": "user", "content": "find paris"},
+                                                   {"role": "assistant", "content": "paris ☀"}]}
+    b, _ = from_chat([row], tokenizer=tok)
+    toks = b.row(0)["response_tokens"]
+    ids = b.row(0)["response_ids"]
+    assert [tok.decode([i]) for i in ids].count("\ufffd") == 3  # ☀ is three byte tokens e2 98 80
+    k = toks.index("☀")
+    assert toks.count("☀") == 1 and toks[k - 2:k] == ["", ""] and "\ufffd" not in "".join(toks)
+    assert "".join(toks) == tok.decode(ids)
+    notes = strip_payload(b, 0)["notes"]
+    assert sorted(notes) == [str(k - 2), str(k - 1), str(k)]
+    assert notes[str(k)] == (f"'☀': one character split across 3 tokens, shown on the last: #{k - 2} id {ids[k - 2]}; "
+                             f"#{k - 1} id {ids[k - 1]}; #{k} id {ids[k]}")

@@ -1,0 +1,105 @@
+"""fit_critic on a pretrained trunk (a Hugging Face folder), early stopping on the held-out
+explained variance, and the best evaluation's weights kept."""
+
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from transformers import AutoModelForCausalLM
+
+import mpo_viz as mv
+from mpo_viz.analysis import explained_variance
+from mpo_viz.checks import OptionError
+from mpo_viz.cli import main
+from mpo_viz.envs import make_env
+from mpo_viz.train.critic_fit import fit_critic, fit_targets, holdout_split, trunk_critic
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from model_helpers import make_instruct_folder  # noqa: E402
+
+pytestmark = pytest.mark.usefixtures("one_thread")  # see tests/conftest.py
+
+
+def label_batch(n: int = 40, **extra) -> mv.TrajectoryBatch:
+    """The outcome is written in the prompt (id 3 = win, 4 = loss): every return is 1 or 0."""
+    return mv.TrajectoryBatch.from_rows([
+        {"traj_id": f"t{i}", "group_id": f"g{i}", "prompt_ids": [1, 3 if i % 2 == 0 else 4],
+         "response_ids": [5, 6, 7, 8, 9], "loss_mask": [1, 1, 0, 1, 1], "reward": float(i % 2 == 0), **extra}
+        for i in range(n)])
+
+
+@pytest.fixture(scope="module")
+def hf_dir(tmp_path_factory):
+    return make_instruct_folder(tmp_path_factory.mktemp("hf") / "model", make_env("search"), seed=3)
+
+
+def test_fit_on_a_pretrained_trunk(hf_dir):
+    res = fit_critic(label_batch(), trunk=hf_dir, steps=4, eval_every=2, progress=False)
+    lm = AutoModelForCausalLM.from_pretrained(str(hf_dir))
+    # the critic starts as the folder's trunk, weight for weight, with a fresh head; the fit then moved it
+    start = trunk_critic(hf_dir, label_batch())
+    for name, w in lm.model.state_dict().items():
+        assert torch.equal(start.trunk.state_dict()[name], w), name
+    assert not torch.equal(res.critic.trunk.embed_tokens.weight, lm.model.embed_tokens.weight)
+    assert res.info["size"] == "trunk" and res.info["trunk"] == str(hf_dir)
+    assert res.batch.meta["values_source"] == "fitted_critic" and res.batch.has("values")
+    # the written values are that critic's (the output before each response token)
+    seq = torch.tensor([[1, 3, 5, 6, 7, 8, 9]])
+    with torch.no_grad():
+        want = res.critic(seq)[0, 1:6].numpy()
+    np.testing.assert_allclose(res.batch.values[0, :5].numpy(), want, rtol=1e-5, atol=1e-6)
+
+
+def test_a_trunk_with_the_wrong_vocabulary_or_tokenizer_is_refused(hf_dir):
+    rows = [{"traj_id": f"t{i}", "group_id": "g", "prompt_ids": [1], "response_ids": [5, 5000], "loss_mask": [1, 1],
+             "reward": float(i % 2)} for i in range(10)]
+    with pytest.raises(OptionError, match=r"^trunk: expected a model whose vocabulary covers logs.parquet's token ids, "
+                                          r"found id 5000 in logs.parquet but \d+ embedding rows in"):
+        fit_critic(mv.TrajectoryBatch.from_rows(rows), trunk=hf_dir, steps=1, progress=False, source="logs.parquet")
+    other = label_batch(10, response_tokens=["zz", "zz", "zz", "zz", "zz"])  # decoded by some other tokenizer
+    with pytest.raises(OptionError, match=r"^trunk: expected the tokenizer that wrote batch, found .* decodes 5 of 5 "
+                                          r"tokens of t0 to other text than its response_tokens"):
+        fit_critic(other, trunk=hf_dir, steps=1, progress=False)
+    with pytest.raises(OptionError, match="^trunk: expected a Hugging Face causal-LM folder"):
+        fit_critic(label_batch(10), trunk=hf_dir.parent, steps=1, progress=False)
+
+
+def test_fit_critic_trunk_from_the_shell(hf_dir, tmp_path, capsys):
+    src, out = tmp_path / "logs.parquet", tmp_path / "fitted.parquet"
+    mv.save(label_batch(), src)
+    assert main(["fit-critic", str(src), "-o", str(out), "--trunk", str(hf_dir), "--steps", "2", "--target", "turn",
+                 "-q"]) == 0
+    cap = capsys.readouterr().out
+    assert f"fitting a critic on the trunk of {hf_dir} to the turn returns of 40 trajectories" in cap
+    assert mv.load(out).meta["critic_fit"]["trunk"] == str(hf_dir)
+    assert main(["fit-critic", str(src), "-o", str(out), "--trunk", str(tmp_path / "nope")]) == 2
+    assert "--trunk: expected a Hugging Face model folder, found no such folder" in capsys.readouterr().err
+    with pytest.raises(SystemExit, match="2"):  # argparse refuses a target that is not one
+        main(["fit-critic", str(src), "-o", str(out), "--target", "gae"])
+    assert "argument --target: invalid choice: 'gae' (choose from 'mc', 'turn')" in capsys.readouterr().err
+
+
+def test_early_stopping_keeps_the_best_evaluations_weights():
+    b = label_batch(40)
+    # a learning rate far too large: the held-out EV rises at first, then falls away
+    kw = dict(steps=64, lr=0.3, batch_episodes=8, eval_every=4, holdout=0.25, progress=False)
+    res = fit_critic(b, patience=3, **kw)
+    fit = res.fit
+    evs = [h["heldout_ev"] for h in fit.history]
+    best = int(np.nanargmax(evs))
+    assert fit.stop == "patience" and fit.steps == fit.history[best]["step"] + 3 * 4 < 64
+    assert fit.kept_step == fit.best_step == fit.history[best]["step"] and fit.heldout_ev == fit.best_ev == evs[best]
+    # the values written are those of the kept weights: their held-out EV, recomputed here, is the best one
+    train, held = holdout_split(len(b), 0.25, 0, None)
+    g = fit_targets(b, "mc")
+    ev = explained_variance(g[held], res.batch.values[held].double(), b.mask[held])
+    assert ev == pytest.approx(fit.best_ev, abs=1e-6)
+    assert "the best held-out EV, kept" in fit.summary() and "stopped early" in fit.summary()
+    assert res.info["kept_step"] == fit.best_step and res.info["patience"] == 3
+    # --keep-last: the last weights, whatever their EV
+    last = fit_critic(b, patience=3, keep_best=False, **kw).fit
+    assert last.kept_step == last.steps and last.heldout_ev == evs[-1] and last.heldout_ev < last.best_ev
+    with pytest.raises(OptionError, match="^patience: expected an integer >= 1"):
+        fit_critic(b, patience=0, **kw)
