@@ -7,7 +7,8 @@ twice its standard error, ``se = sqrt(p0 (1 − p0) / n + p1 (1 − p1) / n)`` w
 evaluation tasks (the binomial error of two independent rates: conservative for the paired tasks
 here). :func:`hints` reads the run's RL lines for the usual reasons a run does not move;
 :func:`summary_lines` puts both into the lines ``mpo-viz train`` ends with, and :func:`phase_line`
-where the time went (:func:`phase_seconds`: the ``timings`` of every record, added up by phase).
+where the time went (:func:`phase_seconds`: the ``timings`` and ``seconds`` of every record, added
+up by phase).
 """
 
 from __future__ import annotations
@@ -26,9 +27,10 @@ MOVE_SE = 2.0
 #: sampled success by ~0.2 at approx_kl 1e-4 to 1e-3 per iteration)
 APPROX_KL_STILL = 1e-5
 _KINDS = (("sampled", "eval_sampled_success"), ("greedy", "eval_success"))
-#: the phases of a run, in order, and the ``timings`` keys of its records each adds up (the SFT line's
-#: ``sft``/``eval``, the warm-up's ``warmup_pool``/``warmup_fit``, each RL iteration's ``rollout`` ...
-#: ``checkpoint``, each evaluation line's ``eval``); ``rollout_oracle`` is a part of ``rollout``
+#: the phases of a run, in order, and the keys of its records' ``timings`` (each RL iteration's
+#: ``rollout`` ... ``checkpoint``) and ``seconds`` (the SFT line's ``sft``/``eval``, the warm-up's
+#: ``warmup_pool``/``warmup_fit``, each evaluation line's ``eval``) each adds up; ``rollout_oracle``
+#: is a part of ``rollout``
 PHASES = (("sft", ("sft",)), ("warm-up pool", ("warmup_pool",)), ("warm-up fit", ("warmup_fit",)),
           ("rollout", ("rollout",)), ("monte-carlo values", ("mc",)), ("values", ("values",)),
           ("advantages", ("advantages",)),
@@ -146,11 +148,11 @@ def value_target_line(records) -> str | None:
 
 def phase_seconds(records) -> dict[str, float]:
     """Seconds per phase (:data:`PHASES`, in order; phases with no time left out) summed over the
-    ``timings`` of ``records`` (metrics lines, or a trainer's ``history``)."""
+    ``timings`` and ``seconds`` of ``records`` (metrics lines, or a trainer's ``history``)."""
     out = {}
+    tables = [r[f] for r in records for f in ("timings", "seconds") if isinstance(r.get(f), dict)]
     for phase, keys in PHASES:
-        total = sum(float(r["timings"][k]) for r in records if isinstance(r.get("timings"), dict)
-                    for k in keys if isinstance(r["timings"].get(k), (int, float)))
+        total = sum(float(t[k]) for t in tables for k in keys if isinstance(t.get(k), (int, float)))
         if total > 0:
             out[phase] = total
     return out

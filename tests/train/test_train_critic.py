@@ -119,7 +119,7 @@ def test_trainer_warmup_records_why_it_stopped(tmp_path, monkeypatch):
     assert rec["warmup_steps"] == 2 and rec["warmup_episodes"] == 12 and rec["warmup_heldout_episodes"] == 2
     assert rec["warmup_gate"] == 1.0 and "warmup_values_across_within_ratio" in rec and rec["warmup_constant"] is None
     assert lines == [rec["warmup_summary"]] and "the budget of 2 steps ended before the gate 1" in lines[0]
-    assert set(rec["timings"]) == {"warmup_pool", "warmup_fit"} and min(rec["timings"].values()) >= 0
+    assert set(rec["seconds"]) == {"warmup_pool", "warmup_fit"} and min(rec["seconds"].values()) >= 0
     metrics = [json.loads(x) for x in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
     assert metrics[-1]["warmup_stop"] == "budget"
 

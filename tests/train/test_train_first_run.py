@@ -69,9 +69,9 @@ def test_a_warmup_with_nothing_to_learn_is_named_first_among_the_warmup_hints():
 
 
 def test_phase_seconds_add_up_the_timings_of_every_record_by_hand():
-    stream = [{"phase": "sft", "timings": {"sft": 10.0, "eval": 3.0}},
-              {"phase": "critic_warmup", "timings": {"warmup_pool": 4.0, "warmup_fit": 0.5}},
-              {"phase": "eval", "timings": {"eval": 6.0}},
+    stream = [{"phase": "sft", "seconds": {"sft": 10.0, "eval": 3.0}},
+              {"phase": "critic_warmup", "seconds": {"warmup_pool": 4.0, "warmup_fit": 0.5}},
+              {"phase": "eval", "seconds": {"eval": 6.0}},
               _rl(1, timings={"rollout": 2.0, "rollout_oracle": 0.5, "values": 0.25, "advantages": 0.125,
                               "update": 3.0, "eval": 0.0, "write": 0.5, "total": 99.0, "checkpoint": 0.25}),
               _rl(2, timings={"rollout": 1.0, "values": 0.25, "advantages": 0.125, "update": 2.0, "eval": 6.0,
