@@ -63,9 +63,14 @@ def test_generate_and_report_with_the_converted_folder(tiny, tmp_path, capsys):
                  "--group-size", "1", "--max-turn-tokens", "8", "--max-total-tokens", "256", "--out", str(traj)]) == 0
     b = mv.load(traj)
     pol = M.load_policy(out)
-    for r in b.rows():  # each token decoded on its own (a random model samples byte fragments too)
-        assert r["response_tokens"] == [pol.tokenizer.decode([i]) for i in r["response_ids"]]
-        assert "<|im_start|>tool\n" in "".join(r["response_tokens"])
+    for r in b.rows():  # each token decoded on its own, except the pieces of a split multi-byte character (a
+        # random model samples byte fragments too): those show once, whole, on the token that completes it
+        own = [pol.tokenizer.decode([i]) for i in r["response_ids"]]
+        shown = r["response_tokens"]
+        whole = [("\ufffd" not in o and "\ufffd" not in t) for t, o in zip(shown, own)]
+        assert [t for t, w in zip(shown, whole) if w] == [o for o, w in zip(own, whole) if w] and sum(whole) > len(own) // 2
+        assert "".join(shown) == pol.tokenizer.decode(list(r["response_ids"]))
+        assert "<|im_start|>tool\n" in "".join(shown)
     # whole characters: the tokens, joined, give the text back, leading spaces and newlines included
     text = "answer 45 .\n<|im_start|>tool\nok , 20 14"
     ids = pol.tokenizer.encode(text, add_special_tokens=False)
