@@ -66,6 +66,47 @@ class Critic(nn.Module):
         return list(self.head.parameters()) if self.shared else list(self.parameters())
 
 
+class RemappedCritic(nn.Module):
+    """A :class:`Critic` that reads ids through a lookup table: ``V = inner(lut[ids])``.
+
+    A critic fitted to logs of a large vocabulary (49k byte-level ids) of which the logs use a few
+    thousand needs an embedding row per id *used*, not per id of the vocabulary: ``lut`` ``(n,)``
+    int64 maps each id below ``n`` to its row of ``inner``'s embedding; ids the table does not know
+    (``lut`` = -1, or ``>= n``) read the row ``unseen``. Same call, outputs and
+    :meth:`own_parameters` as the critic it wraps (``trunk``, ``head``, ``shared`` are ``inner``'s)."""
+
+    def __init__(self, inner: Critic, lut: torch.Tensor, unseen: int):
+        super().__init__()
+        self.inner = inner
+        self.register_buffer("lut", torch.as_tensor(lut, dtype=torch.int64), persistent=False)
+        self.unseen = int(unseen)
+
+    @property
+    def trunk(self) -> nn.Module:
+        return self.inner.trunk
+
+    @property
+    def head(self) -> nn.Linear:
+        return self.inner.head
+
+    @property
+    def shared(self) -> bool:
+        return self.inner.shared
+
+    def rows(self, input_ids: torch.Tensor) -> torch.Tensor:
+        """The embedding rows of ``input_ids`` (same shape)."""
+        n = self.lut.shape[0]
+        rows = self.lut[input_ids.clamp(min=0, max=n - 1)]
+        return torch.where((input_ids < n) & (rows >= 0), rows, torch.full_like(rows, self.unseen))
+
+    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None,
+                position_ids: torch.Tensor | None = None) -> torch.Tensor:
+        return self.inner(self.rows(input_ids), attention_mask=attention_mask, position_ids=position_ids)
+
+    def own_parameters(self):
+        return self.inner.own_parameters()
+
+
 def _trunk_of(policy) -> nn.Module:
     model = policy.model
     trunk = getattr(model, "base_model", None)

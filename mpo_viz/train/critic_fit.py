@@ -27,6 +27,7 @@ the rollout and the trainer's updates read them. Deterministic for a seed on CPU
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -40,15 +41,18 @@ from mpo_viz.advantages import mae, turn_gae
 from mpo_viz.analysis import explained_variance, value_variance, variance_summary
 from mpo_viz.checks import OptionError
 from mpo_viz.losses import value_loss
-from mpo_viz.models import Critic
+from mpo_viz.models import Critic, load, make_critic
+from mpo_viz.models.critic import RemappedCritic
+from mpo_viz.models.policy import embedding_rows
 from mpo_viz.models.tiny import MAX_POSITIONS
 from mpo_viz.models.tiny import SIZES as TINY_SIZES
 from mpo_viz.moments import Moments
-from mpo_viz.train.update import Rows, forward_critic, make_micro, micro_batches, rows_of
+from mpo_viz.train.update import Micro, Rows, forward_critic, make_micro, micro_batches, rows_of
 from mpo_viz.trajectory import TrajectoryBatch
 
 __all__ = ["CONSTANT_STOPS", "CRITIC_TARGETS", "CriticFit", "FittedCritic", "critic_outputs", "fit_critic", "fit_targets",
-           "fit_values", "holdout_split", "mc_returns", "set_constant", "trunk_critic", "vocab_critic"]
+           "fit_values", "holdout_split", "mc_returns", "set_constant", "trunk_critic", "vocab_critic", "compact_critic",
+           "COMPACT_MIN_VOCAB"]
 
 #: the stops of a fit whose outcome was fixed before its first step (the critic set to a constant)
 CONSTANT_STOPS = ("constant", "heldout_constant")
@@ -76,6 +80,8 @@ class CriticFit:
     history: list = field(default_factory=list)
     constant: float | None = None
     kept_step: int | None = None
+    values: torch.Tensor | None = field(default=None, repr=False)
+    """``(B, L)`` float32 outputs of the kept weights on every row (``all_values=True``), else None."""
 
     @property
     def passed(self) -> bool:
@@ -148,6 +154,18 @@ def holdout_split(n: int, share: float, seed: int, groups=None) -> tuple[np.ndar
     return np.flatnonzero(~held), np.flatnonzero(held)
 
 
+def causal_values(critic: torch.nn.Module, mb: Micro) -> torch.Tensor:
+    """``(b, Lb)`` values of each response token of right-padded micro-batch ``mb``, as
+    :func:`~mpo_viz.train.update.forward_critic` gives them, without the padding mask.
+
+    Every row is padded on the right, and a causal trunk's output at position ``t`` reads positions
+    ``≤ t`` only: at every real token those are real tokens, so the padding mask changes nothing
+    there (only the outputs at padding, which are never read). Without it the attention takes the
+    plain causal path instead of materializing a ``(b, 1, T, T)`` mask — several times less work per
+    token on CPU (benchmarks/fit_critic.py). Equal to the masked forward to float rounding."""
+    return forward_critic(critic, dataclasses.replace(mb, attn=None))
+
+
 def critic_outputs(critic: torch.nn.Module, r: Rows, rows, *, pad_id: int, device, micro_batch_tokens: int = 8192
                    ) -> torch.Tensor:
     """``(len(rows), L)`` float32 values of the critic for ``rows`` of ``r`` (no gradient; 0 past
@@ -161,7 +179,7 @@ def critic_outputs(critic: torch.nn.Module, r: Rows, rows, *, pad_id: int, devic
     with torch.no_grad():
         for group in micro_batches(r, rows, micro_batch_tokens):
             mb = make_micro(r, group, pad_id, device)
-            v = forward_critic(critic, mb).float().cpu()
+            v = causal_values(critic, mb).float().cpu()
             out[[where[int(i)] for i in group], : mb.Lb] = v
     critic.train(was_training)
     return out
@@ -173,6 +191,12 @@ def _ev(critic, r: Rows, rows, targets: torch.Tensor, **kw) -> float:
     return explained_variance(targets[idx], v.double(), r.mask[idx])
 
 
+def _ev_of(values: torch.Tensor, r: Rows, rows, targets: torch.Tensor) -> float:
+    """The explained variance on ``rows`` of outputs ``values`` computed for every row."""
+    idx = torch.from_numpy(np.asarray(rows, dtype=np.int64))
+    return explained_variance(targets[idx], values[idx].double(), r.mask[idx])
+
+
 def _fit_step(critic: torch.nn.Module, r: Rows, chunk: np.ndarray, g32: torch.Tensor, opt, params: list,
               grad_clip: float, *, pad_id: int, device, micro_batch_tokens: int) -> float:
     """One AdamW step of ``½·mean_t (V_t − G_t)²`` over the action tokens of rows ``chunk`` (its
@@ -181,7 +205,7 @@ def _fit_step(critic: torch.nn.Module, r: Rows, chunk: np.ndarray, g32: torch.Te
     step_loss = 0.0
     for group in micro_batches(r, chunk, micro_batch_tokens):
         mb = make_micro(r, group, pad_id, device)
-        v = forward_critic(critic, mb)
+        v = causal_values(critic, mb)
         loss, _ = value_loss(v, None, mb.take(g32).to(device), mb.take(r.mask).to(device), clip=None, scale=n_tok)
         loss.backward()
         step_loss += float(loss.detach())
@@ -276,6 +300,10 @@ class _Best:
                 p.copy_(w)
 
 
+def _reached(ev: float, gate: float | None) -> bool:
+    return gate is not None and ev >= gate
+
+
 def _check_loop(r: Rows, targets, steps: int, batch_episodes: int, eval_every: int, patience) -> torch.Tensor:
     """``targets`` as float64 after checking the loop's counts and the targets' shape."""
     if patience is not None and patience < 1:
@@ -326,6 +354,7 @@ def fit_values(
     on_eval: Callable[[int, float, torch.nn.Module], None] | None = None,
     patience: int | None = None,
     keep_best: bool = False,
+    all_values: bool = False,
 ) -> CriticFit:
     """Fit ``critic`` (in place) to ``targets`` (B, L) on the training split of ``batch``.
 
@@ -338,17 +367,21 @@ def fit_values(
     evaluations in a row without a better held-out EV (None: never). ``keep_best``: end with the
     trainable weights of the best evaluation (a copy is taken at each new best). The held-out EV
     then reported is the best of the evaluations: chosen on the held-out episodes, so optimistic by
-    the spread of their noise. Returns a :class:`CriticFit`; the critic is left in eval mode. When
-    the outcome is fixed before the first step (see the module docstring: no target varies, or with
-    a gate no held-out one does) and the critic has a value head, it is set to the constant at once
-    (:func:`set_constant`; ``on_eval`` is called once, at step 0, after that) and the fit reports 0
-    steps.
+    the spread of their noise. ``all_values``: the kept weights' outputs on every row are computed
+    once at the end (the training EV is read from them) and returned in ``CriticFit.values``.
+    Returns a :class:`CriticFit`; the critic is left in eval mode. When the outcome is fixed before
+    the first step (see the module docstring: no target varies, or with a gate no held-out one does)
+    and the critic has a value head, it is set to the constant at once (:func:`set_constant`;
+    ``on_eval`` is called once, at step 0, after that) and the fit reports 0 steps.
     """
     r = rows_of(batch)
     targets = _check_loop(r, targets, steps, batch_episodes, eval_every, patience)
     train, held = holdout_split(len(r), holdout, seed, groups)
     fixed = _fixed_fit(critic, targets, r.mask, train, held, gate, on_eval)
     if fixed is not None:
+        if all_values:
+            fixed.values = critic_outputs(critic, r, np.arange(len(r)), pad_id=pad_id, device=device,
+                                          micro_batch_tokens=micro_batch_tokens)
         return fixed
     kw = dict(pad_id=pad_id, device=device, micro_batch_tokens=micro_batch_tokens)
     g32 = targets.float()
@@ -356,15 +389,10 @@ def fit_values(
     params = [p for p in own if p.requires_grad]  # a shared trunk is the policy's: only the head moves
     opt = torch.optim.AdamW(params, lr=lr, weight_decay=weight_decay)
     gen = torch.Generator().manual_seed(int(seed) + 1)
-    order: list[int] = []
-    history: list[dict] = []
-    losses: list[float] = []
-    def reached(ev: float) -> bool:
-        return gate is not None and ev >= gate
-
+    order, history, losses = [], [], []  # the episodes' order, one dict per evaluation, losses since the last
     ev = _ev(critic, r, held, targets, **kw)
     best, done = _Best(ev, params, keep_best), 0
-    stop = "gate" if reached(ev) else "budget"
+    stop = "gate" if _reached(ev, gate) else "budget"
     history.append({"step": 0, "heldout_ev": ev, "loss": math.nan})
     if on_eval is not None:
         on_eval(0, ev, critic)
@@ -387,26 +415,29 @@ def fit_values(
                 on_eval(done, ev, critic)
                 critic.train()
             _say_eval(bar, log, done, steps, ev, gate)
-            if reached(ev):
+            if _reached(ev, gate):
                 stop = "gate"
             elif patience is not None and best.stale >= patience:
                 stop = "patience"
     if bar is not None:
         bar.close()
-    return _finish(critic, best, keep_best, done, stop, ev, gate, history, r, train, held, targets, kw)
+    return _finish(critic, best, keep_best, done, stop, ev, gate, history, r, train, held, targets, kw, all_values)
 
 
 def _finish(critic, best: _Best, keep_best: bool, done: int, stop: str, ev: float, gate: float | None, history: list,
-            r: Rows, train: np.ndarray, held: np.ndarray, targets: torch.Tensor, kw: dict) -> CriticFit:
-    """The end of a fit: the best evaluation's weights back with ``keep_best``, eval mode, the record."""
+            r: Rows, train: np.ndarray, held: np.ndarray, targets: torch.Tensor, kw: dict, all_values: bool) -> CriticFit:
+    """The end of a fit: the best evaluation's weights back with ``keep_best``, eval mode, the record
+    (with ``all_values`` every row's values of the kept weights)."""
     kept_step = done
     if keep_best and best.step != done:
         best.restore()
         ev, kept_step = best.ev, best.step
     critic.eval()
+    values = critic_outputs(critic, r, np.arange(len(r)), **kw) if all_values else None
+    train_ev = _ev_of(values, r, train, targets) if values is not None else _ev(critic, r, train, targets, **kw)
     return CriticFit(steps=done, stop=stop, gate=math.nan if gate is None else float(gate), heldout_ev=ev,
-                     best_ev=best.ev, best_step=best.step, train_ev=_ev(critic, r, train, targets, **kw),
-                     n_train=len(train), n_heldout=len(held), history=history, kept_step=kept_step)
+                     best_ev=best.ev, best_step=best.step, train_ev=train_ev, n_train=len(train),
+                     n_heldout=len(held), history=history, kept_step=kept_step, values=values)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -466,6 +497,30 @@ def vocab_critic(vocab_size: int, *, size: str = "1m", seed: int = 0, max_positi
     return critic.eval()
 
 
+#: a fresh critic over a vocabulary larger than this gets embedding rows for the ids the batch uses
+#: only (:func:`compact_critic`): a 49k byte-level vocabulary's embedding and its AdamW update
+#: otherwise outweigh a tiny trunk several times over
+COMPACT_MIN_VOCAB = 4096
+
+
+def compact_critic(batch: TrajectoryBatch, *, size: str = "1m", seed: int = 0, max_positions: int = MAX_POSITIONS
+                   ) -> torch.nn.Module:
+    """A fresh critic for the ids of ``batch``: :func:`vocab_critic` over ``0 .. max id``, or — when
+    that vocabulary is larger than :data:`COMPACT_MIN_VOCAB` and the batch uses fewer ids — a
+    :class:`~mpo_viz.models.critic.RemappedCritic` whose embedding has one row per id the batch
+    uses (in id order) and one for ids it does not. The same model on the batch's sequences,
+    without the embedding rows (and their optimizer state) that no token of the batch reads."""
+    used = np.unique(np.concatenate([np.asarray(x, dtype=np.int64) for f in ("prompt_ids", "response_ids")
+                                     for x in batch.field(f)] or [np.zeros(0, np.int64)]))
+    vocab = int(used[-1]) + 1 if len(used) else 1
+    if vocab <= COMPACT_MIN_VOCAB or len(used) + 1 >= vocab:
+        return vocab_critic(vocab, size=size, seed=seed, max_positions=max_positions)
+    lut = torch.full((vocab,), -1, dtype=torch.int64)
+    lut[torch.from_numpy(used)] = torch.arange(len(used))
+    inner = vocab_critic(len(used) + 1, size=size, seed=seed, max_positions=max_positions)
+    return RemappedCritic(inner, lut, unseen=len(used)).eval()
+
+
 def _check_fit_input(batch: TrajectoryBatch, targets: torch.Tensor, holdout: float, source: str) -> None:
     """Refuse what no critic can be fitted to: no rewards, returns without variance, too few rows."""
     if len(batch) == 0:
@@ -495,9 +550,6 @@ def trunk_critic(path, batch: TrajectoryBatch, *, seed: int = 0, device="cpu", s
     ``init="policy"``). The batch's ids must be ids of that model: an id past its embedding, or
     ``response_tokens`` that its tokenizer does not give back (more than half of a row's tokens
     differ), is an ``OptionError`` naming ``source`` and the folder."""
-    from mpo_viz.models import load, make_critic  # transformers' auto classes: only with a trunk
-    from mpo_viz.models.policy import embedding_rows
-
     try:
         policy, _ = load(path, device=device)
     except (OSError, ValueError) as exc:
@@ -603,17 +655,13 @@ def fit_critic(
         critic = trunk_critic(trunk, batch, seed=seed, device=device, source=source)
     if critic is None:
         longest = int(max(len(p) + len(r) for p, r in zip(batch.field("prompt_ids"), batch.field("response_ids"))))
-        vocab = int(max(max((int(x.max()) for x in batch.field(f) if len(x)), default=0)
-                        for f in ("prompt_ids", "response_ids"))) + 1
-        critic = vocab_critic(vocab, size=size, seed=seed, max_positions=max(MAX_POSITIONS, longest + 1))
+        critic = compact_critic(batch, size=size, seed=seed, max_positions=max(MAX_POSITIONS, longest + 1))
     critic.to(device)
     fit = fit_values(critic, batch, targets, steps=steps, lr=lr, batch_episodes=batch_episodes, holdout=holdout,
                      gate=gate, eval_every=eval_every, seed=seed, pad_id=0, device=device,
                      micro_batch_tokens=micro_batch_tokens, progress=progress, log=log, groups=groups,
-                     patience=patience, keep_best=keep_best)
-    values = critic_outputs(critic, rows_of(batch), np.arange(len(batch)), pad_id=0, device=device,
-                            micro_batch_tokens=micro_batch_tokens)
-    out = batch.with_token_fields(values=values)
+                     patience=patience, keep_best=keep_best, all_values=True)
+    out = batch.with_token_fields(values=fit.values)
     cut = [i for i, t in enumerate(batch.field("truncated") if batch.has("truncated") else []) if t]
     if cut:
         last = _last_outputs(critic, batch, cut)

@@ -103,3 +103,63 @@ def test_early_stopping_keeps_the_best_evaluations_weights():
     assert last.kept_step == last.steps and last.heldout_ev == evs[-1] and last.heldout_ev < last.best_ev
     with pytest.raises(OptionError, match="^patience: expected an integer >= 1"):
         fit_critic(b, patience=0, **kw)
+
+
+def spread(b: mv.TrajectoryBatch, vocab: int) -> mv.TrajectoryBatch:
+    """``b`` with its ids spread over ``0 .. vocab − 1`` (id·7919 mod vocab: injective for these)."""
+    rows = []
+    for r in b.rows():
+        r = dict(r)
+        for f in ("prompt_ids", "response_ids"):
+            r[f] = [int(i) * 7919 % vocab for i in r[f]]
+        rows.append(r)
+    return mv.TrajectoryBatch.from_rows(rows)
+
+
+def test_a_large_vocabulary_gets_embedding_rows_for_the_ids_used_only():
+    from mpo_viz.models.critic import RemappedCritic
+    from mpo_viz.train.critic_fit import COMPACT_MIN_VOCAB, compact_critic, vocab_critic
+
+    b = spread(label_batch(12), 49152)
+    used = sorted({int(i) for f in ("prompt_ids", "response_ids") for x in b.field(f) for i in x})
+    c = compact_critic(b, seed=2)
+    assert isinstance(c, RemappedCritic) and c.trunk.embed_tokens.num_embeddings == len(used) + 1 == 9
+    # the reference: the same trunk over the whole vocabulary, the compact rows at the ids they stand for
+    full = vocab_critic(49152, seed=2)
+    state = {k: v for k, v in c.inner.trunk.state_dict().items() if k != "embed_tokens.weight"}
+    full.trunk.load_state_dict(state, strict=False)
+    full.head.load_state_dict(c.head.state_dict())
+    with torch.no_grad():
+        full.trunk.embed_tokens.weight[used] = c.trunk.embed_tokens.weight[: len(used)]
+        seq = torch.tensor([[used[0], used[3], used[1], used[5]]])
+        np.testing.assert_allclose(c(seq).numpy(), full(seq).numpy(), rtol=1e-5, atol=1e-6)
+        # an id the batch never used (inside or past the table) reads the one "unseen" row
+        assert c.rows(torch.tensor([used[0] + 1, 60000, used[2]])).tolist() == [8, 8, 2]
+    # small or dense vocabularies stay as they were (the shipped sets' fits do not change)
+    assert not isinstance(compact_critic(label_batch(12)), RemappedCritic)
+    assert not isinstance(compact_critic(spread(label_batch(12), COMPACT_MIN_VOCAB)), RemappedCritic)
+    # fit_critic uses it, and its critic takes the batch's own ids
+    res = fit_critic(b, steps=2, holdout=0.25, progress=False)
+    assert isinstance(res.critic, RemappedCritic)
+    seq = torch.tensor([[*b.field("prompt_ids")[0], *b.field("response_ids")[0]]])
+    with torch.no_grad():
+        np.testing.assert_allclose(res.batch.values[0, :5].numpy(), res.critic(seq)[0, 1:6].numpy(), rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("lengths", [(2, 9, 5, 1), (4, 4, 4), (7,)], ids=["ragged", "no padding", "one row"])
+def test_causal_values_equal_the_masked_forward(lengths, hf_dir):
+    from mpo_viz.train.critic_fit import causal_values, compact_critic
+    from mpo_viz.train.update import forward_critic, make_micro, rows_of
+
+    rng = np.random.default_rng(0)
+    rows = [{"traj_id": f"t{i}", "group_id": "g", "prompt_ids": [int(x) for x in rng.integers(1, 300, 3)],
+             "response_ids": [int(x) for x in rng.integers(1, 300, n)], "loss_mask": [1] * n, "reward": 1.0}
+            for i, n in enumerate(lengths)]
+    b = mv.TrajectoryBatch.from_rows(rows)
+    r = rows_of(b)
+    mb = make_micro(r, np.arange(len(b)), 0, "cpu")
+    for critic in (compact_critic(b, seed=1), trunk_critic(hf_dir, b, seed=1)):
+        with torch.no_grad():
+            want, got = forward_critic(critic, mb), causal_values(critic, mb)
+        m = mb.take(r.mask)
+        np.testing.assert_allclose(got[m].numpy(), want[m].numpy(), rtol=1e-5, atol=1e-6)  # every real token
