@@ -20,7 +20,7 @@ from mpo_viz.losses import (
 from mpo_viz.losses.policy import PolicyTerms
 
 ln = math.log
-KINDS = ["token_ppo", "turn_ppo", "gspo", "sao"]
+KINDS = ["token_ppo", "turn_ppo", "gspo", "sao", "cispo", "sapo"]
 
 
 def _logp_pair(logr, seed=0):
@@ -353,7 +353,7 @@ def test_matches_reference_loop(kind, ratio, edge):
     rng = np.random.default_rng(zlib.crc32(f"{kind}/{ratio}/{edge}".encode()))
     lp, old, adv, mask, roll, tid = _random_case(rng, 4, 23, edge)
     kind, _, variant = kind.partition("+")
-    dual = 3.0 if kind != "sao" else None
+    dual = 3.0 if kind in ("token_ppo", "turn_ppo", "gspo") else None
     kw = {"dual_clip": dual} if dual else {}
     band = "default"  # neither side is told: each takes the kind's own default (turn_ppo: 2.0)
     if variant == "token_clip":
