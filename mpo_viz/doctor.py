@@ -58,7 +58,7 @@ from mpo_viz.schema import Problem
 from mpo_viz.trajectory import TrajectoryBatch
 
 __all__ = ["CHECKS", "Check", "Hits", "Finding", "Evidence", "OPTIONS", "EV_KEYS", "diagnose", "examine",
-           "read_metrics"]
+           "read_metrics", "merge_findings"]
 
 OPTIONS = (
     Option("max_flat_share", 0.5, low=0.0, high=1.0,
@@ -446,6 +446,23 @@ def diagnose(batch: TrajectoryBatch, *, rejected: Sequence[Problem] = (), steps=
         status = "skipped" if h.skipped else "fired" if fired else "ok"
         out.append(Finding(c.name, c.source, c.symptom, status, len(h.rows), list(h.rows[:max_examples]),
                            h.skipped or h.detail, c.fix))
+    return out
+
+
+def merge_findings(a: Sequence[Finding], b: Sequence[Finding], max_examples: int = 3) -> list[Finding]:
+    """The findings of two chunks of one file as one list (``a`` empty: ``b``): a check fired if it
+    fired in either, ran if it ran in either; rows hit add up; examples and the measurement come
+    from the first chunk that fired (else the first that ran). Checks that compare rows across the
+    file (groups split between chunks, turn counts over steps) are judged chunk by chunk."""
+    if not a:
+        return list(b)
+    out = []
+    rank = {"fired": 2, "ok": 1, "skipped": 0}
+    for x, y in zip(a, b):
+        first = x if rank[x.status] >= rank[y.status] else y
+        out.append(Finding(x.check, x.source, x.symptom, first.status, x.rows_hit + y.rows_hit,
+                           (x.examples + y.examples)[:max_examples] if first is x else (y.examples + x.examples)[:max_examples],
+                           first.detail, x.fix))
     return out
 
 

@@ -12,7 +12,7 @@ import pytest
 
 from mpo_viz.adapters import from_art, from_chat, from_skyrl, from_steps, from_trl, from_verl
 from mpo_viz.checks import OptionError
-from mpo_viz.doctor import CHECKS, OPTIONS, diagnose, examine
+from mpo_viz.doctor import CHECKS, OPTIONS, diagnose, examine, merge_findings
 from mpo_viz.trajectory import TrajectoryBatch
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -198,3 +198,28 @@ def test_options_are_checked_by_their_declarations():
     with pytest.raises(TypeError, match="unknown option"):
         diagnose(b, flat=0.2)
     assert np.isfinite(b.reward).all()
+
+
+def test_the_report_shows_the_findings_first():
+    from mpo_viz.report import ReportConfig, build_report
+
+    one = {"response_ids": [5, 6], "loss_mask": [1, 1]}
+    flat = rows({"group_id": "a"}, {"group_id": "a"}, {"group_id": "b", "reward": 0.0}, {"group_id": "b", "reward": 0.0}, **one)
+    html = build_report(flat, ReportConfig(estimators=("grpo",), progress=False))
+    doc = html[html.index("<h2 id=doctor>"):]
+    assert html.index("<h2 id=doctor>") < html.index("<h2>Summary</h2>")
+    assert "flat_groups" in doc[: doc.index("<h2>Summary</h2>")] and "1 of " in doc
+    quiet = build_report(rows({"reward": 1.0}, {"reward": 0.0}, **one), ReportConfig(estimators=("grpo",), progress=False))
+    section = quiet[quiet.index("<h2 id=doctor>"): quiet.index("<h2>Summary</h2>")]
+    assert "0 of " in section and "flat_groups" not in section
+
+
+def test_chunks_merge_into_one_finding_per_check():
+    one = {"response_ids": [5], "loss_mask": [1]}
+    a = diagnose(rows({"group_id": "a"}, {"group_id": "a"}, **one))  # a flat group: fires
+    b = diagnose(rows({"group_id": "b", "reward": float("nan")}, {"group_id": "b", "reward": 0.0}, **one))
+    merged = {f.check: f for f in merge_findings(merge_findings([], a), b)}
+    assert merged["flat_groups"].fired and merged["flat_groups"].rows_hit == 2 + 2
+    assert merged["missing_reward"].fired and merged["missing_reward"].examples == ["t0"]
+    assert merged["values_shifted"].status == "skipped"
+    assert [f.check for f in merge_findings(a, b)] == [c.name for c in CHECKS]
