@@ -55,7 +55,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from mpo_viz.checks import TensorLike, warn_once
+from mpo_viz.checks import OptionError, TensorLike, warn_once
 from mpo_viz.losses._common import (
     Segments,
     as_tensor,
@@ -72,6 +72,7 @@ from mpo_viz.options import UNSET, Option
 __all__ = [
     "LOGR_CLAMP",
     "TURN_PPO_TOKEN_CLIP",
+    "SAO_BANDS",
     "RATIO_MODES",
     "METRIC_NAMES",
     "LossKind",
@@ -133,13 +134,20 @@ TOKEN_CLIP = Option("token_clip", kind="float", low=1, low_open=True, optional=T
                     expect="a number > 1 (a band [1/c, c] on each token's own ratio) or None",
                     doc="token band c: a token whose own ratio left [1/c, c] on the side its advantage pushes "
                         "gets no gradient (None: off)")
+#: SAO's bands on the ratio against the rollout log-probs, per task type: (1 − ε_low, 1 + ε_high)
+SAO_BANDS = {"math": (0.7, 6.0), "code": (0.2, 4.0)}
+BAND = Option("band", kind="choice", choices=tuple(SAO_BANDS), optional=True, label="band",
+              expect=f"one of {', '.join(SAO_BANDS)} or None",
+              doc="SAO's band per task type: math keeps tokens with 0.7 < r < 6.0, code 0.2 < r < 4.0 (None: "
+                  "clip_low / clip_high, default the math band)")
 TAU_POS = Option("tau_pos", kind="float", low=0, low_open=True, label="τ+",
                  doc="SAPO's gate temperature on tokens with a positive advantage (larger: the gate closes faster)")
 TAU_NEG = Option("tau_neg", kind="float", low=0, low_open=True, label="τ−",
                  doc="SAPO's gate temperature on tokens with a zero or negative advantage")
+_KIND_DEFAULTS = ("clip_low", "clip_high", "agg")  # None: the kind's own default
 #: every keyword of :func:`policy_loss` a loss kind can be configured with, beside its own options
 KEYWORDS = (CLIP_LOW, CLIP_HIGH, RATIO, AGG)
-_VOCAB = {o.name: o for o in (*KEYWORDS, DUAL_CLIP, TOKEN_CLIP, TAU_POS, TAU_NEG)}
+_VOCAB = {o.name: o for o in (*KEYWORDS, DUAL_CLIP, TOKEN_CLIP, TAU_POS, TAU_NEG, BAND)}
 
 
 # --------------------------------------------------------------------------------------------
@@ -186,7 +194,9 @@ class LossKind:
     keyword options, ``spec`` their declarations (:class:`~mpo_viz.options.Option`, defaults from
     ``fn``'s signature). ``span_ratio``: the clip acts on a ratio over a span of tokens (a turn's or
     a sequence's geometric mean), so single tokens can move inside it — what the trainer's collapse
-    check watches (``ratio_max`` against ``turn_ratio_max``).
+    check watches (``ratio_max`` against ``turn_ratio_max``). ``presets``: an option whose value
+    names keyword values, ``{option: {value: {keyword: v}}}`` (sao's ``band``: ``{"math": {"clip_low":
+    0.3, "clip_high": 5.0}, ...}``), applied before the kind's defaults.
     """
 
     name: str
@@ -198,6 +208,7 @@ class LossKind:
     agg: str = "token-mean"
     options: tuple = ()
     span_ratio: bool = False
+    presets: dict = field(default_factory=dict, compare=False)
     doc: str = field(default="", compare=False)
     spec: tuple = field(default=(), compare=False)
 
@@ -231,6 +242,7 @@ def register(
     agg: str = "token-mean",
     options=(),
     span_ratio: bool = False,
+    presets: dict | None = None,
 ):
     """Register a loss kind ``fn(inputs: PolicyInputs, **options) -> PolicyTerms`` under ``name``.
 
@@ -238,7 +250,8 @@ def register(
     can be registered once (ValueError otherwise). ``options``: the kind's own keyword options,
     :class:`~mpo_viz.options.Option` declarations or names of the declared ones (``"dual_clip"``,
     ``"token_clip"``); an undeclared name takes an unchecked option (kind ``"any"``). Defaults come
-    from ``fn``'s signature.
+    from ``fn``'s signature. ``presets``: see :class:`LossKind` (each preset option must be one of
+    ``options``; its presets may set ``clip_low``, ``clip_high`` and ``agg``).
     """
 
     def deco(f):
@@ -251,6 +264,12 @@ def register(
             raise ValueError(f"ratio_against: expected 'old_logp' or 'rollout_logp', found {ratio_against!r}")
         if agg not in AGG_MODES:
             raise ValueError(f"agg: expected one of {', '.join(AGG_MODES)}, found {agg!r}")
+        names = {o.name if isinstance(o, Option) else o for o in options}
+        for opt, table in (presets or {}).items():
+            keys = {k for kw in table.values() for k in kw}
+            if opt not in names or not keys <= set(_KIND_DEFAULTS):
+                raise ValueError(f"presets: expected presets of the kind's own options setting {', '.join(_KIND_DEFAULTS)}, "
+                                 f"found {opt!r} setting {sorted(keys)}")
         _REGISTRY[name] = LossKind(
             name=name,
             fn=f,
@@ -261,6 +280,7 @@ def register(
             agg=agg,
             options=tuple(o.name if isinstance(o, Option) else o for o in options),
             span_ratio=bool(span_ratio),
+            presets=dict(presets or {}),
             doc=(f.__doc__ or "").strip(),
             spec=_declare(f, options),
         )
@@ -415,9 +435,18 @@ def gspo(x: PolicyInputs, *, dual_clip: float | None = None, token_clip: float |
                               _token_band(x, token_clip))
 
 
-@register("sao", needs=("rollout_logp",), ratio_against="rollout_logp", clip_low=0.3, clip_high=5.0)
-def sao(x: PolicyInputs) -> PolicyTerms:
-    """SAO: ``−A·sg(r)·exp(logπ − sg(logπ))`` inside ``(1 − ε_low, 1 + ε_high)`` vs rollout, 0 outside."""
+def _band_eps(band: str) -> dict:
+    lo, hi = SAO_BANDS[band]
+    return {"clip_low": round(1 - lo, 12), "clip_high": round(hi - 1, 12)}
+
+
+@register("sao", needs=("rollout_logp",), ratio_against="rollout_logp", clip_low=0.3, clip_high=5.0,
+          options=("band",), presets={"band": {b: _band_eps(b) for b in SAO_BANDS}})
+def sao(x: PolicyInputs, *, band: str | None = None) -> PolicyTerms:
+    """SAO: ``−A·sg(r)·exp(logπ − sg(logπ))`` inside ``(1 − ε_low, 1 + ε_high)`` vs rollout, 0 outside
+    (the token is dropped, whatever A's sign). ``band`` names the band per task type
+    (:data:`SAO_BANDS`: math (0.7, 6.0) — the default ε 0.3 / 5.0 —, code (0.2, 4.0)); it sets
+    ε before the loss is formed, so this function reads the band from ``x``."""
     r = torch.exp(x.logr.detach())
     lo, hi = 1 - x.clip_low, 1 + x.clip_high
     inside = x.mask & (r > lo) & (r < hi)
@@ -543,10 +572,16 @@ def _settings(spec: LossKind, given: dict) -> dict:
             continue
         value = o.check(given.get(o.name, o.default))
         out[o.name] = o.default if value is None and o.name in _KIND_DEFAULTS else value
+    for opt, table in spec.presets.items():
+        if out.get(opt) is None:
+            continue
+        for key, v in table[out[opt]].items():  # a preset replaces the kind's default, never a value given
+            if given.get(key) is not None and given[key] != v:
+                raise OptionError(opt, f"{opt}={out[opt]!r} sets {key}={v!r}, found {key}={given[key]!r} as well; "
+                                       f"give one or the other")
+            out[key] = v
     return out
 
-
-_KIND_DEFAULTS = ("clip_low", "clip_high", "agg")  # None: the kind's own default
 
 
 def _policy_inputs(spec: LossKind, logp, old_logp, advantages, mask, rollout_logp, turn_ids, settings: dict):
@@ -699,22 +734,23 @@ def policy_loss_reference(
     token_clip: float | None | str = "default",
     tau_pos: float = 1.0,
     tau_neg: float = 1.05,
+    band: str | None = None,
 ) -> tuple[np.ndarray, np.ndarray]:
     """A plain Python loop for the per-token loss matrix and its derivative ∂L_t/∂logπ_t.
 
     ``token_clip="default"`` takes the kind's own default (turn_ppo: 2.0; gspo: None); a number or
     None as :func:`policy_loss`.
 
-    ``tau_pos``/``tau_neg``: sapo's temperatures. In every kind each token's loss depends on the policy only through its own log-prob on the
+    ``tau_pos``/``tau_neg``: sapo's temperatures; ``band``: sao's named band (:data:`SAO_BANDS`). In every kind each token's loss depends on the policy only through its own log-prob on the
     gradient path (the turn ratio is a constant there), so the gradient of ``Σ_t L_t`` is this
     diagonal. Returns two float64 numpy arrays (B, L), zeros on masked tokens. No turn-id checks.
     """
     spec = get(kind)
     eps_low = spec.clip_low if clip_low is None else clip_low
     eps_high = spec.clip_high if clip_high is None else clip_high
-    band = (next((o.default for o in spec.spec if o.name == "token_clip"), None) if isinstance(token_clip, str)
-            else token_clip)  # "default": the kind's own
-    lo, hi = 1 - eps_low, 1 + eps_high
+    token_band = (next((o.default for o in spec.spec if o.name == "token_clip"), None) if isinstance(token_clip, str)
+                  else token_clip)  # "default": the kind's own
+    lo, hi = SAO_BANDS[band] if band is not None else (1 - eps_low, 1 + eps_high)
     lp = np.asarray(logp, dtype=np.float64)
     base = np.asarray(rollout_logp if spec.ratio_against == "rollout_logp" else old_logp, dtype=np.float64)
     adv = np.asarray(advantages, dtype=np.float64)
@@ -753,9 +789,9 @@ def policy_loss_reference(
                     val, g = unclipped, -a * ds
                 if dual_clip is not None and a < 0 and val > -dual_clip * a:
                     val, g = -dual_clip * a, 0.0
-                if band is not None:  # the token band: this token's own ratio, on its advantage's side
+                if token_band is not None:  # the token band: this token's own ratio, on its advantage's side
                     r_tok = math.exp(logr[t])
-                    if (a > 0 and r_tok > band) or (a < 0 and r_tok < 1 / band):
+                    if (a > 0 and r_tok > token_band) or (a < 0 and r_tok < 1 / token_band):
                         g = 0.0
                 loss[i, t], grad[i, t] = val, g
     return loss, grad
