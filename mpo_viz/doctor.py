@@ -51,6 +51,7 @@ import numpy as np
 import pandas as pd
 import torch
 
+from mpo_viz.advantages import mae
 from mpo_viz.analysis.critic import explained_variance
 from mpo_viz.io import files_of, load
 from mpo_viz.options import Option
@@ -285,14 +286,13 @@ def masked_values_read(ev: Evidence) -> Hits:
 
 
 def _mc_returns(ev: Evidence) -> np.ndarray:
-    """``(B, L)`` reward-to-go over action tokens (discount γ per action token), NaN elsewhere."""
-    out = np.full(ev.rewards.shape, math.nan)
-    run = np.zeros(len(ev.batch))
-    for t in range(ev.rewards.shape[1] - 1, -1, -1):
-        m = ev.mask[:, t]
-        run = np.where(m, ev.rewards[:, t] + ev.gamma * run, run)
-        out[m, t] = run[m]
-    return out
+    """``(B, L)`` Monte-Carlo returns over action tokens (γ from the file's metadata; observation
+    tokens skipped; the bootstrap value where a row was cut) — MAE's ``critic_target="mc"`` — NaN
+    elsewhere."""
+    b = ev.batch
+    _, ret = mae(b.padded("rewards", torch.float64), torch.zeros(ev.mask.shape, dtype=torch.float64), b.mask,
+                 turn_ids=b.turn_ids, gamma=ev.gamma, critic_target="mc", bootstrap_value=b.bootstrap_value)
+    return np.where(ev.mask, ret.numpy(), math.nan)
 
 
 def values_shifted(ev: Evidence) -> Hits:
