@@ -31,6 +31,7 @@ from tqdm.auto import tqdm
 from mpo_viz import analysis as an
 from mpo_viz import plots
 from mpo_viz.advantages import registry
+from mpo_viz.doctor import Finding, diagnose, merge_findings
 from mpo_viz.export import static_export_available, write_figures, write_tables
 from mpo_viz.io import count_rows, scan
 from mpo_viz.moments import ExplainedVariance
@@ -325,6 +326,7 @@ def build_report(source, config: ReportConfig | None = None, *, source_name: str
     decode = tokenizer_decoder(cfg.tokenizer) if cfg.tokenizer else None  # a bad folder fails before any work
     acc = None
     names: list[str] = []
+    findings: list[Finding] = []
     bar = _progress(_count_rows(source), cfg, "traj", "report")
     try:
         for chunk in _iter_source(source, cfg):
@@ -338,6 +340,7 @@ def build_report(source, config: ReportConfig | None = None, *, source_name: str
             results = an.compute_advantages(chunk, names, **opts)
             acc.timings["estimators"] = acc.timings.get("estimators", 0.0) + time.perf_counter() - t0
             acc.n_rejected += len(getattr(chunk, "rejected", []) or [])
+            findings = merge_findings(findings, diagnose(chunk))
             acc.add(chunk, results)
             bar.update(len(chunk))
     finally:
@@ -345,7 +348,7 @@ def build_report(source, config: ReportConfig | None = None, *, source_name: str
     if acc is None:
         raise ValueError(f"{source_name or source}: no trajectories to report on")
     return _render(acc, cfg, opts, source_name or (str(source) if isinstance(source, (str, Path)) else "batch"),
-                   time.perf_counter() - t_start, decode)
+                   time.perf_counter() - t_start, decode, findings)
 
 
 def write_report(source, path, config: ReportConfig | None = None) -> Path:
@@ -374,10 +377,12 @@ class _Page:
         self.figures[name] = fig
 
 
-def _render(acc: _Acc, cfg: ReportConfig, opts: dict, source_name: str, wall: float, decode=None) -> str:
+def _render(acc: _Acc, cfg: ReportConfig, opts: dict, source_name: str, wall: float, decode=None,
+            findings: list[Finding] | None = None) -> str:
     t0 = time.perf_counter()
     page = _Page()
     vv = acc.vv
+    _doctor(page, findings or [])
     _summary(page, acc, opts, source_name, vv)
     _estimator_tables(page, acc)
     _accuracy(page, acc)
@@ -394,6 +399,19 @@ def _render(acc: _Acc, cfg: ReportConfig, opts: dict, source_name: str, wall: fl
     foot = (f"<footer>mpo_viz {html.escape(__version__)} · generated {stamp} in {wall + render_s:.1f}s "
             f"({html.escape(timing)}) · self-contained: opens offline{html.escape(export_note)}</footer>")
     return page_html(cfg.title, "\n".join(page.parts), footer=foot, figure_ids=page.figure_ids)
+
+
+def _doctor(page: _Page, findings: list[Finding]) -> None:
+    """The doctor's findings (:mod:`mpo_viz.doctor`, docs/doctor.md) first: those that fired, or one
+    line saying none did."""
+    fired = [f for f in findings if f.fired]
+    rows = [(f.check, f.source, f.rows_hit, ", ".join(f.examples), f.detail, f.fix) for f in fired]
+    ran = sum(f.status != "skipped" for f in findings)
+    head = (f"<p>{len(fired)} of {ran} checks that could run fired (judged chunk by chunk; "
+            "<code>mpo-viz doctor FILE</code> judges the whole file).</p>")
+    table = html_table(rows, ("check", "from", "rows hit", "example ids", "measured", "what to fix"), cls="grid") if rows else ""
+    page.parts.append("<h2 id=doctor>Doctor</h2>" + head + table)
+    page.tables["doctor"] = pd.DataFrame([f.to_dict() for f in findings])
 
 
 def _summary(page: _Page, acc: _Acc, opts: dict, source_name: str, vv: pd.DataFrame | None) -> None:

@@ -20,7 +20,7 @@ RANK = {
     "mpo_viz.trajectory": 2,
     "mpo_viz.io": 3, "mpo_viz.tokens": 3, "mpo_viz.token_text": 3, "mpo_viz.adapters": 3, "mpo_viz.synthetic": 3, "mpo_viz.envs": 3, "mpo_viz.models": 3, "mpo_viz.rollout": 3,
     "mpo_viz.advantages": 4,
-    "mpo_viz.losses": 5, "mpo_viz.analysis": 5,
+    "mpo_viz.losses": 5, "mpo_viz.analysis": 5, "mpo_viz.doctor": 5,
     "mpo_viz.plots": 6, "mpo_viz.strip": 6, "mpo_viz.export": 6, "mpo_viz.page": 6,
     "mpo_viz.widgets": 7, "mpo_viz.report": 7, "mpo_viz.annotate": 7, "mpo_viz.train": 7,
     "mpo_viz.integrations": 7,

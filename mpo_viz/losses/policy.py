@@ -1,6 +1,6 @@
-"""Policy losses: token PPO, MPO's turn-level PPO, GSPO, SAO; a registry; metrics.
+"""Policy losses: token PPO, MPO's turn-level PPO, GSPO, SAO, CISPO, SAPO; a registry; metrics.
 
-All four kinds share one shape. With ``logr_t = clamp(logπ_θ − logπ_base, ±20)`` on action tokens
+The first four kinds share one shape. With ``logr_t = clamp(logπ_θ − logπ_base, ±20)`` on action tokens
 (base = ``old_logp``, or ``rollout_logp`` for SAO), each action token gets a surrogate ratio
 ``s_t`` and the clipped objective
 
@@ -26,6 +26,18 @@ All four kinds share one shape. With ``logr_t = clamp(logπ_θ − logπ_base, �
 * ``sao``: ``r_t = exp(logr_t)`` against the *rollout* log-probs; ``L_t = −A_t·sg(r_t)·exp(logπ_θ −
   sg(logπ_θ))`` for ``1 − ε_low < r_t < 1 + ε_high`` and 0 outside (no gradient, whatever A's sign).
 
+Two kinds replace the clipped objective:
+
+* ``cispo`` (MiniMax-M1, arXiv 2506.13585): ``L_t = −A_t·sg(clip(r_t, 1 − ε_low, 1 + ε_high))·logπ_θ(t)``,
+  every token keeps the gradient ``−A_t·clip(r_t)·∇logπ_θ(t)`` (the weight is clipped, never the
+  token); default ε 1.0 / 4.0 (no lower bound, weight ≤ 5: ScaleRL's, SkyRL's defaults). The loss
+  *value* carries ``logπ_θ`` (as the public implementations write it), so only its gradient
+  compares with the other kinds'.
+* ``sapo`` (Qwen, arXiv 2511.20347): ``L_t = −A_t·(4/τ_t)·σ(τ_t·(r_t − 1))``, τ_t = ``tau_pos`` (1.0)
+  where A_t > 0 and ``tau_neg`` (1.05) elsewhere: a soft gate instead of the hard clip, gradient
+  ``−A_t·4σ(1 − σ)·r_t·∇logπ_θ(t)`` (= the policy gradient at r = 1, decaying smoothly away from it);
+  default aggregation ``seq-mean-token-mean`` (the paper's). Nothing is clipped (clip fractions 0).
+
 The clipped branch is taken only where it is *strictly* larger (then its gradient is 0, as with
 ``torch.maximum``); ties take the unclipped branch, whose gradient is then the same.
 
@@ -43,7 +55,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from mpo_viz.checks import TensorLike, warn_once
+from mpo_viz.checks import OptionError, TensorLike, warn_once
 from mpo_viz.losses._common import (
     Segments,
     as_tensor,
@@ -60,6 +72,7 @@ from mpo_viz.options import UNSET, Option
 __all__ = [
     "LOGR_CLAMP",
     "TURN_PPO_TOKEN_CLIP",
+    "SAO_BANDS",
     "RATIO_MODES",
     "METRIC_NAMES",
     "LossKind",
@@ -105,8 +118,8 @@ LOGPROB_FIELDS = {"old_logp": "old_logprobs", "rollout_logp": "rollout_logprobs"
 # Options: the keywords of every kind, and the kinds' own (each declared once)
 # --------------------------------------------------------------------------------------------
 
-CLIP_LOW = Option("clip_low", kind="float", low=0, high=1, high_open=True, optional=True, label="ε_low",
-                  doc="lower clip range ε_low: the ratio's band starts at 1 − ε_low (None: the kind's default)")
+CLIP_LOW = Option("clip_low", kind="float", low=0, high=1, optional=True, label="ε_low",
+                  doc="lower clip range ε_low: the ratio's band starts at 1 − ε_low (1: no lower bound; None: the kind's default)")
 CLIP_HIGH = Option("clip_high", kind="float", low=0, optional=True, label="ε_high",
                    doc="upper clip range ε_high: the ratio's band ends at 1 + ε_high (None: the kind's default)")
 RATIO = Option("ratio", kind="choice", choices=RATIO_MODES, expect=f"one of {', '.join(RATIO_MODES)}",
@@ -121,9 +134,20 @@ TOKEN_CLIP = Option("token_clip", kind="float", low=1, low_open=True, optional=T
                     expect="a number > 1 (a band [1/c, c] on each token's own ratio) or None",
                     doc="token band c: a token whose own ratio left [1/c, c] on the side its advantage pushes "
                         "gets no gradient (None: off)")
+#: SAO's bands on the ratio against the rollout log-probs, per task type: (1 − ε_low, 1 + ε_high)
+SAO_BANDS = {"math": (0.7, 6.0), "code": (0.2, 4.0)}
+BAND = Option("band", kind="choice", choices=tuple(SAO_BANDS), optional=True, label="band",
+              expect=f"one of {', '.join(SAO_BANDS)} or None",
+              doc="SAO's band per task type: math keeps tokens with 0.7 < r < 6.0, code 0.2 < r < 4.0 (None: "
+                  "clip_low / clip_high, default the math band)")
+TAU_POS = Option("tau_pos", kind="float", low=0, low_open=True, label="τ+",
+                 doc="SAPO's gate temperature on tokens with a positive advantage (larger: the gate closes faster)")
+TAU_NEG = Option("tau_neg", kind="float", low=0, low_open=True, label="τ−",
+                 doc="SAPO's gate temperature on tokens with a zero or negative advantage")
+_KIND_DEFAULTS = ("clip_low", "clip_high", "agg")  # None: the kind's own default
 #: every keyword of :func:`policy_loss` a loss kind can be configured with, beside its own options
 KEYWORDS = (CLIP_LOW, CLIP_HIGH, RATIO, AGG)
-_VOCAB = {o.name: o for o in (*KEYWORDS, DUAL_CLIP, TOKEN_CLIP)}
+_VOCAB = {o.name: o for o in (*KEYWORDS, DUAL_CLIP, TOKEN_CLIP, TAU_POS, TAU_NEG, BAND)}
 
 
 # --------------------------------------------------------------------------------------------
@@ -170,7 +194,9 @@ class LossKind:
     keyword options, ``spec`` their declarations (:class:`~mpo_viz.options.Option`, defaults from
     ``fn``'s signature). ``span_ratio``: the clip acts on a ratio over a span of tokens (a turn's or
     a sequence's geometric mean), so single tokens can move inside it — what the trainer's collapse
-    check watches (``ratio_max`` against ``turn_ratio_max``).
+    check watches (``ratio_max`` against ``turn_ratio_max``). ``presets``: an option whose value
+    names keyword values, ``{option: {value: {keyword: v}}}`` (sao's ``band``: ``{"math": {"clip_low":
+    0.3, "clip_high": 5.0}, ...}``), applied before the kind's defaults.
     """
 
     name: str
@@ -182,6 +208,7 @@ class LossKind:
     agg: str = "token-mean"
     options: tuple = ()
     span_ratio: bool = False
+    presets: dict = field(default_factory=dict, compare=False)
     doc: str = field(default="", compare=False)
     spec: tuple = field(default=(), compare=False)
 
@@ -215,6 +242,7 @@ def register(
     agg: str = "token-mean",
     options=(),
     span_ratio: bool = False,
+    presets: dict | None = None,
 ):
     """Register a loss kind ``fn(inputs: PolicyInputs, **options) -> PolicyTerms`` under ``name``.
 
@@ -222,7 +250,8 @@ def register(
     can be registered once (ValueError otherwise). ``options``: the kind's own keyword options,
     :class:`~mpo_viz.options.Option` declarations or names of the declared ones (``"dual_clip"``,
     ``"token_clip"``); an undeclared name takes an unchecked option (kind ``"any"``). Defaults come
-    from ``fn``'s signature.
+    from ``fn``'s signature. ``presets``: see :class:`LossKind` (each preset option must be one of
+    ``options``; its presets may set ``clip_low``, ``clip_high`` and ``agg``).
     """
 
     def deco(f):
@@ -235,6 +264,12 @@ def register(
             raise ValueError(f"ratio_against: expected 'old_logp' or 'rollout_logp', found {ratio_against!r}")
         if agg not in AGG_MODES:
             raise ValueError(f"agg: expected one of {', '.join(AGG_MODES)}, found {agg!r}")
+        names = {o.name if isinstance(o, Option) else o for o in options}
+        for opt, table in (presets or {}).items():
+            keys = {k for kw in table.values() for k in kw}
+            if opt not in names or not keys <= set(_KIND_DEFAULTS):
+                raise ValueError(f"presets: expected presets of the kind's own options setting {', '.join(_KIND_DEFAULTS)}, "
+                                 f"found {opt!r} setting {sorted(keys)}")
         _REGISTRY[name] = LossKind(
             name=name,
             fn=f,
@@ -245,6 +280,7 @@ def register(
             agg=agg,
             options=tuple(o.name if isinstance(o, Option) else o for o in options),
             span_ratio=bool(span_ratio),
+            presets=dict(presets or {}),
             doc=(f.__doc__ or "").strip(),
             spec=_declare(f, options),
         )
@@ -339,7 +375,7 @@ def _token_gradient_surrogate(x: PolicyInputs, units: Segments) -> torch.Tensor:
 
 def product_warning(kind: str, clip_low: float, clip_high: float, counts: torch.Tensor) -> str:
     """What ``ratio="product"`` does to ``kind``'s units at this clip (``counts``: tokens per unit)."""
-    lo, hi = -math.log(1 - clip_low), math.log(1 + clip_high)
+    lo, hi = (-math.log(1 - clip_low) if clip_low < 1 else math.inf), math.log(1 + clip_high)
     med = int(counts.median().item()) if counts.numel() else 0
     here = (f" The median unit of this batch has {med} tokens: a mean token log-ratio beyond "
             f"-{lo / med:.4f} / +{hi / med:.4f} (a {hi / med:.2%} move per token) clips it." if med else "")
@@ -399,9 +435,18 @@ def gspo(x: PolicyInputs, *, dual_clip: float | None = None, token_clip: float |
                               _token_band(x, token_clip))
 
 
-@register("sao", needs=("rollout_logp",), ratio_against="rollout_logp", clip_low=0.3, clip_high=5.0)
-def sao(x: PolicyInputs) -> PolicyTerms:
-    """SAO: ``−A·sg(r)·exp(logπ − sg(logπ))`` inside ``(1 − ε_low, 1 + ε_high)`` vs rollout, 0 outside."""
+def _band_eps(band: str) -> dict:
+    lo, hi = SAO_BANDS[band]
+    return {"clip_low": round(1 - lo, 12), "clip_high": round(hi - 1, 12)}
+
+
+@register("sao", needs=("rollout_logp",), ratio_against="rollout_logp", clip_low=0.3, clip_high=5.0,
+          options=("band",), presets={"band": {b: _band_eps(b) for b in SAO_BANDS}})
+def sao(x: PolicyInputs, *, band: str | None = None) -> PolicyTerms:
+    """SAO: ``−A·sg(r)·exp(logπ − sg(logπ))`` inside ``(1 − ε_low, 1 + ε_high)`` vs rollout, 0 outside
+    (the token is dropped, whatever A's sign). ``band`` names the band per task type
+    (:data:`SAO_BANDS`: math (0.7, 6.0) — the default ε 0.3 / 5.0 —, code (0.2, 4.0)); it sets
+    ε before the loss is formed, so this function reads the band from ``x``."""
     r = torch.exp(x.logr.detach())
     lo, hi = 1 - x.clip_low, 1 + x.clip_high
     inside = x.mask & (r > lo) & (r < hi)
@@ -413,6 +458,31 @@ def sao(x: PolicyInputs) -> PolicyTerms:
         clipped_high=x.mask & (r >= hi),
         dual_clipped=torch.zeros_like(x.mask),
     )
+
+
+@register("cispo", clip_low=1.0, clip_high=4.0)
+def cispo(x: PolicyInputs) -> PolicyTerms:
+    """CISPO: ``−A·sg(clip(r, 1 − ε_low, 1 + ε_high))·logπ_θ``, r against ``old_logp``; every token
+    keeps a gradient (the importance weight is clipped, not the token). Defaults ε 1.0 / 4.0."""
+    r = torch.exp(x.logr.detach())
+    lo, hi = 1 - x.clip_low, 1 + x.clip_high
+    loss = torch.where(x.mask, -x.advantages * r.clamp(lo, hi) * x.logp, torch.zeros((), dtype=r.dtype, device=r.device))
+    return PolicyTerms(loss=loss, clipped_low=x.mask & (r < lo), clipped_high=x.mask & (r > hi),
+                       dual_clipped=torch.zeros_like(x.mask))
+
+
+@register("sapo", agg="seq-mean-token-mean", options=("tau_pos", "tau_neg"))
+def sapo(x: PolicyInputs, *, tau_pos: float = 1.0, tau_neg: float = 1.05) -> PolicyTerms:
+    """SAPO: ``−A·(4/τ)·σ(τ·(r − 1))`` with τ = ``tau_pos`` where A > 0, ``tau_neg`` elsewhere: a
+    soft gate instead of the clip (its gradient ``−A·4σ(1 − σ)·r·∇logπ`` is the policy gradient at
+    r = 1). ``clip_low``/``clip_high`` only set the band of the ``turn_clipfrac`` metric."""
+    r = torch.exp(x.logr)
+    pos = torch.tensor(float(tau_pos), dtype=r.dtype, device=r.device)
+    tau = torch.where(x.advantages > 0, pos, torch.tensor(float(tau_neg), dtype=r.dtype, device=r.device))
+    gate = torch.sigmoid(tau * (r - 1)) * (4 / tau)
+    loss = torch.where(x.mask, -x.advantages * gate, torch.zeros((), dtype=r.dtype, device=r.device))
+    none = torch.zeros_like(x.mask)
+    return PolicyTerms(loss=loss, clipped_low=none, clipped_high=none, dual_clipped=none)
 
 
 # --------------------------------------------------------------------------------------------
@@ -445,13 +515,15 @@ def policy_loss(
     ``rollout_logp`` (B, L) — the sampler's log-probs, required by ``sao``. Torch or numpy.
 
     ``clip_low``/``clip_high`` (ε_low, ε_high) and ``agg`` default per kind (None): token_ppo and
-    turn_ppo 0.2/0.2 token-mean; gspo 3e-4/4e-4 seq-mean-token-mean; sao 0.3/5.0 token-mean.
+    turn_ppo 0.2/0.2 token-mean; gspo 3e-4/4e-4 seq-mean-token-mean; sao 0.3/5.0 token-mean; cispo
+    1.0/4.0 token-mean; sapo seq-mean-token-mean (its clip only sets the ``turn_clipfrac`` band).
     ``ratio`` ∈ {"geo_mean", "product"}: the turn ratio of turn_ppo (and gspo's sequence ratio);
     every kind also uses it for the turn-level metrics. ``scale``: see
     :func:`mpo_viz.losses.aggregate`. ``options``: per kind — ``dual_clip`` (c > 1, default None =
     off) for token_ppo, turn_ppo and gspo; ``token_clip`` (c > 1) for turn_ppo (default 2.0, None =
     off) and gspo (default None = off): the token band ``[1/c, c]`` on each token's own ratio (a
-    token past it on the side its advantage pushes gets no gradient).
+    token past it on the side its advantage pushes gets no gradient); ``tau_pos`` (1.0) and
+    ``tau_neg`` (1.05) for sapo.
 
     Returns ``(loss, metrics)``: a 0-d tensor (``agg="none"``: the (B, L) loss matrix, zeros where
     masked), float64 when ``logp`` is float64 else float32; masked tokens get exactly zero
@@ -500,10 +572,16 @@ def _settings(spec: LossKind, given: dict) -> dict:
             continue
         value = o.check(given.get(o.name, o.default))
         out[o.name] = o.default if value is None and o.name in _KIND_DEFAULTS else value
+    for opt, table in spec.presets.items():
+        if out.get(opt) is None:
+            continue
+        for key, v in table[out[opt]].items():  # a preset replaces the kind's default, never a value given
+            if given.get(key) is not None and given[key] != v:
+                raise OptionError(opt, f"{opt}={out[opt]!r} sets {key}={v!r}, found {key}={given[key]!r} as well; "
+                                       f"give one or the other")
+            out[key] = v
     return out
 
-
-_KIND_DEFAULTS = ("clip_low", "clip_high", "agg")  # None: the kind's own default
 
 
 def _policy_inputs(spec: LossKind, logp, old_logp, advantages, mask, rollout_logp, turn_ids, settings: dict):
@@ -624,6 +702,22 @@ def _ref_turns(mask_row, tid_row):
     return [turns[k] for k in sorted(turns)]
 
 
+def _ref_own_ratio(kind: str, a: float, lp: float, d: float, band: tuple, taus: tuple) -> tuple[float, float]:
+    """``(L_t, ∂L_t/∂logπ_t)`` of one token of sao, cispo or sapo: advantage ``a``, log-prob ``lp``,
+    unclamped log-ratio ``d`` against its base, ``band`` = (1 − ε_low, 1 + ε_high), ``taus`` = sapo's."""
+    r = math.exp(min(max(d, -LOGR_CLAMP), LOGR_CLAMP))
+    lo, hi = band
+    if kind == "sao":
+        return (-a * r, -a * r) if lo < r < hi else (0.0, 0.0)
+    if kind == "cispo":  # the clipped weight is a constant on the gradient path
+        w = min(max(r, lo), hi)
+        return -a * w * lp, -a * w
+    tau = taus[0] if a > 0 else taus[1]
+    sig = 1 / (1 + math.exp(-tau * (r - 1)))
+    inside = abs(d) <= LOGR_CLAMP  # the clamp is flat outside
+    return -a * sig * 4 / tau, (-a * 4 * sig * (1 - sig) * r if inside else 0.0)
+
+
 def policy_loss_reference(
     kind: str,
     logp: TensorLike,
@@ -638,22 +732,25 @@ def policy_loss_reference(
     rollout_logp: TensorLike | None = None,
     dual_clip: float | None = None,
     token_clip: float | None | str = "default",
+    tau_pos: float = 1.0,
+    tau_neg: float = 1.05,
+    band: str | None = None,
 ) -> tuple[np.ndarray, np.ndarray]:
     """A plain Python loop for the per-token loss matrix and its derivative ∂L_t/∂logπ_t.
 
     ``token_clip="default"`` takes the kind's own default (turn_ppo: 2.0; gspo: None); a number or
     None as :func:`policy_loss`.
 
-    In all four kinds each token's loss depends on the policy only through its own log-prob on the
+    ``tau_pos``/``tau_neg``: sapo's temperatures; ``band``: sao's named band (:data:`SAO_BANDS`). In every kind each token's loss depends on the policy only through its own log-prob on the
     gradient path (the turn ratio is a constant there), so the gradient of ``Σ_t L_t`` is this
     diagonal. Returns two float64 numpy arrays (B, L), zeros on masked tokens. No turn-id checks.
     """
     spec = get(kind)
     eps_low = spec.clip_low if clip_low is None else clip_low
     eps_high = spec.clip_high if clip_high is None else clip_high
-    band = (next((o.default for o in spec.spec if o.name == "token_clip"), None) if isinstance(token_clip, str)
-            else token_clip)  # "default": the kind's own
-    lo, hi = 1 - eps_low, 1 + eps_high
+    token_band = (next((o.default for o in spec.spec if o.name == "token_clip"), None) if isinstance(token_clip, str)
+                  else token_clip)  # "default": the kind's own
+    lo, hi = SAO_BANDS[band] if band is not None else (1 - eps_low, 1 + eps_high)
     lp = np.asarray(logp, dtype=np.float64)
     base = np.asarray(rollout_logp if spec.ratio_against == "rollout_logp" else old_logp, dtype=np.float64)
     adv = np.asarray(advantages, dtype=np.float64)
@@ -675,10 +772,9 @@ def policy_loss_reference(
             rho = math.exp(tot / len(tt)) if ratio == "geo_mean" else math.exp(min(max(tot, -LOGR_CLAMP), LOGR_CLAMP))
             for t in tt:
                 a = adv[i, t]
-                if kind == "sao":
-                    r = math.exp(logr[t])
-                    if lo < r < hi:
-                        loss[i, t], grad[i, t] = -a * r, -a * r
+                if kind in ("sao", "cispo", "sapo"):  # no clipped objective: one token, its own ratio
+                    loss[i, t], grad[i, t] = _ref_own_ratio(kind, a, lp[i, t], lp[i, t] - base[i, t], (lo, hi),
+                                                            (tau_pos, tau_neg))
                     continue
                 if kind == "token_ppo":
                     s = math.exp(logr[t])
@@ -693,9 +789,9 @@ def policy_loss_reference(
                     val, g = unclipped, -a * ds
                 if dual_clip is not None and a < 0 and val > -dual_clip * a:
                     val, g = -dual_clip * a, 0.0
-                if band is not None:  # the token band: this token's own ratio, on its advantage's side
+                if token_band is not None:  # the token band: this token's own ratio, on its advantage's side
                     r_tok = math.exp(logr[t])
-                    if (a > 0 and r_tok > band) or (a < 0 and r_tok < 1 / band):
+                    if (a > 0 and r_tok > token_band) or (a < 0 and r_tok < 1 / token_band):
                         g = 0.0
                 loss[i, t], grad[i, t] = val, g
     return loss, grad

@@ -20,7 +20,7 @@ from mpo_viz.losses import (
 from mpo_viz.losses.policy import PolicyTerms
 
 ln = math.log
-KINDS = ["token_ppo", "turn_ppo", "gspo", "sao"]
+KINDS = ["token_ppo", "turn_ppo", "gspo", "sao", "cispo", "sapo"]
 
 
 def _logp_pair(logr, seed=0):
@@ -211,6 +211,34 @@ def test_sao_by_hand_uses_rollout_logp():
     assert met2["approx_kl"] == pytest.approx(np.mean(r - 1 - np.log(r)))
 
 
+@pytest.mark.parametrize("band, kept", [("math", [0, 1, 1, 1, 0, 0]), ("code", [1, 1, 1, 0, 0, 0]), (None, [0, 1, 1, 1, 0, 0])])
+def test_sao_named_bands(band, kept):
+    # ratios .3 .8 1.5 5 6.5 .1: math keeps (0.7, 6.0), code (0.2, 4.0); kept tokens: value and gradient -A·r
+    r = np.array([0.3, 0.8, 1.5, 5.0, 6.5, 0.1])
+    lp, roll = _logp_pair([[ln(x) for x in r]])
+    adv = torch.tensor([[1.0, -2.0, 1.0, -1.0, 2.0, 1.0]], dtype=torch.float64)
+    loss, g, met = _run("sao", lp, roll, adv, torch.ones(1, 6), rollout_logp=roll, band=band)
+    want = np.where(np.array(kept) == 1, -adv.numpy()[0] * r, 0.0)
+    np.testing.assert_allclose(loss.numpy()[0], want, atol=1e-12)
+    np.testing.assert_allclose(g.numpy()[0], want, atol=1e-12)
+    lo, hi = {"math": (0.7, 6.0), "code": (0.2, 4.0), None: (0.7, 6.0)}[band]
+    assert met["clipfrac_low"] == pytest.approx(np.mean(r <= lo)) and met["clipfrac_high"] == pytest.approx(np.mean(r >= hi))
+    ref_loss, ref_grad = policy_loss_reference("sao", lp.detach().numpy(), None, adv.numpy(), np.ones((1, 6)),
+                                               rollout_logp=roll.numpy(), band=band)
+    np.testing.assert_allclose(ref_loss[0], want, atol=1e-12)
+    np.testing.assert_allclose(ref_grad[0], want, atol=1e-12)
+
+
+def test_sao_band_and_an_explicit_clip_disagree_clearly():
+    z = torch.zeros(1, 3, dtype=torch.float64)
+    with pytest.raises(ValueError, match=r"band: band='code' sets clip_low=0.8, found clip_low=0.3"):
+        policy_loss("sao", z, z, z, torch.ones(1, 3), rollout_logp=z, band="code", clip_low=0.3)
+    # the same value is no conflict; the band is a declared choice
+    policy_loss("sao", z, z, z, torch.ones(1, 3), rollout_logp=z, band="code", clip_low=0.8)
+    with pytest.raises(ValueError, match=r"band: expected one of math, code"):
+        policy_loss("sao", z, z, z, torch.ones(1, 3), rollout_logp=z, band="chess")
+
+
 # --------------------------------------------------------------------------------------------
 # The regression test: MAE's within-turn centering must reach the gradient
 # --------------------------------------------------------------------------------------------
@@ -353,7 +381,7 @@ def test_matches_reference_loop(kind, ratio, edge):
     rng = np.random.default_rng(zlib.crc32(f"{kind}/{ratio}/{edge}".encode()))
     lp, old, adv, mask, roll, tid = _random_case(rng, 4, 23, edge)
     kind, _, variant = kind.partition("+")
-    dual = 3.0 if kind != "sao" else None
+    dual = 3.0 if kind in ("token_ppo", "turn_ppo", "gspo") else None
     kw = {"dual_clip": dual} if dual else {}
     band = "default"  # neither side is told: each takes the kind's own default (turn_ppo: 2.0)
     if variant == "token_clip":
@@ -412,6 +440,17 @@ def test_registry_declares_needs_and_refuses_duplicates():
         register("new_kind_bad_needs", lambda x: None, needs=("values",))
 
 
+def test_register_refuses_presets_outside_the_kinds_options():
+    def f(x, *, level=None):
+        return None
+
+    with pytest.raises(ValueError, match="presets: expected presets of the kind's own options"):
+        register("preset_probe", f, options=("level",), presets={"other": {"a": {"clip_low": 0.1}}})
+    with pytest.raises(ValueError, match="presets: expected presets of the kind's own options"):
+        register("preset_probe", f, options=("level",), presets={"level": {"a": {"tau_pos": 2.0}}})
+    assert "preset_probe" not in available()
+
+
 def test_register_custom_kind():
     name = "test_zero_loss_kind"
     if name not in available():
@@ -459,7 +498,7 @@ def test_bad_input_raises_clearly():
         policy_loss("sao", z, z, z, m)
     with pytest.raises(ValueError, match=r"kind: expected one of .*turn_ppo.*found 'ppo'"):
         policy_loss("ppo", z, z, z, m)
-    with pytest.raises(ValueError, match=r"options: sao accepts none; found unknown option\(s\) dual_clip"):
+    with pytest.raises(ValueError, match=r"options: sao accepts band; found unknown option\(s\) dual_clip"):
         policy_loss("sao", z, z, z, m, rollout_logp=z, dual_clip=3.0)
     with pytest.raises(ValueError, match=r"options: turn_ppo accepts dual_clip, token_clip; found unknown option\(s\) clip "
                                          r"\(keywords of every kind: turn_ids, clip_low, clip_high, ratio, agg, scale, rollout_logp\)"):
