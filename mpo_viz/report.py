@@ -493,7 +493,7 @@ def _fitted_note(acc: _Acc) -> str:
         return (f"<p class=warn><b>{html.escape(', '.join(critic_based))}: NOISE</b> — {html.escape(acc.noise)}. "
                 "Their advantages below are the returns' noise pushed through that critic: the report does not rank "
                 "them, and their strips are labelled so. The group estimators do not use the values.</p>")
-    ev = acc.critic_fit.get("heldout_explained_variance")
+    ev = (acc.critic_fit or {}).get("heldout_explained_variance")
     ev_txt = f"{float(ev):.3g}" if isinstance(ev, (int, float)) else "?"
     return (f"<p class=note><b>{html.escape(', '.join(critic_based))}: values from a fitted critic (held-out EV "
             f"{html.escape(ev_txt)})</b> — a critic fitted by mpo-viz fit-critic to this data's returns, which "

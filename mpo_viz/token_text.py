@@ -131,10 +131,10 @@ def raw_bytes_of(tok) -> Callable[[int], bytes | None] | None:
     byte_level, fallback = "ByteLevel" in kinds, "ByteFallback" in kinds
     if not (byte_level or fallback):
         return None
-    to_str = tok.convert_ids_to_tokens if hasattr(tok, "convert_ids_to_tokens") else backend.id_to_token
+    to_str = tok.convert_ids_to_tokens if hasattr(tok, "convert_ids_to_tokens") else backend.id_to_token  # type: ignore[union-attr]
     added = getattr(tok, "added_tokens_decoder", None)
     if added is None and hasattr(backend, "get_added_tokens_decoder"):
-        added = backend.get_added_tokens_decoder()
+        added = backend.get_added_tokens_decoder()  # type: ignore[union-attr]
     added_ids = set(added or {})
     table = _byte_decoder()
 

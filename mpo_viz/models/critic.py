@@ -95,8 +95,9 @@ class RemappedCritic(nn.Module):
 
     def rows(self, input_ids: torch.Tensor) -> torch.Tensor:
         """The embedding rows of ``input_ids`` (same shape)."""
-        n = self.lut.shape[0]
-        rows = self.lut[input_ids.clamp(min=0, max=n - 1)]
+        lut: torch.Tensor = self.lut  # type: ignore[assignment]  # a buffer
+        n = int(lut.shape[0])
+        rows = lut[input_ids.clamp(min=0, max=n - 1)]
         return torch.where((input_ids < n) & (rows >= 0), rows, torch.full_like(rows, self.unseen))
 
     def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None,
@@ -140,7 +141,7 @@ def make_critic(policy, init: str = "fresh", seed: int = 0) -> Critic:
             critic.head.weight.normal_(0.0, 0.02)
             critic.head.bias.zero_()
     # the head as initialized (not a buffer: never saved): values_source_of tells an untrained critic by it
-    critic.initial_head = tuple(t.detach().clone() for t in (critic.head.weight, critic.head.bias))
+    critic.initial_head = tuple(t.detach().clone() for t in (critic.head.weight, critic.head.bias))  # type: ignore[assignment]
     return critic.eval()
 
 

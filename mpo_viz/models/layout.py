@@ -15,6 +15,8 @@ A layout has the interface the rollout needs (all ids are plain ``list[int]``):
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from mpo_viz.envs.tokenizer import CHAT_TEMPLATE, EOT, ChatLayout
 from mpo_viz.token_text import merged_texts, raw_bytes_of
 
@@ -65,7 +67,8 @@ class TemplateLayout:
         self._stop_strs = [tokenizer.decode([i]) for i in sorted(self.stop_ids)]
         self._special = frozenset(tokenizer.all_special_ids)
         self._shown: dict[int, str] = {}  # id -> display string (tokens())
-        self._raw = False  # the tokenizer's raw_bytes_of, looked up on first use
+        self._raw: Callable[[int], bytes | None] | None = None  # the tokenizer's raw_bytes_of, looked up on first use
+        self._raw_known = False
 
     def _render(self, messages, gen: bool) -> str:
         return self.tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=gen,
@@ -111,8 +114,8 @@ class TemplateLayout:
         (``" the"``, ``"\\n"``) rather than ``Ġthe``/``Ċ``; special tokens as written; a multi-byte
         character split across tokens shows whole on the token that completes it
         (:func:`mpo_viz.token_text.merged_texts`)."""
-        if self._raw is False:
-            self._raw = raw_bytes_of(self.tokenizer)
+        if not self._raw_known:
+            self._raw, self._raw_known = raw_bytes_of(self.tokenizer), True
         return merged_texts([int(i) for i in ids], self._one, self._raw)[0]
 
 

@@ -441,14 +441,14 @@ def warmup_pool(iterations: int, episodes: int) -> int:
     """The default warm-up pool: ``min(512, max(64, iterations × episodes))`` — 512, unless the RL
     run itself rolls out fewer episodes (a pool larger than the run it prepares costs more than the
     run; 64 keeps a held-out fifth of 13 episodes)."""
-    cap = CRITIC_DEFAULTS["critic_warmup_episodes"]
+    cap = int(str(CRITIC_DEFAULTS["critic_warmup_episodes"]))
     return int(min(cap, max(WARMUP_POOL_MIN, iterations * episodes)))
 
 
 def warmup_steps(pool: int) -> int:
     """The default warm-up budget for a pool of ``pool`` episodes: ``min(256, ceil(pool / 2))`` —
     the default's 16 passes of 32-episode steps over the pool (256 at 512), at most 256."""
-    return int(min(CRITIC_DEFAULTS["critic_warmup_steps"], -(-pool // 2)))
+    return int(min(int(str(CRITIC_DEFAULTS["critic_warmup_steps"])), -(-pool // 2)))
 
 
 # ---------------------------------------------------------------------------------------------

@@ -296,6 +296,7 @@ class _Best:
 
     def restore(self) -> None:
         with torch.no_grad():
+            assert self.weights is not None, "restore() needs keep=True"
             for p, w in zip(self.params, self.weights):
                 p.copy_(w)
 
@@ -389,7 +390,9 @@ def fit_values(
     params = [p for p in own if p.requires_grad]  # a shared trunk is the policy's: only the head moves
     opt = torch.optim.AdamW(params, lr=lr, weight_decay=weight_decay)
     gen = torch.Generator().manual_seed(int(seed) + 1)
-    order, history, losses = [], [], []  # the episodes' order, one dict per evaluation, losses since the last
+    order: list[int] = []  # the training episodes' shuffled order
+    history: list[dict] = []  # one dict per evaluation
+    losses: list[float] = []  # since the last evaluation
     ev = _ev(critic, r, held, targets, **kw)
     best, done = _Best(ev, params, keep_best), 0
     stop = "gate" if _reached(ev, gate) else "budget"

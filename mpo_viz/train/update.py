@@ -55,12 +55,12 @@ __all__ = ["Rows", "rows_of", "micro_batches", "forward_policy", "forward_critic
 # the model calls (one place that knows how a policy / critic is called)
 
 
-def policy_logits(policy: torch.nn.Module, ids: torch.Tensor, attn: torch.Tensor) -> torch.Tensor:
+def policy_logits(policy: torch.nn.Module, ids: torch.Tensor, attn: torch.Tensor | None) -> torch.Tensor:
     """``(b, T, V)`` logits of a Hugging Face causal LM on right-padded ``ids``."""
     return policy(input_ids=ids, attention_mask=attn, use_cache=False).logits
 
 
-def critic_values(critic: torch.nn.Module, ids: torch.Tensor, attn: torch.Tensor) -> torch.Tensor:
+def critic_values(critic: torch.nn.Module, ids: torch.Tensor, attn: torch.Tensor | None) -> torch.Tensor:
     """``(b, T)`` outputs of the critic's scalar head on right-padded ``ids``."""
     out = critic(input_ids=ids, attention_mask=attn)
     return out if isinstance(out, torch.Tensor) else out.values
@@ -124,7 +124,7 @@ class Micro:
 
     rows: np.ndarray
     ids: torch.Tensor
-    attn: torch.Tensor
+    attn: torch.Tensor | None
     pos: torch.Tensor
     Lb: int
 
