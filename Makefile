@@ -4,7 +4,7 @@ VENV   := .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 
-.PHONY: venv venv-verl test test-verl test-slow test-browser demo lab bench browser-deps lint clean notebooks-html
+.PHONY: venv venv-verl test test-verl test-slow test-browser demo lab bench browser-deps lint clean notebooks-html dist
 
 # The verl environment (tests/integrations): pins in VERL_REQ; rebuilt only when they change
 # (.installed holds their hash), mpo_viz reinstalled (editable, no deps) when pyproject.toml changes.
@@ -86,6 +86,12 @@ lab: venv
 
 bench: venv
 	@for f in benchmarks/*.py; do echo "== $$f"; $(PY) $$f || exit 1; done
+
+# A wheel of the package in dist/ (no dependencies bundled), for machines that install it without a clone
+# (docs/verl.md); built offline from this checkout with the venv's setuptools.
+dist: venv
+	$(PY) -m pip wheel --no-deps --no-build-isolation -w dist .
+	@ls dist/*.whl
 
 # ruff (style, imports, complexity) and mypy (types at a basic level, settings in pyproject.toml)
 lint: venv
