@@ -51,6 +51,7 @@ CRITIC_DEFAULTS = {
     "critic_warmup_ev": 0.2,
     "critic_warmup_lr": 1e-3,
     "critic_init": "policy",
+    "critic_warmup_positions": "all",
     "value_target": "estimator",
 }
 #: the smallest default warm-up pool (a short run's pool: its own episodes, iterations × episodes, at least this)
@@ -63,7 +64,7 @@ CRITIC_ALIASES = {"oracle": "expert"}
 MC_SAMPLES = 8
 #: fields added after runs were recorded that leave a run's identity (its hash) as it was while None,
 #: so a run folder written before them keeps its hash and resumes
-LATER_FIELDS = ("mc_samples", "value_target")
+LATER_FIELDS = ("mc_samples", "value_target", "critic_warmup_positions")
 #: what ``critic="expert"`` reads, measured (docs/training.md): the reason for its warning
 EXPERT_BIAS = ("the scripted expert's exact values, not this policy's: on the shipped automation start they are "
                "0.26 too high at turn starts (0.62 against the policy's own 0.36), and the expert's turn credit "
@@ -275,6 +276,11 @@ class Config:
     critic_warmup_lr: float | None = setting(
         None, low=0, low_open=True, optional=True,
         doc="AdamW learning rate of the warm-up (None: 1e-3).")
+    critic_warmup_positions: str | None = setting(
+        None, kind="choice", choices=("all", "turn_start"), optional=True,
+        doc="Which action tokens the warm-up's loss and explained variance read: ``\"all\"`` (None: every "
+            "action token) or ``\"turn_start\"`` (each turn's first token only: the turn-level values that turn "
+            "GAE and MAE's macro scale read).")
 
     # ------------------------------------------------------------------ evaluation
     eval_episodes: int = setting(

@@ -52,7 +52,7 @@ from mpo_viz.trajectory import TrajectoryBatch
 
 __all__ = ["CONSTANT_STOPS", "CRITIC_TARGETS", "CriticFit", "FittedCritic", "critic_outputs", "fit_critic", "fit_targets",
            "fit_values", "holdout_split", "mc_returns", "set_constant", "trunk_critic", "vocab_critic", "compact_critic",
-           "COMPACT_MIN_VOCAB"]
+           "COMPACT_MIN_VOCAB", "FIT_POSITIONS", "fit_positions"]
 
 #: the stops of a fit whose outcome was fixed before its first step (the critic set to a constant)
 CONSTANT_STOPS = ("constant", "heldout_constant")
@@ -216,6 +216,25 @@ def _fit_step(critic: torch.nn.Module, r: Rows, chunk: np.ndarray, g32: torch.Te
     return step_loss
 
 
+#: which action tokens a critic fit reads (:func:`fit_values` ``positions``)
+FIT_POSITIONS = ("all", "turn_start")
+
+
+def fit_positions(batch: TrajectoryBatch, positions: str) -> torch.Tensor:
+    """``(B, L)`` bool: the action tokens a fit with ``positions`` reads — every action token
+    (``"all"``), or each turn's first action token (``"turn_start"``)."""
+    if positions not in FIT_POSITIONS:
+        raise OptionError("positions", f"expected one of {', '.join(FIT_POSITIONS)}, found {positions!r}")
+    mask = batch.mask.bool()
+    if positions == "all":
+        return mask
+    out = torch.zeros_like(mask)
+    tt = batch.turns()
+    if len(tt):
+        out[torch.as_tensor(tt["row"].to_numpy()), torch.as_tensor(tt["start"].to_numpy())] = True
+    return out
+
+
 def _next_episodes(order: list[int], train: np.ndarray, n: int, gen: torch.Generator) -> tuple[np.ndarray, list[int]]:
     """The next ``n`` training episodes of the shuffled order (reshuffled when it runs out), and the rest."""
     if len(order) < n:
@@ -356,8 +375,14 @@ def fit_values(
     patience: int | None = None,
     keep_best: bool = False,
     all_values: bool = False,
+    positions: str = "all",
 ) -> CriticFit:
     """Fit ``critic`` (in place) to ``targets`` (B, L) on the training split of ``batch``.
+
+    ``positions``: the action tokens the loss and the explained variance read — ``"all"`` (every
+    action token) or ``"turn_start"`` (each turn's first action token only: the turn-level states
+    ``V(s_k)`` that turn GAE and MAE's macro scale read; :func:`fit_positions`). The critic still
+    reads every token of each sequence.
 
     The batch's rows are split by :func:`holdout_split` (``holdout`` share, ``seed``); each step
     is one AdamW step (``lr``, ``weight_decay``; a fresh optimizer) on ``batch_episodes``
@@ -377,6 +402,8 @@ def fit_values(
     """
     r = rows_of(batch)
     targets = _check_loop(r, targets, steps, batch_episodes, eval_every, patience)
+    if positions != "all":
+        r = dataclasses.replace(r, mask=fit_positions(batch, positions))
     train, held = holdout_split(len(r), holdout, seed, groups)
     fixed = _fixed_fit(critic, targets, r.mask, train, held, gate, on_eval)
     if fixed is not None:

@@ -488,7 +488,8 @@ class Trainer:
                              eval_every=WARMUP_EVAL_EVERY, seed=derive_seed(cfg.seed, "critic-warmup-fit"),
                              pad_id=self.pad_id, device=self.device, micro_batch_tokens=cfg.micro_batch_tokens,
                              grad_clip=cfg.grad_clip, weight_decay=cfg.weight_decay,
-                             log=None if self.quiet else self._say)
+                             log=None if self.quiet else self._say,
+                             positions=cfg.critic_option("critic_warmup_positions"))
             values = critic_outputs(self.critic, rows_of(pool), np.arange(len(pool)), pad_id=self.pad_id,
                                     device=self.device, micro_batch_tokens=cfg.micro_batch_tokens)
             split = self._value_stats(pool.with_token_fields(values=values), targets)

@@ -134,6 +134,9 @@ def test_mc_samples_unset_leaves_the_identity_of_older_runs():
     cfg = Config(estimator="mpo")
     assert "mc_samples" not in cfg.identity()
     assert "mc_samples" in Config(estimator="mpo", critic="mc", mc_samples=4).identity()
+    assert "critic_warmup_positions" not in cfg.identity() and cfg.critic_option("critic_warmup_positions") == "all"
+    turn = Config(estimator="mpo", critic_warmup_positions="turn_start")
+    assert turn.identity()["critic_warmup_positions"] == "turn_start" and turn.hash() != cfg.hash()
 
 
 def test_a_shared_trunk_critic_moves_with_the_policy():

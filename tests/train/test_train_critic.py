@@ -20,6 +20,7 @@ from mpo_viz.train.critic_fit import (
     critic_outputs,
     fit_critic,
     fit_targets,
+    fit_positions,
     fit_values,
     holdout_split,
     mc_returns,
@@ -92,6 +93,35 @@ def test_fit_stops_at_the_gate_on_an_easy_fit():
     again = fit_values(_small_critic(), b, mc_returns(b), steps=300, lr=3e-3, batch_episodes=16, holdout=0.25,
                        gate=0.9, eval_every=10, seed=0)
     assert again.steps == fit.steps and again.heldout_ev == fit.heldout_ev
+
+
+def test_fit_at_turn_starts_reads_only_turn_start_positions():
+    """positions="turn_start": the loss and the explained variance read each turn's first action
+    token only (positions 0 and 3 of the label batch's two turns): changing the targets anywhere
+    else changes nothing, bit for bit; changing one at a turn start changes the fit."""
+    b = _label_batch(24)
+    np.testing.assert_array_equal(fit_positions(b, "turn_start")[0].numpy(), [True, False, False, True, False])
+    assert torch.equal(fit_positions(b, "all"), b.mask.bool())
+    g = mc_returns(b)
+    kw = dict(steps=12, lr=3e-3, batch_episodes=8, holdout=0.25, gate=None, eval_every=4, seed=0)
+
+    def fit(targets):
+        c = _small_critic()
+        f = fit_values(c, b, targets, positions="turn_start", **kw)
+        return f, [p.detach().clone() for p in c.parameters()]
+
+    ref, w = fit(g)
+    other = g.clone()
+    other[:, [1, 4]] += 5.0  # inside turns (and an observation token): not read
+    f2, w2 = fit(other)
+    assert [h["heldout_ev"] for h in f2.history] == [h["heldout_ev"] for h in ref.history]
+    assert all(torch.equal(a, c) for a, c in zip(w, w2))
+    moved = g.clone()
+    moved[:, 3] += 1.0  # the second turn's first token
+    _, w3 = fit(moved)
+    assert not all(torch.equal(a, c) for a, c in zip(w, w3))
+    with pytest.raises(ValueError, match="positions: expected one of all, turn_start"):
+        fit_positions(b, "first")
 
 
 def test_fit_says_so_when_the_budget_ends_first():
