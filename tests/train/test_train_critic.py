@@ -19,8 +19,8 @@ from mpo_viz.train.config import ExpertCriticWarning
 from mpo_viz.train.critic_fit import (
     critic_outputs,
     fit_critic,
-    fit_targets,
     fit_positions,
+    fit_targets,
     fit_values,
     holdout_split,
     mc_returns,
