@@ -92,7 +92,7 @@ def test_group_estimator_with_group_size_one_is_refused():
 def test_critic_settings_with_a_critic_free_estimator_are_refused(field):
     value = {"critic_lr": 1e-3, "value_clip": 0.2, "critic_warmup_steps": 3, "critic_warmup_ev": 0.4,
              "critic_init": "fresh", "critic_epochs": 2, "critic_warmup_episodes": 64, "critic_warmup_lr": 3e-4,
-             "value_target": "mc"}[field]
+             "value_target": "mc", "critic_warmup_positions": "turn_start"}[field]
     with pytest.raises(ValueError, match=f"^{field}: the estimator 'rloo' uses no critic"):
         Config(estimator="rloo", loss="token_ppo", group_size=2, **{field: value})
     # nor with the expert's or the Monte-Carlo values, which train no critic
