@@ -35,12 +35,13 @@ __all__ = ["Ranking", "RANKINGS", "available", "episode_scores", "turn_scores", 
 
 @dataclass(frozen=True)
 class Ranking:
-    """One way to rank episodes and turns: ``label`` (what the text says was ranked by, episodes),
-    ``turn_label`` (turns), ``quantity(batch) -> (B, L) float64``, ``reduce`` (``"max"`` or
+    """One way to rank episodes and turns: ``short`` (a menu entry), ``label`` (what the text says
+    was ranked by, episodes), ``turn_label`` (turns), ``quantity(batch) -> (B, L) float64``, ``reduce`` (``"max"`` or
     ``"mean"`` over action tokens), ``descending``, ``fields`` (the per-token fields it needs, any
     one of each inner tuple) and ``column`` (its column name in a picker)."""
 
     name: str
+    short: str
     label: str
     turn_label: str
     quantity: Callable[[TrajectoryBatch], np.ndarray]
@@ -67,20 +68,20 @@ def _surprisal(batch: TrajectoryBatch) -> np.ndarray:
 
 
 RANKINGS: dict[str, Ranking] = {r.name: r for r in (
-    Ranking("abs_advantage", "largest |advantage| (max over the episode's action tokens)",
+    Ranking("abs_advantage", "largest |advantage|", "largest |advantage| (max over the episode's action tokens)",
             "largest |advantage| (max over the turn's action tokens)", _abs_adv, "max", True,
             (("advantages",),), "max|adv|"),
-    Ranking("reward", "lowest reward", "most negative mean advantage (turns of every episode)",
+    Ranking("reward", "lowest reward", "lowest reward", "most negative mean advantage (turns of every episode)",
             lambda b: _padded(b, "advantages"), "mean", False, (), "reward"),
-    Ranking("ratio", "largest token importance ratio (the saved per-token `ratio`, max over the episode)",
+    Ranking("ratio", "largest token ratio", "largest token importance ratio (the saved per-token `ratio`, max over the episode)",
             "largest token importance ratio (max over the turn)", lambda b: _padded(b, "ratio"), "max", True,
             (("ratio",),), "ratio"),
-    Ranking("logprob_gap", "largest |old - rollout log-prob| gap of a token (max over the episode)",
+    Ranking("logprob_gap", "largest old - rollout log-prob gap", "largest |old - rollout log-prob| gap of a token (max over the episode)",
             "largest |old - rollout log-prob| gap (max over the turn)", _gap, "max", True,
             (("old_logprobs",), ("rollout_logprobs",)), "lp_gap"),
-    Ranking("entropy", "lowest mean per-token entropy (the saved `entropy`)", "lowest mean per-token entropy",
+    Ranking("entropy", "lowest entropy", "lowest mean per-token entropy (the saved `entropy`)", "lowest mean per-token entropy",
             lambda b: _padded(b, "entropy"), "mean", False, (("entropy",),), "entropy"),
-    Ranking("surprisal", "lowest mean surprisal -log pi(a) of the sampled tokens (a one-sample estimate "
+    Ranking("surprisal", "lowest surprisal -log pi(a)", "lowest mean surprisal -log pi(a) of the sampled tokens (a one-sample estimate "
             "of the per-token entropy)", "lowest mean surprisal -log pi(a)", _surprisal, "mean", False,
             (("old_logprobs", "rollout_logprobs"),), "surprisal"),
 )}

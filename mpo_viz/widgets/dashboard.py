@@ -38,6 +38,7 @@ from plotly.subplots import make_subplots
 from mpo_viz.widgets.explorer import TrajectoryExplorer
 from mpo_viz.widgets.export_bar import Exportable, ExportBar
 from mpo_viz.widgets.figure import FigureWidget, swap_child
+from mpo_viz.widgets.iterations import DEFAULT_SORT, IterationOpener
 from mpo_viz.widgets.snapshot import Snapshot
 
 __all__ = ["TrainingDashboard", "read_metrics", "PANELS", "PALETTE", "Panel", "panel_of", "flatten_keys"]
@@ -173,11 +174,13 @@ class TrainingDashboard(Exportable, W.VBox):
     ``run_dir``: the run folder (it may not hold ``metrics.jsonl`` yet). ``interval``: seconds between
     refreshes when live. ``live``: start refreshing now (default: only when the metrics file changed
     within the last ``interval * 30`` seconds, i.e. the run looks active); the "live" toggle turns it
-    on and off. Attributes: ``records`` (list of flattened metric dicts, one per complete line),
+    on and off. ``sort``: the "sort by" menu's first choice (a ranking of
+    :mod:`mpo_viz.analysis.ranking`; :meth:`open_iteration`). Attributes: ``records`` (list of
+    flattened metric dicts, one per complete line),
     ``pending`` (the partial last line, parsed, or None), ``figure`` (FigureWidget), ``config``.
     """
 
-    def __init__(self, run_dir, *, interval: float = 2.0, live: bool | None = None):
+    def __init__(self, run_dir, *, interval: float = 2.0, live: bool | None = None, sort: str = DEFAULT_SORT):
         self.run_dir = Path(run_dir)
         if not self.run_dir.is_dir():
             raise ValueError(f"run_dir: expected a run folder, found {str(self.run_dir)!r} (not a directory)")
@@ -197,17 +200,14 @@ class TrainingDashboard(Exportable, W.VBox):
         self.live = W.ToggleButton(value=False, description="live", tooltip=f"refresh every {self.interval:g} s",
                                    icon="refresh", layout=W.Layout(width="90px"))
         self.refresh_button = W.Button(description="refresh", layout=W.Layout(width="90px"))
-        self.iterations = W.Dropdown(description="trajectories", options=[], style={"description_width": "80px"},
-                                     layout=W.Layout(width="300px"))
-        self.open_button = W.Button(description="explore", tooltip="open the selected iteration's trajectories",
-                                    layout=W.Layout(width="90px"))
-        self.explorer_box = W.Box(layout=W.Layout(width="100%"))
-        self.explorer: TrajectoryExplorer | None = None
+        #: the iterations' episodes: the "trajectories" and "sort by" menus, "explore", the explorer below
+        self.opener = IterationOpener(self.run_dir, sort=sort)
+        self.iterations, self.sort, self.open_button = self.opener.iterations, self.opener.sort, self.opener.open_button
+        self.explorer_box = self.opener.explorer_box
         self.refresh_button.on_click(lambda _: self.refresh())
-        self.open_button.on_click(lambda _: self.open_iteration())
         self.live.observe(self._live_changed, names="value")
         self.export = ExportBar(basename="mpo_viz_training")
-        bar = W.HBox([self.live, self.refresh_button, self.iterations, self.open_button])
+        bar = W.HBox([self.live, self.refresh_button, self.opener.controls])
         super().__init__([bar, self.status, self.figure_box, self.export, W.HTML("<b>config</b>"), self.config_html,
                           self.explorer_box])
         self.add_class("mpo-dashboard")
@@ -230,12 +230,7 @@ class TrainingDashboard(Exportable, W.VBox):
             self.config_html.value = _kv_html(flatten_keys(self.config)) if self.config else "<i>no config.json yet</i>"
         new, self._offset, self.pending = read_metrics(self.run_dir / "metrics.jsonl", self._offset)
         self.records.extend(new)
-        files = self.trajectory_files()
-        labels = [f.stem for f in files]
-        if labels != list(self.iterations.options):
-            cur = self.iterations.value
-            self.iterations.options = labels
-            self.iterations.value = cur if cur in labels else (labels[-1] if labels else None)
+        self.opener.sync()
         self._redraw()
         self._update_status(len(new))
         if new and not self.live.value:  # while live, the CSV link waits (it would travel every interval)
@@ -255,10 +250,12 @@ class TrainingDashboard(Exportable, W.VBox):
 
     def trajectory_files(self) -> list[Path]:
         """``trajectories/iter=*.parquet`` (and ``.jsonl``), oldest first."""
-        d = self.run_dir / "trajectories"
-        if not d.is_dir():
-            return []
-        return sorted([p for p in d.iterdir() if p.name.startswith("iter=") and p.suffix in (".parquet", ".jsonl")])
+        return list(self.opener.files().values())
+
+    @property
+    def explorer(self) -> TrajectoryExplorer | None:
+        """The explorer :meth:`open_iteration` opened last (None before)."""
+        return self.opener.explorer
 
     def latest_checkpoint(self) -> str | None:
         f = self.run_dir / "checkpoints" / "latest"
@@ -383,16 +380,16 @@ class TrainingDashboard(Exportable, W.VBox):
                 self.status.value = f"<span style='color:#b00'>{exc}</span>"
 
     # --- trajectories of an iteration -----------------------------------------------------------------------
-    def open_iteration(self, name: str | None = None, **explorer_options):
-        """Open ``trajectories/<name>.parquet`` (default: the selected one) in an explorer below; the
-        explorer opened before is closed (``params=`` shared with it stay open)."""
-        name = name or self.iterations.value
-        files = {f.stem: f for f in self.trajectory_files()}
-        if name not in files:
-            raise ValueError(f"name: expected one of {sorted(files)}, found {name!r}")
-        self.explorer = TrajectoryExplorer(files[name], **explorer_options)
-        swap_child(self.explorer_box, self.explorer)
-        return self.explorer
+    def open_iteration(self, n: int | str | None = None, *, sort: str | None = None,
+                       **explorer_options) -> TrajectoryExplorer:
+        """Open iteration ``n``'s saved episodes (an int, or a name ``"iter=000003"``; default: the
+        selected one) in an explorer below, sorted by ``sort``: a ranking of
+        :mod:`mpo_viz.analysis.ranking` (``"abs_advantage"``: the largest |advantage|,
+        ``"reward"``: the lowest reward, ``"ratio"``: the largest saved token ratio,
+        ``"logprob_gap"``, ``"entropy"``, ``"surprisal"``); default: the "sort by" menu's, when the
+        file carries its fields. An iteration written since the last refresh is found. The explorer
+        opened before is closed (``params=`` shared with it stay open)."""
+        return self.opener.open_iteration(n, sort=sort, **explorer_options)
 
     def to_html(self, path=None) -> str:
         """Static snapshot: status, the curves, the config."""
