@@ -293,6 +293,8 @@ class TrainingDashboard(Exportable, W.VBox):
         if self.figure is None or layout_keys != self._keys:
             self._keys = layout_keys
             self.figure = FigureWidget(self._build(x, keys, ys))
+            for tr in self.figure.data:  # a click on any panel's point opens that iteration's episodes
+                tr.on_click(self._clicked)
             swap_child(self.figure_box, self.figure)
             return
         with self.figure.batch_update():
@@ -390,6 +392,21 @@ class TrainingDashboard(Exportable, W.VBox):
         file carries its fields. An iteration written since the last refresh is found. The explorer
         opened before is closed (``params=`` shared with it stay open)."""
         return self.opener.open_iteration(n, sort=sort, **explorer_options)
+
+    def _clicked(self, trace, points, _state=None) -> None:
+        """plotly click callback on any trace: open the clicked iteration's episodes, sorted by the
+        "sort by" menu (an iteration without saved episodes: the next one saved; none: said beside
+        the menus)."""
+        if not points.xs:
+            return
+        it = int(round(float(points.xs[0])))
+        files = self.opener.sync()  # the menu lists what the run wrote since
+        later = [n for n in files if n >= it]
+        if not later:
+            self.opener.message.value = f"<i>no saved episodes at or after iteration {it}</i>"
+            return
+        self.opener.iterations.value = files[later[0]].stem
+        self.opener.clicked()
 
     def to_html(self, path=None) -> str:
         """Static snapshot: status, the curves, the config."""

@@ -4,6 +4,7 @@ run folders whose episodes' scores are read off the rows below (widget state, no
 import json
 
 import pytest
+from plotly.callbacks import Points
 
 from mpo_viz.train.runfolder import RunFolder
 from mpo_viz.trajectory import TrajectoryBatch
@@ -93,3 +94,21 @@ def test_run_comparison_opens_a_chosen_runs_iteration(tmp_path):
     assert rc.run.value == str(a.path) and _order(ex) == ["it1-e2", "it1-e0", "it1-e1"]
     with pytest.raises(ValueError, match="run: expected one of the runs"):
         rc.open_iteration(tmp_path / "c", 1)
+
+
+def test_a_click_on_a_panel_opens_that_iteration_sorted_by_the_menu(tmp_path):
+    run = _run(tmp_path / "run", [1, 3])
+    dash = TrainingDashboard(run.path, live=False, sort="reward")
+    success = next(t for t in dash.figure.data if t.meta == "success")
+    # plotly's click on the point of iteration 3 (what the front end sends back to the kernel)
+    success._dispatch_on_click(Points(point_inds=[1], xs=[3], ys=[0.5], trace_name="success", trace_index=0), None)
+    assert dash.opener.opened == (3, "reward") and dash.iterations.value == "iter=000003"
+    assert _order(dash.explorer) == ["it3-e2", "it3-e0", "it3-e1"]
+    # iteration 2 saved no episodes: the next saved one; past the last: said, nothing opened
+    reward = next(t for t in dash.figure.data if t.meta == "reward_mean")
+    reward._dispatch_on_click(Points(point_inds=[0], xs=[1], ys=[0.1], trace_name="reward_mean", trace_index=1), None)
+    assert dash.opener.opened == (1, "reward") and dash.explorer.batch.traj_ids[0] == "it1-e0"
+    reward._dispatch_on_click(Points(point_inds=[0], xs=[2], ys=[0.2], trace_name="reward_mean", trace_index=1), None)
+    assert dash.opener.opened == (3, "reward")
+    reward._dispatch_on_click(Points(point_inds=[0], xs=[4], ys=[0.4], trace_name="reward_mean", trace_index=1), None)
+    assert dash.opener.opened == (3, "reward") and "no saved episodes at or after iteration 4" in dash.opener.message.value
