@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import asyncio
 import datetime as dt
+import html
 import json
 import math
 import re
@@ -35,6 +36,8 @@ import numpy as np
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
+from mpo_viz.analysis.ranking import RANKINGS
+from mpo_viz.train.forensics import Finding, explain
 from mpo_viz.widgets.explorer import TrajectoryExplorer
 from mpo_viz.widgets.export_bar import Exportable, ExportBar
 from mpo_viz.widgets.figure import FigureWidget, swap_child
@@ -208,7 +211,14 @@ class TrainingDashboard(Exportable, W.VBox):
         self.live.observe(self._live_changed, names="value")
         self.export = ExportBar(basename="mpo_viz_training")
         bar = W.HBox([self.live, self.refresh_button, self.opener.controls])
-        super().__init__([bar, self.status, self.figure_box, self.export, W.HTML("<b>config</b>"), self.config_html,
+        #: the collapse signatures the trainer flagged: where each began, and its episodes one click away
+        self.findings: list[Finding] = []
+        self._flagged = 0
+        self.collapse_html = W.HTML()
+        self.collapse_button = W.Button(description="explore collapse", layout=W.Layout(width="150px",
+                                                                                        display="none"))
+        self.collapse_button.on_click(lambda _: self.open_collapse())
+        super().__init__([bar, self.status, W.HBox([self.collapse_html, self.collapse_button]), self.figure_box, self.export, W.HTML("<b>config</b>"), self.config_html,
                           self.explorer_box])
         self.add_class("mpo-dashboard")
         self.add_class("mpo-view")
@@ -233,6 +243,7 @@ class TrainingDashboard(Exportable, W.VBox):
         self.opener.sync()
         self._redraw()
         self._update_status(len(new))
+        self._update_collapse()
         if new and not self.live.value:  # while live, the CSV link waits (it would travel every interval)
             self.export.set_tables(self.tables())
         return len(new)
@@ -393,6 +404,39 @@ class TrainingDashboard(Exportable, W.VBox):
         opened before is closed (``params=`` shared with it stay open)."""
         return self.opener.open_iteration(n, sort=sort, **explorer_options)
 
+    def _update_collapse(self) -> None:
+        """Re-read the collapse forensics (:func:`mpo_viz.train.forensics.explain`) when the number
+        of lines the trainer flagged (``collapse``) changed, and say them above the curves."""
+        flagged = sum(1 for r in self.records if r.get("collapse"))
+        if flagged == self._flagged:
+            return
+        self._flagged = flagged
+        try:
+            self.findings = explain(self.run_dir, top=1).findings if flagged else []
+        except ValueError as exc:
+            self.findings = []
+            self.collapse_html.value = f"<span style='color:#b00'>{html.escape(str(exc))}</span>"
+            return
+        bits = []
+        for f in self.findings:
+            where = (f"episodes of iteration {f.episodes_iteration}, sorted by {RANKINGS[f.ranking].short}"
+                     if f.ranking else f.note)
+            bits.append(f"<b>{html.escape(f.metric)}</b> first crossed its threshold at iteration {f.first} "
+                        f"({html.escape(where)})")
+        self.collapse_html.value = ("<span style='color:#b00'>collapse? </span>" + "; ".join(bits)) if bits else ""
+        self.collapse_button.layout.display = "" if any(f.ranking for f in self.findings) else "none"
+
+    def open_collapse(self, metric: str | None = None, **explorer_options) -> TrajectoryExplorer:
+        """Open the episodes behind a collapse signature (default: the first that fired) in the
+        explorer below: the iteration it first crossed its threshold at, sorted by what relates to
+        the metric (as ``mpo-viz runs explain`` says; :mod:`mpo_viz.train.forensics`)."""
+        found = [f for f in self.findings if f.ranking and (metric is None or f.metric == metric)]
+        if not found:
+            names = ", ".join(f.metric for f in self.findings if f.ranking) or "none"
+            raise ValueError(f"metric: expected a collapse signature with saved episodes ({names}), found {metric!r}")
+        f = found[0]
+        return self.open_iteration(f.episodes_iteration, sort=f.ranking, **explorer_options)
+
     def _clicked(self, trace, points, _state=None) -> None:
         """plotly click callback on any trace: open the clicked iteration's episodes, sorted by the
         "sort by" menu (an iteration without saved episodes: the next one saved; none: said beside
@@ -454,8 +498,6 @@ def _legends(fig: go.Figure, keys: dict) -> dict:
 def _kv_html(d: dict) -> str:
     """The config as name/value pairs in newspaper columns (a run's config has ~60 fields: one long
     table would be taller than the curves above it)."""
-    import html
-
     items = "".join(f"<div style='break-inside:avoid;padding:1px 0;overflow-wrap:anywhere'><span style='color:#555;padding-right:8px'>"
                     f"{html.escape(str(k))}</span>{html.escape(json.dumps(v) if not isinstance(v, str) else v)}</div>"
                     for k, v in d.items())

@@ -112,3 +112,25 @@ def test_a_click_on_a_panel_opens_that_iteration_sorted_by_the_menu(tmp_path):
     assert dash.opener.opened == (3, "reward")
     reward._dispatch_on_click(Points(point_inds=[0], xs=[4], ys=[0.4], trace_name="reward_mean", trace_index=1), None)
     assert dash.opener.opened == (3, "reward") and "no saved episodes at or after iteration 4" in dash.opener.message.value
+
+
+def test_the_dashboard_names_a_collapse_and_opens_its_episodes(tmp_path):
+    run = RunFolder(tmp_path / "run")
+    run.create()
+    run.config_path.write_text(json.dumps({"estimator": "grpo", "loss": "turn_ppo"}))
+    run.append_metrics({"iteration": 1, "phase": "rl", "success": 0.5})
+    run.write_trajectories(_batch(1, [0.5, 1.0, 0.0]), 1, max_mb=100)
+    dash = TrainingDashboard(run.path, live=False)
+    assert dash.findings == [] and dash.collapse_html.value == "" and dash.collapse_button.layout.display == "none"
+    with pytest.raises(ValueError, match=r"metric: expected a collapse signature with saved episodes \(none\)"):
+        dash.open_collapse()
+    # the run goes on and collapses at iteration 2 (success 0.5 -> 0.0), flagged by the trainer
+    run.append_metrics({"iteration": 2, "phase": "rl", "success": 0.0, "collapse": ["success"]})
+    run.write_trajectories(_batch(2, [0.0, 1.0, 0.5]), 2, max_mb=100)
+    dash.refresh()
+    (f,) = dash.findings
+    assert (f.metric, f.first, f.episodes_iteration, f.ranking) == ("success", 2, 2, "reward")
+    assert "<b>success</b> first crossed its threshold at iteration 2 (episodes of iteration 2, sorted by lowest " \
+           "reward)" in dash.collapse_html.value and dash.collapse_button.layout.display == ""
+    dash.collapse_button.click()
+    assert dash.opener.opened == (2, "reward") and _order(dash.explorer) == ["it2-e0", "it2-e2", "it2-e1"]
