@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 
+from mpo_viz.cli.errors import CLIError
 from mpo_viz.train.collapse import DOCS
 from mpo_viz.train.forensics import explain, explanation_text
 
@@ -19,6 +20,8 @@ not use (a field the file lacks) is said in the text. See {DOCS}."""
 
 
 def cmd_explain(args) -> int:
+    if args.top < 1:
+        raise CLIError(f"--top: expected >= 1 episodes and turns to list, found {args.top}", 2)
     e = explain(args.run_dir, top=args.top, metric=args.metric)
     if args.json:
         print(json.dumps(_as_json(e), indent=1))

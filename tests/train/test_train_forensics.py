@@ -88,7 +88,7 @@ def test_ratio_max_ranked_by_the_saved_ratio_else_by_advantage_with_the_reason(t
     assert e.findings == [] and "no collapse signature fired" in explanation_text(e)
 
 
-def test_no_saved_episodes_is_said_and_bad_input_is_named(tmp_path):
+def test_no_saved_episodes_is_said_and_bad_input_is_named(tmp_path, capsys):
     d = _run(tmp_path, "turn_ppo", [_rl(1, success=0.5), _rl(2, success=0.0)], {1: _batch(1, [1, 1, 1])})
     (f,) = explain(d).findings
     assert f.episodes is None and "no saved episodes at or after iteration 2 (saved iterations: 1;" in f.note
@@ -97,7 +97,13 @@ def test_no_saved_episodes_is_said_and_bad_input_is_named(tmp_path):
     with pytest.raises(ValueError, match="expected a run folder with metrics.jsonl, found none"):
         explain(tmp_path)
     assert main(["runs", "explain", str(tmp_path)]) == 1
+    assert "mpo-viz runs: error: run_dir: expected a run folder with metrics.jsonl" in capsys.readouterr().err
+    assert main(["runs", "explain", str(d), "--top", "0"]) == 2
+    assert "--top: expected >= 1" in capsys.readouterr().err
     assert main(["runs", "explain", str(d), "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert [(f["metric"], f["first_iteration"], f["flagged"]) for f in out["findings"]] == [("success", 2, [[2, 2]])]
+    assert out["findings"][0]["episodes"] is None and out["saved_iterations"] == [1]
 
 
 def test_a_forced_collapse_explained_against_its_metrics_and_episodes(tmp_path, capsys, one_thread):
