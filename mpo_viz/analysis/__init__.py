@@ -17,6 +17,8 @@ One job per module, each statistic in one place:
 * :mod:`~mpo_viz.analysis.critic` — explained variance and the critic's error;
 * :mod:`~mpo_viz.analysis.accuracy` — accuracy against the oracle;
 * :mod:`~mpo_viz.analysis.success` — pass@k;
+* :mod:`~mpo_viz.analysis.ranking` — episodes and turns ranked by a score (largest |advantage|,
+  lowest reward, token ratio, surprisal, ...), for the explorer's sort and collapse forensics;
 * :mod:`~mpo_viz.analysis.reading` — the tables in words;
 * :mod:`~mpo_viz.analysis.arrays` — tensors in, turns indexed (shared by the others).
 

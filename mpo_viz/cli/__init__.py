@@ -1,6 +1,6 @@
 """The ``mpo-viz`` command.
 
-One module per command group in this package (``data``, ``generate``, ``advantages``), each exposing
+One module per command group in this package (``data``, ``generate``, ``advantages``, ``runs``), each exposing
 ``add_subcommand(subparsers) -> None`` that registers ``argparse`` parsers whose ``func(args) -> int``
 does the work; :func:`build_parser` imports them explicitly, in ``--help`` order. To add a command
 group: write ``cli/<group>.py`` with ``add_subcommand`` and add it to the tuple in :func:`build_parser`.
@@ -28,6 +28,7 @@ from mpo_viz.cli import (
     fit_critic,
     generate,
     get_model,
+    runs,
     train,
     truth,
 )
@@ -53,8 +54,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"mpo-viz {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     sub.required = True
-    # --help order: info, validate, doctor, convert, generate, truth, fit-critic, advantages, report, train, get-model
-    for module in (data, doctor, convert, generate, truth, fit_critic, advantages, train, get_model):
+    # --help order: info, validate, doctor, convert, generate, truth, fit-critic, advantages, report, train, runs,
+    # get-model
+    for module in (data, doctor, convert, generate, truth, fit_critic, advantages, train, runs, get_model):
         module.add_subcommand(sub)
     for command in sub.choices.values():
         command.set_defaults(flags=flags_of(command))

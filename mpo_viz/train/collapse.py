@@ -15,9 +15,12 @@ the collapse signatures it shows (a list of :class:`Signal`, empty for a healthy
   whose clip acts on a span's ratio (``span_ratio``: turn_ppo, gspo); under token_ppo each token's
   own ratio is clipped and a large ``ratio_max`` is no such sign.
 
-The thresholds are module constants (keyword arguments of :func:`collapse_flags`). The trainer marks
-a line with ``"collapse": [metric, ...]`` and warns in the console when a signature appears
-(:func:`new_signals`); docs/training.md, section "When a run collapses", says what to read and try.
+The thresholds are module constants (keyword arguments of :func:`collapse_flags`; :func:`rule_text`
+says each rule with them in words). The trainer marks a line with ``"collapse": [metric, ...]`` and
+``"collapse_since": [iteration, ...]`` (where each signature's stretch of flagged lines began,
+:func:`stretches`) and warns in the console when a signature appears (:func:`new_signals`);
+``mpo-viz runs explain RUN`` (:mod:`mpo_viz.train.forensics`) names the first iteration of each and
+the episodes behind it; docs/training.md, section "When a run collapses", says what to read and try.
 """
 
 from __future__ import annotations
@@ -25,7 +28,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-__all__ = ["Signal", "collapse_flags", "new_signals", "DOCS", "SUCCESS_METRICS"]
+__all__ = ["Signal", "collapse_flags", "new_signals", "stretches", "rule_text", "DOCS", "SUCCESS_METRICS"]
 
 #: where the reader is sent
 DOCS = "docs/training.md#when-a-run-collapses"
@@ -117,3 +120,36 @@ def _flagged_before(records, flags, metric: str) -> bool:
         if _num(rec, metric) is not None:
             return any(s.metric == metric for s in fl)
     return False
+
+
+def stretches(records, flags: list[list[Signal]], metric: str) -> list[tuple]:
+    """The stretches of lines flagged for ``metric``: ``[(first iteration, last iteration,
+    first Signal), ...]`` in order. Lines that do not carry the metric neither extend nor break a
+    stretch (an iteration line between two evaluation lines), as :func:`new_signals` reads them."""
+    out: list[tuple] = []
+    open_ = False
+    for rec, fl in zip(records, flags):
+        if _num(rec, metric) is None:
+            continue
+        hit = next((s for s in fl if s.metric == metric), None)
+        if hit is None:
+            open_ = False
+        elif open_:
+            out[-1] = (out[-1][0], rec.get("iteration"), out[-1][2])
+        else:
+            out.append((rec.get("iteration"), rec.get("iteration"), hit))
+            open_ = True
+    return out
+
+
+def rule_text(metric: str) -> str:
+    """The rule that flags ``metric``, with the thresholds :func:`collapse_flags` uses by default."""
+    if metric in SUCCESS_METRICS:
+        return f"{metric} <= {SUCCESS_FLOOR:g} after an earlier line reached >= {SUCCESS_HEALTHY:g}"
+    if metric == "entropy":
+        return (f"entropy < {ENTROPY_FRACTION:g} x its first RL value, with success no higher than at that "
+                f"first iteration")
+    if metric == "ratio_max":
+        return f"ratio_max >= {RATIO_FAR:g} while turn_ratio_max <= {TURN_RATIO_IN_CLIP:g} (a span-ratio loss)"
+    raise ValueError(f"metric: expected one of {', '.join((*SUCCESS_METRICS, 'entropy', 'ratio_max'))}, "
+                     f"found {metric!r}")

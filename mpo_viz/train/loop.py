@@ -53,7 +53,7 @@ from mpo_viz.train.checkpoint import (
     restore_rng,
     save_checkpoint,
 )
-from mpo_viz.train.collapse import collapse_flags, new_signals
+from mpo_viz.train.collapse import collapse_flags, new_signals, stretches
 from mpo_viz.train.config import (
     EXPERT_BIAS,
     MC_SAMPLES,
@@ -580,14 +580,19 @@ class Trainer:
     def _flag_collapse(self, rec: dict) -> None:
         """Mark ``rec`` with the collapse signatures it shows (``rec["collapse"]``: the metrics, see
         :mod:`mpo_viz.train.collapse`) read against the run's earlier lines, and warn in the
-        console of each that the previous line did not show."""
+        console of each that the previous line did not show. ``rec["collapse_since"]``: the iteration
+        where each one's stretch of flagged lines began; the warning names the first iteration the
+        run ever flagged it at and the command that lists the episodes behind it."""
         stream = self.run.metrics() + [rec]
         span = get_loss(self.cfg.loss).span_ratio  # the ratio_max rule: turn- or sequence-level clips only
         flags = collapse_flags(stream, span_ratio=span)
         if flags[-1]:
             rec["collapse"] = [f.metric for f in flags[-1]]
+            rec["collapse_since"] = [stretches(stream, flags, m)[-1][0] for m in rec["collapse"]]
         for f in new_signals(stream, flags=flags):
-            self._say(f"warning: {f.message}")
+            first = stretches(stream, flags, f.metric)[0][0]
+            self._say(f"warning: {f.message}; first flagged at iteration {first}, its episodes: "
+                      f"mpo-viz runs explain {self.run.path}")
 
     def _start_evaluated(self) -> bool:
         """Whether the run folder already holds the evaluation before the first RL iteration."""
@@ -881,7 +886,9 @@ def progress_line(rec: dict, total: int | None = None) -> str:
     if tm:
         bits.append(f"{tm.get('total', float('nan')):.1f}s")
     if rec.get("collapse"):
-        bits.append("collapse? " + ", ".join(rec["collapse"]))
+        since = rec.get("collapse_since") or [None] * len(rec["collapse"])
+        bits.append("collapse? " + ", ".join(m if it is None else f"{m} since iteration {it}"
+                                             for m, it in zip(rec["collapse"], since)))
     return " | ".join(bits)
 
 

@@ -28,7 +28,7 @@ from pathlib import Path
 from mpo_viz.io import save
 from mpo_viz.trajectory import TrajectoryBatch
 
-__all__ = ["RunFolder", "read_metrics_file", "clean_json"]
+__all__ = ["RunFolder", "read_metrics_file", "clean_json", "iteration_of"]
 
 
 def clean_json(x):
@@ -138,14 +138,31 @@ class RunFolder:
             f.unlink()
         return p
 
+    def trajectory_files(self) -> dict[int, Path]:
+        """``{iteration: path}`` of ``trajectories/iter=NNNNNN.parquet`` (or ``.jsonl``, as the verl
+        run log writes them), oldest first; names that are not ``iter=<integer>`` are left out."""
+        if not self.trajectories.is_dir():
+            return {}
+        out = {}
+        for f in self.trajectories.iterdir():
+            it = iteration_of(f)
+            if it is not None and f.suffix in (".parquet", ".jsonl"):
+                out[it] = f
+        return dict(sorted(out.items()))
+
     def remove_trajectories_after(self, iteration: int) -> None:
         """Remove trajectory files of iterations past ``iteration`` (written by an unfinished run)."""
         if not self.trajectories.is_dir():
             return
         for f in self.trajectories.glob("iter=*.parquet"):
-            try:
-                it = int(f.stem.split("=", 1)[1])
-            except ValueError:
-                continue
-            if it > iteration:
+            it = iteration_of(f)
+            if it is not None and it > iteration:
                 f.unlink()
+
+
+def iteration_of(path) -> int | None:
+    """The iteration of an ``iter=NNNNNN.*`` file or folder name (None for another name)."""
+    head, eq, num = Path(path).name.partition(".")[0].partition("=")
+    if head != "iter" or not eq or not num.isdigit():
+        return None
+    return int(num)

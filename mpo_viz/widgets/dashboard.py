@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import asyncio
 import datetime as dt
+import html
 import json
 import math
 import re
@@ -35,9 +36,12 @@ import numpy as np
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
+from mpo_viz.analysis.ranking import RANKINGS
+from mpo_viz.train.forensics import Finding, explain
 from mpo_viz.widgets.explorer import TrajectoryExplorer
 from mpo_viz.widgets.export_bar import Exportable, ExportBar
 from mpo_viz.widgets.figure import FigureWidget, swap_child
+from mpo_viz.widgets.iterations import DEFAULT_SORT, IterationOpener
 from mpo_viz.widgets.snapshot import Snapshot
 
 __all__ = ["TrainingDashboard", "read_metrics", "PANELS", "PALETTE", "Panel", "panel_of", "flatten_keys"]
@@ -173,11 +177,13 @@ class TrainingDashboard(Exportable, W.VBox):
     ``run_dir``: the run folder (it may not hold ``metrics.jsonl`` yet). ``interval``: seconds between
     refreshes when live. ``live``: start refreshing now (default: only when the metrics file changed
     within the last ``interval * 30`` seconds, i.e. the run looks active); the "live" toggle turns it
-    on and off. Attributes: ``records`` (list of flattened metric dicts, one per complete line),
+    on and off. ``sort``: the "sort by" menu's first choice (a ranking of
+    :mod:`mpo_viz.analysis.ranking`; :meth:`open_iteration`). Attributes: ``records`` (list of
+    flattened metric dicts, one per complete line),
     ``pending`` (the partial last line, parsed, or None), ``figure`` (FigureWidget), ``config``.
     """
 
-    def __init__(self, run_dir, *, interval: float = 2.0, live: bool | None = None):
+    def __init__(self, run_dir, *, interval: float = 2.0, live: bool | None = None, sort: str = DEFAULT_SORT):
         self.run_dir = Path(run_dir)
         if not self.run_dir.is_dir():
             raise ValueError(f"run_dir: expected a run folder, found {str(self.run_dir)!r} (not a directory)")
@@ -197,18 +203,22 @@ class TrainingDashboard(Exportable, W.VBox):
         self.live = W.ToggleButton(value=False, description="live", tooltip=f"refresh every {self.interval:g} s",
                                    icon="refresh", layout=W.Layout(width="90px"))
         self.refresh_button = W.Button(description="refresh", layout=W.Layout(width="90px"))
-        self.iterations = W.Dropdown(description="trajectories", options=[], style={"description_width": "80px"},
-                                     layout=W.Layout(width="300px"))
-        self.open_button = W.Button(description="explore", tooltip="open the selected iteration's trajectories",
-                                    layout=W.Layout(width="90px"))
-        self.explorer_box = W.Box(layout=W.Layout(width="100%"))
-        self.explorer: TrajectoryExplorer | None = None
+        #: the iterations' episodes: the "trajectories" and "sort by" menus, "explore", the explorer below
+        self.opener = IterationOpener(self.run_dir, sort=sort)
+        self.iterations, self.sort, self.open_button = self.opener.iterations, self.opener.sort, self.opener.open_button
+        self.explorer_box = self.opener.explorer_box
         self.refresh_button.on_click(lambda _: self.refresh())
-        self.open_button.on_click(lambda _: self.open_iteration())
         self.live.observe(self._live_changed, names="value")
         self.export = ExportBar(basename="mpo_viz_training")
-        bar = W.HBox([self.live, self.refresh_button, self.iterations, self.open_button])
-        super().__init__([bar, self.status, self.figure_box, self.export, W.HTML("<b>config</b>"), self.config_html,
+        bar = W.HBox([self.live, self.refresh_button, self.opener.controls])
+        #: the collapse signatures the trainer flagged: where each began, and its episodes one click away
+        self.findings: list[Finding] = []
+        self._flagged = 0
+        self.collapse_html = W.HTML()
+        self.collapse_button = W.Button(description="explore collapse", layout=W.Layout(width="150px",
+                                                                                        display="none"))
+        self.collapse_button.on_click(lambda _: self.open_collapse())
+        super().__init__([bar, self.status, W.HBox([self.collapse_html, self.collapse_button]), self.figure_box, self.export, W.HTML("<b>config</b>"), self.config_html,
                           self.explorer_box])
         self.add_class("mpo-dashboard")
         self.add_class("mpo-view")
@@ -230,14 +240,10 @@ class TrainingDashboard(Exportable, W.VBox):
             self.config_html.value = _kv_html(flatten_keys(self.config)) if self.config else "<i>no config.json yet</i>"
         new, self._offset, self.pending = read_metrics(self.run_dir / "metrics.jsonl", self._offset)
         self.records.extend(new)
-        files = self.trajectory_files()
-        labels = [f.stem for f in files]
-        if labels != list(self.iterations.options):
-            cur = self.iterations.value
-            self.iterations.options = labels
-            self.iterations.value = cur if cur in labels else (labels[-1] if labels else None)
+        self.opener.sync()
         self._redraw()
         self._update_status(len(new))
+        self._update_collapse()
         if new and not self.live.value:  # while live, the CSV link waits (it would travel every interval)
             self.export.set_tables(self.tables())
         return len(new)
@@ -255,10 +261,12 @@ class TrainingDashboard(Exportable, W.VBox):
 
     def trajectory_files(self) -> list[Path]:
         """``trajectories/iter=*.parquet`` (and ``.jsonl``), oldest first."""
-        d = self.run_dir / "trajectories"
-        if not d.is_dir():
-            return []
-        return sorted([p for p in d.iterdir() if p.name.startswith("iter=") and p.suffix in (".parquet", ".jsonl")])
+        return list(self.opener.files().values())
+
+    @property
+    def explorer(self) -> TrajectoryExplorer | None:
+        """The explorer :meth:`open_iteration` opened last (None before)."""
+        return self.opener.explorer
 
     def latest_checkpoint(self) -> str | None:
         f = self.run_dir / "checkpoints" / "latest"
@@ -296,6 +304,8 @@ class TrainingDashboard(Exportable, W.VBox):
         if self.figure is None or layout_keys != self._keys:
             self._keys = layout_keys
             self.figure = FigureWidget(self._build(x, keys, ys))
+            for tr in self.figure.data:  # a click on any panel's point opens that iteration's episodes
+                tr.on_click(self._clicked)
             swap_child(self.figure_box, self.figure)
             return
         with self.figure.batch_update():
@@ -383,16 +393,64 @@ class TrainingDashboard(Exportable, W.VBox):
                 self.status.value = f"<span style='color:#b00'>{exc}</span>"
 
     # --- trajectories of an iteration -----------------------------------------------------------------------
-    def open_iteration(self, name: str | None = None, **explorer_options):
-        """Open ``trajectories/<name>.parquet`` (default: the selected one) in an explorer below; the
-        explorer opened before is closed (``params=`` shared with it stay open)."""
-        name = name or self.iterations.value
-        files = {f.stem: f for f in self.trajectory_files()}
-        if name not in files:
-            raise ValueError(f"name: expected one of {sorted(files)}, found {name!r}")
-        self.explorer = TrajectoryExplorer(files[name], **explorer_options)
-        swap_child(self.explorer_box, self.explorer)
-        return self.explorer
+    def open_iteration(self, n: int | str | None = None, *, sort: str | None = None,
+                       **explorer_options) -> TrajectoryExplorer:
+        """Open iteration ``n``'s saved episodes (an int, or a name ``"iter=000003"``; default: the
+        selected one) in an explorer below, sorted by ``sort``: a ranking of
+        :mod:`mpo_viz.analysis.ranking` (``"abs_advantage"``: the largest |advantage|,
+        ``"reward"``: the lowest reward, ``"ratio"``: the largest saved token ratio,
+        ``"logprob_gap"``, ``"entropy"``, ``"surprisal"``); default: the "sort by" menu's, when the
+        file carries its fields. An iteration written since the last refresh is found. The explorer
+        opened before is closed (``params=`` shared with it stay open)."""
+        return self.opener.open_iteration(n, sort=sort, **explorer_options)
+
+    def _update_collapse(self) -> None:
+        """Re-read the collapse forensics (:func:`mpo_viz.train.forensics.explain`) when the number
+        of lines the trainer flagged (``collapse``) changed, and say them above the curves."""
+        flagged = sum(1 for r in self.records if r.get("collapse"))
+        if flagged == self._flagged:
+            return
+        self._flagged = flagged
+        try:
+            self.findings = explain(self.run_dir, top=1).findings if flagged else []
+        except ValueError as exc:
+            self.findings = []
+            self.collapse_html.value = f"<span style='color:#b00'>{html.escape(str(exc))}</span>"
+            return
+        bits = []
+        for f in self.findings:
+            where = (f"episodes of iteration {f.episodes_iteration}, sorted by {RANKINGS[f.ranking].short}"
+                     if f.ranking else f.note)
+            bits.append(f"<b>{html.escape(f.metric)}</b> first crossed its threshold at iteration {f.first} "
+                        f"({html.escape(where)})")
+        self.collapse_html.value = ("<span style='color:#b00'>collapse? </span>" + "; ".join(bits)) if bits else ""
+        self.collapse_button.layout.display = "" if any(f.ranking for f in self.findings) else "none"
+
+    def open_collapse(self, metric: str | None = None, **explorer_options) -> TrajectoryExplorer:
+        """Open the episodes behind a collapse signature (default: the first that fired) in the
+        explorer below: the iteration it first crossed its threshold at, sorted by what relates to
+        the metric (as ``mpo-viz runs explain`` says; :mod:`mpo_viz.train.forensics`)."""
+        found = [f for f in self.findings if f.ranking and (metric is None or f.metric == metric)]
+        if not found:
+            names = ", ".join(f.metric for f in self.findings if f.ranking) or "none"
+            raise ValueError(f"metric: expected a collapse signature with saved episodes ({names}), found {metric!r}")
+        f = found[0]
+        return self.open_iteration(f.episodes_iteration, sort=f.ranking, **explorer_options)
+
+    def _clicked(self, trace, points, _state=None) -> None:
+        """plotly click callback on any trace: open the clicked iteration's episodes, sorted by the
+        "sort by" menu (an iteration without saved episodes: the next one saved; none: said beside
+        the menus)."""
+        if not points.xs:
+            return
+        it = int(round(float(points.xs[0])))
+        files = self.opener.sync()  # the menu lists what the run wrote since
+        later = [n for n in files if n >= it]
+        if not later:
+            self.opener.message.value = f"<i>no saved episodes at or after iteration {it}</i>"
+            return
+        self.opener.iterations.value = files[later[0]].stem
+        self.opener.clicked()
 
     def to_html(self, path=None) -> str:
         """Static snapshot: status, the curves, the config."""
@@ -440,8 +498,6 @@ def _legends(fig: go.Figure, keys: dict) -> dict:
 def _kv_html(d: dict) -> str:
     """The config as name/value pairs in newspaper columns (a run's config has ~60 fields: one long
     table would be taller than the curves above it)."""
-    import html
-
     items = "".join(f"<div style='break-inside:avoid;padding:1px 0;overflow-wrap:anywhere'><span style='color:#555;padding-right:8px'>"
                     f"{html.escape(str(k))}</span>{html.escape(json.dumps(v) if not isinstance(v, str) else v)}</div>"
                     for k, v in d.items())

@@ -26,6 +26,7 @@ import pandas as pd
 from mpo_viz import analysis as an
 from mpo_viz import plots
 from mpo_viz.advantages import registry
+from mpo_viz.analysis.ranking import RANKINGS, episode_scores
 from mpo_viz.io import load
 from mpo_viz.strip import advantage_channels, strip_payload
 from mpo_viz.token_text import tokenizer_decoder
@@ -173,7 +174,10 @@ class TrajectoryExplorer(Exportable, W.VBox):
     ``response_tokens``. ``show_picker``: False hides the picker (an explorer opened by another
     view). ``figure_width``: pixel width of the value curve (default: the output's width).
     ``scale``: colour scale of the advantage channels (``"absolute"`` default, ``"shared"``,
-    ``"own"`` or a number; see :mod:`mpo_viz.widgets.scales`).
+    ``"own"`` or a number; see :mod:`mpo_viz.widgets.scales`). ``sort``: a ranking of
+    :mod:`mpo_viz.analysis.ranking` (``"abs_advantage"``, ``"reward"``, ``"ratio"``,
+    ``"logprob_gap"``, ``"entropy"``, ``"surprisal"``): its score becomes a picker column, the picker
+    is sorted by it (best first) and the best episode is shown first (``row`` is then ignored).
 
     Attributes: ``params``, ``picker``, ``strip`` (StripWidget), ``figure`` (FigureWidget or None
     without critic values), ``turns`` (HTML table), ``row``, ``results`` (``{name: (adv, ret)}``,
@@ -183,10 +187,12 @@ class TrajectoryExplorer(Exportable, W.VBox):
 
     def __init__(self, batch: TrajectoryBatch | str | Path, *, estimators=None, row=0, page_size: int = 15, tokens=None,
                  strip_height: int = 320, params: ParamControls | None = None, show_picker: bool = True,
-                 figure_width: int | None = None, scale="absolute", **options):
+                 figure_width: int | None = None, scale="absolute", sort: str | None = None, **options):
         self.batch = as_batch(batch)
         if len(self.batch) == 0:
             raise ValueError("batch: expected at least one trajectory, found none")
+        #: the ranking the picker was sorted by (``sort``), or None
+        self.sort = sort
         names = estimators if estimators is not None else default_estimators(self.batch)
         self.engine = AdvantageEngine(self.batch, names)
         self.names = self.engine.names
@@ -197,8 +203,11 @@ class TrajectoryExplorer(Exportable, W.VBox):
         self.results = self.engine.compute(self.params.options)
         self.scale = ColourScale(scale, self.batch, self.results)
         self._disagreement = an.Disagreement(self.batch)  # the picker's column, again on every slider move
-        self.picker = TrajectoryPicker(trajectory_table(self.batch, self._adv()), page_size=page_size,
-                                       sort_by="reward", descending=True)
+        table = trajectory_table(self.batch, self._adv())
+        sort_by, descending = "reward", True
+        if sort is not None:
+            sort_by, descending, row = self._ranked(table, sort)
+        self.picker = TrajectoryPicker(table, page_size=page_size, sort_by=sort_by, descending=descending)
         self.strip = StripWidget(height=strip_height)
         self.figure: FigureWidget | None = None
         self.figure_box = W.VBox(layout=W.Layout(width="100%"))  # a column: the figure takes the full width
@@ -236,6 +245,20 @@ class TrajectoryExplorer(Exportable, W.VBox):
 
     def _adv(self) -> dict:
         return {k: a for k, (a, _) in self.results.items()}
+
+    def _ranked(self, table: pd.DataFrame, sort: str) -> tuple[str, bool, int]:
+        """Add ranking ``sort``'s episode scores to the picker's ``table`` (under the ranking's
+        column name); returns ``(sort_by, descending, best row)``."""
+        if sort not in RANKINGS:
+            raise ValueError(f"sort: expected one of {', '.join(RANKINGS)}, found {sort!r}")
+        r = RANKINGS[sort]
+        try:
+            scores = episode_scores(self.batch, sort)
+        except ValueError as exc:
+            raise ValueError(f"sort: {str(exc).removeprefix('by: ')}") from None
+        table[r.column] = scores
+        key = np.where(np.isnan(scores), np.inf, -scores if r.descending else scores)
+        return r.column, r.descending, int(np.argmin(key))
 
     def _ret_source(self) -> str | None:
         return registry.returns_source(self.results)

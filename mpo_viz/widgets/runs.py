@@ -33,6 +33,7 @@ from plotly.subplots import make_subplots
 from mpo_viz.widgets.dashboard import PALETTE, flatten_keys, panel_of, read_metrics
 from mpo_viz.widgets.export_bar import Exportable, ExportBar
 from mpo_viz.widgets.figure import FigureWidget, swap_child
+from mpo_viz.widgets.iterations import DEFAULT_SORT, IterationOpener
 from mpo_viz.widgets.snapshot import Snapshot
 
 __all__ = ["RunComparison", "run_label", "group_table", "BANDS"]
@@ -93,12 +94,13 @@ class RunComparison(Exportable, W.VBox):
     one; default ``eval_sampled_success`` and ``eval_success``); ``x``: ``"iteration"`` or
     ``"time_s"``; ``group_by``: None, a config field or a list of them, or ``{run_dir: tag}`` (see
     the module docstring); ``band``: ``"std"`` or ``"minmax"``; ``labels``: legend names of the runs
-    (default :func:`run_label`). Attributes: ``records`` (run -> list of flattened dicts),
+    (default :func:`run_label`); ``sort``: the "sort by" menu's first choice (:meth:`open_iteration`).
+    Attributes: ``records`` (run -> list of flattened dicts),
     ``configs`` (run -> flattened config), ``figure``, the controls ``metrics``, ``x``, ``group``.
     """
 
     def __init__(self, run_dirs, *, metrics=("eval_sampled_success", "eval_success"), x: str = "iteration",
-                 group_by=None, band: str = "std", labels=None):
+                 group_by=None, band: str = "std", labels=None, sort: str = DEFAULT_SORT):
         self.run_dirs = _check_runs(run_dirs)
         if x not in X_AXES:
             raise ValueError(f"x: expected one of {', '.join(X_AXES)}, found {x!r}")
@@ -124,11 +126,17 @@ class RunComparison(Exportable, W.VBox):
         self.figure: FigureWidget | None = None
         self.figure_box = W.VBox(layout=W.Layout(width="100%"))
         self.export = ExportBar(basename="mpo_viz_runs")
+        #: a chosen run's iterations: its episodes in an explorer below, sorted (as the dashboard's)
+        self.run = W.Dropdown(description="run", options=[(lb, str(d)) for lb, d in zip(self.labels, self.run_dirs)],
+                              style={"description_width": "30px"}, layout=W.Layout(width="320px"))
+        self.opener = IterationOpener(self.run_dirs[0], sort=sort)
+        self.run.observe(lambda ch: self.opener.set_run(ch["new"]), names="value")
         for w in (self.metrics, self.x, self.group):
             w.observe(lambda _: self._redraw(), names="value")
         self.refresh_button.on_click(lambda _: self.refresh())
         super().__init__([W.HBox([self.metrics, W.VBox([self.x, self.group]), self.refresh_button]),
-                          self.figure_box, self.export])
+                          self.figure_box, self.export, W.HBox([self.run, self.opener.controls]),
+                          self.opener.explorer_box])
         self.add_class("mpo-run-comparison")
         self.add_class("mpo-view")
         self.refresh()
@@ -185,7 +193,25 @@ class RunComparison(Exportable, W.VBox):
         if list(self.metrics.options) != opts:
             self.metrics.options = opts
             self.metrics.value = cur
+        self.opener.sync()
         self._redraw()
+
+    def open_iteration(self, run, n: int | str | None = None, *, sort: str | None = None, **explorer_options):
+        """Open iteration ``n``'s saved episodes of run folder ``run`` (one of ``run_dirs``, or its
+        index) in an explorer below, sorted by ``sort``, as
+        :meth:`TrainingDashboard.open_iteration <mpo_viz.widgets.dashboard.TrainingDashboard.open_iteration>`
+        does; the "run" menu follows."""
+        d = self.run_dirs[run] if isinstance(run, int) and not isinstance(run, bool) else Path(run)
+        if d not in self.run_dirs:
+            raise ValueError(f"run: expected one of the runs ({', '.join(map(str, self.run_dirs))}) or an index, "
+                             f"found {str(run)!r}")
+        self.run.value = str(d)
+        return self.opener.open_iteration(n, sort=sort, **explorer_options)
+
+    @property
+    def explorer(self):
+        """The explorer :meth:`open_iteration` opened last (None before)."""
+        return self.opener.explorer
 
     def series(self, run_dir, metric: str, x: str | None = None) -> tuple[list, list]:
         """``(xs, ys)`` of one run: the lines that have both the metric and the x value."""
