@@ -16,7 +16,7 @@ import time
 from pathlib import Path
 
 import mpo_viz.io as mio
-from mpo_viz.cli.errors import CLIError
+from mpo_viz.cli.errors import CLIError, source_and_output
 
 __all__ = ["add_subcommand"]
 
@@ -34,12 +34,7 @@ overfitted), and the weights of the best evaluation are the ones written (unless
 
 
 def cmd_fit_critic(args) -> int:
-    src = Path(args.path)
-    if not src.exists():
-        raise CLIError(f"{src}: no such file or folder")
-    out = Path(args.out)
-    if out.suffix not in (".parquet", ".jsonl"):
-        raise CLIError(f"-o: expected a .parquet or .jsonl file, found {str(out)!r}", 2)
+    src, out = source_and_output(args.path, args.out)
     # the critic (transformers) loads only when the command runs: `mpo-viz --help` stays fast
     from mpo_viz.train.critic_fit import fit_critic
 

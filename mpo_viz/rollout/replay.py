@@ -28,6 +28,8 @@ import numpy as np
 
 from mpo_viz.envs.base import TextEnv
 from mpo_viz.envs.registry import make_env
+from mpo_viz.envs.tokenizer import build_tokenizer
+from mpo_viz.models.layout import layout_for
 from mpo_viz.trajectory import TrajectoryBatch
 
 __all__ = ["ReplayError", "TurnState", "replay", "env_of", "word_layout_of"]
@@ -78,9 +80,6 @@ def env_of(batch: TrajectoryBatch) -> TextEnv:
 
 def word_layout_of(env: TextEnv):
     """The environments' word-level chat layout for ``env`` (the layout of expert files)."""
-    from mpo_viz.envs.tokenizer import build_tokenizer
-    from mpo_viz.models.layout import layout_for
-
     return layout_for(build_tokenizer(env))
 
 
