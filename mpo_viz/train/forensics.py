@@ -154,7 +154,8 @@ def _episodes(f: Finding, files: dict, phase: str, lag: int, top: int) -> None:
     later = [it for it in files if it >= target]
     if later:
         it = later[0]
-        f.note = f"{what}" + ("" if it == target else f" (iteration {target} was not saved; the next saved one)")
+        f.note = (what if it == target else
+                  f"the next saved rollout: {what} is iteration {target}'s, which was not saved")
     elif phase == "eval" and f.first in files:
         it = f.first
         f.note = (f"sampled before the update of iteration {it}, by the policy before it: the run saved no "
