@@ -35,12 +35,17 @@ from mpo_viz.rollout.plan import RolloutConfig
 from mpo_viz.rollout.play import decode_turn, feed
 from mpo_viz.rollout.replay import TurnState
 
-__all__ = ["branch_returns", "continuation_seed"]
+__all__ = ["branch_returns", "continuation_seed", "turn_return"]
 
 
 def continuation_seed(seed: int, traj_id: str, turn: int, m: int, forced: bool) -> list[int]:
     """The seed words of continuation ``m`` of turn ``turn`` of ``traj_id`` (sampling and dynamics)."""
     return [int(seed) & 0xFFFFFFFF, zlib.crc32(traj_id.encode()), int(turn), int(m), int(forced), 0x4D43]
+
+
+def turn_return(rewards, turn_gamma: float = 1.0) -> float:
+    """``Σ_j γ_T^j R_j`` over a continuation's turn rewards (from the branching turn on)."""
+    return float(sum(float(r) * turn_gamma ** j for j, r in enumerate(rewards)))
 
 
 class _Bar:
@@ -123,14 +128,9 @@ def branch_returns(policy: Policy, states: list[TurnState], m: int, *, seed: int
     finally:
         if was_training:
             model.train()
-    disc = np.asarray([turn_gamma ** j for j in range(64)])
     tokens = 0
     for ep in finished:
-        k = states[ep.index].turn
-        r = np.asarray(ep.rewards[k:], dtype=np.float64)
-        if len(r) > len(disc):
-            disc = turn_gamma ** np.arange(len(r))
-        out[ep.index, ep.sample] = float((r * disc[:len(r)]).sum())
+        out[ep.index, ep.sample] = turn_return(ep.rewards[states[ep.index].turn:], turn_gamma)
         tokens += int(sum(ep.mask)) - states[ep.index].start + (0 if not forced else -len(states[ep.index].action_ids))
     if timings is not None:
         timings.update(timer.t)

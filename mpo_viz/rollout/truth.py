@@ -31,7 +31,7 @@ from mpo_viz.checks import OptionError
 from mpo_viz.envs.base import TextEnv
 from mpo_viz.envs.expert import NoisyExpert
 from mpo_viz.models.policy import Policy
-from mpo_viz.rollout.branch import branch_returns, continuation_seed
+from mpo_viz.rollout.branch import branch_returns, continuation_seed, turn_return
 from mpo_viz.rollout.plan import RolloutConfig
 from mpo_viz.rollout.replay import TurnState, env_of, replay, word_layout_of
 from mpo_viz.trajectory import TrajectoryBatch
@@ -61,7 +61,7 @@ def expert_returns(expert: NoisyExpert, states: list[TurnState], m: int, *, seed
                     rewards.append(float(env.step(layout.text(st.action_ids))[1]))
             while not env.done:
                 rewards.append(float(env.step(expert.act(env, rng)[1])[1]))
-            out[j, c] = sum(r * turn_gamma ** i for i, r in enumerate(rewards))
+            out[j, c] = turn_return(rewards, turn_gamma)
             if bar is not None:
                 bar.update(1)
     return out

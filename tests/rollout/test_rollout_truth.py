@@ -17,6 +17,7 @@ from mpo_viz.cli import main
 from mpo_viz.envs import NoisyExpert, make_env
 from mpo_viz.envs.generate import GenerateConfig, generate
 from mpo_viz.rollout import rollout
+from mpo_viz.rollout.branch import turn_return
 from mpo_viz.rollout.engine import Engine
 from mpo_viz.rollout.truth import mc_truth, summarize_returns
 
@@ -39,6 +40,7 @@ def test_summaries_by_hand():
     np.testing.assert_allclose(s["se"], [np.sqrt(0.25 / 4), 0.0])  # std(ddof=1) of 1,0,1,1 = 0.5
     np.testing.assert_allclose(s["a"], [0.5, 0.0])
     np.testing.assert_allclose(s["b"], [1.0, 0.0])
+    assert turn_return([0.0, 0.5, 1.0], 0.9) == pytest.approx(0.9 * 0.5 + 0.81) and turn_return([]) == 0.0
 
 
 @pytest.mark.parametrize("name", ["automation", "search", "tooluse"])
