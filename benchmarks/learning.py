@@ -67,6 +67,10 @@ seed; a grid that compares turn_ppo with token_ppo at matched steps runs turn_pp
 **Resume**: every run is a trainer run folder under ``OUT/runs/``; a finished run is skipped, a
 partial one continues from its last checkpoint, a warm-up folder is made once. Stop the grid
 (Ctrl-C, a kill) and start it again with the same command. Results are rebuilt from the folders.
+``--archive DIR`` keeps a finished run's records (config, metrics, pass@k, the seed's warm-up line
+and the per-iteration credit accuracy, a few hundred KB, no model) under ``DIR/runs/``: a grid
+that spans machines whose run folders do not survive skips the archived runs and rebuilds its
+results from the archive where the folder is gone.
 
 **Outputs** (``OUT``, default ``runs/learning-SIZE``): ``results.jsonl`` (one row per cell, arm,
 seed and iteration), ``final.jsonl`` (one row per run: final success, pass@k, collapse),
@@ -289,13 +293,52 @@ def run_state(d: Path, iterations: int) -> str:
     return "done" if fin and (d / "pass_at_k.json").is_file() else "partial"
 
 
-def run_one(size: str, cell: str, arm: str, seed: int, out: Path, value_target: str = VALUE_TARGET) -> None:
+#: a finished run's records the archive keeps (with ``warmup.json`` and ``credit.jsonl``)
+ARCHIVED = ("config.json", "metrics.jsonl", "pass_at_k.json")
+
+
+def archived(a: Path | None) -> bool:
+    """Whether the archive folder ``a`` holds a finished run's records."""
+    return a is not None and all((a / name).is_file() for name in ARCHIVED)
+
+
+def archive_run(out: Path, archive: Path, cell: str, arm: str, seed: int) -> Path:
+    """Copy the finished run's :data:`ARCHIVED` records and the seed's ``warmup.json`` into
+    ``archive/runs/CELL/ARM/seed=S`` and write ``credit.jsonl`` (one line per iteration with saved
+    episodes: :func:`credit_accuracy`), which is all :func:`collect` reads."""
+    d, a = run_dir(out, cell, arm, seed), run_dir(archive, cell, arm, seed)
+    tmp = a.with_name(f".{a.name}.tmp")
+    if tmp.exists():
+        shutil.rmtree(tmp)
+    tmp.mkdir(parents=True)
+    for name in ARCHIVED:
+        shutil.copy(d / name, tmp / name)
+    warm = warm_dir(out, cell, seed) / "warmup.json"
+    if warm.is_file():
+        shutil.copy(warm, tmp / "warmup.json")
+    lines = []
+    for traj in sorted((d / "trajectories").glob("iter=*.parquet")):
+        acc = {k: _num(v) for k, v in credit_accuracy(traj).items()}
+        lines.append(json.dumps({"iteration": int(traj.stem.split("=")[1]), **acc}) + "\n")
+    (tmp / "credit.jsonl").write_text("".join(lines))
+    if a.exists():
+        shutil.rmtree(a)
+    tmp.rename(a)
+    return a
+
+
+def run_one(size: str, cell: str, arm: str, seed: int, out: Path, value_target: str = VALUE_TARGET,
+            archive: Path | None = None) -> None:
     from mpo_viz.train import Trainer
 
     s = SIZES[size]
     d = run_dir(out, cell, arm, seed)
     state = run_state(d, s["iterations"])
+    if archive is not None and archived(run_dir(archive, cell, arm, seed)):
+        return
     if state == "done":
+        if archive is not None:
+            archive_run(out, archive, cell, arm, seed)
         return
     warm = make_warmup(size, cell, seed, out)
     cfg = run_config(size, cell, arm, seed, warm, value_target)
@@ -317,6 +360,8 @@ def run_one(size: str, cell: str, arm: str, seed: int, out: Path, value_target: 
         f"{ev[-1]['eval_sampled_success']:.3f}, greedy {ev[0]['eval_success']:.3f} -> {ev[-1]['eval_success']:.3f}, "
         f"{top} {pk[top]:.3f} ({time.perf_counter() - t0:.0f} s, "
         f"config {cfg.hash()})")
+    if archive is not None:
+        archive_run(out, archive, cell, arm, seed)
 
 
 # --------------------------------------------------------------------------------------------- matched step sizes
@@ -444,23 +489,41 @@ def critic_target(cfg) -> str | None:
     return {"mc": "policy_mc", "expert": "expert"}[cfg.critic]
 
 
-def collect(size: str, out: Path) -> tuple[list[dict], list[dict]]:
-    """``(rows, finals)``: one row per (cell, arm, seed, iteration 0..N) of every run folder, and one
-    row per finished run."""
+def run_records(out: Path, archive: Path | None, cell: str, arm: str, seed: int, iterations: int):
+    """``(folder, state, warmup.json path, credit by iteration or None)`` of one planned run: its
+    run folder when that has metrics, else its archive folder (state ``done``), else None."""
+    from mpo_viz.train.runfolder import read_metrics_file
+
+    d = run_dir(out, cell, arm, seed)
+    if read_metrics_file(d / "metrics.jsonl"):
+        return d, run_state(d, iterations), warm_dir(out, cell, seed) / "warmup.json", None
+    a = run_dir(archive, cell, arm, seed) if archive is not None else None
+    if not archived(a):
+        return None
+    credit = {}
+    if (a / "credit.jsonl").is_file():
+        for line in (a / "credit.jsonl").read_text().splitlines():
+            r = json.loads(line)
+            credit[int(r.pop("iteration"))] = r
+    return a, "done", a / "warmup.json", credit
+
+
+def collect(size: str, out: Path, archive: Path | None = None) -> tuple[list[dict], list[dict]]:
+    """``(rows, finals)``: one row per (cell, arm, seed, iteration 0..N) of every run folder (or,
+    where the folder is gone, its archived records), and one row per finished run."""
     from mpo_viz.train import Config
     from mpo_viz.train.runfolder import read_metrics_file
 
     rows, finals = [], []
     iters = SIZES[size]["iterations"]
     for cell, seed, arm in plan(size):
-        d = run_dir(out, cell, arm, seed)
-        recs = read_metrics_file(d / "metrics.jsonl")
-        if not recs:
+        found = run_records(out, archive, cell, arm, seed, iters)
+        if found is None:
             continue
+        d, state, warm, credit = found
+        recs = read_metrics_file(d / "metrics.jsonl")
         cfg = Config.load(d / "config.json")
-        state = run_state(d, iters)
         coll = collapsed(recs)
-        warm = warm_dir(out, cell, seed) / "warmup.json"
         wrec = json.loads(warm.read_text()) if warm.is_file() and cfg.model_dir != str(START) else {}
         by_it: dict[int, dict] = {}
         for r in recs:
@@ -484,7 +547,9 @@ def collect(size: str, out: Path) -> tuple[list[dict], list[dict]]:
                 row["critic_explained_var"] = _num(wrec.get("warmup_explained_var"))
                 row["values_across_within_ratio"] = _num(wrec.get("warmup_values_across_within_ratio"))
             traj = d / "trajectories" / f"iter={it:06d}.parquet"
-            if traj.is_file():
+            if credit is not None:
+                row.update(credit.get(it, {}))
+            elif traj.is_file():
                 row.update({k: _num(v) for k, v in credit_accuracy(traj).items()})
             rows.append(row)
         pk_path = d / "pass_at_k.json"
@@ -693,15 +758,15 @@ def _write(path: Path, text: str) -> None:
     tmp.replace(path)
 
 
-def report(size: str, out: Path) -> str:
-    rows, finals = collect(size, out)
+def report(size: str, out: Path, archive: Path | None = None) -> str:
+    rows, finals = collect(size, out, archive)
     comps = compare(size, finals)
     summary = summarize(size, finals)
     for name, data in (("results.jsonl", rows), ("final.jsonl", finals), ("comparisons.jsonl", comps),
                        ("summary.jsonl", summary)):
         _write(out / name, "".join(json.dumps(r) + "\n" for r in data))
     runs = plan(size)
-    n_done = sum(run_state(run_dir(out, c, a, s), SIZES[size]["iterations"]) == "done" for c, s, a in runs)
+    n_done = len(finals)
     text = tables(size, summary, comps, n_done, len(runs))
     _write(out / "tables.md", text)
     figures(size, rows, out / "figures")
@@ -719,9 +784,13 @@ def calibration_table(recs: list[dict]) -> str:
     return "\n".join(lines)
 
 
-def status(size: str, out: Path) -> str:
-    return "\n".join(f"{c:16s} {a:10s} seed {s}: {run_state(run_dir(out, c, a, s), SIZES[size]['iterations'])}"
-                     for c, s, a in plan(size))
+def status(size: str, out: Path, archive: Path | None = None) -> str:
+    def state(c, a, s):
+        if archive is not None and archived(run_dir(archive, c, a, s)):
+            return "done (archived)"
+        return run_state(run_dir(out, c, a, s), SIZES[size]["iterations"])
+
+    return "\n".join(f"{c:16s} {a:10s} seed {s}: {state(c, a, s)}" for c, s, a in plan(size))
 
 
 def main(argv=None) -> int:
@@ -731,6 +800,9 @@ def main(argv=None) -> int:
     ap.add_argument("--report-only", action="store_true", help="records, tables and figures from the run folders")
     ap.add_argument("--status", action="store_true", help="list each run as done, partial or missing")
     ap.add_argument("--export", type=Path, default=None, help="copy the records, tables and figures into this folder")
+    ap.add_argument("--archive", type=Path, default=None,
+                    help="keep each finished run's records here (no models) and skip the runs found here: a grid "
+                         "that spans machines whose run folders do not survive")
     ap.add_argument("--cells", nargs="+", default=None, metavar="CELL", help="run only these cells")
     ap.add_argument("--seeds", nargs="+", type=int, default=None, metavar="SEED",
                     help="run only these seeds (e.g. even seeds in one process, odd in another)")
@@ -747,7 +819,7 @@ def main(argv=None) -> int:
     out = args.out or REPO / "runs" / f"learning-{args.size}"
     out.mkdir(parents=True, exist_ok=True)
     if args.status:
-        print(status(args.size, out))
+        print(status(args.size, out, args.archive))
         return 0
     if args.calibrate_step:
         pairs = dict.fromkeys((c, s) for c, s, _ in plan(args.size, args.cells, args.seeds))
@@ -765,15 +837,15 @@ def main(argv=None) -> int:
         log(f"grid {args.size}: {len(runs)} runs into {out}")
         try:
             for i, (cell, seed, arm) in enumerate(runs):
-                run_one(args.size, cell, arm, seed, out, args.value_target)
+                run_one(args.size, cell, arm, seed, out, args.value_target, args.archive)
                 if (i + 1) % len(SIZES[args.size]["arms"]) == 0:
-                    report(args.size, out)  # results as they come
+                    report(args.size, out, args.archive)  # results as they come
         except KeyboardInterrupt:
             log("interrupted: the finished runs stay, a partial one resumes from its last checkpoint")
-            print(report(args.size, out))
+            print(report(args.size, out, args.archive))
             return 130
         log(f"grid {args.size}: {len(runs)} runs done in {time.perf_counter() - t0:.0f} s")
-    print(report(args.size, out))
+    print(report(args.size, out, args.archive))
     if args.export:
         args.export.mkdir(parents=True, exist_ok=True)
         for name in ("results.jsonl", "final.jsonl", "comparisons.jsonl", "summary.jsonl", "tables.md", "grid.json"):

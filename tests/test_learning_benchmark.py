@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import math
+import shutil
 from pathlib import Path
 
 import numpy as np
@@ -86,8 +87,8 @@ def test_collapse_rule(learning):
 
 
 def test_tiny_grid_runs_reports_and_resumes(learning, tmp_path):
-    out = tmp_path / "grid"
-    assert learning.main(["--size", "tiny", "--out", str(out)]) == 0
+    out, archive = tmp_path / "grid", tmp_path / "archive"
+    assert learning.main(["--size", "tiny", "--out", str(out), "--archive", str(archive)]) == 0
     rows = [json.loads(x) for x in (out / "results.jsonl").read_text().splitlines()]
     assert {r["method"] for r in rows} == {"mpo", "grpo", "mpo_oracle"}
     for r in rows:
@@ -128,6 +129,20 @@ def test_tiny_grid_runs_reports_and_resumes(learning, tmp_path):
     assert learning.main(["--size", "tiny", "--out", str(out)]) == 0
     assert {p: p.stat().st_mtime_ns for p in (out / "runs").rglob("metrics.jsonl")} == before
     assert np.isfinite([f["final_sampled"] for f in finals]).all()
+    # the archive keeps the records without the models; with the run folders gone, the grid runs
+    # nothing and rebuilds the same records from it
+    arch = archive / "runs" / "automation-d3-4" / "mpo" / "seed=0"
+    assert {p.name for p in arch.iterdir()} == {"config.json", "metrics.jsonl", "pass_at_k.json", "warmup.json",
+                                                 "credit.jsonl"}
+    assert len((arch / "credit.jsonl").read_text().splitlines()) == len(list((out / "runs" / "automation-d3-4" / "mpo"
+                                                                              / "seed=0" / "trajectories").iterdir()))
+    before_rows = (out / "results.jsonl").read_text()
+    shutil.rmtree(out / "runs"), shutil.rmtree(out / "warmups")
+    assert learning.main(["--size", "tiny", "--out", str(out), "--archive", str(archive)]) == 0
+    assert not (out / "runs").exists() and not (out / "warmups").exists()
+    assert (out / "results.jsonl").read_text() == before_rows
+    assert [json.loads(x) for x in (out / "final.jsonl").read_text().splitlines()] == finals
+    assert "done (archived)" in learning.status("tiny", out, archive)
 
 
 def test_matched_step_rule_by_hand(learning):
