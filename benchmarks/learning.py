@@ -316,6 +316,10 @@ def archive_run(out: Path, archive: Path, cell: str, arm: str, seed: int) -> Pat
     warm = warm_dir(out, cell, seed) / "warmup.json"
     if warm.is_file():
         shutil.copy(warm, tmp / "warmup.json")
+    cal = out / "calibration" / cell / f"seed={seed}.json"
+    if cal.is_file():  # the seed's matched-step record, which a later mpo_matched run reads
+        (archive / "calibration" / cell).mkdir(parents=True, exist_ok=True)
+        shutil.copy(cal, archive / "calibration" / cell / cal.name)
     lines = []
     for traj in sorted((d / "trajectories").glob("iter=*.parquet")):
         acc = {k: _num(v) for k, v in credit_accuracy(traj).items()}
@@ -325,6 +329,16 @@ def archive_run(out: Path, archive: Path, cell: str, arm: str, seed: int) -> Pat
         shutil.rmtree(a)
     tmp.rename(a)
     return a
+
+
+def restore_calibration(archive: Path, out: Path) -> None:
+    """Copy the archive's matched-step records (``calibration/CELL/seed=S.json``) that ``out`` lacks,
+    so a grid on a new machine reuses the seeds' chosen bands instead of measuring them again."""
+    for rec in sorted((archive / "calibration").glob("*/seed=*.json")):
+        dest = out / "calibration" / rec.parent.name / rec.name
+        if not dest.is_file():
+            dest.parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy(rec, dest)
 
 
 def run_one(size: str, cell: str, arm: str, seed: int, out: Path, value_target: str = VALUE_TARGET,
@@ -818,6 +832,8 @@ def main(argv=None) -> int:
         ap.error(f"--cells: {bad} not in the {args.size} grid's cells {list(SIZES[args.size]['cells'])}")
     out = args.out or REPO / "runs" / f"learning-{args.size}"
     out.mkdir(parents=True, exist_ok=True)
+    if args.archive is not None:
+        restore_calibration(args.archive, out)
     if args.status:
         print(status(args.size, out, args.archive))
         return 0

@@ -181,6 +181,13 @@ def test_matched_step_calibration_on_a_tiny_run(learning, tmp_path):
     before = (out / "calibration" / "automation-d3-4" / "seed=0.json").read_text()
     assert learning.main(["--size", "tiny", "--out", str(out), "--calibrate-step"]) == 0
     assert (out / "calibration" / "automation-d3-4" / "seed=0.json").read_text() == before
+    # on a new machine, the archive's record is restored instead of measured again
+    archive, fresh = tmp_path / "archive", tmp_path / "fresh"
+    (archive / "calibration" / "automation-d3-4").mkdir(parents=True)
+    shutil.copy(out / "calibration" / "automation-d3-4" / "seed=0.json", archive / "calibration" / "automation-d3-4")
+    assert learning.main(["--size", "tiny", "--out", str(fresh), "--archive", str(archive), "--calibrate-step"]) == 0
+    assert (fresh / "calibration" / "automation-d3-4" / "seed=0.json").read_text() == before
+    assert not (fresh / "warmups").exists()  # nothing was measured
 
 
 def test_v3_arm_configs(learning, tmp_path):
