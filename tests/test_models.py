@@ -128,9 +128,12 @@ def test_vocabulary_check_counts_and_names(search):
 
 def test_local_instruct_folder_uses_its_chat_template(tmp_path):
     env = make_env("tooluse")
-    folder = make_instruct_folder(tmp_path / "inst", env)
+    folder = M.tiny_instruct_folder(tmp_path / "inst", env)
     pol = M.load_policy(folder)
     assert isinstance(pol.layout, M.TemplateLayout) and pol.path == str(folder)
+    c = pol.model.config
+    assert (c.num_hidden_layers, c.hidden_size, c.num_key_value_heads, len(pol.tokenizer)) == (2, 64, 2, 400)
+    assert pol.tokenizer.chat_template == M.CHATML and pol.tokenizer.eos_token == "<|im_end|>"
     M.check_vocabulary(pol.tokenizer, env.vocabulary())   # byte-level BPE: nothing is unknown
     env.reset(seed=1)
     lay = pol.layout

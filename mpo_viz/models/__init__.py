@@ -3,6 +3,8 @@
 * :func:`tiny_policy` — a Llama ``*ForCausalLM`` built from a config (sizes ``"1m"``, ``"3m"``,
   ``"10m"``) over an environment's word-level tokenizer; nothing is downloaded.
 * :func:`load_policy` — any local Hugging Face causal-LM folder, offline.
+* :func:`tiny_instruct_folder` — a tiny Hugging Face folder laid out like SmolLM2-135M-Instruct's
+  (byte-level BPE, ChatML template) for smoke runs of that path; nothing is downloaded.
 * :class:`Critic` — a causal-LM trunk with a scalar head; its output at position ``P + t − 1`` is
   the value of response token ``t`` (the state before the token is generated).
 * :func:`save` / :func:`load` — a model folder ``DIR/policy`` (standard Hugging Face, tokenizer
@@ -25,10 +27,10 @@ from mpo_viz.models.critic import (
 from mpo_viz.models.layout import TemplateLayout, layout_for
 from mpo_viz.models.policy import Policy, check_vocabulary, load_policy, resolve_device, save_policy
 from mpo_viz.models.store import is_plain, load, quiet_progress, save
-from mpo_viz.models.tiny import SIZES, tiny_config, tiny_policy
+from mpo_viz.models.tiny import CHATML, SIZES, tiny_config, tiny_instruct_folder, tiny_policy
 
 __all__ = [
     "Critic", "Policy", "SIZES", "TemplateLayout", "check_vocabulary", "is_plain", "layout_for", "load",
     "load_critic", "load_policy", "make_critic", "UNTRAINED_CRITIC", "values_source_of", "quiet_progress", "resolve_device", "save", "save_critic",
-    "save_policy", "tiny_config", "tiny_policy",
+    "save_policy", "tiny_config", "tiny_policy", "tiny_instruct_folder", "CHATML",
 ]
