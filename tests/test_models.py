@@ -5,7 +5,6 @@ import json
 
 import pytest
 import torch
-from model_helpers import make_instruct_folder
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from mpo_viz import models as M
