@@ -377,10 +377,11 @@ def _finite_problems(bc, seg: np.ndarray, m: np.ndarray) -> list[tuple]:
         row_has = np.repeat(bc.present[name], np.diff(off))
         x = bc.tokens[name]
         nf = m & row_has & ~np.isfinite(x)
-        for cond, expected in ((nf, "finite numbers on action tokens"),
-                               (m & row_has & ~nf & (x <= 0) if name in POSITIVE_FIELDS else None,
-                                "ratios > 0 on action tokens")):
-            if cond is not None and cond.any():
+        checks = [(nf, "finite numbers on action tokens")]
+        if name in POSITIVE_FIELDS:
+            checks.append((m & row_has & ~nf & (x <= 0), "ratios > 0 on action tokens"))
+        for cond, expected in checks:
+            if cond.any():
                 pos = np.flatnonzero(cond)
                 out += [(j, name, expected, f"{_num(x[p])} at position {p - off[j]}")
                         for j, p in zip(*_first_per_row(seg[pos], pos))]

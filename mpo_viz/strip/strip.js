@@ -6,9 +6,9 @@
 //     channel: initial channel name, meta: { key: value } }
 // Tokens are text coloured by the chosen channel on a diverging scale centred at the channel's
 // centre (0 unless said otherwise; a channel whose info says log holds natural logs, coloured as
-// they are and shown as exp in the legend and the hover); observation tokens are greyed; every turn starts a new row with
-// a turn label; hovering a token shows every channel. Only the visible rows are in the DOM, so a
-// 50,000-token trajectory scrolls smoothly.
+// they are and shown as exp in the legend and the hover); observation tokens are greyed; every
+// turn starts a new row with a turn label; hovering a token shows every channel. Only the visible
+// rows are in the DOM, so a 50,000-token trajectory scrolls smoothly.
 //
 // Two entry points:
 //   mount(el, payload, options) -> { update(payload), patch(p), setChannel(name), scrollToToken(i), destroy() }
