@@ -30,10 +30,14 @@ TOKEN_FIELDS: dict[str, np.dtype] = {
     "advantages": np.dtype(np.float32),
     "returns": np.dtype(np.float32),
     "entropy": np.dtype(np.float32),
+    # what a trainer's update did (docs/training.md): the token's importance ratio after the
+    # update, and whether the loss's clip held the token there (0/1)
+    "ratio": np.dtype(np.float32),
+    "clipped": np.dtype(np.int8),
     "response_tokens": np.dtype(object),  # decoded strings, for display
 }
 # Per-token float fields that must be finite on action tokens.
-FINITE_ON_ACTIONS = ("values", "rollout_logprobs", "old_logprobs", "ref_logprobs")
+FINITE_ON_ACTIONS = ("values", "rollout_logprobs", "old_logprobs", "ref_logprobs", "ratio")
 # Per-turn fields (one entry per assistant turn).
 TURN_FIELDS: dict[str, np.dtype] = {
     "turn_rewards": np.dtype(np.float64),
@@ -45,7 +49,14 @@ TURN_FIELDS: dict[str, np.dtype] = {
     "mc_value_b": np.dtype(np.float64),
     "mc_q": np.dtype(np.float64),
     "mc_q_se": np.dtype(np.float64),
+    # what a trainer's update did to the turn: its ratio after the update and whether it left the clip band
+    "turn_ratio": np.dtype(np.float64),
+    "turn_clipped": np.dtype(np.int8),
 }
+# Flags (per token or per turn): 0 or 1 (booleans accepted), checked before they are narrowed to int8.
+BINARY_FIELDS = ("clipped", "turn_clipped")
+# Ratios (per token: on action tokens; per turn): finite and > 0.
+POSITIVE_FIELDS = ("ratio", "turn_ratio")
 # Per-trajectory scalars. ``None`` = absent for that row.
 SCALAR_FIELDS: dict[str, type] = {
     "traj_id": str,

@@ -32,6 +32,7 @@ from mpo_viz.ragged import (
     turn_ids_from_mask_flat,
 )
 from mpo_viz.schema import (
+    BINARY_FIELDS,
     EXTRA_TOKEN_DTYPE,
     REQUIRED,
     SCALAR_FIELDS,
@@ -45,7 +46,11 @@ from mpo_viz.schema import (
 from mpo_viz.turns import mc_turn_advantage
 from mpo_viz.validate import Columns, columns_from_rows, validate_columns
 
-__all__ = ["TrajectoryBatch", "row_to_json"]
+__all__ = ["TrajectoryBatch", "row_to_json", "TURN_TABLE_FIELDS"]
+
+#: per-turn fields the per-turn table (:meth:`TrajectoryBatch.turns`) shows as columns of their own
+#: name when the batch carries them: what a trainer's update did to each turn
+TURN_TABLE_FIELDS = ("turn_ratio", "turn_clipped")
 
 _EMPTY_OFF = np.zeros(1, dtype=np.int64)
 
@@ -525,6 +530,7 @@ class TrajectoryBatch:
                     )
                 flat = arr[self._seg, self._pos]
             dtype = TOKEN_FIELDS.get(name, EXTRA_TOKEN_DTYPE)
+            _check_binary(name, flat)
             tokens[name] = flat.astype(dtype)
             present[name] = np.ones(len(self), dtype=bool)
         return self._replace(tokens=tokens, present=present)
@@ -532,7 +538,8 @@ class TrajectoryBatch:
     def with_turn_fields(self, **fields) -> TrajectoryBatch:
         """A new batch with per-turn fields set (e.g. ``mc_value=[[...], ...]``): each value a list of
         one sequence per row with one number per assistant turn (``num_turns``), or None for a row
-        without. Only the v1 per-turn fields (``turn_rewards`` and the Monte-Carlo ``mc_*`` fields)."""
+        without. Only the v1 per-turn fields (``turn_rewards``, the Monte-Carlo ``mc_*`` fields, the
+        update's ``turn_ratio`` and ``turn_clipped``)."""
         turn = dict(self._turn)
         k = self.num_turns
         for name, value in fields.items():
@@ -548,6 +555,7 @@ class TrajectoryBatch:
                     raise ValueError(f"{name}: row {i} ({self.traj_ids[i]!r}): expected {k[i]} entries (one per "
                                      f"assistant turn), found {len(a)}")
             flat = np.concatenate(arrs) if arrs else np.zeros(0)
+            _check_binary(name, flat)
             turn[name] = (flat.astype(TURN_FIELDS[name]), offsets_from_lengths(np.asarray([len(a) for a in arrs])),
                           np.asarray([x is not None for x in v], dtype=bool))
         return self._replace(turn=turn)
@@ -633,7 +641,10 @@ class TrajectoryBatch:
           ``ret_<name>``, the return at the turn's first action token (comparable to ``value_first``);
         * with the Monte-Carlo truth of ``mpo-viz truth`` (``mc_*`` fields): ``v_mc``, ``v_mc_se``
           (the policy's own value at the turn's start and its standard error) and ``a_mc`` (its
-          true turn advantage: ``mc_q − mc_value``, else ``R_k + v_mc(k+1) − v_mc(k)``).
+          true turn advantage: ``mc_q − mc_value``, else ``R_k + v_mc(k+1) − v_mc(k)``);
+        * with the fields a trainer's update writes (:data:`TURN_TABLE_FIELDS`): ``turn_ratio`` (the
+          turn's ratio after the update) and ``turn_clipped`` (1: it left the loss's clip band), NaN
+          for a row without them.
         """
         act = np.flatnonzero(self._tok["loss_mask"] != 0)
         rows = self._seg[act]
@@ -676,6 +687,9 @@ class TrajectoryBatch:
             data["value_last"] = v[end_pos]
         if "mc_value" in self._turn and len(starts):
             self._mc_columns(data, trow)
+        for name in TURN_TABLE_FIELDS:
+            if name in self._turn and self.has(name):
+                data[name] = self._turn_column(name, trow)
         for what, tensors in (("adv", advantages), ("ret", returns)):
             for name, x in (tensors or {}).items():
                 x = getattr(x, "advantages" if what == "adv" else "returns", x)
@@ -742,6 +756,14 @@ class TrajectoryBatch:
             "fields": sorted(self.fields),
             "meta": {k: v for k, v in self.meta.items()},
         }
+
+
+def _check_binary(name: str, flat: np.ndarray) -> None:
+    """A flag field (:data:`~mpo_viz.schema.BINARY_FIELDS`) holds only 0 and 1 before it is narrowed to int8."""
+    if name in BINARY_FIELDS:
+        bad = (flat != 0) & (flat != 1)
+        if bad.any():
+            raise ValueError(f"{name}: expected 0 or 1 (or booleans), found {flat[bad][0].item()!r}")
 
 
 def _py(x):

@@ -24,8 +24,10 @@ import numpy as np
 
 from mpo_viz.ragged import offsets_from_lengths, row_index, take
 from mpo_viz.schema import (
+    BINARY_FIELDS,
     EXTRA_TOKEN_DTYPE,
     FINITE_ON_ACTIONS,
+    POSITIVE_FIELDS,
     PROMPT_FIELD,
     REQUIRED,
     REWARD_SUM_TOL,
@@ -221,7 +223,7 @@ def _flatten_lists(cols: Columns, lists: dict) -> None:
         if k == PROMPT_FIELD:
             continue
         dt = TOKEN_FIELDS.get(k) or TURN_FIELDS.get(k) or EXTRA_TOKEN_DTYPE
-        if k in ("loss_mask", "turn_ids"):
+        if k in ("loss_mask", "turn_ids") or k in BINARY_FIELDS:
             dt = np.dtype(np.float64)  # raw: checked for 0/1 and integrality before narrowing
         present = np.array([a is not None and not bad[i] for i, a in enumerate(arrs)], dtype=np.bool_)
         off = offsets_from_lengths(np.array([len(a) if p else 0 for a, p in zip(arrs, present)], dtype=np.int64))
@@ -287,6 +289,21 @@ def _mask_problems(cols: Columns, bad: np.ndarray) -> list[tuple]:
             for i, p in zip(*_first_per_row(seg_m[pos], pos)) if not bad[i]]
 
 
+def _binary_problems(cols: Columns, bad: np.ndarray, name: str) -> list[tuple]:
+    """A flag (``clipped`` per token, ``turn_clipped`` per turn): 0 or 1, booleans accepted (the
+    first other value of each row), on the raw values before they are narrowed to int8."""
+    per_turn = name in cols.turn
+    flat, off, pres = cols.turn[name] if per_turn else cols.token[name]
+    badv = (flat != 0) & (flat != 1)
+    if not badv.any():
+        return []
+    seg = np.repeat(np.arange(cols.n), np.diff(off))
+    pos = np.flatnonzero(badv)
+    where = "turn" if per_turn else "position"
+    return [(i, name, "0 or 1 (or a boolean)", f"{_num(flat[p])} at {where} {p - off[i]}")
+            for i, p in zip(*_first_per_row(seg[pos], pos)) if pres[i] and not bad[i]]
+
+
 def _integer_problems(cols: Columns, bad: np.ndarray, name: str) -> list[tuple]:
     """``response_ids``, ``turn_ids``: integers >= 0 (raw values may be floats: 1.0 is 1)."""
     flat, off, _ = cols.token[name]
@@ -306,6 +323,7 @@ def check_columns(cols: Columns, bad: np.ndarray) -> list[tuple]:
                                                lambda: _identity_problems(cols, bad, "group_id")]
     rules += [partial(_length_problems, cols, bad, name) for name in cols.token if name != "response_ids"]
     rules += [partial(_mask_problems, cols, bad)]
+    rules += [partial(_binary_problems, cols, bad, name) for name in BINARY_FIELDS if name in cols.token or name in cols.turn]
     rules += [partial(_integer_problems, cols, bad, name) for name in ("response_ids", "turn_ids") if name in cols.token]
     out = []
     for rule in rules:
@@ -350,18 +368,23 @@ def _turn_id_problems(bc, seg: np.ndarray, m: np.ndarray) -> list[tuple]:
 
 
 def _finite_problems(bc, seg: np.ndarray, m: np.ndarray) -> list[tuple]:
-    """Values and log-probs: finite on action tokens."""
+    """Values, log-probs and ratios: finite on action tokens; ratios also > 0 there."""
     out = []
     off = bc.offsets
     for name in FINITE_ON_ACTIONS:
         if name not in bc.tokens:
             continue
         row_has = np.repeat(bc.present[name], np.diff(off))
-        nf = m & row_has & ~np.isfinite(bc.tokens[name])
-        if nf.any():
-            pos = np.flatnonzero(nf)
-            out += [(j, name, "finite numbers on action tokens", f"{_num(bc.tokens[name][p])} at position {p - off[j]}")
-                    for j, p in zip(*_first_per_row(seg[pos], pos))]
+        x = bc.tokens[name]
+        nf = m & row_has & ~np.isfinite(x)
+        checks = [(nf, "finite numbers on action tokens")]
+        if name in POSITIVE_FIELDS:
+            checks.append((m & row_has & ~nf & (x <= 0), "ratios > 0 on action tokens"))
+        for cond, expected in checks:
+            if cond.any():
+                pos = np.flatnonzero(cond)
+                out += [(j, name, expected, f"{_num(x[p])} at position {p - off[j]}")
+                        for j, p in zip(*_first_per_row(seg[pos], pos))]
     return out
 
 
@@ -388,8 +411,8 @@ def _token_reward_problems(bc, seg: np.ndarray, m: np.ndarray, reward: np.ndarra
 
 
 def _turn_reward_problems(bc, k: np.ndarray) -> list[tuple]:
-    """Every per-turn field (``turn_rewards``, the Monte-Carlo ``mc_*`` fields): one finite number per
-    assistant turn; standard errors are also >= 0."""
+    """Every per-turn field (``turn_rewards``, the Monte-Carlo ``mc_*`` fields, ``turn_ratio``,
+    ``turn_clipped``): one finite number per assistant turn; standard errors are also >= 0, ratios > 0."""
     out: list[tuple] = []
     for name in TURN_FIELDS:
         if name not in bc.turn:
@@ -403,6 +426,8 @@ def _turn_reward_problems(bc, k: np.ndarray) -> list[tuple]:
                 out.append((j, name, "finite numbers", short(vals.tolist())))
             elif name.endswith("_se") and np.any(vals < 0):
                 out.append((j, name, "standard errors >= 0", short(vals.tolist())))
+            elif name in POSITIVE_FIELDS and np.any(vals <= 0):
+                out.append((j, name, "ratios > 0", short(vals.tolist())))
     return out
 
 

@@ -143,6 +143,12 @@ def test_turn_table_values_and_rewards(toy):
     ref = an._turn_table_ref(toy, {"x": adv})
     np.testing.assert_allclose(tt[["start", "end", "n_tokens", "reward", "adv_x"]].to_numpy(float),
                                ref[["start", "end", "n_tokens", "reward", "adv_x"]].to_numpy(float))
+    # a trainer's turn fields (what its update did) come along as columns of their own name
+    assert "turn_ratio" not in tt.columns
+    seen = toy.with_turn_fields(turn_ratio=[[1.1, 0.7, 1.0], [0.95, 1.3, 1.0]], turn_clipped=[[0, 1, 0], [0, 1, 0]])
+    tt = an.turn_table(seen, {"x": adv})
+    assert tt["turn_ratio"].tolist() == [1.1, 0.7, 1.0, 0.95, 1.3, 1.0]
+    assert tt["turn_clipped"].tolist() == [0, 1, 0, 0, 1, 0]
 
 
 def _two_traj_batch():

@@ -4,12 +4,21 @@ from __future__ import annotations
 
 import json
 import math
+import shutil
+import subprocess
 
 import numpy as np
 import pytest
 import torch
 
-from mpo_viz.strip import payload_from_arrays, payload_json, strip_css, strip_js, strip_payload
+from mpo_viz.strip import (
+    EXPORTS_MARKER,
+    payload_from_arrays,
+    payload_json,
+    strip_css,
+    strip_js,
+    strip_payload,
+)
 from mpo_viz.trajectory import TrajectoryBatch
 
 
@@ -98,3 +107,33 @@ def test_round_sig_is_the_string_rounding():
                         np.nextafter(10.0 ** np.arange(-12, 12), np.inf), np.nextafter(10.0 ** np.arange(-12, 12), -np.inf)])
     for sig in (4, 5):
         np.testing.assert_array_equal(round_sig(x, sig), [float(f"{v:.{sig}g}") for v in x.tolist()])
+
+
+def test_update_channels_ratio_on_a_log_scale_and_clipped():
+    """The saved ratio after the update is the ``update_ratio`` channel (its log, flagged ``log`` so
+    that the legend and hover show the ratio); ``clipped`` a 0/1 channel of scale 1; neither is
+    picked up again as a plain column, and the old/rollout ``ratio`` channel stays what it was."""
+    b = _batch().with_token_fields(ratio=[[2.0, 0.5, 1.0, 1.0, 1.25, 4.0], [1.0, 1.0]],
+                                   clipped=[[1, 0, 0, 0, 0, 1], [0, 0]])
+    p = strip_payload(b, 0)
+    ch, info = p["channels"], p["channel_info"]
+    np.testing.assert_allclose([x for x in ch["update_ratio"] if x is not None],
+                               [math.log(2), math.log(0.5), 0.0, math.log(1.25), math.log(4)], rtol=1e-4)
+    assert ch["update_ratio"][2] is None  # observation token
+    assert info["update_ratio"]["log"] is True and info["update_ratio"]["center"] == 0.0
+    assert info["update_ratio"]["label"] == "ratio after the update (log scale)"
+    assert ch["clipped"] == [1.0, 0.0, None, 0.0, 0.0, 1.0] and info["clipped"]["scale"] == 1.0
+    assert ch["ratio"][1] == pytest.approx(math.exp(0.2), rel=1e-4)  # exp(old − rollout), unchanged
+    assert "log" not in info["ratio"] and json.loads(payload_json(p))["channel_info"]["update_ratio"]["log"] is True
+    assert "update_ratio" not in strip_payload(_batch(), 0)["channels"]
+    # the shipped JS reads the flag: the legend ends and each hover row show exp(v) of a log channel
+    js = strip_js()
+    assert "fmt(shown(inf, c - s))" in js and "fmt(shown(inf, c + s))" in js and "shown(inf, d.channels[k][i])" in js
+    if shutil.which("node") is None:
+        pytest.skip("node is not installed: the JS's shown() is not run")
+    head = js.split(EXPORTS_MARKER, 1)[0].replace("export function ", "function ")
+    probe = ("console.log(JSON.stringify([shown({log: true}, Math.log(2)), shown({log: true}, -Math.log(4)), "
+             "shown({}, 0.5), shown({log: true}, null), fmt(shown({log: true}, Math.log(1.25)))]));")
+    out = subprocess.run(["node", "-e", head + probe], capture_output=True, text=True, timeout=60, check=True).stdout
+    got = json.loads(out)
+    assert got[0] == pytest.approx(2.0) and got[1] == pytest.approx(0.25) and got[2:] == [0.5, None, "1.25"]

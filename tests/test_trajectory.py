@@ -106,6 +106,23 @@ def test_turns_table(batch):
     assert c.start.tolist() == [1] and c.n_obs_after.tolist() == [1]
 
 
+def test_turn_table_shows_the_updates_turn_fields(batch):
+    """turn_ratio / turn_clipped become columns of their own name (NaN for a row without them); the
+    flags refuse anything but 0/1."""
+    assert "turn_ratio" not in batch.turns().columns
+    b = batch.with_turn_fields(turn_ratio=[[0.9, 1.3], [1.0, 0.7], None, [1.05]],
+                               turn_clipped=[[0, 1], [False, True], None, [0]])
+    t = b.turns()
+    np.testing.assert_allclose(t.turn_ratio, [0.9, 1.3, 1.0, 0.7, np.nan, 1.05])
+    np.testing.assert_array_equal(t.turn_clipped, [0, 1, 0, 1, np.nan, 0])
+    assert b.field("turn_clipped")[1].dtype == np.int8
+    with pytest.raises(ValueError, match=r"turn_clipped: expected 0 or 1 \(or booleans\), found 0.5"):
+        batch.with_turn_fields(turn_clipped=[[0, 0.5], [0, 0], None, [1]])
+    with pytest.raises(ValueError, match=r"clipped: expected 0 or 1 \(or booleans\), found 2.0"):
+        batch.with_token_fields(clipped=np.full((4, 6), 2.0))
+    assert batch.with_token_fields(clipped=np.ones((4, 6))).field("clipped")[3].tolist() == [1, 1]
+
+
 def test_selection_and_concat(batch):
     assert batch[1].traj_ids == ["b"]
     assert batch[-1].traj_ids == ["d"]

@@ -39,6 +39,13 @@ CASES = {
     "mc values do not match turn count": (dict(mc_value=[0.5]), "mc_value", "2 entries", "1"),
     "mc value not finite": (dict(mc_value=[0.5, float("nan")]), "mc_value", "finite numbers", "nan"),
     "negative standard error": (dict(mc_value_se=[0.1, -0.1]), "mc_value_se", "standard errors >= 0", "-0.1"),
+    "ratio not positive": (dict(ratio=[1, 1, 1, 0.0, 1]), "ratio", "ratios > 0 on action tokens", "0 at position 3"),
+    "ratio not finite": (dict(ratio=[1, float("nan"), 1, 1, 1]), "ratio", "finite numbers on action tokens",
+                         "nan at position 1"),
+    "clipped not 0/1": (dict(clipped=[0, 0.5, 0, 0, 0]), "clipped", "0 or 1 (or a boolean)", "0.5 at position 1"),
+    "turn ratio not positive": (dict(turn_ratio=[1.1, -0.5]), "turn_ratio", "ratios > 0", "-0.5"),
+    "turn ratios do not match turn count": (dict(turn_ratio=[1.0]), "turn_ratio", "2 entries", "1"),
+    "turn clipped not 0/1": (dict(turn_clipped=[0, 2]), "turn_clipped", "0 or 1 (or a boolean)", "2 at turn 1"),
     "missing required field": (dict(response_ids=None), "response_ids", "the required field", "nothing"),
     "wrong type": (dict(reward="high"), "reward", "a float", "str 'high'"),
     "group id not a string": (dict(group_id=7), "group_id", "a string", "7"),
@@ -165,3 +172,24 @@ def test_parquet_bool_mask_accepted(tmp_path):
     rows = [good("a", loss_mask=[True, True, False, True, True])]
     pq.write_table(pa.Table.from_pylist(rows), tmp_path / "x.parquet")
     assert mv.load(tmp_path / "x.parquet").mask.tolist() == [[1.0, 1.0, 0.0, 1.0, 1.0]]
+
+
+def test_update_fields_read_back_and_booleans_accepted(tmp_path):
+    """ratio / clipped per token, turn_ratio / turn_clipped per turn: a ratio on an observation token
+    is not checked; flags may be booleans (JSONL and Parquet) and come back as int8 0/1."""
+    row = good("a", ratio=[1.5, 0.5, 0.0, 1.0, 2.0], clipped=[True, False, False, False, True],
+               turn_ratio=[0.9, 1.3], turn_clipped=[False, True])
+    path = write_jsonl(tmp_path / "x.jsonl", [row])
+    pq.write_table(pa.Table.from_pylist([row]), tmp_path / "x.parquet")
+    for b in (mv.load(path), mv.load(tmp_path / "x.parquet")):
+        assert b.field("clipped")[0].tolist() == [1, 0, 0, 0, 1] and b.field("clipped")[0].dtype.name == "int8"
+        assert b.field("turn_clipped")[0].tolist() == [0, 1] and b.field("turn_clipped")[0].dtype.name == "int8"
+        assert b.field("ratio")[0].tolist() == [1.5, 0.5, 0.0, 1.0, 2.0]
+        assert b.field("turn_ratio")[0].tolist() == [0.9, 1.3]
+        mv.save(b, tmp_path / "again.parquet")
+        c = mv.load(tmp_path / "again.parquet")
+        assert c.field("turn_clipped")[0].tolist() == [0, 1] and c.field("clipped")[0].tolist() == [1, 0, 0, 0, 1]
+    with pytest.raises(TrajectoryError, match=r"row 0, traj_id='a': field 'turn_clipped': expected 0 or 1 \(or a "
+                                              r"boolean\), found 3 at turn 0"):
+        pq.write_table(pa.Table.from_pylist([dict(row, turn_clipped=[3, 0])]), tmp_path / "y.parquet")
+        mv.load(tmp_path / "y.parquet")

@@ -17,6 +17,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from mpo_viz.schema import (
+    BINARY_FIELDS,
     EXTRA_TOKEN_DTYPE,
     PROMPT_FIELD,
     REQUIRED,
@@ -163,8 +164,8 @@ def _read_column(cols: Columns, name: str, col, rlen, reject_all) -> None:
         elif name in TURN_FIELDS:
             cols.turn[name] = (flat.astype(np.float64), off, present)
         else:
-            if name not in ("response_ids", "loss_mask", "turn_ids", "response_tokens"):
-                flat = flat.astype(TOKEN_FIELDS[name])
+            if name not in ("response_ids", "loss_mask", "turn_ids", "response_tokens", *BINARY_FIELDS):
+                flat = flat.astype(TOKEN_FIELDS[name])  # the raw ones are checked before they are narrowed
             cols.token[name] = (flat, off, present)
         return
     if is_list and rlen is not None and (pa.types.is_floating(col.type.value_type) or pa.types.is_integer(col.type.value_type)):
@@ -255,7 +256,7 @@ def _record_batch(batch: TrajectoryBatch, include: set, extra_types: dict) -> pa
     for name, (flat, off, pres) in c.turn.items():
         if name not in include:
             continue
-        arrays.append(_list_array(flat, off, pres, pa.float64()))
+        arrays.append(_list_array(flat, off, pres, _VALUE_TYPES[flat.dtype]))
         names.append(name)
     for name, v in c.extras.items():
         arrays.append(pa.array(list(v), type=extra_types[name]))

@@ -1,7 +1,7 @@
 """Policy and value losses, aggregation, KL penalties and logprob/entropy helpers.
 
 ``from mpo_viz.losses import policy_loss, value_loss, aggregate, kl_penalty, token_logprobs,
-token_entropy``. Loss kinds live in a string registry (``available()``, ``register()``,
+token_entropy``; ``clip_flags`` says which tokens and turns a loss kind clips. Loss kinds live in a string registry (``available()``, ``register()``,
 ``get()``); each declares what it needs (``turns``, ``rollout_logp``) and its default clip range
 and aggregation.
 
@@ -21,10 +21,12 @@ from mpo_viz.losses.policy import (
     LOGPROB_FIELDS,
     METRIC_NAMES,
     RATIO_MODES,
+    ClipFlags,
     LossKind,
     PolicyInputs,
     PolicyTerms,
     available,
+    clip_flags,
     get,
     options,
     policy_loss,
@@ -39,11 +41,13 @@ __all__ = [
     "METRIC_NAMES",
     "RATIO_MODES",
     "LOGPROB_FIELDS",
+    "ClipFlags",
     "LossKind",
     "PolicyInputs",
     "PolicyTerms",
     "aggregate",
     "available",
+    "clip_flags",
     "get",
     "kl_penalty",
     "options",

@@ -79,6 +79,8 @@ __all__ = [
     "LOGPROB_FIELDS",
     "PolicyInputs",
     "PolicyTerms",
+    "ClipFlags",
+    "clip_flags",
     "available",
     "get",
     "register",
@@ -175,12 +177,46 @@ class PolicyInputs:
 
 @dataclass(frozen=True)
 class PolicyTerms:
-    """What a loss kind returns: the per-token loss and, per token, which clip is active (bool)."""
+    """What a loss kind returns: the per-token loss and, per token, which clip is active (bool).
+
+    Each kind sets the flags by its own rule, beside its loss (the one place that says whether a
+    token is clipped): token_ppo, turn_ppo, gspo — the clipped branch is strictly active (the ratio
+    left the band on the side its advantage pushes), or the token band holds the token
+    (``clipped_low``/``clipped_high``), or the dual clip caps it (``dual_clipped``); sao — the
+    token's ratio lies outside its band (dropped, whatever A's sign); cispo — the token's weight
+    was clipped (the token keeps a gradient); sapo — never (a soft gate, no clip).
+    """
 
     loss: torch.Tensor
     clipped_low: torch.Tensor
     clipped_high: torch.Tensor
     dual_clipped: torch.Tensor
+
+    @property
+    def clipped(self) -> torch.Tensor:
+        """(B, L) bool: any of the three flags — the tokens the loss clipped or dropped."""
+        return self.clipped_low | self.clipped_high | self.dual_clipped
+
+
+@dataclass(frozen=True)
+class ClipFlags:
+    """What a loss kind's clip does, per token and per turn, at given log-probs (:func:`clip_flags`).
+
+    ``ratio`` (B, L): ``r_t = exp(logr_t)``, the token's ratio against the kind's base (``old_logp``;
+    sao: ``rollout_logp``), its log clamped to ±20; 1 on masked tokens. ``clipped`` (B, L) bool:
+    :attr:`PolicyTerms.clipped` of the kind. ``turn_ratio`` (S,): ρ_k over each turn's action
+    tokens as ``ratio`` says (``geo_mean``: ``exp(mean_{j∈k} logr_j)``, the geometric mean of the
+    token ratios; ``product``: ``exp(clamp(Σ logr_j, ±20))``) — turn_ppo's own ratio, for every
+    kind. ``turn_clipped`` (S,) bool: ρ_k outside ``[1 − ε_low, 1 + ε_high]`` (the rule of the
+    ``turn_clipfrac`` metric, whose value is their mean). ``turn_row`` (S,) int64: the row of each
+    turn; turns are in row then turn order.
+    """
+
+    ratio: torch.Tensor
+    clipped: torch.Tensor
+    turn_ratio: torch.Tensor
+    turn_clipped: torch.Tensor
+    turn_row: torch.Tensor
 
 
 @dataclass(frozen=True)
@@ -559,6 +595,46 @@ def policy_loss(
     return loss, metrics
 
 
+def clip_flags(
+    kind: str,
+    logp: TensorLike,
+    old_logp: TensorLike | None,
+    advantages: TensorLike,
+    mask: TensorLike,
+    *,
+    turn_ids: TensorLike | None = None,
+    clip_low: float | None = None,
+    clip_high: float | None = None,
+    ratio: str = "geo_mean",
+    agg: str | None = None,
+    rollout_logp: TensorLike | None = None,
+    **options: Any,
+) -> ClipFlags:
+    """Which tokens and turns the ``kind`` loss clips at ``logp`` (:class:`ClipFlags`), no gradient.
+
+    The arguments and their checks are :func:`policy_loss`'s (``agg`` is checked and changes no
+    flag: nothing is reduced, so the same options serve both calls). The token flags come from the
+    kind's own function (the rule beside the loss, :class:`PolicyTerms`), so they are exactly the
+    tokens ``policy_loss`` clips at the same log-probs; the turn flags follow the ``turn_clipfrac``
+    metric. Shapes as :func:`policy_loss`; float64 when ``logp`` is float64, else float32.
+    """
+    spec = get(kind)
+    settings = _settings(spec, dict(options, clip_low=clip_low, clip_high=clip_high, ratio=ratio, agg=agg))
+    with torch.no_grad():
+        x, _, _ = _policy_inputs(spec, as_tensor(logp, "logp").detach(), old_logp, advantages, mask, rollout_logp,
+                                 turn_ids, settings)
+        terms = spec.fn(x, **{k: settings[k] for k in spec.options if k in settings})
+        rho = unit_ratio(x.logr, x.turns, x.ratio)
+        r = torch.where(x.mask, torch.exp(x.logr), torch.ones((), dtype=x.logr.dtype, device=x.logr.device))
+        return ClipFlags(ratio=r, clipped=terms.clipped & x.mask, turn_ratio=rho, turn_clipped=_outside_band(rho, x),
+                         turn_row=x.turns.row)
+
+
+def _outside_band(rho: torch.Tensor, x: PolicyInputs) -> torch.Tensor:
+    """(S,) bool: the turn ratios outside ``[1 − ε_low, 1 + ε_high]`` (``turn_clipfrac``, ``turn_clipped``)."""
+    return (rho < 1 - x.clip_low) | (rho > 1 + x.clip_high)
+
+
 def _settings(spec: LossKind, given: dict) -> dict:
     """Every option of ``spec`` checked against its declaration, None keywords given the kind's
     defaults (``clip_low``, ``clip_high``, ``agg``); an option the kind does not take is refused."""
@@ -636,7 +712,6 @@ def _metrics(x: PolicyInputs, terms: PolicyTerms, kl_base: torch.Tensor) -> dict
         has = n > 0
         lr = x.logr.detach()
         r = torch.exp(lr)
-        lo, hi = 1 - x.clip_low, 1 + x.clip_high
         rho = unit_ratio(lr, x.turns, x.ratio)  # (S,)
         n_turns = rho.numel()
         rho_tok = x.turns.broadcast(rho, fill=0.0)
@@ -655,7 +730,7 @@ def _metrics(x: PolicyInputs, terms: PolicyTerms, kl_base: torch.Tensor) -> dict
 
         if n_turns:
             turn_stats = [
-                ((rho < lo) | (rho > hi)).to(dt).mean(),
+                _outside_band(rho, x).to(dt).mean(),
                 rho.mean(),
                 rho.min(),
                 rho.max(),

@@ -9,7 +9,9 @@ Payload (all lists of length N = the trajectory's response length, padding exclu
 
     {"version": 1, "title": str, "tokens": [str], "mask": [0|1], "turn_ids": [int],
      "channels": {name: [float|null]},                     # null = no value (NaN, inf)
-     "channel_info": {name: {"label": str, "center": float, "scale": float|null}},
+     "channel_info": {name: {"label": str, "center": float, "scale": float|null,
+                             "log": bool}},                # optional "log": the values are natural
+                                                           # logs; legend and hover show exp(v)
      "channel": str,                                       # initially shown
      "meta": {key: scalar},                                # shown in the header
      "spaced": bool,                                       # optional: put a gap between tokens
@@ -292,7 +294,11 @@ def strip_payload(
       over action tokens, given by the caller as ``td``: a ``(B, L)`` tensor or array, e.g.
       :func:`mpo_viz.analysis.td_error`; the strip computes no estimator itself), ``reward``;
     * ``logprob`` (``old_logprobs``, else ``rollout_logprobs``), ``ratio`` =
-      ``exp(old − rollout)`` (centred at 1), ``kl`` = ``old − ref`` (k1), ``entropy``.
+      ``exp(old − rollout)`` (centred at 1), ``kl`` = ``old − ref`` (k1), ``entropy``;
+    * what a trainer's update did (the saved ``ratio`` and ``clipped``): ``update_ratio`` — the log
+      of the ratio after the update (centred at 0, so ×2 and ÷2 get opposite colours of one depth;
+      legend and hover show the ratio itself) and ``clipped`` (1 where the loss's clip held the
+      token; scale 1).
 
     ``tokens``: display strings for the row, or a callable ``ids -> strings`` (a tokenizer's
     per-token decode); default the ``response_tokens`` field, else the token ids. ``arrays``: the
@@ -309,6 +315,7 @@ def strip_payload(
     _advantage_channels(ch, sub, row, advantages, mask)
     _value_channels(ch, sub, row, td)
     _logprob_channels(ch, sub)
+    _update_channels(ch, sub)
     _other_channels(ch, sub)
     noise = values_are_noise(sub)
     if noise:
@@ -437,8 +444,20 @@ def _logprob_channels(ch: _Channels, sub) -> None:
         ch.add("entropy", field("entropy"), "entropy")
 
 
+def _update_channels(ch: _Channels, sub) -> None:
+    """``update_ratio`` (log of the saved ``ratio``, flagged ``log``) and ``clipped`` (0/1, scale 1)."""
+    if sub.has("ratio"):
+        with np.errstate(divide="ignore", invalid="ignore"):  # ratios are > 0 on action tokens
+            ch.add("update_ratio", np.log(sub.padded("ratio", torch.float64, fill=math.nan)[0].numpy()),
+                   "ratio after the update (log scale)")
+        ch.info["update_ratio"]["log"] = True
+    if sub.has("clipped"):
+        ch.add("clipped", sub.padded("clipped", torch.float64, fill=math.nan)[0].numpy(), "clipped by the loss (1 = yes)")
+        ch.info["clipped"]["scale"] = 1.0
+
+
 _KNOWN = {"response_ids", "loss_mask", "turn_ids", "response_tokens", "token_rewards", "values", "advantages",
-          "returns", "old_logprobs", "rollout_logprobs", "ref_logprobs", "entropy"}
+          "returns", "old_logprobs", "rollout_logprobs", "ref_logprobs", "entropy", "ratio", "clipped"}
 
 
 def _other_channels(ch: _Channels, sub) -> None:

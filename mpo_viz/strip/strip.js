@@ -2,12 +2,13 @@
 //
 // Input: one JSON payload (built by mpo_viz.strip.strip_payload, schema "mpo_viz.strip/v1"):
 //   { version: 1, title, tokens: [str], mask: [0|1], turn_ids: [int],
-//     channels: { name: [number|null] }, channel_info: { name: { label, center, scale } },
+//     channels: { name: [number|null] }, channel_info: { name: { label, center, scale, log? } },
 //     channel: initial channel name, meta: { key: value } }
 // Tokens are text coloured by the chosen channel on a diverging scale centred at the channel's
-// centre (0 unless said otherwise); observation tokens are greyed; every turn starts a new row with
-// a turn label; hovering a token shows every channel. Only the visible rows are in the DOM, so a
-// 50,000-token trajectory scrolls smoothly.
+// centre (0 unless said otherwise; a channel whose info says log holds natural logs, coloured as
+// they are and shown as exp in the legend and the hover); observation tokens are greyed; every
+// turn starts a new row with a turn label; hovering a token shows every channel. Only the visible
+// rows are in the DOM, so a 50,000-token trajectory scrolls smoothly.
 //
 // Two entry points:
 //   mount(el, payload, options) -> { update(payload), patch(p), setChannel(name), scrollToToken(i), destroy() }
@@ -59,6 +60,11 @@ function fmt(v) {
   const a = Math.abs(v);
   if (a !== 0 && (a < 1e-3 || a >= 1e5)) return v.toExponential(3);
   return (Math.round(v * 1e4) / 1e4).toString();
+}
+
+// A channel's value as the reader sees it: exp(v) for a log channel (e.g. a ratio coloured by its log).
+function shown(inf, v) {
+  return inf && inf.log && typeof v === "number" && Number.isFinite(v) ? Math.exp(v) : v;
 }
 
 function mix(a, b, t) {
@@ -263,8 +269,8 @@ export function mount(el, payload, options = {}) {
     }
     const [c, s, clipped, worst] = scaleOf(channel);
     const inf = d.info[channel] || {};
-    lo.textContent = fmt(c - s);
-    hi.textContent = fmt(c + s);
+    lo.textContent = fmt(shown(inf, c - s));
+    hi.textContent = fmt(shown(inf, c + s));
     scaleNote.textContent = inf.scale_note ? `(${inf.scale_note})` : "";
     clipInfo.textContent = clipped ? `\u25b2 ${clipped} clipped, largest |v${c ? " \u2212 " + fmt(c) : ""}| ${fmt(worst)}` : "";
     clipInfo.hidden = !clipped;
@@ -393,8 +399,9 @@ export function mount(el, payload, options = {}) {
   // --- hover ---------------------------------------------------------------------------------------
   function showTip(i) {
     const rows = d.names.map((k) => {
-      const v = d.channels[k][i];
-      const label = esc((d.info[k] || {}).label || k);
+      const inf = d.info[k] || {};
+      const v = shown(inf, d.channels[k][i]);
+      const label = esc(inf.label || k);
       return `<tr class="${k === channel ? "mpo-strip-active" : ""}"><td>${label}</td><td>${fmt(v)}</td></tr>`;
     });
     tip.innerHTML =

@@ -7,6 +7,7 @@ One iteration::
     reference log-probs (kl_coef > 0)        one no-grad forward of the frozen reference policy
     advantages and returns                   mpo_viz.advantages.compute(batch, estimator, **options)
     E epochs × M minibatches of updates      mpo_viz.train.update (policy_loss, value_loss)
+    what the update did (saved iterations)   one no-grad forward: per-token ratio and clip flags
     greedy evaluation (every eval_interval)  a fixed held-out set of tasks
     trajectories/iter=N.parquet, metrics.jsonl line, checkpoints/iter=N/
 
@@ -69,6 +70,7 @@ from mpo_viz.train.trackers import Tracker, check_available, open_tracker
 from mpo_viz.train.update import (
     Learners,
     UpdateSettings,
+    after_update,
     forward_policy,
     make_micro,
     micro_batches,
@@ -641,6 +643,10 @@ class Trainer:
         upd = self._update(train_batch) if train_batch is not None else {}
         timings["update"] = time.perf_counter() - t
         rec.update(upd)
+        if train_batch is batch and self._saves(it):
+            t = time.perf_counter()
+            batch = self._after_update(batch)
+            timings["after_update"] = time.perf_counter() - t
 
         t = time.perf_counter()
         if cfg.eval_interval and it % cfg.eval_interval == 0:
@@ -702,12 +708,25 @@ class Trainer:
                   for v, t in zip(out.field("mc_value"), tids)]
         return out.with_token_fields(values=values).with_meta(values_source="mc")
 
+    def _saves(self, it: int) -> bool:
+        """Whether iteration ``it`` writes its trajectories (every ``save_trajectories_every``)."""
+        k = self.cfg.save_trajectories_every
+        return bool(k) and it % k == 0
+
+    def _after_update(self, batch: TrajectoryBatch) -> TrajectoryBatch:
+        """``batch``, the rollout the update just trained on, with what the update did to it: per
+        token ``ratio`` and ``clipped``, per turn ``turn_ratio`` and ``turn_clipped``
+        (:func:`~mpo_viz.train.update.after_update`: one no-grad forward of the updated policy)."""
+        seen = after_update(self.policy.model, rows_of(batch), UpdateSettings.of(self.cfg), pad_id=self.pad_id,
+                            device=self.device)
+        return seen.attach(batch)
+
     def _write(self, rec: dict, batch: TrajectoryBatch, options: dict, timings: dict) -> None:
         """``trajectories/iter=N.parquet`` every ``save_trajectories_every`` iterations."""
         cfg = self.cfg
         it = rec["iteration"]
         t = time.perf_counter()
-        if cfg.save_trajectories_every and it % cfg.save_trajectories_every == 0:
+        if self._saves(it):
             batch.meta["iteration"] = it
             batch.meta["estimator"] = cfg.estimator
             batch.meta["estimator_options"] = options

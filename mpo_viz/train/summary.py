@@ -30,11 +30,11 @@ _KINDS = (("sampled", "eval_sampled_success"), ("greedy", "eval_success"))
 #: the phases of a run, in order, and the keys of its records' ``timings`` (each RL iteration's
 #: ``rollout`` ... ``checkpoint``) and ``seconds`` (the SFT line's ``sft``/``eval``, the warm-up's
 #: ``warmup_pool``/``warmup_fit``, each evaluation line's ``eval``) each adds up; ``rollout_oracle``
-#: is a part of ``rollout``
+#: is a part of ``rollout``; ``after_update`` (what the update did, on saved iterations) counts as update
 PHASES = (("sft", ("sft",)), ("warm-up pool", ("warmup_pool",)), ("warm-up fit", ("warmup_fit",)),
           ("rollout", ("rollout",)), ("monte-carlo values", ("mc",)), ("values", ("values",)),
           ("advantages", ("advantages",)),
-          ("update", ("update",)), ("eval", ("eval",)), ("write", ("write", "checkpoint")))
+          ("update", ("update", "after_update")), ("eval", ("eval",)), ("write", ("write", "checkpoint")))
 
 
 @dataclass(frozen=True)

@@ -23,6 +23,11 @@ Per optimizer step the policy loss is
 
 and, when the estimator uses a critic, ``value_loss(V_θ, V_old, G, mask; clip=ε_v, scale)`` on the
 critic's own AdamW.
+
+**What the update did** (:func:`after_update`): one no-grad forward of the updated policy over the
+rows gives each token's ratio ``exp(logπ_new − logπ_base)`` and which tokens and turns the loss's
+clip holds at it (:func:`mpo_viz.losses.clip_flags`). The last epoch's own forwards cannot give it:
+each ran before its minibatch's step and the later steps moved the policy again.
 """
 
 from __future__ import annotations
@@ -37,6 +42,7 @@ import torch
 
 from mpo_viz.losses import (
     aggregate,
+    clip_flags,
     kl_penalty,
     policy_loss,
     token_entropy,
@@ -48,7 +54,8 @@ from mpo_viz.train.config import Config
 from mpo_viz.trajectory import TrajectoryBatch
 
 __all__ = ["Rows", "rows_of", "micro_batches", "forward_policy", "forward_critic", "normaliser",
-           "update_epochs", "Learners", "UpdateSettings", "MetricMeter", "policy_logits", "critic_values"]
+           "update_epochs", "Learners", "UpdateSettings", "MetricMeter", "policy_logits", "critic_values",
+           "AfterUpdate", "after_update"]
 
 
 # ---------------------------------------------------------------------------------------------
@@ -442,3 +449,60 @@ class _Update:
     def result(self) -> dict:
         return {**self.pm.result(), **self.cm.result(), **self.steps_meter.result(), "optimizer_steps": self.steps,
                 "update_tokens": self.tokens}
+
+
+# ---------------------------------------------------------------------------------------------
+# what the update did, per token and per turn
+
+
+@dataclass(frozen=True)
+class AfterUpdate:
+    """Per row, what an update left: ``ratio`` (B, L) float32 — ``exp(logπ_new − logπ_base)`` on
+    action tokens (base: the loss's, ``old_logprobs``; sao: ``rollout_logprobs``), 1 elsewhere;
+    ``clipped`` (B, L) int8 — 1 where the loss's clip holds the token at that ratio; per row, one
+    entry per turn: ``turn_ratio`` (float64) and ``turn_clipped`` (int8), see
+    :class:`mpo_viz.losses.ClipFlags`."""
+
+    ratio: torch.Tensor
+    clipped: torch.Tensor
+    turn_ratio: list
+    turn_clipped: list
+
+    def attach(self, batch: TrajectoryBatch) -> TrajectoryBatch:
+        """``batch`` (the rows this was computed on) with the four v1 fields set."""
+        return (batch.with_token_fields(ratio=self.ratio, clipped=self.clipped)
+                .with_turn_fields(turn_ratio=self.turn_ratio, turn_clipped=self.turn_clipped))
+
+
+def after_update(policy: torch.nn.Module, r: Rows, settings: UpdateSettings, *, pad_id: int, device) -> AfterUpdate:
+    """The policy's ratio on every token of ``r`` and the loss's clip flags there, by
+    :func:`mpo_viz.losses.clip_flags` with ``settings.loss`` and ``settings.loss_options`` on the
+    rows' advantages: one no-grad forward of ``policy`` in micro-batches of at most
+    ``settings.micro_batch_tokens`` padded tokens (about a third of one epoch's policy compute)."""
+    B, L = r.mask.shape
+    ratio = torch.ones((B, L), dtype=torch.float32)
+    clipped = torch.zeros((B, L), dtype=torch.int8)
+    turn_ratio: list = [np.zeros(0)] * B
+    turn_clipped: list = [np.zeros(0, dtype=np.int8)] * B
+    with torch.no_grad():
+        for rows in micro_batches(r, np.arange(B), settings.micro_batch_tokens):
+            mb = make_micro(r, rows, pad_id, device)
+            f = _micro_flags(policy, r, mb, settings, device)
+            idx = torch.from_numpy(mb.rows)
+            ratio[idx, : mb.Lb] = f.ratio.float().cpu()
+            clipped[idx, : mb.Lb] = f.clipped.to(torch.int8).cpu()
+            row, rho, out = f.turn_row.cpu().numpy(), f.turn_ratio.double().cpu().numpy(), f.turn_clipped.cpu().numpy()
+            for j, i in enumerate(mb.rows):
+                turn_ratio[i], turn_clipped[i] = rho[row == j], out[row == j].astype(np.int8)
+    return AfterUpdate(ratio=ratio, clipped=clipped, turn_ratio=turn_ratio, turn_clipped=turn_clipped)
+
+
+def _micro_flags(policy: torch.nn.Module, r: Rows, mb: Micro, settings: UpdateSettings, device):
+    """:func:`mpo_viz.losses.clip_flags` of one micro-batch at the policy's log-probs."""
+
+    def take(x: torch.Tensor | None) -> Any:
+        return None if x is None else mb.take(x).to(device)
+
+    logp, _ = forward_policy(policy, mb)
+    return clip_flags(settings.loss, logp, take(r.old_logp), take(r.advantages), take(r.mask),
+                      turn_ids=take(r.turn_ids), rollout_logp=take(r.rollout_logp), **settings.loss_options)

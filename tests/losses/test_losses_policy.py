@@ -12,12 +12,14 @@ import torch
 from mpo_viz.losses import (
     METRIC_NAMES,
     available,
+    clip_flags,
     get,
     policy_loss,
     policy_loss_reference,
     register,
 )
 from mpo_viz.losses.policy import PolicyTerms
+from mpo_viz.turns import turn_ids_from_mask
 
 ln = math.log
 KINDS = ["token_ppo", "turn_ppo", "gspo", "sao", "cispo", "sapo"]
@@ -551,3 +553,68 @@ def test_product_ratio_warns_once_with_what_the_clip_does(kind):
         policy_loss(kind, lp, torch.zeros(2, 20), adv, mask, ratio="product", clip_low=0.2, clip_high=0.2)
         policy_loss(kind, lp, torch.zeros(2, 20), adv, mask)
     checks._WARNED.clear()
+
+
+# --------------------------------------------------------------------------------------------
+# clip_flags: which tokens and turns each kind clips
+
+
+@pytest.mark.filterwarnings("ignore:turn_ppo. ratio='product'")
+def test_clip_flags_by_hand():
+    """Token ratios [5/3, 1, 0.4, 1.8] in turns [0, 0, 1, 1], advantages [+, −, −, +]."""
+    lp = torch.log(torch.tensor([[0.5, 0.5, 0.2, 0.9]], dtype=torch.float64))
+    old = torch.log(torch.tensor([[0.3, 0.5, 0.5, 0.5]], dtype=torch.float64))
+    adv = torch.tensor([[1.0, -1.0, -1.0, 1.0]], dtype=torch.float64)
+    mask, tid = torch.ones(1, 4), torch.tensor([[0, 0, 1, 1]])
+
+    def flags(kind, **kw):
+        f = clip_flags(kind, lp, old, adv, mask, turn_ids=tid, rollout_logp=old, **kw)
+        return f.clipped[0].tolist(), f.turn_clipped.tolist(), f
+
+    # token_ppo, band [0.8, 1.2]: 5/3 with A > 0 and 0.4 with A < 0 and 1.8 with A > 0 are clipped
+    tok, turns, f = flags("token_ppo")
+    assert tok == [True, False, True, True]
+    np.testing.assert_allclose(f.ratio[0].numpy(), [5 / 3, 1.0, 0.4, 1.8], rtol=1e-12)
+    # ρ_0 = sqrt(5/3) = 1.291 (out), ρ_1 = sqrt(0.72) = 0.849 (in): for every kind
+    np.testing.assert_allclose(f.turn_ratio.numpy(), [math.sqrt(5 / 3), math.sqrt(0.72)], rtol=1e-12)
+    assert turns == [True, False] and f.turn_row.tolist() == [0, 0]
+    # turn_ppo: turn 0 is out of the band above — its A > 0 token is clipped, its A < 0 token is not;
+    # turn 1 is inside, but token 2's own ratio 0.4 < 1/2 with A < 0: the token band holds it
+    assert flags("turn_ppo")[0] == [True, False, True, False]
+    assert flags("turn_ppo", token_clip=None)[0] == [True, False, False, False]
+    assert flags("turn_ppo", agg="turn-mean")[0] == [True, False, True, False]  # agg changes no flag
+    # product ratio: ρ_0 = 5/3 (out), ρ_1 = 0.72 (out below): token 2 (A < 0) clipped by the turn too
+    tok, turns, _ = flags("turn_ppo", ratio="product", token_clip=None)
+    assert tok == [True, False, True, False] and turns == [True, True]
+    # sao against the rollout log-probs (here the old ones), band (0.7, 6.0): only 0.4 is dropped
+    assert flags("sao")[0] == [False, False, True, False]
+    # cispo ε 1.0 / 4.0: the weight is clipped past 5 only; with ε_high 0.5 at 5/3 and 1.8
+    assert flags("cispo")[0] == [False, False, False, False]
+    assert flags("cispo", clip_high=0.5)[0] == [True, False, False, True]
+    # sapo clips nothing; gspo (3e-4 / 4e-4): ρ = exp(mean of all four) = 1.0466, out above: A > 0 tokens
+    assert flags("sapo")[0] == [False] * 4
+    assert flags("gspo")[0] == [True, False, False, True]
+
+
+@pytest.mark.parametrize("kind", ["token_ppo", "turn_ppo", "gspo", "sao", "turn_ppo+bare"])
+@pytest.mark.parametrize("edge", ["random", "one_token_turns", "empty_rows", "all_masked", "given_turn_ids"])
+def test_clip_flags_are_the_tokens_without_gradient_in_the_reference_loop(kind, edge):
+    """For the clipping kinds a token with A ≠ 0 gets no gradient exactly when it is clipped; the turn
+    flags' mean is the ``turn_clipfrac`` metric; the ratio is exp(logπ − base)."""
+    rng = np.random.default_rng(zlib.crc32(f"flags/{kind}/{edge}".encode()))
+    lp, old, adv, mask, roll, tid = _random_case(rng, 4, 23, edge)
+    kind, _, variant = kind.partition("+")
+    kw = {"dual_clip": 3.0} if kind != "sao" else {}
+    if variant == "bare":
+        kw["token_clip"] = None
+    f = clip_flags(kind, torch.tensor(lp), old, adv, mask, turn_ids=tid, rollout_logp=roll, **kw)
+    _, grad = policy_loss_reference(kind, lp, old, adv, mask, turn_ids=tid, rollout_logp=roll,
+                                    token_clip=kw.get("token_clip", "default"), dual_clip=kw.get("dual_clip"))
+    act = mask != 0
+    np.testing.assert_array_equal(f.clipped.numpy(), act & (grad == 0))
+    base = roll if kind == "sao" else old
+    np.testing.assert_allclose(f.ratio.numpy(), np.where(act, np.exp(lp - base), 1.0), rtol=1e-12)
+    _, met = policy_loss(kind, torch.tensor(lp), old, adv, mask, turn_ids=tid, rollout_logp=roll, **kw)
+    assert met["turn_clipfrac"] == pytest.approx(float(f.turn_clipped.double().mean()) if f.turn_clipped.numel() else 0.0)
+    ids = turn_ids_from_mask(mask) if tid is None else np.asarray(tid)
+    assert f.turn_row.tolist() == [i for i in range(mask.shape[0]) for _ in np.unique(ids[i][act[i]])]

@@ -1,17 +1,18 @@
 """The trainer end to end: run folders the dashboard reads, exact resume, interrupts, refusals."""
 
 import json
+import math
 import os
 
 import numpy as np
 import pytest
 import torch
-from safetensors.torch import load_file
+from safetensors.torch import load_file, load_model
 from train_helpers import tiny
 
 import mpo_viz.rollout.play as R
 import mpo_viz.train.loop as L
-from mpo_viz import load
+from mpo_viz import load, models
 from mpo_viz.advantages import compute
 from mpo_viz.train import Trainer
 from mpo_viz.train.loop import RESULT_KEYS_VOLATILE, check_loss_inputs
@@ -230,3 +231,74 @@ def test_side_thread_off_runs_everything_in_one_thread(tmp_path, monkeypatch):
     t = Trainer(cfg.replace(side_thread=True), tmp_path / "on", quiet=True)
     list(t.iterate())
     assert pools  # the same run with it on does use the second thread for the update
+
+
+def _rows_logp(model, b) -> list:
+    """log π(response token t) of each saved row under ``model``, one row at a time (no batching)."""
+    out = []
+    with torch.no_grad():
+        for p, resp in zip(b.field("prompt_ids"), b.field("response_ids")):
+            ids = torch.tensor(np.concatenate([p, resp]), dtype=torch.int64)[None]
+            logits = model(input_ids=ids).logits[0].double()
+            P = len(p)
+            out.append(torch.log_softmax(logits, -1)[P - 1: P - 1 + len(resp)].gather(1, ids[0, P:, None])[:, 0].numpy())
+    return out
+
+
+def _clip_rule(loss, r, a, tid, act):
+    """The loss's rule, written out with its defaults (ε 0.2 / 0.2; turn_ppo's token band 2 and its
+    turn ratio the geometric mean; sao's band (0.7, 6.0) whatever A's sign): per token clipped, per
+    turn ρ_k and whether it lies outside [1 − ε_low, 1 + ε_high]."""
+    rho = {k: math.exp(np.mean(np.log(r[act & (tid == k)]))) for k in np.unique(tid[act])}
+    ks = sorted(rho)
+    lo, hi = (0.7, 6.0) if loss == "sao" else (0.8, 1.2)
+    if loss == "token_ppo":
+        tok = ((a > 0) & (r > 1.2)) | ((a < 0) & (r < 0.8))
+    elif loss == "sao":
+        tok = (r <= 0.7) | (r >= 6.0)
+    else:
+        rt = np.array([rho.get(k, 1.0) for k in tid])
+        tok = ((a > 0) & ((rt > 1.2) | (r > 2.0))) | ((a < 0) & ((rt < 0.8) | (r < 0.5)))
+    return tok & act, [rho[k] for k in ks], [int(rho[k] < lo or rho[k] > hi) for k in ks]
+
+
+@pytest.mark.parametrize("estimator, loss", [("mpo", "turn_ppo"), ("gae", "token_ppo"), ("gae", "sao")])
+def test_saved_trajectories_carry_what_the_update_did(tmp_path, estimator, loss):
+    """ratio / clipped / turn_ratio / turn_clipped in trajectories/iter=1.parquet are what the saved
+    checkpoint (the policy after the update) and the saved old log-probs give, row by row."""
+    cfg = tiny(estimator=estimator, loss=loss, iterations=1, eval_interval=0, policy_lr=3e-3)
+    tr = Trainer(cfg, tmp_path / "run", quiet=True)
+    rec = next(iter(tr.iterate()))
+    assert rec["timings"]["after_update"] > 0
+    b = load(tmp_path / "run" / "trajectories" / "iter=000001.parquet")
+    assert {"ratio", "clipped", "turn_ratio", "turn_clipped"} <= b.fields
+    model = models.tiny_policy(tr.policy.tokenizer, size=cfg.model_size, seed=123).model
+    load_model(model, str(tmp_path / "run" / "checkpoints" / "iter=000001" / "policy.safetensors"))
+    new = _rows_logp(model.eval(), b)
+    n_clipped, n_act, turns = 0, 0, []
+    for i in range(len(b)):
+        act = b.field("loss_mask")[i] != 0
+        base = b.field("rollout_logprobs" if loss == "sao" else "old_logprobs")[i]  # the loss's own ratio
+        r = np.where(act, np.exp(new[i] - base), 1.0)
+        np.testing.assert_allclose(b.field("ratio")[i], r, rtol=1e-5, atol=1e-6)
+        tok, rho, out = _clip_rule(loss, r, b.field("advantages")[i], b.field("turn_ids")[i], act)
+        assert b.field("clipped")[i].tolist() == tok.astype(int).tolist()
+        np.testing.assert_allclose(b.field("turn_ratio")[i], rho, rtol=1e-5)
+        assert b.field("turn_clipped")[i].tolist() == out
+        n_clipped, n_act, turns = n_clipped + int(tok.sum()), n_act + int(act.sum()), turns + out
+    assert 0 < n_clipped < n_act  # the update reached the clip on some tokens, not on all
+    t = b.turns()
+    assert t["turn_ratio"].tolist() == pytest.approx(np.concatenate(b.field("turn_ratio")).tolist())
+    assert t["turn_clipped"].tolist() == turns
+
+
+def test_no_update_view_where_the_saved_rollout_was_not_trained_on(tmp_path):
+    """policy_lag = 1: iteration 2 trains on iteration 1's rollout and saves its own, which no update
+    has seen yet: no ratio fields, and no forward for them; a rollout not saved gets none either."""
+    tr = Trainer(tiny(iterations=2, policy_lag=1, eval_interval=0), tmp_path / "lag", quiet=True)
+    recs = list(tr.iterate())
+    assert all("after_update" not in r["timings"] for r in recs)
+    assert "ratio" not in load(tmp_path / "lag" / "trajectories" / "iter=000002.parquet").fields
+    tr = Trainer(tiny(iterations=2, save_trajectories_every=2, eval_interval=0), tmp_path / "every2", quiet=True)
+    recs = list(tr.iterate())
+    assert ["after_update" in r["timings"] for r in recs] == [False, True]

@@ -1,7 +1,9 @@
 """The update step: alignment of the teacher-forced forward, micro-batching that leaves the gradient
-unchanged (the minibatch normaliser passed as ``scale``), and critic-only updates."""
+unchanged (the minibatch normaliser passed as ``scale``), critic-only updates, and what an update
+left per token (``after_update``)."""
 
 import copy
+import dataclasses
 from types import SimpleNamespace
 
 import numpy as np
@@ -13,6 +15,8 @@ from mpo_viz.envs import build_tokenizer, make_env
 from mpo_viz.losses import policy_loss, value_loss
 from mpo_viz.train.sft import expert_rows
 from mpo_viz.train.update import (
+    UpdateSettings,
+    after_update,
     forward_critic,
     forward_policy,
     make_micro,
@@ -207,3 +211,33 @@ def test_update_settings_are_the_config_slice_and_the_keyword_call_still_works(s
         out = update_epochs(r, policy=None, policy_opt=None, critic=None, critic_opt=None, epochs=0, minibatches=1,
                             micro_batch_tokens=64, **kw)
     assert out == {"optimizer_steps": 0, "update_tokens": 0}
+
+
+def test_after_update_is_each_rows_own_ratio_however_the_rows_are_cut(setup):
+    """after_update's ratio is exp(logπ − old) of each row alone, in the row's place, whether the rows
+    go in one forward or in many length-sorted micro-batches; turn entries follow their rows."""
+    _, pol, r = setup
+    g = torch.Generator().manual_seed(5)  # old log-probs further from the policy's: some clips
+    r = dataclasses.replace(r, old_logp=r.old_logp + 0.3 * torch.randn(r.mask.shape, generator=g) * r.mask)
+    outs = []
+    for budget in (10**6, 300):
+        st = UpdateSettings(epochs=1, minibatches=1, micro_batch_tokens=budget, loss="turn_ppo")
+        outs.append(after_update(pol.model, r, st, pad_id=0, device="cpu"))
+    assert len(micro_batches(r, np.arange(len(r)), 300)) > 2
+    one, many = outs
+    assert torch.equal(one.clipped, many.clipped) and torch.allclose(one.ratio, many.ratio, rtol=1e-6)
+    with torch.no_grad():
+        for i in range(len(r)):
+            P, L = int(r.prompt_len[i]), int(r.resp_len[i])
+            lp = torch.log_softmax(pol.model(r.seqs[i][None]).logits[0], -1)[P - 1: P + L - 1]
+            lp = lp.gather(1, r.seqs[i][P:, None])[:, 0]
+            m = r.mask[i, :L]
+            want = torch.where(m, torch.exp(lp - r.old_logp[i, :L]), torch.ones(()))
+            assert torch.allclose(many.ratio[i, :L], want, rtol=1e-5), i
+            assert (many.ratio[i, L:] == 1).all() and (many.clipped[i, L:] == 0).all()
+            tid = r.turn_ids[i, :L][m]
+            rho = [float(torch.exp(torch.log(want[m][tid == k]).mean())) for k in torch.unique(tid)]
+            np.testing.assert_allclose(many.turn_ratio[i], rho, rtol=1e-5)
+            np.testing.assert_array_equal(many.turn_ratio[i], one.turn_ratio[i])
+            assert many.turn_clipped[i].tolist() == [int(x < 0.8 or x > 1.2) for x in many.turn_ratio[i]]
+    assert 0 < int(many.clipped.sum()) < int(r.mask.sum())

@@ -145,6 +145,26 @@ def test_pick_a_trajectory(batch):
         ex.select(8)
 
 
+def test_what_the_update_did_in_the_turn_table_and_the_strip(batch):
+    """A batch carrying a trainer's ratio / clipped / turn_ratio / turn_clipped: the explorer's turn
+    table shows the turn fields per turn, the strip colours by the ratio (log) and the flag."""
+    k = batch.num_turns
+    rho = [np.round(1.0 + 0.1 * np.arange(n) - 0.05 * i, 6) for i, n in enumerate(k)]
+    out = [(np.arange(n) % 2).astype(int) for n in k]
+    ratio = np.where(batch.mask.numpy() != 0, 1.5, 1.0)
+    b = batch.with_token_fields(ratio=ratio, clipped=batch.mask.numpy()).with_turn_fields(turn_ratio=rho,
+                                                                                          turn_clipped=out)
+    ex = TrajectoryExplorer(b, estimators=["mpo"])
+    ex.select(3)
+    np.testing.assert_allclose(ex.turn_df["turn_ratio"].to_numpy(), rho[3])
+    assert ex.turn_df["turn_clipped"].tolist() == out[3].tolist()
+    n = int(b.lengths[3])
+    act = b.mask[3, :n].numpy() != 0
+    p = ex.strip.synced_payload()
+    np.testing.assert_allclose(_channel(p, "update_ratio", n)[act], np.log(1.5), rtol=1e-4)
+    assert (_channel(p, "clipped", n)[act] == 1).all() and p["channel_info"]["update_ratio"]["log"] is True
+
+
 def test_picker_sorts_filters_and_pages_10k_rows():
     rng = np.random.default_rng(0)
     N = 10_000
