@@ -8,7 +8,16 @@ positions. :mod:`mpo_viz.advantages.reference` holds the readable per-trajectory
 tested against.
 """
 
-from mpo_viz.advantages.group import drgrpo, empg, gigpo, grpo, mt_grpo, reinforce_pp, reinforce_pp_baseline, rloo
+from mpo_viz.advantages.group import (
+    drgrpo,
+    empg,
+    gigpo,
+    grpo,
+    mt_grpo,
+    reinforce_pp,
+    reinforce_pp_baseline,
+    rloo,
+)
 from mpo_viz.advantages.registry import (
     DEFAULT_ESTIMATORS,
     AdvantageResult,

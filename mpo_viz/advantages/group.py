@@ -338,6 +338,15 @@ def _per_turn_to_tokens(p, per_turn: np.ndarray) -> np.ndarray:
     return adv
 
 
+def _outcome_and_intermediate(R: np.ndarray, K) -> tuple[np.ndarray, np.ndarray]:
+    """``O_i = R_{i,K_i−1}`` (0 without a turn) ``(B,)`` and which turns are intermediate,
+    ``k < K_i − 1``, bool ``(B, Kmax)``."""
+    B, kmax = R.shape
+    K = np.asarray(K, dtype=np.int64)
+    outcome = R[np.arange(B), np.maximum(K - 1, 0)] if kmax else np.zeros(B)
+    return np.where(K > 0, outcome, 0.0), np.arange(kmax)[None, :] < (K[:, None] - 1)
+
+
 def mt_grpo(
     rewards: TensorLike, mask: TensorLike, group_ids: TensorLike, *, turn_ids: TensorLike | None = None,
     turn_coef: float = 1.0, turn_baseline: str = "loo", eps: float = 1e-4, whiten: bool = False,
@@ -380,12 +389,7 @@ def mt_grpo(
     codes = group_codes(group_ids, p.shape[0])
     warn_groups_of_one(codes, group_ids, "mt_grpo")
     R = turn_reward_sums(p)
-    K = p.nturns
-    B, kmax = R.shape
-    idx = np.arange(kmax)[None, :]
-    outcome = R[np.arange(B), np.maximum(K - 1, 0)] if kmax else np.zeros(B)
-    outcome = np.where(K > 0, outcome, 0.0)
-    inter = idx < (K[:, None] - 1)
+    outcome, inter = _outcome_and_intermediate(R, p.nturns)
     if turn_baseline == "loo":
         per_turn = _loo_per_column(outcome[:, None] + turn_coef * np.where(inter, R, 0.0), codes)
     else:
