@@ -372,10 +372,10 @@ def mt_grpo(
     level is centred away among the rows that continued), so a choice of zero true advantage gets a
     non-zero expected advantage (docs/concepts.md). "loo" counts every row of the group once at every
     index, a row without an intermediate turn there with ``R̃ = 0``: its baseline never depends on
-    the row itself, so the expected advantage of every turn-k choice is its true advantage under the
-    return ``O + λ·R̃_k`` (λ = 1: the plain return when only turn k's reward follows it). Unbiased std:
-    ``eps`` is "index"'s (1e-4 as in MT-GRPO's code); "loo" does not divide (a std over the group
-    would bring the row back into its baseline). A group of one: 0 ("loo"), ``O/(1 + ε)`` and no
+    the row itself, so the expected advantage of every turn-k choice is its true advantage for the
+    return MT-GRPO credits turn k with, ``O + λ·R̃_k`` (at λ = 1 the plain return when no later turn
+    has an intermediate reward). ``eps`` (1e-4, as MT-GRPO's code) is added to "index"'s unbiased
+    stds; "loo" does not divide (a std over the group would bring the row back into its baseline). A group of one: 0 ("loo"), ``O/(1 + ε)`` and no
     turn part ("index"); warns once.
 
     Shapes: rewards, mask, turn_ids ``(B, L)``; group_ids ``(B,)``. Returns ``(advantages, returns)``
