@@ -109,12 +109,17 @@ ESTIMATORS = [
     ("gae lam=1", "gae", {}),
     ("gae lam=0.95", "gae", {"lam": 0.95}),
     ("vapo", "vapo", {}),
+    ("sao (gae, vapo λ, α=1.5)", "gae", {"lam_rule": "vapo", "alpha": 1.5}),
+    ("gae relative λ q=0.5", "gae", {"lam_rule": "relative_position"}),
+    ("bilevel_gae", "bilevel_gae", {}),
     ("grpo", "grpo", {}),
     ("drgrpo", "drgrpo", {}),
     ("rloo", "rloo", {}),
     ("reinforce_pp", "reinforce_pp", {}),
     ("reinforce_pp_baseline", "reinforce_pp_baseline", {}),
     ("gigpo", "gigpo", {}),
+    ("mt_grpo", "mt_grpo", {}),
+    ("mt_grpo index", "mt_grpo", {"turn_baseline": "index"}),
 ]
 
 

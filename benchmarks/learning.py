@@ -131,6 +131,8 @@ ARMS = {
     "mpo_mc": Arm("mpo", "token_ppo", critic="mc"),
     "mpo_baseline": Arm("mpo", "token_ppo", estimator_options=(("within", "baseline"),)),
     "mpo_matched": Arm("mpo", "turn_ppo", matched_band=True),
+    # SAO as its paper runs it: token GAE with VAPO's length-adaptive λ = 1 − 1/(1.5·ℓ), the sao loss
+    "sao": Arm("gae", "sao", estimator_options=(("lam_rule", "vapo"), ("alpha", 1.5))),
 }
 
 #: the comparisons stated in advance: (label, arm a, arm b); Holm over all of them, per cell

@@ -32,6 +32,9 @@ ESTIMATOR_COLOURS = {
     "reinforce_pp_baseline": "#c49c94",
     "vapo": "#e377c2",
     "gigpo": "#17becf",
+    "bilevel_gae": "#9edae5",
+    "mt_grpo": "#f7b6d2",
+    "empg": "#dbdb8d",
 }
 _FALLBACK = ["#7f7f7f", "#bcbd22", "#aec7e8", "#ffbb78", "#ff9896", "#c5b0d5"]
 

@@ -54,6 +54,13 @@ def test_arm_configs(learning, tmp_path):
             warm.critic_option("critic_warmup_ev")) == (512, 256, 1e-3, 0.2)
 
 
+def test_sao_arm_pairs_the_sao_loss_with_its_estimator(learning, tmp_path):
+    # SAO's estimator: token GAE with λ = 1 − 1/(1.5·ℓ) (lam_rule="vapo", alpha=1.5)
+    cfg = learning.run_config("v2", "automation-d3-4", "sao", 3, tmp_path)
+    assert (cfg.estimator, cfg.loss) == ("gae", "sao")
+    assert cfg.estimator_options == {"lam_rule": "vapo", "alpha": 1.5}
+
+
 def test_paired_t_test_by_hand(learning):
     # differences 0.1, 0.2, 0.3: mean 0.2, sd 0.1, se 0.1/√3, t = 2√3 ≈ 3.4641 with 2 df;
     # two-sided p = 1 − t/√(t² + 2) for 2 df (closed form) = 1 − 3.4641/3.7417 = 0.07418

@@ -305,14 +305,14 @@ def test_help_lists_every_registered_estimator_and_option(capsys):
         for o in adv.vocabulary().values():  # every declared option is a flag, with its doc
             assert "--" + o.name.replace("_", "-") in out and o.doc.split(" (")[0] in out
         # a default that differs between estimators is shown per estimator
-        assert "defaults gae 1.0, mae 0.95, mpo 0.95" in out
+        assert "defaults bilevel_gae 1.0, gae 1.0, mae 0.95, mpo 0.95" in out
 
 
 def test_unknown_estimator_names_the_flag(small, tmp_path, capsys):
     path, _ = small
     assert main(["report", str(path), "-e", "MPO", "-o", str(tmp_path / "r.html"), "--no-progress"]) == 1
     err = capsys.readouterr().err
-    assert "--estimators: unknown estimator 'MPO' (names are lower case: 'mpo'); available: drgrpo" in err
+    assert "--estimators: unknown estimator 'MPO' (names are lower case: 'mpo'); available: bilevel_gae, drgrpo" in err
     assert not (tmp_path / "r.html").exists()
 
 

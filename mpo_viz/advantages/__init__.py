@@ -8,7 +8,16 @@ positions. :mod:`mpo_viz.advantages.reference` holds the readable per-trajectory
 tested against.
 """
 
-from mpo_viz.advantages.group import drgrpo, gigpo, grpo, reinforce_pp, reinforce_pp_baseline, rloo
+from mpo_viz.advantages.group import (
+    drgrpo,
+    empg,
+    gigpo,
+    grpo,
+    mt_grpo,
+    reinforce_pp,
+    reinforce_pp_baseline,
+    rloo,
+)
 from mpo_viz.advantages.registry import (
     DEFAULT_ESTIMATORS,
     AdvantageResult,
@@ -31,7 +40,7 @@ from mpo_viz.advantages.registry import (
     split_options,
     vocabulary,
 )
-from mpo_viz.advantages.token import gae, mae, mae_with_turns, turn_gae, vapo
+from mpo_viz.advantages.token import bilevel_gae, gae, mae, mae_with_turns, turn_gae, vapo
 
 __all__ = [
     "DEFAULT_ESTIMATORS",
@@ -40,11 +49,13 @@ __all__ = [
     "Estimator",
     "Option",
     "available",
+    "bilevel_gae",
     "bind",
     "compute",
     "default_estimators",
     "estimator_options",
     "drgrpo",
+    "empg",
     "gae",
     "get",
     "gigpo",
@@ -53,6 +64,7 @@ __all__ = [
     "mae",
     "mae_with_turns",
     "missing",
+    "mt_grpo",
     "multiscale_estimator",
     "options",
     "parse_names",

@@ -1,5 +1,5 @@
 """Critic-free estimators with group baselines: GRPO, Dr. GRPO, RLOO, REINFORCE++ (and its group
-baseline variant), GiGPO.
+baseline variant), GiGPO, MT-GRPO (turn rewards), EMPG (entropy-modulated).
 
 Inputs: rewards and mask ``(B, L)`` (torch or numpy), ``group_ids`` any array-like of B strings or
 ints. Outputs ``(advantages, returns)`` torch ``(B, L)`` (float64 in → float64 out, else float32),
@@ -25,7 +25,8 @@ from mpo_viz.advantages import kernels as K
 from mpo_viz.advantages._inputs import group_codes, prepare, scalar_check, to_torch, whiten_
 from mpo_viz.checks import TensorLike, warn_once
 
-__all__ = ["grpo", "drgrpo", "rloo", "reinforce_pp", "reinforce_pp_baseline", "gigpo", "group_stats"]
+__all__ = ["grpo", "drgrpo", "rloo", "reinforce_pp", "reinforce_pp_baseline", "gigpo", "mt_grpo", "empg",
+           "group_stats", "turn_reward_sums", "TURN_BASELINES"]
 
 
 def group_stats(x: np.ndarray, codes: np.ndarray):
@@ -46,6 +47,9 @@ SINGLETON_RULE = {
     "rloo": "A = 0 (no other sample to leave out)",
     "reinforce_pp_baseline": "A = s, the raw score (baseline 0), before whitening",
     "gigpo": "an episode-level A^E = s/(1 + eps), as GRPO",
+    "mt_grpo": "A = 0 with turn_baseline='loo' (no other sample to leave out); with 'index' the outcome part "
+               "O/(1 + eps), as GRPO, and no turn part",
+    "empg": "the base advantage s/(1 + eps) (as GRPO) before the entropy modulation",
 }
 
 
@@ -278,6 +282,213 @@ def gigpo(
         for k, (first, last) in enumerate(spans_all[i]):
             seg = slice(first, last + 1)
             adv[i, seg] = (a_e[i] + omega * a_s[i, k]) * act[i, seg]
+    ret = adv.copy()
+    if whiten:
+        whiten_(adv, p.mask)
+    return to_torch(adv, p.device), to_torch(ret, p.device)
+
+
+# ----------------------------------------------------------------------------- MT-GRPO
+
+#: ``turn_baseline`` of :func:`mt_grpo`
+TURN_BASELINES = ("loo", "index")
+
+
+def turn_reward_sums(p) -> np.ndarray:
+    """``(B, Kmax)`` float64: ``R_{i,k}`` = the sum of turn k's action-token rewards (0 past ``K_i``)."""
+    B = p.shape[0]
+    kmax = int(p.nturns.max()) if B else 0
+    rows, cols = np.nonzero(p.mask != 0)
+    flat = rows * kmax + p.turn_ids[rows, cols]
+    return np.bincount(flat, weights=p.rewards[rows, cols].astype(np.float64),
+                       minlength=B * kmax).reshape(B, kmax)
+
+
+def _loo_per_column(y: np.ndarray, codes: np.ndarray) -> np.ndarray:
+    """``y_{i,k} − mean_{j≠i, j∈g(i)} y_{j,k}`` per column (0 for a group of one)."""
+    g = int(codes.max()) + 1 if codes.size else 0
+    cnt = np.bincount(codes, minlength=g).astype(np.float64)[codes][:, None]
+    tot = np.zeros((g, y.shape[1]))
+    np.add.at(tot, codes, y)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        return np.where(cnt > 1, y - (tot[codes] - y) / np.maximum(cnt - 1, 1), 0.0)
+
+
+def _index_turn_advantages(R: np.ndarray, inter: np.ndarray, codes: np.ndarray, eps: float) -> np.ndarray:
+    """``(R_{i,k} − mean)/(std + ε)`` over the rows of i's group that have an intermediate turn k
+    (unbiased std; a pool of one gives 0); 0 where row i has none."""
+    out = np.zeros_like(R)
+    for k in range(R.shape[1]):
+        rows = np.flatnonzero(inter[:, k])
+        if rows.size == 0:
+            continue
+        _, c = np.unique(codes[rows], return_inverse=True)
+        n, mean, std = group_stats(R[rows, k], c.reshape(-1))
+        with np.errstate(invalid="ignore", divide="ignore"):
+            out[rows, k] = np.where(n > 1, (R[rows, k] - mean) / (std + eps), 0.0)
+    return out
+
+
+def _per_turn_to_tokens(p, per_turn: np.ndarray) -> np.ndarray:
+    """``(B, L)``: ``per_turn[i, turn of t]`` on action tokens, 0 elsewhere (in the compute dtype)."""
+    act = p.mask != 0
+    adv = np.zeros(p.shape, dtype=p.dtype)
+    rows, cols = np.nonzero(act)
+    adv[rows, cols] = per_turn[rows, p.turn_ids[rows, cols]]
+    return adv
+
+
+def _outcome_and_intermediate(R: np.ndarray, K) -> tuple[np.ndarray, np.ndarray]:
+    """``O_i = R_{i,K_i−1}`` (0 without a turn) ``(B,)`` and which turns are intermediate,
+    ``k < K_i − 1``, bool ``(B, Kmax)``."""
+    B, kmax = R.shape
+    K = np.asarray(K, dtype=np.int64)
+    outcome = R[np.arange(B), np.maximum(K - 1, 0)] if kmax else np.zeros(B)
+    return np.where(K > 0, outcome, 0.0), np.arange(kmax)[None, :] < (K[:, None] - 1)
+
+
+def mt_grpo(
+    rewards: TensorLike, mask: TensorLike, group_ids: TensorLike, *, turn_ids: TensorLike | None = None,
+    turn_coef: float = 1.0, turn_baseline: str = "loo", eps: float = 1e-4, whiten: bool = False,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """MT-GRPO (Zeng et al., 2025): an outcome advantage for every turn plus a turn-reward advantage
+    for every turn but the last, constant over a turn's action tokens.
+
+    Row i has turns ``k = 0..K_i−1`` with reward sums ``R_{i,k}`` (:func:`turn_reward_sums`: turn
+    rewards on their turn, the outcome on the last action token). The outcome is the last turn's
+    ``O_i = R_{i,K_i−1}``; the earlier turns' ``R_{i,k}`` are intermediate rewards, and
+    ``R̃_{i,k} = R_{i,k}`` for ``k < K_i − 1``, 0 otherwise (a turn that ends the episode, or none)::
+
+        "index" (MT-GRPO's normalisation per turn index):
+            A_{i,k} = A^O_i + λ·A^T_{i,k} (k < K_i − 1),   A_{i,K_i−1} = A^O_i
+            A^O_i = (O_i − mean_g O)/(std_g O + ε);  A^T_{i,k} = (R_{i,k} − mean P_k)/(std P_k + ε)
+            P_k = {R_{j,k}: j in i's group with an intermediate turn k}  (a pool of one: A^T = 0)
+        "loo" (default; leave-one-out per turn index over the whole group):
+            Y_{j,k} = O_j + λ·R̃_{j,k}      A_{i,k} = Y_{i,k} − mean_{j≠i, j∈g} Y_{j,k}
+
+    λ = ``turn_coef`` (MT-GRPO's ``turn_advantage_coef``). "index" subtracts a baseline whose pool
+    and whose number of turn terms depend on the row's own stopping turn: when the policy decides
+    when to stop, the decision to take another turn gets a hidden bonus ``−E[R̃]`` (the turn reward's
+    level is centred away among the rows that continued), so a choice of zero true advantage gets a
+    non-zero expected advantage (docs/concepts.md). "loo" counts every row of the group once at every
+    index, a row without an intermediate turn there with ``R̃ = 0``: its baseline never depends on
+    the row itself, so the expected advantage of every turn-k choice is its true advantage for the
+    return MT-GRPO credits turn k with, ``O + λ·R̃_k`` (at λ = 1 the plain return when no later turn
+    has an intermediate reward). ``eps`` (1e-4, as MT-GRPO's code) is added to "index"'s unbiased
+    stds; "loo" does not divide (a std over the group would bring the row back into its baseline). A group of one: 0 ("loo"), ``O/(1 + ε)`` and no
+    turn part ("index"); warns once.
+
+    Shapes: rewards, mask, turn_ids ``(B, L)``; group_ids ``(B,)``. Returns ``(advantages, returns)``
+    ``(B, L)``, returns = advantages before whitening.
+    """
+    turn_coef = scalar_check("turn_coef", turn_coef, 0.0, None)
+    eps = scalar_check("eps", eps, 0.0, None)
+    if turn_baseline not in TURN_BASELINES:
+        raise ValueError(f"turn_baseline: expected one of 'loo', 'index', found {turn_baseline!r}")
+    p = prepare(rewards, mask, turn_ids=turn_ids, need_turns=True)
+    codes = group_codes(group_ids, p.shape[0])
+    warn_groups_of_one(codes, group_ids, "mt_grpo")
+    R = turn_reward_sums(p)
+    outcome, inter = _outcome_and_intermediate(R, p.nturns)
+    if turn_baseline == "loo":
+        per_turn = _loo_per_column(outcome[:, None] + turn_coef * np.where(inter, R, 0.0), codes)
+    else:
+        a_o = _grpo_scores(outcome, codes, eps, True)
+        per_turn = a_o[:, None] + turn_coef * _index_turn_advantages(R, inter, codes, eps)
+    adv = _per_turn_to_tokens(p, per_turn)
+    ret = adv.copy()
+    if whiten:
+        whiten_(adv, p.mask)
+    return to_torch(adv, p.device), to_torch(ret, p.device)
+
+
+# ----------------------------------------------------------------------------- EMPG
+
+#: added to the entropy range and to the mean of g in EMPG's normalisations (its pseudocode's 1e-8)
+EMPG_EPS = 1e-8
+
+
+def _entropy(entropy, p) -> np.ndarray:
+    """The per-token entropy as float64 ``(B, L)``, checked finite on action tokens."""
+    if entropy is None:
+        raise ValueError("entropy: EMPG needs the policy's per-token entropy (field 'entropy' of "
+                         "trajectory/v1, one value per response token), found None")
+    if hasattr(entropy, "detach"):
+        entropy = entropy.detach().cpu().numpy()
+    h = np.asarray(entropy, dtype=np.float64)
+    if h.shape != p.shape:
+        raise ValueError(f"entropy: expected shape {p.shape} (the mask's), found {tuple(h.shape)}")
+    bad = ~np.isfinite(h) & (p.mask != 0)
+    if bad.any():
+        row = int(np.argmax(bad.any(1)))
+        pos = int(np.argmax(bad[row]))
+        raise ValueError(f"entropy: row {row}, position {pos}: expected a finite entropy on an action token, "
+                         f"found {h[row, pos]!r}")
+    return np.where(p.mask != 0, h, 0.0)
+
+
+def step_entropies(p, h: np.ndarray) -> np.ndarray:
+    """``(B, Kmax)`` float64: the mean entropy over each turn's action tokens (NaN past ``K_i``)."""
+    B = p.shape[0]
+    kmax = int(p.nturns.max()) if B else 0
+    rows, cols = np.nonzero(p.mask != 0)
+    flat = rows * kmax + p.turn_ids[rows, cols]
+    tot = np.bincount(flat, weights=h[rows, cols], minlength=B * kmax).reshape(B, kmax)
+    cnt = np.bincount(flat, minlength=B * kmax).reshape(B, kmax)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        return np.where(cnt > 0, tot / np.maximum(cnt, 1), np.nan)
+
+
+def empg(
+    rewards: TensorLike, mask: TensorLike, group_ids: TensorLike, *, entropy: TensorLike | None,
+    turn_ids: TensorLike | None = None, entropy_k: float = 1.0, clarity_k: float = 1.0, zeta: float = 0.1,
+    eps: float = 1e-6, norm_by_std: bool = True, center: bool = True, whiten: bool = False,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """EMPG (Wang et al., 2025): the GRPO advantage re-scaled per step by the step's entropy, plus a
+    bonus for a confident next step; constant over a step's (turn's) action tokens.
+
+    With ``A_i`` GRPO's advantage (``eps``, ``norm_by_std``), ``H_{i,k}`` the mean token entropy of
+    turn k, and over all steps of the batch::
+
+        Ĥ = (H − min H)/(max H − min H + 1e-8)            (batch min–max normalisation)
+        g = exp(−k·Ĥ) / (mean exp(−k·Ĥ) + 1e-8)            (self-calibrating: batch mean of g ≈ 1)
+        f = exp(−k_f·Ĥ)                                    (future clarity)
+        A_{i,k} = g_{i,k}·A_i + ζ·f_{i,k+1}                 (no bonus after a row's last step)
+        center: A_{i,k} ← A_{i,k} − mean over the batch's steps of A
+
+    k = ``entropy_k``, k_f = ``clarity_k``, ζ = ``zeta``. Confident steps (low entropy) get their
+    advantage amplified, uncertain ones attenuated. Its authors published pseudocode for the
+    normalisation, g and f (project page), not a repository; the bonus on the next step and the
+    final centring follow the paper's description.
+
+    Shapes: rewards, mask, turn_ids, entropy ``(B, L)`` (entropy read on action tokens only);
+    group_ids ``(B,)``. Returns ``(advantages, returns)`` ``(B, L)``, returns = advantages before
+    whitening.
+    """
+    entropy_k = scalar_check("entropy_k", entropy_k, 0.0, None)
+    clarity_k = scalar_check("clarity_k", clarity_k, 0.0, None)
+    zeta = scalar_check("zeta", zeta, 0.0, None)
+    eps = scalar_check("eps", eps, 0.0, None)
+    p = prepare(rewards, mask, turn_ids=turn_ids, need_turns=True)
+    h = step_entropies(p, _entropy(entropy, p))
+    codes = group_codes(group_ids, p.shape[0])
+    warn_groups_of_one(codes, group_ids, "empg")
+    base = _grpo_scores(_scores(p), codes, eps, bool(norm_by_std))
+    per_step = np.zeros_like(h)
+    have = ~np.isnan(h)
+    if have.any():
+        x = h[have]
+        hn = np.full_like(h, np.nan)
+        hn[have] = (x - x.min()) / (x.max() - x.min() + EMPG_EPS)
+        g = np.exp(-entropy_k * hn)
+        g = g / (float(g[have].mean()) + EMPG_EPS)
+        f = np.exp(-clarity_k * hn)
+        bonus = np.zeros_like(h)
+        bonus[:, :-1] = np.where(have[:, 1:], f[:, 1:], 0.0)
+        per_step = np.where(have, g * base[:, None] + zeta * bonus, 0.0)
+        if center:
+            per_step = np.where(have, per_step - float(per_step[have].mean()), 0.0)
+    adv = _per_turn_to_tokens(p, per_step)
     ret = adv.copy()
     if whiten:
         whiten_(adv, p.mask)

@@ -351,6 +351,8 @@ def mae_kernel(
 ):
     """Turn GAE + centered within-turn signal (:func:`mpo_viz.advantages.mae`); ``beta = 0`` is ``turn_gae``.
 
+    ``tlam`` is the turn λ_T per row, float64 ``(B,)`` (a fixed λ_T: every entry the same).
+
     One clock for every recurrence: the discount from an action token to the next one is ``γ``
     inside a turn and ``γ_T`` from a turn's last action token to the next turn's first (or to the
     bootstrap value after the last turn). Walks each row backwards one turn at a time. Pass 1 over
@@ -380,6 +382,7 @@ def mae_kernel(
         s1 = 0.0
         s2 = 0.0
         bs = boot[i] if math.isfinite(boot[i]) else 0.0
+        tl = tlam[i]
         nv_tok = bs  # value at the next action token (crosses turn boundaries)
         vt_next = bs  # V(s_{k+1})
         at_next = 0.0  # A^T_{k+1}
@@ -461,7 +464,7 @@ def mae_kernel(
             else:
                 vs = vsum / n
             big_g = pw * tgamma  # Γ_k = γ^{n_k−1}·γ_T, the discount from V(s_k) to V(s_{k+1})
-            at = rsum + big_g * vt_next - vs + big_g * tlam * at_next
+            at = rsum + big_g * vt_next - vs + big_g * tl * at_next
             gt = at + vs
             umean = usum / n
             pj = 1.0  # γ^j, j = the token's place in its turn (within = baseline)
@@ -495,3 +498,53 @@ def mae_kernel(
         if wh == 1:
             wsn[i] = -1
             _put_sums(wst, i, wn, s1, s2, wend)
+
+
+@njit(parallel=True, cache=True)
+def bilevel_gae_kernel(r, v, m, tid, boot, gamma, lam, hgamma, adv, ret):
+    """Bi-level GAE (:func:`mpo_viz.advantages.bilevel_gae`, RAGEN's ``bi_level_gae``), per row.
+
+    Walks the row's turns last to first (turns = runs of action tokens with one turn id; ids on
+    masked positions are never read). Turn k ends at action token ``e_k``. High level, over the
+    turn ends: ``A^H_k = r_{e_k} + γ_H·V_{e_{k+1}} − V_{e_k} + γ_H·λ·A^H_{k+1}`` (after the last
+    turn ``V`` = ``boot[i]`` if finite else 0, ``A^H`` = 0). Low level, inside turn k, last to
+    first action token: ``A_{e_k} = A^H_k``; before it ``A_t = r_t + γ·V_{t'} − V_t + γ·λ·A_{t'}``
+    (t' the turn's next action token). ``ret = A + V`` on every action token; masked outputs 0.
+    Inputs are validated by the caller.
+    """
+    B, L = m.shape
+    for i in prange(B):
+        v_end_next = boot[i] if math.isfinite(boot[i]) else 0.0
+        a_hi_next = 0.0
+        t = L - 1
+        while t >= 0:
+            if m[i, t] == 0.0:
+                adv[i, t] = 0.0
+                ret[i, t] = 0.0
+                t -= 1
+                continue
+            k = tid[i, t]
+            ve = np.float64(v[i, t])
+            a_hi = np.float64(r[i, t]) + hgamma * v_end_next - ve + hgamma * lam * a_hi_next
+            adv[i, t] = a_hi
+            ret[i, t] = a_hi + ve
+            a = a_hi
+            nv = ve
+            tt = t - 1
+            while tt >= 0:
+                if m[i, tt] == 0.0:
+                    adv[i, tt] = 0.0
+                    ret[i, tt] = 0.0
+                    tt -= 1
+                    continue
+                if tid[i, tt] != k:
+                    break
+                vt = np.float64(v[i, tt])
+                a = np.float64(r[i, tt]) + gamma * nv - vt + gamma * lam * a
+                adv[i, tt] = a
+                ret[i, tt] = a + vt
+                nv = vt
+                tt -= 1
+            v_end_next = ve
+            a_hi_next = a_hi
+            t = tt

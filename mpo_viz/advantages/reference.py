@@ -23,7 +23,7 @@ import numpy as np
 
 __all__ = [
     "gae", "vapo", "turn_gae", "mae", "grpo", "drgrpo", "rloo", "reinforce_pp",
-    "reinforce_pp_baseline", "gigpo", "turns_of",
+    "reinforce_pp_baseline", "gigpo", "turns_of", "row_lambda", "bilevel_gae", "mt_grpo", "empg",
 ]
 
 
@@ -97,12 +97,25 @@ def _gae_row(r, v, positions, gamma, lam, last_value):
     return out
 
 
-def gae(rewards, values, mask, *, gamma=1.0, lam=1.0, bootstrap_value=None, whiten=False):
+def row_lambda(lam_rule, lam, length, alpha=0.05, q=0.5):
+    """One row's λ for ``lam_rule``; ``length`` ℓ = its action tokens (gae) or turns (turn λ_T)."""
+    if lam_rule == "fixed":
+        return lam
+    if lam_rule == "vapo":  # 1 − 1/(α·ℓ), clamped to [0, 1); ℓ = 0 gives 0
+        return min(max(1.0 - 1.0 / (alpha * length), 0.0), math.nextafter(1.0, 0.0)) if length else 0.0
+    if lam_rule == "relative_position":  # q^{1/(ℓ−1)}; ℓ = 1 gives 1, ℓ = 0 gives 0
+        return q ** (1.0 / (length - 1)) if length > 1 else float(length == 1)
+    raise ValueError(f"lam_rule: unknown {lam_rule!r}")
+
+
+def gae(rewards, values, mask, *, gamma=1.0, lam=1.0, lam_rule="fixed", alpha=0.05, q=0.5, bootstrap_value=None,
+        whiten=False):
     r, v, m = _np(rewards), _np(values), _np(mask)
     adv, ret = np.zeros_like(m), np.zeros_like(m)
     for i in range(m.shape[0]):
         positions = [t for t in range(m.shape[1]) if m[i, t] != 0]
-        for t, (a, g) in _gae_row(r[i], v[i], positions, gamma, lam, _bootstrap(bootstrap_value, i)).items():
+        lam_i = row_lambda(lam_rule, lam, len(positions), alpha, q)
+        for t, (a, g) in _gae_row(r[i], v[i], positions, gamma, lam_i, _bootstrap(bootstrap_value, i)).items():
             adv[i, t], ret[i, t] = a, g
     return (_whiten(adv, m) if whiten else adv), ret
 
@@ -156,12 +169,13 @@ def _turn_gae_row(r, v, turns, gamma, turn_gamma, turn_lam, value_at, last_value
 
 
 def turn_gae(rewards, values, mask, *, turn_ids=None, gamma=1.0, turn_gamma=1.0, turn_lam=0.9,
-             value_at="first", bootstrap_value=None, whiten=False):
+             value_at="first", lam_rule="fixed", alpha=0.05, q=0.5, bootstrap_value=None, whiten=False):
     r, v, m = _np(rewards), _np(values), _np(mask)
     adv, ret = np.zeros_like(m), np.zeros_like(m)
     for i in range(m.shape[0]):
         turns = _row_turns(m, turn_ids, i)
-        _, _, at, gt = _turn_gae_row(r[i], v[i], turns, gamma, turn_gamma, turn_lam, value_at,
+        tlam = row_lambda(lam_rule, turn_lam, len(turns), alpha, q)
+        _, _, at, gt = _turn_gae_row(r[i], v[i], turns, gamma, turn_gamma, tlam, value_at,
                                      _bootstrap(bootstrap_value, i))
         for k, tk in enumerate(turns):
             for t in tk:
@@ -206,13 +220,15 @@ def _within_row(r, v, turns, within, gamma, lam, turn_gamma, last_value):
 
 
 def mae(rewards, values, mask, *, turn_ids=None, gamma=1.0, lam=0.95, turn_gamma=1.0, turn_lam=0.9,
-        beta=1.0, within="intra", value_at="first", critic_target="mc", bootstrap_value=None, whiten=False):
+        beta=1.0, within="intra", value_at="first", critic_target="mc", lam_rule="fixed", alpha=0.05, q=0.5,
+        bootstrap_value=None, whiten=False):
     r, v, m = _np(rewards), _np(values), _np(mask)
     adv, ret = np.zeros_like(m), np.zeros_like(m)
     for i in range(m.shape[0]):
         turns = _row_turns(m, turn_ids, i)
         last = _bootstrap(bootstrap_value, i)
-        vs, _, at, gt = _turn_gae_row(r[i], v[i], turns, gamma, turn_gamma, turn_lam, value_at, last)
+        tlam = row_lambda(lam_rule, turn_lam, len(turns), alpha, q)
+        vs, _, at, gt = _turn_gae_row(r[i], v[i], turns, gamma, turn_gamma, tlam, value_at, last)
         if within == "baseline":  # u = V(s_k) − γ^j·V_t (j: the token's place in its turn), not centred
             for k, tk in enumerate(turns):
                 for j, t in enumerate(tk):
@@ -352,4 +368,114 @@ def gigpo(rewards, mask, group_ids, *, prompt_ids, response_ids, turn_ids=None, 
         for k, tk in enumerate(turns_all[i]):
             for t in tk:
                 adv[i, t] = a_e[i] + omega * a_s[i, k]
+    return (_whiten(adv, m) if whiten else adv), adv.copy()
+
+
+
+# ----------------------------------------------------------------------------- bi-level GAE
+
+def bilevel_gae(rewards, values, mask, *, turn_ids=None, gamma=1.0, lam=1.0, turn_gamma=0.95,
+                bootstrap_value=None, whiten=True):
+    r, v, m = _np(rewards), _np(values), _np(mask)
+    adv, ret = np.zeros_like(m), np.zeros_like(m)
+    for i in range(m.shape[0]):
+        turns = _row_turns(m, turn_ids, i)
+        ends = [tk[-1] for tk in turns]
+        high = [0.0] * len(turns)
+        next_v, next_a = _bootstrap(bootstrap_value, i), 0.0
+        for k in reversed(range(len(turns))):  # turn level, over the turns' last tokens, γ_H
+            e = ends[k]
+            high[k] = r[i, e] + turn_gamma * next_v - v[i, e] + turn_gamma * lam * next_a
+            next_v, next_a = v[i, e], high[k]
+        for k, tk in enumerate(turns):  # token level inside the turn; its last token carries A^H_k
+            a = high[k]
+            adv[i, tk[-1]] = a
+            for j in reversed(range(len(tk) - 1)):
+                t, t_next = tk[j], tk[j + 1]
+                a = r[i, t] + gamma * v[i, t_next] - v[i, t] + gamma * lam * a
+                adv[i, t] = a
+            for t in tk:
+                ret[i, t] = adv[i, t] + v[i, t]
+    return (_whiten(adv, m) if whiten else adv), ret
+
+
+# ----------------------------------------------------------------------------- MT-GRPO, EMPG
+
+def _turn_sums(r, turns):
+    return [sum(r[t] for t in tk) for tk in turns]
+
+
+def _per_turn_broadcast(m, turns_all, per_turn):
+    adv = np.zeros_like(m)
+    for i, turns in enumerate(turns_all):
+        for k, tk in enumerate(turns):
+            for t in tk:
+                adv[i, t] = per_turn[i][k]
+    return adv
+
+
+def mt_grpo(rewards, mask, group_ids, *, turn_ids=None, turn_coef=1.0, turn_baseline="loo", eps=1e-4,
+            whiten=False):
+    r, m = _np(rewards), _np(mask)
+    B = m.shape[0]
+    gid = list(group_ids.tolist() if hasattr(group_ids, "tolist") else group_ids)
+    groups = _groups(gid)
+    turns_all = [_row_turns(m, turn_ids, i) for i in range(B)]
+    sums = [_turn_sums(r[i], turns_all[i]) for i in range(B)]
+    outcome = [s[-1] if s else 0.0 for s in sums]
+
+    def inter(j, k):  # the intermediate reward of row j at turn k (0: no such turn, or its last)
+        return sums[j][k] if k < len(sums[j]) - 1 else 0.0
+
+    per_turn = []
+    if turn_baseline == "loo":
+        for i in range(B):
+            others = [j for j in groups[gid[i]] if j != i]
+            row = []
+            for k in range(len(turns_all[i])):
+                if not others:
+                    row.append(0.0)
+                    continue
+                base = sum(outcome[j] + turn_coef * inter(j, k) for j in others) / len(others)
+                row.append(outcome[i] + turn_coef * inter(i, k) - base)
+            per_turn.append(row)
+    else:
+        a_o = _grpo_row_values(outcome, groups, eps, True)
+        for i in range(B):
+            row = []
+            for k in range(len(turns_all[i])):
+                a_t = 0.0
+                if k < len(turns_all[i]) - 1:
+                    pool = [sums[j][k] for j in groups[gid[i]] if k < len(turns_all[j]) - 1]
+                    if len(pool) > 1:
+                        a_t = (sums[i][k] - statistics.fmean(pool)) / (statistics.stdev(pool) + eps)
+                row.append(a_o[i] + turn_coef * a_t)
+            per_turn.append(row)
+    adv = _per_turn_broadcast(m, turns_all, per_turn)
+    return (_whiten(adv, m) if whiten else adv), adv.copy()
+
+
+def empg(rewards, mask, group_ids, *, entropy, turn_ids=None, entropy_k=1.0, clarity_k=1.0, zeta=0.1,
+         eps=1e-6, norm_by_std=True, center=True, whiten=False):
+    r, m, h = _np(rewards), _np(mask), _np(entropy)
+    B = m.shape[0]
+    scores = [float(sum(r[i])) for i in range(B)]
+    base = _grpo_row_values(scores, _groups(group_ids), eps, norm_by_std)
+    turns_all = [_row_turns(m, turn_ids, i) for i in range(B)]
+    steps = [[sum(h[i, t] for t in tk) / len(tk) for tk in turns] for i, turns in enumerate(turns_all)]
+    flat = [x for row in steps for x in row]
+    per_turn = [[0.0] * len(row) for row in steps]
+    if flat:
+        lo, hi = min(flat), max(flat)
+        norm = [[(x - lo) / (hi - lo + 1e-8) for x in row] for row in steps]
+        g_raw = [[math.exp(-entropy_k * x) for x in row] for row in norm]
+        g_mean = sum(x for row in g_raw for x in row) / len(flat)
+        for i, row in enumerate(norm):
+            for k in range(len(row)):
+                bonus = math.exp(-clarity_k * row[k + 1]) if k + 1 < len(row) else 0.0
+                per_turn[i][k] = g_raw[i][k] / (g_mean + 1e-8) * base[i] + zeta * bonus
+        if center:
+            mean = sum(x for row in per_turn for x in row) / len(flat)
+            per_turn = [[x - mean for x in row] for row in per_turn]
+    adv = _per_turn_broadcast(m, turns_all, per_turn)
     return (_whiten(adv, m) if whiten else adv), adv.copy()

@@ -87,10 +87,12 @@ def _kind_of(default) -> str | None:
 # Every option of the built-in estimators, once. Defaults come from each function's signature.
 
 GAMMA = Option("gamma", kind="float", low=0.0, high=1.0, label="γ",
-               doc="token discount γ (gae, vapo, reinforce_pp; mae and turn_gae inside turns)")
-LAM = Option("lam", kind="float", low=0.0, high=1.0, label="λ", doc="token λ (gae; mae's within-turn signal)")
+               doc="token discount γ (gae, vapo, reinforce_pp; mae, turn_gae and bilevel_gae inside turns)")
+LAM = Option("lam", kind="float", low=0.0, high=1.0, label="λ",
+             doc="token λ (gae; mae's within-turn signal; bilevel_gae at both levels)")
 TURN_GAMMA = Option("turn_gamma", kind="float", low=0.0, high=1.0, label="γ_T",
-                    doc="turn discount γ_T, from a turn's last token to the next turn's first (mae, turn_gae)")
+                    doc="turn discount γ_T, from a turn's last token to the next turn's first (mae, turn_gae); "
+                        "bilevel_gae: from one turn's last token to the next one's (RAGEN's high_level_gamma)")
 TURN_LAM = Option("turn_lam", kind="float", low=0.0, high=1.0, label="λ_T", doc="turn λ_T (mae, turn_gae)")
 BETA = Option("beta", kind="float", low=0.0, span=(0.0, 3.0), label="β",
               doc="weight β of mae's centred within-turn signal (0 = turn GAE)")
@@ -104,19 +106,41 @@ CRITIC_TARGET = Option("critic_target", kind="choice", choices=("mc", "turn"), l
                            "turns, it switches the within-turn signal off; warns once)")
 WHITEN = Option("whiten", kind="bool", label="whiten", advanced=True,
                 doc="whiten the advantages over the batch's action tokens")
-ALPHA = Option("alpha", kind="float", low=0.0, low_open=True, span=(0.01, 1.0), label="α",
-               doc="vapo: length-adaptive λ = 1 − 1/(α·ℓ)")
-EPS = Option("eps", kind="float", low=0.0, label="ε", advanced=True, doc="added to the group std (grpo, gigpo)")
+LAM_RULE = Option("lam_rule", kind="choice", choices=T.LAM_RULES, label="λ rule",
+                  doc="λ per trajectory: fixed (lam, or turn_lam for the turn λ_T), vapo (1 − 1/(α·ℓ)), "
+                      "relative_position (q^(1/(ℓ−1))); ℓ = the row's action tokens (gae) or turns (turn_gae, "
+                      "mpo/mae's λ_T)")
+ALPHA = Option("alpha", kind="float", low=0.0, low_open=True, span=(0.01, 2.0), label="α",
+               doc="length-adaptive λ = 1 − 1/(α·ℓ) (vapo; lam_rule='vapo'; SAO: gae with α = 1.5)")
+Q = Option("q", kind="float", low=0.0, high=1.0, low_open=True, label="q",
+           doc="lam_rule='relative_position': λ = q^(1/(ℓ−1)), the share of a final reward left at the first step")
+EPS = Option("eps", kind="float", low=0.0, label="ε", advanced=True,
+             doc="added to the group std (grpo, gigpo, empg; mt_grpo's turn_baseline='index')")
 NORM_BY_STD = Option("norm_by_std", kind="bool", label="÷ std", advanced=True,
-                     doc="grpo: divide by the group std (False = Dr. GRPO)")
+                     doc="grpo, empg: divide by the group std (False = Dr. GRPO)")
 OMEGA = Option("omega", kind="float", span=(0.0, 3.0), label="ω", doc="gigpo: weight ω of the step-level advantage")
 STEP_GAMMA = Option("step_gamma", kind="float", low=0.0, high=1.0, label="γ_step",
                     doc="gigpo: discount of the step return")
 NORM = Option("norm", kind="choice", choices=("std", "mean"), label="step norm", advanced=True,
               doc="gigpo: step-group normalization (std, or mean only)")
+TURN_COEF = Option("turn_coef", kind="float", low=0.0, span=(0.0, 2.0), label="λ_turn",
+                   doc="mt_grpo: weight λ of the turn-reward advantage (MT-GRPO's turn_advantage_coef)")
+TURN_BASELINE = Option("turn_baseline", kind="choice", choices=G.TURN_BASELINES, label="turn baseline",
+                       doc="mt_grpo: loo (leave-one-out per turn index over the whole group, a missing turn "
+                           "counting 0: unbiased when the policy decides when to stop) or index (normalised "
+                           "over the rows that have turn k, as MT-GRPO: a hidden bonus for taking another turn)")
+ENTROPY_K = Option("entropy_k", kind="float", low=0.0, span=(0.0, 3.0), label="k",
+                   doc="empg: step scale g = exp(−k·Ĥ), divided by its batch mean")
+CLARITY_K = Option("clarity_k", kind="float", low=0.0, span=(0.0, 3.0), label="k_f",
+                   doc="empg: future clarity f = exp(−k_f·Ĥ) of the next step")
+ZETA = Option("zeta", kind="float", low=0.0, span=(0.0, 1.0), label="ζ", doc="empg: weight ζ of the future-clarity bonus")
+CENTER = Option("center", kind="bool", label="centre", advanced=True,
+                doc="empg: subtract the batch mean of the modulated step advantages")
 
 _VOCAB: dict[str, Option] = {o.name: o for o in (GAMMA, LAM, TURN_GAMMA, TURN_LAM, BETA, WITHIN, VALUE_AT,
-                                                  CRITIC_TARGET, WHITEN, ALPHA, EPS, NORM_BY_STD, OMEGA, STEP_GAMMA, NORM)}
+                                                  CRITIC_TARGET, WHITEN, LAM_RULE, ALPHA, Q, EPS, NORM_BY_STD, OMEGA,
+                                                  STEP_GAMMA, NORM, TURN_COEF, TURN_BASELINE, ENTROPY_K, CLARITY_K,
+                                                  ZETA, CENTER)}
 
 # What each kind of need means and how to check it on a batch.
 NEED_TEXT = {
@@ -125,7 +149,11 @@ NEED_TEXT = {
     "turns": "turn structure (field 'turn_ids', or derived from loss_mask runs)",
     "prompt_ids": "prompt token ids (field 'prompt_ids')",
     "response_ids": "response token ids (field 'response_ids')",
+    "entropy": "the policy's per-token entropy (field 'entropy')",
 }
+
+#: needs that are per-token fields every row must carry (checked row by row by :func:`bind`)
+_ROW_FIELDS = {"values": "critic values", "entropy": "per-token entropies"}
 
 
 def _has(batch: TrajectoryBatch, need: str) -> bool:
@@ -304,7 +332,7 @@ def multiscale_estimator(names: Iterable[str]) -> str | None:
 
 def critic_returns_estimators() -> list[str]:
     """The estimators whose returns are critic targets (:attr:`Estimator.critic_returns`), in order
-    of preference: registration order (mpo, mae, gae, turn_gae, vapo, then your own)."""
+    of preference: registration order (mpo, mae, gae, turn_gae, vapo, bilevel_gae, then your own)."""
     return [n for n, e in _REGISTRY.items() if e.critic_returns]
 
 
@@ -368,12 +396,12 @@ class Bound:
             alt = [e for e in available() if not [n for n in _REGISTRY[e].needs if not _has(batch, n)]]
             raise ValueError(f"estimator {name!r} needs what this batch lacks — {what}. "
                              f"Estimators this batch supports: {', '.join(alt) or 'none'}")
-        if "values" in est.needs:
-            no_values = [i for i, v in enumerate(batch.field("values")) if v is None]
-            if no_values:
-                i = no_values[0]
-                raise ValueError(f"values: row {i} (traj_id {batch.traj_ids[i]!r}) has no critic values; estimator "
-                                 f"{name!r} needs them on every row ({len(no_values)} rows lack them)")
+        for need in (n for n in est.needs if n in _ROW_FIELDS):
+            lacking = [i for i, v in enumerate(batch.field(need)) if v is None]
+            if lacking:
+                i = lacking[0]
+                raise ValueError(f"{need}: row {i} (traj_id {batch.traj_ids[i]!r}) has no {_ROW_FIELDS[need]}; estimator "
+                                 f"{name!r} needs them on every row ({len(lacking)} rows lack them)")
         self.name = name
         self.estimator = est
         self.batch = batch
@@ -495,6 +523,14 @@ def _group_inputs(b):
     return (b.rewards, b.mask, b.group_ids), {}
 
 
+def _turn_group_inputs(b):
+    return (b.rewards, b.mask, b.group_ids), {"turn_ids": b.turn_ids}
+
+
+def _empg_inputs(b):
+    return (b.rewards, b.mask, b.group_ids), {"turn_ids": b.turn_ids, "entropy": b.padded("entropy")}
+
+
 def _gigpo_inputs(b):
     return (b.rewards, b.mask, b.group_ids), {
         "turn_ids": b.turn_ids, "prompt_ids": b.field("prompt_ids"), "response_ids": b.field("response_ids"),
@@ -503,12 +539,13 @@ def _gigpo_inputs(b):
 
 _TURN_BOUND = ("bootstrap_value", "turn_ids")
 # The built-ins take their option declarations from the vocabulary above by name. The order of
-# registration is the order of preference of returns_source: mpo, mae, gae, turn_gae, vapo.
+# registration is the order of preference of returns_source: mpo, mae, gae, turn_gae, vapo, bilevel_gae.
 register("mpo", needs=("values", "turns"), inputs=_turn_inputs, bound=_TURN_BOUND, multiscale=True)(T.mae)
 register("mae", needs=("values", "turns"), inputs=_turn_inputs, bound=_TURN_BOUND, multiscale=True)(T.mae)
 register("gae", needs=("values",), inputs=_critic_inputs, bound=("bootstrap_value",))(T.gae)
 register("turn_gae", needs=("values", "turns"), inputs=_turn_inputs, bound=_TURN_BOUND)(T.turn_gae)
 register("vapo", needs=("values",), inputs=_critic_inputs, bound=("bootstrap_value",))(T.vapo)
+register("bilevel_gae", needs=("values", "turns"), inputs=_turn_inputs, bound=_TURN_BOUND)(T.bilevel_gae)
 register("grpo", needs=("groups",), inputs=_group_inputs)(G.grpo)
 register("drgrpo", needs=("groups",), inputs=_group_inputs)(G.drgrpo)
 register("rloo", needs=("groups",), inputs=_group_inputs)(G.rloo)
@@ -516,3 +553,5 @@ register("reinforce_pp", inputs=lambda b: ((b.rewards, b.mask), {}))(G.reinforce
 register("reinforce_pp_baseline", needs=("groups",), inputs=_group_inputs)(G.reinforce_pp_baseline)
 register("gigpo", needs=("groups", "turns", "prompt_ids", "response_ids"), inputs=_gigpo_inputs,
          bound=("turn_ids", "prompt_ids", "response_ids"))(G.gigpo)
+register("mt_grpo", needs=("groups", "turns"), inputs=_turn_group_inputs, bound=("turn_ids",))(G.mt_grpo)
+register("empg", needs=("groups", "turns", "entropy"), inputs=_empg_inputs, bound=("turn_ids", "entropy"))(G.empg)

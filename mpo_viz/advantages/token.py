@@ -1,4 +1,4 @@
-"""Critic-based estimators: token GAE, VAPO, turn GAE and MAE (the MPO estimator).
+"""Critic-based estimators: token GAE (with per-row λ rules), VAPO, turn GAE, MAE (the MPO estimator), bi-level GAE.
 
 All take ``(B, L)`` rewards, values and mask (torch or numpy), keyword-only options, and return
 ``(advantages, returns)`` as torch tensors of shape ``(B, L)``, float64 when rewards or values are
@@ -24,7 +24,7 @@ from mpo_viz.advantages import kernels as K
 from mpo_viz.advantages._inputs import prepare, scalar_check, to_torch, whiten_, whiten_buffers
 from mpo_viz.checks import TensorLike, warn_once
 
-__all__ = ["gae", "vapo", "turn_gae", "mae", "mae_with_turns"]
+__all__ = ["gae", "vapo", "turn_gae", "mae", "mae_with_turns", "bilevel_gae", "LAM_RULES", "lambda_per_row"]
 
 
 def _finish(p, adv: np.ndarray, ret: np.ndarray, whiten: bool,
@@ -36,34 +36,9 @@ def _finish(p, adv: np.ndarray, ret: np.ndarray, whiten: bool,
     return to_torch(adv, p.device), to_torch(ret, p.device)
 
 
-def gae(
-    rewards: TensorLike, values: TensorLike, mask: TensorLike, *, gamma: float = 1.0, lam: float = 1.0,
-    bootstrap_value: TensorLike | None = None, whiten: bool = False,
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """Token-level GAE (the PPO baseline, verl semantics).
-
-    Over the action tokens of each row, last to first::
-
-        δ_t = r_t + γ·V_{t+1} − V_t        (V_{t+1}: value at the next action token; after the
-        A_t = δ_t + γ·λ·A_{t+1}             last one, bootstrap_value or 0)
-        G_t = A_t + V_t                     (returns, computed before any whitening)
-
-    Shapes: rewards, values, mask ``(B, L)``; bootstrap_value ``(B,)`` or None.
-    Returns ``(advantages, returns)``, ``(B, L)``, 0 where ``mask == 0``. ``whiten=True`` maps the
-    advantages over the action tokens of the batch to ``(A − mean)/sqrt(var_unbiased + 1e-8)``.
-    """
-    gamma = scalar_check("gamma", gamma, 0.0, 1.0)
-    lam = scalar_check("lam", lam, 0.0, 1.0)
-    p = prepare(rewards, mask, values=values, need_values=True, bootstrap_value=bootstrap_value, validate=False)
-    B, L = p.shape
-    adv = np.empty((B, L), dtype=p.dtype)
-    ret = np.empty((B, L), dtype=p.dtype)
-    bad = np.empty(B, dtype=np.int64)
-    wb = whiten_buffers(B)
-    K.gae_kernel(p.rewards, p.values, p.mask, p.bootstrap, gamma, np.full(B, lam), np.nan, adv, ret, bad,
-                 int(whiten), *wb)
-    p.check_bad(bad)
-    return _finish(p, adv, ret, whiten, wb)
+#: how λ is set per trajectory (option ``lam_rule``): ``fixed`` (the given λ), ``vapo``
+#: (``1 − 1/(α·ℓ)``), ``relative_position`` (``q^{1/(ℓ−1)}``)
+LAM_RULES = ("fixed", "vapo", "relative_position")
 
 
 def vapo_lambda(n_action_tokens: TensorLike, alpha: float = 0.05) -> np.ndarray:
@@ -74,28 +49,90 @@ def vapo_lambda(n_action_tokens: TensorLike, alpha: float = 0.05) -> np.ndarray:
     return np.where(n > 0, np.clip(lam, 0.0, np.nextafter(1.0, 0.0)), 0.0)
 
 
-def vapo(
-    rewards: TensorLike, values: TensorLike, mask: TensorLike, *, gamma: float = 1.0, alpha: float = 0.05,
-    bootstrap_value: TensorLike | None = None, whiten: bool = False,
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """VAPO advantages: token GAE with the length-adaptive ``λ_i = 1 − 1/(α·ℓ_i)``.
+def relative_position_lambda(lengths: TensorLike, q: float = 0.5) -> np.ndarray:
+    """AReaL's ``relative_position_gae_lambda`` per row: ``q^{1/(ℓ−1)}`` for ℓ ≥ 2, 1 for ℓ = 1, 0 for ℓ = 0.
 
-    ``ℓ_i`` = the row's number of action tokens; λ clamped to ``[0, 1)``. Returns use λ = 1 (its
-    decoupled critic): ``G_t = Σ_l γ^l r_{t+l} (+ γ^… bootstrap)`` = GAE(λ=1) + V.
-    Shapes as :func:`gae`.
+    At γ = 1 a terminal reward then keeps ``λ^{ℓ−j} = q^{(ℓ−j)/(ℓ−1)}`` at step j = 1..ℓ: exactly q
+    at the first step, whatever the length.
     """
-    gamma = scalar_check("gamma", gamma, 0.0, 1.0)
-    alpha = scalar_check("alpha", alpha, 0.0, None, lo_open=True)
-    p = prepare(rewards, mask, values=values, need_values=True, bootstrap_value=bootstrap_value)
+    n = np.asarray(lengths, dtype=np.float64)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        lam = np.exp(np.log(q) / np.maximum(n - 1.0, 1.0))
+    return np.where(n > 1, lam, np.where(n == 1, 1.0, 0.0))
+
+
+def lambda_per_row(rule: str, lam: float, lengths: np.ndarray, alpha: float, q: float) -> np.ndarray:
+    """λ per row, float64 ``(B,)``, for ``lam_rule`` ``rule`` (:data:`LAM_RULES`); ``lengths`` ℓ ``(B,)``.
+
+    ``fixed``: ``lam`` everywhere; ``vapo``: :func:`vapo_lambda` (α = ``alpha``);
+    ``relative_position``: :func:`relative_position_lambda` (``q``). ``lam`` is unused by the last two.
+    """
+    if rule not in LAM_RULES:
+        raise ValueError(f"lam_rule: expected one of {', '.join(map(repr, LAM_RULES))}, found {rule!r}")
+    scalar_check("alpha", alpha, 0.0, None, lo_open=True)
+    scalar_check("q", q, 0.0, 1.0, lo_open=True)
+    if rule == "vapo":
+        return vapo_lambda(lengths, alpha)
+    if rule == "relative_position":
+        return relative_position_lambda(lengths, q)
+    return np.full(np.shape(lengths), float(lam))
+
+
+def _gae(p, gamma: float, lam_row: np.ndarray, ret_lam: float, whiten: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    """Token GAE on prepared inputs with λ per row (``ret_lam`` finite: the returns' own λ)."""
     B, L = p.shape
-    lam = vapo_lambda((p.mask != 0).sum(1), alpha)
     adv = np.empty((B, L), dtype=p.dtype)
     ret = np.empty((B, L), dtype=p.dtype)
     bad = np.empty(B, dtype=np.int64)
     wb = whiten_buffers(B)
-    K.gae_kernel(p.rewards, p.values, p.mask, p.bootstrap, gamma, lam, 1.0, adv, ret, bad, int(whiten), *wb)
+    K.gae_kernel(p.rewards, p.values, p.mask, p.bootstrap, gamma, lam_row, ret_lam, adv, ret, bad, int(whiten), *wb)
     p.check_bad(bad)
     return _finish(p, adv, ret, whiten, wb)
+
+
+def gae(
+    rewards: TensorLike, values: TensorLike, mask: TensorLike, *, gamma: float = 1.0, lam: float = 1.0,
+    lam_rule: str = "fixed", alpha: float = 0.05, q: float = 0.5,
+    bootstrap_value: TensorLike | None = None, whiten: bool = False,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Token-level GAE (the PPO baseline, verl semantics).
+
+    Over the action tokens of each row, last to first::
+
+        δ_t = r_t + γ·V_{t+1} − V_t        (V_{t+1}: value at the next action token; after the
+        A_t = δ_t + γ·λ_i·A_{t+1}           last one, bootstrap_value or 0)
+        G_t = A_t + V_t                     (returns, computed before any whitening)
+
+    λ_i per row (``lam_rule``, ℓ_i = the row's number of action tokens): ``"fixed"`` (default)
+    ``λ_i = lam``; ``"vapo"`` ``1 − 1/(α·ℓ_i)`` clamped to ``[0, 1)`` (VAPO; SAO's estimator is this
+    with ``alpha=1.5``); ``"relative_position"`` ``q^{1/(ℓ_i−1)}`` (1 at ℓ = 1; AReaL's
+    ``relative_position_gae_lambda``). ``lam`` is unused by the last two, ``alpha``/``q`` by the others.
+
+    Shapes: rewards, values, mask ``(B, L)``; bootstrap_value ``(B,)`` or None.
+    Returns ``(advantages, returns)``, ``(B, L)``, 0 where ``mask == 0``. ``whiten=True`` maps the
+    advantages over the action tokens of the batch to ``(A − mean)/sqrt(var_unbiased + 1e-8)``.
+    """
+    gamma = scalar_check("gamma", gamma, 0.0, 1.0)
+    lam = scalar_check("lam", lam, 0.0, 1.0)
+    p = prepare(rewards, mask, values=values, need_values=True, bootstrap_value=bootstrap_value, validate=False)
+    lengths = (p.mask != 0).sum(1) if lam_rule != "fixed" else np.zeros(p.shape[0])
+    return _gae(p, gamma, lambda_per_row(lam_rule, lam, lengths, alpha, q), np.nan, whiten)
+
+
+def vapo(
+    rewards: TensorLike, values: TensorLike, mask: TensorLike, *, gamma: float = 1.0, alpha: float = 0.05,
+    bootstrap_value: TensorLike | None = None, whiten: bool = False,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """VAPO advantages: :func:`gae` with ``lam_rule="vapo"``, ``λ_i = 1 − 1/(α·ℓ_i)``.
+
+    ``ℓ_i`` = the row's number of action tokens; λ clamped to ``[0, 1)``. The advantages equal
+    ``gae(..., lam_rule="vapo", alpha=α)``; the returns use λ = 1 (its decoupled critic):
+    ``G_t = Σ_l γ^l r_{t+l} (+ γ^… bootstrap)`` = GAE(λ=1) + V. Shapes as :func:`gae`.
+    """
+    gamma = scalar_check("gamma", gamma, 0.0, 1.0)
+    alpha = scalar_check("alpha", alpha, 0.0, None, lo_open=True)
+    p = prepare(rewards, mask, values=values, need_values=True, bootstrap_value=bootstrap_value)
+    return _gae(p, gamma, lambda_per_row("vapo", 1.0, (p.mask != 0).sum(1), alpha, 0.5), 1.0, whiten)
 
 
 def _option(name: str, value, table: dict) -> int:
@@ -107,8 +144,8 @@ def _option(name: str, value, table: dict) -> int:
 def mae_with_turns(
     rewards: TensorLike, values: TensorLike, mask: TensorLike, *, turn_ids: TensorLike | None = None,
     gamma: float = 1.0, lam: float = 0.95, turn_gamma: float = 1.0, turn_lam: float = 0.9, beta: float = 1.0,
-    within: str = "intra", value_at: str = "first", critic_target: str = "mc",
-    bootstrap_value: TensorLike | None = None, whiten: bool = False,
+    within: str = "intra", value_at: str = "first", critic_target: str = "mc", lam_rule: str = "fixed",
+    alpha: float = 0.05, q: float = 0.5, bootstrap_value: TensorLike | None = None, whiten: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor, dict[str, np.ndarray]]:
     """:func:`mae` plus the per-turn arrays; returns ``(adv, ret, turns)``.
 
@@ -118,11 +155,22 @@ def mae_with_turns(
     """
     return _mae(rewards, values, mask, turn_ids=turn_ids, gamma=gamma, lam=lam, turn_gamma=turn_gamma,
                 turn_lam=turn_lam, beta=beta, within=within, value_at=value_at, critic_target=critic_target,
-                bootstrap_value=bootstrap_value, whiten=whiten, tables=True)
+                lam_rule=lam_rule, alpha=alpha, q=q, bootstrap_value=bootstrap_value, whiten=whiten, tables=True)
+
+
+def _turn_counts(p) -> np.ndarray:
+    """K per row, int64 ``(B,)``: 1 + the largest turn id on an action token (0 without one); read
+    before the kernel validates the ids (a bad id fails there)."""
+    if p.nturns is not None:
+        return p.nturns
+    act = p.mask != 0
+    if p.shape[1] == 0:
+        return np.zeros(p.shape[0], dtype=np.int64)
+    return np.where(act.any(1), np.where(act, p.turn_ids, -1).max(1) + 1, 0)
 
 
 def _mae(rewards, values, mask, *, turn_ids, gamma, lam, turn_gamma, turn_lam, beta, within, value_at,
-         critic_target, bootstrap_value, whiten, tables, warn=True):
+         critic_target, bootstrap_value, whiten, tables, lam_rule="fixed", alpha=0.05, q=0.5, warn=True):
     gamma = scalar_check("gamma", gamma, 0.0, 1.0)
     lam = scalar_check("lam", lam, 0.0, 1.0)
     turn_gamma = scalar_check("turn_gamma", turn_gamma, 0.0, 1.0)
@@ -140,10 +188,12 @@ def _mae(rewards, values, mask, *, turn_ids, gamma, lam, turn_gamma, turn_lam, b
     adv = np.empty((B, L), dtype=p.dtype)
     ret = np.empty((B, L), dtype=p.dtype)
     kmax = int(p.nturns.max()) if (tables and B) else 0
+    lengths = _turn_counts(p) if lam_rule != "fixed" else np.zeros(B)
+    tlam = lambda_per_row(lam_rule, turn_lam, lengths, alpha, q)
     t_adv, t_val, t_rew, t_ret = (np.full((B, kmax), np.nan) for _ in range(4))
     bad = np.empty(B, dtype=np.int64)
     wb = whiten_buffers(B)
-    K.mae_kernel(p.rewards, p.values, p.mask, p.turn_ids, p.bootstrap, gamma, lam, turn_gamma, turn_lam,
+    K.mae_kernel(p.rewards, p.values, p.mask, p.turn_ids, p.bootstrap, gamma, lam, turn_gamma, tlam,
                  beta, w, va, rm, adv, ret, t_adv, t_val, t_rew, t_ret, bad, int(whiten), *wb)
     p.check_bad(bad)
     a, g = _finish(p, adv, ret, whiten, wb)
@@ -166,6 +216,7 @@ CRITIC_TURN_WARNING = (
 def turn_gae(
     rewards: TensorLike, values: TensorLike, mask: TensorLike, *, turn_ids: TensorLike | None = None,
     gamma: float = 1.0, turn_gamma: float = 1.0, turn_lam: float = 0.9, value_at: str = "first",
+    lam_rule: str = "fixed", alpha: float = 0.05, q: float = 0.5,
     bootstrap_value: TensorLike | None = None, whiten: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Turn-level GAE (the macro scale), broadcast to each turn's action tokens.
@@ -183,6 +234,10 @@ def turn_gae(
     last action token to the next turn's first, the clock of MAE's Monte-Carlo critic target; a
     critic equal to those returns gives ``A^T_k = 0`` (deterministic episode, rewards at turn ends).
 
+    ``lam_rule`` sets λ_T per row from its number of turns ℓ = K (AReaL's turn mode): ``"fixed"``
+    (default: ``turn_lam``), ``"vapo"`` ``1 − 1/(α·K)``, ``"relative_position"`` ``q^{1/(K−1)}``
+    (:func:`gae` has the same rules over action tokens).
+
     Shapes: rewards, values, mask, turn_ids ``(B, L)`` (ids read on action tokens only);
     bootstrap_value ``(B,)``. Returns ``(advantages, returns)`` ``(B, L)``, 0 on masked positions.
     Equals ``mae(..., beta=0, critic_target="turn")`` with the same options, whatever ``lam`` and
@@ -190,14 +245,15 @@ def turn_gae(
     """
     return _mae(rewards, values, mask, turn_ids=turn_ids, gamma=gamma, lam=1.0, turn_gamma=turn_gamma,
                 turn_lam=turn_lam, beta=0.0, within="intra", value_at=value_at, critic_target="turn",
-                bootstrap_value=bootstrap_value, whiten=whiten, tables=False, warn=False)
+                lam_rule=lam_rule, alpha=alpha, q=q, bootstrap_value=bootstrap_value, whiten=whiten,
+                tables=False, warn=False)
 
 
 def mae(
     rewards: TensorLike, values: TensorLike, mask: TensorLike, *, turn_ids: TensorLike | None = None,
     gamma: float = 1.0, lam: float = 0.95, turn_gamma: float = 1.0, turn_lam: float = 0.9, beta: float = 1.0,
-    within: str = "intra", value_at: str = "first", critic_target: str = "mc",
-    bootstrap_value: TensorLike | None = None, whiten: bool = False,
+    within: str = "intra", value_at: str = "first", critic_target: str = "mc", lam_rule: str = "fixed",
+    alpha: float = 0.05, q: float = 0.5, bootstrap_value: TensorLike | None = None, whiten: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """MAE, the multiscale advantage of MPO: turn GAE plus a centered within-turn signal.
 
@@ -206,7 +262,9 @@ def mae(
         A_{k,j} = A^T_k + β·(u_{k,j} − mean_{j'} u_{k,j'})      so mean_j A_{k,j} = A^T_k exactly
                                                                  (within="baseline": A^T_k + β·u_{k,j})
 
-    ``A^T_k`` is :func:`turn_gae` (options ``gamma``, ``turn_gamma``, ``turn_lam``, ``value_at``).
+    ``A^T_k`` is :func:`turn_gae` (options ``gamma``, ``turn_gamma``, ``turn_lam``, ``value_at``, and
+    ``lam_rule``/``alpha``/``q``, which set the turn λ_T per row from its number of turns; the
+    token λ stays ``lam``).
 
     One clock for every token recurrence: the discount ``d_t`` from action token t to the next
     one is ``γ`` inside a turn and ``γ_T`` from a turn's last action token to the next turn's first
@@ -242,4 +300,44 @@ def mae(
     """
     return _mae(rewards, values, mask, turn_ids=turn_ids, gamma=gamma, lam=lam, turn_gamma=turn_gamma,
                 turn_lam=turn_lam, beta=beta, within=within, value_at=value_at, critic_target=critic_target,
-                bootstrap_value=bootstrap_value, whiten=whiten, tables=False)
+                lam_rule=lam_rule, alpha=alpha, q=q, bootstrap_value=bootstrap_value, whiten=whiten, tables=False)
+
+
+def bilevel_gae(
+    rewards: TensorLike, values: TensorLike, mask: TensorLike, *, turn_ids: TensorLike | None = None,
+    gamma: float = 1.0, lam: float = 1.0, turn_gamma: float = 0.95, bootstrap_value: TensorLike | None = None,
+    whiten: bool = True,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Bi-level GAE (RAGEN/StarPO, ``bi_level_gae=True``): turn-level GAE across the turns' last
+    tokens, then token-level GAE inside each turn that ends on the turn's return.
+
+    For turns ``k = 0..K−1`` of a row (``turn_ids``; None = maximal runs of ``mask == 1``), turn k
+    ending at action token ``e_k``, with γ_H = ``turn_gamma`` (RAGEN's ``high_level_gamma``)::
+
+        A^H_k = r_{e_k} + γ_H·V_{e_{k+1}} − V_{e_k} + γ_H·λ·A^H_{k+1}    (V after e_{K−1}: bootstrap or 0)
+        A_{e_k} = A^H_k                                               (the turn's return A^H_k + V_{e_k}
+        A_t = r_t + γ·V_{t'} − V_t + γ·λ·A_{t'}   for t < e_k in turn k    is the reward at e_k, terminal)
+        G_t = A_t + V_t                                               (returns, before whitening)
+
+    t' is the next action token of the same turn; observation tokens are skipped. One λ for both
+    levels, as in RAGEN. ``whiten=True`` (default, as RAGEN, which always whitens) maps the
+    advantages to ``(A − mean)/sqrt(var_unbiased + 1e-8)`` over the batch's action tokens.
+    RAGEN finds turn ends as the tokens with a non-zero reward; here they are the turns' last action
+    tokens, so a turn without reward is still a turn (the two agree when every turn ends on a
+    non-zero reward and no other token has one).
+
+    Shapes: rewards, values, mask, turn_ids ``(B, L)``; bootstrap_value ``(B,)``. Returns
+    ``(advantages, returns)`` ``(B, L)``, 0 on masked positions.
+    """
+    gamma = scalar_check("gamma", gamma, 0.0, 1.0)
+    lam = scalar_check("lam", lam, 0.0, 1.0)
+    turn_gamma = scalar_check("turn_gamma", turn_gamma, 0.0, 1.0)
+    p = prepare(rewards, mask, values=values, need_values=True, turn_ids=turn_ids, need_turns=True,
+                bootstrap_value=bootstrap_value)
+    B, L = p.shape
+    adv = np.empty((B, L), dtype=p.dtype)
+    ret = np.empty((B, L), dtype=p.dtype)
+    K.bilevel_gae_kernel(p.rewards, p.values, p.mask, p.turn_ids, p.bootstrap, gamma, lam, turn_gamma, adv, ret)
+    if whiten:
+        whiten_(adv, p.mask)
+    return to_torch(adv, p.device), to_torch(ret, p.device)

@@ -13,7 +13,7 @@ def random_batch(seed: int, B: int = 8, *, dtype=np.float64, adjacent_turns: boo
     Rows: optional leading observation tokens, 1–4 turns of 1–4 action tokens with 0–3 observation
     tokens after each (≥ 1 between turns unless ``adjacent_turns``), right padding. ``obs_inside``
     puts masked tokens inside a turn's span (explicit ids only). Values on masked tokens are
-    garbage (large random numbers) so any leak shows. Row 0 has no action token when
+    garbage (large random numbers) so any leak shows, entropies there NaN. Row 0 has no action token when
     ``empty_row``; row 1 is a single one-token turn.
     """
     rng = np.random.default_rng(seed)
@@ -67,6 +67,7 @@ def random_batch(seed: int, B: int = 8, *, dtype=np.float64, adjacent_turns: boo
     else:
         raise ValueError(reward_kind)
     V = np.where(act, rng.normal(size=(B, L)), rng.normal(size=(B, L)) * 1e3)
+    H = np.where(act, rng.gamma(2.0, 0.5, size=(B, L)), np.nan)  # entropies; NaN where never read
     boot = np.where(rng.random(B) < 0.5, rng.normal(size=B), np.nan) if bootstrap else np.full(B, np.nan)
     n_groups = max(1, B // 2)
     group_ids = [f"g{int(x)}" for x in rng.integers(0, n_groups, size=B)]
@@ -76,5 +77,5 @@ def random_batch(seed: int, B: int = 8, *, dtype=np.float64, adjacent_turns: boo
     return {
         "rewards": R.astype(dtype), "values": V.astype(dtype), "mask": M.astype(dtype), "turn_ids": T,
         "bootstrap_value": boot, "group_ids": group_ids, "prompt_ids": prompt_ids,
-        "response_ids": response_ids,
+        "response_ids": response_ids, "entropy": H,
     }

@@ -45,6 +45,17 @@ CRITIC_CASES = [
     ("mae", {"within": "baseline", "gamma": 0.8, "turn_gamma": 0.6, "beta": 0.5, "value_at": "last"}),
     ("mae", {"within": "baseline", "gamma": 0.0, "value_at": "mean", "critic_target": "turn"}),
     ("mae", {"within": "baseline", "gamma": 1.0, "lam": 1.0, "turn_lam": 1.0, "beta": 2.0, "whiten": True}),
+    # λ per row: VAPO's length-adaptive rule and AReaL's relative-position rule (ℓ = tokens or turns)
+    ("gae", {"lam_rule": "vapo", "alpha": 0.5}),
+    ("gae", {"lam_rule": "vapo", "alpha": 1.5, "gamma": 0.9, "whiten": True}),
+    ("gae", {"lam_rule": "relative_position", "q": 0.3, "gamma": 0.95}),
+    ("turn_gae", {"lam_rule": "vapo", "alpha": 0.6, "turn_gamma": 0.9}),
+    ("turn_gae", {"lam_rule": "relative_position", "q": 0.5, "value_at": "mean"}),
+    ("mae", {"lam_rule": "relative_position", "q": 0.2, "within": "local", "gamma": 0.9}),
+    ("mae", {"lam_rule": "vapo", "alpha": 0.7, "within": "baseline"}),
+    ("bilevel_gae", {}),
+    ("bilevel_gae", {"gamma": 0.9, "lam": 0.8, "turn_gamma": 0.7, "whiten": False}),
+    ("bilevel_gae", {"gamma": 1.0, "lam": 1.0, "turn_gamma": 1.0}),
 ]
 
 GROUP_CASES = [
@@ -55,6 +66,13 @@ GROUP_CASES = [
     ("rloo", {"whiten": True}),
     ("reinforce_pp_baseline", {}),
     ("reinforce_pp_baseline", {"whiten": False}),
+    ("mt_grpo", {}),
+    ("mt_grpo", {"turn_coef": 0.5, "whiten": True}),
+    ("mt_grpo", {"turn_baseline": "index"}),
+    ("mt_grpo", {"turn_baseline": "index", "turn_coef": 2.0, "eps": 1e-6}),
+    ("empg", {}),
+    ("empg", {"entropy_k": 2.0, "clarity_k": 0.5, "zeta": 0.3, "center": False}),
+    ("empg", {"norm_by_std": False, "whiten": True}),
 ]
 
 
@@ -71,12 +89,17 @@ def _call(name, mod, d, opts, turn_ids_given=True):
     kw = dict(opts)
     if name in ("gae", "vapo"):
         return getattr(mod, name)(d["rewards"], d["values"], d["mask"], bootstrap_value=d["bootstrap_value"], **kw)
-    if name in ("turn_gae", "mae"):
+    if name in ("turn_gae", "mae", "bilevel_gae"):
         tid = d["turn_ids"] if turn_ids_given else None
         return getattr(mod, name)(d["rewards"], d["values"], d["mask"], turn_ids=tid,
                                   bootstrap_value=d["bootstrap_value"], **kw)
     if name == "reinforce_pp":
         return getattr(mod, name)(d["rewards"], d["mask"], **kw)
+    if name in ("mt_grpo", "empg"):
+        tid = d["turn_ids"] if turn_ids_given else None
+        if name == "empg":
+            kw["entropy"] = d["entropy"]
+        return getattr(mod, name)(d["rewards"], d["mask"], d["group_ids"], turn_ids=tid, **kw)
     if name == "gigpo":
         tid = d["turn_ids"] if turn_ids_given else None
         return getattr(mod, name)(d["rewards"], d["mask"], d["group_ids"], prompt_ids=d["prompt_ids"],
@@ -119,7 +142,10 @@ def _degenerate(kind):
     R = np.where(M == 1, rng.normal(size=M.shape), 0.0)
     V = np.where(M == 1, rng.normal(size=M.shape), 1e3)
     boot = np.where(rng.random(M.shape[0]) < 0.5, 2.0, np.nan)
-    return {"rewards": R, "values": V, "mask": M, "turn_ids": T, "bootstrap_value": boot}
+    H = np.where(M == 1, rng.random(M.shape), np.nan)
+    gid = [f"g{i // 2}" for i in range(M.shape[0])]  # the last row of an odd batch is a group of one
+    return {"rewards": R, "values": V, "mask": M, "turn_ids": T, "bootstrap_value": boot, "entropy": H,
+            "group_ids": gid}
 
 
 @pytest.mark.parametrize("kind", ["all_masked", "no_rows", "no_columns", "one_token_turns"])
@@ -132,11 +158,19 @@ def _degenerate(kind):
     ("mae", {"gamma": 1.0, "lam": 1.0, "turn_gamma": 0.7, "within": "td", "whiten": True}),
     ("mae", {"gamma": 0.8, "turn_gamma": 0.9, "within": "baseline", "value_at": "mean"}),
     ("mae", {"gamma": 1.0, "lam": 1.0, "turn_lam": 1.0, "within": "baseline", "beta": 1.5}),
+    ("gae", {"lam_rule": "relative_position", "q": 0.4}),
+    ("turn_gae", {"lam_rule": "vapo", "alpha": 0.8}),
+    ("mae", {"lam_rule": "relative_position", "q": 0.6}),
+    ("bilevel_gae", {"gamma": 0.9, "lam": 0.8}),
+    ("mt_grpo", {}),
+    ("mt_grpo", {"turn_baseline": "index"}),
+    ("empg", {}),
 ])
+@pytest.mark.filterwarnings("ignore:group_ids")
 def test_degenerate_batches_match_reference(kind, name, opts):
     d = _degenerate(kind)
     _compare(name, opts, d, np.float64)
-    if kind == "one_token_turns" and name != "gae":
+    if kind == "one_token_turns" and name in ("turn_gae", "mae"):
         # a one-token turn: R_k = r, Γ_k = γ_T, and MAE gives exactly A^T_k (nothing to centre)
         tg, _ = A.turn_gae(d["rewards"], d["values"], d["mask"], turn_ids=d["turn_ids"],
                            bootstrap_value=d["bootstrap_value"], gamma=0.8, turn_gamma=0.9, turn_lam=0.6)
@@ -159,7 +193,7 @@ def test_derived_turn_ids_match_reference(make_random, name, opts):
 @pytest.mark.parametrize("name,opts", GROUP_CASES)
 def test_group_estimators_match_reference(make_random, name, opts, dtype):
     for seed in range(3):
-        d = make_random(seed, B=12, dtype=dtype, reward_kind="outcome" if seed == 1 else "dense")
+        d = make_random(seed, B=12, dtype=dtype, reward_kind=("outcome", "turn_end", "dense")[seed])
         _compare(name, opts, d, dtype)
 
 

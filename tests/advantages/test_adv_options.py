@@ -15,7 +15,8 @@ from mpo_viz.synthetic import make_batch
 
 @pytest.fixture(scope="module")
 def batch():
-    return make_batch(8, seed=2, turns=(1, 3), turn_len=(1, 6), obs_len=(1, 4), group_size=4)
+    b = make_batch(8, seed=2, turns=(1, 3), turn_len=(1, 6), obs_len=(1, 4), group_size=4)
+    return b.with_token_fields(entropy=torch.rand(b.mask.shape, generator=torch.Generator().manual_seed(0)))
 
 
 def _user_estimator():
@@ -58,7 +59,7 @@ def test_builtin_options_come_from_the_one_vocabulary():
     ("mpo", {"gamma": "0.9"}, r"gamma: expected a number, found '0.9'"),
     ("mpo", {"whiten": 1}, r"whiten: expected True or False, found 1"),
     ("vapo", {"alpha": 0.0}, r"alpha: expected a value in \(0, inf\), found 0.0"),
-    ("gae", {"beta": 1.0}, r"options: estimator 'gae' has no option 'beta'; valid options: gamma, lam, whiten"),
+    ("gae", {"beta": 1.0}, r"options: estimator 'gae' has no option 'beta'; valid options: gamma, lam, lam_rule, alpha, q, whiten"),
 ])
 def test_compute_checks_every_option_against_its_declaration(batch, name, opts, match):
     with pytest.raises(OptionError, match=match) as e:

@@ -11,7 +11,7 @@ from mpo_viz.advantages import registry
 from mpo_viz.synthetic import make_batch
 from mpo_viz.trajectory import TrajectoryBatch
 
-NAMES = ["drgrpo", "gae", "gigpo", "grpo", "mae", "mpo", "reinforce_pp", "reinforce_pp_baseline", "rloo",
+NAMES = ["bilevel_gae", "drgrpo", "gae", "gigpo", "grpo", "mae", "mpo", "mt_grpo", "reinforce_pp", "reinforce_pp_baseline", "rloo",
          "turn_gae", "vapo"]
 
 
@@ -89,7 +89,7 @@ def test_gigpo_through_compute_uses_token_ids(batch):
 def test_unknown_name_and_option(batch):
     with pytest.raises(ValueError, match=r"name: unknown estimator 'ppo'; available: .*gae"):
         A.compute(batch, "ppo")
-    with pytest.raises(ValueError, match=r"options: estimator 'gae' has no option 'beta'; valid options: gamma, lam, whiten"):
+    with pytest.raises(ValueError, match=r"options: estimator 'gae' has no option 'beta'; valid options: gamma, lam, lam_rule, alpha, q, whiten"):
         A.compute(batch, "gae", beta=1.0)
     with pytest.raises(ValueError, match=r"no option 'turn_ids'"):
         A.compute(batch, "mae", turn_ids=None)  # taken from the batch, not an option

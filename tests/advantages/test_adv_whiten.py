@@ -310,7 +310,7 @@ def test_kernels_record_the_spans_that_hold_the_action_tokens(dtype):
         assert _recorded(wsp, wsn, i) == _runs(m[i]), i
     w, wsp, wsn = whiten_buffers(B)
     e = np.full((B, 0), np.nan)
-    K.mae_kernel(d["rewards"], d["values"], m, T, np.full(B, np.nan), 1.0, 0.95, 1.0, 0.9, 1.0, 0, 0, 0, adv, ret,
+    K.mae_kernel(d["rewards"], d["values"], m, T, np.full(B, np.nan), 1.0, 0.95, 1.0, np.full(B, 0.9), 1.0, 0, 0, 0, adv, ret,
                  e, e, e, e, np.empty(B, np.int64), 1, w, wsp, wsn)
     assert (wsn == -1).all()  # mae records none: each row is rewritten whole
 
