@@ -1,9 +1,9 @@
 """AReaL rollout batches → trajectory/v1.
 
 What AReaL holds: a rollout workflow returns one trajectory as a dict of ``(1, L)`` tensors over the
-whole sequence, prompt and completion together (``areal/workflow/rlvr.py`` lines 167-176,
+whole sequence, prompt and completion together (``areal/workflow/rlvr.py`` lines 165-180,
 ``areal/workflow/multi_turn.py`` lines 103-137, ``areal/experimental/openai/types.py`` lines
-143-225 in areal-project/AReaL at cbff54d); the trainer joins them into a right-padded batch
+144-226 in areal-project/AReaL at cbff54d); the trainer joins them into a right-padded batch
 (``areal/utils/data.py: concat_padded_tensors``, line 241) and adds the forward passes' outputs
 (``areal/trainer/rl_trainer.py`` lines 699-795: ``values``, ``ref_logp``, ``prox_logp``) before
 ``compute_advantages``. AReaL's own dump (``areal/infra/workflow_executor.py: _dump_trajectory``,
@@ -58,7 +58,8 @@ other per-token arrays     dropped and reported (their alignment, t or t − 1, 
 
 A batch that went through ``compute_advantages`` (keys ``advantages``, ``returns``, ``tot_rewards``,
 ``kl_rewards``) is refused: AReaL rolls ``loss_mask`` and ``logprobs`` there by one position
-(``areal/trainer/ppo/actor.py`` lines 214-260) and shapes the rewards; save the batch before it.
+(``areal/trainer/ppo/actor.py`` lines 214-239 and 319-321) and shapes the rewards; save the batch
+before it.
 Every key read is listed in the report (``fields_mapped``, ``fields_dropped``).
 """
 
