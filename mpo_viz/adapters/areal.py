@@ -19,7 +19,10 @@ Input, one of:
   batches never need one);
 * one trajectory per record, unpadded: a list of dicts, a ``.jsonl`` file (one JSON object a line,
   e.g. ``{k: v[0].tolist() for k, v in traj.items()}`` of a workflow's output) or a ``.parquet``
-  file with the same keys as columns. A leading batch dimension of 1 is accepted.
+  file with the same keys as columns. A leading batch dimension of 1 is accepted;
+* a folder of such files (one per training step): numbered files in step order, then the others
+  by name; a file's stem prefixes the ids made up for its rows (``"12/row3"``) and, when it is a
+  number, is their ``step``.
 
 Field mapping (``n`` = the sequence length: ``attention_mask.sum()`` when present, ``p`` = the
 position of the first generated token, ``loss_mask == 1``):
@@ -51,7 +54,7 @@ AReaL                      trajectory/v1
 ``values`` (L)             ``values``, one position later: the critic's value at position t − 1 is
                            the estimate before token t, v1's meaning
 ``traj_id``/``group_id``   kept when the records carry them (AReaL batches do not); else
-                           ``row{i}`` / ``line{n}`` and groups of identical prompts
+                           ``row{i}`` / ``line{n}`` and groups of identical prompts (per file)
 other scalars and strings  ``extra_json`` (e.g. ``original_rewards`` of the OpenAI workflow)
 other per-token arrays     dropped and reported (their alignment, t or t − 1, is not known)
 =========================  ==========================================================================
@@ -274,10 +277,11 @@ def _scalar(v):
 
 
 class _Row:
-    """One record being converted: where it came from, for the problems it reports."""
+    """One record being converted: where it came from (for the problems it reports) and the prefix
+    of the ids made up for it (``"{file stem}/"`` inside a folder)."""
 
-    def __init__(self, col: Collector, line, row, tid):
-        self.col, self.line, self.row, self.tid = col, line, row, tid
+    def __init__(self, col: Collector, line, row, tid, prefix: str = ""):
+        self.col, self.line, self.row, self.tid, self.prefix = col, line, row, tid, prefix
 
     def problem(self, field: str, expected: str, found: str) -> None:
         self.col.problem(field, expected, found, line=self.line, row=self.row, traj_id=self.tid)
@@ -330,7 +334,7 @@ def _areal_row(rec: dict, r: _Row, groups: dict) -> dict | None:
     row = {"traj_id": r.tid, "prompt_ids": ids[:p].tolist(), "response_ids": ids[p:].tolist(),
            "loss_mask": resp_mask.tolist()}
     row["group_id"] = str(rec["group_id"]) if rec.get("group_id") is not None else \
-        groups.setdefault(tuple(row["prompt_ids"]), f"prompt{len(groups)}")
+        groups.setdefault(tuple(row["prompt_ids"]), f"{r.prefix}prompt{len(groups)}")
     if not _turns(row, tok, p, resp_mask, r):
         return None
     for k, v1 in AREAL_FIELDS.items():
@@ -413,14 +417,43 @@ def _reward_and_extras(row: dict, rec: dict, r: _Row) -> dict | None:
 # ----------------------------------------------------------------------------- entry points
 
 
+#: the files a folder of AReaL batches may hold
+SUFFIXES = (".safetensors", ".pt", ".pth", ".jsonl", ".parquet")
+
+
+def _sources(src, col: Collector) -> Iterator[tuple[object, str, int | None]]:
+    """``(input, id prefix, step)``: ``src`` itself, or each file of a folder (e.g. one batch per
+    training step, ``rollouts/{step}.safetensors``) — numbered files in the order of their numbers,
+    then the others by name — its stem prefixing the ids made up for its rows and, when it is a
+    number, giving their ``step``."""
+    if not (isinstance(src, (str, Path)) and Path(src).is_dir()):
+        yield src, "", None
+        return
+    files = sorted((p for p in Path(src).iterdir() if p.is_file() and p.suffix in SUFFIXES),
+                   key=lambda p: (not p.stem.isdigit(), int(p.stem) if p.stem.isdigit() else 0, p.name))
+    if not files:
+        raise file_error("areal", src, "<folder>", f"a folder of {', '.join(SUFFIXES)} files",
+                         f"none among {len(list(Path(src).iterdir()))} entries")
+    for p in files:
+        yield p, f"{p.stem}/", int(p.stem) if p.stem.isdigit() else None
+
+
 def iter_areal(src, col: Collector, *, obs_reward: str = "move") -> Iterator[None]:
     """Add the trajectories of ``src`` to ``col`` (yields after each record; module docstring).
+    ``src`` may also be a folder of such files (:func:`_sources`).
 
     ``obs_reward`` is accepted for the common interface: AReaL's reward is one number per sequence,
     so no reward sits on an observation token.
     """
+    for one, prefix, step in _sources(src, col):
+        if isinstance(one, Path):
+            col.source = str(one)
+        yield from _iter_one(one, col, prefix, step)
+
+
+def _iter_one(src, col: Collector, prefix: str, step: int | None) -> Iterator[None]:
     rep = col.report
-    groups: dict = {}
+    groups: dict = {}  # prompt ids -> group id, per input file
     for line, ri, rec in _records(src, col):
         rep.rows_in += 1
         _refuse_after_advantages(rec, col, line)
@@ -430,7 +463,8 @@ def iter_areal(src, col: Collector, *, obs_reward: str = "move") -> Iterator[Non
                              "AReaL's text dump (prompt and completion strings, no token ids, log-probs or masks): "
                              "save the rollout batch's tensors instead (docs/adapters.md)" if text_dump else
                              f"no 'input_ids'; keys: {sorted(map(str, rec))}")
-        tid = str(rec["traj_id"]) if rec.get("traj_id") is not None else (f"line{line}" if line else f"row{ri}")
+        tid = str(rec["traj_id"]) if rec.get("traj_id") is not None else \
+            prefix + (f"line{line}" if line else f"row{ri}")
         if rec.get("group_id") is None and not groups:
             rep.note("no group_id: groups of identical prompts")
         for k in (*STRUCTURE, *AREAL_FIELDS, *SHIFTED_FIELDS, *_ROW_IDS):
@@ -438,8 +472,10 @@ def iter_areal(src, col: Collector, *, obs_reward: str = "move") -> Iterator[Non
                 rep.mapped(k, _MAPPED.get(k, k))
         if "values" in rec:
             col.meta.setdefault("values_source", "critic")
-        row = _areal_row(rec, _Row(col, line, ri, tid), groups)
+        row = _areal_row(rec, _Row(col, line, ri, tid, prefix), groups)
         if row is not None:
+            if step is not None:
+                row["step"] = step
             col.add(row, line=line, row_index=ri)
         yield
 

@@ -50,7 +50,7 @@ def add_subcommand(sub) -> None:
                     "rejected (--errors collect), 0 otherwise.")
     p.add_argument("--from", dest="source", required=True, choices=(*FROM, *ALIASES), metavar="{" + ",".join(FROM) + "}",
                    help="the layout of IN (verifiers, rllm and agent-lightning logs: steps; chat: openai)")
-    p.add_argument("input", metavar="IN", help="the log: a file (or, for trl/art, a folder of Parquet files)")
+    p.add_argument("input", metavar="IN", help="the log: a file (or, for trl/art, a folder of Parquet files; for areal, a folder of batch files)")
     p.add_argument("-o", "--out", required=True, help="output: a .parquet file, or a folder (one part file per chunk)")
     p.add_argument("--tokenizer", metavar="DIR", help="local tokenizer folder with a chat template (openai, trl, art)")
     p.add_argument("--trust", action="store_true", help="allow unpickling IN (a pickled verl DataProto or SkyRL "

@@ -211,3 +211,24 @@ def test_other_keys_go_to_extra_json_or_are_reported():
     assert json.loads(r["extra_json"]) == {"original_rewards": 1.0, "task": "t0"}
     assert "entropy_like" in rep.fields_dropped and rep.fields_mapped["original_rewards"] == "extra_json"
     assert r["turn_ids"] == [0, 0] and "no turn_ids: turns are the runs of loss_mask 1" in rep.notes
+
+
+def test_a_folder_of_step_files(raw, tmp_path):
+    """One batch per training step: ids prefixed by the file's stem, its number the step, groups per file."""
+    from safetensors.torch import save_file
+
+    d = tmp_path / "rollouts"
+    d.mkdir()
+    batch = {k: torch.from_numpy(v) for k, v in raw.items()}
+    save_file(batch, str(d / "12.safetensors"))
+    (d / "3.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records(raw)[:2]))
+    (d / "notes.txt").write_text("not a batch")
+    b, rep = from_areal(d)
+    assert b.traj_ids == ["3/line1", "3/line2", "12/row0", "12/row1", "12/row2", "12/row3"]  # step order
+    assert list(b.field("step")) == [3, 3, 12, 12, 12, 12]
+    assert not set(b.group_ids[:2]) & set(b.group_ids[2:]) and b.group_ids[2].startswith("12/")
+    assert rep.rows_in == 6
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    with pytest.raises(TrajectoryError, match=r"expected areal layout: a folder of \.safetensors"):
+        from_areal(empty)
