@@ -232,3 +232,18 @@ def test_a_folder_of_step_files(raw, tmp_path):
     empty.mkdir()
     with pytest.raises(TrajectoryError, match=r"expected areal layout: a folder of \.safetensors"):
         from_areal(empty)
+
+
+def test_the_report_lists_every_key_read():
+    b, rep = from_areal(SAMPLE)
+    d = rep.to_dict()
+    assert d["fields_mapped"]["logprobs"] == "rollout_logprobs" and d["fields_dropped"] == {}
+    assert "  mapped field          values -> values (one position later" in str(rep)
+    # a later chunk's report adds its keys without replacing the first description
+    other = type(rep)("areal")
+    other.mapped("logprobs", "something else")
+    other.mapped("ref_logp", "ref_logprobs (one position later)")
+    other.drop("entropy_like", "why")
+    rep.update(other)
+    assert rep.fields_mapped["logprobs"] == "rollout_logprobs"
+    assert rep.fields_mapped["ref_logp"].startswith("ref_logprobs") and "entropy_like" in rep.fields_dropped
