@@ -4,7 +4,7 @@ Which estimators the plugin offers verl (:data:`ESTIMATORS`) is derived from
 :mod:`mpo_viz.advantages.registry`, not listed by hand: every registered estimator that runs on what
 verl's batch carries — its ``needs`` include critic ``values`` and nothing beyond ``values`` and
 ``turns`` (the runs of ``response_mask``), and its function takes ``(rewards, values, mask)`` first
-(the call :mod:`.estimators` and :mod:`.runlog` make). A name verl registers itself (``gae``) stays
+and nothing else it requires (the call :mod:`.estimators` and :mod:`.runlog` make). A name verl registers itself (``gae``) stays
 verl's: :func:`refresh_estimators` leaves out the names it is told to skip, and the plugin's
 ``register()`` tells it verl's own. An estimator added to the registry later is offered by the same
 rule, without code here. Today: ``mpo`` and ``mae`` (MAE), ``turn_gae``, ``vapo``.
@@ -48,10 +48,13 @@ def offered(name: str) -> bool:
     if "values" not in est.needs or not set(est.needs) <= VERL_NEEDS:
         return False
     try:
-        params = list(inspect.signature(est.fn).parameters)
+        params = list(inspect.signature(est.fn).parameters.values())
     except (TypeError, ValueError):  # a callable without a signature
         return False
-    return tuple(params[: len(VERL_INPUTS)]) == VERL_INPUTS
+    first, rest = params[: len(VERL_INPUTS)], params[len(VERL_INPUTS):]
+    required = [p for p in rest if p.default is inspect.Parameter.empty
+                and p.kind not in (inspect.Parameter.VAR_POSITIONAL, inspect.Parameter.VAR_KEYWORD)]
+    return tuple(p.name for p in first) == VERL_INPUTS and not required
 
 
 def refresh_estimators(skip: Iterable[str] = ()) -> dict[str, str]:
