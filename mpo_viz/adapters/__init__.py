@@ -4,6 +4,8 @@ One function per source, each returning ``(TrajectoryBatch, ConversionReport)``:
 
 * :func:`from_verl` — a verl batch (dict of tensors and arrays, ``torch.save`` file, or a pickled
   ``DataProto`` with ``trust=True``);
+* :func:`from_areal` — an AReaL rollout batch (dict of padded tensors, ``.safetensors``, ``.pt``
+  read with ``weights_only=True``) or one trajectory per record (``.jsonl``, ``.parquet``);
 * :func:`from_skyrl` — a SkyRL ``GeneratorOutput`` (dict, JSON, or pickle with ``trust=True``);
 * :func:`from_steps` — step-wise logs: verifiers rollouts, rLLM episodes/trajectories,
   agent-lightning rollouts, or one step per line;
@@ -32,6 +34,7 @@ from typing import Any
 
 from mpo_viz.adapters._common import Collector, check_options, drive
 from mpo_viz.adapters._write import write_chunks
+from mpo_viz.adapters.areal import from_areal, iter_areal
 from mpo_viz.adapters.art import from_art, iter_art
 from mpo_viz.adapters.chat import ChatEncoder, from_chat, iter_chat
 from mpo_viz.adapters.conversion import ConversionReport, ConversionWarning
@@ -41,12 +44,13 @@ from mpo_viz.adapters.trl import from_trl, iter_trl
 from mpo_viz.adapters.verl import from_verl, iter_verl
 from mpo_viz.checks import OptionError
 
-__all__ = ["ConversionReport", "ConversionWarning", "FORMATS", "from_verl", "from_skyrl", "from_steps", "from_chat", "from_trl",
+__all__ = ["ConversionReport", "ConversionWarning", "FORMATS", "from_verl", "from_areal", "from_skyrl", "from_steps", "from_chat", "from_trl",
            "from_art", "stream", "convert"]
 
 # name (``mpo-viz convert --from``) -> (row generator, options it takes, needs a tokenizer)
 FORMATS: dict[str, tuple[Callable, tuple, bool]] = {
     "verl": (iter_verl, ("obs_reward", "trust"), False),
+    "areal": (iter_areal, ("obs_reward",), False),
     "skyrl": (iter_skyrl, ("obs_reward", "trust"), False),
     "steps": (iter_steps, ("obs_reward",), False),
     "openai": (iter_chat, ("obs_reward", "tokenizer", "allow_unknown"), True),

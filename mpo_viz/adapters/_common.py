@@ -212,7 +212,7 @@ def _reward_missing(row: dict) -> str | None:
 
 #: what one input record of each adapter is, for the error on an input without any
 RECORDS = {"openai": "conversation (one JSON object a line with a 'messages' list)", "steps": "step record",
-           "verl": "batch row", "skyrl": "generator output row", "trl": "completion row", "art": "trajectory row"}
+           "verl": "batch row", "areal": "trajectory (a row of the rollout batch)", "skyrl": "generator output row", "trl": "completion row", "art": "trajectory row"}
 
 
 def drive(gen: Iterator, col: Collector, chunk_rows: int | None) -> Iterator[TrajectoryBatch]:

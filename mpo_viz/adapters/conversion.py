@@ -61,7 +61,9 @@ class ConversionReport:
     * ``retokenized_messages`` — logged assistant messages whose ids were compared with the chat
       template's; ``retokenization_mismatches`` — how many of them differed (the logged ids are
       kept); ``mismatch_examples`` — where the first few differed.
-    * ``fields_dropped`` — source fields not carried into v1, with the reason.
+    * ``fields_mapped`` — source fields carried into v1, with the v1 field they became and how
+      (adapters that list every field they read: areal); ``fields_dropped`` — source fields not
+      carried into v1, with the reason.
     * ``notes`` — counted guesses and choices (e.g. "group_id from identical prompts").
     * ``tool_calls`` — tool calls of assistant messages rendered into action tokens;
       ``tool_call_rendering`` — how (a key of :data:`TOOL_CALL_RENDERINGS`: ``"template"`` or
@@ -96,6 +98,7 @@ class ConversionReport:
     retokenized_messages: int = 0
     retokenization_mismatches: int = 0
     mismatch_examples: list[str] = field(default_factory=list)
+    fields_mapped: dict[str, str] = field(default_factory=dict)
     fields_dropped: dict[str, str] = field(default_factory=dict)
     notes: Counter = field(default_factory=Counter)
     tool_calls: int = 0
@@ -115,6 +118,10 @@ class ConversionReport:
     def note(self, text: str, n: int = 1) -> None:
         """Count one occurrence of a guess or choice described by ``text``."""
         self.notes[text] += n
+
+    def mapped(self, name: str, to: str) -> None:
+        """Record that source field ``name`` became ``to`` (a v1 field and how)."""
+        self.fields_mapped.setdefault(name, to)
 
     def drop(self, name: str, why: str) -> None:
         """Record that source field ``name`` is not carried into v1, and why."""
@@ -212,6 +219,8 @@ class ConversionReport:
         self.rejected.extend(other.rejected)
         self.kept_as_steps.update(other.kept_as_steps)
         self.notes.update(other.notes)
+        for k, v in other.fields_mapped.items():
+            self.fields_mapped.setdefault(k, v)
         for k, v in other.fields_dropped.items():
             self.fields_dropped.setdefault(k, v)
         room = _EXAMPLES - len(self.mismatch_examples)
@@ -233,6 +242,7 @@ class ConversionReport:
             "retokenized_messages": self.retokenized_messages,
             "retokenization_mismatches": self.retokenization_mismatches,
             "mismatch_examples": list(self.mismatch_examples),
+            "fields_mapped": dict(sorted(self.fields_mapped.items())),
             "fields_dropped": dict(sorted(self.fields_dropped.items())),
             "notes": dict(sorted(self.notes.items())),
             "tool_calls": self.tool_calls,
@@ -287,6 +297,8 @@ class ConversionReport:
             shares = ", ".join(f"{k} {self.unknown_tokens[k][0]} of {self.unknown_tokens[k][1]}"
                                for k in UNKNOWN_FIELDS if k in self.unknown_tokens)
             lines.append(f"  unknown tokens        {shares} ({self.unknown_token!r})")
+        for name, to in sorted(self.fields_mapped.items()):
+            lines.append(f"  mapped field          {name} -> {to}")
         for name, why in sorted(self.fields_dropped.items()):
             lines.append(f"  dropped field         {name}: {why}")
         for text, n in sorted(self.notes.items()):

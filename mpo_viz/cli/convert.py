@@ -1,4 +1,4 @@
-"""``mpo-viz convert --from verl|skyrl|steps|openai|trl|art IN -o OUT``: other frameworks' logs → v1.
+"""``mpo-viz convert --from verl|areal|skyrl|steps|openai|trl|art IN -o OUT``: other frameworks' logs → v1.
 
 Option problems raised by :mod:`mpo_viz.adapters` are :class:`~mpo_viz.checks.OptionError`s, so the
 command names the flag (``--tokenizer: expected ...``) from the parser's own table.
@@ -13,7 +13,7 @@ from pathlib import Path
 from mpo_viz.adapters import ConversionWarning, convert
 from mpo_viz.cli.errors import CLIError
 
-FROM = ("verl", "skyrl", "steps", "openai", "trl", "art")
+FROM = ("verl", "areal", "skyrl", "steps", "openai", "trl", "art")
 # the frameworks whose logs one adapter reads, by their own names
 ALIASES = {"verifiers": "steps", "rllm": "steps", "agent-lightning": "steps", "chat": "openai"}
 
@@ -41,7 +41,7 @@ def cmd_convert(args) -> int:
 
 def add_subcommand(sub) -> None:
     p = sub.add_parser(
-        "convert", help="convert verl / SkyRL / step-wise / OpenAI-chat / TRL / ART logs to trajectory/v1",
+        "convert", help="convert verl / AReaL / SkyRL / step-wise / OpenAI-chat / TRL / ART logs to trajectory/v1",
         description="Convert another framework's rollout log to trajectory/v1 and print what changed: rows, rewards "
                     "moved off observation tokens, retokenization mismatches, steps kept apart, fields dropped, tool calls "
                     "and how they became tokens; WARNING lines for empty assistant turns, unknown tokens and "
@@ -50,7 +50,7 @@ def add_subcommand(sub) -> None:
                     "rejected (--errors collect), 0 otherwise.")
     p.add_argument("--from", dest="source", required=True, choices=(*FROM, *ALIASES), metavar="{" + ",".join(FROM) + "}",
                    help="the layout of IN (verifiers, rllm and agent-lightning logs: steps; chat: openai)")
-    p.add_argument("input", metavar="IN", help="the log: a file (or, for trl/art, a folder of Parquet files)")
+    p.add_argument("input", metavar="IN", help="the log: a file (or, for trl/art, a folder of Parquet files; for areal, a folder of batch files)")
     p.add_argument("-o", "--out", required=True, help="output: a .parquet file, or a folder (one part file per chunk)")
     p.add_argument("--tokenizer", metavar="DIR", help="local tokenizer folder with a chat template (openai, trl, art)")
     p.add_argument("--trust", action="store_true", help="allow unpickling IN (a pickled verl DataProto or SkyRL "

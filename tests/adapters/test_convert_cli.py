@@ -14,6 +14,7 @@ from mpo_viz.trajectory import row_to_json
 TOK = str(SAMPLES / "tokenizer")
 CASES = [
     ("verl", "verl_batch.pt", False, 4),
+    ("areal", "areal_rollout.safetensors", False, 4),
     ("skyrl", "skyrl_generator_output.json", False, 4),
     ("steps", "verifiers_rollouts.jsonl", False, 4),
     ("steps", "rllm_episodes.jsonl", False, 10),

@@ -7,7 +7,15 @@ import numpy as np
 import pytest
 from conftest import SAMPLES
 
-from mpo_viz.adapters import from_art, from_chat, from_skyrl, from_steps, from_trl, from_verl
+from mpo_viz.adapters import (
+    from_areal,
+    from_art,
+    from_chat,
+    from_skyrl,
+    from_steps,
+    from_trl,
+    from_verl,
+)
 
 
 @pytest.fixture(scope="module")
@@ -36,6 +44,7 @@ def converted():
     tok = SAMPLES / "tokenizer"
     return {
         "verl": from_verl(SAMPLES / "verl_batch.pt"),
+        "areal": from_areal(SAMPLES / "areal_rollout.safetensors"),
         "skyrl": from_skyrl(SAMPLES / "skyrl_generator_output.json"),
         "verifiers": from_steps(SAMPLES / "verifiers_rollouts.jsonl"),
         "rllm": from_steps(SAMPLES / "rllm_episodes.jsonl"),
@@ -46,7 +55,7 @@ def converted():
     }
 
 
-@pytest.mark.parametrize("name", ["verl", "skyrl", "openai", "art"])
+@pytest.mark.parametrize("name", ["verl", "areal", "skyrl", "openai", "art"])
 def test_full_layouts_give_the_episodes_exactly(converted, episodes, name):
     b, rep = converted[name]
     assert len(b) == 4 and not rep.rejected
@@ -58,7 +67,7 @@ def test_full_layouts_give_the_episodes_exactly(converted, episodes, name):
         # the turn rewards the tool replies carried, wherever the layout put them
         turns = b.turns()
         got = turns.loc[turns.traj_id == b.traj_ids[i], "reward"].to_numpy()
-        if name == "art":  # ART logs one sequence reward: it sits on the last turn
+        if name in ("art", "areal"):  # ART and AReaL log one sequence reward: it sits on the last turn
             assert got.sum() == pytest.approx(sum(e["turn_rewards"]), abs=1e-6)
         else:
             assert got == pytest.approx(e["turn_rewards"], abs=1e-6)

@@ -107,6 +107,36 @@ def test_turn_gae_through_verl_equals_ours_and_reference():
     np.testing.assert_allclose(out.batch["advantages"].double().numpy(), ref_adv, atol=2e-5)
 
 
+def test_vapo_is_offered_by_the_rule_and_equals_ours_and_reference():
+    """vapo needs only critic values and takes (rewards, values, mask): the plugin offers it without
+    a line of its own; its options come from algorithm.vapo.*."""
+    data = multi_turn_batch(seed=6)
+    out = run(copy(data), "vapo", algo("vapo", vapo={"alpha": 0.2, "gamma": 0.98}))
+    r, _, _ = moved_rewards(data)
+    v, m = data.batch["values"], data.batch["response_mask"].float()
+    adv, ret = A.vapo(r, v, m, alpha=0.2, gamma=0.98)
+    torch.testing.assert_close(out.batch["advantages"], adv, rtol=0, atol=0)
+    torch.testing.assert_close(out.batch["returns"], ret, rtol=0, atol=0)
+    ref_adv, _ = ref.vapo(r.double().numpy(), v.double().numpy(), m.numpy(), alpha=0.2, gamma=0.98)
+    np.testing.assert_allclose(out.batch["advantages"].double().numpy(), ref_adv, atol=2e-5)
+    with pytest.raises(ValueError, match=r"algorithm\.vapo\.beta: unknown option of estimator 'vapo'"):
+        run(copy(data), "vapo", algo("vapo", vapo={"beta": 1.0}))
+
+
+def test_the_offered_estimators_follow_the_registry():
+    """Critic-based estimators on values and turns are offered; group estimators (they need uids
+    compared across rows) and verl's own names are not; verl's gae stays verl's function."""
+    from mpo_viz.advantages import registry
+    from mpo_viz.integrations.verl import ESTIMATORS, registered
+
+    assert {"mpo", "mae", "turn_gae", "vapo"} <= set(ESTIMATORS) == set(registered()["estimators"])
+    assert not {"gae", "grpo", "rloo", "gigpo", "reinforce_pp"} & set(ESTIMATORS)
+    for name in ESTIMATORS:
+        assert "values" in registry.get(name).needs
+        assert core_algos.get_adv_estimator_fn(name).__name__ == f"mpo_viz_{name}"
+    assert core_algos.get_adv_estimator_fn("gae").__module__ == "verl.trainer.ppo.core_algos"
+
+
 def test_v1_trainer_path_gives_the_same_numbers():
     """verl.trainer.ppo.v1.utils.compute_advantage_for_multi_trajectories (the v1 trainer's call)."""
     data = multi_turn_batch(seed=7)

@@ -242,3 +242,21 @@ def test_the_engine_workers_actor_loss_reads_the_options():
     (bare_grad,) = torch.autograd.grad(bare, flat)
     assert not torch.equal(grad, bare_grad)
     assert metrics["actor/clipfrac_high"].values == [pytest.approx(ours_metrics["clipfrac_high"])]
+
+
+def test_sapo_temperatures_from_the_command_line():
+    """mpo_sapo's options are verl's own actor keys (ActorConfig declares tau_pos/tau_neg for verl's
+    sapo): set on the command line, composed and instantiated as verl's workers do, they reach the
+    loss. (verl 0.9.1 has its own sapo, so mpo_sapo is called here as the function the plugin would
+    register.)"""
+    from mpo_viz.integrations.verl.losses import verl_loss
+
+    cfg = actor(["actor_rollout_ref.actor.tau_pos=2.0", "actor_rollout_ref.actor.tau_neg=3.0",
+                 "actor_rollout_ref.actor.loss_agg_mode=seq-mean-token-mean"])
+    assert (cfg.tau_pos, cfg.tau_neg) == (2.0, 3.0)
+    old, logp, adv, mask = tensors(seed=6)
+    loss, _ = verl_loss("mpo_sapo")(old, logp, adv, mask, loss_agg_mode=cfg.loss_agg_mode, config=cfg)
+    want, _ = policy_loss("sapo", logp, old, adv, mask, tau_pos=2.0, tau_neg=3.0, agg="seq-mean-token-mean")
+    torch.testing.assert_close(loss, want, rtol=1e-12, atol=1e-12)
+    default, _ = policy_loss("sapo", logp, old, adv, mask, agg="seq-mean-token-mean")
+    assert abs(default.item() - loss.item()) > 1e-6

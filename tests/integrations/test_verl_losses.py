@@ -166,3 +166,92 @@ def test_mpo_gspo_is_registered_where_verl_has_no_gspo(monkeypatch):
     want, _ = policy_loss("gspo", logp, old, adv, mask, clip_low=3e-4, clip_high=4e-4, dual_clip=3.0,
                           agg="seq-mean-token-mean")
     torch.testing.assert_close(loss, want, rtol=1e-12, atol=1e-12)
+
+
+def test_mpo_cispo_and_mpo_sapo_stay_out_where_verl_has_its_own():
+    """verl 0.9.1 ships cispo and sapo: the plugin keeps them and registers no mpo_cispo/mpo_sapo."""
+    import mpo_viz.integrations.verl as plugin
+
+    assert core_algos.get_policy_loss_fn("cispo").__module__ == "verl.trainer.ppo.core_algos"
+    assert core_algos.get_policy_loss_fn("sapo").__module__ == "verl.trainer.ppo.core_algos"
+    assert "mpo_cispo" not in core_algos.POLICY_LOSS_REGISTRY and "mpo_sapo" not in core_algos.POLICY_LOSS_REGISTRY
+    assert not {"mpo_cispo", "mpo_sapo"} & set(plugin.registered()["losses"])
+    assert plugin.ONLY_IF_MISSING == {"mpo_gspo": "gspo", "mpo_sao": "sao", "mpo_cispo": "cispo", "mpo_sapo": "sapo"}
+
+
+@pytest.fixture
+def without_verls_cispo_sapo(monkeypatch):
+    """verl's registry without cispo and sapo (a verl that lacks them), and a fresh record of ours;
+    both restored afterwards. Returns what register() registered."""
+    import mpo_viz.integrations.verl as plugin
+
+    monkeypatch.setattr(core_algos, "POLICY_LOSS_REGISTRY",
+                        {k: v for k, v in core_algos.POLICY_LOSS_REGISTRY.items() if k not in ("cispo", "sapo")})
+    monkeypatch.setattr(plugin, "_registered", {"estimators": [], "losses": []})
+    return plugin.register()
+
+
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("lo, hi", [(1.0, 4.0), (0.2, 0.28)])
+def test_mpo_cispo_equals_verls_cispo_and_policy_loss(without_verls_cispo_sapo, mode, lo, hi):
+    """Where registered, mpo_cispo is verl's own compute_policy_loss_cispo (loss, gradient, clip
+    fraction) on the same config — and mpo_viz's cispo with the clip of clip_ratio_low/high."""
+    assert "mpo_cispo" in without_verls_cispo_sapo["losses"]
+    cfg = actor_config(clip_ratio_low=lo, clip_ratio_high=hi, loss_agg_mode=mode)
+    old, logp, adv, mask = tensors(seed=9, dtype=torch.float64)
+    loss, metrics = ours_through_verl("mpo_cispo", old, logp, adv, mask, mode, cfg)
+    (g,) = torch.autograd.grad(loss, logp)
+    theirs, m2 = core_algos.compute_policy_loss_cispo(old, logp, adv, mask, loss_agg_mode=mode, config=cfg)
+    (g2,) = torch.autograd.grad(theirs, logp)
+    torch.testing.assert_close(loss, theirs, rtol=1e-12, atol=1e-12)
+    torch.testing.assert_close(g, g2, rtol=1e-12, atol=1e-12)
+    assert metrics["actor/pg_clipfrac"] == pytest.approx(m2["actor/pg_clipfrac"], abs=1e-7)
+    want, _ = policy_loss("cispo", logp, old, adv, mask, clip_low=lo, clip_high=hi, agg=mode,
+                          scale=_verl_scale(mode, mask))
+    torch.testing.assert_close(loss, want, rtol=1e-12, atol=1e-12)
+    if hi < 1:
+        assert m2["actor/pg_clipfrac"] > 0  # the clipped weight is exercised
+
+
+@pytest.mark.parametrize("taus", [(1.0, 1.05), (2.0, 3.0)])
+def test_mpo_sapo_takes_verls_tau_keys_and_equals_verls_sapo(without_verls_cispo_sapo, taus):
+    """mpo_sapo reads actor.tau_pos/tau_neg (verl's own keys); with loss_agg_mode=seq-mean-token-mean
+    (what verl's sapo always uses) it is verl's compute_policy_loss_sapo, loss and gradient, and the
+    per-token reference loop's gradient."""
+    assert "mpo_sapo" in without_verls_cispo_sapo["losses"]
+    tp, tn = taus
+    mode = "seq-mean-token-mean"
+    cfg = actor_config(tau_pos=tp, tau_neg=tn, loss_agg_mode=mode)
+    old, logp, adv, mask = tensors(seed=10)
+    loss, metrics = ours_through_verl("mpo_sapo", old, logp, adv, mask, mode, cfg)
+    (g,) = torch.autograd.grad(loss, logp)
+    theirs, _ = core_algos.compute_policy_loss_sapo(old, logp, adv, mask, loss_agg_mode=mode, config=cfg)
+    (g2,) = torch.autograd.grad(theirs, logp)
+    torch.testing.assert_close(loss, theirs, rtol=1e-12, atol=1e-12)
+    torch.testing.assert_close(g, g2, rtol=1e-12, atol=1e-12)
+    want, _ = policy_loss("sapo", logp, old, adv, mask, tau_pos=tp, tau_neg=tn, agg=mode)
+    torch.testing.assert_close(loss, want, rtol=1e-12, atol=1e-12)
+    _, ref_grad = policy_loss_reference("sapo", logp.detach().numpy(), old.numpy(), adv.numpy(), mask.numpy(),
+                                        tau_pos=tp, tau_neg=tn)
+    n = mask.sum(1, keepdim=True).clamp_min(1).numpy()
+    rows = int(mask.any(1).sum())
+    np.testing.assert_allclose(g.numpy(), ref_grad / n / rows, atol=1e-12)
+    assert "actor/turn_clipfrac" in metrics
+    # the temperatures reach the loss: the default pair gives another value on this data
+    if taus != (1.0, 1.05):
+        other, _ = policy_loss("sapo", logp, old, adv, mask, agg=mode)
+        assert abs(other.item() - loss.item()) > 1e-6
+
+
+def test_bad_tau_names_verls_key(without_verls_cispo_sapo):
+    cfg = actor_config(tau_pos=-1.0)
+    old, logp, adv, mask = tensors()
+    with pytest.raises(ValueError, match=r"actor_rollout_ref\.actor\.tau_pos: expected a value in \(0, inf\), found -1\.0"):
+        ours_through_verl("mpo_sapo", old, logp, adv, mask, "token-mean", cfg)
+
+
+def test_clip_ratio_low_of_one_is_cispos_no_lower_bound():
+    """ε_low = 1 (the ratio's band from 0) is a valid setting, as the toolkit's clip_low declares."""
+    from mpo_viz.integrations.verl.losses import read_clip
+
+    assert read_clip(actor_config(clip_ratio_low=1.0, clip_ratio_high=4.0)) == (1.0, 4.0, 3.0)

@@ -96,3 +96,56 @@ def test_both_trainer_paths_are_wrapped():
     assert v1u.compute_advantage is rt.compute_advantage
     assert rt.compute_advantage.__mpo_viz_wrapped__.__module__ == "verl.trainer.ppo.ray_trainer"
     assert {"verl.trainer.ppo.ray_trainer", "verl.trainer.ppo.v1.utils"} <= set(patch.patched_modules())
+
+
+LATER = """
+import json
+import torch
+from mpo_viz.advantages import registry
+
+@registry.register("probe_before", needs=("values", "turns"))
+def probe_before(rewards, values, mask, *, scale: float = 1.0):
+    return (rewards - values) * mask * scale, values * mask
+
+@registry.register("probe_groups", needs=("values", "groups"))
+def probe_groups(rewards, values, mask, *, scale: float = 1.0):
+    return rewards, values
+
+@registry.register("probe_extra", needs=("values",))
+def probe_extra(rewards, values, mask, lengths):  # a fourth input verl does not provide
+    return rewards, values
+
+import verl  # the entry point loads the plugin: probe_before is in the registry by then
+from verl.trainer.ppo import core_algos as ca
+import mpo_viz.integrations.verl as plugin
+
+@registry.register("probe_after", needs=("values",))
+def probe_after(rewards, values, mask, *, shift: float = 0.0):
+    return (rewards + shift) * mask, values * mask
+
+before = "probe_after" in ca.ADV_ESTIMATOR_REGISTRY
+plugin.register()  # verl imports the plugin once; a later call picks up what was registered since
+r = torch.tensor([[0.0, 1.0, 0.5]]); v = torch.tensor([[0.2, 0.3, 0.4]]); m = torch.tensor([[1, 1, 0]])
+a1, _ = ca.get_adv_estimator_fn("probe_before")(token_level_rewards=r, response_mask=m, values=v,
+                                                 config={"probe_before": {"scale": 2.0}})
+a2, _ = ca.get_adv_estimator_fn("probe_after")(token_level_rewards=r, response_mask=m, values=v,
+                                                config={"probe_after": {"shift": 1.0}})
+print("PROBE" + json.dumps({"before": before, "groups": "probe_groups" in ca.ADV_ESTIMATOR_REGISTRY,
+                            "extra": "probe_extra" in ca.ADV_ESTIMATOR_REGISTRY,
+                            "a1": a1.tolist(), "a2": a2.tolist(), "names": plugin.registered()["estimators"]}))
+"""
+
+
+def test_estimators_registered_later_are_offered_without_plugin_code():
+    """An estimator on values (and turns) registered before `import verl` is there when the entry point
+    loads the plugin; one registered after joins at the next register(); one that needs groups, or
+    requires an input verl does not give, is not offered. Each runs with its options from
+    algorithm.<name>.*."""
+    out = _probe({}, LATER)
+    assert out["before"] is False and out["groups"] is False and out["extra"] is False
+    assert {"probe_before", "probe_after"} <= set(out["names"])
+    assert not {"probe_groups", "probe_extra"} & set(out["names"])
+    # by hand: the plugin first moves the 0.5 on the tool token 2 to token 1, so r = [0, 1.5, 0];
+    # probe_before: (r - v)·m·2, probe_after: (r + 1)·m
+    assert out["a1"][0] == pytest.approx([-0.4, 2.4, 0.0])
+    assert out["a2"][0] == pytest.approx([1.0, 2.5, 0.0])

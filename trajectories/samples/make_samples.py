@@ -9,6 +9,8 @@ its framework's words:
 
     tokenizer/                       the environment's word-level tokenizer with its chat template
     verl_batch.pt                    verl DataProto keys as a torch.save'd dict (tensors + lists)
+    areal_rollout.safetensors        an AReaL rollout batch (padded tensors, safetensors) with the
+                                     critic's values, sampled log-probs and weight versions
     skyrl_generator_output.json      a SkyRL GeneratorOutput
     verifiers_rollouts.jsonl         verifiers rollouts (State with TrajectoryStep tokens), one per line
     rllm_episodes.jsonl              rLLM Episode.to_dict(), one per line (one task re-renders its
@@ -32,6 +34,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import torch
+from safetensors.torch import save_file
 
 from mpo_viz.envs.generate import GenerateConfig, generate_rows
 from mpo_viz.envs.registry import make_env
@@ -103,6 +106,40 @@ def write_verl(eps, out: Path):
         "data_source": ["tooluse"] * B,
     }
     torch.save(batch, out / "verl_batch.pt")
+
+
+def write_areal(eps, out: Path):
+    """AReaL's rollout batch: each workflow's (1, L) tensors over prompt + completion (token t at
+    position t; -1 turn ids and versions off the generated tokens, areal/workflow/multi_turn.py),
+    right-padded (concat_padded_tensors), with the critic's values as AReaL's forward pass holds them
+    (token t's value at position t - 1). The log-probs are made up (seeded); two weight versions,
+    the later one from the second turn on in odd rows (asynchronous rollouts)."""
+    B = len(eps)
+    L = max(len(e["row"]["prompt_ids"]) + len(e["row"]["response_ids"]) for e in eps)
+    g = np.random.default_rng(0)
+    cols = {k: np.zeros((B, L), dtype=np.int32) for k in ("input_ids", "loss_mask", "versions", "turn_ids")}
+    attn = np.zeros((B, L), dtype=bool)
+    logprobs = np.zeros((B, L), dtype=np.float32)
+    values = np.zeros((B, L), dtype=np.float32)
+    for i, e in enumerate(eps):
+        r = e["row"]
+        p, n = len(r["prompt_ids"]), len(r["prompt_ids"]) + len(r["response_ids"])
+        m = np.asarray(r["loss_mask"])
+        tid = np.asarray(r["turn_ids"])
+        cols["input_ids"][i, :n] = r["prompt_ids"] + r["response_ids"]
+        cols["loss_mask"][i, p:n] = m
+        cols["turn_ids"][i, :n] = -1
+        cols["turn_ids"][i, p:n] = np.where(m == 1, tid, -1)
+        cols["versions"][i, :n] = -1
+        cols["versions"][i, p:n] = np.where(m == 1, 3 + ((tid >= 1) & (i % 2 == 1)), -1)
+        attn[i, :n] = True
+        logprobs[i, p:n] = np.where(m == 1, -g.exponential(0.5, len(m)).round(4), 0.0)
+        values[i, p - 1:n - 1] = r["values"]
+    batch = {k: torch.from_numpy(v) for k, v in cols.items()}
+    batch.update(attention_mask=torch.from_numpy(attn), logprobs=torch.from_numpy(logprobs),
+                 values=torch.from_numpy(values),
+                 rewards=torch.tensor([round(sum(e["turn_rewards"]), 6) for e in eps], dtype=torch.float32))
+    save_file(batch, str(out / "areal_rollout.safetensors"))
 
 
 def write_skyrl(eps, out: Path):
@@ -264,6 +301,7 @@ def main(out: Path) -> None:
     eps, _ = episodes()
     tok = write_tokenizer(out)
     write_verl(eps, out)
+    write_areal(eps, out)
     write_skyrl(eps, out)
     write_verifiers(eps, out)
     write_rllm(eps, tok, out)

@@ -2,10 +2,13 @@
 
 Importing this module registers, in verl (``verl.trainer.ppo.core_algos``):
 
-* advantage estimators ``mpo`` (MAE) and ``turn_gae`` (``register_adv_est``), options from
-  ``algorithm.<name>.*`` (:mod:`.options`), critic values required (:mod:`.estimators`);
-* policy losses ``turn_ppo``, ``turn_ppo_product`` and, where verl has no loss of that name,
-  ``mpo_gspo``/``mpo_sao`` (``register_policy_loss``, :mod:`.losses`);
+* advantage estimators (``register_adv_est``): every estimator of :mod:`mpo_viz.advantages` that
+  runs on critic values and turns alone — ``mpo`` and ``mae`` (MAE), ``turn_gae``, ``vapo`` today,
+  and any registered later (the rule: :mod:`.options`) — except names verl has itself (``gae``);
+  options from ``algorithm.<name>.*``, critic values required (:mod:`.estimators`);
+* policy losses ``turn_ppo``, ``turn_ppo_product`` and ``mpo_<kind>`` for our gspo, sao, cispo
+  and sapo, each only where verl has no loss ``<kind>`` of its own (``register_policy_loss``,
+  :mod:`.losses`);
 * the ``compute_advantage`` wrapper in verl's trainer modules, installed when they are imported
   (:mod:`.patch`), which feeds our estimators the critic values and logs each step to a run folder
   when ``algorithm.mpo_viz.run_dir`` / ``MPO_VIZ_RUN_DIR`` is set (:mod:`.runlog`).
@@ -21,6 +24,7 @@ from __future__ import annotations
 from mpo_viz.integrations.verl import patch
 from mpo_viz.integrations.verl.estimators import ESTIMATORS, MissingCriticError, verl_estimator
 from mpo_viz.integrations.verl.losses import LOSSES, ONLY_IF_MISSING, verl_loss
+from mpo_viz.integrations.verl.options import refresh_estimators
 
 __all__ = ["ESTIMATORS", "LOSSES", "MissingCriticError", "register", "registered"]
 
@@ -34,9 +38,10 @@ def register() -> dict[str, list[str]]:
     """
     from verl.trainer.ppo import core_algos
 
-    for name in ESTIMATORS:
-        current = core_algos.ADV_ESTIMATOR_REGISTRY.get(name)
-        if current is None or getattr(current, "__module__", "") != verl_estimator.__module__:
+    theirs_est = [n for n, fn in core_algos.ADV_ESTIMATOR_REGISTRY.items()
+                  if getattr(fn, "__module__", "") != verl_estimator.__module__]
+    for name in refresh_estimators(skip=theirs_est):  # verl's own names (gae) stay verl's
+        if name not in core_algos.ADV_ESTIMATOR_REGISTRY:
             core_algos.register_adv_est(name)(verl_estimator(name))
         if name not in _registered["estimators"]:
             _registered["estimators"].append(name)

@@ -36,12 +36,15 @@ from typing import Any
 
 from verl.workers.config import PolicyLossConfig
 
+from mpo_viz.checks import OptionError
 from mpo_viz.losses import policy as P
 
-__all__ = ["KEY", "TurnPPOLossConfig", "core_default", "check_options", "loss_options"]
+__all__ = ["KEY", "ACTOR", "TurnPPOLossConfig", "core_default", "check_options", "loss_options", "actor_options"]
 
 #: where the options live in verl's config
 KEY = "actor_rollout_ref.actor.policy_loss"
+#: verl's actor config, where verl itself declares some loss kinds' options (sapo's tau_pos, tau_neg)
+ACTOR = "actor_rollout_ref.actor"
 
 #: loss_mode -> the turn ratio it implies
 RATIO_OF = {"turn_ppo": "geo_mean", "turn_ppo_product": "product"}
@@ -119,3 +122,29 @@ def loss_options(policy_loss, loss_mode: str) -> dict:
 
     return check_options(loss_mode, given("token_clip", core_default("turn_ppo", "token_clip")),
                          given("dual_clip", FROM_VERL), given("ratio", None))
+
+
+def actor_options(config, kind: str) -> dict:
+    """The own options of loss kind ``kind`` (:mod:`mpo_viz.losses.policy`) that verl's actor config
+    declares under the same name — verl 0.9.1: ``tau_pos`` and ``tau_neg`` (``ActorConfig``, for its
+    own ``sapo``) — with the config's values, each checked against the toolkit's declaration
+    (ValueError naming ``actor_rollout_ref.actor.<key>``). A key the config lacks, or holds as None,
+    is left out: the kind's own default applies. ``dual_clip`` is not read here (verl's
+    ``clip_ratio_c`` is, by the loss)."""
+    if config is None:
+        return {}
+    out = {}
+    for o in P.get(kind).spec:
+        if o.name == "dual_clip":
+            continue
+        try:
+            v = config.get(o.name, None) if hasattr(config, "get") else getattr(config, o.name, None)
+        except Exception:  # a struct config without the key
+            v = None
+        if v is None:
+            continue
+        try:
+            out[o.name] = o.check(v)
+        except OptionError as exc:
+            raise ValueError(f"{ACTOR}.{o.name}: {exc.detail}") from None
+    return out

@@ -10,10 +10,14 @@ an error saying what to set.
 For a batch with rewards ``r`` (B, R) (observation rewards moved, :mod:`.batch`), values ``V``
 (B, R) and ``response_mask`` ``m`` (B, R) whose maximal runs of 1 are the assistant turns:
 
-* ``mpo``: MAE, ``A_{k,j} = A^T_k + β·(u_{k,j} − mean_j u_{k,j})`` (:func:`mpo_viz.advantages.mae`);
-* ``turn_gae``: ``A^T_k`` broadcast over turn k's tokens (:func:`mpo_viz.advantages.turn_gae`).
+* ``mpo`` (and its other name ``mae``): MAE, ``A_{k,j} = A^T_k + β·(u_{k,j} − mean_j u_{k,j})``
+  (:func:`mpo_viz.advantages.mae`);
+* ``turn_gae``: ``A^T_k`` broadcast over turn k's tokens (:func:`mpo_viz.advantages.turn_gae`);
+* ``vapo``: token GAE with the length-adaptive ``λ = 1 − 1/(α·ℓ)`` (:func:`mpo_viz.advantages.vapo`);
+* any estimator registered later that the rule of :mod:`.options` accepts, called the same way:
+  ``fn(rewards, values, mask, **options)``.
 
-Both return ``(advantages, returns)`` (B, R) in the rewards' dtype and device, 0 off the mask;
+Each returns ``(advantages, returns)`` (B, R) in the rewards' dtype and device, 0 off the mask;
 options come from ``algorithm.<name>.*`` (:mod:`.options`).
 """
 

@@ -21,10 +21,17 @@ Registered names:
 * ``turn_ppo`` — MPO's turn-level ratio ``ρ_k = exp(mean_{j∈k} logr_j)`` in the token-gradient form
   ``sg(ρ_k)·exp(logπ − sg(logπ))`` (turn-level trust region, token-level credit);
 * ``turn_ppo_product`` — the same with ``ρ_k = exp(clamp(Σ_{j∈k} logr_j, ±20))``;
-* ``mpo_gspo`` / ``mpo_sao`` — our GSPO and SAO, only when verl has no ``gspo`` / ``sao`` of its own.
-  verl passes no rollout log-probs to a policy loss, so ``mpo_sao``'s ratio is against
-  ``old_log_prob`` — the rollout's log-probs when verl runs in rollout-correction bypass mode
-  (``algorithm.rollout_correction.bypass_mode=True``), which is SAO's setting.
+* ``mpo_<kind>`` for the kinds ``gspo``, ``sao``, ``cispo`` and ``sapo`` of
+  :mod:`mpo_viz.losses.policy`, each registered only when verl has no loss ``<kind>`` of its own
+  (:data:`ONLY_IF_MISSING`, derived from the names: verl's loss of the same formula is kept, ours
+  never shadows it). verl 0.9.1 ships ``gspo``, ``cispo`` and ``sapo``, so there only ``mpo_sao``
+  is registered. verl passes no rollout log-probs to a policy loss, so ``mpo_sao``'s ratio is
+  against ``old_log_prob`` — the rollout's log-probs when verl runs in rollout-correction bypass
+  mode (``algorithm.rollout_correction.bypass_mode=True``), which is SAO's setting. ``mpo_cispo``
+  takes its clip from ``clip_ratio_low``/``clip_ratio_high`` like the others (CISPO's 1.0 / 4.0 to
+  be set there); ``mpo_sapo`` its temperatures from verl's own ``actor.tau_pos``/``actor.tau_neg``
+  (:func:`mpo_viz.integrations.verl.config.actor_options`) and aggregates with ``loss_agg_mode``
+  (SAPO's ``seq-mean-token-mean`` to be set there; verl's own ``sapo`` always uses it).
 
 turn_ppo's own options (``token_clip``, ``dual_clip``, ``ratio``) come from
 ``actor_rollout_ref.actor.policy_loss`` (:mod:`mpo_viz.integrations.verl.config`): with verl's own
@@ -41,7 +48,7 @@ from __future__ import annotations
 
 import torch
 
-from mpo_viz.integrations.verl.config import FROM_VERL, RATIO_OF, loss_options
+from mpo_viz.integrations.verl.config import FROM_VERL, RATIO_OF, actor_options, loss_options
 from mpo_viz.losses import policy as P
 
 __all__ = ["LOSSES", "read_clip", "verl_loss", "metrics_for_verl"]
@@ -52,10 +59,12 @@ LOSSES = {
     "turn_ppo_product": ("turn_ppo", "product"),
     "mpo_gspo": ("gspo", "geo_mean"),
     "mpo_sao": ("sao", "geo_mean"),
+    "mpo_cispo": ("cispo", "geo_mean"),
+    "mpo_sapo": ("sapo", "geo_mean"),
 }
 
-#: registered only when verl lacks a loss of that name
-ONLY_IF_MISSING = {"mpo_gspo": "gspo", "mpo_sao": "sao"}
+#: ``mpo_<kind>`` -> ``<kind>``: registered only when verl lacks a loss named ``<kind>``
+ONLY_IF_MISSING = {name: kind for name, (kind, _) in LOSSES.items() if name == f"mpo_{kind}"}
 
 
 def _get(config, key, default=None):
@@ -68,7 +77,7 @@ def _get(config, key, default=None):
 
 def read_clip(config) -> tuple[float, float, float]:
     """``(ε_low, ε_high, c)`` from verl's actor config: ``clip_ratio_low``/``clip_ratio_high``
-    (None → ``clip_ratio``, default 0.2) and ``clip_ratio_c`` (default 3.0, must be > 1)."""
+    (None → ``clip_ratio``, default 0.2; ε_low in [0, 1]) and ``clip_ratio_c`` (default 3.0, must be > 1)."""
     if config is None:
         raise ValueError("config: expected verl's actor config (actor_rollout_ref.actor), found None")
     base = _get(config, "clip_ratio", 0.2)
@@ -78,8 +87,8 @@ def read_clip(config) -> tuple[float, float, float]:
     for key, v in (("clip_ratio_low", lo), ("clip_ratio_high", hi), ("clip_ratio_c", c)):
         if isinstance(v, bool) or not isinstance(v, (int, float)):
             raise ValueError(f"actor_rollout_ref.actor.{key}: expected a number, found {v!r}")
-    if not 0 <= lo < 1:
-        raise ValueError(f"actor_rollout_ref.actor.clip_ratio_low: expected 0 <= value < 1, found {lo!r}")
+    if not 0 <= lo <= 1:  # 1: no lower bound (CISPO's setting), as the toolkit's clip_low declares
+        raise ValueError(f"actor_rollout_ref.actor.clip_ratio_low: expected 0 <= value <= 1, found {lo!r}")
     if hi < 0:
         raise ValueError(f"actor_rollout_ref.actor.clip_ratio_high: expected a value >= 0, found {hi!r}")
     if not c > 1:
@@ -116,6 +125,7 @@ def verl_loss(name: str):
 
         lo, hi, c = read_clip(config)
         extra = {"dual_clip": c} if "dual_clip" in spec.options else {}
+        extra.update(actor_options(config, kind))  # sapo's tau_pos/tau_neg: verl's own actor keys
         turn_ratio = ratio
         if name in RATIO_OF:  # turn_ppo's options from actor.policy_loss (mpo_viz.integrations.verl.config)
             opts = loss_options(_get(config, "policy_loss"), name)

@@ -1,6 +1,15 @@
 """Options from verl's ``algorithm`` config: estimator options and the run-folder settings.
 
-Estimator ``NAME`` (``mpo``, ``turn_gae``) reads its options from ``algorithm.NAME.*`` — e.g.
+Which estimators the plugin offers verl (:data:`ESTIMATORS`) is derived from
+:mod:`mpo_viz.advantages.registry`, not listed by hand: every registered estimator that runs on what
+verl's batch carries — its ``needs`` include critic ``values`` and nothing beyond ``values`` and
+``turns`` (the runs of ``response_mask``), and its function takes ``(rewards, values, mask)`` first
+and nothing else it requires (the call :mod:`.estimators` and :mod:`.runlog` make). A name verl registers itself (``gae``) stays
+verl's: :func:`refresh_estimators` leaves out the names it is told to skip, and the plugin's
+``register()`` tells it verl's own. An estimator added to the registry later is offered by the same
+rule, without code here. Today: ``mpo`` and ``mae`` (MAE), ``turn_gae``, ``vapo``.
+
+Estimator ``NAME`` (``mpo``, ``turn_gae``, ...) reads its options from ``algorithm.NAME.*`` — e.g.
 ``+algorithm.mpo.beta=0.5`` on verl's Hydra command line. The option names and defaults are the
 ones :mod:`mpo_viz.advantages.registry` declares for that estimator (``registry.options(name)``);
 their declarations (kind, bounds, choices) are the registry's too, so an unknown key or a bad value
@@ -14,16 +23,51 @@ Run-folder logging reads ``algorithm.mpo_viz.*`` (see :data:`LOG_KEYS`), each ov
 
 from __future__ import annotations
 
+import inspect
 import os
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 
 from mpo_viz.advantages import registry as adv_registry
 from mpo_viz.checks import OptionError
 
-__all__ = ["ESTIMATORS", "LOG_KEYS", "plain", "section", "estimator_options", "log_settings"]
+__all__ = ["ESTIMATORS", "VERL_INPUTS", "VERL_NEEDS", "LOG_KEYS", "offered", "refresh_estimators", "plain", "section",
+           "estimator_options", "log_settings"]
 
-#: verl estimator name -> mpo_viz registry name
-ESTIMATORS = {"mpo": "mpo", "turn_gae": "turn_gae"}
+#: what an estimator may need to run on verl's batch: critic values and turns (response_mask runs)
+VERL_NEEDS = frozenset({"values", "turns"})
+#: the leading positional parameters the plugin calls an estimator's function with
+VERL_INPUTS = ("rewards", "values", "mask")
+
+#: verl estimator name -> mpo_viz registry name (the same name); filled by :func:`refresh_estimators`
+ESTIMATORS: dict[str, str] = {}
+
+
+def offered(name: str) -> bool:
+    """Whether registry estimator ``name`` runs on what verl provides (the rule of the module docstring)."""
+    est = adv_registry.get(name)
+    if "values" not in est.needs or not set(est.needs) <= VERL_NEEDS:
+        return False
+    try:
+        params = list(inspect.signature(est.fn).parameters.values())
+    except (TypeError, ValueError):  # a callable without a signature
+        return False
+    first, rest = params[: len(VERL_INPUTS)], params[len(VERL_INPUTS):]
+    required = [p for p in rest if p.default is inspect.Parameter.empty
+                and p.kind not in (inspect.Parameter.VAR_POSITIONAL, inspect.Parameter.VAR_KEYWORD)]
+    return tuple(p.name for p in first) == VERL_INPUTS and not required
+
+
+def refresh_estimators(skip: Iterable[str] = ()) -> dict[str, str]:
+    """Fill :data:`ESTIMATORS` (in place, so every module holding it sees the change) with the
+    registry's estimators that :func:`offered` accepts, minus ``skip`` (verl's own names). Returns it."""
+    skip = set(skip)
+    names = {n: n for n in adv_registry.available() if n not in skip and offered(n)}
+    ESTIMATORS.clear()
+    ESTIMATORS.update(names)
+    return ESTIMATORS
+
+
+refresh_estimators()
 
 #: run-folder settings: key under ``algorithm.mpo_viz`` -> (environment variable, type, default, meaning)
 LOG_KEYS = {
