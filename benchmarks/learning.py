@@ -705,7 +705,8 @@ def tables(size: str, summary: list[dict], comps: list[dict], n_done: int, n_pla
 
 
 COLOURS = {"grpo": "#2ca02c", "ppo": "#1f77b4", "turn_gae": "#9467bd", "mpo_token": "#ff7f0e", "mpo": "#d62728",
-           "mpo_bare": "#7f7f7f", "mpo_oracle": "#8c564b"}
+           "mpo_bare": "#7f7f7f", "mpo_oracle": "#8c564b", "turn_gae_mc": "#17becf", "mpo_mc": "#e377c2",
+           "mpo_baseline": "#bcbd22", "mpo_matched": "#8c2d04", "sao": "#393b79"}
 
 
 def figures(size: str, rows: list[dict], fig_dir: Path) -> list[Path]:

@@ -233,3 +233,8 @@ def test_v3_specs_are_the_preregistered_text(learning):
     assert learning.SIZES["v3-e2"]["seeds"] == tuple(range(6)) and "E2 runs 6 seeds (0–5)" in v3
     assert learning.SIZES["v3-e3"]["seeds"] == tuple(range(8)) and "E3 runs 8 seeds (0–7)" in v3
     assert learning.SIZES["v3-e2"]["cells"] == ("automation-d3-4",) and learning.SIZES["v3-e3"]["cells"] == ("automation-d5-6",)
+
+
+def test_every_arm_has_a_colour(learning):
+    """The figures draw every arm of every size (a v3 arm without a colour once stopped the grid's report)."""
+    assert set(learning.ARMS) <= set(learning.COLOURS)
