@@ -61,6 +61,7 @@ import shutil
 import sys
 import time
 from pathlib import Path
+from typing import cast
 
 import numpy as np
 import pandas as pd
@@ -252,7 +253,8 @@ def score(sub, values: np.ndarray, labels=None) -> list[dict]:
     from mpo_viz.analysis import mc_accuracy
 
     b = sub.with_token_fields(values=np.asarray(values, dtype=np.float32))
-    advs = {name: compute(b, est, **opts).advantages.double().numpy() for name, est, opts in ca.ESTIMATORS
+    ests = cast(list[tuple[str, str, dict]], ca.ESTIMATORS)
+    advs = {name: compute(b, est, **opts).advantages.double().numpy() for name, est, opts in ests
             if labels is None or name in labels}
     return mc_accuracy(b, advs).to_dict("records")
 
@@ -455,7 +457,7 @@ def run(out: Path, spec: dict, q: bool, archive: Path | None = None, names=None)
 
 def mean_ci(g: pd.DataFrame, cols) -> dict:
     """``col`` (mean over the rows, i.e. the critic seeds) and ``col_ci`` (the 95% t half-width)."""
-    out = {"seeds": len(g)}
+    out: dict[str, float] = {"seeds": len(g)}
     for c in cols:
         x = g[c].to_numpy(dtype=float)
         out[c], out[f"{c}_ci"] = float(np.mean(x)), learning.paired_half(x)
@@ -567,9 +569,10 @@ def main(argv=None) -> int:
     ap.add_argument("--export", type=Path, default=None, help="copy the CSVs and the figure into this folder")
     args = ap.parse_args(argv)
     spec = QUICK if args.quick else FULL
-    bad = [n for n in args.snapshots or () if n not in spec["snapshots"]]
+    names: tuple[str, ...] = tuple(spec["snapshots"])  # type: ignore[arg-type]
+    bad = [n for n in args.snapshots or () if n not in names]
     if bad:
-        ap.error(f"--snapshots: {bad} not among this size's snapshots {list(spec['snapshots'])}")
+        ap.error(f"--snapshots: {bad} not among this size's snapshots {list(names)}")
     import torch
 
     torch.set_num_threads(1)
