@@ -192,12 +192,13 @@ GROUP_SIZE = 4
 COLLAPSE_LEVEL, COLLAPSE_AFTER = 0.05, 4
 
 
-def plan(size: str, cells=None, seeds=None) -> list[tuple[str, int, str]]:
+def plan(size: str, cells=None, seeds=None, arms=None) -> list[tuple[str, int, str]]:
     """``(cell, seed, arm)`` in the order they run: cell by cell, seed by seed, arm by arm (a
-    partial grid has whole seeds of its first cell)."""
+    partial grid has whole seeds of its first cell); ``cells``, ``seeds`` and ``arms`` filter."""
     s = SIZES[size]
     return [(c, seed, a) for c in s["cells"] if not cells or c in cells
-            for seed in s["seeds"] if seeds is None or seed in seeds for a in s["arms"]]
+            for seed in s["seeds"] if seeds is None or seed in seeds
+            for a in s["arms"] if not arms or a in arms]
 
 
 def base_config(size: str, cell: str, seed: int, **changes):
@@ -823,6 +824,8 @@ def main(argv=None) -> int:
     ap.add_argument("--cells", nargs="+", default=None, metavar="CELL", help="run only these cells")
     ap.add_argument("--seeds", nargs="+", type=int, default=None, metavar="SEED",
                     help="run only these seeds (e.g. even seeds in one process, odd in another)")
+    ap.add_argument("--arms", nargs="+", default=None, metavar="ARM",
+                    help="run only these arms (the report still reads every arm found)")
     ap.add_argument("--calibrate-step", action="store_true",
                     help="only apply the matched-step rule (turn_ppo's token band) to the planned cells and seeds, "
                          "writing OUT/calibration.jsonl")
@@ -833,6 +836,9 @@ def main(argv=None) -> int:
     bad = [c for c in args.cells or () if c not in SIZES[args.size]["cells"]]
     if bad:
         ap.error(f"--cells: {bad} not in the {args.size} grid's cells {list(SIZES[args.size]['cells'])}")
+    bad = [a for a in args.arms or () if a not in SIZES[args.size]["arms"]]
+    if bad:
+        ap.error(f"--arms: {bad} not in the {args.size} grid's arms {list(SIZES[args.size]['arms'])}")
     out = args.out or REPO / "runs" / f"learning-{args.size}"
     out.mkdir(parents=True, exist_ok=True)
     if args.archive is not None:
@@ -847,7 +853,7 @@ def main(argv=None) -> int:
         print(calibration_table(recs))
         return 0
     if not args.report_only:
-        runs = plan(args.size, args.cells, args.seeds)
+        runs = plan(args.size, args.cells, args.seeds, args.arms)
         meta = {"size": args.size, "grid": SIZES[args.size], "arms": {k: dataclasses.asdict(v) for k, v in ARMS.items()},
                 "comparisons": comparisons_of(args.size), "value_target": args.value_target, "python": sys.version.split()[0],
                 "machine": f"{platform.machine()}, {os.cpu_count()} CPUs", "runs": len(plan(args.size))}

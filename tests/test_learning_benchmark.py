@@ -27,6 +27,8 @@ def test_plan_is_cell_then_seed_major_and_complete(learning):
     assert first == sorted(first)  # a partial cell has whole seeds
     assert {a for _, _, a in runs} == {"grpo", "ppo", "turn_gae", "mpo_token", "mpo", "mpo_bare", "mpo_oracle"}
     assert learning.plan("v2", seeds=[1, 3]) == [r for r in runs if r[1] in (1, 3)]
+    assert learning.plan("v2", seeds=[2], arms=["ppo", "grpo"]) == [r for r in runs if r[1] == 2 and r[2] in ("ppo", "grpo")]
+    assert [a for _, _, a in learning.plan("v2", seeds=[0], arms=["ppo", "grpo"])] == ["grpo", "ppo"] * 2  # grid order
 
 
 def test_arm_configs(learning, tmp_path):
