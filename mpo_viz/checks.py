@@ -8,6 +8,8 @@ names the field, so a caller can say it in its own words — the ``mpo-viz`` com
 
 from __future__ import annotations
 
+import os
+import sys
 import warnings
 from collections.abc import Sequence
 
@@ -21,18 +23,32 @@ __all__ = ["OptionError", "TensorLike", "number", "warn_once"]
 TensorLike = torch.Tensor | np.ndarray | Sequence
 
 _WARNED: set[str] = set()
+#: the package's folder: frames under it are ours, the first frame outside is the user's line
+_PACKAGE = os.path.dirname(os.path.abspath(__file__)) + os.sep
 
 
-def warn_once(key: str, message: str, *, stacklevel: int = 3) -> None:
+def outside_stacklevel() -> int:
+    """The ``stacklevel`` that makes a ``warnings.warn`` in the calling function point at the first
+    frame outside mpo_viz (the user's line), however deep inside the package the call sits
+    (1 = the calling function itself)."""
+    frame, level = sys._getframe(1), 1
+    while frame.f_back is not None and frame.f_code.co_filename.startswith(_PACKAGE):
+        frame, level = frame.f_back, level + 1
+    return level
+
+
+def warn_once(key: str, message: str, *, stacklevel: int | None = None) -> None:
     """``warnings.warn(message)`` (a ``UserWarning``) the first time ``key`` is seen in this process.
 
     For surprises that are not errors (an option that switches a feature off, groups of one): the
-    user sees it once, not on every slider move of a widget. ``_WARNED.clear()`` resets it (tests).
+    user sees it once, not on every slider move of a widget. The warning points at the first frame
+    outside mpo_viz (:func:`outside_stacklevel`) unless ``stacklevel`` says otherwise.
+    ``_WARNED.clear()`` resets it (tests).
     """
     if key in _WARNED:
         return
     _WARNED.add(key)
-    warnings.warn(message, UserWarning, stacklevel=stacklevel)
+    warnings.warn(message, UserWarning, stacklevel=outside_stacklevel() if stacklevel is None else stacklevel)
 
 
 class OptionError(ValueError):

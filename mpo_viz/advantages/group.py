@@ -66,7 +66,6 @@ def warn_groups_of_one(codes: np.ndarray, group_ids, estimator: str) -> None:
             f"group_ids: {single.size} of {cnt.size} groups hold a single trajectory (e.g. row {i}, group "
             f"{list(group_ids)[i]!r}); with no other sample of the task to compare against, {estimator} gives "
             f"{SINGLETON_RULE[estimator]}. Sample several trajectories per task under one group_id.",
-            stacklevel=4,
         )
 
 

@@ -180,7 +180,7 @@ def _mae(rewards, values, mask, *, turn_ids, gamma, lam, turn_gamma, turn_lam, b
     va = _option("value_at", value_at, K.VALUE_AT)
     rm = _option("critic_target", critic_target, K.RET_MODE)
     if warn and critic_target == "turn" and beta > 0:
-        warn_once("mae.critic_target=turn", CRITIC_TURN_WARNING, stacklevel=4)
+        warn_once("mae.critic_target=turn", CRITIC_TURN_WARNING)
     # the per-turn tables need K first (a validation pass); plain calls let the kernel check
     p = prepare(rewards, mask, values=values, need_values=True, turn_ids=turn_ids, need_turns=True,
                 bootstrap_value=bootstrap_value, validate=tables)

@@ -51,5 +51,4 @@ def warn_unrewarded(batch, estimator: str) -> None:
         + (f"; {len(whole)} group(s) hold no reward at all and get advantage 0 on every token (before any whitening)" if whole else "")
         + ". Give every trajectory its reward (mpo-viz convert names the ones without), or leave them out "
           "(batch.select(traj_ids=...)).",
-        stacklevel=4,
     )

@@ -426,8 +426,7 @@ def product_warning(kind: str, clip_low: float, clip_high: float, counts: torch.
 def _warn_product(kind: str, x: PolicyInputs, units: Segments) -> None:
     """Once per process per kind: what the product ratio does at this clip (:func:`product_warning`)."""
     if x.ratio == "product":
-        warn_once(f"{kind}.ratio=product", product_warning(kind, x.clip_low, x.clip_high, units.counts),
-                  stacklevel=5)
+        warn_once(f"{kind}.ratio=product", product_warning(kind, x.clip_low, x.clip_high, units.counts))
 
 
 def _token_band(x: PolicyInputs, token_clip) -> tuple[torch.Tensor, torch.Tensor] | None:

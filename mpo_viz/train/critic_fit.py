@@ -231,7 +231,7 @@ def fit_positions(batch: TrajectoryBatch, positions: str) -> torch.Tensor:
     out = torch.zeros_like(mask)
     tt = batch.turns()
     if len(tt):
-        out[torch.as_tensor(tt["row"].to_numpy()), torch.as_tensor(tt["start"].to_numpy())] = True
+        out[torch.tensor(tt["row"].to_numpy()), torch.tensor(tt["start"].to_numpy())] = True  # copies: the columns are read-only
     return out
 
 

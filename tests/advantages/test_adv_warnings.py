@@ -117,3 +117,20 @@ def test_group_estimators_warn_about_rows_without_a_reward(name):
         A.compute(_rows([1.0, 0.0, 1.0, 0.0], ["a", "a", "b", "b"]), name)  # every row rewarded: silent
         A.compute(b, "reinforce_pp")  # not a group estimator: silent
 
+
+
+def test_warnings_point_at_the_first_line_outside_the_package_at_any_depth():
+    """The same warning raised two frames deep (A.grpo) and four or more (the registry's compute on
+    a batch): both point at this file, with no hand-counted stacklevel."""
+    from mpo_viz.trajectory import TrajectoryBatch
+
+    R, M = _batch()
+    with pytest.warns(UserWarning, match="groups hold a single trajectory") as rec:
+        A.grpo(R, M, ["a", "z", "a"])
+    assert [w.filename for w in rec] == [__file__]
+    checks._WARNED.clear()
+    batch = TrajectoryBatch.from_rows([{"traj_id": f"t{i}", "group_id": g, "prompt_ids": [1], "response_ids": [5, 6],
+                                        "loss_mask": [1, 1], "reward": float(i)} for i, g in enumerate("aza")])
+    with pytest.warns(UserWarning, match="groups hold a single trajectory") as rec:
+        A.compute(batch, "grpo")
+    assert [w.filename for w in rec] == [__file__]
