@@ -29,6 +29,10 @@ def test_plan_is_cell_then_seed_major_and_complete(learning):
     assert learning.plan("v2", seeds=[1, 3]) == [r for r in runs if r[1] in (1, 3)]
     assert learning.plan("v2", seeds=[2], arms=["ppo", "grpo"]) == [r for r in runs if r[1] == 2 and r[2] in ("ppo", "grpo")]
     assert [a for _, _, a in learning.plan("v2", seeds=[0], arms=["ppo", "grpo"])] == ["grpo", "ppo"] * 2  # grid order
+    # v3 E2's recorded deviation: mpo_mc (= turn_gae_mc by construction) runs on seeds 0 and 1 only
+    e2 = learning.plan("v3-e2")
+    assert len(e2) == 6 * 4 + 2 and sorted(s for _, s, a in e2 if a == "mpo_mc") == [0, 1]
+    assert {a for _, s, a in e2 if s == 5} == {"grpo", "ppo", "turn_gae", "turn_gae_mc"}
 
 
 def test_arm_configs(learning, tmp_path):

@@ -194,3 +194,35 @@ def test_patch_values_from_binary_buffers(page, page_errors, open_html):
     page.evaluate("window.cleanup(); window.cleanup2()")
     assert page.evaluate("Object.values(window.model.handlers).every((h) => h.length === 0)")
     assert page_errors == []
+
+
+def test_log_channel_colours_by_the_log_and_shows_the_ratio(page, page_errors, open_html):
+    """The saved update ratio travels as its natural log (channel info ``log``): tokens are coloured
+    by the log, centred at 0 (ratio 1), while the legend ends and the hover show the ratio itself."""
+    import math
+
+    logr = [math.log(2.0), math.log(0.5), 0.0, math.log(1.25)]
+    p = payload_from_arrays(["a", "b", "c", "d"], [1, 1, 0, 1], None, {"update_ratio": logr, "clipped": [1.0, 0.0, 0.0, 0.0]},
+                            channel_info={"update_ratio": {"label": "ratio after the update (log scale)", "scale": math.log(2.0),
+                                                           "log": True}, "clipped": {"label": "clipped", "scale": 1.0}},
+                            title="ratios")
+    html = (f"<!doctype html><meta charset=utf-8><style>{strip_css()}</style><div id=w></div>"
+            f"<script type=module>{strip_js()}\n{_MODEL}\n"
+            f"window.model = new FakeModel({{payload: {json.dumps(json.dumps(p))}, channel: 'update_ratio'}});\n"
+            "window.cleanup = render({ model: window.model, el: document.getElementById('w') });\n"
+            "window.ready = true;</script>")
+    open_html(html, "log.html")
+    # by hand: scale log 2, centre 0 -> the legend's ends are exp(-log 2) = 0.5 and exp(log 2) = 2
+    assert page.inner_text("#w .mpo-strip-lo") == "0.5" and page.inner_text("#w .mpo-strip-hi") == "2"
+    bg = "[...document.querySelectorAll('#w .mpo-strip-tok:not(.mpo-strip-obs)')].map((t) => t.style.background)"
+    # log 2 / log 2 = +1: the blue end; log 0.5 = -1: the red end; log 1.25 / log 2 = 0.32 of the way to blue
+    got = page.evaluate(bg)
+    assert got[:2] == ["rgb(33, 102, 172)", "rgb(178, 24, 43)"]
+    page.hover("#w [data-i='3']")
+    rows = page.eval_on_selector_all("#w .mpo-strip-tip tr", "rs => rs.map((r) => r.textContent)")
+    assert rows == ["ratio after the update (log scale)1.25", "clipped0"]  # the ratio, not its log
+    page.select_option("#w select.mpo-strip-channel", "clipped")
+    assert page.inner_text("#w .mpo-strip-hi") == "1"  # a plain channel: no exp
+    assert page.evaluate(bg)[0] == "rgb(33, 102, 172)"  # clipped = 1 at scale 1
+    page.evaluate("window.cleanup()")
+    assert page_errors == []
