@@ -8,8 +8,8 @@ names the field, so a caller can say it in its own words — the ``mpo-viz`` com
 
 from __future__ import annotations
 
+import inspect
 import os
-import sys
 import warnings
 from collections.abc import Sequence
 
@@ -31,7 +31,10 @@ def outside_stacklevel() -> int:
     """The ``stacklevel`` that makes a ``warnings.warn`` in the calling function point at the first
     frame outside mpo_viz (the user's line), however deep inside the package the call sits
     (1 = the calling function itself)."""
-    frame, level = sys._getframe(1), 1
+    here = inspect.currentframe()
+    frame, level = here.f_back if here is not None else None, 1
+    if frame is None:  # an interpreter without frame support: the caller's caller
+        return 2
     while frame.f_back is not None and frame.f_code.co_filename.startswith(_PACKAGE):
         frame, level = frame.f_back, level + 1
     return level

@@ -82,8 +82,12 @@ def test_fit_critic_trunk_from_the_shell(hf_dir, tmp_path, capsys):
 
 
 def test_early_stopping_keeps_the_best_evaluations_weights():
-    b = label_batch(40)
-    # a learning rate far too large: the held-out EV rises at first, then falls away
+    # rewards drawn independently of the prompts: nothing to learn, so the held-out EV peaks by chance
+    # early and the fit stops on patience (a learnable batch at lr 0.3 now climbs to EV 0.98 in 64 steps)
+    r = np.random.default_rng(0).integers(0, 2, 40)
+    b = mv.TrajectoryBatch.from_rows([
+        {"traj_id": f"t{i}", "group_id": f"g{i}", "prompt_ids": [1, 10 + i % 30], "response_ids": [5, 6, 7, 8, 9],
+         "loss_mask": [1, 1, 0, 1, 1], "reward": float(r[i])} for i in range(40)])
     kw = dict(steps=64, lr=0.3, batch_episodes=8, eval_every=4, holdout=0.25, progress=False)
     res = fit_critic(b, patience=3, **kw)
     fit = res.fit
@@ -92,7 +96,8 @@ def test_early_stopping_keeps_the_best_evaluations_weights():
     assert fit.stop == "patience" and fit.steps == fit.history[best]["step"] + 3 * 4 < 64
     assert fit.kept_step == fit.best_step == fit.history[best]["step"] and fit.heldout_ev == fit.best_ev == evs[best]
     # the values written are those of the kept weights: their held-out EV, recomputed here, is the best one
-    train, held = holdout_split(len(b), 0.25, 0, None)
+    assert res.info["holdout_by"] == "group"  # 40 groups of one: whole groups held out
+    train, held = holdout_split(len(b), 0.25, 0, b.field("group_id"))
     g = fit_targets(b, "mc")
     ev = explained_variance(g[held], res.batch.values[held].double(), b.mask[held])
     assert ev == pytest.approx(fit.best_ev, abs=1e-6)
