@@ -32,6 +32,10 @@ def test_fresh_model_saved_and_reloaded_gives_the_same_file(tmp_path, capsys):
         assert ra["response_ids"] == rb["response_ids"]
         np.testing.assert_array_equal(ra["values"], rb["values"])
         np.testing.assert_array_equal(ra["old_logprobs"], rb["old_logprobs"])
+        np.testing.assert_array_equal(ra["entropy"], rb["entropy"])
+        act = np.asarray(ra["loss_mask"]) != 0
+        ent = np.asarray(ra["entropy"])
+        assert (ent[act] > 0).all() and (ent[~act] == 0).all()  # the policy's entropy on its own tokens
         assert len(ra["oracle_values"]) == len(ra["response_ids"])
         assert json.loads(ra["messages_json"])[-2]["role"] == "assistant"
 

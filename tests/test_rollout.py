@@ -363,15 +363,15 @@ def test_sample_tokens_inverts_the_cdf():
     n = 1000
     u = (torch.arange(n, dtype=torch.float64) + 0.5) / n          # evenly spread uniforms: exact quantiles
     for row in logits:
-        tok, roll, old = sample_tokens(row.expand(n, -1), u, 1.0, 1.0)
+        tok, roll, old, _ = sample_tokens(row.expand(n, -1), u, 1.0, 1.0)
         p = torch.softmax(row.double(), -1)
         counts = torch.bincount(tok, minlength=4).double()
         assert (counts - n * p).abs().max() <= 1.0
         assert torch.equal(roll, old)
     p = torch.softmax(logits[0].double(), -1)                       # .087 .237 .644 .032
-    tok, roll, _ = sample_tokens(logits[:1].expand(n, -1), u, 1.0, 0.5)
+    tok, roll, _, _ = sample_tokens(logits[:1].expand(n, -1), u, 1.0, 0.5)
     assert set(tok.tolist()) == {2} and float(roll.abs().max()) < 1e-6   # the nucleus is the top token alone
-    tok, roll, _ = sample_tokens(logits[:1].expand(n, -1), u, 1.0, 0.7)   # nucleus {2, 1}
+    tok, roll, _, _ = sample_tokens(logits[:1].expand(n, -1), u, 1.0, 0.7)   # nucleus {2, 1}
     q = p[[1, 2]] / p[[1, 2]].sum()
     counts = torch.bincount(tok, minlength=4).double()
     assert counts[0] == counts[3] == 0 and (counts[[1, 2]] - n * q).abs().max() <= 1.0

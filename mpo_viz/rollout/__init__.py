@@ -23,12 +23,14 @@ Earlier turns are never recomputed (see ``benchmarks/rollout.py`` for the cost a
 the CPU one unpadded sequence at a time: see ``critic_values``), in a second thread while the
 policy decodes the other episodes when a core is free (``critic_thread``), else after the last.
 
-**Log-probs per action token.** ``old_logprobs``: ``log softmax(logits)[token]`` (temperature 1, no
+**Log-probs and entropy per action token.** ``old_logprobs``: ``log softmax(logits)[token]`` (temperature 1, no
 top-p: the policy's own log-prob, what the losses use as π_old). ``rollout_logprobs``: the log-prob
 under the distribution actually sampled from — ``softmax(logits / T)`` restricted to the top-p
 nucleus and renormalized; at T = 1, top-p = 1 both are the same numbers; at ``temperature=0``
 (greedy) the sampled distribution is a point mass and ``rollout_logprobs`` are 0.
-Observation tokens carry 0 in both.
+``entropy``: ``H = −Σ_v p_v log p_v`` of the policy's own distribution ``p = softmax(logits)`` at the
+position each action token was sampled from (temperature 1, no top-p, whatever the sampling options;
+``0·log 0 = 0``), what ``empg`` reads. Observation tokens carry 0 in all three.
 
 **Episode ends.** ``stop_reason``: ``"terminated"`` (the task ended), ``"turn_limit"`` (the
 environment's turn limit — part of the environment, whose values are 0 there; not bootstrapped),

@@ -34,6 +34,7 @@ def to_batch(episodes, env, layout, cfg: RolloutConfig, values, boot, oracle, po
             "turn_ids": ep.turn_ids,
             "rollout_logprobs": np.asarray(ep.roll_lp, dtype=np.float32),
             "old_logprobs": np.asarray(ep.old_lp, dtype=np.float32),
+            "entropy": np.asarray(ep.entropy, dtype=np.float32),
             "response_tokens": layout.tokens(ep.ids),
             "messages_json": json.dumps(ep.env.messages),
             "reward": float("nan") if shaped else float(sum(ep.rewards)),

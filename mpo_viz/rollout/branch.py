@@ -66,7 +66,7 @@ def _root(st: TurnState, index: int, forced: bool) -> Episode:
                     prompt=st.prefix[:st.prompt_len], rng=np.random.default_rng(0),
                     pending=list(st.prefix) + (list(st.action_ids) if forced else []),
                     ids=list(resp), mask=[1] * len(resp), turn_ids=[0] * len(resp), old_lp=[0.0] * len(resp),
-                    roll_lp=[0.0] * len(resp), rewards=[0.0] * k)
+                    roll_lp=[0.0] * len(resp), entropy=[0.0] * len(resp), rewards=[0.0] * k)
 
 
 def _clone(root: Episode, st: TurnState, m: int, seed: int, forced: bool) -> Episode:
@@ -75,14 +75,14 @@ def _clone(root: Episode, st: TurnState, m: int, seed: int, forced: bool) -> Epi
     return Episode(index=root.index, group=root.index, sample=m, task_seed=0, seed=0,
                     env=st.env.fork("-".join(map(str, words))), oracle=None, prompt=root.prompt, rng=rng,
                     ids=list(root.ids), mask=list(root.mask), turn_ids=list(root.turn_ids), old_lp=list(root.old_lp),
-                    roll_lp=list(root.roll_lp), rewards=list(root.rewards))
+                    roll_lp=list(root.roll_lp), entropy=list(root.entropy), rewards=list(root.rewards))
 
 
 def _force(ep: Episode, st: TurnState, cfg: RolloutConfig, layout, timer: Timer) -> bool:
     """Play the recorded turn in the continuation's environment (its tokens already fed); whether
     the continuation goes on (then its pending tokens are the observation)."""
     n = len(st.action_ids)
-    record_turn(ep, list(st.action_ids), [0.0] * n, [0.0] * n, layout, timer, final_cut=False)
+    record_turn(ep, list(st.action_ids), [0.0] * n, [0.0] * n, layout, timer, final_cut=False, entropy=[0.0] * n)
     if ep.stop_reason is None and ep.length >= cfg.max_total_tokens:
         ep.stop_reason = "max_total_tokens"
     if ep.stop_reason is not None:

@@ -15,13 +15,18 @@ def sample_tokens(logits: torch.Tensor, u: torch.Tensor, temperature: float, top
     """Sample one token per row by inverting the CDF with the uniforms ``u``.
 
     ``logits`` ``(n, V)``, ``u`` ``(n,)`` float64 in [0, 1). Returns ``(tokens (n,) int64,
-    rollout_logprobs (n,), old_logprobs (n,))`` (float32): ``old = log softmax(logits)[tok]``,
+    rollout_logprobs (n,), old_logprobs (n,), entropy (n,))`` (float32): ``old = log softmax(logits)[tok]``,
     ``rollout = log q(tok)`` with ``q = softmax(logits / T)`` on the smallest set of most likely
     tokens whose mass reaches ``top_p`` (ties kept in id order), renormalized; at T = 0
-    ``tok = argmax`` (lowest id on ties) and ``rollout = 0``.
+    ``tok = argmax`` (lowest id on ties) and ``rollout = 0``. ``entropy`` is that of the policy's own
+    distribution ``p = softmax(logits)`` at T = 1 with no top-p, whatever ``temperature`` and ``top_p``
+    the token was sampled with: ``H = −Σ_v p_v log p_v`` with ``0·log 0 = 0`` (a ``−inf`` logit adds
+    nothing), computed from the ``log_softmax`` that ``old`` reads (one more reduction over V).
     """
     logits = logits.float()
     lp1 = torch.log_softmax(logits, dim=-1)
+    p1 = lp1.exp()
+    ent = -(p1 * torch.where(p1 > 0, lp1, 0.0)).sum(-1)  # 0·log 0 = 0 where a logit is -inf
     if temperature == 0:
         tok = torch.argmax(logits, dim=-1)
         roll = torch.zeros(len(tok), dtype=torch.float32, device=logits.device)
@@ -50,7 +55,7 @@ def sample_tokens(logits: torch.Tensor, u: torch.Tensor, temperature: float, top
     old = lp1.gather(1, tok[:, None])[:, 0]
     if temperature == 1 and top_p == 1:
         roll = old
-    return tok, roll, old
+    return tok, roll, old, ent
 
 
 def _grow_cache():

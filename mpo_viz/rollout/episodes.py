@@ -38,6 +38,7 @@ class Episode:
     turn_ids: list[int] = field(default_factory=list)
     old_lp: list[float] = field(default_factory=list)
     roll_lp: list[float] = field(default_factory=list)
+    entropy: list[float] = field(default_factory=list)
     o_values: list[float] = field(default_factory=list)
     o_adv: list[float] = field(default_factory=list)
     o_dec: list[int] = field(default_factory=list)
@@ -101,12 +102,14 @@ def make_episodes(env: TextEnv, plan, cfg: RolloutConfig, oracle, layout, timer:
 
 @dataclass
 class Turn:
-    """One batch turn as decoded: per row the sampled tokens, their rollout and old log-probs (row
-    ``b``'s first ``counts[b]`` columns), and the total budget left before it."""
+    """One batch turn as decoded: per row the sampled tokens, their rollout and old log-probs and the
+    entropy of the policy's T = 1 distribution at each (``(B, W)``; row ``b``'s first ``counts[b]``
+    columns), and the total budget left before it."""
 
     tokens: torch.Tensor
     rollout_logp: torch.Tensor
     old_logp: torch.Tensor
+    entropy: torch.Tensor
     counts: list
     budget_total: list
 
@@ -121,7 +124,7 @@ def step_envs(live: list[Episode], turn: Turn, cfg: RolloutConfig, layout, timer
         ended_by_stop = ids[-1] in layout.stop_ids
         cut_by_total = (not ended_by_stop) and n >= bt and bt <= cfg.max_turn_tokens
         record_turn(ep, ids, turn.rollout_logp[b, :n].tolist(), turn.old_logp[b, :n].tolist(), layout, timer,
-                     final_cut=cut_by_total)
+                     final_cut=cut_by_total, entropy=turn.entropy[b, :n].tolist())
         ep.pending = [ids[-1]]  # the last sampled token was never fed
         if ep.stop_reason is None and ep.length >= cfg.max_total_tokens:
             ep.stop_reason = "max_total_tokens"
@@ -152,8 +155,10 @@ def obs_len(ep: Episode) -> int:
 
 
 def record_turn(ep: Episode, turn: list[int], rlp: list[float], olp: list[float], layout, timer: Timer,
-                 *, final_cut: bool) -> None:
-    """Append one sampled turn (and, unless cut by the total budget, the environment's reply)."""
+                 *, final_cut: bool, entropy: list[float]) -> None:
+    """Append one sampled turn (and, unless cut by the total budget, the environment's reply): per
+    action token its rollout and old log-probs ``rlp``/``olp`` and the policy's entropy ``entropy``
+    (each of the turn's length); 0 in all three on the reply's tokens."""
     k = len(ep.rewards)
     t0 = time.perf_counter()
     text = layout.text(turn)
@@ -165,6 +170,7 @@ def record_turn(ep: Episode, turn: list[int], rlp: list[float], olp: list[float]
     ep.turn_ids += [k] * len(turn)
     ep.roll_lp += rlp
     ep.old_lp += olp
+    ep.entropy += entropy
     if final_cut:  # the total budget cut this turn: the environment never sees it
         if ep.oracle is not None:
             to = ep.oracle.turn(state, turn, None)
@@ -190,6 +196,7 @@ def record_turn(ep: Episode, turn: list[int], rlp: list[float], olp: list[float]
     ep.turn_ids += [k] * len(otoks)
     ep.roll_lp += [0.0] * len(otoks)
     ep.old_lp += [0.0] * len(otoks)
+    ep.entropy += [0.0] * len(otoks)
     if ep.oracle is not None:
         to = ep.oracle.turn(state, turn, info["action"])
         v_next = 0.0 if env.done else ep.oracle.value(env.state)

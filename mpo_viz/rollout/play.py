@@ -183,13 +183,14 @@ def decode_turn(engine: Engine, live: list[Episode], logits: torch.Tensor, cfg: 
     budget = torch.clamp(budget_total, max=cfg.max_turn_tokens).to(dev)
     active = torch.ones(len(live), dtype=torch.bool, device=dev)
     count = torch.zeros(len(live), dtype=torch.long, device=dev)
-    toks, rlps, olps = [], [], []
+    toks, rlps, olps, ents = [], [], [], []
     while True:
         u = torch.tensor([ep.uniform() if a else 0.0 for ep, a in zip(live, active.tolist())], dtype=torch.float64)
-        tok, rlp, olp = sample_tokens(logits, u, cfg.temperature, cfg.top_p)
+        tok, rlp, olp, ent = sample_tokens(logits, u, cfg.temperature, cfg.top_p)
         toks.append(tok)
         rlps.append(rlp)
         olps.append(olp)
+        ents.append(ent)
         count = count + active.long()
         now_active = active & ~(torch.isin(tok, stop) | (count >= budget))
         t0 = timer.add("sampling", t0)
@@ -203,7 +204,7 @@ def decode_turn(engine: Engine, live: list[Episode], logits: torch.Tensor, cfg: 
         active = now_active
         t0 = timer.add("model", t0)
     return Turn(torch.stack(toks, 1).cpu(), torch.stack(rlps, 1).float().cpu(), torch.stack(olps, 1).float().cpu(),
-                 count.cpu().tolist(), budget_total.tolist())
+                 torch.stack(ents, 1).float().cpu(), count.cpu().tolist(), budget_total.tolist())
 
 
 def _progress_bar(n: int, progress: bool | None):

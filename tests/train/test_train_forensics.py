@@ -9,7 +9,7 @@ import pytest
 from train_helpers import tiny
 
 from mpo_viz.cli import main
-from mpo_viz.io import load
+from mpo_viz.io import load, save
 from mpo_viz.train import Trainer
 from mpo_viz.train.collapse import DOCS, collapse_flags, stretches
 from mpo_viz.train.forensics import explain, explanation_text
@@ -125,14 +125,32 @@ def test_a_forced_collapse_explained_against_its_metrics_and_episodes(tmp_path, 
     ent = next(r["entropy"] for r in rl if r["iteration"] == first)
     assert f"entropy: first crossed its threshold at iteration {first}" in text
     assert f"entropy fell to {ent:.4f} from {rl[0]['entropy']:.4f}" in text
-    assert f"iter={first:06d}.parquet" in text and "the saved episodes carry no per-token entropy" in text
-    # the top episodes: the lowest mean -old_logprobs over action tokens, recomputed row by row
+    # the rollout records the policy's per-token entropy: the episodes are ranked by it
+    assert f"iter={first:06d}.parquet" in text and "ranked by lowest mean per-token entropy (the saved `entropy`)" in text
+    # the top episodes: the lowest mean saved entropy over action tokens, recomputed row by row
     b = load(tmp_path / "run" / "trajectories" / f"iter={first:06d}.parquet")
     mean = {}
-    for tid, m, lp in zip(b.traj_ids, b.field("loss_mask"), b.field("old_logprobs")):
+    for tid, m, ent in zip(b.traj_ids, b.field("loss_mask"), b.field("entropy")):
         act = np.asarray(m) != 0
-        mean[tid] = float(-np.asarray(lp, dtype=np.float64)[act].mean())
+        mean[tid] = float(np.asarray(ent, dtype=np.float64)[act].mean())
     expect = sorted(mean, key=mean.get)[:3]
     block = text.split("top 3 episodes:")[1].split("top 3 turns")[0].splitlines()[2:5]
     assert [row.split()[1] for row in block] == expect
     assert [float(row.split()[2]) for row in block] == pytest.approx([mean[t] for t in expect], rel=1e-3)
+
+    # the same episodes without their entropy (a file of another framework): ranked by the surprisal
+    # -log pi(a) instead, the lowest mean -old_logprobs over action tokens
+    path = tmp_path / "run" / "trajectories" / f"iter={first:06d}.parquet"
+    rows = [{k: v for k, v in r.items() if k != "entropy"} for r in b.rows()]
+    save(TrajectoryBatch.from_rows(rows, meta=b.meta), path)
+    assert main(["runs", "explain", str(tmp_path / "run"), "--top", "3"]) == 0
+    text = capsys.readouterr().out
+    assert "the saved episodes carry no per-token entropy" in text
+    surprisal = {}
+    for tid, m, lp in zip(b.traj_ids, b.field("loss_mask"), b.field("old_logprobs")):
+        act = np.asarray(m) != 0
+        surprisal[tid] = float(-np.asarray(lp, dtype=np.float64)[act].mean())
+    expect = sorted(surprisal, key=surprisal.get)[:3]
+    block = text.split("top 3 episodes:")[1].split("top 3 turns")[0].splitlines()[2:5]
+    assert [row.split()[1] for row in block] == expect
+    assert [float(row.split()[2]) for row in block] == pytest.approx([surprisal[t] for t in expect], rel=1e-3)

@@ -1,5 +1,6 @@
 """The trainer end to end: run folders the dashboard reads, exact resume, interrupts, refusals."""
 
+import copy
 import json
 import math
 import os
@@ -14,6 +15,7 @@ import mpo_viz.rollout.play as R
 import mpo_viz.train.loop as L
 from mpo_viz import load, models
 from mpo_viz.advantages import compute
+from mpo_viz.advantages.reference import empg as reference_empg
 from mpo_viz.train import Trainer
 from mpo_viz.train.loop import RESULT_KEYS_VOLATILE, check_loss_inputs
 from mpo_viz.widgets.dashboard import TrainingDashboard
@@ -302,3 +304,31 @@ def test_no_update_view_where_the_saved_rollout_was_not_trained_on(tmp_path):
     tr = Trainer(tiny(iterations=2, save_trajectories_every=2, eval_interval=0), tmp_path / "every2", quiet=True)
     recs = list(tr.iterate())
     assert ["after_update" in r["timings"] for r in recs] == [False, True]
+
+
+def test_empg_trains_on_the_entropy_its_rollout_records(tmp_path):
+    """estimator="empg" runs an iteration on freshly rolled-out episodes: the saved entropy is, on
+    every action token, that of the policy before the update (a teacher-forced forward of each row),
+    0 on observation tokens, and the saved advantages are the plain-loop EMPG of the saved data."""
+    cfg = tiny(estimator="empg", loss="token_ppo", group_size=2, iterations=1, eval_interval=0)
+    tr = Trainer(cfg, tmp_path / "run", quiet=True)
+    before = copy.deepcopy(tr.policy.model).eval()  # policy_lag 0: the rollout's policy
+    rec = next(iter(tr.iterate()))
+    assert rec["iteration"] == 1 and math.isfinite(rec["policy_loss"])
+    b = load(tmp_path / "run" / "trajectories" / "iter=000001.parquet")
+    assert "entropy" in b.fields and len(b) == cfg.episodes
+    vocab = before.get_output_embeddings().weight.shape[0]
+    with torch.no_grad():
+        for p, resp, m, ent in zip(b.field("prompt_ids"), b.field("response_ids"), b.field("loss_mask"),
+                                   b.field("entropy")):
+            ids = torch.tensor(np.concatenate([p, resp]), dtype=torch.int64)[None]
+            lp = torch.log_softmax(before(input_ids=ids).logits[0].double(), -1)[len(p) - 1:-1]
+            want = -(lp.exp() * lp).sum(-1).numpy()
+            act = m != 0
+            assert np.isfinite(ent[act]).all() and (ent[act] > 0).all() and (ent[act] <= math.log(vocab) + 1e-5).all()
+            np.testing.assert_allclose(ent[act], want[act], atol=1e-5, rtol=0)
+            assert (ent[~act] == 0).all()
+    want_adv, _ = reference_empg(b.rewards.numpy(), b.mask.numpy(), b.group_ids, entropy=b.padded("entropy").numpy(),
+                                 turn_ids=b.turn_ids.numpy())
+    mask = b.mask.bool().numpy()
+    np.testing.assert_allclose(b.padded("advantages").numpy()[mask], np.asarray(want_adv)[mask], atol=1e-5)
