@@ -122,7 +122,12 @@ def hints(records) -> list[str]:
         out.append(f"the policy barely moved per iteration (approx_kl {kl:.1e} on average): raise --policy-lr, "
                    f"--epochs or --iterations")
     ev = _mean(rl, "critic_explained_var")
-    if ev is not None and ev < 0.1:
+    mc = any(isinstance(r.get("timings"), dict) and "mc" in r["timings"] for r in rl)  # critic="mc": no critic trained
+    if ev is not None and ev < 0.1 and mc:
+        out.append(f"the policy's Monte-Carlo values explain little of the returns (critic_explained_var {ev:.3f} on "
+                   f"average; no critic is trained with --critic mc): each is a mean of --mc-samples continuations, "
+                   f"so raise --mc-samples, or compare with a critic-free estimator (grpo)")
+    elif ev is not None and ev < 0.1:
         out.append(f"the critic explains little of the returns (critic_explained_var {ev:.3f} on average): a longer "
                    f"warm-up, or a critic-free estimator (grpo) for comparison")
     if 0 < len(rl) < 10:

@@ -131,3 +131,16 @@ def test_a_kept_start_is_reused_and_a_start_at_its_target_takes_no_sft(tmp_path)
     rec = b.sft()
     assert rec["sft_steps"] == 0  # the start already met the target: evaluated first, no step taken
     assert not (tmp_path / "b" / "start").exists()  # no SFT made here: the start is the folder given
+
+
+def test_monte_carlo_values_that_explain_little_get_their_own_hint():
+    """critic="mc" trains no critic: a low critic_explained_var there is the noise of M continuations,
+    so the hint names --mc-samples, not a longer warm-up."""
+    mc = [_eval(0, 0.3, 0.3), {**_rl(1, success=0.3, critic_explained_var=-32.0), "timings": {"mc": 24.0}},
+          _eval(1, 0.3, 0.3)]
+    found = hints(mc)
+    assert any(h.startswith("the policy's Monte-Carlo values explain little") and "critic_explained_var -32.000" in h
+               and "--mc-samples" in h for h in found)
+    assert not any("longer warm-up" in h for h in found)
+    learned = [mc[0], _rl(1, success=0.3, critic_explained_var=-32.0), mc[2]]
+    assert any(h.startswith("the critic explains little") and "longer warm-up" in h for h in hints(learned))
