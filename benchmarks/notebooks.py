@@ -34,7 +34,7 @@ from nbclient.exceptions import CellExecutionError
 REPO = Path(__file__).resolve().parents[1]
 NOTEBOOKS = REPO / "notebooks"
 PLOTLY = "application/vnd.plotly.v1+json"
-#: the cell of notebook 03 whose figure docs/notebooks.md shows: its last comparison, all six runs
+#: the cell of notebook 03 whose figure docs/notebooks.md shows: its comparison of all six runs of the loss section
 CURVES_CELL = "compare([*configs, *variants])"
 
 

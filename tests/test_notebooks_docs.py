@@ -16,4 +16,4 @@ def test_notebook_03_run_names_quoted_in_the_docs_exist():
     nb = json.loads((ROOT / "notebooks" / "03_train_interactively.ipynb").read_text())
     code = "\n".join("".join(c["source"]) for c in nb["cells"] if c["cell_type"] == "code")
     names = set(re.findall(r'^\s*"([^"]+)": Config\(', code, re.M))
-    assert len(quoted) == 6 and set(quoted) == names, (quoted, names)
+    assert len(quoted) == 7 and set(quoted) == names, (quoted, names)

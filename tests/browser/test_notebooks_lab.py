@@ -29,7 +29,7 @@ NOTEBOOKS = {
     "01_explore_credit_assignment.ipynb": ([("mpo-explorer", 1), ("mpo-variance", 1), ("mpo-comparison", 1),
                                             ("mpo-dashboard", 1)], "mpo-dashboard"),
     "02_value_variance.ipynb": ([("mpo-variance", 2)], "mpo-variance"),
-    "03_train_interactively.ipynb": ([("mpo-dashboard", 1), ("mpo-explorer", 2)], "mpo-dashboard"),
+    "03_train_interactively.ipynb": ([("mpo-dashboard", 1), ("mpo-explorer", 3)], "mpo-dashboard"),
     "04_bring_your_own_logs.ipynb": ([("mpo-explorer", 1), ("mpo-comparison", 1)], "mpo-comparison"),
     "05_scale_out_with_verl.ipynb": ([("mpo-dashboard", 1), ("mpo-variance", 1), ("mpo-explorer", 2)], "mpo-variance"),
 }
