@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import hashlib
+from collections.abc import Iterator
+from contextlib import contextmanager
 
 import torch
 
 from mpo_viz.train.config import Config
 
-__all__ = ["derive_seed", "env_kwargs", "set_threads"]
+__all__ = ["derive_seed", "env_kwargs", "set_threads", "threads"]
 
 
 def derive_seed(seed: int, *parts) -> int:
@@ -29,6 +31,23 @@ def set_threads(n: int) -> None:
     except ImportError:  # pragma: no cover - numba is a dependency
         pass
     torch.set_num_threads(n)
+
+
+@contextmanager
+def threads(n: int | None) -> Iterator[None]:
+    """Run the block with ``n`` torch (and numba) CPU threads (:func:`set_threads`), and give the
+    process its torch thread count back after; ``None`` changes nothing."""
+    if n is None:
+        yield
+        return
+    if n < 1:
+        raise ValueError(f"num_threads: expected an integer >= 1, found {n!r}")
+    before = torch.get_num_threads()
+    set_threads(int(n))
+    try:
+        yield
+    finally:
+        set_threads(before)
 
 
 def env_kwargs(cfg: Config) -> dict:

@@ -74,6 +74,9 @@ def test_fit_critic_trunk_from_the_shell(hf_dir, tmp_path, capsys):
     cap = capsys.readouterr().out
     assert f"fitting a critic on the trunk of {hf_dir} to the turn returns of 40 trajectories" in cap
     assert mv.load(out).meta["critic_fit"]["trunk"] == str(hf_dir)
+    assert mv.load(out).meta["critic_fit"]["num_threads"] == 1  # the default --threads
+    assert main(["fit-critic", str(src), "-o", str(out), "--threads", "0"]) == 2
+    assert "--threads: expected an integer >= 1, found 0" in capsys.readouterr().err
     assert main(["fit-critic", str(src), "-o", str(out), "--trunk", str(tmp_path / "nope")]) == 2
     assert "--trunk: expected a Hugging Face model folder, found no such folder" in capsys.readouterr().err
     with pytest.raises(SystemExit, match="2"):  # argparse refuses a target that is not one
@@ -168,3 +171,25 @@ def test_causal_values_equal_the_masked_forward(lengths, hf_dir):
             want, got = forward_critic(critic, mb), causal_values(critic, mb)
         m = mb.take(r.mask)
         np.testing.assert_allclose(got[m].numpy(), want[m].numpy(), rtol=1e-5, atol=1e-6)  # every real token
+
+
+def test_the_fit_runs_on_num_threads_and_gives_the_count_back(monkeypatch):
+    """fit_critic trains on ``num_threads`` torch threads (1 by default, as the trainer's runs) and
+    the process has its own count again afterwards; None leaves the count alone."""
+    import mpo_viz.train.critic_fit as CF
+
+    seen = []
+    real = CF.fit_values
+    monkeypatch.setattr(CF, "fit_values", lambda *a, **k: (seen.append(torch.get_num_threads()), real(*a, **k))[1])
+    before = torch.get_num_threads()
+    try:
+        torch.set_num_threads(2)
+        res = fit_critic(label_batch(), steps=2, eval_every=1, progress=False)
+        assert seen == [1] and torch.get_num_threads() == 2 and res.info["num_threads"] == 1
+        fit_critic(label_batch(), steps=2, eval_every=1, progress=False, num_threads=None)
+        assert seen == [1, 2] and torch.get_num_threads() == 2
+        with pytest.raises(ValueError, match=r"^num_threads: expected an integer >= 1, found 0"):
+            fit_critic(label_batch(), steps=2, progress=False, num_threads=0)
+        assert torch.get_num_threads() == 2
+    finally:
+        torch.set_num_threads(before)
