@@ -103,14 +103,21 @@ def fitted_critic(batch: TrajectoryBatch) -> dict | None:
 def values_are_noise(batch: TrajectoryBatch) -> str | None:
     """Why ``batch``'s values are noise for credit assignment, or None when nothing says so.
 
-    Two cases, both from the file metadata: values of an untrained critic (``values_source ==
-    "untrained_critic"``: its value head as initialized), and a fitted critic (``mpo-viz
+    Three cases, all from the file metadata: values of an untrained critic (``values_source ==
+    "untrained_critic"``: its value head as initialized); a fitted critic (``mpo-viz
     fit-critic``) whose held-out explained variance is at most :data:`NOISE_EV` (or was not
-    recorded). Views say the returned text beside critic-based credit and do not rank those
+    recorded); and a training run's critic (``values_source == "critic"``) whose values explained at
+    most :data:`NOISE_EV` of the iteration's returns (``critic_explained_var``, which the trainer
+    writes into each saved iteration, measured before the critic's update on those episodes, so
+    out of sample). Views say the returned text beside critic-based credit and do not rank those
     estimators."""
     meta = getattr(batch, "meta", None) or {}
     if meta.get("values_source") == UNTRAINED:
         return "values from an untrained critic (its value head as initialized): no estimate of the return"
+    run_ev = meta.get("critic_explained_var")
+    if meta.get("values_source") == "critic" and isinstance(run_ev, (int, float)) and run_ev <= NOISE_EV:
+        return (f"values from the run's critic, which explained {float(run_ev):.2f} of this iteration's returns "
+                f"(≤ {NOISE_EV}, before its update on them): no better than their mean")
     info = fitted_critic(batch)
     if info is None:
         return None

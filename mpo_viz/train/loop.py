@@ -730,6 +730,9 @@ class Trainer:
             batch.meta["iteration"] = it
             batch.meta["estimator"] = cfg.estimator
             batch.meta["estimator_options"] = options
+            if "critic_explained_var" in rec:  # the values against these returns, before the critic's update on them
+                ev = rec["critic_explained_var"]
+                batch.meta["critic_explained_var"] = ev if ev is not None and math.isfinite(ev) else None  # None: undefined
             self.run.write_trajectories(batch, it, max_mb=cfg.trajectories_max_mb)
         timings["write"] = time.perf_counter() - t
 

@@ -72,6 +72,11 @@ def test_critic_based_estimators_on_noise_values_are_not_ranked():
 
 @pytest.mark.parametrize("meta,want", [
     ({"values_source": "critic"}, None),
+    # a training run's critic, scored on each saved iteration's returns before its update on them
+    ({"values_source": "critic", "critic_explained_var": 0.3}, None),
+    ({"values_source": "critic", "critic_explained_var": -0.959}, "run's critic, which explained -0.96 of this "
+                                                                  "iteration's returns (≤ 0.05"),
+    ({"values_source": "mc", "critic_explained_var": -0.959}, None),  # the policy's own Monte-Carlo values
     ({"values_source": "untrained_critic"}, "untrained critic"),
     ({"values_source": "fitted_critic", "critic_fit": {"heldout_explained_variance": 0.3}}, None),
     ({"values_source": "fitted_critic", "critic_fit": {"heldout_explained_variance": 0.05}}, "held-out explained variance 0.05 (≤ 0.05)"),

@@ -54,6 +54,12 @@ def test_three_iterations_write_a_run_folder_the_dashboard_reads(tmp_path, estim
     assert len(b) == cfg.episodes and b.meta["schema"] == "mpo_viz.trajectory/v1"
     assert {"old_logprobs", "rollout_logprobs", "advantages", "returns"} <= b.fields
     assert ("values" in b.fields) == (estimator != "grpo")
+    # the critic's explained variance of this iteration (before its update), which the views read
+    if estimator == "grpo":
+        assert "critic_explained_var" not in b.meta
+    else:  # None where it is undefined (returns all equal: NaN in the record)
+        ev = recs[1]["critic_explained_var"]
+        assert b.meta["critic_explained_var"] == (None if math.isnan(ev) else ev)
     again = compute(b, estimator)
     m = b.mask.bool()
     assert torch.allclose(b.padded("advantages")[m], again.advantages.float()[m], atol=1e-5)
