@@ -10,7 +10,9 @@ statistics. ``docs/results.md`` states them in words and reads the results. (The
 was run by this file at commit 14b590f; its records are in ``docs/results/small/``.)
 
 **Start.** The shipped automation start (``trajectories/starts/automation``: SFT on the noise-0.3
-expert), the same policy for every arm and seed.
+expert), the same policy for every arm and seed. Replication v3's E3 (``--size v3-e3``, 5–6 turns)
+starts from ``trajectories/starts/automation-d5-6`` instead: that SFT continued at 5–6 turns
+(docs/results.md says why).
 
 **Cells.** ``automation-d3-4`` (3–4 expert turns) first; ``automation-d5-6`` (5–6 turns: MPO's
 claim is about long horizons) after it.
@@ -103,6 +105,8 @@ from mpo_viz.advantages import get as get_estimator  # noqa: E402
 # --------------------------------------------------------------------------------------------- the grid
 
 START = REPO / "trajectories" / "starts" / "automation"
+#: replication v3 E3's start for 5–6 turns: SFT continued from START at that horizon (docs/results.md)
+START_D56 = REPO / "trajectories" / "starts" / "automation-d5-6"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -183,7 +187,7 @@ SIZES["v3-e2"] = dict(SIZES["v2"], cells=("automation-d3-4",),
                       arm_seeds={"mpo_mc": (0, 1)})
 SIZES["v3-e3"] = dict(SIZES["v2"], cells=("automation-d5-6",), seeds=tuple(range(8)),
                       arms=("grpo", "ppo", "turn_gae", "mpo_token", "mpo_matched", "mpo_baseline"),
-                      comparisons=E3_COMPARISONS)
+                      comparisons=E3_COMPARISONS, start=START_D56)
 #: continuations per turn start of the critic="mc" arms
 MC_SAMPLES = 8
 
@@ -206,11 +210,22 @@ def plan(size: str, cells=None, seeds=None, arms=None) -> list[tuple[str, int, s
             for a in s["arms"] if (not arms or a in arms) and seed in only.get(a, (seed,))]
 
 
+def start_of(size: str) -> Path:
+    """The SFT start every arm and warm-up of ``size`` begins from (a size's ``start``, else :data:`START`)."""
+    return SIZES[size].get("start", START)
+
+
+def uses_warmup(arm: str) -> bool:
+    """Whether the arm starts from the seed's critic warm-up (a learned critic that its estimator reads)."""
+    a = ARMS[arm]
+    return "values" in get_estimator(a.estimator).needs and a.critic == "learned"
+
+
 def base_config(size: str, cell: str, seed: int, **changes):
     from mpo_viz.train import Config
 
     s = SIZES[size]
-    kw = dict(env="automation", difficulty=list(CELLS[cell]), model_dir=str(START), sft_steps=0, seed=seed,
+    kw = dict(env="automation", difficulty=list(CELLS[cell]), model_dir=str(start_of(size)), sft_steps=0, seed=seed,
               episodes=s["episodes"], group_size=GROUP_SIZE, iterations=s["iterations"], epochs=s["epochs"],
               minibatches=s["minibatches"], eval_episodes=s["eval_episodes"], eval_interval=s["eval_interval"],
               save_trajectories_every=s["eval_interval"], keep_checkpoints=1, oracle_noise=ORACLE_NOISE,
@@ -243,7 +258,7 @@ def run_config(size: str, cell: str, arm: str, seed: int, warm: Path, value_targ
         out = warm.parents[3]  # warm = OUT/warmups/CELL/seed=S/model
         kw["loss_options"] = {**kw["loss_options"], "token_clip": calibrate_step(size, cell, seed, out,
                                                                                   value_target)["token_clip"]}
-    if "values" in get_estimator(a.estimator).needs and a.critic == "learned":
+    if uses_warmup(arm):
         kw.update(model_dir=str(warm), critic_warmup_steps=0, critic_epochs=SIZES[size]["critic_epochs"],
                   value_target=value_target)
     return base_config(size, cell, seed, **kw)
@@ -384,6 +399,43 @@ def run_one(size: str, cell: str, arm: str, seed: int, out: Path, value_target: 
         f"config {cfg.hash()})")
     if archive is not None:
         archive_run(out, archive, cell, arm, seed)
+
+
+def measure_start(size: str, cell: str, seed: int, out: Path) -> dict:
+    """The size's start on the seed's held-out tasks (the ``eval_episodes`` every arm of the seed is
+    evaluated on before RL): greedy and sampled success, made once (``OUT/start/CELL/seed=S.json``)."""
+    from mpo_viz.train import Trainer
+
+    path = out / "start" / cell / f"seed={seed}.json"
+    if path.is_file():
+        return json.loads(path.read_text())
+    cfg = base_config(size, cell, seed, estimator="grpo", iterations=0)
+    d = out / "start" / cell / f".seed={seed}.run"
+    if d.exists():
+        shutil.rmtree(d)
+    t0 = time.perf_counter()
+    ev = Trainer(cfg, d, quiet=True).evaluation()
+    rec = {"cell": cell, "seed": seed, "start": Path(cfg.model_dir).name, "eval_seed": ev["eval_seed"],
+           "n_eval_tasks": ev["n_eval_tasks"], "greedy_success": ev["eval_success"],
+           "sampled_success": ev["eval_sampled_success"], "seconds": time.perf_counter() - t0}
+    shutil.rmtree(d)
+    path.write_text(json.dumps(rec) + "\n")
+    log(f"{cell} start {rec['start']} seed {seed}: greedy {rec['greedy_success']:.3f}, sampled "
+        f"{rec['sampled_success']:.3f} on {rec['n_eval_tasks']} tasks ({rec['seconds']:.0f} s)")
+    return rec
+
+
+def start_table(recs: list[dict]) -> str:
+    """Markdown: the start's success per seed and the mean with its 95% t-interval over seeds."""
+    lines = ["| cell | start | seed | greedy success | sampled success |", "|---|---|---|---|---|"]
+    lines += [f"| {r['cell']} | {r['start']} | {r['seed']} | {r['greedy_success']:.3f} | {r['sampled_success']:.3f} |"
+              for r in recs]
+    for cell in dict.fromkeys(r["cell"] for r in recs):
+        rs = [r for r in recs if r["cell"] == cell]
+        g, smp = (paired_test([r[k] for r in rs]) for k in ("greedy_success", "sampled_success"))
+        lines.append(f"| {cell} | mean of {len(rs)} (95% CI) | – | {_fmt(g['mean_diff'])} ({_fmt(g['ci_low'])} to "
+                     f"{_fmt(g['ci_high'])}) | {_fmt(smp['mean_diff'])} ({_fmt(smp['ci_low'])} to {_fmt(smp['ci_high'])}) |")
+    return "\n".join(lines)
 
 
 # --------------------------------------------------------------------------------------------- matched step sizes
@@ -546,7 +598,7 @@ def collect(size: str, out: Path, archive: Path | None = None) -> tuple[list[dic
         recs = read_metrics_file(d / "metrics.jsonl")
         cfg = Config.load(d / "config.json")
         coll = collapsed(recs)
-        wrec = json.loads(warm.read_text()) if warm.is_file() and cfg.model_dir != str(START) else {}
+        wrec = json.loads(warm.read_text()) if warm.is_file() and uses_warmup(arm) else {}
         by_it: dict[int, dict] = {}
         for r in recs:
             if r.get("phase") in ("rl", "eval"):
@@ -834,6 +886,9 @@ def main(argv=None) -> int:
     ap.add_argument("--calibrate-step", action="store_true",
                     help="only apply the matched-step rule (turn_ppo's token band) to the planned cells and seeds, "
                          "writing OUT/calibration.jsonl")
+    ap.add_argument("--measure-start", action="store_true",
+                    help="only measure the size's start on each planned seed's held-out tasks (greedy and sampled "
+                         "success, as before RL), writing OUT/start.jsonl")
     ap.add_argument("--value-target", choices=("mc", "estimator"), default=VALUE_TARGET,
                     help="what every learned critic trains on during RL: Monte-Carlo returns (default) or each "
                          "estimator's own returns (the v2 grid as recorded)")
@@ -850,6 +905,12 @@ def main(argv=None) -> int:
         restore_calibration(args.archive, out)
     if args.status:
         print(status(args.size, out, args.archive))
+        return 0
+    if args.measure_start:
+        pairs = dict.fromkeys((c, s) for c, s, _ in plan(args.size, args.cells, args.seeds))
+        recs = [measure_start(args.size, c, s, out) for c, s in pairs]
+        _write(out / "start.jsonl", "".join(json.dumps(r) + "\n" for r in recs))
+        print(start_table(recs))
         return 0
     if args.calibrate_step:
         pairs = dict.fromkeys((c, s) for c, s, _ in plan(args.size, args.cells, args.seeds))

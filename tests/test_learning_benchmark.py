@@ -137,6 +137,12 @@ def test_tiny_grid_runs_reports_and_resumes(learning, tmp_path):
             assert k in c
     assert "| automation-d3-4 | mpo | 1 |" in (out / "tables.md").read_text()
     assert (out / "figures" / "learning_tiny_automation-d3-4.png").stat().st_size > 1000
+    # --measure-start measures the same start on the same tasks as every run's iteration 0, alone
+    st = tmp_path / "start"
+    assert learning.main(["--size", "tiny", "--out", str(st), "--measure-start"]) == 0
+    (rec,) = [json.loads(x) for x in (st / "start.jsonl").read_text().splitlines()]
+    assert (rec["sampled_success"], rec["greedy_success"]) == starts.pop()
+    assert (rec["start"], rec["n_eval_tasks"], rec["eval_seed"]) == ("automation", 8, 0) and not (st / "runs").exists()
     # a second call finds every run done and runs nothing new
     before = {p: p.stat().st_mtime_ns for p in (out / "runs").rglob("metrics.jsonl")}
     assert learning.main(["--size", "tiny", "--out", str(out)]) == 0
@@ -220,6 +226,23 @@ def test_v3_arm_configs(learning, tmp_path):
     m = learning.run_config("v3-e3", "automation-d5-6", "mpo_matched", 2, warm)
     assert (m.loss, m.loss_options) == ("turn_ppo", {"token_clip": 1.3})
     assert learning.critic_target(learning.run_config("v3-e2", "automation-d3-4", "grpo", 2, warm)) is None
+
+
+def test_v3_e3_starts_from_its_own_start(learning, tmp_path):
+    """E3 (5–6 turns) starts every arm and warm-up from trajectories/starts/automation-d5-6, the
+    start made for that horizon; E2 and v2 keep the shipped start; a learned-critic arm starts
+    from the seed's warm-up, whose policy is that start."""
+    warm = tmp_path / "warmups" / "automation-d5-6" / "seed=0" / "model"
+    d56 = str(learning.START_D56)
+    assert learning.START_D56.name == "automation-d5-6" and (learning.START_D56 / "policy").is_dir()
+    assert learning.run_config("v3-e3", "automation-d5-6", "grpo", 0, warm).model_dir == d56
+    assert learning.warmup_config("v3-e3", "automation-d5-6", 0).model_dir == d56
+    assert learning.run_config("v3-e3", "automation-d5-6", "ppo", 0, warm).model_dir == str(warm)
+    for size, cell in (("v3-e2", "automation-d3-4"), ("v2", "automation-d5-6")):
+        assert learning.run_config(size, cell, "grpo", 0, warm).model_dir == str(learning.START)
+        assert learning.warmup_config(size, cell, 0).model_dir == str(learning.START)
+    assert [a for a in learning.ARMS if learning.uses_warmup(a)] == [
+        "ppo", "turn_gae", "mpo_token", "mpo", "mpo_bare", "mpo_baseline", "mpo_matched", "sao"]
 
 
 def test_v3_specs_are_the_preregistered_text(learning):

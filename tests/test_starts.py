@@ -9,6 +9,7 @@ import json
 from pathlib import Path
 
 import numpy as np
+import pytest
 import torch
 from safetensors import safe_open
 
@@ -72,3 +73,40 @@ def test_make_start_rounds_to_float16_and_keeps_the_record(tmp_path):
     for (name, a), (_, b) in zip(policy.model.state_dict().items(), back.model.state_dict().items()):
         assert b.dtype == torch.float32
         torch.testing.assert_close(b, a.half().float(), rtol=0, atol=0, msg=name)
+
+
+def test_make_start_records_every_stage_it_continued(tmp_path):
+    env = make_env("automation", difficulty=3)
+    from mpo_viz.envs.tokenizer import build_tokenizer
+
+    stages = []
+    for i, (steps, success) in enumerate([(30, 0.1), (4, 0.2), (12, 0.5)]):
+        src = tmp_path / f"stage{i}"
+        models.save(src, models.tiny_policy(build_tokenizer(env), size="1m", seed=i))  # a trainer's RUN/start
+        (src / "start.json").write_text(json.dumps({"sft": {"sft_steps": steps, "sft_success": success,
+                                                             "sft_expert_success": 0.5}, "sft_config_hash": f"h{i}"}))
+        stages.append(src)
+    out = tmp_path / "out"
+    _make_start().write_start(stages[-1], out, after=stages[:-1])
+    rec = json.loads((out / "start.json").read_text())
+    assert rec["sft_steps"] == 46 and rec["sft_success"] == 0.5 and rec["sft_config_hash"] == "h2"
+    assert [(s["sft_steps"], s["sft_config_hash"]) for s in rec["stages"]] == [(30, "h0"), (4, "h1"), (12, "h2")]
+    last, _ = models.load(stages[-1])
+    back, _ = models.load(out)
+    w = next(iter(last.model.state_dict()))
+    torch.testing.assert_close(back.model.state_dict()[w], last.model.state_dict()[w].half().float(), rtol=0, atol=0)
+    (stages[0] / "start.json").unlink()
+    with pytest.raises(FileNotFoundError, match="stage0.*start.json"):
+        _make_start().write_start(stages[-1], out, after=stages[:-1])
+
+
+def test_the_5_6_turn_start_records_its_three_stages_and_loads():
+    d56 = START.parent / "automation-d5-6"
+    rec = json.loads((d56 / "start.json").read_text())
+    assert [s["sft_steps"] for s in rec["stages"]] == [3000, 400, 1200] and rec["sft_steps"] == 4600
+    assert rec["sft_success"] == rec["stages"][-1]["sft_success"] and rec["stored_as"] == "float16"
+    assert _stored_dtypes(d56 / "policy" / "model.safetensors") == {"F16"}
+    assert sum(p.stat().st_size for p in d56.rglob("*") if p.is_file()) < 2.5 * 2**20
+    policy, critic = models.load(d56)
+    assert critic is None and policy.dtype == torch.float32
+    models.check_vocabulary(policy.tokenizer, make_env("automation", difficulty=5).vocabulary(), where="the 5-6 start")

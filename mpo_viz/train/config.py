@@ -100,7 +100,8 @@ class Config:
         doc="Registered environment name (``search``, ``tooluse``, ``automation``, or your own).")
     difficulty: int | list | None = setting(
         None, kind="any", parse=parse_difficulty, expect="an int or [min, max] of expert turns, or None",
-        doc="Expert turns per task: an int or ``[min, max]``; None = the environment's default (3–6).")
+        doc="Expert turns per task: an int or ``[min, max]`` (on the command line ``N`` or ``MIN-MAX``, e.g. "
+            "``--difficulty 5-6``); None = the environment's default (3–6).")
     env_options: dict = setting(
         default_factory=dict, kind="dict", expect="a dict of environment options",
         doc="Further keyword options of the environment (``slack``, ``max_turns``, ``distractors``, ...).")
