@@ -210,6 +210,15 @@ def plan(size: str, cells=None, seeds=None, arms=None) -> list[tuple[str, int, s
             for a in s["arms"] if (not arms or a in arms) and seed in only.get(a, (seed,))]
 
 
+def grid_meta(size: str, value_target: str | None = None) -> dict:
+    """``OUT/grid.json``: the size's spec (a start as its path in the repository), the arms, the
+    comparisons, the value target and the machine."""
+    grid = {k: str(v.relative_to(REPO)) if isinstance(v, Path) else v for k, v in SIZES[size].items()}
+    return {"size": size, "grid": grid, "arms": {k: dataclasses.asdict(v) for k, v in ARMS.items()},
+            "comparisons": comparisons_of(size), "value_target": value_target or VALUE_TARGET, "python": sys.version.split()[0],
+            "machine": f"{platform.machine()}, {os.cpu_count()} CPUs", "runs": len(plan(size))}
+
+
 def start_of(size: str) -> Path:
     """The SFT start every arm and warm-up of ``size`` begins from (a size's ``start``, else :data:`START`)."""
     return SIZES[size].get("start", START)
@@ -920,10 +929,7 @@ def main(argv=None) -> int:
         return 0
     if not args.report_only:
         runs = plan(args.size, args.cells, args.seeds, args.arms)
-        meta = {"size": args.size, "grid": SIZES[args.size], "arms": {k: dataclasses.asdict(v) for k, v in ARMS.items()},
-                "comparisons": comparisons_of(args.size), "value_target": args.value_target, "python": sys.version.split()[0],
-                "machine": f"{platform.machine()}, {os.cpu_count()} CPUs", "runs": len(plan(args.size))}
-        (out / "grid.json").write_text(json.dumps(meta, indent=1) + "\n")
+        (out / "grid.json").write_text(json.dumps(grid_meta(args.size, args.value_target), indent=1) + "\n")
         t0 = time.perf_counter()
         log(f"grid {args.size}: {len(runs)} runs into {out}")
         try:

@@ -241,6 +241,8 @@ def test_v3_e3_starts_from_its_own_start(learning, tmp_path):
     for size, cell in (("v3-e2", "automation-d3-4"), ("v2", "automation-d5-6")):
         assert learning.run_config(size, cell, "grpo", 0, warm).model_dir == str(learning.START)
         assert learning.warmup_config(size, cell, 0).model_dir == str(learning.START)
+    meta = json.loads(json.dumps(learning.grid_meta("v3-e3")))  # grid.json: the start as a repository path
+    assert meta["grid"]["start"] == "trajectories/starts/automation-d5-6" and meta["runs"] == 48
     assert [a for a in learning.ARMS if learning.uses_warmup(a)] == [
         "ppo", "turn_gae", "mpo_token", "mpo", "mpo_bare", "mpo_baseline", "mpo_matched", "sao"]
 
