@@ -915,14 +915,13 @@ def main(argv=None) -> int:
     if args.status:
         print(status(args.size, out, args.archive))
         return 0
+    pairs = dict.fromkeys((c, s) for c, s, _ in plan(args.size, args.cells, args.seeds))  # (cell, seed), in order
     if args.measure_start:
-        pairs = dict.fromkeys((c, s) for c, s, _ in plan(args.size, args.cells, args.seeds))
         recs = [measure_start(args.size, c, s, out) for c, s in pairs]
         _write(out / "start.jsonl", "".join(json.dumps(r) + "\n" for r in recs))
         print(start_table(recs))
         return 0
     if args.calibrate_step:
-        pairs = dict.fromkeys((c, s) for c, s, _ in plan(args.size, args.cells, args.seeds))
         recs = [calibrate_step(args.size, c, s, out, args.value_target) for c, s in pairs]
         _write(out / "calibration.jsonl", "".join(json.dumps(r) + "\n" for r in recs))
         print(calibration_table(recs))
