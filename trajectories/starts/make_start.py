@@ -112,7 +112,10 @@ def main(argv: list[str]) -> int:
     ap.add_argument("--after", type=Path, nargs="+", default=[], metavar="EARLIER",
                     help="the earlier SFT stages SRC continued, in order (their start.json)")
     args = ap.parse_args(argv)
-    written = write_start(args.src, HERE / args.name, after=args.after)
+    try:
+        written = write_start(args.src, HERE / args.name, after=args.after)
+    except (FileNotFoundError, ValueError) as e:
+        ap.error(str(e))
     for p in written:
         print(f"{p.relative_to(HERE)}  {p.stat().st_size / 1e3:.0f} kB")
     print(f"total {sum(p.stat().st_size for p in written) / 1e6:.2f} MB")
