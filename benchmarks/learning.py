@@ -72,7 +72,10 @@ partial one continues from its last checkpoint, a warm-up folder is made once. S
 ``--archive DIR`` keeps a finished run's records (config, metrics, pass@k, the seed's warm-up line
 and the per-iteration credit accuracy, a few hundred KB, no model) under ``DIR/runs/``: a grid
 that spans machines whose run folders do not survive skips the archived runs and rebuilds its
-results from the archive where the folder is gone.
+results from the archive where the folder is gone. The first grid run into an archive writes its
+``DIR/grid.json``; a grid whose start, budgets, arm specs or value target differ from it is refused
+with the differing fields named, so the runs of one grid are never skipped as another's (a share of
+the cells, seeds or arms is the same grid).
 
 **Outputs** (``OUT``, default ``runs/learning-SIZE``): ``results.jsonl`` (one row per cell, arm,
 seed and iteration), ``final.jsonl`` (one row per run: final success, pass@k, collapse),
@@ -211,9 +214,10 @@ def plan(size: str, cells=None, seeds=None, arms=None) -> list[tuple[str, int, s
 
 
 def grid_meta(size: str, value_target: str | None = None) -> dict:
-    """``OUT/grid.json``: the size's spec (a start as its path in the repository), the arms, the
-    comparisons, the value target and the machine."""
+    """``OUT/grid.json``: the size's spec with its start (:func:`start_of`, as its path in the
+    repository), the arms, the comparisons, the value target and the machine."""
     grid = {k: str(v.relative_to(REPO)) if isinstance(v, Path) else v for k, v in SIZES[size].items()}
+    grid["start"] = str(start_of(size).relative_to(REPO))  # a size's own start, else the shipped one
     return {"size": size, "grid": grid, "arms": {k: dataclasses.asdict(v) for k, v in ARMS.items()},
             "comparisons": comparisons_of(size), "value_target": value_target or VALUE_TARGET, "python": sys.version.split()[0],
             "machine": f"{platform.machine()}, {os.cpu_count()} CPUs", "runs": len(plan(size))}
@@ -372,6 +376,42 @@ def restore_calibration(archive: Path, out: Path) -> None:
             dest.parent.mkdir(parents=True, exist_ok=True)
             shutil.copy(rec, dest)
 
+
+#: grid.json's ``grid`` fields that may differ between two grids sharing one archive (which runs are planned)
+GRID_SHARE = ("cells", "arms", "seeds", "comparisons")
+
+
+def archive_mismatch(archive_meta: dict, meta: dict) -> list[str]:
+    """What makes the archive's runs (made under ``archive_meta``, its ``grid.json``) other runs than
+    the grid ``meta`` would make: ``"FIELD: archive A, this grid B"`` per differing size, budget or
+    start field, value target or spec of an arm both list; empty when the archive's runs are this
+    grid's. Cells, seeds and arms may differ (a share of the grid, or more seeds later)."""
+    def differs(name, a, b):
+        return [] if a == b else [f"{name}: archive {a!r}, this grid {b!r}"]
+
+    out = differs("size", archive_meta.get("size"), meta["size"])
+    out += differs("value_target", archive_meta.get("value_target"), meta["value_target"])
+    old = archive_meta.get("grid", {})
+    for k in sorted((set(old) | set(meta["grid"])) - set(GRID_SHARE)):
+        out += differs(k, old.get(k), meta["grid"].get(k))
+    for arm in sorted(set(archive_meta.get("arms", {})) & set(meta["grid"]["arms"])):
+        out += differs(f"arm {arm}", archive_meta["arms"][arm], meta["arms"][arm])
+    return out
+
+
+def claim_archive(archive: Path, meta: dict) -> None:
+    """Mark ``archive`` as the grid ``meta``'s (``archive/grid.json``, written by the first grid run
+    into it), or raise ``ValueError`` naming every field where the grid that made its runs differs
+    (:func:`archive_mismatch`): those runs would otherwise be skipped as if they were this grid's."""
+    path = archive / "grid.json"
+    if not path.is_file():
+        archive.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(meta, indent=1) + "\n")
+        return
+    bad = archive_mismatch(json.loads(path.read_text()), json.loads(json.dumps(meta)))  # tuples as JSON lists
+    if bad:
+        raise ValueError(f"--archive {archive}: its runs were made by another grid than --size {meta['size']} "
+                         f"({path}): " + "; ".join(bad) + ". Use another archive folder for this grid.")
 
 def run_one(size: str, cell: str, arm: str, seed: int, out: Path, value_target: str = VALUE_TARGET,
             archive: Path | None = None) -> None:
@@ -886,7 +926,8 @@ def main(argv=None) -> int:
     ap.add_argument("--export", type=Path, default=None, help="copy the records, tables and figures into this folder")
     ap.add_argument("--archive", type=Path, default=None,
                     help="keep each finished run's records here (no models) and skip the runs found here: a grid "
-                         "that spans machines whose run folders do not survive")
+                         "that spans machines whose run folders do not survive (refused when ARCHIVE/grid.json "
+                         "names another start, budget, arm spec or value target)")
     ap.add_argument("--cells", nargs="+", default=None, metavar="CELL", help="run only these cells")
     ap.add_argument("--seeds", nargs="+", type=int, default=None, metavar="SEED",
                     help="run only these seeds (e.g. even seeds in one process, odd in another)")
@@ -928,7 +969,13 @@ def main(argv=None) -> int:
         return 0
     if not args.report_only:
         runs = plan(args.size, args.cells, args.seeds, args.arms)
-        (out / "grid.json").write_text(json.dumps(grid_meta(args.size, args.value_target), indent=1) + "\n")
+        meta = grid_meta(args.size, args.value_target)
+        if args.archive is not None:
+            try:
+                claim_archive(args.archive, meta)
+            except ValueError as e:
+                ap.error(str(e))
+        (out / "grid.json").write_text(json.dumps(meta, indent=1) + "\n")
         t0 = time.perf_counter()
         log(f"grid {args.size}: {len(runs)} runs into {out}")
         try:

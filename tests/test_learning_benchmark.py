@@ -162,6 +162,7 @@ def test_tiny_grid_runs_reports_and_resumes(learning, tmp_path):
     assert (out / "results.jsonl").read_text() == before_rows
     assert [json.loads(x) for x in (out / "final.jsonl").read_text().splitlines()] == finals
     assert "done (archived)" in learning.status("tiny", out, archive)
+    assert json.loads((archive / "grid.json").read_text())["grid"]["start"] == "trajectories/starts/automation"
 
 
 def test_matched_step_rule_by_hand(learning):
@@ -246,6 +247,34 @@ def test_v3_e3_starts_from_its_own_start(learning, tmp_path):
     assert [a for a in learning.ARMS if learning.uses_warmup(a)] == [
         "ppo", "turn_gae", "mpo_token", "mpo", "mpo_bare", "mpo_baseline", "mpo_matched", "sao"]
 
+
+def test_an_archive_made_by_another_grid_is_refused_naming_the_fields(learning, tmp_path, capsys):
+    archive = tmp_path / "archive"
+    learning.claim_archive(archive, learning.grid_meta("v3-e3"))  # the first grid into an archive marks it
+    meta = json.loads((archive / "grid.json").read_text())
+    assert meta == json.loads(json.dumps(learning.grid_meta("v3-e3")))
+    learning.claim_archive(archive, learning.grid_meta("v3-e3"))  # the same grid again (its tuples now lists)
+    share = json.loads(json.dumps(meta))
+    share["grid"]["seeds"], share["grid"]["arms"] = [8, 9], ["grpo"]  # more seeds, fewer arms: the same runs
+    assert learning.archive_mismatch(meta, share) == []
+    # E3's first two runs, from the shipped start: skipping them as the 5-6-turn start's runs would be wrong
+    shipped = json.loads(json.dumps(meta))
+    shipped["grid"]["start"], shipped["value_target"] = "trajectories/starts/automation", "estimator"
+    shipped["arms"]["ppo"]["loss"] = "turn_ppo"
+    assert learning.archive_mismatch(shipped, meta) == [
+        "value_target: archive 'estimator', this grid 'mc'",
+        "start: archive 'trajectories/starts/automation', this grid 'trajectories/starts/automation-d5-6'",
+        f"arm ppo: archive {shipped['arms']['ppo']!r}, this grid {meta['arms']['ppo']!r}"]
+    # through the command line: a usage error before any run, naming the archive's grid.json
+    other = tmp_path / "other"
+    other.mkdir()
+    tiny = json.loads(json.dumps(learning.grid_meta("tiny")))
+    (other / "grid.json").write_text(json.dumps({**tiny, "grid": {**tiny["grid"], "iterations": 99}}))
+    with pytest.raises(SystemExit) as e:
+        learning.main(["--size", "tiny", "--out", str(tmp_path / "out"), "--archive", str(other)])
+    err = capsys.readouterr().err
+    assert e.value.code == 2 and f"{other / 'grid.json'}" in err and "iterations: archive 99, this grid 2" in err
+    assert not (tmp_path / "out" / "runs").exists()
 
 def test_v3_specs_are_the_preregistered_text(learning):
     """The arms, seeds and primary comparisons of E2 and E3 in benchmarks/learning.py are those
