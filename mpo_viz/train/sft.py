@@ -114,7 +114,7 @@ def sft(trainer, *, steps: int, target: float, log=None) -> dict:
         # a start loaded from a folder is checked first: one that already meets the target needs no SFT
         if step % cfg.sft_eval_interval == 0 and (step > 0 or cfg.model_dir):
             success = trainer.evaluate()["eval_success"]
-            bar.set_postfix(loss=f"{loss_v:.3f}", success=f"{success:.2f}")
+            bar.set_postfix(**({"loss": f"{loss_v:.3f}"} if done else {}), success=f"{success:.2f}")  # no loss before a step
             if success >= target:
                 break
             t0 = t0 if step else time.perf_counter()
