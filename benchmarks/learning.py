@@ -216,8 +216,8 @@ def plan(size: str, cells=None, seeds=None, arms=None) -> list[tuple[str, int, s
 def grid_meta(size: str, value_target: str | None = None) -> dict:
     """``OUT/grid.json``: the size's spec with its start (:func:`start_of`, as its path in the
     repository), the arms, the comparisons, the value target and the machine."""
-    grid = {k: str(v.relative_to(REPO)) if isinstance(v, Path) else v for k, v in SIZES[size].items()}
-    grid["start"] = str(start_of(size).relative_to(REPO))  # a size's own start, else the shipped one
+    spec = {**SIZES[size], "start": start_of(size)}  # a size's own start, else the shipped one
+    grid = {k: str(v.relative_to(REPO)) if isinstance(v, Path) else v for k, v in spec.items()}
     return {"size": size, "grid": grid, "arms": {k: dataclasses.asdict(v) for k, v in ARMS.items()},
             "comparisons": comparisons_of(size), "value_target": value_target or VALUE_TARGET, "python": sys.version.split()[0],
             "machine": f"{platform.machine()}, {os.cpu_count()} CPUs", "runs": len(plan(size))}
@@ -412,6 +412,7 @@ def claim_archive(archive: Path, meta: dict) -> None:
     if bad:
         raise ValueError(f"--archive {archive}: its runs were made by another grid than --size {meta['size']} "
                          f"({path}): " + "; ".join(bad) + ". Use another archive folder for this grid.")
+
 
 def run_one(size: str, cell: str, arm: str, seed: int, out: Path, value_target: str = VALUE_TARGET,
             archive: Path | None = None) -> None:

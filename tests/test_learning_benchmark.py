@@ -276,6 +276,7 @@ def test_an_archive_made_by_another_grid_is_refused_naming_the_fields(learning, 
     assert e.value.code == 2 and f"{other / 'grid.json'}" in err and "iterations: archive 99, this grid 2" in err
     assert not (tmp_path / "out" / "runs").exists()
 
+
 def test_v3_specs_are_the_preregistered_text(learning):
     """The arms, seeds and primary comparisons of E2 and E3 in benchmarks/learning.py are those
     docs/results.md fixed in advance (its "Replication v3" section)."""
