@@ -136,6 +136,9 @@ ARMS = {
     # the unbiased within-turn baseline, and turn_ppo at the step size of token_ppo
     "turn_gae_mc": Arm("turn_gae", "token_ppo", critic="mc"),
     "mpo_mc": Arm("mpo", "token_ppo", critic="mc"),
+    # replication v4 E2' (docs/results.md): turn GAE at λ_T = 0 on the policy's Monte-Carlo values, so
+    # a turn's credit is its one-step residual R_k + V(s_{k+1}) − V(s_k) and later turns' luck stays out
+    "turn_gae_mc0": Arm("turn_gae", "token_ppo", critic="mc", estimator_options=(("turn_lam", 0.0),)),
     "mpo_baseline": Arm("mpo", "token_ppo", estimator_options=(("within", "baseline"),)),
     "mpo_matched": Arm("mpo", "turn_ppo", matched_band=True),
     # SAO as its paper runs it: token GAE with VAPO's length-adaptive λ = 1 − 1/(1.5·ℓ), the sao loss
@@ -156,6 +159,11 @@ COMPARISONS = [
 E2_COMPARISONS = [
     ("turn GAE + MC values vs PPO", "turn_gae_mc", "ppo"),
     ("turn GAE + MC values vs GRPO", "turn_gae_mc", "grpo"),
+]
+#: v4 E2', real headroom: turn credit nearer the truth (λ_T = 0 on MC values) against E2's ppo and grpo runs
+E2P_COMPARISONS = [
+    ("turn GAE λ_T=0 + MC values vs PPO", "turn_gae_mc0", "ppo"),
+    ("turn GAE λ_T=0 + MC values vs GRPO", "turn_gae_mc0", "grpo"),
 ]
 #: v3 E3, the long horizon one factor at a time (primaries, Holm over the four)
 E3_COMPARISONS = [
@@ -191,6 +199,10 @@ SIZES["v3-e2"] = dict(SIZES["v2"], cells=("automation-d3-4",),
 SIZES["v3-e3"] = dict(SIZES["v2"], cells=("automation-d5-6",), seeds=tuple(range(8)),
                       arms=("grpo", "ppo", "turn_gae", "mpo_token", "mpo_matched", "mpo_baseline"),
                       comparisons=E3_COMPARISONS, start=START_D56)
+# v4 E2' (docs/results.md, "Replication v4"): E2's cell, budget, start and seeds; its ppo and grpo runs
+# are E2's archived ones (docs/results/v4/e2p/runs holds copies of them), only turn_gae_mc0 runs anew
+SIZES["v4-e2p"] = dict(SIZES["v2"], cells=("automation-d3-4",), arms=("grpo", "ppo", "turn_gae_mc0"),
+                       comparisons=E2P_COMPARISONS)
 #: continuations per turn start of the critic="mc" arms
 MC_SAMPLES = 8
 
@@ -427,7 +439,8 @@ def run_one(size: str, cell: str, arm: str, seed: int, out: Path, value_target: 
         if archive is not None:
             archive_run(out, archive, cell, arm, seed)
         return
-    warm = make_warmup(size, cell, seed, out)
+    # only an arm that reads a learned critic pays for the seed's warm-up (grpo or critic="mc" read none)
+    warm = make_warmup(size, cell, seed, out) if uses_warmup(arm) else warm_dir(out, cell, seed) / "model"
     cfg = run_config(size, cell, arm, seed, warm, value_target)
     t0 = time.perf_counter()
     if state == "partial":
@@ -813,7 +826,7 @@ def tables(size: str, summary: list[dict], comps: list[dict], n_done: int, n_pla
 
 
 COLOURS = {"grpo": "#2ca02c", "ppo": "#1f77b4", "turn_gae": "#9467bd", "mpo_token": "#ff7f0e", "mpo": "#d62728",
-           "mpo_bare": "#7f7f7f", "mpo_oracle": "#8c564b", "turn_gae_mc": "#17becf", "mpo_mc": "#e377c2",
+           "mpo_bare": "#7f7f7f", "mpo_oracle": "#8c564b", "turn_gae_mc": "#17becf", "turn_gae_mc0": "#aec7e8", "mpo_mc": "#e377c2",
            "mpo_baseline": "#bcbd22", "mpo_matched": "#8c2d04", "sao": "#393b79"}
 
 

@@ -299,3 +299,22 @@ def test_v3_specs_are_the_preregistered_text(learning):
 def test_every_arm_has_a_colour(learning):
     """The figures draw every arm of every size (a v3 arm without a colour once stopped the grid's report)."""
     assert set(learning.ARMS) <= set(learning.COLOURS)
+
+
+def test_v4_e2p_spec_is_the_preregistered_text(learning, tmp_path):
+    """E2' of replication v4: arms, seeds, cell, budget and primaries of ``--size v4-e2p`` are the
+    ones docs/results.md fixed in advance; its new arm is turn GAE at λ_T = 0 on the policy's MC values."""
+    text = (Path(__file__).resolve().parents[1] / "docs" / "results.md").read_text()
+    part = text[text.index("**E2' —"):text.index("**Reading rule.**", text.index("**E2' —"))]
+    spec = learning.SIZES["v4-e2p"]
+    assert "Arms: " + ", ".join(f"`{a}`" for a in spec["arms"]) + "." in " ".join(part.split())
+    listed = [ln[2:].strip() for ln in part.splitlines() if ln.startswith("* `")]
+    assert listed == [f"`{a}` − `{b}`" for _, a, b in spec["comparisons"]] and "Holm over both" in part
+    assert spec["seeds"] == tuple(range(6)) and "seeds 0–5" in part and spec["cells"] == ("automation-d3-4",)
+    e2 = learning.SIZES["v3-e2"]
+    assert {k: v for k, v in spec.items() if k not in learning.GRID_SHARE} == \
+        {k: v for k, v in e2.items() if k not in (*learning.GRID_SHARE, "arm_seeds")}  # E2's budget exactly
+    assert set(spec["arms"]) - {"turn_gae_mc0"} <= set(e2["arms"])
+    cfg = learning.run_config("v4-e2p", "automation-d3-4", "turn_gae_mc0", 3, tmp_path / "unused")
+    assert (cfg.estimator, cfg.loss, cfg.critic, cfg.mc_samples) == ("turn_gae", "token_ppo", "mc", 8)
+    assert cfg.estimator_options == {"turn_lam": 0.0} and not learning.uses_warmup("turn_gae_mc0")
