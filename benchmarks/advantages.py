@@ -3,7 +3,7 @@
 Run:  .venv/bin/python benchmarks/advantages.py            (full: B = 128 … 1024, L = 8192)
       .venv/bin/python benchmarks/advantages.py --quick    (B = 64, 128; a smoke run)
 
-Batches come from `mpo_viz.synthetic.make_batch` shaped like agent rollouts: assistant spans 20–200
+Batches come from `mpo_viz.data.synthetic.make_batch` shaped like agent rollouts: assistant spans 20–200
 tokens, tool spans 20–300, 4–40 turns cut at 8192 tokens, right padding, float32 tensors from the
 TrajectoryBatch (`rewards`, `values`, `mask`, `turn_ids`).
 
@@ -34,7 +34,7 @@ import torch
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 
 import mpo_viz.advantages as A  # noqa: E402
-from mpo_viz.synthetic import make_batch  # noqa: E402
+from mpo_viz.data.synthetic import make_batch  # noqa: E402
 
 GAMMA, LAM, TURN_GAMMA, TURN_LAM, BETA = 1.0, 0.95, 1.0, 0.9, 1.0
 

@@ -332,7 +332,7 @@ def run_dir(out: Path, cell: str, arm: str, seed: int) -> Path:
 
 def run_state(d: Path, iterations: int) -> str:
     """``done`` (final evaluation and pass@k written), ``partial`` or ``missing``."""
-    from mpo_viz.train.runfolder import read_metrics_file
+    from mpo_viz.data.runfolder import read_metrics_file
 
     if not (d / "checkpoints" / "latest").exists():
         return "missing"
@@ -629,7 +629,7 @@ def critic_target(cfg) -> str | None:
 def run_records(out: Path, archive: Path | None, cell: str, arm: str, seed: int, iterations: int):
     """``(folder, state, warmup.json path, credit by iteration or None)`` of one planned run: its
     run folder when that has metrics, else its archive folder (state ``done``), else None."""
-    from mpo_viz.train.runfolder import read_metrics_file
+    from mpo_viz.data.runfolder import read_metrics_file
 
     d = run_dir(out, cell, arm, seed)
     if read_metrics_file(d / "metrics.jsonl"):
@@ -648,8 +648,8 @@ def run_records(out: Path, archive: Path | None, cell: str, arm: str, seed: int,
 def collect(size: str, out: Path, archive: Path | None = None) -> tuple[list[dict], list[dict]]:
     """``(rows, finals)``: one row per (cell, arm, seed, iteration 0..N) of every run folder (or,
     where the folder is gone, its archived records), and one row per finished run."""
+    from mpo_viz.data.runfolder import read_metrics_file
     from mpo_viz.train import Config
-    from mpo_viz.train.runfolder import read_metrics_file
 
     rows, finals = [], []
     iters = SIZES[size]["iterations"]

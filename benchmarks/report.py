@@ -38,7 +38,7 @@ ESTIMATORS = "mpo,gae,grpo"
 def make_file(m_tokens: float) -> Path:
     """A synthetic Parquet file of about ``m_tokens`` million response tokens (cached)."""
     import mpo_viz as mv
-    from mpo_viz.io import merge_parts
+    from mpo_viz.data.io import merge_parts
 
     target = int(m_tokens * 1e6)
     out = CACHE / f"synthetic_{m_tokens:g}M.parquet"
@@ -61,7 +61,7 @@ def make_file(m_tokens: float) -> Path:
 
 _STREAM = """
 import json, sys
-from mpo_viz.annotate import AnnotateConfig, annotate_file
+from mpo_viz.render.annotate import AnnotateConfig, annotate_file
 s = annotate_file(sys.argv[1], sys.argv[2], AnnotateConfig(estimators=tuple(sys.argv[3].split(',')), progress=False))
 print(json.dumps(s))
 """
@@ -122,8 +122,8 @@ def _chromium():
 
 
 def bench_strip(n: int = 50_000, repeats: int = 3) -> dict:
-    from mpo_viz.strip import payload_from_arrays, payload_json, strip_css, strip_js
-    from mpo_viz.synthetic import strip_arrays
+    from mpo_viz.data.synthetic import strip_arrays
+    from mpo_viz.render.strip import payload_from_arrays, payload_json, strip_css, strip_js
 
     toks, mask, chans = strip_arrays(n, seed=0)
     p = payload_from_arrays(toks, mask, None, chans)
@@ -153,7 +153,7 @@ def bench_strip(n: int = 50_000, repeats: int = 3) -> dict:
 
 def screenshot(path: Path) -> None:
     """A screenshot of the report on the shipped search trajectories (summary + one strip with hover)."""
-    from mpo_viz.report import ReportConfig, write_report
+    from mpo_viz.render.report import ReportConfig, write_report
 
     src = ROOT / "trajectories" / "search.parquet"
     with tempfile.TemporaryDirectory() as d:

@@ -10,7 +10,7 @@ which always whitens (`verl_F.masked_whiten`), on the same tensors. It runs only
 imports: `make venv-verl` builds `.venv-verl` (verl 0.9.1 and its pins, CPU torch, this checkout
 installed editable); elsewhere the table says "verl not importable".
 
-Batches come from `mpo_viz.synthetic.make_batch` shaped like agent rollouts (as
+Batches come from `mpo_viz.data.synthetic.make_batch` shaped like agent rollouts (as
 `benchmarks/advantages.py`): assistant spans 20–200 tokens, tool spans 20–300, 4–40 turns cut at
 L tokens, float32 `rewards`, `values`, `mask`, `turn_ids`.
 
@@ -56,7 +56,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 
 import mpo_viz.advantages as A  # noqa: E402
 from mpo_viz.advantages._inputs import whiten_reference  # noqa: E402
-from mpo_viz.synthetic import make_batch  # noqa: E402
+from mpo_viz.data.synthetic import make_batch  # noqa: E402
 
 try:  # only in the verl environment (make venv-verl)
     import verl  # noqa: E402

@@ -1,7 +1,7 @@
 """Benchmark: widget responsiveness.
 
 1. **Slider change** (Python side). A TrajectoryExplorer on a 64-trajectory batch of about 100k
-   response tokens (``mpo_viz.synthetic.make_batch``), estimators mpo, gae, grpo. One slider change
+   response tokens (``mpo_viz.data.synthetic.make_batch``), estimators mpo, gae, grpo. One slider change
    = ``params.set(beta=…)``: recompute every estimator on the whole batch (kernels only), update the
    picker's disagreement column, build and push the strip's new advantage channels (a patch: binary
    buffers through the widget's comm; outside a kernel ipywidgets' DummyComm, so serialization is
@@ -60,9 +60,9 @@ def bench_slider(repeats: int) -> None:
 
     import mpo_viz as mv
     from mpo_viz import advantages as adv
-    from mpo_viz import plots
     from mpo_viz.analysis import td_error
-    from mpo_viz.strip import payload_json, strip_payload
+    from mpo_viz.render import plots
+    from mpo_viz.render.strip import payload_json, strip_payload
     from mpo_viz.widgets import TrajectoryExplorer
     from mpo_viz.widgets.engine import options_of
 
@@ -146,7 +146,7 @@ def bench_open(repeats: int = 3) -> None:
     import plotly.offline
 
     import mpo_viz as mv
-    from mpo_viz.strip import strip_css, strip_js
+    from mpo_viz.render.strip import strip_css, strip_js
     from mpo_viz.widgets import TrajectoryExplorer
 
     b = mv.synthetic.make_batch(2, seed=1, turns=None, max_len=50_000, group_size=2)
@@ -158,7 +158,7 @@ def bench_open(repeats: int = 3) -> None:
         ex.select(0)
         tp.append(time.perf_counter() - t0)
     py_med = statistics.median(tp) * 1000
-    from mpo_viz.strip import payload_json
+    from mpo_viz.render.strip import payload_json
 
     payload = payload_json(ex.strip.payload_dict)  # the whole payload as JSON, as the report inlines it
     wire = len(ex.strip.payload)

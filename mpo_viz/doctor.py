@@ -53,10 +53,10 @@ import torch
 
 from mpo_viz.advantages import mae
 from mpo_viz.analysis.critic import explained_variance
-from mpo_viz.io import files_of, load
+from mpo_viz.data.io import files_of, load
+from mpo_viz.data.schema import Problem
+from mpo_viz.data.trajectory import TrajectoryBatch
 from mpo_viz.options import Option
-from mpo_viz.schema import Problem
-from mpo_viz.trajectory import TrajectoryBatch
 
 __all__ = ["CHECKS", "Check", "Hits", "Finding", "Evidence", "OPTIONS", "EV_KEYS", "diagnose", "examine",
            "read_metrics", "merge_findings"]

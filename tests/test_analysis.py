@@ -11,7 +11,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from mpo_viz import analysis as an
-from mpo_viz.trajectory import TrajectoryBatch
+from mpo_viz.data.trajectory import TrajectoryBatch
 
 # docs/concepts.md §7.3 worked example, with observation tokens (2 each) between the turns; their values (9.0)
 # must never enter any statistic.

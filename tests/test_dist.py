@@ -25,10 +25,10 @@ def test_wheel_installs_and_registers_the_verl_plugin(tmp_path):
         "d = distribution('mpo_viz')\n"
         "eps = [e for e in d.entry_points if e.group == 'verl.plugins']\n"
         "assert [e.value for e in eps] == ['mpo_viz.integrations.verl'], eps\n"
-        "import mpo_viz, mpo_viz.strip\n"
+        "import mpo_viz, mpo_viz.render.strip\n"
         "assert mpo_viz.__file__.startswith(sys.argv[1]), mpo_viz.__file__\n"
         "from importlib.resources import files\n"
-        "assert any(p.name.endswith('.js') for p in files('mpo_viz.strip').iterdir())\n"
+        "assert any(p.name.endswith('.js') for p in files('mpo_viz.render.strip').iterdir())\n"
         "print(eps[0].value)\n"
     )
     # from an empty working folder, so that the checkout's own mpo_viz is not on the path

@@ -12,8 +12,8 @@ import pytest
 
 from mpo_viz.adapters import from_art, from_chat, from_skyrl, from_steps, from_trl, from_verl
 from mpo_viz.checks import OptionError
+from mpo_viz.data.trajectory import TrajectoryBatch
 from mpo_viz.doctor import CHECKS, OPTIONS, diagnose, examine, merge_findings
-from mpo_viz.trajectory import TrajectoryBatch
 
 ROOT = Path(__file__).resolve().parents[1]
 DOC = ROOT / "docs" / "doctor.md"
@@ -201,7 +201,7 @@ def test_options_are_checked_by_their_declarations():
 
 
 def test_the_report_shows_the_findings_first():
-    from mpo_viz.report import ReportConfig, build_report
+    from mpo_viz.render.report import ReportConfig, build_report
 
     one = {"response_ids": [5, 6], "loss_mask": [1, 1]}
     flat = rows({"group_id": "a"}, {"group_id": "a"}, {"group_id": "b", "reward": 0.0}, {"group_id": "b", "reward": 0.0}, **one)

@@ -11,7 +11,8 @@ from hypothesis import strategies as st
 import mpo_viz as mv
 from mpo_viz import TrajectoryBatch
 from mpo_viz.checks import OptionError
-from mpo_viz.io import group_chunks
+from mpo_viz.data import io as mv_io
+from mpo_viz.data.io import group_chunks
 
 f32 = st.floats(min_value=-1e6, max_value=1e6, width=32, allow_nan=False)
 
@@ -99,7 +100,7 @@ def test_folder_and_atomic_write(tmp_path):
     assert not list((tmp_path / "run").glob("*.tmp"))
     both = mv.load(tmp_path / "run")
     assert both.traj_ids == b.traj_ids
-    assert both.meta["source_framework"] == "mpo_viz.synthetic"
+    assert both.meta["source_framework"] == "mpo_viz.data.synthetic"
 
 
 def test_bad_paths(tmp_path):
@@ -114,7 +115,7 @@ def test_bad_paths(tmp_path):
 
 @pytest.mark.parametrize("suffix", [".parquet", ".jsonl"])
 def test_scan_bounds(tmp_path, suffix, monkeypatch):
-    monkeypatch.setattr(mv.io.parquet, "ROW_GROUP_TOKENS", 2_000)  # several row groups
+    monkeypatch.setattr(mv_io.parquet, "ROW_GROUP_TOKENS", 2_000)  # several row groups
     b = mv.synthetic.make_batch(40, seed=2, turn_len=(5, 30), obs_len=(5, 30))
     path = mv.save(b, tmp_path / f"x{suffix}")
     max_tokens = 1_000
@@ -186,9 +187,9 @@ def test_count_rows_and_bad_max_tokens(tmp_path):
     mv.save(b[[0, 1]], tmp_path / "d" / "x.parquet")
     mv.save(b[[2]], tmp_path / "d" / "y.parquet")
     mv.save(b, tmp_path / "a.jsonl")
-    assert mv.io.count_rows(tmp_path / "a.parquet") == 5
-    assert mv.io.count_rows(tmp_path / "d") == 3
-    assert mv.io.count_rows(tmp_path / "a.jsonl") is None
+    assert mv_io.count_rows(tmp_path / "a.parquet") == 5
+    assert mv_io.count_rows(tmp_path / "d") == 3
+    assert mv_io.count_rows(tmp_path / "a.jsonl") is None
     with pytest.raises(OptionError, match=r"max_tokens: expected an integer >= 1, found 0") as e:
         next(mv.scan(tmp_path / "a.parquet", max_tokens=0))
     assert e.value.option == "max_tokens"

@@ -1,4 +1,4 @@
-"""mpo_viz.plots: figure contents (traces, steps at the turn means, shaded spans, log axes)."""
+"""mpo_viz.render.plots: figure contents (traces, steps at the turn means, shaded spans, log axes)."""
 
 from __future__ import annotations
 
@@ -10,8 +10,8 @@ import pandas as pd
 import pytest
 import torch
 
-from mpo_viz import plots
-from mpo_viz.trajectory import TrajectoryBatch
+from mpo_viz.data.trajectory import TrajectoryBatch
+from mpo_viz.render import plots
 
 
 def _batch():
@@ -91,7 +91,7 @@ def test_estimator_comparison_bars_are_turn_means():
 def test_plots_do_not_import_ipywidgets():
     import subprocess
 
-    code = "import sys, mpo_viz.plots; print('ipywidgets' in sys.modules)"
+    code = "import sys, mpo_viz.render.plots; print('ipywidgets' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "False"
 

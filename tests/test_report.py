@@ -1,4 +1,4 @@
-"""mpo_viz.report and the `mpo-viz advantages` / `mpo-viz report` commands, end to end."""
+"""mpo_viz.render.report and the `mpo-viz advantages` / `mpo-viz report` commands, end to end."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ import mpo_viz as mv
 from mpo_viz import advantages as adv
 from mpo_viz import analysis as an
 from mpo_viz.cli import main
-from mpo_viz.report import LeftOutNote, ReportConfig, build_report
+from mpo_viz.render.report import LeftOutNote, ReportConfig, build_report
 
 
 @pytest.fixture(scope="module")
@@ -189,7 +189,7 @@ def test_nothing_to_rank_by_is_said():
 
 
 def test_report_and_value_curve_name_a_fitted_critic():
-    from mpo_viz import plots
+    from mpo_viz.render import plots
     from mpo_viz.train.critic_fit import fit_critic
 
     rows = [{"traj_id": f"t{i}", "group_id": f"g{i // 2}", "prompt_ids": [1 + i % 3], "response_ids": [2, 3, 4, 5, 6],
@@ -215,7 +215,7 @@ def test_report_and_value_curve_name_a_fitted_critic():
 
 @pytest.mark.parametrize("ev", [0.05, -0.539])
 def test_a_critic_with_heldout_ev_at_most_005_is_labelled_noise_everywhere(ev):
-    from mpo_viz.strip import NOISE_LABEL, strip_payload
+    from mpo_viz.render.strip import NOISE_LABEL, strip_payload
 
     b = mv.load(Path(__file__).resolve().parents[1] / "trajectories" / "search.parquet")[:40]
     noisy = b.with_meta(values_source="fitted_critic", critic_fit={"heldout_explained_variance": ev,
@@ -289,7 +289,7 @@ def test_advantages_cli_folder_output(small, tmp_path):
     assert len(list(out.glob("part-*.parquet"))) > 1
     _check_columns(out, b, ["grpo", "gae"])
     with pytest.raises(ValueError, match="already holds part"):
-        from mpo_viz.annotate import AnnotateConfig, annotate_file
+        from mpo_viz.render.annotate import AnnotateConfig, annotate_file
 
         annotate_file(path, out, AnnotateConfig(estimators=("gae",), progress=False))
 

@@ -21,10 +21,10 @@ import mpo_viz.rollout as R
 import mpo_viz.rollout.engine as RE
 import mpo_viz.rollout.play as RP
 from mpo_viz import models as M
+from mpo_viz.data.turns import turn_ids_from_mask
 from mpo_viz.envs import NoisyExpert, Oracle, build_tokenizer, make_env
 from mpo_viz.envs.generate import oracle_columns
 from mpo_viz.rollout import critic_values, rollout, sample_tokens, task_seeds
-from mpo_viz.turns import turn_ids_from_mask
 
 ENVS = ["search", "tooluse", "automation"]
 SHORT = {"max_turn_tokens": 6}

@@ -15,8 +15,8 @@ import pytest
 
 import mpo_viz as mv
 from mpo_viz.cli import main
-from mpo_viz.export import NO_RENDERER, static_export_available, write_figures
-from mpo_viz.report import ExportWarning, ReportConfig, build_report
+from mpo_viz.render.export import NO_RENDERER, static_export_available, write_figures
+from mpo_viz.render.report import ExportWarning, ReportConfig, build_report
 from mpo_viz.widgets import TrajectoryExplorer
 
 

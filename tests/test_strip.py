@@ -1,4 +1,4 @@
-"""mpo_viz.strip: the payload builder (channels, blanks on observations, escaping) and the shipped JS."""
+"""mpo_viz.render.strip: the payload builder (channels, blanks on observations, escaping) and the shipped JS."""
 
 from __future__ import annotations
 
@@ -11,7 +11,8 @@ import numpy as np
 import pytest
 import torch
 
-from mpo_viz.strip import (
+from mpo_viz.data.trajectory import TrajectoryBatch
+from mpo_viz.render.strip import (
     EXPORTS_MARKER,
     payload_from_arrays,
     payload_json,
@@ -19,7 +20,6 @@ from mpo_viz.strip import (
     strip_js,
     strip_payload,
 )
-from mpo_viz.trajectory import TrajectoryBatch
 
 
 def _batch():
@@ -95,7 +95,7 @@ def test_js_module_and_classic_script():
 
 
 def test_round_sig_is_the_string_rounding():
-    from mpo_viz.strip import round_sig
+    from mpo_viz.render.strip import round_sig
 
     # by hand: 5 significant digits, half to even on exact ties (12345.5, 12344.5 are exact binaries)
     got = round_sig([0.123456, 12345.5, 12344.5, -0.000987654, 99999.7, 0.0, math.nan, math.inf, 1e-30], 5)

@@ -2,7 +2,7 @@ import numpy as np
 import pytest
 
 import mpo_viz as mv
-from mpo_viz.synthetic import make_batch
+from mpo_viz.data.synthetic import make_batch
 
 
 def test_deterministic_and_valid():
@@ -44,7 +44,7 @@ def test_rewards_are_outcomes():
 
 
 def test_strip_arrays_spans_and_channels():
-    from mpo_viz.synthetic import strip_arrays
+    from mpo_viz.data.synthetic import strip_arrays
 
     toks, mask, ch = strip_arrays(5000, seed=3)
     assert len(toks) == len(mask) == 5000 and mask[0] == 1

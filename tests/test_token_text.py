@@ -5,7 +5,7 @@ import pytest
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 from transformers import PreTrainedTokenizerFast
 
-from mpo_viz.token_text import (
+from mpo_viz.data.token_text import (
     char_notes,
     guess_split_groups,
     merged_texts,

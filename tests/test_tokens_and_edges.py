@@ -14,10 +14,10 @@ import pytest
 
 import mpo_viz as mv
 from mpo_viz.cli import main
+from mpo_viz.data.schema import TrajectoryError
+from mpo_viz.data.token_text import load_local_tokenizer, tokenizer_decoder
 from mpo_viz.envs.tokenizer import build_tokenizer
-from mpo_viz.report import ReportConfig, build_report
-from mpo_viz.schema import TrajectoryError
-from mpo_viz.token_text import load_local_tokenizer, tokenizer_decoder
+from mpo_viz.render.report import ReportConfig, build_report
 
 WORDS = ["search", "paris", "capital", "of", "france", "answer", "is", "the"]
 
@@ -78,7 +78,7 @@ def test_explorer_and_report_show_decoded_text(tok_dir, tmp_path):
 
 
 def test_report_export_folder(tmp_path):
-    from mpo_viz.export import static_export_available
+    from mpo_viz.render.export import static_export_available
 
     b = mv.synthetic.make_batch(6, seed=4, turns=(2, 3), turn_len=(3, 8), obs_len=(2, 5))
     out = tmp_path / "export"

@@ -199,7 +199,7 @@ def test_summary(batch):
 
 
 def test_from_columns_and_the_columns_accessor(batch):
-    from mpo_viz.validate import columns_from_rows
+    from mpo_viz.data.validate import columns_from_rows
 
     cols, problems = columns_from_rows(rows())
     b2 = TrajectoryBatch.from_columns(cols, {"values_source": "critic"}, problems=problems)

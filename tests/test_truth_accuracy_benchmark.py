@@ -12,7 +12,7 @@ import torch
 import mpo_viz as mv
 from mpo_viz.advantages import compute
 from mpo_viz.analysis import mc_accuracy
-from mpo_viz.trajectory import TrajectoryBatch
+from mpo_viz.data.trajectory import TrajectoryBatch
 
 HERE = Path(__file__).resolve().parents[1]
 

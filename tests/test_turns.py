@@ -2,7 +2,7 @@ import numpy as np
 import pytest
 import torch
 
-from mpo_viz.turns import check_turn_ids, num_turns, turn_ids_from_mask
+from mpo_viz.data.turns import check_turn_ids, num_turns, turn_ids_from_mask
 
 
 def test_turn_ids_from_mask_by_hand():

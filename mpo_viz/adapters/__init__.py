@@ -19,7 +19,7 @@ its module's docstring and in ``docs/adapters.md``.
 
 Common options: ``obs_reward='move'`` (default) moves rewards found on observation tokens to the
 last action token before them, counted in ``report.rewards_moved``; ``'error'`` refuses such rows.
-``errors='raise'`` (default) raises :class:`~mpo_viz.schema.TrajectoryError` at the first problem,
+``errors='raise'`` (default) raises :class:`~mpo_viz.data.schema.TrajectoryError` at the first problem,
 naming file, line/row, traj_id, field, the expected framework layout and what was found;
 ``errors='collect'`` keeps the good rows and lists the others in ``batch.rejected`` (and
 ``report.rejected``). A wrong layout for the whole input is raised either way. Nothing is dropped

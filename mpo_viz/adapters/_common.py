@@ -12,8 +12,8 @@ import numpy as np
 
 from mpo_viz.adapters.conversion import ConversionReport, ConversionWarning
 from mpo_viz.checks import OptionError
-from mpo_viz.schema import Problem, TrajectoryError, short
-from mpo_viz.trajectory import TrajectoryBatch
+from mpo_viz.data.schema import Problem, TrajectoryError, short
+from mpo_viz.data.trajectory import TrajectoryBatch
 
 OBS_REWARD = ("move", "error")
 

@@ -10,9 +10,9 @@ from collections.abc import Iterable
 from pathlib import Path
 
 from mpo_viz.checks import OptionError
-from mpo_viz.io import save
-from mpo_viz.io.parts import merge_parts
-from mpo_viz.trajectory import TrajectoryBatch
+from mpo_viz.data.io import save
+from mpo_viz.data.io.parts import merge_parts
+from mpo_viz.data.trajectory import TrajectoryBatch
 
 _PART = re.compile(r"part-\d{5}\.parquet")
 
@@ -21,7 +21,7 @@ def write_chunks(batches: Iterable[TrajectoryBatch], out) -> Path:
     """Write every batch of ``batches`` (consumed one at a time) to ``out``.
 
     ``out`` ending in ``.parquet``: one file (chunks are written to a temporary folder beside it,
-    then joined by :func:`mpo_viz.io.parts.merge_parts`). Otherwise a
+    then joined by :func:`mpo_viz.data.io.parts.merge_parts`). Otherwise a
     folder: earlier ``part-*.parquet`` files there are replaced; other files are left alone.
     """
     out = Path(out)

@@ -88,7 +88,7 @@ from mpo_viz.adapters._common import (
     run,
 )
 from mpo_viz.adapters.trl import parquet_rows
-from mpo_viz.turns import turn_ids_from_mask
+from mpo_viz.data.turns import turn_ids_from_mask
 
 __all__ = ["from_areal", "iter_areal", "load_areal", "areal_turn_ids", "AREAL_FIELDS", "SHIFTED_FIELDS"]
 

@@ -74,8 +74,8 @@ from pathlib import Path
 from mpo_viz.adapters._common import Collector, check_options, dumps, jsonl_lines, run
 from mpo_viz.adapters.conversion import UNKNOWN_REFUSE_SHARE, ConversionReport
 from mpo_viz.checks import OptionError
-from mpo_viz.schema import SCALAR_FIELDS
-from mpo_viz.token_text import merged_texts, raw_bytes_of
+from mpo_viz.data.schema import SCALAR_FIELDS
+from mpo_viz.data.token_text import merged_texts, raw_bytes_of
 
 __all__ = ["ChatEncoder", "from_chat", "iter_chat", "load_tokenizer", "plain_tool_calls"]
 
@@ -454,7 +454,7 @@ class ChatEncoder:
         """``response_tokens``: each token decoded on its own (a byte-level ``Ġthe`` shows as ``" the"``,
         a word-level token as its word), special tokens as written; a multi-byte character split
         across byte-level tokens shows whole on the token that completes it, ``""`` on the tokens
-        before (:func:`mpo_viz.token_text.merged_texts`)."""
+        before (:func:`mpo_viz.data.token_text.merged_texts`)."""
         return merged_texts([int(i) for i in ids], self._one, self._raw)[0]
 
 

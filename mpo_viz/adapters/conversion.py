@@ -11,7 +11,7 @@ import json
 from collections import Counter
 from dataclasses import dataclass, field
 
-from mpo_viz.schema import Problem
+from mpo_viz.data.schema import Problem
 
 __all__ = ["ConversionReport", "ConversionWarning"]
 
@@ -52,7 +52,7 @@ class ConversionReport:
     * ``rows_in`` — input records read (batch rows, generator rows, step records, chat lines,
       Parquet rows).
     * ``trajectories`` — trajectory/v1 rows produced (after rejections).
-    * ``rejected`` — every input row that was refused and why (:class:`~mpo_viz.schema.Problem`).
+    * ``rejected`` — every input row that was refused and why (:class:`~mpo_viz.data.schema.Problem`).
     * ``rewards_moved`` — non-zero rewards found on observation tokens (or observation messages)
       and moved to the last action token before them; ``rewards_moved_forward`` — such rewards with
       no action token before them, moved to the first action token after them.

@@ -53,7 +53,7 @@ from mpo_viz.adapters._common import (
     run,
 )
 from mpo_viz.adapters.steps import Step, emit_trajectory
-from mpo_viz.turns import turn_ids_from_mask
+from mpo_viz.data.turns import turn_ids_from_mask
 
 __all__ = ["from_skyrl", "iter_skyrl"]
 

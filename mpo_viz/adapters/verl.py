@@ -69,7 +69,7 @@ from mpo_viz.adapters._common import (
     move_obs_rewards,
     run,
 )
-from mpo_viz.turns import turn_ids_from_mask
+from mpo_viz.data.turns import turn_ids_from_mask
 
 __all__ = ["from_verl", "load_verl", "iter_verl", "VERL_FIELDS"]
 

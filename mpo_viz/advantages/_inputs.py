@@ -16,8 +16,8 @@ import numpy as np
 import torch
 
 from mpo_viz.advantages import kernels as K
+from mpo_viz.data.turns import turn_ids_from_mask
 from mpo_viz.options import Option, interval
-from mpo_viz.turns import turn_ids_from_mask
 
 __all__ = [
     "Prepared", "prepare", "to_torch", "whiten_", "whiten_buffers", "whiten_reference", "merge_moments", "group_codes",

@@ -58,8 +58,8 @@ from mpo_viz.advantages import group as G
 from mpo_viz.advantages import token as T
 from mpo_viz.advantages.unrewarded import warn_unrewarded
 from mpo_viz.checks import OptionError
+from mpo_viz.data.trajectory import TrajectoryBatch
 from mpo_viz.options import UNSET, Option
-from mpo_viz.trajectory import TrajectoryBatch
 
 __all__ = [
     "Option", "Estimator", "Bound", "AdvantageResult", "register", "available", "get", "options", "vocabulary",

@@ -1,10 +1,10 @@
 """Analysis: the across/within variance split, per-turn tables, estimator comparison, critic quality,
 accuracy against the oracle, and reading them in words.
 
-Pandas out; tensors (torch or numpy, ``(B, L)``) or a :class:`~mpo_viz.trajectory.TrajectoryBatch`
+Pandas out; tensors (torch or numpy, ``(B, L)``) or a :class:`~mpo_viz.data.trajectory.TrajectoryBatch`
 in. Every statistic is computed over **action tokens** (``mask == 1``) only: observation and padding
 tokens carry no value and no credit (docs/concepts.md §1–2). Turns are the ids of
-``batch.turn_ids`` (given, or derived from mask runs by :func:`mpo_viz.turns.turn_ids_from_mask` —
+``batch.turn_ids`` (given, or derived from mask runs by :func:`mpo_viz.data.turns.turn_ids_from_mask` —
 the one definition shared with estimators and losses).
 
 One job per module, each statistic in one place:
@@ -24,7 +24,7 @@ One job per module, each statistic in one place:
 
 Streamed data (the report reads a file chunk by chunk) use the mergeable form of each statistic:
 ``*_stats(batch, ...)`` of one chunk, ``merge_*`` of two, ``finish_*`` at the end (and
-:class:`~mpo_viz.moments.ExplainedVariance` ``.of / .merge / .value``), equal to the numbers of the
+:class:`~mpo_viz.data.moments.ExplainedVariance` ``.of / .merge / .value``), equal to the numbers of the
 whole. Each vectorized function has a plain-Python reference loop beside it (``*_reference``); the
 tests check them against each other on edge cases.
 """

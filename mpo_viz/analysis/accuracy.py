@@ -15,8 +15,8 @@ import pandas as pd
 
 from mpo_viz.analysis.arrays import adv_tensors, as_2d, batch_turn_index
 from mpo_viz.analysis.truth import mc_accuracy
-from mpo_viz.moments import correlation, pair_sums, slope
-from mpo_viz.trajectory import TrajectoryBatch
+from mpo_viz.data.moments import correlation, pair_sums, slope
+from mpo_viz.data.trajectory import TrajectoryBatch
 
 __all__ = ["ORACLE_FIELDS", "ACCURACY_COLUMNS", "has_oracle", "accuracy_stats", "merge_accuracy_stats",
            "finish_accuracy", "credit_accuracy"]

@@ -10,8 +10,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from mpo_viz.trajectory import TrajectoryBatch
-from mpo_viz.turns import turn_ids_from_mask
+from mpo_viz.data.trajectory import TrajectoryBatch
+from mpo_viz.data.turns import turn_ids_from_mask
 
 __all__ = ["to_numpy", "as_2d", "prepare", "TurnIndex", "turn_index", "batch_turn_index", "turn_means", "adv_tensors", "scores"]
 

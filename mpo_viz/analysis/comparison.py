@@ -18,8 +18,8 @@ import pandas as pd
 from mpo_viz.analysis.arrays import adv_tensors, as_2d, batch_turn_index, to_numpy, turn_means
 from mpo_viz.analysis.tables import turn_table
 from mpo_viz.analysis.variance import merge_variance, variance_split
-from mpo_viz.moments import Moments, correlation, pair_sums
-from mpo_viz.trajectory import TrajectoryBatch
+from mpo_viz.data.moments import Moments, correlation, pair_sums
+from mpo_viz.data.trajectory import TrajectoryBatch
 
 __all__ = ["compare_estimators", "compare_stats", "merge_compare_stats", "finish_compare", "sign_flips",
            "disagreement", "Disagreement", "advantage_stats", "merge_advantage_stats", "finish_advantages",

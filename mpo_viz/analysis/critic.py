@@ -1,7 +1,7 @@
 """How well the critic's values predict the returns: explained variance, error, bias, per turn.
 
 :func:`explained_variance` is the one definition (finished from
-:class:`mpo_viz.moments.ExplainedVariance`, which the value loss, the trainer and the report's
+:class:`mpo_viz.data.moments.ExplainedVariance`, which the value loss, the trainer and the report's
 streaming pass merge chunk by chunk); :func:`critic_quality` adds the per-turn error;
 :func:`values_source` says where a batch's values come from, :func:`fitted_critic` and
 :func:`fitted_critic_label` what a critic fitted by ``mpo-viz fit-critic`` recorded about itself.
@@ -16,8 +16,8 @@ import pandas as pd
 from mpo_viz.advantages import registry
 from mpo_viz.analysis.arrays import as_2d
 from mpo_viz.analysis.tables import compute_advantages
-from mpo_viz.moments import ExplainedVariance
-from mpo_viz.trajectory import TrajectoryBatch
+from mpo_viz.data.moments import ExplainedVariance
+from mpo_viz.data.trajectory import TrajectoryBatch
 
 __all__ = ["explained_variance", "ExplainedVariance", "critic_quality", "CriticQuality", "values_source",
            "fitted_critic", "fitted_critic_label", "values_are_noise", "NOISE_EV", "critic_based"]
@@ -34,7 +34,7 @@ def explained_variance(returns, values, mask) -> float:
     """``1 − Var(G − V) / Var(G)`` over the action tokens (``mask`` = 1) of ``(B, L)`` returns G and
     values V (population variances, float64): the share of the returns' variance the values
     explain (1 perfect, 0 no better than the mean, < 0 worse). NaN when Var(G) = 0 or there are
-    no action tokens. Chunk by chunk: merge :class:`~mpo_viz.moments.ExplainedVariance` s."""
+    no action tokens. Chunk by chunk: merge :class:`~mpo_viz.data.moments.ExplainedVariance` s."""
     return ExplainedVariance.of(returns, values, mask).value
 
 

@@ -28,7 +28,7 @@ import numpy as np
 import pandas as pd
 
 from mpo_viz.analysis.arrays import batch_turn_index, scores, to_numpy
-from mpo_viz.trajectory import TrajectoryBatch
+from mpo_viz.data.trajectory import TrajectoryBatch
 
 __all__ = ["Ranking", "RANKINGS", "available", "episode_scores", "turn_scores", "rank_episodes", "rank_turns"]
 

@@ -15,7 +15,7 @@ import math
 import numpy as np
 import pandas as pd
 
-from mpo_viz.trajectory import TrajectoryBatch
+from mpo_viz.data.trajectory import TrajectoryBatch
 
 __all__ = ["accuracy_reading", "NO_ORACLE_TEXT", "data_shortfall", "batch_shortfall", "MIN_TRAJECTORIES"]
 

@@ -15,7 +15,7 @@ import pandas as pd
 from mpo_viz.advantages import registry
 from mpo_viz.advantages.token import gae
 from mpo_viz.analysis.arrays import adv_tensors, as_2d
-from mpo_viz.trajectory import TrajectoryBatch
+from mpo_viz.data.trajectory import TrajectoryBatch
 
 __all__ = ["compute_advantages", "td_error", "turn_table", "turn_table_reference"]
 

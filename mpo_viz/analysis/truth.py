@@ -26,9 +26,9 @@ import numpy as np
 import pandas as pd
 
 from mpo_viz.analysis.arrays import adv_tensors, as_2d, batch_turn_index
-from mpo_viz.moments import pair_sums, slope
-from mpo_viz.trajectory import TrajectoryBatch
-from mpo_viz.turns import mc_turn_advantage
+from mpo_viz.data.moments import pair_sums, slope
+from mpo_viz.data.trajectory import TrajectoryBatch
+from mpo_viz.data.turns import mc_turn_advantage
 
 __all__ = ["MC_ACCURACY_COLUMNS", "has_mc_truth", "mc_turn_truth", "reliability", "mc_accuracy", "mc_accuracy_parts",
            "finish_mc_accuracy", "fisher_interval"]

@@ -15,7 +15,7 @@ import numpy as np
 import pandas as pd
 
 from mpo_viz.analysis.arrays import prepare, scores, turn_index, turn_means
-from mpo_viz.trajectory import TrajectoryBatch
+from mpo_viz.data.trajectory import TrajectoryBatch
 
 __all__ = ["variance_split", "variance_split_reference", "value_variance", "advantage_variance", "variance_summary",
            "merge_variance"]

@@ -1,7 +1,7 @@
 """``mpo-viz advantages`` and ``mpo-viz report``: flags -> config -> library call.
 
-``advantages PATH -e mpo,gae,grpo -o OUT.parquet`` is :func:`mpo_viz.annotate.annotate_file`;
-``report PATH -o report.html`` is :func:`mpo_viz.report.write_report`. The estimator flags
+``advantages PATH -e mpo,gae,grpo -o OUT.parquet`` is :func:`mpo_viz.render.annotate.annotate_file`;
+``report PATH -o report.html`` is :func:`mpo_viz.render.report.write_report`. The estimator flags
 (``-e``, ``--gamma``, ``--beta``, ...) are derived from the estimators' declared options
 (:mod:`mpo_viz.advantages.registry`): a registered estimator's options show up here unchanged.
 
@@ -15,10 +15,10 @@ import time
 import warnings
 
 from mpo_viz.advantages import registry
-from mpo_viz.annotate import AnnotateConfig, annotate_file
 from mpo_viz.cli.flags import add_option
 from mpo_viz.options import Option
-from mpo_viz.report import ExportWarning, LeftOutNote, ReportConfig, write_report
+from mpo_viz.render.annotate import AnnotateConfig, annotate_file
+from mpo_viz.render.report import ExportWarning, LeftOutNote, ReportConfig, write_report
 
 __all__ = ["add_subcommand", "estimator_option_help"]
 

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import json
 
-from mpo_viz.io import load, pieces
-from mpo_viz.schema import SCHEMA_VERSION, TrajectoryError
+from mpo_viz.data.io import load, pieces
+from mpo_viz.data.schema import SCHEMA_VERSION, TrajectoryError
 
 
 def _fmt_stats(s: dict) -> str:

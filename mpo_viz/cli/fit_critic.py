@@ -15,7 +15,7 @@ import sys
 import time
 from pathlib import Path
 
-import mpo_viz.io as mio
+import mpo_viz.data.io as mio
 from mpo_viz.cli.errors import CLIError, source_and_output
 
 __all__ = ["add_subcommand"]

@@ -9,10 +9,10 @@ import time
 from pathlib import Path
 
 from mpo_viz.checks import OptionError
+from mpo_viz.data.io import save
 from mpo_viz.envs.base import parse_difficulty
 from mpo_viz.envs.expert import NoisyExpert
 from mpo_viz.envs.registry import available_envs, make_env
-from mpo_viz.io import save
 
 
 def _difficulty(text: str):

@@ -25,10 +25,10 @@ from mpo_viz.checks import OptionError
 from mpo_viz.cli.advantages import estimator_option_help
 from mpo_viz.cli.errors import CLIError
 from mpo_viz.cli.flags import add_option, option_help, read_text
+from mpo_viz.data.runfolder import RunFolder
 from mpo_viz.options import Option
 from mpo_viz.train.checkpoint import CheckpointWarning
 from mpo_viz.train.config import Config
-from mpo_viz.train.runfolder import RunFolder
 from mpo_viz.train.summary import phase_line, summary_lines
 
 #: the dict fields whose keys get flags of their own (``--beta`` fills ``estimator_options.beta``)

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import time
 
-import mpo_viz.io as mio
+import mpo_viz.data.io as mio
 from mpo_viz.cli.errors import CLIError, source_and_output
 
 __all__ = ["add_subcommand"]

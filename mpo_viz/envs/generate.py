@@ -2,10 +2,10 @@
 
 ``generate(GenerateConfig(env="search", noise=0.25, episodes=256, group_size=4, seed=0))`` plays
 ``episodes / group_size`` tasks ``group_size`` times each (one ``group_id`` per task, different
-dynamics and expert seeds per sample) and returns a :class:`~mpo_viz.trajectory.TrajectoryBatch`:
+dynamics and expert seeds per sample) and returns a :class:`~mpo_viz.data.trajectory.TrajectoryBatch`:
 
 * the chat layout of :mod:`mpo_viz.envs.tokenizer` (``prompt_ids``, ``response_ids``,
-  ``loss_mask``; ``turn_ids`` from :func:`mpo_viz.turns.turn_ids_from_mask`), ``response_tokens``,
+  ``loss_mask``; ``turn_ids`` from :func:`mpo_viz.data.turns.turn_ids_from_mask`), ``response_tokens``,
   ``messages_json``, ``reward`` (the outcome; with shaping, ``turn_rewards`` and ``reward`` NaN),
   ``num_turns``, ``stop_reason`` (``"terminated"``/``"truncated"``), ``truncated``, ``sample_idx``;
 * ``values``: oracle values aligned as docs/concepts.md §2 — before each action token the partial-turn value
@@ -33,13 +33,13 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from mpo_viz.checks import OptionError
+from mpo_viz.data.trajectory import TrajectoryBatch
+from mpo_viz.data.turns import turn_ids_from_mask
 from mpo_viz.envs.base import TextEnv
 from mpo_viz.envs.expert import NoisyExpert
 from mpo_viz.envs.oracle import Oracle
 from mpo_viz.envs.registry import make_env
 from mpo_viz.envs.tokenizer import ChatLayout, build_tokenizer
-from mpo_viz.trajectory import TrajectoryBatch
-from mpo_viz.turns import turn_ids_from_mask
 
 #: the extra per-token columns a generated batch carries (float32; saved and loaded like any column)
 ORACLE_TOKEN_FIELDS = ("oracle_values", "oracle_token_adv", "decisive")
@@ -223,7 +223,7 @@ def generate_rows(cfg: GenerateConfig) -> tuple[list[dict], dict]:
 
 
 def generate(cfg: GenerateConfig):
-    """Generate the trajectories of ``cfg`` as a validated :class:`~mpo_viz.trajectory.TrajectoryBatch`."""
+    """Generate the trajectories of ``cfg`` as a validated :class:`~mpo_viz.data.trajectory.TrajectoryBatch`."""
     rows, meta = generate_rows(cfg)
     extra = {name: [r.pop(name) for r in rows] for name in ORACLE_TOKEN_FIELDS}
     return TrajectoryBatch.from_rows(rows, meta=meta).with_token_fields(**extra)

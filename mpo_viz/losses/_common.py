@@ -13,7 +13,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from mpo_viz.turns import check_turn_ids, num_turns, turn_ids_from_mask
+from mpo_viz.data.turns import check_turn_ids, num_turns, turn_ids_from_mask
 
 __all__ = ["as_tensor", "result_dtype", "check_mask", "check_same_shape", "check_finite", "Segments", "segments"]
 
@@ -107,8 +107,8 @@ class Segments:
 def segments(mask: torch.Tensor, turn_ids=None, *, name: str = "turn_ids", check: bool = True) -> Segments:
     """Segments of the turns of ``mask`` (bool (B, L)).
 
-    ``turn_ids=None`` derives turns from mask runs (:func:`mpo_viz.turns.turn_ids_from_mask`);
-    given ids are validated with :func:`mpo_viz.turns.check_turn_ids` (ValueError naming the row)
+    ``turn_ids=None`` derives turns from mask runs (:func:`mpo_viz.data.turns.turn_ids_from_mask`);
+    given ids are validated with :func:`mpo_viz.data.turns.check_turn_ids` (ValueError naming the row)
     on action tokens only: any id on a masked position (−1 padding included) is accepted.
     """
     if turn_ids is None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import torch
 
 from mpo_viz.checks import TensorLike, number
+from mpo_viz.data.moments import ExplainedVariance
 from mpo_viz.losses._common import (
     as_tensor,
     check_finite,
@@ -13,7 +14,6 @@ from mpo_viz.losses._common import (
     result_dtype,
 )
 from mpo_viz.losses.aggregate import aggregate
-from mpo_viz.moments import ExplainedVariance
 
 __all__ = ["value_loss"]
 
@@ -41,7 +41,7 @@ def value_loss(
     Returns ``(loss, metrics)``; the dtype is float64 when ``values`` is float64, else float32.
     Metrics (plain floats): ``vf_clipfrac`` — share of action tokens whose clipped branch is strictly
     larger (so the gradient is cut); ``vf_explained_var`` — ``1 − Var(G − V)/Var(G)`` over action
-    tokens (NaN when Var(G) = 0 or there are no action tokens; :class:`mpo_viz.moments.ExplainedVariance`,
+    tokens (NaN when Var(G) = 0 or there are no action tokens; :class:`mpo_viz.data.moments.ExplainedVariance`,
     the one definition); ``vf_mse`` — mean (V − G)² (float64).
     """
     v = as_tensor(values, "values")

@@ -17,8 +17,8 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+from mpo_viz.data.token_text import merged_texts, raw_bytes_of
 from mpo_viz.envs.tokenizer import CHAT_TEMPLATE, EOT, ChatLayout
-from mpo_viz.token_text import merged_texts, raw_bytes_of
 
 __all__ = ["WordLayout", "TemplateLayout", "layout_for", "FALLBACK_TEMPLATE"]
 
@@ -113,7 +113,7 @@ class TemplateLayout:
         """Display strings: each token decoded on its own, so byte-level pieces show their text
         (``" the"``, ``"\\n"``) rather than ``Ġthe``/``Ċ``; special tokens as written; a multi-byte
         character split across tokens shows whole on the token that completes it
-        (:func:`mpo_viz.token_text.merged_texts`)."""
+        (:func:`mpo_viz.data.token_text.merged_texts`)."""
         if not self._raw_known:
             self._raw, self._raw_known = raw_bytes_of(self.tokenizer), True
         return merged_texts([int(i) for i in ids], self._one, self._raw)[0]

@@ -2,7 +2,7 @@
 
 ``rollout(policy, env, n_episodes, group_size=G, critic=critic, seed=0)`` plays ``n_episodes``
 episodes (``n_episodes / G`` tasks, G samples each) and returns a trajectory/v1
-:class:`~mpo_viz.trajectory.TrajectoryBatch`.
+:class:`~mpo_viz.data.trajectory.TrajectoryBatch`.
 
 **One batch turn.** Up to ``batch_size`` live episodes share one key/value cache (rows = episodes,
 columns = cache slots; a 0/1 ``attention_mask`` marks the slots each row really uses, and

@@ -7,8 +7,8 @@ import json
 
 import numpy as np
 
+from mpo_viz.data.trajectory import TrajectoryBatch
 from mpo_viz.rollout.plan import ORACLE_TOKEN_FIELDS, RolloutConfig
-from mpo_viz.trajectory import TrajectoryBatch
 
 
 def to_batch(episodes, env, layout, cfg: RolloutConfig, values, boot, oracle, policy) -> TrajectoryBatch:

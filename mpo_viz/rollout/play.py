@@ -9,6 +9,7 @@ from collections import deque
 import torch
 
 from mpo_viz.checks import OptionError
+from mpo_viz.data.trajectory import TrajectoryBatch
 from mpo_viz.envs.base import TextEnv
 from mpo_viz.envs.expert import NoisyExpert
 from mpo_viz.envs.registry import make_env
@@ -19,7 +20,6 @@ from mpo_viz.rollout.critic import CriticJobs
 from mpo_viz.rollout.engine import Engine, grouped_attention, sample_tokens, spare_cores
 from mpo_viz.rollout.episodes import Episode, Timer, Turn, make_episodes, step_envs
 from mpo_viz.rollout.plan import DEFAULT_ORACLE, RolloutConfig, plan_tasks
-from mpo_viz.trajectory import TrajectoryBatch
 
 
 def rollout(policy: Policy, env, n_episodes: int | None = None, *, group_size: int = 1, critic=None,
@@ -54,7 +54,7 @@ def rollout(policy: Policy, env, n_episodes: int | None = None, *, group_size: i
             two threads overlap.
 
     Returns:
-        a validated :class:`~mpo_viz.trajectory.TrajectoryBatch` (one row per episode, in task then
+        a validated :class:`~mpo_viz.data.trajectory.TrajectoryBatch` (one row per episode, in task then
         sample order), metadata ``values_source="critic"`` when a critic ran (``"untrained_critic"``
         while its value head is as initialized: :func:`mpo_viz.models.critic.values_source_of`).
     """

@@ -26,11 +26,11 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from mpo_viz.data.trajectory import TrajectoryBatch
 from mpo_viz.envs.base import TextEnv
 from mpo_viz.envs.registry import make_env
 from mpo_viz.envs.tokenizer import build_tokenizer
 from mpo_viz.models.layout import layout_for
-from mpo_viz.trajectory import TrajectoryBatch
 
 __all__ = ["ReplayError", "TurnState", "replay", "env_of", "word_layout_of"]
 

@@ -28,13 +28,13 @@ import time
 import numpy as np
 
 from mpo_viz.checks import OptionError
+from mpo_viz.data.trajectory import TrajectoryBatch
 from mpo_viz.envs.base import TextEnv
 from mpo_viz.envs.expert import NoisyExpert
 from mpo_viz.models.policy import Policy
 from mpo_viz.rollout.branch import branch_returns, continuation_seed, turn_return
 from mpo_viz.rollout.plan import RolloutConfig
 from mpo_viz.rollout.replay import TurnState, env_of, replay, word_layout_of
-from mpo_viz.trajectory import TrajectoryBatch
 
 __all__ = ["mc_truth", "MC_TURN_FIELDS", "expert_returns", "summarize_returns"]
 

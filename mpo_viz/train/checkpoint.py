@@ -33,8 +33,8 @@ import numpy as np
 import torch
 from safetensors.torch import load_model, save_model
 
-from mpo_viz.io import load as load_batch
-from mpo_viz.io import save as save_batch
+from mpo_viz.data.io import load as load_batch
+from mpo_viz.data.io import save as save_batch
 
 __all__ = ["Checkpoint", "CheckpointError", "CheckpointWarning", "save_checkpoint", "load_checkpoint",
            "latest_checkpoint", "checkpoint_candidates", "checkpoint_name", "capture_rng", "restore_rng",

@@ -40,16 +40,16 @@ from transformers import LlamaConfig, LlamaModel
 from mpo_viz.advantages import mae, turn_gae
 from mpo_viz.analysis import explained_variance, value_variance, variance_summary
 from mpo_viz.checks import OptionError
+from mpo_viz.data.moments import Moments
+from mpo_viz.data.trajectory import TrajectoryBatch
 from mpo_viz.losses import value_loss
 from mpo_viz.models import Critic, load, make_critic
 from mpo_viz.models.critic import RemappedCritic
 from mpo_viz.models.policy import embedding_rows
 from mpo_viz.models.tiny import MAX_POSITIONS
 from mpo_viz.models.tiny import SIZES as TINY_SIZES
-from mpo_viz.moments import Moments
 from mpo_viz.train.runtime import threads
 from mpo_viz.train.update import Micro, Rows, forward_critic, make_micro, micro_batches, rows_of
-from mpo_viz.trajectory import TrajectoryBatch
 
 __all__ = ["CONSTANT_STOPS", "CRITIC_TARGETS", "CriticFit", "FittedCritic", "critic_outputs", "fit_critic", "fit_targets",
            "fit_values", "holdout_split", "mc_returns", "set_constant", "trunk_critic", "vocab_critic", "compact_critic",

@@ -24,8 +24,8 @@ import sys
 import time
 from pathlib import Path
 
+from mpo_viz.data.runfolder import RunFolder
 from mpo_viz.train.config import Config
-from mpo_viz.train.runfolder import RunFolder
 
 __all__ = ["RunHandle", "launch"]
 

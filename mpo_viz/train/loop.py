@@ -38,6 +38,8 @@ import torch
 from mpo_viz import models
 from mpo_viz.advantages import compute
 from mpo_viz.analysis import explained_variance, pass_at_k, value_variance, variance_summary
+from mpo_viz.data.runfolder import RunFolder, clean_json
+from mpo_viz.data.trajectory import TrajectoryBatch
 from mpo_viz.envs.expert import NoisyExpert
 from mpo_viz.envs.registry import make_env
 from mpo_viz.envs.tokenizer import build_tokenizer
@@ -63,7 +65,6 @@ from mpo_viz.train.config import (
     ExpertCriticWarning,
 )
 from mpo_viz.train.critic_fit import critic_outputs, fit_values, mc_returns
-from mpo_viz.train.runfolder import RunFolder, clean_json
 from mpo_viz.train.runtime import derive_seed, env_kwargs, set_threads
 from mpo_viz.train.sft import sft as run_sft
 from mpo_viz.train.trackers import Tracker, check_available, open_tracker
@@ -77,7 +78,6 @@ from mpo_viz.train.update import (
     rows_of,
     update_epochs,
 )
-from mpo_viz.trajectory import TrajectoryBatch
 
 __all__ = ["Trainer", "RESULT_KEYS_VOLATILE", "episode_stats", "check_loss_inputs", "progress_line", "warmup_line"]
 
@@ -130,7 +130,7 @@ class Trainer:
     :meth:`resume` continues one. Steps: :meth:`sft`, :meth:`warmup_critic`, :meth:`iterate`
     (a generator of per-iteration metrics), :meth:`evaluate`; :meth:`run` does them all.
 
-    Attributes: ``cfg``, ``run`` (:class:`~mpo_viz.train.runfolder.RunFolder`), ``env``, ``policy``
+    Attributes: ``cfg``, ``run`` (:class:`~mpo_viz.data.runfolder.RunFolder`), ``env``, ``policy``
     (:class:`mpo_viz.models.Policy`), ``critic`` (or None), ``reference`` (frozen policy model, or
     None), ``iteration`` (completed RL iterations), ``history`` (the metrics written this session).
     """

@@ -2,7 +2,7 @@
 
 ``Config(log_to="wandb")`` / ``mpo-viz train --log-to tensorboard``. The run folder stays the source
 of truth; a tracker receives each metrics line as it is written
-(:attr:`~mpo_viz.train.runfolder.RunFolder.mirror`) and the run's config once:
+(:attr:`~mpo_viz.data.runfolder.RunFolder.mirror`) and the run's config once:
 
 * ``tensorboard`` — event files in ``RUN/tensorboard/`` (``torch.utils.tensorboard``; needs the
   ``tensorboard`` package): every numeric metric as a scalar (nested ones joined with ``/``:

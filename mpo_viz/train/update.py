@@ -1,6 +1,6 @@
 """One iteration's updates: E epochs × M minibatches of policy (and critic) steps, micro-batched.
 
-Inputs are a rolled-out :class:`~mpo_viz.trajectory.TrajectoryBatch` carrying ``old_logprobs``
+Inputs are a rolled-out :class:`~mpo_viz.data.trajectory.TrajectoryBatch` carrying ``old_logprobs``
 (and ``rollout_logprobs``), ``advantages`` and ``returns`` (and critic ``values``). Per epoch the
 rows are shuffled with the trainer's generator and split into M minibatches of near-equal size;
 each minibatch is cut into micro-batches of at most ``micro_batch_tokens`` padded tokens (length
@@ -40,6 +40,7 @@ from typing import Any, overload
 import numpy as np
 import torch
 
+from mpo_viz.data.trajectory import TrajectoryBatch
 from mpo_viz.losses import (
     aggregate,
     clip_flags,
@@ -51,7 +52,6 @@ from mpo_viz.losses import (
 )
 from mpo_viz.losses import get as get_loss
 from mpo_viz.train.config import Config
-from mpo_viz.trajectory import TrajectoryBatch
 
 __all__ = ["Rows", "rows_of", "micro_batches", "forward_policy", "forward_critic", "normaliser",
            "update_epochs", "Learners", "UpdateSettings", "MetricMeter", "policy_logits", "critic_values",

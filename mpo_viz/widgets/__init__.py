@@ -11,7 +11,7 @@
 
 Every view takes a TrajectoryBatch or a path and has ``to_html()`` for a static snapshot built with
 the report's machinery. The token strip is the anywidget :class:`StripWidget` around the one strip
-ES module (:mod:`mpo_viz.strip`); the figures are :mod:`mpo_viz.plots` figures in ``FigureWidget``.
+ES module (:mod:`mpo_viz.render.strip`); the figures are :mod:`mpo_viz.render.plots` figures in ``FigureWidget``.
 """
 
 from mpo_viz.widgets.comparison import EstimatorComparison

@@ -1,7 +1,7 @@
 """``EstimatorComparison``: one trajectory under several estimators.
 
 Stacked strips (one per estimator, each coloured by that estimator's advantages; hover shows them
-all), the per-turn advantages as grouped bars (:func:`mpo_viz.plots.estimator_comparison`), and
+all), the per-turn advantages as grouped bars (:func:`mpo_viz.render.plots.estimator_comparison`), and
 the agreement metrics (:func:`mpo_viz.analysis.compare_estimators`: correlation, sign agreement,
 rank agreement, sign flips) on this trajectory and on the whole batch. The sliders are shared by
 every estimator (each takes the options it accepts).
@@ -22,9 +22,9 @@ import ipywidgets as W
 import numpy as np
 
 from mpo_viz import analysis as an
-from mpo_viz import plots
-from mpo_viz.strip import strip_payload
-from mpo_viz.trajectory import TrajectoryBatch
+from mpo_viz.data.trajectory import TrajectoryBatch
+from mpo_viz.render import plots
+from mpo_viz.render.strip import strip_payload
 from mpo_viz.widgets.engine import AdvantageEngine, ParamControls, default_estimators
 from mpo_viz.widgets.explorer import (
     TABLE_CSS,

@@ -27,7 +27,7 @@ import time
 import ipywidgets as W
 
 from mpo_viz.advantages import registry
-from mpo_viz.trajectory import TrajectoryBatch
+from mpo_viz.data.trajectory import TrajectoryBatch
 
 __all__ = ["AdvantageEngine", "ParamControls", "default_estimators", "options_of"]
 

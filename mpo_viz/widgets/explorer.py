@@ -24,13 +24,13 @@ import numpy as np
 import pandas as pd
 
 from mpo_viz import analysis as an
-from mpo_viz import plots
 from mpo_viz.advantages import registry
 from mpo_viz.analysis.ranking import RANKINGS, episode_scores
-from mpo_viz.io import load
-from mpo_viz.strip import advantage_channels, strip_payload
-from mpo_viz.token_text import tokenizer_decoder
-from mpo_viz.trajectory import TrajectoryBatch
+from mpo_viz.data.io import load
+from mpo_viz.data.token_text import tokenizer_decoder
+from mpo_viz.data.trajectory import TrajectoryBatch
+from mpo_viz.render import plots
+from mpo_viz.render.strip import advantage_channels, strip_payload
 from mpo_viz.widgets.engine import AdvantageEngine, ParamControls, default_estimators
 from mpo_viz.widgets.export_bar import Exportable, ExportBar, style_widget
 from mpo_viz.widgets.figure import FigureWidget, swap_child
@@ -153,8 +153,8 @@ def frame_html(df: pd.DataFrame) -> str:
 def changed_channels(sub: TrajectoryBatch, adv: dict, ran) -> dict:
     """The strip channels of the estimators in ``ran`` (those whose options changed) for the
     one-row batch ``sub`` and its advantages ``adv`` (``{name: (1, L)}``): ``adv_<name>`` and MAE's
-    ``micro_<name>``, as :func:`mpo_viz.strip.strip_payload` builds them
-    (:func:`mpo_viz.strip.advantage_channels`: rounded, observation tokens NaN). Channels are built
+    ``micro_<name>``, as :func:`mpo_viz.render.strip.strip_payload` builds them
+    (:func:`mpo_viz.render.strip.advantage_channels`: rounded, observation tokens NaN). Channels are built
     from every estimator and then kept, so MAE's ``micro_`` is the one the payload has."""
     n = int(sub.lengths[0])
     chans = advantage_channels({k: a[0, :n] for k, a in adv.items()}, sub.mask[0, :n].numpy(),
@@ -303,7 +303,7 @@ class TrajectoryExplorer(Exportable, W.VBox):
         self._status()
 
     def _draw_curve(self, parts: dict) -> None:
-        """Show a value curve (:func:`mpo_viz.plots.value_curve_parts`): when the figure on screen
+        """Show a value curve (:func:`mpo_viz.render.plots.value_curve_parts`): when the figure on screen
         has the same traces (a pick, a slider move), update its trace data, shaded spans and title
         in place (one message, no new figure in the browser); else build a new FigureWidget."""
         old = self.figure

@@ -5,7 +5,7 @@ download every plotly figure of that view with plotly.js's own image export, and
 tables (data URIs, so they also work in a static ``to_html`` page). From Python, every view is an
 :class:`Exportable`: ``tables()`` / ``figures()`` and ``export_tables(folder)`` (CSV, always
 available), ``export_figures(folder)`` (PNG / SVG / PDF through plotly's static export,
-:func:`mpo_viz.export.write_figures`, which needs a renderer, the ``kaleido`` package; without one
+:func:`mpo_viz.render.export.write_figures`, which needs a renderer, the ``kaleido`` package; without one
 it raises a ``RuntimeError`` that says so and what to do instead).
 """
 
@@ -15,7 +15,7 @@ import html
 
 import ipywidgets as W
 
-from mpo_viz.export import (
+from mpo_viz.render.export import (
     FIGURE_FORMATS,
     csv_link,
     static_export_available,

@@ -17,8 +17,8 @@ from pathlib import Path
 import ipywidgets as W
 
 from mpo_viz.analysis.ranking import RANKINGS, available
-from mpo_viz.io import load
-from mpo_viz.train.runfolder import RunFolder
+from mpo_viz.data.io import load
+from mpo_viz.data.runfolder import RunFolder
 from mpo_viz.widgets.explorer import TrajectoryExplorer
 from mpo_viz.widgets.figure import swap_child
 

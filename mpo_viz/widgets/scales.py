@@ -3,7 +3,7 @@
 The strip on its own saturates each channel at that channel's 99th percentile on the trajectory
 shown, so two strips (or one strip before and after a slider move) colour the same number
 differently. :class:`ColourScale` fixes the advantage channels (``adv_*``) on one number and MAE's
-within-turn channel of the multiscale estimator (``micro_*``, :func:`mpo_viz.advantages.multiscale_estimator`) on another, by mode (:data:`mpo_viz.strip.SCALE_MODES`):
+within-turn channel of the multiscale estimator (``micro_*``, :func:`mpo_viz.advantages.multiscale_estimator`) on another, by mode (:data:`mpo_viz.render.strip.SCALE_MODES`):
 
 * ``"absolute"`` — computed once from the whole batch under the options the view opened with (the
   99th percentile of ``|A|`` over every action token, the largest over the estimators): the same
@@ -23,8 +23,8 @@ import ipywidgets as W
 import numpy as np
 
 from mpo_viz.advantages import registry
-from mpo_viz.strip import SCALE_MODES, robust_scale, set_scale, within_turn_part
-from mpo_viz.trajectory import TrajectoryBatch
+from mpo_viz.data.trajectory import TrajectoryBatch
+from mpo_viz.render.strip import SCALE_MODES, robust_scale, set_scale, within_turn_part
 
 __all__ = ["ColourScale"]
 

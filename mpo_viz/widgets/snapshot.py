@@ -1,5 +1,5 @@
 """Static snapshots of the widgets: one self-contained HTML page built from the page pieces the
-report uses (:mod:`mpo_viz.page`: its style, figure, strip and table helpers; plotly.js and the
+report uses (:mod:`mpo_viz.render.page`: its style, figure, strip and table helpers; plotly.js and the
 strip inlined, so the page opens offline). Every widget's ``to_html()`` fills a :class:`Snapshot`.
 """
 
@@ -11,7 +11,7 @@ import html
 import pandas as pd
 import plotly.graph_objects as go
 
-from mpo_viz.page import figure_html, html_table, page_html, strip_html, write_page
+from mpo_viz.render.page import figure_html, html_table, page_html, strip_html, write_page
 from mpo_viz.version import __version__
 
 __all__ = ["Snapshot"]

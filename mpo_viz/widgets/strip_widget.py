@@ -1,10 +1,10 @@
-"""The token strip as an anywidget: the strip ES module (``mpo_viz/strip/strip.js``) is the front end,
+"""The token strip as an anywidget: the strip ES module (``mpo_viz/render/strip/strip.js``) is the front end,
 so the widgets and the report share one token renderer.
 
 Traits (synced with the browser):
 
-* ``payload`` — the strip payload (schema ``mpo_viz.strip/v1``, see :mod:`mpo_viz.strip`) as compact
-  JSON text (:func:`mpo_viz.strip.payload_json`), without its numbers: the channels' values
+* ``payload`` — the strip payload (schema ``mpo_viz.render.strip/v1``, see :mod:`mpo_viz.render.strip`) as compact
+  JSON text (:func:`mpo_viz.render.strip.payload_json`), without its numbers: the channels' values
   (``null`` placeholders in the JSON, keeping the channel order), the mask and the turn ids travel in
   ``arrays``;
 * ``arrays`` — those numbers as binary buffers (the comm's binary frames, no JSON):
@@ -32,7 +32,7 @@ import anywidget
 import numpy as np
 import traitlets
 
-from mpo_viz.strip import payload_json, payload_lists, strip_css, strip_js
+from mpo_viz.render.strip import payload_json, payload_lists, strip_css, strip_js
 
 __all__ = ["StripWidget", "apply_patch", "split_payload", "join_payload", "patch_strips"]
 
@@ -63,7 +63,7 @@ def split_payload(payload: dict) -> tuple[dict, dict]:
     payload keeps ``null`` per channel (the channel order) and no mask or turn ids. The numbers may
     be lists or numpy arrays (``strip_payload(..., arrays=True)``); arrays of those dtypes are sent
     as they are (a view of their memory, no copy and no list). A payload without tokens is returned
-    whole (:func:`mpo_viz.strip.payload_lists`), with no arrays."""
+    whole (:func:`mpo_viz.render.strip.payload_lists`), with no arrays."""
     if not len(payload.get("tokens") or ()):
         return payload_lists(payload), {}
     wire = {k: v for k, v in payload.items() if k not in ("mask", "turn_ids")}
@@ -89,7 +89,7 @@ def join_payload(wire: dict, arrays: dict | None, *, as_arrays: bool = False) ->
 
 def patch_strips(strips, channels: dict, rescale=None, *, focus: int | None = None) -> None:
     """Send the same changed ``channels`` (``{name: (n,) float64}``, e.g.
-    :func:`mpo_viz.strip.advantage_channels`) to each of ``strips`` (StripWidgets showing one
+    :func:`mpo_viz.render.strip.advantage_channels`) to each of ``strips`` (StripWidgets showing one
     trajectory) as a patch. ``rescale(payloads)``, when given, sets the colour scales of the
     payloads with the channels replaced, in place (a view's ``ColourScale.apply``: stacked strips
     share one scale); the ``adv_*`` and ``micro_*`` channel infos it gives are sent with the

@@ -1,6 +1,6 @@
 """``VarianceView``: the paper's Fig. 2 diagnostic (critic values across vs within turns), live.
 
-Left: :func:`mpo_viz.plots.across_within` in a ``FigureWidget`` (scatter, one point per trajectory,
+Left: :func:`mpo_viz.render.plots.across_within` in a ``FigureWidget`` (scatter, one point per trajectory,
 and the histogram of log10(across/within)) and a selection table of the same trajectories
 (sortable by ratio, across, within, reward). Clicking a point — or picking a row of the table —
 opens that trajectory in a :class:`~mpo_viz.widgets.explorer.TrajectoryExplorer` beside the plot.
@@ -16,8 +16,8 @@ from pathlib import Path
 import ipywidgets as W
 
 from mpo_viz import analysis as an
-from mpo_viz import plots
-from mpo_viz.trajectory import TrajectoryBatch
+from mpo_viz.data.trajectory import TrajectoryBatch
+from mpo_viz.render import plots
 from mpo_viz.widgets.explorer import TrajectoryExplorer, as_batch
 from mpo_viz.widgets.export_bar import Exportable, ExportBar
 from mpo_viz.widgets.figure import FigureWidget

@@ -298,7 +298,7 @@ def test_v1_scalars_of_a_row_go_to_their_fields(bpe):
 
 
 def test_a_character_split_across_byte_level_tokens_shows_once(bpe):
-    from mpo_viz.strip import strip_payload
+    from mpo_viz.render.strip import strip_payload
 
     tok = bpe(TOOL_CHATML)
     row = {"id": "s0", "reward": 1.0, "messages": [{"role": "user", "content": "find paris"},

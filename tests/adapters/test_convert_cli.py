@@ -9,7 +9,7 @@ from conftest import SAMPLES
 
 import mpo_viz as mv
 from mpo_viz.cli import main
-from mpo_viz.trajectory import row_to_json
+from mpo_viz.data.trajectory import row_to_json
 
 TOK = str(SAMPLES / "tokenizer")
 CASES = [

@@ -13,7 +13,7 @@ import torch
 
 import mpo_viz.advantages as A
 from mpo_viz.advantages import reference as ref
-from mpo_viz.synthetic import make_batch
+from mpo_viz.data.synthetic import make_batch
 
 CRITIC_CASES = [
     ("gae", {}),

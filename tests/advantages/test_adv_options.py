@@ -10,7 +10,7 @@ import torch
 import mpo_viz.advantages as A
 from mpo_viz.advantages import registry
 from mpo_viz.checks import OptionError
-from mpo_viz.synthetic import make_batch
+from mpo_viz.data.synthetic import make_batch
 
 
 @pytest.fixture(scope="module")

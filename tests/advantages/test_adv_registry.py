@@ -8,8 +8,8 @@ import torch
 
 import mpo_viz.advantages as A
 from mpo_viz.advantages import registry
-from mpo_viz.synthetic import make_batch
-from mpo_viz.trajectory import TrajectoryBatch
+from mpo_viz.data.synthetic import make_batch
+from mpo_viz.data.trajectory import TrajectoryBatch
 
 NAMES = ["bilevel_gae", "drgrpo", "gae", "gigpo", "grpo", "mae", "mpo", "mt_grpo", "reinforce_pp", "reinforce_pp_baseline", "rloo",
          "turn_gae", "vapo"]

@@ -13,8 +13,8 @@ import pytest
 import torch
 
 import mpo_viz.advantages as A
-from mpo_viz.synthetic import make_batch
-from mpo_viz.trajectory import TrajectoryBatch
+from mpo_viz.data.synthetic import make_batch
+from mpo_viz.data.trajectory import TrajectoryBatch
 
 GRPO_HALF = 0.5 / (math.sqrt(0.5) + 1e-4)  # GRPO's |A| in a group of two with scores 1 and 0 (ε = 1e-4)
 

@@ -82,7 +82,7 @@ def test_critic_target_turn_warns_once_and_only_where_it_matters():
 
 def _rows(rewards, groups, turn_rewards=None):
     """A batch of one-turn rows (3 action tokens) with these outcome rewards and groups."""
-    from mpo_viz.trajectory import TrajectoryBatch
+    from mpo_viz.data.trajectory import TrajectoryBatch
 
     rows = []
     for i, (r, g) in enumerate(zip(rewards, groups)):
@@ -122,7 +122,7 @@ def test_group_estimators_warn_about_rows_without_a_reward(name):
 def test_warnings_point_at_the_first_line_outside_the_package_at_any_depth():
     """The same warning raised two frames deep (A.grpo) and four or more (the registry's compute on
     a batch): both point at this file, with no hand-counted stacklevel."""
-    from mpo_viz.trajectory import TrajectoryBatch
+    from mpo_viz.data.trajectory import TrajectoryBatch
 
     R, M = _batch()
     with pytest.warns(UserWarning, match="groups hold a single trajectory") as rec:

@@ -10,7 +10,7 @@ import torch
 
 import mpo_viz.advantages as A
 from mpo_viz.advantages import reference as ref
-from mpo_viz.trajectory import TrajectoryBatch
+from mpo_viz.data.trajectory import TrajectoryBatch
 
 LAM = dict(lam=0.9, turn_lam=0.9, gamma=1.0, turn_gamma=1.0)
 V_A = [0.50, 0.55, 0.60, 0.58, 0.62, 0.80, 0.85]

@@ -8,8 +8,8 @@ import numpy as np
 import pytest
 
 from mpo_viz.analysis import accuracy_stats, credit_accuracy, finish_accuracy, merge_accuracy_stats
-from mpo_viz.moments import pair_sums, slope
-from mpo_viz.trajectory import TrajectoryBatch
+from mpo_viz.data.moments import pair_sums, slope
+from mpo_viz.data.trajectory import TrajectoryBatch
 
 
 def test_slope_of_an_exact_line_and_degenerate_series():

@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 
 from mpo_viz.analysis.ranking import RANKINGS, available, episode_scores, rank_episodes, rank_turns
-from mpo_viz.trajectory import TrajectoryBatch
+from mpo_viz.data.trajectory import TrajectoryBatch
 
 # three episodes; masks: action tokens 1, observation 0 (turn 0 = first run of 1s, turn 1 = second)
 MASKS = [[1, 1, 0, 1], [1, 0, 1, 1], [1, 1, 1, 0]]

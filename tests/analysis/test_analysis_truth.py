@@ -9,7 +9,7 @@ import pytest
 
 from mpo_viz.analysis import credit_accuracy, mc_accuracy, mc_turn_truth
 from mpo_viz.analysis.truth import fisher_interval, reliability
-from mpo_viz.trajectory import TrajectoryBatch
+from mpo_viz.data.trajectory import TrajectoryBatch
 
 
 def _batch(turns_per_row, reward, fields):

@@ -10,8 +10,8 @@ import json
 import pytest
 from jupyter_helpers import open_notebook, run_all, write_notebook
 
-from mpo_viz.train.runfolder import RunFolder
-from mpo_viz.trajectory import TrajectoryBatch
+from mpo_viz.data.runfolder import RunFolder
+from mpo_viz.data.trajectory import TrajectoryBatch
 
 pytestmark = pytest.mark.browser
 

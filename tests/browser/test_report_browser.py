@@ -9,9 +9,9 @@ import numpy as np
 import pytest
 
 import mpo_viz as mv
-from mpo_viz.report import ReportConfig, write_report
-from mpo_viz.strip import payload_from_arrays, payload_json, strip_css, strip_js
-from mpo_viz.synthetic import strip_arrays
+from mpo_viz.data.synthetic import strip_arrays
+from mpo_viz.render.report import ReportConfig, write_report
+from mpo_viz.render.strip import payload_from_arrays, payload_json, strip_css, strip_js
 
 pytestmark = pytest.mark.browser
 
@@ -125,7 +125,7 @@ def test_report_accuracy_shared_scale_and_export(page, page_errors, tmp_path):
     one scale (the legend of each says the same range), and the PNG / SVG / CSV links download."""
     from pathlib import Path
 
-    from mpo_viz.strip import _floats
+    from mpo_viz.render.strip import _floats
 
     root = Path(__file__).resolve().parents[2]
     b = mv.load(root / "trajectories" / "search.parquet")[:60]

@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from mpo_viz.strip import payload_from_arrays, strip_css, strip_js
+from mpo_viz.render.strip import payload_from_arrays, strip_css, strip_js
 
 pytestmark = pytest.mark.browser
 

@@ -109,7 +109,7 @@ def _check_comparison(page, cmp_css: str, b, tmp_path: Path) -> None:
     here from the whole batch) and count the clipped tokens; the accuracy section is there; the
     export bar's PNG / SVG buttons and CSV links download."""
     from mpo_viz.analysis import credit_accuracy
-    from mpo_viz.strip import _floats, robust_scale
+    from mpo_viz.render.strip import _floats, robust_scale
 
     names = ["mpo", "gae", "grpo"]
     res = {k: adv.compute(b, k).advantages for k in names}

@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 import torch
 
+from mpo_viz.data.turns import turn_ids_from_mask
 from mpo_viz.losses import (
     METRIC_NAMES,
     available,
@@ -19,7 +20,6 @@ from mpo_viz.losses import (
     register,
 )
 from mpo_viz.losses.policy import PolicyTerms
-from mpo_viz.turns import turn_ids_from_mask
 
 ln = math.log
 KINDS = ["token_ppo", "turn_ppo", "gspo", "sao", "cispo", "sapo"]
@@ -370,7 +370,7 @@ def _random_case(rng, B, L, edge):
     roll = old + rng.normal(0, 0.5, (B, L))
     tid = None
     if edge == "given_turn_ids":  # merge every pair of runs into one turn (obs inside a turn)
-        from mpo_viz.turns import turn_ids_from_mask
+        from mpo_viz.data.turns import turn_ids_from_mask
 
         tid = turn_ids_from_mask(mask) // 2
     return lp, old, adv, mask, roll, tid

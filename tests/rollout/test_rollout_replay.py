@@ -8,11 +8,11 @@ import numpy as np
 import pytest
 
 from mpo_viz import models as M
+from mpo_viz.data.trajectory import TrajectoryBatch
 from mpo_viz.envs import build_tokenizer, make_env
 from mpo_viz.envs.generate import GenerateConfig, generate
 from mpo_viz.rollout import rollout
 from mpo_viz.rollout.replay import ReplayError, env_of, replay, word_layout_of
-from mpo_viz.trajectory import TrajectoryBatch
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 ENVS = ("search", "tooluse", "automation")

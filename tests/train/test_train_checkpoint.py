@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 import torch
 
+from mpo_viz.data.runfolder import RunFolder, read_metrics_file
 from mpo_viz.train.checkpoint import (
     capture_rng,
     latest_checkpoint,
@@ -15,7 +16,6 @@ from mpo_viz.train.checkpoint import (
     restore_rng,
     save_checkpoint,
 )
-from mpo_viz.train.runfolder import RunFolder, read_metrics_file
 
 
 def _model_and_opt(seed=0):
@@ -117,7 +117,7 @@ def test_metrics_append_and_truncate(tmp_path):
 
 
 def test_trajectory_disk_cap_drops_the_oldest(tmp_path):
-    from mpo_viz import synthetic
+    from mpo_viz.data import synthetic
 
     run = RunFolder(tmp_path)
     b = synthetic.make_batch(16, seed=0)

@@ -8,9 +8,10 @@ import pytest
 import torch
 
 import mpo_viz as mv
-from mpo_viz import models, plots
+from mpo_viz import models
 from mpo_viz.envs import build_tokenizer, make_env
 from mpo_viz.envs.generate import GenerateConfig, generate
+from mpo_viz.render import plots
 from mpo_viz.rollout import rollout
 from mpo_viz.widgets import TrajectoryExplorer
 
@@ -56,7 +57,7 @@ def test_explorer_turn_table_shows_critic_error(batch):
 
 
 def test_report_opens_a_rollout_file(batch, tmp_path):
-    from mpo_viz.report import write_report
+    from mpo_viz.render.report import write_report
 
     out = write_report(batch, tmp_path / "r.html")
     assert out.stat().st_size > 10_000

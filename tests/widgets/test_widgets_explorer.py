@@ -14,7 +14,7 @@ import torch
 import mpo_viz as mv
 from mpo_viz import advantages as adv
 from mpo_viz.analysis import td_error
-from mpo_viz.strip import payload_lists, strip_payload
+from mpo_viz.render.strip import payload_lists, strip_payload
 from mpo_viz.widgets import AdvantageEngine, ParamControls, TrajectoryExplorer, TrajectoryPicker
 from mpo_viz.widgets.engine import options_of
 

@@ -6,8 +6,8 @@ import json
 import pytest
 from plotly.callbacks import Points
 
-from mpo_viz.train.runfolder import RunFolder
-from mpo_viz.trajectory import TrajectoryBatch
+from mpo_viz.data.runfolder import RunFolder
+from mpo_viz.data.trajectory import TrajectoryBatch
 from mpo_viz.widgets import RunComparison, TrainingDashboard
 from mpo_viz.widgets.iterations import IterationOpener
 

@@ -11,7 +11,7 @@ import pandas as pd
 import pytest
 
 import mpo_viz as mv
-from mpo_viz.strip import robust_scale, within_turn_part
+from mpo_viz.render.strip import robust_scale, within_turn_part
 from mpo_viz.widgets import EstimatorComparison, TrajectoryExplorer, VarianceView
 from mpo_viz.widgets.export_bar import csv_link, static_export_available
 

@@ -4,11 +4,11 @@ curve's markers with ±1.96 SE bars, the comparison's truth bars and its accurac
 import numpy as np
 import pytest
 
-from mpo_viz import plots
+from mpo_viz.data.trajectory import TrajectoryBatch
 from mpo_viz.envs import NoisyExpert
 from mpo_viz.envs.generate import GenerateConfig, generate
+from mpo_viz.render import plots
 from mpo_viz.rollout.truth import mc_truth
-from mpo_viz.trajectory import TrajectoryBatch
 from mpo_viz.widgets import EstimatorComparison, TrajectoryExplorer
 
 

@@ -13,7 +13,7 @@ import pytest
 import mpo_viz as mv
 from mpo_viz import analysis as an
 from mpo_viz.advantages import compute
-from mpo_viz.strip import payload_from_arrays, payload_json, payload_lists, strip_payload
+from mpo_viz.render.strip import payload_from_arrays, payload_json, payload_lists, strip_payload
 from mpo_viz.widgets import AdvantageEngine, EstimatorComparison, TrajectoryExplorer
 from mpo_viz.widgets.engine import options_of
 from mpo_viz.widgets.strip_widget import StripWidget, apply_patch, join_payload, split_payload
@@ -165,7 +165,7 @@ def test_channel_values_travel_as_arrays_end_to_end(batch, monkeypatch):
     """A pick and a slider move, in both views, build the strip's channels as float64 arrays and
     send those very arrays as the binary buffers (the buffers are views of them: no list and no
     copy on the way); the JSON traits carry no per-token number."""
-    import mpo_viz.strip as strip_mod
+    import mpo_viz.render.strip as strip_mod
 
     real = strip_mod._floats
 

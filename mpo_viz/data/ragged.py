@@ -67,7 +67,7 @@ def offsets_from_lengths(lengths: np.ndarray) -> np.ndarray:
 
 def turn_ids_from_mask_flat(mask: np.ndarray, offsets: np.ndarray) -> np.ndarray:
     """Turn ids from mask runs on a flat ragged mask (the ragged twin of
-    :func:`mpo_viz.turns.turn_ids_from_mask`): each maximal run of 1s is a turn, observation tokens
+    :func:`mpo_viz.data.turns.turn_ids_from_mask`): each maximal run of 1s is a turn, observation tokens
     carry the id of the turn they follow (0 before the first action token)."""
     m = mask != 0
     n = len(m)

@@ -2,7 +2,7 @@
 static export (a renderer, the ``kaleido`` package, is needed; without one :func:`write_figures`
 raises a ``RuntimeError`` that says so and what to do instead). Used by the report and by the
 widgets (whose browser-side buttons are :class:`mpo_viz.widgets.export_bar.ExportBar`); a table's
-in-page CSV link is :func:`mpo_viz.page.csv_link` (also importable from here).
+in-page CSV link is :func:`mpo_viz.render.page.csv_link` (also importable from here).
 """
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from pathlib import Path
 
 import plotly.graph_objects as go
 
-from mpo_viz.page import MAX_LINK_ROWS, csv_link, slug
+from mpo_viz.render.page import MAX_LINK_ROWS, csv_link, slug
 
 __all__ = ["csv_link", "write_tables", "write_figures", "static_export_available", "FIGURE_FORMATS", "MAX_LINK_ROWS",
            "NO_RENDERER"]

@@ -11,7 +11,7 @@ import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
 from mpo_viz import analysis as an
-from mpo_viz.trajectory import TrajectoryBatch
+from mpo_viz.data.trajectory import TrajectoryBatch
 
 __all__ = ["value_curve", "value_curve_parts", "MC_TRACE", "span_shapes", "across_within", "estimator_comparison", "ESTIMATOR_COLOURS", "FIGURE_CONFIG", "line_trace"]
 
@@ -298,7 +298,7 @@ def estimator_comparison(batch: TrajectoryBatch, row: int, advantages: dict, *, 
     """Per-turn advantages of several estimators on one trajectory: grouped bars, one series per
     estimator, x = turn; turn advantage = mean over the turn's action tokens (``A^T_k`` for MAE). When
     the batch carries the policy's Monte-Carlo truth (``mpo-viz truth``), the true turn advantage
-    ``a_mc`` (:meth:`~mpo_viz.trajectory.TrajectoryBatch.turns`) is a last, hatched series."""
+    ``a_mc`` (:meth:`~mpo_viz.data.trajectory.TrajectoryBatch.turns`) is a last, hatched series."""
     if not advantages:
         raise ValueError("advantages: expected at least one estimator, found none")
     sub, n, _ = _row_arrays(batch, row)

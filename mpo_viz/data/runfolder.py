@@ -25,8 +25,8 @@ import math
 import os
 from pathlib import Path
 
-from mpo_viz.io import save
-from mpo_viz.trajectory import TrajectoryBatch
+from mpo_viz.data.io import save
+from mpo_viz.data.trajectory import TrajectoryBatch
 
 __all__ = ["RunFolder", "read_metrics_file", "clean_json", "iteration_of"]
 

@@ -1,5 +1,5 @@
 """The per-token credit strip: one ES module (``strip.js``) + CSS (``strip.css``) shipped as package
-data, fed by one JSON payload (schema ``mpo_viz.strip/v1``).
+data, fed by one JSON payload (schema ``mpo_viz.render.strip/v1``).
 
 The report inlines the module as a classic script (:func:`strip_js` with ``module=False``, which
 defines ``window.mpoStrip = {mount, render}``); the anywidget view loads the module text itself
@@ -46,9 +46,9 @@ import torch
 
 from mpo_viz.advantages import registry
 from mpo_viz.analysis.critic import critic_based, values_are_noise
-from mpo_viz.token_text import char_notes, guess_split_groups
-from mpo_viz.trajectory import TrajectoryBatch
-from mpo_viz.turns import turn_ids_from_mask
+from mpo_viz.data.token_text import char_notes, guess_split_groups
+from mpo_viz.data.trajectory import TrajectoryBatch
+from mpo_viz.data.turns import turn_ids_from_mask
 
 __all__ = [
     "strip_js",
@@ -252,7 +252,7 @@ def _scalar(v):
 def _row_tokens(batch: TrajectoryBatch, i: int, n: int, tokens) -> tuple[list[str], dict[int, str]]:
     """Display strings of row ``i`` and the hover notes of split characters (``{index: note}``):
     from a decoder's ``with_notes`` (raw bytes listed), else recovered from the texts
-    (:func:`mpo_viz.token_text.guess_split_groups`: token ids listed)."""
+    (:func:`mpo_viz.data.token_text.guess_split_groups`: token ids listed)."""
     ids = [int(x) for x in np.asarray(batch.field("response_ids")[i]).tolist()]
     if tokens is not None and callable(tokens):
         with_notes = getattr(tokens, "with_notes", None)
@@ -281,7 +281,7 @@ def strip_payload(
     digits: int = 5,
     arrays: bool = False,
 ) -> dict:
-    """The strip payload for trajectory ``row`` of a :class:`~mpo_viz.trajectory.TrajectoryBatch`.
+    """The strip payload for trajectory ``row`` of a :class:`~mpo_viz.data.trajectory.TrajectoryBatch`.
 
     Channels (each only when the batch has what it needs):
 

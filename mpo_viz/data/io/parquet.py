@@ -16,7 +16,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from mpo_viz.schema import (
+from mpo_viz.data.schema import (
     BINARY_FIELDS,
     EXTRA_TOKEN_DTYPE,
     PROMPT_FIELD,
@@ -27,8 +27,8 @@ from mpo_viz.schema import (
     Problem,
     TrajectoryError,
 )
-from mpo_viz.trajectory import TrajectoryBatch
-from mpo_viz.validate import Columns
+from mpo_viz.data.trajectory import TrajectoryBatch
+from mpo_viz.data.validate import Columns
 
 ROW_GROUP_TOKENS = 131_072  # response tokens per row group (bounds scan memory)
 READ_ROWS = 64  # rows per Arrow record batch when reading
@@ -84,13 +84,13 @@ def foreign_hint(names, missing) -> str:
     best = max(_FOREIGN, key=lambda f: len(f[2] & set(names)))
     found = f"none of {', '.join(missing)}; its columns are {cols or 'none'}"
     if len(best[2] & set(names)) >= 2:
-        return (f"{found}: this looks like a {best[0]} dump, not mpo_viz.trajectory/v1; convert it with "
+        return (f"{found}: this looks like a {best[0]} dump, not mpo_viz.data.trajectory/v1; convert it with "
                 f"`mpo-viz convert --from {best[1]} FILE -o trajectories.parquet`")
-    return f"{found}: not an mpo_viz.trajectory/v1 file; convert it with `mpo-viz convert` (its --help lists the formats)"
+    return f"{found}: not an mpo_viz.data.trajectory/v1 file; convert it with `mpo-viz convert` (its --help lists the formats)"
 
 
 def columns_from_record_batch(rb: pa.RecordBatch, *, source: str, first_row: int) -> tuple[Columns, list[Problem]]:
-    """An Arrow record batch -> :class:`~mpo_viz.validate.Columns` and the problems of its columns
+    """An Arrow record batch -> :class:`~mpo_viz.data.validate.Columns` and the problems of its columns
     (missing or mistyped columns reject every row; a null in a required list its row)."""
     n = rb.num_rows
     cols = Columns(n=n, file=source, row=np.arange(first_row, first_row + n, dtype=np.int64))

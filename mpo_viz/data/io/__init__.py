@@ -1,7 +1,7 @@
 """Load, save and scan trajectory/v1 data: ``.jsonl``, ``.parquet``, or a folder of them.
 
-* :func:`load` validates every row (:mod:`mpo_viz.validate`; rules in trajectories/README.md). ``errors="raise"`` raises
-  :class:`~mpo_viz.schema.TrajectoryError` naming file, line/row, traj_id, field, expected and
+* :func:`load` validates every row (:mod:`mpo_viz.data.validate`; rules in trajectories/README.md). ``errors="raise"`` raises
+  :class:`~mpo_viz.data.schema.TrajectoryError` naming file, line/row, traj_id, field, expected and
   found; ``errors="collect"`` returns the good rows with ``batch.rejected`` listing every rejected
   row and why. No row is ever dropped silently.
 * :func:`scan` yields batches of at most ``max_tokens`` response tokens (a single longer trajectory
@@ -19,12 +19,12 @@ from pathlib import Path
 
 import numpy as np
 
-from mpo_viz.io import jsonl, parquet
-from mpo_viz.io.groups import group_chunks
-from mpo_viz.io.parts import merge_parts
+from mpo_viz.data.io import jsonl, parquet
+from mpo_viz.data.io.groups import group_chunks
+from mpo_viz.data.io.parts import merge_parts
+from mpo_viz.data.schema import SCHEMA_VERSION, Problem, TrajectoryError
+from mpo_viz.data.trajectory import TrajectoryBatch
 from mpo_viz.options import Option
-from mpo_viz.schema import SCHEMA_VERSION, Problem, TrajectoryError
-from mpo_viz.trajectory import TrajectoryBatch
 
 __all__ = ["load", "save", "scan", "files_of", "count_rows", "group_chunks", "merge_parts", "pieces"]
 

@@ -1,9 +1,9 @@
 """Annotating a trajectory file with advantages: every row of the input with extra per-token
 columns ``adv_<name>`` / ``ret_<name>`` for each estimator (``mpo-viz advantages`` is this plus flags).
 
-The input streams through :func:`mpo_viz.io.scan` (bounded memory: one chunk of ``max_tokens``
+The input streams through :func:`mpo_viz.data.io.scan` (bounded memory: one chunk of ``max_tokens``
 response tokens at a time, the rows of a group kept together for group estimators); chunks are
-written as parts and merged row group by row group (:func:`mpo_viz.io.merge_parts`), so the output
+written as parts and merged row group by row group (:func:`mpo_viz.data.io.merge_parts`), so the output
 holds the union of the columns whatever chunk they first appear in; an output folder receives the
 parts themselves (one Parquet file per chunk, which ``mv.load``/``mv.scan`` read as one set).
 """
@@ -19,8 +19,8 @@ from tqdm.auto import tqdm
 
 from mpo_viz.advantages import registry as adv
 from mpo_viz.checks import OptionError
-from mpo_viz.io import count_rows, merge_parts, save, scan
-from mpo_viz.trajectory import TrajectoryBatch
+from mpo_viz.data.io import count_rows, merge_parts, save, scan
+from mpo_viz.data.trajectory import TrajectoryBatch
 
 __all__ = ["AnnotateConfig", "annotate_file"]
 

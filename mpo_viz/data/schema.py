@@ -2,7 +2,7 @@
 of the validation rules and the :class:`Problem` / :class:`TrajectoryError` that report them.
 
 One row per trajectory with ragged (unpadded) arrays. This module only *describes* the format;
-:mod:`mpo_viz.validate` beside it runs the rules, :mod:`mpo_viz.trajectory` holds the data.
+:mod:`mpo_viz.data.validate` beside it runs the rules, :mod:`mpo_viz.data.trajectory` holds the data.
 """
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-SCHEMA_VERSION = "mpo_viz.trajectory/v1"
+SCHEMA_VERSION = "mpo_viz.data.trajectory/v1"
 
 REQUIRED = ("traj_id", "group_id", "prompt_ids", "response_ids", "loss_mask", "reward")
 

@@ -1,4 +1,4 @@
-"""The trajectory/v1 validation rules (docs/concepts.md, "Data"), beside :mod:`mpo_viz.schema`.
+"""The trajectory/v1 validation rules (docs/concepts.md, "Data"), beside :mod:`mpo_viz.data.schema`.
 
 Every reader produces the same intermediate :class:`Columns` (flat arrays + offsets per field, each
 field with its own offsets until lengths are checked): :func:`columns_from_rows` from Python rows,
@@ -22,8 +22,8 @@ from functools import partial
 
 import numpy as np
 
-from mpo_viz.ragged import offsets_from_lengths, row_index, take
-from mpo_viz.schema import (
+from mpo_viz.data.ragged import offsets_from_lengths, row_index, take
+from mpo_viz.data.schema import (
     BINARY_FIELDS,
     EXTRA_TOKEN_DTYPE,
     FINITE_ON_ACTIONS,
@@ -444,7 +444,7 @@ def _reward_problems(bc, k: np.ndarray, reward: np.ndarray) -> list[tuple]:
 
 
 def check_rows(bc, num_turns: np.ndarray) -> list[tuple]:
-    """The rules of the aligned rows (``bc``: a batch's :class:`~mpo_viz.ragged.BatchColumns`):
+    """The rules of the aligned rows (``bc``: a batch's :class:`~mpo_viz.data.ragged.BatchColumns`):
     turn ids, finite values, token and turn rewards, rewards without actions, bootstrap values.
     Rows are the batch's."""
     seg = row_index(bc.offsets)
@@ -511,7 +511,7 @@ def validate_columns(cls, cols: Columns, meta, problems: list[Problem], *, seen_
 
 def aligned_columns(cols: Columns, good: np.ndarray) -> dict:
     """Rows ``good`` of ``cols`` with every token field aligned to response_ids: the keyword
-    arguments a :class:`~mpo_viz.trajectory.TrajectoryBatch` builds itself from (but ``meta``)."""
+    arguments a :class:`~mpo_viz.data.trajectory.TrajectoryBatch` builds itself from (but ``meta``)."""
     rflat, roff, _ = cols.token["response_ids"]
     rlen = np.diff(roff)[good]
     off = offsets_from_lengths(rlen)

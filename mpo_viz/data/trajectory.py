@@ -8,7 +8,7 @@ objects, and padded ``(B, L)`` tensors are one vectorized scatter.
 Derived per-token arrays follow docs/concepts.md §1 and §3 and are computed once, lazily:
 
 * ``turn_ids`` — the given ids, or for rows without them the maximal runs of ``loss_mask == 1``
-  (:func:`mpo_viz.turns.turn_ids_from_mask`); padding carries the row's last id.
+  (:func:`mpo_viz.data.turns.turn_ids_from_mask`); padding carries the row's last id.
 * ``rewards`` — ``token_rewards`` where a row has them; otherwise the outcome ``reward`` (NaN → 0)
   on the row's last action token plus ``turn_rewards[k]`` on turn k's last action token.
 """
@@ -24,14 +24,14 @@ import numpy as np
 import pandas as pd
 import torch
 
-from mpo_viz.ragged import (
+from mpo_viz.data.ragged import (
     BatchColumns,
     offsets_from_lengths,
     row_index,
     take,
     turn_ids_from_mask_flat,
 )
-from mpo_viz.schema import (
+from mpo_viz.data.schema import (
     BINARY_FIELDS,
     EXTRA_TOKEN_DTYPE,
     REQUIRED,
@@ -43,8 +43,8 @@ from mpo_viz.schema import (
     TrajectoryError,
     short,
 )
-from mpo_viz.turns import mc_turn_advantage
-from mpo_viz.validate import Columns, columns_from_rows, validate_columns
+from mpo_viz.data.turns import mc_turn_advantage
+from mpo_viz.data.validate import Columns, columns_from_rows, validate_columns
 
 __all__ = ["TrajectoryBatch", "row_to_json", "TURN_TABLE_FIELDS"]
 
@@ -117,7 +117,7 @@ class TrajectoryBatch:
     @classmethod
     def from_columns(cls, columns: Columns, meta: dict | None = None, *, problems=None, errors: str = "raise",
                      seen_ids=None) -> TrajectoryBatch:
-        """Validate reader columns (:class:`mpo_viz.validate.Columns`: flat arrays + offsets per
+        """Validate reader columns (:class:`mpo_viz.data.validate.Columns`: flat arrays + offsets per
         field, as the JSONL and Parquet readers produce them) and build a batch.
 
         ``problems``: problems the reader already found (unreadable lines, wrong Arrow types);
@@ -144,7 +144,7 @@ class TrajectoryBatch:
 
     @property
     def columns(self) -> BatchColumns:
-        """The batch's storage (:class:`mpo_viz.ragged.BatchColumns`), shared, not copied: read only."""
+        """The batch's storage (:class:`mpo_viz.data.ragged.BatchColumns`), shared, not copied: read only."""
         return BatchColumns(self._off, self._tok, self._present, self._prompt, self._turn, self._scalars,
                             self._extras)
 
@@ -714,7 +714,7 @@ class TrajectoryBatch:
 
     def _mc_columns(self, data: dict, trow: np.ndarray) -> None:
         """``v_mc`` / ``v_mc_se`` (the policy's Monte-Carlo value at the turn's start) and ``a_mc``
-        (its true turn advantage, :func:`~mpo_viz.turns.mc_turn_advantage`) from the ``mc_*`` fields."""
+        (its true turn advantage, :func:`~mpo_viz.data.turns.mc_turn_advantage`) from the ``mc_*`` fields."""
         v = self._turn_column("mc_value", trow)
         data["v_mc"] = v
         if "mc_value_se" in self._turn:
@@ -759,7 +759,7 @@ class TrajectoryBatch:
 
 
 def _check_binary(name: str, flat: np.ndarray) -> None:
-    """A flag field (:data:`~mpo_viz.schema.BINARY_FIELDS`) holds only 0 and 1 before it is narrowed to int8."""
+    """A flag field (:data:`~mpo_viz.data.schema.BINARY_FIELDS`) holds only 0 and 1 before it is narrowed to int8."""
     if name in BINARY_FIELDS:
         bad = (flat != 0) & (flat != 1)
         if bad.any():

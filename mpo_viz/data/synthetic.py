@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from mpo_viz.trajectory import TrajectoryBatch
+from mpo_viz.data.trajectory import TrajectoryBatch
 
 __all__ = ["make_batch", "make_rows", "strip_arrays"]
 
@@ -163,14 +163,14 @@ def make_batch(n_traj: int, seed: int = 0, **options) -> TrajectoryBatch:
     ``rollout_logprobs``, ``ref_logprobs``, ``turn_ids`` and an outcome ``reward`` in {0, 1}.
     """
     rows = make_rows(n_traj, seed, **options)
-    return TrajectoryBatch.from_rows(rows, {"source_framework": "mpo_viz.synthetic", "values_source": "synthetic"})
+    return TrajectoryBatch.from_rows(rows, {"source_framework": "mpo_viz.data.synthetic", "values_source": "synthetic"})
 
 
 _STRIP_WORDS = np.array(["the", " search", " result", " for", "\n", " tool", "(", "x", ")", " 42", " Paris", " answer"])
 
 
 def strip_arrays(n: int, seed: int = 0) -> tuple[list[str], np.ndarray, dict[str, np.ndarray]]:
-    """One long random trajectory as the token strip takes it (``mpo_viz.strip.payload_from_arrays``):
+    """One long random trajectory as the token strip takes it (``mpo_viz.render.strip.payload_from_arrays``):
     ``(tokens, mask, channels)`` for ``n`` tokens.
 
     Assistant spans of 20–200 tokens alternate with tool spans of 20–300 (the first span is an

@@ -7,9 +7,9 @@ import os
 from collections.abc import Iterator
 from pathlib import Path
 
-from mpo_viz.schema import JSONL_META_NAME, Problem
-from mpo_viz.trajectory import TrajectoryBatch, row_to_json
-from mpo_viz.validate import Columns, columns_from_rows
+from mpo_viz.data.schema import JSONL_META_NAME, Problem
+from mpo_viz.data.trajectory import TrajectoryBatch, row_to_json
+from mpo_viz.data.validate import Columns, columns_from_rows
 
 ROWS_PER_CHUNK = 256
 

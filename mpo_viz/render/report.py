@@ -7,7 +7,7 @@ figure, and for a selection of trajectories (best, worst, most disagreed-on) the
 value curve and the per-turn advantages of every estimator.
 
 The input streams: :func:`build_report` accepts a path (read chunk by chunk with
-:func:`mpo_viz.io.scan`, memory bounded by the chunk size plus the selected trajectories) or a
+:func:`mpo_viz.data.io.scan`, memory bounded by the chunk size plus the selected trajectories) or a
 TrajectoryBatch. Group estimators need each group's rows in one chunk: the file is scanned with
 ``keep_groups=True``.
 """
@@ -29,16 +29,23 @@ import pandas as pd
 from tqdm.auto import tqdm
 
 from mpo_viz import analysis as an
-from mpo_viz import plots
 from mpo_viz.advantages import registry
+from mpo_viz.data.io import count_rows, scan
+from mpo_viz.data.moments import ExplainedVariance
+from mpo_viz.data.token_text import tokenizer_decoder
+from mpo_viz.data.trajectory import TrajectoryBatch
 from mpo_viz.doctor import Finding, diagnose, merge_findings
-from mpo_viz.export import static_export_available, write_figures, write_tables
-from mpo_viz.io import count_rows, scan
-from mpo_viz.moments import ExplainedVariance
-from mpo_viz.page import figure_html, format_value, html_table, page_html, strip_html, write_page
-from mpo_viz.strip import robust_scale, set_scale, strip_payload, within_turn_part
-from mpo_viz.token_text import tokenizer_decoder
-from mpo_viz.trajectory import TrajectoryBatch
+from mpo_viz.render import plots
+from mpo_viz.render.export import static_export_available, write_figures, write_tables
+from mpo_viz.render.page import (
+    figure_html,
+    format_value,
+    html_table,
+    page_html,
+    strip_html,
+    write_page,
+)
+from mpo_viz.render.strip import robust_scale, set_scale, strip_payload, within_turn_part
 from mpo_viz.version import __version__
 
 __all__ = ["ReportConfig", "build_report", "write_report", "ExportWarning", "LeftOutNote"]

@@ -7,7 +7,7 @@ import os
 import shutil
 from pathlib import Path
 
-from mpo_viz.schema import JSONL_META_NAME
+from mpo_viz.data.schema import JSONL_META_NAME
 
 __all__ = ["merge_parts"]
 

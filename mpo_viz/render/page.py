@@ -19,8 +19,8 @@ import numpy as np
 import pandas as pd
 import plotly.offline
 
-from mpo_viz.plots import FIGURE_CONFIG
-from mpo_viz.strip import payload_json, strip_css, strip_js
+from mpo_viz.render.plots import FIGURE_CONFIG
+from mpo_viz.render.strip import payload_json, strip_css, strip_js
 
 __all__ = ["PAGE_CSS", "MAX_LINK_ROWS", "csv_link", "format_value", "html_table", "figure_html", "strip_html",
            "page_html", "write_page", "slug"]
@@ -33,7 +33,7 @@ def slug(name: str) -> str:
 
 MAX_LINK_ROWS = 5000
 """A table with more rows gets no CSV link in the browser (it would travel on every update); use
-:func:`mpo_viz.export.write_tables`."""
+:func:`mpo_viz.render.export.write_tables`."""
 
 
 def csv_link(df: pd.DataFrame, name: str) -> str:
