@@ -4,7 +4,7 @@ VENV   := .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 
-.PHONY: venv venv-verl test test-verl test-slow test-browser demo lab bench browser-deps lint clean notebooks-html dist
+.PHONY: venv venv-verl test test-verl test-slow demo lab bench experiment-smoke browser-deps lint format clean notebooks-html dist
 
 # The verl environment (tests/integrations): pins in VERL_REQ; rebuilt only when they change
 # (.installed holds their hash), mpo_viz reinstalled (editable, no deps) when pyproject.toml changes.
@@ -84,8 +84,17 @@ USER_ID ?= $(shell id -u)
 lab: venv
 	$(VENV)/bin/jupyter lab $(if $(filter 0,$(USER_ID)),--allow-root ,)notebooks/
 
+# The speed benchmarks at their smoke size (`--quick`, a few minutes in all): each prints its table.
+# A speed verdict needs the full size (each script's docstring says how). notebooks.py and
+# pretrained_loop.py are long runs, and the replication grids live in experiments/.
+BENCH_QUICK := advantages whiten io losses fit_critic rollout truth report widgets train
 bench: venv
-	@for f in benchmarks/*.py; do echo "== $$f"; $(PY) $$f || exit 1; done
+	@for b in $(BENCH_QUICK); do echo "== benchmarks/$$b.py --quick"; $(PY) benchmarks/$$b.py --quick || exit 1; done
+
+# The replication runner end to end at its tiny size (a minute or two: nothing learns), into build/.
+experiment-smoke: venv
+	rm -rf build/experiment-smoke
+	$(PY) -m experiments.replication --size tiny --out build/experiment-smoke/out --archive build/experiment-smoke/archive
 
 # A wheel of the package in dist/ (no dependencies bundled), for machines that install it without a clone
 # (docs/verl.md); built offline from this checkout with the venv's setuptools.
@@ -95,7 +104,7 @@ dist: venv
 
 # ruff (style, imports, complexity) and mypy (types at a basic level, settings in pyproject.toml)
 lint: venv
-	$(VENV)/bin/ruff check mpo_viz tests benchmarks
+	$(VENV)/bin/ruff check mpo_viz tests benchmarks experiments notebooks
 	$(VENV)/bin/mypy
 
 clean:

@@ -141,7 +141,10 @@ def main(argv=None) -> int:
     ap.add_argument("--vocab", type=int, default=None, help="spread the ids over a vocabulary of this many ids")
     ap.add_argument("--full-vocab", action="store_true", help="fit_critic's critic embeds every id of the vocabulary")
     ap.add_argument("--ab-steps", type=int, default=0, help="also time this many steps, whole vocabulary vs compact")
+    ap.add_argument("--quick", action="store_true", help="a few seconds' smoke run (make bench): 32 steps; not a speed verdict")
     args = ap.parse_args(argv)
+    if args.quick:
+        args.steps = 32
     if args.full_vocab:
         critic_fit.COMPACT_MIN_VOCAB = 1 << 62
     torch.set_num_threads(args.threads)

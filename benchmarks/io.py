@@ -52,8 +52,10 @@ print(n, dt, base / 2**20, peak / 2**20, held / 2**20)
 
 
 def main() -> None:
+    quick = "--quick" in sys.argv[1:]  # make bench: a 200k-token batch and scans of 1x and 2x (not a verdict)
+    tokens, mults = (200_000, (1, 2)) if quick else (TOKENS, (1, 4, 10))
     tmp = Path(tempfile.mkdtemp(prefix="mpo_viz_bench_io_"))
-    batch = make(TOKENS, 0)
+    batch = make(tokens, 0)
     n_tok = batch.num_tokens
     print(f"batch: {len(batch)} trajectories, {n_tok:,} response tokens, fields: {sorted(batch.token_fields)}\n")
     print(f"{'format':<8} {'op':<6} {'seconds':>8} {'MB':>8} {'MB/s':>8} {'Mtok/s':>8}")
@@ -69,9 +71,9 @@ def main() -> None:
 
     print("\nmv.scan peak memory (child process, max_tokens=250,000):")
     print(f"{'file tokens':>12} {'file MB':>8} {'seconds':>8} {'Mtok/s':>8} {'RSS after import MB':>20} {'peak RSS MB':>12} {'RSS growth MB':>14} {'peak held MB':>13}")
-    for mult in (1, 4, 10):
+    for mult in mults:
         path = tmp / f"scan{mult}.parquet"
-        parts = [make(TOKENS, seed) for seed in range(mult)]
+        parts = [make(tokens, seed) for seed in range(mult)]
         for i, p in enumerate(parts):
             mv.save(p, tmp / f"part{mult}_{i:02d}.parquet")
         del parts

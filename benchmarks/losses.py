@@ -152,6 +152,7 @@ def main() -> None:
     ap.add_argument("--full", action="store_true", help="the (8, 4096, 32000) case (needs ~9 GB free)")
     ap.add_argument("--all-full", action="store_true", help="every variant at full size (needs ~25 GB free)")
     ap.add_argument("--speed", action="store_true", help="only the policy-loss timing table")
+    ap.add_argument("--quick", action="store_true", help="make bench: the policy-loss timing table only (as --speed)")
     ap.add_argument(
         "--fixed-mmap",
         action="store_true",
@@ -163,7 +164,7 @@ def main() -> None:
     if a.child:
         child(a.child[0], *map(int, a.child[1:]))
         return
-    if a.speed:
+    if a.speed or a.quick:
         speed()
         return
     if a.full or a.all_full:

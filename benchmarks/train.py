@@ -218,7 +218,10 @@ def main(argv=None) -> int:
     p.add_argument("--redo-sft", action="store_true", help="redo the warm start even if saved")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out", type=Path, default=Path("/tmp/mpo_viz_bench_train"))
+    p.add_argument("--quick", action="store_true", help="a few seconds' smoke run (make bench): part 1 on search after 10 SFT steps")
     args = p.parse_args(argv)
+    if args.quick:
+        args.part, args.envs, args.sft_steps = 1, ["search"], 10
     args.out.mkdir(parents=True, exist_ok=True)
     if args.part in (None, 1):
         part1(args)

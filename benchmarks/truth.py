@@ -82,7 +82,10 @@ def main(argv=None) -> int:
     ap.add_argument("--repeats", type=int, default=3, help="alternating rounds per cell (the median is reported)")
     ap.add_argument("--cells", nargs="*", default=list(CELLS), choices=list(CELLS))
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--quick", action="store_true", help="a few seconds' smoke run (make bench): 2 base episodes, 1 round, the first cell")
     args = ap.parse_args(argv)
+    if args.quick:
+        args.episodes, args.repeats, args.cells = 2, 1, args.cells[:1]
     torch.set_num_threads(1)
     policy, _ = models.load(START)
     print(f"branch rollouts on the shipped automation start, M = {args.m}, {args.episodes} base episodes per cell, "

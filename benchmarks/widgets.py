@@ -336,7 +336,10 @@ def main(argv=None) -> int:
     ap.add_argument("--lab-repeats", type=int, default=5, help="repeats of each end-to-end measurement in JupyterLab")
     ap.add_argument("--lab-runs", type=int, default=2,
                     help="runs of section 3, each in a fresh JupyterLab (the machine is shared: the median of runs)")
+    ap.add_argument("--quick", action="store_true", help="a few seconds' smoke run (make bench): 3 slider repeats, no browser")
     a = ap.parse_args(argv)
+    if a.quick:
+        a.repeats, a.no_browser = 3, True
     if not a.lab_only:
         bench_slider(a.repeats)
     if not a.no_browser:

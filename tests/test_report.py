@@ -367,7 +367,7 @@ def test_report_accuracy_section_against_the_benchmark(tmp_path):
     html = build_report(path, ReportConfig(estimators=("mpo", "vapo", "grpo"), max_tokens=3000, progress=False))
     sec = html[html.index("<h2 id=accuracy>"):]
     assert "Accuracy against the oracle" in sec and "<p class=reading>Token credit closest to the oracle:" in sec
-    assert "benchmarks/credit_accuracy.py" in sec and "download='accuracy.csv'" in sec
+    assert "experiments/credit_accuracy.py" in sec and "download='accuracy.csv'" in sec
     rows = re.findall(r"<tr><td>(mpo|vapo|grpo)</td>((?:<td>[^<]*</td>)+)</tr>", sec)
     ref = bench.reference(b)
     for name, cells in rows:

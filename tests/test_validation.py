@@ -95,8 +95,8 @@ def test_unreadable_line(tmp_path):
 
 def test_unknown_schema_version(tmp_path):
     path = write_jsonl(tmp_path / "x.jsonl", [good("a")])
-    (tmp_path / "_meta.json").write_text(json.dumps({"schema": "mpo_viz.data.trajectory/v9"}))
-    with pytest.raises(TrajectoryError, match="field 'schema'.*found 'mpo_viz.data.trajectory/v9'"):
+    (tmp_path / "_meta.json").write_text(json.dumps({"schema": "mpo_viz.trajectory/v9"}))
+    with pytest.raises(TrajectoryError, match="field 'schema'.*found 'mpo_viz.trajectory/v9'"):
         mv.load(path)
 
 

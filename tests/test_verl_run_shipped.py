@@ -65,7 +65,7 @@ def test_folder_is_small_and_complete(records, steps):
 
 def test_trajectories_are_v1_from_verl(steps, records):
     for it, b in steps.items():
-        assert b.meta["source_framework"] == "verl" and b.meta.get("schema", "mpo_viz.data.trajectory/v1").endswith("/v1")
+        assert b.meta["source_framework"] == "verl" and b.meta.get("schema", "mpo_viz.trajectory/v1").endswith("/v1")
         assert {"values", "old_logprobs", "rollout_logprobs", "advantages", "returns"} <= set(b.fields)
         assert set(b.field("step")) == {it}
         rec = next(r for r in records if r["iteration"] == it)

@@ -2,7 +2,7 @@
 
 The environments' generated files carry the oracle's token advantage ``a*_t`` and the decisive
 tokens (:data:`ORACLE_FIELDS`); :func:`credit_accuracy` compares every estimator with them
-(:data:`ACCURACY_COLUMNS`, the definitions of ``benchmarks/credit_accuracy.py``). Streaming:
+(:data:`ACCURACY_COLUMNS`, the definitions of ``experiments/credit_accuracy.py``). Streaming:
 :func:`accuracy_stats` per chunk, :func:`merge_accuracy_stats`, :func:`finish_accuracy`.
 """
 
@@ -41,7 +41,7 @@ ACCURACY_COLUMNS = {
     "dec_slope": "the same slope over decisive tokens only (where the within-turn credit matters)",
     "turn_slope": "the same slope of the turn advantage (mean over the turn's tokens) on A*_k over turns",
 }
-"""The accuracy columns and what each means (the same as ``benchmarks/credit_accuracy.py``)."""
+"""The accuracy columns and what each means (the same as ``experiments/credit_accuracy.py``)."""
 
 
 def has_oracle(batch: TrajectoryBatch) -> bool:
@@ -122,7 +122,7 @@ def credit_accuracy(batch: TrajectoryBatch, advantages, *, truth: str = "expert"
 
     ``truth="expert"``: against the oracle columns (the scripted expert's exact values), with the
     :data:`ACCURACY_COLUMNS`, over all turns and action tokens of the batch (the definitions of
-    ``benchmarks/credit_accuracy.py``) — the truth for expert data, biased for any other policy.
+    ``experiments/credit_accuracy.py``) — the truth for expert data, biased for any other policy.
     ``truth="mc"``: against the policy's own Monte-Carlo truth (``mpo-viz truth``), per turn, raw
     and disattenuated by the truth's reliability, with intervals
     (:func:`mpo_viz.analysis.truth.mc_accuracy`, :data:`~mpo_viz.analysis.truth.MC_ACCURACY_COLUMNS`).

@@ -29,7 +29,7 @@ NO_ORACLE_TEXT = (
     "with), and the across/within split of the values (a critic flat inside turns gives MPO's within-turn "
     "signal nothing to redistribute). To measure accuracy, compute your policy's own Monte-Carlo truth on a "
     "file the toolkit wrote (mpo-viz truth FILE -o OUT --model DIR), generate trajectories with an oracle "
-    "(mpo-viz generate), or see benchmarks/credit_accuracy.py.")
+    "(mpo-viz generate), or see experiments/credit_accuracy.py.")
 
 
 def data_shortfall(n_traj: int, scores, max_turns: int) -> str | None:

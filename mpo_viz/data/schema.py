@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-SCHEMA_VERSION = "mpo_viz.data.trajectory/v1"
+SCHEMA_VERSION = "mpo_viz.trajectory/v1"
 
 REQUIRED = ("traj_id", "group_id", "prompt_ids", "response_ids", "loss_mask", "reward")
 

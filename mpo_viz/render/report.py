@@ -550,7 +550,7 @@ def _accuracy(page: _Page, acc: _Acc) -> None:
                                    csv="accuracy")
                       + f"<ul class=note>{legend}</ul><p class=note>Over every turn and action token of the data, "
                       "each estimator with the options above. The same measures over the shipped sets, many option "
-                      "settings and critic noise levels: <code>benchmarks/credit_accuracy.py</code> (docs/report.md "
+                      "settings and critic noise levels: <code>experiments/credit_accuracy.py</code> (docs/report.md "
                       "explains its columns).</p>")
 
 

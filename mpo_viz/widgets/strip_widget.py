@@ -3,7 +3,7 @@ so the widgets and the report share one token renderer.
 
 Traits (synced with the browser):
 
-* ``payload`` — the strip payload (schema ``mpo_viz.render.strip/v1``, see :mod:`mpo_viz.render.strip`) as compact
+* ``payload`` — the strip payload (schema ``mpo_viz.strip/v1``, see :mod:`mpo_viz.render.strip`) as compact
   JSON text (:func:`mpo_viz.render.strip.payload_json`), without its numbers: the channels' values
   (``null`` placeholders in the JSON, keeping the channel order), the mask and the turn ids travel in
   ``arrays``;

@@ -51,7 +51,7 @@ def test_three_iterations_write_a_run_folder_the_dashboard_reads(tmp_path, estim
 
     # the saved trajectories are v1 and their advantages are the estimator's on the saved data
     b = load(tmp_path / "run" / "trajectories" / "iter=000002.parquet")
-    assert len(b) == cfg.episodes and b.meta["schema"] == "mpo_viz.data.trajectory/v1"
+    assert len(b) == cfg.episodes and b.meta["schema"] == "mpo_viz.trajectory/v1"
     assert {"old_logprobs", "rollout_logprobs", "advantages", "returns"} <= b.fields
     assert ("values" in b.fields) == (estimator != "grpo")
     # the critic's explained variance of this iteration (before its update), which the views read

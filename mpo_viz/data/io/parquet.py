@@ -84,9 +84,9 @@ def foreign_hint(names, missing) -> str:
     best = max(_FOREIGN, key=lambda f: len(f[2] & set(names)))
     found = f"none of {', '.join(missing)}; its columns are {cols or 'none'}"
     if len(best[2] & set(names)) >= 2:
-        return (f"{found}: this looks like a {best[0]} dump, not mpo_viz.data.trajectory/v1; convert it with "
+        return (f"{found}: this looks like a {best[0]} dump, not mpo_viz.trajectory/v1; convert it with "
                 f"`mpo-viz convert --from {best[1]} FILE -o trajectories.parquet`")
-    return f"{found}: not an mpo_viz.data.trajectory/v1 file; convert it with `mpo-viz convert` (its --help lists the formats)"
+    return f"{found}: not an mpo_viz.trajectory/v1 file; convert it with `mpo-viz convert` (its --help lists the formats)"
 
 
 def columns_from_record_batch(rb: pa.RecordBatch, *, source: str, first_row: int) -> tuple[Columns, list[Problem]]:

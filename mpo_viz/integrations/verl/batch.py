@@ -1,6 +1,6 @@
 """What the plugin reads from a verl batch: token rewards (moved onto action tokens), values, the
 response mask (whose runs are the turns), the uid groups. (Conversion of a whole batch to
-``mpo_viz.data.trajectory/v1`` rows is :func:`mpo_viz.adapters.verl.from_verl`.)
+``mpo_viz.trajectory/v1`` rows is :func:`mpo_viz.adapters.verl.from_verl`.)
 
 verl's layout (``verl/experimental/agent_loop/agent_loop.py``, ``AgentLoopManager`` output):
 ``prompts`` (B, P) left-padded, ``responses`` (B, R) right-padded, ``attention_mask`` (B, P + R),

@@ -5,7 +5,7 @@ Switched on by ``algorithm.mpo_viz.run_dir`` or ``MPO_VIZ_RUN_DIR`` (settings: :
 Per logged step ``N`` (``data.meta_info["global_steps"]`` when verl sets it, else the next number
 after the folder's last logged iteration, so a resumed run appends):
 
-* ``trajectories/iter=00000N.parquet`` — ``mpo_viz.data.trajectory/v1`` rows converted by the verl
+* ``trajectories/iter=00000N.parquet`` — ``mpo_viz.trajectory/v1`` rows converted by the verl
   adapter (:func:`mpo_viz.adapters.verl.from_verl`: tokens, ``loss_mask``, token rewards with
   observation rewards moved onto action tokens, ``values``, ``old_logprobs``, rollout / reference
   log-probs when present, the trained ``advantages`` and ``returns`` as verl holds them, ``step``;

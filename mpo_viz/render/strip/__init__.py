@@ -1,5 +1,5 @@
 """The per-token credit strip: one ES module (``strip.js``) + CSS (``strip.css``) shipped as package
-data, fed by one JSON payload (schema ``mpo_viz.render.strip/v1``).
+data, fed by one JSON payload (schema ``mpo_viz.strip/v1``).
 
 The report inlines the module as a classic script (:func:`strip_js` with ``module=False``, which
 defines ``window.mpoStrip = {mount, render}``); the anywidget view loads the module text itself

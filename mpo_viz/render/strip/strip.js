@@ -1,6 +1,6 @@
 // mpo_viz per-token credit strip: the one renderer of tokens in the project.
 //
-// Input: one JSON payload (built by mpo_viz.strip.strip_payload, schema "mpo_viz.strip/v1"):
+// Input: one JSON payload (built by mpo_viz.render.strip.strip_payload, schema "mpo_viz.strip/v1"):
 //   { version: 1, title, tokens: [str], mask: [0|1], turn_ids: [int],
 //     channels: { name: [number|null] }, channel_info: { name: { label, center, scale, log? } },
 //     channel: initial channel name, meta: { key: value } }

@@ -1,9 +1,9 @@
 """Credit accuracy: how close does each estimator's credit come to the exact oracle advantages?
 
-Run:  .venv/bin/python benchmarks/credit_accuracy.py            (3 shipped sets × σ ∈ {0, .05, .1, .2})
-      .venv/bin/python benchmarks/credit_accuracy.py --quick    (σ ∈ {0, .1}; a smoke run)
-      .venv/bin/python benchmarks/credit_accuracy.py --csv out.csv
-      .venv/bin/python benchmarks/credit_accuracy.py --truth mc  (the policy's own truth, below)
+Run:  .venv/bin/python -m experiments.credit_accuracy            (3 shipped sets × σ ∈ {0, .05, .1, .2})
+      .venv/bin/python -m experiments.credit_accuracy --quick    (σ ∈ {0, .1}; a smoke run)
+      .venv/bin/python -m experiments.credit_accuracy --csv out.csv
+      .venv/bin/python -m experiments.credit_accuracy --truth mc  (the policy's own truth, below)
 
 Data: the shipped expert trajectories (`trajectories/{search,tooluse,automation}.parquet`, 400 each,
 noise 0.25, G = 4), whose `oracle_values` are the exact values under the noisy expert. The critic
@@ -41,8 +41,8 @@ values the expected credit of token j of an n-token turn is `(1 + β·c_j)·a*_t
 0 for `baseline` and for estimators without a centred within-turn part (γ = 1 here); `pred_dec`
 is the least-squares slope of `(1 + β·c)·a*_t` on `a*_t` over the decisive tokens.
 
-      .venv/bin/python benchmarks/credit_accuracy.py --oracle-critic                  # automation, 2000 episodes
-      .venv/bin/python benchmarks/credit_accuracy.py --oracle-critic --envs search tooluse --episodes 400
+      .venv/bin/python -m experiments.credit_accuracy --oracle-critic                  # automation, 2000 episodes
+      .venv/bin/python -m experiments.credit_accuracy --oracle-critic --envs search tooluse --episodes 400
 
 Nothing is timed against a baseline here; `ms` is the wall time of `compute` per call (400
 trajectories, kernels compiled beforehand), for scale.
@@ -62,8 +62,8 @@ oracle as above. Rows: means over critic seeds with 95% t-intervals, beside the 
 EV and the median across/within ratio of its values (and the oracle's). A row whose critic
 explains nothing (EV ≈ 0) says nothing about the estimators: read the EV first.
 
-      .venv/bin/python benchmarks/credit_accuracy.py --critic learned                 # everything
-      .venv/bin/python benchmarks/credit_accuracy.py --critic learned --envs automation --csv a.csv
+      .venv/bin/python -m experiments.credit_accuracy --critic learned                 # everything
+      .venv/bin/python -m experiments.credit_accuracy --critic learned --envs automation --csv a.csv
 
 **The policy's truth** (`--truth mc`): the oracle above is the scripted expert's; for a trained
 policy its values are biased. This mode rolls the shipped automation start out (`--episodes`,
@@ -85,11 +85,9 @@ import time
 import numpy as np
 import pandas as pd
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
-
-import mpo_viz as mv  # noqa: E402
-from mpo_viz.advantages import compute  # noqa: E402
-from mpo_viz.envs.generate import oracle_columns  # noqa: E402
+import mpo_viz as mv
+from mpo_viz.advantages import compute
+from mpo_viz.envs.generate import oracle_columns
 
 ROOT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "trajectories")
 ENVS = ("search", "tooluse", "automation")

@@ -1,16 +1,16 @@
 """Replication v3, E1 and E4: which estimator's credit is right for the policy being trained, and
 does a critic fitted at turn starts only give better turn credit?
 
-    python benchmarks/truth_accuracy.py                      # run (or continue) E1 and E4
-    python benchmarks/truth_accuracy.py --archive docs/results/v3/e1-e4   # ... keeping what lasts there
-    python benchmarks/truth_accuracy.py --snapshots start ppo@10 ppo@20   # a share of it (one machine)
-    python benchmarks/truth_accuracy.py --quick              # a smoke run of the pipeline (a few minutes)
-    python benchmarks/truth_accuracy.py --report-only        # the tables and the figure from the CSVs so far
+    python -m experiments.truth_accuracy                      # run (or continue) E1 and E4
+    python -m experiments.truth_accuracy --archive experiments/records/v3/e1-e4   # ... keeping what lasts there
+    python -m experiments.truth_accuracy --snapshots start ppo@10 ppo@20   # a share of it (one machine)
+    python -m experiments.truth_accuracy --quick              # a smoke run of the pipeline (a few minutes)
+    python -m experiments.truth_accuracy --report-only        # the tables and the figure from the CSVs so far
 
 What is compared is fixed in docs/results.md ("Replication v3", E1 and E4) before any run:
 
 * **Snapshots**: the shipped automation start, and iterations 10 and 20 of one ``ppo`` and one
-  ``mpo`` run (``benchmarks/learning.py``'s v2 budget, cell ``automation-d3-4``, seed 0, the
+  ``mpo`` run (``experiments/replication.py``'s v2 budget, cell ``automation-d3-4``, seed 0, the
   critic's value target Monte-Carlo), saved as model folders when the run passes them.
 * **Episodes**: per snapshot 256 (64 tasks × G = 4, seed 0) with the scripted expert's values
   recorded beside them, and the snapshot's own Monte-Carlo truth at every turn start
@@ -20,7 +20,7 @@ What is compared is fixed in docs/results.md ("Replication v3", E1 and E4) befor
   groups held out), 3 critic seeds each. E4: each of these fits twice, with ``fit_values``'
   ``positions="all"`` (the default: every action token; E1's critic) and ``positions="turn_start"``
   (each turn's first action token only), same steps, lr, episodes and held-out split.
-* **Scored (E1)**: every estimator and variant of ``benchmarks/credit_accuracy.py``
+* **Scored (E1)**: every estimator and variant of ``experiments/credit_accuracy.py``
   (``within="baseline"`` and λ_T = 0 among them) on the held-out episodes, with each default
   critic's values, with the expert's values as a "critic", and with *flattened* critic values
   (each turn's start value broadcast over the turn: is the critic's within-turn variation signal
@@ -39,7 +39,7 @@ made once (``OUT/snapshots/NAME/truth.parquet``). ``--report-only`` prints the m
 seeds with 95% t-intervals and draws ``OUT/figures/accuracy_vs_ev.png`` (credit accuracy against the
 critic's held-out EV, per estimator); ``--export DIR`` copies the CSVs and the figure.
 
-**Across machines** (``--archive DIR``, e.g. ``docs/results/v3/e1-e4``): the archive keeps what is
+**Across machines** (``--archive DIR``, e.g. ``experiments/records/v3/e1-e4``): the archive keeps what is
 expensive and small — each snapshot's episodes with their truth (``snapshots/NAME/truth.parquet``
 and ``snapshot.json``, a few hundred KB) and each finished fit's rows (``e1/NAME/TRUNK-seedS.csv``,
 ``e4/NAME/TRUNK-seedS-POSITIONS.csv``: one file per fit, so archives from several machines merge
@@ -66,13 +66,8 @@ from typing import cast
 import numpy as np
 import pandas as pd
 
-HERE = Path(__file__).resolve().parent
-for p in (str(HERE.parent), str(HERE)):
-    if p not in sys.path:
-        sys.path.insert(0, p)
-
-import credit_accuracy as ca  # noqa: E402
-import learning  # noqa: E402
+from experiments import credit_accuracy as ca
+from experiments import grids, runner, stats
 
 CELL = "automation-d3-4"
 SNAPSHOTS = ("start", "ppo@10", "ppo@20", "mpo@10", "mpo@20")
@@ -120,7 +115,7 @@ def weights_sha256(folder: Path) -> str:
 
 def policy_folder(out: Path, name: str) -> Path:
     """The model folder of snapshot ``name`` (``policy/`` inside it)."""
-    return learning.START if name == "start" else snapshot_dir(out, name)
+    return grids.START if name == "start" else snapshot_dir(out, name)
 
 
 def check_policy(out: Path, name: str) -> None:
@@ -150,8 +145,8 @@ def make_snapshots(out: Path, arm: str, iterations: tuple[int, ...], size: str, 
             if not (snapshot_dir(out, f"{arm}@{it}") / "policy").is_dir()]
     if not todo:
         return
-    warm = learning.make_warmup(size, CELL, 0, out)
-    cfg = learning.run_config(size, CELL, arm, 0, warm).replace(iterations=max(iterations), eval_interval=0,
+    warm = runner.make_warmup(size, CELL, 0, out)
+    cfg = runner.run_config(size, CELL, arm, 0, warm).replace(iterations=max(iterations), eval_interval=0,
                                                                 save_trajectories_every=0)
     shutil.rmtree(out / "train" / arm, ignore_errors=True)
     tr = Trainer(cfg, out / "train" / arm, quiet=True)
@@ -214,8 +209,8 @@ def snapshot_truth(out: Path, name: str, episodes: int, m: int, q: bool, archive
                              "of another size: use another OUT or archive)")
         return batch
     policy = snapshot_policy(out, name)
-    env = make_env("automation", difficulty=tuple(learning.CELLS[CELL]))
-    batch = rollout(policy, env, episodes, group_size=4, seed=0, oracle=NoisyExpert(noise=learning.ORACLE_NOISE),
+    env = make_env("automation", difficulty=tuple(grids.CELLS[CELL]))
+    batch = rollout(policy, env, episodes, group_size=4, seed=0, oracle=NoisyExpert(noise=grids.ORACLE_NOISE),
                     progress=False)
     t0 = time.perf_counter()
     batch = mc_truth(batch, policy, m=m, seed=0, q=q, progress=False)
@@ -247,7 +242,7 @@ def flattened(batch, values: np.ndarray) -> np.ndarray:
 
 
 def score(sub, values: np.ndarray, labels=None) -> list[dict]:
-    """The estimators of ``benchmarks/credit_accuracy.py`` (those labelled ``labels``; None: all) on
+    """The estimators of ``experiments/credit_accuracy.py`` (those labelled ``labels``; None: all) on
     ``sub`` with ``values`` (B, L), against the truth: one ``mc_accuracy`` row each."""
     from mpo_viz.advantages import compute
     from mpo_viz.analysis import mc_accuracy
@@ -460,7 +455,7 @@ def mean_ci(g: pd.DataFrame, cols) -> dict:
     out: dict[str, float] = {"seeds": len(g)}
     for c in cols:
         x = g[c].to_numpy(dtype=float)
-        out[c], out[f"{c}_ci"] = float(np.mean(x)), learning.paired_half(x)
+        out[c], out[f"{c}_ci"] = float(np.mean(x)), stats.paired_half(x)
     return out
 
 
@@ -469,7 +464,7 @@ def _fmt(df: pd.DataFrame) -> str:
 
 
 def table(df: pd.DataFrame) -> str:
-    """E1: per snapshot, trunk, values and estimator of ``benchmarks/credit_accuracy.py``'s ``SHOWN``,
+    """E1: per snapshot, trunk, values and estimator of ``experiments/credit_accuracy.py``'s ``SHOWN``,
     the mean and 95% t half-width over critic seeds of the disattenuated turn correlation, with the
     held-out EV, the truth's reliability and the disattenuated slope (means)."""
     if not len(df):
@@ -557,7 +552,7 @@ def export(out: Path, dest: Path) -> None:
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--out", type=Path, default=learning.REPO / "runs" / "truth-e1")
+    ap.add_argument("--out", type=Path, default=grids.REPO / "runs" / "truth-e1")
     ap.add_argument("--quick", action="store_true", help="a smoke run of the pipeline (tiny sizes)")
     ap.add_argument("--q", action="store_true", help="also Q̂ after each recorded turn (doubles the truth's cost)")
     ap.add_argument("--report-only", action="store_true", help="the tables and the figure from the CSVs")

@@ -1,10 +1,9 @@
-"""benchmarks/credit_accuracy.py --critic learned at a tiny size: the table, the CSV of every fit,
+"""experiments/credit_accuracy.py --critic learned at a tiny size: the table, the CSV of every fit,
 the t-intervals over critic seeds, scoring on held-out groups only, and a stopped run resuming."""
 
 from __future__ import annotations
 
 import math
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -13,10 +12,9 @@ import pytest
 from scipy import stats
 
 import mpo_viz as mv
+from experiments import credit_accuracy as bench
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "benchmarks"))
-import credit_accuracy as bench  # noqa: E402
+ROOT = Path(__file__).resolve().parents[2]
 
 ARGS = ["--critic", "learned", "--envs", "search", "--sizes", "400", "--targets", "oracle", "--trunks", "fresh",
         "--seeds", "0", "1", "--budgets", "2", "4"]

@@ -1,4 +1,4 @@
-"""benchmarks/truth_accuracy.py (replication v3, E1 and E4): E4's rows by hand, the resumption
+"""experiments/truth_accuracy.py (replication v3, E1 and E4): E4's rows by hand, the resumption
 from OUT and from the archive, and the whole pipeline at its smoke size."""
 
 import shutil
@@ -10,16 +10,14 @@ import pytest
 import torch
 
 import mpo_viz as mv
+from experiments import truth_accuracy as bench
 from mpo_viz.advantages import compute
 from mpo_viz.analysis import mc_accuracy
 from mpo_viz.data.trajectory import TrajectoryBatch
 
-HERE = Path(__file__).resolve().parents[1]
+HERE = Path(__file__).resolve().parents[2]
 
 
-@pytest.fixture(scope="module")
-def bench(load_script):
-    return load_script(HERE / "benchmarks" / "truth_accuracy.py", "bench_truth_accuracy")
 
 
 def _batch(rewards):
@@ -34,7 +32,7 @@ def _batch(rewards):
         mc_value_a=(v + rng.normal(0, 0.05, v.shape)).tolist(), mc_value_b=(v + rng.normal(0, 0.05, v.shape)).tolist())
 
 
-def test_e4_rows_by_hand(bench):
+def test_e4_rows_by_hand():
     b = _batch([1.0, 0.0, 1.0, 0.0])
     V = np.array([[1, .5, 0, .6, .2, 0], [0, .5, 0, .2, .2, 0], [1, .5, 0, .6, .2, 0], [0, .5, 0, .2, .2, 0]])
     rows = bench.e4_rows(b, V)
@@ -61,7 +59,7 @@ def test_e4_rows_by_hand(bench):
         assert r["reliability"] == pytest.approx(ref.loc[r["estimator"], "reliability"], nan_ok=True)
 
 
-def test_fit_one_passes_positions_and_gives_e1_rows_only_for_the_default(bench, monkeypatch):
+def test_fit_one_passes_positions_and_gives_e1_rows_only_for_the_default(monkeypatch):
     """That a turn-start fit reads only turn starts is tests/train/test_train_critic.py's
     test_fit_at_turn_starts_reads_only_turn_start_positions; here: the benchmark asks for it."""
     import mpo_viz.train.critic_fit as cf
@@ -91,7 +89,7 @@ def _rows(name, trunk, seed, positions=None):
             if positions == "all" else []}
 
 
-def test_resumption_skips_finished_fits_and_the_archive_restores_them(bench, tmp_path, monkeypatch):
+def test_resumption_skips_finished_fits_and_the_archive_restores_them(tmp_path, monkeypatch):
     out, archive = tmp_path / "out", tmp_path / "archive"
     out.mkdir()
     spec = dict(trunks=("fresh",), seeds=(0, 1), steps=2)
@@ -121,7 +119,7 @@ def test_resumption_skips_finished_fits_and_the_archive_restores_them(bench, tmp
     assert len(pd.read_csv(fresh / "e4.csv")) == 8 and len(pd.read_csv(fresh / "e1.csv")) == 2
 
 
-def test_restoring_from_the_archive_skips_the_truth_and_keeps_no_weights(bench, tmp_path, monkeypatch):
+def test_restoring_from_the_archive_skips_the_truth_and_keeps_no_weights(tmp_path, monkeypatch):
     out, archive = tmp_path / "out", tmp_path / "archive"
     b = _batch([1.0, 0.0])
     d = bench.snapshot_dir(out, "ppo@1")
@@ -145,7 +143,7 @@ def test_restoring_from_the_archive_skips_the_truth_and_keeps_no_weights(bench, 
         bench.snapshot_truth(new, "ppo@1", 4, 2, False, archive)
 
 
-def test_weights_digest_reads_tensors_not_headers(bench, tmp_path):
+def test_weights_digest_reads_tensors_not_headers(tmp_path):
     from safetensors.torch import save_file
 
     t = {"a": torch.arange(4, dtype=torch.float32), "b": torch.ones(2, 2)}
@@ -158,14 +156,14 @@ def test_weights_digest_reads_tensors_not_headers(bench, tmp_path):
     assert bench.weights_sha256(tmp_path / "z") != bench.weights_sha256(tmp_path / "x")
 
 
-def test_mean_ci_over_seeds_by_hand(bench):
+def test_mean_ci_over_seeds_by_hand():
     m = bench.mean_ci(pd.DataFrame({"x": [0.2, 0.4]}), ["x"])
     assert m["seeds"] == 2 and m["x"] == pytest.approx(0.3)
     assert m["x_ci"] == pytest.approx(12.7062047 * np.std([0.2, 0.4], ddof=1) / np.sqrt(2))
 
 
 @pytest.mark.slow
-def test_quick_pipeline_writes_rows_resumes_and_restores(bench, tmp_path, monkeypatch):
+def test_quick_pipeline_writes_rows_resumes_and_restores(tmp_path, monkeypatch):
     out, archive, export = tmp_path / "out", tmp_path / "archive", tmp_path / "export"
     assert bench.main(["--quick", "--out", str(out), "--archive", str(archive)]) == 0
     e1, e4 = pd.read_csv(out / "e1.csv"), pd.read_csv(out / "e4.csv")
@@ -194,7 +192,7 @@ def test_quick_pipeline_writes_rows_resumes_and_restores(bench, tmp_path, monkey
     assert bench.main(["--quick", "--out", str(new), "--report-only"]) == 0
 
 
-def test_flattened_values_by_hand(bench):
+def test_flattened_values_by_hand():
     b = TrajectoryBatch.from_rows([{"traj_id": "a", "group_id": "g", "prompt_ids": [1], "response_ids": [2] * 5,
                                     "loss_mask": [1, 1, 0, 1, 1], "reward": 1.0}])
     v = np.array([[0.1, 0.2, 0.9, 0.4, 0.5]])

@@ -1,4 +1,4 @@
-"""benchmarks/learning.py: the v2 grid's plan, configs and statistics, and a tiny smoke run of the
+"""experiments/replication.py: the v2 grid's plan, configs and statistics, and a tiny smoke run of the
 whole pipeline (shared warm-up, three arms, records, tables, figures, resume)."""
 
 from __future__ import annotations
@@ -11,34 +11,33 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-REPO = Path(__file__).resolve().parents[1]
+from experiments import grids, records, replication, runner, stats
+
+REPO = Path(__file__).resolve().parents[2]
 
 
-@pytest.fixture(scope="module")
-def learning(load_script):
-    return load_script(REPO / "benchmarks" / "learning.py", "learning_benchmark")
 
 
-def test_plan_is_cell_then_seed_major_and_complete(learning):
-    runs = learning.plan("v2")
+def test_plan_is_cell_then_seed_major_and_complete():
+    runs = grids.plan("v2")
     assert len(runs) == 2 * 7 * 6 and len(set(runs)) == len(runs)
     assert [c for c, _, _ in runs] == sorted(c for c, _, _ in runs)  # the 3-4 cell first
     first = [s for c, s, _ in runs if c == "automation-d3-4"]
     assert first == sorted(first)  # a partial cell has whole seeds
     assert {a for _, _, a in runs} == {"grpo", "ppo", "turn_gae", "mpo_token", "mpo", "mpo_bare", "mpo_oracle"}
-    assert learning.plan("v2", seeds=[1, 3]) == [r for r in runs if r[1] in (1, 3)]
-    assert learning.plan("v2", seeds=[2], arms=["ppo", "grpo"]) == [r for r in runs if r[1] == 2 and r[2] in ("ppo", "grpo")]
-    assert [a for _, _, a in learning.plan("v2", seeds=[0], arms=["ppo", "grpo"])] == ["grpo", "ppo"] * 2  # grid order
+    assert grids.plan("v2", seeds=[1, 3]) == [r for r in runs if r[1] in (1, 3)]
+    assert grids.plan("v2", seeds=[2], arms=["ppo", "grpo"]) == [r for r in runs if r[1] == 2 and r[2] in ("ppo", "grpo")]
+    assert [a for _, _, a in grids.plan("v2", seeds=[0], arms=["ppo", "grpo"])] == ["grpo", "ppo"] * 2  # grid order
     # v3 E2's recorded deviation: mpo_mc (= turn_gae_mc by construction) runs on seeds 0 and 1 only
-    e2 = learning.plan("v3-e2")
+    e2 = grids.plan("v3-e2")
     assert len(e2) == 6 * 4 + 2 and sorted(s for _, s, a in e2 if a == "mpo_mc") == [0, 1]
     assert {a for _, s, a in e2 if s == 5} == {"grpo", "ppo", "turn_gae", "turn_gae_mc"}
 
 
-def test_arm_configs(learning, tmp_path):
-    s = learning.SIZES["v2"]
+def test_arm_configs(tmp_path):
+    s = grids.SIZES["v2"]
     assert s["iterations"] >= 20 and s["episodes"] >= 32 and len(s["seeds"]) >= 6 and s["eval_episodes"] >= 128
-    cfgs = {a: learning.run_config("v2", "automation-d3-4", a, 3, tmp_path) for a in s["arms"]}
+    cfgs = {a: runner.run_config("v2", "automation-d3-4", a, 3, tmp_path) for a in s["arms"]}
     for a, cfg in cfgs.items():  # equal budgets and one evaluation set for every arm of a seed
         assert (cfg.iterations, cfg.episodes, cfg.group_size, cfg.epochs, cfg.minibatches, cfg.policy_lr) == \
             (20, 32, 4, 2, 4, 1e-4), a
@@ -48,60 +47,61 @@ def test_arm_configs(learning, tmp_path):
     for a in learned:  # the shared warm-up folder, not warmed again, 4 critic epochs, one critic target
         assert cfgs[a].model_dir == str(tmp_path) and cfgs[a].critic_warmup_steps == 0 and cfgs[a].critic_epochs == 4
         assert cfgs[a].critic_option("value_target") == "mc"
-        as_v2 = learning.run_config("v2", "automation-d3-4", a, 3, tmp_path, value_target="estimator")
+        as_v2 = runner.run_config("v2", "automation-d3-4", a, 3, tmp_path, value_target="estimator")
         assert as_v2.critic_option("value_target") == "estimator" and as_v2.differences(cfgs[a]) == \
             ["value_target: 'estimator' != 'mc'"]
-    assert cfgs["grpo"].model_dir == str(learning.START) and not cfgs["grpo"].uses_critic
-    assert cfgs["mpo_oracle"].critic == "expert" and cfgs["mpo_oracle"].model_dir == str(learning.START)
+    assert cfgs["grpo"].model_dir == str(grids.START) and not cfgs["grpo"].uses_critic
+    assert cfgs["mpo_oracle"].critic == "expert" and cfgs["mpo_oracle"].model_dir == str(grids.START)
     assert cfgs["mpo_bare"].loss_options == {"token_clip": None} and cfgs["mpo"].loss_options == {}
     assert (cfgs["turn_gae"].estimator, cfgs["turn_gae"].loss) == ("turn_gae", "token_ppo")
-    warm = learning.warmup_config("v2", "automation-d3-4", 3)
+    warm = runner.warmup_config("v2", "automation-d3-4", 3)
     assert (warm.critic_warmup_episodes, warm.critic_warmup_steps, warm.critic_option("critic_warmup_lr"),
             warm.critic_option("critic_warmup_ev")) == (512, 256, 1e-3, 0.2)
 
 
-def test_sao_arm_pairs_the_sao_loss_with_its_estimator(learning, tmp_path):
+def test_sao_arm_pairs_the_sao_loss_with_its_estimator(tmp_path):
     # SAO's estimator: token GAE with λ = 1 − 1/(1.5·ℓ) (lam_rule="vapo", alpha=1.5)
-    cfg = learning.run_config("v2", "automation-d3-4", "sao", 3, tmp_path)
+    cfg = runner.run_config("v2", "automation-d3-4", "sao", 3, tmp_path)
     assert (cfg.estimator, cfg.loss) == ("gae", "sao")
     assert cfg.estimator_options == {"lam_rule": "vapo", "alpha": 1.5}
 
 
-def test_paired_t_test_by_hand(learning):
+def test_paired_t_test_by_hand():
     # differences 0.1, 0.2, 0.3: mean 0.2, sd 0.1, se 0.1/√3, t = 2√3 ≈ 3.4641 with 2 df;
     # two-sided p = 1 − t/√(t² + 2) for 2 df (closed form) = 1 − 3.4641/3.7417 = 0.07418
-    r = learning.paired_test([0.1, 0.2, 0.3])
+    r = stats.paired_test([0.1, 0.2, 0.3])
     assert r["mean_diff"] == pytest.approx(0.2)
     t = 2 * math.sqrt(3)
     assert r["p_value"] == pytest.approx(1 - t / math.sqrt(t * t + 2), rel=1e-9)
     q = 4.302652729911275  # t_{0.975, 2}
     assert r["ci_low"] == pytest.approx(0.2 - q * 0.1 / math.sqrt(3)) and r["ci_high"] == pytest.approx(0.2 + q * 0.1 / math.sqrt(3))
-    assert learning.paired_test([0.1, 0.1])["p_value"] == 0.0  # no spread, a non-zero mean
-    assert learning.paired_test([0.0, 0.0])["p_value"] == 1.0
-    assert math.isnan(learning.paired_test([0.3])["p_value"])
+    assert stats.paired_test([0.1, 0.1])["p_value"] == 0.0  # no spread, a non-zero mean
+    assert stats.paired_test([0.0, 0.0])["p_value"] == 1.0
+    assert math.isnan(stats.paired_test([0.3])["p_value"])
 
 
-def test_holm_by_hand(learning):
+def test_holm_by_hand():
     # p sorted 0.01, 0.02, 0.04, 0.30 with m = 4: 0.04, 0.06, 0.08, 0.30 (monotone)
-    assert learning.holm([0.04, 0.01, 0.30, 0.02]) == pytest.approx([0.08, 0.04, 0.30, 0.06])
+    assert stats.holm([0.04, 0.01, 0.30, 0.02]) == pytest.approx([0.08, 0.04, 0.30, 0.06])
     # monotonicity carries forward: 0.01·3 = 0.03, then 0.011·2 = 0.022 -> 0.03, then 0.5
-    assert learning.holm([0.01, 0.011, 0.5]) == pytest.approx([0.03, 0.03, 0.5])
-    out = learning.holm([0.02, float("nan"), 0.01])  # NaN is neither counted nor adjusted
+    assert stats.holm([0.01, 0.011, 0.5]) == pytest.approx([0.03, 0.03, 0.5])
+    out = stats.holm([0.02, float("nan"), 0.01])  # NaN is neither counted nor adjusted
     assert out[0] == pytest.approx(0.02) and math.isnan(out[1]) and out[2] == pytest.approx(0.02)
 
 
-def test_collapse_rule(learning):
+def test_collapse_rule():
     recs = [{"phase": "rl", "iteration": i, "success": s} for i, s in enumerate([0.5, 0.0, 0.3, 0.4, 0.01, 0.4], 1)]
-    assert learning.collapsed(recs)  # 0.01 at iteration 5, after the 4th
+    assert records.collapsed(recs)  # 0.01 at iteration 5, after the 4th
     recs[4]["success"] = 0.2
-    assert not learning.collapsed(recs)  # 0.0 at iteration 2 does not count: the first 4 are free
+    assert not records.collapsed(recs)  # 0.0 at iteration 2 does not count: the first 4 are free
     recs.append({"phase": "rl", "iteration": 7, "success": 0.04})
-    assert learning.collapsed(recs)
+    assert records.collapsed(recs)
 
 
-def test_tiny_grid_runs_reports_and_resumes(learning, tmp_path):
+@pytest.mark.experiment
+def test_tiny_grid_runs_reports_and_resumes(tmp_path):
     out, archive = tmp_path / "grid", tmp_path / "archive"
-    assert learning.main(["--size", "tiny", "--out", str(out), "--archive", str(archive)]) == 0
+    assert replication.main(["--size", "tiny", "--out", str(out), "--archive", str(archive)]) == 0
     rows = [json.loads(x) for x in (out / "results.jsonl").read_text().splitlines()]
     assert {r["method"] for r in rows} == {"mpo", "grpo", "mpo_oracle"}
     for r in rows:
@@ -131,7 +131,7 @@ def test_tiny_grid_runs_reports_and_resumes(learning, tmp_path):
     assert len(finals) == 3 and all(0 <= f["pass@1"] <= f["pass@2"] <= 1 for f in finals)
     assert {f["method"]: f["value_target"] for f in finals} == {"mpo": "mc", "grpo": None, "mpo_oracle": None}
     comps = [json.loads(x) for x in (out / "comparisons.jsonl").read_text().splitlines()]
-    assert {(c["a"], c["b"]) for c in comps} == {(a, b) for _, a, b in learning.COMPARISONS}
+    assert {(c["a"], c["b"]) for c in comps} == {(a, b) for _, a, b in grids.COMPARISONS}
     for c in comps:
         for k in ("cell", "a", "b", "paired_seeds", "mean_diff", "ci_low", "ci_high", "p_value", "p_holm", "verdict"):
             assert k in c
@@ -139,13 +139,13 @@ def test_tiny_grid_runs_reports_and_resumes(learning, tmp_path):
     assert (out / "figures" / "learning_tiny_automation-d3-4.png").stat().st_size > 1000
     # --measure-start measures the same start on the same tasks as every run's iteration 0, alone
     st = tmp_path / "start"
-    assert learning.main(["--size", "tiny", "--out", str(st), "--measure-start"]) == 0
+    assert replication.main(["--size", "tiny", "--out", str(st), "--measure-start"]) == 0
     (rec,) = [json.loads(x) for x in (st / "start.jsonl").read_text().splitlines()]
     assert (rec["sampled_success"], rec["greedy_success"]) == starts.pop()
     assert (rec["start"], rec["n_eval_tasks"], rec["eval_seed"]) == ("automation", 8, 0) and not (st / "runs").exists()
     # a second call finds every run done and runs nothing new
     before = {p: p.stat().st_mtime_ns for p in (out / "runs").rglob("metrics.jsonl")}
-    assert learning.main(["--size", "tiny", "--out", str(out)]) == 0
+    assert replication.main(["--size", "tiny", "--out", str(out)]) == 0
     assert {p: p.stat().st_mtime_ns for p in (out / "runs").rglob("metrics.jsonl")} == before
     assert np.isfinite([f["final_sampled"] for f in finals]).all()
     # the archive keeps the records without the models; with the run folders gone, the grid runs
@@ -157,164 +157,164 @@ def test_tiny_grid_runs_reports_and_resumes(learning, tmp_path):
                                                                               / "seed=0" / "trajectories").iterdir()))
     before_rows = (out / "results.jsonl").read_text()
     shutil.rmtree(out / "runs"), shutil.rmtree(out / "warmups")
-    assert learning.main(["--size", "tiny", "--out", str(out), "--archive", str(archive)]) == 0
+    assert replication.main(["--size", "tiny", "--out", str(out), "--archive", str(archive)]) == 0
     assert not (out / "runs").exists() and not (out / "warmups").exists()
     assert (out / "results.jsonl").read_text() == before_rows
     assert [json.loads(x) for x in (out / "final.jsonl").read_text().splitlines()] == finals
-    assert "done (archived)" in learning.status("tiny", out, archive)
+    assert "done (archived)" in records.status("tiny", out, archive)
     assert json.loads((archive / "grid.json").read_text())["grid"]["start"] == "trajectories/starts/automation"
 
 
-def test_matched_step_rule_by_hand(learning):
+def test_matched_step_rule_by_hand():
     # token_ppo's KL 1e-3; the ladder (2.0, 1.5, 1.3, 1.2, 1.1): the first band within ±20% wins
     kls = {2.0: 2.1e-3, 1.5: 1.5e-3, 1.3: 1.19e-3, 1.2: 0.9e-3}
-    got = learning.choose_token_clip(1e-3, kls)
+    got = runner.choose_token_clip(1e-3, kls)
     assert got == {"token_clip": 1.3, "kl_ratio": pytest.approx(1.19), "matched": True}
     # none inside: the closest in log ratio (1.1: ratio 0.5, |log| 0.69; 1.5: ratio 1.5, |log| 0.41)
-    got = learning.choose_token_clip(1e-3, {2.0: 2.5e-3, 1.5: 1.5e-3, 1.1: 0.5e-3})
+    got = runner.choose_token_clip(1e-3, {2.0: 2.5e-3, 1.5: 1.5e-3, 1.1: 0.5e-3})
     assert got["token_clip"] == 1.5 and got["matched"] is False
     with pytest.raises(ValueError, match="calibration: expected a positive reference KL"):
-        learning.choose_token_clip(0.0, kls)
+        runner.choose_token_clip(0.0, kls)
 
 
-def test_matched_step_calibration_on_a_tiny_run(learning, tmp_path):
+def test_matched_step_calibration_on_a_tiny_run(tmp_path):
     out = tmp_path / "grid"
-    assert learning.main(["--size", "tiny", "--out", str(out), "--calibrate-step"]) == 0
+    assert replication.main(["--size", "tiny", "--out", str(out), "--calibrate-step"]) == 0
     recs = [json.loads(x) for x in (out / "calibration.jsonl").read_text().splitlines()]
     assert len(recs) == 1
     r = recs[0]
     assert (r["cell"], r["seed"], r["reference"], r["value_target"]) == ("automation-d3-4", 0, "mpo_token", "mc")
-    assert r["reference_kl"] > 0 and r["iterations"] == learning.CALIBRATION_ITERATIONS
+    assert r["reference_kl"] > 0 and r["iterations"] == grids.CALIBRATION_ITERATIONS
     kls = {float(k): v for k, v in r["kls"].items()}
     tried = list(kls)
-    assert tried == list(learning.TOKEN_CLIP_LADDER[: len(tried)])  # in the ladder's order
+    assert tried == list(grids.TOKEN_CLIP_LADDER[: len(tried)])  # in the ladder's order
     ratios = {c: v / r["reference_kl"] for c, v in kls.items()}
     inside = [c for c in tried if 0.8 <= ratios[c] <= 1.2]
     if r["matched"]:  # the chosen band brings the KL into the band; the looser ones tried did not
         assert inside == [r["token_clip"]] == [tried[-1]]
     else:  # every band tried, none inside: the closest
-        assert tried == list(learning.TOKEN_CLIP_LADDER) and not inside
+        assert tried == list(grids.TOKEN_CLIP_LADDER) and not inside
         assert r["token_clip"] == min(ratios, key=lambda c: abs(math.log(ratios[c])))
     assert r["kl_ratio"] == pytest.approx(ratios[r["token_clip"]])
     # the record is kept and reused; the short runs are not
     assert not (out / "calibration" / "automation-d3-4" / "seed=0").exists()
     before = (out / "calibration" / "automation-d3-4" / "seed=0.json").read_text()
-    assert learning.main(["--size", "tiny", "--out", str(out), "--calibrate-step"]) == 0
+    assert replication.main(["--size", "tiny", "--out", str(out), "--calibrate-step"]) == 0
     assert (out / "calibration" / "automation-d3-4" / "seed=0.json").read_text() == before
     # on a new machine, the archive's record is restored instead of measured again
     archive, fresh = tmp_path / "archive", tmp_path / "fresh"
     (archive / "calibration" / "automation-d3-4").mkdir(parents=True)
     shutil.copy(out / "calibration" / "automation-d3-4" / "seed=0.json", archive / "calibration" / "automation-d3-4")
-    assert learning.main(["--size", "tiny", "--out", str(fresh), "--archive", str(archive), "--calibrate-step"]) == 0
+    assert replication.main(["--size", "tiny", "--out", str(fresh), "--archive", str(archive), "--calibrate-step"]) == 0
     assert (fresh / "calibration" / "automation-d3-4" / "seed=0.json").read_text() == before
     assert not (fresh / "warmups").exists()  # nothing was measured
 
 
-def test_v3_arm_configs(learning, tmp_path):
+def test_v3_arm_configs(tmp_path):
     """The v3 arms: critic="mc" arms read the policy's Monte-Carlo values (8 continuations, no critic,
     no warm-up folder), mpo_baseline is MAE with within="baseline" and token_ppo on the shared warm-up,
     and mpo_matched takes the token band of the seed's matched-step record."""
     warm = tmp_path / "warmups" / "automation-d5-6" / "seed=2" / "model"
-    mc = learning.run_config("v3-e2", "automation-d3-4", "turn_gae_mc", 2, warm)
+    mc = runner.run_config("v3-e2", "automation-d3-4", "turn_gae_mc", 2, warm)
     assert (mc.estimator, mc.loss, mc.critic, mc.mc_samples, mc.learns_critic) == ("turn_gae", "token_ppo", "mc", 8, False)
-    assert mc.model_dir == str(learning.START) and learning.critic_target(mc) == "policy_mc"
-    base = learning.run_config("v3-e3", "automation-d5-6", "mpo_baseline", 2, warm)
+    assert mc.model_dir == str(grids.START) and records.critic_target(mc) == "policy_mc"
+    base = runner.run_config("v3-e3", "automation-d5-6", "mpo_baseline", 2, warm)
     assert base.estimator_options == {"within": "baseline"} and base.loss == "token_ppo" and base.model_dir == str(warm)
-    assert learning.critic_target(base) == "mc" and base.difficulty == [5, 6]
+    assert records.critic_target(base) == "mc" and base.difficulty == [5, 6]
     rec = tmp_path / "calibration" / "automation-d5-6" / "seed=2.json"
     rec.parent.mkdir(parents=True)
     rec.write_text(json.dumps({"token_clip": 1.3, "matched": True}) + "\n")
-    m = learning.run_config("v3-e3", "automation-d5-6", "mpo_matched", 2, warm)
+    m = runner.run_config("v3-e3", "automation-d5-6", "mpo_matched", 2, warm)
     assert (m.loss, m.loss_options) == ("turn_ppo", {"token_clip": 1.3})
-    assert learning.critic_target(learning.run_config("v3-e2", "automation-d3-4", "grpo", 2, warm)) is None
+    assert records.critic_target(runner.run_config("v3-e2", "automation-d3-4", "grpo", 2, warm)) is None
 
 
-def test_v3_e3_starts_from_its_own_start(learning, tmp_path):
+def test_v3_e3_starts_from_its_own_start(tmp_path):
     """E3 (5–6 turns) starts every arm and warm-up from trajectories/starts/automation-d5-6, the
     start made for that horizon; E2 and v2 keep the shipped start; a learned-critic arm starts
     from the seed's warm-up, whose policy is that start."""
     warm = tmp_path / "warmups" / "automation-d5-6" / "seed=0" / "model"
-    d56 = str(learning.START_D56)
-    assert learning.START_D56.name == "automation-d5-6" and (learning.START_D56 / "policy").is_dir()
-    assert learning.run_config("v3-e3", "automation-d5-6", "grpo", 0, warm).model_dir == d56
-    assert learning.warmup_config("v3-e3", "automation-d5-6", 0).model_dir == d56
-    assert learning.run_config("v3-e3", "automation-d5-6", "ppo", 0, warm).model_dir == str(warm)
+    d56 = str(grids.START_D56)
+    assert grids.START_D56.name == "automation-d5-6" and (grids.START_D56 / "policy").is_dir()
+    assert runner.run_config("v3-e3", "automation-d5-6", "grpo", 0, warm).model_dir == d56
+    assert runner.warmup_config("v3-e3", "automation-d5-6", 0).model_dir == d56
+    assert runner.run_config("v3-e3", "automation-d5-6", "ppo", 0, warm).model_dir == str(warm)
     for size, cell in (("v3-e2", "automation-d3-4"), ("v2", "automation-d5-6")):
-        assert learning.run_config(size, cell, "grpo", 0, warm).model_dir == str(learning.START)
-        assert learning.warmup_config(size, cell, 0).model_dir == str(learning.START)
-    meta = json.loads(json.dumps(learning.grid_meta("v3-e3")))  # grid.json: the start as a repository path
+        assert runner.run_config(size, cell, "grpo", 0, warm).model_dir == str(grids.START)
+        assert runner.warmup_config(size, cell, 0).model_dir == str(grids.START)
+    meta = json.loads(json.dumps(grids.grid_meta("v3-e3")))  # grid.json: the start as a repository path
     assert meta["grid"]["start"] == "trajectories/starts/automation-d5-6" and meta["runs"] == 48
-    assert [a for a in learning.ARMS if learning.uses_warmup(a)] == [
+    assert [a for a in grids.ARMS if grids.uses_warmup(a)] == [
         "ppo", "turn_gae", "mpo_token", "mpo", "mpo_bare", "mpo_baseline", "mpo_matched", "sao"]
 
 
-def test_an_archive_made_by_another_grid_is_refused_naming_the_fields(learning, tmp_path, capsys):
+def test_an_archive_made_by_another_grid_is_refused_naming_the_fields(tmp_path, capsys):
     archive = tmp_path / "archive"
-    learning.claim_archive(archive, learning.grid_meta("v3-e3"))  # the first grid into an archive marks it
+    runner.claim_archive(archive, grids.grid_meta("v3-e3"))  # the first grid into an archive marks it
     meta = json.loads((archive / "grid.json").read_text())
-    assert meta == json.loads(json.dumps(learning.grid_meta("v3-e3")))
-    learning.claim_archive(archive, learning.grid_meta("v3-e3"))  # the same grid again (its tuples now lists)
+    assert meta == json.loads(json.dumps(grids.grid_meta("v3-e3")))
+    runner.claim_archive(archive, grids.grid_meta("v3-e3"))  # the same grid again (its tuples now lists)
     share = json.loads(json.dumps(meta))
     share["grid"]["seeds"], share["grid"]["arms"] = [8, 9], ["grpo"]  # more seeds, fewer arms: the same runs
-    assert learning.archive_mismatch(meta, share) == []
+    assert runner.archive_mismatch(meta, share) == []
     # E3's first two runs, from the shipped start: skipping them as the 5-6-turn start's runs would be wrong
     shipped = json.loads(json.dumps(meta))
     shipped["grid"]["start"], shipped["value_target"] = "trajectories/starts/automation", "estimator"
     shipped["arms"]["ppo"]["loss"] = "turn_ppo"
-    assert learning.archive_mismatch(shipped, meta) == [
+    assert runner.archive_mismatch(shipped, meta) == [
         "value_target: archive 'estimator', this grid 'mc'",
         "start: archive 'trajectories/starts/automation', this grid 'trajectories/starts/automation-d5-6'",
         f"arm ppo: archive {shipped['arms']['ppo']!r}, this grid {meta['arms']['ppo']!r}"]
     # through the command line: a usage error before any run, naming the archive's grid.json
     other = tmp_path / "other"
     other.mkdir()
-    tiny = json.loads(json.dumps(learning.grid_meta("tiny")))
+    tiny = json.loads(json.dumps(grids.grid_meta("tiny")))
     (other / "grid.json").write_text(json.dumps({**tiny, "grid": {**tiny["grid"], "iterations": 99}}))
     with pytest.raises(SystemExit) as e:
-        learning.main(["--size", "tiny", "--out", str(tmp_path / "out"), "--archive", str(other)])
+        replication.main(["--size", "tiny", "--out", str(tmp_path / "out"), "--archive", str(other)])
     err = capsys.readouterr().err
     assert e.value.code == 2 and f"{other / 'grid.json'}" in err and "iterations: archive 99, this grid 2" in err
     assert not (tmp_path / "out" / "runs").exists()
 
 
-def test_v3_specs_are_the_preregistered_text(learning):
-    """The arms, seeds and primary comparisons of E2 and E3 in benchmarks/learning.py are those
+def test_v3_specs_are_the_preregistered_text():
+    """The arms, seeds and primary comparisons of E2 and E3 in experiments/replication.py are those
     docs/results.md fixed in advance (its "Replication v3" section)."""
-    text = (Path(__file__).resolve().parents[1] / "docs" / "results.md").read_text()
+    text = (REPO / "docs" / "results.md").read_text()
     v3 = text[text.index("## Replication v3"):text.index("## Replication v2")]
     for size, head, nxt in (("v3-e2", "**E2", "**E3"), ("v3-e3", "**E3", "**E1")):
         part = v3[v3.index(head):v3.index(nxt)]
-        spec = learning.SIZES[size]
+        spec = grids.SIZES[size]
         arms_line = "Arms: " + ", ".join(f"`{a}`" for a in spec["arms"]) + "."
         assert arms_line in " ".join(part.split()), (size, arms_line)
         listed = [ln[2:].strip() for ln in part.splitlines() if ln.startswith("* `")]
         assert listed == [f"`{a}` − `{b}`" for _, a, b in spec["comparisons"]], (size, listed)
         assert f"Holm over {'both' if len(listed) == 2 else 'the four'}" in part
-        assert learning.comparisons_of(size) == spec["comparisons"]
-    assert learning.SIZES["v3-e2"]["seeds"] == tuple(range(6)) and "E2 runs 6 seeds (0–5)" in v3
-    assert learning.SIZES["v3-e3"]["seeds"] == tuple(range(8)) and "E3 runs 8 seeds (0–7)" in v3
-    assert learning.SIZES["v3-e2"]["cells"] == ("automation-d3-4",) and learning.SIZES["v3-e3"]["cells"] == ("automation-d5-6",)
+        assert grids.comparisons_of(size) == spec["comparisons"]
+    assert grids.SIZES["v3-e2"]["seeds"] == tuple(range(6)) and "E2 runs 6 seeds (0–5)" in v3
+    assert grids.SIZES["v3-e3"]["seeds"] == tuple(range(8)) and "E3 runs 8 seeds (0–7)" in v3
+    assert grids.SIZES["v3-e2"]["cells"] == ("automation-d3-4",) and grids.SIZES["v3-e3"]["cells"] == ("automation-d5-6",)
 
 
-def test_every_arm_has_a_colour(learning):
+def test_every_arm_has_a_colour():
     """The figures draw every arm of every size (a v3 arm without a colour once stopped the grid's report)."""
-    assert set(learning.ARMS) <= set(learning.COLOURS)
+    assert set(grids.ARMS) <= set(grids.COLOURS)
 
 
-def test_v4_e2p_spec_is_the_preregistered_text(learning, tmp_path):
+def test_v4_e2p_spec_is_the_preregistered_text(tmp_path):
     """E2' of replication v4: arms, seeds, cell, budget and primaries of ``--size v4-e2p`` are the
     ones docs/results.md fixed in advance; its new arm is turn GAE at λ_T = 0 on the policy's MC values."""
-    text = (Path(__file__).resolve().parents[1] / "docs" / "results.md").read_text()
+    text = (REPO / "docs" / "results.md").read_text()
     part = text[text.index("**E2' —"):text.index("**Reading rule.**", text.index("**E2' —"))]
-    spec = learning.SIZES["v4-e2p"]
+    spec = grids.SIZES["v4-e2p"]
     assert "Arms: " + ", ".join(f"`{a}`" for a in spec["arms"]) + "." in " ".join(part.split())
     listed = [ln[2:].strip() for ln in part.splitlines() if ln.startswith("* `")]
     assert listed == [f"`{a}` − `{b}`" for _, a, b in spec["comparisons"]] and "Holm over both" in part
     assert spec["seeds"] == tuple(range(6)) and "seeds 0–5" in part and spec["cells"] == ("automation-d3-4",)
-    e2 = learning.SIZES["v3-e2"]
-    assert {k: v for k, v in spec.items() if k not in learning.GRID_SHARE} == \
-        {k: v for k, v in e2.items() if k not in (*learning.GRID_SHARE, "arm_seeds")}  # E2's budget exactly
+    e2 = grids.SIZES["v3-e2"]
+    assert {k: v for k, v in spec.items() if k not in runner.GRID_SHARE} == \
+        {k: v for k, v in e2.items() if k not in (*runner.GRID_SHARE, "arm_seeds")}  # E2's budget exactly
     assert set(spec["arms"]) - {"turn_gae_mc0"} <= set(e2["arms"])
-    cfg = learning.run_config("v4-e2p", "automation-d3-4", "turn_gae_mc0", 3, tmp_path / "unused")
+    cfg = runner.run_config("v4-e2p", "automation-d3-4", "turn_gae_mc0", 3, tmp_path / "unused")
     assert (cfg.estimator, cfg.loss, cfg.critic, cfg.mc_samples) == ("turn_gae", "token_ppo", "mc", 8)
-    assert cfg.estimator_options == {"turn_lam": 0.0} and not learning.uses_warmup("turn_gae_mc0")
+    assert cfg.estimator_options == {"turn_lam": 0.0} and not grids.uses_warmup("turn_gae_mc0")
