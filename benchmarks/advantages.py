@@ -165,10 +165,10 @@ def main(argv=None) -> int:
     # one-off JIT compile, out of the timed region
     tiny = make_batch(4, seed=0, turns=(2, 3), turn_len=(2, 5), obs_len=(1, 3), prompt_len=(2, 3))
     t0 = time.perf_counter()
-    A.gae(tiny.rewards, tiny.values, tiny.mask)
+    A.gae(tiny.token_rewards, tiny.values, tiny.mask)
     t_gae_c = time.perf_counter() - t0
     t0 = time.perf_counter()
-    A.mae(tiny.rewards, tiny.values, tiny.mask, turn_ids=tiny.turn_ids)
+    A.mae(tiny.token_rewards, tiny.values, tiny.mask, turn_ids=tiny.turn_ids)
     t_mae_c = time.perf_counter() - t0
     print(f"# numba first-call compile (float32 signatures): gae {t_gae_c:.2f} s (incl. the validation kernel), "
           f"mae {t_mae_c:.2f} s more — paid once per process\n")
@@ -193,7 +193,7 @@ def run_size(B, L, args, rows):
     """Build one batch of B rows, time fast vs loop for gae, mae and mae with derived turn ids."""
     t0 = time.perf_counter()
     b = make_batch(B, seed=B, turns=(4, 40), turn_len=(20, 200), obs_len=(20, 300), max_len=L)
-    R, V, M, T = b.rewards, b.values, b.mask, b.turn_ids
+    R, V, M, T = b.token_rewards, b.values, b.mask, b.turn_ids
     if R.shape[1] < L:  # every row shorter than L (tiny B): pad to the nominal length
         pad = L - R.shape[1]
         R, V, M = (torch.nn.functional.pad(x, (0, pad)) for x in (R, V, M))

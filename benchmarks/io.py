@@ -43,7 +43,7 @@ tracemalloc.start()  # numpy and Python objects: the data scan actually holds
 t = time.perf_counter(); n = 0
 for b in mv.scan(path, max_tokens=max_tokens):
     n += b.num_tokens
-    _ = b.mask, b.values, b.rewards  # touch the padded views as a consumer would
+    _ = b.mask, b.values, b.token_rewards  # touch the padded views as a consumer would
     peak = max(peak, proc.memory_info().rss)
 dt = time.perf_counter() - t
 held = tracemalloc.get_traced_memory()[1] + pa.default_memory_pool().max_memory()

@@ -65,7 +65,7 @@ def sft_phase(args, s: dict, out: Path) -> Path:
                         estimator="grpo", loss="token_ppo"), out / "sft", quiet=True)
     row("load the model folder", time.perf_counter() - t0, note=f"{sum(p.numel() for p in tr.policy.model.parameters()):,} parameters")
     t0 = time.perf_counter()
-    ev = tr.evaluation()
+    ev = tr.evaluate()
     row("zero-shot evaluation (greedy + sampled)", time.perf_counter() - t0,
         note=f"{ev['n_eval_tasks']} tasks: greedy {ev['eval_success']:.2f}, sampled {ev['eval_sampled_success']:.2f}")
     rec = tr.sft()

@@ -169,7 +169,7 @@ def bench(env_name: str, batch: int, seed: int = 0, model_spec: str | None = Non
     out = pairs[0]["out"]
     return {
         "env": env_name, "B": batch, "tokens": int(out.mask.sum()), **med,
-        "turns": float(out.num_turns.mean()), "params": policy.num_parameters(), "reward": float(out.reward.mean()),
+        "turns": float(out.num_turns.mean()), "params": policy.num_parameters(), "reward": float(out.outcome_reward.mean()),
     }
 
 

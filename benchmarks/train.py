@@ -70,7 +70,7 @@ def part1(args) -> None:
                      sft_target_success=0.4, critic_warmup_steps=0, iterations=1, seed=args.seed, model_dir=start)
         tr = Trainer(cfg, _fresh(args.out / f"phases-{env}"), quiet=True)
         if start:
-            sft = {"sft_steps": f"from {Path(start).parent.name}", "sft_success": tr.evaluate()["eval_success"]}
+            sft = {"sft_steps": f"from {Path(start).parent.name}", "sft_success": tr.evaluate_one()["eval_success"]}
         else:
             sft = tr.sft() if args.sft_steps else {"sft_steps": 0, "sft_success": float("nan")}
         rec = next(tr.iterate(1))
@@ -78,7 +78,7 @@ def part1(args) -> None:
         th = rec["throughput"]
         it = t["rollout"] + t["values"] + t["advantages"] + t["update"]
         t0 = time.perf_counter()
-        tr.evaluation()  # what every cfg.eval_interval-th iteration adds (greedy and sampled, eval_episodes each)
+        tr.evaluate()  # what every cfg.eval_interval-th iteration adds (greedy and sampled, eval_episodes each)
         ev = time.perf_counter() - t0
         print(f"| {env} | {sft['sft_steps']} | {sft['sft_success']:.2f} | {t['rollout']:.2f} | {t['values']:.2f} | "
               f"{t['advantages']:.2f} | {t['update']:.2f} | {it:.2f} | {ev:.2f} | {it + ev / cfg.eval_interval:.2f} | "
@@ -137,7 +137,7 @@ def part2(args) -> None:
                      episodes=64, eval_interval=args.eval_interval, eval_episodes=64, iterations=10**6, seed=args.seed)
         t0 = time.perf_counter()
         tr = Trainer(cfg, _fresh(args.out / name), quiet=True)
-        ev = tr.evaluate()["eval_success"]
+        ev = tr.evaluate_one()["eval_success"]
         print(f"| {name} | 0 | 0.0 | {ev:.3f} | |", flush=True)
         best = (ev, 0, 0.0)
         if tr.critic is not None:

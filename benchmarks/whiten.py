@@ -98,7 +98,7 @@ def load() -> str:
 
 def make(B, L):
     b = make_batch(B, seed=B, turns=(4, 40), turn_len=(20, 200), obs_len=(20, 300), max_len=L)
-    R, V, M, T = b.rewards, b.values, b.mask, b.turn_ids
+    R, V, M, T = b.token_rewards, b.values, b.mask, b.turn_ids
     if R.shape[1] < L:  # every row shorter than L: pad to the nominal length
         pad = L - R.shape[1]
         R, V, M = (torch.nn.functional.pad(x, (0, pad)) for x in (R, V, M))
@@ -136,8 +136,8 @@ def main(argv=None) -> int:
           f"{args.reps} rounds: the verdict is the median paired ratio (verl best of {args.verl_reps})")
     tiny = make_batch(4, seed=0, turns=(2, 3), turn_len=(2, 5), obs_len=(1, 3), prompt_len=(2, 3))
     for w in (False, True):  # numba compiles here, untimed
-        A.gae(tiny.rewards, tiny.values, tiny.mask, whiten=w)
-        A.mae(tiny.rewards, tiny.values, tiny.mask, turn_ids=tiny.turn_ids, whiten=w)
+        A.gae(tiny.token_rewards, tiny.values, tiny.mask, whiten=w)
+        A.mae(tiny.token_rewards, tiny.values, tiny.mask, turn_ids=tiny.turn_ids, whiten=w)
     print(f"# before: {load()}")
     header = (f"{'B':>5} {'L':>5} {'estimator':<9} {'plain ms':>9} {'white ms':>9} {'ratio':>6} {'best ratio':>10} "
               f"{'cpu ratio':>9} "

@@ -539,7 +539,7 @@ def policy_truth(episodes: int = 64, group: int = 4, m: int = 8, seed: int = 0, 
     table = mc.join(ex[["turn_corr"]].rename(columns={"turn_corr": "expert_turn_corr"}))
     v_pol = np.concatenate(batch.field("mc_value"))
     v_exp = np.concatenate([json.loads(x)["oracle"]["turn_v"] for x in batch.field("extra_json")])
-    info = {"episodes": episodes, "turns": len(v_pol), "m": m, "truth_s": truth_s, "success": float(np.mean(batch.reward)),
+    info = {"episodes": episodes, "turns": len(v_pol), "m": m, "truth_s": truth_s, "success": float(np.mean(batch.outcome_reward)),
             "v_policy": float(v_pol.mean()), "v_expert": float(v_exp.mean()),
             "v_corr": float(np.corrcoef(v_pol, v_exp)[0, 1]), "reliability": float(table.reliability.iloc[0]),
             "truth": str(table.truth.iloc[0])}

@@ -14,7 +14,7 @@ import platform
 import sys
 from pathlib import Path
 
-from mpo_viz.advantages import get as get_estimator
+from mpo_viz.advantages import get_estimator
 
 REPO = Path(__file__).resolve().parents[1]
 

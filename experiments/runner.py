@@ -260,7 +260,7 @@ def measure_start(size: str, cell: str, seed: int, out: Path) -> dict:
     if d.exists():
         shutil.rmtree(d)
     t0 = time.perf_counter()
-    ev = Trainer(cfg, d, quiet=True).evaluation()
+    ev = Trainer(cfg, d, quiet=True).evaluate()
     rec = {"cell": cell, "seed": seed, "start": Path(cfg.model_dir).name, "eval_seed": ev["eval_seed"],
            "n_eval_tasks": ev["n_eval_tasks"], "greedy_success": ev["eval_success"],
            "sampled_success": ev["eval_sampled_success"], "seconds": time.perf_counter() - t0}

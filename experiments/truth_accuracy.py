@@ -216,7 +216,7 @@ def snapshot_truth(out: Path, name: str, episodes: int, m: int, q: bool, archive
     batch = mc_truth(batch, policy, m=m, seed=0, q=q, progress=False)
     seconds = time.perf_counter() - t0
     path.parent.mkdir(parents=True, exist_ok=True)
-    meta = {"snapshot": name, "episodes": len(batch), "m": m, "q": q, "success": float(np.mean(batch.reward)),
+    meta = {"snapshot": name, "episodes": len(batch), "m": m, "q": q, "success": float(np.mean(batch.outcome_reward)),
             "truth_seconds": seconds, "policy_sha256": weights_sha256(policy_folder(out, name) / "policy")}
     (path.parent / "snapshot.json").write_text(json.dumps(meta) + "\n")
     mv.save(batch, path)

@@ -16,7 +16,7 @@ import numpy as np
 
 import mpo_viz as mv
 from mpo_viz import analysis
-from mpo_viz.advantages import DEFAULT_ESTIMATORS, available, compute, missing
+from mpo_viz.advantages import DEFAULT_ESTIMATORS, available_estimators, compute, missing
 from mpo_viz.cli import main as cli
 
 ESTIMATORS = ["mpo", "turn_gae", "gae", "grpo", "rloo", "gigpo"]
@@ -44,7 +44,7 @@ def run(folder: Path, out: Path) -> int:
         batch = mv.load(path)
 
         _rule(f"{name}: advantages")
-        names = [e for e in ESTIMATORS if e in available() and not missing(batch, e)]
+        names = [e for e in ESTIMATORS if e in available_estimators() and not missing(batch, e)]
         skipped = [e for e in ESTIMATORS if e not in names]
         results = {}
         print(f"{'estimator':<12} {'ms':>8} {'mean |A| (action tokens)':>26} {'turns':>8}")

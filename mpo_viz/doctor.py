@@ -342,7 +342,7 @@ def flat_groups(ev: Evidence) -> Hits:
 def missing_reward(ev: Evidence) -> Hits:
     """Rows with a NaN ``reward`` and neither ``token_rewards`` nor ``turn_rewards``: every estimator
     reads a reward of 0."""
-    none = np.isnan(ev.batch.reward)
+    none = np.isnan(ev.batch.outcome_reward)
     for f in ("token_rewards", "turn_rewards"):
         if ev.batch.has(f):
             none &= np.array([x is None for x in ev.batch.field(f)])

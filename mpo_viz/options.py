@@ -1,7 +1,7 @@
 """The one typed option: a name, a kind, bounds or choices, a doc — declared once, checked everywhere.
 
 :class:`Option` declares one setting: an estimator's keyword option (:mod:`mpo_viz.advantages.registry`),
-a loss kind's (:func:`mpo_viz.losses.options`), an environment's (``TextEnv.options``), a field of
+a loss kind's (:func:`mpo_viz.losses.loss_options`), an environment's (``TextEnv.options``), a field of
 :class:`~mpo_viz.rollout.RolloutConfig` or of the trainer's :class:`~mpo_viz.train.Config`. From
 the declaration come the check (:meth:`Option.check`: a wrong kind, a value out of bounds or not
 among the choices raises :class:`~mpo_viz.checks.OptionError` naming the option, in the form
@@ -58,7 +58,7 @@ class Option:
         low, high: inclusive bounds of a number (None: unbounded); ``low_open``/``high_open``
             make them exclusive.
         choices: the allowed values of a ``choice``: a tuple, or a callable returning them (a
-            registry that grows: ``mpo_viz.losses.available``).
+            registry that grows: ``mpo_viz.losses.available_losses``).
         doc: what it does, shown by ``--help``, as a control's tooltip and in the docs' tables.
         label: short display name (``"γ"``); default the name.
         span: ``(min, max)`` of a slider for a number without two finite bounds (e.g. β ≥ 0 on

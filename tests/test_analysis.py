@@ -122,7 +122,7 @@ def test_variance_split_matches_reference_loop(seed):
     x = rng.normal(size=(B, L)).round(2)
     if rng.random() < 0.3:
         x[:] = 0.5  # constant: flat rows
-    fast, ref = an.variance_split(x, mask), an._variance_split_ref(x, mask)
+    fast, ref = an.variance_split(x, mask), an.variance_split_reference(x, mask)
     for k in ref:
         np.testing.assert_allclose(fast[k], ref[k], rtol=1e-9, atol=1e-12, err_msg=k)
 
@@ -140,7 +140,7 @@ def test_turn_table_values_and_rewards(toy):
     np.testing.assert_allclose(a["value_mean"], [0.525, 0.6, 0.825], rtol=1e-6)
     np.testing.assert_allclose(a["reward"], [0, 0, 1.0])  # outcome reward on the last action token
     np.testing.assert_allclose(a["adv_x"], [2.0, 0, 0])
-    ref = an._turn_table_ref(toy, {"x": adv})
+    ref = an.turn_table_reference(toy, {"x": adv})
     np.testing.assert_allclose(tt[["start", "end", "n_tokens", "reward", "adv_x"]].to_numpy(float),
                                ref[["start", "end", "n_tokens", "reward", "adv_x"]].to_numpy(float))
     # a trainer's turn fields (what its update did) come along as columns of their own name
@@ -243,7 +243,7 @@ def test_identical_values_with_round_off_count_as_zero_within():
     s = an.variance_split(x, mask)
     assert s["within"][0] == 0.0 and s["ratio"][0] == math.inf
     assert s["across"][0] == pytest.approx(0.09)
-    r = an._variance_split_ref(x, mask)
+    r = an.variance_split_reference(x, mask)
     assert r["within"][0] == 0.0 and r["ratio"][0] == math.inf
 
 

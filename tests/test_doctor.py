@@ -197,7 +197,7 @@ def test_options_are_checked_by_their_declarations():
         diagnose(b, max_flat_share=2.0)
     with pytest.raises(TypeError, match="unknown option"):
         diagnose(b, flat=0.2)
-    assert np.isfinite(b.reward).all()
+    assert np.isfinite(b.outcome_reward).all()
 
 
 def test_the_report_shows_the_findings_first():

@@ -80,7 +80,7 @@ def test_roundtrip_jsonl_parquet(tmp_path_factory, rows):
     same(b, p)
     assert p.meta == j.meta == {"schema": mv.SCHEMA_VERSION, "tokenizer": "word-level", "gamma": 0.99}
     if len(b):
-        for name in ("mask", "turn_ids", "rewards"):
+        for name in ("mask", "turn_ids", "token_rewards"):
             assert np.array_equal(getattr(b, name).numpy(), getattr(p, name).numpy())
 
 

@@ -30,7 +30,7 @@ def _check_columns(out, ref_batch, names, **opts):
     got = mv.load(out)
     assert got.traj_ids == ref_batch.traj_ids
     for n in names:
-        r = adv.compute(ref_batch, n, **{k: v for k, v in opts.items() if k in adv.get(n).options})
+        r = adv.compute(ref_batch, n, **{k: v for k, v in opts.items() if k in adv.get_estimator(n).options})
         m = ref_batch.mask.numpy() != 0
         np.testing.assert_allclose(got.padded(f"adv_{n}").numpy()[m], r.advantages.numpy()[m], rtol=1e-5, atol=1e-6)
         np.testing.assert_allclose(got.padded(f"ret_{n}").numpy()[m], r.returns.numpy()[m], rtol=1e-5, atol=1e-6)
@@ -97,7 +97,7 @@ def test_report_cli_is_self_contained(small, tmp_path, capsys):
 def test_report_selection_and_summary(small):
     _, b = small
     html = build_report(b, ReportConfig(estimators=("mpo", "gae"), n_best=1, n_worst=1, n_disagreed=0, progress=False))
-    scores = b.rewards.numpy().sum(1).round(9)
+    scores = b.token_rewards.numpy().sum(1).round(9)
     from mpo_viz import analysis as an
 
     dis = an.disagreement(b, {k: r.advantages for k, r in an.compute_advantages(b, ["mpo", "gae"]).items()})
@@ -129,7 +129,7 @@ def test_report_ties_on_binary_rewards_and_one_score():
     from mpo_viz import analysis as an
 
     html = build_report(b, ReportConfig(estimators=("mpo", "gae"), n_best=1, n_worst=1, n_disagreed=0, progress=False))
-    scores = b.rewards.numpy().sum(1).round(9)
+    scores = b.token_rewards.numpy().sum(1).round(9)
     dis = an.disagreement(b, {k: r.advantages for k, r in an.compute_advantages(b, ["mpo", "gae"]).items()})
     heads = re.findall(r"<h3>(\S+) <small>([^<]*)</small>", html)
     labels = " | ".join(h[1] for h in heads)
@@ -300,7 +300,7 @@ def test_help_lists_every_registered_estimator_and_option(capsys):
             main([cmd, "--help"])
         out = " ".join(capsys.readouterr().out.split())
         assert "``" not in out and ":func:" not in out
-        for n in adv.available():
+        for n in adv.available_estimators():
             assert n in out
         for o in adv.vocabulary().values():  # every declared option is a flag, with its doc
             assert "--" + o.name.replace("_", "-") in out and o.doc.split(" (")[0] in out
@@ -351,14 +351,14 @@ def test_option_errors_name_the_command_line_flag(small, tmp_path, capsys):
 
 
 def test_report_accuracy_section_against_the_benchmark(tmp_path):
-    import sys
     from pathlib import Path
 
     from mpo_viz.advantages import compute
 
     root = Path(__file__).resolve().parents[1]
-    sys.path.insert(0, str(root / "benchmarks"))
-    import credit_accuracy as bench  # an independent implementation of the same measures
+    from experiments import (
+        credit_accuracy as bench,  # an independent implementation of the same measures
+    )
 
     b = mv.load(root / "trajectories" / "tooluse.parquet")[:80]
     path = tmp_path / "t.parquet"

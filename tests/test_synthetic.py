@@ -38,8 +38,8 @@ def test_values_vary_more_across_than_within_turns():
 
 def test_rewards_are_outcomes():
     b = make_batch(40, seed=2)
-    assert set(np.unique(b.reward)) <= {0.0, 1.0}
-    np.testing.assert_allclose(b.rewards.sum(1).numpy(), b.reward)
+    assert set(np.unique(b.outcome_reward)) <= {0.0, 1.0}
+    np.testing.assert_allclose(b.token_rewards.sum(1).numpy(), b.outcome_reward)
     assert isinstance(b, mv.TrajectoryBatch)
 
 

@@ -42,11 +42,11 @@ def test_padded_views(batch):
         batch.turn_ids.numpy(), [[0, 0, 0, 0, 1, 1], [0, 0, 1, 1, 1, 1], [0, 0, 0, 0, 0, 0], [0, 0, 0, 0, 0, 0]]
     )
     np.testing.assert_allclose(
-        batch.rewards.numpy(),
+        batch.token_rewards.numpy(),
         [[0, 0, 0, 0, 0, 1], [0.5, 0, 0.25, 0, 0, 0], [0, 0.3, 0.7, 0, 0, 0], [0, 2.5, 0, 0, 0, 0]],
         rtol=1e-6,
     )
-    assert batch.rewards.dtype == torch.float32
+    assert batch.token_rewards.dtype == torch.float32
     assert batch.padded("rewards", torch.float64).dtype == torch.float64
     np.testing.assert_array_equal(batch.lengths.numpy(), [6, 3, 4, 2])
     v = batch.values
@@ -136,7 +136,7 @@ def test_selection_and_concat(batch):
     with pytest.raises(IndexError):
         batch[7]
     sub = batch[[2, 1]]
-    np.testing.assert_allclose(sub.rewards.numpy(), [[0, 0.3, 0.7, 0], [0.5, 0, 0.25, 0]], rtol=1e-6)
+    np.testing.assert_allclose(sub.token_rewards.numpy(), [[0, 0.3, 0.7, 0], [0.5, 0, 0.25, 0]], rtol=1e-6)
     both = TrajectoryBatch.concat([batch[[0, 1]], batch[[2, 3]]])
     assert both.traj_ids == batch.traj_ids
     for i in range(4):
@@ -169,7 +169,7 @@ def test_empty_batch_and_no_action_rows():
     assert len(b) == 0 and b.mask.shape == (0, 0)
     r = dict(traj_id="x", group_id="g", prompt_ids=[1], response_ids=[4, 5], loss_mask=[0, 0], reward=0.0)
     b = TrajectoryBatch.from_rows([r])
-    assert b.num_turns.tolist() == [0] and b.turns().empty and (b.rewards == 0).all()
+    assert b.num_turns.tolist() == [0] and b.turns().empty and (b.token_rewards == 0).all()
     with pytest.raises(TrajectoryError, match="no action token"):
         TrajectoryBatch.from_rows([r | {"reward": 1.0}])
 

@@ -12,14 +12,14 @@ advantages``/``report`` flags (:mod:`mpo_viz.cli.advantages`), the explorer's sl
 
 The API:
 
-* :func:`register` ``(name, *, needs=(), inputs=None, bound=(), options=None)`` — a decorator;
-* :func:`available` ``() -> list[str]``; :func:`get` ``(name) -> Estimator``;
-* :func:`options` ``(name) -> tuple[Option, ...]``, defaults filled in;
+* :func:`register_estimator` ``(name, *, needs=(), inputs=None, bound=(), options=None)`` — a decorator;
+* :func:`available_estimators` ``() -> list[str]``; :func:`get_estimator` ``(name) -> Estimator``;
+* :func:`estimator_options` ``(name) -> tuple[Option, ...]``, defaults filled in;
 * :func:`vocabulary` ``(names=None) -> dict[str, Option]``: every option of these estimators (all
   registered ones by default) by name, the first declaration of each (a name means one thing:
-  :func:`register` refuses a redeclaration of another kind or bounds);
+  :func:`register_estimator` refuses a redeclaration of another kind or bounds);
 * :func:`takers` ``(option, names=None) -> list[str]``: the estimators that take an option;
-* :func:`estimator_options` ``(name, shared) -> dict``: the subset of shared options that estimator
+* :func:`accepted_options` ``(name, shared) -> dict``: the subset of shared options that estimator
   ``name`` takes; :func:`split_options` ``(names, shared) -> {name: dict}``, refusing an option
   none of them takes;
 * :func:`bind` ``(batch, name) -> Bound``: the estimator with the batch's inputs prepared once;
@@ -29,11 +29,11 @@ The API:
   batch supports), :func:`is_group_estimator` ``(name)``, :func:`parse_names` ``("mpo,gae")``;
 * the traits the views read: :func:`multiscale_estimator` ``(names)`` (whose within-turn part gets a
   channel of its own) and :func:`returns_source` ``(names)`` (whose returns are the critic's
-  targets), from ``register(..., multiscale=, critic_returns=)``.
+  targets), from ``register_estimator(..., multiscale=, critic_returns=)``.
 
 Register your own (it then shows up in ``mpo-viz advantages --help`` and in the explorer)::
 
-    @register("my_est", needs=("values",),
+    @register_estimator("my_est", needs=("values",),
               options=[Option("scale", kind="float", low=0.0, high=2.0, doc="multiplies V")])
     def my_est(batch, *, scale=1.0):
         '''First line: the estimator's ``doc``.'''
@@ -62,8 +62,9 @@ from mpo_viz.data.trajectory import TrajectoryBatch
 from mpo_viz.options import UNSET, Option
 
 __all__ = [
-    "Option", "Estimator", "Bound", "AdvantageResult", "register", "available", "get", "options", "vocabulary",
-    "estimator_options", "split_options", "takers", "bind", "missing", "compute", "is_group_estimator",
+    "Option", "Estimator", "Bound", "AdvantageResult", "register_estimator", "available_estimators", "get_estimator",
+    "estimator_options", "vocabulary",
+    "accepted_options", "split_options", "takers", "bind", "missing", "compute", "is_group_estimator",
     "multiscale_estimator", "returns_source", "critic_returns_estimators",
     "default_estimators", "parse_names", "DEFAULT_ESTIMATORS",
 ]
@@ -235,7 +236,7 @@ def _declare(name: str, fn: Callable, bound: tuple[str, ...], declared) -> tuple
     return tuple(out)
 
 
-def register(name: str, *, needs: tuple[str, ...] = (), inputs: Callable | None = None,
+def register_estimator(name: str, *, needs: tuple[str, ...] = (), inputs: Callable | None = None,
              bound: tuple[str, ...] = (), options: Iterable[Option] | None = None, multiscale: bool = False,
              critic_returns: bool | None = None):
     """Decorator registering ``fn`` under ``name``; raises ``ValueError`` if the name is taken.
@@ -271,30 +272,30 @@ def register(name: str, *, needs: tuple[str, ...] = (), inputs: Callable | None 
     return deco
 
 
-def available() -> list[str]:
+def available_estimators() -> list[str]:
     """Registered estimator names, sorted."""
     return sorted(_REGISTRY)
 
 
-def get(name: str) -> Estimator:
+def get_estimator(name: str) -> Estimator:
     """The :class:`Estimator` registered as ``name`` (``ValueError`` listing the names if unknown)."""
     try:
         return _REGISTRY[name]
     except (KeyError, TypeError):
-        raise ValueError(f"name: unknown estimator {name!r}; available: {', '.join(available())}") from None
+        raise ValueError(f"name: unknown estimator {name!r}; available: {', '.join(available_estimators())}") from None
 
 
-def options(name: str) -> tuple[Option, ...]:
+def estimator_options(name: str) -> tuple[Option, ...]:
     """The declared options of estimator ``name``, defaults filled in."""
-    return get(name).spec
+    return get_estimator(name).spec
 
 
 def vocabulary(names: Iterable[str] | None = None) -> dict[str, Option]:
     """Every option of ``names`` (default: every registered estimator) by option name, in order of
     declaration; each carries the default of the first of ``names`` that takes it."""
     out: dict[str, Option] = {}
-    for n in (available() if names is None else names):
-        for o in get(n).spec:
+    for n in (available_estimators() if names is None else names):
+        for o in get_estimator(n).spec:
             out.setdefault(o.name, o)
     order = {k: i for i, k in enumerate(_VOCAB)}  # declaration order: γ, λ, γ_T, ... then users' options
     return dict(sorted(out.items(), key=lambda kv: order[kv[0]]))
@@ -302,37 +303,38 @@ def vocabulary(names: Iterable[str] | None = None) -> dict[str, Option]:
 
 def takers(option: str, names: Iterable[str] | None = None) -> list[str]:
     """The estimators among ``names`` (default: all registered) that take ``option``."""
-    return [n for n in (available() if names is None else names) if option in get(n).options]
+    return [n for n in (available_estimators() if names is None else names) if option in get_estimator(n).options]
 
 
-def estimator_options(name: str, shared: dict) -> dict:
+def accepted_options(name: str, shared: dict) -> dict:
     """The subset of ``shared`` that estimator ``name`` takes, ``None`` values dropped (the shared
     options of the CLI, the report and the sliders: each estimator takes the ones it accepts)."""
-    accepted = get(name).options
+    accepted = get_estimator(name).options
     return {k: v for k, v in shared.items() if k in accepted and v is not None}
 
 
 def split_options(names: Iterable[str], shared: dict) -> dict[str, dict]:
-    """``{name: estimator_options(name, shared)}``; an option (not None) that none of ``names``
+    """``{name: accepted_options(name, shared)}``; an option (not None) that none of ``names``
     takes raises :class:`OptionError` naming it and the estimators that would."""
     names = list(names)
     for k, v in shared.items():
         if v is not None and not takers(k, names):
             who = takers(k) if k in _VOCAB else []
             raise OptionError(k, f"none of the estimators {', '.join(names)} takes this option"
-                                 + (f" ({', '.join(who)} do)" if who else "; no registered estimator does"))
-    return {n: estimator_options(n, shared) for n in names}
+                                 + (f" ({', '.join(who)} {'does' if len(who) == 1 else 'do'})" if who
+                                    else "; no registered estimator does"))
+    return {n: accepted_options(n, shared) for n in names}
 
 
 def multiscale_estimator(names: Iterable[str]) -> str | None:
     """The first of ``names`` (in their order) whose advantage has a within-turn part of its own
-    (:attr:`Estimator.multiscale`: mpo, mae); names not registered are skipped."""
+    (:attr:`Estimator.multiscale`: mpo); names not registered are skipped."""
     return next((n for n in names if n in _REGISTRY and _REGISTRY[n].multiscale), None)
 
 
 def critic_returns_estimators() -> list[str]:
     """The estimators whose returns are critic targets (:attr:`Estimator.critic_returns`), in order
-    of preference: registration order (mpo, mae, gae, turn_gae, vapo, bilevel_gae, then your own)."""
+    of preference: registration order (mpo, gae, turn_gae, vapo, bilevel_gae, then your own)."""
     return [n for n, e in _REGISTRY.items() if e.critic_returns]
 
 
@@ -346,7 +348,7 @@ def returns_source(names: Iterable[str]) -> str | None:
 
 def is_group_estimator(name: str) -> bool:
     """True when estimator ``name`` compares trajectories of a group (it needs ``groups``)."""
-    return "groups" in get(name).needs
+    return "groups" in get_estimator(name).needs
 
 
 def default_estimators(batch: TrajectoryBatch) -> list[str]:
@@ -365,7 +367,7 @@ def parse_names(names) -> tuple[str, ...]:
     for n in out:
         if n not in _REGISTRY:
             hint = f" (names are lower case: {n.lower()!r})" if n.lower() in _REGISTRY else ""
-            raise OptionError("estimators", f"unknown estimator {n!r}{hint}; available: {', '.join(available())}")
+            raise OptionError("estimators", f"unknown estimator {n!r}{hint}; available: {', '.join(available_estimators())}")
     return out
 
 
@@ -379,7 +381,7 @@ def _check_batch(batch: TrajectoryBatch) -> None:
 def missing(batch: TrajectoryBatch, name: str) -> list[str]:
     """What the batch lacks for estimator ``name`` (empty when it can run)."""
     _check_batch(batch)
-    return [n for n in get(name).needs if not _has(batch, n)]
+    return [n for n in get_estimator(name).needs if not _has(batch, n)]
 
 
 class Bound:
@@ -389,11 +391,11 @@ class Bound:
     moves."""
 
     def __init__(self, batch: TrajectoryBatch, name: str):
-        est = get(name)
+        est = get_estimator(name)
         lacks = missing(batch, name)
         if lacks:
             what = "; ".join(f"{n}: {NEED_TEXT.get(n, f'field {n!r}')}" for n in lacks)
-            alt = [e for e in available() if not [n for n in _REGISTRY[e].needs if not _has(batch, n)]]
+            alt = [e for e in available_estimators() if not [n for n in _REGISTRY[e].needs if not _has(batch, n)]]
             raise ValueError(f"estimator {name!r} needs what this batch lacks — {what}. "
                              f"Estimators this batch supports: {', '.join(alt) or 'none'}")
         for need in (n for n in est.needs if n in _ROW_FIELDS):
@@ -512,27 +514,27 @@ def compute(batch: TrajectoryBatch, name: str, **options) -> AdvantageResult:
 # ----------------------------------------------------------------------------- built-in estimators
 
 def _critic_inputs(b):
-    return (b.rewards, b.values, b.mask), {"bootstrap_value": b.bootstrap_value}
+    return (b.token_rewards, b.values, b.mask), {"bootstrap_value": b.bootstrap_value}
 
 
 def _turn_inputs(b):
-    return (b.rewards, b.values, b.mask), {"bootstrap_value": b.bootstrap_value, "turn_ids": b.turn_ids}
+    return (b.token_rewards, b.values, b.mask), {"bootstrap_value": b.bootstrap_value, "turn_ids": b.turn_ids}
 
 
 def _group_inputs(b):
-    return (b.rewards, b.mask, b.group_ids), {}
+    return (b.token_rewards, b.mask, b.group_ids), {}
 
 
 def _turn_group_inputs(b):
-    return (b.rewards, b.mask, b.group_ids), {"turn_ids": b.turn_ids}
+    return (b.token_rewards, b.mask, b.group_ids), {"turn_ids": b.turn_ids}
 
 
 def _empg_inputs(b):
-    return (b.rewards, b.mask, b.group_ids), {"turn_ids": b.turn_ids, "entropy": b.padded("entropy")}
+    return (b.token_rewards, b.mask, b.group_ids), {"turn_ids": b.turn_ids, "entropy": b.padded("entropy")}
 
 
 def _gigpo_inputs(b):
-    return (b.rewards, b.mask, b.group_ids), {
+    return (b.token_rewards, b.mask, b.group_ids), {
         "turn_ids": b.turn_ids, "prompt_ids": b.field("prompt_ids"), "response_ids": b.field("response_ids"),
     }
 
@@ -540,18 +542,17 @@ def _gigpo_inputs(b):
 _TURN_BOUND = ("bootstrap_value", "turn_ids")
 # The built-ins take their option declarations from the vocabulary above by name. The order of
 # registration is the order of preference of returns_source: mpo, mae, gae, turn_gae, vapo, bilevel_gae.
-register("mpo", needs=("values", "turns"), inputs=_turn_inputs, bound=_TURN_BOUND, multiscale=True)(T.mae)
-register("mae", needs=("values", "turns"), inputs=_turn_inputs, bound=_TURN_BOUND, multiscale=True)(T.mae)
-register("gae", needs=("values",), inputs=_critic_inputs, bound=("bootstrap_value",))(T.gae)
-register("turn_gae", needs=("values", "turns"), inputs=_turn_inputs, bound=_TURN_BOUND)(T.turn_gae)
-register("vapo", needs=("values",), inputs=_critic_inputs, bound=("bootstrap_value",))(T.vapo)
-register("bilevel_gae", needs=("values", "turns"), inputs=_turn_inputs, bound=_TURN_BOUND)(T.bilevel_gae)
-register("grpo", needs=("groups",), inputs=_group_inputs)(G.grpo)
-register("drgrpo", needs=("groups",), inputs=_group_inputs)(G.drgrpo)
-register("rloo", needs=("groups",), inputs=_group_inputs)(G.rloo)
-register("reinforce_pp", inputs=lambda b: ((b.rewards, b.mask), {}))(G.reinforce_pp)
-register("reinforce_pp_baseline", needs=("groups",), inputs=_group_inputs)(G.reinforce_pp_baseline)
-register("gigpo", needs=("groups", "turns", "prompt_ids", "response_ids"), inputs=_gigpo_inputs,
+register_estimator("mpo", needs=("values", "turns"), inputs=_turn_inputs, bound=_TURN_BOUND, multiscale=True)(T.mae)
+register_estimator("gae", needs=("values",), inputs=_critic_inputs, bound=("bootstrap_value",))(T.gae)
+register_estimator("turn_gae", needs=("values", "turns"), inputs=_turn_inputs, bound=_TURN_BOUND)(T.turn_gae)
+register_estimator("vapo", needs=("values",), inputs=_critic_inputs, bound=("bootstrap_value",))(T.vapo)
+register_estimator("bilevel_gae", needs=("values", "turns"), inputs=_turn_inputs, bound=_TURN_BOUND)(T.bilevel_gae)
+register_estimator("grpo", needs=("groups",), inputs=_group_inputs)(G.grpo)
+register_estimator("drgrpo", needs=("groups",), inputs=_group_inputs)(G.drgrpo)
+register_estimator("rloo", needs=("groups",), inputs=_group_inputs)(G.rloo)
+register_estimator("reinforce_pp", inputs=lambda b: ((b.token_rewards, b.mask), {}))(G.reinforce_pp)
+register_estimator("reinforce_pp_baseline", needs=("groups",), inputs=_group_inputs)(G.reinforce_pp_baseline)
+register_estimator("gigpo", needs=("groups", "turns", "prompt_ids", "response_ids"), inputs=_gigpo_inputs,
          bound=("turn_ids", "prompt_ids", "response_ids"))(G.gigpo)
-register("mt_grpo", needs=("groups", "turns"), inputs=_turn_group_inputs, bound=("turn_ids",))(G.mt_grpo)
-register("empg", needs=("groups", "turns", "entropy"), inputs=_empg_inputs, bound=("turn_ids", "entropy"))(G.empg)
+register_estimator("mt_grpo", needs=("groups", "turns"), inputs=_turn_group_inputs, bound=("turn_ids",))(G.mt_grpo)
+register_estimator("empg", needs=("groups", "turns", "entropy"), inputs=_empg_inputs, bound=("turn_ids", "entropy"))(G.empg)

@@ -21,7 +21,7 @@ _NAMED = 5
 
 def unrewarded(batch) -> np.ndarray:
     """``(B,)`` bool: rows with a NaN ``reward`` and neither ``turn_rewards`` nor ``token_rewards``."""
-    r = batch.reward
+    r = batch.outcome_reward
     has_other = np.zeros(len(batch), dtype=bool)
     for name in ("turn_rewards", "token_rewards"):
         if batch.has(name):

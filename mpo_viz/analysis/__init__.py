@@ -90,10 +90,6 @@ from mpo_viz.analysis.variance import (
     variance_summary,
 )
 
-# the reference loops under their former names
-_variance_split_ref = variance_split_reference
-_turn_table_ref = turn_table_reference
-
 __all__ = [
     "variance_split",
     "variance_split_reference",

@@ -112,5 +112,5 @@ def adv_tensors(advantages) -> dict[str, np.ndarray]:
 
 def scores(batch: TrajectoryBatch) -> np.ndarray:
     """The trajectory score (docs/concepts.md §3): the sum of the rewards an estimator sees, ``(B,)``."""
-    r = to_numpy(batch.rewards)
+    r = to_numpy(batch.token_rewards)
     return r.sum(axis=1) if r.ndim == 2 else r

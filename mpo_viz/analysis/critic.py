@@ -132,8 +132,8 @@ def values_are_noise(batch: TrajectoryBatch) -> str | None:
 
 def critic_based(names) -> list[str]:
     """The estimators of ``names`` that use critic values (registry ``needs`` holds ``values``)."""
-    known = set(registry.available())
-    return [n for n in names if n in known and "values" in registry.get(n).needs]
+    known = set(registry.available_estimators())
+    return [n for n in names if n in known and "values" in registry.get_estimator(n).needs]
 
 
 def fitted_critic_label(batch: TrajectoryBatch) -> str | None:

@@ -53,7 +53,7 @@ def data_shortfall(n_traj: int, scores, max_turns: int) -> str | None:
 
 def batch_shortfall(batch: TrajectoryBatch) -> str | None:
     """:func:`data_shortfall` of a batch (scores: the sum of each trajectory's rewards)."""
-    scores = batch.rewards.sum(dim=1).double().numpy() if len(batch) else np.zeros(0)
+    scores = batch.token_rewards.sum(dim=1).double().numpy() if len(batch) else np.zeros(0)
     turns = int(batch.num_turns.max()) if len(batch) else 0
     return data_shortfall(len(batch), scores, turns)
 

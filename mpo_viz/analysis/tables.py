@@ -39,7 +39,7 @@ def td_error(batch: TrajectoryBatch, *, gamma: float = 1.0):
     if batch.values is None:
         return None
     # float32 inputs, like compute(): the same compiled kernel, no second JIT specialization
-    adv, _ = gae(batch.rewards, batch.values, batch.mask, gamma=gamma, lam=0.0,
+    adv, _ = gae(batch.token_rewards, batch.values, batch.mask, gamma=gamma, lam=0.0,
                  bootstrap_value=batch.bootstrap_value)
     return adv
 
@@ -66,7 +66,7 @@ def turn_table_reference(batch: TrajectoryBatch, advantages=None) -> pd.DataFram
     """Reference loop for :func:`turn_table` (core columns + advantages)."""
     m = as_2d(batch.mask, "mask") != 0
     t = as_2d(batch.turn_ids, "turn_ids", np.int64)
-    r = as_2d(batch.rewards, "rewards")
+    r = as_2d(batch.token_rewards, "rewards")
     adv = adv_tensors(advantages or {})
     rows = []
     for b in range(m.shape[0]):

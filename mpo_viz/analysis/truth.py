@@ -77,7 +77,7 @@ def mc_turn_truth(batch: TrajectoryBatch, *, use_q: bool | None = None, turn_gam
                          f"{', '.join(f for f in ('mc_value', 'mc_value_a', 'mc_value_b') if not batch.has(f))}")
     use_q = batch.has("mc_q") if use_q is None else use_q
     _, idx = batch_turn_index(batch)
-    r = np.nan_to_num(as_2d(batch.rewards, "rewards"))
+    r = np.nan_to_num(as_2d(batch.token_rewards, "rewards"))
     rk = np.bincount(idx.slot, weights=r[idx.rows, idx.cols], minlength=idx.n_slots)
     v = _flat(batch, "mc_value")
     if use_q:

@@ -42,7 +42,7 @@ chunk; statistics are those of the whole file."""
 
 def _estimator_args(p, default: str | None) -> None:
     """``-e`` and one flag per estimator option, derived from the registry's declarations."""
-    names = registry.available()
+    names = registry.available_estimators()
     p.add_argument("-e", "--estimators", default=default,
                    help=f"comma-separated, from: {', '.join(names)}" + (
                        f" (default {default})" if default else
@@ -59,7 +59,7 @@ def estimator_option_help(o: Option, names) -> str:
     """``"<doc> [<estimators taking it>; default <d>] in <bounds>"``: the ``--help`` line of an
     estimator option shared by ``names``."""
     takers = registry.takers(o.name, names)
-    defaults = {n: registry.get(n).options[o.name] for n in takers}
+    defaults = {n: registry.get_estimator(n).options[o.name] for n in takers}
     shown = (f"default {next(iter(defaults.values()))!r}" if len(set(map(repr, defaults.values()))) == 1
              else "defaults " + ", ".join(f"{n} {v!r}" for n, v in defaults.items()))
     what = f"{o.doc or o.name} [{', '.join(takers)}; {shown}]"

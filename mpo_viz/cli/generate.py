@@ -129,7 +129,7 @@ def cmd_generate_model(args) -> int:
     if args.save_model is not None:
         models.save(args.save_model, policy, critic)
     n_act = int(batch.mask.sum())
-    reward_txt = f"mean reward {float(batch.reward.mean()):.3f}" if not env.shaping else "shaped rewards"
+    reward_txt = f"mean reward {float(batch.outcome_reward.mean()):.3f}" if not env.shaping else "shaped rewards"
     print(f"wrote {len(batch)} trajectories ({len(batch) // args.group_size} tasks x {args.group_size}) to {path}; "
           f"{reward_txt}; {n_act} action tokens in {secs:.1f} s; values_source="
           f"{batch.meta.get('values_source', 'none')} (oracle beside); policy {policy.name}")
@@ -163,7 +163,7 @@ def cmd_generate(args) -> int:
     batch = generate(cfg)  # a bad field raises OptionError; mpo-viz names its flag (dest = the field)
     batch.meta["command"] = _command_line(args)
     path = save(batch, args.out)
-    succ = float(batch.reward.mean()) if not cfg.env_options.get("shaping") else float("nan")
+    succ = float(batch.outcome_reward.mean()) if not cfg.env_options.get("shaping") else float("nan")
     print(f"wrote {len(batch)} trajectories ({len(batch) // cfg.group_size} tasks x {cfg.group_size}) "
           f"to {path}; mean reward {succ:.3f}; values_source=oracle" +
           (f" + N(0, {cfg.value_noise}^2)" if cfg.value_noise else ""))

@@ -177,7 +177,7 @@ def add_subcommand(sub) -> None:
 def _option_flags(p) -> None:
     """One typed flag per estimator option and per loss option (``--beta``, ``--token-clip``),
     each filling its key of ``estimator_options`` / ``loss_options``; and the generic escapes."""
-    names = registry.available()
+    names = registry.available_estimators()
     g = p.add_argument_group("estimator options (the estimator takes those it declares; unset: its default)")
     for o in registry.vocabulary(names).values():
         if o.kind != "any":
@@ -195,8 +195,8 @@ def _option_flags(p) -> None:
 def _loss_vocabulary() -> dict[str, Option]:
     """Every option of the registered loss kinds, by name (the first declaration of each)."""
     out: dict[str, Option] = {}
-    for kind in losses.available():
-        for o in losses.options(kind):
+    for kind in losses.available_losses():
+        for o in losses.loss_options(kind):
             if o.kind != "any":
                 out.setdefault(o.name, o)
     return out
@@ -204,7 +204,7 @@ def _loss_vocabulary() -> dict[str, Option]:
 
 def _loss_option_help(o: Option) -> str:
     """The option's help with each loss kind's default (``defaults gspo None, turn_ppo 2.0``)."""
-    defaults = {k: x.default for k in losses.available() for x in losses.options(k) if x.name == o.name}
+    defaults = {k: x.default for k in losses.available_losses() for x in losses.loss_options(k) if x.name == o.name}
     if len(set(map(repr, defaults.values()))) == 1:
         return option_help(o)
     return option_help(o, defaults="defaults " + ", ".join(f"{k} {v!r}" for k, v in defaults.items()))

@@ -200,7 +200,7 @@ class TrajectoryBatch:
         return list(self._scalars["group_id"])
 
     @property
-    def reward(self) -> np.ndarray:
+    def outcome_reward(self) -> np.ndarray:
         """Outcome reward per trajectory, float64 ``(B,)`` (NaN = no outcome reward)."""
         return self._scalars["reward"].astype(np.float64)
 
@@ -269,7 +269,7 @@ class TrajectoryBatch:
             if len(pos):
                 row_last = np.ones(len(pos), dtype=bool)
                 row_last[:-1] = rows[1:] != rows[:-1]
-                r = np.nan_to_num(self.reward[rows[row_last]], nan=0.0)
+                r = np.nan_to_num(self.outcome_reward[rows[row_last]], nan=0.0)
                 np.add.at(out, pos[row_last], r)
                 if "turn_rewards" in self._turn:
                     flat, toff, tpres = self._turn["turn_rewards"]
@@ -328,7 +328,7 @@ class TrajectoryBatch:
         return self.padded("turn_ids")
 
     @property
-    def rewards(self) -> torch.Tensor:
+    def token_rewards(self) -> torch.Tensor:
         """Token rewards an estimator sees (docs/concepts.md §3), float32 ``(B, L)``; ``padded('rewards', torch.float64)`` for float64."""
         return self.padded("rewards")
 
@@ -728,7 +728,7 @@ class TrajectoryBatch:
         n_act = np.add.reduceat(self._tok["loss_mask"].astype(np.int64), self._off[:-1]) if self.num_tokens else np.zeros(len(self), dtype=np.int64)
         n_act = np.where(lengths > 0, n_act, 0)
         k = self.num_turns
-        rew = self.reward
+        rew = self.outcome_reward
         scores = np.add.reduceat(self._flat_rewards(), self._off[:-1]) if self.num_tokens else np.zeros(len(self))
         scores = np.where(lengths > 0, scores, 0.0)
         groups = pd.Series(self._scalars["group_id"]).value_counts()

@@ -1,8 +1,8 @@
 """Policy and value losses, aggregation, KL penalties and logprob/entropy helpers.
 
-``from mpo_viz.losses import policy_loss, value_loss, aggregate, kl_penalty, token_logprobs,
-token_entropy``; ``clip_flags`` says which tokens and turns a loss kind clips. Loss kinds live in a string registry (``available()``, ``register()``,
-``get()``); each declares what it needs (``turns``, ``rollout_logp``) and its default clip range
+``from mpo_viz.losses import policy_loss, value_loss, aggregate, kl_penalty, token_logprobs
+token_entropy``; ``clip_flags`` says which tokens and turns a loss kind clips. Loss kinds live in a string registry (``available_losses()``, ``register_loss()``,
+``get_loss()``, ``loss_options()``); each declares what it needs (``turns``, ``rollout_logp``) and its default clip range
 and aggregation.
 
 Modules: ``policy`` (kinds, registry, metrics, reference loop), ``aggregate`` (the six modes),
@@ -25,13 +25,13 @@ from mpo_viz.losses.policy import (
     LossKind,
     PolicyInputs,
     PolicyTerms,
-    available,
+    available_losses,
     clip_flags,
-    get,
-    options,
+    get_loss,
+    loss_options,
     policy_loss,
     policy_loss_reference,
-    register,
+    register_loss,
 )
 from mpo_viz.losses.value import value_loss
 
@@ -46,14 +46,14 @@ __all__ = [
     "PolicyInputs",
     "PolicyTerms",
     "aggregate",
-    "available",
+    "available_losses",
     "clip_flags",
-    "get",
+    "get_loss",
     "kl_penalty",
-    "options",
+    "loss_options",
     "policy_loss",
     "policy_loss_reference",
-    "register",
+    "register_loss",
     "token_entropy",
     "token_entropy_reference",
     "token_logprobs",

@@ -81,10 +81,10 @@ __all__ = [
     "PolicyTerms",
     "ClipFlags",
     "clip_flags",
-    "available",
-    "get",
-    "register",
-    "options",
+    "available_losses",
+    "get_loss",
+    "register_loss",
+    "loss_options",
     "policy_loss",
     "policy_loss_reference",
 ]
@@ -267,7 +267,7 @@ _REGISTRY: dict[str, LossKind] = {}
 _NEEDS = frozenset({"turns", "rollout_logp"})
 
 
-def register(
+def register_loss(
     name: str,
     fn: Callable[..., PolicyTerms] | None = None,
     *,
@@ -282,7 +282,7 @@ def register(
 ):
     """Register a loss kind ``fn(inputs: PolicyInputs, **options) -> PolicyTerms`` under ``name``.
 
-    Usable as ``register("name", fn, ...)`` or as a decorator ``@register("name", ...)``. A name
+    Usable as ``register("name", fn, ...)`` or as a decorator ``@register_loss("name", ...)``. A name
     can be registered once (ValueError otherwise). ``options``: the kind's own keyword options,
     :class:`~mpo_viz.options.Option` declarations or names of the declared ones (``"dual_clip"``,
     ``"token_clip"``); an undeclared name takes an unchecked option (kind ``"any"``). Defaults come
@@ -336,24 +336,24 @@ def _declare(fn: Callable, options: Iterable) -> tuple[Option, ...]:
     return tuple(out)
 
 
-def options(kind: str) -> tuple[Option, ...]:
+def loss_options(kind: str) -> tuple[Option, ...]:
     """Every option loss ``kind`` can be configured with, defaults filled in: the keywords of
     :func:`policy_loss` (``clip_low``, ``clip_high``, ``ratio``, ``agg``, with the kind's
     defaults), then the kind's own (``dual_clip``, ``token_clip``)."""
-    return get(kind).keywords()
+    return get_loss(kind).keywords()
 
 
-def available() -> list[str]:
+def available_losses() -> list[str]:
     """Names of the registered loss kinds, sorted."""
     return sorted(_REGISTRY)
 
 
-def get(name: str) -> LossKind:
+def get_loss(name: str) -> LossKind:
     """The :class:`LossKind` registered under ``name`` (ValueError naming the known ones)."""
     try:
         return _REGISTRY[name]
     except KeyError:
-        raise ValueError(f"kind: expected one of {', '.join(available())}, found {name!r}") from None
+        raise ValueError(f"kind: expected one of {', '.join(available_losses())}, found {name!r}") from None
 
 
 # --------------------------------------------------------------------------------------------
@@ -440,14 +440,14 @@ def _token_band(x: PolicyInputs, token_clip) -> tuple[torch.Tensor, torch.Tensor
     return x.mask & (adv < 0) & (logr < -log_c), x.mask & (adv > 0) & (logr > log_c)
 
 
-@register("token_ppo", options=("dual_clip",))
+@register_loss("token_ppo", options=("dual_clip",))
 def token_ppo(x: PolicyInputs, *, dual_clip: float | None = None) -> PolicyTerms:
     """PPO's clipped surrogate with the per-token ratio ``r_t = exp(logr_t)``; optional dual clip."""
     s = torch.exp(x.logr)
     return _clipped_objective(s, x.advantages, x.mask, 1 - x.clip_low, 1 + x.clip_high, dual_clip)
 
 
-@register("turn_ppo", needs=("turns",), options=("dual_clip", "token_clip"), span_ratio=True)
+@register_loss("turn_ppo", needs=("turns",), options=("dual_clip", "token_clip"), span_ratio=True)
 def turn_ppo(x: PolicyInputs, *, dual_clip: float | None = None,
              token_clip: float | None = TURN_PPO_TOKEN_CLIP) -> PolicyTerms:
     """MPO: the turn ratio ρ_k in the token-gradient form ``sg(ρ_k)·exp(logπ − sg(logπ))``, with
@@ -459,7 +459,7 @@ def turn_ppo(x: PolicyInputs, *, dual_clip: float | None = None,
                               _token_band(x, token_clip))
 
 
-@register("gspo", clip_low=3e-4, clip_high=4e-4, agg="seq-mean-token-mean", options=("dual_clip", "token_clip"),
+@register_loss("gspo", clip_low=3e-4, clip_high=4e-4, agg="seq-mean-token-mean", options=("dual_clip", "token_clip"),
           span_ratio=True)
 def gspo(x: PolicyInputs, *, dual_clip: float | None = None, token_clip: float | None = None) -> PolicyTerms:
     """GSPO: the turn_ppo construction with the whole trajectory as one unit (token band as turn_ppo)."""
@@ -475,7 +475,7 @@ def _band_eps(band: str) -> dict:
     return {"clip_low": round(1 - lo, 12), "clip_high": round(hi - 1, 12)}
 
 
-@register("sao", needs=("rollout_logp",), ratio_against="rollout_logp", clip_low=0.3, clip_high=5.0,
+@register_loss("sao", needs=("rollout_logp",), ratio_against="rollout_logp", clip_low=0.3, clip_high=5.0,
           options=("band",), presets={"band": {b: _band_eps(b) for b in SAO_BANDS}})
 def sao(x: PolicyInputs, *, band: str | None = None) -> PolicyTerms:
     """SAO: ``−A·sg(r)·exp(logπ − sg(logπ))`` inside ``(1 − ε_low, 1 + ε_high)`` vs rollout, 0 outside
@@ -495,7 +495,7 @@ def sao(x: PolicyInputs, *, band: str | None = None) -> PolicyTerms:
     )
 
 
-@register("cispo", clip_low=1.0, clip_high=4.0)
+@register_loss("cispo", clip_low=1.0, clip_high=4.0)
 def cispo(x: PolicyInputs) -> PolicyTerms:
     """CISPO: ``−A·sg(clip(r, 1 − ε_low, 1 + ε_high))·logπ_θ``, r against ``old_logp``; every token
     keeps a gradient (the importance weight is clipped, not the token). Defaults ε 1.0 / 4.0."""
@@ -506,7 +506,7 @@ def cispo(x: PolicyInputs) -> PolicyTerms:
                        dual_clipped=torch.zeros_like(x.mask))
 
 
-@register("sapo", agg="seq-mean-token-mean", options=("tau_pos", "tau_neg"))
+@register_loss("sapo", agg="seq-mean-token-mean", options=("tau_pos", "tau_neg"))
 def sapo(x: PolicyInputs, *, tau_pos: float = 1.0, tau_neg: float = 1.05) -> PolicyTerms:
     """SAPO: ``−A·(4/τ)·σ(τ·(r − 1))`` with τ = ``tau_pos`` where A > 0, ``tau_neg`` elsewhere: a
     soft gate instead of the clip (its gradient ``−A·4σ(1 − σ)·r·∇logπ`` is the policy gradient at
@@ -583,7 +583,7 @@ def policy_loss(
     ``logr`` (hence every ratio metric) is against ``rollout_logp``. With no action token the
     fractions are 0.0 and the other metrics NaN.
     """
-    spec = get(kind)
+    spec = get_loss(kind)
     settings = _settings(spec, dict(options, clip_low=clip_low, clip_high=clip_high, ratio=ratio, agg=agg))
     scale = check_scale(scale, settings["agg"], mode_arg="agg")
     x, old, roll = _policy_inputs(spec, logp, old_logp, advantages, mask, rollout_logp, turn_ids, settings)
@@ -617,7 +617,7 @@ def clip_flags(
     tokens ``policy_loss`` clips at the same log-probs; the turn flags follow the ``turn_clipfrac``
     metric. Shapes as :func:`policy_loss`; float64 when ``logp`` is float64, else float32.
     """
-    spec = get(kind)
+    spec = get_loss(kind)
     settings = _settings(spec, dict(options, clip_low=clip_low, clip_high=clip_high, ratio=ratio, agg=agg))
     with torch.no_grad():
         x, _, _ = _policy_inputs(spec, as_tensor(logp, "logp").detach(), old_logp, advantages, mask, rollout_logp,
@@ -819,7 +819,7 @@ def policy_loss_reference(
     gradient path (the turn ratio is a constant there), so the gradient of ``Σ_t L_t`` is this
     diagonal. Returns two float64 numpy arrays (B, L), zeros on masked tokens. No turn-id checks.
     """
-    spec = get(kind)
+    spec = get_loss(kind)
     eps_low = spec.clip_low if clip_low is None else clip_low
     eps_high = spec.clip_high if clip_high is None else clip_high
     token_band = (next((o.default for o in spec.spec if o.name == "token_clip"), None) if isinstance(token_clip, str)

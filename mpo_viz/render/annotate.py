@@ -30,7 +30,7 @@ class AnnotateConfig:
     """What :func:`annotate_file` takes besides the paths (one flat config)."""
 
     estimators: tuple[str, ...] = adv.DEFAULT_ESTIMATORS
-    """estimator names (see ``mpo_viz.advantages.available()``)."""
+    """estimator names (see ``mpo_viz.advantages.available_estimators()``)."""
     options: dict = field(default_factory=dict)
     """options shared by the estimators (gamma, lam, turn_gamma, turn_lam, beta, within, ...;
     declared in :mod:`mpo_viz.advantages.registry`); each estimator receives those it accepts, one

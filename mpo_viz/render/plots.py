@@ -22,7 +22,6 @@ FIGURE_CONFIG = {"displaylogo": False, "responsive": True, "toImageButtonOptions
 # One colour per estimator name, stable across figures (plotly's qualitative "D3" palette).
 ESTIMATOR_COLOURS = {
     "mpo": "#d62728",
-    "mae": "#d62728",
     "gae": "#1f77b4",
     "turn_gae": "#ff7f0e",
     "grpo": "#2ca02c",

@@ -7,8 +7,8 @@ come the check, the ``mpo-viz train`` flags (:mod:`mpo_viz.cli.train`) and the f
 docs/training.md (:func:`config_table`). A bad value raises :class:`~mpo_viz.checks.OptionError` (a
 ``ValueError``) naming the field, what was expected and what was found; unknown keys in a JSON file
 are refused by name. Estimator options are checked against the estimator's declarations
-(:func:`mpo_viz.advantages.options`), loss options against the loss kind's
-(:func:`mpo_viz.losses.options`), so every option either estimator or loss accepts is accepted here
+(:func:`mpo_viz.advantages.estimator_options`), loss options against the loss kind's
+(:func:`mpo_viz.losses.loss_options`), so every option either estimator or loss accepts is accepted here
 and nothing else.
 
 Critic fields (``critic_lr``, ``value_clip``, ``critic_epochs``, ``critic_warmup_*``, ``value_target``,
@@ -26,15 +26,15 @@ import warnings
 from dataclasses import dataclass
 from pathlib import Path
 
-from mpo_viz.advantages import available as estimators
-from mpo_viz.advantages import get as get_estimator
-from mpo_viz.advantages import options as estimator_declarations
+from mpo_viz.advantages import available_estimators as estimators
+from mpo_viz.advantages import estimator_options as estimator_declarations
+from mpo_viz.advantages import get_estimator
 from mpo_viz.checks import OptionError
 from mpo_viz.envs.base import parse_difficulty
 from mpo_viz.envs.registry import available_envs
 from mpo_viz.losses import KL_KINDS
-from mpo_viz.losses import available as losses
-from mpo_viz.losses import options as loss_declarations
+from mpo_viz.losses import available_losses as losses
+from mpo_viz.losses import loss_options as loss_declarations
 from mpo_viz.options import Option, check_fields, declared, setting
 
 __all__ = ["Config", "CRITIC_DEFAULTS", "CRITIC_KINDS", "ExpertCriticWarning", "RESUMABLE_FIELDS", "TrustRegionWarning",
@@ -58,8 +58,6 @@ CRITIC_DEFAULTS = {
 WARMUP_POOL_MIN = 64
 #: where an estimator's values can come from (``Config.critic``)
 CRITIC_KINDS = ("learned", "expert", "mc")
-#: old names of critic kinds, read with a DeprecationWarning
-CRITIC_ALIASES = {"oracle": "expert"}
 #: the continuations per turn start of ``critic="mc"`` when ``mc_samples`` is None
 MC_SAMPLES = 8
 #: fields added after runs were recorded that leave a run's identity (its hash) as it was while None,
@@ -114,14 +112,13 @@ class Config:
         None, kind="str", optional=True,
         doc="A local model folder to start from instead (``DIR/policy``, and ``DIR/critic`` when present).")
     critic: str = setting(
-        "learned", kind="choice", choices=CRITIC_KINDS + tuple(CRITIC_ALIASES),
+        "learned", kind="choice", choices=CRITIC_KINDS,
         doc="Where the values the estimator reads come from: ``\"learned\"`` (a critic trained on the "
             "returns; default); ``\"mc\"`` (the current policy's Monte-Carlo values at turn starts, from "
             "``mc_samples`` branch rollouts of every turn state, broadcast over each turn's tokens; no critic "
             "is trained: VinePPO-style); or ``\"expert\"`` (the environment's exact values under the scripted "
             "noisy expert of ``oracle_noise``; no critic is trained) — the *expert's* values, biased for any "
-            "other policy (a one-time warning says by how much). ``\"oracle\"`` is the old name of "
-            "``\"expert\"`` (deprecated).")
+            "other policy (a one-time warning says by how much).")
     mc_samples: int | None = setting(
         None, kind="int", low=2, optional=True,
         doc="Continuations per turn start of ``critic=\"mc\"`` (None: 8). More halve the standard error "
@@ -143,14 +140,14 @@ class Config:
     # ------------------------------------------------------------------ algorithm
     estimator: str = setting(
         "mpo", kind="choice", choices=estimators,
-        doc="Advantage estimator, any name of :func:`mpo_viz.advantages.available` (mpo, gae, grpo, ...).")
+        doc="Advantage estimator, any name of :func:`mpo_viz.advantages.available_estimators` (mpo, gae, grpo, ...).")
     estimator_options: dict = setting(
         default_factory=dict, kind="dict",
         doc="Options of the estimator (``gamma``, ``lam``, ``beta``, ...), checked against its registry "
             "entry.")
     loss: str = setting(
         "turn_ppo", kind="choice", choices=losses,
-        doc="Policy loss kind, any name of :func:`mpo_viz.losses.available` (turn_ppo, token_ppo, gspo, "
+        doc="Policy loss kind, any name of :func:`mpo_viz.losses.available_losses` (turn_ppo, token_ppo, gspo, "
             "sao).")
     loss_options: dict = setting(
         default_factory=dict, kind="dict",
@@ -201,7 +198,7 @@ class Config:
         0.25, low=0, high=1, optional=True,
         doc="Record the environment's exact oracle values (for the noisy expert of this noise rate) beside "
             "the critic's, for the critic-vs-oracle metrics; None skips the oracle (faster rollouts). With "
-            "``critic=\"oracle\"`` these are the values the estimator reads.")
+            "``critic=\"expert\"`` these are the values the estimator reads.")
 
     # ------------------------------------------------------------------ optimisation
     policy_lr: float = setting(
@@ -316,7 +313,7 @@ class Config:
     # ------------------------------------------------------------------ run
     iterations: int = setting(
         50, kind="int", low=0,
-        doc="RL iterations in all (``run()`` and the CLI continue up to this number).")
+        doc="RL iterations in all (``run_all()`` and the CLI continue up to this number).")
     seed: int = setting(
         0, kind="int", low=0,
         doc="Master seed: models, rollouts, shuffles and SFT data all derive from it.")
@@ -337,10 +334,6 @@ class Config:
             "time. Turn it off when several runs share the cores. Not part of the run's identity.")
 
     def __post_init__(self):
-        if isinstance(self.critic, str) and self.critic in CRITIC_ALIASES:
-            warnings.warn(f"critic={self.critic!r} is the old name of critic={CRITIC_ALIASES[self.critic]!r} "
-                          f"({EXPERT_BIAS})", DeprecationWarning, stacklevel=3)
-            self.critic = CRITIC_ALIASES[self.critic]
         _validate(self)
 
     @classmethod

@@ -559,7 +559,7 @@ def _check_fit_input(batch: TrajectoryBatch, targets: torch.Tensor, holdout: flo
     def carried(name):
         return np.array([x is not None for x in batch.field(name)]) if batch.has(name) else np.zeros(len(batch), bool)
 
-    no_reward = np.isnan(batch.reward) & ~carried("token_rewards") & ~carried("turn_rewards")
+    no_reward = np.isnan(batch.outcome_reward) & ~carried("token_rewards") & ~carried("turn_rewards")
     if no_reward.all():
         raise ValueError(f"{source}: no trajectory carries a reward (every 'reward' is missing or NaN, and there are "
                          f"no token_rewards or turn_rewards), so there are no returns to fit a critic to")

@@ -32,7 +32,7 @@ import pandas as pd
 from mpo_viz.analysis.ranking import RANKINGS, available, episode_scores, rank_episodes, rank_turns
 from mpo_viz.data.io import load
 from mpo_viz.data.runfolder import RunFolder
-from mpo_viz.losses import get as get_loss
+from mpo_viz.losses import get_loss
 from mpo_viz.train.collapse import SUCCESS_METRICS, Signal, collapse_flags, rule_text, stretches
 
 __all__ = ["Finding", "Explanation", "explain", "explanation_text", "GAP_TOL"]

@@ -43,8 +43,7 @@ from mpo_viz.data.trajectory import TrajectoryBatch
 from mpo_viz.envs.expert import NoisyExpert
 from mpo_viz.envs.registry import make_env
 from mpo_viz.envs.tokenizer import build_tokenizer
-from mpo_viz.losses import LOGPROB_FIELDS
-from mpo_viz.losses import get as get_loss
+from mpo_viz.losses import LOGPROB_FIELDS, get_loss
 from mpo_viz.rollout import rollout, side_pool, spare_cores
 from mpo_viz.rollout.truth import mc_truth
 from mpo_viz.train.checkpoint import (
@@ -102,7 +101,7 @@ def _success(batch: TrajectoryBatch) -> np.ndarray:
             except (TypeError, ValueError, AttributeError):
                 out.append(False)
         return np.array(out, dtype=np.float64)
-    r = np.nan_to_num(batch.reward.astype(np.float64))
+    r = np.nan_to_num(batch.outcome_reward.astype(np.float64))
     return (r > 0).astype(np.float64)
 
 
@@ -128,7 +127,7 @@ class Trainer:
 
     ``Trainer(cfg, run_dir)`` starts a new run (``run_dir`` must not hold one yet);
     :meth:`resume` continues one. Steps: :meth:`sft`, :meth:`warmup_critic`, :meth:`iterate`
-    (a generator of per-iteration metrics), :meth:`evaluate`; :meth:`run` does them all.
+    (a generator of per-iteration metrics), :meth:`evaluate` (greedy and sampled; :meth:`evaluate_one` for one); :meth:`run_all` does them all.
 
     Attributes: ``cfg``, ``run`` (:class:`~mpo_viz.data.runfolder.RunFolder`), ``env``, ``policy``
     (:class:`mpo_viz.models.Policy`), ``critic`` (or None), ``reference`` (frozen policy model, or
@@ -357,7 +356,7 @@ class Trainer:
             return self._rollout(n, seed=derive_seed(self.cfg.eval_key, "eval"), greedy=greedy, critic=False,
                                  seeds=self._eval_seeds(n), group_size=group_size)
 
-    def evaluate(self, n_episodes: int | None = None, *, greedy: bool = True) -> dict:
+    def evaluate_one(self, n_episodes: int | None = None, *, greedy: bool = True) -> dict:
         """Success and reward of the current policy on the fixed held-out tasks, greedy (keys
         ``eval_success``, ``eval_reward_mean``, ``eval_reward_std``, ``eval_turns_mean``, ...; see
         :func:`episode_stats`) or sampled at the rollout's temperature (``greedy=False``: keys
@@ -382,10 +381,10 @@ class Trainer:
         self._evals[(greedy, n)] = (digest, dict(out))
         return out
 
-    def evaluation(self, n_episodes: int | None = None) -> dict:
-        """Both evaluations of :meth:`evaluate` (greedy and sampled) on the held-out set, with
+    def evaluate(self, n_episodes: int | None = None) -> dict:
+        """Both evaluations of :meth:`evaluate_one` (greedy and sampled) on the held-out set, with
         ``eval_seed`` and ``n_eval_tasks``: what RL moves first is the sampled success."""
-        out = {**self.evaluate(n_episodes), **self.evaluate(n_episodes, greedy=False)}
+        out = {**self.evaluate_one(n_episodes), **self.evaluate_one(n_episodes, greedy=False)}
         out["eval_seed"] = self.cfg.eval_key
         out["n_eval_tasks"] = self.cfg.eval_episodes if n_episodes is None else int(n_episodes)
         return out
@@ -572,7 +571,7 @@ class Trainer:
         """Both evaluations at the current iteration, written as a ``phase: "eval"`` metrics line
         (flagged like an iteration's line, see :meth:`_flag_collapse`); returns the line."""
         t0 = time.perf_counter()
-        rec = {"iteration": self.iteration, "phase": "eval", "time_s": self.state["elapsed_s"], **self.evaluation()}
+        rec = {"iteration": self.iteration, "phase": "eval", "time_s": self.state["elapsed_s"], **self.evaluate()}
         rec["seconds"] = {"eval": time.perf_counter() - t0}
         self._flag_collapse(rec)
         self.run.append_metrics(rec)
@@ -650,7 +649,7 @@ class Trainer:
 
         t = time.perf_counter()
         if cfg.eval_interval and it % cfg.eval_interval == 0:
-            rec.update(self.evaluation())
+            rec.update(self.evaluate())
         timings["eval"] = time.perf_counter() - t
         self._write(rec, batch, res.options, timings)
         self._flag_collapse(rec)

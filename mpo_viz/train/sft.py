@@ -113,7 +113,7 @@ def sft(trainer, *, steps: int, target: float, log=None) -> dict:
     for step in bar:
         # a start loaded from a folder is checked first: one that already meets the target needs no SFT
         if step % cfg.sft_eval_interval == 0 and (step > 0 or cfg.model_dir):
-            success = trainer.evaluate()["eval_success"]
+            success = trainer.evaluate_one()["eval_success"]
             bar.set_postfix(**({"loss": f"{loss_v:.3f}"} if done else {}), success=f"{success:.2f}")  # no loss before a step
             if success >= target:
                 break
@@ -126,7 +126,7 @@ def sft(trainer, *, steps: int, target: float, log=None) -> dict:
         tokens, done = tokens + n_tok, step + 1
     else:
         if steps > 0:
-            success = trainer.evaluate()["eval_success"]
+            success = trainer.evaluate_one()["eval_success"]
     bar.close()
     return {"sft_steps": done, "sft_loss": loss_v, "sft_success": success,
             "sft_expert_success": float(np.mean(expert_succ)) if expert_succ else math.nan,

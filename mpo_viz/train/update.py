@@ -32,7 +32,6 @@ each ran before its minibatch's step and the later steps moved the policy again.
 
 from __future__ import annotations
 
-import warnings
 from collections import defaultdict
 from dataclasses import dataclass, field
 from typing import Any, overload
@@ -44,13 +43,13 @@ from mpo_viz.data.trajectory import TrajectoryBatch
 from mpo_viz.losses import (
     aggregate,
     clip_flags,
+    get_loss,
     kl_penalty,
     policy_loss,
     token_entropy,
     token_logprobs,
     value_loss,
 )
-from mpo_viz.losses import get as get_loss
 from mpo_viz.train.config import Config
 
 __all__ = ["Rows", "rows_of", "micro_batches", "forward_policy", "forward_critic", "normaliser",
@@ -336,17 +335,15 @@ class UpdateSettings:
                    value_clip=value_clip, grad_clip=cfg.grad_clip)
 
 
-_LEARNER_KEYS = ("policy", "policy_opt", "critic", "critic_opt")
 
 
-def update_epochs(r: Rows, learners: Learners | None = None, settings: UpdateSettings | None = None, *,
-                  generator: torch.Generator, pad_id: int, device, **keywords) -> dict:
+def update_epochs(r: Rows, learners: Learners, settings: UpdateSettings, *,
+                  generator: torch.Generator, pad_id: int, device) -> dict:
     """Run ``settings.epochs`` × ``settings.minibatches`` optimizer steps on the rows of ``r``;
     returns the metrics.
 
     ``learners.policy=None`` updates only the critic (the critic's own pass); ``critic=None`` only
-    the policy. (The former call with every setting a keyword — ``policy=, policy_opt=, critic=,
-    critic_opt=, epochs=, minibatches=, ...`` — still works, with a ``DeprecationWarning``.)
+    the policy.
     Metrics: ``policy_loss``, ``entropy`` (token-mean), ``kl_ref`` (with a reference),
     ``grad_norm`` (policy, before clipping), ``value_loss``, ``critic_grad_norm`` — each the mean
     over optimizer steps of the minibatch's value; every :func:`mpo_viz.losses.policy_loss` metric
@@ -354,16 +351,6 @@ def update_epochs(r: Rows, learners: Learners | None = None, settings: UpdateSet
     micro-batches by :class:`MetricMeter`; ``update_tokens`` (action tokens × epochs) and
     ``optimizer_steps``.
     """
-    if keywords:
-        warnings.warn("update_epochs(r, policy=..., epochs=..., ...) is deprecated: pass "
-                      "update_epochs(r, Learners(...), UpdateSettings(...), generator=, pad_id=, device=)",
-                      DeprecationWarning, stacklevel=2)
-        learners = Learners(**{k: keywords.pop(k) for k in _LEARNER_KEYS if k in keywords})
-        keywords["loss_options"] = dict(keywords.get("loss_options") or {})
-        settings = UpdateSettings(**keywords)
-    if learners is None or settings is None:
-        raise TypeError("update_epochs: expected update_epochs(r, Learners(...), UpdateSettings(...), generator=, "
-                        "pad_id=, device=)")
     run = _Update(r, learners, settings, generator, pad_id, device)
     for model in (learners.policy, learners.critic):
         if model is not None:

@@ -43,7 +43,7 @@ def options_of(name: str, options: dict) -> dict:
             key, group = k.split("@", 1)
             if name in group.split("+"):
                 plain[key] = v
-    return registry.estimator_options(name, plain)
+    return registry.accepted_options(name, plain)
 
 
 class AdvantageEngine:
@@ -117,7 +117,7 @@ class ParamControls(W.VBox):
         for key in vocab:
             groups: list[tuple[registry.Option, list[str]]] = []
             for n in registry.takers(key, names):
-                o = next(x for x in registry.options(n) if x.name == key)
+                o = next(x for x in registry.estimator_options(n) if x.name == key)
                 for g in groups:
                     if g[0].same_meaning(o) and g[0].default == o.default:
                         g[1].append(n)

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import html
 import time
-import warnings
 from pathlib import Path
 
 import ipywidgets as W
@@ -43,13 +42,6 @@ __all__ = ["TrajectoryExplorer", "as_batch", "trajectory_table"]
 
 
 
-def __getattr__(name):
-    if name == "RETURN_SOURCES":  # deprecated: the estimators declare it (register(critic_returns=))
-        warnings.warn("RETURN_SOURCES is deprecated: the value curve shows the returns of "
-                      "mpo_viz.advantages.returns_source(names)", DeprecationWarning, stacklevel=2)
-        return tuple(registry.critic_returns_estimators())
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-
 TABLE_CSS = """.mpo-turns table { border-collapse: collapse; font-size: 12px; }
 .mpo-turns td, .mpo-turns th { padding: 2px 8px; border-bottom: 1px solid #eee; text-align: right;
   font-variant-numeric: tabular-nums; }
@@ -74,7 +66,7 @@ def trajectory_table(batch: TrajectoryBatch, advantages: dict | None = None) -> 
     df = pd.DataFrame({
         "row": np.arange(len(batch)),
         "traj_id": list(batch.traj_ids),
-        "reward": batch.rewards.numpy().astype(np.float64).sum(axis=1) if len(batch) else np.zeros(0),
+        "reward": batch.token_rewards.numpy().astype(np.float64).sum(axis=1) if len(batch) else np.zeros(0),
         "turns": np.asarray(batch.num_turns, dtype=np.int64),
         "tokens": batch.lengths.numpy().astype(np.int64),
         "action": mask.sum(axis=1).astype(np.int64),

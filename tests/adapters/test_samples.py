@@ -86,7 +86,7 @@ def test_reward_moves_are_counted(converted):
 def test_step_and_text_layouts_keep_total_rewards(converted, episodes, name):
     b, rep = converted[name]
     totals = {}
-    for tid, s in zip(b.traj_ids, b.rewards.sum(1).tolist()):
+    for tid, s in zip(b.traj_ids, b.token_rewards.sum(1).tolist()):
         key = tid.split("/step")[0]
         totals[key] = totals.get(key, 0.0) + s
     want = [sum(e["turn_rewards"]) for e in episodes]
@@ -99,4 +99,4 @@ def test_step_and_text_layouts_keep_total_rewards(converted, episodes, name):
             n = e["ends"][-1]
             assert b.row(i)["response_ids"] == e["row"]["response_ids"][:n]
     assert not math.isnan(sum(totals.values()))
-    assert np.isfinite(b.rewards.numpy()).all()
+    assert np.isfinite(b.token_rewards.numpy()).all()

@@ -47,7 +47,7 @@ def test_scalar_rewards_and_groups_from_prompts():
     out.pop("env_metrics")
     b, rep = from_skyrl(out)
     assert b.traj_ids == ["row0", "row1"] and b.group_ids == ["prompt0", "prompt1"]
-    assert b.reward.tolist() == [1.0, 0.0] and "token_rewards" not in b.row(0)
+    assert b.outcome_reward.tolist() == [1.0, 0.0] and "token_rewards" not in b.row(0)
     assert any("group_id from identical prompt_token_ids" in k for k in rep.notes)
 
 

@@ -75,7 +75,7 @@ def test_rllm_episode_and_agent_lightning_rewards():
     # onto the last triplet: both already carried by the steps, so not added again
     assert e["turn_rewards"] == [0.1, 1.0] and math.isnan(e["reward"])
     assert a["turn_rewards"] == [0.0, 1.0] and math.isnan(a["reward"]) and a["step"] == 4
-    assert b.rewards.sum(1).tolist() == pytest.approx([1.1, 1.0])
+    assert b.token_rewards.sum(1).tolist() == pytest.approx([1.1, 1.0])
     assert rep.notes[next(k for k in rep.notes if k.startswith("trajectory reward equals"))] == 2
 
 

@@ -36,12 +36,12 @@ def test_trl_text_rows(tmp_path, tok):
     assert r["prompt_ids"] == [12, 13, 14, 15, 16, 17] and r["response_ids"] == [20, 15, 21, 17, 22, 23, 25, 23]
     assert r["loss_mask"] == [1] * 8 and r["num_turns"] == 1 and r["step"] == 10
     assert r["reward"] == 1.5 and r["advantages"] == pytest.approx([0.7] * 8)
-    assert b.reward[1] == 0.0  # the NaN format score is skipped (TRL's nansum)
-    assert math.isnan(b.reward[2])  # no reward function scored it
+    assert b.outcome_reward[1] == 0.0  # the NaN format score is skipped (TRL's nansum)
+    assert math.isnan(b.outcome_reward[2])  # no reward function scored it
     assert json.loads(r["extra_json"]) == {"note": "a"}
     assert rep.notes["reward = sum of columns ['correctness', 'format']"] == 1
     b2, _ = from_trl(f, tokenizer=tok, reward_columns=["correctness"])
-    assert b2.reward[0] == 1.0 and json.loads(b2.row(0)["extra_json"]) == {"format": 0.5, "note": "a"}
+    assert b2.outcome_reward[0] == 1.0 and json.loads(b2.row(0)["extra_json"]) == {"format": 0.5, "note": "a"}
 
 
 def test_trl_conversational_rows_get_turns(tmp_path, tok):
@@ -102,7 +102,7 @@ def test_art_rows(tmp_path, tok):
     assert r["response_ids"] == [20, 15, 21, 17, 6, 5, 22, 23, 6, 4, 25, 23, 6] and r["num_turns"] == 2
     assert r["reward"] == 1.0 and r["step"] == 3
     assert json.loads(r["extra_json"]) == {"metrics": {"calls": 1}, "logs": ["ok"]}
-    assert b.row(1)["num_turns"] == 1 and b.reward[1] == 0.0
+    assert b.row(1)["num_turns"] == 1 and b.outcome_reward[1] == 0.0
     assert rep.rows_in == 3 and "trajectory_json" in rep.fields_dropped
     assert any("empty-group markers" in k for k in rep.notes)
     pq.write_table(pa.Table.from_pylist([{"group_index": 0, "reward": 1.0}]), tmp_path / "0001.parquet")

@@ -233,7 +233,7 @@ def test_constant_reward_groups_and_groups_of_one():
 def test_synthetic_batch_matches_reference():
     b = make_batch(12, seed=3, turns=(1, 4), turn_len=(1, 6), obs_len=(1, 5), prompt_len=(2, 4), group_size=3)
     d = {
-        "rewards": b.rewards.double().numpy(), "values": b.values.double().numpy(), "mask": b.mask.double().numpy(),
+        "rewards": b.token_rewards.double().numpy(), "values": b.values.double().numpy(), "mask": b.mask.double().numpy(),
         "turn_ids": b.turn_ids.numpy(), "bootstrap_value": b.bootstrap_value.numpy(), "group_ids": b.group_ids,
         "prompt_ids": b.field("prompt_ids"), "response_ids": b.field("response_ids"),
     }

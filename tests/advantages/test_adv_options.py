@@ -22,8 +22,8 @@ def batch():
 def _user_estimator():
     """A user's estimator with two declared options and one inferred; registered once per process."""
     name = "test_only_scaled_gae"
-    if name not in A.available():
-        @A.register(name, needs=("values",), inputs=lambda b: ((b.rewards, b.values, b.mask), {}),
+    if name not in A.available_estimators():
+        @A.register_estimator(name, needs=("values",), inputs=lambda b: ((b.token_rewards, b.values, b.mask), {}),
                     options=[A.Option("scale", kind="float", low=0.0, high=2.0, label="scale",
                                       doc="multiplies the GAE advantages"),
                              A.Option("mode", kind="choice", choices=("plain", "negated"), doc="sign of the output")])
@@ -36,8 +36,8 @@ def _user_estimator():
 
 
 def test_builtin_options_come_from_the_one_vocabulary():
-    for name in A.available():
-        est = registry.get(name)
+    for name in A.available_estimators():
+        est = registry.get_estimator(name)
         if not est.fn.__module__.startswith("mpo_viz."):
             continue
         sig = inspect.signature(est.fn).parameters
@@ -46,8 +46,8 @@ def test_builtin_options_come_from_the_one_vocabulary():
             assert o.default == sig[o.name].default  # the default is the signature's
             assert registry._VOCAB[o.name].same_meaning(o)
     # defaults differ per estimator, the meaning does not
-    assert A.options("gae")[1].name == "lam" and A.options("gae")[1].default == 1.0
-    assert [o.default for o in A.options("mpo") if o.name == "lam"] == [0.95]
+    assert A.estimator_options("gae")[1].name == "lam" and A.estimator_options("gae")[1].default == 1.0
+    assert [o.default for o in A.estimator_options("mpo") if o.name == "lam"] == [0.95]
     assert A.vocabulary(["mpo", "gae"])["lam"].default == 0.95  # the first taker's default
     assert A.vocabulary(["gae", "mpo"])["lam"].default == 1.0
 
@@ -84,20 +84,20 @@ def test_register_refuses_inconsistent_declarations():
         return batch.mask, batch.mask
 
     with pytest.raises(ValueError, match=r"option 'lam' \(choice one of a, b\) means something else"):
-        A.register("test_only_bad1", options=[A.Option("lam", kind="choice", choices=("a", "b"))])(f)
+        A.register_estimator("test_only_bad1", options=[A.Option("lam", kind="choice", choices=("a", "b"))])(f)
     with pytest.raises(ValueError, match=r"declares default 0.7 but .*f has 0.5"):
-        A.register("test_only_bad2", options=[A.Option("lam", 0.7, kind="float", low=0.0, high=1.0)])(f)
+        A.register_estimator("test_only_bad2", options=[A.Option("lam", 0.7, kind="float", low=0.0, high=1.0)])(f)
     with pytest.raises(ValueError, match=r"declares 'nope', which .*f does not take"):
-        A.register("test_only_bad3", options=[A.Option("nope")])(f)
+        A.register_estimator("test_only_bad3", options=[A.Option("nope")])(f)
     with pytest.raises(ValueError, match=r"kind: expected one of"):
         A.Option("x", kind="number")
-    assert not [n for n in A.available() if n.startswith("test_only_bad")]
+    assert not [n for n in A.available_estimators() if n.startswith("test_only_bad")]
 
 
 def test_split_options_refuses_an_option_nobody_takes():
     assert A.split_options(["mpo", "grpo"], {"beta": 0.5, "eps": 0.1, "lam": None}) == {
         "mpo": {"beta": 0.5}, "grpo": {"eps": 0.1}}
-    with pytest.raises(OptionError, match=r"beta: none of the estimators gae, grpo takes this option \(mae, mpo do\)"):
+    with pytest.raises(OptionError, match=r"beta: none of the estimators gae, grpo takes this option \(mpo does\)"):
         A.split_options(["gae", "grpo"], {"beta": 0.5})
     with pytest.raises(OptionError, match=r"estimators: unknown estimator 'MPO' \(names are lower case: 'mpo'\)"):
         A.parse_names("gae, MPO")
@@ -106,7 +106,7 @@ def test_split_options_refuses_an_option_nobody_takes():
 
 def test_user_estimator_with_options_runs_and_is_checked(batch):
     name = _user_estimator()
-    assert [(o.name, o.kind, o.default) for o in A.options(name)] == [
+    assert [(o.name, o.kind, o.default) for o in A.estimator_options(name)] == [
         ("scale", "float", 1.0), ("mode", "choice", "plain"), ("tag_count", "int", 3)]
     res = A.compute(batch, name, scale=0.5, mode="negated")
     torch.testing.assert_close(res.advantages, -0.5 * A.compute(batch, "gae").advantages)
@@ -163,8 +163,8 @@ def test_the_functions_own_checks_agree_with_the_declarations(batch):
     # their bounds and choices must be the declared ones: a value just outside is refused by both,
     # a value on a closed bound is accepted by both
     checked = 0
-    for name in A.available():
-        est = registry.get(name)
+    for name in A.available_estimators():
+        est = registry.get_estimator(name)
         if not est.fn.__module__.startswith("mpo_viz."):
             continue
         args, kwargs = est.inputs(batch)

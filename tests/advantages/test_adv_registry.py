@@ -11,7 +11,7 @@ from mpo_viz.advantages import registry
 from mpo_viz.data.synthetic import make_batch
 from mpo_viz.data.trajectory import TrajectoryBatch
 
-NAMES = ["bilevel_gae", "drgrpo", "gae", "gigpo", "grpo", "mae", "mpo", "mt_grpo", "reinforce_pp", "reinforce_pp_baseline", "rloo",
+NAMES = ["bilevel_gae", "drgrpo", "gae", "gigpo", "grpo", "mpo", "mt_grpo", "reinforce_pp", "reinforce_pp_baseline", "rloo",
          "turn_gae", "vapo"]
 
 
@@ -21,8 +21,8 @@ def batch():
 
 
 def test_available_lists_every_builtin():
-    assert set(NAMES) <= set(A.available())
-    assert A.available() == sorted(A.available())
+    assert set(NAMES) <= set(A.available_estimators())
+    assert A.available_estimators() == sorted(A.available_estimators())
 
 
 @pytest.mark.parametrize("name", NAMES)
@@ -33,7 +33,7 @@ def test_compute_every_estimator(batch, name):
     assert res.advantages.dtype == torch.float32
     m = batch.mask.numpy() == 0
     assert (res.advantages.numpy()[m] == 0).all()
-    assert res.options == registry.get(name).options  # all defaults recorded
+    assert res.options == registry.get_estimator(name).options  # all defaults recorded
     assert len(res.turns) == int(batch.num_turns.sum())
     assert res.traj_ids == batch.traj_ids
     assert res.wall_time_s >= res.timings["estimate"] > 0
@@ -41,18 +41,18 @@ def test_compute_every_estimator(batch, name):
 
 
 def test_compute_equals_tensor_function(batch):
-    res = A.compute(batch, "mae", beta=0.5, within="local", turn_lam=0.8)
-    a, g = A.mae(batch.rewards, batch.values, batch.mask, turn_ids=batch.turn_ids,
+    res = A.compute(batch, "mpo", beta=0.5, within="local", turn_lam=0.8)
+    a, g = A.mae(batch.token_rewards, batch.values, batch.mask, turn_ids=batch.turn_ids,
                  bootstrap_value=batch.bootstrap_value, beta=0.5, within="local", turn_lam=0.8)
     torch.testing.assert_close(res.advantages, a, rtol=0, atol=0)
     torch.testing.assert_close(res.returns, g, rtol=0, atol=0)
     assert res.options["beta"] == 0.5 and res.options["lam"] == 0.95 and res.options["value_at"] == "first"
     # mean over each turn of MAE is the turn advantage (turn GAE), whatever β
     tg = A.compute(batch, "turn_gae", turn_lam=0.8)
-    np.testing.assert_allclose(res.turns["adv_mae"], tg.turns["adv_turn_gae"], atol=1e-5)
+    np.testing.assert_allclose(res.turns["adv_mpo"], tg.turns["adv_turn_gae"], atol=1e-5)
     # the result's table is the batch's per-turn table plus this estimator's columns
     base = batch.turns()
-    assert list(res.turns.columns) == [*base.columns, "adv_mae", "ret_mae"]
+    assert list(res.turns.columns) == [*base.columns, "adv_mpo", "ret_mpo"]
     np.testing.assert_allclose(res.turns["value_first"], base["value_first"], atol=0)
     np.testing.assert_allclose(res.turns["reward"], base["reward"], atol=0)
     # turn_gae returns: G^T_k = A^T_k + V(s_k)
@@ -73,7 +73,7 @@ def test_turn_advantage_column_stays_unwhitened(batch, name):
                                rtol=1e-4, atol=1e-5)
     assert not np.allclose(white.advantages.numpy()[m], x)  # whitening did change the tokens
     if name in ("mpo", "turn_gae"):
-        _, _, t = A.mae_with_turns(batch.rewards, batch.values, batch.mask, turn_ids=batch.turn_ids,
+        _, _, t = A.mae_with_turns(batch.token_rewards, batch.values, batch.mask, turn_ids=batch.turn_ids,
                                    bootstrap_value=batch.bootstrap_value,
                                    **({"beta": 0.0, "critic_target": "turn", "lam": 1.0} if name == "turn_gae" else {}))
         at = t["advantage"][~np.isnan(t["advantage"])]  # row-major: the table's turn order
@@ -92,7 +92,7 @@ def test_unknown_name_and_option(batch):
     with pytest.raises(ValueError, match=r"options: estimator 'gae' has no option 'beta'; valid options: gamma, lam, lam_rule, alpha, q, whiten"):
         A.compute(batch, "gae", beta=1.0)
     with pytest.raises(ValueError, match=r"no option 'turn_ids'"):
-        A.compute(batch, "mae", turn_ids=None)  # taken from the batch, not an option
+        A.compute(batch, "mpo", turn_ids=None)  # taken from the batch, not an option
 
 
 def _no_values_batch():
@@ -110,25 +110,25 @@ def test_needs_are_checked_up_front():
     res = A.compute(b, "grpo")
     assert "value_first" not in res.turns and len(res.turns) == 6  # mask [1, 0, 1]: two turns a row
     np.testing.assert_allclose(res.advantages.numpy()[:, 0], [-1, 0, 1], atol=1e-5)
-    assert registry.get("gigpo").needs == ("groups", "turns", "prompt_ids", "response_ids")
+    assert registry.get_estimator("gigpo").needs == ("groups", "turns", "prompt_ids", "response_ids")
 
 
 def test_register_refuses_duplicates_and_runs_custom():
     with pytest.raises(ValueError, match=r"estimator 'gae' is already registered"):
-        A.register("gae")(lambda batch: None)
+        A.register_estimator("gae")(lambda batch: None)
     name = "test_only_constant"
-    if name not in A.available():
-        @A.register(name, needs=("values",))
+    if name not in A.available_estimators():
+        @A.register_estimator(name, needs=("values",))
         def constant(batch, *, c=2.0):
             """Every action token gets c."""
             return batch.mask * c, batch.mask * c
     b = make_batch(3, seed=1)
     res = A.compute(b, name, c=3.0)
     assert res.options == {"c": 3.0}
-    assert registry.get(name).doc == "Every action token gets c."
+    assert registry.get_estimator(name).doc == "Every action token gets c."
     np.testing.assert_allclose(res.turns[f"adv_{name}"], 3.0)
     with pytest.raises(ValueError, match=r"estimator 'test_only_constant' is already registered"):
-        A.register(name)(lambda batch: None)
+        A.register_estimator(name)(lambda batch: None)
 
 
 def test_attach_puts_results_on_the_batch(batch):

@@ -282,10 +282,10 @@ def test_vapo_rule_is_vapo_and_fixed_is_todays_gae(make_random):
 def test_mpo_turn_lambda_follows_the_rule():
     b = make_batch(8, seed=4, turns=(1, 4), turn_len=(1, 5), group_size=2)
     for rule, kw in (("vapo", {"alpha": 0.6}), ("relative_position", {"q": 0.4})):
-        a, _ = A.mae(b.rewards, b.values, b.mask, turn_ids=b.turn_ids, lam_rule=rule, **kw)
+        a, _ = A.mae(b.token_rewards, b.values, b.mask, turn_ids=b.turn_ids, lam_rule=rule, **kw)
         # each row equals mae with that row's λ_T as a fixed turn_lam
         for i, k in enumerate(b.num_turns):
             lam = (max(1 - 1 / (0.6 * k), 0.0) if rule == "vapo" else (0.4 ** (1 / (k - 1)) if k > 1 else 1.0))
-            row, _ = A.mae(b.rewards[i:i + 1], b.values[i:i + 1], b.mask[i:i + 1], turn_ids=b.turn_ids[i:i + 1],
+            row, _ = A.mae(b.token_rewards[i:i + 1], b.values[i:i + 1], b.mask[i:i + 1], turn_ids=b.turn_ids[i:i + 1],
                            turn_lam=float(lam))
             torch.testing.assert_close(a[i:i + 1], row, rtol=1e-6, atol=1e-6)

@@ -166,5 +166,5 @@ def test_worked_example_through_compute():
     np.testing.assert_allclose(tg.turns["adv_turn_gae"], EXPECT["turn_gae"][0] + EXPECT["turn_gae"][1], atol=3e-6)
     tok = A.compute(batch, "gae", lam=0.9)
     np.testing.assert_allclose(_act(tok.advantages, Mb, 0), EXPECT["token_gae_A"], atol=3e-6)
-    loc = A.compute(batch, "mae", lam=0.9, within="local")
+    loc = A.compute(batch, "mpo", lam=0.9, within="local")
     np.testing.assert_allclose(_act(loc.advantages, Mb, 0), EXPECT["mae_local_A"], atol=3e-6)

@@ -30,7 +30,7 @@ def test_the_minimum_of_data_for_a_verdict(n, scores, turns, want):
 
 def test_batch_shortfall_counts_scores_and_turns():
     b = mv.synthetic.make_batch(16, seed=0, turn_len=(2, 4), obs_len=(1, 2))
-    assert batch_shortfall(b) == data_shortfall(16, b.rewards.sum(1).double().numpy(), int(b.num_turns.max()))
+    assert batch_shortfall(b) == data_shortfall(16, b.token_rewards.sum(1).double().numpy(), int(b.num_turns.max()))
     assert batch_shortfall(b[:3]).startswith("3 trajectories")
 
 

@@ -27,7 +27,7 @@ from jupyter_helpers import (  # noqa: I001
 
 import mpo_viz as mv
 from mpo_viz import advantages as adv
-from mpo_viz.advantages import estimator_options
+from mpo_viz.advantages import accepted_options
 
 pytestmark = pytest.mark.browser
 
@@ -180,7 +180,7 @@ def test_widgets_in_jupyterlab(page, page_errors, jupyter_server, tmp_path):
     # ---- the explorer's first view: MPO with the default sliders
     def mpo_row(row, **opts):
         o = dict(opts)  # unset options: mpo's defaults, as the sliders start
-        return adv.compute(b, "mpo", **estimator_options("mpo", o)).advantages[row].numpy()
+        return adv.compute(b, "mpo", **accepted_options("mpo", o)).advantages[row].numpy()
 
     a_before = _trace(page, ex_css, "A (mpo)")
     np.testing.assert_allclose(a_before[act0], mpo_row(0)[:n0][act0], rtol=1e-5, atol=1e-6)

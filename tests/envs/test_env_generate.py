@@ -60,11 +60,11 @@ def test_generate_is_deterministic_and_value_noise_is_gaussian():
 
 def test_shaping_writes_turn_rewards():
     b = generate(GenerateConfig(env="search", episodes=8, seed=0, env_options={"shaping": 0.1}))
-    assert np.isnan(b.reward).all() and b.has("turn_rewards")
+    assert np.isnan(b.outcome_reward).all() and b.has("turn_rewards")
     # the oracle values include the shaping: V(s_0) ≈ mean return is checked in test_env_oracle;
     # here the per-token rewards add up to the turn rewards
     tr = b.field("turn_rewards")
-    assert np.allclose(b.rewards.sum(1).numpy(), [np.sum(x) for x in tr])
+    assert np.allclose(b.token_rewards.sum(1).numpy(), [np.sum(x) for x in tr])
 
 
 @pytest.mark.parametrize("suffix", [".parquet", ".jsonl"])
@@ -115,7 +115,7 @@ def test_long_horizon_without_reasoning(tmp_path):
     assert main(["generate", "--env", "tooluse", "--noise", "0", "--episodes", "4", "--difficulty", "20-22",
                  "--no-reasoning", "--out", str(out)]) == 0
     b = mv.load(out)
-    assert (b.num_turns >= 20).all() and (b.num_turns <= 22).all() and (b.reward == 1).all()
+    assert (b.num_turns >= 20).all() and (b.num_turns <= 22).all() and (b.outcome_reward == 1).all()
     toks = list(b.field("response_tokens")[0])
     assert toks[0] == "calc" and toks[4] == "<|eot|>" and toks[5] == "<|tool|>"  # "calc x op c <|eot|>"
     np.testing.assert_allclose(b.padded("values")[b.padded("loss_mask") == 1].numpy(), 1.0)  # noise 0: V = 1

@@ -103,15 +103,15 @@ import json
 import torch
 from mpo_viz.advantages import registry
 
-@registry.register("probe_before", needs=("values", "turns"))
+@registry.register_estimator("probe_before", needs=("values", "turns"))
 def probe_before(rewards, values, mask, *, scale: float = 1.0):
     return (rewards - values) * mask * scale, values * mask
 
-@registry.register("probe_groups", needs=("values", "groups"))
+@registry.register_estimator("probe_groups", needs=("values", "groups"))
 def probe_groups(rewards, values, mask, *, scale: float = 1.0):
     return rewards, values
 
-@registry.register("probe_extra", needs=("values",))
+@registry.register_estimator("probe_extra", needs=("values",))
 def probe_extra(rewards, values, mask, lengths):  # a fourth input verl does not provide
     return rewards, values
 
@@ -119,7 +119,7 @@ import verl  # the entry point loads the plugin: probe_before is in the registry
 from verl.trainer.ppo import core_algos as ca
 import mpo_viz.integrations.verl as plugin
 
-@registry.register("probe_after", needs=("values",))
+@registry.register_estimator("probe_after", needs=("values",))
 def probe_after(rewards, values, mask, *, shift: float = 0.0):
     return (rewards + shift) * mask, values * mask
 

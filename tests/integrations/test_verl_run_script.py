@@ -68,7 +68,7 @@ def test_plugin_writes_the_same_trajectories_and_mpo_advantages(tmp_path):
     for f in ("response_ids", "loss_mask", "prompt_ids", "values", "old_logprobs", "rollout_logprobs"):
         for x, y in zip(got.field(f), b.field(f)):
             np.testing.assert_array_equal(x, y)
-    np.testing.assert_allclose(got.reward, b.padded("rewards", torch.float64).sum(1).numpy(), rtol=0, atol=1e-6)
+    np.testing.assert_allclose(got.outcome_reward, b.padded("rewards", torch.float64).sum(1).numpy(), rtol=0, atol=1e-6)
     # the score moved onto the last action token: the same as the rollout's outcome reward placement
     m = b.mask.float()
     want, _ = mae(b.padded("rewards", torch.float32), b.values.float(), m)

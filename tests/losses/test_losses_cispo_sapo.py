@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 import torch
 
-from mpo_viz.losses import get, options, policy_loss
+from mpo_viz.losses import get_loss, loss_options, policy_loss
 
 FIXTURE = json.loads((Path(__file__).parent / "fixtures" / "skyrl_cispo_sapo.json").read_text(encoding="utf-8"))
 
@@ -60,7 +60,7 @@ def test_cispo_by_hand_clips_the_weight_keeps_the_token():
     loss, grad, met = _loss_and_grad("cispo", lp, lp - torch.tensor([[2.0, -3.0, 0.0]], dtype=torch.float64), adv, [[1, 1, 1]])
     np.testing.assert_allclose(grad[0], -adv.numpy()[0] * np.array([5.0, math.exp(-3.0), 1.0]), rtol=1e-12)
     assert met["clipfrac_low"] == 0 and met["clipfrac_high"] == pytest.approx(1 / 3)
-    assert get("cispo").clip_low == 1.0 and get("cispo").clip_high == 4.0
+    assert get_loss("cispo").clip_low == 1.0 and get_loss("cispo").clip_high == 4.0
 
 
 def test_sapo_by_hand_soft_gate():
@@ -77,8 +77,8 @@ def test_sapo_by_hand_soft_gate():
     assert loss[0, 0] == pytest.approx(-2.0 * 2 * sig, rel=1e-12)
     assert grad[0, 0] == pytest.approx(-2.0 * 4 * sig * (1 - sig) * r, rel=1e-12)
     assert met["clipfrac"] == 0.0
-    assert get("sapo").agg == "seq-mean-token-mean"
-    assert {o.name: o.default for o in options("sapo")}["tau_neg"] == 1.05
+    assert get_loss("sapo").agg == "seq-mean-token-mean"
+    assert {o.name: o.default for o in loss_options("sapo")}["tau_neg"] == 1.05
 
 
 @pytest.mark.parametrize("kind", ["cispo", "sapo"])

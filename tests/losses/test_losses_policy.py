@@ -12,12 +12,12 @@ import torch
 from mpo_viz.data.turns import turn_ids_from_mask
 from mpo_viz.losses import (
     METRIC_NAMES,
-    available,
+    available_losses,
     clip_flags,
-    get,
+    get_loss,
     policy_loss,
     policy_loss_reference,
-    register,
+    register_loss,
 )
 from mpo_viz.losses.policy import PolicyTerms
 
@@ -205,7 +205,7 @@ def test_sao_by_hand_uses_rollout_logp():
     d = np.array([ln(0.6), ln(0.8), ln(5.5), ln(6.5), ln(0.6)]) - 0.5
     assert met["approx_kl"] == pytest.approx(np.mean(np.exp(d) - 1 - d))
     # defaults for sao come from the registry
-    assert (get("sao").clip_low, get("sao").clip_high) == (0.3, 5.0)
+    assert (get_loss("sao").clip_low, get_loss("sao").clip_high) == (0.3, 5.0)
     # old_logp is optional for sao: the loss is unchanged, approx_kl is then against rollout_logp
     loss2, met2 = policy_loss("sao", lp, None, adv, mask, rollout_logp=roll, agg="none")
     assert torch.equal(loss2.detach(), loss)
@@ -430,16 +430,16 @@ def test_no_action_token_metrics():
 
 
 def test_registry_declares_needs_and_refuses_duplicates():
-    assert set(KINDS) <= set(available())
-    assert get("turn_ppo").needs == frozenset({"turns"})
-    assert get("sao").needs == frozenset({"rollout_logp"}) and get("sao").ratio_against == "rollout_logp"
-    assert get("token_ppo").needs == frozenset()
-    assert (get("gspo").clip_low, get("gspo").clip_high, get("gspo").agg) == (3e-4, 4e-4, "seq-mean-token-mean")
-    assert (get("token_ppo").clip_low, get("turn_ppo").clip_high) == (0.2, 0.2)
+    assert set(KINDS) <= set(available_losses())
+    assert get_loss("turn_ppo").needs == frozenset({"turns"})
+    assert get_loss("sao").needs == frozenset({"rollout_logp"}) and get_loss("sao").ratio_against == "rollout_logp"
+    assert get_loss("token_ppo").needs == frozenset()
+    assert (get_loss("gspo").clip_low, get_loss("gspo").clip_high, get_loss("gspo").agg) == (3e-4, 4e-4, "seq-mean-token-mean")
+    assert (get_loss("token_ppo").clip_low, get_loss("turn_ppo").clip_high) == (0.2, 0.2)
     with pytest.raises(ValueError, match="already registered"):
-        register("turn_ppo", lambda x: None)
+        register_loss("turn_ppo", lambda x: None)
     with pytest.raises(ValueError, match="needs"):
-        register("new_kind_bad_needs", lambda x: None, needs=("values",))
+        register_loss("new_kind_bad_needs", lambda x: None, needs=("values",))
 
 
 def test_register_refuses_presets_outside_the_kinds_options():
@@ -447,17 +447,17 @@ def test_register_refuses_presets_outside_the_kinds_options():
         return None
 
     with pytest.raises(ValueError, match="presets: expected presets of the kind's own options"):
-        register("preset_probe", f, options=("level",), presets={"other": {"a": {"clip_low": 0.1}}})
+        register_loss("preset_probe", f, options=("level",), presets={"other": {"a": {"clip_low": 0.1}}})
     with pytest.raises(ValueError, match="presets: expected presets of the kind's own options"):
-        register("preset_probe", f, options=("level",), presets={"level": {"a": {"tau_pos": 2.0}}})
-    assert "preset_probe" not in available()
+        register_loss("preset_probe", f, options=("level",), presets={"level": {"a": {"tau_pos": 2.0}}})
+    assert "preset_probe" not in available_losses()
 
 
 def test_register_custom_kind():
     name = "test_zero_loss_kind"
-    if name not in available():
+    if name not in available_losses():
 
-        @register(name)
+        @register_loss(name)
         def _zero(x):
             z = torch.zeros_like(x.mask)
             return PolicyTerms(loss=x.logp * 0, clipped_low=z, clipped_high=z, dual_clipped=z)

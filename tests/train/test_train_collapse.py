@@ -65,10 +65,10 @@ def test_token_ratio_far_outside_the_turn_ratio_in_its_clip():
 
 
 def test_the_ratio_rule_follows_the_loss_registry():
-    from mpo_viz.losses import get
+    from mpo_viz.losses import get_loss
 
-    assert get("turn_ppo").span_ratio and get("gspo").span_ratio
-    assert not get("token_ppo").span_ratio and not get("sao").span_ratio
+    assert get_loss("turn_ppo").span_ratio and get_loss("gspo").span_ratio
+    assert not get_loss("token_ppo").span_ratio and not get_loss("sao").span_ratio
 
 
 def test_thresholds_are_arguments():

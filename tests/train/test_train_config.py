@@ -121,13 +121,9 @@ def test_the_expert_critic_needs_a_value_estimator_and_an_oracle():
         Config(estimator="mpo", critic="mc", mc_samples=1)
 
 
-def test_the_old_oracle_name_still_works_with_a_deprecation_warning():
-    with pytest.warns(DeprecationWarning, match="critic='oracle' is the old name of critic='expert'.*0.26 too high"):
-        cfg = Config(estimator="mpo", critic="oracle")
-    assert cfg.critic == "expert" and Config.from_dict(cfg.to_dict()).critic == "expert"
-    with pytest.warns(DeprecationWarning):
-        old = Config.from_dict({**Config(estimator="mpo", critic="expert").to_dict(), "critic": "oracle"})
-    assert old == cfg and old.hash() == cfg.hash()
+def test_the_removed_oracle_name_is_refused_naming_the_kinds():
+    with pytest.raises(ValueError, match=r"critic: expected one of .*'expert'.*found 'oracle'"):
+        Config(estimator="mpo", critic="oracle")
 
 
 def test_mc_samples_unset_leaves_the_identity_of_older_runs():

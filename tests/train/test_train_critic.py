@@ -287,11 +287,11 @@ def test_every_run_of_a_seed_is_judged_on_the_same_tasks(tmp_path):
     c = Trainer(tiny(estimator="mpo", seed=6, eval_seed=5, eval_episodes=3), tmp_path / "c", quiet=True)
     d = Trainer(tiny(estimator="mpo", seed=6, eval_episodes=3), tmp_path / "d", quiet=True)
     assert a._eval_seeds(3) == b._eval_seeds(3) == c._eval_seeds(3) != d._eval_seeds(3)
-    ev = a.evaluation()
+    ev = a.evaluate()
     assert ev["eval_seed"] == 5 and ev["n_eval_tasks"] == 3
     assert {"eval_success", "eval_sampled_success", "eval_sampled_reward_mean"} <= set(ev)
     # the same tasks and sampling seeds every time: the same numbers twice
-    assert a.evaluation() == ev
+    assert a.evaluate() == ev
 
 
 def test_pass_at_k_by_hand():

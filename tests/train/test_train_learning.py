@@ -20,4 +20,4 @@ def test_success_rises_over_a_few_iterations(tmp_path):
     succ = [m["success"] for m in tr.iterate()]
     assert len(succ) == 6
     assert sum(succ[3:]) / 3 > succ[0] + 0.1, succ
-    assert tr.evaluate()["eval_success"] > sft["sft_success"] + 0.15
+    assert tr.evaluate_one()["eval_success"] > sft["sft_success"] + 0.15

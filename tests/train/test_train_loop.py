@@ -125,7 +125,7 @@ def test_run_all_evaluates_once_before_rl_without_changing_the_run(tmp_path):
     cfg = tiny(estimator="grpo", loss="token_ppo", group_size=2, iterations=2, eval_interval=2)
     plain = [_stable(r) for r in Trainer(cfg, tmp_path / "plain", quiet=True).iterate()]
     tr = Trainer(cfg, tmp_path / "run", quiet=True)
-    start = tr.evaluate()
+    start = tr.evaluate_one()
     got = [_stable(r) for r in tr.run_all()]
     assert got == plain  # the evaluation draws from no training RNG
     lines = [json.loads(x) for x in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
@@ -149,20 +149,20 @@ def test_run_all_evaluates_once_before_rl_without_changing_the_run(tmp_path):
 def test_an_evaluation_of_unchanged_weights_is_reused_and_is_what_a_rerun_gives(tmp_path):
     tr = Trainer(tiny(estimator="grpo", loss="token_ppo", group_size=2, iterations=1, eval_episodes=3), tmp_path / "r",
                  quiet=True)
-    greedy, sampled = tr.evaluate(), tr.evaluate(greedy=False)
+    greedy, sampled = tr.evaluate_one(), tr.evaluate_one(greedy=False)
     spent = tr.eval_seconds
-    assert spent > 0 and tr.evaluate() == greedy and tr.evaluate(greedy=False) == sampled
+    assert spent > 0 and tr.evaluate_one() == greedy and tr.evaluate_one(greedy=False) == sampled
     assert tr.eval_seconds == spent  # nothing played again
     tr._evals.clear()  # played again: the same episodes, the same numbers
-    assert tr.evaluate() == greedy and tr.eval_seconds > spent
+    assert tr.evaluate_one() == greedy and tr.eval_seconds > spent
     # other weights are evaluated again (an update, or any in-place change of a tensor)
     spent = tr.eval_seconds
     with torch.no_grad():
         next(tr.policy.model.parameters()).view(-1)[0] += 1e-3
-    tr.evaluate()
+    tr.evaluate_one()
     assert tr.eval_seconds > spent
     spent = tr.eval_seconds
-    tr.evaluate(n_episodes=2)  # another number of tasks is another evaluation
+    tr.evaluate_one(n_episodes=2)  # another number of tasks is another evaluation
     assert tr.eval_seconds > spent
 
 
@@ -334,7 +334,7 @@ def test_empg_trains_on_the_entropy_its_rollout_records(tmp_path):
             assert np.isfinite(ent[act]).all() and (ent[act] > 0).all() and (ent[act] <= math.log(vocab) + 1e-5).all()
             np.testing.assert_allclose(ent[act], want[act], atol=1e-5, rtol=0)
             assert (ent[~act] == 0).all()
-    want_adv, _ = reference_empg(b.rewards.numpy(), b.mask.numpy(), b.group_ids, entropy=b.padded("entropy").numpy(),
+    want_adv, _ = reference_empg(b.token_rewards.numpy(), b.mask.numpy(), b.group_ids, entropy=b.padded("entropy").numpy(),
                                  turn_ids=b.turn_ids.numpy())
     mask = b.mask.bool().numpy()
     np.testing.assert_allclose(b.padded("advantages").numpy()[mask], np.asarray(want_adv)[mask], atol=1e-5)

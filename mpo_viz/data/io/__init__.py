@@ -76,11 +76,11 @@ def pieces(path, errors: str = "raise", rows_per_chunk: int | None = None) -> It
             yield TrajectoryBatch.from_columns(cols, meta, problems=problems, errors=errors, seen_ids=seen)
 
 
-def load(path, *, errors: str = "raise", trust: bool = False):
+def load(path, *, errors: str = "raise"):
     """Load a ``.jsonl`` / ``.parquet`` file or a folder of them into one validated TrajectoryBatch.
 
-    ``trust`` is accepted for API symmetry; no format read here can execute code (nothing is
-    unpickled), so it changes nothing.
+    No format read here can execute code (nothing is unpickled). The whole input is held in memory;
+    :func:`scan` streams it in bounded chunks.
     """
     parts = list(pieces(path, errors, rows_per_chunk=4096))
     if not parts:

@@ -3,7 +3,7 @@
 Importing this module registers, in verl (``verl.trainer.ppo.core_algos``):
 
 * advantage estimators (``register_adv_est``): every estimator of :mod:`mpo_viz.advantages` that
-  runs on critic values and turns alone — ``mpo`` and ``mae`` (MAE), ``turn_gae``, ``vapo`` today,
+  runs on critic values and turns alone — ``mpo`` (MAE), ``turn_gae``, ``vapo`` today,
   and any registered later (the rule: :mod:`.options`) — except names verl has itself (``gae``);
   options from ``algorithm.<name>.*``, critic values required (:mod:`.estimators`);
 * policy losses ``turn_ppo``, ``turn_ppo_product`` and ``mpo_<kind>`` for our gspo, sao, cispo

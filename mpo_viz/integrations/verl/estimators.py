@@ -10,7 +10,7 @@ an error saying what to set.
 For a batch with rewards ``r`` (B, R) (observation rewards moved, :mod:`.batch`), values ``V``
 (B, R) and ``response_mask`` ``m`` (B, R) whose maximal runs of 1 are the assistant turns:
 
-* ``mpo`` (and its other name ``mae``): MAE, ``A_{k,j} = A^T_k + β·(u_{k,j} − mean_j u_{k,j})``
+* ``mpo``: MAE, ``A_{k,j} = A^T_k + β·(u_{k,j} − mean_j u_{k,j})``
   (:func:`mpo_viz.advantages.mae`);
 * ``turn_gae``: ``A^T_k`` broadcast over turn k's tokens (:func:`mpo_viz.advantages.turn_gae`);
 * ``vapo``: token GAE with the length-adaptive ``λ = 1 − 1/(α·ℓ)`` (:func:`mpo_viz.advantages.vapo`);

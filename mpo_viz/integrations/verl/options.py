@@ -7,11 +7,11 @@ verl's batch carries — its ``needs`` include critic ``values`` and nothing bey
 and nothing else it requires (the call :mod:`.estimators` and :mod:`.runlog` make). A name verl registers itself (``gae``) stays
 verl's: :func:`refresh_estimators` leaves out the names it is told to skip, and the plugin's
 ``register()`` tells it verl's own. An estimator added to the registry later is offered by the same
-rule, without code here. Today: ``mpo`` and ``mae`` (MAE), ``turn_gae``, ``vapo``.
+rule, without code here. Today: ``mpo`` (MAE), ``turn_gae``, ``vapo``.
 
 Estimator ``NAME`` (``mpo``, ``turn_gae``, ...) reads its options from ``algorithm.NAME.*`` — e.g.
 ``+algorithm.mpo.beta=0.5`` on verl's Hydra command line. The option names and defaults are the
-ones :mod:`mpo_viz.advantages.registry` declares for that estimator (``registry.options(name)``);
+ones :mod:`mpo_viz.advantages.registry` declares for that estimator (``registry.estimator_options(name)``);
 their declarations (kind, bounds, choices) are the registry's too, so an unknown key or a bad value
 is an error naming ``algorithm.NAME.KEY`` with what was expected and found. verl's own
 ``algorithm.gamma``/``algorithm.lam`` belong to verl's estimators and are not read by ours (our

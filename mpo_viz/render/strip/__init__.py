@@ -325,7 +325,7 @@ def strip_payload(
     if channel is None:
         channel = next((k for k in chans if k.startswith("adv_")), None) or ("value" if "value" in chans else None)
     toks, notes = _row_tokens(batch, row, n, tokens)
-    score = float(sub.rewards[0].sum())
+    score = float(sub.token_rewards[0].sum())
     meta = {"group": batch.group_ids[row], "score": round(score, 6), "turns": int(sub.num_turns[0])}
     payload = payload_from_arrays(toks, mask, sub.turn_ids[0, :n].numpy(), chans, channel_info=ch.info,
                                   channel=channel, title=title if title is not None else f"trajectory {batch.traj_ids[row]}",
