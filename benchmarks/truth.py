@@ -15,7 +15,7 @@ On the shipped automation start (`trajectories/starts/automation`), for base epi
 Columns: seconds per base episode for each, `(a)/(c)` (target ≤ 1.3) and `(a)/(b)`, the
 continuations and their action tokens, and the load (1-minute average) before and after. Each cell
 is the median over `--repeats` rounds of (a), (b), (c) in turn; one torch thread. Both (a) and (b)
-give the same returns bit for bit (tested in tests/rollout/test_rollout_truth.py).
+give the same returns bit for bit (tested in tests/rollout/test_truth.py).
 """
 
 from __future__ import annotations

@@ -12,7 +12,7 @@ The first four kinds share one shape. With ``logr_t = clamp(logπ_θ − logπ_b
   (``ratio="product"``). The value of ``s`` is ``ρ_k`` (turn-level trust region) but its gradient
   is ``ρ_k·∇logπ_θ(j)`` (token-level credit). Making ``ρ_k`` itself differentiable would give every
   token of the turn the gradient ``−ρ_k·mean_j A_{k,j}·∇logπ``: MAE's within-turn centering would
-  cancel. ``tests/losses/test_losses_policy.py`` holds a regression test for exactly this.
+  cancel. ``tests/losses/test_policy.py`` holds a regression test for exactly this.
   The turn's band alone lets one token of a long turn move far while the turn's mean ratio stays
   inside it (ε = 0.2 on a 26-token geometric mean admits a ~1.2^26-fold move of one token), and
   the turn ratio weights every token's gradient by ρ_k ≈ 1, so a token whose probability already

@@ -554,7 +554,7 @@ def _default_text(v) -> str:
 
 def config_table() -> str:
     """The field table of docs/training.md (markdown), generated from the declarations: field,
-    default, what a valid value is, and the doc. ``tests/train/test_train_config.py`` checks that
+    default, what a valid value is, and the doc. ``tests/train/test_config.py`` checks that
     the committed table is this one; :func:`write_config_table` rewrites it."""
     rows = ["| field | default | valid values | meaning |", "|---|---|---|---|"]
     for name, o in Config.options().items():

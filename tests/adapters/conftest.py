@@ -1,11 +1,9 @@
 """Shared fixtures of the adapter tests: a local tokenizer folder with a chat template (built here,
 nothing is downloaded) and the sample logs of trajectories/samples."""
 
-from pathlib import Path
 
 import pytest
 
-SAMPLES = Path(__file__).resolve().parents[2] / "trajectories" / "samples"
 WORDS = "you are an agent . task : add 2 and 3 then 4 calc + result 5 9 answer correct wrong the is".split()
 
 

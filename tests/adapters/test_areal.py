@@ -8,13 +8,13 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 import torch
-from conftest import SAMPLES
 from safetensors.torch import load_file
 
 import mpo_viz as mv
 from mpo_viz import TrajectoryError
 from mpo_viz.adapters import from_areal
 from mpo_viz.adapters.areal import areal_turn_ids
+from tests.adapters.adapter_data import SAMPLES
 
 SAMPLE = SAMPLES / "areal_rollout.safetensors"
 

@@ -5,11 +5,11 @@ import json
 import pickle
 
 import pytest
-from conftest import SAMPLES
 
 import mpo_viz as mv
 from mpo_viz.cli import main
 from mpo_viz.data.trajectory import row_to_json
+from tests.adapters.adapter_data import SAMPLES
 
 TOK = str(SAMPLES / "tokenizer")
 CASES = [

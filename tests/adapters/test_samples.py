@@ -5,7 +5,6 @@ import math
 
 import numpy as np
 import pytest
-from conftest import SAMPLES
 
 from mpo_viz.adapters import (
     from_areal,
@@ -16,6 +15,7 @@ from mpo_viz.adapters import (
     from_trl,
     from_verl,
 )
+from tests.adapters.adapter_data import SAMPLES
 
 
 @pytest.fixture(scope="module")

@@ -5,10 +5,10 @@ import json
 import pickle
 
 import pytest
-from adapter_data import C0, C1, OBS, P0
 
 from mpo_viz import TrajectoryError
 from mpo_viz.adapters import from_skyrl
+from tests.adapters.adapter_data import C0, C1, OBS, P0
 
 
 def output(**over):

@@ -6,10 +6,10 @@ import json
 import math
 
 import pytest
-from adapter_data import C0, C1, OBS, P0
 
 from mpo_viz import TrajectoryError
 from mpo_viz.adapters import from_steps
+from tests.adapters.adapter_data import C0, C1, OBS, P0
 
 
 def verifiers_rollout(**over):

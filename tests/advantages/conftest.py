@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import pytest
-from adv_batches import random_batch
+
+from tests.advantages.adv_batches import random_batch
 
 
 @pytest.fixture

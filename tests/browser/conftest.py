@@ -135,7 +135,7 @@ def jupyter_server(tmp_path):
     root folder ``tmp_path / "root"``; isolated config/runtime/workspace folders. Yields an object
     with ``url`` (``http://127.0.0.1:PORT``), ``port``, ``root`` (Path), ``pid`` and ``log`` (Path).
     """
-    from jupyter_helpers import LabError, jupyter_lab
+    from tests.browser.jupyter_helpers import LabError, jupyter_lab
 
     try:
         lab = jupyter_lab(tmp_path)

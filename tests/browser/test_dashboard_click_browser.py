@@ -8,10 +8,10 @@ from __future__ import annotations
 import json
 
 import pytest
-from jupyter_helpers import open_notebook, run_all, write_notebook
 
 from mpo_viz.data.runfolder import RunFolder
 from mpo_viz.data.trajectory import TrajectoryBatch
+from tests.browser.jupyter_helpers import open_notebook, run_all, write_notebook
 
 pytestmark = pytest.mark.browser
 

@@ -17,7 +17,8 @@ from pathlib import Path
 
 import nbformat
 import pytest
-from jupyter_helpers import FRONT, open_notebook, tidy_for_screenshots  # noqa: I001
+
+from tests.browser.jupyter_helpers import FRONT, open_notebook, tidy_for_screenshots  # noqa: I001
 
 pytestmark = pytest.mark.browser
 

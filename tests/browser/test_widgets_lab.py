@@ -15,7 +15,11 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from jupyter_helpers import (  # noqa: I001
+
+import mpo_viz as mv
+from mpo_viz import advantages as adv
+from mpo_viz.advantages import accepted_options
+from tests.browser.jupyter_helpers import (  # noqa: I001
     open_notebook,
     plot_data,
     run_all,
@@ -24,10 +28,6 @@ from jupyter_helpers import (  # noqa: I001
     time_slider,
     write_notebook,
 )
-
-import mpo_viz as mv
-from mpo_viz import advantages as adv
-from mpo_viz.advantages import accepted_options
 
 pytestmark = pytest.mark.browser
 

@@ -60,7 +60,7 @@ def test_e4_rows_by_hand():
 
 
 def test_fit_one_passes_positions_and_gives_e1_rows_only_for_the_default(monkeypatch):
-    """That a turn-start fit reads only turn starts is tests/train/test_train_critic.py's
+    """That a turn-start fit reads only turn starts is tests/train/test_critic.py's
     test_fit_at_turn_starts_reads_only_turn_start_positions; here: the benchmark asks for it."""
     import mpo_viz.train.critic_fit as cf
 

@@ -13,11 +13,11 @@ from hydra import compose, initialize_config_dir
 from verl.trainer.ppo import core_algos
 from verl.trainer.ppo.utils import need_critic
 from verl.utils.config import omega_conf_to_dataclass
-from verl_batches import copy, multi_turn_batch
 
 import mpo_viz.advantages as A
 from mpo_viz.integrations.verl.batch import move_observation_rewards
 from mpo_viz.losses import policy_loss
+from tests.integrations.verl_batches import copy, multi_turn_batch
 
 RECIPE = [
     "algorithm.adv_estimator=mpo",

@@ -10,12 +10,12 @@ import verl.trainer.ppo.ray_trainer as rt
 import verl.trainer.ppo.v1.utils as v1u
 from omegaconf import OmegaConf
 from verl.trainer.ppo import core_algos
-from verl_batches import SPECS, UIDS, copy, make_batch, multi_turn_batch
 
 import mpo_viz.advantages as A
 from mpo_viz.advantages import reference as ref
 from mpo_viz.integrations.verl.batch import move_observation_rewards
 from mpo_viz.integrations.verl.estimators import MissingCriticError
+from tests.integrations.verl_batches import SPECS, UIDS, copy, make_batch, multi_turn_batch
 
 ORIGINAL = rt.compute_advantage.__mpo_viz_wrapped__  # verl's function, as shipped
 

@@ -9,11 +9,11 @@ import pytest
 import torch
 import verl.trainer.ppo.ray_trainer as rt
 from omegaconf import OmegaConf
-from verl_batches import UIDS, copy, multi_turn_batch
 
 import mpo_viz as mv
 import mpo_viz.advantages as A
 from mpo_viz.integrations.verl.batch import move_observation_rewards
+from tests.integrations.verl_batches import UIDS, copy, multi_turn_batch
 
 
 def algo(name="mpo", **sections):

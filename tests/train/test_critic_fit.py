@@ -1,8 +1,6 @@
 """fit_critic on a pretrained trunk (a Hugging Face folder), early stopping on the held-out
 explained variance, and the best evaluation's weights kept."""
 
-import sys
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -15,9 +13,7 @@ from mpo_viz.checks import OptionError
 from mpo_viz.cli import main
 from mpo_viz.envs import make_env
 from mpo_viz.train.critic_fit import fit_critic, fit_targets, holdout_split, trunk_critic
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from model_helpers import make_instruct_folder  # noqa: E402
+from tests.models.model_helpers import make_instruct_folder
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # see tests/conftest.py
 

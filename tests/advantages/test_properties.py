@@ -7,12 +7,12 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
-from adv_batches import random_batch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import mpo_viz.advantages as A
 from mpo_viz.advantages.token import vapo_lambda
+from tests.advantages.adv_batches import random_batch
 
 PROPS = settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 

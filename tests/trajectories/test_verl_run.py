@@ -19,7 +19,7 @@ import mpo_viz as mv
 from mpo_viz.advantages import mae
 from mpo_viz.train import Config
 
-HERE = Path(__file__).resolve().parents[1] / "trajectories" / "verl"
+HERE = Path(__file__).resolve().parents[2] / "trajectories" / "verl"
 RUN = HERE / "run"
 
 

@@ -10,7 +10,7 @@ import numpy as np
 import mpo_viz as mv
 from mpo_viz.analysis import value_variance
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 NB = json.loads((ROOT / "notebooks" / "01_explore_credit_assignment.ipynb").read_text())
 CELLS = ["".join(c["source"]) for c in NB["cells"]]
 

@@ -5,10 +5,10 @@ import json
 import time
 
 import pytest
-from train_helpers import TINY, tiny
 
 from mpo_viz.cli import main
 from mpo_viz.train import Trainer, launch
+from tests.train.train_helpers import TINY, tiny
 
 
 def _cfg_file(tmp_path, **changes):

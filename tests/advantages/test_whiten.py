@@ -16,7 +16,6 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
-from adv_batches import random_batch
 
 import mpo_viz.advantages as A
 from mpo_viz.advantages import kernels as K
@@ -28,6 +27,7 @@ from mpo_viz.advantages._inputs import (
     whiten_buffers,
     whiten_reference,
 )
+from tests.advantages.adv_batches import random_batch
 
 DTYPES = [np.float64, np.float32]
 

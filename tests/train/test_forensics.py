@@ -6,7 +6,6 @@ import json
 
 import numpy as np
 import pytest
-from train_helpers import tiny
 
 from mpo_viz.cli import main
 from mpo_viz.data.io import load, save
@@ -15,6 +14,7 @@ from mpo_viz.data.trajectory import TrajectoryBatch
 from mpo_viz.train import Trainer
 from mpo_viz.train.collapse import DOCS, collapse_flags, stretches
 from mpo_viz.train.forensics import explain, explanation_text
+from tests.train.train_helpers import tiny
 
 MASKS = [[1, 1, 0, 1], [1, 0, 1, 1], [1, 1, 1, 0]]
 ADV = [[0.5, -2.0, 9.0, 1.0], [0.1, 0.0, 0.3, -0.4], [-1.0, -1.0, -1.0, 7.0]]

@@ -13,7 +13,7 @@ import pytest
 import mpo_viz as mv
 from mpo_viz.train import Config
 
-TRAINED = Path(__file__).resolve().parents[1] / "trajectories" / "trained"
+TRAINED = Path(__file__).resolve().parents[2] / "trajectories" / "trained"
 ENVS = ("automation", "search", "tooluse")
 
 

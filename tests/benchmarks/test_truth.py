@@ -6,7 +6,7 @@ import pytest
 
 from mpo_viz import models
 
-HERE = Path(__file__).resolve().parents[1]
+HERE = Path(__file__).resolve().parents[2]
 
 
 @pytest.mark.usefixtures("one_thread")

@@ -13,13 +13,13 @@ from pathlib import Path
 
 import pytest
 import torch
-from model_helpers import make_instruct_folder, write_tiny_gguf
 
 import mpo_viz as mv
 import mpo_viz.models as M
 from mpo_viz.cli import main
 from mpo_viz.envs.registry import make_env
 from mpo_viz.models import gguf as G
+from tests.models.model_helpers import make_instruct_folder, write_tiny_gguf
 
 pytest.importorskip("gguf")
 pytest.importorskip("accelerate")

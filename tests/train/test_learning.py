@@ -1,9 +1,8 @@
 """A learning test: on a one-turn task (press the button the prompt names) a noisy SFT warm start
 is improved by a few seeded RL iterations."""
 
-from train_helpers import register_onepress
-
 from mpo_viz.train import Config, Trainer
+from tests.train.train_helpers import register_onepress
 
 
 def test_success_rises_over_a_few_iterations(tmp_path):

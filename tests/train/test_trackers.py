@@ -6,11 +6,11 @@ import struct
 import time
 
 import pytest
-from train_helpers import TINY
 
 from mpo_viz.cli import main
 from mpo_viz.train import Config, Trainer
 from mpo_viz.train.trackers import check_available, flat_metrics
+from tests.train.train_helpers import TINY
 
 
 def _cfg(tmp_path, **changes):

@@ -9,7 +9,6 @@ import numpy as np
 import pytest
 import torch
 from safetensors.torch import load_file, load_model
-from train_helpers import tiny
 
 import mpo_viz.rollout.play as R
 import mpo_viz.train.loop as L
@@ -19,6 +18,7 @@ from mpo_viz.advantages.reference import empg as reference_empg
 from mpo_viz.train import Trainer
 from mpo_viz.train.loop import RESULT_KEYS_VOLATILE, check_loss_inputs
 from mpo_viz.widgets.dashboard import TrainingDashboard
+from tests.train.train_helpers import tiny
 
 
 def _stable(rec: dict) -> dict:

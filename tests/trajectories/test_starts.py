@@ -17,7 +17,7 @@ from mpo_viz import models
 from mpo_viz.envs.registry import make_env
 from mpo_viz.rollout import rollout
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 START = ROOT / "trajectories" / "starts" / "automation"
 
 

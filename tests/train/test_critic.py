@@ -8,7 +8,6 @@ import json
 import numpy as np
 import pytest
 import torch
-from train_helpers import tiny
 from transformers import LlamaConfig, LlamaModel
 
 import mpo_viz as mv
@@ -26,6 +25,7 @@ from mpo_viz.train.critic_fit import (
     mc_returns,
 )
 from mpo_viz.train.update import rows_of
+from tests.train.train_helpers import tiny
 
 
 def _small_critic(vocab: int = 12, seed: int = 0) -> Critic:

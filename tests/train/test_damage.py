@@ -5,11 +5,11 @@ missing folder says so."""
 import json
 
 import pytest
-from train_helpers import tiny
 
 from mpo_viz.cli import main
 from mpo_viz.train import Trainer
 from mpo_viz.train.checkpoint import CheckpointError, CheckpointWarning, checkpoint_candidates
+from tests.train.train_helpers import tiny
 
 
 def _truncate(f, keep: float = 0.5) -> None:

@@ -6,13 +6,13 @@ import json
 
 import pytest
 import torch
-from model_helpers import make_instruct_folder
-from train_helpers import TINY, tiny
 
 import mpo_viz.models as M
 from mpo_viz.cli import main
 from mpo_viz.envs.registry import make_env
 from mpo_viz.train import Trainer
+from tests.models.model_helpers import make_instruct_folder
+from tests.train.train_helpers import TINY, tiny
 
 
 @pytest.fixture(scope="module")

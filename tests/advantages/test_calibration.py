@@ -16,9 +16,9 @@ import itertools
 
 import numpy as np
 import pytest
-from adv_batches import random_batch
 
 import mpo_viz.advantages as A
+from tests.advantages.adv_batches import random_batch
 
 N = 3
 LAM = 0.5

@@ -8,7 +8,6 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 import torch
-from model_helpers import make_instruct_folder, teacher_forced_logprobs
 from transformers import (
     LlamaConfig,
     LlamaForCausalLM,
@@ -25,6 +24,7 @@ from mpo_viz.data.turns import turn_ids_from_mask
 from mpo_viz.envs import NoisyExpert, Oracle, build_tokenizer, make_env
 from mpo_viz.envs.generate import oracle_columns
 from mpo_viz.rollout import critic_values, rollout, sample_tokens, task_seeds
+from tests.models.model_helpers import make_instruct_folder, teacher_forced_logprobs
 
 ENVS = ["search", "tooluse", "automation"]
 SHORT = {"max_turn_tokens": 6}

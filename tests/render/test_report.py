@@ -217,7 +217,7 @@ def test_report_and_value_curve_name_a_fitted_critic():
 def test_a_critic_with_heldout_ev_at_most_005_is_labelled_noise_everywhere(ev):
     from mpo_viz.render.strip import NOISE_LABEL, strip_payload
 
-    b = mv.load(Path(__file__).resolve().parents[1] / "trajectories" / "search.parquet")[:40]
+    b = mv.load(Path(__file__).resolve().parents[2] / "trajectories" / "search.parquet")[:40]
     noisy = b.with_meta(values_source="fitted_critic", critic_fit={"heldout_explained_variance": ev,
                                                                     "train_explained_variance": 0.51})
     html = build_report(noisy, ReportConfig(estimators=("mpo", "gae", "grpo"), progress=False))
@@ -238,7 +238,7 @@ def test_a_critic_with_heldout_ev_at_most_005_is_labelled_noise_everywhere(ev):
 
 
 def test_too_little_data_and_an_untrained_critic_give_no_verdict():
-    b = mv.load(Path(__file__).resolve().parents[1] / "trajectories" / "search.parquet")[:4]
+    b = mv.load(Path(__file__).resolve().parents[2] / "trajectories" / "search.parquet")[:4]
     b = b.with_meta(values_source="untrained_critic")
     html = build_report(b, ReportConfig(estimators=("mpo", "grpo"), progress=False))
     reading = re.search(r"<p class=reading>([^<]*)</p>", html).group(1)
@@ -305,7 +305,7 @@ def test_help_lists_every_registered_estimator_and_option(capsys):
         for o in adv.vocabulary().values():  # every declared option is a flag, with its doc
             assert "--" + o.name.replace("_", "-") in out and o.doc.split(" (")[0] in out
         # a default that differs between estimators is shown per estimator
-        assert "defaults bilevel_gae 1.0, gae 1.0, mae 0.95, mpo 0.95" in out
+        assert "defaults bilevel_gae 1.0, gae 1.0, mpo 0.95" in out
 
 
 def test_unknown_estimator_names_the_flag(small, tmp_path, capsys):
@@ -341,7 +341,7 @@ def test_option_errors_name_the_command_line_flag(small, tmp_path, capsys):
     # an option none of the chosen estimators takes is refused, naming the flag and who takes it
     assert main(["advantages", str(path), "-e", "gae,grpo", "--beta", "0.5", "-o", str(tmp_path / "o.parquet"),
                  "--no-progress"]) == 1
-    assert "error: --beta: none of the estimators gae, grpo takes this option (mae, mpo do)" in capsys.readouterr().err
+    assert "error: --beta: none of the estimators gae, grpo takes this option (mpo does)" in capsys.readouterr().err
     # a flag option with a default of True can be switched off
     assert main(["advantages", str(path), "-e", "reinforce_pp", "--no-whiten", "-o", str(tmp_path / "w.parquet"),
                  "--no-progress"]) == 0
@@ -355,7 +355,7 @@ def test_report_accuracy_section_against_the_benchmark(tmp_path):
 
     from mpo_viz.advantages import compute
 
-    root = Path(__file__).resolve().parents[1]
+    root = Path(__file__).resolve().parents[2]
     from experiments import (
         credit_accuracy as bench,  # an independent implementation of the same measures
     )

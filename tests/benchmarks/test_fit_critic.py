@@ -3,14 +3,19 @@
 from __future__ import annotations
 
 import re
-import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
-import fit_critic as bench  # noqa: E402
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
 
 
-def test_table(capsys):
+@pytest.fixture(scope="module")
+def bench(load_script):
+    return load_script(ROOT / "benchmarks" / "fit_critic.py", "bench_fit_critic")
+
+
+def test_table(bench, capsys):
     assert bench.main(["--steps", "2", "--threads", "1"]) == 0
     out = capsys.readouterr().out
     assert "search: 400 trajectories" in out and "2 steps of 16 episodes" in out

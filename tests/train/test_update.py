@@ -15,6 +15,7 @@ from mpo_viz.envs import build_tokenizer, make_env
 from mpo_viz.losses import policy_loss, value_loss
 from mpo_viz.train.sft import expert_rows
 from mpo_viz.train.update import (
+    Learners,
     UpdateSettings,
     after_update,
     forward_critic,
@@ -141,10 +142,10 @@ def test_micro_batching_leaves_the_step_unchanged(setup, loss, agg):
     for budget in (10**6, 300):
         model = copy.deepcopy(pol.model)
         opt = torch.optim.SGD(model.parameters(), lr=1.0)
-        update_epochs(r, policy=model, policy_opt=opt, critic=None, critic_opt=None,
-                      generator=torch.Generator().manual_seed(0), epochs=1, minibatches=1,
-                      micro_batch_tokens=budget, pad_id=0, device="cpu", loss=loss, loss_options=opts,
-                      grad_clip=0.0)
+        update_epochs(r, Learners(policy=model, policy_opt=opt),
+                      UpdateSettings(epochs=1, minibatches=1, micro_batch_tokens=budget, loss=loss, loss_options=opts,
+                                     grad_clip=0.0),
+                      generator=torch.Generator().manual_seed(0), pad_id=0, device="cpu")
         results.append(model)
     assert len(micro_batches(r, np.arange(len(r)), 300)) > 2
     # the plain reference: one forward of the whole batch, no scale
@@ -185,18 +186,17 @@ def test_critic_only_update_moves_the_critic_towards_the_returns(setup):
             return float(value_loss(forward_critic(critic, mb), None, r.returns, r.mask, clip=None)[0])
 
     l0 = vloss()
-    out = update_epochs(r, policy=None, policy_opt=None, critic=critic, critic_opt=opt,
-                        generator=torch.Generator().manual_seed(0), epochs=4, minibatches=2,
-                        micro_batch_tokens=4096, pad_id=0, device="cpu", value_clip=None)
+    out = update_epochs(r, Learners(critic=critic, critic_opt=opt),
+                        UpdateSettings(epochs=4, minibatches=2, micro_batch_tokens=4096, value_clip=None),
+                        generator=torch.Generator().manual_seed(0), pad_id=0, device="cpu")
     assert out["optimizer_steps"] == 8 and "policy_loss" not in out and out["value_loss"] > 0
     assert vloss() < 0.5 * l0
     for a, b in zip(before, pol.model.parameters()):
         assert torch.equal(a, b)
 
 
-def test_update_settings_are_the_config_slice_and_the_keyword_call_still_works(setup):
+def test_update_settings_are_the_config_slice(setup):
     from mpo_viz.train import Config
-    from mpo_viz.train.update import Learners, UpdateSettings
 
     _, _, r = setup
     cfg = Config(loss="token_ppo", loss_options={"dual_clip": 3.0}, kl_coef=0.1, entropy_coef=0.01, grad_clip=0.5)
@@ -207,10 +207,9 @@ def test_update_settings_are_the_config_slice_and_the_keyword_call_still_works(s
     kw = dict(generator=torch.Generator().manual_seed(0), pad_id=0, device="cpu")
     assert update_epochs(r, Learners(), UpdateSettings(epochs=0, minibatches=1, micro_batch_tokens=64), **kw) == {
         "optimizer_steps": 0, "update_tokens": 0}
-    with pytest.warns(DeprecationWarning, match="Learners"):
-        out = update_epochs(r, policy=None, policy_opt=None, critic=None, critic_opt=None, epochs=0, minibatches=1,
-                            micro_batch_tokens=64, **kw)
-    assert out == {"optimizer_steps": 0, "update_tokens": 0}
+    with pytest.raises(TypeError):  # the former all-keyword call is gone
+        update_epochs(r, policy=None, policy_opt=None, critic=None, critic_opt=None, epochs=0, minibatches=1,
+                      micro_batch_tokens=64, **kw)
 
 
 def test_after_update_is_each_rows_own_ratio_however_the_rows_are_cut(setup):

@@ -6,7 +6,6 @@ import json
 
 import pytest
 import torch
-from train_helpers import TINY
 
 from mpo_viz.cli import main
 from mpo_viz.train import Config, Trainer
@@ -18,6 +17,7 @@ from mpo_viz.train.summary import (
     success_moves,
     summary_lines,
 )
+from tests.train.train_helpers import TINY
 
 
 def _eval(it, sampled, greedy, n=128):
