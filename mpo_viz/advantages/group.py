@@ -48,7 +48,8 @@ SINGLETON_RULE = {
     "reinforce_pp_baseline": "A = s, the raw score (baseline 0), before whitening",
     "gigpo": "an episode-level A^E = s/(1 + eps), as GRPO",
     "mt_grpo": "A = 0 with turn_baseline='loo' (no other sample to leave out); with 'index' the outcome part "
-               "O/(1 + eps), as GRPO, and no turn part",
+               "O/(1 + eps), as GRPO, and no turn part (MT-GRPO's code gives NaN there), likewise with "
+               "'index_present'",
     "empg": "the base advantage s/(1 + eps) (as GRPO) before the entropy modulation",
 }
 
@@ -290,7 +291,7 @@ def gigpo(
 # ----------------------------------------------------------------------------- MT-GRPO
 
 #: ``turn_baseline`` of :func:`mt_grpo`
-TURN_BASELINES = ("loo", "index")
+TURN_BASELINES = ("loo", "index", "index_present")
 
 
 def turn_reward_sums(p) -> np.ndarray:
@@ -315,7 +316,7 @@ def _loo_per_column(y: np.ndarray, codes: np.ndarray) -> np.ndarray:
 
 def _index_turn_advantages(R: np.ndarray, inter: np.ndarray, codes: np.ndarray, eps: float) -> np.ndarray:
     """``(R_{i,k} − mean)/(std + ε)`` over the rows of i's group that have an intermediate turn k
-    (unbiased std; a pool of one gives 0); 0 where row i has none."""
+    (unbiased std; a pool of one gives 0); 0 where row i has none ("index_present")."""
     out = np.zeros_like(R)
     for k in range(R.shape[1]):
         rows = np.flatnonzero(inter[:, k])
@@ -326,6 +327,24 @@ def _index_turn_advantages(R: np.ndarray, inter: np.ndarray, codes: np.ndarray, 
         with np.errstate(invalid="ignore", divide="ignore"):
             out[rows, k] = np.where(n > 1, (R[rows, k] - mean) / (std + eps), 0.0)
     return out
+
+
+def _mt_grpo_index(R: np.ndarray, inter: np.ndarray, outcome: np.ndarray, K: np.ndarray, codes: np.ndarray,
+                   eps: float, coef: float) -> np.ndarray:
+    """MT-GRPO's own rule (``"index"``), ``(B, Kmax)``: rows with an intermediate turn get
+    ``A^O + λ·A^T_k`` on it and ``A^O`` on their last turn, ``A^T_k`` normalising ``R̃_{·,k}`` over
+    the whole group (0 for rows without an intermediate turn k; a group of one: no turn part); rows
+    of one turn get GRPO of their total score ``s`` (MT-GRPO's combined advantage)."""
+    a_o = _grpo_scores(outcome, codes, eps, True)
+    a_c = _grpo_scores(R.sum(axis=1), codes, eps, True)
+    y = np.where(inter, R, 0.0)
+    a_t = np.zeros_like(R)
+    for k in range(R.shape[1]):
+        n, mean, std = group_stats(y[:, k], codes)
+        with np.errstate(invalid="ignore", divide="ignore"):
+            a_t[:, k] = np.where(n > 1, (y[:, k] - mean) / (std + eps), 0.0)
+    per_turn = a_o[:, None] + coef * np.where(inter, a_t, 0.0)
+    return np.where((np.asarray(K) <= 1)[:, None], a_c[:, None], per_turn)
 
 
 def _per_turn_to_tokens(p, per_turn: np.ndarray) -> np.ndarray:
@@ -356,26 +375,36 @@ def mt_grpo(
     Row i has turns ``k = 0..K_i−1`` with reward sums ``R_{i,k}`` (:func:`turn_reward_sums`: turn
     rewards on their turn, the outcome on the last action token). The outcome is the last turn's
     ``O_i = R_{i,K_i−1}``; the earlier turns' ``R_{i,k}`` are intermediate rewards, and
-    ``R̃_{i,k} = R_{i,k}`` for ``k < K_i − 1``, 0 otherwise (a turn that ends the episode, or none)::
+    ``R̃_{i,k} = R_{i,k}`` for ``k < K_i − 1``, 0 otherwise (a turn that ends the episode, or none);
+    ``s_i = Σ_k R_{i,k}`` is the total score. With GRPO's ``Z_g(x)_i = (x_i − mean_g x)/(std_g x + ε)``
+    (unbiased std over i's group ``g``)::
 
-        "index" (MT-GRPO's normalisation per turn index):
-            A_{i,k} = A^O_i + λ·A^T_{i,k} (k < K_i − 1),   A_{i,K_i−1} = A^O_i
-            A^O_i = (O_i − mean_g O)/(std_g O + ε);  A^T_{i,k} = (R_{i,k} − mean P_k)/(std P_k + ε)
-            P_k = {R_{j,k}: j in i's group with an intermediate turn k}  (a pool of one: A^T = 0)
+        "index" (MT-GRPO's own, its _assign_advantages):
+            K_i ≥ 2:  A_{i,k} = Z_g(O)_i + λ·Z_g(R̃_{·,k})_i  (k < K_i − 1),   A_{i,K_i−1} = Z_g(O)_i
+            K_i = 1:  A_{i,0} = Z_g(s)_i                   (no tool call: the combined reward's advantage)
+        "index_present" (the turn term over the rows that have an intermediate turn k only):
+            A_{i,k} = Z_g(O)_i + λ·(R_{i,k} − mean P_k)/(std P_k + ε)  (k < K_i − 1),   else Z_g(O)_i
+            P_k = {R_{j,k}: j in i's group with an intermediate turn k}  (a pool of one: no turn part)
         "loo" (default; leave-one-out per turn index over the whole group):
             Y_{j,k} = O_j + λ·R̃_{j,k}      A_{i,k} = Y_{i,k} − mean_{j≠i, j∈g} Y_{j,k}
 
-    λ = ``turn_coef`` (MT-GRPO's ``turn_advantage_coef``). "index" subtracts a baseline whose pool
-    and whose number of turn terms depend on the row's own stopping turn: when the policy decides
-    when to stop, the decision to take another turn gets a hidden bonus ``−E[R̃]`` (the turn reward's
-    level is centred away among the rows that continued), so a choice of zero true advantage gets a
-    non-zero expected advantage (docs/concepts.md). "loo" counts every row of the group once at every
-    index, a row without an intermediate turn there with ``R̃ = 0``: its baseline never depends on
-    the row itself, so the expected advantage of every turn-k choice is its true advantage for the
-    return MT-GRPO credits turn k with, ``O + λ·R̃_k`` (at λ = 1 the plain return when no later turn
-    has an intermediate reward). ``eps`` (1e-4, as MT-GRPO's code) is added to "index"'s unbiased
-    stds; "loo" does not divide (a std over the group would bring the row back into its baseline). A group of one: 0 ("loo"), ``O/(1 + ε)`` and no
-    turn part ("index"); warns once.
+    λ = ``turn_coef`` (MT-GRPO's ``turn_advantage_coef``). "index" is MT-GRPO's code (SiliangZeng/
+    Multi-Turn-RL-Agent @ 7dbdd08b): one turn reward per rollout, normalised over the whole group
+    (0 for a rollout without a tool call), added before the first tool result, and a rollout
+    without a tool result gets the advantage of turn + outcome reward. In mpo_viz's layout its turn
+    reward is turn 0's; for intermediate rewards on later turns "index" applies the same rule per
+    turn index. Both "index" rules are biased when the policy decides when to stop: the rows that
+    take another turn are compared on a different footing from those that do not (docs/concepts.md
+    works an example: "index" charges the level of the intermediate reward, scaled by its std, to
+    the decision to continue; "index_present" centres that level away, a bonus for continuing).
+    "loo" counts every row of the group once at every index, a row without an intermediate turn
+    there with ``R̃ = 0``: its baseline never depends on the row itself, so the expected advantage
+    of every turn-k choice is its true advantage for the return MT-GRPO credits turn k with,
+    ``O + λ·R̃_k`` (at λ = 1 the plain return when no later turn has an intermediate reward).
+    ``eps`` (1e-4, as MT-GRPO's code) is added to the "index" rules' unbiased stds; "loo" does not
+    divide (a std over the group would bring the row back into its baseline). A group of one: 0
+    ("loo"), ``O/(1 + ε)`` and no turn part (both "index" rules; MT-GRPO's code gives NaN, torch's
+    std of one value); warns once.
 
     Shapes: rewards, mask, turn_ids ``(B, L)``; group_ids ``(B,)``. Returns ``(advantages, returns)``
     ``(B, L)``, returns = advantages before whitening.
@@ -383,7 +412,8 @@ def mt_grpo(
     turn_coef = scalar_check("turn_coef", turn_coef, 0.0, None)
     eps = scalar_check("eps", eps, 0.0, None)
     if turn_baseline not in TURN_BASELINES:
-        raise ValueError(f"turn_baseline: expected one of 'loo', 'index', found {turn_baseline!r}")
+        raise ValueError(f"turn_baseline: expected one of {', '.join(map(repr, TURN_BASELINES))}, "
+                         f"found {turn_baseline!r}")
     p = prepare(rewards, mask, turn_ids=turn_ids, need_turns=True)
     codes = group_codes(group_ids, p.shape[0])
     warn_groups_of_one(codes, group_ids, "mt_grpo")
@@ -391,6 +421,8 @@ def mt_grpo(
     outcome, inter = _outcome_and_intermediate(R, p.nturns)
     if turn_baseline == "loo":
         per_turn = _loo_per_column(outcome[:, None] + turn_coef * np.where(inter, R, 0.0), codes)
+    elif turn_baseline == "index":
+        per_turn = _mt_grpo_index(R, inter, outcome, p.nturns, codes, eps, turn_coef)
     else:
         a_o = _grpo_scores(outcome, codes, eps, True)
         per_turn = a_o[:, None] + turn_coef * _index_turn_advantages(R, inter, codes, eps)

@@ -414,6 +414,54 @@ def _per_turn_broadcast(m, turns_all, per_turn):
     return adv
 
 
+def _inter(sums, j, k):
+    """The intermediate reward of row j at turn k (0: no such turn, or its last)."""
+    return sums[j][k] if k < len(sums[j]) - 1 else 0.0
+
+
+def _mt_grpo_loo(sums, outcome, groups, gid, turn_coef):
+    per_turn = []
+    for i in range(len(sums)):
+        others = [j for j in groups[gid[i]] if j != i]
+        row = []
+        for k in range(len(sums[i])):
+            if not others:
+                row.append(0.0)
+                continue
+            base = sum(outcome[j] + turn_coef * _inter(sums, j, k) for j in others) / len(others)
+            row.append(outcome[i] + turn_coef * _inter(sums, i, k) - base)
+        per_turn.append(row)
+    return per_turn
+
+
+def _mt_grpo_index(sums, outcome, groups, gid, turn_coef, eps, whole_group):
+    """Both "index" rules: A^O + λ·A^T_k on a row's intermediate turns, A^O on its last. "index"
+    (``whole_group``): A^T_k normalises R̃_{·,k} over the whole group, and a row of one turn gets GRPO
+    of its total score; "index_present": over the rows that have an intermediate turn k."""
+    a_o = _grpo_row_values(outcome, groups, eps, True)
+    a_c = _grpo_row_values([sum(s) for s in sums], groups, eps, True)
+    per_turn = []
+    for i in range(len(sums)):
+        n_turns = len(sums[i])
+        if whole_group and n_turns <= 1:  # no tool call: the combined (turn + outcome) reward's advantage
+            per_turn.append([a_c[i]] * n_turns)
+            continue
+        row = []
+        for k in range(n_turns):
+            a_t = 0.0
+            if k < n_turns - 1:
+                members = groups[gid[i]]
+                if whole_group:
+                    pool = [_inter(sums, j, k) for j in members]
+                else:
+                    pool = [sums[j][k] for j in members if k < len(sums[j]) - 1]
+                if len(pool) > 1:
+                    a_t = (sums[i][k] - statistics.fmean(pool)) / (statistics.stdev(pool) + eps)
+            row.append(a_o[i] + turn_coef * a_t)
+        per_turn.append(row)
+    return per_turn
+
+
 def mt_grpo(rewards, mask, group_ids, *, turn_ids=None, turn_coef=1.0, turn_baseline="loo", eps=1e-4,
             whiten=False):
     r, m = _np(rewards), _np(mask)
@@ -423,34 +471,10 @@ def mt_grpo(rewards, mask, group_ids, *, turn_ids=None, turn_coef=1.0, turn_base
     turns_all = [_row_turns(m, turn_ids, i) for i in range(B)]
     sums = [_turn_sums(r[i], turns_all[i]) for i in range(B)]
     outcome = [s[-1] if s else 0.0 for s in sums]
-
-    def inter(j, k):  # the intermediate reward of row j at turn k (0: no such turn, or its last)
-        return sums[j][k] if k < len(sums[j]) - 1 else 0.0
-
-    per_turn = []
     if turn_baseline == "loo":
-        for i in range(B):
-            others = [j for j in groups[gid[i]] if j != i]
-            row = []
-            for k in range(len(turns_all[i])):
-                if not others:
-                    row.append(0.0)
-                    continue
-                base = sum(outcome[j] + turn_coef * inter(j, k) for j in others) / len(others)
-                row.append(outcome[i] + turn_coef * inter(i, k) - base)
-            per_turn.append(row)
+        per_turn = _mt_grpo_loo(sums, outcome, groups, gid, turn_coef)
     else:
-        a_o = _grpo_row_values(outcome, groups, eps, True)
-        for i in range(B):
-            row = []
-            for k in range(len(turns_all[i])):
-                a_t = 0.0
-                if k < len(turns_all[i]) - 1:
-                    pool = [sums[j][k] for j in groups[gid[i]] if k < len(turns_all[j]) - 1]
-                    if len(pool) > 1:
-                        a_t = (sums[i][k] - statistics.fmean(pool)) / (statistics.stdev(pool) + eps)
-                row.append(a_o[i] + turn_coef * a_t)
-            per_turn.append(row)
+        per_turn = _mt_grpo_index(sums, outcome, groups, gid, turn_coef, eps, turn_baseline == "index")
     adv = _per_turn_broadcast(m, turns_all, per_turn)
     return (_whiten(adv, m) if whiten else adv), adv.copy()
 

@@ -127,8 +127,9 @@ TURN_COEF = Option("turn_coef", kind="float", low=0.0, span=(0.0, 2.0), label="�
                    doc="mt_grpo: weight λ of the turn-reward advantage (MT-GRPO's turn_advantage_coef)")
 TURN_BASELINE = Option("turn_baseline", kind="choice", choices=G.TURN_BASELINES, label="turn baseline",
                        doc="mt_grpo: loo (leave-one-out per turn index over the whole group, a missing turn "
-                           "counting 0: unbiased when the policy decides when to stop) or index (normalised "
-                           "over the rows that have turn k, as MT-GRPO: a hidden bonus for taking another turn)")
+                           "counting 0: unbiased when the policy decides when to stop), index (MT-GRPO's code: "
+                           "the turn reward normalised over the whole group, a one-turn row gets GRPO of its "
+                           "score) or index_present (the turn reward normalised over the rows that have turn k)")
 ENTROPY_K = Option("entropy_k", kind="float", low=0.0, span=(0.0, 3.0), label="k",
                    doc="empg: step scale g = exp(−k·Ĥ), divided by its batch mean")
 CLARITY_K = Option("clarity_k", kind="float", low=0.0, span=(0.0, 3.0), label="k_f",

@@ -70,6 +70,9 @@ GROUP_CASES = [
     ("mt_grpo", {"turn_coef": 0.5, "whiten": True}),
     ("mt_grpo", {"turn_baseline": "index"}),
     ("mt_grpo", {"turn_baseline": "index", "turn_coef": 2.0, "eps": 1e-6}),
+    ("mt_grpo", {"turn_baseline": "index", "turn_coef": 0.5, "whiten": True}),
+    ("mt_grpo", {"turn_baseline": "index_present"}),
+    ("mt_grpo", {"turn_baseline": "index_present", "turn_coef": 2.0, "eps": 1e-6}),
     ("empg", {}),
     ("empg", {"entropy_k": 2.0, "clarity_k": 0.5, "zeta": 0.3, "center": False}),
     ("empg", {"norm_by_std": False, "whiten": True}),
@@ -164,6 +167,7 @@ def _degenerate(kind):
     ("bilevel_gae", {"gamma": 0.9, "lam": 0.8}),
     ("mt_grpo", {}),
     ("mt_grpo", {"turn_baseline": "index"}),
+    ("mt_grpo", {"turn_baseline": "index_present"}),
     ("empg", {}),
 ])
 @pytest.mark.filterwarnings("ignore:group_ids")

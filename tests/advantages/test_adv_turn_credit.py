@@ -58,15 +58,25 @@ def test_mt_grpo_by_hand():
     torch.testing.assert_close(ret, adv)
     adv, _ = A.mt_grpo(R, M, ["g", "g"], turn_coef=0.5)
     _close(_per_turn(adv.numpy(), M), [[1.1, 1.25, 1.0], [-1.1]])
-    # index: the outcomes 1, 0 give ±GRPO_HALF; the pools of turn 0 and turn 1 hold row a alone: no turn part
-    adv, _ = A.mt_grpo(R, M, ["g", "g"], turn_baseline="index")
+    # index_present: the outcomes 1, 0 give ±GRPO_HALF; the pools of turn 0 and turn 1 hold row a alone:
+    # no turn part
+    adv, _ = A.mt_grpo(R, M, ["g", "g"], turn_baseline="index_present")
     _close(_per_turn(adv.numpy(), M), [[GRPO_HALF] * 3, [-GRPO_HALF]])
+    # index (MT-GRPO's code): the turn rewards over the whole group, row b's 0 included — a group of two
+    # with values x and 0 gives ±(x/2)/(|x|/√2 + ε); row b (one turn) gets GRPO of the scores 1.7 and 0
+    def pair(x):
+        return (x / 2) / (abs(x) / math.sqrt(2) + 1e-4)
+
+    adv, _ = A.mt_grpo(R, M, ["g", "g"], turn_baseline="index")
+    _close(_per_turn(adv.numpy(), M), [[GRPO_HALF + pair(0.2), GRPO_HALF + pair(0.5), GRPO_HALF], [-pair(1.7)]])
 
 
-def test_mt_grpo_index_normalises_turn_rewards_per_turn_index():
-    # three rows of two turns: turn rewards 0, 1, 2 (mean 1, std 1), outcomes 1, 1, 0 (mean 2/3, std 1/√3)
+@pytest.mark.parametrize("turn_baseline", ["index", "index_present"])
+def test_mt_grpo_index_normalises_turn_rewards_per_turn_index(turn_baseline):
+    # three rows of two turns: turn rewards 0, 1, 2 (mean 1, std 1), outcomes 1, 1, 0 (mean 2/3, std 1/√3);
+    # every row has the intermediate turn, so the two index rules agree
     R, M = _rows([[0.0, 1.0], [1.0, 1.0], [2.0, 0.0]])
-    adv, _ = A.mt_grpo(R, M, ["g"] * 3, turn_baseline="index", eps=0.0, turn_coef=2.0)
+    adv, _ = A.mt_grpo(R, M, ["g"] * 3, turn_baseline=turn_baseline, eps=0.0, turn_coef=2.0)
     a_o = [(1 - 2 / 3) * math.sqrt(3), (1 - 2 / 3) * math.sqrt(3), -2 / 3 * math.sqrt(3)]
     want = [[a_o[0] + 2 * -1.0, a_o[0]], [a_o[1] + 0.0, a_o[1]], [a_o[2] + 2 * 1.0, a_o[2]]]
     _close(_per_turn(adv.numpy(), M), want)
@@ -83,8 +93,9 @@ def test_mt_grpo_groups_of_one_constant_rewards_and_empty_rows():
     assert per[0] == pytest.approx([1.3 - (1.3 + 0.0) / 2, 1.0 - (1.0 + 0.0) / 2], abs=1e-12)
     assert per[2] == [0.0, 0.0]  # a group of one: nothing to leave out
     assert (adv.numpy()[3] == 0).all()
-    adv, _ = A.mt_grpo(R[:2], M[:2], ["c", "c"], turn_baseline="index")
-    assert (adv.numpy() == 0).all()  # constant rewards: every normalised term is 0
+    for turn_baseline in ("index", "index_present"):
+        adv, _ = A.mt_grpo(R[:2], M[:2], ["c", "c"], turn_baseline=turn_baseline)
+        assert (adv.numpy() == 0).all()  # constant rewards: every normalised term is 0
 
 
 # ----------------------------------------------------------------------------- the bias, exactly
@@ -119,7 +130,7 @@ def _enumerate(n: int, p_tool: float, tool=TOOL, stop=STOP, **opts) -> tuple[flo
 
 
 def _grpo_outcome_only(n: int, p_tool: float) -> float:
-    """The index baseline's expected advantage gap computed another way: every tool row's turn term
+    """The index_present baseline's expected advantage gap computed another way: every tool row's turn term
     is 0 (all its pool pays the same cost), so row 0 gets GRPO of the outcomes alone."""
     p_mix = p_tool * TOOL[1] + (1 - p_tool) * STOP[1]  # another row's success probability
     gap = 0.0
@@ -134,8 +145,8 @@ def _grpo_outcome_only(n: int, p_tool: float) -> float:
 
 @pytest.mark.filterwarnings("ignore:group_ids")
 @pytest.mark.parametrize("n,p_tool", [(2, 0.5), (3, 0.3), (3, 0.8)])
-def test_index_baseline_pays_a_hidden_bonus_for_another_turn_loo_does_not(n, p_tool):
-    tool, stop = _enumerate(n, p_tool, turn_baseline="index")
+def test_index_present_baseline_pays_a_hidden_bonus_for_another_turn_loo_does_not(n, p_tool):
+    tool, stop = _enumerate(n, p_tool, turn_baseline="index_present")
     gap = tool - stop
     assert gap == pytest.approx(_grpo_outcome_only(n, p_tool), abs=1e-9)
     assert gap > 0.1  # a zero-advantage choice credited as clearly better: the −E[cost] bonus

@@ -40,6 +40,8 @@ CALLS = {
     "mt_grpo": (lambda R, M, g: A.mt_grpo(R, M, g), r"mt_grpo gives A = 0 with turn_baseline='loo'", 0.0),
     "mt_grpo index": (lambda R, M, g: A.mt_grpo(R, M, g, turn_baseline="index"),
                       r"with 'index' the outcome part O/\(1 \+ eps\)", 2.0 / (1 + 1e-4)),
+    "mt_grpo index_present": (lambda R, M, g: A.mt_grpo(R, M, g, turn_baseline="index_present"),
+                              r"likewise with 'index_present'", 2.0 / (1 + 1e-4)),
     "empg": (lambda R, M, g: A.empg(R, M, g, entropy=np.ones_like(M), zeta=0.0, center=False),
              r"empg gives the base advantage s/\(1 \+ eps\)", 2.0 / (1 + 1e-6) / (1 + 1e-8)),
 }
