@@ -374,12 +374,29 @@ def gigpo(rewards, mask, group_ids, *, prompt_ids, response_ids, turn_ids=None, 
 
 # ----------------------------------------------------------------------------- bi-level GAE
 
+def _reward_turns(r_row, m_row) -> list[list[int]]:
+    """RAGEN's turns of one row: a turn ends at each action token with a non-zero reward, and at the
+    row's last action token."""
+    turns: list[list[int]] = []
+    current: list[int] = []
+    for t in range(len(m_row)):
+        if m_row[t] == 0:
+            continue
+        current.append(t)
+        if r_row[t] != 0:
+            turns.append(current)
+            current = []
+    if current:
+        turns.append(current)
+    return turns
+
+
 def bilevel_gae(rewards, values, mask, *, turn_ids=None, gamma=1.0, lam=1.0, turn_gamma=0.95,
-                bootstrap_value=None, whiten=True):
+                turn_ends="turns", bootstrap_value=None, whiten=True):
     r, v, m = _np(rewards), _np(values), _np(mask)
     adv, ret = np.zeros_like(m), np.zeros_like(m)
     for i in range(m.shape[0]):
-        turns = _row_turns(m, turn_ids, i)
+        turns = _row_turns(m, turn_ids, i) if turn_ends == "turns" else _reward_turns(r[i], m[i])
         ends = [tk[-1] for tk in turns]
         high = [0.0] * len(turns)
         next_v, next_a = _bootstrap(bootstrap_value, i), 0.0

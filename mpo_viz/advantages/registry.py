@@ -137,11 +137,14 @@ CLARITY_K = Option("clarity_k", kind="float", low=0.0, span=(0.0, 3.0), label="k
 ZETA = Option("zeta", kind="float", low=0.0, span=(0.0, 1.0), label="ζ", doc="empg: weight ζ of the future-clarity bonus")
 CENTER = Option("center", kind="bool", label="centre", advanced=True,
                 doc="empg: subtract the batch mean of the modulated step advantages")
+TURN_ENDS = Option("turn_ends", kind="choice", choices=T.TURN_ENDS, label="turn ends", advanced=True,
+                   doc="bilevel_gae: the turns' last tokens (turns) or RAGEN's rule, every action token with a "
+                       "non-zero reward and the row's last (rewards)")
 
 _VOCAB: dict[str, Option] = {o.name: o for o in (GAMMA, LAM, TURN_GAMMA, TURN_LAM, BETA, WITHIN, VALUE_AT,
                                                   CRITIC_TARGET, WHITEN, LAM_RULE, ALPHA, Q, EPS, NORM_BY_STD, OMEGA,
                                                   STEP_GAMMA, NORM, TURN_COEF, TURN_BASELINE, ENTROPY_K, CLARITY_K,
-                                                  ZETA, CENTER)}
+                                                  ZETA, CENTER, TURN_ENDS)}
 
 # What each kind of need means and how to check it on a batch.
 NEED_TEXT = {

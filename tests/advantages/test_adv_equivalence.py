@@ -56,6 +56,9 @@ CRITIC_CASES = [
     ("bilevel_gae", {}),
     ("bilevel_gae", {"gamma": 0.9, "lam": 0.8, "turn_gamma": 0.7, "whiten": False}),
     ("bilevel_gae", {"gamma": 1.0, "lam": 1.0, "turn_gamma": 1.0}),
+    # RAGEN's turns: every action token with a non-zero reward ends one (and the row's last action token)
+    ("bilevel_gae", {"turn_ends": "rewards"}),
+    ("bilevel_gae", {"turn_ends": "rewards", "gamma": 0.9, "lam": 0.8, "turn_gamma": 0.7, "whiten": False}),
 ]
 
 GROUP_CASES = [
@@ -165,6 +168,7 @@ def _degenerate(kind):
     ("turn_gae", {"lam_rule": "vapo", "alpha": 0.8}),
     ("mae", {"lam_rule": "relative_position", "q": 0.6}),
     ("bilevel_gae", {"gamma": 0.9, "lam": 0.8}),
+    ("bilevel_gae", {"gamma": 0.9, "lam": 0.8, "turn_ends": "rewards"}),
     ("mt_grpo", {}),
     ("mt_grpo", {"turn_baseline": "index"}),
     ("mt_grpo", {"turn_baseline": "index_present"}),
