@@ -26,7 +26,7 @@ from mpo_viz.advantages._inputs import group_codes, prepare, scalar_check, to_to
 from mpo_viz.checks import TensorLike, warn_once
 
 __all__ = ["grpo", "drgrpo", "rloo", "reinforce_pp", "reinforce_pp_baseline", "gigpo", "mt_grpo", "empg",
-           "group_stats", "turn_reward_sums", "TURN_BASELINES"]
+           "group_stats", "turn_reward_sums", "TURN_BASELINES", "GIGPO_NORMS", "GIGPO_EPISODE_STATS"]
 
 
 def group_stats(x: np.ndarray, codes: np.ndarray):
@@ -46,7 +46,9 @@ SINGLETON_RULE = {
     "drgrpo": "A = s, the raw score (mean 0)",
     "rloo": "A = 0 (no other sample to leave out)",
     "reinforce_pp_baseline": "A = s, the raw score (baseline 0), before whitening",
-    "gigpo": "an episode-level A^E = s/(1 + eps), as GRPO",
+    "gigpo": "an episode-level A^E = s/(1 + eps) when its statistics hold one value (s with norm='mean_norm'), "
+             "as verl-agent: always with episode_stats='trajectories'; with 'steps' (the default) when the "
+             "trajectory has one turn, and A^E = 0 when it has several (each turn counts its score once)",
     "mt_grpo": "A = 0 with turn_baseline='loo' (no other sample to leave out); with 'index' the outcome part "
                "O/(1 + eps), as GRPO, and no turn part (MT-GRPO's code gives NaN there), likewise with "
                "'index_present'",
@@ -228,24 +230,64 @@ def _step_groups(p, codes: np.ndarray, prompts: list, responses: list) -> tuple[
     return (members_row, members_turn, members_code), spans_all
 
 
+#: ``norm`` of :func:`gigpo`: which levels divide by the group std. "mean_std_norm" and "mean_norm"
+#: are verl-agent's ``algorithm.gigpo.mode`` (both levels, neither level); "step_mean_norm" divides
+#: at the episode level only.
+GIGPO_NORMS = ("mean_std_norm", "mean_norm", "step_mean_norm")
+#: ``episode_stats`` of :func:`gigpo`: what the episode-level mean and std run over
+GIGPO_EPISODE_STATS = ("steps", "trajectories")
+#: the former ``norm`` names and what they are now
+_GIGPO_RENAMED = {"std": "norm='mean_std_norm', episode_stats='trajectories'",
+                  "mean": "norm='step_mean_norm', episode_stats='trajectories'"}
+
+
+def _gigpo_episode(s: np.ndarray, codes: np.ndarray, weight: np.ndarray, eps: float, divide: bool) -> np.ndarray:
+    """``A^E_i = (s_i − mean)/(std + ε)`` (``divide``) or ``s_i − mean``, the mean and unbiased std
+    of i's group taken over its rows' scores each counted ``weight`` times (a turn count, or 1);
+    statistics over a single value (or none) use mean 0, std 1, as verl-agent."""
+    g = int(codes.max()) + 1 if codes.size else 0
+    n = np.bincount(codes, weights=weight, minlength=g)
+    tot = np.bincount(codes, weights=weight * s, minlength=g)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        mean = np.where(n > 1, tot / np.maximum(n, 1), 0.0)
+        dev = s - mean[codes]
+        var = np.bincount(codes, weights=weight * dev * dev, minlength=g) / np.maximum(n - 1, 1)
+    std = np.where(n > 1, np.sqrt(var), 1.0)
+    a = s - mean[codes]
+    return a / (std[codes] + eps) if divide else a
+
+
 def gigpo(
     rewards: TensorLike, mask: TensorLike, group_ids: TensorLike, *, prompt_ids: Sequence | TensorLike,
     response_ids: Sequence | TensorLike, turn_ids: TensorLike | None = None, omega: float = 1.0,
-    step_gamma: float = 0.95, norm: str = "std", eps: float = 1e-6, whiten: bool = False,
+    step_gamma: float = 0.95, norm: str = "mean_std_norm", episode_stats: str = "steps", eps: float = 1e-6,
+    whiten: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """GiGPO: ``A = A^E + ω·A^S``, constant over a turn's action tokens.
+    """GiGPO as verl-agent computes it: ``A = A^E + ω·A^S``, constant over a turn's action tokens.
 
-    * Episode level ``A^E``: GRPO over the group (``eps``; std normalization; a group of one
-      gives ``s/(1 + ε)`` and warns once).
+    * Episode level: the score ``s_i`` against its group, ``A^E_i = (s_i − mean)/(std + ε)``
+      (unbiased std). ``episode_stats="steps"`` (default; verl-agent's
+      ``compute_mean_std_cross_steps=True``, the only setting its entry point uses): the mean and
+      std run over the group's *turns*, each carrying its trajectory's score, so a trajectory of
+      ``K_i`` turns counts ``K_i`` times; ``"trajectories"``: once per trajectory (GRPO; the GiGPO
+      paper's Eq. 3). Statistics over a single value use mean 0, std 1 (``s/(1 + ε)``; a group of
+      one warns once): with "steps" a lone trajectory of several turns has ``A^E = 0``.
     * Step level: turn k's *anchor* is the token ids of the observation just before it — the
       response tokens between turn k−1's last and turn k's first action token; for k = 0 the
       prompt ids followed by any observation tokens before the first action token. An empty
       observation is no anchor: a turn k > 0 that directly follows turn k−1 (adjacent turn ids, no
-      observation token between) joins no step group and gets ``A^S = 0``. Turns with identical
-      anchors in the same group form a step group. Step return
-      ``Σ_{k'≥k} γ^{k'−k} R_{k'}`` (γ = ``step_gamma``, ``R_k`` = the turn's reward sum);
-      ``A^S = (ret − mean)/(std + ε)`` in the step group (unbiased std; ``norm="mean"``: no
-      division); a step group of one gives ``A^S = 0``.
+      observation token between) joins no step group and gets ``A^S = 0`` (verl-agent has an
+      observation at every step). Turns with identical anchors in the same group form a step
+      group. Step return ``Σ_{k'≥k} γ^{k'−k} R_{k'}`` (γ = ``step_gamma``, ``R_k`` = the turn's
+      reward sum); ``A^S = (ret − mean)/(std + ε)`` in the step group (unbiased std); a step group
+      of one gives ``A^S = 0``.
+    * ``norm`` — which levels divide by their std: ``"mean_std_norm"`` (default) both,
+      ``"mean_norm"`` neither (verl-agent's config default, ``A^E = s − mean``,
+      ``A^S = ret − mean``), ``"step_mean_norm"`` the episode level only. verl-agent's
+      ``algorithm.gigpo.mode=X`` is ``norm=X`` with the default ``episode_stats="steps"``
+      (omega = ``step_advantage_w``, step_gamma = ``algorithm.gamma``, eps 1e-6). The former
+      ``norm="std"`` is ``norm="mean_std_norm", episode_stats="trajectories"``; the former
+      ``norm="mean"`` is ``norm="step_mean_norm", episode_stats="trajectories"``.
 
     Shapes: rewards, mask, turn_ids ``(B, L)``; group_ids ``(B,)``; prompt_ids and response_ids:
     B token-id sequences (ragged lists or padded ``(B, ·)`` arrays; response_ids aligned with the
@@ -254,15 +296,20 @@ def gigpo(
     omega = scalar_check("omega", omega, None, None)
     step_gamma = scalar_check("step_gamma", step_gamma, 0.0, 1.0)
     eps = scalar_check("eps", eps, 0.0, None)
-    if norm not in ("std", "mean"):
-        raise ValueError(f"norm: expected 'std' or 'mean', found {norm!r}")
+    if norm not in GIGPO_NORMS:
+        was = f" (the former {norm!r} is {_GIGPO_RENAMED[norm]})" if norm in _GIGPO_RENAMED else ""
+        raise ValueError(f"norm: expected one of {', '.join(map(repr, GIGPO_NORMS))}, found {norm!r}{was}")
+    if episode_stats not in GIGPO_EPISODE_STATS:
+        raise ValueError(f"episode_stats: expected one of {', '.join(map(repr, GIGPO_EPISODE_STATS))}, "
+                         f"found {episode_stats!r}")
     p = prepare(rewards, mask, turn_ids=turn_ids, need_turns=True)
     B, L = p.shape
     codes = group_codes(group_ids, B)
     warn_groups_of_one(codes, group_ids, "gigpo")
     prompts = _ragged(prompt_ids, B, "prompt_ids")
     responses = _ragged(response_ids, B, "response_ids")
-    a_e = _grpo_scores(_scores(p), codes, eps, True)
+    weight = p.nturns.astype(np.float64) if episode_stats == "steps" else np.ones(B)
+    a_e = _gigpo_episode(_scores(p), codes, weight, eps, norm != "mean_norm")
 
     kmax = int(p.nturns.max()) if B and p.nturns is not None else 0
     act = p.mask != 0
@@ -274,7 +321,7 @@ def gigpo(
         x = step_ret[mr, mt]
         n, mean, std = group_stats(x, mc)
         with np.errstate(invalid="ignore", divide="ignore"):
-            val = (x - mean) / (std + eps) if norm == "std" else x - mean
+            val = (x - mean) / (std + eps) if norm == "mean_std_norm" else x - mean
         a_s[mr, mt] = np.where(n > 1, val, 0.0)
 
     adv = np.zeros((B, L), dtype=p.dtype)

@@ -328,20 +328,38 @@ def reinforce_pp_baseline(rewards, mask, group_ids, *, whiten=True):
     return (_whiten(adv, m) if whiten else adv), adv.copy()
 
 
+def _gigpo_episode(scores, groups, turns_all, episode_stats, eps, divide):
+    """A^E per row: the group's statistics over its turns (each carrying its row's score; "steps")
+    or over its rows ("trajectories"); a single value (or none): mean 0, std 1."""
+    out = [0.0] * len(scores)
+    for members in groups.values():
+        if episode_stats == "steps":
+            xs = [scores[i] for i in members for _ in turns_all[i]]
+        else:
+            xs = [scores[i] for i in members]
+        if len(xs) <= 1:
+            mean, std = 0.0, 1.0
+        else:
+            mean, std = statistics.fmean(xs), statistics.stdev(xs)
+        for i in members:
+            out[i] = (scores[i] - mean) / (std + eps) if divide else scores[i] - mean
+    return out
+
+
 def gigpo(rewards, mask, group_ids, *, prompt_ids, response_ids, turn_ids=None, omega=1.0,
-          step_gamma=0.95, norm="std", eps=1e-6, whiten=False):
+          step_gamma=0.95, norm="mean_std_norm", episode_stats="steps", eps=1e-6, whiten=False):
     r, m = _np(rewards), _np(mask)
     B = m.shape[0]
     groups = _groups(group_ids)
     gid = list(group_ids.tolist() if hasattr(group_ids, "tolist") else group_ids)
     scores = [float(sum(r[i])) for i in range(B)]
-    a_e = _grpo_row_values(scores, groups, eps, True)
+    turns_all = [_row_turns(m, turn_ids, i) for i in range(B)]
+    # "mean_std_norm": both levels divide by their std; "mean_norm": neither; "step_mean_norm": the episode's only
+    a_e = _gigpo_episode(scores, groups, turns_all, episode_stats, eps, norm != "mean_norm")
     step_groups: dict = {}  # (group id, anchor tokens) -> [(row, turn, step return)]
     a_s_zero = []  # (row, turn) of turns without an anchor
-    turns_all = []
     for i in range(B):
-        turns = _row_turns(m, turn_ids, i)
-        turns_all.append(turns)
+        turns = turns_all[i]
         resp = [int(x) for x in np.asarray(response_ids[i]).reshape(-1)]
         rk = [sum(r[i, t] for t in tk) for tk in turns]
         for k, tk in enumerate(turns):
@@ -359,7 +377,7 @@ def gigpo(rewards, mask, group_ids, *, prompt_ids, response_ids, turn_ids=None, 
         for i, k, x in members:
             if len(xs) == 1:
                 a_s[i, k] = 0.0
-            elif norm == "std":
+            elif norm == "mean_std_norm":
                 a_s[i, k] = (x - statistics.fmean(xs)) / (statistics.stdev(xs) + eps)
             else:
                 a_s[i, k] = x - statistics.fmean(xs)

@@ -213,7 +213,14 @@ def test_reinforce_pp_matches_reference(make_random, opts, dtype):
         _compare("reinforce_pp", opts, d, dtype)
 
 
-@pytest.mark.parametrize("opts", [{}, {"omega": 0.5, "step_gamma": 1.0}, {"norm": "mean", "whiten": True}])
+@pytest.mark.parametrize("opts", [
+    {}, {"omega": 0.5, "step_gamma": 1.0},
+    {"norm": "step_mean_norm", "episode_stats": "trajectories", "whiten": True},  # the former norm="mean"
+    {"norm": "mean_std_norm", "episode_stats": "trajectories"},  # the former default, norm="std"
+    {"norm": "mean_norm"},  # verl-agent's config default
+    {"norm": "mean_norm", "episode_stats": "trajectories", "omega": 0.5},
+    {"norm": "step_mean_norm", "step_gamma": 0.8},
+])
 def test_gigpo_matches_reference(make_random, opts):
     for seed in range(4):
         # a tiny observation vocabulary so that anchors repeat and step groups form
@@ -247,3 +254,5 @@ def test_synthetic_batch_matches_reference():
     }
     for name, opts in CRITIC_CASES[:1] + CRITIC_CASES[5:6] + CRITIC_CASES[8:10] + GROUP_CASES[:1] + [("gigpo", {})]:
         _compare(name, opts, d, np.float64)
+    for opts in ({"norm": "mean_norm"}, {"episode_stats": "trajectories"}):
+        _compare("gigpo", opts, d, np.float64)
