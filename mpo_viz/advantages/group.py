@@ -8,7 +8,8 @@ have no critic; for REINFORCE++ these are the discounted token returns).
 
 A *group of one* (a ``group_id`` held by a single row) has no other sample to compare against; each
 estimator then falls back to a fixed rule — GRPO ``s/(1 + ε)`` (mean 0, std 1, as verl: 0.999999·s),
-Dr. GRPO and the REINFORCE++ baseline the raw score ``s``, RLOO 0 — and warns once per process.
+Dr. GRPO and the REINFORCE++ baseline the raw score ``s``, RLOO 0 (mpo_viz's rule: verl's RLOO gives
+the raw score ``s`` there) — and warns once per process.
 
 The trajectory score is ``s_i = Σ_t r_{i,t}`` (rewards on masked tokens are an input error, so
 this is the sum over action tokens).
@@ -44,7 +45,7 @@ def group_stats(x: np.ndarray, codes: np.ndarray):
 SINGLETON_RULE = {
     "grpo": "A = s/(1 + eps) (mean 0, std 1, as verl: 0.999999·s at eps = 1e-6)",
     "drgrpo": "A = s, the raw score (mean 0)",
-    "rloo": "A = 0 (no other sample to leave out)",
+    "rloo": "A = 0 (no other sample to leave out; verl's RLOO gives the raw score s)",
     "reinforce_pp_baseline": "A = s, the raw score (baseline 0), before whitening",
     "gigpo": "an episode-level A^E = s/(1 + eps) when its statistics hold one value (s with norm='mean_norm'), "
              "as verl-agent: always with episode_stats='trajectories'; with 'steps' (the default) when the "
@@ -122,7 +123,9 @@ def rloo(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """RLOO: ``A_i = s_i − mean_{j≠i, j∈g} s_j`` (leave-one-out); a group of one gets 0 (and warns once).
 
-    Shapes as :func:`grpo`; returns = advantages (before whitening).
+    The group of one is mpo_viz's own rule (nothing to leave out, so no signal): verl's
+    ``compute_rloo_outcome_advantage`` gives such a row its raw score ``s_i`` instead (mean 0).
+    Elsewhere the two agree. Shapes as :func:`grpo`; returns = advantages (before whitening).
     """
     p = prepare(rewards, mask)
     codes = group_codes(group_ids, p.shape[0])
@@ -138,8 +141,9 @@ def reinforce_pp(
     rewards: TensorLike, mask: TensorLike, *, gamma: float = 1.0, whiten: bool = True,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """REINFORCE++: discounted token returns ``G_t = r_t + γ·G_{t'}`` over action tokens (t' = next
-    action token; observation tokens are skipped and the return carried over them — verl resets
-    there instead), then whitened over the batch's action tokens (``whiten=True``, the algorithm's
+    action token; observation tokens are skipped and the return carried over them, as verl does
+    since 2026-08, verl-project/verl PR #7300; before that verl reset the return at every masked
+    token), then whitened over the batch's action tokens (``whiten=True``, the algorithm's
     default). Shapes: rewards, mask ``(B, L)``; returns ``(advantages, returns)`` with returns =
     the unwhitened ``G``.
     """
