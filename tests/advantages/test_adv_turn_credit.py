@@ -1,12 +1,14 @@
-"""Turn-level credit estimators and λ rules on hand-derived numbers: MT-GRPO's two baselines (and the
-bias of the per-turn-index one when the policy decides when to stop, computed exactly by
-enumerating every group), bi-level GAE on RAGEN's own example, EMPG (no public code: a closed form
-by hand), the λ rules, EMPG's need for entropies."""
+"""Turn-level credit estimators and λ rules on hand-derived numbers: MT-GRPO's baselines (and the
+bias of its two per-turn-index rules when the policy decides when to stop, computed exactly by
+enumerating every group, the "index" one also against MT-GRPO's own code), bi-level GAE on RAGEN's
+own example, EMPG (no public code: a closed form by hand), the λ rules, EMPG's need for entropies."""
 
 from __future__ import annotations
 
 import itertools
+import json
 import math
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -154,6 +156,38 @@ def test_index_present_baseline_pays_a_hidden_bonus_for_another_turn_loo_does_no
         assert gap == pytest.approx(0.25 * GRPO_HALF, abs=1e-12)
     tool, stop = _enumerate(n, p_tool)  # the default, leave-one-out over the whole group
     assert tool - stop == pytest.approx(0.0, abs=1e-12)
+
+
+WORKED = json.loads((Path(__file__).parent / "fixtures" / "mt_grpo_source.json").read_text(encoding="utf-8"))
+
+
+def test_index_baseline_charges_the_turn_reward_to_another_turn_as_mt_grpos_code_does():
+    # MT-GRPO's own code on every group of two (fixtures/mt_grpo_source.json, 'worked_example_n2': the 16
+    # groups in the order of _enumerate, each row stop or tool × fail or succeed): the expected gap at
+    # p_tool = 0.5 from its outputs, against mpo_viz's "index" on the same groups
+    case = next(c for c in WORKED["cases"] if c["inputs"] == "worked_example_n2")
+    first = np.array(case["advantages"])[::2, 0]  # row 0 of each group, its first token
+    kinds = [(0.5 * 0.5), (0.5 * 0.5), (0.5 * 0.25), (0.5 * 0.75)]  # stop-fail, stop-succeed, tool-fail, tool-succeed
+    own, other = np.repeat(np.arange(4), 4), np.tile(np.arange(4), 4)
+    w = np.array([kinds[a] * kinds[b] for a, b in zip(own, other)])
+    source_gap = ((w * first)[own >= 2].sum() / w[own >= 2].sum()) - ((w * first)[own < 2].sum() / w[own < 2].sum())
+    tool, stop = _enumerate(2, 0.5, turn_baseline="index")
+    assert tool - stop == pytest.approx(source_gap, abs=1e-6)
+    assert tool - stop == pytest.approx(-0.3533, abs=1e-4)  # docs/concepts.md's table
+    assert (tool, stop) == pytest.approx((-0.2650, 0.0883), abs=1e-4)
+    # the turn term of a tool row beside a row that stopped is ∓(c/2)/(c/√2 + ε) ≈ −0.707 whatever the cost c:
+    # the level of the cost, scaled to one std, charged to the decision to continue
+    for cost in (-0.25, -0.01):
+        R, M = _rows([[cost, 1.0], [1.0]])
+        a_tool, _ = A.mt_grpo(R, M, ["g", "g"], turn_baseline="index")
+        assert a_tool.numpy()[0, 0] - a_tool.numpy()[0, 3] == pytest.approx(-0.5 / (1 / math.sqrt(2) + 1e-4 / abs(cost)))
+
+
+@pytest.mark.filterwarnings("ignore:group_ids")
+@pytest.mark.parametrize("n,p_tool", [(3, 0.3), (4, 0.5)])
+def test_index_baseline_gap_in_larger_groups(n, p_tool):
+    tool, stop = _enumerate(n, p_tool, turn_baseline="index")
+    assert tool - stop < -0.25  # a zero-advantage choice credited as clearly worse
 
 
 @pytest.mark.parametrize("cost", [-0.1, -0.5])
