@@ -188,6 +188,10 @@ def test_index_baseline_charges_the_turn_reward_to_another_turn_as_mt_grpos_code
 def test_index_baseline_gap_in_larger_groups(n, p_tool):
     tool, stop = _enumerate(n, p_tool, turn_baseline="index")
     assert tool - stop < -0.25  # a zero-advantage choice credited as clearly worse
+    if n == 4:  # docs/concepts.md: −0.560 in groups of four; index_present's +0.351 beside it
+        assert tool - stop == pytest.approx(-0.5604, abs=1e-4)
+        tool, stop = _enumerate(n, p_tool, turn_baseline="index_present")
+        assert tool - stop == pytest.approx(0.3514, abs=1e-4)
 
 
 @pytest.mark.parametrize("cost", [-0.1, -0.5])
