@@ -8,7 +8,8 @@ have no critic; for REINFORCE++ these are the discounted token returns).
 
 A *group of one* (a ``group_id`` held by a single row) has no other sample to compare against; each
 estimator then falls back to a fixed rule — GRPO ``s/(1 + ε)`` (mean 0, std 1, as verl: 0.999999·s),
-Dr. GRPO and the REINFORCE++ baseline the raw score ``s``, RLOO 0 — and warns once per process.
+Dr. GRPO and the REINFORCE++ baseline the raw score ``s``, RLOO 0 (mpo_viz's rule: verl's RLOO gives
+the raw score ``s`` there) — and warns once per process.
 
 The trajectory score is ``s_i = Σ_t r_{i,t}`` (rewards on masked tokens are an input error, so
 this is the sum over action tokens).
@@ -26,7 +27,7 @@ from mpo_viz.advantages._inputs import group_codes, prepare, scalar_check, to_to
 from mpo_viz.checks import TensorLike, warn_once
 
 __all__ = ["grpo", "drgrpo", "rloo", "reinforce_pp", "reinforce_pp_baseline", "gigpo", "mt_grpo", "empg",
-           "group_stats", "turn_reward_sums", "TURN_BASELINES"]
+           "group_stats", "turn_reward_sums", "TURN_BASELINES", "GIGPO_NORMS", "GIGPO_EPISODE_STATS"]
 
 
 def group_stats(x: np.ndarray, codes: np.ndarray):
@@ -44,11 +45,14 @@ def group_stats(x: np.ndarray, codes: np.ndarray):
 SINGLETON_RULE = {
     "grpo": "A = s/(1 + eps) (mean 0, std 1, as verl: 0.999999·s at eps = 1e-6)",
     "drgrpo": "A = s, the raw score (mean 0)",
-    "rloo": "A = 0 (no other sample to leave out)",
+    "rloo": "A = 0 (no other sample to leave out; verl's RLOO gives the raw score s)",
     "reinforce_pp_baseline": "A = s, the raw score (baseline 0), before whitening",
-    "gigpo": "an episode-level A^E = s/(1 + eps), as GRPO",
+    "gigpo": "an episode-level A^E = s/(1 + eps) when its statistics hold one value (s with norm='mean_norm'), "
+             "as verl-agent: always with episode_stats='trajectories'; with 'steps' (the default) when the "
+             "trajectory has one turn, and A^E = 0 when it has several (each turn counts its score once)",
     "mt_grpo": "A = 0 with turn_baseline='loo' (no other sample to leave out); with 'index' the outcome part "
-               "O/(1 + eps), as GRPO, and no turn part",
+               "O/(1 + eps), as GRPO, and no turn part (MT-GRPO's code gives NaN there), likewise with "
+               "'index_present'",
     "empg": "the base advantage s/(1 + eps) (as GRPO) before the entropy modulation",
 }
 
@@ -119,7 +123,9 @@ def rloo(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """RLOO: ``A_i = s_i − mean_{j≠i, j∈g} s_j`` (leave-one-out); a group of one gets 0 (and warns once).
 
-    Shapes as :func:`grpo`; returns = advantages (before whitening).
+    The group of one is mpo_viz's own rule (nothing to leave out, so no signal): verl's
+    ``compute_rloo_outcome_advantage`` gives such a row its raw score ``s_i`` instead (mean 0).
+    Elsewhere the two agree. Shapes as :func:`grpo`; returns = advantages (before whitening).
     """
     p = prepare(rewards, mask)
     codes = group_codes(group_ids, p.shape[0])
@@ -135,8 +141,9 @@ def reinforce_pp(
     rewards: TensorLike, mask: TensorLike, *, gamma: float = 1.0, whiten: bool = True,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """REINFORCE++: discounted token returns ``G_t = r_t + γ·G_{t'}`` over action tokens (t' = next
-    action token; observation tokens are skipped and the return carried over them — verl resets
-    there instead), then whitened over the batch's action tokens (``whiten=True``, the algorithm's
+    action token; observation tokens are skipped and the return carried over them, as verl does
+    since 2026-08, verl-project/verl PR #7300; before that verl reset the return at every masked
+    token), then whitened over the batch's action tokens (``whiten=True``, the algorithm's
     default). Shapes: rewards, mask ``(B, L)``; returns ``(advantages, returns)`` with returns =
     the unwhitened ``G``.
     """
@@ -227,24 +234,64 @@ def _step_groups(p, codes: np.ndarray, prompts: list, responses: list) -> tuple[
     return (members_row, members_turn, members_code), spans_all
 
 
+#: ``norm`` of :func:`gigpo`: which levels divide by the group std. "mean_std_norm" and "mean_norm"
+#: are verl-agent's ``algorithm.gigpo.mode`` (both levels, neither level); "step_mean_norm" divides
+#: at the episode level only.
+GIGPO_NORMS = ("mean_std_norm", "mean_norm", "step_mean_norm")
+#: ``episode_stats`` of :func:`gigpo`: what the episode-level mean and std run over
+GIGPO_EPISODE_STATS = ("steps", "trajectories")
+#: the former ``norm`` names and what they are now
+_GIGPO_RENAMED = {"std": "norm='mean_std_norm', episode_stats='trajectories'",
+                  "mean": "norm='step_mean_norm', episode_stats='trajectories'"}
+
+
+def _gigpo_episode(s: np.ndarray, codes: np.ndarray, weight: np.ndarray, eps: float, divide: bool) -> np.ndarray:
+    """``A^E_i = (s_i − mean)/(std + ε)`` (``divide``) or ``s_i − mean``, the mean and unbiased std
+    of i's group taken over its rows' scores each counted ``weight`` times (a turn count, or 1);
+    statistics over a single value (or none) use mean 0, std 1, as verl-agent."""
+    g = int(codes.max()) + 1 if codes.size else 0
+    n = np.bincount(codes, weights=weight, minlength=g)
+    tot = np.bincount(codes, weights=weight * s, minlength=g)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        mean = np.where(n > 1, tot / np.maximum(n, 1), 0.0)
+        dev = s - mean[codes]
+        var = np.bincount(codes, weights=weight * dev * dev, minlength=g) / np.maximum(n - 1, 1)
+    std = np.where(n > 1, np.sqrt(var), 1.0)
+    a = s - mean[codes]
+    return a / (std[codes] + eps) if divide else a
+
+
 def gigpo(
     rewards: TensorLike, mask: TensorLike, group_ids: TensorLike, *, prompt_ids: Sequence | TensorLike,
     response_ids: Sequence | TensorLike, turn_ids: TensorLike | None = None, omega: float = 1.0,
-    step_gamma: float = 0.95, norm: str = "std", eps: float = 1e-6, whiten: bool = False,
+    step_gamma: float = 0.95, norm: str = "mean_std_norm", episode_stats: str = "steps", eps: float = 1e-6,
+    whiten: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """GiGPO: ``A = A^E + ω·A^S``, constant over a turn's action tokens.
+    """GiGPO as verl-agent computes it: ``A = A^E + ω·A^S``, constant over a turn's action tokens.
 
-    * Episode level ``A^E``: GRPO over the group (``eps``; std normalization; a group of one
-      gives ``s/(1 + ε)`` and warns once).
+    * Episode level: the score ``s_i`` against its group, ``A^E_i = (s_i − mean)/(std + ε)``
+      (unbiased std). ``episode_stats="steps"`` (default; verl-agent's
+      ``compute_mean_std_cross_steps=True``, the only setting its entry point uses): the mean and
+      std run over the group's *turns*, each carrying its trajectory's score, so a trajectory of
+      ``K_i`` turns counts ``K_i`` times; ``"trajectories"``: once per trajectory (GRPO; the GiGPO
+      paper's Eq. 3). Statistics over a single value use mean 0, std 1 (``s/(1 + ε)``; a group of
+      one warns once): with "steps" a lone trajectory of several turns has ``A^E = 0``.
     * Step level: turn k's *anchor* is the token ids of the observation just before it — the
       response tokens between turn k−1's last and turn k's first action token; for k = 0 the
       prompt ids followed by any observation tokens before the first action token. An empty
       observation is no anchor: a turn k > 0 that directly follows turn k−1 (adjacent turn ids, no
-      observation token between) joins no step group and gets ``A^S = 0``. Turns with identical
-      anchors in the same group form a step group. Step return
-      ``Σ_{k'≥k} γ^{k'−k} R_{k'}`` (γ = ``step_gamma``, ``R_k`` = the turn's reward sum);
-      ``A^S = (ret − mean)/(std + ε)`` in the step group (unbiased std; ``norm="mean"``: no
-      division); a step group of one gives ``A^S = 0``.
+      observation token between) joins no step group and gets ``A^S = 0`` (verl-agent has an
+      observation at every step). Turns with identical anchors in the same group form a step
+      group. Step return ``Σ_{k'≥k} γ^{k'−k} R_{k'}`` (γ = ``step_gamma``, ``R_k`` = the turn's
+      reward sum); ``A^S = (ret − mean)/(std + ε)`` in the step group (unbiased std); a step group
+      of one gives ``A^S = 0``.
+    * ``norm`` — which levels divide by their std: ``"mean_std_norm"`` (default) both,
+      ``"mean_norm"`` neither (verl-agent's config default, ``A^E = s − mean``,
+      ``A^S = ret − mean``), ``"step_mean_norm"`` the episode level only. verl-agent's
+      ``algorithm.gigpo.mode=X`` is ``norm=X`` with the default ``episode_stats="steps"``
+      (omega = ``step_advantage_w``, step_gamma = ``algorithm.gamma``, eps 1e-6). The former
+      ``norm="std"`` is ``norm="mean_std_norm", episode_stats="trajectories"``; the former
+      ``norm="mean"`` is ``norm="step_mean_norm", episode_stats="trajectories"``.
 
     Shapes: rewards, mask, turn_ids ``(B, L)``; group_ids ``(B,)``; prompt_ids and response_ids:
     B token-id sequences (ragged lists or padded ``(B, ·)`` arrays; response_ids aligned with the
@@ -253,15 +300,20 @@ def gigpo(
     omega = scalar_check("omega", omega, None, None)
     step_gamma = scalar_check("step_gamma", step_gamma, 0.0, 1.0)
     eps = scalar_check("eps", eps, 0.0, None)
-    if norm not in ("std", "mean"):
-        raise ValueError(f"norm: expected 'std' or 'mean', found {norm!r}")
+    if norm not in GIGPO_NORMS:
+        was = f" (the former {norm!r} is {_GIGPO_RENAMED[norm]})" if norm in _GIGPO_RENAMED else ""
+        raise ValueError(f"norm: expected one of {', '.join(map(repr, GIGPO_NORMS))}, found {norm!r}{was}")
+    if episode_stats not in GIGPO_EPISODE_STATS:
+        raise ValueError(f"episode_stats: expected one of {', '.join(map(repr, GIGPO_EPISODE_STATS))}, "
+                         f"found {episode_stats!r}")
     p = prepare(rewards, mask, turn_ids=turn_ids, need_turns=True)
     B, L = p.shape
     codes = group_codes(group_ids, B)
     warn_groups_of_one(codes, group_ids, "gigpo")
     prompts = _ragged(prompt_ids, B, "prompt_ids")
     responses = _ragged(response_ids, B, "response_ids")
-    a_e = _grpo_scores(_scores(p), codes, eps, True)
+    weight = p.nturns.astype(np.float64) if episode_stats == "steps" else np.ones(B)
+    a_e = _gigpo_episode(_scores(p), codes, weight, eps, norm != "mean_norm")
 
     kmax = int(p.nturns.max()) if B and p.nturns is not None else 0
     act = p.mask != 0
@@ -273,7 +325,7 @@ def gigpo(
         x = step_ret[mr, mt]
         n, mean, std = group_stats(x, mc)
         with np.errstate(invalid="ignore", divide="ignore"):
-            val = (x - mean) / (std + eps) if norm == "std" else x - mean
+            val = (x - mean) / (std + eps) if norm == "mean_std_norm" else x - mean
         a_s[mr, mt] = np.where(n > 1, val, 0.0)
 
     adv = np.zeros((B, L), dtype=p.dtype)
@@ -290,7 +342,7 @@ def gigpo(
 # ----------------------------------------------------------------------------- MT-GRPO
 
 #: ``turn_baseline`` of :func:`mt_grpo`
-TURN_BASELINES = ("loo", "index")
+TURN_BASELINES = ("loo", "index", "index_present")
 
 
 def turn_reward_sums(p) -> np.ndarray:
@@ -315,7 +367,7 @@ def _loo_per_column(y: np.ndarray, codes: np.ndarray) -> np.ndarray:
 
 def _index_turn_advantages(R: np.ndarray, inter: np.ndarray, codes: np.ndarray, eps: float) -> np.ndarray:
     """``(R_{i,k} − mean)/(std + ε)`` over the rows of i's group that have an intermediate turn k
-    (unbiased std; a pool of one gives 0); 0 where row i has none."""
+    (unbiased std; a pool of one gives 0); 0 where row i has none ("index_present")."""
     out = np.zeros_like(R)
     for k in range(R.shape[1]):
         rows = np.flatnonzero(inter[:, k])
@@ -326,6 +378,24 @@ def _index_turn_advantages(R: np.ndarray, inter: np.ndarray, codes: np.ndarray, 
         with np.errstate(invalid="ignore", divide="ignore"):
             out[rows, k] = np.where(n > 1, (R[rows, k] - mean) / (std + eps), 0.0)
     return out
+
+
+def _mt_grpo_index(R: np.ndarray, inter: np.ndarray, outcome: np.ndarray, K: np.ndarray, codes: np.ndarray,
+                   eps: float, coef: float) -> np.ndarray:
+    """MT-GRPO's own rule (``"index"``), ``(B, Kmax)``: rows with an intermediate turn get
+    ``A^O + λ·A^T_k`` on it and ``A^O`` on their last turn, ``A^T_k`` normalising ``R̃_{·,k}`` over
+    the whole group (0 for rows without an intermediate turn k; a group of one: no turn part); rows
+    of one turn get GRPO of their total score ``s`` (MT-GRPO's combined advantage)."""
+    a_o = _grpo_scores(outcome, codes, eps, True)
+    a_c = _grpo_scores(R.sum(axis=1), codes, eps, True)
+    y = np.where(inter, R, 0.0)
+    a_t = np.zeros_like(R)
+    for k in range(R.shape[1]):
+        n, mean, std = group_stats(y[:, k], codes)
+        with np.errstate(invalid="ignore", divide="ignore"):
+            a_t[:, k] = np.where(n > 1, (y[:, k] - mean) / (std + eps), 0.0)
+    per_turn = a_o[:, None] + coef * np.where(inter, a_t, 0.0)
+    return np.where((np.asarray(K) <= 1)[:, None], a_c[:, None], per_turn)
 
 
 def _per_turn_to_tokens(p, per_turn: np.ndarray) -> np.ndarray:
@@ -356,26 +426,36 @@ def mt_grpo(
     Row i has turns ``k = 0..K_i−1`` with reward sums ``R_{i,k}`` (:func:`turn_reward_sums`: turn
     rewards on their turn, the outcome on the last action token). The outcome is the last turn's
     ``O_i = R_{i,K_i−1}``; the earlier turns' ``R_{i,k}`` are intermediate rewards, and
-    ``R̃_{i,k} = R_{i,k}`` for ``k < K_i − 1``, 0 otherwise (a turn that ends the episode, or none)::
+    ``R̃_{i,k} = R_{i,k}`` for ``k < K_i − 1``, 0 otherwise (a turn that ends the episode, or none);
+    ``s_i = Σ_k R_{i,k}`` is the total score. With GRPO's ``Z_g(x)_i = (x_i − mean_g x)/(std_g x + ε)``
+    (unbiased std over i's group ``g``)::
 
-        "index" (MT-GRPO's normalisation per turn index):
-            A_{i,k} = A^O_i + λ·A^T_{i,k} (k < K_i − 1),   A_{i,K_i−1} = A^O_i
-            A^O_i = (O_i − mean_g O)/(std_g O + ε);  A^T_{i,k} = (R_{i,k} − mean P_k)/(std P_k + ε)
-            P_k = {R_{j,k}: j in i's group with an intermediate turn k}  (a pool of one: A^T = 0)
+        "index" (MT-GRPO's own, its _assign_advantages):
+            K_i ≥ 2:  A_{i,k} = Z_g(O)_i + λ·Z_g(R̃_{·,k})_i  (k < K_i − 1),   A_{i,K_i−1} = Z_g(O)_i
+            K_i = 1:  A_{i,0} = Z_g(s)_i                   (no tool call: the combined reward's advantage)
+        "index_present" (the turn term over the rows that have an intermediate turn k only):
+            A_{i,k} = Z_g(O)_i + λ·(R_{i,k} − mean P_k)/(std P_k + ε)  (k < K_i − 1),   else Z_g(O)_i
+            P_k = {R_{j,k}: j in i's group with an intermediate turn k}  (a pool of one: no turn part)
         "loo" (default; leave-one-out per turn index over the whole group):
             Y_{j,k} = O_j + λ·R̃_{j,k}      A_{i,k} = Y_{i,k} − mean_{j≠i, j∈g} Y_{j,k}
 
-    λ = ``turn_coef`` (MT-GRPO's ``turn_advantage_coef``). "index" subtracts a baseline whose pool
-    and whose number of turn terms depend on the row's own stopping turn: when the policy decides
-    when to stop, the decision to take another turn gets a hidden bonus ``−E[R̃]`` (the turn reward's
-    level is centred away among the rows that continued), so a choice of zero true advantage gets a
-    non-zero expected advantage (docs/concepts.md). "loo" counts every row of the group once at every
-    index, a row without an intermediate turn there with ``R̃ = 0``: its baseline never depends on
-    the row itself, so the expected advantage of every turn-k choice is its true advantage for the
-    return MT-GRPO credits turn k with, ``O + λ·R̃_k`` (at λ = 1 the plain return when no later turn
-    has an intermediate reward). ``eps`` (1e-4, as MT-GRPO's code) is added to "index"'s unbiased
-    stds; "loo" does not divide (a std over the group would bring the row back into its baseline). A group of one: 0 ("loo"), ``O/(1 + ε)`` and no
-    turn part ("index"); warns once.
+    λ = ``turn_coef`` (MT-GRPO's ``turn_advantage_coef``). "index" is MT-GRPO's code (SiliangZeng/
+    Multi-Turn-RL-Agent @ 7dbdd08b): one turn reward per rollout, normalised over the whole group
+    (0 for a rollout without a tool call), added before the first tool result, and a rollout
+    without a tool result gets the advantage of turn + outcome reward. In mpo_viz's layout its turn
+    reward is turn 0's; for intermediate rewards on later turns "index" applies the same rule per
+    turn index. Both "index" rules are biased when the policy decides when to stop: the rows that
+    take another turn are compared on a different footing from those that do not (docs/concepts.md
+    works an example: "index" charges the level of the intermediate reward, scaled by its std, to
+    the decision to continue; "index_present" centres that level away, a bonus for continuing).
+    "loo" counts every row of the group once at every index, a row without an intermediate turn
+    there with ``R̃ = 0``: its baseline never depends on the row itself, so the expected advantage
+    of every turn-k choice is its true advantage for the return MT-GRPO credits turn k with,
+    ``O + λ·R̃_k`` (at λ = 1 the plain return when no later turn has an intermediate reward).
+    ``eps`` (1e-4, as MT-GRPO's code) is added to the "index" rules' unbiased stds; "loo" does not
+    divide (a std over the group would bring the row back into its baseline). A group of one: 0
+    ("loo"), ``O/(1 + ε)`` and no turn part (both "index" rules; MT-GRPO's code gives NaN, torch's
+    std of one value); warns once.
 
     Shapes: rewards, mask, turn_ids ``(B, L)``; group_ids ``(B,)``. Returns ``(advantages, returns)``
     ``(B, L)``, returns = advantages before whitening.
@@ -383,7 +463,8 @@ def mt_grpo(
     turn_coef = scalar_check("turn_coef", turn_coef, 0.0, None)
     eps = scalar_check("eps", eps, 0.0, None)
     if turn_baseline not in TURN_BASELINES:
-        raise ValueError(f"turn_baseline: expected one of 'loo', 'index', found {turn_baseline!r}")
+        raise ValueError(f"turn_baseline: expected one of {', '.join(map(repr, TURN_BASELINES))}, "
+                         f"found {turn_baseline!r}")
     p = prepare(rewards, mask, turn_ids=turn_ids, need_turns=True)
     codes = group_codes(group_ids, p.shape[0])
     warn_groups_of_one(codes, group_ids, "mt_grpo")
@@ -391,6 +472,8 @@ def mt_grpo(
     outcome, inter = _outcome_and_intermediate(R, p.nturns)
     if turn_baseline == "loo":
         per_turn = _loo_per_column(outcome[:, None] + turn_coef * np.where(inter, R, 0.0), codes)
+    elif turn_baseline == "index":
+        per_turn = _mt_grpo_index(R, inter, outcome, p.nturns, codes, eps, turn_coef)
     else:
         a_o = _grpo_scores(outcome, codes, eps, True)
         per_turn = a_o[:, None] + turn_coef * _index_turn_advantages(R, inter, codes, eps)

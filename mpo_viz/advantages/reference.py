@@ -328,20 +328,38 @@ def reinforce_pp_baseline(rewards, mask, group_ids, *, whiten=True):
     return (_whiten(adv, m) if whiten else adv), adv.copy()
 
 
+def _gigpo_episode(scores, groups, turns_all, episode_stats, eps, divide):
+    """A^E per row: the group's statistics over its turns (each carrying its row's score; "steps")
+    or over its rows ("trajectories"); a single value (or none): mean 0, std 1."""
+    out = [0.0] * len(scores)
+    for members in groups.values():
+        if episode_stats == "steps":
+            xs = [scores[i] for i in members for _ in turns_all[i]]
+        else:
+            xs = [scores[i] for i in members]
+        if len(xs) <= 1:
+            mean, std = 0.0, 1.0
+        else:
+            mean, std = statistics.fmean(xs), statistics.stdev(xs)
+        for i in members:
+            out[i] = (scores[i] - mean) / (std + eps) if divide else scores[i] - mean
+    return out
+
+
 def gigpo(rewards, mask, group_ids, *, prompt_ids, response_ids, turn_ids=None, omega=1.0,
-          step_gamma=0.95, norm="std", eps=1e-6, whiten=False):
+          step_gamma=0.95, norm="mean_std_norm", episode_stats="steps", eps=1e-6, whiten=False):
     r, m = _np(rewards), _np(mask)
     B = m.shape[0]
     groups = _groups(group_ids)
     gid = list(group_ids.tolist() if hasattr(group_ids, "tolist") else group_ids)
     scores = [float(sum(r[i])) for i in range(B)]
-    a_e = _grpo_row_values(scores, groups, eps, True)
+    turns_all = [_row_turns(m, turn_ids, i) for i in range(B)]
+    # "mean_std_norm": both levels divide by their std; "mean_norm": neither; "step_mean_norm": the episode's only
+    a_e = _gigpo_episode(scores, groups, turns_all, episode_stats, eps, norm != "mean_norm")
     step_groups: dict = {}  # (group id, anchor tokens) -> [(row, turn, step return)]
     a_s_zero = []  # (row, turn) of turns without an anchor
-    turns_all = []
     for i in range(B):
-        turns = _row_turns(m, turn_ids, i)
-        turns_all.append(turns)
+        turns = turns_all[i]
         resp = [int(x) for x in np.asarray(response_ids[i]).reshape(-1)]
         rk = [sum(r[i, t] for t in tk) for tk in turns]
         for k, tk in enumerate(turns):
@@ -359,7 +377,7 @@ def gigpo(rewards, mask, group_ids, *, prompt_ids, response_ids, turn_ids=None, 
         for i, k, x in members:
             if len(xs) == 1:
                 a_s[i, k] = 0.0
-            elif norm == "std":
+            elif norm == "mean_std_norm":
                 a_s[i, k] = (x - statistics.fmean(xs)) / (statistics.stdev(xs) + eps)
             else:
                 a_s[i, k] = x - statistics.fmean(xs)
@@ -374,12 +392,29 @@ def gigpo(rewards, mask, group_ids, *, prompt_ids, response_ids, turn_ids=None, 
 
 # ----------------------------------------------------------------------------- bi-level GAE
 
+def _reward_turns(r_row, m_row) -> list[list[int]]:
+    """RAGEN's turns of one row: a turn ends at each action token with a non-zero reward, and at the
+    row's last action token."""
+    turns: list[list[int]] = []
+    current: list[int] = []
+    for t in range(len(m_row)):
+        if m_row[t] == 0:
+            continue
+        current.append(t)
+        if r_row[t] != 0:
+            turns.append(current)
+            current = []
+    if current:
+        turns.append(current)
+    return turns
+
+
 def bilevel_gae(rewards, values, mask, *, turn_ids=None, gamma=1.0, lam=1.0, turn_gamma=0.95,
-                bootstrap_value=None, whiten=True):
+                turn_ends="turns", bootstrap_value=None, whiten=True):
     r, v, m = _np(rewards), _np(values), _np(mask)
     adv, ret = np.zeros_like(m), np.zeros_like(m)
     for i in range(m.shape[0]):
-        turns = _row_turns(m, turn_ids, i)
+        turns = _row_turns(m, turn_ids, i) if turn_ends == "turns" else _reward_turns(r[i], m[i])
         ends = [tk[-1] for tk in turns]
         high = [0.0] * len(turns)
         next_v, next_a = _bootstrap(bootstrap_value, i), 0.0
@@ -414,6 +449,54 @@ def _per_turn_broadcast(m, turns_all, per_turn):
     return adv
 
 
+def _inter(sums, j, k):
+    """The intermediate reward of row j at turn k (0: no such turn, or its last)."""
+    return sums[j][k] if k < len(sums[j]) - 1 else 0.0
+
+
+def _mt_grpo_loo(sums, outcome, groups, gid, turn_coef):
+    per_turn = []
+    for i in range(len(sums)):
+        others = [j for j in groups[gid[i]] if j != i]
+        row = []
+        for k in range(len(sums[i])):
+            if not others:
+                row.append(0.0)
+                continue
+            base = sum(outcome[j] + turn_coef * _inter(sums, j, k) for j in others) / len(others)
+            row.append(outcome[i] + turn_coef * _inter(sums, i, k) - base)
+        per_turn.append(row)
+    return per_turn
+
+
+def _mt_grpo_index(sums, outcome, groups, gid, turn_coef, eps, whole_group):
+    """Both "index" rules: A^O + λ·A^T_k on a row's intermediate turns, A^O on its last. "index"
+    (``whole_group``): A^T_k normalises R̃_{·,k} over the whole group, and a row of one turn gets GRPO
+    of its total score; "index_present": over the rows that have an intermediate turn k."""
+    a_o = _grpo_row_values(outcome, groups, eps, True)
+    a_c = _grpo_row_values([sum(s) for s in sums], groups, eps, True)
+    per_turn = []
+    for i in range(len(sums)):
+        n_turns = len(sums[i])
+        if whole_group and n_turns <= 1:  # no tool call: the combined (turn + outcome) reward's advantage
+            per_turn.append([a_c[i]] * n_turns)
+            continue
+        row = []
+        for k in range(n_turns):
+            a_t = 0.0
+            if k < n_turns - 1:
+                members = groups[gid[i]]
+                if whole_group:
+                    pool = [_inter(sums, j, k) for j in members]
+                else:
+                    pool = [sums[j][k] for j in members if k < len(sums[j]) - 1]
+                if len(pool) > 1:
+                    a_t = (sums[i][k] - statistics.fmean(pool)) / (statistics.stdev(pool) + eps)
+            row.append(a_o[i] + turn_coef * a_t)
+        per_turn.append(row)
+    return per_turn
+
+
 def mt_grpo(rewards, mask, group_ids, *, turn_ids=None, turn_coef=1.0, turn_baseline="loo", eps=1e-4,
             whiten=False):
     r, m = _np(rewards), _np(mask)
@@ -423,34 +506,10 @@ def mt_grpo(rewards, mask, group_ids, *, turn_ids=None, turn_coef=1.0, turn_base
     turns_all = [_row_turns(m, turn_ids, i) for i in range(B)]
     sums = [_turn_sums(r[i], turns_all[i]) for i in range(B)]
     outcome = [s[-1] if s else 0.0 for s in sums]
-
-    def inter(j, k):  # the intermediate reward of row j at turn k (0: no such turn, or its last)
-        return sums[j][k] if k < len(sums[j]) - 1 else 0.0
-
-    per_turn = []
     if turn_baseline == "loo":
-        for i in range(B):
-            others = [j for j in groups[gid[i]] if j != i]
-            row = []
-            for k in range(len(turns_all[i])):
-                if not others:
-                    row.append(0.0)
-                    continue
-                base = sum(outcome[j] + turn_coef * inter(j, k) for j in others) / len(others)
-                row.append(outcome[i] + turn_coef * inter(i, k) - base)
-            per_turn.append(row)
+        per_turn = _mt_grpo_loo(sums, outcome, groups, gid, turn_coef)
     else:
-        a_o = _grpo_row_values(outcome, groups, eps, True)
-        for i in range(B):
-            row = []
-            for k in range(len(turns_all[i])):
-                a_t = 0.0
-                if k < len(turns_all[i]) - 1:
-                    pool = [sums[j][k] for j in groups[gid[i]] if k < len(turns_all[j]) - 1]
-                    if len(pool) > 1:
-                        a_t = (sums[i][k] - statistics.fmean(pool)) / (statistics.stdev(pool) + eps)
-                row.append(a_o[i] + turn_coef * a_t)
-            per_turn.append(row)
+        per_turn = _mt_grpo_index(sums, outcome, groups, gid, turn_coef, eps, turn_baseline == "index")
     adv = _per_turn_broadcast(m, turns_all, per_turn)
     return (_whiten(adv, m) if whiten else adv), adv.copy()
 

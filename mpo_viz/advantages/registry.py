@@ -122,14 +122,20 @@ NORM_BY_STD = Option("norm_by_std", kind="bool", label="÷ std", advanced=True,
 OMEGA = Option("omega", kind="float", span=(0.0, 3.0), label="ω", doc="gigpo: weight ω of the step-level advantage")
 STEP_GAMMA = Option("step_gamma", kind="float", low=0.0, high=1.0, label="γ_step",
                     doc="gigpo: discount of the step return")
-NORM = Option("norm", kind="choice", choices=("std", "mean"), label="step norm", advanced=True,
-              doc="gigpo: step-group normalization (std, or mean only)")
+NORM = Option("norm", kind="choice", choices=G.GIGPO_NORMS, label="norm", advanced=True,
+              doc="gigpo: which levels divide by their std — mean_std_norm both, mean_norm neither (verl-agent's "
+                  "gigpo.mode names; mean_norm is its config default), step_mean_norm the episode level only")
+EPISODE_STATS = Option("episode_stats", kind="choice", choices=G.GIGPO_EPISODE_STATS, label="episode stats",
+                       advanced=True,
+                       doc="gigpo: the episode-level mean and std over the group's turns (steps: a trajectory "
+                           "counts once per turn, as verl-agent) or its trajectories (GRPO, the paper's Eq. 3)")
 TURN_COEF = Option("turn_coef", kind="float", low=0.0, span=(0.0, 2.0), label="λ_turn",
                    doc="mt_grpo: weight λ of the turn-reward advantage (MT-GRPO's turn_advantage_coef)")
 TURN_BASELINE = Option("turn_baseline", kind="choice", choices=G.TURN_BASELINES, label="turn baseline",
                        doc="mt_grpo: loo (leave-one-out per turn index over the whole group, a missing turn "
-                           "counting 0: unbiased when the policy decides when to stop) or index (normalised "
-                           "over the rows that have turn k, as MT-GRPO: a hidden bonus for taking another turn)")
+                           "counting 0: unbiased when the policy decides when to stop), index (MT-GRPO's code: "
+                           "the turn reward normalised over the whole group, a one-turn row gets GRPO of its "
+                           "score) or index_present (the turn reward normalised over the rows that have turn k)")
 ENTROPY_K = Option("entropy_k", kind="float", low=0.0, span=(0.0, 3.0), label="k",
                    doc="empg: step scale g = exp(−k·Ĥ), divided by its batch mean")
 CLARITY_K = Option("clarity_k", kind="float", low=0.0, span=(0.0, 3.0), label="k_f",
@@ -137,11 +143,14 @@ CLARITY_K = Option("clarity_k", kind="float", low=0.0, span=(0.0, 3.0), label="k
 ZETA = Option("zeta", kind="float", low=0.0, span=(0.0, 1.0), label="ζ", doc="empg: weight ζ of the future-clarity bonus")
 CENTER = Option("center", kind="bool", label="centre", advanced=True,
                 doc="empg: subtract the batch mean of the modulated step advantages")
+TURN_ENDS = Option("turn_ends", kind="choice", choices=T.TURN_ENDS, label="turn ends", advanced=True,
+                   doc="bilevel_gae: the turns' last tokens (turns) or RAGEN's rule, every action token with a "
+                       "non-zero reward and the row's last (rewards)")
 
 _VOCAB: dict[str, Option] = {o.name: o for o in (GAMMA, LAM, TURN_GAMMA, TURN_LAM, BETA, WITHIN, VALUE_AT,
                                                   CRITIC_TARGET, WHITEN, LAM_RULE, ALPHA, Q, EPS, NORM_BY_STD, OMEGA,
-                                                  STEP_GAMMA, NORM, TURN_COEF, TURN_BASELINE, ENTROPY_K, CLARITY_K,
-                                                  ZETA, CENTER)}
+                                                  STEP_GAMMA, NORM, EPISODE_STATS, TURN_COEF, TURN_BASELINE,
+                                                  ENTROPY_K, CLARITY_K, ZETA, CENTER, TURN_ENDS)}
 
 # What each kind of need means and how to check it on a batch.
 NEED_TEXT = {

@@ -24,7 +24,8 @@ from mpo_viz.advantages import kernels as K
 from mpo_viz.advantages._inputs import prepare, scalar_check, to_torch, whiten_, whiten_buffers
 from mpo_viz.checks import TensorLike, warn_once
 
-__all__ = ["gae", "vapo", "turn_gae", "mae", "mae_with_turns", "bilevel_gae", "LAM_RULES", "lambda_per_row"]
+__all__ = ["gae", "vapo", "turn_gae", "mae", "mae_with_turns", "bilevel_gae", "LAM_RULES", "TURN_ENDS",
+           "lambda_per_row", "reward_turn_ids"]
 
 
 def _finish(p, adv: np.ndarray, ret: np.ndarray, whiten: bool,
@@ -303,16 +304,30 @@ def mae(
                 lam_rule=lam_rule, alpha=alpha, q=q, bootstrap_value=bootstrap_value, whiten=whiten, tables=False)
 
 
+#: ``turn_ends`` of :func:`bilevel_gae`: the turns' last action tokens (``turn_ids``), or RAGEN's
+#: rule, the action tokens with a non-zero reward
+TURN_ENDS = ("turns", "rewards")
+
+
+def reward_turn_ids(rewards: np.ndarray, mask: np.ndarray) -> np.ndarray:
+    """RAGEN's turns as turn ids ``(B, L)`` int64: a turn ends at every action token with a non-zero
+    reward, and at the row's last action token (so trailing action tokens after the last reward
+    form a last turn). The id of an action token is the number of turn ends before it."""
+    act = mask != 0
+    end = act & (rewards != 0)
+    return np.ascontiguousarray(np.cumsum(end, axis=1) - end, dtype=np.int64)
+
+
 def bilevel_gae(
     rewards: TensorLike, values: TensorLike, mask: TensorLike, *, turn_ids: TensorLike | None = None,
-    gamma: float = 1.0, lam: float = 1.0, turn_gamma: float = 0.95, bootstrap_value: TensorLike | None = None,
-    whiten: bool = True,
+    gamma: float = 1.0, lam: float = 1.0, turn_gamma: float = 0.95, turn_ends: str = "turns",
+    bootstrap_value: TensorLike | None = None, whiten: bool = True,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Bi-level GAE (RAGEN/StarPO, ``bi_level_gae=True``): turn-level GAE across the turns' last
     tokens, then token-level GAE inside each turn that ends on the turn's return.
 
-    For turns ``k = 0..K−1`` of a row (``turn_ids``; None = maximal runs of ``mask == 1``), turn k
-    ending at action token ``e_k``, with γ_H = ``turn_gamma`` (RAGEN's ``high_level_gamma``)::
+    For turns ``k = 0..K−1`` of a row, turn k ending at action token ``e_k``, with γ_H =
+    ``turn_gamma`` (RAGEN's ``high_level_gamma``)::
 
         A^H_k = r_{e_k} + γ_H·V_{e_{k+1}} − V_{e_k} + γ_H·λ·A^H_{k+1}    (V after e_{K−1}: bootstrap or 0)
         A_{e_k} = A^H_k                                               (the turn's return A^H_k + V_{e_k}
@@ -322,9 +337,19 @@ def bilevel_gae(
     t' is the next action token of the same turn; observation tokens are skipped. One λ for both
     levels, as in RAGEN. ``whiten=True`` (default, as RAGEN, which always whitens) maps the
     advantages to ``(A − mean)/sqrt(var_unbiased + 1e-8)`` over the batch's action tokens.
-    RAGEN finds turn ends as the tokens with a non-zero reward; here they are the turns' last action
-    tokens, so a turn without reward is still a turn (the two agree when every turn ends on a
-    non-zero reward and no other token has one).
+
+    ``turn_ends`` — what a turn is:
+
+    * ``"turns"`` (default): the turns of ``turn_ids`` (None = maximal runs of ``mask == 1``); a
+      turn without reward is still a turn, and γ_H discounts across every turn boundary.
+    * ``"rewards"``: RAGEN's rule (``compute_bi_level_gae_advantage_return``, RAGEN @ 5eb79b82): a
+      turn ends at each action token with a non-zero reward (``turn_ids`` is not read), and at the
+      row's last action token, where RAGEN itself raises IndexError when that token has reward 0.
+      In RAGEN's shipped setting (``use_turn_scores=False``, which its train.py requires with
+      ``bi_level_gae``) the episode's score is on the last token only: one turn per row, so this
+      is plain token GAE (γ, λ) and γ_H is never used.
+
+    The two agree when every turn ends on a non-zero reward and no other action token has one.
 
     Shapes: rewards, values, mask, turn_ids ``(B, L)``; bootstrap_value ``(B,)``. Returns
     ``(advantages, returns)`` ``(B, L)``, 0 on masked positions.
@@ -332,12 +357,16 @@ def bilevel_gae(
     gamma = scalar_check("gamma", gamma, 0.0, 1.0)
     lam = scalar_check("lam", lam, 0.0, 1.0)
     turn_gamma = scalar_check("turn_gamma", turn_gamma, 0.0, 1.0)
-    p = prepare(rewards, mask, values=values, need_values=True, turn_ids=turn_ids, need_turns=True,
-                bootstrap_value=bootstrap_value)
+    if turn_ends not in TURN_ENDS:
+        raise ValueError(f"turn_ends: expected one of {', '.join(map(repr, TURN_ENDS))}, found {turn_ends!r}")
+    by_turns = turn_ends == "turns"
+    p = prepare(rewards, mask, values=values, need_values=True, turn_ids=turn_ids if by_turns else None,
+                need_turns=by_turns, bootstrap_value=bootstrap_value)
     B, L = p.shape
+    tid = p.turn_ids if by_turns else reward_turn_ids(p.rewards, p.mask)
     adv = np.empty((B, L), dtype=p.dtype)
     ret = np.empty((B, L), dtype=p.dtype)
-    K.bilevel_gae_kernel(p.rewards, p.values, p.mask, p.turn_ids, p.bootstrap, gamma, lam, turn_gamma, adv, ret)
+    K.bilevel_gae_kernel(p.rewards, p.values, p.mask, tid, p.bootstrap, gamma, lam, turn_gamma, adv, ret)
     if whiten:
         whiten_(adv, p.mask)
     return to_torch(adv, p.device), to_torch(ret, p.device)

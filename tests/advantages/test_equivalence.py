@@ -56,6 +56,9 @@ CRITIC_CASES = [
     ("bilevel_gae", {}),
     ("bilevel_gae", {"gamma": 0.9, "lam": 0.8, "turn_gamma": 0.7, "whiten": False}),
     ("bilevel_gae", {"gamma": 1.0, "lam": 1.0, "turn_gamma": 1.0}),
+    # RAGEN's turns: every action token with a non-zero reward ends one (and the row's last action token)
+    ("bilevel_gae", {"turn_ends": "rewards"}),
+    ("bilevel_gae", {"turn_ends": "rewards", "gamma": 0.9, "lam": 0.8, "turn_gamma": 0.7, "whiten": False}),
 ]
 
 GROUP_CASES = [
@@ -70,6 +73,9 @@ GROUP_CASES = [
     ("mt_grpo", {"turn_coef": 0.5, "whiten": True}),
     ("mt_grpo", {"turn_baseline": "index"}),
     ("mt_grpo", {"turn_baseline": "index", "turn_coef": 2.0, "eps": 1e-6}),
+    ("mt_grpo", {"turn_baseline": "index", "turn_coef": 0.5, "whiten": True}),
+    ("mt_grpo", {"turn_baseline": "index_present"}),
+    ("mt_grpo", {"turn_baseline": "index_present", "turn_coef": 2.0, "eps": 1e-6}),
     ("empg", {}),
     ("empg", {"entropy_k": 2.0, "clarity_k": 0.5, "zeta": 0.3, "center": False}),
     ("empg", {"norm_by_std": False, "whiten": True}),
@@ -162,8 +168,10 @@ def _degenerate(kind):
     ("turn_gae", {"lam_rule": "vapo", "alpha": 0.8}),
     ("mae", {"lam_rule": "relative_position", "q": 0.6}),
     ("bilevel_gae", {"gamma": 0.9, "lam": 0.8}),
+    ("bilevel_gae", {"gamma": 0.9, "lam": 0.8, "turn_ends": "rewards"}),
     ("mt_grpo", {}),
     ("mt_grpo", {"turn_baseline": "index"}),
+    ("mt_grpo", {"turn_baseline": "index_present"}),
     ("empg", {}),
 ])
 @pytest.mark.filterwarnings("ignore:group_ids")
@@ -205,7 +213,14 @@ def test_reinforce_pp_matches_reference(make_random, opts, dtype):
         _compare("reinforce_pp", opts, d, dtype)
 
 
-@pytest.mark.parametrize("opts", [{}, {"omega": 0.5, "step_gamma": 1.0}, {"norm": "mean", "whiten": True}])
+@pytest.mark.parametrize("opts", [
+    {}, {"omega": 0.5, "step_gamma": 1.0},
+    {"norm": "step_mean_norm", "episode_stats": "trajectories", "whiten": True},  # the former norm="mean"
+    {"norm": "mean_std_norm", "episode_stats": "trajectories"},  # the former default, norm="std"
+    {"norm": "mean_norm"},  # verl-agent's config default
+    {"norm": "mean_norm", "episode_stats": "trajectories", "omega": 0.5},
+    {"norm": "step_mean_norm", "step_gamma": 0.8},
+])
 def test_gigpo_matches_reference(make_random, opts):
     for seed in range(4):
         # a tiny observation vocabulary so that anchors repeat and step groups form
@@ -239,3 +254,5 @@ def test_synthetic_batch_matches_reference():
     }
     for name, opts in CRITIC_CASES[:1] + CRITIC_CASES[5:6] + CRITIC_CASES[8:10] + GROUP_CASES[:1] + [("gigpo", {})]:
         _compare(name, opts, d, np.float64)
+    for opts in ({"norm": "mean_norm"}, {"episode_stats": "trajectories"}):
+        _compare("gigpo", opts, d, np.float64)

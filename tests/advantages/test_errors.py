@@ -170,6 +170,26 @@ def test_option_problems():
     assert torch.equal(a, b)
 
 
+def test_renamed_and_new_choices_name_option_expected_and_found():
+    R, V, M = _ok()
+    g, tok = [0, 0, 1], dict(prompt_ids=[[1]] * 3, response_ids=[[1] * 5] * 3)
+    # gigpo's former norm names say what they are now
+    with pytest.raises(ValueError, match=r"norm: expected one of 'mean_std_norm', 'mean_norm', 'step_mean_norm', "
+                                         r"found 'std' \(the former 'std' is norm='mean_std_norm', "
+                                         r"episode_stats='trajectories'\)"):
+        A.gigpo(R, M, g, norm="std", **tok)
+    with pytest.raises(ValueError, match=r"found 'mean' \(the former 'mean' is norm='step_mean_norm', "
+                                         r"episode_stats='trajectories'\)"):
+        A.gigpo(R, M, g, norm="mean", **tok)
+    with pytest.raises(ValueError, match=r"episode_stats: expected one of 'steps', 'trajectories', found 'rows'"):
+        A.gigpo(R, M, g, episode_stats="rows", **tok)
+    with pytest.raises(ValueError, match=r"turn_baseline: expected one of 'loo', 'index', 'index_present', "
+                                         r"found 'present'"):
+        A.mt_grpo(R, M, g, turn_baseline="present")
+    with pytest.raises(ValueError, match=r"turn_ends: expected one of 'turns', 'rewards', found 'eos'"):
+        A.bilevel_gae(R, V, M, turn_ends="eos")
+
+
 def test_gigpo_needs_token_ids():
     R, V, M = _ok()
     with pytest.raises(ValueError, match=r"prompt_ids: GiGPO needs"):

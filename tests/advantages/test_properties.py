@@ -130,7 +130,9 @@ def test_gigpo_by_hand():
     R = np.array([[0, 0, 1.0], [0.5, 0, 0], [0, 0, 0]])
     resp = [[50, 7, 51], [52, 7, 53], [54, 8, 55]]
     prompts = [[1, 2]] * 3
-    a, _ = A.gigpo(R, M, ["q"] * 3, prompt_ids=prompts, response_ids=resp, step_gamma=0.5)
+    # per-trajectory episode statistics (GRPO over the three scores; the former default)
+    a, _ = A.gigpo(R, M, ["q"] * 3, prompt_ids=prompts, response_ids=resp, step_gamma=0.5,
+                   episode_stats="trajectories")
     s = np.array([1.0, 0.5, 0.0])
     a_e = (s - s.mean()) / (s.std(ddof=1) + 1e-6)
     step0 = np.array([0.5 * 1.0, 0.5, 0.0])  # Σ γ^{k'} R_{k'} from turn 0
@@ -140,6 +142,15 @@ def test_gigpo_by_hand():
     np.testing.assert_allclose(a.numpy()[:, 0], a_e + a_s0, rtol=1e-6)
     np.testing.assert_allclose(a.numpy()[:, 2], a_e + a_s1, rtol=1e-6)
     assert (a.numpy()[:, 1] == 0).all()
+    # the default, statistics over the turns (verl-agent): each row's score twice, std over six values
+    a, _ = A.gigpo(R, M, ["q"] * 3, prompt_ids=prompts, response_ids=resp, step_gamma=0.5)
+    a_e = (s - 0.5) / (np.sqrt(0.2) + 1e-6)
+    np.testing.assert_allclose(a.numpy()[:, 0], a_e + a_s0, rtol=1e-6)
+    np.testing.assert_allclose(a.numpy()[:, 2], a_e + a_s1, rtol=1e-6)
+    # mean_norm: no std at either level
+    a, _ = A.gigpo(R, M, ["q"] * 3, prompt_ids=prompts, response_ids=resp, step_gamma=0.5, norm="mean_norm")
+    np.testing.assert_allclose(a.numpy()[:, 0], (s - 0.5) + (step0 - step0.mean()), rtol=1e-12)
+    np.testing.assert_allclose(a.numpy()[:, 2], (s - 0.5) + np.r_[step1 - step1.mean(), 0.0], rtol=1e-12)
 
 
 def test_gigpo_empty_observation_is_no_anchor():
@@ -148,7 +159,8 @@ def test_gigpo_empty_observation_is_no_anchor():
     T = np.array([[0, 0, 1, 1], [0, 0, 1, 1], [0, 0, 1, 1], [0, 0, 1, 1]])
     R = np.array([[0, 0, 0, 1.0], [0, 0, 0, 0], [0, 0, 0, 1.0], [0, 0, 0, 0]])
     resp = [[50, 51, 52, 53], [54, 55, 56, 57], [58, 7, 59, 60], [61, 7, 62, 63]]
-    a, _ = A.gigpo(R, M, ["q"] * 4, prompt_ids=[[1, 2]] * 4, response_ids=resp, turn_ids=T, step_gamma=0.5)
+    a, _ = A.gigpo(R, M, ["q"] * 4, prompt_ids=[[1, 2]] * 4, response_ids=resp, turn_ids=T, step_gamma=0.5,
+                   episode_stats="trajectories")
     s = np.array([1.0, 0, 1, 0])
     a_e = (s - s.mean()) / (s.std(ddof=1) + 1e-6)
     step0 = 0.5 * s  # turn 0 of every row is anchored on the shared prompt

@@ -81,9 +81,12 @@ def test_turn_advantage_column_stays_unwhitened(batch, name):
 
 
 def test_gigpo_through_compute_uses_token_ids(batch):
-    res = A.compute(batch, "gigpo", omega=0.0)
+    # ω = 0 leaves the episode level: GRPO with per-trajectory statistics, Dr. GRPO without the std
+    res = A.compute(batch, "gigpo", omega=0.0, episode_stats="trajectories")
     grpo = A.compute(batch, "grpo")
-    torch.testing.assert_close(res.advantages, grpo.advantages)  # ω = 0 leaves the episode level
+    torch.testing.assert_close(res.advantages, grpo.advantages)
+    res = A.compute(batch, "gigpo", omega=0.0, episode_stats="trajectories", norm="mean_norm")
+    torch.testing.assert_close(res.advantages, A.compute(batch, "drgrpo").advantages)
 
 
 def test_unknown_name_and_option(batch):

@@ -1,12 +1,14 @@
-"""Turn-level credit estimators and λ rules on hand-derived numbers: MT-GRPO's two baselines (and the
-bias of the per-turn-index one when the policy decides when to stop, computed exactly by
-enumerating every group), bi-level GAE on RAGEN's own example, EMPG (no public code: a closed form
-by hand), the λ rules, EMPG's need for entropies."""
+"""Turn-level credit estimators and λ rules on hand-derived numbers: MT-GRPO's baselines (and the
+bias of its two per-turn-index rules when the policy decides when to stop, computed exactly by
+enumerating every group, the "index" one also against MT-GRPO's own code), bi-level GAE on RAGEN's
+own example, EMPG (no public code: a closed form by hand), the λ rules, EMPG's need for entropies."""
 
 from __future__ import annotations
 
 import itertools
+import json
 import math
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -58,15 +60,25 @@ def test_mt_grpo_by_hand():
     torch.testing.assert_close(ret, adv)
     adv, _ = A.mt_grpo(R, M, ["g", "g"], turn_coef=0.5)
     _close(_per_turn(adv.numpy(), M), [[1.1, 1.25, 1.0], [-1.1]])
-    # index: the outcomes 1, 0 give ±GRPO_HALF; the pools of turn 0 and turn 1 hold row a alone: no turn part
-    adv, _ = A.mt_grpo(R, M, ["g", "g"], turn_baseline="index")
+    # index_present: the outcomes 1, 0 give ±GRPO_HALF; the pools of turn 0 and turn 1 hold row a alone:
+    # no turn part
+    adv, _ = A.mt_grpo(R, M, ["g", "g"], turn_baseline="index_present")
     _close(_per_turn(adv.numpy(), M), [[GRPO_HALF] * 3, [-GRPO_HALF]])
+    # index (MT-GRPO's code): the turn rewards over the whole group, row b's 0 included — a group of two
+    # with values x and 0 gives ±(x/2)/(|x|/√2 + ε); row b (one turn) gets GRPO of the scores 1.7 and 0
+    def pair(x):
+        return (x / 2) / (abs(x) / math.sqrt(2) + 1e-4)
+
+    adv, _ = A.mt_grpo(R, M, ["g", "g"], turn_baseline="index")
+    _close(_per_turn(adv.numpy(), M), [[GRPO_HALF + pair(0.2), GRPO_HALF + pair(0.5), GRPO_HALF], [-pair(1.7)]])
 
 
-def test_mt_grpo_index_normalises_turn_rewards_per_turn_index():
-    # three rows of two turns: turn rewards 0, 1, 2 (mean 1, std 1), outcomes 1, 1, 0 (mean 2/3, std 1/√3)
+@pytest.mark.parametrize("turn_baseline", ["index", "index_present"])
+def test_mt_grpo_index_normalises_turn_rewards_per_turn_index(turn_baseline):
+    # three rows of two turns: turn rewards 0, 1, 2 (mean 1, std 1), outcomes 1, 1, 0 (mean 2/3, std 1/√3);
+    # every row has the intermediate turn, so the two index rules agree
     R, M = _rows([[0.0, 1.0], [1.0, 1.0], [2.0, 0.0]])
-    adv, _ = A.mt_grpo(R, M, ["g"] * 3, turn_baseline="index", eps=0.0, turn_coef=2.0)
+    adv, _ = A.mt_grpo(R, M, ["g"] * 3, turn_baseline=turn_baseline, eps=0.0, turn_coef=2.0)
     a_o = [(1 - 2 / 3) * math.sqrt(3), (1 - 2 / 3) * math.sqrt(3), -2 / 3 * math.sqrt(3)]
     want = [[a_o[0] + 2 * -1.0, a_o[0]], [a_o[1] + 0.0, a_o[1]], [a_o[2] + 2 * 1.0, a_o[2]]]
     _close(_per_turn(adv.numpy(), M), want)
@@ -77,14 +89,15 @@ def test_mt_grpo_groups_of_one_constant_rewards_and_empty_rows():
     R, M = _rows([[0.3, 1.0], [0.3, 1.0], [0.5, 2.0]])
     M = np.vstack([M, np.zeros(M.shape[1])])
     R = np.vstack([R, np.zeros(R.shape[1])])
-    adv, _ = A.mt_grpo(R, M, ["c", "c", "alone", "c"])  # (the warning: test_adv_warnings.py)
+    adv, _ = A.mt_grpo(R, M, ["c", "c", "alone", "c"])  # (the warning: test_warnings.py)
     # rows 0, 1 are identical and row 3 (no action token) counts as outcome 0 with no turn reward
     per = _per_turn(adv.numpy(), M)
     assert per[0] == pytest.approx([1.3 - (1.3 + 0.0) / 2, 1.0 - (1.0 + 0.0) / 2], abs=1e-12)
     assert per[2] == [0.0, 0.0]  # a group of one: nothing to leave out
     assert (adv.numpy()[3] == 0).all()
-    adv, _ = A.mt_grpo(R[:2], M[:2], ["c", "c"], turn_baseline="index")
-    assert (adv.numpy() == 0).all()  # constant rewards: every normalised term is 0
+    for turn_baseline in ("index", "index_present"):
+        adv, _ = A.mt_grpo(R[:2], M[:2], ["c", "c"], turn_baseline=turn_baseline)
+        assert (adv.numpy() == 0).all()  # constant rewards: every normalised term is 0
 
 
 # ----------------------------------------------------------------------------- the bias, exactly
@@ -119,7 +132,7 @@ def _enumerate(n: int, p_tool: float, tool=TOOL, stop=STOP, **opts) -> tuple[flo
 
 
 def _grpo_outcome_only(n: int, p_tool: float) -> float:
-    """The index baseline's expected advantage gap computed another way: every tool row's turn term
+    """The index_present baseline's expected advantage gap computed another way: every tool row's turn term
     is 0 (all its pool pays the same cost), so row 0 gets GRPO of the outcomes alone."""
     p_mix = p_tool * TOOL[1] + (1 - p_tool) * STOP[1]  # another row's success probability
     gap = 0.0
@@ -134,8 +147,8 @@ def _grpo_outcome_only(n: int, p_tool: float) -> float:
 
 @pytest.mark.filterwarnings("ignore:group_ids")
 @pytest.mark.parametrize("n,p_tool", [(2, 0.5), (3, 0.3), (3, 0.8)])
-def test_index_baseline_pays_a_hidden_bonus_for_another_turn_loo_does_not(n, p_tool):
-    tool, stop = _enumerate(n, p_tool, turn_baseline="index")
+def test_index_present_baseline_pays_a_hidden_bonus_for_another_turn_loo_does_not(n, p_tool):
+    tool, stop = _enumerate(n, p_tool, turn_baseline="index_present")
     gap = tool - stop
     assert gap == pytest.approx(_grpo_outcome_only(n, p_tool), abs=1e-9)
     assert gap > 0.1  # a zero-advantage choice credited as clearly better: the −E[cost] bonus
@@ -143,6 +156,42 @@ def test_index_baseline_pays_a_hidden_bonus_for_another_turn_loo_does_not(n, p_t
         assert gap == pytest.approx(0.25 * GRPO_HALF, abs=1e-12)
     tool, stop = _enumerate(n, p_tool)  # the default, leave-one-out over the whole group
     assert tool - stop == pytest.approx(0.0, abs=1e-12)
+
+
+WORKED = json.loads((Path(__file__).parent / "fixtures" / "mt_grpo_source.json").read_text(encoding="utf-8"))
+
+
+def test_index_baseline_charges_the_turn_reward_to_another_turn_as_mt_grpos_code_does():
+    # MT-GRPO's own code on every group of two (fixtures/mt_grpo_source.json, 'worked_example_n2': the 16
+    # groups in the order of _enumerate, each row stop or tool × fail or succeed): the expected gap at
+    # p_tool = 0.5 from its outputs, against mpo_viz's "index" on the same groups
+    case = next(c for c in WORKED["cases"] if c["inputs"] == "worked_example_n2")
+    first = np.array(case["advantages"])[::2, 0]  # row 0 of each group, its first token
+    kinds = [(0.5 * 0.5), (0.5 * 0.5), (0.5 * 0.25), (0.5 * 0.75)]  # stop-fail, stop-succeed, tool-fail, tool-succeed
+    own, other = np.repeat(np.arange(4), 4), np.tile(np.arange(4), 4)
+    w = np.array([kinds[a] * kinds[b] for a, b in zip(own, other)])
+    source_gap = ((w * first)[own >= 2].sum() / w[own >= 2].sum()) - ((w * first)[own < 2].sum() / w[own < 2].sum())
+    tool, stop = _enumerate(2, 0.5, turn_baseline="index")
+    assert tool - stop == pytest.approx(source_gap, abs=1e-6)
+    assert tool - stop == pytest.approx(-0.3533, abs=1e-4)  # docs/concepts.md's table
+    assert (tool, stop) == pytest.approx((-0.2650, 0.0883), abs=1e-4)
+    # the turn term of a tool row beside a row that stopped is ∓(c/2)/(c/√2 + ε) ≈ −0.707 whatever the cost c:
+    # the level of the cost, scaled to one std, charged to the decision to continue
+    for cost in (-0.25, -0.01):
+        R, M = _rows([[cost, 1.0], [1.0]])
+        a_tool, _ = A.mt_grpo(R, M, ["g", "g"], turn_baseline="index")
+        assert a_tool.numpy()[0, 0] - a_tool.numpy()[0, 3] == pytest.approx(-0.5 / (1 / math.sqrt(2) + 1e-4 / abs(cost)))
+
+
+@pytest.mark.filterwarnings("ignore:group_ids")
+@pytest.mark.parametrize("n,p_tool", [(3, 0.3), (4, 0.5)])
+def test_index_baseline_gap_in_larger_groups(n, p_tool):
+    tool, stop = _enumerate(n, p_tool, turn_baseline="index")
+    assert tool - stop < -0.25  # a zero-advantage choice credited as clearly worse
+    if n == 4:  # docs/concepts.md: −0.560 in groups of four; index_present's +0.351 beside it
+        assert tool - stop == pytest.approx(-0.5604, abs=1e-4)
+        tool, stop = _enumerate(n, p_tool, turn_baseline="index_present")
+        assert tool - stop == pytest.approx(0.3514, abs=1e-4)
 
 
 @pytest.mark.parametrize("cost", [-0.1, -0.5])

@@ -26,8 +26,8 @@ def _batch():
     return R, M
 
 
-def _gigpo(R, M, g):
-    return A.gigpo(R, M, g, prompt_ids=[[1]] * 3, response_ids=[[5, 6, 7]] * 3)
+def _gigpo(R, M, g, **kw):
+    return A.gigpo(R, M, g, prompt_ids=[[1]] * 3, response_ids=[[5, 6, 7]] * 3, **kw)
 
 
 CALLS = {
@@ -36,10 +36,18 @@ CALLS = {
     "rloo": (lambda R, M, g: A.rloo(R, M, g), r"rloo gives A = 0", 0.0),
     "reinforce_pp_baseline": (lambda R, M, g: A.reinforce_pp_baseline(R, M, g, whiten=False),
                               r"reinforce_pp_baseline gives A = s, the raw score", 2.0),
-    "gigpo": (_gigpo, r"gigpo gives an episode-level A\^E = s/\(1 \+ eps\)", 2.0 / (1 + 1e-6)),
+    # per-trajectory statistics (the former default): GRPO's rule; row 1 has two turns
+    "gigpo": (lambda R, M, g: _gigpo(R, M, g, episode_stats="trajectories"),
+              r"gigpo gives an episode-level A\^E = s/\(1 \+ eps\)", 2.0 / (1 + 1e-6)),
+    "gigpo mean_norm": (lambda R, M, g: _gigpo(R, M, g, norm="mean_norm", episode_stats="trajectories"),
+                        r"gigpo gives an episode-level A\^E = s/\(1 \+ eps\) .*\(s with norm='mean_norm'\)", 2.0),
+    # the default, statistics over the turns: its two turns are two values, mean s, std 0
+    "gigpo steps": (_gigpo, r"with 'steps' \(the default\) .* A\^E = 0 when it has several", 0.0),
     "mt_grpo": (lambda R, M, g: A.mt_grpo(R, M, g), r"mt_grpo gives A = 0 with turn_baseline='loo'", 0.0),
     "mt_grpo index": (lambda R, M, g: A.mt_grpo(R, M, g, turn_baseline="index"),
                       r"with 'index' the outcome part O/\(1 \+ eps\)", 2.0 / (1 + 1e-4)),
+    "mt_grpo index_present": (lambda R, M, g: A.mt_grpo(R, M, g, turn_baseline="index_present"),
+                              r"likewise with 'index_present'", 2.0 / (1 + 1e-4)),
     "empg": (lambda R, M, g: A.empg(R, M, g, entropy=np.ones_like(M), zeta=0.0, center=False),
              r"empg gives the base advantage s/\(1 \+ eps\)", 2.0 / (1 + 1e-6) / (1 + 1e-8)),
 }
