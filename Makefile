@@ -107,5 +107,9 @@ lint: venv
 	$(VENV)/bin/ruff check mpo_viz tests benchmarks experiments notebooks
 	$(VENV)/bin/mypy
 
+# the one code style (ruff format, settings in pyproject.toml); make lint checks it
+format: venv
+	$(VENV)/bin/ruff format mpo_viz tests benchmarks experiments notebooks
+
 clean:
 	rm -rf $(VENV) $(VERL_VENV) .pytest_cache .hypothesis .ruff_cache *.egg-info

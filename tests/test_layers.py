@@ -6,6 +6,7 @@ reads like user code). Every import counts, also those inside functions."""
 from __future__ import annotations
 
 import ast
+import re
 from pathlib import Path
 
 import pytest
@@ -149,3 +150,89 @@ def test_no_private_name_crosses_a_module():
                     continue
                 bad.append(f"{mod}:{node.lineno} reads {ast.unparse(node)}")
     assert not bad, "\n".join(bad)
+
+
+# --------------------------------------------------------------------------------------------- the map
+
+README = PKG.parent / "README.md"
+LAYOUT_START = "<!-- layout: generated from tests/test_layers.py RANK and each module's docstring; `python tests/test_layers.py` rewrites it -->"
+LAYOUT_END = "<!-- /layout -->"
+
+
+def summary(mod: str) -> str:
+    """The first sentence of ``mod``'s docstring (its first paragraph, cut after the first full stop
+    that ends a sentence of at least 30 characters)."""
+    doc = ast.get_docstring(ast.parse(MODULES[mod].read_text(encoding="utf-8"))) or ""
+    para = " ".join(doc.strip().split("\n\n")[0].split())
+    para = re.sub(r":\w+:`~?([^`]+)`", r"`\1`", para).replace("``", "`")  # reST roles and literals as markdown
+    for i, ch in enumerate(para):
+        if ch == "." and i >= 30 and (i + 1 == len(para) or para[i + 1] == " ") and para[i - 1] not in ".e":
+            return para[: i + 1]
+    return para
+
+
+def _path(mod: str) -> str:
+    rel = mod.split(".")[1:]
+    return "/".join(rel) + ("/" if MODULES[mod].name == "__init__.py" else ".py")
+
+
+def _children(key: str) -> str:
+    """The modules of package ``key`` that have no RANK entry of their own, as ``a, b/ (c, d)``."""
+    def own(m):
+        return m.startswith(key + ".") and max((k for k in RANK if m == k or m.startswith(k + ".")), key=len) == key
+
+    direct = sorted(m for m in MODULES if own(m) and m.count(".") == key.count(".") + 1)
+    parts = []
+    for m in direct:
+        name = m.rsplit(".", 1)[1]
+        if MODULES[m].name == "__init__.py":
+            sub = sorted(x.rsplit(".", 1)[1] for x in MODULES if x.startswith(m + ".") and x.count(".") == m.count(".") + 1)
+            name += "/ (" + ", ".join(sub) + ")" if sub else "/"
+        parts.append(name)
+    return ", ".join(parts)
+
+
+def layout_block() -> str:
+    """The README's "Layout" block: one table row per RANK entry (layer, path, first sentence, the
+    package's other modules), the modules set aside, and the import arrows the layers test enforces."""
+    rows = ["| layer | module | what it owns |", "|---|---|---|"]
+    for key in sorted((k for k in RANK if k != "mpo_viz"), key=lambda k: (RANK[k], k)):
+        kids = _children(key) if MODULES[key].name == "__init__.py" else ""
+        rows.append(f"| {RANK[key]} | `{_path(key)}` | {summary(key)}" + (f" Modules: {kids}." if kids else "") + " |")
+    rows += [f"| – | `{_path(m)}` | {summary(m)} (set aside: it reads like user code) |" for m in sorted(ASIDE)]
+    every = ["| module | first sentence of its docstring |", "|---|---|"]
+    every += [f"| `{_path(m)}` | {summary(m)} |" for m in sorted(MODULES, key=_path) if m != "mpo_viz"]
+    groups = {}
+    for k in RANK:
+        if k != "mpo_viz":
+            groups.setdefault(RANK[k], []).append(k.split(".", 1)[1])
+    arrows = " → ".join("/".join(f"`{n}`" for n in sorted(groups[r])) for r in sorted(groups))
+    return "\n".join([LAYOUT_START, "", *rows, "", f"Imports go one way, bottom to top: {arrows}.", "",
+                      "<details><summary>Every module</summary>", "", *every, "", "</details>", "", LAYOUT_END])
+
+
+def _committed_layout() -> str:
+    text = README.read_text(encoding="utf-8")
+    start, end = text.index(LAYOUT_START), text.index(LAYOUT_END) + len(LAYOUT_END)
+    return text[start:end]
+
+
+def test_the_readme_layout_is_the_generated_one():
+    assert _committed_layout() == layout_block(), (
+        "README.md's Layout differs from tests/test_layers.py RANK and the module docstrings; regenerate it "
+        "with `python tests/test_layers.py`")
+
+
+def test_every_module_is_on_the_map():
+    block = layout_block()
+    for mod in MODULES:
+        if mod == "mpo_viz":
+            continue
+        name = mod.rsplit(".", 1)[1]
+        assert f"`{_path(mod)}`" in block or name in block, f"{mod} is missing from the README layout"
+
+
+if __name__ == "__main__":
+    text = README.read_text(encoding="utf-8")
+    README.write_text(text.replace(_committed_layout(), layout_block()), encoding="utf-8")
+    print(f"rewrote the Layout block of {README}")
