@@ -312,6 +312,7 @@ def gigpo(
     warn_groups_of_one(codes, group_ids, "gigpo")
     prompts = _ragged(prompt_ids, B, "prompt_ids")
     responses = _ragged(response_ids, B, "response_ids")
+    assert p.nturns is not None  # prepare(need_turns=True) counts them
     weight = p.nturns.astype(np.float64) if episode_stats == "steps" else np.ones(B)
     a_e = _gigpo_episode(_scores(p), codes, weight, eps, norm != "mean_norm")
 
@@ -473,6 +474,7 @@ def mt_grpo(
     if turn_baseline == "loo":
         per_turn = _loo_per_column(outcome[:, None] + turn_coef * np.where(inter, R, 0.0), codes)
     elif turn_baseline == "index":
+        assert p.nturns is not None  # prepare(need_turns=True) counts them
         per_turn = _mt_grpo_index(R, inter, outcome, p.nturns, codes, eps, turn_coef)
     else:
         a_o = _grpo_scores(outcome, codes, eps, True)
