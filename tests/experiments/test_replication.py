@@ -318,3 +318,15 @@ def test_v4_e2p_spec_is_the_preregistered_text(tmp_path):
     cfg = runner.run_config("v4-e2p", "automation-d3-4", "turn_gae_mc0", 3, tmp_path / "unused")
     assert (cfg.estimator, cfg.loss, cfg.critic, cfg.mc_samples) == ("turn_gae", "token_ppo", "mc", 8)
     assert cfg.estimator_options == {"turn_lam": 0.0} and not grids.uses_warmup("turn_gae_mc0")
+
+
+@pytest.mark.parametrize("size,folder", [("v3-e2", "v3/e2"), ("v3-e3", "v3/e3")])
+def test_report_only_from_the_archive_rebuilds_the_committed_records(size, folder, tmp_path, monkeypatch):
+    """`--report-only --archive experiments/records/...` into a fresh folder reads only the archive
+    and writes the committed tables and records byte for byte (figures are drawn, not compared)."""
+    archive = REPO / "experiments" / "records" / folder
+    monkeypatch.setattr(records, "figures", lambda *a, **k: [])  # matplotlib's bytes are not ours to pin
+    assert replication.main(["--size", size, "--report-only", "--archive", str(archive), "--out", str(tmp_path)]) == 0
+    for name in ("tables.md", "comparisons.jsonl", "final.jsonl", "results.jsonl", "summary.jsonl"):
+        assert (tmp_path / name).read_bytes() == (archive / name).read_bytes(), name
+    assert not (tmp_path / "runs").exists()
