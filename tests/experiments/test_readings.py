@@ -1,0 +1,80 @@
+"""Every number the README headline quotes equals the archived records (experiments/readings.py), and
+docs/results.md's E1 table is the one generated from them: the readings cannot drift again."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+
+from experiments import readings
+from experiments.grids import REPO
+
+README = (REPO / "README.md").read_text()
+RESULTS = (REPO / "docs" / "results.md").read_text()
+
+
+def headline() -> str:
+    start = README.index("**Does MPO's credit assignment help?**")
+    return " ".join(README[start:README.index("See [`docs/results.md`]", start)].split())
+
+
+def f(x: float, nd: int = 3, sign: bool = False) -> str:
+    return readings.minus(f"{x:+.{nd}f}" if sign else f"{x:.{nd}f}")
+
+
+def rng(lo: float, hi: float, nd: int = 2) -> str:
+    return f"{lo:.{nd}f}–{hi:.{nd}f}"
+
+
+@pytest.fixture(scope="module")
+def quoted() -> list[str]:
+    """The numbers the headline must quote, each formatted from the records."""
+    e1, e2, e3 = readings.e1_numbers(), readings.e2_numbers(), readings.e3_numbers()
+    mp, bl = e3["mpo_ppo"], e3["baseline"]
+    mc_ppo, mc_grpo = e2["mc_ppo"], e2["mc_grpo"]
+    assert e3["greedy_fell_everywhere"] and e3["warmups_all_at_budget"] and e3["seeds"] == 8  # "missed its gate"
+    return [
+        f(mp["mean_diff"]), f"CI {f(mp['ci_low'])} to {f(mp['ci_high'], sign=True)}",
+        f(bl["mean_diff"], sign=True), f"CI {f(bl['ci_low'], sign=True)} to {f(bl['ci_high'], sign=True)}",
+        f"Holm p {bl['p_holm']:.2f}", f"{e3['start']:.3f} → {rng(e3['final_lo'], e3['final_hi'])}",
+        f"{e3['greedy_start']:.3f} → {rng(e3['greedy_lo'], e3['greedy_hi'])}",
+        f"explained variance {e3['warmup_ev_mean']:.2f} on average",
+        f"{f(mc_ppo['mean_diff'])} ({f(mc_ppo['ci_low'])} to {f(mc_ppo['ci_high'], sign=True)}) from PPO",
+        f"{f(mc_grpo['mean_diff'], sign=True)} ({f(mc_grpo['ci_low'])} to {f(mc_grpo['ci_high'], sign=True)}) from GRPO",
+        f"only {rng(e2['lam09_lo'], e2['lam09_hi'])} with the truth", f"({rng(e2['lam0_lo'], e2['lam0_hi'])} at λ_T = 0",
+        f"(correlation {rng(e1['critic_based_lo'], e1['critic_based_hi'])})", f"({rng(e1['group_lo'], e1['group_hi'])})",
+        f"closest ({e1['gae95_corr']:.2f})", f"has slope {e1['gae95_truth_on_credit']:.2f})",
+        f"turn credit ({e1['mpo_corr']:.2f})", f"about {1 / e1['mpo_truth_on_credit']:.0f}×",
+        f"has slope {e1['mpo_truth_on_credit']:.2f})",
+    ]
+
+
+def test_the_headline_quotes_the_records(quoted):
+    text = headline()
+    missing = [q for q in quoted if q not in text]
+    assert not missing, f"README headline differs from the records: {missing}"
+
+
+def test_the_headline_quotes_no_number_the_records_do_not_give(quoted):
+    # every decimal in the headline is one of the checked quotes (design constants aside)
+    design = {"0.95", "0.9"}  # λ = 0.95, λ_T = 0.9: the estimators' settings, not results
+    checked = " ".join(quoted)
+    stray = [x for x in re.findall(r"\d+\.\d+", headline()) if x not in design and x not in checked]
+    assert not stray, f"README headline quotes numbers no test checks: {stray}"
+
+
+def test_the_e1_table_of_results_md_is_the_generated_one():
+    assert readings.e1_table() in RESULTS
+
+
+def test_the_corrected_readings_stand():
+    e1, c = readings.e1_numbers(), readings.ev_confound()
+    assert e1["gae95_beats_mpo"] == e1["fits"] == 30 and e1["gae95_minus_mpo_min"] > 0
+    assert e1["gae95_truth_on_credit"] == pytest.approx(1.05, abs=0.01)  # calibrated as a forecast
+    assert e1["mpo_truth_on_credit"] == pytest.approx(0.30, abs=0.01)  # MPO's turn credit overstates ~3x
+    assert (e1["turns_lo"], e1["turns_hi"]) == (217, 265)
+    assert c["rho_gae1_minus_grpo"] == pytest.approx(0.46, abs=0.01) and c["p_gae1_minus_grpo"] < 0.02
+    for text in ("0.20–0.29", "217–265 turns", "(ρ = +0.46, p = 0.010, 30 fits)", "30 of 30 critic fits",
+                 f"by {e1['gae95_minus_mpo_mean']:.3f} on", f"at least {e1['gae95_minus_mpo_min']:.3f}"):
+        assert text in " ".join(RESULTS.split()), text
