@@ -108,11 +108,21 @@ def learned_critic(folder: Path) -> None:
         for label, values in (("critic", None), ("oracle", batch.padded("oracle_values") if batch.has("oracle_values") else None)):
             if label == "oracle" and values is None:
                 continue
+            v = batch.values if values is None else values
+            sd = float(v[batch.mask.bool()].std())
+            if sd < CONSTANT_SD:  # across and within print as 0.00000: say what that means
+                print(f"{path.stem:<20} {label:<8} {f'constant (sd {sd:.4f} over all tokens) — no signal':>55}")
+                continue
             s = analysis.variance_summary(analysis.value_variance(batch, values))
             print(f"{path.stem:<20} {label:<8} {s['mean_across']:>12.5f} {s['mean_within']:>12.5f} "
                   f"{s['median_ratio']:>13.2f} {s['share_across_gt_within']:>16.0%}")
     print("(critic: the values the trained critic gave during training; oracle: the exact values under the "
           "scripted expert on the same trajectories, for reference — see trajectories/README.md)")
+
+
+#: values whose standard deviation over all action tokens is below this (returns lie in [0, 1]) are a
+#: constant critic: their across/within split is rounding noise, so the table says so instead
+CONSTANT_SD = 0.01
 
 
 def main(argv: list[str] | None = None) -> int:
