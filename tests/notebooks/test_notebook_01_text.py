@@ -61,3 +61,18 @@ def test_the_comment_on_the_shipped_run_matches_its_metrics():
     assert f"fell to {rl[-1]['critic_explained_var']:.2f} at iteration 6".replace("-", "−") in text
     kl = [r["approx_kl"] for r in rl]
     assert kl[4] > max(kl[:4]) and kl[5] > max(kl[:4])  # "approx KL ... grew at iterations 5 and 6"
+
+
+def test_the_disagreement_example_opens_where_the_disagreement_is():
+    """The explorer opens the trajectory with the most MPO/GRPO sign flips at λ_T = 0, at λ_T = 0: at
+    the default λ_T = 0.9 the text says the signs agree on every turn, and they do."""
+    from mpo_viz.analysis import compute_advantages, sign_flips
+
+    batch = mv.load(ROOT / "trajectories" / "search.parquet")
+    res = compute_advantages(batch, ["mpo", "grpo"])
+    assert len(sign_flips(batch, {"mpo": res["mpo"], "grpo": res["grpo"]})) == 0  # "n_sign_flips = 0"
+    ns = {"compute_advantages": compute_advantages, "sign_flips": sign_flips, "batch": batch, "results": res}
+    exec(cell("mpo_turn = compute_advantages(batch"), ns)
+    row, flips = ns["row"], ns["flips"]
+    assert (flips["row"] == row).sum() >= 1
+    assert "TrajectoryExplorer(batch, row=row, turn_lam=0.0)" in cell("# open it at λ_T = 0")
