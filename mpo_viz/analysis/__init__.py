@@ -16,6 +16,8 @@ One job per module, each statistic in one place:
   estimator's advantage statistics;
 * :mod:`~mpo_viz.analysis.critic` — explained variance and the critic's error;
 * :mod:`~mpo_viz.analysis.accuracy` — accuracy against the oracle;
+* :mod:`~mpo_viz.analysis.truth` / :mod:`~mpo_viz.analysis.token_truth` — accuracy against the policy's
+  own Monte-Carlo truth, per turn and inside turns;
 * :mod:`~mpo_viz.analysis.success` — pass@k;
 * :mod:`~mpo_viz.analysis.ranking` — episodes and turns ranked by a score (largest |advantage|,
   lowest reward, token ratio, surprisal, ...), for the explorer's sort and collapse forensics;
@@ -73,13 +75,24 @@ from mpo_viz.analysis.reading import (
 )
 from mpo_viz.analysis.success import pass_at_k
 from mpo_viz.analysis.tables import compute_advantages, td_error, turn_table, turn_table_reference
+from mpo_viz.analysis.token_truth import (
+    MC_TOKEN_COLUMNS,
+    finish_mc_token_accuracy,
+    has_mc_token_truth,
+    mc_token_accuracy,
+    mc_token_accuracy_parts,
+    mc_token_accuracy_reference,
+    token_truth_text,
+)
 from mpo_viz.analysis.truth import (
     MC_ACCURACY_COLUMNS,
+    MIN_RELIABILITY,
     finish_mc_accuracy,
     has_mc_truth,
     mc_accuracy,
     mc_accuracy_parts,
     mc_turn_truth,
+    renamed_columns,
 )
 from mpo_viz.analysis.variance import (
     advantage_variance,
@@ -139,6 +152,15 @@ __all__ = [
     "mc_turn_truth",
     "mc_accuracy_parts",
     "finish_mc_accuracy",
+    "MC_TOKEN_COLUMNS",
+    "has_mc_token_truth",
+    "mc_token_accuracy",
+    "mc_token_accuracy_parts",
+    "finish_mc_token_accuracy",
+    "mc_token_accuracy_reference",
+    "token_truth_text",
+    "MIN_RELIABILITY",
+    "renamed_columns",
     "values_source",
     "fitted_critic",
     "fitted_critic_label",

@@ -14,6 +14,7 @@ import numpy as np
 import pandas as pd
 
 from mpo_viz.analysis.arrays import adv_tensors, as_2d, batch_turn_index
+from mpo_viz.analysis.token_truth import mc_token_accuracy
 from mpo_viz.analysis.truth import mc_accuracy
 from mpo_viz.data.moments import correlation, pair_sums, slope
 from mpo_viz.data.trajectory import TrajectoryBatch
@@ -126,10 +127,16 @@ def credit_accuracy(batch: TrajectoryBatch, advantages, *, truth: str = "expert"
     ``truth="mc"``: against the policy's own Monte-Carlo truth (``mpo-viz truth``), per turn, raw
     and disattenuated by the truth's reliability, with intervals
     (:func:`mpo_viz.analysis.truth.mc_accuracy`, :data:`~mpo_viz.analysis.truth.MC_ACCURACY_COLUMNS`).
+    ``truth="mc-token"``: inside turns, at the tokens the policy's token truth measured
+    (``mpo-viz truth --tokens``): the token credit and its within-turn part against ``Â_t``
+    (:func:`mpo_viz.analysis.token_truth.mc_token_accuracy`,
+    :data:`~mpo_viz.analysis.token_truth.MC_TOKEN_COLUMNS`).
     """
     if truth == "mc":
         return mc_accuracy(batch, advantages)
+    if truth == "mc-token":
+        return mc_token_accuracy(batch, advantages)
     if truth != "expert":
-        raise ValueError(f"truth: expected 'expert' (the scripted expert's oracle) or 'mc' (the policy's Monte-Carlo "
-                         f"truth), found {truth!r}")
+        raise ValueError(f"truth: expected 'expert' (the scripted expert's oracle), 'mc' (the policy's Monte-Carlo "
+                         f"truth per turn) or 'mc-token' (its token truth), found {truth!r}")
     return finish_accuracy(accuracy_stats(batch, advantages))

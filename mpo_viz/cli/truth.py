@@ -1,5 +1,7 @@
-"""``mpo-viz truth FILE -o OUT (--model DIR | --policy expert --noise P)``: Monte-Carlo values of a
-policy at every turn start of FILE's episodes (:func:`mpo_viz.rollout.truth.mc_truth`)."""
+"""``mpo-viz truth FILE -o OUT (--model DIR | --policy expert --noise P) [--tokens RULE]``: Monte-Carlo
+values of a policy at every turn start of FILE's episodes (:func:`mpo_viz.rollout.truth.mc_truth`) and,
+with ``--tokens``, the true advantages of chosen tokens inside the turns
+(:func:`mpo_viz.rollout.token_truth.mc_token_truth`)."""
 
 from __future__ import annotations
 
@@ -16,7 +18,15 @@ folder's trajectories) to its turn states, continue the policy M times from each
 FILE to OUT with the per-turn fields mc_value (the mean return: V of this policy at the turn's
 start), mc_value_se, mc_value_a / mc_value_b (the two halves, for reliability) and, with --q,
 mc_q / mc_q_se (after the recorded turn: Q of the turn taken). These are the values of the policy
-you name, unlike the oracle_* columns of generated files (the scripted expert's values)."""
+you name, unlike the oracle_* columns of generated files (the scripted expert's values).
+
+With --tokens RULE, also the truth inside the turns: at the tokens RULE picks (uncertain: where the
+policy's own 1 - pi(a_t|h_t) exceeds --threshold, at most --max-per-turn a turn, plus --controls
+random low-uncertainty tokens; decisive: the oracle's decisive tokens; all: every action token),
+M continuation pairs from the token's prefix (one writes the recorded token first, one does not)
+give the token's true advantage mc_tok_adv with mc_tok_adv_se, its halves mc_tok_adv_a / _b, and
+the flags mc_tok_measured / mc_tok_control. --no-turns skips the turn-level truth (one already in
+FILE is kept)."""
 
 
 def cmd_truth(args) -> int:
@@ -28,6 +38,8 @@ def cmd_truth(args) -> int:
     from mpo_viz.envs.expert import NoisyExpert
     from mpo_viz.rollout.truth import mc_truth
 
+    if args.tokens is None and not args.turns:
+        raise CLIError("--no-turns: expected --tokens RULE beside it (else there is nothing to measure)", 2)
     batch = mio.load(src)
     if args.model is not None:
         from mpo_viz import models
@@ -37,17 +49,47 @@ def cmd_truth(args) -> int:
     else:
         policy = NoisyExpert(noise=args.noise)
         who = f"the noisy expert (noise {args.noise:g})"
-    print(f"Monte-Carlo truth of {who} on {len(batch)} episodes of {src}: {args.m} continuations per turn start"
-          f"{' and per turn taken (--q)' if args.q else ''}, seed {args.seed}", flush=True)
     t0 = time.perf_counter()
-    res = mc_truth(batch, policy, m=args.m, seed=args.seed, q=args.q, batch_size=args.batch_size,
-                   progress=not args.quiet)
+    res = batch
+    if args.turns:
+        print(f"Monte-Carlo truth of {who} on {len(batch)} episodes of {src}: {args.m} continuations per turn start"
+              f"{' and per turn taken (--q)' if args.q else ''}, seed {args.seed}", flush=True)
+        res = mc_truth(batch, policy, m=args.m, seed=args.seed, q=args.q, batch_size=args.batch_size,
+                       progress=not args.quiet)
+        meta = res.meta["mc_truth"]
+        se = [x for r in res.field("mc_value_se") for x in r]
+        print(f"{meta['boundaries']} turn starts, mean standard error {sum(se) / max(len(se), 1):.3f}", flush=True)
+    if args.tokens is not None:
+        res = _token_truth(res, policy, who, args)
     mio.save(res, out)
-    meta = res.meta["mc_truth"]
-    se = [x for r in res.field("mc_value_se") for x in r]
-    print(f"{meta['boundaries']} turn starts, mean standard error {sum(se) / max(len(se), 1):.3f}; "
-          f"{time.perf_counter() - t0:.1f} s; wrote {out}", flush=True)
+    print(f"{time.perf_counter() - t0:.1f} s; wrote {out}", flush=True)
     return 0
+
+
+def _token_truth(batch, policy, who: str, args):
+    from mpo_viz.checks import OptionError
+    from mpo_viz.rollout.token_truth import mc_token_truth
+
+    m = args.m_tokens if args.m_tokens is not None else 16
+    rule = args.tokens if args.tokens != "uncertain" else (f"uncertain (1 - pi > {args.threshold:g}, at most "
+                                                         f"{args.max_per_turn} a turn, {args.controls} control a turn)")
+    print(f"token truth of {who}: {rule}, {m} continuation pairs per token, estimator {args.estimator}, "
+          f"seed {args.seed}", flush=True)
+    try:
+        res = mc_token_truth(batch, policy, m=m, seed=args.seed, positions=args.tokens, threshold=args.threshold,
+                             max_per_turn=args.max_per_turn, controls=args.controls, estimator=args.estimator,
+                             batch_size=args.batch_size, progress=not args.quiet)
+    except OptionError as exc:
+        if exc.option == "positions":  # a rule the file cannot serve: one line, naming the others
+            raise CLIError(f"--tokens {args.tokens}: {exc.detail}", 1) from None
+        if exc.option == "m":
+            raise CLIError(f"--tokens-M: {exc.detail}", 1) from None
+        raise
+    meta = res.meta["mc_truth"]["tokens"]
+    se = [x for r, f in zip(res.field("mc_tok_adv_se"), res.field("mc_tok_measured")) for x, k in zip(r, f) if k]
+    print(f"{meta['measured']} tokens measured ({meta['measured_controls']} controls), mean standard error "
+          f"{sum(se) / max(len(se), 1):.3f}, {meta['seconds']:.1f} s", flush=True)
+    return res
 
 
 def add_subcommand(sub) -> None:
@@ -59,6 +101,23 @@ def add_subcommand(sub) -> None:
     p.add_argument("--policy", default=None, help="'expert': the scripted noisy expert instead of a model")
     p.add_argument("--noise", type=float, default=0.25, help="the expert's noise rate with --policy expert (0.25)")
     p.add_argument("-M", dest="m", type=int, default=8, help="continuations per turn state (default 8, at least 2)")
+    p.add_argument("--tokens", choices=("uncertain", "decisive", "all"), default=None,
+                   help="also the true advantage of tokens inside turns, at: uncertain (the policy's own 1 - pi > "
+                        "--threshold; needs the file's log-probs, or --policy expert), decisive (the oracle's "
+                        "decisive tokens), all (every action token; small files)")
+    p.add_argument("--threshold", type=float, default=0.01, help="--tokens uncertain: 1 - pi above this (0.01)")
+    p.add_argument("--max-per-turn", dest="max_per_turn", type=int, default=4,
+                   help="--tokens uncertain: at most this many per turn, the most uncertain first (4)")
+    p.add_argument("--controls", type=int, default=1,
+                   help="--tokens uncertain/decisive: random low-uncertainty tokens per turn, a check that the truth "
+                        "is ~0 there (1)")
+    p.add_argument("--tokens-M", dest="m_tokens", type=int, default=None,
+                   help="--tokens: continuation pairs per token (default 16)")
+    p.add_argument("--estimator", choices=("pi", "crn", "plain"), default="pi",
+                   help="--tokens: the estimator of a token's advantage (pi: (1 - pi)(Q(a) - Q(not a)), default; "
+                        "crn, plain: Q - V with shared or independent random numbers)")
+    p.add_argument("--no-turns", dest="turns", action="store_false",
+                   help="with --tokens: skip the turn-level truth (one already in FILE is kept)")
     p.add_argument("--seed", type=int, default=0, help="seeds every continuation (default 0)")
     p.add_argument("--q", action="store_true", help="also continue after the recorded turn: mc_q, mc_q_se")
     p.add_argument("--batch-size", dest="batch_size", type=int, default=64,

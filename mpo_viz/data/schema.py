@@ -35,6 +35,16 @@ TOKEN_FIELDS: dict[str, np.dtype] = {
     "ratio": np.dtype(np.float32),
     "clipped": np.dtype(np.int8),
     "response_tokens": np.dtype(object),  # decoded strings, for display
+    # Monte-Carlo truth inside turns (mpo-viz truth --tokens): a measured token's true advantage Â_t, its
+    # standard error, the estimates of the two halves (NaN where not measured), the 0/1 flags of the
+    # measured tokens and of the controls among them, and π(a_t|h_t) under the continuations' sampling
+    "mc_tok_adv": np.dtype(np.float64),
+    "mc_tok_adv_se": np.dtype(np.float64),
+    "mc_tok_adv_a": np.dtype(np.float64),
+    "mc_tok_adv_b": np.dtype(np.float64),
+    "mc_tok_measured": np.dtype(np.int8),
+    "mc_tok_control": np.dtype(np.int8),
+    "mc_tok_pi": np.dtype(np.float64),
 }
 # Per-token float fields that must be finite on action tokens.
 FINITE_ON_ACTIONS = ("values", "rollout_logprobs", "old_logprobs", "ref_logprobs", "ratio")
@@ -54,7 +64,9 @@ TURN_FIELDS: dict[str, np.dtype] = {
     "turn_clipped": np.dtype(np.int8),
 }
 # Flags (per token or per turn): 0 or 1 (booleans accepted), checked before they are narrowed to int8.
-BINARY_FIELDS = ("clipped", "turn_clipped")
+BINARY_FIELDS = ("clipped", "turn_clipped", "mc_tok_measured", "mc_tok_control")
+# The token truth's numbers (finite where mc_tok_measured is 1, which is only on action tokens).
+MC_TOKEN_NUMBERS = ("mc_tok_adv", "mc_tok_adv_se", "mc_tok_adv_a", "mc_tok_adv_b", "mc_tok_pi")
 # Ratios (per token: on action tokens; per turn): finite and > 0.
 POSITIVE_FIELDS = ("ratio", "turn_ratio")
 # Per-trajectory scalars. ``None`` = absent for that row.

@@ -27,6 +27,7 @@ from mpo_viz.data.schema import (
     BINARY_FIELDS,
     EXTRA_TOKEN_DTYPE,
     FINITE_ON_ACTIONS,
+    MC_TOKEN_NUMBERS,
     POSITIVE_FIELDS,
     PROMPT_FIELD,
     REQUIRED,
@@ -388,6 +389,53 @@ def _finite_problems(bc, seg: np.ndarray, m: np.ndarray) -> list[tuple]:
     return out
 
 
+def _token_truth_problems(bc, seg: np.ndarray, m: np.ndarray) -> list[tuple]:
+    """The token truth (``mc_tok_*``, ``mpo-viz truth --tokens``): ``mc_tok_measured`` beside its numbers,
+    1 only on action tokens; ``mc_tok_control`` only on measured tokens; where measured, the numbers
+    finite, the standard error >= 0 and ``mc_tok_pi`` a probability (the first problem of each row)."""
+    nums = [f for f in MC_TOKEN_NUMBERS if f in bc.tokens]
+    if not nums and "mc_tok_measured" not in bc.tokens:
+        return []
+    off = bc.offsets
+    out: list[tuple] = []
+
+    def first(cond, name, expected, found):
+        if cond.any():
+            pos = np.flatnonzero(cond)
+            out.extend((j, name, expected, found(p, j)) for j, p in zip(*_first_per_row(seg[pos], pos)))
+
+    n = len(off) - 1
+
+    def rows_with(name):
+        return bc.present.get(name, np.ones(n, dtype=bool)) if name in bc.tokens else np.zeros(n, dtype=bool)
+
+    has_meas = rows_with("mc_tok_measured")
+    for f in nums:
+        lacking = rows_with(f) & ~has_meas
+        out += [(j, "mc_tok_measured", f"the measured tokens' 0/1 flags beside {f}", "nothing")
+                for j in np.flatnonzero(lacking)]
+    if "mc_tok_measured" not in bc.tokens:
+        return out
+    meas = (bc.tokens["mc_tok_measured"] == 1) & np.repeat(has_meas, np.diff(off))
+    first(meas & ~m, "mc_tok_measured", "1 only on action tokens (loss_mask == 1)",
+          lambda p, j: f"1 at position {p - off[j]}, an observation token")
+    if "mc_tok_control" in bc.tokens:
+        ctl = (bc.tokens["mc_tok_control"] == 1) & np.repeat(rows_with("mc_tok_control"), np.diff(off))
+        first(ctl & ~meas, "mc_tok_control", "1 only on measured tokens (mc_tok_measured == 1)",
+              lambda p, j: f"1 at position {p - off[j]}, a token not measured")
+    for f in nums:
+        x = bc.tokens[f]
+        at = meas & np.repeat(rows_with(f), np.diff(off))
+        bad = at & ~np.isfinite(x)
+        first(bad, f, "finite numbers where mc_tok_measured is 1", lambda p, j, x=x: f"{_num(x[p])} at position {p - off[j]}")
+        if f == "mc_tok_adv_se":
+            first(at & ~bad & (x < 0), f, "standard errors >= 0", lambda p, j, x=x: f"{_num(x[p])} at position {p - off[j]}")
+        if f == "mc_tok_pi":
+            first(at & ~bad & ((x < 0) | (x > 1)), f, "probabilities in [0, 1]",
+                  lambda p, j, x=x: f"{_num(x[p])} at position {p - off[j]}")
+    return out
+
+
 def _token_reward_problems(bc, seg: np.ndarray, m: np.ndarray, reward: np.ndarray) -> list[tuple]:
     """``token_rewards``: finite, 0 on observation tokens, summing to a finite outcome ``reward``."""
     if "token_rewards" not in bc.tokens:
@@ -450,7 +498,8 @@ def check_rows(bc, num_turns: np.ndarray) -> list[tuple]:
     seg = row_index(bc.offsets)
     m = bc.tokens["loss_mask"] != 0
     reward = bc.scalars["reward"].astype(np.float64)
-    return (_turn_id_problems(bc, seg, m) + _finite_problems(bc, seg, m) + _token_reward_problems(bc, seg, m, reward)
+    return (_turn_id_problems(bc, seg, m) + _finite_problems(bc, seg, m) + _token_truth_problems(bc, seg, m)
+            + _token_reward_problems(bc, seg, m, reward)
             + _turn_reward_problems(bc, num_turns) + _reward_problems(bc, num_turns, reward))
 
 

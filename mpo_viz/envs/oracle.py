@@ -133,6 +133,36 @@ class Oracle:
             self._texts[s] = tx
         return tx
 
+    def consistent(self, state, prefix: Sequence[int]) -> list[str]:
+        """The actions of the support (in ``env.actions`` order) whose expert text starts with the token
+        ids ``prefix`` (every action for an empty prefix): the support of the posterior over the action
+        given a partial turn, whose weights are ``π(a | s)`` (module docstring)."""
+        tx = self.texts(state[1])
+        j = len(prefix)
+        pre = tuple(prefix)
+        return [a for a in self.policy(state[1]) if tx[a][:j] == pre]
+
+    def token_probs(self, state, tokens: Sequence[int]) -> np.ndarray:
+        """The expert's own probability of each token of a turn given the tokens before it, float64 (n,):
+
+            π(y_j | y_<j) = Σ_{a: T(s,a)[:j+1] = y_≤j} π(a|s)  /  Σ_{a: T(s,a)[:j] = y_<j} π(a|s)
+
+        1 on tokens every consistent action shares (filler), < 1 on the decisive ones; NaN from the first
+        token the expert never writes after that prefix on (the text left its support)."""
+        s = state[1]
+        pi, tx = self.policy(s), self.texts(s)
+        alive = list(pi)
+        w = sum(pi[a] for a in alive)
+        out = np.full(len(tokens), np.nan)
+        for j, tok in enumerate(tokens):
+            nxt = [a for a in alive if len(tx[a]) > j and tx[a][j] == tok]
+            w_next = sum(pi[a] for a in nxt)
+            if not nxt or w <= 0:
+                break
+            out[j] = 1.0 if len(nxt) == len(alive) else w_next / w
+            alive, w = nxt, w_next
+        return out
+
     def turn(self, state, tokens: Sequence[int], action: str | None) -> TurnOracle:
         """Values before each token of the turn ``tokens`` taken at ``state``; ``action`` is what
         the environment executed (parsed from the text; ``None`` if malformed)."""

@@ -58,6 +58,58 @@ def sample_tokens(logits: torch.Tensor, u: torch.Tensor, temperature: float, top
     return tok, roll, old, ent
 
 
+def sampling_probs(logits: torch.Tensor, temperature: float, top_p: float) -> torch.Tensor:
+    """The distribution :func:`sample_tokens` draws from, ``(n, V)`` float64: ``q = softmax(logits / T)``
+    on the smallest set of most likely tokens whose mass reaches ``top_p`` (ties kept in id order),
+    renormalized; at T = 0 a point mass on ``argmax`` (the lowest id on ties). ``q[a]`` is the policy's
+    probability of writing token ``a`` next, as its continuations sample (the token truth's
+    ``π(a_t | h_t)``, :mod:`mpo_viz.rollout.inturn`)."""
+    logits = logits.float()
+    if temperature == 0:
+        q = torch.zeros(logits.shape, dtype=torch.float64, device=logits.device)
+        q[torch.arange(len(logits), device=logits.device), torch.argmax(logits, dim=-1)] = 1.0
+        return q
+    lp = torch.log_softmax(logits if temperature == 1 else logits / temperature, dim=-1)
+    if top_p >= 1:
+        p = lp.double().exp()
+        return p / p.sum(-1, keepdim=True)
+    slp, order = torch.sort(lp, dim=-1, descending=True, stable=True)
+    p = slp.double().exp()
+    keep = (torch.cumsum(p, dim=-1) - p) < top_p
+    keep[:, 0] = True
+    p = p * keep
+    q = torch.zeros_like(p).scatter_(1, order, p)
+    return q / q.sum(-1, keepdim=True)
+
+
+def sample_excluding(logits: torch.Tensor, u: torch.Tensor, exclude: torch.Tensor, temperature: float, top_p: float):
+    """Sample one token per row from :func:`sampling_probs` with token ``exclude[b]`` removed and the rest
+    renormalized (``q(·)/(1 − q(exclude))`` off it; a row with ``exclude[b] < 0`` removes nothing), by
+    inverting the CDF in id order with the uniforms ``u``. Returns what :func:`sample_tokens` returns;
+    ``rollout_logprobs`` are those of the renormalized distribution. ``ValueError`` when a row's
+    excluded token holds all of its mass (there is nothing else to sample)."""
+    lp1 = torch.log_softmax(logits.float(), dim=-1)
+    p1 = lp1.exp()
+    ent = -(p1 * torch.where(p1 > 0, lp1, 0.0)).sum(-1)
+    q = sampling_probs(logits, temperature, top_p)
+    rows = torch.arange(len(q), device=q.device)
+    ex = exclude.to(device=q.device, dtype=torch.long)
+    has = ex >= 0
+    q[rows[has], ex[has]] = 0.0
+    mass = q.sum(-1)
+    if bool((mass <= 0).any()):
+        b = int(torch.nonzero(mass <= 0)[0, 0])
+        raise ValueError(f"row {b}: the excluded token {int(ex[b])} holds all of the sampling distribution's mass; "
+                         "there is no other token to sample")
+    cdf = torch.cumsum(q, dim=-1)
+    u = u.to(device=q.device, dtype=torch.float64)
+    k = torch.searchsorted(cdf, (u * mass)[:, None], right=True)[:, 0]
+    last = q.shape[1] - 1 - torch.argmax(torch.flip(q > 0, [1]).to(torch.int8), dim=1)
+    tok = torch.minimum(k, last)
+    roll = (q.gather(1, tok[:, None])[:, 0] / mass).log().float()
+    return tok, roll, lp1.gather(1, tok[:, None])[:, 0], ent
+
+
 def _grow_cache():
     """A ``DynamicCache`` whose layers keep keys/values in buffers with spare room (capacity doubles),
     so appending one token writes in place instead of copying the whole cache (``torch.cat`` in
@@ -200,6 +252,16 @@ class Engine:
                          use_cache=True, **kw)
         self.cache = out.past_key_values
         return out.logits[:, -1]
+
+    def forward_tail(self, ids: torch.Tensor, mask: torch.Tensor, pos: torch.Tensor, n: int) -> torch.Tensor:
+        """:meth:`forward`, but the logits of the last ``n`` columns, ``(B, n, V)`` (column ``j`` of the
+        result is input column ``W − n + j``): the next-token logits after each of a row's last tokens."""
+        self.attn = torch.cat([self.attn, mask], dim=1)
+        kw = {"logits_to_keep": n} if self._keep else {}
+        out = self.model(input_ids=ids, attention_mask=self.attn, position_ids=pos, past_key_values=self.cache,
+                         use_cache=True, **kw)
+        self.cache = out.past_key_values
+        return out.logits[:, -n:]
 
     def add_rows(self, n: int) -> None:
         """``n`` empty rows at the end (every slot masked)."""

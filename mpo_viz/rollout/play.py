@@ -17,7 +17,13 @@ from mpo_viz.models.critic import values_source_of
 from mpo_viz.models.policy import Policy, check_vocabulary, embedding_rows
 from mpo_viz.rollout.batch import to_batch
 from mpo_viz.rollout.critic import CriticJobs
-from mpo_viz.rollout.engine import Engine, grouped_attention, sample_tokens, spare_cores
+from mpo_viz.rollout.engine import (
+    Engine,
+    grouped_attention,
+    sample_excluding,
+    sample_tokens,
+    spare_cores,
+)
 from mpo_viz.rollout.episodes import Episode, Timer, Turn, make_episodes, step_envs
 from mpo_viz.rollout.plan import DEFAULT_ORACLE, RolloutConfig, plan_tasks
 
@@ -174,19 +180,39 @@ def feed(engine: Engine, live: list[Episode], timer: Timer) -> torch.Tensor:
 
 
 def decode_turn(engine: Engine, live: list[Episode], logits: torch.Tensor, cfg: RolloutConfig,
-                 stop: torch.Tensor, timer: Timer) -> Turn:
+                 stop: torch.Tensor, timer: Timer, *, used: list[int] | None = None,
+                 exclude: torch.Tensor | None = None) -> Turn:
     """2. Sample one turn for every row at once: one-token forwards with the cache until every row
-    hit its stop token or budget (a row whose turn ended feeds padding)."""
+    hit its stop token or budget (a row whose turn ended feeds padding).
+
+    Inside a turn (the token truth's continuations, :mod:`mpo_viz.rollout.inturn`): ``used[b]`` tokens
+    of row ``b``'s turn are already written (fed, not in ``ep.ids`` yet), so its budget is
+    ``min(max_turn_tokens − used, max_total_tokens − length − used)``; ``exclude[b] >= 0``: the row's
+    first token is drawn without that token (:func:`~mpo_viz.rollout.engine.sample_excluding`).
+    ``Turn.budget_total`` is the total budget left when decoding starts."""
     t0 = time.perf_counter()
     dev = engine.device
     budget_total = torch.tensor([cfg.max_total_tokens - ep.length for ep in live])
-    budget = torch.clamp(budget_total, max=cfg.max_turn_tokens).to(dev)
+    if used is None:
+        budget = torch.clamp(budget_total, max=cfg.max_turn_tokens).to(dev)
+    else:
+        u_t = torch.tensor(used, dtype=torch.long)
+        budget_total = budget_total - u_t
+        budget = torch.minimum(budget_total, cfg.max_turn_tokens - u_t).to(dev)
     active = torch.ones(len(live), dtype=torch.bool, device=dev)
     count = torch.zeros(len(live), dtype=torch.long, device=dev)
     toks, rlps, olps, ents = [], [], [], []
     while True:
         u = torch.tensor([ep.uniform() if a else 0.0 for ep, a in zip(live, active.tolist())], dtype=torch.float64)
         tok, rlp, olp, ent = sample_tokens(logits, u, cfg.temperature, cfg.top_p)
+        if exclude is not None and bool((exclude >= 0).any()):  # those rows alone: the others' draws are unchanged
+            sel = torch.nonzero(exclude >= 0)[:, 0]
+            t2, r2, o2, _ = sample_excluding(logits[sel.to(logits.device)], u[sel], exclude[sel], cfg.temperature,
+                                             cfg.top_p)
+            sel = sel.to(tok.device)
+            tok, rlp, olp = tok.clone(), rlp.clone(), olp.clone()
+            tok[sel], rlp[sel], olp[sel] = t2.to(tok.device), r2.to(rlp.device), o2.to(olp.device)
+        exclude = None
         toks.append(tok)
         rlps.append(rlp)
         olps.append(olp)

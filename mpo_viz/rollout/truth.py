@@ -40,7 +40,7 @@ __all__ = ["mc_truth", "MC_TURN_FIELDS", "expert_returns", "summarize_returns"]
 
 #: the per-turn fields :func:`mc_truth` writes (``mc_q``/``mc_q_se`` only with ``q=True``)
 MC_TURN_FIELDS = ("mc_value", "mc_value_se", "mc_value_a", "mc_value_b", "mc_q", "mc_q_se")
-_SAMPLING = ("temperature", "top_p", "max_turn_tokens", "max_total_tokens")
+SAMPLING = ("temperature", "top_p", "max_turn_tokens", "max_total_tokens")
 
 
 def expert_returns(expert: NoisyExpert, states: list[TurnState], m: int, *, seed: int, layout, forced: bool = False,
@@ -75,11 +75,11 @@ def summarize_returns(g: np.ndarray) -> dict[str, np.ndarray]:
     return {"mean": g.mean(1), "se": g.std(1, ddof=1) / np.sqrt(m), "a": g[:, :h].mean(1), "b": g[:, h:].mean(1)}
 
 
-def _sampling_config(batch: TrajectoryBatch, batch_size: int, overrides: dict) -> RolloutConfig:
+def sampling_config(batch: TrajectoryBatch, batch_size: int, overrides: dict) -> RolloutConfig:
     """The continuations sample as the file's rollout did (its ``generator``), unless told otherwise."""
     raw = batch.meta.get("generator")
     gen: dict = raw if isinstance(raw, dict) else {}
-    kw = {k: gen[k] for k in _SAMPLING if k in gen}
+    kw = {k: gen[k] for k in SAMPLING if k in gen}
     kw.update({k: v for k, v in overrides.items() if v is not None})
     cfg = RolloutConfig(batch_size=batch_size, **kw)
     cfg.validate()
@@ -133,7 +133,7 @@ def mc_truth(batch: TrajectoryBatch, policy: Policy | NoisyExpert, *, m: int = 8
     tm: dict = {}
     passes = (False, True) if q else (False,)
     bar = _progress(len(states) * m * len(passes), progress)
-    cfg = _sampling_config(batch, batch_size, dict(temperature=temperature, top_p=top_p,
+    cfg = sampling_config(batch, batch_size, dict(temperature=temperature, top_p=top_p,
                                                    max_turn_tokens=max_turn_tokens, max_total_tokens=max_total_tokens))
     try:
         stats = {}
@@ -153,7 +153,7 @@ def mc_truth(batch: TrajectoryBatch, policy: Policy | NoisyExpert, *, m: int = 8
     meta = {"policy": name, "m": m, "seed": seed, "q": q, "turn_gamma": turn_gamma, "seconds": round(seconds, 3),
             "boundaries": len(states)}
     if isinstance(policy, Policy):
-        meta.update({k: getattr(cfg, k) for k in _SAMPLING})
+        meta.update({k: getattr(cfg, k) for k in SAMPLING})
     if timings is not None:
         timings.update(tm)
         timings.update(replay=t_replay, total=seconds)

@@ -65,9 +65,14 @@ def test_an_estimator_equal_to_the_noise_free_truth_is_disattenuated_to_one():
     ex = res.set_index("estimator").loc["exact"]
     assert ex.turn_corr < 0.97  # the truth's noise lowers the raw correlation
     assert ex.dis_lo <= 1.0 <= ex.dis_hi and ex.turn_corr_dis == pytest.approx(1.0, abs=0.05)
-    assert ex.turn_slope_dis == pytest.approx(1.0, abs=0.07) and ex.n_turns == n_rows * k
+    assert ex.slope_credit_on_truth_dis == pytest.approx(1.0, abs=0.07) and ex.n_turns == n_rows * k
     half = res.set_index("estimator").loc["half"]
-    assert half.turn_slope_dis == pytest.approx(0.5, abs=0.04) and half.turn_corr == pytest.approx(ex.turn_corr)
+    assert half.slope_credit_on_truth_dis == pytest.approx(0.5, abs=0.04) and half.turn_corr == pytest.approx(ex.turn_corr)
+    # the other direction: the truth on the credit is not attenuated by the truth's noise (credit A: slope 1;
+    # credit A/2: slope 2), and the two slopes multiply to r²
+    assert ex.slope_truth_on_credit == pytest.approx(1.0, abs=0.05)
+    assert half.slope_truth_on_credit == pytest.approx(2 * ex.slope_truth_on_credit, rel=1e-9)
+    assert ex.slope_truth_on_credit * ex.slope_credit_on_truth == pytest.approx(ex.turn_corr ** 2, rel=1e-9)
     assert abs(res.set_index("estimator").loc["noise"].turn_corr_dis) < 0.15
     # the dispatcher
     assert credit_accuracy(b, {"exact": adv}, truth="mc").turn_corr.iloc[0] == pytest.approx(ex.turn_corr)

@@ -10,6 +10,8 @@ import pytest
 import mpo_viz as mv
 from mpo_viz import TrajectoryError
 
+NAN = float("nan")
+
 
 def good(tid="t0", **kw):
     r = dict(traj_id=tid, group_id="g", prompt_ids=[1, 2], response_ids=[5, 6, 7, 8, 9],
@@ -46,6 +48,24 @@ CASES = {
     "turn ratio not positive": (dict(turn_ratio=[1.1, -0.5]), "turn_ratio", "ratios > 0", "-0.5"),
     "turn ratios do not match turn count": (dict(turn_ratio=[1.0]), "turn_ratio", "2 entries", "1"),
     "turn clipped not 0/1": (dict(turn_clipped=[0, 2]), "turn_clipped", "0 or 1 (or a boolean)", "2 at turn 1"),
+    "token truth of the wrong length": (dict(mc_tok_adv=[0.1, 0.2], mc_tok_measured=[1, 1]), "mc_tok_adv", "5 items",
+                                        "2"),
+    "token truth standard error < 0": (dict(mc_tok_measured=[0, 1, 0, 0, 0], mc_tok_adv=[NAN, 0.1, NAN, NAN, NAN],
+                                            mc_tok_adv_se=[NAN, -0.1, NAN, NAN, NAN]), "mc_tok_adv_se",
+                                       "standard errors >= 0", "-0.1 at position 1"),
+    "token truth measured on an observation token": (dict(mc_tok_measured=[0, 0, 1, 0, 0],
+                                                          mc_tok_adv=[NAN, NAN, 0.1, NAN, NAN]), "mc_tok_measured",
+                                                     "1 only on action tokens", "1 at position 2, an observation token"),
+    "token truth not finite where measured": (dict(mc_tok_measured=[1, 0, 0, 0, 0], mc_tok_adv=[NAN] * 5),
+                                              "mc_tok_adv", "finite numbers where mc_tok_measured is 1",
+                                              "nan at position 0"),
+    "token truth control not measured": (dict(mc_tok_measured=[1, 0, 0, 0, 0], mc_tok_control=[0, 1, 0, 0, 0]),
+                                         "mc_tok_control", "1 only on measured tokens", "1 at position 1"),
+    "token truth without its flags": (dict(mc_tok_adv=[0.1, NAN, NAN, NAN, NAN]), "mc_tok_measured",
+                                      "the measured tokens' 0/1 flags beside mc_tok_adv", "nothing"),
+    "token truth probability out of range": (dict(mc_tok_measured=[0, 0, 0, 1, 0], mc_tok_pi=[NAN, NAN, NAN, 1.5, NAN]),
+                                             "mc_tok_pi", "probabilities in [0, 1]", "1.5 at position 3"),
+    "token truth flag not 0/1": (dict(mc_tok_measured=[0, 2, 0, 0, 0]), "mc_tok_measured", "0 or 1", "2 at position 1"),
     "missing required field": (dict(response_ids=None), "response_ids", "the required field", "nothing"),
     "wrong type": (dict(reward="high"), "reward", "a float", "str 'high'"),
     "group id not a string": (dict(group_id=7), "group_id", "a string", "7"),
