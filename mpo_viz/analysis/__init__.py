@@ -72,16 +72,21 @@ from mpo_viz.analysis.reading import (
     accuracy_reading,
     batch_shortfall,
     data_shortfall,
+    mc_accuracy_reading,
+    ranked_column,
 )
 from mpo_viz.analysis.success import pass_at_k
 from mpo_viz.analysis.tables import compute_advantages, td_error, turn_table, turn_table_reference
 from mpo_viz.analysis.token_truth import (
+    FLAT_NOTE,
     MC_TOKEN_COLUMNS,
+    NO_TURN_NOTE,
     finish_mc_token_accuracy,
     has_mc_token_truth,
     mc_token_accuracy,
     mc_token_accuracy_parts,
     mc_token_accuracy_reference,
+    token_truth_table,
     token_truth_text,
 )
 from mpo_viz.analysis.truth import (
@@ -138,6 +143,8 @@ __all__ = [
     "finish_accuracy",
     "credit_accuracy",
     "accuracy_reading",
+    "mc_accuracy_reading",
+    "ranked_column",
     "data_shortfall",
     "batch_shortfall",
     "MIN_TRAJECTORIES",
@@ -159,6 +166,9 @@ __all__ = [
     "finish_mc_token_accuracy",
     "mc_token_accuracy_reference",
     "token_truth_text",
+    "token_truth_table",
+    "NO_TURN_NOTE",
+    "FLAT_NOTE",
     "MIN_RELIABILITY",
     "renamed_columns",
     "values_source",

@@ -69,6 +69,8 @@ def compare_stats(batch: TrajectoryBatch, advantages) -> dict:
             "tok": pair_sums(tok[a], tok[b]),
             "turn": pair_sums(turn[a], turn[b]),
             "tok_sign": float((np.sign(tok[a]) == np.sign(tok[b])).sum()),
+            "tok_opp": float((tok[a] * tok[b] < 0).sum()),
+            "tok_zero": float(((tok[a] == 0) != (tok[b] == 0)).sum()),
             "turn_sign": float((np.sign(turn[a]) == np.sign(turn[b])).sum()),
             "conc": conc,
             "comp": comp,
@@ -100,6 +102,8 @@ def finish_compare(stats: dict) -> pd.DataFrame:
                 "b": b,
                 "token_corr": correlation(s["tok"]),
                 "sign_agreement": s["tok_sign"] / n_tok if n_tok else math.nan,
+                "sign_opposite": s["tok_opp"] / n_tok if n_tok else math.nan,
+                "sign_one_zero": s["tok_zero"] / n_tok if n_tok else math.nan,
                 "turn_corr": correlation(s["turn"]),
                 "turn_sign_agreement": s["turn_sign"] / n_turn if n_turn else math.nan,
                 "turn_rank_agreement": s["conc"] / s["comp"] if s["comp"] else math.nan,
@@ -115,11 +119,17 @@ def compare_estimators(batch: TrajectoryBatch, advantages) -> pd.DataFrame:
 
     ``advantages``: ``{name: (B, L) tensor or result}`` (at least two). Over action tokens:
     ``token_corr`` (Pearson correlation of the per-token advantages), ``sign_agreement`` (share of
-    action tokens where ``sign(A_a) == sign(A_b)``, zero being its own sign). Over turns (turn
+    action tokens where ``sign(A_a) == sign(A_b)``, zero being its own sign); the other tokens split
+    into ``sign_opposite`` (strictly opposite signs, ``A_a · A_b < 0``) and ``sign_one_zero`` (exactly one
+    of the two is 0: e.g. a group estimator's tokens in a group whose episodes all score alike), so the
+    three add up to 1. Over turns (turn
     advantage = mean over the turn's action tokens): ``turn_corr``, ``turn_sign_agreement``,
     ``turn_rank_agreement`` (share of concordant pairs among the pairs of turns *of the same
     trajectory* that neither estimator ties; NaN when there is none), ``n_sign_flips`` (turns where
-    ``A_a · A_b < 0``) and ``n_turns``. Correlations are NaN when either side is constant.
+    ``A_a · A_b < 0``) and ``n_turns``. Correlations are NaN when either side is constant. A low
+    ``sign_agreement`` beside ``n_sign_flips = 0`` is no contradiction: a flip needs the turn *means* to
+    have strictly opposite signs, so tokens against a 0 (``sign_one_zero``) and tokens that disagree
+    inside a turn whose mean agrees are no flip.
     """
     return finish_compare(compare_stats(batch, advantages))
 

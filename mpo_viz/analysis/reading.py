@@ -17,7 +17,8 @@ import pandas as pd
 
 from mpo_viz.data.trajectory import TrajectoryBatch
 
-__all__ = ["accuracy_reading", "NO_ORACLE_TEXT", "data_shortfall", "batch_shortfall", "MIN_TRAJECTORIES"]
+__all__ = ["accuracy_reading", "NO_ORACLE_TEXT", "data_shortfall", "batch_shortfall", "MIN_TRAJECTORIES",
+           "mc_accuracy_reading", "ranked_column"]
 
 #: fewer trajectories than this carry no verdict (correlations of a handful of episodes are noise)
 MIN_TRAJECTORIES = 16
@@ -108,3 +109,59 @@ def _turn_reading(dt: pd.DataFrame, token_best: str | None) -> str:
         return f". {bt['estimator']} is also best across turns (turn correlation {bt['turn_corr']:.2f})"
     return (f". Across turns {bt['estimator']} is best (turn correlation {bt['turn_corr']:.2f}, "
             f"{bt['turn_sign']:.0%} of turn signs right)")
+
+
+def ranked_column(df: pd.DataFrame, *, noise: str | None = None, unranked=()) -> list[str]:
+    """Per row of an accuracy table against the policy's truth, why it is not ranked — ``"NOISE: not
+    ranked"`` for the estimators in ``unranked`` when the critic values are ``noise``; ``"too little data
+    for a verdict"`` when the table's ``note`` says so — or ``""``: the table's ``verdict`` column."""
+    out = []
+    for _, r in df.iterrows():
+        if noise and r["estimator"] in set(unranked):
+            out.append("NOISE: not ranked (its credit rests on critic values that are noise)")
+        elif str(r.get("note") or ""):
+            out.append("too little data for a verdict")
+        else:
+            out.append("")
+    return out
+
+
+def mc_accuracy_reading(df: pd.DataFrame, column: str, what: str, *, noise: str | None = None, unranked=(),
+                        shortfall: str | None = None) -> str:
+    """One line that reads a table against the policy's Monte-Carlo truth (``mc_accuracy``'s, by
+    ``column`` = ``"turn_corr_dis"``; ``mc_token_accuracy``'s, by ``"tok_corr_dis"`` or
+    ``"within_corr_dis"``): which estimator is closest, noise-corrected. No verdict when the truth is
+    too noisy (the table's ``note``: its reliability below the minimum) or the data too few
+    (``shortfall``); the estimators in ``unranked`` are left out when the critic values are ``noise``;
+    flat estimators (a ``within_note``) are not ranked on the within-turn part; only a positive
+    correlation makes an estimator "closest". ``what`` names the measure ("turn credit")."""
+    note = next((str(n) for n in df.get("note", pd.Series(dtype=object)) if str(n or "")), "")
+    if shortfall:
+        return f"Too little data for a verdict: {shortfall}. The table is descriptive only."
+    if note:
+        return f"{note[0].upper()}{note[1:]}. The table is descriptive only."
+    left_out = [n for n in unranked if n in set(df["estimator"])] if noise else []
+    d = df[~df["estimator"].isin(left_out)]
+    if "within_note" in d and column.startswith("within"):
+        flat = d[d["within_note"].astype(str) != ""]["estimator"].tolist()
+        d = d[d["within_note"].astype(str) == ""]
+    else:
+        flat = []
+    d = d.dropna(subset=[column])
+    if d.empty:
+        text = f"No estimator's {what} can be scored against the truth"
+    else:
+        best = d.loc[d[column].idxmax()]
+        if not best[column] > 0:
+            text = (f"No estimator's {what} correlates positively with the truth (the highest: {best['estimator']}, "
+                    f"{best[column]:.2f}), so none is closest")
+        else:
+            text = f"{what[0].upper()}{what[1:]} closest to this policy's truth: {best['estimator']} ({best[column]:.2f} noise-corrected)"
+            worst = d.loc[d[column].idxmin()]
+            if worst["estimator"] != best["estimator"]:
+                text += f"; farthest: {worst['estimator']} ({worst[column]:.2f})"
+    if flat:
+        text += f". {', '.join(flat)}: flat inside turns, 0 by construction (no within-turn credit to score)"
+    if left_out:
+        text += f". Not ranked: {', '.join(left_out)} ({noise}; their credit is the returns' noise, whatever the table shows)"
+    return text + "."

@@ -42,6 +42,7 @@ from dataclasses import dataclass
 
 import numpy as np
 import pandas as pd
+import torch
 
 from mpo_viz.analysis.arrays import adv_tensors, as_2d, batch_turn_index
 from mpo_viz.analysis.truth import (
@@ -56,7 +57,8 @@ from mpo_viz.data.moments import pair_sums, slope
 from mpo_viz.data.trajectory import TrajectoryBatch
 
 __all__ = ["MC_TOKEN_COLUMNS", "has_mc_token_truth", "mc_token_accuracy", "mc_token_accuracy_parts",
-           "finish_mc_token_accuracy", "mc_token_accuracy_reference", "FLAT_NOTE", "token_truth_text"]
+           "finish_mc_token_accuracy", "mc_token_accuracy_reference", "FLAT_NOTE", "NO_TURN_NOTE", "token_truth_text",
+           "token_truth_table"]
 
 MC_TOKEN_COLUMNS = {
     "tok_corr": "(a) Pearson correlation of the token credit with the token truth Â_t over the measured tokens",
@@ -135,7 +137,7 @@ def mc_token_accuracy_parts(batch: TrajectoryBatch, advantages) -> dict:
     rule, thr = _threshold(batch)
 
     def tok(name, fill=np.nan):
-        return as_2d(batch.padded(name, fill=fill), name)[idx.rows, idx.cols]
+        return as_2d(batch.padded(name, torch.float64, fill=fill), name)[idx.rows, idx.cols]
 
     meas = tok("mc_tok_measured", 0.0) > 0.5
     ctl = (tok("mc_tok_control", 0.0) > 0.5) if batch.has("mc_tok_control") else np.zeros_like(meas)
@@ -248,6 +250,40 @@ def mc_token_accuracy(batch: TrajectoryBatch, advantages) -> pd.DataFrame:
     """One row per estimator of ``advantages`` (``{name: (B, L)}`` or results) with the
     :data:`MC_TOKEN_COLUMNS`: its credit inside turns against the policy's token truth."""
     return finish_mc_token_accuracy([mc_token_accuracy_parts(batch, advantages)])
+
+
+def token_truth_table(batch: TrajectoryBatch, advantages=None) -> pd.DataFrame:
+    """One row per measured token of ``batch`` (the explorer's per-token table): ``traj_id``, ``turn``,
+    ``t`` (its place in the turn), ``pos`` (response position), ``token`` (its text, when the batch has
+    ``response_tokens``), ``control``, ``pi`` (``π(a_t|h_t)``), ``truth`` (``Â_t``), ``truth_lo`` /
+    ``truth_hi`` (``Â_t ∓ 1.96·se``), ``truth_within`` (``Â_t − Â_k/n_k``, NaN without a turn-level truth
+    or a fully measured turn) and per estimator of ``advantages`` ``adv_<name>`` (its credit) and
+    ``within_<name>`` (the credit minus its turn's mean)."""
+    m, idx = batch_turn_index(batch)
+    parts = mc_token_accuracy_parts(batch, advantages or {})
+    meas = as_2d(batch.padded("mc_tok_measured", torch.float64, fill=0.0), "m")[idx.rows, idx.cols] > 0.5
+    rows, cols = idx.rows[meas], idx.cols[meas]
+    k = np.asarray(idx.turn_k)[idx.slot[meas]]
+    first = np.full(idx.n_slots, np.iinfo(np.int64).max)
+    np.minimum.at(first, idx.slot, np.arange(len(idx.slot)))
+    t = np.flatnonzero(meas) - first[idx.slot[meas]]
+    tids = batch.traj_ids
+    data: dict = {"traj_id": [tids[r] for r in rows], "turn": k, "t": t, "pos": cols}
+    if batch.has("response_tokens"):
+        toks = batch.field("response_tokens")
+        data["token"] = [str(toks[r][c]) if toks[r] is not None else "" for r, c in zip(rows, cols)]
+    ctl = as_2d(batch.padded("mc_tok_control", torch.float64, fill=0.0), "c")[rows, cols] > 0.5 \
+        if batch.has("mc_tok_control") else np.zeros(len(rows), dtype=bool)
+    data["control"] = ctl.astype(np.int64)
+    data["pi"] = as_2d(batch.padded("mc_tok_pi", torch.float64, fill=np.nan), "pi")[rows, cols] \
+        if batch.has("mc_tok_pi") else np.nan
+    se = parts["se"]
+    data.update(truth=parts["adv"], truth_lo=parts["adv"] - 1.96 * se, truth_hi=parts["adv"] + 1.96 * se,
+                truth_within=parts["adv"] - parts["turn_mean_truth"])
+    for name, c in parts["credit"].items():
+        data[f"adv_{name}"] = c["c"]
+        data[f"within_{name}"] = c["c"] - c["mean"]
+    return pd.DataFrame(data)
 
 
 # --------------------------------------------------------------------------------------------- reference

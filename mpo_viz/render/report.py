@@ -45,7 +45,13 @@ from mpo_viz.render.page import (
     strip_html,
     write_page,
 )
-from mpo_viz.render.strip import robust_scale, set_scale, strip_payload, within_turn_part
+from mpo_viz.render.strip import (
+    TRUTH_CHANNEL,
+    robust_scale,
+    set_scale,
+    strip_payload,
+    within_turn_part,
+)
 from mpo_viz.version import __version__
 
 __all__ = ["ReportConfig", "build_report", "write_report", "ExportWarning", "LeftOutNote"]
@@ -126,6 +132,7 @@ class _Acc:
     accuracy: dict | None = None  # merged analysis.accuracy_stats (oracle columns present)
     mc_parts: list = field(default_factory=list)  # analysis.mc_accuracy_parts per chunk (mc_* truth present)
     mc_meta: dict | None = None  # the mc_truth metadata of the file (policy, M, seed)
+    mc_token_parts: list = field(default_factory=list)  # analysis.mc_token_accuracy_parts per chunk (token truth)
     values_source: str = "critic"
     n_compared: int = 0  # trajectories with a disagreement value (>= 2 estimators)
     left_out: str | None = None  # default estimators the data cannot run, and how to get them
@@ -184,6 +191,9 @@ class _Acc:
             self.accuracy = an.merge_accuracy_stats(self.accuracy, an.accuracy_stats(chunk, adv))
         if adv and an.has_mc_truth(chunk):
             self.mc_parts.append(an.mc_accuracy_parts(chunk, adv, use_q=chunk.has("mc_q")))
+        if adv and an.has_mc_token_truth(chunk):
+            self.mc_token_parts.append(an.mc_token_accuracy_parts(chunk, adv))
+        if adv and (self.mc_parts or self.mc_token_parts):
             self.mc_meta = chunk.meta.get("mc_truth") if isinstance(chunk.meta.get("mc_truth"), dict) else None
         if len(adv) >= 2:
             self.cmp = an.merge_compare_stats(self.cmp, an.compare_stats(chunk, adv))
@@ -473,7 +483,12 @@ def _estimator_tables(page: _Page, acc: _Acc) -> None:
         page.parts.append("<h2>Estimator agreement</h2><p class=note>Per pair of estimators: Pearson correlation and "
                           "sign agreement over action tokens and over turns (turn advantage = mean over the turn); rank "
                           "agreement = share of concordant turn pairs within a trajectory; sign flips = turns with "
-                          "opposite signs.</p>"
+                          "opposite signs.</p><p class=note>sign_agreement counts <i>tokens</i> (0 being its own sign); "
+                          "the other tokens are sign_opposite (strictly opposite signs) or sign_one_zero (exactly one of "
+                          "the two is 0, e.g. a group estimator in a group whose episodes all score alike): the three add "
+                          "up to 1. n_sign_flips counts <i>turns</i> whose turn means have strictly opposite signs, so a "
+                          "low sign_agreement beside n_sign_flips = 0 is no contradiction: the tokens that disagree are "
+                          "against a 0, or inside turns whose means agree.</p>"
                           + html_table([tuple(r) for r in cmp.itertuples(index=False)], tuple(cmp.columns), "grid",
                                        csv="estimator_agreement"))
 
@@ -509,22 +524,63 @@ def _fitted_note(acc: _Acc) -> str:
             "estimators' credit is mostly the returns' noise; the group estimators do not use it.</p>")
 
 
+def _with_verdict(ac: pd.DataFrame, acc: _Acc) -> pd.DataFrame:
+    """The table with its ``verdict`` column (:func:`mpo_viz.analysis.ranked_column`): critic-based rows
+    on values that are noise are not ranked, nor is anything when the truth is too noisy."""
+    out = ac.copy()
+    out.insert(1, "verdict", an.ranked_column(ac, noise=acc.noise, unranked=an.critic_based(acc.estimators)))
+    return out
+
+
 def _mc_accuracy(page: _Page, acc: _Acc) -> None:
     """Accuracy against the policy's own Monte-Carlo truth (the file's mc_* fields)."""
-    ac = an.finish_mc_accuracy(acc.mc_parts)
+    ac = _with_verdict(an.finish_mc_accuracy(acc.mc_parts), acc)
     page.tables["accuracy_mc"] = ac
     meta = acc.mc_meta or {}
     who = f"{meta.get('policy', 'the policy')}, M = {meta.get('m', '?')} continuations per turn start"
     kind = ("Q̂ − V̂ (continuations after each recorded turn)" if ac["truth"].iloc[0] == "q-v" else
             "R_k + V̂(s_k+1) − V̂(s_k) (neighbouring Monte-Carlo values)")
     legend = "".join(f"<li><b>{k}</b>: {html.escape(v)}</li>" for k, v in an.MC_ACCURACY_COLUMNS.items() if v)
+    reading = an.mc_accuracy_reading(ac, "turn_corr_dis", "turn credit", noise=acc.noise,
+                                     unranked=an.critic_based(acc.estimators),
+                                     shortfall=an.data_shortfall(acc.n_traj, acc.scores, acc.max_turns))
     page.parts.append("<h2 id=accuracy>Accuracy against this policy's truth</h2>"
                       f"<p class=reading>Truth used: the Monte-Carlo values of {html.escape(who)} (mpo-viz truth); "
                       f"the true turn advantage is {html.escape(kind)}, reliability "
                       f"{ac['reliability'].iloc[0]:.2f} over {int(ac['n_turns'].iloc[0])} turns. turn_corr_dis "
-                      "corrects the correlation for the truth's own noise.</p>"
+                      f"corrects the correlation for the truth's own noise (withheld below reliability "
+                      f"{an.MIN_RELIABILITY}). {html.escape(reading)}</p>"
                       + html_table([tuple(r) for r in ac.itertuples(index=False)], tuple(ac.columns), "grid",
                                    csv="accuracy_mc")
+                      + f"<ul class=note>{legend}</ul>")
+
+
+def _mc_token_accuracy(page: _Page, acc: _Acc) -> None:
+    """Within-turn credit against the policy's token truth (the file's mc_tok_* fields)."""
+    ac = _with_verdict(an.finish_mc_token_accuracy(acc.mc_token_parts), acc)
+    page.tables["accuracy_mc_tokens"] = ac
+    first = ac.iloc[0] if len(ac) else None
+    if acc.mc_parts:
+        centre = "the turn-level truth above (Â_k)"
+    elif len(ac) and (ac["within_note"] == an.NO_TURN_NOTE).all():
+        centre = "nowhere: the file has no turn-level truth, so the within-turn part is not scored"
+    else:
+        centre = "the sum of the turn's token truths (every token measured)"
+    legend = "".join(f"<li><b>{k}</b>: {html.escape(v)}</li>" for k, v in an.MC_TOKEN_COLUMNS.items() if v)
+    unranked = an.critic_based(acc.estimators)
+    shortfall = an.data_shortfall(acc.n_traj, acc.scores, acc.max_turns)
+    reading = " ".join(an.mc_accuracy_reading(ac, col, what, noise=acc.noise, unranked=unranked, shortfall=shortfall)
+                       for col, what in (("tok_corr_dis", "token credit"), ("within_corr_dis", "within-turn credit")))
+    stats = ("" if first is None else f" Reliability of the token truth {first['reliability']:.2f} over "
+             f"{int(first['n_tokens'])} tokens in {int(first['n_turns'])} turns.")
+    page.parts.append("<h2 id=accuracy-tokens>Within-turn credit against this policy's token truth</h2>"
+                      f"<p class=reading>Truth used: {html.escape(an.token_truth_text(acc.mc_meta))} (mpo-viz truth "
+                      f"--tokens); a turn's true mean Â_k/n_k from {html.escape(centre)}.{html.escape(stats)} "
+                      "within_corr scores the credit's within-turn part (the credit minus its turn's mean): what a "
+                      "redistribution inside the turn adds over flat turn credit, which scores 0 here by "
+                      f"construction. {html.escape(reading)}</p>"
+                      + html_table([tuple(r) for r in ac.itertuples(index=False)], tuple(ac.columns), "grid",
+                                   csv="accuracy_mc_tokens")
                       + f"<ul class=note>{legend}</ul>")
 
 
@@ -533,8 +589,10 @@ def _accuracy(page: _Page, acc: _Acc) -> None:
     expert's oracle when it has the oracle columns; or what would tell without either."""
     if acc.mc_parts:
         _mc_accuracy(page, acc)
+    if acc.mc_token_parts:
+        _mc_token_accuracy(page, acc)
     if not acc.accuracy:
-        if not acc.mc_parts:
+        if not acc.mc_parts and not acc.mc_token_parts:
             page.parts.append(f"<h2 id=accuracy>Accuracy</h2><p class=note>{html.escape(an.NO_ORACLE_TEXT)}</p>")
         return
     ac = an.finish_accuracy(acc.accuracy)
@@ -543,7 +601,7 @@ def _accuracy(page: _Page, acc: _Acc) -> None:
     reading = an.accuracy_reading(ac, acc.values_source, shortfall=an.data_shortfall(acc.n_traj, acc.scores, acc.max_turns),
                                   noise=acc.noise, unranked=an.critic_based(acc.estimators))
     title = ("<h2 id=accuracy-expert>Accuracy against the scripted expert's oracle (biased for this policy)</h2>"
-             if acc.mc_parts else "<h2 id=accuracy>Accuracy against the oracle</h2>")
+             if acc.mc_parts or acc.mc_token_parts else "<h2 id=accuracy>Accuracy against the oracle</h2>")
     page.parts.append(title +
                       f"<p class=reading>{html.escape(reading)}</p>"
                       + html_table([tuple(r) for r in ac.itertuples(index=False)], tuple(ac.columns), "grid",
@@ -571,9 +629,18 @@ def _selected(page: _Page, acc: _Acc, cfg: ReportConfig, decode) -> None:
                           "switches the colouring (diverging scale centred at 0; grey = observation tokens). Every "
                           f"advantage channel of every strip saturates at the same ±{format_value(s_adv)} (the 99th "
                           "percentile of |A| over these trajectories and estimators); tokens beyond it are clipped, "
-                          "marked ▲ and counted in the legend.</p>" + (_within_note(micro) if micro else ""))
+                          "marked ▲ and counted in the legend.</p>" + (_within_note(micro) if micro else "")
+                          + (_truth_note() if acc.mc_token_parts else ""))
     for j, (tags, p) in enumerate(picks):
         _trajectory(page, j, tags, p, acc, cfg, decode, (s_adv, s_micro))
+
+
+def _truth_note() -> str:
+    """How to read the token truth in the strips."""
+    return ("<p class=note><b>True advantage</b>: a bar under each token the token truth measured is coloured by "
+            "its true advantage Â_t on the colour scale of the credit shown (the same ±scale), and the hover gives "
+            "Â_t ± 1.96·se; the channel <i>true advantage</i> colours the tokens by it. Where a token's colour and its "
+            "bar differ, the estimator puts credit where this policy's truth does not.</p>")
 
 
 def _within_note(micro: str) -> str:
@@ -592,7 +659,7 @@ def _trajectory(page: _Page, j: int, tags: list, p: _Pick, acc: _Acc, cfg: Repor
     page.parts.append(f'<section class="traj"><h3>{html.escape(tid)} <small>{html.escape(" · ".join(tags))}</small></h3>')
     tokens = decode if decode is not None and not _has_tokens(b) else None
     payload = strip_payload(b, 0, advantages=p.adv, td=an.td_error(b), title=f"trajectory {tid}", tokens=tokens)
-    set_scale(payload, [k for k in payload["channels"] if k.startswith("adv_")], scales[0],
+    set_scale(payload, [k for k in payload["channels"] if k.startswith("adv_") or k == TRUTH_CHANNEL], scales[0],
               "shared by the estimators and the selected trajectories")
     set_scale(payload, [k for k in payload["channels"] if k.startswith("micro_")], scales[1],
               "shared by the selected trajectories")

@@ -182,13 +182,15 @@ class _Bar:
 
 
 def model_token_returns(policy: Policy, items: list[tuple[TurnState, int]], m: int, *, seed: int, cfg: RolloutConfig,
-                        estimator: str = "pi", turn_gamma: float = 1.0, bar=None, timings: dict | None = None) -> dict:
+                        estimator: str = "pi", turn_gamma: float = 1.0, share_prefix: bool = True, bar=None,
+                        timings: dict | None = None) -> dict:
     """``{"q": (P,), "forced": (P, m), "alt": (P, m)}`` for the positions ``items`` (a turn state and a
     token index ``t`` inside its turn) with ``policy`` continuing (module docstring). ``cfg``: the
     sampling options and ``batch_size`` (rows decoded together; at least ``2m``: a position's pairs are
     admitted together). A position must be reachable under ``cfg``'s budgets (``t < max_turn_tokens``
-    and ``len(prefix) + t < max_total_tokens``). ``timings`` receives the rollout's phase seconds and
-    ``tokens`` (continuation tokens decoded)."""
+    and ``len(prefix) + t < max_total_tokens``). ``share_prefix=False`` feeds every continuation its own
+    copy of its prefix (the baseline of ``benchmarks/truth.py --tokens``; the same numbers). ``timings``
+    receives the rollout's phase seconds and ``tokens`` (continuation tokens decoded)."""
     alt_kind = alternative(estimator)
     P = len(items)
     out = {"q": np.ones(P), "forced": np.zeros((P, m)), "alt": np.zeros((P, m))}
@@ -199,6 +201,7 @@ def model_token_returns(policy: Policy, items: list[tuple[TurnState, int]], m: i
     was_training = model.training
     model.eval()
     run = _Run(policy, Engine(model, pad_id), m, seed, cfg, estimator, alt_kind, turn_gamma, timer, _Bar(bar), out)
+    run.share = share_prefix
     try:
         with torch.no_grad(), grouped_attention(model):
             run.play(items)
@@ -223,6 +226,7 @@ class _Run:
         self.layout = policy.layout
         self.stop = torch.tensor(sorted(policy.layout.stop_ids), dtype=torch.long, device=policy.device)
         self.tokens = 0
+        self.share = True
 
     def play(self, items: list[tuple[TurnState, int]]) -> None:
         order = sorted(range(len(items)), key=lambda j: (len(items[j][0].prefix) + items[j][1], j))
@@ -274,6 +278,8 @@ class _Run:
         """The rows of the admitted positions: each turn among them fed once (its prefix and tokens up to
         the last position needed, logits kept at every position), its row copied per continuation and
         cut back to that continuation's own prefix; appended to the engine. The rows and their logits."""
+        if not self.share:
+            return self._admit_refed(units)
         t0 = time.perf_counter()
         groups: dict[int, tuple[TurnState, list[tuple[int, int]]]] = {}
         for j, st, t in units:
@@ -321,6 +327,32 @@ class _Run:
         logits = torch.stack([tail[g, k] for g, k, _, _ in pick])
         self.engine.append(sub)
         self.timer.add("model", t0)
+        return rows, logits
+
+    def _admit_refed(self, units: list[tuple[int, TurnState, int]]) -> tuple[list[_Row], torch.Tensor]:
+        """:meth:`_admit` without sharing: every continuation feeds its own prefix (``π(a_t|h_t)`` read from
+        the first alternative row of its position, whose logits are at ``h_t``)."""
+        rows = [self._row(st, j, t, c, kind) for j, st, t in units for c in range(self.m)
+                for kind in ("forced", self.alt_kind)]
+        for r, (_, st, _) in zip(rows, [u for u in units for _ in range(2 * self.m)]):
+            r.ep.pending = list(st.prefix) + r.head
+        sub = Engine(self.engine.model, self.engine.pad_id)
+        sub.add_rows(len(rows))
+        logits = feed(sub, [r.ep for r in rows], self.timer)
+        keep = []
+        for u, (j, st, t) in enumerate(units):
+            first = 2 * self.m * u
+            q = float(sampling_probs(logits[first + 1][None], self.cfg.temperature, self.cfg.top_p)[0, st.action_ids[t]])
+            self.out["q"][j] = q
+            if self.estimator == "pi" and q >= 1.0:
+                self.bar.update(2 * self.m)
+                continue
+            keep += list(range(first, first + 2 * self.m))
+        if len(keep) < len(rows):
+            sub.keep_rows(keep)
+            rows, logits = [rows[b] for b in keep], logits[torch.tensor(keep, dtype=torch.long, device=logits.device)]
+        if rows:
+            self.engine.append(sub)
         return rows, logits
 
     def _row(self, st: TurnState, j: int, t: int, c: int, kind: str) -> _Row:

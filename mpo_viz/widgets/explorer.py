@@ -29,7 +29,7 @@ from mpo_viz.data.io import load
 from mpo_viz.data.token_text import tokenizer_decoder
 from mpo_viz.data.trajectory import TrajectoryBatch
 from mpo_viz.render import plots
-from mpo_viz.render.strip import advantage_channels, strip_payload
+from mpo_viz.render.strip import TRUTH_CHANNEL, advantage_channels, set_scale, strip_payload
 from mpo_viz.widgets.engine import AdvantageEngine, ParamControls, default_estimators
 from mpo_viz.widgets.export_bar import Exportable, ExportBar, style_widget
 from mpo_viz.widgets.figure import FigureWidget, swap_child
@@ -205,6 +205,13 @@ class TrajectoryExplorer(Exportable, W.VBox):
         self.figure_box = W.VBox(layout=W.Layout(width="100%"))  # a column: the figure takes the full width
         self.turns = W.HTML(layout=W.Layout(overflow="auto", max_width="100%", max_height="360px"))
         self.turns.add_class("mpo-turns")
+        #: the batch carries the policy's token truth (``mpo-viz truth --tokens``): the per-token table of the
+        #: trajectory's measured tokens and the within-turn accuracy over the batch are shown under the turns
+        self.has_token_truth = an.has_mc_token_truth(self.batch)
+        self.token_df: pd.DataFrame | None = None
+        self.token_accuracy_df: pd.DataFrame | None = None
+        self.tokens_view = W.HTML(layout=W.Layout(overflow="auto", max_width="100%", max_height="360px"))
+        self.tokens_view.add_class("mpo-turns")
         self.status = W.HTML()
         self.status.add_class("mpo-status")
         self.export = ExportBar(basename="mpo_viz_explorer")
@@ -217,7 +224,8 @@ class TrajectoryExplorer(Exportable, W.VBox):
         controls = W.HBox([self.params, self.scale.control], layout=W.Layout(flex_flow="row wrap",
                                                                               align_items="flex-end"))
         children = ([self.picker] if show_picker else []) + [controls, self.status, self.strip, self.figure_box,
-                                                              style_widget(TABLE_CSS), self.turns, self.export]
+                                                              style_widget(TABLE_CSS), self.turns]
+        children += ([self.tokens_view] if self.has_token_truth else []) + [self.export]
         super().__init__(children, layout=W.Layout(width="100%"))
         self.add_class("mpo-explorer")
         self.add_class("mpo-view")
@@ -281,6 +289,7 @@ class TrajectoryExplorer(Exportable, W.VBox):
         payload = strip_payload(self._sub, 0, advantages=adv, td=an.td_error(self._sub), tokens=self.tokens,
                                 channel=f"adv_{self.names[0]}", arrays=True)
         self.scale.apply(payload)
+        _truth_scale(payload)
         t1 = time.perf_counter()
         self.strip.set_payload(payload)
         t2 = time.perf_counter()
@@ -290,7 +299,9 @@ class TrajectoryExplorer(Exportable, W.VBox):
             self.figure = None
             swap_child(self.figure_box, W.HTML("<i>no critic values in this batch: no value curve</i>"))
         t3 = time.perf_counter()
-        self._update_turns(adv, ret)
+        self._update_turns(adv, ret, export=False)
+        self._update_tokens(adv, batch_wide=self.token_accuracy_df is None)
+        self.export.set_tables(self.tables())
         self.timings = {"payload": t1 - t0, "push": t2 - t1, "figure": t3 - t2, "turn_table": time.perf_counter() - t3}
         self._status()
 
@@ -341,11 +352,41 @@ class TrajectoryExplorer(Exportable, W.VBox):
         if export:
             self.export.set_tables(self.tables())
 
+    def _update_tokens(self, adv, *, batch_wide: bool) -> None:
+        """With a token truth: the per-token table of the trajectory's measured tokens (``token_df``: the
+        truth ± 1.96·se, its within-turn part, each estimator's credit and within-turn part) and, with
+        ``batch_wide``, the within-turn accuracy over the whole batch (``token_accuracy_df``), saying which
+        truth they use."""
+        if not self.has_token_truth:
+            return
+        self.token_df = an.token_truth_table(self._sub, {k: a for k, a in adv.items()})
+        if batch_wide:
+            self.token_accuracy_df = an.mc_token_accuracy(self.batch, self._adv())
+        acc = self.token_accuracy_df
+        cols = ["estimator", "tok_corr", "tok_corr_dis", "within_corr", "within_corr_dis", "unc_share",
+                "unc_share_truth", "sign_agreement", "slope_credit_on_truth_dis", "slope_truth_on_credit",
+                "within_note", "note"]
+        truth = an.token_truth_text(self.batch.meta.get("mc_truth") if isinstance(self.batch.meta.get("mc_truth"), dict)
+                                    else None)
+        self.tokens_view.value = (
+            f"<p class='mpo-note'><b>Truth used</b>: {html.escape(truth)}. Bars under the strip's measured tokens and "
+            "the <i>true advantage</i> channel show it.</p>"
+            f"<b>measured tokens of {html.escape(self.batch.traj_ids[self.row])}</b>" + frame_html(self.token_df)
+            + "<b>within-turn credit against the token truth, whole batch</b> (the columns of "
+              "credit_accuracy(..., truth='mc-token'); flat credit scores 0 within turns by construction)"
+            + frame_html(acc[[c for c in cols if c in acc.columns]] if acc is not None else pd.DataFrame()))
+
     def tables(self) -> dict:
         """The view's tables as DataFrames: ``turns`` (the current trajectory's per-turn table) and
-        ``trajectories`` (the picker's table)."""
+        ``trajectories`` (the picker's table); with a token truth also ``tokens_<traj_id>`` (its measured
+        tokens) and ``accuracy_tokens`` (the within-turn accuracy over the batch)."""
         tid = self.batch.traj_ids[self.row]
-        return {f"turns_{tid}": self.turn_df, "trajectories": self.picker.table.drop(columns=["row"])}
+        out = {f"turns_{tid}": self.turn_df, "trajectories": self.picker.table.drop(columns=["row"])}
+        if self.token_df is not None:
+            out[f"tokens_{tid}"] = self.token_df
+        if self.token_accuracy_df is not None:
+            out["accuracy_tokens"] = self.token_accuracy_df
+        return out
 
     def figures(self) -> dict:
         """The view's figures (``{name: figure}``)."""
@@ -394,12 +435,13 @@ class TrajectoryExplorer(Exportable, W.VBox):
         # colour scale, which "shared" takes from all of them) go to the browser, as a patch
         chans = changed_channels(self._sub, adv, ran)
         t3 = time.perf_counter()
-        patch_strips([self.strip], chans, self.scale.apply)
+        patch_strips([self.strip], chans, self._apply_scale)
         t4 = time.perf_counter()
         if "disagree" in self.picker.table.columns and ran:
             self.picker.set_column("disagree", self._disagreement(self._adv()))
         t5 = time.perf_counter()
         self._update_turns(adv, ret, export=False)
+        self._update_tokens(adv, batch_wide=bool(ran))
         self.timings = {"compute": t1 - t0, "figure": t2 - t1, "payload": t3 - t2, "push": t4 - t3,
                         "picker": t5 - t4, "turn_table": time.perf_counter() - t5}
         self._status()
@@ -418,7 +460,12 @@ class TrajectoryExplorer(Exportable, W.VBox):
         tr.y = y
 
     def _rescale(self) -> None:
-        patch_strips([self.strip], {}, self.scale.apply)  # the new scales: a patch of channel info
+        patch_strips([self.strip], {}, self._apply_scale)  # the new scales: a patch of channel info
+
+    def _apply_scale(self, payloads) -> None:
+        self.scale.apply(payloads)
+        for p in [payloads] if isinstance(payloads, dict) else payloads:
+            _truth_scale(p)
 
     # --- static snapshot ---------------------------------------------------------------------------------
     def snapshot(self, snap: Snapshot | None = None) -> Snapshot:
@@ -429,6 +476,10 @@ class TrajectoryExplorer(Exportable, W.VBox):
         if self.figure is not None:
             snap.figure(self.figure)
         snap.heading("per-turn table", 3).table(self.turn_df)
+        if self.token_df is not None:
+            snap.heading("measured tokens (the policy's token truth)", 3).table(self.token_df)
+        if self.token_accuracy_df is not None:
+            snap.heading("within-turn credit against the token truth (whole batch)", 3).table(self.token_accuracy_df)
         return snap
 
     def to_html(self, path=None) -> str:
@@ -440,6 +491,17 @@ class TrajectoryExplorer(Exportable, W.VBox):
         snap.table(t)
         self.snapshot(snap)
         return snap.output(path)
+
+
+def _truth_scale(payload: dict) -> None:
+    """The strip's ``truth`` channel on the colour scale of its advantage channels (the first one's), so
+    that its marks and colours read on the credit's scale."""
+    info = payload.get("channel_info", {})
+    if TRUTH_CHANNEL not in payload.get("channels", {}):
+        return
+    adv = next((k for k in payload["channels"] if k.startswith("adv_")), None)
+    if adv is not None:
+        set_scale(payload, [TRUTH_CHANNEL], info[adv].get("scale"), info[adv].get("scale_note", ""))
 
 
 def _noise_html(batch, names) -> str:

@@ -180,6 +180,7 @@ def test_compare_estimators_hand_numbers():
     tc = np.array([3, 3, 1, 1, 2, 2, 2, 1.0])
     assert row["token_corr"] == pytest.approx(np.corrcoef(ta, tc)[0, 1])
     assert row["sign_agreement"] == pytest.approx(6 / 8)  # the two tokens of P's turn 1 differ
+    assert row["sign_opposite"] == pytest.approx(2 / 8) and row["sign_one_zero"] == 0.0
     # P: pairs (0,1) concordant, (0,2) discordant, (1,2) concordant; Q: (0,1) discordant -> 2/4
     assert row["turn_rank_agreement"] == pytest.approx(0.5)
     assert row["n_sign_flips"] == 1 and row["n_turns"] == 5
@@ -189,6 +190,20 @@ def test_compare_estimators_hand_numbers():
     assert flips["adv_a"].iloc[0] == -1.0 and flips["adv_b"].iloc[0] == 1.0
     dis = an.disagreement(b, adv)
     np.testing.assert_allclose(dis, [1 / 3, 0.0])
+
+
+def test_sign_agreement_beside_no_flip_is_zeros_and_within_turn_disagreement():
+    """Low token sign agreement with no turn flip: one estimator 0 on a whole turn (a group estimator in a
+    group that scores alike), and tokens of opposite signs inside a turn whose means agree."""
+    rows = [{"traj_id": "A", "group_id": "g", "prompt_ids": [1], "response_ids": [2] * 5,
+             "loss_mask": [1, 1, 0, 1, 1], "reward": 0.0}]
+    b = TrajectoryBatch.from_rows(rows)
+    x = torch.tensor([[0.0, 0.0, 0.0, 0.3, -0.1]])  # turn 0: all 0; turn 1: mean 0.1, its tokens of both signs
+    y = torch.tensor([[0.5, 0.2, 0.0, 0.2, 0.2]])
+    row = an.compare_estimators(b, {"x": x, "y": y}).iloc[0]
+    assert row["n_sign_flips"] == 0
+    assert row["sign_agreement"] == pytest.approx(1 / 4)  # only token 3 agrees
+    assert row["sign_one_zero"] == pytest.approx(2 / 4) and row["sign_opposite"] == pytest.approx(1 / 4)
 
 
 def test_compare_needs_two():
@@ -225,7 +240,7 @@ def test_compare_stats_add_up_over_chunks():
         L = part.mask.shape[1]
         acc = an.merge_compare_stats(acc, an.compare_stats(part, {k: v[sl, :L] for k, v in adv.items()}))
     chunked = an.finish_compare(acc)
-    num = ["token_corr", "sign_agreement", "turn_corr", "turn_sign_agreement", "turn_rank_agreement", "n_sign_flips", "n_turns"]
+    num = ["token_corr", "sign_agreement", "sign_opposite", "sign_one_zero", "turn_corr", "turn_sign_agreement", "turn_rank_agreement", "n_sign_flips", "n_turns"]
     np.testing.assert_allclose(whole[num].to_numpy(float), chunked[num].to_numpy(float), rtol=1e-9)
     assert len(whole) == 3
 

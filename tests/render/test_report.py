@@ -400,3 +400,60 @@ def test_report_accuracy_uses_the_policys_truth_when_the_file_has_it():
     assert html.index("this policy's truth") < html.index("scripted expert's oracle")
     plain = build_report(b, ReportConfig(estimators=("mpo", "grpo"), n_best=1, n_worst=0, n_disagreed=0, progress=False))
     assert "this policy's truth" not in plain and "Accuracy against the oracle" in plain
+
+
+@pytest.fixture(scope="module")
+def token_truth_batch():
+    from mpo_viz.envs import NoisyExpert
+    from mpo_viz.envs.generate import GenerateConfig, generate
+    from mpo_viz.rollout.token_truth import mc_token_truth
+    from mpo_viz.rollout.truth import mc_truth
+
+    b = generate(GenerateConfig(env="automation", episodes=16, group_size=4, seed=2))
+    t = mc_truth(b, NoisyExpert(noise=0.25), m=4, seed=0, q=True, progress=False)
+    return mc_token_truth(t, NoisyExpert(noise=0.25), m=8, seed=0, progress=False)
+
+
+def test_report_shows_the_within_turn_table_when_the_file_has_the_token_truth(token_truth_batch):
+    html = build_report(token_truth_batch, ReportConfig(estimators=("mpo", "turn_gae", "grpo"), n_best=1, n_worst=0,
+                                                        n_disagreed=0, progress=False))
+    assert "Within-turn credit against this policy's token truth" in html
+    assert ("Truth used: the Monte-Carlo token truth of expert(noise=0.25) at uncertain tokens (1 − π &gt; 0.01, at "
+            "most 4 a turn, 1 control a turn): M = 8 continuation pairs per token, estimator pi") in html
+    assert "a turn's true mean Â_k/n_k from the turn-level truth above (Â_k)" in html
+    # flat credit (turn GAE, GRPO) is 0 within turns by construction, and the table and the reading say so
+    assert html.count(an.FLAT_NOTE) >= 2 and "turn_gae, grpo: flat inside turns, 0 by construction" in html
+    # the order: the turn truth, the token truth, then the expert's oracle (biased for the policy)
+    i_turn, i_tok = html.index("Accuracy against this policy's truth"), html.index("Within-turn credit against")
+    assert i_turn < i_tok < html.index("Accuracy against the scripted expert's oracle")
+    # the strips carry the truth and the page says how to read it
+    assert '"truth":{"channel":"truth","se":[' in html and "<b>True advantage</b>: a bar under each token" in html
+
+
+def test_the_policys_truth_ranks_no_noise_critic_and_no_truth_too_noisy(token_truth_batch):
+    """Issue 52, item 5: with critic values that are noise, the critic-based estimators are not ranked
+    against the Monte-Carlo truth either; a truth whose reliability is below MIN_RELIABILITY gives no
+    verdict, and its noise-corrected columns are withheld (no interval beyond 1)."""
+    b = token_truth_batch.with_meta(values_source="fitted_critic", critic_fit={"heldout_explained_variance": 0.01})
+    html = build_report(b, ReportConfig(estimators=("mpo", "gae", "grpo"), n_best=0, n_worst=0, n_disagreed=0,
+                                        progress=False))
+    assert "NOISE: not ranked (its credit rests on critic values that are noise)" in html
+    readings = re.findall(r"<p class=reading>(.*?)</p>", html, flags=re.S)
+    mc = next(r for r in readings if "Monte-Carlo values of" in r)
+    assert "Not ranked: mpo, gae (" in mc and ("closest to this policy&#x27;s truth: grpo" in mc or "Too little" in mc)
+    # a turn truth (Q̂ − V̂) whose standard errors dwarf its spread: reliability below the minimum
+    k = b.num_turns
+    noisy = b.with_turn_fields(mc_value_se=[[0.6] * n for n in k], mc_q_se=[[0.6] * n for n in k])
+    ac = an.mc_accuracy(noisy, {"grpo": an.compute_advantages(noisy, ["grpo"])["grpo"]})
+    assert ac.reliability.iloc[0] < an.MIN_RELIABILITY
+    assert np.isnan(ac.turn_corr_dis.iloc[0]) and np.isnan(ac.dis_hi.iloc[0]) and "too little data" in ac.note.iloc[0]
+    html = build_report(noisy.with_meta(values_source="oracle"),
+                        ReportConfig(estimators=("mpo", "grpo"), n_best=0, n_worst=0, n_disagreed=0, progress=False))
+    assert "too little data for a verdict" in html
+
+
+def test_the_agreement_table_says_why_sign_agreement_and_flips_differ(small):
+    _, b = small
+    html = build_report(b, ReportConfig(estimators=("mpo", "grpo"), n_best=0, n_worst=0, n_disagreed=0, progress=False))
+    assert "sign_one_zero" in html and "sign_opposite" in html
+    assert "a low sign_agreement beside n_sign_flips = 0 is no contradiction" in html

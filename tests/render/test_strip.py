@@ -137,3 +137,22 @@ def test_update_channels_ratio_on_a_log_scale_and_clipped():
     out = subprocess.run(["node", "-e", head + probe], capture_output=True, text=True, timeout=60, check=True).stdout
     got = json.loads(out)
     assert got[0] == pytest.approx(2.0) and got[1] == pytest.approx(0.25) and got[2:] == [0.5, None, "1.25"]
+
+
+def test_the_token_truth_is_a_channel_with_its_errors():
+    """Â_t on the measured tokens (None elsewhere) as the channel ``truth``, its standard errors beside it
+    in ``payload["truth"]``; the token truth's own columns are not channels of their own."""
+    nan = math.nan
+    b = _batch().with_token_fields(mc_tok_adv=[[0.2, nan, nan, -0.1, nan, nan], [nan, nan]],
+                                   mc_tok_adv_se=[[0.05, nan, nan, 0.1, nan, nan], [nan, nan]],
+                                   mc_tok_adv_a=[[0.2, nan, nan, -0.1, nan, nan], [nan, nan]],
+                                   mc_tok_adv_b=[[0.2, nan, nan, -0.1, nan, nan], [nan, nan]],
+                                   mc_tok_measured=[[1, 0, 0, 1, 0, 0], [0, 0]])
+    p = strip_payload(b, 0, advantages={"mpo": torch.zeros(2, 6)})
+    assert p["channels"]["truth"] == [0.2, None, None, -0.1, None, None]
+    assert p["truth"] == {"channel": "truth", "se": [0.05, None, None, 0.1, None, None]}
+    assert p["channel_info"]["truth"]["label"].startswith("true advantage")
+    assert not any(k.startswith("mc_tok") for k in p["channels"])
+    assert p["channel"] == "adv_mpo"
+    json.loads(payload_json(p))  # JSON-safe (no NaN)
+    assert "truth" not in strip_payload(_batch(), 0)

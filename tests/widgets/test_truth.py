@@ -55,3 +55,30 @@ def test_explorer_and_comparison_show_the_truth(truth_batch):
     assert names[-1] == "truth (Monte-Carlo)"
     assert cmp.mc_accuracy_df is not None and list(cmp.mc_accuracy_df.estimator) == ["mpo", "grpo"]
     assert "accuracy against this policy's truth" in cmp.metrics.value
+
+
+def test_explorer_shows_the_token_truth(truth_batch):
+    """With the token truth: the strip's truth channel on the advantage channels' scale, the per-token
+    table of the trajectory's measured tokens (by hand against the fields) and the within-turn accuracy
+    over the batch, saying which truth is used; a slider move keeps them in step."""
+    from mpo_viz.rollout.token_truth import mc_token_truth
+
+    b = mc_token_truth(truth_batch, NoisyExpert(noise=0.25), m=4, seed=0, progress=False)
+    ex = TrajectoryExplorer(b, estimators=["mpo", "turn_gae"], row=1)
+    p = ex.strip.payload_dict
+    assert "truth" in p and p["channel_info"]["truth"]["scale"] == p["channel_info"]["adv_mpo"]["scale"]
+    assert ex.has_token_truth and ex.tokens_view in ex.children
+    meas = np.flatnonzero(np.asarray(b.field("mc_tok_measured")[1]) == 1)
+    np.testing.assert_array_equal(ex.token_df["pos"], meas)
+    np.testing.assert_allclose(ex.token_df["truth"], np.asarray(b.field("mc_tok_adv")[1])[meas])
+    adv = ex.advantages["mpo"][1].numpy()
+    np.testing.assert_allclose(ex.token_df["adv_mpo"], adv[meas], rtol=1e-6)
+    assert "Truth used</b>: the Monte-Carlo token truth of expert(noise=0.25)" in ex.tokens_view.value
+    acc = ex.token_accuracy_df.set_index("estimator")
+    assert acc.loc["turn_gae", "within_corr"] == 0.0 and "flat credit" in acc.loc["turn_gae", "within_note"]
+    assert {"tokens_" + b.traj_ids[1], "accuracy_tokens"} <= set(ex.tables())
+    before = ex.token_accuracy_df.copy()
+    ex.params.set(beta=0.5)
+    assert not np.allclose(ex.token_df["adv_mpo"], adv[meas]) and not ex.token_accuracy_df.equals(before)
+    plain = TrajectoryExplorer(truth_batch, estimators=["mpo"], row=0)
+    assert not plain.has_token_truth and plain.tokens_view not in plain.children and "truth" not in plain.strip.payload_dict

@@ -17,9 +17,19 @@ Payload (all lists of length N = the trajectory's response length, padding exclu
      "spaced": bool,                                       # optional: put a gap between tokens
                                                            # (word-level tokens without spaces)
      "focus": int,                                         # optional: token to scroll to on open
-     "notes": {index: str}}                                # optional: a hover note per token (a
+     "notes": {index: str},                                # optional: a hover note per token (a
                                                            # multi-byte character split across
                                                            # tokens: its raw pieces)
+     "truth": {"channel": str, "se": [float|null]}}        # optional: the token truth (below)
+
+**The true advantage** (a file with the token truth of ``mpo-viz truth --tokens``): the channel
+``truth`` holds ``Â_t`` on the measured tokens (null elsewhere) and ``payload["truth"]`` names it with
+the standard errors. The strip then marks every measured token with a bar under it (a marker row
+beneath each line of tokens), coloured by ``Â_t`` on the scale of the credit shown (the channel shown
+when it is an advantage channel, ``adv_*``, ``advantages`` or ``truth``; else the truth channel's own),
+so a token whose colour and mark differ is one where the estimator puts credit the truth does not
+have; the hover gives ``Â_t ± 1.96·se``. The truth channel takes the advantage channels' colour scale
+(:func:`set_scale` with :data:`TRUTH_CHANNEL` among them).
 
 Colours: diverging scale centred at ``center`` (0, except the probability ratio: 1), saturating at
 ``scale`` (default: the 99th percentile of ``|v − center|`` over the strip's action tokens). An
@@ -63,7 +73,12 @@ __all__ = [
     "robust_scale",
     "set_scale",
     "within_turn_part",
+    "TRUTH_CHANNEL",
 ]
+
+#: the strip channel of the token truth's ``Â_t`` (module docstring)
+TRUTH_CHANNEL = "truth"
+TRUTH_LABEL = "true advantage Â_t (Monte-Carlo, measured tokens)"
 
 #: colour-scale modes of the advantage channels (module docstring)
 SCALE_MODES = ("absolute", "shared", "own")
@@ -316,6 +331,7 @@ def strip_payload(
     _value_channels(ch, sub, row, td)
     _logprob_channels(ch, sub)
     _update_channels(ch, sub)
+    truth_se = _truth_channel(ch, sub)
     _other_channels(ch, sub)
     noise = values_are_noise(sub)
     if noise:
@@ -334,6 +350,8 @@ def strip_payload(
     payload["spaced"] = len(toks) > 1 and not any(any(c.isspace() for c in t) for t in toks)
     if notes:
         payload["notes"] = {str(k): v for k, v in sorted(notes.items())}
+    if truth_se is not None:
+        payload["truth"] = {"channel": TRUTH_CHANNEL, "se": _floats(np.where(mask != 0, truth_se, np.nan), digits)}
     if noise:
         payload["meta"]["critic"] = f"NOISE: {noise}"
     return payload
@@ -456,14 +474,29 @@ def _update_channels(ch: _Channels, sub) -> None:
         ch.info["clipped"]["scale"] = 1.0
 
 
+def _truth_channel(ch: _Channels, sub) -> np.ndarray | None:
+    """The token truth's ``Â_t`` as the channel :data:`TRUTH_CHANNEL` (NaN where not measured); its
+    standard errors (None without a token truth)."""
+    if not (sub.has("mc_tok_adv") and sub.has("mc_tok_measured")):
+        return None
+    measured = sub.padded("mc_tok_measured", torch.float64, fill=0.0)[0].numpy()[: ch.n] > 0.5
+    adv = sub.padded("mc_tok_adv", torch.float64, fill=math.nan)[0].numpy()[: ch.n]
+    ch.add(TRUTH_CHANNEL, np.where(measured, adv, np.nan), TRUTH_LABEL)
+    if not sub.has("mc_tok_adv_se"):
+        return np.full(ch.n, np.nan)
+    se = sub.padded("mc_tok_adv_se", torch.float64, fill=math.nan)[0].numpy()[: ch.n]
+    return np.where(measured, se, np.nan)
+
+
 _KNOWN = {"response_ids", "loss_mask", "turn_ids", "response_tokens", "token_rewards", "values", "advantages",
           "returns", "old_logprobs", "rollout_logprobs", "ref_logprobs", "entropy", "ratio", "clipped"}
 
 
 def _other_channels(ch: _Channels, sub) -> None:
-    """Any other numeric per-token column (e.g. an environment's oracle_values) is a channel too."""
+    """Any other numeric per-token column (e.g. an environment's oracle_values) is a channel too (the
+    token truth's own columns aside: :func:`_truth_channel` shows them)."""
     for f in sub.token_fields:
-        if f in _KNOWN or f in ch.values or f.startswith(("adv_", "ret_")):
+        if f in _KNOWN or f in ch.values or f.startswith(("adv_", "ret_", "mc_tok_")):
             continue
         try:
             ch.add(f, sub.padded(f, torch.float64, fill=math.nan)[0].numpy(), f)

@@ -3,7 +3,7 @@
 // Input: one JSON payload (built by mpo_viz.render.strip.strip_payload, schema "mpo_viz.strip/v1"):
 //   { version: 1, title, tokens: [str], mask: [0|1], turn_ids: [int],
 //     channels: { name: [number|null] }, channel_info: { name: { label, center, scale, log? } },
-//     channel: initial channel name, meta: { key: value } }
+//     channel: initial channel name, meta: { key: value }, truth?: { channel, se: [number|null] } }
 // Tokens are text coloured by the chosen channel on a diverging scale centred at the channel's
 // centre (0 unless said otherwise; a channel whose info says log holds natural logs, coloured as
 // they are and shown as exp in the legend and the hover); observation tokens are greyed; every
@@ -14,6 +14,10 @@
 //   mount(el, payload, options) -> { update(payload), patch(p), setChannel(name), scrollToToken(i), destroy() }
 //   render({ model, el })       -> cleanup   (anywidget: reads the "payload", "arrays", "patch", "patch_arrays"
 //                                              and "channel" traits)
+// A payload with "truth" (the token truth: its channel holds the true advantage on the measured tokens)
+// gets a marker row: every line of tokens is TRUTH_ROW_H tall and each measured token has a bar under
+// it, coloured by the true advantage on the scale of the credit shown (markScale); the hover adds
+// the true advantage ± 1.96 standard errors.
 // patch(p) replaces channels of the payload shown, p = { channels: { name: [number|null] or a
 // Float64Array }, channel_info: { name: info }, focus?: int } (or its JSON): the tokens keep their
 // layout and scroll position, only the colours, the legend and the hover change (a slider move
@@ -22,7 +26,8 @@
 // The report inlines this file as a classic script: everything after the EXPORTS marker is cut and
 // `mount`/`render` are put on window.mpoStrip.
 
-const ROW_H = 20; // px, fixed so that row i sits at i * ROW_H (virtualized scrolling)
+const ROW_H = 20; // px, fixed so that row i sits at i * rowH (virtualized scrolling)
+const TRUTH_ROW_H = 26; // px, the rows of a payload with a token truth: a marker row under the tokens
 const OVERSCAN = 12; // rows rendered above and below the viewport
 const GUTTER = 44; // px, the turn-label column
 const NEG = [178, 24, 43]; // diverging scale (RdBu): negative
@@ -95,8 +100,15 @@ function normalize(payload) {
   const focus = Number.isInteger(payload.focus) && payload.focus >= 0 && payload.focus < n ? payload.focus : -1;
   // notes: {index: text} shown in the hover (a character split across tokens lists its raw pieces)
   const notes = payload.notes || {};
+  // truth: the token truth's channel (the true advantage on the measured tokens) and its standard errors
+  let truth = null;
+  if (payload.truth && channels[payload.truth.channel]) {
+    const se = payload.truth.se || new Array(n).fill(null);
+    if (se.length !== n) throw new Error(`mpo strip: truth.se has ${se.length} values for ${n} tokens`);
+    truth = { channel: payload.truth.channel, se };
+  }
   return { tokens, mask, turn, channels, info, names, n, title: payload.title || "", meta: payload.meta || {}, channel: payload.channel,
-           spaced: !!payload.spaced, focus, notes };
+           spaced: !!payload.spaced, focus, notes, truth };
 }
 
 export function mount(el, payload, options = {}) {
@@ -114,6 +126,7 @@ export function mount(el, payload, options = {}) {
   let layoutWidth = 0;
   let raf = 0;
   let hovered = -1;
+  let rowH = d.truth ? TRUTH_ROW_H : ROW_H;
 
   el.innerHTML = "";
   const root = document.createElement("div");
@@ -123,7 +136,7 @@ export function mount(el, payload, options = {}) {
       <span class="mpo-strip-title"></span>
       <label class="mpo-strip-ctl">colour by <select class="mpo-strip-channel" aria-label="channel"></select></label>
       <label class="mpo-strip-ctl">turn <select class="mpo-strip-turn" aria-label="jump to turn"></select></label>
-      <span class="mpo-strip-legend"><span class="mpo-strip-lo"></span><span class="mpo-strip-bar"></span><span class="mpo-strip-hi"></span><span class="mpo-strip-scale"></span><span class="mpo-strip-clipinfo"></span></span>
+      <span class="mpo-strip-legend"><span class="mpo-strip-lo"></span><span class="mpo-strip-bar"></span><span class="mpo-strip-hi"></span><span class="mpo-strip-scale"></span><span class="mpo-strip-clipinfo"></span><span class="mpo-strip-truthnote" hidden></span></span>
     </div>
     <div class="mpo-strip-viewport" tabindex="0"><div class="mpo-strip-spacer"></div><div class="mpo-strip-layer"></div></div>
     <div class="mpo-strip-tip" role="tooltip" hidden></div>`;
@@ -141,11 +154,12 @@ export function mount(el, payload, options = {}) {
   const bar = $(".mpo-strip-bar");
   const scaleNote = $(".mpo-strip-scale");
   const clipInfo = $(".mpo-strip-clipinfo");
+  const truthNote = $(".mpo-strip-truthnote");
   // The viewport fits its content up to `height` px; the mouse wheel scrolls the page, not the
   // strip, until the strip is clicked (a notebook full of strips must still scroll).
   function fitHeight() {
-    viewport.style.height = `${Math.max(ROW_H * 2, Math.min(height, nRows * ROW_H + 4))}px`;
-    const more = nRows * ROW_H + 4 > height;
+    viewport.style.height = `${Math.max(rowH * 2, Math.min(height, nRows * rowH + 4))}px`;
+    const more = nRows * rowH + 4 > height;
     viewport.classList.toggle("mpo-strip-more", more);
     viewport.title = more ? "click the strip, then the mouse wheel scrolls it (or jump with the turn menu)" : "";
   }
@@ -182,6 +196,7 @@ export function mount(el, payload, options = {}) {
     return extra;
   }
   root.classList.toggle("mpo-strip-spaced", d.spaced);
+  root.classList.toggle("mpo-strip-truthrows", !!d.truth);
   let spanExtra = setFont();
   function width(s) {
     let w = widthCache.get(s);
@@ -223,7 +238,7 @@ export function mount(el, payload, options = {}) {
     starts.push(n);
     rowStart = Int32Array.from(starts);
     rowKind = Uint8Array.from(kinds);
-    spacer.style.height = `${nRows * ROW_H}px`;
+    spacer.style.height = `${nRows * rowH}px`;
     lastRange = [-1, -1];
   }
 
@@ -276,6 +291,39 @@ export function mount(el, payload, options = {}) {
     clipInfo.hidden = !clipped;
     bar.title = `${inf.label || channel}: centre ${fmt(c)}, colours saturate at \u00b1${fmt(s)}` +
       (inf.scale_note ? ` (${inf.scale_note})` : "") + (clipped ? `; ${clipped} tokens beyond it are clipped (marked \u25b2)` : "");
+    truthNote.hidden = !d.truth;
+    if (d.truth) {
+      const [mc, ms] = markScale();
+      let k = 0;
+      for (let i = 0; i < d.n; i++) if (isMeasured(i)) k++;
+      truthNote.textContent = `\u2581 true advantage under ${k} measured tokens`;
+      truthNote.title = `the bar under a measured token is coloured by its true advantage (Monte-Carlo), ` +
+        `on the scale of ${(d.info[markChannel()] || {}).label || markChannel()} (centre ${fmt(mc)}, \u00b1${fmt(ms)}): ` +
+        "where a token's colour and its bar differ, the credit shown is not where the truth is";
+    }
+  }
+
+  // --- the token truth's marks ------------------------------------------------------------------
+  function isMeasured(i) {
+    if (!d.truth) return false;
+    const v = d.channels[d.truth.channel][i];
+    return d.mask[i] && v !== null && v !== undefined && Number.isFinite(v);
+  }
+
+  // the channel whose scale colours the marks: the channel shown when it is credit, else the truth's own
+  function markChannel() {
+    if (channel && (channel.startsWith("adv_") || channel === "advantages" || channel === d.truth.channel)) return channel;
+    return d.truth.channel;
+  }
+
+  function markScale() {
+    return scaleOf(markChannel());
+  }
+
+  function markHtml(i) {
+    if (!isMeasured(i)) return "";
+    const [c, s] = markScale();
+    return `<span class="mpo-strip-mark" style="background:${colour((d.channels[d.truth.channel][i] - c) / s)[0]}"></span>`;
   }
 
   // --- rendering --------------------------------------------------------------------------------
@@ -294,10 +342,10 @@ export function mount(el, payload, options = {}) {
       if (kind === 2) label = "obs";
       cls += " mpo-strip-obsrow";
     }
-    let h = `<div class="${cls}" style="top:${r * ROW_H}px"><span class="mpo-strip-gutter">${label}</span>`;
+    let h = `<div class="${cls}" style="top:${r * rowH}px"><span class="mpo-strip-gutter">${label}</span>`;
     for (let i = a; i < b; i++) {
       const [tc, bg] = tokenStyle(i, vals, c, s);
-      h += `<span class="${tc}" data-i="${i}"${bg ? ` style="background:${bg}"` : ""}>${esc(tokenText(d, i))}</span>`;
+      h += `<span class="${tc}" data-i="${i}"${bg ? ` style="background:${bg}"` : ""}>${esc(tokenText(d, i))}${markHtml(i)}</span>`;
     }
     return h + "</div>";
   }
@@ -305,6 +353,11 @@ export function mount(el, payload, options = {}) {
   // [class, background or ""] of token i coloured by `vals` on the scale (c, s)
   function tokenStyle(i, vals, c, s) {
     if (!d.mask[i]) return ["mpo-strip-tok mpo-strip-obs", ""];
+    const [tc, bg] = tokenColour(i, vals, c, s);
+    return [isMeasured(i) ? `${tc} mpo-strip-measured` : tc, bg];
+  }
+
+  function tokenColour(i, vals, c, s) {
     const v = vals ? vals[i] : null;
     if (v === null || v === undefined || !Number.isFinite(v)) return ["mpo-strip-tok mpo-strip-na", ""];
     const x = (v - c) / s;
@@ -323,12 +376,19 @@ export function mount(el, payload, options = {}) {
       t.className = i === hovered ? `${tc} mpo-strip-hover` : tc;
       t.style.background = bg;
     }
+    if (d.truth) {
+      const [mc, ms] = markScale();
+      for (const m of layer.querySelectorAll(".mpo-strip-mark")) {
+        const i = +m.parentNode.dataset.i;
+        m.style.background = colour((d.channels[d.truth.channel][i] - mc) / ms)[0];
+      }
+    }
   }
 
   function renderVisible(force) {
     raf = 0;
     if (Math.abs(viewport.clientWidth - layoutWidth) > 1 && viewport.clientWidth > 0) {
-      const first = rowStart[Math.min(nRows, Math.floor(viewport.scrollTop / ROW_H))] || 0;
+      const first = rowStart[Math.min(nRows, Math.floor(viewport.scrollTop / rowH))] || 0;
       spanExtra = setFont();
       layout();
       scrollToToken(first, false);
@@ -336,8 +396,8 @@ export function mount(el, payload, options = {}) {
     }
     const top = viewport.scrollTop;
     const h = viewport.clientHeight || height;
-    const r0 = Math.max(0, Math.floor(top / ROW_H) - OVERSCAN);
-    const r1 = Math.min(nRows, Math.ceil((top + h) / ROW_H) + OVERSCAN);
+    const r0 = Math.max(0, Math.floor(top / rowH) - OVERSCAN);
+    const r1 = Math.min(nRows, Math.ceil((top + h) / rowH) + OVERSCAN);
     if (!force && r0 === lastRange[0] && r1 === lastRange[1]) return;
     lastRange = [r0, r1];
     let html = "";
@@ -362,7 +422,7 @@ export function mount(el, payload, options = {}) {
 
   function scrollToToken(i, render = true) {
     if (!nRows) return;
-    viewport.scrollTop = rowOfToken(Math.max(0, Math.min(d.n - 1, i))) * ROW_H;
+    viewport.scrollTop = rowOfToken(Math.max(0, Math.min(d.n - 1, i))) * rowH;
     if (render) renderVisible(true);
   }
 
@@ -408,8 +468,18 @@ export function mount(el, payload, options = {}) {
       `<div class="mpo-strip-tiphead">#${i} \u00b7 turn ${d.turn[i]} \u00b7 ${d.mask[i] ? "action" : "observation"}</div>` +
       `<div class="mpo-strip-tiptext">${esc(JSON.stringify(d.tokens[i] === undefined ? null : d.tokens[i]))}</div>` +
       (d.notes[i] !== undefined ? `<div class="mpo-strip-tipnote">${esc(d.notes[i])}</div>` : "") +
+      truthTip(i) +
       `<table>${rows.join("")}</table>`;
     tip.hidden = false;
+  }
+
+  // the hover's line on the token truth: the true advantage with its 95% interval, or that it was not measured
+  function truthTip(i) {
+    if (!d.truth || !d.mask[i]) return "";
+    if (!isMeasured(i)) return `<div class="mpo-strip-tiptruth">true advantage: not measured</div>`;
+    const se = d.truth.se[i];
+    const pm = se !== null && se !== undefined && Number.isFinite(se) ? ` \u00b1 ${fmt(1.96 * se)} (1.96\u00b7se)` : "";
+    return `<div class="mpo-strip-tiptruth">true advantage \u00c2<sub>t</sub> = ${fmt(d.channels[d.truth.channel][i])}${pm}</div>`;
   }
 
   function onOver(ev) {
@@ -466,6 +536,8 @@ export function mount(el, payload, options = {}) {
     const keepTop = same ? viewport.scrollTop : 0;
     scales.clear();
     root.classList.toggle("mpo-strip-spaced", d.spaced);
+    root.classList.toggle("mpo-strip-truthrows", !!d.truth);
+    rowH = d.truth ? TRUTH_ROW_H : ROW_H;
     spanExtra = setFont();
     if (!d.channels[channel]) channel = d.channel && d.channels[d.channel] ? d.channel : d.names[0];
     onLeave();
