@@ -102,18 +102,21 @@ def token_cell(policy, episodes: int, m: int, batch_size: int, repeats: int, see
     act_per_ep = float(base.mask.sum()) / len(base)
     times: dict[str, list] = {"a": [], "b": [], "c": []}
     tokens = 0
-    for r in range(repeats):
-        for share, key in ((True, "a"), (False, "b")):
+    for r in range(repeats):  # the order alternates (a b c, c b a, ...): a load that drifts favours none
+        for key in ("a", "b", "c") if r % 2 == 0 else ("c", "b", "a"):
+            if key == "c":
+                # the floor decodes as many tokens as (a) did (round 0 measures (a) first)
+                n_floor = max(batch_size, math.ceil(tokens / act_per_ep))
+                t0 = time.perf_counter()
+                fl = rollout(policy, env, n_floor, seed=1000 + r, batch_size=batch_size, progress=False, oracle=None)
+                times["c"].append((time.perf_counter() - t0) * tokens / float(fl.mask.sum()))
+                continue
             tm: dict = {}
             t0 = time.perf_counter()
-            model_token_returns(policy, items, m, seed=seed + r, cfg=cfg, share_prefix=share, timings=tm)
+            model_token_returns(policy, items, m, seed=seed + r, cfg=cfg, share_prefix=key == "a", timings=tm)
             times[key].append(time.perf_counter() - t0)
-            if share:
+            if key == "a":
                 tokens = tm["tokens"]
-        n_floor = max(batch_size, math.ceil(tokens / act_per_ep))
-        t0 = time.perf_counter()
-        fl = rollout(policy, env, n_floor, seed=1000 + r, batch_size=batch_size, progress=False, oracle=None)
-        times["c"].append((time.perf_counter() - t0) * tokens / float(fl.mask.sum()))
     med = {k: float(np.median(v)) for k, v in times.items()}
     n = len(items)
     return {"positions": n, "per_episode": n / episodes, "continuations": 2 * m * n, "tokens": tokens,

@@ -4,6 +4,8 @@ Run:  .venv/bin/python -m experiments.credit_accuracy            (3 shipped sets
       .venv/bin/python -m experiments.credit_accuracy --quick    (σ ∈ {0, .1}; a smoke run)
       .venv/bin/python -m experiments.credit_accuracy --csv out.csv
       .venv/bin/python -m experiments.credit_accuracy --truth mc  (the policy's own truth, below)
+      .venv/bin/python -m experiments.credit_accuracy --truth mc-token  (inside turns, below)
+      .venv/bin/python -m experiments.credit_accuracy --truth mc-token --policy expert  (its validation)
 
 Data: the shipped expert trajectories (`trajectories/{search,tooluse,automation}.parquet`, 400 each,
 noise 0.25, G = 4), whose `oracle_values` are the exact values under the noisy expert. The critic
@@ -72,6 +74,23 @@ G = 4, 3–4 expert turns), computes the start's own Monte-Carlo truth at every 
 turn credit against it — raw, disattenuated by the truth's reliability, with Fisher intervals and
 the calibration slope — beside its correlation with the expert's credit (critic-based estimators
 read the expert's exact values, as the v2 replication's oracle arm did).
+
+**The policy's truth inside turns** (`--truth mc-token`): the same start's own episodes (`--episodes`,
+default 64, G = 4, 3–4 expert turns) with the turn-level truth (`-M` continuations, Q̂ after each
+turn) and the token truth at the `uncertain` defaults (`mpo_viz.rollout.token_truth.mc_token_truth`:
+1 − π > 0.01, at most 4 a turn, 1 control a turn, `--tokens-M` pairs per token, default 16), every
+estimator scored at the measured tokens (`credit_accuracy(..., truth="mc-token")`): the token credit
+and its within-turn part against `Â_t` (raw and disattenuated), the share of credit on uncertain tokens
+beside the truth's, sign agreement and both slopes. Critics read the expert's exact values, as above.
+
+With `--policy expert` it is the path's validation on the scripted expert (no model): per environment
+of `--envs`, a 64-episode expert file (noise 0.3, `--episodes` to change), the token truth at the
+`uncertain` defaults and at `decisive`, and its agreement with the exact `oracle_token_adv`: the share
+of measured decisive tokens with |z| < 3 (z = (Â − a*)/se) and of controls with |Â| ≤ 3·se (an exact 0 with se 0 counts; the
+pre-registered check of docs/results.md, E5), beside the within-turn table with the oracle's values as
+the critic. The controls are filler tokens the expert writes with π = 1, whose true advantage is 0
+exactly: the `pi` estimator runs nothing there (`controls_zero`), so the `plain` estimator (Q̂ − V̂)
+is run too, where they are a real check.
 """
 
 from __future__ import annotations
@@ -546,16 +565,128 @@ def policy_truth(episodes: int = 64, group: int = 4, m: int = 8, seed: int = 0, 
     return table.reset_index(), info
 
 
+TOKEN_COLUMNS = ["estimator", "tok_corr", "tok_corr_dis", "within_corr", "within_corr_dis", "unc_share",
+                 "unc_share_truth", "sign_agreement", "slope_credit_on_truth_dis", "slope_truth_on_credit"]
+
+
+def policy_token_truth(episodes: int = 64, group: int = 4, m: int = 8, m_tokens: int = 16, seed: int = 0,
+                       expert_noise: float = 0.3, difficulty=(3, 4)) -> tuple[pd.DataFrame, dict]:
+    """``--truth mc-token``: the shipped automation start's own episodes, the turn-level truth (``m``,
+    with Q̂) and the token truth at the uncertain defaults (``m_tokens`` pairs), and every estimator's
+    credit scored at the measured tokens, the critic-based ones reading the expert's values."""
+    import torch
+
+    from mpo_viz import models
+    from mpo_viz.analysis import credit_accuracy
+    from mpo_viz.envs import NoisyExpert, make_env
+    from mpo_viz.rollout import rollout
+    from mpo_viz.rollout.token_truth import mc_token_truth
+    from mpo_viz.rollout.truth import mc_truth
+
+    torch.set_num_threads(1)
+    policy, _ = models.load(START_DIRS["automation"])
+    env = make_env("automation", difficulty=tuple(difficulty))
+    batch = rollout(policy, env, episodes, group_size=group, seed=seed, oracle=NoisyExpert(noise=expert_noise),
+                    progress=False)
+    t0 = time.perf_counter()
+    batch = mc_truth(batch, policy, m=m, seed=seed, q=True, progress=True)
+    batch = mc_token_truth(batch, policy, m=m_tokens, seed=seed, progress=True)
+    truth_s = time.perf_counter() - t0
+    b = batch.with_token_fields(values=batch.padded("oracle_values"))
+    advs = {label: compute(b, name, **opts).advantages.double().numpy() for label, name, opts in ESTIMATORS}
+    table = credit_accuracy(b, advs, truth="mc-token")
+    meta = batch.meta["mc_truth"]["tokens"]
+    info = {"episodes": episodes, "measured": meta["measured"], "controls": meta["measured_controls"],
+            "m_tokens": m_tokens, "truth_s": truth_s, "reliability": float(table.reliability.iloc[0]),
+            "within_reliability": float(table.within_reliability.iloc[0])}
+    return table, info
+
+
+def expert_token_validation(env: str, episodes: int = 64, m: int = 16, seed: int = 0, noise: float = 0.3) -> tuple:
+    """``--truth mc-token --policy expert``: on ``episodes`` expert episodes of ``env`` (noise ``noise``), the
+    token truth at the uncertain defaults and at ``decisive``; per rule the agreement with the exact oracle
+    (share of measured decisive tokens with |z| < 3, of controls with |Â| < 3·se, the mean error), and the
+    within-turn table at the uncertain defaults with the oracle's values as the critic (the turn-level truth,
+    M = ``m`` with Q̂, centres the truth's within-turn part)."""
+    from mpo_viz.analysis import credit_accuracy
+    from mpo_viz.envs import NoisyExpert
+    from mpo_viz.envs.generate import GenerateConfig, generate
+    from mpo_viz.rollout.token_truth import mc_token_truth
+    from mpo_viz.rollout.truth import mc_truth
+
+    batch = generate(GenerateConfig(env=env, episodes=episodes, group_size=4, seed=seed, noise=noise))
+    batch = mc_truth(batch, NoisyExpert(noise=noise), m=m, seed=seed, q=True, progress=False)  # Â_k, to centre by
+    rows, out = [], None
+    for rule, est in (("uncertain", "pi"), ("decisive", "pi"), ("uncertain", "plain")):
+        t0 = time.perf_counter()
+        res = mc_token_truth(batch, NoisyExpert(noise=noise), m=m, seed=seed, positions=rule, estimator=est,
+                             progress=False)
+        secs = time.perf_counter() - t0
+
+        def cat(name, res=res):
+            return np.concatenate([np.asarray(x, dtype=np.float64) for x in res.field(name)])
+
+        meas, ctl = cat("mc_tok_measured") == 1, cat("mc_tok_control") == 1
+        adv, se, orc, dec = cat("mc_tok_adv"), cat("mc_tok_adv_se"), cat("oracle_token_adv"), cat("decisive") > 0.5
+        diff = adv - orc
+        z = np.where(np.abs(diff) < 1e-6, 0.0, diff / np.where(se > 0, se, 1e-300))  # the oracle is float32
+        d, c = meas & dec & ~ctl, meas & ctl
+        rows.append({"env": env, "positions": rule, "estimator": est, "measured": int(meas.sum()), "decisive": int(d.sum()),
+                     "z_lt_3": float(np.mean(np.abs(z[d]) < 3)) if d.any() else math.nan,
+                     "mean_err": float(diff[d].mean()) if d.any() else math.nan,
+                     "controls": int(c.sum()),
+                     "controls_zero": float(np.mean(adv[c] == 0)) if c.any() else math.nan,
+                     "controls_lt_3se": float(np.mean(np.abs(adv[c]) <= 3 * se[c])) if c.any() else math.nan,
+                     "mean_se": float(se[meas].mean()), "seconds": secs})
+        if rule == "uncertain" and est == "pi":
+            out = res
+    b = out.with_token_fields(values=out.padded("oracle_values"))
+    advs = {label: compute(b, name, **opts).advantages.double().numpy() for label, name, opts in ESTIMATORS}
+    advs["oracle (a*_t)"] = b.padded("oracle_token_adv").double().numpy()
+    return pd.DataFrame(rows), credit_accuracy(b, advs, truth="mc-token")
+
+
+def main_token_truth(args) -> int:
+    fmt = {"float_format": lambda x: f"{x:.3f}", "na_rep": "-", "index": False}
+    if args.policy == "expert":
+        checks, tables = [], []
+        for env in args.envs:
+            check, table = expert_token_validation(env, episodes=args.episodes or 64, m=args.m_tokens, seed=args.seed)
+            checks.append(check)
+            tables.append(table.assign(env=env))
+            print(f"\n== {env}: the scripted expert (noise 0.3) as the policy, {args.episodes or 64} episodes, "
+                  f"M = {args.m_tokens}: the token truth against the exact oracle")
+            print(check.drop(columns=["env"]).to_string(**fmt))
+            print("within-turn credit at the uncertain defaults (critic: the oracle's values)")
+            print(table[TOKEN_COLUMNS].to_string(**fmt))
+        if args.csv:
+            pd.concat(checks).to_csv(args.csv, index=False)
+            pd.concat(tables).to_csv(args.csv.replace(".csv", "") + "_within.csv", index=False)
+            print(f"\nwrote {args.csv} and its _within.csv")
+        return 0
+    table, info = policy_token_truth(episodes=args.episodes or 64, m=args.m, m_tokens=args.m_tokens, seed=args.seed)
+    print(f"\n== the shipped automation start (3-4 expert turns): {info['episodes']} episodes, {info['measured']} tokens "
+          f"measured ({info['controls']} controls), M = {info['m_tokens']} pairs ({info['truth_s']:.0f} s); "
+          f"reliability of the token truth {info['reliability']:.2f}, of its within-turn part "
+          f"{info['within_reliability']:.2f}")
+    print("credit at the measured tokens against the policy's token truth; critics read the expert's values")
+    print(table[TOKEN_COLUMNS + ["within_note"]].to_string(**fmt))
+    if args.csv:
+        table.to_csv(args.csv, index=False)
+        print(f"\nwrote {args.csv}")
+    return 0
+
+
 def main_truth(args) -> int:
     table, info = policy_truth(episodes=args.episodes or 64, m=args.m, seed=args.seed)
     print(f"\n== the shipped automation start (3-4 expert turns): {info['episodes']} episodes (sampled success "
           f"{info['success']:.2f}), {info['turns']} turn starts, M = {info['m']} ({info['truth_s']:.0f} s)")
     print(f"V at turn starts: the policy's own (Monte-Carlo) {info['v_policy']:.3f}, the expert's {info['v_expert']:.3f}"
           f" (correlation {info['v_corr']:.2f}); truth {info['truth']!r}, reliability {info['reliability']:.2f}")
-    cols = ["estimator", "turn_corr", "turn_corr_lo", "turn_corr_hi", "turn_corr_dis", "turn_slope_dis", "turn_sign",
-            "expert_turn_corr"]
-    print("turn credit against the policy's truth (raw [95%], disattenuated, slope/ρ) and against the expert's "
-          "credit; critics read the expert's values")
+    cols = ["estimator", "turn_corr", "turn_corr_lo", "turn_corr_hi", "turn_corr_dis", "slope_credit_on_truth_dis",
+            "slope_truth_on_credit", "turn_sign", "expert_turn_corr"]
+    print("turn credit against the policy's truth (raw [95%], disattenuated, both slopes: the credit on the truth / ρ, "
+          "the truth on the credit) and against the expert's credit; critics read the expert's values")
     print(table[cols].to_string(index=False, float_format=lambda x: f"{x:.3f}", na_rep="-"))
     if args.csv:
         table.to_csv(args.csv, index=False)
@@ -565,9 +696,14 @@ def main_truth(args) -> int:
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--truth", choices=("expert", "mc"), default="expert",
+    ap.add_argument("--truth", choices=("expert", "mc", "mc-token"), default="expert",
                     help="expert: the scripted expert's oracle on its own sets (default); mc: the shipped "
-                         "automation start's own episodes against its Monte-Carlo truth")
+                         "automation start's own episodes against its Monte-Carlo truth; mc-token: the same "
+                         "inside turns, against its token truth")
+    ap.add_argument("--policy", choices=("start", "expert"), default="start",
+                    help="mc-token: the shipped start (default), or the scripted expert (the path's validation "
+                         "against the exact oracle)")
+    ap.add_argument("--tokens-M", dest="m_tokens", type=int, default=16, help="mc-token: continuation pairs per token")
     ap.add_argument("--episodes", type=int, default=None,
                     help="mc: episodes of the start (G = 4; default 64); oracle-critic: expert episodes per "
                          "environment (default 2000; 400 = the shipped set)")
@@ -595,6 +731,8 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
     if args.truth == "mc":
         return main_truth(args)
+    if args.truth == "mc-token":
+        return main_token_truth(args)
     if args.critic == "learned":
         return main_learned(args)
     if args.oracle_critic:

@@ -19,6 +19,7 @@ import pandas as pd
 from scipy import stats
 
 from experiments.grids import REPO
+from mpo_viz.analysis.truth import renamed_columns
 
 RECORDS = REPO / "experiments" / "records"
 E1_CSV = RECORDS / "v3" / "e1-e4" / "e1.csv"
@@ -58,9 +59,10 @@ def half_width(x) -> float:
 
 def e1_fits() -> pd.DataFrame:
     """E1's rows with ``slope_credit_on_truth`` (noise-corrected) and ``slope_truth_on_credit`` per fit."""
-    d = pd.read_csv(E1_CSV)
-    d["slope_credit_on_truth"] = d.turn_slope_dis
-    d["slope_truth_on_credit"] = d.turn_corr ** 2 / d.turn_slope  # cov / Var(credit)
+    # the archive keeps the old column names (turn_slope, turn_slope_dis); renamed_columns reads them and adds
+    # slope_truth_on_credit = turn_corr² / turn_slope (cov / Var(credit))
+    d = renamed_columns(pd.read_csv(E1_CSV), warn=False)
+    d["slope_credit_on_truth"] = d.slope_credit_on_truth_dis  # quoted noise-corrected
     return d
 
 

@@ -68,6 +68,7 @@ import pandas as pd
 
 from experiments import credit_accuracy as ca
 from experiments import grids, runner, stats
+from mpo_viz.analysis.truth import renamed_columns
 
 CELL = "automation-d3-4"
 SNAPSHOTS = ("start", "ppo@10", "ppo@20", "mpo@10", "mpo@20")
@@ -322,7 +323,9 @@ def fit_one(out: Path, name: str, batch, trunk: str, seed: int, steps: int, posi
 
 
 def read_rows(csv: Path) -> pd.DataFrame:
-    return pd.read_csv(csv) if csv.is_file() else pd.DataFrame()
+    """A CSV of rows, with the accuracy columns' names of this release (the archive's rows carry the old
+    ``turn_slope`` / ``turn_slope_dis``: :func:`mpo_viz.analysis.renamed_columns`)."""
+    return renamed_columns(pd.read_csv(csv), warn=False) if csv.is_file() else pd.DataFrame()
 
 
 def fit_key(kind: str, row) -> tuple:
@@ -345,7 +348,7 @@ def append_rows(csv: Path, rows: pd.DataFrame) -> None:
     if set(cols) == set(rows.columns):
         rows[cols].to_csv(csv, mode="a", header=False, index=False)
         return
-    both = pd.concat([pd.read_csv(csv), rows], ignore_index=True)
+    both = pd.concat([read_rows(csv), renamed_columns(rows, warn=False)], ignore_index=True)
     tmp = csv.with_name(f".{csv.name}.{os.getpid()}.tmp")
     both.to_csv(tmp, index=False)
     tmp.replace(csv)
@@ -374,7 +377,7 @@ def sync_rows(out: Path, archive: Path) -> None:
         local = read_rows(csv)
         have = finished(out, kind)
         for path in sorted((archive / kind).glob("*/*.csv")):
-            rows = pd.read_csv(path)
+            rows = read_rows(path)
             if len(rows) and fit_key(kind, rows.iloc[0]) not in have:
                 append_rows(csv, rows)
         if len(local):
@@ -466,7 +469,7 @@ def _fmt(df: pd.DataFrame) -> str:
 def table(df: pd.DataFrame) -> str:
     """E1: per snapshot, trunk, values and estimator of ``experiments/credit_accuracy.py``'s ``SHOWN``,
     the mean and 95% t half-width over critic seeds of the disattenuated turn correlation, with the
-    held-out EV, the truth's reliability and the disattenuated slope (means)."""
+    held-out EV, the truth's reliability and the noise-corrected slope of the credit on the truth (means)."""
     if not len(df):
         return _fmt(df)
     out = []
@@ -475,7 +478,7 @@ def table(df: pd.DataFrame) -> str:
         out.append({**dict(zip(("snapshot", "trunk", "values", "estimator"), key)), "seeds": m["seeds"],
                     "heldout_ev": g.heldout_ev.mean(), "reliability": g.reliability.mean(),
                     "turn_corr_dis": m["turn_corr_dis"], "ci": m["turn_corr_dis_ci"],
-                    "turn_slope_dis": g.turn_slope_dis.mean()})
+                    "slope_credit_on_truth_dis": g.slope_credit_on_truth_dis.mean()})
     return _fmt(pd.DataFrame(out))
 
 
@@ -489,7 +492,8 @@ def e4_table(df: pd.DataFrame) -> str:
     out = []
     for key, g in df.groupby(["snapshot", "trunk", "positions", "estimator"], sort=False):
         out.append({**dict(zip(("snapshot", "trunk", "positions", "estimator"), key)), **mean_ci(g, cols),
-                    "turn_slope_dis": g.turn_slope_dis.mean(), "reliability": g.reliability.mean()})
+                    "slope_credit_on_truth_dis": g.slope_credit_on_truth_dis.mean(),
+                    "reliability": g.reliability.mean()})
     return _fmt(pd.DataFrame(out))
 
 

@@ -49,6 +49,8 @@ def cmd_truth(args) -> int:
     else:
         policy = NoisyExpert(noise=args.noise)
         who = f"the noisy expert (noise {args.noise:g})"
+    if args.tokens is not None:
+        _check_tokens(batch, args)  # before any continuation runs
     t0 = time.perf_counter()
     res = batch
     if args.turns:
@@ -64,6 +66,23 @@ def cmd_truth(args) -> int:
     mio.save(res, out)
     print(f"{time.perf_counter() - t0:.1f} s; wrote {out}", flush=True)
     return 0
+
+
+def _check_tokens(batch, args) -> None:
+    """A positions rule the file cannot serve, said in one line before anything runs (the expert's own
+    uncertainty needs no log-probs)."""
+    from mpo_viz.checks import OptionError
+    from mpo_viz.rollout.positions import choose_positions
+
+    if args.tokens == "uncertain" and args.model is None:
+        return
+    try:
+        choose_positions(batch[:1], args.tokens, threshold=args.threshold, max_per_turn=args.max_per_turn,
+                         controls=args.controls)
+    except OptionError as exc:
+        if exc.option == "positions":
+            raise CLIError(f"--tokens {args.tokens}: {exc.detail}", 1) from None
+        raise
 
 
 def _token_truth(batch, policy, who: str, args):

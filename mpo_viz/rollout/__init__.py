@@ -49,7 +49,9 @@ rounding: batch composition changes summation order by ~1e-7).
 attention), ``episodes`` (an episode's state and its environment steps), ``play`` (:func:`rollout`:
 the batch turns), ``critic`` (values of finished episodes), ``batch`` (episodes to trajectory/v1),
 ``replay`` (turn states rebuilt from a file) and ``branch`` / ``truth`` (Monte-Carlo values of a
-policy by branch rollouts from those states).
+policy by branch rollouts from those states: :func:`mc_truth`), ``positions`` / ``inturn`` /
+``token_truth`` (the true advantages of chosen tokens inside turns, by branching at token prefixes:
+:func:`mc_token_truth`).
 """
 
 from __future__ import annotations
@@ -71,7 +73,9 @@ from mpo_viz.rollout.plan import (
     task_seeds,
 )
 from mpo_viz.rollout.play import rollout
+from mpo_viz.rollout.token_truth import mc_token_truth
+from mpo_viz.rollout.truth import mc_truth
 
 __all__ = ["rollout", "RolloutConfig", "task_seeds", "STOP_REASONS", "ORACLE_TOKEN_FIELDS", "DEFAULT_ORACLE",
            "sample_tokens", "side_pool", "spare_cores", "usable_cores", "uses_sliding_window", "SDPA_GROUPED",
-           "critic_values"]
+           "critic_values", "mc_truth", "mc_token_truth"]

@@ -167,6 +167,9 @@ class EstimatorComparison(Exportable, W.VBox):
         and against the oracle (or, without oracle columns, what would tell)."""
         self._acc_options = dict(self.params.options)
         self.mc_accuracy_df = an.mc_accuracy(self.batch, self._adv()) if an.has_mc_truth(self.batch) else None
+        if self.mc_accuracy_df is not None:  # as the report: no rank on values that are noise or on a noisy truth
+            self.mc_accuracy_df.insert(1, "verdict", an.ranked_column(
+                self.mc_accuracy_df, noise=an.values_are_noise(self.batch), unranked=an.critic_based(self.names)))
         mc_html = "" if self.mc_accuracy_df is None else (
             "<div class='mpo-accuracy'><b>accuracy against this policy's truth (Monte-Carlo values of mpo-viz truth; "
             "turn credit, raw and corrected for the truth's noise)</b>" + frame_html(self.mc_accuracy_df) + "</div>")

@@ -226,3 +226,45 @@ def test_log_channel_colours_by_the_log_and_shows_the_ratio(page, page_errors, o
     assert page.evaluate(bg)[0] == "rgb(33, 102, 172)"  # clipped = 1 at scale 1
     page.evaluate("window.cleanup()")
     assert page_errors == []
+
+
+def test_the_true_advantage_marks_measured_tokens_on_the_credits_scale(page, page_errors, open_html):
+    """A payload with a token truth: the rows grow a marker row, each measured token has a bar under it
+    (inside its row) coloured by Â_t on the scale of the credit shown, the hover gives Â_t ± 1.96·se,
+    an unmeasured action token says so; a patch of the credit's scale recolours the bars."""
+    nan = float("nan")
+    truth = [0.5, nan, nan, -1.0, nan]
+    p = payload_from_arrays(["go", "east", "obs", "take", "key"], [1, 1, 0, 1, 1], None,
+                            {"adv_mpo": [0.5, 0.2, nan, 0.3, -0.1], "truth": truth},
+                            channel_info={"adv_mpo": {"label": "advantage (mpo)", "scale": 1.0},
+                                          "truth": {"label": "true advantage", "scale": 1.0}},
+                            title="truth")
+    p["truth"] = {"channel": "truth", "se": [0.1, None, None, 0.05, None]}
+    html = (f"<!doctype html><meta charset=utf-8><style>{strip_css()}</style><div id=w></div>"
+            f"<script type=module>{strip_js()}\n{_MODEL}\n"
+            f"window.model = new FakeModel({{payload: {json.dumps(json.dumps(p))}, channel: 'adv_mpo'}});\n"
+            "window.cleanup = render({ model: window.model, el: document.getElementById('w') });\n"
+            "window.ready = true;</script>")
+    open_html(html, "truth.html")
+    marks = page.evaluate("[...document.querySelectorAll('#w .mpo-strip-mark')].map((m) => "
+                          "[+m.parentNode.dataset.i, m.style.background])")
+    # Â = 0.5 at scale 1: halfway to blue, (247 + (33 − 247)/2, ...); Â = −1: the red end
+    assert marks == [[0, "rgb(140, 175, 210)"], [3, "rgb(178, 24, 43)"]]
+    # the bar lies under its token and inside the row (the marker row), not over the next row
+    geo = page.evaluate("(() => { const m = document.querySelector('#w .mpo-strip-mark'); const t = m.parentNode; "
+                        "const r = t.closest('.mpo-strip-row'); const [a, b, c] = [m, t, r].map((e) => "
+                        "e.getBoundingClientRect()); return [a.top >= b.bottom - 1, a.bottom <= c.bottom + 0.5, "
+                        "c.height]; })()")
+    assert geo == [True, True, 26]
+    assert "2 measured tokens" in page.inner_text("#w .mpo-strip-truthnote")
+    page.hover("#w [data-i='0']")
+    assert page.inner_text("#w .mpo-strip-tiptruth") == "true advantage Ât = 0.5 ± 0.196 (1.96·se)"
+    page.hover("#w [data-i='1']")
+    assert page.inner_text("#w .mpo-strip-tiptruth") == "true advantage: not measured"
+    # the credit's scale doubles: the bars follow it (Â = 0.5 is a quarter of the way now)
+    page.evaluate("window.model.set('patch', JSON.stringify({channels: {}, channel_info: "
+                  "{adv_mpo: {label: 'advantage (mpo)', center: 0, scale: 2.0}}}))")
+    page.wait_for_function("document.querySelector('#w .mpo-strip-mark').style.background !== 'rgb(140, 175, 210)'")
+    assert page.evaluate("document.querySelector('#w .mpo-strip-mark').style.background") == "rgb(194, 211, 228)"
+    page.evaluate("window.cleanup()")
+    assert page_errors == []

@@ -121,3 +121,17 @@ def test_oracle_critic_slopes_follow_the_derivation(monkeypatch, capsys):
     assert bench.main(["--oracle-critic", "--episodes", "400"]) == 0
     out = capsys.readouterr().out
     assert "== automation: 400 expert episodes" in out and "pred_dec" in out and "mpo within=baseline" in out
+
+
+def test_token_truth_validation_on_the_expert(capsys):
+    """--truth mc-token --policy expert at a tiny size: the agreement with the exact oracle per rule and
+    estimator, and the within-turn table with the oracle's values as the critic."""
+    check, table = bench.expert_token_validation("search", episodes=8, m=8, seed=1)
+    assert list(check.positions) == ["uncertain", "decisive", "uncertain"] and list(check.estimator) == ["pi", "pi", "plain"]
+    # the statistical check itself is tests/rollout/test_token_truth.py's (M = 32); here the columns are filled
+    assert (check.decisive > 0).all() and ((check.z_lt_3 > 0) & (check.z_lt_3 <= 1)).all()
+    assert (check.mean_err.abs() < 0.05).all()
+    assert check.controls_zero.iloc[0] == 1.0 and check.controls_lt_3se.iloc[0] == 1.0  # π = 1 at filler: Â = 0
+    t = table.set_index("estimator")
+    assert t.loc["oracle (a*_t)", "tok_corr"] > 0.9 and t.loc["turn_gae", "within_corr"] == 0.0
+    assert "flat credit" in t.loc["grpo", "within_note"]
