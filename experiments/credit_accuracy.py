@@ -352,8 +352,9 @@ def fit_and_score(env: str, size: int, target: str, trunk: str, seed: int, budge
 
     import torch
 
+    from mpo_viz.advantages import mc_returns
     from mpo_viz.analysis import value_variance, variance_summary
-    from mpo_viz.train.critic_fit import critic_outputs, fit_values, holdout_split, mc_returns
+    from mpo_viz.train.critic_fit import critic_outputs, fit_values, holdout_split
     from mpo_viz.train.update import rows_of
 
     targets = mc_returns(batch) if target == "mc" else batch.padded("oracle_values", torch.float64)

@@ -51,7 +51,7 @@ import numpy as np
 import pandas as pd
 import torch
 
-from mpo_viz.advantages import mae
+from mpo_viz.advantages import mc_returns
 from mpo_viz.analysis.critic import explained_variance
 from mpo_viz.data.io import files_of, load
 from mpo_viz.data.schema import Problem
@@ -286,13 +286,9 @@ def masked_values_read(ev: Evidence) -> Hits:
 
 
 def _mc_returns(ev: Evidence) -> np.ndarray:
-    """``(B, L)`` Monte-Carlo returns over action tokens (γ from the file's metadata; observation
-    tokens skipped; the bootstrap value where a row was cut) — MAE's ``critic_target="mc"`` — NaN
-    elsewhere."""
-    b = ev.batch
-    _, ret = mae(b.padded("rewards", torch.float64), torch.zeros(ev.mask.shape, dtype=torch.float64), b.mask,
-                 turn_ids=b.turn_ids, gamma=ev.gamma, critic_target="mc", bootstrap_value=b.bootstrap_value)
-    return np.where(ev.mask, ret.numpy(), math.nan)
+    """``(B, L)`` Monte-Carlo returns over action tokens (:func:`mpo_viz.advantages.mc_returns` with
+    γ from the file's metadata, on every token: γ_T = γ), NaN elsewhere."""
+    return np.where(ev.mask, mc_returns(ev.batch, gamma=ev.gamma).numpy(), math.nan)
 
 
 def values_shifted(ev: Evidence) -> Hits:

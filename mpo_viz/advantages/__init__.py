@@ -40,6 +40,7 @@ from mpo_viz.advantages.registry import (
     split_options,
     vocabulary,
 )
+from mpo_viz.advantages.returns import estimator_clock, mc_returns
 from mpo_viz.advantages.token import bilevel_gae, gae, mae, mae_with_turns, turn_gae, vapo
 
 __all__ = [
@@ -56,6 +57,7 @@ __all__ = [
     "accepted_options",
     "drgrpo",
     "empg",
+    "estimator_clock",
     "gae",
     "get_estimator",
     "gigpo",
@@ -63,6 +65,7 @@ __all__ = [
     "is_group_estimator",
     "mae",
     "mae_with_turns",
+    "mc_returns",
     "missing",
     "mt_grpo",
     "multiscale_estimator",

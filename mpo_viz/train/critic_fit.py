@@ -37,7 +37,7 @@ import torch
 from tqdm.auto import tqdm
 from transformers import LlamaConfig, LlamaModel
 
-from mpo_viz.advantages import mae, turn_gae
+from mpo_viz.advantages import mc_returns, turn_gae
 from mpo_viz.analysis import explained_variance, value_variance, variance_summary
 from mpo_viz.checks import OptionError
 from mpo_viz.data.moments import Moments
@@ -52,7 +52,7 @@ from mpo_viz.train.runtime import threads
 from mpo_viz.train.update import Micro, Rows, forward_critic, make_micro, micro_batches, rows_of
 
 __all__ = ["CONSTANT_STOPS", "CRITIC_TARGETS", "CriticFit", "FittedCritic", "critic_outputs", "fit_critic", "fit_targets",
-           "fit_values", "holdout_split", "mc_returns", "set_constant", "trunk_critic", "vocab_critic", "compact_critic",
+           "fit_values", "holdout_split", "set_constant", "trunk_critic", "vocab_critic", "compact_critic",
            "COMPACT_MIN_VOCAB", "FIT_POSITIONS", "fit_positions"]
 
 #: the stops of a fit whose outcome was fixed before its first step (the critic set to a constant)
@@ -115,16 +115,6 @@ class CriticFit:
                 if self.kept_step is not None and self.kept_step != self.steps else "")
         return (f"critic fit: {self.steps} steps, held-out explained variance {self.heldout_ev:.3f} ({why}{kept}; "
                 f"{self.n_train} training / {self.n_heldout} held-out episodes)")
-
-
-def mc_returns(batch: TrajectoryBatch, *, gamma: float = 1.0, turn_gamma: float = 1.0) -> torch.Tensor:
-    """``(B, L)`` float64 Monte-Carlo returns of a batch: ``G_t = r_t + γ·G_{t+1}`` over action tokens,
-    ``γ_T`` across turn boundaries (observation tokens skipped), 0 after the last action token or
-    the batch's ``bootstrap_value`` where a trajectory was cut — MAE's ``critic_target="mc"``."""
-    values = torch.zeros(batch.mask.shape, dtype=torch.float64)
-    _, ret = mae(batch.padded("rewards", torch.float64), values, batch.mask, turn_ids=batch.turn_ids,
-                 gamma=gamma, turn_gamma=turn_gamma, critic_target="mc", bootstrap_value=batch.bootstrap_value)
-    return ret
 
 
 def holdout_split(n: int, share: float, seed: int, groups=None) -> tuple[np.ndarray, np.ndarray]:
@@ -495,18 +485,20 @@ class FittedCritic:
     info: dict
 
 
-def fit_targets(batch: TrajectoryBatch, target: str = "mc", *, gamma: float = 1.0, turn_gamma: float = 1.0
+def fit_targets(batch: TrajectoryBatch, target: str = "mc", *, gamma: float = 1.0, turn_gamma: float | None = None
                 ) -> torch.Tensor:
-    """``(B, L)`` float64 targets: ``"mc"`` — :func:`mc_returns`; ``"turn"`` — the Monte-Carlo
-    return from the first action token of each turn, on every token of the turn (turn GAE with
-    λ_T = 1 and zero values: ``G^T_k = Σ_{k' ≥ k} Γ·R_{k'}``)."""
+    """``(B, L)`` float64 targets: ``"mc"`` — :func:`mpo_viz.advantages.mc_returns`; ``"turn"`` — the
+    Monte-Carlo return from the first action token of each turn, on every token of the turn (turn GAE
+    with λ_T = 1 and zero values: ``G^T_k = Σ_{k' ≥ k} Γ·R_{k'}``). ``turn_gamma`` left out is
+    ``gamma``, as in :func:`~mpo_viz.advantages.mc_returns`."""
     if target == "mc":
         return mc_returns(batch, gamma=gamma, turn_gamma=turn_gamma)
     if target != "turn":
         raise OptionError("target", f"expected one of {', '.join(CRITIC_TARGETS)}, found {target!r}")
     zeros = torch.zeros(batch.mask.shape, dtype=torch.float64)
     _, ret = turn_gae(batch.padded("rewards", torch.float64), zeros, batch.mask, turn_ids=batch.turn_ids,
-                      gamma=gamma, turn_gamma=turn_gamma, turn_lam=1.0, bootstrap_value=batch.bootstrap_value)
+                      gamma=gamma, turn_gamma=gamma if turn_gamma is None else turn_gamma, turn_lam=1.0,
+                      bootstrap_value=batch.bootstrap_value)
     return ret
 
 
@@ -635,7 +627,7 @@ def fit_critic(
     gate: float | None = None,
     eval_every: int = 16,
     gamma: float = 1.0,
-    turn_gamma: float = 1.0,
+    turn_gamma: float | None = None,
     critic: torch.nn.Module | None = None,
     trunk=None,
     patience: int | None = None,

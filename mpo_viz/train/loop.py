@@ -36,7 +36,7 @@ import numpy as np
 import torch
 
 from mpo_viz import models
-from mpo_viz.advantages import compute
+from mpo_viz.advantages import compute, estimator_clock, mc_returns
 from mpo_viz.analysis import explained_variance, pass_at_k, value_variance, variance_summary
 from mpo_viz.data.runfolder import RunFolder, clean_json
 from mpo_viz.data.trajectory import TrajectoryBatch
@@ -63,7 +63,7 @@ from mpo_viz.train.config import (
     Config,
     ExpertCriticWarning,
 )
-from mpo_viz.train.critic_fit import critic_outputs, fit_values, mc_returns
+from mpo_viz.train.critic_fit import critic_outputs, fit_values
 from mpo_viz.train.runtime import derive_seed, env_kwargs, set_threads
 from mpo_viz.train.sft import sft as run_sft
 from mpo_viz.train.trackers import Tracker, check_available, open_tracker
@@ -460,7 +460,7 @@ class Trainer:
 
         The pool: ``critic_warmup_episodes`` episodes (one per task; their seeds depend only on
         ``cfg.seed``, so the warm-up depends only on the start and the seed). A fifth is held out.
-        The critic is fitted to the Monte-Carlo returns (the estimator's ``gamma``/``turn_gamma``)
+        The critic is fitted to the Monte-Carlo returns on the estimator's clock (as RL's ``value_target="mc"``)
         at ``critic_warmup_lr`` by :func:`~mpo_viz.train.critic_fit.fit_values` until its explained
         variance on the held-out episodes reaches ``gate`` (default ``critic_warmup_ev``) or the
         ``steps`` budget (default ``critic_warmup_steps``) ends; when the pool's returns (or the
@@ -482,8 +482,7 @@ class Trainer:
             self._say(f"critic warm-up: rolling out a pool of {n_pool} episodes of the start policy")
             pool = self._rollout(n_pool, seed=derive_seed(cfg.seed, "critic-warmup"), group_size=1)
             t_pool = time.perf_counter() - t0
-            opts = cfg.estimator_options
-            targets = mc_returns(pool, gamma=opts.get("gamma", 1.0), turn_gamma=opts.get("turn_gamma", 1.0))
+            targets = self._mc_targets(pool)
             fit = fit_values(self.critic, pool, targets, steps=steps, lr=cfg.critic_option("critic_warmup_lr"),
                              batch_episodes=WARMUP_BATCH_EPISODES, holdout=WARMUP_HOLDOUT, gate=gate,
                              eval_every=WARMUP_EVAL_EVERY, seed=derive_seed(cfg.seed, "critic-warmup-fit"),
@@ -624,7 +623,7 @@ class Trainer:
         batch = res.attach(batch)
         target = res.returns  # what the value loss trains the critic on (value_target)
         if cfg.learns_critic and cfg.critic_option("value_target") == "mc":
-            target = _mc_target(batch, res.options)
+            target = self._mc_targets(batch)
             batch = batch.with_token_fields(returns=target)
         timings["advantages"] = time.perf_counter() - t
 
@@ -706,6 +705,11 @@ class Trainer:
         values = [np.asarray(v, dtype=np.float32)[np.asarray(t, dtype=np.int64)] if len(t) else np.zeros(0, np.float32)
                   for v, t in zip(out.field("mc_value"), tids)]
         return out.with_token_fields(values=values).with_meta(values_source="mc")
+
+    def _mc_targets(self, batch: TrajectoryBatch) -> torch.Tensor:
+        """The Monte-Carlo returns of ``batch`` on the estimator's clock (:func:`~mpo_viz.advantages.estimator_clock`:
+        its γ, and γ_T where it has one, else γ): the warm-up's targets and RL's ``value_target="mc"``."""
+        return mc_returns(batch, **estimator_clock(self.cfg.estimator, self.cfg.estimator_options))
 
     def _saves(self, it: int) -> bool:
         """Whether iteration ``it`` writes its trajectories (every ``save_trajectories_every``)."""
@@ -808,14 +812,6 @@ class Trainer:
     def _say(self, line: str) -> None:
         if not self.quiet:
             print(line, file=sys.stderr, flush=True)
-
-
-def _mc_target(batch: TrajectoryBatch, options: dict) -> torch.Tensor:
-    """The Monte-Carlo returns on the estimator's clock (``value_target="mc"``): γ inside turns and
-    γ_T across them for the turn-aware estimators; an estimator without ``turn_gamma`` (gae, vapo)
-    discounts by γ everywhere, as its own returns do."""
-    gamma = float(options.get("gamma", 1.0))
-    return mc_returns(batch, gamma=gamma, turn_gamma=float(options.get("turn_gamma", gamma)))
 
 
 def _explained_variance(batch: TrajectoryBatch, returns) -> float:

@@ -4,6 +4,7 @@ warm-up, ``critic_epochs``, the oracle critic, and the evaluation set shared by 
 from __future__ import annotations
 
 import json
+import math
 
 import numpy as np
 import pytest
@@ -11,6 +12,7 @@ import torch
 from transformers import LlamaConfig, LlamaModel
 
 import mpo_viz as mv
+from mpo_viz.advantages import mc_returns
 from mpo_viz.analysis import pass_at_k
 from mpo_viz.models import Critic
 from mpo_viz.train import Trainer
@@ -22,10 +24,9 @@ from mpo_viz.train.critic_fit import (
     fit_targets,
     fit_values,
     holdout_split,
-    mc_returns,
 )
 from mpo_viz.train.update import rows_of
-from tests.train.train_helpers import tiny
+from tests.train.train_helpers import register_threesteps, tiny
 
 
 def _small_critic(vocab: int = 12, seed: int = 0) -> Critic:
@@ -45,16 +46,6 @@ def _label_batch(n: int = 60) -> mv.TrajectoryBatch:
                      "response_ids": [5, 6, 7, 8, 9], "loss_mask": [1, 1, 0, 1, 1],
                      "reward": 1.0 if win else 0.0})
     return mv.TrajectoryBatch.from_rows(rows)
-
-
-def test_mc_returns_by_hand():
-    rows = [{"traj_id": "a", "group_id": "g", "prompt_ids": [1], "response_ids": [5, 6, 7, 8], "loss_mask": [1, 1, 0, 1],
-             "reward": 2.0, "turn_rewards": [0.5, 0.0]}]
-    b = mv.TrajectoryBatch.from_rows(rows)
-    # rewards: 0.5 on turn 0's last token (position 1), 2.0 on the last action token (position 3)
-    np.testing.assert_allclose(mc_returns(b)[0].numpy(), [2.5, 2.5, 0.0, 2.0])
-    # γ = 0.5 inside turns, γ_T = 0.25 across the boundary: G_3 = 2, G_1 = 0.5 + 0.25·2 = 1, G_0 = 0.5·1
-    np.testing.assert_allclose(mc_returns(b, gamma=0.5, turn_gamma=0.25)[0].numpy(), [0.5, 1.0, 0.0, 2.0])
 
 
 def test_holdout_split_is_seeded_disjoint_and_refuses_too_few():
@@ -429,6 +420,46 @@ def test_value_target_says_what_the_critic_trains_on(tmp_path, value_target):
         assert rec["value_target"] == "estimator"  # the default: the estimator's own returns
         assert (ret - mc).abs().max() > 1e-3
         assert value_target_line([rec]).startswith("the critic trained on the estimator's own returns")
+
+
+def _returns_by_hand(b: mv.TrajectoryBatch, gamma: float, turn_gamma: float) -> torch.Tensor:
+    """Row by row, backwards over the action tokens: G = r + d·G', d = γ inside a turn and γ_T across
+    (and onto the bootstrap value after the last one)."""
+    out = torch.zeros(b.mask.shape, dtype=torch.float64)
+    r, m, tid, boot = b.token_rewards.double(), b.mask.bool(), b.turn_ids, b.bootstrap_value
+    for i in range(len(b)):
+        g, nxt = (0.0 if math.isnan(boot[i]) else float(boot[i])), None
+        for t in reversed(torch.nonzero(m[i]).flatten().tolist()):
+            d = turn_gamma if nxt is None or tid[i, t] != tid[i, nxt] else gamma
+            g = float(r[i, t]) + d * g
+            out[i, t], nxt = g, t
+    return out
+
+
+@pytest.mark.parametrize("estimator, options", [("gae", {"gamma": 0.9}), ("mpo", {"gamma": 0.9, "turn_gamma": 0.7})])
+def test_the_warmup_fits_the_returns_rl_trains_the_critic_on(tmp_path, monkeypatch, estimator, options):
+    # value_target="mc": the warm-up's targets and RL's are the Monte-Carlo returns on one clock, the estimator's
+    # (gae: γ on every step; mpo: γ inside turns, γ_T across); a warm-up on γ_T = 1 fitted other returns
+    cfg = tiny(env=register_threesteps(), estimator=estimator, estimator_options=options, value_target="mc",
+               iterations=1, eval_interval=0, save_trajectories_every=1, critic_warmup_episodes=10,
+               critic_warmup_steps=1)
+    tr = Trainer(cfg, tmp_path / "r", quiet=True)
+    seen = {}
+    real = fit_values
+
+    def spy(critic, pool, targets, **kw):
+        seen.update(pool=pool, targets=targets)
+        return real(critic, pool, targets, **kw)
+
+    monkeypatch.setattr("mpo_viz.train.loop.fit_values", spy)
+    tr.warmup_critic()
+    next(tr.iterate(1))
+    rl = mv.load(tmp_path / "r" / "trajectories" / "iter=000001.parquet")
+    g, gt = options["gamma"], options.get("turn_gamma", options["gamma"])
+    for b, got in ((seen["pool"], seen["targets"]), (rl, rl.padded("returns").double())):
+        m = b.mask.bool()
+        assert b.turn_ids[m].max() == 2 and b.token_rewards[m].abs().sum() > 0  # rewarded turns: γ and γ_T are read
+        torch.testing.assert_close(got[m], _returns_by_hand(b, g, gt)[m], rtol=1e-6, atol=1e-6)
 
 
 def test_value_target_is_refused_where_no_critic_is_trained():
