@@ -43,7 +43,7 @@ from mpo_viz.data.trajectory import TrajectoryBatch
 from mpo_viz.envs.expert import NoisyExpert
 from mpo_viz.envs.registry import make_env
 from mpo_viz.envs.tokenizer import build_tokenizer
-from mpo_viz.losses import LOGPROB_FIELDS, get_loss
+from mpo_viz.losses import get_loss
 from mpo_viz.rollout import rollout, side_pool, spare_cores
 from mpo_viz.rollout.truth import mc_truth
 from mpo_viz.train.checkpoint import (
@@ -71,6 +71,7 @@ from mpo_viz.train.update import (
     Learners,
     UpdateSettings,
     after_update,
+    check_loss_inputs,
     forward_policy,
     make_micro,
     micro_batches,
@@ -78,7 +79,7 @@ from mpo_viz.train.update import (
     update_epochs,
 )
 
-__all__ = ["Trainer", "RESULT_KEYS_VOLATILE", "episode_stats", "check_loss_inputs", "progress_line", "warmup_line"]
+__all__ = ["Trainer", "RESULT_KEYS_VOLATILE", "episode_stats", "progress_line", "warmup_line"]
 
 #: the critic warm-up's fixed settings: episodes per AdamW step, held-out share, steps between checks
 WARMUP_BATCH_EPISODES = 32
@@ -837,19 +838,6 @@ def _oracle_as_values(batch: TrajectoryBatch, env: str):
         raise ValueError(f"critic: 'expert' reads the environment's exact values, found a rollout of {env!r} without "
                          f"oracle_values (its environment has no exact model; use critic='learned')")
     return batch.with_token_fields(values=batch.padded("oracle_values", torch.float32))
-
-
-def check_loss_inputs(batch: TrajectoryBatch, loss: str) -> None:
-    """Refuse a batch that lacks the log-probs the loss kind needs (``rollout_logprobs`` for sao,
-    ``old_logprobs`` for the others: :attr:`mpo_viz.losses.LossKind.logprobs`)."""
-    for arg in get_loss(loss).logprobs:
-        field = LOGPROB_FIELDS[arg]
-        if not batch.has(field):
-            raise ValueError(f"loss: {loss!r} forms its ratio against {_LOGPROB_WHAT[field]} and needs the field "
-                             f"{field!r}, found a batch without it (fields: {', '.join(sorted(batch.fields))})")
-
-
-_LOGPROB_WHAT = {"old_logprobs": "the policy's log-probs at rollout", "rollout_logprobs": "the sampler's log-probs"}
 
 
 def sft_line(rec: dict, start: Path | None) -> str:

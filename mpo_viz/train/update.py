@@ -41,6 +41,8 @@ import torch
 
 from mpo_viz.data.trajectory import TrajectoryBatch
 from mpo_viz.losses import (
+    LOGPROB_FIELDS,
+    LOGPROB_WHAT,
     aggregate,
     clip_flags,
     get_loss,
@@ -54,7 +56,7 @@ from mpo_viz.train.config import Config
 
 __all__ = ["Rows", "rows_of", "micro_batches", "forward_policy", "forward_critic", "normaliser",
            "update_epochs", "Learners", "UpdateSettings", "MetricMeter", "policy_logits", "critic_values",
-           "AfterUpdate", "after_update"]
+           "AfterUpdate", "after_update", "check_loss_inputs"]
 
 
 # ---------------------------------------------------------------------------------------------
@@ -97,6 +99,16 @@ class Rows:
 
     def __len__(self) -> int:
         return len(self.seqs)
+
+
+def check_loss_inputs(batch: TrajectoryBatch, loss: str) -> None:
+    """Refuse a batch that lacks the log-probs the loss kind needs (``rollout_logprobs`` for sao,
+    ``old_logprobs`` for the others: :attr:`mpo_viz.losses.LossKind.logprobs`)."""
+    for arg in get_loss(loss).logprobs:
+        field = LOGPROB_FIELDS[arg]
+        if not batch.has(field):
+            raise ValueError(f"loss: {loss!r} forms its ratio against {LOGPROB_WHAT[arg]} and needs the field "
+                             f"{field!r}, found a batch without it (fields: {', '.join(sorted(batch.fields))})")
 
 
 def rows_of(batch: TrajectoryBatch) -> Rows:

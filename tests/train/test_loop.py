@@ -16,7 +16,8 @@ from mpo_viz import load, models
 from mpo_viz.advantages import compute
 from mpo_viz.advantages.reference import empg as reference_empg
 from mpo_viz.train import Trainer
-from mpo_viz.train.loop import RESULT_KEYS_VOLATILE, check_loss_inputs
+from mpo_viz.train.loop import RESULT_KEYS_VOLATILE
+from mpo_viz.train.update import check_loss_inputs
 from mpo_viz.widgets.dashboard import TrainingDashboard
 from tests.train.train_helpers import tiny
 
