@@ -55,7 +55,7 @@ from mpo_viz.losses import (
 from mpo_viz.train.config import Config
 
 __all__ = ["Rows", "rows_of", "micro_batches", "forward_policy", "forward_critic", "normaliser",
-           "update_epochs", "Learners", "UpdateSettings", "MetricMeter", "policy_logits", "critic_values",
+           "update_epochs", "Learners", "UpdateSettings", "MetricMeter", "policy_logits", "critic_head_outputs",
            "AfterUpdate", "after_update", "check_loss_inputs"]
 
 
@@ -68,8 +68,9 @@ def policy_logits(policy: torch.nn.Module, ids: torch.Tensor, attn: torch.Tensor
     return policy(input_ids=ids, attention_mask=attn, use_cache=False).logits
 
 
-def critic_values(critic: torch.nn.Module, ids: torch.Tensor, attn: torch.Tensor | None) -> torch.Tensor:
-    """``(b, T)`` outputs of the critic's scalar head on right-padded ``ids``."""
+def critic_head_outputs(critic: torch.nn.Module, ids: torch.Tensor, attn: torch.Tensor | None) -> torch.Tensor:
+    """``(b, T)`` outputs of the critic's scalar head at every position of right-padded ``ids``
+    (:func:`forward_critic` reads them per response token)."""
     out = critic(input_ids=ids, attention_mask=attn)
     return out if isinstance(out, torch.Tensor) else out.values
 
@@ -232,7 +233,7 @@ def forward_policy(policy, mb: Micro, *, entropy: bool = False):
 
 def forward_critic(critic, mb: Micro) -> torch.Tensor:
     """``(b, Lb)`` critic values of each response token (the output at position P + t − 1)."""
-    return _gather(critic_values(critic, mb.ids, mb.attn), mb.pos)
+    return _gather(critic_head_outputs(critic, mb.ids, mb.attn), mb.pos)
 
 
 def normaliser(r: Rows, rows: np.ndarray, agg: str) -> float:
