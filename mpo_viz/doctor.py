@@ -40,7 +40,6 @@ Conventions (trajectories/README.md): values[t] is the value before token t; "te
 
 from __future__ import annotations
 
-import json
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
@@ -54,12 +53,13 @@ import torch
 from mpo_viz.advantages import mc_returns
 from mpo_viz.analysis.critic import explained_variance
 from mpo_viz.data.io import files_of, load
+from mpo_viz.data.runfolder import read_metrics
 from mpo_viz.data.schema import Problem
 from mpo_viz.data.trajectory import TrajectoryBatch
 from mpo_viz.options import Option
 
 __all__ = ["CHECKS", "Check", "Hits", "Finding", "Evidence", "OPTIONS", "EV_KEYS", "diagnose", "examine",
-           "read_metrics", "merge_findings"]
+           "merge_findings"]
 
 OPTIONS = (
     Option("max_flat_share", 0.5, low=0.0, high=1.0,
@@ -462,19 +462,6 @@ def merge_findings(a: Sequence[Finding], b: Sequence[Finding], max_examples: int
     return out
 
 
-def read_metrics(path) -> list[dict]:
-    """The records of a ``metrics.jsonl`` (a partial last line is ignored, as the run writes it)."""
-    out = []
-    for line in Path(path).read_text(encoding="utf-8").splitlines():
-        try:
-            rec = json.loads(line)
-        except json.JSONDecodeError:
-            continue
-        if isinstance(rec, dict):
-            out.append(rec)
-    return out
-
-
 def examine(path, *, metrics=None, **options) -> tuple[list[Finding], TrajectoryBatch]:
     """Load ``path`` (a file, a folder, or a run folder with ``metrics.jsonl`` and ``trajectories/``)
     with ``errors="collect"`` and :func:`diagnose` it. A run folder's files give each row its step
@@ -484,7 +471,9 @@ def examine(path, *, metrics=None, **options) -> tuple[list[Finding], Trajectory
     run = p.is_dir() and (p / "metrics.jsonl").is_file() and (p / "trajectories").is_dir()
     if metrics is None and run:
         metrics = p / "metrics.jsonl"
-    records = read_metrics(metrics) if metrics is not None else None
+    if metrics is not None and not Path(metrics).is_file():
+        raise FileNotFoundError(f"metrics: expected a metrics.jsonl file, found no such file {str(metrics)!r}")
+    records = read_metrics(metrics).records if metrics is not None else None
     # a run folder's files one by one (each knows its iteration); anything else at once (duplicates across files)
     parts = [load(f, errors="collect") for f in files_of(p / "trajectories")] if run else [load(p, errors="collect")]
     batch = TrajectoryBatch.concat(parts) if len(parts) > 1 else parts[0]

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 import torch
 
-from mpo_viz.data.runfolder import RunFolder, read_metrics_file
+from mpo_viz.data.runfolder import RunFolder, read_metrics
 from mpo_viz.train.checkpoint import (
     capture_rng,
     latest_checkpoint,
@@ -108,11 +108,11 @@ def test_metrics_append_and_truncate(tmp_path):
         run.append_metrics({"iteration": it, "x": float("nan") if it == 2 else it * 1.5, "n": np.int64(it)})
     with open(run.metrics_path, "a") as fh:
         fh.write('{"iteration": 5, "x"')  # a writer caught mid-line
-    recs = read_metrics_file(run.metrics_path)
+    recs = read_metrics(run.metrics_path).records
     assert [r["iteration"] for r in recs] == [0, 1, 2, 3, 4]
     assert recs[2]["x"] is None and recs[3]["n"] == 3
     assert run.truncate_metrics(2) == 3  # lines 3, 4 and the partial one
-    assert [r["iteration"] for r in read_metrics_file(run.metrics_path)] == [0, 1, 2]
+    assert [r["iteration"] for r in read_metrics(run.metrics_path).records] == [0, 1, 2]
     assert run.metrics_path.read_bytes().endswith(b"\n")
 
 
