@@ -326,7 +326,7 @@ def expert_set(env: str, size: int):
 def make_critic(env: str, trunk: str, batch, seed: int):
     """A critic over the set's ids: a fresh tiny Llama trunk, or the trunk of the shipped policy."""
     from mpo_viz import models
-    from mpo_viz.train.critic_fit import vocab_critic
+    from mpo_viz.models.critic import vocab_critic
 
     if trunk == "policy":
         policy, _ = models.load(START_DIRS[env])
