@@ -14,7 +14,6 @@ from transformers import LlamaConfig, LlamaModel
 
 import mpo_viz as mv
 from mpo_viz.advantages import mc_returns
-from mpo_viz.analysis import pass_at_k
 from mpo_viz.models import Critic
 from mpo_viz.train import Trainer
 from mpo_viz.train.config import ExpertCriticWarning
@@ -253,38 +252,6 @@ def test_the_mc_critic_reads_the_policys_monte_carlo_values(tmp_path):
     assert b.meta["values_source"] == "mc" and b.meta["mc_truth"]["m"] == 2
     for v, t, mc in zip(b.field("values"), b.field("turn_ids"), b.field("mc_value")):
         np.testing.assert_array_equal(v, np.asarray(mc, dtype=np.float32)[t])
-
-
-def test_every_run_of_a_seed_is_judged_on_the_same_tasks(tmp_path):
-    a = Trainer(tiny(estimator="mpo", seed=5, eval_episodes=3), tmp_path / "a", quiet=True)
-    b = Trainer(tiny(estimator="grpo", loss="token_ppo", group_size=2, seed=5, eval_episodes=3), tmp_path / "b", quiet=True)
-    c = Trainer(tiny(estimator="mpo", seed=6, eval_seed=5, eval_episodes=3), tmp_path / "c", quiet=True)
-    d = Trainer(tiny(estimator="mpo", seed=6, eval_episodes=3), tmp_path / "d", quiet=True)
-    assert a._eval_seeds(3) == b._eval_seeds(3) == c._eval_seeds(3) != d._eval_seeds(3)
-    ev = a.evaluate()
-    assert ev["eval_seed"] == 5 and ev["n_eval_tasks"] == 3
-    assert {"eval_success", "eval_sampled_success", "eval_sampled_reward_mean"} <= set(ev)
-    # the same tasks and sampling seeds every time: the same numbers twice
-    assert a.evaluate() == ev
-
-
-def test_pass_at_k_by_hand():
-    s = np.array([[1, 0, 0, 0], [1, 1, 1, 1], [0, 0, 0, 0]])
-    assert pass_at_k(s, 1) == pytest.approx((0.25 + 1 + 0) / 3)
-    # task 0: 1 − C(3, 2)/C(4, 2) = 1 − 3/6
-    assert pass_at_k(s, 2) == pytest.approx((0.5 + 1 + 0) / 3)
-    assert pass_at_k(s, 4) == pytest.approx((1 + 1 + 0) / 3)
-    with pytest.raises(ValueError, match=r"k: expected 1 <= k <= 4 \(the samples per task\), found 5"):
-        pass_at_k(s, 5)
-
-
-def test_trainer_pass_at_k_reads_its_samples(tmp_path):
-    tr = Trainer(tiny(estimator="grpo", loss="token_ppo", group_size=2), tmp_path / "r", quiet=True)
-    pk = tr.pass_at_k(3, 4)
-    assert pk["pass_tasks"] == 3 and pk["pass_samples"] == 4
-    vals = [pk[f"pass@{k}"] for k in range(1, 5)]
-    assert all(0 <= v <= 1 for v in vals) and vals == sorted(vals)  # pass@k never falls with k
-    assert tr.pass_at_k(3, 4) == pk
 
 
 def test_holdout_split_keeps_groups_whole():
