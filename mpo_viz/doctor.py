@@ -32,7 +32,11 @@ check                                     from                fires when
 A check whose fields are absent is *skipped* (it says what it needs). :func:`diagnose` runs
 :data:`CHECKS` on a loaded batch; :func:`examine` loads a file, folder or run folder first
 (``errors="collect"``: rows the loader refuses are reported, not dropped), with the metrics of a run
-folder's ``metrics.jsonl``.
+folder's ``metrics.jsonl`` (:func:`mpo_viz.data.runfolder.read_metrics`). Where a check needs returns
+and the file logs none, it reads :func:`mpo_viz.advantages.mc_returns` at the file's γ.
+
+Invariant: the doctor only reads — a check never changes the batch, and its verdict depends on the
+rows (and metrics) it was given alone.
 
 Conventions (trajectories/README.md): values[t] is the value before token t; "terminal" = no finite
 ``bootstrap_value`` and not ``truncated``; the masked tail = the tokens after the last action token.

@@ -5,7 +5,8 @@ registry and ``compute(batch, name, **options)``; every estimator's options are 
 Tensor functions take ``(B, L)`` torch tensors or numpy arrays and keyword-only options, and return
 ``(advantages, returns)`` torch tensors (float64 in → float64 out, else float32), 0 on masked
 positions. :mod:`mpo_viz.advantages.reference` holds the readable per-trajectory loops they are
-tested against.
+tested against. :func:`mc_returns` is the one definition of a batch's Monte-Carlo returns, on an
+estimator's clock with :func:`estimator_clock` (:mod:`mpo_viz.advantages.returns`).
 """
 
 from mpo_viz.advantages.group import (

@@ -15,7 +15,11 @@
 
 Every file is written under a temporary name and renamed, except ``metrics.jsonl``, which is
 appended one complete line at a time (readers tolerate a partial last line; on resume the lines
-after the checkpoint's iteration, and a partial last line, are cut).
+after the checkpoint's iteration, and a partial last line, are cut). :func:`read_metrics` is the one
+reader of ``metrics.jsonl`` (whole or on from a byte offset).
+
+Invariant: a reader never sees half a file or half a metrics line as data: a complete line is a
+record, a partial last line is at most ``pending``.
 """
 
 from __future__ import annotations

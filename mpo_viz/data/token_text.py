@@ -14,6 +14,9 @@ decodes such runs byte by byte (:func:`raw_bytes_of` gives a token's bytes): the
 once, whole, on the token that completes it, and the tokens before it show ``""``;
 :func:`char_notes` writes the hover note of each such token (the raw pieces: each token's id and
 bytes). Tokens that decode to complete text on their own are left exactly as decoded.
+
+Invariant: nothing here reaches the network; :func:`load_local_tokenizer` is the one loader of a
+local tokenizer (the views, the chat converters and the environments' saved tokenizers use it).
 """
 
 from __future__ import annotations

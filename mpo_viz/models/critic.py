@@ -1,4 +1,9 @@
-"""The critic: a causal-LM trunk with a scalar value head, and its checkpoint format.
+"""The critic: a causal-LM trunk with a scalar value head, how one is built, and its checkpoint format.
+
+Built for a policy (:func:`make_critic`: a fresh trunk of its architecture, a copy of its trunk, or
+its trunk itself), or over a batch's own ids (:func:`vocab_critic`, a tiny Llama trunk;
+:func:`compact_critic`, which embeds only the ids the batch uses: :class:`RemappedCritic`); a
+critic on the pretrained trunk of a model folder is :func:`mpo_viz.models.store.trunk_critic`.
 
 Alignment (trajectory/v1): for a sequence ``prompt_ids (P) + response_ids (L)``, the critic's output
 at position ``P + t − 1`` is ``values[t]``, the value of the state *before* response token ``t`` is
@@ -9,6 +14,10 @@ A saved critic is a folder: ``config.json`` (``format: "mpo_viz.critic/v1"``, ``
 ``hidden_size``, the tokenizer's ``vocab_size`` and ``vocab_sha256``, the trunk's Hugging Face
 config unless the trunk is shared, and a fingerprint of the policy's trunk when it is) and
 ``model.safetensors`` (``head.*``, plus ``trunk.*`` unless shared).
+
+Invariant: every critic here, however built, is called the same way and aligned the same way
+(the alignment above), and its new value head is drawn from its ``seed`` alone (the global RNG is
+left as it was).
 """
 
 from __future__ import annotations
