@@ -259,8 +259,8 @@ def progress_line(rec: dict, total: int | None = None) -> str:
 
 
 def eval_line(rec: dict, *, final: bool = False) -> str:
-    """The line of an evaluation line of the metrics: before RL (iteration 0, with the number of
-    tasks) or ``final`` (after the last iteration)."""
+    """The console line of an evaluation's metrics line: the one before RL (iteration 0, with the
+    number of tasks) or the ``final`` one (after the last iteration)."""
     if final:
         return f"final eval: sampled success {rec['eval_sampled_success']:.3f}, greedy {rec['eval_success']:.3f}"
     return (f"eval before RL: sampled success {rec['eval_sampled_success']:.3f}, greedy {rec['eval_success']:.3f} "
