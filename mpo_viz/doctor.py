@@ -32,7 +32,11 @@ check                                     from                fires when
 A check whose fields are absent is *skipped* (it says what it needs). :func:`diagnose` runs
 :data:`CHECKS` on a loaded batch; :func:`examine` loads a file, folder or run folder first
 (``errors="collect"``: rows the loader refuses are reported, not dropped), with the metrics of a run
-folder's ``metrics.jsonl``.
+folder's ``metrics.jsonl`` (:func:`mpo_viz.data.runfolder.read_metrics`). Where a check needs returns
+and the file logs none, it reads :func:`mpo_viz.advantages.mc_returns` at the file's γ.
+
+Invariant: the doctor only reads — a check never changes the batch, and its verdict depends on the
+rows (and metrics) it was given alone.
 
 Conventions (trajectories/README.md): values[t] is the value before token t; "terminal" = no finite
 ``bootstrap_value`` and not ``truncated``; the masked tail = the tokens after the last action token.
@@ -40,7 +44,6 @@ Conventions (trajectories/README.md): values[t] is the value before token t; "te
 
 from __future__ import annotations
 
-import json
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
@@ -51,15 +54,16 @@ import numpy as np
 import pandas as pd
 import torch
 
-from mpo_viz.advantages import mae
+from mpo_viz.advantages import mc_returns
 from mpo_viz.analysis.critic import explained_variance
 from mpo_viz.data.io import files_of, load
+from mpo_viz.data.runfolder import read_metrics
 from mpo_viz.data.schema import Problem
 from mpo_viz.data.trajectory import TrajectoryBatch
 from mpo_viz.options import Option
 
 __all__ = ["CHECKS", "Check", "Hits", "Finding", "Evidence", "OPTIONS", "EV_KEYS", "diagnose", "examine",
-           "read_metrics", "merge_findings"]
+           "merge_findings"]
 
 OPTIONS = (
     Option("max_flat_share", 0.5, low=0.0, high=1.0,
@@ -286,13 +290,9 @@ def masked_values_read(ev: Evidence) -> Hits:
 
 
 def _mc_returns(ev: Evidence) -> np.ndarray:
-    """``(B, L)`` Monte-Carlo returns over action tokens (γ from the file's metadata; observation
-    tokens skipped; the bootstrap value where a row was cut) — MAE's ``critic_target="mc"`` — NaN
-    elsewhere."""
-    b = ev.batch
-    _, ret = mae(b.padded("rewards", torch.float64), torch.zeros(ev.mask.shape, dtype=torch.float64), b.mask,
-                 turn_ids=b.turn_ids, gamma=ev.gamma, critic_target="mc", bootstrap_value=b.bootstrap_value)
-    return np.where(ev.mask, ret.numpy(), math.nan)
+    """``(B, L)`` Monte-Carlo returns over action tokens (:func:`mpo_viz.advantages.mc_returns` with
+    γ from the file's metadata, on every token: γ_T = γ), NaN elsewhere."""
+    return np.where(ev.mask, mc_returns(ev.batch, gamma=ev.gamma).numpy(), math.nan)
 
 
 def values_shifted(ev: Evidence) -> Hits:
@@ -466,19 +466,6 @@ def merge_findings(a: Sequence[Finding], b: Sequence[Finding], max_examples: int
     return out
 
 
-def read_metrics(path) -> list[dict]:
-    """The records of a ``metrics.jsonl`` (a partial last line is ignored, as the run writes it)."""
-    out = []
-    for line in Path(path).read_text(encoding="utf-8").splitlines():
-        try:
-            rec = json.loads(line)
-        except json.JSONDecodeError:
-            continue
-        if isinstance(rec, dict):
-            out.append(rec)
-    return out
-
-
 def examine(path, *, metrics=None, **options) -> tuple[list[Finding], TrajectoryBatch]:
     """Load ``path`` (a file, a folder, or a run folder with ``metrics.jsonl`` and ``trajectories/``)
     with ``errors="collect"`` and :func:`diagnose` it. A run folder's files give each row its step
@@ -488,7 +475,9 @@ def examine(path, *, metrics=None, **options) -> tuple[list[Finding], Trajectory
     run = p.is_dir() and (p / "metrics.jsonl").is_file() and (p / "trajectories").is_dir()
     if metrics is None and run:
         metrics = p / "metrics.jsonl"
-    records = read_metrics(metrics) if metrics is not None else None
+    if metrics is not None and not Path(metrics).is_file():
+        raise FileNotFoundError(f"metrics: expected a metrics.jsonl file, found no such file {str(metrics)!r}")
+    records = read_metrics(metrics).records if metrics is not None else None
     # a run folder's files one by one (each knows its iteration); anything else at once (duplicates across files)
     parts = [load(f, errors="collect") for f in files_of(p / "trajectories")] if run else [load(p, errors="collect")]
     batch = TrajectoryBatch.concat(parts) if len(parts) > 1 else parts[0]
