@@ -44,7 +44,7 @@ def test_the_comment_on_the_replayed_run_matches_its_metrics():
     metrics show: held-out sampled success up at every evaluation, greedy a little down, training
     success noisy, the critic's explained variance low (its warm-up missed the gate)."""
     folder = ROOT / "experiments" / "records" / "v3" / "e3" / "runs" / "automation-d5-6" / "mpo_token" / "seed=1"
-    assert f'"mpo_token" / "seed=1"' in cell("import shutil")
+    assert '"mpo_token" / "seed=1"' in cell("import shutil")
     recs = [json.loads(x) for x in (folder / "metrics.jsonl").read_text().splitlines()]
     text = " ".join(cell("### What this run's curves show").split())
     evals = [r for r in recs if r.get("eval_sampled_success") is not None]
