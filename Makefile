@@ -102,9 +102,10 @@ dist: venv
 	$(PY) -m pip wheel --no-deps --no-build-isolation -w dist .
 	@ls dist/*.whl
 
-# ruff (style, imports, complexity) and mypy (types at a basic level, settings in pyproject.toml)
+# ruff (style, imports, complexity; the one format) and mypy (types at a basic level, settings in pyproject.toml)
 lint: venv
 	$(VENV)/bin/ruff check mpo_viz tests benchmarks experiments notebooks
+	$(VENV)/bin/ruff format --check mpo_viz tests benchmarks experiments notebooks
 	$(VENV)/bin/mypy
 
 # the one code style (ruff format, settings in pyproject.toml); make lint checks it

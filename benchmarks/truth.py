@@ -51,8 +51,9 @@ def one_cell(policy, difficulty, episodes: int, m: int, batch_size: int, repeats
     base = rollout(policy, env, episodes, group_size=1, seed=seed, progress=False)
     states = [s for r in replay(base, policy.layout) for s in r]
     gen = base.meta["generator"]
-    cfg = RolloutConfig(batch_size=batch_size, max_turn_tokens=gen["max_turn_tokens"],
-                        max_total_tokens=gen["max_total_tokens"])
+    cfg = RolloutConfig(
+        batch_size=batch_size, max_turn_tokens=gen["max_turn_tokens"], max_total_tokens=gen["max_total_tokens"]
+    )
     act_per_ep = float(base.mask.sum()) / len(base)
     times: dict[str, list] = {"a": [], "b": [], "c": []}
     tokens = 0
@@ -69,9 +70,14 @@ def one_cell(policy, difficulty, episodes: int, m: int, batch_size: int, repeats
         dt = time.perf_counter() - t0
         times["c"].append(dt * tokens / float(fl.mask.sum()))
     med = {k: float(np.median(v)) for k, v in times.items()}
-    return {"boundaries": len(states), "continuations": len(states) * m, "tokens": tokens,
-            **{f"{k}_s_per_ep": v / episodes for k, v in med.items()}, "a_over_c": med["a"] / med["c"],
-            "a_over_b": med["a"] / med["b"]}
+    return {
+        "boundaries": len(states),
+        "continuations": len(states) * m,
+        "tokens": tokens,
+        **{f"{k}_s_per_ep": v / episodes for k, v in med.items()},
+        "a_over_c": med["a"] / med["c"],
+        "a_over_b": med["a"] / med["b"],
+    }
 
 
 def main(argv=None) -> int:
@@ -82,23 +88,34 @@ def main(argv=None) -> int:
     ap.add_argument("--repeats", type=int, default=3, help="alternating rounds per cell (the median is reported)")
     ap.add_argument("--cells", nargs="*", default=list(CELLS), choices=list(CELLS))
     ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--quick", action="store_true", help="a few seconds' smoke run (make bench): 2 base episodes, 1 round, the first cell")
+    ap.add_argument(
+        "--quick",
+        action="store_true",
+        help="a few seconds' smoke run (make bench): 2 base episodes, 1 round, the first cell",
+    )
     args = ap.parse_args(argv)
     if args.quick:
         args.episodes, args.repeats, args.cells = 2, 1, args.cells[:1]
     torch.set_num_threads(1)
     policy, _ = models.load(START)
-    print(f"branch rollouts on the shipped automation start, M = {args.m}, {args.episodes} base episodes per cell, "
-          f"batch {args.batch_size}, median of {args.repeats} rounds, one torch thread")
-    print("| cell | turn states | continuations | cont. tokens | (a) shared s/ep | (b) re-fed s/ep | (c) floor s/ep "
-          "| (a)/(c) | (a)/(b) | load before → after |")
+    print(
+        f"branch rollouts on the shipped automation start, M = {args.m}, {args.episodes} base episodes per cell, "
+        f"batch {args.batch_size}, median of {args.repeats} rounds, one torch thread"
+    )
+    print(
+        "| cell | turn states | continuations | cont. tokens | (a) shared s/ep | (b) re-fed s/ep | (c) floor s/ep "
+        "| (a)/(c) | (a)/(b) | load before → after |"
+    )
     print("|---|---|---|---|---|---|---|---|---|---|")
     for name in args.cells:
         before = _load()
         r = one_cell(policy, CELLS[name], args.episodes, args.m, args.batch_size, args.repeats, args.seed)
-        print(f"| {name} | {r['boundaries']} | {r['continuations']} | {r['tokens']} | {r['a_s_per_ep']:.2f} | "
-              f"{r['b_s_per_ep']:.2f} | {r['c_s_per_ep']:.2f} | **{r['a_over_c']:.2f}** | {r['a_over_b']:.2f} | "
-              f"{before:.1f} → {_load():.1f} |", flush=True)
+        print(
+            f"| {name} | {r['boundaries']} | {r['continuations']} | {r['tokens']} | {r['a_s_per_ep']:.2f} | "
+            f"{r['b_s_per_ep']:.2f} | {r['c_s_per_ep']:.2f} | **{r['a_over_c']:.2f}** | {r['a_over_b']:.2f} | "
+            f"{before:.1f} → {_load():.1f} |",
+            flush=True,
+        )
     return 0
 
 

@@ -129,19 +129,25 @@ def main(argv=None) -> int:
     if args.threads:
         numba.set_num_threads(args.threads)
         torch.set_num_threads(args.threads)
-    print(f"# whitening benchmark — {platform.processor() or platform.machine()}, {os.cpu_count()} CPUs, "
-          f"torch {torch.__version__} ({torch.get_num_threads()} threads), numba {numba.__version__} "
-          f"({numba.get_num_threads()} threads); verl {verl.__version__ if verl else '—'}")
-    print(f"# gae γ={GAMMA} λ={LAM}; mae defaults (γ=1 λ=0.95 γ_T=1 λ_T=0.9 β=1); float32; L={L}; "
-          f"{args.reps} rounds: the verdict is the median paired ratio (verl best of {args.verl_reps})")
+    print(
+        f"# whitening benchmark — {platform.processor() or platform.machine()}, {os.cpu_count()} CPUs, "
+        f"torch {torch.__version__} ({torch.get_num_threads()} threads), numba {numba.__version__} "
+        f"({numba.get_num_threads()} threads); verl {verl.__version__ if verl else '—'}"
+    )
+    print(
+        f"# gae γ={GAMMA} λ={LAM}; mae defaults (γ=1 λ=0.95 γ_T=1 λ_T=0.9 β=1); float32; L={L}; "
+        f"{args.reps} rounds: the verdict is the median paired ratio (verl best of {args.verl_reps})"
+    )
     tiny = make_batch(4, seed=0, turns=(2, 3), turn_len=(2, 5), obs_len=(1, 3), prompt_len=(2, 3))
     for w in (False, True):  # numba compiles here, untimed
         A.gae(tiny.token_rewards, tiny.values, tiny.mask, whiten=w)
         A.mae(tiny.token_rewards, tiny.values, tiny.mask, turn_ids=tiny.turn_ids, whiten=w)
     print(f"# before: {load()}")
-    header = (f"{'B':>5} {'L':>5} {'estimator':<9} {'plain ms':>9} {'white ms':>9} {'ratio':>6} {'best ratio':>10} "
-              f"{'cpu ratio':>9} "
-              f"{'numpy ms':>9} {'ratio':>6} {'verl ms':>9} {'verl/white':>10} {'max|Δ|':>9}")
+    header = (
+        f"{'B':>5} {'L':>5} {'estimator':<9} {'plain ms':>9} {'white ms':>9} {'ratio':>6} {'best ratio':>10} "
+        f"{'cpu ratio':>9} "
+        f"{'numpy ms':>9} {'ratio':>6} {'verl ms':>9} {'verl/white':>10} {'max|Δ|':>9}"
+    )
     print(header)
     print("-" * len(header))
     for B in sizes:
@@ -166,23 +172,31 @@ def run_size(B, L, args):
     verdicts = []
     for name, call in (("gae", gae), ("mae", mae)):
         (t0, t1, tn), (c0, c1, _), (_, white, old), rounds = best_of(
-            [partial(call, False), partial(call, True), partial(numpy_whitened, call, M)], args.reps)
+            [partial(call, False), partial(call, True), partial(numpy_whitened, call, M)], args.reps
+        )
         paired = statistics.median(r[1] / r[0] for r in rounds)
         med0, med1 = (statistics.median(r[j] for r in rounds) for j in (0, 1))
         verdicts.append(f"{name} {paired:.2f}x ({'met' if paired <= TARGET else 'NOT met'})")
         assert np.allclose(white[0].numpy(), old, rtol=2e-5, atol=2e-5)  # the same numbers as before
         verl_cols = f"{'—':>9} {'—':>10} {'—':>9}"
         if name == "gae" and compute_gae_advantage_return is not None:
-            (tv,), _, ((va, _),), _ = best_of([partial(compute_gae_advantage_return, R, V, M, GAMMA, LAM)],
-                                        args.verl_reps)
+            (tv,), _, ((va, _),), _ = best_of(
+                [partial(compute_gae_advantage_return, R, V, M, GAMMA, LAM)], args.verl_reps
+            )
             d = float(np.abs(va.numpy()[act] - white[0].numpy()[act]).max())
             verl_cols = f"{tv * 1e3:>9.0f} {tv / t1:>9.0f}x {d:>9.1e}"
-        print(f"{B:>5} {L:>5} {name:<9} {med0 * 1e3:>9.1f} {med1 * 1e3:>9.1f} {paired:>5.2f}x {t1 / t0:>9.2f}x "
-              f"{c1 / c0:>8.2f}x "
-              f"{tn * 1e3:>9.1f} {tn / t0:>5.2f}x {verl_cols}", flush=True)
+        print(
+            f"{B:>5} {L:>5} {name:<9} {med0 * 1e3:>9.1f} {med1 * 1e3:>9.1f} {paired:>5.2f}x {t1 / t0:>9.2f}x "
+            f"{c1 / c0:>8.2f}x "
+            f"{tn * 1e3:>9.1f} {tn / t0:>5.2f}x {verl_cols}",
+            flush=True,
+        )
     print(f"{'':>5} ({act.mean():.0%} of the {B * L:,} positions are action tokens)")
-    print(f"{'':>5} verdict at B = {B}, median of {args.reps} paired rounds (target <= {TARGET:g}x): "
-          f"{', '.join(verdicts)}", flush=True)
+    print(
+        f"{'':>5} verdict at B = {B}, median of {args.reps} paired rounds (target <= {TARGET:g}x): "
+        f"{', '.join(verdicts)}",
+        flush=True,
+    )
 
 
 if __name__ == "__main__":

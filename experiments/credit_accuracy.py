@@ -8,7 +8,8 @@ Run:  .venv/bin/python -m experiments.credit_accuracy            (3 shipped sets
 Data: the shipped expert trajectories (`trajectories/{search,tooluse,automation}.parquet`, 400 each,
 noise 0.25, G = 4), whose `oracle_values` are the exact values under the noisy expert. The critic
 every value-based estimator sees is `oracle_values + N(0, σ²)` (one draw per token, or with
-`--noise-model turn` one draw per turn shared by its tokens; the same draw for every estimator). The ground truth is the oracle (mpo_viz.envs.oracle):
+`--noise-model turn` one draw per turn shared by its tokens; the same draw for every estimator). The ground truth is
+the oracle (mpo_viz.envs.oracle):
 
 * turn level: `A*_k = Q(s_k, a_k) − V(s_k)`, the exact advantage of the command taken in turn k;
 * token level: `a*_t = V(after t) − V(before t)` (partial-turn values), nonzero only on the
@@ -182,7 +183,11 @@ def reference(batch) -> dict:
     if len(turn_adv) != len(counts):
         raise ValueError(f"extra_json: expected {len(counts)} oracle turns, found {len(turn_adv)}")
     return {
-        "rows": rows, "cols": cols, "inv": inv, "counts": counts, "turn_adv": turn_adv,
+        "rows": rows,
+        "cols": cols,
+        "inv": inv,
+        "counts": counts,
+        "turn_adv": turn_adv,
         "tok": oc["token_adv"].numpy()[rows, cols].astype(np.float64),
         "dec": oc["decisive"].numpy()[rows, cols] > 0.5,
         "values": oc["values"],
@@ -213,7 +218,15 @@ def run(envs, sigmas, seed: int = 0, noise_model: str = "token") -> pd.DataFrame
         # the oracle itself, as a reference row: its token advantages are a*_t, turn means A*_k/n_k
         oracle_adv = np.zeros(ref["values"].shape)
         oracle_adv[ref["rows"], ref["cols"]] = ref["tok"]
-        out.append({"env": env, "sigma": 0.0, "estimator": "oracle (a*_t)", "ms": 0.0, **metrics(oracle_adv, ref, turn_sum=True)})
+        out.append(
+            {
+                "env": env,
+                "sigma": 0.0,
+                "estimator": "oracle (a*_t)",
+                "ms": 0.0,
+                **metrics(oracle_adv, ref, turn_sum=True),
+            }
+        )
         for i, sigma in enumerate(sigmas):
             rng = np.random.default_rng([seed, i])
             v = ref["values"].numpy().astype(np.float64)
@@ -223,8 +236,15 @@ def run(envs, sigmas, seed: int = 0, noise_model: str = "token") -> pd.DataFrame
                 t0 = time.perf_counter()
                 res = compute(b, name, **opts)
                 ms = 1e3 * (time.perf_counter() - t0)
-                out.append({"env": env, "sigma": sigma, "estimator": label, "ms": ms,
-                            **metrics(res.advantages.double().numpy(), ref)})
+                out.append(
+                    {
+                        "env": env,
+                        "sigma": sigma,
+                        "estimator": label,
+                        "ms": ms,
+                        **metrics(res.advantages.double().numpy(), ref),
+                    }
+                )
     return pd.DataFrame(out)
 
 
@@ -284,10 +304,20 @@ def run_calibration(envs, episodes: int) -> pd.DataFrame:
             beta = float(opts.get("beta", 1.0))
             pred = (1.0 + beta * centring_factor(ref, name, opts)) * o
             row = metrics(res.advantages.double().numpy(), ref)
-            out.append({"env": env, "episodes": len(batch), "decisive": int(d.sum()), "estimator": label,
-                        "dec_slope": row["dec_slope"], "pred_dec": _slope(pred[d], o[d]),
-                        "tok_slope": row["tok_slope"], "turn_slope": row["turn_slope"],
-                        "tok_corr": row["tok_corr"], "turn_corr": row["turn_corr"]})
+            out.append(
+                {
+                    "env": env,
+                    "episodes": len(batch),
+                    "decisive": int(d.sum()),
+                    "estimator": label,
+                    "dec_slope": row["dec_slope"],
+                    "pred_dec": _slope(pred[d], o[d]),
+                    "tok_slope": row["tok_slope"],
+                    "turn_slope": row["turn_slope"],
+                    "tok_corr": row["tok_corr"],
+                    "turn_corr": row["turn_corr"],
+                }
+            )
     return pd.DataFrame(out)
 
 
@@ -296,8 +326,10 @@ def main_calibration(args) -> int:
     df = run_calibration(args.envs, args.episodes or 2000)
     for env, g in df.groupby("env", sort=False):
         first = g.iloc[0]
-        print(f"\n== {env}: {first['episodes']} expert episodes (noise 0.25), the exact oracle values as the critic; "
-              f"slopes of the estimator's credit on the true credit ({first['decisive']} decisive tokens)")
+        print(
+            f"\n== {env}: {first['episodes']} expert episodes (noise 0.25), the exact oracle values as the critic; "
+            f"slopes of the estimator's credit on the true credit ({first['decisive']} decisive tokens)"
+        )
         cols = ["estimator", "dec_slope", "pred_dec", "tok_slope", "turn_slope", "tok_corr", "turn_corr"]
         print(g[cols].to_string(index=False, float_format=lambda x: f"{x:.3f}", na_rep="-"))
     if args.csv:
@@ -373,8 +405,21 @@ def fit_and_score(env: str, size: int, target: str, trunk: str, seed: int, budge
 
     t0 = time.perf_counter()
     every = min(16, math.gcd(*budgets))  # the budgets must be among the checked steps
-    fit_values(critic, batch, targets, steps=max(budgets), lr=1e-3, batch_episodes=16, holdout=0.2, gate=None,
-               eval_every=every, seed=seed, pad_id=0, groups=groups, on_eval=on_eval)
+    fit_values(
+        critic,
+        batch,
+        targets,
+        steps=max(budgets),
+        lr=1e-3,
+        batch_episodes=16,
+        holdout=0.2,
+        gate=None,
+        eval_every=every,
+        seed=seed,
+        pad_id=0,
+        groups=groups,
+        on_eval=on_eval,
+    )
     snaps["best"] = (best["ev"], best["state"])
     rows = []
     for budget, (ev, state) in snaps.items():
@@ -383,12 +428,27 @@ def fit_and_score(env: str, size: int, target: str, trunk: str, seed: int, budge
         sub = batch[held]
         ratio = variance_summary(value_variance(sub, values[held][:, : sub.mask.shape[1]]))["median_ratio"]
         for row in score_heldout(batch, values, held):
-            rows.append({"env": env, "size": size, "target": target, "trunk": trunk, "seed": seed,
-                         "budget": str(budget), "best_step": best["step"] if budget == "best" else budget,
-                         "heldout_ev": ev, "values_ratio": ratio, "oracle_ratio": oracle_ratio, **row})
-    log(f"{env} n={size} target={target} trunk={trunk} seed={seed}: held-out EV "
-        + ", ".join(f"{b}: {snaps[b][0]:.3f}" for b in budgets) + f", best {best['ev']:.3f} at step {best['step']} "
-        f"({time.perf_counter() - t0:.0f} s)")
+            rows.append(
+                {
+                    "env": env,
+                    "size": size,
+                    "target": target,
+                    "trunk": trunk,
+                    "seed": seed,
+                    "budget": str(budget),
+                    "best_step": best["step"] if budget == "best" else budget,
+                    "heldout_ev": ev,
+                    "values_ratio": ratio,
+                    "oracle_ratio": oracle_ratio,
+                    **row,
+                }
+            )
+    log(
+        f"{env} n={size} target={target} trunk={trunk} seed={seed}: held-out EV "
+        + ", ".join(f"{b}: {snaps[b][0]:.3f}" for b in budgets)
+        + f", best {best['ev']:.3f} at step {best['step']} "
+        f"({time.perf_counter() - t0:.0f} s)"
+    )
     return rows
 
 
@@ -397,8 +457,21 @@ def summarize_learned(df: pd.DataFrame) -> pd.DataFrame:
     from scipy import stats as sps
 
     keys = ["env", "size", "target", "trunk", "budget", "estimator"]
-    cols = ["heldout_ev", "values_ratio", "oracle_ratio", "best_step", "turn_corr", "turn_sign", "tok_corr",
-            "within_corr", "dec_sign", "dec_mass", "tok_slope", "dec_slope", "turn_slope"]
+    cols = [
+        "heldout_ev",
+        "values_ratio",
+        "oracle_ratio",
+        "best_step",
+        "turn_corr",
+        "turn_sign",
+        "tok_corr",
+        "within_corr",
+        "dec_sign",
+        "dec_mass",
+        "tok_slope",
+        "dec_slope",
+        "turn_slope",
+    ]
     cols = [c for c in cols if c in df]  # a CSV written before the slopes existed has none
     out = []
     for k, g in df.groupby(keys, sort=False):
@@ -408,8 +481,9 @@ def summarize_learned(df: pd.DataFrame) -> pd.DataFrame:
             v = g[c].to_numpy(dtype=float)
             v = v[np.isfinite(v)]
             row[c] = float(v.mean()) if len(v) else math.nan
-            row[f"{c}_ci"] = (float(sps.t.ppf(0.975, len(v) - 1) * v.std(ddof=1) / math.sqrt(len(v)))
-                              if len(v) > 1 else math.nan)
+            row[f"{c}_ci"] = (
+                float(sps.t.ppf(0.975, len(v) - 1) * v.std(ddof=1) / math.sqrt(len(v))) if len(v) > 1 else math.nan
+            )
         out.append(row)
     return pd.DataFrame(out)
 
@@ -423,10 +497,13 @@ def learned_tables(summary: pd.DataFrame) -> str:
 
     lines = []
     for env, e in summary.groupby("env", sort=False):
-        lines += [f"\n== {env}: a critic fitted to expert episodes; credit scored on held-out groups "
-                  f"(turn_corr / tok_corr, mean ± 95% CI over critic seeds)", "",
-                  "| n | target | trunk | steps | held-out EV | across/within (oracle) | "
-                  + " | ".join(SHOWN) + " |", "|---" * (6 + len(SHOWN)) + "|"]
+        lines += [
+            f"\n== {env}: a critic fitted to expert episodes; credit scored on held-out groups "
+            f"(turn_corr / tok_corr, mean ± 95% CI over critic seeds)",
+            "",
+            "| n | target | trunk | steps | held-out EV | across/within (oracle) | " + " | ".join(SHOWN) + " |",
+            "|---" * (6 + len(SHOWN)) + "|",
+        ]
         for k, g in e.groupby(["size", "target", "trunk", "budget"], sort=False):
             first = g.iloc[0]
             steps = k[3] if k[3] != "best" else f"best ({first['best_step']:.0f})"
@@ -438,16 +515,17 @@ def learned_tables(summary: pd.DataFrame) -> str:
                     continue
                 r = r.iloc[0]
                 cells.append(f"{f(r['turn_corr'], r['turn_corr_ci'])} / {f(r['tok_corr'], r['tok_corr_ci'])}")
-            lines.append(f"| {k[0]} | {k[1]} | {k[2]} | {steps} | {f(first['heldout_ev'], first['heldout_ev_ci'])} | "
-                         f"{first['values_ratio']:.2g} ({first['oracle_ratio']:.2g}) | " + " | ".join(cells) + " |")
+            lines.append(
+                f"| {k[0]} | {k[1]} | {k[2]} | {steps} | {f(first['heldout_ev'], first['heldout_ev_ci'])} | "
+                f"{first['values_ratio']:.2g} ({first['oracle_ratio']:.2g}) | " + " | ".join(cells) + " |"
+            )
     return "\n".join(lines)
 
 
 FIT_KEYS = ["env", "size", "target", "trunk", "seed"]
 
 
-def run_learned(envs, sizes, targets, trunks, seeds, budgets, log=print, done=frozenset(),
-                on_fit=None) -> pd.DataFrame:
+def run_learned(envs, sizes, targets, trunks, seeds, budgets, log=print, done=frozenset(), on_fit=None) -> pd.DataFrame:
     """Every fit of the grid envs × sizes × targets × trunks × seeds, skipping those in ``done``
     (tuples of :data:`FIT_KEYS`); ``on_fit(rows)`` after each fit (e.g. to append them to a CSV)."""
     rows = []
@@ -492,11 +570,17 @@ def main_learned(args) -> int:
         if args.csv:
             pd.DataFrame(rows).to_csv(args.csv, mode="a", index=False, header=not os.path.exists(args.csv))
 
-    new = run_learned(args.envs, args.sizes, args.targets, args.trunks, args.seeds, args.budgets, done=done,
-                      on_fit=append)
+    new = run_learned(
+        args.envs, args.sizes, args.targets, args.trunks, args.seeds, args.budgets, done=done, on_fit=append
+    )
     df = pd.concat([old, new], ignore_index=True)
-    keep = (df.env.isin(args.envs) & df["size"].isin(args.sizes) & df.target.isin(args.targets)
-            & df.trunk.isin(args.trunks) & df.seed.isin(args.seeds))
+    keep = (
+        df.env.isin(args.envs)
+        & df["size"].isin(args.sizes)
+        & df.target.isin(args.targets)
+        & df.trunk.isin(args.trunks)
+        & df.seed.isin(args.seeds)
+    )
     summary = summarize_learned(df[keep])
     print(learned_tables(summary))
     if args.csv:
@@ -508,8 +592,16 @@ def main_learned(args) -> int:
 
 # --------------------------------------------------------------------------------------------- the policy's truth
 
-def policy_truth(episodes: int = 64, group: int = 4, m: int = 8, seed: int = 0, q: bool = True,
-                 expert_noise: float = 0.3, difficulty=(3, 4)) -> tuple[pd.DataFrame, dict]:
+
+def policy_truth(
+    episodes: int = 64,
+    group: int = 4,
+    m: int = 8,
+    seed: int = 0,
+    q: bool = True,
+    expert_noise: float = 0.3,
+    difficulty=(3, 4),
+) -> tuple[pd.DataFrame, dict]:
     """``--truth mc``: the shipped automation start's own episodes, the policy's Monte-Carlo truth at
     every turn start (``mpo_viz.rollout.truth.mc_truth``, ``m`` continuations, with Q̂ after the
     recorded turn), and every estimator scored per turn against it (raw, disattenuated, slope) and
@@ -528,8 +620,9 @@ def policy_truth(episodes: int = 64, group: int = 4, m: int = 8, seed: int = 0, 
     torch.set_num_threads(1)
     policy, _ = models.load(START_DIRS["automation"])
     env = make_env("automation", difficulty=tuple(difficulty))
-    batch = rollout(policy, env, episodes, group_size=group, seed=seed, oracle=NoisyExpert(noise=expert_noise),
-                    progress=False)
+    batch = rollout(
+        policy, env, episodes, group_size=group, seed=seed, oracle=NoisyExpert(noise=expert_noise), progress=False
+    )
     t0 = time.perf_counter()
     batch = mc_truth(batch, policy, m=m, seed=seed, q=q, progress=True)
     truth_s = time.perf_counter() - t0
@@ -540,23 +633,45 @@ def policy_truth(episodes: int = 64, group: int = 4, m: int = 8, seed: int = 0, 
     table = mc.join(ex[["turn_corr"]].rename(columns={"turn_corr": "expert_turn_corr"}))
     v_pol = np.concatenate(batch.field("mc_value"))
     v_exp = np.concatenate([json.loads(x)["oracle"]["turn_v"] for x in batch.field("extra_json")])
-    info = {"episodes": episodes, "turns": len(v_pol), "m": m, "truth_s": truth_s, "success": float(np.mean(batch.outcome_reward)),
-            "v_policy": float(v_pol.mean()), "v_expert": float(v_exp.mean()),
-            "v_corr": float(np.corrcoef(v_pol, v_exp)[0, 1]), "reliability": float(table.reliability.iloc[0]),
-            "truth": str(table.truth.iloc[0])}
+    info = {
+        "episodes": episodes,
+        "turns": len(v_pol),
+        "m": m,
+        "truth_s": truth_s,
+        "success": float(np.mean(batch.outcome_reward)),
+        "v_policy": float(v_pol.mean()),
+        "v_expert": float(v_exp.mean()),
+        "v_corr": float(np.corrcoef(v_pol, v_exp)[0, 1]),
+        "reliability": float(table.reliability.iloc[0]),
+        "truth": str(table.truth.iloc[0]),
+    }
     return table.reset_index(), info
 
 
 def main_truth(args) -> int:
     table, info = policy_truth(episodes=args.episodes or 64, m=args.m, seed=args.seed)
-    print(f"\n== the shipped automation start (3-4 expert turns): {info['episodes']} episodes (sampled success "
-          f"{info['success']:.2f}), {info['turns']} turn starts, M = {info['m']} ({info['truth_s']:.0f} s)")
-    print(f"V at turn starts: the policy's own (Monte-Carlo) {info['v_policy']:.3f}, the expert's {info['v_expert']:.3f}"
-          f" (correlation {info['v_corr']:.2f}); truth {info['truth']!r}, reliability {info['reliability']:.2f}")
-    cols = ["estimator", "turn_corr", "turn_corr_lo", "turn_corr_hi", "turn_corr_dis", "turn_slope_dis", "turn_sign",
-            "expert_turn_corr"]
-    print("turn credit against the policy's truth (raw [95%], disattenuated, slope/ρ) and against the expert's "
-          "credit; critics read the expert's values")
+    print(
+        f"\n== the shipped automation start (3-4 expert turns): {info['episodes']} episodes (sampled success "
+        f"{info['success']:.2f}), {info['turns']} turn starts, M = {info['m']} ({info['truth_s']:.0f} s)"
+    )
+    print(
+        f"V at turn starts: the policy's own (Monte-Carlo) {info['v_policy']:.3f}, the expert's {info['v_expert']:.3f}"
+        f" (correlation {info['v_corr']:.2f}); truth {info['truth']!r}, reliability {info['reliability']:.2f}"
+    )
+    cols = [
+        "estimator",
+        "turn_corr",
+        "turn_corr_lo",
+        "turn_corr_hi",
+        "turn_corr_dis",
+        "turn_slope_dis",
+        "turn_sign",
+        "expert_turn_corr",
+    ]
+    print(
+        "turn credit against the policy's truth (raw [95%], disattenuated, slope/ρ) and against the expert's "
+        "credit; critics read the expert's values"
+    )
     print(table[cols].to_string(index=False, float_format=lambda x: f"{x:.3f}", na_rep="-"))
     if args.csv:
         table.to_csv(args.csv, index=False)
@@ -566,32 +681,66 @@ def main_truth(args) -> int:
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--truth", choices=("expert", "mc"), default="expert",
-                    help="expert: the scripted expert's oracle on its own sets (default); mc: the shipped "
-                         "automation start's own episodes against its Monte-Carlo truth")
-    ap.add_argument("--episodes", type=int, default=None,
-                    help="mc: episodes of the start (G = 4; default 64); oracle-critic: expert episodes per "
-                         "environment (default 2000; 400 = the shipped set)")
+    ap.add_argument(
+        "--truth",
+        choices=("expert", "mc"),
+        default="expert",
+        help="expert: the scripted expert's oracle on its own sets (default); mc: the shipped "
+        "automation start's own episodes against its Monte-Carlo truth",
+    )
+    ap.add_argument(
+        "--episodes",
+        type=int,
+        default=None,
+        help="mc: episodes of the start (G = 4; default 64); oracle-critic: expert episodes per "
+        "environment (default 2000; 400 = the shipped set)",
+    )
     ap.add_argument("-M", dest="m", type=int, default=8, help="mc: continuations per turn start")
     ap.add_argument("--seed", type=int, default=0, help="mc: rollout and continuation seed")
-    ap.add_argument("--critic", choices=("noise", "learned"), default="noise",
-                    help="noise: the oracle plus Gaussian noise (default); learned: critics fitted to the sets")
-    ap.add_argument("--sizes", type=int, nargs="*", default=[400, 2000],
-                    help="learned: set sizes (400 = the shipped set; others are generated)")
-    ap.add_argument("--targets", nargs="*", default=["mc", "oracle"], choices=["mc", "oracle"],
-                    help="learned: what the critic is fitted to")
-    ap.add_argument("--trunks", nargs="*", default=["fresh", "policy"], choices=["fresh", "policy"],
-                    help="learned: a fresh trunk, or a shipped trained policy's (automation)")
+    ap.add_argument(
+        "--critic",
+        choices=("noise", "learned"),
+        default="noise",
+        help="noise: the oracle plus Gaussian noise (default); learned: critics fitted to the sets",
+    )
+    ap.add_argument(
+        "--sizes",
+        type=int,
+        nargs="*",
+        default=[400, 2000],
+        help="learned: set sizes (400 = the shipped set; others are generated)",
+    )
+    ap.add_argument(
+        "--targets",
+        nargs="*",
+        default=["mc", "oracle"],
+        choices=["mc", "oracle"],
+        help="learned: what the critic is fitted to",
+    )
+    ap.add_argument(
+        "--trunks",
+        nargs="*",
+        default=["fresh", "policy"],
+        choices=["fresh", "policy"],
+        help="learned: a fresh trunk, or a shipped trained policy's (automation)",
+    )
     ap.add_argument("--seeds", type=int, nargs="*", default=[0, 1, 2], help="learned: critic seeds")
     ap.add_argument("--budgets", type=int, nargs="*", default=[16, 64, 256, 1024], help="learned: step budgets")
     ap.add_argument("--threads", type=int, default=1, help="learned: torch CPU threads")
-    ap.add_argument("--oracle-critic", action="store_true",
-                    help="calibration: the exact oracle values as the critic, slopes beside the derivation's")
+    ap.add_argument(
+        "--oracle-critic",
+        action="store_true",
+        help="calibration: the exact oracle values as the critic, slopes beside the derivation's",
+    )
     ap.add_argument("--quick", action="store_true", help="sigma in {0, 0.1} only")
     ap.add_argument("--sigmas", type=float, nargs="*", default=None, help="critic noise levels")
     ap.add_argument("--envs", nargs="*", default=list(ENVS), choices=ENVS)
-    ap.add_argument("--noise-model", default="token", choices=["token", "turn"],
-                    help="critic noise: i.i.d. per token (default) or one draw per turn")
+    ap.add_argument(
+        "--noise-model",
+        default="token",
+        choices=["token", "turn"],
+        help="critic noise: i.i.d. per token (default) or one draw per turn",
+    )
     ap.add_argument("--csv", default=None, help="also write the table as CSV")
     args = ap.parse_args(argv)
     if args.truth == "mc":
@@ -606,8 +755,19 @@ def main(argv=None) -> int:
     t0 = time.perf_counter()
     df = run(args.envs, sigmas, noise_model=args.noise_model)
     pd.set_option("display.width", 200)
-    cols = ["estimator", "turn_corr", "turn_sign", "tok_corr", "within_corr", "dec_sign", "dec_mass",
-            "dec_mass_w", "dec_slope", "turn_slope", "ms"]
+    cols = [
+        "estimator",
+        "turn_corr",
+        "turn_sign",
+        "tok_corr",
+        "within_corr",
+        "dec_sign",
+        "dec_mass",
+        "dec_mass_w",
+        "dec_slope",
+        "turn_slope",
+        "ms",
+    ]
     for env in args.envs:
         for sigma in sigmas:
             part = df[(df.env == env) & ((df.sigma == sigma) | (df.estimator == "oracle (a*_t)"))]

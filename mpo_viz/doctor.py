@@ -62,21 +62,54 @@ from mpo_viz.data.schema import Problem
 from mpo_viz.data.trajectory import TrajectoryBatch
 from mpo_viz.options import Option
 
-__all__ = ["CHECKS", "Check", "Hits", "Finding", "Evidence", "OPTIONS", "EV_KEYS", "diagnose", "examine",
-           "merge_findings"]
+__all__ = [
+    "CHECKS",
+    "Check",
+    "Hits",
+    "Finding",
+    "Evidence",
+    "OPTIONS",
+    "EV_KEYS",
+    "diagnose",
+    "examine",
+    "merge_findings",
+]
 
 OPTIONS = (
-    Option("max_flat_share", 0.5, low=0.0, high=1.0,
-           doc="flat_groups fires when at least this share of the groups of two or more rows have all-equal scores"),
-    Option("shift_ratio", 0.5, low=0.0, high=1.0, low_open=True,
-           doc="values_shifted fires when a one-token shift brings the values' mean squared error to the "
-               "returns below this share of the aligned one"),
-    Option("collapse_drop", 0.5, low=0.0, high=1.0, low_open=True, high_open=True,
-           doc="turn_collapse fires when the last step's mean turn count is at most (1 - this) times the "
-               "peak of the earlier steps"),
-    Option("ev_tol", 0.05, low=0.0, low_open=True,
-           doc="explained_variance_per_microbatch fires when a logged explained variance and the one over "
-               "the step's batch differ by more than this"),
+    Option(
+        "max_flat_share",
+        0.5,
+        low=0.0,
+        high=1.0,
+        doc="flat_groups fires when at least this share of the groups of two or more rows have all-equal scores",
+    ),
+    Option(
+        "shift_ratio",
+        0.5,
+        low=0.0,
+        high=1.0,
+        low_open=True,
+        doc="values_shifted fires when a one-token shift brings the values' mean squared error to the "
+        "returns below this share of the aligned one",
+    ),
+    Option(
+        "collapse_drop",
+        0.5,
+        low=0.0,
+        high=1.0,
+        low_open=True,
+        high_open=True,
+        doc="turn_collapse fires when the last step's mean turn count is at most (1 - this) times the "
+        "peak of the earlier steps",
+    ),
+    Option(
+        "ev_tol",
+        0.05,
+        low=0.0,
+        low_open=True,
+        doc="explained_variance_per_microbatch fires when a logged explained variance and the one over "
+        "the step's batch differ by more than this",
+    ),
 )
 _DEFAULTS = {o.name: o.default for o in OPTIONS}
 
@@ -128,8 +161,11 @@ class Evidence:
     @cached_property
     def terminal(self) -> np.ndarray:
         """``(B,)`` bool: no finite bootstrap value and not truncated."""
-        trunc = np.array([bool(x) for x in self.batch.field("truncated")]) if self.batch.has("truncated") \
+        trunc = (
+            np.array([bool(x) for x in self.batch.field("truncated")])
+            if self.batch.has("truncated")
             else np.zeros(len(self.batch), dtype=bool)
+        )
         return ~np.isfinite(self.batch.bootstrap_value.numpy()) & ~trunc
 
     @cached_property
@@ -210,7 +246,9 @@ def reward_on_observation(ev: Evidence) -> Hits:
     """Rows the loader refused for a token reward on a masked token (the loader enforces the rule;
     the doctor names the symptom and counts them). Data that loads has no reward off the mask."""
     refused = [p.traj_id or p.where() for p in ev.rejected if _observation_reward(p)]
-    return Hits(rows=_unique(refused), detail=f"{len(refused)} row(s) refused by the loader for token_rewards on masked tokens")
+    return Hits(
+        rows=_unique(refused), detail=f"{len(refused)} row(s) refused by the loader for token_rewards on masked tokens"
+    )
 
 
 def _turn_table(ev: Evidence, x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -236,8 +274,11 @@ def return_dropped_before_observation(ev: Evidence) -> Hits:
     last_nonzero = nonzero[np.arange(len(k)), np.maximum(k - 1, 0)]
     earlier_zero = (exists & ~nonzero & (np.arange(nonzero.shape[1])[None, :] < (k - 1)[:, None])).any(1)
     rows = np.flatnonzero((k >= 2) & last_nonzero & earlier_zero)
-    return Hits(rows=ev.ids(rows), detail=f"read logged {name}; {len(rows)} of {int((k >= 2).sum())} multi-turn rows "
-                                          "have an all-zero turn before a non-zero last turn")
+    return Hits(
+        rows=ev.ids(rows),
+        detail=f"read logged {name}; {len(rows)} of {int((k >= 2).sum())} multi-turn rows "
+        "have an all-zero turn before a non-zero last turn",
+    )
 
 
 def _last_action_terms(ev: Evidence):
@@ -281,7 +322,9 @@ def masked_values_read(ev: Evidence) -> Hits:
     detail = f"{int(nonfinite.sum())} row(s) with non-finite values on masked positions"
     if ev.batch.has("returns"):
         sel, g, r, _, v_tail, tol = _last_action_terms(ev)
-        read = np.isfinite(v_tail) & (v_tail != 0) & (np.abs(g - r) > tol) & (np.abs(g - (r + ev.gamma * v_tail)) <= tol)
+        read = (
+            np.isfinite(v_tail) & (v_tail != 0) & (np.abs(g - r) > tol) & (np.abs(g - (r + ev.gamma * v_tail)) <= tol)
+        )
         rows += list(sel[read])
         detail += f"; {int(read.sum())} terminal row(s) whose last return bootstrapped from the masked tail's value"
     else:
@@ -317,8 +360,10 @@ def values_shifted(ev: Evidence) -> Hits:
     per_row = {s: e.sum(1) for s, e in err.items()}
     rows = np.flatnonzero((per_row[best] < ratio * per_row[0]) & (per_row[0] > 0)) if fired else np.zeros(0, int)
     word = "later" if best == 1 else "earlier"
-    detail = (f"mean squared error vs {src}: aligned {pooled[0]:.4g}, value one token {word} {pooled[best]:.4g} "
-              f"(fires below {ratio:g}x)")
+    detail = (
+        f"mean squared error vs {src}: aligned {pooled[0]:.4g}, value one token {word} {pooled[best]:.4g} "
+        f"(fires below {ratio:g}x)"
+    )
     return Hits(rows=ev.ids(rows), detail=detail, fired=fired)
 
 
@@ -334,9 +379,12 @@ def flat_groups(ev: Evidence) -> Hits:
     flat = [k for k in multi if spread[k] <= 1e-12]
     share = len(flat) / len(multi)
     rows = np.flatnonzero(np.isin(np.asarray(ev.batch.group_ids, dtype=object), np.asarray(flat, dtype=object)))
-    return Hits(rows=ev.ids(rows), fired=share >= ev.opt("max_flat_share"),
-                detail=f"{len(flat)} of {len(multi)} groups ({share:.0%}) have all-equal scores "
-                       f"(fires at {ev.opt('max_flat_share'):.0%})")
+    return Hits(
+        rows=ev.ids(rows),
+        fired=share >= ev.opt("max_flat_share"),
+        detail=f"{len(flat)} of {len(multi)} groups ({share:.0%}) have all-equal scores "
+        f"(fires at {ev.opt('max_flat_share'):.0%})",
+    )
 
 
 def missing_reward(ev: Evidence) -> Hits:
@@ -363,9 +411,12 @@ def turn_collapse(ev: Evidence) -> Hits:
     fired = last <= (1 - ev.opt("collapse_drop")) * peak
     at_last = known & (ev.steps == per.index[-1]) & (ev.batch.num_turns < peak)
     rows = np.flatnonzero(at_last) if fired else np.zeros(0, int)
-    return Hits(rows=ev.ids(rows), fired=fired,
-                detail=f"mean turns per row: peak {peak:.3g} (step {per.iloc[:-1].idxmax():g}), "
-                       f"last step {per.index[-1]:g}: {last:.3g}")
+    return Hits(
+        rows=ev.ids(rows),
+        fired=fired,
+        detail=f"mean turns per row: peak {peak:.3g} (step {per.iloc[:-1].idxmax():g}), "
+        f"last step {per.index[-1]:g}: {last:.3g}",
+    )
 
 
 def explained_variance_per_microbatch(ev: Evidence) -> Hits:
@@ -398,35 +449,89 @@ def explained_variance_per_microbatch(ev: Evidence) -> Hits:
         return Hits(skipped="no logged explained variance matches a step of these rows")
     rows_hit = [i for *_, rows in off for i in rows]
     head = "; ".join(f"step {s}: logged {a:.3g}, over the batch {b:.3g}" for s, a, b, _ in off[:3])
-    return Hits(rows=ev.ids(rows_hit), detail=f"{len(off)} of {compared} step(s) differ" + (f" ({head})" if head else ""))
+    return Hits(
+        rows=ev.ids(rows_hit), detail=f"{len(off)} of {compared} step(s) differ" + (f" ({head})" if head else "")
+    )
 
 
 CHECKS: tuple[Check, ...] = (
-    Check("reward_on_observation", "verl #7278", "a reward on a token outside the loss mask",
-          "move each reward to the last action token before it (mpo-viz convert does, and counts the moves)",
-          reward_on_observation),
-    Check("return_dropped_before_observation", "verl #7278", "returns reset at an observation span: earlier turns get none",
-          "carry the running return across masked tokens; recompute with mpo-viz advantages", return_dropped_before_observation),
-    Check("terminal_reward_on_masked_tail", "miles PR #1827", "the terminal reward lost or decayed on a masked tail",
-          "run the recursion over action tokens only, with the reward on the last action token", terminal_reward_on_masked_tail),
-    Check("masked_values_read", "ROLL PR #447", "values on masked positions reach valid advantages",
-          "mask the values before the advantage recursion (and never write NaN there)", masked_values_read),
-    Check("values_shifted", "VAGEN #33", "values shifted by one token against the mask",
-          "align values[t] with the state before token t (the value head at position t-1)", values_shifted),
-    Check("flat_groups", "GRPO", "groups whose rewards are all equal carry no group-relative signal",
-          "sample harder or easier tasks, larger groups, or drop flat groups (dynamic sampling)", flat_groups),
-    Check("missing_reward", "trajectory/v1", "rows without any reward",
-          "log the outcome reward (or turn/token rewards) for every row", missing_reward),
-    Check("turn_collapse", "verl PR #4998", "the turn count collapses over the run's steps",
-          "reward the tool use the task needs; watch turns per step", turn_collapse),
-    Check("explained_variance_per_microbatch", "RLinf PR #1297", "explained variance averaged per micro-batch",
-          "compute 1 - Var(G - V)/Var(G) from sums over the whole batch", explained_variance_per_microbatch),
+    Check(
+        "reward_on_observation",
+        "verl #7278",
+        "a reward on a token outside the loss mask",
+        "move each reward to the last action token before it (mpo-viz convert does, and counts the moves)",
+        reward_on_observation,
+    ),
+    Check(
+        "return_dropped_before_observation",
+        "verl #7278",
+        "returns reset at an observation span: earlier turns get none",
+        "carry the running return across masked tokens; recompute with mpo-viz advantages",
+        return_dropped_before_observation,
+    ),
+    Check(
+        "terminal_reward_on_masked_tail",
+        "miles PR #1827",
+        "the terminal reward lost or decayed on a masked tail",
+        "run the recursion over action tokens only, with the reward on the last action token",
+        terminal_reward_on_masked_tail,
+    ),
+    Check(
+        "masked_values_read",
+        "ROLL PR #447",
+        "values on masked positions reach valid advantages",
+        "mask the values before the advantage recursion (and never write NaN there)",
+        masked_values_read,
+    ),
+    Check(
+        "values_shifted",
+        "VAGEN #33",
+        "values shifted by one token against the mask",
+        "align values[t] with the state before token t (the value head at position t-1)",
+        values_shifted,
+    ),
+    Check(
+        "flat_groups",
+        "GRPO",
+        "groups whose rewards are all equal carry no group-relative signal",
+        "sample harder or easier tasks, larger groups, or drop flat groups (dynamic sampling)",
+        flat_groups,
+    ),
+    Check(
+        "missing_reward",
+        "trajectory/v1",
+        "rows without any reward",
+        "log the outcome reward (or turn/token rewards) for every row",
+        missing_reward,
+    ),
+    Check(
+        "turn_collapse",
+        "verl PR #4998",
+        "the turn count collapses over the run's steps",
+        "reward the tool use the task needs; watch turns per step",
+        turn_collapse,
+    ),
+    Check(
+        "explained_variance_per_microbatch",
+        "RLinf PR #1297",
+        "explained variance averaged per micro-batch",
+        "compute 1 - Var(G - V)/Var(G) from sums over the whole batch",
+        explained_variance_per_microbatch,
+    ),
 )
 
 
 # ---------------------------------------------------------------------------- running them
-def diagnose(batch: TrajectoryBatch, *, rejected: Sequence[Problem] = (), steps=None, metrics=None,
-             checks: Sequence[Check] = CHECKS, max_examples: int = 3, **options) -> list[Finding]:
+def diagnose(
+    batch: TrajectoryBatch,
+    *,
+    rejected: Sequence[Problem] = (),
+    steps=None,
+    metrics=None,
+    checks: Sequence[Check] = CHECKS,
+    max_examples: int = 3,
+    **options,
+) -> list[Finding]:
     """Run ``checks`` on ``batch`` (and the loader's ``rejected`` problems); one :class:`Finding` per
     check. ``steps``: ``(B,)`` step per row (default the ``step`` column); ``metrics``: the run's
     logged records; ``options``: thresholds of :data:`OPTIONS` by name."""
@@ -444,8 +549,18 @@ def diagnose(batch: TrajectoryBatch, *, rejected: Sequence[Problem] = (), steps=
         h = c.run(ev) if len(batch) or c.name == "reward_on_observation" else Hits(skipped="no valid row")
         fired = bool(h.rows) if h.fired is None else bool(h.fired)
         status = "skipped" if h.skipped else "fired" if fired else "ok"
-        out.append(Finding(c.name, c.source, c.symptom, status, len(h.rows), list(h.rows[:max_examples]),
-                           h.skipped or h.detail, c.fix))
+        out.append(
+            Finding(
+                c.name,
+                c.source,
+                c.symptom,
+                status,
+                len(h.rows),
+                list(h.rows[:max_examples]),
+                h.skipped or h.detail,
+                c.fix,
+            )
+        )
     return out
 
 
@@ -460,9 +575,18 @@ def merge_findings(a: Sequence[Finding], b: Sequence[Finding], max_examples: int
     rank = {"fired": 2, "ok": 1, "skipped": 0}
     for x, y in zip(a, b):
         first = x if rank[x.status] >= rank[y.status] else y
-        out.append(Finding(x.check, x.source, x.symptom, first.status, x.rows_hit + y.rows_hit,
-                           (x.examples + y.examples)[:max_examples] if first is x else (y.examples + x.examples)[:max_examples],
-                           first.detail, x.fix))
+        out.append(
+            Finding(
+                x.check,
+                x.source,
+                x.symptom,
+                first.status,
+                x.rows_hit + y.rows_hit,
+                (x.examples + y.examples)[:max_examples] if first is x else (y.examples + x.examples)[:max_examples],
+                first.detail,
+                x.fix,
+            )
+        )
     return out
 
 

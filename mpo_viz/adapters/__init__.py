@@ -45,8 +45,20 @@ from mpo_viz.adapters.trl import from_trl, iter_trl
 from mpo_viz.adapters.verl import from_verl, iter_verl
 from mpo_viz.checks import OptionError
 
-__all__ = ["ConversionReport", "ConversionWarning", "FORMATS", "from_verl", "from_areal", "from_skyrl", "from_steps", "from_chat", "from_trl",
-           "from_art", "stream", "convert"]
+__all__ = [
+    "ConversionReport",
+    "ConversionWarning",
+    "FORMATS",
+    "from_verl",
+    "from_areal",
+    "from_skyrl",
+    "from_steps",
+    "from_chat",
+    "from_trl",
+    "from_art",
+    "stream",
+    "convert",
+]
 
 # name (``mpo-viz convert --from``) -> (row generator, options it takes, needs a tokenizer)
 FORMATS: dict[str, tuple[Callable, tuple, bool]] = {
@@ -60,9 +72,18 @@ FORMATS: dict[str, tuple[Callable, tuple, bool]] = {
 }
 
 
-def stream(kind: str, src, *, tokenizer=None, trust: bool = False, obs_reward: str = "move",
-           errors: str = "raise", chunk_rows: int = 1024, allow_unknown: bool = False,
-           unknown_role: str = "error") -> tuple[Iterator, ConversionReport]:
+def stream(
+    kind: str,
+    src,
+    *,
+    tokenizer=None,
+    trust: bool = False,
+    obs_reward: str = "move",
+    errors: str = "raise",
+    chunk_rows: int = 1024,
+    allow_unknown: bool = False,
+    unknown_role: str = "error",
+) -> tuple[Iterator, ConversionReport]:
     """Convert ``src`` with adapter ``kind`` chunk by chunk.
 
     Returns ``(batches, report)``: an iterator of validated TrajectoryBatches of at most about
@@ -79,19 +100,27 @@ def stream(kind: str, src, *, tokenizer=None, trust: bool = False, obs_reward: s
     check_options(obs_reward=obs_reward, errors=errors)
     gen_fn, takes, needs_tok = FORMATS[kind]
     if needs_tok and tokenizer is None:
-        raise OptionError("tokenizer", f"expected a local tokenizer folder ({kind} logs are text; the tokenizer "
-                          "turns them into token ids), found none")
+        raise OptionError(
+            "tokenizer",
+            f"expected a local tokenizer folder ({kind} logs are text; the tokenizer "
+            "turns them into token ids), found none",
+        )
     if not needs_tok and tokenizer is not None:
         raise OptionError("tokenizer", f"expected none ({kind} logs hold token ids already), found {str(tokenizer)!r}")
     if allow_unknown and "allow_unknown" not in takes:
-        raise OptionError("allow_unknown", f"expected only with openai, trl or art inputs (text through a tokenizer), "
-                          f"found it with {kind}")
+        raise OptionError(
+            "allow_unknown",
+            f"expected only with openai, trl or art inputs (text through a tokenizer), found it with {kind}",
+        )
     if unknown_role != "error" and "allow_unknown" not in takes:
-        raise OptionError("unknown_role", f"expected only with openai, trl or art inputs (chat messages), found it "
-                          f"with {kind}")
+        raise OptionError(
+            "unknown_role", f"expected only with openai, trl or art inputs (chat messages), found it with {kind}"
+        )
     if trust and "trust" not in takes:
-        raise OptionError("trust", f"expected only with verl or skyrl inputs (the only ones that may be pickles), "
-                          f"found it with {kind}")
+        raise OptionError(
+            "trust",
+            f"expected only with verl or skyrl inputs (the only ones that may be pickles), found it with {kind}",
+        )
     opts: dict[str, Any] = {"obs_reward": obs_reward}
     if "trust" in takes:
         opts["trust"] = trust
@@ -101,14 +130,33 @@ def stream(kind: str, src, *, tokenizer=None, trust: bool = False, obs_reward: s
     return drive(gen_fn(src, col, **opts), col, chunk_rows), col.report
 
 
-def convert(kind: str, src, out, *, tokenizer=None, trust: bool = False, obs_reward: str = "move",
-            errors: str = "raise", chunk_rows: int = 1024, allow_unknown: bool = False,
-            unknown_role: str = "error") -> ConversionReport:
+def convert(
+    kind: str,
+    src,
+    out,
+    *,
+    tokenizer=None,
+    trust: bool = False,
+    obs_reward: str = "move",
+    errors: str = "raise",
+    chunk_rows: int = 1024,
+    allow_unknown: bool = False,
+    unknown_role: str = "error",
+) -> ConversionReport:
     """Convert ``src`` and write trajectory/v1 to ``out``: a ``.parquet`` file, or a folder of
     ``part-NNNNN.parquet`` files (one per chunk). Memory stays bounded by the chunk size. The same
     input always gives the same bytes. Returns the report.
     """
-    batches, report = stream(kind, src, tokenizer=tokenizer, trust=trust, obs_reward=obs_reward, errors=errors,
-                             chunk_rows=chunk_rows, allow_unknown=allow_unknown, unknown_role=unknown_role)
+    batches, report = stream(
+        kind,
+        src,
+        tokenizer=tokenizer,
+        trust=trust,
+        obs_reward=obs_reward,
+        errors=errors,
+        chunk_rows=chunk_rows,
+        allow_unknown=allow_unknown,
+        unknown_role=unknown_role,
+    )
     write_chunks(batches, out)
     return report

@@ -55,8 +55,9 @@ _REWARD_KEYS = ("reward", "score")
 #: the roles of the OpenAI chat API; any other role is refused or kept as an observation (``unknown_role``)
 KNOWN_ROLES = ("system", "developer", "user", "assistant", "tool", "function")
 #: v1 scalar fields a chat row may carry under their own name (the adapter computes the others)
-_ROW_SCALARS = tuple(k for k in SCALAR_FIELDS
-                     if k not in ("traj_id", "group_id", "reward", "num_turns", "messages_json", "extra_json"))
+_ROW_SCALARS = tuple(
+    k for k in SCALAR_FIELDS if k not in ("traj_id", "group_id", "reward", "num_turns", "messages_json", "extra_json")
+)
 
 
 def _tool_name(t: dict) -> str:
@@ -88,22 +89,34 @@ def _check_messages(enc: ChatEncoder, messages, tools) -> list[int]:
     odd = [i for i, m in enumerate(messages) if m["role"] not in KNOWN_ROLES]
     if odd and enc.unknown_role == "error":
         i = odd[0]
-        raise _RowProblem(f"messages[{i}].role", f"one of {', '.join(KNOWN_ROLES)} (or unknown_role='observation', "
-                          "mpo-viz convert --unknown-role observation, to keep the message as observation tokens)",
-                          f"{messages[i]['role']!r}", False)
+        raise _RowProblem(
+            f"messages[{i}].role",
+            f"one of {', '.join(KNOWN_ROLES)} (or unknown_role='observation', "
+            "mpo-viz convert --unknown-role observation, to keep the message as observation tokens)",
+            f"{messages[i]['role']!r}",
+            False,
+        )
     if tools is not None and not _tool_schemas_ok(tools):
-        raise _RowProblem("tools", "a list of tool schemas {type: function, function: {name, description, parameters}}",
-                          repr(tools)[:80], True)
+        raise _RowProblem(
+            "tools",
+            "a list of tool schemas {type: function, function: {name, description, parameters}}",
+            repr(tools)[:80],
+            True,
+        )
     return odd
 
 
 def _check_rendered(enc: ChatEncoder, messages: list[dict], odd: list[int], tools) -> None:
     """:class:`TemplateError` when the template renders a kept unknown-role message with content as nothing."""
     for i in odd:
-        if message_text(messages[i], f"messages[{i}]", None) and not enc.renders_message(enc.prepare(messages), i, tools):
-            raise TemplateError(f"messages[{i}].role: expected a role the chat template renders (a message kept as "
-                                f"an observation must become tokens), found {messages[i]['role']!r}, which it "
-                                "renders as nothing")
+        if message_text(messages[i], f"messages[{i}]", None) and not enc.renders_message(
+            enc.prepare(messages), i, tools
+        ):
+            raise TemplateError(
+                f"messages[{i}].role: expected a role the chat template renders (a message kept as "
+                f"an observation must become tokens), found {messages[i]['role']!r}, which it "
+                "renders as nothing"
+            )
 
 
 def _turn_rewards(messages: list[dict], actions: list[int], turn_of: list[int], obs_reward: str, rep):
@@ -125,8 +138,12 @@ def _turn_rewards(messages: list[dict], actions: list[int], turn_of: list[int], 
         if i in actions:
             turn_r[t] += float(r)
         elif obs_reward == "error":
-            raise _RowProblem(f"messages[{i}].reward", "rewards on assistant messages only (obs_reward='error')",
-                              f"{float(r):g} on a {m['role']} message", False)
+            raise _RowProblem(
+                f"messages[{i}].reward",
+                "rewards on assistant messages only (obs_reward='error')",
+                f"{float(r):g} on a {m['role']} message",
+                False,
+            )
         elif t >= 0:
             rep.rewards_moved += 1
             turn_r[t] += float(r)
@@ -136,9 +153,22 @@ def _turn_rewards(messages: list[dict], actions: list[int], turn_of: list[int], 
     return turn_r, has_turn_r
 
 
-def conversation_row(enc: ChatEncoder, col: Collector, messages, *, traj_id: str, group_id: str, reward,
-                     actions: list[int] | None = None, tools=None, line=None, row=None, obs_reward: str = "move",
-                     extra: dict | None = None, scalars: dict | None = None) -> dict | None:
+def conversation_row(
+    enc: ChatEncoder,
+    col: Collector,
+    messages,
+    *,
+    traj_id: str,
+    group_id: str,
+    reward,
+    actions: list[int] | None = None,
+    tools=None,
+    line=None,
+    row=None,
+    obs_reward: str = "move",
+    extra: dict | None = None,
+    scalars: dict | None = None,
+) -> dict | None:
     """One conversation → a v1 row (None, with a problem recorded, if it cannot be converted)."""
     rep = col.report
     try:
@@ -146,8 +176,13 @@ def conversation_row(enc: ChatEncoder, col: Collector, messages, *, traj_id: str
         if actions is None:
             actions = [i for i, m in enumerate(messages) if m["role"] == "assistant"]
         try:
-            enc_out = enc.encode(messages, actions=actions, tools=tools, report=rep,
-                                 where=f"{'line ' + str(line) if line is not None else 'row ' + str(row)}: ")
+            enc_out = enc.encode(
+                messages,
+                actions=actions,
+                tools=tools,
+                report=rep,
+                where=f"{'line ' + str(line) if line is not None else 'row ' + str(row)}: ",
+            )
             _check_rendered(enc, messages, odd, tools)
         except TemplateError as exc:
             field, _, msg = str(exc).partition(": ")
@@ -167,12 +202,21 @@ def conversation_row(enc: ChatEncoder, col: Collector, messages, *, traj_id: str
         rep.tool_schemas.update(_tool_name(t) for t in tools)
         rep.tools_rendering = rep.tools_rendering or ("template" if enc.renders_tools else "kept")
         extra = {**(extra or {}), "tools": tools}
-    out = {**(scalars or {}), "traj_id": traj_id, "group_id": group_id, "prompt_ids": enc_out["prompt_ids"],
-           "response_ids": enc_out["response_ids"], "loss_mask": enc_out["loss_mask"],
-           "turn_ids": enc_out["turn_ids"], "reward": math.nan if reward is None else float(reward),
-           "num_turns": len(actions), "response_tokens": enc.tokens(enc_out["response_ids"]),
-           "messages_json": json.dumps([{k: v for k, v in m.items() if k not in ("token_ids", "logprobs")}
-                                        for m in messages], ensure_ascii=False)}
+    out = {
+        **(scalars or {}),
+        "traj_id": traj_id,
+        "group_id": group_id,
+        "prompt_ids": enc_out["prompt_ids"],
+        "response_ids": enc_out["response_ids"],
+        "loss_mask": enc_out["loss_mask"],
+        "turn_ids": enc_out["turn_ids"],
+        "reward": math.nan if reward is None else float(reward),
+        "num_turns": len(actions),
+        "response_tokens": enc.tokens(enc_out["response_ids"]),
+        "messages_json": json.dumps(
+            [{k: v for k, v in m.items() if k not in ("token_ids", "logprobs")} for m in messages], ensure_ascii=False
+        ),
+    }
     if has_turn_r:
         out["turn_rewards"] = turn_r
     if enc_out["logprobs"] is not None:
@@ -189,15 +233,25 @@ def _first(d: dict, keys):
 def encoder_for(tokenizer, col: Collector, allow_unknown: bool = False, unknown_role: str = "error") -> ChatEncoder:
     """The :class:`ChatEncoder` of ``tokenizer`` (a folder, a tokenizer or an encoder), its name in
     the output's metadata and its unknown-token refusal among the collector's checks."""
-    enc = (tokenizer if isinstance(tokenizer, ChatEncoder)
-           else ChatEncoder(tokenizer, allow_unknown=allow_unknown, unknown_role=unknown_role))
+    enc = (
+        tokenizer
+        if isinstance(tokenizer, ChatEncoder)
+        else ChatEncoder(tokenizer, allow_unknown=allow_unknown, unknown_role=unknown_role)
+    )
     col.meta.setdefault("tokenizer", Path(str(enc.name)).name)
     col.checks.append(enc.refuse_unknown)
     return enc
 
 
-def iter_chat(src, col: Collector, *, tokenizer=None, obs_reward: str = "move",
-              allow_unknown: bool = False, unknown_role: str = "error") -> Iterator[None]:
+def iter_chat(
+    src,
+    col: Collector,
+    *,
+    tokenizer=None,
+    obs_reward: str = "move",
+    allow_unknown: bool = False,
+    unknown_role: str = "error",
+) -> Iterator[None]:
     enc = encoder_for(tokenizer, col, allow_unknown, unknown_role)
     groups: dict = {}
     items = jsonl_lines(src, col) if isinstance(src, (str, Path)) else ((None, x) for x in src)
@@ -206,8 +260,13 @@ def iter_chat(src, col: Collector, *, tokenizer=None, obs_reward: str = "move",
         row = None if line is not None else i
         if not isinstance(obj, dict) or not isinstance(obj.get("messages"), list):
             found = f"keys {sorted(obj)}" if isinstance(obj, dict) else type(obj).__name__
-            col.problem("messages", "one conversation per line with a 'messages' list of {role, content}", found,
-                        line=line, row=row)
+            col.problem(
+                "messages",
+                "one conversation per line with a 'messages' list of {role, content}",
+                found,
+                line=line,
+                row=row,
+            )
             yield
             continue
         msgs = obj["messages"]
@@ -215,24 +274,47 @@ def iter_chat(src, col: Collector, *, tokenizer=None, obs_reward: str = "move",
         tid = str(tid) if tid is not None else (f"line{line}" if line is not None else f"row{i}")
         gid = _first(obj, _GROUP_KEYS)
         if gid is None:
-            first_a = next((k for k, m in enumerate(msgs) if isinstance(m, dict) and m.get("role") == "assistant"),
-                           len(msgs))
+            first_a = next(
+                (k for k, m in enumerate(msgs) if isinstance(m, dict) and m.get("role") == "assistant"), len(msgs)
+            )
             key = dumps(msgs[:first_a])
             gid = groups.setdefault(key, f"prompt{len(groups)}")
             col.report.note("no group id: group_id from identical messages before the first assistant turn")
         scalars = {k: obj[k] for k in _ROW_SCALARS if obj.get(k) is not None}
-        extra = {k: v for k, v in obj.items()
-                 if k not in ("messages", "tools", *_ID_KEYS, *_GROUP_KEYS, *_REWARD_KEYS, *scalars)}
-        out = conversation_row(enc, col, msgs, traj_id=tid, group_id=str(gid), reward=_first(obj, _REWARD_KEYS),
-                               tools=obj.get("tools"), line=line, row=row, obs_reward=obs_reward, extra=extra or None,
-                               scalars=scalars)
+        extra = {
+            k: v
+            for k, v in obj.items()
+            if k not in ("messages", "tools", *_ID_KEYS, *_GROUP_KEYS, *_REWARD_KEYS, *scalars)
+        }
+        out = conversation_row(
+            enc,
+            col,
+            msgs,
+            traj_id=tid,
+            group_id=str(gid),
+            reward=_first(obj, _REWARD_KEYS),
+            tools=obj.get("tools"),
+            line=line,
+            row=row,
+            obs_reward=obs_reward,
+            extra=extra or None,
+            scalars=scalars,
+        )
         if out is not None:
             col.add(out, line=line, row_index=row)
         yield
 
 
-def from_chat(src, *, tokenizer, obs_reward: str = "move", errors: str = "raise", source=None,
-              allow_unknown: bool = False, unknown_role: str = "error"):
+def from_chat(
+    src,
+    *,
+    tokenizer,
+    obs_reward: str = "move",
+    errors: str = "raise",
+    source=None,
+    allow_unknown: bool = False,
+    unknown_role: str = "error",
+):
     """Convert OpenAI-style chat JSONL (a path, or a list of dicts) to v1 with a local tokenizer.
 
     ``tokenizer``: a local folder (``save_pretrained`` layout, with a chat template) or a loaded
@@ -249,5 +331,9 @@ def from_chat(src, *, tokenizer, obs_reward: str = "move", errors: str = "raise"
     if source is None and isinstance(src, (str, Path)):
         source = src
     col = Collector("openai", source=source, errors=errors)
-    return run(iter_chat(src, col, tokenizer=tokenizer, obs_reward=obs_reward, allow_unknown=allow_unknown,
-                         unknown_role=unknown_role), col)
+    return run(
+        iter_chat(
+            src, col, tokenizer=tokenizer, obs_reward=obs_reward, allow_unknown=allow_unknown, unknown_role=unknown_role
+        ),
+        col,
+    )

@@ -62,8 +62,16 @@ class TemplateError(ValueError):
 # keys of a logged message that are mpo_viz's or the log's, never the template's
 _LOG_KEYS = ("token_ids", "logprobs", "reward", "trainable")
 _PROBE_NAME, _PROBE_ARG = "mpo_viz_probe_tool", "mpo_viz_probe_arg"
-_PROBE_TOOLS = [{"type": "function", "function": {"name": _PROBE_NAME, "description": "probe",
-                                                  "parameters": {"type": "object", "properties": {_PROBE_ARG: {"type": "string"}}}}}]
+_PROBE_TOOLS = [
+    {
+        "type": "function",
+        "function": {
+            "name": _PROBE_NAME,
+            "description": "probe",
+            "parameters": {"type": "object", "properties": {_PROBE_ARG: {"type": "string"}}},
+        },
+    }
+]
 
 
 def _arguments(raw):
@@ -84,14 +92,18 @@ def tool_calls_of(msg: dict, where: str) -> list[dict]:
     if not calls:
         return []
     if not isinstance(calls, list):
-        raise TemplateError(f"{where}.tool_calls: expected a list of {{type, function: {{name, arguments}}}}, "
-                            f"found {type(calls).__name__}")
+        raise TemplateError(
+            f"{where}.tool_calls: expected a list of {{type, function: {{name, arguments}}}}, "
+            f"found {type(calls).__name__}"
+        )
     out = []
     for j, c in enumerate(calls):
         f = c.get("function", c) if isinstance(c, dict) else None
         if not isinstance(f, dict) or not isinstance(f.get("name"), str) or not f["name"]:
-            raise TemplateError(f"{where}.tool_calls[{j}]: expected {{type, function: {{name, arguments}}}} with a "
-                                f"function name, found {json.dumps(c)[:80]}")
+            raise TemplateError(
+                f"{where}.tool_calls[{j}]: expected {{type, function: {{name, arguments}}}} with a "
+                f"function name, found {json.dumps(c)[:80]}"
+            )
         call = {"type": "function", "function": {"name": f["name"], "arguments": _arguments(f.get("arguments", {}))}}
         if isinstance(c.get("id"), str):
             call["id"] = c["id"]
@@ -102,8 +114,12 @@ def tool_calls_of(msg: dict, where: str) -> list[dict]:
 def plain_tool_calls(calls: list[dict]) -> str:
     """The plain rendering of tool calls (in :func:`tool_calls_of`'s form): one line per call,
     ``<tool_call>{"name": ..., "arguments": ...}</tool_call>``, joined by newlines."""
-    return "\n".join("<tool_call>" + json.dumps({"name": c["function"]["name"], "arguments": c["function"]["arguments"]},
-                                                 ensure_ascii=False) + "</tool_call>" for c in calls)
+    return "\n".join(
+        "<tool_call>"
+        + json.dumps({"name": c["function"]["name"], "arguments": c["function"]["arguments"]}, ensure_ascii=False)
+        + "</tool_call>"
+        for c in calls
+    )
 
 
 def message_text(msg: dict, where: str, report) -> str:
@@ -118,8 +134,9 @@ def message_text(msg: dict, where: str, report) -> str:
         if len(texts) != len(c) and report is not None:
             report.note("content parts without text (images, audio) left out of the tokens (kept in messages_json)")
         return "".join(texts)
-    raise TemplateError(f"{where}.content: expected text, null or a list of {{type, text}} parts, found "
-                        f"{type(c).__name__}")
+    raise TemplateError(
+        f"{where}.content: expected text, null or a list of {{type, text}} parts, found {type(c).__name__}"
+    )
 
 
 def _logged(msg: dict):
@@ -130,8 +147,11 @@ def _logged(msg: dict):
     if isinstance(lp, dict) and isinstance(lp.get("content"), list):
         content = lp["content"]
         lps = [float(c["logprob"]) for c in content]
-        if ids is None and content and all(isinstance(c.get("token"), str) and c["token"].startswith("token_id:")
-                                           for c in content):
+        if (
+            ids is None
+            and content
+            and all(isinstance(c.get("token"), str) and c["token"].startswith("token_id:") for c in content)
+        ):
             ids = [int(c["token"].split(":", 1)[1]) for c in content]
     elif isinstance(lp, list):
         lps = [float(x) for x in lp]
@@ -149,8 +169,9 @@ class _Layout:
     lps: list = field(default_factory=list)
     have_lp: bool = True
     empty: list = field(default_factory=list)
-    unknown: dict = field(default_factory=lambda: {"prompt": [0, 0, []], "action": [0, 0, []],
-                                                   "observation": [0, 0, []]})
+    unknown: dict = field(
+        default_factory=lambda: {"prompt": [0, 0, []], "action": [0, 0, []], "observation": [0, 0, []]}
+    )
 
     def add(self, ids: list, mask: int, turn: int, lp: list | None = None) -> None:
         self.resp += ids
@@ -167,12 +188,17 @@ class ChatEncoder:
             raise OptionError("unknown_role", f"expected one of {list(UNKNOWN_ROLE)}, found {unknown_role!r}")
         self.unknown_role = unknown_role
         if tokenizer is None:
-            raise OptionError("tokenizer", "expected a local tokenizer folder with a chat template (text must become "
-                              "token ids), found none")
+            raise OptionError(
+                "tokenizer",
+                "expected a local tokenizer folder with a chat template (text must become token ids), found none",
+            )
         self.tok = load_local_tokenizer(tokenizer) if isinstance(tokenizer, (str, Path)) else tokenizer
         if not getattr(self.tok, "chat_template", None):
-            raise OptionError("tokenizer", "expected a tokenizer with a chat template, found one without "
-                              "(tokenizer_config.json has no chat_template)")
+            raise OptionError(
+                "tokenizer",
+                "expected a tokenizer with a chat template, found one without "
+                "(tokenizer_config.json has no chat_template)",
+            )
         self.name = getattr(self.tok, "name_or_path", None) or type(self.tok).__name__
         self.allow_unknown = bool(allow_unknown)
         self.unk = self.tok.unk_token_id
@@ -187,9 +213,20 @@ class ChatEncoder:
 
     def _renders_tool_calls(self) -> bool:
         """Whether the chat template renders an assistant message's tool call (name and arguments)."""
-        probe = [{"role": "user", "content": "x"},
-                 {"role": "assistant", "content": "", "tool_calls": [
-                     {"type": "function", "id": "call_0", "function": {"name": _PROBE_NAME, "arguments": {_PROBE_ARG: 7}}}]}]
+        probe = [
+            {"role": "user", "content": "x"},
+            {
+                "role": "assistant",
+                "content": "",
+                "tool_calls": [
+                    {
+                        "type": "function",
+                        "id": "call_0",
+                        "function": {"name": _PROBE_NAME, "arguments": {_PROBE_ARG: 7}},
+                    }
+                ],
+            },
+        ]
         try:
             text = self.tok.apply_chat_template(probe, tokenize=False)
         except Exception:  # noqa: BLE001 - a template that raises on tool calls does not render them
@@ -214,8 +251,10 @@ class ChatEncoder:
         try:
             return self.tok.apply_chat_template(messages, tokenize=False, add_generation_prompt=gen, **kw)
         except Exception as exc:  # noqa: BLE001 - jinja errors of any kind: the template refuses this conversation
-            raise TemplateError(f"messages: expected a conversation the chat template renders, found it raises "
-                                f"{type(exc).__name__}: {str(exc)[:120]}") from None
+            raise TemplateError(
+                f"messages: expected a conversation the chat template renders, found it raises "
+                f"{type(exc).__name__}: {str(exc)[:120]}"
+            ) from None
 
     def ids(self, text: str) -> list[int]:
         return list(self.tok(text, add_special_tokens=False)["input_ids"]) if text else []
@@ -264,10 +303,14 @@ class ChatEncoder:
             return
         n_unk, n = report.unknown_tokens["action"]
         ex = ", ".join(report.unknown_examples.get("action") or [])
-        raise OptionError("tokenizer", f"expected a tokenizer that covers the conversations' text, found {n_unk} of {n} "
-                          f"action tokens ({share:.0%}) mapped to its unknown token {self.tok.unk_token!r}"
-                          + (f" (e.g. {ex})" if ex else "") + "; use the model's own tokenizer, or convert anyway "
-                          "with allow_unknown=True (mpo-viz convert --allow-unknown-tokens)")
+        raise OptionError(
+            "tokenizer",
+            f"expected a tokenizer that covers the conversations' text, found {n_unk} of {n} "
+            f"action tokens ({share:.0%}) mapped to its unknown token {self.tok.unk_token!r}"
+            + (f" (e.g. {ex})" if ex else "")
+            + "; use the model's own tokenizer, or convert anyway "
+            "with allow_unknown=True (mpo-viz convert --allow-unknown-tokens)",
+        )
 
     def encode(self, messages: list[dict], *, actions: list[int], tools=None, report=None, where: str = ""):
         """Token layout of ``messages`` whose assistant messages at indexes ``actions`` are the policy's.
@@ -300,9 +343,16 @@ class ChatEncoder:
             turn_of.append(t)
         if not out.have_lp and report is not None and any(_logged(messages[a])[1] is not None for a in actions):
             report.note("log-probs logged for some assistant messages only: rollout_logprobs left out for the row")
-        return {"prompt_ids": prompt_ids, "response_ids": out.resp, "loss_mask": out.mask, "turn_ids": out.tids,
-                "logprobs": out.lps if out.have_lp else None, "turn_of_message": turn_of, "empty": out.empty,
-                "unknown": {k: tuple(v) for k, v in out.unknown.items()}}
+        return {
+            "prompt_ids": prompt_ids,
+            "response_ids": out.resp,
+            "loss_mask": out.mask,
+            "turn_ids": out.tids,
+            "logprobs": out.lps if out.have_lp else None,
+            "turn_of_message": turn_of,
+            "empty": out.empty,
+            "unknown": {k: tuple(v) for k, v in out.unknown.items()},
+        }
 
     def _pieces(self, clean: list[dict], actions: list[int], tools) -> tuple[str, list[tuple]]:
         """The prompt's text and the pieces after it, in order: ``("act", text, turn, message
@@ -317,20 +367,26 @@ class ChatEncoder:
             gen = self.render(clean[:a], gen=True, tools=tools) if j else g0
             end = self.render(clean[: a + 1], gen=False, tools=tools)
             if not gen.startswith(prev_end):
-                raise TemplateError(f"messages[{a}]: expected the chat template to render the conversation "
-                                    f"incrementally, found the text before message {a} changed when it was added")
+                raise TemplateError(
+                    f"messages[{a}]: expected the chat template to render the conversation "
+                    f"incrementally, found the text before message {a} changed when it was added"
+                )
             if not end.startswith(gen):
-                raise TemplateError(f"messages[{a}]: expected the rendering with message {a} to start with the "
-                                    "generation prompt, found it does not (template adds or strips text)")
+                raise TemplateError(
+                    f"messages[{a}]: expected the rendering with message {a} to start with the "
+                    "generation prompt, found it does not (template adds or strips text)"
+                )
             if j:
-                pieces.append(("obs", gen[len(prev_end):], j - 1))
-            pieces.append(("act", end[len(gen):], j, a))
+                pieces.append(("obs", gen[len(prev_end) :], j - 1))
+            pieces.append(("act", end[len(gen) :], j, a))
             prev_end = end
         full = self.render(clean, gen=False, tools=tools)
         if not full.startswith(prev_end):
-            raise TemplateError(f"messages[{actions[-1] + 1}]: expected the chat template to render the conversation "
-                                "incrementally, found the text of the last turn changed when later messages were added")
-        pieces.append(("obs", full[len(prev_end):], len(actions) - 1))
+            raise TemplateError(
+                f"messages[{actions[-1] + 1}]: expected the chat template to render the conversation "
+                "incrementally, found the text of the last turn changed when later messages were added"
+            )
+        pieces.append(("obs", full[len(prev_end) :], len(actions) - 1))
         return g0, pieces
 
     def _count(self, out: _Layout, name: str, ids: list[int], text: str | None = None) -> None:
@@ -342,8 +398,9 @@ class ChatEncoder:
         if text is not None and u[0]:
             u[2] += self.unknown_words(text, ids)
 
-    def _action(self, out: _Layout, ids: list[int], text: str, messages: list[dict], a: int, turn: int, report,
-                where: str) -> None:
+    def _action(
+        self, out: _Layout, ids: list[int], text: str, messages: list[dict], a: int, turn: int, report, where: str
+    ) -> None:
         """Add assistant message ``a`` (its rendered ``text`` and ``ids``): its logged ids and
         log-probs when it has them, else the ids up to the tokenizer's end-of-sequence token (the
         model stops there); the template's tokens after them as observation tokens."""
@@ -356,14 +413,16 @@ class ChatEncoder:
             if report is not None:
                 report.retokenized_messages += 1
             if ids[: len(logged)] == logged:
-                act, rest = logged, ids[len(logged):]
+                act, rest = logged, ids[len(logged) :]
                 if rest and report is not None:
                     report.note("template tokens after an assistant message's logged ids kept as observation tokens", 1)
             else:
                 first = next((p for p, (x, y) in enumerate(zip(logged, ids)) if x != y), min(len(logged), len(ids)))
                 if report is not None:
-                    report.mismatch(f"{where}messages[{a}]: logged {len(logged)} ids, the chat template gives "
-                                    f"{len(ids)} (first difference at token {first})")
+                    report.mismatch(
+                        f"{where}messages[{a}]: logged {len(logged)} ids, the chat template gives "
+                        f"{len(ids)} (first difference at token {first})"
+                    )
                 act = logged
         if not act:
             raise TemplateError(f"messages[{a}]: expected an assistant message with at least one token, found none")

@@ -20,8 +20,16 @@ from mpo_viz.data.turns import turn_ids_from_mask
 from mpo_viz.options import Option, interval
 
 __all__ = [
-    "Prepared", "prepare", "to_torch", "whiten_", "whiten_buffers", "whiten_reference", "merge_moments", "group_codes",
-    "scalar_check", "WHITEN_SPANS",
+    "Prepared",
+    "prepare",
+    "to_torch",
+    "whiten_",
+    "whiten_buffers",
+    "whiten_reference",
+    "merge_moments",
+    "group_codes",
+    "scalar_check",
+    "WHITEN_SPANS",
 ]
 
 
@@ -78,8 +86,17 @@ class Prepared:
         err_code = np.empty(B, dtype=np.int64)
         err_pos = np.empty(B, dtype=np.int64)
         nturns = np.empty(B, dtype=np.int64)
-        K.validate_kernel(self.rewards, self.values, self.mask, self.turn_ids, int(self.check_values),
-                          int(self.check_turns), err_code, err_pos, nturns)
+        K.validate_kernel(
+            self.rewards,
+            self.values,
+            self.mask,
+            self.turn_ids,
+            int(self.check_values),
+            int(self.check_turns),
+            err_code,
+            err_pos,
+            nturns,
+        )
         if err_code.any():
             row = int(np.flatnonzero(err_code)[0])
             r0, v0, m0 = self.originals
@@ -165,8 +182,10 @@ def _turn_ids(turn_ids, m: np.ndarray, B: int, L: int) -> np.ndarray:
         if bad.any():
             row = int(np.argmax(bad.any(1)))
             pos = int(np.argmax(bad[row]))
-            raise ValueError(f"turn_ids: row {row}, position {pos}: expected an integer id on an action "
-                             f"token, found {_py(t0[row, pos])!r}")
+            raise ValueError(
+                f"turn_ids: row {row}, position {pos}: expected an integer id on an action "
+                f"token, found {_py(t0[row, pos])!r}"
+            )
         t0 = np.where(m != 0, t0, 0.0)
     elif t0.dtype.kind not in "iub":
         raise ValueError(f"turn_ids: expected integer ids, found dtype {t0.dtype}")
@@ -179,7 +198,9 @@ def _bootstrap(bootstrap_value, B: int) -> np.ndarray:
         return np.full(B, np.nan)
     boot = np.ascontiguousarray(_to_numpy(bootstrap_value, "bootstrap_value"), dtype=np.float64)
     if boot.shape != (B,):
-        raise ValueError(f"bootstrap_value: expected shape ({B},) (one per row, NaN = terminal), found {tuple(boot.shape)}")
+        raise ValueError(
+            f"bootstrap_value: expected shape ({B},) (one per row, NaN = terminal), found {tuple(boot.shape)}"
+        )
     if np.isinf(boot).any():
         row = int(np.argmax(np.isinf(boot)))
         raise ValueError(f"bootstrap_value: row {row}: expected a finite value or NaN (terminal), found {boot[row]}")
@@ -203,9 +224,7 @@ def _raise(code: int, row: int, pos: int, r, v, m, tid) -> None:
             f"(position {prev}) then {int(tid[row, pos])}"
         )
     if code == K.E_TID_FIRST:
-        raise ValueError(
-            f"turn_ids: {at}: expected the first action token in turn 0, found turn {int(tid[row, pos])}"
-        )
+        raise ValueError(f"turn_ids: {at}: expected the first action token in turn 0, found turn {int(tid[row, pos])}")
     if code == K.E_TID_SKIP:
         raise ValueError(
             f"turn_ids: {at}: expected consecutive turn ids on action tokens, found turn {int(tid[row, pos])} "
@@ -282,8 +301,12 @@ def whiten_buffers(B: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     return np.empty((B, 4)), np.empty((B, WHITEN_SPANS, 2), dtype=np.int32), np.empty(B, dtype=np.int64)
 
 
-def whiten_(adv: np.ndarray, mask: np.ndarray, moments: np.ndarray | None = None,
-            spans: tuple[np.ndarray, np.ndarray] | None = None) -> np.ndarray:
+def whiten_(
+    adv: np.ndarray,
+    mask: np.ndarray,
+    moments: np.ndarray | None = None,
+    spans: tuple[np.ndarray, np.ndarray] | None = None,
+) -> np.ndarray:
     """In place over the ``mask == 1`` tokens: ``A ← (A − mean)/sqrt(var_unbiased + 1e-8)``; returns ``adv``.
 
     Same map as :func:`whiten_reference` (masked positions keep their value, 0 for estimator

@@ -6,7 +6,8 @@ get 0), so the callers allocate outputs with ``np.empty``. Each kernel is compil
 dtype, on first use (a few seconds), and cached on disk (``cache=True``: numba keys the cache on
 this file's modification time, so an edited kernel recompiles; every kernel lives in this one file,
 so no cached kernel can depend on stale code elsewhere). Later processes load the compiled code
-instead of compiling again, which is what keeps each ``mpo-viz`` command quick. The readable specification of each kernel is the matching loop in
+instead of compiling again, which is what keeps each ``mpo-viz`` command quick. The readable specification of each
+kernel is the matching loop in
 :mod:`mpo_viz.advantages.reference`; tests check them equal.
 
 Integer "enum" arguments (kept as ints so every call has the same numba signature):
@@ -217,7 +218,7 @@ def whiten_apply_kernel(a, m, mean, inv_std, wst, masked_zero, wsp, wsn):
         k = wsn[i]
         if k >= 0:
             for j in range(k):
-                seg = row[wsp[i, j, 0]:wsp[i, j, 1]]
+                seg = row[wsp[i, j, 0] : wsp[i, j, 1]]
                 for t in range(seg.shape[0]):
                     seg[t] = (np.float64(seg[t]) - mean) * inv_std
             continue
@@ -346,8 +347,30 @@ def discounted_kernel(r, m, gamma, out, bad, wh, wst):
 
 @njit(parallel=True, cache=True)
 def mae_kernel(
-    r, v, m, tid, boot, gamma, lam, tgamma, tlam, beta, within, value_at, ret_mode,
-    adv, ret, t_adv, t_val, t_rew, t_ret, bad, wh, wst, wsp, wsn,
+    r,
+    v,
+    m,
+    tid,
+    boot,
+    gamma,
+    lam,
+    tgamma,
+    tlam,
+    beta,
+    within,
+    value_at,
+    ret_mode,
+    adv,
+    ret,
+    t_adv,
+    t_val,
+    t_rew,
+    t_ret,
+    bad,
+    wh,
+    wst,
+    wsp,
+    wsn,
 ):
     """Turn GAE + centered within-turn signal (:func:`mpo_viz.advantages.mae`); ``beta = 0`` is ``turn_gae``.
 

@@ -27,8 +27,16 @@ def mc_returns(batch: TrajectoryBatch, *, gamma: float = 1.0, turn_gamma: float 
     where a row was cut; 0 on masked positions. MAE's ``critic_target="mc"`` returns."""
     tg = float(gamma) if turn_gamma is None else float(turn_gamma)
     values = torch.zeros(batch.mask.shape, dtype=torch.float64)
-    _, ret = mae(batch.padded("rewards", torch.float64), values, batch.mask, turn_ids=batch.turn_ids,
-                 gamma=float(gamma), turn_gamma=tg, critic_target="mc", bootstrap_value=batch.bootstrap_value)
+    _, ret = mae(
+        batch.padded("rewards", torch.float64),
+        values,
+        batch.mask,
+        turn_ids=batch.turn_ids,
+        gamma=float(gamma),
+        turn_gamma=tg,
+        critic_target="mc",
+        bootstrap_value=batch.bootstrap_value,
+    )
     return ret
 
 

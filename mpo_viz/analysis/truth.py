@@ -30,12 +30,20 @@ from mpo_viz.data.moments import pair_sums, slope
 from mpo_viz.data.trajectory import TrajectoryBatch
 from mpo_viz.data.turns import mc_turn_advantage
 
-__all__ = ["MC_ACCURACY_COLUMNS", "has_mc_truth", "mc_turn_truth", "reliability", "mc_accuracy", "mc_accuracy_parts",
-           "finish_mc_accuracy", "fisher_interval"]
+__all__ = [
+    "MC_ACCURACY_COLUMNS",
+    "has_mc_truth",
+    "mc_turn_truth",
+    "reliability",
+    "mc_accuracy",
+    "mc_accuracy_parts",
+    "finish_mc_accuracy",
+    "fisher_interval",
+]
 
 MC_ACCURACY_COLUMNS = {
     "turn_corr": "Pearson correlation of the turn advantage (mean over the turn's tokens) with the policy's "
-                 "Monte-Carlo turn advantage Â_k",
+    "Monte-Carlo turn advantage Â_k",
     "turn_corr_lo": "95% interval of turn_corr (Fisher's z over the turns)",
     "turn_corr_hi": "",
     "turn_corr_dis": "turn_corr / √ρ: the correlation with the noise-free truth",
@@ -72,9 +80,11 @@ def mc_turn_truth(batch: TrajectoryBatch, *, use_q: bool | None = None, turn_gam
     neighbouring values) or the per-turn error variance ``se_Q² + se_V²`` (from ``Q̂ − V̂``), and which
     (module docstring). ``use_q``: Q̂ − V̂ (None: when the batch has ``mc_q``)."""
     if not has_mc_truth(batch):
-        raise ValueError("batch: accuracy against the policy's truth needs the mc_value, mc_value_a and mc_value_b "
-                         "fields of mpo-viz truth; this batch lacks "
-                         f"{', '.join(f for f in ('mc_value', 'mc_value_a', 'mc_value_b') if not batch.has(f))}")
+        raise ValueError(
+            "batch: accuracy against the policy's truth needs the mc_value, mc_value_a and mc_value_b "
+            "fields of mpo-viz truth; this batch lacks "
+            f"{', '.join(f for f in ('mc_value', 'mc_value_a', 'mc_value_b') if not batch.has(f))}"
+        )
     use_q = batch.has("mc_q") if use_q is None else use_q
     _, idx = batch_turn_index(batch)
     r = np.nan_to_num(as_2d(batch.token_rewards, "rewards"))
@@ -82,13 +92,18 @@ def mc_turn_truth(batch: TrajectoryBatch, *, use_q: bool | None = None, turn_gam
     v = _flat(batch, "mc_value")
     if use_q:
         q, se_q, se_v = _flat(batch, "mc_q"), _flat(batch, "mc_q_se"), _flat(batch, "mc_value_se")
-        return {"adv": q - v, "adv_a": None, "adv_b": None, "err_var": se_q ** 2 + se_v ** 2, "truth": "q-v"}
+        return {"adv": q - v, "adv_a": None, "adv_b": None, "err_var": se_q**2 + se_v**2, "truth": "q-v"}
 
     def from_values(x):
         return mc_turn_advantage(x, rk, idx.turn_row, turn_gamma=turn_gamma)
 
-    return {"adv": from_values(v), "adv_a": from_values(_flat(batch, "mc_value_a")),
-            "adv_b": from_values(_flat(batch, "mc_value_b")), "err_var": None, "truth": "values"}
+    return {
+        "adv": from_values(v),
+        "adv_a": from_values(_flat(batch, "mc_value_a")),
+        "adv_b": from_values(_flat(batch, "mc_value_b")),
+        "err_var": None,
+        "truth": "values",
+    }
 
 
 def reliability(truth: dict) -> float:
@@ -149,13 +164,23 @@ def finish_mc_accuracy(parts: list[dict]) -> pd.DataFrame:
         lo, hi = fisher_interval(r, len(A))
         b = slope(pair_sums(a_turn, A))  # the one least-squares slope of the accuracy tables
         nz = np.abs(A) > 1e-9
-        rows.append({
-            "estimator": name, "turn_corr": r, "turn_corr_lo": lo, "turn_corr_hi": hi,
-            "turn_corr_dis": r / root, "dis_lo": lo / root, "dis_hi": hi / root,
-            "turn_slope": b, "turn_slope_dis": b / rel if rel > 0 else math.nan,
-            "turn_sign": float(np.mean(np.sign(a_turn[nz]) == np.sign(A[nz]))) if nz.any() else math.nan,
-            "reliability": rel, "n_turns": len(A), "truth": truth["truth"],
-        })
+        rows.append(
+            {
+                "estimator": name,
+                "turn_corr": r,
+                "turn_corr_lo": lo,
+                "turn_corr_hi": hi,
+                "turn_corr_dis": r / root,
+                "dis_lo": lo / root,
+                "dis_hi": hi / root,
+                "turn_slope": b,
+                "turn_slope_dis": b / rel if rel > 0 else math.nan,
+                "turn_sign": float(np.mean(np.sign(a_turn[nz]) == np.sign(A[nz]))) if nz.any() else math.nan,
+                "reliability": rel,
+                "n_turns": len(A),
+                "truth": truth["truth"],
+            }
+        )
     return pd.DataFrame(rows, columns=["estimator", *MC_ACCURACY_COLUMNS])
 
 

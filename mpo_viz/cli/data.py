@@ -65,19 +65,25 @@ def cmd_validate(args) -> int:
 
 
 def add_subcommand(sub) -> None:
-    p = sub.add_parser("info", help="counts, fields present, reward and turn statistics of a trajectory file or folder",
-                       description="Summarize a trajectory/v1 file or folder: counts, groups, turns, lengths, "
-                                   "rewards, the fields present and the file metadata. Rows that fail validation "
-                                   "are counted (exit 1); `mpo-viz validate` lists them.")
+    p = sub.add_parser(
+        "info",
+        help="counts, fields present, reward and turn statistics of a trajectory file or folder",
+        description="Summarize a trajectory/v1 file or folder: counts, groups, turns, lengths, "
+        "rewards, the fields present and the file metadata. Rows that fail validation "
+        "are counted (exit 1); `mpo-viz validate` lists them.",
+    )
     p.add_argument("path", help=".jsonl, .parquet, or a folder of them")
     p.add_argument("--json", action="store_true", help="print the summary as JSON")
     p.set_defaults(func=cmd_info)
-    p = sub.add_parser("validate", help="check every row against trajectory/v1; list every problem; exit 1 if any",
-                       description="Check every row against trajectory/v1 (trajectories/README.md) and print one "
-                                   "line per problem: file, line or row, traj_id, field, expected, found. "
-                                   "Exit 0 if there is none, 1 otherwise (and 1 for a file without any trajectory).")
+    p = sub.add_parser(
+        "validate",
+        help="check every row against trajectory/v1; list every problem; exit 1 if any",
+        description="Check every row against trajectory/v1 (trajectories/README.md) and print one "
+        "line per problem: file, line or row, traj_id, field, expected, found. "
+        "Exit 0 if there is none, 1 otherwise (and 1 for a file without any trajectory).",
+    )
     p.add_argument("path", help=".jsonl, .parquet, or a folder of them")
-    p.add_argument("--max-problems", type=int, default=200, help="print at most this many problems (default 200; 0 = all)")
+    p.add_argument(
+        "--max-problems", type=int, default=200, help="print at most this many problems (default 200; 0 = all)"
+    )
     p.set_defaults(func=cmd_validate)
-
-

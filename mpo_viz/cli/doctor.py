@@ -45,22 +45,39 @@ def cmd_doctor(args) -> int:
     findings, batch = examine(args.path, metrics=args.metrics, **options)
     fired = [f for f in findings if f.fired]
     if args.json:
-        print(json.dumps({"path": str(args.path), "rows": len(batch), "fired": len(fired),
-                          "findings": [f.to_dict() for f in findings]}, indent=1))
+        print(
+            json.dumps(
+                {
+                    "path": str(args.path),
+                    "rows": len(batch),
+                    "fired": len(fired),
+                    "findings": [f.to_dict() for f in findings],
+                },
+                indent=1,
+            )
+        )
         return 1 if fired else 0
     print(f"{args.path}: {len(batch)} valid row(s)")
     print(format_table(findings))
-    print(f"\n{len(fired)} of {len(findings)} checks fired" + (f": {', '.join(f.check for f in fired)}" if fired else ""))
+    print(
+        f"\n{len(fired)} of {len(findings)} checks fired" + (f": {', '.join(f.check for f in fired)}" if fired else "")
+    )
     return 1 if fired else 0
 
 
 def add_subcommand(sub) -> None:
-    p = sub.add_parser("doctor", help="semantic checks beyond the format (misaligned rewards, values, masks); exit 1 if any fires",
-                       description=_DESCRIPTION)
+    p = sub.add_parser(
+        "doctor",
+        help="semantic checks beyond the format (misaligned rewards, values, masks); exit 1 if any fires",
+        description=_DESCRIPTION,
+    )
     p.add_argument("path", help=".jsonl, .parquet, a folder of them, or a run folder")
     p.add_argument("--json", action="store_true", help="print the findings as JSON")
-    p.add_argument("--metrics", default=None, help="a metrics.jsonl to compare logged explained variance with "
-                                                   "(default: a run folder's own)")
+    p.add_argument(
+        "--metrics",
+        default=None,
+        help="a metrics.jsonl to compare logged explained variance with (default: a run folder's own)",
+    )
     for o in OPTIONS:
         add_option(p, o, help=option_help(o))
     p.set_defaults(func=cmd_doctor)

@@ -57,8 +57,10 @@ def _options(items, flag: str) -> dict:
     for item in items or ():
         key, sep, text = item.partition("=")
         if not sep or not key.strip():
-            raise ValueError(f"{flag}: expected KEY=VALUE (e.g. {flag} {'token_clip=2' if 'loss' in flag else 'turn_lam=1.0'}), "
-                             f"found {item!r}")
+            raise ValueError(
+                f"{flag}: expected KEY=VALUE (e.g. {flag} {'token_clip=2' if 'loss' in flag else 'turn_lam=1.0'}), "
+                f"found {item!r}"
+            )
         try:
             out[key.strip()] = json.loads(text)
         except json.JSONDecodeError:
@@ -129,9 +131,12 @@ def _train(args) -> int:
         base = Config.load(args.config).to_dict() if args.config else {}
         cfg = _config(base, {**over, **_with_options(base, args)}, args.config or "config")
         tr = training.Trainer(cfg, args.run_dir)
-        print(f"training {cfg.estimator} + {cfg.loss} on {cfg.env} for {cfg.iterations} iterations "
-              f"({cfg.episodes} episodes, G={cfg.group_size}, {cfg.epochs}x{cfg.minibatches} updates) -> "
-              f"{args.run_dir}", flush=True)
+        print(
+            f"training {cfg.estimator} + {cfg.loss} on {cfg.env} for {cfg.iterations} iterations "
+            f"({cfg.episodes} episodes, G={cfg.group_size}, {cfg.epochs}x{cfg.minibatches} updates) -> "
+            f"{args.run_dir}",
+            flush=True,
+        )
     t0 = time.perf_counter()
     try:
         out = tr.run_all(log=lambda line: print(line, flush=True))
@@ -140,15 +145,21 @@ def _train(args) -> int:
     wall = time.perf_counter() - t0
     last_eval = next((r for r in reversed(tr.history) if "eval_success" in r), None)
     if tr.interrupted:
-        print(f"interrupted at iteration {tr.iteration}; continue with: mpo-viz train --resume {tr.run.path} "
-              f"--iterations {tr.cfg.iterations}", file=sys.stderr, flush=True)
+        print(
+            f"interrupted at iteration {tr.iteration}; continue with: mpo-viz train --resume {tr.run.path} "
+            f"--iterations {tr.cfg.iterations}",
+            file=sys.stderr,
+            flush=True,
+        )
         return 130
     summary = f"done: {len(out)} iterations in {wall:.1f} s, at iteration {tr.iteration}/{tr.cfg.iterations}"
     if out:
         summary += f"; last rollout success {out[-1]['success']:.3f}"
     if last_eval:
-        summary += (f"; held-out sampled success {last_eval.get('eval_sampled_success', float('nan')):.3f}, "
-                    f"greedy {last_eval['eval_success']:.3f}")
+        summary += (
+            f"; held-out sampled success {last_eval.get('eval_sampled_success', float('nan')):.3f}, "
+            f"greedy {last_eval['eval_success']:.3f}"
+        )
     print(summary + f"; run folder {tr.run.path}", flush=True)
     print(phase_line(tr.history, wall), flush=True)
     if out:
@@ -158,11 +169,14 @@ def _train(args) -> int:
 
 
 def add_subcommand(sub) -> None:
-    p = sub.add_parser("train", help="train a policy with any estimator and loss, writing a run folder",
-                       description="SFT warm start, critic warm-up and RL iterations (rollout, advantages, "
-                                   "E x M updates, evaluation), writing a run folder that TrainingDashboard "
-                                   "reads. Flags override --config; --resume continues a run. Every Config "
-                                   "field has a flag (docs/training.md lists them); an optional one takes none.")
+    p = sub.add_parser(
+        "train",
+        help="train a policy with any estimator and loss, writing a run folder",
+        description="SFT warm start, critic warm-up and RL iterations (rollout, advantages, "
+        "E x M updates, evaluation), writing a run folder that TrainingDashboard "
+        "reads. Flags override --config; --resume continues a run. Every Config "
+        "field has a flag (docs/training.md lists them); an optional one takes none.",
+    )
     p.add_argument("--run-dir", dest="run_dir", help="the run folder to create")
     p.add_argument("--resume", metavar="DIR", help="continue the run in DIR from its latest checkpoint")
     p.add_argument("--config", metavar="FILE.json", help="a Config as JSON; flags override its fields")
@@ -181,15 +195,30 @@ def _option_flags(p) -> None:
     g = p.add_argument_group("estimator options (the estimator takes those it declares; unset: its default)")
     for o in registry.vocabulary(names).values():
         if o.kind != "any":
-            add_option(g, o, help=estimator_option_help(o, names), dest=f"estimator_options.{o.name}",
-                       default=argparse.SUPPRESS)
-    g.add_argument("--estimator-option", dest="estimator_options", action="append", metavar="KEY=VALUE",
-                   help="any option of the estimator, repeatable (e.g. beta=0.5, turn_lam=1.0)")
+            add_option(
+                g,
+                o,
+                help=estimator_option_help(o, names),
+                dest=f"estimator_options.{o.name}",
+                default=argparse.SUPPRESS,
+            )
+    g.add_argument(
+        "--estimator-option",
+        dest="estimator_options",
+        action="append",
+        metavar="KEY=VALUE",
+        help="any option of the estimator, repeatable (e.g. beta=0.5, turn_lam=1.0)",
+    )
     g = p.add_argument_group("loss options (the loss takes those it declares; unset: its default)")
     for o in _loss_vocabulary().values():
         add_option(g, o, help=_loss_option_help(o), dest=f"loss_options.{o.name}", default=argparse.SUPPRESS)
-    g.add_argument("--loss-option", dest="loss_options", action="append", metavar="KEY=VALUE",
-                   help="any option of the loss, repeatable (e.g. token_clip=2, clip_high=0.28, agg=seq-mean-token-mean)")
+    g.add_argument(
+        "--loss-option",
+        dest="loss_options",
+        action="append",
+        metavar="KEY=VALUE",
+        help="any option of the loss, repeatable (e.g. token_clip=2, clip_high=0.28, agg=seq-mean-token-mean)",
+    )
 
 
 def _loss_vocabulary() -> dict[str, Option]:

@@ -37,22 +37,30 @@ def cmd_truth(args) -> int:
     else:
         policy = NoisyExpert(noise=args.noise)
         who = f"the noisy expert (noise {args.noise:g})"
-    print(f"Monte-Carlo truth of {who} on {len(batch)} episodes of {src}: {args.m} continuations per turn start"
-          f"{' and per turn taken (--q)' if args.q else ''}, seed {args.seed}", flush=True)
+    print(
+        f"Monte-Carlo truth of {who} on {len(batch)} episodes of {src}: {args.m} continuations per turn start"
+        f"{' and per turn taken (--q)' if args.q else ''}, seed {args.seed}",
+        flush=True,
+    )
     t0 = time.perf_counter()
-    res = mc_truth(batch, policy, m=args.m, seed=args.seed, q=args.q, batch_size=args.batch_size,
-                   progress=not args.quiet)
+    res = mc_truth(
+        batch, policy, m=args.m, seed=args.seed, q=args.q, batch_size=args.batch_size, progress=not args.quiet
+    )
     mio.save(res, out)
     meta = res.meta["mc_truth"]
     se = [x for r in res.field("mc_value_se") for x in r]
-    print(f"{meta['boundaries']} turn starts, mean standard error {sum(se) / max(len(se), 1):.3f}; "
-          f"{time.perf_counter() - t0:.1f} s; wrote {out}", flush=True)
+    print(
+        f"{meta['boundaries']} turn starts, mean standard error {sum(se) / max(len(se), 1):.3f}; "
+        f"{time.perf_counter() - t0:.1f} s; wrote {out}",
+        flush=True,
+    )
     return 0
 
 
 def add_subcommand(sub) -> None:
-    p = sub.add_parser("truth", help="Monte-Carlo values of a policy at every turn start (branch rollouts)",
-                       description=_DESCRIPTION)
+    p = sub.add_parser(
+        "truth", help="Monte-Carlo values of a policy at every turn start (branch rollouts)", description=_DESCRIPTION
+    )
     p.add_argument("path", metavar="FILE", help="a trajectory/v1 file or folder the toolkit wrote")
     p.add_argument("-o", "--out", required=True, help="the output file (.parquet or .jsonl)")
     p.add_argument("--model", default=None, help="a saved policy folder (mpo-viz train's checkpoints, get-model)")
@@ -61,8 +69,9 @@ def add_subcommand(sub) -> None:
     p.add_argument("-M", dest="m", type=int, default=8, help="continuations per turn state (default 8, at least 2)")
     p.add_argument("--seed", type=int, default=0, help="seeds every continuation (default 0)")
     p.add_argument("--q", action="store_true", help="also continue after the recorded turn: mc_q, mc_q_se")
-    p.add_argument("--batch-size", dest="batch_size", type=int, default=64,
-                   help="continuation rows decoded together (default 64)")
+    p.add_argument(
+        "--batch-size", dest="batch_size", type=int, default=64, help="continuation rows decoded together (default 64)"
+    )
     p.add_argument("--device", default="cpu", help="cpu (default) or cuda")
     p.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
     p.set_defaults(func=cmd_truth)

@@ -85,11 +85,14 @@ def read_metrics(path, offset: int = 0) -> MetricsRead:
         try:
             obj = json.loads(line)
         except json.JSONDecodeError as exc:
-            raise ValueError(f"{p}: line {_line_number(p, offset) + i}: expected one JSON object per line, found "
-                             f"{line[:80]!r} ({exc})") from None
+            raise ValueError(
+                f"{p}: line {_line_number(p, offset) + i}: expected one JSON object per line, found "
+                f"{line[:80]!r} ({exc})"
+            ) from None
         if not isinstance(obj, dict):
-            raise ValueError(f"{p}: line {_line_number(p, offset) + i}: expected a JSON object, found "
-                             f"{type(obj).__name__}")
+            raise ValueError(
+                f"{p}: line {_line_number(p, offset) + i}: expected a JSON object, found {type(obj).__name__}"
+            )
         records.append(obj)
     pending = None
     tail = data[end:]

@@ -14,9 +14,21 @@ from mpo_viz.envs.search import SearchEnv
 from mpo_viz.envs.tooluse import ToolUseEnv
 
 __all__ = [
-    "AutomationEnv", "ChatLayout", "FAILURE", "NoisyExpert", "Oracle", "Outcome", "SUCCESS",
-    "SearchEnv", "TextEnv", "ToolUseEnv", "TurnOracle", "available_envs", "build_tokenizer",
-    "make_env", "register_env",
+    "AutomationEnv",
+    "ChatLayout",
+    "FAILURE",
+    "NoisyExpert",
+    "Oracle",
+    "Outcome",
+    "SUCCESS",
+    "SearchEnv",
+    "TextEnv",
+    "ToolUseEnv",
+    "TurnOracle",
+    "available_envs",
+    "build_tokenizer",
+    "make_env",
+    "register_env",
 ]
 
 _TOKENIZER_NAMES = ("ChatLayout", "build_tokenizer")

@@ -38,9 +38,7 @@ __all__ = ["Outcome", "TextEnv", "words_of", "parse_difficulty", "TURN_LIMIT_MES
 TURN_LIMIT_MESSAGE = "the turn limit is reached ."
 #: inner states after termination (every environment ends in one of these two)
 SUCCESS, FAILURE = "success", "failure"
-SYSTEM_PROMPT = (
-    "you are an agent . think briefly , then end your reply with exactly one command ."
-)
+SYSTEM_PROMPT = "you are an agent . think briefly , then end your reply with exactly one command ."
 
 
 @dataclass(frozen=True)
@@ -80,7 +78,8 @@ def _check_difficulty(difficulty) -> tuple[int, int]:
         try:
             lo, hi = (int(x) for x in difficulty)
         except (TypeError, ValueError):
-            raise OptionError("difficulty", f"expected an int or a (min, max) pair of expert turns, found {difficulty!r}"
+            raise OptionError(
+                "difficulty", f"expected an int or a (min, max) pair of expert turns, found {difficulty!r}"
             ) from None
     return lo, hi
 
@@ -141,11 +140,19 @@ class TextEnv:
                 out.setdefault(o.name, o)
         return out
 
-    def __init__(self, *, difficulty=(3, 6), slack: int = 2, max_turns: int | None = None,
-                 shaping: float = 0.0, seed: int | None = None):
+    def __init__(
+        self,
+        *,
+        difficulty=(3, 6),
+        slack: int = 2,
+        max_turns: int | None = None,
+        shaping: float = 0.0,
+        seed: int | None = None,
+    ):
         lo, hi = _check_difficulty(difficulty)
         if lo < self.min_difficulty or hi < lo:
-            raise OptionError("difficulty", f"expected {self.min_difficulty} <= min <= max for {self.name}, found ({lo}, {hi})"
+            raise OptionError(
+                "difficulty", f"expected {self.min_difficulty} <= min <= max for {self.name}, found ({lo}, {hi})"
             )
         opts = TextEnv.declared_options()
         opts["slack"].check(slack)
@@ -214,7 +221,7 @@ class TextEnv:
         is reasoning), or None when no verb occurs."""
         toks = text.lower().split()
         starts = [i for i, w in enumerate(toks) if w in self.verbs]
-        return toks[starts[-1]:] if starts else None
+        return toks[starts[-1] :] if starts else None
 
     def accepts(self, task, s) -> Sequence[str]:
         """Commands ``parse`` accepts (default: the noise support)."""
@@ -304,8 +311,13 @@ class TextEnv:
         self.done = out.terminated or out.truncated
         self.messages.append({"role": "assistant", "content": " ".join(action_text.split())})
         self.messages.append({"role": self.obs_role, "content": out.observation})
-        info = {"action": action, "valid": action is not None, "turn": prev[0], "prev_state": prev,
-                "success": bool(out.terminated and out.state[1] == SUCCESS)}
+        info = {
+            "action": action,
+            "valid": action is not None,
+            "turn": prev[0],
+            "prev_state": prev,
+            "success": bool(out.terminated and out.state[1] == SUCCESS),
+        }
         return out.observation, out.reward, out.terminated, out.truncated, info
 
     # ------------------------------------------------------------------ replay and branching

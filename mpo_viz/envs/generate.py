@@ -83,15 +83,24 @@ class GenerateConfig:
         if self.group_size < 1:
             raise OptionError("group_size", f"expected >= 1, found {self.group_size}")
         if self.episodes < 1 or self.episodes % self.group_size:
-            raise OptionError("episodes", f"expected a positive multiple of group_size={self.group_size}, found {self.episodes}"
+            raise OptionError(
+                "episodes", f"expected a positive multiple of group_size={self.group_size}, found {self.episodes}"
             )
         if not (self.value_noise >= 0 and math.isfinite(self.value_noise)):
             raise OptionError("value_noise", f"expected a finite sigma >= 0, found {self.value_noise}")
 
 
-def run_episode(env: TextEnv, expert: NoisyExpert, layout: ChatLayout, *, seed: int,
-                task=None, task_seed: int | None = None, gamma: float = 1.0,
-                oracle: Oracle | None = None) -> dict:
+def run_episode(
+    env: TextEnv,
+    expert: NoisyExpert,
+    layout: ChatLayout,
+    *,
+    seed: int,
+    task=None,
+    task_seed: int | None = None,
+    gamma: float = 1.0,
+    oracle: Oracle | None = None,
+) -> dict:
     """Play one episode with the expert and return a v1 row (without ids) plus oracle columns.
 
     Keys: ``prompt_ids``, ``response_ids``, ``loss_mask``, ``turn_ids``, ``values`` (exact oracle,
@@ -155,8 +164,12 @@ def run_episode(env: TextEnv, expert: NoisyExpert, layout: ChatLayout, *, seed: 
         "success": bool(success),
         "needed_turns": env.needed_turns(env.task),
         "turn_limit": env.turn_limit,
-        "oracle": {"turn_v": turn_v, "turn_q": turn_q, "turn_adv": [q - v for q, v in zip(turn_q, turn_v)],
-                   "turn_actions": turn_actions},
+        "oracle": {
+            "turn_v": turn_v,
+            "turn_q": turn_q,
+            "turn_adv": [q - v for q, v in zip(turn_q, turn_v)],
+            "turn_actions": turn_actions,
+        },
     }
 
 
@@ -184,10 +197,17 @@ def generate_rows(cfg: GenerateConfig) -> tuple[list[dict], dict]:
             ep = run_episode(env, expert, layout, seed=seed, task=task, gamma=cfg.gamma, oracle=oracle)
             clean = np.asarray(ep["values"], dtype=np.float64)
             noisy = clean + (noise_rng.normal(0.0, cfg.value_noise, clean.shape) if cfg.value_noise else 0.0)
-            extra = {"env": cfg.env, "task_seed": task_seed, "seed": seed, "success": ep["success"],
-                     "needed_turns": ep["needed_turns"], "turn_limit": ep["turn_limit"],
-                     "oracle": {k: ([round(x, 9) for x in v] if k != "turn_actions" else v)
-                                for k, v in ep["oracle"].items()}}
+            extra = {
+                "env": cfg.env,
+                "task_seed": task_seed,
+                "seed": seed,
+                "success": ep["success"],
+                "needed_turns": ep["needed_turns"],
+                "turn_limit": ep["turn_limit"],
+                "oracle": {
+                    k: ([round(x, 9) for x in v] if k != "turn_actions" else v) for k, v in ep["oracle"].items()
+                },
+            }
             row = {
                 "traj_id": f"{gid}-{j}",
                 "group_id": gid,

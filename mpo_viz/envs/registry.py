@@ -73,8 +73,9 @@ def make_env(name: str, **kw) -> TextEnv:
         if declared is None:
             continue
         if k not in declared:
-            raise OptionError(k, f"expected an option of the {name} environment ({', '.join(declared)}), "
-                                 "found one it does not take")
+            raise OptionError(
+                k, f"expected an option of the {name} environment ({', '.join(declared)}), found one it does not take"
+            )
         declared[k].check(v)
     return factory(**kw)
 

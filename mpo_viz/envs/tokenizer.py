@@ -28,8 +28,7 @@ from transformers import PreTrainedTokenizerFast
 __all__ = ["SPECIAL_TOKENS", "ROLE_TOKENS", "CHAT_TEMPLATE", "build_tokenizer", "ChatLayout"]
 
 PAD, UNK, EOT = "[PAD]", "[UNK]", "<|eot|>"
-ROLE_TOKENS = {"system": "<|system|>", "user": "<|user|>", "assistant": "<|assistant|>",
-               "tool": "<|tool|>"}
+ROLE_TOKENS = {"system": "<|system|>", "user": "<|user|>", "assistant": "<|assistant|>", "tool": "<|tool|>"}
 SPECIAL_TOKENS = [PAD, UNK, *ROLE_TOKENS.values(), EOT]
 CHAT_TEMPLATE = (
     "{% for m in messages %}<|{{ m['role'] }}|> {{ m['content'] }} <|eot|> {% endfor %}"
@@ -53,8 +52,12 @@ def build_tokenizer(words: Iterable[str] | object) -> PreTrainedTokenizerFast:
     tok.pre_tokenizer = WhitespaceSplit()
     tok.add_special_tokens(SPECIAL_TOKENS)
     fast = PreTrainedTokenizerFast(
-        tokenizer_object=tok, unk_token=UNK, pad_token=PAD, eos_token=EOT,
-        additional_special_tokens=list(ROLE_TOKENS.values()), clean_up_tokenization_spaces=False,
+        tokenizer_object=tok,
+        unk_token=UNK,
+        pad_token=PAD,
+        eos_token=EOT,
+        additional_special_tokens=list(ROLE_TOKENS.values()),
+        clean_up_tokenization_spaces=False,
     )
     fast.chat_template = CHAT_TEMPLATE
     return fast
@@ -66,6 +69,7 @@ class ChatLayout:
     def __init__(self, tokenizer: PreTrainedTokenizerFast):
         self.tokenizer = tokenizer
         self._backend = tokenizer.backend_tokenizer
+
         def ids(token: str) -> int:
             return int(tokenizer.convert_tokens_to_ids(token))  # type: ignore[arg-type]  # one token: one id
 

@@ -1,8 +1,10 @@
 """Policy and value losses, aggregation, KL penalties and logprob/entropy helpers.
 
 ``from mpo_viz.losses import policy_loss, value_loss, aggregate, kl_penalty, token_logprobs
-token_entropy``; ``clip_flags`` says which tokens and turns a loss kind clips. Loss kinds live in a string registry (``available_losses()``, ``register_loss()``,
-``get_loss()``, ``loss_options()``); each declares what it needs (``turns``, ``rollout_logp``) and its default clip range
+token_entropy``; ``clip_flags`` says which tokens and turns a loss kind clips. Loss kinds live in a string registry
+(``available_losses()``, ``register_loss()``,
+``get_loss()``, ``loss_options()``); each declares what it needs (``turns``, ``rollout_logp``) and its default clip
+range
 and aggregation.
 
 Modules: ``policy`` (kinds, registry, metrics, reference loop), ``aggregate`` (the six modes),

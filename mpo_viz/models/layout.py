@@ -60,8 +60,9 @@ class TemplateLayout:
         if tokenizer.eos_token_id is not None:
             ids.add(int(tokenizer.eos_token_id))
         if not ids:
-            raise ValueError(f"tokenizer {tokenizer.name_or_path!r}: expected an EOS token or stop_ids to end a "
-                             "turn, found neither")
+            raise ValueError(
+                f"tokenizer {tokenizer.name_or_path!r}: expected an EOS token or stop_ids to end a turn, found neither"
+            )
         self.stop_ids = frozenset(ids)
         self.eot = int(tokenizer.eos_token_id) if tokenizer.eos_token_id is not None else min(ids)
         self._stop_strs = [tokenizer.decode([i]) for i in sorted(self.stop_ids)]
@@ -71,8 +72,9 @@ class TemplateLayout:
         self._raw_known = False
 
     def _render(self, messages, gen: bool) -> str:
-        return self.tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=gen,
-                                                  chat_template=self.template)
+        return self.tokenizer.apply_chat_template(
+            messages, tokenize=False, add_generation_prompt=gen, chat_template=self.template
+        )
 
     def encode(self, text: str) -> list[int]:
         return list(self.tokenizer.encode(text, add_special_tokens=False))
@@ -88,8 +90,10 @@ class TemplateLayout:
         head = self._render(base, False)
         cut = max((head.rfind(s) + len(s) for s in self._stop_strs if s and head.rfind(s) >= 0), default=-1)
         if cut < 0:
-            raise ValueError(f"tokenizer {self.tokenizer.name_or_path!r}: its chat template does not end an "
-                             f"assistant turn with a stop token ({self._stop_strs}); cannot place observations")
+            raise ValueError(
+                f"tokenizer {self.tokenizer.name_or_path!r}: its chat template does not end an "
+                f"assistant turn with a stop token ({self._stop_strs}); cannot place observations"
+            )
         for r in (role, "user"):
             try:
                 full = self._render([*base, {"role": r, "content": text}], not final)
@@ -97,8 +101,10 @@ class TemplateLayout:
                 continue
             if full.startswith(head[:cut]) and text in full[cut:]:
                 return self.encode(full[cut:])
-        raise ValueError(f"tokenizer {self.tokenizer.name_or_path!r}: its chat template renders neither a "
-                         f"{role!r} nor a 'user' message after an assistant turn")
+        raise ValueError(
+            f"tokenizer {self.tokenizer.name_or_path!r}: its chat template renders neither a "
+            f"{role!r} nor a 'user' message after an assistant turn"
+        )
 
     def text(self, ids) -> str:
         return self.tokenizer.decode([i for i in ids if i not in self._special], skip_special_tokens=True)
@@ -106,7 +112,9 @@ class TemplateLayout:
     def _one(self, i: int) -> str:
         t = self._shown.get(i)
         if t is None:
-            t = self._shown[i] = self.tokenizer.decode([i], skip_special_tokens=False, clean_up_tokenization_spaces=False)
+            t = self._shown[i] = self.tokenizer.decode(
+                [i], skip_special_tokens=False, clean_up_tokenization_spaces=False
+            )
         return t
 
     def tokens(self, ids) -> list[str]:

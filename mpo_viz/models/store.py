@@ -46,10 +46,12 @@ def save(path, policy: Policy, critic=None) -> Path:
 
 
 #: what each accepted layout of a model folder needs (for the error on a folder that is neither)
-LAYOUTS = ("a model folder written by mpo_viz (policy/: a Hugging Face causal LM with its tokenizer; critic/: "
-           "optional, from mpo_viz.models.save or --save-model), or a plain Hugging Face causal-LM folder "
-           "(config.json with a *ForCausalLM architecture, weights *.safetensors or pytorch_model.bin, and a tokenizer: "
-           "tokenizer.json or tokenizer_config.json; a GGUF file first becomes one with mpo-viz get-model)")
+LAYOUTS = (
+    "a model folder written by mpo_viz (policy/: a Hugging Face causal LM with its tokenizer; critic/: "
+    "optional, from mpo_viz.models.save or --save-model), or a plain Hugging Face causal-LM folder "
+    "(config.json with a *ForCausalLM architecture, weights *.safetensors or pytorch_model.bin, and a tokenizer: "
+    "tokenizer.json or tokenizer_config.json; a GGUF file first becomes one with mpo-viz get-model)"
+)
 
 
 def is_plain(path) -> bool:
@@ -68,8 +70,9 @@ def load(path, *, device="cpu", dtype=None, trust_remote_code: bool = False):
         raise FileNotFoundError(f"{path}: expected {LAYOUTS}; found no such folder")
     plain = is_plain(path)
     if not plain and not (path / "policy").is_dir():
-        raise ValueError(f"{path}: expected {LAYOUTS}; found neither (contents: "
-                         f"{sorted(p.name for p in path.iterdir())[:8]})")
+        raise ValueError(
+            f"{path}: expected {LAYOUTS}; found neither (contents: {sorted(p.name for p in path.iterdir())[:8]})"
+        )
     with quiet_progress():
         if plain:
             return load_policy(path, device=device, dtype=dtype, trust_remote_code=trust_remote_code), None
@@ -88,13 +91,19 @@ def trunk_critic(path, batch: TrajectoryBatch, *, seed: int = 0, device="cpu", s
     try:
         policy, _ = load(path, device=device)
     except (OSError, ValueError) as exc:
-        raise OptionError("trunk", f"expected a Hugging Face causal-LM folder (or a model folder with policy/), "
-                          f"found {str(path)!r} that does not load ({str(exc)[:160]})") from None
+        raise OptionError(
+            "trunk",
+            f"expected a Hugging Face causal-LM folder (or a model folder with policy/), "
+            f"found {str(path)!r} that does not load ({str(exc)[:160]})",
+        ) from None
     rows = embedding_rows(policy.model)
     top = max((int(x.max()) for f in ("prompt_ids", "response_ids") for x in batch.field(f) if len(x)), default=-1)
     if top >= rows:
-        raise OptionError("trunk", f"expected a model whose vocabulary covers {source}'s token ids, found id {top} "
-                          f"in {source} but {rows} embedding rows in {path} (the logs were tokenized by another model)")
+        raise OptionError(
+            "trunk",
+            f"expected a model whose vocabulary covers {source}'s token ids, found id {top} "
+            f"in {source} but {rows} embedding rows in {path} (the logs were tokenized by another model)",
+        )
     _check_same_tokenizer(policy, batch, path, source)
     return make_critic(policy, "policy", seed=seed)
 
@@ -110,6 +119,9 @@ def _check_same_tokenizer(policy, batch: TrajectoryBatch, path, source: str) -> 
     raw = [str(t) for t in tok.convert_ids_to_tokens(ids)]
     differ = sum(1 for s, a, b in zip(stored, shown, raw) if s.strip() not in (a.strip(), b.strip()) and s != "")
     if ids and differ > len(ids) / 2:
-        raise OptionError("trunk", f"expected the tokenizer that wrote {source}, found {path}'s tokenizer decodes "
-                          f"{differ} of {len(ids)} tokens of {batch.traj_ids[0]} to other text than its "
-                          "response_tokens")
+        raise OptionError(
+            "trunk",
+            f"expected the tokenizer that wrote {source}, found {path}'s tokenizer decodes "
+            f"{differ} of {len(ids)} tokens of {batch.traj_ids[0]} to other text than its "
+            "response_tokens",
+        )

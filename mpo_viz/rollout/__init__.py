@@ -72,6 +72,18 @@ from mpo_viz.rollout.plan import (
 )
 from mpo_viz.rollout.play import rollout
 
-__all__ = ["rollout", "RolloutConfig", "task_seeds", "STOP_REASONS", "ORACLE_TOKEN_FIELDS", "DEFAULT_ORACLE",
-           "sample_tokens", "side_pool", "spare_cores", "usable_cores", "uses_sliding_window", "SDPA_GROUPED",
-           "critic_values"]
+__all__ = [
+    "rollout",
+    "RolloutConfig",
+    "task_seeds",
+    "STOP_REASONS",
+    "ORACLE_TOKEN_FIELDS",
+    "DEFAULT_ORACLE",
+    "sample_tokens",
+    "side_pool",
+    "spare_cores",
+    "usable_cores",
+    "uses_sliding_window",
+    "SDPA_GROUPED",
+    "critic_values",
+]

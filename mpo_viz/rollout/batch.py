@@ -19,11 +19,16 @@ def to_batch(episodes, env, layout, cfg: RolloutConfig, values, boot, oracle, po
     for ep in episodes:
         gid = f"{env.name}-s{cfg.seed}-t{ep.group:04d}"
         truncated = ep.stop_reason in ("turn_limit", "max_total_tokens")
-        info = {"env": env.name, "task_seed": ep.task_seed, "seed": ep.seed, "success": ep.success,
-                "needed_turns": env.needed_turns(ep.env.task), "turn_limit": ep.env.turn_limit}
+        info = {
+            "env": env.name,
+            "task_seed": ep.task_seed,
+            "seed": ep.seed,
+            "success": ep.success,
+            "needed_turns": env.needed_turns(ep.env.task),
+            "turn_limit": ep.env.turn_limit,
+        }
         if has_oracle:
-            info["oracle"] = {k: ([round(x, 9) for x in v] if k != "turn_actions" else v)
-                              for k, v in ep.o_turn.items()}
+            info["oracle"] = {k: ([round(x, 9) for x in v] if k != "turn_actions" else v) for k, v in ep.o_turn.items()}
         row = {
             "traj_id": f"{gid}-{ep.sample}",
             "group_id": gid,
@@ -57,8 +62,12 @@ def to_batch(episodes, env, layout, cfg: RolloutConfig, values, boot, oracle, po
         "tokenizer": policy.path or f"mpo_viz.envs.build_tokenizer({env.name!r})",
         "source_framework": "mpo_viz.rollout",
         "policy": policy.name,
-        "generator": {"env": env.name, "env_options": env.option_values(), **dataclasses.asdict(cfg),
-                      "oracle_noise": oracle.noise if oracle is not None else None},
+        "generator": {
+            "env": env.name,
+            "env_options": env.option_values(),
+            **dataclasses.asdict(cfg),
+            "oracle_noise": oracle.noise if oracle is not None else None,
+        },
     }
     if values is not None:
         meta["values_source"] = "critic"

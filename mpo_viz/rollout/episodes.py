@@ -83,11 +83,25 @@ def make_episodes(env: TextEnv, plan, cfg: RolloutConfig, oracle, layout, timer:
             prompt = layout.prompt(e.messages)
             timer.add("tokenize", t0)
             if len(prompt) >= cfg.max_total_tokens:
-                raise OptionError("max_total_tokens", f"expected more than the prompt of task {ts} "
-                                                      f"({len(prompt)} tokens), found {cfg.max_total_tokens}")
+                raise OptionError(
+                    "max_total_tokens",
+                    f"expected more than the prompt of task {ts} ({len(prompt)} tokens), found {cfg.max_total_tokens}",
+                )
             rng = np.random.Generator(np.random.PCG64(np.random.SeedSequence([cfg.seed, ts, es, 0x6D706F])))
-            episodes.append(Episode(index=len(episodes), group=gi, sample=j, task_seed=ts, seed=es, env=e,
-                                     oracle=orc, prompt=prompt, rng=rng, pending=list(prompt)))
+            episodes.append(
+                Episode(
+                    index=len(episodes),
+                    group=gi,
+                    sample=j,
+                    task_seed=ts,
+                    seed=es,
+                    env=e,
+                    oracle=orc,
+                    prompt=prompt,
+                    rng=rng,
+                    pending=list(prompt),
+                )
+            )
     return episodes
 
 
@@ -114,13 +128,21 @@ def step_envs(live: list[Episode], turn: Turn, cfg: RolloutConfig, layout, timer
         ids = turn.tokens[b, :n].tolist()
         ended_by_stop = ids[-1] in layout.stop_ids
         cut_by_total = (not ended_by_stop) and n >= bt and bt <= cfg.max_turn_tokens
-        record_turn(ep, ids, turn.rollout_logp[b, :n].tolist(), turn.old_logp[b, :n].tolist(), layout, timer,
-                     final_cut=cut_by_total, entropy=turn.entropy[b, :n].tolist())
+        record_turn(
+            ep,
+            ids,
+            turn.rollout_logp[b, :n].tolist(),
+            turn.old_logp[b, :n].tolist(),
+            layout,
+            timer,
+            final_cut=cut_by_total,
+            entropy=turn.entropy[b, :n].tolist(),
+        )
         ep.pending = [ids[-1]]  # the last sampled token was never fed
         if ep.stop_reason is None and ep.length >= cfg.max_total_tokens:
             ep.stop_reason = "max_total_tokens"
         if ep.stop_reason is None:
-            ep.pending += ep.ids[len(ep.ids) - obs_len(ep):]
+            ep.pending += ep.ids[len(ep.ids) - obs_len(ep) :]
             keep.append(b)
         else:
             bar.update(1)
@@ -145,8 +167,17 @@ def obs_len(ep: Episode) -> int:
     return n
 
 
-def record_turn(ep: Episode, turn: list[int], rlp: list[float], olp: list[float], layout, timer: Timer,
-                 *, final_cut: bool, entropy: list[float]) -> None:
+def record_turn(
+    ep: Episode,
+    turn: list[int],
+    rlp: list[float],
+    olp: list[float],
+    layout,
+    timer: Timer,
+    *,
+    final_cut: bool,
+    entropy: list[float],
+) -> None:
     """Append one sampled turn (and, unless cut by the total budget, the environment's reply): per
     action token its rollout and old log-probs ``rlp``/``olp`` and the policy's entropy ``entropy``
     (each of the turn's length); 0 in all three on the reply's tokens."""

@@ -23,11 +23,25 @@ from mpo_viz.rollout.plan import DEFAULT_ORACLE, RolloutConfig, plan_tasks
 from mpo_viz.timer import Timer
 
 
-def rollout(policy: Policy, env, n_episodes: int | None = None, *, group_size: int = 1, critic=None,
-            seed: int = 0, temperature: float = 1.0, top_p: float = 1.0, max_turn_tokens: int = 48,
-            max_total_tokens: int = 1024, batch_size: int = 16, seeds=None,
-            oracle: NoisyExpert | None = DEFAULT_ORACLE, progress: bool | None = None,
-            timings: dict | None = None, critic_thread: bool | None = None) -> TrajectoryBatch:
+def rollout(
+    policy: Policy,
+    env,
+    n_episodes: int | None = None,
+    *,
+    group_size: int = 1,
+    critic=None,
+    seed: int = 0,
+    temperature: float = 1.0,
+    top_p: float = 1.0,
+    max_turn_tokens: int = 48,
+    max_total_tokens: int = 1024,
+    batch_size: int = 16,
+    seeds=None,
+    oracle: NoisyExpert | None = DEFAULT_ORACLE,
+    progress: bool | None = None,
+    timings: dict | None = None,
+    critic_thread: bool | None = None,
+) -> TrajectoryBatch:
     """Play ``n_episodes`` episodes of ``env`` with ``policy`` (see the module docstring).
 
     Args:
@@ -60,9 +74,16 @@ def rollout(policy: Policy, env, n_episodes: int | None = None, *, group_size: i
         while its value head is as initialized: :func:`mpo_viz.models.critic.values_source_of`).
     """
     env = _check_inputs(policy, env, critic)
-    cfg = RolloutConfig(group_size=group_size, seed=seed, temperature=temperature, top_p=top_p,
-                        max_turn_tokens=max_turn_tokens, max_total_tokens=max_total_tokens,
-                        batch_size=batch_size, seeds=None if seeds is None else [int(s) for s in seeds])
+    cfg = RolloutConfig(
+        group_size=group_size,
+        seed=seed,
+        temperature=temperature,
+        top_p=top_p,
+        max_turn_tokens=max_turn_tokens,
+        max_total_tokens=max_total_tokens,
+        batch_size=batch_size,
+        seeds=None if seeds is None else [int(s) for s in seeds],
+    )
     cfg.validate()
     plan = plan_tasks(cfg, n_episodes)
     timer = Timer()
@@ -81,8 +102,15 @@ def rollout(policy: Policy, env, n_episodes: int | None = None, *, group_size: i
         if critic is not None:
             jobs = CriticJobs(critic, cfg.batch_size, pad_id, thread=bool(critic_thread))
         with torch.no_grad(), grouped_attention(model):
-            _play(Engine(model, pad_id), episodes, cfg, policy, timer, bar,
-                  on_done=jobs.submit if jobs is not None else None)
+            _play(
+                Engine(model, pad_id),
+                episodes,
+                cfg,
+                policy,
+                timer,
+                bar,
+                on_done=jobs.submit if jobs is not None else None,
+            )
         bar.close()
         bar = None
         values = boot = None
@@ -112,8 +140,10 @@ def _check_inputs(policy: Policy, env, critic) -> TextEnv:
     """The environment (a name made into one); ``OptionError`` for a wrong policy, environment or
     critic, ``ValueError`` for a tokenizer that does not fit the environment or the model."""
     if not isinstance(policy, Policy):
-        raise OptionError("policy", f"expected a mpo_viz.models.Policy (tiny_policy, load_policy, models.load), "
-                                    f"found {type(policy).__name__}")
+        raise OptionError(
+            "policy",
+            f"expected a mpo_viz.models.Policy (tiny_policy, load_policy, models.load), found {type(policy).__name__}",
+        )
     if isinstance(env, str):
         env = make_env(env)
     if not isinstance(env, TextEnv):
@@ -123,13 +153,15 @@ def _check_inputs(policy: Policy, env, critic) -> TextEnv:
     check_vocabulary(policy.tokenizer, env.vocabulary(), where=f"policy {policy.name} for env {env.name!r}")
     vocab = embedding_rows(policy.model)
     if len(policy.tokenizer) > vocab:
-        raise ValueError(f"policy {policy.name}: the tokenizer has {len(policy.tokenizer)} tokens, the model "
-                         f"embeds {vocab}")
+        raise ValueError(
+            f"policy {policy.name}: the tokenizer has {len(policy.tokenizer)} tokens, the model embeds {vocab}"
+        )
     return env
 
 
-def _play(engine: Engine, episodes: list[Episode], cfg: RolloutConfig, policy: Policy, timer: Timer, bar,
-          on_done=None) -> None:
+def _play(
+    engine: Engine, episodes: list[Episode], cfg: RolloutConfig, policy: Policy, timer: Timer, bar, on_done=None
+) -> None:
     """Play every episode to its end: batch turns of up to ``batch_size`` live episodes, queued
     ones joining as others finish (the module docstring's feed / decode / step); ``on_done`` gets
     the episodes that ended in each batch turn."""
@@ -163,9 +195,9 @@ def feed(engine: Engine, live: list[Episode], timer: Timer) -> torch.Tensor:
     start = engine.next_pos.cpu()
     for b, ep in enumerate(live):
         n = len(ep.pending)
-        ids[b, width - n:] = torch.tensor(ep.pending)
-        msk[b, width - n:] = 1
-        pos[b, width - n:] = start[b] + torch.arange(n)
+        ids[b, width - n :] = torch.tensor(ep.pending)
+        msk[b, width - n :] = 1
+        pos[b, width - n :] = start[b] + torch.arange(n)
         ep.pending = []
     dev = engine.device
     engine.next_pos = engine.next_pos + msk.sum(1).to(dev)
@@ -174,8 +206,9 @@ def feed(engine: Engine, live: list[Episode], timer: Timer) -> torch.Tensor:
     return logits
 
 
-def decode_turn(engine: Engine, live: list[Episode], logits: torch.Tensor, cfg: RolloutConfig,
-                 stop: torch.Tensor, timer: Timer) -> Turn:
+def decode_turn(
+    engine: Engine, live: list[Episode], logits: torch.Tensor, cfg: RolloutConfig, stop: torch.Tensor, timer: Timer
+) -> Turn:
     """2. Sample one turn for every row at once: one-token forwards with the cache until every row
     hit its stop token or budget (a row whose turn ended feeds padding)."""
     t0 = time.perf_counter()
@@ -204,8 +237,14 @@ def decode_turn(engine: Engine, live: list[Episode], logits: torch.Tensor, cfg: 
         logits = engine.forward(step_ids, col, step_pos)
         active = now_active
         t0 = timer.add("model", t0)
-    return Turn(torch.stack(toks, 1).cpu(), torch.stack(rlps, 1).float().cpu(), torch.stack(olps, 1).float().cpu(),
-                 torch.stack(ents, 1).float().cpu(), count.cpu().tolist(), budget_total.tolist())
+    return Turn(
+        torch.stack(toks, 1).cpu(),
+        torch.stack(rlps, 1).float().cpu(),
+        torch.stack(olps, 1).float().cpu(),
+        torch.stack(ents, 1).float().cpu(),
+        count.cpu().tolist(),
+        budget_total.tolist(),
+    )
 
 
 def _progress_bar(n: int, progress: bool | None):

@@ -67,9 +67,11 @@ def env_of(batch: TrajectoryBatch) -> TextEnv:
     (``env`` and ``env_options``, or ``mpo-viz generate``'s ``difficulty`` and ``env_options``)."""
     gen = batch.meta.get("generator")
     if not isinstance(gen, dict) or not gen.get("env"):
-        raise ReplayError("the file's metadata has no 'generator' naming its environment: only files the toolkit "
-                          "wrote (mpo-viz generate, rollout, the trainer's run folders) replay; for other data pass "
-                          "env= (an environment with reset/step/fork, docs/environments.md)")
+        raise ReplayError(
+            "the file's metadata has no 'generator' naming its environment: only files the toolkit "
+            "wrote (mpo-viz generate, rollout, the trainer's run folders) replay; for other data pass "
+            "env= (an environment with reset/step/fork, docs/environments.md)"
+        )
     opts = dict(gen.get("env_options") or {})
     if "difficulty" in gen and "difficulty" not in opts:
         opts["difficulty"] = gen["difficulty"]
@@ -92,8 +94,10 @@ def _seeds(batch: TrajectoryBatch, i: int) -> tuple[int, int]:
         info = {}
     missing = [k for k in ("task_seed", "seed") if not isinstance(info.get(k), int)]
     if missing:
-        raise ReplayError(f"trajectory {tid!r}: extra_json has no {' and '.join(missing)} (the task and dynamics "
-                          "seeds the toolkit records when it plays an episode); this row cannot be replayed")
+        raise ReplayError(
+            f"trajectory {tid!r}: extra_json has no {' and '.join(missing)} (the task and dynamics "
+            "seeds the toolkit records when it plays an episode); this row cannot be replayed"
+        )
     return int(info["task_seed"]), int(info["seed"])
 
 
@@ -135,15 +139,28 @@ def replay(batch: TrajectoryBatch, layout, *, env: TextEnv | None = None) -> lis
     """
     env = env if env is not None else env_of(batch)
     if not callable(getattr(env, "fork", None)):
-        raise ReplayError(f"environment {type(env).__name__} cannot branch: it needs fork(seed) (a copy at its "
-                          "current state with its own dynamics stream; see docs/environments.md)")
+        raise ReplayError(
+            f"environment {type(env).__name__} cannot branch: it needs fork(seed) (a copy at its "
+            "current state with its own dynamics stream; see docs/environments.md)"
+        )
     masks, tids = batch.field("loss_mask"), batch.field("turn_ids")
     prompts, resps = batch.field("prompt_ids"), batch.field("response_ids")
     stops = batch.field("stop_reason") if batch.has("stop_reason") else [None] * len(batch)
     out = []
     for i in range(len(batch)):
-        out.append(_replay_row(batch, i, env, layout, np.asarray(masks[i]), np.asarray(tids[i]),
-                               [int(x) for x in prompts[i]], [int(x) for x in resps[i]], stops[i]))
+        out.append(
+            _replay_row(
+                batch,
+                i,
+                env,
+                layout,
+                np.asarray(masks[i]),
+                np.asarray(tids[i]),
+                [int(x) for x in prompts[i]],
+                [int(x) for x in resps[i]],
+                stops[i],
+            )
+        )
     return out
 
 
@@ -153,28 +170,46 @@ def _replay_row(batch, i, env, layout, mask, tids, prompt, resp, stop) -> list[T
     e = env.fork(0)
     e.reset(seed=seed, task_seed=task_seed)
     if layout.prompt(e.messages) != prompt:
-        raise ReplayError(f"trajectory {tid!r}: turn 0: the replayed prompt differs from the recorded one: recorded "
-                          f"{layout.text(prompt)!r}, replayed {e.messages[-1]['content']!r} (another environment, "
-                          "options or tokenizer)")
+        raise ReplayError(
+            f"trajectory {tid!r}: turn 0: the replayed prompt differs from the recorded one: recorded "
+            f"{layout.text(prompt)!r}, replayed {e.messages[-1]['content']!r} (another environment, "
+            "options or tokenizer)"
+        )
     msgs = _messages(batch, i)
     states = []
     spans = _spans(mask, tids)
     for k, (s, t, obs_end) in enumerate(spans):
         if e.done:
-            raise ReplayError(f"trajectory {tid!r}: turn {k}: the replayed episode ended after turn {k - 1}, the "
-                              f"record has {len(spans)} turns")
+            raise ReplayError(
+                f"trajectory {tid!r}: turn {k}: the replayed episode ended after turn {k - 1}, the "
+                f"record has {len(spans)} turns"
+            )
         action = resp[s:t]
         cut = k == len(spans) - 1 and stop == "max_total_tokens" and obs_end == t
-        states.append(TurnState(row=i, traj_id=tid, turn=k, env=e.fork(0), prefix=prompt + resp[:s], start=s, end=t,
-                                action_ids=action, cut=cut, prompt_len=len(prompt)))
+        states.append(
+            TurnState(
+                row=i,
+                traj_id=tid,
+                turn=k,
+                env=e.fork(0),
+                prefix=prompt + resp[:s],
+                start=s,
+                end=t,
+                action_ids=action,
+                cut=cut,
+                prompt_len=len(prompt),
+            )
+        )
         if cut:
             break
         obs = e.step(layout.text(action))[0]
         replayed = layout.observation(e.obs_role, obs, final=e.done)
         if replayed != resp[t:obs_end]:
             rec = _recorded_obs(msgs, k) or layout.text(resp[t:obs_end])
-            raise ReplayError(f"trajectory {tid!r}: turn {k}: the replayed observation differs from the recorded one: "
-                              f"recorded {rec!r}, replayed {obs!r}")
+            raise ReplayError(
+                f"trajectory {tid!r}: turn {k}: the replayed observation differs from the recorded one: "
+                f"recorded {rec!r}, replayed {obs!r}"
+            )
     return states
 
 

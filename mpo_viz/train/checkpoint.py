@@ -50,9 +50,23 @@ from mpo_viz.data.io import save as save_batch
 from mpo_viz.data.runfolder import RunFolder, clean_json
 from mpo_viz.train.config import RESUMABLE_FIELDS, Config
 
-__all__ = ["Checkpoint", "CheckpointError", "CheckpointWarning", "save_checkpoint", "load_checkpoint",
-           "latest_checkpoint", "checkpoint_candidates", "checkpoint_name", "capture_rng", "restore_rng",
-           "write_atomic", "restore_usable", "resume_config", "save_start", "TRAIN_STATE_KEYS"]
+__all__ = [
+    "Checkpoint",
+    "CheckpointError",
+    "CheckpointWarning",
+    "save_checkpoint",
+    "load_checkpoint",
+    "latest_checkpoint",
+    "checkpoint_candidates",
+    "checkpoint_name",
+    "capture_rng",
+    "restore_rng",
+    "write_atomic",
+    "restore_usable",
+    "resume_config",
+    "save_start",
+    "TRAIN_STATE_KEYS",
+]
 
 #: the trainer's counters and flags a checkpoint's ``state.json`` holds (:meth:`Checkpoint.train_state`)
 TRAIN_STATE_KEYS = ("iteration", "seed_cursor", "sft_done", "critic_warm", "elapsed_s", "config_hash", "config")
@@ -122,11 +136,17 @@ class Checkpoint:
         if st.get("config_hash") != cfg.hash():
             stored = Config.from_dict(st["config"]) if "config" in st else None
             diff = cfg.differences(stored) if stored else ["(the checkpoint does not record its config)"]
-            raise ValueError(f"config: the checkpoint {self.path} was written with a different config; differing "
-                             f"fields: {'; '.join(diff)}")
+            raise ValueError(
+                f"config: the checkpoint {self.path} was written with a different config; differing "
+                f"fields: {'; '.join(diff)}"
+            )
 
-    def restore(self, modules: dict[str, torch.nn.Module], optimizers: dict[str, torch.optim.Optimizer],
-                generators: dict[str, torch.Generator]) -> None:
+    def restore(
+        self,
+        modules: dict[str, torch.nn.Module],
+        optimizers: dict[str, torch.optim.Optimizer],
+        generators: dict[str, torch.Generator],
+    ) -> None:
         """Load the weights of each of ``modules`` (by name), the state of each of ``optimizers`` and
         every RNG state (:func:`restore_rng`)."""
         for name, module in modules.items():
@@ -321,8 +341,11 @@ def restore_usable(ckpt_dir: Path, restore: Callable[[Path], None]) -> Path:
             damaged.append(exc)
             continue
         for err in damaged:
-            warnings.warn(f"damaged checkpoint skipped: {err}; resumed from {path.name} instead",
-                          CheckpointWarning, stacklevel=outside_stacklevel())
+            warnings.warn(
+                f"damaged checkpoint skipped: {err}; resumed from {path.name} instead",
+                CheckpointWarning,
+                stacklevel=outside_stacklevel(),
+            )
         return path
     first = f"; the newest: {damaged[0]}" if damaged else ""
     raise CheckpointError(f"{ckpt_dir}: no usable checkpoint ({len(cands)} found{first})")
@@ -340,8 +363,10 @@ def resume_config(run: RunFolder, cfg: Config | None = None, iterations: int | N
     if cfg is not None:
         diff = stored.differences(cfg)
         if diff:
-            raise ValueError(f"config: cannot resume {str(run.path)!r} with a different config; differing "
-                             f"fields (stored != given): {'; '.join(diff)}")
+            raise ValueError(
+                f"config: cannot resume {str(run.path)!r} with a different config; differing "
+                f"fields (stored != given): {'; '.join(diff)}"
+            )
         stored = stored.replace(**{k: getattr(cfg, k) for k in RESUMABLE_FIELDS})
     if iterations is not None:
         stored = stored.replace(iterations=iterations)
@@ -350,8 +375,9 @@ def resume_config(run: RunFolder, cfg: Config | None = None, iterations: int | N
     return stored
 
 
-def save_start(run: RunFolder, policy, critic=None, *, sft_record: dict | None = None,
-               config_hash: str | None = None) -> Path:
+def save_start(
+    run: RunFolder, policy, critic=None, *, sft_record: dict | None = None, config_hash: str | None = None
+) -> Path:
     """Write the start (the policy after SFT; ``critic`` too once warmed up) as the model folder
     ``RUN/start`` (through a temporary name), with ``start.json`` (the SFT record and the config
     hash; without ``sft_record`` the existing record is kept): ``--model-dir RUN/start`` reuses it."""
@@ -359,8 +385,11 @@ def save_start(run: RunFolder, policy, critic=None, *, sft_record: dict | None =
     info_path = final / "start.json"
     info = json.loads(info_path.read_text()) if sft_record is None and info_path.is_file() else {}
     if sft_record is not None:
-        info = {"source": f"mpo-viz train: the SFT start of {run.path.name}", "sft_config_hash": config_hash,
-                "sft": sft_record}
+        info = {
+            "source": f"mpo-viz train: the SFT start of {run.path.name}",
+            "sft_config_hash": config_hash,
+            "sft": sft_record,
+        }
     if critic is not None:
         info["critic"] = "warmed up on the start's rollouts (see the critic_warmup line of metrics.jsonl)"
     # the models (transformers, about a second) only when a start is written: the `mpo-viz` parser

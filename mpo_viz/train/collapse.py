@@ -69,9 +69,16 @@ def _message(it, what: str) -> str:
     return f"collapse? iteration {it}: {what}; see {DOCS}"
 
 
-def collapse_flags(records, *, healthy: float = SUCCESS_HEALTHY, floor: float = SUCCESS_FLOOR,
-                   entropy_fraction: float = ENTROPY_FRACTION, ratio_far: float = RATIO_FAR,
-                   turn_in_clip: float = TURN_RATIO_IN_CLIP, span_ratio: bool = True) -> list[list[Signal]]:
+def collapse_flags(
+    records,
+    *,
+    healthy: float = SUCCESS_HEALTHY,
+    floor: float = SUCCESS_FLOOR,
+    entropy_fraction: float = ENTROPY_FRACTION,
+    ratio_far: float = RATIO_FAR,
+    turn_in_clip: float = TURN_RATIO_IN_CLIP,
+    span_ratio: bool = True,
+) -> list[list[Signal]]:
     """The collapse signatures of each record of ``records`` (metrics.jsonl lines, in order), read
     with what the records before it showed; see the module docstring for the three rules. A metric
     absent from a line (or null) is not judged on that line. ``span_ratio=False`` (a loss that clips
@@ -97,13 +104,31 @@ def collapse_flags(records, *, healthy: float = SUCCESS_HEALTHY, floor: float = 
                 start.setdefault("success", succ)
             e0, s0 = start["entropy"], start.get("success", math.inf)
             if e0 > 0 and ent < entropy_fraction * e0 and (succ is None or succ <= s0):
-                flags.append(Signal("entropy", ent, e0, _message(
-                    it, f"entropy fell to {ent:.4f} from {e0:.4f} at the first iteration, with no gain in success")))
+                flags.append(
+                    Signal(
+                        "entropy",
+                        ent,
+                        e0,
+                        _message(
+                            it,
+                            f"entropy fell to {ent:.4f} from {e0:.4f} at the first iteration, with no gain in success",
+                        ),
+                    )
+                )
         r, tr = _num(rec, "ratio_max"), _num(rec, "turn_ratio_max")
         if span_ratio and r is not None and tr is not None and r >= ratio_far and tr <= turn_in_clip:
-            flags.append(Signal("ratio_max", r, tr, _message(
-                it, f"ratio_max {r:.1f} while turn_ratio_max is {tr:.2f}: single tokens move far while the turn "
-                    f"ratio sits in its clip")))
+            flags.append(
+                Signal(
+                    "ratio_max",
+                    r,
+                    tr,
+                    _message(
+                        it,
+                        f"ratio_max {r:.1f} while turn_ratio_max is {tr:.2f}: single tokens move far while the turn "
+                        f"ratio sits in its clip",
+                    ),
+                )
+            )
         out.append(flags)
     return out
 
@@ -164,9 +189,11 @@ def rule_text(metric: str) -> str:
     if metric in SUCCESS_METRICS:
         return f"{metric} <= {SUCCESS_FLOOR:g} after an earlier line reached >= {SUCCESS_HEALTHY:g}"
     if metric == "entropy":
-        return (f"entropy < {ENTROPY_FRACTION:g} x its first RL value, with success no higher than at that "
-                f"first iteration")
+        return (
+            f"entropy < {ENTROPY_FRACTION:g} x its first RL value, with success no higher than at that first iteration"
+        )
     if metric == "ratio_max":
         return f"ratio_max >= {RATIO_FAR:g} while turn_ratio_max <= {TURN_RATIO_IN_CLIP:g} (a span-ratio loss)"
-    raise ValueError(f"metric: expected one of {', '.join((*SUCCESS_METRICS, 'entropy', 'ratio_max'))}, "
-                     f"found {metric!r}")
+    raise ValueError(
+        f"metric: expected one of {', '.join((*SUCCESS_METRICS, 'entropy', 'ratio_max'))}, found {metric!r}"
+    )

@@ -45,8 +45,17 @@ from mpo_viz.data.trajectory import TrajectoryBatch
 from mpo_viz.losses import value_loss
 from mpo_viz.train.update import Micro, Rows, forward_critic, make_micro, micro_batches, rows_of
 
-__all__ = ["CONSTANT_STOPS", "CriticFit", "causal_values", "critic_outputs", "fit_values", "holdout_split",
-           "set_constant", "FIT_POSITIONS", "fit_positions"]
+__all__ = [
+    "CONSTANT_STOPS",
+    "CriticFit",
+    "causal_values",
+    "critic_outputs",
+    "fit_values",
+    "holdout_split",
+    "set_constant",
+    "FIT_POSITIONS",
+    "fit_positions",
+]
 
 #: the stops of a fit whose outcome was fixed before its first step (the critic set to a constant)
 CONSTANT_STOPS = ("constant", "heldout_constant")
@@ -85,29 +94,40 @@ class CriticFit:
     def summary(self) -> str:
         """One line: where the fit stopped and why."""
         if self.stop == "constant":
-            return (f"critic fit: 0 steps, the critic set to the constant {self.constant:.4g} (every return of the "
-                    f"{self.n_train + self.n_heldout} episodes is {self.constant:.4g}: nothing varies for a critic to "
-                    f"learn, the explained variance is undefined and no gate can pass)")
+            return (
+                f"critic fit: 0 steps, the critic set to the constant {self.constant:.4g} (every return of the "
+                f"{self.n_train + self.n_heldout} episodes is {self.constant:.4g}: nothing varies for a critic to "
+                f"learn, the explained variance is undefined and no gate can pass)"
+            )
         if self.stop == "heldout_constant":
-            return (f"critic fit: 0 steps, the critic set to the training episodes' mean return {self.constant:.4g} "
-                    f"(the returns of the {self.n_heldout} held-out episodes are all equal, so their explained "
-                    f"variance is undefined and the gate {self.gate:g} cannot pass; {self.n_train} training "
-                    f"episodes)")
+            return (
+                f"critic fit: 0 steps, the critic set to the training episodes' mean return {self.constant:.4g} "
+                f"(the returns of the {self.n_heldout} held-out episodes are all equal, so their explained "
+                f"variance is undefined and the gate {self.gate:g} cannot pass; {self.n_train} training "
+                f"episodes)"
+            )
         if self.passed:
             why = f"passed the gate {self.gate:g}"
         elif math.isnan(self.heldout_ev):
-            why = ("the held-out returns are all equal, so the explained variance is undefined and no gate can "
-                   "pass (e.g. no held-out episode succeeded)")
+            why = (
+                "the held-out returns are all equal, so the explained variance is undefined and no gate can "
+                "pass (e.g. no held-out episode succeeded)"
+            )
         elif self.stop == "patience":
             why = f"stopped early: no better held-out EV for the last {self.steps - self.best_step} steps"
         elif self.gate is None or math.isnan(self.gate):
             why = f"the whole budget of {self.steps} steps, no gate"
         else:
             why = f"the budget of {self.steps} steps ended before the gate {self.gate:g}"
-        kept = (f"; the weights of step {self.kept_step}, the best held-out EV, kept"
-                if self.kept_step is not None and self.kept_step != self.steps else "")
-        return (f"critic fit: {self.steps} steps, held-out explained variance {self.heldout_ev:.3f} ({why}{kept}; "
-                f"{self.n_train} training / {self.n_heldout} held-out episodes)")
+        kept = (
+            f"; the weights of step {self.kept_step}, the best held-out EV, kept"
+            if self.kept_step is not None and self.kept_step != self.steps
+            else ""
+        )
+        return (
+            f"critic fit: {self.steps} steps, held-out explained variance {self.heldout_ev:.3f} ({why}{kept}; "
+            f"{self.n_train} training / {self.n_heldout} held-out episodes)"
+        )
 
 
 def holdout_split(n: int, share: float, seed: int, groups=None) -> tuple[np.ndarray, np.ndarray]:
@@ -150,8 +170,9 @@ def causal_values(critic: torch.nn.Module, mb: Micro) -> torch.Tensor:
     return forward_critic(critic, dataclasses.replace(mb, attn=None))
 
 
-def critic_outputs(critic: torch.nn.Module, r: Rows, rows, *, pad_id: int, device, micro_batch_tokens: int = 8192
-                   ) -> torch.Tensor:
+def critic_outputs(
+    critic: torch.nn.Module, r: Rows, rows, *, pad_id: int, device, micro_batch_tokens: int = 8192
+) -> torch.Tensor:
     """``(len(rows), L)`` float32 values of the critic for ``rows`` of ``r`` (no gradient; 0 past
     each row's response). The same alignment as the rollout's and the updates' values."""
     rows = np.asarray(rows, dtype=np.int64)
@@ -181,8 +202,19 @@ def _ev_of(values: torch.Tensor, r: Rows, rows, targets: torch.Tensor) -> float:
     return explained_variance(targets[idx], values[idx].double(), r.mask[idx])
 
 
-def _fit_step(critic: torch.nn.Module, r: Rows, chunk: np.ndarray, g32: torch.Tensor, opt, params: list,
-              grad_clip: float, *, pad_id: int, device, micro_batch_tokens: int) -> float:
+def _fit_step(
+    critic: torch.nn.Module,
+    r: Rows,
+    chunk: np.ndarray,
+    g32: torch.Tensor,
+    opt,
+    params: list,
+    grad_clip: float,
+    *,
+    pad_id: int,
+    device,
+    micro_batch_tokens: int,
+) -> float:
     """One AdamW step of ``½·mean_t (V_t − G_t)²`` over the action tokens of rows ``chunk`` (its
     micro-batches' gradients accumulated); returns the loss."""
     n_tok = float(r.mask[torch.from_numpy(chunk)].sum().clamp_min(1))
@@ -215,7 +247,9 @@ def fit_positions(batch: TrajectoryBatch, positions: str) -> torch.Tensor:
     out = torch.zeros_like(mask)
     tt = batch.turns()
     if len(tt):
-        out[torch.tensor(tt["row"].to_numpy()), torch.tensor(tt["start"].to_numpy())] = True  # copies: the columns are read-only
+        out[torch.tensor(tt["row"].to_numpy()), torch.tensor(tt["start"].to_numpy())] = (
+            True  # copies: the columns are read-only
+        )
     return out
 
 
@@ -231,8 +265,10 @@ def _say_eval(bar, log: Callable[[str], None] | None, done: int, steps: int, ev:
     if bar is not None:
         bar.set_postfix(heldout_ev=f"{ev:.3f}")
     if log is not None:
-        log(f"critic fit: step {done}/{steps}, held-out explained variance {ev:.3f}"
-            + (f" (gate {gate:g})" if gate is not None else ""))
+        log(
+            f"critic fit: step {done}/{steps}, held-out explained variance {ev:.3f}"
+            + (f" (gate {gate:g})" if gate is not None else "")
+        )
 
 
 def set_constant(critic: torch.nn.Module, value: float) -> None:
@@ -242,8 +278,10 @@ def set_constant(critic: torch.nn.Module, value: float) -> None:
     the first update step gives the head's weights a gradient again."""
     head = getattr(critic, "head", None)
     if not isinstance(head, torch.nn.Linear) or head.out_features != 1 or head.bias is None:
-        raise ValueError(f"critic: expected a value head nn.Linear(H, 1) with a bias as .head, found "
-                         f"{type(head).__name__ if head is not None else 'none'} on {type(critic).__name__}")
+        raise ValueError(
+            f"critic: expected a value head nn.Linear(H, 1) with a bias as .head, found "
+            f"{type(head).__name__ if head is not None else 'none'} on {type(critic).__name__}"
+        )
     with torch.no_grad():
         head.weight.zero_()
         head.bias.fill_(float(value))
@@ -263,8 +301,15 @@ def _fixed_outcome(targets: torch.Tensor, mask: torch.Tensor, held: np.ndarray, 
     return None
 
 
-def _constant_fit(critic: torch.nn.Module, stop: str, targets: torch.Tensor, mask: torch.Tensor, train: np.ndarray,
-                  held: np.ndarray, gate: float | None) -> CriticFit:
+def _constant_fit(
+    critic: torch.nn.Module,
+    stop: str,
+    targets: torch.Tensor,
+    mask: torch.Tensor,
+    train: np.ndarray,
+    held: np.ndarray,
+    gate: float | None,
+) -> CriticFit:
     """Set ``critic`` to the loss-minimising constant of the training tokens (their mean; the
     shared value itself when ``stop="constant"``) and report it as a fit of 0 steps."""
     m = mask.bool()
@@ -276,9 +321,20 @@ def _constant_fit(critic: torch.nn.Module, stop: str, targets: torch.Tensor, mas
     flat = torch.full(targets.shape, c, dtype=torch.float32).double()  # what the float32 critic outputs
     hidx = torch.from_numpy(np.asarray(held, dtype=np.int64))
     ev = explained_variance(targets[hidx], flat[hidx], mask[hidx])
-    return CriticFit(steps=0, stop=stop, gate=math.nan if gate is None else float(gate), heldout_ev=ev, best_ev=ev,
-                     best_step=0, train_ev=explained_variance(targets[idx], flat[idx], mask[idx]), n_train=len(train),
-                     n_heldout=len(held), history=[{"step": 0, "heldout_ev": ev, "loss": math.nan}], constant=c, kept_step=0)
+    return CriticFit(
+        steps=0,
+        stop=stop,
+        gate=math.nan if gate is None else float(gate),
+        heldout_ev=ev,
+        best_ev=ev,
+        best_step=0,
+        train_ev=explained_variance(targets[idx], flat[idx], mask[idx]),
+        n_train=len(train),
+        n_heldout=len(held),
+        history=[{"step": 0, "heldout_ev": ev, "loss": math.nan}],
+        constant=c,
+        kept_step=0,
+    )
 
 
 class _Best:
@@ -311,19 +367,28 @@ def _reached(ev: float, gate: float | None) -> bool:
 def _check_loop(r: Rows, targets, steps: int, batch_episodes: int, eval_every: int, patience) -> torch.Tensor:
     """``targets`` as float64 after checking the loop's counts and the targets' shape."""
     if patience is not None and patience < 1:
-        raise OptionError("patience", f"expected an integer >= 1 (evaluations without a better held-out EV), "
-                          f"found {patience!r}")
+        raise OptionError(
+            "patience", f"expected an integer >= 1 (evaluations without a better held-out EV), found {patience!r}"
+        )
     if steps < 0 or batch_episodes < 1 or eval_every < 1:
-        raise ValueError(f"steps/batch_episodes/eval_every: expected >= 0, >= 1, >= 1, found "
-                         f"{steps}, {batch_episodes}, {eval_every}")
+        raise ValueError(
+            f"steps/batch_episodes/eval_every: expected >= 0, >= 1, >= 1, found {steps}, {batch_episodes}, {eval_every}"
+        )
     targets = torch.as_tensor(targets, dtype=torch.float64)
     if targets.shape != r.mask.shape:
         raise ValueError(f"targets: expected shape {tuple(r.mask.shape)}, found {tuple(targets.shape)}")
     return targets
 
 
-def _fixed_fit(critic: torch.nn.Module, targets: torch.Tensor, mask: torch.Tensor, train: np.ndarray, held: np.ndarray,
-               gate: float | None, on_eval) -> CriticFit | None:
+def _fixed_fit(
+    critic: torch.nn.Module,
+    targets: torch.Tensor,
+    mask: torch.Tensor,
+    train: np.ndarray,
+    held: np.ndarray,
+    gate: float | None,
+    on_eval,
+) -> CriticFit | None:
     """The fit of 0 steps when its outcome is fixed before the first step and the critic has a
     value head (:func:`_fixed_outcome`, :func:`_constant_fit`; ``on_eval`` called once), else None."""
     stop = _fixed_outcome(targets, mask, held, gate)
@@ -392,11 +457,13 @@ def fit_values(
     fixed = _fixed_fit(critic, targets, r.mask, train, held, gate, on_eval)
     if fixed is not None:
         if all_values:
-            fixed.values = critic_outputs(critic, r, np.arange(len(r)), pad_id=pad_id, device=device,
-                                          micro_batch_tokens=micro_batch_tokens)
+            fixed.values = critic_outputs(
+                critic, r, np.arange(len(r)), pad_id=pad_id, device=device, micro_batch_tokens=micro_batch_tokens
+            )
         return fixed
-    data = _FitData(critic, r, targets, train, held, dict(pad_id=pad_id, device=device,
-                                                            micro_batch_tokens=micro_batch_tokens))
+    data = _FitData(
+        critic, r, targets, train, held, dict(pad_id=pad_id, device=device, micro_batch_tokens=micro_batch_tokens)
+    )
     g32 = targets.float()
     own = getattr(critic, "own_parameters", critic.parameters)()
     params = [p for p in own if p.requires_grad]  # a shared trunk is the policy's: only the head moves
@@ -479,6 +546,17 @@ def _finish(data: _FitData, run: _Progress, gate: float | None, *, keep_best: bo
     data.critic.eval()
     values = data.outputs() if all_values else None
     train_ev = _ev_of(values, data.r, data.train, data.targets) if values is not None else data.ev(data.train)
-    return CriticFit(steps=run.done, stop=run.stop, gate=math.nan if gate is None else float(gate), heldout_ev=ev,
-                     best_ev=run.best.ev, best_step=run.best.step, train_ev=train_ev, n_train=len(data.train),
-                     n_heldout=len(data.held), history=run.history, kept_step=kept_step, values=values)
+    return CriticFit(
+        steps=run.done,
+        stop=run.stop,
+        gate=math.nan if gate is None else float(gate),
+        heldout_ev=ev,
+        best_ev=run.best.ev,
+        best_step=run.best.step,
+        train_ev=train_ev,
+        n_train=len(data.train),
+        n_heldout=len(data.held),
+        history=run.history,
+        kept_step=kept_step,
+        values=values,
+    )

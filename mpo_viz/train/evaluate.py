@@ -49,7 +49,11 @@ def episode_stats(batch: TrajectoryBatch, prefix: str = "") -> dict:
     scores = batch.padded("rewards", torch.float64).sum(1).numpy()
     lengths = batch.lengths.numpy().astype(np.float64)
     act = batch.mask.sum(1).numpy().astype(np.float64)
-    trunc = np.array([bool(x) for x in batch.field("truncated")], dtype=np.float64) if batch.has("truncated") else np.zeros(len(batch))
+    trunc = (
+        np.array([bool(x) for x in batch.field("truncated")], dtype=np.float64)
+        if batch.has("truncated")
+        else np.zeros(len(batch))
+    )
     return {
         f"{prefix}success": float(_success(batch).mean()),
         f"{prefix}reward_mean": float(scores.mean()),
@@ -70,12 +74,22 @@ def value_stats(batch: TrajectoryBatch, returns, *, learned: bool = True) -> dic
     if batch.has("values"):  # a learned critic's values, the expert's (critic="expert"), or Monte-Carlo
         out["critic_explained_var"] = explained_variance(returns, batch.values, batch.mask)
         s = variance_summary(value_variance(batch))
-        out.update({"values_across": s["mean_across"], "values_within": s["mean_within"],
-                    "values_across_within_ratio": s["median_ratio"]})
+        out.update(
+            {
+                "values_across": s["mean_across"],
+                "values_within": s["mean_within"],
+                "values_across_within_ratio": s["median_ratio"],
+            }
+        )
     if batch.has("oracle_values"):
         s = variance_summary(value_variance(batch, batch.padded("oracle_values"), name="oracle_values"))
-        out.update({"oracle_across": s["mean_across"], "oracle_within": s["mean_within"],
-                    "oracle_across_within_ratio": s["median_ratio"]})
+        out.update(
+            {
+                "oracle_across": s["mean_across"],
+                "oracle_within": s["mean_within"],
+                "oracle_across_within_ratio": s["median_ratio"],
+            }
+        )
         values = batch.values
         if values is not None and learned:
             m = batch.mask.bool()
@@ -117,8 +131,16 @@ class Evaluator:
         """``group_size`` episodes on each of the first ``n`` held-out tasks (no critic; torch's global
         RNG left as it was)."""
         with torch.random.fork_rng(devices=[]):
-            return play(self.cfg, policy, self.env, n, seed=derive_seed(self.cfg.eval_key, "eval"), greedy=greedy,
-                        seeds=self.seeds(n), group_size=group_size)
+            return play(
+                self.cfg,
+                policy,
+                self.env,
+                n,
+                seed=derive_seed(self.cfg.eval_key, "eval"),
+                greedy=greedy,
+                seeds=self.seeds(n),
+                group_size=group_size,
+            )
 
     def one(self, policy: Policy, n_episodes: int | None = None, *, greedy: bool = True) -> dict:
         """:meth:`mpo_viz.train.Trainer.evaluate_one`: greedy (``eval_*`` keys) or sampled

@@ -58,8 +58,9 @@ class FittedCritic:
     info: dict
 
 
-def fit_targets(batch: TrajectoryBatch, target: str = "mc", *, gamma: float = 1.0, turn_gamma: float | None = None
-                ) -> torch.Tensor:
+def fit_targets(
+    batch: TrajectoryBatch, target: str = "mc", *, gamma: float = 1.0, turn_gamma: float | None = None
+) -> torch.Tensor:
     """``(B, L)`` float64 targets: ``"mc"`` — :func:`mpo_viz.advantages.mc_returns`; ``"turn"`` — the
     Monte-Carlo return from the first action token of each turn, on every token of the turn (turn GAE
     with λ_T = 1 and zero values: ``G^T_k = Σ_{k' ≥ k} Γ·R_{k'}``). ``turn_gamma`` left out is
@@ -69,9 +70,16 @@ def fit_targets(batch: TrajectoryBatch, target: str = "mc", *, gamma: float = 1.
     if target != "turn":
         raise OptionError("target", f"expected one of {', '.join(CRITIC_TARGETS)}, found {target!r}")
     zeros = torch.zeros(batch.mask.shape, dtype=torch.float64)
-    _, ret = turn_gae(batch.padded("rewards", torch.float64), zeros, batch.mask, turn_ids=batch.turn_ids,
-                      gamma=gamma, turn_gamma=gamma if turn_gamma is None else turn_gamma, turn_lam=1.0,
-                      bootstrap_value=batch.bootstrap_value)
+    _, ret = turn_gae(
+        batch.padded("rewards", torch.float64),
+        zeros,
+        batch.mask,
+        turn_ids=batch.turn_ids,
+        gamma=gamma,
+        turn_gamma=gamma if turn_gamma is None else turn_gamma,
+        turn_lam=1.0,
+        bootstrap_value=batch.bootstrap_value,
+    )
     return ret
 
 
@@ -79,22 +87,29 @@ def _check_fit_input(batch: TrajectoryBatch, targets: torch.Tensor, holdout: flo
     """Refuse what no critic can be fitted to: no rewards, returns without variance, too few rows."""
     if len(batch) == 0:
         raise ValueError(f"{source}: no trajectories to fit a critic to")
+
     def carried(name):
         return np.array([x is not None for x in batch.field(name)]) if batch.has(name) else np.zeros(len(batch), bool)
 
     no_reward = np.isnan(batch.outcome_reward) & ~carried("token_rewards") & ~carried("turn_rewards")
     if no_reward.all():
-        raise ValueError(f"{source}: no trajectory carries a reward (every 'reward' is missing or NaN, and there are "
-                         f"no token_rewards or turn_rewards), so there are no returns to fit a critic to")
+        raise ValueError(
+            f"{source}: no trajectory carries a reward (every 'reward' is missing or NaN, and there are "
+            f"no token_rewards or turn_rewards), so there are no returns to fit a critic to"
+        )
     n_held = max(1, int(round(holdout * len(batch))))
     if n_held < 2 or len(batch) - n_held < 2:
-        raise ValueError(f"{source}: a held-out split of {holdout:g} leaves {len(batch) - n_held} training and "
-                         f"{n_held} held-out trajectories of {len(batch)}; expected at least 2 of each "
-                         f"(fit on more trajectories, or change --holdout)")
+        raise ValueError(
+            f"{source}: a held-out split of {holdout:g} leaves {len(batch) - n_held} training and "
+            f"{n_held} held-out trajectories of {len(batch)}; expected at least 2 of each "
+            f"(fit on more trajectories, or change --holdout)"
+        )
     g = targets[batch.mask.bool()]
     if g.numel() == 0 or float(g.var(unbiased=False)) == 0.0:
-        raise ValueError(f"{source}: every return is the same ({float(g[0]) if g.numel() else 'no action token'}), "
-                         f"so there is nothing for a critic to learn (explained variance is undefined)")
+        raise ValueError(
+            f"{source}: every return is the same ({float(g[0]) if g.numel() else 'no action token'}), "
+            f"so there is nothing for a critic to learn (explained variance is undefined)"
+        )
 
 
 def _last_outputs(critic: torch.nn.Module, batch: TrajectoryBatch, rows) -> dict[int, float]:
@@ -160,10 +175,12 @@ def fit_critic(
     """
     if critic is None and size not in TINY_SIZES:
         raise OptionError("size", f"expected one of {', '.join(TINY_SIZES)}, found {size!r}")
-    for name, value, ok, want in (("steps", steps, steps >= 0, "an integer >= 0"),
-                                  ("lr", lr, lr > 0, "a number > 0"),
-                                  ("holdout", holdout, 0 < holdout < 1, "a share in (0, 1)"),
-                                  ("batch_episodes", batch_episodes, batch_episodes >= 1, "an integer >= 1")):
+    for name, value, ok, want in (
+        ("steps", steps, steps >= 0, "an integer >= 0"),
+        ("lr", lr, lr > 0, "a number > 0"),
+        ("holdout", holdout, 0 < holdout < 1, "a share in (0, 1)"),
+        ("batch_episodes", batch_episodes, batch_episodes >= 1, "an integer >= 1"),
+    ):
         if not ok:
             raise OptionError(name, f"expected {want}, found {value!r}")
     targets = fit_targets(batch, target, gamma=gamma, turn_gamma=turn_gamma)
@@ -182,10 +199,27 @@ def fit_critic(
         critic = compact_critic(batch, size=size, seed=seed, max_positions=max(MAX_POSITIONS, longest + 1))
     critic.to(device)
     with threads(num_threads):
-        fit = fit_values(critic, batch, targets, steps=steps, lr=lr, batch_episodes=batch_episodes, holdout=holdout,
-                         gate=gate, eval_every=eval_every, seed=seed, pad_id=0, device=device,
-                         micro_batch_tokens=micro_batch_tokens, progress=progress, log=log, groups=groups,
-                         patience=patience, keep_best=keep_best, all_values=True)
+        fit = fit_values(
+            critic,
+            batch,
+            targets,
+            steps=steps,
+            lr=lr,
+            batch_episodes=batch_episodes,
+            holdout=holdout,
+            gate=gate,
+            eval_every=eval_every,
+            seed=seed,
+            pad_id=0,
+            device=device,
+            micro_batch_tokens=micro_batch_tokens,
+            progress=progress,
+            log=log,
+            groups=groups,
+            patience=patience,
+            keep_best=keep_best,
+            all_values=True,
+        )
     out = batch.with_token_fields(values=fit.values)
     cut = [i for i, t in enumerate(batch.field("truncated") if batch.has("truncated") else []) if t]
     if cut:
@@ -193,14 +227,30 @@ def fit_critic(
         old = batch.bootstrap_value.tolist()
         out = out.with_scalars(bootstrap_value=[last.get(i, old[i]) for i in range(len(batch))])
     split = variance_summary(value_variance(out))
-    info = {"target": target, "size": size if fresh else ("trunk" if trunk is not None else "given"),
-            "trunk": None if trunk is None else str(trunk), "kept_step": fit.kept_step, "best_step": fit.best_step,
-            "patience": patience, "steps": fit.steps, "lr": lr,
-            "batch_episodes": batch_episodes, "holdout": holdout, "seed": seed, "stop": fit.stop,
-            "heldout_explained_variance": fit.heldout_ev, "best_heldout_explained_variance": fit.best_ev,
-            "train_explained_variance": fit.train_ev, "n_train": fit.n_train, "n_heldout": fit.n_heldout,
-            "values_mean_across": split["mean_across"], "values_mean_within": split["mean_within"],
-            "values_median_across_within_ratio": split["median_ratio"], "truncated_bootstrapped": len(cut),
-            "holdout_by": "row" if groups is None else "group", "num_threads": num_threads}
+    info = {
+        "target": target,
+        "size": size if fresh else ("trunk" if trunk is not None else "given"),
+        "trunk": None if trunk is None else str(trunk),
+        "kept_step": fit.kept_step,
+        "best_step": fit.best_step,
+        "patience": patience,
+        "steps": fit.steps,
+        "lr": lr,
+        "batch_episodes": batch_episodes,
+        "holdout": holdout,
+        "seed": seed,
+        "stop": fit.stop,
+        "heldout_explained_variance": fit.heldout_ev,
+        "best_heldout_explained_variance": fit.best_ev,
+        "train_explained_variance": fit.train_ev,
+        "n_train": fit.n_train,
+        "n_heldout": fit.n_heldout,
+        "values_mean_across": split["mean_across"],
+        "values_mean_within": split["mean_within"],
+        "values_median_across_within_ratio": split["median_ratio"],
+        "truncated_bootstrapped": len(cut),
+        "holdout_by": "row" if groups is None else "group",
+        "num_threads": num_threads,
+    }
     out = out.with_meta(values_source="fitted_critic", critic_fit=info)
     return FittedCritic(batch=out, critic=critic, fit=fit, info=info)

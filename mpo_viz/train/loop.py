@@ -91,7 +91,8 @@ class Trainer:
 
     ``Trainer(cfg, run_dir)`` starts a new run (``run_dir`` must not hold one yet);
     :meth:`resume` continues one. Steps: :meth:`sft`, :meth:`warmup_critic`, :meth:`iterate`
-    (a generator of per-iteration metrics), :meth:`evaluate` (greedy and sampled; :meth:`evaluate_one` for one); :meth:`run_all` does them all.
+    (a generator of per-iteration metrics), :meth:`evaluate` (greedy and sampled; :meth:`evaluate_one` for one);
+    :meth:`run_all` does them all.
 
     Attributes: ``cfg``, ``run`` (:class:`~mpo_viz.data.runfolder.RunFolder`), ``env``, ``policy``
     (:class:`mpo_viz.models.Policy`), ``critic`` (or None), ``reference`` (frozen policy model, or
@@ -106,8 +107,10 @@ class Trainer:
         self.run = RunFolder(run_dir)
         self.quiet = quiet
         if not _resume and (self.run.checkpoints / "latest").exists():
-            raise ValueError(f"run_dir: {str(self.run.path)!r} already holds a run (checkpoints/latest); "
-                             f"continue it with Trainer.resume({str(self.run.path)!r}) or pick a new folder")
+            raise ValueError(
+                f"run_dir: {str(self.run.path)!r} already holds a run (checkpoints/latest); "
+                f"continue it with Trainer.resume({str(self.run.path)!r}) or pick a new folder"
+            )
         if not _resume and self.run.metrics_path.exists() and self.run.metrics_path.stat().st_size:
             raise ValueError(f"run_dir: {str(self.run.path)!r} already holds metrics.jsonl; pick a new folder")
         self.tracker: Tracker | None = None
@@ -146,8 +149,15 @@ class Trainer:
             own = self.critic.own_parameters()
             self.critic_opt = torch.optim.AdamW(own, lr=cfg.critic_option("critic_lr"), weight_decay=cfg.weight_decay)
         self.generator = torch.Generator().manual_seed(derive_seed(cfg.seed, "shuffle"))
-        self.state: dict[str, Any] = {"iteration": 0, "seed_cursor": 0, "sft_done": False, "critic_warm": False,
-                      "elapsed_s": 0.0, "config_hash": cfg.hash(), "config": cfg.to_dict()}
+        self.state: dict[str, Any] = {
+            "iteration": 0,
+            "seed_cursor": 0,
+            "sft_done": False,
+            "critic_warm": False,
+            "elapsed_s": 0.0,
+            "config_hash": cfg.hash(),
+            "config": cfg.to_dict(),
+        }
         self.lagged: list = []  # rollouts waiting for their update (policy_lag)
         self.evaluator = Evaluator(cfg, self.env)
 
@@ -173,10 +183,21 @@ class Trainer:
     # ------------------------------------------------------------------ checkpoints and resume
     def _checkpoint(self) -> Path:
         batches = {f"lag{i}": b for i, b in enumerate(self.lagged)}
-        state = {**self.state, "n_lagged": len(self.lagged), "written": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
-        return save_checkpoint(self.run.checkpoints, self.iteration, modules=self._modules(),
-                               optimizers=self._optimizers(), rng=capture_rng({"shuffle": self.generator}),
-                               state=state, batches=batches, keep=self.cfg.keep_checkpoints)
+        state = {
+            **self.state,
+            "n_lagged": len(self.lagged),
+            "written": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        }
+        return save_checkpoint(
+            self.run.checkpoints,
+            self.iteration,
+            modules=self._modules(),
+            optimizers=self._optimizers(),
+            rng=capture_rng({"shuffle": self.generator}),
+            state=state,
+            batches=batches,
+            keep=self.cfg.keep_checkpoints,
+        )
 
     def _restore(self, path: Path) -> None:
         """Back to the checkpoint at ``path`` (one of another config is refused); the files written
@@ -205,8 +226,9 @@ class Trainer:
         return ref
 
     @classmethod
-    def resume(cls, run_dir, cfg: Config | None = None, *, iterations: int | None = None,
-               quiet: bool = False) -> Trainer:
+    def resume(
+        cls, run_dir, cfg: Config | None = None, *, iterations: int | None = None, quiet: bool = False
+    ) -> Trainer:
         """Continue the run in ``run_dir`` from its latest checkpoint.
 
         ``cfg``: the config to continue with (default: the folder's ``config.json``); one that
@@ -237,8 +259,9 @@ class Trainer:
     # ------------------------------------------------------------------ rollouts and evaluation
     def _rollout(self, n: int, *, seed: int, group_size: int = 1, timings: dict | None = None):
         """``n`` episodes of the current policy with the run's sampling settings, the critic's values recorded."""
-        return play(self.cfg, self.policy, self.env, n, seed=seed, group_size=group_size, critic=self.critic,
-                    timings=timings)
+        return play(
+            self.cfg, self.policy, self.env, n, seed=seed, group_size=group_size, critic=self.critic, timings=timings
+        )
 
     def _next_seed(self) -> int:
         s = derive_seed(self.cfg.seed, "rollout", self.state["seed_cursor"])
@@ -297,12 +320,22 @@ class Trainer:
         self.state["sft_done"] = True
         took, evals = timer.t["sft"], self.eval_seconds - e0
         self.state["elapsed_s"] += took
-        rec = {"iteration": 0, "phase": "sft", "time_s": self.state["elapsed_s"], **res,
-               "seconds": {"sft": took - evals, "eval": evals}}
+        rec = {
+            "iteration": 0,
+            "phase": "sft",
+            "time_s": self.state["elapsed_s"],
+            **res,
+            "seconds": {"sft": took - evals, "eval": evals},
+        }
         self._append(rec)
         if res["sft_steps"] > 0:
-            save_start(self.run, self.policy, self.critic if self.state["critic_warm"] else None, sft_record=rec,
-                       config_hash=self.cfg.hash())
+            save_start(
+                self.run,
+                self.policy,
+                self.critic if self.state["critic_warm"] else None,
+                sft_record=rec,
+                config_hash=self.cfg.hash(),
+            )
         self._checkpoint()
         return rec
 
@@ -323,8 +356,9 @@ class Trainer:
         """
         cfg = self.cfg
         if self.critic is None:
-            raise ValueError(f"warmup_critic: no learned critic to warm up (estimator {cfg.estimator!r}, "
-                             f"critic={cfg.critic!r})")
+            raise ValueError(
+                f"warmup_critic: no learned critic to warm up (estimator {cfg.estimator!r}, critic={cfg.critic!r})"
+            )
         steps = cfg.critic_option("critic_warmup_steps") if steps is None else int(steps)
         gate = cfg.critic_option("critic_warmup_ev") if gate is None else float(gate)
         n_pool = cfg.critic_option("critic_warmup_episodes")
@@ -335,29 +369,58 @@ class Trainer:
                 pool = self._rollout(n_pool, seed=derive_seed(cfg.seed, "critic-warmup"), group_size=1)
             with timer.phase("warmup_fit"):
                 targets = self._mc_targets(pool)
-                fit = fit_values(self.critic, pool, targets, steps=steps, lr=cfg.critic_option("critic_warmup_lr"),
-                                 batch_episodes=WARMUP_BATCH_EPISODES, holdout=WARMUP_HOLDOUT, gate=gate,
-                                 eval_every=WARMUP_EVAL_EVERY, seed=derive_seed(cfg.seed, "critic-warmup-fit"),
-                                 pad_id=self.pad_id, device=self.device, micro_batch_tokens=cfg.micro_batch_tokens,
-                                 grad_clip=cfg.grad_clip, weight_decay=cfg.weight_decay,
-                                 log=None if self.quiet else self._say,
-                                 positions=cfg.critic_option("critic_warmup_positions"))
-                values = critic_outputs(self.critic, rows_of(pool), np.arange(len(pool)), pad_id=self.pad_id,
-                                        device=self.device, micro_batch_tokens=cfg.micro_batch_tokens)
+                fit = fit_values(
+                    self.critic,
+                    pool,
+                    targets,
+                    steps=steps,
+                    lr=cfg.critic_option("critic_warmup_lr"),
+                    batch_episodes=WARMUP_BATCH_EPISODES,
+                    holdout=WARMUP_HOLDOUT,
+                    gate=gate,
+                    eval_every=WARMUP_EVAL_EVERY,
+                    seed=derive_seed(cfg.seed, "critic-warmup-fit"),
+                    pad_id=self.pad_id,
+                    device=self.device,
+                    micro_batch_tokens=cfg.micro_batch_tokens,
+                    grad_clip=cfg.grad_clip,
+                    weight_decay=cfg.weight_decay,
+                    log=None if self.quiet else self._say,
+                    positions=cfg.critic_option("critic_warmup_positions"),
+                )
+                values = critic_outputs(
+                    self.critic,
+                    rows_of(pool),
+                    np.arange(len(pool)),
+                    pad_id=self.pad_id,
+                    device=self.device,
+                    micro_batch_tokens=cfg.micro_batch_tokens,
+                )
                 split = value_stats(pool.with_token_fields(values=values), targets, learned=cfg.critic == "learned")
         except KeyboardInterrupt:
             self._abandon("interrupted: critic warm-up abandoned; the run is back at its last checkpoint (resumable)")
             return {}
         self.state["critic_warm"] = True
         self.state["elapsed_s"] += sum(timer.t.values())
-        rec = {"iteration": self.iteration, "phase": "critic_warmup", "time_s": self.state["elapsed_s"],
-               "warmup_steps": fit.steps, "warmup_explained_var": fit.heldout_ev, "warmup_gate": gate,
-               "warmup_passed": fit.passed, "warmup_stop": fit.stop, "warmup_best_explained_var": fit.best_ev,
-               "warmup_train_explained_var": fit.train_ev, "warmup_episodes": n_pool,
-               "warmup_heldout_episodes": fit.n_heldout, "warmup_history": fit.history,
-               "warmup_summary": fit.summary(), "warmup_constant": fit.constant,
-               **{f"warmup_{k}": v for k, v in split.items() if k != "critic_explained_var"},
-               "seconds": dict(timer.t)}
+        rec = {
+            "iteration": self.iteration,
+            "phase": "critic_warmup",
+            "time_s": self.state["elapsed_s"],
+            "warmup_steps": fit.steps,
+            "warmup_explained_var": fit.heldout_ev,
+            "warmup_gate": gate,
+            "warmup_passed": fit.passed,
+            "warmup_stop": fit.stop,
+            "warmup_best_explained_var": fit.best_ev,
+            "warmup_train_explained_var": fit.train_ev,
+            "warmup_episodes": n_pool,
+            "warmup_heldout_episodes": fit.n_heldout,
+            "warmup_history": fit.history,
+            "warmup_summary": fit.summary(),
+            "warmup_constant": fit.constant,
+            **{f"warmup_{k}": v for k, v in split.items() if k != "critic_explained_var"},
+            "seconds": dict(timer.t),
+        }
         (log or self._say)(warmup_line(rec))
         self._append(rec)
         if self.run.start.is_dir():  # this run's SFT start: keep its critic beside it
@@ -384,8 +447,10 @@ class Trainer:
             try:
                 rec = self._one_iteration()
             except KeyboardInterrupt:
-                self._abandon(f"interrupted: iteration {self.iteration + 1} abandoned; the run is at iteration "
-                              f"{self.iteration} (resume with Trainer.resume or mpo-viz train --resume)")
+                self._abandon(
+                    f"interrupted: iteration {self.iteration + 1} abandoned; the run is at iteration "
+                    f"{self.iteration} (resume with Trainer.resume or mpo-viz train --resume)"
+                )
                 return
             yield rec
 
@@ -491,7 +556,9 @@ class Trainer:
         rec["timings"] = timings
         rec["throughput"] = {
             "rollout_tokens_per_sec": rollout_tokens / timings["rollout"] if timings["rollout"] > 0 else math.nan,
-            "update_tokens_per_sec": upd.get("update_tokens", 0) / timings["update"] if timings["update"] > 0 else math.nan,
+            "update_tokens_per_sec": upd.get("update_tokens", 0) / timings["update"]
+            if timings["update"] > 0
+            else math.nan,
         }
         self.run.append_metrics(rec)
         with timer.phase("checkpoint"):  # after the line is written: the yielded record's own
@@ -518,8 +585,13 @@ class Trainer:
                 batch = mc_values(cfg, self.policy, self.env, batch, seed=self._next_seed())
         with timer.phase("values"):
             if self.reference is not None:
-                batch = reference_logprobs(self.reference, batch, pad_id=self.pad_id, device=self.device,
-                                           micro_batch_tokens=cfg.micro_batch_tokens)
+                batch = reference_logprobs(
+                    self.reference,
+                    batch,
+                    pad_id=self.pad_id,
+                    device=self.device,
+                    micro_batch_tokens=cfg.micro_batch_tokens,
+                )
         timer.t["values"] += critic_s
         return batch
 
@@ -530,13 +602,23 @@ class Trainer:
         cfg = self.cfg
         value_clip = cfg.critic_option("value_clip") if self.critic is not None else None
         joint = self.critic is not None and getattr(self.critic, "shared", False)
-        learners = Learners(self.policy.model, self.policy_opt, self.critic if joint else None,
-                            self.critic_opt if joint else None)
-        apart = Learners(critic=self.critic, critic_opt=self.critic_opt) if self.critic is not None and not joint else None
-        return update_with_critic(rows_of(batch), learners, UpdateSettings.of(cfg, value_clip=value_clip), apart,
-                                  UpdateSettings.of(cfg, epochs=cfg.critic_option("critic_epochs"), value_clip=value_clip),
-                                  generator=self.generator, pad_id=self.pad_id, device=self.device,
-                                  side_thread=cfg.side_thread)
+        learners = Learners(
+            self.policy.model, self.policy_opt, self.critic if joint else None, self.critic_opt if joint else None
+        )
+        apart = (
+            Learners(critic=self.critic, critic_opt=self.critic_opt) if self.critic is not None and not joint else None
+        )
+        return update_with_critic(
+            rows_of(batch),
+            learners,
+            UpdateSettings.of(cfg, value_clip=value_clip),
+            apart,
+            UpdateSettings.of(cfg, epochs=cfg.critic_option("critic_epochs"), value_clip=value_clip),
+            generator=self.generator,
+            pad_id=self.pad_id,
+            device=self.device,
+            side_thread=cfg.side_thread,
+        )
 
     def _saves(self, it: int) -> bool:
         """Whether iteration ``it`` writes its trajectories (every ``save_trajectories_every``)."""
@@ -547,8 +629,9 @@ class Trainer:
         """``batch``, the rollout the update just trained on, with what the update did to it: per
         token ``ratio`` and ``clipped``, per turn ``turn_ratio`` and ``turn_clipped``
         (:func:`~mpo_viz.train.update.after_update`: one no-grad forward of the updated policy)."""
-        seen = after_update(self.policy.model, rows_of(batch), UpdateSettings.of(self.cfg), pad_id=self.pad_id,
-                            device=self.device)
+        seen = after_update(
+            self.policy.model, rows_of(batch), UpdateSettings.of(self.cfg), pad_id=self.pad_id, device=self.device
+        )
         return seen.attach(batch)
 
     def _write(self, rec: dict, batch: TrajectoryBatch, options: dict) -> None:
@@ -560,7 +643,9 @@ class Trainer:
             batch.meta["estimator_options"] = options
             if "critic_explained_var" in rec:  # the values against these returns, before the critic's update on them
                 ev = rec["critic_explained_var"]
-                batch.meta["critic_explained_var"] = ev if ev is not None and math.isfinite(ev) else None  # None: undefined
+                batch.meta["critic_explained_var"] = (
+                    ev if ev is not None and math.isfinite(ev) else None
+                )  # None: undefined
             self.run.write_trajectories(batch, it, max_mb=self.cfg.trajectories_max_mb)
 
     def _append(self, rec: dict) -> None:
@@ -585,6 +670,8 @@ def _oracle_as_values(batch: TrajectoryBatch, env: str):
     terminal after the last action token (no bootstrap: a cut episode's return is 0, as its rewards
     say)."""
     if not batch.has("oracle_values"):
-        raise ValueError(f"critic: 'expert' reads the environment's exact values, found a rollout of {env!r} without "
-                         f"oracle_values (its environment has no exact model; use critic='learned')")
+        raise ValueError(
+            f"critic: 'expert' reads the environment's exact values, found a rollout of {env!r} without "
+            f"oracle_values (its environment has no exact model; use critic='learned')"
+        )
     return batch.with_token_fields(values=batch.padded("oracle_values", torch.float32))

@@ -72,18 +72,41 @@ def env_kwargs(cfg: Config) -> dict:
     return kw
 
 
-def play(cfg: Config, policy, env, n: int | None, *, seed: int, group_size: int = 1, greedy: bool = False,
-         critic=None, seeds=None, timings: dict | None = None) -> TrajectoryBatch:
+def play(
+    cfg: Config,
+    policy,
+    env,
+    n: int | None,
+    *,
+    seed: int,
+    group_size: int = 1,
+    greedy: bool = False,
+    critic=None,
+    seeds=None,
+    timings: dict | None = None,
+) -> TrajectoryBatch:
     """:func:`mpo_viz.rollout.rollout` of ``n`` episodes (or one per task seed of ``seeds``) with the
     run's settings: its temperature and top-p (``greedy``: temperature 0), token budgets, batch
     size, oracle noise and ``side_thread``; ``critic`` records values; ``timings`` receives the
     rollout's seconds per phase."""
-    return rollout(policy, env, None if seeds is not None else n, group_size=group_size, critic=critic, seed=seed,
-                   seeds=seeds, temperature=0.0 if greedy else cfg.temperature, top_p=1.0 if greedy else cfg.top_p,
-                   max_turn_tokens=cfg.max_turn_tokens, max_total_tokens=cfg.max_total_tokens,
-                   batch_size=cfg.rollout_batch_size, progress=False, timings=timings,
-                   critic_thread=None if cfg.side_thread else False,
-                   oracle=NoisyExpert(noise=cfg.oracle_noise) if cfg.oracle_noise is not None else None)
+    return rollout(
+        policy,
+        env,
+        None if seeds is not None else n,
+        group_size=group_size,
+        critic=critic,
+        seed=seed,
+        seeds=seeds,
+        temperature=0.0 if greedy else cfg.temperature,
+        top_p=1.0 if greedy else cfg.top_p,
+        max_turn_tokens=cfg.max_turn_tokens,
+        max_total_tokens=cfg.max_total_tokens,
+        batch_size=cfg.rollout_batch_size,
+        progress=False,
+        timings=timings,
+        critic_thread=None if cfg.side_thread else False,
+        oracle=NoisyExpert(noise=cfg.oracle_noise) if cfg.oracle_noise is not None else None,
+    )
 
 
 def mc_values(cfg: Config, policy, env, batch: TrajectoryBatch, *, seed: int) -> TrajectoryBatch:
@@ -93,8 +116,10 @@ def mc_values(cfg: Config, policy, env, batch: TrajectoryBatch, *, seed: int) ->
     token. The batch keeps the ``mc_*`` fields."""
     m = cfg.mc_samples if cfg.mc_samples is not None else MC_SAMPLES
     out = mc_truth(batch, policy, m=m, seed=seed, env=env, batch_size=max(cfg.rollout_batch_size, m), progress=False)
-    values = [np.asarray(v, dtype=np.float32)[np.asarray(t, dtype=np.int64)] if len(t) else np.zeros(0, np.float32)
-              for v, t in zip(out.field("mc_value"), out.field("turn_ids"))]
+    values = [
+        np.asarray(v, dtype=np.float32)[np.asarray(t, dtype=np.int64)] if len(t) else np.zeros(0, np.float32)
+        for v, t in zip(out.field("mc_value"), out.field("turn_ids"))
+    ]
     return out.with_token_fields(values=values).with_meta(values_source="mc")
 
 

@@ -1,7 +1,6 @@
 """Shared fixtures of the adapter tests: a local tokenizer folder with a chat template (built here,
 nothing is downloaded) and the sample logs of trajectories/samples."""
 
-
 import pytest
 
 WORDS = "you are an agent . task : add 2 and 3 then 4 calc + result 5 9 answer correct wrong the is".split()

@@ -9,8 +9,17 @@ from mpo_viz.advantages import compute, estimator_clock, mc_returns
 
 
 def _two_turns() -> mv.TrajectoryBatch:
-    rows = [{"traj_id": "a", "group_id": "g", "prompt_ids": [1], "response_ids": [5, 6, 7, 8], "loss_mask": [1, 1, 0, 1],
-             "reward": 2.0, "turn_rewards": [0.5, 0.0]}]
+    rows = [
+        {
+            "traj_id": "a",
+            "group_id": "g",
+            "prompt_ids": [1],
+            "response_ids": [5, 6, 7, 8],
+            "loss_mask": [1, 1, 0, 1],
+            "reward": 2.0,
+            "turn_rewards": [0.5, 0.0],
+        }
+    ]
     return mv.TrajectoryBatch.from_rows(rows)
 
 
@@ -38,8 +47,10 @@ def test_estimator_clock_fills_in_each_estimators_defaults():
     assert estimator_clock("grpo") == {"gamma": 1.0, "turn_gamma": 1.0}  # no discount at all
 
 
-@pytest.mark.parametrize("estimator, options", [("mpo", {"gamma": 0.9, "turn_gamma": 0.8}), ("mpo", {"gamma": 0.7}),
-                                                ("gae", {"gamma": 0.9, "lam": 1.0})])
+@pytest.mark.parametrize(
+    "estimator, options",
+    [("mpo", {"gamma": 0.9, "turn_gamma": 0.8}), ("mpo", {"gamma": 0.7}), ("gae", {"gamma": 0.9, "lam": 1.0})],
+)
 def test_the_returns_on_an_estimators_clock_are_its_own_mc_returns(estimator, options):
     # mae's returns (critic_target="mc") and gae's at λ = 1 are Monte-Carlo returns, whatever the values:
     # the clock estimator_clock gives reproduces them

@@ -46,8 +46,13 @@ def _masks():
     one[2, 5] = 1
     two = np.zeros((4, 7))
     two[1, 0] = two[3, 6] = 1
-    return [("dense", dense), ("one_token", one), ("two_tokens", two), ("all_masked", np.zeros((4, 7))),
-            ("all_action", np.ones((4, 7)))]
+    return [
+        ("dense", dense),
+        ("one_token", one),
+        ("two_tokens", two),
+        ("all_masked", np.zeros((4, 7))),
+        ("all_action", np.ones((4, 7))),
+    ]
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
@@ -137,6 +142,7 @@ def test_row_moments_and_merge():
 
 # ----------------------------------------------------------------------------- the estimators
 
+
 def _run(name, d, whiten, **opts):
     R, V, M, T = d["rewards"], d["values"], d["mask"], d["turn_ids"]
     if name in ("gae", "vapo"):
@@ -146,22 +152,39 @@ def _run(name, d, whiten, **opts):
     if name == "reinforce_pp":
         return A.reinforce_pp(R, M, whiten=whiten, **opts)
     if name == "gigpo":
-        return A.gigpo(R, M, d["group_ids"], prompt_ids=d["prompt_ids"], response_ids=d["response_ids"],
-                       turn_ids=T, whiten=whiten, **opts)
+        return A.gigpo(
+            R,
+            M,
+            d["group_ids"],
+            prompt_ids=d["prompt_ids"],
+            response_ids=d["response_ids"],
+            turn_ids=T,
+            whiten=whiten,
+            **opts,
+        )
     return getattr(A, name)(R, M, d["group_ids"], whiten=whiten, **opts)
 
 
 ESTIMATORS = [
-    ("gae", {"gamma": 0.9, "lam": 0.95}), ("vapo", {}), ("turn_gae", {"turn_lam": 0.8}),
-    ("mae", {}), ("mae", {"within": "local", "critic_target": "turn", "gamma": 0.9}),
-    ("reinforce_pp", {"gamma": 0.95}), ("grpo", {}), ("rloo", {}), ("reinforce_pp_baseline", {}), ("gigpo", {}),
+    ("gae", {"gamma": 0.9, "lam": 0.95}),
+    ("vapo", {}),
+    ("turn_gae", {"turn_lam": 0.8}),
+    ("mae", {}),
+    ("mae", {"within": "local", "critic_target": "turn", "gamma": 0.9}),
+    ("reinforce_pp", {"gamma": 0.95}),
+    ("grpo", {}),
+    ("rloo", {}),
+    ("reinforce_pp_baseline", {}),
+    ("gigpo", {}),
 ]
 
 
 def _edge_batches(dtype):
     """Random batches (with an empty row and a one-token row), one action token, none at all."""
-    out = [("random", random_batch(0, B=9, dtype=dtype)), ("random_adjacent", random_batch(1, B=7, dtype=dtype,
-                                                                                          adjacent_turns=True))]
+    out = [
+        ("random", random_batch(0, B=9, dtype=dtype)),
+        ("random_adjacent", random_batch(1, B=7, dtype=dtype, adjacent_turns=True)),
+    ]
     d = random_batch(2, B=5, dtype=dtype)
     one = np.zeros_like(d["mask"])
     one[3, 2] = 1
@@ -249,15 +272,17 @@ def test_rows_far_from_zero_are_recomputed_exactly(dtype):
     B = R.shape[0]
     adv, ret = np.empty_like(R), np.empty_like(R)
     w, wsp, wsn = whiten_buffers(B)
-    K.gae_kernel(R, Z, d["mask"], np.full(B, np.nan), 1.0, np.zeros(B), np.nan, adv, ret, np.empty(B, np.int64), 1, w,
-                 wsp, wsn)
+    K.gae_kernel(
+        R, Z, d["mask"], np.full(B, np.nan), 1.0, np.zeros(B), np.nan, adv, ret, np.empty(B, np.int64), 1, w, wsp, wsn
+    )
     assert (w[act.any(1), 2] == -1).all()
     a, _ = A.gae(R, Z, d["mask"], lam=0.0)
     got, _ = A.gae(R, Z, d["mask"], lam=0.0, whiten=True)
     expect = whiten_reference(a.numpy().copy(), d["mask"])
     # float32 inputs: 1e3 + 1e-3·noise keeps ~4 digits of the noise; compare on that scale
-    np.testing.assert_allclose(got.numpy(), expect, **({"rtol": 1e-7, "atol": 1e-7} if dtype == np.float64
-                                                        else {"rtol": 1e-4, "atol": 1e-4}))
+    np.testing.assert_allclose(
+        got.numpy(), expect, **({"rtol": 1e-7, "atol": 1e-7} if dtype == np.float64 else {"rtol": 1e-4, "atol": 1e-4})
+    )
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
@@ -304,14 +329,52 @@ def test_kernels_record_the_spans_that_hold_the_action_tokens(dtype):
     B, L = m.shape
     adv, ret = np.empty_like(m), np.empty_like(m)
     w, wsp, wsn = whiten_buffers(B)
-    K.gae_kernel(d["rewards"], d["values"], m, np.full(B, np.nan), 1.0, np.full(B, 0.9), np.nan, adv, ret,
-                 np.empty(B, np.int64), 1, w, wsp, wsn)
+    K.gae_kernel(
+        d["rewards"],
+        d["values"],
+        m,
+        np.full(B, np.nan),
+        1.0,
+        np.full(B, 0.9),
+        np.nan,
+        adv,
+        ret,
+        np.empty(B, np.int64),
+        1,
+        w,
+        wsp,
+        wsn,
+    )
     for i in range(B):  # gae: the maximal runs of action tokens
         assert _recorded(wsp, wsn, i) == _runs(m[i]), i
     w, wsp, wsn = whiten_buffers(B)
     e = np.full((B, 0), np.nan)
-    K.mae_kernel(d["rewards"], d["values"], m, T, np.full(B, np.nan), 1.0, 0.95, 1.0, np.full(B, 0.9), 1.0, 0, 0, 0, adv, ret,
-                 e, e, e, e, np.empty(B, np.int64), 1, w, wsp, wsn)
+    K.mae_kernel(
+        d["rewards"],
+        d["values"],
+        m,
+        T,
+        np.full(B, np.nan),
+        1.0,
+        0.95,
+        1.0,
+        np.full(B, 0.9),
+        1.0,
+        0,
+        0,
+        0,
+        adv,
+        ret,
+        e,
+        e,
+        e,
+        e,
+        np.empty(B, np.int64),
+        1,
+        w,
+        wsp,
+        wsn,
+    )
     assert (wsn == -1).all()  # mae records none: each row is rewritten whole
 
 
@@ -339,8 +402,9 @@ def test_rows_with_more_spans_than_recorded_are_rewritten_whole(name, dtype):
     B = 3
     wst, wsp, wsn = whiten_buffers(B)
     adv, ret = np.empty_like(m), np.empty_like(m)
-    K.gae_kernel(R, V, m, np.full(B, np.nan), 1.0, np.full(B, 0.9), np.nan, adv, ret, np.empty(B, np.int64), 1, wst,
-                 wsp, wsn)
+    K.gae_kernel(
+        R, V, m, np.full(B, np.nan), 1.0, np.full(B, 0.9), np.nan, adv, ret, np.empty(B, np.int64), 1, wst, wsp, wsn
+    )
     assert wsn.tolist() == [1, -1, 3]
 
 

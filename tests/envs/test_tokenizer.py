@@ -25,8 +25,8 @@ def test_round_trip_and_no_unknown_words(name):
         for m in env.messages:
             ids = lay.encode(m["content"])
             assert lay.unk not in ids, m["content"]
-            assert tok.decode(ids) == m["content"]            # text -> ids -> text
-            assert lay.encode(tok.decode(ids)) == ids           # ids -> text -> ids
+            assert tok.decode(ids) == m["content"]  # text -> ids -> text
+            assert lay.encode(tok.decode(ids)) == ids  # ids -> text -> ids
     # malformed words map to [UNK], never raise
     assert lay.encode("zzz search") == [lay.unk, tok.convert_tokens_to_ids("search")]
 
@@ -37,8 +37,16 @@ def test_special_tokens_and_layout():
     assert tok.pad_token_id == 0 and tok.eos_token == "<|eot|>"
     lay = ChatLayout(tok)
     msgs = [{"role": "system", "content": "a"}, {"role": "user", "content": "b a"}]
-    assert lay.tokens(lay.prompt(msgs)) == ["<|system|>", "a", "<|eot|>", "<|user|>", "b", "a", "<|eot|>",
-                                           "<|assistant|>"]
+    assert lay.tokens(lay.prompt(msgs)) == [
+        "<|system|>",
+        "a",
+        "<|eot|>",
+        "<|user|>",
+        "b",
+        "a",
+        "<|eot|>",
+        "<|assistant|>",
+    ]
     assert lay.tokens(lay.action("b")) == ["b", "<|eot|>"]
     assert lay.tokens(lay.observation("tool", "a", final=False)) == ["<|tool|>", "a", "<|eot|>", "<|assistant|>"]
     assert lay.tokens(lay.observation("user", "a", final=True)) == ["<|user|>", "a", "<|eot|>"]

@@ -16,8 +16,24 @@ from experiments import credit_accuracy as bench
 
 ROOT = Path(__file__).resolve().parents[2]
 
-ARGS = ["--critic", "learned", "--envs", "search", "--sizes", "400", "--targets", "oracle", "--trunks", "fresh",
-        "--seeds", "0", "1", "--budgets", "2", "4"]
+ARGS = [
+    "--critic",
+    "learned",
+    "--envs",
+    "search",
+    "--sizes",
+    "400",
+    "--targets",
+    "oracle",
+    "--trunks",
+    "fresh",
+    "--seeds",
+    "0",
+    "1",
+    "--budgets",
+    "2",
+    "4",
+]
 
 
 @pytest.fixture
@@ -99,10 +115,13 @@ def test_centring_factor_by_hand():
     ref = {"inv": np.array([0, 0, 0, 1]), "counts": np.array([3.0, 1.0])}
     lam = 0.5
     # intra: c_j = 1 − (1/n)·Σ_{j'≤j} λ^{j−j'}; 0 at each turn's last token
-    np.testing.assert_allclose(bench.centring_factor(ref, "mpo", {"lam": lam}),
-                               [1 - 1 / 3, 1 - (1 + lam) / 3, 0.0, 0.0])
-    np.testing.assert_allclose(bench.centring_factor(ref, "mpo", {"lam": lam, "within": "local"}),
-                               [1 - 1 / 3, 1 - (1 + lam) / 3, 1 - (1 + lam + lam**2) / 3, 0.0])
+    np.testing.assert_allclose(
+        bench.centring_factor(ref, "mpo", {"lam": lam}), [1 - 1 / 3, 1 - (1 + lam) / 3, 0.0, 0.0]
+    )
+    np.testing.assert_allclose(
+        bench.centring_factor(ref, "mpo", {"lam": lam, "within": "local"}),
+        [1 - 1 / 3, 1 - (1 + lam) / 3, 1 - (1 + lam + lam**2) / 3, 0.0],
+    )
     np.testing.assert_allclose(bench.centring_factor(ref, "mpo", {"within": "td"}), [2 / 3, 2 / 3, 2 / 3, 0.0])
     np.testing.assert_allclose(bench.centring_factor(ref, "mpo", {"within": "baseline"}), 0.0)
     np.testing.assert_allclose(bench.centring_factor(ref, "gae", {}), 0.0)

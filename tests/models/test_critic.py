@@ -33,4 +33,6 @@ def test_a_large_vocabulary_gets_embedding_rows_for_the_ids_used_only():
     assert isinstance(res.critic, RemappedCritic)
     seq = torch.tensor([[*b.field("prompt_ids")[0], *b.field("response_ids")[0]]])
     with torch.no_grad():
-        np.testing.assert_allclose(res.batch.values[0, :5].numpy(), res.critic(seq)[0, 1:6].numpy(), rtol=1e-5, atol=1e-6)
+        np.testing.assert_allclose(
+            res.batch.values[0, :5].numpy(), res.critic(seq)[0, 1:6].numpy(), rtol=1e-5, atol=1e-6
+        )

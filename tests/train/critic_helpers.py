@@ -7,10 +7,20 @@ import mpo_viz as mv
 def label_batch(n: int = 60, **extra) -> mv.TrajectoryBatch:
     """The outcome is written in the prompt (id 3 = win, 4 = loss; even rows win): every return is
     1 or 0, a function a one-layer critic learns exactly. ``extra``: fields added to every row."""
-    return mv.TrajectoryBatch.from_rows([
-        {"traj_id": f"t{i}", "group_id": f"g{i}", "prompt_ids": [1, 3 if i % 2 == 0 else 4],
-         "response_ids": [5, 6, 7, 8, 9], "loss_mask": [1, 1, 0, 1, 1], "reward": float(i % 2 == 0), **extra}
-        for i in range(n)])
+    return mv.TrajectoryBatch.from_rows(
+        [
+            {
+                "traj_id": f"t{i}",
+                "group_id": f"g{i}",
+                "prompt_ids": [1, 3 if i % 2 == 0 else 4],
+                "response_ids": [5, 6, 7, 8, 9],
+                "loss_mask": [1, 1, 0, 1, 1],
+                "reward": float(i % 2 == 0),
+                **extra,
+            }
+            for i in range(n)
+        ]
+    )
 
 
 def spread(b: mv.TrajectoryBatch, vocab: int) -> mv.TrajectoryBatch:

@@ -45,8 +45,9 @@ def test_checkpoint_round_trip_is_exact(tmp_path):
     np.random.rand()
     rng = capture_rng({"shuffle": g})
     expect = (torch.randn(4), random.random(), np.random.rand(), torch.randn(2, generator=g))
-    p = save_checkpoint(tmp_path / "ck", 2, modules={"policy": m}, optimizers={"policy": opt}, rng=rng,
-                        state={"seed_cursor": 5}, keep=3)
+    p = save_checkpoint(
+        tmp_path / "ck", 2, modules={"policy": m}, optimizers={"policy": opt}, rng=rng, state={"seed_cursor": 5}, keep=3
+    )
     assert p.name == "iter=000002" and latest_checkpoint(tmp_path / "ck") == p
     ck = load_checkpoint(p)
     assert ck.state["iteration"] == 2 and ck.state["seed_cursor"] == 5
@@ -87,12 +88,14 @@ def test_optimizer_state_is_read_without_unpickling(tmp_path, monkeypatch):
 def test_keep_last_k_and_rewrite_in_place(tmp_path):
     m, opt = _model_and_opt()
     for it in range(6):
-        save_checkpoint(tmp_path, it, modules={"policy": m}, optimizers={"policy": opt}, rng=capture_rng(),
-                        state={"k": it}, keep=2)
+        save_checkpoint(
+            tmp_path, it, modules={"policy": m}, optimizers={"policy": opt}, rng=capture_rng(), state={"k": it}, keep=2
+        )
     names = sorted(p.name for p in tmp_path.iterdir())
     assert names == ["iter=000004", "iter=000005", "latest"]
-    save_checkpoint(tmp_path, 5, modules={"policy": m}, optimizers={"policy": opt}, rng=capture_rng(),
-                    state={"k": "again"}, keep=2)
+    save_checkpoint(
+        tmp_path, 5, modules={"policy": m}, optimizers={"policy": opt}, rng=capture_rng(), state={"k": "again"}, keep=2
+    )
     assert json.loads((tmp_path / "iter=000005" / "state.json").read_text())["k"] == "again"
     assert (tmp_path / "latest").read_text().strip() == "iter=000005"
     assert not [p for p in tmp_path.iterdir() if p.name.startswith(".")]
@@ -162,8 +165,11 @@ def test_truncated_newest_weights_fall_back_to_the_previous_checkpoint(run2):
     run, at1 = run2
     bad = run / "checkpoints" / "iter=000002" / "policy.safetensors"
     _truncate(bad)
-    with pytest.warns(CheckpointWarning, match=r"iter=000002/policy.safetensors: unreadable .*resumed from "
-                                               r"iter=000001 instead"):
+    with pytest.warns(
+        CheckpointWarning,
+        match=r"iter=000002/policy.safetensors: unreadable .*resumed from "
+        r"iter=000001 instead",
+    ):
         tr = Trainer.resume(run, quiet=True)
     assert tr.iteration == 1
     assert all(v.equal(at1[k]) for k, v in tr.policy.model.state_dict().items())

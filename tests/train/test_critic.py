@@ -24,8 +24,16 @@ from tests.train.train_helpers import register_threesteps, tiny
 
 
 def _small_critic(vocab: int = 12, seed: int = 0) -> Critic:
-    cfg = LlamaConfig(vocab_size=vocab, hidden_size=32, intermediate_size=64, num_hidden_layers=1,
-                      num_attention_heads=2, num_key_value_heads=2, max_position_embeddings=64, pad_token_id=0)
+    cfg = LlamaConfig(
+        vocab_size=vocab,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=1,
+        num_attention_heads=2,
+        num_key_value_heads=2,
+        max_position_embeddings=64,
+        pad_token_id=0,
+    )
     torch.manual_seed(seed)
     return Critic(LlamaModel(cfg)).eval()
 
@@ -50,21 +58,32 @@ def test_critic_outputs_are_aligned_with_a_direct_forward():
         with torch.no_grad():
             out = critic(seq)[0]
         P, L = len(b.field("prompt_ids")[i]), len(b.field("response_ids")[i])
-        np.testing.assert_allclose(got[j, :L].numpy(), out[P - 1:P + L - 1].numpy(), rtol=1e-5, atol=1e-6)
+        np.testing.assert_allclose(got[j, :L].numpy(), out[P - 1 : P + L - 1].numpy(), rtol=1e-5, atol=1e-6)
 
 
 def test_fit_stops_at_the_gate_on_an_easy_fit():
     b = label_batch()
     critic = _small_critic()
-    fit = fit_values(critic, b, mc_returns(b), steps=300, lr=3e-3, batch_episodes=16, holdout=0.25, gate=0.9,
-                     eval_every=10, seed=0)
+    fit = fit_values(
+        critic, b, mc_returns(b), steps=300, lr=3e-3, batch_episodes=16, holdout=0.25, gate=0.9, eval_every=10, seed=0
+    )
     assert fit.stop == "gate" and fit.passed and fit.steps < 300
     assert fit.heldout_ev >= 0.9 and fit.n_heldout == 15 and fit.n_train == 45
     assert fit.history[0]["step"] == 0 and fit.history[-1]["step"] == fit.steps
     assert "passed the gate 0.9" in fit.summary()
     # deterministic for a seed
-    again = fit_values(_small_critic(), b, mc_returns(b), steps=300, lr=3e-3, batch_episodes=16, holdout=0.25,
-                       gate=0.9, eval_every=10, seed=0)
+    again = fit_values(
+        _small_critic(),
+        b,
+        mc_returns(b),
+        steps=300,
+        lr=3e-3,
+        batch_episodes=16,
+        holdout=0.25,
+        gate=0.9,
+        eval_every=10,
+        seed=0,
+    )
     assert again.steps == fit.steps and again.heldout_ev == fit.heldout_ev
 
 
@@ -132,8 +151,16 @@ def _lose_everywhere_but(n: int, wins) -> mv.TrajectoryBatch:
     rows = []
     for i in range(n):
         win = i in set(wins)
-        rows.append({"traj_id": f"t{i}", "group_id": f"g{i}", "prompt_ids": [1, 3 if win else 4],
-                     "response_ids": [5, 6, 7, 8, 9], "loss_mask": [1, 1, 0, 1, 1], "reward": 1.0 if win else 0.0})
+        rows.append(
+            {
+                "traj_id": f"t{i}",
+                "group_id": f"g{i}",
+                "prompt_ids": [1, 3 if win else 4],
+                "response_ids": [5, 6, 7, 8, 9],
+                "loss_mask": [1, 1, 0, 1, 1],
+                "reward": 1.0 if win else 0.0,
+            }
+        )
     return mv.TrajectoryBatch.from_rows(rows)
 
 
@@ -145,16 +172,25 @@ def test_fit_on_constant_returns_sets_the_constant_without_a_step(monkeypatch):
     monkeypatch.setattr("mpo_viz.train.critic_fit._fit_step", _no_step)
     b = _lose_everywhere_but(20, range(20))  # every episode wins: the return of every action token is 1
     critic, seen = _small_critic(), []
-    fit = fit_values(critic, b, mc_returns(b), steps=300, gate=0.2, eval_every=10, seed=0,
-                     on_eval=lambda step, ev, c: seen.append(step))
+    fit = fit_values(
+        critic,
+        b,
+        mc_returns(b),
+        steps=300,
+        gate=0.2,
+        eval_every=10,
+        seed=0,
+        on_eval=lambda step, ev, c: seen.append(step),
+    )
     assert (fit.stop, fit.steps, fit.constant, fit.passed, seen) == ("constant", 0, 1.0, False, [0])
     assert np.isnan(fit.heldout_ev) and np.isnan(fit.train_ev) and (fit.n_train, fit.n_heldout) == (16, 4)
     # V = 1 at every position of every row, exactly: the head's weights 0 and its bias 1
     v = critic_outputs(critic, rows_of(b), np.arange(20), pad_id=0, device="cpu")
     assert torch.equal(v[b.mask.bool()], torch.ones(int(b.mask.sum())))
     assert float(critic.head.weight.detach().abs().max()) == 0.0 and float(critic.head.bias.detach()) == 1.0
-    assert fit.summary().startswith("critic fit: 0 steps, the critic set to the constant 1 (every return of the 20 "
-                                    "episodes is 1: nothing varies")
+    assert fit.summary().startswith(
+        "critic fit: 0 steps, the critic set to the constant 1 (every return of the 20 episodes is 1: nothing varies"
+    )
     # no gate changes nothing: the constant is the exact fit either way
     assert fit_values(_small_critic(), b, mc_returns(b), steps=5, gate=None).stop == "constant"
 
@@ -192,12 +228,16 @@ def test_trainer_warmup_on_constant_returns_stops_at_once_and_says_so(tmp_path, 
     assert (rec["warmup_stop"], rec["warmup_steps"], rec["warmup_constant"]) == ("constant", 0, 0.0)
     assert rec["warmup_passed"] is False and np.isnan(rec["warmup_explained_var"])
     said = [x for x in lines if x.startswith("critic warm-up")]
-    assert said == [("critic warm-up: stopped at once (0 steps): every return of the 12 pool episodes is 0, so "
-                     "there is nothing for a critic to learn and the gate cannot pass; the critic was set to that "
-                     "constant. RL starts from a critic that predicts that constant, and critic-based advantages "
-                     "are then the bare returns; what helps: a start that succeeds sometimes (more SFT: "
-                     "--sft-steps, or --model-dir of a stronger start), a larger pool (--critic-warmup-episodes), "
-                     "or shaped rewards (per-turn rewards of the environment)")]
+    assert said == [
+        (
+            "critic warm-up: stopped at once (0 steps): every return of the 12 pool episodes is 0, so "
+            "there is nothing for a critic to learn and the gate cannot pass; the critic was set to that "
+            "constant. RL starts from a critic that predicts that constant, and critic-based advantages "
+            "are then the bare returns; what helps: a start that succeeds sometimes (more SFT: "
+            "--sft-steps, or --model-dir of a stronger start), a larger pool (--critic-warmup-episodes), "
+            "or shaped rewards (per-turn rewards of the environment)"
+        )
+    ]
     # the first RL iteration read those values: 0 wherever an action token is
     first = mv.load(sorted((tmp_path / "run" / "trajectories").glob("iter=*.parquet"))[0])
     assert float(first.values[first.mask.bool()].abs().max()) == 0.0
@@ -205,8 +245,9 @@ def test_trainer_warmup_on_constant_returns_stops_at_once_and_says_so(tmp_path, 
 
 def test_trainer_warmup_stops_at_the_gate(tmp_path, monkeypatch):
     # the trainer's warm-up on a pool a critic can fit (the labelled batch stands in for the rollout)
-    cfg = tiny(estimator="gae", critic_warmup_episodes=60, critic_warmup_steps=400, critic_warmup_ev=0.9,
-               critic_warmup_lr=3e-3)
+    cfg = tiny(
+        estimator="gae", critic_warmup_episodes=60, critic_warmup_steps=400, critic_warmup_ev=0.9, critic_warmup_lr=3e-3
+    )
     tr = Trainer(cfg, tmp_path / "run", quiet=True)
     tr.critic = _small_critic(len(tr.policy.tokenizer))
     monkeypatch.setattr(tr, "_rollout", lambda n, **kw: label_batch(n))
@@ -217,8 +258,9 @@ def test_trainer_warmup_stops_at_the_gate(tmp_path, monkeypatch):
 
 
 def test_critic_epochs_are_apart_from_the_policys(tmp_path):
-    tr = Trainer(tiny(estimator="gae", loss="token_ppo", epochs=1, minibatches=2, critic_epochs=3), tmp_path / "r",
-                 quiet=True)
+    tr = Trainer(
+        tiny(estimator="gae", loss="token_ppo", epochs=1, minibatches=2, critic_epochs=3), tmp_path / "r", quiet=True
+    )
     rec = next(tr.iterate(1))
     assert rec["optimizer_steps"] == 2  # the policy: 1 epoch × 2 minibatches
     assert rec["critic_optimizer_steps"] == 6  # the critic: 3 epochs × 2 minibatches
@@ -271,8 +313,9 @@ def test_value_target_says_what_the_critic_trains_on(tmp_path, value_target):
     # by the Monte-Carlo returns for the value loss, and every RL line records which it was
     from mpo_viz.train.summary import value_target_line
 
-    cfg = tiny(estimator="turn_gae", loss="token_ppo", iterations=1, save_trajectories_every=1,
-               value_target=value_target)
+    cfg = tiny(
+        estimator="turn_gae", loss="token_ppo", iterations=1, save_trajectories_every=1, value_target=value_target
+    )
     tr = Trainer(cfg, tmp_path / "r", quiet=True)
     rec = next(tr.iterate(1))
     b = mv.load(tmp_path / "r" / "trajectories" / "iter=000001.parquet")
@@ -306,9 +349,17 @@ def _returns_by_hand(b: mv.TrajectoryBatch, gamma: float, turn_gamma: float) -> 
 def test_the_warmup_fits_the_returns_rl_trains_the_critic_on(tmp_path, monkeypatch, estimator, options):
     # value_target="mc": the warm-up's targets and RL's are the Monte-Carlo returns on one clock, the estimator's
     # (gae: γ on every step; mpo: γ inside turns, γ_T across); a warm-up on γ_T = 1 fitted other returns
-    cfg = tiny(env=register_threesteps(), estimator=estimator, estimator_options=options, value_target="mc",
-               iterations=1, eval_interval=0, save_trajectories_every=1, critic_warmup_episodes=10,
-               critic_warmup_steps=1)
+    cfg = tiny(
+        env=register_threesteps(),
+        estimator=estimator,
+        estimator_options=options,
+        value_target="mc",
+        iterations=1,
+        eval_interval=0,
+        save_trajectories_every=1,
+        critic_warmup_episodes=10,
+        critic_warmup_steps=1,
+    )
     tr = Trainer(cfg, tmp_path / "r", quiet=True)
     seen = {}
     real = fit_values

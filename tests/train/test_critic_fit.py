@@ -2,7 +2,6 @@
 on every real token, for a tiny critic and a pretrained trunk. (The fits themselves: tests/train/test_critic.py;
 fit_critic: tests/train/test_fitted_critic.py.)"""
 
-
 import numpy as np
 import pytest
 import torch
@@ -19,9 +18,17 @@ def test_causal_values_equal_the_masked_forward(lengths, hf_dir):
     from mpo_viz.train.update import forward_critic, make_micro, rows_of
 
     rng = np.random.default_rng(0)
-    rows = [{"traj_id": f"t{i}", "group_id": "g", "prompt_ids": [int(x) for x in rng.integers(1, 300, 3)],
-             "response_ids": [int(x) for x in rng.integers(1, 300, n)], "loss_mask": [1] * n, "reward": 1.0}
-            for i, n in enumerate(lengths)]
+    rows = [
+        {
+            "traj_id": f"t{i}",
+            "group_id": "g",
+            "prompt_ids": [int(x) for x in rng.integers(1, 300, 3)],
+            "response_ids": [int(x) for x in rng.integers(1, 300, n)],
+            "loss_mask": [1] * n,
+            "reward": 1.0,
+        }
+        for i, n in enumerate(lengths)
+    ]
     b = mv.TrajectoryBatch.from_rows(rows)
     r = rows_of(b)
     mb = make_micro(r, np.arange(len(b)), 0, "cpu")

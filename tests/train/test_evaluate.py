@@ -12,7 +12,9 @@ from tests.train.train_helpers import tiny
 
 def test_every_run_of_a_seed_is_judged_on_the_same_tasks(tmp_path):
     a = Trainer(tiny(estimator="mpo", seed=5, eval_episodes=3), tmp_path / "a", quiet=True)
-    b = Trainer(tiny(estimator="grpo", loss="token_ppo", group_size=2, seed=5, eval_episodes=3), tmp_path / "b", quiet=True)
+    b = Trainer(
+        tiny(estimator="grpo", loss="token_ppo", group_size=2, seed=5, eval_episodes=3), tmp_path / "b", quiet=True
+    )
     c = Trainer(tiny(estimator="mpo", seed=6, eval_seed=5, eval_episodes=3), tmp_path / "c", quiet=True)
     d = Trainer(tiny(estimator="mpo", seed=6, eval_episodes=3), tmp_path / "d", quiet=True)
     assert a.evaluator.seeds(3) == b.evaluator.seeds(3) == c.evaluator.seeds(3) != d.evaluator.seeds(3)
@@ -43,8 +45,11 @@ def test_trainer_pass_at_k_reads_its_samples(tmp_path):
 
 
 def test_an_evaluation_of_unchanged_weights_is_reused_and_is_what_a_rerun_gives(tmp_path):
-    tr = Trainer(tiny(estimator="grpo", loss="token_ppo", group_size=2, iterations=1, eval_episodes=3), tmp_path / "r",
-                 quiet=True)
+    tr = Trainer(
+        tiny(estimator="grpo", loss="token_ppo", group_size=2, iterations=1, eval_episodes=3),
+        tmp_path / "r",
+        quiet=True,
+    )
     greedy, sampled = tr.evaluate_one(), tr.evaluate_one(greedy=False)
     spent = tr.eval_seconds
     assert spent > 0 and tr.evaluate_one() == greedy and tr.evaluate_one(greedy=False) == sampled

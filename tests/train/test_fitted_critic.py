@@ -30,8 +30,15 @@ def test_fit_critic_learns_what_can_be_learned_and_records_it(tmp_path):
     assert np.abs(v[wins][m[wins]] - 1).max() < 0.3 and np.abs(v[~wins][m[~wins]]).max() < 0.3
     info = res.batch.meta["critic_fit"]
     assert res.batch.meta["values_source"] == "fitted_critic" and b.meta.get("values_source") is None
-    assert info["heldout_explained_variance"] == res.fit.heldout_ev and info["target"] == "mc" and info["n_heldout"] == 15
-    for k in ("values_mean_across", "values_mean_within", "values_median_across_within_ratio", "train_explained_variance"):
+    assert (
+        info["heldout_explained_variance"] == res.fit.heldout_ev and info["target"] == "mc" and info["n_heldout"] == 15
+    )
+    for k in (
+        "values_mean_across",
+        "values_mean_within",
+        "values_median_across_within_ratio",
+        "train_explained_variance",
+    ):
         assert k in info
     mv.save(res.batch, tmp_path / "fitted.parquet")  # the metadata survives the file
     back = mv.load(tmp_path / "fitted.parquet")
@@ -40,9 +47,19 @@ def test_fit_critic_learns_what_can_be_learned_and_records_it(tmp_path):
 
 
 def test_fit_critic_turn_target_and_bootstrap_of_cut_rows():
-    rows = [{"traj_id": f"t{i}", "group_id": "g", "prompt_ids": [1, 3 if i % 2 else 4], "response_ids": [5, 6, 7, 8],
-             "loss_mask": [1, 1, 0, 1], "reward": float(i % 2), "turn_rewards": [0.5, 0.0],
-             "truncated": i == 0} for i in range(10)]
+    rows = [
+        {
+            "traj_id": f"t{i}",
+            "group_id": "g",
+            "prompt_ids": [1, 3 if i % 2 else 4],
+            "response_ids": [5, 6, 7, 8],
+            "loss_mask": [1, 1, 0, 1],
+            "reward": float(i % 2),
+            "turn_rewards": [0.5, 0.0],
+            "truncated": i == 0,
+        }
+        for i in range(10)
+    ]
     b = mv.TrajectoryBatch.from_rows(rows)
     # turn target: the return from each turn's first action token, on the whole turn
     t = fit_targets(b, "turn")[1].numpy()
@@ -76,9 +93,16 @@ def test_fit_critic_refuses_what_cannot_be_fitted():
 
 
 def rows_of_batch(b):
-    return [{"traj_id": t, "group_id": g, "prompt_ids": list(p), "response_ids": list(r), "loss_mask": list(m)}
-            for t, g, p, r, m in zip(b.field("traj_id"), b.field("group_id"), b.field("prompt_ids"),
-                                     b.field("response_ids"), b.field("loss_mask"))]
+    return [
+        {"traj_id": t, "group_id": g, "prompt_ids": list(p), "response_ids": list(r), "loss_mask": list(m)}
+        for t, g, p, r, m in zip(
+            b.field("traj_id"),
+            b.field("group_id"),
+            b.field("prompt_ids"),
+            b.field("response_ids"),
+            b.field("loss_mask"),
+        )
+    ]
 
 
 def test_fit_critic_from_the_shell(tmp_path, capsys):
@@ -117,14 +141,29 @@ def test_fit_on_a_pretrained_trunk(hf_dir):
 
 
 def test_a_trunk_with_the_wrong_vocabulary_or_tokenizer_is_refused(hf_dir):
-    rows = [{"traj_id": f"t{i}", "group_id": "g", "prompt_ids": [1], "response_ids": [5, 5000], "loss_mask": [1, 1],
-             "reward": float(i % 2)} for i in range(10)]
-    with pytest.raises(OptionError, match=r"^trunk: expected a model whose vocabulary covers logs.parquet's token ids, "
-                                          r"found id 5000 in logs.parquet but \d+ embedding rows in"):
+    rows = [
+        {
+            "traj_id": f"t{i}",
+            "group_id": "g",
+            "prompt_ids": [1],
+            "response_ids": [5, 5000],
+            "loss_mask": [1, 1],
+            "reward": float(i % 2),
+        }
+        for i in range(10)
+    ]
+    with pytest.raises(
+        OptionError,
+        match=r"^trunk: expected a model whose vocabulary covers logs.parquet's token ids, "
+        r"found id 5000 in logs.parquet but \d+ embedding rows in",
+    ):
         fit_critic(mv.TrajectoryBatch.from_rows(rows), trunk=hf_dir, steps=1, progress=False, source="logs.parquet")
     other = label_batch(10, response_tokens=["zz", "zz", "zz", "zz", "zz"])  # decoded by some other tokenizer
-    with pytest.raises(OptionError, match=r"^trunk: expected the tokenizer that wrote batch, found .* decodes 5 of 5 "
-                                          r"tokens of t0 to other text than its response_tokens"):
+    with pytest.raises(
+        OptionError,
+        match=r"^trunk: expected the tokenizer that wrote batch, found .* decodes 5 of 5 "
+        r"tokens of t0 to other text than its response_tokens",
+    ):
         fit_critic(other, trunk=hf_dir, steps=1, progress=False)
     with pytest.raises(OptionError, match="^trunk: expected a Hugging Face causal-LM folder"):
         fit_critic(label_batch(10), trunk=hf_dir.parent, steps=1, progress=False)
@@ -133,8 +172,10 @@ def test_a_trunk_with_the_wrong_vocabulary_or_tokenizer_is_refused(hf_dir):
 def test_fit_critic_trunk_from_the_shell(hf_dir, tmp_path, capsys):
     src, out = tmp_path / "logs.parquet", tmp_path / "fitted.parquet"
     mv.save(label_batch(40), src)
-    assert main(["fit-critic", str(src), "-o", str(out), "--trunk", str(hf_dir), "--steps", "2", "--target", "turn",
-                 "-q"]) == 0
+    assert (
+        main(["fit-critic", str(src), "-o", str(out), "--trunk", str(hf_dir), "--steps", "2", "--target", "turn", "-q"])
+        == 0
+    )
     cap = capsys.readouterr().out
     assert f"fitting a critic on the trunk of {hf_dir} to the turn returns of 40 trajectories" in cap
     assert mv.load(out).meta["critic_fit"]["trunk"] == str(hf_dir)
@@ -152,9 +193,19 @@ def test_early_stopping_keeps_the_best_evaluations_weights():
     # rewards drawn independently of the prompts: nothing to learn, so the held-out EV peaks by chance
     # early and the fit stops on patience (a learnable batch at lr 0.3 now climbs to EV 0.98 in 64 steps)
     r = np.random.default_rng(0).integers(0, 2, 40)
-    b = mv.TrajectoryBatch.from_rows([
-        {"traj_id": f"t{i}", "group_id": f"g{i}", "prompt_ids": [1, 10 + i % 30], "response_ids": [5, 6, 7, 8, 9],
-         "loss_mask": [1, 1, 0, 1, 1], "reward": float(r[i])} for i in range(40)])
+    b = mv.TrajectoryBatch.from_rows(
+        [
+            {
+                "traj_id": f"t{i}",
+                "group_id": f"g{i}",
+                "prompt_ids": [1, 10 + i % 30],
+                "response_ids": [5, 6, 7, 8, 9],
+                "loss_mask": [1, 1, 0, 1, 1],
+                "reward": float(r[i]),
+            }
+            for i in range(40)
+        ]
+    )
     kw = dict(steps=64, lr=0.3, batch_episodes=8, eval_every=4, holdout=0.25, progress=False)
     res = fit_critic(b, patience=3, **kw)
     fit = res.fit

@@ -24,8 +24,9 @@ def _stable(rec: dict) -> dict:
     return {k: v for k, v in rec.items() if k not in RESULT_KEYS_VOLATILE}
 
 
-@pytest.mark.parametrize("estimator, loss, group_size", [("mpo", "turn_ppo", 1), ("grpo", "token_ppo", 2),
-                                                          ("gae", "token_ppo", 1)])
+@pytest.mark.parametrize(
+    "estimator, loss, group_size", [("mpo", "turn_ppo", 1), ("grpo", "token_ppo", 2), ("gae", "token_ppo", 1)]
+)
 def test_three_iterations_write_a_run_folder_the_dashboard_reads(tmp_path, estimator, loss, group_size):
     cfg = tiny(estimator=estimator, loss=loss, group_size=group_size, keep_checkpoints=2)
     tr = Trainer(cfg, tmp_path / "run", quiet=True)
@@ -39,8 +40,16 @@ def test_three_iterations_write_a_run_folder_the_dashboard_reads(tmp_path, estim
     assert dash.latest_checkpoint() == "iter=000003"
     assert [f.stem for f in dash.trajectory_files()] == ["iter=000001", "iter=000002", "iter=000003"]
     drawn = {tr_.meta for tr_ in dash.figure.data}
-    for key in ("success", "policy_loss", "approx_kl", "clipfrac_low", "turn_clipfrac", "within_turn_shift",
-                "timings/rollout", "timings/update"):
+    for key in (
+        "success",
+        "policy_loss",
+        "approx_kl",
+        "clipfrac_low",
+        "turn_clipfrac",
+        "within_turn_shift",
+        "timings/rollout",
+        "timings/update",
+    ):
         assert key in drawn, key
     if estimator != "grpo":
         assert {"value_loss", "values_across", "values_within", "oracle_across"} <= drawn
@@ -71,8 +80,7 @@ def test_three_iterations_write_a_run_folder_the_dashboard_reads(tmp_path, estim
 def test_resume_is_bit_exact(tmp_path):
     """2 iterations, a fresh process-like resume, 2 more == 4 uninterrupted: metrics (timings aside)
     and final weights, with policy_lag and a KL reference in play."""
-    cfg = tiny(estimator="mpo", loss="turn_ppo", epochs=2, policy_lag=1, kl_coef=0.05, iterations=4,
-               eval_interval=2)
+    cfg = tiny(estimator="mpo", loss="turn_ppo", epochs=2, policy_lag=1, kl_coef=0.05, iterations=4, eval_interval=2)
     a = Trainer(cfg, tmp_path / "a", quiet=True)
     full = [_stable(r) for r in a.iterate()]
     b = Trainer(cfg, tmp_path / "b", quiet=True)
@@ -136,8 +144,11 @@ def test_run_all_evaluates_once_before_rl_without_changing_the_run(tmp_path):
     phases = [json.loads(x)["phase"] for x in (tmp_path / "again" / "metrics.jsonl").read_text().splitlines()]
     assert phases == ["eval", "rl", "eval"]
     # eval_interval = 0: none in between, but both ends of the curve
-    ends = Trainer(tiny(estimator="grpo", loss="token_ppo", group_size=2, iterations=2, eval_interval=0),
-                   tmp_path / "ends", quiet=True)
+    ends = Trainer(
+        tiny(estimator="grpo", loss="token_ppo", group_size=2, iterations=2, eval_interval=0),
+        tmp_path / "ends",
+        quiet=True,
+    )
     ends.run_all()
     lines = [json.loads(x) for x in (tmp_path / "ends" / "metrics.jsonl").read_text().splitlines()]
     assert [(r["iteration"], r["phase"]) for r in lines] == [(0, "eval"), (1, "rl"), (2, "rl"), (2, "eval")]
@@ -173,7 +184,9 @@ def _rows_logp(model, b) -> list:
             ids = torch.tensor(np.concatenate([p, resp]), dtype=torch.int64)[None]
             logits = model(input_ids=ids).logits[0].double()
             P = len(p)
-            out.append(torch.log_softmax(logits, -1)[P - 1: P - 1 + len(resp)].gather(1, ids[0, P:, None])[:, 0].numpy())
+            out.append(
+                torch.log_softmax(logits, -1)[P - 1 : P - 1 + len(resp)].gather(1, ids[0, P:, None])[:, 0].numpy()
+            )
     return out
 
 
@@ -249,16 +262,22 @@ def test_empg_trains_on_the_entropy_its_rollout_records(tmp_path):
     assert "entropy" in b.fields and len(b) == cfg.episodes
     vocab = before.get_output_embeddings().weight.shape[0]
     with torch.no_grad():
-        for p, resp, m, ent in zip(b.field("prompt_ids"), b.field("response_ids"), b.field("loss_mask"),
-                                   b.field("entropy")):
+        for p, resp, m, ent in zip(
+            b.field("prompt_ids"), b.field("response_ids"), b.field("loss_mask"), b.field("entropy")
+        ):
             ids = torch.tensor(np.concatenate([p, resp]), dtype=torch.int64)[None]
-            lp = torch.log_softmax(before(input_ids=ids).logits[0].double(), -1)[len(p) - 1:-1]
+            lp = torch.log_softmax(before(input_ids=ids).logits[0].double(), -1)[len(p) - 1 : -1]
             want = -(lp.exp() * lp).sum(-1).numpy()
             act = m != 0
             assert np.isfinite(ent[act]).all() and (ent[act] > 0).all() and (ent[act] <= math.log(vocab) + 1e-5).all()
             np.testing.assert_allclose(ent[act], want[act], atol=1e-5, rtol=0)
             assert (ent[~act] == 0).all()
-    want_adv, _ = reference_empg(b.token_rewards.numpy(), b.mask.numpy(), b.group_ids, entropy=b.padded("entropy").numpy(),
-                                 turn_ids=b.turn_ids.numpy())
+    want_adv, _ = reference_empg(
+        b.token_rewards.numpy(),
+        b.mask.numpy(),
+        b.group_ids,
+        entropy=b.padded("entropy").numpy(),
+        turn_ids=b.turn_ids.numpy(),
+    )
     mask = b.mask.bool().numpy()
     np.testing.assert_allclose(b.padded("advantages").numpy()[mask], np.asarray(want_adv)[mask], atol=1e-5)

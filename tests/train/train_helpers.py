@@ -5,13 +5,28 @@ from mpo_viz.envs import SUCCESS, TextEnv, available_envs, register_env
 from mpo_viz.envs.base import words_of
 from mpo_viz.train import Config
 
-TINY = dict(env="search", difficulty=2, episodes=4, epochs=1, minibatches=2, sft_steps=0, eval_interval=3,
-            eval_episodes=2, max_turn_tokens=12, max_total_tokens=160, rollout_batch_size=4, iterations=3)
+TINY = dict(
+    env="search",
+    difficulty=2,
+    episodes=4,
+    epochs=1,
+    minibatches=2,
+    sft_steps=0,
+    eval_interval=3,
+    eval_episodes=2,
+    max_turn_tokens=12,
+    max_total_tokens=160,
+    rollout_batch_size=4,
+    iterations=3,
+)
 
 
 def tiny(**changes) -> Config:
     kw = {**TINY, **changes}
-    if kw.get("estimator", "mpo") in ("mpo", "gae", "mae", "turn_gae", "vapo") and kw.get("critic", "learned") == "learned":
+    if (
+        kw.get("estimator", "mpo") in ("mpo", "gae", "mae", "turn_gae", "vapo")
+        and kw.get("critic", "learned") == "learned"
+    ):
         kw.setdefault("critic_warmup_steps", 0)
     return Config(**kw)
 

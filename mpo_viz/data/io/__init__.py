@@ -1,6 +1,7 @@
 """Load, save and scan trajectory/v1 data: ``.jsonl``, ``.parquet``, or a folder of them.
 
-* :func:`load` validates every row (:mod:`mpo_viz.data.validate`; rules in trajectories/README.md). ``errors="raise"`` raises
+* :func:`load` validates every row (:mod:`mpo_viz.data.validate`; rules in trajectories/README.md). ``errors="raise"``
+raises
   :class:`~mpo_viz.data.schema.TrajectoryError` naming file, line/row, traj_id, field, expected and
   found; ``errors="collect"`` returns the good rows with ``batch.rejected`` listing every rejected
   row and why. No row is ever dropped silently.
@@ -35,8 +36,11 @@ MAX_TOKENS = Option("max_tokens", kind="int", low=1, doc="response tokens per ch
 def files_of(path) -> list[Path]:
     """The data files behind ``path``: the file itself, or a folder's ``*.jsonl``/``*.parquet`` sorted by name."""
     if not isinstance(path, (str, Path)) and not hasattr(path, "__fspath__"):
-        hint = (" (rows in memory: mpo_viz.TrajectoryBatch.from_rows([...]) takes a list of row dicts)"
-                if isinstance(path, (dict, list, tuple)) else "")
+        hint = (
+            " (rows in memory: mpo_viz.TrajectoryBatch.from_rows([...]) takes a list of row dicts)"
+            if isinstance(path, (dict, list, tuple))
+            else ""
+        )
         raise TypeError(f"path: expected a file or folder path (str or Path), found {type(path).__name__}{hint}")
     p = Path(path)
     if p.is_dir():
