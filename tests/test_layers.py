@@ -18,7 +18,7 @@ PKG = Path(__file__).resolve().parents[1] / "mpo_viz"
 RANK = {
     "mpo_viz.version": 0, "mpo_viz.checks": 0, "mpo_viz.options": 0,
     "mpo_viz.data.schema": 1, "mpo_viz.data.ragged": 1, "mpo_viz.data.turns": 1, "mpo_viz.data.moments": 1,
-    "mpo_viz.data.validate": 2,
+    "mpo_viz.data.validate": 2, "mpo_viz.data.summary": 2,
     "mpo_viz.data.trajectory": 3,
     "mpo_viz.data": 4,
     "mpo_viz.envs": 5,
