@@ -34,7 +34,7 @@ from mpo_viz.data.io import count_rows, scan
 from mpo_viz.data.moments import ExplainedVariance
 from mpo_viz.data.token_text import tokenizer_decoder
 from mpo_viz.data.trajectory import TrajectoryBatch
-from mpo_viz.doctor import Finding, diagnose, merge_findings
+from mpo_viz.doctor import Doctor, Finding
 from mpo_viz.render import plots
 from mpo_viz.render.export import static_export_available, write_figures, write_tables
 from mpo_viz.render.page import (
@@ -333,7 +333,7 @@ def build_report(source, config: ReportConfig | None = None, *, source_name: str
     decode = tokenizer_decoder(cfg.tokenizer) if cfg.tokenizer else None  # a bad folder fails before any work
     acc = None
     names: list[str] = []
-    findings: list[Finding] = []
+    doctor = Doctor()  # the doctor's numbers chunk by chunk: the findings of the whole file
     bar = _progress(_count_rows(source), cfg, "traj", "report")
     try:
         for chunk in _iter_source(source, cfg):
@@ -347,7 +347,7 @@ def build_report(source, config: ReportConfig | None = None, *, source_name: str
             results = an.compute_advantages(chunk, names, **opts)
             acc.timings["estimators"] = acc.timings.get("estimators", 0.0) + time.perf_counter() - t0
             acc.n_rejected += len(getattr(chunk, "rejected", []) or [])
-            findings = merge_findings(findings, diagnose(chunk))
+            doctor.add(chunk)
             acc.add(chunk, results)
             bar.update(len(chunk))
     finally:
@@ -355,7 +355,7 @@ def build_report(source, config: ReportConfig | None = None, *, source_name: str
     if acc is None:
         raise ValueError(f"{source_name or source}: no trajectories to report on")
     return _render(acc, cfg, opts, source_name or (str(source) if isinstance(source, (str, Path)) else "batch"),
-                   time.perf_counter() - t_start, decode, findings)
+                   time.perf_counter() - t_start, decode, doctor.findings())
 
 
 def write_report(source, path, config: ReportConfig | None = None) -> Path:
@@ -414,8 +414,9 @@ def _doctor(page: _Page, findings: list[Finding]) -> None:
     fired = [f for f in findings if f.fired]
     rows = [(f.check, f.source, f.rows_hit, ", ".join(f.examples), f.detail, f.fix) for f in fired]
     ran = sum(f.status != "skipped" for f in findings)
-    head = (f"<p>{len(fired)} of {ran} checks that could run fired (judged chunk by chunk; "
-            "<code>mpo-viz doctor FILE</code> judges the whole file).</p>")
+    head = (f"<p>{len(fired)} of {ran} checks that could run fired (over the whole file, as "
+            "<code>mpo-viz doctor FILE</code> finds them; the doctor also reads a run folder's metrics and "
+            "each file's iteration).</p>")
     table = html_table(rows, ("check", "from", "rows hit", "example ids", "measured", "what to fix"), cls="grid") if rows else ""
     page.parts.append("<h2 id=doctor>Doctor</h2>" + head + table)
     page.tables["doctor"] = pd.DataFrame([f.to_dict() for f in findings])
