@@ -176,7 +176,7 @@ def _row_sum(x: np.ndarray) -> np.ndarray:
     every chunk it could sit in."""
     if not x.shape[1]:
         return np.zeros(x.shape[0], dtype=x.dtype)
-    return np.cumsum(x, axis=1)[:, -1]
+    return np.cumsum(x, axis=1)[:, -1].copy()  # a copy: a view would keep the whole (B, L) sums alive
 
 
 class Tally:
@@ -654,12 +654,12 @@ class Doctor:
                  "step_given": np.full(len(batch), given), "turns": np.asarray(batch.num_turns)}
         parts |= {f"has:{f}": ev.present(f) for f in _HAS}
         for k, x in parts.items():
-            self._common.setdefault(k, []).append(x)
+            self._common.setdefault(k, []).append(_kept(x))
         for c, own in zip(self.checks, self._own):
             if not len(batch) and c.rows is not _refused_rows:
                 continue
             for k, x in c.rows(ev).items():
-                own.setdefault(k, []).append(x)
+                own.setdefault(k, []).append(_kept(x))
 
     def hits(self) -> list[Hits]:
         """Each check's :class:`Hits` over everything added (``skipped`` with no valid row)."""
@@ -682,6 +682,12 @@ class Doctor:
             out.append(Finding(c.name, c.source, c.symptom, status, len(h.rows), list(h.rows[:max_examples]),
                                h.skipped or h.detail, c.fix))
         return out
+
+
+def _kept(x):
+    """A per-row part as kept until the end: a list as it is, an array as a compact copy of its own
+    (never a view that would hold a chunk's larger buffer alive)."""
+    return x if isinstance(x, list) else np.array(x, copy=True)
 
 
 def _join(parts: list):

@@ -198,8 +198,9 @@ class _Acc:
 
             def make(i=i):
                 L = int(chunk.lengths[i])
-                return _Pick(0.0, self.order, chunk[[i]], {k: a[i : i + 1, :L] for k, a in adv.items()},
-                             {k: g[i : i + 1, :L] for k, g in ret.items()})
+                # copies: a view would keep the chunk's whole (B, L) arrays alive as long as the pick
+                return _Pick(0.0, self.order, chunk[[i]], {k: a[i : i + 1, :L].copy() for k, a in adv.items()},
+                             {k: g[i : i + 1, :L].copy() for k, g in ret.items()})
 
             if not mask[i].any():
                 continue
