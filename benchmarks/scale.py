@@ -4,7 +4,8 @@ Run:  .venv/bin/python benchmarks/scale.py            (5.6 M and 22.5 M tokens: 
       .venv/bin/python benchmarks/scale.py --full     (adds ~80 M tokens, ~1.3 GB of Parquet, ~35 min more)
       .venv/bin/python benchmarks/scale.py --quick    (two tiny sizes: a smoke run, no verdict)
       --rounds N   run every (size, command) N times, rounds interleaved, and report the median wall time
-      --dir DIR    write the logs there (default: a temporary folder under /tmp, deleted at the end)
+      --dir DIR    write the logs there and keep them (a later run reuses them; default: a temporary
+                   folder under /tmp, deleted at the end)
 
 The log is synthetic and shaped like a 4B agent's verl dumps: 4–12 assistant turns of 100–800 tokens,
 observations of 100–2,000 tokens between them, token ids from a 151k vocabulary, critic values and
@@ -120,7 +121,8 @@ def main(argv=None) -> int:
     mode.add_argument("--quick", action="store_true", help="two tiny sizes (a smoke run, no verdict)")
     mode.add_argument("--full", action="store_true", help="add the ~80 M-token size (~1.3 GB of Parquet)")
     ap.add_argument("--rounds", type=int, default=1, help="runs of every (size, command), interleaved; median wall")
-    ap.add_argument("--dir", default=None, help="where to write the logs (kept); default a temporary folder, deleted")
+    ap.add_argument("--dir", default=None, help="where to write the logs (kept, and reused by the next run with "
+                                               "the same --dir); default a temporary folder, deleted")
     ap.add_argument("--commands", default=",".join(COMMANDS), help=f"comma-separated, from: {', '.join(COMMANDS)}")
     args = ap.parse_args(argv)
     sizes = SIZES["quick" if args.quick else "full" if args.full else "default"]
@@ -132,9 +134,13 @@ def main(argv=None) -> int:
     try:
         logs = []
         for n in sizes:
-            path = work / f"log-{n}.parquet"
+            path, count = work / f"log-{n}.parquet", work / f"log-{n}.tokens"
             t = time.perf_counter()
-            tokens = write_log(path, n)
+            if args.dir and path.exists() and count.exists():  # a kept log of this size: reuse it
+                tokens = int(count.read_text())
+            else:
+                tokens = write_log(path, n)
+                count.write_text(str(tokens))
             logs.append((n, tokens, path))
             print(f"# wrote {path.name}: {n:,} trajectories, {tokens / 1e6:.1f} M response tokens, "
                   f"{path.stat().st_size / 1e6:,.0f} MB in {time.perf_counter() - t:.0f}s (load {load_avg()})", flush=True)

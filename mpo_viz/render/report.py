@@ -327,7 +327,8 @@ def _count_rows(source) -> int | None:
 
 
 def build_report(source, config: ReportConfig | None = None, *, source_name: str | None = None) -> str:
-    """The report's HTML text. ``source``: a path (``.jsonl``, ``.parquet``, folder) or a batch."""
+    """The report's HTML text. ``source``: a path (``.jsonl``, ``.parquet``, folder), which **streams**
+    (chunk by chunk, memory set by ``config.max_tokens``, statistics of the whole input), or a batch."""
     cfg = config or ReportConfig()
     opts = {k: v for k, v in cfg.options.items() if v is not None}
     t_start = time.perf_counter()

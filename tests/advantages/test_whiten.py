@@ -397,3 +397,33 @@ def test_whitened_advantages_have_mean_0_and_std_1_over_action_tokens(name, opts
             assert abs(x.std(ddof=1) - 1) < 1e-4, kind  # sqrt(var / (var + 1e-8)): 1 within 1e-8 / var
         elif x.size:
             assert (x == 0).all(), kind  # one action token (or constant advantages): 0
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_the_rewrite_in_the_calling_thread_equals_the_parallel_one(dtype):
+    # the serial rewrite (a busy machine) and the parallel one give the same bits: runs of action
+    # tokens (gae), whole rows (mae), rows past the span capacity, rows without action tokens
+    from mpo_viz.advantages._inputs import rewrite_in_parallel
+
+    d = random_batch(6, B=12, dtype=dtype)
+    rng = np.random.default_rng(6)
+    many = np.zeros((3, 4 * WHITEN_SPANS), dtype=dtype)
+    many[:, ::3] = 1  # more runs than recorded (86 > 64)
+    R = np.where(many != 0, rng.normal(size=many.shape), 0.0).astype(dtype)
+    for r, v, m, t in ((d["rewards"], d["values"], d["mask"], d["turn_ids"]), (R, R * 0, many, np.zeros(many.shape, int))):
+        B = m.shape[0]
+        for kernel in ("gae", "mae"):
+            adv, ret = np.empty_like(r), np.empty_like(r)
+            w, wsp, wsn = whiten_buffers(B)
+            if kernel == "gae":
+                K.gae_kernel(r, v, m, np.full(B, np.nan), 1.0, np.full(B, 0.9), np.nan, adv, ret,
+                             np.empty(B, np.int64), 1, w, wsp, wsn)
+            else:
+                z = np.zeros((B, 0))
+                K.mae_kernel(r, v, m, t, np.full(B, np.nan), 1.0, 0.95, 1.0, np.full(B, 0.9), 1.0, 0, 0, 0, adv, ret,
+                             z, z, z, z, np.empty(B, np.int64), 1, w, wsp, wsn)
+            par = whiten_(adv.copy(), m, w.copy(), (wsp, wsn), parallel=True)
+            ser = whiten_(adv.copy(), m, w.copy(), (wsp, wsn), parallel=False)
+            np.testing.assert_array_equal(par, ser)
+            np.testing.assert_allclose(ser, whiten_reference(adv.copy(), m), **_tol(dtype))
+    assert rewrite_in_parallel(0.5) is False  # the kernel got half a thread: the machine is busy

@@ -72,8 +72,9 @@ def _meta_of(f: Path) -> dict:
 
 
 def pieces(path, errors: str = "raise", rows_per_chunk: int | None = None) -> Iterator:
-    """Validated batches of successive chunks of every file, as the readers deliver them (``rows_per_chunk``
-    rows at most; duplicate ids checked across all); :func:`load` and :func:`scan` are built on it."""
+    """**Streams**: validated batches of successive chunks of every file, as the readers deliver them
+    (``rows_per_chunk`` rows at most, each from one file and with that file's metadata; duplicate ids
+    checked across all); :func:`load` and :func:`scan` are built on it."""
     if errors not in ("raise", "collect"):
         raise ValueError(f"errors: expected 'raise' or 'collect', found {errors!r}")
     seen: dict = {}  # traj_id -> where it first occurred (named in duplicate messages)
@@ -99,7 +100,7 @@ def load(path, *, errors: str = "raise"):
 
 
 def scan(path, *, max_tokens: int = 1_000_000, errors: str = "raise", keep_groups: bool = False) -> Iterator:
-    """Yield TrajectoryBatches of at most ``max_tokens`` response tokens each, in file order.
+    """**Streams**: TrajectoryBatches of at most ``max_tokens`` response tokens each, in file order.
 
     Memory stays bounded by the chunk size (plus one set of traj_ids for the duplicate check),
     whatever the file size. With ``errors="collect"`` each yielded batch carries the problems of
