@@ -326,7 +326,7 @@ def expert_set(env: str, size: int):
 def make_critic(env: str, trunk: str, batch, seed: int):
     """A critic over the set's ids: a fresh tiny Llama trunk, or the trunk of the shipped policy."""
     from mpo_viz import models
-    from mpo_viz.train.critic_fit import vocab_critic
+    from mpo_viz.models.critic import vocab_critic
 
     if trunk == "policy":
         policy, _ = models.load(START_DIRS[env])
@@ -352,8 +352,9 @@ def fit_and_score(env: str, size: int, target: str, trunk: str, seed: int, budge
 
     import torch
 
+    from mpo_viz.advantages import mc_returns
     from mpo_viz.analysis import value_variance, variance_summary
-    from mpo_viz.train.critic_fit import critic_outputs, fit_values, holdout_split, mc_returns
+    from mpo_viz.train.critic_fit import critic_outputs, fit_values, holdout_split
     from mpo_viz.train.update import rows_of
 
     targets = mc_returns(batch) if target == "mc" else batch.padded("oracle_values", torch.float64)

@@ -39,7 +39,7 @@ from experiments.stats import (
     paired_half,
     paired_test,
 )
-from mpo_viz.data.runfolder import read_metrics_file
+from mpo_viz.data.runfolder import read_metrics
 from mpo_viz.train import Config
 
 
@@ -78,7 +78,7 @@ def run_records(out: Path, archive: Path | None, cell: str, arm: str, seed: int,
     run folder when that has metrics, else its archive folder (state ``done``), else None."""
 
     d = run_dir(out, cell, arm, seed)
-    if read_metrics_file(d / "metrics.jsonl"):
+    if read_metrics(d / "metrics.jsonl").records:
         return d, run_state(d, iterations), warm_dir(out, cell, seed) / "warmup.json", None
     a = run_dir(archive, cell, arm, seed) if archive is not None else None
     if not archived(a):
@@ -102,7 +102,7 @@ def collect(size: str, out: Path, archive: Path | None = None) -> tuple[list[dic
         if found is None:
             continue
         d, state, warm, credit = found
-        recs = read_metrics_file(d / "metrics.jsonl")
+        recs = read_metrics(d / "metrics.jsonl").records
         cfg = Config.load(d / "config.json")
         coll = collapsed(recs)
         wrec = json.loads(warm.read_text()) if warm.is_file() and uses_warmup(arm) else {}

@@ -38,7 +38,7 @@ from experiments.stats import (
 )
 from mpo_viz import models
 from mpo_viz.analysis import turn_table
-from mpo_viz.data.runfolder import read_metrics_file
+from mpo_viz.data.runfolder import read_metrics
 from mpo_viz.train import Config, Trainer
 
 
@@ -121,7 +121,7 @@ def run_state(d: Path, iterations: int) -> str:
 
     if not (d / "checkpoints" / "latest").exists():
         return "missing"
-    recs = read_metrics_file(d / "metrics.jsonl")
+    recs = read_metrics(d / "metrics.jsonl").records
     fin = any(r.get("iteration") == iterations and "eval_sampled_success" in r for r in recs)
     return "done" if fin and (d / "pass_at_k.json").is_file() else "partial"
 

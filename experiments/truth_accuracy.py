@@ -259,8 +259,9 @@ def heldout_evs(sub, values: np.ndarray) -> dict:
     action token (``heldout_ev``) and at each turn's first action token (``heldout_ev_turn_start``)."""
     import torch
 
+    from mpo_viz.advantages import mc_returns
     from mpo_viz.analysis import explained_variance
-    from mpo_viz.train.critic_fit import fit_positions, mc_returns
+    from mpo_viz.train.critic_fit import fit_positions
 
     g, v = mc_returns(sub), torch.as_tensor(values, dtype=torch.float64)
     return {"heldout_ev": explained_variance(g, v, sub.mask),
@@ -297,7 +298,8 @@ def fit_one(out: Path, name: str, batch, trunk: str, seed: int, steps: int, posi
     scored on the held-out groups: ``{"e4": rows, "e1": rows}`` (E1's only for the default fit;
     the expert's values once per snapshot, with the fresh trunk's seed 0)."""
     from mpo_viz import models
-    from mpo_viz.train.critic_fit import critic_outputs, fit_values, holdout_split, mc_returns
+    from mpo_viz.advantages import mc_returns
+    from mpo_viz.train.critic_fit import critic_outputs, fit_values, holdout_split
     from mpo_viz.train.update import rows_of
 
     groups = batch.field("group_id")

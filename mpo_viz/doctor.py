@@ -35,7 +35,12 @@ chunk, in memory set by the chunk size (what ``mpo-viz doctor`` runs); :func:`ex
 first (``errors="collect"`` both: rows the loader refuses are reported, not dropped), with the
 metrics of a run folder's ``metrics.jsonl``. :class:`Doctor` is the streaming core: each check takes
 a few numbers of each row from a chunk and judges them over every row at the end, so a file in chunks
-gets the findings, counts and example ids of the whole file.
+gets the findings, counts and example ids of the whole file. Where a check needs returns and the
+file logs none, it reads :func:`mpo_viz.advantages.mc_returns` at the file's γ; a run folder's
+metrics come from :func:`mpo_viz.data.runfolder.read_metrics`.
+
+Invariant: the doctor only reads — a check never changes the batch, and its verdict depends on the
+rows (and metrics) it was given alone, not on how they were cut into chunks.
 
 Conventions (trajectories/README.md): values[t] is the value before token t; "terminal" = no finite
 ``bootstrap_value`` and not ``truncated``; the masked tail = the tokens after the last action token.
@@ -43,7 +48,6 @@ Conventions (trajectories/README.md): values[t] is the value before token t; "te
 
 from __future__ import annotations
 
-import json
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
@@ -54,15 +58,16 @@ import numpy as np
 import pandas as pd
 import torch
 
-from mpo_viz.advantages import mae
+from mpo_viz.advantages import mc_returns
 from mpo_viz.data.io import PIECE_ROWS, pieces
 from mpo_viz.data.moments import ExplainedVariance, Moments
+from mpo_viz.data.runfolder import read_metrics
 from mpo_viz.data.schema import Problem
 from mpo_viz.data.trajectory import TrajectoryBatch
 from mpo_viz.options import Option
 
 __all__ = ["CHECKS", "Check", "Hits", "Finding", "Evidence", "Tally", "Doctor", "OPTIONS", "EV_KEYS", "diagnose",
-           "examine", "examine_stream", "read_metrics"]
+           "examine", "examine_stream"]
 
 OPTIONS = (
     Option("max_flat_share", 0.5, low=0.0, high=1.0,
@@ -386,13 +391,9 @@ def masked_values_read(t: Tally) -> Hits:
 
 
 def _mc_returns(ev: Evidence) -> np.ndarray:
-    """``(B, L)`` Monte-Carlo returns over action tokens (γ from the file's metadata; observation
-    tokens skipped; the bootstrap value where a row was cut) — MAE's ``critic_target="mc"`` — NaN
-    elsewhere."""
-    b = ev.batch
-    _, ret = mae(b.padded("rewards", torch.float64), torch.zeros(ev.mask.shape, dtype=torch.float64), b.mask,
-                 turn_ids=b.turn_ids, gamma=ev.gamma, critic_target="mc", bootstrap_value=b.bootstrap_value)
-    return np.where(ev.mask, ret.numpy(), math.nan)
+    """``(B, L)`` Monte-Carlo returns over action tokens (:func:`mpo_viz.advantages.mc_returns` with
+    γ from the file's metadata, on every token: γ_T = γ), NaN elsewhere."""
+    return np.where(ev.mask, mc_returns(ev.batch, gamma=ev.gamma).numpy(), math.nan)
 
 
 def _shift_errors(ev: Evidence, values: np.ndarray, target: np.ndarray) -> dict:
@@ -712,19 +713,6 @@ def diagnose(batch: TrajectoryBatch, *, rejected: Sequence[Problem] = (), steps=
     return doc.findings(max_examples)
 
 
-def read_metrics(path) -> list[dict]:
-    """The records of a ``metrics.jsonl`` (a partial last line is ignored, as the run writes it)."""
-    out = []
-    for line in Path(path).read_text(encoding="utf-8").splitlines():
-        try:
-            rec = json.loads(line)
-        except json.JSONDecodeError:
-            continue
-        if isinstance(rec, dict):
-            out.append(rec)
-    return out
-
-
 def _run_folder(p: Path, metrics) -> tuple[Path, object]:
     """The trajectories of ``p`` (a run folder's ``trajectories/``, else ``p``) and the metrics file
     to read (``metrics``, else a run folder's ``metrics.jsonl``, else None)."""
@@ -734,6 +722,15 @@ def _run_folder(p: Path, metrics) -> tuple[Path, object]:
     return (p / "trajectories" if run else p), metrics
 
 
+def _records(metrics) -> list | None:
+    """The records of the metrics file (None without one)."""
+    if metrics is None:
+        return None
+    if not Path(metrics).is_file():
+        raise FileNotFoundError(f"metrics: expected a metrics.jsonl file, found no such file {str(metrics)!r}")
+    return read_metrics(metrics).records
+
+
 def examine(path, *, metrics=None, **options) -> tuple[list[Finding], TrajectoryBatch]:
     """**Loads everything**: ``path`` (a file, a folder, or a run folder with ``metrics.jsonl`` and
     ``trajectories/``) as one batch with ``errors="collect"``, :func:`diagnose` d; returns the findings
@@ -741,7 +738,7 @@ def examine(path, *, metrics=None, **options) -> tuple[list[Finding], Trajectory
     ``metrics`` (a path) overrides a run folder's ``metrics.jsonl``. :func:`examine_stream` gives the
     same findings in memory that stays flat in the input's size."""
     data, metrics = _run_folder(Path(path), metrics)
-    records = read_metrics(metrics) if metrics is not None else None
+    records = _records(metrics)
     parts = list(pieces(data, "collect", rows_per_chunk=4096))
     if not parts:
         parts = [TrajectoryBatch.from_rows([], None)]
@@ -758,7 +755,7 @@ def examine_stream(path, *, metrics=None, max_tokens: int = 500_000, **options) 
     returns the findings and the number of valid rows. A folder of many files is one input; a run
     folder's files give each row its step."""
     data, metrics = _run_folder(Path(path), metrics)
-    records = read_metrics(metrics) if metrics is not None else None
+    records = _records(metrics)
     doc = Doctor(metrics=records, **options)
     gamma = None  # the first file's (every piece of one file carries its metadata)
     pending: list[TrajectoryBatch] = []

@@ -16,7 +16,7 @@ PKG = Path(__file__).resolve().parents[1] / "mpo_viz"
 # rank of each module (by dotted prefix; the longest prefix wins). A module may import modules of
 # its own rank or lower. A new module must be placed here.
 RANK = {
-    "mpo_viz.version": 0, "mpo_viz.checks": 0, "mpo_viz.options": 0,
+    "mpo_viz.version": 0, "mpo_viz.checks": 0, "mpo_viz.options": 0, "mpo_viz.timer": 0,
     "mpo_viz.data.schema": 1, "mpo_viz.data.ragged": 1, "mpo_viz.data.turns": 1, "mpo_viz.data.moments": 1,
     "mpo_viz.data.validate": 2, "mpo_viz.data.summary": 2,
     "mpo_viz.data.trajectory": 3,

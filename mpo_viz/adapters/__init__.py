@@ -36,7 +36,8 @@ from mpo_viz.adapters._common import Collector, check_options, drive
 from mpo_viz.adapters._write import write_chunks
 from mpo_viz.adapters.areal import from_areal, iter_areal
 from mpo_viz.adapters.art import from_art, iter_art
-from mpo_viz.adapters.chat import ChatEncoder, from_chat, iter_chat
+from mpo_viz.adapters.chat import from_chat, iter_chat
+from mpo_viz.adapters.chat_template import ChatEncoder
 from mpo_viz.adapters.conversion import ConversionReport, ConversionWarning
 from mpo_viz.adapters.skyrl import from_skyrl, iter_skyrl
 from mpo_viz.adapters.steps import from_steps, iter_steps

@@ -35,7 +35,8 @@ from pathlib import Path
 import numpy as np
 
 from mpo_viz.adapters._common import Collector, check_options, dumps, file_error, jsonable, run
-from mpo_viz.adapters.chat import ChatEncoder, conversation_row, encoder_for
+from mpo_viz.adapters.chat import conversation_row, encoder_for
+from mpo_viz.adapters.chat_template import ChatEncoder
 from mpo_viz.checks import OptionError
 
 __all__ = ["from_trl", "iter_trl", "parquet_rows"]

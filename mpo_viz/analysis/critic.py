@@ -91,7 +91,7 @@ def values_source(batch: TrajectoryBatch) -> str:
 def fitted_critic(batch: TrajectoryBatch) -> dict | None:
     """The ``critic_fit`` record of a batch whose values come from a critic fitted to its own
     returns (metadata ``values_source == "fitted_critic"``, written by
-    :func:`mpo_viz.train.critic_fit.fit_critic` / ``mpo-viz fit-critic``: target, steps, held-out
+    :func:`mpo_viz.train.fitted_critic.fit_critic` / ``mpo-viz fit-critic``: target, steps, held-out
     and training explained variance, ...), else None."""
     meta = getattr(batch, "meta", None) or {}
     if meta.get("values_source") != "fitted_critic":

@@ -5,7 +5,7 @@ pretrained trunk of a Hugging Face model) is fitted to the trajectories' returns
 held-out share (early stopping on the held-out explained variance, the best step's weights kept),
 then every trajectory gets its values; the output records in
 its metadata that the values come from a fitted critic, with the held-out explained variance and
-the across/within split (:func:`mpo_viz.train.critic_fit.fit_critic`). After it, every critic-based
+the across/within split (:func:`mpo_viz.train.fitted_critic.fit_critic`). After it, every critic-based
 estimator (mpo, gae, turn_gae, vapo) and the across/within view work on the file.
 """
 
@@ -37,7 +37,7 @@ FILE is loaded whole (the fit reads it many times over): one step's file, not a 
 def cmd_fit_critic(args) -> int:
     src, out = source_and_output(args.path, args.out)
     # the critic (transformers) loads only when the command runs: `mpo-viz --help` stays fast
-    from mpo_viz.train.critic_fit import fit_critic
+    from mpo_viz.train.fitted_critic import fit_critic
 
     if args.trunk is not None and not Path(args.trunk).is_dir():
         raise CLIError(f"--trunk: expected a Hugging Face model folder, found no such folder {args.trunk!r}", 2)

@@ -16,10 +16,10 @@ from mpo_viz.envs.tooluse import ToolUseEnv
 __all__ = [
     "AutomationEnv", "ChatLayout", "FAILURE", "NoisyExpert", "Oracle", "Outcome", "SUCCESS",
     "SearchEnv", "TextEnv", "ToolUseEnv", "TurnOracle", "available_envs", "build_tokenizer",
-    "load_tokenizer", "make_env", "register_env",
+    "make_env", "register_env",
 ]
 
-_TOKENIZER_NAMES = ("ChatLayout", "build_tokenizer", "load_tokenizer")
+_TOKENIZER_NAMES = ("ChatLayout", "build_tokenizer")
 
 
 def __getattr__(name):

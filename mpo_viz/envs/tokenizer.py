@@ -19,15 +19,13 @@ observation has none). The concatenation ``prompt_ids + response_ids`` equals
 from __future__ import annotations
 
 from collections.abc import Iterable
-from pathlib import Path
 
 from tokenizers import Tokenizer
 from tokenizers.models import WordLevel
 from tokenizers.pre_tokenizers import WhitespaceSplit
 from transformers import PreTrainedTokenizerFast
 
-__all__ = ["SPECIAL_TOKENS", "ROLE_TOKENS", "CHAT_TEMPLATE", "build_tokenizer", "load_tokenizer",
-           "ChatLayout"]
+__all__ = ["SPECIAL_TOKENS", "ROLE_TOKENS", "CHAT_TEMPLATE", "build_tokenizer", "ChatLayout"]
 
 PAD, UNK, EOT = "[PAD]", "[UNK]", "<|eot|>"
 ROLE_TOKENS = {"system": "<|system|>", "user": "<|user|>", "assistant": "<|assistant|>",
@@ -60,14 +58,6 @@ def build_tokenizer(words: Iterable[str] | object) -> PreTrainedTokenizerFast:
     )
     fast.chat_template = CHAT_TEMPLATE
     return fast
-
-
-def load_tokenizer(path: str | Path) -> PreTrainedTokenizerFast:
-    """Reload a tokenizer saved with ``save_pretrained(path)`` — local files only, no network."""
-    path = Path(path)
-    if not path.is_dir():
-        raise ValueError(f"path: expected a tokenizer folder, found {str(path)!r}")
-    return PreTrainedTokenizerFast.from_pretrained(str(path), local_files_only=True)
 
 
 class ChatLayout:

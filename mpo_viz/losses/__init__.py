@@ -19,6 +19,7 @@ from mpo_viz.losses.logprobs import (
 )
 from mpo_viz.losses.policy import (
     LOGPROB_FIELDS,
+    LOGPROB_WHAT,
     METRIC_NAMES,
     RATIO_MODES,
     ClipFlags,
@@ -41,6 +42,7 @@ __all__ = [
     "METRIC_NAMES",
     "RATIO_MODES",
     "LOGPROB_FIELDS",
+    "LOGPROB_WHAT",
     "ClipFlags",
     "LossKind",
     "PolicyInputs",

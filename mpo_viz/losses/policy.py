@@ -77,6 +77,7 @@ __all__ = [
     "METRIC_NAMES",
     "LossKind",
     "LOGPROB_FIELDS",
+    "LOGPROB_WHAT",
     "PolicyInputs",
     "PolicyTerms",
     "ClipFlags",
@@ -115,6 +116,8 @@ METRIC_NAMES = (
 
 #: the batch field each log-prob argument of :func:`policy_loss` comes from
 LOGPROB_FIELDS = {"old_logp": "old_logprobs", "rollout_logp": "rollout_logprobs"}
+#: what each log-prob argument is, in the words of the messages that ask for it (the losses', the trainer's)
+LOGPROB_WHAT = {"old_logp": "the policy's log-probs at rollout", "rollout_logp": "the sampler's log-probs"}
 
 # --------------------------------------------------------------------------------------------
 # Options: the keywords of every kind, and the kinds' own (each declared once)
@@ -682,7 +685,7 @@ def _policy_inputs(spec: LossKind, logp, old_logp, advantages, mask, rollout_log
     given = {"old_logp": other(old_logp, "old_logp"), "rollout_logp": other(rollout_logp, "rollout_logp")}
     for arg in spec.logprobs:
         if given[arg] is None:
-            raise ValueError(f"{arg}: the {spec.name!r} loss needs {arg}{_LOGPROB_WHAT[arg]}, found None")
+            raise ValueError(f"{arg}: the {spec.name!r} loss needs {arg} ({LOGPROB_WHAT[arg]}), found None")
     check_finite(lp.detach(), "logp", m)
 
     # Sanitize first: whatever sits on masked tokens (padding garbage, -inf) never enters the math,
@@ -696,9 +699,6 @@ def _policy_inputs(spec: LossKind, logp, old_logp, advantages, mask, rollout_log
                      clip_low=float(settings["clip_low"]), clip_high=float(settings["clip_high"]),
                      ratio=settings["ratio"])
     return x, given["old_logp"], given["rollout_logp"]
-
-
-_LOGPROB_WHAT = {"old_logp": "", "rollout_logp": " (the sampler's log-probs)"}
 
 
 def _metrics(x: PolicyInputs, terms: PolicyTerms, kl_base: torch.Tensor) -> dict[str, float]:

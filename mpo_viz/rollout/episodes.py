@@ -15,6 +15,7 @@ from mpo_viz.envs.base import TextEnv
 from mpo_viz.envs.expert import NoisyExpert
 from mpo_viz.envs.oracle import Oracle
 from mpo_viz.rollout.plan import RolloutConfig
+from mpo_viz.timer import Timer
 
 _UBLOCK = 64  # uniforms drawn per episode at a time
 
@@ -60,16 +61,6 @@ class Episode:
         u = self._ubuf[self._upos]
         self._upos += 1
         return float(u)
-
-
-class Timer:
-    def __init__(self):
-        self.t: dict[str, float] = {}
-
-    def add(self, name: str, t0: float) -> float:
-        now = time.perf_counter()
-        self.t[name] = self.t.get(name, 0.0) + now - t0
-        return now
 
 
 def make_episodes(env: TextEnv, plan, cfg: RolloutConfig, oracle, layout, timer: Timer) -> list[Episode]:

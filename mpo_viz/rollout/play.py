@@ -18,8 +18,9 @@ from mpo_viz.models.policy import Policy, check_vocabulary, embedding_rows
 from mpo_viz.rollout.batch import to_batch
 from mpo_viz.rollout.critic import CriticJobs
 from mpo_viz.rollout.engine import Engine, grouped_attention, sample_tokens, spare_cores
-from mpo_viz.rollout.episodes import Episode, Timer, Turn, make_episodes, step_envs
+from mpo_viz.rollout.episodes import Episode, Turn, make_episodes, step_envs
 from mpo_viz.rollout.plan import DEFAULT_ORACLE, RolloutConfig, plan_tasks
+from mpo_viz.timer import Timer
 
 
 def rollout(policy: Policy, env, n_episodes: int | None = None, *, group_size: int = 1, critic=None,

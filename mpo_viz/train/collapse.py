@@ -16,11 +16,15 @@ the collapse signatures it shows (a list of :class:`Signal`, empty for a healthy
   own ratio is clipped and a large ``ratio_max`` is no such sign.
 
 The thresholds are module constants (keyword arguments of :func:`collapse_flags`; :func:`rule_text`
-says each rule with them in words). The trainer marks a line with ``"collapse": [metric, ...]`` and
-``"collapse_since": [iteration, ...]`` (where each signature's stretch of flagged lines began,
-:func:`stretches`) and warns in the console when a signature appears (:func:`new_signals`);
+says each rule with them in words). The trainer marks a line (:func:`mark_line`) with
+``"collapse": [metric, ...]`` and ``"collapse_since": [iteration, ...]`` (where each signature's
+stretch of flagged lines began, :func:`stretches`) and warns in the console when a signature
+appears (:func:`new_signals`);
 ``mpo-viz runs explain RUN`` (:mod:`mpo_viz.train.forensics`) names the first iteration of each and
 the episodes behind it; docs/training.md, section "When a run collapses", says what to read and try.
+
+Invariant: a line's flags depend on it and the lines before it only, so the marks written while
+the run goes are the ones a later reading of the whole stream gives.
 """
 
 from __future__ import annotations
@@ -28,7 +32,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-__all__ = ["Signal", "collapse_flags", "new_signals", "stretches", "rule_text", "DOCS", "SUCCESS_METRICS"]
+__all__ = ["Signal", "collapse_flags", "new_signals", "stretches", "mark_line", "rule_text", "DOCS", "SUCCESS_METRICS"]
 
 #: where the reader is sent
 DOCS = "docs/training.md#when-a-run-collapses"
@@ -140,6 +144,19 @@ def stretches(records, flags: list[list[Signal]], metric: str) -> list[tuple]:
             out.append((rec.get("iteration"), rec.get("iteration"), hit))
             open_ = True
     return out
+
+
+def mark_line(rec: dict, earlier, *, span_ratio: bool = True) -> list[tuple[str, int]]:
+    """Mark the new line ``rec`` (read after the run's ``earlier`` lines) with the signatures it shows:
+    ``rec["collapse"]`` (their metrics) and ``rec["collapse_since"]`` (where each one's stretch of
+    flagged lines began). Returns ``(message, first iteration the run ever flagged it at)`` of each
+    signature the previous line did not show (:func:`new_signals`): what the console warns about."""
+    stream = list(earlier) + [rec]
+    flags = collapse_flags(stream, span_ratio=span_ratio)
+    if flags[-1]:
+        rec["collapse"] = [f.metric for f in flags[-1]]
+        rec["collapse_since"] = [stretches(stream, flags, m)[-1][0] for m in rec["collapse"]]
+    return [(f.message, stretches(stream, flags, f.metric)[0][0]) for f in new_signals(stream, flags=flags)]
 
 
 def rule_text(metric: str) -> str:

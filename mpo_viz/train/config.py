@@ -63,10 +63,11 @@ MC_SAMPLES = 8
 #: fields added after runs were recorded that leave a run's identity (its hash) as it was while None,
 #: so a run folder written before them keeps its hash and resumes
 LATER_FIELDS = ("mc_samples", "value_target", "critic_warmup_positions")
-#: what ``critic="expert"`` reads, measured (docs/training.md): the reason for its warning
-EXPERT_BIAS = ("the scripted expert's exact values, not this policy's: on the shipped automation start they are "
-               "0.26 too high at turn starts (0.62 against the policy's own 0.36), and the expert's turn credit "
-               "correlates 0.55 with the policy's own; use critic='mc' for the policy's values")
+#: the text of ``critic="expert"``'s one-time warning: what it reads (how far off, measured: docs/training.md,
+#: section 2, "The expert's values")
+EXPERT_BIAS = ("the scripted expert's exact values, not this policy's: too high at the turn starts of a policy weaker "
+               "than the expert, with another turn credit (measured in docs/training.md, \"The expert's values\"); "
+               "use critic='mc' for the policy's values")
 #: how the critic starts (``Config.critic_init``)
 CRITIC_INITS = ("policy", "fresh", "shared")
 #: what the learned critic is trained on during RL (``Config.value_target``)
@@ -118,7 +119,7 @@ class Config:
             "``mc_samples`` branch rollouts of every turn state, broadcast over each turn's tokens; no critic "
             "is trained: VinePPO-style); or ``\"expert\"`` (the environment's exact values under the scripted "
             "noisy expert of ``oracle_noise``; no critic is trained) — the *expert's* values, biased for any "
-            "other policy (a one-time warning says by how much).")
+            "other policy (a one-time warning says so).")
     mc_samples: int | None = setting(
         None, kind="int", low=2, optional=True,
         doc="Continuations per turn start of ``critic=\"mc\"`` (None: 8). More halve the standard error "

@@ -26,7 +26,7 @@ import os
 from pathlib import Path
 from typing import Any
 
-__all__ = ["TRACKERS", "check_available", "open_tracker", "flat_metrics", "Tracker"]
+__all__ = ["TRACKERS", "check_available", "open_tracker", "attach_tracker", "flat_metrics", "Tracker"]
 
 #: tracker name -> the package it needs (``pip install mpo-viz[trackers]`` installs both)
 TRACKERS = {"wandb": "wandb", "tensorboard": "tensorboard"}
@@ -123,6 +123,18 @@ class WandbTracker(Tracker):
 
     def close(self) -> None:
         self.run.finish()
+
+
+def attach_tracker(kind: str, run, config: dict, *, resume_from: int | None = None) -> Tracker:
+    """:func:`open_tracker` for the run folder ``run`` (a :class:`~mpo_viz.data.runfolder.RunFolder`),
+    mirroring every metrics line written from now on (``run.mirror``); a tracker opened for the first
+    time on a resumed run first receives the lines already written."""
+    tracker = open_tracker(kind, run.path, config, resume_from=resume_from)
+    if resume_from is not None and tracker.fresh:
+        for rec in run.metrics():
+            tracker.log(rec)
+    run.mirror = tracker.log
+    return tracker
 
 
 def open_tracker(kind: str, run_dir, config: dict, *, resume_from: int | None = None) -> Tracker:

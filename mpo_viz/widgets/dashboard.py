@@ -37,6 +37,7 @@ import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
 from mpo_viz.analysis.ranking import RANKINGS
+from mpo_viz.data.runfolder import read_metrics
 from mpo_viz.train.forensics import Finding, explain
 from mpo_viz.widgets.explorer import TrajectoryExplorer
 from mpo_viz.widgets.export_bar import Exportable, ExportBar
@@ -44,7 +45,7 @@ from mpo_viz.widgets.figure import FigureWidget, swap_child
 from mpo_viz.widgets.iterations import DEFAULT_SORT, IterationOpener
 from mpo_viz.widgets.snapshot import Snapshot
 
-__all__ = ["TrainingDashboard", "read_metrics", "PANELS", "PALETTE", "Panel", "panel_of", "flatten_keys"]
+__all__ = ["TrainingDashboard", "PANELS", "PALETTE", "Panel", "panel_of", "flatten_keys"]
 
 class Panel(NamedTuple):
     """One panel of the dashboard: its ``title``, ``takes(name)`` (does it draw this flattened
@@ -117,50 +118,6 @@ def flatten_keys(d: dict, prefix: str = "") -> dict:
         else:
             out[name] = v
     return out
-
-
-def read_metrics(path, offset: int = 0) -> tuple[list[dict], int, dict | None]:
-    """Read ``metrics.jsonl`` from byte ``offset``: ``(records, new_offset, pending)``.
-
-    ``records``: the complete lines (ending in a newline) after ``offset``, parsed and flattened;
-    ``new_offset``: the byte after the last complete line; ``pending``: the partial last line when it
-    already parses as a JSON object (a writer that has not written the newline yet), else None.
-    A complete line that is not a JSON object raises ``ValueError`` naming the file and line.
-    """
-    p = Path(path)
-    if not p.exists():
-        return [], offset, None
-    with open(p, "rb") as fh:
-        fh.seek(offset)
-        data = fh.read()
-    end = data.rfind(b"\n") + 1
-    records = []
-    line_no = None
-    for i, line in enumerate(data[:end].split(b"\n")[:-1] if end else []):
-        if not line.strip():
-            continue
-        try:
-            obj = json.loads(line)
-        except json.JSONDecodeError as exc:
-            line_no = line_no or _line_number(p, offset) + i
-            raise ValueError(f"{p}: line {line_no}: expected one JSON object per line, found {line[:80]!r} ({exc})") from None
-        if not isinstance(obj, dict):
-            raise ValueError(f"{p}: line {_line_number(p, offset) + i}: expected a JSON object, found {type(obj).__name__}")
-        records.append(flatten_keys(obj))
-    pending = None
-    tail = data[end:]
-    if tail.strip():
-        try:
-            obj = json.loads(tail)
-            pending = flatten_keys(obj) if isinstance(obj, dict) else None
-        except json.JSONDecodeError:
-            pending = None
-    return records, offset + end, pending
-
-
-def _line_number(p: Path, offset: int) -> int:
-    with open(p, "rb") as fh:
-        return fh.read(offset).count(b"\n") + 1
 
 
 def _num(v) -> float:
@@ -238,7 +195,9 @@ class TrainingDashboard(Exportable, W.VBox):
             except json.JSONDecodeError:
                 self.config = {}  # being written: read it next time
             self.config_html.value = _kv_html(flatten_keys(self.config)) if self.config else "<i>no config.json yet</i>"
-        new, self._offset, self.pending = read_metrics(self.run_dir / "metrics.jsonl", self._offset)
+        got = read_metrics(self.run_dir / "metrics.jsonl", self._offset)
+        new = [flatten_keys(r) for r in got.records]
+        self._offset, self.pending = got.offset, (flatten_keys(got.pending) if got.pending is not None else None)
         self.records.extend(new)
         self.opener.sync()
         self._redraw()

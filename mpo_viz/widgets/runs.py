@@ -1,8 +1,8 @@
 """``RunComparison``: several metrics of several run folders, runs grouped (by method, say) with the
 mean and a band over seeds.
 
-Each run folder's ``metrics.jsonl`` is read with :func:`~mpo_viz.widgets.dashboard.read_metrics`
-(nested metrics flattened with ``/``). Every point is a real measurement: a line without the metric
+Each run folder's ``metrics.jsonl`` is read with :func:`~mpo_viz.data.runfolder.read_metrics`
+(nested metrics flattened with ``/``: :func:`~mpo_viz.widgets.dashboard.flatten_keys`). Every point is a real measurement: a line without the metric
 (``eval_success`` exists only on evaluation lines) is left out. One panel per metric, against
 ``iteration`` or ``time_s`` (training wall time).
 
@@ -30,7 +30,8 @@ import pandas as pd
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
-from mpo_viz.widgets.dashboard import PALETTE, flatten_keys, panel_of, read_metrics
+from mpo_viz.data.runfolder import read_metrics
+from mpo_viz.widgets.dashboard import PALETTE, flatten_keys, panel_of
 from mpo_viz.widgets.export_bar import Exportable, ExportBar
 from mpo_viz.widgets.figure import FigureWidget, swap_child
 from mpo_viz.widgets.iterations import DEFAULT_SORT, IterationOpener
@@ -184,8 +185,8 @@ class RunComparison(Exportable, W.VBox):
         """Re-read every run's metrics.jsonl and redraw."""
         keys: list[str] = []
         for d in self.run_dirs:
-            recs, _, pending = read_metrics(d / "metrics.jsonl")
-            self.records[d] = recs + ([pending] if pending else [])
+            got = read_metrics(d / "metrics.jsonl")
+            self.records[d] = [flatten_keys(r) for r in got.records + ([got.pending] if got.pending else [])]
             keys += [k for r in self.records[d] for k, v in r.items()
                      if _num(v) is not None and panel_of(k) is not None]
         cur = tuple(self.metrics.value)

@@ -20,9 +20,9 @@ def tok_dir(tmp_path_factory):
 
 @pytest.fixture(scope="session")
 def tok(tok_dir):
-    from mpo_viz.adapters.chat import load_tokenizer
+    from mpo_viz.data.token_text import load_local_tokenizer
 
-    return load_tokenizer(tok_dir)
+    return load_local_tokenizer(tok_dir)
 
 
 @pytest.fixture(scope="session")

@@ -7,7 +7,7 @@ import pytest
 
 from mpo_viz import TrajectoryError
 from mpo_viz.adapters import from_chat
-from mpo_viz.adapters.chat import load_tokenizer
+from mpo_viz.data.token_text import load_local_tokenizer
 
 SYSTEM = {"role": "system", "content": "you are an agent ."}
 USER = {"role": "user", "content": "task : add 2 and 3"}
@@ -84,7 +84,7 @@ def test_obs_reward_error_and_bad_rows(tok_dir, tmp_path):
 
 
 def test_template_that_rewrites_history_is_refused(tok_dir):
-    tok = load_tokenizer(tok_dir)
+    tok = load_local_tokenizer(tok_dir)
     # like templates that strip earlier turns' reasoning: earlier assistant messages render without content
     tok.chat_template = ("{% for m in messages %}{% if m['role'] == 'assistant' and not loop.last %}<|assistant|> <|eot|> "
                          "{% else %}<|{{ m['role'] }}|> {{ m['content'] }} <|eot|> {% endif %}{% endfor %}"

@@ -11,9 +11,9 @@ from transformers import PreTrainedTokenizerFast
 
 from mpo_viz import TrajectoryError
 from mpo_viz.adapters import ConversionWarning, from_chat
-from mpo_viz.adapters.chat import load_tokenizer
 from mpo_viz.checks import OptionError
 from mpo_viz.cli import main
+from mpo_viz.data.token_text import load_local_tokenizer
 
 # a ChatML template that renders tool calls (as Qwen's and Hermes' do)
 TOOL_CHATML = (
@@ -194,7 +194,7 @@ def test_missing_and_non_finite_rewards_are_named(tok_dir, tmp_path, capsys):
 
 
 def test_a_template_that_raises_is_a_row_problem(tok_dir):
-    tok = load_tokenizer(tok_dir)
+    tok = load_local_tokenizer(tok_dir)
     tok.chat_template = "{{ raise_exception('roles must alternate') }}"
     with pytest.raises(TrajectoryError, match=r"field 'messages': expected openai layout: a conversation the chat "
                                               r"template renders, found it raises .*roles must alternate"):

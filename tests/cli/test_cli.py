@@ -77,7 +77,7 @@ def test_parser_does_not_import_transformers():
     # transformers costs about a second; only `generate` (the tokenizer) needs it
     code = ("import sys; from mpo_viz.cli import build_parser; build_parser(); "
             "assert 'transformers' not in sys.modules, 'transformers imported'; "
-            "from mpo_viz.envs import build_tokenizer, ChatLayout, load_tokenizer; "
+            "from mpo_viz.envs import build_tokenizer, ChatLayout; "
             "assert 'transformers' in sys.modules")
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert r.returncode == 0, r.stderr

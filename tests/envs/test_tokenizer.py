@@ -5,7 +5,8 @@ import random
 
 import pytest
 
-from mpo_viz.envs import ChatLayout, NoisyExpert, build_tokenizer, load_tokenizer, make_env
+from mpo_viz.data.token_text import load_local_tokenizer
+from mpo_viz.envs import ChatLayout, NoisyExpert, build_tokenizer, make_env
 from mpo_viz.envs.generate import run_episode
 from mpo_viz.envs.tokenizer import SPECIAL_TOKENS
 
@@ -50,7 +51,7 @@ def test_saved_tokenizer_reloads_offline_and_matches_chat_template(name, tmp_pat
     env = make_env(name)
     tok = build_tokenizer(env)
     tok.save_pretrained(tmp_path / "tok")
-    tok2 = load_tokenizer(tmp_path / "tok")
+    tok2 = load_local_tokenizer(tmp_path / "tok")
     assert tok2.get_vocab() == tok.get_vocab()
     lay = ChatLayout(tok2)
     ep = run_episode(env, NoisyExpert(0.3), lay, seed=4)
@@ -67,4 +68,4 @@ def test_saved_tokenizer_reloads_offline_and_matches_chat_template(name, tmp_pat
             assert m == 0
     assert toks[0] != "<|assistant|>" and lay.tokens(ep["prompt_ids"])[-1] == "<|assistant|>"
     with pytest.raises(ValueError, match="path"):
-        load_tokenizer(tmp_path / "missing")
+        load_local_tokenizer(tmp_path / "missing")

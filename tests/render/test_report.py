@@ -190,7 +190,7 @@ def test_nothing_to_rank_by_is_said():
 
 def test_report_and_value_curve_name_a_fitted_critic():
     from mpo_viz.render import plots
-    from mpo_viz.train.critic_fit import fit_critic
+    from mpo_viz.train.fitted_critic import fit_critic
 
     rows = [{"traj_id": f"t{i}", "group_id": f"g{i // 2}", "prompt_ids": [1 + i % 3], "response_ids": [2, 3, 4, 5, 6],
              "loss_mask": [1, 1, 0, 1, 1], "reward": float(i % 3 == 0)} for i in range(12)]

@@ -3,20 +3,19 @@
 import copy
 import json
 import math
-import os
 
 import numpy as np
 import pytest
 import torch
 from safetensors.torch import load_file, load_model
 
-import mpo_viz.rollout.play as R
-import mpo_viz.train.loop as L
+import mpo_viz.train.update as U
 from mpo_viz import load, models
 from mpo_viz.advantages import compute
 from mpo_viz.advantages.reference import empg as reference_empg
 from mpo_viz.train import Trainer
-from mpo_viz.train.loop import RESULT_KEYS_VOLATILE, check_loss_inputs
+from mpo_viz.train.loop import RESULT_KEYS_VOLATILE
+from mpo_viz.train.update import check_loss_inputs
 from mpo_viz.widgets.dashboard import TrainingDashboard
 from tests.train.train_helpers import tiny
 
@@ -95,12 +94,10 @@ def test_resume_is_bit_exact(tmp_path):
 
 
 def test_keyboard_interrupt_abandons_the_iteration_and_leaves_a_resumable_run(tmp_path, monkeypatch):
-    import mpo_viz.train.loop as loop
-
     cfg = tiny(estimator="grpo", loss="token_ppo", group_size=2, iterations=3, eval_interval=0)
     ref = [_stable(r) for r in Trainer(cfg, tmp_path / "ref", quiet=True).iterate()]
     tr = Trainer(cfg, tmp_path / "run", quiet=True)
-    real = loop.update_epochs
+    real = U.update_epochs
     calls = {"n": 0}
 
     def flaky(*a, **k):
@@ -110,12 +107,12 @@ def test_keyboard_interrupt_abandons_the_iteration_and_leaves_a_resumable_run(tm
             raise KeyboardInterrupt  # ... then Ctrl-C, before the iteration's files are written
         return out
 
-    monkeypatch.setattr(loop, "update_epochs", flaky)
+    monkeypatch.setattr(U, "update_epochs", flaky)
     got = [_stable(r) for r in tr.iterate()]
     assert tr.interrupted and tr.iteration == 1 and len(got) == 1
     lines = (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()
     assert [json.loads(x)["iteration"] for x in lines] == [1]
-    monkeypatch.setattr(loop, "update_epochs", real)
+    monkeypatch.setattr(U, "update_epochs", real)
     # the same trainer object went back to the checkpoint: continuing it reproduces the clean run
     got += [_stable(r) for r in tr.iterate()]
     assert got == ref
@@ -146,26 +143,6 @@ def test_run_all_evaluates_once_before_rl_without_changing_the_run(tmp_path):
     assert [(r["iteration"], r["phase"]) for r in lines] == [(0, "eval"), (1, "rl"), (2, "rl"), (2, "eval")]
 
 
-def test_an_evaluation_of_unchanged_weights_is_reused_and_is_what_a_rerun_gives(tmp_path):
-    tr = Trainer(tiny(estimator="grpo", loss="token_ppo", group_size=2, iterations=1, eval_episodes=3), tmp_path / "r",
-                 quiet=True)
-    greedy, sampled = tr.evaluate_one(), tr.evaluate_one(greedy=False)
-    spent = tr.eval_seconds
-    assert spent > 0 and tr.evaluate_one() == greedy and tr.evaluate_one(greedy=False) == sampled
-    assert tr.eval_seconds == spent  # nothing played again
-    tr._evals.clear()  # played again: the same episodes, the same numbers
-    assert tr.evaluate_one() == greedy and tr.eval_seconds > spent
-    # other weights are evaluated again (an update, or any in-place change of a tensor)
-    spent = tr.eval_seconds
-    with torch.no_grad():
-        next(tr.policy.model.parameters()).view(-1)[0] += 1e-3
-    tr.evaluate_one()
-    assert tr.eval_seconds > spent
-    spent = tr.eval_seconds
-    tr.evaluate_one(n_episodes=2)  # another number of tasks is another evaluation
-    assert tr.eval_seconds > spent
-
-
 def test_refusals(tmp_path):
     cfg = tiny(estimator="grpo", loss="token_ppo", group_size=2, iterations=1, eval_interval=0)
     tr = Trainer(cfg, tmp_path / "run", quiet=True)
@@ -186,59 +163,6 @@ def test_refusals(tmp_path):
     with pytest.raises(ValueError, match="'sao'.*rollout_logprobs"):
         check_loss_inputs(stripped, "sao")
     check_loss_inputs(stripped, "token_ppo")
-
-
-def test_critic_pass_beside_the_policys_gives_the_sequential_run(tmp_path, monkeypatch):
-    """The critic's update in a second thread beside the policy's (a free core, no dropout) and the
-    two passes one after the other: the same metrics and weights bit for bit, and the shuffle
-    generator left in the same state; with dropout in a model the passes stay sequential."""
-    cfg = tiny(estimator="mpo", loss="turn_ppo", epochs=2, minibatches=2, critic_epochs=3, iterations=2)
-    calls = []
-    ok = L._parallel_ok
-    monkeypatch.setattr(L, "_parallel_ok", lambda *a: calls.append(ok(*a)) or True)
-    a = Trainer(cfg, tmp_path / "a", quiet=True)
-    ra = [_stable(r) for r in a.iterate()]
-    monkeypatch.setattr(L, "_parallel_ok", lambda *a: False)
-    b = Trainer(cfg, tmp_path / "b", quiet=True)
-    rb = [_stable(r) for r in b.iterate()]
-    assert len(calls) == 2 and ra == rb and ra[-1]["critic_optimizer_steps"] == 6
-    assert torch.equal(a.generator.get_state(), b.generator.get_state())
-    for x, y in zip([*a.policy.model.parameters(), *a.critic.parameters()],
-                    [*b.policy.model.parameters(), *b.critic.parameters()]):
-        assert torch.equal(x, y)
-    # dropout anywhere: sequential
-    assert ok(a.policy.model, a.critic, "cpu") == (len(os.sched_getaffinity(0)) >= 2 * torch.get_num_threads())
-    a.critic.trunk.config.attention_dropout = 0.1
-    assert not ok(a.policy.model, a.critic, "cpu")
-    a.critic.trunk.config.attention_dropout = 0.0
-    a.critic.head = torch.nn.Sequential(torch.nn.Dropout(0.1), a.critic.head)
-    assert not ok(a.policy.model, a.critic, "cpu")
-    assert not ok(a.policy.model, b.critic, "cuda")
-
-
-def test_side_thread_off_runs_everything_in_one_thread(tmp_path, monkeypatch):
-    """``side_thread=False``: neither the update nor the rollout starts a second thread (even where
-    one would be allowed), and the run's identity is the same as with it on."""
-    cfg = tiny(estimator="mpo", loss="turn_ppo", critic_epochs=2, iterations=1, side_thread=False)
-    assert cfg.hash() == cfg.replace(side_thread=True).hash() and "side_thread" not in cfg.identity()
-    monkeypatch.setattr(L, "_parallel_ok", lambda *a: True)
-    pools, threads = [], []
-    real_pool, real_jobs = L.side_pool, R.CriticJobs
-    monkeypatch.setattr(L, "side_pool", lambda: pools.append(1) or real_pool())
-
-    def jobs(*a, thread=False, **k):
-        threads.append(thread)
-        return real_jobs(*a, thread=thread, **k)
-
-    monkeypatch.setattr(R, "CriticJobs", jobs)
-    t = Trainer(cfg, tmp_path / "off", quiet=True)
-    list(t.iterate())
-    assert pools == [] and threads and not any(threads)
-    pools.clear()
-    threads.clear()
-    t = Trainer(cfg.replace(side_thread=True), tmp_path / "on", quiet=True)
-    list(t.iterate())
-    assert pools  # the same run with it on does use the second thread for the update
 
 
 def _rows_logp(model, b) -> list:

@@ -1,18 +1,24 @@
 """The update step: alignment of the teacher-forced forward, micro-batching that leaves the gradient
-unchanged (the minibatch normaliser passed as ``scale``), critic-only updates, and what an update
-left per token (``after_update``)."""
+unchanged (the minibatch normaliser passed as ``scale``), critic-only updates, what an update
+left per token (``after_update``), and the critic's pass in a second thread beside the policy's
+(``update_with_critic``: the same run bit for bit)."""
 
 import copy
 import dataclasses
+import os
 from types import SimpleNamespace
 
 import numpy as np
 import pytest
 import torch
 
+import mpo_viz.rollout.play as R
+import mpo_viz.train.update as U
 from mpo_viz import models
 from mpo_viz.envs import build_tokenizer, make_env
 from mpo_viz.losses import policy_loss, value_loss
+from mpo_viz.train import Trainer
+from mpo_viz.train.loop import RESULT_KEYS_VOLATILE
 from mpo_viz.train.sft import expert_rows
 from mpo_viz.train.update import (
     Learners,
@@ -25,6 +31,7 @@ from mpo_viz.train.update import (
     normaliser,
     update_epochs,
 )
+from tests.train.train_helpers import tiny
 
 
 @pytest.fixture(scope="module")
@@ -240,3 +247,64 @@ def test_after_update_is_each_rows_own_ratio_however_the_rows_are_cut(setup):
             np.testing.assert_array_equal(many.turn_ratio[i], one.turn_ratio[i])
             assert many.turn_clipped[i].tolist() == [int(x < 0.8 or x > 1.2) for x in many.turn_ratio[i]]
     assert 0 < int(many.clipped.sum()) < int(r.mask.sum())
+
+
+# ---------------------------------------------------------------------------------------------
+# the critic's pass beside the policy's (update_with_critic), in a trainer's runs
+
+
+def _stable(rec: dict) -> dict:
+    return {k: v for k, v in rec.items() if k not in RESULT_KEYS_VOLATILE}
+
+
+def test_critic_pass_beside_the_policys_gives_the_sequential_run(tmp_path, monkeypatch):
+    """The critic's update in a second thread beside the policy's (a free core, no dropout) and the
+    two passes one after the other: the same metrics and weights bit for bit, and the shuffle
+    generator left in the same state; with dropout in a model the passes stay sequential."""
+    cfg = tiny(estimator="mpo", loss="turn_ppo", epochs=2, minibatches=2, critic_epochs=3, iterations=2)
+    calls = []
+    ok = U.parallel_ok
+    monkeypatch.setattr(U, "parallel_ok", lambda *a: calls.append(ok(*a)) or True)
+    a = Trainer(cfg, tmp_path / "a", quiet=True)
+    ra = [_stable(r) for r in a.iterate()]
+    monkeypatch.setattr(U, "parallel_ok", lambda *a: False)
+    b = Trainer(cfg, tmp_path / "b", quiet=True)
+    rb = [_stable(r) for r in b.iterate()]
+    assert len(calls) == 2 and ra == rb and ra[-1]["critic_optimizer_steps"] == 6
+    assert torch.equal(a.generator.get_state(), b.generator.get_state())
+    for x, y in zip([*a.policy.model.parameters(), *a.critic.parameters()],
+                    [*b.policy.model.parameters(), *b.critic.parameters()]):
+        assert torch.equal(x, y)
+    # dropout anywhere: sequential
+    assert ok(a.policy.model, a.critic, "cpu") == (len(os.sched_getaffinity(0)) >= 2 * torch.get_num_threads())
+    a.critic.trunk.config.attention_dropout = 0.1
+    assert not ok(a.policy.model, a.critic, "cpu")
+    a.critic.trunk.config.attention_dropout = 0.0
+    a.critic.head = torch.nn.Sequential(torch.nn.Dropout(0.1), a.critic.head)
+    assert not ok(a.policy.model, a.critic, "cpu")
+    assert not ok(a.policy.model, b.critic, "cuda")
+
+
+def test_side_thread_off_runs_everything_in_one_thread(tmp_path, monkeypatch):
+    """``side_thread=False``: neither the update nor the rollout starts a second thread (even where
+    one would be allowed), and the run's identity is the same as with it on."""
+    cfg = tiny(estimator="mpo", loss="turn_ppo", critic_epochs=2, iterations=1, side_thread=False)
+    assert cfg.hash() == cfg.replace(side_thread=True).hash() and "side_thread" not in cfg.identity()
+    monkeypatch.setattr(U, "parallel_ok", lambda *a: True)
+    pools, threads = [], []
+    real_pool, real_jobs = U.side_pool, R.CriticJobs
+    monkeypatch.setattr(U, "side_pool", lambda: pools.append(1) or real_pool())
+
+    def jobs(*a, thread=False, **k):
+        threads.append(thread)
+        return real_jobs(*a, thread=thread, **k)
+
+    monkeypatch.setattr(R, "CriticJobs", jobs)
+    t = Trainer(cfg, tmp_path / "off", quiet=True)
+    list(t.iterate())
+    assert pools == [] and threads and not any(threads)
+    pools.clear()
+    threads.clear()
+    t = Trainer(cfg.replace(side_thread=True), tmp_path / "on", quiet=True)
+    list(t.iterate())
+    assert pools  # the same run with it on does use the second thread for the update

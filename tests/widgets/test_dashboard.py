@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 import mpo_viz as mv
-from mpo_viz.widgets import TrainingDashboard, read_metrics
+from mpo_viz.widgets import TrainingDashboard
 from mpo_viz.widgets.dashboard import PANELS, panel_of
 
 
@@ -127,22 +127,6 @@ def test_dashboard_follows_a_growing_run(run):
     assert len(ex.batch) == 4 and dash.explorer_box.children == (ex,)
     html = dash.to_html()
     assert "fig-" in html and "turn_ppo" in html
-
-
-def test_read_metrics_offsets_and_errors(tmp_path):
-    p = tmp_path / "metrics.jsonl"
-    assert read_metrics(p) == ([], 0, None)  # not written yet
-    p.write_text('{"iteration": 0, "a": {"b": 1}}\n\n{"iteration": 1}\n{"itera')
-    recs, off, pending = read_metrics(p)
-    assert recs == [{"iteration": 0, "a/b": 1}, {"iteration": 1}] and pending is None
-    assert off == len(p.read_bytes()) - len('{"itera')
-    assert read_metrics(p, off) == ([], off, None)
-    p.write_text('{"iteration": 0}\nnot json\n')
-    with pytest.raises(ValueError, match=r"metrics.jsonl: line 2: expected one JSON object per line"):
-        read_metrics(p)
-    p.write_text('{"iteration": 0}\n[1, 2]\n')
-    with pytest.raises(ValueError, match=r"line 2: expected a JSON object, found list"):
-        read_metrics(p)
 
 
 def test_dashboard_bad_inputs(tmp_path):
