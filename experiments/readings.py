@@ -167,10 +167,20 @@ def e3_numbers() -> dict:
             "seeds": int(f.seed.nunique())}
 
 
+def paired_power(diffs, d: float = 0.05, alpha: float = 0.025) -> float:
+    """Power of a two-sided paired t-test at level ``alpha`` (the Holm level of the smallest p of 2)
+    for a true difference ``d``, with the spread of the paired differences ``diffs`` observed."""
+    n, sd = len(diffs), float(np.std(diffs, ddof=1))
+    t, nc = stats.t.ppf(1 - alpha / 2, n - 1), d / (sd / np.sqrt(n))
+    return float(stats.nct.sf(t, n - 1, nc) + stats.nct.cdf(-t, n - 1, nc))
+
+
 def e2_numbers() -> dict:
     acc = pd.read_csv(RECORDS / "v4" / "e2p" / "accuracy.csv")
     by = acc.groupby("turn_lam").corr_dis
     return {"mc_ppo": comparison("v3/e2", "turn_gae_mc", "ppo"), "mc_grpo": comparison("v3/e2", "turn_gae_mc", "grpo"),
+            "mc0_ppo": comparison("v4/e2p", "turn_gae_mc0", "ppo"), "mc0_grpo": comparison("v4/e2p", "turn_gae_mc0", "grpo"),
+            "critic_corr": e1_numbers()["mpo_corr"],
             "lam09_lo": float(by.min()[0.9]), "lam09_hi": float(by.max()[0.9]),
             "lam0_lo": float(by.min()[0.0]), "lam0_hi": float(by.max()[0.0])}
 

@@ -320,7 +320,7 @@ def test_v4_e2p_spec_is_the_preregistered_text(tmp_path):
     assert cfg.estimator_options == {"turn_lam": 0.0} and not grids.uses_warmup("turn_gae_mc0")
 
 
-@pytest.mark.parametrize("size,folder", [("v3-e2", "v3/e2"), ("v3-e3", "v3/e3")])
+@pytest.mark.parametrize("size,folder", [("v3-e2", "v3/e2"), ("v3-e3", "v3/e3"), ("v4-e2p", "v4/e2p")])
 def test_report_only_from_the_archive_rebuilds_the_committed_records(size, folder, tmp_path, monkeypatch):
     """`--report-only --archive experiments/records/...` into a fresh folder reads only the archive
     and writes the committed tables and records byte for byte (figures are drawn, not compared)."""
