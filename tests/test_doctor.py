@@ -13,7 +13,7 @@ import pytest
 from mpo_viz.adapters import from_art, from_chat, from_skyrl, from_steps, from_trl, from_verl
 from mpo_viz.checks import OptionError
 from mpo_viz.data.trajectory import TrajectoryBatch
-from mpo_viz.doctor import CHECKS, OPTIONS, diagnose, examine, merge_findings
+from mpo_viz.doctor import CHECKS, OPTIONS, Doctor, diagnose, examine
 
 ROOT = Path(__file__).resolve().parents[1]
 DOC = ROOT / "docs" / "doctor.md"
@@ -236,12 +236,19 @@ def test_the_report_shows_the_findings_first():
     assert "0 of " in section and "flat_groups" not in section
 
 
-def test_chunks_merge_into_one_finding_per_check():
+def test_chunks_give_the_findings_of_the_whole():
     one = {"response_ids": [5], "loss_mask": [1]}
-    a = diagnose(rows({"group_id": "a"}, {"group_id": "a"}, **one))  # a flat group: fires
-    b = diagnose(rows({"group_id": "b", "reward": float("nan")}, {"group_id": "b", "reward": 0.0}, **one))
-    merged = {f.check: f for f in merge_findings(merge_findings([], a), b)}
-    assert merged["flat_groups"].fired and merged["flat_groups"].rows_hit == 2 + 2
-    assert merged["missing_reward"].fired and merged["missing_reward"].examples == ["t0"]
+    a = rows({"group_id": "a"}, {"group_id": "a"}, **one)  # a flat group
+    b = rows({"group_id": "b", "reward": float("nan")}, {"group_id": "b", "reward": 0.0}, **one)
+    b = TrajectoryBatch.from_rows([{**r, "traj_id": "u" + r["traj_id"]} for r in b.rows()])
+    doc = Doctor()
+    doc.add(a)
+    doc.add(b)
+    merged = {f.check: f for f in doc.findings()}
+    assert doc.findings() == diagnose(TrajectoryBatch.concat([a, b]))
+    # both groups are flat (the second scores 0 + 0: a missing reward reads 0): 4 rows, 2 of 2 groups
+    assert merged["flat_groups"].fired and merged["flat_groups"].rows_hit == 4
+    assert "2 of 2 groups" in merged["flat_groups"].detail
+    assert merged["missing_reward"].fired and merged["missing_reward"].examples == ["ut0"]
     assert merged["values_shifted"].status == "skipped"
-    assert [f.check for f in merge_findings(a, b)] == [c.name for c in CHECKS]
+    assert [f.check for f in doc.findings()] == [c.name for c in CHECKS]

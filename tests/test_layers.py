@@ -26,6 +26,7 @@ RANK = {
     "mpo_viz.data.turns": 1,
     "mpo_viz.data.moments": 1,
     "mpo_viz.data.validate": 2,
+    "mpo_viz.data.summary": 2,
     "mpo_viz.data.trajectory": 3,
     "mpo_viz.data": 4,
     "mpo_viz.envs": 5,

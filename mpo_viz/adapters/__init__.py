@@ -83,11 +83,13 @@ def stream(
     chunk_rows: int = 1024,
     allow_unknown: bool = False,
     unknown_role: str = "error",
+    chunk_tokens: int = 1_000_000,
 ) -> tuple[Iterator, ConversionReport]:
     """Convert ``src`` with adapter ``kind`` chunk by chunk.
 
     Returns ``(batches, report)``: an iterator of validated TrajectoryBatches of at most about
-    ``chunk_rows`` trajectories each (problems of each chunk in its ``rejected``), and the report,
+    ``chunk_rows`` trajectories or ``chunk_tokens`` response tokens each, whichever is reached first
+    (problems of each chunk in its ``rejected``), and the report (its counts do not depend on the chunks),
     complete once the iterator is exhausted (its warnings are then emitted as
     :class:`~mpo_viz.adapters.conversion.ConversionWarning`). ``allow_unknown`` (tokenizer adapters):
     convert even when most action tokens are the tokenizer's unknown token (checked at every chunk,
@@ -127,7 +129,7 @@ def stream(
     if "tokenizer" in takes:
         opts["tokenizer"] = ChatEncoder(tokenizer, allow_unknown=allow_unknown, unknown_role=unknown_role)
     col = Collector(kind, source=src if isinstance(src, (str, Path)) else None, errors=errors)
-    return drive(gen_fn(src, col, **opts), col, chunk_rows), col.report
+    return drive(gen_fn(src, col, **opts), col, chunk_rows, chunk_tokens), col.report
 
 
 def convert(
@@ -142,10 +144,13 @@ def convert(
     chunk_rows: int = 1024,
     allow_unknown: bool = False,
     unknown_role: str = "error",
+    chunk_tokens: int = 1_000_000,
 ) -> ConversionReport:
     """Convert ``src`` and write trajectory/v1 to ``out``: a ``.parquet`` file, or a folder of
-    ``part-NNNNN.parquet`` files (one per chunk). Memory stays bounded by the chunk size. The same
-    input always gives the same bytes. Returns the report.
+    ``part-NNNNN.parquet`` files (one per chunk). **Streams** the output side: memory stays bounded by
+    the chunk size (``chunk_rows`` trajectories or ``chunk_tokens`` response tokens), plus what the
+    source format itself needs to read (a verl or AReaL batch file is one tensor dump). The same input
+    always gives the same bytes. Returns the report.
     """
     batches, report = stream(
         kind,
@@ -157,6 +162,7 @@ def convert(
         chunk_rows=chunk_rows,
         allow_unknown=allow_unknown,
         unknown_role=unknown_role,
+        chunk_tokens=chunk_tokens,
     )
     write_chunks(batches, out)
     return report

@@ -6,7 +6,7 @@ import dataclasses
 import json
 import math
 import warnings
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sized
 
 import numpy as np
 
@@ -149,6 +149,7 @@ class Collector:
         self.report = ConversionReport(framework, source=self.source)
         self.meta = {"source_framework": framework, **(meta or {})}
         self._rows: list[dict] = []
+        self._tokens = 0  # response tokens of the pending rows
         self._where: list[tuple] = []  # (line, row, file) of each pending row in the input
         self._problems: list[Problem] = []
         self._seen: dict[str, str] = {}
@@ -157,6 +158,11 @@ class Collector:
     @property
     def pending(self) -> int:
         return len(self._rows)
+
+    @property
+    def pending_tokens(self) -> int:
+        """Response tokens of the pending rows (a chunk's memory grows with them)."""
+        return self._tokens
 
     @property
     def has_problems(self) -> bool:
@@ -199,6 +205,8 @@ class Collector:
                 return
             self._seen[tid] = self._loc(line, row_index)
         self._rows.append(row)
+        ids = row.get("response_ids")
+        self._tokens += len(ids) if isinstance(ids, Sized) else 0
         self._where.append((line, row_index, self.source))
 
     def flush(self) -> TrajectoryBatch:
@@ -206,7 +214,7 @@ class Collector:
         for check in self.checks:
             check(self.report)
         rows, where, problems = self._rows, self._where, self._problems
-        self._rows, self._where, self._problems = [], [], []
+        self._rows, self._where, self._problems, self._tokens = [], [], [], 0
         batch = TrajectoryBatch.from_rows(rows, dict(self.meta), errors="collect", source=self.source)
         refused = {p.row for p in batch.rejected}
         for i, row in enumerate(rows):
@@ -255,12 +263,15 @@ RECORDS = {
 }
 
 
-def drive(gen: Iterator, col: Collector, chunk_rows: int | None) -> Iterator[TrajectoryBatch]:
-    """Run an adapter's row generator, yielding a validated batch every ``chunk_rows`` rows (and at the
-    end); then each of the report's warnings as a :class:`ConversionWarning`. An input without any
-    record is a file-level error (a conversion that writes nothing is never a success)."""
+def drive(
+    gen: Iterator, col: Collector, chunk_rows: int | None, chunk_tokens: int | None = None
+) -> Iterator[TrajectoryBatch]:
+    """Run an adapter's row generator, yielding a validated batch every ``chunk_rows`` rows or
+    ``chunk_tokens`` response tokens, whichever comes first (and at the end); then each of the
+    report's warnings as a :class:`ConversionWarning`. An input without any record is a file-level
+    error (a conversion that writes nothing is never a success)."""
     for _ in gen:
-        if chunk_rows and col.pending >= chunk_rows:
+        if chunk_rows and (col.pending >= chunk_rows or (chunk_tokens and col.pending_tokens >= chunk_tokens)):
             yield col.flush()
     if not col.report.rows_in:
         raise file_error(

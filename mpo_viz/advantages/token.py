@@ -21,7 +21,15 @@ import numpy as np
 import torch
 
 from mpo_viz.advantages import kernels as K
-from mpo_viz.advantages._inputs import prepare, scalar_check, to_torch, whiten_, whiten_buffers
+from mpo_viz.advantages._inputs import (
+    ThreadClock,
+    prepare,
+    rewrite_in_parallel,
+    scalar_check,
+    to_torch,
+    whiten_,
+    whiten_buffers,
+)
 from mpo_viz.checks import TensorLike, warn_once
 
 __all__ = [
@@ -38,11 +46,13 @@ __all__ = [
 ]
 
 
-def _finish(p, adv: np.ndarray, ret: np.ndarray, whiten: bool, buffers: tuple) -> tuple[torch.Tensor, torch.Tensor]:
-    """Whiten (with the row moments and spans the kernel wrote on the way, :func:`whiten_buffers`)
-    and hand out torch tensors."""
+def _finish(
+    p, adv: np.ndarray, ret: np.ndarray, whiten: bool, buffers: tuple, got: float
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Whiten (with the row moments and spans the kernel wrote on the way, :func:`whiten_buffers`;
+    on numba's threads if the kernel ``got`` them, :func:`rewrite_in_parallel`) and hand out torch tensors."""
     if whiten:
-        whiten_(adv, p.mask, buffers[0], buffers[1:])
+        whiten_(adv, p.mask, buffers[0], buffers[1:], parallel=rewrite_in_parallel(got))
     return to_torch(adv, p.device), to_torch(ret, p.device)
 
 
@@ -95,9 +105,10 @@ def _gae(p, gamma: float, lam_row: np.ndarray, ret_lam: float, whiten: bool) -> 
     ret = np.empty((B, L), dtype=p.dtype)
     bad = np.empty(B, dtype=np.int64)
     wb = whiten_buffers(B)
-    K.gae_kernel(p.rewards, p.values, p.mask, p.bootstrap, gamma, lam_row, ret_lam, adv, ret, bad, int(whiten), *wb)
+    with ThreadClock() as clock:
+        K.gae_kernel(p.rewards, p.values, p.mask, p.bootstrap, gamma, lam_row, ret_lam, adv, ret, bad, int(whiten), *wb)
     p.check_bad(bad)
-    return _finish(p, adv, ret, whiten, wb)
+    return _finish(p, adv, ret, whiten, wb, clock.got)
 
 
 def gae(
@@ -276,32 +287,33 @@ def _mae(
     t_adv, t_val, t_rew, t_ret = (np.full((B, kmax), np.nan) for _ in range(4))
     bad = np.empty(B, dtype=np.int64)
     wb = whiten_buffers(B)
-    K.mae_kernel(
-        p.rewards,
-        p.values,
-        p.mask,
-        p.turn_ids,
-        p.bootstrap,
-        gamma,
-        lam,
-        turn_gamma,
-        tlam,
-        beta,
-        w,
-        va,
-        rm,
-        adv,
-        ret,
-        t_adv,
-        t_val,
-        t_rew,
-        t_ret,
-        bad,
-        int(whiten),
-        *wb,
-    )
+    with ThreadClock() as clock:
+        K.mae_kernel(
+            p.rewards,
+            p.values,
+            p.mask,
+            p.turn_ids,
+            p.bootstrap,
+            gamma,
+            lam,
+            turn_gamma,
+            tlam,
+            beta,
+            w,
+            va,
+            rm,
+            adv,
+            ret,
+            t_adv,
+            t_val,
+            t_rew,
+            t_ret,
+            bad,
+            int(whiten),
+            *wb,
+        )
     p.check_bad(bad)
-    a, g = _finish(p, adv, ret, whiten, wb)
+    a, g = _finish(p, adv, ret, whiten, wb, clock.got)
     if not tables:
         return a, g
     turns = {"advantage": t_adv, "value": t_val, "reward": t_rew, "return": t_ret, "nturns": p.nturns}

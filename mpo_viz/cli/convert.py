@@ -34,6 +34,7 @@ def cmd_convert(args) -> int:
             obs_reward=args.obs_reward,
             errors=args.errors,
             chunk_rows=args.chunk_rows,
+            chunk_tokens=args.chunk_tokens,
             allow_unknown=args.allow_unknown,
             unknown_role=args.unknown_role,
         )
@@ -110,4 +111,10 @@ def add_subcommand(sub) -> None:
         "--report-json", metavar="PATH", help="write the conversion report as JSON here instead of printing it"
     )
     p.add_argument("--chunk-rows", type=int, default=1024, help="trajectories per chunk (memory bound; default 1024)")
+    p.add_argument(
+        "--chunk-tokens",
+        type=int,
+        default=1_000_000,
+        help="response tokens per chunk, whichever of the two bounds comes first (default 1,000,000)",
+    )
     p.set_defaults(func=cmd_convert)

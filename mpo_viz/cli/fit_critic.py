@@ -30,7 +30,8 @@ critic starts from the pretrained trunk of the Hugging Face model in DIR (the po
 logs, or e.g. SmolLM2 for logs converted with its tokenizer): the file's ids must be that model's.
 Evaluated every 16 steps on the held-out trajectories; --patience N (default 4) stops after N
 evaluations without a better held-out EV (a small file is otherwise seen a hundred times over and
-overfitted), and the weights of the best evaluation are the ones written (unless --keep-last)."""
+overfitted), and the weights of the best evaluation are the ones written (unless --keep-last).
+FILE is loaded whole (the fit reads it many times over): one step's file, not a whole run."""
 
 
 def cmd_fit_critic(args) -> int:

@@ -43,6 +43,7 @@ from mpo_viz.data.schema import (
     TrajectoryError,
     short,
 )
+from mpo_viz.data.summary import row_numbers, row_sums, summarize_rows
 from mpo_viz.data.turns import mc_turn_advantage
 from mpo_viz.data.validate import Columns, columns_from_rows, validate_columns
 
@@ -750,50 +751,16 @@ class TrajectoryBatch:
         q = self._turn_column("mc_q", trow) if "mc_q" in self._turn else None
         data["a_mc"] = mc_turn_advantage(v, data["reward"], trow, q=q)
 
+    def row_scores(self) -> np.ndarray:
+        """Each row's score: the sum of the rewards an estimator sees on its tokens, float64 ``(B,)``
+        (0 for an empty row). A row's sum is taken over its own tokens alone
+        (:func:`~mpo_viz.data.summary.row_sums`): the same bits in any batch the row sits in."""
+        return row_sums(self._flat_rewards(), self._off)
+
     def summary(self) -> dict:
-        """Counts and statistics for ``mpo-viz info`` (plain Python values)."""
-        lengths = np.diff(self._off)
-        n_act = (
-            np.add.reduceat(self._tok["loss_mask"].astype(np.int64), self._off[:-1])
-            if self.num_tokens
-            else np.zeros(len(self), dtype=np.int64)
-        )
-        n_act = np.where(lengths > 0, n_act, 0)
-        k = self.num_turns
-        rew = self.outcome_reward
-        scores = np.add.reduceat(self._flat_rewards(), self._off[:-1]) if self.num_tokens else np.zeros(len(self))
-        scores = np.where(lengths > 0, scores, 0.0)
-        groups = pd.Series(self._scalars["group_id"]).value_counts()
-
-        def stats(x):
-            x = np.asarray(x, dtype=np.float64)
-            x = x[np.isfinite(x)]
-            if not len(x):
-                return {"n": 0}
-            return {
-                "n": int(len(x)),
-                "mean": float(x.mean()),
-                "std": float(x.std()),
-                "min": float(x.min()),
-                "max": float(x.max()),
-            }
-
-        return {
-            "trajectories": len(self),
-            "groups": int(len(groups)),
-            "group_size": stats(groups.values),
-            "response_tokens": int(self.num_tokens),
-            "action_tokens": int(n_act.sum()),
-            "prompt_tokens": int(len(self._prompt[0])),
-            "turns": stats(k),
-            "response_length": stats(lengths),
-            "action_tokens_per_turn": stats(n_act[k > 0] / k[k > 0]) if (k > 0).any() else {"n": 0},
-            "reward": stats(rew),
-            "reward_missing": int(np.isnan(rew).sum()),
-            "score": stats(scores),
-            "fields": sorted(self.fields),
-            "meta": {k: v for k, v in self.meta.items()},
-        }
+        """Counts and statistics for ``mpo-viz info`` (plain Python values), of this whole batch;
+        :func:`mpo_viz.data.io.summarize` gives the same numbers for a file read chunk by chunk."""
+        return summarize_rows(row_numbers(self), self.fields, self.meta)
 
 
 def _check_binary(name: str, flat: np.ndarray) -> None:

@@ -532,18 +532,20 @@ def _duplicate_problems(cols: Columns, traj_ids, rows: np.ndarray, bad: np.ndarr
         if bad[i]:
             continue
         if t in seen or t in first_line:
-            if t in first_line:
-                where = f" (first at {first_line[t][1]})"
-            else:  # an earlier chunk or file; a dict seen_ids knows where
-                where = f" (first in {seen[t]})" if isinstance(seen, dict) else " (seen earlier)"
+            # where the first one is: "line 3" in the same file, "FILE, line 3" in another one; the
+            # same words whether it lies in this chunk or an earlier one (a chunked pass says what a whole one does)
+            first = first_line.get(t) or (seen[t] if isinstance(seen, dict) else None)
+            if first is None:
+                where = " (seen earlier)"
+            elif first[0] == cols.where(i)["file"] or first[0] is None:
+                where = f" (first at {first[1]})"
+            else:
+                where = f" (first in {first[0]}, {first[1]})"
             out.append((i, "traj_id", "a unique traj_id", f"a duplicate of {t!r}{where}"))
         else:
             w = cols.where(i)
             first_line[t] = (w["file"], f"line {w['line']}" if w["line"] is not None else f"row {w['row']}")
-    if isinstance(seen, dict):
-        seen.update({t: (f"{f}, {loc}" if f is not None else loc) for t, (f, loc) in first_line.items()})
-    else:
-        seen.update(first_line)
+    seen.update(first_line)
     return out
 
 
@@ -555,9 +557,9 @@ def validate_columns(cls, cols: Columns, meta, problems: list[Problem], *, seen_
     arguments); :func:`check_rows` on the batch's columns; duplicate ``traj_id`` s last. Each phase
     returns its problems, which name the file, line/row, traj_id, field, expected and found.
 
-    ``seen_ids`` (a set, or a dict traj_id -> "file, line/row" to name the first occurrence; updated
-    in place) carries traj_ids across chunks/files so duplicates are
-    found across a whole folder or scan.
+    ``seen_ids`` (a set, or a dict traj_id -> (file, "line/row N") to name the first occurrence;
+    updated in place) carries traj_ids across chunks/files so duplicates are found across a whole
+    folder or scan.
     """
     bad = cols.bad.copy() if cols.bad is not None else np.zeros(cols.n, dtype=bool)
     found = check_columns(cols, bad)

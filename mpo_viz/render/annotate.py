@@ -47,6 +47,7 @@ def _parts_dir(out: Path) -> Path:
 
 def annotate_file(path, out, config: AnnotateConfig | None = None) -> dict:
     """Add ``adv_<name>`` / ``ret_<name>`` columns for each estimator to every row of ``path``.
+    **Streams**: ``config.max_tokens`` response tokens at a time (whole groups), memory flat in the input's size.
 
     ``out``: a ``.parquet`` or ``.jsonl`` file, or a folder (one Parquet file per chunk). The input
     is read with ``errors="raise"``: the first invalid row stops the run with the loader's message

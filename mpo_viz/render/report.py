@@ -34,7 +34,7 @@ from mpo_viz.data.io import count_rows, scan
 from mpo_viz.data.moments import ExplainedVariance
 from mpo_viz.data.token_text import tokenizer_decoder
 from mpo_viz.data.trajectory import TrajectoryBatch
-from mpo_viz.doctor import Finding, diagnose, merge_findings
+from mpo_viz.doctor import Doctor, Finding
 from mpo_viz.render import plots
 from mpo_viz.render.export import static_export_available, write_figures, write_tables
 from mpo_viz.render.page import (
@@ -198,12 +198,13 @@ class _Acc:
 
             def make(i=i):
                 L = int(chunk.lengths[i])
+                # copies: a view would keep the chunk's whole (B, L) arrays alive as long as the pick
                 return _Pick(
                     0.0,
                     self.order,
                     chunk[[i]],
-                    {k: a[i : i + 1, :L] for k, a in adv.items()},
-                    {k: g[i : i + 1, :L] for k, g in ret.items()},
+                    {k: a[i : i + 1, :L].copy() for k, a in adv.items()},
+                    {k: g[i : i + 1, :L].copy() for k, g in ret.items()},
                 )
 
             if not mask[i].any():
@@ -344,14 +345,15 @@ def _count_rows(source) -> int | None:
 
 
 def build_report(source, config: ReportConfig | None = None, *, source_name: str | None = None) -> str:
-    """The report's HTML text. ``source``: a path (``.jsonl``, ``.parquet``, folder) or a batch."""
+    """The report's HTML text. ``source``: a path (``.jsonl``, ``.parquet``, folder), which **streams**
+    (chunk by chunk, memory set by ``config.max_tokens``, statistics of the whole input), or a batch."""
     cfg = config or ReportConfig()
     opts = {k: v for k, v in cfg.options.items() if v is not None}
     t_start = time.perf_counter()
     decode = tokenizer_decoder(cfg.tokenizer) if cfg.tokenizer else None  # a bad folder fails before any work
     acc = None
     names: list[str] = []
-    findings: list[Finding] = []
+    doctor = Doctor()  # the doctor's numbers chunk by chunk: the findings of the whole file
     bar = _progress(_count_rows(source), cfg, "traj", "report")
     try:
         for chunk in _iter_source(source, cfg):
@@ -365,7 +367,7 @@ def build_report(source, config: ReportConfig | None = None, *, source_name: str
             results = an.compute_advantages(chunk, names, **opts)
             acc.timings["estimators"] = acc.timings.get("estimators", 0.0) + time.perf_counter() - t0
             acc.n_rejected += len(getattr(chunk, "rejected", []) or [])
-            findings = merge_findings(findings, diagnose(chunk))
+            doctor.add(chunk)
             acc.add(chunk, results)
             bar.update(len(chunk))
     finally:
@@ -379,7 +381,7 @@ def build_report(source, config: ReportConfig | None = None, *, source_name: str
         source_name or (str(source) if isinstance(source, (str, Path)) else "batch"),
         time.perf_counter() - t_start,
         decode,
-        findings,
+        doctor.findings(),
     )
 
 
@@ -449,8 +451,9 @@ def _doctor(page: _Page, findings: list[Finding]) -> None:
     rows = [(f.check, f.source, f.rows_hit, ", ".join(f.examples), f.detail, f.fix) for f in fired]
     ran = sum(f.status != "skipped" for f in findings)
     head = (
-        f"<p>{len(fired)} of {ran} checks that could run fired (judged chunk by chunk; "
-        "<code>mpo-viz doctor FILE</code> judges the whole file).</p>"
+        f"<p>{len(fired)} of {ran} checks that could run fired (over the whole file, as "
+        "<code>mpo-viz doctor FILE</code> finds them; the doctor also reads a run folder's metrics and "
+        "each file's iteration).</p>"
     )
     table = (
         html_table(rows, ("check", "from", "rows hit", "example ids", "measured", "what to fix"), cls="grid")

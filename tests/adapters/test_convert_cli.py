@@ -157,3 +157,17 @@ def test_framework_names_and_a_text_file_given_as_verl(tmp_path, capsys):
 def test_binary_input_for_a_text_layout(tmp_path, capsys):
     assert main(["convert", "--from", "steps", str(SAMPLES / "verl_batch.pt"), "-o", str(tmp_path / "o.parquet")]) == 1
     assert "verl_batch.pt: field '<file>': expected steps layout: a UTF-8 JSONL file" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("kind,src,tok,n", CASES, ids=[c[1].split("/")[0] for c in CASES])
+def test_the_report_and_rows_do_not_depend_on_the_chunks(tmp_path, kind, src, tok, n):
+    # one trajectory (or one token's worth) a chunk against everything at once: the same report, the same rows
+    from mpo_viz.adapters import convert
+
+    opts = {"tokenizer": TOK} if tok else {}
+    whole = convert(kind, SAMPLES / src, tmp_path / "whole.parquet", **opts)
+    for name, chunks in (("rows", {"chunk_rows": 1}), ("tokens", {"chunk_tokens": 1})):
+        part = convert(kind, SAMPLES / src, tmp_path / f"{name}.parquet", **opts, **chunks)
+        assert part.to_json() == whole.to_json(), name
+        got, want = mv.load(tmp_path / f"{name}.parquet"), mv.load(tmp_path / "whole.parquet")
+        assert [row_to_json(r) for r in got.rows()] == [row_to_json(r) for r in want.rows()]

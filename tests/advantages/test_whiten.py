@@ -422,3 +422,121 @@ def test_mae_turns_with_masked_tokens_inside_whiten_like_the_plain_output(dtype)
         w, _ = A.mae(R, V, d["mask"], turn_ids=d["turn_ids"], turn_lam=lam_t, whiten=True)
         np.testing.assert_allclose(w.numpy(), whiten_reference(a.numpy().copy(), d["mask"]), **_tol(dtype))
         assert (w.numpy()[d["mask"] == 0] == 0).all()
+
+
+def _one_token_turns(dtype):
+    """Every turn a single action token, observation tokens between turns (and a row of one turn)."""
+    rng = np.random.default_rng(7)
+    B, L = 6, 24
+    M = np.zeros((B, L))
+    T = np.zeros((B, L), dtype=np.int64)
+    for i in range(B):
+        k, t = 0, int(rng.integers(0, 2))
+        while t < L and k < (1 if i == 0 else 6):
+            M[i, t] = 1
+            T[i, t:] = k
+            k, t = k + 1, t + 1 + int(rng.integers(1, 4))
+    R = np.where(M != 0, rng.normal(size=(B, L)), 0.0)
+    V = rng.normal(size=(B, L))
+    return {
+        "rewards": R.astype(dtype),
+        "values": V.astype(dtype),
+        "mask": M.astype(dtype),
+        "turn_ids": T,
+        "bootstrap_value": np.full(B, np.nan),
+        "group_ids": np.arange(B) // 2,
+    }
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize(
+    "name,opts", [("gae", {"lam": 0.9}), ("mae", {}), ("mae", {"within": "local"}), ("turn_gae", {})]
+)
+def test_whitened_advantages_have_mean_0_and_std_1_over_action_tokens(name, opts, dtype):
+    # the fused path against the unfused reference (whiten_reference of the plain output) on the edge
+    # cases, and the defining property: mean 0 and (unbiased) std 1 over the batch's action tokens
+    cases = [("one-token turns", _one_token_turns(dtype)), *_edge_batches(dtype)]
+    for kind, d in cases:
+        w, _ = _run(name, d, True, **opts)
+        a, _ = _run(name, d, False, **opts)
+        w = w.numpy()
+        np.testing.assert_allclose(w, whiten_reference(a.numpy().copy(), d["mask"]), err_msg=kind, **_tol(dtype))
+        act = d["mask"] != 0
+        x = w[act].astype(np.float64)
+        assert (w[~act] == 0).all(), kind
+        if x.size >= 2 and a.numpy()[act].std() > 1e-3:
+            assert abs(x.mean()) < 1e-5, kind
+            assert abs(x.std(ddof=1) - 1) < 1e-4, kind  # sqrt(var / (var + 1e-8)): 1 within 1e-8 / var
+        elif x.size:
+            assert (x == 0).all(), kind  # one action token (or constant advantages): 0
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_the_rewrite_in_the_calling_thread_equals_the_parallel_one(dtype):
+    # the serial rewrite (a busy machine) and the parallel one give the same bits: runs of action
+    # tokens (gae), whole rows (mae), rows past the span capacity, rows without action tokens
+    from mpo_viz.advantages._inputs import rewrite_in_parallel
+
+    d = random_batch(6, B=12, dtype=dtype)
+    rng = np.random.default_rng(6)
+    many = np.zeros((3, 4 * WHITEN_SPANS), dtype=dtype)
+    many[:, ::3] = 1  # more runs than recorded (86 > 64)
+    R = np.where(many != 0, rng.normal(size=many.shape), 0.0).astype(dtype)
+    for r, v, m, t in (
+        (d["rewards"], d["values"], d["mask"], d["turn_ids"]),
+        (R, R * 0, many, np.zeros(many.shape, int)),
+    ):
+        B = m.shape[0]
+        for kernel in ("gae", "mae"):
+            adv, ret = np.empty_like(r), np.empty_like(r)
+            w, wsp, wsn = whiten_buffers(B)
+            if kernel == "gae":
+                K.gae_kernel(
+                    r,
+                    v,
+                    m,
+                    np.full(B, np.nan),
+                    1.0,
+                    np.full(B, 0.9),
+                    np.nan,
+                    adv,
+                    ret,
+                    np.empty(B, np.int64),
+                    1,
+                    w,
+                    wsp,
+                    wsn,
+                )
+            else:
+                z = np.zeros((B, 0))
+                K.mae_kernel(
+                    r,
+                    v,
+                    m,
+                    t,
+                    np.full(B, np.nan),
+                    1.0,
+                    0.95,
+                    1.0,
+                    np.full(B, 0.9),
+                    1.0,
+                    0,
+                    0,
+                    0,
+                    adv,
+                    ret,
+                    z,
+                    z,
+                    z,
+                    z,
+                    np.empty(B, np.int64),
+                    1,
+                    w,
+                    wsp,
+                    wsn,
+                )
+            par = whiten_(adv.copy(), m, w.copy(), (wsp, wsn), parallel=True)
+            ser = whiten_(adv.copy(), m, w.copy(), (wsp, wsn), parallel=False)
+            np.testing.assert_array_equal(par, ser)
+            np.testing.assert_allclose(ser, whiten_reference(adv.copy(), m), **_tol(dtype))
+    assert rewrite_in_parallel(0.5) is False  # the kernel got half a thread: the machine is busy
