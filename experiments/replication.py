@@ -99,7 +99,7 @@ from experiments.grids import (
     grid_meta,
     plan,
 )
-from experiments.records import (
+from experiments.report import (
     calibration_table,
     report,
     start_table,

@@ -11,7 +11,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from experiments import grids, records, replication, runner, stats
+from experiments import grids, replication, runner, stats
+from experiments import report as records
 
 REPO = Path(__file__).resolve().parents[2]
 
