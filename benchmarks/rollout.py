@@ -5,8 +5,8 @@ Run:  .venv/bin/python benchmarks/rollout.py            (every environment, batc
       .venv/bin/python benchmarks/rollout.py --repeats 3   (each row the median of 3 pairs)
       .venv/bin/python benchmarks/rollout.py --model-config smollm2-135m      (batch 8 and 16)
       .venv/bin/python benchmarks/rollout.py --model-config path/to/hf_config_folder
-      .venv/bin/python benchmarks/rollout.py --model models/smollm2-135m --envs tooluse --sizes 8 --threads 2 --critic
-      none
+      .venv/bin/python benchmarks/rollout.py --model models/smollm2-135m --envs tooluse --sizes 8 \
+          --threads 2 --critic none
 
 `--model-config NAME|DIR` runs the same table on a randomly initialised model of a real small LM's
 shape instead of the tiny one, so the rollout's overhead at real vocabulary and depth is known.

@@ -181,8 +181,8 @@ _WAIT_DRAWN = """
   const frame = () => new Promise((r) => requestAnimationFrame(() => r()));
   const start = performance.now();
   while (!done()) {
-    if (performance.now() - start > limit) throw new Error('mpo timing: the view did not update within ' + limit + '
-    ms');
+    if (performance.now() - start > limit)
+      throw new Error('mpo timing: the view did not update within ' + limit + ' ms');
     await frame();
   }
   const t1 = performance.now();
