@@ -3,16 +3,21 @@
 
 from __future__ import annotations
 
+import math
 import time
+import warnings
 from collections import deque
+from collections.abc import Callable
 
 import torch
 
-from mpo_viz.checks import OptionError
+from mpo_viz.checks import OptionError, outside_stacklevel
 from mpo_viz.data.trajectory import TrajectoryBatch
 from mpo_viz.envs.base import TextEnv
 from mpo_viz.envs.expert import NoisyExpert
+from mpo_viz.envs.protocol import as_env
 from mpo_viz.envs.registry import make_env
+from mpo_viz.envs.tokenizer import UnknownText, UnknownTextWarning
 from mpo_viz.models.critic import values_source_of
 from mpo_viz.models.policy import Policy, check_vocabulary, embedding_rows
 from mpo_viz.rollout.batch import to_batch
@@ -22,18 +27,24 @@ from mpo_viz.rollout.episodes import Episode, Turn, make_episodes, step_envs
 from mpo_viz.rollout.plan import DEFAULT_ORACLE, RolloutConfig, plan_tasks
 from mpo_viz.timer import Timer
 
+#: the estimated seconds from which a rollout whose model writes no stop token says how long it will
+#: take (:func:`estimate_notice`)
+NOTICE_AFTER_S = 20.0
+
 
 def rollout(policy: Policy, env, n_episodes: int | None = None, *, group_size: int = 1, critic=None,
             seed: int = 0, temperature: float = 1.0, top_p: float = 1.0, max_turn_tokens: int = 48,
             max_total_tokens: int = 1024, batch_size: int = 16, seeds=None,
             oracle: NoisyExpert | None = DEFAULT_ORACLE, progress: bool | None = None,
-            timings: dict | None = None, critic_thread: bool | None = None) -> TrajectoryBatch:
+            timings: dict | None = None, critic_thread: bool | None = None,
+            notice: Callable[[str], None] | None = None, warn_unknown: bool = True) -> TrajectoryBatch:
     """Play ``n_episodes`` episodes of ``env`` with ``policy`` (see the module docstring).
 
     Args:
         policy: a :class:`~mpo_viz.models.Policy` (``tiny_policy``, ``load_policy``, ``models.load``).
-        env: a :class:`~mpo_viz.envs.TextEnv` (copied per episode; its options are kept) or a
-            registered environment name.
+        env: a :class:`~mpo_viz.envs.TextEnv` (copied per episode; its options are kept), an object
+            with the protocol's ``reset``/``step`` (:mod:`mpo_viz.envs.protocol`: no oracle columns) or an
+            environment name (registered, an entry point's, or ``package.module:factory``).
         n_episodes: trajectories in all, a multiple of ``group_size``; may be omitted with ``seeds``.
         group_size, seed, temperature, top_p, max_turn_tokens, max_total_tokens, batch_size, seeds:
             see :class:`RolloutConfig`. With ``seeds``, the same task seed and ``seed`` always give the
@@ -53,6 +64,12 @@ def rollout(policy: Policy, env, n_episodes: int | None = None, *, group_size: i
             trunk is not the policy's). The values are the same numbers either way (each sequence's
             forward is the same call); the CPU time is the same, the wall time shorter by what the
             two threads overlap.
+        notice: receives one line after the first batch turn when the model ended none of its turns
+            with a stop token (an untrained model) and the rollout will take :data:`NOTICE_AFTER_S` or
+            more: how long, and how to make a first look cheaper (:func:`estimate_notice`).
+        warn_unknown: warn (:class:`~mpo_viz.envs.tokenizer.UnknownTextWarning`) when text of the
+            environment's prompts or observations became the tokenizer's unknown token; the counts
+            and examples are in the metadata's ``unknown_text`` either way.
 
     Returns:
         a validated :class:`~mpo_viz.data.trajectory.TrajectoryBatch` (one row per episode, in task then
@@ -71,6 +88,8 @@ def rollout(policy: Policy, env, n_episodes: int | None = None, *, group_size: i
     was_training = model.training
     model.eval()
     jobs = bar = None
+    unknown = getattr(policy.layout, "unknown", None)
+    mark = unknown.copy() if unknown is not None else None
     try:  # the model goes back to training mode, the bar closes and the critic's thread ends, whatever is raised
         pad_id = policy.tokenizer.pad_token_id
         pad_id = int(pad_id) if pad_id is not None else min(policy.layout.stop_ids)
@@ -82,7 +101,7 @@ def rollout(policy: Policy, env, n_episodes: int | None = None, *, group_size: i
             jobs = CriticJobs(critic, cfg.batch_size, pad_id, thread=bool(critic_thread))
         with torch.no_grad(), grouped_attention(model):
             _play(Engine(model, pad_id), episodes, cfg, policy, timer, bar,
-                  on_done=jobs.submit if jobs is not None else None)
+                  on_done=jobs.submit if jobs is not None else None, notice=notice)
         bar.close()
         bar = None
         values = boot = None
@@ -101,6 +120,8 @@ def rollout(policy: Policy, env, n_episodes: int | None = None, *, group_size: i
     batch = to_batch(episodes, env, policy.layout, cfg, values, boot, oracle, policy)
     if values is not None:  # "untrained_critic" while the critic's value head is as initialized
         batch.meta["values_source"] = values_source_of(critic)
+    if unknown is not None and mark is not None:
+        report_unknown(batch, unknown.since(mark), policy, warn=warn_unknown)
     timer.add("batch", t0)
     timer.t["total"] = time.perf_counter() - t_start
     if timings is not None:
@@ -108,16 +129,49 @@ def rollout(policy: Policy, env, n_episodes: int | None = None, *, group_size: i
     return batch
 
 
+def report_unknown(batch: TrajectoryBatch, lost: UnknownText, policy: Policy, *, warn: bool = True) -> None:
+    """Record in ``batch.meta["unknown_text"]`` the text of the rollout's prompts and observations that
+    the policy's tokenizer mapped to its unknown token (per source, with examples), and warn with
+    one line (:class:`~mpo_viz.envs.tokenizer.UnknownTextWarning`) when ``warn``."""
+    if not lost:
+        return
+    batch.meta["unknown_text"] = lost.summary()
+    if warn:
+        warnings.warn(lost.line(f"the tokenizer of policy {policy.name}"), UnknownTextWarning,
+                      stacklevel=outside_stacklevel())
+
+
+def estimate_notice(cfg: RolloutConfig, n_episodes: int, first_turn_s: float, rows: int, turns: int | None,
+                    prompt_len: int) -> tuple[float, str]:
+    """``(seconds, line)``: how long a rollout whose model ends no turn with a stop token (an untrained
+    one) takes — every turn runs to ``max_turn_tokens`` and every episode to its turn limit (``turns``;
+    None: as many turns as ``max_total_tokens`` holds), ``ceil(n_episodes / batch_size)`` rounds of
+    such turns at ``first_turn_s`` each — and how to make a first look cheaper."""
+    if turns is None:
+        turns = max(1, (cfg.max_total_tokens - prompt_len) // max(cfg.max_turn_tokens, 1))
+    rounds = math.ceil(n_episodes / max(min(cfg.batch_size, n_episodes), 1))
+    secs = first_turn_s * rounds * turns
+    line = (f"rollout: the model ended none of its first {rows} turns with a stop token (an untrained model does "
+            f"not): every turn runs to max_turn_tokens={cfg.max_turn_tokens} and every episode to its turn limit "
+            f"({turns} turns), so {n_episodes} episodes take about {secs:.0f} s ({first_turn_s:.1f} s per batch "
+            f"turn). A cheaper first look: fewer tokens per turn (--max-turn-tokens 8), fewer episodes "
+            f"(--episodes 8), or a lower turn limit (--max-turns 3); or start from a trained model (--model)")
+    return secs, line
+
+
 def _check_inputs(policy: Policy, env, critic) -> TextEnv:
-    """The environment (a name made into one); ``OptionError`` for a wrong policy, environment or
-    critic, ``ValueError`` for a tokenizer that does not fit the environment or the model."""
+    """The environment (a name made into one, a protocol object wrapped); ``OptionError`` for a wrong
+    policy, environment or critic, ``ValueError`` for a tokenizer that does not fit the environment
+    or the model."""
     if not isinstance(policy, Policy):
         raise OptionError("policy", f"expected a mpo_viz.models.Policy (tiny_policy, load_policy, models.load), "
                                     f"found {type(policy).__name__}")
     if isinstance(env, str):
         env = make_env(env)
-    if not isinstance(env, TextEnv):
-        raise OptionError("env", f"expected a TextEnv or an environment name, found {type(env).__name__}")
+    try:
+        env = as_env(env)
+    except TypeError as exc:
+        raise OptionError("env", str(exc).partition(": ")[2]) from None
     if critic is not None and not callable(critic):
         raise OptionError("critic", f"expected a mpo_viz.models.Critic or None, found {type(critic).__name__}")
     check_vocabulary(policy.tokenizer, env.vocabulary(), where=f"policy {policy.name} for env {env.name!r}")
@@ -129,19 +183,25 @@ def _check_inputs(policy: Policy, env, critic) -> TextEnv:
 
 
 def _play(engine: Engine, episodes: list[Episode], cfg: RolloutConfig, policy: Policy, timer: Timer, bar,
-          on_done=None) -> None:
+          on_done=None, notice=None) -> None:
     """Play every episode to its end: batch turns of up to ``batch_size`` live episodes, queued
     ones joining as others finish (the module docstring's feed / decode / step); ``on_done`` gets
-    the episodes that ended in each batch turn."""
+    the episodes that ended in each batch turn; ``notice`` the estimate of :func:`estimate_notice`
+    after the first batch turn when no row ended its turn with a stop token."""
     queue = deque(episodes)
     live: list[Episode] = []
     stop = torch.tensor(sorted(policy.layout.stop_ids), dtype=torch.long, device=policy.device)
+    first = True
     while queue or live:
+        t_turn = time.perf_counter()
         n_new = min(cfg.batch_size - len(live), len(queue))  # admit queued episodes into free rows
         engine.add_rows(n_new)
         live += [queue.popleft() for _ in range(n_new)]
         logits = feed(engine, live, timer)
         turn = decode_turn(engine, live, logits, cfg, stop, timer)
+        if first and notice is not None:
+            _notice_untrained(notice, turn, live, episodes, cfg, policy, time.perf_counter() - t_turn)
+        first = False
         keep = step_envs(live, turn, cfg, policy.layout, timer, bar)
         if on_done is not None and len(keep) < len(live):
             kept = set(keep)
@@ -150,6 +210,20 @@ def _play(engine: Engine, episodes: list[Episode], cfg: RolloutConfig, policy: P
         engine.keep_rows(keep)
         live = [live[b] for b in keep]
         timer.add("model", t0)
+
+
+def _notice_untrained(notice, turn, live: list[Episode], episodes: list[Episode], cfg: RolloutConfig, policy: Policy,
+                      seconds: float) -> None:
+    """Say :func:`estimate_notice`'s line when no row of the first batch turn wrote a stop token and
+    the estimate reaches :data:`NOTICE_AFTER_S`."""
+    stops = policy.layout.stop_ids
+    if any(n and int(turn.tokens[b, n - 1]) in stops for b, n in enumerate(turn.counts)):
+        return
+    limits = [ep.env.turn_limit for ep in live]
+    turns = max(limits) if limits and all(isinstance(x, int) for x in limits) else None
+    secs, line = estimate_notice(cfg, len(episodes), seconds, len(live), turns, max(len(ep.prompt) for ep in live))
+    if secs >= NOTICE_AFTER_S:
+        notice(line)
 
 
 def feed(engine: Engine, live: list[Episode], timer: Timer) -> torch.Tensor:
