@@ -104,6 +104,8 @@ class Evaluator:
         self.cfg, self.env = cfg, env
         self.cache: dict = {}
         self.timer = Timer()
+        #: ``() -> callable or None``: the trainer's first-rollout console (:func:`~mpo_viz.train.runtime.play`'s ``notice``)
+        self.notice = lambda: None
 
     @property
     def seconds(self) -> float:
@@ -118,7 +120,7 @@ class Evaluator:
         RNG left as it was)."""
         with torch.random.fork_rng(devices=[]):
             return play(self.cfg, policy, self.env, n, seed=derive_seed(self.cfg.eval_key, "eval"), greedy=greedy,
-                        seeds=self.seeds(n), group_size=group_size)
+                        seeds=self.seeds(n), group_size=group_size, notice=self.notice())
 
     def one(self, policy: Policy, n_episodes: int | None = None, *, greedy: bool = True) -> dict:
         """:meth:`mpo_viz.train.Trainer.evaluate_one`: greedy (``eval_*`` keys) or sampled
