@@ -33,7 +33,10 @@ from mpo_viz.train.checkpoint import (
 from mpo_viz.train.config import Config
 from mpo_viz.train.runtime import build_models, env_kwargs
 
-__all__ = ["locate", "is_trained", "load_trained", "load_model", "export", "TrainedModel"]
+__all__ = ["locate", "is_trained", "load_trained", "load_model", "export", "TrainedModel", "TRAINED"]
+
+#: the other thing a model argument may be (said after :data:`mpo_viz.models.store.LAYOUTS` in errors)
+TRAINED = "or a trained checkpoint (RUN/checkpoints/iter=N, or a run folder RUN with --iteration N)"
 
 
 def _is_checkpoint(path: Path) -> bool:
@@ -145,7 +148,14 @@ def load_model(path, *, iteration: int | None = None, device="cpu"):
     if iteration is not None:
         raise OptionError("iteration", f"expected a run folder with --iteration, found {path} (a model folder, "
                                        "which has one model)")
-    return models.load(path, device=device)
+    try:
+        return models.load(path, device=device)
+    except OptionError:
+        raise
+    except FileNotFoundError as exc:
+        raise FileNotFoundError(f"{exc}; {TRAINED}") from None
+    except ValueError as exc:
+        raise ValueError(f"{exc}; {TRAINED}") from None
 
 
 def export(path, out, *, iteration: int | None = None) -> Path:
