@@ -33,7 +33,7 @@ def _env_kwargs(args) -> dict:
     """The environment's options from the flags: its declared options' flags, ``--env-option``, and
     ``--difficulty`` (when the environment declares it, or it was given)."""
     kw = {k.partition(".")[2]: v for k, v in vars(args).items() if k.startswith(ENV_OPTIONS + ".")}
-    for item in args.env_option or ():
+    for item in vars(args).get(ENV_OPTIONS) or ():
         key, sep, text = item.partition("=")
         if not sep or not key.strip():
             raise OptionError(ENV_OPTIONS, f"expected KEY=VALUE (e.g. --env-option top=9), found {item!r}")
@@ -83,7 +83,7 @@ def _command_line(args) -> str:
     for key, v in vars(args).items():
         if key.startswith(ENV_OPTIONS + "."):
             parts += ["--" + key.partition(".")[2].replace("_", "-"), str(v)]
-    for item in args.env_option or ():
+    for item in vars(args).get(ENV_OPTIONS) or ():
         parts += ["--env-option", item]
     return " ".join(shlex.quote(p) for p in [*parts, "--out", args.out])
 
@@ -262,7 +262,7 @@ def add_subcommand(sub, env_hint: str | None = None) -> None:
     p.add_argument("--env", required=True, type=env_name, metavar="ENV", help=env_help())
     p.add_argument("--policy", default=None, choices=["expert", "model"],
                    help="who acts: the scripted noisy expert (default) or a language model (--model/--save-model "
-                        "imply model)")
+                        "imply model, and so does an environment without an expert to play)")
     p.add_argument("--noise", type=float, default=0.25,
                    help="expert noise p: random valid action with probability p (with --policy model: the noise of "
                         "the expert whose exact values are recorded as oracle_values)")
@@ -278,9 +278,9 @@ def add_subcommand(sub, env_hint: str | None = None) -> None:
     p.add_argument("--gamma", type=float, default=1.0, help="turn-level discount of the oracle values")
     g = p.add_argument_group("environment options (an environment takes those it declares; unset: its default; "
                              "an entry point's or package.module:factory's own options show with --env NAME --help)")
-    add_env_options(g, p, env_hint)
-    g.add_argument("--env-option", dest="env_option", action="append", metavar="KEY=VALUE",
+    g.add_argument("--env-option", dest=ENV_OPTIONS, action="append", metavar="KEY=VALUE",
                    help="any option of the environment, repeatable (e.g. slack=3; the value read as JSON when it is)")
+    add_env_options(g, p, env_hint)
     m = p.add_argument_group("--policy model")
     m.add_argument("--model", default=None, metavar="DIR",
                    help="load DIR/policy and DIR/critic (a folder written by --save-model or mpo-viz export), DIR "

@@ -190,9 +190,9 @@ def add_subcommand(sub, env_hint: str | None = None) -> None:
     _option_flags(p)
     g = p.add_argument_group("environment options (the environment takes those it declares; unset: its default; an "
                              "entry point's or package.module:factory's own options show with --env NAME --help)")
-    add_env_options(g, p, env_hint)
     g.add_argument("--env-option", dest=ENV_OPTIONS, action="append", metavar="KEY=VALUE",
                    help="any option of the environment, repeatable (e.g. slack=3; the value read as JSON when it is)")
+    add_env_options(g, p, env_hint)
     p.set_defaults(func=cmd_train)
 
 

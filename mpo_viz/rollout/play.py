@@ -29,7 +29,7 @@ from mpo_viz.timer import Timer
 
 #: the estimated seconds from which a rollout whose model writes no stop token says how long it will
 #: take (:func:`estimate_notice`)
-NOTICE_AFTER_S = 20.0
+NOTICE_AFTER_S = 10.0
 
 
 def rollout(policy: Policy, env, n_episodes: int | None = None, *, group_size: int = 1, critic=None,
@@ -64,9 +64,10 @@ def rollout(policy: Policy, env, n_episodes: int | None = None, *, group_size: i
             trunk is not the policy's). The values are the same numbers either way (each sequence's
             forward is the same call); the CPU time is the same, the wall time shorter by what the
             two threads overlap.
-        notice: receives one line after the first batch turn when the model ended none of its turns
-            with a stop token (an untrained model) and the rollout will take :data:`NOTICE_AFTER_S` or
-            more: how long, and how to make a first look cheaper (:func:`estimate_notice`).
+        notice: receives one line after the third batch turn when most turns of the first ran to
+            ``max_turn_tokens`` without a stop token (an untrained model) and the rollout will take
+            :data:`NOTICE_AFTER_S` or more: how long, and how to make a first look cheaper
+            (:func:`estimate_notice`).
         warn_unknown: warn (:class:`~mpo_viz.envs.tokenizer.UnknownTextWarning`) when text of the
             environment's prompts or observations became the tokenizer's unknown token; the counts
             and examples are in the metadata's ``unknown_text`` either way.
@@ -141,21 +142,27 @@ def report_unknown(batch: TrajectoryBatch, lost: UnknownText, policy: Policy, *,
                       stacklevel=outside_stacklevel())
 
 
-def estimate_notice(cfg: RolloutConfig, n_episodes: int, first_turn_s: float, rows: int, turns: int | None,
-                    prompt_len: int) -> tuple[float, str]:
-    """``(seconds, line)``: how long a rollout whose model ends no turn with a stop token (an untrained
-    one) takes — every turn runs to ``max_turn_tokens`` and every episode to its turn limit (``turns``;
-    None: as many turns as ``max_total_tokens`` holds), ``ceil(n_episodes / batch_size)`` rounds of
-    such turns at ``first_turn_s`` each — and how to make a first look cheaper."""
+def estimate_notice(cfg: RolloutConfig, n_episodes: int, seconds: tuple[float, float], rows: int, cut: int,
+                    turns: int | None, prompt_len: int) -> tuple[float, str]:
+    """``(seconds, line)``: how long a rollout whose model does not end its turns (an untrained one)
+    takes, and how to make a first look cheaper. Every turn runs to ``max_turn_tokens`` and every
+    episode to its turn limit (``turns``; None: as many turns as ``max_total_tokens`` holds), in
+    ``ceil(n_episodes / batch_size)`` rounds of ``T`` batch turns, each costing at least the mean of
+    ``seconds`` (the second and third batch turns; the first also fed the prompts): a lower bound, as
+    every later turn reads a longer context (measured: about half the real time at 20 turns; the
+    growth is too noisy to extrapolate from two turns on a busy machine). ``cut``: of the first batch
+    turn's ``rows`` turns, those that ran to ``max_turn_tokens``."""
     if turns is None:
         turns = max(1, (cfg.max_total_tokens - prompt_len) // max(cfg.max_turn_tokens, 1))
+    t2, t3 = seconds
     rounds = math.ceil(n_episodes / max(min(cfg.batch_size, n_episodes), 1))
-    secs = first_turn_s * rounds * turns
-    line = (f"rollout: the model ended none of its first {rows} turns with a stop token (an untrained model does "
-            f"not): every turn runs to max_turn_tokens={cfg.max_turn_tokens} and every episode to its turn limit "
-            f"({turns} turns), so {n_episodes} episodes take about {secs:.0f} s ({first_turn_s:.1f} s per batch "
-            f"turn). A cheaper first look: fewer tokens per turn (--max-turn-tokens 8), fewer episodes "
-            f"(--episodes 8), or a lower turn limit (--max-turns 3); or start from a trained model (--model)")
+    secs = rounds * turns * (t2 + t3) / 2
+    line = (f"rollout: {cut} of the first {rows} turns ran to max_turn_tokens={cfg.max_turn_tokens} without a stop "
+            f"token (an untrained model does not end its turns), so every episode runs to its turn limit ({turns} "
+            f"turns): {n_episodes} episodes take {secs:.0f} s at least ({rounds} x {turns} batch turns of "
+            f"{(t2 + t3) / 2:.2f} s or more: each later turn reads a longer context). A cheaper first look: fewer "
+            f"tokens per turn (--max-turn-tokens 8), fewer episodes (--episodes 8), or a lower turn limit "
+            f"(--max-turns 3); or start from a trained model (--model)")
     return secs, line
 
 
@@ -191,7 +198,7 @@ def _play(engine: Engine, episodes: list[Episode], cfg: RolloutConfig, policy: P
     queue = deque(episodes)
     live: list[Episode] = []
     stop = torch.tensor(sorted(policy.layout.stop_ids), dtype=torch.long, device=policy.device)
-    first = True
+    first: list[tuple[float, int, int]] = []  # (seconds, turns cut by max_turn_tokens, rows) of the first batch turns
     while queue or live:
         t_turn = time.perf_counter()
         n_new = min(cfg.batch_size - len(live), len(queue))  # admit queued episodes into free rows
@@ -199,10 +206,11 @@ def _play(engine: Engine, episodes: list[Episode], cfg: RolloutConfig, policy: P
         live += [queue.popleft() for _ in range(n_new)]
         logits = feed(engine, live, timer)
         turn = decode_turn(engine, live, logits, cfg, stop, timer)
-        if first and notice is not None:
-            _notice_untrained(notice, turn, live, episodes, cfg, policy, time.perf_counter() - t_turn)
-        first = False
         keep = step_envs(live, turn, cfg, policy.layout, timer, bar)
+        if notice is not None and len(first) < 3:
+            first.append((time.perf_counter() - t_turn, _cut(turn, cfg, policy), len(live)))
+            if len(first) == 3:
+                _notice_untrained(notice, first, live, episodes, cfg)
         if on_done is not None and len(keep) < len(live):
             kept = set(keep)
             on_done([ep for b, ep in enumerate(live) if b not in kept])
@@ -212,16 +220,21 @@ def _play(engine: Engine, episodes: list[Episode], cfg: RolloutConfig, policy: P
         timer.add("model", t0)
 
 
-def _notice_untrained(notice, turn, live: list[Episode], episodes: list[Episode], cfg: RolloutConfig, policy: Policy,
-                      seconds: float) -> None:
-    """Say :func:`estimate_notice`'s line when no row of the first batch turn wrote a stop token and
-    the estimate reaches :data:`NOTICE_AFTER_S`."""
+def _cut(turn, cfg: RolloutConfig, policy: Policy) -> int:
+    """The turns of a batch turn that ran to ``max_turn_tokens`` without a stop token."""
     stops = policy.layout.stop_ids
-    if any(n and int(turn.tokens[b, n - 1]) in stops for b, n in enumerate(turn.counts)):
+    return sum(1 for b, n in enumerate(turn.counts) if n >= cfg.max_turn_tokens and int(turn.tokens[b, n - 1]) not in stops)
+
+
+def _notice_untrained(notice, first, live: list[Episode], episodes: list[Episode], cfg: RolloutConfig) -> None:
+    """Say :func:`estimate_notice`'s line after the third batch turn when most turns of the first ran
+    to ``max_turn_tokens`` and the estimate reaches :data:`NOTICE_AFTER_S`."""
+    (_, cut, rows), (t2, _, _), (t3, _, _) = first
+    if 2 * cut < rows:
         return
     limits = [ep.env.turn_limit for ep in live]
     turns = max(limits) if limits and all(isinstance(x, int) for x in limits) else None
-    secs, line = estimate_notice(cfg, len(episodes), seconds, len(live), turns, max(len(ep.prompt) for ep in live))
+    secs, line = estimate_notice(cfg, len(episodes), (t2, t3), rows, cut, turns, max(len(ep.prompt) for ep in live))
     if secs >= NOTICE_AFTER_S:
         notice(line)
 

@@ -77,7 +77,7 @@ def test_an_untrained_models_first_rollout_says_how_long_and_how_to_look_cheaper
                  "--group-size", "1", "--batch-size", "2", "--max-turn-tokens", "3", "--out",
                  str(tmp_path / "x.parquet")]) == 0
     err = capsys.readouterr().err
-    # search at difficulty 2: a limit of 2 + 2 turns; 4 episodes in rows of 2: 2 rounds of 4 turns
-    assert ("mpo-viz generate: note: rollout: the model ended none of its first 2 turns with a stop token") in err
-    assert "every episode to its turn limit (4 turns), so 4 episodes take about" in err
-    assert "--max-turn-tokens 8" in err and "--episodes 8" in err
+    # search at difficulty 2: a limit of 2 + 2 turns; 4 episodes in rows of 2: 2 rounds of 4 batch turns
+    assert "mpo-viz generate: note: rollout: 2 of the first 2 turns ran to max_turn_tokens=3 without a stop token" in err
+    assert "every episode runs to its turn limit (4 turns): 4 episodes take" in err and "(2 x 4 batch turns of" in err
+    assert "--max-turn-tokens 8" in err and "--episodes 8" in err and "--max-turns 3" in err
