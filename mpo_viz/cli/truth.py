@@ -8,6 +8,7 @@ import time
 
 import mpo_viz.data.io as mio
 from mpo_viz.cli.errors import CLIError, source_and_output
+from mpo_viz.cli.flags import env_name
 
 __all__ = ["add_subcommand"]
 
@@ -80,7 +81,7 @@ def add_subcommand(sub) -> None:
                         "--iteration, default the last)")
     p.add_argument("--iteration", type=int, default=None, metavar="N",
                    help="with --model RUN: the checkpoint of iteration N (default the last)")
-    p.add_argument("--env", default=None, metavar="ENV",
+    p.add_argument("--env", default=None, metavar="ENV", type=env_name,
                    help="replay in this environment (a name or package.module:factory) with FILE's recorded options, "
                         "instead of the one FILE names")
     p.add_argument("--policy", default=None, help="'expert': the scripted noisy expert instead of a model")

@@ -81,3 +81,19 @@ def test_an_untrained_models_first_rollout_says_how_long_and_how_to_look_cheaper
     assert "mpo-viz generate: note: rollout: 2 of the first 2 turns ran to max_turn_tokens=3 without a stop token" in err
     assert "every episode runs to its turn limit (4 turns): 4 episodes take" in err and "(2 x 4 batch turns of" in err
     assert "--max-turn-tokens 8" in err and "--episodes 8" in err and "--max-turns 3" in err
+
+
+def test_a_protocol_environment_with_an_expert_gets_sft_and_monte_carlo_values(tmp_path):
+    from mpo_viz.train import Config, Trainer
+
+    cfg = Config(env="tests.envs.protocol_game:make_expert_game", sft_steps=2, sft_eval_interval=2,
+                 sft_batch_episodes=2, episodes=4, group_size=2, epochs=1, minibatches=2, iterations=1, eval_episodes=2,
+                 max_turn_tokens=6, max_total_tokens=160, rollout_batch_size=4, estimator="mpo", critic="mc",
+                 mc_samples=2)
+    tr = Trainer(cfg, tmp_path / "r", quiet=True)
+    out = tr.run_all()
+    sft = tr.history[0]
+    assert sft["phase"] == "sft" and sft["sft_steps"] == 2 and sft["sft_expert_success"] == 1.0  # bisection wins
+    saved = mv.load(tmp_path / "r" / "trajectories" / "iter=000001.parquet")
+    assert out[-1]["iteration"] == 1 and saved.meta["values_source"] == "mc"
+    assert [len(v) for v in saved.field("mc_value")] == list(saved.num_turns)
