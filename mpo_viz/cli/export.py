@@ -1,4 +1,4 @@
-"""``mpo-viz export RUN [--iteration N] -o DIR``: a trained checkpoint written as a plain model folder (`mpo_viz.train.export`)."""
+"""``mpo-viz export RUN [--iteration N] -o DIR``: a trained checkpoint as a plain model folder (``mpo_viz.train.export``)."""
 
 from __future__ import annotations
 

@@ -181,7 +181,8 @@ def cmd_generate_model(args, env) -> int:
     if args.save_model is not None:
         models.save(args.save_model, policy, critic)
     n_act = int(batch.mask.sum())
-    reward_txt = "shaped rewards" if batch.has("turn_rewards") else f"mean reward {float(batch.outcome_reward.mean()):.3f}"
+    mean = float(batch.outcome_reward.mean())
+    reward_txt = "shaped rewards" if batch.has("turn_rewards") else f"mean reward {mean:.3f}"
     beside = " (oracle beside)" if batch.has("oracle_values") else ""
     print(f"wrote {len(batch)} trajectories ({len(batch) // args.group_size} tasks x {args.group_size}) to {path}; "
           f"{reward_txt}; {n_act} action tokens in {secs:.1f} s; values_source="
@@ -237,7 +238,8 @@ def cmd_generate(args) -> int:
     batch.meta["command"] = _command_line(args)
     path = save(batch, args.out)
     if batch.meta.get("values_source") == "none":  # an environment's own expert: no oracle
-        reward = "per-turn rewards" if batch.has("turn_rewards") else f"mean reward {float(batch.outcome_reward.mean()):.3f}"
+        mean = float(batch.outcome_reward.mean())
+        reward = "per-turn rewards" if batch.has("turn_rewards") else f"mean reward {mean:.3f}"
         print(f"wrote {len(batch)} trajectories ({len(batch) // cfg.group_size} tasks x {cfg.group_size}) of the "
               f"environment's own expert to {path}; {reward}; no values (the environment has no finite model)")
     else:

@@ -194,7 +194,7 @@ def _play(engine: Engine, episodes: list[Episode], cfg: RolloutConfig, policy: P
     """Play every episode to its end: batch turns of up to ``batch_size`` live episodes, queued
     ones joining as others finish (the module docstring's feed / decode / step); ``on_done`` gets
     the episodes that ended in each batch turn; ``notice`` the estimate of :func:`estimate_notice`
-    after the first batch turn when no row ended its turn with a stop token."""
+    after the third batch turn when most turns of the first ran to ``max_turn_tokens``."""
     queue = deque(episodes)
     live: list[Episode] = []
     stop = torch.tensor(sorted(policy.layout.stop_ids), dtype=torch.long, device=policy.device)
@@ -223,7 +223,8 @@ def _play(engine: Engine, episodes: list[Episode], cfg: RolloutConfig, policy: P
 def _cut(turn, cfg: RolloutConfig, policy: Policy) -> int:
     """The turns of a batch turn that ran to ``max_turn_tokens`` without a stop token."""
     stops = policy.layout.stop_ids
-    return sum(1 for b, n in enumerate(turn.counts) if n >= cfg.max_turn_tokens and int(turn.tokens[b, n - 1]) not in stops)
+    return sum(1 for b, n in enumerate(turn.counts)
+               if n >= cfg.max_turn_tokens and int(turn.tokens[b, n - 1]) not in stops)
 
 
 def _notice_untrained(notice, first, live: list[Episode], episodes: list[Episode], cfg: RolloutConfig) -> None:

@@ -104,7 +104,7 @@ class Evaluator:
         self.cfg, self.env = cfg, env
         self.cache: dict = {}
         self.timer = Timer()
-        #: ``() -> callable or None``: the trainer's first-rollout console (:func:`~mpo_viz.train.runtime.play`'s ``notice``)
+        #: ``() -> callable or None``: the trainer's first-rollout console (``play``'s ``notice``)
         self.notice = lambda: None
 
     @property

@@ -131,7 +131,8 @@ def test_a_byte_level_tokenizer_loses_nothing_and_a_partial_vocabulary_says_what
     for i in range(len(b)):
         msgs = [m for m in json.loads(b.field("messages_json")[i]) if m["role"] != "assistant"]
         row = b.row(i)
-        obs = [[t for t in ids if t not in special] for m, ids in _segments(row["response_ids"], row["loss_mask"]) if m == 0]
+        segments = _segments(row["response_ids"], row["loss_mask"])
+        obs = [[t for t in ids if t not in special] for m, ids in segments if m == 0]
         prompt = [t for t in row["prompt_ids"] if t not in special]
         # every prompt and observation decodes back to exactly the environment's text
         assert [tok.decode(x) for x in [prompt, *obs]] == [m["content"] for m in msgs]
