@@ -24,17 +24,33 @@ from mpo_viz.advantages import registry
 from mpo_viz.checks import OptionError
 from mpo_viz.cli.advantages import estimator_option_help
 from mpo_viz.cli.errors import CLIError
-from mpo_viz.cli.flags import add_option, option_help, read_text
+from mpo_viz.cli.flags import (
+    ENV_OPTIONS,
+    add_env_options,
+    add_option,
+    env_help,
+    option_help,
+    read_text,
+)
 from mpo_viz.data.runfolder import RunFolder
 from mpo_viz.options import Option
 from mpo_viz.train.checkpoint import CheckpointWarning
 from mpo_viz.train.config import Config
 from mpo_viz.train.summary import phase_line, summary_lines
 
-#: the dict fields whose keys get flags of their own (``--beta`` fills ``estimator_options.beta``)
-OPTION_FIELDS = ("estimator_options", "loss_options")
-#: warning classes printed as one ``mpo-viz train: warning: ...`` line
-TRAINER_WARNINGS = (CheckpointWarning,)
+#: the dict fields whose keys get flags of their own (``--beta`` fills ``estimator_options.beta``,
+#: ``--slip`` ``env_options.slip``)
+OPTION_FIELDS = ("estimator_options", "loss_options", ENV_OPTIONS)
+#: their repeatable escape flags
+ESCAPE_FLAGS = ("--estimator-option", "--loss-option", "--env-option")
+
+
+def _trainer_warnings() -> tuple:
+    """Warning classes printed as one ``mpo-viz train: warning: ...`` line (the tokenizer's lazily:
+    transformers)."""
+    from mpo_viz.envs.tokenizer import UnknownTextWarning
+
+    return (CheckpointWarning, UnknownTextWarning)
 
 
 def _config(base: dict, over: dict, source: str) -> Config:
@@ -57,10 +73,8 @@ def _options(items, flag: str) -> dict:
     for item in items or ():
         key, sep, text = item.partition("=")
         if not sep or not key.strip():
-            raise ValueError(
-                f"{flag}: expected KEY=VALUE (e.g. {flag} {'token_clip=2' if 'loss' in flag else 'turn_lam=1.0'}), "
-                f"found {item!r}"
-            )
+            example = {"--loss-option": "token_clip=2", "--env-option": "slack=3"}.get(flag, "turn_lam=1.0")
+            raise ValueError(f"{flag}: expected KEY=VALUE (e.g. {flag} {example}), found {item!r}")
         try:
             out[key.strip()] = json.loads(text)
         except json.JSONDecodeError:
@@ -85,7 +99,7 @@ def _with_options(cfg_dict: dict, args) -> dict:
     ``--token-clip``)."""
     out = {}
     given = vars(args)
-    for field, flag in zip(OPTION_FIELDS, ("--estimator-option", "--loss-option")):
+    for field, flag in zip(OPTION_FIELDS, ESCAPE_FLAGS):
         typed = {k.partition(".")[2]: v for k, v in given.items() if k.startswith(field + ".")}
         escape = _options(given.get(field), flag)
         if typed or escape:
@@ -104,7 +118,7 @@ def cmd_train(args) -> int:
 def _one_line_warning(message, category, filename, lineno, file=None, line=None) -> None:
     """The trainer's own warnings (a damaged checkpoint skipped) as one line on stderr; others as
     Python shows them."""
-    if issubclass(category, TRAINER_WARNINGS):
+    if issubclass(category, _trainer_warnings()):
         print(f"mpo-viz train: warning: {message}", file=sys.stderr, flush=True)
     else:
         sys.stderr.write(warnings.formatwarning(message, category, filename, lineno, line))
@@ -168,7 +182,7 @@ def _train(args) -> int:
     return 0
 
 
-def add_subcommand(sub) -> None:
+def add_subcommand(sub, env_hint: str | None = None) -> None:
     p = sub.add_parser(
         "train",
         help="train a policy with any estimator and loss, writing a run folder",
@@ -183,8 +197,21 @@ def add_subcommand(sub) -> None:
     g = p.add_argument_group("config fields (unset: the --config file's value, else the default)")
     for name in _field_flags():
         o = Config.options()[name]
-        add_option(g, o, help=option_help(o, doc=_first_sentence(o.doc)), default=argparse.SUPPRESS)
+        text = env_help() + "; default 'search'" if name == "env" else option_help(o, doc=_first_sentence(o.doc))
+        add_option(g, o, help=text, default=argparse.SUPPRESS)
     _option_flags(p)
+    g = p.add_argument_group(
+        "environment options (the environment takes those it declares; unset: its default; an "
+        "entry point's or package.module:factory's own options show with --env NAME --help)"
+    )
+    g.add_argument(
+        "--env-option",
+        dest=ENV_OPTIONS,
+        action="append",
+        metavar="KEY=VALUE",
+        help="any option of the environment, repeatable (e.g. slack=3; the value read as JSON when it is)",
+    )
+    add_env_options(g, p, env_hint)
     p.set_defaults(func=cmd_train)
 
 

@@ -1,5 +1,6 @@
 """``mpo-viz truth FILE -o OUT (--model DIR | --policy expert --noise P)``: Monte-Carlo values of a
-policy at every turn start of FILE's episodes (:func:`mpo_viz.rollout.truth.mc_truth`)."""
+policy at every turn start of FILE's episodes (:func:`mpo_viz.rollout.truth.mc_truth`); ``--model``
+takes a model folder or a trained checkpoint (``RUN/checkpoints/iter=N``, ``RUN [--iteration N]``)."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ import time
 
 import mpo_viz.data.io as mio
 from mpo_viz.cli.errors import CLIError, source_and_output
+from mpo_viz.cli.flags import env_name
 
 __all__ = ["add_subcommand"]
 
@@ -29,12 +31,27 @@ def cmd_truth(args) -> int:
     from mpo_viz.rollout.truth import mc_truth
 
     batch = mio.load(src)
-    if args.model is not None:
-        from mpo_viz import models
+    if args.iteration is not None and args.model is None:
+        raise CLIError("--iteration: expected only with --model RUN (a run folder)", 2)
+    env = None
+    if args.env is not None:
+        from mpo_viz.envs.registry import make_env
 
-        policy, _ = models.load(args.model, device=args.device)
-        who = f"the policy {args.model}"
+        env = make_env(args.env, **_env_options_of(batch))
+    if args.model is not None:
+        from mpo_viz.cli.generate import load_model_flag
+
+        policy, _ = load_model_flag(args.model, args.iteration, args.device)
+        who = f"the policy {policy.name}"
     else:
+        from mpo_viz.rollout.replay import env_of
+
+        if not getattr(env if env is not None else env_of(batch), "finite_model", True):
+            raise CLIError(
+                "--policy: expected an environment with a finite model for the noisy expert, found "
+                f"{src}'s environment without one (a reset/step environment); use --model DIR",
+                2,
+            )
         policy = NoisyExpert(noise=args.noise)
         who = f"the noisy expert (noise {args.noise:g})"
     print(
@@ -44,7 +61,7 @@ def cmd_truth(args) -> int:
     )
     t0 = time.perf_counter()
     res = mc_truth(
-        batch, policy, m=args.m, seed=args.seed, q=args.q, batch_size=args.batch_size, progress=not args.quiet
+        batch, policy, m=args.m, seed=args.seed, q=args.q, batch_size=args.batch_size, progress=not args.quiet, env=env
     )
     mio.save(res, out)
     meta = res.meta["mc_truth"]
@@ -57,13 +74,41 @@ def cmd_truth(args) -> int:
     return 0
 
 
+def _env_options_of(batch) -> dict:
+    """The environment options FILE recorded (its ``generator``), for ``--env``."""
+    gen = batch.meta.get("generator")
+    return dict(gen.get("env_options") or {}) if isinstance(gen, dict) else {}
+
+
 def add_subcommand(sub) -> None:
     p = sub.add_parser(
         "truth", help="Monte-Carlo values of a policy at every turn start (branch rollouts)", description=_DESCRIPTION
     )
     p.add_argument("path", metavar="FILE", help="a trajectory/v1 file or folder the toolkit wrote")
     p.add_argument("-o", "--out", required=True, help="the output file (.parquet or .jsonl)")
-    p.add_argument("--model", default=None, help="a saved policy folder (mpo-viz train's checkpoints, get-model)")
+    p.add_argument(
+        "--model",
+        default=None,
+        metavar="DIR",
+        help="the policy: a model folder (--save-model, mpo-viz export, get-model), a plain Hugging Face "
+        "folder, a trained checkpoint RUN/checkpoints/iter=N, or a run folder RUN (its checkpoint of "
+        "--iteration, default the last)",
+    )
+    p.add_argument(
+        "--iteration",
+        type=int,
+        default=None,
+        metavar="N",
+        help="with --model RUN: the checkpoint of iteration N (default the last)",
+    )
+    p.add_argument(
+        "--env",
+        default=None,
+        metavar="ENV",
+        type=env_name,
+        help="replay in this environment (a name or package.module:factory) with FILE's recorded options, "
+        "instead of the one FILE names",
+    )
     p.add_argument("--policy", default=None, help="'expert': the scripted noisy expert instead of a model")
     p.add_argument("--noise", type=float, default=0.25, help="the expert's noise rate with --policy expert (0.25)")
     p.add_argument("-M", dest="m", type=int, default=8, help="continuations per turn state (default 8, at least 2)")

@@ -3,7 +3,6 @@ columns (see :mod:`mpo_viz.rollout`)."""
 
 from __future__ import annotations
 
-import copy
 import time
 from dataclasses import dataclass, field
 
@@ -66,16 +65,13 @@ class Episode:
 def make_episodes(env: TextEnv, plan, cfg: RolloutConfig, oracle, layout, timer: Timer) -> list[Episode]:
     """The episodes of the plan, reset and prompted, in task then sample order."""
     episodes: list[Episode] = []
-    # each episode plays a deep copy of the environment's options: not of the episode the caller's
-    # instance last played (its task, state and messages are replaced by reset, and copying them cost
-    # ~30 ms per episode after a trainer's SFT)
-    blank = copy.copy(env)
-    blank.task, blank.state, blank.messages = None, None, []
     for gi, (ts, sample_seeds) in enumerate(plan):
         task = env.make_task(ts)
         orc = None
         for j, es in enumerate(sample_seeds):
-            e = copy.deepcopy(blank)
+            # each episode plays a new environment with the options of ``env`` (TextEnv.spawn: a deep
+            # copy of the options, not of the episode the caller's instance last played)
+            e = env.spawn()
             e.reset(seed=es, task=task)
             if oracle is not None and orc is None:
                 orc = _make_oracle(e, oracle, layout)
@@ -150,6 +146,8 @@ def step_envs(live: list[Episode], turn: Turn, cfg: RolloutConfig, layout, timer
 
 
 def _make_oracle(env: TextEnv, expert: NoisyExpert, layout) -> Oracle | None:
+    if not getattr(env, "finite_model", True):  # a protocol environment: no model to enumerate
+        return None
     try:
         orc = Oracle(env, expert, gamma=1.0, encode=layout.action)
         orc.value(env.state)

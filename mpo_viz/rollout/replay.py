@@ -13,10 +13,13 @@ What a boundary carries (:class:`TurnState`): a snapshot of the environment at `
 before turn ``k``'s first action token (``prompt_ids + response_ids[:start]``), and turn ``k``'s own
 recorded tokens.
 
-**Your own environment** takes part when it has ``reset(seed=, task_seed=)`` and ``step(text)``
-that are deterministic functions of the seeds and the texts (replay), and ``fork(seed)`` (a copy at
-its current state whose future dynamics draw from a new stream; :class:`~mpo_viz.envs.TextEnv`
-has it). Pass it as ``env=``; docs/environments.md walks through it.
+**Your own environment** takes part when its ``reset`` and ``step(text)`` are deterministic
+functions of the seeds and the texts (replay), and it has ``fork(seed)`` (a copy at its current
+state, its whole dynamic state and RNG included, whose future dynamics draw from a new stream;
+:class:`~mpo_viz.envs.TextEnv` has it). A plain reset/step object (:mod:`mpo_viz.envs.protocol`) is
+wrapped. A file records the name it was made under, so an environment made by ``make_env`` from a
+registered name, an entry point or ``package.module:factory`` is rebuilt from the file alone;
+otherwise pass it as ``env=``. docs/environments.md walks through it.
 """
 
 from __future__ import annotations
@@ -28,7 +31,8 @@ import numpy as np
 
 from mpo_viz.data.trajectory import TrajectoryBatch
 from mpo_viz.envs.base import TextEnv
-from mpo_viz.envs.registry import make_env
+from mpo_viz.envs.protocol import as_env
+from mpo_viz.envs.registry import env_declarations, make_env
 from mpo_viz.envs.tokenizer import build_tokenizer
 from mpo_viz.models.layout import layout_for
 
@@ -73,7 +77,12 @@ def env_of(batch: TrajectoryBatch) -> TextEnv:
             "env= (an environment with reset/step/fork, docs/environments.md)"
         )
     opts = dict(gen.get("env_options") or {})
-    if "difficulty" in gen and "difficulty" not in opts:
+    declared = env_declarations(gen["env"])
+    if (
+        gen.get("difficulty") is not None
+        and "difficulty" not in opts
+        and (declared is None or "difficulty" in declared)
+    ):
         opts["difficulty"] = gen["difficulty"]
     if isinstance(opts.get("difficulty"), list):
         opts["difficulty"] = tuple(opts["difficulty"])
@@ -138,11 +147,16 @@ def replay(batch: TrajectoryBatch, layout, *, env: TextEnv | None = None) -> lis
             (naming the trajectory, the turn and both texts), an episode that ends early.
     """
     env = env if env is not None else env_of(batch)
-    if not callable(getattr(env, "fork", None)):
+    if not callable(getattr(env, "fork", None)) or not getattr(env, "can_fork", True):
         raise ReplayError(
-            f"environment {type(env).__name__} cannot branch: it needs fork(seed) (a copy at its "
-            "current state with its own dynamics stream; see docs/environments.md)"
+            f"environment {getattr(env, 'name', type(env).__name__)} cannot branch: it needs fork(seed), "
+            "a copy at its current state that copies the whole dynamic state (any RNG included) and "
+            "draws its future from a stream seeded by seed (see docs/environments.md)"
         )
+    try:
+        env = as_env(env)
+    except TypeError as exc:
+        raise ReplayError(str(exc)) from None
     masks, tids = batch.field("loss_mask"), batch.field("turn_ids")
     prompts, resps = batch.field("prompt_ids"), batch.field("response_ids")
     stops = batch.field("stop_reason") if batch.has("stop_reason") else [None] * len(batch)
@@ -167,7 +181,7 @@ def replay(batch: TrajectoryBatch, layout, *, env: TextEnv | None = None) -> lis
 def _replay_row(batch, i, env, layout, mask, tids, prompt, resp, stop) -> list[TurnState]:
     tid = batch.traj_ids[i]
     task_seed, seed = _seeds(batch, i)
-    e = env.fork(0)
+    e = env.spawn() if callable(getattr(env, "spawn", None)) else env.fork(0)
     e.reset(seed=seed, task_seed=task_seed)
     if layout.prompt(e.messages) != prompt:
         raise ReplayError(

@@ -31,7 +31,7 @@ from mpo_viz.advantages import estimator_options as estimator_declarations
 from mpo_viz.advantages import get_estimator
 from mpo_viz.checks import OptionError
 from mpo_viz.envs.base import parse_difficulty
-from mpo_viz.envs.registry import available_envs
+from mpo_viz.envs.registry import available_envs, env_declarations, is_spec, resolve_env
 from mpo_viz.losses import KL_KINDS
 from mpo_viz.losses import available_losses as losses
 from mpo_viz.losses import loss_options as loss_declarations
@@ -110,7 +110,8 @@ class Config:
         "search",
         kind="choice",
         choices=available_envs,
-        doc="Registered environment name (``search``, ``tooluse``, ``automation``, or your own).",
+        doc="Environment name (``search``, ``tooluse``, ``automation``, your own registered one, an installed "
+        "package's entry point of group ``mpo_viz.envs``, or ``package.module:factory``).",
     )
     difficulty: int | list | None = setting(
         None,
@@ -124,7 +125,8 @@ class Config:
         default_factory=dict,
         kind="dict",
         expect="a dict of environment options",
-        doc="Further keyword options of the environment (``slack``, ``max_turns``, ``distractors``, ...).",
+        doc="Further keyword options of the environment (``slack``, ``max_turns``, ``distractors``, ...), "
+        "checked against the options it declares; each declared one also has a flag of ``mpo-viz train``.",
     )
 
     # ------------------------------------------------------------------ models
@@ -138,7 +140,8 @@ class Config:
         None,
         kind="str",
         optional=True,
-        doc="A local model folder to start from instead (``DIR/policy``, and ``DIR/critic`` when present).",
+        doc="A local model folder to start from instead (``DIR/policy``, and ``DIR/critic`` when present), a "
+        "plain Hugging Face one, or a trained checkpoint (``RUN/checkpoints/iter=N``, or ``RUN``: its last).",
     )
     critic: str = setting(
         "learned",
@@ -563,8 +566,11 @@ def _validate(cfg: Config) -> None:
     then the refusals: settings that cannot do what they say."""
     if isinstance(cfg.difficulty, tuple):
         cfg.difficulty = list(cfg.difficulty)
+    if is_spec(cfg.env) or (isinstance(cfg.env, str) and cfg.env in available_envs()):
+        resolve_env(cfg.env)  # package.module:factory or an entry point: imported here, then a registered name
     check_fields(cfg)
     _check_difficulty(cfg.difficulty)
+    _check_env_options(cfg)
     _check_options(
         cfg.estimator_options,
         {o.name: o for o in estimator_declarations(cfg.estimator)},
@@ -597,6 +603,31 @@ def _is_int(v) -> bool:
 def _check_difficulty(d) -> None:
     if d is not None and not (_is_int(d) or (isinstance(d, list) and len(d) == 2 and all(_is_int(x) for x in d))):
         raise OptionError("difficulty", f"expected an int or [min, max] of expert turns, or None, found {d!r}")
+
+
+def _check_env_options(cfg: Config) -> None:
+    """``env_options`` (and ``difficulty``) against the options the environment declares (none
+    declared: anything goes); the error names ``env_options.<option>``."""
+    declared = env_declarations(cfg.env)
+    if declared is None:
+        return
+    if cfg.difficulty is not None and "difficulty" not in declared:
+        raise OptionError(
+            "difficulty",
+            f"the {cfg.env} environment declares no difficulty option "
+            f"({', '.join(declared) or 'none'}); found difficulty={cfg.difficulty!r}",
+        )
+    for k, v in cfg.env_options.items():
+        if k not in declared:
+            raise OptionError(
+                f"env_options.{k}",
+                f"expected an option of the {cfg.env} environment "
+                f"({', '.join(declared) or 'none'}), found one it does not take",
+            )
+        try:
+            declared[k].check(v)
+        except OptionError as exc:
+            raise OptionError(f"env_options.{k}", exc.detail) from None
 
 
 def _check_options(given: dict, spec: dict[str, Option], field: str, owner: str) -> None:

@@ -118,6 +118,8 @@ class Evaluator:
         self.cfg, self.env = cfg, env
         self.cache: dict = {}
         self.timer = Timer()
+        #: ``() -> callable or None``: the trainer's first-rollout console (``play``'s ``notice``)
+        self.notice = lambda: None
 
     @property
     def seconds(self) -> float:
@@ -140,6 +142,7 @@ class Evaluator:
                 greedy=greedy,
                 seeds=self.seeds(n),
                 group_size=group_size,
+                notice=self.notice(),
             )
 
     def one(self, policy: Policy, n_episodes: int | None = None, *, greedy: bool = True) -> dict:

@@ -35,6 +35,7 @@ import torch
 
 from mpo_viz import models
 from mpo_viz.advantages import compute, estimator_clock, mc_returns
+from mpo_viz.checks import OptionError
 from mpo_viz.data.runfolder import RunFolder
 from mpo_viz.data.trajectory import TrajectoryBatch
 from mpo_viz.envs.registry import make_env
@@ -52,6 +53,7 @@ from mpo_viz.train.collapse import mark_line
 from mpo_viz.train.config import EXPERT_BIAS, Config, ExpertCriticWarning
 from mpo_viz.train.critic_fit import critic_outputs, fit_values
 from mpo_viz.train.evaluate import Evaluator, episode_stats, value_stats
+from mpo_viz.train.export import load_model
 from mpo_viz.train.runtime import (
     build_models,
     derive_seed,
@@ -137,7 +139,9 @@ class Trainer:
             self.env = make_env(cfg.env, **env_kwargs(cfg))
         except TypeError as exc:
             raise ValueError(f"env_options: the {cfg.env} environment refuses them ({exc})") from None
-        self.policy, self.critic = build_models(cfg, self.env, self.device)
+        _check_env(cfg, self.env)
+        self._noticed = False
+        self.policy, self.critic = build_models(cfg, self.env, self.device, load=load_model)
         self.pad_id = self.policy.tokenizer.pad_token_id
         if self.pad_id is None:
             self.pad_id = self.policy.tokenizer.eos_token_id or 0
@@ -160,6 +164,7 @@ class Trainer:
         }
         self.lagged: list = []  # rollouts waiting for their update (policy_lag)
         self.evaluator = Evaluator(cfg, self.env)
+        self.evaluator.notice = self._first_notice
 
     @property
     def iteration(self) -> int:
@@ -260,8 +265,24 @@ class Trainer:
     def _rollout(self, n: int, *, seed: int, group_size: int = 1, timings: dict | None = None):
         """``n`` episodes of the current policy with the run's sampling settings, the critic's values recorded."""
         return play(
-            self.cfg, self.policy, self.env, n, seed=seed, group_size=group_size, critic=self.critic, timings=timings
+            self.cfg,
+            self.policy,
+            self.env,
+            n,
+            seed=seed,
+            group_size=group_size,
+            critic=self.critic,
+            timings=timings,
+            notice=self._first_notice(),
         )
+
+    def _first_notice(self):
+        """The console for this session's first rollout (its estimate when the model is untrained, and
+        text lost to ``[UNK]``), None for every later one."""
+        if self._noticed or self.quiet:
+            return None
+        self._noticed = True
+        return self._say
 
     def _next_seed(self) -> int:
         s = derive_seed(self.cfg.seed, "rollout", self.state["seed_cursor"])
@@ -663,6 +684,34 @@ class Trainer:
     def _say(self, line: str) -> None:
         if not self.quiet:
             print(line, file=sys.stderr, flush=True)
+
+
+def _check_env(cfg: Config, env) -> None:
+    """Refuse what an environment without a finite model (a reset/step one) cannot do, naming the
+    alternative: SFT without an expert of its own, the expert's exact values, Monte-Carlo values
+    without ``fork``."""
+    if getattr(env, "finite_model", True):
+        return
+    if cfg.sft_steps > 0 and not getattr(env, "has_expert", False):
+        raise OptionError(
+            "sft_steps",
+            f"expected 0 for the {cfg.env} environment, which has no scripted expert to "
+            f"imitate (no finite model, no expert(rng)), found {cfg.sft_steps}; start from a "
+            "trained model instead (model_dir: a model folder or a checkpoint)",
+        )
+    if cfg.critic == "expert" and cfg.uses_critic:
+        raise OptionError(
+            "critic",
+            f"the {cfg.env} environment has no finite model, so no expert's exact values; "
+            "expected 'learned' or 'mc', found 'expert'",
+        )
+    if cfg.critic == "mc" and cfg.uses_critic and not getattr(env, "can_fork", True):
+        raise OptionError(
+            "critic",
+            f"critic='mc' continues the policy from forks of each turn state; the {cfg.env} "
+            "environment has no fork(seed) (a copy at the current state that copies the whole "
+            "dynamic state, any RNG included); expected 'learned', found 'mc'",
+        )
 
 
 def _oracle_as_values(batch: TrajectoryBatch, env: str):

@@ -84,11 +84,14 @@ def play(
     critic=None,
     seeds=None,
     timings: dict | None = None,
+    notice=None,
 ) -> TrajectoryBatch:
     """:func:`mpo_viz.rollout.rollout` of ``n`` episodes (or one per task seed of ``seeds``) with the
     run's settings: its temperature and top-p (``greedy``: temperature 0), token budgets, batch
     size, oracle noise and ``side_thread``; ``critic`` records values; ``timings`` receives the
-    rollout's seconds per phase."""
+    rollout's seconds per phase. ``notice``: the run's first rollout only — receives the estimate
+    of an untrained model's rollout, and text lost to ``[UNK]`` is warned about (later rollouts
+    record it in their metadata only)."""
     return rollout(
         policy,
         env,
@@ -106,6 +109,8 @@ def play(
         timings=timings,
         critic_thread=None if cfg.side_thread else False,
         oracle=NoisyExpert(noise=cfg.oracle_noise) if cfg.oracle_noise is not None else None,
+        notice=notice,
+        warn_unknown=notice is not None,
     )
 
 
@@ -123,15 +128,16 @@ def mc_values(cfg: Config, policy, env, batch: TrajectoryBatch, *, seed: int) ->
     return out.with_token_fields(values=values).with_meta(values_source="mc")
 
 
-def build_models(cfg: Config, env, device) -> tuple:
-    """``(policy, critic)`` of a new run: the policy of ``cfg.model_dir`` (a model folder, or a plain
-    Hugging Face one), else a tiny one of ``cfg.model_size`` over ``env``'s words; its tokenizer must
-    cover ``env``'s vocabulary. The critic (None unless the run learns one): the folder's own,
+def build_models(cfg: Config, env, device, *, load=None) -> tuple:
+    """``(policy, critic)`` of a new run: the policy of ``cfg.model_dir`` (a model folder, a plain
+    Hugging Face one, or — with ``load``, :func:`mpo_viz.train.export.load_model` — a trained
+    checkpoint), else a tiny one of ``cfg.model_size`` over ``env``'s words (or bytes); its tokenizer
+    must cover ``env``'s vocabulary. The critic (None unless the run learns one): the folder's own,
     unless ``critic_init`` is given, else :func:`mpo_viz.models.make_critic` of the policy. Both on
     ``device``."""
     critic0 = None
     if cfg.model_dir:
-        policy, critic0 = models.load(cfg.model_dir, device=cfg.device)
+        policy, critic0 = (load or models.load)(cfg.model_dir, device=cfg.device)
     else:
         policy = models.tiny_policy(build_tokenizer(env), size=cfg.model_size, seed=cfg.seed)
         policy.model.to(device)

@@ -1,4 +1,5 @@
-"""SFT warm start: imitate the environment's noisy scripted expert.
+"""SFT warm start: imitate the environment's noisy scripted expert (or, for an environment without a
+finite model, its own ``expert(rng)``).
 
 Each step plays ``sft_batch_episodes`` fresh expert episodes (noise ``sft_noise``; seeds derived
 from the run's seed and the step, so SFT is reproducible) with
@@ -24,6 +25,7 @@ from tqdm.auto import tqdm
 
 from mpo_viz.envs.expert import NoisyExpert
 from mpo_viz.envs.generate import run_episode
+from mpo_viz.envs.protocol import play_expert
 from mpo_viz.envs.registry import make_env
 from mpo_viz.losses import aggregate
 from mpo_viz.train.runtime import derive_seed, env_kwargs
@@ -41,7 +43,10 @@ def expert_rows(env, policy, *, n: int, noise: float, seeds) -> tuple[Rows, floa
     expert = NoisyExpert(noise=noise)
     seqs, plen, rlen, masks, succ = [], [], [], [], []
     for s in seeds[:n]:
-        ep = run_episode(env, expert, policy.layout, seed=int(s))
+        if getattr(env, "finite_model", True):
+            ep = run_episode(env, expert, policy.layout, seed=int(s))
+        else:  # an environment's own expert (no noise rate: it is used as it is)
+            ep = play_expert(env, policy.layout, seed=int(s))
         p, r = ep["prompt_ids"], ep["response_ids"]
         seqs.append(torch.tensor(list(p) + list(r), dtype=torch.int64))
         plen.append(len(p))
