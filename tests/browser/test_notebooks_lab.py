@@ -3,8 +3,8 @@ through the Run menu at the fast size (MPO_VIZ_NOTEBOOK_FAST=1), and check that 
 notebook displays rendered (its view is in the page, nothing reads "Error displaying widget") and
 that no cell raised.
 
-The notebooks are copied into the server's root beside a link to the repository's
-``trajectories/``, which is how they find their data. Screenshots of one widget per notebook go to
+The notebooks are copied into the server's root beside links to the repository's
+``trajectories/`` and ``experiments/``, which is how they find their data. Screenshots of one widget per notebook go to
 ``docs/notebook_*.png`` with ``MPO_VIZ_SCREENSHOTS=1``, else to the test's temporary folder.
 """
 
@@ -71,7 +71,8 @@ def _run_all(page, name: str, timeout_ms: int) -> None:
 
 def test_notebooks_render_in_jupyterlab(fast_size, page, page_errors, jupyter_server, tmp_path):
     root = jupyter_server.root
-    (root / "trajectories").symlink_to(REPO / "trajectories", target_is_directory=True)
+    for data in ("trajectories", "experiments"):  # the shipped data and the archived runs notebook 01 replays
+        (root / data).symlink_to(REPO / data, target_is_directory=True)
     shots = REPO / "docs" if WRITE_DOCS else tmp_path
     page.set_viewport_size({"width": 1440, "height": 2600})
     for name, (expected, shot) in NOTEBOOKS.items():
