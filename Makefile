@@ -87,7 +87,7 @@ lab: venv
 # The speed benchmarks at their smoke size (`--quick`, a few minutes in all): each prints its table.
 # A speed verdict needs the full size (each script's docstring says how). notebooks.py and
 # pretrained_loop.py are long runs, and the replication grids live in experiments/.
-BENCH_QUICK := advantages whiten io losses fit_critic rollout truth report widgets train
+BENCH_QUICK := advantages whiten io losses fit_critic rollout truth report widgets train scale
 bench: venv
 	@for b in $(BENCH_QUICK); do echo "== benchmarks/$$b.py --quick"; $(PY) benchmarks/$$b.py --quick || exit 1; done
 
@@ -102,9 +102,10 @@ dist: venv
 	$(PY) -m pip wheel --no-deps --no-build-isolation -w dist .
 	@ls dist/*.whl
 
-# ruff (style, imports, complexity) and mypy (types at a basic level, settings in pyproject.toml)
+# ruff (style, imports, complexity; the one format) and mypy (types at a basic level, settings in pyproject.toml)
 lint: venv
 	$(VENV)/bin/ruff check mpo_viz tests benchmarks experiments notebooks
+	$(VENV)/bin/ruff format --check mpo_viz tests benchmarks experiments notebooks
 	$(VENV)/bin/mypy
 
 # the one code style (ruff format, settings in pyproject.toml); make lint checks it

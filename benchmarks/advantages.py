@@ -41,6 +41,7 @@ GAMMA, LAM, TURN_GAMMA, TURN_LAM, BETA = 1.0, 0.95, 1.0, 0.9, 1.0
 
 # ----------------------------------------------------------------------------- baselines
 
+
 @torch.no_grad()
 def gae_loop_verl(token_level_rewards, values, response_mask, gamma=GAMMA, lam=LAM):
     """verl's compute_gae_advantage_return (multi-turn form), minus the final masked_whiten."""
@@ -61,8 +62,9 @@ def gae_loop_verl(token_level_rewards, values, response_mask, gamma=GAMMA, lam=L
 
 
 @torch.no_grad()
-def mae_loop_torch(rewards, values, mask, turn_ids, gamma=GAMMA, lam=LAM, turn_gamma=TURN_GAMMA,
-                   turn_lam=TURN_LAM, beta=BETA):
+def mae_loop_torch(
+    rewards, values, mask, turn_ids, gamma=GAMMA, lam=LAM, turn_gamma=TURN_GAMMA, turn_lam=TURN_LAM, beta=BETA
+):
     """MAE (within="intra", value_at="first", critic_target="mc") in verl's per-position style.
 
     One SMDP clock, as the fast kernel: γ between tokens of a turn, γ_T across a boundary; the turn
@@ -129,6 +131,7 @@ def mae_loop_torch(rewards, values, mask, turn_ids, gamma=GAMMA, lam=LAM, turn_g
 
 # ----------------------------------------------------------------------------- harness
 
+
 def timeit(fn, reps):
     times = []
     out = None
@@ -157,9 +160,11 @@ def main(argv=None) -> int:
 
     import numba
 
-    print(f"# advantages benchmark — {platform.processor() or platform.machine()}, {os.cpu_count()} CPUs, "
-          f"torch {torch.__version__} ({torch.get_num_threads()} threads), numba {numba.__version__} "
-          f"({numba.get_num_threads()} threads)")
+    print(
+        f"# advantages benchmark — {platform.processor() or platform.machine()}, {os.cpu_count()} CPUs, "
+        f"torch {torch.__version__} ({torch.get_num_threads()} threads), numba {numba.__version__} "
+        f"({numba.get_num_threads()} threads)"
+    )
     print(f"# γ={GAMMA} λ={LAM} γ_T={TURN_GAMMA} λ_T={TURN_LAM} β={BETA}; float32; L={L}")
 
     # one-off JIT compile, out of the timed region
@@ -170,12 +175,16 @@ def main(argv=None) -> int:
     t0 = time.perf_counter()
     A.mae(tiny.token_rewards, tiny.values, tiny.mask, turn_ids=tiny.turn_ids)
     t_mae_c = time.perf_counter() - t0
-    print(f"# numba first-call compile (float32 signatures): gae {t_gae_c:.2f} s (incl. the validation kernel), "
-          f"mae {t_mae_c:.2f} s more — paid once per process\n")
+    print(
+        f"# numba first-call compile (float32 signatures): gae {t_gae_c:.2f} s (incl. the validation kernel), "
+        f"mae {t_mae_c:.2f} s more — paid once per process\n"
+    )
 
     rows = []
-    header = (f"{'B':>5} {'L':>5} {'estimator':<10} {'fast ms':>9} {'loop ms':>9} {'fast Mpos/s':>12} "
-              f"{'loop Mpos/s':>12} {'speedup':>8} {'max|Δadv|':>10} {'max|Δret|':>10}")
+    header = (
+        f"{'B':>5} {'L':>5} {'estimator':<10} {'fast ms':>9} {'loop ms':>9} {'fast Mpos/s':>12} "
+        f"{'loop Mpos/s':>12} {'speedup':>8} {'max|Δadv|':>10} {'max|Δret|':>10}"
+    )
     print(header)
     print("-" * len(header))
     for B in sizes:
@@ -216,18 +225,24 @@ def run_size(B, L, args, rows):
     _print(rows[-1], L, pos)
 
     # mae with turn ids derived from the mask (turns.turn_ids_from_mask), for reference
-    ms_d, _, (a_d, _) = timeit(lambda: A.mae(R, V, M, gamma=GAMMA, lam=LAM, turn_gamma=TURN_GAMMA,
-                                              turn_lam=TURN_LAM, beta=BETA), args.reps)
+    ms_d, _, (a_d, _) = timeit(
+        lambda: A.mae(R, V, M, gamma=GAMMA, lam=LAM, turn_gamma=TURN_GAMMA, turn_lam=TURN_LAM, beta=BETA), args.reps
+    )
     rows.append((B, "mae*", ms_d, ms_loop, max_diff(a_d, a_l, M), float("nan")))
     _print(rows[-1], L, pos)
-    print(f"{'':>5} (batch built in {build_s:.1f} s; {fill:.0%} of positions are action tokens, "
-          f"mean {b.num_turns.mean():.1f} turns/row)")
+    print(
+        f"{'':>5} (batch built in {build_s:.1f} s; {fill:.0%} of positions are action tokens, "
+        f"mean {b.num_turns.mean():.1f} turns/row)"
+    )
 
 
 def _print(row, L, pos):
     B, est, ms_fast, ms_loop, da, dg = row
-    print(f"{B:>5} {L:>5} {est:<10} {ms_fast * 1e3:>9.1f} {ms_loop * 1e3:>9.1f} {pos / ms_fast / 1e6:>12.1f} "
-          f"{pos / ms_loop / 1e6:>12.2f} {ms_loop / ms_fast:>7.1f}x {da:>10.2e} {dg:>10.2e}", flush=True)
+    print(
+        f"{B:>5} {L:>5} {est:<10} {ms_fast * 1e3:>9.1f} {ms_loop * 1e3:>9.1f} {pos / ms_fast / 1e6:>12.1f} "
+        f"{pos / ms_loop / 1e6:>12.2f} {ms_loop / ms_fast:>7.1f}x {da:>10.2e} {dg:>10.2e}",
+        flush=True,
+    )
 
 
 if __name__ == "__main__":

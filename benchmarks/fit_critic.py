@@ -6,7 +6,7 @@ Run:  .venv/bin/python benchmarks/fit_critic.py                 (the shipped sea
 
 What is timed, side by side in one process on the same set and critic size:
 
-* ``fit_critic``: the library call (`mpo_viz.train.critic_fit.fit_critic` / `mpo-viz fit-critic`) — the Monte-Carlo
+* ``fit_critic``: the library call (`mpo_viz.train.fitted_critic.fit_critic` / `mpo-viz fit-critic`) — the Monte-Carlo
   targets, the held-out split by group, ``steps`` AdamW steps of 16 episodes, the held-out
   explained variance every 16 steps, then the values of every row written into the batch;
 * ``bare loop``: the least any fit of the same size can cost — ``steps`` AdamW steps of 16 random
@@ -16,7 +16,7 @@ What is timed, side by side in one process on the same set and critic size:
 ``--vocab N`` spreads the set's ids over ``0 .. N − 1`` (id·7919 mod N, one-to-one), as a 49k-token
 byte-level tokenizer's logs have them: the same sequences, a vocabulary of N ids. The bare loop
 then embeds all N ids (what a critic over the whole vocabulary costs); fit_critic gives its critic
-embedding rows for the ids the logs use only (:func:`mpo_viz.train.critic_fit.compact_critic`);
+embedding rows for the ids the logs use only (:func:`mpo_viz.models.critic.compact_critic`);
 ``--full-vocab`` turns that off (fit_critic as it was before: every id of the vocabulary embedded).
 ``--ab-steps N`` adds a second table: N training steps of fit_critic's own step (the same 16 rows
 for all, interleaved step by step in one process, so that a shared machine's load hits them alike):
@@ -42,8 +42,10 @@ import torch
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 
 import mpo_viz as mv  # noqa: E402
+from mpo_viz.models import critic as model_critic  # noqa: E402
+from mpo_viz.models.critic import vocab_critic  # noqa: E402
 from mpo_viz.train import critic_fit  # noqa: E402
-from mpo_viz.train.critic_fit import fit_critic, fit_targets, vocab_critic  # noqa: E402
+from mpo_viz.train.fitted_critic import fit_critic, fit_targets  # noqa: E402
 
 ROOT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "trajectories")
 TARGET_S = 120.0
@@ -104,9 +106,11 @@ def step_ab(batch, steps: int, seed: int) -> dict[str, tuple[float, float]]:
     r = rows_of(batch)
     g32 = fit_targets(batch, "mc").float()
     vocab = 1 + max(int(x.max()) for f in ("prompt_ids", "response_ids") for x in batch.field(f) if len(x))
-    variants = {AB_BASELINE: (vocab_critic(vocab, seed=seed), forward_critic),
-                "whole vocabulary": (vocab_critic(vocab, seed=seed), critic_fit.causal_values),
-                "compact (fit_critic now)": (critic_fit.compact_critic(batch, seed=seed), critic_fit.causal_values)}
+    variants = {
+        AB_BASELINE: (vocab_critic(vocab, seed=seed), forward_critic),
+        "whole vocabulary": (vocab_critic(vocab, seed=seed), critic_fit.causal_values),
+        "compact (fit_critic now)": (model_critic.compact_critic(batch, seed=seed), critic_fit.causal_values),
+    }
     opts = {k: torch.optim.AdamW(list(c.parameters()), lr=1e-3) for k, (c, _) in variants.items()}
     rng = np.random.default_rng(seed)
     spent = {k: [0.0, 0.0] for k in variants}
@@ -117,8 +121,20 @@ def step_ab(batch, steps: int, seed: int) -> dict[str, tuple[float, float]]:
             for k, (c, fwd) in variants.items():
                 critic_fit.causal_values = fwd  # the baseline's step gives the attention the padding mask
                 c.train()
-                w, cpu = timed(lambda c=c, k=k, rows=rows: critic_fit._fit_step(
-                    c, r, rows, g32, opts[k], list(c.parameters()), 1.0, pad_id=0, device="cpu", micro_batch_tokens=8192))
+                w, cpu = timed(
+                    lambda c=c, k=k, rows=rows: critic_fit._fit_step(
+                        c,
+                        r,
+                        rows,
+                        g32,
+                        opts[k],
+                        list(c.parameters()),
+                        1.0,
+                        pad_id=0,
+                        device="cpu",
+                        micro_batch_tokens=8192,
+                    )
+                )
                 spent[k][0] += w
                 spent[k][1] += cpu
     finally:
@@ -141,12 +157,14 @@ def main(argv=None) -> int:
     ap.add_argument("--vocab", type=int, default=None, help="spread the ids over a vocabulary of this many ids")
     ap.add_argument("--full-vocab", action="store_true", help="fit_critic's critic embeds every id of the vocabulary")
     ap.add_argument("--ab-steps", type=int, default=0, help="also time this many steps, whole vocabulary vs compact")
-    ap.add_argument("--quick", action="store_true", help="a few seconds' smoke run (make bench): 32 steps; not a speed verdict")
+    ap.add_argument(
+        "--quick", action="store_true", help="a few seconds' smoke run (make bench): 32 steps; not a speed verdict"
+    )
     args = ap.parse_args(argv)
     if args.quick:
         args.steps = 32
     if args.full_vocab:
-        critic_fit.COMPACT_MIN_VOCAB = 1 << 62
+        model_critic.COMPACT_MIN_VOCAB = 1 << 62
     torch.set_num_threads(args.threads)
     batch = mv.load(os.path.join(ROOT, f"{args.env}.parquet"))
     if args.vocab:
@@ -159,21 +177,27 @@ def main(argv=None) -> int:
     bare = timed(lambda: bare_loop(batch, args.steps, args.seed))
     load1 = os.getloadavg()[0]
     ev = holder["r"].info["heldout_explained_variance"]
-    print(f"\n{args.env}: {len(batch)} trajectories, {tokens:.0f} tokens each on average (prompt + response), "
-          f"{args.steps} steps of 16 episodes, {args.threads} threads, a vocabulary of {vocab} ids"
-          f"{' (fit_critic embedding all of them)' if args.full_vocab else ''}; load average "
-          f"{load0:.1f} -> {load1:.1f}\n")
+    print(
+        f"\n{args.env}: {len(batch)} trajectories, {tokens:.0f} tokens each on average (prompt + response), "
+        f"{args.steps} steps of 16 episodes, {args.threads} threads, a vocabulary of {vocab} ids"
+        f"{' (fit_critic embedding all of them)' if args.full_vocab else ''}; load average "
+        f"{load0:.1f} -> {load1:.1f}\n"
+    )
     print("| run | wall s | CPU s | ratio to bare loop (wall) | within 2 min |")
     print("|---|---|---|---|---|")
     print(f"| bare loop | {bare[0]:.1f} | {bare[1]:.1f} | 1.00 | {'yes' if bare[0] <= TARGET_S else 'no'} |")
-    print(f"| fit_critic | {fit[0]:.1f} | {fit[1]:.1f} | {fit[0] / bare[0]:.2f} | "
-          f"{'yes' if fit[0] <= TARGET_S else 'no'} |")
+    print(
+        f"| fit_critic | {fit[0]:.1f} | {fit[1]:.1f} | {fit[0] / bare[0]:.2f} | "
+        f"{'yes' if fit[0] <= TARGET_S else 'no'} |"
+    )
     print(f"\nfit_critic's held-out explained variance: {ev:.3f}")
     if args.ab_steps:
         ab = step_ab(batch, args.ab_steps, args.seed)
         base = ab[AB_BASELINE]
-        print(f"\none training step (16 episodes), mean of {args.ab_steps}, interleaved; load average "
-              f"{os.getloadavg()[0]:.1f}\n")
+        print(
+            f"\none training step (16 episodes), mean of {args.ab_steps}, interleaved; load average "
+            f"{os.getloadavg()[0]:.1f}\n"
+        )
         print("| critic | ms per step (wall) | CPU ms per step | ratio to the baseline (CPU) |")
         print("|---|---|---|---|")
         for k, (w, c) in ab.items():

@@ -70,7 +70,10 @@ def main() -> None:
     del batch, loaded
 
     print("\nmv.scan peak memory (child process, max_tokens=250,000):")
-    print(f"{'file tokens':>12} {'file MB':>8} {'seconds':>8} {'Mtok/s':>8} {'RSS after import MB':>20} {'peak RSS MB':>12} {'RSS growth MB':>14} {'peak held MB':>13}")
+    print(
+        f"{'file tokens':>12} {'file MB':>8} {'seconds':>8} {'Mtok/s':>8} {'RSS after import MB':>20} "
+        f"{'peak RSS MB':>12} {'RSS growth MB':>14} {'peak held MB':>13}"
+    )
     for mult in mults:
         path = tmp / f"scan{mult}.parquet"
         parts = [make(tokens, seed) for seed in range(mult)]
@@ -82,10 +85,15 @@ def main() -> None:
         mv.save(big, path)
         n_big = big.num_tokens
         del big
-        out = subprocess.run([sys.executable, "-c", SCAN_CHILD, str(path), "250000"], capture_output=True, text=True, check=True)
+        out = subprocess.run(
+            [sys.executable, "-c", SCAN_CHILD, str(path), "250000"], capture_output=True, text=True, check=True
+        )
         n, dt, base, peak, held = out.stdout.split()
         assert int(n) == n_big
-        print(f"{n_big:>12,} {os.path.getsize(path) / 1e6:>8.1f} {float(dt):>8.2f} {n_big / float(dt) / 1e6:>8.2f} {float(base):>20.0f} {float(peak):>12.0f} {float(peak) - float(base):>14.0f} {float(held):>13.0f}")
+        print(
+            f"{n_big:>12,} {os.path.getsize(path) / 1e6:>8.1f} {float(dt):>8.2f} {n_big / float(dt) / 1e6:>8.2f} "
+            f"{float(base):>20.0f} {float(peak):>12.0f} {float(peak) - float(base):>14.0f} {float(held):>13.0f}"
+        )
     print(
         "\npeak held = peak of numpy/Python allocations (tracemalloc) + Arrow's pool: the data scan keeps"
         "\nalive at once; it should not grow with the file. RSS also counts memory the allocators keep"

@@ -79,7 +79,9 @@ def child(variant: str, B: int, L: int, V: int) -> None:
         out.sum().backward()
     dt = time.perf_counter() - t0
     peak = _rss_kb("VmHWM")
-    print(json.dumps({"extra_mb": (peak - before) / 1024, "time_s": dt, "checksum": float(out.detach().double().sum())}))
+    print(
+        json.dumps({"extra_mb": (peak - before) / 1024, "time_s": dt, "checksum": float(out.detach().double().sum())})
+    )
 
 
 def run(variant: str, B: int, L: int, V: int, fixed_mmap: bool = False) -> dict:
@@ -188,7 +190,10 @@ def main() -> None:
 
     # the plain counterpart of each chunked row, same shape, is its baseline
     res = {(s, v): r for s, v, r in rows}
-    print(f"\n{'shape (B, L, V)':<20} {'variant':<26} {'logits MB':>10} {'peak extra MB':>14} {'vs plain':>9} {'time s':>8}")
+    print(
+        f"\n{'shape (B, L, V)':<20} {'variant':<26} {'logits MB':>10} {'peak extra MB':>14} {'vs plain':>9} "
+        f"{'time s':>8}"
+    )
     for shape, v, r in rows:
         logits_mb = shape[0] * shape[1] * shape[2] * 4 / 2**20
         if "error" in r:

@@ -44,7 +44,9 @@ def execute(path: Path, timeout: int) -> tuple[nbformat.NotebookNode, float, str
     t0 = time.perf_counter()
     err = ""
     try:
-        NotebookClient(nb, timeout=timeout, kernel_name="python3", resources={"metadata": {"path": str(path.parent)}}).execute()
+        NotebookClient(
+            nb, timeout=timeout, kernel_name="python3", resources={"metadata": {"path": str(path.parent)}}
+        ).execute()
     except CellExecutionError as exc:
         err = str(exc).strip().splitlines()[-1][:200]
     return nb, time.perf_counter() - t0, err
@@ -59,8 +61,10 @@ def curves_figure(nb, out: Path) -> Path:
                     fig = pio.from_json(json.dumps(o["data"][PLOTLY]))
                     fig.write_image(str(out), width=1400, height=420, scale=1)
                     return out
-    raise RuntimeError(f"notebook 03: no plotly output in the cell with {CURVES_CELL!r} (was it run with "
-                       f"PLOTLY_RENDERER=plotly_mimetype?)")
+    raise RuntimeError(
+        f"notebook 03: no plotly output in the cell with {CURVES_CELL!r} (was it run with "
+        f"PLOTLY_RENDERER=plotly_mimetype?)"
+    )
 
 
 def main(argv=None) -> int:
@@ -81,13 +85,18 @@ def main(argv=None) -> int:
     print("| notebook | wall | load before | load after | code cells | error |\n|---|---|---|---|---|---|", flush=True)
     for p in paths:
         if p.name.startswith("06") and not (smol / "config.json").is_file():
-            print(f"| {p.name} | skipped | | | | no model folder at {smol} (mpo-viz get-model smollm2-135m --out DIR) |")
+            print(
+                f"| {p.name} | skipped | | | | no model folder at {smol} (mpo-viz get-model smollm2-135m --out DIR) |"
+            )
             continue
         before = os.getloadavg()[0]
         nb, sec, err = execute(p, args.timeout)
         cells = sum(c.cell_type == "code" for c in nb.cells)
-        print(f"| {p.name} | {sec // 60:.0f} min {sec % 60:.0f} s | {before:.1f} | {os.getloadavg()[0]:.1f} | {cells} | "
-              f"{err} |", flush=True)
+        print(
+            f"| {p.name} | {sec // 60:.0f} min {sec % 60:.0f} s | {before:.1f} | {os.getloadavg()[0]:.1f} | {cells} | "
+            f"{err} |",
+            flush=True,
+        )
         if args.keep is not None:
             args.keep.mkdir(parents=True, exist_ok=True)
             nbformat.write(nb, args.keep / p.name)

@@ -85,8 +85,13 @@ print(json.dumps({"tokens": b.num_tokens, "seconds": time.perf_counter() - t}))
 def run_child(code: str, *args: str) -> tuple[dict, float, float]:
     """Run ``code`` in a fresh interpreter; returns (its JSON output, wall seconds, peak RSS MiB)."""
     t = time.perf_counter()
-    p = subprocess.Popen([sys.executable, "-c", code, *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                         cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)})
+    p = subprocess.Popen(
+        [sys.executable, "-c", code, *args],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        cwd=ROOT,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+    )
     out = p.stdout.read()
     err = p.stderr.read()
     _, status, ru = os.wait4(p.pid, 0)
@@ -107,16 +112,34 @@ def bench_advantages(sizes: list[float]) -> list[dict]:
             rows.append({"file": f.name, "mode": "load all (baseline)", "tokens": b["tokens"], "s": bwall, "rss": brss})
             for mode, out in (("stream -> file", "out.parquet"), ("stream -> folder", "outdir")):
                 s, wall, rss = run_child(_STREAM, str(f), str(Path(d) / out), ESTIMATORS)
-                rows.append({"file": f.name, "mode": mode, "tokens": s["tokens"], "s": wall, "rss": rss,
-                             "timings": s["timings"], "base_s": bwall, "base_rss": brss})
+                rows.append(
+                    {
+                        "file": f.name,
+                        "mode": mode,
+                        "tokens": s["tokens"],
+                        "s": wall,
+                        "rss": rss,
+                        "timings": s["timings"],
+                        "base_s": bwall,
+                        "base_rss": brss,
+                    }
+                )
     return rows
 
 
 def _chromium():
     from playwright.sync_api import sync_playwright
 
-    args = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-            "--disable-background-networking", "--disable-component-update", "--disable-sync"]
+    args = [
+        "--headless",
+        "--no-sandbox",
+        "--disable-gpu",
+        "--disable-quic",
+        "--no-first-run",
+        "--disable-background-networking",
+        "--disable-component-update",
+        "--disable-sync",
+    ]
     pw = sync_playwright().start()
     return pw, pw.chromium.launch(executable_path="/usr/bin/chromium", args=args, headless=True)
 
@@ -127,11 +150,13 @@ def bench_strip(n: int = 50_000, repeats: int = 3) -> dict:
 
     toks, mask, chans = strip_arrays(n, seed=0)
     p = payload_from_arrays(toks, mask, None, chans)
-    html = (f"<!doctype html><meta charset=utf-8><style>{strip_css()}</style><div id=s></div>"
-            f"<script type='application/json' id=p>{payload_json(p)}</script><script>{strip_js(module=False)}</script>"
-            "<script>const t0 = performance.now();"
-            "window.v = mpoStrip.mount(document.getElementById('s'), JSON.parse(document.getElementById('p').textContent));"
-            "window.mountMs = performance.now() - t0; window.sinceNav = performance.now();</script>")
+    html = (
+        f"<!doctype html><meta charset=utf-8><style>{strip_css()}</style><div id=s></div>"
+        f"<script type='application/json' id=p>{payload_json(p)}</script><script>{strip_js(module=False)}</script>"
+        "<script>const t0 = performance.now();"
+        "window.v = mpoStrip.mount(document.getElementById('s'), JSON.parse(document.getElementById('p').textContent));"
+        "window.mountMs = performance.now() - t0; window.sinceNav = performance.now();</script>"
+    )
     with tempfile.TemporaryDirectory() as d:
         f = Path(d) / "strip.html"
         f.write_text(html)
@@ -147,8 +172,12 @@ def bench_strip(n: int = 50_000, repeats: int = 3) -> dict:
         finally:
             browser.close()
             pw.stop()
-    return {"tokens": n, "payload_mb": len(html) / 1e6, "mount_ms": statistics.median(mount),
-            "nav_ms": statistics.median(nav)}
+    return {
+        "tokens": n,
+        "payload_mb": len(html) / 1e6,
+        "mount_ms": statistics.median(mount),
+        "nav_ms": statistics.median(nav),
+    }
 
 
 def screenshot(path: Path) -> None:
@@ -157,7 +186,9 @@ def screenshot(path: Path) -> None:
 
     src = ROOT / "trajectories" / "search.parquet"
     with tempfile.TemporaryDirectory() as d:
-        rep = write_report(src, Path(d) / "report.html", ReportConfig(progress=False, n_best=1, n_worst=1, n_disagreed=1))
+        rep = write_report(
+            src, Path(d) / "report.html", ReportConfig(progress=False, n_best=1, n_worst=1, n_disagreed=1)
+        )
         pw, browser = _chromium()
         try:
             page = browser.new_page(viewport={"width": 1200, "height": 900}, device_scale_factor=1)
@@ -185,30 +216,44 @@ def main() -> None:
     a = ap.parse_args()
     sizes = [0.2, 1.0] if a.quick else [float(x) for x in a.sizes.split(",")]
     rows = bench_advantages(sizes)
-    print(f"\nmpo-viz advantages -e {ESTIMATORS}, chunks of 1M tokens (fresh process each; wall time includes "
-          "imports and numba JIT)")
-    print(f"{'file':<24}{'mode':<21}{'tokens':>12}{'wall s':>8}{'tokens/s':>11}{'peak MiB':>10}"
-          f"{'speed vs base':>15}{'memory vs base':>16}")
+    print(
+        f"\nmpo-viz advantages -e {ESTIMATORS}, chunks of 1M tokens (fresh process each; wall time includes "
+        "imports and numba JIT)"
+    )
+    print(
+        f"{'file':<24}{'mode':<21}{'tokens':>12}{'wall s':>8}{'tokens/s':>11}{'peak MiB':>10}"
+        f"{'speed vs base':>15}{'memory vs base':>16}"
+    )
     for r in rows:
         base = "base_s" in r
-        print(f"{r['file']:<24}{r['mode']:<21}{r['tokens']:>12,}{r['s']:>8.1f}{r['tokens'] / r['s']:>11,.0f}{r['rss']:>10,.0f}"
-              f"{(r['base_s'] / r['s'] if base else 1):>14.2f}x{(r['rss'] / r['base_rss'] if base else 1):>15.2f}x")
+        print(
+            f"{r['file']:<24}{r['mode']:<21}{r['tokens']:>12,}{r['s']:>8.1f}"
+            f"{r['tokens'] / r['s']:>11,.0f}{r['rss']:>10,.0f}"
+            f"{(r['base_s'] / r['s'] if base else 1):>14.2f}x{(r['rss'] / r['base_rss'] if base else 1):>15.2f}x"
+        )
     for r in rows:
         if "timings" in r:
             t = r["timings"]
-            print(f"  {r['file']} {r['mode']}: read {t['read']:.1f}s, estimate {t['estimate']:.1f}s, write {t['write']:.1f}s")
+            print(
+                f"  {r['file']} {r['mode']}: read {t['read']:.1f}s, estimate {t['estimate']:.1f}s, write "
+                f"{t['write']:.1f}s"
+            )
     by_mode = {}
     for r in rows:
         by_mode.setdefault(r["mode"], []).append(r)
     if len(sizes) >= 2:
-        print("peak memory, largest / smallest file: " + ", ".join(
-            f"{k} {v[-1]['rss'] / v[0]['rss']:.2f}x" for k, v in by_mode.items())
-            + f" (file {rows[-1]['tokens'] / rows[0]['tokens']:.1f}x larger)")
+        print(
+            "peak memory, largest / smallest file: "
+            + ", ".join(f"{k} {v[-1]['rss'] / v[0]['rss']:.2f}x" for k, v in by_mode.items())
+            + f" (file {rows[-1]['tokens'] / rows[0]['tokens']:.1f}x larger)"
+        )
     if not a.no_strip:
         s = bench_strip()
         print(f"\nstrip first render, {s['tokens']:,} tokens, 6 channels, page {s['payload_mb']:.1f} MB (median of 3):")
-        print(f"  JSON.parse + mount {s['mount_ms']:.0f} ms; navigation start -> mounted {s['nav_ms']:.0f} ms "
-              f"(target <= 1000 ms: {'met' if s['nav_ms'] <= 1000 else 'NOT met'})")
+        print(
+            f"  JSON.parse + mount {s['mount_ms']:.0f} ms; navigation start -> mounted {s['nav_ms']:.0f} ms "
+            f"(target <= 1000 ms: {'met' if s['nav_ms'] <= 1000 else 'NOT met'})"
+        )
     if a.screenshot:
         screenshot(a.screenshot)
 

@@ -5,7 +5,8 @@ Run:  .venv/bin/python benchmarks/rollout.py            (every environment, batc
       .venv/bin/python benchmarks/rollout.py --repeats 3   (each row the median of 3 pairs)
       .venv/bin/python benchmarks/rollout.py --model-config smollm2-135m      (batch 8 and 16)
       .venv/bin/python benchmarks/rollout.py --model-config path/to/hf_config_folder
-      .venv/bin/python benchmarks/rollout.py --model models/smollm2-135m --envs tooluse --sizes 8 --threads 2 --critic none
+      .venv/bin/python benchmarks/rollout.py --model models/smollm2-135m --envs tooluse --sizes 8 \
+          --threads 2 --critic none
 
 `--model-config NAME|DIR` runs the same table on a randomly initialised model of a real small LM's
 shape instead of the tiny one, so the rollout's overhead at real vocabulary and depth is known.
@@ -49,7 +50,8 @@ batch); generate's is the call alone. `ratio` = rollout / generate (target >= 0.
 multi-turn). `cpu ratio`: the same ratio on the process's CPU time (`time.process_time`) instead of
 wall time: the two calls run one after the other, and on a shared machine the load can change
 between them (minutes apart for a real-sized model); CPU time moves much less with it (with one
-torch thread it equals the wall time of an idle machine). Shares: the fraction of rollout time in the environments, tokenization (chat layout,
+torch thread it equals the wall time of an idle machine). Shares: the fraction of rollout time in the environments,
+tokenization (chat layout,
 decoding) plus the oracle, and the critic (the wait for it). Peak memory: the process's resident set size,
 sampled every 5 ms during each call, minus the size before it.
 
@@ -80,9 +82,18 @@ from mpo_viz.rollout import rollout  # noqa: E402
 MODEL_CONFIGS: dict[str, dict] = {
     # HuggingFaceTB/SmolLM2-135M (LlamaForCausalLM); head_dim 576 / 9 = 64
     "smollm2-135m": {
-        "model_type": "llama", "hidden_size": 576, "num_hidden_layers": 30, "num_attention_heads": 9,
-        "num_key_value_heads": 3, "intermediate_size": 1536, "vocab_size": 49152, "tie_word_embeddings": True,
-        "rope_theta": 100000.0, "rms_norm_eps": 1e-5, "max_position_embeddings": 8192, "hidden_act": "silu",
+        "model_type": "llama",
+        "hidden_size": 576,
+        "num_hidden_layers": 30,
+        "num_attention_heads": 9,
+        "num_key_value_heads": 3,
+        "intermediate_size": 1536,
+        "vocab_size": 49152,
+        "tie_word_embeddings": True,
+        "rope_theta": 100000.0,
+        "rms_norm_eps": 1e-5,
+        "max_position_embeddings": 8192,
+        "hidden_act": "silu",
         "initializer_range": 0.041666666666666664,
     },
 }
@@ -123,8 +134,9 @@ def model_config(spec: str):
         return LlamaConfig(**kw)
     path = Path(spec)
     if not (path / "config.json").is_file():
-        raise SystemExit(f"--model-config: expected one of {sorted(MODEL_CONFIGS)} or a folder with a config.json, "
-                         f"found {spec!r}")
+        raise SystemExit(
+            f"--model-config: expected one of {sorted(MODEL_CONFIGS)} or a folder with a config.json, found {spec!r}"
+        )
     return AutoConfig.from_pretrained(str(path), local_files_only=True)
 
 
@@ -137,8 +149,10 @@ def config_policy(env, spec: str, seed: int = 0) -> models.Policy:
     words = list(env.vocabulary())
     n_base = len(build_tokenizer(words))
     if cfg.vocab_size < n_base:
-        raise SystemExit(f"--model-config {spec}: expected a vocabulary of at least {n_base} tokens (the "
-                         f"{env.name!r} environment's), found vocab_size {cfg.vocab_size}")
+        raise SystemExit(
+            f"--model-config {spec}: expected a vocabulary of at least {n_base} tokens (the "
+            f"{env.name!r} environment's), found vocab_size {cfg.vocab_size}"
+        )
     tok = build_tokenizer(words + [f"<fill-{i}>" for i in range(cfg.vocab_size - n_base)])
     assert len(tok) == cfg.vocab_size, (len(tok), cfg.vocab_size)
     cfg.pad_token_id, cfg.eos_token_id, cfg.bos_token_id = tok.pad_token_id, tok.eos_token_id, None
@@ -150,8 +164,16 @@ def config_policy(env, spec: str, seed: int = 0) -> models.Policy:
     return models.Policy(model.eval(), tok, name=f"random {type(model).__name__} of {spec}'s shape (seed {seed})")
 
 
-def bench(env_name: str, batch: int, seed: int = 0, model_spec: str | None = None, model_dir: str | None = None,
-          critic_init: str = "policy", repeats: int = 1, critic_thread: bool | None = None) -> dict:
+def bench(
+    env_name: str,
+    batch: int,
+    seed: int = 0,
+    model_spec: str | None = None,
+    model_dir: str | None = None,
+    critic_init: str = "policy",
+    repeats: int = 1,
+    critic_thread: bool | None = None,
+) -> dict:
     """One table row: ``repeats`` pairs of (rollout, generate) one after the other, each column the
     median over the pairs (each ratio taken within its pair)."""
     env = make_env(env_name)
@@ -168,8 +190,13 @@ def bench(env_name: str, batch: int, seed: int = 0, model_spec: str | None = Non
     med = {k: float(np.median([p[k] for p in pairs])) for k in pairs[0] if k != "out"}
     out = pairs[0]["out"]
     return {
-        "env": env_name, "B": batch, "tokens": int(out.mask.sum()), **med,
-        "turns": float(out.num_turns.mean()), "params": policy.num_parameters(), "reward": float(out.outcome_reward.mean()),
+        "env": env_name,
+        "B": batch,
+        "tokens": int(out.mask.sum()),
+        **med,
+        "turns": float(out.num_turns.mean()),
+        "params": policy.num_parameters(),
+        "reward": float(out.outcome_reward.mean()),
     }
 
 
@@ -192,18 +219,33 @@ def _pair(policy, env, critic, batch: int, seed: int, critic_thread: bool | None
     torch.manual_seed(seed)
     with PeakRSS() as mem_g, torch.no_grad():
         c0, t0 = time.process_time(), time.perf_counter()
-        policy.model.generate(ids, attention_mask=att, do_sample=True, max_new_tokens=new, min_new_tokens=new,
-                              top_k=0, top_p=1.0, temperature=1.0, use_cache=True, pad_token_id=pad)
+        policy.model.generate(
+            ids,
+            attention_mask=att,
+            do_sample=True,
+            max_new_tokens=new,
+            min_new_tokens=new,
+            top_k=0,
+            top_p=1.0,
+            temperature=1.0,
+            use_cache=True,
+            pad_token_id=pad,
+        )
         t_gen, c_gen = time.perf_counter() - t0, time.process_time() - c0
     total = tm["total"]
     roll_tps, gen_tps = n_act / t_roll, new * batch / t_gen
     return {
-        "out": out, "roll_tps": roll_tps, "gen_tps": gen_tps, "ratio": roll_tps / gen_tps,
+        "out": out,
+        "roll_tps": roll_tps,
+        "gen_tps": gen_tps,
+        "ratio": roll_tps / gen_tps,
         "ratio_nc": n_act / (t_roll - tm.get("critic", 0.0)) / gen_tps,
         "cpu_ratio": (n_act / c_roll) / (new * batch / c_gen),
         "env_share": tm.get("env", 0.0) / total,
         "tok_share": (tm.get("tokenize", 0.0) + tm.get("oracle", 0.0)) / total,
-        "critic_share": tm.get("critic", 0.0) / total, "mem_r": mem_r.mib, "mem_g": mem_g.mib,
+        "critic_share": tm.get("critic", 0.0) / total,
+        "mem_r": mem_r.mib,
+        "mem_g": mem_g.mib,
     }
 
 
@@ -211,22 +253,43 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--quick", action="store_true", help="search only, batch 16")
     ap.add_argument("--threads", type=int, default=1, help="torch threads (default 1)")
-    ap.add_argument("--repeats", type=int, default=1,
-                    help="(rollout, generate) pairs per row; each column is the median over them (default 1)")
-    ap.add_argument("--model-config", metavar="NAME|DIR", default=None,
-                    help=f"a random model of this shape instead of the tiny one: {', '.join(MODEL_CONFIGS)} or a "
-                         "local Hugging Face config folder (batch 8 and 16)")
-    ap.add_argument("--model", metavar="DIR", default=None,
-                    help="a local model folder with its weights (plain Hugging Face or mpo_viz) instead of the tiny "
-                         "one (batch 8 and 16)")
-    ap.add_argument("--critic", choices=("policy", "shared", "fresh", "none"), default="policy",
-                    help="the critic beside the policy (default policy: a copy of its trunk; none: the policy alone)")
-    ap.add_argument("--critic-thread", choices=("auto", "on", "off"), default="auto",
-                    help="the critic's forwards in a second thread while the policy decodes (rollout's "
-                         "critic_thread; auto: when a core is free)")
+    ap.add_argument(
+        "--repeats",
+        type=int,
+        default=1,
+        help="(rollout, generate) pairs per row; each column is the median over them (default 1)",
+    )
+    ap.add_argument(
+        "--model-config",
+        metavar="NAME|DIR",
+        default=None,
+        help=f"a random model of this shape instead of the tiny one: {', '.join(MODEL_CONFIGS)} or a "
+        "local Hugging Face config folder (batch 8 and 16)",
+    )
+    ap.add_argument(
+        "--model",
+        metavar="DIR",
+        default=None,
+        help="a local model folder with its weights (plain Hugging Face or mpo_viz) instead of the tiny "
+        "one (batch 8 and 16)",
+    )
+    ap.add_argument(
+        "--critic",
+        choices=("policy", "shared", "fresh", "none"),
+        default="policy",
+        help="the critic beside the policy (default policy: a copy of its trunk; none: the policy alone)",
+    )
+    ap.add_argument(
+        "--critic-thread",
+        choices=("auto", "on", "off"),
+        default="auto",
+        help="the critic's forwards in a second thread while the policy decodes (rollout's "
+        "critic_thread; auto: when a core is free)",
+    )
     ap.add_argument("--envs", nargs="*", default=None, help="environments (default: all three; --quick: search)")
-    ap.add_argument("--sizes", type=int, nargs="*", default=None, help="batch sizes (default 16 64; "
-                                                                        "with --model-config 8 16)")
+    ap.add_argument(
+        "--sizes", type=int, nargs="*", default=None, help="batch sizes (default 16 64; with --model-config 8 16)"
+    )
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
     envs = args.envs or (["search"] if args.quick else ["search", "tooluse", "automation"])
@@ -242,32 +305,50 @@ def main() -> None:
         what = f"model {args.model}"
     elif args.model_config:
         c = model_config(args.model_config)
-        what = (f"random {c.model_type} of {args.model_config}'s shape (hidden {c.hidden_size}, "
-                f"{c.num_hidden_layers} layers, vocabulary {c.vocab_size})")
+        what = (
+            f"random {c.model_type} of {args.model_config}'s shape (hidden {c.hidden_size}, "
+            f"{c.num_hidden_layers} layers, vocabulary {c.vocab_size})"
+        )
     else:
         what = "tiny Llama '1m'"
-    print(f"# rollout vs model.generate — {what}, critic {args.critic}, {platform.processor() or platform.machine()}, "
-          f"{os.cpu_count()} CPUs, torch {torch.__version__}, {args.threads} thread(s), median of {args.repeats} "
-          f"pair(s) per row, critic thread {args.critic_thread}; load average "
-          f"{os.getloadavg()[0]:.1f} at start")
-    head = (f"{'env':<11}{'B':>4}{'tokens':>8}{'turns':>6}{'rollout tok/s':>15}{'generate tok/s':>16}{'ratio':>7}"
-            f"{'w/o critic':>11}{'cpu ratio':>10}{'env %':>7}{'tok+oracle %':>14}{'critic %':>10}{'peak MiB r/g':>14}"
-            f"{'reward':>8}")
+    print(
+        f"# rollout vs model.generate — {what}, critic {args.critic}, {platform.processor() or platform.machine()}, "
+        f"{os.cpu_count()} CPUs, torch {torch.__version__}, {args.threads} thread(s), median of {args.repeats} "
+        f"pair(s) per row, critic thread {args.critic_thread}; load average "
+        f"{os.getloadavg()[0]:.1f} at start"
+    )
+    head = (
+        f"{'env':<11}{'B':>4}{'tokens':>8}{'turns':>6}{'rollout tok/s':>15}{'generate tok/s':>16}{'ratio':>7}"
+        f"{'w/o critic':>11}{'cpu ratio':>10}{'env %':>7}{'tok+oracle %':>14}{'critic %':>10}{'peak MiB r/g':>14}"
+        f"{'reward':>8}"
+    )
     print(head)
     print("-" * len(head))
     for name in envs:
         for b in sizes:
-            r = bench(name, b, model_spec=args.model_config, model_dir=args.model, critic_init=args.critic,
-                      repeats=args.repeats, critic_thread={"auto": None, "on": True, "off": False}[args.critic_thread])
+            r = bench(
+                name,
+                b,
+                model_spec=args.model_config,
+                model_dir=args.model,
+                critic_init=args.critic,
+                repeats=args.repeats,
+                critic_thread={"auto": None, "on": True, "off": False}[args.critic_thread],
+            )
             dec = 0 if r["roll_tps"] >= 100 else 2  # a 135M model on a busy CPU makes a few tokens/s
-            print(f"{r['env']:<11}{r['B']:>4}{r['tokens']:>8}{r['turns']:>6.1f}{r['roll_tps']:>15.{dec}f}"
-                  f"{r['gen_tps']:>16.{dec}f}{r['ratio']:>7.2f}"
-                  f"{r['ratio_nc']:>11.2f}{r['cpu_ratio']:>10.2f}{100 * r['env_share']:>7.1f}"
-                  f"{100 * r['tok_share']:>14.1f}{100 * r['critic_share']:>10.1f}"
-                  f"{r['mem_r']:>8.0f}/{r['mem_g']:<5.0f}{r['reward']:>8.3f}", flush=True)
+            print(
+                f"{r['env']:<11}{r['B']:>4}{r['tokens']:>8}{r['turns']:>6.1f}{r['roll_tps']:>15.{dec}f}"
+                f"{r['gen_tps']:>16.{dec}f}{r['ratio']:>7.2f}"
+                f"{r['ratio_nc']:>11.2f}{r['cpu_ratio']:>10.2f}{100 * r['env_share']:>7.1f}"
+                f"{100 * r['tok_share']:>14.1f}{100 * r['critic_share']:>10.1f}"
+                f"{r['mem_r']:>8.0f}/{r['mem_g']:<5.0f}{r['reward']:>8.3f}",
+                flush=True,
+            )
     print(f"# {r['params'] / 1e6:.1f} M parameters (policy; critic: {args.critic})")
-    print(f"# load average {os.getloadavg()[0]:.1f} at the end (the machine is shared: absolute numbers move "
-          "with it; the ratio is measured side by side)")
+    print(
+        f"# load average {os.getloadavg()[0]:.1f} at the end (the machine is shared: absolute numbers move "
+        "with it; the ratio is measured side by side)"
+    )
 
 
 if __name__ == "__main__":

@@ -67,8 +67,9 @@ def one_cell(policy, difficulty, episodes: int, m: int, batch_size: int, repeats
     base = rollout(policy, env, episodes, group_size=1, seed=seed, progress=False)
     states = [s for r in replay(base, policy.layout) for s in r]
     gen = base.meta["generator"]
-    cfg = RolloutConfig(batch_size=batch_size, max_turn_tokens=gen["max_turn_tokens"],
-                        max_total_tokens=gen["max_total_tokens"])
+    cfg = RolloutConfig(
+        batch_size=batch_size, max_turn_tokens=gen["max_turn_tokens"], max_total_tokens=gen["max_total_tokens"]
+    )
     act_per_ep = float(base.mask.sum()) / len(base)
     times: dict[str, list] = {"a": [], "b": [], "c": []}
     tokens = 0
@@ -85,9 +86,14 @@ def one_cell(policy, difficulty, episodes: int, m: int, batch_size: int, repeats
         dt = time.perf_counter() - t0
         times["c"].append(dt * tokens / float(fl.mask.sum()))
     med = {k: float(np.median(v)) for k, v in times.items()}
-    return {"boundaries": len(states), "continuations": len(states) * m, "tokens": tokens,
-            **{f"{k}_s_per_ep": v / episodes for k, v in med.items()}, "a_over_c": med["a"] / med["c"],
-            "a_over_b": med["a"] / med["b"]}
+    return {
+        "boundaries": len(states),
+        "continuations": len(states) * m,
+        "tokens": tokens,
+        **{f"{k}_s_per_ep": v / episodes for k, v in med.items()},
+        "a_over_c": med["a"] / med["c"],
+        "a_over_b": med["a"] / med["b"],
+    }
 
 
 def token_cell(policy, episodes: int, m: int, batch_size: int, repeats: int, seed: int) -> dict:
@@ -97,8 +103,9 @@ def token_cell(policy, episodes: int, m: int, batch_size: int, repeats: int, see
     rows = replay(base, policy.layout)
     items = [(rows[p.row][p.turn], p.t) for p in choose_positions(base, "uncertain", seed=seed)]
     gen = base.meta["generator"]
-    cfg = RolloutConfig(batch_size=batch_size, max_turn_tokens=gen["max_turn_tokens"],
-                        max_total_tokens=gen["max_total_tokens"])
+    cfg = RolloutConfig(
+        batch_size=batch_size, max_turn_tokens=gen["max_turn_tokens"], max_total_tokens=gen["max_total_tokens"]
+    )
     act_per_ep = float(base.mask.sum()) / len(base)
     times: dict[str, list] = {"a": [], "b": [], "c": []}
     tokens = 0
@@ -119,55 +126,84 @@ def token_cell(policy, episodes: int, m: int, batch_size: int, repeats: int, see
                 tokens = tm["tokens"]
     med = {k: float(np.median(v)) for k, v in times.items()}
     n = len(items)
-    return {"positions": n, "per_episode": n / episodes, "continuations": 2 * m * n, "tokens": tokens,
-            **{f"{k}_s_per_token": v / n for k, v in med.items()}, "a_over_c": med["a"] / med["c"],
-            "a_over_b": med["a"] / med["b"], "snapshot_min": 64 * n / episodes * med["a"] / n / 60}
+    return {
+        "positions": n,
+        "per_episode": n / episodes,
+        "continuations": 2 * m * n,
+        "tokens": tokens,
+        **{f"{k}_s_per_token": v / n for k, v in med.items()},
+        "a_over_c": med["a"] / med["c"],
+        "a_over_b": med["a"] / med["b"],
+        "snapshot_min": 64 * n / episodes * med["a"] / n / 60,
+    }
 
 
 def snapshot(policy, episodes: int, m: int, batch_size: int, seed: int) -> dict:
     """``--snapshot N``: ``mc_token_truth`` at the uncertain defaults on N fresh episodes, timed once."""
-    base = rollout(policy, make_env("automation", difficulty=(3, 4)), episodes, group_size=4, seed=seed,
-                   progress=False)
+    base = rollout(policy, make_env("automation", difficulty=(3, 4)), episodes, group_size=4, seed=seed, progress=False)
     tm: dict = {}
     t0 = time.perf_counter()
     out = mc_token_truth(base, policy, m=m, seed=seed, batch_size=batch_size, timings=tm)
-    return {"episodes": episodes, "measured": out.meta["mc_truth"]["tokens"]["measured"],
-            "minutes": (time.perf_counter() - t0) / 60, "tokens": tm.get("tokens", 0)}
+    return {
+        "episodes": episodes,
+        "measured": out.meta["mc_truth"]["tokens"]["measured"],
+        "minutes": (time.perf_counter() - t0) / 60,
+        "tokens": tm.get("tokens", 0),
+    }
 
 
 def main_tokens(args) -> int:
     torch.set_num_threads(1)
     policy, _ = models.load(START)
-    print(f"token truth on the shipped automation start (3–4 turns), M = {args.m}, uncertain defaults, "
-          f"{args.episodes} base episodes, batch {args.batch_size}, median of {args.repeats} rounds, one torch thread")
-    print("| measured tokens (per episode) | continuations | cont. tokens | (a) shared s/token | (b) re-fed s/token "
-          "| (c) floor s/token | (a)/(c) | (a)/(b) | 64 episodes (projected) | load before → after |")
+    print(
+        f"token truth on the shipped automation start (3–4 turns), M = {args.m}, uncertain defaults, "
+        f"{args.episodes} base episodes, batch {args.batch_size}, median of {args.repeats} rounds, one torch thread"
+    )
+    print(
+        "| measured tokens (per episode) | continuations | cont. tokens | (a) shared s/token | (b) re-fed s/token "
+        "| (c) floor s/token | (a)/(c) | (a)/(b) | 64 episodes (projected) | load before → after |"
+    )
     print("|---|---|---|---|---|---|---|---|---|---|")
     before = _load()
     r = token_cell(policy, args.episodes, args.m, args.batch_size, args.repeats, args.seed)
-    print(f"| {r['positions']} ({r['per_episode']:.1f}) | {r['continuations']} | {r['tokens']} | "
-          f"{r['a_s_per_token']:.3f} | {r['b_s_per_token']:.3f} | {r['c_s_per_token']:.3f} | **{r['a_over_c']:.2f}** | "
-          f"{r['a_over_b']:.2f} | {r['snapshot_min']:.1f} min | {before:.1f} → {_load():.1f} |", flush=True)
+    print(
+        f"| {r['positions']} ({r['per_episode']:.1f}) | {r['continuations']} | {r['tokens']} | "
+        f"{r['a_s_per_token']:.3f} | {r['b_s_per_token']:.3f} | {r['c_s_per_token']:.3f} | **{r['a_over_c']:.2f}** | "
+        f"{r['a_over_b']:.2f} | {r['snapshot_min']:.1f} min | {before:.1f} → {_load():.1f} |",
+        flush=True,
+    )
     if args.snapshot:
         before = _load()
         s = snapshot(policy, args.snapshot, args.m, args.batch_size, args.seed)
-        print(f"\nmc_token_truth on {s['episodes']} episodes: {s['measured']} tokens measured, {s['tokens']} continuation "
-              f"tokens, **{s['minutes']:.1f} minutes** (load {before:.1f} → {_load():.1f})", flush=True)
+        print(
+            f"\nmc_token_truth on {s['episodes']} episodes: {s['measured']} tokens measured, "
+            f"{s['tokens']} continuation tokens, **{s['minutes']:.1f} minutes** (load {before:.1f} → {_load():.1f})",
+            flush=True,
+        )
     return 0
 
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--episodes", type=int, default=8, help="base episodes per cell")
-    ap.add_argument("-M", dest="m", type=int, default=None, help="continuations per turn state (8), or continuation "
-                                                                     "pairs per token with --tokens (16)")
+    ap.add_argument(
+        "-M",
+        dest="m",
+        type=int,
+        default=None,
+        help="continuations per turn state (8), or continuation pairs per token with --tokens (16)",
+    )
     ap.add_argument("--tokens", action="store_true", help="the token truth inside turns: seconds per measured token")
     ap.add_argument("--snapshot", type=int, default=0, help="--tokens: also time mc_token_truth on N fresh episodes")
     ap.add_argument("--batch-size", type=int, default=64, help="continuation rows decoded together")
     ap.add_argument("--repeats", type=int, default=3, help="alternating rounds per cell (the median is reported)")
     ap.add_argument("--cells", nargs="*", default=list(CELLS), choices=list(CELLS))
     ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--quick", action="store_true", help="a few seconds' smoke run (make bench): 2 base episodes, 1 round, the first cell")
+    ap.add_argument(
+        "--quick",
+        action="store_true",
+        help="a few seconds' smoke run (make bench): 2 base episodes, 1 round, the first cell",
+    )
     args = ap.parse_args(argv)
     if args.tokens:
         args.m = args.m or 16
@@ -181,17 +217,24 @@ def main(argv=None) -> int:
         args.episodes, args.repeats, args.cells = 2, 1, args.cells[:1]
     torch.set_num_threads(1)
     policy, _ = models.load(START)
-    print(f"branch rollouts on the shipped automation start, M = {args.m}, {args.episodes} base episodes per cell, "
-          f"batch {args.batch_size}, median of {args.repeats} rounds, one torch thread")
-    print("| cell | turn states | continuations | cont. tokens | (a) shared s/ep | (b) re-fed s/ep | (c) floor s/ep "
-          "| (a)/(c) | (a)/(b) | load before → after |")
+    print(
+        f"branch rollouts on the shipped automation start, M = {args.m}, {args.episodes} base episodes per cell, "
+        f"batch {args.batch_size}, median of {args.repeats} rounds, one torch thread"
+    )
+    print(
+        "| cell | turn states | continuations | cont. tokens | (a) shared s/ep | (b) re-fed s/ep | (c) floor s/ep "
+        "| (a)/(c) | (a)/(b) | load before → after |"
+    )
     print("|---|---|---|---|---|---|---|---|---|---|")
     for name in args.cells:
         before = _load()
         r = one_cell(policy, CELLS[name], args.episodes, args.m, args.batch_size, args.repeats, args.seed)
-        print(f"| {name} | {r['boundaries']} | {r['continuations']} | {r['tokens']} | {r['a_s_per_ep']:.2f} | "
-              f"{r['b_s_per_ep']:.2f} | {r['c_s_per_ep']:.2f} | **{r['a_over_c']:.2f}** | {r['a_over_b']:.2f} | "
-              f"{before:.1f} → {_load():.1f} |", flush=True)
+        print(
+            f"| {name} | {r['boundaries']} | {r['continuations']} | {r['tokens']} | {r['a_s_per_ep']:.2f} | "
+            f"{r['b_s_per_ep']:.2f} | {r['c_s_per_ep']:.2f} | **{r['a_over_c']:.2f}** | {r['a_over_b']:.2f} | "
+            f"{before:.1f} → {_load():.1f} |",
+            flush=True,
+        )
     return 0
 
 

@@ -19,20 +19,24 @@ Columns, per estimator and batch size (all in this one process, on the same inpu
   `whiten=True` (the kernel writes per-row moments on the way, and gae its runs of action tokens;
   one parallel pass rewrites those runs, or mae's rows whole), the median; `ratio` — **the verdict** (target ≤ 1.2) —
   the median over the rounds of white / plain within a round (the two calls back to back, so under
-  the same load): what a user meets; `best ratio`: best against best (the floor, on a quiet
-  moment); `cpu ratio`: best against best on the process's CPU time (`time.process_time`, all
-  threads), which a busy machine disturbs less than the wall time (with `--threads 1` it is the
-  single thread's time).
+  the same load: A B A B A B, the order alternating pair by pair, the fastest of each side in the
+  round): what a user meets; `best
+  ratio`: best against best (the floor, on a quiet moment); `cpu ratio`: the paired median on the
+  process's CPU time (`time.process_time`, all threads), which a busy machine disturbs less than the
+  wall time (with `--threads 1` it is the single thread's time).
 * `numpy ms` (best): `whiten=False` followed by the numpy whitening the estimators used before
   (`_inputs.whiten_reference` on a copy): what `whiten=True` cost before the fusion.
 * `verl ms`: verl's GAE with its whitening (gae only); `verl/white` = verl ms / white ms; and
   `max|Δ|`, the largest difference between verl's and our whitened advantages on action tokens
   (verl's `masked_whiten` leaves the other positions non-zero; we write 0 there).
 
-Timing: N rounds (`--reps`, the verl loop `--verl-reps`), the variants interleaved round by round
-so that each round sees one machine; the verdict is the median of the rounds' paired ratios, the
-best-of columns beside it; the load average is printed before and after, and a verdict line per
-batch size. Numba
+Timing: N rounds (`--reps`, default 21; the verl loop `--verl-reps`), the variants interleaved
+within each round (plain and whitened as pairs, `--inner` 3 of them, their order alternating, the
+fastest of each side kept) so that each round sees one machine: load drifting between rounds moves
+both sides of a pair, not their ratio, and one preempted call does not decide a round. Timing each side
+in a block of its own instead puts that drift into the ratio (1.09x, 1.84x and 7.92x for the same
+code under ordinary load). The verdict is the median of the rounds' paired ratios, the best-of
+columns beside it; the load average is printed before and after, and on each verdict line. Numba
 compiles each kernel on its first call; that happens on a tiny batch before anything is timed.
 `--threads N` sets numba's and torch's threads (default: theirs, one per CPU). On a shared machine
 one thread gives the steadier numbers: a parallel kernel waits for its slowest thread, and with
@@ -73,23 +77,40 @@ GAMMA, LAM = 1.0, 0.95
 TARGET = 1.2
 
 
-def best_of(fns, reps):
+def best_of(fns, reps, inner=1):
     """Interleaved best-of-``reps`` wall seconds and process CPU seconds of each callable, each
-    one's last output, and every round's wall seconds (for the medians): ``(wall, cpu, outs, rounds)``."""
+    one's last output, and every round's wall and CPU seconds (for the paired medians):
+    ``(wall, cpu, outs, rounds, cpu_rounds)``.
+
+    A round runs the callables one after the other ``inner`` times (A B A B … for two), their order
+    alternating each time (A B, then B A), and keeps each one's fastest: the first two form a pair
+    timed under the same load, neither always second (on a warmer cache, or right after the
+    other's allocations), and a call the OS preempted (milliseconds on a busy machine, against
+    calls of 3–15 ms) does not decide its round."""
     wall = [float("inf")] * len(fns)
     cpu = [float("inf")] * len(fns)
     outs = [None] * len(fns)
-    rounds = []
+    rounds, cpu_rounds = [], []
+    k = 0
     for _ in range(reps):
-        row = []
-        for j, fn in enumerate(fns):
-            c0, t0 = time.process_time(), time.perf_counter()
-            outs[j] = fn()
-            row.append(time.perf_counter() - t0)
-            wall[j] = min(wall[j], row[-1])
-            cpu[j] = min(cpu[j], time.process_time() - c0)
+        row, crow = [float("inf")] * len(fns), [float("inf")] * len(fns)
+        for _ in range(inner):
+            order = list(range(len(fns)))
+            if k % 2 and len(fns) >= 2:
+                order[0], order[1] = 1, 0
+            k += 1
+            for j in order:
+                fn = fns[j]
+                c0, t0 = time.process_time(), time.perf_counter()
+                outs[j] = fn()
+                row[j] = min(row[j], time.perf_counter() - t0)
+                crow[j] = min(crow[j], time.process_time() - c0)
+        for j in range(len(fns)):
+            wall[j] = min(wall[j], row[j])
+            cpu[j] = min(cpu[j], crow[j])
         rounds.append(row)
-    return wall, cpu, outs, rounds
+        cpu_rounds.append(crow)
+    return wall, cpu, outs, rounds, cpu_rounds
 
 
 def load() -> str:
@@ -117,7 +138,8 @@ def main(argv=None) -> int:
     ap.add_argument("--quick", action="store_true", help="small batches only (smoke run)")
     ap.add_argument("--sizes", type=int, nargs="*", default=None, help="batch sizes (default 128 512)")
     ap.add_argument("--length", type=int, default=8192)
-    ap.add_argument("--reps", type=int, default=15, help="rounds of the fast calls (best reported)")
+    ap.add_argument("--reps", type=int, default=21, help="paired rounds of the fast calls (the verdict: their median)")
+    ap.add_argument("--inner", type=int, default=3, help="A B pairs within a round, the fastest of each side kept")
     ap.add_argument("--verl-reps", type=int, default=2, help="rounds of verl's per-position loop")
     ap.add_argument("--threads", type=int, default=0, help="numba and torch threads (default 0: leave theirs)")
     args = ap.parse_args(argv)
@@ -129,19 +151,25 @@ def main(argv=None) -> int:
     if args.threads:
         numba.set_num_threads(args.threads)
         torch.set_num_threads(args.threads)
-    print(f"# whitening benchmark — {platform.processor() or platform.machine()}, {os.cpu_count()} CPUs, "
-          f"torch {torch.__version__} ({torch.get_num_threads()} threads), numba {numba.__version__} "
-          f"({numba.get_num_threads()} threads); verl {verl.__version__ if verl else '—'}")
-    print(f"# gae γ={GAMMA} λ={LAM}; mae defaults (γ=1 λ=0.95 γ_T=1 λ_T=0.9 β=1); float32; L={L}; "
-          f"{args.reps} rounds: the verdict is the median paired ratio (verl best of {args.verl_reps})")
+    print(
+        f"# whitening benchmark — {platform.processor() or platform.machine()}, {os.cpu_count()} CPUs, "
+        f"torch {torch.__version__} ({torch.get_num_threads()} threads), numba {numba.__version__} "
+        f"({numba.get_num_threads()} threads); verl {verl.__version__ if verl else '—'}"
+    )
+    print(
+        f"# gae γ={GAMMA} λ={LAM}; mae defaults (γ=1 λ=0.95 γ_T=1 λ_T=0.9 β=1); float32; L={L}; "
+        f"{args.reps} rounds: the verdict is the median paired ratio (verl best of {args.verl_reps})"
+    )
     tiny = make_batch(4, seed=0, turns=(2, 3), turn_len=(2, 5), obs_len=(1, 3), prompt_len=(2, 3))
     for w in (False, True):  # numba compiles here, untimed
         A.gae(tiny.token_rewards, tiny.values, tiny.mask, whiten=w)
         A.mae(tiny.token_rewards, tiny.values, tiny.mask, turn_ids=tiny.turn_ids, whiten=w)
     print(f"# before: {load()}")
-    header = (f"{'B':>5} {'L':>5} {'estimator':<9} {'plain ms':>9} {'white ms':>9} {'ratio':>6} {'best ratio':>10} "
-              f"{'cpu ratio':>9} "
-              f"{'numpy ms':>9} {'ratio':>6} {'verl ms':>9} {'verl/white':>10} {'max|Δ|':>9}")
+    header = (
+        f"{'B':>5} {'L':>5} {'estimator':<9} {'plain ms':>9} {'white ms':>9} {'ratio':>6} {'best ratio':>10} "
+        f"{'cpu ratio':>9} "
+        f"{'numpy ms':>9} {'ratio':>6} {'verl ms':>9} {'verl/white':>10} {'max|Δ|':>9}"
+    )
     print(header)
     print("-" * len(header))
     for B in sizes:
@@ -165,24 +193,33 @@ def run_size(B, L, args):
 
     verdicts = []
     for name, call in (("gae", gae), ("mae", mae)):
-        (t0, t1, tn), (c0, c1, _), (_, white, old), rounds = best_of(
-            [partial(call, False), partial(call, True), partial(numpy_whitened, call, M)], args.reps)
+        (t0, t1, tn), _, (_, white, old), rounds, cpu_rounds = best_of(
+            [partial(call, False), partial(call, True), partial(numpy_whitened, call, M)], args.reps, args.inner
+        )
         paired = statistics.median(r[1] / r[0] for r in rounds)
+        cpu_paired = statistics.median(r[1] / r[0] for r in cpu_rounds)
         med0, med1 = (statistics.median(r[j] for r in rounds) for j in (0, 1))
         verdicts.append(f"{name} {paired:.2f}x ({'met' if paired <= TARGET else 'NOT met'})")
         assert np.allclose(white[0].numpy(), old, rtol=2e-5, atol=2e-5)  # the same numbers as before
         verl_cols = f"{'—':>9} {'—':>10} {'—':>9}"
         if name == "gae" and compute_gae_advantage_return is not None:
-            (tv,), _, ((va, _),), _ = best_of([partial(compute_gae_advantage_return, R, V, M, GAMMA, LAM)],
-                                        args.verl_reps)
+            (tv,), _, ((va, _),), _, _ = best_of(
+                [partial(compute_gae_advantage_return, R, V, M, GAMMA, LAM)], args.verl_reps
+            )
             d = float(np.abs(va.numpy()[act] - white[0].numpy()[act]).max())
             verl_cols = f"{tv * 1e3:>9.0f} {tv / t1:>9.0f}x {d:>9.1e}"
-        print(f"{B:>5} {L:>5} {name:<9} {med0 * 1e3:>9.1f} {med1 * 1e3:>9.1f} {paired:>5.2f}x {t1 / t0:>9.2f}x "
-              f"{c1 / c0:>8.2f}x "
-              f"{tn * 1e3:>9.1f} {tn / t0:>5.2f}x {verl_cols}", flush=True)
+        print(
+            f"{B:>5} {L:>5} {name:<9} {med0 * 1e3:>9.1f} {med1 * 1e3:>9.1f} {paired:>5.2f}x {t1 / t0:>9.2f}x "
+            f"{cpu_paired:>8.2f}x "
+            f"{tn * 1e3:>9.1f} {tn / t0:>5.2f}x {verl_cols}",
+            flush=True,
+        )
     print(f"{'':>5} ({act.mean():.0%} of the {B * L:,} positions are action tokens)")
-    print(f"{'':>5} verdict at B = {B}, median of {args.reps} paired rounds (target <= {TARGET:g}x): "
-          f"{', '.join(verdicts)}", flush=True)
+    print(
+        f"{'':>5} verdict at B = {B}, median of {args.reps} paired rounds (target <= {TARGET:g}x): "
+        f"{', '.join(verdicts)}; {load()}",
+        flush=True,
+    )
 
 
 if __name__ == "__main__":

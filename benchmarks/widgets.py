@@ -98,24 +98,32 @@ def bench_slider(repeats: int) -> None:
         tb.append(time.perf_counter() - t0)
     med, p90 = _stats(ts)
     bmed, bp90 = _stats(tb)
-    print(f"\n## 1. slider change: {len(b)} trajectories, {b.num_tokens:,} response tokens "
-          f"(padded {tuple(b.mask.shape)}), shown row {n_row:,} tokens, estimators {', '.join(names)}; {repeats} changes\n")
+    print(
+        f"\n## 1. slider change: {len(b)} trajectories, {b.num_tokens:,} response tokens "
+        f"(padded {tuple(b.mask.shape)}), shown row {n_row:,} tokens, estimators {', '.join(names)}; {repeats} "
+        "changes\n"
+    )
     print("| path | median ms | p90 ms | ratio vs baseline |")
     print("|---|---|---|---|")
-    print(f"| explorer (kernels, partial payload, in-place traces) | {med:.1f} | {p90:.1f} | {bmed / med:.1f}x faster |")
+    print(
+        f"| explorer (kernels, partial payload, in-place traces) | {med:.1f} | {p90:.1f} | {bmed / med:.1f}x faster |"
+    )
     print(f"| baseline (compute() x3, full strip_payload, new FigureWidget) | {bmed:.1f} | {bp90:.1f} | 1.0x |")
     print(f"\ntarget: median <= 100 ms -> {'met' if med <= 100 else 'NOT met'}\n")
     print("| phase | median ms |")
     print("|---|---|")
     for k, v in phases.items():
         print(f"| {k} | {statistics.median(v) * 1000:.2f} |")
+
     def sent(w):
         return len(w.patch) / 1e3, sum(m.nbytes for m in w.patch_arrays.values()) / 1e3
 
     pj, pb = sent(ex.strip)
-    print(f"\npushed to the strip on a slider move: a patch of {pj:.1f} kB of JSON (channel names and colour "
-          f"scales) and {pb:.0f} kB of binary float64 buffers (the changed channels, no Python list on the way); the "
-          f"whole payload would be {len(payload_json(ex.strip.payload_dict)) / 1e3:.0f} kB of JSON")
+    print(
+        f"\npushed to the strip on a slider move: a patch of {pj:.1f} kB of JSON (channel names and colour "
+        f"scales) and {pb:.0f} kB of binary float64 buffers (the changed channels, no Python list on the way); the "
+        f"whole payload would be {len(payload_json(ex.strip.payload_dict)) / 1e3:.0f} kB of JSON"
+    )
     from mpo_viz.widgets import EstimatorComparison
     from mpo_viz.widgets.strip_widget import split_payload
 
@@ -123,10 +131,14 @@ def bench_slider(repeats: int) -> None:
     cmp.params.set(beta=0.5)
     cj, cb = sent(cmp.strips["mpo"])
     wire, arrays = split_payload(cmp.strips["mpo"].payload_dict)
-    full_b = (sum(m.nbytes for m in arrays["channels"].values()) + arrays["mask"].nbytes + arrays["turn_ids"].nbytes) / 1e3
-    print(f"EstimatorComparison ({len(cmp.strips)} stacked strips), same move: each strip gets a patch of {cj:.1f} kB "
-          f"of JSON and {cb:.0f} kB of buffers (before, each got its whole payload again: tokens, mask and every "
-          f"channel, {len(payload_json(wire)) / 1e3:.0f} kB of JSON and {full_b:.0f} kB of buffers)")
+    full_b = (
+        sum(m.nbytes for m in arrays["channels"].values()) + arrays["mask"].nbytes + arrays["turn_ids"].nbytes
+    ) / 1e3
+    print(
+        f"EstimatorComparison ({len(cmp.strips)} stacked strips), same move: each strip gets a patch of {cj:.1f} kB "
+        f"of JSON and {cb:.0f} kB of buffers (before, each got its whole payload again: tokens, mask and every "
+        f"channel, {len(payload_json(wire)) / 1e3:.0f} kB of JSON and {full_b:.0f} kB of buffers)"
+    )
 
 
 _FAKE_MODEL = """
@@ -162,28 +174,35 @@ def bench_open(repeats: int = 3) -> None:
 
     payload = payload_json(ex.strip.payload_dict)  # the whole payload as JSON, as the report inlines it
     wire = len(ex.strip.payload)
-    binary = sum(m.nbytes for m in ex.strip.arrays["channels"].values()) + ex.strip.arrays["mask"].nbytes \
+    binary = (
+        sum(m.nbytes for m in ex.strip.arrays["channels"].values())
+        + ex.strip.arrays["mask"].nbytes
         + ex.strip.arrays["turn_ids"].nbytes
+    )
     fig_json = pio.to_json(ex.figure, validate=False)
     tmp = Path(tempfile.mkdtemp(prefix="mpo_viz_bench_widgets_"))
-    (tmp / "payload.js").write_text("window.PAYLOAD = " + json.dumps(payload) + ";\nwindow.FIG = " + json.dumps(fig_json) + ";")
-    html = (f"<!doctype html><meta charset=utf-8><style>{strip_css()}</style>"
-            f"<script>{plotly.offline.get_plotlyjs()}</script><script src='payload.js'></script>"
-            "<div id=w style='width:1200px'></div><div id=f style='width:1200px'></div>"
-            f"<script type=module>{strip_js()}\n{_FAKE_MODEL}\n"
-            "window.openTrajectory = async () => {\n"
-            "  const t0 = performance.now();\n"
-            "  const model = new FakeModel({payload: window.PAYLOAD, channel: 'adv_mpo', height: 320});\n"
-            "  render({ model, el: document.getElementById('w') });\n"
-            "  const t1 = performance.now();\n"
-            "  const fig = JSON.parse(window.FIG);\n"
-            "  await Plotly.newPlot('f', fig.data, fig.layout);\n"
-            "  const t2 = performance.now();\n"
-            "  await new Promise((r) => requestAnimationFrame(() => requestAnimationFrame(r)));\n"
-            "  const t3 = performance.now();\n"
-            "  return {strip: t1 - t0, plot: t2 - t1, total: t3 - t0,\n"
-            "          tokens: document.querySelectorAll('#w .mpo-strip-tok').length};\n"
-            "};\nwindow.ready = true;</script>")
+    (tmp / "payload.js").write_text(
+        "window.PAYLOAD = " + json.dumps(payload) + ";\nwindow.FIG = " + json.dumps(fig_json) + ";"
+    )
+    html = (
+        f"<!doctype html><meta charset=utf-8><style>{strip_css()}</style>"
+        f"<script>{plotly.offline.get_plotlyjs()}</script><script src='payload.js'></script>"
+        "<div id=w style='width:1200px'></div><div id=f style='width:1200px'></div>"
+        f"<script type=module>{strip_js()}\n{_FAKE_MODEL}\n"
+        "window.openTrajectory = async () => {\n"
+        "  const t0 = performance.now();\n"
+        "  const model = new FakeModel({payload: window.PAYLOAD, channel: 'adv_mpo', height: 320});\n"
+        "  render({ model, el: document.getElementById('w') });\n"
+        "  const t1 = performance.now();\n"
+        "  const fig = JSON.parse(window.FIG);\n"
+        "  await Plotly.newPlot('f', fig.data, fig.layout);\n"
+        "  const t2 = performance.now();\n"
+        "  await new Promise((r) => requestAnimationFrame(() => requestAnimationFrame(r)));\n"
+        "  const t3 = performance.now();\n"
+        "  return {strip: t1 - t0, plot: t2 - t1, total: t3 - t0,\n"
+        "          tokens: document.querySelectorAll('#w .mpo-strip-tok').length};\n"
+        "};\nwindow.ready = true;</script>"
+    )
     (tmp / "page.html").write_text(html)
     from playwright.sync_api import sync_playwright
 
@@ -201,17 +220,24 @@ def bench_open(repeats: int = 3) -> None:
             page.close()
         br.close()
     med = {k: statistics.median(r[k] for r in rows) for k in ("strip", "plot", "total")}
-    print(f"\n## 2. opening a {n:,}-token trajectory ({int(b.mask[0, :n].sum()):,} action tokens, "
-          f"{int(b.num_turns[0])} turns) in Chromium; median of {repeats}\n")
+    print(
+        f"\n## 2. opening a {n:,}-token trajectory ({int(b.mask[0, :n].sum()):,} action tokens, "
+        f"{int(b.num_turns[0])} turns) in Chromium; median of {repeats}\n"
+    )
     print("| step | ms |")
     print("|---|---|")
     print(f"| Python: explorer.select() (payload, FigureWidget, per-turn table) | {py_med:.0f} |")
-    print(f"| Chromium: strip render (JSON in model → first rows drawn; {rows[0]['tokens']} token spans in the DOM) | {med['strip']:.0f} |")
+    print(
+        f"| Chromium: strip render (JSON in model → first rows drawn; {rows[0]['tokens']} token spans in the DOM) | "
+        f"{med['strip']:.0f} |"
+    )
     print(f"| Chromium: value curve Plotly.newPlot | {med['plot']:.0f} |")
     print(f"| Chromium: total to the next frame | {med['total']:.0f} |")
-    print(f"\npayload {len(payload) / 1e6:.1f} MB as JSON (the widget sends {wire / 1e6:.1f} MB of JSON and "
-          f"{binary / 1e6:.1f} MB of binary buffers), figure {len(fig_json) / 1e6:.1f} MB of JSON; "
-          f"target: browser render <= 1000 ms -> {'met' if med['total'] <= 1000 else 'NOT met'}")
+    print(
+        f"\npayload {len(payload) / 1e6:.1f} MB as JSON (the widget sends {wire / 1e6:.1f} MB of JSON and "
+        f"{binary / 1e6:.1f} MB of binary buffers), figure {len(fig_json) / 1e6:.1f} MB of JSON; "
+        f"target: browser render <= 1000 ms -> {'met' if med['total'] <= 1000 else 'NOT met'}"
+    )
 
 
 def _py_ms(fn, repeats: int) -> float:
@@ -260,13 +286,17 @@ def bench_lab(repeats: int = 5) -> None:
 
     rows = {"pick ~200 tokens": [], "slider (β), 64 trajectories": [], "pick 50,000 tokens": []}
     with tempfile.TemporaryDirectory(prefix="mpo_viz_bench_lab_") as tmp, jupyter_lab(Path(tmp)) as srv:
-        write_notebook(srv.root / "bench.ipynb", [
-            f"import mpo_viz as mv\nfrom mpo_viz.widgets import TrajectoryExplorer\nbs = mv.load({str(search)!r})",
-            f"ea = TrajectoryExplorer(bs, estimators={names!r}, row={rows200[0]})\nea.add_class('bench-a')\nea",
-            f"b64 = {make64}\neb = TrajectoryExplorer(b64, estimators={names!r}, row=0)\neb.add_class('bench-b')\neb",
-            f"b50 = {make50k}\nec = TrajectoryExplorer(b50, estimators={names!r}, row=0, page_size=2)\n"
-            "ec.add_class('bench-c')\nec",
-        ])
+        write_notebook(
+            srv.root / "bench.ipynb",
+            [
+                f"import mpo_viz as mv\nfrom mpo_viz.widgets import TrajectoryExplorer\nbs = mv.load({str(search)!r})",
+                f"ea = TrajectoryExplorer(bs, estimators={names!r}, row={rows200[0]})\nea.add_class('bench-a')\nea",
+                f"b64 = {make64}\neb = TrajectoryExplorer(b64, estimators={names!r}, "
+                "row=0)\neb.add_class('bench-b')\neb",
+                f"b50 = {make50k}\nec = TrajectoryExplorer(b50, estimators={names!r}, row=0, page_size=2)\n"
+                "ec.add_class('bench-c')\nec",
+            ],
+        )
         with sync_playwright() as pw:
             br = pw.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS, headless=True)
             page = br.new_page(viewport={"width": 1440, "height": 1800})
@@ -296,12 +326,19 @@ def bench_lab(repeats: int = 5) -> None:
                 beta = round(0.3 + 0.1 * i, 2)
                 want = float(adv.compute(b64, "mpo", beta=beta).advantages[row0, :n0].numpy()[act][0])
                 rows["slider (β), 64 trajectories"].append(
-                    time_slider(page, ".bench-b", "β", f"{beta}", "A (mpo)", want, limit_ms=120_000))
+                    time_slider(page, ".bench-b", "β", f"{beta}", "A (mpo)", want, limit_ms=120_000)
+                )
             rows["pick 50,000 tokens"] = pick(".bench-c", 3)
             br.close()
     py = {"pick ~200 tokens": py_pick, "slider (β), 64 trajectories": py_slider, "pick 50,000 tokens": py_pick50}
-    return {k: {"py": py[k], "ms": statistics.median(r["ms"] for r in rs),
-                "painted": statistics.median(r["painted_ms"] for r in rs)} for k, rs in rows.items()}
+    return {
+        k: {
+            "py": py[k],
+            "ms": statistics.median(r["ms"] for r in rs),
+            "painted": statistics.median(r["painted_ms"] for r in rs),
+        }
+        for k, rs in rows.items()
+    }
 
 
 LAB_TARGETS = {"pick ~200 tokens": 300, "slider (β), 64 trajectories": 150, "pick 50,000 tokens": 1000}
@@ -310,13 +347,20 @@ LAB_TARGETS = {"pick ~200 tokens": 300, "slider (β), 64 trajectories": 150, "pi
 def report_lab(runs: list, loads: list, repeats: int) -> None:
     """The end-to-end table: per run (each a fresh JupyterLab) the median of its repeats, then the
     median over runs, with the machine's load average (1 min) at the start and end of each run."""
-    print(f"\n## 3. pick and slider end to end in JupyterLab (Chromium): {len(runs)} runs, each a fresh "
-          f"JupyterLab and the median of {repeats} repeats (50k pick: 3); the table is the median over runs\n")
-    print("load average (1 min) at start / end of each run: "
-          + "; ".join(f"run {i + 1}: {a:.2f} / {b:.2f}" for i, (a, b) in enumerate(loads)) + f" ({os.cpu_count()} CPUs)\n")
+    print(
+        f"\n## 3. pick and slider end to end in JupyterLab (Chromium): {len(runs)} runs, each a fresh "
+        f"JupyterLab and the median of {repeats} repeats (50k pick: 3); the table is the median over runs\n"
+    )
+    print(
+        "load average (1 min) at start / end of each run: "
+        + "; ".join(f"run {i + 1}: {a:.2f} / {b:.2f}" for i, (a, b) in enumerate(loads))
+        + f" ({os.cpu_count()} CPUs)\n"
+    )
     print("targets are from the input to the last redraw; the next painted frame is the stricter reading\n")
-    print("| action | Python side ms (kernel) | Chromium: input -> redrawn ms | Chromium: -> next frame painted ms "
-          "| per run (painted ms) | target ms | browser / Python |")
+    print(
+        "| action | Python side ms (kernel) | Chromium: input -> redrawn ms | Chromium: -> next frame painted ms "
+        "| per run (painted ms) | target ms | browser / Python |"
+    )
     print("|---|---|---|---|---|---|---|")
     for k, target in LAB_TARGETS.items():
         py = statistics.median(r[k]["py"] for r in runs)
@@ -324,8 +368,10 @@ def report_lab(runs: list, loads: list, repeats: int) -> None:
         painted = statistics.median(r[k]["painted"] for r in runs)
         each = ", ".join(f"{r[k]['painted']:.0f}" for r in runs)
         redrawn_ok, painted_ok = ("met" if v <= target else "NOT met" for v in (ms, painted))
-        print(f"| {k} | {py:.0f} | {ms:.0f} | {painted:.0f} | {each} | {target} (redrawn: {redrawn_ok}; "
-              f"painted: {painted_ok}) | {ms / max(py, 1e-9):.1f}x |")
+        print(
+            f"| {k} | {py:.0f} | {ms:.0f} | {painted:.0f} | {each} | {target} (redrawn: {redrawn_ok}; "
+            f"painted: {painted_ok}) | {ms / max(py, 1e-9):.1f}x |"
+        )
 
 
 def main(argv=None) -> int:
@@ -334,9 +380,15 @@ def main(argv=None) -> int:
     ap.add_argument("--no-browser", action="store_true")
     ap.add_argument("--lab-only", action="store_true", help="only section 3 (end to end in JupyterLab)")
     ap.add_argument("--lab-repeats", type=int, default=5, help="repeats of each end-to-end measurement in JupyterLab")
-    ap.add_argument("--lab-runs", type=int, default=2,
-                    help="runs of section 3, each in a fresh JupyterLab (the machine is shared: the median of runs)")
-    ap.add_argument("--quick", action="store_true", help="a few seconds' smoke run (make bench): 3 slider repeats, no browser")
+    ap.add_argument(
+        "--lab-runs",
+        type=int,
+        default=2,
+        help="runs of section 3, each in a fresh JupyterLab (the machine is shared: the median of runs)",
+    )
+    ap.add_argument(
+        "--quick", action="store_true", help="a few seconds' smoke run (make bench): 3 slider repeats, no browser"
+    )
     a = ap.parse_args(argv)
     if a.quick:
         a.repeats, a.no_browser = 3, True

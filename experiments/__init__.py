@@ -2,7 +2,8 @@
 
 Run from the repository root, e.g. ``python -m experiments.replication --size v3-e2 --status``.
 ``grids`` holds each version's grid as frozen data, ``runner`` runs and archives, ``stats`` holds
-the statistics, ``records`` rebuilds tables and figures from the runs; ``credit_accuracy`` and
-``truth_accuracy`` are the accuracy studies. ``records/`` keeps what every version measured
+the statistics, ``report`` rebuilds records, tables and figures from the runs, ``readings`` holds the
+numbers the docs quote; ``credit_accuracy``, ``truth_accuracy`` and ``headroom`` are the accuracy
+studies. ``records/`` keeps what every version measured
 (docs/results.md reads it).
 """

@@ -10,7 +10,8 @@ Run:  .venv/bin/python -m experiments.credit_accuracy            (3 shipped sets
 Data: the shipped expert trajectories (`trajectories/{search,tooluse,automation}.parquet`, 400 each,
 noise 0.25, G = 4), whose `oracle_values` are the exact values under the noisy expert. The critic
 every value-based estimator sees is `oracle_values + N(0, σ²)` (one draw per token, or with
-`--noise-model turn` one draw per turn shared by its tokens; the same draw for every estimator). The ground truth is the oracle (mpo_viz.envs.oracle):
+`--noise-model turn` one draw per turn shared by its tokens; the same draw for every estimator). The ground truth is
+the oracle (mpo_viz.envs.oracle):
 
 * turn level: `A*_k = Q(s_k, a_k) − V(s_k)`, the exact advantage of the command taken in turn k;
 * token level: `a*_t = V(after t) − V(before t)` (partial-turn values), nonzero only on the
@@ -86,9 +87,9 @@ beside the truth's, sign agreement and both slopes. Critics read the expert's ex
 With `--policy expert` it is the path's validation on the scripted expert (no model): per environment
 of `--envs`, a 64-episode expert file (noise 0.3, `--episodes` to change), the token truth at the
 `uncertain` defaults and at `decisive`, and its agreement with the exact `oracle_token_adv`: the share
-of measured decisive tokens with |z| < 3 (z = (Â − a*)/se) and of controls with |Â| ≤ 3·se (an exact 0 with se 0 counts; the
-pre-registered check of docs/results.md, E5), beside the within-turn table with the oracle's values as
-the critic. The controls are filler tokens the expert writes with π = 1, whose true advantage is 0
+of measured decisive tokens with |z| < 3 (z = (Â − a*)/se) and of controls with |Â| ≤ 3·se (an exact 0
+with se 0 counts; the pre-registered check of docs/results.md, E5), beside the within-turn table with the
+oracle's values as the critic. The controls are filler tokens the expert writes with π = 1, whose true advantage is 0
 exactly: the `pi` estimator runs nothing there (`controls_zero`), so the `plain` estimator (Q̂ − V̂)
 is run too, where they are a real check.
 """
@@ -201,7 +202,11 @@ def reference(batch) -> dict:
     if len(turn_adv) != len(counts):
         raise ValueError(f"extra_json: expected {len(counts)} oracle turns, found {len(turn_adv)}")
     return {
-        "rows": rows, "cols": cols, "inv": inv, "counts": counts, "turn_adv": turn_adv,
+        "rows": rows,
+        "cols": cols,
+        "inv": inv,
+        "counts": counts,
+        "turn_adv": turn_adv,
         "tok": oc["token_adv"].numpy()[rows, cols].astype(np.float64),
         "dec": oc["decisive"].numpy()[rows, cols] > 0.5,
         "values": oc["values"],
@@ -232,7 +237,15 @@ def run(envs, sigmas, seed: int = 0, noise_model: str = "token") -> pd.DataFrame
         # the oracle itself, as a reference row: its token advantages are a*_t, turn means A*_k/n_k
         oracle_adv = np.zeros(ref["values"].shape)
         oracle_adv[ref["rows"], ref["cols"]] = ref["tok"]
-        out.append({"env": env, "sigma": 0.0, "estimator": "oracle (a*_t)", "ms": 0.0, **metrics(oracle_adv, ref, turn_sum=True)})
+        out.append(
+            {
+                "env": env,
+                "sigma": 0.0,
+                "estimator": "oracle (a*_t)",
+                "ms": 0.0,
+                **metrics(oracle_adv, ref, turn_sum=True),
+            }
+        )
         for i, sigma in enumerate(sigmas):
             rng = np.random.default_rng([seed, i])
             v = ref["values"].numpy().astype(np.float64)
@@ -242,8 +255,15 @@ def run(envs, sigmas, seed: int = 0, noise_model: str = "token") -> pd.DataFrame
                 t0 = time.perf_counter()
                 res = compute(b, name, **opts)
                 ms = 1e3 * (time.perf_counter() - t0)
-                out.append({"env": env, "sigma": sigma, "estimator": label, "ms": ms,
-                            **metrics(res.advantages.double().numpy(), ref)})
+                out.append(
+                    {
+                        "env": env,
+                        "sigma": sigma,
+                        "estimator": label,
+                        "ms": ms,
+                        **metrics(res.advantages.double().numpy(), ref),
+                    }
+                )
     return pd.DataFrame(out)
 
 
@@ -303,10 +323,20 @@ def run_calibration(envs, episodes: int) -> pd.DataFrame:
             beta = float(opts.get("beta", 1.0))
             pred = (1.0 + beta * centring_factor(ref, name, opts)) * o
             row = metrics(res.advantages.double().numpy(), ref)
-            out.append({"env": env, "episodes": len(batch), "decisive": int(d.sum()), "estimator": label,
-                        "dec_slope": row["dec_slope"], "pred_dec": _slope(pred[d], o[d]),
-                        "tok_slope": row["tok_slope"], "turn_slope": row["turn_slope"],
-                        "tok_corr": row["tok_corr"], "turn_corr": row["turn_corr"]})
+            out.append(
+                {
+                    "env": env,
+                    "episodes": len(batch),
+                    "decisive": int(d.sum()),
+                    "estimator": label,
+                    "dec_slope": row["dec_slope"],
+                    "pred_dec": _slope(pred[d], o[d]),
+                    "tok_slope": row["tok_slope"],
+                    "turn_slope": row["turn_slope"],
+                    "tok_corr": row["tok_corr"],
+                    "turn_corr": row["turn_corr"],
+                }
+            )
     return pd.DataFrame(out)
 
 
@@ -315,8 +345,10 @@ def main_calibration(args) -> int:
     df = run_calibration(args.envs, args.episodes or 2000)
     for env, g in df.groupby("env", sort=False):
         first = g.iloc[0]
-        print(f"\n== {env}: {first['episodes']} expert episodes (noise 0.25), the exact oracle values as the critic; "
-              f"slopes of the estimator's credit on the true credit ({first['decisive']} decisive tokens)")
+        print(
+            f"\n== {env}: {first['episodes']} expert episodes (noise 0.25), the exact oracle values as the critic; "
+            f"slopes of the estimator's credit on the true credit ({first['decisive']} decisive tokens)"
+        )
         cols = ["estimator", "dec_slope", "pred_dec", "tok_slope", "turn_slope", "tok_corr", "turn_corr"]
         print(g[cols].to_string(index=False, float_format=lambda x: f"{x:.3f}", na_rep="-"))
     if args.csv:
@@ -345,7 +377,7 @@ def expert_set(env: str, size: int):
 def make_critic(env: str, trunk: str, batch, seed: int):
     """A critic over the set's ids: a fresh tiny Llama trunk, or the trunk of the shipped policy."""
     from mpo_viz import models
-    from mpo_viz.train.critic_fit import vocab_critic
+    from mpo_viz.models.critic import vocab_critic
 
     if trunk == "policy":
         policy, _ = models.load(START_DIRS[env])
@@ -371,8 +403,9 @@ def fit_and_score(env: str, size: int, target: str, trunk: str, seed: int, budge
 
     import torch
 
+    from mpo_viz.advantages import mc_returns
     from mpo_viz.analysis import value_variance, variance_summary
-    from mpo_viz.train.critic_fit import critic_outputs, fit_values, holdout_split, mc_returns
+    from mpo_viz.train.critic_fit import critic_outputs, fit_values, holdout_split
     from mpo_viz.train.update import rows_of
 
     targets = mc_returns(batch) if target == "mc" else batch.padded("oracle_values", torch.float64)
@@ -391,8 +424,21 @@ def fit_and_score(env: str, size: int, target: str, trunk: str, seed: int, budge
 
     t0 = time.perf_counter()
     every = min(16, math.gcd(*budgets))  # the budgets must be among the checked steps
-    fit_values(critic, batch, targets, steps=max(budgets), lr=1e-3, batch_episodes=16, holdout=0.2, gate=None,
-               eval_every=every, seed=seed, pad_id=0, groups=groups, on_eval=on_eval)
+    fit_values(
+        critic,
+        batch,
+        targets,
+        steps=max(budgets),
+        lr=1e-3,
+        batch_episodes=16,
+        holdout=0.2,
+        gate=None,
+        eval_every=every,
+        seed=seed,
+        pad_id=0,
+        groups=groups,
+        on_eval=on_eval,
+    )
     snaps["best"] = (best["ev"], best["state"])
     rows = []
     for budget, (ev, state) in snaps.items():
@@ -401,12 +447,27 @@ def fit_and_score(env: str, size: int, target: str, trunk: str, seed: int, budge
         sub = batch[held]
         ratio = variance_summary(value_variance(sub, values[held][:, : sub.mask.shape[1]]))["median_ratio"]
         for row in score_heldout(batch, values, held):
-            rows.append({"env": env, "size": size, "target": target, "trunk": trunk, "seed": seed,
-                         "budget": str(budget), "best_step": best["step"] if budget == "best" else budget,
-                         "heldout_ev": ev, "values_ratio": ratio, "oracle_ratio": oracle_ratio, **row})
-    log(f"{env} n={size} target={target} trunk={trunk} seed={seed}: held-out EV "
-        + ", ".join(f"{b}: {snaps[b][0]:.3f}" for b in budgets) + f", best {best['ev']:.3f} at step {best['step']} "
-        f"({time.perf_counter() - t0:.0f} s)")
+            rows.append(
+                {
+                    "env": env,
+                    "size": size,
+                    "target": target,
+                    "trunk": trunk,
+                    "seed": seed,
+                    "budget": str(budget),
+                    "best_step": best["step"] if budget == "best" else budget,
+                    "heldout_ev": ev,
+                    "values_ratio": ratio,
+                    "oracle_ratio": oracle_ratio,
+                    **row,
+                }
+            )
+    log(
+        f"{env} n={size} target={target} trunk={trunk} seed={seed}: held-out EV "
+        + ", ".join(f"{b}: {snaps[b][0]:.3f}" for b in budgets)
+        + f", best {best['ev']:.3f} at step {best['step']} "
+        f"({time.perf_counter() - t0:.0f} s)"
+    )
     return rows
 
 
@@ -415,8 +476,21 @@ def summarize_learned(df: pd.DataFrame) -> pd.DataFrame:
     from scipy import stats as sps
 
     keys = ["env", "size", "target", "trunk", "budget", "estimator"]
-    cols = ["heldout_ev", "values_ratio", "oracle_ratio", "best_step", "turn_corr", "turn_sign", "tok_corr",
-            "within_corr", "dec_sign", "dec_mass", "tok_slope", "dec_slope", "turn_slope"]
+    cols = [
+        "heldout_ev",
+        "values_ratio",
+        "oracle_ratio",
+        "best_step",
+        "turn_corr",
+        "turn_sign",
+        "tok_corr",
+        "within_corr",
+        "dec_sign",
+        "dec_mass",
+        "tok_slope",
+        "dec_slope",
+        "turn_slope",
+    ]
     cols = [c for c in cols if c in df]  # a CSV written before the slopes existed has none
     out = []
     for k, g in df.groupby(keys, sort=False):
@@ -426,8 +500,9 @@ def summarize_learned(df: pd.DataFrame) -> pd.DataFrame:
             v = g[c].to_numpy(dtype=float)
             v = v[np.isfinite(v)]
             row[c] = float(v.mean()) if len(v) else math.nan
-            row[f"{c}_ci"] = (float(sps.t.ppf(0.975, len(v) - 1) * v.std(ddof=1) / math.sqrt(len(v)))
-                              if len(v) > 1 else math.nan)
+            row[f"{c}_ci"] = (
+                float(sps.t.ppf(0.975, len(v) - 1) * v.std(ddof=1) / math.sqrt(len(v))) if len(v) > 1 else math.nan
+            )
         out.append(row)
     return pd.DataFrame(out)
 
@@ -441,10 +516,13 @@ def learned_tables(summary: pd.DataFrame) -> str:
 
     lines = []
     for env, e in summary.groupby("env", sort=False):
-        lines += [f"\n== {env}: a critic fitted to expert episodes; credit scored on held-out groups "
-                  f"(turn_corr / tok_corr, mean ± 95% CI over critic seeds)", "",
-                  "| n | target | trunk | steps | held-out EV | across/within (oracle) | "
-                  + " | ".join(SHOWN) + " |", "|---" * (6 + len(SHOWN)) + "|"]
+        lines += [
+            f"\n== {env}: a critic fitted to expert episodes; credit scored on held-out groups "
+            f"(turn_corr / tok_corr, mean ± 95% CI over critic seeds)",
+            "",
+            "| n | target | trunk | steps | held-out EV | across/within (oracle) | " + " | ".join(SHOWN) + " |",
+            "|---" * (6 + len(SHOWN)) + "|",
+        ]
         for k, g in e.groupby(["size", "target", "trunk", "budget"], sort=False):
             first = g.iloc[0]
             steps = k[3] if k[3] != "best" else f"best ({first['best_step']:.0f})"
@@ -456,16 +534,17 @@ def learned_tables(summary: pd.DataFrame) -> str:
                     continue
                 r = r.iloc[0]
                 cells.append(f"{f(r['turn_corr'], r['turn_corr_ci'])} / {f(r['tok_corr'], r['tok_corr_ci'])}")
-            lines.append(f"| {k[0]} | {k[1]} | {k[2]} | {steps} | {f(first['heldout_ev'], first['heldout_ev_ci'])} | "
-                         f"{first['values_ratio']:.2g} ({first['oracle_ratio']:.2g}) | " + " | ".join(cells) + " |")
+            lines.append(
+                f"| {k[0]} | {k[1]} | {k[2]} | {steps} | {f(first['heldout_ev'], first['heldout_ev_ci'])} | "
+                f"{first['values_ratio']:.2g} ({first['oracle_ratio']:.2g}) | " + " | ".join(cells) + " |"
+            )
     return "\n".join(lines)
 
 
 FIT_KEYS = ["env", "size", "target", "trunk", "seed"]
 
 
-def run_learned(envs, sizes, targets, trunks, seeds, budgets, log=print, done=frozenset(),
-                on_fit=None) -> pd.DataFrame:
+def run_learned(envs, sizes, targets, trunks, seeds, budgets, log=print, done=frozenset(), on_fit=None) -> pd.DataFrame:
     """Every fit of the grid envs × sizes × targets × trunks × seeds, skipping those in ``done``
     (tuples of :data:`FIT_KEYS`); ``on_fit(rows)`` after each fit (e.g. to append them to a CSV)."""
     rows = []
@@ -510,11 +589,17 @@ def main_learned(args) -> int:
         if args.csv:
             pd.DataFrame(rows).to_csv(args.csv, mode="a", index=False, header=not os.path.exists(args.csv))
 
-    new = run_learned(args.envs, args.sizes, args.targets, args.trunks, args.seeds, args.budgets, done=done,
-                      on_fit=append)
+    new = run_learned(
+        args.envs, args.sizes, args.targets, args.trunks, args.seeds, args.budgets, done=done, on_fit=append
+    )
     df = pd.concat([old, new], ignore_index=True)
-    keep = (df.env.isin(args.envs) & df["size"].isin(args.sizes) & df.target.isin(args.targets)
-            & df.trunk.isin(args.trunks) & df.seed.isin(args.seeds))
+    keep = (
+        df.env.isin(args.envs)
+        & df["size"].isin(args.sizes)
+        & df.target.isin(args.targets)
+        & df.trunk.isin(args.trunks)
+        & df.seed.isin(args.seeds)
+    )
     summary = summarize_learned(df[keep])
     print(learned_tables(summary))
     if args.csv:
@@ -526,8 +611,16 @@ def main_learned(args) -> int:
 
 # --------------------------------------------------------------------------------------------- the policy's truth
 
-def policy_truth(episodes: int = 64, group: int = 4, m: int = 8, seed: int = 0, q: bool = True,
-                 expert_noise: float = 0.3, difficulty=(3, 4)) -> tuple[pd.DataFrame, dict]:
+
+def policy_truth(
+    episodes: int = 64,
+    group: int = 4,
+    m: int = 8,
+    seed: int = 0,
+    q: bool = True,
+    expert_noise: float = 0.3,
+    difficulty=(3, 4),
+) -> tuple[pd.DataFrame, dict]:
     """``--truth mc``: the shipped automation start's own episodes, the policy's Monte-Carlo truth at
     every turn start (``mpo_viz.rollout.truth.mc_truth``, ``m`` continuations, with Q̂ after the
     recorded turn), and every estimator scored per turn against it (raw, disattenuated, slope) and
@@ -546,8 +639,9 @@ def policy_truth(episodes: int = 64, group: int = 4, m: int = 8, seed: int = 0, 
     torch.set_num_threads(1)
     policy, _ = models.load(START_DIRS["automation"])
     env = make_env("automation", difficulty=tuple(difficulty))
-    batch = rollout(policy, env, episodes, group_size=group, seed=seed, oracle=NoisyExpert(noise=expert_noise),
-                    progress=False)
+    batch = rollout(
+        policy, env, episodes, group_size=group, seed=seed, oracle=NoisyExpert(noise=expert_noise), progress=False
+    )
     t0 = time.perf_counter()
     batch = mc_truth(batch, policy, m=m, seed=seed, q=q, progress=True)
     truth_s = time.perf_counter() - t0
@@ -558,19 +652,44 @@ def policy_truth(episodes: int = 64, group: int = 4, m: int = 8, seed: int = 0, 
     table = mc.join(ex[["turn_corr"]].rename(columns={"turn_corr": "expert_turn_corr"}))
     v_pol = np.concatenate(batch.field("mc_value"))
     v_exp = np.concatenate([json.loads(x)["oracle"]["turn_v"] for x in batch.field("extra_json")])
-    info = {"episodes": episodes, "turns": len(v_pol), "m": m, "truth_s": truth_s, "success": float(np.mean(batch.outcome_reward)),
-            "v_policy": float(v_pol.mean()), "v_expert": float(v_exp.mean()),
-            "v_corr": float(np.corrcoef(v_pol, v_exp)[0, 1]), "reliability": float(table.reliability.iloc[0]),
-            "truth": str(table.truth.iloc[0])}
+    info = {
+        "episodes": episodes,
+        "turns": len(v_pol),
+        "m": m,
+        "truth_s": truth_s,
+        "success": float(np.mean(batch.outcome_reward)),
+        "v_policy": float(v_pol.mean()),
+        "v_expert": float(v_exp.mean()),
+        "v_corr": float(np.corrcoef(v_pol, v_exp)[0, 1]),
+        "reliability": float(table.reliability.iloc[0]),
+        "truth": str(table.truth.iloc[0]),
+    }
     return table.reset_index(), info
 
 
-TOKEN_COLUMNS = ["estimator", "tok_corr", "tok_corr_dis", "within_corr", "within_corr_dis", "unc_share",
-                 "unc_share_truth", "sign_agreement", "slope_credit_on_truth_dis", "slope_truth_on_credit"]
+TOKEN_COLUMNS = [
+    "estimator",
+    "tok_corr",
+    "tok_corr_dis",
+    "within_corr",
+    "within_corr_dis",
+    "unc_share",
+    "unc_share_truth",
+    "sign_agreement",
+    "slope_credit_on_truth_dis",
+    "slope_truth_on_credit",
+]
 
 
-def policy_token_truth(episodes: int = 64, group: int = 4, m: int = 8, m_tokens: int = 16, seed: int = 0,
-                       expert_noise: float = 0.3, difficulty=(3, 4)) -> tuple[pd.DataFrame, dict]:
+def policy_token_truth(
+    episodes: int = 64,
+    group: int = 4,
+    m: int = 8,
+    m_tokens: int = 16,
+    seed: int = 0,
+    expert_noise: float = 0.3,
+    difficulty=(3, 4),
+) -> tuple[pd.DataFrame, dict]:
     """``--truth mc-token``: the shipped automation start's own episodes, the turn-level truth (``m``,
     with Q̂) and the token truth at the uncertain defaults (``m_tokens`` pairs), and every estimator's
     credit scored at the measured tokens, the critic-based ones reading the expert's values."""
@@ -586,8 +705,9 @@ def policy_token_truth(episodes: int = 64, group: int = 4, m: int = 8, m_tokens:
     torch.set_num_threads(1)
     policy, _ = models.load(START_DIRS["automation"])
     env = make_env("automation", difficulty=tuple(difficulty))
-    batch = rollout(policy, env, episodes, group_size=group, seed=seed, oracle=NoisyExpert(noise=expert_noise),
-                    progress=False)
+    batch = rollout(
+        policy, env, episodes, group_size=group, seed=seed, oracle=NoisyExpert(noise=expert_noise), progress=False
+    )
     t0 = time.perf_counter()
     batch = mc_truth(batch, policy, m=m, seed=seed, q=True, progress=True)
     batch = mc_token_truth(batch, policy, m=m_tokens, seed=seed, progress=True)
@@ -596,9 +716,15 @@ def policy_token_truth(episodes: int = 64, group: int = 4, m: int = 8, m_tokens:
     advs = {label: compute(b, name, **opts).advantages.double().numpy() for label, name, opts in ESTIMATORS}
     table = credit_accuracy(b, advs, truth="mc-token")
     meta = batch.meta["mc_truth"]["tokens"]
-    info = {"episodes": episodes, "measured": meta["measured"], "controls": meta["measured_controls"],
-            "m_tokens": m_tokens, "truth_s": truth_s, "reliability": float(table.reliability.iloc[0]),
-            "within_reliability": float(table.within_reliability.iloc[0])}
+    info = {
+        "episodes": episodes,
+        "measured": meta["measured"],
+        "controls": meta["measured_controls"],
+        "m_tokens": m_tokens,
+        "truth_s": truth_s,
+        "reliability": float(table.reliability.iloc[0]),
+        "within_reliability": float(table.within_reliability.iloc[0]),
+    }
     return table, info
 
 
@@ -619,8 +745,9 @@ def expert_token_validation(env: str, episodes: int = 64, m: int = 16, seed: int
     rows, out = [], None
     for rule, est in (("uncertain", "pi"), ("decisive", "pi"), ("uncertain", "plain")):
         t0 = time.perf_counter()
-        res = mc_token_truth(batch, NoisyExpert(noise=noise), m=m, seed=seed, positions=rule, estimator=est,
-                             progress=False)
+        res = mc_token_truth(
+            batch, NoisyExpert(noise=noise), m=m, seed=seed, positions=rule, estimator=est, progress=False
+        )
         secs = time.perf_counter() - t0
 
         def cat(name, res=res):
@@ -631,13 +758,22 @@ def expert_token_validation(env: str, episodes: int = 64, m: int = 16, seed: int
         diff = adv - orc
         z = np.where(np.abs(diff) < 1e-6, 0.0, diff / np.where(se > 0, se, 1e-300))  # the oracle is float32
         d, c = meas & dec & ~ctl, meas & ctl
-        rows.append({"env": env, "positions": rule, "estimator": est, "measured": int(meas.sum()), "decisive": int(d.sum()),
-                     "z_lt_3": float(np.mean(np.abs(z[d]) < 3)) if d.any() else math.nan,
-                     "mean_err": float(diff[d].mean()) if d.any() else math.nan,
-                     "controls": int(c.sum()),
-                     "controls_zero": float(np.mean(adv[c] == 0)) if c.any() else math.nan,
-                     "controls_lt_3se": float(np.mean(np.abs(adv[c]) <= 3 * se[c])) if c.any() else math.nan,
-                     "mean_se": float(se[meas].mean()), "seconds": secs})
+        rows.append(
+            {
+                "env": env,
+                "positions": rule,
+                "estimator": est,
+                "measured": int(meas.sum()),
+                "decisive": int(d.sum()),
+                "z_lt_3": float(np.mean(np.abs(z[d]) < 3)) if d.any() else math.nan,
+                "mean_err": float(diff[d].mean()) if d.any() else math.nan,
+                "controls": int(c.sum()),
+                "controls_zero": float(np.mean(adv[c] == 0)) if c.any() else math.nan,
+                "controls_lt_3se": float(np.mean(np.abs(adv[c]) <= 3 * se[c])) if c.any() else math.nan,
+                "mean_se": float(se[meas].mean()),
+                "seconds": secs,
+            }
+        )
         if rule == "uncertain" and est == "pi":
             out = res
     b = out.with_token_fields(values=out.padded("oracle_values"))
@@ -654,8 +790,10 @@ def main_token_truth(args) -> int:
             check, table = expert_token_validation(env, episodes=args.episodes or 64, m=args.m_tokens, seed=args.seed)
             checks.append(check)
             tables.append(table.assign(env=env))
-            print(f"\n== {env}: the scripted expert (noise 0.3) as the policy, {args.episodes or 64} episodes, "
-                  f"M = {args.m_tokens}: the token truth against the exact oracle")
+            print(
+                f"\n== {env}: the scripted expert (noise 0.3) as the policy, {args.episodes or 64} episodes, "
+                f"M = {args.m_tokens}: the token truth against the exact oracle"
+            )
             print(check.drop(columns=["env"]).to_string(**fmt))
             print("within-turn credit at the uncertain defaults (critic: the oracle's values)")
             print(table[TOKEN_COLUMNS].to_string(**fmt))
@@ -665,10 +803,12 @@ def main_token_truth(args) -> int:
             print(f"\nwrote {args.csv} and its _within.csv")
         return 0
     table, info = policy_token_truth(episodes=args.episodes or 64, m=args.m, m_tokens=args.m_tokens, seed=args.seed)
-    print(f"\n== the shipped automation start (3-4 expert turns): {info['episodes']} episodes, {info['measured']} tokens "
-          f"measured ({info['controls']} controls), M = {info['m_tokens']} pairs ({info['truth_s']:.0f} s); "
-          f"reliability of the token truth {info['reliability']:.2f}, of its within-turn part "
-          f"{info['within_reliability']:.2f}")
+    print(
+        f"\n== the shipped automation start (3-4 expert turns): {info['episodes']} episodes, {info['measured']} tokens "
+        f"measured ({info['controls']} controls), M = {info['m_tokens']} pairs ({info['truth_s']:.0f} s); "
+        f"reliability of the token truth {info['reliability']:.2f}, of its within-turn part "
+        f"{info['within_reliability']:.2f}"
+    )
     print("credit at the measured tokens against the policy's token truth; critics read the expert's values")
     print(table[TOKEN_COLUMNS + ["within_note"]].to_string(**fmt))
     if args.csv:
@@ -679,14 +819,29 @@ def main_token_truth(args) -> int:
 
 def main_truth(args) -> int:
     table, info = policy_truth(episodes=args.episodes or 64, m=args.m, seed=args.seed)
-    print(f"\n== the shipped automation start (3-4 expert turns): {info['episodes']} episodes (sampled success "
-          f"{info['success']:.2f}), {info['turns']} turn starts, M = {info['m']} ({info['truth_s']:.0f} s)")
-    print(f"V at turn starts: the policy's own (Monte-Carlo) {info['v_policy']:.3f}, the expert's {info['v_expert']:.3f}"
-          f" (correlation {info['v_corr']:.2f}); truth {info['truth']!r}, reliability {info['reliability']:.2f}")
-    cols = ["estimator", "turn_corr", "turn_corr_lo", "turn_corr_hi", "turn_corr_dis", "slope_credit_on_truth_dis",
-            "slope_truth_on_credit", "turn_sign", "expert_turn_corr"]
-    print("turn credit against the policy's truth (raw [95%], disattenuated, both slopes: the credit on the truth / ρ, "
-          "the truth on the credit) and against the expert's credit; critics read the expert's values")
+    print(
+        f"\n== the shipped automation start (3-4 expert turns): {info['episodes']} episodes (sampled success "
+        f"{info['success']:.2f}), {info['turns']} turn starts, M = {info['m']} ({info['truth_s']:.0f} s)"
+    )
+    print(
+        f"V at turn starts: the policy's own (Monte-Carlo) {info['v_policy']:.3f}, the expert's {info['v_expert']:.3f}"
+        f" (correlation {info['v_corr']:.2f}); truth {info['truth']!r}, reliability {info['reliability']:.2f}"
+    )
+    cols = [
+        "estimator",
+        "turn_corr",
+        "turn_corr_lo",
+        "turn_corr_hi",
+        "turn_corr_dis",
+        "slope_credit_on_truth_dis",
+        "slope_truth_on_credit",
+        "turn_sign",
+        "expert_turn_corr",
+    ]
+    print(
+        "turn credit against the policy's truth (raw [95%], disattenuated, both slopes: the credit on the truth / ρ, "
+        "the truth on the credit) and against the expert's credit; critics read the expert's values"
+    )
     print(table[cols].to_string(index=False, float_format=lambda x: f"{x:.3f}", na_rep="-"))
     if args.csv:
         table.to_csv(args.csv, index=False)
@@ -696,37 +851,75 @@ def main_truth(args) -> int:
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--truth", choices=("expert", "mc", "mc-token"), default="expert",
-                    help="expert: the scripted expert's oracle on its own sets (default); mc: the shipped "
-                         "automation start's own episodes against its Monte-Carlo truth; mc-token: the same "
-                         "inside turns, against its token truth")
-    ap.add_argument("--policy", choices=("start", "expert"), default="start",
-                    help="mc-token: the shipped start (default), or the scripted expert (the path's validation "
-                         "against the exact oracle)")
+    ap.add_argument(
+        "--truth",
+        choices=("expert", "mc", "mc-token"),
+        default="expert",
+        help="expert: the scripted expert's oracle on its own sets (default); mc: the shipped "
+        "automation start's own episodes against its Monte-Carlo truth; mc-token: the same "
+        "inside turns, against its token truth",
+    )
+    ap.add_argument(
+        "--policy",
+        choices=("start", "expert"),
+        default="start",
+        help="mc-token: the shipped start (default), or the scripted expert (the path's validation "
+        "against the exact oracle)",
+    )
     ap.add_argument("--tokens-M", dest="m_tokens", type=int, default=16, help="mc-token: continuation pairs per token")
-    ap.add_argument("--episodes", type=int, default=None,
-                    help="mc: episodes of the start (G = 4; default 64); oracle-critic: expert episodes per "
-                         "environment (default 2000; 400 = the shipped set)")
+    ap.add_argument(
+        "--episodes",
+        type=int,
+        default=None,
+        help="mc: episodes of the start (G = 4; default 64); oracle-critic: expert episodes per "
+        "environment (default 2000; 400 = the shipped set)",
+    )
     ap.add_argument("-M", dest="m", type=int, default=8, help="mc: continuations per turn start")
     ap.add_argument("--seed", type=int, default=0, help="mc: rollout and continuation seed")
-    ap.add_argument("--critic", choices=("noise", "learned"), default="noise",
-                    help="noise: the oracle plus Gaussian noise (default); learned: critics fitted to the sets")
-    ap.add_argument("--sizes", type=int, nargs="*", default=[400, 2000],
-                    help="learned: set sizes (400 = the shipped set; others are generated)")
-    ap.add_argument("--targets", nargs="*", default=["mc", "oracle"], choices=["mc", "oracle"],
-                    help="learned: what the critic is fitted to")
-    ap.add_argument("--trunks", nargs="*", default=["fresh", "policy"], choices=["fresh", "policy"],
-                    help="learned: a fresh trunk, or a shipped trained policy's (automation)")
+    ap.add_argument(
+        "--critic",
+        choices=("noise", "learned"),
+        default="noise",
+        help="noise: the oracle plus Gaussian noise (default); learned: critics fitted to the sets",
+    )
+    ap.add_argument(
+        "--sizes",
+        type=int,
+        nargs="*",
+        default=[400, 2000],
+        help="learned: set sizes (400 = the shipped set; others are generated)",
+    )
+    ap.add_argument(
+        "--targets",
+        nargs="*",
+        default=["mc", "oracle"],
+        choices=["mc", "oracle"],
+        help="learned: what the critic is fitted to",
+    )
+    ap.add_argument(
+        "--trunks",
+        nargs="*",
+        default=["fresh", "policy"],
+        choices=["fresh", "policy"],
+        help="learned: a fresh trunk, or a shipped trained policy's (automation)",
+    )
     ap.add_argument("--seeds", type=int, nargs="*", default=[0, 1, 2], help="learned: critic seeds")
     ap.add_argument("--budgets", type=int, nargs="*", default=[16, 64, 256, 1024], help="learned: step budgets")
     ap.add_argument("--threads", type=int, default=1, help="learned: torch CPU threads")
-    ap.add_argument("--oracle-critic", action="store_true",
-                    help="calibration: the exact oracle values as the critic, slopes beside the derivation's")
+    ap.add_argument(
+        "--oracle-critic",
+        action="store_true",
+        help="calibration: the exact oracle values as the critic, slopes beside the derivation's",
+    )
     ap.add_argument("--quick", action="store_true", help="sigma in {0, 0.1} only")
     ap.add_argument("--sigmas", type=float, nargs="*", default=None, help="critic noise levels")
     ap.add_argument("--envs", nargs="*", default=list(ENVS), choices=ENVS)
-    ap.add_argument("--noise-model", default="token", choices=["token", "turn"],
-                    help="critic noise: i.i.d. per token (default) or one draw per turn")
+    ap.add_argument(
+        "--noise-model",
+        default="token",
+        choices=["token", "turn"],
+        help="critic noise: i.i.d. per token (default) or one draw per turn",
+    )
     ap.add_argument("--csv", default=None, help="also write the table as CSV")
     args = ap.parse_args(argv)
     if args.truth == "mc":
@@ -743,8 +936,19 @@ def main(argv=None) -> int:
     t0 = time.perf_counter()
     df = run(args.envs, sigmas, noise_model=args.noise_model)
     pd.set_option("display.width", 200)
-    cols = ["estimator", "turn_corr", "turn_sign", "tok_corr", "within_corr", "dec_sign", "dec_mass",
-            "dec_mass_w", "dec_slope", "turn_slope", "ms"]
+    cols = [
+        "estimator",
+        "turn_corr",
+        "turn_sign",
+        "tok_corr",
+        "within_corr",
+        "dec_sign",
+        "dec_mass",
+        "dec_mass_w",
+        "dec_slope",
+        "turn_slope",
+        "ms",
+    ]
     for env in args.envs:
         for sigma in sigmas:
             part = df[(df.env == env) & ((df.sigma == sigma) | (df.estimator == "oracle (a*_t)"))]

@@ -104,34 +104,71 @@ ORACLE_NOISE = 0.3
 
 SIZES = {
     # a smoke run of the whole pipeline (a minute): nothing here learns
-    "tiny": dict(cells=("automation-d3-4",), arms=("grpo", "mpo", "mpo_oracle"), seeds=(0,), iterations=2,
-                 episodes=8, epochs=1, minibatches=2, critic_epochs=1, eval_episodes=8, eval_interval=1,
-                 warmup_episodes=20, warmup_steps=2, pass_tasks=4, pass_samples=2, max_turn_tokens=48),
+    "tiny": dict(
+        cells=("automation-d3-4",),
+        arms=("grpo", "mpo", "mpo_oracle"),
+        seeds=(0,),
+        iterations=2,
+        episodes=8,
+        epochs=1,
+        minibatches=2,
+        critic_epochs=1,
+        eval_episodes=8,
+        eval_interval=1,
+        warmup_episodes=20,
+        warmup_steps=2,
+        pass_tasks=4,
+        pass_samples=2,
+        max_turn_tokens=48,
+    ),
     # the pre-registered grid (docs/results.md): 2 cells × 7 arms × 6 seeds
-    "v2": dict(cells=tuple(CELLS), arms=("grpo", "ppo", "turn_gae", "mpo_token", "mpo", "mpo_bare", "mpo_oracle"),
-               seeds=tuple(range(6)), iterations=20, episodes=32, epochs=2,
-               minibatches=4, critic_epochs=4, eval_episodes=128, eval_interval=5, warmup_episodes=512,
-               warmup_steps=256, pass_tasks=64, pass_samples=8, max_turn_tokens=48),
+    "v2": dict(
+        cells=tuple(CELLS),
+        arms=("grpo", "ppo", "turn_gae", "mpo_token", "mpo", "mpo_bare", "mpo_oracle"),
+        seeds=tuple(range(6)),
+        iterations=20,
+        episodes=32,
+        epochs=2,
+        minibatches=4,
+        critic_epochs=4,
+        eval_episodes=128,
+        eval_interval=5,
+        warmup_episodes=512,
+        warmup_steps=256,
+        pass_tasks=64,
+        pass_samples=8,
+        max_turn_tokens=48,
+    ),
 }
 
 
 # v3 (docs/results.md, "Replication v3"): the v2 budget, one experiment a size
-SIZES["v3-e2"] = dict(SIZES["v2"], cells=("automation-d3-4",),
-                      arms=("grpo", "ppo", "turn_gae", "turn_gae_mc", "mpo_mc"), comparisons=E2_COMPARISONS,
-                      # the recorded deviation (docs/results.md, E2): mpo_mc is turn_gae_mc by construction
-                      # (MC values are constant inside a turn), shown on seeds 0 and 1; the other seeds skip it
-                      arm_seeds={"mpo_mc": (0, 1)})
+SIZES["v3-e2"] = dict(
+    SIZES["v2"],
+    cells=("automation-d3-4",),
+    arms=("grpo", "ppo", "turn_gae", "turn_gae_mc", "mpo_mc"),
+    comparisons=E2_COMPARISONS,
+    # the recorded deviation (docs/results.md, E2): mpo_mc is turn_gae_mc by construction
+    # (MC values are constant inside a turn), shown on seeds 0 and 1; the other seeds skip it
+    arm_seeds={"mpo_mc": (0, 1)},
+)
 
 
-SIZES["v3-e3"] = dict(SIZES["v2"], cells=("automation-d5-6",), seeds=tuple(range(8)),
-                      arms=("grpo", "ppo", "turn_gae", "mpo_token", "mpo_matched", "mpo_baseline"),
-                      comparisons=E3_COMPARISONS, start=START_D56)
+SIZES["v3-e3"] = dict(
+    SIZES["v2"],
+    cells=("automation-d5-6",),
+    seeds=tuple(range(8)),
+    arms=("grpo", "ppo", "turn_gae", "mpo_token", "mpo_matched", "mpo_baseline"),
+    comparisons=E3_COMPARISONS,
+    start=START_D56,
+)
 
 
 # v4 E2' (docs/results.md, "Replication v4"): E2's cell, budget, start and seeds; its ppo and grpo runs
 # are E2's archived ones (experiments/records/v4/e2p/runs holds copies of them), only turn_gae_mc0 runs anew
-SIZES["v4-e2p"] = dict(SIZES["v2"], cells=("automation-d3-4",), arms=("grpo", "ppo", "turn_gae_mc0"),
-                       comparisons=E2P_COMPARISONS)
+SIZES["v4-e2p"] = dict(
+    SIZES["v2"], cells=("automation-d3-4",), arms=("grpo", "ppo", "turn_gae_mc0"), comparisons=E2P_COMPARISONS
+)
 
 
 #: continuations per turn start of the critic="mc" arms
@@ -155,9 +192,15 @@ def plan(size: str, cells=None, seeds=None, arms=None) -> list[tuple[str, int, s
     size's ``arm_seeds`` keeps an arm to the seeds it names."""
     s = SIZES[size]
     only = s.get("arm_seeds", {})  # arm -> the only seeds it runs on (a recorded deviation)
-    return [(c, seed, a) for c in s["cells"] if not cells or c in cells
-            for seed in s["seeds"] if seeds is None or seed in seeds
-            for a in s["arms"] if (not arms or a in arms) and seed in only.get(a, (seed,))]
+    return [
+        (c, seed, a)
+        for c in s["cells"]
+        if not cells or c in cells
+        for seed in s["seeds"]
+        if seeds is None or seed in seeds
+        for a in s["arms"]
+        if (not arms or a in arms) and seed in only.get(a, (seed,))
+    ]
 
 
 def grid_meta(size: str, value_target: str | None = None) -> dict:
@@ -165,9 +208,16 @@ def grid_meta(size: str, value_target: str | None = None) -> dict:
     repository), the arms, the comparisons, the value target and the machine."""
     spec = {**SIZES[size], "start": start_of(size)}  # a size's own start, else the shipped one
     grid = {k: str(v.relative_to(REPO)) if isinstance(v, Path) else v for k, v in spec.items()}
-    return {"size": size, "grid": grid, "arms": {k: dataclasses.asdict(v) for k, v in ARMS.items()},
-            "comparisons": comparisons_of(size), "value_target": value_target or VALUE_TARGET, "python": sys.version.split()[0],
-            "machine": f"{platform.machine()}, {os.cpu_count()} CPUs", "runs": len(plan(size))}
+    return {
+        "size": size,
+        "grid": grid,
+        "arms": {k: dataclasses.asdict(v) for k, v in ARMS.items()},
+        "comparisons": comparisons_of(size),
+        "value_target": value_target or VALUE_TARGET,
+        "python": sys.version.split()[0],
+        "machine": f"{platform.machine()}, {os.cpu_count()} CPUs",
+        "runs": len(plan(size)),
+    }
 
 
 def start_of(size: str) -> Path:
@@ -197,6 +247,18 @@ KL_BAND = (0.8, 1.2)
 CALIBRATION_ITERATIONS = 2
 
 
-COLOURS = {"grpo": "#2ca02c", "ppo": "#1f77b4", "turn_gae": "#9467bd", "mpo_token": "#ff7f0e", "mpo": "#d62728",
-           "mpo_bare": "#7f7f7f", "mpo_oracle": "#8c564b", "turn_gae_mc": "#17becf", "turn_gae_mc0": "#aec7e8", "mpo_mc": "#e377c2",
-           "mpo_baseline": "#bcbd22", "mpo_matched": "#8c2d04", "sao": "#393b79"}
+COLOURS = {
+    "grpo": "#2ca02c",
+    "ppo": "#1f77b4",
+    "turn_gae": "#9467bd",
+    "mpo_token": "#ff7f0e",
+    "mpo": "#d62728",
+    "mpo_bare": "#7f7f7f",
+    "mpo_oracle": "#8c564b",
+    "turn_gae_mc": "#17becf",
+    "turn_gae_mc0": "#aec7e8",
+    "mpo_mc": "#e377c2",
+    "mpo_baseline": "#bcbd22",
+    "mpo_matched": "#8c2d04",
+    "sao": "#393b79",
+}

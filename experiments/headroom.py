@@ -51,8 +51,13 @@ def broadcast(batch: mv.TrajectoryBatch, turn_values: np.ndarray) -> torch.Tenso
 
 def turn_credit(batch: mv.TrajectoryBatch, turn_values: np.ndarray, turn_lam: float) -> np.ndarray:
     """Turn GAE's ``A^T_k`` (flat over turns) on per-turn values, γ = γ_T = 1."""
-    adv, _ = turn_gae(batch.padded("rewards", torch.float64), broadcast(batch, turn_values), batch.mask,
-                      turn_ids=batch.turn_ids, turn_lam=turn_lam)
+    adv, _ = turn_gae(
+        batch.padded("rewards", torch.float64),
+        broadcast(batch, turn_values),
+        batch.mask,
+        turn_ids=batch.turn_ids,
+        turn_lam=turn_lam,
+    )
     _, idx = batch_turn_index(batch)
     a = adv.numpy()[idx.rows, idx.cols]
     return np.bincount(idx.slot, weights=a, minlength=idx.n_slots) / np.maximum(idx.count, 1)
@@ -74,9 +79,18 @@ def snapshot_rows(name: str, batch: mv.TrajectoryBatch) -> list[dict]:
     for lam in TURN_LAMS:
         r_ab = float(np.corrcoef(turn_credit(batch, va, lam), tb)[0, 1])
         r_ba = float(np.corrcoef(turn_credit(batch, vb, lam), ta)[0, 1])
-        rows.append({"snapshot": name, "turn_lam": lam, "n_turns": len(va), "corr_a_on_b": r_ab, "corr_b_on_a": r_ba,
-                     "corr": (r_ab + r_ba) / 2, "truth_half_reliability": rel_half,
-                     "corr_dis": (r_ab + r_ba) / 2 / np.sqrt(rel_half)})
+        rows.append(
+            {
+                "snapshot": name,
+                "turn_lam": lam,
+                "n_turns": len(va),
+                "corr_a_on_b": r_ab,
+                "corr_b_on_a": r_ba,
+                "corr": (r_ab + r_ba) / 2,
+                "truth_half_reliability": rel_half,
+                "corr_dis": (r_ab + r_ba) / 2 / np.sqrt(rel_half),
+            }
+        )
     return rows
 
 
@@ -91,8 +105,10 @@ def main(argv=None) -> int:
     args.out.parent.mkdir(parents=True, exist_ok=True)
     table.to_csv(args.out, index=False, float_format="%.6g")
     wide = table.pivot(index="snapshot", columns="turn_lam", values="corr_dis")
-    print("turn GAE on 8-continuation Monte-Carlo values vs the other half's turn truth: correlation over turns,\n"
-          "disattenuated for the truth's noise (raw values and the reliability in the CSV)")
+    print(
+        "turn GAE on 8-continuation Monte-Carlo values vs the other half's turn truth: correlation over turns,\n"
+        "disattenuated for the truth's noise (raw values and the reliability in the CSV)"
+    )
     print("| snapshot | " + " | ".join(f"λ_T = {lam:g}" for lam in wide.columns) + " |")
     print("|---|" + "---|" * len(wide.columns))
     for name, row in wide.iterrows():

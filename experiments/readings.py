@@ -31,16 +31,26 @@ E1_ROWS = {
     "`vapo`": ["vapo"],
     "`gae` relative λ (q = 0.5)": ["gae relative λ q=0.5"],
     "`sao`": ["sao (gae, vapo λ, α=1.5)"],
-    "`mpo` `value_at=\"mean\"`": ["mpo value_at=mean"],
-    "`mpo` `within=\"baseline\"`": ["mpo within=baseline"],
-    "`mpo`, `turn_gae` (and `mpo` local, λ = 0, `within=\"td\"`)": ["mpo", "turn_gae", "mpo local", "mpo lam=0",
-                                                                  "mpo within=td"],
+    '`mpo` `value_at="mean"`': ["mpo value_at=mean"],
+    '`mpo` `within="baseline"`': ["mpo within=baseline"],
+    '`mpo`, `turn_gae` (and `mpo` local, λ = 0, `within="td"`)': [
+        "mpo",
+        "turn_gae",
+        "mpo local",
+        "mpo lam=0",
+        "mpo within=td",
+    ],
     "`mpo`, `turn_gae` with λ_T = 0": ["mpo turn_lam=0", "turn_gae turn_lam=0"],
     "`bilevel_gae`": ["bilevel_gae"],
     "`gae` λ = 1": ["gae lam=1"],
     "`gigpo`": ["gigpo"],
-    "`grpo`, `drgrpo`, `rloo`, `mt_grpo`, `reinforce_pp_baseline`": ["grpo", "drgrpo", "rloo", "mt_grpo",
-                                                                      "reinforce_pp_baseline"],
+    "`grpo`, `drgrpo`, `rloo`, `mt_grpo`, `reinforce_pp_baseline`": [
+        "grpo",
+        "drgrpo",
+        "rloo",
+        "mt_grpo",
+        "reinforce_pp_baseline",
+    ],
     "`reinforce_pp`": ["reinforce_pp"],
 }
 CRITIC_FREE = ("grpo", "drgrpo", "rloo", "mt_grpo", "mt_grpo index", "reinforce_pp", "reinforce_pp_baseline", "gigpo")
@@ -76,8 +86,10 @@ def e1_table() -> str:
     """docs/results.md's E1 table, from e1.csv."""
     d = e1_fits()
     crit, flat, expert = (d[d["values"] == v] for v in ("critic", "flattened", "expert"))
-    head = ("| estimator | raw correlation | disattenuated (learned critic) | flattened critic | expert's values "
-            "| critic − flattened | slope credit on truth | slope truth on credit | ρ(EV, accuracy) |")
+    head = (
+        "| estimator | raw correlation | disattenuated (learned critic) | flattened critic | expert's values "
+        "| critic − flattened | slope credit on truth | slope truth on credit | ρ(EV, accuracy) |"
+    )
     lines = [head, "|---|---|---|---|---|---|---|---|---|"]
 
     def cell(rows, col, nd=3, sign=""):
@@ -88,23 +100,32 @@ def e1_table() -> str:
         if len(names) == 1:
             return cell(crit[crit.estimator == names[0]], col, 2)
         means = [over_snapshots(crit[crit.estimator == n], col)[0] for n in names]
-        return f"{min(means):.2f}–{max(means):.2f}" if max(means) - min(means) >= 0.005 else cell(
-            crit[crit.estimator == names[0]], col, 2)
+        return (
+            f"{min(means):.2f}–{max(means):.2f}"
+            if max(means) - min(means) >= 0.005
+            else cell(crit[crit.estimator == names[0]], col, 2)
+        )
 
     for label, names in E1_ROWS.items():
         name = names[0]  # the rows of a label give the same turn credit up to each turn's scale: one correlation
         c = crit[crit.estimator == name]
         free = name in CRITIC_FREE
-        paired = (c.set_index(FIT).turn_corr_dis - flat[flat.estimator == name].set_index(FIT).turn_corr_dis)
+        paired = c.set_index(FIT).turn_corr_dis - flat[flat.estimator == name].set_index(FIT).turn_corr_dis
         diff = "0" if paired.abs().max() < 1e-6 else cell(paired.reset_index(), "turn_corr_dis", sign="+")
         rho = stats.spearmanr(c.heldout_ev, c.turn_corr_dis).statistic
         bold = "**" if name == "gae lam=0.95" else ""
         lines.append(
             f"| {label} | {cell(c, 'turn_corr')} | {bold}{cell(c, 'turn_corr_dis')}{bold} | "
-            + ("(no critic) | | | " if free else f"{cell(flat[flat.estimator == name], 'turn_corr_dis')} | "
-               f"{cell(expert[expert.estimator == name], 'turn_corr_dis')} | {diff} | ")
+            + (
+                "(no critic) | | | "
+                if free
+                else f"{cell(flat[flat.estimator == name], 'turn_corr_dis')} | "
+                f"{cell(expert[expert.estimator == name], 'turn_corr_dis')} | {diff} | "
+            )
             + f"{slopes(names, 'slope_credit_on_truth')} | {slopes(names, 'slope_truth_on_credit')} | "
-            + ("" if free else minus(f"{rho:+.2f}")) + " |")
+            + ("" if free else minus(f"{rho:+.2f}"))
+            + " |"
+        )
     return "\n".join(lines)
 
 
@@ -115,10 +136,16 @@ def ev_confound() -> dict:
     grpo = c[c.estimator == "grpo"]
     gae1 = c[c.estimator == "gae lam=1"]
     rel = stats.spearmanr(gae1.heldout_ev, gae1.turn_corr_dis - grpo.turn_corr_dis)
-    free = [stats.spearmanr(c[c.estimator == n].heldout_ev, c[c.estimator == n].turn_corr_dis).statistic
-            for n in CRITIC_FREE]
-    return {"rho_gae1_minus_grpo": float(rel.statistic), "p_gae1_minus_grpo": float(rel.pvalue),
-            "rho_critic_free_min": float(min(free)), "rho_critic_free_max": float(max(free))}
+    free = [
+        stats.spearmanr(c[c.estimator == n].heldout_ev, c[c.estimator == n].turn_corr_dis).statistic
+        for n in CRITIC_FREE
+    ]
+    return {
+        "rho_gae1_minus_grpo": float(rel.statistic),
+        "p_gae1_minus_grpo": float(rel.pvalue),
+        "rho_critic_free_min": float(min(free)),
+        "rho_critic_free_max": float(max(free)),
+    }
 
 
 def e1_numbers() -> dict:
@@ -130,16 +157,24 @@ def e1_numbers() -> dict:
     free = mean.loc[[n for n in CRITIC_FREE if n in mean.index]]
     ci = c.set_index(FIT)
     diff = ci[ci.estimator == "gae lam=0.95"].turn_corr_dis - ci[ci.estimator == "mpo"].turn_corr_dis
-    return {"critic_based_lo": based.turn_corr_dis.min(), "critic_based_hi": based.turn_corr_dis.max(),
-            "group_lo": free.turn_corr_dis.min(), "group_hi": free.turn_corr_dis.max(),
-            "gae95_corr": mean.loc["gae lam=0.95", "turn_corr_dis"],
-            "gae95_truth_on_credit": mean.loc["gae lam=0.95", "slope_truth_on_credit"],
-            "gae95_credit_on_truth": mean.loc["gae lam=0.95", "slope_credit_on_truth"],
-            "mpo_corr": mean.loc["mpo", "turn_corr_dis"],
-            "mpo_truth_on_credit": mean.loc["mpo", "slope_truth_on_credit"],
-            "mpo_credit_on_truth": mean.loc["mpo", "slope_credit_on_truth"],
-            "gae95_beats_mpo": int((diff > 0).sum()), "fits": len(diff), "gae95_minus_mpo_mean": float(diff.mean()),
-            "gae95_minus_mpo_min": float(diff.min()), "turns_lo": int(d.n_turns.min()), "turns_hi": int(d.n_turns.max())}
+    return {
+        "critic_based_lo": based.turn_corr_dis.min(),
+        "critic_based_hi": based.turn_corr_dis.max(),
+        "group_lo": free.turn_corr_dis.min(),
+        "group_hi": free.turn_corr_dis.max(),
+        "gae95_corr": mean.loc["gae lam=0.95", "turn_corr_dis"],
+        "gae95_truth_on_credit": mean.loc["gae lam=0.95", "slope_truth_on_credit"],
+        "gae95_credit_on_truth": mean.loc["gae lam=0.95", "slope_credit_on_truth"],
+        "mpo_corr": mean.loc["mpo", "turn_corr_dis"],
+        "mpo_truth_on_credit": mean.loc["mpo", "slope_truth_on_credit"],
+        "mpo_credit_on_truth": mean.loc["mpo", "slope_credit_on_truth"],
+        "gae95_beats_mpo": int((diff > 0).sum()),
+        "fits": len(diff),
+        "gae95_minus_mpo_mean": float(diff.mean()),
+        "gae95_minus_mpo_min": float(diff.min()),
+        "turns_lo": int(d.n_turns.min()),
+        "turns_hi": int(d.n_turns.max()),
+    }
 
 
 def read_jsonl(path) -> list[dict]:
@@ -159,22 +194,45 @@ def summary(folder: str) -> pd.DataFrame:
 def e3_numbers() -> dict:
     s, f = summary("v3/e3"), pd.DataFrame(read_jsonl(RECORDS / "v3" / "e3" / "final.jsonl"))
     warm = f.dropna(subset=["warmup_explained_var"]).drop_duplicates("seed")
-    return {"mpo_ppo": comparison("v3/e3", "mpo_token", "ppo"), "baseline": comparison("v3/e3", "mpo_baseline", "mpo_token"),
-            "start": float(s.start_sampled.iloc[0]), "final_lo": float(s.final_sampled.min()),
-            "final_hi": float(s.final_sampled.max()), "greedy_start": float(s.start_greedy.iloc[0]),
-            "greedy_lo": float(s.final_greedy.min()), "greedy_hi": float(s.final_greedy.max()),
-            "greedy_fell_everywhere": bool((s.final_greedy < s.start_greedy).all()),
-            "warmup_ev_mean": float(warm.warmup_explained_var.mean()), "warmup_ev_max": float(warm.warmup_explained_var.max()),
-            "warmups_all_at_budget": bool((warm.warmup_stop == "budget").all()) and len(warm) == f.seed.nunique(),
-            "seeds": int(f.seed.nunique())}
+    return {
+        "mpo_ppo": comparison("v3/e3", "mpo_token", "ppo"),
+        "baseline": comparison("v3/e3", "mpo_baseline", "mpo_token"),
+        "start": float(s.start_sampled.iloc[0]),
+        "final_lo": float(s.final_sampled.min()),
+        "final_hi": float(s.final_sampled.max()),
+        "greedy_start": float(s.start_greedy.iloc[0]),
+        "greedy_lo": float(s.final_greedy.min()),
+        "greedy_hi": float(s.final_greedy.max()),
+        "greedy_fell_everywhere": bool((s.final_greedy < s.start_greedy).all()),
+        "warmup_ev_mean": float(warm.warmup_explained_var.mean()),
+        "warmup_ev_max": float(warm.warmup_explained_var.max()),
+        "warmups_all_at_budget": bool((warm.warmup_stop == "budget").all()) and len(warm) == f.seed.nunique(),
+        "seeds": int(f.seed.nunique()),
+    }
+
+
+def paired_power(diffs, d: float = 0.05, alpha: float = 0.025) -> float:
+    """Power of a two-sided paired t-test at level ``alpha`` (the Holm level of the smallest p of 2)
+    for a true difference ``d``, with the spread of the paired differences ``diffs`` observed."""
+    n, sd = len(diffs), float(np.std(diffs, ddof=1))
+    t, nc = stats.t.ppf(1 - alpha / 2, n - 1), d / (sd / np.sqrt(n))
+    return float(stats.nct.sf(t, n - 1, nc) + stats.nct.cdf(-t, n - 1, nc))
 
 
 def e2_numbers() -> dict:
     acc = pd.read_csv(RECORDS / "v4" / "e2p" / "accuracy.csv")
     by = acc.groupby("turn_lam").corr_dis
-    return {"mc_ppo": comparison("v3/e2", "turn_gae_mc", "ppo"), "mc_grpo": comparison("v3/e2", "turn_gae_mc", "grpo"),
-            "lam09_lo": float(by.min()[0.9]), "lam09_hi": float(by.max()[0.9]),
-            "lam0_lo": float(by.min()[0.0]), "lam0_hi": float(by.max()[0.0])}
+    return {
+        "mc_ppo": comparison("v3/e2", "turn_gae_mc", "ppo"),
+        "mc_grpo": comparison("v3/e2", "turn_gae_mc", "grpo"),
+        "mc0_ppo": comparison("v4/e2p", "turn_gae_mc0", "ppo"),
+        "mc0_grpo": comparison("v4/e2p", "turn_gae_mc0", "grpo"),
+        "critic_corr": e1_numbers()["mpo_corr"],
+        "lam09_lo": float(by.min()[0.9]),
+        "lam09_hi": float(by.max()[0.9]),
+        "lam0_lo": float(by.min()[0.0]),
+        "lam0_hi": float(by.max()[0.0]),
+    }
 
 
 def main(argv=None) -> int:

@@ -7,7 +7,8 @@
 
 Everything is fixed here, before any run: the arms, the cells, the budgets, the seeds and the
 statistics. ``docs/results.md`` states them in words and reads the results. (The first grid, v1,
-was run by this runner as ``benchmarks/learning.py`` at commit 14b590f; its records are in ``experiments/records/small/``.)
+was run by this runner as ``benchmarks/learning.py`` at commit 14b590f; its records are in
+``experiments/records/small/``.)
 
 **Start.** The shipped automation start (``trajectories/starts/automation``: SFT on the noise-0.3
 expert), the same policy for every arm and seed. Replication v3's E3 (``--size v3-e3``, 5–6 turns)
@@ -98,7 +99,7 @@ from experiments.grids import (
     grid_meta,
     plan,
 )
-from experiments.records import (
+from experiments.report import (
     calibration_table,
     report,
     start_table,
@@ -122,24 +123,49 @@ def parser() -> argparse.ArgumentParser:
     ap.add_argument("--report-only", action="store_true", help="records, tables and figures from the run folders")
     ap.add_argument("--status", action="store_true", help="list each run as done, partial or missing")
     ap.add_argument("--export", type=Path, default=None, help="copy the records, tables and figures into this folder")
-    ap.add_argument("--archive", type=Path, default=None,
-                    help="keep each finished run's records here (no models) and skip the runs found here: a grid "
-                         "that spans machines whose run folders do not survive (refused when ARCHIVE/grid.json "
-                         "names another start, budget, arm spec or value target)")
+    ap.add_argument(
+        "--archive",
+        type=Path,
+        default=None,
+        help="keep each finished run's records here (no models) and skip the runs found here: a grid "
+        "that spans machines whose run folders do not survive (refused when ARCHIVE/grid.json "
+        "names another start, budget, arm spec or value target)",
+    )
     ap.add_argument("--cells", nargs="+", default=None, metavar="CELL", help="run only these cells")
-    ap.add_argument("--seeds", nargs="+", type=int, default=None, metavar="SEED",
-                    help="run only these seeds (e.g. even seeds in one process, odd in another)")
-    ap.add_argument("--arms", nargs="+", default=None, metavar="ARM",
-                    help="run only these arms (the report still reads every arm found)")
-    ap.add_argument("--calibrate-step", action="store_true",
-                    help="only apply the matched-step rule (turn_ppo's token band) to the planned cells and seeds, "
-                         "writing OUT/calibration.jsonl")
-    ap.add_argument("--measure-start", action="store_true",
-                    help="only measure the size's start on each planned seed's held-out tasks (greedy and sampled "
-                         "success, as before RL), writing OUT/start.jsonl")
-    ap.add_argument("--value-target", choices=("mc", "estimator"), default=VALUE_TARGET,
-                    help="what every learned critic trains on during RL: Monte-Carlo returns (default) or each "
-                         "estimator's own returns (the v2 grid as recorded)")
+    ap.add_argument(
+        "--seeds",
+        nargs="+",
+        type=int,
+        default=None,
+        metavar="SEED",
+        help="run only these seeds (e.g. even seeds in one process, odd in another)",
+    )
+    ap.add_argument(
+        "--arms",
+        nargs="+",
+        default=None,
+        metavar="ARM",
+        help="run only these arms (the report still reads every arm found)",
+    )
+    ap.add_argument(
+        "--calibrate-step",
+        action="store_true",
+        help="only apply the matched-step rule (turn_ppo's token band) to the planned cells and seeds, "
+        "writing OUT/calibration.jsonl",
+    )
+    ap.add_argument(
+        "--measure-start",
+        action="store_true",
+        help="only measure the size's start on each planned seed's held-out tasks (greedy and sampled "
+        "success, as before RL), writing OUT/start.jsonl",
+    )
+    ap.add_argument(
+        "--value-target",
+        choices=("mc", "estimator"),
+        default=VALUE_TARGET,
+        help="what every learned critic trains on during RL: Monte-Carlo returns (default) or each "
+        "estimator's own returns (the v2 grid as recorded)",
+    )
     return ap
 
 

@@ -38,18 +38,32 @@ from experiments.stats import (
 )
 from mpo_viz import models
 from mpo_viz.analysis import turn_table
-from mpo_viz.data.runfolder import read_metrics_file
+from mpo_viz.data.runfolder import read_metrics
 from mpo_viz.train import Config, Trainer
 
 
 def base_config(size: str, cell: str, seed: int, **changes):
 
     s = SIZES[size]
-    kw = dict(env="automation", difficulty=list(CELLS[cell]), model_dir=str(start_of(size)), sft_steps=0, seed=seed,
-              episodes=s["episodes"], group_size=GROUP_SIZE, iterations=s["iterations"], epochs=s["epochs"],
-              minibatches=s["minibatches"], eval_episodes=s["eval_episodes"], eval_interval=s["eval_interval"],
-              save_trajectories_every=s["eval_interval"], keep_checkpoints=1, oracle_noise=ORACLE_NOISE,
-              max_turn_tokens=s["max_turn_tokens"], num_threads=1)
+    kw = dict(
+        env="automation",
+        difficulty=list(CELLS[cell]),
+        model_dir=str(start_of(size)),
+        sft_steps=0,
+        seed=seed,
+        episodes=s["episodes"],
+        group_size=GROUP_SIZE,
+        iterations=s["iterations"],
+        epochs=s["epochs"],
+        minibatches=s["minibatches"],
+        eval_episodes=s["eval_episodes"],
+        eval_interval=s["eval_interval"],
+        save_trajectories_every=s["eval_interval"],
+        keep_checkpoints=1,
+        oracle_noise=ORACLE_NOISE,
+        max_turn_tokens=s["max_turn_tokens"],
+        num_threads=1,
+    )
     kw.update(changes)
     return Config(**kw)
 
@@ -57,8 +71,16 @@ def base_config(size: str, cell: str, seed: int, **changes):
 def warmup_config(size: str, cell: str, seed: int):
     """The warm-up's trainer config (gae at λ = 1: its returns are the Monte-Carlo ones)."""
     s = SIZES[size]
-    return base_config(size, cell, seed, estimator="gae", loss="token_ppo", iterations=0,
-                       critic_warmup_episodes=s["warmup_episodes"], critic_warmup_steps=s["warmup_steps"])
+    return base_config(
+        size,
+        cell,
+        seed,
+        estimator="gae",
+        loss="token_ppo",
+        iterations=0,
+        critic_warmup_episodes=s["warmup_episodes"],
+        critic_warmup_steps=s["warmup_steps"],
+    )
 
 
 def run_config(size: str, cell: str, arm: str, seed: int, warm: Path, value_target: str = VALUE_TARGET):
@@ -66,17 +88,28 @@ def run_config(size: str, cell: str, arm: str, seed: int, warm: Path, value_targ
     critic = the fitted one), skip the warm-up and train on ``value_target``; the others start from
     the start itself."""
     a = ARMS[arm]
-    kw = dict(estimator=a.estimator, loss=a.loss, loss_options=dict(a.loss_options), critic=a.critic,
-              estimator_options=dict(a.estimator_options))
+    kw = dict(
+        estimator=a.estimator,
+        loss=a.loss,
+        loss_options=dict(a.loss_options),
+        critic=a.critic,
+        estimator_options=dict(a.estimator_options),
+    )
     if a.critic == "mc":
         kw["mc_samples"] = MC_SAMPLES
     if a.matched_band:  # the seed's matched-step record (made once, calibrate_step)
         out = warm.parents[3]  # warm = OUT/warmups/CELL/seed=S/model
-        kw["loss_options"] = {**kw["loss_options"], "token_clip": calibrate_step(size, cell, seed, out,
-                                                                                  value_target)["token_clip"]}
+        kw["loss_options"] = {
+            **kw["loss_options"],
+            "token_clip": calibrate_step(size, cell, seed, out, value_target)["token_clip"],
+        }
     if uses_warmup(arm):
-        kw.update(model_dir=str(warm), critic_warmup_steps=0, critic_epochs=SIZES[size]["critic_epochs"],
-                  value_target=value_target)
+        kw.update(
+            model_dir=str(warm),
+            critic_warmup_steps=0,
+            critic_epochs=SIZES[size]["critic_epochs"],
+            value_target=value_target,
+        )
     return base_config(size, cell, seed, **kw)
 
 
@@ -107,8 +140,10 @@ def make_warmup(size: str, cell: str, seed: int, out: Path) -> Path:
     (d / "tmp_model").rename(d / "model")
     rec = {**rec, "seconds": time.perf_counter() - t0, "config_hash": cfg.hash()}
     (d / "warmup.json").write_text(json.dumps(rec, default=float) + "\n")
-    log(f"{cell} warm-up seed {seed}: {rec['warmup_steps']} steps, held-out EV {rec['warmup_explained_var']:.3f} "
-        f"(stopped by the {rec['warmup_stop']}; {rec['seconds']:.0f} s)")
+    log(
+        f"{cell} warm-up seed {seed}: {rec['warmup_steps']} steps, held-out EV {rec['warmup_explained_var']:.3f} "
+        f"(stopped by the {rec['warmup_stop']}; {rec['seconds']:.0f} s)"
+    )
     return d / "model"
 
 
@@ -121,7 +156,7 @@ def run_state(d: Path, iterations: int) -> str:
 
     if not (d / "checkpoints" / "latest").exists():
         return "missing"
-    recs = read_metrics_file(d / "metrics.jsonl")
+    recs = read_metrics(d / "metrics.jsonl").records
     fin = any(r.get("iteration") == iterations and "eval_sampled_success" in r for r in recs)
     return "done" if fin and (d / "pass_at_k.json").is_file() else "partial"
 
@@ -183,6 +218,7 @@ def archive_mismatch(archive_meta: dict, meta: dict) -> list[str]:
     the grid ``meta`` would make: ``"FIELD: archive A, this grid B"`` per differing size, budget or
     start field, value target or spec of an arm both list; empty when the archive's runs are this
     grid's. Cells, seeds and arms may differ (a share of the grid, or more seeds later)."""
+
     def differs(name, a, b):
         return [] if a == b else [f"{name}: archive {a!r}, this grid {b!r}"]
 
@@ -207,12 +243,15 @@ def claim_archive(archive: Path, meta: dict) -> None:
         return
     bad = archive_mismatch(json.loads(path.read_text()), json.loads(json.dumps(meta)))  # tuples as JSON lists
     if bad:
-        raise ValueError(f"--archive {archive}: its runs were made by another grid than --size {meta['size']} "
-                         f"({path}): " + "; ".join(bad) + ". Use another archive folder for this grid.")
+        raise ValueError(
+            f"--archive {archive}: its runs were made by another grid than --size {meta['size']} "
+            f"({path}): " + "; ".join(bad) + ". Use another archive folder for this grid."
+        )
 
 
-def run_one(size: str, cell: str, arm: str, seed: int, out: Path, value_target: str = VALUE_TARGET,
-            archive: Path | None = None) -> None:
+def run_one(
+    size: str, cell: str, arm: str, seed: int, out: Path, value_target: str = VALUE_TARGET, archive: Path | None = None
+) -> None:
 
     s = SIZES[size]
     d = run_dir(out, cell, arm, seed)
@@ -240,10 +279,12 @@ def run_one(size: str, cell: str, arm: str, seed: int, out: Path, value_target: 
     (d / "pass_at_k.json").write_text(json.dumps(pk) + "\n")
     ev = [r for r in tr.run.metrics() if r.get("eval_sampled_success") is not None]
     top = f"pass@{s['pass_samples']}"
-    log(f"{cell} {arm:10s} seed {seed}: held-out sampled {ev[0]['eval_sampled_success']:.3f} -> "
+    log(
+        f"{cell} {arm:10s} seed {seed}: held-out sampled {ev[0]['eval_sampled_success']:.3f} -> "
         f"{ev[-1]['eval_sampled_success']:.3f}, greedy {ev[0]['eval_success']:.3f} -> {ev[-1]['eval_success']:.3f}, "
         f"{top} {pk[top]:.3f} ({time.perf_counter() - t0:.0f} s, "
-        f"config {cfg.hash()})")
+        f"config {cfg.hash()})"
+    )
     if archive is not None:
         archive_run(out, archive, cell, arm, seed)
 
@@ -261,13 +302,22 @@ def measure_start(size: str, cell: str, seed: int, out: Path) -> dict:
         shutil.rmtree(d)
     t0 = time.perf_counter()
     ev = Trainer(cfg, d, quiet=True).evaluate()
-    rec = {"cell": cell, "seed": seed, "start": Path(cfg.model_dir).name, "eval_seed": ev["eval_seed"],
-           "n_eval_tasks": ev["n_eval_tasks"], "greedy_success": ev["eval_success"],
-           "sampled_success": ev["eval_sampled_success"], "seconds": time.perf_counter() - t0}
+    rec = {
+        "cell": cell,
+        "seed": seed,
+        "start": Path(cfg.model_dir).name,
+        "eval_seed": ev["eval_seed"],
+        "n_eval_tasks": ev["n_eval_tasks"],
+        "greedy_success": ev["eval_success"],
+        "sampled_success": ev["eval_sampled_success"],
+        "seconds": time.perf_counter() - t0,
+    }
     shutil.rmtree(d)
     path.write_text(json.dumps(rec) + "\n")
-    log(f"{cell} start {rec['start']} seed {seed}: greedy {rec['greedy_success']:.3f}, sampled "
-        f"{rec['sampled_success']:.3f} on {rec['n_eval_tasks']} tasks ({rec['seconds']:.0f} s)")
+    log(
+        f"{cell} start {rec['start']} seed {seed}: greedy {rec['greedy_success']:.3f}, sampled "
+        f"{rec['sampled_success']:.3f} on {rec['n_eval_tasks']} tasks ({rec['seconds']:.0f} s)"
+    )
     return rec
 
 
@@ -276,8 +326,9 @@ def choose_token_clip(reference_kl: float, kls: dict) -> dict:
     mean per-update approx_kl) whose KL ratio to ``reference_kl`` (token_ppo's) lies in
     :data:`KL_BAND`; when none does, the band whose ratio is closest to 1 in log (``matched`` False)."""
     if not reference_kl > 0 or not any(c in kls for c in TOKEN_CLIP_LADDER):
-        raise ValueError(f"calibration: expected a positive reference KL and measured bands, found {reference_kl!r}, "
-                         f"{kls!r}")
+        raise ValueError(
+            f"calibration: expected a positive reference KL and measured bands, found {reference_kl!r}, {kls!r}"
+        )
     ratios = {c: kls[c] / reference_kl for c in TOKEN_CLIP_LADDER if c in kls}
     inside = [c for c, r in ratios.items() if KL_BAND[0] <= r <= KL_BAND[1]]
     if inside:
@@ -309,13 +360,23 @@ def calibrate_step(size: str, cell: str, seed: int, out: Path, value_target: str
 
     def short(arm, **changes):
         cfg = run_config(size, cell, arm, seed, warm, value_target)
-        return dataclasses.replace(cfg, iterations=CALIBRATION_ITERATIONS, eval_interval=0, save_trajectories_every=0,
-                                   **changes)
+        return dataclasses.replace(
+            cfg, iterations=CALIBRATION_ITERATIONS, eval_interval=0, save_trajectories_every=0, **changes
+        )
 
     ref = short("mpo_token")
-    rec = {"cell": cell, "seed": seed, "reference": "mpo_token", "policy_lr": ref.policy_lr,
-           "iterations": CALIBRATION_ITERATIONS, "ladder": list(TOKEN_CLIP_LADDER), "kl_band": list(KL_BAND),
-           "value_target": value_target, "reference_kl": _calibration_kl(ref, runs / "token_ppo"), "kls": {}}
+    rec = {
+        "cell": cell,
+        "seed": seed,
+        "reference": "mpo_token",
+        "policy_lr": ref.policy_lr,
+        "iterations": CALIBRATION_ITERATIONS,
+        "ladder": list(TOKEN_CLIP_LADDER),
+        "kl_band": list(KL_BAND),
+        "value_target": value_target,
+        "reference_kl": _calibration_kl(ref, runs / "token_ppo"),
+        "kls": {},
+    }
     for c in TOKEN_CLIP_LADDER:
         cfg = short("mpo", loss_options={"token_clip": c})
         rec["kls"][str(c)] = _calibration_kl(cfg, runs / f"turn_ppo_c={c}")
@@ -323,10 +384,12 @@ def calibrate_step(size: str, cell: str, seed: int, out: Path, value_target: str
         if choice["matched"]:
             break
     rec.update(choice)
-    log(f"{cell} seed {seed}: token_ppo approx_kl {rec['reference_kl']:.2e}; turn_ppo "
+    log(
+        f"{cell} seed {seed}: token_ppo approx_kl {rec['reference_kl']:.2e}; turn_ppo "
         + ", ".join(f"c={k}: {v:.2e}" for k, v in rec["kls"].items())
         + f" -> token_clip {rec['token_clip']} (ratio {rec['kl_ratio']:.2f}, "
-        + ("matched)" if rec["matched"] else "NOT matched)"))
+        + ("matched)" if rec["matched"] else "NOT matched)")
+    )
     done.parent.mkdir(parents=True, exist_ok=True)
     write_atomic(done, json.dumps(rec) + "\n")
     shutil.rmtree(runs, ignore_errors=True)  # the record is what is kept
@@ -343,7 +406,9 @@ def credit_accuracy(path: Path) -> dict:
     out = {"credit_token_corr": corr(b.padded("advantages").numpy()[m], b.padded("oracle_token_adv").numpy()[m])}
     t = turn_table(b, {"adv": b.padded("advantages")})
     try:
-        ot = np.concatenate([np.asarray(json.loads(x)["oracle"]["turn_adv"], dtype=float) for x in b.field("extra_json")])
+        ot = np.concatenate(
+            [np.asarray(json.loads(x)["oracle"]["turn_adv"], dtype=float) for x in b.field("extra_json")]
+        )
     except (KeyError, TypeError, ValueError):
         return out
     if len(ot) == len(t):

@@ -34,8 +34,7 @@ def paired_test(diff) -> dict:
         return {"mean_diff": m, "ci_low": m, "ci_high": m, "p_value": 1.0 if m == 0 else 0.0}
     t = m / se
     q = float(sps.t.ppf(0.975, n - 1))
-    return {"mean_diff": m, "ci_low": m - q * se, "ci_high": m + q * se,
-            "p_value": float(2 * sps.t.sf(abs(t), n - 1))}
+    return {"mean_diff": m, "ci_low": m - q * se, "ci_high": m + q * se, "p_value": float(2 * sps.t.sf(abs(t), n - 1))}
 
 
 def holm(p_values) -> list[float]:

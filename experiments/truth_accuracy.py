@@ -72,10 +72,18 @@ from mpo_viz.analysis.truth import renamed_columns
 
 CELL = "automation-d3-4"
 SNAPSHOTS = ("start", "ppo@10", "ppo@20", "mpo@10", "mpo@20")
-FULL = dict(episodes=256, m=16, steps=256, seeds=(0, 1, 2), trunks=("fresh", "policy"), train_size="v2",
-            snapshots=SNAPSHOTS)
-QUICK = dict(episodes=16, m=2, steps=4, seeds=(0,), trunks=("fresh", "policy"), train_size="tiny",
-             snapshots=("start", "ppo@1", "mpo@2"))
+FULL = dict(
+    episodes=256, m=16, steps=256, seeds=(0, 1, 2), trunks=("fresh", "policy"), train_size="v2", snapshots=SNAPSHOTS
+)
+QUICK = dict(
+    episodes=16,
+    m=2,
+    steps=4,
+    seeds=(0,),
+    trunks=("fresh", "policy"),
+    train_size="tiny",
+    snapshots=("start", "ppo@1", "mpo@2"),
+)
 #: E4's two fits of each critic (``fit_values``' ``positions``): E1's default, and turn starts only
 POSITIONS = ("all", "turn_start")
 #: E4's estimators: MPO, turn GAE and GAE at their defaults (labels of ``credit_accuracy.ESTIMATORS``)
@@ -128,10 +136,12 @@ def check_policy(out: Path, name: str) -> None:
     want = json.loads(meta.read_text()).get("policy_sha256")
     found = weights_sha256(policy_folder(out, name) / "policy")
     if want is not None and want != found:
-        raise RuntimeError(f"snapshot {name}: the retrained policy's weights differ from those the archived truth "
-                           f"was measured with ({meta}: policy_sha256 {want[:12]}…, found {found[:12]}…); the "
-                           "training is not reproducible here (another torch version or thread count?): restore "
-                           "the snapshot's model folder instead, or measure its truth again in a new archive")
+        raise RuntimeError(
+            f"snapshot {name}: the retrained policy's weights differ from those the archived truth "
+            f"was measured with ({meta}: policy_sha256 {want[:12]}…, found {found[:12]}…); the "
+            "training is not reproducible here (another torch version or thread count?): restore "
+            "the snapshot's model folder instead, or measure its truth again in a new archive"
+        )
 
 
 def make_snapshots(out: Path, arm: str, iterations: tuple[int, ...], size: str, need=None) -> None:
@@ -142,13 +152,17 @@ def make_snapshots(out: Path, arm: str, iterations: tuple[int, ...], size: str, 
     from mpo_viz import models
     from mpo_viz.train import Trainer
 
-    todo = [it for it in (iterations if need is None else need)
-            if not (snapshot_dir(out, f"{arm}@{it}") / "policy").is_dir()]
+    todo = [
+        it
+        for it in (iterations if need is None else need)
+        if not (snapshot_dir(out, f"{arm}@{it}") / "policy").is_dir()
+    ]
     if not todo:
         return
     warm = runner.make_warmup(size, CELL, 0, out)
-    cfg = runner.run_config(size, CELL, arm, 0, warm).replace(iterations=max(iterations), eval_interval=0,
-                                                                save_trajectories_every=0)
+    cfg = runner.run_config(size, CELL, arm, 0, warm).replace(
+        iterations=max(iterations), eval_interval=0, save_trajectories_every=0
+    )
     shutil.rmtree(out / "train" / arm, ignore_errors=True)
     tr = Trainer(cfg, out / "train" / arm, quiet=True)
     for rec in tr.iterate(max(todo)):
@@ -206,19 +220,29 @@ def snapshot_truth(out: Path, name: str, episodes: int, m: int, q: bool, archive
     if path.is_file():
         batch = mv.load(path)
         if len(batch) != episodes:
-            raise ValueError(f"{path}: expected {episodes} episodes of snapshot {name}, found {len(batch)} (a run "
-                             "of another size: use another OUT or archive)")
+            raise ValueError(
+                f"{path}: expected {episodes} episodes of snapshot {name}, found {len(batch)} (a run "
+                "of another size: use another OUT or archive)"
+            )
         return batch
     policy = snapshot_policy(out, name)
     env = make_env("automation", difficulty=tuple(grids.CELLS[CELL]))
-    batch = rollout(policy, env, episodes, group_size=4, seed=0, oracle=NoisyExpert(noise=grids.ORACLE_NOISE),
-                    progress=False)
+    batch = rollout(
+        policy, env, episodes, group_size=4, seed=0, oracle=NoisyExpert(noise=grids.ORACLE_NOISE), progress=False
+    )
     t0 = time.perf_counter()
     batch = mc_truth(batch, policy, m=m, seed=0, q=q, progress=False)
     seconds = time.perf_counter() - t0
     path.parent.mkdir(parents=True, exist_ok=True)
-    meta = {"snapshot": name, "episodes": len(batch), "m": m, "q": q, "success": float(np.mean(batch.outcome_reward)),
-            "truth_seconds": seconds, "policy_sha256": weights_sha256(policy_folder(out, name) / "policy")}
+    meta = {
+        "snapshot": name,
+        "episodes": len(batch),
+        "m": m,
+        "q": q,
+        "success": float(np.mean(batch.outcome_reward)),
+        "truth_seconds": seconds,
+        "policy_sha256": weights_sha256(policy_folder(out, name) / "policy"),
+    }
     (path.parent / "snapshot.json").write_text(json.dumps(meta) + "\n")
     mv.save(batch, path)
     if archive is not None:
@@ -250,8 +274,11 @@ def score(sub, values: np.ndarray, labels=None) -> list[dict]:
 
     b = sub.with_token_fields(values=np.asarray(values, dtype=np.float32))
     ests = cast(list[tuple[str, str, dict]], ca.ESTIMATORS)
-    advs = {name: compute(b, est, **opts).advantages.double().numpy() for name, est, opts in ests
-            if labels is None or name in labels}
+    advs = {
+        name: compute(b, est, **opts).advantages.double().numpy()
+        for name, est, opts in ests
+        if labels is None or name in labels
+    }
     return mc_accuracy(b, advs).to_dict("records")
 
 
@@ -260,12 +287,15 @@ def heldout_evs(sub, values: np.ndarray) -> dict:
     action token (``heldout_ev``) and at each turn's first action token (``heldout_ev_turn_start``)."""
     import torch
 
+    from mpo_viz.advantages import mc_returns
     from mpo_viz.analysis import explained_variance
-    from mpo_viz.train.critic_fit import fit_positions, mc_returns
+    from mpo_viz.train.critic_fit import fit_positions
 
     g, v = mc_returns(sub), torch.as_tensor(values, dtype=torch.float64)
-    return {"heldout_ev": explained_variance(g, v, sub.mask),
-            "heldout_ev_turn_start": explained_variance(g, v, fit_positions(sub, "turn_start"))}
+    return {
+        "heldout_ev": explained_variance(g, v, sub.mask),
+        "heldout_ev_turn_start": explained_variance(g, v, fit_positions(sub, "turn_start")),
+    }
 
 
 def values_ratio(sub, values: np.ndarray) -> float:
@@ -298,15 +328,31 @@ def fit_one(out: Path, name: str, batch, trunk: str, seed: int, steps: int, posi
     scored on the held-out groups: ``{"e4": rows, "e1": rows}`` (E1's only for the default fit;
     the expert's values once per snapshot, with the fresh trunk's seed 0)."""
     from mpo_viz import models
-    from mpo_viz.train.critic_fit import critic_outputs, fit_values, holdout_split, mc_returns
+    from mpo_viz.advantages import mc_returns
+    from mpo_viz.train.critic_fit import critic_outputs, fit_values, holdout_split
     from mpo_viz.train.update import rows_of
 
     groups = batch.field("group_id")
     _, held = holdout_split(len(batch), 0.2, seed, groups)
-    critic = (models.make_critic(snapshot_policy(out, name), init="policy", seed=seed) if trunk == "policy"
-              else ca.make_critic("automation", "fresh", batch, seed))
-    fit = fit_values(critic, batch, mc_returns(batch), steps=steps, lr=1e-3, batch_episodes=16, holdout=0.2,
-                     gate=None, seed=seed, pad_id=0, groups=groups, positions=positions)
+    critic = (
+        models.make_critic(snapshot_policy(out, name), init="policy", seed=seed)
+        if trunk == "policy"
+        else ca.make_critic("automation", "fresh", batch, seed)
+    )
+    fit = fit_values(
+        critic,
+        batch,
+        mc_returns(batch),
+        steps=steps,
+        lr=1e-3,
+        batch_episodes=16,
+        holdout=0.2,
+        gate=None,
+        seed=seed,
+        pad_id=0,
+        groups=groups,
+        positions=positions,
+    )
     values = critic_outputs(critic, rows_of(batch), np.arange(len(batch)), pad_id=0, device="cpu").numpy()
     sub = batch[held]
     v_held = values[held][:, : sub.mask.shape[1]]
@@ -427,8 +473,10 @@ def run_fits(out: Path, name: str, batch, spec: dict, archive: Path | None = Non
                 archive_fit(archive, kind, df)
         n += 1
         r = rows["e4"][0]
-        log(f"{name} {trunk} seed {seed} positions={positions}: held-out EV {r['heldout_ev']:.3f}, at turn starts "
-            f"{r['heldout_ev_turn_start']:.3f} ({time.perf_counter() - t0:.0f} s)")
+        log(
+            f"{name} {trunk} seed {seed} positions={positions}: held-out EV {r['heldout_ev']:.3f}, at turn starts "
+            f"{r['heldout_ev_turn_start']:.3f} ({time.perf_counter() - t0:.0f} s)"
+        )
     return n
 
 
@@ -441,8 +489,9 @@ def run(out: Path, spec: dict, q: bool, archive: Path | None = None, names=None)
             restore_truth(out, archive, name)
     for arm in ("ppo", "mpo"):
         its = tuple(int(n.split("@")[1]) for n in spec["snapshots"] if n.startswith(f"{arm}@"))
-        need = tuple(int(n.split("@")[1]) for n in names if n.startswith(f"{arm}@")
-                     and policy_needed(out, n, spec, archive))
+        need = tuple(
+            int(n.split("@")[1]) for n in names if n.startswith(f"{arm}@") and policy_needed(out, n, spec, archive)
+        )
         if need:
             make_snapshots(out, arm, its, spec["train_size"], need)
     for name in names:
@@ -475,10 +524,17 @@ def table(df: pd.DataFrame) -> str:
     out = []
     for key, g in df[df.estimator.isin(ca.SHOWN)].groupby(["snapshot", "trunk", "values", "estimator"], sort=False):
         m = mean_ci(g, ["turn_corr_dis"])
-        out.append({**dict(zip(("snapshot", "trunk", "values", "estimator"), key)), "seeds": m["seeds"],
-                    "heldout_ev": g.heldout_ev.mean(), "reliability": g.reliability.mean(),
-                    "turn_corr_dis": m["turn_corr_dis"], "ci": m["turn_corr_dis_ci"],
-                    "slope_credit_on_truth_dis": g.slope_credit_on_truth_dis.mean()})
+        out.append(
+            {
+                **dict(zip(("snapshot", "trunk", "values", "estimator"), key)),
+                "seeds": m["seeds"],
+                "heldout_ev": g.heldout_ev.mean(),
+                "reliability": g.reliability.mean(),
+                "turn_corr_dis": m["turn_corr_dis"],
+                "ci": m["turn_corr_dis_ci"],
+                "slope_credit_on_truth_dis": g.slope_credit_on_truth_dis.mean(),
+            }
+        )
     return _fmt(pd.DataFrame(out))
 
 
@@ -491,9 +547,14 @@ def e4_table(df: pd.DataFrame) -> str:
     cols = ["heldout_ev", "heldout_ev_turn_start", "values_ratio", "turn_corr_dis"]
     out = []
     for key, g in df.groupby(["snapshot", "trunk", "positions", "estimator"], sort=False):
-        out.append({**dict(zip(("snapshot", "trunk", "positions", "estimator"), key)), **mean_ci(g, cols),
-                    "slope_credit_on_truth_dis": g.slope_credit_on_truth_dis.mean(),
-                    "reliability": g.reliability.mean()})
+        out.append(
+            {
+                **dict(zip(("snapshot", "trunk", "positions", "estimator"), key)),
+                **mean_ci(g, cols),
+                "slope_credit_on_truth_dis": g.slope_credit_on_truth_dis.mean(),
+                "reliability": g.reliability.mean(),
+            }
+        )
     return _fmt(pd.DataFrame(out))
 
 
@@ -514,15 +575,34 @@ def figure(e1: pd.DataFrame, e4: pd.DataFrame, fig_dir: Path) -> Path:
         crit = e1[(e1["values"] == "critic") & e1.estimator.isin(ca.SHOWN)]
         for i, est in enumerate(ca.SHOWN):
             for trunk, g in crit[crit.estimator == est].groupby("trunk"):
-                axes[0].scatter(g.heldout_ev, g.turn_corr_dis, color=colours(i), marker=marker.get(trunk, "^"),
-                                s=22, alpha=0.8, label=f"{est} ({trunk})")
+                axes[0].scatter(
+                    g.heldout_ev,
+                    g.turn_corr_dis,
+                    color=colours(i),
+                    marker=marker.get(trunk, "^"),
+                    s=22,
+                    alpha=0.8,
+                    label=f"{est} ({trunk})",
+                )
     if len(e4):
         for i, est in enumerate(E4_ESTIMATORS):
             for pos, g in e4[e4.estimator == est].groupby("positions"):
-                axes[1].scatter(g.heldout_ev_turn_start, g.turn_corr_dis, s=22, alpha=0.8, label=f"{est} ({pos})",
-                                facecolors=colours(i) if pos == "all" else "none", edgecolors=colours(i))
-    for ax, (title, xlabel) in zip(axes, [("E1: every estimator with the default critic", "held-out EV (action tokens)"),
-                                          ("E4: default vs turn-start critic", "held-out EV at turn starts")]):
+                axes[1].scatter(
+                    g.heldout_ev_turn_start,
+                    g.turn_corr_dis,
+                    s=22,
+                    alpha=0.8,
+                    label=f"{est} ({pos})",
+                    facecolors=colours(i) if pos == "all" else "none",
+                    edgecolors=colours(i),
+                )
+    for ax, (title, xlabel) in zip(
+        axes,
+        [
+            ("E1: every estimator with the default critic", "held-out EV (action tokens)"),
+            ("E4: default vs turn-start critic", "held-out EV at turn starts"),
+        ],
+    ):
         ax.set_title(title, fontsize=10)
         ax.set_xlabel(xlabel)
         ax.set_ylabel("turn correlation with the truth (disattenuated)")
@@ -542,8 +622,10 @@ def report(out: Path) -> str:
     """E1's and E4's tables from ``OUT``'s CSVs, and the figure into ``OUT/figures``."""
     e1, e4 = read_rows(out / "e1.csv"), read_rows(out / "e4.csv")
     figure(e1, e4, out / "figures")
-    return f"E1: credit against the truth, {len(e1)} rows\n{table(e1)}\n\nE4: default vs turn-start critic, " \
-           f"{len(e4)} rows\n{e4_table(e4)}"
+    return (
+        f"E1: credit against the truth, {len(e1)} rows\n{table(e1)}\n\nE4: default vs turn-start critic, "
+        f"{len(e4)} rows\n{e4_table(e4)}"
+    )
 
 
 def export(out: Path, dest: Path) -> None:
@@ -560,11 +642,20 @@ def main(argv=None) -> int:
     ap.add_argument("--quick", action="store_true", help="a smoke run of the pipeline (tiny sizes)")
     ap.add_argument("--q", action="store_true", help="also Q̂ after each recorded turn (doubles the truth's cost)")
     ap.add_argument("--report-only", action="store_true", help="the tables and the figure from the CSVs")
-    ap.add_argument("--archive", type=Path, default=None,
-                    help="keep each snapshot's episodes and truth and each finished fit's rows here (no models), "
-                         "and resume from them: a run that spans machines whose OUT does not survive")
-    ap.add_argument("--snapshots", nargs="+", default=None, metavar="NAME",
-                    help="run only these snapshots (e.g. one share per machine)")
+    ap.add_argument(
+        "--archive",
+        type=Path,
+        default=None,
+        help="keep each snapshot's episodes and truth and each finished fit's rows here (no models), "
+        "and resume from them: a run that spans machines whose OUT does not survive",
+    )
+    ap.add_argument(
+        "--snapshots",
+        nargs="+",
+        default=None,
+        metavar="NAME",
+        help="run only these snapshots (e.g. one share per machine)",
+    )
     ap.add_argument("--export", type=Path, default=None, help="copy the CSVs and the figure into this folder")
     args = ap.parse_args(argv)
     spec = QUICK if args.quick else FULL

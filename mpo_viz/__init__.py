@@ -14,9 +14,16 @@ from mpo_viz.data.trajectory import TrajectoryBatch
 from mpo_viz.version import __version__
 
 #: subpackages loaded on first access, by the name ``mv.<name>`` (their module path)
-_LAZY = {"advantages": "mpo_viz.advantages", "losses": "mpo_viz.losses", "analysis": "mpo_viz.analysis",
-         "plots": "mpo_viz.render.plots", "report": "mpo_viz.render.report", "envs": "mpo_viz.envs",
-         "widgets": "mpo_viz.widgets", "turns": "mpo_viz.data.turns"}
+_LAZY = {
+    "advantages": "mpo_viz.advantages",
+    "losses": "mpo_viz.losses",
+    "analysis": "mpo_viz.analysis",
+    "plots": "mpo_viz.render.plots",
+    "report": "mpo_viz.render.report",
+    "envs": "mpo_viz.envs",
+    "widgets": "mpo_viz.widgets",
+    "turns": "mpo_viz.data.turns",
+}
 
 __all__ = [
     "SCHEMA_VERSION",

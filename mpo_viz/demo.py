@@ -53,12 +53,16 @@ def run(folder: Path, out: Path) -> int:
             r = compute(batch, e)
             results[e] = r
             a = r.advantages.numpy()
-            print(f"{e:<12} {r.wall_time_s * 1e3:>8.1f} {np.abs(a[m]).mean() if m.any() else 0:>26.4f} {len(r.turns):>8}")
+            print(
+                f"{e:<12} {r.wall_time_s * 1e3:>8.1f} {np.abs(a[m]).mean() if m.any() else 0:>26.4f} {len(r.turns):>8}"
+            )
         if skipped:
             print(f"(skipped, the data lack what they need: {', '.join(skipped)})")
         if k == 0:
-            print("(ms: wall time of compute(); in a fresh process the first call of each numba kernel "
-                  "includes its compilation, a few seconds — the later sets show the running speed)")
+            print(
+                "(ms: wall time of compute(); in a fresh process the first call of each numba kernel "
+                "includes its compilation, a few seconds — the later sets show the running speed)"
+            )
 
         if batch.values is not None:
             _rule(f"{name}: critic values across vs within turns (docs/concepts.md §7.8)")
@@ -71,7 +75,11 @@ def run(folder: Path, out: Path) -> int:
         if len(results) > 1:
             _rule(f"{name}: how the estimators agree")
             cmp = analysis.compare_estimators(batch, {k: v.advantages for k, v in results.items()})
-            with_cols = [c for c in cmp.columns if c in ("a", "b", "token_corr", "sign_agreement", "turn_rank_agreement", "n_sign_flips")]
+            with_cols = [
+                c
+                for c in cmp.columns
+                if c in ("a", "b", "token_corr", "sign_agreement", "turn_rank_agreement", "n_sign_flips")
+            ]
             print(cmp[with_cols].to_string(index=False, float_format=lambda x: f"{x:.3f}"))
 
         _rule(f"{name}: advantage columns and report")
@@ -80,7 +88,10 @@ def run(folder: Path, out: Path) -> int:
         if cli(["advantages", str(path), "-e", est, "-o", str(adv_out), "--no-progress"]) != 0:
             return 1
         rep = out / f"{name}_report.html"
-        if cli(["report", str(path), "-e", est, "-o", str(rep), "--no-progress", "--title", f"mpo_viz demo: {name}"]) != 0:
+        if (
+            cli(["report", str(path), "-e", est, "-o", str(rep), "--no-progress", "--title", f"mpo_viz demo: {name}"])
+            != 0
+        ):
             return 1
         reports.append(rep)
 
@@ -102,10 +113,16 @@ def learned_critic(folder: Path) -> None:
     if not files:
         print("(no *_early/*_late.parquet files here)")
         return
-    print(f"{'set':<20} {'values':<8} {'mean across':>12} {'mean within':>12} {'median ratio':>13} {'across > within':>16}")
+    print(
+        f"{'set':<20} {'values':<8} {'mean across':>12} {'mean within':>12} {'median ratio':>13} "
+        f"{'across > within':>16}"
+    )
     for path in sorted(files, key=lambda p: (p.stem.rsplit("_", 1)[0], p.stem.endswith("late"))):
         batch = mv.load(path)
-        for label, values in (("critic", None), ("oracle", batch.padded("oracle_values") if batch.has("oracle_values") else None)):
+        for label, values in (
+            ("critic", None),
+            ("oracle", batch.padded("oracle_values") if batch.has("oracle_values") else None),
+        ):
             if label == "oracle" and values is None:
                 continue
             v = batch.values if values is None else values
@@ -114,10 +131,14 @@ def learned_critic(folder: Path) -> None:
                 print(f"{path.stem:<20} {label:<8} {f'constant (sd {sd:.4f} over all tokens) — no signal':>55}")
                 continue
             s = analysis.variance_summary(analysis.value_variance(batch, values))
-            print(f"{path.stem:<20} {label:<8} {s['mean_across']:>12.5f} {s['mean_within']:>12.5f} "
-                  f"{s['median_ratio']:>13.2f} {s['share_across_gt_within']:>16.0%}")
-    print("(critic: the values the trained critic gave during training; oracle: the exact values under the "
-          "scripted expert on the same trajectories, for reference — see trajectories/README.md)")
+            print(
+                f"{path.stem:<20} {label:<8} {s['mean_across']:>12.5f} {s['mean_within']:>12.5f} "
+                f"{s['median_ratio']:>13.2f} {s['share_across_gt_within']:>16.0%}"
+            )
+    print(
+        "(critic: the values the trained critic gave during training; oracle: the exact values under the "
+        "scripted expert on the same trajectories, for reference — see trajectories/README.md)"
+    )
 
 
 #: values whose standard deviation over all action tokens is below this (returns lie in [0, 1]) are a

@@ -145,7 +145,13 @@ class Option:
     def same_meaning(self, other: Option) -> bool:
         """Same kind, bounds and choices (defaults and docs may differ between estimators)."""
         return (self.kind, self.low, self.high, self.low_open, self.high_open, self.choices) == (
-            other.kind, other.low, other.high, other.low_open, other.high_open, other.choices)
+            other.kind,
+            other.low,
+            other.high,
+            other.low_open,
+            other.high_open,
+            other.choices,
+        )
 
     # ------------------------------------------------------------------ checking a value
     def check(self, value):
@@ -164,7 +170,9 @@ class Option:
         elif kind == "dict":
             ok = isinstance(value, dict)
         elif kind == "int":
-            ok = isinstance(value, (int, np.integer)) and not isinstance(value, (bool, np.bool_)) and self._inside(value)
+            ok = (
+                isinstance(value, (int, np.integer)) and not isinstance(value, (bool, np.bool_)) and self._inside(value)
+            )
             value = int(value) if ok else value
         else:  # a float: "expected a number" for a string or a flag, then the bounds
             ok = self._inside(number(value, self.name))

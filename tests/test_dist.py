@@ -12,13 +12,30 @@ REPO = Path(__file__).resolve().parents[1]
 
 @pytest.mark.slow
 def test_wheel_installs_and_registers_the_verl_plugin(tmp_path):
-    subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q", "-w",
-                    str(tmp_path / "dist"), str(REPO)], check=True, timeout=600)
+    subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "wheel",
+            "--no-deps",
+            "--no-build-isolation",
+            "-q",
+            "-w",
+            str(tmp_path / "dist"),
+            str(REPO),
+        ],
+        check=True,
+        timeout=600,
+    )
     wheels = list((tmp_path / "dist").glob("mpo_viz-*.whl"))
     assert len(wheels) == 1
     target = tmp_path / "site"
-    subprocess.run([sys.executable, "-m", "pip", "install", "--no-deps", "-q", "--target", str(target), str(wheels[0])],
-                   check=True, timeout=600)
+    subprocess.run(
+        [sys.executable, "-m", "pip", "install", "--no-deps", "-q", "--target", str(target), str(wheels[0])],
+        check=True,
+        timeout=600,
+    )
     probe = (
         "import sys; sys.path.insert(0, sys.argv[1])\n"
         "from importlib.metadata import distribution\n"
@@ -32,7 +49,8 @@ def test_wheel_installs_and_registers_the_verl_plugin(tmp_path):
         "print(eps[0].value)\n"
     )
     # from an empty working folder, so that the checkout's own mpo_viz is not on the path
-    out = subprocess.run([sys.executable, "-c", probe, str(target)],
-                         cwd=tmp_path, capture_output=True, text=True, timeout=300)
+    out = subprocess.run(
+        [sys.executable, "-c", probe, str(target)], cwd=tmp_path, capture_output=True, text=True, timeout=300
+    )
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == "mpo_viz.integrations.verl"

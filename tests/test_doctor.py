@@ -13,7 +13,7 @@ import pytest
 from mpo_viz.adapters import from_art, from_chat, from_skyrl, from_steps, from_trl, from_verl
 from mpo_viz.checks import OptionError
 from mpo_viz.data.trajectory import TrajectoryBatch
-from mpo_viz.doctor import CHECKS, OPTIONS, diagnose, examine, merge_findings
+from mpo_viz.doctor import CHECKS, OPTIONS, Doctor, diagnose, examine
 
 ROOT = Path(__file__).resolve().parents[1]
 DOC = ROOT / "docs" / "doctor.md"
@@ -77,10 +77,16 @@ def test_quiet_on_the_shipped_sets(path):
 
 def test_quiet_on_the_converted_samples():
     tok = SAMPLES / "tokenizer"
-    converted = [from_verl(SAMPLES / "verl_batch.pt"), from_skyrl(SAMPLES / "skyrl_generator_output.json"),
-                 from_steps(SAMPLES / "verifiers_rollouts.jsonl"), from_steps(SAMPLES / "rllm_episodes.jsonl"),
-                 from_steps(SAMPLES / "agl_rollouts.jsonl"), from_chat(SAMPLES / "openai_chat.jsonl", tokenizer=tok),
-                 from_trl(SAMPLES / "trl", tokenizer=tok), from_art(SAMPLES / "art" / "trajectories" / "train", tokenizer=tok)]
+    converted = [
+        from_verl(SAMPLES / "verl_batch.pt"),
+        from_skyrl(SAMPLES / "skyrl_generator_output.json"),
+        from_steps(SAMPLES / "verifiers_rollouts.jsonl"),
+        from_steps(SAMPLES / "rllm_episodes.jsonl"),
+        from_steps(SAMPLES / "agl_rollouts.jsonl"),
+        from_chat(SAMPLES / "openai_chat.jsonl", tokenizer=tok),
+        from_trl(SAMPLES / "trl", tokenizer=tok),
+        from_art(SAMPLES / "art" / "trajectories" / "train", tokenizer=tok),
+    ]
     for batch, report in converted:
         assert fired(diagnose(batch, rejected=report.rejected)) == []
 
@@ -135,10 +141,16 @@ def test_values_shifted_measures_the_three_alignments():
 
 def test_flat_groups_share_and_threshold():
     one = {"response_ids": [5], "loss_mask": [1]}
-    b = rows({"group_id": "a", "reward": 1.0}, {"group_id": "a", "reward": 1.0},
-             {"group_id": "b", "reward": 1.0}, {"group_id": "b", "reward": 0.0},
-             {"group_id": "c", "reward": 0.0}, {"group_id": "c", "reward": 0.0},
-             {"group_id": "d", "reward": 0.0}, **one)
+    b = rows(
+        {"group_id": "a", "reward": 1.0},
+        {"group_id": "a", "reward": 1.0},
+        {"group_id": "b", "reward": 1.0},
+        {"group_id": "b", "reward": 0.0},
+        {"group_id": "c", "reward": 0.0},
+        {"group_id": "c", "reward": 0.0},
+        {"group_id": "d", "reward": 0.0},
+        **one,
+    )
     f = next(x for x in diagnose(b) if x.check == "flat_groups")
     # groups of two or more: a (flat), b, c (flat); d is a group of one and does not count
     assert f.fired and f.rows_hit == 4 and "2 of 3 groups (67%)" in f.detail
@@ -155,11 +167,14 @@ def test_missing_reward_counts_turn_and_token_rewards_as_rewards():
 def test_turn_collapse_peak_and_last_step():
     def turns(k, step):
         return {"response_ids": [5] * (2 * k - 1), "loss_mask": [1, 0] * (k - 1) + [1], "step": step}
+
     # mean turns per step: 4, 6, 3 -> 3 <= 0.5 * 6 fires; 4, 6, 4 does not
     b = rows(turns(4, 0), turns(6, 1), turns(2, 2), turns(4, 2))
     f = next(x for x in diagnose(b) if x.check == "turn_collapse")
     assert f.fired and f.rows_hit == 2 and "peak 6 (step 1)" in f.detail and "2: 3" in f.detail
-    assert not next(x for x in diagnose(rows(turns(4, 0), turns(6, 1), turns(4, 2))) if x.check == "turn_collapse").fired
+    assert not next(
+        x for x in diagnose(rows(turns(4, 0), turns(6, 1), turns(4, 2))) if x.check == "turn_collapse"
+    ).fired
     assert next(x for x in diagnose(rows(turns(4, 0), turns(1, 1))) if x.check == "turn_collapse").status == "skipped"
 
 
@@ -177,7 +192,10 @@ def test_explained_variance_against_the_batch_number(tmp_path):
 def test_a_run_folder_reads_its_metrics_and_iterations():
     findings, batch = examine(ROOT / "trajectories" / "trained" / "run")
     by = {f.check: f for f in findings}
-    assert by["explained_variance_per_microbatch"].status == "ok" and "of 3 step(s)" in by["explained_variance_per_microbatch"].detail
+    assert (
+        by["explained_variance_per_microbatch"].status == "ok"
+        and "of 3 step(s)" in by["explained_variance_per_microbatch"].detail
+    )
     assert by["turn_collapse"].status == "ok"
 
 
@@ -204,22 +222,33 @@ def test_the_report_shows_the_findings_first():
     from mpo_viz.render.report import ReportConfig, build_report
 
     one = {"response_ids": [5, 6], "loss_mask": [1, 1]}
-    flat = rows({"group_id": "a"}, {"group_id": "a"}, {"group_id": "b", "reward": 0.0}, {"group_id": "b", "reward": 0.0}, **one)
+    flat = rows(
+        {"group_id": "a"}, {"group_id": "a"}, {"group_id": "b", "reward": 0.0}, {"group_id": "b", "reward": 0.0}, **one
+    )
     html = build_report(flat, ReportConfig(estimators=("grpo",), progress=False))
-    doc = html[html.index("<h2 id=doctor>"):]
+    doc = html[html.index("<h2 id=doctor>") :]
     assert html.index("<h2 id=doctor>") < html.index("<h2>Summary</h2>")
     assert "flat_groups" in doc[: doc.index("<h2>Summary</h2>")] and "1 of " in doc
-    quiet = build_report(rows({"reward": 1.0}, {"reward": 0.0}, **one), ReportConfig(estimators=("grpo",), progress=False))
-    section = quiet[quiet.index("<h2 id=doctor>"): quiet.index("<h2>Summary</h2>")]
+    quiet = build_report(
+        rows({"reward": 1.0}, {"reward": 0.0}, **one), ReportConfig(estimators=("grpo",), progress=False)
+    )
+    section = quiet[quiet.index("<h2 id=doctor>") : quiet.index("<h2>Summary</h2>")]
     assert "0 of " in section and "flat_groups" not in section
 
 
-def test_chunks_merge_into_one_finding_per_check():
+def test_chunks_give_the_findings_of_the_whole():
     one = {"response_ids": [5], "loss_mask": [1]}
-    a = diagnose(rows({"group_id": "a"}, {"group_id": "a"}, **one))  # a flat group: fires
-    b = diagnose(rows({"group_id": "b", "reward": float("nan")}, {"group_id": "b", "reward": 0.0}, **one))
-    merged = {f.check: f for f in merge_findings(merge_findings([], a), b)}
-    assert merged["flat_groups"].fired and merged["flat_groups"].rows_hit == 2 + 2
-    assert merged["missing_reward"].fired and merged["missing_reward"].examples == ["t0"]
+    a = rows({"group_id": "a"}, {"group_id": "a"}, **one)  # a flat group
+    b = rows({"group_id": "b", "reward": float("nan")}, {"group_id": "b", "reward": 0.0}, **one)
+    b = TrajectoryBatch.from_rows([{**r, "traj_id": "u" + r["traj_id"]} for r in b.rows()])
+    doc = Doctor()
+    doc.add(a)
+    doc.add(b)
+    merged = {f.check: f for f in doc.findings()}
+    assert doc.findings() == diagnose(TrajectoryBatch.concat([a, b]))
+    # both groups are flat (the second scores 0 + 0: a missing reward reads 0): 4 rows, 2 of 2 groups
+    assert merged["flat_groups"].fired and merged["flat_groups"].rows_hit == 4
+    assert "2 of 2 groups" in merged["flat_groups"].detail
+    assert merged["missing_reward"].fired and merged["missing_reward"].examples == ["ut0"]
     assert merged["values_shifted"].status == "skipped"
-    assert [f.check for f in merge_findings(a, b)] == [c.name for c in CHECKS]
+    assert [f.check for f in doc.findings()] == [c.name for c in CHECKS]

@@ -1,5 +1,6 @@
 """The package imports one way, bottom to top: data → envs → models → rollout/adapters → advantages →
-losses/analysis/doctor → render → widgets/train/integrations → cli. Nothing lower imports anything higher, there is no import circle,
+losses/analysis/doctor → render → widgets/train/integrations → cli. Nothing lower imports anything higher, there is no
+import circle,
 and nothing inside the package imports the top-level ``mpo_viz`` package (``demo.py`` aside: it
 reads like user code). Every import counts, also those inside functions."""
 
@@ -16,18 +17,30 @@ PKG = Path(__file__).resolve().parents[1] / "mpo_viz"
 # rank of each module (by dotted prefix; the longest prefix wins). A module may import modules of
 # its own rank or lower. A new module must be placed here.
 RANK = {
-    "mpo_viz.version": 0, "mpo_viz.checks": 0, "mpo_viz.options": 0,
-    "mpo_viz.data.schema": 1, "mpo_viz.data.ragged": 1, "mpo_viz.data.turns": 1, "mpo_viz.data.moments": 1,
+    "mpo_viz.version": 0,
+    "mpo_viz.checks": 0,
+    "mpo_viz.options": 0,
+    "mpo_viz.timer": 0,
+    "mpo_viz.data.schema": 1,
+    "mpo_viz.data.ragged": 1,
+    "mpo_viz.data.turns": 1,
+    "mpo_viz.data.moments": 1,
     "mpo_viz.data.validate": 2,
+    "mpo_viz.data.summary": 2,
     "mpo_viz.data.trajectory": 3,
     "mpo_viz.data": 4,
     "mpo_viz.envs": 5,
     "mpo_viz.models": 6,
-    "mpo_viz.rollout": 7, "mpo_viz.adapters": 7,
+    "mpo_viz.rollout": 7,
+    "mpo_viz.adapters": 7,
     "mpo_viz.advantages": 8,
-    "mpo_viz.losses": 9, "mpo_viz.analysis": 9, "mpo_viz.doctor": 9,
+    "mpo_viz.losses": 9,
+    "mpo_viz.analysis": 9,
+    "mpo_viz.doctor": 9,
     "mpo_viz.render": 10,
-    "mpo_viz.widgets": 11, "mpo_viz.train": 11, "mpo_viz.integrations": 11,
+    "mpo_viz.widgets": 11,
+    "mpo_viz.train": 11,
+    "mpo_viz.integrations": 11,
     "mpo_viz.cli": 12,
     "mpo_viz": 13,  # the package itself: re-exports only, imported by nobody inside
 }
@@ -96,7 +109,8 @@ def test_nothing_imports_upward_or_the_top_level_package(mod):
         assert target != "mpo_viz", f"{where}: imports the top-level mpo_viz package; import the module itself"
         assert target not in ASIDE, f"{where}: imports {target}"
         assert _rank(target) <= _rank(mod), (
-            f"{where}: {mod} (layer {_rank(mod)}) imports {target} (layer {_rank(target)}), a higher layer")
+            f"{where}: {mod} (layer {_rank(mod)}) imports {target} (layer {_rank(target)}), a higher layer"
+        )
 
 
 def test_no_import_circle():
@@ -112,7 +126,7 @@ def test_no_import_circle():
         stack.append(m)
         for t in graph.get(m, []):
             if state.get(t) == 1:
-                raise AssertionError("import circle: " + " -> ".join(stack[stack.index(t):] + [t]))
+                raise AssertionError("import circle: " + " -> ".join(stack[stack.index(t) :] + [t]))
             if t not in state:
                 visit(t)
         stack.pop()
@@ -137,15 +151,29 @@ def test_no_private_name_crosses_a_module():
     bad = []
     for mod, f in MODULES.items():
         tree = ast.parse(f.read_text(encoding="utf-8"))
-        own = {n.attr for n in ast.walk(tree) if isinstance(n, ast.Attribute) and isinstance(n.value, ast.Name)
-               and n.value.id == "self" and n.attr.startswith("_")}
+        own = {
+            n.attr
+            for n in ast.walk(tree)
+            if isinstance(n, ast.Attribute)
+            and isinstance(n.value, ast.Name)
+            and n.value.id == "self"
+            and n.attr.startswith("_")
+        }
         for node in ast.walk(tree):
             if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("mpo_viz"):
-                bad += [f"{mod}:{node.lineno} imports {a.name}" for a in node.names
-                        if a.name.startswith("_") and not a.name.startswith("__")]
-            elif (isinstance(node, ast.Attribute) and node.attr.startswith("_") and not node.attr.startswith("__")
-                  and isinstance(node.value, ast.Name) and node.value.id not in ("self", "cls")
-                  and node.attr not in own):
+                bad += [
+                    f"{mod}:{node.lineno} imports {a.name}"
+                    for a in node.names
+                    if a.name.startswith("_") and not a.name.startswith("__")
+                ]
+            elif (
+                isinstance(node, ast.Attribute)
+                and node.attr.startswith("_")
+                and not node.attr.startswith("__")
+                and isinstance(node.value, ast.Name)
+                and node.value.id not in ("self", "cls")
+                and node.attr not in own
+            ):
                 if node.attr == "_actions":  # argparse's parser._actions: a third-party object
                     continue
                 bad.append(f"{mod}:{node.lineno} reads {ast.unparse(node)}")
@@ -155,7 +183,10 @@ def test_no_private_name_crosses_a_module():
 # --------------------------------------------------------------------------------------------- the map
 
 README = PKG.parent / "README.md"
-LAYOUT_START = "<!-- layout: generated from tests/test_layers.py RANK and each module's docstring; `python tests/test_layers.py` rewrites it -->"
+LAYOUT_START = (
+    "<!-- layout: generated from tests/test_layers.py RANK and each module's docstring; "
+    "`python tests/test_layers.py` rewrites it -->"
+)
 LAYOUT_END = "<!-- /layout -->"
 
 
@@ -178,6 +209,7 @@ def _path(mod: str) -> str:
 
 def _children(key: str) -> str:
     """The modules of package ``key`` that have no RANK entry of their own, as ``a, b/ (c, d)``."""
+
     def own(m):
         return m.startswith(key + ".") and max((k for k in RANK if m == k or m.startswith(k + ".")), key=len) == key
 
@@ -186,7 +218,9 @@ def _children(key: str) -> str:
     for m in direct:
         name = m.rsplit(".", 1)[1]
         if MODULES[m].name == "__init__.py":
-            sub = sorted(x.rsplit(".", 1)[1] for x in MODULES if x.startswith(m + ".") and x.count(".") == m.count(".") + 1)
+            sub = sorted(
+                x.rsplit(".", 1)[1] for x in MODULES if x.startswith(m + ".") and x.count(".") == m.count(".") + 1
+            )
             name += "/ (" + ", ".join(sub) + ")" if sub else "/"
         parts.append(name)
     return ", ".join(parts)
@@ -207,8 +241,23 @@ def layout_block() -> str:
         if k != "mpo_viz":
             groups.setdefault(RANK[k], []).append(k.split(".", 1)[1])
     arrows = " → ".join("/".join(f"`{n}`" for n in sorted(groups[r])) for r in sorted(groups))
-    return "\n".join([LAYOUT_START, "", *rows, "", f"Imports go one way, bottom to top: {arrows}.", "",
-                      "<details><summary>Every module</summary>", "", *every, "", "</details>", "", LAYOUT_END])
+    return "\n".join(
+        [
+            LAYOUT_START,
+            "",
+            *rows,
+            "",
+            f"Imports go one way, bottom to top: {arrows}.",
+            "",
+            "<details><summary>Every module</summary>",
+            "",
+            *every,
+            "",
+            "</details>",
+            "",
+            LAYOUT_END,
+        ]
+    )
 
 
 def _committed_layout() -> str:
@@ -220,7 +269,8 @@ def _committed_layout() -> str:
 def test_the_readme_layout_is_the_generated_one():
     assert _committed_layout() == layout_block(), (
         "README.md's Layout differs from tests/test_layers.py RANK and the module docstrings; regenerate it "
-        "with `python tests/test_layers.py`")
+        "with `python tests/test_layers.py`"
+    )
 
 
 def test_every_module_is_on_the_map():

@@ -33,8 +33,11 @@ def _makefile() -> str:
 def test_phony_lists_exactly_the_targets():
     text = _makefile()
     phony = set(next(ln for ln in text.splitlines() if ln.startswith(".PHONY:")).split(":", 1)[1].split())
-    targets = {ln.split(":", 1)[0] for ln in text.splitlines()
-               if ln and not ln[0].isspace() and not ln.startswith((".", "#", "$")) and ":" in ln and "=" not in ln}
+    targets = {
+        ln.split(":", 1)[0]
+        for ln in text.splitlines()
+        if ln and not ln[0].isspace() and not ln.startswith((".", "#", "$")) and ":" in ln and "=" not in ln
+    }
     assert phony == targets
 
 

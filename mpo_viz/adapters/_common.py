@@ -6,7 +6,7 @@ import dataclasses
 import json
 import math
 import warnings
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sized
 
 import numpy as np
 
@@ -27,8 +27,14 @@ def check_options(*, obs_reward: str = "move", errors: str = "raise") -> None:
 
 def file_error(framework: str, source, field: str, expected: str, found: str) -> TrajectoryError:
     """A problem with the whole input (wrong layout): raised even under ``errors='collect'``."""
-    return TrajectoryError(Problem(field=field, expected=f"{framework} layout: {expected}", found=found,
-                                   file=None if source is None else str(source)))
+    return TrajectoryError(
+        Problem(
+            field=field,
+            expected=f"{framework} layout: {expected}",
+            found=found,
+            file=None if source is None else str(source),
+        )
+    )
 
 
 def jsonl_lines(path, col: Collector) -> Iterator[tuple[int, object]]:
@@ -49,13 +55,23 @@ def jsonl_lines(path, col: Collector) -> Iterator[tuple[int, object]]:
                     obj = json.loads(text)
                 except json.JSONDecodeError as exc:
                     col.report.rows_in += 1
-                    col.problem("<line>", "one JSON object", f"unreadable JSON ({exc.msg} at column {exc.colno})",
-                                line=n, layout=False)
+                    col.problem(
+                        "<line>",
+                        "one JSON object",
+                        f"unreadable JSON ({exc.msg} at column {exc.colno})",
+                        line=n,
+                        layout=False,
+                    )
                     continue
                 yield n, obj
     except UnicodeDecodeError as exc:
-        raise file_error(col.framework, path, "<file>", "a UTF-8 JSONL file, one JSON object a line",
-                         f"bytes that are not UTF-8 text near line {n + 1} ({exc.reason}); a binary file?") from None
+        raise file_error(
+            col.framework,
+            path,
+            "<file>",
+            "a UTF-8 JSONL file, one JSON object a line",
+            f"bytes that are not UTF-8 text near line {n + 1} ({exc.reason}); a binary file?",
+        ) from None
 
 
 def jsonable(value):
@@ -133,6 +149,7 @@ class Collector:
         self.report = ConversionReport(framework, source=self.source)
         self.meta = {"source_framework": framework, **(meta or {})}
         self._rows: list[dict] = []
+        self._tokens = 0  # response tokens of the pending rows
         self._where: list[tuple] = []  # (line, row, file) of each pending row in the input
         self._problems: list[Problem] = []
         self._seen: dict[str, str] = {}
@@ -143,6 +160,11 @@ class Collector:
         return len(self._rows)
 
     @property
+    def pending_tokens(self) -> int:
+        """Response tokens of the pending rows (a chunk's memory grows with them)."""
+        return self._tokens
+
+    @property
     def has_problems(self) -> bool:
         """Whether rows that could not be converted wait to be reported by :meth:`flush`."""
         return bool(self._problems)
@@ -150,11 +172,19 @@ class Collector:
     def _loc(self, line, row) -> str:
         return f"line {line}" if line is not None else f"row {row}"
 
-    def problem(self, field: str, expected: str, found: str, *, line=None, row=None, traj_id=None,
-                layout: bool = True) -> None:
+    def problem(
+        self, field: str, expected: str, found: str, *, line=None, row=None, traj_id=None, layout: bool = True
+    ) -> None:
         """One input row cannot be converted. ``layout`` prefixes the framework's name to ``expected``."""
-        p = Problem(field=field, expected=(f"{self.framework} layout: " if layout else "") + expected, found=found,
-                    traj_id=traj_id, file=self.source, line=line, row=row)
+        p = Problem(
+            field=field,
+            expected=(f"{self.framework} layout: " if layout else "") + expected,
+            found=found,
+            traj_id=traj_id,
+            file=self.source,
+            line=line,
+            row=row,
+        )
         if self.errors == "raise":
             raise TrajectoryError(p)
         self._problems.append(p)
@@ -163,11 +193,20 @@ class Collector:
         tid = row.get("traj_id")
         if isinstance(tid, str):
             if tid in self._seen:
-                self.problem("traj_id", "a unique traj_id", f"a duplicate of {tid!r} (first at {self._seen[tid]})",
-                             line=line, row=row_index, traj_id=tid, layout=False)
+                self.problem(
+                    "traj_id",
+                    "a unique traj_id",
+                    f"a duplicate of {tid!r} (first at {self._seen[tid]})",
+                    line=line,
+                    row=row_index,
+                    traj_id=tid,
+                    layout=False,
+                )
                 return
             self._seen[tid] = self._loc(line, row_index)
         self._rows.append(row)
+        ids = row.get("response_ids")
+        self._tokens += len(ids) if isinstance(ids, Sized) else 0
         self._where.append((line, row_index, self.source))
 
     def flush(self) -> TrajectoryBatch:
@@ -175,7 +214,7 @@ class Collector:
         for check in self.checks:
             check(self.report)
         rows, where, problems = self._rows, self._where, self._problems
-        self._rows, self._where, self._problems = [], [], []
+        self._rows, self._where, self._problems, self._tokens = [], [], [], 0
         batch = TrajectoryBatch.from_rows(rows, dict(self.meta), errors="collect", source=self.source)
         refused = {p.row for p in batch.rejected}
         for i, row in enumerate(rows):
@@ -185,7 +224,9 @@ class Collector:
         for p in batch.rejected:  # from_rows numbers rows 0..n-1 of this chunk: name the input's line/row
             line, row, file = where[p.row] if p.row is not None and p.row < len(where) else (None, None, p.file)
             problems.append(dataclasses.replace(p, file=file, line=line, row=None if line is not None else row))
-        problems.sort(key=lambda p: (str(p.file), p.line if p.line is not None else -1, p.row if p.row is not None else -1))
+        problems.sort(
+            key=lambda p: (str(p.file), p.line if p.line is not None else -1, p.row if p.row is not None else -1)
+        )
         if problems and self.errors == "raise":
             raise TrajectoryError(problems)
         batch.rejected = problems
@@ -211,20 +252,35 @@ def _reward_missing(row: dict) -> str | None:
 
 
 #: what one input record of each adapter is, for the error on an input without any
-RECORDS = {"openai": "conversation (one JSON object a line with a 'messages' list)", "steps": "step record",
-           "verl": "batch row", "areal": "trajectory (a row of the rollout batch)", "skyrl": "generator output row", "trl": "completion row", "art": "trajectory row"}
+RECORDS = {
+    "openai": "conversation (one JSON object a line with a 'messages' list)",
+    "steps": "step record",
+    "verl": "batch row",
+    "areal": "trajectory (a row of the rollout batch)",
+    "skyrl": "generator output row",
+    "trl": "completion row",
+    "art": "trajectory row",
+}
 
 
-def drive(gen: Iterator, col: Collector, chunk_rows: int | None) -> Iterator[TrajectoryBatch]:
-    """Run an adapter's row generator, yielding a validated batch every ``chunk_rows`` rows (and at the
-    end); then each of the report's warnings as a :class:`ConversionWarning`. An input without any
-    record is a file-level error (a conversion that writes nothing is never a success)."""
+def drive(
+    gen: Iterator, col: Collector, chunk_rows: int | None, chunk_tokens: int | None = None
+) -> Iterator[TrajectoryBatch]:
+    """Run an adapter's row generator, yielding a validated batch every ``chunk_rows`` rows or
+    ``chunk_tokens`` response tokens, whichever comes first (and at the end); then each of the
+    report's warnings as a :class:`ConversionWarning`. An input without any record is a file-level
+    error (a conversion that writes nothing is never a success)."""
     for _ in gen:
-        if chunk_rows and col.pending >= chunk_rows:
+        if chunk_rows and (col.pending >= chunk_rows or (chunk_tokens and col.pending_tokens >= chunk_tokens)):
             yield col.flush()
     if not col.report.rows_in:
-        raise file_error(col.framework, col.source, "<file>", f"at least one {RECORDS.get(col.framework, 'record')}",
-                         "none: the input is empty")
+        raise file_error(
+            col.framework,
+            col.source,
+            "<file>",
+            f"at least one {RECORDS.get(col.framework, 'record')}",
+            "none: the input is empty",
+        )
     if col.pending or col.has_problems or not chunk_rows:
         yield col.flush()
     for text in col.report.warnings:

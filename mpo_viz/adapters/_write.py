@@ -26,7 +26,9 @@ def write_chunks(batches: Iterable[TrajectoryBatch], out) -> Path:
     """
     out = Path(out)
     if out.suffix == ".jsonl":
-        raise OptionError("out", f"expected a .parquet path or a folder, found {str(out)!r} (write JSONL with mpo_viz.save)")
+        raise OptionError(
+            "out", f"expected a .parquet path or a folder, found {str(out)!r} (write JSONL with mpo_viz.save)"
+        )
     if out.suffix == ".parquet":
         out.parent.mkdir(parents=True, exist_ok=True)
         tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
@@ -58,4 +60,3 @@ def _write_parts(batches, folder: Path) -> list[Path]:
     if not parts:  # nothing converted: still a valid (empty) file
         parts.append(save(TrajectoryBatch.from_rows([], meta), folder / "part-00000.parquet"))
     return parts
-

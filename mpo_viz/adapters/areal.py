@@ -105,8 +105,10 @@ _DROPPED = {
     "multi_modal_input": "model inputs (pixel tensors), not trajectory data",
     "position_ids": "positions follow from the unpadded ids",
 }
-_LAYOUT = ("an AReaL rollout batch: 'input_ids' and 'loss_mask' (B, L) with 'attention_mask', 'rewards' (B,), "
-           "or one such trajectory per record")
+_LAYOUT = (
+    "an AReaL rollout batch: 'input_ids' and 'loss_mask' (B, L) with 'attention_mask', 'rewards' (B,), "
+    "or one such trajectory per record"
+)
 _MAPPED = {
     "input_ids": "prompt_ids (before the first loss_mask 1) + response_ids",
     "attention_mask": "cuts the right padding (not stored)",
@@ -147,8 +149,13 @@ def load_areal(path) -> object:
         try:
             return load_file(str(path))
         except (SafetensorError, OSError, ValueError) as exc:
-            raise file_error("areal", path, "<file>", "a safetensors file of the batch's tensors",
-                             f"an unreadable file ({str(exc)[:200]})") from None
+            raise file_error(
+                "areal",
+                path,
+                "<file>",
+                "a safetensors file of the batch's tensors",
+                f"an unreadable file ({str(exc)[:200]})",
+            ) from None
     import torch
 
     try:
@@ -158,10 +165,15 @@ def load_areal(path) -> object:
     except Exception as exc:  # UnpicklingError and friends: needs code to load
         why = str(exc).strip().splitlines()
         hint = next((ln.strip() for ln in why if "GLOBAL" in ln or "Unsupported" in ln), why[0] if why else "")
-        raise file_error("areal", path, "<file>", "a torch.save'd dict of tensors, lists, strings and numbers "
-                         "(read with weights_only=True; AReaL files are never unpickled)",
-                         f"a file that needs unpickling or is not a torch file ({hint[:200]}); save the batch "
-                         "with safetensors.torch.save_file, or as JSONL") from None
+        raise file_error(
+            "areal",
+            path,
+            "<file>",
+            "a torch.save'd dict of tensors, lists, strings and numbers "
+            "(read with weights_only=True; AReaL files are never unpickled)",
+            f"a file that needs unpickling or is not a torch file ({hint[:200]}); save the batch "
+            "with safetensors.torch.save_file, or as JSONL",
+        ) from None
 
 
 def _records(src, col: Collector) -> Iterator[tuple[int | None, int | None, dict]]:
@@ -181,8 +193,9 @@ def _records(src, col: Collector) -> Iterator[tuple[int | None, int | None, dict
                 yield None, i, r
             return
         if path.suffix not in (".safetensors", ".pt", ".pth"):
-            raise file_error("areal", path, "<file>", "a .safetensors, .pt, .jsonl or .parquet file",
-                             f"a file named {path.name!r}")
+            raise file_error(
+                "areal", path, "<file>", "a .safetensors, .pt, .jsonl or .parquet file", f"a file named {path.name!r}"
+            )
         src = load_areal(path)
     if isinstance(src, (list, tuple)):
         for i, r in enumerate(src):
@@ -206,8 +219,13 @@ def _unpad(batch: dict, col: Collector) -> Iterator[tuple[None, int, dict]]:
         raise file_error("areal", col.source, "input_ids", "a (B, L) tensor", describe(batch["input_ids"]))
     B, L = ids.shape
     if "attention_mask" not in batch:
-        raise file_error("areal", col.source, "attention_mask", "(B, L) beside input_ids (it marks the padding)",
-                         f"none; keys: {sorted(map(str, batch))}")
+        raise file_error(
+            "areal",
+            col.source,
+            "attention_mask",
+            "(B, L) beside input_ids (it marks the padding)",
+            f"none; keys: {sorted(map(str, batch))}",
+        )
     per_row: dict[str, Any] = {}
     for k, v in batch.items():
         a = _numpy(v)
@@ -227,10 +245,14 @@ def _unpad(batch: dict, col: Collector) -> Iterator[tuple[None, int, dict]]:
 def _refuse_after_advantages(rec: Mapping, col: Collector, line) -> None:
     found = [k for k in AFTER_ADVANTAGES if k in rec]
     if found:
-        raise file_error("areal", col.source, found[0],
-                         "a rollout batch before compute_advantages (there AReaL rolls loss_mask and logprobs by one "
-                         "position and shapes the rewards)" + (f" (line {line})" if line else ""),
-                         f"the keys {', '.join(found)}: save the batch before actor.compute_advantages")
+        raise file_error(
+            "areal",
+            col.source,
+            found[0],
+            "a rollout batch before compute_advantages (there AReaL rolls loss_mask and logprobs by one "
+            "position and shapes the rewards)" + (f" (line {line})" if line else ""),
+            f"the keys {', '.join(found)}: save the batch before actor.compute_advantages",
+        )
 
 
 # ----------------------------------------------------------------------------- one trajectory
@@ -255,8 +277,11 @@ def areal_turn_ids(turn_ids, mask) -> tuple[np.ndarray | None, tuple[int, str, s
     down = np.flatnonzero(np.diff(a) < 0)
     if len(down):
         j = down[0] + 1
-        return None, (int(pos[j]), "turn ids that never decrease along the generated tokens",
-                      f"{a[j]} after {a[j - 1]}"), False
+        return (
+            None,
+            (int(pos[j]), "turn ids that never decrease along the generated tokens", f"{a[j]} after {a[j - 1]}"),
+            False,
+        )
     rank = np.concatenate([[0], np.cumsum(np.diff(a) != 0)]) if len(a) else a
     last = np.maximum.accumulate(np.where(act, np.arange(len(t)), -1)) if len(t) else np.zeros(0, dtype=np.int64)
     full = np.zeros(len(t), dtype=np.int64)
@@ -309,7 +334,9 @@ def _token_arrays(rec: dict, r: _Row) -> dict | None:
         m = int((am != 0).sum())
         wrong = np.flatnonzero(am != (np.arange(n) < m))  # not the m leading 1s, then 0s
         if len(wrong):
-            r.problem("attention_mask", "1s then 0s (AReaL pads on the right)", f"{am[wrong[0]]} at position {wrong[0]}")
+            r.problem(
+                "attention_mask", "1s then 0s (AReaL pads on the right)", f"{am[wrong[0]]} at position {wrong[0]}"
+            )
             return None
         out = {k: v[:m] for k, v in out.items() if k != "attention_mask"}
     return out
@@ -333,10 +360,17 @@ def _areal_row(rec: dict, r: _Row, groups: dict) -> dict | None:
         return None
     p, ids = int(act[0]), tok["input_ids"].astype(np.int64)
     resp_mask = mask[p:].astype(np.int64)
-    row = {"traj_id": r.tid, "prompt_ids": ids[:p].tolist(), "response_ids": ids[p:].tolist(),
-           "loss_mask": resp_mask.tolist()}
-    row["group_id"] = str(rec["group_id"]) if rec.get("group_id") is not None else \
-        groups.setdefault(tuple(row["prompt_ids"]), f"{r.prefix}prompt{len(groups)}")
+    row = {
+        "traj_id": r.tid,
+        "prompt_ids": ids[:p].tolist(),
+        "response_ids": ids[p:].tolist(),
+        "loss_mask": resp_mask.tolist(),
+    }
+    row["group_id"] = (
+        str(rec["group_id"])
+        if rec.get("group_id") is not None
+        else groups.setdefault(tuple(row["prompt_ids"]), f"{r.prefix}prompt{len(groups)}")
+    )
     if not _turns(row, tok, p, resp_mask, r):
         return None
     for k, v1 in AREAL_FIELDS.items():
@@ -345,10 +379,14 @@ def _areal_row(rec: dict, r: _Row, groups: dict) -> dict | None:
     for k, v1 in SHIFTED_FIELDS.items():
         if k in tok:
             if p == 0:
-                r.problem(k, "a prompt token before the first generated token (AReaL's forward pass holds token t's "
-                          "value at position t - 1)", "the first token is generated")
+                r.problem(
+                    k,
+                    "a prompt token before the first generated token (AReaL's forward pass holds token t's "
+                    "value at position t - 1)",
+                    "the first token is generated",
+                )
                 return None
-            row[v1] = tok[k][p - 1:-1].astype(np.float64).tolist()
+            row[v1] = tok[k][p - 1 : -1].astype(np.float64).tolist()
     if "versions" in tok:
         v = tok["versions"][p:].astype(np.int64)
         row["versions"] = v.astype(np.float64).tolist()
@@ -431,11 +469,18 @@ def _sources(src, col: Collector) -> Iterator[tuple[object, str, int | None]]:
     if not (isinstance(src, (str, Path)) and Path(src).is_dir()):
         yield src, "", None
         return
-    files = sorted((p for p in Path(src).iterdir() if p.is_file() and p.suffix in SUFFIXES),
-                   key=lambda p: (not p.stem.isdigit(), int(p.stem) if p.stem.isdigit() else 0, p.name))
+    files = sorted(
+        (p for p in Path(src).iterdir() if p.is_file() and p.suffix in SUFFIXES),
+        key=lambda p: (not p.stem.isdigit(), int(p.stem) if p.stem.isdigit() else 0, p.name),
+    )
     if not files:
-        raise file_error("areal", src, "<folder>", f"a folder of {', '.join(SUFFIXES)} files",
-                         f"none among {len(list(Path(src).iterdir()))} entries")
+        raise file_error(
+            "areal",
+            src,
+            "<folder>",
+            f"a folder of {', '.join(SUFFIXES)} files",
+            f"none among {len(list(Path(src).iterdir()))} entries",
+        )
     for p in files:
         yield p, f"{p.stem}/", int(p.stem) if p.stem.isdigit() else None
 
@@ -461,12 +506,19 @@ def _iter_one(src, col: Collector, prefix: str, step: int | None) -> Iterator[No
         _refuse_after_advantages(rec, col, line)
         if "input_ids" not in rec:
             text_dump = {"prompt", "completion"} <= set(rec)
-            raise file_error("areal", col.source, "input_ids", _LAYOUT + (f" (line {line})" if line else ""),
-                             "AReaL's text dump (prompt and completion strings, no token ids, log-probs or masks): "
-                             "save the rollout batch's tensors instead (docs/adapters.md)" if text_dump else
-                             f"no 'input_ids'; keys: {sorted(map(str, rec))}")
-        tid = str(rec["traj_id"]) if rec.get("traj_id") is not None else \
-            prefix + (f"line{line}" if line else f"row{ri}")
+            raise file_error(
+                "areal",
+                col.source,
+                "input_ids",
+                _LAYOUT + (f" (line {line})" if line else ""),
+                "AReaL's text dump (prompt and completion strings, no token ids, log-probs or masks): "
+                "save the rollout batch's tensors instead (docs/adapters.md)"
+                if text_dump
+                else f"no 'input_ids'; keys: {sorted(map(str, rec))}",
+            )
+        tid = (
+            str(rec["traj_id"]) if rec.get("traj_id") is not None else prefix + (f"line{line}" if line else f"row{ri}")
+        )
         if rec.get("group_id") is None and not groups:
             rep.note("no group_id: groups of identical prompts")
         for k in (*STRUCTURE, *AREAL_FIELDS, *SHIFTED_FIELDS, *_ROW_IDS):

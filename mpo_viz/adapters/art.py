@@ -62,8 +62,9 @@ def _maybe_json(v):
     return jsonable(v)
 
 
-def iter_art(src, col: Collector, *, tokenizer=None, obs_reward: str = "move",
-             allow_unknown: bool = False) -> Iterator[None]:
+def iter_art(
+    src, col: Collector, *, tokenizer=None, obs_reward: str = "move", allow_unknown: bool = False
+) -> Iterator[None]:
     enc = encoder_for(tokenizer, col, allow_unknown)
     rep = col.report
     for path in parquet_files(src, "*.parquet"):
@@ -75,9 +76,14 @@ def iter_art(src, col: Collector, *, tokenizer=None, obs_reward: str = "move",
             if i == 0:
                 missing = [c for c in ("group_index", "reward", "messages") if c not in names]
                 if missing:
-                    raise file_error("art", path, missing[0], "an ART trajectory Parquet with columns group_index, "
-                                     "reward, messages (list of {role, content, tool_calls, tool_call_id, trainable})",
-                                     f"columns {names}")
+                    raise file_error(
+                        "art",
+                        path,
+                        missing[0],
+                        "an ART trajectory Parquet with columns group_index, "
+                        "reward, messages (list of {role, content, tool_calls, tool_call_id, trainable})",
+                        f"columns {names}",
+                    )
                 if "trajectory_json" in names:
                     rep.drop("trajectory_json", "the full model dump; the messages column holds what is converted")
             gi = row.get("group_index")
@@ -96,23 +102,37 @@ def iter_art(src, col: Collector, *, tokenizer=None, obs_reward: str = "move",
                 yield
                 continue
             msgs = [_message(m) for m in msgs_raw]
-            actions: list[int] | None = [k for k, m in enumerate(msgs_raw) if m.get("role") == "assistant" and m.get("trainable")]
+            actions: list[int] | None = [
+                k for k, m in enumerate(msgs_raw) if m.get("role") == "assistant" and m.get("trainable")
+            ]
             if not actions:
                 actions = None
                 rep.note("no trainable assistant message in a row: every assistant message taken as a turn")
             extra = {k: _maybe_json(row[k]) for k in _EXTRA if row.get(k) is not None}
             tools = _maybe_json(row.get("tools")) if row.get("tools") else None
             scal = {"step": step} if step is not None else {}
-            out = conversation_row(enc, col, msgs, traj_id=tid, group_id=f"{path.stem}/g{gi}", reward=row.get("reward"),
-                                   actions=actions, tools=tools, row=i, obs_reward=obs_reward, extra=extra or None,
-                                   scalars=scal)
+            out = conversation_row(
+                enc,
+                col,
+                msgs,
+                traj_id=tid,
+                group_id=f"{path.stem}/g{gi}",
+                reward=row.get("reward"),
+                actions=actions,
+                tools=tools,
+                row=i,
+                obs_reward=obs_reward,
+                extra=extra or None,
+                scalars=scal,
+            )
             if out is not None:
                 col.add(out, row_index=i)
             yield
 
 
-def from_art(src, *, tokenizer, obs_reward: str = "move", errors: str = "raise", source=None,
-             allow_unknown: bool = False):
+def from_art(
+    src, *, tokenizer, obs_reward: str = "move", errors: str = "raise", source=None, allow_unknown: bool = False
+):
     """Convert ART trajectory Parquet (a file, or a ``trajectories/{split}/`` folder) to v1."""
     check_options(obs_reward=obs_reward, errors=errors)
     col = Collector("art", source=source if source is not None else src, errors=errors)

@@ -29,14 +29,14 @@ UNKNOWN_FIELDS = ("prompt", "action", "observation")
 TOOL_CALL_RENDERINGS = {
     "template": "by the tokenizer's chat template",
     "plain": "as plain text by mpo_viz (the chat template does not render tool_calls): each call a line "
-             "'<tool_call>{\"name\": ..., \"arguments\": ...}</tool_call>' after the message's content "
-             "(docs/adapters.md)",
+    '\'<tool_call>{"name": ..., "arguments": ...}</tool_call>\' after the message\'s content '
+    "(docs/adapters.md)",
 }
 #: what became of the rows' ``tools`` schemas (``ConversionReport.tools_rendering``)
 TOOLS_RENDERINGS = {
     "template": "rendered into the prompt by the tokenizer's chat template and kept in extra_json['tools']",
     "kept": "kept in extra_json['tools'] only: the chat template does not render tools, so the prompt tokens "
-            "do not hold them",
+    "do not hold them",
 }
 
 
@@ -145,7 +145,8 @@ class ConversionReport:
             self.unknown_role_examples.append(where)
 
     def missing_reward(self, traj_id: str, found: str) -> None:
-        """Count a trajectory without a (finite) reward; ``found`` says what it had (``"no reward"``, ``"reward inf"``)."""
+        """Count a trajectory without a (finite) reward; ``found`` says what it had (``"no reward"``,
+        ``"reward inf"``)."""
         self.missing_rewards += 1
         if len(self.missing_reward_examples) < _NAMED:
             self.missing_reward_examples.append(f"{traj_id} ({found})")
@@ -174,35 +175,65 @@ class ConversionReport:
         """What a user must know before trusting the output, one sentence each (empty when nothing)."""
         out = []
         if self.empty_turns:
-            out.append(f"{self.empty_turns} assistant turn(s) hold no content token (only the end-of-turn token): "
-                       f"{', '.join(self.empty_turn_examples)}"
-                       + (f" and {self.empty_turns - len(self.empty_turn_examples)} more" if self.empty_turns > len(self.empty_turn_examples) else "")
-                       + "; their message had no content (and no tool call) to train on")
+            out.append(
+                f"{self.empty_turns} assistant turn(s) hold no content token (only the end-of-turn token): "
+                f"{', '.join(self.empty_turn_examples)}"
+                + (
+                    f" and {self.empty_turns - len(self.empty_turn_examples)} more"
+                    if self.empty_turns > len(self.empty_turn_examples)
+                    else ""
+                )
+                + "; their message had no content (and no tool call) to train on"
+            )
         for name in UNKNOWN_FIELDS:
             share = self.unknown_share(name)
             if share > UNKNOWN_WARN_SHARE:
                 n_unk, n = self.unknown_tokens[name]
                 ex = self.unknown_examples.get(name) or []
-                out.append(f"{n_unk} of {n} {name} tokens ({share:.1%}) are the unknown token {self.unknown_token!r}"
-                           + (f", e.g. {', '.join(ex)}" if ex else "")
-                           + ": the tokenizer does not cover this text (use the model's own tokenizer)")
+                out.append(
+                    f"{n_unk} of {n} {name} tokens ({share:.1%}) are the unknown token {self.unknown_token!r}"
+                    + (f", e.g. {', '.join(ex)}" if ex else "")
+                    + ": the tokenizer does not cover this text (use the model's own tokenizer)"
+                )
         if self.unknown_roles:
-            out.append(f"{self.unknown_roles} message(s) with a role that is not an OpenAI chat role kept as observation "
-                       f"tokens (loss_mask 0): {', '.join(self.unknown_role_examples)}"
-                       + (f" and {self.unknown_roles - len(self.unknown_role_examples)} more" if self.unknown_roles > len(self.unknown_role_examples) else "")
-                       + "; a misspelt 'assistant' is a model turn lost to the observations")
+            out.append(
+                f"{self.unknown_roles} message(s) with a role that is not an OpenAI chat role kept as observation "
+                f"tokens (loss_mask 0): {', '.join(self.unknown_role_examples)}"
+                + (
+                    f" and {self.unknown_roles - len(self.unknown_role_examples)} more"
+                    if self.unknown_roles > len(self.unknown_role_examples)
+                    else ""
+                )
+                + "; a misspelt 'assistant' is a model turn lost to the observations"
+            )
         if self.missing_rewards:
-            out.append(f"{self.missing_rewards} trajectories have no finite reward: "
-                       f"{', '.join(self.missing_reward_examples)}"
-                       + (f" and {self.missing_rewards - len(self.missing_reward_examples)} more" if self.missing_rewards > len(self.missing_reward_examples) else "")
-                       + "; estimators count their score as 0 (group estimators warn)")
+            out.append(
+                f"{self.missing_rewards} trajectories have no finite reward: "
+                f"{', '.join(self.missing_reward_examples)}"
+                + (
+                    f" and {self.missing_rewards - len(self.missing_reward_examples)} more"
+                    if self.missing_rewards > len(self.missing_reward_examples)
+                    else ""
+                )
+                + "; estimators count their score as 0 (group estimators warn)"
+            )
         return out
 
     def update(self, other: ConversionReport) -> None:
         """Add the counts of ``other`` (a later chunk of the same conversion) to this report."""
-        for name in ("rows_in", "trajectories", "rewards_moved", "rewards_moved_forward", "merged_steps",
-                     "retokenized_messages", "retokenization_mismatches", "tool_calls", "empty_turns",
-                     "missing_rewards", "unknown_roles"):
+        for name in (
+            "rows_in",
+            "trajectories",
+            "rewards_moved",
+            "rewards_moved_forward",
+            "merged_steps",
+            "retokenized_messages",
+            "retokenization_mismatches",
+            "tool_calls",
+            "empty_turns",
+            "missing_rewards",
+            "unknown_roles",
+        ):
             setattr(self, name, getattr(self, name) + getattr(other, name))
         self.tool_call_rendering = self.tool_call_rendering or other.tool_call_rendering
         self.tools_rendering = self.tools_rendering or other.tools_rendering
@@ -212,9 +243,11 @@ class ConversionReport:
             self.unknown(name, n_unk, n)
             ex = self.unknown_examples.setdefault(name, [])
             ex.extend(e for e in other.unknown_examples.get(name, []) if e not in ex and len(ex) < _EXAMPLES)
-        for mine, theirs in ((self.empty_turn_examples, other.empty_turn_examples),
-                             (self.missing_reward_examples, other.missing_reward_examples),
-                             (self.unknown_role_examples, other.unknown_role_examples)):
+        for mine, theirs in (
+            (self.empty_turn_examples, other.empty_turn_examples),
+            (self.missing_reward_examples, other.missing_reward_examples),
+            (self.unknown_role_examples, other.unknown_role_examples),
+        ):
             mine.extend(theirs[: max(_NAMED - len(mine), 0)])
         self.rejected.extend(other.rejected)
         self.kept_as_steps.update(other.kept_as_steps)
@@ -266,36 +299,53 @@ class ConversionReport:
 
     def __str__(self) -> str:
         d = self.to_dict()
-        lines = [f"converted {d['source'] or '<in memory>'} ({self.framework})",
-                 f"  input rows            {self.rows_in}",
-                 f"  trajectories written  {self.trajectories}",
-                 f"  rejected rows         {d['rejected_rows']}"]
+        lines = [
+            f"converted {d['source'] or '<in memory>'} ({self.framework})",
+            f"  input rows            {self.rows_in}",
+            f"  trajectories written  {self.trajectories}",
+            f"  rejected rows         {d['rejected_rows']}",
+        ]
         lines[1:1] = [f"  WARNING               {w}" for w in self.warnings]
         for p in self.rejected[:10]:
             lines.append(f"    {p}")
         if len(self.rejected) > 10:
             lines.append(f"    ... and {len(self.rejected) - 10} more (--report-json lists all)")
-        lines.append(f"  rewards moved         {self.rewards_moved} from observation tokens to the action token before"
-                     + (f"; {self.rewards_moved_forward} to the action token after (none before)" if self.rewards_moved_forward else ""))
+        lines.append(
+            f"  rewards moved         {self.rewards_moved} from observation tokens to the action token before"
+            + (
+                f"; {self.rewards_moved_forward} to the action token after (none before)"
+                if self.rewards_moved_forward
+                else ""
+            )
+        )
         if self.merged_steps or self.kept_as_steps:
             lines.append(f"  steps merged          {self.merged_steps} step records into multi-turn trajectories")
             for why, n in sorted(self.kept_as_steps.items()):
                 lines.append(f"  kept as one-turn      {n} step records: {why}")
         if self.retokenized_messages or self.retokenization_mismatches:
-            lines.append(f"  retokenization        {self.retokenization_mismatches} of {self.retokenized_messages} logged "
-                         "assistant messages differ from the chat template's ids (logged ids kept)")
+            lines.append(
+                f"  retokenization        {self.retokenization_mismatches} of {self.retokenized_messages} logged "
+                "assistant messages differ from the chat template's ids (logged ids kept)"
+            )
             for ex in self.mismatch_examples:
                 lines.append(f"    {ex}")
         if self.tool_calls:
-            lines.append(f"  tool calls            {self.tool_calls} rendered into action tokens "
-                         f"{TOOL_CALL_RENDERINGS.get(self.tool_call_rendering or '', self.tool_call_rendering)}")
+            lines.append(
+                f"  tool calls            {self.tool_calls} rendered into action tokens "
+                f"{TOOL_CALL_RENDERINGS.get(self.tool_call_rendering or '', self.tool_call_rendering)}"
+            )
         if self.tool_schemas:
             names = ", ".join(f"{k} ({n}x)" for k, n in sorted(self.tool_schemas.items()))
-            lines.append(f"  tool schemas          {sum(self.tool_schemas.values())} in the rows' tools: {names}; "
-                         f"{TOOLS_RENDERINGS.get(self.tools_rendering or '', self.tools_rendering)}")
+            lines.append(
+                f"  tool schemas          {sum(self.tool_schemas.values())} in the rows' tools: {names}; "
+                f"{TOOLS_RENDERINGS.get(self.tools_rendering or '', self.tools_rendering)}"
+            )
         if self.unknown_tokens:
-            shares = ", ".join(f"{k} {self.unknown_tokens[k][0]} of {self.unknown_tokens[k][1]}"
-                               for k in UNKNOWN_FIELDS if k in self.unknown_tokens)
+            shares = ", ".join(
+                f"{k} {self.unknown_tokens[k][0]} of {self.unknown_tokens[k][1]}"
+                for k in UNKNOWN_FIELDS
+                if k in self.unknown_tokens
+            )
             lines.append(f"  unknown tokens        {shares} ({self.unknown_token!r})")
         for name, to in sorted(self.fields_mapped.items()):
             lines.append(f"  mapped field          {name} -> {to}")

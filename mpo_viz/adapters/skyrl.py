@@ -58,8 +58,14 @@ from mpo_viz.data.turns import turn_ids_from_mask
 __all__ = ["from_skyrl", "iter_skyrl"]
 
 REQUIRED = ("prompt_token_ids", "response_ids", "rewards", "loss_masks")
-PER_ROW = ("stop_reasons", "rollout_logprobs", "trajectory_ids", "is_last_step", "env_metrics",
-           "trajectory_generation_times")
+PER_ROW = (
+    "stop_reasons",
+    "rollout_logprobs",
+    "trajectory_ids",
+    "is_last_step",
+    "env_metrics",
+    "trajectory_generation_times",
+)
 _LAYOUT = "a GeneratorOutput dict with per-row lists 'prompt_token_ids', 'response_ids', 'rewards', 'loss_masks'"
 
 
@@ -74,7 +80,9 @@ def _tid(t, i):
     else:
         return str(t), str(t).rsplit("_", 1)[0]
     if inst is None:
-        raise ValueError(f"trajectory_ids[{i}]: expected a TrajectoryID with instance_id and repetition_id, found {t!r}")
+        raise ValueError(
+            f"trajectory_ids[{i}]: expected a TrajectoryID with instance_id and repetition_id, found {t!r}"
+        )
     return (f"{inst}_{rep}" if rep is not None else str(inst)), str(inst)
 
 
@@ -87,8 +95,10 @@ def _outputs(src, col: Collector, trust: bool) -> Iterator[tuple[int | None, Any
         raise FileNotFoundError(f"{path}: no such file")
     if path.suffix in (".pkl", ".pickle"):
         if not trust:
-            raise ValueError(f"{path}: a pickle can run code when loaded: pass trust=True (--trust) only for a file you "
-                             "trust, or dump the GeneratorOutput as JSON")
+            raise ValueError(
+                f"{path}: a pickle can run code when loaded: pass trust=True (--trust) only for a file you "
+                "trust, or dump the GeneratorOutput as JSON"
+            )
         with open(path, "rb") as fh:
             obj = pickle.load(fh)  # noqa: S301 - explicit trust=True
         yield None, obj
@@ -100,11 +110,21 @@ def _outputs(src, col: Collector, trust: bool) -> Iterator[tuple[int | None, Any
     try:
         obj = json.loads(path.read_text(encoding="utf-8"))
     except json.JSONDecodeError as exc:
-        raise file_error("skyrl", path, "<file>", "one GeneratorOutput JSON object (.json) or one per line (.jsonl)",
-                         f"unreadable JSON ({exc.msg} at line {exc.lineno})") from None
+        raise file_error(
+            "skyrl",
+            path,
+            "<file>",
+            "one GeneratorOutput JSON object (.json) or one per line (.jsonl)",
+            f"unreadable JSON ({exc.msg} at line {exc.lineno})",
+        ) from None
     except UnicodeDecodeError as exc:
-        raise file_error("skyrl", path, "<file>", "one GeneratorOutput JSON object (.json) or one per line (.jsonl)",
-                         f"bytes that are not UTF-8 text ({exc.reason}); a binary file?") from None
+        raise file_error(
+            "skyrl",
+            path,
+            "<file>",
+            "one GeneratorOutput JSON object (.json) or one per line (.jsonl)",
+            f"bytes that are not UTF-8 text ({exc.reason}); a binary file?",
+        ) from None
     yield None, obj
 
 
@@ -116,8 +136,13 @@ def iter_skyrl(src, col: Collector, *, obs_reward: str = "move", trust: bool = F
             raise file_error("skyrl", col.source, "<output>", _LAYOUT, describe(out))
         missing = [k for k in REQUIRED if k not in out]
         if missing:
-            raise file_error("skyrl", col.source, missing[0], _LAYOUT + (f" (line {line})" if line else ""),
-                             f"no {missing[0]!r}; keys: {sorted(out)}")
+            raise file_error(
+                "skyrl",
+                col.source,
+                missing[0],
+                _LAYOUT + (f" (line {line})" if line else ""),
+                f"no {missing[0]!r}; keys: {sorted(out)}",
+            )
         n = len(out["response_ids"])
         for k in (*REQUIRED, *PER_ROW):
             v = out.get(k)
@@ -154,8 +179,13 @@ def _rows(out, n, col, line, base_row, obs_reward):
         try:
             tid, gid = _tid(tids[i], i) if tids is not None else (None, None)
         except ValueError as exc:
-            col.problem("trajectory_ids", str(exc).split("expected ", 1)[1].split(", found")[0], repr(tids[i]),
-                        line=line, row=ri)
+            col.problem(
+                "trajectory_ids",
+                str(exc).split("expected ", 1)[1].split(", found")[0],
+                repr(tids[i]),
+                line=line,
+                row=ri,
+            )
             result.append((None, ri))
             continue
         prompt = [int(x) for x in out["prompt_token_ids"][i]]
@@ -167,16 +197,28 @@ def _rows(out, n, col, line, base_row, obs_reward):
         resp = [int(x) for x in out["response_ids"][i]]
         mask = [int(x) for x in out["loss_masks"][i]]
         if len(mask) != len(resp):
-            col.problem("loss_masks", f"{len(resp)} entries (the length of response_ids[{i}])", str(len(mask)),
-                        line=line, row=ri, traj_id=tid)
+            col.problem(
+                "loss_masks",
+                f"{len(resp)} entries (the length of response_ids[{i}])",
+                str(len(mask)),
+                line=line,
+                row=ri,
+                traj_id=tid,
+            )
             result.append((None, ri))
             continue
         row = {"traj_id": tid, "group_id": gid, "prompt_ids": prompt, "response_ids": resp, "loss_mask": mask}
         rw = out["rewards"][i]
         if isinstance(rw, (list, tuple)):
             if len(rw) != len(resp):
-                col.problem("rewards", f"{len(resp)} per-token rewards (the length of response_ids[{i}]) or one float",
-                            f"{len(rw)}", line=line, row=ri, traj_id=tid)
+                col.problem(
+                    "rewards",
+                    f"{len(resp)} per-token rewards (the length of response_ids[{i}]) or one float",
+                    f"{len(rw)}",
+                    line=line,
+                    row=ri,
+                    traj_id=tid,
+                )
                 result.append((None, ri))
                 continue
             row["_tok_r"] = [float(x) for x in rw]
@@ -225,22 +267,44 @@ def _stepwise(out, rows, col, line, obs_reward):
             first = good[0][0]
             ids = {x["traj_id"] for x, _ in good}
             if len(ids) > 1:
-                col.problem("is_last_step", "True at the last step of every trajectory (steps of one trajectory "
-                            "adjacent)", f"trajectory ids {sorted(ids)} between two last steps", line=line,
-                            row=good[0][1], traj_id=first["traj_id"])
+                col.problem(
+                    "is_last_step",
+                    "True at the last step of every trajectory (steps of one trajectory adjacent)",
+                    f"trajectory ids {sorted(ids)} between two last steps",
+                    line=line,
+                    row=good[0][1],
+                    traj_id=first["traj_id"],
+                )
             else:
-                steps = [Step(x["prompt_ids"], x["response_ids"], mask=x["loss_mask"],
-                              logprobs=x.get("rollout_logprobs"),
-                              reward=x.get("reward") if "_tok_r" not in x else None,
-                              token_rewards=x.get("_tok_r")) for x, _ in good]
+                steps = [
+                    Step(
+                        x["prompt_ids"],
+                        x["response_ids"],
+                        mask=x["loss_mask"],
+                        logprobs=x.get("rollout_logprobs"),
+                        reward=x.get("reward") if "_tok_r" not in x else None,
+                        token_rewards=x.get("_tok_r"),
+                    )
+                    for x, _ in good
+                ]
                 scal = {k: good[-1][0][k] for k in ("stop_reason",) if k in good[-1][0]}
-                emit_trajectory(col, steps, traj_id=first["traj_id"], group_id=first["group_id"], outcome=None,
-                                scalars=scal, line=line, row=good[0][1], obs_reward=obs_reward)
+                emit_trajectory(
+                    col,
+                    steps,
+                    traj_id=first["traj_id"],
+                    group_id=first["group_id"],
+                    outcome=None,
+                    scalars=scal,
+                    line=line,
+                    row=good[0][1],
+                    obs_reward=obs_reward,
+                )
         cur = []
         yield
     if cur:
-        col.problem("is_last_step", "True on the last row (the end of the last trajectory)", "False",
-                    line=line, row=cur[-1][1])
+        col.problem(
+            "is_last_step", "True on the last row (the end of the last trajectory)", "False", line=line, row=cur[-1][1]
+        )
     yield
 
 

@@ -61,9 +61,11 @@ __all__ = ["Step", "from_steps", "iter_steps", "emit_trajectory"]
 
 _FLAT_TRAJ_KEYS = ("trajectory_id", "traj_id", "rollout_id", "episode_id")
 _FLAT_GROUP_KEYS = ("group_id", "example_id", "data_id")
-_LAYOUTS = ("a step-wise log record: a verifiers rollout ('trajectory'), an rLLM Episode ('trajectories') or "
-            "Trajectory ('steps'), an agent-lightning rollout ('triplets'), or one step with 'prompt_ids', "
-            "'completion_ids' and 'trajectory_id'")
+_LAYOUTS = (
+    "a step-wise log record: a verifiers rollout ('trajectory'), an rLLM Episode ('trajectories') or "
+    "Trajectory ('steps'), an agent-lightning rollout ('triplets'), or one step with 'prompt_ids', "
+    "'completion_ids' and 'trajectory_id'"
+)
 
 
 @dataclass
@@ -87,19 +89,39 @@ def _first_diff(a, b) -> int:
     return int(d[0]) if len(d) else n
 
 
-def emit_trajectory(col: Collector, steps: list[Step], *, traj_id: str, group_id: str, outcome=None,
-                    scalars: dict | None = None, line=None, row=None, obs_reward: str = "move") -> None:
+def emit_trajectory(
+    col: Collector,
+    steps: list[Step],
+    *,
+    traj_id: str,
+    group_id: str,
+    outcome=None,
+    scalars: dict | None = None,
+    line=None,
+    row=None,
+    obs_reward: str = "move",
+) -> None:
     """Add one trajectory made of ``steps`` to ``col``: merged into one row, or one row per step
     (when a step's prompt does not extend the previous prompt + completion)."""
     for k, s in enumerate(steps):
         if not any(_step_mask(s)):
-            col.problem(f"steps[{k}].completion_ids", "at least one trainable completion token in every step",
-                        f"{len(s.completion_ids)} tokens, none trainable", line=line, row=row, traj_id=traj_id)
+            col.problem(
+                f"steps[{k}].completion_ids",
+                "at least one trainable completion token in every step",
+                f"{len(s.completion_ids)} tokens, none trainable",
+                line=line,
+                row=row,
+                traj_id=traj_id,
+            )
             return
     step_r = [s.reward for s in steps]
-    rewards = _Rewards(step_r=step_r, has_step_r=any(r not in (None, 0) for r in step_r),
-                       has_tok_r=any(s.token_rewards is not None for s in steps),
-                       outcome=_outcome(col, step_r, outcome), obs_reward=obs_reward)
+    rewards = _Rewards(
+        step_r=step_r,
+        has_step_r=any(r not in (None, 0) for r in step_r),
+        has_tok_r=any(s.token_rewards is not None for s in steps),
+        outcome=_outcome(col, step_r, outcome),
+        obs_reward=obs_reward,
+    )
     base = {**(scalars or {}), "traj_id": traj_id, "group_id": group_id}
     breaks = _merge_breaks(steps)
     if breaks:
@@ -126,9 +148,11 @@ def _merge_breaks(steps: list[Step]) -> list[tuple[int, int, str]]:
         cur = steps[k].prompt_ids
         if len(cur) < len(prev) or _first_diff(prev, cur) < len(prev):
             p = _first_diff(prev, cur)
-            why = ("the next prompt is shorter than prompt + completion (context truncated or summarized)"
-                   if p == min(len(prev), len(cur)) else "the next prompt differs from prompt + completion "
-                   "(re-rendered or edited history)")
+            why = (
+                "the next prompt is shorter than prompt + completion (context truncated or summarized)"
+                if p == min(len(prev), len(cur))
+                else "the next prompt differs from prompt + completion (re-rendered or edited history)"
+            )
             breaks.append((k, p, why))
     return breaks
 
@@ -138,10 +162,16 @@ def _outcome(col: Collector, step_r: list, outcome) -> float:
     sum of their rewards, or the last one's)."""
     total = sum(r or 0.0 for r in step_r)
     last_r = step_r[-1]
-    if outcome is not None and not math.isnan(outcome) and any(r not in (None, 0) for r in step_r) and (
-            abs(outcome - total) <= 1e-9 or (last_r is not None and abs(outcome - last_r) <= 1e-9)):
-        col.report.note("trajectory reward equals the sum of its step rewards or the last step's reward (already "
-                        "carried by the steps): not added again, reward NaN")
+    if (
+        outcome is not None
+        and not math.isnan(outcome)
+        and any(r not in (None, 0) for r in step_r)
+        and (abs(outcome - total) <= 1e-9 or (last_r is not None and abs(outcome - last_r) <= 1e-9))
+    ):
+        col.report.note(
+            "trajectory reward equals the sum of its step rewards or the last step's reward (already "
+            "carried by the steps): not added again, reward NaN"
+        )
         return math.nan
     return math.nan if outcome is None else float(outcome)
 
@@ -157,13 +187,21 @@ class _Rewards:
     obs_reward: str
 
     def merged(self, tok_r: list) -> tuple:
-        return (tok_r if self.has_tok_r else None, self.step_r if self.has_step_r else None, self.outcome,
-                self.obs_reward)
+        return (
+            tok_r if self.has_tok_r else None,
+            self.step_r if self.has_step_r else None,
+            self.outcome,
+            self.obs_reward,
+        )
 
     def of_step(self, steps: list[Step], k: int) -> tuple:
         s, last = steps[k], k == len(steps) - 1
-        return (s.token_rewards if self.has_tok_r else None, [s.reward] if self.has_step_r else None,
-                self.outcome if last else math.nan, self.obs_reward)
+        return (
+            s.token_rewards if self.has_tok_r else None,
+            [s.reward] if self.has_step_r else None,
+            self.outcome if last else math.nan,
+            self.obs_reward,
+        )
 
 
 def _emit(col: Collector, out: dict, rewards: tuple, line, row) -> None:
@@ -199,8 +237,14 @@ def _merged_row(col: Collector, steps: list[Step], base: dict) -> tuple[dict, li
         a = 0.0 if s.advantage is None else float(s.advantage)
         adv += [a if x else 0.0 for x in m]
         tok_r += list(s.token_rewards) if s.token_rewards is not None else [0.0] * len(m)
-    out = {**base, "prompt_ids": list(steps[0].prompt_ids), "response_ids": resp, "loss_mask": mask,
-           "turn_ids": tids, "num_turns": len(steps)}
+    out = {
+        **base,
+        "prompt_ids": list(steps[0].prompt_ids),
+        "response_ids": resp,
+        "loss_mask": mask,
+        "turn_ids": tids,
+        "num_turns": len(steps),
+    }
     if all_lp:
         out["rollout_logprobs"] = lp
     elif any(s.logprobs is not None for s in steps):
@@ -215,10 +259,17 @@ def _step_row(steps: list[Step], k: int, base: dict, brk: tuple) -> dict:
     s = steps[k]
     traj_id = base["traj_id"]
     m = [int(x) for x in _step_mask(s)]
-    r = {**base, "traj_id": f"{traj_id}/step{k}", "prompt_ids": list(s.prompt_ids),
-         "response_ids": list(s.completion_ids), "loss_mask": m, "num_turns": 1,
-         "extra_json": dumps({"source_traj_id": traj_id, "step": k, "merge_break": {"step": brk[0],
-                              "position": brk[1]}})}
+    r = {
+        **base,
+        "traj_id": f"{traj_id}/step{k}",
+        "prompt_ids": list(s.prompt_ids),
+        "response_ids": list(s.completion_ids),
+        "loss_mask": m,
+        "num_turns": 1,
+        "extra_json": dumps(
+            {"source_traj_id": traj_id, "step": k, "merge_break": {"step": brk[0], "position": brk[1]}}
+        ),
+    }
     if s.logprobs is not None:
         r["rollout_logprobs"] = [float(x) for x in s.logprobs]
     if s.advantage is not None:
@@ -229,8 +280,9 @@ def _step_row(steps: list[Step], k: int, base: dict, brk: tuple) -> dict:
 def _rewards(out: dict, col: Collector, tok_r, step_r, outcome: float, mask, obs_reward, line, row) -> bool:
     """Fill ``reward``/``turn_rewards``/``token_rewards`` of ``out``; False (a problem recorded) if impossible."""
     if tok_r is not None:
-        r, why = move_obs_rewards(np.asarray(tok_r, dtype=np.float64), np.asarray(mask), obs_reward=obs_reward,
-                                  report=col.report)
+        r, why = move_obs_rewards(
+            np.asarray(tok_r, dtype=np.float64), np.asarray(mask), obs_reward=obs_reward, report=col.report
+        )
         if why is not None:
             col.problem("rewards", *why, line=line, row=row, traj_id=out["traj_id"], layout=False)
             return False
@@ -274,14 +326,20 @@ def _step_from(d: dict, where: str, kind: str) -> Step:
     if kind == "verifiers":
         tok = d.get("tokens")
         if not isinstance(tok, dict):
-            raise ValueError(f"{where}.tokens: expected TrajectoryStepTokens with prompt_ids and completion_ids "
-                             f"(token-level logging on), found {type(tok).__name__}")
+            raise ValueError(
+                f"{where}.tokens: expected TrajectoryStepTokens with prompt_ids and completion_ids "
+                f"(token-level logging on), found {type(tok).__name__}"
+            )
         src = tok
         pk, ck, lk, mk = ("prompt_ids",), ("completion_ids",), ("completion_logprobs",), ("completion_mask",)
     elif kind == "agl":
-        src = {"prompt_ids": (d.get("prompt") or {}).get("token_ids") if isinstance(d.get("prompt"), dict) else None,
-               "completion_ids": (d.get("response") or {}).get("token_ids") if isinstance(d.get("response"), dict) else None,
-               "logprobs": (d.get("response") or {}).get("log_probs") if isinstance(d.get("response"), dict) else None}
+        src = {
+            "prompt_ids": (d.get("prompt") or {}).get("token_ids") if isinstance(d.get("prompt"), dict) else None,
+            "completion_ids": (d.get("response") or {}).get("token_ids")
+            if isinstance(d.get("response"), dict)
+            else None,
+            "logprobs": (d.get("response") or {}).get("log_probs") if isinstance(d.get("response"), dict) else None,
+        }
         pk, ck, lk, mk = ("prompt_ids",), ("completion_ids",), ("logprobs",), ()
     else:  # rllm and flat
         src = d
@@ -304,7 +362,9 @@ def _step_from(d: dict, where: str, kind: str) -> Step:
     if lp is not None:
         lp = [float(x) for x in lp]
         if len(lp) != len(comp):
-            raise ValueError(f"{where}.{lname}: expected {len(comp)} log-probs (one per completion token), found {len(lp)}")
+            raise ValueError(
+                f"{where}.{lname}: expected {len(comp)} log-probs (one per completion token), found {len(lp)}"
+            )
     m, mname = _get(src, *mk) if mk else (None, None)
     if m is not None:
         m = [int(x) for x in m]
@@ -314,8 +374,14 @@ def _step_from(d: dict, where: str, kind: str) -> Step:
     adv = d.get("advantage")
     if isinstance(adv, list):  # rLLM allows per-token advantages; one per step is what v1 can hold per turn
         adv = float(np.mean(adv)) if adv else None
-    return Step(prompt, comp, mask=m, logprobs=lp, reward=None if rew is None else float(rew),
-                advantage=None if adv is None else float(adv))
+    return Step(
+        prompt,
+        comp,
+        mask=m,
+        logprobs=lp,
+        reward=None if rew is None else float(rew),
+        advantage=None if adv is None else float(adv),
+    )
 
 
 def _layout(obj) -> str | None:
@@ -370,9 +436,19 @@ def iter_steps(src, col: Collector, *, obs_reward: str = "move") -> Iterator[Non
             exp, _, found = msg.partition(", found ")
             col.problem(field, exp.removeprefix("expected "), found or "-", line=line0, row=row0, traj_id=tid)
         else:
-            outcome = next((o.get("trajectory_reward") for _, _, o in items if o.get("trajectory_reward") is not None), None)
-            emit_trajectory(col, steps, traj_id=tid, group_id=str(gid) if gid is not None else tid, outcome=outcome,
-                            line=line0, row=row0, obs_reward=obs_reward)
+            outcome = next(
+                (o.get("trajectory_reward") for _, _, o in items if o.get("trajectory_reward") is not None), None
+            )
+            emit_trajectory(
+                col,
+                steps,
+                traj_id=tid,
+                group_id=str(gid) if gid is not None else tid,
+                outcome=outcome,
+                line=line0,
+                row=row0,
+                obs_reward=obs_reward,
+            )
         flat.clear()
 
     for line, row, obj in _records(src, col):
@@ -390,12 +466,23 @@ def iter_steps(src, col: Collector, *, obs_reward: str = "move") -> Iterator[Non
             continue
         try:
             for tid, gid, steps, outcome, scalars in _trajectories(obj, kind, line if line is not None else row):
-                emit_trajectory(col, steps, traj_id=tid, group_id=gid, outcome=outcome, scalars=scalars,
-                                line=line, row=row, obs_reward=obs_reward)
+                emit_trajectory(
+                    col,
+                    steps,
+                    traj_id=tid,
+                    group_id=gid,
+                    outcome=outcome,
+                    scalars=scalars,
+                    line=line,
+                    row=row,
+                    obs_reward=obs_reward,
+                )
         except ValueError as exc:
             field, _, msg = str(exc).partition(": ")
             exp, _, found = msg.partition(", found ")
-            col.problem(field, exp.removeprefix("expected "), found or "-", line=line, row=row, traj_id=_record_id(obj, kind))
+            col.problem(
+                field, exp.removeprefix("expected "), found or "-", line=line, row=row, traj_id=_record_id(obj, kind)
+            )
         yield
     flush_flat()
     yield
@@ -404,7 +491,9 @@ def iter_steps(src, col: Collector, *, obs_reward: str = "move") -> Iterator[Non
 def _record_id(obj: dict, kind: str) -> str | None:
     """The trajectory (or episode) id of a record, for messages."""
     if kind == "verifiers":
-        t = next((x.get("trajectory_id") for x in obj["trajectory"] if isinstance(x, dict) and x.get("trajectory_id")), None)
+        t = next(
+            (x.get("trajectory_id") for x in obj["trajectory"] if isinstance(x, dict) and x.get("trajectory_id")), None
+        )
     else:
         t = _get(obj, "uid", "rollout_id", "id")[0]
     return None if t is None else str(t)

@@ -35,7 +35,8 @@ from pathlib import Path
 import numpy as np
 
 from mpo_viz.adapters._common import Collector, check_options, dumps, file_error, jsonable, run
-from mpo_viz.adapters.chat import ChatEncoder, conversation_row, encoder_for
+from mpo_viz.adapters.chat import conversation_row, encoder_for
+from mpo_viz.adapters.chat_template import ChatEncoder
 from mpo_viz.checks import OptionError
 
 __all__ = ["from_trl", "iter_trl", "parquet_rows"]
@@ -72,8 +73,16 @@ def _is_num(v) -> bool:
     return v is None or (isinstance(v, (int, float, np.integer, np.floating)) and not isinstance(v, bool))
 
 
-def iter_trl(src, col: Collector, *, tokenizer=None, obs_reward: str = "move", reward_columns=None,
-             reward_weights=None, allow_unknown: bool = False) -> Iterator[None]:
+def iter_trl(
+    src,
+    col: Collector,
+    *,
+    tokenizer=None,
+    obs_reward: str = "move",
+    reward_columns=None,
+    reward_weights=None,
+    allow_unknown: bool = False,
+) -> Iterator[None]:
     enc = encoder_for(tokenizer, col, allow_unknown)
     rep = col.report
     for path in parquet_files(src, "completions_*.parquet"):
@@ -95,8 +104,13 @@ def _reward_columns(path, row: dict, names: list, reward_columns, reward_weights
     first row but the fixed ones (the file is refused when prompt or completion is missing)."""
     missing = [c for c in ("prompt", "completion") if c not in names]
     if missing:
-        raise file_error("trl", path, missing[0], "a completions_*.parquet with columns step, prompt, "
-                         "completion, one per reward function, advantage", f"columns {names}")
+        raise file_error(
+            "trl",
+            path,
+            missing[0],
+            "a completions_*.parquet with columns step, prompt, completion, one per reward function, advantage",
+            f"columns {names}",
+        )
     if reward_columns is not None:
         absent = [c for c in reward_columns if c not in names]
         if absent:
@@ -108,8 +122,17 @@ def _reward_columns(path, row: dict, names: list, reward_columns, reward_weights
     return rew_cols
 
 
-def _trl_row(enc: ChatEncoder, col: Collector, row: dict, i: int, tid: str, groups: dict, rew_cols: list,
-             reward_weights, obs_reward: str) -> dict | None:
+def _trl_row(
+    enc: ChatEncoder,
+    col: Collector,
+    row: dict,
+    i: int,
+    tid: str,
+    groups: dict,
+    rew_cols: list,
+    reward_weights,
+    obs_reward: str,
+) -> dict | None:
     """Row ``i`` as a v1 row (text retokenized, or a conversation laid out by the chat template);
     None when it cannot be converted (a problem recorded)."""
     rep = col.report
@@ -144,21 +167,45 @@ def _trl_row(enc: ChatEncoder, col: Collector, row: dict, i: int, tid: str, grou
             rep.unknown(field, n_unk, len(ids), enc.unknown_words(text, ids) if n_unk else (), where=tid)
         if enc.is_empty(r_ids):
             rep.empty_turn(f"{tid} completion")
-        out = {**scal, "traj_id": tid, "group_id": gid, "prompt_ids": p_ids, "response_ids": r_ids,
-               "loss_mask": [1] * len(r_ids), "reward": reward, "num_turns": 1, "response_tokens": enc.tokens(r_ids)}
+        out = {
+            **scal,
+            "traj_id": tid,
+            "group_id": gid,
+            "prompt_ids": p_ids,
+            "response_ids": r_ids,
+            "loss_mask": [1] * len(r_ids),
+            "reward": reward,
+            "num_turns": 1,
+            "response_tokens": enc.tokens(r_ids),
+        }
         if extra:
             out["extra_json"] = dumps(extra)
         if i == 0:
             rep.note("text prompt/completion retokenized (TRL logs decoded text without special tokens)")
     elif isinstance(prompt, list) and isinstance(comp, list):
-        conv = conversation_row(enc, col, list(prompt) + list(comp), traj_id=tid, group_id=gid, reward=reward,
-                                row=i, obs_reward=obs_reward, extra=extra or None, scalars=scal)
+        conv = conversation_row(
+            enc,
+            col,
+            list(prompt) + list(comp),
+            traj_id=tid,
+            group_id=gid,
+            reward=reward,
+            row=i,
+            obs_reward=obs_reward,
+            extra=extra or None,
+            scalars=scal,
+        )
         if conv is None:
             return None
         out = conv
     else:
-        col.problem("completion", "prompt and completion both text, or both lists of chat messages",
-                    f"prompt {type(prompt).__name__}, completion {type(comp).__name__}", row=i, traj_id=tid)
+        col.problem(
+            "completion",
+            "prompt and completion both text, or both lists of chat messages",
+            f"prompt {type(prompt).__name__}, completion {type(comp).__name__}",
+            row=i,
+            traj_id=tid,
+        )
         return None
     adv = row.get("advantage")
     if adv is not None:
@@ -166,10 +213,29 @@ def _trl_row(enc: ChatEncoder, col: Collector, row: dict, i: int, tid: str, grou
     return out
 
 
-def from_trl(src, *, tokenizer, obs_reward: str = "move", errors: str = "raise", reward_columns=None,
-             reward_weights=None, source=None, allow_unknown: bool = False):
+def from_trl(
+    src,
+    *,
+    tokenizer,
+    obs_reward: str = "move",
+    errors: str = "raise",
+    reward_columns=None,
+    reward_weights=None,
+    source=None,
+    allow_unknown: bool = False,
+):
     """Convert TRL ``completions_*.parquet`` (a file or the ``completions/`` folder) to v1."""
     check_options(obs_reward=obs_reward, errors=errors)
     col = Collector("trl", source=source if source is not None else src, errors=errors)
-    return run(iter_trl(src, col, tokenizer=tokenizer, obs_reward=obs_reward, reward_columns=reward_columns,
-                        reward_weights=reward_weights, allow_unknown=allow_unknown), col)
+    return run(
+        iter_trl(
+            src,
+            col,
+            tokenizer=tokenizer,
+            obs_reward=obs_reward,
+            reward_columns=reward_columns,
+            reward_weights=reward_weights,
+            allow_unknown=allow_unknown,
+        ),
+        col,
+    )

@@ -118,8 +118,13 @@ def load_verl(path, *, trust: bool = False) -> dict:
     with open(path, "rb") as fh:
         head = fh.read(4)
     if not (head.startswith(b"PK\x03\x04") or head[:1] == b"\x80"):  # torch.save's zip, or a pickle
-        raise file_error("verl", path, "<file>", "a torch.save'd batch (zip archive) or a pickled DataProto",
-                         f"a file starting with {head!r} (text or another format; the wrong --from?)")
+        raise file_error(
+            "verl",
+            path,
+            "<file>",
+            "a torch.save'd batch (zip archive) or a pickled DataProto",
+            f"a file starting with {head!r} (text or another format; the wrong --from?)",
+        )
     try:
         with warnings.catch_warnings():  # a plain pickle's protocol warning: the refusal below says more
             warnings.simplefilter("ignore")
@@ -133,9 +138,11 @@ def load_verl(path, *, trust: bool = False) -> dict:
             hint = next((ln.strip() for ln in why if "GLOBAL" in ln or "Unsupported" in ln), why[0] if why else "")
             raise ValueError(
                 f"{path}: expected a torch.save'd dict of tensors, lists, strings and numbers (safe to load), found a "
-                f"file that needs unpickling ({hint[:200]}). Unpickling can run code: pass trust=True (--trust) only for "
+                f"file that needs unpickling ({hint[:200]}). Unpickling can run code: pass trust=True (--trust) only "
+                "for "
                 f"a file you trust, or re-save the batch with numpy arrays as lists "
-                f"(see docs/adapters.md)") from None
+                f"(see docs/adapters.md)"
+            ) from None
         try:
             obj = torch.load(path, map_location="cpu", weights_only=False)
         except Exception:
@@ -143,8 +150,10 @@ def load_verl(path, *, trust: bool = False) -> dict:
                 with open(path, "rb") as fh:
                     obj = pickle.load(fh)  # noqa: S301 - explicit trust=True
             except ModuleNotFoundError as exc2:
-                raise ValueError(f"{path}: this pickle needs the module {exc2.name!r} (a DataProto needs verl installed); "
-                                 "install it, or re-save the batch as a dict of tensors with torch.save") from None
+                raise ValueError(
+                    f"{path}: this pickle needs the module {exc2.name!r} (a DataProto needs verl installed); "
+                    "install it, or re-save the batch as a dict of tensors with torch.save"
+                ) from None
     return flatten_batch(obj, source=path)
 
 
@@ -218,16 +227,22 @@ def _read_batch(data: dict, col: Collector) -> _VerlBatch:
     resp = _numpy(data["responses"])
     prompts = _numpy(data["prompts"])
     if resp.ndim != 2 or prompts.ndim != 2 or prompts.shape[0] != resp.shape[0]:
-        raise file_error("verl", src, "responses", "'prompts' (B, P) and 'responses' (B, R) token id tensors",
-                         f"prompts {prompts.shape}, responses {resp.shape}")
+        raise file_error(
+            "verl",
+            src,
+            "responses",
+            "'prompts' (B, P) and 'responses' (B, R) token id tensors",
+            f"prompts {prompts.shape}, responses {resp.shape}",
+        )
     B, R = resp.shape
     P = prompts.shape[1]
 
     def tensor(key, shape):
         a = _numpy(data[key])
         if a.shape != shape:
-            raise file_error("verl", src, key, f"shape {shape} (B, {'P + R' if shape[1] == P + R else 'R'})",
-                             f"shape {a.shape}")
+            raise file_error(
+                "verl", src, key, f"shape {shape} (B, {'P + R' if shape[1] == P + R else 'R'})", f"shape {a.shape}"
+            )
         return a
 
     attn = tensor("attention_mask", (B, P + R)) if "attention_mask" in data else None
@@ -244,8 +259,23 @@ def _read_batch(data: dict, col: Collector) -> _VerlBatch:
     non_tensor = _per_row_values(data, B, R, extra_tok, rep)
     meta_info = data.get("meta_info") or {}
     step = meta_info.get("global_steps") if isinstance(meta_info, Mapping) else None
-    return _VerlBatch(B, R, prompts, resp, rmask, plen, rlen, reward_key, rewards, per_token, extra_tok, non_tensor,
-                      data.get("uid"), data.get("request_id"), step)
+    return _VerlBatch(
+        B,
+        R,
+        prompts,
+        resp,
+        rmask,
+        plen,
+        rlen,
+        reward_key,
+        rewards,
+        per_token,
+        extra_tok,
+        non_tensor,
+        data.get("uid"),
+        data.get("request_id"),
+        step,
+    )
 
 
 def _masks(data: dict, tensor, attn, B: int, P: int, R: int, col: Collector):
@@ -258,12 +288,19 @@ def _masks(data: dict, tensor, attn, B: int, P: int, R: int, col: Collector):
         rmask = attn[:, P:]
         rep.note("no response_mask: loss_mask = attention_mask of the response (every response token an action)")
     else:
-        raise file_error("verl", src, "response_mask", "'response_mask' (B, R) or 'attention_mask' (B, P + R)",
-                         f"neither; keys: {sorted(map(str, data))}")
+        raise file_error(
+            "verl",
+            src,
+            "response_mask",
+            "'response_mask' (B, R) or 'attention_mask' (B, P + R)",
+            f"neither; keys: {sorted(map(str, data))}",
+        )
     bad = ~np.isin(rmask, (0, 1))
     if bad.any():
         i, t = map(int, np.argwhere(bad)[0])
-        raise file_error("verl", src, "response_mask", "0/1 entries", f"{rmask[i, t].item()!r} at row {i}, position {t}")
+        raise file_error(
+            "verl", src, "response_mask", "0/1 entries", f"{rmask[i, t].item()!r} at row {i}, position {t}"
+        )
     if attn is not None:
         return rmask, attn[:, :P].astype(bool), attn[:, P:].sum(axis=1).astype(np.int64)
     # without attention_mask, padding cannot be told from trailing observation tokens: cut
@@ -276,8 +313,17 @@ def _masks(data: dict, tensor, attn, B: int, P: int, R: int, col: Collector):
 def _per_row_values(data: dict, B: int, R: int, extra_tok: dict, rep) -> dict:
     """The other keys: one value per row (kept for ``extra_json``), a ``(B, R)`` array (an extra
     per-token column, added to ``extra_tok``), or dropped with the reason."""
-    known = {"prompts", "responses", "response_mask", "meta_info", "uid", "request_id", *VERL_FIELDS, *REWARD_KEYS,
-             *_DROPPED}
+    known = {
+        "prompts",
+        "responses",
+        "response_mask",
+        "meta_info",
+        "uid",
+        "request_id",
+        *VERL_FIELDS,
+        *REWARD_KEYS,
+        *_DROPPED,
+    }
     out = {}
     for k, v in data.items():
         if k in known:
@@ -306,14 +352,20 @@ def _verl_row(vb: _VerlBatch, i: int, col: Collector, obs_reward: str) -> dict |
     rep = col.report
     n = int(vb.rlen[i])
     g = None if vb.uid is None else str(vb.uid[i])
-    tid = str(vb.req[i]) if vb.req is not None else (f"{g}:{i}" if g is not None else
-                                                       f"step{vb.step}/row{i}" if vb.step is not None else f"row{i}")
+    tid = (
+        str(vb.req[i])
+        if vb.req is not None
+        else (f"{g}:{i}" if g is not None else f"step{vb.step}/row{i}" if vb.step is not None else f"row{i}")
+    )
     mask = vb.rmask[i].astype(np.int64) * (np.arange(vb.R) < n)  # nothing past the response counts as an action
-    row = {"traj_id": tid, "group_id": g if g is not None else tid,
-           "prompt_ids": vb.prompts[i][vb.plen[i]].astype(np.int64).tolist(),
-           "response_ids": vb.resp[i, :n].astype(np.int64).tolist(),
-           "loss_mask": mask[:n].tolist(),
-           "turn_ids": turn_ids_from_mask(mask[:n]).tolist()}
+    row = {
+        "traj_id": tid,
+        "group_id": g if g is not None else tid,
+        "prompt_ids": vb.prompts[i][vb.plen[i]].astype(np.int64).tolist(),
+        "response_ids": vb.resp[i, :n].astype(np.int64).tolist(),
+        "loss_mask": mask[:n].tolist(),
+        "turn_ids": turn_ids_from_mask(mask[:n]).tolist(),
+    }
     if vb.rewards is not None:
         r, why = move_obs_rewards(vb.rewards[i], mask, obs_reward=obs_reward, report=rep)
         if why is not None:
@@ -357,4 +409,3 @@ def from_verl(data, *, obs_reward: str = "move", trust: bool = False, errors: st
         source = data
     col = Collector("verl", source=source, errors=errors)
     return run(iter_verl(data, col, obs_reward=obs_reward, trust=trust), col)
-

@@ -5,7 +5,8 @@ registry and ``compute(batch, name, **options)``; every estimator's options are 
 Tensor functions take ``(B, L)`` torch tensors or numpy arrays and keyword-only options, and return
 ``(advantages, returns)`` torch tensors (float64 in → float64 out, else float32), 0 on masked
 positions. :mod:`mpo_viz.advantages.reference` holds the readable per-trajectory loops they are
-tested against.
+tested against. :func:`mc_returns` is the one definition of a batch's Monte-Carlo returns, on an
+estimator's clock with :func:`estimator_clock` (:mod:`mpo_viz.advantages.returns`).
 """
 
 from mpo_viz.advantages.group import (
@@ -40,6 +41,7 @@ from mpo_viz.advantages.registry import (
     split_options,
     vocabulary,
 )
+from mpo_viz.advantages.returns import estimator_clock, mc_returns
 from mpo_viz.advantages.token import bilevel_gae, gae, mae, mae_with_turns, turn_gae, vapo
 
 __all__ = [
@@ -56,6 +58,7 @@ __all__ = [
     "accepted_options",
     "drgrpo",
     "empg",
+    "estimator_clock",
     "gae",
     "get_estimator",
     "gigpo",
@@ -63,6 +66,7 @@ __all__ = [
     "is_group_estimator",
     "mae",
     "mae_with_turns",
+    "mc_returns",
     "missing",
     "mt_grpo",
     "multiscale_estimator",

@@ -26,8 +26,21 @@ from mpo_viz.advantages import kernels as K
 from mpo_viz.advantages._inputs import group_codes, prepare, scalar_check, to_torch, whiten_
 from mpo_viz.checks import TensorLike, warn_once
 
-__all__ = ["grpo", "drgrpo", "rloo", "reinforce_pp", "reinforce_pp_baseline", "gigpo", "mt_grpo", "empg",
-           "group_stats", "turn_reward_sums", "TURN_BASELINES", "GIGPO_NORMS", "GIGPO_EPISODE_STATS"]
+__all__ = [
+    "grpo",
+    "drgrpo",
+    "rloo",
+    "reinforce_pp",
+    "reinforce_pp_baseline",
+    "gigpo",
+    "mt_grpo",
+    "empg",
+    "group_stats",
+    "turn_reward_sums",
+    "TURN_BASELINES",
+    "GIGPO_NORMS",
+    "GIGPO_EPISODE_STATS",
+]
 
 
 def group_stats(x: np.ndarray, codes: np.ndarray):
@@ -48,11 +61,11 @@ SINGLETON_RULE = {
     "rloo": "A = 0 (no other sample to leave out; verl's RLOO gives the raw score s)",
     "reinforce_pp_baseline": "A = s, the raw score (baseline 0), before whitening",
     "gigpo": "an episode-level A^E = s/(1 + eps) when its statistics hold one value (s with norm='mean_norm'), "
-             "as verl-agent: always with episode_stats='trajectories'; with 'steps' (the default) when the "
-             "trajectory has one turn, and A^E = 0 when it has several (each turn counts its score once)",
+    "as verl-agent: always with episode_stats='trajectories'; with 'steps' (the default) when the "
+    "trajectory has one turn, and A^E = 0 when it has several (each turn counts its score once)",
     "mt_grpo": "A = 0 with turn_baseline='loo' (no other sample to leave out); with 'index' the outcome part "
-               "O/(1 + eps), as GRPO, and no turn part (MT-GRPO's code gives NaN there), likewise with "
-               "'index_present'",
+    "O/(1 + eps), as GRPO, and no turn part (MT-GRPO's code gives NaN there), likewise with "
+    "'index_present'",
     "empg": "the base advantage s/(1 + eps) (as GRPO) before the entropy modulation",
 }
 
@@ -94,7 +107,12 @@ def _scores(p) -> np.ndarray:
 
 
 def grpo(
-    rewards: TensorLike, mask: TensorLike, group_ids: TensorLike, *, eps: float = 1e-6, norm_by_std: bool = True,
+    rewards: TensorLike,
+    mask: TensorLike,
+    group_ids: TensorLike,
+    *,
+    eps: float = 1e-6,
+    norm_by_std: bool = True,
     whiten: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """GRPO (verl): ``A_i = (s_i − mean_g)/(std_g + ε)`` broadcast over row i's action tokens.
@@ -112,14 +130,22 @@ def grpo(
 
 
 def drgrpo(
-    rewards: TensorLike, mask: TensorLike, group_ids: TensorLike, *, whiten: bool = False,
+    rewards: TensorLike,
+    mask: TensorLike,
+    group_ids: TensorLike,
+    *,
+    whiten: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Dr. GRPO: ``A_i = s_i − mean_g`` (GRPO without the std division). Shapes as :func:`grpo`."""
     return grpo(rewards, mask, group_ids, norm_by_std=False, whiten=whiten)
 
 
 def rloo(
-    rewards: TensorLike, mask: TensorLike, group_ids: TensorLike, *, whiten: bool = False,
+    rewards: TensorLike,
+    mask: TensorLike,
+    group_ids: TensorLike,
+    *,
+    whiten: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """RLOO: ``A_i = s_i − mean_{j≠i, j∈g} s_j`` (leave-one-out); a group of one gets 0 (and warns once).
 
@@ -138,7 +164,11 @@ def rloo(
 
 
 def reinforce_pp(
-    rewards: TensorLike, mask: TensorLike, *, gamma: float = 1.0, whiten: bool = True,
+    rewards: TensorLike,
+    mask: TensorLike,
+    *,
+    gamma: float = 1.0,
+    whiten: bool = True,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """REINFORCE++: discounted token returns ``G_t = r_t + γ·G_{t'}`` over action tokens (t' = next
     action token; observation tokens are skipped and the return carried over them, as verl does
@@ -159,7 +189,11 @@ def reinforce_pp(
 
 
 def reinforce_pp_baseline(
-    rewards: TensorLike, mask: TensorLike, group_ids: TensorLike, *, whiten: bool = True,
+    rewards: TensorLike,
+    mask: TensorLike,
+    group_ids: TensorLike,
+    *,
+    whiten: bool = True,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """REINFORCE++ with a group baseline: ``(s_i − mean_g)`` broadcast over row i's action tokens,
     then whitened over the batch (``whiten=True`` default). A group of one has baseline 0 (as in
@@ -197,8 +231,13 @@ def _step_returns(p, kmax: int, step_gamma: float) -> np.ndarray:
     B = p.shape[0]
     rows, cols = np.nonzero(p.mask != 0)
     kk = p.turn_ids[rows, cols]
-    R = np.bincount(rows * kmax + kk, weights=p.rewards[rows, cols].astype(np.float64),
-                    minlength=B * kmax).reshape(B, kmax) if kmax else np.zeros((B, 0))
+    R = (
+        np.bincount(rows * kmax + kk, weights=p.rewards[rows, cols].astype(np.float64), minlength=B * kmax).reshape(
+            B, kmax
+        )
+        if kmax
+        else np.zeros((B, 0))
+    )
     step_ret = np.zeros((B, kmax))
     nxt = np.zeros(B)
     for k in range(kmax - 1, -1, -1):
@@ -218,11 +257,13 @@ def _step_groups(p, codes: np.ndarray, prompts: list, responses: list) -> tuple[
         spans_all.append(spans)
         resp = responses[i]
         if spans and resp.shape[0] < spans[-1][1] + 1:
-            raise ValueError(f"response_ids: row {i}: expected at least {spans[-1][1] + 1} tokens "
-                             f"(aligned with the mask), found {resp.shape[0]}")
+            raise ValueError(
+                f"response_ids: row {i}: expected at least {spans[-1][1] + 1} tokens "
+                f"(aligned with the mask), found {resp.shape[0]}"
+            )
         prev_end = -1
         for k, (first, last) in enumerate(spans):
-            obs = resp[prev_end + 1:first]
+            obs = resp[prev_end + 1 : first]
             prev_end = last
             if k > 0 and obs.size == 0:  # no observation, no anchor: A^S stays 0
                 continue
@@ -241,8 +282,10 @@ GIGPO_NORMS = ("mean_std_norm", "mean_norm", "step_mean_norm")
 #: ``episode_stats`` of :func:`gigpo`: what the episode-level mean and std run over
 GIGPO_EPISODE_STATS = ("steps", "trajectories")
 #: the former ``norm`` names and what they are now
-_GIGPO_RENAMED = {"std": "norm='mean_std_norm', episode_stats='trajectories'",
-                  "mean": "norm='step_mean_norm', episode_stats='trajectories'"}
+_GIGPO_RENAMED = {
+    "std": "norm='mean_std_norm', episode_stats='trajectories'",
+    "mean": "norm='step_mean_norm', episode_stats='trajectories'",
+}
 
 
 def _gigpo_episode(s: np.ndarray, codes: np.ndarray, weight: np.ndarray, eps: float, divide: bool) -> np.ndarray:
@@ -262,9 +305,18 @@ def _gigpo_episode(s: np.ndarray, codes: np.ndarray, weight: np.ndarray, eps: fl
 
 
 def gigpo(
-    rewards: TensorLike, mask: TensorLike, group_ids: TensorLike, *, prompt_ids: Sequence | TensorLike,
-    response_ids: Sequence | TensorLike, turn_ids: TensorLike | None = None, omega: float = 1.0,
-    step_gamma: float = 0.95, norm: str = "mean_std_norm", episode_stats: str = "steps", eps: float = 1e-6,
+    rewards: TensorLike,
+    mask: TensorLike,
+    group_ids: TensorLike,
+    *,
+    prompt_ids: Sequence | TensorLike,
+    response_ids: Sequence | TensorLike,
+    turn_ids: TensorLike | None = None,
+    omega: float = 1.0,
+    step_gamma: float = 0.95,
+    norm: str = "mean_std_norm",
+    episode_stats: str = "steps",
+    eps: float = 1e-6,
     whiten: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """GiGPO as verl-agent computes it: ``A = A^E + ω·A^S``, constant over a turn's action tokens.
@@ -304,8 +356,9 @@ def gigpo(
         was = f" (the former {norm!r} is {_GIGPO_RENAMED[norm]})" if norm in _GIGPO_RENAMED else ""
         raise ValueError(f"norm: expected one of {', '.join(map(repr, GIGPO_NORMS))}, found {norm!r}{was}")
     if episode_stats not in GIGPO_EPISODE_STATS:
-        raise ValueError(f"episode_stats: expected one of {', '.join(map(repr, GIGPO_EPISODE_STATS))}, "
-                         f"found {episode_stats!r}")
+        raise ValueError(
+            f"episode_stats: expected one of {', '.join(map(repr, GIGPO_EPISODE_STATS))}, found {episode_stats!r}"
+        )
     p = prepare(rewards, mask, turn_ids=turn_ids, need_turns=True)
     B, L = p.shape
     codes = group_codes(group_ids, B)
@@ -352,8 +405,7 @@ def turn_reward_sums(p) -> np.ndarray:
     kmax = int(p.nturns.max()) if B else 0
     rows, cols = np.nonzero(p.mask != 0)
     flat = rows * kmax + p.turn_ids[rows, cols]
-    return np.bincount(flat, weights=p.rewards[rows, cols].astype(np.float64),
-                       minlength=B * kmax).reshape(B, kmax)
+    return np.bincount(flat, weights=p.rewards[rows, cols].astype(np.float64), minlength=B * kmax).reshape(B, kmax)
 
 
 def _loo_per_column(y: np.ndarray, codes: np.ndarray) -> np.ndarray:
@@ -381,8 +433,9 @@ def _index_turn_advantages(R: np.ndarray, inter: np.ndarray, codes: np.ndarray, 
     return out
 
 
-def _mt_grpo_index(R: np.ndarray, inter: np.ndarray, outcome: np.ndarray, K: np.ndarray, codes: np.ndarray,
-                   eps: float, coef: float) -> np.ndarray:
+def _mt_grpo_index(
+    R: np.ndarray, inter: np.ndarray, outcome: np.ndarray, K: np.ndarray, codes: np.ndarray, eps: float, coef: float
+) -> np.ndarray:
     """MT-GRPO's own rule (``"index"``), ``(B, Kmax)``: rows with an intermediate turn get
     ``A^O + λ·A^T_k`` on it and ``A^O`` on their last turn, ``A^T_k`` normalising ``R̃_{·,k}`` over
     the whole group (0 for rows without an intermediate turn k; a group of one: no turn part); rows
@@ -418,8 +471,15 @@ def _outcome_and_intermediate(R: np.ndarray, K) -> tuple[np.ndarray, np.ndarray]
 
 
 def mt_grpo(
-    rewards: TensorLike, mask: TensorLike, group_ids: TensorLike, *, turn_ids: TensorLike | None = None,
-    turn_coef: float = 1.0, turn_baseline: str = "loo", eps: float = 1e-4, whiten: bool = False,
+    rewards: TensorLike,
+    mask: TensorLike,
+    group_ids: TensorLike,
+    *,
+    turn_ids: TensorLike | None = None,
+    turn_coef: float = 1.0,
+    turn_baseline: str = "loo",
+    eps: float = 1e-4,
+    whiten: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """MT-GRPO (Zeng et al., 2025): an outcome advantage for every turn plus a turn-reward advantage
     for every turn but the last, constant over a turn's action tokens.
@@ -464,8 +524,9 @@ def mt_grpo(
     turn_coef = scalar_check("turn_coef", turn_coef, 0.0, None)
     eps = scalar_check("eps", eps, 0.0, None)
     if turn_baseline not in TURN_BASELINES:
-        raise ValueError(f"turn_baseline: expected one of {', '.join(map(repr, TURN_BASELINES))}, "
-                         f"found {turn_baseline!r}")
+        raise ValueError(
+            f"turn_baseline: expected one of {', '.join(map(repr, TURN_BASELINES))}, found {turn_baseline!r}"
+        )
     p = prepare(rewards, mask, turn_ids=turn_ids, need_turns=True)
     codes = group_codes(group_ids, p.shape[0])
     warn_groups_of_one(codes, group_ids, "mt_grpo")
@@ -495,8 +556,10 @@ EMPG_EPS = 1e-8
 def _entropy(entropy, p) -> np.ndarray:
     """The per-token entropy as float64 ``(B, L)``, checked finite on action tokens."""
     if entropy is None:
-        raise ValueError("entropy: EMPG needs the policy's per-token entropy (field 'entropy' of "
-                         "trajectory/v1, one value per response token), found None")
+        raise ValueError(
+            "entropy: EMPG needs the policy's per-token entropy (field 'entropy' of "
+            "trajectory/v1, one value per response token), found None"
+        )
     if hasattr(entropy, "detach"):
         entropy = entropy.detach().cpu().numpy()
     h = np.asarray(entropy, dtype=np.float64)
@@ -506,8 +569,9 @@ def _entropy(entropy, p) -> np.ndarray:
     if bad.any():
         row = int(np.argmax(bad.any(1)))
         pos = int(np.argmax(bad[row]))
-        raise ValueError(f"entropy: row {row}, position {pos}: expected a finite entropy on an action token, "
-                         f"found {h[row, pos]!r}")
+        raise ValueError(
+            f"entropy: row {row}, position {pos}: expected a finite entropy on an action token, found {h[row, pos]!r}"
+        )
     return np.where(p.mask != 0, h, 0.0)
 
 
@@ -524,9 +588,19 @@ def step_entropies(p, h: np.ndarray) -> np.ndarray:
 
 
 def empg(
-    rewards: TensorLike, mask: TensorLike, group_ids: TensorLike, *, entropy: TensorLike | None,
-    turn_ids: TensorLike | None = None, entropy_k: float = 1.0, clarity_k: float = 1.0, zeta: float = 0.1,
-    eps: float = 1e-6, norm_by_std: bool = True, center: bool = True, whiten: bool = False,
+    rewards: TensorLike,
+    mask: TensorLike,
+    group_ids: TensorLike,
+    *,
+    entropy: TensorLike | None,
+    turn_ids: TensorLike | None = None,
+    entropy_k: float = 1.0,
+    clarity_k: float = 1.0,
+    zeta: float = 0.1,
+    eps: float = 1e-6,
+    norm_by_std: bool = True,
+    center: bool = True,
+    whiten: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """EMPG (Wang et al., 2025): the GRPO advantage re-scaled per step by the step's entropy, plus a
     bonus for a confident next step; constant over a step's (turn's) action tokens.

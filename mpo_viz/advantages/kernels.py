@@ -6,7 +6,8 @@ get 0), so the callers allocate outputs with ``np.empty``. Each kernel is compil
 dtype, on first use (a few seconds), and cached on disk (``cache=True``: numba keys the cache on
 this file's modification time, so an edited kernel recompiles; every kernel lives in this one file,
 so no cached kernel can depend on stale code elsewhere). Later processes load the compiled code
-instead of compiling again, which is what keeps each ``mpo-viz`` command quick. The readable specification of each kernel is the matching loop in
+instead of compiling again, which is what keeps each ``mpo-viz`` command quick. The readable specification of each
+kernel is the matching loop in
 :mod:`mpo_viz.advantages.reference`; tests check them equal.
 
 Integer "enum" arguments (kept as ints so every call has the same numba signature):
@@ -191,6 +192,50 @@ def moments_kernel(a, m, wst):
         _put_moments(wst, i, n, shift, s1, s2, end)
 
 
+#: spans of action tokens ahead whose first entry the rewrite reads early (:func:`_whiten_row`)
+WHITEN_AHEAD = 2
+
+
+@njit(cache=True)
+def _whiten_row(a, m, mean, inv_std, wst, masked_zero, wsp, wsn, i):
+    """Row i of :func:`whiten_apply_kernel`; returns a sum of entries read early (see below), for
+    the caller to keep (so that the compiler keeps those reads)."""
+    n = int(wst[i, 0])
+    if n == 0:
+        return 0.0
+    row = a[i]
+    k = wsn[i]
+    if k >= 0:
+        # The entries were written by the estimator kernel long before (its whole batch has gone
+        # through the cache since): each run starts with a cache miss. Reading the first entry of
+        # the run WHITEN_AHEAD places on while this one is rewritten lets those misses overlap.
+        early = 0.0
+        for j in range(min(WHITEN_AHEAD, k)):
+            early += row[wsp[i, j, 0]]
+        for j in range(k):
+            if j + WHITEN_AHEAD < k:
+                early += row[wsp[i, j + WHITEN_AHEAD, 0]]
+            seg = row[wsp[i, j, 0] : wsp[i, j, 1]]
+            for t in range(seg.shape[0]):
+                seg[t] = (np.float64(seg[t]) - mean) * inv_std
+        return early
+    end = int(wst[i, 3])
+    nz = 0
+    if masked_zero == 1:
+        for t in range(end):
+            nz += row[t] != 0.0
+    if masked_zero == 1 and nz == n:
+        for t in range(end):
+            x = row[t]
+            row[t] = (np.float64(x) - mean) * inv_std if x != 0.0 else x
+    else:
+        mrow = m[i]
+        for t in range(end):
+            x = row[t]
+            row[t] = (np.float64(x) - mean) * inv_std if mrow[t] != 0.0 else x
+    return 0.0
+
+
 @njit(parallel=True, cache=True)
 def whiten_apply_kernel(a, m, mean, inv_std, wst, masked_zero, wsp, wsn):
     """In place: ``a ← (a − mean)·inv_std`` on the action tokens (``m != 0``); other positions unchanged.
@@ -206,35 +251,22 @@ def whiten_apply_kernel(a, m, mean, inv_std, wst, masked_zero, wsp, wsn):
     last action position; right padding is never read): with ``masked_zero`` 1 (estimator outputs:
     every masked position holds 0) a row whose number of non-zero entries equals ``n_i`` has its
     action tokens exactly at its non-zero entries, so the rewrite selects on the entries themselves
-    and never reads the mask; otherwise it selects on the mask.
+    and never reads the mask; otherwise it selects on the mask. Rows in parallel;
+    :func:`whiten_apply_serial` is the same pass in the calling thread (the same numbers).
     """
-    B, L = m.shape
-    for i in prange(B):
-        n = int(wst[i, 0])
-        if n == 0:
-            continue
-        row = a[i]
-        k = wsn[i]
-        if k >= 0:
-            for j in range(k):
-                seg = row[wsp[i, j, 0]:wsp[i, j, 1]]
-                for t in range(seg.shape[0]):
-                    seg[t] = (np.float64(seg[t]) - mean) * inv_std
-            continue
-        end = int(wst[i, 3])
-        nz = 0
-        if masked_zero == 1:
-            for t in range(end):
-                nz += row[t] != 0.0
-        if masked_zero == 1 and nz == n:
-            for t in range(end):
-                x = row[t]
-                row[t] = (np.float64(x) - mean) * inv_std if x != 0.0 else x
-        else:
-            mrow = m[i]
-            for t in range(end):
-                x = row[t]
-                row[t] = (np.float64(x) - mean) * inv_std if mrow[t] != 0.0 else x
+    early = 0.0
+    for i in prange(a.shape[0]):
+        early += _whiten_row(a, m, mean, inv_std, wst, masked_zero, wsp, wsn, i)
+    return early
+
+
+@njit(cache=True)
+def whiten_apply_serial(a, m, mean, inv_std, wst, masked_zero, wsp, wsn):
+    """:func:`whiten_apply_kernel` in the calling thread, row after row (same arguments, same numbers)."""
+    early = 0.0
+    for i in range(a.shape[0]):
+        early += _whiten_row(a, m, mean, inv_std, wst, masked_zero, wsp, wsn, i)
+    return early
 
 
 @njit(parallel=True, cache=True)
@@ -346,8 +378,30 @@ def discounted_kernel(r, m, gamma, out, bad, wh, wst):
 
 @njit(parallel=True, cache=True)
 def mae_kernel(
-    r, v, m, tid, boot, gamma, lam, tgamma, tlam, beta, within, value_at, ret_mode,
-    adv, ret, t_adv, t_val, t_rew, t_ret, bad, wh, wst, wsp, wsn,
+    r,
+    v,
+    m,
+    tid,
+    boot,
+    gamma,
+    lam,
+    tgamma,
+    tlam,
+    beta,
+    within,
+    value_at,
+    ret_mode,
+    adv,
+    ret,
+    t_adv,
+    t_val,
+    t_rew,
+    t_ret,
+    bad,
+    wh,
+    wst,
+    wsp,
+    wsn,
 ):
     """Turn GAE + centered within-turn signal (:func:`mpo_viz.advantages.mae`); ``beta = 0`` is ``turn_gae``.
 

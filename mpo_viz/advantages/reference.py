@@ -1,6 +1,7 @@
 """Reference estimators: plain per-trajectory Python loops, written to be read, not to be fast.
 
-This module is the executable specification of the estimators (docs/concepts.md explains them). Each function mirrors the fast
+This module is the executable specification of the estimators (docs/concepts.md explains them). Each function mirrors
+the fast
 function of the same name in :mod:`mpo_viz.advantages` (same arguments and options) but loops over
 trajectories and tokens in Python floats (float64) and returns numpy float64 arrays ``(B, L)``.
 It does not validate its input (the fast functions do); tests feed both the same valid batches and
@@ -22,12 +23,26 @@ import statistics
 import numpy as np
 
 __all__ = [
-    "gae", "vapo", "turn_gae", "mae", "grpo", "drgrpo", "rloo", "reinforce_pp",
-    "reinforce_pp_baseline", "gigpo", "turns_of", "row_lambda", "bilevel_gae", "mt_grpo", "empg",
+    "gae",
+    "vapo",
+    "turn_gae",
+    "mae",
+    "grpo",
+    "drgrpo",
+    "rloo",
+    "reinforce_pp",
+    "reinforce_pp_baseline",
+    "gigpo",
+    "turns_of",
+    "row_lambda",
+    "bilevel_gae",
+    "mt_grpo",
+    "empg",
 ]
 
 
 # ----------------------------------------------------------------------------- helpers
+
 
 def _np(x) -> np.ndarray:
     if hasattr(x, "detach"):
@@ -84,6 +99,7 @@ def _row_turns(mask, turn_ids, i):
 
 # ----------------------------------------------------------------------------- token GAE, VAPO
 
+
 def _gae_row(r, v, positions, gamma, lam, last_value):
     """Token GAE over the given action positions of one row: dict t -> (A_t, G_t)."""
     out = {}
@@ -108,8 +124,19 @@ def row_lambda(lam_rule, lam, length, alpha=0.05, q=0.5):
     raise ValueError(f"lam_rule: unknown {lam_rule!r}")
 
 
-def gae(rewards, values, mask, *, gamma=1.0, lam=1.0, lam_rule="fixed", alpha=0.05, q=0.5, bootstrap_value=None,
-        whiten=False):
+def gae(
+    rewards,
+    values,
+    mask,
+    *,
+    gamma=1.0,
+    lam=1.0,
+    lam_rule="fixed",
+    alpha=0.05,
+    q=0.5,
+    bootstrap_value=None,
+    whiten=False,
+):
     r, v, m = _np(rewards), _np(values), _np(mask)
     adv, ret = np.zeros_like(m), np.zeros_like(m)
     for i in range(m.shape[0]):
@@ -137,6 +164,7 @@ def vapo(rewards, values, mask, *, gamma=1.0, alpha=0.05, bootstrap_value=None, 
 
 # ----------------------------------------------------------------------------- turn GAE and MAE
 
+
 def _clock(turns, gamma, turn_gamma):
     """The discount from each action token to the next one (dict t -> d_t): γ inside a turn,
     γ_T from a turn's last token to the next turn's first (or to the bootstrap value)."""
@@ -157,7 +185,7 @@ def _turn_gae_row(r, v, turns, gamma, turn_gamma, turn_lam, value_at, last_value
         vs = [v[tk[-1]] for tk in turns]
     else:
         vs = [sum(v[t] for t in tk) / len(tk) for tk in turns]
-    rs = [sum(gamma ** j * r[t] for j, t in enumerate(tk)) for tk in turns]
+    rs = [sum(gamma**j * r[t] for j, t in enumerate(tk)) for tk in turns]
     big_g = [gamma ** (len(tk) - 1) * turn_gamma for tk in turns]
     at = [0.0] * K
     nxt_v, nxt_a = last_value, 0.0
@@ -168,15 +196,30 @@ def _turn_gae_row(r, v, turns, gamma, turn_gamma, turn_lam, value_at, last_value
     return vs, rs, at, [at[k] + vs[k] for k in range(K)]
 
 
-def turn_gae(rewards, values, mask, *, turn_ids=None, gamma=1.0, turn_gamma=1.0, turn_lam=0.9,
-             value_at="first", lam_rule="fixed", alpha=0.05, q=0.5, bootstrap_value=None, whiten=False):
+def turn_gae(
+    rewards,
+    values,
+    mask,
+    *,
+    turn_ids=None,
+    gamma=1.0,
+    turn_gamma=1.0,
+    turn_lam=0.9,
+    value_at="first",
+    lam_rule="fixed",
+    alpha=0.05,
+    q=0.5,
+    bootstrap_value=None,
+    whiten=False,
+):
     r, v, m = _np(rewards), _np(values), _np(mask)
     adv, ret = np.zeros_like(m), np.zeros_like(m)
     for i in range(m.shape[0]):
         turns = _row_turns(m, turn_ids, i)
         tlam = row_lambda(lam_rule, turn_lam, len(turns), alpha, q)
-        _, _, at, gt = _turn_gae_row(r[i], v[i], turns, gamma, turn_gamma, tlam, value_at,
-                                     _bootstrap(bootstrap_value, i))
+        _, _, at, gt = _turn_gae_row(
+            r[i], v[i], turns, gamma, turn_gamma, tlam, value_at, _bootstrap(bootstrap_value, i)
+        )
         for k, tk in enumerate(turns):
             for t in tk:
                 adv[i, t], ret[i, t] = at[k], gt[k]
@@ -199,8 +242,10 @@ def _within_row(r, v, turns, within, gamma, lam, turn_gamma, last_value):
     if within == "intra":
         for tk in turns:
             for j, t in enumerate(tk):  # u_t = Σ_l (γλ)^l (γ·V_{t+l+1} − V_{t+l}) inside the turn
-                u[t] = sum((gamma * lam) ** lag * (gamma * v[tk[j + lag + 1]] - v[tk[j + lag]])
-                           for lag in range(len(tk) - 1 - j))
+                u[t] = sum(
+                    (gamma * lam) ** lag * (gamma * v[tk[j + lag + 1]] - v[tk[j + lag]])
+                    for lag in range(len(tk) - 1 - j)
+                )
     elif within == "local":
         for tk in turns:
             for j, t in enumerate(tk):  # token GAE truncated at the turn's end
@@ -219,9 +264,26 @@ def _within_row(r, v, turns, within, gamma, lam, turn_gamma, last_value):
     return u
 
 
-def mae(rewards, values, mask, *, turn_ids=None, gamma=1.0, lam=0.95, turn_gamma=1.0, turn_lam=0.9,
-        beta=1.0, within="intra", value_at="first", critic_target="mc", lam_rule="fixed", alpha=0.05, q=0.5,
-        bootstrap_value=None, whiten=False):
+def mae(
+    rewards,
+    values,
+    mask,
+    *,
+    turn_ids=None,
+    gamma=1.0,
+    lam=0.95,
+    turn_gamma=1.0,
+    turn_lam=0.9,
+    beta=1.0,
+    within="intra",
+    value_at="first",
+    critic_target="mc",
+    lam_rule="fixed",
+    alpha=0.05,
+    q=0.5,
+    bootstrap_value=None,
+    whiten=False,
+):
     r, v, m = _np(rewards), _np(values), _np(mask)
     adv, ret = np.zeros_like(m), np.zeros_like(m)
     for i in range(m.shape[0]):
@@ -232,7 +294,7 @@ def mae(rewards, values, mask, *, turn_ids=None, gamma=1.0, lam=0.95, turn_gamma
         if within == "baseline":  # u = V(s_k) − γ^j·V_t (j: the token's place in its turn), not centred
             for k, tk in enumerate(turns):
                 for j, t in enumerate(tk):
-                    adv[i, t] = at[k] + beta * (vs[k] - gamma ** j * v[i, t])
+                    adv[i, t] = at[k] + beta * (vs[k] - gamma**j * v[i, t])
         else:
             u = _within_row(r[i], v[i], turns, within, gamma, lam, turn_gamma, last)
             for k, tk in enumerate(turns):
@@ -254,6 +316,7 @@ def mae(rewards, values, mask, *, turn_ids=None, gamma=1.0, lam=0.95, turn_gamma
 
 
 # ----------------------------------------------------------------------------- group baselines
+
 
 def _groups(group_ids) -> dict:
     if hasattr(group_ids, "tolist"):
@@ -346,8 +409,21 @@ def _gigpo_episode(scores, groups, turns_all, episode_stats, eps, divide):
     return out
 
 
-def gigpo(rewards, mask, group_ids, *, prompt_ids, response_ids, turn_ids=None, omega=1.0,
-          step_gamma=0.95, norm="mean_std_norm", episode_stats="steps", eps=1e-6, whiten=False):
+def gigpo(
+    rewards,
+    mask,
+    group_ids,
+    *,
+    prompt_ids,
+    response_ids,
+    turn_ids=None,
+    omega=1.0,
+    step_gamma=0.95,
+    norm="mean_std_norm",
+    episode_stats="steps",
+    eps=1e-6,
+    whiten=False,
+):
     r, m = _np(rewards), _np(mask)
     B = m.shape[0]
     groups = _groups(group_ids)
@@ -365,7 +441,7 @@ def gigpo(rewards, mask, group_ids, *, prompt_ids, response_ids, turn_ids=None, 
         for k, tk in enumerate(turns):
             step_return = sum(step_gamma ** (k2 - k) * rk[k2] for k2 in range(k, len(turns)))
             prev_end = turns[k - 1][-1] if k > 0 else -1
-            obs = resp[prev_end + 1:tk[0]]
+            obs = resp[prev_end + 1 : tk[0]]
             if k > 0 and not obs:  # an empty observation is no anchor: the turn's A^S is 0
                 a_s_zero.append((i, k))
                 continue
@@ -389,8 +465,8 @@ def gigpo(rewards, mask, group_ids, *, prompt_ids, response_ids, turn_ids=None, 
     return (_whiten(adv, m) if whiten else adv), adv.copy()
 
 
-
 # ----------------------------------------------------------------------------- bi-level GAE
+
 
 def _reward_turns(r_row, m_row) -> list[list[int]]:
     """RAGEN's turns of one row: a turn ends at each action token with a non-zero reward, and at the
@@ -409,8 +485,19 @@ def _reward_turns(r_row, m_row) -> list[list[int]]:
     return turns
 
 
-def bilevel_gae(rewards, values, mask, *, turn_ids=None, gamma=1.0, lam=1.0, turn_gamma=0.95,
-                turn_ends="turns", bootstrap_value=None, whiten=True):
+def bilevel_gae(
+    rewards,
+    values,
+    mask,
+    *,
+    turn_ids=None,
+    gamma=1.0,
+    lam=1.0,
+    turn_gamma=0.95,
+    turn_ends="turns",
+    bootstrap_value=None,
+    whiten=True,
+):
     r, v, m = _np(rewards), _np(values), _np(mask)
     adv, ret = np.zeros_like(m), np.zeros_like(m)
     for i in range(m.shape[0]):
@@ -435,6 +522,7 @@ def bilevel_gae(rewards, values, mask, *, turn_ids=None, gamma=1.0, lam=1.0, tur
 
 
 # ----------------------------------------------------------------------------- MT-GRPO, EMPG
+
 
 def _turn_sums(r, turns):
     return [sum(r[t] for t in tk) for tk in turns]
@@ -497,8 +585,7 @@ def _mt_grpo_index(sums, outcome, groups, gid, turn_coef, eps, whole_group):
     return per_turn
 
 
-def mt_grpo(rewards, mask, group_ids, *, turn_ids=None, turn_coef=1.0, turn_baseline="loo", eps=1e-4,
-            whiten=False):
+def mt_grpo(rewards, mask, group_ids, *, turn_ids=None, turn_coef=1.0, turn_baseline="loo", eps=1e-4, whiten=False):
     r, m = _np(rewards), _np(mask)
     B = m.shape[0]
     gid = list(group_ids.tolist() if hasattr(group_ids, "tolist") else group_ids)
@@ -514,8 +601,21 @@ def mt_grpo(rewards, mask, group_ids, *, turn_ids=None, turn_coef=1.0, turn_base
     return (_whiten(adv, m) if whiten else adv), adv.copy()
 
 
-def empg(rewards, mask, group_ids, *, entropy, turn_ids=None, entropy_k=1.0, clarity_k=1.0, zeta=0.1,
-         eps=1e-6, norm_by_std=True, center=True, whiten=False):
+def empg(
+    rewards,
+    mask,
+    group_ids,
+    *,
+    entropy,
+    turn_ids=None,
+    entropy_k=1.0,
+    clarity_k=1.0,
+    zeta=0.1,
+    eps=1e-6,
+    norm_by_std=True,
+    center=True,
+    whiten=False,
+):
     r, m, h = _np(rewards), _np(mask), _np(entropy)
     B = m.shape[0]
     scores = [float(sum(r[i])) for i in range(B)]

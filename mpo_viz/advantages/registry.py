@@ -2,7 +2,8 @@
 ``compute(batch, name, **options)`` on a TrajectoryBatch.
 
 **Options are declared here once.** Each estimator's keyword-only options are
-:class:`~mpo_viz.options.Option` objects (the one option type of the package) — name, kind (``float``, ``int``, ``bool``, ``choice``, ``str``), bounds or choices, a
+:class:`~mpo_viz.options.Option` objects (the one option type of the package) — name, kind (``float``, ``int``,
+``bool``, ``choice``, ``str``), bounds or choices, a
 one-line doc, a display label — and the default is the one in the estimator function's signature
 (checked at registration). Everything else is derived from this declaration: the ``mpo-viz
 advantages``/``report`` flags (:mod:`mpo_viz.cli.advantages`), the explorer's sliders and menus
@@ -62,15 +63,33 @@ from mpo_viz.data.trajectory import TrajectoryBatch
 from mpo_viz.options import UNSET, Option
 
 __all__ = [
-    "Option", "Estimator", "Bound", "AdvantageResult", "register_estimator", "available_estimators", "get_estimator",
-    "estimator_options", "vocabulary",
-    "accepted_options", "split_options", "takers", "bind", "missing", "compute", "is_group_estimator",
-    "multiscale_estimator", "returns_source", "critic_returns_estimators",
-    "default_estimators", "parse_names", "DEFAULT_ESTIMATORS",
+    "Option",
+    "Estimator",
+    "Bound",
+    "AdvantageResult",
+    "register_estimator",
+    "available_estimators",
+    "get_estimator",
+    "estimator_options",
+    "vocabulary",
+    "accepted_options",
+    "split_options",
+    "takers",
+    "bind",
+    "missing",
+    "compute",
+    "is_group_estimator",
+    "multiscale_estimator",
+    "returns_source",
+    "critic_returns_estimators",
+    "default_estimators",
+    "parse_names",
+    "DEFAULT_ESTIMATORS",
 ]
 
 #: the estimators shown when none are named (each where the batch supports it)
 DEFAULT_ESTIMATORS = ("mpo", "gae", "grpo")
+
 
 def _kind_of(default) -> str | None:
     if isinstance(default, bool):
@@ -87,70 +106,215 @@ def _kind_of(default) -> str | None:
 # ----------------------------------------------------------------------------- the shared vocabulary
 # Every option of the built-in estimators, once. Defaults come from each function's signature.
 
-GAMMA = Option("gamma", kind="float", low=0.0, high=1.0, label="γ",
-               doc="token discount γ (gae, vapo, reinforce_pp; mae, turn_gae and bilevel_gae inside turns)")
-LAM = Option("lam", kind="float", low=0.0, high=1.0, label="λ",
-             doc="token λ (gae; mae's within-turn signal; bilevel_gae at both levels)")
-TURN_GAMMA = Option("turn_gamma", kind="float", low=0.0, high=1.0, label="γ_T",
-                    doc="turn discount γ_T, from a turn's last token to the next turn's first (mae, turn_gae); "
-                        "bilevel_gae: from one turn's last token to the next one's (RAGEN's high_level_gamma)")
+GAMMA = Option(
+    "gamma",
+    kind="float",
+    low=0.0,
+    high=1.0,
+    label="γ",
+    doc="token discount γ (gae, vapo, reinforce_pp; mae, turn_gae and bilevel_gae inside turns)",
+)
+LAM = Option(
+    "lam",
+    kind="float",
+    low=0.0,
+    high=1.0,
+    label="λ",
+    doc="token λ (gae; mae's within-turn signal; bilevel_gae at both levels)",
+)
+TURN_GAMMA = Option(
+    "turn_gamma",
+    kind="float",
+    low=0.0,
+    high=1.0,
+    label="γ_T",
+    doc="turn discount γ_T, from a turn's last token to the next turn's first (mae, turn_gae); "
+    "bilevel_gae: from one turn's last token to the next one's (RAGEN's high_level_gamma)",
+)
 TURN_LAM = Option("turn_lam", kind="float", low=0.0, high=1.0, label="λ_T", doc="turn λ_T (mae, turn_gae)")
-BETA = Option("beta", kind="float", low=0.0, span=(0.0, 3.0), label="β",
-              doc="weight β of mae's centred within-turn signal (0 = turn GAE)")
-WITHIN = Option("within", kind="choice", choices=("intra", "local", "global", "td", "baseline"), label="within",
-                doc="mae's within-turn signal u (baseline: V(s_k) − γ^j·V_t, not centred; unbiased with exact values, "
-                    "does not keep the turn mean)")
-VALUE_AT = Option("value_at", kind="choice", choices=("first", "last", "mean"), label="V(s_k) at",
-                  doc="which token's value is the turn value V(s_k)")
-CRITIC_TARGET = Option("critic_target", kind="choice", choices=("mc", "turn"), label="target", advanced=True,
-                       doc="mae's returns: Monte-Carlo (mc) or the turn return broadcast (turn: flat inside "
-                           "turns, it switches the within-turn signal off; warns once)")
-WHITEN = Option("whiten", kind="bool", label="whiten", advanced=True,
-                doc="whiten the advantages over the batch's action tokens")
-LAM_RULE = Option("lam_rule", kind="choice", choices=T.LAM_RULES, label="λ rule",
-                  doc="λ per trajectory: fixed (lam, or turn_lam for the turn λ_T), vapo (1 − 1/(α·ℓ)), "
-                      "relative_position (q^(1/(ℓ−1))); ℓ = the row's action tokens (gae) or turns (turn_gae, "
-                      "mpo/mae's λ_T)")
-ALPHA = Option("alpha", kind="float", low=0.0, low_open=True, span=(0.01, 2.0), label="α",
-               doc="length-adaptive λ = 1 − 1/(α·ℓ) (vapo; lam_rule='vapo'; SAO: gae with α = 1.5)")
-Q = Option("q", kind="float", low=0.0, high=1.0, low_open=True, label="q",
-           doc="lam_rule='relative_position': λ = q^(1/(ℓ−1)), the share of a final reward left at the first step")
-EPS = Option("eps", kind="float", low=0.0, label="ε", advanced=True,
-             doc="added to the group std (grpo, gigpo, empg; mt_grpo's turn_baseline='index')")
-NORM_BY_STD = Option("norm_by_std", kind="bool", label="÷ std", advanced=True,
-                     doc="grpo, empg: divide by the group std (False = Dr. GRPO)")
+BETA = Option(
+    "beta",
+    kind="float",
+    low=0.0,
+    span=(0.0, 3.0),
+    label="β",
+    doc="weight β of mae's centred within-turn signal (0 = turn GAE)",
+)
+WITHIN = Option(
+    "within",
+    kind="choice",
+    choices=("intra", "local", "global", "td", "baseline"),
+    label="within",
+    doc="mae's within-turn signal u (baseline: V(s_k) − γ^j·V_t, not centred; unbiased with exact values, "
+    "does not keep the turn mean)",
+)
+VALUE_AT = Option(
+    "value_at",
+    kind="choice",
+    choices=("first", "last", "mean"),
+    label="V(s_k) at",
+    doc="which token's value is the turn value V(s_k)",
+)
+CRITIC_TARGET = Option(
+    "critic_target",
+    kind="choice",
+    choices=("mc", "turn"),
+    label="target",
+    advanced=True,
+    doc="mae's returns: Monte-Carlo (mc) or the turn return broadcast (turn: flat inside "
+    "turns, it switches the within-turn signal off; warns once)",
+)
+WHITEN = Option(
+    "whiten", kind="bool", label="whiten", advanced=True, doc="whiten the advantages over the batch's action tokens"
+)
+LAM_RULE = Option(
+    "lam_rule",
+    kind="choice",
+    choices=T.LAM_RULES,
+    label="λ rule",
+    doc="λ per trajectory: fixed (lam, or turn_lam for the turn λ_T), vapo (1 − 1/(α·ℓ)), "
+    "relative_position (q^(1/(ℓ−1))); ℓ = the row's action tokens (gae) or turns (turn_gae, "
+    "mpo/mae's λ_T)",
+)
+ALPHA = Option(
+    "alpha",
+    kind="float",
+    low=0.0,
+    low_open=True,
+    span=(0.01, 2.0),
+    label="α",
+    doc="length-adaptive λ = 1 − 1/(α·ℓ) (vapo; lam_rule='vapo'; SAO: gae with α = 1.5)",
+)
+Q = Option(
+    "q",
+    kind="float",
+    low=0.0,
+    high=1.0,
+    low_open=True,
+    label="q",
+    doc="lam_rule='relative_position': λ = q^(1/(ℓ−1)), the share of a final reward left at the first step",
+)
+EPS = Option(
+    "eps",
+    kind="float",
+    low=0.0,
+    label="ε",
+    advanced=True,
+    doc="added to the group std (grpo, gigpo, empg; mt_grpo's turn_baseline='index')",
+)
+NORM_BY_STD = Option(
+    "norm_by_std",
+    kind="bool",
+    label="÷ std",
+    advanced=True,
+    doc="grpo, empg: divide by the group std (False = Dr. GRPO)",
+)
 OMEGA = Option("omega", kind="float", span=(0.0, 3.0), label="ω", doc="gigpo: weight ω of the step-level advantage")
-STEP_GAMMA = Option("step_gamma", kind="float", low=0.0, high=1.0, label="γ_step",
-                    doc="gigpo: discount of the step return")
-NORM = Option("norm", kind="choice", choices=G.GIGPO_NORMS, label="norm", advanced=True,
-              doc="gigpo: which levels divide by their std — mean_std_norm both, mean_norm neither (verl-agent's "
-                  "gigpo.mode names; mean_norm is its config default), step_mean_norm the episode level only")
-EPISODE_STATS = Option("episode_stats", kind="choice", choices=G.GIGPO_EPISODE_STATS, label="episode stats",
-                       advanced=True,
-                       doc="gigpo: the episode-level mean and std over the group's turns (steps: a trajectory "
-                           "counts once per turn, as verl-agent) or its trajectories (GRPO, the paper's Eq. 3)")
-TURN_COEF = Option("turn_coef", kind="float", low=0.0, span=(0.0, 2.0), label="λ_turn",
-                   doc="mt_grpo: weight λ of the turn-reward advantage (MT-GRPO's turn_advantage_coef)")
-TURN_BASELINE = Option("turn_baseline", kind="choice", choices=G.TURN_BASELINES, label="turn baseline",
-                       doc="mt_grpo: loo (leave-one-out per turn index over the whole group, a missing turn "
-                           "counting 0: unbiased when the policy decides when to stop), index (MT-GRPO's code: "
-                           "the turn reward normalised over the whole group, a one-turn row gets GRPO of its "
-                           "score) or index_present (the turn reward normalised over the rows that have turn k)")
-ENTROPY_K = Option("entropy_k", kind="float", low=0.0, span=(0.0, 3.0), label="k",
-                   doc="empg: step scale g = exp(−k·Ĥ), divided by its batch mean")
-CLARITY_K = Option("clarity_k", kind="float", low=0.0, span=(0.0, 3.0), label="k_f",
-                   doc="empg: future clarity f = exp(−k_f·Ĥ) of the next step")
-ZETA = Option("zeta", kind="float", low=0.0, span=(0.0, 1.0), label="ζ", doc="empg: weight ζ of the future-clarity bonus")
-CENTER = Option("center", kind="bool", label="centre", advanced=True,
-                doc="empg: subtract the batch mean of the modulated step advantages")
-TURN_ENDS = Option("turn_ends", kind="choice", choices=T.TURN_ENDS, label="turn ends", advanced=True,
-                   doc="bilevel_gae: the turns' last tokens (turns) or RAGEN's rule, every action token with a "
-                       "non-zero reward and the row's last (rewards)")
+STEP_GAMMA = Option(
+    "step_gamma", kind="float", low=0.0, high=1.0, label="γ_step", doc="gigpo: discount of the step return"
+)
+NORM = Option(
+    "norm",
+    kind="choice",
+    choices=G.GIGPO_NORMS,
+    label="norm",
+    advanced=True,
+    doc="gigpo: which levels divide by their std — mean_std_norm both, mean_norm neither (verl-agent's "
+    "gigpo.mode names; mean_norm is its config default), step_mean_norm the episode level only",
+)
+EPISODE_STATS = Option(
+    "episode_stats",
+    kind="choice",
+    choices=G.GIGPO_EPISODE_STATS,
+    label="episode stats",
+    advanced=True,
+    doc="gigpo: the episode-level mean and std over the group's turns (steps: a trajectory "
+    "counts once per turn, as verl-agent) or its trajectories (GRPO, the paper's Eq. 3)",
+)
+TURN_COEF = Option(
+    "turn_coef",
+    kind="float",
+    low=0.0,
+    span=(0.0, 2.0),
+    label="λ_turn",
+    doc="mt_grpo: weight λ of the turn-reward advantage (MT-GRPO's turn_advantage_coef)",
+)
+TURN_BASELINE = Option(
+    "turn_baseline",
+    kind="choice",
+    choices=G.TURN_BASELINES,
+    label="turn baseline",
+    doc="mt_grpo: loo (leave-one-out per turn index over the whole group, a missing turn "
+    "counting 0: unbiased when the policy decides when to stop), index (MT-GRPO's code: "
+    "the turn reward normalised over the whole group, a one-turn row gets GRPO of its "
+    "score) or index_present (the turn reward normalised over the rows that have turn k)",
+)
+ENTROPY_K = Option(
+    "entropy_k",
+    kind="float",
+    low=0.0,
+    span=(0.0, 3.0),
+    label="k",
+    doc="empg: step scale g = exp(−k·Ĥ), divided by its batch mean",
+)
+CLARITY_K = Option(
+    "clarity_k",
+    kind="float",
+    low=0.0,
+    span=(0.0, 3.0),
+    label="k_f",
+    doc="empg: future clarity f = exp(−k_f·Ĥ) of the next step",
+)
+ZETA = Option(
+    "zeta", kind="float", low=0.0, span=(0.0, 1.0), label="ζ", doc="empg: weight ζ of the future-clarity bonus"
+)
+CENTER = Option(
+    "center",
+    kind="bool",
+    label="centre",
+    advanced=True,
+    doc="empg: subtract the batch mean of the modulated step advantages",
+)
+TURN_ENDS = Option(
+    "turn_ends",
+    kind="choice",
+    choices=T.TURN_ENDS,
+    label="turn ends",
+    advanced=True,
+    doc="bilevel_gae: the turns' last tokens (turns) or RAGEN's rule, every action token with a "
+    "non-zero reward and the row's last (rewards)",
+)
 
-_VOCAB: dict[str, Option] = {o.name: o for o in (GAMMA, LAM, TURN_GAMMA, TURN_LAM, BETA, WITHIN, VALUE_AT,
-                                                  CRITIC_TARGET, WHITEN, LAM_RULE, ALPHA, Q, EPS, NORM_BY_STD, OMEGA,
-                                                  STEP_GAMMA, NORM, EPISODE_STATS, TURN_COEF, TURN_BASELINE,
-                                                  ENTROPY_K, CLARITY_K, ZETA, CENTER, TURN_ENDS)}
+_VOCAB: dict[str, Option] = {
+    o.name: o
+    for o in (
+        GAMMA,
+        LAM,
+        TURN_GAMMA,
+        TURN_LAM,
+        BETA,
+        WITHIN,
+        VALUE_AT,
+        CRITIC_TARGET,
+        WHITEN,
+        LAM_RULE,
+        ALPHA,
+        Q,
+        EPS,
+        NORM_BY_STD,
+        OMEGA,
+        STEP_GAMMA,
+        NORM,
+        EPISODE_STATS,
+        TURN_COEF,
+        TURN_BASELINE,
+        ENTROPY_K,
+        CLARITY_K,
+        ZETA,
+        CENTER,
+        TURN_ENDS,
+    )
+}
 
 # What each kind of need means and how to check it on a batch.
 NEED_TEXT = {
@@ -219,12 +383,17 @@ def _declare(name: str, fn: Callable, bound: tuple[str, ...], declared) -> tuple
         if not isinstance(o, Option):
             raise ValueError(f"options: estimator {name!r}: expected Option objects, found {o!r}")
         given[o.name] = o
-    params = {p.name: p for p in inspect.signature(fn).parameters.values()
-              if p.kind == inspect.Parameter.KEYWORD_ONLY and p.name not in bound}
+    params = {
+        p.name: p
+        for p in inspect.signature(fn).parameters.values()
+        if p.kind == inspect.Parameter.KEYWORD_ONLY and p.name not in bound
+    }
     extra = [n for n in given if n not in params]
     if extra:
-        raise ValueError(f"options: estimator {name!r} declares {', '.join(map(repr, extra))}, which "
-                         f"{fn.__qualname__} does not take as a keyword-only argument")
+        raise ValueError(
+            f"options: estimator {name!r} declares {', '.join(map(repr, extra))}, which "
+            f"{fn.__qualname__} does not take as a keyword-only argument"
+        )
     out = []
     for pname, p in params.items():
         if p.default is inspect.Parameter.empty:
@@ -234,20 +403,31 @@ def _declare(name: str, fn: Callable, bound: tuple[str, ...], declared) -> tuple
             # e.g. a None default: "any", callable from Python, not shown on the CLI or the sliders
             o = Option(pname, kind=_kind_of(p.default) or "any")
         if o.default is not UNSET and o.default != p.default:
-            raise ValueError(f"options: estimator {name!r}: option {pname!r} declares default {o.default!r} but "
-                             f"{fn.__qualname__} has {p.default!r}; the signature's default is the one")
+            raise ValueError(
+                f"options: estimator {name!r}: option {pname!r} declares default {o.default!r} but "
+                f"{fn.__qualname__} has {p.default!r}; the signature's default is the one"
+            )
         known = _VOCAB.get(pname)
         if known is not None and not known.same_meaning(o):
-            raise ValueError(f"options: estimator {name!r}: option {pname!r} ({o.kind} {o.bounds_text()}) means "
-                             f"something else than the registered {pname!r} ({known.kind} {known.bounds_text()}); "
-                             "one name, one meaning: pick another name")
+            raise ValueError(
+                f"options: estimator {name!r}: option {pname!r} ({o.kind} {o.bounds_text()}) means "
+                f"something else than the registered {pname!r} ({known.kind} {known.bounds_text()}); "
+                "one name, one meaning: pick another name"
+            )
         out.append(replace(o, default=p.default))
     return tuple(out)
 
 
-def register_estimator(name: str, *, needs: tuple[str, ...] = (), inputs: Callable | None = None,
-             bound: tuple[str, ...] = (), options: Iterable[Option] | None = None, multiscale: bool = False,
-             critic_returns: bool | None = None):
+def register_estimator(
+    name: str,
+    *,
+    needs: tuple[str, ...] = (),
+    inputs: Callable | None = None,
+    bound: tuple[str, ...] = (),
+    options: Iterable[Option] | None = None,
+    multiscale: bool = False,
+    critic_returns: bool | None = None,
+):
     """Decorator registering ``fn`` under ``name``; raises ``ValueError`` if the name is taken.
 
     Without ``inputs`` the function is called as ``fn(batch, **options)``. With ``inputs``, a
@@ -267,8 +447,10 @@ def register_estimator(name: str, *, needs: tuple[str, ...] = (), inputs: Callab
 
     def deco(fn: Callable) -> Callable:
         if name in _REGISTRY:
-            raise ValueError(f"estimator {name!r} is already registered (by {_REGISTRY[name].fn.__module__}."
-                             f"{_REGISTRY[name].fn.__qualname__}); pick another name")
+            raise ValueError(
+                f"estimator {name!r} is already registered (by {_REGISTRY[name].fn.__module__}."
+                f"{_REGISTRY[name].fn.__qualname__}); pick another name"
+            )
         spec = _declare(name, fn, tuple(bound), options)
         get_inputs: Callable = inputs if inputs is not None else (lambda b: ((b,), {}))
         doc = (inspect.getdoc(fn) or "").split("\n", 1)[0]
@@ -303,7 +485,7 @@ def vocabulary(names: Iterable[str] | None = None) -> dict[str, Option]:
     """Every option of ``names`` (default: every registered estimator) by option name, in order of
     declaration; each carries the default of the first of ``names`` that takes it."""
     out: dict[str, Option] = {}
-    for n in (available_estimators() if names is None else names):
+    for n in available_estimators() if names is None else names:
         for o in get_estimator(n).spec:
             out.setdefault(o.name, o)
     order = {k: i for i, k in enumerate(_VOCAB)}  # declaration order: γ, λ, γ_T, ... then users' options
@@ -329,9 +511,15 @@ def split_options(names: Iterable[str], shared: dict) -> dict[str, dict]:
     for k, v in shared.items():
         if v is not None and not takers(k, names):
             who = takers(k) if k in _VOCAB else []
-            raise OptionError(k, f"none of the estimators {', '.join(names)} takes this option"
-                                 + (f" ({', '.join(who)} {'does' if len(who) == 1 else 'do'})" if who
-                                    else "; no registered estimator does"))
+            raise OptionError(
+                k,
+                f"none of the estimators {', '.join(names)} takes this option"
+                + (
+                    f" ({', '.join(who)} {'does' if len(who) == 1 else 'do'})"
+                    if who
+                    else "; no registered estimator does"
+                ),
+            )
     return {n: accepted_options(n, shared) for n in names}
 
 
@@ -376,15 +564,19 @@ def parse_names(names) -> tuple[str, ...]:
     for n in out:
         if n not in _REGISTRY:
             hint = f" (names are lower case: {n.lower()!r})" if n.lower() in _REGISTRY else ""
-            raise OptionError("estimators", f"unknown estimator {n!r}{hint}; available: {', '.join(available_estimators())}")
+            raise OptionError(
+                "estimators", f"unknown estimator {n!r}{hint}; available: {', '.join(available_estimators())}"
+            )
     return out
 
 
 def _check_batch(batch: TrajectoryBatch) -> None:
     if not isinstance(batch, TrajectoryBatch):
-        raise ValueError(f"batch: expected a TrajectoryBatch (mv.load(...) or TrajectoryBatch.from_rows), found "
-                         f"{type(batch).__name__}; on plain (B, L) tensors call the estimator function itself, "
-                         f"e.g. mpo_viz.advantages.mae(rewards, values, mask, turn_ids=...)")
+        raise ValueError(
+            f"batch: expected a TrajectoryBatch (mv.load(...) or TrajectoryBatch.from_rows), found "
+            f"{type(batch).__name__}; on plain (B, L) tensors call the estimator function itself, "
+            f"e.g. mpo_viz.advantages.mae(rewards, values, mask, turn_ids=...)"
+        )
 
 
 def missing(batch: TrajectoryBatch, name: str) -> list[str]:
@@ -405,14 +597,18 @@ class Bound:
         if lacks:
             what = "; ".join(f"{n}: {NEED_TEXT.get(n, f'field {n!r}')}" for n in lacks)
             alt = [e for e in available_estimators() if not [n for n in _REGISTRY[e].needs if not _has(batch, n)]]
-            raise ValueError(f"estimator {name!r} needs what this batch lacks — {what}. "
-                             f"Estimators this batch supports: {', '.join(alt) or 'none'}")
+            raise ValueError(
+                f"estimator {name!r} needs what this batch lacks — {what}. "
+                f"Estimators this batch supports: {', '.join(alt) or 'none'}"
+            )
         for need in (n for n in est.needs if n in _ROW_FIELDS):
             lacking = [i for i, v in enumerate(batch.field(need)) if v is None]
             if lacking:
                 i = lacking[0]
-                raise ValueError(f"{need}: row {i} (traj_id {batch.traj_ids[i]!r}) has no {_ROW_FIELDS[need]}; estimator "
-                                 f"{name!r} needs them on every row ({len(lacking)} rows lack them)")
+                raise ValueError(
+                    f"{need}: row {i} (traj_id {batch.traj_ids[i]!r}) has no {_ROW_FIELDS[need]}; estimator "
+                    f"{name!r} needs them on every row ({len(lacking)} rows lack them)"
+                )
         self.name = name
         self.estimator = est
         self.batch = batch
@@ -430,8 +626,11 @@ class Bound:
         checked against its declaration; an unknown one raises :class:`OptionError`)."""
         unknown = [o for o in options if o not in self._spec]
         if unknown:
-            raise OptionError("options", f"estimator {self.name!r} has no option {', '.join(map(repr, unknown))}; "
-                                         f"valid options: {', '.join(self._spec) or 'none'}")
+            raise OptionError(
+                "options",
+                f"estimator {self.name!r} has no option {', '.join(map(repr, unknown))}; "
+                f"valid options: {', '.join(self._spec) or 'none'}",
+            )
         for k, v in options.items():
             self._spec[k].check(v)
         return {**self.estimator.options, **options}
@@ -487,8 +686,10 @@ class AdvantageResult:
 
     def __repr__(self) -> str:
         B, L = tuple(self.advantages.shape)
-        return (f"AdvantageResult({self.name!r}, B={B}, L={L}, turns={len(self.turns)}, "
-                f"wall_time_s={self.wall_time_s:.4f}, options={self.options})")
+        return (
+            f"AdvantageResult({self.name!r}, B={B}, L={L}, turns={len(self.turns)}, "
+            f"wall_time_s={self.wall_time_s:.4f}, options={self.options})"
+        )
 
 
 def compute(batch: TrajectoryBatch, name: str, **options) -> AdvantageResult:
@@ -514,13 +715,19 @@ def compute(batch: TrajectoryBatch, name: str, **options) -> AdvantageResult:
     turns = batch.turns(advantages={name: raw}, returns={name: ret})
     t3 = time.perf_counter()
     return AdvantageResult(
-        name=name, advantages=adv, returns=ret, turns=turns, options=used, wall_time_s=t3 - t0,
+        name=name,
+        advantages=adv,
+        returns=ret,
+        turns=turns,
+        options=used,
+        wall_time_s=t3 - t0,
         timings={"inputs": t1 - t0, "estimate": t2 - t1, "turn_table": t3 - t2},
         traj_ids=list(batch.traj_ids),
     )
 
 
 # ----------------------------------------------------------------------------- built-in estimators
+
 
 def _critic_inputs(b):
     return (b.token_rewards, b.values, b.mask), {"bootstrap_value": b.bootstrap_value}
@@ -544,7 +751,9 @@ def _empg_inputs(b):
 
 def _gigpo_inputs(b):
     return (b.token_rewards, b.mask, b.group_ids), {
-        "turn_ids": b.turn_ids, "prompt_ids": b.field("prompt_ids"), "response_ids": b.field("response_ids"),
+        "turn_ids": b.turn_ids,
+        "prompt_ids": b.field("prompt_ids"),
+        "response_ids": b.field("response_ids"),
     }
 
 
@@ -561,7 +770,13 @@ register_estimator("drgrpo", needs=("groups",), inputs=_group_inputs)(G.drgrpo)
 register_estimator("rloo", needs=("groups",), inputs=_group_inputs)(G.rloo)
 register_estimator("reinforce_pp", inputs=lambda b: ((b.token_rewards, b.mask), {}))(G.reinforce_pp)
 register_estimator("reinforce_pp_baseline", needs=("groups",), inputs=_group_inputs)(G.reinforce_pp_baseline)
-register_estimator("gigpo", needs=("groups", "turns", "prompt_ids", "response_ids"), inputs=_gigpo_inputs,
-         bound=("turn_ids", "prompt_ids", "response_ids"))(G.gigpo)
+register_estimator(
+    "gigpo",
+    needs=("groups", "turns", "prompt_ids", "response_ids"),
+    inputs=_gigpo_inputs,
+    bound=("turn_ids", "prompt_ids", "response_ids"),
+)(G.gigpo)
 register_estimator("mt_grpo", needs=("groups", "turns"), inputs=_turn_group_inputs, bound=("turn_ids",))(G.mt_grpo)
-register_estimator("empg", needs=("groups", "turns", "entropy"), inputs=_empg_inputs, bound=("turn_ids", "entropy"))(G.empg)
+register_estimator("empg", needs=("groups", "turns", "entropy"), inputs=_empg_inputs, bound=("turn_ids", "entropy"))(
+    G.empg
+)

@@ -21,19 +21,38 @@ import numpy as np
 import torch
 
 from mpo_viz.advantages import kernels as K
-from mpo_viz.advantages._inputs import prepare, scalar_check, to_torch, whiten_, whiten_buffers
+from mpo_viz.advantages._inputs import (
+    ThreadClock,
+    prepare,
+    rewrite_in_parallel,
+    scalar_check,
+    to_torch,
+    whiten_,
+    whiten_buffers,
+)
 from mpo_viz.checks import TensorLike, warn_once
 
-__all__ = ["gae", "vapo", "turn_gae", "mae", "mae_with_turns", "bilevel_gae", "LAM_RULES", "TURN_ENDS",
-           "lambda_per_row", "reward_turn_ids"]
+__all__ = [
+    "gae",
+    "vapo",
+    "turn_gae",
+    "mae",
+    "mae_with_turns",
+    "bilevel_gae",
+    "LAM_RULES",
+    "TURN_ENDS",
+    "lambda_per_row",
+    "reward_turn_ids",
+]
 
 
-def _finish(p, adv: np.ndarray, ret: np.ndarray, whiten: bool,
-            buffers: tuple) -> tuple[torch.Tensor, torch.Tensor]:
-    """Whiten (with the row moments and spans the kernel wrote on the way, :func:`whiten_buffers`)
-    and hand out torch tensors."""
+def _finish(
+    p, adv: np.ndarray, ret: np.ndarray, whiten: bool, buffers: tuple, got: float
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Whiten (with the row moments and spans the kernel wrote on the way, :func:`whiten_buffers`;
+    on numba's threads if the kernel ``got`` them, :func:`rewrite_in_parallel`) and hand out torch tensors."""
     if whiten:
-        whiten_(adv, p.mask, buffers[0], buffers[1:])
+        whiten_(adv, p.mask, buffers[0], buffers[1:], parallel=rewrite_in_parallel(got))
     return to_torch(adv, p.device), to_torch(ret, p.device)
 
 
@@ -86,15 +105,24 @@ def _gae(p, gamma: float, lam_row: np.ndarray, ret_lam: float, whiten: bool) -> 
     ret = np.empty((B, L), dtype=p.dtype)
     bad = np.empty(B, dtype=np.int64)
     wb = whiten_buffers(B)
-    K.gae_kernel(p.rewards, p.values, p.mask, p.bootstrap, gamma, lam_row, ret_lam, adv, ret, bad, int(whiten), *wb)
+    with ThreadClock() as clock:
+        K.gae_kernel(p.rewards, p.values, p.mask, p.bootstrap, gamma, lam_row, ret_lam, adv, ret, bad, int(whiten), *wb)
     p.check_bad(bad)
-    return _finish(p, adv, ret, whiten, wb)
+    return _finish(p, adv, ret, whiten, wb, clock.got)
 
 
 def gae(
-    rewards: TensorLike, values: TensorLike, mask: TensorLike, *, gamma: float = 1.0, lam: float = 1.0,
-    lam_rule: str = "fixed", alpha: float = 0.05, q: float = 0.5,
-    bootstrap_value: TensorLike | None = None, whiten: bool = False,
+    rewards: TensorLike,
+    values: TensorLike,
+    mask: TensorLike,
+    *,
+    gamma: float = 1.0,
+    lam: float = 1.0,
+    lam_rule: str = "fixed",
+    alpha: float = 0.05,
+    q: float = 0.5,
+    bootstrap_value: TensorLike | None = None,
+    whiten: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Token-level GAE (the PPO baseline, verl semantics).
 
@@ -121,8 +149,14 @@ def gae(
 
 
 def vapo(
-    rewards: TensorLike, values: TensorLike, mask: TensorLike, *, gamma: float = 1.0, alpha: float = 0.05,
-    bootstrap_value: TensorLike | None = None, whiten: bool = False,
+    rewards: TensorLike,
+    values: TensorLike,
+    mask: TensorLike,
+    *,
+    gamma: float = 1.0,
+    alpha: float = 0.05,
+    bootstrap_value: TensorLike | None = None,
+    whiten: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """VAPO advantages: :func:`gae` with ``lam_rule="vapo"``, ``λ_i = 1 − 1/(α·ℓ_i)``.
 
@@ -143,10 +177,24 @@ def _option(name: str, value, table: dict) -> int:
 
 
 def mae_with_turns(
-    rewards: TensorLike, values: TensorLike, mask: TensorLike, *, turn_ids: TensorLike | None = None,
-    gamma: float = 1.0, lam: float = 0.95, turn_gamma: float = 1.0, turn_lam: float = 0.9, beta: float = 1.0,
-    within: str = "intra", value_at: str = "first", critic_target: str = "mc", lam_rule: str = "fixed",
-    alpha: float = 0.05, q: float = 0.5, bootstrap_value: TensorLike | None = None, whiten: bool = False,
+    rewards: TensorLike,
+    values: TensorLike,
+    mask: TensorLike,
+    *,
+    turn_ids: TensorLike | None = None,
+    gamma: float = 1.0,
+    lam: float = 0.95,
+    turn_gamma: float = 1.0,
+    turn_lam: float = 0.9,
+    beta: float = 1.0,
+    within: str = "intra",
+    value_at: str = "first",
+    critic_target: str = "mc",
+    lam_rule: str = "fixed",
+    alpha: float = 0.05,
+    q: float = 0.5,
+    bootstrap_value: TensorLike | None = None,
+    whiten: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor, dict[str, np.ndarray]]:
     """:func:`mae` plus the per-turn arrays; returns ``(adv, ret, turns)``.
 
@@ -154,9 +202,26 @@ def mae_with_turns(
     ``advantage`` (``A^T_k``, before any whitening), ``value`` (``V(s_k)``), ``reward`` (``R_k =
     Σ_j γ^j r_{k,j}``, the plain sum at γ = 1), ``return`` (``G^T_k``), and ``nturns`` int64 ``(B,)``.
     """
-    return _mae(rewards, values, mask, turn_ids=turn_ids, gamma=gamma, lam=lam, turn_gamma=turn_gamma,
-                turn_lam=turn_lam, beta=beta, within=within, value_at=value_at, critic_target=critic_target,
-                lam_rule=lam_rule, alpha=alpha, q=q, bootstrap_value=bootstrap_value, whiten=whiten, tables=True)
+    return _mae(
+        rewards,
+        values,
+        mask,
+        turn_ids=turn_ids,
+        gamma=gamma,
+        lam=lam,
+        turn_gamma=turn_gamma,
+        turn_lam=turn_lam,
+        beta=beta,
+        within=within,
+        value_at=value_at,
+        critic_target=critic_target,
+        lam_rule=lam_rule,
+        alpha=alpha,
+        q=q,
+        bootstrap_value=bootstrap_value,
+        whiten=whiten,
+        tables=True,
+    )
 
 
 def _turn_counts(p) -> np.ndarray:
@@ -170,8 +235,28 @@ def _turn_counts(p) -> np.ndarray:
     return np.where(act.any(1), np.where(act, p.turn_ids, -1).max(1) + 1, 0)
 
 
-def _mae(rewards, values, mask, *, turn_ids, gamma, lam, turn_gamma, turn_lam, beta, within, value_at,
-         critic_target, bootstrap_value, whiten, tables, lam_rule="fixed", alpha=0.05, q=0.5, warn=True):
+def _mae(
+    rewards,
+    values,
+    mask,
+    *,
+    turn_ids,
+    gamma,
+    lam,
+    turn_gamma,
+    turn_lam,
+    beta,
+    within,
+    value_at,
+    critic_target,
+    bootstrap_value,
+    whiten,
+    tables,
+    lam_rule="fixed",
+    alpha=0.05,
+    q=0.5,
+    warn=True,
+):
     gamma = scalar_check("gamma", gamma, 0.0, 1.0)
     lam = scalar_check("lam", lam, 0.0, 1.0)
     turn_gamma = scalar_check("turn_gamma", turn_gamma, 0.0, 1.0)
@@ -183,8 +268,16 @@ def _mae(rewards, values, mask, *, turn_ids, gamma, lam, turn_gamma, turn_lam, b
     if warn and critic_target == "turn" and beta > 0:
         warn_once("mae.critic_target=turn", CRITIC_TURN_WARNING)
     # the per-turn tables need K first (a validation pass); plain calls let the kernel check
-    p = prepare(rewards, mask, values=values, need_values=True, turn_ids=turn_ids, need_turns=True,
-                bootstrap_value=bootstrap_value, validate=tables)
+    p = prepare(
+        rewards,
+        mask,
+        values=values,
+        need_values=True,
+        turn_ids=turn_ids,
+        need_turns=True,
+        bootstrap_value=bootstrap_value,
+        validate=tables,
+    )
     B, L = p.shape
     adv = np.empty((B, L), dtype=p.dtype)
     ret = np.empty((B, L), dtype=p.dtype)
@@ -194,10 +287,33 @@ def _mae(rewards, values, mask, *, turn_ids, gamma, lam, turn_gamma, turn_lam, b
     t_adv, t_val, t_rew, t_ret = (np.full((B, kmax), np.nan) for _ in range(4))
     bad = np.empty(B, dtype=np.int64)
     wb = whiten_buffers(B)
-    K.mae_kernel(p.rewards, p.values, p.mask, p.turn_ids, p.bootstrap, gamma, lam, turn_gamma, tlam,
-                 beta, w, va, rm, adv, ret, t_adv, t_val, t_rew, t_ret, bad, int(whiten), *wb)
+    with ThreadClock() as clock:
+        K.mae_kernel(
+            p.rewards,
+            p.values,
+            p.mask,
+            p.turn_ids,
+            p.bootstrap,
+            gamma,
+            lam,
+            turn_gamma,
+            tlam,
+            beta,
+            w,
+            va,
+            rm,
+            adv,
+            ret,
+            t_adv,
+            t_val,
+            t_rew,
+            t_ret,
+            bad,
+            int(whiten),
+            *wb,
+        )
     p.check_bad(bad)
-    a, g = _finish(p, adv, ret, whiten, wb)
+    a, g = _finish(p, adv, ret, whiten, wb, clock.got)
     if not tables:
         return a, g
     turns = {"advantage": t_adv, "value": t_val, "reward": t_rew, "return": t_ret, "nturns": p.nturns}
@@ -215,10 +331,20 @@ CRITIC_TURN_WARNING = (
 
 
 def turn_gae(
-    rewards: TensorLike, values: TensorLike, mask: TensorLike, *, turn_ids: TensorLike | None = None,
-    gamma: float = 1.0, turn_gamma: float = 1.0, turn_lam: float = 0.9, value_at: str = "first",
-    lam_rule: str = "fixed", alpha: float = 0.05, q: float = 0.5,
-    bootstrap_value: TensorLike | None = None, whiten: bool = False,
+    rewards: TensorLike,
+    values: TensorLike,
+    mask: TensorLike,
+    *,
+    turn_ids: TensorLike | None = None,
+    gamma: float = 1.0,
+    turn_gamma: float = 1.0,
+    turn_lam: float = 0.9,
+    value_at: str = "first",
+    lam_rule: str = "fixed",
+    alpha: float = 0.05,
+    q: float = 0.5,
+    bootstrap_value: TensorLike | None = None,
+    whiten: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Turn-level GAE (the macro scale), broadcast to each turn's action tokens.
 
@@ -244,17 +370,48 @@ def turn_gae(
     Equals ``mae(..., beta=0, critic_target="turn")`` with the same options, whatever ``lam`` and
     ``within`` are.
     """
-    return _mae(rewards, values, mask, turn_ids=turn_ids, gamma=gamma, lam=1.0, turn_gamma=turn_gamma,
-                turn_lam=turn_lam, beta=0.0, within="intra", value_at=value_at, critic_target="turn",
-                lam_rule=lam_rule, alpha=alpha, q=q, bootstrap_value=bootstrap_value, whiten=whiten,
-                tables=False, warn=False)
+    return _mae(
+        rewards,
+        values,
+        mask,
+        turn_ids=turn_ids,
+        gamma=gamma,
+        lam=1.0,
+        turn_gamma=turn_gamma,
+        turn_lam=turn_lam,
+        beta=0.0,
+        within="intra",
+        value_at=value_at,
+        critic_target="turn",
+        lam_rule=lam_rule,
+        alpha=alpha,
+        q=q,
+        bootstrap_value=bootstrap_value,
+        whiten=whiten,
+        tables=False,
+        warn=False,
+    )
 
 
 def mae(
-    rewards: TensorLike, values: TensorLike, mask: TensorLike, *, turn_ids: TensorLike | None = None,
-    gamma: float = 1.0, lam: float = 0.95, turn_gamma: float = 1.0, turn_lam: float = 0.9, beta: float = 1.0,
-    within: str = "intra", value_at: str = "first", critic_target: str = "mc", lam_rule: str = "fixed",
-    alpha: float = 0.05, q: float = 0.5, bootstrap_value: TensorLike | None = None, whiten: bool = False,
+    rewards: TensorLike,
+    values: TensorLike,
+    mask: TensorLike,
+    *,
+    turn_ids: TensorLike | None = None,
+    gamma: float = 1.0,
+    lam: float = 0.95,
+    turn_gamma: float = 1.0,
+    turn_lam: float = 0.9,
+    beta: float = 1.0,
+    within: str = "intra",
+    value_at: str = "first",
+    critic_target: str = "mc",
+    lam_rule: str = "fixed",
+    alpha: float = 0.05,
+    q: float = 0.5,
+    bootstrap_value: TensorLike | None = None,
+    whiten: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """MAE, the multiscale advantage of MPO: turn GAE plus a centered within-turn signal.
 
@@ -299,9 +456,26 @@ def mae(
     bootstrap_value ``(B,)``. Returns ``(advantages, returns)`` ``(B, L)``, 0 on masked positions,
     float64 if rewards or values are float64 else float32.
     """
-    return _mae(rewards, values, mask, turn_ids=turn_ids, gamma=gamma, lam=lam, turn_gamma=turn_gamma,
-                turn_lam=turn_lam, beta=beta, within=within, value_at=value_at, critic_target=critic_target,
-                lam_rule=lam_rule, alpha=alpha, q=q, bootstrap_value=bootstrap_value, whiten=whiten, tables=False)
+    return _mae(
+        rewards,
+        values,
+        mask,
+        turn_ids=turn_ids,
+        gamma=gamma,
+        lam=lam,
+        turn_gamma=turn_gamma,
+        turn_lam=turn_lam,
+        beta=beta,
+        within=within,
+        value_at=value_at,
+        critic_target=critic_target,
+        lam_rule=lam_rule,
+        alpha=alpha,
+        q=q,
+        bootstrap_value=bootstrap_value,
+        whiten=whiten,
+        tables=False,
+    )
 
 
 #: ``turn_ends`` of :func:`bilevel_gae`: the turns' last action tokens (``turn_ids``), or RAGEN's
@@ -319,9 +493,17 @@ def reward_turn_ids(rewards: np.ndarray, mask: np.ndarray) -> np.ndarray:
 
 
 def bilevel_gae(
-    rewards: TensorLike, values: TensorLike, mask: TensorLike, *, turn_ids: TensorLike | None = None,
-    gamma: float = 1.0, lam: float = 1.0, turn_gamma: float = 0.95, turn_ends: str = "turns",
-    bootstrap_value: TensorLike | None = None, whiten: bool = True,
+    rewards: TensorLike,
+    values: TensorLike,
+    mask: TensorLike,
+    *,
+    turn_ids: TensorLike | None = None,
+    gamma: float = 1.0,
+    lam: float = 1.0,
+    turn_gamma: float = 0.95,
+    turn_ends: str = "turns",
+    bootstrap_value: TensorLike | None = None,
+    whiten: bool = True,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Bi-level GAE (RAGEN/StarPO, ``bi_level_gae=True``): turn-level GAE across the turns' last
     tokens, then token-level GAE inside each turn that ends on the turn's return.
@@ -360,8 +542,15 @@ def bilevel_gae(
     if turn_ends not in TURN_ENDS:
         raise ValueError(f"turn_ends: expected one of {', '.join(map(repr, TURN_ENDS))}, found {turn_ends!r}")
     by_turns = turn_ends == "turns"
-    p = prepare(rewards, mask, values=values, need_values=True, turn_ids=turn_ids if by_turns else None,
-                need_turns=by_turns, bootstrap_value=bootstrap_value)
+    p = prepare(
+        rewards,
+        mask,
+        values=values,
+        need_values=True,
+        turn_ids=turn_ids if by_turns else None,
+        need_turns=by_turns,
+        bootstrap_value=bootstrap_value,
+    )
     B, L = p.shape
     tid = p.turn_ids if by_turns else reward_turn_ids(p.rewards, p.mask)
     adv = np.empty((B, L), dtype=p.dtype)

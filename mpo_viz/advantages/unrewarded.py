@@ -48,7 +48,11 @@ def warn_unrewarded(batch, estimator: str) -> None:
         f"or token_rewards): {', '.join(rows)}{more}, in {len(groups)} group(s) "
         f"({', '.join(repr(g) for g in groups[:_NAMED])}{' ...' if len(groups) > _NAMED else ''}). Their score "
         "counts as 0, so the group's baseline compares real scores with a made-up 0"
-        + (f"; {len(whole)} group(s) hold no reward at all and get advantage 0 on every token (before any whitening)" if whole else "")
+        + (
+            f"; {len(whole)} group(s) hold no reward at all and get advantage 0 on every token (before any whitening)"
+            if whole
+            else ""
+        )
         + ". Give every trajectory its reward (mpo-viz convert names the ones without), or leave them out "
-          "(batch.select(traj_ids=...)).",
+        "(batch.select(traj_ids=...)).",
     )

@@ -19,8 +19,15 @@ from mpo_viz.analysis.truth import mc_accuracy
 from mpo_viz.data.moments import correlation, pair_sums, slope
 from mpo_viz.data.trajectory import TrajectoryBatch
 
-__all__ = ["ORACLE_FIELDS", "ACCURACY_COLUMNS", "has_oracle", "accuracy_stats", "merge_accuracy_stats",
-           "finish_accuracy", "credit_accuracy"]
+__all__ = [
+    "ORACLE_FIELDS",
+    "ACCURACY_COLUMNS",
+    "has_oracle",
+    "accuracy_stats",
+    "merge_accuracy_stats",
+    "finish_accuracy",
+    "credit_accuracy",
+]
 
 ORACLE_FIELDS = ("oracle_token_adv", "decisive")
 """Per-token columns an accuracy check needs: the oracle's token advantage ``a*_t`` (the change of
@@ -32,13 +39,13 @@ ACCURACY_COLUMNS = {
     "turn_sign": "share of turns with A*_k ≠ 0 whose sign the estimator gets right",
     "tok_corr": "Pearson correlation of token advantages with the oracle's a*_t",
     "within_corr": "the same after centring both inside each turn (the micro scale only; — when the estimator "
-                   "is constant within turns)",
+    "is constant within turns)",
     "dec_sign": "sign agreement on decisive tokens with a*_t ≠ 0",
     "dec_mass": "share of Σ|A_t| on decisive tokens (the oracle: 1; an estimator constant in a turn: the share "
-                "of decisive tokens)",
+    "of decisive tokens)",
     "tok_slope": "calibration: least-squares slope (with intercept) of token advantages on the oracle's a*_t over "
-                 "action tokens (1 = a unit of true credit gets a unit; > 1 over-credits; whitened or "
-                 "group-normalized estimators have no absolute scale)",
+    "action tokens (1 = a unit of true credit gets a unit; > 1 over-credits; whitened or "
+    "group-normalized estimators have no absolute scale)",
     "dec_slope": "the same slope over decisive tokens only (where the within-turn credit matters)",
     "turn_slope": "the same slope of the turn advantage (mean over the turn's tokens) on A*_k over turns",
 }
@@ -54,8 +61,10 @@ def accuracy_stats(batch: TrajectoryBatch, advantages) -> dict:
     """Mergeable sufficient statistics of :func:`credit_accuracy` for one batch (or chunk):
     ``{name: {moment arrays and counts}}``. ``advantages``: ``{name: (B, L) tensor or result}``."""
     if not has_oracle(batch):
-        raise ValueError(f"batch: accuracy needs the oracle columns {', '.join(ORACLE_FIELDS)}; this batch lacks "
-                         f"{', '.join(f for f in ORACLE_FIELDS if not batch.has(f))}")
+        raise ValueError(
+            f"batch: accuracy needs the oracle columns {', '.join(ORACLE_FIELDS)}; this batch lacks "
+            f"{', '.join(f for f in ORACLE_FIELDS if not batch.has(f))}"
+        )
     _, idx = batch_turn_index(batch)
     o = np.nan_to_num(as_2d(batch.padded("oracle_token_adv"), "oracle_token_adv"))
     d = as_2d(batch.padded("decisive"), "decisive") > 0.5
@@ -74,7 +83,9 @@ def accuracy_stats(batch: TrajectoryBatch, advantages) -> dict:
         nz_d = dt & (np.abs(ot) > 1e-6)
         out[name] = {
             "turn": pair_sums(a_turn, o_turn),
-            "turn_sign": np.array([np.sum(np.sign(a_turn[nz_t]) == np.sign(o_turn[nz_t])), nz_t.sum()], dtype=np.float64),
+            "turn_sign": np.array(
+                [np.sum(np.sign(a_turn[nz_t]) == np.sign(o_turn[nz_t])), nz_t.sum()], dtype=np.float64
+            ),
             "tok": pair_sums(at, ot),
             "dec": pair_sums(at[dt], ot[dt]),
             "within": pair_sums(a_c, o_c),
@@ -102,18 +113,20 @@ def finish_accuracy(stats: dict) -> pd.DataFrame:
     """One row per estimator with the :data:`ACCURACY_COLUMNS` from merged statistics."""
     rows = []
     for name, s in stats.items():
-        rows.append({
-            "estimator": name,
-            "turn_corr": correlation(s["turn"]),
-            "turn_sign": s["turn_sign"][0] / s["turn_sign"][1] if s["turn_sign"][1] else math.nan,
-            "tok_corr": correlation(s["tok"]),
-            "within_corr": correlation(s["within"]) if s["within_max"] > 1e-9 else math.nan,
-            "dec_sign": s["dec_sign"][0] / s["dec_sign"][1] if s["dec_sign"][1] else math.nan,
-            "dec_mass": s["mass"][0] / s["mass"][1] if s["mass"][1] > 0 else math.nan,
-            "tok_slope": slope(s["tok"]),
-            "dec_slope": slope(s["dec"]),
-            "turn_slope": slope(s["turn"]),
-        })
+        rows.append(
+            {
+                "estimator": name,
+                "turn_corr": correlation(s["turn"]),
+                "turn_sign": s["turn_sign"][0] / s["turn_sign"][1] if s["turn_sign"][1] else math.nan,
+                "tok_corr": correlation(s["tok"]),
+                "within_corr": correlation(s["within"]) if s["within_max"] > 1e-9 else math.nan,
+                "dec_sign": s["dec_sign"][0] / s["dec_sign"][1] if s["dec_sign"][1] else math.nan,
+                "dec_mass": s["mass"][0] / s["mass"][1] if s["mass"][1] > 0 else math.nan,
+                "tok_slope": slope(s["tok"]),
+                "dec_slope": slope(s["dec"]),
+                "turn_slope": slope(s["turn"]),
+            }
+        )
     return pd.DataFrame(rows, columns=["estimator", *ACCURACY_COLUMNS])
 
 
@@ -137,6 +150,8 @@ def credit_accuracy(batch: TrajectoryBatch, advantages, *, truth: str = "expert"
     if truth == "mc-token":
         return mc_token_accuracy(batch, advantages)
     if truth != "expert":
-        raise ValueError(f"truth: expected 'expert' (the scripted expert's oracle), 'mc' (the policy's Monte-Carlo "
-                         f"truth per turn) or 'mc-token' (its token truth), found {truth!r}")
+        raise ValueError(
+            f"truth: expected 'expert' (the scripted expert's oracle), 'mc' (the policy's Monte-Carlo "
+            f"truth per turn) or 'mc-token' (its token truth), found {truth!r}"
+        )
     return finish_accuracy(accuracy_stats(batch, advantages))

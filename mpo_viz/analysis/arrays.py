@@ -13,7 +13,17 @@ import numpy as np
 from mpo_viz.data.trajectory import TrajectoryBatch
 from mpo_viz.data.turns import turn_ids_from_mask
 
-__all__ = ["to_numpy", "as_2d", "prepare", "TurnIndex", "turn_index", "batch_turn_index", "turn_means", "adv_tensors", "scores"]
+__all__ = [
+    "to_numpy",
+    "as_2d",
+    "prepare",
+    "TurnIndex",
+    "turn_index",
+    "batch_turn_index",
+    "turn_means",
+    "adv_tensors",
+    "scores",
+]
 
 
 def to_numpy(x, dtype=np.float64) -> np.ndarray:
@@ -49,9 +59,7 @@ def prepare(x, mask, turn_ids, name: str = "x"):
     bad = m & ~np.isfinite(x)
     if bad.any():
         r, c = np.argwhere(bad)[0]
-        raise ValueError(
-            f"{name}: row {r}, token {c}: expected a finite number on action tokens, found {x[r, c]}"
-        )
+        raise ValueError(f"{name}: row {r}, token {c}: expected a finite number on action tokens, found {x[r, c]}")
     return x, m, t
 
 

@@ -21,9 +21,19 @@ from mpo_viz.analysis.variance import merge_variance, variance_split
 from mpo_viz.data.moments import Moments, correlation, pair_sums
 from mpo_viz.data.trajectory import TrajectoryBatch
 
-__all__ = ["compare_estimators", "compare_stats", "merge_compare_stats", "finish_compare", "sign_flips",
-           "disagreement", "Disagreement", "advantage_stats", "merge_advantage_stats", "finish_advantages",
-           "ADVANTAGE_COLUMNS"]
+__all__ = [
+    "compare_estimators",
+    "compare_stats",
+    "merge_compare_stats",
+    "finish_compare",
+    "sign_flips",
+    "disagreement",
+    "Disagreement",
+    "advantage_stats",
+    "merge_advantage_stats",
+    "finish_advantages",
+    "ADVANTAGE_COLUMNS",
+]
 
 
 def _concordance(ta: np.ndarray, tb: np.ndarray, turn_row: np.ndarray) -> tuple[int, int]:
@@ -82,7 +92,9 @@ def compare_stats(batch: TrajectoryBatch, advantages) -> dict:
 def merge_compare_stats(acc: dict | None, new: dict) -> dict:
     """Add the statistics of :func:`compare_stats` of another batch into ``acc`` (returned)."""
     if acc is None:
-        return {k: {kk: (vv.copy() if isinstance(vv, np.ndarray) else vv) for kk, vv in v.items()} for k, v in new.items()}
+        return {
+            k: {kk: (vv.copy() if isinstance(vv, np.ndarray) else vv) for kk, vv in v.items()} for k, v in new.items()
+        }
     for k, v in new.items():
         if k not in acc:
             raise ValueError(f"advantages: estimator pair {k} missing from earlier batches")
@@ -192,7 +204,9 @@ class Disagreement:
         pairs = list(itertools.combinations(turn, 2))
         flips = np.zeros(self._B)
         for a, b in pairs:
-            flips += np.bincount(self._idx.turn_row, weights=(turn[a] * turn[b] < 0).astype(np.float64), minlength=self._B)
+            flips += np.bincount(
+                self._idx.turn_row, weights=(turn[a] * turn[b] < 0).astype(np.float64), minlength=self._B
+            )
         with np.errstate(invalid="ignore", divide="ignore"):
             return flips / (self._idx.n_turns * max(len(pairs), 1))
 
@@ -213,8 +227,11 @@ def advantage_stats(batch: TrajectoryBatch, advantages) -> dict:
     for k, a in adv_tensors(advantages).items():
         s = variance_split(a, batch.mask, batch.turn_ids)
         av = a[mask]
-        out[k] = {"moments": Moments.of(av), "abs": Moments.of(np.abs(av)),
-                  "split": pd.DataFrame({c: s[c] for c in ("across", "within", "ratio", "n_tokens")})}
+        out[k] = {
+            "moments": Moments.of(av),
+            "abs": Moments.of(np.abs(av)),
+            "split": pd.DataFrame({c: s[c] for c in ("across", "within", "ratio", "n_tokens")}),
+        }
     return out
 
 
@@ -223,8 +240,15 @@ def merge_advantage_stats(acc: dict | None, new: dict) -> dict:
     acc = {} if acc is None else acc
     for k, v in new.items():
         a = acc.get(k)
-        acc[k] = dict(v) if a is None else {"moments": a["moments"].merge(v["moments"]), "abs": a["abs"].merge(v["abs"]),
-                                            "split": merge_variance(a["split"], v["split"])}
+        acc[k] = (
+            dict(v)
+            if a is None
+            else {
+                "moments": a["moments"].merge(v["moments"]),
+                "abs": a["abs"].merge(v["abs"]),
+                "split": merge_variance(a["split"], v["split"]),
+            }
+        )
     return acc
 
 
@@ -237,6 +261,14 @@ def finish_advantages(stats: dict, names=None) -> pd.DataFrame:
         s: dict = stats.get(k) or {"moments": Moments(), "abs": Moments(), "split": None}
         mo, ab, sp = s["moments"], s["abs"], s["split"]
         sp = sp[sp["n_tokens"] > 0] if sp is not None else pd.DataFrame({"across": [], "within": []})
-        rows.append((k, mo.mean_or_nan, mo.std, ab.mean_or_nan, float(sp["across"].mean()) if len(sp) else math.nan,
-                     float(sp["within"].mean()) if len(sp) else math.nan))
+        rows.append(
+            (
+                k,
+                mo.mean_or_nan,
+                mo.std,
+                ab.mean_or_nan,
+                float(sp["across"].mean()) if len(sp) else math.nan,
+                float(sp["within"].mean()) if len(sp) else math.nan,
+            )
+        )
     return pd.DataFrame(rows, columns=list(ADVANTAGE_COLUMNS))

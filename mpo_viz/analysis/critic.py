@@ -19,8 +19,18 @@ from mpo_viz.analysis.tables import compute_advantages
 from mpo_viz.data.moments import ExplainedVariance
 from mpo_viz.data.trajectory import TrajectoryBatch
 
-__all__ = ["explained_variance", "ExplainedVariance", "critic_quality", "CriticQuality", "values_source",
-           "fitted_critic", "fitted_critic_label", "values_are_noise", "NOISE_EV", "critic_based"]
+__all__ = [
+    "explained_variance",
+    "ExplainedVariance",
+    "critic_quality",
+    "CriticQuality",
+    "values_source",
+    "fitted_critic",
+    "fitted_critic_label",
+    "values_are_noise",
+    "NOISE_EV",
+    "critic_based",
+]
 
 #: a fitted critic whose held-out explained variance is at most this knows (almost) nothing beyond the
 #: mean: the credit of the estimators that use its values is the returns' noise
@@ -53,7 +63,6 @@ class CriticQuality:
     """One row per turn: ``traj_id``, ``row``, ``turn``, ``value_first`` (``V(s_k)``),
     ``return_first`` (the return at the turn's first action token), ``error`` = value − return,
     ``abs_error``."""
-
 
 
 def critic_quality(batch: TrajectoryBatch, returns=None, *, estimator: str = "mpo", **options) -> CriticQuality:
@@ -91,7 +100,7 @@ def values_source(batch: TrajectoryBatch) -> str:
 def fitted_critic(batch: TrajectoryBatch) -> dict | None:
     """The ``critic_fit`` record of a batch whose values come from a critic fitted to its own
     returns (metadata ``values_source == "fitted_critic"``, written by
-    :func:`mpo_viz.train.critic_fit.fit_critic` / ``mpo-viz fit-critic``: target, steps, held-out
+    :func:`mpo_viz.train.fitted_critic.fit_critic` / ``mpo-viz fit-critic``: target, steps, held-out
     and training explained variance, ...), else None."""
     meta = getattr(batch, "meta", None) or {}
     if meta.get("values_source") != "fitted_critic":
@@ -116,8 +125,10 @@ def values_are_noise(batch: TrajectoryBatch) -> str | None:
         return "values from an untrained critic (its value head as initialized): no estimate of the return"
     run_ev = meta.get("critic_explained_var")
     if meta.get("values_source") == "critic" and isinstance(run_ev, (int, float)) and run_ev <= NOISE_EV:
-        return (f"values from the run's critic, which explained {float(run_ev):.2f} of this iteration's returns "
-                f"(≤ {NOISE_EV}, before its update on them): no better than their mean")
+        return (
+            f"values from the run's critic, which explained {float(run_ev):.2f} of this iteration's returns "
+            f"(≤ {NOISE_EV}, before its update on them): no better than their mean"
+        )
     info = fitted_critic(batch)
     if info is None:
         return None
@@ -125,8 +136,10 @@ def values_are_noise(batch: TrajectoryBatch) -> str | None:
     if not isinstance(ev, (int, float)) or not ev == ev:
         return "values from a fitted critic whose held-out explained variance was not recorded"
     if ev <= NOISE_EV:
-        return (f"values from a fitted critic with held-out explained variance {float(ev):.2f} "
-                f"(≤ {NOISE_EV}): it predicts returns it was not fitted to no better than their mean")
+        return (
+            f"values from a fitted critic with held-out explained variance {float(ev):.2f} "
+            f"(≤ {NOISE_EV}): it predicts returns it was not fitted to no better than their mean"
+        )
     return None
 
 

@@ -67,24 +67,77 @@ def _surprisal(batch: TrajectoryBatch) -> np.ndarray:
     return -_padded(batch, "old_logprobs" if batch.has("old_logprobs") else "rollout_logprobs")
 
 
-RANKINGS: dict[str, Ranking] = {r.name: r for r in (
-    Ranking("abs_advantage", "largest |advantage|", "largest |advantage| (max over the episode's action tokens)",
-            "largest |advantage| (max over the turn's action tokens)", _abs_adv, "max", True,
-            (("advantages",),), "max|adv|"),
-    Ranking("reward", "lowest reward", "lowest reward", "most negative mean advantage (turns of every episode)",
-            lambda b: _padded(b, "advantages"), "mean", False, (), "reward"),
-    Ranking("ratio", "largest token ratio", "largest token importance ratio (the saved per-token `ratio`, max over the episode)",
-            "largest token importance ratio (max over the turn)", lambda b: _padded(b, "ratio"), "max", True,
-            (("ratio",),), "ratio"),
-    Ranking("logprob_gap", "largest old - rollout log-prob gap", "largest |old - rollout log-prob| gap of a token (max over the episode)",
-            "largest |old - rollout log-prob| gap (max over the turn)", _gap, "max", True,
-            (("old_logprobs",), ("rollout_logprobs",)), "lp_gap"),
-    Ranking("entropy", "lowest entropy", "lowest mean per-token entropy (the saved `entropy`)", "lowest mean per-token entropy",
-            lambda b: _padded(b, "entropy"), "mean", False, (("entropy",),), "entropy"),
-    Ranking("surprisal", "lowest surprisal -log pi(a)", "lowest mean surprisal -log pi(a) of the sampled tokens (a one-sample estimate "
-            "of the per-token entropy)", "lowest mean surprisal -log pi(a)", _surprisal, "mean", False,
-            (("old_logprobs", "rollout_logprobs"),), "surprisal"),
-)}
+RANKINGS: dict[str, Ranking] = {
+    r.name: r
+    for r in (
+        Ranking(
+            "abs_advantage",
+            "largest |advantage|",
+            "largest |advantage| (max over the episode's action tokens)",
+            "largest |advantage| (max over the turn's action tokens)",
+            _abs_adv,
+            "max",
+            True,
+            (("advantages",),),
+            "max|adv|",
+        ),
+        Ranking(
+            "reward",
+            "lowest reward",
+            "lowest reward",
+            "most negative mean advantage (turns of every episode)",
+            lambda b: _padded(b, "advantages"),
+            "mean",
+            False,
+            (),
+            "reward",
+        ),
+        Ranking(
+            "ratio",
+            "largest token ratio",
+            "largest token importance ratio (the saved per-token `ratio`, max over the episode)",
+            "largest token importance ratio (max over the turn)",
+            lambda b: _padded(b, "ratio"),
+            "max",
+            True,
+            (("ratio",),),
+            "ratio",
+        ),
+        Ranking(
+            "logprob_gap",
+            "largest old - rollout log-prob gap",
+            "largest |old - rollout log-prob| gap of a token (max over the episode)",
+            "largest |old - rollout log-prob| gap (max over the turn)",
+            _gap,
+            "max",
+            True,
+            (("old_logprobs",), ("rollout_logprobs",)),
+            "lp_gap",
+        ),
+        Ranking(
+            "entropy",
+            "lowest entropy",
+            "lowest mean per-token entropy (the saved `entropy`)",
+            "lowest mean per-token entropy",
+            lambda b: _padded(b, "entropy"),
+            "mean",
+            False,
+            (("entropy",),),
+            "entropy",
+        ),
+        Ranking(
+            "surprisal",
+            "lowest surprisal -log pi(a)",
+            "lowest mean surprisal -log pi(a) of the sampled tokens (a one-sample estimate of the per-token entropy)",
+            "lowest mean surprisal -log pi(a)",
+            _surprisal,
+            "mean",
+            False,
+            (("old_logprobs", "rollout_logprobs"),),
+            "surprisal",
+        ),
+    )
+}
 
 
 def _get(by: str) -> Ranking:
@@ -106,8 +159,10 @@ def _check(batch: TrajectoryBatch, r: Ranking, turns: bool = False) -> None:
     need = r.fields if not (turns and r.name == "reward") else (("advantages",),)
     missing = [" or ".join(alts) for alts in need if not any(batch.has(f) for f in alts)]
     if missing:
-        raise ValueError(f"by: {r.name!r} needs the per-token field {', '.join(missing)}; the batch carries "
-                         f"{', '.join(batch.token_fields)}")
+        raise ValueError(
+            f"by: {r.name!r} needs the per-token field {', '.join(missing)}; the batch carries "
+            f"{', '.join(batch.token_fields)}"
+        )
 
 
 def _reduce(q: np.ndarray, slot: np.ndarray, rows: np.ndarray, cols: np.ndarray, n: int, how: str) -> np.ndarray:
@@ -142,8 +197,9 @@ def turn_scores(batch: TrajectoryBatch, by: str) -> pd.DataFrame:
     m, idx = batch_turn_index(batch)
     s = _reduce(r.quantity(batch), idx.slot, idx.rows, idx.cols, idx.n_slots, r.reduce)
     ids = np.asarray(batch.traj_ids, dtype=object)
-    return pd.DataFrame({"row": idx.turn_row, "traj_id": ids[idx.turn_row], "turn": idx.turn_k,
-                         "n_tokens": idx.count, "score": s})
+    return pd.DataFrame(
+        {"row": idx.turn_row, "traj_id": ids[idx.turn_row], "turn": idx.turn_k, "n_tokens": idx.count, "score": s}
+    )
 
 
 def _order(s: np.ndarray, descending: bool) -> np.ndarray:
@@ -157,10 +213,16 @@ def rank_episodes(batch: TrajectoryBatch, by: str, top: int | None = None) -> pd
     ``rank`` (1-based), ``row``, ``traj_id``, ``score``, ``reward``, ``turns``."""
     s = episode_scores(batch, by)
     o = _order(s, _get(by).descending)[:top]
-    return pd.DataFrame({"rank": np.arange(1, len(o) + 1), "row": o,
-                         "traj_id": np.asarray(batch.traj_ids, dtype=object)[o], "score": s[o],
-                         "reward": scores(batch).astype(np.float64)[o],
-                         "turns": np.asarray(batch.num_turns, dtype=np.int64)[o]})
+    return pd.DataFrame(
+        {
+            "rank": np.arange(1, len(o) + 1),
+            "row": o,
+            "traj_id": np.asarray(batch.traj_ids, dtype=object)[o],
+            "score": s[o],
+            "reward": scores(batch).astype(np.float64)[o],
+            "turns": np.asarray(batch.num_turns, dtype=np.int64)[o],
+        }
+    )
 
 
 def rank_turns(batch: TrajectoryBatch, by: str, top: int | None = None) -> pd.DataFrame:

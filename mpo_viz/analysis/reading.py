@@ -17,8 +17,15 @@ import pandas as pd
 
 from mpo_viz.data.trajectory import TrajectoryBatch
 
-__all__ = ["accuracy_reading", "NO_ORACLE_TEXT", "data_shortfall", "batch_shortfall", "MIN_TRAJECTORIES",
-           "mc_accuracy_reading", "ranked_column"]
+__all__ = [
+    "accuracy_reading",
+    "NO_ORACLE_TEXT",
+    "data_shortfall",
+    "batch_shortfall",
+    "MIN_TRAJECTORIES",
+    "mc_accuracy_reading",
+    "ranked_column",
+]
 
 #: fewer trajectories than this carry no verdict (correlations of a handful of episodes are noise)
 MIN_TRAJECTORIES = 16
@@ -30,7 +37,8 @@ NO_ORACLE_TEXT = (
     "with), and the across/within split of the values (a critic flat inside turns gives MPO's within-turn "
     "signal nothing to redistribute). To measure accuracy, compute your policy's own Monte-Carlo truth on a "
     "file the toolkit wrote (mpo-viz truth FILE -o OUT --model DIR), generate trajectories with an oracle "
-    "(mpo-viz generate), or see experiments/credit_accuracy.py.")
+    "(mpo-viz generate), or see experiments/credit_accuracy.py."
+)
 
 
 def data_shortfall(n_traj: int, scores, max_turns: int) -> str | None:
@@ -45,8 +53,10 @@ def data_shortfall(n_traj: int, scores, max_turns: int) -> str | None:
     if n_traj < MIN_TRAJECTORIES:
         reasons.append(f"{n_traj} trajectories (a verdict needs at least {MIN_TRAJECTORIES})")
     if len(distinct) < 2:
-        reasons.append("no reward variance (every trajectory scores " + (f"{distinct.pop():.4g})" if distinct else
-                                                                        "nothing: no reward)"))
+        reasons.append(
+            "no reward variance (every trajectory scores "
+            + (f"{distinct.pop():.4g})" if distinct else "nothing: no reward)")
+        )
     if max_turns < 2:
         reasons.append("no trajectory has 2 turns or more (nothing to compare across turns)")
     return "; ".join(reasons) or None
@@ -59,8 +69,9 @@ def batch_shortfall(batch: TrajectoryBatch) -> str | None:
     return data_shortfall(len(batch), scores, turns)
 
 
-def accuracy_reading(df: pd.DataFrame, values: str = "critic", *, shortfall: str | None = None,
-                     noise: str | None = None, unranked=()) -> str:
+def accuracy_reading(
+    df: pd.DataFrame, values: str = "critic", *, shortfall: str | None = None, noise: str | None = None, unranked=()
+) -> str:
     """One line that reads an accuracy table: which estimator's token credit is closest to the
     oracle and which is farthest, with the turn-level picture when it differs.
 
@@ -75,10 +86,15 @@ def accuracy_reading(df: pd.DataFrame, values: str = "critic", *, shortfall: str
     text, best = _token_reading(ranked.dropna(subset=["tok_corr"]))
     text += _turn_reading(ranked.dropna(subset=["turn_corr"]), best)
     if left_out:
-        text += (f". Not ranked: {', '.join(left_out)} ({noise}; their credit is the returns' noise, whatever the "
-                 "table shows)")
+        text += (
+            f". Not ranked: {', '.join(left_out)} ({noise}; their credit is the returns' noise, whatever the "
+            "table shows)"
+        )
     if values == "oracle":
-        text += ". Values here are the oracle's own (values_source: oracle), so this is the best case for value-based estimators"
+        text += (
+            ". Values here are the oracle's own (values_source: oracle), so this is the best case for "
+            "value-based estimators"
+        )
     return text + "."
 
 
@@ -88,11 +104,15 @@ def _token_reading(d: pd.DataFrame) -> tuple[str, str | None]:
         return "No estimator's token credit varies enough to correlate with the oracle", None
     best = d.loc[d["tok_corr"].idxmax()]
     if not best["tok_corr"] > 0:
-        return (f"No estimator's token credit correlates positively with the oracle (the highest: {best['estimator']}, "
-                f"{best['tok_corr']:.2f}), so none is closest"), None
+        return (
+            f"No estimator's token credit correlates positively with the oracle (the highest: {best['estimator']}, "
+            f"{best['tok_corr']:.2f}), so none is closest"
+        ), None
     worst = d.loc[d["tok_corr"].idxmin()]
-    text = (f"Token credit closest to the oracle: {best['estimator']} (correlation {best['tok_corr']:.2f}, "
-            f"{best['dec_mass']:.0%} of its |A| on decisive tokens)")
+    text = (
+        f"Token credit closest to the oracle: {best['estimator']} (correlation {best['tok_corr']:.2f}, "
+        f"{best['dec_mass']:.0%} of its |A| on decisive tokens)"
+    )
     if worst["estimator"] != best["estimator"]:
         text += f"; farthest: {worst['estimator']} ({worst['tok_corr']:.2f})"
     return text, str(best["estimator"])
@@ -103,12 +123,16 @@ def _turn_reading(dt: pd.DataFrame, token_best: str | None) -> str:
         return ""
     bt = dt.loc[dt["turn_corr"].idxmax()]
     if not bt["turn_corr"] > 0:
-        return (f". Across turns no estimator correlates positively with the oracle (the highest: {bt['estimator']}, "
-                f"{bt['turn_corr']:.2f})")
+        return (
+            f". Across turns no estimator correlates positively with the oracle (the highest: {bt['estimator']}, "
+            f"{bt['turn_corr']:.2f})"
+        )
     if bt["estimator"] == token_best:
         return f". {bt['estimator']} is also best across turns (turn correlation {bt['turn_corr']:.2f})"
-    return (f". Across turns {bt['estimator']} is best (turn correlation {bt['turn_corr']:.2f}, "
-            f"{bt['turn_sign']:.0%} of turn signs right)")
+    return (
+        f". Across turns {bt['estimator']} is best (turn correlation {bt['turn_corr']:.2f}, "
+        f"{bt['turn_sign']:.0%} of turn signs right)"
+    )
 
 
 def ranked_column(df: pd.DataFrame, *, noise: str | None = None, unranked=()) -> list[str]:
@@ -126,8 +150,9 @@ def ranked_column(df: pd.DataFrame, *, noise: str | None = None, unranked=()) ->
     return out
 
 
-def mc_accuracy_reading(df: pd.DataFrame, column: str, what: str, *, noise: str | None = None, unranked=(),
-                        shortfall: str | None = None) -> str:
+def mc_accuracy_reading(
+    df: pd.DataFrame, column: str, what: str, *, noise: str | None = None, unranked=(), shortfall: str | None = None
+) -> str:
     """One line that reads a table against the policy's Monte-Carlo truth (``mc_accuracy``'s, by
     ``column`` = ``"turn_corr_dis"``; ``mc_token_accuracy``'s, by ``"tok_corr_dis"`` or
     ``"within_corr_dis"``): which estimator is closest, noise-corrected. No verdict when the truth is
@@ -153,15 +178,23 @@ def mc_accuracy_reading(df: pd.DataFrame, column: str, what: str, *, noise: str 
     else:
         best = d.loc[d[column].idxmax()]
         if not best[column] > 0:
-            text = (f"No estimator's {what} correlates positively with the truth (the highest: {best['estimator']}, "
-                    f"{best[column]:.2f}), so none is closest")
+            text = (
+                f"No estimator's {what} correlates positively with the truth (the highest: {best['estimator']}, "
+                f"{best[column]:.2f}), so none is closest"
+            )
         else:
-            text = f"{what[0].upper()}{what[1:]} closest to this policy's truth: {best['estimator']} ({best[column]:.2f} noise-corrected)"
+            text = (
+                f"{what[0].upper()}{what[1:]} closest to this policy's truth: {best['estimator']} "
+                f"({best[column]:.2f} noise-corrected)"
+            )
             worst = d.loc[d[column].idxmin()]
             if worst["estimator"] != best["estimator"]:
                 text += f"; farthest: {worst['estimator']} ({worst[column]:.2f})"
     if flat:
         text += f". {', '.join(flat)}: flat inside turns, 0 by construction (no within-turn credit to score)"
     if left_out:
-        text += f". Not ranked: {', '.join(left_out)} ({noise}; their credit is the returns' noise, whatever the table shows)"
+        text += (
+            f". Not ranked: {', '.join(left_out)} ({noise}; their credit is the returns' noise, whatever the table "
+            "shows)"
+        )
     return text + "."

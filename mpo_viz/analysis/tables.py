@@ -39,8 +39,9 @@ def td_error(batch: TrajectoryBatch, *, gamma: float = 1.0):
     if batch.values is None:
         return None
     # float32 inputs, like compute(): the same compiled kernel, no second JIT specialization
-    adv, _ = gae(batch.token_rewards, batch.values, batch.mask, gamma=gamma, lam=0.0,
-                 bootstrap_value=batch.bootstrap_value)
+    adv, _ = gae(
+        batch.token_rewards, batch.values, batch.mask, gamma=gamma, lam=0.0, bootstrap_value=batch.bootstrap_value
+    )
     return adv
 
 
@@ -53,7 +54,9 @@ def turn_table(batch: TrajectoryBatch, advantages=None, *, returns=None, **optio
     ``returns``: ``{name: (B, L) tensor or result}`` -> ``ret_<name>`` columns (the return at the
     turn's first action token).
     """
-    if isinstance(advantages, str) or (isinstance(advantages, (list, tuple)) and all(isinstance(a, str) for a in advantages)):
+    if isinstance(advantages, str) or (
+        isinstance(advantages, (list, tuple)) and all(isinstance(a, str) for a in advantages)
+    ):
         advantages = compute_advantages(batch, advantages, **options)
         if returns is None:
             returns = advantages

@@ -56,20 +56,29 @@ from mpo_viz.analysis.truth import (
 from mpo_viz.data.moments import pair_sums, slope
 from mpo_viz.data.trajectory import TrajectoryBatch
 
-__all__ = ["MC_TOKEN_COLUMNS", "has_mc_token_truth", "mc_token_accuracy", "mc_token_accuracy_parts",
-           "finish_mc_token_accuracy", "mc_token_accuracy_reference", "FLAT_NOTE", "NO_TURN_NOTE", "token_truth_text",
-           "token_truth_table"]
+__all__ = [
+    "MC_TOKEN_COLUMNS",
+    "has_mc_token_truth",
+    "mc_token_accuracy",
+    "mc_token_accuracy_parts",
+    "finish_mc_token_accuracy",
+    "mc_token_accuracy_reference",
+    "FLAT_NOTE",
+    "NO_TURN_NOTE",
+    "token_truth_text",
+    "token_truth_table",
+]
 
 MC_TOKEN_COLUMNS = {
     "tok_corr": "(a) Pearson correlation of the token credit with the token truth Â_t over the measured tokens",
     "tok_corr_lo": "95% interval of tok_corr (Fisher's z over the measured tokens)",
     "tok_corr_hi": "",
     "tok_corr_dis": "tok_corr / √ρ (ρ: the token truth's split-half reliability), clipped to [−1, 1]; withheld "
-                    "below the minimum reliability",
+    "below the minimum reliability",
     "tok_dis_lo": "95% interval of tok_corr_dis",
     "tok_dis_hi": "",
     "within_corr": "(b) the same for the within-turn parts: c_t − (turn mean of c) against Â_t − Â_k/n_k — what "
-                   "redistribution inside the turn adds over flat turn credit (flat credit: 0 by construction)",
+    "redistribution inside the turn adds over flat turn credit (flat credit: 0 by construction)",
     "within_corr_lo": "95% interval of within_corr",
     "within_corr_hi": "",
     "within_corr_dis": "within_corr / √ρ_within",
@@ -80,10 +89,10 @@ MC_TOKEN_COLUMNS = {
     "sign_agreement": "(d) share of the measured tokens with a clear true sign (|Â| > 1.96 se) whose credit has it",
     "n_sign": "tokens with a clear true sign",
     "slope_credit_on_truth": "(e) least-squares slope of the credit on Â_t: 1 = neither shrinks nor inflates the "
-                             "true signal (attenuated by the truth's noise)",
+    "true signal (attenuated by the truth's noise)",
     "slope_credit_on_truth_dis": "slope_credit_on_truth / ρ: corrected for the truth's noise",
     "slope_truth_on_credit": "least-squares slope of Â_t on the credit: 1 = calibrated as a forecast (a credit of x "
-                             "means a true advantage of x on average); the truth's noise does not bias it",
+    "means a true advantage of x on average); the truth's noise does not bias it",
     "reliability": "ρ, the token truth's split-half reliability (Spearman–Brown)",
     "within_reliability": "ρ_within, the same for Â_t − Â_k/n_k",
     "n_tokens": "measured tokens compared",
@@ -93,14 +102,15 @@ MC_TOKEN_COLUMNS = {
 }
 
 FLAT_NOTE = "flat credit: constant within each turn, its within-turn part is 0 on every token (0 by construction)"
-NO_TURN_NOTE = ("no turn-level truth to centre the truth by (Â_k/n_k): run mpo-viz truth with the turn-level truth "
-                "too, or measure every token (--tokens all)")
+NO_TURN_NOTE = (
+    "no turn-level truth to centre the truth by (Â_k/n_k): run mpo-viz truth with the turn-level truth "
+    "too, or measure every token (--tokens all)"
+)
 
 
 def has_mc_token_truth(batch: TrajectoryBatch) -> bool:
     """Whether ``batch`` carries the token truth of ``mpo-viz truth --tokens``."""
-    return all(batch.has(f) for f in ("mc_tok_adv", "mc_tok_adv_a", "mc_tok_adv_b", "mc_tok_adv_se",
-                                      "mc_tok_measured"))
+    return all(batch.has(f) for f in ("mc_tok_adv", "mc_tok_adv_a", "mc_tok_adv_b", "mc_tok_adv_se", "mc_tok_measured"))
 
 
 def token_truth_text(meta: dict | None) -> str:
@@ -110,11 +120,15 @@ def token_truth_text(meta: dict | None) -> str:
         return "the policy's Monte-Carlo token truth"
     rule = t.get("positions", "?")
     if rule == "uncertain":
-        rule = (f"uncertain tokens (1 − π > {t.get('threshold', '?')}, at most {t.get('max_per_turn', '?')} a turn, "
-                f"{t.get('controls', '?')} control a turn)")
-    return (f"the Monte-Carlo token truth of {t.get('policy', 'the policy')} at {rule}: M = {t.get('m', '?')} "
-            f"continuation pairs per token, estimator {t.get('estimator', '?')}, seed {t.get('seed', '?')}, "
-            f"{t.get('measured', '?')} tokens")
+        rule = (
+            f"uncertain tokens (1 − π > {t.get('threshold', '?')}, at most {t.get('max_per_turn', '?')} a turn, "
+            f"{t.get('controls', '?')} control a turn)"
+        )
+    return (
+        f"the Monte-Carlo token truth of {t.get('policy', 'the policy')} at {rule}: M = {t.get('m', '?')} "
+        f"continuation pairs per token, estimator {t.get('estimator', '?')}, seed {t.get('seed', '?')}, "
+        f"{t.get('measured', '?')} tokens"
+    )
 
 
 def _threshold(batch: TrajectoryBatch) -> tuple[str, float]:
@@ -129,10 +143,15 @@ def mc_token_accuracy_parts(batch: TrajectoryBatch, advantages) -> dict:
     estimator its credit at the measured tokens, its turn mean there, and per turn the absolute
     credit on the uncertain tokens and in all."""
     if not has_mc_token_truth(batch):
-        raise ValueError("batch: within-turn accuracy needs the token truth of mpo-viz truth --tokens (mc_tok_adv, "
-                         "mc_tok_adv_a, mc_tok_adv_b, mc_tok_adv_se, mc_tok_measured); this batch lacks "
-                         + ", ".join(f for f in ("mc_tok_adv", "mc_tok_adv_a", "mc_tok_adv_b", "mc_tok_adv_se",
-                                                 "mc_tok_measured") if not batch.has(f)))
+        raise ValueError(
+            "batch: within-turn accuracy needs the token truth of mpo-viz truth --tokens (mc_tok_adv, "
+            "mc_tok_adv_a, mc_tok_adv_b, mc_tok_adv_se, mc_tok_measured); this batch lacks "
+            + ", ".join(
+                f
+                for f in ("mc_tok_adv", "mc_tok_adv_a", "mc_tok_adv_b", "mc_tok_adv_se", "mc_tok_measured")
+                if not batch.has(f)
+            )
+        )
     m, idx = batch_turn_index(batch)
     rule, thr = _threshold(batch)
 
@@ -156,17 +175,26 @@ def mc_token_accuracy_parts(batch: TrajectoryBatch, advantages) -> dict:
     per_turn = turn_adv / np.maximum(idx.count, 1)
     has = np.bincount(slot[meas], minlength=idx.n_slots) > 0
     out = {
-        "adv": tok("mc_tok_adv")[meas], "a": tok("mc_tok_adv_a")[meas], "b": tok("mc_tok_adv_b")[meas],
-        "se": tok("mc_tok_adv_se")[meas], "unc": unc[meas], "slot": slot[meas], "turn_mean_truth": per_turn[slot[meas]],
-        "turn_count": idx.count[has], "turn_meas": np.bincount(slot[meas], minlength=idx.n_slots)[has], "n_turns": int(has.sum()),
-        "turn_of_meas": np.searchsorted(np.flatnonzero(has), slot[meas]), "credit": {},
+        "adv": tok("mc_tok_adv")[meas],
+        "a": tok("mc_tok_adv_a")[meas],
+        "b": tok("mc_tok_adv_b")[meas],
+        "se": tok("mc_tok_adv_se")[meas],
+        "unc": unc[meas],
+        "slot": slot[meas],
+        "turn_mean_truth": per_turn[slot[meas]],
+        "turn_count": idx.count[has],
+        "turn_meas": np.bincount(slot[meas], minlength=idx.n_slots)[has],
+        "n_turns": int(has.sum()),
+        "turn_of_meas": np.searchsorted(np.flatnonzero(has), slot[meas]),
+        "credit": {},
     }
     for name, a in adv_tensors(advantages).items():
         at = as_2d(a, f"advantages[{name!r}]")[idx.rows, idx.cols]
         mean = np.bincount(slot, weights=at, minlength=idx.n_slots) / np.maximum(idx.count, 1)
         centred = at - mean[slot]
         out["credit"][name] = {
-            "c": at[meas], "mean": mean[slot[meas]],
+            "c": at[meas],
+            "mean": mean[slot[meas]],
             "abs_unc": np.bincount(slot[unc], weights=np.abs(at[unc]), minlength=idx.n_slots)[has],
             "abs_all": np.bincount(slot, weights=np.abs(at), minlength=idx.n_slots)[has],
             "within_max": float(np.abs(centred[has[slot]]).max()) if has.any() else 0.0,
@@ -224,24 +252,50 @@ def finish_mc_token_accuracy(parts: list[dict]) -> pd.DataFrame:
         sums = pair_sums(c, A)
         row = {"estimator": name, **_with_interval("tok_corr", "tok_dis", c, A, rel)}
         if flat:
-            row.update(within_corr=0.0, within_corr_lo=math.nan, within_corr_hi=math.nan, within_corr_dis=0.0,
-                       within_dis_lo=math.nan, within_dis_hi=math.nan, within_note=FLAT_NOTE)
+            row.update(
+                within_corr=0.0,
+                within_corr_lo=math.nan,
+                within_corr_hi=math.nan,
+                within_corr_dis=0.0,
+                within_dis_lo=math.nan,
+                within_dis_hi=math.nan,
+                within_note=FLAT_NOTE,
+            )
         elif not within_ok:
-            row.update({k: math.nan for k in ("within_corr", "within_corr_lo", "within_corr_hi", "within_corr_dis",
-                                              "within_dis_lo", "within_dis_hi")}, within_note=NO_TURN_NOTE)
+            row.update(
+                {
+                    k: math.nan
+                    for k in (
+                        "within_corr",
+                        "within_corr_lo",
+                        "within_corr_hi",
+                        "within_corr_dis",
+                        "within_dis_lo",
+                        "within_dis_hi",
+                    )
+                },
+                within_note=NO_TURN_NOTE,
+            )
         else:
             row.update(_with_interval("within_corr", "within_dis", c - cm, W, rel_w), within_note="")
         abs_unc = np.concatenate([p["credit"][name]["abs_unc"] for p in parts])
         abs_all = np.concatenate([p["credit"][name]["abs_all"] for p in parts])
-        row.update({
-            "unc_share": _mean_share(abs_unc, abs_all), "unc_share_truth": _mean_share(truth_unc, truth_den),
-            "sign_agreement": float(np.mean(np.sign(c[clear]) == np.sign(A[clear]))) if clear.any() else math.nan,
-            "n_sign": int(clear.sum()),
-            "slope_credit_on_truth": slope(sums),
-            "slope_credit_on_truth_dis": slope(sums) / rel if not note else math.nan,
-            "slope_truth_on_credit": slope(sums[[0, 2, 1, 4, 3, 5]]),
-            "reliability": rel, "within_reliability": rel_w, "n_tokens": len(A), "n_turns": n_turns, "note": note,
-        })
+        row.update(
+            {
+                "unc_share": _mean_share(abs_unc, abs_all),
+                "unc_share_truth": _mean_share(truth_unc, truth_den),
+                "sign_agreement": float(np.mean(np.sign(c[clear]) == np.sign(A[clear]))) if clear.any() else math.nan,
+                "n_sign": int(clear.sum()),
+                "slope_credit_on_truth": slope(sums),
+                "slope_credit_on_truth_dis": slope(sums) / rel if not note else math.nan,
+                "slope_truth_on_credit": slope(sums[[0, 2, 1, 4, 3, 5]]),
+                "reliability": rel,
+                "within_reliability": rel_w,
+                "n_tokens": len(A),
+                "n_turns": n_turns,
+                "note": note,
+            }
+        )
         rows.append(row)
     return pd.DataFrame(rows, columns=["estimator", *MC_TOKEN_COLUMNS])
 
@@ -272,14 +326,24 @@ def token_truth_table(batch: TrajectoryBatch, advantages=None) -> pd.DataFrame:
     if batch.has("response_tokens"):
         toks = batch.field("response_tokens")
         data["token"] = [str(toks[r][c]) if toks[r] is not None else "" for r, c in zip(rows, cols)]
-    ctl = as_2d(batch.padded("mc_tok_control", torch.float64, fill=0.0), "c")[rows, cols] > 0.5 \
-        if batch.has("mc_tok_control") else np.zeros(len(rows), dtype=bool)
+    ctl = (
+        as_2d(batch.padded("mc_tok_control", torch.float64, fill=0.0), "c")[rows, cols] > 0.5
+        if batch.has("mc_tok_control")
+        else np.zeros(len(rows), dtype=bool)
+    )
     data["control"] = ctl.astype(np.int64)
-    data["pi"] = as_2d(batch.padded("mc_tok_pi", torch.float64, fill=np.nan), "pi")[rows, cols] \
-        if batch.has("mc_tok_pi") else np.nan
+    data["pi"] = (
+        as_2d(batch.padded("mc_tok_pi", torch.float64, fill=np.nan), "pi")[rows, cols]
+        if batch.has("mc_tok_pi")
+        else np.nan
+    )
     se = parts["se"]
-    data.update(truth=parts["adv"], truth_lo=parts["adv"] - 1.96 * se, truth_hi=parts["adv"] + 1.96 * se,
-                truth_within=parts["adv"] - parts["turn_mean_truth"])
+    data.update(
+        truth=parts["adv"],
+        truth_lo=parts["adv"] - 1.96 * se,
+        truth_hi=parts["adv"] + 1.96 * se,
+        truth_within=parts["adv"] - parts["turn_mean_truth"],
+    )
     for name, c in parts["credit"].items():
         data[f"adv_{name}"] = c["c"]
         data[f"within_{name}"] = c["c"] - c["mean"]
@@ -287,6 +351,7 @@ def token_truth_table(batch: TrajectoryBatch, advantages=None) -> pd.DataFrame:
 
 
 # --------------------------------------------------------------------------------------------- reference
+
 
 def _ref_corr(x: list, y: list) -> float:
     n = len(x)
@@ -342,9 +407,18 @@ def _ref_turns(batch: TrajectoryBatch, adv: dict) -> tuple[list[_RefToken], list
     def f(name):
         return batch.field(name) if batch.has(name) else None
 
-    tru, ta, tb, tse, meas_f, ctl_f, pi_f = (f(n) for n in ("mc_tok_adv", "mc_tok_adv_a", "mc_tok_adv_b",
-                                                           "mc_tok_adv_se", "mc_tok_measured", "mc_tok_control",
-                                                           "mc_tok_pi"))
+    tru, ta, tb, tse, meas_f, ctl_f, pi_f = (
+        f(n)
+        for n in (
+            "mc_tok_adv",
+            "mc_tok_adv_a",
+            "mc_tok_adv_b",
+            "mc_tok_adv_se",
+            "mc_tok_measured",
+            "mc_tok_control",
+            "mc_tok_pi",
+        )
+    )
     tids = batch.turn_ids.numpy()
     toks: list[_RefToken] = []
     turns: list[_RefTurn] = []
@@ -366,15 +440,30 @@ def _ref_turns(batch: TrajectoryBatch, adv: dict) -> tuple[list[_RefToken], list
                 continue
             n = len(cols)
             credit = {nm: [float(a[i, j]) for j in cols] for nm, a in adv.items()}
-            turns.append(_RefTurn(n=n, meas=len(meas), unc_truth=sum(abs(float(tru[i][j])) for j in unc),
-                                  rest_truth=sum(abs(float(tru[i][j])) for j in meas if j not in unc),
-                                  abs_unc={nm: sum(abs(float(adv[nm][i, j])) for j in unc) for nm in adv},
-                                  abs_all={nm: sum(abs(x) for x in credit[nm]) for nm in adv},
-                                  within_max={nm: max(abs(x - sum(credit[nm]) / n) for x in credit[nm]) for nm in adv}))
+            turns.append(
+                _RefTurn(
+                    n=n,
+                    meas=len(meas),
+                    unc_truth=sum(abs(float(tru[i][j])) for j in unc),
+                    rest_truth=sum(abs(float(tru[i][j])) for j in meas if j not in unc),
+                    abs_unc={nm: sum(abs(float(adv[nm][i, j])) for j in unc) for nm in adv},
+                    abs_all={nm: sum(abs(x) for x in credit[nm]) for nm in adv},
+                    within_max={nm: max(abs(x - sum(credit[nm]) / n) for x in credit[nm]) for nm in adv},
+                )
+            )
             for j in meas:
-                toks.append(_RefToken(A=float(tru[i][j]), a=float(ta[i][j]), b=float(tb[i][j]), se=float(tse[i][j]),
-                                      unc=j in unc, turn_mean=a_k / n, c={nm: float(adv[nm][i, j]) for nm in adv},
-                                      c_mean={nm: sum(credit[nm]) / n for nm in adv}))
+                toks.append(
+                    _RefToken(
+                        A=float(tru[i][j]),
+                        a=float(ta[i][j]),
+                        b=float(tb[i][j]),
+                        se=float(tse[i][j]),
+                        unc=j in unc,
+                        turn_mean=a_k / n,
+                        c={nm: float(adv[nm][i, j]) for nm in adv},
+                        c_mean={nm: sum(credit[nm]) / n for nm in adv},
+                    )
+                )
     return toks, turns
 
 
@@ -401,11 +490,16 @@ def mc_token_accuracy_reference(batch: TrajectoryBatch, advantages) -> pd.DataFr
 
     rel = spearman_brown(_ref_corr([t.a for t in toks], [t.b for t in toks]))
     finite = bool(toks) and all(math.isfinite(t.turn_mean) for t in toks)
-    rel_w = spearman_brown(_ref_corr([t.a - t.turn_mean for t in toks], [t.b - t.turn_mean for t in toks])) \
-        if finite else math.nan
+    rel_w = (
+        spearman_brown(_ref_corr([t.a - t.turn_mean for t in toks], [t.b - t.turn_mean for t in toks]))
+        if finite
+        else math.nan
+    )
     rest = [abs(t.A) for t in toks if not t.unc]
     fill = sum(rest) / len(rest) if rest else 0.0
-    truth_shares = [tu.unc_truth / d for tu in turns if (d := tu.unc_truth + tu.rest_truth + (tu.n - tu.meas) * fill) > 0]
+    truth_shares = [
+        tu.unc_truth / d for tu in turns if (d := tu.unc_truth + tu.rest_truth + (tu.n - tu.meas) * fill) > 0
+    ]
     clear = [t for t in toks if abs(t.A) > 1.96 * t.se]
     note = reliability_note(rel, "the token truth")
     rows = []
@@ -415,15 +509,30 @@ def mc_token_accuracy_reference(batch: TrajectoryBatch, advantages) -> pd.DataFr
         lo, hi = fisher_interval(r, len(A))
         shares = [tu.abs_unc[nm] / tu.abs_all[nm] for tu in turns if tu.abs_all[nm] > 0]
         b = _ref_slope(c, A)
-        rows.append({"estimator": nm, **dict(zip(("tok_corr", "tok_corr_lo", "tok_corr_hi", "tok_corr_dis",
-                                                   "tok_dis_lo", "tok_dis_hi"), (r, lo, hi, *disattenuate(r, lo, hi, rel)))),
-                     **_ref_within(toks, turns, nm, rel_w),
-                     "unc_share": sum(shares) / len(shares) if shares else math.nan,
-                     "unc_share_truth": sum(truth_shares) / len(truth_shares) if truth_shares else math.nan,
-                     "sign_agreement": (sum(float(np.sign(t.c[nm]) == np.sign(t.A)) for t in clear) / len(clear)
-                                        if clear else math.nan),
-                     "n_sign": len(clear), "slope_credit_on_truth": b,
-                     "slope_credit_on_truth_dis": b / rel if not note else math.nan,
-                     "slope_truth_on_credit": _ref_slope(A, c), "reliability": rel, "within_reliability": rel_w,
-                     "n_tokens": len(A), "n_turns": len(turns), "note": note})
+        rows.append(
+            {
+                "estimator": nm,
+                **dict(
+                    zip(
+                        ("tok_corr", "tok_corr_lo", "tok_corr_hi", "tok_corr_dis", "tok_dis_lo", "tok_dis_hi"),
+                        (r, lo, hi, *disattenuate(r, lo, hi, rel)),
+                    )
+                ),
+                **_ref_within(toks, turns, nm, rel_w),
+                "unc_share": sum(shares) / len(shares) if shares else math.nan,
+                "unc_share_truth": sum(truth_shares) / len(truth_shares) if truth_shares else math.nan,
+                "sign_agreement": (
+                    sum(float(np.sign(t.c[nm]) == np.sign(t.A)) for t in clear) / len(clear) if clear else math.nan
+                ),
+                "n_sign": len(clear),
+                "slope_credit_on_truth": b,
+                "slope_credit_on_truth_dis": b / rel if not note else math.nan,
+                "slope_truth_on_credit": _ref_slope(A, c),
+                "reliability": rel,
+                "within_reliability": rel_w,
+                "n_tokens": len(A),
+                "n_turns": len(turns),
+                "note": note,
+            }
+        )
     return pd.DataFrame(rows, columns=["estimator", *MC_TOKEN_COLUMNS])

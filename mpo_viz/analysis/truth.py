@@ -44,27 +44,40 @@ from mpo_viz.data.moments import pair_sums, slope
 from mpo_viz.data.trajectory import TrajectoryBatch
 from mpo_viz.data.turns import mc_turn_advantage
 
-__all__ = ["MC_ACCURACY_COLUMNS", "has_mc_truth", "mc_turn_truth", "reliability", "mc_accuracy", "mc_accuracy_parts",
-           "finish_mc_accuracy", "fisher_interval", "MIN_RELIABILITY", "disattenuate", "renamed_columns",
-           "RENAMED_COLUMNS", "reliability_note", "corr"]
+__all__ = [
+    "MC_ACCURACY_COLUMNS",
+    "has_mc_truth",
+    "mc_turn_truth",
+    "reliability",
+    "mc_accuracy",
+    "mc_accuracy_parts",
+    "finish_mc_accuracy",
+    "fisher_interval",
+    "MIN_RELIABILITY",
+    "disattenuate",
+    "renamed_columns",
+    "RENAMED_COLUMNS",
+    "reliability_note",
+    "corr",
+]
 
 #: below this reliability of the truth, the disattenuated columns are withheld (module docstring)
 MIN_RELIABILITY = 0.3
 
 MC_ACCURACY_COLUMNS = {
     "turn_corr": "Pearson correlation of the turn advantage (mean over the turn's tokens) with the policy's "
-                 "Monte-Carlo turn advantage Â_k",
+    "Monte-Carlo turn advantage Â_k",
     "turn_corr_lo": "95% interval of turn_corr (Fisher's z over the turns)",
     "turn_corr_hi": "",
     "turn_corr_dis": "turn_corr / √ρ, clipped to [−1, 1]: the correlation with the noise-free truth (withheld, "
-                     f"NaN, when ρ < {MIN_RELIABILITY})",
+    f"NaN, when ρ < {MIN_RELIABILITY})",
     "dis_lo": "95% interval of turn_corr_dis (clipped to [−1, 1])",
     "dis_hi": "",
     "slope_credit_on_truth": "least-squares slope of the turn credit on Â_k (with intercept): 1 = the credit neither "
-                             "shrinks nor inflates the true signal (attenuated by the truth's noise)",
+    "shrinks nor inflates the true signal (attenuated by the truth's noise)",
     "slope_credit_on_truth_dis": "slope_credit_on_truth / ρ: corrected for the truth's noise",
     "slope_truth_on_credit": "least-squares slope of Â_k on the turn credit: 1 = calibrated as a forecast (a credit of "
-                             "x means a true advantage of x on average); the truth's noise does not bias it",
+    "x means a true advantage of x on average); the truth's noise does not bias it",
     "turn_sign": "share of turns with Â_k ≠ 0 whose sign the estimator gets right",
     "reliability": "ρ, the share of Var(Â) that is signal (split-half, or from the standard errors)",
     "n_turns": "turns compared",
@@ -88,9 +101,13 @@ def renamed_columns(df: pd.DataFrame, *, warn: bool = True) -> pd.DataFrame:
     if warn:
         import warnings
 
-        warnings.warn(f"accuracy table with the old column names {', '.join(old)}: read as "
-                      f"{', '.join(RENAMED_COLUMNS[c] for c in old)} (the old names are read until the next release; "
-                      "see CHANGELOG.md)", FutureWarning, stacklevel=2)
+        warnings.warn(
+            f"accuracy table with the old column names {', '.join(old)}: read as "
+            f"{', '.join(RENAMED_COLUMNS[c] for c in old)} (the old names are read until the next release; "
+            "see CHANGELOG.md)",
+            FutureWarning,
+            stacklevel=2,
+        )
     out = df.rename(columns={c: RENAMED_COLUMNS[c] for c in old})
     if "slope_truth_on_credit" not in out.columns and {"turn_corr", "slope_credit_on_truth"} <= set(out.columns):
         with np.errstate(divide="ignore", invalid="ignore"):
@@ -117,8 +134,10 @@ def reliability_note(rel: float, what: str = "the truth") -> str:
     if isinstance(rel, float) and math.isfinite(rel) and rel >= MIN_RELIABILITY:
         return ""
     shown = f"{rel:.2f}" if isinstance(rel, float) and math.isfinite(rel) else "undefined"
-    return (f"too little data for a verdict: the reliability of {what} is {shown} (< {MIN_RELIABILITY}), so the "
-            "noise-corrected columns are withheld; raise M or the number of episodes")
+    return (
+        f"too little data for a verdict: the reliability of {what} is {shown} (< {MIN_RELIABILITY}), so the "
+        "noise-corrected columns are withheld; raise M or the number of episodes"
+    )
 
 
 def has_mc_truth(batch: TrajectoryBatch) -> bool:
@@ -143,9 +162,11 @@ def mc_turn_truth(batch: TrajectoryBatch, *, use_q: bool | None = None, turn_gam
     neighbouring values) or the per-turn error variance ``se_Q² + se_V²`` (from ``Q̂ − V̂``), and which
     (module docstring). ``use_q``: Q̂ − V̂ (None: when the batch has ``mc_q``)."""
     if not has_mc_truth(batch):
-        raise ValueError("batch: accuracy against the policy's truth needs the mc_value, mc_value_a and mc_value_b "
-                         "fields of mpo-viz truth; this batch lacks "
-                         f"{', '.join(f for f in ('mc_value', 'mc_value_a', 'mc_value_b') if not batch.has(f))}")
+        raise ValueError(
+            "batch: accuracy against the policy's truth needs the mc_value, mc_value_a and mc_value_b "
+            "fields of mpo-viz truth; this batch lacks "
+            f"{', '.join(f for f in ('mc_value', 'mc_value_a', 'mc_value_b') if not batch.has(f))}"
+        )
     use_q = batch.has("mc_q") if use_q is None else use_q
     _, idx = batch_turn_index(batch)
     r = np.nan_to_num(as_2d(batch.token_rewards, "rewards"))
@@ -153,13 +174,18 @@ def mc_turn_truth(batch: TrajectoryBatch, *, use_q: bool | None = None, turn_gam
     v = _flat(batch, "mc_value")
     if use_q:
         q, se_q, se_v = _flat(batch, "mc_q"), _flat(batch, "mc_q_se"), _flat(batch, "mc_value_se")
-        return {"adv": q - v, "adv_a": None, "adv_b": None, "err_var": se_q ** 2 + se_v ** 2, "truth": "q-v"}
+        return {"adv": q - v, "adv_a": None, "adv_b": None, "err_var": se_q**2 + se_v**2, "truth": "q-v"}
 
     def from_values(x):
         return mc_turn_advantage(x, rk, idx.turn_row, turn_gamma=turn_gamma)
 
-    return {"adv": from_values(v), "adv_a": from_values(_flat(batch, "mc_value_a")),
-            "adv_b": from_values(_flat(batch, "mc_value_b")), "err_var": None, "truth": "values"}
+    return {
+        "adv": from_values(v),
+        "adv_a": from_values(_flat(batch, "mc_value_a")),
+        "adv_b": from_values(_flat(batch, "mc_value_b")),
+        "err_var": None,
+        "truth": "values",
+    }
 
 
 def reliability(truth: dict) -> float:
@@ -223,14 +249,25 @@ def finish_mc_accuracy(parts: list[dict]) -> pd.DataFrame:
         sums = pair_sums(a_turn, A)
         b = slope(sums)  # the credit on the truth (Cov / Var(Â))
         nz = np.abs(A) > 1e-9
-        rows.append({
-            "estimator": name, "turn_corr": r, "turn_corr_lo": lo, "turn_corr_hi": hi,
-            "turn_corr_dis": r_dis, "dis_lo": lo_dis, "dis_hi": hi_dis,
-            "slope_credit_on_truth": b, "slope_credit_on_truth_dis": b / rel if not note else math.nan,
-            "slope_truth_on_credit": slope(sums[[0, 2, 1, 4, 3, 5]]),  # the truth on the credit (Cov / Var(credit))
-            "turn_sign": float(np.mean(np.sign(a_turn[nz]) == np.sign(A[nz]))) if nz.any() else math.nan,
-            "reliability": rel, "n_turns": len(A), "truth": truth["truth"], "note": note,
-        })
+        rows.append(
+            {
+                "estimator": name,
+                "turn_corr": r,
+                "turn_corr_lo": lo,
+                "turn_corr_hi": hi,
+                "turn_corr_dis": r_dis,
+                "dis_lo": lo_dis,
+                "dis_hi": hi_dis,
+                "slope_credit_on_truth": b,
+                "slope_credit_on_truth_dis": b / rel if not note else math.nan,
+                "slope_truth_on_credit": slope(sums[[0, 2, 1, 4, 3, 5]]),  # the truth on the credit (Cov / Var(credit))
+                "turn_sign": float(np.mean(np.sign(a_turn[nz]) == np.sign(A[nz]))) if nz.any() else math.nan,
+                "reliability": rel,
+                "n_turns": len(A),
+                "truth": truth["truth"],
+                "note": note,
+            }
+        )
     return pd.DataFrame(rows, columns=["estimator", *MC_ACCURACY_COLUMNS])
 
 

@@ -17,8 +17,14 @@ import pandas as pd
 from mpo_viz.analysis.arrays import prepare, scores, turn_index, turn_means
 from mpo_viz.data.trajectory import TrajectoryBatch
 
-__all__ = ["variance_split", "variance_split_reference", "value_variance", "advantage_variance", "variance_summary",
-           "merge_variance"]
+__all__ = [
+    "variance_split",
+    "variance_split_reference",
+    "value_variance",
+    "advantage_variance",
+    "variance_summary",
+    "merge_variance",
+]
 
 
 def variance_split(x, mask, turn_ids=None) -> dict[str, np.ndarray]:
@@ -57,9 +63,7 @@ def variance_split(x, mask, turn_ids=None) -> dict[str, np.ndarray]:
         across = np.bincount(idx.turn_row, weights=(mk - mean_of_means[idx.turn_row]) ** 2, minlength=B) / K
         within = np.bincount(idx.turn_row, weights=var_k, minlength=B) / K
         m_all = np.bincount(idx.rows, weights=xv, minlength=B) / n
-        across_w = np.bincount(
-            idx.turn_row, weights=idx.count * (mk - m_all[idx.turn_row]) ** 2, minlength=B
-        ) / n
+        across_w = np.bincount(idx.turn_row, weights=idx.count * (mk - m_all[idx.turn_row]) ** 2, minlength=B) / n
         within_w = np.bincount(idx.turn_row, weights=idx.count * var_k, minlength=B) / n
     # round-off: a turn of identical values can leave a variance of ~1e-34·x² instead of 0, which
     # would turn an infinite ratio into an astronomically large finite one; snap those to 0
@@ -158,7 +162,8 @@ def value_variance(batch: TrajectoryBatch, values=None, *, name: str = "values")
 
 
 def advantage_variance(batch: TrajectoryBatch, advantages, *, name: str = "advantages") -> pd.DataFrame:
-    """The across/within split (docs/concepts.md §7.8) of an advantage tensor ``(B, L)``: :func:`value_variance` with ``values=``.
+    """The across/within split (docs/concepts.md §7.8) of an advantage tensor ``(B, L)``:
+    :func:`value_variance` with ``values=``.
 
     For MAE the turn means are exactly ``A^T_k``, so ``across`` is the macro-scale spread and
     ``within`` the micro-scale (β-weighted centred signal) spread.

@@ -25,6 +25,7 @@ from mpo_viz.cli import (
     convert,
     data,
     doctor,
+    export,
     fit_critic,
     generate,
     get_model,
@@ -33,6 +34,7 @@ from mpo_viz.cli import (
     truth,
 )
 from mpo_viz.cli.errors import CLIError
+from mpo_viz.cli.flags import requested_env
 from mpo_viz.version import __version__
 
 __all__ = ["main", "build_parser", "CLIError", "flags_of", "in_flags"]
@@ -45,7 +47,10 @@ class _Parser(argparse.ArgumentParser):
         self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser(argv: list[str] | None = None) -> argparse.ArgumentParser:
+    """The ``mpo-viz`` parser; ``argv`` (the command line to parse) lets the commands that take
+    ``--env`` add flags for the options of the environment it names (an entry point's, or
+    ``package.module:factory``'s: they are not known before)."""
     parser = _Parser(
         prog="mpo-viz",
         description="Credit assignment for long-horizon LLM agents: inspect, score and visualize trajectories.",
@@ -54,10 +59,14 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"mpo-viz {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     sub.required = True
-    # --help order: info, validate, doctor, convert, generate, truth, fit-critic, advantages, report, train, runs,
-    # get-model
-    for module in (data, doctor, convert, generate, truth, fit_critic, advantages, train, runs, get_model):
-        module.add_subcommand(sub)
+    # --help order: info, validate, doctor, convert, generate, truth, fit-critic, advantages, report, train, export,
+    # runs, get-model
+    hint = requested_env(argv)
+    for module in (data, doctor, convert, generate, truth, fit_critic, advantages, train, export, runs, get_model):
+        if module in (generate, train):
+            module.add_subcommand(sub, env_hint=hint)
+        else:
+            module.add_subcommand(sub)
     for command in sub.choices.values():
         command.set_defaults(flags=flags_of(command))
     return parser
@@ -87,7 +96,7 @@ def in_flags(exc: OptionError, flags: dict[str, str]) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = build_parser()
+    parser = build_parser(sys.argv[1:] if argv is None else argv)
     if not (sys.argv[1:] if argv is None else argv):  # bare `mpo-viz`: show the commands
         parser.print_help()
         return 2

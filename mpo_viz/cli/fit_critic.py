@@ -5,7 +5,7 @@ pretrained trunk of a Hugging Face model) is fitted to the trajectories' returns
 held-out share (early stopping on the held-out explained variance, the best step's weights kept),
 then every trajectory gets its values; the output records in
 its metadata that the values come from a fitted critic, with the held-out explained variance and
-the across/within split (:func:`mpo_viz.train.critic_fit.fit_critic`). After it, every critic-based
+the across/within split (:func:`mpo_viz.train.fitted_critic.fit_critic`). After it, every critic-based
 estimator (mpo, gae, turn_gae, vapo) and the across/within view work on the file.
 """
 
@@ -30,13 +30,14 @@ critic starts from the pretrained trunk of the Hugging Face model in DIR (the po
 logs, or e.g. SmolLM2 for logs converted with its tokenizer): the file's ids must be that model's.
 Evaluated every 16 steps on the held-out trajectories; --patience N (default 4) stops after N
 evaluations without a better held-out EV (a small file is otherwise seen a hundred times over and
-overfitted), and the weights of the best evaluation are the ones written (unless --keep-last)."""
+overfitted), and the weights of the best evaluation are the ones written (unless --keep-last).
+FILE is loaded whole (the fit reads it many times over): one step's file, not a whole run."""
 
 
 def cmd_fit_critic(args) -> int:
     src, out = source_and_output(args.path, args.out)
     # the critic (transformers) loads only when the command runs: `mpo-viz --help` stays fast
-    from mpo_viz.train.critic_fit import fit_critic
+    from mpo_viz.train.fitted_critic import fit_critic
 
     if args.trunk is not None and not Path(args.trunk).is_dir():
         raise CLIError(f"--trunk: expected a Hugging Face model folder, found no such folder {args.trunk!r}", 2)
@@ -44,51 +45,99 @@ def cmd_fit_critic(args) -> int:
         raise CLIError(f"--threads: expected an integer >= 1, found {args.threads}", 2)
     batch = mio.load(src)
     what = f"a critic on the trunk of {args.trunk}" if args.trunk else f"a {args.size} critic"
-    print(f"fitting {what} to the {args.target} returns of {len(batch)} trajectories of {src} "
-          f"({args.steps} steps, held-out share {args.holdout:g}, seed {args.seed})", flush=True)
+    print(
+        f"fitting {what} to the {args.target} returns of {len(batch)} trajectories of {src} "
+        f"({args.steps} steps, held-out share {args.holdout:g}, seed {args.seed})",
+        flush=True,
+    )
     t0 = time.perf_counter()
-    res = fit_critic(batch, target=args.target, size=args.size, steps=args.steps, lr=args.lr,
-                     batch_episodes=args.batch_episodes, holdout=args.holdout, seed=args.seed, gate=args.gate,
-                     trunk=args.trunk, patience=args.patience or None, keep_best=not args.keep_last,
-                     progress=not args.quiet, source=str(src), num_threads=args.threads)
+    res = fit_critic(
+        batch,
+        target=args.target,
+        size=args.size,
+        steps=args.steps,
+        lr=args.lr,
+        batch_episodes=args.batch_episodes,
+        holdout=args.holdout,
+        seed=args.seed,
+        gate=args.gate,
+        trunk=args.trunk,
+        patience=args.patience or None,
+        keep_best=not args.keep_last,
+        progress=not args.quiet,
+        source=str(src),
+        num_threads=args.threads,
+    )
     mio.save(res.batch, out)
     info = res.info
-    print(f"{res.fit.summary()}; across/within ratio of the values (median) "
-          f"{info['values_median_across_within_ratio']:.3g}; {time.perf_counter() - t0:.1f} s; wrote {out}",
-          flush=True)
+    print(
+        f"{res.fit.summary()}; across/within ratio of the values (median) "
+        f"{info['values_median_across_within_ratio']:.3g}; {time.perf_counter() - t0:.1f} s; wrote {out}",
+        flush=True,
+    )
     if not info["heldout_explained_variance"] > 0.05:
-        print(f"warning: the critic explains almost none of the held-out return variance "
-              f"({info['heldout_explained_variance']:.3f}); estimators that read values (mpo, gae, ...) will mostly "
-              f"see noise. More steps (--steps), more trajectories, or a larger --size may help.", file=sys.stderr,
-              flush=True)
+        print(
+            f"warning: the critic explains almost none of the held-out return variance "
+            f"({info['heldout_explained_variance']:.3f}); estimators that read values (mpo, gae, ...) will mostly "
+            f"see noise. More steps (--steps), more trajectories, or a larger --size may help.",
+            file=sys.stderr,
+            flush=True,
+        )
     return 0
 
 
 def add_subcommand(sub) -> None:
-    p = sub.add_parser("fit-critic", help="give a file without critic values the values of a critic fitted to its returns",
-                       description=_DESCRIPTION)
+    p = sub.add_parser(
+        "fit-critic",
+        help="give a file without critic values the values of a critic fitted to its returns",
+        description=_DESCRIPTION,
+    )
     p.add_argument("path", metavar="FILE", help="a trajectory/v1 file or folder (.parquet, .jsonl)")
     p.add_argument("-o", "--out", required=True, help="the output file (.parquet or .jsonl)")
     p.add_argument("--steps", type=int, default=256, help="AdamW steps (default 256)")
-    p.add_argument("--target", default="mc", choices=("mc", "turn"),
-                   help="mc: Monte-Carlo returns (default); turn: the return from each turn's start, flat inside turns")
+    p.add_argument(
+        "--target",
+        default="mc",
+        choices=("mc", "turn"),
+        help="mc: Monte-Carlo returns (default); turn: the return from each turn's start, flat inside turns",
+    )
     p.add_argument("--size", default="1m", help="the critic's tiny Llama trunk: 1m (default), 3m, 10m")
-    p.add_argument("--trunk", metavar="DIR", default=None,
-                   help="fit on the pretrained trunk of the Hugging Face causal LM in DIR (instead of a tiny one); "
-                        "FILE's token ids must be that model's")
-    p.add_argument("--patience", type=int, default=4,
-                   help="stop after this many held-out evaluations (every 16 steps) without a better explained "
-                        "variance (default 4: 64 steps; 0 = the whole budget)")
-    p.add_argument("--keep-last", dest="keep_last", action="store_true",
-                   help="write the values of the last step's weights (default: the step with the best held-out EV)")
+    p.add_argument(
+        "--trunk",
+        metavar="DIR",
+        default=None,
+        help="fit on the pretrained trunk of the Hugging Face causal LM in DIR (instead of a tiny one); "
+        "FILE's token ids must be that model's",
+    )
+    p.add_argument(
+        "--patience",
+        type=int,
+        default=4,
+        help="stop after this many held-out evaluations (every 16 steps) without a better explained "
+        "variance (default 4: 64 steps; 0 = the whole budget)",
+    )
+    p.add_argument(
+        "--keep-last",
+        dest="keep_last",
+        action="store_true",
+        help="write the values of the last step's weights (default: the step with the best held-out EV)",
+    )
     p.add_argument("--seed", type=int, default=0, help="the held-out split, the initial weights and the order")
     p.add_argument("--lr", type=float, default=1e-3, help="AdamW learning rate (default 1e-3)")
     p.add_argument("--holdout", type=float, default=0.2, help="share of trajectories held out to measure the fit")
     p.add_argument("--batch-episodes", dest="batch_episodes", type=int, default=16, help="episodes per step")
-    p.add_argument("--gate", type=float, default=None,
-                   help="stop early once the held-out explained variance reaches this (default: the whole budget)")
-    p.add_argument("--threads", type=int, default=1,
-                   help="torch CPU threads (default 1: on cores that other work shares, more threads wait on each "
-                        "other and run many times slower; on a quiet machine 2 are ~1.2x faster)")
+    p.add_argument(
+        "--gate",
+        type=float,
+        default=None,
+        help="stop early once the held-out explained variance reaches this (default: the whole budget)",
+    )
+    p.add_argument(
+        "--threads",
+        type=int,
+        default=1,
+        help="torch CPU threads (default 1: on cores that other work shares, more threads wait on each "
+        "other and run many times slower; on a quiet machine 2 are ~1.2x faster)",
+    )
     p.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
     p.set_defaults(func=cmd_fit_critic)

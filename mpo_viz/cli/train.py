@@ -24,17 +24,33 @@ from mpo_viz.advantages import registry
 from mpo_viz.checks import OptionError
 from mpo_viz.cli.advantages import estimator_option_help
 from mpo_viz.cli.errors import CLIError
-from mpo_viz.cli.flags import add_option, option_help, read_text
+from mpo_viz.cli.flags import (
+    ENV_OPTIONS,
+    add_env_options,
+    add_option,
+    env_help,
+    option_help,
+    read_text,
+)
 from mpo_viz.data.runfolder import RunFolder
 from mpo_viz.options import Option
 from mpo_viz.train.checkpoint import CheckpointWarning
 from mpo_viz.train.config import Config
 from mpo_viz.train.summary import phase_line, summary_lines
 
-#: the dict fields whose keys get flags of their own (``--beta`` fills ``estimator_options.beta``)
-OPTION_FIELDS = ("estimator_options", "loss_options")
-#: warning classes printed as one ``mpo-viz train: warning: ...`` line
-TRAINER_WARNINGS = (CheckpointWarning,)
+#: the dict fields whose keys get flags of their own (``--beta`` fills ``estimator_options.beta``,
+#: ``--slip`` ``env_options.slip``)
+OPTION_FIELDS = ("estimator_options", "loss_options", ENV_OPTIONS)
+#: their repeatable escape flags
+ESCAPE_FLAGS = ("--estimator-option", "--loss-option", "--env-option")
+
+
+def _trainer_warnings() -> tuple:
+    """Warning classes printed as one ``mpo-viz train: warning: ...`` line (the tokenizer's lazily:
+    transformers)."""
+    from mpo_viz.envs.tokenizer import UnknownTextWarning
+
+    return (CheckpointWarning, UnknownTextWarning)
 
 
 def _config(base: dict, over: dict, source: str) -> Config:
@@ -57,8 +73,8 @@ def _options(items, flag: str) -> dict:
     for item in items or ():
         key, sep, text = item.partition("=")
         if not sep or not key.strip():
-            raise ValueError(f"{flag}: expected KEY=VALUE (e.g. {flag} {'token_clip=2' if 'loss' in flag else 'turn_lam=1.0'}), "
-                             f"found {item!r}")
+            example = {"--loss-option": "token_clip=2", "--env-option": "slack=3"}.get(flag, "turn_lam=1.0")
+            raise ValueError(f"{flag}: expected KEY=VALUE (e.g. {flag} {example}), found {item!r}")
         try:
             out[key.strip()] = json.loads(text)
         except json.JSONDecodeError:
@@ -83,7 +99,7 @@ def _with_options(cfg_dict: dict, args) -> dict:
     ``--token-clip``)."""
     out = {}
     given = vars(args)
-    for field, flag in zip(OPTION_FIELDS, ("--estimator-option", "--loss-option")):
+    for field, flag in zip(OPTION_FIELDS, ESCAPE_FLAGS):
         typed = {k.partition(".")[2]: v for k, v in given.items() if k.startswith(field + ".")}
         escape = _options(given.get(field), flag)
         if typed or escape:
@@ -102,7 +118,7 @@ def cmd_train(args) -> int:
 def _one_line_warning(message, category, filename, lineno, file=None, line=None) -> None:
     """The trainer's own warnings (a damaged checkpoint skipped) as one line on stderr; others as
     Python shows them."""
-    if issubclass(category, TRAINER_WARNINGS):
+    if issubclass(category, _trainer_warnings()):
         print(f"mpo-viz train: warning: {message}", file=sys.stderr, flush=True)
     else:
         sys.stderr.write(warnings.formatwarning(message, category, filename, lineno, line))
@@ -129,9 +145,12 @@ def _train(args) -> int:
         base = Config.load(args.config).to_dict() if args.config else {}
         cfg = _config(base, {**over, **_with_options(base, args)}, args.config or "config")
         tr = training.Trainer(cfg, args.run_dir)
-        print(f"training {cfg.estimator} + {cfg.loss} on {cfg.env} for {cfg.iterations} iterations "
-              f"({cfg.episodes} episodes, G={cfg.group_size}, {cfg.epochs}x{cfg.minibatches} updates) -> "
-              f"{args.run_dir}", flush=True)
+        print(
+            f"training {cfg.estimator} + {cfg.loss} on {cfg.env} for {cfg.iterations} iterations "
+            f"({cfg.episodes} episodes, G={cfg.group_size}, {cfg.epochs}x{cfg.minibatches} updates) -> "
+            f"{args.run_dir}",
+            flush=True,
+        )
     t0 = time.perf_counter()
     try:
         out = tr.run_all(log=lambda line: print(line, flush=True))
@@ -140,15 +159,21 @@ def _train(args) -> int:
     wall = time.perf_counter() - t0
     last_eval = next((r for r in reversed(tr.history) if "eval_success" in r), None)
     if tr.interrupted:
-        print(f"interrupted at iteration {tr.iteration}; continue with: mpo-viz train --resume {tr.run.path} "
-              f"--iterations {tr.cfg.iterations}", file=sys.stderr, flush=True)
+        print(
+            f"interrupted at iteration {tr.iteration}; continue with: mpo-viz train --resume {tr.run.path} "
+            f"--iterations {tr.cfg.iterations}",
+            file=sys.stderr,
+            flush=True,
+        )
         return 130
     summary = f"done: {len(out)} iterations in {wall:.1f} s, at iteration {tr.iteration}/{tr.cfg.iterations}"
     if out:
         summary += f"; last rollout success {out[-1]['success']:.3f}"
     if last_eval:
-        summary += (f"; held-out sampled success {last_eval.get('eval_sampled_success', float('nan')):.3f}, "
-                    f"greedy {last_eval['eval_success']:.3f}")
+        summary += (
+            f"; held-out sampled success {last_eval.get('eval_sampled_success', float('nan')):.3f}, "
+            f"greedy {last_eval['eval_success']:.3f}"
+        )
     print(summary + f"; run folder {tr.run.path}", flush=True)
     print(phase_line(tr.history, wall), flush=True)
     if out:
@@ -157,20 +182,36 @@ def _train(args) -> int:
     return 0
 
 
-def add_subcommand(sub) -> None:
-    p = sub.add_parser("train", help="train a policy with any estimator and loss, writing a run folder",
-                       description="SFT warm start, critic warm-up and RL iterations (rollout, advantages, "
-                                   "E x M updates, evaluation), writing a run folder that TrainingDashboard "
-                                   "reads. Flags override --config; --resume continues a run. Every Config "
-                                   "field has a flag (docs/training.md lists them); an optional one takes none.")
+def add_subcommand(sub, env_hint: str | None = None) -> None:
+    p = sub.add_parser(
+        "train",
+        help="train a policy with any estimator and loss, writing a run folder",
+        description="SFT warm start, critic warm-up and RL iterations (rollout, advantages, "
+        "E x M updates, evaluation), writing a run folder that TrainingDashboard "
+        "reads. Flags override --config; --resume continues a run. Every Config "
+        "field has a flag (docs/training.md lists them); an optional one takes none.",
+    )
     p.add_argument("--run-dir", dest="run_dir", help="the run folder to create")
     p.add_argument("--resume", metavar="DIR", help="continue the run in DIR from its latest checkpoint")
     p.add_argument("--config", metavar="FILE.json", help="a Config as JSON; flags override its fields")
     g = p.add_argument_group("config fields (unset: the --config file's value, else the default)")
     for name in _field_flags():
         o = Config.options()[name]
-        add_option(g, o, help=option_help(o, doc=_first_sentence(o.doc)), default=argparse.SUPPRESS)
+        text = env_help() + "; default 'search'" if name == "env" else option_help(o, doc=_first_sentence(o.doc))
+        add_option(g, o, help=text, default=argparse.SUPPRESS)
     _option_flags(p)
+    g = p.add_argument_group(
+        "environment options (the environment takes those it declares; unset: its default; an "
+        "entry point's or package.module:factory's own options show with --env NAME --help)"
+    )
+    g.add_argument(
+        "--env-option",
+        dest=ENV_OPTIONS,
+        action="append",
+        metavar="KEY=VALUE",
+        help="any option of the environment, repeatable (e.g. slack=3; the value read as JSON when it is)",
+    )
+    add_env_options(g, p, env_hint)
     p.set_defaults(func=cmd_train)
 
 
@@ -181,15 +222,30 @@ def _option_flags(p) -> None:
     g = p.add_argument_group("estimator options (the estimator takes those it declares; unset: its default)")
     for o in registry.vocabulary(names).values():
         if o.kind != "any":
-            add_option(g, o, help=estimator_option_help(o, names), dest=f"estimator_options.{o.name}",
-                       default=argparse.SUPPRESS)
-    g.add_argument("--estimator-option", dest="estimator_options", action="append", metavar="KEY=VALUE",
-                   help="any option of the estimator, repeatable (e.g. beta=0.5, turn_lam=1.0)")
+            add_option(
+                g,
+                o,
+                help=estimator_option_help(o, names),
+                dest=f"estimator_options.{o.name}",
+                default=argparse.SUPPRESS,
+            )
+    g.add_argument(
+        "--estimator-option",
+        dest="estimator_options",
+        action="append",
+        metavar="KEY=VALUE",
+        help="any option of the estimator, repeatable (e.g. beta=0.5, turn_lam=1.0)",
+    )
     g = p.add_argument_group("loss options (the loss takes those it declares; unset: its default)")
     for o in _loss_vocabulary().values():
         add_option(g, o, help=_loss_option_help(o), dest=f"loss_options.{o.name}", default=argparse.SUPPRESS)
-    g.add_argument("--loss-option", dest="loss_options", action="append", metavar="KEY=VALUE",
-                   help="any option of the loss, repeatable (e.g. token_clip=2, clip_high=0.28, agg=seq-mean-token-mean)")
+    g.add_argument(
+        "--loss-option",
+        dest="loss_options",
+        action="append",
+        metavar="KEY=VALUE",
+        help="any option of the loss, repeatable (e.g. token_clip=2, clip_high=0.28, agg=seq-mean-token-mean)",
+    )
 
 
 def _loss_vocabulary() -> dict[str, Option]:

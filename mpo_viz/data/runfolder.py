@@ -15,7 +15,11 @@
 
 Every file is written under a temporary name and renamed, except ``metrics.jsonl``, which is
 appended one complete line at a time (readers tolerate a partial last line; on resume the lines
-after the checkpoint's iteration, and a partial last line, are cut).
+after the checkpoint's iteration, and a partial last line, are cut). :func:`read_metrics` is the one
+reader of ``metrics.jsonl`` (whole or on from a byte offset).
+
+Invariant: a reader never sees half a file or half a metrics line as data: a complete line is a
+record, a partial last line is at most ``pending``.
 """
 
 from __future__ import annotations
@@ -24,11 +28,12 @@ import json
 import math
 import os
 from pathlib import Path
+from typing import NamedTuple
 
 from mpo_viz.data.io import save
 from mpo_viz.data.trajectory import TrajectoryBatch
 
-__all__ = ["RunFolder", "read_metrics_file", "clean_json", "iteration_of"]
+__all__ = ["RunFolder", "MetricsRead", "read_metrics", "clean_json", "iteration_of"]
 
 
 def clean_json(x):
@@ -47,21 +52,63 @@ def clean_json(x):
     return x
 
 
-def read_metrics_file(path) -> list[dict]:
-    """The complete lines of a ``metrics.jsonl`` as dicts (a partial last line is skipped)."""
+class MetricsRead(NamedTuple):
+    """What :func:`read_metrics` read: ``records`` (the complete lines, as dicts), ``offset`` (the
+    byte after the last complete line: where the next read starts) and ``pending`` (the partial last
+    line when it already parses as a JSON object, else None)."""
+
+    records: list[dict]
+    offset: int
+    pending: dict | None
+
+
+def read_metrics(path, offset: int = 0) -> MetricsRead:
+    """Read a ``metrics.jsonl`` from byte ``offset`` (0: the whole file) — the one reader of the
+    run folder's metrics (trainer, dashboards, doctor, experiments).
+
+    Only complete lines (ending in a newline) are records: a writer appends one whole line at a
+    time, so a partial last line is a line being written — it is not a record, and it is
+    ``pending`` when it already parses (a reader that polls sees it before its newline). A missing
+    file reads as nothing yet (``MetricsRead([], offset, None)``). A complete line that is not a
+    JSON object raises ``ValueError`` naming the file and the line."""
     p = Path(path)
     if not p.is_file():
-        return []
-    out = []
-    data = p.read_bytes()
+        return MetricsRead([], offset, None)
+    with open(p, "rb") as fh:
+        fh.seek(offset)
+        data = fh.read()
     end = data.rfind(b"\n") + 1
-    for i, line in enumerate(data[:end].split(b"\n")[:-1], start=1):
-        if line.strip():
-            try:
-                out.append(json.loads(line))
-            except json.JSONDecodeError as exc:
-                raise ValueError(f"{p}: line {i}: expected a JSON object, found {line[:80]!r} ({exc})") from None
-    return out
+    records = []
+    for i, line in enumerate(data[:end].split(b"\n")[:-1] if end else []):
+        if not line.strip():
+            continue
+        try:
+            obj = json.loads(line)
+        except json.JSONDecodeError as exc:
+            raise ValueError(
+                f"{p}: line {_line_number(p, offset) + i}: expected one JSON object per line, found "
+                f"{line[:80]!r} ({exc})"
+            ) from None
+        if not isinstance(obj, dict):
+            raise ValueError(
+                f"{p}: line {_line_number(p, offset) + i}: expected a JSON object, found {type(obj).__name__}"
+            )
+        records.append(obj)
+    pending = None
+    tail = data[end:]
+    if tail.strip():
+        try:
+            obj = json.loads(tail)
+            pending = obj if isinstance(obj, dict) else None
+        except json.JSONDecodeError:
+            pending = None
+    return MetricsRead(records, offset + end, pending)
+
+
+def _line_number(p: Path, offset: int) -> int:
+    """The line number (from 1) of the line that starts at byte ``offset``."""
+    with open(p, "rb") as fh:
+        return fh.read(offset).count(b"\n") + 1
 
 
 class RunFolder:
@@ -95,7 +142,8 @@ class RunFolder:
             self.mirror(clean)
 
     def metrics(self) -> list[dict]:
-        return read_metrics_file(self.metrics_path)
+        """The records of ``metrics.jsonl`` (:func:`read_metrics`)."""
+        return read_metrics(self.metrics_path).records
 
     def truncate_metrics(self, iteration: int) -> int:
         """Keep the lines whose ``iteration`` <= ``iteration`` (and drop a partial last line);

@@ -149,7 +149,10 @@ class TrajectoryError(ValueError):
         n = total if total is not None else len(self.problems)
         msg = str(self.problems[0])
         if n > 1:
-            msg += f" (and {n - 1} more problem{'s' if n > 2 else ''}; load with errors='collect' or run `mpo-viz validate` to list all)"
+            msg += (
+                f" (and {n - 1} more problem{'s' if n > 2 else ''}; load with errors='collect' or run "
+                "`mpo-viz validate` to list all)"
+            )
         super().__init__(msg)
 
 

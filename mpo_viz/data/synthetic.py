@@ -117,8 +117,9 @@ def _segments(rng, turns, turn_len, obs_len, max_len, final_obs) -> tuple[np.nda
     return seg_len[keep], is_act[keep]
 
 
-def _values(rng, p: float, reward: float, seg_len, turn_ids, n_turns: int, within_noise: float,
-            across_noise: float) -> np.ndarray:
+def _values(
+    rng, p: float, reward: float, seg_len, turn_ids, n_turns: int, within_noise: float, across_noise: float
+) -> np.ndarray:
     """Critic-like values: a turn-level value drifting from the task's p to the outcome, plus noise
     across turns, and a small random walk within each turn (reset at each turn start)."""
     length = int(seg_len.sum())
@@ -187,6 +188,9 @@ def strip_arrays(n: int, seed: int = 0) -> tuple[list[str], np.ndarray, dict[str
         pos += a + o
     tokens = _STRIP_WORDS[rng.integers(0, len(_STRIP_WORDS), n)].tolist()
     channels = {f"adv_{k}": rng.normal(0, 0.3, n) for k in ("mpo", "gae", "grpo")}
-    channels |= {"value": np.cumsum(rng.normal(0, 0.01, n)), "td": rng.normal(0, 0.05, n),
-                 "logprob": -rng.exponential(1, n)}
+    channels |= {
+        "value": np.cumsum(rng.normal(0, 0.01, n)),
+        "td": rng.normal(0, 0.05, n),
+        "logprob": -rng.exponential(1, n),
+    }
     return tokens, mask, channels

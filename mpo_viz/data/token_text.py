@@ -14,6 +14,9 @@ decodes such runs byte by byte (:func:`raw_bytes_of` gives a token's bytes): the
 once, whole, on the token that completes it, and the tokens before it show ``""``;
 :func:`char_notes` writes the hover note of each such token (the raw pieces: each token's id and
 bytes). Tokens that decode to complete text on their own are left exactly as decoded.
+
+Invariant: nothing here reaches the network; :func:`load_local_tokenizer` is the one loader of a
+local tokenizer (the views, the chat converters and the environments' saved tokenizers use it).
 """
 
 from __future__ import annotations
@@ -25,39 +28,61 @@ from collections.abc import Callable, Sequence
 from functools import cache
 from pathlib import Path
 
-__all__ = ["load_local_tokenizer", "tokenizer_decoder", "merged_texts", "raw_bytes_of", "char_notes",
-           "guess_split_groups"]
+from mpo_viz.checks import OptionError
+
+__all__ = [
+    "load_local_tokenizer",
+    "tokenizer_decoder",
+    "merged_texts",
+    "raw_bytes_of",
+    "char_notes",
+    "guess_split_groups",
+]
 
 _BYTE_TOKEN = re.compile(r"<0x([0-9A-Fa-f]{2})>")  # SentencePiece byte fallback
 _REPLACEMENT = "\ufffd"
 
 
 def load_local_tokenizer(path):
-    """The tokenizer in folder (or ``tokenizer.json`` file) ``path``, loaded without network.
+    """The tokenizer in folder (or ``tokenizer.json`` file) ``path``, loaded without network — the
+    one loader of a local tokenizer (the views' ``tokens=``, the chat converters, the environments'
+    saved tokenizers).
 
-    Raises ``ValueError`` naming the path when it is not a folder or file, or holds no tokenizer.
+    A folder with a ``tokenizer.json`` gives a ``PreTrainedTokenizerFast`` (chat template and special
+    tokens from ``tokenizer_config.json``; no model-specific class is needed, and the auto classes'
+    imports, seconds, are skipped); another folder whatever ``AutoTokenizer`` makes of it; a bare
+    ``tokenizer.json`` file a ``tokenizers.Tokenizer``. Raises :class:`~mpo_viz.checks.OptionError`
+    (a ``ValueError``) for ``tokenizer``, naming the path, when it is missing or holds no tokenizer
+    that loads.
     """
+    # tokenizers and transformers are imported here, not at the top: `import mpo_viz` stays fast
     p = Path(path)
     if not p.exists():
-        raise ValueError(f"tokenizer: expected a local tokenizer folder, found no such path {str(p)!r}")
+        raise OptionError("tokenizer", f"expected a local tokenizer folder, found no such path {str(p)!r}")
     if p.is_file():
         if p.suffix != ".json":
-            raise ValueError(f"tokenizer: expected a folder or a tokenizer.json file, found {str(p)!r}")
+            raise OptionError(
+                "tokenizer", f"expected a local tokenizer folder or a tokenizer.json file, found {str(p)!r}"
+            )
         from tokenizers import Tokenizer
 
         return Tokenizer.from_file(str(p))
     try:
+        if (p / "tokenizer.json").is_file():
+            from transformers import PreTrainedTokenizerFast
+
+            return PreTrainedTokenizerFast.from_pretrained(str(p), local_files_only=True)
         from transformers import AutoTokenizer
 
         return AutoTokenizer.from_pretrained(str(p), local_files_only=True)
-    except Exception as exc:  # noqa: BLE001 - fall back to a bare tokenizer.json, else say what is missing
-        if (p / "tokenizer.json").is_file():
-            from tokenizers import Tokenizer
-
-            return Tokenizer.from_file(str(p / "tokenizer.json"))
+    except Exception as exc:  # noqa: BLE001 - any loading failure is a folder without a usable tokenizer
         files = sorted(x.name for x in p.iterdir())[:8]
-        raise ValueError(f"tokenizer: {str(p)!r} holds no tokenizer that loads offline (files: {files}); "
-                         f"expected a Hugging Face tokenizer folder or a tokenizer.json ({type(exc).__name__}: {exc})") from None
+        raise OptionError(
+            "tokenizer",
+            f"expected a tokenizer folder (tokenizer.json, or the files AutoTokenizer "
+            f"reads), found {str(p)!r} that does not load: it holds no tokenizer that loads offline "
+            f"(files: {files}; {type(exc).__name__}: {str(exc)[:120]})",
+        ) from None
 
 
 def tokenizer_decoder(tokenizer):
@@ -66,14 +91,17 @@ def tokenizer_decoder(tokenizer):
     (:func:`char_notes`)."""
     tok = load_local_tokenizer(tokenizer) if isinstance(tokenizer, (str, Path)) else tokenizer
     if hasattr(tok, "convert_ids_to_tokens"):  # transformers tokenizer
+
         def one(i):
             return tok.decode([i], skip_special_tokens=False, clean_up_tokenization_spaces=False)
     elif hasattr(tok, "decode") and hasattr(tok, "id_to_token"):  # tokenizers.Tokenizer
+
         def one(i):
             return tok.decode([i], skip_special_tokens=False)
     else:
-        raise ValueError(f"tokenizer: expected a tokenizer (transformers or tokenizers) or a folder, found "
-                         f"{type(tok).__name__}")
+        raise ValueError(
+            f"tokenizer: expected a tokenizer (transformers or tokenizers) or a folder, found {type(tok).__name__}"
+        )
     seen: dict[int, str] = {}
     raw = raw_bytes_of(tok)
 
@@ -157,8 +185,9 @@ def raw_bytes_of(tok) -> Callable[[int], bytes | None] | None:
     return raw
 
 
-def merged_texts(ids: Sequence[int], one: Callable[[int], str],
-                 raw: Callable[[int], bytes | None] | None) -> tuple[list[str], list[tuple[int, int]]]:
+def merged_texts(
+    ids: Sequence[int], one: Callable[[int], str], raw: Callable[[int], bytes | None] | None
+) -> tuple[list[str], list[tuple[int, int]]]:
     """Display texts of ``ids`` (``one``: a token decoded on its own) with split characters joined.
 
     Tokens whose own decoding holds ``"\\ufffd"`` and that have bytes (``raw``) are fed to an
@@ -215,12 +244,15 @@ def char_notes(texts: Sequence[str], ids: Sequence[int], groups, raw=None) -> di
     the token's bytes in hex); the tokens before it point to it."""
     notes: dict[int, str] = {}
     for a, b in groups:
+
         def piece(k: int) -> str:
             by = raw(ids[k]) if raw is not None else None
             return f"#{k} id {int(ids[k])}" + (f" bytes {by.hex(' ')}" if by else "")
+
         shown = texts[b]
-        notes[b] = (f"{shown!r}: one character split across {b - a + 1} tokens, shown on the last: "
-                    + "; ".join(piece(k) for k in range(a, b + 1)))
+        notes[b] = f"{shown!r}: one character split across {b - a + 1} tokens, shown on the last: " + "; ".join(
+            piece(k) for k in range(a, b + 1)
+        )
         for k in range(a, b):
             notes[k] = f"part of {shown!r} (shown whole on token #{b}): {piece(k)}"
     return notes

@@ -43,6 +43,7 @@ from mpo_viz.data.schema import (
     TrajectoryError,
     short,
 )
+from mpo_viz.data.summary import row_numbers, row_sums, summarize_rows
 from mpo_viz.data.turns import mc_turn_advantage
 from mpo_viz.data.validate import Columns, columns_from_rows, validate_columns
 
@@ -115,8 +116,9 @@ class TrajectoryBatch:
         return cls.from_columns(cols, meta, problems=problems, errors=errors)
 
     @classmethod
-    def from_columns(cls, columns: Columns, meta: dict | None = None, *, problems=None, errors: str = "raise",
-                     seen_ids=None) -> TrajectoryBatch:
+    def from_columns(
+        cls, columns: Columns, meta: dict | None = None, *, problems=None, errors: str = "raise", seen_ids=None
+    ) -> TrajectoryBatch:
         """Validate reader columns (:class:`mpo_viz.data.validate.Columns`: flat arrays + offsets per
         field, as the JSONL and Parquet readers produce them) and build a batch.
 
@@ -145,8 +147,7 @@ class TrajectoryBatch:
     @property
     def columns(self) -> BatchColumns:
         """The batch's storage (:class:`mpo_viz.data.ragged.BatchColumns`), shared, not copied: read only."""
-        return BatchColumns(self._off, self._tok, self._present, self._prompt, self._turn, self._scalars,
-                            self._extras)
+        return BatchColumns(self._off, self._tok, self._present, self._prompt, self._turn, self._scalars, self._extras)
 
     def __repr__(self) -> str:
         fields = sorted(self.fields)
@@ -329,7 +330,8 @@ class TrajectoryBatch:
 
     @property
     def token_rewards(self) -> torch.Tensor:
-        """Token rewards an estimator sees (docs/concepts.md §3), float32 ``(B, L)``; ``padded('rewards', torch.float64)`` for float64."""
+        """Token rewards an estimator sees (docs/concepts.md §3), float32 ``(B, L)``;
+        ``padded('rewards', torch.float64)`` for float64."""
         return self.padded("rewards")
 
     @property
@@ -526,7 +528,8 @@ class TrajectoryBatch:
                 arr = value.detach().cpu().numpy() if isinstance(value, torch.Tensor) else np.asarray(value)
                 if arr.ndim != 2 or arr.shape[0] != len(self) or (len(self) and arr.shape[1] < lengths.max()):
                     raise ValueError(
-                        f"{name}: expected shape ({len(self)}, >= {int(lengths.max()) if len(self) else 0}), found {arr.shape}"
+                        f"{name}: expected shape ({len(self)}, >= {int(lengths.max()) if len(self) else 0}), found "
+                        f"{arr.shape}"
                     )
                 flat = arr[self._seg, self._pos]
             dtype = TOKEN_FIELDS.get(name, EXTRA_TOKEN_DTYPE)
@@ -544,20 +547,26 @@ class TrajectoryBatch:
         k = self.num_turns
         for name, value in fields.items():
             if name not in TURN_FIELDS:
-                raise ValueError(f"with_turn_fields: expected a v1 per-turn field ({', '.join(TURN_FIELDS)}), "
-                                 f"found {name!r}")
+                raise ValueError(
+                    f"with_turn_fields: expected a v1 per-turn field ({', '.join(TURN_FIELDS)}), found {name!r}"
+                )
             v = list(value)
             if len(v) != len(self):
                 raise ValueError(f"{name}: expected {len(self)} rows, found {len(v)}")
             arrs = [np.zeros(0) if x is None else np.asarray(x, dtype=np.float64).reshape(-1) for x in v]
             for i, a in enumerate(arrs):
                 if v[i] is not None and len(a) != k[i]:
-                    raise ValueError(f"{name}: row {i} ({self.traj_ids[i]!r}): expected {k[i]} entries (one per "
-                                     f"assistant turn), found {len(a)}")
+                    raise ValueError(
+                        f"{name}: row {i} ({self.traj_ids[i]!r}): expected {k[i]} entries (one per "
+                        f"assistant turn), found {len(a)}"
+                    )
             flat = np.concatenate(arrs) if arrs else np.zeros(0)
             _check_binary(name, flat)
-            turn[name] = (flat.astype(TURN_FIELDS[name]), offsets_from_lengths(np.asarray([len(a) for a in arrs])),
-                          np.asarray([x is not None for x in v], dtype=bool))
+            turn[name] = (
+                flat.astype(TURN_FIELDS[name]),
+                offsets_from_lengths(np.asarray([len(a) for a in arrs])),
+                np.asarray([x is not None for x in v], dtype=bool),
+            )
         return self._replace(turn=turn)
 
     def with_scalars(self, **fields) -> TrajectoryBatch:
@@ -567,8 +576,10 @@ class TrajectoryBatch:
         scalars = dict(self._scalars)
         for name, value in fields.items():
             if name not in SCALAR_FIELDS or name in REQUIRED:
-                raise ValueError(f"with_scalars: expected an optional v1 scalar field "
-                                 f"({', '.join(k for k in SCALAR_FIELDS if k not in REQUIRED)}), found {name!r}")
+                raise ValueError(
+                    f"with_scalars: expected an optional v1 scalar field "
+                    f"({', '.join(k for k in SCALAR_FIELDS if k not in REQUIRED)}), found {name!r}"
+                )
             v = list(value)
             if len(v) != len(self):
                 raise ValueError(f"{name}: expected {len(self)} rows, found {len(v)}")
@@ -580,8 +591,17 @@ class TrajectoryBatch:
         return self._replace(meta={**self.meta, **entries})
 
     def _replace(self, **parts) -> TrajectoryBatch:
-        kw: dict[str, Any] = dict(offsets=self._off, tokens=self._tok, present=self._present, prompt=self._prompt, turn=self._turn,
-                  scalars=self._scalars, extras=self._extras, meta=self.meta, rejected=self.rejected)
+        kw: dict[str, Any] = dict(
+            offsets=self._off,
+            tokens=self._tok,
+            present=self._present,
+            prompt=self._prompt,
+            turn=self._turn,
+            scalars=self._scalars,
+            extras=self._extras,
+            meta=self.meta,
+            rejected=self.rejected,
+        )
         kw.update(parts)
         return TrajectoryBatch(**kw)
 
@@ -694,12 +714,21 @@ class TrajectoryBatch:
             for name, x in (tensors or {}).items():
                 x = getattr(x, "advantages" if what == "adv" else "returns", x)
                 x = np.asarray(x.detach().cpu().numpy() if hasattr(x, "detach") else x, dtype=np.float64)
-                if x.ndim != 2 or x.shape[0] != len(self) or x.shape[1] < (int(np.diff(self._off).max()) if len(self) else 0):
-                    raise ValueError(f"{'advantages' if what == 'adv' else 'returns'}[{name!r}]: expected a (B, L) "
-                                     f"tensor with B = {len(self)} and L >= the longest response, found shape {x.shape}")
+                if (
+                    x.ndim != 2
+                    or x.shape[0] != len(self)
+                    or x.shape[1] < (int(np.diff(self._off).max()) if len(self) else 0)
+                ):
+                    raise ValueError(
+                        f"{'advantages' if what == 'adv' else 'returns'}[{name!r}]: expected a (B, L) "
+                        f"tensor with B = {len(self)} and L >= the longest response, found shape {x.shape}"
+                    )
                 xa = x[rows, pos]
-                data[f"{what}_{name}"] = (per_turn_sum(xa) / np.maximum(n_tok, 1) if what == "adv"
-                                          else (xa[starts] if len(starts) else np.zeros(0)))
+                data[f"{what}_{name}"] = (
+                    per_turn_sum(xa) / np.maximum(n_tok, 1)
+                    if what == "adv"
+                    else (xa[starts] if len(starts) else np.zeros(0))
+                )
         return pd.DataFrame(data)
 
     def _turn_column(self, name: str, trow: np.ndarray) -> np.ndarray:
@@ -709,7 +738,7 @@ class TrajectoryBatch:
         k = self.num_turns
         first = np.concatenate([[0], np.cumsum(k)[:-1]]) if len(k) else np.zeros(0, dtype=np.int64)
         for i in np.flatnonzero(pres):
-            out[first[i]:first[i] + k[i]] = flat[off[i]:off[i + 1]]
+            out[first[i] : first[i] + k[i]] = flat[off[i] : off[i + 1]]
         return out
 
     def _mc_columns(self, data: dict, trow: np.ndarray) -> None:
@@ -722,40 +751,16 @@ class TrajectoryBatch:
         q = self._turn_column("mc_q", trow) if "mc_q" in self._turn else None
         data["a_mc"] = mc_turn_advantage(v, data["reward"], trow, q=q)
 
+    def row_scores(self) -> np.ndarray:
+        """Each row's score: the sum of the rewards an estimator sees on its tokens, float64 ``(B,)``
+        (0 for an empty row). A row's sum is taken over its own tokens alone
+        (:func:`~mpo_viz.data.summary.row_sums`): the same bits in any batch the row sits in."""
+        return row_sums(self._flat_rewards(), self._off)
+
     def summary(self) -> dict:
-        """Counts and statistics for ``mpo-viz info`` (plain Python values)."""
-        lengths = np.diff(self._off)
-        n_act = np.add.reduceat(self._tok["loss_mask"].astype(np.int64), self._off[:-1]) if self.num_tokens else np.zeros(len(self), dtype=np.int64)
-        n_act = np.where(lengths > 0, n_act, 0)
-        k = self.num_turns
-        rew = self.outcome_reward
-        scores = np.add.reduceat(self._flat_rewards(), self._off[:-1]) if self.num_tokens else np.zeros(len(self))
-        scores = np.where(lengths > 0, scores, 0.0)
-        groups = pd.Series(self._scalars["group_id"]).value_counts()
-
-        def stats(x):
-            x = np.asarray(x, dtype=np.float64)
-            x = x[np.isfinite(x)]
-            if not len(x):
-                return {"n": 0}
-            return {"n": int(len(x)), "mean": float(x.mean()), "std": float(x.std()), "min": float(x.min()), "max": float(x.max())}
-
-        return {
-            "trajectories": len(self),
-            "groups": int(len(groups)),
-            "group_size": stats(groups.values),
-            "response_tokens": int(self.num_tokens),
-            "action_tokens": int(n_act.sum()),
-            "prompt_tokens": int(len(self._prompt[0])),
-            "turns": stats(k),
-            "response_length": stats(lengths),
-            "action_tokens_per_turn": stats(n_act[k > 0] / k[k > 0]) if (k > 0).any() else {"n": 0},
-            "reward": stats(rew),
-            "reward_missing": int(np.isnan(rew).sum()),
-            "score": stats(scores),
-            "fields": sorted(self.fields),
-            "meta": {k: v for k, v in self.meta.items()},
-        }
+        """Counts and statistics for ``mpo-viz info`` (plain Python values), of this whole batch;
+        :func:`mpo_viz.data.io.summarize` gives the same numbers for a file read chunk by chunk."""
+        return summarize_rows(row_numbers(self), self.fields, self.meta)
 
 
 def _check_binary(name: str, flat: np.ndarray) -> None:
@@ -798,7 +803,9 @@ def _concat_tokens(batches: list[TrajectoryBatch]) -> tuple[dict, dict]:
                 p = b._present.get(name)
                 pres.append(p if p is not None else np.ones(len(b), dtype=bool))
             else:
-                parts.append(np.zeros(b.num_tokens, dtype=dt) if dt.kind != "O" else np.full(b.num_tokens, "", dtype=object))
+                parts.append(
+                    np.zeros(b.num_tokens, dtype=dt) if dt.kind != "O" else np.full(b.num_tokens, "", dtype=object)
+                )
                 pres.append(np.zeros(len(b), dtype=bool))
         tokens[name] = np.concatenate(parts)
         if name not in ("response_ids", "loss_mask"):

@@ -83,8 +83,9 @@ def check_turn_ids(turn_ids, mask, *, name: str = "turn_ids") -> None:
         bad = act & (~np.isfinite(t) | (t != np.round(t)))
         if bad.any():
             r, p = first_bad(bad)
-            raise ValueError(f"{name}: row {r}, position {p}: expected an integer id on an action token, "
-                             f"found {t[r, p].item()!r}")
+            raise ValueError(
+                f"{name}: row {r}, position {p}: expected an integer id on an action token, found {t[r, p].item()!r}"
+            )
     t = np.where(act, t, 0).astype(np.int64)
     neg = act & (t < 0)
     if neg.any():
@@ -113,8 +114,9 @@ def check_turn_ids(turn_ids, mask, *, name: str = "turn_ids") -> None:
             )
 
 
-def mc_turn_advantage(value: np.ndarray, reward: np.ndarray, row: np.ndarray, *, q: np.ndarray | None = None,
-                      turn_gamma: float = 1.0) -> np.ndarray:
+def mc_turn_advantage(
+    value: np.ndarray, reward: np.ndarray, row: np.ndarray, *, q: np.ndarray | None = None, turn_gamma: float = 1.0
+) -> np.ndarray:
     """The true turn advantage from Monte-Carlo values, flat over turns in row then turn order
     (``(T,)`` each): ``Q̂_k − V̂_k`` when ``q`` is given, else ``R_k + γ_T·V̂_{k+1} − V̂_k`` with
     ``V̂ = 0`` after a row's last turn (``row``: each turn's row, to find the next turn of the same

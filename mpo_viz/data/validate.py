@@ -65,7 +65,12 @@ class Columns:
         row = int(self.row[i]) if self.row is not None and line is None else None
         tid = self.scalar.get("traj_id")
         t = tid[i] if tid is not None and i < len(tid) else None
-        return {"file": f, "line": line, "row": row, "traj_id": t if isinstance(t, str) else (None if t is None else str(t))}
+        return {
+            "file": f,
+            "line": line,
+            "row": row,
+            "traj_id": t if isinstance(t, str) else (None if t is None else str(t)),
+        }
 
 
 def _num(x) -> str:
@@ -89,13 +94,19 @@ def _kind_ok(arr: np.ndarray, name: str) -> str | None:
         return None
     k = arr.dtype.kind
     if name == "response_tokens":
-        return None if k in "UO" and all(isinstance(x, str) for x in arr.tolist()) else f"non-string items (dtype {arr.dtype})"
+        return (
+            None
+            if k in "UO" and all(isinstance(x, str) for x in arr.tolist())
+            else f"non-string items (dtype {arr.dtype})"
+        )
     if name in _INT_TOKEN or name == PROMPT_FIELD:
         if k in "iub":
             return None
         if k == "f" and np.all(np.isfinite(arr)) and np.all(arr == np.round(arr)):
             return None  # 1.0 for 1 is fine (some writers emit floats)
-        return f"non-integers (e.g. {short(arr[~(arr == np.round(arr))][:1].tolist() if k == 'f' else arr[:1].tolist())})"
+        return (
+            f"non-integers (e.g. {short(arr[~(arr == np.round(arr))][:1].tolist() if k == 'f' else arr[:1].tolist())})"
+        )
     if k in "iufb":
         return None
     return f"non-numbers (dtype {arr.dtype})"
@@ -152,7 +163,9 @@ def _list_value(k: str, v) -> tuple[np.ndarray | None, tuple | None]:
         return None, ("a flat list of numbers", short(v))
     why = _kind_ok(arr, k)
     if why:
-        what = "strings" if k == "response_tokens" else "integers" if k in _INT_TOKEN or k == PROMPT_FIELD else "numbers"
+        what = (
+            "strings" if k == "response_tokens" else "integers" if k in _INT_TOKEN or k == PROMPT_FIELD else "numbers"
+        )
         return None, ("a flat list of " + what, why)
     return arr, None
 
@@ -163,8 +176,9 @@ def _read_row(r, i: int, scal: dict, lists: dict, extra: dict) -> list[tuple]:
     if not isinstance(r, dict):
         return [("<row>", "a JSON object", f"{type(r).__name__}")]
     scal["traj_id"][i] = r.get("traj_id")
-    found = [(req, "the required field", "nothing") for req in REQUIRED
-             if req not in r or r[req] is None and req != "reward"]
+    found = [
+        (req, "the required field", "nothing") for req in REQUIRED if req not in r or r[req] is None and req != "reward"
+    ]
     n = len(scal["traj_id"])
     for k, v in r.items():
         if k in SCALAR_FIELDS:
@@ -250,6 +264,7 @@ def _flatten_lists(cols: Columns, lists: dict) -> None:
 # of the columns see the rows already rejected (``bad``) and skip them, those of the aligned batch
 # take its row ``j`` (column row ``good[j]``). validate_columns runs them in order.
 
+
 def _first_per_row(rows: np.ndarray, pos: np.ndarray):
     """Unique rows with the first position flagged in each (inputs ordered by position)."""
     u, first = np.unique(rows, return_index=True)
@@ -274,8 +289,10 @@ def _length_problems(cols: Columns, bad: np.ndarray, name: str) -> list[tuple]:
     rlen = np.diff(cols.token["response_ids"][1])
     _, off, pres = cols.token[name]
     flen = np.diff(off)
-    return [(i, name, f"{rlen[i]} items (the length of response_ids)", f"{flen[i]}")
-            for i in np.flatnonzero(pres & ~bad & (flen != rlen))]
+    return [
+        (i, name, f"{rlen[i]} items (the length of response_ids)", f"{flen[i]}")
+        for i in np.flatnonzero(pres & ~bad & (flen != rlen))
+    ]
 
 
 def _mask_problems(cols: Columns, bad: np.ndarray) -> list[tuple]:
@@ -286,8 +303,11 @@ def _mask_problems(cols: Columns, bad: np.ndarray) -> list[tuple]:
         return []
     seg_m = np.repeat(np.arange(cols.n), np.diff(moff))
     pos = np.flatnonzero(badm)
-    return [(i, "loss_mask", "0 or 1", f"{_num(mflat[p])} at position {p - moff[i]}")
-            for i, p in zip(*_first_per_row(seg_m[pos], pos)) if not bad[i]]
+    return [
+        (i, "loss_mask", "0 or 1", f"{_num(mflat[p])} at position {p - moff[i]}")
+        for i, p in zip(*_first_per_row(seg_m[pos], pos))
+        if not bad[i]
+    ]
 
 
 def _binary_problems(cols: Columns, bad: np.ndarray, name: str) -> list[tuple]:
@@ -301,8 +321,11 @@ def _binary_problems(cols: Columns, bad: np.ndarray, name: str) -> list[tuple]:
     seg = np.repeat(np.arange(cols.n), np.diff(off))
     pos = np.flatnonzero(badv)
     where = "turn" if per_turn else "position"
-    return [(i, name, "0 or 1 (or a boolean)", f"{_num(flat[p])} at {where} {p - off[i]}")
-            for i, p in zip(*_first_per_row(seg[pos], pos)) if pres[i] and not bad[i]]
+    return [
+        (i, name, "0 or 1 (or a boolean)", f"{_num(flat[p])} at {where} {p - off[i]}")
+        for i, p in zip(*_first_per_row(seg[pos], pos))
+        if pres[i] and not bad[i]
+    ]
 
 
 def _integer_problems(cols: Columns, bad: np.ndarray, name: str) -> list[tuple]:
@@ -313,19 +336,28 @@ def _integer_problems(cols: Columns, bad: np.ndarray, name: str) -> list[tuple]:
         return []
     seg = np.repeat(np.arange(cols.n), np.diff(off))
     pos = np.flatnonzero(nonint)
-    return [(i, name, "integers >= 0", f"{_num(flat[p])} at position {p - off[i]}")
-            for i, p in zip(*_first_per_row(seg[pos], pos)) if not bad[i]]
+    return [
+        (i, name, "integers >= 0", f"{_num(flat[p])} at position {p - off[i]}")
+        for i, p in zip(*_first_per_row(seg[pos], pos))
+        if not bad[i]
+    ]
 
 
 def check_columns(cols: Columns, bad: np.ndarray) -> list[tuple]:
     """The rules of the raw columns, in order (identity, lengths, 0/1 mask, integers); ``bad`` is
     updated in place as rows fail, so that a row is not checked past what it failed."""
-    rules: list[Callable[[], list[tuple]]] = [lambda: _identity_problems(cols, bad, "traj_id"),
-                                               lambda: _identity_problems(cols, bad, "group_id")]
+    rules: list[Callable[[], list[tuple]]] = [
+        lambda: _identity_problems(cols, bad, "traj_id"),
+        lambda: _identity_problems(cols, bad, "group_id"),
+    ]
     rules += [partial(_length_problems, cols, bad, name) for name in cols.token if name != "response_ids"]
     rules += [partial(_mask_problems, cols, bad)]
-    rules += [partial(_binary_problems, cols, bad, name) for name in BINARY_FIELDS if name in cols.token or name in cols.turn]
-    rules += [partial(_integer_problems, cols, bad, name) for name in ("response_ids", "turn_ids") if name in cols.token]
+    rules += [
+        partial(_binary_problems, cols, bad, name) for name in BINARY_FIELDS if name in cols.token or name in cols.turn
+    ]
+    rules += [
+        partial(_integer_problems, cols, bad, name) for name in ("response_ids", "turn_ids") if name in cols.token
+    ]
     out = []
     for rule in rules:
         found = rule()
@@ -349,8 +381,10 @@ def _turn_id_problems(bc, seg: np.ndarray, m: np.ndarray) -> list[tuple]:
     out = []
     if dec.any():
         pos = np.flatnonzero(dec)
-        out += [(j, "turn_ids", "non-decreasing ids", f"{t[p - 1]} then {t[p]} at position {p - off[j]}")
-                for j, p in zip(*_first_per_row(seg[pos], pos))]
+        out += [
+            (j, "turn_ids", "non-decreasing ids", f"{t[p - 1]} then {t[p]} at position {p - off[j]}")
+            for j, p in zip(*_first_per_row(seg[pos], pos))
+        ]
     act = np.flatnonzero(m & row_has)
     if not len(act):
         return out
@@ -359,12 +393,26 @@ def _turn_id_problems(bc, seg: np.ndarray, m: np.ndarray) -> list[tuple]:
     first[1:] = ar[1:] != ar[:-1]
     step = np.zeros(len(act), dtype=bool)
     step[1:] = ~first[1:] & ((at[1:] - at[:-1]) > 1)
-    out += [(ar[k], "turn_ids", "turn 0 on the first action token (every turn id 0..K-1 needs an action token)",
-             f"turn {at[k]} at position {act[k] - off[ar[k]]}") for k in np.flatnonzero(first & (at != 0))]
+    out += [
+        (
+            ar[k],
+            "turn_ids",
+            "turn 0 on the first action token (every turn id 0..K-1 needs an action token)",
+            f"turn {at[k]} at position {act[k] - off[ar[k]]}",
+        )
+        for k in np.flatnonzero(first & (at != 0))
+    ]
     if step.any():
         ks = np.flatnonzero(step)
-        out += [(j, "turn_ids", "consecutive turn ids on action tokens (every id needs an action token)",
-                 f"{at[k - 1]} then {at[k]} at position {act[k] - off[j]}") for j, k in zip(*_first_per_row(ar[ks], ks))]
+        out += [
+            (
+                j,
+                "turn_ids",
+                "consecutive turn ids on action tokens (every id needs an action token)",
+                f"{at[k - 1]} then {at[k]} at position {act[k] - off[j]}",
+            )
+            for j, k in zip(*_first_per_row(ar[ks], ks))
+        ]
     return out
 
 
@@ -384,8 +432,10 @@ def _finite_problems(bc, seg: np.ndarray, m: np.ndarray) -> list[tuple]:
         for cond, expected in checks:
             if cond.any():
                 pos = np.flatnonzero(cond)
-                out += [(j, name, expected, f"{_num(x[p])} at position {p - off[j]}")
-                        for j, p in zip(*_first_per_row(seg[pos], pos))]
+                out += [
+                    (j, name, expected, f"{_num(x[p])} at position {p - off[j]}")
+                    for j, p in zip(*_first_per_row(seg[pos], pos))
+                ]
     return out
 
 
@@ -412,27 +462,51 @@ def _token_truth_problems(bc, seg: np.ndarray, m: np.ndarray) -> list[tuple]:
     has_meas = rows_with("mc_tok_measured")
     for f in nums:
         lacking = rows_with(f) & ~has_meas
-        out += [(j, "mc_tok_measured", f"the measured tokens' 0/1 flags beside {f}", "nothing")
-                for j in np.flatnonzero(lacking)]
+        out += [
+            (j, "mc_tok_measured", f"the measured tokens' 0/1 flags beside {f}", "nothing")
+            for j in np.flatnonzero(lacking)
+        ]
     if "mc_tok_measured" not in bc.tokens:
         return out
     meas = (bc.tokens["mc_tok_measured"] == 1) & np.repeat(has_meas, np.diff(off))
-    first(meas & ~m, "mc_tok_measured", "1 only on action tokens (loss_mask == 1)",
-          lambda p, j: f"1 at position {p - off[j]}, an observation token")
+    first(
+        meas & ~m,
+        "mc_tok_measured",
+        "1 only on action tokens (loss_mask == 1)",
+        lambda p, j: f"1 at position {p - off[j]}, an observation token",
+    )
     if "mc_tok_control" in bc.tokens:
         ctl = (bc.tokens["mc_tok_control"] == 1) & np.repeat(rows_with("mc_tok_control"), np.diff(off))
-        first(ctl & ~meas, "mc_tok_control", "1 only on measured tokens (mc_tok_measured == 1)",
-              lambda p, j: f"1 at position {p - off[j]}, a token not measured")
+        first(
+            ctl & ~meas,
+            "mc_tok_control",
+            "1 only on measured tokens (mc_tok_measured == 1)",
+            lambda p, j: f"1 at position {p - off[j]}, a token not measured",
+        )
     for f in nums:
         x = bc.tokens[f]
         at = meas & np.repeat(rows_with(f), np.diff(off))
         bad = at & ~np.isfinite(x)
-        first(bad, f, "finite numbers where mc_tok_measured is 1", lambda p, j, x=x: f"{_num(x[p])} at position {p - off[j]}")
+        first(
+            bad,
+            f,
+            "finite numbers where mc_tok_measured is 1",
+            lambda p, j, x=x: f"{_num(x[p])} at position {p - off[j]}",
+        )
         if f == "mc_tok_adv_se":
-            first(at & ~bad & (x < 0), f, "standard errors >= 0", lambda p, j, x=x: f"{_num(x[p])} at position {p - off[j]}")
+            first(
+                at & ~bad & (x < 0),
+                f,
+                "standard errors >= 0",
+                lambda p, j, x=x: f"{_num(x[p])} at position {p - off[j]}",
+            )
         if f == "mc_tok_pi":
-            first(at & ~bad & ((x < 0) | (x > 1)), f, "probabilities in [0, 1]",
-                  lambda p, j, x=x: f"{_num(x[p])} at position {p - off[j]}")
+            first(
+                at & ~bad & ((x < 0) | (x > 1)),
+                f,
+                "probabilities in [0, 1]",
+                lambda p, j, x=x: f"{_num(x[p])} at position {p - off[j]}",
+            )
     return out
 
 
@@ -445,17 +519,23 @@ def _token_reward_problems(bc, seg: np.ndarray, m: np.ndarray, reward: np.ndarra
     has = bc.present["token_rewards"]
     row_has = np.repeat(has, np.diff(off))
     out = []
-    for cond, expected in ((row_has & ~np.isfinite(tr), "finite numbers"),
-                           (row_has & ~m & (tr != 0) & np.isfinite(tr), "0 on observation tokens (loss_mask == 0)")):
+    for cond, expected in (
+        (row_has & ~np.isfinite(tr), "finite numbers"),
+        (row_has & ~m & (tr != 0) & np.isfinite(tr), "0 on observation tokens (loss_mask == 0)"),
+    ):
         if cond.any():
             pos = np.flatnonzero(cond)
-            out += [(j, "token_rewards", expected, f"{_num(tr[p])} at position {p - off[j]}")
-                    for j, p in zip(*_first_per_row(seg[pos], pos))]
+            out += [
+                (j, "token_rewards", expected, f"{_num(tr[p])} at position {p - off[j]}")
+                for j, p in zip(*_first_per_row(seg[pos], pos))
+            ]
     sums = np.zeros(len(has))
     np.add.at(sums, seg, np.where(row_has, np.nan_to_num(tr), 0.0))
     mism = has & np.isfinite(reward) & (np.abs(sums - reward) > REWARD_SUM_TOL)
-    return out + [(j, "reward", f"the sum of token_rewards ({sums[j]:.9g}) within {REWARD_SUM_TOL:g}", f"{reward[j]:.9g}")
-                  for j in np.flatnonzero(mism)]
+    return out + [
+        (j, "reward", f"the sum of token_rewards ({sums[j]:.9g}) within {REWARD_SUM_TOL:g}", f"{reward[j]:.9g}")
+        for j in np.flatnonzero(mism)
+    ]
 
 
 def _turn_reward_problems(bc, k: np.ndarray) -> list[tuple]:
@@ -467,7 +547,9 @@ def _turn_reward_problems(bc, k: np.ndarray) -> list[tuple]:
             continue
         flat, toff, has = bc.turn[name]
         tl = np.diff(toff)
-        out += [(j, name, f"{k[j]} entries (one per assistant turn)", f"{tl[j]}") for j in np.flatnonzero(has & (tl != k))]
+        out += [
+            (j, name, f"{k[j]} entries (one per assistant turn)", f"{tl[j]}") for j in np.flatnonzero(has & (tl != k))
+        ]
         for j in np.flatnonzero(has):
             vals = flat[toff[j] : toff[j + 1]]
             if not np.all(np.isfinite(vals)):
@@ -482,12 +564,17 @@ def _turn_reward_problems(bc, k: np.ndarray) -> list[tuple]:
 def _reward_problems(bc, k: np.ndarray, reward: np.ndarray) -> list[tuple]:
     """A reward needs an action token to sit on; a bootstrap value is finite or NaN (terminal)."""
     has_tr = bc.present.get("token_rewards", np.zeros(len(k), dtype=bool))
-    out: list[tuple] = [(j, "reward", "no reward on a trajectory with no action token (nowhere to put it)", f"{reward[j]}")
-           for j in np.flatnonzero((k == 0) & np.isfinite(reward) & (reward != 0) & ~has_tr)]
+    out: list[tuple] = [
+        (j, "reward", "no reward on a trajectory with no action token (nowhere to put it)", f"{reward[j]}")
+        for j in np.flatnonzero((k == 0) & np.isfinite(reward) & (reward != 0) & ~has_tr)
+    ]
     bv = bc.scalars.get("bootstrap_value")
     if bv is not None:
-        out += [(j, "bootstrap_value", "a finite number or NaN (terminal)", f"{x}") for j, x in enumerate(bv)
-                if x is not None and math.isinf(float(x))]
+        out += [
+            (j, "bootstrap_value", "a finite number or NaN (terminal)", f"{x}")
+            for j, x in enumerate(bv)
+            if x is not None and math.isinf(float(x))
+        ]
     return out
 
 
@@ -498,9 +585,14 @@ def check_rows(bc, num_turns: np.ndarray) -> list[tuple]:
     seg = row_index(bc.offsets)
     m = bc.tokens["loss_mask"] != 0
     reward = bc.scalars["reward"].astype(np.float64)
-    return (_turn_id_problems(bc, seg, m) + _finite_problems(bc, seg, m) + _token_truth_problems(bc, seg, m)
-            + _token_reward_problems(bc, seg, m, reward)
-            + _turn_reward_problems(bc, num_turns) + _reward_problems(bc, num_turns, reward))
+    return (
+        _turn_id_problems(bc, seg, m)
+        + _finite_problems(bc, seg, m)
+        + _token_truth_problems(bc, seg, m)
+        + _token_reward_problems(bc, seg, m, reward)
+        + _turn_reward_problems(bc, num_turns)
+        + _reward_problems(bc, num_turns, reward)
+    )
 
 
 def _duplicate_problems(cols: Columns, traj_ids, rows: np.ndarray, bad: np.ndarray, seen_ids) -> list[tuple]:
@@ -513,18 +605,20 @@ def _duplicate_problems(cols: Columns, traj_ids, rows: np.ndarray, bad: np.ndarr
         if bad[i]:
             continue
         if t in seen or t in first_line:
-            if t in first_line:
-                where = f" (first at {first_line[t][1]})"
-            else:  # an earlier chunk or file; a dict seen_ids knows where
-                where = f" (first in {seen[t]})" if isinstance(seen, dict) else " (seen earlier)"
+            # where the first one is: "line 3" in the same file, "FILE, line 3" in another one; the
+            # same words whether it lies in this chunk or an earlier one (a chunked pass says what a whole one does)
+            first = first_line.get(t) or (seen[t] if isinstance(seen, dict) else None)
+            if first is None:
+                where = " (seen earlier)"
+            elif first[0] == cols.where(i)["file"] or first[0] is None:
+                where = f" (first at {first[1]})"
+            else:
+                where = f" (first in {first[0]}, {first[1]})"
             out.append((i, "traj_id", "a unique traj_id", f"a duplicate of {t!r}{where}"))
         else:
             w = cols.where(i)
             first_line[t] = (w["file"], f"line {w['line']}" if w["line"] is not None else f"row {w['row']}")
-    if isinstance(seen, dict):
-        seen.update({t: (f"{f}, {loc}" if f is not None else loc) for t, (f, loc) in first_line.items()})
-    else:
-        seen.update(first_line)
+    seen.update(first_line)
     return out
 
 
@@ -536,9 +630,9 @@ def validate_columns(cls, cols: Columns, meta, problems: list[Problem], *, seen_
     arguments); :func:`check_rows` on the batch's columns; duplicate ``traj_id`` s last. Each phase
     returns its problems, which name the file, line/row, traj_id, field, expected and found.
 
-    ``seen_ids`` (a set, or a dict traj_id -> "file, line/row" to name the first occurrence; updated
-    in place) carries traj_ids across chunks/files so duplicates are
-    found across a whole folder or scan.
+    ``seen_ids`` (a set, or a dict traj_id -> (file, "line/row N") to name the first occurrence;
+    updated in place) carries traj_ids across chunks/files so duplicates are found across a whole
+    folder or scan.
     """
     bad = cols.bad.copy() if cols.bad is not None else np.zeros(cols.n, dtype=bool)
     found = check_columns(cols, bad)
@@ -603,5 +697,12 @@ def aligned_columns(cols: Columns, good: np.ndarray) -> dict:
         if name not in scalars:
             scalars[name] = np.full(len(good), None, dtype=object) if name != "reward" else np.full(len(good), np.nan)
     extras = {k: v[good] for k, v in cols.extra.items()}
-    return {"offsets": off, "tokens": tokens, "present": present, "prompt": (pf.astype(np.int64), po),
-            "turn": turn, "scalars": scalars, "extras": extras}
+    return {
+        "offsets": off,
+        "tokens": tokens,
+        "present": present,
+        "prompt": (pf.astype(np.int64), po),
+        "turn": turn,
+        "scalars": scalars,
+        "extras": extras,
+    }

@@ -28,9 +28,11 @@ __all__ = ["AutomationEnv", "AutomationTask"]
 COLOURS = ("red", "blue", "green", "yellow")
 DIRECTIONS = ("north", "south", "east", "west")
 
-_T_PROMPT = ("task : you are in room 0 . keys here : {keys} . the exit door in room {m} opens only "
-             "with the {door} key . the way : {route} . commands : take <colour> key , go <direction> , "
-             "open door .")
+_T_PROMPT = (
+    "task : you are in room 0 . keys here : {keys} . the exit door in room {m} opens only "
+    "with the {door} key . the way : {route} . commands : take <colour> key , go <direction> , "
+    "open door ."
+)
 _T_TAKE = "you take the {c} key ."
 _T_NOKEY = "there is no key here ."
 _T_MOVE = "you walk {d} into room {r} . the door closes behind you ."
@@ -85,15 +87,13 @@ class AutomationEnv(TextEnv):
         return task.rooms + 2
 
     def prompt(self, task):
-        return _T_PROMPT.format(keys=" , ".join(task.keys), m=task.rooms, door=task.door,
-                                route=" , ".join(task.route))
+        return _T_PROMPT.format(keys=" , ".join(task.keys), m=task.rooms, door=task.door, route=" , ".join(task.route))
 
     def initial_state(self, task):
         return (0, None)
 
     def actions(self, task, s):
-        return (tuple(f"take {c} key" for c in task.keys) + tuple(f"go {d}" for d in DIRECTIONS)
-                + ("open door",))
+        return tuple(f"take {c} key" for c in task.keys) + tuple(f"go {d}" for d in DIRECTIONS) + ("open door",)
 
     def accepts(self, task, s):
         return tuple(f"take {c} key" for c in COLOURS) + tuple(f"go {d}" for d in DIRECTIONS) + ("open door",)
@@ -146,8 +146,28 @@ class AutomationEnv(TextEnv):
         return f"{_T_REASON0.format(door=task.door)} {held} {where}"
 
     def vocabulary(self):
-        return self.base_words() + words_of(
-            _T_PROMPT, "<colour> <direction>", _T_TAKE, _T_NOKEY, _T_MOVE, _T_SLIP, _T_WALL, _T_BLOCKED,
-            _T_NODOOR, _T_OPEN, _T_JAM, _T_REASON0, _T_REASON_KEY, _T_REASON_NOKEY, _T_REASON_GO,
-            _T_REASON_DOOR, "invalid action : expected take <colour> key , go <direction> or open door .",
-        ) + list(COLOURS) + list(DIRECTIONS) + [str(i) for i in range(100)]
+        return (
+            self.base_words()
+            + words_of(
+                _T_PROMPT,
+                "<colour> <direction>",
+                _T_TAKE,
+                _T_NOKEY,
+                _T_MOVE,
+                _T_SLIP,
+                _T_WALL,
+                _T_BLOCKED,
+                _T_NODOOR,
+                _T_OPEN,
+                _T_JAM,
+                _T_REASON0,
+                _T_REASON_KEY,
+                _T_REASON_NOKEY,
+                _T_REASON_GO,
+                _T_REASON_DOOR,
+                "invalid action : expected take <colour> key , go <direction> or open door .",
+            )
+            + list(COLOURS)
+            + list(DIRECTIONS)
+            + [str(i) for i in range(100)]
+        )

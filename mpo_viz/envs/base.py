@@ -18,8 +18,11 @@ oracle values are exact for the very dynamics the game runs:
 A subclass implements those hooks (plus ``prompt``, ``sample_task``, ``vocabulary``); this base class
 turns them into ``reset(seed) -> observation`` and ``step(text) -> (observation, reward, terminated,
 truncated, info)``, keeps the conversation as OpenAI-style ``messages``, spends a turn on a
-malformed action (never an exception) and truncates at the turn limit. ``docs/environments.md``
-walks through writing one.
+malformed action (never an exception) and truncates at the turn limit. What the limit is, what
+truncation is worth and which terminal states count as success are hooks too (``limit_for``,
+``truncation_reward``, ``succeeded``, ``limit_message``). ``docs/environments.md`` walks through
+writing one; an environment without a finite model (plain reset/step) is wrapped by
+:class:`mpo_viz.envs.protocol.ProtocolEnv` instead.
 """
 
 from __future__ import annotations
@@ -33,14 +36,28 @@ from typing import Any
 from mpo_viz.checks import OptionError
 from mpo_viz.options import Option
 
-__all__ = ["Outcome", "TextEnv", "words_of", "parse_difficulty", "TURN_LIMIT_MESSAGE", "SUCCESS", "FAILURE"]
+__all__ = [
+    "Outcome",
+    "TextEnv",
+    "words_of",
+    "parse_difficulty",
+    "TURN_LIMIT_MESSAGE",
+    "SUCCESS",
+    "FAILURE",
+    "TOKENIZER_KINDS",
+    "DRAW_TRIES",
+    "tokenizer_kind_of",
+]
 
 TURN_LIMIT_MESSAGE = "the turn limit is reached ."
 #: inner states after termination (every environment ends in one of these two)
 SUCCESS, FAILURE = "success", "failure"
-SYSTEM_PROMPT = (
-    "you are an agent . think briefly , then end your reply with exactly one command ."
-)
+#: how an environment's texts become tokens (``TextEnv.tokenizer_kind``): a word-level tokenizer over its
+#: ``vocabulary()``, or a byte-level one that loses nothing (``mpo_viz.envs.tokenizer.build_tokenizer``)
+TOKENIZER_KINDS = ("words", "bytes")
+#: the draws :meth:`TextEnv.draw_task` makes before it says that no task meets the difficulty
+DRAW_TRIES = 10_000
+SYSTEM_PROMPT = "you are an agent . think briefly , then end your reply with exactly one command ."
 
 
 @dataclass(frozen=True)
@@ -80,9 +97,23 @@ def _check_difficulty(difficulty) -> tuple[int, int]:
         try:
             lo, hi = (int(x) for x in difficulty)
         except (TypeError, ValueError):
-            raise OptionError("difficulty", f"expected an int or a (min, max) pair of expert turns, found {difficulty!r}"
+            raise OptionError(
+                "difficulty", f"expected an int or a (min, max) pair of expert turns, found {difficulty!r}"
             ) from None
     return lo, hi
+
+
+def tokenizer_kind_of(env) -> str:
+    """``"words"`` or ``"bytes"``: what an environment asks for (its ``tokenizer_kind``; an
+    environment without a ``vocabulary`` gets bytes)."""
+    kind = getattr(env, "tokenizer_kind", None)
+    if kind is None:
+        kind = "words" if callable(getattr(env, "vocabulary", None)) else "bytes"
+    if kind not in TOKENIZER_KINDS:
+        raise ValueError(
+            f"tokenizer_kind: expected 'words' or 'bytes', found {kind!r} on {getattr(env, 'name', type(env).__name__)}"
+        )
+    return kind
 
 
 def parse_difficulty(text: str) -> int | list[int]:
@@ -121,6 +152,20 @@ class TextEnv:
     verbs: tuple[str, ...] = ()
     #: the smallest ``difficulty`` the environment can build.
     min_difficulty = 2
+    #: the largest ``difficulty`` the environment can build (None: no bound); a larger one is refused
+    #: when the environment is made, naming the range
+    max_difficulty: int | None = None
+    #: ``"words"``: the word-level tokenizer over :meth:`vocabulary`; ``"bytes"``: a byte-level one
+    #: (every text tokenizes, nothing becomes ``[UNK]``; about five times as many tokens)
+    tokenizer_kind = "words"
+    #: the text appended to the observation of a turn that reaches the turn limit (None: nothing)
+    limit_message: str | None = TURN_LIMIT_MESSAGE
+    #: whether ``actions``/``outcomes``/``expert_action`` describe a finite model (the oracle and the
+    #: noisy expert need one; :class:`~mpo_viz.envs.protocol.ProtocolEnv` has none)
+    finite_model = True
+    #: the name the environment was made under (``make_env`` sets it: a registered name, an entry
+    #: point's or ``package.module:factory``); what files record so that a fresh process rebuilds it
+    env_id: str | None = None
     #: the keyword options of ``__init__`` this class adds (the base's: difficulty, slack,
     #: max_turns, shaping, seed); see :meth:`declared_options`
     options: tuple[Option, ...] = (
@@ -141,11 +186,21 @@ class TextEnv:
                 out.setdefault(o.name, o)
         return out
 
-    def __init__(self, *, difficulty=(3, 6), slack: int = 2, max_turns: int | None = None,
-                 shaping: float = 0.0, seed: int | None = None):
+    def __init__(
+        self,
+        *,
+        difficulty=(3, 6),
+        slack: int = 2,
+        max_turns: int | None = None,
+        shaping: float = 0.0,
+        seed: int | None = None,
+    ):
         lo, hi = _check_difficulty(difficulty)
-        if lo < self.min_difficulty or hi < lo:
-            raise OptionError("difficulty", f"expected {self.min_difficulty} <= min <= max for {self.name}, found ({lo}, {hi})"
+        top = self.max_difficulty
+        if lo < self.min_difficulty or hi < lo or (top is not None and hi > top):
+            upper = f" <= {top}" if top is not None else ""
+            raise OptionError(
+                "difficulty", f"expected {self.min_difficulty} <= min <= max{upper} for {self.name}, found ({lo}, {hi})"
             )
         opts = TextEnv.declared_options()
         opts["slack"].check(slack)
@@ -164,8 +219,25 @@ class TextEnv:
 
     # ------------------------------------------------------------------ hooks for subclasses
     def sample_task(self, rng: random.Random, size: int) -> Any:
-        """A new immutable task whose noise-free expert solution takes exactly ``size`` turns."""
+        """A new immutable task whose noise-free expert solution takes exactly ``size`` turns (None:
+        there is none; :meth:`make_task` then says so). A sampler that draws tasks until one fits
+        uses :meth:`draw_task`, which stops."""
         raise NotImplementedError
+
+    def draw_task(self, rng: random.Random, size: int, draw, *, tries: int = DRAW_TRIES) -> Any:
+        """Rejection sampling with a bound: ``draw(rng)`` until a task whose :meth:`needed_turns` is
+        ``size``; after ``tries`` draws an :class:`~mpo_viz.checks.OptionError` naming the difficulty
+        range (never a loop without end)."""
+        for _ in range(tries):
+            task = draw(rng)
+            if self.needed_turns(task) == size:
+                return task
+        lo, hi = self.difficulty
+        raise OptionError(
+            "difficulty",
+            f"expected a difficulty the {self.name} environment can build, found "
+            f"({lo}, {hi}): no task needing {size} turns in {tries} draws",
+        )
 
     def needed_turns(self, task) -> int:
         """Turns the noise-free expert needs on ``task``."""
@@ -214,7 +286,7 @@ class TextEnv:
         is reasoning), or None when no verb occurs."""
         toks = text.lower().split()
         starts = [i for i, w in enumerate(toks) if w in self.verbs]
-        return toks[starts[-1]:] if starts else None
+        return toks[starts[-1] :] if starts else None
 
     def accepts(self, task, s) -> Sequence[str]:
         """Commands ``parse`` accepts (default: the noise support)."""
@@ -227,15 +299,28 @@ class TextEnv:
         """Every word any prompt, observation or expert turn of this environment can contain."""
         raise NotImplementedError
 
+    def truncation_reward(self, task, s) -> float:
+        """The reward added on the turn that reaches the turn limit from inner state ``s`` (partial
+        credit at the limit; default 0). The oracle sums it like any reward."""
+        return 0.0
+
+    def succeeded(self, task, s) -> bool:
+        """Whether the terminal inner state ``s`` is a success (``info["success"]``; default
+        ``s == SUCCESS``)."""
+        return s == SUCCESS
+
     # ------------------------------------------------------------------ the model, full states
     def limit_for(self, task) -> int:
+        """The turn limit of ``task``: ``max_turns``, else the expert's need plus ``slack``; override it
+        for a limit of your own (a library's)."""
         return self.max_turns if self.max_turns is not None else self.needed_turns(task) + self.slack
 
     def transitions(self, task, state, action: str | None, error: str = "") -> list[Outcome]:
         """Exact outcomes of one turn from the full state ``(t, inner)``.
 
         ``action=None`` is a malformed action: the turn is spent, nothing else changes, and the
-        observation is ``error``. Reaching the turn limit without termination truncates.
+        observation is ``error``. Reaching the turn limit without termination truncates: the turn's
+        reward gains :meth:`truncation_reward` and its observation :attr:`limit_message`.
         """
         t, s = state
         limit = self.limit_for(task)
@@ -244,7 +329,9 @@ class TextEnv:
         for p, s2, r, done, obs in raw:
             trunc = (not done) and t + 1 >= limit
             if trunc:
-                obs = f"{obs} {TURN_LIMIT_MESSAGE}"
+                r = float(r) + float(self.truncation_reward(task, s2))
+                if self.limit_message:
+                    obs = f"{obs} {self.limit_message}"
             res.append(Outcome(float(p), (t + 1, s2), float(r), bool(done), trunc, obs))
         return res
 
@@ -253,9 +340,28 @@ class TextEnv:
 
     # ------------------------------------------------------------------ gym-like API
     def make_task(self, seed: int | None):
+        """The task of ``seed`` (its difficulty drawn from the range, then :meth:`sample_task`); a
+        difficulty the environment cannot build is an :class:`~mpo_viz.checks.OptionError` naming
+        the range."""
         rng = random.Random(seed)
         lo, hi = self.difficulty
-        return self.sample_task(rng, rng.randint(lo, hi))
+        size = rng.randint(lo, hi)
+        task = self.sample_task(rng, size)
+        if task is None:
+            raise OptionError(
+                "difficulty",
+                f"expected a difficulty the {self.name} environment can build, found "
+                f"({lo}, {hi}): it has no task needing {size} turns",
+            )
+        return task
+
+    def spawn(self) -> TextEnv:
+        """A new environment with this one's options, for one more episode (reset it before use):
+        a deep copy of the options, not of the episode this one last played (its task, state and
+        messages are left out: copying them cost ~30 ms per episode after a trainer's SFT)."""
+        blank = copy.copy(self)
+        blank.task, blank.state, blank.messages = None, None, []
+        return copy.deepcopy(blank)
 
     def reset(self, seed: int | None = None, *, task_seed: int | None = None, task: Any = None) -> str:
         """Start an episode; returns the first observation (the task prompt).
@@ -304,8 +410,13 @@ class TextEnv:
         self.done = out.terminated or out.truncated
         self.messages.append({"role": "assistant", "content": " ".join(action_text.split())})
         self.messages.append({"role": self.obs_role, "content": out.observation})
-        info = {"action": action, "valid": action is not None, "turn": prev[0], "prev_state": prev,
-                "success": bool(out.terminated and out.state[1] == SUCCESS)}
+        info = {
+            "action": action,
+            "valid": action is not None,
+            "turn": prev[0],
+            "prev_state": prev,
+            "success": bool(out.terminated and self.succeeded(self.task, out.state[1])),
+        }
         return out.observation, out.reward, out.terminated, out.truncated, info
 
     # ------------------------------------------------------------------ replay and branching

@@ -20,6 +20,10 @@ dynamics and expert seeds per sample) and returns a :class:`~mpo_viz.data.trajec
 
 File metadata: ``values_source="oracle"``, ``tokenizer``, ``source_framework="mpo_viz.envs"``,
 ``gamma``, and ``generator`` (the config) so a file says how it was made.
+
+An environment without a finite model (:mod:`mpo_viz.envs.protocol`) has no noisy expert and no
+oracle: with an ``expert(rng)`` of its own, its expert's episodes are written without ``values`` and
+oracle columns (``values_source="none"``, the noise options unused); without one it is refused.
 """
 
 from __future__ import annotations
@@ -28,6 +32,7 @@ import dataclasses
 import json
 import math
 import random
+import warnings
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -38,8 +43,9 @@ from mpo_viz.data.turns import turn_ids_from_mask
 from mpo_viz.envs.base import TextEnv
 from mpo_viz.envs.expert import NoisyExpert
 from mpo_viz.envs.oracle import Oracle
-from mpo_viz.envs.registry import make_env
-from mpo_viz.envs.tokenizer import ChatLayout, build_tokenizer
+from mpo_viz.envs.protocol import ProtocolEnv, play_expert
+from mpo_viz.envs.registry import env_declarations, make_env
+from mpo_viz.envs.tokenizer import ChatLayout, UnknownTextWarning, build_tokenizer
 
 #: the extra per-token columns a generated batch carries (float32; saved and loaded like any column)
 ORACLE_TOKEN_FIELDS = ("oracle_values", "oracle_token_adv", "decisive")
@@ -52,7 +58,8 @@ class GenerateConfig:
     """How to generate a set of expert trajectories.
 
     Fields:
-        env: registered environment name (``search``, ``tooluse``, ``automation``).
+        env: environment name (``search``, ``tooluse``, ``automation``, an entry point's, or
+            ``package.module:factory``).
         policy: only ``"expert"`` (the scripted noisy expert) for now.
         noise: the expert's noise rate p (random valid action with probability p).
         episodes: trajectories in all; must be a multiple of ``group_size``.
@@ -60,7 +67,8 @@ class GenerateConfig:
         seed: master seed; the whole set is a deterministic function of the config.
         value_noise: σ of Gaussian noise added to ``values`` (0 = the exact oracle).
         reasoning: the expert writes its short thought before the command.
-        difficulty: expert turns per task, an int or an inclusive (min, max) range.
+        difficulty: expert turns per task, an int or an inclusive (min, max) range (passed to an
+            environment that does not declare ``difficulty`` only when changed from the default).
         gamma: turn-level discount of the oracle values.
         env_options: further keyword options of the environment (``slack``, ``shaping``, ``slip``...).
     """
@@ -83,15 +91,24 @@ class GenerateConfig:
         if self.group_size < 1:
             raise OptionError("group_size", f"expected >= 1, found {self.group_size}")
         if self.episodes < 1 or self.episodes % self.group_size:
-            raise OptionError("episodes", f"expected a positive multiple of group_size={self.group_size}, found {self.episodes}"
+            raise OptionError(
+                "episodes", f"expected a positive multiple of group_size={self.group_size}, found {self.episodes}"
             )
         if not (self.value_noise >= 0 and math.isfinite(self.value_noise)):
             raise OptionError("value_noise", f"expected a finite sigma >= 0, found {self.value_noise}")
 
 
-def run_episode(env: TextEnv, expert: NoisyExpert, layout: ChatLayout, *, seed: int,
-                task=None, task_seed: int | None = None, gamma: float = 1.0,
-                oracle: Oracle | None = None) -> dict:
+def run_episode(
+    env: TextEnv,
+    expert: NoisyExpert,
+    layout: ChatLayout,
+    *,
+    seed: int,
+    task=None,
+    task_seed: int | None = None,
+    gamma: float = 1.0,
+    oracle: Oracle | None = None,
+) -> dict:
     """Play one episode with the expert and return a v1 row (without ids) plus oracle columns.
 
     Keys: ``prompt_ids``, ``response_ids``, ``loss_mask``, ``turn_ids``, ``values`` (exact oracle,
@@ -155,21 +172,107 @@ def run_episode(env: TextEnv, expert: NoisyExpert, layout: ChatLayout, *, seed: 
         "success": bool(success),
         "needed_turns": env.needed_turns(env.task),
         "turn_limit": env.turn_limit,
-        "oracle": {"turn_v": turn_v, "turn_q": turn_q, "turn_adv": [q - v for q, v in zip(turn_q, turn_v)],
-                   "turn_actions": turn_actions},
+        "oracle": {
+            "turn_v": turn_v,
+            "turn_q": turn_q,
+            "turn_adv": [q - v for q, v in zip(turn_q, turn_v)],
+            "turn_actions": turn_actions,
+        },
     }
 
 
+#: ``GenerateConfig.difficulty``'s default
+DEFAULT_DIFFICULTY = (3, 6)
+
+
 def _env_of(cfg: GenerateConfig) -> TextEnv:
-    return make_env(cfg.env, difficulty=cfg.difficulty, **cfg.env_options)
+    declared = env_declarations(cfg.env)
+    d = cfg.difficulty
+    changed = (d if isinstance(d, int) else tuple(d)) != DEFAULT_DIFFICULTY
+    kw = dict(cfg.env_options)
+    if declared is None or "difficulty" in declared or changed:
+        kw["difficulty"] = d
+    return make_env(cfg.env, **kw)
+
+
+def _unknown_warning(layout: ChatLayout, meta: dict) -> None:
+    """``meta["unknown_text"]`` and one warning when the layout counted text lost to ``[UNK]``."""
+    if layout.unknown:
+        meta["unknown_text"] = layout.unknown.summary()
+        warnings.warn(layout.unknown.line("the environment's word-level tokenizer"), UnknownTextWarning, stacklevel=3)
+
+
+def _protocol_rows(cfg: GenerateConfig, env: ProtocolEnv, layout: ChatLayout) -> list[dict]:
+    """The episodes of an environment's own expert (no finite model: no values, no oracle)."""
+    if not env.has_expert:
+        raise OptionError(
+            "policy",
+            f"expected an environment with a scripted expert for --policy expert, found "
+            f"{env.name}, which has no finite model (no noisy expert) and no expert(rng) of "
+            "its own; play it with a model (--policy model)",
+        )
+    master = random.Random(cfg.seed)
+    rows, lists = [], []
+    for g in range(cfg.episodes // cfg.group_size):
+        task_seed = master.randrange(2**31)
+        gid = f"{env.name}-s{cfg.seed}-t{g:04d}"
+        for j in range(cfg.group_size):
+            seed = master.randrange(2**31)
+            ep = play_expert(env, layout, seed=seed, task_seed=task_seed)
+            extra = {
+                "env": env.env_id or env.name,
+                "task_seed": task_seed,
+                "seed": seed,
+                "success": ep["success"],
+                "needed_turns": None,
+                "turn_limit": env.turn_limit,
+            }
+            lists.append(ep["rewards"])
+            rows.append(
+                {
+                    "traj_id": f"{gid}-{j}",
+                    "group_id": gid,
+                    "sample_idx": j,
+                    "prompt_ids": ep["prompt_ids"],
+                    "response_ids": ep["response_ids"],
+                    "loss_mask": ep["loss_mask"],
+                    "turn_ids": ep["turn_ids"],
+                    "response_tokens": ep["response_tokens"],
+                    "messages_json": json.dumps(ep["messages"]),
+                    "reward": float(sum(ep["rewards"])),
+                    "turn_rewards": ep["rewards"],
+                    "num_turns": ep["num_turns"],
+                    "stop_reason": ep["stop_reason"],
+                    "truncated": ep["truncated"],
+                    "extra_json": json.dumps(extra),
+                }
+            )
+    shaped = any(any(r != 0 for r in rs[:-1]) for rs in lists)
+    for row in rows:
+        if shaped:
+            row["reward"] = float("nan")
+        else:
+            del row["turn_rewards"]
+    return rows
 
 
 def generate_rows(cfg: GenerateConfig) -> tuple[list[dict], dict]:
     """The v1 rows and file metadata of :func:`generate` (no validation, no batch)."""
     cfg.validate()
     env = _env_of(cfg)
-    expert = NoisyExpert(noise=cfg.noise, reasoning=cfg.reasoning)
     layout = ChatLayout(build_tokenizer(env))
+    if isinstance(env, ProtocolEnv):
+        rows = _protocol_rows(cfg, env, layout)
+        env_id = env.env_id or env.name
+        meta: dict = {
+            "tokenizer": f"mpo_viz.envs.build_tokenizer({env_id!r})",
+            "source_framework": "mpo_viz.envs",
+            "values_source": "none",
+            "generator": {**dataclasses.asdict(cfg), "env": env_id, "env_options": env.option_values()},
+        }
+        _unknown_warning(layout, meta)
+        return rows, meta
+    expert = NoisyExpert(noise=cfg.noise, reasoning=cfg.reasoning)
     master = random.Random(cfg.seed)
     noise_rng = np.random.default_rng(cfg.seed)
     rows = []
@@ -184,10 +287,17 @@ def generate_rows(cfg: GenerateConfig) -> tuple[list[dict], dict]:
             ep = run_episode(env, expert, layout, seed=seed, task=task, gamma=cfg.gamma, oracle=oracle)
             clean = np.asarray(ep["values"], dtype=np.float64)
             noisy = clean + (noise_rng.normal(0.0, cfg.value_noise, clean.shape) if cfg.value_noise else 0.0)
-            extra = {"env": cfg.env, "task_seed": task_seed, "seed": seed, "success": ep["success"],
-                     "needed_turns": ep["needed_turns"], "turn_limit": ep["turn_limit"],
-                     "oracle": {k: ([round(x, 9) for x in v] if k != "turn_actions" else v)
-                                for k, v in ep["oracle"].items()}}
+            extra = {
+                "env": cfg.env,
+                "task_seed": task_seed,
+                "seed": seed,
+                "success": ep["success"],
+                "needed_turns": ep["needed_turns"],
+                "turn_limit": ep["turn_limit"],
+                "oracle": {
+                    k: ([round(x, 9) for x in v] if k != "turn_actions" else v) for k, v in ep["oracle"].items()
+                },
+            }
             row = {
                 "traj_id": f"{gid}-{j}",
                 "group_id": gid,
@@ -219,12 +329,15 @@ def generate_rows(cfg: GenerateConfig) -> tuple[list[dict], dict]:
         "value_noise": cfg.value_noise,
         "generator": dataclasses.asdict(cfg),
     }
+    _unknown_warning(layout, meta)
     return rows, meta
 
 
 def generate(cfg: GenerateConfig):
     """Generate the trajectories of ``cfg`` as a validated :class:`~mpo_viz.data.trajectory.TrajectoryBatch`."""
     rows, meta = generate_rows(cfg)
+    if meta["values_source"] == "none":  # an environment's own expert: no oracle columns
+        return TrajectoryBatch.from_rows(rows, meta=meta)
     extra = {name: [r.pop(name) for r in rows] for name in ORACLE_TOKEN_FIELDS}
     return TrajectoryBatch.from_rows(rows, meta=meta).with_token_fields(**extra)
 

@@ -67,8 +67,15 @@ class Oracle:
     ``encode(text) -> token ids`` (end-of-turn appended) is only needed for :meth:`turn`.
     """
 
-    def __init__(self, env: TextEnv, expert: NoisyExpert, task=None, *, gamma: float = 1.0,
-                 encode: Callable[[str], Sequence[int]] | None = None):
+    def __init__(
+        self,
+        env: TextEnv,
+        expert: NoisyExpert,
+        task=None,
+        *,
+        gamma: float = 1.0,
+        encode: Callable[[str], Sequence[int]] | None = None,
+    ):
         self.env = env
         self.expert = expert
         self.task = env.task if task is None else task

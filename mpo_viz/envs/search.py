@@ -34,8 +34,18 @@ def _names() -> list[str]:
 NAMES: tuple[str, ...] = tuple(_names())
 #: relation words
 RELATIONS: tuple[str, ...] = (
-    "capital", "founder", "mentor", "rival", "neighbor", "partner", "author", "owner",
-    "leader", "parent", "student", "twin",
+    "capital",
+    "founder",
+    "mentor",
+    "rival",
+    "neighbor",
+    "partner",
+    "author",
+    "owner",
+    "leader",
+    "parent",
+    "student",
+    "twin",
 )
 
 _T_PROMPT = "question : what is {q} ? use search <entity> to look up an entity and answer <entity> to reply ."
@@ -157,8 +167,21 @@ class SearchEnv(TextEnv):
         return f"invalid action : {reason} ."
 
     def vocabulary(self):
-        return self.base_words() + words_of(
-            _T_PROMPT.replace("<entity>", "{x}"), "<entity> the of", _T_FACT, _T_RESULTS, _T_REASON_START,
-            _T_REASON_MID, _T_REASON_END, _T_CORRECT, _T_WRONG, _T_NOENT,
-            "invalid action : expected search <entity> or answer <entity> .",
-        ) + list(RELATIONS) + list(NAMES)
+        return (
+            self.base_words()
+            + words_of(
+                _T_PROMPT.replace("<entity>", "{x}"),
+                "<entity> the of",
+                _T_FACT,
+                _T_RESULTS,
+                _T_REASON_START,
+                _T_REASON_MID,
+                _T_REASON_END,
+                _T_CORRECT,
+                _T_WRONG,
+                _T_NOENT,
+                "invalid action : expected search <entity> or answer <entity> .",
+            )
+            + list(RELATIONS)
+            + list(NAMES)
+        )

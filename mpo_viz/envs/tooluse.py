@@ -24,8 +24,7 @@ OPS = ("+", "-", "*")
 CONSTANTS = tuple(range(2, 10))
 _OP_WORDS = {"+": "add {c}", "-": "subtract {c}", "*": "multiply by {c}"}
 
-_T_PROMPT = ("task : start with {v0} , {steps} . use calc <x> <op> <y> one operation at a time , "
-             "then answer <number> .")
+_T_PROMPT = "task : start with {v0} , {steps} . use calc <x> <op> <y> one operation at a time , then answer <number> ."
 _T_RESULT = "result : {y} ."
 _T_RANGE = "error : result out of range ."
 _T_REASON = "the value is {v} . next : {step} ."
@@ -123,8 +122,20 @@ class ToolUseEnv(TextEnv):
         return _T_REASON_END.format(v=v)
 
     def vocabulary(self):
-        return self.base_words() + words_of(
-            _T_PROMPT, "<x> <op> <y> <number>", _T_RESULT, _T_RANGE, _T_REASON, _T_REASON_END,
-            _T_CORRECT, _T_WRONG, "add subtract multiply by , calc answer",
-            "invalid action : expected calc <x> <op> <y> or answer <number> .",
-        ) + list(OPS) + [str(i) for i in range(MAX_VALUE + 1)]
+        return (
+            self.base_words()
+            + words_of(
+                _T_PROMPT,
+                "<x> <op> <y> <number>",
+                _T_RESULT,
+                _T_RANGE,
+                _T_REASON,
+                _T_REASON_END,
+                _T_CORRECT,
+                _T_WRONG,
+                "add subtract multiply by , calc answer",
+                "invalid action : expected calc <x> <op> <y> or answer <number> .",
+            )
+            + list(OPS)
+            + [str(i) for i in range(MAX_VALUE + 1)]
+        )

@@ -1,8 +1,10 @@
 """Policy and value losses, aggregation, KL penalties and logprob/entropy helpers.
 
 ``from mpo_viz.losses import policy_loss, value_loss, aggregate, kl_penalty, token_logprobs
-token_entropy``; ``clip_flags`` says which tokens and turns a loss kind clips. Loss kinds live in a string registry (``available_losses()``, ``register_loss()``,
-``get_loss()``, ``loss_options()``); each declares what it needs (``turns``, ``rollout_logp``) and its default clip range
+token_entropy``; ``clip_flags`` says which tokens and turns a loss kind clips. Loss kinds live in a string registry
+(``available_losses()``, ``register_loss()``,
+``get_loss()``, ``loss_options()``); each declares what it needs (``turns``, ``rollout_logp``) and its default clip
+range
 and aggregation.
 
 Modules: ``policy`` (kinds, registry, metrics, reference loop), ``aggregate`` (the six modes),
@@ -19,6 +21,7 @@ from mpo_viz.losses.logprobs import (
 )
 from mpo_viz.losses.policy import (
     LOGPROB_FIELDS,
+    LOGPROB_WHAT,
     METRIC_NAMES,
     RATIO_MODES,
     ClipFlags,
@@ -41,6 +44,7 @@ __all__ = [
     "METRIC_NAMES",
     "RATIO_MODES",
     "LOGPROB_FIELDS",
+    "LOGPROB_WHAT",
     "ClipFlags",
     "LossKind",
     "PolicyInputs",

@@ -70,7 +70,9 @@ def check_finite(x: torch.Tensor, name: str, mask: torch.Tensor) -> None:
     if bool(bad.any()):
         r = int(bad.any(-1).nonzero()[0, 0])
         c = int(bad[r].nonzero()[0, 0])
-        raise ValueError(f"{name}: row {r}: expected finite values on action tokens, found {x[r, c].item()} at position {c}")
+        raise ValueError(
+            f"{name}: row {r}: expected finite values on action tokens, found {x[r, c].item()} at position {c}"
+        )
 
 
 @dataclass(frozen=True)

@@ -20,7 +20,11 @@ AGG_MODES = (
 
 
 def aggregate(
-    loss_matrix: TensorLike, mask: TensorLike, mode: str = "token-mean", *, turn_ids: TensorLike | None = None,
+    loss_matrix: TensorLike,
+    mask: TensorLike,
+    mode: str = "token-mean",
+    *,
+    turn_ids: TensorLike | None = None,
     scale: float | None = None,
 ) -> torch.Tensor:
     """Reduce a per-token loss ``L`` (B, L) over the action tokens of ``mask`` (B, L, 0/1).

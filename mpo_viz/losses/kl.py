@@ -16,7 +16,9 @@ LOG_DIFF_CLAMP = 20.0
 K3_CLAMP = 10.0
 
 
-def kl_penalty(logp: TensorLike, ref_logp: TensorLike, kind: str = "k3", *, mask: TensorLike | None = None) -> torch.Tensor:
+def kl_penalty(
+    logp: TensorLike, ref_logp: TensorLike, kind: str = "k3", *, mask: TensorLike | None = None
+) -> torch.Tensor:
     """Per-token KL estimate between the policy and the reference, ``Δ = logπ − logπ_ref``.
 
     For tokens sampled from π (on-policy), estimates of KL(π ‖ π_ref) = E_π[Δ]:

@@ -18,7 +18,13 @@ import torch
 
 from mpo_viz.checks import TensorLike
 
-__all__ = ["token_logprobs", "token_entropy", "token_logprobs_reference", "token_entropy_reference", "default_chunk_size"]
+__all__ = [
+    "token_logprobs",
+    "token_entropy",
+    "token_logprobs_reference",
+    "token_entropy_reference",
+    "default_chunk_size",
+]
 
 _CHUNK_BYTES = 32 * 2**20  # per float32 chunk temporary
 
@@ -65,7 +71,9 @@ def _prepare(logits, token_ids, chunk_size, temperature, name_ids="token_ids"):
     if token_ids is not None:
         ids = torch.as_tensor(token_ids, device=logits.device)
         if tuple(ids.shape) != tuple(logits.shape[:-1]):
-            raise ValueError(f"{name_ids}: expected shape {tuple(logits.shape[:-1])} (logits' without V), found {tuple(ids.shape)}")
+            raise ValueError(
+                f"{name_ids}: expected shape {tuple(logits.shape[:-1])} (logits' without V), found {tuple(ids.shape)}"
+            )
         if ids.dtype.is_floating_point or ids.dtype == torch.bool or ids.is_complex():
             raise ValueError(f"{name_ids}: expected an integer dtype, found {ids.dtype}")
         V = logits.shape[-1]
@@ -159,7 +167,9 @@ class _Entropy(torch.autograd.Function):
         return grad.reshape(logits.shape), None, None, None
 
 
-def token_logprobs(logits: TensorLike, token_ids: TensorLike, *, chunk_size: int | None = None, temperature: float = 1.0) -> torch.Tensor:
+def token_logprobs(
+    logits: TensorLike, token_ids: TensorLike, *, chunk_size: int | None = None, temperature: float = 1.0
+) -> torch.Tensor:
     """``log softmax(logits / temperature)[..., token_ids]``, chunk by chunk; differentiable.
 
     Shapes: ``logits`` (B, L, V) or (N, V), any float dtype (bf16/fp16 are upcast per chunk);

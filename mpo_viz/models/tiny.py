@@ -42,9 +42,14 @@ def tiny_config(tokenizer, size: str = "1m") -> LlamaConfig:
     s = SIZES[size]
     eos = tokenizer.eos_token_id
     return LlamaConfig(
-        vocab_size=len(tokenizer), **s, num_key_value_heads=s["num_attention_heads"],
-        max_position_embeddings=MAX_POSITIONS, tie_word_embeddings=True,
-        pad_token_id=tokenizer.pad_token_id, eos_token_id=eos, bos_token_id=None,
+        vocab_size=len(tokenizer),
+        **s,
+        num_key_value_heads=s["num_attention_heads"],
+        max_position_embeddings=MAX_POSITIONS,
+        tie_word_embeddings=True,
+        pad_token_id=tokenizer.pad_token_id,
+        eos_token_id=eos,
+        bos_token_id=None,
         rms_norm_eps=1e-5,
     )
 
@@ -71,17 +76,30 @@ def tiny_instruct_folder(path, env, *, seed: int = 0, template: str | None = CHA
     bpe.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     bpe.decoder = decoders.ByteLevel()
     special = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
-    trainer = trainers.BpeTrainer(vocab_size=400, special_tokens=special,
-                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False)
+    trainer = trainers.BpeTrainer(
+        vocab_size=400,
+        special_tokens=special,
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
     words = env.vocabulary()
-    bpe.train_from_iterator([" ".join(words[i:i + 12]) for i in range(0, len(words), 12)] * 3, trainer)
-    tok = PreTrainedTokenizerFast(tokenizer_object=bpe, eos_token="<|im_end|>", pad_token="<|endoftext|>",
-                                  additional_special_tokens=special[1:])
+    bpe.train_from_iterator([" ".join(words[i : i + 12]) for i in range(0, len(words), 12)] * 3, trainer)
+    tok = PreTrainedTokenizerFast(
+        tokenizer_object=bpe, eos_token="<|im_end|>", pad_token="<|endoftext|>", additional_special_tokens=special[1:]
+    )
     if template is not None:
         tok.chat_template = template
-    cfg = LlamaConfig(vocab_size=len(tok), hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
-                      num_key_value_heads=2, intermediate_size=128, tie_word_embeddings=False,
-                      eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id)
+    cfg = LlamaConfig(
+        vocab_size=len(tok),
+        hidden_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        intermediate_size=128,
+        tie_word_embeddings=False,
+        eos_token_id=tok.eos_token_id,
+        pad_token_id=tok.pad_token_id,
+    )
     torch.manual_seed(seed)
     model = LlamaForCausalLM(cfg)
     path = Path(path)

@@ -47,6 +47,7 @@ def _parts_dir(out: Path) -> Path:
 
 def annotate_file(path, out, config: AnnotateConfig | None = None) -> dict:
     """Add ``adv_<name>`` / ``ret_<name>`` columns for each estimator to every row of ``path``.
+    **Streams**: ``config.max_tokens`` response tokens at a time (whole groups), memory flat in the input's size.
 
     ``out``: a ``.parquet`` or ``.jsonl`` file, or a folder (one Parquet file per chunk). The input
     is read with ``errors="raise"``: the first invalid row stops the run with the loader's message
@@ -70,8 +71,14 @@ def annotate_file(path, out, config: AnnotateConfig | None = None) -> dict:
     parts.mkdir(parents=True, exist_ok=True)
     n_traj = n_tok = n_chunks = 0
     ok = False
-    bar = tqdm(total=count_rows(path), unit="traj", desc="advantages", leave=False, dynamic_ncols=True,
-               disable=None if cfg.progress is None else not cfg.progress)
+    bar = tqdm(
+        total=count_rows(path),
+        unit="traj",
+        desc="advantages",
+        leave=False,
+        dynamic_ncols=True,
+        disable=None if cfg.progress is None else not cfg.progress,
+    )
     try:
         it = scan(path, max_tokens=cfg.max_tokens, keep_groups=need_groups)
         while True:
@@ -80,8 +87,14 @@ def annotate_file(path, out, config: AnnotateConfig | None = None) -> dict:
             timings["read"] += time.perf_counter() - ta
             if chunk is None:
                 break
-            _annotate_chunk(chunk, opts, timings, parts / f"part-{n_chunks:06d}.parquet" if folder or out.suffix == ".parquet"
-                            else parts / f"part-{n_chunks:06d}" / f"rows{out.suffix}")
+            _annotate_chunk(
+                chunk,
+                opts,
+                timings,
+                parts / f"part-{n_chunks:06d}.parquet"
+                if folder or out.suffix == ".parquet"
+                else parts / f"part-{n_chunks:06d}" / f"rows{out.suffix}",
+            )
             n_chunks += 1
             n_traj += len(chunk)
             n_tok += int(chunk.lengths.sum())
@@ -102,8 +115,15 @@ def annotate_file(path, out, config: AnnotateConfig | None = None) -> dict:
             for f in parts.glob("part-*.parquet"):  # no half-written folder left behind
                 f.unlink()
     secs = time.perf_counter() - t0
-    return {"out": str(out), "trajectories": n_traj, "tokens": n_tok, "chunks": n_chunks, "seconds": secs,
-            "tokens_per_s": n_tok / secs if secs > 0 else float("nan"), "timings": timings}
+    return {
+        "out": str(out),
+        "trajectories": n_traj,
+        "tokens": n_tok,
+        "chunks": n_chunks,
+        "seconds": secs,
+        "tokens_per_s": n_tok / secs if secs > 0 else float("nan"),
+        "timings": timings,
+    }
 
 
 def _check_output(path, out: Path, folder: bool) -> None:
@@ -111,11 +131,16 @@ def _check_output(path, out: Path, folder: bool) -> None:
     if not folder and out.suffix not in (".parquet", ".jsonl"):
         raise OptionError("out", f"expected a .parquet or .jsonl path or a folder, found {str(out)!r}")
     if folder and out.exists() and any(out.glob("part-*.parquet")):
-        raise OptionError("out", f"folder {str(out)!r} already holds part-*.parquet files; expected a new or empty folder")
+        raise OptionError(
+            "out", f"folder {str(out)!r} already holds part-*.parquet files; expected a new or empty folder"
+        )
     src, dst = Path(path).resolve(), out.resolve()
     if dst == src or src in dst.parents or (folder and dst in src.parents):
-        raise OptionError("out", f"expected an output outside the input, found {str(out)!r} for input {str(path)!r} "
-                                 f"(the input would be overwritten, or read back with the output as one set)")
+        raise OptionError(
+            "out",
+            f"expected an output outside the input, found {str(out)!r} for input {str(path)!r} "
+            f"(the input would be overwritten, or read back with the output as one set)",
+        )
 
 
 def _annotate_chunk(chunk: TrajectoryBatch, opts: dict, timings: dict, part: Path) -> None:

@@ -13,10 +13,19 @@ import plotly.graph_objects as go
 
 from mpo_viz.render.page import MAX_LINK_ROWS, csv_link, slug
 
-__all__ = ["csv_link", "write_tables", "write_figures", "static_export_available", "FIGURE_FORMATS", "MAX_LINK_ROWS",
-           "NO_RENDERER"]
+__all__ = [
+    "csv_link",
+    "write_tables",
+    "write_figures",
+    "static_export_available",
+    "FIGURE_FORMATS",
+    "MAX_LINK_ROWS",
+    "NO_RENDERER",
+]
 
 FIGURE_FORMATS = ("png", "svg", "pdf", "jpeg", "webp")
+
+
 def write_tables(tables: dict, folder) -> list[Path]:
     """Write each ``{name: DataFrame}`` as ``folder/<name>.csv``; returns the paths."""
     out = Path(folder)
@@ -33,7 +42,8 @@ NO_RENDERER = (
     "static figure export needs a renderer: plotly uses the 'kaleido' package, which is not installed "
     "(pip install kaleido). Without it, export from the browser: the PNG / SVG buttons of each view (or the "
     "camera icon of each figure), and the report's PNG / SVG links; tables export as CSV either way "
-    "(export_tables(), the CSV links).")
+    "(export_tables(), the CSV links)."
+)
 """What :func:`write_figures` raises, and the report's export says, when no renderer is installed."""
 
 
@@ -72,6 +82,7 @@ def write_figures(figures: dict, folder, formats=("png", "svg")) -> list[Path]:
                 raise RuntimeError(
                     f"static figure export: the renderer (kaleido) failed on figure {name!r} as {fmt} "
                     f"({type(exc).__name__}: {exc}). kaleido 1.x needs a Chrome or Chromium it can find; the "
-                    "browser's PNG / SVG buttons export without it.") from exc
+                    "browser's PNG / SVG buttons export without it."
+                ) from exc
             paths.append(p)
     return paths

@@ -22,8 +22,18 @@ import plotly.offline
 from mpo_viz.render.plots import FIGURE_CONFIG
 from mpo_viz.render.strip import payload_json, strip_css, strip_js
 
-__all__ = ["PAGE_CSS", "MAX_LINK_ROWS", "csv_link", "format_value", "html_table", "figure_html", "strip_html",
-           "page_html", "write_page", "slug"]
+__all__ = [
+    "PAGE_CSS",
+    "MAX_LINK_ROWS",
+    "csv_link",
+    "format_value",
+    "html_table",
+    "figure_html",
+    "strip_html",
+    "page_html",
+    "write_page",
+    "slug",
+]
 
 
 def slug(name: str) -> str:
@@ -40,8 +50,10 @@ def csv_link(df: pd.DataFrame, name: str) -> str:
     """An ``<a download>`` link with the table as a CSV data URI (empty string past
     :data:`MAX_LINK_ROWS` rows)."""
     if len(df) > MAX_LINK_ROWS:
-        return (f"<span class='mpo-export-note'>{html.escape(name)}: {len(df):,} rows, too many for a link — "
-                "use export_tables()</span>")
+        return (
+            f"<span class='mpo-export-note'>{html.escape(name)}: {len(df):,} rows, too many for a link — "
+            "use export_tables()</span>"
+        )
     data = base64.b64encode(df.to_csv(index=False).encode("utf-8")).decode("ascii")
     fn = slug(name) + ".csv"
     return f"<a class='mpo-csv' download='{fn}' href='data:text/csv;base64,{data}'>{html.escape(name)} (CSV)</a>"
@@ -68,19 +80,30 @@ def html_table(rows: list[tuple], header: tuple | None = None, cls: str = "kv", 
     """A table; with ``csv`` (a file name without extension) and a header, a "CSV" download link under it."""
     link = ""
     if csv and header:
-        link = "<div class=export>" + csv_link(pd.DataFrame([tuple(r) for r in rows], columns=list(map(str, header))), csv) + "</div>"
+        link = (
+            "<div class=export>"
+            + csv_link(pd.DataFrame([tuple(r) for r in rows], columns=list(map(str, header))), csv)
+            + "</div>"
+        )
     h = ""
     if header:
         h = "<tr>" + "".join(f"<th>{html.escape(str(c))}</th>" for c in header) + "</tr>"
-    body = "".join("<tr>" + "".join(f"<td>{c if isinstance(c, str) and c.startswith('<') else format_value(c)}</td>" for c in r) + "</tr>" for r in rows)
+    body = "".join(
+        "<tr>"
+        + "".join(f"<td>{c if isinstance(c, str) and c.startswith('<') else format_value(c)}</td>" for c in r)
+        + "</tr>"
+        for r in rows
+    )
     return f'<table class="{cls}">{h}{body}</table>{link}'
 
 
 def figure_html(fig, div_id: str) -> str:
     """A plotly figure (no plotly.js: the page inlines it once) and its "PNG · SVG" export links
     (plotly.js's own image export, wired by :func:`page_html`)."""
-    links = (f'<div class=export>export <a href="#" data-fig="{div_id}" data-fmt="png">PNG</a> · '
-             f'<a href="#" data-fig="{div_id}" data-fmt="svg">SVG</a></div>')
+    links = (
+        f'<div class=export>export <a href="#" data-fig="{div_id}" data-fmt="png">PNG</a> · '
+        f'<a href="#" data-fig="{div_id}" data-fmt="svg">SVG</a></div>'
+    )
     return fig.to_html(full_html=False, include_plotlyjs=False, div_id=div_id, config=FIGURE_CONFIG) + links
 
 
@@ -88,8 +111,10 @@ def strip_html(element_id: str, payload: dict, height: int = 320, *, payload_id:
     """A strip placeholder plus its JSON payload (in a script tag with id ``payload_id``, default
     ``<element_id>-data``); :func:`page_html`'s script mounts it."""
     pid = payload_id or f"{element_id}-data"
-    return (f'<div class="strip" id="{element_id}" data-payload="{pid}" data-height="{int(height)}"></div>'
-            f'<script type="application/json" id="{pid}">{payload_json(payload)}</script>')
+    return (
+        f'<div class="strip" id="{element_id}" data-payload="{pid}" data-height="{int(height)}"></div>'
+        f'<script type="application/json" id="{pid}">{payload_json(payload)}</script>'
+    )
 
 
 def page_html(title: str, body: str, *, footer: str, figure_ids: list[str]) -> str:
@@ -122,7 +147,8 @@ def page_html(title: str, body: str, *, footer: str, figure_ids: list[str]) -> s
   document.querySelectorAll("a[data-fig]").forEach(function (a) {{
     a.addEventListener("click", function (ev) {{
       ev.preventDefault();
-      Plotly.downloadImage(document.getElementById(a.dataset.fig), {{ format: a.dataset.fmt, filename: a.dataset.fig }});
+      Plotly.downloadImage(document.getElementById(a.dataset.fig),
+      {{ format: a.dataset.fmt, filename: a.dataset.fig }});
     }});
   }});
   window.mpoReportReady = true;

@@ -13,7 +13,17 @@ from plotly.subplots import make_subplots
 from mpo_viz import analysis as an
 from mpo_viz.data.trajectory import TrajectoryBatch
 
-__all__ = ["value_curve", "value_curve_parts", "MC_TRACE", "span_shapes", "across_within", "estimator_comparison", "ESTIMATOR_COLOURS", "FIGURE_CONFIG", "line_trace"]
+__all__ = [
+    "value_curve",
+    "value_curve_parts",
+    "MC_TRACE",
+    "span_shapes",
+    "across_within",
+    "estimator_comparison",
+    "ESTIMATOR_COLOURS",
+    "FIGURE_CONFIG",
+    "line_trace",
+]
 
 #: plotly config of every figure the views and the report show: sized by its container, plotly's
 #: own image export (the camera button) at twice the resolution
@@ -89,8 +99,13 @@ def line_trace(x, y, **kwargs) -> go.Scatter:
     iso = f & ~np.r_[False, f[:-1]] & ~np.r_[f[1:], False]
     colour = kwargs.pop("marker_color", (kwargs.get("line") or {}).get("color"))
     if iso.any():
-        return go.Scatter(x=x, y=y.astype(np.float32), mode="lines+markers",
-                          marker=dict(size=np.where(iso, 6, 0).astype(np.int8), color=colour), **kwargs)
+        return go.Scatter(
+            x=x,
+            y=y.astype(np.float32),
+            mode="lines+markers",
+            marker=dict(size=np.where(iso, 6, 0).astype(np.int8), color=colour),
+            **kwargs,
+        )
     return go.Scatter(x=x, y=y.astype(np.float32), mode="lines", marker=dict(color=colour), **kwargs)
 
 
@@ -130,14 +145,30 @@ def span_shapes(starts, ends, *, max_shapes: int = MAX_SPAN_SHAPES) -> list[dict
     spans = [(float(s) - 0.5, float(e) + 0.5) for s, e in zip(starts, ends)]
     style = dict(xref="x", yref="paper", line_width=0, opacity=0.35, layer="below")
     if len(spans) <= max_shapes:
-        return [dict(type="rect", x0=x0, x1=x1, y0=0, y1=1, fillcolor=SPAN_COLOURS[k % 2], **style)
-                for k, (x0, x1) in enumerate(spans)]
-    return [dict(type="path", path=" ".join(f"M{x0!r},0 H{x1!r} V1 H{x0!r} Z" for x0, x1 in spans[k::2]),
-                 fillcolor=SPAN_COLOURS[k], **style) for k in (0, 1)]
+        return [
+            dict(type="rect", x0=x0, x1=x1, y0=0, y1=1, fillcolor=SPAN_COLOURS[k % 2], **style)
+            for k, (x0, x1) in enumerate(spans)
+        ]
+    return [
+        dict(
+            type="path",
+            path=" ".join(f"M{x0!r},0 H{x1!r} V1 H{x0!r} Z" for x0, x1 in spans[k::2]),
+            fillcolor=SPAN_COLOURS[k],
+            **style,
+        )
+        for k in (0, 1)
+    ]
 
 
-def value_curve_parts(batch: TrajectoryBatch, row: int, *, advantages: dict | None = None, returns=None, lines: dict | None = None,
-                      title: str | None = None) -> dict:
+def value_curve_parts(
+    batch: TrajectoryBatch,
+    row: int,
+    *,
+    advantages: dict | None = None,
+    returns=None,
+    lines: dict | None = None,
+    title: str | None = None,
+) -> dict:
     """What :func:`value_curve` draws, as plain data (no plotly objects, so a view can update a
     figure on screen in place without building a new one): ``{"traces": [...], "shapes": [...],
     "title": str, "two": bool}``. Each trace is a dict with ``name``, ``x``, ``y``, ``mode``,
@@ -156,9 +187,17 @@ def value_curve_parts(batch: TrajectoryBatch, row: int, *, advantages: dict | No
         yy = np.asarray(yy, dtype=np.float64)
         f = np.isfinite(yy)
         iso = f & ~np.r_[False, f[:-1]] & ~np.r_[f[1:], False]
-        traces.append({"name": name, "x": np.asarray(x), "y": yy.astype(np.float32), "panel": panel, "style": style,
-                       "mode": "lines+markers" if iso.any() else "lines",
-                       "size": np.where(iso, 6, 0).astype(np.int8) if iso.any() else None})
+        traces.append(
+            {
+                "name": name,
+                "x": np.asarray(x),
+                "y": yy.astype(np.float32),
+                "panel": panel,
+                "style": style,
+                "mode": "lines+markers" if iso.any() else "lines",
+                "size": np.where(iso, 6, 0).astype(np.int8) if iso.any() else None,
+            }
+        )
 
     fitted = an.fitted_critic_label(sub)  # values of mpo-viz fit-critic: say so, with its held-out EV
     line(f"value ({fitted})" if fitted else "value", v, 1, {"color": "#333", "width": 1.2})
@@ -168,39 +207,79 @@ def value_curve_parts(batch: TrajectoryBatch, row: int, *, advantages: dict | No
     for s, e, m in zip(tt["start"], tt["end"], tt["value_mean"]):
         sx += [s - 0.5, e + 0.5, None]
         sy += [m, m, None]
-    traces.append({"name": "turn mean", "x": sx, "y": sy, "panel": 1, "mode": "lines", "size": None,
-                   "style": {"color": "#d62728", "width": 2.5}})
+    traces.append(
+        {
+            "name": "turn mean",
+            "x": sx,
+            "y": sy,
+            "panel": 1,
+            "mode": "lines",
+            "size": None,
+            "style": {"color": "#d62728", "width": 2.5},
+        }
+    )
     ov = learned_and_oracle(sub)
     if ov is not None:  # a learned (or noisy) critic beside the exact values of mpo-viz generate/rollout
         line("oracle value", ov[0, :n], 1, {"color": "#2ca02c", "width": 1.2, "dash": "dash"})
     mc = sub.field("mc_value")[0] if sub.has("mc_value") else None
     if mc is not None and len(mc) == len(tt):  # the policy's own Monte-Carlo value at each turn start
         se = sub.field("mc_value_se")[0] if sub.has("mc_value_se") else None
-        traces.append({"name": MC_TRACE, "x": tt["start"].to_numpy(), "y": np.asarray(mc, dtype=np.float32), "panel": 1,
-                       "mode": "markers", "size": np.full(len(mc), 8, dtype=np.int8),
-                       "style": {"color": "#9467bd", "width": 0},
-                       "error": None if se is None else (1.96 * np.asarray(se)).astype(np.float32)})
+        traces.append(
+            {
+                "name": MC_TRACE,
+                "x": tt["start"].to_numpy(),
+                "y": np.asarray(mc, dtype=np.float32),
+                "panel": 1,
+                "mode": "markers",
+                "size": np.full(len(mc), 8, dtype=np.int8),
+                "style": {"color": "#9467bd", "width": 0},
+                "error": None if se is None else (1.96 * np.asarray(se)).astype(np.float32),
+            }
+        )
     if returns is not None:
-        line("return", np.asarray(an.to_numpy(getattr(returns, "returns", returns)))[row, :n], 1,
-             {"color": "#1f77b4", "width": 1, "dash": "dot"})
+        line(
+            "return",
+            np.asarray(an.to_numpy(getattr(returns, "returns", returns)))[row, :n],
+            1,
+            {"color": "#1f77b4", "width": 1, "dash": "dot"},
+        )
     for i, (name, y) in enumerate((lines or {}).items()):
         line(name, np.asarray(an.to_numpy(y))[row, :n], 1, {"color": _FALLBACK[i % len(_FALLBACK)], "width": 1.2})
     for i, (name, a) in enumerate((advantages or {}).items()):
-        line(f"A ({name})", an.to_numpy(getattr(a, "advantages", a))[row, :n], 2, {"color": _colour(name, i), "width": 1.2})
+        line(
+            f"A ({name})",
+            an.to_numpy(getattr(a, "advantages", a))[row, :n],
+            2,
+            {"color": _colour(name, i), "width": 1.2},
+        )
     shapes = span_shapes(tt["start"].tolist(), tt["end"].tolist())
     traj = batch.traj_ids[row]
-    return {"traces": traces, "shapes": shapes, "two": bool(advantages),
-            "title": title if title is not None else f"values along trajectory {traj} ({len(tt)} turns; shaded: turn spans)"}
+    return {
+        "traces": traces,
+        "shapes": shapes,
+        "two": bool(advantages),
+        "title": title
+        if title is not None
+        else f"values along trajectory {traj} ({len(tt)} turns; shaded: turn spans)",
+    }
 
 
-def value_curve(batch: TrajectoryBatch, row: int, *, advantages: dict | None = None, returns=None, lines: dict | None = None,
-                title: str | None = None) -> go.Figure:
+def value_curve(
+    batch: TrajectoryBatch,
+    row: int,
+    *,
+    advantages: dict | None = None,
+    returns=None,
+    lines: dict | None = None,
+    title: str | None = None,
+) -> go.Figure:
     """Values along one trajectory (x = response token position).
 
     Traces (per-token lines via :func:`line_points`, decimated beyond ``MAX_LINE_POINTS`` tokens;
     an isolated point, a one-token turn, gets a marker): ``value`` (action tokens; gaps over
     observations; ``value (fitted critic (held-out EV x))`` when the values come from
-    ``mpo-viz fit-critic``, :func:`mpo_viz.analysis.fitted_critic_label`), ``turn mean`` (each turn's mean value over exactly the turn's span), ``oracle value``
+    ``mpo-viz fit-critic``, :func:`mpo_viz.analysis.fitted_critic_label`), ``turn mean`` (each turn's mean value over
+    exactly the turn's span), ``oracle value``
     when the batch carries ``oracle_values`` that differ from ``values`` (:func:`learned_and_oracle`), optionally
     ``return`` (``returns``: ``(B, L)`` tensor or result), the extra ``lines``, the policy's own
     Monte-Carlo value at each turn start with ±1.96 standard errors when the batch carries the
@@ -211,21 +290,34 @@ def value_curve(batch: TrajectoryBatch, row: int, *, advantages: dict | None = N
     """
     parts = value_curve_parts(batch, row, advantages=advantages, returns=returns, lines=lines, title=title)
     two = parts["two"]
-    fig = make_subplots(rows=2 if two else 1, cols=1, shared_xaxes=True, vertical_spacing=0.06,
-                        row_heights=[0.6, 0.4] if two else None)
+    fig = make_subplots(
+        rows=2 if two else 1, cols=1, shared_xaxes=True, vertical_spacing=0.06, row_heights=[0.6, 0.4] if two else None
+    )
     for t in parts["traces"]:
         marker = {"color": t["style"]["color"]}
         if t["size"] is not None:
             marker["size"] = t["size"]
         err = t.get("error")
-        fig.add_trace(go.Scatter(x=t["x"], y=t["y"], mode=t["mode"], name=t["name"], line=t["style"], marker=marker,
-                                 connectgaps=False,
-                                 error_y=None if err is None else dict(type="data", array=err, visible=True)),
-                      row=t["panel"], col=1)
+        fig.add_trace(
+            go.Scatter(
+                x=t["x"],
+                y=t["y"],
+                mode=t["mode"],
+                name=t["name"],
+                line=t["style"],
+                marker=marker,
+                connectgaps=False,
+                error_y=None if err is None else dict(type="data", array=err, visible=True),
+            ),
+            row=t["panel"],
+            col=1,
+        )
     fig.update_layout(shapes=parts["shapes"])
     fig.update_layout(
         title=parts["title"],
-        height=420 if two else 320, margin=dict(l=50, r=20, t=50, b=40), template="plotly_white",
+        height=420 if two else 320,
+        margin=dict(l=50, r=20, t=50, b=40),
+        template="plotly_white",
         legend=dict(orientation="h", y=-0.15),
     )
     fig.update_yaxes(title_text="value", row=1, col=1)
@@ -235,8 +327,9 @@ def value_curve(batch: TrajectoryBatch, row: int, *, advantages: dict | None = N
     return fig
 
 
-def across_within(vv: pd.DataFrame, *, title: str | None = None, max_points: int = 5000,
-                  source: str = "critic") -> go.Figure:
+def across_within(
+    vv: pd.DataFrame, *, title: str | None = None, max_points: int = 5000, source: str = "critic"
+) -> go.Figure:
     """The paper's Fig. 2 diagnostic from a :func:`mpo_viz.analysis.value_variance` table.
 
     Left: one point per trajectory, ``within`` (x) against ``across`` (y) on log axes with the line
@@ -251,27 +344,45 @@ def across_within(vv: pd.DataFrame, *, title: str | None = None, max_points: int
     dropped = len(vv) - len(d)
     if len(d) > max_points:
         d = d.iloc[np.linspace(0, len(d) - 1, max_points).round().astype(int)]
-    fig = make_subplots(rows=1, cols=2, column_widths=[0.58, 0.42], horizontal_spacing=0.12,
-                        subplot_titles=("across vs within (per trajectory)", "log10(across / within)"))
+    fig = make_subplots(
+        rows=1,
+        cols=2,
+        column_widths=[0.58, 0.42],
+        horizontal_spacing=0.12,
+        subplot_titles=("across vs within (per trajectory)", "log10(across / within)"),
+    )
     fig.add_trace(
         go.Scatter(
-            x=d["within"], y=d["across"], mode="markers", name="trajectories",
-            text=d["traj_id"], customdata=np.stack([d["reward"], d["n_turns"]], axis=1) if len(d) else None,
+            x=d["within"],
+            y=d["across"],
+            mode="markers",
+            name="trajectories",
+            text=d["traj_id"],
+            customdata=np.stack([d["reward"], d["n_turns"]], axis=1) if len(d) else None,
             hovertemplate="%{text}<br>within %{x:.3g}<br>across %{y:.3g}<br>reward %{customdata[0]:.3g}"
-                          "<br>turns %{customdata[1]}<extra></extra>",
+            "<br>turns %{customdata[1]}<extra></extra>",
             # many points overlap: smaller, translucent markers with a thin outline so density shows
-            marker=dict(color=d["reward"], colorscale="Viridis", size=7 if len(d) <= 300 else 5,
-                        opacity=0.85 if len(d) <= 300 else max(0.25, min(0.6, 120 / len(d) ** 0.8)),
-                        line=dict(width=0.3, color="#333"), showscale=True,
-                        colorbar=dict(title="reward", x=1.02, xanchor="left", len=0.8, thickness=14)),
+            marker=dict(
+                color=d["reward"],
+                colorscale="Viridis",
+                size=7 if len(d) <= 300 else 5,
+                opacity=0.85 if len(d) <= 300 else max(0.25, min(0.6, 120 / len(d) ** 0.8)),
+                line=dict(width=0.3, color="#333"),
+                showscale=True,
+                colorbar=dict(title="reward", x=1.02, xanchor="left", len=0.8, thickness=14),
+            ),
         ),
-        row=1, col=1,
+        row=1,
+        col=1,
     )
     if len(d):
         lo = float(min(d["within"].min(), d["across"].min()))
         hi = float(max(d["within"].max(), d["across"].max()))
-        fig.add_trace(go.Scatter(x=[lo, hi], y=[lo, hi], mode="lines", name="y = x",
-                                 line=dict(color="#888", dash="dash")), row=1, col=1)
+        fig.add_trace(
+            go.Scatter(x=[lo, hi], y=[lo, hi], mode="lines", name="y = x", line=dict(color="#888", dash="dash")),
+            row=1,
+            col=1,
+        )
     r = vv["ratio"].to_numpy(dtype=np.float64)
     r = r[np.isfinite(r) & (r > 0)]
     fig.add_trace(go.Histogram(x=np.log10(r), nbinsx=40, name="log10 ratio", marker_color="#4c78a8"), row=1, col=2)
@@ -288,7 +399,10 @@ def across_within(vv: pd.DataFrame, *, title: str | None = None, max_points: int
         note += f"; {n_inf} infinite ratios"
     fig.update_layout(
         title=title if title is not None else f"{source} value variance across vs within turns ({note})",
-        height=480, showlegend=False, template="plotly_white", margin=dict(l=60, r=90, t=70, b=50),
+        height=480,
+        showlegend=False,
+        template="plotly_white",
+        margin=dict(l=60, r=90, t=70, b=50),
     )
     return fig
 
@@ -306,14 +420,26 @@ def estimator_comparison(batch: TrajectoryBatch, row: int, advantages: dict, *, 
     tt = an.turn_table(sub, rows_adv)
     fig = go.Figure()
     for i, name in enumerate(rows_adv):
-        fig.add_trace(go.Bar(x=[f"T{k}" for k in tt["turn"]], y=tt[f"adv_{name}"], name=name,
-                             marker_color=_colour(name, i)))
+        fig.add_trace(
+            go.Bar(x=[f"T{k}" for k in tt["turn"]], y=tt[f"adv_{name}"], name=name, marker_color=_colour(name, i))
+        )
     if "a_mc" in tt and tt["a_mc"].notna().all():  # the policy's true turn credit, from mpo-viz truth
-        fig.add_trace(go.Bar(x=[f"T{k}" for k in tt["turn"]], y=tt["a_mc"], name="truth (Monte-Carlo)",
-                             marker_color="#9467bd", marker_pattern_shape="/"))
+        fig.add_trace(
+            go.Bar(
+                x=[f"T{k}" for k in tt["turn"]],
+                y=tt["a_mc"],
+                name="truth (Monte-Carlo)",
+                marker_color="#9467bd",
+                marker_pattern_shape="/",
+            )
+        )
     fig.update_layout(
-        barmode="group", template="plotly_white", height=300, margin=dict(l=50, r=20, t=50, b=40),
+        barmode="group",
+        template="plotly_white",
+        height=300,
+        margin=dict(l=50, r=20, t=50, b=40),
         title=title if title is not None else f"per-turn advantage by estimator ({batch.traj_ids[row]})",
-        xaxis_title="turn", yaxis_title="mean advantage over the turn",
+        xaxis_title="turn",
+        yaxis_title="mean advantage over the turn",
     )
     return fig

@@ -34,7 +34,7 @@ from mpo_viz.data.io import count_rows, scan
 from mpo_viz.data.moments import ExplainedVariance
 from mpo_viz.data.token_text import tokenizer_decoder
 from mpo_viz.data.trajectory import TrajectoryBatch
-from mpo_viz.doctor import Finding, diagnose, merge_findings
+from mpo_viz.doctor import Doctor, Finding
 from mpo_viz.render import plots
 from mpo_viz.render.export import static_export_available, write_figures, write_tables
 from mpo_viz.render.page import (
@@ -208,8 +208,14 @@ class _Acc:
 
             def make(i=i):
                 L = int(chunk.lengths[i])
-                return _Pick(0.0, self.order, chunk[[i]], {k: a[i : i + 1, :L] for k, a in adv.items()},
-                             {k: g[i : i + 1, :L] for k, g in ret.items()})
+                # copies: a view would keep the chunk's whole (B, L) arrays alive as long as the pick
+                return _Pick(
+                    0.0,
+                    self.order,
+                    chunk[[i]],
+                    {k: a[i : i + 1, :L].copy() for k, a in adv.items()},
+                    {k: g[i : i + 1, :L].copy() for k, g in ret.items()},
+                )
 
             if not mask[i].any():
                 continue
@@ -239,16 +245,23 @@ class _Acc:
         """
         out: dict[str, tuple[list[str], _Pick]] = {}
         one_score = len(self.scores) == 1
-        lists = [("same score", self.best, self.n_best, 1), ("most disagreed-on", self.disagreed, self.n_disagreed, 1)] \
-            if one_score else [("best", self.best, self.n_best, 1), ("worst", self.worst, self.n_worst, -1),
-                               ("most disagreed-on", self.disagreed, self.n_disagreed, 1)]
+        lists = (
+            [("same score", self.best, self.n_best, 1), ("most disagreed-on", self.disagreed, self.n_disagreed, 1)]
+            if one_score
+            else [
+                ("best", self.best, self.n_best, 1),
+                ("worst", self.worst, self.n_worst, -1),
+                ("most disagreed-on", self.disagreed, self.n_disagreed, 1),
+            ]
+        )
         shown: set = set()
         for tag, heap, n, sign in lists:
             ranked = sorted(heap, key=lambda h: (h[0], h[1]), reverse=True)
             chosen: list = []
             while len(chosen) < min(n, len(ranked)):  # the best of a group not shown yet, else the best left
-                h = next((h for h in ranked if h[2] not in shown and h not in chosen), None) or \
-                    next(h for h in ranked if h not in chosen)
+                h = next((h for h in ranked if h[2] not in shown and h not in chosen), None) or next(
+                    h for h in ranked if h not in chosen
+                )
                 chosen.append(h)
                 shown.add(h[2])
             for key, _neg, _group, pick in sorted(chosen, key=lambda h: (h[0], h[1]), reverse=True):
@@ -282,8 +295,10 @@ class _Acc:
         if not math.isfinite(d):
             return "the first in the data (one estimator: no disagreement to rank by)"
         if d <= 0:
-            return ("the first in the data from a group not shown yet: there was nothing to rank by (the estimators "
-                    "agree on the sign of each of its turns: 0% differ)")
+            return (
+                "the first in the data from a group not shown yet: there was nothing to rank by (the estimators "
+                "agree on the sign of each of its turns: 0% differ)"
+            )
         return f"the largest estimator disagreement{among} ({d:.0%} of turn signs differ)"
 
 
@@ -319,10 +334,14 @@ def _left_out(batch: TrajectoryBatch, requested, source_name: str) -> str | None
         return None
     names = ", ".join(lacking)
     if all(lacks == ["values"] for lacks in lacking.values()):
-        return (f"{names} left out: they need critic values, and {source_name} has none. Fit a critic to its returns "
-                f"and report again: mpo-viz fit-critic {source_name} -o with_values.parquet && mpo-viz report "
-                "with_values.parquet")
-    need = "; ".join(f"{n} needs {', '.join(registry.NEED_TEXT.get(x, x) for x in lacks)}" for n, lacks in lacking.items())
+        return (
+            f"{names} left out: they need critic values, and {source_name} has none. Fit a critic to its returns "
+            f"and report again: mpo-viz fit-critic {source_name} -o with_values.parquet && mpo-viz report "
+            "with_values.parquet"
+        )
+    need = "; ".join(
+        f"{n} needs {', '.join(registry.NEED_TEXT.get(x, x) for x in lacks)}" for n, lacks in lacking.items()
+    )
     return f"{names} left out: {need}"
 
 
@@ -336,14 +355,15 @@ def _count_rows(source) -> int | None:
 
 
 def build_report(source, config: ReportConfig | None = None, *, source_name: str | None = None) -> str:
-    """The report's HTML text. ``source``: a path (``.jsonl``, ``.parquet``, folder) or a batch."""
+    """The report's HTML text. ``source``: a path (``.jsonl``, ``.parquet``, folder), which **streams**
+    (chunk by chunk, memory set by ``config.max_tokens``, statistics of the whole input), or a batch."""
     cfg = config or ReportConfig()
     opts = {k: v for k, v in cfg.options.items() if v is not None}
     t_start = time.perf_counter()
     decode = tokenizer_decoder(cfg.tokenizer) if cfg.tokenizer else None  # a bad folder fails before any work
     acc = None
     names: list[str] = []
-    findings: list[Finding] = []
+    doctor = Doctor()  # the doctor's numbers chunk by chunk: the findings of the whole file
     bar = _progress(_count_rows(source), cfg, "traj", "report")
     try:
         for chunk in _iter_source(source, cfg):
@@ -357,15 +377,22 @@ def build_report(source, config: ReportConfig | None = None, *, source_name: str
             results = an.compute_advantages(chunk, names, **opts)
             acc.timings["estimators"] = acc.timings.get("estimators", 0.0) + time.perf_counter() - t0
             acc.n_rejected += len(getattr(chunk, "rejected", []) or [])
-            findings = merge_findings(findings, diagnose(chunk))
+            doctor.add(chunk)
             acc.add(chunk, results)
             bar.update(len(chunk))
     finally:
         bar.close()
     if acc is None:
         raise ValueError(f"{source_name or source}: no trajectories to report on")
-    return _render(acc, cfg, opts, source_name or (str(source) if isinstance(source, (str, Path)) else "batch"),
-                   time.perf_counter() - t_start, decode, findings)
+    return _render(
+        acc,
+        cfg,
+        opts,
+        source_name or (str(source) if isinstance(source, (str, Path)) else "batch"),
+        time.perf_counter() - t_start,
+        decode,
+        doctor.findings(),
+    )
 
 
 def write_report(source, path, config: ReportConfig | None = None) -> Path:
@@ -394,8 +421,15 @@ class _Page:
         self.figures[name] = fig
 
 
-def _render(acc: _Acc, cfg: ReportConfig, opts: dict, source_name: str, wall: float, decode=None,
-            findings: list[Finding] | None = None) -> str:
+def _render(
+    acc: _Acc,
+    cfg: ReportConfig,
+    opts: dict,
+    source_name: str,
+    wall: float,
+    decode=None,
+    findings: list[Finding] | None = None,
+) -> str:
     t0 = time.perf_counter()
     page = _Page()
     vv = acc.vv
@@ -413,8 +447,10 @@ def _render(acc: _Acc, cfg: ReportConfig, opts: dict, source_name: str, wall: fl
     render_s = time.perf_counter() - t0
     timing = ", ".join(f"{k} {v:.2f}s" for k, v in {**acc.timings, "render": render_s}.items())
     stamp = _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
-    foot = (f"<footer>mpo_viz {html.escape(__version__)} · generated {stamp} in {wall + render_s:.1f}s "
-            f"({html.escape(timing)}) · self-contained: opens offline{html.escape(export_note)}</footer>")
+    foot = (
+        f"<footer>mpo_viz {html.escape(__version__)} · generated {stamp} in {wall + render_s:.1f}s "
+        f"({html.escape(timing)}) · self-contained: opens offline{html.escape(export_note)}</footer>"
+    )
     return page_html(cfg.title, "\n".join(page.parts), footer=foot, figure_ids=page.figure_ids)
 
 
@@ -424,9 +460,16 @@ def _doctor(page: _Page, findings: list[Finding]) -> None:
     fired = [f for f in findings if f.fired]
     rows = [(f.check, f.source, f.rows_hit, ", ".join(f.examples), f.detail, f.fix) for f in fired]
     ran = sum(f.status != "skipped" for f in findings)
-    head = (f"<p>{len(fired)} of {ran} checks that could run fired (judged chunk by chunk; "
-            "<code>mpo-viz doctor FILE</code> judges the whole file).</p>")
-    table = html_table(rows, ("check", "from", "rows hit", "example ids", "measured", "what to fix"), cls="grid") if rows else ""
+    head = (
+        f"<p>{len(fired)} of {ran} checks that could run fired (over the whole file, as "
+        "<code>mpo-viz doctor FILE</code> finds them; the doctor also reads a run folder's metrics and "
+        "each file's iteration).</p>"
+    )
+    table = (
+        html_table(rows, ("check", "from", "rows hit", "example ids", "measured", "what to fix"), cls="grid")
+        if rows
+        else ""
+    )
     page.parts.append("<h2 id=doctor>Doctor</h2>" + head + table)
     page.tables["doctor"] = pd.DataFrame([f.to_dict() for f in findings])
 
@@ -434,10 +477,15 @@ def _doctor(page: _Page, findings: list[Finding]) -> None:
 def _summary(page: _Page, acc: _Acc, opts: dict, source_name: str, vv: pd.DataFrame | None) -> None:
     """The summary table: sizes, the values' across/within statistics and the critic's explained
     variance against the returns of :func:`mpo_viz.advantages.returns_source`."""
-    summary = [("source", source_name), ("trajectories", acc.n_traj), ("response tokens", acc.n_tokens),
-               ("action tokens", acc.n_action), ("estimators", ", ".join(acc.estimators) or "none"),
-               *([("estimators left out", acc.left_out)] if acc.left_out else []),
-               ("shared options", json.dumps(opts) if opts else "defaults")]
+    summary = [
+        ("source", source_name),
+        ("trajectories", acc.n_traj),
+        ("response tokens", acc.n_tokens),
+        ("action tokens", acc.n_action),
+        ("estimators", ", ".join(acc.estimators) or "none"),
+        *([("estimators left out", acc.left_out)] if acc.left_out else []),
+        ("shared options", json.dumps(opts) if opts else "defaults"),
+    ]
     if acc.n_rejected:
         summary.append(("rejected rows", acc.n_rejected))
     if vv is not None:
@@ -449,20 +497,35 @@ def _summary(page: _Page, acc: _Acc, opts: dict, source_name: str, vv: pd.DataFr
             ("median across / within", s["median_ratio"]),
             ("share with across > within", f"{share:.1%}" if not math.isnan(share) else "—"),
             ("infinite ratios (within = 0)", s["n_inf_ratio"]),
-            ("length-weighted across / within (means)",
-             f"{format_value(s['mean_across_w'])} / {format_value(s['mean_within_w'])}"),
+            (
+                "length-weighted across / within (means)",
+                f"{format_value(s['mean_across_w'])} / {format_value(s['mean_within_w'])}",
+            ),
         ]
         if acc.ev.n > 1:
-            where = (" — in-sample: over all of this data, the critic's own training part included"
-                     if acc.critic_fit is not None else "")
-            summary += [(f"explained variance of the values ({acc.values_source}) vs {acc.ev_source} returns{where}",
-                         acc.ev.value), ("value bias mean(V − G)", acc.ev.bias)]
+            where = (
+                " — in-sample: over all of this data, the critic's own training part included"
+                if acc.critic_fit is not None
+                else ""
+            )
+            summary += [
+                (
+                    f"explained variance of the values ({acc.values_source}) vs {acc.ev_source} returns{where}",
+                    acc.ev.value,
+                ),
+                ("value bias mean(V − G)", acc.ev.bias),
+            ]
         if acc.critic_fit is not None:
             summary.append(("values from", _fitted_text(acc.critic_fit)))
         if acc.noise:
             critic_based = an.critic_based(acc.estimators)
-            summary.append(("critic-based credit", f"NOISE: {acc.noise}; "
-                            + (f"{', '.join(critic_based)} not ranked" if critic_based else "no estimator here uses it")))
+            summary.append(
+                (
+                    "critic-based credit",
+                    f"NOISE: {acc.noise}; "
+                    + (f"{', '.join(critic_based)} not ranked" if critic_based else "no estimator here uses it"),
+                )
+            )
     else:
         summary.append(("critic values", "absent: no across/within diagnostic"))
     page.parts.append("<h2>Summary</h2>" + html_table(summary))
@@ -474,35 +537,44 @@ def _estimator_tables(page: _Page, acc: _Acc) -> None:
     if acc.estimators:
         table = an.finish_advantages(acc.adv or {}, acc.estimators)
         rows = [tuple(r) for r in table.itertuples(index=False)]
-        page.parts.append("<h2>Advantages by estimator</h2>" + _fitted_note(acc)
-                          + html_table(rows, an.ADVANTAGE_COLUMNS, "grid", csv="advantages_by_estimator"))
+        page.parts.append(
+            "<h2>Advantages by estimator</h2>"
+            + _fitted_note(acc)
+            + html_table(rows, an.ADVANTAGE_COLUMNS, "grid", csv="advantages_by_estimator")
+        )
         page.tables["advantages_by_estimator"] = table
     if acc.cmp:
         cmp = an.finish_compare(acc.cmp)
         page.tables["estimator_agreement"] = cmp
-        page.parts.append("<h2>Estimator agreement</h2><p class=note>Per pair of estimators: Pearson correlation and "
-                          "sign agreement over action tokens and over turns (turn advantage = mean over the turn); rank "
-                          "agreement = share of concordant turn pairs within a trajectory; sign flips = turns with "
-                          "opposite signs.</p><p class=note>sign_agreement counts <i>tokens</i> (0 being its own sign); "
-                          "the other tokens are sign_opposite (strictly opposite signs) or sign_one_zero (exactly one of "
-                          "the two is 0, e.g. a group estimator in a group whose episodes all score alike): the three add "
-                          "up to 1. n_sign_flips counts <i>turns</i> whose turn means have strictly opposite signs, so a "
-                          "low sign_agreement beside n_sign_flips = 0 is no contradiction: the tokens that disagree are "
-                          "against a 0, or inside turns whose means agree.</p>"
-                          + html_table([tuple(r) for r in cmp.itertuples(index=False)], tuple(cmp.columns), "grid",
-                                       csv="estimator_agreement"))
+        page.parts.append(
+            "<h2>Estimator agreement</h2><p class=note>Per pair of estimators: Pearson correlation and "
+            "sign agreement over action tokens and over turns (turn advantage = mean over the turn); rank "
+            "agreement = share of concordant turn pairs within a trajectory; sign flips = turns with "
+            "opposite signs.</p><p class=note>sign_agreement counts <i>tokens</i> (0 being its own sign); "
+            "the other tokens are sign_opposite (strictly opposite signs) or sign_one_zero (exactly one of "
+            "the two is 0, e.g. a group estimator in a group whose episodes all score alike): the three add "
+            "up to 1. n_sign_flips counts <i>turns</i> whose turn means have strictly opposite signs, so a "
+            "low sign_agreement beside n_sign_flips = 0 is no contradiction: the tokens that disagree are "
+            "against a 0, or inside turns whose means agree.</p>"
+            + html_table(
+                [tuple(r) for r in cmp.itertuples(index=False)], tuple(cmp.columns), "grid", csv="estimator_agreement"
+            )
+        )
 
 
 def _fitted_text(info: dict) -> str:
     """The summary's line on values from ``mpo-viz fit-critic`` (its ``critic_fit`` record)."""
+
     def num(k):
         v = info.get(k)
         return f"{float(v):.3g}" if isinstance(v, (int, float)) else "?"
 
-    return (f"a critic fitted to this data's own returns (mpo-viz fit-critic; target {info.get('target', '?')}, "
-            f"{info.get('steps', '?')} steps, {info.get('n_heldout', '?')} held-out trajectories): held-out "
-            f"explained variance {num('heldout_explained_variance')} (on trajectories it was not fitted to), "
-            f"in-sample {num('train_explained_variance')} (on its training trajectories)")
+    return (
+        f"a critic fitted to this data's own returns (mpo-viz fit-critic; target {info.get('target', '?')}, "
+        f"{info.get('steps', '?')} steps, {info.get('n_heldout', '?')} held-out trajectories): held-out "
+        f"explained variance {num('heldout_explained_variance')} (on trajectories it was not fitted to), "
+        f"in-sample {num('train_explained_variance')} (on its training trajectories)"
+    )
 
 
 def _fitted_note(acc: _Acc) -> str:
@@ -512,16 +584,20 @@ def _fitted_note(acc: _Acc) -> str:
     if not critic_based or (acc.critic_fit is None and not acc.noise):
         return ""
     if acc.noise:
-        return (f"<p class=warn><b>{html.escape(', '.join(critic_based))}: NOISE</b> — {html.escape(acc.noise)}. "
-                "Their advantages below are the returns' noise pushed through that critic: the report does not rank "
-                "them, and their strips are labelled so. The group estimators do not use the values.</p>")
+        return (
+            f"<p class=warn><b>{html.escape(', '.join(critic_based))}: NOISE</b> — {html.escape(acc.noise)}. "
+            "Their advantages below are the returns' noise pushed through that critic: the report does not rank "
+            "them, and their strips are labelled so. The group estimators do not use the values.</p>"
+        )
     ev = (acc.critic_fit or {}).get("heldout_explained_variance")
     ev_txt = f"{float(ev):.3g}" if isinstance(ev, (int, float)) else "?"
-    return (f"<p class=note><b>{html.escape(', '.join(critic_based))}: values from a fitted critic (held-out EV "
-            f"{html.escape(ev_txt)})</b> — a critic fitted by mpo-viz fit-critic to this data's returns, which "
-            "explains that share of the variance of returns it was not trained on. The critic-based advantages are "
-            "only as good as those values: near 0 (or below) the critic knows little beyond the mean, and these "
-            "estimators' credit is mostly the returns' noise; the group estimators do not use it.</p>")
+    return (
+        f"<p class=note><b>{html.escape(', '.join(critic_based))}: values from a fitted critic (held-out EV "
+        f"{html.escape(ev_txt)})</b> — a critic fitted by mpo-viz fit-critic to this data's returns, which "
+        "explains that share of the variance of returns it was not trained on. The critic-based advantages are "
+        "only as good as those values: near 0 (or below) the critic knows little beyond the mean, and these "
+        "estimators' credit is mostly the returns' noise; the group estimators do not use it.</p>"
+    )
 
 
 def _with_verdict(ac: pd.DataFrame, acc: _Acc) -> pd.DataFrame:
@@ -538,21 +614,30 @@ def _mc_accuracy(page: _Page, acc: _Acc) -> None:
     page.tables["accuracy_mc"] = ac
     meta = acc.mc_meta or {}
     who = f"{meta.get('policy', 'the policy')}, M = {meta.get('m', '?')} continuations per turn start"
-    kind = ("Q̂ − V̂ (continuations after each recorded turn)" if ac["truth"].iloc[0] == "q-v" else
-            "R_k + V̂(s_k+1) − V̂(s_k) (neighbouring Monte-Carlo values)")
+    kind = (
+        "Q̂ − V̂ (continuations after each recorded turn)"
+        if ac["truth"].iloc[0] == "q-v"
+        else "R_k + V̂(s_k+1) − V̂(s_k) (neighbouring Monte-Carlo values)"
+    )
     legend = "".join(f"<li><b>{k}</b>: {html.escape(v)}</li>" for k, v in an.MC_ACCURACY_COLUMNS.items() if v)
-    reading = an.mc_accuracy_reading(ac, "turn_corr_dis", "turn credit", noise=acc.noise,
-                                     unranked=an.critic_based(acc.estimators),
-                                     shortfall=an.data_shortfall(acc.n_traj, acc.scores, acc.max_turns))
-    page.parts.append("<h2 id=accuracy>Accuracy against this policy's truth</h2>"
-                      f"<p class=reading>Truth used: the Monte-Carlo values of {html.escape(who)} (mpo-viz truth); "
-                      f"the true turn advantage is {html.escape(kind)}, reliability "
-                      f"{ac['reliability'].iloc[0]:.2f} over {int(ac['n_turns'].iloc[0])} turns. turn_corr_dis "
-                      f"corrects the correlation for the truth's own noise (withheld below reliability "
-                      f"{an.MIN_RELIABILITY}). {html.escape(reading)}</p>"
-                      + html_table([tuple(r) for r in ac.itertuples(index=False)], tuple(ac.columns), "grid",
-                                   csv="accuracy_mc")
-                      + f"<ul class=note>{legend}</ul>")
+    reading = an.mc_accuracy_reading(
+        ac,
+        "turn_corr_dis",
+        "turn credit",
+        noise=acc.noise,
+        unranked=an.critic_based(acc.estimators),
+        shortfall=an.data_shortfall(acc.n_traj, acc.scores, acc.max_turns),
+    )
+    page.parts.append(
+        "<h2 id=accuracy>Accuracy against this policy's truth</h2>"
+        f"<p class=reading>Truth used: the Monte-Carlo values of {html.escape(who)} (mpo-viz truth); "
+        f"the true turn advantage is {html.escape(kind)}, reliability "
+        f"{ac['reliability'].iloc[0]:.2f} over {int(ac['n_turns'].iloc[0])} turns. turn_corr_dis "
+        f"corrects the correlation for the truth's own noise (withheld below reliability "
+        f"{an.MIN_RELIABILITY}). {html.escape(reading)}</p>"
+        + html_table([tuple(r) for r in ac.itertuples(index=False)], tuple(ac.columns), "grid", csv="accuracy_mc")
+        + f"<ul class=note>{legend}</ul>"
+    )
 
 
 def _mc_token_accuracy(page: _Page, acc: _Acc) -> None:
@@ -569,19 +654,28 @@ def _mc_token_accuracy(page: _Page, acc: _Acc) -> None:
     legend = "".join(f"<li><b>{k}</b>: {html.escape(v)}</li>" for k, v in an.MC_TOKEN_COLUMNS.items() if v)
     unranked = an.critic_based(acc.estimators)
     shortfall = an.data_shortfall(acc.n_traj, acc.scores, acc.max_turns)
-    reading = " ".join(an.mc_accuracy_reading(ac, col, what, noise=acc.noise, unranked=unranked, shortfall=shortfall)
-                       for col, what in (("tok_corr_dis", "token credit"), ("within_corr_dis", "within-turn credit")))
-    stats = ("" if first is None else f" Reliability of the token truth {first['reliability']:.2f} over "
-             f"{int(first['n_tokens'])} tokens in {int(first['n_turns'])} turns.")
-    page.parts.append("<h2 id=accuracy-tokens>Within-turn credit against this policy's token truth</h2>"
-                      f"<p class=reading>Truth used: {html.escape(an.token_truth_text(acc.mc_meta))} (mpo-viz truth "
-                      f"--tokens); a turn's true mean Â_k/n_k from {html.escape(centre)}.{html.escape(stats)} "
-                      "within_corr scores the credit's within-turn part (the credit minus its turn's mean): what a "
-                      "redistribution inside the turn adds over flat turn credit, which scores 0 here by "
-                      f"construction. {html.escape(reading)}</p>"
-                      + html_table([tuple(r) for r in ac.itertuples(index=False)], tuple(ac.columns), "grid",
-                                   csv="accuracy_mc_tokens")
-                      + f"<ul class=note>{legend}</ul>")
+    reading = " ".join(
+        an.mc_accuracy_reading(ac, col, what, noise=acc.noise, unranked=unranked, shortfall=shortfall)
+        for col, what in (("tok_corr_dis", "token credit"), ("within_corr_dis", "within-turn credit"))
+    )
+    stats = (
+        ""
+        if first is None
+        else f" Reliability of the token truth {first['reliability']:.2f} over "
+        f"{int(first['n_tokens'])} tokens in {int(first['n_turns'])} turns."
+    )
+    page.parts.append(
+        "<h2 id=accuracy-tokens>Within-turn credit against this policy's token truth</h2>"
+        f"<p class=reading>Truth used: {html.escape(an.token_truth_text(acc.mc_meta))} (mpo-viz truth "
+        f"--tokens); a turn's true mean Â_k/n_k from {html.escape(centre)}.{html.escape(stats)} "
+        "within_corr scores the credit's within-turn part (the credit minus its turn's mean): what a "
+        "redistribution inside the turn adds over flat turn credit, which scores 0 here by "
+        f"construction. {html.escape(reading)}</p>"
+        + html_table(
+            [tuple(r) for r in ac.itertuples(index=False)], tuple(ac.columns), "grid", csv="accuracy_mc_tokens"
+        )
+        + f"<ul class=note>{legend}</ul>"
+    )
 
 
 def _accuracy(page: _Page, acc: _Acc) -> None:
@@ -598,18 +692,27 @@ def _accuracy(page: _Page, acc: _Acc) -> None:
     ac = an.finish_accuracy(acc.accuracy)
     page.tables["accuracy"] = ac
     legend = "".join(f"<li><b>{k}</b>: {html.escape(v)}</li>" for k, v in an.ACCURACY_COLUMNS.items())
-    reading = an.accuracy_reading(ac, acc.values_source, shortfall=an.data_shortfall(acc.n_traj, acc.scores, acc.max_turns),
-                                  noise=acc.noise, unranked=an.critic_based(acc.estimators))
-    title = ("<h2 id=accuracy-expert>Accuracy against the scripted expert's oracle (biased for this policy)</h2>"
-             if acc.mc_parts or acc.mc_token_parts else "<h2 id=accuracy>Accuracy against the oracle</h2>")
-    page.parts.append(title +
-                      f"<p class=reading>{html.escape(reading)}</p>"
-                      + html_table([tuple(r) for r in ac.itertuples(index=False)], tuple(ac.columns), "grid",
-                                   csv="accuracy")
-                      + f"<ul class=note>{legend}</ul><p class=note>Over every turn and action token of the data, "
-                      "each estimator with the options above. The same measures over the shipped sets, many option "
-                      "settings and critic noise levels: <code>experiments/credit_accuracy.py</code> (docs/report.md "
-                      "explains its columns).</p>")
+    reading = an.accuracy_reading(
+        ac,
+        acc.values_source,
+        shortfall=an.data_shortfall(acc.n_traj, acc.scores, acc.max_turns),
+        noise=acc.noise,
+        unranked=an.critic_based(acc.estimators),
+    )
+    title = (
+        "<h2 id=accuracy-expert>Accuracy against the scripted expert's oracle (biased for this policy)</h2>"
+        if acc.mc_parts or acc.mc_token_parts
+        else "<h2 id=accuracy>Accuracy against the oracle</h2>"
+    )
+    page.parts.append(
+        title
+        + f"<p class=reading>{html.escape(reading)}</p>"
+        + html_table([tuple(r) for r in ac.itertuples(index=False)], tuple(ac.columns), "grid", csv="accuracy")
+        + f"<ul class=note>{legend}</ul><p class=note>Over every turn and action token of the data, "
+        "each estimator with the options above. The same measures over the shipped sets, many option "
+        "settings and critic noise levels: <code>experiments/credit_accuracy.py</code> (docs/report.md "
+        "explains its columns).</p>"
+    )
 
 
 def _selected(page: _Page, acc: _Acc, cfg: ReportConfig, decode) -> None:
@@ -622,47 +725,74 @@ def _selected(page: _Page, acc: _Acc, cfg: ReportConfig, decode) -> None:
     picks = acc.picks()
     s_adv = max((robust_scale(a, p.batch.mask) for _, p in picks for a in p.adv.values()), default=1.0)
     micro = registry.multiscale_estimator(acc.estimators)
-    s_micro = max((robust_scale(within_turn_part(p.adv[micro], p.batch.mask, p.batch.turn_ids), p.batch.mask)
-                   for _, p in picks), default=1.0) if micro else 1.0
+    s_micro = (
+        max(
+            (
+                robust_scale(within_turn_part(p.adv[micro], p.batch.mask, p.batch.turn_ids), p.batch.mask)
+                for _, p in picks
+            ),
+            default=1.0,
+        )
+        if micro
+        else 1.0
+    )
     if picks:
-        page.parts.append("<h2>Selected trajectories</h2><p class=note>Hover a token to see every channel; the menu "
-                          "switches the colouring (diverging scale centred at 0; grey = observation tokens). Every "
-                          f"advantage channel of every strip saturates at the same ±{format_value(s_adv)} (the 99th "
-                          "percentile of |A| over these trajectories and estimators); tokens beyond it are clipped, "
-                          "marked ▲ and counted in the legend.</p>" + (_within_note(micro) if micro else "")
-                          + (_truth_note() if acc.mc_token_parts else ""))
+        page.parts.append(
+            "<h2>Selected trajectories</h2><p class=note>Hover a token to see every channel; the menu "
+            "switches the colouring (diverging scale centred at 0; grey = observation tokens). Every "
+            f"advantage channel of every strip saturates at the same ±{format_value(s_adv)} (the 99th "
+            "percentile of |A| over these trajectories and estimators); tokens beyond it are clipped, "
+            "marked ▲ and counted in the legend.</p>"
+            + (_within_note(micro) if micro else "")
+            + (_truth_note() if acc.mc_token_parts else "")
+        )
     for j, (tags, p) in enumerate(picks):
         _trajectory(page, j, tags, p, acc, cfg, decode, (s_adv, s_micro))
 
 
 def _truth_note() -> str:
     """How to read the token truth in the strips."""
-    return ("<p class=note><b>True advantage</b>: a bar under each token the token truth measured is coloured by "
-            "its true advantage Â_t on the colour scale of the credit shown (the same ±scale), and the hover gives "
-            "Â_t ± 1.96·se; the channel <i>true advantage</i> colours the tokens by it. Where a token's colour and its "
-            "bar differ, the estimator puts credit where this policy's truth does not.</p>")
+    return (
+        "<p class=note><b>True advantage</b>: a bar under each token the token truth measured is coloured by "
+        "its true advantage Â_t on the colour scale of the credit shown (the same ±scale), and the hover gives "
+        "Â_t ± 1.96·se; the channel <i>true advantage</i> colours the tokens by it. Where a token's colour and its "
+        "bar differ, the estimator puts credit where this policy's truth does not.</p>"
+    )
 
 
 def _within_note(micro: str) -> str:
     """How to read the within-turn (centred) channel of the multiscale estimator."""
-    return (f"<p class=note><b>Within-turn part (micro_{html.escape(micro)})</b>: each token's advantage minus its "
-            "turn's mean, so it sums to 0 over every turn. It is relative credit inside the turn: a blue token was "
-            "credited <i>more than the rest of its turn</i>, not credited in absolute terms — in a failed episode a "
-            "wrong answer can be blue when the turn's other tokens were blamed more. Read it beside the turn's own "
-            f"sign (adv_{html.escape(micro)}, or the per-turn advantages below).</p>")
+    return (
+        f"<p class=note><b>Within-turn part (micro_{html.escape(micro)})</b>: each token's advantage minus its "
+        "turn's mean, so it sums to 0 over every turn. It is relative credit inside the turn: a blue token was "
+        "credited <i>more than the rest of its turn</i>, not credited in absolute terms — in a failed episode a "
+        "wrong answer can be blue when the turn's other tokens were blamed more. Read it beside the turn's own "
+        f"sign (adv_{html.escape(micro)}, or the per-turn advantages below).</p>"
+    )
 
 
-def _trajectory(page: _Page, j: int, tags: list, p: _Pick, acc: _Acc, cfg: ReportConfig, decode,
-                scales: tuple[float, float]) -> None:
+def _trajectory(
+    page: _Page, j: int, tags: list, p: _Pick, acc: _Acc, cfg: ReportConfig, decode, scales: tuple[float, float]
+) -> None:
     b = p.batch
     tid = b.traj_ids[0]
-    page.parts.append(f'<section class="traj"><h3>{html.escape(tid)} <small>{html.escape(" · ".join(tags))}</small></h3>')
+    page.parts.append(
+        f'<section class="traj"><h3>{html.escape(tid)} <small>{html.escape(" · ".join(tags))}</small></h3>'
+    )
     tokens = decode if decode is not None and not _has_tokens(b) else None
     payload = strip_payload(b, 0, advantages=p.adv, td=an.td_error(b), title=f"trajectory {tid}", tokens=tokens)
-    set_scale(payload, [k for k in payload["channels"] if k.startswith("adv_") or k == TRUTH_CHANNEL], scales[0],
-              "shared by the estimators and the selected trajectories")
-    set_scale(payload, [k for k in payload["channels"] if k.startswith("micro_")], scales[1],
-              "shared by the selected trajectories")
+    set_scale(
+        payload,
+        [k for k in payload["channels"] if k.startswith("adv_") or k == TRUTH_CHANNEL],
+        scales[0],
+        "shared by the estimators and the selected trajectories",
+    )
+    set_scale(
+        payload,
+        [k for k in payload["channels"] if k.startswith("micro_")],
+        scales[1],
+        "shared by the selected trajectories",
+    )
     page.parts.append(strip_html(f"strip-{j}", payload, cfg.strip_height, payload_id=f"payload-{j}"))
     if b.values is not None:
         ret = p.ret.get(acc.ev_source) if acc.ev_source else None
@@ -689,8 +819,11 @@ def _export(folder, tables: dict, figures: dict) -> str:
     if static_export_available():
         paths += write_figures(figures, folder, ("png", "svg"))
         return f" · exported {len(paths)} files to {folder}"
-    warnings.warn(f"export: wrote {len(paths)} tables as CSV to {folder}, but not the {len(figures)} figures: "
-                  "static figure export needs plotly's renderer, the 'kaleido' package (pip install kaleido). "
-                  "The report's PNG / SVG links under each figure export them from the browser without it.",
-                  ExportWarning, stacklevel=3)
+    warnings.warn(
+        f"export: wrote {len(paths)} tables as CSV to {folder}, but not the {len(figures)} figures: "
+        "static figure export needs plotly's renderer, the 'kaleido' package (pip install kaleido). "
+        "The report's PNG / SVG links under each figure export them from the browser without it.",
+        ExportWarning,
+        stacklevel=3,
+    )
     return f" · exported {len(paths)} tables (CSV) to {folder}; figures: no static renderer (kaleido) installed"

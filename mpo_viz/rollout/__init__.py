@@ -76,6 +76,20 @@ from mpo_viz.rollout.play import rollout
 from mpo_viz.rollout.token_truth import mc_token_truth
 from mpo_viz.rollout.truth import mc_truth
 
-__all__ = ["rollout", "RolloutConfig", "task_seeds", "STOP_REASONS", "ORACLE_TOKEN_FIELDS", "DEFAULT_ORACLE",
-           "sample_tokens", "side_pool", "spare_cores", "usable_cores", "uses_sliding_window", "SDPA_GROUPED",
-           "critic_values", "mc_truth", "mc_token_truth"]
+__all__ = [
+    "rollout",
+    "RolloutConfig",
+    "task_seeds",
+    "STOP_REASONS",
+    "ORACLE_TOKEN_FIELDS",
+    "DEFAULT_ORACLE",
+    "sample_tokens",
+    "side_pool",
+    "spare_cores",
+    "usable_cores",
+    "uses_sliding_window",
+    "SDPA_GROUPED",
+    "critic_values",
+    "mc_truth",
+    "mc_token_truth",
+]

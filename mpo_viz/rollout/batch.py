@@ -11,19 +11,32 @@ from mpo_viz.data.trajectory import TrajectoryBatch
 from mpo_viz.rollout.plan import ORACLE_TOKEN_FIELDS, RolloutConfig
 
 
+def per_turn_rewards(shaping, reward_lists) -> bool:
+    """Whether a batch records ``turn_rewards`` (and ``reward`` NaN): with shaping, or when a reward
+    came on a turn before the last (an environment of your own that pays along the way); otherwise
+    each episode's rewards sum into its outcome ``reward``."""
+    return bool(shaping) or any(any(r != 0 for r in rs[:-1]) for rs in reward_lists)
+
+
 def to_batch(episodes, env, layout, cfg: RolloutConfig, values, boot, oracle, policy) -> TrajectoryBatch:
-    shaped = env.shaping != 0.0
+    shaped = per_turn_rewards(env.shaping, [ep.rewards for ep in episodes])
     rows: list[dict] = []
     extra: dict[str, list] = {name: [] for name in ORACLE_TOKEN_FIELDS}
     has_oracle = oracle is not None and all(ep.oracle is not None for ep in episodes)
+    env_id = env.env_id or env.name
     for ep in episodes:
         gid = f"{env.name}-s{cfg.seed}-t{ep.group:04d}"
         truncated = ep.stop_reason in ("turn_limit", "max_total_tokens")
-        info = {"env": env.name, "task_seed": ep.task_seed, "seed": ep.seed, "success": ep.success,
-                "needed_turns": env.needed_turns(ep.env.task), "turn_limit": ep.env.turn_limit}
+        info = {
+            "env": env_id,
+            "task_seed": ep.task_seed,
+            "seed": ep.seed,
+            "success": ep.success,
+            "needed_turns": env.needed_turns(ep.env.task),
+            "turn_limit": ep.env.turn_limit,
+        }
         if has_oracle:
-            info["oracle"] = {k: ([round(x, 9) for x in v] if k != "turn_actions" else v)
-                              for k, v in ep.o_turn.items()}
+            info["oracle"] = {k: ([round(x, 9) for x in v] if k != "turn_actions" else v) for k, v in ep.o_turn.items()}
         row = {
             "traj_id": f"{gid}-{ep.sample}",
             "group_id": gid,
@@ -54,11 +67,15 @@ def to_batch(episodes, env, layout, cfg: RolloutConfig, values, boot, oracle, po
             extra["decisive"].append(np.asarray(ep.o_dec, dtype=np.float32))
         rows.append(row)
     meta = {
-        "tokenizer": policy.path or f"mpo_viz.envs.build_tokenizer({env.name!r})",
+        "tokenizer": policy.path or f"mpo_viz.envs.build_tokenizer({env_id!r})",
         "source_framework": "mpo_viz.rollout",
         "policy": policy.name,
-        "generator": {"env": env.name, "env_options": env.option_values(), **dataclasses.asdict(cfg),
-                      "oracle_noise": oracle.noise if oracle is not None else None},
+        "generator": {
+            "env": env_id,
+            "env_options": env.option_values(),
+            **dataclasses.asdict(cfg),
+            "oracle_noise": oracle.noise if oracle is not None else None,
+        },
     }
     if values is not None:
         meta["values_source"] = "critic"

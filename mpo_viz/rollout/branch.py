@@ -45,7 +45,7 @@ def continuation_seed(seed: int, traj_id: str, turn: int, m: int, forced: bool) 
 
 def turn_return(rewards, turn_gamma: float = 1.0) -> float:
     """``Σ_j γ_T^j R_j`` over a continuation's turn rewards (from the branching turn on)."""
-    return float(sum(float(r) * turn_gamma ** j for j, r in enumerate(rewards)))
+    return float(sum(float(r) * turn_gamma**j for j, r in enumerate(rewards)))
 
 
 class _Bar:
@@ -60,22 +60,50 @@ class _Bar:
 def _root(st: TurnState, index: int, forced: bool) -> Episode:
     """The row that feeds a boundary's prefix (never decoded itself); forced: the prefix and the
     recorded turn's tokens."""
-    resp = st.prefix[st.prompt_len:]
+    resp = st.prefix[st.prompt_len :]
     k = st.turn
-    return Episode(index=index, group=index, sample=-1, task_seed=0, seed=0, env=st.env, oracle=None,
-                    prompt=st.prefix[:st.prompt_len], rng=np.random.default_rng(0),
-                    pending=list(st.prefix) + (list(st.action_ids) if forced else []),
-                    ids=list(resp), mask=[1] * len(resp), turn_ids=[0] * len(resp), old_lp=[0.0] * len(resp),
-                    roll_lp=[0.0] * len(resp), entropy=[0.0] * len(resp), rewards=[0.0] * k)
+    return Episode(
+        index=index,
+        group=index,
+        sample=-1,
+        task_seed=0,
+        seed=0,
+        env=st.env,
+        oracle=None,
+        prompt=st.prefix[: st.prompt_len],
+        rng=np.random.default_rng(0),
+        pending=list(st.prefix) + (list(st.action_ids) if forced else []),
+        ids=list(resp),
+        mask=[1] * len(resp),
+        turn_ids=[0] * len(resp),
+        old_lp=[0.0] * len(resp),
+        roll_lp=[0.0] * len(resp),
+        entropy=[0.0] * len(resp),
+        rewards=[0.0] * k,
+    )
 
 
 def _clone(root: Episode, st: TurnState, m: int, seed: int, forced: bool) -> Episode:
     words = continuation_seed(seed, st.traj_id, st.turn, m, forced)
     rng = np.random.Generator(np.random.PCG64(np.random.SeedSequence(words)))
-    return Episode(index=root.index, group=root.index, sample=m, task_seed=0, seed=0,
-                    env=st.env.fork("-".join(map(str, words))), oracle=None, prompt=root.prompt, rng=rng,
-                    ids=list(root.ids), mask=list(root.mask), turn_ids=list(root.turn_ids), old_lp=list(root.old_lp),
-                    roll_lp=list(root.roll_lp), entropy=list(root.entropy), rewards=list(root.rewards))
+    return Episode(
+        index=root.index,
+        group=root.index,
+        sample=m,
+        task_seed=0,
+        seed=0,
+        env=st.env.fork("-".join(map(str, words))),
+        oracle=None,
+        prompt=root.prompt,
+        rng=rng,
+        ids=list(root.ids),
+        mask=list(root.mask),
+        turn_ids=list(root.turn_ids),
+        old_lp=list(root.old_lp),
+        roll_lp=list(root.roll_lp),
+        entropy=list(root.entropy),
+        rewards=list(root.rewards),
+    )
 
 
 def _force(ep: Episode, st: TurnState, cfg: RolloutConfig, layout, timer: Timer) -> bool:
@@ -87,7 +115,7 @@ def _force(ep: Episode, st: TurnState, cfg: RolloutConfig, layout, timer: Timer)
         ep.stop_reason = "max_total_tokens"
     if ep.stop_reason is not None:
         return False
-    ep.pending = ep.ids[len(ep.ids) - obs_len(ep):]
+    ep.pending = ep.ids[len(ep.ids) - obs_len(ep) :]
     return True
 
 
@@ -102,9 +130,19 @@ def _feed_some(engine: Engine, live: list[Episode], logits: torch.Tensor | None,
     return new if logits is None else torch.where(has[:, None], new, logits)
 
 
-def branch_returns(policy: Policy, states: list[TurnState], m: int, *, seed: int, cfg: RolloutConfig,
-                   forced: bool = False, turn_gamma: float = 1.0, share_prefix: bool = True, bar=None,
-                   timings: dict | None = None) -> np.ndarray:
+def branch_returns(
+    policy: Policy,
+    states: list[TurnState],
+    m: int,
+    *,
+    seed: int,
+    cfg: RolloutConfig,
+    forced: bool = False,
+    turn_gamma: float = 1.0,
+    share_prefix: bool = True,
+    bar=None,
+    timings: dict | None = None,
+) -> np.ndarray:
     """Returns of ``m`` continuations from each state (module docstring): ``(len(states), m)`` float64.
 
     ``cfg``: the sampling options (temperature, top-p, turn and total token budgets) and
@@ -123,14 +161,26 @@ def branch_returns(policy: Policy, states: list[TurnState], m: int, *, seed: int
     finished: list[Episode] = []
     try:
         with torch.no_grad(), grouped_attention(model):
-            _play_branches(Engine(model, pad_id), [states[j] for j in todo], todo, m, seed, cfg, policy, forced,
-                           share_prefix, timer, _Bar(bar), finished)
+            _play_branches(
+                Engine(model, pad_id),
+                [states[j] for j in todo],
+                todo,
+                m,
+                seed,
+                cfg,
+                policy,
+                forced,
+                share_prefix,
+                timer,
+                _Bar(bar),
+                finished,
+            )
     finally:
         if was_training:
             model.train()
     tokens = 0
     for ep in finished:
-        out[ep.index, ep.sample] = turn_return(ep.rewards[states[ep.index].turn:], turn_gamma)
+        out[ep.index, ep.sample] = turn_return(ep.rewards[states[ep.index].turn :], turn_gamma)
         tokens += int(sum(ep.mask)) - states[ep.index].start + (0 if not forced else -len(states[ep.index].action_ids))
     if timings is not None:
         timings.update(timer.t)
@@ -138,8 +188,20 @@ def branch_returns(policy: Policy, states: list[TurnState], m: int, *, seed: int
     return out
 
 
-def _play_branches(engine: Engine, states: list[TurnState], index: list[int], m: int, seed: int, cfg: RolloutConfig,
-                   policy: Policy, forced: bool, share: bool, timer: Timer, bar: _Bar, finished: list) -> None:
+def _play_branches(
+    engine: Engine,
+    states: list[TurnState],
+    index: list[int],
+    m: int,
+    seed: int,
+    cfg: RolloutConfig,
+    policy: Policy,
+    forced: bool,
+    share: bool,
+    timer: Timer,
+    bar: _Bar,
+    finished: list,
+) -> None:
     """The batch turns of the branch rollout: admit boundaries while ``m`` rows are free (shortest
     prefixes first), feed the live rows' pending tokens, feed the new prefixes in an engine of their
     own (padded only among themselves), duplicate each prefix row ``m`` times and append the rows;
@@ -163,8 +225,9 @@ def _play_branches(engine: Engine, states: list[TurnState], index: list[int], m:
             live = live + new_live
             logits = new_logits if logits is None else torch.cat([logits, new_logits])
         if forced and roots:
-            live, logits = _force_new(engine, live, logits, len(roots) * m, roots, cfg, policy.layout, timer, bar,
-                                      finished, m)
+            live, logits = _force_new(
+                engine, live, logits, len(roots) * m, roots, cfg, policy.layout, timer, bar, finished, m
+            )
             if not live:
                 continue
         assert logits is not None

@@ -64,18 +64,18 @@ def critic_values(critic, episodes: list[Episode], batch_size: int, pad_id: int,
     step = 1 if (dev.type == "cpu" if per_sequence is None else per_sequence) else batch_size
     order = sorted(range(len(episodes)), key=lambda i: episodes[i].length)  # similar lengths together
     for s in range(0, len(order), step):
-        chunk = order[s:s + step]
+        chunk = order[s : s + step]
         width = max(episodes[i].length for i in chunk)
         ids = torch.full((len(chunk), width), pad_id, dtype=torch.long)
         att = torch.zeros((len(chunk), width), dtype=torch.long)
         for b, i in enumerate(chunk):
             seq = episodes[i].prompt + episodes[i].ids
-            ids[b, :len(seq)] = torch.tensor(seq)
-            att[b, :len(seq)] = 1
+            ids[b, : len(seq)] = torch.tensor(seq)
+            att[b, : len(seq)] = 1
         with torch.no_grad():  # one unpadded row: no mask at all (the causal kernel)
             out = critic(ids.to(dev), attention_mask=None if len(chunk) == 1 else att.to(dev)).float().cpu()
         for b, i in enumerate(chunk):
             p, n = len(episodes[i].prompt), len(episodes[i].ids)
-            vals[i] = out[b, p - 1:p + n - 1].numpy().astype(np.float32)
+            vals[i] = out[b, p - 1 : p + n - 1].numpy().astype(np.float32)
             last[i] = float(out[b, p + n - 1])
     return vals, last

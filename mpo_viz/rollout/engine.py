@@ -99,8 +99,10 @@ def sample_excluding(logits: torch.Tensor, u: torch.Tensor, exclude: torch.Tenso
     mass = q.sum(-1)
     if bool((mass <= 0).any()):
         b = int(torch.nonzero(mass <= 0)[0, 0])
-        raise ValueError(f"row {b}: the excluded token {int(ex[b])} holds all of the sampling distribution's mass; "
-                         "there is no other token to sample")
+        raise ValueError(
+            f"row {b}: the excluded token {int(ex[b])} holds all of the sampling distribution's mass; "
+            "there is no other token to sample"
+        )
     cdf = torch.cumsum(q, dim=-1)
     u = u.to(device=q.device, dtype=torch.float64)
     k = torch.searchsorted(cdf, (u * mass)[:, None], right=True)[:, 0]
@@ -133,10 +135,10 @@ def _grow_cache():
                 k[..., :n, :] = self._k[..., :n, :]
                 v[..., :n, :] = self._v[..., :n, :]
                 self._k, self._v = k, v
-            self._k[..., n:n + q, :] = key_states
-            self._v[..., n:n + q, :] = value_states
+            self._k[..., n : n + q, :] = key_states
+            self._v[..., n : n + q, :] = value_states
             self._n = n + q
-            self.keys, self.values = self._k[..., :self._n, :], self._v[..., :self._n, :]
+            self.keys, self.values = self._k[..., : self._n, :], self._v[..., : self._n, :]
             return self.keys, self.values
 
     class GrowCache(DynamicCache):
@@ -159,8 +161,15 @@ def _sdpa_grouped(module, query, key, value, attention_mask, dropout=0.0, scalin
     causal = is_causal if is_causal is not None else getattr(module, "is_causal", True)
     causal = query.shape[2] > 1 and attention_mask is None and causal
     out = torch.nn.functional.scaled_dot_product_attention(
-        query, key, value, attn_mask=attention_mask, dropout_p=dropout, scale=scaling, is_causal=causal,
-        enable_gqa=query.shape[1] != key.shape[1])
+        query,
+        key,
+        value,
+        attn_mask=attention_mask,
+        dropout_p=dropout,
+        scale=scaling,
+        is_causal=causal,
+        enable_gqa=query.shape[1] != key.shape[1],
+    )
     return out.transpose(1, 2).contiguous(), None
 
 
@@ -171,8 +180,14 @@ def grouped_attention(model):
     cfg = getattr(model, "config", None)
     heads, kv = getattr(cfg, "num_attention_heads", None), getattr(cfg, "num_key_value_heads", None)
     dev = next(model.parameters()).device
-    if (getattr(cfg, "_attn_implementation", None) != "sdpa" or not heads or not kv or kv >= heads
-            or dev.type != "cpu" or not hasattr(model, "set_attn_implementation")):
+    if (
+        getattr(cfg, "_attn_implementation", None) != "sdpa"
+        or not heads
+        or not kv
+        or kv >= heads
+        or dev.type != "cpu"
+        or not hasattr(model, "set_attn_implementation")
+    ):
         yield
         return
     from transformers import AttentionInterface
@@ -236,20 +251,26 @@ class Engine:
         # through as it is). HF's own mask builder costs ~5% of a decode step of a small model. Not for a
         # model with sliding-window layers: their window is part of the mask HF builds.
         config = getattr(model, "config", None)
-        self._mask4 = (getattr(config, "_attn_implementation", None) in ("sdpa", SDPA_GROUPED)
-                       and not uses_sliding_window(config))
+        self._mask4 = getattr(config, "_attn_implementation", None) in (
+            "sdpa",
+            SDPA_GROUPED,
+        ) and not uses_sliding_window(config)
 
     def _layers(self):
-        return [layer for layer in getattr(self.cache, "layers", []) if getattr(layer, "is_initialized", False)
-                and layer.keys is not None and layer.keys.numel()]
+        return [
+            layer
+            for layer in getattr(self.cache, "layers", [])
+            if getattr(layer, "is_initialized", False) and layer.keys is not None and layer.keys.numel()
+        ]
 
     def forward(self, ids: torch.Tensor, mask: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:
         """Append ``ids`` ``(B, W)`` (mask 0/1, positions) to the cache; the logits of the last column."""
         self.attn = torch.cat([self.attn, mask], dim=1)
         kw = {"logits_to_keep": 1} if self._keep else {}
         attn = self.attn[:, None, None, :].bool() if self._mask4 and ids.shape[1] == 1 else self.attn
-        out = self.model(input_ids=ids, attention_mask=attn, position_ids=pos, past_key_values=self.cache,
-                         use_cache=True, **kw)
+        out = self.model(
+            input_ids=ids, attention_mask=attn, position_ids=pos, past_key_values=self.cache, use_cache=True, **kw
+        )
         self.cache = out.past_key_values
         return out.logits[:, -1]
 
@@ -258,8 +279,9 @@ class Engine:
         result is input column ``W − n + j``): the next-token logits after each of a row's last tokens."""
         self.attn = torch.cat([self.attn, mask], dim=1)
         kw = {"logits_to_keep": n} if self._keep else {}
-        out = self.model(input_ids=ids, attention_mask=self.attn, position_ids=pos, past_key_values=self.cache,
-                         use_cache=True, **kw)
+        out = self.model(
+            input_ids=ids, attention_mask=self.attn, position_ids=pos, past_key_values=self.cache, use_cache=True, **kw
+        )
         self.cache = out.past_key_values
         return out.logits[:, -n:]
 
@@ -285,8 +307,10 @@ class Engine:
         self.attn = torch.cat([pad(self.attn, (w - a, 0)), pad(other.attn, (w - b, 0))], 0)
         self.next_pos = torch.cat([self.next_pos, other.next_pos])
         for mine, theirs in zip(self._layers(), other._layers(), strict=True):
-            mine.set_kv(torch.cat([pad(mine.keys, (0, 0, w - a, 0)), pad(theirs.keys, (0, 0, w - b, 0))], 0),
-                        torch.cat([pad(mine.values, (0, 0, w - a, 0)), pad(theirs.values, (0, 0, w - b, 0))], 0))
+            mine.set_kv(
+                torch.cat([pad(mine.keys, (0, 0, w - a, 0)), pad(theirs.keys, (0, 0, w - b, 0))], 0),
+                torch.cat([pad(mine.values, (0, 0, w - a, 0)), pad(theirs.values, (0, 0, w - b, 0))], 0),
+            )
 
     def keep_rows(self, idx: list[int]) -> None:
         """Keep the rows ``idx`` (in that order), then drop the slots no row uses, moving each row's

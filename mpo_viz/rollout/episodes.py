@@ -3,7 +3,6 @@ columns (see :mod:`mpo_viz.rollout`)."""
 
 from __future__ import annotations
 
-import copy
 import time
 from dataclasses import dataclass, field
 
@@ -15,6 +14,7 @@ from mpo_viz.envs.base import TextEnv
 from mpo_viz.envs.expert import NoisyExpert
 from mpo_viz.envs.oracle import Oracle
 from mpo_viz.rollout.plan import RolloutConfig
+from mpo_viz.timer import Timer
 
 _UBLOCK = 64  # uniforms drawn per episode at a time
 
@@ -62,29 +62,16 @@ class Episode:
         return float(u)
 
 
-class Timer:
-    def __init__(self):
-        self.t: dict[str, float] = {}
-
-    def add(self, name: str, t0: float) -> float:
-        now = time.perf_counter()
-        self.t[name] = self.t.get(name, 0.0) + now - t0
-        return now
-
-
 def make_episodes(env: TextEnv, plan, cfg: RolloutConfig, oracle, layout, timer: Timer) -> list[Episode]:
     """The episodes of the plan, reset and prompted, in task then sample order."""
     episodes: list[Episode] = []
-    # each episode plays a deep copy of the environment's options: not of the episode the caller's
-    # instance last played (its task, state and messages are replaced by reset, and copying them cost
-    # ~30 ms per episode after a trainer's SFT)
-    blank = copy.copy(env)
-    blank.task, blank.state, blank.messages = None, None, []
     for gi, (ts, sample_seeds) in enumerate(plan):
         task = env.make_task(ts)
         orc = None
         for j, es in enumerate(sample_seeds):
-            e = copy.deepcopy(blank)
+            # each episode plays a new environment with the options of ``env`` (TextEnv.spawn: a deep
+            # copy of the options, not of the episode the caller's instance last played)
+            e = env.spawn()
             e.reset(seed=es, task=task)
             if oracle is not None and orc is None:
                 orc = _make_oracle(e, oracle, layout)
@@ -92,11 +79,25 @@ def make_episodes(env: TextEnv, plan, cfg: RolloutConfig, oracle, layout, timer:
             prompt = layout.prompt(e.messages)
             timer.add("tokenize", t0)
             if len(prompt) >= cfg.max_total_tokens:
-                raise OptionError("max_total_tokens", f"expected more than the prompt of task {ts} "
-                                                      f"({len(prompt)} tokens), found {cfg.max_total_tokens}")
+                raise OptionError(
+                    "max_total_tokens",
+                    f"expected more than the prompt of task {ts} ({len(prompt)} tokens), found {cfg.max_total_tokens}",
+                )
             rng = np.random.Generator(np.random.PCG64(np.random.SeedSequence([cfg.seed, ts, es, 0x6D706F])))
-            episodes.append(Episode(index=len(episodes), group=gi, sample=j, task_seed=ts, seed=es, env=e,
-                                     oracle=orc, prompt=prompt, rng=rng, pending=list(prompt)))
+            episodes.append(
+                Episode(
+                    index=len(episodes),
+                    group=gi,
+                    sample=j,
+                    task_seed=ts,
+                    seed=es,
+                    env=e,
+                    oracle=orc,
+                    prompt=prompt,
+                    rng=rng,
+                    pending=list(prompt),
+                )
+            )
     return episodes
 
 
@@ -123,13 +124,21 @@ def step_envs(live: list[Episode], turn: Turn, cfg: RolloutConfig, layout, timer
         ids = turn.tokens[b, :n].tolist()
         ended_by_stop = ids[-1] in layout.stop_ids
         cut_by_total = (not ended_by_stop) and n >= bt and bt <= cfg.max_turn_tokens
-        record_turn(ep, ids, turn.rollout_logp[b, :n].tolist(), turn.old_logp[b, :n].tolist(), layout, timer,
-                     final_cut=cut_by_total, entropy=turn.entropy[b, :n].tolist())
+        record_turn(
+            ep,
+            ids,
+            turn.rollout_logp[b, :n].tolist(),
+            turn.old_logp[b, :n].tolist(),
+            layout,
+            timer,
+            final_cut=cut_by_total,
+            entropy=turn.entropy[b, :n].tolist(),
+        )
         ep.pending = [ids[-1]]  # the last sampled token was never fed
         if ep.stop_reason is None and ep.length >= cfg.max_total_tokens:
             ep.stop_reason = "max_total_tokens"
         if ep.stop_reason is None:
-            ep.pending += ep.ids[len(ep.ids) - obs_len(ep):]
+            ep.pending += ep.ids[len(ep.ids) - obs_len(ep) :]
             keep.append(b)
         else:
             bar.update(1)
@@ -137,6 +146,8 @@ def step_envs(live: list[Episode], turn: Turn, cfg: RolloutConfig, layout, timer
 
 
 def _make_oracle(env: TextEnv, expert: NoisyExpert, layout) -> Oracle | None:
+    if not getattr(env, "finite_model", True):  # a protocol environment: no model to enumerate
+        return None
     try:
         orc = Oracle(env, expert, gamma=1.0, encode=layout.action)
         orc.value(env.state)
@@ -154,8 +165,17 @@ def obs_len(ep: Episode) -> int:
     return n
 
 
-def record_turn(ep: Episode, turn: list[int], rlp: list[float], olp: list[float], layout, timer: Timer,
-                 *, final_cut: bool, entropy: list[float]) -> None:
+def record_turn(
+    ep: Episode,
+    turn: list[int],
+    rlp: list[float],
+    olp: list[float],
+    layout,
+    timer: Timer,
+    *,
+    final_cut: bool,
+    entropy: list[float],
+) -> None:
     """Append one sampled turn (and, unless cut by the total budget, the environment's reply): per
     action token its rollout and old log-probs ``rlp``/``olp`` and the policy's entropy ``entropy``
     (each of the turn's length); 0 in all three on the reply's tokens."""

@@ -59,10 +59,11 @@ from mpo_viz.envs.oracle import Oracle
 from mpo_viz.models.policy import Policy
 from mpo_viz.rollout.branch import turn_return
 from mpo_viz.rollout.engine import Engine, grouped_attention, sampling_probs
-from mpo_viz.rollout.episodes import Episode, Timer, obs_len, record_turn
+from mpo_viz.rollout.episodes import Episode, obs_len, record_turn
 from mpo_viz.rollout.plan import RolloutConfig
 from mpo_viz.rollout.play import decode_turn, feed
 from mpo_viz.rollout.replay import TurnState
+from mpo_viz.timer import Timer
 
 __all__ = ["ESTIMATORS", "token_seed", "model_token_returns", "expert_token_returns", "summarize_token_returns"]
 
@@ -99,6 +100,7 @@ def summarize_token_returns(q: np.ndarray, forced: np.ndarray, alt: np.ndarray, 
 
 # --------------------------------------------------------------------------------------------- the scripted expert
 
+
 def _pick(actions: list[str], pi: dict, u: float) -> str:
     """The action of ``actions`` at CDF position ``u`` of ``π`` restricted to them."""
     w = np.array([pi[a] for a in actions], dtype=np.float64)
@@ -106,8 +108,17 @@ def _pick(actions: list[str], pi: dict, u: float) -> str:
     return actions[min(k, len(actions) - 1)]
 
 
-def expert_token_returns(expert: NoisyExpert, items: list[tuple[TurnState, int]], m: int, *, seed: int, layout,
-                         estimator: str = "pi", turn_gamma: float = 1.0, bar=None) -> dict:
+def expert_token_returns(
+    expert: NoisyExpert,
+    items: list[tuple[TurnState, int]],
+    m: int,
+    *,
+    seed: int,
+    layout,
+    estimator: str = "pi",
+    turn_gamma: float = 1.0,
+    bar=None,
+) -> dict:
     """``{"q": (P,), "forced": (P, m), "alt": (P, m)}`` for the positions ``items`` (a turn state and a
     token index ``t`` inside its turn), with the scripted noisy expert continuing: it finishes a partial
     turn by drawing its action from the posterior over the actions whose text starts with the prefix,
@@ -126,9 +137,12 @@ def expert_token_returns(expert: NoisyExpert, items: list[tuple[TurnState, int]]
         cons = orc.consistent(state, st.action_ids[:t])
         with_at = [a for a in cons if len(tx[a]) > t and tx[a][t] == st.action_ids[t]]
         if not with_at:
-            raise OptionError("policy", f"trajectory {st.traj_id!r}, turn {st.turn}: the expert never writes this "
-                                        f"turn's first {t + 1} tokens ({layout.text(st.action_ids[:t + 1])!r}): it "
-                                        "continues only turns it could have written (expert files)")
+            raise OptionError(
+                "policy",
+                f"trajectory {st.traj_id!r}, turn {st.turn}: the expert never writes this "
+                f"turn's first {t + 1} tokens ({layout.text(st.action_ids[: t + 1])!r}): it "
+                "continues only turns it could have written (expert files)",
+            )
         rest = [a for a in cons if a not in with_at]
         q = 1.0 if not rest else sum(pi[a] for a in with_at) / sum(pi[a] for a in cons)
         out["q"][j] = q
@@ -157,6 +171,7 @@ def expert_token_returns(expert: NoisyExpert, items: list[tuple[TurnState, int]]
 
 # --------------------------------------------------------------------------------------------- a model policy
 
+
 @dataclass
 class _Row:
     """A continuation's row: its episode, its position ``j`` and sample ``c``, its kind, the turn's
@@ -181,9 +196,19 @@ class _Bar:
             self.bar.update(n)
 
 
-def model_token_returns(policy: Policy, items: list[tuple[TurnState, int]], m: int, *, seed: int, cfg: RolloutConfig,
-                        estimator: str = "pi", turn_gamma: float = 1.0, share_prefix: bool = True, bar=None,
-                        timings: dict | None = None) -> dict:
+def model_token_returns(
+    policy: Policy,
+    items: list[tuple[TurnState, int]],
+    m: int,
+    *,
+    seed: int,
+    cfg: RolloutConfig,
+    estimator: str = "pi",
+    turn_gamma: float = 1.0,
+    share_prefix: bool = True,
+    bar=None,
+    timings: dict | None = None,
+) -> dict:
     """``{"q": (P,), "forced": (P, m), "alt": (P, m)}`` for the positions ``items`` (a turn state and a
     token index ``t`` inside its turn) with ``policy`` continuing (module docstring). ``cfg``: the
     sampling options and ``batch_size`` (rows decoded together; at least ``2m``: a position's pairs are
@@ -250,9 +275,16 @@ class _Run:
                     continue
                 logits = self._feed(live, logits)
             assert logits is not None
-            turn = decode_turn(self.engine, [r.ep for r in live], logits, self.cfg, self.stop, self.timer,
-                               used=[len(r.head) for r in live],
-                               exclude=torch.tensor([r.exclude for r in live], dtype=torch.long))
+            turn = decode_turn(
+                self.engine,
+                [r.ep for r in live],
+                logits,
+                self.cfg,
+                self.stop,
+                self.timer,
+                used=[len(r.head) for r in live],
+                exclude=torch.tensor([r.exclude for r in live], dtype=torch.long),
+            )
             self.tokens += int(sum(turn.counts))
             keep = self._step(live, turn)
             t0 = time.perf_counter()
@@ -285,7 +317,7 @@ class _Run:
         for j, st, t in units:
             groups.setdefault(id(st), (st, []))[1].append((j, t))
         roots = list(groups.values())
-        seqs = [list(st.prefix) + list(st.action_ids[:max(t for _, t in pos) + 1]) for st, pos in roots]
+        seqs = [list(st.prefix) + list(st.action_ids[: max(t for _, t in pos) + 1]) for st, pos in roots]
         n_tail = max(len(s) - len(st.prefix) + 1 for s, (st, _) in zip(seqs, roots))
         sub = Engine(self.engine.model, self.engine.pad_id)
         sub.add_rows(len(roots))
@@ -293,8 +325,8 @@ class _Run:
         ids = torch.full((len(seqs), width), sub.pad_id, dtype=torch.long)
         msk = torch.zeros((len(seqs), width), dtype=torch.long)
         for b, s in enumerate(seqs):
-            ids[b, width - len(s):] = torch.tensor(s)
-            msk[b, width - len(s):] = 1
+            ids[b, width - len(s) :] = torch.tensor(s)
+            msk[b, width - len(s) :] = 1
         pos = (torch.cumsum(msk, 1) - 1).clamp(min=0)
         dev = sub.device
         sub.next_pos = msk.sum(1).to(dev)
@@ -321,7 +353,7 @@ class _Run:
         sub.keep_rows(idx)
         # each row keeps the slots of its own prefix (its first `used` slots) and drops the rest
         for b, (_, _, used, left) in enumerate(pick):
-            sub.attn[b, left + used:] = 0
+            sub.attn[b, left + used :] = 0
             sub.next_pos[b] = used
         sub.keep_rows(list(range(len(rows))))
         logits = torch.stack([tail[g, k] for g, k, _, _ in pick])
@@ -332,8 +364,12 @@ class _Run:
     def _admit_refed(self, units: list[tuple[int, TurnState, int]]) -> tuple[list[_Row], torch.Tensor]:
         """:meth:`_admit` without sharing: every continuation feeds its own prefix (``π(a_t|h_t)`` read from
         the first alternative row of its position, whose logits are at ``h_t``)."""
-        rows = [self._row(st, j, t, c, kind) for j, st, t in units for c in range(self.m)
-                for kind in ("forced", self.alt_kind)]
+        rows = [
+            self._row(st, j, t, c, kind)
+            for j, st, t in units
+            for c in range(self.m)
+            for kind in ("forced", self.alt_kind)
+        ]
         for r, (_, st, _) in zip(rows, [u for u in units for _ in range(2 * self.m)]):
             r.ep.pending = list(st.prefix) + r.head
         sub = Engine(self.engine.model, self.engine.pad_id)
@@ -342,7 +378,9 @@ class _Run:
         keep = []
         for u, (j, st, t) in enumerate(units):
             first = 2 * self.m * u
-            q = float(sampling_probs(logits[first + 1][None], self.cfg.temperature, self.cfg.top_p)[0, st.action_ids[t]])
+            q = float(
+                sampling_probs(logits[first + 1][None], self.cfg.temperature, self.cfg.top_p)[0, st.action_ids[t]]
+            )
             self.out["q"][j] = q
             if self.estimator == "pi" and q >= 1.0:
                 self.bar.update(2 * self.m)
@@ -358,11 +396,21 @@ class _Run:
     def _row(self, st: TurnState, j: int, t: int, c: int, kind: str) -> _Row:
         words = token_seed(self.seed, st.traj_id, st.turn, t, c, kind, self.estimator)
         rng = np.random.Generator(np.random.PCG64(np.random.SeedSequence(words)))
-        ep = Episode(index=j, group=j, sample=c, task_seed=0, seed=0, env=st.env.fork("-".join(map(str, words))),
-                     oracle=None, prompt=list(st.prefix), rng=rng, rewards=[0.0] * st.turn)
+        ep = Episode(
+            index=j,
+            group=j,
+            sample=c,
+            task_seed=0,
+            seed=0,
+            env=st.env.fork("-".join(map(str, words))),
+            oracle=None,
+            prompt=list(st.prefix),
+            rng=rng,
+            rewards=[0.0] * st.turn,
+        )
         if kind == "forced":
             ep.uniform()  # the draw the other kind spends on its first token: the streams stay aligned
-        head = list(st.action_ids[:t + 1] if kind == "forced" else st.action_ids[:t])
+        head = list(st.action_ids[: t + 1] if kind == "forced" else st.action_ids[:t])
         return _Row(ep, j, c, st.turn, kind, head, st.action_ids[t] if kind == "other" else -1)
 
     # -- stepping
@@ -383,7 +431,9 @@ class _Run:
 
     def _finish(self, r: _Row) -> None:
         # rewards[:k] are placeholders for the turns before the branching one
-        self.out["forced" if r.kind == "forced" else "alt"][r.j, r.c] = turn_return(r.ep.rewards[r.k:], self.turn_gamma)
+        self.out["forced" if r.kind == "forced" else "alt"][r.j, r.c] = turn_return(
+            r.ep.rewards[r.k :], self.turn_gamma
+        )
         self.bar.update(1)
 
     def _complete_forced(self, live: list[_Row], logits: torch.Tensor, n_new: int):
@@ -393,12 +443,15 @@ class _Run:
         for b in range(len(live) - n_new, len(live)):
             r = live[b]
             ep, n = r.ep, len(r.head)
-            if r.kind != "forced" or not (r.head[-1] in self.layout.stop_ids or n >= self.cfg.max_turn_tokens
-                                          or ep.length + n >= self.cfg.max_total_tokens):
+            if r.kind != "forced" or not (
+                r.head[-1] in self.layout.stop_ids
+                or n >= self.cfg.max_turn_tokens
+                or ep.length + n >= self.cfg.max_total_tokens
+            ):
                 keep.append(b)
                 continue
             if self._record(r, r.head, r.head[-1] in self.layout.stop_ids):
-                ep.pending = ep.ids[len(ep.ids) - obs_len(ep):]
+                ep.pending = ep.ids[len(ep.ids) - obs_len(ep) :]
                 keep.append(b)
         if len(keep) < len(live):
             t0 = time.perf_counter()
@@ -415,6 +468,6 @@ class _Run:
         for b, r in enumerate(live):
             dec = turn.tokens[b, : turn.counts[b]].tolist()
             if self._record(r, r.head + dec, dec[-1] in self.layout.stop_ids):
-                r.ep.pending = [dec[-1]] + r.ep.ids[len(r.ep.ids) - obs_len(r.ep):]
+                r.ep.pending = [dec[-1]] + r.ep.ids[len(r.ep.ids) - obs_len(r.ep) :]
                 keep.append(b)
         return keep

@@ -26,14 +26,23 @@ class RolloutConfig:
 
     group_size: int = setting(1, kind="int", low=1, doc="samples per task (G); tasks are groups (one group_id)")
     seed: int = setting(0, kind="any", doc="master seed: tasks (unless seeds), environment dynamics and sampling noise")
-    temperature: float = setting(1.0, low=0, expect="a finite number >= 0 (0 = greedy)",
-                                 doc="sampling temperature; 0 = greedy (argmax)")
-    top_p: float = setting(1.0, low=0, high=1, low_open=True, expect="a number in (0, 1]",
-                           doc="nucleus sampling mass in (0, 1]; 1 = the whole distribution")
-    max_turn_tokens: int = setting(48, kind="int", low=1,
-                                   doc="at most this many tokens per assistant turn (the stop token included)")
-    max_total_tokens: int = setting(1024, kind="int", low=1,
-                                    doc="the episode's token budget (prompt + response, see the module docstring)")
+    temperature: float = setting(
+        1.0, low=0, expect="a finite number >= 0 (0 = greedy)", doc="sampling temperature; 0 = greedy (argmax)"
+    )
+    top_p: float = setting(
+        1.0,
+        low=0,
+        high=1,
+        low_open=True,
+        expect="a number in (0, 1]",
+        doc="nucleus sampling mass in (0, 1]; 1 = the whole distribution",
+    )
+    max_turn_tokens: int = setting(
+        48, kind="int", low=1, doc="at most this many tokens per assistant turn (the stop token included)"
+    )
+    max_total_tokens: int = setting(
+        1024, kind="int", low=1, doc="the episode's token budget (prompt + response, see the module docstring)"
+    )
     batch_size: int = setting(16, kind="int", low=1, doc="live episodes decoded together")
     seeds: list[int] | None = None
     """explicit task seeds (one group of G episodes each) instead of tasks drawn from ``seed``"""
@@ -77,6 +86,7 @@ def plan_tasks(cfg: RolloutConfig, n_episodes: int | None) -> list[tuple[int, li
             raise OptionError("n_episodes", f"expected a positive multiple of group_size={g}, found {n_episodes!r}")
         return _plan_from_seed(cfg.seed, n_episodes // g, g)
     if n_episodes is not None and n_episodes != len(cfg.seeds) * g:
-        raise OptionError("n_episodes", f"expected len(seeds) * group_size = {len(cfg.seeds) * g} with seeds, "
-                                        f"found {n_episodes}")
+        raise OptionError(
+            "n_episodes", f"expected len(seeds) * group_size = {len(cfg.seeds) * g} with seeds, found {n_episodes}"
+        )
     return _plan_from_list(cfg.seed, cfg.seeds, g)

@@ -35,9 +35,11 @@ __all__ = ["RULES", "TokenPosition", "choose_positions", "file_uncertainty", "NO
 #: the positions rules (module docstring)
 RULES = ("uncertain", "decisive", "all")
 
-NO_LOGPROBS = ("positions='uncertain' needs the policy's recorded log-probs (old_logprobs or rollout_logprobs), "
-               "and this file has none: measure positions='decisive' (the oracle's decisive tokens, in files of "
-               "mpo-viz generate) or positions='all' (every action token; small files)")
+NO_LOGPROBS = (
+    "positions='uncertain' needs the policy's recorded log-probs (old_logprobs or rollout_logprobs), "
+    "and this file has none: measure positions='decisive' (the oracle's decisive tokens, in files of "
+    "mpo-viz generate) or positions='all' (every action token; small files)"
+)
 
 
 @dataclass(frozen=True)
@@ -62,8 +64,11 @@ def file_uncertainty(batch: TrajectoryBatch) -> tuple[list[np.ndarray], str]:
     out = []
     for i, (lp, mask) in enumerate(zip(batch.field(name), batch.field("loss_mask"))):
         if lp is None:
-            raise OptionError("positions", f"trajectory {batch.traj_ids[i]!r}: no {name} on this row; "
-                                           + NO_LOGPROBS.split(", and this file has none: ", 1)[1])
+            raise OptionError(
+                "positions",
+                f"trajectory {batch.traj_ids[i]!r}: no {name} on this row; "
+                + NO_LOGPROBS.split(", and this file has none: ", 1)[1],
+            )
         u = 1.0 - np.exp(np.asarray(lp, dtype=np.float64))
         out.append(np.where(np.asarray(mask) != 0, u, np.nan))
     return out, name
@@ -81,9 +86,16 @@ def _controls(cands: list[int], n: int, rng: np.random.Generator) -> list[int]:
     return sorted(cands[int(i)] for i in pick)
 
 
-def choose_positions(batch: TrajectoryBatch, rule: str = "uncertain", *, threshold: float = 0.01,
-                     max_per_turn: int = 4, controls: int = 1, seed: int = 0,
-                     uncertainty: list | None = None) -> list[TokenPosition]:
+def choose_positions(
+    batch: TrajectoryBatch,
+    rule: str = "uncertain",
+    *,
+    threshold: float = 0.01,
+    max_per_turn: int = 4,
+    controls: int = 1,
+    seed: int = 0,
+    uncertainty: list | None = None,
+) -> list[TokenPosition]:
     """The tokens to measure, row by row and turn by turn (in position order), by ``rule`` (module
     docstring).
 
@@ -111,9 +123,12 @@ def choose_positions(batch: TrajectoryBatch, rule: str = "uncertain", *, thresho
     if rule == "uncertain":
         unc = uncertainty if uncertainty is not None else file_uncertainty(batch)[0]
     if rule == "decisive" and not batch.has("decisive"):
-        raise OptionError("positions", "positions='decisive' needs the oracle's decisive column (files of mpo-viz "
-                                       "generate, rollouts with an oracle); this file has none: measure "
-                                       "positions='uncertain' or positions='all'")
+        raise OptionError(
+            "positions",
+            "positions='decisive' needs the oracle's decisive column (files of mpo-viz "
+            "generate, rollouts with an oracle); this file has none: measure "
+            "positions='uncertain' or positions='all'",
+        )
     dec = batch.field("decisive") if rule == "decisive" else None
     masks, tids = batch.mask.numpy() != 0, batch.turn_ids.numpy()
     out: list[TokenPosition] = []
@@ -125,16 +140,24 @@ def choose_positions(batch: TrajectoryBatch, rule: str = "uncertain", *, thresho
         for k in range(int(turns.max()) + 1):
             cols = act[turns == k]  # the turn's action tokens, in order: token t is cols[t]
             where = f"trajectory {batch.traj_ids[i]!r}, turn {k}"
-            chosen, others = _by_rule(rule, cols, unc[i] if unc is not None else None,
-                                      dec[i] if dec is not None else None, threshold, max_per_turn, where)
+            chosen, others = _by_rule(
+                rule,
+                cols,
+                unc[i] if unc is not None else None,
+                dec[i] if dec is not None else None,
+                threshold,
+                max_per_turn,
+                where,
+            )
             picked = _controls(others, controls, _control_rng(seed, batch.traj_ids[i], k)) if rule != "all" else []
             for t in sorted(chosen + picked):
                 out.append(TokenPosition(row=i, turn=k, t=int(t), col=int(cols[t]), control=t in picked))
     return out
 
 
-def _by_rule(rule: str, cols: np.ndarray, unc, dec, threshold: float, cap: int,
-             where: str) -> tuple[list[int], list[int]]:
+def _by_rule(
+    rule: str, cols: np.ndarray, unc, dec, threshold: float, cap: int, where: str
+) -> tuple[list[int], list[int]]:
     """The turn-local indices the rule measures, and the candidates for its controls."""
     n = len(cols)
     if rule == "all":
@@ -144,8 +167,11 @@ def _by_rule(rule: str, cols: np.ndarray, unc, dec, threshold: float, cap: int,
         return [t for t in range(n) if flags[t]], [t for t in range(n) if not flags[t]]
     u = np.asarray(unc, dtype=np.float64)[cols]
     if np.isnan(u).any():
-        raise OptionError("positions", f"{where}: expected the policy's probability of every action token, found "
-                                       f"none for token {int(np.flatnonzero(np.isnan(u))[0])} of the turn")
+        raise OptionError(
+            "positions",
+            f"{where}: expected the policy's probability of every action token, found "
+            f"none for token {int(np.flatnonzero(np.isnan(u))[0])} of the turn",
+        )
     high = [t for t in range(n) if u[t] > threshold]
     high = sorted(high, key=lambda t: (-u[t], t))[:cap]
     return high, [t for t in range(n) if u[t] <= threshold]

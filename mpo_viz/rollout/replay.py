@@ -13,10 +13,13 @@ What a boundary carries (:class:`TurnState`): a snapshot of the environment at `
 before turn ``k``'s first action token (``prompt_ids + response_ids[:start]``), and turn ``k``'s own
 recorded tokens.
 
-**Your own environment** takes part when it has ``reset(seed=, task_seed=)`` and ``step(text)``
-that are deterministic functions of the seeds and the texts (replay), and ``fork(seed)`` (a copy at
-its current state whose future dynamics draw from a new stream; :class:`~mpo_viz.envs.TextEnv`
-has it). Pass it as ``env=``; docs/environments.md walks through it.
+**Your own environment** takes part when its ``reset`` and ``step(text)`` are deterministic
+functions of the seeds and the texts (replay), and it has ``fork(seed)`` (a copy at its current
+state, its whole dynamic state and RNG included, whose future dynamics draw from a new stream;
+:class:`~mpo_viz.envs.TextEnv` has it). A plain reset/step object (:mod:`mpo_viz.envs.protocol`) is
+wrapped. A file records the name it was made under, so an environment made by ``make_env`` from a
+registered name, an entry point or ``package.module:factory`` is rebuilt from the file alone;
+otherwise pass it as ``env=``. docs/environments.md walks through it.
 """
 
 from __future__ import annotations
@@ -28,7 +31,8 @@ import numpy as np
 
 from mpo_viz.data.trajectory import TrajectoryBatch
 from mpo_viz.envs.base import TextEnv
-from mpo_viz.envs.registry import make_env
+from mpo_viz.envs.protocol import as_env
+from mpo_viz.envs.registry import env_declarations, make_env
 from mpo_viz.envs.tokenizer import build_tokenizer
 from mpo_viz.models.layout import layout_for
 
@@ -67,11 +71,18 @@ def env_of(batch: TrajectoryBatch) -> TextEnv:
     (``env`` and ``env_options``, or ``mpo-viz generate``'s ``difficulty`` and ``env_options``)."""
     gen = batch.meta.get("generator")
     if not isinstance(gen, dict) or not gen.get("env"):
-        raise ReplayError("the file's metadata has no 'generator' naming its environment: only files the toolkit "
-                          "wrote (mpo-viz generate, rollout, the trainer's run folders) replay; for other data pass "
-                          "env= (an environment with reset/step/fork, docs/environments.md)")
+        raise ReplayError(
+            "the file's metadata has no 'generator' naming its environment: only files the toolkit "
+            "wrote (mpo-viz generate, rollout, the trainer's run folders) replay; for other data pass "
+            "env= (an environment with reset/step/fork, docs/environments.md)"
+        )
     opts = dict(gen.get("env_options") or {})
-    if "difficulty" in gen and "difficulty" not in opts:
+    declared = env_declarations(gen["env"])
+    if (
+        gen.get("difficulty") is not None
+        and "difficulty" not in opts
+        and (declared is None or "difficulty" in declared)
+    ):
         opts["difficulty"] = gen["difficulty"]
     if isinstance(opts.get("difficulty"), list):
         opts["difficulty"] = tuple(opts["difficulty"])
@@ -92,8 +103,10 @@ def _seeds(batch: TrajectoryBatch, i: int) -> tuple[int, int]:
         info = {}
     missing = [k for k in ("task_seed", "seed") if not isinstance(info.get(k), int)]
     if missing:
-        raise ReplayError(f"trajectory {tid!r}: extra_json has no {' and '.join(missing)} (the task and dynamics "
-                          "seeds the toolkit records when it plays an episode); this row cannot be replayed")
+        raise ReplayError(
+            f"trajectory {tid!r}: extra_json has no {' and '.join(missing)} (the task and dynamics "
+            "seeds the toolkit records when it plays an episode); this row cannot be replayed"
+        )
     return int(info["task_seed"]), int(info["seed"])
 
 
@@ -134,47 +147,83 @@ def replay(batch: TrajectoryBatch, layout, *, env: TextEnv | None = None) -> lis
             (naming the trajectory, the turn and both texts), an episode that ends early.
     """
     env = env if env is not None else env_of(batch)
-    if not callable(getattr(env, "fork", None)):
-        raise ReplayError(f"environment {type(env).__name__} cannot branch: it needs fork(seed) (a copy at its "
-                          "current state with its own dynamics stream; see docs/environments.md)")
+    if not callable(getattr(env, "fork", None)) or not getattr(env, "can_fork", True):
+        raise ReplayError(
+            f"environment {getattr(env, 'name', type(env).__name__)} cannot branch: it needs fork(seed), "
+            "a copy at its current state that copies the whole dynamic state (any RNG included) and "
+            "draws its future from a stream seeded by seed (see docs/environments.md)"
+        )
+    try:
+        env = as_env(env)
+    except TypeError as exc:
+        raise ReplayError(str(exc)) from None
     masks, tids = batch.field("loss_mask"), batch.field("turn_ids")
     prompts, resps = batch.field("prompt_ids"), batch.field("response_ids")
     stops = batch.field("stop_reason") if batch.has("stop_reason") else [None] * len(batch)
     out = []
     for i in range(len(batch)):
-        out.append(_replay_row(batch, i, env, layout, np.asarray(masks[i]), np.asarray(tids[i]),
-                               [int(x) for x in prompts[i]], [int(x) for x in resps[i]], stops[i]))
+        out.append(
+            _replay_row(
+                batch,
+                i,
+                env,
+                layout,
+                np.asarray(masks[i]),
+                np.asarray(tids[i]),
+                [int(x) for x in prompts[i]],
+                [int(x) for x in resps[i]],
+                stops[i],
+            )
+        )
     return out
 
 
 def _replay_row(batch, i, env, layout, mask, tids, prompt, resp, stop) -> list[TurnState]:
     tid = batch.traj_ids[i]
     task_seed, seed = _seeds(batch, i)
-    e = env.fork(0)
+    e = env.spawn() if callable(getattr(env, "spawn", None)) else env.fork(0)
     e.reset(seed=seed, task_seed=task_seed)
     if layout.prompt(e.messages) != prompt:
-        raise ReplayError(f"trajectory {tid!r}: turn 0: the replayed prompt differs from the recorded one: recorded "
-                          f"{layout.text(prompt)!r}, replayed {e.messages[-1]['content']!r} (another environment, "
-                          "options or tokenizer)")
+        raise ReplayError(
+            f"trajectory {tid!r}: turn 0: the replayed prompt differs from the recorded one: recorded "
+            f"{layout.text(prompt)!r}, replayed {e.messages[-1]['content']!r} (another environment, "
+            "options or tokenizer)"
+        )
     msgs = _messages(batch, i)
     states = []
     spans = _spans(mask, tids)
     for k, (s, t, obs_end) in enumerate(spans):
         if e.done:
-            raise ReplayError(f"trajectory {tid!r}: turn {k}: the replayed episode ended after turn {k - 1}, the "
-                              f"record has {len(spans)} turns")
+            raise ReplayError(
+                f"trajectory {tid!r}: turn {k}: the replayed episode ended after turn {k - 1}, the "
+                f"record has {len(spans)} turns"
+            )
         action = resp[s:t]
         cut = k == len(spans) - 1 and stop == "max_total_tokens" and obs_end == t
-        states.append(TurnState(row=i, traj_id=tid, turn=k, env=e.fork(0), prefix=prompt + resp[:s], start=s, end=t,
-                                action_ids=action, cut=cut, prompt_len=len(prompt)))
+        states.append(
+            TurnState(
+                row=i,
+                traj_id=tid,
+                turn=k,
+                env=e.fork(0),
+                prefix=prompt + resp[:s],
+                start=s,
+                end=t,
+                action_ids=action,
+                cut=cut,
+                prompt_len=len(prompt),
+            )
+        )
         if cut:
             break
         obs = e.step(layout.text(action))[0]
         replayed = layout.observation(e.obs_role, obs, final=e.done)
         if replayed != resp[t:obs_end]:
             rec = _recorded_obs(msgs, k) or layout.text(resp[t:obs_end])
-            raise ReplayError(f"trajectory {tid!r}: turn {k}: the replayed observation differs from the recorded one: "
-                              f"recorded {rec!r}, replayed {obs!r}")
+            raise ReplayError(
+                f"trajectory {tid!r}: turn {k}: the replayed observation differs from the recorded one: "
+                f"recorded {rec!r}, replayed {obs!r}"
+            )
     return states
 
 

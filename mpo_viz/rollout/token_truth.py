@@ -51,8 +51,15 @@ from mpo_viz.rollout.truth import SAMPLING, sampling_config
 __all__ = ["mc_token_truth", "MC_TOKEN_FIELDS", "expert_uncertainty"]
 
 #: the per-token fields :func:`mc_token_truth` writes
-MC_TOKEN_FIELDS = ("mc_tok_adv", "mc_tok_adv_se", "mc_tok_adv_a", "mc_tok_adv_b", "mc_tok_measured", "mc_tok_control",
-                   "mc_tok_pi")
+MC_TOKEN_FIELDS = (
+    "mc_tok_adv",
+    "mc_tok_adv_se",
+    "mc_tok_adv_a",
+    "mc_tok_adv_b",
+    "mc_tok_measured",
+    "mc_tok_control",
+    "mc_tok_pi",
+)
 
 
 def expert_uncertainty(batch: TrajectoryBatch, rows: list[list[TurnState]], expert: NoisyExpert, layout) -> list:
@@ -65,7 +72,7 @@ def expert_uncertainty(batch: TrajectoryBatch, rows: list[list[TurnState]], expe
         for st in states:
             if orc is None:
                 orc = Oracle(st.env, expert, task=st.env.task, encode=layout.action)
-            u[st.start:st.end] = 1.0 - orc.token_probs(st.env.state, st.action_ids)
+            u[st.start : st.end] = 1.0 - orc.token_probs(st.env.state, st.action_ids)
         out.append(u)
     return out
 
@@ -86,12 +93,27 @@ def _progress(n: int, progress: bool | None):
     return tqdm(total=n, desc="token truth", unit="cont", disable=disable, leave=False)
 
 
-def mc_token_truth(batch: TrajectoryBatch, policy: Policy | NoisyExpert, *, m: int = 16, seed: int = 0,
-                   positions: str = "uncertain", threshold: float = 0.01, max_per_turn: int = 4, controls: int = 1,
-                   estimator: str = "pi", env: TextEnv | None = None, turn_gamma: float = 1.0, batch_size: int = 64,
-                   temperature: float | None = None, top_p: float | None = None, max_turn_tokens: int | None = None,
-                   max_total_tokens: int | None = None, progress: bool | None = None,
-                   timings: dict | None = None) -> TrajectoryBatch:
+def mc_token_truth(
+    batch: TrajectoryBatch,
+    policy: Policy | NoisyExpert,
+    *,
+    m: int = 16,
+    seed: int = 0,
+    positions: str = "uncertain",
+    threshold: float = 0.01,
+    max_per_turn: int = 4,
+    controls: int = 1,
+    estimator: str = "pi",
+    env: TextEnv | None = None,
+    turn_gamma: float = 1.0,
+    batch_size: int = 64,
+    temperature: float | None = None,
+    top_p: float | None = None,
+    max_turn_tokens: int | None = None,
+    max_total_tokens: int | None = None,
+    progress: bool | None = None,
+    timings: dict | None = None,
+) -> TrajectoryBatch:
     """The batch with the true advantages of the chosen tokens under ``policy`` (module docstring).
 
     Args:
@@ -125,37 +147,55 @@ def mc_token_truth(batch: TrajectoryBatch, policy: Policy | NoisyExpert, *, m: i
     layout = policy.layout if isinstance(policy, Policy) else word_layout_of(env)
     rows = replay(batch, layout, env=env)
     t_replay = time.perf_counter() - t_start
-    cfg = sampling_config(batch, batch_size, dict(temperature=temperature, top_p=top_p,
-                                                  max_turn_tokens=max_turn_tokens, max_total_tokens=max_total_tokens))
+    cfg = sampling_config(
+        batch,
+        batch_size,
+        dict(temperature=temperature, top_p=top_p, max_turn_tokens=max_turn_tokens, max_total_tokens=max_total_tokens),
+    )
     unc, source = None, None
     if positions == "uncertain":
         if isinstance(policy, NoisyExpert):
             unc, source = expert_uncertainty(batch, rows, policy, layout), "the expert's own π"
         else:
             source = next((f for f in ("old_logprobs", "rollout_logprobs") if batch.has(f)), None)
-    chosen = choose_positions(batch, positions, threshold=threshold, max_per_turn=max_per_turn, controls=controls,
-                              seed=seed, uncertainty=unc)
+    chosen = choose_positions(
+        batch, positions, threshold=threshold, max_per_turn=max_per_turn, controls=controls, seed=seed, uncertainty=unc
+    )
     items, kept, skipped = _reachable(rows, chosen, cfg, isinstance(policy, Policy))
     t_pos = time.perf_counter() - t_start - t_replay
     tm: dict = {}
     bar = _progress(2 * m * len(items), progress)
     try:
         if isinstance(policy, NoisyExpert):
-            res = expert_token_returns(policy, items, m, seed=seed, layout=layout, estimator=estimator,
-                                       turn_gamma=turn_gamma, bar=bar)
+            res = expert_token_returns(
+                policy, items, m, seed=seed, layout=layout, estimator=estimator, turn_gamma=turn_gamma, bar=bar
+            )
         else:
-            res = model_token_returns(policy, items, m, seed=seed, cfg=cfg, estimator=estimator, turn_gamma=turn_gamma,
-                                      bar=bar, timings=tm)
+            res = model_token_returns(
+                policy, items, m, seed=seed, cfg=cfg, estimator=estimator, turn_gamma=turn_gamma, bar=bar, timings=tm
+            )
     finally:
         bar.close()
     stats = summarize_token_returns(res["q"], res["forced"], res["alt"], estimator)
     out = _with_fields(batch, kept, stats, res["q"])
     seconds = time.perf_counter() - t_start
     name = policy.name if isinstance(policy, Policy) else f"expert(noise={policy.noise})"
-    meta = {"policy": name, "positions": positions, "threshold": threshold, "max_per_turn": max_per_turn,
-            "controls": controls, "m": m, "seed": seed, "estimator": estimator, "turn_gamma": turn_gamma,
-            "uncertainty": source, "measured": len(kept), "measured_controls": sum(p.control for p in kept),
-            "skipped": skipped, "seconds": round(seconds, 3)}
+    meta = {
+        "policy": name,
+        "positions": positions,
+        "threshold": threshold,
+        "max_per_turn": max_per_turn,
+        "controls": controls,
+        "m": m,
+        "seed": seed,
+        "estimator": estimator,
+        "turn_gamma": turn_gamma,
+        "uncertainty": source,
+        "measured": len(kept),
+        "measured_controls": sum(p.control for p in kept),
+        "skipped": skipped,
+        "seconds": round(seconds, 3),
+    }
     if isinstance(policy, Policy):
         meta.update({k: getattr(cfg, k) for k in SAMPLING})
     if timings is not None:
@@ -183,8 +223,10 @@ def _reachable(rows: list[list[TurnState]], chosen: list[TokenPosition], cfg, mo
 def _with_fields(batch: TrajectoryBatch, kept: list[TokenPosition], stats: dict, q: np.ndarray) -> TrajectoryBatch:
     """The per-token fields of every row (NaN / 0 where not measured) from the flat per-position results."""
     lengths = batch.lengths.numpy()
-    fields = {name: [np.full(int(n), np.nan) for n in lengths] for name in ("mc_tok_adv", "mc_tok_adv_se",
-                                                                              "mc_tok_adv_a", "mc_tok_adv_b", "mc_tok_pi")}
+    fields = {
+        name: [np.full(int(n), np.nan) for n in lengths]
+        for name in ("mc_tok_adv", "mc_tok_adv_se", "mc_tok_adv_a", "mc_tok_adv_b", "mc_tok_pi")
+    }
     flags = {name: [np.zeros(int(n), dtype=np.int8) for n in lengths] for name in ("mc_tok_measured", "mc_tok_control")}
     for j, p in enumerate(kept):
         for name, key in (("mc_tok_adv", "adv"), ("mc_tok_adv_se", "se"), ("mc_tok_adv_a", "a"), ("mc_tok_adv_b", "b")):

@@ -43,8 +43,17 @@ MC_TURN_FIELDS = ("mc_value", "mc_value_se", "mc_value_a", "mc_value_b", "mc_q",
 SAMPLING = ("temperature", "top_p", "max_turn_tokens", "max_total_tokens")
 
 
-def expert_returns(expert: NoisyExpert, states: list[TurnState], m: int, *, seed: int, layout, forced: bool = False,
-                   turn_gamma: float = 1.0, bar=None) -> np.ndarray:
+def expert_returns(
+    expert: NoisyExpert,
+    states: list[TurnState],
+    m: int,
+    *,
+    seed: int,
+    layout,
+    forced: bool = False,
+    turn_gamma: float = 1.0,
+    bar=None,
+) -> np.ndarray:
     """``(len(states), m)`` returns of the noisy expert continued from each state (as
     :func:`~mpo_viz.rollout.branch.branch_returns`, without a model: the expert acts on the state)."""
     out = np.zeros((len(states), m))
@@ -93,11 +102,23 @@ def _progress(n: int, progress: bool | None):
     return tqdm(total=n, desc="truth", unit="cont", disable=disable, leave=False)
 
 
-def mc_truth(batch: TrajectoryBatch, policy: Policy | NoisyExpert, *, m: int = 8, seed: int = 0, q: bool = False,
-             env: TextEnv | None = None, turn_gamma: float = 1.0, batch_size: int = 64,
-             temperature: float | None = None, top_p: float | None = None, max_turn_tokens: int | None = None,
-             max_total_tokens: int | None = None, progress: bool | None = None,
-             timings: dict | None = None) -> TrajectoryBatch:
+def mc_truth(
+    batch: TrajectoryBatch,
+    policy: Policy | NoisyExpert,
+    *,
+    m: int = 8,
+    seed: int = 0,
+    q: bool = False,
+    env: TextEnv | None = None,
+    turn_gamma: float = 1.0,
+    batch_size: int = 64,
+    temperature: float | None = None,
+    top_p: float | None = None,
+    max_turn_tokens: int | None = None,
+    max_total_tokens: int | None = None,
+    progress: bool | None = None,
+    timings: dict | None = None,
+) -> TrajectoryBatch:
     """The batch with Monte-Carlo values of ``policy`` at every turn start (module docstring).
 
     Args:
@@ -133,25 +154,37 @@ def mc_truth(batch: TrajectoryBatch, policy: Policy | NoisyExpert, *, m: int = 8
     tm: dict = {}
     passes = (False, True) if q else (False,)
     bar = _progress(len(states) * m * len(passes), progress)
-    cfg = sampling_config(batch, batch_size, dict(temperature=temperature, top_p=top_p,
-                                                   max_turn_tokens=max_turn_tokens, max_total_tokens=max_total_tokens))
+    cfg = sampling_config(
+        batch,
+        batch_size,
+        dict(temperature=temperature, top_p=top_p, max_turn_tokens=max_turn_tokens, max_total_tokens=max_total_tokens),
+    )
     try:
         stats = {}
         for forced in passes:
             if isinstance(policy, NoisyExpert):
-                g = expert_returns(policy, states, m, seed=seed, layout=layout, forced=forced, turn_gamma=turn_gamma,
-                                   bar=bar)
+                g = expert_returns(
+                    policy, states, m, seed=seed, layout=layout, forced=forced, turn_gamma=turn_gamma, bar=bar
+                )
             else:
-                g = branch_returns(policy, states, m, seed=seed, cfg=cfg, forced=forced, turn_gamma=turn_gamma,
-                                   bar=bar, timings=tm)
+                g = branch_returns(
+                    policy, states, m, seed=seed, cfg=cfg, forced=forced, turn_gamma=turn_gamma, bar=bar, timings=tm
+                )
             stats[forced] = summarize_returns(g)
     finally:
         bar.close()
     out = _with_fields(batch, rows, stats)
     seconds = time.perf_counter() - t_start
     name = policy.name if isinstance(policy, Policy) else f"expert(noise={policy.noise})"
-    meta = {"policy": name, "m": m, "seed": seed, "q": q, "turn_gamma": turn_gamma, "seconds": round(seconds, 3),
-            "boundaries": len(states)}
+    meta = {
+        "policy": name,
+        "m": m,
+        "seed": seed,
+        "q": q,
+        "turn_gamma": turn_gamma,
+        "seconds": round(seconds, 3),
+        "boundaries": len(states),
+    }
     if isinstance(policy, Policy):
         meta.update({k: getattr(cfg, k) for k in SAMPLING})
     if timings is not None:
@@ -169,11 +202,15 @@ def _with_fields(batch: TrajectoryBatch, rows: list[list[TurnState]], stats: dic
             raise ValueError(f"trajectory {batch.traj_ids[i]!r}: replayed {len(r)} turns, the row has {k[i]}")
 
     def per_row(x):
-        return [x[off[i]:off[i + 1]].tolist() for i in range(len(rows))]
+        return [x[off[i] : off[i + 1]].tolist() for i in range(len(rows))]
 
     v = stats[False]
-    fields = {"mc_value": per_row(v["mean"]), "mc_value_se": per_row(v["se"]), "mc_value_a": per_row(v["a"]),
-              "mc_value_b": per_row(v["b"])}
+    fields = {
+        "mc_value": per_row(v["mean"]),
+        "mc_value_se": per_row(v["se"]),
+        "mc_value_a": per_row(v["a"]),
+        "mc_value_b": per_row(v["b"]),
+    }
     if True in stats:
         fields.update(mc_q=per_row(stats[True]["mean"]), mc_q_se=per_row(stats[True]["se"]))
     return batch.with_turn_fields(**fields)

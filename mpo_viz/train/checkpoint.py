@@ -16,8 +16,17 @@ the newest ``keep`` checkpoints are removed. A reader never sees a half-written 
 
 Reading: a file that is missing, truncated or otherwise unreadable raises :class:`CheckpointError`
 (a ``ValueError``) naming the file; :func:`checkpoint_candidates` lists the checkpoints a resume may
-fall back to, newest first (the trainer skips a damaged one for the previous one, with a
-:class:`CheckpointWarning`).
+fall back to, newest first, and :func:`restore_usable` restores the newest that reads (a damaged
+one is skipped for the previous one, with a :class:`CheckpointWarning`).
+
+Resuming: :func:`resume_config` is the config a run folder continues with (refusing one that
+differs in more than the resumable fields); :meth:`Checkpoint.restore` puts weights, optimizer
+states and RNG states back into the trainer's objects, :meth:`Checkpoint.train_state` its counters.
+``RUN/start`` (:func:`save_start`) is the SFT start kept as a model folder, which no checkpoint
+rule removes.
+
+Invariant: what a resumed run reads back is exactly what the run that never stopped held at that
+iteration; a checkpoint is never half-written, and one of another config is refused.
 """
 
 from __future__ import annotations
@@ -26,6 +35,8 @@ import json
 import os
 import random
 import shutil
+import warnings
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -33,12 +44,32 @@ import numpy as np
 import torch
 from safetensors.torch import load_model, save_model
 
+from mpo_viz.checks import outside_stacklevel
 from mpo_viz.data.io import load as load_batch
 from mpo_viz.data.io import save as save_batch
+from mpo_viz.data.runfolder import RunFolder, clean_json
+from mpo_viz.train.config import RESUMABLE_FIELDS, Config
 
-__all__ = ["Checkpoint", "CheckpointError", "CheckpointWarning", "save_checkpoint", "load_checkpoint",
-           "latest_checkpoint", "checkpoint_candidates", "checkpoint_name", "capture_rng", "restore_rng",
-           "write_atomic"]
+__all__ = [
+    "Checkpoint",
+    "CheckpointError",
+    "CheckpointWarning",
+    "save_checkpoint",
+    "load_checkpoint",
+    "latest_checkpoint",
+    "checkpoint_candidates",
+    "checkpoint_name",
+    "capture_rng",
+    "restore_rng",
+    "write_atomic",
+    "restore_usable",
+    "resume_config",
+    "save_start",
+    "TRAIN_STATE_KEYS",
+]
+
+#: the trainer's counters and flags a checkpoint's ``state.json`` holds (:meth:`Checkpoint.train_state`)
+TRAIN_STATE_KEYS = ("iteration", "seed_cursor", "sft_done", "critic_warm", "elapsed_s", "config_hash", "config")
 
 
 class CheckpointError(ValueError):
@@ -98,6 +129,39 @@ class Checkpoint:
 
     def has_weights(self, name: str) -> bool:
         return (self.path / f"{name}.safetensors").is_file()
+
+    def check_config(self, cfg: Config) -> None:
+        """Refuse a checkpoint written with another config, naming the differing fields."""
+        st = self.state
+        if st.get("config_hash") != cfg.hash():
+            stored = Config.from_dict(st["config"]) if "config" in st else None
+            diff = cfg.differences(stored) if stored else ["(the checkpoint does not record its config)"]
+            raise ValueError(
+                f"config: the checkpoint {self.path} was written with a different config; differing "
+                f"fields: {'; '.join(diff)}"
+            )
+
+    def restore(
+        self,
+        modules: dict[str, torch.nn.Module],
+        optimizers: dict[str, torch.optim.Optimizer],
+        generators: dict[str, torch.Generator],
+    ) -> None:
+        """Load the weights of each of ``modules`` (by name), the state of each of ``optimizers`` and
+        every RNG state (:func:`restore_rng`)."""
+        for name, module in modules.items():
+            self.load_weights(name, module)
+        for name, opt in optimizers.items():
+            opt.load_state_dict(self.optimizers[name])
+        restore_rng(self.rng, generators)
+
+    def train_state(self) -> dict:
+        """The trainer's counters and flags (:data:`TRAIN_STATE_KEYS`) from ``state.json``."""
+        return {k: self.state[k] for k in TRAIN_STATE_KEYS}
+
+    def lagged(self) -> list:
+        """The rollouts that wait for their update (``policy_lag``), oldest first."""
+        return [self.batches[f"lag{i}"] for i in range(int(self.state.get("n_lagged", 0)))]
 
 
 # ---------------------------------------------------------------------------------------------
@@ -256,3 +320,87 @@ def load_checkpoint(path: Path) -> Checkpoint:
         for part in sorted(bdir.glob("*.parquet")):
             batches[part.stem] = _read(part, load_batch)
     return Checkpoint(path=path, state=state, rng=rng, optimizers=optim, batches=batches)
+
+
+# ---------------------------------------------------------------------------------------------
+# resuming a run
+
+
+def restore_usable(ckpt_dir: Path, restore: Callable[[Path], None]) -> Path:
+    """``restore(path)`` on the newest checkpoint that reads (:func:`checkpoint_candidates`): one
+    whose ``restore`` raises :class:`CheckpointError` (a truncated or unreadable file) is skipped for
+    the previous one with a :class:`CheckpointWarning` naming the file; none usable is a one-line
+    :class:`CheckpointError`. Any other error (a checkpoint of another config) propagates. Returns
+    the path restored."""
+    cands = checkpoint_candidates(ckpt_dir)
+    damaged: list[CheckpointError] = []
+    for path in cands:
+        try:
+            restore(path)
+        except CheckpointError as exc:
+            damaged.append(exc)
+            continue
+        for err in damaged:
+            warnings.warn(
+                f"damaged checkpoint skipped: {err}; resumed from {path.name} instead",
+                CheckpointWarning,
+                stacklevel=outside_stacklevel(),
+            )
+        return path
+    first = f"; the newest: {damaged[0]}" if damaged else ""
+    raise CheckpointError(f"{ckpt_dir}: no usable checkpoint ({len(cands)} found{first})")
+
+
+def resume_config(run: RunFolder, cfg: Config | None = None, iterations: int | None = None) -> Config:
+    """The config the run in ``run`` continues with: its ``config.json``, with the resumable fields
+    of ``cfg`` (one that differs in anything else is refused, naming the fields) and ``iterations``
+    (the new total). Refuses a folder that is missing, has no ``config.json`` or no checkpoint."""
+    if not run.path.is_dir():
+        raise ValueError(f"run_dir: no such folder {str(run.path)!r} (nothing to resume)")
+    if not run.config_path.is_file():
+        raise ValueError(f"run_dir: expected a run folder with config.json, found {str(run.path)!r} without one")
+    stored = Config.load(run.config_path)
+    if cfg is not None:
+        diff = stored.differences(cfg)
+        if diff:
+            raise ValueError(
+                f"config: cannot resume {str(run.path)!r} with a different config; differing "
+                f"fields (stored != given): {'; '.join(diff)}"
+            )
+        stored = stored.replace(**{k: getattr(cfg, k) for k in RESUMABLE_FIELDS})
+    if iterations is not None:
+        stored = stored.replace(iterations=iterations)
+    if not checkpoint_candidates(run.checkpoints):
+        raise ValueError(f"run_dir: {str(run.path)!r} has no checkpoint to resume from (checkpoints/ holds none)")
+    return stored
+
+
+def save_start(
+    run: RunFolder, policy, critic=None, *, sft_record: dict | None = None, config_hash: str | None = None
+) -> Path:
+    """Write the start (the policy after SFT; ``critic`` too once warmed up) as the model folder
+    ``RUN/start`` (through a temporary name), with ``start.json`` (the SFT record and the config
+    hash; without ``sft_record`` the existing record is kept): ``--model-dir RUN/start`` reuses it."""
+    final, tmp = run.start, run.path / ".start.tmp"
+    info_path = final / "start.json"
+    info = json.loads(info_path.read_text()) if sft_record is None and info_path.is_file() else {}
+    if sft_record is not None:
+        info = {
+            "source": f"mpo-viz train: the SFT start of {run.path.name}",
+            "sft_config_hash": config_hash,
+            "sft": sft_record,
+        }
+    if critic is not None:
+        info["critic"] = "warmed up on the start's rollouts (see the critic_warmup line of metrics.jsonl)"
+    # the models (transformers, about a second) only when a start is written: the `mpo-viz` parser
+    # imports this module (CheckpointError) and must not pay for them
+    from mpo_viz import models
+
+    if tmp.exists():
+        shutil.rmtree(tmp)
+    models.save(tmp, policy, critic)
+    (tmp / "start.json").write_text(json.dumps(clean_json(info), indent=1) + "\n")
+    if final.exists():
+        shutil.rmtree(final)
+    os.replace(tmp, final)
+    return final

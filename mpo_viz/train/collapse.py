@@ -16,11 +16,15 @@ the collapse signatures it shows (a list of :class:`Signal`, empty for a healthy
   own ratio is clipped and a large ``ratio_max`` is no such sign.
 
 The thresholds are module constants (keyword arguments of :func:`collapse_flags`; :func:`rule_text`
-says each rule with them in words). The trainer marks a line with ``"collapse": [metric, ...]`` and
-``"collapse_since": [iteration, ...]`` (where each signature's stretch of flagged lines began,
-:func:`stretches`) and warns in the console when a signature appears (:func:`new_signals`);
+says each rule with them in words). The trainer marks a line (:func:`mark_line`) with
+``"collapse": [metric, ...]`` and ``"collapse_since": [iteration, ...]`` (where each signature's
+stretch of flagged lines began, :func:`stretches`) and warns in the console when a signature
+appears (:func:`new_signals`);
 ``mpo-viz runs explain RUN`` (:mod:`mpo_viz.train.forensics`) names the first iteration of each and
 the episodes behind it; docs/training.md, section "When a run collapses", says what to read and try.
+
+Invariant: a line's flags depend on it and the lines before it only, so the marks written while
+the run goes are the ones a later reading of the whole stream gives.
 """
 
 from __future__ import annotations
@@ -28,7 +32,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-__all__ = ["Signal", "collapse_flags", "new_signals", "stretches", "rule_text", "DOCS", "SUCCESS_METRICS"]
+__all__ = ["Signal", "collapse_flags", "new_signals", "stretches", "mark_line", "rule_text", "DOCS", "SUCCESS_METRICS"]
 
 #: where the reader is sent
 DOCS = "docs/training.md#when-a-run-collapses"
@@ -65,9 +69,16 @@ def _message(it, what: str) -> str:
     return f"collapse? iteration {it}: {what}; see {DOCS}"
 
 
-def collapse_flags(records, *, healthy: float = SUCCESS_HEALTHY, floor: float = SUCCESS_FLOOR,
-                   entropy_fraction: float = ENTROPY_FRACTION, ratio_far: float = RATIO_FAR,
-                   turn_in_clip: float = TURN_RATIO_IN_CLIP, span_ratio: bool = True) -> list[list[Signal]]:
+def collapse_flags(
+    records,
+    *,
+    healthy: float = SUCCESS_HEALTHY,
+    floor: float = SUCCESS_FLOOR,
+    entropy_fraction: float = ENTROPY_FRACTION,
+    ratio_far: float = RATIO_FAR,
+    turn_in_clip: float = TURN_RATIO_IN_CLIP,
+    span_ratio: bool = True,
+) -> list[list[Signal]]:
     """The collapse signatures of each record of ``records`` (metrics.jsonl lines, in order), read
     with what the records before it showed; see the module docstring for the three rules. A metric
     absent from a line (or null) is not judged on that line. ``span_ratio=False`` (a loss that clips
@@ -93,13 +104,31 @@ def collapse_flags(records, *, healthy: float = SUCCESS_HEALTHY, floor: float = 
                 start.setdefault("success", succ)
             e0, s0 = start["entropy"], start.get("success", math.inf)
             if e0 > 0 and ent < entropy_fraction * e0 and (succ is None or succ <= s0):
-                flags.append(Signal("entropy", ent, e0, _message(
-                    it, f"entropy fell to {ent:.4f} from {e0:.4f} at the first iteration, with no gain in success")))
+                flags.append(
+                    Signal(
+                        "entropy",
+                        ent,
+                        e0,
+                        _message(
+                            it,
+                            f"entropy fell to {ent:.4f} from {e0:.4f} at the first iteration, with no gain in success",
+                        ),
+                    )
+                )
         r, tr = _num(rec, "ratio_max"), _num(rec, "turn_ratio_max")
         if span_ratio and r is not None and tr is not None and r >= ratio_far and tr <= turn_in_clip:
-            flags.append(Signal("ratio_max", r, tr, _message(
-                it, f"ratio_max {r:.1f} while turn_ratio_max is {tr:.2f}: single tokens move far while the turn "
-                    f"ratio sits in its clip")))
+            flags.append(
+                Signal(
+                    "ratio_max",
+                    r,
+                    tr,
+                    _message(
+                        it,
+                        f"ratio_max {r:.1f} while turn_ratio_max is {tr:.2f}: single tokens move far while the turn "
+                        f"ratio sits in its clip",
+                    ),
+                )
+            )
         out.append(flags)
     return out
 
@@ -142,14 +171,29 @@ def stretches(records, flags: list[list[Signal]], metric: str) -> list[tuple]:
     return out
 
 
+def mark_line(rec: dict, earlier, *, span_ratio: bool = True) -> list[tuple[str, int]]:
+    """Mark the new line ``rec`` (read after the run's ``earlier`` lines) with the signatures it shows:
+    ``rec["collapse"]`` (their metrics) and ``rec["collapse_since"]`` (where each one's stretch of
+    flagged lines began). Returns ``(message, first iteration the run ever flagged it at)`` of each
+    signature the previous line did not show (:func:`new_signals`): what the console warns about."""
+    stream = list(earlier) + [rec]
+    flags = collapse_flags(stream, span_ratio=span_ratio)
+    if flags[-1]:
+        rec["collapse"] = [f.metric for f in flags[-1]]
+        rec["collapse_since"] = [stretches(stream, flags, m)[-1][0] for m in rec["collapse"]]
+    return [(f.message, stretches(stream, flags, f.metric)[0][0]) for f in new_signals(stream, flags=flags)]
+
+
 def rule_text(metric: str) -> str:
     """The rule that flags ``metric``, with the thresholds :func:`collapse_flags` uses by default."""
     if metric in SUCCESS_METRICS:
         return f"{metric} <= {SUCCESS_FLOOR:g} after an earlier line reached >= {SUCCESS_HEALTHY:g}"
     if metric == "entropy":
-        return (f"entropy < {ENTROPY_FRACTION:g} x its first RL value, with success no higher than at that "
-                f"first iteration")
+        return (
+            f"entropy < {ENTROPY_FRACTION:g} x its first RL value, with success no higher than at that first iteration"
+        )
     if metric == "ratio_max":
         return f"ratio_max >= {RATIO_FAR:g} while turn_ratio_max <= {TURN_RATIO_IN_CLIP:g} (a span-ratio loss)"
-    raise ValueError(f"metric: expected one of {', '.join((*SUCCESS_METRICS, 'entropy', 'ratio_max'))}, "
-                     f"found {metric!r}")
+    raise ValueError(
+        f"metric: expected one of {', '.join((*SUCCESS_METRICS, 'entropy', 'ratio_max'))}, found {metric!r}"
+    )

@@ -120,7 +120,9 @@ def explain(run_dir, *, top: int = 5, metric: str | None = None) -> Explanation:
     flags = collapse_flags(records, span_ratio=span)
     fired = list(dict.fromkeys(s.metric for fl in flags for s in fl))
     if metric is not None and metric not in fired:
-        raise ValueError(f"metric: expected a signature that fired ({', '.join(fired) or 'none did'}), found {metric!r}")
+        raise ValueError(
+            f"metric: expected a signature that fired ({', '.join(fired) or 'none did'}), found {metric!r}"
+        )
     files = run.trajectory_files()
     out = Explanation(run.path, len(records), loss, span, list(files))
     for m in [metric] if metric else fired:
@@ -141,8 +143,9 @@ def _phase_of(records, flags, metric: str) -> str:
 
 def _target(f: Finding, phase: str, lag: int) -> tuple[int, str]:
     if f.metric in UPDATE_METRICS:
-        return f.first - lag, (f"the rollout the update of iteration {f.first} trained on"
-                               + (f" (policy_lag {lag})" if lag else ""))
+        return f.first - lag, (
+            f"the rollout the update of iteration {f.first} trained on" + (f" (policy_lag {lag})" if lag else "")
+        )
     if phase == "eval" or f.metric != "success":
         return f.first + 1, f"the first rollout of the policy the evaluation at iteration {f.first} scored"
     return f.first, f"the rollout that scored iteration {f.first}"
@@ -154,16 +157,21 @@ def _episodes(f: Finding, files: dict, phase: str, lag: int, top: int) -> None:
     later = [it for it in files if it >= target]
     if later:
         it = later[0]
-        f.note = (what if it == target else
-                  f"the next saved rollout: {what} is iteration {target}'s, which was not saved")
+        f.note = (
+            what if it == target else f"the next saved rollout: {what} is iteration {target}'s, which was not saved"
+        )
     elif phase == "eval" and f.first in files:
         it = f.first
-        f.note = (f"sampled before the update of iteration {it}, by the policy before it: the run saved no "
-                  f"episodes after iteration {it}")
+        f.note = (
+            f"sampled before the update of iteration {it}, by the policy before it: the run saved no "
+            f"episodes after iteration {it}"
+        )
     else:
         saved = ", ".join(map(str, files)) or "none"
-        f.note = (f"no saved episodes at or after iteration {target} (saved iterations: {saved}; see "
-                  f"save_trajectories_every and trajectories_max_mb)")
+        f.note = (
+            f"no saved episodes at or after iteration {target} (saved iterations: {saved}; see "
+            f"save_trajectories_every and trajectories_max_mb)"
+        )
         return
     f.episodes, f.episodes_iteration = files[it], it
     batch = load(files[it])
@@ -191,8 +199,10 @@ def _ranking(metric: str, batch) -> tuple[str, str]:
         gap = float(np.nanmax(episode_scores(batch, "logprob_gap")))
         if gap > GAP_TOL:
             return "logprob_gap", "the saved episodes carry no per-token ratio"
-        why = (f"the saved episodes carry no per-token ratio, and their old and rollout log-probs agree "
-               f"(largest gap {gap:.2g})")
+        why = (
+            f"the saved episodes carry no per-token ratio, and their old and rollout log-probs agree "
+            f"(largest gap {gap:.2g})"
+        )
     else:
         why = "the saved episodes carry no per-token ratio nor both old and rollout log-probs"
     return "abs_advantage", why + "; the tokens the update pushed hardest instead"
@@ -205,8 +215,10 @@ def _table(df: pd.DataFrame, score: str) -> str:
 
 def explanation_text(e: Explanation) -> str:
     """:func:`explain`'s findings as text, one block per signature."""
-    head = [f"run {e.run_dir}: {e.n_lines} metrics lines, loss {e.loss or 'unknown (no config.json)'}"
-            + ("" if e.span_ratio else " (clips each token's own ratio: the ratio_max rule is not judged)")]
+    head = [
+        f"run {e.run_dir}: {e.n_lines} metrics lines, loss {e.loss or 'unknown (no config.json)'}"
+        + ("" if e.span_ratio else " (clips each token's own ratio: the ratio_max rule is not judged)")
+    ]
     if not e.findings:
         return "\n".join(head + ["no collapse signature fired (see docs/training.md#when-a-run-collapses)"])
     head.append("collapse signatures fired: " + ", ".join(f.metric for f in e.findings))
@@ -216,8 +228,10 @@ def explanation_text(e: Explanation) -> str:
 def _finding_text(f: Finding) -> str:
     """One signature's block: the rule and first iteration, the file, the ranking, the top tables."""
     spans = ", ".join(str(a) if a == b else f"{a}-{b}" for a, b in f.spans)
-    lines = [f"{f.metric}: first crossed its threshold at iteration {f.first} ({f.rule}); flagged on iterations "
-             f"{spans}", f"  {f.signal.message}"]
+    lines = [
+        f"{f.metric}: first crossed its threshold at iteration {f.first} ({f.rule}); flagged on iterations {spans}",
+        f"  {f.signal.message}",
+    ]
     if f.episodes is None or f.ranking is None or f.top_episodes is None:
         return "\n".join(lines + [f"  episodes: {f.note}"])
     r = RANKINGS[f.ranking]
@@ -227,6 +241,8 @@ def _finding_text(f: Finding) -> str:
         lines.append(f"  {f.tied} episodes tie at the top score; ties keep the file's order")
     lines += [f"  top {len(f.top_episodes)} episodes:", _table(f.top_episodes, r.column)]
     if f.top_turns is not None:
-        lines += [f"  top {len(f.top_turns)} turns by {r.turn_label}:",
-                  _table(f.top_turns, r.column if r.name != "reward" else "mean_adv")]
+        lines += [
+            f"  top {len(f.top_turns)} turns by {r.turn_label}:",
+            _table(f.top_turns, r.column if r.name != "reward" else "mean_adv"),
+        ]
     return "\n".join(lines)

@@ -83,7 +83,7 @@ class RunHandle:
         except OSError:
             return ""
         if tail is not None:
-            text = "\n".join(text.splitlines()[-int(tail):])
+            text = "\n".join(text.splitlines()[-int(tail) :])
         return text
 
     def __repr__(self) -> str:
@@ -91,8 +91,9 @@ class RunHandle:
         return f"RunHandle(pid={self.pid}, {state}, run_dir={str(self.run_dir)!r})"
 
 
-def launch(cfg: Config, run_dir, *, iterations: int | None = None, env: dict | None = None,
-           python: str | None = None) -> RunHandle:
+def launch(
+    cfg: Config, run_dir, *, iterations: int | None = None, env: dict | None = None, python: str | None = None
+) -> RunHandle:
     """Start ``mpo-viz train`` on ``cfg`` in a subprocess writing ``run_dir``; returns a
     :class:`RunHandle` at once. A folder that already holds a run is resumed (with the same config,
     else the subprocess refuses, naming the fields). ``iterations``: total RL iterations (default
@@ -106,8 +107,18 @@ def launch(cfg: Config, run_dir, *, iterations: int | None = None, env: dict | N
     cfg.replace(iterations=total).save(cfg_path)
     py = python or sys.executable
     if (run.checkpoints / "latest").exists():
-        cmd = [py, "-m", "mpo_viz.cli", "train", "--resume", str(run.path), "--config", str(cfg_path),
-               "--iterations", str(total)]
+        cmd = [
+            py,
+            "-m",
+            "mpo_viz.cli",
+            "train",
+            "--resume",
+            str(run.path),
+            "--config",
+            str(cfg_path),
+            "--iterations",
+            str(total),
+        ]
     else:
         cmd = [py, "-m", "mpo_viz.cli", "train", "--config", str(cfg_path), "--run-dir", str(run.path)]
     penv = {**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})}

@@ -1,4 +1,5 @@
-"""SFT warm start: imitate the environment's noisy scripted expert.
+"""SFT warm start: imitate the environment's noisy scripted expert (or, for an environment without a
+finite model, its own ``expert(rng)``).
 
 Each step plays ``sft_batch_episodes`` fresh expert episodes (noise ``sft_noise``; seeds derived
 from the run's seed and the step, so SFT is reproducible) with
@@ -24,6 +25,7 @@ from tqdm.auto import tqdm
 
 from mpo_viz.envs.expert import NoisyExpert
 from mpo_viz.envs.generate import run_episode
+from mpo_viz.envs.protocol import play_expert
 from mpo_viz.envs.registry import make_env
 from mpo_viz.losses import aggregate
 from mpo_viz.train.runtime import derive_seed, env_kwargs
@@ -41,7 +43,10 @@ def expert_rows(env, policy, *, n: int, noise: float, seeds) -> tuple[Rows, floa
     expert = NoisyExpert(noise=noise)
     seqs, plen, rlen, masks, succ = [], [], [], [], []
     for s in seeds[:n]:
-        ep = run_episode(env, expert, policy.layout, seed=int(s))
+        if getattr(env, "finite_model", True):
+            ep = run_episode(env, expert, policy.layout, seed=int(s))
+        else:  # an environment's own expert (no noise rate: it is used as it is)
+            ep = play_expert(env, policy.layout, seed=int(s))
         p, r = ep["prompt_ids"], ep["response_ids"]
         seqs.append(torch.tensor(list(p) + list(r), dtype=torch.int64))
         plen.append(len(p))
@@ -52,9 +57,19 @@ def expert_rows(env, policy, *, n: int, noise: float, seeds) -> tuple[Rows, floa
     mask = torch.zeros((n, L), dtype=torch.bool)
     for i, m in enumerate(masks):
         mask[i, : len(m)] = torch.tensor(m, dtype=torch.bool)
-    rows = Rows(seqs=seqs, prompt_len=np.array(plen), resp_len=np.array(rlen), mask=mask,
-                turn_ids=torch.zeros((n, L), dtype=torch.int64), old_logp=None, rollout_logp=None,
-                advantages=None, returns=None, values=None, ref_logp=None)
+    rows = Rows(
+        seqs=seqs,
+        prompt_len=np.array(plen),
+        resp_len=np.array(rlen),
+        mask=mask,
+        turn_ids=torch.zeros((n, L), dtype=torch.int64),
+        old_logp=None,
+        rollout_logp=None,
+        advantages=None,
+        returns=None,
+        values=None,
+        ref_logp=None,
+    )
     return rows, float(np.mean(succ))
 
 
@@ -89,12 +104,14 @@ def sft_estimate(cfg, steps: int, step_s: float, target: float) -> str:
     """The line that says how long SFT will take and why: the step budget × the measured seconds
     per step, the evaluations on the way, and the stop."""
     n_evals = steps // cfg.sft_eval_interval
-    return (f"sft: up to {steps} steps x {step_s:.2f} s per step (measured on the first {ESTIMATE_AFTER}, "
-            f"{cfg.sft_batch_episodes} expert episodes each) = {_duration(steps * step_s)}, plus {n_evals} "
-            f"greedy evaluations of {cfg.eval_episodes} tasks (every {cfg.sft_eval_interval} steps); it stops "
-            f"early once greedy success reaches {target:g}. A new {cfg.model_size} model copies nothing from its context "
-            f"for its first few hundred steps (success 0 until then); --model-dir starts from a saved start "
-            f"instead (trajectories/starts/automation, or RUN/start of an earlier run)")
+    return (
+        f"sft: up to {steps} steps x {step_s:.2f} s per step (measured on the first {ESTIMATE_AFTER}, "
+        f"{cfg.sft_batch_episodes} expert episodes each) = {_duration(steps * step_s)}, plus {n_evals} "
+        f"greedy evaluations of {cfg.eval_episodes} tasks (every {cfg.sft_eval_interval} steps); it stops "
+        f"early once greedy success reaches {target:g}. A new {cfg.model_size} model copies nothing from its context "
+        f"for its first few hundred steps (success 0 until then); --model-dir starts from a saved start "
+        f"instead (trajectories/starts/automation, or RUN/start of an earlier run)"
+    )
 
 
 def sft(trainer, *, steps: int, target: float, log=None) -> dict:
@@ -105,8 +122,9 @@ def sft(trainer, *, steps: int, target: float, log=None) -> dict:
     evaluated before the first step, and one that already meets ``target`` takes no step."""
     cfg = trainer.cfg
     env = make_env(cfg.env, **env_kwargs(cfg))
-    opt = torch.optim.AdamW([p for p in trainer.policy.model.parameters() if p.requires_grad], lr=cfg.sft_lr,
-                            weight_decay=cfg.weight_decay)
+    opt = torch.optim.AdamW(
+        [p for p in trainer.policy.model.parameters() if p.requires_grad], lr=cfg.sft_lr, weight_decay=cfg.weight_decay
+    )
     loss_v, success, expert_succ, tokens, done = math.nan, math.nan, [], 0, 0
     bar = tqdm(range(steps), desc="sft", disable=trainer.quiet or steps == 0, leave=False)
     t0 = time.perf_counter()
@@ -114,7 +132,9 @@ def sft(trainer, *, steps: int, target: float, log=None) -> dict:
         # a start loaded from a folder is checked first: one that already meets the target needs no SFT
         if step % cfg.sft_eval_interval == 0 and (step > 0 or cfg.model_dir):
             success = trainer.evaluate_one()["eval_success"]
-            bar.set_postfix(**({"loss": f"{loss_v:.3f}"} if done else {}), success=f"{success:.2f}")  # no loss before a step
+            bar.set_postfix(
+                **({"loss": f"{loss_v:.3f}"} if done else {}), success=f"{success:.2f}"
+            )  # no loss before a step
             if success >= target:
                 break
             t0 = t0 if step else time.perf_counter()
@@ -128,6 +148,11 @@ def sft(trainer, *, steps: int, target: float, log=None) -> dict:
         if steps > 0:
             success = trainer.evaluate_one()["eval_success"]
     bar.close()
-    return {"sft_steps": done, "sft_loss": loss_v, "sft_success": success,
-            "sft_expert_success": float(np.mean(expert_succ)) if expert_succ else math.nan,
-            "sft_tokens": tokens, "sft_target_success": target}
+    return {
+        "sft_steps": done,
+        "sft_loss": loss_v,
+        "sft_success": success,
+        "sft_expert_success": float(np.mean(expert_succ)) if expert_succ else math.nan,
+        "sft_tokens": tokens,
+        "sft_target_success": target,
+    }

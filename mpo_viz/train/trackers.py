@@ -26,7 +26,7 @@ import os
 from pathlib import Path
 from typing import Any
 
-__all__ = ["TRACKERS", "check_available", "open_tracker", "flat_metrics", "Tracker"]
+__all__ = ["TRACKERS", "check_available", "open_tracker", "attach_tracker", "flat_metrics", "Tracker"]
 
 #: tracker name -> the package it needs (``pip install mpo-viz[trackers]`` installs both)
 TRACKERS = {"wandb": "wandb", "tensorboard": "tensorboard"}
@@ -37,8 +37,10 @@ def check_available(kind: str) -> None:
     if kind not in TRACKERS:
         raise ValueError(f"log_to: expected one of {', '.join(TRACKERS)}, found {kind!r}")
     if importlib.util.find_spec(TRACKERS[kind]) is None:
-        raise ValueError(f"log_to: {kind!r} needs the {TRACKERS[kind]} package, which is not installed here "
-                         f"(pip install {TRACKERS[kind]}, or pip install 'mpo-viz[trackers]')")
+        raise ValueError(
+            f"log_to: {kind!r} needs the {TRACKERS[kind]} package, which is not installed here "
+            f"(pip install {TRACKERS[kind]}, or pip install 'mpo-viz[trackers]')"
+        )
 
 
 def flat_metrics(record: dict, prefix: str = "") -> tuple[dict[str, float], dict[str, str]]:
@@ -110,10 +112,16 @@ class WandbTracker(Tracker):
         known = json.loads(state.read_text()) if state.is_file() else {}
         self.fresh = not known
         mode: Any = os.environ.get("WANDB_MODE", "offline")  # wandb checks it
-        self.run = wandb.init(mode=mode, dir=str(run_dir),
-                              project=os.environ.get("WANDB_PROJECT", "mpo_viz"), name=Path(run_dir).name,
-                              id=known.get("wandb_id"), resume="allow" if known else None, config=config,
-                              reinit="create_new")
+        self.run = wandb.init(
+            mode=mode,
+            dir=str(run_dir),
+            project=os.environ.get("WANDB_PROJECT", "mpo_viz"),
+            name=Path(run_dir).name,
+            id=known.get("wandb_id"),
+            resume="allow" if known else None,
+            config=config,
+            reinit="create_new",
+        )
         state.write_text(json.dumps({"wandb_id": self.run.id}) + "\n")
 
     def log(self, record: dict) -> None:
@@ -123,6 +131,18 @@ class WandbTracker(Tracker):
 
     def close(self) -> None:
         self.run.finish()
+
+
+def attach_tracker(kind: str, run, config: dict, *, resume_from: int | None = None) -> Tracker:
+    """:func:`open_tracker` for the run folder ``run`` (a :class:`~mpo_viz.data.runfolder.RunFolder`),
+    mirroring every metrics line written from now on (``run.mirror``); a tracker opened for the first
+    time on a resumed run first receives the lines already written."""
+    tracker = open_tracker(kind, run.path, config, resume_from=resume_from)
+    if resume_from is not None and tracker.fresh:
+        for rec in run.metrics():
+            tracker.log(rec)
+    run.mirror = tracker.log
+    return tracker
 
 
 def open_tracker(kind: str, run_dir, config: dict, *, resume_from: int | None = None) -> Tracker:

@@ -1,5 +1,12 @@
 """One iteration's updates: E epochs × M minibatches of policy (and critic) steps, micro-batched.
 
+Owns how the policy and the critic are called on a batch (:func:`forward_policy`,
+:func:`forward_critic`, :func:`reference_logprobs`), the update (:func:`update_epochs`; with the
+critic's own pass, in a second thread where that changes no number: :func:`update_with_critic`)
+and what it did (:func:`after_update`). Invariant: however a minibatch is cut into micro-batches
+and whichever thread runs the critic's pass, the gradients (to float rounding) and the shuffle
+generator's draws are those of the one-batch update run in one thread.
+
 Inputs are a rolled-out :class:`~mpo_viz.data.trajectory.TrajectoryBatch` carrying ``old_logprobs``
 (and ``rollout_logprobs``), ``advantages`` and ``returns`` (and critic ``values``). Per epoch the
 rows are shuffled with the trainer's generator and split into M minibatches of near-equal size;
@@ -33,6 +40,7 @@ each ran before its minibatch's step and the later steps moved the policy again.
 from __future__ import annotations
 
 from collections import defaultdict
+from concurrent.futures import wait
 from dataclasses import dataclass, field
 from typing import Any, overload
 
@@ -41,6 +49,8 @@ import torch
 
 from mpo_viz.data.trajectory import TrajectoryBatch
 from mpo_viz.losses import (
+    LOGPROB_FIELDS,
+    LOGPROB_WHAT,
     aggregate,
     clip_flags,
     get_loss,
@@ -50,11 +60,29 @@ from mpo_viz.losses import (
     token_logprobs,
     value_loss,
 )
+from mpo_viz.rollout import side_pool, spare_cores
 from mpo_viz.train.config import Config
 
-__all__ = ["Rows", "rows_of", "micro_batches", "forward_policy", "forward_critic", "normaliser",
-           "update_epochs", "Learners", "UpdateSettings", "MetricMeter", "policy_logits", "critic_values",
-           "AfterUpdate", "after_update"]
+__all__ = [
+    "Rows",
+    "rows_of",
+    "micro_batches",
+    "forward_policy",
+    "forward_critic",
+    "normaliser",
+    "update_epochs",
+    "Learners",
+    "UpdateSettings",
+    "MetricMeter",
+    "policy_logits",
+    "critic_head_outputs",
+    "AfterUpdate",
+    "after_update",
+    "check_loss_inputs",
+    "update_with_critic",
+    "parallel_ok",
+    "reference_logprobs",
+]
 
 
 # ---------------------------------------------------------------------------------------------
@@ -66,8 +94,9 @@ def policy_logits(policy: torch.nn.Module, ids: torch.Tensor, attn: torch.Tensor
     return policy(input_ids=ids, attention_mask=attn, use_cache=False).logits
 
 
-def critic_values(critic: torch.nn.Module, ids: torch.Tensor, attn: torch.Tensor | None) -> torch.Tensor:
-    """``(b, T)`` outputs of the critic's scalar head on right-padded ``ids``."""
+def critic_head_outputs(critic: torch.nn.Module, ids: torch.Tensor, attn: torch.Tensor | None) -> torch.Tensor:
+    """``(b, T)`` outputs of the critic's scalar head at every position of right-padded ``ids``
+    (:func:`forward_critic` reads them per response token)."""
     out = critic(input_ids=ids, attention_mask=attn)
     return out if isinstance(out, torch.Tensor) else out.values
 
@@ -97,6 +126,18 @@ class Rows:
 
     def __len__(self) -> int:
         return len(self.seqs)
+
+
+def check_loss_inputs(batch: TrajectoryBatch, loss: str) -> None:
+    """Refuse a batch that lacks the log-probs the loss kind needs (``rollout_logprobs`` for sao,
+    ``old_logprobs`` for the others: :attr:`mpo_viz.losses.LossKind.logprobs`)."""
+    for arg in get_loss(loss).logprobs:
+        field = LOGPROB_FIELDS[arg]
+        if not batch.has(field):
+            raise ValueError(
+                f"loss: {loss!r} forms its ratio against {LOGPROB_WHAT[arg]} and needs the field "
+                f"{field!r}, found a batch without it (fields: {', '.join(sorted(batch.fields))})"
+            )
 
 
 def rows_of(batch: TrajectoryBatch) -> Rows:
@@ -197,7 +238,7 @@ def micro_batches(r: Rows, rows: np.ndarray, budget: int, overhead: int = MICRO_
     out: list[np.ndarray] = []
     j = n
     while j > 0:
-        out.append(order[cut[j]:j])
+        out.append(order[cut[j] : j])
         j = int(cut[j])
     return out[::-1]
 
@@ -218,9 +259,24 @@ def forward_policy(policy, mb: Micro, *, entropy: bool = False):
     return logp, ent
 
 
+def reference_logprobs(
+    reference: torch.nn.Module, batch: TrajectoryBatch, *, pad_id: int, device, micro_batch_tokens: int
+) -> TrajectoryBatch:
+    """``batch`` with ``ref_logprobs``: log π_ref of each response token under the frozen
+    ``reference`` (one no-grad forward in micro-batches; 0 past each row's response)."""
+    r = rows_of(batch)
+    out = torch.zeros(r.mask.shape, dtype=torch.float32)
+    with torch.no_grad():
+        for rows in micro_batches(r, np.arange(len(r)), micro_batch_tokens):
+            mb = make_micro(r, rows, pad_id, device)
+            lp, _ = forward_policy(reference, mb)
+            out[torch.from_numpy(rows), : mb.Lb] = lp.float().cpu()
+    return batch.with_token_fields(ref_logprobs=out)
+
+
 def forward_critic(critic, mb: Micro) -> torch.Tensor:
     """``(b, Lb)`` critic values of each response token (the output at position P + t − 1)."""
-    return _gather(critic_values(critic, mb.ids, mb.attn), mb.pos)
+    return _gather(critic_head_outputs(critic, mb.ids, mb.attn), mb.pos)
 
 
 def normaliser(r: Rows, rows: np.ndarray, agg: str) -> float:
@@ -329,16 +385,23 @@ class UpdateSettings:
     def of(cls, cfg: Config, *, epochs: int | None = None, value_clip: float | None = None) -> UpdateSettings:
         """The settings of ``cfg``; ``epochs`` (default ``cfg.epochs``: the critic's own pass gives
         ``critic_epochs``) and ``value_clip`` (resolved by the trainer) given apart."""
-        return cls(epochs=cfg.epochs if epochs is None else epochs, minibatches=cfg.minibatches,
-                   micro_batch_tokens=cfg.micro_batch_tokens, loss=cfg.loss, loss_options=dict(cfg.loss_options),
-                   kl_coef=cfg.kl_coef, kl_estimator=cfg.kl_estimator, entropy_coef=cfg.entropy_coef,
-                   value_clip=value_clip, grad_clip=cfg.grad_clip)
+        return cls(
+            epochs=cfg.epochs if epochs is None else epochs,
+            minibatches=cfg.minibatches,
+            micro_batch_tokens=cfg.micro_batch_tokens,
+            loss=cfg.loss,
+            loss_options=dict(cfg.loss_options),
+            kl_coef=cfg.kl_coef,
+            kl_estimator=cfg.kl_estimator,
+            entropy_coef=cfg.entropy_coef,
+            value_clip=value_clip,
+            grad_clip=cfg.grad_clip,
+        )
 
 
-
-
-def update_epochs(r: Rows, learners: Learners, settings: UpdateSettings, *,
-                  generator: torch.Generator, pad_id: int, device) -> dict:
+def update_epochs(
+    r: Rows, learners: Learners, settings: UpdateSettings, *, generator: torch.Generator, pad_id: int, device
+) -> dict:
     """Run ``settings.epochs`` × ``settings.minibatches`` optimizer steps on the rows of ``r``;
     returns the metrics.
 
@@ -388,11 +451,13 @@ class _Update:
         for rows in micro_batches(r, chunk, st.micro_batch_tokens):
             self._micro(make_micro(r, rows, self.pad_id, self.device), scale_p, scale_v, sums)
         if lr.policy is not None:
-            sums["grad_norm"] = _step(lr.policy_opt, [p for p in lr.policy.parameters() if p.requires_grad],
-                                      st.grad_clip)
+            sums["grad_norm"] = _step(
+                lr.policy_opt, [p for p in lr.policy.parameters() if p.requires_grad], st.grad_clip
+            )
         if lr.critic is not None:
-            sums["critic_grad_norm"] = _step(lr.critic_opt, [p for p in lr.critic.parameters() if p.requires_grad],
-                                             st.grad_clip)
+            sums["critic_grad_norm"] = _step(
+                lr.critic_opt, [p for p in lr.critic.parameters() if p.requires_grad], st.grad_clip
+            )
         self.steps_meter.add(sums, tokens=1.0)
         self.steps += 1
 
@@ -400,7 +465,9 @@ class _Update:
         """The forward and backward of one micro-batch."""
         r, lr, st, device = self.r, self.learners, self.settings, self.device
 
-        def take(x: torch.Tensor | None) -> Any:  # a field of the batch, None when absent (a loss that needs it says so)
+        def take(
+            x: torch.Tensor | None,
+        ) -> Any:  # a field of the batch, None when absent (a loss that needs it says so)
             return None if x is None else mb.take(x).to(device)
 
         mask = mb.take(r.mask).to(device)
@@ -409,8 +476,17 @@ class _Update:
         turn_ids = mb.take(r.turn_ids).to(device)
         if lr.policy is not None:
             logp, ent = forward_policy(lr.policy, mb, entropy=True)
-            lp_loss, metrics = policy_loss(st.loss, logp, take(r.old_logp), take(r.advantages), mask, turn_ids=turn_ids,
-                                           rollout_logp=take(r.rollout_logp), scale=scale_p, **st.loss_options)
+            lp_loss, metrics = policy_loss(
+                st.loss,
+                logp,
+                take(r.old_logp),
+                take(r.advantages),
+                mask,
+                turn_ids=turn_ids,
+                rollout_logp=take(r.rollout_logp),
+                scale=scale_p,
+                **st.loss_options,
+            )
             total = lp_loss
             sums["policy_loss"] += float(lp_loss.detach())
             if ent is not None:
@@ -427,15 +503,100 @@ class _Update:
             self.pm.add(metrics, tokens=n_tok, turns=_n_turns(mask.cpu(), turn_ids.cpu()))
         if lr.critic is not None:
             v = forward_critic(lr.critic, mb)
-            v_loss, vmetrics = value_loss(v, take(r.values), take(r.returns), mask,
-                                          clip=st.value_clip if st.value_clip else None, scale=scale_v)
+            v_loss, vmetrics = value_loss(
+                v, take(r.values), take(r.returns), mask, clip=st.value_clip if st.value_clip else None, scale=scale_v
+            )
             v_loss.backward()
             sums["value_loss"] += float(v_loss.detach())
             self.cm.add(vmetrics, tokens=n_tok)
 
     def result(self) -> dict:
-        return {**self.pm.result(), **self.cm.result(), **self.steps_meter.result(), "optimizer_steps": self.steps,
-                "update_tokens": self.tokens}
+        return {
+            **self.pm.result(),
+            **self.cm.result(),
+            **self.steps_meter.result(),
+            "optimizer_steps": self.steps,
+            "update_tokens": self.tokens,
+        }
+
+
+def update_with_critic(
+    r: Rows,
+    learners: Learners,
+    settings: UpdateSettings,
+    critic: Learners | None = None,
+    critic_settings: UpdateSettings | None = None,
+    *,
+    generator: torch.Generator,
+    pad_id: int,
+    device,
+    side_thread: bool = True,
+) -> dict:
+    """The policy's pass (``learners``, ``settings``: a critic whose trunk is the policy's moves with
+    it) and, apart, the critic's own pass (``critic``, ``critic_settings``) over the same rows;
+    returns the policy pass's metrics with the critic's (``value_loss``, ``vf_*``,
+    ``critic_grad_norm``, ``critic_optimizer_steps``, ``critic_update_tokens``).
+
+    With ``side_thread`` and :func:`parallel_ok`, the critic's pass runs in a second thread beside
+    the policy's: the two share no parameter, and the critic's shuffles come from a copy of the
+    generator advanced past the policy's (``settings.epochs`` permutations), so both passes draw what
+    they draw one after the other and the generator ends in the same state either way."""
+    common = dict(generator=generator, pad_id=pad_id, device=device)
+    worker = g = None
+    if (
+        critic is not None
+        and critic_settings is not None
+        and side_thread
+        and learners.policy is not None
+        and parallel_ok(learners.policy, critic.critic, device)
+    ):
+        g = torch.Generator().manual_seed(0)
+        g.set_state(generator.get_state())
+        for _ in range(settings.epochs):
+            torch.randperm(len(r), generator=g)
+        pool = side_pool()
+        worker = pool.submit(update_epochs, r, critic, critic_settings, **{**common, "generator": g})
+        pool.shutdown(wait=False)
+    try:
+        out = update_epochs(r, learners, settings, **common)
+    finally:
+        if worker is not None:  # the critic's pass ends before anything else happens
+            wait([worker])
+    if critic is None or critic_settings is None:
+        return out
+    if worker is not None and g is not None:
+        c = worker.result()
+        generator.set_state(g.get_state())
+    else:
+        c = update_epochs(r, critic, critic_settings, **common)
+    out["critic_optimizer_steps"] = c.pop("optimizer_steps")
+    out["critic_update_tokens"] = c.pop("update_tokens")
+    out.update(c)
+    return out
+
+
+def parallel_ok(policy: torch.nn.Module, critic: torch.nn.Module | None, device) -> bool:
+    """Whether the critic's update may run in a second thread beside the policy's: a CPU with a core
+    beyond torch's threads, and no dropout in either model (dropout draws from torch's global
+    generator, whose draws two threads would interleave in a racing order; with none, each thread's
+    numbers are those of the passes run one after the other)."""
+    if critic is None or torch.device(device).type != "cpu" or not spare_cores():
+        return False
+    for model in (policy, critic):
+        if any(isinstance(m, torch.nn.modules.dropout._DropoutNd) and m.p > 0 for m in model.modules()):
+            return False
+        for cfg in {
+            id(c): c
+            for c in (getattr(model, "config", None), getattr(getattr(model, "trunk", None), "config", None))
+            if c
+        }.values():
+            if any(
+                isinstance(v, (int, float)) and not isinstance(v, bool) and v > 0
+                for k, v in cfg.to_dict().items()
+                if "dropout" in k or "pdrop" in k
+            ):
+                return False
+    return True
 
 
 # ---------------------------------------------------------------------------------------------
@@ -457,8 +618,9 @@ class AfterUpdate:
 
     def attach(self, batch: TrajectoryBatch) -> TrajectoryBatch:
         """``batch`` (the rows this was computed on) with the four v1 fields set."""
-        return (batch.with_token_fields(ratio=self.ratio, clipped=self.clipped)
-                .with_turn_fields(turn_ratio=self.turn_ratio, turn_clipped=self.turn_clipped))
+        return batch.with_token_fields(ratio=self.ratio, clipped=self.clipped).with_turn_fields(
+            turn_ratio=self.turn_ratio, turn_clipped=self.turn_clipped
+        )
 
 
 def after_update(policy: torch.nn.Module, r: Rows, settings: UpdateSettings, *, pad_id: int, device) -> AfterUpdate:
@@ -491,5 +653,13 @@ def _micro_flags(policy: torch.nn.Module, r: Rows, mb: Micro, settings: UpdateSe
         return None if x is None else mb.take(x).to(device)
 
     logp, _ = forward_policy(policy, mb)
-    return clip_flags(settings.loss, logp, take(r.old_logp), take(r.advantages), take(r.mask),
-                      turn_ids=take(r.turn_ids), rollout_logp=take(r.rollout_logp), **settings.loss_options)
+    return clip_flags(
+        settings.loss,
+        logp,
+        take(r.old_logp),
+        take(r.advantages),
+        take(r.mask),
+        turn_ids=take(r.turn_ids),
+        rollout_logp=take(r.rollout_logp),
+        **settings.loss_options,
+    )

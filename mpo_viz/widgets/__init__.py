@@ -15,7 +15,7 @@ ES module (:mod:`mpo_viz.render.strip`); the figures are :mod:`mpo_viz.render.pl
 """
 
 from mpo_viz.widgets.comparison import EstimatorComparison
-from mpo_viz.widgets.dashboard import TrainingDashboard, read_metrics
+from mpo_viz.widgets.dashboard import TrainingDashboard
 from mpo_viz.widgets.engine import AdvantageEngine, ParamControls, default_estimators
 from mpo_viz.widgets.explorer import TrajectoryExplorer, trajectory_table
 from mpo_viz.widgets.picker import TrajectoryPicker
@@ -30,7 +30,6 @@ __all__ = [
     "EstimatorComparison",
     "TrainingDashboard",
     "RunComparison",
-    "read_metrics",
     "StripWidget",
     "TrajectoryPicker",
     "ParamControls",

@@ -54,8 +54,19 @@ class EstimatorComparison(Exportable, W.VBox):
     (this trajectory), ``batch_metrics_df`` (whole batch), ``results``.
     """
 
-    def __init__(self, batch: TrajectoryBatch | str | Path, estimators=None, *, row=0, page_size: int = 10, tokens=None,
-                 strip_height: int = 160, params: ParamControls | None = None, scale="absolute", **options):
+    def __init__(
+        self,
+        batch: TrajectoryBatch | str | Path,
+        estimators=None,
+        *,
+        row=0,
+        page_size: int = 10,
+        tokens=None,
+        strip_height: int = 160,
+        params: ParamControls | None = None,
+        scale="absolute",
+        **options,
+    ):
         self.batch = as_batch(batch)
         if len(self.batch) == 0:
             raise ValueError("batch: expected at least one trajectory to compare estimators on, found an empty batch")
@@ -66,8 +77,11 @@ class EstimatorComparison(Exportable, W.VBox):
         self.tokens = token_decoder(tokens)
         self.results = self.engine.compute(self.params.options)
         self.scale = ColourScale(scale, self.batch, self.results)
-        self.picker = TrajectoryPicker(trajectory_table(self.batch, self._adv()), page_size=page_size,
-                                       sort_by="disagree" if len(self.names) >= 2 else "reward")
+        self.picker = TrajectoryPicker(
+            trajectory_table(self.batch, self._adv()),
+            page_size=page_size,
+            sort_by="disagree" if len(self.names) >= 2 else "reward",
+        )
         self.strips = {n: StripWidget(height=strip_height) for n in self.names}
         self.strip_labels = {n: W.HTML() for n in self.names}
         self.figure: FigureWidget | None = None
@@ -84,11 +98,13 @@ class EstimatorComparison(Exportable, W.VBox):
         self.params.on_change(self._params_changed)
         self.scale.on_change(lambda: self._redraw(new_row=False, ran=set()))  # new scales: a patch of channel info
         strips = [w for n in self.names for w in (self.strip_labels[n], self.strips[n])]
-        controls = W.HBox([self.params, self.scale.control], layout=W.Layout(flex_flow="row wrap",
-                                                                              align_items="flex-end"))
-        super().__init__([self.picker, controls, *strips, self.figure_box, style_widget(TABLE_CSS), self.metrics,
-                          self.export],
-                         layout=W.Layout(width="100%"))
+        controls = W.HBox(
+            [self.params, self.scale.control], layout=W.Layout(flex_flow="row wrap", align_items="flex-end")
+        )
+        super().__init__(
+            [self.picker, controls, *strips, self.figure_box, style_widget(TABLE_CSS), self.metrics, self.export],
+            layout=W.Layout(width="100%"),
+        )
         self.add_class("mpo-comparison")
         self.add_class("mpo-view")
         self.row = -1
@@ -126,8 +142,9 @@ class EstimatorComparison(Exportable, W.VBox):
         focus = self.focus_token(adv)
         tid = self.batch.traj_ids[self.row]
         if new_row:
-            payload = strip_payload(self._sub, 0, advantages=adv, td=an.td_error(self._sub), tokens=self.tokens,
-                                    arrays=True)
+            payload = strip_payload(
+                self._sub, 0, advantages=adv, td=an.td_error(self._sub), tokens=self.tokens, arrays=True
+            )
             payload["focus"] = focus
             payloads = [dict(payload, channel=f"adv_{name}", title=f"{name} · {tid}") for name in self.strips]
             self.scale.apply(payloads)  # one scale for the stacked strips (they share channel_info)
@@ -138,9 +155,11 @@ class EstimatorComparison(Exportable, W.VBox):
             chans = changed_channels(self._sub, adv, ran)
             patch_strips(self.strips.values(), chans, self.scale.apply, focus=focus)
         for name in self.strips:
-            self.strip_labels[name].value = (f"<b>{name}</b> <span style='color:#555'>ran with "
-                                             f"{html.escape(opts_text(self.engine.options_for(name, self.params.options)))}"
-                                             "</span>")
+            self.strip_labels[name].value = (
+                f"<b>{name}</b> <span style='color:#555'>ran with "
+                f"{html.escape(opts_text(self.engine.options_for(name, self.params.options)))}"
+                "</span>"
+            )
         bars = plots.estimator_comparison(self._sub, 0, adv)
         if new_row or self.figure is None:
             self.figure = FigureWidget(bars)
@@ -154,8 +173,12 @@ class EstimatorComparison(Exportable, W.VBox):
         if self.metrics_df is None:
             text = "<i>one estimator: nothing to compare</i>"
         else:
-            text = ("<b>agreement on this trajectory</b>" + frame_html(self.metrics_df)
-                    + "<b>agreement on the whole batch</b>" + frame_html(self.batch_metrics_df))
+            text = (
+                "<b>agreement on this trajectory</b>"
+                + frame_html(self.metrics_df)
+                + "<b>agreement on the whole batch</b>"
+                + frame_html(self.batch_metrics_df)
+            )
         if self._acc_options != self.params.options:  # batch-wide: depends on the options, not on the row
             self._accuracy()
         self.metrics.value = text + self.accuracy_html
@@ -168,11 +191,23 @@ class EstimatorComparison(Exportable, W.VBox):
         self._acc_options = dict(self.params.options)
         self.mc_accuracy_df = an.mc_accuracy(self.batch, self._adv()) if an.has_mc_truth(self.batch) else None
         if self.mc_accuracy_df is not None:  # as the report: no rank on values that are noise or on a noisy truth
-            self.mc_accuracy_df.insert(1, "verdict", an.ranked_column(
-                self.mc_accuracy_df, noise=an.values_are_noise(self.batch), unranked=an.critic_based(self.names)))
-        mc_html = "" if self.mc_accuracy_df is None else (
-            "<div class='mpo-accuracy'><b>accuracy against this policy's truth (Monte-Carlo values of mpo-viz truth; "
-            "turn credit, raw and corrected for the truth's noise)</b>" + frame_html(self.mc_accuracy_df) + "</div>")
+            self.mc_accuracy_df.insert(
+                1,
+                "verdict",
+                an.ranked_column(
+                    self.mc_accuracy_df, noise=an.values_are_noise(self.batch), unranked=an.critic_based(self.names)
+                ),
+            )
+        mc_html = (
+            ""
+            if self.mc_accuracy_df is None
+            else (
+                "<div class='mpo-accuracy'><b>accuracy against this policy's truth (Monte-Carlo values of mpo-viz "
+                "truth; turn credit, raw and corrected for the truth's noise)</b>"
+                + frame_html(self.mc_accuracy_df)
+                + "</div>"
+            )
+        )
         self._accuracy_oracle()
         self.accuracy_html = mc_html + self.accuracy_html
 
@@ -184,15 +219,20 @@ class EstimatorComparison(Exportable, W.VBox):
             self.accuracy_html = f"<p class='mpo-accuracy'><b>accuracy</b>: {html.escape(an.NO_ORACLE_TEXT)}</p>"
             return
         self.accuracy_df = an.credit_accuracy(self.batch, self._adv())
-        self.accuracy_reading = an.accuracy_reading(self.accuracy_df, an.values_source(self.batch),
-                                                    shortfall=an.batch_shortfall(self.batch),
-                                                    noise=an.values_are_noise(self.batch),
-                                                    unranked=an.critic_based(self.names))
+        self.accuracy_reading = an.accuracy_reading(
+            self.accuracy_df,
+            an.values_source(self.batch),
+            shortfall=an.batch_shortfall(self.batch),
+            noise=an.values_are_noise(self.batch),
+            unranked=an.critic_based(self.names),
+        )
         legend = "; ".join(f"<b>{k}</b> {html.escape(v)}" for k, v in an.ACCURACY_COLUMNS.items())
-        self.accuracy_html = ("<div class='mpo-accuracy'><b>accuracy against the oracle (whole batch, options as set)"
-                              f"</b><p class='mpo-reading'>{html.escape(self.accuracy_reading)}</p>"
-                              + frame_html(self.accuracy_df)
-                              + f"<details><summary>columns</summary><small>{legend}</small></details></div>")
+        self.accuracy_html = (
+            "<div class='mpo-accuracy'><b>accuracy against the oracle (whole batch, options as set)"
+            f"</b><p class='mpo-reading'>{html.escape(self.accuracy_reading)}</p>"
+            + frame_html(self.accuracy_df)
+            + f"<details><summary>columns</summary><small>{legend}</small></details></div>"
+        )
 
     def focus_token(self, adv: dict) -> int:
         """First action token of the turn where the estimators disagree most on the current
@@ -228,8 +268,6 @@ class EstimatorComparison(Exportable, W.VBox):
 
     def figures(self) -> dict:
         return {f"turn_advantages_{self.batch.traj_ids[self.row]}": self.figure}
-
-
 
     def turn_advantages(self) -> dict:
         """``{name: per-turn mean advantage (K,)}`` of the current trajectory, as the bars show."""

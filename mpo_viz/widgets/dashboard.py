@@ -37,6 +37,7 @@ import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
 from mpo_viz.analysis.ranking import RANKINGS
+from mpo_viz.data.runfolder import read_metrics
 from mpo_viz.train.forensics import Finding, explain
 from mpo_viz.widgets.explorer import TrajectoryExplorer
 from mpo_viz.widgets.export_bar import Exportable, ExportBar
@@ -44,7 +45,8 @@ from mpo_viz.widgets.figure import FigureWidget, swap_child
 from mpo_viz.widgets.iterations import DEFAULT_SORT, IterationOpener
 from mpo_viz.widgets.snapshot import Snapshot
 
-__all__ = ["TrainingDashboard", "read_metrics", "PANELS", "PALETTE", "Panel", "panel_of", "flatten_keys"]
+__all__ = ["TrainingDashboard", "PANELS", "PALETTE", "Panel", "panel_of", "flatten_keys"]
+
 
 class Panel(NamedTuple):
     """One panel of the dashboard: its ``title``, ``takes(name)`` (does it draw this flattened
@@ -69,14 +71,19 @@ def _is_timing(k: str) -> bool:
 #: the panels, in drawing order (two per row, success on top); a metric goes to the first that takes
 #: it. Ratios (~1 to ~100) and variances (~0.01) have axes of their own, the ratios a log one.
 PANELS = [
-    Panel("success", lambda k: "success" in k or "pass@" in k,
-          first=("success", "eval_sampled_success", "eval_success")),
+    Panel(
+        "success", lambda k: "success" in k or "pass@" in k, first=("success", "eval_sampled_success", "eval_success")
+    ),
     Panel("reward", lambda k: "reward" in k or "score" in k, first=("reward_mean", "reward_std")),
     Panel("losses", lambda k: "loss" in k),
     Panel("KL", _is_kl),
     Panel("entropy", lambda k: "entropy" in k),
-    Panel("importance ratios (log)", lambda k: re.fullmatch(r"(turn_)?ratio_(max|min|mean)", k) is not None,
-          log=True, first=("ratio_max", "turn_ratio_max")),
+    Panel(
+        "importance ratios (log)",
+        lambda k: re.fullmatch(r"(turn_)?ratio_(max|min|mean)", k) is not None,
+        log=True,
+        first=("ratio_max", "turn_ratio_max"),
+    ),
     Panel("clip fractions", lambda k: "clipfrac" in k or "clip_frac" in k),
     Panel("within-turn shift", lambda k: "within_turn_shift" in k or "surrogate_gap" in k),
     Panel("across / within ratio (log)", lambda k: k.endswith("across_within_ratio"), log=True),
@@ -86,8 +93,7 @@ PANELS = [
 ]
 _SKIP = {"iteration", "phase", "time_s", "step"}
 #: colours within a panel (each panel starts again: a panel's legend never repeats a colour)
-PALETTE = ["#1f77b4", "#d62728", "#2ca02c", "#ff7f0e", "#9467bd", "#8c564b", "#e377c2", "#17becf", "#7f7f7f",
-           "#bcbd22"]
+PALETTE = ["#1f77b4", "#d62728", "#2ca02c", "#ff7f0e", "#9467bd", "#8c564b", "#e377c2", "#17becf", "#7f7f7f", "#bcbd22"]
 
 
 def panel_of(key: str) -> int | None:
@@ -117,50 +123,6 @@ def flatten_keys(d: dict, prefix: str = "") -> dict:
         else:
             out[name] = v
     return out
-
-
-def read_metrics(path, offset: int = 0) -> tuple[list[dict], int, dict | None]:
-    """Read ``metrics.jsonl`` from byte ``offset``: ``(records, new_offset, pending)``.
-
-    ``records``: the complete lines (ending in a newline) after ``offset``, parsed and flattened;
-    ``new_offset``: the byte after the last complete line; ``pending``: the partial last line when it
-    already parses as a JSON object (a writer that has not written the newline yet), else None.
-    A complete line that is not a JSON object raises ``ValueError`` naming the file and line.
-    """
-    p = Path(path)
-    if not p.exists():
-        return [], offset, None
-    with open(p, "rb") as fh:
-        fh.seek(offset)
-        data = fh.read()
-    end = data.rfind(b"\n") + 1
-    records = []
-    line_no = None
-    for i, line in enumerate(data[:end].split(b"\n")[:-1] if end else []):
-        if not line.strip():
-            continue
-        try:
-            obj = json.loads(line)
-        except json.JSONDecodeError as exc:
-            line_no = line_no or _line_number(p, offset) + i
-            raise ValueError(f"{p}: line {line_no}: expected one JSON object per line, found {line[:80]!r} ({exc})") from None
-        if not isinstance(obj, dict):
-            raise ValueError(f"{p}: line {_line_number(p, offset) + i}: expected a JSON object, found {type(obj).__name__}")
-        records.append(flatten_keys(obj))
-    pending = None
-    tail = data[end:]
-    if tail.strip():
-        try:
-            obj = json.loads(tail)
-            pending = flatten_keys(obj) if isinstance(obj, dict) else None
-        except json.JSONDecodeError:
-            pending = None
-    return records, offset + end, pending
-
-
-def _line_number(p: Path, offset: int) -> int:
-    with open(p, "rb") as fh:
-        return fh.read(offset).count(b"\n") + 1
 
 
 def _num(v) -> float:
@@ -200,8 +162,13 @@ class TrainingDashboard(Exportable, W.VBox):
         self.figure_box = W.VBox(layout=W.Layout(width="100%"))  # a column: the figure takes the full width
         self.status = W.HTML()
         self.config_html = W.HTML()
-        self.live = W.ToggleButton(value=False, description="live", tooltip=f"refresh every {self.interval:g} s",
-                                   icon="refresh", layout=W.Layout(width="90px"))
+        self.live = W.ToggleButton(
+            value=False,
+            description="live",
+            tooltip=f"refresh every {self.interval:g} s",
+            icon="refresh",
+            layout=W.Layout(width="90px"),
+        )
         self.refresh_button = W.Button(description="refresh", layout=W.Layout(width="90px"))
         #: the iterations' episodes: the "trajectories" and "sort by" menus, "explore", the explorer below
         self.opener = IterationOpener(self.run_dir, sort=sort)
@@ -215,11 +182,20 @@ class TrainingDashboard(Exportable, W.VBox):
         self.findings: list[Finding] = []
         self._flagged = 0
         self.collapse_html = W.HTML()
-        self.collapse_button = W.Button(description="explore collapse", layout=W.Layout(width="150px",
-                                                                                        display="none"))
+        self.collapse_button = W.Button(description="explore collapse", layout=W.Layout(width="150px", display="none"))
         self.collapse_button.on_click(lambda _: self.open_collapse())
-        super().__init__([bar, self.status, W.HBox([self.collapse_html, self.collapse_button]), self.figure_box, self.export, W.HTML("<b>config</b>"), self.config_html,
-                          self.explorer_box])
+        super().__init__(
+            [
+                bar,
+                self.status,
+                W.HBox([self.collapse_html, self.collapse_button]),
+                self.figure_box,
+                self.export,
+                W.HTML("<b>config</b>"),
+                self.config_html,
+                self.explorer_box,
+            ]
+        )
         self.add_class("mpo-dashboard")
         self.add_class("mpo-view")
         self.refresh()
@@ -238,7 +214,9 @@ class TrainingDashboard(Exportable, W.VBox):
             except json.JSONDecodeError:
                 self.config = {}  # being written: read it next time
             self.config_html.value = _kv_html(flatten_keys(self.config)) if self.config else "<i>no config.json yet</i>"
-        new, self._offset, self.pending = read_metrics(self.run_dir / "metrics.jsonl", self._offset)
+        got = read_metrics(self.run_dir / "metrics.jsonl", self._offset)
+        new = [flatten_keys(r) for r in got.records]
+        self._offset, self.pending = got.offset, (flatten_keys(got.pending) if got.pending is not None else None)
         self.records.extend(new)
         self.opener.sync()
         self._redraw()
@@ -256,8 +234,6 @@ class TrainingDashboard(Exportable, W.VBox):
 
     def figures(self) -> dict:
         return {"training_curves": self.figure} if self.figure is not None else {}
-
-
 
     def trajectory_files(self) -> list[Path]:
         """``trajectories/iter=*.parquet`` (and ``.jsonl``), oldest first."""
@@ -316,8 +292,9 @@ class TrainingDashboard(Exportable, W.VBox):
         """Two panels per row, each with its own legend (right of it) and colours, a log y axis for
         the ratios, the phase timings stacked."""
         rows = math.ceil(len(PANELS) / 2)
-        fig = make_subplots(rows=rows, cols=2, subplot_titles=[p.title for p in PANELS], vertical_spacing=0.06,
-                            horizontal_spacing=0.22)
+        fig = make_subplots(
+            rows=rows, cols=2, subplot_titles=[p.title for p in PANELS], vertical_spacing=0.06, horizontal_spacing=0.22
+        )
         for i, ks in keys.items():
             r, c = i // 2 + 1, i % 2 + 1
             legend = "legend" if i == 0 else f"legend{i + 1}"
@@ -327,8 +304,13 @@ class TrainingDashboard(Exportable, W.VBox):
                 fig.update_yaxes(type="log", row=r, col=c)
         fig.update_xaxes(title_text="iteration", row=rows, col=1)
         fig.update_xaxes(title_text="iteration", row=rows, col=2)
-        fig.update_layout(height=240 * rows, template="plotly_white", margin=dict(l=50, r=150, t=50, b=40),
-                          title=f"run: {self.run_dir.name}", **_legends(fig, keys))
+        fig.update_layout(
+            height=240 * rows,
+            template="plotly_white",
+            margin=dict(l=50, r=150, t=50, b=40),
+            title=f"run: {self.run_dir.name}",
+            **_legends(fig, keys),
+        )
         return fig
 
     def _update_status(self, n_new: int) -> None:
@@ -393,8 +375,9 @@ class TrainingDashboard(Exportable, W.VBox):
                 self.status.value = f"<span style='color:#b00'>{exc}</span>"
 
     # --- trajectories of an iteration -----------------------------------------------------------------------
-    def open_iteration(self, n: int | str | None = None, *, sort: str | None = None,
-                       **explorer_options) -> TrajectoryExplorer:
+    def open_iteration(
+        self, n: int | str | None = None, *, sort: str | None = None, **explorer_options
+    ) -> TrajectoryExplorer:
         """Open iteration ``n``'s saved episodes (an int, or a name ``"iter=000003"``; default: the
         selected one) in an explorer below, sorted by ``sort``: a ranking of
         :mod:`mpo_viz.analysis.ranking` (``"abs_advantage"``: the largest |advantage|,
@@ -419,10 +402,15 @@ class TrainingDashboard(Exportable, W.VBox):
             return
         bits = []
         for f in self.findings:
-            where = (f"episodes of iteration {f.episodes_iteration}, sorted by {RANKINGS[f.ranking].short}"
-                     if f.ranking else f.note)
-            bits.append(f"<b>{html.escape(f.metric)}</b> first crossed its threshold at iteration {f.first} "
-                        f"({html.escape(where)})")
+            where = (
+                f"episodes of iteration {f.episodes_iteration}, sorted by {RANKINGS[f.ranking].short}"
+                if f.ranking
+                else f.note
+            )
+            bits.append(
+                f"<b>{html.escape(f.metric)}</b> first crossed its threshold at iteration {f.first} "
+                f"({html.escape(where)})"
+            )
         self.collapse_html.value = ("<span style='color:#b00'>collapse? </span>" + "; ".join(bits)) if bits else ""
         self.collapse_button.layout.display = "" if any(f.ranking for f in self.findings) else "none"
 
@@ -480,8 +468,18 @@ def _trace(x, y, key: str, j: int, legend: str, stacked: bool) -> go.Scatter:
     kw = dict(stackgroup="timings", mode="lines") if stacked else dict(mode="lines+markers")
     x, y = _points(x, y)
     visible = "legendonly" if re.fullmatch(r"(turn_)?ratio_min", key) else True
-    return go.Scatter(x=x, y=y, name=key, meta=key, marker=dict(size=4), line=line, legend=legend, visible=visible,
-                      hovertemplate=f"{key}<br>iteration %{{x}}: %{{y:.4g}}<extra></extra>", **kw)
+    return go.Scatter(
+        x=x,
+        y=y,
+        name=key,
+        meta=key,
+        marker=dict(size=4),
+        line=line,
+        legend=legend,
+        visible=visible,
+        hovertemplate=f"{key}<br>iteration %{{x}}: %{{y:.4g}}<extra></extra>",
+        **kw,
+    )
 
 
 def _legends(fig: go.Figure, keys: dict) -> dict:
@@ -490,15 +488,25 @@ def _legends(fig: go.Figure, keys: dict) -> dict:
     for i in keys:
         ax = fig.get_subplot(i // 2 + 1, i % 2 + 1)
         name = "legend" if i == 0 else f"legend{i + 1}"
-        out[name] = dict(x=ax.xaxis.domain[1] + 0.01, y=ax.yaxis.domain[1], xanchor="left", yanchor="top",
-                         font=dict(size=9), bgcolor="rgba(255,255,255,0.6)", tracegroupgap=0)
+        out[name] = dict(
+            x=ax.xaxis.domain[1] + 0.01,
+            y=ax.yaxis.domain[1],
+            xanchor="left",
+            yanchor="top",
+            font=dict(size=9),
+            bgcolor="rgba(255,255,255,0.6)",
+            tracegroupgap=0,
+        )
     return out
 
 
 def _kv_html(d: dict) -> str:
     """The config as name/value pairs in newspaper columns (a run's config has ~60 fields: one long
     table would be taller than the curves above it)."""
-    items = "".join(f"<div style='break-inside:avoid;padding:1px 0;overflow-wrap:anywhere'><span style='color:#555;padding-right:8px'>"
-                    f"{html.escape(str(k))}</span>{html.escape(json.dumps(v) if not isinstance(v, str) else v)}</div>"
-                    for k, v in d.items())
+    items = "".join(
+        "<div style='break-inside:avoid;padding:1px 0;overflow-wrap:anywhere'><span "
+        "style='color:#555;padding-right:8px'>"
+        f"{html.escape(str(k))}</span>{html.escape(json.dumps(v) if not isinstance(v, str) else v)}</div>"
+        for k, v in d.items()
+    )
     return f"<div class='mpo-config' style='font-size:12px;columns:280px;column-gap:24px'>{items}</div>"

@@ -61,8 +61,10 @@ class AdvantageEngine:
         for name in self.names:
             lacks = registry.missing(batch, name)
             if lacks:
-                raise ValueError(f"estimators: {name!r} needs what this batch lacks ({', '.join(lacks)}); "
-                                 f"this batch supports {default_estimators(batch) or 'none of mpo, gae, grpo'}")
+                raise ValueError(
+                    f"estimators: {name!r} needs what this batch lacks ({', '.join(lacks)}); "
+                    f"this batch supports {default_estimators(batch) or 'none of mpo, gae, grpo'}"
+                )
             self._bound[name] = registry.bind(batch, name)
         self.timings: dict = {}
         self._last: dict = {}  # name -> (its options as a sorted tuple, its (advantages, returns))
@@ -130,13 +132,17 @@ class ParamControls(W.VBox):
                 self.groups[ck] = tuple(members)
         unknown = [k for k in initial if k not in vocab and k not in self.spec]
         if unknown:
-            raise ValueError(f"options: unknown {', '.join(map(repr, unknown))}; valid: {', '.join(vocab)} "
-                             f"(or a control key: {', '.join(k for k in self.spec if '@' in k) or 'none here'})")
+            raise ValueError(
+                f"options: unknown {', '.join(map(repr, unknown))}; valid: {', '.join(vocab)} "
+                f"(or a control key: {', '.join(k for k in self.spec if '@' in k) or 'none here'})"
+            )
         for k in initial:  # a plain name that is a separate control per estimator: the same rule as set()
             split = [c for c in self.spec if "@" in c and c.split("@")[0] == k]
             if split and k not in self.spec:
-                raise ValueError(f"options: {k!r} is a separate control per estimator here "
-                                 f"({', '.join(split)}); give the control key, e.g. **{{{split[0]!r}: …}}")
+                raise ValueError(
+                    f"options: {k!r} is a separate control per estimator here "
+                    f"({', '.join(split)}); give the control key, e.g. **{{{split[0]!r}: …}}"
+                )
         self.controls: dict[str, W.ValueWidget] = {}
         for ck, o in self.spec.items():
             value = initial.get(ck, initial.get(ck.split("@")[0]))
@@ -151,8 +157,9 @@ class ParamControls(W.VBox):
         more = [self.controls[k] for k, o in self.spec.items() if o.advanced]
         rows: list = [W.HBox(main[i : i + 4]) for i in range(0, len(main), 4)]
         if more:
-            fold = W.Accordion(children=[W.VBox([W.HBox(more[i : i + 4]) for i in range(0, len(more), 4)])],
-                               selected_index=None)
+            fold = W.Accordion(
+                children=[W.VBox([W.HBox(more[i : i + 4]) for i in range(0, len(more), 4)])], selected_index=None
+            )
             fold.set_title(0, "more options")
             rows.append(fold)
         super().__init__(rows)
@@ -193,21 +200,30 @@ class ParamControls(W.VBox):
         ``estimator`` applies to every plain name given; a shared control (γ) still moves every
         estimator of its group."""
         if estimator is not None and estimator not in {n for g in self.groups.values() for n in g}:
-            raise ValueError(f"estimator: expected one of {', '.join(dict.fromkeys(n for g in self.groups.values() for n in g))}, "
-                             f"found {estimator!r}")
+            raise ValueError(
+                f"estimator: expected one of {', '.join(dict.fromkeys(n for g in self.groups.values() for n in g))}, "
+                f"found {estimator!r}"
+            )
         keys = {k: self.keys_of(k, estimator if "@" not in k else None) for k in options}
         unknown = [k for k, cs in keys.items() if not cs]
         if unknown:
             whose = f" for {estimator}" if estimator is not None else ""
-            raise ValueError(f"options: unknown{whose} {', '.join(map(repr, unknown))}; valid: {', '.join(self.controls)}")
+            raise ValueError(
+                f"options: unknown{whose} {', '.join(map(repr, unknown))}; valid: {', '.join(self.controls)}"
+            )
         split = {k: cs for k, cs in keys.items() if len(cs) > 1}
         if split:
             k, cs = next(iter(split.items()))
-            groups = "; ".join(f"{c}: {'+'.join(self.groups[c])}, default {self.spec[c].default:g}"
-                               if isinstance(self.spec[c].default, float) else f"{c}: {'+'.join(self.groups[c])}"
-                               for c in cs)
-            raise ValueError(f"options: {k!r} is a separate control per estimator here ({groups}); say which: "
-                             f"set({k}=…, estimator={self.groups[cs[0]][0]!r}) or set(**{{{cs[0]!r}: …}})")
+            groups = "; ".join(
+                f"{c}: {'+'.join(self.groups[c])}, default {self.spec[c].default:g}"
+                if isinstance(self.spec[c].default, float)
+                else f"{c}: {'+'.join(self.groups[c])}"
+                for c in cs
+            )
+            raise ValueError(
+                f"options: {k!r} is a separate control per estimator here ({groups}); say which: "
+                f"set({k}=…, estimator={self.groups[cs[0]][0]!r}) or set(**{{{cs[0]!r}: …}})"
+            )
         self._muted = True
         try:
             for k, v in options.items():
@@ -247,5 +263,13 @@ def _control(o: registry.Option, value, label: str | None = None, tooltip: str |
     if rng is None:
         return W.FloatText(value=float(value), layout=W.Layout(width="150px"), **common)
     lo, hi = rng
-    return W.FloatSlider(value=float(value), min=lo, max=hi, step=(hi - lo) / 100, continuous_update=False,
-                         readout_format=".2f", layout=W.Layout(width="250px"), **common)
+    return W.FloatSlider(
+        value=float(value),
+        min=lo,
+        max=hi,
+        step=(hi - lo) / 100,
+        continuous_update=False,
+        readout_format=".2f",
+        layout=W.Layout(width="250px"),
+        **common,
+    )

@@ -41,7 +41,6 @@ from mpo_viz.widgets.strip_widget import StripWidget, patch_strips
 __all__ = ["TrajectoryExplorer", "as_batch", "trajectory_table"]
 
 
-
 TABLE_CSS = """.mpo-turns table { border-collapse: collapse; font-size: 12px; }
 .mpo-turns td, .mpo-turns th { padding: 2px 8px; border-bottom: 1px solid #eee; text-align: right;
   font-variant-numeric: tabular-nums; }
@@ -63,14 +62,16 @@ def trajectory_table(batch: TrajectoryBatch, advantages: dict | None = None) -> 
     ``tokens`` (response length), ``action`` (action tokens), ``disagree`` (share of turn/estimator
     pairs with opposite signs; with >= 2 estimators), ``ratio`` (critic across/within; with values)."""
     mask = batch.mask.numpy() != 0
-    df = pd.DataFrame({
-        "row": np.arange(len(batch)),
-        "traj_id": list(batch.traj_ids),
-        "reward": batch.token_rewards.numpy().astype(np.float64).sum(axis=1) if len(batch) else np.zeros(0),
-        "turns": np.asarray(batch.num_turns, dtype=np.int64),
-        "tokens": batch.lengths.numpy().astype(np.int64),
-        "action": mask.sum(axis=1).astype(np.int64),
-    })
+    df = pd.DataFrame(
+        {
+            "row": np.arange(len(batch)),
+            "traj_id": list(batch.traj_ids),
+            "reward": batch.token_rewards.numpy().astype(np.float64).sum(axis=1) if len(batch) else np.zeros(0),
+            "turns": np.asarray(batch.num_turns, dtype=np.int64),
+            "tokens": batch.lengths.numpy().astype(np.int64),
+            "action": mask.sum(axis=1).astype(np.int64),
+        }
+    )
     if advantages and len(advantages) >= 2:
         df["disagree"] = an.disagreement(batch, advantages)
     if batch.values is not None and len(batch):
@@ -117,8 +118,9 @@ def frame_html(df: pd.DataFrame) -> str:
     table, and pandas' writer took ~7 ms of the kernel's ~15 ms for a few rows. Frames with other
     column types (categorical, datetime, nested objects) or other column labels (repeated, not
     strings) go through pandas itself."""
-    if not df.columns.is_unique or not (isinstance(df.columns, pd.RangeIndex)
-                                        or all(isinstance(c, str) for c in df.columns)):
+    if not df.columns.is_unique or not (
+        isinstance(df.columns, pd.RangeIndex) or all(isinstance(c, str) for c in df.columns)
+    ):
         return _frame_html_pandas(df)
     cols = []
     for c in df.columns:
@@ -136,10 +138,16 @@ def frame_html(df: pd.DataFrame) -> str:
         else:
             return _frame_html_pandas(df)
     head = "".join(f"      <th>{_html_text(c)}</th>\n" for c in df.columns)
-    rows = "".join("    <tr>\n" + "".join(f"      <td>{col[i]}</td>\n" for col in cols) + "    </tr>\n"
-                   for i in range(len(df)))
-    return ('<table class="dataframe">\n  <thead>\n    <tr style="text-align: right;">\n' + head
-            + "    </tr>\n  </thead>\n  <tbody>\n" + rows + "  </tbody>\n</table>")
+    rows = "".join(
+        "    <tr>\n" + "".join(f"      <td>{col[i]}</td>\n" for col in cols) + "    </tr>\n" for i in range(len(df))
+    )
+    return (
+        '<table class="dataframe">\n  <thead>\n    <tr style="text-align: right;">\n'
+        + head
+        + "    </tr>\n  </thead>\n  <tbody>\n"
+        + rows
+        + "  </tbody>\n</table>"
+    )
 
 
 def changed_channels(sub: TrajectoryBatch, adv: dict, ran) -> dict:
@@ -149,8 +157,9 @@ def changed_channels(sub: TrajectoryBatch, adv: dict, ran) -> dict:
     (:func:`mpo_viz.render.strip.advantage_channels`: rounded, observation tokens NaN). Channels are built
     from every estimator and then kept, so MAE's ``micro_`` is the one the payload has."""
     n = int(sub.lengths[0])
-    chans = advantage_channels({k: a[0, :n] for k, a in adv.items()}, sub.mask[0, :n].numpy(),
-                               sub.turn_ids[0, :n].numpy())
+    chans = advantage_channels(
+        {k: a[0, :n] for k, a in adv.items()}, sub.mask[0, :n].numpy(), sub.turn_ids[0, :n].numpy()
+    )
     return {k: v for k, v in chans.items() if k.split("_", 1)[1] in ran}
 
 
@@ -177,9 +186,22 @@ class TrajectoryExplorer(Exportable, W.VBox):
     by phase), ``export`` (the PNG / SVG / CSV bar).
     """
 
-    def __init__(self, batch: TrajectoryBatch | str | Path, *, estimators=None, row=0, page_size: int = 15, tokens=None,
-                 strip_height: int = 320, params: ParamControls | None = None, show_picker: bool = True,
-                 figure_width: int | None = None, scale="absolute", sort: str | None = None, **options):
+    def __init__(
+        self,
+        batch: TrajectoryBatch | str | Path,
+        *,
+        estimators=None,
+        row=0,
+        page_size: int = 15,
+        tokens=None,
+        strip_height: int = 320,
+        params: ParamControls | None = None,
+        show_picker: bool = True,
+        figure_width: int | None = None,
+        scale="absolute",
+        sort: str | None = None,
+        **options,
+    ):
         self.batch = as_batch(batch)
         if len(self.batch) == 0:
             raise ValueError("batch: expected at least one trajectory, found none")
@@ -221,10 +243,17 @@ class TrajectoryExplorer(Exportable, W.VBox):
         self.scale.on_change(self._rescale)
         # the controls sit next to what they change: picker, then the sliders and the colour scale
         # right above the strip and curve they recompute
-        controls = W.HBox([self.params, self.scale.control], layout=W.Layout(flex_flow="row wrap",
-                                                                              align_items="flex-end"))
-        children = ([self.picker] if show_picker else []) + [controls, self.status, self.strip, self.figure_box,
-                                                              style_widget(TABLE_CSS), self.turns]
+        controls = W.HBox(
+            [self.params, self.scale.control], layout=W.Layout(flex_flow="row wrap", align_items="flex-end")
+        )
+        children = ([self.picker] if show_picker else []) + [
+            controls,
+            self.status,
+            self.strip,
+            self.figure_box,
+            style_widget(TABLE_CSS),
+            self.turns,
+        ]
         children += ([self.tokens_view] if self.has_token_truth else []) + [self.export]
         super().__init__(children, layout=W.Layout(width="100%"))
         self.add_class("mpo-explorer")
@@ -286,8 +315,15 @@ class TrajectoryExplorer(Exportable, W.VBox):
         self._n = int(self._sub.lengths[0])
         self.picker.show(row)
         adv, ret = self._row_arrays()
-        payload = strip_payload(self._sub, 0, advantages=adv, td=an.td_error(self._sub), tokens=self.tokens,
-                                channel=f"adv_{self.names[0]}", arrays=True)
+        payload = strip_payload(
+            self._sub,
+            0,
+            advantages=adv,
+            td=an.td_error(self._sub),
+            tokens=self.tokens,
+            channel=f"adv_{self.names[0]}",
+            arrays=True,
+        )
         self.scale.apply(payload)
         _truth_scale(payload)
         t1 = time.perf_counter()
@@ -346,8 +382,11 @@ class TrajectoryExplorer(Exportable, W.VBox):
         self.turn_df = tt[cols]
         # a light table: at most MAX_TURN_ROWS rows in the page (the full table is ``turn_df`` / CSV)
         shown = self.turn_df.head(MAX_TURN_ROWS)
-        more = (f"<p class='mpo-note'>first {MAX_TURN_ROWS} of {len(self.turn_df):,} turns; all of them in the CSV</p>"
-                if len(self.turn_df) > MAX_TURN_ROWS else "")
+        more = (
+            f"<p class='mpo-note'>first {MAX_TURN_ROWS} of {len(self.turn_df):,} turns; all of them in the CSV</p>"
+            if len(self.turn_df) > MAX_TURN_ROWS
+            else ""
+        )
         self.turns.value = frame_html(shown) + more
         if export:
             self.export.set_tables(self.tables())
@@ -363,18 +402,32 @@ class TrajectoryExplorer(Exportable, W.VBox):
         if batch_wide:
             self.token_accuracy_df = an.mc_token_accuracy(self.batch, self._adv())
         acc = self.token_accuracy_df
-        cols = ["estimator", "tok_corr", "tok_corr_dis", "within_corr", "within_corr_dis", "unc_share",
-                "unc_share_truth", "sign_agreement", "slope_credit_on_truth_dis", "slope_truth_on_credit",
-                "within_note", "note"]
-        truth = an.token_truth_text(self.batch.meta.get("mc_truth") if isinstance(self.batch.meta.get("mc_truth"), dict)
-                                    else None)
+        cols = [
+            "estimator",
+            "tok_corr",
+            "tok_corr_dis",
+            "within_corr",
+            "within_corr_dis",
+            "unc_share",
+            "unc_share_truth",
+            "sign_agreement",
+            "slope_credit_on_truth_dis",
+            "slope_truth_on_credit",
+            "within_note",
+            "note",
+        ]
+        truth = an.token_truth_text(
+            self.batch.meta.get("mc_truth") if isinstance(self.batch.meta.get("mc_truth"), dict) else None
+        )
         self.tokens_view.value = (
             f"<p class='mpo-note'><b>Truth used</b>: {html.escape(truth)}. Bars under the strip's measured tokens and "
             "the <i>true advantage</i> channel show it.</p>"
-            f"<b>measured tokens of {html.escape(self.batch.traj_ids[self.row])}</b>" + frame_html(self.token_df)
+            f"<b>measured tokens of {html.escape(self.batch.traj_ids[self.row])}</b>"
+            + frame_html(self.token_df)
             + "<b>within-turn credit against the token truth, whole batch</b> (the columns of "
-              "credit_accuracy(..., truth='mc-token'); flat credit scores 0 within turns by construction)"
-            + frame_html(acc[[c for c in cols if c in acc.columns]] if acc is not None else pd.DataFrame()))
+            "credit_accuracy(..., truth='mc-token'); flat credit scores 0 within turns by construction)"
+            + frame_html(acc[[c for c in cols if c in acc.columns]] if acc is not None else pd.DataFrame())
+        )
 
     def tables(self) -> dict:
         """The view's tables as DataFrames: ``turns`` (the current trajectory's per-turn table) and
@@ -392,19 +445,18 @@ class TrajectoryExplorer(Exportable, W.VBox):
         """The view's figures (``{name: figure}``)."""
         return {f"value_curve_{self.batch.traj_ids[self.row]}": self.figure} if self.figure is not None else {}
 
-
-
     def _status(self) -> None:
         """The header: what is shown and with which options. The time given is the kernel's share
         only (recompute + building what is sent); the browser's drawing comes after it and is
         measured by ``benchmarks/widgets.py``, so the header does not claim an end-to-end time."""
         ran = "; ".join(f"<b>{k}</b> {opts_text(self.engine.options_for(k, self.params.options))}" for k in self.names)
         ms = sum(self.timings.values()) * 1000
-        self.status.value = (f"<b>{self.batch.traj_ids[self.row]}</b> (row {self.row}) · ran with: {ran or '—'}"
-                             f" · <span title='kernel-side time of the last update until this header (recompute "
-                             f"and payloads; a slider move refreshes the export bar's CSV links after it); the "
-                             f"browser draws after it'>kernel {ms:.0f} ms</span>"
-                             + _noise_html(self.batch, self.names))
+        self.status.value = (
+            f"<b>{self.batch.traj_ids[self.row]}</b> (row {self.row}) · ran with: {ran or '—'}"
+            f" · <span title='kernel-side time of the last update until this header (recompute "
+            f"and payloads; a slider move refreshes the export bar's CSV links after it); the "
+            f"browser draws after it'>kernel {ms:.0f} ms</span>" + _noise_html(self.batch, self.names)
+        )
 
     # --- parameters -----------------------------------------------------------------------------------
     def close(self) -> None:
@@ -442,8 +494,14 @@ class TrajectoryExplorer(Exportable, W.VBox):
         t5 = time.perf_counter()
         self._update_turns(adv, ret, export=False)
         self._update_tokens(adv, batch_wide=bool(ran))
-        self.timings = {"compute": t1 - t0, "figure": t2 - t1, "payload": t3 - t2, "push": t4 - t3,
-                        "picker": t5 - t4, "turn_table": time.perf_counter() - t5}
+        self.timings = {
+            "compute": t1 - t0,
+            "figure": t2 - t1,
+            "payload": t3 - t2,
+            "push": t4 - t3,
+            "picker": t5 - t4,
+            "turn_table": time.perf_counter() - t5,
+        }
         self._status()
         # the export bar's CSV links last: they are not what a move shows, so they come after the
         # header (its "kernel N ms" is the time until then; ``timings["export"]`` has their share)
@@ -511,5 +569,7 @@ def _noise_html(batch, names) -> str:
     based = an.critic_based(names)
     if not noise or not based:
         return ""
-    return (f"<br><b style='color:#c0661f'>NOISE: {html.escape(', '.join(based))}</b> — {html.escape(noise)}; "
-            "their credit is not to be read as credit")
+    return (
+        f"<br><b style='color:#c0661f'>NOISE: {html.escape(', '.join(based))}</b> — {html.escape(noise)}; "
+        "their credit is not to be read as credit"
+    )

@@ -23,8 +23,16 @@ from mpo_viz.render.export import (
     write_tables,
 )
 
-__all__ = ["ExportBar", "Exportable", "style_widget", "csv_link", "write_tables", "write_figures",
-           "static_export_available", "FIGURE_FORMATS"]
+__all__ = [
+    "ExportBar",
+    "Exportable",
+    "style_widget",
+    "csv_link",
+    "write_tables",
+    "write_figures",
+    "static_export_available",
+    "FIGURE_FORMATS",
+]
 
 _DOWNLOAD_JS = (
     "(async function(btn, format){"
@@ -44,9 +52,12 @@ _DOWNLOAD_JS = (
     "})(this, '%s'); return false;"
 )
 
-_CSS = (".mpo-export { display: flex; flex-wrap: wrap; gap: 4px 10px; align-items: center; font-size: 12px; margin: 2px 0; }"
-        ".mpo-export-label { color: #666; } .mpo-export button { font-size: 12px; padding: 1px 8px; cursor: pointer; }"
-        ".mpo-export a { color: #1f5fa8; } .mpo-export-note { color: #666; }")
+_CSS = (
+    ".mpo-export "
+    "{ display: flex; flex-wrap: wrap; gap: 4px 10px; align-items: center; font-size: 12px; margin: 2px 0; }"
+    ".mpo-export-label { color: #666; } .mpo-export button { font-size: 12px; padding: 1px 8px; cursor: pointer; }"
+    ".mpo-export a { color: #1f5fa8; } .mpo-export-note { color: #666; }"
+)
 
 
 def style_widget(css: str) -> W.HTML:
@@ -58,7 +69,7 @@ def style_widget(css: str) -> W.HTML:
 
 
 class ExportBar(W.VBox):
-    """"export: PNG SVG · <table> (CSV) …": the buttons download every figure of the enclosing view
+    """ "export: PNG SVG · <table> (CSV) …": the buttons download every figure of the enclosing view
     (the nearest element with class ``mpo-view``) with plotly.js's own image export; the links are
     the view's tables as CSV. Plain HTML widgets (no extra front-end module): the bar, and its
     stylesheet in a hidden one set once (:func:`style_widget`).
@@ -79,11 +90,13 @@ class ExportBar(W.VBox):
 
     def _draw(self) -> None:
         b = html.escape(self.basename, quote=True)
-        self.bar.value = (f"<div class='mpo-export'><span class='mpo-export-label'>export</span>"
-                          f"<button class='mpo-export-png' data-base='{b}' title='every figure of this view as PNG "
-                          f"(plotly.js export)' onclick=\"{_DOWNLOAD_JS % 'png'}\">PNG</button>"
-                          f"<button class='mpo-export-svg' data-base='{b}' title='every figure of this view as SVG "
-                          f"(plotly.js export)' onclick=\"{_DOWNLOAD_JS % 'svg'}\">SVG</button>{self.links}</div>")
+        self.bar.value = (
+            f"<div class='mpo-export'><span class='mpo-export-label'>export</span>"
+            f"<button class='mpo-export-png' data-base='{b}' title='every figure of this view as PNG "
+            f'(plotly.js export)\' onclick="{_DOWNLOAD_JS % "png"}">PNG</button>'
+            f"<button class='mpo-export-svg' data-base='{b}' title='every figure of this view as SVG "
+            f'(plotly.js export)\' onclick="{_DOWNLOAD_JS % "svg"}">SVG</button>{self.links}</div>'
+        )
 
     def set_tables(self, tables: dict) -> None:
         self.links = " ".join(csv_link(df, name) for name, df in tables.items())

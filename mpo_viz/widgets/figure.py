@@ -34,8 +34,10 @@ def _plotly_widget_module() -> str:
     """The source of plotly's own FigureWidget ES module (shipped with plotly)."""
     path = Path(plotly.__file__).parent / "package_data" / "widgetbundle.js"
     if not path.is_file():
-        raise RuntimeError(f"plotly's widget module: expected {path} (plotly >= 6), found no such file; "
-                           f"plotly {plotly.__version__} is installed")
+        raise RuntimeError(
+            f"plotly's widget module: expected {path} (plotly >= 6), found no such file; "
+            f"plotly {plotly.__version__} is installed"
+        )
     return path.read_text(encoding="utf-8")
 
 
@@ -107,7 +109,11 @@ def swap_child(box: W.Box, widget: W.Widget) -> None:
     controls the old and the new view share (an explorer's ``params=``), stay open."""
     tree = _tree(widget)
     keep = frozenset(id(w) for w in tree) | frozenset(
-        id(getattr(w, name)) for w in tree for name in ("layout", "style") if isinstance(getattr(w, name, None), W.Widget))
+        id(getattr(w, name))
+        for w in tree
+        for name in ("layout", "style")
+        if isinstance(getattr(w, name, None), W.Widget)
+    )
     old = [w for w in box.children if w is not widget]
     box.children = (widget,)
     for w in old:

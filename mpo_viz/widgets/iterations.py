@@ -40,12 +40,21 @@ class IterationOpener:
         if sort not in RANKINGS:
             raise ValueError(f"sort: expected one of {', '.join(RANKINGS)}, found {sort!r}")
         self.run = RunFolder(run_dir) if run_dir is not None else None
-        self.iterations = W.Dropdown(description="trajectories", options=[], style={"description_width": "80px"},
-                                     layout=W.Layout(width="300px"))
-        self.sort = W.Dropdown(description="sort by", options=SORT_OPTIONS, value=sort,
-                               style={"description_width": "50px"}, layout=W.Layout(width="300px"))
-        self.open_button = W.Button(description="explore", tooltip="open the selected iteration's episodes, sorted",
-                                    layout=W.Layout(width="90px"))
+        self.iterations = W.Dropdown(
+            description="trajectories", options=[], style={"description_width": "80px"}, layout=W.Layout(width="300px")
+        )
+        self.sort = W.Dropdown(
+            description="sort by",
+            options=SORT_OPTIONS,
+            value=sort,
+            style={"description_width": "50px"},
+            layout=W.Layout(width="300px"),
+        )
+        self.open_button = W.Button(
+            description="explore",
+            tooltip="open the selected iteration's episodes, sorted",
+            layout=W.Layout(width="90px"),
+        )
         self.message = W.HTML()
         self.explorer_box = W.Box(layout=W.Layout(width="100%"))
         self.explorer: TrajectoryExplorer | None = None
@@ -80,8 +89,10 @@ class IterationOpener:
         it = by_name.get(n) if isinstance(n, str) else n
         if isinstance(it, bool) or not isinstance(it, int) or it not in files:
             where = self.run.trajectories if self.run is not None else "(no run folder)"
-            raise ValueError(f"n: expected an iteration with saved episodes in {where} ({', '.join(map(str, files)) or 'none'}), "
-                             f"found {n!r}")
+            raise ValueError(
+                f"n: expected an iteration with saved episodes in {where} ({', '.join(map(str, files)) or 'none'}), "
+                f"found {n!r}"
+            )
         return it
 
     def open_iteration(self, n=None, *, sort: str | None = None, **explorer_options) -> TrajectoryExplorer:
@@ -113,5 +124,7 @@ class IterationOpener:
             self.message.value = f"<span style='color:#b00'>{html.escape(str(exc))}</span>"
             return
         if used != self.sort.value:
-            self.message.value = (f"<i>iteration {it}'s file carries no fields to rank by "
-                                  f"{html.escape(RANKINGS[self.sort.value].short)}: in the explorer's order</i>")
+            self.message.value = (
+                f"<i>iteration {it}'s file carries no fields to rank by "
+                f"{html.escape(RANKINGS[self.sort.value].short)}: in the explorer's order</i>"
+            )

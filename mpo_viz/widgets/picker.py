@@ -48,8 +48,15 @@ class TrajectoryPicker(W.VBox):
     ``on_pick(callback)`` calls ``callback(row)`` when the user (or :meth:`pick`) selects a row.
     """
 
-    def __init__(self, table: pd.DataFrame, *, sort_by: str | None = None, descending: bool = True,
-                 page_size: int = 15, widths: dict | None = None):
+    def __init__(
+        self,
+        table: pd.DataFrame,
+        *,
+        sort_by: str | None = None,
+        descending: bool = True,
+        page_size: int = 15,
+        widths: dict | None = None,
+    ):
         for col in ("row", "traj_id"):
             if col not in table.columns:
                 raise ValueError(f"table: expected a {col!r} column, found {list(table.columns)}")
@@ -63,18 +70,28 @@ class TrajectoryPicker(W.VBox):
         self._order = np.arange(len(self.table))
         self._busy = False
         cols = [c for c in self.table.columns if c != "row"]
-        self.sort_by = W.Dropdown(options=cols, value=sort_by if sort_by in cols else cols[0], description="sort by",
-                                  style={"description_width": "50px"}, layout=W.Layout(width="220px"))
-        self.descending = W.ToggleButton(value=descending, description="desc" if descending else "asc",
-                                         tooltip="descending / ascending", layout=W.Layout(width="60px"))
+        self.sort_by = W.Dropdown(
+            options=cols,
+            value=sort_by if sort_by in cols else cols[0],
+            description="sort by",
+            style={"description_width": "50px"},
+            layout=W.Layout(width="220px"),
+        )
+        self.descending = W.ToggleButton(
+            value=descending,
+            description="desc" if descending else "asc",
+            tooltip="descending / ascending",
+            layout=W.Layout(width="60px"),
+        )
         self.filter = W.Text(placeholder="filter traj_id…", layout=W.Layout(width="140px"))
         self.prev = W.Button(description="◀", tooltip="previous page", layout=W.Layout(width="36px"))
         self.next = W.Button(description="▶", tooltip="next page", layout=W.Layout(width="36px"))
         self.page_label = W.Label(layout=W.Layout(min_width="150px"))
         self.head = W.HTML()
         self.head.add_class("mpo-picker-head")
-        self.select = W.Select(options=[], rows=min(self.page_size, max(1, len(self.table))),
-                               layout=W.Layout(width="100%"))
+        self.select = W.Select(
+            options=[], rows=min(self.page_size, max(1, len(self.table))), layout=W.Layout(width="100%")
+        )
         self.select.add_class("mpo-picker-list")
         self.page = 0
         self.sort_by.observe(lambda _: self._resort(), names="value")
@@ -161,7 +178,10 @@ class TrajectoryPicker(W.VBox):
             self._busy = False
         self.head.value = _NBSP.join(
             (c if len(c) <= self.widths.get(c, 9) else c[: self.widths.get(c, 9)]).rjust(self.widths.get(c, 9))
-            if c != "traj_id" else c.ljust(self.widths[c]) for c in self.columns).replace(" ", _NBSP)
+            if c != "traj_id"
+            else c.ljust(self.widths[c])
+            for c in self.columns
+        ).replace(" ", _NBSP)
         self.page_label.value = f"page {self.page + 1}/{self.n_pages} · {len(self._order):,} of {len(self.table):,}"
 
     @property

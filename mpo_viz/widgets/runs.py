@@ -1,8 +1,9 @@
 """``RunComparison``: several metrics of several run folders, runs grouped (by method, say) with the
 mean and a band over seeds.
 
-Each run folder's ``metrics.jsonl`` is read with :func:`~mpo_viz.widgets.dashboard.read_metrics`
-(nested metrics flattened with ``/``). Every point is a real measurement: a line without the metric
+Each run folder's ``metrics.jsonl`` is read with :func:`~mpo_viz.data.runfolder.read_metrics`
+(nested metrics flattened with ``/``: :func:`~mpo_viz.widgets.dashboard.flatten_keys`). Every point is a real
+measurement: a line without the metric
 (``eval_success`` exists only on evaluation lines) is left out. One panel per metric, against
 ``iteration`` or ``time_s`` (training wall time).
 
@@ -30,7 +31,8 @@ import pandas as pd
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
-from mpo_viz.widgets.dashboard import PALETTE, flatten_keys, panel_of, read_metrics
+from mpo_viz.data.runfolder import read_metrics
+from mpo_viz.widgets.dashboard import PALETTE, flatten_keys, panel_of
 from mpo_viz.widgets.export_bar import Exportable, ExportBar
 from mpo_viz.widgets.figure import FigureWidget, swap_child
 from mpo_viz.widgets.iterations import DEFAULT_SORT, IterationOpener
@@ -80,8 +82,14 @@ def group_table(runs: pd.DataFrame, band: str = "std") -> pd.DataFrame:
     if runs.empty:
         return pd.DataFrame(columns=cols)
     g = runs.groupby(["group", "metric", "iteration"], sort=True)
-    out = g.agg(x=("x", "mean"), mean=("value", "mean"), sd=("value", "std"), lo=("value", "min"),
-                hi=("value", "max"), n=("value", "size")).reset_index()
+    out = g.agg(
+        x=("x", "mean"),
+        mean=("value", "mean"),
+        sd=("value", "std"),
+        lo=("value", "min"),
+        hi=("value", "max"),
+        n=("value", "size"),
+    ).reset_index()
     sd = out["sd"].fillna(0.0)
     out["low"], out["high"] = (out["mean"] - sd, out["mean"] + sd) if band == "std" else (out["lo"], out["hi"])
     return out[cols]
@@ -99,8 +107,17 @@ class RunComparison(Exportable, W.VBox):
     ``configs`` (run -> flattened config), ``figure``, the controls ``metrics``, ``x``, ``group``.
     """
 
-    def __init__(self, run_dirs, *, metrics=("eval_sampled_success", "eval_success"), x: str = "iteration",
-                 group_by=None, band: str = "std", labels=None, sort: str = DEFAULT_SORT):
+    def __init__(
+        self,
+        run_dirs,
+        *,
+        metrics=("eval_sampled_success", "eval_success"),
+        x: str = "iteration",
+        group_by=None,
+        band: str = "std",
+        labels=None,
+        sort: str = DEFAULT_SORT,
+    ):
         self.run_dirs = _check_runs(run_dirs)
         if x not in X_AXES:
             raise ValueError(f"x: expected one of {', '.join(X_AXES)}, found {x!r}")
@@ -116,27 +133,43 @@ class RunComparison(Exportable, W.VBox):
         self.configs = {d: _config(d) for d in self.run_dirs}
         self.tags = self._tags(group_by)
         self.records: dict[Path, list[dict]] = {}
-        self.metrics = W.SelectMultiple(description="metrics", options=metrics, value=tuple(metrics), rows=5,
-                                        layout=W.Layout(width="360px"))
-        self.x = W.Dropdown(description="x", options=[(v, k) for k, v in X_AXES.items()], value=x,
-                            layout=W.Layout(width="280px"))
-        self.group = W.Dropdown(description="group by", options=self._group_options(group_by),
-                                value=_group_key(group_by), layout=W.Layout(width="300px"))
+        self.metrics = W.SelectMultiple(
+            description="metrics", options=metrics, value=tuple(metrics), rows=5, layout=W.Layout(width="360px")
+        )
+        self.x = W.Dropdown(
+            description="x", options=[(v, k) for k, v in X_AXES.items()], value=x, layout=W.Layout(width="280px")
+        )
+        self.group = W.Dropdown(
+            description="group by",
+            options=self._group_options(group_by),
+            value=_group_key(group_by),
+            layout=W.Layout(width="300px"),
+        )
         self.refresh_button = W.Button(description="refresh", layout=W.Layout(width="90px"))
         self.figure: FigureWidget | None = None
         self.figure_box = W.VBox(layout=W.Layout(width="100%"))
         self.export = ExportBar(basename="mpo_viz_runs")
         #: a chosen run's iterations: its episodes in an explorer below, sorted (as the dashboard's)
-        self.run = W.Dropdown(description="run", options=[(lb, str(d)) for lb, d in zip(self.labels, self.run_dirs)],
-                              style={"description_width": "30px"}, layout=W.Layout(width="320px"))
+        self.run = W.Dropdown(
+            description="run",
+            options=[(lb, str(d)) for lb, d in zip(self.labels, self.run_dirs)],
+            style={"description_width": "30px"},
+            layout=W.Layout(width="320px"),
+        )
         self.opener = IterationOpener(self.run_dirs[0], sort=sort)
         self.run.observe(lambda ch: self.opener.set_run(ch["new"]), names="value")
         for w in (self.metrics, self.x, self.group):
             w.observe(lambda _: self._redraw(), names="value")
         self.refresh_button.on_click(lambda _: self.refresh())
-        super().__init__([W.HBox([self.metrics, W.VBox([self.x, self.group]), self.refresh_button]),
-                          self.figure_box, self.export, W.HBox([self.run, self.opener.controls]),
-                          self.opener.explorer_box])
+        super().__init__(
+            [
+                W.HBox([self.metrics, W.VBox([self.x, self.group]), self.refresh_button]),
+                self.figure_box,
+                self.export,
+                W.HBox([self.run, self.opener.controls]),
+                self.opener.explorer_box,
+            ]
+        )
         self.add_class("mpo-run-comparison")
         self.add_class("mpo-view")
         self.refresh()
@@ -155,16 +188,24 @@ class RunComparison(Exportable, W.VBox):
     def _group_options(self, group_by) -> list:
         """The dropdown's choices: each run alone, the tags given, and the config fields whose
         values differ between the runs (seed aside)."""
-        fields = sorted({k for c in self.configs.values() for k in c if k not in _NOT_GROUPS
-                         and len({json.dumps(c.get(k), sort_keys=True) for c in self.configs.values()}) > 1})
+        fields = sorted(
+            {
+                k
+                for c in self.configs.values()
+                for k in c
+                if k not in _NOT_GROUPS
+                and len({json.dumps(c.get(k), sort_keys=True) for c in self.configs.values()}) > 1
+            }
+        )
         opts = [("each run", None)] + ([("tags", "tags")] if self.tags else [])
         key = _group_key(group_by)
         if isinstance(group_by, str | list | tuple):
             fields_given = [group_by] if isinstance(group_by, str) else list(group_by)
             for f in fields_given:
                 if not any(f in c for c in self.configs.values()):
-                    raise ValueError(f"group_by: expected a config field of the runs (nested ones joined with "
-                                     f"'/'), found {f!r}")
+                    raise ValueError(
+                        f"group_by: expected a config field of the runs (nested ones joined with '/'), found {f!r}"
+                    )
             if key not in fields:
                 opts.append((" + ".join(fields_given), key))
         return opts + [(f, f) for f in fields]
@@ -184,10 +225,11 @@ class RunComparison(Exportable, W.VBox):
         """Re-read every run's metrics.jsonl and redraw."""
         keys: list[str] = []
         for d in self.run_dirs:
-            recs, _, pending = read_metrics(d / "metrics.jsonl")
-            self.records[d] = recs + ([pending] if pending else [])
-            keys += [k for r in self.records[d] for k, v in r.items()
-                     if _num(v) is not None and panel_of(k) is not None]
+            got = read_metrics(d / "metrics.jsonl")
+            self.records[d] = [flatten_keys(r) for r in got.records + ([got.pending] if got.pending else [])]
+            keys += [
+                k for r in self.records[d] for k, v in r.items() if _num(v) is not None and panel_of(k) is not None
+            ]
         cur = tuple(self.metrics.value)
         opts = sorted(set(keys) | set(cur))
         if list(self.metrics.options) != opts:
@@ -203,8 +245,9 @@ class RunComparison(Exportable, W.VBox):
         does; the "run" menu follows."""
         d = self.run_dirs[run] if isinstance(run, int) and not isinstance(run, bool) else Path(run)
         if d not in self.run_dirs:
-            raise ValueError(f"run: expected one of the runs ({', '.join(map(str, self.run_dirs))}) or an index, "
-                             f"found {str(run)!r}")
+            raise ValueError(
+                f"run: expected one of the runs ({', '.join(map(str, self.run_dirs))}) or an index, found {str(run)!r}"
+            )
         self.run.value = str(d)
         return self.opener.open_iteration(n, sort=sort, **explorer_options)
 
@@ -264,8 +307,12 @@ class RunComparison(Exportable, W.VBox):
                 for tr in _group_traces(sub, g, c, first=i == 0):
                     fig.add_trace(tr, row=i // cols + 1, col=i % cols + 1)
         fig.update_xaxes(title_text=X_AXES[self.x.value])
-        fig.update_layout(height=max(340, 300 * rows), template="plotly_white", margin=dict(l=50, r=20, t=40, b=40),
-                          legend=dict(font=dict(size=10)))
+        fig.update_layout(
+            height=max(340, 300 * rows),
+            template="plotly_white",
+            margin=dict(l=50, r=20, t=40, b=40),
+            legend=dict(font=dict(size=10)),
+        )
         return fig
 
     # --- export ---------------------------------------------------------------------------------------
@@ -292,13 +339,37 @@ def _group_traces(sub: pd.DataFrame, group: str, colour: str, *, first: bool) ->
     if (n > 1).any():
         xs = np.concatenate([x, x[::-1]])
         ys = np.concatenate([sub["high"].to_numpy(), sub["low"].to_numpy()[::-1]])
-        out.append(go.Scatter(x=xs, y=ys, fill="toself", mode="lines", line=dict(width=0), fillcolor=colour,
-                              opacity=0.18, hoverinfo="skip", showlegend=False, legendgroup=group,
-                              name=f"{group} band", meta=f"band:{group}"))
-    out.append(go.Scatter(x=x, y=sub["mean"].to_numpy(), mode="lines+markers", name=group, legendgroup=group,
-                          showlegend=first, meta=group, line=dict(color=colour, width=2), marker=dict(size=5),
-                          customdata=n, hovertemplate=f"{group}<br>%{{x}}: %{{y:.4g}} (mean of %{{customdata}} "
-                                                      f"runs)<extra></extra>"))
+        out.append(
+            go.Scatter(
+                x=xs,
+                y=ys,
+                fill="toself",
+                mode="lines",
+                line=dict(width=0),
+                fillcolor=colour,
+                opacity=0.18,
+                hoverinfo="skip",
+                showlegend=False,
+                legendgroup=group,
+                name=f"{group} band",
+                meta=f"band:{group}",
+            )
+        )
+    out.append(
+        go.Scatter(
+            x=x,
+            y=sub["mean"].to_numpy(),
+            mode="lines+markers",
+            name=group,
+            legendgroup=group,
+            showlegend=first,
+            meta=group,
+            line=dict(color=colour, width=2),
+            marker=dict(size=5),
+            customdata=n,
+            hovertemplate=f"{group}<br>%{{x}}: %{{y:.4g}} (mean of %{{customdata}} runs)<extra></extra>",
+        )
+    )
     return out
 
 

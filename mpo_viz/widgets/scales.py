@@ -3,7 +3,8 @@
 The strip on its own saturates each channel at that channel's 99th percentile on the trajectory
 shown, so two strips (or one strip before and after a slider move) colour the same number
 differently. :class:`ColourScale` fixes the advantage channels (``adv_*``) on one number and MAE's
-within-turn channel of the multiscale estimator (``micro_*``, :func:`mpo_viz.advantages.multiscale_estimator`) on another, by mode (:data:`mpo_viz.render.strip.SCALE_MODES`):
+within-turn channel of the multiscale estimator (``micro_*``, :func:`mpo_viz.advantages.multiscale_estimator`) on
+another, by mode (:data:`mpo_viz.render.strip.SCALE_MODES`):
 
 * ``"absolute"`` — computed once from the whole batch under the options the view opened with (the
   99th percentile of ``|A|`` over every action token, the largest over the estimators): the same
@@ -48,15 +49,20 @@ class ColourScale:
             raise ValueError(f"scale: expected one of {SCALE_MODES} or a number > 0, found {mode!r}")
         mask = batch.mask
         advs = {k: a for k, (a, _) in results.items()}
-        self.absolute_adv = fixed if fixed is not None else (
-            max((robust_scale(a, mask) for a in advs.values()), default=1.0))
+        self.absolute_adv = (
+            fixed if fixed is not None else (max((robust_scale(a, mask) for a in advs.values()), default=1.0))
+        )
         micro = registry.multiscale_estimator(advs)
-        self.absolute_micro = (robust_scale(within_turn_part(advs[micro], mask, batch.turn_ids), mask)
-                               if micro else 1.0)
+        self.absolute_micro = robust_scale(within_turn_part(advs[micro], mask, batch.turn_ids), mask) if micro else 1.0
         self.fixed = fixed is not None
-        self.control = W.Dropdown(options=[(_LABELS[m], m) for m in SCALE_MODES], value=mode, description="colours",
-                                  tooltip="colour scale of the advantage channels",
-                                  style={"description_width": "48px"}, layout=W.Layout(width="250px"))
+        self.control = W.Dropdown(
+            options=[(_LABELS[m], m) for m in SCALE_MODES],
+            value=mode,
+            description="colours",
+            tooltip="colour scale of the advantage channels",
+            style={"description_width": "48px"},
+            layout=W.Layout(width="250px"),
+        )
 
     @property
     def mode(self) -> str:

@@ -68,7 +68,10 @@ class Snapshot:
 
     def render(self) -> str:
         stamp = _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
-        foot = f"<footer>mpo_viz {html.escape(__version__)} · widget snapshot {stamp} · self-contained: opens offline</footer>"
+        foot = (
+            f"<footer>mpo_viz {html.escape(__version__)} · widget snapshot {stamp} · "
+            "self-contained: opens offline</footer>"
+        )
         return page_html(self.title, "\n".join(self.parts), footer=foot, figure_ids=self.figures)
 
     def write(self, path, text: str | None = None) -> str:

@@ -68,9 +68,11 @@ def split_payload(payload: dict) -> tuple[dict, dict]:
         return payload_lists(payload), {}
     wire = {k: v for k, v in payload.items() if k not in ("mask", "turn_ids")}
     wire["channels"] = {k: None for k in payload.get("channels", {})}
-    arrays = {"channels": {k: _buffer(v, "<f8") for k, v in payload.get("channels", {}).items()},
-              "mask": _buffer(payload["mask"], "u1"),
-              "turn_ids": _buffer(payload["turn_ids"], "<i4")}
+    arrays = {
+        "channels": {k: _buffer(v, "<f8") for k, v in payload.get("channels", {}).items()},
+        "mask": _buffer(payload["mask"], "u1"),
+        "turn_ids": _buffer(payload["turn_ids"], "<i4"),
+    }
     return wire, arrays
 
 
@@ -82,8 +84,9 @@ def join_payload(wire: dict, arrays: dict | None, *, as_arrays: bool = False) ->
     out = dict(wire)
     out["mask"] = np.frombuffer(arrays["mask"], dtype=np.uint8).copy()
     out["turn_ids"] = np.frombuffer(arrays["turn_ids"], dtype="<i4").astype(np.int32)
-    out["channels"] = {k: np.frombuffer(arrays["channels"][k], dtype="<f8").astype(np.float64)
-                       for k in wire.get("channels", {})}
+    out["channels"] = {
+        k: np.frombuffer(arrays["channels"][k], dtype="<f8").astype(np.float64) for k in wire.get("channels", {})
+    }
     return out if as_arrays else payload_lists(out)
 
 
@@ -157,15 +160,19 @@ class StripWidget(anywidget.AnyWidget):
                 raise ValueError(f"channels[{k!r}]: expected {n} values (one per token), found {len(v)}")
             vals[k] = np.ascontiguousarray(v, dtype=np.float64)  # an array of that dtype: not copied
         info = {k: v for k, v in (channel_info or {}).items() if k in have}
-        patch: dict = {"channels": {**self._patch.get("channels", {}), **vals},
-                 "channel_info": {**self._patch.get("channel_info", {}), **info}}
+        patch: dict = {
+            "channels": {**self._patch.get("channels", {}), **vals},
+            "channel_info": {**self._patch.get("channel_info", {}), **info},
+        }
         if focus is not None:
             patch["focus"] = int(focus)
         elif "focus" in self._patch:
             patch["focus"] = self._patch["focus"]
         self._patch = patch
-        self._payload = apply_patch(self.payload_dict, {"channels": vals, "channel_info": info,
-                                                        **({"focus": int(focus)} if focus is not None else {})})
+        self._payload = apply_patch(
+            self.payload_dict,
+            {"channels": vals, "channel_info": info, **({"focus": int(focus)} if focus is not None else {})},
+        )
         with self.hold_sync():
             self.patch = payload_json({**patch, "channels": {k: None for k in patch["channels"]}})
             self.patch_arrays = {k: _buffer(v, "<f8") for k, v in patch["channels"].items()}
@@ -184,8 +191,11 @@ class StripWidget(anywidget.AnyWidget):
         p = join_payload(json.loads(self.payload or "{}"), self.arrays, as_arrays=True)
         patch = json.loads(self.patch) if self.patch else None
         if patch:
-            patch["channels"] = {k: np.frombuffer(self.patch_arrays[k], dtype="<f8").astype(np.float64) if v is None
-                                 else np.array([np.nan if x is None else x for x in v], dtype=np.float64)
-                                 for k, v in patch.get("channels", {}).items()}
+            patch["channels"] = {
+                k: np.frombuffer(self.patch_arrays[k], dtype="<f8").astype(np.float64)
+                if v is None
+                else np.array([np.nan if x is None else x for x in v], dtype=np.float64)
+                for k, v in patch.get("channels", {}).items()
+            }
         p = apply_patch(p, patch)
         return p if as_arrays else payload_lists(p)

@@ -37,11 +37,14 @@ class VarianceView(Exportable, W.Box):
     ``opened`` (traj_ids opened so far, in order).
     """
 
-    def __init__(self, batch: TrajectoryBatch | str | Path, *, max_points: int = 5000, page_size: int = 10, **explorer_options):
+    def __init__(
+        self, batch: TrajectoryBatch | str | Path, *, max_points: int = 5000, page_size: int = 10, **explorer_options
+    ):
         self.batch = as_batch(batch)
         if self.batch.values is None:
-            raise ValueError("batch: VarianceView needs values (the 'values' field: a critic's or an oracle's); "
-                             "this batch has none")
+            raise ValueError(
+                "batch: VarianceView needs values (the 'values' field: a critic's or an oracle's); this batch has none"
+            )
         self.table = an.value_variance(self.batch)
         self.summary = an.variance_summary(self.table)
         fig = plots.across_within(self.table, max_points=max_points, source=an.values_source(self.batch))
@@ -51,8 +54,9 @@ class VarianceView(Exportable, W.Box):
         self.figure.data[0].on_click(self._clicked)
         t = self.table[["traj_id", "reward", "n_turns", "across", "within", "ratio"]].copy()
         t.insert(0, "row", range(len(t)))
-        self.picker = TrajectoryPicker(t.rename(columns={"n_turns": "turns"}), sort_by="ratio", descending=True,
-                                       page_size=page_size)
+        self.picker = TrajectoryPicker(
+            t.rename(columns={"n_turns": "turns"}), sort_by="ratio", descending=True, page_size=page_size
+        )
         self.picker.on_pick(self.open_trajectory)
         self.explorer_options = explorer_options
         self.explorer: TrajectoryExplorer | None = None
@@ -60,13 +64,15 @@ class VarianceView(Exportable, W.Box):
         s = self.summary
         self.info = W.HTML(
             f"<b>{s['n_traj']:,} trajectories</b> · median across/within {s['median_ratio']:.3g} · "
-            f"share with across &gt; within {s['share_across_gt_within']:.1%} · click a point or pick a row")
+            f"share with across &gt; within {s['share_across_gt_within']:.1%} · click a point or pick a row"
+        )
         self.export = ExportBar(basename="mpo_viz_variance")
         self.export.set_tables(self.tables())
         self.right = W.VBox(layout=W.Layout(flex="1 1 600px", min_width="560px", overflow="hidden"))
         # the scatter takes the room it gets (400+ points need it); the explorer wraps below when narrow
-        left = W.VBox([self.info, self.figure, self.picker, self.export],
-                      layout=W.Layout(flex="1 1 720px", min_width="520px"))
+        left = W.VBox(
+            [self.info, self.figure, self.picker, self.export], layout=W.Layout(flex="1 1 720px", min_width="520px")
+        )
         super().__init__([left, self.right], layout=W.Layout(display="flex", flex_flow="row wrap", width="100%"))
         self.add_class("mpo-variance")
         self.add_class("mpo-view")
@@ -96,8 +102,6 @@ class VarianceView(Exportable, W.Box):
 
     def figures(self) -> dict:
         return {"across_within": self.figure}
-
-
 
     def to_html(self, path=None) -> str:
         """Static snapshot: summary, the figure, and the opened trajectory's explorer view."""

@@ -1,7 +1,6 @@
 """Shared fixtures of the adapter tests: a local tokenizer folder with a chat template (built here,
 nothing is downloaded) and the sample logs of trajectories/samples."""
 
-
 import pytest
 
 WORDS = "you are an agent . task : add 2 and 3 then 4 calc + result 5 9 answer correct wrong the is".split()
@@ -20,9 +19,9 @@ def tok_dir(tmp_path_factory):
 
 @pytest.fixture(scope="session")
 def tok(tok_dir):
-    from mpo_viz.adapters.chat import load_tokenizer
+    from mpo_viz.data.token_text import load_local_tokenizer
 
-    return load_tokenizer(tok_dir)
+    return load_local_tokenizer(tok_dir)
 
 
 @pytest.fixture(scope="session")

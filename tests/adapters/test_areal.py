@@ -30,8 +30,9 @@ def records(raw):
     out = []
     for i in range(len(raw["rewards"])):
         n = int(raw["attention_mask"][i].sum())
-        rec = {k: raw[k][i, :n].tolist() for k in ("input_ids", "loss_mask", "logprobs", "versions", "turn_ids",
-                                                    "values")}
+        rec = {
+            k: raw[k][i, :n].tolist() for k in ("input_ids", "loss_mask", "logprobs", "versions", "turn_ids", "values")
+        }
         rec["rewards"] = float(raw["rewards"][i])
         out.append(rec)
     return out
@@ -66,12 +67,20 @@ def test_the_sample_round_trips_to_the_source_fields(raw, tmp_path):
         assert r["loss_mask"] == m[p:].tolist()
         np.testing.assert_array_equal(r["rollout_logprobs"], raw["logprobs"][i, p:n])
         np.testing.assert_array_equal(r["versions"], raw["versions"][i, p:n])
-        np.testing.assert_array_equal(r["values"], raw["values"][i, p - 1:n - 1])  # one position later
+        np.testing.assert_array_equal(r["values"], raw["values"][i, p - 1 : n - 1])  # one position later
         assert r["reward"] == float(raw["rewards"][i])
         assert r["turn_ids"] == turn_ids_loop(raw["turn_ids"][i, p:n], m[p:])
         assert r["policy_version"] == raw["versions"][i, p:n][m[p:] == 1].min()
-    assert set(rep.fields_mapped) == {"input_ids", "attention_mask", "loss_mask", "turn_ids", "versions", "rewards",
-                                      "logprobs", "values"}
+    assert set(rep.fields_mapped) == {
+        "input_ids",
+        "attention_mask",
+        "loss_mask",
+        "turn_ids",
+        "versions",
+        "rewards",
+        "logprobs",
+        "values",
+    }
     assert rep.fields_dropped == {}
 
 
@@ -114,14 +123,17 @@ def test_every_form_gives_the_same_rows(raw, tmp_path, form):
             np.testing.assert_allclose(a[k], w[k], rtol=1e-6)
 
 
-@pytest.mark.parametrize("areal, mask, want, renumbered", [
-    ([-1, 0, 0, -1, 1, 1, -1], [0, 1, 1, 0, 1, 1, 0], [0, 0, 0, 0, 1, 1, 1], False),
-    ([-1, 2, 2, -1, 5, -1], [0, 1, 1, 0, 1, 0], [0, 0, 0, 0, 1, 1], True),  # gaps closed
-    ([0, 0, -1, 0, 1], [1, 1, 0, 1, 1], [0, 0, 0, 0, 1], False),  # one turn around a tool reply, then a new one
-    ([0, 1, 1], [1, 1, 1], [0, 1, 1], False),  # a new turn without a token between
-    ([-1, -1], [0, 0], [0, 0], False),  # nothing generated
-    ([7], [1], [0], True),  # one-token turn
-])
+@pytest.mark.parametrize(
+    "areal, mask, want, renumbered",
+    [
+        ([-1, 0, 0, -1, 1, 1, -1], [0, 1, 1, 0, 1, 1, 0], [0, 0, 0, 0, 1, 1, 1], False),
+        ([-1, 2, 2, -1, 5, -1], [0, 1, 1, 0, 1, 0], [0, 0, 0, 0, 1, 1], True),  # gaps closed
+        ([0, 0, -1, 0, 1], [1, 1, 0, 1, 1], [0, 0, 0, 0, 1], False),  # one turn around a tool reply, then a new one
+        ([0, 1, 1], [1, 1, 1], [0, 1, 1], False),  # a new turn without a token between
+        ([-1, -1], [0, 0], [0, 0], False),  # nothing generated
+        ([7], [1], [0], True),  # one-token turn
+    ],
+)
 def test_areal_turn_ids_by_hand(areal, mask, want, renumbered):
     ids, bad, ren = areal_turn_ids(areal, mask)
     assert bad is None and ids.tolist() == want == turn_ids_loop(areal, mask) and ren == renumbered
@@ -137,10 +149,13 @@ def test_areal_turn_ids_against_the_loop():
         assert bad is None and got.tolist() == turn_ids_loop(ids, mask)
 
 
-@pytest.mark.parametrize("ids, mask, found", [
-    ([0, -1, 1], [1, 1, 1], "-1 at response position 1"),
-    ([1, -1, 0], [1, 0, 1], "0 after 1 at response position 2"),
-])
+@pytest.mark.parametrize(
+    "ids, mask, found",
+    [
+        ([0, -1, 1], [1, 1, 1], "-1 at response position 1"),
+        ([1, -1, 0], [1, 0, 1], "0 after 1 at response position 2"),
+    ],
+)
 def test_bad_turn_ids_are_refused(ids, mask, found):
     rec = {"input_ids": [5, 6, 7, 8], "loss_mask": [0, *mask], "turn_ids": [-1, *ids], "rewards": 1.0}
     with pytest.raises(TrajectoryError, match=rf"row 0, traj_id='row0': field 'turn_ids': expected .*found {found}"):
@@ -158,8 +173,11 @@ def test_row_errors_name_the_line_and_field(raw, tmp_path):
     short = dict(recs[1], logprobs=recs[1]["logprobs"][:-1])
     two = dict(recs[2], loss_mask=[2 if i == 50 else x for i, x in enumerate(recs[2]["loss_mask"])])
     src = _jsonl(tmp_path, [recs[0], short, two, recs[3]])
-    with pytest.raises(TrajectoryError, match=r"r\.jsonl, line 2, traj_id='line2': field 'logprobs': expected areal layout: "
-                                              rf"{len(recs[1]['input_ids'])} entries"):
+    with pytest.raises(
+        TrajectoryError,
+        match=r"r\.jsonl, line 2, traj_id='line2': field 'logprobs': expected areal layout: "
+        rf"{len(recs[1]['input_ids'])} entries",
+    ):
         from_areal(src)
     b, rep = from_areal(src, errors="collect")
     assert len(b) == 2 and b.traj_ids == ["line1", "line4"]
@@ -169,7 +187,9 @@ def test_row_errors_name_the_line_and_field(raw, tmp_path):
 
 def test_padding_must_be_on_the_right():
     rec = {"input_ids": [5, 6, 7], "attention_mask": [0, 1, 1], "loss_mask": [0, 1, 1], "rewards": 0.0}
-    with pytest.raises(TrajectoryError, match=r"field 'attention_mask': expected areal layout: 1s then 0s .*found 0 at position 0"):
+    with pytest.raises(
+        TrajectoryError, match=r"field 'attention_mask': expected areal layout: 1s then 0s .*found 0 at position 0"
+    ):
         from_areal([rec])
 
 
@@ -181,8 +201,11 @@ def test_a_row_without_generated_tokens_is_refused():
 def test_a_batch_after_compute_advantages_is_refused_even_when_collecting(raw):
     batch = {k: torch.from_numpy(v) for k, v in raw.items()}
     batch["advantages"] = torch.zeros_like(batch["logprobs"])
-    with pytest.raises(TrajectoryError, match=r"field 'advantages': expected areal layout: a rollout batch before "
-                                              r"compute_advantages"):
+    with pytest.raises(
+        TrajectoryError,
+        match=r"field 'advantages': expected areal layout: a rollout batch before "
+        r"compute_advantages",
+    ):
         from_areal(batch, errors="collect")
 
 
@@ -196,15 +219,37 @@ def test_a_pickle_is_never_unpickled(tmp_path):
 
 def test_areal_text_dump_is_explained(tmp_path):
     """AReaL's own rollout dump (workflow_executor._dump_trajectory) holds text, not token ids."""
-    src = _jsonl(tmp_path, [{"task_id": 0, "sample_idx": 0, "seqlen": 9, "prompt_len": 4, "head_version": 1,
-                             "tail_version": 1, "reward": 1.0, "prompt": "2+3?", "completion": "5"}])
+    src = _jsonl(
+        tmp_path,
+        [
+            {
+                "task_id": 0,
+                "sample_idx": 0,
+                "seqlen": 9,
+                "prompt_len": 4,
+                "head_version": 1,
+                "tail_version": 1,
+                "reward": 1.0,
+                "prompt": "2+3?",
+                "completion": "5",
+            }
+        ],
+    )
     with pytest.raises(TrajectoryError, match=r"AReaL's text dump .*no token ids"):
         from_areal(src)
 
 
 def test_other_keys_go_to_extra_json_or_are_reported():
-    rec = {"input_ids": [5, 6, 7], "loss_mask": [0, 1, 1], "rewards": 0.5, "original_rewards": 1.0,
-           "task": "t0", "entropy_like": [0.1, 0.2, 0.3], "traj_id": "a", "group_id": "g"}
+    rec = {
+        "input_ids": [5, 6, 7],
+        "loss_mask": [0, 1, 1],
+        "rewards": 0.5,
+        "original_rewards": 1.0,
+        "task": "t0",
+        "entropy_like": [0.1, 0.2, 0.3],
+        "traj_id": "a",
+        "group_id": "g",
+    }
     b, rep = from_areal([rec])
     r = b.row(0)
     assert (r["traj_id"], r["group_id"], r["reward"]) == ("a", "g", 0.5)

@@ -26,8 +26,9 @@ CASES = [
 
 
 def run(kind, src, out, tok, *extra):
-    return main(["convert", "--from", kind, str(SAMPLES / src), "-o", str(out), *(["--tokenizer", TOK] if tok else []),
-                 *extra])
+    return main(
+        ["convert", "--from", kind, str(SAMPLES / src), "-o", str(out), *(["--tokenizer", TOK] if tok else []), *extra]
+    )
 
 
 @pytest.mark.parametrize("kind,src,tok,n", CASES, ids=[c[1].split("/")[0] for c in CASES])
@@ -46,8 +47,19 @@ def test_chunks_folder_and_report_json(tmp_path, capsys):
     assert run("steps", "rllm_episodes.jsonl", whole, False) == 0
     # chunks of 2 trajectories: as a folder of parts, and joined into one file
     assert run("steps", "rllm_episodes.jsonl", tmp_path / "parts", False, "--chunk-rows", "2") == 0
-    assert run("steps", "rllm_episodes.jsonl", tmp_path / "joined.parquet", False, "--chunk-rows", "2",
-               "--report-json", str(tmp_path / "r.json")) == 0
+    assert (
+        run(
+            "steps",
+            "rllm_episodes.jsonl",
+            tmp_path / "joined.parquet",
+            False,
+            "--chunk-rows",
+            "2",
+            "--report-json",
+            str(tmp_path / "r.json"),
+        )
+        == 0
+    )
     parts = sorted(p.name for p in (tmp_path / "parts").iterdir())
     assert parts == [f"part-{i:05d}.parquet" for i in range(len(parts))] and len(parts) >= 3
     want = mv.load(whole)
@@ -77,7 +89,9 @@ def test_errors_name_the_flag(tmp_path, capsys):
     assert main(["convert", "--from", "skyrl", str(tmp_path / "proto.pkl"), "-o", str(tmp_path / "o.parquet")]) == 1
     assert "pass trust=True (--trust) only for a file you trust" in capsys.readouterr().err
     # a layout from another framework: the error names file, field and the expected layout
-    assert main(["convert", "--from", "skyrl", str(SAMPLES / "openai_chat.jsonl"), "-o", str(tmp_path / "o.parquet")]) == 1
+    assert (
+        main(["convert", "--from", "skyrl", str(SAMPLES / "openai_chat.jsonl"), "-o", str(tmp_path / "o.parquet")]) == 1
+    )
     err = capsys.readouterr().err
     assert "openai_chat.jsonl: field 'prompt_token_ids': expected skyrl layout: a GeneratorOutput dict" in err
     assert "found no 'prompt_token_ids'; keys: ['group_id', 'id', 'messages']" in err
@@ -86,25 +100,74 @@ def test_errors_name_the_flag(tmp_path, capsys):
 def test_collect_lists_bad_rows_and_exits_1(tmp_path, capsys):
     lines = (SAMPLES / "openai_chat.jsonl").read_text().splitlines()
     (tmp_path / "c.jsonl").write_text("\n".join([lines[0], "{oops", lines[1]]) + "\n")
-    assert main(["convert", "--from", "openai", str(tmp_path / "c.jsonl"), "-o", str(tmp_path / "o.parquet"),
-                 "--tokenizer", TOK]) == 1
+    assert (
+        main(
+            [
+                "convert",
+                "--from",
+                "openai",
+                str(tmp_path / "c.jsonl"),
+                "-o",
+                str(tmp_path / "o.parquet"),
+                "--tokenizer",
+                TOK,
+            ]
+        )
+        == 1
+    )
     assert "c.jsonl, line 2: field '<line>': expected one JSON object" in capsys.readouterr().err
-    assert main(["convert", "--from", "openai", str(tmp_path / "c.jsonl"), "-o", str(tmp_path / "o.parquet"),
-                 "--tokenizer", TOK, "--errors", "collect"]) == 1
+    assert (
+        main(
+            [
+                "convert",
+                "--from",
+                "openai",
+                str(tmp_path / "c.jsonl"),
+                "-o",
+                str(tmp_path / "o.parquet"),
+                "--tokenizer",
+                TOK,
+                "--errors",
+                "collect",
+            ]
+        )
+        == 1
+    )
     out = capsys.readouterr().out
     assert "rejected rows         1" in out and "line 2: field '<line>'" in out
     assert len(mv.load(tmp_path / "o.parquet")) == 2
 
 
 def test_framework_names_and_a_text_file_given_as_verl(tmp_path, capsys):
-    assert main(["convert", "--from", "rllm", str(SAMPLES / "rllm_episodes.jsonl"), "-o", str(tmp_path / "r.parquet")]) == 0
+    assert (
+        main(["convert", "--from", "rllm", str(SAMPLES / "rllm_episodes.jsonl"), "-o", str(tmp_path / "r.parquet")])
+        == 0
+    )
     assert len(mv.load(tmp_path / "r.parquet")) == 10
     capsys.readouterr()
-    assert main(["convert", "--from", "verl", str(SAMPLES / "openai_chat.jsonl"), "-o", str(tmp_path / "o.parquet")]) == 1
-    assert ("openai_chat.jsonl: field '<file>': expected verl layout: a torch.save'd batch (zip archive) or a pickled "
-            "DataProto, found a file starting with b'{\"id'") in capsys.readouterr().err
+    assert (
+        main(["convert", "--from", "verl", str(SAMPLES / "openai_chat.jsonl"), "-o", str(tmp_path / "o.parquet")]) == 1
+    )
+    assert (
+        "openai_chat.jsonl: field '<file>': expected verl layout: a torch.save'd batch (zip archive) or a pickled "
+        "DataProto, found a file starting with b'{\"id'"
+    ) in capsys.readouterr().err
 
 
 def test_binary_input_for_a_text_layout(tmp_path, capsys):
     assert main(["convert", "--from", "steps", str(SAMPLES / "verl_batch.pt"), "-o", str(tmp_path / "o.parquet")]) == 1
     assert "verl_batch.pt: field '<file>': expected steps layout: a UTF-8 JSONL file" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("kind,src,tok,n", CASES, ids=[c[1].split("/")[0] for c in CASES])
+def test_the_report_and_rows_do_not_depend_on_the_chunks(tmp_path, kind, src, tok, n):
+    # one trajectory (or one token's worth) a chunk against everything at once: the same report, the same rows
+    from mpo_viz.adapters import convert
+
+    opts = {"tokenizer": TOK} if tok else {}
+    whole = convert(kind, SAMPLES / src, tmp_path / "whole.parquet", **opts)
+    for name, chunks in (("rows", {"chunk_rows": 1}), ("tokens", {"chunk_tokens": 1})):
+        part = convert(kind, SAMPLES / src, tmp_path / f"{name}.parquet", **opts, **chunks)
+        assert part.to_json() == whole.to_json(), name
+        got, want = mv.load(tmp_path / f"{name}.parquet"), mv.load(tmp_path / "whole.parquet")
+        assert [row_to_json(r) for r in got.rows()] == [row_to_json(r) for r in want.rows()]

@@ -25,8 +25,11 @@ def make_samples(load_script):
 
 def test_samples_regenerate_identically(tmp_path, make_samples):
     make_samples.main(tmp_path)
-    shipped = sorted(p.relative_to(SAMPLES) for p in SAMPLES.rglob("*") if p.is_file() and p.suffix != ".py"
-                     and "__pycache__" not in p.parts)
+    shipped = sorted(
+        p.relative_to(SAMPLES)
+        for p in SAMPLES.rglob("*")
+        if p.is_file() and p.suffix != ".py" and "__pycache__" not in p.parts
+    )
     made = sorted(p.relative_to(tmp_path) for p in tmp_path.rglob("*") if p.is_file())
     assert made == shipped
     for rel in shipped:

@@ -52,10 +52,15 @@ def test_scalar_rewards_and_groups_from_prompts():
 
 
 def test_step_wise_output_is_merged():
-    out = {"prompt_token_ids": [P0, P0 + C0 + OBS, P0], "response_ids": [C0, C1, C1],
-           "rewards": [[0.0] * 5, [0, 0, 1.0], [0, 0, 0.5]], "loss_masks": [[1] * 5, [1] * 3, [1] * 3],
-           "is_last_step": [False, True, True], "stop_reasons": ["tool_call", "stop", "stop"],
-           "trajectory_ids": [{"instance_id": "q", "repetition_id": 0}] * 2 + [{"instance_id": "q", "repetition_id": 1}]}
+    out = {
+        "prompt_token_ids": [P0, P0 + C0 + OBS, P0],
+        "response_ids": [C0, C1, C1],
+        "rewards": [[0.0] * 5, [0, 0, 1.0], [0, 0, 0.5]],
+        "loss_masks": [[1] * 5, [1] * 3, [1] * 3],
+        "is_last_step": [False, True, True],
+        "stop_reasons": ["tool_call", "stop", "stop"],
+        "trajectory_ids": [{"instance_id": "q", "repetition_id": 0}] * 2 + [{"instance_id": "q", "repetition_id": 1}],
+    }
     b, rep = from_skyrl(out)
     assert b.traj_ids == ["q_0", "q_1"]
     r = b.row(0)
@@ -68,8 +73,16 @@ def test_json_files_and_refusals(tmp_path):
     (tmp_path / "g.json").write_text(json.dumps(output()))
     b, _ = from_skyrl(tmp_path / "g.json")
     assert len(b) == 2
-    (tmp_path / "g.jsonl").write_text(json.dumps(output()) + "\n" + json.dumps(output(trajectory_ids=[
-        {"instance_id": "q2", "repetition_id": 0}, {"instance_id": "q2", "repetition_id": 1}])) + "\n")
+    (tmp_path / "g.jsonl").write_text(
+        json.dumps(output())
+        + "\n"
+        + json.dumps(
+            output(
+                trajectory_ids=[{"instance_id": "q2", "repetition_id": 0}, {"instance_id": "q2", "repetition_id": 1}]
+            )
+        )
+        + "\n"
+    )
     b2, rep = from_skyrl(tmp_path / "g.jsonl")
     assert b2.traj_ids == ["q1_0", "q1_1", "q2_0", "q2_1"] and rep.rows_in == 4
     with open(tmp_path / "g.pkl", "wb") as fh:
@@ -77,14 +90,20 @@ def test_json_files_and_refusals(tmp_path):
     with pytest.raises(ValueError, match=r"g.pkl: a pickle can run code .* trust=True \(--trust\)"):
         from_skyrl(tmp_path / "g.pkl")
     assert len(from_skyrl(tmp_path / "g.pkl", trust=True)[0]) == 2
-    with pytest.raises(TrajectoryError, match=r"field 'loss_masks': expected skyrl layout: one entry per row like "
-                                              r"'response_ids' \(2\), found 1"):
+    with pytest.raises(
+        TrajectoryError,
+        match=r"field 'loss_masks': expected skyrl layout: one entry per row like "
+        r"'response_ids' \(2\), found 1",
+    ):
         from_skyrl(output(loss_masks=[[1]]))
     with pytest.raises(TrajectoryError, match=r"field 'rewards': expected skyrl layout: a GeneratorOutput dict"):
         from_skyrl({k: v for k, v in output().items() if k != "rewards"})
     bad = output(rewards=[[0.0] * 12, [0.0] * 3])
-    with pytest.raises(TrajectoryError, match=r"row 0, traj_id='q1_0': field 'rewards': expected skyrl layout: 13 "
-                                              r"per-token rewards"):
+    with pytest.raises(
+        TrajectoryError,
+        match=r"row 0, traj_id='q1_0': field 'rewards': expected skyrl layout: 13 "
+        r"per-token rewards",
+    ):
         from_skyrl(bad)
     b3, rep3 = from_skyrl(bad, errors="collect")
     assert b3.traj_ids == ["q1_1"] and rep3.rejected[0].row == 0

@@ -21,14 +21,38 @@ def write_trl(path, rows):
 
 
 def test_trl_text_rows(tmp_path, tok):
-    f = write_trl(tmp_path / "completions" / "completions_00010.parquet", [
-        {"step": 10, "prompt": "task : add 2 and 3", "completion": "calc 2 + 3 result 5 answer 5", "correctness": 1.0,
-         "format": 0.5, "advantage": 0.7, "note": "a"},
-        {"step": 10, "prompt": "task : add 2 and 3", "completion": "answer 9", "correctness": 0.0,
-         "format": float("nan"), "advantage": -0.7, "note": "b"},
-        {"step": 10, "prompt": "task : add 3 and 4", "completion": "answer 9", "correctness": None,
-         "format": None, "advantage": 0.0, "note": "c"},
-    ])
+    f = write_trl(
+        tmp_path / "completions" / "completions_00010.parquet",
+        [
+            {
+                "step": 10,
+                "prompt": "task : add 2 and 3",
+                "completion": "calc 2 + 3 result 5 answer 5",
+                "correctness": 1.0,
+                "format": 0.5,
+                "advantage": 0.7,
+                "note": "a",
+            },
+            {
+                "step": 10,
+                "prompt": "task : add 2 and 3",
+                "completion": "answer 9",
+                "correctness": 0.0,
+                "format": float("nan"),
+                "advantage": -0.7,
+                "note": "b",
+            },
+            {
+                "step": 10,
+                "prompt": "task : add 3 and 4",
+                "completion": "answer 9",
+                "correctness": None,
+                "format": None,
+                "advantage": 0.0,
+                "note": "c",
+            },
+        ],
+    )
     b, rep = from_trl(tmp_path / "completions", tokenizer=tok)
     r = b.row(0)
     assert b.traj_ids == ["completions_00010/0", "completions_00010/1", "completions_00010/2"]
@@ -45,11 +69,23 @@ def test_trl_text_rows(tmp_path, tok):
 
 
 def test_trl_conversational_rows_get_turns(tmp_path, tok):
-    comp = [{"role": "assistant", "content": "calc 2 + 3"}, {"role": "tool", "content": "result 5", "reward": 0.25},
-            {"role": "assistant", "content": "answer 5"}]
-    f = write_trl(tmp_path / "completions_00001.parquet", [
-        {"step": 1, "prompt": json.loads(json.dumps([SYSTEM, USER])), "completion": comp, "correctness": 1.0,
-         "advantage": 0.5}])
+    comp = [
+        {"role": "assistant", "content": "calc 2 + 3"},
+        {"role": "tool", "content": "result 5", "reward": 0.25},
+        {"role": "assistant", "content": "answer 5"},
+    ]
+    f = write_trl(
+        tmp_path / "completions_00001.parquet",
+        [
+            {
+                "step": 1,
+                "prompt": json.loads(json.dumps([SYSTEM, USER])),
+                "completion": comp,
+                "correctness": 1.0,
+                "advantage": 0.5,
+            }
+        ],
+    )
     b, rep = from_trl(f, tokenizer=tok)
     r = b.row(0)
     assert r["response_ids"] == [20, 15, 21, 17, 6, 5, 22, 23, 6, 4, 25, 23, 6]
@@ -60,11 +96,16 @@ def test_trl_conversational_rows_get_turns(tmp_path, tok):
 
 def test_trl_refusals(tmp_path, tok):
     f = write_trl(tmp_path / "completions_00002.parquet", [{"step": 2, "prompt": "task", "advantage": 0.0}])
-    with pytest.raises(TrajectoryError, match=r"completions_00002.parquet: field 'completion': expected trl layout: a "
-                                              r"completions_\*.parquet with columns step, prompt, completion"):
+    with pytest.raises(
+        TrajectoryError,
+        match=r"completions_00002.parquet: field 'completion': expected trl layout: a "
+        r"completions_\*.parquet with columns step, prompt, completion",
+    ):
         from_trl(f, tokenizer=tok, errors="collect")
-    f = write_trl(tmp_path / "completions_00003.parquet", [
-        {"step": 3, "prompt": "task", "completion": [{"role": "assistant", "content": "answer"}], "r": 1.0}])
+    f = write_trl(
+        tmp_path / "completions_00003.parquet",
+        [{"step": 3, "prompt": "task", "completion": [{"role": "assistant", "content": "answer"}], "r": 1.0}],
+    )
     b, rep = from_trl(f, tokenizer=tok, errors="collect")
     assert len(b) == 0 and rep.rejected[0].row == 0 and rep.rejected[0].field == "completion"
     assert "both text, or both lists of chat messages" in rep.rejected[0].expected
@@ -77,15 +118,51 @@ def art_rows():
         return {"role": role, "content": content, "tool_calls": None, "tool_call_id": None, "trainable": trainable}
 
     shot = [msg("user", "task : add 2 and 2"), msg("assistant", "answer 4")]  # a few-shot example, not trainable
-    convo = [msg("system", "you are an agent ."), *shot, msg("user", "task : add 2 and 3"),
-             msg("assistant", "calc 2 + 3", True), msg("tool", "result 5"), msg("assistant", "answer 5", True)]
+    convo = [
+        msg("system", "you are an agent ."),
+        *shot,
+        msg("user", "task : add 2 and 3"),
+        msg("assistant", "calc 2 + 3", True),
+        msg("tool", "result 5"),
+        msg("assistant", "answer 5", True),
+    ]
     return [
-        {"format_version": 2, "group_index": 0, "trajectory_index": 0, "reward": 1.0, "messages": convo,
-         "metrics": json.dumps({"calls": 1}), "metadata": None, "tools": None, "logs": ["ok"], "trajectory_json": "{}"},
-        {"format_version": 2, "group_index": 0, "trajectory_index": 1, "reward": 0.0, "messages": convo[:5],
-         "metrics": None, "metadata": None, "tools": None, "logs": None, "trajectory_json": "{}"},
-        {"format_version": 2, "group_index": 1, "trajectory_index": None, "reward": None, "messages": None,
-         "metrics": None, "metadata": None, "tools": None, "logs": None, "trajectory_json": None},
+        {
+            "format_version": 2,
+            "group_index": 0,
+            "trajectory_index": 0,
+            "reward": 1.0,
+            "messages": convo,
+            "metrics": json.dumps({"calls": 1}),
+            "metadata": None,
+            "tools": None,
+            "logs": ["ok"],
+            "trajectory_json": "{}",
+        },
+        {
+            "format_version": 2,
+            "group_index": 0,
+            "trajectory_index": 1,
+            "reward": 0.0,
+            "messages": convo[:5],
+            "metrics": None,
+            "metadata": None,
+            "tools": None,
+            "logs": None,
+            "trajectory_json": "{}",
+        },
+        {
+            "format_version": 2,
+            "group_index": 1,
+            "trajectory_index": None,
+            "reward": None,
+            "messages": None,
+            "metrics": None,
+            "metadata": None,
+            "tools": None,
+            "logs": None,
+            "trajectory_json": None,
+        },
     ]
 
 
@@ -97,8 +174,36 @@ def test_art_rows(tmp_path, tok):
     assert b.traj_ids == ["0003/g0/t0", "0003/g0/t1"] and b.group_ids == ["0003/g0", "0003/g0"]
     r = b.row(0)
     # prompt: system, the few-shot user + assistant (not trainable: prompt tokens), the task, <assistant>
-    assert r["prompt_ids"] == [2, 7, 8, 9, 10, 11, 6, 3, 12, 13, 14, 15, 16, 15, 6, 4, 25, 19, 6, 3, 12, 13, 14, 15,
-                               16, 17, 6, 4]
+    assert r["prompt_ids"] == [
+        2,
+        7,
+        8,
+        9,
+        10,
+        11,
+        6,
+        3,
+        12,
+        13,
+        14,
+        15,
+        16,
+        15,
+        6,
+        4,
+        25,
+        19,
+        6,
+        3,
+        12,
+        13,
+        14,
+        15,
+        16,
+        17,
+        6,
+        4,
+    ]
     assert r["response_ids"] == [20, 15, 21, 17, 6, 5, 22, 23, 6, 4, 25, 23, 6] and r["num_turns"] == 2
     assert r["reward"] == 1.0 and r["step"] == 3
     assert json.loads(r["extra_json"]) == {"metrics": {"calls": 1}, "logs": ["ok"]}

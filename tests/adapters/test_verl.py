@@ -26,9 +26,18 @@ def tiny():
     scores[1, 3] = 0.5
     scores[1, 4] = 1.0
     values = torch.arange(16, dtype=torch.float32).reshape(2, 8) / 10
-    return dict(prompts=prompts, responses=responses, response_mask=rmask, attention_mask=attn,
-                token_level_scores=scores, values=values, old_log_probs=-values, uid=["a", "a"],
-                input_ids=torch.cat([prompts, responses], 1), data_source=["calc", "calc"])
+    return dict(
+        prompts=prompts,
+        responses=responses,
+        response_mask=rmask,
+        attention_mask=attn,
+        token_level_scores=scores,
+        values=values,
+        old_log_probs=-values,
+        uid=["a", "a"],
+        input_ids=torch.cat([prompts, responses], 1),
+        data_source=["calc", "calc"],
+    )
 
 
 def test_hand_computed_rows():
@@ -42,7 +51,9 @@ def test_hand_computed_rows():
     assert r0["token_rewards"] == [0, 0, 0, 0, 0, 1.0] and r0["reward"] == 1.0
     # row 1: the 0.5 on the tool reply (position 3) moves to the last action token before it (position 2)
     assert r1["token_rewards"] == [0, 0, 0.5, 0, 1.0] and r1["reward"] == 1.5
-    assert np.allclose(r1["values"], [0.8, 0.9, 1.0, 1.1, 1.2]) and np.allclose(r1["old_logprobs"], [-0.8, -0.9, -1.0, -1.1, -1.2])
+    assert np.allclose(r1["values"], [0.8, 0.9, 1.0, 1.1, 1.2]) and np.allclose(
+        r1["old_logprobs"], [-0.8, -0.9, -1.0, -1.1, -1.2]
+    )
     assert r0["extra_json"] == '{"data_source":"calc"}'
     assert rep.rows_in == 2 and rep.trajectories == 2 and rep.rewards_moved == 1
     assert set(rep.fields_dropped) == {"attention_mask", "input_ids"}
@@ -50,8 +61,11 @@ def test_hand_computed_rows():
 
 
 def test_obs_reward_error_refuses_the_row():
-    with pytest.raises(TrajectoryError, match=r"row 1, traj_id='a:1': field 'token_level_scores': expected rewards on "
-                                              r"action tokens only \(obs_reward='error'\), found 0.5 on observation token 3"):
+    with pytest.raises(
+        TrajectoryError,
+        match=r"row 1, traj_id='a:1': field 'token_level_scores': expected rewards on "
+        r"action tokens only \(obs_reward='error'\), found 0.5 on observation token 3",
+    ):
         from_verl(tiny(), obs_reward="error")
     b, rep = from_verl(tiny(), obs_reward="error", errors="collect")
     assert b.traj_ids == ["a:0"] and len(b.rejected) == 1 and rep.rejected == b.rejected
@@ -63,7 +77,7 @@ def test_values_alignment():
     d = tiny()
     P, R = 3, 8
     full = torch.randn(2, P + R, generator=torch.Generator().manual_seed(0))
-    d["values"] = full[:, -R - 1: -1] * d["response_mask"]
+    d["values"] = full[:, -R - 1 : -1] * d["response_mask"]
     b, _ = from_verl(d)
     for i in range(2):
         v = np.asarray(b.row(i)["values"])
@@ -73,7 +87,9 @@ def test_values_alignment():
     # the first token of turn 1 (row 0, position 4) gets the critic's output on the tool reply's last
     # token (position P + 3): the value of the state after the observation, V(s_1)
     turns = b.turns()
-    assert np.isclose(turns.loc[(turns.traj_id == "a:0") & (turns.turn == 1), "value_first"].item(), full[0, P + 3].item())
+    assert np.isclose(
+        turns.loc[(turns.traj_id == "a:0") & (turns.turn == 1), "value_first"].item(), full[0, P + 3].item()
+    )
 
 
 def verl_gae(r, v, m, gamma, lam):
@@ -106,16 +122,22 @@ def multi_turn_batch(seed=0, obs_rewards=False):
     scores = torch.zeros(B, R, dtype=torch.float64)
     for i, m in enumerate(masks):
         rm[i, : len(m)] = torch.tensor(m)
-        attn[i, P: P + len(m)] = 1
+        attn[i, P : P + len(m)] = 1
         ends = [t for t in range(len(m)) if m[t] and (t + 1 == len(m) or not m[t + 1])]
         for t in ends:
             scores[i, t] = float(torch.rand(1, generator=g)) - 0.3
         if obs_rewards and not m[-1]:
             scores[i, len(m) - 1] = 1.0  # the score on the last valid token, a tool reply
     values = (torch.rand(B, R, generator=g) * rm).to(torch.float32)
-    return dict(prompts=torch.randint(1, 50, (B, P), generator=g), responses=torch.randint(1, 50, (B, R), generator=g),
-                response_mask=rm, attention_mask=attn, token_level_rewards=scores.to(torch.float32), values=values,
-                uid=["g0", "g0", "g1", "g1"])
+    return dict(
+        prompts=torch.randint(1, 50, (B, P), generator=g),
+        responses=torch.randint(1, 50, (B, R), generator=g),
+        response_mask=rm,
+        attention_mask=attn,
+        token_level_rewards=scores.to(torch.float32),
+        values=values,
+        uid=["g0", "g0", "g1", "g1"],
+    )
 
 
 @pytest.mark.parametrize("gamma,lam", [(1.0, 1.0), (0.99, 0.95), (0.9, 0.5)])
@@ -126,8 +148,9 @@ def test_gae_cross_check_with_verl(gamma, lam):
     d["advantages"], d["returns"] = want_adv.float(), want_ret.float()  # what verl logs
     b, rep = from_verl(d)
     assert rep.rewards_moved == 0
-    adv, ret = gae(b.padded("rewards", torch.float64), b.padded("values", torch.float64), b.mask, gamma=gamma, lam=lam,
-                   whiten=True)
+    adv, ret = gae(
+        b.padded("rewards", torch.float64), b.padded("values", torch.float64), b.mask, gamma=gamma, lam=lam, whiten=True
+    )
     act = b.mask.bool()
     L = b.mask.shape[1]
     assert torch.allclose(adv[act], want_adv[:, :L][act], atol=1e-6)
@@ -160,8 +183,11 @@ def test_files_weights_only_and_trust(tmp_path):
     b, _ = from_verl(tmp_path / "batch.pt")
     assert b.row(1)["token_rewards"] == [0, 0, 0.5, 0, 1.0]
     # nested like a DataProto: batch / non_tensor_batch / meta_info
-    nested = {"batch": {k: v for k, v in d.items() if torch.is_tensor(v)},
-              "non_tensor_batch": {"uid": d["uid"]}, "meta_info": {"global_steps": 7}}
+    nested = {
+        "batch": {k: v for k, v in d.items() if torch.is_tensor(v)},
+        "non_tensor_batch": {"uid": d["uid"]},
+        "meta_info": {"global_steps": 7},
+    }
     torch.save(nested, tmp_path / "nested.pt")
     b2, _ = from_verl(tmp_path / "nested.pt")
     assert b2.field("step") == [7, 7] and b2.row(0)["response_ids"] == b.row(0)["response_ids"]
@@ -171,13 +197,18 @@ def test_files_weights_only_and_trust(tmp_path):
     # numpy arrays inside need unpickling: refused without trust, with a pointer to --trust
     d2 = dict(d, uid=np.array(["a", "a"], dtype=object))
     torch.save(d2, tmp_path / "np.pt")
-    with pytest.raises(ValueError, match=r"np.pt: expected a torch.save'd dict of tensors.*pass trust=True \(--trust\)"):
+    with pytest.raises(
+        ValueError, match=r"np.pt: expected a torch.save'd dict of tensors.*pass trust=True \(--trust\)"
+    ):
         from_verl(tmp_path / "np.pt")
     b3, _ = from_verl(tmp_path / "np.pt", trust=True)
     assert b3.traj_ids == ["a:0", "a:1"]
     # a pickled DataProto-like object (batch + non_tensor_batch attributes): only with trust
-    proto = types.SimpleNamespace(batch={k: v for k, v in d.items() if torch.is_tensor(v)},
-                                  non_tensor_batch={"uid": np.array(["a", "b"], dtype=object)}, meta_info={})
+    proto = types.SimpleNamespace(
+        batch={k: v for k, v in d.items() if torch.is_tensor(v)},
+        non_tensor_batch={"uid": np.array(["a", "b"], dtype=object)},
+        meta_info={},
+    )
     with open(tmp_path / "proto.pkl", "wb") as fh:
         pickle.dump(proto, fh)
     with pytest.raises(ValueError, match="trust"):
@@ -186,12 +217,15 @@ def test_files_weights_only_and_trust(tmp_path):
     assert b4.group_ids == ["a", "b"]
 
 
-@pytest.mark.parametrize("change,field,found", [
-    (lambda d: d.pop("responses"), "responses", "no 'responses'"),
-    (lambda d: d.update(values=torch.zeros(2, 7)), "values", "shape (2, 7)"),
-    (lambda d: (d.pop("response_mask"), d.pop("attention_mask")), "response_mask", "neither"),
-    (lambda d: d.update(response_mask=d["response_mask"] * 2), "response_mask", "2 at row 0, position 0"),
-])
+@pytest.mark.parametrize(
+    "change,field,found",
+    [
+        (lambda d: d.pop("responses"), "responses", "no 'responses'"),
+        (lambda d: d.update(values=torch.zeros(2, 7)), "values", "shape (2, 7)"),
+        (lambda d: (d.pop("response_mask"), d.pop("attention_mask")), "response_mask", "neither"),
+        (lambda d: d.update(response_mask=d["response_mask"] * 2), "response_mask", "2 at row 0, position 0"),
+    ],
+)
 def test_layout_errors_name_field_and_layout(tmp_path, change, field, found):
     d = tiny()
     change(d)

@@ -5,9 +5,19 @@ from __future__ import annotations
 import numpy as np
 
 
-def random_batch(seed: int, B: int = 8, *, dtype=np.float64, adjacent_turns: bool = False,
-                 empty_row: bool = True, obs_inside: bool = False, leading_obs: bool = True,
-                 bootstrap: bool = True, reward_kind: str = "dense", vocab: int = 3):
+def random_batch(
+    seed: int,
+    B: int = 8,
+    *,
+    dtype=np.float64,
+    adjacent_turns: bool = False,
+    empty_row: bool = True,
+    obs_inside: bool = False,
+    leading_obs: bool = True,
+    bootstrap: bool = True,
+    reward_kind: str = "dense",
+    vocab: int = 3,
+):
     """A random (B, L) batch as numpy arrays with explicit turn ids.
 
     Rows: optional leading observation tokens, 1–4 turns of 1–4 action tokens with 0–3 observation
@@ -48,7 +58,7 @@ def random_batch(seed: int, B: int = 8, *, dtype=np.float64, adjacent_turns: boo
     for i, (m, tid) in enumerate(rows):
         M[i, : len(m)] = m
         T[i, : len(tid)] = tid
-        T[i, len(tid):] = tid[-1] if tid else 0
+        T[i, len(tid) :] = tid[-1] if tid else 0
     act = M == 1
     if reward_kind == "dense":
         R = np.where(act & (rng.random((B, L)) < 0.4), rng.normal(size=(B, L)), 0.0)
@@ -73,9 +83,17 @@ def random_batch(seed: int, B: int = 8, *, dtype=np.float64, adjacent_turns: boo
     group_ids = [f"g{int(x)}" for x in rng.integers(0, n_groups, size=B)]
     prompts = {g: rng.integers(0, 5, size=int(rng.integers(1, 4))) for g in set(group_ids)}
     prompt_ids = [prompts[g] for g in group_ids]
-    response_ids = [np.where(M[i] == 1, rng.integers(10, 100, size=L), rng.integers(0, vocab, size=L)) for i in range(B)]
+    response_ids = [
+        np.where(M[i] == 1, rng.integers(10, 100, size=L), rng.integers(0, vocab, size=L)) for i in range(B)
+    ]
     return {
-        "rewards": R.astype(dtype), "values": V.astype(dtype), "mask": M.astype(dtype), "turn_ids": T,
-        "bootstrap_value": boot, "group_ids": group_ids, "prompt_ids": prompt_ids,
-        "response_ids": response_ids, "entropy": H,
+        "rewards": R.astype(dtype),
+        "values": V.astype(dtype),
+        "mask": M.astype(dtype),
+        "turn_ids": T,
+        "bootstrap_value": boot,
+        "group_ids": group_ids,
+        "prompt_ids": prompt_ids,
+        "response_ids": response_ids,
+        "entropy": H,
     }

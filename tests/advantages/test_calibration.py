@@ -60,7 +60,7 @@ def test_expected_credit_is_one_plus_beta_c_times_the_advantage(within):
         for h in itertools.product((0, 1), repeat=t):
             offsets = []
             for a in (0, 1):
-                ext = [s for s in seqs if s[:t + 1] == h + (a,)]
+                ext = [s for s in seqs if s[: t + 1] == h + (a,)]
                 w = np.array([prob(s) for s in ext])
                 expected = float(w @ np.array([credit[s][t] for s in ext]) / w.sum())
                 true_adv = value[h + (a,)] - value[h]  # A^π(h_t, a_t): the values move, no reward inside the turn

@@ -97,8 +97,9 @@ def _call(name, mod, d, opts, turn_ids_given=True):
         return getattr(mod, name)(d["rewards"], d["values"], d["mask"], bootstrap_value=d["bootstrap_value"], **kw)
     if name in ("turn_gae", "mae", "bilevel_gae"):
         tid = d["turn_ids"] if turn_ids_given else None
-        return getattr(mod, name)(d["rewards"], d["values"], d["mask"], turn_ids=tid,
-                                  bootstrap_value=d["bootstrap_value"], **kw)
+        return getattr(mod, name)(
+            d["rewards"], d["values"], d["mask"], turn_ids=tid, bootstrap_value=d["bootstrap_value"], **kw
+        )
     if name == "reinforce_pp":
         return getattr(mod, name)(d["rewards"], d["mask"], **kw)
     if name in ("mt_grpo", "empg"):
@@ -108,8 +109,15 @@ def _call(name, mod, d, opts, turn_ids_given=True):
         return getattr(mod, name)(d["rewards"], d["mask"], d["group_ids"], turn_ids=tid, **kw)
     if name == "gigpo":
         tid = d["turn_ids"] if turn_ids_given else None
-        return getattr(mod, name)(d["rewards"], d["mask"], d["group_ids"], prompt_ids=d["prompt_ids"],
-                                  response_ids=d["response_ids"], turn_ids=tid, **kw)
+        return getattr(mod, name)(
+            d["rewards"],
+            d["mask"],
+            d["group_ids"],
+            prompt_ids=d["prompt_ids"],
+            response_ids=d["response_ids"],
+            turn_ids=tid,
+            **kw,
+        )
     return getattr(mod, name)(d["rewards"], d["mask"], d["group_ids"], **kw)
 
 
@@ -150,40 +158,66 @@ def _degenerate(kind):
     boot = np.where(rng.random(M.shape[0]) < 0.5, 2.0, np.nan)
     H = np.where(M == 1, rng.random(M.shape), np.nan)
     gid = [f"g{i // 2}" for i in range(M.shape[0])]  # the last row of an odd batch is a group of one
-    return {"rewards": R, "values": V, "mask": M, "turn_ids": T, "bootstrap_value": boot, "entropy": H,
-            "group_ids": gid}
+    return {
+        "rewards": R,
+        "values": V,
+        "mask": M,
+        "turn_ids": T,
+        "bootstrap_value": boot,
+        "entropy": H,
+        "group_ids": gid,
+    }
 
 
 @pytest.mark.parametrize("kind", ["all_masked", "no_rows", "no_columns", "one_token_turns"])
-@pytest.mark.parametrize("name,opts", [
-    ("gae", {"gamma": 0.9, "lam": 0.7}),
-    ("turn_gae", {"gamma": 0.8, "turn_gamma": 0.9, "turn_lam": 0.6, "value_at": "mean"}),
-    ("mae", {"gamma": 0.8, "turn_gamma": 0.9, "lam": 0.7, "within": "intra"}),
-    ("mae", {"gamma": 0.8, "turn_gamma": 0.9, "lam": 0.7, "within": "local", "value_at": "last"}),
-    ("mae", {"gamma": 0.8, "turn_gamma": 0.9, "lam": 0.7, "within": "global"}),
-    ("mae", {"gamma": 1.0, "lam": 1.0, "turn_gamma": 0.7, "within": "td", "whiten": True}),
-    ("mae", {"gamma": 0.8, "turn_gamma": 0.9, "within": "baseline", "value_at": "mean"}),
-    ("mae", {"gamma": 1.0, "lam": 1.0, "turn_lam": 1.0, "within": "baseline", "beta": 1.5}),
-    ("gae", {"lam_rule": "relative_position", "q": 0.4}),
-    ("turn_gae", {"lam_rule": "vapo", "alpha": 0.8}),
-    ("mae", {"lam_rule": "relative_position", "q": 0.6}),
-    ("bilevel_gae", {"gamma": 0.9, "lam": 0.8}),
-    ("bilevel_gae", {"gamma": 0.9, "lam": 0.8, "turn_ends": "rewards"}),
-    ("mt_grpo", {}),
-    ("mt_grpo", {"turn_baseline": "index"}),
-    ("mt_grpo", {"turn_baseline": "index_present"}),
-    ("empg", {}),
-])
+@pytest.mark.parametrize(
+    "name,opts",
+    [
+        ("gae", {"gamma": 0.9, "lam": 0.7}),
+        ("turn_gae", {"gamma": 0.8, "turn_gamma": 0.9, "turn_lam": 0.6, "value_at": "mean"}),
+        ("mae", {"gamma": 0.8, "turn_gamma": 0.9, "lam": 0.7, "within": "intra"}),
+        ("mae", {"gamma": 0.8, "turn_gamma": 0.9, "lam": 0.7, "within": "local", "value_at": "last"}),
+        ("mae", {"gamma": 0.8, "turn_gamma": 0.9, "lam": 0.7, "within": "global"}),
+        ("mae", {"gamma": 1.0, "lam": 1.0, "turn_gamma": 0.7, "within": "td", "whiten": True}),
+        ("mae", {"gamma": 0.8, "turn_gamma": 0.9, "within": "baseline", "value_at": "mean"}),
+        ("mae", {"gamma": 1.0, "lam": 1.0, "turn_lam": 1.0, "within": "baseline", "beta": 1.5}),
+        ("gae", {"lam_rule": "relative_position", "q": 0.4}),
+        ("turn_gae", {"lam_rule": "vapo", "alpha": 0.8}),
+        ("mae", {"lam_rule": "relative_position", "q": 0.6}),
+        ("bilevel_gae", {"gamma": 0.9, "lam": 0.8}),
+        ("bilevel_gae", {"gamma": 0.9, "lam": 0.8, "turn_ends": "rewards"}),
+        ("mt_grpo", {}),
+        ("mt_grpo", {"turn_baseline": "index"}),
+        ("mt_grpo", {"turn_baseline": "index_present"}),
+        ("empg", {}),
+    ],
+)
 @pytest.mark.filterwarnings("ignore:group_ids")
 def test_degenerate_batches_match_reference(kind, name, opts):
     d = _degenerate(kind)
     _compare(name, opts, d, np.float64)
     if kind == "one_token_turns" and name in ("turn_gae", "mae"):
         # a one-token turn: R_k = r, Γ_k = γ_T, and MAE gives exactly A^T_k (nothing to centre)
-        tg, _ = A.turn_gae(d["rewards"], d["values"], d["mask"], turn_ids=d["turn_ids"],
-                           bootstrap_value=d["bootstrap_value"], gamma=0.8, turn_gamma=0.9, turn_lam=0.6)
-        tg1, _ = A.turn_gae(d["rewards"], d["values"], d["mask"], turn_ids=d["turn_ids"],
-                            bootstrap_value=d["bootstrap_value"], gamma=0.1, turn_gamma=0.9, turn_lam=0.6)
+        tg, _ = A.turn_gae(
+            d["rewards"],
+            d["values"],
+            d["mask"],
+            turn_ids=d["turn_ids"],
+            bootstrap_value=d["bootstrap_value"],
+            gamma=0.8,
+            turn_gamma=0.9,
+            turn_lam=0.6,
+        )
+        tg1, _ = A.turn_gae(
+            d["rewards"],
+            d["values"],
+            d["mask"],
+            turn_ids=d["turn_ids"],
+            bootstrap_value=d["bootstrap_value"],
+            gamma=0.1,
+            turn_gamma=0.9,
+            turn_lam=0.6,
+        )
         torch.testing.assert_close(tg, tg1, rtol=0, atol=0)  # γ never enters when every turn has one token
 
 
@@ -213,14 +247,18 @@ def test_reinforce_pp_matches_reference(make_random, opts, dtype):
         _compare("reinforce_pp", opts, d, dtype)
 
 
-@pytest.mark.parametrize("opts", [
-    {}, {"omega": 0.5, "step_gamma": 1.0},
-    {"norm": "step_mean_norm", "episode_stats": "trajectories", "whiten": True},  # the former norm="mean"
-    {"norm": "mean_std_norm", "episode_stats": "trajectories"},  # the former default, norm="std"
-    {"norm": "mean_norm"},  # verl-agent's config default
-    {"norm": "mean_norm", "episode_stats": "trajectories", "omega": 0.5},
-    {"norm": "step_mean_norm", "step_gamma": 0.8},
-])
+@pytest.mark.parametrize(
+    "opts",
+    [
+        {},
+        {"omega": 0.5, "step_gamma": 1.0},
+        {"norm": "step_mean_norm", "episode_stats": "trajectories", "whiten": True},  # the former norm="mean"
+        {"norm": "mean_std_norm", "episode_stats": "trajectories"},  # the former default, norm="std"
+        {"norm": "mean_norm"},  # verl-agent's config default
+        {"norm": "mean_norm", "episode_stats": "trajectories", "omega": 0.5},
+        {"norm": "step_mean_norm", "step_gamma": 0.8},
+    ],
+)
 def test_gigpo_matches_reference(make_random, opts):
     for seed in range(4):
         # a tiny observation vocabulary so that anchors repeat and step groups form
@@ -248,9 +286,14 @@ def test_constant_reward_groups_and_groups_of_one():
 def test_synthetic_batch_matches_reference():
     b = make_batch(12, seed=3, turns=(1, 4), turn_len=(1, 6), obs_len=(1, 5), prompt_len=(2, 4), group_size=3)
     d = {
-        "rewards": b.token_rewards.double().numpy(), "values": b.values.double().numpy(), "mask": b.mask.double().numpy(),
-        "turn_ids": b.turn_ids.numpy(), "bootstrap_value": b.bootstrap_value.numpy(), "group_ids": b.group_ids,
-        "prompt_ids": b.field("prompt_ids"), "response_ids": b.field("response_ids"),
+        "rewards": b.token_rewards.double().numpy(),
+        "values": b.values.double().numpy(),
+        "mask": b.mask.double().numpy(),
+        "turn_ids": b.turn_ids.numpy(),
+        "bootstrap_value": b.bootstrap_value.numpy(),
+        "group_ids": b.group_ids,
+        "prompt_ids": b.field("prompt_ids"),
+        "response_ids": b.field("response_ids"),
     }
     for name, opts in CRITIC_CASES[:1] + CRITIC_CASES[5:6] + CRITIC_CASES[8:10] + GROUP_CASES[:1] + [("gigpo", {})]:
         _compare(name, opts, d, np.float64)

@@ -59,7 +59,9 @@ def test_nan_values_on_action_tokens_only():
     V[2, :] = np.inf  # a row without action tokens: fine
     A.gae(R, V, M)
     V[1, 3] = np.inf
-    with pytest.raises(ValueError, match=r"values: row 1, position 3: expected a finite value on an action token, found .*inf"):
+    with pytest.raises(
+        ValueError, match=r"values: row 1, position 3: expected a finite value on an action token, found .*inf"
+    ):
         A.mae(R, V, M)
 
 
@@ -86,8 +88,11 @@ def test_turn_id_problems():
     A.mae(R, V, M, turn_ids=T)
     bad = T.copy()
     bad[1, 3] = 0
-    with pytest.raises(ValueError, match=r"turn_ids: row 1, position 3: expected non-decreasing ids on action "
-                                         r"tokens, found 1 \(position 2\) then 0"):
+    with pytest.raises(
+        ValueError,
+        match=r"turn_ids: row 1, position 3: expected non-decreasing ids on action "
+        r"tokens, found 1 \(position 2\) then 0",
+    ):
         A.mae(R, V, M, turn_ids=bad)
     bad = T.copy()
     bad[0, 3:] = 2
@@ -102,8 +107,11 @@ def test_turn_id_problems():
         A.mae(R, V, M, turn_ids=bad)
     with pytest.raises(ValueError, match=r"turn_ids: expected shape \(3, 5\)"):
         A.mae(R, V, M, turn_ids=T[:, :3])
-    with pytest.raises(ValueError, match=r"turn_ids: row 0, position 0: expected an integer id on an action token, "
-                                         r"found 0.5"):
+    with pytest.raises(
+        ValueError,
+        match=r"turn_ids: row 0, position 0: expected an integer id on an action token, "
+        r"found 0.5",
+    ):
         A.mae(R, V, M, turn_ids=T + 0.5)
 
 
@@ -174,17 +182,26 @@ def test_renamed_and_new_choices_name_option_expected_and_found():
     R, V, M = _ok()
     g, tok = [0, 0, 1], dict(prompt_ids=[[1]] * 3, response_ids=[[1] * 5] * 3)
     # gigpo's former norm names say what they are now
-    with pytest.raises(ValueError, match=r"norm: expected one of 'mean_std_norm', 'mean_norm', 'step_mean_norm', "
-                                         r"found 'std' \(the former 'std' is norm='mean_std_norm', "
-                                         r"episode_stats='trajectories'\)"):
+    with pytest.raises(
+        ValueError,
+        match=r"norm: expected one of 'mean_std_norm', 'mean_norm', 'step_mean_norm', "
+        r"found 'std' \(the former 'std' is norm='mean_std_norm', "
+        r"episode_stats='trajectories'\)",
+    ):
         A.gigpo(R, M, g, norm="std", **tok)
-    with pytest.raises(ValueError, match=r"found 'mean' \(the former 'mean' is norm='step_mean_norm', "
-                                         r"episode_stats='trajectories'\)"):
+    with pytest.raises(
+        ValueError,
+        match=r"found 'mean' \(the former 'mean' is norm='step_mean_norm', "
+        r"episode_stats='trajectories'\)",
+    ):
         A.gigpo(R, M, g, norm="mean", **tok)
     with pytest.raises(ValueError, match=r"episode_stats: expected one of 'steps', 'trajectories', found 'rows'"):
         A.gigpo(R, M, g, episode_stats="rows", **tok)
-    with pytest.raises(ValueError, match=r"turn_baseline: expected one of 'loo', 'index', 'index_present', "
-                                         r"found 'present'"):
+    with pytest.raises(
+        ValueError,
+        match=r"turn_baseline: expected one of 'loo', 'index', 'index_present', "
+        r"found 'present'",
+    ):
         A.mt_grpo(R, M, g, turn_baseline="present")
     with pytest.raises(ValueError, match=r"turn_ends: expected one of 'turns', 'rewards', found 'eos'"):
         A.bilevel_gae(R, V, M, turn_ends="eos")
@@ -226,12 +243,28 @@ def _corrupt(kind):
 
 # The fast paths check the tokens inside the estimator kernels (one pass over the data); every kind
 # of problem must still surface as the validator's message, for every such kernel.
-_KINDS = ["mask", "reward_nan", "reward_inf_masked", "reward_masked", "value_nan", "tid_dec", "tid_neg",
-          "tid_skip", "tid_first"]
-_USES = {"gae": {"values"}, "vapo": {"values"}, "mae": {"values", "turns"}, "turn_gae": {"values", "turns"},
-         "reinforce_pp": set()}
+_KINDS = [
+    "mask",
+    "reward_nan",
+    "reward_inf_masked",
+    "reward_masked",
+    "value_nan",
+    "tid_dec",
+    "tid_neg",
+    "tid_skip",
+    "tid_first",
+]
+_USES = {
+    "gae": {"values"},
+    "vapo": {"values"},
+    "mae": {"values", "turns"},
+    "turn_gae": {"values", "turns"},
+    "reinforce_pp": set(),
+}
 _FUSED_CASES = [
-    (fn, kind) for fn, uses in _USES.items() for kind in _KINDS
+    (fn, kind)
+    for fn, uses in _USES.items()
+    for kind in _KINDS
     if (not kind.startswith("tid") or "turns" in uses) and (kind != "value_nan" or "values" in uses)
 ]
 

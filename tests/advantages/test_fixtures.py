@@ -57,13 +57,21 @@ def test_fixture_ran_the_original_function(fixture):
 
 # ----------------------------------------------------------------------------- GiGPO (verl-agent)
 
+
 def _gigpo(mod, case):
     x = GIGPO["inputs"][case["inputs"]]
     mask, rewards, tid = _arrays(x, "mask", "rewards", "turn_ids")
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # groups of one (test_warnings.py)
-        adv, ret = mod.gigpo(rewards, mask, x["group_ids"], prompt_ids=x["prompt_ids"],
-                             response_ids=x["response_ids"], turn_ids=tid, **case["options"])
+        adv, ret = mod.gigpo(
+            rewards,
+            mask,
+            x["group_ids"],
+            prompt_ids=x["prompt_ids"],
+            response_ids=x["response_ids"],
+            turn_ids=tid,
+            **case["options"],
+        )
     return np.asarray(adv), np.asarray(ret), mask
 
 
@@ -80,10 +88,12 @@ def test_gigpo_matches_verl_agent(case):
 
 def test_gigpo_issue_minimal_case_in_numbers():
     # one group: trajectories of 1 and 3 turns, scores 1 and 0 (verl-agent per step row, issue 53)
-    want = {("mean_std_norm", "steps"): [2.2071, -1.2071, -0.5, -0.5],
-            ("mean_norm", "steps"): [1.25, -0.75, -0.25, -0.25],
-            ("mean_std_norm", "trajectories"): [1.4142, -1.4142, -0.7071, -0.7071],
-            ("mean_norm", "trajectories"): [1.0, -1.0, -0.5, -0.5]}
+    want = {
+        ("mean_std_norm", "steps"): [2.2071, -1.2071, -0.5, -0.5],
+        ("mean_norm", "steps"): [1.25, -0.75, -0.25, -0.25],
+        ("mean_std_norm", "trajectories"): [1.4142, -1.4142, -0.7071, -0.7071],
+        ("mean_norm", "trajectories"): [1.0, -1.0, -0.5, -0.5],
+    }
     for case in GIGPO["cases"]:
         if case["inputs"] == "issue_minimal":
             key = (case["options"]["norm"], case["options"]["episode_stats"])
@@ -98,21 +108,24 @@ def test_gigpo_defaults_are_verl_agents_mean_std_norm():
     mask, rewards, tid = _arrays(x, "mask", "rewards", "turn_ids")
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        adv, _ = A.gigpo(rewards, mask, x["group_ids"], prompt_ids=x["prompt_ids"], response_ids=x["response_ids"],
-                         turn_ids=tid)
+        adv, _ = A.gigpo(
+            rewards, mask, x["group_ids"], prompt_ids=x["prompt_ids"], response_ids=x["response_ids"], turn_ids=tid
+        )
     on = mask == 1
     np.testing.assert_allclose(adv.numpy()[on], np.asarray(case["advantages"])[on], rtol=0, atol=TOL)
 
 
 # ----------------------------------------------------------------------------- MT-GRPO
 
+
 def _mt(mod, case, turn_baseline):
     x = MT_GRPO["inputs"][case["inputs"]]
     mask, rewards = _arrays(x, "mask", "rewards")
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        adv, ret = mod.mt_grpo(rewards, mask, x["group_ids"], turn_baseline=turn_baseline, eps=1e-4,
-                               turn_coef=case["options"]["turn_coef"])
+        adv, ret = mod.mt_grpo(
+            rewards, mask, x["group_ids"], turn_baseline=turn_baseline, eps=1e-4, turn_coef=case["options"]["turn_coef"]
+        )
     return np.asarray(adv), np.asarray(ret), mask
 
 
@@ -161,6 +174,7 @@ def test_mt_grpo_group_of_one_differs_by_design():
 
 
 # ----------------------------------------------------------------------------- RAGEN bi-level GAE
+
 
 def _bilevel(mod, case, turn_ends):
     x = RAGEN["inputs"][case["inputs"]]
@@ -225,6 +239,7 @@ def test_bilevel_gae_rewards_rule_where_ragen_raises():
 
 # ----------------------------------------------------------------------------- AReaL λ rules
 
+
 @pytest.mark.parametrize("case", AREAL["lambda_cases"], ids=lambda c: f"{c['rule']}-{c.get('alpha', c.get('q'))}")
 def test_lambda_rules_match_areal(case):
     lam = lambda_per_row(case["rule"], 1.0, np.asarray(case["lengths"]), case.get("alpha", 0.05), case.get("q", 0.5))
@@ -239,6 +254,7 @@ def test_gae_with_lambda_rules_matches_areal(case):
     if case["estimator"] == "gae":
         adv, _ = A.gae(rewards, values, mask, gamma=case["discount"], lam_rule=case["lam_rule"], **kw)
     else:
-        adv, _ = A.turn_gae(rewards, values, mask, turn_ids=tid, gamma=1.0, turn_gamma=case["discount"],
-                            lam_rule=case["lam_rule"], **kw)
+        adv, _ = A.turn_gae(
+            rewards, values, mask, turn_ids=tid, gamma=1.0, turn_gamma=case["discount"], lam_rule=case["lam_rule"], **kw
+        )
     np.testing.assert_allclose(adv.numpy(), np.asarray(case["advantages"]) * mask, rtol=0, atol=TOL)

@@ -23,15 +23,22 @@ def _user_estimator():
     """A user's estimator with two declared options and one inferred; registered once per process."""
     name = "test_only_scaled_gae"
     if name not in A.available_estimators():
-        @A.register_estimator(name, needs=("values",), inputs=lambda b: ((b.token_rewards, b.values, b.mask), {}),
-                    options=[A.Option("scale", kind="float", low=0.0, high=2.0, label="scale",
-                                      doc="multiplies the GAE advantages"),
-                             A.Option("mode", kind="choice", choices=("plain", "negated"), doc="sign of the output")])
+
+        @A.register_estimator(
+            name,
+            needs=("values",),
+            inputs=lambda b: ((b.token_rewards, b.values, b.mask), {}),
+            options=[
+                A.Option("scale", kind="float", low=0.0, high=2.0, label="scale", doc="multiplies the GAE advantages"),
+                A.Option("mode", kind="choice", choices=("plain", "negated"), doc="sign of the output"),
+            ],
+        )
         def scaled_gae(rewards, values, mask, *, scale=1.0, mode="plain", tag_count=3):
             """GAE times a scale."""
             a, g = A.gae(rewards, values, mask)
             s = scale if mode == "plain" else -scale
             return a * s, g
+
     return name
 
 
@@ -52,15 +59,26 @@ def test_builtin_options_come_from_the_one_vocabulary():
     assert A.vocabulary(["gae", "mpo"])["lam"].default == 1.0
 
 
-@pytest.mark.parametrize("name,opts,match", [
-    ("mpo", {"beta": -0.5}, r"beta: expected a value in \[0, inf\), found -0.5"),
-    ("mpo", {"lam": 1.5}, r"lam: expected a value in \[0, 1\], found 1.5"),
-    ("mpo", {"within": "INTRA"}, r"within: expected one of 'intra', 'local', 'global', 'td', 'baseline', found 'INTRA'"),
-    ("mpo", {"gamma": "0.9"}, r"gamma: expected a number, found '0.9'"),
-    ("mpo", {"whiten": 1}, r"whiten: expected True or False, found 1"),
-    ("vapo", {"alpha": 0.0}, r"alpha: expected a value in \(0, inf\), found 0.0"),
-    ("gae", {"beta": 1.0}, r"options: estimator 'gae' has no option 'beta'; valid options: gamma, lam, lam_rule, alpha, q, whiten"),
-])
+@pytest.mark.parametrize(
+    "name,opts,match",
+    [
+        ("mpo", {"beta": -0.5}, r"beta: expected a value in \[0, inf\), found -0.5"),
+        ("mpo", {"lam": 1.5}, r"lam: expected a value in \[0, 1\], found 1.5"),
+        (
+            "mpo",
+            {"within": "INTRA"},
+            r"within: expected one of 'intra', 'local', 'global', 'td', 'baseline', found 'INTRA'",
+        ),
+        ("mpo", {"gamma": "0.9"}, r"gamma: expected a number, found '0.9'"),
+        ("mpo", {"whiten": 1}, r"whiten: expected True or False, found 1"),
+        ("vapo", {"alpha": 0.0}, r"alpha: expected a value in \(0, inf\), found 0.0"),
+        (
+            "gae",
+            {"beta": 1.0},
+            r"options: estimator 'gae' has no option 'beta'; valid options: gamma, lam, lam_rule, alpha, q, whiten",
+        ),
+    ],
+)
 def test_compute_checks_every_option_against_its_declaration(batch, name, opts, match):
     with pytest.raises(OptionError, match=match) as e:
         A.compute(batch, name, **opts)
@@ -96,7 +114,9 @@ def test_register_refuses_inconsistent_declarations():
 
 def test_split_options_refuses_an_option_nobody_takes():
     assert A.split_options(["mpo", "grpo"], {"beta": 0.5, "eps": 0.1, "lam": None}) == {
-        "mpo": {"beta": 0.5}, "grpo": {"eps": 0.1}}
+        "mpo": {"beta": 0.5},
+        "grpo": {"eps": 0.1},
+    }
     with pytest.raises(OptionError, match=r"beta: none of the estimators gae, grpo takes this option \(mpo does\)"):
         A.split_options(["gae", "grpo"], {"beta": 0.5})
     with pytest.raises(OptionError, match=r"estimators: unknown estimator 'MPO' \(names are lower case: 'mpo'\)"):
@@ -107,7 +127,10 @@ def test_split_options_refuses_an_option_nobody_takes():
 def test_user_estimator_with_options_runs_and_is_checked(batch):
     name = _user_estimator()
     assert [(o.name, o.kind, o.default) for o in A.estimator_options(name)] == [
-        ("scale", "float", 1.0), ("mode", "choice", "plain"), ("tag_count", "int", 3)]
+        ("scale", "float", 1.0),
+        ("mode", "choice", "plain"),
+        ("tag_count", "int", 3),
+    ]
     res = A.compute(batch, name, scale=0.5, mode="negated")
     torch.testing.assert_close(res.advantages, -0.5 * A.compute(batch, "gae").advantages)
     with pytest.raises(OptionError, match=r"scale: expected a value in \[0, 2\], found 3"):
@@ -130,14 +153,18 @@ def test_user_estimator_shows_in_cli_help_and_runs_from_flags(batch, tmp_path, c
     path = tmp_path / "b.parquet"
     mv.save(batch, path)
     out_path = tmp_path / "o.parquet"
-    assert main(["advantages", str(path), "-e", f"gae,{name}", "--scale", "0.25", "-o", str(out_path),
-                 "--no-progress"]) == 0
+    assert (
+        main(["advantages", str(path), "-e", f"gae,{name}", "--scale", "0.25", "-o", str(out_path), "--no-progress"])
+        == 0
+    )
     got = mv.load(out_path)
     m = batch.mask.numpy() != 0
     ref = 0.25 * A.compute(batch, "gae").advantages.numpy()[m]
     assert abs(got.padded(f"adv_{name}").numpy()[m] - ref).max() < 1e-6
-    assert main(["advantages", str(path), "-e", name, "--scale", "5", "-o", str(tmp_path / "x.parquet"),
-                 "--no-progress"]) == 1
+    assert (
+        main(["advantages", str(path), "-e", name, "--scale", "5", "-o", str(tmp_path / "x.parquet"), "--no-progress"])
+        == 1
+    )
     assert "error: --scale: expected a value in [0, 2], found 5.0" in capsys.readouterr().err
 
 
@@ -149,7 +176,11 @@ def test_user_estimator_shows_in_the_explorer(batch):
     name = _user_estimator()
     ex = TrajectoryExplorer(batch, estimators=["mpo", name])
     c = ex.params.controls
-    assert isinstance(c["scale"], W.FloatSlider) and (c["scale"].min, c["scale"].max, c["scale"].value) == (0.0, 2.0, 1.0)
+    assert isinstance(c["scale"], W.FloatSlider) and (c["scale"].min, c["scale"].max, c["scale"].value) == (
+        0.0,
+        2.0,
+        1.0,
+    )
     assert isinstance(c["mode"], W.Dropdown) and c["mode"].options == ("plain", "negated")
     assert isinstance(c["tag_count"], W.IntText)
     assert isinstance(c["beta"], W.FloatSlider) and c["beta"].max == 3.0  # β's slider span

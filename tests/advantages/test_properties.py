@@ -30,6 +30,7 @@ def _turn_means(x, d):
 
 # ----------------------------------------------------------------------------- closed forms
 
+
 def test_gae_lambda_one_is_reward_to_go_minus_value():
     # γ = λ = 1: A_t = Σ_{t'≥t} r_{t'} + bootstrap − V_t; observation tokens skipped
     M = np.array([[1, 1, 0, 0, 1, 1, 0]], dtype=np.float64)
@@ -131,8 +132,7 @@ def test_gigpo_by_hand():
     resp = [[50, 7, 51], [52, 7, 53], [54, 8, 55]]
     prompts = [[1, 2]] * 3
     # per-trajectory episode statistics (GRPO over the three scores; the former default)
-    a, _ = A.gigpo(R, M, ["q"] * 3, prompt_ids=prompts, response_ids=resp, step_gamma=0.5,
-                   episode_stats="trajectories")
+    a, _ = A.gigpo(R, M, ["q"] * 3, prompt_ids=prompts, response_ids=resp, step_gamma=0.5, episode_stats="trajectories")
     s = np.array([1.0, 0.5, 0.0])
     a_e = (s - s.mean()) / (s.std(ddof=1) + 1e-6)
     step0 = np.array([0.5 * 1.0, 0.5, 0.0])  # Σ γ^{k'} R_{k'} from turn 0
@@ -159,8 +159,16 @@ def test_gigpo_empty_observation_is_no_anchor():
     T = np.array([[0, 0, 1, 1], [0, 0, 1, 1], [0, 0, 1, 1], [0, 0, 1, 1]])
     R = np.array([[0, 0, 0, 1.0], [0, 0, 0, 0], [0, 0, 0, 1.0], [0, 0, 0, 0]])
     resp = [[50, 51, 52, 53], [54, 55, 56, 57], [58, 7, 59, 60], [61, 7, 62, 63]]
-    a, _ = A.gigpo(R, M, ["q"] * 4, prompt_ids=[[1, 2]] * 4, response_ids=resp, turn_ids=T, step_gamma=0.5,
-                   episode_stats="trajectories")
+    a, _ = A.gigpo(
+        R,
+        M,
+        ["q"] * 4,
+        prompt_ids=[[1, 2]] * 4,
+        response_ids=resp,
+        turn_ids=T,
+        step_gamma=0.5,
+        episode_stats="trajectories",
+    )
     s = np.array([1.0, 0, 1, 0])
     a_e = (s - s.mean()) / (s.std(ddof=1) + 1e-6)
     step0 = 0.5 * s  # turn 0 of every row is anchored on the shared prompt
@@ -175,15 +183,21 @@ def test_gigpo_empty_observation_is_no_anchor():
 
 # ----------------------------------------------------------------------------- identities
 
+
 @PROPS
-@given(seed=st.integers(0, 2**31 - 1), beta=st.floats(0, 5), within=st.sampled_from(["intra", "local", "global", "td"]),
-       value_at=st.sampled_from(["first", "last", "mean"]), gamma=st.floats(0.5, 1), lam=st.floats(0, 1))
+@given(
+    seed=st.integers(0, 2**31 - 1),
+    beta=st.floats(0, 5),
+    within=st.sampled_from(["intra", "local", "global", "td"]),
+    value_at=st.sampled_from(["first", "last", "mean"]),
+    gamma=st.floats(0.5, 1),
+    lam=st.floats(0, 1),
+)
 def test_mae_turn_mean_is_turn_gae(seed, beta, within, value_at, gamma, lam):
     d = random_batch(seed, B=6, obs_inside=bool(seed % 2))
     kw = dict(turn_ids=d["turn_ids"], bootstrap_value=d["bootstrap_value"], value_at=value_at, gamma=gamma)
     tg, tret = A.turn_gae(d["rewards"], d["values"], d["mask"], **kw)
-    a, ret = A.mae(d["rewards"], d["values"], d["mask"], beta=beta, within=within, lam=lam,
-                   critic_target="turn", **kw)
+    a, ret = A.mae(d["rewards"], d["values"], d["mask"], beta=beta, within=within, lam=lam, critic_target="turn", **kw)
     for x, y in zip(_turn_means(a, d), _turn_means(tg, d)):
         np.testing.assert_allclose(x, y, rtol=1e-9, atol=1e-9)
     torch.testing.assert_close(ret, tret)
@@ -204,19 +218,32 @@ def test_mae_baseline_turn_mean_moves_by_the_mean_of_u(seed, beta, gamma):
         for k in np.unique(d["turn_ids"][i][act]):
             pos = act[d["turn_ids"][i][act] == k]
             u = v[i, pos[0]] - gamma ** np.arange(len(pos)) * v[i, pos]
-            np.testing.assert_allclose(a.numpy()[i, pos].mean(), tg.numpy()[i, pos[0]] + beta * u.mean(),
-                                       rtol=1e-9, atol=1e-9)
+            np.testing.assert_allclose(
+                a.numpy()[i, pos].mean(), tg.numpy()[i, pos[0]] + beta * u.mean(), rtol=1e-9, atol=1e-9
+            )
 
 
 @PROPS
-@given(seed=st.integers(0, 2**31 - 1), within=st.sampled_from(["intra", "local", "global", "td", "baseline"]),
-       value_at=st.sampled_from(["first", "last", "mean"]), gamma=st.floats(0, 1), lam=st.floats(0, 1),
-       turn_gamma=st.floats(0, 1), turn_lam=st.floats(0, 1))
+@given(
+    seed=st.integers(0, 2**31 - 1),
+    within=st.sampled_from(["intra", "local", "global", "td", "baseline"]),
+    value_at=st.sampled_from(["first", "last", "mean"]),
+    gamma=st.floats(0, 1),
+    lam=st.floats(0, 1),
+    turn_gamma=st.floats(0, 1),
+    turn_lam=st.floats(0, 1),
+)
 def test_beta_zero_is_turn_gae(seed, within, value_at, gamma, lam, turn_gamma, turn_lam):
     # turn_gae = MAE with β = 0 for every option (the same clock on both sides)
     d = random_batch(seed, B=6)
-    kw = dict(turn_ids=d["turn_ids"], bootstrap_value=d["bootstrap_value"], turn_lam=turn_lam,
-              turn_gamma=turn_gamma, gamma=gamma, value_at=value_at)
+    kw = dict(
+        turn_ids=d["turn_ids"],
+        bootstrap_value=d["bootstrap_value"],
+        turn_lam=turn_lam,
+        turn_gamma=turn_gamma,
+        gamma=gamma,
+        value_at=value_at,
+    )
     tg, tret = A.turn_gae(d["rewards"], d["values"], d["mask"], **kw)
     a, ret = A.mae(d["rewards"], d["values"], d["mask"], beta=0.0, within=within, lam=lam, critic_target="turn", **kw)
     torch.testing.assert_close(a, tg, rtol=0, atol=0)
@@ -224,6 +251,7 @@ def test_beta_zero_is_turn_gae(seed, within, value_at, gamma, lam, turn_gamma, t
 
 
 # ----------------------------------------------------------------------------- SMDP discounting
+
 
 def test_turn_gae_smdp_discount_by_hand():
     # turns [r 1, 0, 2 | V 1, 9, 9] and [r 4 | V 3]; γ = 0.5 inside turns, γ_T = 0.8, λ_T = 0.5, bootstrap 5
@@ -316,31 +344,65 @@ unit = st.floats(0, 1)
 
 
 @PROPS
-@given(seed=st.integers(0, 2**31 - 1), name=st.sampled_from(["mae", "turn_gae", "gae"]),
-       gamma=unit, turn_gamma=unit, lam=unit, turn_lam=unit, beta=st.floats(0, 5),
-       within=st.sampled_from(["intra", "local", "global", "td", "baseline"]))
+@given(
+    seed=st.integers(0, 2**31 - 1),
+    name=st.sampled_from(["mae", "turn_gae", "gae"]),
+    gamma=unit,
+    turn_gamma=unit,
+    lam=unit,
+    turn_lam=unit,
+    beta=st.floats(0, 5),
+    within=st.sampled_from(["intra", "local", "global", "td", "baseline"]),
+)
 def test_mc_critic_is_a_fixed_point_for_any_discount(seed, name, gamma, turn_gamma, lam, turn_lam, beta, within):
     # Deterministic episodes, rewards at turn ends, a critic equal to the estimator's own Monte-Carlo
     # returns: every advantage is 0 whatever γ, γ_T, λ, λ_T, β and the within-turn signal
     # (value_at="first"), with or without a bootstrap value, observation tokens anywhere.
     d = random_batch(seed, B=6, reward_kind="turn_end", obs_inside=bool(seed % 2), adjacent_turns=bool(seed % 3 == 0))
     v = _own_mc_returns(name, d, gamma, turn_gamma)
-    a = _call_with_critic(name, d, v, gamma=gamma, turn_gamma=turn_gamma, lam=lam, turn_lam=turn_lam, beta=beta,
-                          within=within, value_at="first")
+    a = _call_with_critic(
+        name,
+        d,
+        v,
+        gamma=gamma,
+        turn_gamma=turn_gamma,
+        lam=lam,
+        turn_lam=turn_lam,
+        beta=beta,
+        within=within,
+        value_at="first",
+    )
     np.testing.assert_allclose(a, 0.0, atol=1e-9)
 
 
 @PROPS
-@given(seed=st.integers(0, 2**31 - 1), name=st.sampled_from(["mae", "turn_gae", "gae"]),
-       turn_gamma=unit, lam=unit, turn_lam=unit, beta=st.floats(0, 5),
-       within=st.sampled_from(["intra", "local", "global", "td", "baseline"]),
-       value_at=st.sampled_from(["first", "last", "mean"]))
-def test_mc_critic_is_a_fixed_point_for_every_value_at_at_gamma_one(seed, name, turn_gamma, lam, turn_lam, beta,
-                                                                     within, value_at):
+@given(
+    seed=st.integers(0, 2**31 - 1),
+    name=st.sampled_from(["mae", "turn_gae", "gae"]),
+    turn_gamma=unit,
+    lam=unit,
+    turn_lam=unit,
+    beta=st.floats(0, 5),
+    within=st.sampled_from(["intra", "local", "global", "td", "baseline"]),
+    value_at=st.sampled_from(["first", "last", "mean"]),
+)
+def test_mc_critic_is_a_fixed_point_for_every_value_at_at_gamma_one(
+    seed, name, turn_gamma, lam, turn_lam, beta, within, value_at
+):
     d = random_batch(seed, B=6, reward_kind="turn_end", obs_inside=bool(seed % 2))
     v = _own_mc_returns(name, d, 1.0, turn_gamma)
-    a = _call_with_critic(name, d, v, gamma=1.0, turn_gamma=turn_gamma, lam=lam, turn_lam=turn_lam, beta=beta,
-                          within=within, value_at=value_at)
+    a = _call_with_critic(
+        name,
+        d,
+        v,
+        gamma=1.0,
+        turn_gamma=turn_gamma,
+        lam=lam,
+        turn_lam=turn_lam,
+        beta=beta,
+        within=within,
+        value_at=value_at,
+    )
     np.testing.assert_allclose(a, 0.0, atol=1e-9)
 
 
@@ -365,14 +427,28 @@ def test_design_identity_mae_equals_token_gae(seed):
     d = random_batch(seed, B=6, reward_kind="turn_end")
     kw = dict(bootstrap_value=d["bootstrap_value"])
     g, _ = A.gae(d["rewards"], d["values"], d["mask"], gamma=1.0, lam=1.0, **kw)
-    a, _ = A.mae(d["rewards"], d["values"], d["mask"], turn_ids=d["turn_ids"], gamma=1.0, lam=1.0,
-                 turn_gamma=1.0, turn_lam=1.0, value_at="mean", within="global", **kw)
+    a, _ = A.mae(
+        d["rewards"],
+        d["values"],
+        d["mask"],
+        turn_ids=d["turn_ids"],
+        gamma=1.0,
+        lam=1.0,
+        turn_gamma=1.0,
+        turn_lam=1.0,
+        value_at="mean",
+        within="global",
+        **kw,
+    )
     torch.testing.assert_close(a, g, rtol=1e-9, atol=1e-9)
 
 
 @PROPS
-@given(seed=st.integers(0, 2**31 - 1), name=st.sampled_from(["gae", "vapo", "turn_gae", "mae", "mae_local"]),
-       dtype=st.sampled_from([np.float32, np.float64]))
+@given(
+    seed=st.integers(0, 2**31 - 1),
+    name=st.sampled_from(["gae", "vapo", "turn_gae", "mae", "mae_local"]),
+    dtype=st.sampled_from([np.float32, np.float64]),
+)
 def test_values_on_observation_tokens_change_nothing(seed, name, dtype):
     d = random_batch(seed, B=6, dtype=dtype, obs_inside=True)
     v2 = d["values"].copy()

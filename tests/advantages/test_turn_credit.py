@@ -23,6 +23,7 @@ GRPO_HALF = 0.5 / (math.sqrt(0.5) + 1e-4)  # GRPO's |A| in a group of two with s
 
 # ----------------------------------------------------------------------------- MT-GRPO by hand
 
+
 def _rows(turn_rewards: list[list[float]], tokens: int = 2):
     """(rewards, mask) for rows whose turn k has ``tokens`` action tokens and reward
     ``turn_rewards[i][k]`` on its last one, one observation token between turns."""
@@ -31,7 +32,7 @@ def _rows(turn_rewards: list[list[float]], tokens: int = 2):
     for i, rs in enumerate(turn_rewards):
         for k, r in enumerate(rs):
             a = k * (tokens + 1)
-            M[i, a:a + tokens] = 1
+            M[i, a : a + tokens] = 1
             R[i, a + tokens - 1] = r
     return R, M
 
@@ -40,7 +41,7 @@ def _per_turn(adv: np.ndarray, M: np.ndarray, tokens: int = 2) -> list[list[floa
     out = []
     for i in range(M.shape[0]):
         k = int(M[i].sum()) // tokens
-        vals = [adv[i, j * (tokens + 1):j * (tokens + 1) + tokens] for j in range(k)]
+        vals = [adv[i, j * (tokens + 1) : j * (tokens + 1) + tokens] for j in range(k)]
         assert all(np.ptp(v) == 0 for v in vals)  # constant over a turn's tokens
         out.append([float(v[0]) for v in vals])
     return out
@@ -64,6 +65,7 @@ def test_mt_grpo_by_hand():
     # no turn part
     adv, _ = A.mt_grpo(R, M, ["g", "g"], turn_baseline="index_present")
     _close(_per_turn(adv.numpy(), M), [[GRPO_HALF] * 3, [-GRPO_HALF]])
+
     # index (MT-GRPO's code): the turn rewards over the whole group, row b's 0 included — a group of two
     # with values x and 0 gives ±(x/2)/(|x|/√2 + ε); row b (one turn) gets GRPO of the scores 1.7 and 0
     def pair(x):
@@ -110,8 +112,12 @@ STOP, TOOL = (None, 0.5), (-0.25, 0.75)
 def _enumerate(n: int, p_tool: float, tool=TOOL, stop=STOP, **opts) -> tuple[float, float]:
     """E[A at row 0's first turn | row 0 called the tool] and | answered at once, exactly: every
     group of n rows (each row one of the four outcomes: stop/tool × fail/succeed) with its probability."""
-    kinds = [(stop, 0.0, (1 - p_tool) * (1 - stop[1])), (stop, 1.0, (1 - p_tool) * stop[1]),
-             (tool, 0.0, p_tool * (1 - tool[1])), (tool, 1.0, p_tool * tool[1])]
+    kinds = [
+        (stop, 0.0, (1 - p_tool) * (1 - stop[1])),
+        (stop, 1.0, (1 - p_tool) * stop[1]),
+        (tool, 0.0, p_tool * (1 - tool[1])),
+        (tool, 1.0, p_tool * tool[1]),
+    ]
     combos = list(itertools.product(range(4), repeat=n))
     rows, gids = [], []
     for c, combo in enumerate(combos):
@@ -180,7 +186,9 @@ def test_index_baseline_charges_the_turn_reward_to_another_turn_as_mt_grpos_code
     for cost in (-0.25, -0.01):
         R, M = _rows([[cost, 1.0], [1.0]])
         a_tool, _ = A.mt_grpo(R, M, ["g", "g"], turn_baseline="index")
-        assert a_tool.numpy()[0, 0] - a_tool.numpy()[0, 3] == pytest.approx(-0.5 / (1 / math.sqrt(2) + 1e-4 / abs(cost)))
+        assert a_tool.numpy()[0, 0] - a_tool.numpy()[0, 3] == pytest.approx(
+            -0.5 / (1 / math.sqrt(2) + 1e-4 / abs(cost))
+        )
 
 
 @pytest.mark.filterwarnings("ignore:group_ids")
@@ -202,6 +210,7 @@ def test_loo_expected_advantage_is_the_true_advantage(cost):
 
 # ----------------------------------------------------------------------------- bi-level GAE by hand
 
+
 def test_bilevel_gae_on_ragens_example_by_hand():
     # RAGEN's core_algos.py example: rewards 1 at positions 4 and 9, V = 0.1..1.0, γ = λ = 1, γ_H = 0.95
     R = np.zeros((1, 10))
@@ -221,6 +230,7 @@ def test_bilevel_gae_on_ragens_example_by_hand():
 
 
 # ----------------------------------------------------------------------------- EMPG by hand
+
 
 def _empg_case():
     # one group of two rows, scores 1 and 0; row 0: turns of 2 and 1 tokens, row 1: one turn of 2
@@ -269,16 +279,22 @@ def test_empg_needs_entropies_and_says_so():
         A.empg(R, M, ["g", "g"], entropy=bad, turn_ids=T)
     batch = make_batch(6, seed=1, turns=(1, 3), group_size=3)
     assert A.missing(batch, "empg") == ["entropy"]  # the views and the report skip it on this batch
-    with pytest.raises(ValueError, match=r"estimator 'empg' needs what this batch lacks — entropy: the policy's "
-                                         r"per-token entropy \(field 'entropy'\)"):
+    with pytest.raises(
+        ValueError,
+        match=r"estimator 'empg' needs what this batch lacks — entropy: the policy's "
+        r"per-token entropy \(field 'entropy'\)",
+    ):
         A.compute(batch, "empg")
     rows = list(batch.rows())
     for i, r in enumerate(rows):
         if i != 4:
             r["entropy"] = [0.5] * len(r["response_ids"])
     part = TrajectoryBatch.from_rows(rows)
-    with pytest.raises(ValueError, match=rf"entropy: row 4 \(traj_id {rows[4]['traj_id']!r}\) has no per-token "
-                                         r"entropies; estimator 'empg' needs them on every row"):
+    with pytest.raises(
+        ValueError,
+        match=rf"entropy: row 4 \(traj_id {rows[4]['traj_id']!r}\) has no per-token "
+        r"entropies; estimator 'empg' needs them on every row",
+    ):
         A.compute(part, "empg")
     for r in rows:
         r["entropy"] = [0.5] * len(r["response_ids"])
@@ -287,6 +303,7 @@ def test_empg_needs_entropies_and_says_so():
 
 
 # ----------------------------------------------------------------------------- λ rules by hand
+
 
 def _terminal_rows(lengths):
     """Rows of ℓ action tokens, reward 1 on the last, values 0."""
@@ -334,7 +351,12 @@ def test_mpo_turn_lambda_follows_the_rule():
         a, _ = A.mae(b.token_rewards, b.values, b.mask, turn_ids=b.turn_ids, lam_rule=rule, **kw)
         # each row equals mae with that row's λ_T as a fixed turn_lam
         for i, k in enumerate(b.num_turns):
-            lam = (max(1 - 1 / (0.6 * k), 0.0) if rule == "vapo" else (0.4 ** (1 / (k - 1)) if k > 1 else 1.0))
-            row, _ = A.mae(b.token_rewards[i:i + 1], b.values[i:i + 1], b.mask[i:i + 1], turn_ids=b.turn_ids[i:i + 1],
-                           turn_lam=float(lam))
-            torch.testing.assert_close(a[i:i + 1], row, rtol=1e-6, atol=1e-6)
+            lam = max(1 - 1 / (0.6 * k), 0.0) if rule == "vapo" else (0.4 ** (1 / (k - 1)) if k > 1 else 1.0)
+            row, _ = A.mae(
+                b.token_rewards[i : i + 1],
+                b.values[i : i + 1],
+                b.mask[i : i + 1],
+                turn_ids=b.turn_ids[i : i + 1],
+                turn_lam=float(lam),
+            )
+            torch.testing.assert_close(a[i : i + 1], row, rtol=1e-6, atol=1e-6)

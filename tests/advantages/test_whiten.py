@@ -46,8 +46,13 @@ def _masks():
     one[2, 5] = 1
     two = np.zeros((4, 7))
     two[1, 0] = two[3, 6] = 1
-    return [("dense", dense), ("one_token", one), ("two_tokens", two), ("all_masked", np.zeros((4, 7))),
-            ("all_action", np.ones((4, 7)))]
+    return [
+        ("dense", dense),
+        ("one_token", one),
+        ("two_tokens", two),
+        ("all_masked", np.zeros((4, 7))),
+        ("all_action", np.ones((4, 7))),
+    ]
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
@@ -137,6 +142,7 @@ def test_row_moments_and_merge():
 
 # ----------------------------------------------------------------------------- the estimators
 
+
 def _run(name, d, whiten, **opts):
     R, V, M, T = d["rewards"], d["values"], d["mask"], d["turn_ids"]
     if name in ("gae", "vapo"):
@@ -146,22 +152,39 @@ def _run(name, d, whiten, **opts):
     if name == "reinforce_pp":
         return A.reinforce_pp(R, M, whiten=whiten, **opts)
     if name == "gigpo":
-        return A.gigpo(R, M, d["group_ids"], prompt_ids=d["prompt_ids"], response_ids=d["response_ids"],
-                       turn_ids=T, whiten=whiten, **opts)
+        return A.gigpo(
+            R,
+            M,
+            d["group_ids"],
+            prompt_ids=d["prompt_ids"],
+            response_ids=d["response_ids"],
+            turn_ids=T,
+            whiten=whiten,
+            **opts,
+        )
     return getattr(A, name)(R, M, d["group_ids"], whiten=whiten, **opts)
 
 
 ESTIMATORS = [
-    ("gae", {"gamma": 0.9, "lam": 0.95}), ("vapo", {}), ("turn_gae", {"turn_lam": 0.8}),
-    ("mae", {}), ("mae", {"within": "local", "critic_target": "turn", "gamma": 0.9}),
-    ("reinforce_pp", {"gamma": 0.95}), ("grpo", {}), ("rloo", {}), ("reinforce_pp_baseline", {}), ("gigpo", {}),
+    ("gae", {"gamma": 0.9, "lam": 0.95}),
+    ("vapo", {}),
+    ("turn_gae", {"turn_lam": 0.8}),
+    ("mae", {}),
+    ("mae", {"within": "local", "critic_target": "turn", "gamma": 0.9}),
+    ("reinforce_pp", {"gamma": 0.95}),
+    ("grpo", {}),
+    ("rloo", {}),
+    ("reinforce_pp_baseline", {}),
+    ("gigpo", {}),
 ]
 
 
 def _edge_batches(dtype):
     """Random batches (with an empty row and a one-token row), one action token, none at all."""
-    out = [("random", random_batch(0, B=9, dtype=dtype)), ("random_adjacent", random_batch(1, B=7, dtype=dtype,
-                                                                                          adjacent_turns=True))]
+    out = [
+        ("random", random_batch(0, B=9, dtype=dtype)),
+        ("random_adjacent", random_batch(1, B=7, dtype=dtype, adjacent_turns=True)),
+    ]
     d = random_batch(2, B=5, dtype=dtype)
     one = np.zeros_like(d["mask"])
     one[3, 2] = 1
@@ -249,15 +272,17 @@ def test_rows_far_from_zero_are_recomputed_exactly(dtype):
     B = R.shape[0]
     adv, ret = np.empty_like(R), np.empty_like(R)
     w, wsp, wsn = whiten_buffers(B)
-    K.gae_kernel(R, Z, d["mask"], np.full(B, np.nan), 1.0, np.zeros(B), np.nan, adv, ret, np.empty(B, np.int64), 1, w,
-                 wsp, wsn)
+    K.gae_kernel(
+        R, Z, d["mask"], np.full(B, np.nan), 1.0, np.zeros(B), np.nan, adv, ret, np.empty(B, np.int64), 1, w, wsp, wsn
+    )
     assert (w[act.any(1), 2] == -1).all()
     a, _ = A.gae(R, Z, d["mask"], lam=0.0)
     got, _ = A.gae(R, Z, d["mask"], lam=0.0, whiten=True)
     expect = whiten_reference(a.numpy().copy(), d["mask"])
     # float32 inputs: 1e3 + 1e-3·noise keeps ~4 digits of the noise; compare on that scale
-    np.testing.assert_allclose(got.numpy(), expect, **({"rtol": 1e-7, "atol": 1e-7} if dtype == np.float64
-                                                        else {"rtol": 1e-4, "atol": 1e-4}))
+    np.testing.assert_allclose(
+        got.numpy(), expect, **({"rtol": 1e-7, "atol": 1e-7} if dtype == np.float64 else {"rtol": 1e-4, "atol": 1e-4})
+    )
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
@@ -304,14 +329,52 @@ def test_kernels_record_the_spans_that_hold_the_action_tokens(dtype):
     B, L = m.shape
     adv, ret = np.empty_like(m), np.empty_like(m)
     w, wsp, wsn = whiten_buffers(B)
-    K.gae_kernel(d["rewards"], d["values"], m, np.full(B, np.nan), 1.0, np.full(B, 0.9), np.nan, adv, ret,
-                 np.empty(B, np.int64), 1, w, wsp, wsn)
+    K.gae_kernel(
+        d["rewards"],
+        d["values"],
+        m,
+        np.full(B, np.nan),
+        1.0,
+        np.full(B, 0.9),
+        np.nan,
+        adv,
+        ret,
+        np.empty(B, np.int64),
+        1,
+        w,
+        wsp,
+        wsn,
+    )
     for i in range(B):  # gae: the maximal runs of action tokens
         assert _recorded(wsp, wsn, i) == _runs(m[i]), i
     w, wsp, wsn = whiten_buffers(B)
     e = np.full((B, 0), np.nan)
-    K.mae_kernel(d["rewards"], d["values"], m, T, np.full(B, np.nan), 1.0, 0.95, 1.0, np.full(B, 0.9), 1.0, 0, 0, 0, adv, ret,
-                 e, e, e, e, np.empty(B, np.int64), 1, w, wsp, wsn)
+    K.mae_kernel(
+        d["rewards"],
+        d["values"],
+        m,
+        T,
+        np.full(B, np.nan),
+        1.0,
+        0.95,
+        1.0,
+        np.full(B, 0.9),
+        1.0,
+        0,
+        0,
+        0,
+        adv,
+        ret,
+        e,
+        e,
+        e,
+        e,
+        np.empty(B, np.int64),
+        1,
+        w,
+        wsp,
+        wsn,
+    )
     assert (wsn == -1).all()  # mae records none: each row is rewritten whole
 
 
@@ -339,8 +402,9 @@ def test_rows_with_more_spans_than_recorded_are_rewritten_whole(name, dtype):
     B = 3
     wst, wsp, wsn = whiten_buffers(B)
     adv, ret = np.empty_like(m), np.empty_like(m)
-    K.gae_kernel(R, V, m, np.full(B, np.nan), 1.0, np.full(B, 0.9), np.nan, adv, ret, np.empty(B, np.int64), 1, wst,
-                 wsp, wsn)
+    K.gae_kernel(
+        R, V, m, np.full(B, np.nan), 1.0, np.full(B, 0.9), np.nan, adv, ret, np.empty(B, np.int64), 1, wst, wsp, wsn
+    )
     assert wsn.tolist() == [1, -1, 3]
 
 
@@ -358,3 +422,121 @@ def test_mae_turns_with_masked_tokens_inside_whiten_like_the_plain_output(dtype)
         w, _ = A.mae(R, V, d["mask"], turn_ids=d["turn_ids"], turn_lam=lam_t, whiten=True)
         np.testing.assert_allclose(w.numpy(), whiten_reference(a.numpy().copy(), d["mask"]), **_tol(dtype))
         assert (w.numpy()[d["mask"] == 0] == 0).all()
+
+
+def _one_token_turns(dtype):
+    """Every turn a single action token, observation tokens between turns (and a row of one turn)."""
+    rng = np.random.default_rng(7)
+    B, L = 6, 24
+    M = np.zeros((B, L))
+    T = np.zeros((B, L), dtype=np.int64)
+    for i in range(B):
+        k, t = 0, int(rng.integers(0, 2))
+        while t < L and k < (1 if i == 0 else 6):
+            M[i, t] = 1
+            T[i, t:] = k
+            k, t = k + 1, t + 1 + int(rng.integers(1, 4))
+    R = np.where(M != 0, rng.normal(size=(B, L)), 0.0)
+    V = rng.normal(size=(B, L))
+    return {
+        "rewards": R.astype(dtype),
+        "values": V.astype(dtype),
+        "mask": M.astype(dtype),
+        "turn_ids": T,
+        "bootstrap_value": np.full(B, np.nan),
+        "group_ids": np.arange(B) // 2,
+    }
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize(
+    "name,opts", [("gae", {"lam": 0.9}), ("mae", {}), ("mae", {"within": "local"}), ("turn_gae", {})]
+)
+def test_whitened_advantages_have_mean_0_and_std_1_over_action_tokens(name, opts, dtype):
+    # the fused path against the unfused reference (whiten_reference of the plain output) on the edge
+    # cases, and the defining property: mean 0 and (unbiased) std 1 over the batch's action tokens
+    cases = [("one-token turns", _one_token_turns(dtype)), *_edge_batches(dtype)]
+    for kind, d in cases:
+        w, _ = _run(name, d, True, **opts)
+        a, _ = _run(name, d, False, **opts)
+        w = w.numpy()
+        np.testing.assert_allclose(w, whiten_reference(a.numpy().copy(), d["mask"]), err_msg=kind, **_tol(dtype))
+        act = d["mask"] != 0
+        x = w[act].astype(np.float64)
+        assert (w[~act] == 0).all(), kind
+        if x.size >= 2 and a.numpy()[act].std() > 1e-3:
+            assert abs(x.mean()) < 1e-5, kind
+            assert abs(x.std(ddof=1) - 1) < 1e-4, kind  # sqrt(var / (var + 1e-8)): 1 within 1e-8 / var
+        elif x.size:
+            assert (x == 0).all(), kind  # one action token (or constant advantages): 0
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_the_rewrite_in_the_calling_thread_equals_the_parallel_one(dtype):
+    # the serial rewrite (a busy machine) and the parallel one give the same bits: runs of action
+    # tokens (gae), whole rows (mae), rows past the span capacity, rows without action tokens
+    from mpo_viz.advantages._inputs import rewrite_in_parallel
+
+    d = random_batch(6, B=12, dtype=dtype)
+    rng = np.random.default_rng(6)
+    many = np.zeros((3, 4 * WHITEN_SPANS), dtype=dtype)
+    many[:, ::3] = 1  # more runs than recorded (86 > 64)
+    R = np.where(many != 0, rng.normal(size=many.shape), 0.0).astype(dtype)
+    for r, v, m, t in (
+        (d["rewards"], d["values"], d["mask"], d["turn_ids"]),
+        (R, R * 0, many, np.zeros(many.shape, int)),
+    ):
+        B = m.shape[0]
+        for kernel in ("gae", "mae"):
+            adv, ret = np.empty_like(r), np.empty_like(r)
+            w, wsp, wsn = whiten_buffers(B)
+            if kernel == "gae":
+                K.gae_kernel(
+                    r,
+                    v,
+                    m,
+                    np.full(B, np.nan),
+                    1.0,
+                    np.full(B, 0.9),
+                    np.nan,
+                    adv,
+                    ret,
+                    np.empty(B, np.int64),
+                    1,
+                    w,
+                    wsp,
+                    wsn,
+                )
+            else:
+                z = np.zeros((B, 0))
+                K.mae_kernel(
+                    r,
+                    v,
+                    m,
+                    t,
+                    np.full(B, np.nan),
+                    1.0,
+                    0.95,
+                    1.0,
+                    np.full(B, 0.9),
+                    1.0,
+                    0,
+                    0,
+                    0,
+                    adv,
+                    ret,
+                    z,
+                    z,
+                    z,
+                    z,
+                    np.empty(B, np.int64),
+                    1,
+                    w,
+                    wsp,
+                    wsn,
+                )
+            par = whiten_(adv.copy(), m, w.copy(), (wsp, wsn), parallel=True)
+            ser = whiten_(adv.copy(), m, w.copy(), (wsp, wsn), parallel=False)
+            np.testing.assert_array_equal(par, ser)
+            np.testing.assert_allclose(ser, whiten_reference(adv.copy(), m), **_tol(dtype))
+    assert rewrite_in_parallel(0.5) is False  # the kernel got half a thread: the machine is busy

@@ -1,6 +1,6 @@
-"""The worked example of MAE (trajectory A is the one of docs/concepts.md §5), in full: both trajectories, turn values, turn GAE, token GAE, the
-intra signal, MAE(intra) and MAE(local); through the tensor functions (float32 and float64), the
-reference loops, and compute() on a TrajectoryBatch."""
+"""The worked example of MAE (trajectory A is the one of docs/concepts.md §5), in full: both
+trajectories, turn values, turn GAE, token GAE, the intra signal, MAE(intra) and MAE(local); through
+the tensor functions (float32 and float64), the reference loops, and compute() on a TrajectoryBatch."""
 
 from __future__ import annotations
 
@@ -22,8 +22,10 @@ EXPECT = {
     "turn_gae": ([0.442, 0.38, 0.2], [-0.3575, -0.175, -0.25]),
     "token_gae_A": [0.335299, 0.316998, 0.296665, 0.35185, 0.3465, 0.185, 0.15],
     "intra_u_A": [0.05, 0, 0.016, 0.04, 0, 0.05, 0],
-    "mae_intra": ([0.467, 0.417, 0.377333, 0.401333, 0.361333, 0.225, 0.175],
-                  [-0.378833, -0.361833, -0.331833, -0.175, -0.265, -0.235]),
+    "mae_intra": (
+        [0.467, 0.417, 0.377333, 0.401333, 0.361333, 0.225, 0.175],
+        [-0.378833, -0.361833, -0.331833, -0.175, -0.265, -0.235],
+    ),
     "mae_local_A": [0.4645, 0.4195, 0.360533, 0.400733, 0.378733, 0.2175, 0.1825],
     # within="baseline", β = 1: A^T_k + (V(s_k) − V_t), not centred (γ = 1, so γ^j = 1).
     # A: u = [.5−.5, .5−.55 | .6−.6, .6−.58, .6−.62 | .8−.8, .8−.85] = [0, −.05 | 0, .02, −.02 | 0, −.05]
@@ -32,8 +34,7 @@ EXPECT = {
     # B: u = [0, .40−.38, .40−.35 | 0 | 0, .25−.22] = [0, .02, .05 | 0 | 0, .03]
     #    A = [−.3575, −.3375, −.3075 | −.175 | −.25, −.22]
     # turn means are not A^T_k: A's turn 0 has mean .417 ≠ .442
-    "mae_baseline": ([0.442, 0.392, 0.38, 0.40, 0.36, 0.2, 0.15],
-                     [-0.3575, -0.3375, -0.3075, -0.175, -0.25, -0.22]),
+    "mae_baseline": ([0.442, 0.392, 0.38, 0.40, 0.36, 0.2, 0.15], [-0.3575, -0.3375, -0.3075, -0.175, -0.25, -0.22]),
 }
 
 
@@ -84,7 +85,9 @@ def test_worked_example_tensor_functions(dtype):
         lens = TURNS_A if i == 0 else TURNS_B
         np.testing.assert_allclose(per_tok, np.repeat(EXPECT["turn_gae"][i], lens), **tol)
         # turn returns G^T_k = A^T_k + V(s_k)
-        np.testing.assert_allclose(_act(tret, M, i), np.repeat(np.add(EXPECT["turn_gae"][i], EXPECT["turn_values"][i]), lens), **tol)
+        np.testing.assert_allclose(
+            _act(tret, M, i), np.repeat(np.add(EXPECT["turn_gae"][i], EXPECT["turn_values"][i]), lens), **tol
+        )
 
     g, gret = A.gae(R, V, M, gamma=1.0, lam=0.9)
     np.testing.assert_allclose(_act(g, M, 0), EXPECT["token_gae_A"], **tol)
@@ -136,11 +139,17 @@ def test_worked_example_through_compute():
     rows = []
     for i, name in enumerate(["A", "B"]):
         n = int(np.flatnonzero(M[i])[-1]) + 1
-        rows.append({
-            "traj_id": name, "group_id": "g", "prompt_ids": [1, 2], "response_ids": list(range(100, 100 + n)),
-            "loss_mask": M[i, :n].astype(int).tolist(), "reward": float(R[i].sum()),
-            "values": V[i, :n].tolist(),
-        })
+        rows.append(
+            {
+                "traj_id": name,
+                "group_id": "g",
+                "prompt_ids": [1, 2],
+                "response_ids": list(range(100, 100 + n)),
+                "loss_mask": M[i, :n].astype(int).tolist(),
+                "reward": float(R[i].sum()),
+                "values": V[i, :n].tolist(),
+            }
+        )
     batch = TrajectoryBatch.from_rows(rows)
     res = A.compute(batch, "mpo", lam=0.9)
     assert res.options["turn_lam"] == 0.9 and res.options["lam"] == 0.9 and res.options["within"] == "intra"
@@ -149,8 +158,22 @@ def test_worked_example_through_compute():
     for i in range(2):
         np.testing.assert_allclose(_act(res.advantages, Mb, i), EXPECT["mae_intra"][i], atol=3e-6)
     t = res.turns
-    assert list(t.columns) == ["traj_id", "group_id", "row", "turn", "start", "end", "n_tokens", "n_obs_after", "reward",
-                               "value_first", "value_mean", "value_last", "adv_mpo", "ret_mpo"]
+    assert list(t.columns) == [
+        "traj_id",
+        "group_id",
+        "row",
+        "turn",
+        "start",
+        "end",
+        "n_tokens",
+        "n_obs_after",
+        "reward",
+        "value_first",
+        "value_mean",
+        "value_last",
+        "adv_mpo",
+        "ret_mpo",
+    ]
     assert t["traj_id"].tolist() == ["A"] * 3 + ["B"] * 3
     assert t["n_tokens"].tolist() == TURNS_A + TURNS_B
     np.testing.assert_allclose(t["adv_mpo"], EXPECT["turn_gae"][0] + EXPECT["turn_gae"][1], atol=3e-6)

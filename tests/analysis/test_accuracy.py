@@ -33,8 +33,18 @@ def _batch():
     masks = [[1, 1, 0, 0, 1, 1], [1, 1, 0, 1, 1]]
     for i in range(2):
         n = len(masks[i])
-        rows.append({"traj_id": f"t{i}", "group_id": "g", "prompt_ids": [1], "response_ids": list(range(10, 10 + n)),
-                     "loss_mask": masks[i], "reward": 0.0, "oracle_token_adv": oracle[i], "decisive": decisive[i]})
+        rows.append(
+            {
+                "traj_id": f"t{i}",
+                "group_id": "g",
+                "prompt_ids": [1],
+                "response_ids": list(range(10, 10 + n)),
+                "loss_mask": masks[i],
+                "reward": 0.0,
+                "oracle_token_adv": oracle[i],
+                "decisive": decisive[i],
+            }
+        )
     return TrajectoryBatch.from_rows(rows)
 
 
@@ -64,7 +74,14 @@ def test_slopes_of_known_estimators():
     by_hand = ((x - x.mean()) @ (y - y.mean())) / ((y - y.mean()) @ (y - y.mean()))
     assert df.loc["turn", "tok_slope"] == pytest.approx(by_hand, rel=1e-6)
     # streamed in two chunks: the same slopes
-    merged = finish_accuracy(merge_accuracy_stats(accuracy_stats(b[:1], {k: v[:1] for k, v in adv.items()}),
-                                                  accuracy_stats(b[1:], {k: v[1:, :5] for k, v in adv.items()})))
-    np.testing.assert_allclose(merged.set_index("estimator").loc[:, ["tok_slope", "dec_slope", "turn_slope"]],
-                               df.loc[:, ["tok_slope", "dec_slope", "turn_slope"]], rtol=1e-9)
+    merged = finish_accuracy(
+        merge_accuracy_stats(
+            accuracy_stats(b[:1], {k: v[:1] for k, v in adv.items()}),
+            accuracy_stats(b[1:], {k: v[1:, :5] for k, v in adv.items()}),
+        )
+    )
+    np.testing.assert_allclose(
+        merged.set_index("estimator").loc[:, ["tok_slope", "dec_slope", "turn_slope"]],
+        df.loc[:, ["tok_slope", "dec_slope", "turn_slope"]],
+        rtol=1e-9,
+    )

@@ -19,9 +19,18 @@ REWARD = [1.0, 0.0, 0.0]
 def _batch(**drop):
     rows = []
     for i in range(3):
-        r = {"traj_id": f"e{i}", "group_id": "g", "prompt_ids": [1], "response_ids": [5, 6, 7, 8],
-             "loss_mask": MASKS[i], "reward": REWARD[i], "advantages": ADV[i], "old_logprobs": OLD[i],
-             "rollout_logprobs": ROLLOUT[i], "ratio": RATIO[i]}
+        r = {
+            "traj_id": f"e{i}",
+            "group_id": "g",
+            "prompt_ids": [1],
+            "response_ids": [5, 6, 7, 8],
+            "loss_mask": MASKS[i],
+            "reward": REWARD[i],
+            "advantages": ADV[i],
+            "old_logprobs": OLD[i],
+            "rollout_logprobs": ROLLOUT[i],
+            "ratio": RATIO[i],
+        }
         rows.append({k: v for k, v in r.items() if k not in drop})
     return TrajectoryBatch.from_rows(rows)
 

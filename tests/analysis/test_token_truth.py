@@ -30,8 +30,20 @@ NAN = math.nan
 def _batch(turns, *, rule="all", threshold=0.01, turn_truth=None):
     """One row per entry of ``turns``: a list of turns, each a list of tokens ``(Â, Â_a, Â_b, se,
     measured, control)`` (None for a token not measured); each turn followed by one observation token."""
-    rows, fields = [], {k: [] for k in ("mc_tok_adv", "mc_tok_adv_a", "mc_tok_adv_b", "mc_tok_adv_se",
-                                        "mc_tok_measured", "mc_tok_control")}
+    rows, fields = (
+        [],
+        {
+            k: []
+            for k in (
+                "mc_tok_adv",
+                "mc_tok_adv_a",
+                "mc_tok_adv_b",
+                "mc_tok_adv_se",
+                "mc_tok_measured",
+                "mc_tok_control",
+            )
+        },
+    )
     for i, row in enumerate(turns):
         mask, vals = [], {k: [] for k in fields}
         for turn in row:
@@ -44,8 +56,16 @@ def _batch(turns, *, rule="all", threshold=0.01, turn_truth=None):
             mask.append(0)
             for k in fields:
                 vals[k].append(NAN if not k.endswith(("measured", "control")) else 0)
-        rows.append({"traj_id": f"t{i}", "group_id": "g", "prompt_ids": [1], "response_ids": [2] * len(mask),
-                     "loss_mask": mask, "reward": 0.0})
+        rows.append(
+            {
+                "traj_id": f"t{i}",
+                "group_id": "g",
+                "prompt_ids": [1],
+                "response_ids": [2] * len(mask),
+                "loss_mask": mask,
+                "reward": 0.0,
+            }
+        )
         for k in fields:
             fields[k].append(vals[k])
     b = TrajectoryBatch.from_rows(rows).with_token_fields(**fields)
@@ -77,7 +97,9 @@ def test_credit_equal_to_the_truth_scores_one_and_flat_credit_zero_by_constructi
     adv = {"truth": _pad(b, [sum(A, [])]), "flat": _pad(b, [[flat[0]] * 3 + [flat[1]] * 2])}
     df = credit_accuracy(b, adv, truth="mc-token").set_index("estimator")
     t = df.loc["truth"]
-    assert t.tok_corr == pytest.approx(1.0) and t.within_corr == pytest.approx(1.0) and t.reliability == pytest.approx(1)
+    assert (
+        t.tok_corr == pytest.approx(1.0) and t.within_corr == pytest.approx(1.0) and t.reliability == pytest.approx(1)
+    )
     assert t.tok_corr_dis == pytest.approx(1.0) and t.within_corr_dis == pytest.approx(1.0) and t.within_note == ""
     assert t.slope_credit_on_truth == pytest.approx(1.0) and t.slope_truth_on_credit == pytest.approx(1.0)
     f = df.loc["flat"]
@@ -91,8 +113,14 @@ def test_credit_equal_to_the_truth_scores_one_and_flat_credit_zero_by_constructi
 def test_the_within_part_is_centred_by_the_turn_truth():
     """Â_k from the turn-level truth (mc_q − mc_value): the truth's within part is Â_t − Â_k/n_k."""
     toks = [[_exact(0.5), None, _exact(-0.2)]]  # token 1 not measured
-    tt = {"mc_value": [[0.2]], "mc_value_se": [[0.0]], "mc_value_a": [[0.2]], "mc_value_b": [[0.2]],
-          "mc_q": [[0.8]], "mc_q_se": [[0.0]]}  # Â_k = 0.6, n_k = 3 -> mean 0.2
+    tt = {
+        "mc_value": [[0.2]],
+        "mc_value_se": [[0.0]],
+        "mc_value_a": [[0.2]],
+        "mc_value_b": [[0.2]],
+        "mc_q": [[0.8]],
+        "mc_q_se": [[0.0]],
+    }  # Â_k = 0.6, n_k = 3 -> mean 0.2
     b = _batch([toks, toks], rule="uncertain", turn_truth={k: v * 2 for k, v in tt.items()})
     tab = token_truth_table(b, {"x": _pad(b, [[1.0, 2.0, 3.0], [1.0, 2.0, 3.0]])})
     np.testing.assert_allclose(tab["truth_within"], [0.3, -0.4] * 2)
@@ -125,7 +153,7 @@ def test_both_slopes_on_a_constructed_case_with_known_values():
     a, bb = A + rng.normal(0, np.sqrt(0.5), n), A + rng.normal(0, np.sqrt(0.5), n)
     est = (a + bb) / 2
     b = _batch([[[(est[j], a[j], bb[j], 0.5, 1, 0) for j in range(i, i + 4)]] for i in range(0, n, 4)])
-    row = mc_token_accuracy(b, {"c": _pad(b, [2 * A[i:i + 4] for i in range(0, n, 4)])}).iloc[0]
+    row = mc_token_accuracy(b, {"c": _pad(b, [2 * A[i : i + 4] for i in range(0, n, 4)])}).iloc[0]
     assert row.reliability == pytest.approx(0.8, abs=0.01)
     assert row.slope_credit_on_truth == pytest.approx(1.6, abs=0.03)
     assert row.slope_credit_on_truth_dis == pytest.approx(2.0, abs=0.04)
@@ -139,7 +167,7 @@ def test_a_truth_too_noisy_gives_no_verdict():
     A = rng.normal(0, 0.1, n)
     a, bb = A + rng.normal(0, 1, n), A + rng.normal(0, 1, n)  # reliability ~ 0.02
     b = _batch([[[((a[j] + bb[j]) / 2, a[j], bb[j], 0.7, 1, 0) for j in range(i, i + 4)]] for i in range(0, n, 4)])
-    row = mc_token_accuracy(b, {"c": _pad(b, [A[i:i + 4] for i in range(0, n, 4)])}).iloc[0]
+    row = mc_token_accuracy(b, {"c": _pad(b, [A[i : i + 4] for i in range(0, n, 4)])}).iloc[0]
     assert row.reliability < MIN_RELIABILITY
     assert math.isnan(row.tok_corr_dis) and math.isnan(row.slope_credit_on_truth_dis) and math.isfinite(row.tok_corr)
     assert "too little data for a verdict" in row.note
@@ -155,8 +183,16 @@ def _random_batch(seed, n_rows=12):
             for _ in range(rng.integers(1, 6)):
                 if rng.random() < 0.6:
                     x = rng.normal(0, 0.3)
-                    turn.append((x, x + rng.normal(0, 0.1), x + rng.normal(0, 0.1), abs(rng.normal(0, 0.1)), 1,
-                                 int(rng.random() < 0.2)))
+                    turn.append(
+                        (
+                            x,
+                            x + rng.normal(0, 0.1),
+                            x + rng.normal(0, 0.1),
+                            abs(rng.normal(0, 0.1)),
+                            1,
+                            int(rng.random() < 0.2),
+                        )
+                    )
                 else:
                     turn.append(None)
             row.append(turn)
@@ -176,17 +212,31 @@ def test_the_fast_table_equals_the_reference_loop_and_chunks_add_up(seed):
     ref = mc_token_accuracy_reference(b, adv)
     pd.testing.assert_frame_equal(fast, ref, check_dtype=False, rtol=1e-9, atol=1e-12)
     # two chunks (rows split) pooled = the whole
-    parts = [mc_token_accuracy_parts(b[list(range(0, 5))], {k: v[:5] for k, v in adv.items()}),
-             mc_token_accuracy_parts(b[list(range(5, len(b)))], {k: v[5:] for k, v in adv.items()})]
+    parts = [
+        mc_token_accuracy_parts(b[list(range(0, 5))], {k: v[:5] for k, v in adv.items()}),
+        mc_token_accuracy_parts(b[list(range(5, len(b)))], {k: v[5:] for k, v in adv.items()}),
+    ]
     L0, L1 = int(b[list(range(0, 5))].lengths.max()), int(b[list(range(5, len(b)))].lengths.max())
-    parts = [mc_token_accuracy_parts(b[list(range(0, 5))], {k: v[:5, :L0] for k, v in adv.items()}),
-             mc_token_accuracy_parts(b[list(range(5, len(b)))], {k: v[5:, :L1] for k, v in adv.items()})]
+    parts = [
+        mc_token_accuracy_parts(b[list(range(0, 5))], {k: v[:5, :L0] for k, v in adv.items()}),
+        mc_token_accuracy_parts(b[list(range(5, len(b)))], {k: v[5:, :L1] for k, v in adv.items()}),
+    ]
     pd.testing.assert_frame_equal(finish_mc_token_accuracy(parts), fast, check_dtype=False, rtol=1e-9, atol=1e-12)
 
 
 def test_missing_token_truth_is_said():
-    b = TrajectoryBatch.from_rows([{"traj_id": "a", "group_id": "g", "prompt_ids": [1], "response_ids": [2, 3],
-                                    "loss_mask": [1, 1], "reward": 1.0}])
+    b = TrajectoryBatch.from_rows(
+        [
+            {
+                "traj_id": "a",
+                "group_id": "g",
+                "prompt_ids": [1],
+                "response_ids": [2, 3],
+                "loss_mask": [1, 1],
+                "reward": 1.0,
+            }
+        ]
+    )
     with pytest.raises(ValueError, match="within-turn accuracy needs the token truth"):
         credit_accuracy(b, {"x": np.zeros((1, 2))}, truth="mc-token")
     with pytest.raises(ValueError, match="'mc-token'"):
@@ -197,7 +247,12 @@ def test_old_column_names_are_read_with_a_note():
     old = pd.DataFrame({"estimator": ["a"], "turn_corr": [0.5], "turn_slope": [0.8], "turn_slope_dis": [1.0]})
     with pytest.warns(FutureWarning, match="turn_slope, turn_slope_dis"):
         new = renamed_columns(old)
-    assert list(new.columns) == ["estimator", "turn_corr", "slope_credit_on_truth", "slope_credit_on_truth_dis",
-                                 "slope_truth_on_credit"]
+    assert list(new.columns) == [
+        "estimator",
+        "turn_corr",
+        "slope_credit_on_truth",
+        "slope_credit_on_truth_dis",
+        "slope_truth_on_credit",
+    ]
     assert new.slope_truth_on_credit.iloc[0] == pytest.approx(0.25 / 0.8)
     assert renamed_columns(new) is new  # already new: as it is

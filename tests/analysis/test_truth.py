@@ -17,8 +17,16 @@ def _batch(turns_per_row, reward, fields):
     rows = []
     for i, k in enumerate(turns_per_row):
         mask = [1, 1, 0] * k
-        rows.append({"traj_id": f"t{i}", "group_id": "g", "prompt_ids": [1], "response_ids": [2] * len(mask),
-                     "loss_mask": mask, "reward": reward[i]})
+        rows.append(
+            {
+                "traj_id": f"t{i}",
+                "group_id": "g",
+                "prompt_ids": [1],
+                "response_ids": [2] * len(mask),
+                "loss_mask": mask,
+                "reward": reward[i],
+            }
+        )
     b = TrajectoryBatch.from_rows(rows)
     return b.with_turn_fields(**fields)
 
@@ -36,8 +44,18 @@ def test_turn_truth_from_values_and_its_split_half_reliability_by_hand():
 
 
 def test_turn_truth_from_q_and_its_reliability_from_the_errors():
-    b = _batch([2], [0.0], {"mc_value": [[0.5, 0.2]], "mc_value_se": [[0.1, 0.1]], "mc_value_a": [[0.5, 0.2]],
-                            "mc_value_b": [[0.5, 0.2]], "mc_q": [[0.3, 0.6]], "mc_q_se": [[0.1, 0.2]]})
+    b = _batch(
+        [2],
+        [0.0],
+        {
+            "mc_value": [[0.5, 0.2]],
+            "mc_value_se": [[0.1, 0.1]],
+            "mc_value_a": [[0.5, 0.2]],
+            "mc_value_b": [[0.5, 0.2]],
+            "mc_q": [[0.3, 0.6]],
+            "mc_q_se": [[0.1, 0.2]],
+        },
+    )
     t = mc_turn_truth(b)
     adv = np.array([0.3 - 0.5, 0.6 - 0.2])
     np.testing.assert_allclose(t["adv"], adv)
@@ -54,25 +72,35 @@ def test_an_estimator_equal_to_the_noise_free_truth_is_disattenuated_to_one():
     va = V + rng.normal(0, sd, V.shape)
     vb = V + rng.normal(0, sd, V.shape)
     v = (va + vb) / 2
-    b = _batch([k] * n_rows, [0.0] * n_rows, {"mc_value": v.tolist(), "mc_value_se": np.full(V.shape, sd / 2 ** 0.5).tolist(),
-                                               "mc_value_a": va.tolist(), "mc_value_b": vb.tolist()})
+    b = _batch(
+        [k] * n_rows,
+        [0.0] * n_rows,
+        {
+            "mc_value": v.tolist(),
+            "mc_value_se": np.full(V.shape, sd / 2**0.5).tolist(),
+            "mc_value_a": va.tolist(),
+            "mc_value_b": vb.tolist(),
+        },
+    )
     # the noise-free turn advantage A_k = V_{k+1} − V_k (V_K = 0, no reward) as the estimator's credit
     true_adv = np.concatenate([V[:, 1:] - V[:, :-1], -V[:, -1:]], axis=1)
     adv = np.zeros((n_rows, 3 * k))
     for j in range(k):
-        adv[:, 3 * j:3 * j + 2] = true_adv[:, j:j + 1]
+        adv[:, 3 * j : 3 * j + 2] = true_adv[:, j : j + 1]
     res = mc_accuracy(b, {"exact": adv, "half": adv * 0.5, "noise": rng.normal(size=adv.shape) * np.tile([1, 1, 0], k)})
     ex = res.set_index("estimator").loc["exact"]
     assert ex.turn_corr < 0.97  # the truth's noise lowers the raw correlation
     assert ex.dis_lo <= 1.0 <= ex.dis_hi and ex.turn_corr_dis == pytest.approx(1.0, abs=0.05)
     assert ex.slope_credit_on_truth_dis == pytest.approx(1.0, abs=0.07) and ex.n_turns == n_rows * k
     half = res.set_index("estimator").loc["half"]
-    assert half.slope_credit_on_truth_dis == pytest.approx(0.5, abs=0.04) and half.turn_corr == pytest.approx(ex.turn_corr)
+    assert half.slope_credit_on_truth_dis == pytest.approx(0.5, abs=0.04) and half.turn_corr == pytest.approx(
+        ex.turn_corr
+    )
     # the other direction: the truth on the credit is not attenuated by the truth's noise (credit A: slope 1;
     # credit A/2: slope 2), and the two slopes multiply to r²
     assert ex.slope_truth_on_credit == pytest.approx(1.0, abs=0.05)
     assert half.slope_truth_on_credit == pytest.approx(2 * ex.slope_truth_on_credit, rel=1e-9)
-    assert ex.slope_truth_on_credit * ex.slope_credit_on_truth == pytest.approx(ex.turn_corr ** 2, rel=1e-9)
+    assert ex.slope_truth_on_credit * ex.slope_credit_on_truth == pytest.approx(ex.turn_corr**2, rel=1e-9)
     assert abs(res.set_index("estimator").loc["noise"].turn_corr_dis) < 0.15
     # the dispatcher
     assert credit_accuracy(b, {"exact": adv}, truth="mc").turn_corr.iloc[0] == pytest.approx(ex.turn_corr)
@@ -81,8 +109,18 @@ def test_an_estimator_equal_to_the_noise_free_truth_is_disattenuated_to_one():
 
 
 def test_missing_truth_and_fisher_interval():
-    b = TrajectoryBatch.from_rows([{"traj_id": "a", "group_id": "g", "prompt_ids": [1], "response_ids": [2, 3],
-                                    "loss_mask": [1, 1], "reward": 1.0}])
+    b = TrajectoryBatch.from_rows(
+        [
+            {
+                "traj_id": "a",
+                "group_id": "g",
+                "prompt_ids": [1],
+                "response_ids": [2, 3],
+                "loss_mask": [1, 1],
+                "reward": 1.0,
+            }
+        ]
+    )
     with pytest.raises(ValueError, match="needs the mc_value, mc_value_a and mc_value_b"):
         mc_turn_truth(b)
     lo, hi = fisher_interval(0.5, 103)

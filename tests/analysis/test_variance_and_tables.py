@@ -53,7 +53,9 @@ def test_value_variance_worked_example(toy):
     assert a["within"] == pytest.approx((0.000625 + 0.0008 / 3 + 0.000625) / 3, rel=1e-4)
     assert a["ratio"] == pytest.approx(0.01625 / ((0.00125 + 0.0008 / 3) / 3), rel=1e-4)
     m = 4.5 / 7
-    assert a["across_w"] == pytest.approx((2 * (0.525 - m) ** 2 + 3 * (0.6 - m) ** 2 + 2 * (0.825 - m) ** 2) / 7, rel=1e-4)
+    assert a["across_w"] == pytest.approx(
+        (2 * (0.525 - m) ** 2 + 3 * (0.6 - m) ** 2 + 2 * (0.825 - m) ** 2) / 7, rel=1e-4
+    )
     assert a["within_w"] == pytest.approx((2 * 0.000625 + 0.0008 + 2 * 0.000625) / 7, rel=1e-4)
     # B: one-token turn contributes 0 within
     mb = [(0.40 + 0.38 + 0.35) / 3, 0.20, 0.235]
@@ -141,8 +143,10 @@ def test_turn_table_values_and_rewards(toy):
     np.testing.assert_allclose(a["reward"], [0, 0, 1.0])  # outcome reward on the last action token
     np.testing.assert_allclose(a["adv_x"], [2.0, 0, 0])
     ref = an.turn_table_reference(toy, {"x": adv})
-    np.testing.assert_allclose(tt[["start", "end", "n_tokens", "reward", "adv_x"]].to_numpy(float),
-                               ref[["start", "end", "n_tokens", "reward", "adv_x"]].to_numpy(float))
+    np.testing.assert_allclose(
+        tt[["start", "end", "n_tokens", "reward", "adv_x"]].to_numpy(float),
+        ref[["start", "end", "n_tokens", "reward", "adv_x"]].to_numpy(float),
+    )
     # a trainer's turn fields (what its update did) come along as columns of their own name
     assert "turn_ratio" not in tt.columns
     seen = toy.with_turn_fields(turn_ratio=[[1.1, 0.7, 1.0], [0.95, 1.3, 1.0]], turn_clipped=[[0, 1, 0], [0, 1, 0]])
@@ -154,10 +158,22 @@ def test_turn_table_values_and_rewards(toy):
 def _two_traj_batch():
     # trajectory P: 3 turns of 2 tokens; Q: 2 turns of 1 token (pairs never cross trajectories)
     rows = [
-        {"traj_id": "P", "group_id": "g", "prompt_ids": [1], "response_ids": list(range(8)),
-         "loss_mask": [1, 1, 0, 1, 1, 0, 1, 1], "reward": 1.0},
-        {"traj_id": "Q", "group_id": "g", "prompt_ids": [1], "response_ids": list(range(3)),
-         "loss_mask": [1, 0, 1], "reward": 0.0},
+        {
+            "traj_id": "P",
+            "group_id": "g",
+            "prompt_ids": [1],
+            "response_ids": list(range(8)),
+            "loss_mask": [1, 1, 0, 1, 1, 0, 1, 1],
+            "reward": 1.0,
+        },
+        {
+            "traj_id": "Q",
+            "group_id": "g",
+            "prompt_ids": [1],
+            "response_ids": list(range(3)),
+            "loss_mask": [1, 0, 1],
+            "reward": 0.0,
+        },
     ]
     b = TrajectoryBatch.from_rows(rows)
     a = torch.zeros(2, 8)
@@ -195,8 +211,16 @@ def test_compare_estimators_hand_numbers():
 def test_sign_agreement_beside_no_flip_is_zeros_and_within_turn_disagreement():
     """Low token sign agreement with no turn flip: one estimator 0 on a whole turn (a group estimator in a
     group that scores alike), and tokens of opposite signs inside a turn whose means agree."""
-    rows = [{"traj_id": "A", "group_id": "g", "prompt_ids": [1], "response_ids": [2] * 5,
-             "loss_mask": [1, 1, 0, 1, 1], "reward": 0.0}]
+    rows = [
+        {
+            "traj_id": "A",
+            "group_id": "g",
+            "prompt_ids": [1],
+            "response_ids": [2] * 5,
+            "loss_mask": [1, 1, 0, 1, 1],
+            "reward": 0.0,
+        }
+    ]
     b = TrajectoryBatch.from_rows(rows)
     x = torch.tensor([[0.0, 0.0, 0.0, 0.3, -0.1]])  # turn 0: all 0; turn 1: mean 0.1, its tokens of both signs
     y = torch.tensor([[0.5, 0.2, 0.0, 0.2, 0.2]])
@@ -213,8 +237,17 @@ def test_compare_needs_two():
 
 
 def test_critic_quality_hand_numbers():
-    rows = [{"traj_id": "A", "group_id": "g", "prompt_ids": [1], "response_ids": [1, 2, 3, 4],
-             "loss_mask": [1, 0, 1, 1], "values": [1.0, 5.0, 2.0, 3.0], "reward": 1.0}]
+    rows = [
+        {
+            "traj_id": "A",
+            "group_id": "g",
+            "prompt_ids": [1],
+            "response_ids": [1, 2, 3, 4],
+            "loss_mask": [1, 0, 1, 1],
+            "values": [1.0, 5.0, 2.0, 3.0],
+            "reward": 1.0,
+        }
+    ]
     b = TrajectoryBatch.from_rows(rows)
     g = torch.tensor([[1.0, 0.0, 2.0, 4.0]])
     q = an.critic_quality(b, g)
@@ -240,7 +273,17 @@ def test_compare_stats_add_up_over_chunks():
         L = part.mask.shape[1]
         acc = an.merge_compare_stats(acc, an.compare_stats(part, {k: v[sl, :L] for k, v in adv.items()}))
     chunked = an.finish_compare(acc)
-    num = ["token_corr", "sign_agreement", "sign_opposite", "sign_one_zero", "turn_corr", "turn_sign_agreement", "turn_rank_agreement", "n_sign_flips", "n_turns"]
+    num = [
+        "token_corr",
+        "sign_agreement",
+        "sign_opposite",
+        "sign_one_zero",
+        "turn_corr",
+        "turn_sign_agreement",
+        "turn_rank_agreement",
+        "n_sign_flips",
+        "n_turns",
+    ]
     np.testing.assert_allclose(whole[num].to_numpy(float), chunked[num].to_numpy(float), rtol=1e-9)
     assert len(whole) == 3
 

@@ -23,8 +23,15 @@ def bench(load_script):
 
 def test_smollm2_shape_has_its_parameter_count(bench):
     cfg = bench.model_config("smollm2-135m")
-    assert (cfg.hidden_size, cfg.num_hidden_layers, cfg.num_attention_heads, cfg.num_key_value_heads,
-            cfg.intermediate_size, cfg.vocab_size, cfg.tie_word_embeddings) == (576, 30, 9, 3, 1536, 49152, True)
+    assert (
+        cfg.hidden_size,
+        cfg.num_hidden_layers,
+        cfg.num_attention_heads,
+        cfg.num_key_value_heads,
+        cfg.intermediate_size,
+        cfg.vocab_size,
+        cfg.tie_word_embeddings,
+    ) == (576, 30, 9, 3, 1536, 49152, True)
     with torch.device("meta"):  # no memory: only the shapes
         model = LlamaForCausalLM(cfg)
     # embeddings 49,152 x 576 (tied) + 30 x (attention 576·(576+192+192+576) + MLP 3·576·1536 + 2 norms)
@@ -34,8 +41,15 @@ def test_smollm2_shape_has_its_parameter_count(bench):
 
 
 def test_config_folder_gives_a_policy_over_the_padded_tokenizer(bench, tmp_path):
-    LlamaConfig(vocab_size=700, hidden_size=32, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
-                intermediate_size=64, tie_word_embeddings=True).save_pretrained(tmp_path)
+    LlamaConfig(
+        vocab_size=700,
+        hidden_size=32,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        intermediate_size=64,
+        tie_word_embeddings=True,
+    ).save_pretrained(tmp_path)
     env = make_env("search")
     policy = bench.config_policy(env, str(tmp_path))
     tok = policy.tokenizer
@@ -51,7 +65,8 @@ def test_config_folder_gives_a_policy_over_the_padded_tokenizer(bench, tmp_path)
 def test_unknown_model_config_is_refused(bench, tmp_path):
     with pytest.raises(SystemExit, match=r"--model-config: expected one of \['smollm2-135m'\] or a folder"):
         bench.model_config(str(tmp_path / "missing"))
-    LlamaConfig(vocab_size=50, hidden_size=32, num_hidden_layers=1, num_attention_heads=4,
-                intermediate_size=64).save_pretrained(tmp_path)
+    LlamaConfig(
+        vocab_size=50, hidden_size=32, num_hidden_layers=1, num_attention_heads=4, intermediate_size=64
+    ).save_pretrained(tmp_path)
     with pytest.raises(SystemExit, match=r"expected a vocabulary of at least \d+ tokens .*found vocab_size 50"):
         bench.config_policy(make_env("search"), str(tmp_path))

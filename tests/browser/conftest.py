@@ -52,8 +52,9 @@ def _install_chromium() -> str:
     env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
     try:
         subprocess.run(["apt-get", "update", "-qq"], check=True, env=env, timeout=600, capture_output=True)
-        subprocess.run(["apt-get", "install", "-y", "-qq", "chromium"], check=True, env=env, timeout=900,
-                       capture_output=True)
+        subprocess.run(
+            ["apt-get", "install", "-y", "-qq", "chromium"], check=True, env=env, timeout=900, capture_output=True
+        )
     except (subprocess.CalledProcessError, subprocess.TimeoutExpired) as exc:
         out = getattr(exc, "stderr", b"") or b""
         return f"apt-get install chromium failed: {exc}; {out.decode(errors='replace')[-500:]}"
@@ -119,6 +120,7 @@ def open_html(page, tmp_path):
     """``open_html(html)``: write a self-contained test page to a file, open it in ``page`` and wait
     until its script sets ``window.ready = true`` (file:// pages cannot import modules from files,
     so the tested ES modules are inlined in ``html``)."""
+
     def _open(html: str, name: str = "page.html"):
         f = tmp_path / name
         f.write_text(html)

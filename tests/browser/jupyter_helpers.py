@@ -53,7 +53,9 @@ def open_notebook(page, server, name: str, timeout_ms: int = 60_000, *, reset: b
         "'.jp-NotebookPanel-toolbar [aria-label], .jp-Toolbar-kernelStatus')].some(e => /idle/i.test("
         "e.getAttribute('aria-label') || '') || /idle/i.test(e.textContent || ''))) || !!document.querySelector("
         "'.jp-Notebook-ExecutionIndicator[data-status=\"idle\"]'); }",
-        arg=FRONT, timeout=timeout_ms)
+        arg=FRONT,
+        timeout=timeout_ms,
+    )
 
 
 def tidy_for_screenshots(page) -> None:
@@ -88,6 +90,7 @@ def plot_data(page, selector: str, trace: int, key: str = "y") -> list:
 
 
 # --- a JupyterLab server (the conftest fixture and benchmarks/widgets.py both use it) ------------
+
 
 def _free_port() -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
@@ -134,10 +137,20 @@ def jupyter_lab(tmp: Path):
         "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}",
     }
     cmd = [
-        sys.executable, "-m", "jupyterlab", "--no-browser", "--allow-root",
-        "--ip=127.0.0.1", f"--port={port}", "--port-retries=0",
-        "--ServerApp.token=", "--ServerApp.password=", "--ServerApp.disable_check_xsrf=True",
-        f"--ServerApp.root_dir={root}", "--LabApp.news_url=", "--LabApp.check_for_updates_class=jupyterlab.NeverCheckForUpdate",
+        sys.executable,
+        "-m",
+        "jupyterlab",
+        "--no-browser",
+        "--allow-root",
+        "--ip=127.0.0.1",
+        f"--port={port}",
+        "--port-retries=0",
+        "--ServerApp.token=",
+        "--ServerApp.password=",
+        "--ServerApp.disable_check_xsrf=True",
+        f"--ServerApp.root_dir={root}",
+        "--LabApp.news_url=",
+        "--LabApp.check_for_updates_class=jupyterlab.NeverCheckForUpdate",
     ]
     fh = open(log, "wb")
     proc = subprocess.Popen(cmd, stdout=fh, stderr=subprocess.STDOUT, cwd=root, env=env, start_new_session=True)
@@ -168,7 +181,8 @@ _WAIT_DRAWN = """
   const frame = () => new Promise((r) => requestAnimationFrame(() => r()));
   const start = performance.now();
   while (!done()) {
-    if (performance.now() - start > limit) throw new Error('mpo timing: the view did not update within ' + limit + ' ms');
+    if (performance.now() - start > limit)
+      throw new Error('mpo timing: the view did not update within ' + limit + ' ms');
     await frame();
   }
   const t1 = performance.now();
@@ -194,23 +208,29 @@ def time_pick(page, scope: str, index: int, traj_id: str, limit_ms: int = 60_000
         "  const t0 = performance.now();"
         "  sel.selectedIndex = index;"
         "  sel.dispatchEvent(new Event('input', {bubbles: true}));"
-        "  sel.dispatchEvent(new Event('change', {bubbles: true}));"
-        + _WAIT_DRAWN + "}",
-        [scope, index, traj_id, limit_ms])
+        "  sel.dispatchEvent(new Event('change', {bubbles: true}));" + _WAIT_DRAWN + "}",
+        [scope, index, traj_id, limit_ms],
+    )
 
 
-def time_slider(page, scope: str, label: str, value: str, trace: str, first_value: float,
-                limit_ms: int = 60_000) -> dict:
+def time_slider(
+    page, scope: str, label: str, value: str, trace: str, first_value: float, limit_ms: int = 60_000
+) -> dict:
     """Type ``value`` into the slider ``label`` of ``scope`` and press Enter (as a user can); measure,
     in the page, from the Enter key to the figure's ``trace`` starting at ``first_value`` and the
     header naming the new setting (``ms``; ``painted_ms``: the next frame painted)."""
     import re
 
-    page.evaluate("() => { window.__mpoT0 = null; const on = (e) => { if (e.key === 'Enter') {"
-                  " window.__mpoT0 = performance.now(); document.removeEventListener('keydown', on, true); } };"
-                  " document.addEventListener('keydown', on, true); }")
-    slider = page.locator(scope).first.locator(".widget-slider").filter(
-        has=page.locator(".widget-label", has_text=re.compile(f"^{re.escape(label)}$")))
+    page.evaluate(
+        "() => { window.__mpoT0 = null; const on = (e) => { if (e.key === 'Enter') {"
+        " window.__mpoT0 = performance.now(); document.removeEventListener('keydown', on, true); } };"
+        " document.addEventListener('keydown', on, true); }"
+    )
+    slider = (
+        page.locator(scope)
+        .first.locator(".widget-slider")
+        .filter(has=page.locator(".widget-label", has_text=re.compile(f"^{re.escape(label)}$")))
+    )
     slider.locator(".widget-readout").click()
     page.keyboard.press("Control+A")
     page.keyboard.type(value)
@@ -227,5 +247,7 @@ def time_slider(page, scope: str, label: str, value: str, trace: str, first_valu
         "    const ys = Array.from(t.y).filter((y) => y !== null && !Number.isNaN(y));"
         "    const head = root.querySelector('.mpo-status') || root;"
         "    return ys.length > 0 && Math.abs(ys[0] - v) < 1e-5 && head.textContent.includes(setting); };"
-        + _WAIT_DRAWN + "}",
-        [scope, trace, first_value, f"={float(value):g}", limit_ms])
+        + _WAIT_DRAWN
+        + "}",
+        [scope, trace, first_value, f"={float(value):g}", limit_ms],
+    )

@@ -26,26 +26,28 @@ export default () => ({ initialize() {}, render() { return () => {}; } });
 
 
 def test_deltas_to_python_follow_the_frame(page, page_errors, open_html):
-    html = ("<!doctype html><meta charset=utf-8><div id=f></div><script type=module>\n"
-            f"{FIGURE_JS.replace('export default', 'const widget =')}\n"
-            "window.sent = []; window.removed = [];\n"
-            # the figure's model refers to a PlotlySource model, found through the widget manager
-            f"const source = {{ get: (k) => (k === 'source' ? {json.dumps(_FAKE_PLOTLY)} : undefined) }};\n"
-            "window.asked = [];\n"
-            "const widget_manager = { get_model: async (id) => { window.asked.push(id); return source; } };\n"
-            "const model = { get: (k) => (k === '_plotly_source' ? 'IPY_MODEL_abc' : undefined), widget_manager };\n"
-            "const w = widget(); await w.initialize({ model });\n"
-            "const mod = await globalThis[Symbol.for('mpo_viz.plotly_widget_module')];\n"
-            "const view = new mod.FigureView();\n"
-            "view._sendTraceDeltas(7); view._sendLayoutDelta(8);\n"
-            "window.syncSent = window.sent.length;\n"
-            "await new Promise((r) => requestAnimationFrame(() => setTimeout(r, 20)));\n"
-            "window.frameSent = window.sent.length;\n"
-            "view._sendTraceDeltas(9);  // a second redraw soon after: its report waits with the others\n"
-            "const gone = new mod.FigureView(); gone.name = 'gone';\n"
-            "gone._sendLayoutDelta(10); gone.remove();  // replaced before the page is quiet: no report\n"
-            "window.t0 = performance.now();\n"
-            "window.ready = true;</script>")
+    html = (
+        "<!doctype html><meta charset=utf-8><div id=f></div><script type=module>\n"
+        f"{FIGURE_JS.replace('export default', 'const widget =')}\n"
+        "window.sent = []; window.removed = [];\n"
+        # the figure's model refers to a PlotlySource model, found through the widget manager
+        f"const source = {{ get: (k) => (k === 'source' ? {json.dumps(_FAKE_PLOTLY)} : undefined) }};\n"
+        "window.asked = [];\n"
+        "const widget_manager = { get_model: async (id) => { window.asked.push(id); return source; } };\n"
+        "const model = { get: (k) => (k === '_plotly_source' ? 'IPY_MODEL_abc' : undefined), widget_manager };\n"
+        "const w = widget(); await w.initialize({ model });\n"
+        "const mod = await globalThis[Symbol.for('mpo_viz.plotly_widget_module')];\n"
+        "const view = new mod.FigureView();\n"
+        "view._sendTraceDeltas(7); view._sendLayoutDelta(8);\n"
+        "window.syncSent = window.sent.length;\n"
+        "await new Promise((r) => requestAnimationFrame(() => setTimeout(r, 20)));\n"
+        "window.frameSent = window.sent.length;\n"
+        "view._sendTraceDeltas(9);  // a second redraw soon after: its report waits with the others\n"
+        "const gone = new mod.FigureView(); gone.name = 'gone';\n"
+        "gone._sendLayoutDelta(10); gone.remove();  // replaced before the page is quiet: no report\n"
+        "window.t0 = performance.now();\n"
+        "window.ready = true;</script>"
+    )
     open_html(html, "f.html")
     assert page.evaluate("window.syncSent") == 0  # nothing before the frame
     assert page.evaluate("window.frameSent") == 0  # nor right after it (the next frames come first)

@@ -3,8 +3,8 @@ through the Run menu at the fast size (MPO_VIZ_NOTEBOOK_FAST=1), and check that 
 notebook displays rendered (its view is in the page, nothing reads "Error displaying widget") and
 that no cell raised.
 
-The notebooks are copied into the server's root beside a link to the repository's
-``trajectories/``, which is how they find their data. Screenshots of one widget per notebook go to
+The notebooks are copied into the server's root beside links to the repository's
+``trajectories/`` and ``experiments/``, which is how they find their data. Screenshots of one widget per notebook go to
 ``docs/notebook_*.png`` with ``MPO_VIZ_SCREENSHOTS=1``, else to the test's temporary folder.
 """
 
@@ -27,8 +27,10 @@ WRITE_DOCS = os.environ.get("MPO_VIZ_SCREENSHOTS") == "1"
 
 #: notebook -> (the widget views it must show, as (CSS class, at least how many), the one to screenshot)
 NOTEBOOKS = {
-    "01_explore_credit_assignment.ipynb": ([("mpo-explorer", 1), ("mpo-variance", 1), ("mpo-comparison", 1),
-                                            ("mpo-dashboard", 1)], "mpo-dashboard"),
+    "01_explore_credit_assignment.ipynb": (
+        [("mpo-explorer", 1), ("mpo-variance", 1), ("mpo-comparison", 1), ("mpo-dashboard", 1)],
+        "mpo-dashboard",
+    ),
     "02_value_variance.ipynb": ([("mpo-variance", 2)], "mpo-variance"),
     "03_train_interactively.ipynb": ([("mpo-dashboard", 1), ("mpo-explorer", 3)], "mpo-dashboard"),
     "04_bring_your_own_logs.ipynb": ([("mpo-explorer", 1), ("mpo-comparison", 1)], "mpo-comparison"),
@@ -69,7 +71,8 @@ def _run_all(page, name: str, timeout_ms: int) -> None:
 
 def test_notebooks_render_in_jupyterlab(fast_size, page, page_errors, jupyter_server, tmp_path):
     root = jupyter_server.root
-    (root / "trajectories").symlink_to(REPO / "trajectories", target_is_directory=True)
+    for data in ("trajectories", "experiments"):  # the shipped data and the archived runs notebook 01 replays
+        (root / data).symlink_to(REPO / data, target_is_directory=True)
     shots = REPO / "docs" if WRITE_DOCS else tmp_path
     page.set_viewport_size({"width": 1440, "height": 2600})
     for name, (expected, shot) in NOTEBOOKS.items():
@@ -77,19 +80,24 @@ def test_notebooks_render_in_jupyterlab(fast_size, page, page_errors, jupyter_se
         open_notebook(page, jupyter_server, name, reset=True)
         tidy_for_screenshots(page)
         _run_all(page, name, timeout_ms=600_000)  # notebook 03 trains (tiny runs in subprocesses)
-        errors = page.locator(f"{FRONT} .jp-OutputArea-output[data-mime-type='application/vnd.jupyter.stderr']",
-                              has_text="Traceback")
+        errors = page.locator(
+            f"{FRONT} .jp-OutputArea-output[data-mime-type='application/vnd.jupyter.stderr']", has_text="Traceback"
+        )
         assert errors.count() == 0, f"{name}: {errors.first.inner_text()[:2000]}"
         for css, n in expected:
             page.wait_for_selector(f"{FRONT} .jp-OutputArea-output .{css} .js-plotly-plot .main-svg", timeout=60_000)
-            assert page.locator(f"{FRONT} .jp-OutputArea-output .{css}").count() >= n, (name, css)  # views nest explorers
+            assert page.locator(f"{FRONT} .jp-OutputArea-output .{css}").count() >= n, (
+                name,
+                css,
+            )  # views nest explorers
         text = page.locator(f"{FRONT} .jp-Notebook").first.inner_text()
         assert "Error displaying widget" not in text, name
         assert "Loading widget..." not in text, name
         page.mouse.move(5, 5)
         page.wait_for_timeout(300)
         page.locator(f"{FRONT} .jp-OutputArea-output .{shot}").first.screenshot(
-            path=str(shots / f"notebook_{name.split('_')[0]}.png"))
+            path=str(shots / f"notebook_{name.split('_')[0]}.png")
+        )
         # close the notebook (and its kernel) before the next: one kernel at a time on a small machine
         for s in _sessions(jupyter_server.url):
             _delete_session(jupyter_server.url, s)

@@ -20,7 +20,9 @@ pytestmark = pytest.mark.browser
 def report_file(tmp_path_factory):
     b = mv.synthetic.make_batch(12, seed=7, turns=(2, 4), turn_len=(10, 60), obs_len=(10, 60))
     path = tmp_path_factory.mktemp("report") / "report.html"
-    write_report(b, path, ReportConfig(estimators=("mpo", "gae", "grpo"), n_best=1, n_worst=1, n_disagreed=1, progress=False))
+    write_report(
+        b, path, ReportConfig(estimators=("mpo", "gae", "grpo"), n_best=1, n_worst=1, n_disagreed=1, progress=False)
+    )
     return path
 
 
@@ -82,7 +84,9 @@ def test_channel_switch_recolours(page, page_errors, report_file):
     lo, hi = page.inner_text("#strip-0 .mpo-strip-lo"), page.inner_text("#strip-0 .mpo-strip-hi")
     assert float(lo) == pytest.approx(-float(hi))  # centred at 0
     # observation tokens stay grey whatever the channel
-    obs = page.eval_on_selector_all("#strip-0 .mpo-strip-obs", "els => [...new Set(els.map(e => getComputedStyle(e).backgroundColor))]")
+    obs = page.eval_on_selector_all(
+        "#strip-0 .mpo-strip-obs", "els => [...new Set(els.map(e => getComputedStyle(e).backgroundColor))]"
+    )
     assert obs == ["rgb(236, 236, 236)"]
     assert page_errors == []
 
@@ -91,9 +95,12 @@ def test_strip_50k_tokens_is_virtualized(page, page_errors, tmp_path):
     n = 50_000
     toks, mask, chans = strip_arrays(n, seed=0)
     p = payload_from_arrays(toks, mask, None, {"adv": chans["adv_mpo"], "value": chans["value"]})
-    html = (f"<!doctype html><meta charset=utf-8><style>{strip_css()}</style><div id=s></div>"
-            f"<script type='application/json' id=p>{payload_json(p)}</script><script>{strip_js(module=False)}</script>"
-            "<script>window.v = mpoStrip.mount(document.getElementById('s'), JSON.parse(document.getElementById('p').textContent));</script>")
+    html = (
+        f"<!doctype html><meta charset=utf-8><style>{strip_css()}</style><div id=s></div>"
+        f"<script type='application/json' id=p>{payload_json(p)}</script><script>{strip_js(module=False)}</script>"
+        "<script>window.v = mpoStrip.mount(document.getElementById('s'), "
+        "JSON.parse(document.getElementById('p').textContent));</script>"
+    )
     f = tmp_path / "strip.html"
     f.write_text(html)
     page.goto(f.as_uri())
@@ -130,8 +137,9 @@ def test_report_accuracy_shared_scale_and_export(page, page_errors, tmp_path):
     root = Path(__file__).resolve().parents[2]
     b = mv.load(root / "trajectories" / "search.parquet")[:60]
     path = tmp_path / "acc.html"
-    write_report(b, path, ReportConfig(estimators=("mpo", "gae", "vapo"), n_best=1, n_worst=1, n_disagreed=1,
-                                       progress=False))
+    write_report(
+        b, path, ReportConfig(estimators=("mpo", "gae", "vapo"), n_best=1, n_worst=1, n_disagreed=1, progress=False)
+    )
     _open(page, path)
     assert page.locator("h2#accuracy").inner_text() == "Accuracy against the oracle"
     assert page.locator("p.reading").inner_text().startswith("Token credit closest to the oracle:")

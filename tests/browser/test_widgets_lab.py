@@ -44,18 +44,35 @@ def _write_run(d: Path) -> None:
     rng = np.random.default_rng(0)
     lines = []
     for i in range(30):
-        lines.append(json.dumps({
-            "iteration": i, "phase": "train", "time_s": 12.0 * i,
-            "success_rate": float(min(1, 0.2 + 0.02 * i + 0.03 * rng.normal())), "reward_mean": 0.1 + 0.02 * i,
-            "policy_loss": float(0.5 * np.exp(-i / 10) + 0.02 * rng.normal()), "value_loss": 0.3 * np.exp(-i / 15),
-            "approx_kl": 0.002 + 0.0005 * i, "kl_ref": 0.001 * i, "clipfrac_low": 0.01 + 0.001 * i,
-            "clipfrac_high": 0.02, "turn_clipfrac": 0.05, "within_turn_shift": 0.001 * (1 + np.sin(i / 3)),
-            "value_across": 0.05, "value_within": 0.004 + 0.0001 * i,
-            "values_across_within_ratio": 0.05 / (0.004 + 0.0001 * i), "critic_explained_var": 0.2 + 0.01 * i,
-            "entropy": 0.07 * np.exp(-i / 40), "ratio_max": float(2.0 + 0.2 * i + rng.random()),
-            "turn_ratio_max": 1.05 + 0.002 * i, "ratio_min": float(0.4 - 0.005 * i), "turn_ratio_min": 0.95,
-            "timings": {"rollout_s": 6.0 + rng.random(), "advantages_s": 0.05, "update_s": 4.0 + rng.random()},
-        }))
+        lines.append(
+            json.dumps(
+                {
+                    "iteration": i,
+                    "phase": "train",
+                    "time_s": 12.0 * i,
+                    "success_rate": float(min(1, 0.2 + 0.02 * i + 0.03 * rng.normal())),
+                    "reward_mean": 0.1 + 0.02 * i,
+                    "policy_loss": float(0.5 * np.exp(-i / 10) + 0.02 * rng.normal()),
+                    "value_loss": 0.3 * np.exp(-i / 15),
+                    "approx_kl": 0.002 + 0.0005 * i,
+                    "kl_ref": 0.001 * i,
+                    "clipfrac_low": 0.01 + 0.001 * i,
+                    "clipfrac_high": 0.02,
+                    "turn_clipfrac": 0.05,
+                    "within_turn_shift": 0.001 * (1 + np.sin(i / 3)),
+                    "value_across": 0.05,
+                    "value_within": 0.004 + 0.0001 * i,
+                    "values_across_within_ratio": 0.05 / (0.004 + 0.0001 * i),
+                    "critic_explained_var": 0.2 + 0.01 * i,
+                    "entropy": 0.07 * np.exp(-i / 40),
+                    "ratio_max": float(2.0 + 0.2 * i + rng.random()),
+                    "turn_ratio_max": 1.05 + 0.002 * i,
+                    "ratio_min": float(0.4 - 0.005 * i),
+                    "turn_ratio_min": 0.95,
+                    "timings": {"rollout_s": 6.0 + rng.random(), "advantages_s": 0.05, "update_s": 4.0 + rng.random()},
+                }
+            )
+        )
     (d / "metrics.jsonl").write_text("\n".join(lines) + "\n")
 
 
@@ -77,7 +94,9 @@ def _turn_colours(page, scope: str) -> dict:
               (out[turn] = out[turn] || new Set()).add(t.style.background);
           }
           return Object.fromEntries(Object.entries(out).map(([k, v]) => [k, [...v]]));
-        }""", scope)
+        }""",
+        scope,
+    )
 
 
 def _trace(page, scope: str, name: str) -> np.ndarray:
@@ -91,12 +110,18 @@ def _wait_first_value(page, scope: str, value: float) -> None:
     page.wait_for_function(
         "([sel, v]) => { const gd = document.querySelector(sel); const t = gd.data.find((d) => d.name === 'A (mpo)');"
         " const ys = Array.from(t.y).filter((y) => y !== null && !Number.isNaN(y)); return ys.length > 0 &&"
-        " Math.abs(ys[0] - v) < 1e-5; }", arg=[f"{scope} .js-plotly-plot", value])
+        " Math.abs(ys[0] - v) < 1e-5; }",
+        arg=[f"{scope} .js-plotly-plot", value],
+    )
 
 
 def _set_slider(page, scope: str, label: str, value: str) -> None:
     """Type a value into an ipywidgets slider's editable readout and press Enter (as a user can)."""
-    slider = page.locator(scope).first.locator(".widget-slider").filter(has=page.locator(".widget-label", has_text=re.compile(f"^{re.escape(label)}$")))
+    slider = (
+        page.locator(scope)
+        .first.locator(".widget-slider")
+        .filter(has=page.locator(".widget-label", has_text=re.compile(f"^{re.escape(label)}$")))
+    )
     readout = slider.locator(".widget-readout")
     readout.click()
     page.keyboard.press("Control+A")
@@ -194,7 +219,8 @@ def test_widgets_in_jupyterlab(page, page_errors, jupyter_server, tmp_path):
     a_after = _trace(page, ex_css, "A (mpo)")
     np.testing.assert_allclose(a_after[act0], mpo_row(0, beta=0.0)[:n0][act0], rtol=1e-5, atol=1e-6)
     page.wait_for_function(
-        "(scope) => [...document.querySelectorAll(scope + ' .mpo-strip-turnstart')].length > 0", arg=ex_css)
+        "(scope) => [...document.querySelectorAll(scope + ' .mpo-strip-turnstart')].length > 0", arg=ex_css
+    )
     colours_after = _turn_colours(page, ex_css)
     assert colours_after and all(len(c) == 1 for c in colours_after.values()), colours_after
 
@@ -202,7 +228,8 @@ def test_widgets_in_jupyterlab(page, page_errors, jupyter_server, tmp_path):
     _set_slider(page, ex_css, "β", "1")
     _wait_first_value(page, ex_css, float(mpo_row(0)[:n0][act0][0]))
     page.wait_for_function(
-        "(scope) => [...document.querySelectorAll(scope + ' .mpo-strip-turnstart')].length > 0", arg=ex_css)
+        "(scope) => [...document.querySelectorAll(scope + ' .mpo-strip-turnstart')].length > 0", arg=ex_css
+    )
     assert any(len(c) > 1 for c in _turn_colours(page, ex_css).values())
 
     # ---- pick another trajectory from the picker (the third row of its first page), timed in the page
@@ -211,13 +238,18 @@ def test_widgets_in_jupyterlab(page, page_errors, jupyter_server, tmp_path):
     tid = label.split("\u00a0")[0].strip()
     lat["pick"] = time_pick(page, ex_css, 2, tid)
     row = b.traj_ids.index(tid)
-    print(f"\nbrowser latency (Chromium, loaded machine; measurements, not asserts): pick of a "
-          f"{int(b.lengths[row])}-token trajectory {lat['pick']['ms']:.0f} ms (painted {lat['pick']['painted_ms']:.0f} ms), "
-          f"β slider on {len(b)} trajectories {lat['slider']['ms']:.0f} ms (painted {lat['slider']['painted_ms']:.0f} ms)")
+    print(
+        f"\nbrowser latency (Chromium, loaded machine; measurements, not asserts): pick of a "
+        f"{int(b.lengths[row])}-token trajectory {lat['pick']['ms']:.0f} ms (painted {lat['pick']['painted_ms']:.0f} "
+        "ms), "
+        f"β slider on {len(b)} trajectories {lat['slider']['ms']:.0f} ms (painted {lat['slider']['painted_ms']:.0f} ms)"
+    )
     assert all(v["ms"] > 0 for v in lat.values())
     n = int(b.lengths[row])
     act = b.mask[row, :n].numpy() != 0
-    page.wait_for_function(f"(s) => document.querySelector(s + ' .js-plotly-plot').data[0].x.length === {n}", arg=ex_css)
+    page.wait_for_function(
+        f"(s) => document.querySelector(s + ' .js-plotly-plot').data[0].x.length === {n}", arg=ex_css
+    )
     np.testing.assert_allclose(_trace(page, ex_css, "A (mpo)")[act], mpo_row(row)[:n][act], rtol=1e-5, atol=1e-6)
     assert f"{n:,} tokens" in _strip_title(page, ex_css)
     page.locator(ex_css).first.screenshot(path=str(shots / "widgets_explorer.png"))
@@ -234,8 +266,9 @@ def test_widgets_in_jupyterlab(page, page_errors, jupyter_server, tmp_path):
     page.mouse.down()
     page.mouse.up()
     page.wait_for_selector(f"{vv_css} .mpo-explorer .mpo-strip-title", timeout=60_000)
-    page.wait_for_function(f"(s) => document.querySelector(s + ' .mpo-strip-title').textContent.includes({clicked!r})",
-                           arg=vv_css)
+    page.wait_for_function(
+        f"(s) => document.querySelector(s + ' .mpo-strip-title').textContent.includes({clicked!r})", arg=vv_css
+    )
     page.wait_for_selector(f"{vv_css} .mpo-explorer .js-plotly-plot .scatterlayer")
     page.mouse.move(5, 5)  # no hover label in the screenshot
     page.wait_for_timeout(300)
@@ -266,8 +299,10 @@ def test_widgets_in_jupyterlab(page, page_errors, jupyter_server, tmp_path):
     # half the reopens under load gave up on the views before the kernel's state had arrived)
     page.keyboard.press("Control+s")
     page.wait_for_function("() => !document.querySelector('.lm-TabBar-tab.jp-mod-dirty')", timeout=30_000)
-    drawn = ("(css) => { const gd = document.querySelector(css + ' .js-plotly-plot');"
-             " return !!gd && !!gd._fullLayout && (gd.data || []).length > 0 && !!gd.querySelector('.main-svg'); }")
+    drawn = (
+        "(css) => { const gd = document.querySelector(css + ' .js-plotly-plot');"
+        " return !!gd && !!gd._fullLayout && (gd.data || []).length > 0 && !!gd.querySelector('.main-svg'); }"
+    )
     for attempt in range(2):
         page.reload(wait_until="domcontentloaded")
         try:
@@ -276,8 +311,10 @@ def test_widgets_in_jupyterlab(page, page_errors, jupyter_server, tmp_path):
             page.wait_for_selector(f"{ex_css} .mpo-strip-row", state="attached", timeout=60_000)
         except Exception:
             page.screenshot(path=str(tmp_path / "reopened.png"), full_page=True)
-            raise AssertionError(f"after reopening ({attempt + 1}), a view was not drawn (css {css!r}; screenshot "
-                                 f"{tmp_path / 'reopened.png'}); console: {page_errors[:5]}") from None
+            raise AssertionError(
+                f"after reopening ({attempt + 1}), a view was not drawn (css {css!r}; screenshot "
+                f"{tmp_path / 'reopened.png'}); console: {page_errors[:5]}"
+            ) from None
     page.wait_for_timeout(3_000)  # anywidget's limit is 2 s: a model that missed it has said so by now
     assert tid in _strip_title(page, ex_css)  # the state the kernel holds, not the first view's
     for css in (ex_css, vv_css, cmp_css, dash_css):
@@ -293,7 +330,8 @@ def _check_full_width(page, css: str) -> None:
     figs = page.eval_on_selector_all(
         f"{css} .js-plotly-plot",
         "els => els.map(e => ({svg: e.querySelector('.main-svg').getBoundingClientRect().width,"
-        " box: e.getBoundingClientRect().width, traces: (e.data || []).length}))")
+        " box: e.getBoundingClientRect().width, traces: (e.data || []).length}))",
+    )
     assert figs, css
     for f in figs:
         assert f["traces"] > 0, (css, f)

@@ -36,20 +36,31 @@ def test_validate_lists_every_problem(tmp_path, capsys):
 
 
 def test_bad_input_no_traceback(tmp_path):
-    r = subprocess.run([sys.executable, "-m", "mpo_viz.cli", "info", str(tmp_path / "nope.jsonl")], capture_output=True, text=True)
+    r = subprocess.run(
+        [sys.executable, "-m", "mpo_viz.cli", "info", str(tmp_path / "nope.jsonl")], capture_output=True, text=True
+    )
     assert r.returncode == 1
     assert "no such file" in r.stderr and "Traceback" not in r.stderr
-    r = subprocess.run([sys.executable, "-m", "mpo_viz.cli", "--debug", "info", str(tmp_path / "nope.jsonl")], capture_output=True, text=True)
+    r = subprocess.run(
+        [sys.executable, "-m", "mpo_viz.cli", "--debug", "info", str(tmp_path / "nope.jsonl")],
+        capture_output=True,
+        text=True,
+    )
     assert r.returncode != 0 and "Traceback" in r.stderr
 
 
 def test_output_into_a_closed_pipe_is_quiet(tmp_path):
     # `mpo-viz validate big | head`: the reader exits early; no "Broken pipe" error or traceback
-    rows = [dict(traj_id=f"t{i}", group_id="g", prompt_ids=[], response_ids=[1, 2], loss_mask=[1, 5], reward=0.0)
-            for i in range(3000)]
+    rows = [
+        dict(traj_id=f"t{i}", group_id="g", prompt_ids=[], response_ids=[1, 2], loss_mask=[1, 5], reward=0.0)
+        for i in range(3000)
+    ]
     (tmp_path / "x.jsonl").write_text("\n".join(json.dumps(r) for r in rows) + "\n")
-    p = subprocess.Popen([sys.executable, "-m", "mpo_viz.cli", "validate", "--max-problems", "0", str(tmp_path / "x.jsonl")],
-                         stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    p = subprocess.Popen(
+        [sys.executable, "-m", "mpo_viz.cli", "validate", "--max-problems", "0", str(tmp_path / "x.jsonl")],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
     p.stdout.readline()
     p.stdout.close()
     err = p.stderr.read().decode()
@@ -75,10 +86,12 @@ def test_version(capsys):
 
 def test_parser_does_not_import_transformers():
     # transformers costs about a second; only `generate` (the tokenizer) needs it
-    code = ("import sys; from mpo_viz.cli import build_parser; build_parser(); "
-            "assert 'transformers' not in sys.modules, 'transformers imported'; "
-            "from mpo_viz.envs import build_tokenizer, ChatLayout, load_tokenizer; "
-            "assert 'transformers' in sys.modules")
+    code = (
+        "import sys; from mpo_viz.cli import build_parser; build_parser(); "
+        "assert 'transformers' not in sys.modules, 'transformers imported'; "
+        "from mpo_viz.envs import build_tokenizer, ChatLayout; "
+        "assert 'transformers' in sys.modules"
+    )
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert r.returncode == 0, r.stderr
 
@@ -96,4 +109,6 @@ def test_usage_errors_are_one_line(tmp_path, capsys):
 def test_validate_of_a_file_without_trajectories_says_so_and_exits_1(tmp_path, capsys):
     path = mv.save(mv.TrajectoryBatch.from_rows([]), tmp_path / "empty.parquet")
     assert main(["validate", str(path)]) == 1
-    assert capsys.readouterr().out.strip() == f"EMPTY: {path} holds no trajectories (0 rows); nothing to check or analyse"
+    assert (
+        capsys.readouterr().out.strip() == f"EMPTY: {path} holds no trajectories (0 rows); nothing to check or analyse"
+    )

@@ -10,8 +10,10 @@ from mpo_viz.doctor import CHECKS
 
 ROOT = Path(__file__).resolve().parents[2]
 
-FLAT = "\n".join(json.dumps({"traj_id": t, "group_id": g, "prompt_ids": [1], "response_ids": [5], "loss_mask": [1],
-                             "reward": r}) for t, g, r in (("a", "g", 1.0), ("b", "g", 1.0), ("c", "h", 0.0), ("d", "h", 1.0)))
+FLAT = "\n".join(
+    json.dumps({"traj_id": t, "group_id": g, "prompt_ids": [1], "response_ids": [5], "loss_mask": [1], "reward": r})
+    for t, g, r in (("a", "g", 1.0), ("b", "g", 1.0), ("c", "h", 0.0), ("d", "h", 1.0))
+)
 
 
 def test_table_and_exit_code(tmp_path, capsys):

@@ -40,14 +40,20 @@ def test_fresh_model_saved_and_reloaded_gives_the_same_file(tmp_path, capsys):
         assert json.loads(ra["messages_json"])[-2]["role"] == "assistant"
 
 
-@pytest.mark.parametrize("argv, msg", [
-    (["--policy", "expert", "--model", "m"], "--model: expected only with --policy model, found it with --policy expert"),
-    (["--temperature", "0.5"], "--temperature: expected only with --policy model"),
-    (["--policy", "model", "--value-noise", "0.1"], "--value-noise: expected only with --policy expert"),
-    (["--policy", "model", "--top-p", "0"], r"--top-p: expected a number in (0, 1], found 0.0"),
-    (["--policy", "model", "--max-total-tokens", "9"], "--max-total-tokens: expected more than the prompt"),
-    (["--model", "nowhere"], "--model: nowhere: expected a model folder"),
-])
+@pytest.mark.parametrize(
+    "argv, msg",
+    [
+        (
+            ["--policy", "expert", "--model", "m"],
+            "--model: expected only with --policy model, found it with --policy expert",
+        ),
+        (["--temperature", "0.5"], "--temperature: expected only with --policy model"),
+        (["--policy", "model", "--value-noise", "0.1"], "--value-noise: expected only with --policy expert"),
+        (["--policy", "model", "--top-p", "0"], r"--top-p: expected a number in (0, 1], found 0.0"),
+        (["--policy", "model", "--max-total-tokens", "9"], "--max-total-tokens: expected more than the prompt"),
+        (["--model", "nowhere"], "--model: nowhere: expected a model folder"),
+    ],
+)
 def test_errors_name_the_flag(tmp_path, capsys, argv, msg):
     argv = [a.replace("nowhere", str(tmp_path / "nowhere")) for a in argv]
     assert main(["generate", *FAST, *argv, "--out", str(tmp_path / "x.parquet")]) == 1
@@ -59,7 +65,18 @@ def test_errors_name_the_flag(tmp_path, capsys, argv, msg):
 def test_model_of_another_environment_is_refused(tmp_path, capsys):
     assert main(["generate", *FAST, "--save-model", str(tmp_path / "m"), "--out", str(tmp_path / "a.parquet")]) == 0
     capsys.readouterr()
-    argv = ["generate", "--env", "tooluse", "--model", str(tmp_path / "m"), "--episodes", "2", "--group-size", "1",
-            "--out", str(tmp_path / "b.parquet")]
+    argv = [
+        "generate",
+        "--env",
+        "tooluse",
+        "--model",
+        str(tmp_path / "m"),
+        "--episodes",
+        "2",
+        "--group-size",
+        "1",
+        "--out",
+        str(tmp_path / "b.parquet"),
+    ]
     assert main(argv) == 1
     assert "--model: policy " in capsys.readouterr().err

@@ -32,8 +32,15 @@ def tok_dir(tmp_path_factory):
 def _rows(with_tokens=False):
     # ids: 0 [PAD], 1 [UNK], 2-5 role markers (system, user, assistant, tool), 6 <|eot|>, then the words from 7 in order
     ids = [7, 14, 8, 6, 5, 9, 6]  # search the paris <|eot|> <|tool|> capital <|eot|>
-    row = {"traj_id": "t0", "group_id": "g", "prompt_ids": [2], "response_ids": ids,
-           "loss_mask": [1, 1, 1, 1, 0, 0, 0], "reward": 1.0, "values": [0.1, 0.2, 0.3, 0.4, 0, 0, 0]}
+    row = {
+        "traj_id": "t0",
+        "group_id": "g",
+        "prompt_ids": [2],
+        "response_ids": ids,
+        "loss_mask": [1, 1, 1, 1, 0, 0, 0],
+        "reward": 1.0,
+        "values": [0.1, 0.2, 0.3, 0.4, 0, 0, 0],
+    }
     if with_tokens:
         row["response_tokens"] = ["S", "T", "P", "E", "O", "C", "E"]
     return [row]
@@ -71,7 +78,9 @@ def test_explorer_and_report_show_decoded_text(tok_dir, tmp_path):
     # the command line: --tokenizer DIR; a bad folder is one line naming it, before any work
     data = tmp_path / "d.jsonl"
     mv.save(b, data)
-    assert main(["report", str(data), "-o", str(tmp_path / "r.html"), "--tokenizer", str(tok_dir), "--no-progress"]) == 0
+    assert (
+        main(["report", str(data), "-o", str(tmp_path / "r.html"), "--tokenizer", str(tok_dir), "--no-progress"]) == 0
+    )
     assert '"search","the","paris"' in (tmp_path / "r.html").read_text()
     assert main(["report", str(data), "-o", str(tmp_path / "r2.html"), "--tokenizer", str(tmp_path / "nope")]) == 1
     assert not (tmp_path / "r2.html").exists()
@@ -113,20 +122,42 @@ def test_empty_batch_keeps_its_columns():
 
 def test_foreign_parquet_is_one_problem_pointing_to_convert(tmp_path):
     f = tmp_path / "verl_dump.parquet"
-    pq.write_table(pa.table({"prompts": [[1, 2], [3]], "responses": [[4, 5], [6]],
-                             "attention_mask": [[1, 1, 1, 1], [1, 1]], "token_level_scores": [[0.0, 1.0], [0.0]]}), f)
+    pq.write_table(
+        pa.table(
+            {
+                "prompts": [[1, 2], [3]],
+                "responses": [[4, 5], [6]],
+                "attention_mask": [[1, 1, 1, 1], [1, 1]],
+                "token_level_scores": [[0.0, 1.0], [0.0]],
+            }
+        ),
+        f,
+    )
     for errors in ("raise", "collect"):
         with pytest.raises(TrajectoryError) as ei:
             mv.load(f, errors=errors)
         assert len(ei.value.problems) == 1
         msg = str(ei.value)
-        assert "looks like a verl dump" in msg and "mpo-viz convert --from verl" in msg and "row" not in msg.split(":")[0]
+        assert (
+            "looks like a verl dump" in msg and "mpo-viz convert --from verl" in msg and "row" not in msg.split(":")[0]
+        )
 
 
 def test_info_on_a_fully_rejected_file_lists_no_fields(tmp_path, capsys):
     f = tmp_path / "bad.jsonl"
-    f.write_text(json.dumps({"traj_id": "a", "group_id": "g", "prompt_ids": [1], "response_ids": [1, 2],
-                             "loss_mask": [1, 2], "reward": 1.0}) + "\n")
+    f.write_text(
+        json.dumps(
+            {
+                "traj_id": "a",
+                "group_id": "g",
+                "prompt_ids": [1],
+                "response_ids": [1, 2],
+                "loss_mask": [1, 2],
+                "reward": 1.0,
+            }
+        )
+        + "\n"
+    )
     assert main(["info", str(f)]) == 1
     out = capsys.readouterr().out
     line = next(x for x in out.splitlines() if x.strip().startswith("fields"))

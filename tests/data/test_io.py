@@ -132,7 +132,19 @@ def test_scan_bounds(tmp_path, suffix, monkeypatch):
 
 
 def test_scan_collect_reports_bad_rows(tmp_path):
-    rows = [json.dumps(dict(traj_id=f"t{i}", group_id="g", prompt_ids=[], response_ids=[1, 2], loss_mask=[1, 1 if i != 5 else 9], reward=0.0)) for i in range(10)]
+    rows = [
+        json.dumps(
+            dict(
+                traj_id=f"t{i}",
+                group_id="g",
+                prompt_ids=[],
+                response_ids=[1, 2],
+                loss_mask=[1, 1 if i != 5 else 9],
+                reward=0.0,
+            )
+        )
+        for i in range(10)
+    ]
     (tmp_path / "x.jsonl").write_text("\n".join(rows) + "\n")
     pieces = list(mv.scan(tmp_path / "x.jsonl", max_tokens=4, errors="collect"))
     assert sum(len(p) for p in pieces) == 9
@@ -145,7 +157,9 @@ def test_jsonl_refuses_to_change_shared_metadata(tmp_path):
     mv.save(b[2:], tmp_path / "b.jsonl")  # same metadata: fine, both share _meta.json
     other = b[2:]
     other.meta = {**b.meta, "values_source": "oracle"}
-    with pytest.raises(ValueError, match=r"c.jsonl: the JSONL files of a folder share _meta.json, and a.jsonl \(and 1 more\)"):
+    with pytest.raises(
+        ValueError, match=r"c.jsonl: the JSONL files of a folder share _meta.json, and a.jsonl \(and 1 more\)"
+    ):
         mv.save(other, tmp_path / "c.jsonl")
     assert not (tmp_path / "c.jsonl").exists()
     assert mv.load(tmp_path / "a.jsonl").meta["values_source"] == "synthetic"
@@ -165,8 +179,6 @@ def test_group_chunks_refuses_split_groups():
     assert [c.group_ids for c in got] == [b.group_ids[:2], b.group_ids[2:4], b.group_ids[4:]]
 
 
-
-
 def test_scan_keep_groups_keeps_every_group_in_one_batch(tmp_path):
     b = mv.synthetic.make_batch(24, seed=3, group_size=4, turns=(2, 3), turn_len=(3, 9), obs_len=(2, 5))
     mv.save(b, tmp_path / "g.parquet")
@@ -177,7 +189,7 @@ def test_scan_keep_groups_keeps_every_group_in_one_batch(tmp_path):
     assert [t for c in kept for t in c.traj_ids] == b.traj_ids  # every row once, in file order
     seen = [set(c.group_ids) for c in kept]
     for i, s in enumerate(seen):
-        assert all(not (s & t) for t in seen[i + 1:])
+        assert all(not (s & t) for t in seen[i + 1 :])
     assert all(sum(1 for g in c.group_ids if g == gid) == 4 for c in kept for gid in set(c.group_ids))
 
 

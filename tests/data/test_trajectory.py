@@ -12,18 +12,48 @@ from mpo_viz import TrajectoryBatch, TrajectoryError
 def rows():
     return [
         # two turns given by mask runs (no turn_ids); outcome reward on the last action token
-        dict(traj_id="a", group_id="g1", prompt_ids=[1, 2], response_ids=[5, 6, 7, 8, 9, 10],
-             loss_mask=[1, 1, 0, 0, 1, 1], reward=1.0, values=[0.1, 0.2, 0.3, 0.4, 0.5, 0.6],
-             response_tokens=["I", "go", "<obs>", "x", "ok", "<eot>"]),
+        dict(
+            traj_id="a",
+            group_id="g1",
+            prompt_ids=[1, 2],
+            response_ids=[5, 6, 7, 8, 9, 10],
+            loss_mask=[1, 1, 0, 0, 1, 1],
+            reward=1.0,
+            values=[0.1, 0.2, 0.3, 0.4, 0.5, 0.6],
+            response_tokens=["I", "go", "<obs>", "x", "ok", "<eot>"],
+        ),
         # explicit turn ids; NaN outcome plus per-turn rewards on each turn's last action token
-        dict(traj_id="b", group_id="g1", prompt_ids=[1], response_ids=[5, 6, 7], loss_mask=[1, 0, 1],
-             turn_ids=[0, 0, 1], reward=float("nan"), turn_rewards=[0.5, 0.25]),
+        dict(
+            traj_id="b",
+            group_id="g1",
+            prompt_ids=[1],
+            response_ids=[5, 6, 7],
+            loss_mask=[1, 0, 1],
+            turn_ids=[0, 0, 1],
+            reward=float("nan"),
+            turn_rewards=[0.5, 0.25],
+        ),
         # token rewards override everything and must sum to the reward
-        dict(traj_id="c", group_id="g2", prompt_ids=[3], response_ids=[5, 6, 7, 8], loss_mask=[0, 1, 1, 0],
-             token_rewards=[0.0, 0.3, 0.7, 0.0], reward=1.0, bootstrap_value=0.25),
+        dict(
+            traj_id="c",
+            group_id="g2",
+            prompt_ids=[3],
+            response_ids=[5, 6, 7, 8],
+            loss_mask=[0, 1, 1, 0],
+            token_rewards=[0.0, 0.3, 0.7, 0.0],
+            reward=1.0,
+            bootstrap_value=0.25,
+        ),
         # outcome plus turn rewards add up on the last token
-        dict(traj_id="d", group_id="g2", prompt_ids=[], response_ids=[5, 6], loss_mask=[1, 1],
-             reward=2.0, turn_rewards=[0.5]),
+        dict(
+            traj_id="d",
+            group_id="g2",
+            prompt_ids=[],
+            response_ids=[5, 6],
+            loss_mask=[1, 1],
+            reward=2.0,
+            turn_rewards=[0.5],
+        ),
     ]
 
 
@@ -110,8 +140,9 @@ def test_turn_table_shows_the_updates_turn_fields(batch):
     """turn_ratio / turn_clipped become columns of their own name (NaN for a row without them); the
     flags refuse anything but 0/1."""
     assert "turn_ratio" not in batch.turns().columns
-    b = batch.with_turn_fields(turn_ratio=[[0.9, 1.3], [1.0, 0.7], None, [1.05]],
-                               turn_clipped=[[0, 1], [False, True], None, [0]])
+    b = batch.with_turn_fields(
+        turn_ratio=[[0.9, 1.3], [1.0, 0.7], None, [1.05]], turn_clipped=[[0, 1], [False, True], None, [0]]
+    )
     t = b.turns()
     np.testing.assert_allclose(t.turn_ratio, [0.9, 1.3, 1.0, 0.7, np.nan, 1.05])
     np.testing.assert_array_equal(t.turn_clipped, [0, 1, 0, 1, np.nan, 0])

@@ -93,10 +93,12 @@ def test_search_hand_checked_kb():
         chain=("kalo", "mire", "tusa"),
         relations=("mentor", "capital"),
         entities=("kalo", "mire", "tusa", "veno"),
-        facts=(("kalo", (("rival", "veno"), ("mentor", "mire"))),
-               ("mire", (("capital", "tusa"),)),
-               ("tusa", ()),
-               ("veno", (("owner", "kalo"),))),
+        facts=(
+            ("kalo", (("rival", "veno"), ("mentor", "mire"))),
+            ("mire", (("capital", "tusa"),)),
+            ("tusa", ()),
+            ("veno", (("owner", "kalo"),)),
+        ),
     )
     assert env.prompt(task).startswith("question : what is the capital of the mentor of kalo ?")
     env.reset(seed=0, task=task)

@@ -70,8 +70,27 @@ def test_shaping_writes_turn_rewards():
 @pytest.mark.parametrize("suffix", [".parquet", ".jsonl"])
 def test_cli_generate_then_validate(tmp_path, suffix, capsys):
     out = tmp_path / f"auto{suffix}"
-    rc = main(["generate", "--env", "automation", "--noise", "0.25", "--episodes", "12", "--group-size", "4",
-               "--seed", "2", "--value-noise", "0.1", "--slip", "0.2", "--out", str(out)])
+    rc = main(
+        [
+            "generate",
+            "--env",
+            "automation",
+            "--noise",
+            "0.25",
+            "--episodes",
+            "12",
+            "--group-size",
+            "4",
+            "--seed",
+            "2",
+            "--value-noise",
+            "0.1",
+            "--slip",
+            "0.2",
+            "--out",
+            str(out),
+        ]
+    )
     assert rc == 0
     assert main(["validate", str(out)]) == 0
     assert "OK: 12 valid" in capsys.readouterr().out
@@ -81,7 +100,10 @@ def test_cli_generate_then_validate(tmp_path, suffix, capsys):
     assert b.meta["generator"]["env_options"] == {"slip": 0.2}
     capsys.readouterr()
     assert main(["generate", "--env", "search", "--slip", "0.2", "--episodes", "4", "--out", str(out)]) == 1
-    assert "error: --slip: expected an option of the search environment (distractors, difficulty, slack, max_turns, shaping, seed), found one it does not take" in capsys.readouterr().err
+    assert (
+        "error: --slip: expected an option of the search environment (distractors, difficulty, slack, max_turns, "
+        "shaping, seed), found one it does not take" in capsys.readouterr().err
+    )
     assert main(["generate", "--env", "search", "--difficulty", "x", "--episodes", "4", "--out", str(out)]) == 1
     assert main(["generate", "--env", "search", "--noise", "2", "--episodes", "4", "--out", str(out)]) == 1
     assert "error: --noise: expected 0 <= noise <= 1, found 2.0" in capsys.readouterr().err
@@ -112,8 +134,25 @@ def test_mae_on_the_exact_critic_recovers_the_oracle_credit(within, opts):
 
 def test_long_horizon_without_reasoning(tmp_path):
     out = tmp_path / "long.parquet"
-    assert main(["generate", "--env", "tooluse", "--noise", "0", "--episodes", "4", "--difficulty", "20-22",
-                 "--no-reasoning", "--out", str(out)]) == 0
+    assert (
+        main(
+            [
+                "generate",
+                "--env",
+                "tooluse",
+                "--noise",
+                "0",
+                "--episodes",
+                "4",
+                "--difficulty",
+                "20-22",
+                "--no-reasoning",
+                "--out",
+                str(out),
+            ]
+        )
+        == 0
+    )
     b = mv.load(out)
     assert (b.num_turns >= 20).all() and (b.num_turns <= 22).all() and (b.outcome_reward == 1).all()
     toks = list(b.field("response_tokens")[0])

@@ -21,7 +21,9 @@ from mpo_viz.envs.search import SearchTask
 
 # One hop: the question asks for the mentor of ritumi (= ripave); three entities, six actions.
 TINY = SearchTask(
-    chain=("ritumi", "ripave"), relations=("mentor",), entities=("ritumi", "ripave", "vesano"),
+    chain=("ritumi", "ripave"),
+    relations=("mentor",),
+    entities=("ritumi", "ripave", "vesano"),
     facts=(("ritumi", (("mentor", "ripave"),)), ("ripave", (("rival", "vesano"),)), ("vesano", (("owner", "ritumi"),))),
 )
 
@@ -36,15 +38,23 @@ def test_hand_computed_search_values():
     # p = 0.3, |A| = 6: expert action prob 0.75, every other action 0.05; turn limit 2.
     env, ex = tiny_env(), NoisyExpert(0.3, reasoning=False)
     orc = Oracle(env, ex)
-    assert orc.policy(0) == pytest.approx({"search ritumi": 0.75, "search ripave": 0.05, "search vesano": 0.05,
-                                           "answer ritumi": 0.05, "answer ripave": 0.05, "answer vesano": 0.05})
-    assert orc.value((1, 1)) == pytest.approx(0.75)        # answer ripave with prob .75
-    assert orc.value((1, 0)) == pytest.approx(0.05)        # only a lucky random "answer ripave"
+    assert orc.policy(0) == pytest.approx(
+        {
+            "search ritumi": 0.75,
+            "search ripave": 0.05,
+            "search vesano": 0.05,
+            "answer ritumi": 0.05,
+            "answer ripave": 0.05,
+            "answer vesano": 0.05,
+        }
+    )
+    assert orc.value((1, 1)) == pytest.approx(0.75)  # answer ripave with prob .75
+    assert orc.value((1, 0)) == pytest.approx(0.05)  # only a lucky random "answer ripave"
     # V(s0) = .75·.75 + 2·.05·.05 + .05·1 = .6175
     assert orc.value((0, 0)) == pytest.approx(0.6175)
     assert orc.q((0, 0), "search ritumi") == pytest.approx(0.75)
     assert orc.q((0, 0), "answer ripave") == pytest.approx(1.0)
-    assert orc.q((0, 0), None) == pytest.approx(0.05)      # malformed: a turn spent
+    assert orc.q((0, 0), None) == pytest.approx(0.05)  # malformed: a turn spent
     assert orc.advantage((0, 0), "search ritumi") == pytest.approx(0.75 - 0.6175)
 
 
@@ -68,7 +78,7 @@ def test_hand_computed_partial_turn():
     to2 = orc2.turn((0, 0), lay.action(text), "search ritumi")
     n = len(to2.values)
     np.testing.assert_allclose(to2.values[: n - 2], 0.6175)
-    np.testing.assert_allclose(to2.values[n - 2:], [mid, 0.75])
+    np.testing.assert_allclose(to2.values[n - 2 :], [mid, 0.75])
     assert to2.decisive.sum() == 2
     # off the expert's support: a model wrote "search vesano please" — after leaving the support the
     # value is Q of the executed (here malformed) action
@@ -103,8 +113,9 @@ def mc_return(env, ex, task, state_seed, n):
     return rets
 
 
-@pytest.mark.parametrize("name,kw", [("search", {}), ("tooluse", {}), ("automation", {"slip": 0.2}),
-                                     ("search", {"shaping": 0.1})])
+@pytest.mark.parametrize(
+    "name,kw", [("search", {}), ("tooluse", {}), ("automation", {"slip": 0.2}), ("search", {"shaping": 0.1})]
+)
 def test_value_matches_monte_carlo(name, kw):
     env = make_env(name, difficulty=4, **kw)
     ex = NoisyExpert(0.3)
@@ -185,8 +196,12 @@ def test_long_horizon_is_cheap():
 
 
 @settings(max_examples=15, deadline=None)
-@given(name=st.sampled_from(["search", "tooluse", "automation"]), seed=st.integers(0, 10_000),
-       noise=st.floats(0.05, 1.0), walk=st.integers(0, 10_000))
+@given(
+    name=st.sampled_from(["search", "tooluse", "automation"]),
+    seed=st.integers(0, 10_000),
+    noise=st.floats(0.05, 1.0),
+    walk=st.integers(0, 10_000),
+)
 def test_partial_turn_values_are_a_martingale(name, seed, noise, walk):
     # Along any prefix of the expert's text, the value is the policy-weighted average of the values
     # one token later: Σ_tok P(tok | prefix) V(prefix + tok) = V(prefix) (and V(∅) = V(s), the end = Q).

@@ -16,8 +16,24 @@ from experiments import credit_accuracy as bench
 
 ROOT = Path(__file__).resolve().parents[2]
 
-ARGS = ["--critic", "learned", "--envs", "search", "--sizes", "400", "--targets", "oracle", "--trunks", "fresh",
-        "--seeds", "0", "1", "--budgets", "2", "4"]
+ARGS = [
+    "--critic",
+    "learned",
+    "--envs",
+    "search",
+    "--sizes",
+    "400",
+    "--targets",
+    "oracle",
+    "--trunks",
+    "fresh",
+    "--seeds",
+    "0",
+    "1",
+    "--budgets",
+    "2",
+    "4",
+]
 
 
 @pytest.fixture
@@ -99,10 +115,13 @@ def test_centring_factor_by_hand():
     ref = {"inv": np.array([0, 0, 0, 1]), "counts": np.array([3.0, 1.0])}
     lam = 0.5
     # intra: c_j = 1 − (1/n)·Σ_{j'≤j} λ^{j−j'}; 0 at each turn's last token
-    np.testing.assert_allclose(bench.centring_factor(ref, "mpo", {"lam": lam}),
-                               [1 - 1 / 3, 1 - (1 + lam) / 3, 0.0, 0.0])
-    np.testing.assert_allclose(bench.centring_factor(ref, "mpo", {"lam": lam, "within": "local"}),
-                               [1 - 1 / 3, 1 - (1 + lam) / 3, 1 - (1 + lam + lam**2) / 3, 0.0])
+    np.testing.assert_allclose(
+        bench.centring_factor(ref, "mpo", {"lam": lam}), [1 - 1 / 3, 1 - (1 + lam) / 3, 0.0, 0.0]
+    )
+    np.testing.assert_allclose(
+        bench.centring_factor(ref, "mpo", {"lam": lam, "within": "local"}),
+        [1 - 1 / 3, 1 - (1 + lam) / 3, 1 - (1 + lam + lam**2) / 3, 0.0],
+    )
     np.testing.assert_allclose(bench.centring_factor(ref, "mpo", {"within": "td"}), [2 / 3, 2 / 3, 2 / 3, 0.0])
     np.testing.assert_allclose(bench.centring_factor(ref, "mpo", {"within": "baseline"}), 0.0)
     np.testing.assert_allclose(bench.centring_factor(ref, "gae", {}), 0.0)
@@ -127,7 +146,11 @@ def test_token_truth_validation_on_the_expert(capsys):
     """--truth mc-token --policy expert at a tiny size: the agreement with the exact oracle per rule and
     estimator, and the within-turn table with the oracle's values as the critic."""
     check, table = bench.expert_token_validation("search", episodes=8, m=8, seed=1)
-    assert list(check.positions) == ["uncertain", "decisive", "uncertain"] and list(check.estimator) == ["pi", "pi", "plain"]
+    assert list(check.positions) == ["uncertain", "decisive", "uncertain"] and list(check.estimator) == [
+        "pi",
+        "pi",
+        "plain",
+    ]
     # the statistical check itself is tests/rollout/test_token_truth.py's (M = 32); here the columns are filled
     assert (check.decisive > 0).all() and ((check.z_lt_3 > 0) & (check.z_lt_3 <= 1)).all()
     assert (check.mean_err.abs() < 0.05).all()

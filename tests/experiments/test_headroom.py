@@ -32,7 +32,7 @@ def test_turn_gae_by_hand_on_one_trajectory(start):
     v = headroom.per_turn(one, "mc_value_a")
     delta = headroom.truth_of(one, v)
     lam = 0.9
-    want = [sum(lam ** j * delta[k + j] for j in range(len(v) - k)) for k in range(len(v))]
+    want = [sum(lam**j * delta[k + j] for j in range(len(v) - k)) for k in range(len(v))]
     np.testing.assert_allclose(headroom.turn_credit(one, v, lam), want, atol=1e-9)
 
 

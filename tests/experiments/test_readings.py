@@ -16,7 +16,7 @@ RESULTS = (REPO / "docs" / "results.md").read_text()
 
 def headline() -> str:
     start = README.index("**Does MPO's credit assignment help?**")
-    return " ".join(README[start:README.index("See [`docs/results.md`]", start)].split())
+    return " ".join(README[start : README.index("See [`docs/results.md`]", start)].split())
 
 
 def f(x: float, nd: int = 3, sign: bool = False) -> str:
@@ -35,17 +35,30 @@ def quoted() -> list[str]:
     mc_ppo, mc_grpo = e2["mc_ppo"], e2["mc_grpo"]
     assert e3["greedy_fell_everywhere"] and e3["warmups_all_at_budget"] and e3["seeds"] == 8  # "missed its gate"
     return [
-        f(mp["mean_diff"]), f"CI {f(mp['ci_low'])} to {f(mp['ci_high'], sign=True)}",
-        f(bl["mean_diff"], sign=True), f"CI {f(bl['ci_low'], sign=True)} to {f(bl['ci_high'], sign=True)}",
-        f"Holm p {bl['p_holm']:.2f}", f"{e3['start']:.3f} → {rng(e3['final_lo'], e3['final_hi'])}",
+        f(mp["mean_diff"]),
+        f"CI {f(mp['ci_low'])} to {f(mp['ci_high'], sign=True)}",
+        f(bl["mean_diff"], sign=True),
+        f"CI {f(bl['ci_low'], sign=True)} to {f(bl['ci_high'], sign=True)}",
+        f"Holm p {bl['p_holm']:.2f}",
+        f"{e3['start']:.3f} → {rng(e3['final_lo'], e3['final_hi'])}",
         f"{e3['greedy_start']:.3f} → {rng(e3['greedy_lo'], e3['greedy_hi'])}",
         f"explained variance {e3['warmup_ev_mean']:.2f} on average",
         f"{f(mc_ppo['mean_diff'])} ({f(mc_ppo['ci_low'])} to {f(mc_ppo['ci_high'], sign=True)}) from PPO",
-        f"{f(mc_grpo['mean_diff'], sign=True)} ({f(mc_grpo['ci_low'])} to {f(mc_grpo['ci_high'], sign=True)}) from GRPO",
-        f"only {rng(e2['lam09_lo'], e2['lam09_hi'])} with the truth", f"({rng(e2['lam0_lo'], e2['lam0_hi'])} at λ_T = 0",
-        f"(correlation {rng(e1['critic_based_lo'], e1['critic_based_hi'])})", f"({rng(e1['group_lo'], e1['group_hi'])})",
-        f"closest ({e1['gae95_corr']:.2f})", f"has slope {e1['gae95_truth_on_credit']:.2f})",
-        f"turn credit ({e1['mpo_corr']:.2f})", f"about {1 / e1['mpo_truth_on_credit']:.0f}×",
+        f"{f(mc_grpo['mean_diff'], sign=True)} ({f(mc_grpo['ci_low'])} to {f(mc_grpo['ci_high'], sign=True)}) from "
+        "GRPO",
+        f"only {rng(e2['lam09_lo'], e2['lam09_hi'])} with the truth",
+        f"at λ_T = 0 ({rng(e2['lam0_lo'], e2['lam0_hi'])}; a learned critic's: {e2['critic_corr']:.2f})",
+        f"ended {f(e2['mc0_ppo']['mean_diff'])} ({f(e2['mc0_ppo']['ci_low'])} to "
+        f"{f(e2['mc0_ppo']['ci_high'], sign=True)}) from PPO",
+        f"{f(e2['mc0_grpo']['mean_diff'], sign=True)} ({f(e2['mc0_grpo']['ci_low'])} to "
+        f"{f(e2['mc0_grpo']['ci_high'], sign=True)}) from GRPO",
+        f"power of only {readings.paired_power(e2['mc0_ppo']['diffs']):.2f}",
+        f"(correlation {rng(e1['critic_based_lo'], e1['critic_based_hi'])})",
+        f"({rng(e1['group_lo'], e1['group_hi'])})",
+        f"closest ({e1['gae95_corr']:.2f})",
+        f"has slope {e1['gae95_truth_on_credit']:.2f})",
+        f"turn credit ({e1['mpo_corr']:.2f})",
+        f"about {1 / e1['mpo_truth_on_credit']:.0f}×",
         f"has slope {e1['mpo_truth_on_credit']:.2f})",
     ]
 
@@ -75,6 +88,29 @@ def test_the_corrected_readings_stand():
     assert e1["mpo_truth_on_credit"] == pytest.approx(0.30, abs=0.01)  # MPO's turn credit overstates ~3x
     assert (e1["turns_lo"], e1["turns_hi"]) == (217, 265)
     assert c["rho_gae1_minus_grpo"] == pytest.approx(0.46, abs=0.01) and c["p_gae1_minus_grpo"] < 0.02
-    for text in ("0.20–0.29", "217–265 turns", "(ρ = +0.46, p = 0.010, 30 fits)", "30 of 30 critic fits",
-                 f"by {e1['gae95_minus_mpo_mean']:.3f} on", f"at least {e1['gae95_minus_mpo_min']:.3f}"):
+    for text in (
+        "0.20–0.29",
+        "217–265 turns",
+        "(ρ = +0.46, p = 0.010, 30 fits)",
+        "30 of 30 critic fits",
+        f"by {e1['gae95_minus_mpo_mean']:.3f} on",
+        f"at least {e1['gae95_minus_mpo_min']:.3f}",
+    ):
         assert text in " ".join(RESULTS.split()), text
+
+
+def test_e2p_pairs_its_new_arm_with_e2s_runs_by_seed():
+    """The integrity check fixed in advance: each turn_gae_mc0 run's held-out evaluation before RL
+    equals E2's archived ppo and grpo start evaluation on the same seed (same start, same tasks)."""
+    import json
+
+    runs = readings.RECORDS / "v4" / "e2p" / "runs" / "automation-d3-4"
+
+    def start(arm, seed):
+        for line in (runs / arm / f"seed={seed}" / "metrics.jsonl").read_text().splitlines():
+            r = json.loads(line)
+            if r.get("eval_sampled_success") is not None:
+                return r["eval_sampled_success"], r["eval_success"], r["eval_seed"], r["n_eval_tasks"]
+
+    for seed in range(6):
+        assert start("turn_gae_mc0", seed) == start("ppo", seed) == start("grpo", seed)

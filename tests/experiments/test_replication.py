@@ -11,11 +11,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from experiments import grids, records, replication, runner, stats
+from experiments import grids, replication, runner, stats
+from experiments import report as records
 
 REPO = Path(__file__).resolve().parents[2]
-
-
 
 
 def test_plan_is_cell_then_seed_major_and_complete():
@@ -26,7 +25,9 @@ def test_plan_is_cell_then_seed_major_and_complete():
     assert first == sorted(first)  # a partial cell has whole seeds
     assert {a for _, _, a in runs} == {"grpo", "ppo", "turn_gae", "mpo_token", "mpo", "mpo_bare", "mpo_oracle"}
     assert grids.plan("v2", seeds=[1, 3]) == [r for r in runs if r[1] in (1, 3)]
-    assert grids.plan("v2", seeds=[2], arms=["ppo", "grpo"]) == [r for r in runs if r[1] == 2 and r[2] in ("ppo", "grpo")]
+    assert grids.plan("v2", seeds=[2], arms=["ppo", "grpo"]) == [
+        r for r in runs if r[1] == 2 and r[2] in ("ppo", "grpo")
+    ]
     assert [a for _, _, a in grids.plan("v2", seeds=[0], arms=["ppo", "grpo"])] == ["grpo", "ppo"] * 2  # grid order
     # v3 E2's recorded deviation: mpo_mc (= turn_gae_mc by construction) runs on seeds 0 and 1 only
     e2 = grids.plan("v3-e2")
@@ -39,8 +40,14 @@ def test_arm_configs(tmp_path):
     assert s["iterations"] >= 20 and s["episodes"] >= 32 and len(s["seeds"]) >= 6 and s["eval_episodes"] >= 128
     cfgs = {a: runner.run_config("v2", "automation-d3-4", a, 3, tmp_path) for a in s["arms"]}
     for a, cfg in cfgs.items():  # equal budgets and one evaluation set for every arm of a seed
-        assert (cfg.iterations, cfg.episodes, cfg.group_size, cfg.epochs, cfg.minibatches, cfg.policy_lr) == \
-            (20, 32, 4, 2, 4, 1e-4), a
+        assert (cfg.iterations, cfg.episodes, cfg.group_size, cfg.epochs, cfg.minibatches, cfg.policy_lr) == (
+            20,
+            32,
+            4,
+            2,
+            4,
+            1e-4,
+        ), a
         assert cfg.eval_key == 3 and cfg.eval_episodes == 128 and cfg.difficulty == [3, 4] and cfg.sft_steps == 0
     learned = [a for a, c in cfgs.items() if c.learns_critic]
     assert sorted(learned) == ["mpo", "mpo_bare", "mpo_token", "ppo", "turn_gae"]
@@ -48,15 +55,20 @@ def test_arm_configs(tmp_path):
         assert cfgs[a].model_dir == str(tmp_path) and cfgs[a].critic_warmup_steps == 0 and cfgs[a].critic_epochs == 4
         assert cfgs[a].critic_option("value_target") == "mc"
         as_v2 = runner.run_config("v2", "automation-d3-4", a, 3, tmp_path, value_target="estimator")
-        assert as_v2.critic_option("value_target") == "estimator" and as_v2.differences(cfgs[a]) == \
-            ["value_target: 'estimator' != 'mc'"]
+        assert as_v2.critic_option("value_target") == "estimator" and as_v2.differences(cfgs[a]) == [
+            "value_target: 'estimator' != 'mc'"
+        ]
     assert cfgs["grpo"].model_dir == str(grids.START) and not cfgs["grpo"].uses_critic
     assert cfgs["mpo_oracle"].critic == "expert" and cfgs["mpo_oracle"].model_dir == str(grids.START)
     assert cfgs["mpo_bare"].loss_options == {"token_clip": None} and cfgs["mpo"].loss_options == {}
     assert (cfgs["turn_gae"].estimator, cfgs["turn_gae"].loss) == ("turn_gae", "token_ppo")
     warm = runner.warmup_config("v2", "automation-d3-4", 3)
-    assert (warm.critic_warmup_episodes, warm.critic_warmup_steps, warm.critic_option("critic_warmup_lr"),
-            warm.critic_option("critic_warmup_ev")) == (512, 256, 1e-3, 0.2)
+    assert (
+        warm.critic_warmup_episodes,
+        warm.critic_warmup_steps,
+        warm.critic_option("critic_warmup_lr"),
+        warm.critic_option("critic_warmup_ev"),
+    ) == (512, 256, 1e-3, 0.2)
 
 
 def test_sao_arm_pairs_the_sao_loss_with_its_estimator(tmp_path):
@@ -74,7 +86,9 @@ def test_paired_t_test_by_hand():
     t = 2 * math.sqrt(3)
     assert r["p_value"] == pytest.approx(1 - t / math.sqrt(t * t + 2), rel=1e-9)
     q = 4.302652729911275  # t_{0.975, 2}
-    assert r["ci_low"] == pytest.approx(0.2 - q * 0.1 / math.sqrt(3)) and r["ci_high"] == pytest.approx(0.2 + q * 0.1 / math.sqrt(3))
+    assert r["ci_low"] == pytest.approx(0.2 - q * 0.1 / math.sqrt(3)) and r["ci_high"] == pytest.approx(
+        0.2 + q * 0.1 / math.sqrt(3)
+    )
     assert stats.paired_test([0.1, 0.1])["p_value"] == 0.0  # no spread, a non-zero mean
     assert stats.paired_test([0.0, 0.0])["p_value"] == 1.0
     assert math.isnan(stats.paired_test([0.3])["p_value"])
@@ -105,8 +119,19 @@ def test_tiny_grid_runs_reports_and_resumes(tmp_path):
     rows = [json.loads(x) for x in (out / "results.jsonl").read_text().splitlines()]
     assert {r["method"] for r in rows} == {"mpo", "grpo", "mpo_oracle"}
     for r in rows:
-        for k in ("cell", "method", "seed", "iteration", "sampled_success", "greedy_success", "n_eval_tasks",
-                  "eval_seed", "critic_explained_var", "values_across_within_ratio", "collapsed"):
+        for k in (
+            "cell",
+            "method",
+            "seed",
+            "iteration",
+            "sampled_success",
+            "greedy_success",
+            "n_eval_tasks",
+            "eval_seed",
+            "critic_explained_var",
+            "values_across_within_ratio",
+            "collapsed",
+        ):
             assert k in r, k
         assert r["n_eval_tasks"] == 8 and r["eval_seed"] == 0
         assert 0.0 <= r["sampled_success"] <= 1.0 and 0.0 <= r["greedy_success"] <= 1.0
@@ -123,8 +148,9 @@ def test_tiny_grid_runs_reports_and_resumes(tmp_path):
     assert json.loads((out / "grid.json").read_text())["value_target"] == "mc"
     # the learned-critic arm starts from the seed's shared warm-up
     warm = out / "warmups" / "automation-d3-4" / "seed=0"
-    assert json.loads((out / "runs" / "automation-d3-4" / "mpo" / "seed=0" / "config.json").read_text())["model_dir"] \
-        == str(warm / "model")
+    assert json.loads((out / "runs" / "automation-d3-4" / "mpo" / "seed=0" / "config.json").read_text())[
+        "model_dir"
+    ] == str(warm / "model")
     w = json.loads((warm / "warmup.json").read_text())
     assert w["warmup_stop"] in ("gate", "budget") and w["warmup_episodes"] == 20
     finals = [json.loads(x) for x in (out / "final.jsonl").read_text().splitlines()]
@@ -151,10 +177,16 @@ def test_tiny_grid_runs_reports_and_resumes(tmp_path):
     # the archive keeps the records without the models; with the run folders gone, the grid runs
     # nothing and rebuilds the same records from it
     arch = archive / "runs" / "automation-d3-4" / "mpo" / "seed=0"
-    assert {p.name for p in arch.iterdir()} == {"config.json", "metrics.jsonl", "pass_at_k.json", "warmup.json",
-                                                 "credit.jsonl"}
-    assert len((arch / "credit.jsonl").read_text().splitlines()) == len(list((out / "runs" / "automation-d3-4" / "mpo"
-                                                                              / "seed=0" / "trajectories").iterdir()))
+    assert {p.name for p in arch.iterdir()} == {
+        "config.json",
+        "metrics.jsonl",
+        "pass_at_k.json",
+        "warmup.json",
+        "credit.jsonl",
+    }
+    assert len((arch / "credit.jsonl").read_text().splitlines()) == len(
+        list((out / "runs" / "automation-d3-4" / "mpo" / "seed=0" / "trajectories").iterdir())
+    )
     before_rows = (out / "results.jsonl").read_text()
     shutil.rmtree(out / "runs"), shutil.rmtree(out / "warmups")
     assert replication.main(["--size", "tiny", "--out", str(out), "--archive", str(archive)]) == 0
@@ -216,7 +248,13 @@ def test_v3_arm_configs(tmp_path):
     and mpo_matched takes the token band of the seed's matched-step record."""
     warm = tmp_path / "warmups" / "automation-d5-6" / "seed=2" / "model"
     mc = runner.run_config("v3-e2", "automation-d3-4", "turn_gae_mc", 2, warm)
-    assert (mc.estimator, mc.loss, mc.critic, mc.mc_samples, mc.learns_critic) == ("turn_gae", "token_ppo", "mc", 8, False)
+    assert (mc.estimator, mc.loss, mc.critic, mc.mc_samples, mc.learns_critic) == (
+        "turn_gae",
+        "token_ppo",
+        "mc",
+        8,
+        False,
+    )
     assert mc.model_dir == str(grids.START) and records.critic_target(mc) == "policy_mc"
     base = runner.run_config("v3-e3", "automation-d5-6", "mpo_baseline", 2, warm)
     assert base.estimator_options == {"within": "baseline"} and base.loss == "token_ppo" and base.model_dir == str(warm)
@@ -245,7 +283,15 @@ def test_v3_e3_starts_from_its_own_start(tmp_path):
     meta = json.loads(json.dumps(grids.grid_meta("v3-e3")))  # grid.json: the start as a repository path
     assert meta["grid"]["start"] == "trajectories/starts/automation-d5-6" and meta["runs"] == 48
     assert [a for a in grids.ARMS if grids.uses_warmup(a)] == [
-        "ppo", "turn_gae", "mpo_token", "mpo", "mpo_bare", "mpo_baseline", "mpo_matched", "sao"]
+        "ppo",
+        "turn_gae",
+        "mpo_token",
+        "mpo",
+        "mpo_bare",
+        "mpo_baseline",
+        "mpo_matched",
+        "sao",
+    ]
 
 
 def test_an_archive_made_by_another_grid_is_refused_naming_the_fields(tmp_path, capsys):
@@ -264,7 +310,8 @@ def test_an_archive_made_by_another_grid_is_refused_naming_the_fields(tmp_path, 
     assert runner.archive_mismatch(shipped, meta) == [
         "value_target: archive 'estimator', this grid 'mc'",
         "start: archive 'trajectories/starts/automation', this grid 'trajectories/starts/automation-d5-6'",
-        f"arm ppo: archive {shipped['arms']['ppo']!r}, this grid {meta['arms']['ppo']!r}"]
+        f"arm ppo: archive {shipped['arms']['ppo']!r}, this grid {meta['arms']['ppo']!r}",
+    ]
     # through the command line: a usage error before any run, naming the archive's grid.json
     other = tmp_path / "other"
     other.mkdir()
@@ -281,9 +328,9 @@ def test_v3_specs_are_the_preregistered_text():
     """The arms, seeds and primary comparisons of E2 and E3 in experiments/replication.py are those
     docs/results.md fixed in advance (its "Replication v3" section)."""
     text = (REPO / "docs" / "results.md").read_text()
-    v3 = text[text.index("## Replication v3"):text.index("## Replication v2")]
+    v3 = text[text.index("## Replication v3") : text.index("## Replication v2")]
     for size, head, nxt in (("v3-e2", "**E2", "**E3"), ("v3-e3", "**E3", "**E1")):
-        part = v3[v3.index(head):v3.index(nxt)]
+        part = v3[v3.index(head) : v3.index(nxt)]
         spec = grids.SIZES[size]
         arms_line = "Arms: " + ", ".join(f"`{a}`" for a in spec["arms"]) + "."
         assert arms_line in " ".join(part.split()), (size, arms_line)
@@ -293,7 +340,9 @@ def test_v3_specs_are_the_preregistered_text():
         assert grids.comparisons_of(size) == spec["comparisons"]
     assert grids.SIZES["v3-e2"]["seeds"] == tuple(range(6)) and "E2 runs 6 seeds (0–5)" in v3
     assert grids.SIZES["v3-e3"]["seeds"] == tuple(range(8)) and "E3 runs 8 seeds (0–7)" in v3
-    assert grids.SIZES["v3-e2"]["cells"] == ("automation-d3-4",) and grids.SIZES["v3-e3"]["cells"] == ("automation-d5-6",)
+    assert grids.SIZES["v3-e2"]["cells"] == ("automation-d3-4",) and grids.SIZES["v3-e3"]["cells"] == (
+        "automation-d5-6",
+    )
 
 
 def test_every_arm_has_a_colour():
@@ -305,22 +354,23 @@ def test_v4_e2p_spec_is_the_preregistered_text(tmp_path):
     """E2' of replication v4: arms, seeds, cell, budget and primaries of ``--size v4-e2p`` are the
     ones docs/results.md fixed in advance; its new arm is turn GAE at λ_T = 0 on the policy's MC values."""
     text = (REPO / "docs" / "results.md").read_text()
-    part = text[text.index("**E2' —"):text.index("**Reading rule.**", text.index("**E2' —"))]
+    part = text[text.index("**E2' —") : text.index("**Reading rule.**", text.index("**E2' —"))]
     spec = grids.SIZES["v4-e2p"]
     assert "Arms: " + ", ".join(f"`{a}`" for a in spec["arms"]) + "." in " ".join(part.split())
     listed = [ln[2:].strip() for ln in part.splitlines() if ln.startswith("* `")]
     assert listed == [f"`{a}` − `{b}`" for _, a, b in spec["comparisons"]] and "Holm over both" in part
     assert spec["seeds"] == tuple(range(6)) and "seeds 0–5" in part and spec["cells"] == ("automation-d3-4",)
     e2 = grids.SIZES["v3-e2"]
-    assert {k: v for k, v in spec.items() if k not in runner.GRID_SHARE} == \
-        {k: v for k, v in e2.items() if k not in (*runner.GRID_SHARE, "arm_seeds")}  # E2's budget exactly
+    assert {k: v for k, v in spec.items() if k not in runner.GRID_SHARE} == {
+        k: v for k, v in e2.items() if k not in (*runner.GRID_SHARE, "arm_seeds")
+    }  # E2's budget exactly
     assert set(spec["arms"]) - {"turn_gae_mc0"} <= set(e2["arms"])
     cfg = runner.run_config("v4-e2p", "automation-d3-4", "turn_gae_mc0", 3, tmp_path / "unused")
     assert (cfg.estimator, cfg.loss, cfg.critic, cfg.mc_samples) == ("turn_gae", "token_ppo", "mc", 8)
     assert cfg.estimator_options == {"turn_lam": 0.0} and not grids.uses_warmup("turn_gae_mc0")
 
 
-@pytest.mark.parametrize("size,folder", [("v3-e2", "v3/e2"), ("v3-e3", "v3/e3")])
+@pytest.mark.parametrize("size,folder", [("v3-e2", "v3/e2"), ("v3-e3", "v3/e3"), ("v4-e2p", "v4/e2p")])
 def test_report_only_from_the_archive_rebuilds_the_committed_records(size, folder, tmp_path, monkeypatch):
     """`--report-only --archive experiments/records/...` into a fresh folder reads only the archive
     and writes the committed tables and records byte for byte (figures are drawn, not compared)."""

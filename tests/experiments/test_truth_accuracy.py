@@ -18,27 +18,42 @@ from mpo_viz.data.trajectory import TrajectoryBatch
 HERE = Path(__file__).resolve().parents[2]
 
 
-
-
 def _batch(rewards):
     """Rows of two 2-token turns, each followed by an observation token, with a Monte-Carlo truth."""
-    rows = [{"traj_id": f"t{i}", "group_id": f"g{i // 2}", "prompt_ids": [1], "response_ids": [2] * 6,
-             "loss_mask": [1, 1, 0, 1, 1, 0], "reward": r} for i, r in enumerate(rewards)]
+    rows = [
+        {
+            "traj_id": f"t{i}",
+            "group_id": f"g{i // 2}",
+            "prompt_ids": [1],
+            "response_ids": [2] * 6,
+            "loss_mask": [1, 1, 0, 1, 1, 0],
+            "reward": r,
+        }
+        for i, r in enumerate(rewards)
+    ]
     n = len(rewards)
     rng = np.random.default_rng(0)
     v = rng.uniform(0.2, 0.8, (n, 2))
     return TrajectoryBatch.from_rows(rows).with_turn_fields(
-        mc_value=v.tolist(), mc_value_se=np.full((n, 2), 0.1).tolist(),
-        mc_value_a=(v + rng.normal(0, 0.05, v.shape)).tolist(), mc_value_b=(v + rng.normal(0, 0.05, v.shape)).tolist())
+        mc_value=v.tolist(),
+        mc_value_se=np.full((n, 2), 0.1).tolist(),
+        mc_value_a=(v + rng.normal(0, 0.05, v.shape)).tolist(),
+        mc_value_b=(v + rng.normal(0, 0.05, v.shape)).tolist(),
+    )
 
 
 def test_e4_rows_by_hand():
     b = _batch([1.0, 0.0, 1.0, 0.0])
-    V = np.array([[1, .5, 0, .6, .2, 0], [0, .5, 0, .2, .2, 0], [1, .5, 0, .6, .2, 0], [0, .5, 0, .2, .2, 0]])
+    V = np.array(
+        [[1, 0.5, 0, 0.6, 0.2, 0], [0, 0.5, 0, 0.2, 0.2, 0], [1, 0.5, 0, 0.6, 0.2, 0], [0, 0.5, 0, 0.2, 0.2, 0]]
+    )
     rows = bench.e4_rows(b, V)
     assert [r["estimator"] for r in rows] == list(bench.E4_ESTIMATORS) == ["mpo", "turn_gae", "gae lam=1"]
-    assert {(label, est) for label, est, opts in bench.ca.ESTIMATORS if label in bench.E4_ESTIMATORS and not opts} \
-        == {("mpo", "mpo"), ("turn_gae", "turn_gae"), ("gae lam=1", "gae")}
+    assert {(label, est) for label, est, opts in bench.ca.ESTIMATORS if label in bench.E4_ESTIMATORS and not opts} == {
+        ("mpo", "mpo"),
+        ("turn_gae", "turn_gae"),
+        ("gae lam=1", "gae"),
+    }
     # Monte-Carlo returns: the outcome on every action token; EV = 1 − Var(G − V) / Var(G)
     m = np.array([1, 1, 0, 1, 1, 0], bool)
     G = np.array([[1.0] * 4, [0.0] * 4] * 2)
@@ -47,13 +62,19 @@ def test_e4_rows_by_hand():
     ts = [0, 2]  # the turn starts among the action tokens
     assert rows[0]["heldout_ev_turn_start"] == pytest.approx(1 - np.var(G[:, ts] - Va[:, ts]) / np.var(G[:, ts]))
     # across/within by hand: row 0 turn means .75, .4 and variances .0625, .04; row 1 .25, .2 and .0625, 0
-    r0 = (0.175 ** 2) / ((0.0625 + 0.04) / 2)
-    r1 = (0.025 ** 2) / (0.0625 / 2)
+    r0 = (0.175**2) / ((0.0625 + 0.04) / 2)
+    r1 = (0.025**2) / (0.0625 / 2)
     assert all(r["values_ratio"] == pytest.approx(np.median([r0, r1, r0, r1])) for r in rows)
     # the accuracy columns: mc_accuracy of the estimators at their defaults with these values
     bv = b.with_token_fields(values=V.astype(np.float32))
-    ref = mc_accuracy(bv, {"mpo": compute(bv, "mpo").advantages, "turn_gae": compute(bv, "turn_gae").advantages,
-                           "gae lam=1": compute(bv, "gae").advantages}).set_index("estimator")
+    ref = mc_accuracy(
+        bv,
+        {
+            "mpo": compute(bv, "mpo").advantages,
+            "turn_gae": compute(bv, "turn_gae").advantages,
+            "gae lam=1": compute(bv, "gae").advantages,
+        },
+    ).set_index("estimator")
     for r in rows:
         assert r["turn_corr"] == pytest.approx(ref.loc[r["estimator"], "turn_corr"], nan_ok=True)
         assert r["reliability"] == pytest.approx(ref.loc[r["estimator"], "reliability"], nan_ok=True)
@@ -83,17 +104,32 @@ def test_fit_one_passes_positions_and_gives_e1_rows_only_for_the_default(monkeyp
 
 def _rows(name, trunk, seed, positions=None):
     key = {"snapshot": name, "trunk": trunk, "seed": seed}
-    e4 = [{**key, "positions": positions, "estimator": e, "heldout_ev": 0.3, "heldout_ev_turn_start": 0.4,
-           "turn_corr_dis": 0.1} for e in ("mpo", "gae")]
-    return {"e4": e4, "e1": [{**key, "values": "critic", "estimator": "mpo", "turn_corr_dis": 0.2}]
-            if positions == "all" else []}
+    e4 = [
+        {
+            **key,
+            "positions": positions,
+            "estimator": e,
+            "heldout_ev": 0.3,
+            "heldout_ev_turn_start": 0.4,
+            "turn_corr_dis": 0.1,
+        }
+        for e in ("mpo", "gae")
+    ]
+    return {
+        "e4": e4,
+        "e1": [{**key, "values": "critic", "estimator": "mpo", "turn_corr_dis": 0.2}] if positions == "all" else [],
+    }
 
 
 def test_resumption_skips_finished_fits_and_the_archive_restores_them(tmp_path, monkeypatch):
     out, archive = tmp_path / "out", tmp_path / "archive"
     out.mkdir()
     spec = dict(trunks=("fresh",), seeds=(0, 1), steps=2)
-    done = [_rows("start", "fresh", 0, "all"), _rows("start", "fresh", 0, "turn_start"), _rows("start", "fresh", 1, "all")]
+    done = [
+        _rows("start", "fresh", 0, "all"),
+        _rows("start", "fresh", 0, "turn_start"),
+        _rows("start", "fresh", 1, "all"),
+    ]
     pd.DataFrame(done[0]["e1"]).to_csv(out / "e1.csv", index=False)  # seed 1's E1 rows are missing
     pd.DataFrame([r for d in done for r in d["e4"]]).to_csv(out / "e4.csv", index=False)
     calls = []
@@ -182,7 +218,9 @@ def test_quick_pipeline_writes_rows_resumes_and_restores(tmp_path, monkeypatch):
     new = tmp_path / "new"
     assert bench.main(["--quick", "--out", str(new), "--archive", str(archive), "--export", str(export)]) == 0
     assert calls == []
-    assert bench.weights_sha256(bench.snapshot_dir(new, "mpo@2")) == bench.weights_sha256(bench.snapshot_dir(out, "mpo@2"))
+    assert bench.weights_sha256(bench.snapshot_dir(new, "mpo@2")) == bench.weights_sha256(
+        bench.snapshot_dir(out, "mpo@2")
+    )
     cols = ["snapshot", "trunk", "seed", "positions", "estimator"]
     a = e4.sort_values(cols).reset_index(drop=True)
     b = pd.read_csv(new / "e4.csv").sort_values(cols).reset_index(drop=True)
@@ -193,7 +231,17 @@ def test_quick_pipeline_writes_rows_resumes_and_restores(tmp_path, monkeypatch):
 
 
 def test_flattened_values_by_hand():
-    b = TrajectoryBatch.from_rows([{"traj_id": "a", "group_id": "g", "prompt_ids": [1], "response_ids": [2] * 5,
-                                    "loss_mask": [1, 1, 0, 1, 1], "reward": 1.0}])
+    b = TrajectoryBatch.from_rows(
+        [
+            {
+                "traj_id": "a",
+                "group_id": "g",
+                "prompt_ids": [1],
+                "response_ids": [2] * 5,
+                "loss_mask": [1, 1, 0, 1, 1],
+                "reward": 1.0,
+            }
+        ]
+    )
     v = np.array([[0.1, 0.2, 0.9, 0.4, 0.5]])
     np.testing.assert_allclose(bench.flattened(b, v), [[0.1, 0.1, 0.9, 0.4, 0.4]])

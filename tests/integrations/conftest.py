@@ -10,6 +10,12 @@ import pytest
 @pytest.fixture(autouse=True)
 def _no_ambient_run_dir(monkeypatch):
     """A developer's MPO_VIZ_* settings must not leak into the tests."""
-    for key in ("MPO_VIZ_RUN_DIR", "MPO_VIZ_EVERY", "MPO_VIZ_MAX_ROWS", "MPO_VIZ_MAX_MB", "MPO_VIZ_COMPARE",
-                "MPO_VIZ_SEED"):
+    for key in (
+        "MPO_VIZ_RUN_DIR",
+        "MPO_VIZ_EVERY",
+        "MPO_VIZ_MAX_ROWS",
+        "MPO_VIZ_MAX_MB",
+        "MPO_VIZ_COMPARE",
+        "MPO_VIZ_SEED",
+    ):
         monkeypatch.delenv(key, raising=False)

@@ -65,14 +65,18 @@ def write_data(workdir: Path, n_train: int, n_val: int, seed: int) -> tuple[Path
         out = []
         for i in range(n):
             task = env.sample_task(rng, rng.choice((3, 4)))
-            out.append({
-                "data_source": "mpo_viz/automation",
-                "prompt": [{"role": "system", "content": SYSTEM_PROMPT},
-                           {"role": "user", "content": env.prompt(task)}],
-                "ability": "agent",
-                "reward_model": {"style": "rule", "ground_truth": env.expert_action(task, env.initial_state(task))},
-                "extra_info": {"split": split, "index": i},
-            })
+            out.append(
+                {
+                    "data_source": "mpo_viz/automation",
+                    "prompt": [
+                        {"role": "system", "content": SYSTEM_PROMPT},
+                        {"role": "user", "content": env.prompt(task)},
+                    ],
+                    "ability": "agent",
+                    "reward_model": {"style": "rule", "ground_truth": env.expert_action(task, env.initial_state(task))},
+                    "extra_info": {"split": split, "index": i},
+                }
+            )
         return pd.DataFrame(out)
 
     train, val = workdir / "train.parquet", workdir / "val.parquet"
@@ -81,8 +85,20 @@ def write_data(workdir: Path, n_train: int, n_val: int, seed: int) -> tuple[Path
     return train, val
 
 
-def overrides(workdir: Path, train: Path, val: Path, *, model: Path, rollout: str, device: str, n_gpus: int,
-              batch: int, n: int, steps: int, token_clip: str) -> list[str]:
+def overrides(
+    workdir: Path,
+    train: Path,
+    val: Path,
+    *,
+    model: Path,
+    rollout: str,
+    device: str,
+    n_gpus: int,
+    batch: int,
+    n: int,
+    steps: int,
+    token_clip: str,
+) -> list[str]:
     """The Hydra overrides of the step: the recipe of docs/verl.md plus the smallest sizes."""
     return [
         # the plugin: estimator, critic, loss and its options, run folder
@@ -158,12 +174,27 @@ def summarise(workdir: Path) -> dict:
     if files:
         b = mv.load(files[-1])
         vals = np.concatenate([np.asarray(v, dtype=float) for v in b.field("values")])
-        out["values"] = {"file": files[-1].name, "trajectories": len(b), "tokens": int(vals.size),
-                         "mean": float(vals.mean()), "std": float(vals.std()), "all_finite": bool(np.isfinite(vals).all())}
+        out["values"] = {
+            "file": files[-1].name,
+            "trajectories": len(b),
+            "tokens": int(vals.size),
+            "mean": float(vals.mean()),
+            "std": float(vals.std()),
+            "all_finite": bool(np.isfinite(vals).all()),
+        }
     log = workdir / "verl.log"
     if log.exists():
-        keys = ("actor/turn_clipfrac", "actor/clipfrac_high", "actor/clipfrac_low", "actor/within_turn_shift",
-                "actor/pg_clipfrac", "actor/ratio_max", "actor/turn_ratio_max", "critic/vf_loss", "critic/values/mean")
+        keys = (
+            "actor/turn_clipfrac",
+            "actor/clipfrac_high",
+            "actor/clipfrac_low",
+            "actor/within_turn_shift",
+            "actor/pg_clipfrac",
+            "actor/ratio_max",
+            "actor/turn_ratio_max",
+            "critic/vf_loss",
+            "critic/values/mean",
+        )
         out["verl_console"] = [line for line in log.read_text().splitlines() if any(k in line for k in keys)][-5:]
     return out
 
@@ -189,13 +220,32 @@ def main(argv=None) -> int:
     work.mkdir(parents=True, exist_ok=True)
     (work / "reward_fn.py").write_text(REWARD_FN)
     train, val = write_data(work, n_train=max(a.batch * a.steps, 8), n_val=4, seed=0)
-    cmd = [sys.executable, "-m", "verl.trainer.main_ppo",
-           *overrides(work, train, val, model=a.model.resolve(), rollout=a.rollout, device=a.device,
-                      n_gpus=a.n_gpus, batch=a.batch, n=a.n, steps=a.steps, token_clip=a.token_clip), *a.extra]
+    cmd = [
+        sys.executable,
+        "-m",
+        "verl.trainer.main_ppo",
+        *overrides(
+            work,
+            train,
+            val,
+            model=a.model.resolve(),
+            rollout=a.rollout,
+            device=a.device,
+            n_gpus=a.n_gpus,
+            batch=a.batch,
+            n=a.n,
+            steps=a.steps,
+            token_clip=a.token_clip,
+        ),
+        *a.extra,
+    ]
     print(" \\\n    ".join([shlex.join(cmd[:3]), *(shlex.quote(c) for c in cmd[3:])]), flush=True)
     if a.print_only:
         return 0
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")]).rstrip(os.pathsep)}
+    env = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")]).rstrip(os.pathsep),
+    }
     with open(work / "verl.log", "w") as log:
         rc = subprocess.run(cmd, cwd=work, env=env, stdout=log, stderr=subprocess.STDOUT).returncode
     print(f"verl exited with {rc}; its output: {work / 'verl.log'}")

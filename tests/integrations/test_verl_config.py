@@ -40,9 +40,15 @@ def test_recipe_overrides_compose_and_drive_the_estimator(tmp_path):
     cfg = composed([f"+algorithm.mpo_viz.run_dir={tmp_path / 'run'}"])
     assert need_critic(cfg) is True
     data = multi_turn_batch(seed=21)
-    out = rt.compute_advantage(copy(data), adv_estimator=cfg.algorithm.adv_estimator, gamma=cfg.algorithm.gamma,
-                               lam=cfg.algorithm.lam, num_repeat=1, norm_adv_by_std_in_grpo=True,
-                               config=cfg.algorithm)
+    out = rt.compute_advantage(
+        copy(data),
+        adv_estimator=cfg.algorithm.adv_estimator,
+        gamma=cfg.algorithm.gamma,
+        lam=cfg.algorithm.lam,
+        num_repeat=1,
+        norm_adv_by_std_in_grpo=True,
+        config=cfg.algorithm,
+    )
     r, _, _ = move_observation_rewards(data.batch["token_level_rewards"], data.batch["response_mask"])
     want, _ = A.mae(r, data.batch["values"], data.batch["response_mask"].float(), beta=0.5, turn_lam=0.95)
     torch.testing.assert_close(out.batch["advantages"], want, rtol=0, atol=0)
@@ -70,6 +76,7 @@ def test_recipe_actor_config_drives_the_loss():
     logp = (old + 0.3 * torch.randn(3, 12, generator=g)).requires_grad_(True)
     adv = torch.randn(3, 12, generator=g)
     loss, _ = fn(old, logp, adv, mask, actor.loss_agg_mode, actor, None)
-    want, _ = policy_loss("turn_ppo", logp, old, adv, mask, clip_low=0.2, clip_high=0.28, dual_clip=3.0,
-                          agg=actor.loss_agg_mode)
+    want, _ = policy_loss(
+        "turn_ppo", logp, old, adv, mask, clip_low=0.2, clip_high=0.28, dual_clip=3.0, agg=actor.loss_agg_mode
+    )
     torch.testing.assert_close(loss, want)

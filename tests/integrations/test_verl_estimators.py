@@ -22,13 +22,22 @@ ORIGINAL = rt.compute_advantage.__mpo_viz_wrapped__  # verl's function, as shipp
 
 def algo(adv_estimator, **sections):
     """verl's `algorithm` section as the Hydra config carries it (a DictConfig)."""
-    return OmegaConf.create({"adv_estimator": adv_estimator, "gamma": 1.0, "lam": 1.0,
-                             "norm_adv_by_std_in_grpo": True, **sections})
+    return OmegaConf.create(
+        {"adv_estimator": adv_estimator, "gamma": 1.0, "lam": 1.0, "norm_adv_by_std_in_grpo": True, **sections}
+    )
 
 
 def run(data, name, config, fn=rt.compute_advantage, **kw):
-    return fn(data, adv_estimator=name, gamma=config.gamma, lam=config.lam, num_repeat=1,
-              norm_adv_by_std_in_grpo=config.norm_adv_by_std_in_grpo, config=config, **kw)
+    return fn(
+        data,
+        adv_estimator=name,
+        gamma=config.gamma,
+        lam=config.lam,
+        num_repeat=1,
+        norm_adv_by_std_in_grpo=config.norm_adv_by_std_in_grpo,
+        config=config,
+        **kw,
+    )
 
 
 def moved_rewards(data):
@@ -39,8 +48,14 @@ def moved_rewards(data):
 # ------------------------------------------------------------------------------------------- mpo
 
 
-@pytest.mark.parametrize("opts", [{}, {"beta": 0.5, "lam": 0.9, "turn_lam": 0.8, "within": "local"},
-                                  {"value_at": "mean", "critic_target": "turn", "whiten": True}])
+@pytest.mark.parametrize(
+    "opts",
+    [
+        {},
+        {"beta": 0.5, "lam": 0.9, "turn_lam": 0.8, "within": "local"},
+        {"value_at": "mean", "critic_target": "turn", "whiten": True},
+    ],
+)
 def test_mpo_through_verl_equals_our_mae_and_the_reference_loop(opts):
     data = multi_turn_batch(seed=3)
     cfg = algo("mpo", mpo=opts)
@@ -65,7 +80,7 @@ def test_mpo_through_verl_equals_our_mae_and_the_reference_loop(opts):
             pos = 0
             for kind, n in spec:
                 if kind == "a":
-                    assert a[i, pos:pos + n].mean() == pytest.approx(t[i, pos], abs=1e-6)
+                    assert a[i, pos : pos + n].mean() == pytest.approx(t[i, pos], abs=1e-6)
                 pos += n
 
 
@@ -86,14 +101,19 @@ def test_design_worked_example_through_verl():
     cfg = algo("mpo", mpo={"lam": 0.9, "turn_lam": 0.9})
     out = run(copy(data), "mpo", cfg)
     m = data.batch["response_mask"][0].bool()
-    np.testing.assert_allclose(out.batch["advantages"][0][m].numpy(),
-                               [0.467, 0.417, 0.377333, 0.401333, 0.361333, 0.225, 0.175], atol=1e-5)
+    np.testing.assert_allclose(
+        out.batch["advantages"][0][m].numpy(), [0.467, 0.417, 0.377333, 0.401333, 0.361333, 0.225, 0.175], atol=1e-5
+    )
     m = data.batch["response_mask"][1].bool()
-    np.testing.assert_allclose(out.batch["advantages"][1][m].numpy(),
-                               [-0.378833, -0.361833, -0.331833, -0.175, -0.265, -0.235], atol=1e-5)
+    np.testing.assert_allclose(
+        out.batch["advantages"][1][m].numpy(), [-0.378833, -0.361833, -0.331833, -0.175, -0.265, -0.235], atol=1e-5
+    )
     out = run(copy(data), "turn_gae", algo("turn_gae", turn_gae={"turn_lam": 0.9}))
-    np.testing.assert_allclose(out.batch["advantages"][0][data.batch["response_mask"][0].bool()].numpy(),
-                               [0.442, 0.442, 0.38, 0.38, 0.38, 0.2, 0.2], atol=1e-6)
+    np.testing.assert_allclose(
+        out.batch["advantages"][0][data.batch["response_mask"][0].bool()].numpy(),
+        [0.442, 0.442, 0.38, 0.38, 0.38, 0.2, 0.2],
+        atol=1e-6,
+    )
 
 
 def test_turn_gae_through_verl_equals_ours_and_reference():
@@ -143,8 +163,9 @@ def test_v1_trainer_path_gives_the_same_numbers():
     cfg = algo("mpo", mpo={"beta": 0.7})
     a1 = run(copy(data), "mpo", cfg).batch["advantages"]
     keys = [f"{u}_0_{i}" for i, u in enumerate(UIDS)]
-    a2 = v1u.compute_advantage_for_multi_trajectories(copy(data), batch_keys=keys, adv_estimator="mpo",
-                                                      gamma=1.0, lam=1.0, config=cfg).batch["advantages"]
+    a2 = v1u.compute_advantage_for_multi_trajectories(
+        copy(data), batch_keys=keys, adv_estimator="mpo", gamma=1.0, lam=1.0, config=cfg
+    ).batch["advantages"]
     torch.testing.assert_close(a1, a2, rtol=0, atol=0)
 
 
@@ -152,8 +173,12 @@ def test_enum_and_string_names_are_the_same_estimator():
     data = multi_turn_batch(seed=1)
     cfg = algo("mpo")
     direct = core_algos.get_adv_estimator_fn("mpo")(
-        token_level_rewards=data.batch["token_level_rewards"], response_mask=data.batch["response_mask"],
-        config=cfg, index=data.non_tensor_batch["uid"], values=data.batch["values"])
+        token_level_rewards=data.batch["token_level_rewards"],
+        response_mask=data.batch["response_mask"],
+        config=cfg,
+        index=data.non_tensor_batch["uid"],
+        values=data.batch["values"],
+    )
     torch.testing.assert_close(run(copy(data), "mpo", cfg).batch["advantages"], direct[0], rtol=0, atol=0)
 
 
@@ -185,8 +210,9 @@ def test_verl_gae_drops_a_score_on_a_tool_token_which_the_plugin_moves():
     spec = [[("a", 3), ("t", 2)], [("a", 3), ("t", 2)]]
     vals = [[0.0] * 5, [0.0] * 5]
     data = make_batch(spec, [1.0, 0.0], ["g", "g"], values=vals)
-    g = core_algos.compute_gae_advantage_return(data.batch["token_level_rewards"], data.batch["values"],
-                                                data.batch["response_mask"], 1.0, 1.0)[1]
+    g = core_algos.compute_gae_advantage_return(
+        data.batch["token_level_rewards"], data.batch["values"], data.batch["response_mask"], 1.0, 1.0
+    )[1]
     assert float(g[0, :3].abs().max()) == 0.0  # returns: the score was lost
     out = run(copy(data), "turn_gae", algo("turn_gae"))
     np.testing.assert_allclose(out.batch["advantages"][0, :3].numpy(), [1.0, 1.0, 1.0])
@@ -198,8 +224,9 @@ def test_grpo_passes_through_unchanged_and_equals_our_grpo():
     ours = run(copy(data), "grpo", cfg)
     theirs = run(copy(data), "grpo", cfg, fn=ORIGINAL)
     torch.testing.assert_close(ours.batch["advantages"], theirs.batch["advantages"], rtol=0, atol=0)
-    direct, _ = core_algos.compute_grpo_outcome_advantage(data.batch["token_level_rewards"],
-                                                          data.batch["response_mask"], data.non_tensor_batch["uid"])
+    direct, _ = core_algos.compute_grpo_outcome_advantage(
+        data.batch["token_level_rewards"], data.batch["response_mask"], data.non_tensor_batch["uid"]
+    )
     torch.testing.assert_close(ours.batch["advantages"], direct, rtol=0, atol=0)
     r, _, _ = moved_rewards(data)
     adv, _ = A.grpo(r, data.batch["response_mask"].float(), list(UIDS))
@@ -210,8 +237,12 @@ def test_grpo_passes_through_unchanged_and_equals_our_grpo():
 def test_other_verl_estimators_pass_through(name):
     data = multi_turn_batch(seed=17)
     cfg = algo(name)
-    torch.testing.assert_close(run(copy(data), name, cfg).batch["advantages"],
-                               run(copy(data), name, cfg, fn=ORIGINAL).batch["advantages"], rtol=0, atol=0)
+    torch.testing.assert_close(
+        run(copy(data), name, cfg).batch["advantages"],
+        run(copy(data), name, cfg, fn=ORIGINAL).batch["advantages"],
+        rtol=0,
+        atol=0,
+    )
 
 
 # ----------------------------------------------------------------------------------------- errors
@@ -228,8 +259,9 @@ def test_unknown_option_names_the_key():
         run(multi_turn_batch(), "mpo", algo("mpo", mpo={"betta": 0.5}))
 
 
-@pytest.mark.parametrize("opts, key", [({"beta": "big"}, "beta"), ({"within": "sideways"}, "within"),
-                                       ({"lam": 1.5}, "lam")])
+@pytest.mark.parametrize(
+    "opts, key", [({"beta": "big"}, "beta"), ({"within": "sideways"}, "within"), ({"lam": 1.5}, "lam")]
+)
 def test_bad_option_value_names_the_key(opts, key):
     with pytest.raises(ValueError, match=rf"algorithm\.mpo\.{key}:"):
         run(multi_turn_batch(), "mpo", algo("mpo", mpo=opts))

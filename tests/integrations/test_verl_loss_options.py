@@ -53,7 +53,7 @@ def tensors(seed=0, B=6, L=40, spread=0.6):
         pos = 0
         while pos < L - 3:
             n = int(torch.randint(2, 8, (1,), generator=g))
-            mask[i, pos:pos + n] = True
+            mask[i, pos : pos + n] = True
             pos += n + int(torch.randint(1, 4, (1,), generator=g))
     old = -torch.rand(B, L, generator=g, dtype=torch.float64) * 3
     logp = (old + torch.randn(B, L, generator=g, dtype=torch.float64) * spread).requires_grad_(True)
@@ -63,8 +63,15 @@ def tensors(seed=0, B=6, L=40, spread=0.6):
 
 def through_verl(cfg, old, logp, adv, mask):
     fn = core_algos.get_policy_loss_fn(cfg.policy_loss.loss_mode)
-    loss, metrics = fn(old_log_prob=old, log_prob=logp, advantages=adv, response_mask=mask,
-                       loss_agg_mode=cfg.loss_agg_mode, config=cfg, rollout_is_weights=None)
+    loss, metrics = fn(
+        old_log_prob=old,
+        log_prob=logp,
+        advantages=adv,
+        response_mask=mask,
+        loss_agg_mode=cfg.loss_agg_mode,
+        config=cfg,
+        rollout_is_weights=None,
+    )
     (grad,) = torch.autograd.grad(loss, logp)
     return loss, grad, metrics
 
@@ -77,8 +84,9 @@ def ours(old, logp, adv, mask, **kw):
 
 def reference_grad(old, logp, adv, mask, **kw):
     """The per-token loop's gradient of the token-mean loss."""
-    _, grad = policy_loss_reference("turn_ppo", logp.detach().numpy(), old.numpy(), adv.numpy(), mask.numpy(),
-                                    clip_low=0.2, clip_high=0.2, **kw)
+    _, grad = policy_loss_reference(
+        "turn_ppo", logp.detach().numpy(), old.numpy(), adv.numpy(), mask.numpy(), clip_low=0.2, clip_high=0.2, **kw
+    )
     return grad / mask.sum().item()
 
 
@@ -118,16 +126,18 @@ def test_token_clip_from_the_command_line(value, c):
     want, want_grad, want_metrics = ours(old, logp, adv, mask, dual_clip=3.0, token_clip=c)
     torch.testing.assert_close(loss, want, rtol=1e-12, atol=1e-12)
     torch.testing.assert_close(grad, want_grad, rtol=1e-12, atol=1e-12)
-    np.testing.assert_allclose(grad.numpy(), reference_grad(old, logp, adv, mask, dual_clip=3.0, token_clip=c),
-                               atol=1e-12)
+    np.testing.assert_allclose(
+        grad.numpy(), reference_grad(old, logp, adv, mask, dual_clip=3.0, token_clip=c), atol=1e-12
+    )
     assert metrics["actor/pg_clipfrac"] == want_metrics["clipfrac"]
     # the band is not just configured: tokens past it get no gradient, the bare form moves them
     _, bare_grad, _ = ours(old, logp, adv, mask, dual_clip=3.0, token_clip=None)
     if c is None:
         torch.testing.assert_close(grad, bare_grad, rtol=0, atol=0)
     else:
-        held = mask & (((adv > 0) & (torch.exp(logp.detach() - old) > c))
-                       | ((adv < 0) & (torch.exp(logp.detach() - old) < 1 / c)))
+        held = mask & (
+            ((adv > 0) & (torch.exp(logp.detach() - old) > c)) | ((adv < 0) & (torch.exp(logp.detach() - old) < 1 / c))
+        )
         assert band_tokens(old, logp, adv, mask, c) > 0
         assert grad[held].abs().max() == 0
         assert (bare_grad[held] != 0).any()
@@ -138,10 +148,14 @@ def test_dual_clip_and_ratio_from_the_command_line():
     old, logp, adv, mask = tensors(seed=3)
     set_ = "+actor_rollout_ref.actor.policy_loss."
     cases = [
-        ([f"{set_}dual_clip=null", "actor_rollout_ref.actor.clip_ratio_c=1.3", f"{set_}token_clip=2.0"],
-         dict(token_clip=2.0)),
-        ([f"{set_}dual_clip=1.3", "actor_rollout_ref.actor.clip_ratio_c=10", f"{set_}token_clip=2.0"],
-         dict(dual_clip=1.3, token_clip=2.0)),
+        (
+            [f"{set_}dual_clip=null", "actor_rollout_ref.actor.clip_ratio_c=1.3", f"{set_}token_clip=2.0"],
+            dict(token_clip=2.0),
+        ),
+        (
+            [f"{set_}dual_clip=1.3", "actor_rollout_ref.actor.clip_ratio_c=10", f"{set_}token_clip=2.0"],
+            dict(dual_clip=1.3, token_clip=2.0),
+        ),
         ([f"{set_}ratio=product", f"{set_}token_clip=null"], dict(ratio="product", dual_clip=3.0, token_clip=None)),
     ]
     for extra, kw in cases:
@@ -155,8 +169,13 @@ def test_dual_clip_and_ratio_from_the_command_line():
 
 
 def test_turn_ppo_product_takes_the_options_too():
-    cfg = actor([TARGET, "actor_rollout_ref.actor.policy_loss.loss_mode=turn_ppo_product",
-                 "+actor_rollout_ref.actor.policy_loss.token_clip=1.5"])
+    cfg = actor(
+        [
+            TARGET,
+            "actor_rollout_ref.actor.policy_loss.loss_mode=turn_ppo_product",
+            "+actor_rollout_ref.actor.policy_loss.token_clip=1.5",
+        ]
+    )
     old, logp, adv, mask = tensors(seed=4)
     loss, grad, _ = through_verl(cfg, old, logp, adv, mask)
     want, want_grad, _ = ours(old, logp, adv, mask, ratio="product", dual_clip=3.0, token_clip=1.5)
@@ -171,21 +190,40 @@ def test_a_plain_dict_policy_loss_is_read_too():
     assert loss_options(None, "turn_ppo_product")["ratio"] == "product"
 
 
-@pytest.mark.parametrize("extra, message", [
-    (["+actor_rollout_ref.actor.policy_loss.token_clip=0.5"],
-     r"actor_rollout_ref\.actor\.policy_loss\.token_clip: expected a number > 1 or null, found 0\.5"),
-    (["+actor_rollout_ref.actor.policy_loss.token_clip=wide"],
-     r"actor_rollout_ref\.actor\.policy_loss\.token_clip: expected a number > 1 or null, found 'wide'"),
-    (["+actor_rollout_ref.actor.policy_loss.dual_clip=1"],
-     r"actor_rollout_ref\.actor\.policy_loss\.dual_clip: expected a number > 1 or null, found 1"),
-    (["+actor_rollout_ref.actor.policy_loss.ratio=mean"],
-     r"actor_rollout_ref\.actor\.policy_loss\.ratio: expected one of geo_mean, product or null, found 'mean'"),
-    (["actor_rollout_ref.actor.policy_loss.loss_mode=turn_ppo_product", "+actor_rollout_ref.actor.policy_loss.ratio=geo_mean"],
-     r"actor_rollout_ref\.actor\.policy_loss\.ratio: loss_mode turn_ppo_product is the product ratio"),
-    (["actor_rollout_ref.actor.policy_loss.loss_mode=vanilla"],
-     r"actor_rollout_ref\.actor\.policy_loss\.loss_mode: TurnPPOLossConfig configures turn_ppo, turn_ppo_product; "
-     r"found 'vanilla'"),
-])
+@pytest.mark.parametrize(
+    "extra, message",
+    [
+        (
+            ["+actor_rollout_ref.actor.policy_loss.token_clip=0.5"],
+            r"actor_rollout_ref\.actor\.policy_loss\.token_clip: expected a number > 1 or null, found 0\.5",
+        ),
+        (
+            ["+actor_rollout_ref.actor.policy_loss.token_clip=wide"],
+            r"actor_rollout_ref\.actor\.policy_loss\.token_clip: expected a number > 1 or null, found 'wide'",
+        ),
+        (
+            ["+actor_rollout_ref.actor.policy_loss.dual_clip=1"],
+            r"actor_rollout_ref\.actor\.policy_loss\.dual_clip: expected a number > 1 or null, found 1",
+        ),
+        (
+            ["+actor_rollout_ref.actor.policy_loss.ratio=mean"],
+            r"actor_rollout_ref\.actor\.policy_loss\.ratio: expected one of geo_mean, product or null, found 'mean'",
+        ),
+        (
+            [
+                "actor_rollout_ref.actor.policy_loss.loss_mode=turn_ppo_product",
+                "+actor_rollout_ref.actor.policy_loss.ratio=geo_mean",
+            ],
+            r"actor_rollout_ref\.actor\.policy_loss\.ratio: loss_mode turn_ppo_product is the product ratio",
+        ),
+        (
+            ["actor_rollout_ref.actor.policy_loss.loss_mode=vanilla"],
+            r"actor_rollout_ref\.actor\.policy_loss\.loss_mode: TurnPPOLossConfig configures "
+            r"turn_ppo, turn_ppo_product; "
+            r"found 'vanilla'",
+        ),
+    ],
+)
 def test_bad_values_stop_where_verl_builds_the_actor_config(extra, message):
     with pytest.raises(InstantiationException, match=message):
         actor([TARGET, *extra])
@@ -216,24 +254,32 @@ def test_the_engine_workers_actor_loss_reads_the_options():
     attention = torch.zeros(B, P + R, dtype=torch.int64)
     chunks = []
     for i in range(B):
-        attention[i, P - prompt_lens[i]:P] = 1
-        attention[i, P:P + resp_lens[i]] = 1
+        attention[i, P - prompt_lens[i] : P] = 1
+        attention[i, P : P + resp_lens[i]] = 1
         # the model's log-prob of token t+1 sits at position t (verl left-shifts by one)
         seq = torch.randn(int(prompt_lens[i] + resp_lens[i]), generator=g, dtype=torch.float64)
-        seq[prompt_lens[i] - 1:prompt_lens[i] - 1 + resp_lens[i]] = logp.detach()[i, :resp_lens[i]]
+        seq[prompt_lens[i] - 1 : prompt_lens[i] - 1 + resp_lens[i]] = logp.detach()[i, : resp_lens[i]]
         chunks.append(seq)
     flat = torch.cat(chunks).requires_grad_(True)
     td = tu.get_tensordict(
-        {"prompts": torch.zeros(B, P, dtype=torch.int64), "responses": torch.zeros(B, R, dtype=torch.int64),
-         "attention_mask": attention, "response_mask": mask.to(torch.int64), "old_log_probs": old, "advantages": adv},
-        non_tensor_dict={"dp_size": 1, "batch_num_tokens": int(mask.sum()), "global_batch_size": B})
+        {
+            "prompts": torch.zeros(B, P, dtype=torch.int64),
+            "responses": torch.zeros(B, R, dtype=torch.int64),
+            "attention_mask": attention,
+            "response_mask": mask.to(torch.int64),
+            "old_log_probs": old,
+            "advantages": adv,
+        },
+        non_tensor_dict={"dp_size": 1, "batch_num_tokens": int(mask.sum()), "global_batch_size": B},
+    )
     loss, metrics = ppo_loss(cfg, {"log_probs": flat}, td)
     (grad,) = torch.autograd.grad(loss, flat)
 
     padded = no_padding_2_padding(flat, td)  # verl's own slicing of the model output
     torch.testing.assert_close(padded.detach()[mask], logp.detach()[mask], rtol=0, atol=0)
-    want, ours_metrics = policy_loss("turn_ppo", padded, old, adv, mask, clip_low=0.2, clip_high=0.2, dual_clip=3.0,
-                                     token_clip=1.5)
+    want, ours_metrics = policy_loss(
+        "turn_ppo", padded, old, adv, mask, clip_low=0.2, clip_high=0.2, dual_clip=3.0, token_clip=1.5
+    )
     (want_grad,) = torch.autograd.grad(want, flat)
     torch.testing.assert_close(loss, want, rtol=1e-12, atol=1e-12)
     torch.testing.assert_close(grad, want_grad, rtol=1e-12, atol=1e-12)
@@ -251,8 +297,13 @@ def test_sapo_temperatures_from_the_command_line():
     register.)"""
     from mpo_viz.integrations.verl.losses import verl_loss
 
-    cfg = actor(["actor_rollout_ref.actor.tau_pos=2.0", "actor_rollout_ref.actor.tau_neg=3.0",
-                 "actor_rollout_ref.actor.loss_agg_mode=seq-mean-token-mean"])
+    cfg = actor(
+        [
+            "actor_rollout_ref.actor.tau_pos=2.0",
+            "actor_rollout_ref.actor.tau_neg=3.0",
+            "actor_rollout_ref.actor.loss_agg_mode=seq-mean-token-mean",
+        ]
+    )
     assert (cfg.tau_pos, cfg.tau_neg) == (2.0, 3.0)
     old, logp, adv, mask = tensors(seed=6)
     loss, _ = verl_loss("mpo_sapo")(old, logp, adv, mask, loss_agg_mode=cfg.loss_agg_mode, config=cfg)

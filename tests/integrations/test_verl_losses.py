@@ -15,8 +15,9 @@ MODES = ["token-mean", "seq-mean-token-mean", "seq-mean-token-sum", "seq-mean-to
 
 
 def actor_config(**kw) -> ActorConfig:
-    base = dict(strategy="fsdp", ppo_mini_batch_size=4, ppo_micro_batch_size_per_gpu=1, use_dynamic_bsz=False,
-                rollout_n=1)
+    base = dict(
+        strategy="fsdp", ppo_mini_batch_size=4, ppo_micro_batch_size_per_gpu=1, use_dynamic_bsz=False, rollout_n=1
+    )
     return ActorConfig(**{**base, **kw})
 
 
@@ -33,9 +34,9 @@ def tensors(seed=0, B=5, L=23, dtype=torch.float64, one_token_turns=False):
             pos = 0
             while pos < L - 2:
                 n = int(torch.randint(1, 6, (1,), generator=g))
-                mask[i, pos:pos + n] = True
+                mask[i, pos : pos + n] = True
                 pos += n + int(torch.randint(1, 4, (1,), generator=g))
-    mask[-1, L // 2:] = False  # padding
+    mask[-1, L // 2 :] = False  # padding
     old = -torch.rand(B, L, generator=g, dtype=dtype) * 3
     logp = (old + torch.randn(B, L, generator=g, dtype=dtype) * 0.35).requires_grad_(True)
     adv = torch.randn(B, L, generator=g, dtype=dtype)
@@ -53,8 +54,15 @@ def _verl_scale(mode, mask):
 
 def ours_through_verl(name, old, logp, adv, mask, mode, cfg, w=None):
     fn = core_algos.get_policy_loss_fn(name)
-    return fn(old_log_prob=old, log_prob=logp, advantages=adv, response_mask=mask, loss_agg_mode=mode, config=cfg,
-              rollout_is_weights=w)
+    return fn(
+        old_log_prob=old,
+        log_prob=logp,
+        advantages=adv,
+        response_mask=mask,
+        loss_agg_mode=mode,
+        config=cfg,
+        rollout_is_weights=w,
+    )
 
 
 @pytest.mark.parametrize("mode", MODES)
@@ -66,8 +74,19 @@ def test_turn_ppo_through_verl_equals_policy_loss(mode, clip, name, ratio):
     old, logp, adv, mask = tensors(seed=1)
     loss, metrics = ours_through_verl(name, old, logp, adv, mask, mode, cfg)
     (g_verl,) = torch.autograd.grad(loss, logp)
-    want, ours = policy_loss("turn_ppo", logp, old, adv, mask, clip_low=lo, clip_high=hi, ratio=ratio, agg=mode,
-                             dual_clip=c, scale=_verl_scale(mode, mask))
+    want, ours = policy_loss(
+        "turn_ppo",
+        logp,
+        old,
+        adv,
+        mask,
+        clip_low=lo,
+        clip_high=hi,
+        ratio=ratio,
+        agg=mode,
+        dual_clip=c,
+        scale=_verl_scale(mode, mask),
+    )
     (g_ours,) = torch.autograd.grad(want, logp)
     torch.testing.assert_close(loss, want, rtol=1e-12, atol=1e-12)
     torch.testing.assert_close(g_verl, g_ours, rtol=1e-12, atol=1e-12)
@@ -88,8 +107,16 @@ def test_turn_ppo_gradient_equals_the_reference_loop():
     old, logp, adv, mask = tensors(seed=2)
     loss, _ = ours_through_verl("turn_ppo", old, logp, adv, mask, "token-mean", cfg)
     (g,) = torch.autograd.grad(loss, logp)
-    mat, grad = policy_loss_reference("turn_ppo", logp.detach().numpy(), old.numpy(), adv.numpy(), mask.numpy(),
-                                      clip_low=0.2, clip_high=0.2, dual_clip=3.0)
+    mat, grad = policy_loss_reference(
+        "turn_ppo",
+        logp.detach().numpy(),
+        old.numpy(),
+        adv.numpy(),
+        mask.numpy(),
+        clip_low=0.2,
+        clip_high=0.2,
+        dual_clip=3.0,
+    )
     n = mask.sum().item()
     assert loss.item() == pytest.approx(mat.sum() / n, abs=1e-12)
     np.testing.assert_allclose(g.numpy(), grad / n, atol=1e-12)
@@ -121,8 +148,9 @@ def test_rollout_is_weights_and_global_batch_info_are_verls():
     w = torch.rand(old.shape, generator=torch.Generator().manual_seed(0), dtype=old.dtype)
     cfg.global_batch_info.update({"dp_size": 2, "batch_num_tokens": 1000})
     ours, _ = ours_through_verl("turn_ppo", old, logp, adv, mask, "token-mean", cfg, w)
-    theirs, _ = core_algos.compute_policy_loss_vanilla(old, logp, adv, mask, loss_agg_mode="token-mean",
-                                                       config=cfg, rollout_is_weights=w)
+    theirs, _ = core_algos.compute_policy_loss_vanilla(
+        old, logp, adv, mask, loss_agg_mode="token-mean", config=cfg, rollout_is_weights=w
+    )
     torch.testing.assert_close(ours, theirs, rtol=1e-12, atol=1e-12)
 
 
@@ -142,7 +170,9 @@ def test_float32_and_bool_mask_as_verl_passes_them():
     assert loss.dtype == torch.float32 and loss.requires_grad
 
 
-@pytest.mark.parametrize("kw, key", [({"clip_ratio_c": 1.0}, "clip_ratio_c"), ({"clip_ratio_low": 1.2}, "clip_ratio_low")])
+@pytest.mark.parametrize(
+    "kw, key", [({"clip_ratio_c": 1.0}, "clip_ratio_c"), ({"clip_ratio_low": 1.2}, "clip_ratio_low")]
+)
 def test_bad_clip_settings_name_the_key(kw, key):
     cfg = actor_config(**kw)
     old, logp, adv, mask = tensors()
@@ -156,15 +186,17 @@ def test_mpo_gspo_is_registered_where_verl_has_no_gspo(monkeypatch):
     import mpo_viz.integrations.verl as plugin
 
     # a copy of verl's registry without gspo, and a fresh record of ours; both restored afterwards
-    monkeypatch.setattr(core_algos, "POLICY_LOSS_REGISTRY",
-                        {k: v for k, v in core_algos.POLICY_LOSS_REGISTRY.items() if k != "gspo"})
+    monkeypatch.setattr(
+        core_algos, "POLICY_LOSS_REGISTRY", {k: v for k, v in core_algos.POLICY_LOSS_REGISTRY.items() if k != "gspo"}
+    )
     monkeypatch.setattr(plugin, "_registered", {"estimators": [], "losses": []})
     assert "mpo_gspo" in plugin.register()["losses"]
     cfg = actor_config(clip_ratio_low=3e-4, clip_ratio_high=4e-4, loss_agg_mode="seq-mean-token-mean")
     old, logp, adv, mask = tensors(seed=8)
     loss, _ = ours_through_verl("mpo_gspo", old, logp, adv, mask, "seq-mean-token-mean", cfg)
-    want, _ = policy_loss("gspo", logp, old, adv, mask, clip_low=3e-4, clip_high=4e-4, dual_clip=3.0,
-                          agg="seq-mean-token-mean")
+    want, _ = policy_loss(
+        "gspo", logp, old, adv, mask, clip_low=3e-4, clip_high=4e-4, dual_clip=3.0, agg="seq-mean-token-mean"
+    )
     torch.testing.assert_close(loss, want, rtol=1e-12, atol=1e-12)
 
 
@@ -185,8 +217,11 @@ def without_verls_cispo_sapo(monkeypatch):
     both restored afterwards. Returns what register() registered."""
     import mpo_viz.integrations.verl as plugin
 
-    monkeypatch.setattr(core_algos, "POLICY_LOSS_REGISTRY",
-                        {k: v for k, v in core_algos.POLICY_LOSS_REGISTRY.items() if k not in ("cispo", "sapo")})
+    monkeypatch.setattr(
+        core_algos,
+        "POLICY_LOSS_REGISTRY",
+        {k: v for k, v in core_algos.POLICY_LOSS_REGISTRY.items() if k not in ("cispo", "sapo")},
+    )
     monkeypatch.setattr(plugin, "_registered", {"estimators": [], "losses": []})
     return plugin.register()
 
@@ -206,8 +241,9 @@ def test_mpo_cispo_equals_verls_cispo_and_policy_loss(without_verls_cispo_sapo, 
     torch.testing.assert_close(loss, theirs, rtol=1e-12, atol=1e-12)
     torch.testing.assert_close(g, g2, rtol=1e-12, atol=1e-12)
     assert metrics["actor/pg_clipfrac"] == pytest.approx(m2["actor/pg_clipfrac"], abs=1e-7)
-    want, _ = policy_loss("cispo", logp, old, adv, mask, clip_low=lo, clip_high=hi, agg=mode,
-                          scale=_verl_scale(mode, mask))
+    want, _ = policy_loss(
+        "cispo", logp, old, adv, mask, clip_low=lo, clip_high=hi, agg=mode, scale=_verl_scale(mode, mask)
+    )
     torch.testing.assert_close(loss, want, rtol=1e-12, atol=1e-12)
     if hi < 1:
         assert m2["actor/pg_clipfrac"] > 0  # the clipped weight is exercised
@@ -231,8 +267,9 @@ def test_mpo_sapo_takes_verls_tau_keys_and_equals_verls_sapo(without_verls_cispo
     torch.testing.assert_close(g, g2, rtol=1e-12, atol=1e-12)
     want, _ = policy_loss("sapo", logp, old, adv, mask, tau_pos=tp, tau_neg=tn, agg=mode)
     torch.testing.assert_close(loss, want, rtol=1e-12, atol=1e-12)
-    _, ref_grad = policy_loss_reference("sapo", logp.detach().numpy(), old.numpy(), adv.numpy(), mask.numpy(),
-                                        tau_pos=tp, tau_neg=tn)
+    _, ref_grad = policy_loss_reference(
+        "sapo", logp.detach().numpy(), old.numpy(), adv.numpy(), mask.numpy(), tau_pos=tp, tau_neg=tn
+    )
     n = mask.sum(1, keepdim=True).clamp_min(1).numpy()
     rows = int(mask.any(1).sum())
     np.testing.assert_allclose(g.numpy(), ref_grad / n / rows, atol=1e-12)
@@ -246,7 +283,9 @@ def test_mpo_sapo_takes_verls_tau_keys_and_equals_verls_sapo(without_verls_cispo
 def test_bad_tau_names_verls_key(without_verls_cispo_sapo):
     cfg = actor_config(tau_pos=-1.0)
     old, logp, adv, mask = tensors()
-    with pytest.raises(ValueError, match=r"actor_rollout_ref\.actor\.tau_pos: expected a value in \(0, inf\), found -1\.0"):
+    with pytest.raises(
+        ValueError, match=r"actor_rollout_ref\.actor\.tau_pos: expected a value in \(0, inf\), found -1\.0"
+    ):
         ours_through_verl("mpo_sapo", old, logp, adv, mask, "token-mean", cfg)
 
 

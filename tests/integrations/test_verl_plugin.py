@@ -31,11 +31,12 @@ print("PROBE" + json.dumps(out))
 def _probe(env_extra: dict, code: str = PROBE) -> dict:
     env = {k: v for k, v in os.environ.items() if not k.startswith(("VERL_USE_EXTERNAL", "MPO_VIZ_"))}
     env.update(env_extra)
-    res = subprocess.run([sys.executable, "-W", "ignore", "-c", code], capture_output=True, text=True, env=env,
-                         timeout=300)
+    res = subprocess.run(
+        [sys.executable, "-W", "ignore", "-c", code], capture_output=True, text=True, env=env, timeout=300
+    )
     assert res.returncode == 0, res.stderr[-3000:]
     line = [ln for ln in res.stdout.splitlines() if ln.startswith("PROBE")][-1]
-    return json.loads(line[len("PROBE"):])
+    return json.loads(line[len("PROBE") :])
 
 
 def test_entry_point_is_declared():
@@ -46,9 +47,13 @@ def test_entry_point_is_declared():
 def test_import_verl_loads_the_plugin_through_the_entry_point():
     """`import verl` alone (no import of ours) registers mpo/turn_gae/turn_ppo and wraps the trainer."""
     out = _probe({})
-    assert out == {"loaded": True, "mpo": "mpo_viz.integrations.verl.estimators",
-                   "turn_gae": "mpo_viz.integrations.verl.estimators",
-                   "turn_ppo": "mpo_viz.integrations.verl.losses", "wrapped": True}
+    assert out == {
+        "loaded": True,
+        "mpo": "mpo_viz.integrations.verl.estimators",
+        "turn_gae": "mpo_viz.integrations.verl.estimators",
+        "turn_ppo": "mpo_viz.integrations.verl.losses",
+        "wrapped": True,
+    }
 
 
 def test_external_modules_path_with_entry_points_off():
@@ -62,8 +67,11 @@ def test_external_modules_path_with_entry_points_off():
 def test_external_lib_of_the_model_config():
     """actor_rollout_ref.model.external_lib: verl's HFModelConfig imports it in __post_init__ with
     verl.utils.import_utils.import_external_libs — the same call, here on its own."""
-    code = PROBE.replace("import verl\n", "import verl\nfrom verl.utils.import_utils import import_external_libs\n"
-                         "import_external_libs('mpo_viz.integrations.verl')\n")
+    code = PROBE.replace(
+        "import verl\n",
+        "import verl\nfrom verl.utils.import_utils import import_external_libs\n"
+        "import_external_libs('mpo_viz.integrations.verl')\n",
+    )
     out = _probe({"VERL_USE_EXTERNAL_PLUGINS": "none"}, code)
     assert out["loaded"] and out["wrapped"] and out["turn_ppo"] == "mpo_viz.integrations.verl.losses"
 

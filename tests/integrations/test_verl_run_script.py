@@ -40,8 +40,8 @@ def test_layout_is_verls_agent_loop_layout():
         n = int(att[i, P:].sum())
         assert n == len(r) and int(att[i, :P].sum()) == len(p)
         # prompts left-padded, responses right-padded
-        np.testing.assert_array_equal(data.batch["prompts"][i, P - len(p):].numpy(), p)
-        assert int(att[i, : P - len(p)].sum()) == 0 and int(att[i, P + n:].sum()) == 0
+        np.testing.assert_array_equal(data.batch["prompts"][i, P - len(p) :].numpy(), p)
+        assert int(att[i, : P - len(p)].sum()) == 0 and int(att[i, P + n :].sum()) == 0
         np.testing.assert_array_equal(data.batch["responses"][i, :n].numpy(), r)
         np.testing.assert_array_equal(data.batch["response_mask"][i, :n].numpy(), b.field("loss_mask")[i])
         # the episode's score on the last valid response token, nothing elsewhere
@@ -60,8 +60,16 @@ def test_plugin_writes_the_same_trajectories_and_mpo_advantages(tmp_path):
     mod = script()
     b = rollout_batch()
     run = tmp_path / "run"
-    algo = OmegaConf.create({"adv_estimator": "mpo", "gamma": 1.0, "lam": 1.0, "norm_adv_by_std_in_grpo": True,
-                             "mpo": {"beta": 1.0}, "mpo_viz": {"run_dir": str(run)}})
+    algo = OmegaConf.create(
+        {
+            "adv_estimator": "mpo",
+            "gamma": 1.0,
+            "lam": 1.0,
+            "norm_adv_by_std_in_grpo": True,
+            "mpo": {"beta": 1.0},
+            "mpo_viz": {"run_dir": str(run)},
+        }
+    )
     out = rt.compute_advantage(mod.to_dataproto(b, pad_id=0, step=1), adv_estimator="mpo", num_repeat=1, config=algo)
     got = mv.load(run / "trajectories" / "iter=000001.parquet")
     assert got.traj_ids == b.traj_ids  # request_id

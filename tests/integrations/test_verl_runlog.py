@@ -17,13 +17,21 @@ from tests.integrations.verl_batches import UIDS, copy, multi_turn_batch
 
 
 def algo(name="mpo", **sections):
-    return OmegaConf.create({"adv_estimator": name, "gamma": 1.0, "lam": 1.0, "norm_adv_by_std_in_grpo": True,
-                             **sections})
+    return OmegaConf.create(
+        {"adv_estimator": name, "gamma": 1.0, "lam": 1.0, "norm_adv_by_std_in_grpo": True, **sections}
+    )
 
 
 def step(data, cfg):
-    return rt.compute_advantage(data, adv_estimator=cfg.adv_estimator, gamma=cfg.gamma, lam=cfg.lam, num_repeat=1,
-                                norm_adv_by_std_in_grpo=True, config=cfg)
+    return rt.compute_advantage(
+        data,
+        adv_estimator=cfg.adv_estimator,
+        gamma=cfg.gamma,
+        lam=cfg.lam,
+        num_repeat=1,
+        norm_adv_by_std_in_grpo=True,
+        config=cfg,
+    )
 
 
 def read_lines(path):
@@ -59,7 +67,7 @@ def test_env_run_dir_writes_v1_trajectories_and_metrics(tmp_path, monkeypatch):
     b = mv.load(run / "trajectories" / "iter=000001.parquet")
     data, out = batches[1], outs[1]
     assert len(b) == 6 and list(b.group_ids) == UIDS and b.meta["source_framework"] == "verl"
-    att = data.batch["attention_mask"][:, data.batch["prompts"].shape[1]:].sum(1)
+    att = data.batch["attention_mask"][:, data.batch["prompts"].shape[1] :].sum(1)
     m = data.batch["response_mask"].bool()
     for i in range(6):
         n = int(att[i])
@@ -161,9 +169,16 @@ def test_v1_trainer_batch_without_tokens_logs_metrics_only(tmp_path):
     assert rec["values/across"] > 0
 
 
-@pytest.mark.parametrize("section, key", [({"every": 0}, "every"), ({"max_rows": -1}, "max_rows"),
-                                          ({"compare": "mpo,nope"}, "compare"), ({"rundir": "x"}, "rundir"),
-                                          ({"compare": "gigpo"}, "compare")])
+@pytest.mark.parametrize(
+    "section, key",
+    [
+        ({"every": 0}, "every"),
+        ({"max_rows": -1}, "max_rows"),
+        ({"compare": "mpo,nope"}, "compare"),
+        ({"rundir": "x"}, "rundir"),
+        ({"compare": "gigpo"}, "compare"),
+    ],
+)
 def test_bad_logging_settings_name_the_key(tmp_path, section, key):
     cfg = algo("mpo", mpo_viz={"run_dir": str(tmp_path / "bad"), **section})
     with pytest.raises(ValueError, match=rf"algorithm\.mpo_viz\.{key}"):

@@ -24,8 +24,9 @@ def segments_row(spec):
     return out
 
 
-def make_batch(specs, scores, uids, *, P=6, R=None, seed=0, values=None, with_values=True,
-               dtype=torch.float32) -> DataProto:
+def make_batch(
+    specs, scores, uids, *, P=6, R=None, seed=0, values=None, with_values=True, dtype=torch.float32
+) -> DataProto:
     """A verl batch: one row per ``specs[i]`` (see :func:`segments_row`), outcome score ``scores[i]``
     on the last valid response token, uid ``uids[i]``. ``values``: list of per-row value lists over
     the valid response tokens (default: seeded random values, garbage on padding)."""
@@ -42,11 +43,11 @@ def make_batch(specs, scores, uids, *, P=6, R=None, seed=0, values=None, with_va
     old = -rng.uniform(0.05, 3.0, size=(B, R)).astype(np.float32)
     for i, m in enumerate(rows):
         n_prompt = 3 + i % (P - 2)
-        prompts[i, P - n_prompt:] = rng.integers(5, 50, n_prompt)
-        att[i, P - n_prompt:P] = 1
+        prompts[i, P - n_prompt :] = rng.integers(5, 50, n_prompt)
+        att[i, P - n_prompt : P] = 1
         n = len(m)
         responses[i, :n] = rng.integers(5, 50, n)
-        att[i, P:P + n] = 1
+        att[i, P : P + n] = 1
         rmask[i, :n] = m
         scores_t[i, n - 1] = scores[i]
         if values is not None:
@@ -86,6 +87,8 @@ def multi_turn_batch(**kw) -> DataProto:
 
 def copy(data: DataProto) -> DataProto:
     """A deep copy (verl's compute_advantage writes into the batch)."""
-    return DataProto.from_dict(tensors={k: v.clone() for k, v in data.batch.items()},
-                               non_tensors={k: v.copy() for k, v in data.non_tensor_batch.items()},
-                               meta_info=dict(data.meta_info))
+    return DataProto.from_dict(
+        tensors={k: v.clone() for k, v in data.batch.items()},
+        non_tensors={k: v.copy() for k, v in data.non_tensor_batch.items()},
+        meta_info=dict(data.meta_info),
+    )

@@ -18,8 +18,12 @@ FIXTURE = json.loads((Path(__file__).parent / "fixtures" / "skyrl_cispo_sapo.jso
 
 def _inputs():
     x = FIXTURE["inputs"]
-    return (torch.tensor(x["logp"], dtype=torch.float64), torch.tensor(x["old_logp"], dtype=torch.float64),
-            torch.tensor(x["advantages"], dtype=torch.float64), np.asarray(x["mask"]))
+    return (
+        torch.tensor(x["logp"], dtype=torch.float64),
+        torch.tensor(x["old_logp"], dtype=torch.float64),
+        torch.tensor(x["advantages"], dtype=torch.float64),
+        np.asarray(x["mask"]),
+    )
 
 
 def _loss_and_grad(kind, lp, old, adv, mask, **kw):
@@ -29,7 +33,9 @@ def _loss_and_grad(kind, lp, old, adv, mask, **kw):
     return loss.detach().numpy(), t.grad.numpy(), metrics
 
 
-@pytest.mark.parametrize("case", FIXTURE["cases"], ids=lambda c: f"{c['kind']}-{'-'.join(map(str, c['options'].values()))}")
+@pytest.mark.parametrize(
+    "case", FIXTURE["cases"], ids=lambda c: f"{c['kind']}-{'-'.join(map(str, c['options'].values()))}"
+)
 def test_matches_skyrl_on_action_tokens(case):
     lp, old, adv, mask = _inputs()
     loss, grad, _ = _loss_and_grad(case["kind"], lp, old, adv, mask, **case["options"])
@@ -57,7 +63,9 @@ def test_cispo_by_hand_clips_the_weight_keeps_the_token():
     assert (grad != 0).all()  # PPO would give the first two tokens no gradient
     assert met["clipfrac_high"] == pytest.approx(1 / 3) and met["clipfrac_low"] == pytest.approx(1 / 3)
     # defaults 1.0 / 4.0: no lower bound, weight at most 5
-    loss, grad, met = _loss_and_grad("cispo", lp, lp - torch.tensor([[2.0, -3.0, 0.0]], dtype=torch.float64), adv, [[1, 1, 1]])
+    loss, grad, met = _loss_and_grad(
+        "cispo", lp, lp - torch.tensor([[2.0, -3.0, 0.0]], dtype=torch.float64), adv, [[1, 1, 1]]
+    )
     np.testing.assert_allclose(grad[0], -adv.numpy()[0] * np.array([5.0, math.exp(-3.0), 1.0]), rtol=1e-12)
     assert met["clipfrac_low"] == 0 and met["clipfrac_high"] == pytest.approx(1 / 3)
     assert get_loss("cispo").clip_low == 1.0 and get_loss("cispo").clip_high == 4.0

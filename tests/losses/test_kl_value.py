@@ -130,6 +130,9 @@ def test_value_loss_refuses_non_finite_on_action_tokens(which, bad):
         x[k][0, 2] = bad  # masked position: never read
     value_loss(x["values"], x["old_values"], x["returns"], m)
     x[which][1, 2] = bad
-    with pytest.raises(ValueError, match=rf"^{which}: row 1: expected finite values on action tokens, found "
-                                         rf"{bad} at position 2"):
+    with pytest.raises(
+        ValueError,
+        match=rf"^{which}: row 1: expected finite values on action tokens, found "
+        rf"{bad} at position 2",
+    ):
         value_loss(x["values"], x["old_values"], x["returns"], m)

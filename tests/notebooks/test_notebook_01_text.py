@@ -1,6 +1,6 @@
 """Notebook 01 says what its data show: its example trajectory for "values that move most inside
-turns" is one where the across/within statistic is defined, and its comment on the shipped run's
-curves quotes the run's own metrics (without executing the notebook)."""
+turns" is one where the across/within statistic is defined, and its comment on the replayed
+run's curves quotes the run's own metrics (without executing the notebook)."""
 
 import json
 from pathlib import Path
@@ -39,28 +39,28 @@ def test_the_variance_example_is_a_trajectory_with_two_turns_or_more():
     assert t.loc[tid, "ratio"] == t[t["n_turns"] >= 2]["ratio"].min()
 
 
-def test_the_comment_on_the_shipped_run_matches_its_metrics():
-    recs = [json.loads(x) for x in (ROOT / "trajectories" / "trained" / "run" / "metrics.jsonl").read_text().splitlines()]
+def test_the_comment_on_the_replayed_run_matches_its_metrics():
+    """The dashboard section replays an archived replication run and its text says what the run's own
+    metrics show: held-out sampled success up at every evaluation, greedy a little down, training
+    success noisy, the critic's explained variance low (its warm-up missed the gate)."""
+    folder = ROOT / "experiments" / "records" / "v3" / "e3" / "runs" / "automation-d5-6" / "mpo_token" / "seed=1"
+    assert '"mpo_token" / "seed=1"' in cell("import shutil")
+    recs = [json.loads(x) for x in (folder / "metrics.jsonl").read_text().splitlines()]
     text = " ".join(cell("### What this run's curves show").split())
-    evals = [r for r in recs if "eval_success" in r]
+    evals = [r for r in recs if r.get("eval_sampled_success") is not None]
     rl = [r for r in recs if r["phase"] == "rl"]
-    warm = next(r for r in recs if r["phase"] == "critic_warmup")
-    first, last = evals[0], evals[-1]
-    assert last["eval_success"] < first["eval_success"] and "got *worse*" in text  # the words match the direction
-    assert (f"greedy eval success fell from {first['eval_success']:.2f} (iterations 0 and 3) to "
-            f"{last['eval_success']:.2f} at iteration {last['iteration']}") in text
-    assert evals[1]["eval_success"] == first["eval_success"] and [r["iteration"] for r in evals] == [0, 3, 6]
-    assert f"sampled eval success from {first['eval_sampled_success']:.2f} to {last['eval_sampled_success']:.2f}" in text
-    assert f"training success ended at its lowest, {rl[-1]['success']:.2f}" in text
-    assert rl[-1]["success"] == min(r["success"] for r in rl)
-    cfg = json.loads((ROOT / "trajectories" / "trained" / "run" / "config.json").read_text())
-    assert f"Over its {len(rl)} iterations ({cfg['episodes']} episodes each" in text
-    assert f"({cfg['eval_episodes']} eval tasks" in text
-    assert (f"held-out explained variance {warm['warmup_explained_var']:.3f} against the gate "
-            f"{warm['warmup_gate']:g}") in text
-    assert f"fell to {rl[-1]['critic_explained_var']:.2f} at iteration 6".replace("-", "−") in text
-    kl = [r["approx_kl"] for r in rl]
-    assert kl[4] > max(kl[:4]) and kl[5] > max(kl[:4])  # "approx KL ... grew at iterations 5 and 6"
+    sampled = [r["eval_sampled_success"] for r in evals]
+    assert all(b > a for a, b in zip(sampled, sampled[1:]))  # "rose at every evaluation"
+    assert f"from {sampled[0]:.2f} before RL to {sampled[-1]:.2f} after {len(rl)} iterations" in text
+    assert "(" + ", ".join(f"{x:.2f}" for x in sampled) + ")" in text
+    first, last = evals[0]["eval_success"], evals[-1]["eval_success"]
+    assert last < first and f"({first:.2f} to {last:.2f})" in text
+    succ = [r["success"] for r in rl]
+    assert f"between {min(succ):.2f} and {max(succ):.2f}" in text
+    ev = [r["critic_explained_var"] for r in rl]
+    assert f"between {min(ev):.2f} and {max(ev):.2f}".replace("-", "−") in text and max(ev) < 0.3
+    warm = json.loads((folder / "warmup.json").read_text())
+    assert warm["warmup_explained_var"] < 0.2 and warm["warmup_stop"] == "budget"  # "missed the 0.2 gate"
 
 
 def test_the_disagreement_example_opens_where_the_disagreement_is():

@@ -52,8 +52,9 @@ def test_notebook_06_runs_end_to_end_on_smollm2(tmp_path, monkeypatch):
     monkeypatch.setenv("MPO_VIZ_SMOLLM2_DIR", folder)
     monkeypatch.delenv("MPO_VIZ_NOTEBOOK_FAST", raising=False)
     nb = nbformat.read(NOTEBOOK, as_version=4)
-    nbclient.NotebookClient(nb, timeout=3600, kernel_name="python3",
-                            resources={"metadata": {"path": str(NOTEBOOK.parent)}}).execute()
+    nbclient.NotebookClient(
+        nb, timeout=3600, kernel_name="python3", resources={"metadata": {"path": str(NOTEBOOK.parent)}}
+    ).execute()
     text = "\n".join(o.get("text", "") for c in nb.cells if c.cell_type == "code" for o in c.get("outputs", []))
     assert "134,515,008 parameters" in text
     assert "both runs done in" in text

@@ -10,8 +10,8 @@ ROOT = Path(__file__).resolve().parents[2]
 
 def test_notebook_03_run_names_quoted_in_the_docs_exist():
     page = (ROOT / "docs" / "notebooks.md").read_text()
-    para = page[page.index("Notebook 03's runs are named"):]
-    para = para[:para.index("\n\n")]
+    para = page[page.index("Notebook 03's runs are named") :]
+    para = para[: para.index("\n\n")]
     quoted = re.findall(r'"([^"]+)"', para)
     nb = json.loads((ROOT / "notebooks" / "03_train_interactively.ipynb").read_text())
     code = "\n".join("".join(c["source"]) for c in nb["cells"] if c["cell_type"] == "code")

@@ -92,8 +92,9 @@ def test_explorer_export_figures_both_ways(batch, monkeypatch, tmp_path):
         ex.export_figures(tmp_path / "none")
     monkeypatch.setitem(sys.modules, "kaleido", types.ModuleType("kaleido"))
     calls = []
-    monkeypatch.setattr(go.Figure, "write_image", lambda self, p, format=None, **k: calls.append(format) or
-                        open(p, "w").close())
+    monkeypatch.setattr(
+        go.Figure, "write_image", lambda self, p, format=None, **k: calls.append(format) or open(p, "w").close()
+    )
     out = ex.export_figures(tmp_path / "img", formats=("svg", "pdf"))
     assert [p.name for p in out] == [f"{name}.svg", f"{name}.pdf"] and calls == ["svg", "pdf"]
 
@@ -131,8 +132,22 @@ def test_report_export_with_a_renderer(batch, fake_renderer, tmp_path):
 def test_cli_report_export_says_so(batch, no_renderer, tmp_path, capsys):
     data = tmp_path / "b.parquet"
     mv.save(batch, data)
-    assert main(["report", str(data), "-o", str(tmp_path / "r.html"), "--estimators", "mpo,gae",
-                 "--export", str(tmp_path / "exp"), "--no-progress"]) == 0
+    assert (
+        main(
+            [
+                "report",
+                str(data),
+                "-o",
+                str(tmp_path / "r.html"),
+                "--estimators",
+                "mpo,gae",
+                "--export",
+                str(tmp_path / "exp"),
+                "--no-progress",
+            ]
+        )
+        == 0
+    )
     err = capsys.readouterr().err
     note = [ln for ln in err.splitlines() if ln.startswith("note: export:")]
     assert len(note) == 1 and "pip install kaleido" in note[0] and "PNG / SVG links" in note[0], err

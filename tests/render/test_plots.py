@@ -16,8 +16,17 @@ from mpo_viz.render import plots
 
 def _batch():
     # turns of 2 and 3 action tokens with 2 observation tokens between; obs values 9 must not show
-    rows = [{"traj_id": "A", "group_id": "g", "prompt_ids": [1], "response_ids": list(range(7)),
-             "loss_mask": [1, 1, 0, 0, 1, 1, 1], "values": [0.5, 0.7, 9, 9, 0.2, 0.3, 0.4], "reward": 1.0}]
+    rows = [
+        {
+            "traj_id": "A",
+            "group_id": "g",
+            "prompt_ids": [1],
+            "response_ids": list(range(7)),
+            "loss_mask": [1, 1, 0, 0, 1, 1, 1],
+            "values": [0.5, 0.7, 9, 9, 0.2, 0.3, 0.4],
+            "reward": 1.0,
+        }
+    ]
     return TrajectoryBatch.from_rows(rows)
 
 
@@ -43,8 +52,17 @@ def test_value_curve_steps_spans_and_gaps():
 
 def test_value_curve_single_token_turn_is_drawn():
     # turns of 1, 2 and 1 action tokens: a line needs two points, so one-token turns get a marker
-    rows = [{"traj_id": "A", "group_id": "g", "prompt_ids": [1], "response_ids": list(range(7)),
-             "loss_mask": [1, 0, 1, 1, 0, 0, 1], "values": [0.5, 9, 0.2, 0.3, 9, 9, 0.8], "reward": 1.0}]
+    rows = [
+        {
+            "traj_id": "A",
+            "group_id": "g",
+            "prompt_ids": [1],
+            "response_ids": list(range(7)),
+            "loss_mask": [1, 0, 1, 1, 0, 0, 1],
+            "values": [0.5, 9, 0.2, 0.3, 9, 9, 0.8],
+            "reward": 1.0,
+        }
+    ]
     b = TrajectoryBatch.from_rows(rows)
     fig = plots.value_curve(b, 0, advantages={"x": torch.tensor([[1.0, 0, 2.0, 3.0, 0, 0, 4.0]])})
     for tr in (fig.data[0], fig.data[2]):
@@ -55,18 +73,24 @@ def test_value_curve_single_token_turn_is_drawn():
 
 
 def test_value_curve_needs_values():
-    rows = [{"traj_id": "A", "group_id": "g", "prompt_ids": [1], "response_ids": [1, 2],
-             "loss_mask": [1, 1], "reward": 1.0}]
+    rows = [
+        {"traj_id": "A", "group_id": "g", "prompt_ids": [1], "response_ids": [1, 2], "loss_mask": [1, 1], "reward": 1.0}
+    ]
     with pytest.raises(ValueError, match="values"):
         plots.value_curve(TrajectoryBatch.from_rows(rows), 0)
 
 
 def test_across_within_log_axes_and_histogram():
-    vv = pd.DataFrame({
-        "traj_id": ["a", "b", "c", "d"], "reward": [1.0, 0.0, 1.0, 0.0], "n_turns": [3, 3, 1, 2],
-        "across": [1.0, 0.01, 0.0, 0.5], "within": [0.1, 0.1, 0.2, 0.0],
-        "ratio": [10.0, 0.1, 0.0, math.inf],
-    })
+    vv = pd.DataFrame(
+        {
+            "traj_id": ["a", "b", "c", "d"],
+            "reward": [1.0, 0.0, 1.0, 0.0],
+            "n_turns": [3, 3, 1, 2],
+            "across": [1.0, 0.01, 0.0, 0.5],
+            "within": [0.1, 0.1, 0.2, 0.0],
+            "ratio": [10.0, 0.1, 0.0, math.inf],
+        }
+    )
     fig = plots.across_within(vv)
     sc, line, hist = fig.data
     assert list(sc.x) == [0.1, 0.1] and list(sc.y) == [1.0, 0.01]  # c and d cannot sit on log axes
@@ -128,10 +152,16 @@ def test_span_shapes_rects_then_two_paths():
     # turns [0, 2], [4, 6], [10, 12]: spans [-0.5, 2.5], [3.5, 6.5], [9.5, 12.5]
     rects = plots.span_shapes([0, 4, 10], [2, 6, 12], max_shapes=3)
     assert [(s["type"], s["x0"], s["x1"], s["fillcolor"]) for s in rects] == [
-        ("rect", -0.5, 2.5, "#9ecae1"), ("rect", 3.5, 6.5, "#c6dbef"), ("rect", 9.5, 12.5, "#9ecae1")]
+        ("rect", -0.5, 2.5, "#9ecae1"),
+        ("rect", 3.5, 6.5, "#c6dbef"),
+        ("rect", 9.5, 12.5, "#9ecae1"),
+    ]
     # more turns than max_shapes: one path per colour, the same rectangles (y in paper units)
     paths = plots.span_shapes([0, 4, 10], [2, 6, 12], max_shapes=2)
-    assert [(s["type"], s["fillcolor"], s["yref"]) for s in paths] == [("path", "#9ecae1", "paper"), ("path", "#c6dbef", "paper")]
+    assert [(s["type"], s["fillcolor"], s["yref"]) for s in paths] == [
+        ("path", "#9ecae1", "paper"),
+        ("path", "#c6dbef", "paper"),
+    ]
     assert paths[0]["path"] == "M-0.5,0 H2.5 V1 H-0.5 Z M9.5,0 H12.5 V1 H9.5 Z"
     assert paths[1]["path"] == "M3.5,0 H6.5 V1 H3.5 Z"
     # a plotly figure takes them as they are

@@ -40,7 +40,21 @@ def _check_columns(out, ref_batch, names, **opts):
 def test_advantages_cli_small_file(small, tmp_path, capsys):
     path, b = small
     out = tmp_path / "out.parquet"
-    rc = main(["advantages", str(path), "-e", "mpo,gae,grpo", "--beta", "0.5", "--lam", "0.9", "-o", str(out), "--no-progress"])
+    rc = main(
+        [
+            "advantages",
+            str(path),
+            "-e",
+            "mpo,gae,grpo",
+            "--beta",
+            "0.5",
+            "--lam",
+            "0.9",
+            "-o",
+            str(out),
+            "--no-progress",
+        ]
+    )
     assert rc == 0
     assert "16 trajectories" in capsys.readouterr().out
     got = _check_columns(out, b, ["mpo", "gae", "grpo"], beta=0.5, lam=0.9)
@@ -61,7 +75,14 @@ def test_advantages_cli_streams_chunks_and_keeps_groups(small, tmp_path):
 
 def test_malformed_file_clean_error(tmp_path, capsys):
     bad = tmp_path / "bad.jsonl"
-    good = {"traj_id": "a", "group_id": "g", "prompt_ids": [1], "response_ids": [1, 2], "loss_mask": [1, 1], "reward": 1.0}
+    good = {
+        "traj_id": "a",
+        "group_id": "g",
+        "prompt_ids": [1],
+        "response_ids": [1, 2],
+        "loss_mask": [1, 1],
+        "reward": 1.0,
+    }
     bad.write_text(json.dumps(good) + "\n" + json.dumps({**good, "traj_id": "b", "loss_mask": [1, 2]}) + "\n")
     rc = main(["advantages", str(bad), "-e", "grpo", "-o", str(tmp_path / "o.parquet"), "--no-progress"])
     err = capsys.readouterr().err
@@ -145,13 +166,27 @@ def test_report_ties_on_binary_rewards_and_one_score():
         if len(idx) > 1:
             assert f"shared by {len(idx)} trajectories" in label
     # every trajectory with the same score: no best or worst, the largest disagreement instead
-    same = mv.TrajectoryBatch.from_rows([
-        {"traj_id": f"t{i}", "group_id": "g", "prompt_ids": [1], "response_ids": [1, 2, 3, 4, 5],
-         "loss_mask": [1, 1, 0, 1, 1], "values": [1.2, -1.0 + 0.1 * i, 0, 0.9, 0.3], "reward": 1.0}
-        for i in range(4)])
-    html = build_report(same, ReportConfig(estimators=("mpo", "gae"), n_best=1, n_worst=1, n_disagreed=1, progress=False))
+    same = mv.TrajectoryBatch.from_rows(
+        [
+            {
+                "traj_id": f"t{i}",
+                "group_id": "g",
+                "prompt_ids": [1],
+                "response_ids": [1, 2, 3, 4, 5],
+                "loss_mask": [1, 1, 0, 1, 1],
+                "values": [1.2, -1.0 + 0.1 * i, 0, 0.9, 0.3],
+                "reward": 1.0,
+            }
+            for i in range(4)
+        ]
+    )
+    html = build_report(
+        same, ReportConfig(estimators=("mpo", "gae"), n_best=1, n_worst=1, n_disagreed=1, progress=False)
+    )
     heads = re.findall(r"<h3>(\S+) <small>([^<]*)</small>", html)
-    assert len(heads) == 1 and "every trajectory scores 1, so none is best or worst: chosen by the largest" in heads[0][1]
+    assert (
+        len(heads) == 1 and "every trajectory scores 1, so none is best or worst: chosen by the largest" in heads[0][1]
+    )
     assert "most disagreed-on" in heads[0][1]  # the same trajectory, both reasons on one heading
     assert "highest score" not in html and "lowest score" not in html
 
@@ -159,15 +194,17 @@ def test_report_ties_on_binary_rewards_and_one_score():
 def test_selected_trajectories_span_groups():
     # 5 groups of 4; every group holds successes and failures, so one group could fill every selection
     b = mv.synthetic.make_batch(20, seed=3, turns=(2, 4), turn_len=(4, 12), obs_len=(2, 6), group_size=4)
-    html = build_report(b, ReportConfig(estimators=("mpo", "gae", "grpo"), n_best=2, n_worst=2, n_disagreed=1,
-                                        progress=False))
+    html = build_report(
+        b, ReportConfig(estimators=("mpo", "gae", "grpo"), n_best=2, n_worst=2, n_disagreed=1, progress=False)
+    )
     tids = [t for t, _ in re.findall(r"<h3>(\S+) <small>([^<]*)</small>", html)]
     groups = [b.group_ids[b.traj_ids.index(t)] for t in tids]
     assert len(tids) >= 4 and len(set(groups)) == len(tids), groups  # the most disagreed-on may be one shown
     # fewer groups than selections: a group repeats only when none is left
     two = b.select(traj_ids=[t for t, g in zip(b.traj_ids, b.group_ids) if g in set(b.group_ids[:8])])
-    html = build_report(two, ReportConfig(estimators=("mpo", "gae"), n_best=2, n_worst=2, n_disagreed=0,
-                                          progress=False))
+    html = build_report(
+        two, ReportConfig(estimators=("mpo", "gae"), n_best=2, n_worst=2, n_disagreed=0, progress=False)
+    )
     tids = [t for t, _ in re.findall(r"<h3>(\S+) <small>([^<]*)</small>", html)]
     assert len(tids) == 4 and len({two.group_ids[two.traj_ids.index(t)] for t in tids}) == 2
 
@@ -175,34 +212,58 @@ def test_selected_trajectories_span_groups():
 def test_nothing_to_rank_by_is_said():
     # grpo and rloo give every turn of a trajectory the sign of its score against the group: they
     # agree on every sign (0% differ), so ties on the score have nothing to be ranked by
-    rows = [{"traj_id": f"t{i}", "group_id": f"g{i // 4}", "prompt_ids": [1], "response_ids": [1, 2, 3, 4],
-             "loss_mask": [1, 1, 0, 1], "reward": float(i % 4 < 2)} for i in range(12)]
+    rows = [
+        {
+            "traj_id": f"t{i}",
+            "group_id": f"g{i // 4}",
+            "prompt_ids": [1],
+            "response_ids": [1, 2, 3, 4],
+            "loss_mask": [1, 1, 0, 1],
+            "reward": float(i % 4 < 2),
+        }
+        for i in range(12)
+    ]
     b = mv.TrajectoryBatch.from_rows(rows)
     html = build_report(b, ReportConfig(estimators=("grpo", "rloo"), n_best=2, n_worst=2, progress=False))
     heads = re.findall(r"<h3>(\S+) <small>([^<]*)</small>", html)
     assert len(heads) == 4
     for _, label in heads:
         assert "largest estimator disagreement" not in label and "(0% of turn signs differ)" not in label
-        assert ("chosen by the first in the data from a group not shown yet: there was nothing to rank by (the "
-                "estimators agree on the sign of each of its turns: 0% differ)") in label
+        assert (
+            "chosen by the first in the data from a group not shown yet: there was nothing to rank by (the "
+            "estimators agree on the sign of each of its turns: 0% differ)"
+        ) in label
     assert len({b.group_ids[b.traj_ids.index(t)] for t, _ in heads}) == 3  # 3 groups: one repeats, no more
 
 
 def test_report_and_value_curve_name_a_fitted_critic():
     from mpo_viz.render import plots
-    from mpo_viz.train.critic_fit import fit_critic
+    from mpo_viz.train.fitted_critic import fit_critic
 
-    rows = [{"traj_id": f"t{i}", "group_id": f"g{i // 2}", "prompt_ids": [1 + i % 3], "response_ids": [2, 3, 4, 5, 6],
-             "loss_mask": [1, 1, 0, 1, 1], "reward": float(i % 3 == 0)} for i in range(12)]
+    rows = [
+        {
+            "traj_id": f"t{i}",
+            "group_id": f"g{i // 2}",
+            "prompt_ids": [1 + i % 3],
+            "response_ids": [2, 3, 4, 5, 6],
+            "loss_mask": [1, 1, 0, 1, 1],
+            "reward": float(i % 3 == 0),
+        }
+        for i in range(12)
+    ]
     res = fit_critic(mv.TrajectoryBatch.from_rows(rows), steps=3, size="1m", holdout=0.25, progress=False)
     assert res.batch.meta["values_source"] == "fitted_critic"
     # a fit that generalizes (its record says held-out EV 0.4): the values are named, not refused
     good = res.batch.with_meta(critic_fit={**res.info, "heldout_explained_variance": 0.4})
     html = build_report(good, ReportConfig(progress=False))
     assert "<b>mpo, gae: values from a fitted critic (held-out EV 0.4)</b>" in html
-    assert ("held-out trajectories): held-out explained variance 0.4 (on trajectories it was not fitted to), "
-            f"in-sample {res.info['train_explained_variance']:.3g} (on its training trajectories)") in html
-    assert "vs mpo returns — in-sample: over all of this data, the critic&#x27;s own training part included</td>" in html
+    assert (
+        "held-out trajectories): held-out explained variance 0.4 (on trajectories it was not fitted to), "
+        f"in-sample {res.info['train_explained_variance']:.3g} (on its training trajectories)"
+    ) in html
+    assert (
+        "vs mpo returns — in-sample: over all of this data, the critic&#x27;s own training part included</td>" in html
+    )
     assert "NOISE" not in html
     assert "Within-turn part (micro_mpo)" in html and "in a failed episode a wrong answer can be blue" in html
     names = [t["name"] for t in plots.value_curve_parts(good, 0)["traces"]]
@@ -218,21 +279,30 @@ def test_a_critic_with_heldout_ev_at_most_005_is_labelled_noise_everywhere(ev):
     from mpo_viz.render.strip import NOISE_LABEL, strip_payload
 
     b = mv.load(Path(__file__).resolve().parents[2] / "trajectories" / "search.parquet")[:40]
-    noisy = b.with_meta(values_source="fitted_critic", critic_fit={"heldout_explained_variance": ev,
-                                                                    "train_explained_variance": 0.51})
+    noisy = b.with_meta(
+        values_source="fitted_critic", critic_fit={"heldout_explained_variance": ev, "train_explained_variance": 0.51}
+    )
     html = build_report(noisy, ReportConfig(estimators=("mpo", "gae", "grpo"), progress=False))
     why = f"values from a fitted critic with held-out explained variance {ev:.2f} (≤ 0.05)"
     # the summary, beside the in-sample EV of 0.51 the issue saw alone
-    assert f"<td>critic-based credit</td><td>NOISE: {why}: it predicts returns it was not fitted to no better than their mean; mpo, gae not ranked</td>" in html
+    assert (
+        f"<td>critic-based credit</td><td>NOISE: {why}: it predicts returns it was not fitted to no better than their "
+        "mean; mpo, gae not ranked</td>" in html
+    )
     assert "in-sample 0.51 (on its training trajectories)" in html
     # the estimator table and the verdict: mpo and gae are not ranked
     assert "<p class=warn><b>mpo, gae: NOISE</b>" in html
     reading = re.search(r"<p class=reading>([^<]*)</p>", html).group(1)
     assert reading.startswith("Token credit closest to the oracle: grpo") and "Not ranked: mpo, gae (" in reading
     # the strips: every channel built on the values says so
-    p = strip_payload(noisy, 0, advantages={k: r.advantages for k, r in an.compute_advantages(noisy, ["mpo", "grpo"]).items()})
+    p = strip_payload(
+        noisy, 0, advantages={k: r.advantages for k, r in an.compute_advantages(noisy, ["mpo", "grpo"]).items()}
+    )
     assert p["channel_info"]["adv_mpo"]["label"] == "advantage (mpo)" + NOISE_LABEL
-    assert p["channel_info"]["value"]["label"].endswith(NOISE_LABEL) and p["meta"]["critic"] == f"NOISE: {why}: it predicts returns it was not fitted to no better than their mean"
+    assert (
+        p["channel_info"]["value"]["label"].endswith(NOISE_LABEL)
+        and p["meta"]["critic"] == f"NOISE: {why}: it predicts returns it was not fitted to no better than their mean"
+    )
     assert "NOISE" not in p["channel_info"]["adv_grpo"]["label"]
     assert NOISE_LABEL in html  # the report's strips carry those labels
 
@@ -248,12 +318,24 @@ def test_too_little_data_and_an_untrained_critic_give_no_verdict():
 
 
 def test_report_without_values_uses_what_the_data_allow():
-    rows = [{"traj_id": f"t{i}", "group_id": f"g{i // 2}", "prompt_ids": [1], "response_ids": [1, 2, 3, 4],
-             "loss_mask": [1, 0, 1, 1], "reward": float(i % 2)} for i in range(4)]
+    rows = [
+        {
+            "traj_id": f"t{i}",
+            "group_id": f"g{i // 2}",
+            "prompt_ids": [1],
+            "response_ids": [1, 2, 3, 4],
+            "loss_mask": [1, 0, 1, 1],
+            "reward": float(i % 2),
+        }
+        for i in range(4)
+    ]
     b = mv.TrajectoryBatch.from_rows(rows)
-    with pytest.warns(LeftOutNote, match=r"^mpo, gae left out: they need critic values, and FILE has none. Fit a "
-                                         r"critic to its returns and report again: mpo-viz fit-critic FILE -o "
-                                         r"with_values.parquet && mpo-viz report with_values.parquet$"):
+    with pytest.warns(
+        LeftOutNote,
+        match=r"^mpo, gae left out: they need critic values, and FILE has none. Fit a "
+        r"critic to its returns and report again: mpo-viz fit-critic FILE -o "
+        r"with_values.parquet && mpo-viz report with_values.parquet$",
+    ):
         html = build_report(b, ReportConfig(progress=False))
     assert "<td>estimators</td><td>grpo</td>" in html
     assert "<td>estimators left out</td><td>mpo, gae left out: they need critic values" in html
@@ -268,24 +350,40 @@ def test_report_cli_says_what_was_left_out_and_what_lacks_a_reward(tmp_path, cap
     from mpo_viz import checks
 
     checks._WARNED.clear()
-    rows = [{"traj_id": f"t{i}", "group_id": f"g{i // 2}", "prompt_ids": [1], "response_ids": [1, 2, 3, 4],
-             "loss_mask": [1, 0, 1, 1], "reward": float(i % 2) if i != 3 else float("nan")} for i in range(4)]
+    rows = [
+        {
+            "traj_id": f"t{i}",
+            "group_id": f"g{i // 2}",
+            "prompt_ids": [1],
+            "response_ids": [1, 2, 3, 4],
+            "loss_mask": [1, 0, 1, 1],
+            "reward": float(i % 2) if i != 3 else float("nan"),
+        }
+        for i in range(4)
+    ]
     path = tmp_path / "logs.parquet"
     mv.save(mv.TrajectoryBatch.from_rows(rows), path)
     assert main(["report", str(path), "-o", str(tmp_path / "r.html"), "--no-progress"]) == 0
     err = capsys.readouterr().err
-    assert f"note: mpo, gae left out: they need critic values, and {path} has none. Fit a critic to its returns and " \
-           f"report again: mpo-viz fit-critic {path} -o with_values.parquet" in err
+    assert (
+        f"note: mpo, gae left out: they need critic values, and {path} has none. Fit a critic to its returns and "
+        f"report again: mpo-viz fit-critic {path} -o with_values.parquet" in err
+    )
     # the count is the streamed chunk's (the report reads group-aligned chunks), the names are the file's
-    assert re.search(r"warning: grpo: 1 of \d+ trajectories have no reward \(a NaN reward and no turn_rewards or "
-                     r"token_rewards\): 't3', in 1 group\(s\) \('g1'\)", err)
+    assert re.search(
+        r"warning: grpo: 1 of \d+ trajectories have no reward \(a NaN reward and no turn_rewards or "
+        r"token_rewards\): 't3', in 1 group\(s\) \('g1'\)",
+        err,
+    )
     checks._WARNED.clear()
 
 
 def test_advantages_cli_folder_output(small, tmp_path):
     path, b = small
     out = tmp_path / "annotated"
-    assert main(["advantages", str(path), "-e", "grpo,gae", "-o", str(out), "--max-tokens", "400", "--no-progress"]) == 0
+    assert (
+        main(["advantages", str(path), "-e", "grpo,gae", "-o", str(out), "--max-tokens", "400", "--no-progress"]) == 0
+    )
     assert len(list(out.glob("part-*.parquet"))) > 1
     _check_columns(out, b, ["grpo", "gae"])
     with pytest.raises(ValueError, match="already holds part"):
@@ -322,9 +420,11 @@ def test_advantages_refuses_to_write_over_or_into_its_input(small, tmp_path, cap
     folder.mkdir()
     mv.save(mv.load(path), folder / "a.parquet")
     before = (folder / "a.parquet").read_bytes()
-    for inp, out in ((folder / "a.parquet", folder / "a.parquet"),  # the input itself
-                     (folder, folder / "scored.parquet"),            # inside the input folder
-                     (folder / "a.parquet", folder)):                # a folder output holding the input
+    for inp, out in (
+        (folder / "a.parquet", folder / "a.parquet"),  # the input itself
+        (folder, folder / "scored.parquet"),  # inside the input folder
+        (folder / "a.parquet", folder),
+    ):  # a folder output holding the input
         assert main(["advantages", str(inp), "-o", str(out), "--no-progress"]) == 1
         assert "--output: expected an output outside the input" in capsys.readouterr().err
     assert sorted(p.name for p in folder.iterdir()) == ["a.parquet"]
@@ -334,17 +434,59 @@ def test_advantages_refuses_to_write_over_or_into_its_input(small, tmp_path, cap
 
 def test_option_errors_name_the_command_line_flag(small, tmp_path, capsys):
     path, _ = small
-    assert main(["advantages", str(path), "-e", "mpo", "--turn-lam", "2", "-o", str(tmp_path / "o.parquet"), "--no-progress"]) == 1
+    assert (
+        main(
+            [
+                "advantages",
+                str(path),
+                "-e",
+                "mpo",
+                "--turn-lam",
+                "2",
+                "-o",
+                str(tmp_path / "o.parquet"),
+                "--no-progress",
+            ]
+        )
+        == 1
+    )
     assert "error: --turn-lam: expected a value in [0, 1], found 2.0" in capsys.readouterr().err
     assert main(["report", str(path), "--max-tokens", "0", "-o", str(tmp_path / "r.html"), "--no-progress"]) == 1
     assert "error: --max-tokens: expected an integer >= 1, found 0" in capsys.readouterr().err
     # an option none of the chosen estimators takes is refused, naming the flag and who takes it
-    assert main(["advantages", str(path), "-e", "gae,grpo", "--beta", "0.5", "-o", str(tmp_path / "o.parquet"),
-                 "--no-progress"]) == 1
+    assert (
+        main(
+            [
+                "advantages",
+                str(path),
+                "-e",
+                "gae,grpo",
+                "--beta",
+                "0.5",
+                "-o",
+                str(tmp_path / "o.parquet"),
+                "--no-progress",
+            ]
+        )
+        == 1
+    )
     assert "error: --beta: none of the estimators gae, grpo takes this option (mpo does)" in capsys.readouterr().err
     # a flag option with a default of True can be switched off
-    assert main(["advantages", str(path), "-e", "reinforce_pp", "--no-whiten", "-o", str(tmp_path / "w.parquet"),
-                 "--no-progress"]) == 0
+    assert (
+        main(
+            [
+                "advantages",
+                str(path),
+                "-e",
+                "reinforce_pp",
+                "--no-whiten",
+                "-o",
+                str(tmp_path / "w.parquet"),
+                "--no-progress",
+            ]
+        )
+        == 0
+    )
     got = mv.load(tmp_path / "w.parquet")
     assert got.meta["advantage_estimators"]["reinforce_pp"] == {"whiten": False}
     assert not (tmp_path / "o.parquet").exists() and not (tmp_path / "r.html").exists()
@@ -365,7 +507,7 @@ def test_report_accuracy_section_against_the_benchmark(tmp_path):
     mv.save(b, path)
     # streamed in several chunks: the accuracy statistics are merged across them
     html = build_report(path, ReportConfig(estimators=("mpo", "vapo", "grpo"), max_tokens=3000, progress=False))
-    sec = html[html.index("<h2 id=accuracy>"):]
+    sec = html[html.index("<h2 id=accuracy>") :]
     assert "Accuracy against the oracle" in sec and "<p class=reading>Token credit closest to the oracle:" in sec
     assert "experiments/credit_accuracy.py" in sec and "download='accuracy.csv'" in sec
     rows = re.findall(r"<tr><td>(mpo|vapo|grpo)</td>((?:<td>[^<]*</td>)+)</tr>", sec)
@@ -373,8 +515,17 @@ def test_report_accuracy_section_against_the_benchmark(tmp_path):
     for name, cells in rows:
         vals = [float("nan") if c == "—" else float(c) for c in re.findall(r"<td>([^<]*)</td>", cells)]
         want = bench.metrics(compute(b, name).advantages.double().numpy(), ref)
-        cols = ["turn_corr", "turn_sign", "tok_corr", "within_corr", "dec_sign", "dec_mass", "tok_slope",
-                "dec_slope", "turn_slope"]
+        cols = [
+            "turn_corr",
+            "turn_sign",
+            "tok_corr",
+            "within_corr",
+            "dec_sign",
+            "dec_mass",
+            "tok_slope",
+            "dec_slope",
+            "turn_slope",
+        ]
         np.testing.assert_allclose(vals, [want[c] for c in cols], rtol=2e-3, atol=1e-4, err_msg=name)  # 4 digits
     assert len(rows) == 3
     assert "explained variance of the values (oracle)" in html and "critic explained" not in html
@@ -398,7 +549,9 @@ def test_report_accuracy_uses_the_policys_truth_when_the_file_has_it():
     assert "Truth used: the Monte-Carlo values of expert(noise=0.25), M = 4" in html
     assert "Accuracy against the scripted expert's oracle (biased for this policy)" in html
     assert html.index("this policy's truth") < html.index("scripted expert's oracle")
-    plain = build_report(b, ReportConfig(estimators=("mpo", "grpo"), n_best=1, n_worst=0, n_disagreed=0, progress=False))
+    plain = build_report(
+        b, ReportConfig(estimators=("mpo", "grpo"), n_best=1, n_worst=0, n_disagreed=0, progress=False)
+    )
     assert "this policy's truth" not in plain and "Accuracy against the oracle" in plain
 
 
@@ -415,11 +568,15 @@ def token_truth_batch():
 
 
 def test_report_shows_the_within_turn_table_when_the_file_has_the_token_truth(token_truth_batch):
-    html = build_report(token_truth_batch, ReportConfig(estimators=("mpo", "turn_gae", "grpo"), n_best=1, n_worst=0,
-                                                        n_disagreed=0, progress=False))
+    html = build_report(
+        token_truth_batch,
+        ReportConfig(estimators=("mpo", "turn_gae", "grpo"), n_best=1, n_worst=0, n_disagreed=0, progress=False),
+    )
     assert "Within-turn credit against this policy's token truth" in html
-    assert ("Truth used: the Monte-Carlo token truth of expert(noise=0.25) at uncertain tokens (1 − π &gt; 0.01, at "
-            "most 4 a turn, 1 control a turn): M = 8 continuation pairs per token, estimator pi") in html
+    assert (
+        "Truth used: the Monte-Carlo token truth of expert(noise=0.25) at uncertain tokens (1 − π &gt; 0.01, at "
+        "most 4 a turn, 1 control a turn): M = 8 continuation pairs per token, estimator pi"
+    ) in html
     assert "a turn's true mean Â_k/n_k from the turn-level truth above (Â_k)" in html
     # flat credit (turn GAE, GRPO) is 0 within turns by construction, and the table and the reading say so
     assert html.count(an.FLAT_NOTE) >= 2 and "turn_gae, grpo: flat inside turns, 0 by construction" in html
@@ -435,8 +592,9 @@ def test_the_policys_truth_ranks_no_noise_critic_and_no_truth_too_noisy(token_tr
     against the Monte-Carlo truth either; a truth whose reliability is below MIN_RELIABILITY gives no
     verdict, and its noise-corrected columns are withheld (no interval beyond 1)."""
     b = token_truth_batch.with_meta(values_source="fitted_critic", critic_fit={"heldout_explained_variance": 0.01})
-    html = build_report(b, ReportConfig(estimators=("mpo", "gae", "grpo"), n_best=0, n_worst=0, n_disagreed=0,
-                                        progress=False))
+    html = build_report(
+        b, ReportConfig(estimators=("mpo", "gae", "grpo"), n_best=0, n_worst=0, n_disagreed=0, progress=False)
+    )
     assert "NOISE: not ranked (its credit rests on critic values that are noise)" in html
     readings = re.findall(r"<p class=reading>(.*?)</p>", html, flags=re.S)
     mc = next(r for r in readings if "Monte-Carlo values of" in r)
@@ -447,8 +605,10 @@ def test_the_policys_truth_ranks_no_noise_critic_and_no_truth_too_noisy(token_tr
     ac = an.mc_accuracy(noisy, {"grpo": an.compute_advantages(noisy, ["grpo"])["grpo"]})
     assert ac.reliability.iloc[0] < an.MIN_RELIABILITY
     assert np.isnan(ac.turn_corr_dis.iloc[0]) and np.isnan(ac.dis_hi.iloc[0]) and "too little data" in ac.note.iloc[0]
-    html = build_report(noisy.with_meta(values_source="oracle"),
-                        ReportConfig(estimators=("mpo", "grpo"), n_best=0, n_worst=0, n_disagreed=0, progress=False))
+    html = build_report(
+        noisy.with_meta(values_source="oracle"),
+        ReportConfig(estimators=("mpo", "grpo"), n_best=0, n_worst=0, n_disagreed=0, progress=False),
+    )
     assert "too little data for a verdict" in html
 
 

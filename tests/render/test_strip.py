@@ -24,14 +24,32 @@ from mpo_viz.render.strip import (
 
 def _batch():
     rows = [
-        {"traj_id": "A", "group_id": "g", "prompt_ids": [1], "response_ids": [10, 11, 12, 13, 14, 15],
-         "loss_mask": [1, 1, 0, 1, 1, 1], "values": [0.5, 0.6, 7.0, 0.2, 0.4, 0.9], "reward": 1.0,
-         "old_logprobs": [-1.0, -0.5, 0.0, -2.0, -0.1, -0.3], "rollout_logprobs": [-1.0, -0.7, 0.0, -2.0, -0.1, -0.2],
-         "ref_logprobs": [-1.5, -0.5, 0.0, -2.0, -0.1, -0.3],
-         "response_tokens": ["Hi", " </script>", "\n<obs>", "a", "b", "c"]},
-        {"traj_id": "B", "group_id": "g", "prompt_ids": [1], "response_ids": [10, 11],
-         "loss_mask": [1, 1], "values": [0.1, 0.2], "reward": 0.0, "old_logprobs": [-1.0, -1.0],
-         "rollout_logprobs": [-1.0, -1.0], "ref_logprobs": [-1.0, -1.0], "response_tokens": ["x", "y"]},
+        {
+            "traj_id": "A",
+            "group_id": "g",
+            "prompt_ids": [1],
+            "response_ids": [10, 11, 12, 13, 14, 15],
+            "loss_mask": [1, 1, 0, 1, 1, 1],
+            "values": [0.5, 0.6, 7.0, 0.2, 0.4, 0.9],
+            "reward": 1.0,
+            "old_logprobs": [-1.0, -0.5, 0.0, -2.0, -0.1, -0.3],
+            "rollout_logprobs": [-1.0, -0.7, 0.0, -2.0, -0.1, -0.2],
+            "ref_logprobs": [-1.5, -0.5, 0.0, -2.0, -0.1, -0.3],
+            "response_tokens": ["Hi", " </script>", "\n<obs>", "a", "b", "c"],
+        },
+        {
+            "traj_id": "B",
+            "group_id": "g",
+            "prompt_ids": [1],
+            "response_ids": [10, 11],
+            "loss_mask": [1, 1],
+            "values": [0.1, 0.2],
+            "reward": 0.0,
+            "old_logprobs": [-1.0, -1.0],
+            "rollout_logprobs": [-1.0, -1.0],
+            "ref_logprobs": [-1.0, -1.0],
+            "response_tokens": ["x", "y"],
+        },
     ]
     return TrajectoryBatch.from_rows(rows)
 
@@ -77,7 +95,9 @@ def test_payload_from_arrays_rounds_and_checks():
 
 
 def test_token_ids_shown_without_response_tokens():
-    rows = [{"traj_id": "A", "group_id": "g", "prompt_ids": [1], "response_ids": [7, 8], "loss_mask": [1, 1], "reward": 1.0}]
+    rows = [
+        {"traj_id": "A", "group_id": "g", "prompt_ids": [1], "response_ids": [7, 8], "loss_mask": [1, 1], "reward": 1.0}
+    ]
     p = strip_payload(TrajectoryBatch.from_rows(rows), 0)
     assert p["tokens"] == ["7 ", "8 "] and "value" not in p["channels"]
     p2 = strip_payload(TrajectoryBatch.from_rows(rows), 0, tokens=lambda ids: [f"<{i}>" for i in ids])
@@ -102,9 +122,15 @@ def test_round_sig_is_the_string_rounding():
     np.testing.assert_array_equal(got, [0.12346, 12346.0, 12344.0, -0.00098765, 100000.0, 0.0, np.nan, np.nan, 1e-30])
     # and element for element what float(f"{v:.5g}") gives, over magnitudes, near-ties and powers of ten
     rng = np.random.default_rng(0)
-    x = np.concatenate([rng.normal(size=3000) * 10.0 ** rng.integers(-25, 25, 3000),
-                        np.round(rng.normal(size=1000) * 1e4) + 0.5, np.round(rng.normal(size=1000), 5),
-                        np.nextafter(10.0 ** np.arange(-12, 12), np.inf), np.nextafter(10.0 ** np.arange(-12, 12), -np.inf)])
+    x = np.concatenate(
+        [
+            rng.normal(size=3000) * 10.0 ** rng.integers(-25, 25, 3000),
+            np.round(rng.normal(size=1000) * 1e4) + 0.5,
+            np.round(rng.normal(size=1000), 5),
+            np.nextafter(10.0 ** np.arange(-12, 12), np.inf),
+            np.nextafter(10.0 ** np.arange(-12, 12), -np.inf),
+        ]
+    )
     for sig in (4, 5):
         np.testing.assert_array_equal(round_sig(x, sig), [float(f"{v:.{sig}g}") for v in x.tolist()])
 
@@ -113,12 +139,16 @@ def test_update_channels_ratio_on_a_log_scale_and_clipped():
     """The saved ratio after the update is the ``update_ratio`` channel (its log, flagged ``log`` so
     that the legend and hover show the ratio); ``clipped`` a 0/1 channel of scale 1; neither is
     picked up again as a plain column, and the old/rollout ``ratio`` channel stays what it was."""
-    b = _batch().with_token_fields(ratio=[[2.0, 0.5, 1.0, 1.0, 1.25, 4.0], [1.0, 1.0]],
-                                   clipped=[[1, 0, 0, 0, 0, 1], [0, 0]])
+    b = _batch().with_token_fields(
+        ratio=[[2.0, 0.5, 1.0, 1.0, 1.25, 4.0], [1.0, 1.0]], clipped=[[1, 0, 0, 0, 0, 1], [0, 0]]
+    )
     p = strip_payload(b, 0)
     ch, info = p["channels"], p["channel_info"]
-    np.testing.assert_allclose([x for x in ch["update_ratio"] if x is not None],
-                               [math.log(2), math.log(0.5), 0.0, math.log(1.25), math.log(4)], rtol=1e-4)
+    np.testing.assert_allclose(
+        [x for x in ch["update_ratio"] if x is not None],
+        [math.log(2), math.log(0.5), 0.0, math.log(1.25), math.log(4)],
+        rtol=1e-4,
+    )
     assert ch["update_ratio"][2] is None  # observation token
     assert info["update_ratio"]["log"] is True and info["update_ratio"]["center"] == 0.0
     assert info["update_ratio"]["label"] == "ratio after the update (log scale)"
@@ -132,8 +162,10 @@ def test_update_channels_ratio_on_a_log_scale_and_clipped():
     if shutil.which("node") is None:
         pytest.skip("node is not installed: the JS's shown() is not run")
     head = js.split(EXPORTS_MARKER, 1)[0].replace("export function ", "function ")
-    probe = ("console.log(JSON.stringify([shown({log: true}, Math.log(2)), shown({log: true}, -Math.log(4)), "
-             "shown({}, 0.5), shown({log: true}, null), fmt(shown({log: true}, Math.log(1.25)))]));")
+    probe = (
+        "console.log(JSON.stringify([shown({log: true}, Math.log(2)), shown({log: true}, -Math.log(4)), "
+        "shown({}, 0.5), shown({log: true}, null), fmt(shown({log: true}, Math.log(1.25)))]));"
+    )
     out = subprocess.run(["node", "-e", head + probe], capture_output=True, text=True, timeout=60, check=True).stdout
     got = json.loads(out)
     assert got[0] == pytest.approx(2.0) and got[1] == pytest.approx(0.25) and got[2:] == [0.5, None, "1.25"]
@@ -143,11 +175,13 @@ def test_the_token_truth_is_a_channel_with_its_errors():
     """Â_t on the measured tokens (None elsewhere) as the channel ``truth``, its standard errors beside it
     in ``payload["truth"]``; the token truth's own columns are not channels of their own."""
     nan = math.nan
-    b = _batch().with_token_fields(mc_tok_adv=[[0.2, nan, nan, -0.1, nan, nan], [nan, nan]],
-                                   mc_tok_adv_se=[[0.05, nan, nan, 0.1, nan, nan], [nan, nan]],
-                                   mc_tok_adv_a=[[0.2, nan, nan, -0.1, nan, nan], [nan, nan]],
-                                   mc_tok_adv_b=[[0.2, nan, nan, -0.1, nan, nan], [nan, nan]],
-                                   mc_tok_measured=[[1, 0, 0, 1, 0, 0], [0, 0]])
+    b = _batch().with_token_fields(
+        mc_tok_adv=[[0.2, nan, nan, -0.1, nan, nan], [nan, nan]],
+        mc_tok_adv_se=[[0.05, nan, nan, 0.1, nan, nan], [nan, nan]],
+        mc_tok_adv_a=[[0.2, nan, nan, -0.1, nan, nan], [nan, nan]],
+        mc_tok_adv_b=[[0.2, nan, nan, -0.1, nan, nan], [nan, nan]],
+        mc_tok_measured=[[1, 0, 0, 1, 0, 0], [0, 0]],
+    )
     p = strip_payload(b, 0, advantages={"mpo": torch.zeros(2, 6)})
     assert p["channels"]["truth"] == [0.2, None, None, -0.1, None, None]
     assert p["truth"] == {"channel": "truth", "se": [0.05, None, None, 0.1, None, None]}

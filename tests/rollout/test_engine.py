@@ -11,8 +11,7 @@ from mpo_viz.rollout import sample_tokens
 
 INF = float("inf")
 # rows whose entropy is known by hand: two equal logits (log 2), three (log 3), one finite (0)
-BY_HAND = [([0.0, 0.0, -INF, -INF], math.log(2)), ([1.0, 1.0, 1.0, -INF], math.log(3)),
-           ([-INF, 5.0, -INF, -INF], 0.0)]
+BY_HAND = [([0.0, 0.0, -INF, -INF], math.log(2)), ([1.0, 1.0, 1.0, -INF], math.log(3)), ([-INF, 5.0, -INF, -INF], 0.0)]
 OTHER = [[0.0, 1.0, 2.0, -1.0], [3.0, 3.0, -50.0, 0.0], [100.0, 0.0, -INF, -100.0], [-2.0, -INF, 0.5, 0.25]]
 
 
@@ -38,7 +37,7 @@ def test_entropy_is_that_of_the_temperature_one_distribution(temperature, top_p)
     for u in (torch.full((len(rows),), 0.05, dtype=torch.float64), torch.linspace(0.1, 0.95, len(rows)).double()):
         tok, roll, old, ent = sample_tokens(logits, u, temperature, top_p)
         assert ent.dtype == torch.float32 and ent.shape == (len(rows),)
-        assert torch.isfinite(ent).all()                 # -inf logits add 0, not NaN
+        assert torch.isfinite(ent).all()  # -inf logits add 0, not NaN
         np.testing.assert_allclose(ent.numpy(), want, rtol=1e-6, atol=1e-6)
         # the other outputs are unchanged by it: old = log softmax(logits)[tok]
         assert torch.equal(old, torch.log_softmax(logits, -1).gather(1, tok[:, None])[:, 0])

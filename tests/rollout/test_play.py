@@ -28,7 +28,7 @@ def _teacher_forced_entropy(model, prompt_ids, response_ids) -> np.ndarray:
     ids = torch.tensor([list(prompt_ids) + list(response_ids)])
     with torch.no_grad():
         logits = model(ids).logits[0].double()
-    x = logits[len(prompt_ids) - 1:-1].numpy()
+    x = logits[len(prompt_ids) - 1 : -1].numpy()
     lp = x - x.max(-1, keepdims=True)
     lp = lp - np.log(np.exp(lp).sum(-1, keepdims=True))
     return -(np.exp(lp) * lp).sum(-1)

@@ -32,11 +32,11 @@ def test_replay_reproduces_every_turn_of_expert_files(name):
     for r, row in zip(states, _rows(batch)):
         for st in r:
             resp = list(row["response_ids"])
-            assert st.prefix == list(row["prompt_ids"]) + resp[:st.start]
-            assert st.action_ids == resp[st.start:st.end] and set(row["loss_mask"][st.start:st.end]) == {1}
+            assert st.prefix == list(row["prompt_ids"]) + resp[: st.start]
+            assert st.action_ids == resp[st.start : st.end] and set(row["loss_mask"][st.start : st.end]) == {1}
             assert st.env.state[0] == st.turn  # the state before turn k has taken k turns
             # the snapshot holds the recorded conversation up to turn k
-            assert st.env.messages == json.loads(row["messages_json"])[:2 + 2 * st.turn]
+            assert st.env.messages == json.loads(row["messages_json"])[: 2 + 2 * st.turn]
 
 
 @pytest.mark.parametrize("name", ENVS)
@@ -74,8 +74,11 @@ def test_a_changed_turn_fails_naming_trajectory_turn_and_texts():
     n1 = int(np.sum((np.asarray(r["turn_ids"]) == 1) & (np.asarray(r["loss_mask"]) == 1)))
     filler = layout.encode("the")[0]
     bad = _changed(batch, 0, 1, [filler] * (n1 - 1))  # the command of turn 1 becomes words without a verb
-    with pytest.raises(ReplayError, match=r"trajectory 'search-s1-t0000-0': turn 1: the replayed observation differs "
-                                          r"from the recorded one: recorded '.+', replayed 'invalid action"):
+    with pytest.raises(
+        ReplayError,
+        match=r"trajectory 'search-s1-t0000-0': turn 1: the replayed observation differs "
+        r"from the recorded one: recorded '.+', replayed 'invalid action",
+    ):
         replay(bad, layout)
     replay(batch, layout)  # the unchanged record replays
 

@@ -57,18 +57,18 @@ def test_logprobs_honest_and_batch_size_free(name):
     rows1, rows16 = _rows(out[1]), _rows(out[16])
     turn_lens = set()
     for r1, r16 in zip(rows1, rows16):
-        assert r1["response_ids"] == r16["response_ids"]           # same tokens whatever the batch size
+        assert r1["response_ids"] == r16["response_ids"]  # same tokens whatever the batch size
         np.testing.assert_allclose(r1["old_logprobs"], r16["old_logprobs"], atol=1e-5)
         for r in (r1, r16):
             m = np.asarray(r["loss_mask"]).astype(bool)
             ref = teacher_forced_logprobs(pol.model, r["prompt_ids"], r["response_ids"]).numpy()
             old, roll = np.asarray(r["old_logprobs"]), np.asarray(r["rollout_logprobs"])
-            assert np.array_equal(old, roll)                         # T = 1, top_p = 1
+            assert np.array_equal(old, roll)  # T = 1, top_p = 1
             assert np.abs(old[m] - ref[m]).max() < 2e-3
             assert (old[~m] == 0).all()
         tid = np.asarray(r1["turn_ids"])
         turn_lens |= {int(((tid == k) & m).sum()) for k in range(r1["num_turns"])}
-    assert len({len(r["response_ids"]) for r in rows1}) > 1 and len(turn_lens) > 2   # ragged
+    assert len({len(r["response_ids"]) for r in rows1}) > 1 and len(turn_lens) > 2  # ragged
 
 
 def _replay(name, r):
@@ -125,7 +125,7 @@ def test_critic_values_bootstrap_and_oracle():
         with torch.no_grad():
             direct = critic(seq)[0].numpy()
         p, n = len(r["prompt_ids"]), len(r["response_ids"])
-        np.testing.assert_allclose(r["values"], direct[p - 1:p + n - 1], atol=1e-5)
+        np.testing.assert_allclose(r["values"], direct[p - 1 : p + n - 1], atol=1e-5)
         if r["stop_reason"] == "max_total_tokens":
             assert r["truncated"] and r["bootstrap_value"] == pytest.approx(float(direct[-1]), abs=1e-5)
             assert p + n <= 90 or r["loss_mask"][-1] == 0
@@ -141,8 +141,14 @@ def test_critic_values_bootstrap_and_oracle():
 
 def _episodes_of(batch):
     """The finished episodes of a batch as ``critic_values`` reads them (prompt and response ids)."""
-    return [SimpleNamespace(prompt=list(r["prompt_ids"]), ids=list(r["response_ids"]),
-                            length=len(r["prompt_ids"]) + len(r["response_ids"])) for r in _rows(batch)]
+    return [
+        SimpleNamespace(
+            prompt=list(r["prompt_ids"]),
+            ids=list(r["response_ids"]),
+            length=len(r["prompt_ids"]) + len(r["response_ids"]),
+        )
+        for r in _rows(batch)
+    ]
 
 
 @pytest.mark.parametrize("per_sequence", [True, False])
@@ -162,7 +168,7 @@ def test_critic_values_unpadded_and_batched_equal_a_direct_forward(per_sequence,
             direct = critic(torch.tensor([e.prompt + e.ids]))[0].numpy()
         p, n = len(e.prompt), len(e.ids)
         assert v.shape == (n,) and v.dtype == np.float32
-        np.testing.assert_allclose(v, direct[p - 1:p + n - 1], atol=1e-5)
+        np.testing.assert_allclose(v, direct[p - 1 : p + n - 1], atol=1e-5)
         assert b == pytest.approx(float(direct[-1]), abs=1e-5)
 
 
@@ -177,16 +183,17 @@ def test_critic_in_a_second_thread_gives_the_same_values(monkeypatch):
     submit = RP.CriticJobs.submit
     monkeypatch.setattr(RP.CriticJobs, "submit", lambda self, eps: handed.append(len(eps)) or submit(self, eps))
     threaded = rollout(pol, env, 7, critic=critic, critic_thread=True, **kw)
-    assert len(handed) > 1 and sum(handed) == 7               # episodes handed in over several batch turns
+    assert len(handed) > 1 and sum(handed) == 7  # episodes handed in over several batch turns
     at_end = rollout(pol, env, 7, critic=critic, critic_thread=False, **kw)
     for a, b in zip(_rows(threaded), _rows(at_end)):
         np.testing.assert_array_equal(a["values"], b["values"])
-        assert a["bootstrap_value"] == b["bootstrap_value"] or (np.isnan(a["bootstrap_value"])
-                                                                and np.isnan(b["bootstrap_value"]))
+        assert a["bootstrap_value"] == b["bootstrap_value"] or (
+            np.isnan(a["bootstrap_value"]) and np.isnan(b["bootstrap_value"])
+        )
         with torch.no_grad():
             direct = critic(torch.tensor([a["prompt_ids"] + a["response_ids"]]))[0].numpy()
         p, n = len(a["prompt_ids"]), len(a["response_ids"])
-        np.testing.assert_allclose(a["values"], direct[p - 1:p + n - 1], atol=1e-5)
+        np.testing.assert_allclose(a["values"], direct[p - 1 : p + n - 1], atol=1e-5)
 
 
 def test_critic_values_of_one_episode_and_constant_values():
@@ -229,10 +236,19 @@ def test_sliding_window_models_keep_the_models_own_decode_mask():
     what a plain forward with the model's own mask gives; configs without a window keep the shortcut."""
     env = _env("tooluse")
     tok = build_tokenizer(env)
-    cfg = MistralConfig(vocab_size=len(tok), hidden_size=96, num_hidden_layers=2, num_attention_heads=6,
-                        num_key_value_heads=6, intermediate_size=128, pad_token_id=tok.pad_token_id,
-                        eos_token_id=tok.eos_token_id, bos_token_id=None, sliding_window=16,
-                        attn_implementation="sdpa")
+    cfg = MistralConfig(
+        vocab_size=len(tok),
+        hidden_size=96,
+        num_hidden_layers=2,
+        num_attention_heads=6,
+        num_key_value_heads=6,
+        intermediate_size=128,
+        pad_token_id=tok.pad_token_id,
+        eos_token_id=tok.eos_token_id,
+        bos_token_id=None,
+        sliding_window=16,
+        attn_implementation="sdpa",
+    )
     torch.manual_seed(0)
     pol = M.Policy(MistralForCausalLM(cfg).eval(), tok, name="sw")
     assert R.uses_sliding_window(pol.model.config) and not RE.Engine(pol.model, tok.pad_token_id)._mask4
@@ -253,9 +269,18 @@ def test_grouped_key_value_heads_without_copies_give_the_same_rollout(monkeypatc
     (which copies them out), and leaves the model's attention setting as it found it."""
     env = _env("tooluse")
     tok = build_tokenizer(env)
-    cfg = LlamaConfig(vocab_size=len(tok), hidden_size=96, num_hidden_layers=2, num_attention_heads=6,
-                      num_key_value_heads=2, intermediate_size=128, pad_token_id=tok.pad_token_id,
-                      eos_token_id=tok.eos_token_id, bos_token_id=None, tie_word_embeddings=True)
+    cfg = LlamaConfig(
+        vocab_size=len(tok),
+        hidden_size=96,
+        num_hidden_layers=2,
+        num_attention_heads=6,
+        num_key_value_heads=2,
+        intermediate_size=128,
+        pad_token_id=tok.pad_token_id,
+        eos_token_id=tok.eos_token_id,
+        bos_token_id=None,
+        tie_word_embeddings=True,
+    )
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(0)
         pol = M.Policy(LlamaForCausalLM(cfg).eval(), tok, name="gqa")
@@ -354,24 +379,24 @@ def test_temperature_top_p_and_greedy():
             am = pol.model(ids).logits[0].argmax(-1).numpy()
         p = len(r["prompt_ids"])
         m = np.asarray(r["loss_mask"]).astype(bool)
-        assert (np.asarray(r["response_ids"])[m] == am[p - 1:-1][m]).all()
+        assert (np.asarray(r["response_ids"])[m] == am[p - 1 : -1][m]).all()
         assert (np.asarray(r["rollout_logprobs"]) == 0).all()
 
 
 def test_sample_tokens_inverts_the_cdf():
     logits = torch.tensor([[0.0, 1.0, 2.0, -1.0], [3.0, 3.0, -50.0, 0.0]])
     n = 1000
-    u = (torch.arange(n, dtype=torch.float64) + 0.5) / n          # evenly spread uniforms: exact quantiles
+    u = (torch.arange(n, dtype=torch.float64) + 0.5) / n  # evenly spread uniforms: exact quantiles
     for row in logits:
         tok, roll, old, _ = sample_tokens(row.expand(n, -1), u, 1.0, 1.0)
         p = torch.softmax(row.double(), -1)
         counts = torch.bincount(tok, minlength=4).double()
         assert (counts - n * p).abs().max() <= 1.0
         assert torch.equal(roll, old)
-    p = torch.softmax(logits[0].double(), -1)                       # .087 .237 .644 .032
+    p = torch.softmax(logits[0].double(), -1)  # .087 .237 .644 .032
     tok, roll, _, _ = sample_tokens(logits[:1].expand(n, -1), u, 1.0, 0.5)
-    assert set(tok.tolist()) == {2} and float(roll.abs().max()) < 1e-6   # the nucleus is the top token alone
-    tok, roll, _, _ = sample_tokens(logits[:1].expand(n, -1), u, 1.0, 0.7)   # nucleus {2, 1}
+    assert set(tok.tolist()) == {2} and float(roll.abs().max()) < 1e-6  # the nucleus is the top token alone
+    tok, roll, _, _ = sample_tokens(logits[:1].expand(n, -1), u, 1.0, 0.7)  # nucleus {2, 1}
     q = p[[1, 2]] / p[[1, 2]].sum()
     counts = torch.bincount(tok, minlength=4).double()
     assert counts[0] == counts[3] == 0 and (counts[[1, 2]] - n * q).abs().max() <= 1.0
@@ -403,8 +428,11 @@ def test_bad_input_names_the_argument():
     with pytest.raises(ValueError, match="max_total_tokens: expected more than the prompt"):
         rollout(pol, env, 1, max_total_tokens=10)
     other = M.tiny_policy(build_tokenizer(make_env("tooluse")))
-    with pytest.raises(ValueError, match=r"policy tiny_policy\(size='1m', seed=0\) for env 'search': .* mapped to the "
-                                         r"unknown token"):
+    with pytest.raises(
+        ValueError,
+        match=r"policy tiny_policy\(size='1m', seed=0\) for env 'search': .* mapped to the "
+        r"unknown token",
+    ):
         rollout(other, env, 1)
 
 

@@ -40,12 +40,19 @@ def _cat(batch, name):
 
 # --------------------------------------------------------------------------------------------- positions
 
+
 def _hand_batch(with_lp=True, with_dec=True):
     """One row: turn 0 = 5 action tokens, 1 observation; turn 1 = 3 action tokens. Probabilities π chosen
     so that 1 − π is, by token: turn 0: .5 .001 .2 .05 .3 | turn 1: .005 .002 .02."""
     pi = [0.5, 0.999, 0.8, 0.95, 0.7, 1.0, 0.995, 0.998, 0.98]
-    row = {"traj_id": "a", "group_id": "g", "prompt_ids": [1], "response_ids": [2] * 9,
-           "loss_mask": [1, 1, 1, 1, 1, 0, 1, 1, 1], "reward": 1.0}
+    row = {
+        "traj_id": "a",
+        "group_id": "g",
+        "prompt_ids": [1],
+        "response_ids": [2] * 9,
+        "loss_mask": [1, 1, 1, 1, 1, 0, 1, 1, 1],
+        "reward": 1.0,
+    }
     if with_lp:
         row["old_logprobs"] = np.log(pi).tolist()
     b = TrajectoryBatch.from_rows([row])
@@ -82,12 +89,17 @@ def test_positions_rules_by_hand():
 
 
 def test_positions_refuse_what_the_file_cannot_serve():
-    with pytest.raises(OptionError, match="needs the policy's recorded log-probs.*positions='decisive'.*positions='all'"):
+    with pytest.raises(
+        OptionError, match="needs the policy's recorded log-probs.*positions='decisive'.*positions='all'"
+    ):
         choose_positions(_hand_batch(with_lp=False), "uncertain")
     with pytest.raises(OptionError, match="needs the oracle's decisive column"):
         choose_positions(_hand_batch(with_dec=False), "decisive")
-    for kw, msg in ((dict(threshold=1.5), "threshold"), (dict(max_per_turn=0), "max_per_turn"),
-                    (dict(controls=-1), "controls")):
+    for kw, msg in (
+        (dict(threshold=1.5), "threshold"),
+        (dict(max_per_turn=0), "max_per_turn"),
+        (dict(controls=-1), "controls"),
+    ):
         with pytest.raises(OptionError, match=msg):
             choose_positions(_hand_batch(), "uncertain", **kw)
     with pytest.raises(OptionError, match="expected one of uncertain, decisive, all"):
@@ -95,6 +107,7 @@ def test_positions_refuse_what_the_file_cannot_serve():
 
 
 # --------------------------------------------------------------------------------------------- the expert
+
 
 @pytest.mark.parametrize("name", ["automation", "search", "tooluse"])
 def test_the_expert_as_policy_agrees_with_the_exact_oracle(name):
@@ -128,13 +141,14 @@ def test_the_estimators_agree_and_the_pi_weighted_one_is_the_least_noisy():
     batch = generate(GenerateConfig(env="automation", episodes=16, group_size=4, seed=5, noise=0.3))
     err = {}
     for est in ("plain", "crn", "pi"):
-        out = mc_token_truth(batch, NoisyExpert(noise=0.3), m=64, seed=2, positions="decisive", controls=0,
-                             estimator=est, progress=False)
+        out = mc_token_truth(
+            batch, NoisyExpert(noise=0.3), m=64, seed=2, positions="decisive", controls=0, estimator=est, progress=False
+        )
         meas = _cat(out, "mc_tok_measured") == 1
         d = (_cat(out, "mc_tok_adv") - _cat(out, "oracle_token_adv"))[meas]
         se = _cat(out, "mc_tok_adv_se")[meas]
-        assert abs(d.mean()) < 3 * np.sqrt(np.sum(se ** 2)) / len(d) + 1e-6, est  # the mean error within 3 SE
-        err[est] = float(np.mean(d ** 2))
+        assert abs(d.mean()) < 3 * np.sqrt(np.sum(se**2)) / len(d) + 1e-6, est  # the mean error within 3 SE
+        err[est] = float(np.mean(d**2))
     assert err["pi"] < err["crn"] < err["plain"], err
     assert err["plain"] / err["pi"] > 4, err
 
@@ -171,6 +185,7 @@ def test_sampling_without_a_token_by_hand():
 
 # --------------------------------------------------------------------------------------------- a model
 
+
 @pytest.fixture(scope="module")
 def start_episodes():
     policy, _ = M.load(START)
@@ -194,23 +209,38 @@ def test_a_prefix_extended_inside_a_turn_gives_the_logprobs_of_one_fed_alone(sta
     n = len(st.action_ids)
     cfg = RolloutConfig(batch_size=64)
     out = {"q": np.ones(4), "forced": np.zeros((4, 1)), "alt": np.zeros((4, 1))}
-    run = inturn._Run(policy, Engine(model, policy.tokenizer.pad_token_id), 1, 0, cfg, "crn", "free", 1.0,
-                      inturn.Timer(), inturn._Bar(None), out)
+    run = inturn._Run(
+        policy,
+        Engine(model, policy.tokenizer.pad_token_id),
+        1,
+        0,
+        cfg,
+        "crn",
+        "free",
+        1.0,
+        inturn.Timer(),
+        inturn._Bar(None),
+        out,
+    )
     with torch.no_grad():
         rows, logits = run._admit([(0, st, 0), (1, st, 3), (2, st, n - 1), (3, st2, 2)])
         assert len(rows) == 8
         seqs = [list(r_st.prefix) + r.head for r, r_st in zip(rows, [st] * 6 + [st2] * 2)]
         for b, seq in enumerate(seqs):
-            torch.testing.assert_close(torch.log_softmax(logits[b], -1), torch.log_softmax(_fed_alone(model, seq), -1),
-                                       atol=1e-4, rtol=1e-4)
+            torch.testing.assert_close(
+                torch.log_softmax(logits[b], -1), torch.log_softmax(_fed_alone(model, seq), -1), atol=1e-4, rtol=1e-4
+            )
         tok = torch.tensor([[int(st.action_ids[0])]] * len(rows))
         pos = run.engine.next_pos[:, None].clone()
         run.engine.next_pos = run.engine.next_pos + 1
         step = run.engine.forward(tok, torch.ones(len(rows), 1, dtype=torch.long), pos)
         for b, seq in enumerate(seqs):
-            torch.testing.assert_close(torch.log_softmax(step[b], -1),
-                                       torch.log_softmax(_fed_alone(model, seq + [int(tok[b, 0])]), -1),
-                                       atol=1e-4, rtol=1e-4)
+            torch.testing.assert_close(
+                torch.log_softmax(step[b], -1),
+                torch.log_softmax(_fed_alone(model, seq + [int(tok[b, 0])]), -1),
+                atol=1e-4,
+                rtol=1e-4,
+            )
     # the probability of the recorded token at each position is the policy's own (the file's log-probs)
     lp = np.asarray(batch.field("old_logprobs")[st.row])
     for j, t in enumerate((0, 3, n - 1)):
@@ -220,12 +250,13 @@ def test_a_prefix_extended_inside_a_turn_gives_the_logprobs_of_one_fed_alone(sta
 def test_results_do_not_depend_on_batch_size_or_order(start_episodes):
     policy, batch = start_episodes
     states = [s for r in replay(batch, policy.layout) for s in r]
-    items = [(states[0], 0), (states[0], 5), (states[2], 1), (states[3], len(states[3].action_ids) - 1),
-             (states[5], 2)]
+    items = [(states[0], 0), (states[0], 5), (states[2], 1), (states[3], len(states[3].action_ids) - 1), (states[5], 2)]
     gen = batch.meta["generator"]
     res = {}
     for bs, order in ((64, 1), (8, 1), (24, -1)):
-        cfg = RolloutConfig(batch_size=bs, max_turn_tokens=gen["max_turn_tokens"], max_total_tokens=gen["max_total_tokens"])
+        cfg = RolloutConfig(
+            batch_size=bs, max_turn_tokens=gen["max_turn_tokens"], max_total_tokens=gen["max_total_tokens"]
+        )
         r = model_token_returns(policy, items[::order], 3, seed=4, cfg=cfg, estimator="crn")
         res[bs] = {k: v[::order] for k, v in r.items()}
     for bs in (8, 24):
@@ -264,22 +295,59 @@ def test_cli_token_truth(tmp_path, capsys):
     src = tmp_path / "e.parquet"
     mv.save(generate(GenerateConfig(env="search", episodes=4, group_size=2, seed=0)), src)
     out = tmp_path / "t.parquet"
-    assert main(["truth", str(src), "-o", str(out), "--policy", "expert", "-M", "4", "--tokens", "uncertain",
-                 "--tokens-M", "4", "-q"]) == 0
+    assert (
+        main(
+            [
+                "truth",
+                str(src),
+                "-o",
+                str(out),
+                "--policy",
+                "expert",
+                "-M",
+                "4",
+                "--tokens",
+                "uncertain",
+                "--tokens-M",
+                "4",
+                "-q",
+            ]
+        )
+        == 0
+    )
     said = capsys.readouterr().out
     assert "token truth of the noisy expert" in said and "tokens measured" in said
     back = mv.load(out)
     assert back.has("mc_value") and back.has("mc_tok_adv") and back.meta["mc_truth"]["tokens"]["m"] == 4
     assert back.meta["mc_truth"]["m"] == 4  # the turn-level truth beside it
     only = tmp_path / "only.parquet"
-    assert main(["truth", str(src), "-o", str(only), "--policy", "expert", "--tokens", "decisive", "--no-turns",
-                 "--tokens-M", "2", "-q"]) == 0
+    assert (
+        main(
+            [
+                "truth",
+                str(src),
+                "-o",
+                str(only),
+                "--policy",
+                "expert",
+                "--tokens",
+                "decisive",
+                "--no-turns",
+                "--tokens-M",
+                "2",
+                "-q",
+            ]
+        )
+        == 0
+    )
     b2 = mv.load(only)
     assert b2.has("mc_tok_adv") and not b2.has("mc_value")
     assert main(["truth", str(src), "-o", str(only), "--policy", "expert", "--no-turns", "-q"]) == 2
     assert "--no-turns: expected --tokens" in capsys.readouterr().err
-    assert main(["truth", str(src), "-o", str(only), "--policy", "expert", "--tokens", "all", "--tokens-M", "1",
-                 "-q"]) == 1
+    assert (
+        main(["truth", str(src), "-o", str(only), "--policy", "expert", "--tokens", "all", "--tokens-M", "1", "-q"])
+        == 1
+    )
     assert "--tokens-M: expected at least 2" in capsys.readouterr().err
 
 
@@ -287,8 +355,23 @@ def test_cli_uncertain_without_logprobs_says_so_in_one_line(tmp_path, capsys):
     """A model on a file without log-probs (an expert file): one line naming decisive and all."""
     src = tmp_path / "e.parquet"
     mv.save(generate(GenerateConfig(env="automation", episodes=2, group_size=2, seed=0, difficulty=(3, 4))), src)
-    assert main(["truth", str(src), "-o", str(tmp_path / "o.parquet"), "--model", str(START), "--tokens",
-                 "uncertain", "--no-turns", "-q"]) == 1
+    assert (
+        main(
+            [
+                "truth",
+                str(src),
+                "-o",
+                str(tmp_path / "o.parquet"),
+                "--model",
+                str(START),
+                "--tokens",
+                "uncertain",
+                "--no-turns",
+                "-q",
+            ]
+        )
+        == 1
+    )
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1
     assert "--tokens uncertain" in err and "log-probs" in err and "'decisive'" in err and "'all'" in err
@@ -313,7 +396,7 @@ def test_expert_returns_by_hand_on_a_sure_token():
     batch = generate(GenerateConfig(env="search", episodes=1, group_size=1, seed=2, noise=0.3))
     layout = word_layout_of(make_env("search"))
     st = replay(batch, layout)[0][0]
-    dec = np.asarray(batch.field("decisive")[0])[st.start:st.end]
+    dec = np.asarray(batch.field("decisive")[0])[st.start : st.end]
     t = int(np.flatnonzero(dec == 0)[0])
     pi = expert_token_returns(NoisyExpert(noise=0.3), [(st, t)], 8, seed=0, layout=layout, estimator="pi")
     assert pi["q"][0] == 1.0 and not pi["forced"].any() and not pi["alt"].any()

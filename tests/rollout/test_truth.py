@@ -85,9 +85,9 @@ def test_a_duplicated_prefix_gives_the_logprobs_of_prefixes_fed_alone(start_epis
         msk = torch.zeros((len(seqs), w), dtype=torch.long)
         pos = torch.zeros((len(seqs), w), dtype=torch.long)
         for b, s in enumerate(seqs):
-            ids[b, w - len(s):] = torch.tensor(s)
-            msk[b, w - len(s):] = 1
-            pos[b, w - len(s):] = torch.arange(len(s))
+            ids[b, w - len(s) :] = torch.tensor(s)
+            msk[b, w - len(s) :] = 1
+            pos[b, w - len(s) :] = torch.arange(len(s))
         engine.next_pos = msk.sum(1)
         return engine.forward(ids, msk, pos)
 
@@ -120,8 +120,9 @@ def test_a_duplicated_prefix_gives_the_logprobs_of_prefixes_fed_alone(start_epis
         together.add_rows(2)
         feed(together, [pre, other])
         t2 = toks[:2]
-        torch.testing.assert_close(torch.log_softmax(step(e1, t2), -1), torch.log_softmax(step(together, t2), -1),
-                                   atol=1e-5, rtol=1e-5)
+        torch.testing.assert_close(
+            torch.log_softmax(step(e1, t2), -1), torch.log_softmax(step(together, t2), -1), atol=1e-5, rtol=1e-5
+        )
 
 
 def test_branch_results_do_not_depend_on_batch_size_or_prefix_sharing(start_episodes):
@@ -134,7 +135,9 @@ def test_branch_results_do_not_depend_on_batch_size_or_prefix_sharing(start_epis
     cfg = batch.meta["generator"]
     out = {}
     for bs, share in ((64, True), (8, True), (64, False)):
-        rc = RolloutConfig(batch_size=bs, max_turn_tokens=cfg["max_turn_tokens"], max_total_tokens=cfg["max_total_tokens"])
+        rc = RolloutConfig(
+            batch_size=bs, max_turn_tokens=cfg["max_turn_tokens"], max_total_tokens=cfg["max_total_tokens"]
+        )
         tm: dict = {}
         out[bs, share] = (branch_returns(policy, states, 4, seed=2, cfg=rc, timings=tm), tm["tokens"])
     ref, tokens = out[64, True]
@@ -143,8 +146,15 @@ def test_branch_results_do_not_depend_on_batch_size_or_prefix_sharing(start_epis
         np.testing.assert_array_equal(g, ref, err_msg=str(key))
         assert n == tokens
     # the order of the boundaries and which others are computed change nothing
-    rev = branch_returns(policy, states[::-1][:5], 4, seed=2, cfg=RolloutConfig(batch_size=16,
-                         max_turn_tokens=cfg["max_turn_tokens"], max_total_tokens=cfg["max_total_tokens"]))
+    rev = branch_returns(
+        policy,
+        states[::-1][:5],
+        4,
+        seed=2,
+        cfg=RolloutConfig(
+            batch_size=16, max_turn_tokens=cfg["max_turn_tokens"], max_total_tokens=cfg["max_total_tokens"]
+        ),
+    )
     np.testing.assert_array_equal(rev, ref[::-1][:5])
 
 

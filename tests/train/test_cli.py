@@ -21,8 +21,27 @@ def _cfg_file(tmp_path, **changes):
 
 def test_train_then_resume_from_the_shell(tmp_path, capsys):
     run = str(tmp_path / "run")
-    rc = main(["train", "--env", "search", "--estimator", "grpo", "--loss", "token_ppo", "--group-size", "2",
-               "--episodes", "4", "--iterations", "1", "--run-dir", run, "--config", _cfg_file(tmp_path)])
+    rc = main(
+        [
+            "train",
+            "--env",
+            "search",
+            "--estimator",
+            "grpo",
+            "--loss",
+            "token_ppo",
+            "--group-size",
+            "2",
+            "--episodes",
+            "4",
+            "--iterations",
+            "1",
+            "--run-dir",
+            run,
+            "--config",
+            _cfg_file(tmp_path),
+        ]
+    )
     out = capsys.readouterr().out
     assert rc == 0, out
     assert "iter 1/1 | success" in out and "done: 1 iterations" in out
@@ -32,23 +51,37 @@ def test_train_then_resume_from_the_shell(tmp_path, capsys):
     out = capsys.readouterr().out
     assert rc == 0 and "resuming" in out and "iter 2/2" in out and "before RL" not in out
     lines = [json.loads(x) for x in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
-    assert [(r["iteration"], r["phase"]) for r in lines] == [(0, "eval"), (1, "rl"), (1, "eval"), (2, "rl"),
-                                                             (2, "eval")]
+    assert [(r["iteration"], r["phase"]) for r in lines] == [
+        (0, "eval"),
+        (1, "rl"),
+        (1, "eval"),
+        (2, "rl"),
+        (2, "eval"),
+    ]
     assert json.loads((tmp_path / "run" / "config.json").read_text())["iterations"] == 2
 
 
-@pytest.mark.parametrize("argv, message", [
-    (["--episodes", "0"], "--episodes: expected an integer >= 1, found 0"),
-    (["--estimator", "grpo", "--loss", "token_ppo"], "--group-size: the group estimator 'grpo'"),
-    (["--loss", "ppo"], "--loss: expected one of"),
-    (["--difficulty", "hard"], "--difficulty: expected N or MIN-MAX"),
-    (["--estimator", "grpo", "--group-size", "2", "--critic-lr", "0.001"], "--critic-lr: the estimator 'grpo' uses no critic"),
-    (["--loss-option", "token_clip"], "--loss-option: expected KEY=VALUE (e.g. --loss-option token_clip=2), found 'token_clip'"),
-    (["--estimator-option", "=1"], "--estimator-option: expected KEY=VALUE"),
-    (["--loss", "token_ppo", "--loss-option", "token_clip=2"], "loss 'token_ppo' has no option 'token_clip'"),
-    (["--estimator-option", "turn_lam=2"], "--estimator-option turn_lam: expected a value in [0, 1], found 2"),
-    (["--config", "BAD_OPTIONS"], "tiny.json: estimator_options.turn_lam: expected a value in [0, 1], found 2"),
-])
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["--episodes", "0"], "--episodes: expected an integer >= 1, found 0"),
+        (["--estimator", "grpo", "--loss", "token_ppo"], "--group-size: the group estimator 'grpo'"),
+        (["--loss", "ppo"], "--loss: expected one of"),
+        (["--difficulty", "hard"], "--difficulty: expected N or MIN-MAX"),
+        (
+            ["--estimator", "grpo", "--group-size", "2", "--critic-lr", "0.001"],
+            "--critic-lr: the estimator 'grpo' uses no critic",
+        ),
+        (
+            ["--loss-option", "token_clip"],
+            "--loss-option: expected KEY=VALUE (e.g. --loss-option token_clip=2), found 'token_clip'",
+        ),
+        (["--estimator-option", "=1"], "--estimator-option: expected KEY=VALUE"),
+        (["--loss", "token_ppo", "--loss-option", "token_clip=2"], "loss 'token_ppo' has no option 'token_clip'"),
+        (["--estimator-option", "turn_lam=2"], "--estimator-option turn_lam: expected a value in [0, 1], found 2"),
+        (["--config", "BAD_OPTIONS"], "tiny.json: estimator_options.turn_lam: expected a value in [0, 1], found 2"),
+    ],
+)
 def test_bad_flags_are_named(tmp_path, capsys, argv, message):
     if "BAD_OPTIONS" in argv:  # the same bad value from a config file names the file and the field
         argv = ["--config", _cfg_file(tmp_path, estimator_options={"turn_lam": 2})]
@@ -60,11 +93,33 @@ def test_bad_flags_are_named(tmp_path, capsys, argv, message):
 
 def test_estimator_and_loss_options_from_flags_merge_into_the_config_file(tmp_path, capsys):
     run = tmp_path / "run"
-    cfg = _cfg_file(tmp_path, loss_options={"clip_high": 0.28, "token_clip": 4.0}, estimator_options={"beta": 0.5},
-                    critic_warmup_steps=0)
-    rc = main(["train", "--run-dir", str(run), "--config", cfg, "--env", "search", "--episodes", "2", "--iterations",
-               "1", "--loss-option", "token_clip=2", "--estimator-option", "turn_lam=1.0",
-               "--estimator-option", "within=local"])
+    cfg = _cfg_file(
+        tmp_path,
+        loss_options={"clip_high": 0.28, "token_clip": 4.0},
+        estimator_options={"beta": 0.5},
+        critic_warmup_steps=0,
+    )
+    rc = main(
+        [
+            "train",
+            "--run-dir",
+            str(run),
+            "--config",
+            cfg,
+            "--env",
+            "search",
+            "--episodes",
+            "2",
+            "--iterations",
+            "1",
+            "--loss-option",
+            "token_clip=2",
+            "--estimator-option",
+            "turn_lam=1.0",
+            "--estimator-option",
+            "within=local",
+        ]
+    )
     assert rc == 0, capsys.readouterr().err
     saved = json.loads((run / "config.json").read_text())
     assert saved["loss_options"] == {"clip_high": 0.28, "token_clip": 2}  # the flag wins key by key
@@ -104,6 +159,7 @@ def test_launch_stop_and_resume(tmp_path):
     run = tmp_path / "run"
     h = launch(cfg, run)
     metrics = run / "metrics.jsonl"
+
     def rl_lines():
         return [ln for ln in metrics.read_text().splitlines() if '"phase": "rl"' in ln] if metrics.exists() else []
 
@@ -130,11 +186,28 @@ def test_every_field_and_option_has_a_typed_flag_and_none_is_a_value(tmp_path, c
     from mpo_viz.train import Config
 
     parser = build_parser()
-    args = parser.parse_args(["train", "--token-clip", "none", "--dual-clip", "3", "--beta", "0.5", "--critic-lr",
-                              "none", "--difficulty", "3-5", "--episodes", "8"])
+    args = parser.parse_args(
+        [
+            "train",
+            "--token-clip",
+            "none",
+            "--dual-clip",
+            "3",
+            "--beta",
+            "0.5",
+            "--critic-lr",
+            "none",
+            "--difficulty",
+            "3-5",
+            "--episodes",
+            "8",
+        ]
+    )
     assert _overrides(args) == {"critic_lr": None, "difficulty": [3, 5], "episodes": 8}
     assert _with_options({"loss_options": {"clip_high": 0.28}}, args) == {
-        "estimator_options": {"beta": 0.5}, "loss_options": {"clip_high": 0.28, "token_clip": None, "dual_clip": 3.0}}
+        "estimator_options": {"beta": 0.5},
+        "loss_options": {"clip_high": 0.28, "token_clip": None, "dual_clip": 3.0},
+    }
     cfg = Config(**_overrides(args), **_with_options({}, args))
     assert cfg.loss_options["token_clip"] is None and cfg.critic_lr is None  # the bare turn-level trust region
     with pytest.raises(SystemExit):
@@ -142,19 +215,32 @@ def test_every_field_and_option_has_a_typed_flag_and_none_is_a_value(tmp_path, c
     help_text = " ".join(capsys.readouterr().out.split())
     for flag in [f"--{n.replace('_', '-')}" for n, o in Config.options().items() if o.kind != "dict"]:
         assert flag in help_text, flag
-    assert "--token-clip TOKEN_CLIP" in help_text and "a number > 1" in help_text and "defaults gspo None, turn_ppo 2.0" in help_text
-    assert "--episodes EPISODES Episodes rolled out per iteration (N); a multiple of group_size. (an integer >= 1; default 64)" in help_text
+    assert (
+        "--token-clip TOKEN_CLIP" in help_text
+        and "a number > 1" in help_text
+        and "defaults gspo None, turn_ppo 2.0" in help_text
+    )
+    assert (
+        "--episodes EPISODES Episodes rolled out per iteration (N); a multiple of group_size. (an integer >= 1; "
+        "default 64)" in help_text
+    )
 
 
-@pytest.mark.parametrize("argv, message", [
-    (["--dual-clip", "0.5"], "--dual-clip: expected a number > 1 (verl uses 3) or None, found 0.5"),
-    (["--turn-lam", "2"], "--turn-lam: expected a value in [0, 1], found 2.0"),
-    (["--top-p", "0"], "--top-p: expected a value in (0, 1], found 0.0"),
-    (["--token-clip", "abc"], "argument --token-clip: expected a number > 1 (a band [1/c, c] on each token's own "
-                              "ratio) or None, found 'abc'"),
-    (["--episodes", "x"], "argument --episodes: expected an integer >= 1, found 'x'"),
-    (["--difficulty", "x"], "--difficulty: expected N or MIN-MAX (expert turns), found 'x'"),
-])
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["--dual-clip", "0.5"], "--dual-clip: expected a number > 1 (verl uses 3) or None, found 0.5"),
+        (["--turn-lam", "2"], "--turn-lam: expected a value in [0, 1], found 2.0"),
+        (["--top-p", "0"], "--top-p: expected a value in (0, 1], found 0.0"),
+        (
+            ["--token-clip", "abc"],
+            "argument --token-clip: expected a number > 1 (a band [1/c, c] on each token's own "
+            "ratio) or None, found 'abc'",
+        ),
+        (["--episodes", "x"], "argument --episodes: expected an integer >= 1, found 'x'"),
+        (["--difficulty", "x"], "--difficulty: expected N or MIN-MAX (expert turns), found 'x'"),
+    ],
+)
 def test_typed_option_flags_are_named_in_errors(tmp_path, capsys, argv, message):
     try:
         rc = main(["train", "--run-dir", str(tmp_path / "r"), *argv])

@@ -15,8 +15,14 @@ from mpo_viz.train.config import (
 
 
 def test_defaults_round_trip_through_json(tmp_path):
-    cfg = Config(env="automation", estimator="gae", loss="token_ppo", estimator_options={"lam": 0.95},
-                 loss_options={"clip_high": 0.28, "dual_clip": 3.0}, difficulty=[3, 4])
+    cfg = Config(
+        env="automation",
+        estimator="gae",
+        loss="token_ppo",
+        estimator_options={"lam": 0.95},
+        loss_options={"clip_high": 0.28, "dual_clip": 3.0},
+        difficulty=[3, 4],
+    )
     p = cfg.save(tmp_path / "c.json")
     back = Config.load(p)
     assert back == cfg
@@ -37,8 +43,11 @@ def test_a_field_added_later_keeps_old_hashes_while_unset():
     import hashlib
 
     a = Config(estimator="gae", loss="token_ppo")
-    old = {k: v for k, v in a.to_dict().items()
-           if k not in ("iterations", "log_to", "side_thread", "mc_samples", "value_target", "critic_warmup_positions")}
+    old = {
+        k: v
+        for k, v in a.to_dict().items()
+        if k not in ("iterations", "log_to", "side_thread", "mc_samples", "value_target", "critic_warmup_positions")
+    }
     text = json.dumps(old, sort_keys=True, separators=(",", ":"))
     assert a.hash() == hashlib.sha256(text.encode()).hexdigest()[:16]
     set_ = a.replace(value_target="mc")
@@ -46,29 +55,32 @@ def test_a_field_added_later_keeps_old_hashes_while_unset():
     assert a.differences(set_) == ["value_target: None != 'mc'"]
 
 
-@pytest.mark.parametrize("changes, field", [
-    ({"episodes": 0}, "episodes"),
-    ({"episodes": 10, "group_size": 4}, "episodes"),
-    ({"epochs": 1.5}, "epochs"),
-    ({"policy_lr": "1e-4"}, "policy_lr"),
-    ({"policy_lr": True}, "policy_lr"),
-    ({"top_p": 0}, "top_p"),
-    ({"env": "chess"}, "env"),
-    ({"estimator": "nope"}, "estimator"),
-    ({"loss": "nope"}, "loss"),
-    ({"model_size": "7b"}, "model_size"),
-    ({"difficulty": "hard"}, "difficulty"),
-    ({"estimator_options": {"gama": 1.0}}, "estimator_options"),
-    ({"estimator_options": {"gamma": "1"}}, "estimator_options.gamma"),
-    ({"loss_options": {"clip_low": "0.2"}}, "loss_options.clip_low"),
-    ({"loss_options": {"ratio": "median"}}, "loss_options.ratio"),
-    ({"loss_options": {"scale": 3.0}}, "loss_options"),
-    ({"loss_options": {"agg": "none"}}, "loss_options.agg"),
-    ({"loss": "sao", "loss_options": {"dual_clip": 3.0}}, "loss_options"),
-    ({"kl_estimator": "k4"}, "kl_estimator"),
-    ({"keep_checkpoints": 0}, "keep_checkpoints"),
-    ({"minibatches": 100, "episodes": 64}, "minibatches"),
-])
+@pytest.mark.parametrize(
+    "changes, field",
+    [
+        ({"episodes": 0}, "episodes"),
+        ({"episodes": 10, "group_size": 4}, "episodes"),
+        ({"epochs": 1.5}, "epochs"),
+        ({"policy_lr": "1e-4"}, "policy_lr"),
+        ({"policy_lr": True}, "policy_lr"),
+        ({"top_p": 0}, "top_p"),
+        ({"env": "chess"}, "env"),
+        ({"estimator": "nope"}, "estimator"),
+        ({"loss": "nope"}, "loss"),
+        ({"model_size": "7b"}, "model_size"),
+        ({"difficulty": "hard"}, "difficulty"),
+        ({"estimator_options": {"gama": 1.0}}, "estimator_options"),
+        ({"estimator_options": {"gamma": "1"}}, "estimator_options.gamma"),
+        ({"loss_options": {"clip_low": "0.2"}}, "loss_options.clip_low"),
+        ({"loss_options": {"ratio": "median"}}, "loss_options.ratio"),
+        ({"loss_options": {"scale": 3.0}}, "loss_options"),
+        ({"loss_options": {"agg": "none"}}, "loss_options.agg"),
+        ({"loss": "sao", "loss_options": {"dual_clip": 3.0}}, "loss_options"),
+        ({"kl_estimator": "k4"}, "kl_estimator"),
+        ({"keep_checkpoints": 0}, "keep_checkpoints"),
+        ({"minibatches": 100, "episodes": 64}, "minibatches"),
+    ],
+)
 def test_bad_values_name_the_field(changes, field):
     with pytest.raises(ValueError) as e:
         Config(**changes)
@@ -90,9 +102,18 @@ def test_group_estimator_with_group_size_one_is_refused():
 
 @pytest.mark.parametrize("field", sorted(CRITIC_DEFAULTS))
 def test_critic_settings_with_a_critic_free_estimator_are_refused(field):
-    value = {"critic_lr": 1e-3, "value_clip": 0.2, "critic_warmup_steps": 3, "critic_warmup_ev": 0.4,
-             "critic_init": "fresh", "critic_epochs": 2, "critic_warmup_episodes": 64, "critic_warmup_lr": 3e-4,
-             "value_target": "mc", "critic_warmup_positions": "turn_start"}[field]
+    value = {
+        "critic_lr": 1e-3,
+        "value_clip": 0.2,
+        "critic_warmup_steps": 3,
+        "critic_warmup_ev": 0.4,
+        "critic_init": "fresh",
+        "critic_epochs": 2,
+        "critic_warmup_episodes": 64,
+        "critic_warmup_lr": 3e-4,
+        "value_target": "mc",
+        "critic_warmup_positions": "turn_start",
+    }[field]
     with pytest.raises(ValueError, match=f"^{field}: the estimator 'rloo' uses no critic"):
         Config(estimator="rloo", loss="token_ppo", group_size=2, **{field: value})
     # nor with the expert's or the Monte-Carlo values, which train no critic
@@ -175,7 +196,8 @@ def test_the_docs_field_table_is_the_generated_one():
     committed = doc.split(TABLE_START, 1)[1].split(TABLE_END, 1)[0].strip()
     assert committed == config_table(), (
         "docs/training.md's field table differs from the declarations; regenerate it with "
-        "python -c \"from mpo_viz.train.config import write_config_table; write_config_table('docs/training.md')\"")
+        "python -c \"from mpo_viz.train.config import write_config_table; write_config_table('docs/training.md')\""
+    )
 
 
 def test_every_field_is_declared_and_checked_by_its_declaration():
@@ -194,8 +216,10 @@ def test_every_field_is_declared_and_checked_by_its_declaration():
 
 def test_the_warmup_pool_and_budget_scale_down_with_a_short_run_only():
     # the default run (50 iterations of 64 episodes) keeps the 512-episode pool and the 256-step budget
-    assert (Config(estimator="mpo").critic_option("critic_warmup_episodes"),
-            Config(estimator="mpo").critic_option("critic_warmup_steps")) == (512, 256)
+    assert (
+        Config(estimator="mpo").critic_option("critic_warmup_episodes"),
+        Config(estimator="mpo").critic_option("critic_warmup_steps"),
+    ) == (512, 256)
     assert warmup_pool(8, 64) == 512 and warmup_pool(10**6, 64) == 512  # a run of 512 episodes or more: unchanged
     # a short run: its own episodes (iterations x episodes), at least 64; half as many steps (16 passes)
     short = Config(estimator="mpo", iterations=2, episodes=16, group_size=4)
@@ -204,5 +228,7 @@ def test_the_warmup_pool_and_budget_scale_down_with_a_short_run_only():
     assert warmup_pool(0, 64) == 64 and warmup_steps(2000) == 256
     # a pool that is set keeps its value; the budget follows it unless it is set too
     assert Config(estimator="mpo", critic_warmup_episodes=100).critic_option("critic_warmup_steps") == 50
-    assert Config(estimator="mpo", critic_warmup_episodes=100, critic_warmup_steps=7).critic_option(
-        "critic_warmup_steps") == 7
+    assert (
+        Config(estimator="mpo", critic_warmup_episodes=100, critic_warmup_steps=7).critic_option("critic_warmup_steps")
+        == 7
+    )

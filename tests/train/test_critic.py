@@ -1,9 +1,11 @@
 """The critic before and during RL: fitting to a held-out gate (train/critic_fit.py), the trainer's
-warm-up, ``critic_epochs``, the oracle critic, and the evaluation set shared by every run of a seed."""
+warm-up and its targets, ``critic_epochs``, the oracle critic, ``value_target``. (fit_critic on logs:
+tests/train/test_fitted_critic.py.)"""
 
 from __future__ import annotations
 
 import json
+import math
 
 import numpy as np
 import pytest
@@ -11,50 +13,29 @@ import torch
 from transformers import LlamaConfig, LlamaModel
 
 import mpo_viz as mv
-from mpo_viz.analysis import pass_at_k
+from mpo_viz.advantages import mc_returns
 from mpo_viz.models import Critic
 from mpo_viz.train import Trainer
 from mpo_viz.train.config import ExpertCriticWarning
-from mpo_viz.train.critic_fit import (
-    critic_outputs,
-    fit_critic,
-    fit_positions,
-    fit_targets,
-    fit_values,
-    holdout_split,
-    mc_returns,
-)
+from mpo_viz.train.critic_fit import critic_outputs, fit_positions, fit_values, holdout_split
 from mpo_viz.train.update import rows_of
-from tests.train.train_helpers import tiny
+from tests.train.critic_helpers import label_batch
+from tests.train.train_helpers import register_threesteps, tiny
 
 
 def _small_critic(vocab: int = 12, seed: int = 0) -> Critic:
-    cfg = LlamaConfig(vocab_size=vocab, hidden_size=32, intermediate_size=64, num_hidden_layers=1,
-                      num_attention_heads=2, num_key_value_heads=2, max_position_embeddings=64, pad_token_id=0)
+    cfg = LlamaConfig(
+        vocab_size=vocab,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=1,
+        num_attention_heads=2,
+        num_key_value_heads=2,
+        max_position_embeddings=64,
+        pad_token_id=0,
+    )
     torch.manual_seed(seed)
     return Critic(LlamaModel(cfg)).eval()
-
-
-def _label_batch(n: int = 60) -> mv.TrajectoryBatch:
-    """Whether the episode succeeds is written in its prompt (token 3 or 4): the return of every
-    action token is 1 or 0, a function a one-layer critic learns exactly."""
-    rows = []
-    for i in range(n):
-        win = i % 2 == 0
-        rows.append({"traj_id": f"t{i}", "group_id": f"g{i}", "prompt_ids": [1, 3 if win else 4],
-                     "response_ids": [5, 6, 7, 8, 9], "loss_mask": [1, 1, 0, 1, 1],
-                     "reward": 1.0 if win else 0.0})
-    return mv.TrajectoryBatch.from_rows(rows)
-
-
-def test_mc_returns_by_hand():
-    rows = [{"traj_id": "a", "group_id": "g", "prompt_ids": [1], "response_ids": [5, 6, 7, 8], "loss_mask": [1, 1, 0, 1],
-             "reward": 2.0, "turn_rewards": [0.5, 0.0]}]
-    b = mv.TrajectoryBatch.from_rows(rows)
-    # rewards: 0.5 on turn 0's last token (position 1), 2.0 on the last action token (position 3)
-    np.testing.assert_allclose(mc_returns(b)[0].numpy(), [2.5, 2.5, 0.0, 2.0])
-    # γ = 0.5 inside turns, γ_T = 0.25 across the boundary: G_3 = 2, G_1 = 0.5 + 0.25·2 = 1, G_0 = 0.5·1
-    np.testing.assert_allclose(mc_returns(b, gamma=0.5, turn_gamma=0.25)[0].numpy(), [0.5, 1.0, 0.0, 2.0])
 
 
 def test_holdout_split_is_seeded_disjoint_and_refuses_too_few():
@@ -69,7 +50,7 @@ def test_holdout_split_is_seeded_disjoint_and_refuses_too_few():
 
 def test_critic_outputs_are_aligned_with_a_direct_forward():
     # the value of response token t is the critic's output at position P + t - 1 (the state before t)
-    b = _label_batch(4)
+    b = label_batch(4)
     critic = _small_critic()
     got = critic_outputs(critic, rows_of(b), [2, 0, 3], pad_id=0, device="cpu", micro_batch_tokens=9)
     for j, i in enumerate([2, 0, 3]):
@@ -77,21 +58,32 @@ def test_critic_outputs_are_aligned_with_a_direct_forward():
         with torch.no_grad():
             out = critic(seq)[0]
         P, L = len(b.field("prompt_ids")[i]), len(b.field("response_ids")[i])
-        np.testing.assert_allclose(got[j, :L].numpy(), out[P - 1:P + L - 1].numpy(), rtol=1e-5, atol=1e-6)
+        np.testing.assert_allclose(got[j, :L].numpy(), out[P - 1 : P + L - 1].numpy(), rtol=1e-5, atol=1e-6)
 
 
 def test_fit_stops_at_the_gate_on_an_easy_fit():
-    b = _label_batch()
+    b = label_batch()
     critic = _small_critic()
-    fit = fit_values(critic, b, mc_returns(b), steps=300, lr=3e-3, batch_episodes=16, holdout=0.25, gate=0.9,
-                     eval_every=10, seed=0)
+    fit = fit_values(
+        critic, b, mc_returns(b), steps=300, lr=3e-3, batch_episodes=16, holdout=0.25, gate=0.9, eval_every=10, seed=0
+    )
     assert fit.stop == "gate" and fit.passed and fit.steps < 300
     assert fit.heldout_ev >= 0.9 and fit.n_heldout == 15 and fit.n_train == 45
     assert fit.history[0]["step"] == 0 and fit.history[-1]["step"] == fit.steps
     assert "passed the gate 0.9" in fit.summary()
     # deterministic for a seed
-    again = fit_values(_small_critic(), b, mc_returns(b), steps=300, lr=3e-3, batch_episodes=16, holdout=0.25,
-                       gate=0.9, eval_every=10, seed=0)
+    again = fit_values(
+        _small_critic(),
+        b,
+        mc_returns(b),
+        steps=300,
+        lr=3e-3,
+        batch_episodes=16,
+        holdout=0.25,
+        gate=0.9,
+        eval_every=10,
+        seed=0,
+    )
     assert again.steps == fit.steps and again.heldout_ev == fit.heldout_ev
 
 
@@ -99,7 +91,7 @@ def test_fit_at_turn_starts_reads_only_turn_start_positions():
     """positions="turn_start": the loss and the explained variance read each turn's first action
     token only (positions 0 and 3 of the label batch's two turns): changing the targets anywhere
     else changes nothing, bit for bit; changing one at a turn start changes the fit."""
-    b = _label_batch(24)
+    b = label_batch(24)
     np.testing.assert_array_equal(fit_positions(b, "turn_start")[0].numpy(), [True, False, False, True, False])
     assert torch.equal(fit_positions(b, "all"), b.mask.bool())
     g = mc_returns(b)
@@ -125,7 +117,7 @@ def test_fit_at_turn_starts_reads_only_turn_start_positions():
 
 
 def test_fit_says_so_when_the_budget_ends_first():
-    b = _label_batch()
+    b = label_batch()
     fit = fit_values(_small_critic(), b, mc_returns(b), steps=3, lr=1e-4, batch_episodes=8, gate=0.99, eval_every=2)
     assert fit.stop == "budget" and not fit.passed and fit.steps == 3
     assert [h["step"] for h in fit.history] == [0, 2, 3]
@@ -142,7 +134,7 @@ def test_trainer_warmup_records_why_it_stopped(tmp_path, monkeypatch):
     cfg = tiny(estimator="gae", critic_warmup_episodes=12, critic_warmup_steps=2, critic_warmup_ev=1.0)
     tr = Trainer(cfg, tmp_path / "run", quiet=True)
     tr.critic = _small_critic(len(tr.policy.tokenizer))
-    monkeypatch.setattr(tr, "_rollout", lambda n, **kw: _label_batch(n))
+    monkeypatch.setattr(tr, "_rollout", lambda n, **kw: label_batch(n))
     lines = []
     rec = tr.warmup_critic(log=lines.append)
     assert rec["phase"] == "critic_warmup" and rec["warmup_stop"] == "budget" and rec["warmup_passed"] is False
@@ -155,12 +147,20 @@ def test_trainer_warmup_records_why_it_stopped(tmp_path, monkeypatch):
 
 
 def _lose_everywhere_but(n: int, wins) -> mv.TrajectoryBatch:
-    """The labelled batch of :func:`_label_batch` with the rows ``wins`` winning, the others losing."""
+    """The labelled batch of :func:`label_batch` with the rows ``wins`` winning, the others losing."""
     rows = []
     for i in range(n):
         win = i in set(wins)
-        rows.append({"traj_id": f"t{i}", "group_id": f"g{i}", "prompt_ids": [1, 3 if win else 4],
-                     "response_ids": [5, 6, 7, 8, 9], "loss_mask": [1, 1, 0, 1, 1], "reward": 1.0 if win else 0.0})
+        rows.append(
+            {
+                "traj_id": f"t{i}",
+                "group_id": f"g{i}",
+                "prompt_ids": [1, 3 if win else 4],
+                "response_ids": [5, 6, 7, 8, 9],
+                "loss_mask": [1, 1, 0, 1, 1],
+                "reward": 1.0 if win else 0.0,
+            }
+        )
     return mv.TrajectoryBatch.from_rows(rows)
 
 
@@ -172,16 +172,25 @@ def test_fit_on_constant_returns_sets_the_constant_without_a_step(monkeypatch):
     monkeypatch.setattr("mpo_viz.train.critic_fit._fit_step", _no_step)
     b = _lose_everywhere_but(20, range(20))  # every episode wins: the return of every action token is 1
     critic, seen = _small_critic(), []
-    fit = fit_values(critic, b, mc_returns(b), steps=300, gate=0.2, eval_every=10, seed=0,
-                     on_eval=lambda step, ev, c: seen.append(step))
+    fit = fit_values(
+        critic,
+        b,
+        mc_returns(b),
+        steps=300,
+        gate=0.2,
+        eval_every=10,
+        seed=0,
+        on_eval=lambda step, ev, c: seen.append(step),
+    )
     assert (fit.stop, fit.steps, fit.constant, fit.passed, seen) == ("constant", 0, 1.0, False, [0])
     assert np.isnan(fit.heldout_ev) and np.isnan(fit.train_ev) and (fit.n_train, fit.n_heldout) == (16, 4)
     # V = 1 at every position of every row, exactly: the head's weights 0 and its bias 1
     v = critic_outputs(critic, rows_of(b), np.arange(20), pad_id=0, device="cpu")
     assert torch.equal(v[b.mask.bool()], torch.ones(int(b.mask.sum())))
     assert float(critic.head.weight.detach().abs().max()) == 0.0 and float(critic.head.bias.detach()) == 1.0
-    assert fit.summary().startswith("critic fit: 0 steps, the critic set to the constant 1 (every return of the 20 "
-                                    "episodes is 1: nothing varies")
+    assert fit.summary().startswith(
+        "critic fit: 0 steps, the critic set to the constant 1 (every return of the 20 episodes is 1: nothing varies"
+    )
     # no gate changes nothing: the constant is the exact fit either way
     assert fit_values(_small_critic(), b, mc_returns(b), steps=5, gate=None).stop == "constant"
 
@@ -219,12 +228,16 @@ def test_trainer_warmup_on_constant_returns_stops_at_once_and_says_so(tmp_path, 
     assert (rec["warmup_stop"], rec["warmup_steps"], rec["warmup_constant"]) == ("constant", 0, 0.0)
     assert rec["warmup_passed"] is False and np.isnan(rec["warmup_explained_var"])
     said = [x for x in lines if x.startswith("critic warm-up")]
-    assert said == [("critic warm-up: stopped at once (0 steps): every return of the 12 pool episodes is 0, so "
-                     "there is nothing for a critic to learn and the gate cannot pass; the critic was set to that "
-                     "constant. RL starts from a critic that predicts that constant, and critic-based advantages "
-                     "are then the bare returns; what helps: a start that succeeds sometimes (more SFT: "
-                     "--sft-steps, or --model-dir of a stronger start), a larger pool (--critic-warmup-episodes), "
-                     "or shaped rewards (per-turn rewards of the environment)")]
+    assert said == [
+        (
+            "critic warm-up: stopped at once (0 steps): every return of the 12 pool episodes is 0, so "
+            "there is nothing for a critic to learn and the gate cannot pass; the critic was set to that "
+            "constant. RL starts from a critic that predicts that constant, and critic-based advantages "
+            "are then the bare returns; what helps: a start that succeeds sometimes (more SFT: "
+            "--sft-steps, or --model-dir of a stronger start), a larger pool (--critic-warmup-episodes), "
+            "or shaped rewards (per-turn rewards of the environment)"
+        )
+    ]
     # the first RL iteration read those values: 0 wherever an action token is
     first = mv.load(sorted((tmp_path / "run" / "trajectories").glob("iter=*.parquet"))[0])
     assert float(first.values[first.mask.bool()].abs().max()) == 0.0
@@ -232,11 +245,12 @@ def test_trainer_warmup_on_constant_returns_stops_at_once_and_says_so(tmp_path, 
 
 def test_trainer_warmup_stops_at_the_gate(tmp_path, monkeypatch):
     # the trainer's warm-up on a pool a critic can fit (the labelled batch stands in for the rollout)
-    cfg = tiny(estimator="gae", critic_warmup_episodes=60, critic_warmup_steps=400, critic_warmup_ev=0.9,
-               critic_warmup_lr=3e-3)
+    cfg = tiny(
+        estimator="gae", critic_warmup_episodes=60, critic_warmup_steps=400, critic_warmup_ev=0.9, critic_warmup_lr=3e-3
+    )
     tr = Trainer(cfg, tmp_path / "run", quiet=True)
     tr.critic = _small_critic(len(tr.policy.tokenizer))
-    monkeypatch.setattr(tr, "_rollout", lambda n, **kw: _label_batch(n))
+    monkeypatch.setattr(tr, "_rollout", lambda n, **kw: label_batch(n))
     rec = tr.warmup_critic()
     assert rec["warmup_stop"] == "gate" and rec["warmup_passed"] and 0 < rec["warmup_steps"] < 400
     assert rec["warmup_explained_var"] >= 0.9 and rec["warmup_heldout_episodes"] == 12
@@ -244,8 +258,9 @@ def test_trainer_warmup_stops_at_the_gate(tmp_path, monkeypatch):
 
 
 def test_critic_epochs_are_apart_from_the_policys(tmp_path):
-    tr = Trainer(tiny(estimator="gae", loss="token_ppo", epochs=1, minibatches=2, critic_epochs=3), tmp_path / "r",
-                 quiet=True)
+    tr = Trainer(
+        tiny(estimator="gae", loss="token_ppo", epochs=1, minibatches=2, critic_epochs=3), tmp_path / "r", quiet=True
+    )
     rec = next(tr.iterate(1))
     assert rec["optimizer_steps"] == 2  # the policy: 1 epoch × 2 minibatches
     assert rec["critic_optimizer_steps"] == 6  # the critic: 3 epochs × 2 minibatches
@@ -281,122 +296,6 @@ def test_the_mc_critic_reads_the_policys_monte_carlo_values(tmp_path):
         np.testing.assert_array_equal(v, np.asarray(mc, dtype=np.float32)[t])
 
 
-def test_every_run_of_a_seed_is_judged_on_the_same_tasks(tmp_path):
-    a = Trainer(tiny(estimator="mpo", seed=5, eval_episodes=3), tmp_path / "a", quiet=True)
-    b = Trainer(tiny(estimator="grpo", loss="token_ppo", group_size=2, seed=5, eval_episodes=3), tmp_path / "b", quiet=True)
-    c = Trainer(tiny(estimator="mpo", seed=6, eval_seed=5, eval_episodes=3), tmp_path / "c", quiet=True)
-    d = Trainer(tiny(estimator="mpo", seed=6, eval_episodes=3), tmp_path / "d", quiet=True)
-    assert a._eval_seeds(3) == b._eval_seeds(3) == c._eval_seeds(3) != d._eval_seeds(3)
-    ev = a.evaluate()
-    assert ev["eval_seed"] == 5 and ev["n_eval_tasks"] == 3
-    assert {"eval_success", "eval_sampled_success", "eval_sampled_reward_mean"} <= set(ev)
-    # the same tasks and sampling seeds every time: the same numbers twice
-    assert a.evaluate() == ev
-
-
-def test_pass_at_k_by_hand():
-    s = np.array([[1, 0, 0, 0], [1, 1, 1, 1], [0, 0, 0, 0]])
-    assert pass_at_k(s, 1) == pytest.approx((0.25 + 1 + 0) / 3)
-    # task 0: 1 − C(3, 2)/C(4, 2) = 1 − 3/6
-    assert pass_at_k(s, 2) == pytest.approx((0.5 + 1 + 0) / 3)
-    assert pass_at_k(s, 4) == pytest.approx((1 + 1 + 0) / 3)
-    with pytest.raises(ValueError, match=r"k: expected 1 <= k <= 4 \(the samples per task\), found 5"):
-        pass_at_k(s, 5)
-
-
-def test_trainer_pass_at_k_reads_its_samples(tmp_path):
-    tr = Trainer(tiny(estimator="grpo", loss="token_ppo", group_size=2), tmp_path / "r", quiet=True)
-    pk = tr.pass_at_k(3, 4)
-    assert pk["pass_tasks"] == 3 and pk["pass_samples"] == 4
-    vals = [pk[f"pass@{k}"] for k in range(1, 5)]
-    assert all(0 <= v <= 1 for v in vals) and vals == sorted(vals)  # pass@k never falls with k
-    assert tr.pass_at_k(3, 4) == pk
-
-
-# ---------------------------------------------------------------------------------------------
-# fit_critic: values for logs that carry none
-
-
-def test_fit_critic_learns_what_can_be_learned_and_records_it(tmp_path):
-    b = _label_batch(60)
-    res = fit_critic(b, steps=200, lr=3e-3, batch_episodes=16, holdout=0.25, gate=0.95, eval_every=10, progress=False)
-    assert res.fit.heldout_ev > 0.95 and res.fit.stop == "gate"
-    # the values written are the fitted critic's, aligned as the rollout's: V before each token
-    v = res.batch.values.numpy()
-    m = res.batch.mask.bool().numpy()
-    wins = np.array([i % 2 == 0 for i in range(60)])
-    assert np.abs(v[wins][m[wins]] - 1).max() < 0.3 and np.abs(v[~wins][m[~wins]]).max() < 0.3
-    info = res.batch.meta["critic_fit"]
-    assert res.batch.meta["values_source"] == "fitted_critic" and b.meta.get("values_source") is None
-    assert info["heldout_explained_variance"] == res.fit.heldout_ev and info["target"] == "mc" and info["n_heldout"] == 15
-    for k in ("values_mean_across", "values_mean_within", "values_median_across_within_ratio", "train_explained_variance"):
-        assert k in info
-    mv.save(res.batch, tmp_path / "fitted.parquet")  # the metadata survives the file
-    back = mv.load(tmp_path / "fitted.parquet")
-    assert back.meta["values_source"] == "fitted_critic"
-    assert back.meta["critic_fit"]["heldout_explained_variance"] == pytest.approx(res.fit.heldout_ev)
-
-
-def test_fit_critic_turn_target_and_bootstrap_of_cut_rows():
-    rows = [{"traj_id": f"t{i}", "group_id": "g", "prompt_ids": [1, 3 if i % 2 else 4], "response_ids": [5, 6, 7, 8],
-             "loss_mask": [1, 1, 0, 1], "reward": float(i % 2), "turn_rewards": [0.5, 0.0],
-             "truncated": i == 0} for i in range(10)]
-    b = mv.TrajectoryBatch.from_rows(rows)
-    # turn target: the return from each turn's first action token, on the whole turn
-    t = fit_targets(b, "turn")[1].numpy()
-    np.testing.assert_allclose(t, [1.5, 1.5, 0.0, 1.0])
-    res = fit_critic(b, target="turn", steps=2, size="1m", holdout=0.2, progress=False)
-    assert res.info["target"] == "turn" and res.info["truncated_bootstrapped"] == 1
-    bv = res.batch.bootstrap_value
-    assert np.isfinite(float(bv[0])) and np.isnan(bv[1:].numpy()).all()
-    # the bootstrap value is the critic's output after the whole response
-    seq = torch.tensor([[1, 4, 5, 6, 7, 8]])
-    with torch.no_grad():
-        assert float(bv[0]) == pytest.approx(float(res.critic(seq)[0, -1]), abs=1e-6)
-
-
-def test_fit_critic_refuses_what_cannot_be_fitted():
-    b = _label_batch(10)
-    no_reward = mv.TrajectoryBatch.from_rows([{**r, "reward": float("nan")} for r in _rows(b)])
-    with pytest.raises(ValueError, match="logs.jsonl: no trajectory carries a reward"):
-        fit_critic(no_reward, source="logs.jsonl", progress=False)
-    flat = mv.TrajectoryBatch.from_rows([{**r, "reward": 1.0} for r in _rows(b)])
-    with pytest.raises(ValueError, match=r"logs.jsonl: every return is the same \(1.0\)"):
-        fit_critic(flat, source="logs.jsonl", progress=False)
-    with pytest.raises(ValueError, match="a held-out split of 0.2 leaves 3 training and 1 held-out trajectories of 4"):
-        fit_critic(_label_batch(4), progress=False)
-    with pytest.raises(ValueError, match="^size: expected one of 1m, 3m, 10m, found '2m'"):
-        fit_critic(b, size="2m", progress=False)
-    with pytest.raises(ValueError, match="^target: expected one of mc, turn, found 'gae'"):
-        fit_critic(b, target="gae", progress=False)
-    with pytest.raises(ValueError, match=r"^holdout: expected a share in \(0, 1\), found 0"):
-        fit_critic(b, holdout=0, progress=False)
-
-
-def _rows(b):
-    return [{"traj_id": t, "group_id": g, "prompt_ids": list(p), "response_ids": list(r), "loss_mask": list(m)}
-            for t, g, p, r, m in zip(b.field("traj_id"), b.field("group_id"), b.field("prompt_ids"),
-                                     b.field("response_ids"), b.field("loss_mask"))]
-
-
-def test_fit_critic_from_the_shell(tmp_path, capsys):
-    from mpo_viz.cli import main
-
-    src = tmp_path / "logs.parquet"
-    mv.save(_label_batch(20), src)
-    out = tmp_path / "fitted.parquet"
-    assert main(["fit-critic", str(src), "-o", str(out), "--steps", "3", "--seed", "1", "--lr", "1e-7", "-q"]) == 0
-    cap = capsys.readouterr()
-    assert "critic fit: 3 steps, held-out explained variance" in cap.out and f"wrote {out}" in cap.out
-    assert "warning: the critic explains almost none" in cap.err  # 3 tiny steps explain nothing
-    b = mv.load(out)
-    assert b.has("values") and b.meta["values_source"] == "fitted_critic" and b.meta["critic_fit"]["seed"] == 1
-    assert main(["fit-critic", str(src), "-o", str(tmp_path / "x.parquet"), "--size", "2m", "-q"]) == 1
-    assert "mpo-viz fit-critic: error: --size: expected one of 1m, 3m, 10m, found '2m'" in capsys.readouterr().err
-    assert main(["fit-critic", str(tmp_path / "missing.parquet"), "-o", str(out)]) == 1
-    assert "missing.parquet: no such file or folder" in capsys.readouterr().err
-
-
 def test_holdout_split_keeps_groups_whole():
     groups = [f"g{i // 4}" for i in range(40)]  # 10 groups of 4
     tr, ho = holdout_split(40, 0.2, seed=1, groups=groups)
@@ -414,8 +313,9 @@ def test_value_target_says_what_the_critic_trains_on(tmp_path, value_target):
     # by the Monte-Carlo returns for the value loss, and every RL line records which it was
     from mpo_viz.train.summary import value_target_line
 
-    cfg = tiny(estimator="turn_gae", loss="token_ppo", iterations=1, save_trajectories_every=1,
-               value_target=value_target)
+    cfg = tiny(
+        estimator="turn_gae", loss="token_ppo", iterations=1, save_trajectories_every=1, value_target=value_target
+    )
     tr = Trainer(cfg, tmp_path / "r", quiet=True)
     rec = next(tr.iterate(1))
     b = mv.load(tmp_path / "r" / "trajectories" / "iter=000001.parquet")
@@ -429,6 +329,54 @@ def test_value_target_says_what_the_critic_trains_on(tmp_path, value_target):
         assert rec["value_target"] == "estimator"  # the default: the estimator's own returns
         assert (ret - mc).abs().max() > 1e-3
         assert value_target_line([rec]).startswith("the critic trained on the estimator's own returns")
+
+
+def _returns_by_hand(b: mv.TrajectoryBatch, gamma: float, turn_gamma: float) -> torch.Tensor:
+    """Row by row, backwards over the action tokens: G = r + d·G', d = γ inside a turn and γ_T across
+    (and onto the bootstrap value after the last one)."""
+    out = torch.zeros(b.mask.shape, dtype=torch.float64)
+    r, m, tid, boot = b.token_rewards.double(), b.mask.bool(), b.turn_ids, b.bootstrap_value
+    for i in range(len(b)):
+        g, nxt = (0.0 if math.isnan(boot[i]) else float(boot[i])), None
+        for t in reversed(torch.nonzero(m[i]).flatten().tolist()):
+            d = turn_gamma if nxt is None or tid[i, t] != tid[i, nxt] else gamma
+            g = float(r[i, t]) + d * g
+            out[i, t], nxt = g, t
+    return out
+
+
+@pytest.mark.parametrize("estimator, options", [("gae", {"gamma": 0.9}), ("mpo", {"gamma": 0.9, "turn_gamma": 0.7})])
+def test_the_warmup_fits_the_returns_rl_trains_the_critic_on(tmp_path, monkeypatch, estimator, options):
+    # value_target="mc": the warm-up's targets and RL's are the Monte-Carlo returns on one clock, the estimator's
+    # (gae: γ on every step; mpo: γ inside turns, γ_T across); a warm-up on γ_T = 1 fitted other returns
+    cfg = tiny(
+        env=register_threesteps(),
+        estimator=estimator,
+        estimator_options=options,
+        value_target="mc",
+        iterations=1,
+        eval_interval=0,
+        save_trajectories_every=1,
+        critic_warmup_episodes=10,
+        critic_warmup_steps=1,
+    )
+    tr = Trainer(cfg, tmp_path / "r", quiet=True)
+    seen = {}
+    real = fit_values
+
+    def spy(critic, pool, targets, **kw):
+        seen.update(pool=pool, targets=targets)
+        return real(critic, pool, targets, **kw)
+
+    monkeypatch.setattr("mpo_viz.train.loop.fit_values", spy)
+    tr.warmup_critic()
+    next(tr.iterate(1))
+    rl = mv.load(tmp_path / "r" / "trajectories" / "iter=000001.parquet")
+    g, gt = options["gamma"], options.get("turn_gamma", options["gamma"])
+    for b, got in ((seen["pool"], seen["targets"]), (rl, rl.padded("returns").double())):
+        m = b.mask.bool()
+        assert b.turn_ids[m].max() == 2 and b.token_rewards[m].abs().sum() > 0  # rewarded turns: γ and γ_T are read
+        torch.testing.assert_close(got[m], _returns_by_hand(b, g, gt)[m], rtol=1e-6, atol=1e-6)
 
 
 def test_value_target_is_refused_where_no_critic_is_trained():

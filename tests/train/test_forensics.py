@@ -24,9 +24,17 @@ LOGP = [[-0.1, -0.2, 0.0, -3.0], [-1.0, 0.0, -2.0, -0.5], [-0.05, -0.05, -0.2, 0
 def _batch(it, rewards, ratio=None):
     rows = []
     for i in range(3):
-        r = {"traj_id": f"it{it}-e{i}", "group_id": "g", "prompt_ids": [1], "response_ids": [5, 6, 7, 8],
-             "loss_mask": MASKS[i], "reward": rewards[i], "advantages": ADV[i], "old_logprobs": LOGP[i],
-             "rollout_logprobs": LOGP[i]}
+        r = {
+            "traj_id": f"it{it}-e{i}",
+            "group_id": "g",
+            "prompt_ids": [1],
+            "response_ids": [5, 6, 7, 8],
+            "loss_mask": MASKS[i],
+            "reward": rewards[i],
+            "advantages": ADV[i],
+            "old_logprobs": LOGP[i],
+            "rollout_logprobs": LOGP[i],
+        }
         if ratio is not None:
             r["ratio"] = ratio[i]
         rows.append(r)
@@ -49,8 +57,13 @@ def _rl(it, **m):
 
 
 def test_success_and_evaluation_collapse_name_their_first_iteration_and_episodes(tmp_path):
-    lines = [{"iteration": 0, "phase": "eval", "eval_success": 0.5}, _rl(1, success=0.5), _rl(2, success=0.0),
-             _rl(3, success=0.0), {"iteration": 3, "phase": "eval", "eval_success": 0.0}]
+    lines = [
+        {"iteration": 0, "phase": "eval", "eval_success": 0.5},
+        _rl(1, success=0.5),
+        _rl(2, success=0.0),
+        _rl(3, success=0.0),
+        {"iteration": 3, "phase": "eval", "eval_success": 0.0},
+    ]
     d = _run(tmp_path, "token_ppo", lines, {1: _batch(1, [1, 1, 0]), 2: _batch(2, [1, 0, 0]), 3: _batch(3, [0, 0, 0])})
     e = explain(d, top=2)
     assert [f.metric for f in e.findings] == ["success", "eval_success"] and e.saved == [1, 2, 3]
@@ -64,8 +77,10 @@ def test_success_and_evaluation_collapse_name_their_first_iteration_and_episodes
     # the evaluation at 3 scored the policy after update 3; no later rollout was saved: the file at 3, said so
     assert (ev.first, ev.episodes_iteration) == (3, 3) and "sampled before the update of iteration 3" in ev.note
     text = explanation_text(e)
-    assert "success: first crossed its threshold at iteration 2 (success <= 0.05 after an earlier line reached " \
-           ">= 0.2); flagged on iterations 2-3" in text
+    assert (
+        "success: first crossed its threshold at iteration 2 (success <= 0.05 after an earlier line reached "
+        ">= 0.2); flagged on iterations 2-3" in text
+    )
     assert "ranked by lowest reward" in text and "2 episodes tie at the top score" in text
     assert f"collapse? iteration 2: success fell to 0.000 from 0.500; see {DOCS}" in text
 
@@ -115,7 +130,9 @@ def test_a_forced_collapse_explained_against_its_metrics_and_episodes(tmp_path, 
     lines = [json.loads(x) for x in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
     rl = [r for r in lines if r["phase"] == "rl"]
     # the signature recomputed by hand from the metrics: the first line under a tenth of the first entropy
-    first = next(r["iteration"] for r in rl if r["entropy"] < 0.1 * rl[0]["entropy"] and r["success"] <= rl[0]["success"])
+    first = next(
+        r["iteration"] for r in rl if r["entropy"] < 0.1 * rl[0]["entropy"] and r["success"] <= rl[0]["success"]
+    )
     assert first == stretches(lines, collapse_flags(lines), "entropy")[0][0]
     assert f"first flagged at iteration {first}, its episodes: mpo-viz runs explain {tmp_path / 'run'}" in console.err
     assert f"collapse? entropy since iteration {first}" in console.out
@@ -126,7 +143,9 @@ def test_a_forced_collapse_explained_against_its_metrics_and_episodes(tmp_path, 
     assert f"entropy: first crossed its threshold at iteration {first}" in text
     assert f"entropy fell to {ent:.4f} from {rl[0]['entropy']:.4f}" in text
     # the rollout records the policy's per-token entropy: the episodes are ranked by it
-    assert f"iter={first:06d}.parquet" in text and "ranked by lowest mean per-token entropy (the saved `entropy`)" in text
+    assert (
+        f"iter={first:06d}.parquet" in text and "ranked by lowest mean per-token entropy (the saved `entropy`)" in text
+    )
     # the top episodes: the lowest mean saved entropy over action tokens, recomputed row by row
     b = load(tmp_path / "run" / "trajectories" / f"iter={first:06d}.parquet")
     mean = {}

@@ -7,11 +7,30 @@ from tests.train.train_helpers import register_onepress
 
 def test_success_rises_over_a_few_iterations(tmp_path):
     env = register_onepress()
-    cfg = Config(env=env, difficulty=1, env_options={"slack": 0}, sft_steps=20, sft_noise=0.9,
-                 sft_target_success=1.0, sft_eval_interval=1000, sft_batch_episodes=16, sft_lr=1e-3, estimator="grpo",
-                 loss="token_ppo", group_size=4, episodes=32, epochs=2, minibatches=2, policy_lr=1e-3,
-                 iterations=6, eval_interval=0, eval_episodes=32, max_turn_tokens=12, rollout_batch_size=32,
-                 oracle_noise=None)
+    cfg = Config(
+        env=env,
+        difficulty=1,
+        env_options={"slack": 0},
+        sft_steps=20,
+        sft_noise=0.9,
+        sft_target_success=1.0,
+        sft_eval_interval=1000,
+        sft_batch_episodes=16,
+        sft_lr=1e-3,
+        estimator="grpo",
+        loss="token_ppo",
+        group_size=4,
+        episodes=32,
+        epochs=2,
+        minibatches=2,
+        policy_lr=1e-3,
+        iterations=6,
+        eval_interval=0,
+        eval_episodes=32,
+        max_turn_tokens=12,
+        rollout_batch_size=32,
+        oracle_noise=None,
+    )
     tr = Trainer(cfg, tmp_path / "run", quiet=True)
     sft = tr.sft()
     # the expert is right 1 - 0.9 + 0.9/3 = 40% of the time; the warm start is below that

@@ -3,20 +3,19 @@
 import copy
 import json
 import math
-import os
 
 import numpy as np
 import pytest
 import torch
 from safetensors.torch import load_file, load_model
 
-import mpo_viz.rollout.play as R
-import mpo_viz.train.loop as L
+import mpo_viz.train.update as U
 from mpo_viz import load, models
 from mpo_viz.advantages import compute
 from mpo_viz.advantages.reference import empg as reference_empg
 from mpo_viz.train import Trainer
-from mpo_viz.train.loop import RESULT_KEYS_VOLATILE, check_loss_inputs
+from mpo_viz.train.loop import RESULT_KEYS_VOLATILE
+from mpo_viz.train.update import check_loss_inputs
 from mpo_viz.widgets.dashboard import TrainingDashboard
 from tests.train.train_helpers import tiny
 
@@ -25,8 +24,9 @@ def _stable(rec: dict) -> dict:
     return {k: v for k, v in rec.items() if k not in RESULT_KEYS_VOLATILE}
 
 
-@pytest.mark.parametrize("estimator, loss, group_size", [("mpo", "turn_ppo", 1), ("grpo", "token_ppo", 2),
-                                                          ("gae", "token_ppo", 1)])
+@pytest.mark.parametrize(
+    "estimator, loss, group_size", [("mpo", "turn_ppo", 1), ("grpo", "token_ppo", 2), ("gae", "token_ppo", 1)]
+)
 def test_three_iterations_write_a_run_folder_the_dashboard_reads(tmp_path, estimator, loss, group_size):
     cfg = tiny(estimator=estimator, loss=loss, group_size=group_size, keep_checkpoints=2)
     tr = Trainer(cfg, tmp_path / "run", quiet=True)
@@ -40,8 +40,16 @@ def test_three_iterations_write_a_run_folder_the_dashboard_reads(tmp_path, estim
     assert dash.latest_checkpoint() == "iter=000003"
     assert [f.stem for f in dash.trajectory_files()] == ["iter=000001", "iter=000002", "iter=000003"]
     drawn = {tr_.meta for tr_ in dash.figure.data}
-    for key in ("success", "policy_loss", "approx_kl", "clipfrac_low", "turn_clipfrac", "within_turn_shift",
-                "timings/rollout", "timings/update"):
+    for key in (
+        "success",
+        "policy_loss",
+        "approx_kl",
+        "clipfrac_low",
+        "turn_clipfrac",
+        "within_turn_shift",
+        "timings/rollout",
+        "timings/update",
+    ):
         assert key in drawn, key
     if estimator != "grpo":
         assert {"value_loss", "values_across", "values_within", "oracle_across"} <= drawn
@@ -72,8 +80,7 @@ def test_three_iterations_write_a_run_folder_the_dashboard_reads(tmp_path, estim
 def test_resume_is_bit_exact(tmp_path):
     """2 iterations, a fresh process-like resume, 2 more == 4 uninterrupted: metrics (timings aside)
     and final weights, with policy_lag and a KL reference in play."""
-    cfg = tiny(estimator="mpo", loss="turn_ppo", epochs=2, policy_lag=1, kl_coef=0.05, iterations=4,
-               eval_interval=2)
+    cfg = tiny(estimator="mpo", loss="turn_ppo", epochs=2, policy_lag=1, kl_coef=0.05, iterations=4, eval_interval=2)
     a = Trainer(cfg, tmp_path / "a", quiet=True)
     full = [_stable(r) for r in a.iterate()]
     b = Trainer(cfg, tmp_path / "b", quiet=True)
@@ -95,12 +102,10 @@ def test_resume_is_bit_exact(tmp_path):
 
 
 def test_keyboard_interrupt_abandons_the_iteration_and_leaves_a_resumable_run(tmp_path, monkeypatch):
-    import mpo_viz.train.loop as loop
-
     cfg = tiny(estimator="grpo", loss="token_ppo", group_size=2, iterations=3, eval_interval=0)
     ref = [_stable(r) for r in Trainer(cfg, tmp_path / "ref", quiet=True).iterate()]
     tr = Trainer(cfg, tmp_path / "run", quiet=True)
-    real = loop.update_epochs
+    real = U.update_epochs
     calls = {"n": 0}
 
     def flaky(*a, **k):
@@ -110,12 +115,12 @@ def test_keyboard_interrupt_abandons_the_iteration_and_leaves_a_resumable_run(tm
             raise KeyboardInterrupt  # ... then Ctrl-C, before the iteration's files are written
         return out
 
-    monkeypatch.setattr(loop, "update_epochs", flaky)
+    monkeypatch.setattr(U, "update_epochs", flaky)
     got = [_stable(r) for r in tr.iterate()]
     assert tr.interrupted and tr.iteration == 1 and len(got) == 1
     lines = (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()
     assert [json.loads(x)["iteration"] for x in lines] == [1]
-    monkeypatch.setattr(loop, "update_epochs", real)
+    monkeypatch.setattr(U, "update_epochs", real)
     # the same trainer object went back to the checkpoint: continuing it reproduces the clean run
     got += [_stable(r) for r in tr.iterate()]
     assert got == ref
@@ -139,31 +144,14 @@ def test_run_all_evaluates_once_before_rl_without_changing_the_run(tmp_path):
     phases = [json.loads(x)["phase"] for x in (tmp_path / "again" / "metrics.jsonl").read_text().splitlines()]
     assert phases == ["eval", "rl", "eval"]
     # eval_interval = 0: none in between, but both ends of the curve
-    ends = Trainer(tiny(estimator="grpo", loss="token_ppo", group_size=2, iterations=2, eval_interval=0),
-                   tmp_path / "ends", quiet=True)
+    ends = Trainer(
+        tiny(estimator="grpo", loss="token_ppo", group_size=2, iterations=2, eval_interval=0),
+        tmp_path / "ends",
+        quiet=True,
+    )
     ends.run_all()
     lines = [json.loads(x) for x in (tmp_path / "ends" / "metrics.jsonl").read_text().splitlines()]
     assert [(r["iteration"], r["phase"]) for r in lines] == [(0, "eval"), (1, "rl"), (2, "rl"), (2, "eval")]
-
-
-def test_an_evaluation_of_unchanged_weights_is_reused_and_is_what_a_rerun_gives(tmp_path):
-    tr = Trainer(tiny(estimator="grpo", loss="token_ppo", group_size=2, iterations=1, eval_episodes=3), tmp_path / "r",
-                 quiet=True)
-    greedy, sampled = tr.evaluate_one(), tr.evaluate_one(greedy=False)
-    spent = tr.eval_seconds
-    assert spent > 0 and tr.evaluate_one() == greedy and tr.evaluate_one(greedy=False) == sampled
-    assert tr.eval_seconds == spent  # nothing played again
-    tr._evals.clear()  # played again: the same episodes, the same numbers
-    assert tr.evaluate_one() == greedy and tr.eval_seconds > spent
-    # other weights are evaluated again (an update, or any in-place change of a tensor)
-    spent = tr.eval_seconds
-    with torch.no_grad():
-        next(tr.policy.model.parameters()).view(-1)[0] += 1e-3
-    tr.evaluate_one()
-    assert tr.eval_seconds > spent
-    spent = tr.eval_seconds
-    tr.evaluate_one(n_episodes=2)  # another number of tasks is another evaluation
-    assert tr.eval_seconds > spent
 
 
 def test_refusals(tmp_path):
@@ -188,59 +176,6 @@ def test_refusals(tmp_path):
     check_loss_inputs(stripped, "token_ppo")
 
 
-def test_critic_pass_beside_the_policys_gives_the_sequential_run(tmp_path, monkeypatch):
-    """The critic's update in a second thread beside the policy's (a free core, no dropout) and the
-    two passes one after the other: the same metrics and weights bit for bit, and the shuffle
-    generator left in the same state; with dropout in a model the passes stay sequential."""
-    cfg = tiny(estimator="mpo", loss="turn_ppo", epochs=2, minibatches=2, critic_epochs=3, iterations=2)
-    calls = []
-    ok = L._parallel_ok
-    monkeypatch.setattr(L, "_parallel_ok", lambda *a: calls.append(ok(*a)) or True)
-    a = Trainer(cfg, tmp_path / "a", quiet=True)
-    ra = [_stable(r) for r in a.iterate()]
-    monkeypatch.setattr(L, "_parallel_ok", lambda *a: False)
-    b = Trainer(cfg, tmp_path / "b", quiet=True)
-    rb = [_stable(r) for r in b.iterate()]
-    assert len(calls) == 2 and ra == rb and ra[-1]["critic_optimizer_steps"] == 6
-    assert torch.equal(a.generator.get_state(), b.generator.get_state())
-    for x, y in zip([*a.policy.model.parameters(), *a.critic.parameters()],
-                    [*b.policy.model.parameters(), *b.critic.parameters()]):
-        assert torch.equal(x, y)
-    # dropout anywhere: sequential
-    assert ok(a.policy.model, a.critic, "cpu") == (len(os.sched_getaffinity(0)) >= 2 * torch.get_num_threads())
-    a.critic.trunk.config.attention_dropout = 0.1
-    assert not ok(a.policy.model, a.critic, "cpu")
-    a.critic.trunk.config.attention_dropout = 0.0
-    a.critic.head = torch.nn.Sequential(torch.nn.Dropout(0.1), a.critic.head)
-    assert not ok(a.policy.model, a.critic, "cpu")
-    assert not ok(a.policy.model, b.critic, "cuda")
-
-
-def test_side_thread_off_runs_everything_in_one_thread(tmp_path, monkeypatch):
-    """``side_thread=False``: neither the update nor the rollout starts a second thread (even where
-    one would be allowed), and the run's identity is the same as with it on."""
-    cfg = tiny(estimator="mpo", loss="turn_ppo", critic_epochs=2, iterations=1, side_thread=False)
-    assert cfg.hash() == cfg.replace(side_thread=True).hash() and "side_thread" not in cfg.identity()
-    monkeypatch.setattr(L, "_parallel_ok", lambda *a: True)
-    pools, threads = [], []
-    real_pool, real_jobs = L.side_pool, R.CriticJobs
-    monkeypatch.setattr(L, "side_pool", lambda: pools.append(1) or real_pool())
-
-    def jobs(*a, thread=False, **k):
-        threads.append(thread)
-        return real_jobs(*a, thread=thread, **k)
-
-    monkeypatch.setattr(R, "CriticJobs", jobs)
-    t = Trainer(cfg, tmp_path / "off", quiet=True)
-    list(t.iterate())
-    assert pools == [] and threads and not any(threads)
-    pools.clear()
-    threads.clear()
-    t = Trainer(cfg.replace(side_thread=True), tmp_path / "on", quiet=True)
-    list(t.iterate())
-    assert pools  # the same run with it on does use the second thread for the update
-
-
 def _rows_logp(model, b) -> list:
     """log π(response token t) of each saved row under ``model``, one row at a time (no batching)."""
     out = []
@@ -249,7 +184,9 @@ def _rows_logp(model, b) -> list:
             ids = torch.tensor(np.concatenate([p, resp]), dtype=torch.int64)[None]
             logits = model(input_ids=ids).logits[0].double()
             P = len(p)
-            out.append(torch.log_softmax(logits, -1)[P - 1: P - 1 + len(resp)].gather(1, ids[0, P:, None])[:, 0].numpy())
+            out.append(
+                torch.log_softmax(logits, -1)[P - 1 : P - 1 + len(resp)].gather(1, ids[0, P:, None])[:, 0].numpy()
+            )
     return out
 
 
@@ -325,16 +262,22 @@ def test_empg_trains_on_the_entropy_its_rollout_records(tmp_path):
     assert "entropy" in b.fields and len(b) == cfg.episodes
     vocab = before.get_output_embeddings().weight.shape[0]
     with torch.no_grad():
-        for p, resp, m, ent in zip(b.field("prompt_ids"), b.field("response_ids"), b.field("loss_mask"),
-                                   b.field("entropy")):
+        for p, resp, m, ent in zip(
+            b.field("prompt_ids"), b.field("response_ids"), b.field("loss_mask"), b.field("entropy")
+        ):
             ids = torch.tensor(np.concatenate([p, resp]), dtype=torch.int64)[None]
-            lp = torch.log_softmax(before(input_ids=ids).logits[0].double(), -1)[len(p) - 1:-1]
+            lp = torch.log_softmax(before(input_ids=ids).logits[0].double(), -1)[len(p) - 1 : -1]
             want = -(lp.exp() * lp).sum(-1).numpy()
             act = m != 0
             assert np.isfinite(ent[act]).all() and (ent[act] > 0).all() and (ent[act] <= math.log(vocab) + 1e-5).all()
             np.testing.assert_allclose(ent[act], want[act], atol=1e-5, rtol=0)
             assert (ent[~act] == 0).all()
-    want_adv, _ = reference_empg(b.token_rewards.numpy(), b.mask.numpy(), b.group_ids, entropy=b.padded("entropy").numpy(),
-                                 turn_ids=b.turn_ids.numpy())
+    want_adv, _ = reference_empg(
+        b.token_rewards.numpy(),
+        b.mask.numpy(),
+        b.group_ids,
+        entropy=b.padded("entropy").numpy(),
+        turn_ids=b.turn_ids.numpy(),
+    )
     mask = b.mask.bool().numpy()
     np.testing.assert_allclose(b.padded("advantages").numpy()[mask], np.asarray(want_adv)[mask], atol=1e-5)

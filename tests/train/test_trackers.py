@@ -38,8 +38,17 @@ def _expected(lines):
 
 
 def test_flat_metrics():
-    nums, texts = flat_metrics({"iteration": 3, "ok": True, "x": 1, "t": {"a": 0.5, "b": {"c": 2}}, "phase": "rl",
-                                "collapse": ["success"], "none": None})
+    nums, texts = flat_metrics(
+        {
+            "iteration": 3,
+            "ok": True,
+            "x": 1,
+            "t": {"a": 0.5, "b": {"c": 2}},
+            "phase": "rl",
+            "collapse": ["success"],
+            "none": None,
+        }
+    )
     assert nums == {"iteration": 3.0, "ok": 1.0, "x": 1.0, "t/a": 0.5, "t/b/c": 2.0}
     assert texts == {"phase": "rl", "collapse": '["success"]'}
 
@@ -49,8 +58,23 @@ def test_tensorboard_mirrors_every_metric_and_the_config(tmp_path, capsys):
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
     run = tmp_path / "run"
-    rc = main(["train", "--config", _cfg(tmp_path), "--env", "search", "--episodes", "4", "--iterations", "2",
-               "--log-to", "tensorboard", "--run-dir", str(run)])
+    rc = main(
+        [
+            "train",
+            "--config",
+            _cfg(tmp_path),
+            "--env",
+            "search",
+            "--episodes",
+            "4",
+            "--iterations",
+            "2",
+            "--log-to",
+            "tensorboard",
+            "--run-dir",
+            str(run),
+        ]
+    )
     assert rc == 0, capsys.readouterr().err
     rc = main(["train", "--resume", str(run), "--iterations", "3"])  # the resumed run keeps mirroring
     assert rc == 0, capsys.readouterr().err
@@ -143,8 +167,23 @@ def test_a_missing_package_is_one_clear_error(tmp_path, monkeypatch, capsys):
     monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "wandb" else real(name, *a))
     with pytest.raises(ValueError, match=r"log_to: 'wandb' needs the wandb package, which is not installed here"):
         check_available("wandb")
-    rc = main(["train", "--config", _cfg(tmp_path), "--env", "search", "--episodes", "4", "--iterations", "1",
-               "--log-to", "wandb", "--run-dir", str(tmp_path / "r")])
+    rc = main(
+        [
+            "train",
+            "--config",
+            _cfg(tmp_path),
+            "--env",
+            "search",
+            "--episodes",
+            "4",
+            "--iterations",
+            "1",
+            "--log-to",
+            "wandb",
+            "--run-dir",
+            str(tmp_path / "r"),
+        ]
+    )
     err = capsys.readouterr().err
     assert rc == 1 and "pip install 'mpo-viz[trackers]'" in err and len(err.strip().splitlines()) == 1
     assert not (tmp_path / "r").exists()  # nothing written

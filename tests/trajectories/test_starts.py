@@ -61,8 +61,9 @@ def test_make_start_rounds_to_float16_and_keeps_the_record(tmp_path):
     src = tmp_path / "start"
     policy = models.tiny_policy(build_tokenizer(env), size="1m", seed=3)
     models.save(src / "model", policy)
-    (src / "start.json").write_text(json.dumps({
-        "sft": {"sft_steps": 7, "sft_success": 0.25, "sft_expert_success": 0.5}, "sft_config_hash": "abc"}))
+    (src / "start.json").write_text(
+        json.dumps({"sft": {"sft_steps": 7, "sft_success": 0.25, "sft_expert_success": 0.5}, "sft_config_hash": "abc"})
+    )
     out = tmp_path / "out"
     written = _make_start().write_start(src, out)
     assert out / "policy" / "model.safetensors" in written
@@ -83,8 +84,14 @@ def test_make_start_records_every_stage_it_continued(tmp_path):
     for i, (steps, success) in enumerate([(30, 0.1), (4, 0.2), (12, 0.5)]):
         src = tmp_path / f"stage{i}"
         models.save(src, models.tiny_policy(build_tokenizer(env), size="1m", seed=i))  # a trainer's RUN/start
-        (src / "start.json").write_text(json.dumps({"sft": {"sft_steps": steps, "sft_success": success,
-                                                             "sft_expert_success": 0.5}, "sft_config_hash": f"h{i}"}))
+        (src / "start.json").write_text(
+            json.dumps(
+                {
+                    "sft": {"sft_steps": steps, "sft_success": success, "sft_expert_success": 0.5},
+                    "sft_config_hash": f"h{i}",
+                }
+            )
+        )
         stages.append(src)
     out = tmp_path / "out"
     _make_start().write_start(stages[-1], out, after=stages[:-1])

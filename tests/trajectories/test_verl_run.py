@@ -82,7 +82,9 @@ def test_settings_are_the_scripts(made_with, records, steps, load_script):
     # its default, as Config.load does with an older config.json) is the script's, and hashes the same
     assert made_with["trainer_config_hash"] == cfg.hash()
     assert Config.from_dict(made_with["trainer_config"]) == cfg
-    assert made_with["verl_overrides"] == mod.OVERRIDES + mod.VERL_REQUIRED and made_with["iterations"] == mod.ITERATIONS == len(records)
+    assert made_with["verl_overrides"] == mod.OVERRIDES + mod.VERL_REQUIRED and made_with[
+        "iterations"
+    ] == mod.ITERATIONS == len(records)
     conf = json.loads((RUN / "config.json").read_text())
     assert conf["framework"] == "verl" and conf["estimator"] == "mpo"
     assert conf["algorithm"]["adv_estimator"] == "mpo" and conf["mpo_viz_log"]["run_dir"].endswith("run")

@@ -25,7 +25,7 @@ def batch(tmp_path_factory):
     b = rollout(pol, env, 4, group_size=2, critic=models.make_critic(pol, "policy"), max_turn_tokens=6)
     torch.set_num_threads(n)
     path = mv.save(b, tmp_path_factory.mktemp("r") / "model.parquet")
-    return mv.load(path)          # through the file, as a user opens it
+    return mv.load(path)  # through the file, as a user opens it
 
 
 def test_value_curve_has_the_oracle_line(batch):
@@ -35,7 +35,7 @@ def test_value_curve_has_the_oracle_line(batch):
     o = batch.padded("oracle_values")[1].numpy()
     oracle = fig.data[2]
     x, y = np.asarray(oracle.x, dtype=float), np.asarray(oracle.y, dtype=float)
-    keep = np.isfinite(y)                                  # gaps over observations are NaN
+    keep = np.isfinite(y)  # gaps over observations are NaN
     xs = x[keep].astype(int)
     assert len(xs) > 5
     np.testing.assert_allclose(y[keep], o[xs], rtol=1e-6)

@@ -8,15 +8,28 @@ import numpy as np
 import pytest
 
 import mpo_viz as mv
-from mpo_viz.widgets import TrainingDashboard, read_metrics
+from mpo_viz.widgets import TrainingDashboard
 from mpo_viz.widgets.dashboard import PANELS, panel_of
 
 
 def _line(i, **extra):
-    rec = {"iteration": i, "phase": "train", "time_s": 1.5 * i, "success_rate": 0.1 * i, "reward_mean": 0.2 * i,
-           "policy_loss": 1.0 / (i + 1), "value_loss": 0.5, "approx_kl": 0.01 * i, "clipfrac_low": 0.02,
-           "clipfrac_high": 0.03, "within_turn_shift": 0.001 * i, "value_across": 0.3, "value_within": 0.01,
-           "timings": {"rollout_s": 2.0, "update_s": 1.0}, **extra}
+    rec = {
+        "iteration": i,
+        "phase": "train",
+        "time_s": 1.5 * i,
+        "success_rate": 0.1 * i,
+        "reward_mean": 0.2 * i,
+        "policy_loss": 1.0 / (i + 1),
+        "value_loss": 0.5,
+        "approx_kl": 0.01 * i,
+        "clipfrac_low": 0.02,
+        "clipfrac_high": 0.03,
+        "within_turn_shift": 0.001 * i,
+        "value_across": 0.3,
+        "value_within": 0.01,
+        "timings": {"rollout_s": 2.0, "update_s": 1.0},
+        **extra,
+    }
     return json.dumps(rec) + "\n"
 
 
@@ -30,18 +43,43 @@ def run(tmp_path):
 
 def test_panels_route_metric_names():
     titles = [p.title for p in PANELS]
-    where = {k: titles[panel_of(k)] for k in ("success_rate", "reward_mean", "policy_loss", "approx_kl", "kl/k3",
-                                              "clipfrac_high", "within_turn_shift", "value_across",
-                                              "timings/rollout_s", "entropy", "ratio_max", "turn_ratio_max",
-                                              "values_across_within_ratio", "critic_explained_var",
-                                              "eval_sampled_success")}
-    assert where == {"success_rate": "success", "reward_mean": "reward",
-                     "policy_loss": "losses", "approx_kl": "KL", "kl/k3": "KL", "clipfrac_high": "clip fractions",
-                     "within_turn_shift": "within-turn shift", "value_across": "across / within variance",
-                     "timings/rollout_s": "phase timings (s, stacked)", "entropy": "entropy",
-                     "ratio_max": "importance ratios (log)", "turn_ratio_max": "importance ratios (log)",
-                     "values_across_within_ratio": "across / within ratio (log)",
-                     "critic_explained_var": "critic fit", "eval_sampled_success": "success"}
+    where = {
+        k: titles[panel_of(k)]
+        for k in (
+            "success_rate",
+            "reward_mean",
+            "policy_loss",
+            "approx_kl",
+            "kl/k3",
+            "clipfrac_high",
+            "within_turn_shift",
+            "value_across",
+            "timings/rollout_s",
+            "entropy",
+            "ratio_max",
+            "turn_ratio_max",
+            "values_across_within_ratio",
+            "critic_explained_var",
+            "eval_sampled_success",
+        )
+    }
+    assert where == {
+        "success_rate": "success",
+        "reward_mean": "reward",
+        "policy_loss": "losses",
+        "approx_kl": "KL",
+        "kl/k3": "KL",
+        "clipfrac_high": "clip fractions",
+        "within_turn_shift": "within-turn shift",
+        "value_across": "across / within variance",
+        "timings/rollout_s": "phase timings (s, stacked)",
+        "entropy": "entropy",
+        "ratio_max": "importance ratios (log)",
+        "turn_ratio_max": "importance ratios (log)",
+        "values_across_within_ratio": "across / within ratio (log)",
+        "critic_explained_var": "critic fit",
+        "eval_sampled_success": "success",
+    }
     assert panel_of("iteration") is None and panel_of("time_s") is None and panel_of("phase") is None
 
 
@@ -49,11 +87,24 @@ def test_figure_structure_legends_axes_and_stacks(run):
     """Success on top, one legend per panel with no colour repeated in it, ratios and variances on
     axes of their own (the ratios' a log one), the phase timings stacked (the total a line)."""
     rows = [{"iteration": 0, "phase": "eval", "eval_success": 0.5, "eval_sampled_success": 0.25}]
-    rows += [{"iteration": i, "phase": "rl", "success": 0.1 * i, "reward_mean": 0.1 * i, "reward_std": 0.3,
-              "entropy": 0.5 / i, "ratio_max": 3.0 * i, "turn_ratio_max": 1.1, "ratio_min": 1e-6,
-              "values_across": 0.02, "values_within": 0.001, "values_across_within_ratio": 20.0,
-              "timings": {"rollout": 2.0, "update": 1.0 * i, "total": 3.0 + i, "rollout_oracle": 0.5}}
-             for i in (1, 2, 3)]
+    rows += [
+        {
+            "iteration": i,
+            "phase": "rl",
+            "success": 0.1 * i,
+            "reward_mean": 0.1 * i,
+            "reward_std": 0.3,
+            "entropy": 0.5 / i,
+            "ratio_max": 3.0 * i,
+            "turn_ratio_max": 1.1,
+            "ratio_min": 1e-6,
+            "values_across": 0.02,
+            "values_within": 0.001,
+            "values_across_within_ratio": 20.0,
+            "timings": {"rollout": 2.0, "update": 1.0 * i, "total": 3.0 + i, "rollout_oracle": 0.5},
+        }
+        for i in (1, 2, 3)
+    ]
     (run / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
     fig = TrainingDashboard(run, live=False).figure
     by_panel = {}
@@ -68,7 +119,9 @@ def test_figure_structure_legends_axes_and_stacks(run):
         assert len({t.line.color for t in traces}) == len(traces), title  # ... without a repeated colour
     assert len({ts[0].legend for ts in by_panel.values()}) == len(by_panel)
     legend = by_panel["importance ratios (log)"][0].legend
-    assert fig.layout[legend].x > fig.layout[by_panel["importance ratios (log)"][0].xaxis.replace("x", "xaxis")].domain[1]
+    assert (
+        fig.layout[legend].x > fig.layout[by_panel["importance ratios (log)"][0].xaxis.replace("x", "xaxis")].domain[1]
+    )
     axis = {title: ts[0].yaxis.replace("y", "yaxis") for title, ts in by_panel.items()}
     assert fig.layout[axis["importance ratios (log)"]].type == "log"
     assert fig.layout[axis["across / within ratio (log)"]].type == "log"
@@ -91,8 +144,15 @@ def test_dashboard_follows_a_growing_run(run):
     assert len(dash.records) == 2 and dash.pending is None
     assert dash.config["loss"]["kind"] == "turn_ppo" and "loss/clip" in dash.config_html.value
     tr = {t.meta: t for t in dash.figure.data}
-    assert {"success_rate", "policy_loss", "approx_kl", "clipfrac_low", "within_turn_shift", "value_across",
-            "timings/rollout_s"} <= set(tr)
+    assert {
+        "success_rate",
+        "policy_loss",
+        "approx_kl",
+        "clipfrac_low",
+        "within_turn_shift",
+        "value_across",
+        "timings/rollout_s",
+    } <= set(tr)
     np.testing.assert_allclose(tr["policy_loss"].y, [1.0, 0.5])
     fig_before = dash.figure
     # the writer finishes the line and writes another one
@@ -127,22 +187,6 @@ def test_dashboard_follows_a_growing_run(run):
     assert len(ex.batch) == 4 and dash.explorer_box.children == (ex,)
     html = dash.to_html()
     assert "fig-" in html and "turn_ppo" in html
-
-
-def test_read_metrics_offsets_and_errors(tmp_path):
-    p = tmp_path / "metrics.jsonl"
-    assert read_metrics(p) == ([], 0, None)  # not written yet
-    p.write_text('{"iteration": 0, "a": {"b": 1}}\n\n{"iteration": 1}\n{"itera')
-    recs, off, pending = read_metrics(p)
-    assert recs == [{"iteration": 0, "a/b": 1}, {"iteration": 1}] and pending is None
-    assert off == len(p.read_bytes()) - len('{"itera')
-    assert read_metrics(p, off) == ([], off, None)
-    p.write_text('{"iteration": 0}\nnot json\n')
-    with pytest.raises(ValueError, match=r"metrics.jsonl: line 2: expected one JSON object per line"):
-        read_metrics(p)
-    p.write_text('{"iteration": 0}\n[1, 2]\n')
-    with pytest.raises(ValueError, match=r"line 2: expected a JSON object, found list"):
-        read_metrics(p)
 
 
 def test_dashboard_bad_inputs(tmp_path):
@@ -181,9 +225,13 @@ def test_live_refresh_on_a_running_loop(run):
 
 
 def test_status_counts_rl_iterations_only(tmp_path):
-    recs = [{"iteration": 0, "phase": "critic_warmup"}, {"iteration": 0, "phase": "eval", "eval_success": 0.5},
-            {"iteration": 1, "phase": "rl", "success": 0.25}, {"iteration": 2, "phase": "rl", "success": 0.5},
-            {"iteration": 2, "phase": "eval", "eval_success": 0.75}]
+    recs = [
+        {"iteration": 0, "phase": "critic_warmup"},
+        {"iteration": 0, "phase": "eval", "eval_success": 0.5},
+        {"iteration": 1, "phase": "rl", "success": 0.25},
+        {"iteration": 2, "phase": "rl", "success": 0.5},
+        {"iteration": 2, "phase": "eval", "eval_success": 0.75},
+    ]
     (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in recs))
     d = TrainingDashboard(tmp_path, live=False)
     assert len(d.records) == 5

@@ -48,8 +48,18 @@ def test_engine_equals_compute(batch, options):
 
 
 def test_engine_refuses_what_the_batch_lacks():
-    b = mv.TrajectoryBatch.from_rows([{"traj_id": "a", "group_id": "g", "prompt_ids": [1], "response_ids": [2, 3],
-                                       "loss_mask": [1, 1], "reward": 1.0}])
+    b = mv.TrajectoryBatch.from_rows(
+        [
+            {
+                "traj_id": "a",
+                "group_id": "g",
+                "prompt_ids": [1],
+                "response_ids": [2, 3],
+                "loss_mask": [1, 1],
+                "reward": 1.0,
+            }
+        ]
+    )
     with pytest.raises(ValueError, match="estimators: 'mpo' needs"):
         AdvantageEngine(b, ["mpo"])
     with pytest.raises(ValueError, match="unknown"):
@@ -73,8 +83,11 @@ def test_slider_recomputes_strip_figure_and_turn_table(batch):
     act = batch.mask[2, :n].numpy() != 0
     before = _channel(ex.strip.payload_dict, "adv_mpo", n)
     # λ is two controls (mpo's within-turn λ, gae's token λ): a plain `lam` must say whose
-    with pytest.raises(ValueError, match=r"'lam' is a separate control per estimator here \(lam@mpo: mpo, default "
-                                         r"0.95; lam@gae: gae, default 1\); say which"):
+    with pytest.raises(
+        ValueError,
+        match=r"'lam' is a separate control per estimator here \(lam@mpo: mpo, default "
+        r"0.95; lam@gae: gae, default 1\); say which",
+    ):
         ex.params.set(beta=0.25, lam=0.8)
     assert ex.params.options["beta"] == 1.0  # nothing was set
     ex.params.set(beta=0.25, lam=0.8, turn_lam=0.6, estimator="mpo")
@@ -92,14 +105,21 @@ def test_slider_recomputes_strip_figure_and_turn_table(batch):
     assert not np.allclose(before[act], _channel(p, "adv_mpo", n)[act])
     # the returns trace follows mpo's returns
     tr = next(t for t in ex.figure.data if t.name == "return")
-    np.testing.assert_allclose(np.asarray(tr.y, dtype=np.float64)[act], ref["mpo"].returns[2, :n].numpy()[act], rtol=1e-6)
+    np.testing.assert_allclose(
+        np.asarray(tr.y, dtype=np.float64)[act], ref["mpo"].returns[2, :n].numpy()[act], rtol=1e-6
+    )
     # per-turn table: mean advantage over each turn (A^T_k for MAE) as compute's turn table has it
     turns = ref["mpo"].turns
     want_turns = turns[turns["traj_id"] == batch.traj_ids[2]]["adv_mpo"].to_numpy()
     np.testing.assert_allclose(ex.turn_df["adv_mpo"].to_numpy(), want_turns, rtol=1e-5, atol=1e-7)
     # the partial payload update equals a payload built from scratch by the strip module
-    full = strip_payload(batch[[2]], 0, advantages={k: r.advantages[2:3, :n] for k, r in ref.items()},
-                         td=td_error(batch[[2]]), channel="adv_mpo")
+    full = strip_payload(
+        batch[[2]],
+        0,
+        advantages={k: r.advantages[2:3, :n] for k, r in ref.items()},
+        td=td_error(batch[[2]]),
+        channel="adv_mpo",
+    )
     assert p["channels"] == full["channels"]
     assert ex.timings["compute"] >= 0 and "push" in ex.timings
 
@@ -152,8 +172,9 @@ def test_what_the_update_did_in_the_turn_table_and_the_strip(batch):
     rho = [np.round(1.0 + 0.1 * np.arange(n) - 0.05 * i, 6) for i, n in enumerate(k)]
     out = [(np.arange(n) % 2).astype(int) for n in k]
     ratio = np.where(batch.mask.numpy() != 0, 1.5, 1.0)
-    b = batch.with_token_fields(ratio=ratio, clipped=batch.mask.numpy()).with_turn_fields(turn_ratio=rho,
-                                                                                          turn_clipped=out)
+    b = batch.with_token_fields(ratio=ratio, clipped=batch.mask.numpy()).with_turn_fields(
+        turn_ratio=rho, turn_clipped=out
+    )
     ex = TrajectoryExplorer(b, estimators=["mpo"])
     ex.select(3)
     np.testing.assert_allclose(ex.turn_df["turn_ratio"].to_numpy(), rho[3])
@@ -168,8 +189,14 @@ def test_what_the_update_did_in_the_turn_table_and_the_strip(batch):
 def test_picker_sorts_filters_and_pages_10k_rows():
     rng = np.random.default_rng(0)
     N = 10_000
-    t = pd.DataFrame({"row": np.arange(N), "traj_id": [f"t{i:05d}" for i in range(N)],
-                      "reward": rng.normal(size=N), "turns": rng.integers(1, 9, N)})
+    t = pd.DataFrame(
+        {
+            "row": np.arange(N),
+            "traj_id": [f"t{i:05d}" for i in range(N)],
+            "reward": rng.normal(size=N),
+            "turns": rng.integers(1, 9, N),
+        }
+    )
     t.loc[7, "reward"] = np.nan
     p = TrajectoryPicker(t, sort_by="reward", descending=True, page_size=25)
     assert p.n_pages == 400 and len(p.select.options) == 25

@@ -21,12 +21,26 @@ def batch():
 
 
 def test_frame_html_equals_pandas_on_edge_cases():
-    df = pd.DataFrame({"turn": [0, 1, 2], "x": [0.123456, np.nan, -0.0], "s": ["a<b&\"c'", None, "x"],
-                       "b": [True, False, True], "f32": np.array([1.5, np.inf, -1e-7], dtype=np.float32),
-                       "big": [1e20, 123456.0, 0.5], "u": np.array([1, 2, 255], dtype=np.uint8)})
+    df = pd.DataFrame(
+        {
+            "turn": [0, 1, 2],
+            "x": [0.123456, np.nan, -0.0],
+            "s": ["a<b&\"c'", None, "x"],
+            "b": [True, False, True],
+            "f32": np.array([1.5, np.inf, -1e-7], dtype=np.float32),
+            "big": [1e20, 123456.0, 0.5],
+            "u": np.array([1, 2, 255], dtype=np.uint8),
+        }
+    )
     twice = pd.DataFrame([[1, 2.5]], columns=["a", "a"])
-    for d in (df, df.iloc[:0], df[["s"]], pd.DataFrame({"cat": pd.Categorical(["a", "b"])}), twice,
-              pd.DataFrame(np.eye(2))):
+    for d in (
+        df,
+        df.iloc[:0],
+        df[["s"]],
+        pd.DataFrame({"cat": pd.Categorical(["a", "b"])}),
+        twice,
+        pd.DataFrame(np.eye(2)),
+    ):
         assert frame_html(d) == _frame_html_pandas(d)
 
 

@@ -19,8 +19,16 @@ RATIO = [[1.0, 1.5, 1.0, 3.0], [2.0, 1.0, 9.0, 1.0], [1.0, 4.0, 1.0, 1.0]]  # ma
 def _batch(it, rewards, ratio=False):
     rows = []
     for i in range(3):
-        r = {"traj_id": f"it{it}-e{i}", "group_id": "g", "prompt_ids": [1], "response_ids": [5, 6, 7, 8],
-             "loss_mask": MASKS[i], "reward": rewards[i], "advantages": ADV[i], "old_logprobs": [-0.5] * 4}
+        r = {
+            "traj_id": f"it{it}-e{i}",
+            "group_id": "g",
+            "prompt_ids": [1],
+            "response_ids": [5, 6, 7, 8],
+            "loss_mask": MASKS[i],
+            "reward": rewards[i],
+            "advantages": ADV[i],
+            "old_logprobs": [-0.5] * 4,
+        }
         if ratio:
             r["ratio"] = RATIO[i]
         rows.append(r)
@@ -73,8 +81,10 @@ def test_a_sort_the_file_cannot_rank_by_is_named_and_the_button_opens_unsorted(t
         dash.open_iteration(7)
     dash.sort.value, dash.iterations.value = "ratio", "iter=000001"
     dash.opener.clicked()
-    assert dash.opener.opened == (1, None) and "carries no fields to rank by largest token ratio" in \
-        dash.opener.message.value
+    assert (
+        dash.opener.opened == (1, None)
+        and "carries no fields to rank by largest token ratio" in dash.opener.message.value
+    )
     dash.iterations.value = "iter=000002"
     dash.opener.clicked()
     assert dash.opener.opened == (2, "ratio") and dash.opener.message.value == ""
@@ -111,7 +121,9 @@ def test_a_click_on_a_panel_opens_that_iteration_sorted_by_the_menu(tmp_path):
     reward._dispatch_on_click(Points(point_inds=[0], xs=[2], ys=[0.2], trace_name="reward_mean", trace_index=1), None)
     assert dash.opener.opened == (3, "reward")
     reward._dispatch_on_click(Points(point_inds=[0], xs=[4], ys=[0.4], trace_name="reward_mean", trace_index=1), None)
-    assert dash.opener.opened == (3, "reward") and "no saved episodes at or after iteration 4" in dash.opener.message.value
+    assert (
+        dash.opener.opened == (3, "reward") and "no saved episodes at or after iteration 4" in dash.opener.message.value
+    )
 
 
 def test_the_dashboard_names_a_collapse_and_opens_its_episodes(tmp_path):
@@ -130,7 +142,10 @@ def test_the_dashboard_names_a_collapse_and_opens_its_episodes(tmp_path):
     dash.refresh()
     (f,) = dash.findings
     assert (f.metric, f.first, f.episodes_iteration, f.ranking) == ("success", 2, 2, "reward")
-    assert "<b>success</b> first crossed its threshold at iteration 2 (episodes of iteration 2, sorted by lowest " \
-           "reward)" in dash.collapse_html.value and dash.collapse_button.layout.display == ""
+    assert (
+        "<b>success</b> first crossed its threshold at iteration 2 (episodes of iteration 2, sorted by lowest reward)"
+        in dash.collapse_html.value
+        and dash.collapse_button.layout.display == ""
+    )
     dash.collapse_button.click()
     assert dash.opener.opened == (2, "reward") and _order(dash.explorer) == ["it2-e0", "it2-e2", "it2-e1"]

@@ -27,10 +27,29 @@ def _traces(fig, panel_title):
 
 
 def test_one_line_per_run_and_only_real_points(tmp_path):
-    a = _run(tmp_path, "mpo", "mpo", [{"iteration": i, "time_s": 10.0 * i, "success": 0.1 * i,
-                                      **({"eval_success": 0.2 * i} if i % 2 == 0 else {})} for i in range(1, 6)])
-    b = _run(tmp_path, "grpo", "grpo", [{"iteration": i, "time_s": 7.0 * i, "success": 0.05 * i,
-                                        "timings": {"rollout": 1.0 + i}} for i in range(1, 4)])
+    a = _run(
+        tmp_path,
+        "mpo",
+        "mpo",
+        [
+            {
+                "iteration": i,
+                "time_s": 10.0 * i,
+                "success": 0.1 * i,
+                **({"eval_success": 0.2 * i} if i % 2 == 0 else {}),
+            }
+            for i in range(1, 6)
+        ],
+    )
+    b = _run(
+        tmp_path,
+        "grpo",
+        "grpo",
+        [
+            {"iteration": i, "time_s": 7.0 * i, "success": 0.05 * i, "timings": {"rollout": 1.0 + i}}
+            for i in range(1, 4)
+        ],
+    )
     with open(b / "metrics.jsonl", "a") as fh:
         fh.write('{"iteration": 4, "succ')  # a writer caught mid-line
     view = RunComparison([a, b], metrics="eval_success")
@@ -56,8 +75,16 @@ def seeds(tmp_path):
     for method, base in (("mpo", 0.5), ("grpo", 0.2)):
         for seed in (0, 1):
             n = 3 if (method, seed) == ("grpo", 1) else 4
-            rows = [{"iteration": i, "phase": "rl", "time_s": 10.0 * i + seed, "success": base + 0.1 * i + 0.2 * seed,
-                     "entropy": 1.0 - 0.1 * i} for i in range(1, n)]
+            rows = [
+                {
+                    "iteration": i,
+                    "phase": "rl",
+                    "time_s": 10.0 * i + seed,
+                    "success": base + 0.1 * i + 0.2 * seed,
+                    "entropy": 1.0 - 0.1 * i,
+                }
+                for i in range(1, n)
+            ]
             runs.append(_run(tmp_path, f"{method}-s{seed}", method, rows, seed=seed))
     return runs
 
@@ -106,9 +133,16 @@ def test_group_by_tags_and_by_time(seeds):
 
 
 def test_group_table_by_hand():
-    runs = pd.DataFrame({"group": ["a", "a", "a", "b"], "run": ["r1", "r2", "r3", "r4"],
-                         "metric": ["m"] * 4, "iteration": [1, 1, 1, 1], "x": [1.0, 2.0, 3.0, 4.0],
-                         "value": [1.0, 2.0, 6.0, 5.0]})
+    runs = pd.DataFrame(
+        {
+            "group": ["a", "a", "a", "b"],
+            "run": ["r1", "r2", "r3", "r4"],
+            "metric": ["m"] * 4,
+            "iteration": [1, 1, 1, 1],
+            "x": [1.0, 2.0, 3.0, 4.0],
+            "value": [1.0, 2.0, 6.0, 5.0],
+        }
+    )
     t = group_table(runs).set_index("group")
     assert t.loc["a", "mean"] == 3.0 and t.loc["a", "x"] == 2.0 and t.loc["a", "n"] == 3
     sd = np.sqrt(((1 - 3) ** 2 + (2 - 3) ** 2 + (6 - 3) ** 2) / 2)

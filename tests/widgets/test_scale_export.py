@@ -86,6 +86,7 @@ def test_comparison_focuses_the_most_disagreed_turn(batch):
     cmp = EstimatorComparison(batch, ["mpo", "grpo"], row=4)
     tt = cmp.tables()[f"turn_advantages_{batch.traj_ids[4]}"]
     a, g = tt["adv_mpo"].to_numpy(), tt["adv_grpo"].to_numpy()
+
     def norm(c):  # each estimator in units of its mean |turn advantage| (as is where that is 0)
         m = np.mean(np.abs(c))
         return c / m if m > 0 else c
@@ -158,9 +159,20 @@ def test_accuracy_section_follows_the_options():
     for name in ("mpo", "gae", "vapo"):
         got = cmp.accuracy_df.set_index("estimator").loc[name]
         want = bench.metrics(cmp.results[name][0].double().numpy(), ref)
-        for col in ("turn_corr", "turn_sign", "tok_corr", "within_corr", "dec_sign", "dec_mass", "tok_slope",
-                    "dec_slope", "turn_slope"):
-            np.testing.assert_allclose(got[col], want[col], rtol=1e-6, atol=1e-9, err_msg=f"{name} {col}")  # float32 oracle sums
+        for col in (
+            "turn_corr",
+            "turn_sign",
+            "tok_corr",
+            "within_corr",
+            "dec_sign",
+            "dec_mass",
+            "tok_slope",
+            "dec_slope",
+            "turn_slope",
+        ):
+            np.testing.assert_allclose(
+                got[col], want[col], rtol=1e-6, atol=1e-9, err_msg=f"{name} {col}"
+            )  # float32 oracle sums
     reading = cmp.accuracy_reading
     best = cmp.accuracy_df.loc[cmp.accuracy_df["tok_corr"].idxmax(), "estimator"]
     assert reading.startswith(f"Token credit closest to the oracle: {best} ")

@@ -19,10 +19,19 @@ def truth_batch():
 
 
 def test_turn_table_has_the_truth_by_hand():
-    rows = [{"traj_id": "a", "group_id": "g", "prompt_ids": [1], "response_ids": [2, 2, 3, 2, 3],
-             "loss_mask": [1, 1, 0, 1, 0], "reward": 1.0}]
-    b = TrajectoryBatch.from_rows(rows).with_turn_fields(mc_value=[[0.4, 0.7]], mc_value_se=[[0.1, 0.2]],
-                                                        mc_value_a=[[0.4, 0.7]], mc_value_b=[[0.4, 0.7]])
+    rows = [
+        {
+            "traj_id": "a",
+            "group_id": "g",
+            "prompt_ids": [1],
+            "response_ids": [2, 2, 3, 2, 3],
+            "loss_mask": [1, 1, 0, 1, 0],
+            "reward": 1.0,
+        }
+    ]
+    b = TrajectoryBatch.from_rows(rows).with_turn_fields(
+        mc_value=[[0.4, 0.7]], mc_value_se=[[0.1, 0.2]], mc_value_a=[[0.4, 0.7]], mc_value_b=[[0.4, 0.7]]
+    )
     tt = b.turns()
     np.testing.assert_allclose(tt["v_mc"], [0.4, 0.7])
     np.testing.assert_allclose(tt["v_mc_se"], [0.1, 0.2])
@@ -39,8 +48,9 @@ def test_value_curve_marks_the_true_values_with_error_bars(truth_batch):
     np.testing.assert_array_equal(tr.x, tt["start"].to_numpy())
     np.testing.assert_allclose(tr.y, tt["v_mc"], atol=1e-6)
     np.testing.assert_allclose(tr.error_y.array, 1.96 * tt["v_mc_se"].to_numpy(), atol=1e-6)
-    assert plots.MC_TRACE not in [t.name for t in plots.value_curve(generate(GenerateConfig(env="search", episodes=1,
-                                                                                           group_size=1)), 0).data]
+    assert plots.MC_TRACE not in [
+        t.name for t in plots.value_curve(generate(GenerateConfig(env="search", episodes=1, group_size=1)), 0).data
+    ]
 
 
 def test_explorer_and_comparison_show_the_truth(truth_batch):
@@ -81,4 +91,8 @@ def test_explorer_shows_the_token_truth(truth_batch):
     ex.params.set(beta=0.5)
     assert not np.allclose(ex.token_df["adv_mpo"], adv[meas]) and not ex.token_accuracy_df.equals(before)
     plain = TrajectoryExplorer(truth_batch, estimators=["mpo"], row=0)
-    assert not plain.has_token_truth and plain.tokens_view not in plain.children and "truth" not in plain.strip.payload_dict
+    assert (
+        not plain.has_token_truth
+        and plain.tokens_view not in plain.children
+        and "truth" not in plain.strip.payload_dict
+    )

@@ -96,13 +96,15 @@ def test_payload_numbers_travel_as_binary_buffers():
     assert json.loads(w.payload)["channels"] == {"x": None, "y": None} and w.synced_payload() == p
     assert split_payload({"tokens": []}) == ({"tokens": []}, {})
     # the same payload built with arrays (what the widgets build) splits into the same bytes
-    pa = payload_from_arrays(["a", "b", "c"], [1, 0, 1], [0, 0, 1], {"x": [0.5, None, -2.0], "y": [1.0, 2.0, 3.0]},
-                             arrays=True)
+    pa = payload_from_arrays(
+        ["a", "b", "c"], [1, 0, 1], [0, 0, 1], {"x": [0.5, None, -2.0], "y": [1.0, 2.0, 3.0]}, arrays=True
+    )
     wa, aa = split_payload(pa)
-    assert wa == wire and bytes(aa["mask"]) == bytes(arrays["mask"]) and bytes(aa["turn_ids"]) == bytes(arrays["turn_ids"])
+    assert (
+        wa == wire and bytes(aa["mask"]) == bytes(arrays["mask"]) and bytes(aa["turn_ids"]) == bytes(arrays["turn_ids"])
+    )
     assert all(bytes(aa["channels"][k]) == bytes(arrays["channels"][k]) for k in ("x", "y"))
     assert payload_lists(pa) == p and payload_json(pa) == payload_json(p)
-
 
 
 def _fresh_comparison_payloads(cmp, batch, row):
@@ -116,9 +118,15 @@ def _fresh_comparison_payloads(cmp, batch, row):
     fresh = strip_payload(sub, 0, advantages=adv, td=an.td_error(sub))
     fresh["focus"] = cmp.focus_token(adv)
     tid = batch.traj_ids[row]
-    payloads = [dict(fresh, channel=f"adv_{k}", title=f"{k} · {tid}", channel_info={c: dict(i) for c, i in
-                                                                                   fresh["channel_info"].items()})
-                for k in cmp.names]
+    payloads = [
+        dict(
+            fresh,
+            channel=f"adv_{k}",
+            title=f"{k} · {tid}",
+            channel_info={c: dict(i) for c, i in fresh["channel_info"].items()},
+        )
+        for k in cmp.names
+    ]
     cmp.scale.apply(payloads)
     return payloads
 

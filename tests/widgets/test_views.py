@@ -45,8 +45,18 @@ def test_variance_view_click_opens_an_explorer(batch):
 
 
 def test_variance_view_needs_values():
-    b = mv.TrajectoryBatch.from_rows([{"traj_id": "a", "group_id": "g", "prompt_ids": [1], "response_ids": [2, 3],
-                                       "loss_mask": [1, 1], "reward": 1.0}])
+    b = mv.TrajectoryBatch.from_rows(
+        [
+            {
+                "traj_id": "a",
+                "group_id": "g",
+                "prompt_ids": [1],
+                "response_ids": [2, 3],
+                "loss_mask": [1, 1],
+                "reward": 1.0,
+            }
+        ]
+    )
     with pytest.raises(ValueError, match="batch: VarianceView needs values"):
         VarianceView(b)
 

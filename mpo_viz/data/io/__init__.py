@@ -1,14 +1,20 @@
 """Load, save and scan trajectory/v1 data: ``.jsonl``, ``.parquet``, or a folder of them.
 
-* :func:`load` validates every row (:mod:`mpo_viz.data.validate`; rules in trajectories/README.md). ``errors="raise"`` raises
+* :func:`load` validates every row (:mod:`mpo_viz.data.validate`; rules in trajectories/README.md). ``errors="raise"``
+raises
   :class:`~mpo_viz.data.schema.TrajectoryError` naming file, line/row, traj_id, field, expected and
   found; ``errors="collect"`` returns the good rows with ``batch.rejected`` listing every rejected
   row and why. No row is ever dropped silently.
 * :func:`scan` yields batches of at most ``max_tokens`` response tokens (a single longer trajectory
   comes alone), so files larger than memory stream in bounded memory; ``keep_groups=True`` re-cuts
   them so that no group is split between two batches (group estimators need whole groups).
-* :func:`count_rows` counts a Parquet file's rows from its metadata (progress bars);
+* :func:`summarize` gives ``mpo-viz info``'s counts and statistics chunk by chunk (the numbers of
+  ``load(path).summary()``, without holding the file); :func:`count_rows` counts a Parquet file's
+  rows and :func:`file_facts` reads its sizes from the metadata alone (nothing decoded);
   :func:`merge_parts` assembles one file from parts written chunk by chunk.
+* What holds the whole input in memory: :func:`load` (and ``TrajectoryBatch`` methods on what it
+  returns). What streams, in memory set by the chunk size: :func:`scan`, :func:`pieces`,
+  :func:`summarize`, :func:`count_rows`, :func:`file_facts`.
 * Files are never unpickled: only JSONL and Parquet are read.
 """
 
@@ -23,20 +29,38 @@ from mpo_viz.data.io import jsonl, parquet
 from mpo_viz.data.io.groups import group_chunks
 from mpo_viz.data.io.parts import merge_parts
 from mpo_viz.data.schema import SCHEMA_VERSION, Problem, TrajectoryError
+from mpo_viz.data.summary import Summarizer
 from mpo_viz.data.trajectory import TrajectoryBatch
 from mpo_viz.options import Option
 
-__all__ = ["load", "save", "scan", "files_of", "count_rows", "group_chunks", "merge_parts", "pieces"]
+__all__ = [
+    "load",
+    "save",
+    "scan",
+    "files_of",
+    "count_rows",
+    "file_facts",
+    "summarize",
+    "group_chunks",
+    "merge_parts",
+    "pieces",
+]
 
 _READERS = {".jsonl": jsonl, ".parquet": parquet}
+#: rows per validated piece when streaming (what :func:`scan`, :func:`summarize` and ``mpo-viz validate`` read at a
+# time)
+PIECE_ROWS = 64
 MAX_TOKENS = Option("max_tokens", kind="int", low=1, doc="response tokens per chunk")
 
 
 def files_of(path) -> list[Path]:
     """The data files behind ``path``: the file itself, or a folder's ``*.jsonl``/``*.parquet`` sorted by name."""
     if not isinstance(path, (str, Path)) and not hasattr(path, "__fspath__"):
-        hint = (" (rows in memory: mpo_viz.TrajectoryBatch.from_rows([...]) takes a list of row dicts)"
-                if isinstance(path, (dict, list, tuple)) else "")
+        hint = (
+            " (rows in memory: mpo_viz.TrajectoryBatch.from_rows([...]) takes a list of row dicts)"
+            if isinstance(path, (dict, list, tuple))
+            else ""
+        )
         raise TypeError(f"path: expected a file or folder path (str or Path), found {type(path).__name__}{hint}")
     p = Path(path)
     if p.is_dir():
@@ -63,8 +87,9 @@ def _meta_of(f: Path) -> dict:
 
 
 def pieces(path, errors: str = "raise", rows_per_chunk: int | None = None) -> Iterator:
-    """Validated batches of successive chunks of every file, as the readers deliver them (``rows_per_chunk``
-    rows at most; duplicate ids checked across all); :func:`load` and :func:`scan` are built on it."""
+    """**Streams**: validated batches of successive chunks of every file, as the readers deliver them
+    (``rows_per_chunk`` rows at most, each from one file and with that file's metadata; duplicate ids
+    checked across all); :func:`load` and :func:`scan` are built on it."""
     if errors not in ("raise", "collect"):
         raise ValueError(f"errors: expected 'raise' or 'collect', found {errors!r}")
     seen: dict = {}  # traj_id -> where it first occurred (named in duplicate messages)
@@ -79,8 +104,9 @@ def pieces(path, errors: str = "raise", rows_per_chunk: int | None = None) -> It
 def load(path, *, errors: str = "raise"):
     """Load a ``.jsonl`` / ``.parquet`` file or a folder of them into one validated TrajectoryBatch.
 
-    No format read here can execute code (nothing is unpickled). The whole input is held in memory;
-    :func:`scan` streams it in bounded chunks.
+    No format read here can execute code (nothing is unpickled). **Loads everything**: the whole input
+    is held in memory (about 300 bytes a response token with values and three log-prob fields);
+    :func:`scan` streams it in bounded chunks, :func:`summarize` gives its summary without holding it.
     """
     parts = list(pieces(path, errors, rows_per_chunk=4096))
     if not parts:
@@ -89,7 +115,7 @@ def load(path, *, errors: str = "raise"):
 
 
 def scan(path, *, max_tokens: int = 1_000_000, errors: str = "raise", keep_groups: bool = False) -> Iterator:
-    """Yield TrajectoryBatches of at most ``max_tokens`` response tokens each, in file order.
+    """**Streams**: TrajectoryBatches of at most ``max_tokens`` response tokens each, in file order.
 
     Memory stays bounded by the chunk size (plus one set of traj_ids for the duplicate check),
     whatever the file size. With ``errors="collect"`` each yielded batch carries the problems of
@@ -106,7 +132,7 @@ def scan(path, *, max_tokens: int = 1_000_000, errors: str = "raise", keep_group
 
 def _scan(path, max_tokens: int, errors: str) -> Iterator:
     pending, acc, rejected = [], 0, []
-    for piece in pieces(path, errors, rows_per_chunk=64):
+    for piece in pieces(path, errors, rows_per_chunk=PIECE_ROWS):
         rejected.extend(piece.rejected)
         lengths = np.diff(piece.offsets)
         start = 0
@@ -139,6 +165,51 @@ def count_rows(path) -> int | None:
     except (OSError, ValueError):  # a count is only for a progress bar; load() reports the problem
         return None
     return None
+
+
+def file_facts(path) -> dict:
+    """What the files behind ``path`` say about themselves without being decoded: ``files`` (count),
+    ``bytes`` (on disk), ``format`` ("parquet", "jsonl" or "mixed"), and for Parquet files ``rows``,
+    ``row_groups`` and ``columns`` (name -> compressed bytes, largest first), from the metadata alone."""
+    import pyarrow.parquet as pq
+
+    files = files_of(path)
+    kinds = {f.suffix for f in files}
+    out: dict = {
+        "files": len(files),
+        "bytes": sum(f.stat().st_size for f in files),
+        "format": "mixed" if len(kinds) > 1 else kinds.pop().lstrip("."),
+    }
+    pq_files = [f for f in files if f.suffix == ".parquet"]
+    if pq_files:
+        rows = groups = 0
+        cols: dict = {}
+        for f in pq_files:
+            md = pq.ParquetFile(f).metadata
+            rows += md.num_rows
+            groups += md.num_row_groups
+            for g in range(md.num_row_groups):
+                rg = md.row_group(g)
+                for c in range(rg.num_columns):
+                    cc = rg.column(c)
+                    name = cc.path_in_schema.split(".", 1)[0]
+                    cols[name] = cols.get(name, 0) + cc.total_compressed_size
+        out.update(rows=rows, row_groups=groups, columns=dict(sorted(cols.items(), key=lambda kv: -kv[1])))
+    return out
+
+
+def summarize(path) -> dict:
+    """``mpo-viz info``'s summary of a file or folder (:meth:`TrajectoryBatch.summary`, plus
+    ``rejected_rows``: the number of problems the loader found), read :data:`PIECE_ROWS` rows at a time.
+
+    **Streams**: memory is one piece plus a few numbers per trajectory, whatever the input's size.
+    The numbers are those of ``load(path, errors="collect").summary()`` to the last bit
+    (:mod:`mpo_viz.data.summary` says why); rows that fail validation are counted, never dropped silently.
+    """
+    s = Summarizer(_meta_of(files_of(path)[0]))
+    for piece in pieces(path, "collect", rows_per_chunk=PIECE_ROWS):
+        s.add(piece)
+    return s.result()
 
 
 def save(batch: TrajectoryBatch, path) -> Path:

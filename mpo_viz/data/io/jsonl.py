@@ -22,7 +22,9 @@ def read_meta(path: Path) -> dict:
     try:
         meta = json.loads(meta_path.read_text())
     except (OSError, json.JSONDecodeError) as exc:
-        raise ValueError(f"{meta_path}: expected a JSON object of file metadata, found unreadable JSON ({exc})") from None
+        raise ValueError(
+            f"{meta_path}: expected a JSON object of file metadata, found unreadable JSON ({exc})"
+        ) from None
     if not isinstance(meta, dict):
         raise ValueError(f"{meta_path}: expected a JSON object of file metadata, found {type(meta).__name__}")
     return meta
@@ -39,7 +41,13 @@ def iter_chunks(path: Path, rows_per_chunk: int = ROWS_PER_CHUNK) -> Iterator[tu
                 obj = json.loads(text)
             except json.JSONDecodeError as exc:
                 problems.append(
-                    Problem(field="<line>", expected="one JSON object", found=f"unreadable JSON ({exc.msg} at column {exc.colno})", file=str(path), line=lineno)
+                    Problem(
+                        field="<line>",
+                        expected="one JSON object",
+                        found=f"unreadable JSON ({exc.msg} at column {exc.colno})",
+                        file=str(path),
+                        line=lineno,
+                    )
                 )
                 continue
             rows.append(obj)

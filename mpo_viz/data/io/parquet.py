@@ -70,8 +70,21 @@ def _list_parts(arr: pa.Array):
 
 #: column names that give away another framework's dump: (framework, --from name, columns)
 _FOREIGN = [
-    ("verl", "verl", {"prompts", "responses", "attention_mask", "response_mask", "token_level_scores",
-                      "token_level_rewards", "input_ids", "old_log_probs", "ref_log_prob"}),
+    (
+        "verl",
+        "verl",
+        {
+            "prompts",
+            "responses",
+            "attention_mask",
+            "response_mask",
+            "token_level_scores",
+            "token_level_rewards",
+            "input_ids",
+            "old_log_probs",
+            "ref_log_prob",
+        },
+    ),
     ("SkyRL", "skyrl", {"prompt_token_ids", "response_ids", "loss_masks", "rewards", "trajectory_ids"}),
     ("TRL", "trl", {"prompt", "completion", "chosen", "rejected", "completion_ids", "prompt_ids", "advantages"}),
     ("OpenAI-style chat log", "openai", {"messages", "conversations", "tools"}),
@@ -84,9 +97,13 @@ def foreign_hint(names, missing) -> str:
     best = max(_FOREIGN, key=lambda f: len(f[2] & set(names)))
     found = f"none of {', '.join(missing)}; its columns are {cols or 'none'}"
     if len(best[2] & set(names)) >= 2:
-        return (f"{found}: this looks like a {best[0]} dump, not mpo_viz.trajectory/v1; convert it with "
-                f"`mpo-viz convert --from {best[1]} FILE -o trajectories.parquet`")
-    return f"{found}: not an mpo_viz.trajectory/v1 file; convert it with `mpo-viz convert` (its --help lists the formats)"
+        return (
+            f"{found}: this looks like a {best[0]} dump, not mpo_viz.trajectory/v1; convert it with "
+            f"`mpo-viz convert --from {best[1]} FILE -o trajectories.parquet`"
+        )
+    return (
+        f"{found}: not an mpo_viz.trajectory/v1 file; convert it with `mpo-viz convert` (its --help lists the formats)"
+    )
 
 
 def columns_from_record_batch(rb: pa.RecordBatch, *, source: str, first_row: int) -> tuple[Columns, list[Problem]]:
@@ -97,18 +114,26 @@ def columns_from_record_batch(rb: pa.RecordBatch, *, source: str, first_row: int
     problems: list[Problem] = []
     bad = np.zeros(n, dtype=bool)
     names = rb.schema.names
-    cols.scalar = {name: np.array(rb.column(name).to_pylist() + [None], dtype=object)[:-1]
-                   for name in names if name in SCALAR_FIELDS}
+    cols.scalar = {
+        name: np.array(rb.column(name).to_pylist() + [None], dtype=object)[:-1]
+        for name in names
+        if name in SCALAR_FIELDS
+    }
 
     def reject_all(fld: str, expected: str, found: str) -> None:  # a column-level problem: every row
-        problems.extend(Problem(field=fld, expected=expected, found=found, file=source, row=first_row + i,
-                                traj_id=_tid(cols.scalar, i)) for i in range(n))
+        problems.extend(
+            Problem(
+                field=fld, expected=expected, found=found, file=source, row=first_row + i, traj_id=_tid(cols.scalar, i)
+            )
+            for i in range(n)
+        )
         bad[:] = True
 
     _check_required(rb, names, source, reject_all)
     if "reward" in cols.scalar and not bad.any():
-        cols.scalar["reward"] = np.array([None if x is None else float(x) for x in cols.scalar["reward"]] + [None],
-                                         dtype=object)[:-1]
+        cols.scalar["reward"] = np.array(
+            [None if x is None else float(x) for x in cols.scalar["reward"]] + [None], dtype=object
+        )[:-1]
     rlen = np.diff(_list_parts(rb.column("response_ids"))[1]) if "response_ids" in names else None
     for name in names:
         if name not in SCALAR_FIELDS:
@@ -122,8 +147,16 @@ def columns_from_record_batch(rb: pa.RecordBatch, *, source: str, first_row: int
         arr = rb.column(k) if k in names else None
         if arr is not None and arr.null_count:
             for i in np.flatnonzero(arr.is_null().to_numpy(zero_copy_only=False)):
-                problems.append(Problem(field=k, expected="the required field", found="null", file=source,
-                                        row=first_row + int(i), traj_id=_tid(cols.scalar, int(i))))
+                problems.append(
+                    Problem(
+                        field=k,
+                        expected="the required field",
+                        found="null",
+                        file=source,
+                        row=first_row + int(i),
+                        traj_id=_tid(cols.scalar, int(i)),
+                    )
+                )
                 bad[i] = True
     cols.bad = bad
     return cols, problems
@@ -135,8 +168,14 @@ def _check_required(rb: pa.RecordBatch, names: list, source: str, reject_all) ->
     missing = [req for req in REQUIRED if req not in names]
     if len(missing) >= 3:
         # e.g. a verl or TRL dump: say so once, instead of the same missing columns once per row
-        raise TrajectoryError(Problem(field="columns", expected=f"the trajectory/v1 columns ({', '.join(REQUIRED)})",
-                                      found=foreign_hint(names, missing), file=source))
+        raise TrajectoryError(
+            Problem(
+                field="columns",
+                expected=f"the trajectory/v1 columns ({', '.join(REQUIRED)})",
+                found=foreign_hint(names, missing),
+                file=source,
+            )
+        )
     for req in missing:
         reject_all(req, "the required field", "no such column")
     if "reward" in names:
@@ -168,7 +207,11 @@ def _read_column(cols: Columns, name: str, col, rlen, reject_all) -> None:
                 flat = flat.astype(TOKEN_FIELDS[name])  # the raw ones are checked before they are narrowed
             cols.token[name] = (flat, off, present)
         return
-    if is_list and rlen is not None and (pa.types.is_floating(col.type.value_type) or pa.types.is_integer(col.type.value_type)):
+    if (
+        is_list
+        and rlen is not None
+        and (pa.types.is_floating(col.type.value_type) or pa.types.is_integer(col.type.value_type))
+    ):
         flat, off, present = _list_parts(col)
         if np.all(~present | (np.diff(off) == rlen)):
             cols.token[name] = (flat.astype(EXTRA_TOKEN_DTYPE), off, present)

@@ -35,7 +35,9 @@ def merge_parts(parts: Path, out: Path) -> None:
                 for g in range(pf.num_row_groups):
                     t = pf.read_row_group(g)
                     cols = [
-                        t.column(fld.name).cast(fld.type) if fld.name in t.column_names else pa.nulls(t.num_rows, fld.type)
+                        t.column(fld.name).cast(fld.type)
+                        if fld.name in t.column_names
+                        else pa.nulls(t.num_rows, fld.type)
                         for fld in unified
                     ]
                     w.write_table(pa.Table.from_arrays(cols, schema=unified))

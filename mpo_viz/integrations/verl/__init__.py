@@ -38,8 +38,11 @@ def register() -> dict[str, list[str]]:
     """
     from verl.trainer.ppo import core_algos
 
-    theirs_est = [n for n, fn in core_algos.ADV_ESTIMATOR_REGISTRY.items()
-                  if getattr(fn, "__module__", "") != verl_estimator.__module__]
+    theirs_est = [
+        n
+        for n, fn in core_algos.ADV_ESTIMATOR_REGISTRY.items()
+        if getattr(fn, "__module__", "") != verl_estimator.__module__
+    ]
     for name in refresh_estimators(skip=theirs_est):  # verl's own names (gae) stay verl's
         if name not in core_algos.ADV_ESTIMATOR_REGISTRY:
             core_algos.register_adv_est(name)(verl_estimator(name))
@@ -51,8 +54,10 @@ def register() -> dict[str, list[str]]:
             continue
         current = core_algos.POLICY_LOSS_REGISTRY.get(name)
         if current is not None and getattr(current, "__module__", "") != verl_loss.__module__:
-            raise ValueError(f"actor_rollout_ref.actor.policy_loss.loss_mode={name}: expected the name to be free "
-                             f"for mpo_viz, found it registered by {current.__module__}.{current.__qualname__}")
+            raise ValueError(
+                f"actor_rollout_ref.actor.policy_loss.loss_mode={name}: expected the name to be free "
+                f"for mpo_viz, found it registered by {current.__module__}.{current.__qualname__}"
+            )
         if current is None:
             core_algos.register_policy_loss(name)(verl_loss(name))
         if name not in _registered["losses"]:

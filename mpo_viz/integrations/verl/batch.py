@@ -66,8 +66,11 @@ def move_observation_rewards(rewards: torch.Tensor, mask: torch.Tensor) -> tuple
     target = torch.where(last_action >= 0, last_action, first_action)
     movable = off & has_action
     out = torch.where(off, torch.zeros_like(rewards), rewards)
-    out = out.scatter_add(1, torch.where(movable, target, torch.zeros_like(target)),
-                          torch.where(movable, rewards, torch.zeros_like(rewards)))
+    out = out.scatter_add(
+        1,
+        torch.where(movable, target, torch.zeros_like(target)),
+        torch.where(movable, rewards, torch.zeros_like(rewards)),
+    )
     dropped = int((off & ~has_action).sum())
     return out, n_off - dropped, dropped
 
@@ -84,19 +87,29 @@ def read_inputs(data) -> Inputs:
     """
     for key in ("token_level_rewards", "response_mask"):
         if not _has(data, key):
-            raise ValueError(f"data.batch[{key!r}]: expected a (B, R) tensor in the verl batch, found none "
-                             f"(keys: {', '.join(sorted(data.batch.keys()))})")
+            raise ValueError(
+                f"data.batch[{key!r}]: expected a (B, R) tensor in the verl batch, found none "
+                f"(keys: {', '.join(sorted(data.batch.keys()))})"
+            )
     raw = data.batch["token_level_rewards"]
     if not raw.is_floating_point():
         raw = raw.float()
     mask = data.batch["response_mask"].to(raw.dtype)
     if mask.shape != raw.shape:
-        raise ValueError(f"data.batch['response_mask']: expected shape {tuple(raw.shape)} (token_level_rewards'), "
-                         f"found {tuple(mask.shape)}")
+        raise ValueError(
+            f"data.batch['response_mask']: expected shape {tuple(raw.shape)} (token_level_rewards'), "
+            f"found {tuple(mask.shape)}"
+        )
     rewards, moved, dropped = move_observation_rewards(raw, mask)
     values = data.batch["values"] if _has(data, "values") else None
     if values is not None and values.shape != raw.shape:
         raise ValueError(f"data.batch['values']: expected shape {tuple(raw.shape)}, found {tuple(values.shape)}")
     uid = data.non_tensor_batch.get("uid") if data.non_tensor_batch is not None else None
-    return Inputs(rewards=rewards, mask=mask, values=values, uid=None if uid is None else np.asarray(uid, dtype=object),
-                  moved=moved, dropped=dropped)
+    return Inputs(
+        rewards=rewards,
+        mask=mask,
+        values=values,
+        uid=None if uid is None else np.asarray(uid, dtype=object),
+        moved=moved,
+        dropped=dropped,
+    )

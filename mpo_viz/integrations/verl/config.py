@@ -85,8 +85,10 @@ def check_options(loss_mode: str, token_clip, dual_clip, ratio) -> dict:
     elif ratio not in P.RATIO_MODES:
         raise ValueError(f"{KEY}.ratio: expected one of {', '.join(P.RATIO_MODES)} or null, found {ratio!r}")
     elif loss_mode == "turn_ppo_product" and ratio != "product":
-        raise ValueError(f"{KEY}.ratio: loss_mode turn_ppo_product is the product ratio; found ratio={ratio!r} "
-                         "(use loss_mode=turn_ppo for geo_mean)")
+        raise ValueError(
+            f"{KEY}.ratio: loss_mode turn_ppo_product is the product ratio; found ratio={ratio!r} "
+            "(use loss_mode=turn_ppo for geo_mean)"
+        )
     dc = FROM_VERL if dual_clip == FROM_VERL else _band(dual_clip, "dual_clip")
     return {"token_clip": _band(token_clip, "token_clip"), "dual_clip": dc, "ratio": ratio}
 
@@ -120,8 +122,12 @@ def loss_options(policy_loss, loss_mode: str) -> dict:
             return policy_loss[key] if key in list(policy_loss) else default
         return getattr(policy_loss, key, default)
 
-    return check_options(loss_mode, given("token_clip", core_default("turn_ppo", "token_clip")),
-                         given("dual_clip", FROM_VERL), given("ratio", None))
+    return check_options(
+        loss_mode,
+        given("token_clip", core_default("turn_ppo", "token_clip")),
+        given("dual_clip", FROM_VERL),
+        given("ratio", None),
+    )
 
 
 def actor_options(config, kind: str) -> dict:

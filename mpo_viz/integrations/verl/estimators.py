@@ -46,8 +46,9 @@ def _no_critic(name: str, reason: str) -> MissingCriticError:
     )
 
 
-def estimate(name: str, token_level_rewards: torch.Tensor, response_mask: torch.Tensor, values: torch.Tensor,
-             config=None) -> tuple[torch.Tensor, torch.Tensor]:
+def estimate(
+    name: str, token_level_rewards: torch.Tensor, response_mask: torch.Tensor, values: torch.Tensor, config=None
+) -> tuple[torch.Tensor, torch.Tensor]:
     """Our estimator ``name`` on verl tensors (B, R); observation rewards are moved first."""
     if values is None:
         raise _no_critic(name, "the batch has no 'values'")
@@ -69,15 +70,19 @@ def estimate(name: str, token_level_rewards: torch.Tensor, response_mask: torch.
 def verl_estimator(name: str):
     """The function registered with verl as estimator ``name``."""
 
-    def fn(token_level_rewards, response_mask, config=None, index=None, reward_baselines=None, values=None,
-           **kwargs):
+    def fn(token_level_rewards, response_mask, config=None, index=None, reward_baselines=None, values=None, **kwargs):
         if values is None:
-            raise _no_critic(name, "verl called the estimator without values: the critic is off, or this "
-                                   "trainer path does not go through the mpo_viz compute_advantage wrapper")
+            raise _no_critic(
+                name,
+                "verl called the estimator without values: the critic is off, or this "
+                "trainer path does not go through the mpo_viz compute_advantage wrapper",
+            )
         return estimate(name, token_level_rewards, response_mask, values, config)
 
     fn.__name__ = f"mpo_viz_{name}"
     fn.__qualname__ = fn.__name__
-    fn.__doc__ = (f"mpo_viz estimator {name!r} for verl: (token_level_rewards, response_mask, values) "
-                  f"(B, R) -> (advantages, returns); options from algorithm.{name}.*")
+    fn.__doc__ = (
+        f"mpo_viz estimator {name!r} for verl: (token_level_rewards, response_mask, values) "
+        f"(B, R) -> (advantages, returns); options from algorithm.{name}.*"
+    )
     return fn

@@ -119,8 +119,15 @@ def verl_loss(name: str):
     kind, ratio = LOSSES[name]
     spec = P.get(kind)
 
-    def fn(old_log_prob, log_prob, advantages, response_mask, loss_agg_mode="token-mean", config=None,
-           rollout_is_weights=None):
+    def fn(
+        old_log_prob,
+        log_prob,
+        advantages,
+        response_mask,
+        loss_agg_mode="token-mean",
+        config=None,
+        rollout_is_weights=None,
+    ):
         from verl.trainer.ppo.core_algos import agg_loss
 
         lo, hi, c = read_clip(config)
@@ -130,11 +137,24 @@ def verl_loss(name: str):
         if name in RATIO_OF:  # turn_ppo's options from actor.policy_loss (mpo_viz.integrations.verl.config)
             opts = loss_options(_get(config, "policy_loss"), name)
             turn_ratio = opts["ratio"]
-            extra = {"dual_clip": c if opts["dual_clip"] == FROM_VERL else opts["dual_clip"],
-                     "token_clip": opts["token_clip"]}
+            extra = {
+                "dual_clip": c if opts["dual_clip"] == FROM_VERL else opts["dual_clip"],
+                "token_clip": opts["token_clip"],
+            }
         base = {"rollout_logp": old_log_prob} if spec.ratio_against == "rollout_logp" else {}
-        mat, ours = P.policy_loss(kind, log_prob, old_log_prob, advantages, response_mask, clip_low=lo,
-                                  clip_high=hi, ratio=turn_ratio, agg="none", **base, **extra)
+        mat, ours = P.policy_loss(
+            kind,
+            log_prob,
+            old_log_prob,
+            advantages,
+            response_mask,
+            clip_low=lo,
+            clip_high=hi,
+            ratio=turn_ratio,
+            agg="none",
+            **base,
+            **extra,
+        )
         if rollout_is_weights is not None:
             mat = mat * rollout_is_weights
         info = _get(config, "global_batch_info", {}) or {}
@@ -143,5 +163,7 @@ def verl_loss(name: str):
 
     fn.__name__ = f"mpo_viz_{name}"
     fn.__qualname__ = fn.__name__
-    fn.__doc__ = f"mpo_viz policy loss {kind!r} (ratio={ratio}) in verl's interface; see mpo_viz.integrations.verl.losses"
+    fn.__doc__ = (
+        f"mpo_viz policy loss {kind!r} (ratio={ratio}) in verl's interface; see mpo_viz.integrations.verl.losses"
+    )
     return fn

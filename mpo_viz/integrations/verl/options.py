@@ -4,7 +4,8 @@ Which estimators the plugin offers verl (:data:`ESTIMATORS`) is derived from
 :mod:`mpo_viz.advantages.registry`, not listed by hand: every registered estimator that runs on what
 verl's batch carries — its ``needs`` include critic ``values`` and nothing beyond ``values`` and
 ``turns`` (the runs of ``response_mask``), and its function takes ``(rewards, values, mask)`` first
-and nothing else it requires (the call :mod:`.estimators` and :mod:`.runlog` make). A name verl registers itself (``gae``) stays
+and nothing else it requires (the call :mod:`.estimators` and :mod:`.runlog` make). A name verl registers itself
+(``gae``) stays
 verl's: :func:`refresh_estimators` leaves out the names it is told to skip, and the plugin's
 ``register()`` tells it verl's own. An estimator added to the registry later is offered by the same
 rule, without code here. Today: ``mpo`` (MAE), ``turn_gae``, ``vapo``.
@@ -30,8 +31,18 @@ from collections.abc import Iterable, Mapping
 from mpo_viz.advantages import registry as adv_registry
 from mpo_viz.checks import OptionError
 
-__all__ = ["ESTIMATORS", "VERL_INPUTS", "VERL_NEEDS", "LOG_KEYS", "offered", "refresh_estimators", "plain", "section",
-           "estimator_options", "log_settings"]
+__all__ = [
+    "ESTIMATORS",
+    "VERL_INPUTS",
+    "VERL_NEEDS",
+    "LOG_KEYS",
+    "offered",
+    "refresh_estimators",
+    "plain",
+    "section",
+    "estimator_options",
+    "log_settings",
+]
 
 #: what an estimator may need to run on verl's batch: critic values and turns (response_mask runs)
 VERL_NEEDS = frozenset({"values", "turns"})
@@ -51,9 +62,13 @@ def offered(name: str) -> bool:
         params = list(inspect.signature(est.fn).parameters.values())
     except (TypeError, ValueError):  # a callable without a signature
         return False
-    first, rest = params[: len(VERL_INPUTS)], params[len(VERL_INPUTS):]
-    required = [p for p in rest if p.default is inspect.Parameter.empty
-                and p.kind not in (inspect.Parameter.VAR_POSITIONAL, inspect.Parameter.VAR_KEYWORD)]
+    first, rest = params[: len(VERL_INPUTS)], params[len(VERL_INPUTS) :]
+    required = [
+        p
+        for p in rest
+        if p.default is inspect.Parameter.empty
+        and p.kind not in (inspect.Parameter.VAR_POSITIONAL, inspect.Parameter.VAR_KEYWORD)
+    ]
     return tuple(p.name for p in first) == VERL_INPUTS and not required
 
 
@@ -74,7 +89,12 @@ LOG_KEYS = {
     "run_dir": ("MPO_VIZ_RUN_DIR", str, None, "run folder to append each step to (unset: no logging)"),
     "every": ("MPO_VIZ_EVERY", int, 1, "log every N-th step (metrics and trajectories)"),
     "max_rows": ("MPO_VIZ_MAX_ROWS", int, 0, "trajectories saved per step, whole uid groups (0: all)"),
-    "max_mb": ("MPO_VIZ_MAX_MB", float, 0.0, "stop saving trajectories once trajectories/ holds this many MB (0: no cap)"),
+    "max_mb": (
+        "MPO_VIZ_MAX_MB",
+        float,
+        0.0,
+        "stop saving trajectories once trajectories/ holds this many MB (0: no cap)",
+    ),
     "compare": ("MPO_VIZ_COMPARE", str, "mpo,gae,grpo", "estimators computed side by side for metrics.jsonl"),
     "seed": ("MPO_VIZ_SEED", int, 0, "seed of the row subsampling (with the step)"),
 }
@@ -122,8 +142,10 @@ def estimator_options(config, name: str) -> dict:
     out = {}
     for key, value in given.items():
         if key not in spec:
-            raise ValueError(f"algorithm.{name}.{key}: unknown option of estimator {name!r}; expected one of "
-                             f"{', '.join(spec)}, found {key!r}")
+            raise ValueError(
+                f"algorithm.{name}.{key}: unknown option of estimator {name!r}; expected one of "
+                f"{', '.join(spec)}, found {key!r}"
+            )
         try:
             out[key] = spec[key].check(value)
         except OptionError as exc:
@@ -164,7 +186,9 @@ def log_settings(config) -> dict:
     names = [n.strip() for n in out["compare"].split(",") if n.strip()]
     bad = [n for n in names if n not in adv_registry.available()]
     if bad:
-        raise ValueError(f"algorithm.mpo_viz.compare: expected estimator names from {', '.join(adv_registry.available())}, "
-                         f"found {', '.join(bad)}")
+        raise ValueError(
+            f"algorithm.mpo_viz.compare: expected estimator names from {', '.join(adv_registry.available())}, "
+            f"found {', '.join(bad)}"
+        )
     out["compare"] = names
     return out

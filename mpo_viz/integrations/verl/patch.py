@@ -150,5 +150,8 @@ def install() -> None:
 
 def patched_modules() -> list[str]:
     """Names of the modules whose ``compute_advantage`` is the wrapper (for tests and diagnostics)."""
-    return [n for n in MODULES if n in sys.modules
-            and getattr(getattr(sys.modules[n], "compute_advantage", None), _WRAPPED, None) is not None]
+    return [
+        n
+        for n in MODULES
+        if n in sys.modules and getattr(getattr(sys.modules[n], "compute_advantage", None), _WRAPPED, None) is not None
+    ]

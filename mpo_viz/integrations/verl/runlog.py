@@ -124,9 +124,11 @@ class RunLogger:
         self.t0 = time.perf_counter()
         bad = [e for e in settings["compare"] if not set(adv_registry.get(e).needs) <= _COMPARABLE_NEEDS]
         if bad:
-            raise ValueError(f"algorithm.mpo_viz.compare: estimator {bad[0]!r} needs "
-                             f"{', '.join(adv_registry.get(bad[0]).needs)}, which a verl batch does not carry; "
-                             f"expected estimators needing only {', '.join(sorted(_COMPARABLE_NEEDS))}")
+            raise ValueError(
+                f"algorithm.mpo_viz.compare: estimator {bad[0]!r} needs "
+                f"{', '.join(adv_registry.get(bad[0]).needs)}, which a verl batch does not carry; "
+                f"expected estimators needing only {', '.join(sorted(_COMPARABLE_NEEDS))}"
+            )
 
     # ------------------------------------------------------------------------------------------
     def log(self, data, estimator: str, config) -> dict | None:
@@ -159,9 +161,12 @@ class RunLogger:
         r = inp.rewards.detach().cpu().double().numpy()
         score = (r * m).sum(axis=1)
         act = m != 0
-        out = {"n_traj": int(m.shape[0]), "tokens/action_mean": float(act.sum(1).mean()) if act.size else 0.0,
-               "reward/mean": float(score.mean()) if score.size else math.nan,
-               "reward/std": float(score.std()) if score.size else math.nan}
+        out = {
+            "n_traj": int(m.shape[0]),
+            "tokens/action_mean": float(act.sum(1).mean()) if act.size else 0.0,
+            "reward/mean": float(score.mean()) if score.size else math.nan,
+            "reward/std": float(score.std()) if score.size else math.nan,
+        }
         if inp.values is not None:
             split = variance_split(inp.values.detach().cpu().double().numpy(), m)
             out["turns/mean"] = float(split["n_turns"].mean()) if m.shape[0] else 0.0
@@ -170,7 +175,9 @@ class RunLogger:
                 out[f"values/{k}"] = summ[f"mean_{k}"]
             out["values/median_ratio"] = summ["median_ratio"]
             out["values/share_across_gt_within"] = summ["share_across_gt_within"]
-        trained = data.batch["advantages"].detach().cpu().double().numpy() if "advantages" in data.batch.keys() else None
+        trained = (
+            data.batch["advantages"].detach().cpu().double().numpy() if "advantages" in data.batch.keys() else None
+        )
         advs = {}
         for name in self.settings["compare"]:
             adv = self._side_by_side(name, inp, config)
@@ -237,8 +244,11 @@ class RunLogger:
         path = self.run_dir / "trajectories" / f"iter={step:06d}.parquet"
         if len(batch):
             save(batch, path)
-        return {"log/rows_saved": len(batch), "log/rows_rejected": len(report.rejected),
-                "log/trajectory_file": path.name if len(batch) else None}
+        return {
+            "log/rows_saved": len(batch),
+            "log/rows_rejected": len(report.rejected),
+            "log/trajectory_file": path.name if len(batch) else None,
+        }
 
     def _traj_mb(self) -> float:
         d = self.run_dir / "trajectories"
@@ -276,8 +286,10 @@ class RunLogger:
         doc = {
             "framework": "verl",
             "estimator": estimator,
-            "estimator_options": {**(adv_registry.get(ESTIMATORS[estimator]).options if estimator in ESTIMATORS else {}),
-                                  **opts},
+            "estimator_options": {
+                **(adv_registry.get(ESTIMATORS[estimator]).options if estimator in ESTIMATORS else {}),
+                **opts,
+            },
             "mpo_viz_log": self.settings,
             "algorithm": algo,
         }

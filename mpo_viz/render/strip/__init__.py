@@ -132,6 +132,7 @@ def within_turn_part(adv, mask, turn_ids) -> np.ndarray:
         out = np.where(m.ravel(), am - (tot / np.where(cnt > 0, cnt, 1))[key], 0.0).reshape(a.shape)
     return out[0] if one else out
 
+
 EXPORTS_MARKER = "// @@EXPORTS@@"
 
 
@@ -343,9 +344,18 @@ def strip_payload(
     toks, notes = _row_tokens(batch, row, n, tokens)
     score = float(sub.token_rewards[0].sum())
     meta = {"group": batch.group_ids[row], "score": round(score, 6), "turns": int(sub.num_turns[0])}
-    payload = payload_from_arrays(toks, mask, sub.turn_ids[0, :n].numpy(), chans, channel_info=ch.info,
-                                  channel=channel, title=title if title is not None else f"trajectory {batch.traj_ids[row]}",
-                                  meta=meta, digits=digits, arrays=arrays)
+    payload = payload_from_arrays(
+        toks,
+        mask,
+        sub.turn_ids[0, :n].numpy(),
+        chans,
+        channel_info=ch.info,
+        channel=channel,
+        title=title if title is not None else f"trajectory {batch.traj_ids[row]}",
+        meta=meta,
+        digits=digits,
+        arrays=arrays,
+    )
     # word-level tokenizers give tokens without whitespace: ask the strip to space them out
     payload["spaced"] = len(toks) > 1 and not any(any(c.isspace() for c in t) for t in toks)
     if notes:
@@ -382,8 +392,10 @@ class _Channels:
         self.info[name] = {"label": label, "center": center, "scale": None}
 
 
-MICRO_LABEL = ("within-turn part ({est}: A − turn mean; relative to its turn: blue = above the turn's mean, "
-               "even in a failed episode)")
+MICRO_LABEL = (
+    "within-turn part ({est}: A − turn mean; relative to its turn: blue = above the turn's mean, "
+    "even in a failed episode)"
+)
 
 
 def _option_channels(advantages: dict, mask: np.ndarray, turn_ids: np.ndarray) -> dict:
@@ -411,8 +423,10 @@ def advantage_channels(advantages: dict, mask, turn_ids, *, digits: int = 5) -> 
     (:func:`round_sig`). What the views send as a patch (``StripWidget.update_channels``)."""
     m = np.asarray(mask).ravel()
     t = np.asarray(turn_ids, dtype=np.int64).ravel()
-    rows = {k: np.asarray(a.detach().cpu().numpy() if hasattr(a, "detach") else a, dtype=np.float64).ravel()
-            for k, a in advantages.items()}
+    rows = {
+        k: np.asarray(a.detach().cpu().numpy() if hasattr(a, "detach") else a, dtype=np.float64).ravel()
+        for k, a in advantages.items()
+    }
     for k, a in rows.items():
         if a.shape[0] != m.shape[0]:
             raise ValueError(f"advantages[{k!r}]: expected {m.shape[0]} values (one per token), found {a.shape[0]}")
@@ -448,6 +462,7 @@ def _value_channels(ch: _Channels, sub, row: int, td) -> None:
 
 def _logprob_channels(ch: _Channels, sub) -> None:
     """``logprob`` (old, else rollout), the ``ratio`` old/rollout, ``kl`` to the reference, ``entropy``."""
+
     def field(name):
         return sub.padded(name, fill=math.nan)[0].numpy() if sub.has(name) else None
 
@@ -466,11 +481,16 @@ def _update_channels(ch: _Channels, sub) -> None:
     """``update_ratio`` (log of the saved ``ratio``, flagged ``log``) and ``clipped`` (0/1, scale 1)."""
     if sub.has("ratio"):
         with np.errstate(divide="ignore", invalid="ignore"):  # ratios are > 0 on action tokens
-            ch.add("update_ratio", np.log(sub.padded("ratio", torch.float64, fill=math.nan)[0].numpy()),
-                   "ratio after the update (log scale)")
+            ch.add(
+                "update_ratio",
+                np.log(sub.padded("ratio", torch.float64, fill=math.nan)[0].numpy()),
+                "ratio after the update (log scale)",
+            )
         ch.info["update_ratio"]["log"] = True
     if sub.has("clipped"):
-        ch.add("clipped", sub.padded("clipped", torch.float64, fill=math.nan)[0].numpy(), "clipped by the loss (1 = yes)")
+        ch.add(
+            "clipped", sub.padded("clipped", torch.float64, fill=math.nan)[0].numpy(), "clipped by the loss (1 = yes)"
+        )
         ch.info["clipped"]["scale"] = 1.0
 
 
@@ -488,8 +508,22 @@ def _truth_channel(ch: _Channels, sub) -> np.ndarray | None:
     return np.where(measured, se, np.nan)
 
 
-_KNOWN = {"response_ids", "loss_mask", "turn_ids", "response_tokens", "token_rewards", "values", "advantages",
-          "returns", "old_logprobs", "rollout_logprobs", "ref_logprobs", "entropy", "ratio", "clipped"}
+_KNOWN = {
+    "response_ids",
+    "loss_mask",
+    "turn_ids",
+    "response_tokens",
+    "token_rewards",
+    "values",
+    "advantages",
+    "returns",
+    "old_logprobs",
+    "rollout_logprobs",
+    "ref_logprobs",
+    "entropy",
+    "ratio",
+    "clipped",
+}
 
 
 def _other_channels(ch: _Channels, sub) -> None:
@@ -516,8 +550,9 @@ def payload_lists(payload: dict) -> dict:
     widget's) as lists, NaN as None; a payload of lists is returned as is. A new dict (the arrays
     of ``channels``, ``mask`` and ``turn_ids`` converted; nothing else is copied)."""
     chans = payload.get("channels") or {}
-    if not any(isinstance(payload.get(k), np.ndarray) for k in ("mask", "turn_ids")) and \
-            not any(isinstance(v, np.ndarray) for v in chans.values()):
+    if not any(isinstance(payload.get(k), np.ndarray) for k in ("mask", "turn_ids")) and not any(
+        isinstance(v, np.ndarray) for v in chans.values()
+    ):
         return payload
     out = dict(payload)
     for k in ("mask", "turn_ids"):
@@ -531,4 +566,6 @@ def payload_json(payload: dict) -> str:
     """Compact JSON of a payload (lists or arrays, :func:`payload_lists`), safe to inline in
     ``<script type="application/json">``."""
     s = json.dumps(payload_lists(payload), separators=(",", ":"), allow_nan=False, ensure_ascii=False)
-    return s.replace("</", "<\\/").replace("<!--", "<\\u0021--").replace("\u2028", "\\u2028").replace("\u2029", "\\u2029")
+    return (
+        s.replace("</", "<\\/").replace("<!--", "<\\u0021--").replace("\u2028", "\\u2028").replace("\u2029", "\\u2029")
+    )

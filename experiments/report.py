@@ -39,27 +39,33 @@ from experiments.stats import (
     paired_half,
     paired_test,
 )
-from mpo_viz.data.runfolder import read_metrics_file
+from mpo_viz.data.runfolder import read_metrics
 from mpo_viz.train import Config
 
 
 def start_table(recs: list[dict]) -> str:
     """Markdown: the start's success per seed and the mean with its 95% t-interval over seeds."""
     lines = ["| cell | start | seed | greedy success | sampled success |", "|---|---|---|---|---|"]
-    lines += [f"| {r['cell']} | {r['start']} | {r['seed']} | {r['greedy_success']:.3f} | {r['sampled_success']:.3f} |"
-              for r in recs]
+    lines += [
+        f"| {r['cell']} | {r['start']} | {r['seed']} | {r['greedy_success']:.3f} | {r['sampled_success']:.3f} |"
+        for r in recs
+    ]
     for cell in dict.fromkeys(r["cell"] for r in recs):
         rs = [r for r in recs if r["cell"] == cell]
         g, smp = (paired_test([r[k] for r in rs]) for k in ("greedy_success", "sampled_success"))
-        lines.append(f"| {cell} | mean of {len(rs)} (95% CI) | – | {fmt(g['mean_diff'])} ({fmt(g['ci_low'])} to "
-                     f"{fmt(g['ci_high'])}) | {fmt(smp['mean_diff'])} ({fmt(smp['ci_low'])} to {fmt(smp['ci_high'])}) |")
+        lines.append(
+            f"| {cell} | mean of {len(rs)} (95% CI) | – | {fmt(g['mean_diff'])} ({fmt(g['ci_low'])} to "
+            f"{fmt(g['ci_high'])}) | {fmt(smp['mean_diff'])} ({fmt(smp['ci_low'])} to {fmt(smp['ci_high'])}) |"
+        )
     return "\n".join(lines)
 
 
 def collapsed(recs: list[dict]) -> bool:
     """Rollout (sampled) success below :data:`COLLAPSE_LEVEL` at any RL iteration after the 4th."""
-    return any(r.get("phase") == "rl" and r["iteration"] > COLLAPSE_AFTER and r.get("success", 1.0) < COLLAPSE_LEVEL
-               for r in recs)
+    return any(
+        r.get("phase") == "rl" and r["iteration"] > COLLAPSE_AFTER and r.get("success", 1.0) < COLLAPSE_LEVEL
+        for r in recs
+    )
 
 
 def critic_target(cfg) -> str | None:
@@ -78,7 +84,7 @@ def run_records(out: Path, archive: Path | None, cell: str, arm: str, seed: int,
     run folder when that has metrics, else its archive folder (state ``done``), else None."""
 
     d = run_dir(out, cell, arm, seed)
-    if read_metrics_file(d / "metrics.jsonl"):
+    if read_metrics(d / "metrics.jsonl").records:
         return d, run_state(d, iterations), warm_dir(out, cell, seed) / "warmup.json", None
     a = run_dir(archive, cell, arm, seed) if archive is not None else None
     if not archived(a):
@@ -102,7 +108,7 @@ def collect(size: str, out: Path, archive: Path | None = None) -> tuple[list[dic
         if found is None:
             continue
         d, state, warm, credit = found
-        recs = read_metrics_file(d / "metrics.jsonl")
+        recs = read_metrics(d / "metrics.jsonl").records
         cfg = Config.load(d / "config.json")
         coll = collapsed(recs)
         wrec = json.loads(warm.read_text()) if warm.is_file() and uses_warmup(arm) else {}
@@ -112,18 +118,30 @@ def collect(size: str, out: Path, archive: Path | None = None) -> tuple[list[dic
                 by_it.setdefault(int(r["iteration"]), {}).update(r)
         for it in sorted(by_it):
             r = by_it[it]
-            row = {"cell": cell, "method": arm, "seed": seed, "iteration": it,
-                   "sampled_success": finite_or_none(r.get("eval_sampled_success")), "greedy_success": finite_or_none(r.get("eval_success")),
-                   "n_eval_tasks": r.get("n_eval_tasks"), "eval_seed": r.get("eval_seed", cfg.eval_key),
-                   "rollout_success": finite_or_none(r.get("success")),
-                   "critic_explained_var": finite_or_none(r.get("critic_explained_var")),
-                   "values_across_within_ratio": finite_or_none(r.get("values_across_within_ratio")),
-                   "oracle_across_within_ratio": finite_or_none(r.get("oracle_across_within_ratio")),
-                   "approx_kl": finite_or_none(r.get("approx_kl")), "ratio_max": finite_or_none(r.get("ratio_max")),
-                   "turn_ratio_max": finite_or_none(r.get("turn_ratio_max")), "clipfrac": finite_or_none(r.get("clipfrac")),
-                   "entropy": finite_or_none(r.get("entropy")), "collapsed": coll, "run_state": state,
-                   "value_target": cfg.critic_option("value_target") if cfg.learns_critic else None,
-                   "critic_target": critic_target(cfg), "config_hash": cfg.hash()}
+            row = {
+                "cell": cell,
+                "method": arm,
+                "seed": seed,
+                "iteration": it,
+                "sampled_success": finite_or_none(r.get("eval_sampled_success")),
+                "greedy_success": finite_or_none(r.get("eval_success")),
+                "n_eval_tasks": r.get("n_eval_tasks"),
+                "eval_seed": r.get("eval_seed", cfg.eval_key),
+                "rollout_success": finite_or_none(r.get("success")),
+                "critic_explained_var": finite_or_none(r.get("critic_explained_var")),
+                "values_across_within_ratio": finite_or_none(r.get("values_across_within_ratio")),
+                "oracle_across_within_ratio": finite_or_none(r.get("oracle_across_within_ratio")),
+                "approx_kl": finite_or_none(r.get("approx_kl")),
+                "ratio_max": finite_or_none(r.get("ratio_max")),
+                "turn_ratio_max": finite_or_none(r.get("turn_ratio_max")),
+                "clipfrac": finite_or_none(r.get("clipfrac")),
+                "entropy": finite_or_none(r.get("entropy")),
+                "collapsed": coll,
+                "run_state": state,
+                "value_target": cfg.critic_option("value_target") if cfg.learns_critic else None,
+                "critic_target": critic_target(cfg),
+                "config_hash": cfg.hash(),
+            }
             if it == 0 and wrec:  # before RL: the warm-up's held-out fit
                 row["critic_explained_var"] = finite_or_none(wrec.get("warmup_explained_var"))
                 row["values_across_within_ratio"] = finite_or_none(wrec.get("warmup_values_across_within_ratio"))
@@ -136,16 +154,31 @@ def collect(size: str, out: Path, archive: Path | None = None) -> tuple[list[dic
         pk_path = d / "pass_at_k.json"
         if state == "done":
             ev = [by_it[i] for i in sorted(by_it) if "eval_sampled_success" in by_it[i]]
-            finals.append({"cell": cell, "method": arm, "seed": seed, "start_sampled": ev[0]["eval_sampled_success"],
-                           "start_greedy": ev[0]["eval_success"], "final_sampled": ev[-1]["eval_sampled_success"],
-                           "final_greedy": ev[-1]["eval_success"], "collapsed": coll,
-                           "warmup_explained_var": finite_or_none(wrec.get("warmup_explained_var")),
-                           "warmup_stop": wrec.get("warmup_stop"),
-                           "value_target": cfg.critic_option("value_target") if cfg.learns_critic else None,
-                           "critic_target": critic_target(cfg),
-                           "approx_kl": finite_or_none(float(np.nanmean([finite_or_none(r.get("approx_kl")) for r in recs
-                                                                if r.get("phase") == "rl"] or [math.nan]))),
-                           **json.loads(pk_path.read_text())})
+            finals.append(
+                {
+                    "cell": cell,
+                    "method": arm,
+                    "seed": seed,
+                    "start_sampled": ev[0]["eval_sampled_success"],
+                    "start_greedy": ev[0]["eval_success"],
+                    "final_sampled": ev[-1]["eval_sampled_success"],
+                    "final_greedy": ev[-1]["eval_success"],
+                    "collapsed": coll,
+                    "warmup_explained_var": finite_or_none(wrec.get("warmup_explained_var")),
+                    "warmup_stop": wrec.get("warmup_stop"),
+                    "value_target": cfg.critic_option("value_target") if cfg.learns_critic else None,
+                    "critic_target": critic_target(cfg),
+                    "approx_kl": finite_or_none(
+                        float(
+                            np.nanmean(
+                                [finite_or_none(r.get("approx_kl")) for r in recs if r.get("phase") == "rl"]
+                                or [math.nan]
+                            )
+                        )
+                    ),
+                    **json.loads(pk_path.read_text()),
+                }
+            )
     return rows, finals
 
 
@@ -158,8 +191,17 @@ def compare(size: str, finals: list[dict]) -> list[dict]:
         for label, a, b in comparisons_of(size):
             seeds = [s for s in SIZES[size]["seeds"] if (cell, a, s) in f and (cell, b, s) in f]
             diff = [f[(cell, a, s)]["final_sampled"] - f[(cell, b, s)]["final_sampled"] for s in seeds]
-            rows.append({"cell": cell, "comparison": label, "a": a, "b": b, "paired_seeds": len(seeds),
-                         "diffs": diff, **paired_test(diff)})
+            rows.append(
+                {
+                    "cell": cell,
+                    "comparison": label,
+                    "a": a,
+                    "b": b,
+                    "paired_seeds": len(seeds),
+                    "diffs": diff,
+                    **paired_test(diff),
+                }
+            )
         for r, ph in zip(rows, holm([r["p_value"] for r in rows])):
             r["p_holm"] = ph
             r["comparisons"] = len(comparisons_of(size))
@@ -187,18 +229,32 @@ def summarize(size: str, finals: list[dict]) -> list[dict]:
                 v = np.array([r[key] for r in rs if r.get(key) is not None], float)
                 if len(v) == 0:
                     return math.nan, math.nan
-                half = float(sps.t.ppf(0.975, len(v) - 1) * v.std(ddof=1) / math.sqrt(len(v))) if len(v) > 1 else math.nan
+                half = (
+                    float(sps.t.ppf(0.975, len(v) - 1) * v.std(ddof=1) / math.sqrt(len(v))) if len(v) > 1 else math.nan
+                )
                 return float(v.mean()), half
 
             k = SIZES[size]["pass_samples"]
             fs, fh = ms("final_sampled")
             ch, chh = ms_change(rs)
-            out.append({"cell": cell, "method": arm, "seeds": len(rs), "start_sampled": ms("start_sampled")[0],
-                        "final_sampled": fs, "final_sampled_ci": fh, "change": ch, "change_ci": chh,
-                        "final_greedy": ms("final_greedy")[0], "start_greedy": ms("start_greedy")[0],
-                        "pass@1": ms("pass@1")[0], f"pass@{k}": ms(f"pass@{k}")[0],
-                        "collapsed": sum(bool(r["collapsed"]) for r in rs),
-                        "warmup_explained_var": ms("warmup_explained_var")[0]})
+            out.append(
+                {
+                    "cell": cell,
+                    "method": arm,
+                    "seeds": len(rs),
+                    "start_sampled": ms("start_sampled")[0],
+                    "final_sampled": fs,
+                    "final_sampled_ci": fh,
+                    "change": ch,
+                    "change_ci": chh,
+                    "final_greedy": ms("final_greedy")[0],
+                    "start_greedy": ms("start_greedy")[0],
+                    "pass@1": ms("pass@1")[0],
+                    f"pass@{k}": ms(f"pass@{k}")[0],
+                    "collapsed": sum(bool(r["collapsed"]) for r in rs),
+                    "warmup_explained_var": ms("warmup_explained_var")[0],
+                }
+            )
     return out
 
 
@@ -208,22 +264,32 @@ def fmt(x, nd=3) -> str:
 
 def tables(size: str, summary: list[dict], comps: list[dict], n_done: int, n_planned: int) -> str:
     k = SIZES[size]["pass_samples"]
-    lines = [f"Grid `{size}`: {n_done} of {n_planned} runs finished.", "",
-             f"| cell | arm | seeds | sampled success: start → final (95% CI) | change (95% CI) | greedy start → final "
-             f"| pass@1 | pass@{k} | collapsed | warm-up EV |",
-             "|---|---|---|---|---|---|---|---|---|---|"]
+    lines = [
+        f"Grid `{size}`: {n_done} of {n_planned} runs finished.",
+        "",
+        f"| cell | arm | seeds | sampled success: start → final (95% CI) | change (95% CI) | greedy start → final "
+        f"| pass@1 | pass@{k} | collapsed | warm-up EV |",
+        "|---|---|---|---|---|---|---|---|---|---|",
+    ]
     for s in summary:
         lines.append(
             f"| {s['cell']} | {s['method']} | {s['seeds']} | {fmt(s['start_sampled'])} → {fmt(s['final_sampled'])} "
             f"(± {fmt(s['final_sampled_ci'])}) | {s['change']:+.3f} (± {fmt(s['change_ci'])}) | "
             f"{fmt(s['start_greedy'])} → {fmt(s['final_greedy'])} | {fmt(s['pass@1'])} | {fmt(s[f'pass@{k}'])} | "
-            f"{s['collapsed']} of {s['seeds']} | {fmt(s['warmup_explained_var'], 2)} |")
-    lines += ["", "| cell | comparison (a vs b) | paired seeds | mean difference of final sampled success (95% CI) "
-              f"| p | p (Holm, {len(comparisons_of(size))}) | verdict |", "|---|---|---|---|---|---|---|"]
+            f"{s['collapsed']} of {s['seeds']} | {fmt(s['warmup_explained_var'], 2)} |"
+        )
+    lines += [
+        "",
+        "| cell | comparison (a vs b) | paired seeds | mean difference of final sampled success (95% CI) "
+        f"| p | p (Holm, {len(comparisons_of(size))}) | verdict |",
+        "|---|---|---|---|---|---|---|",
+    ]
     for c in comps:
-        lines.append(f"| {c['cell']} | {c['comparison']} | {c['paired_seeds']} | {fmt(c['mean_diff'])} "
-                     f"({fmt(c['ci_low'])} to {fmt(c['ci_high'])}) | {fmt(c['p_value'])} | {fmt(c['p_holm'])} "
-                     f"| {c['verdict']} |")
+        lines.append(
+            f"| {c['cell']} | {c['comparison']} | {c['paired_seeds']} | {fmt(c['mean_diff'])} "
+            f"({fmt(c['ci_low'])} to {fmt(c['ci_high'])}) | {fmt(c['p_value'])} | {fmt(c['p_holm'])} "
+            f"| {c['verdict']} |"
+        )
     return "\n".join(lines) + "\n"
 
 
@@ -237,9 +303,11 @@ def figures(size: str, rows: list[dict], fig_dir: Path) -> list[Path]:
 
     fig_dir.mkdir(parents=True, exist_ok=True)
     paths = []
-    panels = [("sampled_success", "held-out sampled success (128 tasks)"),
-              ("rollout_success", "rollout success (32 episodes)"),
-              ("critic_explained_var", "explained variance of the values")]
+    panels = [
+        ("sampled_success", "held-out sampled success (128 tasks)"),
+        ("rollout_success", "rollout success (32 episodes)"),
+        ("critic_explained_var", "explained variance of the values"),
+    ]
     for cell in SIZES[size]["cells"]:
         cell_rows = [r for r in rows if r["cell"] == cell]
         if not cell_rows:
@@ -259,8 +327,9 @@ def figures(size: str, rows: list[dict], fig_dir: Path) -> list[Path]:
                 n = max(len(v) for v in pts.values())
                 ax.plot(its, mean, marker="o", ms=2.5, color=COLOURS[arm], label=f"{arm} ({n})")
                 ok = np.isfinite(half)
-                ax.fill_between(np.array(its)[ok], (mean - half)[ok], (mean + half)[ok], color=COLOURS[arm],
-                                alpha=0.12, linewidth=0)
+                ax.fill_between(
+                    np.array(its)[ok], (mean - half)[ok], (mean + half)[ok], color=COLOURS[arm], alpha=0.12, linewidth=0
+                )
             ax.set_xlabel("iteration")
             ax.set_ylabel(label)
             ax.grid(alpha=0.3)
@@ -282,8 +351,12 @@ def report(size: str, out: Path, archive: Path | None = None) -> str:
     rows, finals = collect(size, out, archive)
     comps = compare(size, finals)
     summary = summarize(size, finals)
-    for name, data in (("results.jsonl", rows), ("final.jsonl", finals), ("comparisons.jsonl", comps),
-                       ("summary.jsonl", summary)):
+    for name, data in (
+        ("results.jsonl", rows),
+        ("final.jsonl", finals),
+        ("comparisons.jsonl", comps),
+        ("summary.jsonl", summary),
+    ):
         write_atomic(out / name, "".join(json.dumps(r) + "\n" for r in data))
     runs = plan(size)
     n_done = len(finals)
@@ -295,12 +368,16 @@ def report(size: str, out: Path, archive: Path | None = None) -> str:
 
 def calibration_table(recs: list[dict]) -> str:
     """One line per (cell, seed): token_ppo's per-update KL, turn_ppo's at each band tried, the choice."""
-    lines = ["| cell | seed | token_ppo approx_kl | turn_ppo approx_kl by token_clip | chosen | ratio | matched |",
-             "|---|---|---|---|---|---|---|"]
+    lines = [
+        "| cell | seed | token_ppo approx_kl | turn_ppo approx_kl by token_clip | chosen | ratio | matched |",
+        "|---|---|---|---|---|---|---|",
+    ]
     for r in recs:
         tried = ", ".join(f"{k}: {v:.2e}" for k, v in r["kls"].items())
-        lines.append(f"| {r['cell']} | {r['seed']} | {r['reference_kl']:.2e} | {tried} | {r['token_clip']} | "
-                     f"{r['kl_ratio']:.2f} | {'yes' if r['matched'] else 'no'} |")
+        lines.append(
+            f"| {r['cell']} | {r['seed']} | {r['reference_kl']:.2e} | {tried} | {r['token_clip']} | "
+            f"{r['kl_ratio']:.2f} | {'yes' if r['matched'] else 'no'} |"
+        )
     return "\n".join(lines)
 
 

@@ -1,0 +1,231 @@
+"""Benchmark: each command's wall time and peak memory as the input grows (a whole run's logs on one machine).
+
+Run:  .venv/bin/python benchmarks/scale.py            (5.6 M and 22.5 M tokens: 88 and 352 MB of Parquet, ~10 min)
+      .venv/bin/python benchmarks/scale.py --full     (adds ~80 M tokens, ~1.3 GB of Parquet, ~35 min more)
+      .venv/bin/python benchmarks/scale.py --quick    (two tiny sizes: a smoke run, no verdict)
+      --rounds N   run every (size, command) N times, rounds interleaved, and report the median wall time
+      --dir DIR    write the logs there and keep them (a later run reuses them; default: a temporary
+                   folder under /tmp, deleted at the end)
+
+The log is synthetic and shaped like a 4B agent's verl dumps: 4–12 assistant turns of 100–800 tokens,
+observations of 100–2,000 tokens between them, token ids from a 151k vocabulary, critic values and
+three log-prob fields, groups of 8 samples per task (about 11,000 response tokens a trajectory).
+Each size is one Parquet file, generated and written part by part (flat memory) and merged row group
+by row group.
+
+Each command runs in its own process (``python -m mpo_viz.cli ...``, output discarded), one at a time,
+under ``/usr/bin/time`` (wall seconds and the peak resident set size, ``%M``); where that program is
+missing, a psutil poll of the child's resident memory every 20 ms (its peak; a short spike between
+polls can be missed). The load average (1, 5, 15 min) is printed beside every reading. The commands:
+``info``, ``validate``, ``doctor``, ``advantages -e mpo,gae,grpo -o OUT.parquet`` and ``report -o
+OUT.html`` (and ``info --metadata``, which reads only the Parquet metadata).
+
+Verdicts (not with --quick), per command, the largest size against the smallest: memory is flat —
+peak within 1.2x, and at most 1.5 GB at 22.5 M tokens (2 GB at the --full size); time is linear —
+``(t_large / t_small) / (tokens_large / tokens_small)`` at most 1.3 (each process pays ~2–3 s of
+imports, so small sizes read slower per token: a ratio below 1 is that fixed cost, not a speed-up).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import platform
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+#: the log's shape (make_rows options) and trajectories per size
+SHAPE = dict(turns=(4, 12), turn_len=(100, 800), obs_len=(100, 2000), vocab_size=151_000, group_size=8)
+SIZES = {"default": (512, 2048), "full": (512, 2048, 7300), "quick": (4, 16)}
+PART_ROWS = 32  # trajectories per part written while generating
+COMMANDS = ("info --metadata", "info", "validate", "doctor", "advantages", "report")
+#: the verdicts' bounds: peak memory at the largest / at the smallest, GB at 22.5 M and at 80 M tokens,
+#: and time per token at the largest / at the smallest
+MEM_RATIO, MEM_GB_DEFAULT, MEM_GB_FULL, TIME_RATIO = 1.2, 1.5, 2.0, 1.3
+
+
+def load_avg() -> str:
+    return " ".join(f"{x:.2f}" for x in os.getloadavg())
+
+
+def write_log(path: Path, n_traj: int, seed: int = 0) -> int:
+    """The synthetic log of ``n_traj`` trajectories as one Parquet file (parts merged); its tokens."""
+    import mpo_viz as mv
+    from mpo_viz.data.io import merge_parts
+    from mpo_viz.data.synthetic import make_rows
+
+    parts = Path(tempfile.mkdtemp(prefix="parts-", dir=path.parent))
+    tokens = 0
+    try:
+        for k, start in enumerate(range(0, n_traj, PART_ROWS)):
+            n = min(PART_ROWS, n_traj - start)
+            # a seed per part: ids "s<seed>-t..." stay unique; groups of 8 never straddle parts (32 = 4 x 8)
+            b = mv.TrajectoryBatch.from_rows(
+                make_rows(n, seed=seed * 100_000 + k, **SHAPE),
+                {"source_framework": "benchmarks/scale.py", "gamma": 1.0},
+            )
+            tokens += b.num_tokens
+            mv.save(b, parts / f"part-{k:05d}.parquet")
+        merge_parts(parts, path)
+    finally:
+        shutil.rmtree(parts, ignore_errors=True)
+    return tokens
+
+
+def command_line(cmd: str, path: Path, out: Path) -> list[str]:
+    base = [sys.executable, "-m", "mpo_viz.cli"]
+    if cmd == "advantages":
+        return base + ["advantages", str(path), "-e", "mpo,gae,grpo", "-o", str(out / "adv.parquet"), "--no-progress"]
+    if cmd == "report":
+        return base + ["report", str(path), "-o", str(out / "report.html"), "--no-progress"]
+    return base + cmd.split() + [str(path)]
+
+
+def measure(argv: list[str]) -> tuple[float, float, int]:
+    """``(wall s, peak RSS GB, exit code)`` of one child process."""
+    env = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]).rstrip(os.pathsep),
+    }
+    if Path("/usr/bin/time").exists():
+        r = subprocess.run(
+            ["/usr/bin/time", "-f", "@@SCALE %e %M %x", *argv],
+            env=env,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        line = next((ln for ln in r.stderr.splitlines() if ln.startswith("@@SCALE ")), None)
+        if line is None or r.returncode not in (0, 1):
+            raise RuntimeError(f"{' '.join(argv)} failed (exit {r.returncode}):\n{r.stderr[-3000:]}")
+        wall, kb, code = line.split()[1:4]
+        return float(wall), int(kb) / 2**20, int(code)
+    import psutil
+
+    t0 = time.perf_counter()
+    p = subprocess.Popen(argv, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    proc, peak = psutil.Process(p.pid), 0
+    while p.poll() is None:
+        try:
+            peak = max(peak, proc.memory_info().rss)
+        except psutil.Error:
+            break
+        time.sleep(0.02)
+    err = p.stderr.read() if p.stderr else ""
+    if p.wait() not in (0, 1):
+        raise RuntimeError(f"{' '.join(argv)} failed (exit {p.returncode}):\n{err[-3000:]}")
+    return time.perf_counter() - t0, peak / 2**30, p.returncode
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    mode = ap.add_mutually_exclusive_group()
+    mode.add_argument("--quick", action="store_true", help="two tiny sizes (a smoke run, no verdict)")
+    mode.add_argument("--full", action="store_true", help="add the ~80 M-token size (~1.3 GB of Parquet)")
+    ap.add_argument("--rounds", type=int, default=1, help="runs of every (size, command), interleaved; median wall")
+    ap.add_argument(
+        "--dir",
+        default=None,
+        help="where to write the logs (kept, and reused by the next run with "
+        "the same --dir); default a temporary folder, deleted",
+    )
+    ap.add_argument("--commands", default=",".join(COMMANDS), help=f"comma-separated, from: {', '.join(COMMANDS)}")
+    args = ap.parse_args(argv)
+    sizes = SIZES["quick" if args.quick else "full" if args.full else "default"]
+    commands = [c.strip() for c in args.commands.split(",") if c.strip()]
+    work = Path(args.dir) if args.dir else Path(tempfile.mkdtemp(prefix="mpo_viz_bench_scale_", dir="/tmp"))
+    work.mkdir(parents=True, exist_ok=True)
+    print(
+        f"# scale benchmark — {platform.processor() or platform.machine()}, {os.cpu_count()} CPUs, "
+        f"python {platform.python_version()}; logs in {work}; load average {load_avg()}"
+    )
+    try:
+        logs = []
+        for n in sizes:
+            path, count = work / f"log-{n}.parquet", work / f"log-{n}.tokens"
+            t = time.perf_counter()
+            if args.dir and path.exists() and count.exists():  # a kept log of this size: reuse it
+                tokens = int(count.read_text())
+            else:
+                tokens = write_log(path, n)
+                count.write_text(str(tokens))
+            logs.append((n, tokens, path))
+            print(
+                f"# wrote {path.name}: {n:,} trajectories, {tokens / 1e6:.1f} M response tokens, "
+                f"{path.stat().st_size / 1e6:,.0f} MB in {time.perf_counter() - t:.0f}s (load {load_avg()})",
+                flush=True,
+            )
+        results = run_all(logs, commands, args.rounds, work)
+        verdicts(results, logs, commands, quick=args.quick, full=args.full)
+    finally:
+        if not args.dir:
+            shutil.rmtree(work, ignore_errors=True)
+    return 0
+
+
+def run_all(logs, commands, rounds: int, work: Path) -> dict:
+    """Every (size, command) ``rounds`` times, round by round; prints a line per reading, returns
+    ``{(n, cmd): (median wall, max peak GB)}``."""
+    head = (
+        f"{'traj':>6} {'tokens':>9} {'MB':>6}  {'command':<16} {'wall s':>7} {'Mtok/s':>7} {'peak GB':>8}  "
+        "load (1, 5, 15 min)"
+    )
+    print(head)
+    print("-" * len(head))
+    seen: dict = {}
+    for _ in range(rounds):
+        for cmd in commands:
+            for n, tokens, path in logs:
+                out = work / "out"
+                out.mkdir(exist_ok=True)
+                load = load_avg()
+                wall, gb, _ = measure(command_line(cmd, path, out))
+                shutil.rmtree(out, ignore_errors=True)
+                seen.setdefault((n, cmd), []).append((wall, gb))
+                print(
+                    f"{n:>6} {tokens / 1e6:>7.2f} M {path.stat().st_size / 1e6:>6.0f}  {cmd:<16} {wall:>7.1f} "
+                    f"{tokens / wall / 1e6:>7.2f} {gb:>8.2f}  {load}",
+                    flush=True,
+                )
+    return {k: (statistics.median(w for w, _ in v), max(g for _, g in v)) for k, v in seen.items()}
+
+
+def verdicts(results: dict, logs, commands, *, quick: bool, full: bool) -> None:
+    (n0, tok0, _), (n1, tok1, _) = logs[0], logs[-1]
+    print(
+        f"\n# per command, {n1:,} trajectories ({tok1 / 1e6:.1f} M tokens) against {n0:,} ({tok0 / 1e6:.1f} M): "
+        f"memory ratio, GB at each size, time per token ratio (load now {load_avg()})"
+    )
+    mid = next((tok for n, tok, _ in logs if n == 2048), None)
+    for cmd in commands:
+        w0, g0 = results[(n0, cmd)]
+        w1, g1 = results[(n1, cmd)]
+        gbs = "  ".join(f"{results[(n, cmd)][1]:.2f}" for n, _, _ in logs)
+        mem_ratio = g1 / g0
+        time_ratio = (w1 / w0) / (tok1 / tok0)
+        line = f"{cmd:<16} memory {mem_ratio:.2f}x ({gbs} GB)  time/token {time_ratio:.2f}x"
+        if not quick:
+            cap_ok = all(results[(n, cmd)][1] <= (MEM_GB_FULL if n > 2048 else MEM_GB_DEFAULT) for n, _, _ in logs)
+            ok = mem_ratio <= MEM_RATIO and cap_ok and time_ratio <= TIME_RATIO
+            line += ("  met" if ok else "  NOT met") + (
+                f" (memory <= {MEM_RATIO}x and <= {MEM_GB_DEFAULT} GB"
+                + (f" / {MEM_GB_FULL} GB at the full size" if full else "")
+                + f", time <= {TIME_RATIO}x)"
+            )
+        print(line)
+    if mid is None and not quick:
+        print("# (no 2,048-trajectory size measured)")
+    if quick:
+        print("# --quick: tiny sizes, a smoke run; the verdict needs the default or --full sizes")
+
+
+if __name__ == "__main__":
+    sys.exit(main())
