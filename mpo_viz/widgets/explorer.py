@@ -460,8 +460,11 @@ class TrajectoryExplorer(Exportable, W.VBox):
 
     # --- parameters -----------------------------------------------------------------------------------
     def close(self) -> None:
-        """Close the view; shared ``params`` stop calling it (they may live on in another view)."""
-        self.params.off(self._params_changed)
+        """Close the view; shared ``params`` stop calling it (they may live on in another view). Safe on a
+        view whose construction raised (ipywidgets closes it when it is collected)."""
+        params = getattr(self, "params", None)
+        if params is not None:
+            params.off(self._params_changed)
         super().close()
 
     def _params_changed(self, options: dict) -> None:
