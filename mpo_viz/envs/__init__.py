@@ -1,27 +1,31 @@
 """Multi-turn text environments with scripted noisy experts and exact oracle values (docs/environments.md).
 
-``make_env("search" | "tooluse" | "automation", **kw)``; :class:`NoisyExpert`; :class:`Oracle`;
-``build_tokenizer(env)``; ``generate(GenerateConfig(...))`` -> trajectory/v1 rows with oracle values.
+``make_env("search" | "tooluse" | "automation" | "sokoban" | "frozenlake", **kw)``; :class:`NoisyExpert`;
+:class:`Oracle`; ``build_tokenizer(env)``; ``generate(GenerateConfig(...))`` -> trajectory/v1 rows with oracle values.
 See docs/environments.md.
 """
 
 from mpo_viz.envs.automation import AutomationEnv
 from mpo_viz.envs.base import FAILURE, SUCCESS, Outcome, TextEnv
 from mpo_viz.envs.expert import NoisyExpert
+from mpo_viz.envs.frozenlake import FrozenLakeEnv
 from mpo_viz.envs.oracle import Oracle, TurnOracle
 from mpo_viz.envs.registry import available_envs, make_env, register_env
 from mpo_viz.envs.search import SearchEnv
+from mpo_viz.envs.sokoban import SokobanEnv
 from mpo_viz.envs.tooluse import ToolUseEnv
 
 __all__ = [
     "AutomationEnv",
     "ChatLayout",
     "FAILURE",
+    "FrozenLakeEnv",
     "NoisyExpert",
     "Oracle",
     "Outcome",
     "SUCCESS",
     "SearchEnv",
+    "SokobanEnv",
     "TextEnv",
     "ToolUseEnv",
     "TurnOracle",

@@ -13,7 +13,9 @@ from collections.abc import Callable, Iterable
 from mpo_viz.checks import OptionError
 from mpo_viz.envs.automation import AutomationEnv
 from mpo_viz.envs.base import TextEnv
+from mpo_viz.envs.frozenlake import FrozenLakeEnv
 from mpo_viz.envs.search import SearchEnv
+from mpo_viz.envs.sokoban import SokobanEnv
 from mpo_viz.envs.tooluse import ToolUseEnv
 from mpo_viz.options import Option
 
@@ -82,3 +84,6 @@ def make_env(name: str, **kw) -> TextEnv:
 
 for _cls in (SearchEnv, ToolUseEnv, AutomationEnv):
     register_env(_cls.name, _cls)
+# the exact models of the literature's testbeds (docs/environments.md, "The environments others train on")
+for _lit in (SokobanEnv, FrozenLakeEnv):
+    register_env(_lit.name, _lit)
