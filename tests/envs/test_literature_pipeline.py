@@ -98,3 +98,22 @@ def test_sft_then_one_rl_iteration(tmp_path, case):
     )
     recs = list(Trainer(cfg, tmp_path / "run", quiet=True).iterate())
     assert recs[-1]["iteration"] == 1 and np.isfinite(recs[-1]["policy_loss"])
+
+
+@pytest.mark.parametrize("case", ["sokoban-2", "frozenlake"])
+def test_doctor_report_and_explorer_read_the_files(case):
+    from mpo_viz.doctor import diagnose
+    from mpo_viz.render.report import ReportConfig, build_report
+    from mpo_viz.widgets import TrajectoryExplorer
+
+    c = CASES[case]
+    batch = generate(
+        GenerateConfig(
+            env=_env(case), episodes=8, group_size=4, difficulty=c["difficulty"], env_options=c["env_options"]
+        )
+    )
+    assert [f.check for f in diagnose(batch) if f.fired] == []  # the exact values are aligned, the rewards placed
+    html = build_report(batch, ReportConfig(estimators=("mpo", "bilevel_gae", "grpo")))
+    assert "oracle" in html and len(html) > 10_000
+    ex = TrajectoryExplorer(batch, estimators=["mpo", "bilevel_gae"])
+    assert ex is not None
