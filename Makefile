@@ -87,7 +87,7 @@ lab: venv
 # The speed benchmarks at their smoke size (`--quick`, a few minutes in all): each prints its table.
 # A speed verdict needs the full size (each script's docstring says how). notebooks.py and
 # pretrained_loop.py are long runs, and the replication grids live in experiments/.
-BENCH_QUICK := advantages whiten io losses fit_critic rollout truth report widgets train scale
+BENCH_QUICK := advantages whiten io losses fit_critic rollout truth report widgets train scale envs
 bench: venv
 	@for b in $(BENCH_QUICK); do echo "== benchmarks/$$b.py --quick"; $(PY) benchmarks/$$b.py --quick || exit 1; done
 

@@ -8,7 +8,8 @@ Run:  .venv/bin/python -m experiments.credit_accuracy            (3 shipped sets
       .venv/bin/python -m experiments.credit_accuracy --truth mc-token --policy expert  (its validation)
 
 Data: the shipped expert trajectories (`trajectories/{search,tooluse,automation}.parquet`, 400 each,
-noise 0.25, G = 4), whose `oracle_values` are the exact values under the noisy expert. The critic
+noise 0.25, G = 4), whose `oracle_values` are the exact values under the noisy expert; `--envs sokoban
+frozenlake` generates 400 episodes of the same expert for those (nothing shipped; seed 0). The critic
 every value-based estimator sees is `oracle_values + N(0, σ²)` (one draw per token, or with
 `--noise-model turn` one draw per turn shared by its tokens; the same draw for every estimator). The ground truth is
 the oracle (mpo_viz.envs.oracle):
@@ -111,6 +112,21 @@ from mpo_viz.envs.generate import oracle_columns
 
 ROOT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "trajectories")
 ENVS = ("search", "tooluse", "automation")
+#: environments without a shipped set: the σ sweep generates 400 episodes of the same expert (noise 0.25,
+#: G = 4, seed 0) instead (exact models of the literature's testbeds, docs/environments.md)
+GENERATED = ("sokoban", "frozenlake")
+
+
+def expert_file(env: str):
+    """The shipped 400-episode set of ``env``, or for an environment without one 400 generated episodes
+    of the same expert (noise 0.25, G = 4, seed 0)."""
+    path = os.path.join(ROOT, f"{env}.parquet")
+    if os.path.exists(path):
+        return mv.load(path)
+    from mpo_viz.envs.generate import GenerateConfig, generate
+
+    return generate(GenerateConfig(env=env, noise=0.25, episodes=400, group_size=4, seed=0))
+
 
 # (label, registry name, options): every registered estimator at its defaults, plus the variants
 # that isolate one choice (turn λ, token λ, the within-turn signal).
@@ -228,11 +244,11 @@ def critic_noise(shape, sigma: float, rng, turn_ids: np.ndarray, model: str) -> 
 def run(envs, sigmas, seed: int = 0, noise_model: str = "token") -> pd.DataFrame:
     out = []
     # numba compiles each kernel on its first call: do that outside the timed region
-    warm = mv.load(os.path.join(ROOT, f"{envs[0]}.parquet"))[:8]
+    warm = expert_file(envs[0])[:8]
     for _, name, opts in ESTIMATORS:
         compute(warm, name, **opts)
     for env in envs:
-        batch = mv.load(os.path.join(ROOT, f"{env}.parquet"))
+        batch = expert_file(env)
         ref = reference(batch)
         # the oracle itself, as a reference row: its token advantages are a*_t, turn means A*_k/n_k
         oracle_adv = np.zeros(ref["values"].shape)
@@ -913,7 +929,7 @@ def main(argv=None) -> int:
     )
     ap.add_argument("--quick", action="store_true", help="sigma in {0, 0.1} only")
     ap.add_argument("--sigmas", type=float, nargs="*", default=None, help="critic noise levels")
-    ap.add_argument("--envs", nargs="*", default=list(ENVS), choices=ENVS)
+    ap.add_argument("--envs", nargs="*", default=list(ENVS), choices=ENVS + GENERATED)
     ap.add_argument(
         "--noise-model",
         default="token",

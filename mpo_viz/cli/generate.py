@@ -107,7 +107,7 @@ _MODEL_FLAGS = (
     "model",
     "iteration",
     "save_model",
-    "size",
+    "model_size",
     "critic",
     "temperature",
     "top_p",
@@ -134,8 +134,8 @@ def _resolve_policy(args, env) -> str:
                 "expected only with --policy expert (a model run records its "
                 "critic's values), found it with --policy model",
             )
-        if args.model is not None and args.size is not None:
-            raise OptionError("size", "expected only for a fresh model (without --model), found it with --model")
+        if args.model is not None and args.model_size is not None:
+            raise OptionError("model_size", "expected only for a fresh model (without --model), found it with --model")
         if args.iteration is not None and args.model is None:
             raise OptionError("iteration", "expected only with --model RUN (a run folder), found it without --model")
     return args.policy
@@ -184,7 +184,7 @@ def cmd_generate_model(args, env) -> int:
         policy, critic = _load_model(args)
     else:
         device = models.resolve_device(args.device or "cpu")
-        policy = models.tiny_policy(build_tokenizer(env), args.size or "1m", seed=args.seed)
+        policy = models.tiny_policy(build_tokenizer(env), args.model_size or "1m", seed=args.seed)
         policy.model.to(device)
         critic = models.make_critic(policy, args.critic or "policy", seed=args.seed)
     oracle = NoisyExpert(noise=args.noise)
@@ -383,7 +383,9 @@ def add_subcommand(sub, env_hint: str | None = None) -> None:
         help="with --model RUN: the checkpoint of iteration N (default the last)",
     )
     m.add_argument("--save-model", default=None, metavar="DIR", help="write DIR/policy and DIR/critic")
-    m.add_argument("--size", default=None, choices=["1m", "3m", "10m"], help="fresh tiny policy size (default 1m)")
+    m.add_argument(
+        "--model-size", default=None, choices=["1m", "3m", "10m"], help="fresh tiny policy size (default 1m)"
+    )
     m.add_argument(
         "--critic",
         default=None,

@@ -28,8 +28,10 @@ from collections.abc import Callable, Iterable
 from mpo_viz.checks import OptionError
 from mpo_viz.envs.automation import AutomationEnv
 from mpo_viz.envs.base import TextEnv
+from mpo_viz.envs.frozenlake import FrozenLakeEnv
 from mpo_viz.envs.protocol import PROTOCOL, ProtocolEnv, is_protocol
 from mpo_viz.envs.search import SearchEnv
+from mpo_viz.envs.sokoban import SokobanEnv
 from mpo_viz.envs.tooluse import ToolUseEnv
 from mpo_viz.options import Option
 
@@ -206,5 +208,5 @@ def make_env(name: str, **kw) -> TextEnv:
     raise OptionError("env", f"expected the factory of {name!r} to return {PROTOCOL}, found {type(env).__name__}")
 
 
-for _cls in (SearchEnv, ToolUseEnv, AutomationEnv):
+for _cls in (SearchEnv, ToolUseEnv, AutomationEnv, SokobanEnv, FrozenLakeEnv):
     register_env(_cls.name, _cls)

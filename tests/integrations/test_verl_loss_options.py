@@ -97,7 +97,7 @@ def band_tokens(old, logp, adv, mask, c):
 
 
 def test_the_default_is_the_toolkits_declaration():
-    declared = inspect.signature(P.get("turn_ppo").fn).parameters["token_clip"].default
+    declared = inspect.signature(P.get_loss("turn_ppo").fn).parameters["token_clip"].default
     assert core_default("turn_ppo", "token_clip") == declared
     assert TurnPPOLossConfig().token_clip == declared == P.TURN_PPO_TOKEN_CLIP == 2.0
     assert TurnPPOLossConfig().dual_clip == "clip_ratio_c" and TurnPPOLossConfig().ratio is None

@@ -56,7 +56,7 @@ FROM_VERL = "clip_ratio_c"
 def core_default(kind: str, option: str):
     """The default of ``option`` of loss kind ``kind``: its keyword default in the kind's function
     in :mod:`mpo_viz.losses.policy` (the toolkit's declaration, not a copy of it)."""
-    param = inspect.signature(P.get(kind).fn).parameters.get(option)
+    param = inspect.signature(P.get_loss(kind).fn).parameters.get(option)
     if param is None or param.default is inspect.Parameter.empty:
         raise ValueError(f"option: loss kind {kind!r} declares no default for {option!r}")
     return param.default
@@ -140,7 +140,7 @@ def actor_options(config, kind: str) -> dict:
     if config is None:
         return {}
     out = {}
-    for o in P.get(kind).spec:
+    for o in P.get_loss(kind).spec:
         if o.name == "dual_clip":
             continue
         try:

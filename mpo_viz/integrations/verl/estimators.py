@@ -58,7 +58,7 @@ def estimate(
     dt = token_level_rewards.dtype if token_level_rewards.is_floating_point() else torch.float32
     mask = response_mask.to(dt)
     rewards, _, _ = move_observation_rewards(token_level_rewards.to(dt), mask)
-    fn = adv_registry.get(ESTIMATORS[name]).fn
+    fn = adv_registry.get_estimator(ESTIMATORS[name]).fn
     try:
         adv, ret = fn(rewards, values.detach().to(dt), mask, **options)
     except OptionError as exc:  # a combination the declarations cannot see

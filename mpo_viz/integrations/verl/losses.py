@@ -117,7 +117,7 @@ def metrics_for_verl(ours: dict, log_prob, old_log_prob, mask) -> dict:
 def verl_loss(name: str):
     """The function registered with verl as policy loss ``name`` (see the module docstring)."""
     kind, ratio = LOSSES[name]
-    spec = P.get(kind)
+    spec = P.get_loss(kind)
 
     def fn(
         old_log_prob,

@@ -55,7 +55,7 @@ ESTIMATORS: dict[str, str] = {}
 
 def offered(name: str) -> bool:
     """Whether registry estimator ``name`` runs on what verl provides (the rule of the module docstring)."""
-    est = adv_registry.get(name)
+    est = adv_registry.get_estimator(name)
     if "values" not in est.needs or not set(est.needs) <= VERL_NEEDS:
         return False
     try:
@@ -76,7 +76,7 @@ def refresh_estimators(skip: Iterable[str] = ()) -> dict[str, str]:
     """Fill :data:`ESTIMATORS` (in place, so every module holding it sees the change) with the
     registry's estimators that :func:`offered` accepts, minus ``skip`` (verl's own names). Returns it."""
     skip = set(skip)
-    names = {n: n for n in adv_registry.available() if n not in skip and offered(n)}
+    names = {n: n for n in adv_registry.available_estimators() if n not in skip and offered(n)}
     ESTIMATORS.clear()
     ESTIMATORS.update(names)
     return ESTIMATORS
@@ -138,7 +138,7 @@ def estimator_options(config, name: str) -> dict:
     (listing the valid keys) or a value it refuses (expected and found).
     """
     given = section(config, name)
-    spec = {o.name: o for o in adv_registry.options(ESTIMATORS[name])}
+    spec = {o.name: o for o in adv_registry.estimator_options(ESTIMATORS[name])}
     out = {}
     for key, value in given.items():
         if key not in spec:
@@ -183,12 +183,9 @@ def log_settings(config) -> dict:
         if val < least or (typ is int and isinstance(raw, float) and raw != val):
             raise ValueError(f"{where}: expected {what}, found {raw!r}")
         out[key] = val
-    names = [n.strip() for n in out["compare"].split(",") if n.strip()]
-    bad = [n for n in names if n not in adv_registry.available()]
+    names = [n.strip() for n in str(out["compare"]).split(",") if n.strip()]
+    bad = [n for n in names if n not in adv_registry.available_estimators()]
     if bad:
-        raise ValueError(
-            f"algorithm.mpo_viz.compare: expected estimator names from {', '.join(adv_registry.available())}, "
-            f"found {', '.join(bad)}"
-        )
-    out["compare"] = names
-    return out
+        known = ", ".join(adv_registry.available_estimators())
+        raise ValueError(f"algorithm.mpo_viz.compare: expected estimator names from {known}, found {', '.join(bad)}")
+    return {**out, "compare": names}

@@ -122,11 +122,11 @@ class RunLogger:
         self.next_step = 0 if last is None else last + 1
         self.calls = 0
         self.t0 = time.perf_counter()
-        bad = [e for e in settings["compare"] if not set(adv_registry.get(e).needs) <= _COMPARABLE_NEEDS]
+        bad = [e for e in settings["compare"] if not set(adv_registry.get_estimator(e).needs) <= _COMPARABLE_NEEDS]
         if bad:
             raise ValueError(
                 f"algorithm.mpo_viz.compare: estimator {bad[0]!r} needs "
-                f"{', '.join(adv_registry.get(bad[0]).needs)}, which a verl batch does not carry; "
+                f"{', '.join(adv_registry.get_estimator(bad[0]).needs)}, which a verl batch does not carry; "
                 f"expected estimators needing only {', '.join(sorted(_COMPARABLE_NEEDS))}"
             )
 
@@ -190,16 +190,19 @@ class RunLogger:
         return out
 
     def _side_by_side(self, name: str, inp: Inputs, config):
-        est = adv_registry.get(name)
+        est = adv_registry.get_estimator(name)
         if "values" in est.needs and inp.values is None:
             return None
         if "groups" in est.needs and inp.uid is None:
             return None
         opts = estimator_options(config, name) if name in ESTIMATORS else _verl_settings(config, name)
         r, m = inp.rewards.detach().cpu(), inp.mask.detach().cpu()
+        args: tuple
         if "values" in est.needs:
+            assert inp.values is not None  # checked above
             args = (r, inp.values.detach().cpu().to(r.dtype), m)
         elif "groups" in est.needs:
+            assert inp.uid is not None  # checked above
             args = (r, m, [str(u) for u in inp.uid])
         else:
             args = (r, m)
@@ -287,7 +290,7 @@ class RunLogger:
             "framework": "verl",
             "estimator": estimator,
             "estimator_options": {
-                **(adv_registry.get(ESTIMATORS[estimator]).options if estimator in ESTIMATORS else {}),
+                **(adv_registry.get_estimator(ESTIMATORS[estimator]).options if estimator in ESTIMATORS else {}),
                 **opts,
             },
             "mpo_viz_log": self.settings,

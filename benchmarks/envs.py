@@ -1,0 +1,177 @@
+"""Benchmark: the exact models of the literature's testbeds (sokoban, frozenlake) — step overhead, oracle
+build time, expert episodes per second.
+
+Run:  .venv/bin/python benchmarks/envs.py            (every cell)
+      .venv/bin/python benchmarks/envs.py --quick    (make bench: a few seconds)
+
+Three tables, one torch thread, the load (1-minute average) before and after each row:
+
+* **step**: µs per ``env.step(text)`` (parse the reply, the exact outcomes, draw one, the chat
+  messages) against the bare dynamics of the same turn (``env.outcomes(task, state, action)``, the
+  finite model's move alone: what a game without the text layer does), over the turns of noisy-expert
+  episodes; the overhead is their difference (target ≤ 50 µs per step).
+* **oracle**: seconds to build the exact oracle of one task under the noisy expert (p = 0.25), from
+  a fresh model to ``V(s_0)`` (every reachable ``(turn, state)`` enumerated): median and max over
+  rooms/lakes, with the states enumerated (target ≤ 1 s per 6×6 room with 2 boxes).
+* **generate**: episodes per second of ``mpo-viz generate --policy expert``
+  (:func:`mpo_viz.envs.generate.generate`: expert play, oracle, tokens and the batch).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import random
+import sys
+import time
+
+import numpy as np
+import torch
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+
+from mpo_viz.envs import NoisyExpert, Oracle, make_env  # noqa: E402
+from mpo_viz.envs.generate import GenerateConfig, generate  # noqa: E402
+
+#: name -> (environment, its options): the cells of every table
+CELLS = {
+    "sokoban 6x6, 1 box, 3-6 moves": ("sokoban", {"difficulty": (3, 6)}),
+    "sokoban 6x6, 2 boxes, 4-10 moves": ("sokoban", {"boxes": 2, "difficulty": (4, 10)}),
+    "sokoban 6x6, 2 boxes, 2-21 moves, 20 turns (GEM)": (
+        "sokoban",
+        {"boxes": 2, "difficulty": (2, 21), "max_turns": 20},
+    ),
+    "frozenlake 4x4 slippery": ("frozenlake", {}),
+    "frozenlake 8x8 slippery, 200 turns (gymnasium)": ("frozenlake", {"size": 8, "max_turns": 200}),
+}
+STEP_TARGET_US = 50.0
+ORACLE_TARGET_S = 1.0
+
+
+def _load() -> float:
+    return os.getloadavg()[0]
+
+
+def step_cell(name: str, opts: dict, episodes: int, seed: int = 0) -> dict:
+    """µs per ``env.step`` and per bare ``env.outcomes`` call over the turns of noisy-expert episodes."""
+    env = make_env(name, **opts)
+    expert = NoisyExpert(0.25)
+    rng = random.Random(seed)
+    turns = []  # (task, inner state, action, text) of every turn played
+    for ep in range(episodes):
+        env.reset(seed=seed + ep)
+        while not env.done:
+            a, text = expert.act(env, rng)
+            turns.append((env.task, env.state, a, text))
+            env.step(text)
+    # the bare dynamics: the finite model's outcomes of each turn (warm: built once, as a game keeps its map)
+    for task, state, a, _ in turns:
+        env.outcomes(task, state[1], a)
+    t0 = time.perf_counter()
+    for task, state, a, _ in turns:
+        env.outcomes(task, state[1], a)
+    bare = (time.perf_counter() - t0) / len(turns)
+    # the full step, replayed from each turn's state (reset to the task, state set, one step)
+    env.reset(seed=seed)
+    t_step = 0.0
+    for task, state, _, text in turns:
+        env.task, env.state, env.done, env.turn_limit = task, state, False, env.limit_for(task)
+        env.messages = env.messages[:2]
+        t0 = time.perf_counter()
+        env.step(text)
+        t_step += time.perf_counter() - t0
+    step = t_step / len(turns)
+    return {"turns": len(turns), "step_us": step * 1e6, "bare_us": bare * 1e6, "overhead_us": (step - bare) * 1e6}
+
+
+def oracle_cell(name: str, opts: dict, tasks: int, seed: int = 0) -> dict:
+    """Seconds to build one task's oracle from a fresh model (median, max) and the states it enumerated."""
+    env = make_env(name, **opts)
+    secs, states = [], []
+    for k in range(tasks):
+        env.reset(seed=seed + k)
+        task = env.make_task(seed + k)  # a fresh task: its room model (BFS, texts) built inside the timing
+        env.reset(seed=seed + k, task=task)
+        task.cache.clear()
+        t0 = time.perf_counter()
+        orc = Oracle(env, NoisyExpert(0.25))
+        orc.value(env.state)
+        secs.append(time.perf_counter() - t0)
+        states.append(len(orc._v))
+    return {
+        "tasks": tasks,
+        "median_s": float(np.median(secs)),
+        "max_s": float(np.max(secs)),
+        "states_median": int(np.median(states)),
+        "states_max": int(np.max(states)),
+    }
+
+
+def generate_cell(name: str, opts: dict, episodes: int, seed: int = 0) -> dict:
+    """Episodes per second of the expert's ``generate`` (groups of 4)."""
+    opts = dict(opts)
+    difficulty = opts.pop("difficulty", None)
+    kw = {"difficulty": difficulty} if difficulty is not None else {}
+    if name == "frozenlake" and difficulty is None:
+        kw = {"difficulty": (2 * (opts.get("size", 4) - 1), opts.get("size", 4) ** 2)}
+    t0 = time.perf_counter()
+    batch = generate(GenerateConfig(env=name, episodes=episodes, group_size=4, seed=seed, env_options=opts, **kw))
+    dt = time.perf_counter() - t0
+    return {"episodes": len(batch), "eps_per_s": len(batch) / dt, "tokens_per_ep": float(batch.mask.shape[1])}
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--episodes", type=int, default=64, help="expert episodes per cell (step and generate)")
+    ap.add_argument("--tasks", type=int, default=40, help="rooms/lakes per cell whose oracle is built")
+    ap.add_argument("--cells", nargs="*", default=list(CELLS), choices=list(CELLS))
+    ap.add_argument("--quick", action="store_true", help="a few seconds' smoke run (make bench): 8 episodes, 4 tasks")
+    args = ap.parse_args(argv)
+    if args.quick:
+        args.episodes, args.tasks = 8, 4
+    torch.set_num_threads(1)
+
+    print(f"step: µs per env.step against the bare dynamics (env.outcomes), {args.episodes} expert episodes per cell")
+    print("| cell | turns | step µs | bare µs | overhead µs (target ≤ 50) | load before → after |")
+    print("|---|---|---|---|---|---|")
+    for cell in args.cells:
+        name, opts = CELLS[cell]
+        before = _load()
+        r = step_cell(name, opts, args.episodes)
+        flag = "" if r["overhead_us"] <= STEP_TARGET_US else " (over)"
+        print(
+            f"| {cell} | {r['turns']} | {r['step_us']:.1f} | {r['bare_us']:.1f} | **{r['overhead_us']:.1f}**{flag} | "
+            f"{before:.1f} → {_load():.1f} |",
+            flush=True,
+        )
+
+    print(f"\noracle: seconds to build one task's exact oracle (p = 0.25), {args.tasks} tasks per cell")
+    print("| cell | median s | max s (target ≤ 1 at 6x6, 2 boxes) | states median | states max | load before → after |")
+    print("|---|---|---|---|---|---|")
+    for cell in args.cells:
+        name, opts = CELLS[cell]
+        before = _load()
+        r = oracle_cell(name, opts, args.tasks)
+        print(
+            f"| {cell} | {r['median_s']:.3f} | **{r['max_s']:.3f}** | {r['states_median']} | {r['states_max']} | "
+            f"{before:.1f} → {_load():.1f} |",
+            flush=True,
+        )
+
+    print(f"\ngenerate: episodes per second of the expert's generate, {args.episodes} episodes (groups of 4)")
+    print("| cell | episodes | episodes/s | padded tokens per episode | load before → after |")
+    print("|---|---|---|---|---|")
+    for cell in args.cells:
+        name, opts = CELLS[cell]
+        before = _load()
+        r = generate_cell(name, opts, args.episodes)
+        print(
+            f"| {cell} | {r['episodes']} | **{r['eps_per_s']:.1f}** | {r['tokens_per_ep']:.0f} | "
+            f"{before:.1f} → {_load():.1f} |",
+            flush=True,
+        )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
