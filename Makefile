@@ -91,10 +91,11 @@ BENCH_QUICK := advantages whiten io losses fit_critic rollout truth report widge
 bench: venv
 	@for b in $(BENCH_QUICK); do echo "== benchmarks/$$b.py --quick"; $(PY) benchmarks/$$b.py --quick || exit 1; done
 
-# The replication runner end to end at its tiny size (a minute or two: nothing learns), into build/.
+# The replication runner and the E5 runner end to end at their tiny sizes (a few minutes: nothing learns), into build/
 experiment-smoke: venv
 	rm -rf build/experiment-smoke
 	$(PY) -m experiments.replication --size tiny --out build/experiment-smoke/out --archive build/experiment-smoke/archive
+	$(PY) -m experiments.within_turn --quick --out build/experiment-smoke/e5 --archive build/experiment-smoke/e5/records
 
 # A wheel of the package in dist/ (no dependencies bundled), for machines that install it without a clone
 # (docs/verl.md); built offline from this checkout with the venv's setuptools.
