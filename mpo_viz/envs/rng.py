@@ -1,0 +1,191 @@
+"""Private copies of Python's and numpy's *global* RNGs, swapped in around calls into a library.
+
+Game libraries (gem, textarena) draw tasks and dynamics from the global ``random`` and
+``numpy.random`` and reseed them on every reset. :class:`GlobalRNG` holds an environment's own
+copy of both states; ``with rng:`` saves the caller's states, installs the environment's, runs the
+call and swaps back, so the caller's global states are untouched and the environment's dynamics
+draw from their own stream (replay is exact even when other code draws globally between steps).
+
+Cost. ``numpy.random.get_state``/``set_state`` copy the 624-word Mersenne Twister through a Python
+dict (about 30 µs each), and ``random.getstate`` builds a tuple of 625 ints (about 8 µs): four of
+each per call would be most of a game step. The swap per call (``with rng:``) therefore moves the
+raw words: numpy's global bit generator's ``mt19937_state`` (624 words and the position, 2,500
+bytes) and CPython's ``random.Random`` object's ``index, state[624]`` (2,500 bytes after the object
+header; its ``gauss_next`` attribute beside), one ``memmove`` each way. Each layout is checked once
+per process against ``get_state``/``getstate`` and a redraw; where it differs (another bit
+generator, another interpreter) that generator is swapped with ``get_state``/``getstate`` instead.
+The raw words leave out the legacy Gaussian cache of numpy's ``RandomState`` (one pending
+``standard_normal`` value, set only by its Gaussian draws): ``with rng.full():`` swaps the complete
+states (used at reset and fork, where the libraries reseed; no game of gem 0.1.0 or textarena 0.7.4
+draws a global numpy Gaussian within a step).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import hashlib
+import random
+from typing import Any
+
+import numpy as np
+
+__all__ = ["GlobalRNG", "isolated"]
+
+_MT_BYTES = 624 * 4 + 4  # numpy's mt19937_state: uint32 key[624]; int pos
+_PY_BYTES = 4 + 624 * 4  # CPython's RandomObject after its header: int index; uint32_t state[624]
+_PY_OFFSET = object.__basicsize__  # the header (PyObject_HEAD)
+_RAW: dict[str, bool] = {}  # "np" / "py" -> whether the raw layout was checked and holds
+_NP_ADDR: tuple[Any, int] | None = None  # (numpy's global bit generator, the address of its state)
+
+
+def _np_addr() -> int:
+    """The address of numpy's global MT19937 state (cached while the bit generator is the same)."""
+    global _NP_ADDR
+    bg = np.random.mtrand._rand._bit_generator
+    if _NP_ADDR is None or _NP_ADDR[0] is not bg:
+        _NP_ADDR = (bg, int(bg.ctypes.state_address))
+    return _NP_ADDR[1]
+
+
+def _check_np() -> bool:
+    """Whether numpy's global bit generator is an MT19937 whose raw state is ``key[624], pos``
+    (checked once against ``get_state`` and a redraw, the caller's state put back)."""
+    if type(np.random.mtrand._rand._bit_generator).__name__ != "MT19937":
+        return False
+    addr = _np_addr()
+    saved = np.random.get_state()
+    try:
+        np.random.seed(12345)
+        np.random.random(7)
+        raw = ctypes.string_at(addr, _MT_BYTES)
+        st = tuple(np.random.get_state())
+        key = np.frombuffer(raw[: 624 * 4], dtype=np.uint32)
+        pos = int(np.frombuffer(raw[624 * 4 :], dtype=np.int32)[0])
+        if not (np.array_equal(key, st[1]) and pos == st[2]):
+            return False
+        a = np.random.random(3)
+        ctypes.memmove(addr, raw, _MT_BYTES)
+        return bool(np.array_equal(a, np.random.random(3)))
+    finally:
+        np.random.set_state(saved)
+
+
+def _check_py() -> bool:
+    """Whether a ``random.Random`` holds ``index, state[624]`` right after its object header, as
+    ``getstate`` reports them (checked once on a scratch generator)."""
+    r = random.Random(12345)
+    r.random()
+    raw = ctypes.string_at(id(r) + _PY_OFFSET, _PY_BYTES)
+    index = int(np.frombuffer(raw[:4], dtype=np.int32)[0])
+    words = np.frombuffer(raw[4:], dtype=np.uint32)
+    internal = r.getstate()[1]
+    if len(internal) != 625 or internal[-1] != index or list(words) != list(internal[:624]):
+        return False
+    a = [r.random() for _ in range(3)]
+    ctypes.memmove(id(r) + _PY_OFFSET, raw, _PY_BYTES)
+    return a == [r.random() for _ in range(3)]
+
+
+def _raw_ok(which: str) -> bool:
+    """Whether the raw swap of ``"np"`` / ``"py"`` holds on this interpreter (checked once)."""
+    ok = _RAW.get(which)
+    if ok is None:
+        try:
+            ok = _check_np() if which == "np" else _check_py()
+        except Exception:  # another bit generator, a numpy without .ctypes, another interpreter
+            ok = False
+        _RAW[which] = ok
+    return ok
+
+
+def _np_save(full: bool) -> Any:
+    if not full and _raw_ok("np"):
+        return ctypes.string_at(_np_addr(), _MT_BYTES)
+    return np.random.get_state()
+
+
+def _np_load(state: Any) -> None:
+    if isinstance(state, bytes):
+        ctypes.memmove(_np_addr(), state, _MT_BYTES)
+    else:
+        np.random.set_state(state)
+
+
+def _py_save(full: bool) -> Any:
+    inst = random._inst  # type: ignore[attr-defined]  # the generator behind random's functions
+    if not full and _raw_ok("py"):
+        return ctypes.string_at(id(inst) + _PY_OFFSET, _PY_BYTES), getattr(inst, "gauss_next", None)
+    return random.getstate()
+
+
+def _py_load(state: Any) -> None:
+    if isinstance(state[0], bytes):
+        inst = random._inst  # type: ignore[attr-defined]
+        ctypes.memmove(id(inst) + _PY_OFFSET, state[0], _PY_BYTES)
+        setattr(inst, "gauss_next", state[1])  # noqa: B010 (a Random's attribute typeshed does not list)
+    else:
+        random.setstate(state)
+
+
+class GlobalRNG:
+    """An environment's own states of the global ``random`` and ``numpy.random``.
+
+    ``GlobalRNG(*seed)``: both seeded by ``seed`` (any printable values; the same in every process).
+    ``with rng:`` runs a call on them (the raw swap, module docstring); ``with rng.full():`` swaps
+    the complete states, the Gaussian caches included. Not reentrant; ``copy.deepcopy`` copies it.
+    """
+
+    __slots__ = ("py", "np", "_outer", "_full")
+
+    def __init__(self, *seed: object):
+        words = "protocol-" + "-".join(map(str, seed))  # the words ProtocolEnv has always seeded from
+        digest = int.from_bytes(hashlib.sha256(words.encode()).digest()[:4], "little")
+        self.py: Any = random.Random(words).getstate()
+        self.np: Any = np.random.RandomState(digest).get_state()
+        self._outer: tuple | None = None
+        self._full = False
+
+    def full(self) -> GlobalRNG:
+        """This RNG set to swap the complete states on the next ``with`` (returns itself)."""
+        self._full = True
+        return self
+
+    def __enter__(self) -> GlobalRNG:
+        if self._outer is not None:
+            raise RuntimeError("GlobalRNG: already swapped in (calls into a library do not nest)")
+        # the caller's complete states whenever the complete own ones go in (their Gaussian caches)
+        self._outer = (
+            _py_save(self._full or not isinstance(self.py[0], bytes)),
+            _np_save(self._full or not isinstance(self.np, bytes)),
+        )
+        _py_load(self.py)
+        _np_load(self.np)
+        return self
+
+    def __exit__(self, *exc) -> None:
+        outer, self._outer = self._outer, None
+        assert outer is not None
+        full, self._full = self._full, False
+        self.py = _py_save(full)
+        self.np = _np_save(full)
+        _py_load(outer[0])
+        _np_load(outer[1])
+
+    def __deepcopy__(self, memo) -> GlobalRNG:
+        other = GlobalRNG.__new__(GlobalRNG)
+        other.py, other.np, other._outer, other._full = self.py, self.np, None, False
+        return other
+
+
+class isolated:
+    """``with isolated():`` — whatever runs inside may draw from or reseed the global ``random``
+    and ``numpy.random``; the caller's complete states are put back afterwards (a library's
+    constructor that draws, an import that seeds)."""
+
+    def __enter__(self) -> isolated:
+        self._saved = (random.getstate(), np.random.get_state())
+        return self
+
+    def __exit__(self, *exc) -> None:
+        random.setstate(self._saved[0])
+        np.random.set_state(self._saved[1])
