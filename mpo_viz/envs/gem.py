@@ -36,20 +36,29 @@ from mpo_viz.envs.rng import isolated
 
 __all__ = ["GemGame", "from_gem", "SUCCESS_RULES", "NEEDS_DATA"]
 
+
+def _method(name: str) -> Callable[[Any], bool]:
+    """The predicate ``game.<name>()``: a check of GEM's own (private to its class; GEM has no public one)."""
+    return lambda game: bool(getattr(game, name)())
+
+
 #: GEM's game class -> (the rule in words, the predicate on the game after the episode's last step)
 SUCCESS_RULES: dict[str, tuple[str, Callable[[Any], bool]]] = {
     "GuessTheNumberEnv": ("the secret number is among the guesses", lambda g: g.game_number in g.previous_guesses),
     "MastermindEnv": ("a guess got every peg black", lambda g: g.milestone == g.code_length),
-    "MinesweeperEnv": ("every safe cell revealed (GEM's _is_solved)", lambda g: bool(g._is_solved())),
-    "FifteenPuzzleEnv": ("the tiles in order (GEM's _is_solved)", lambda g: bool(g._is_solved())),
-    "SudokuEnv": ("the grid filled correctly (GEM's _is_puzzle_complete)", lambda g: bool(g._is_puzzle_complete())),
+    "MinesweeperEnv": ("every safe cell revealed (GEM's _is_solved)", _method("_is_solved")),
+    "FifteenPuzzleEnv": ("the tiles in order (GEM's _is_solved)", _method("_is_solved")),
+    "SudokuEnv": ("the grid filled correctly (GEM's _is_puzzle_complete)", _method("_is_puzzle_complete")),
     "TowerofHanoiEnv": (
         "every disk on tower C, largest at the bottom",
         lambda g: g.board["C"] == list(range(g.num_disks, 0, -1)),
     ),
-    "Game2048Env": ("the target tile reached (GEM's _has_won)", lambda g: bool(g._has_won())),
-    "SokobanEnv": ("every box on a target", lambda g: bool(g._check_if_all_boxes_on_target())),
-    "CrosswordsEnv": ("every letter cell filled (GEM's _is_game_over)", lambda g: bool(g._is_game_over())),
+    "Game2048Env": ("the target tile reached (GEM's _has_won)", _method("_has_won")),
+    "SokobanEnv": (
+        "every box on a target (GEM's _check_if_all_boxes_on_target)",
+        _method("_check_if_all_boxes_on_target"),
+    ),
+    "CrosswordsEnv": ("every letter cell filled (GEM's _is_game_over)", _method("_is_game_over")),
 }
 
 #: GEM's game modules that need data that cannot be had offline -> what they need
@@ -103,9 +112,9 @@ class GemGame(LibraryGame):
     library = "gem"
 
     def _make(self) -> Any:
-        import gem  # the extra (checked by _spec)
+        _spec(self.env_id)  # the extra imported (or its one-line hint), the id checked
+        import gem  # the extra, imported by _spec
 
-        _spec(self.env_id)
         game = gem.make(self.env_id, **self.game_options)  # it resets (and draws): LibraryGame isolates it
         kind = type(game).__name__
         if kind not in SUCCESS_RULES:

@@ -13,6 +13,7 @@ import copy
 import functools
 import hashlib
 import importlib
+import logging
 import random
 from types import ModuleType
 from typing import Any
@@ -58,16 +59,23 @@ def library_of(name: object) -> str | None:
 
 def require(library: str) -> ModuleType:
     """The library's module, imported; missing, an :class:`~mpo_viz.checks.OptionError` (option
-    ``env``) in one line naming the extra that installs it."""
+    ``env``) in one line naming the extra that installs it. The import leaves the caller's global
+    RNGs and root logger as they were (gem sets the root logger to INFO when imported)."""
     module, extra = LIBRARIES[library]
+    root = logging.getLogger()
+    handlers, level = root.handlers[:], root.level
     try:
-        return importlib.import_module(module)
+        with isolated():  # an import that seeds or draws leaves the caller's global RNGs as they were
+            return importlib.import_module(module)
     except ImportError as exc:
         raise OptionError(
             "env",
             f"expected the {library} package for {library}:<id> environments, found it missing "
             f"({type(exc).__name__}: {exc}); install it with: pip install 'mpo_viz[{extra}]'",
         ) from None
+    finally:  # gem configures the root logger at import (logging.basicConfig at INFO): put it back
+        root.handlers[:] = handlers
+        root.setLevel(level)
 
 
 def _seed32(*words: object) -> int:

@@ -9,15 +9,14 @@ draw from their own stream (replay is exact even when other code draws globally 
 Cost. ``numpy.random.get_state``/``set_state`` copy the 624-word Mersenne Twister through a Python
 dict (about 30 µs each), and ``random.getstate`` builds a tuple of 625 ints (about 8 µs): four of
 each per call would be most of a game step. The swap per call (``with rng:``) therefore moves the
-raw words: numpy's global bit generator's ``mt19937_state`` (624 words and the position, 2,500
-bytes) and CPython's ``random.Random`` object's ``index, state[624]`` (2,500 bytes after the object
-header; its ``gauss_next`` attribute beside), one ``memmove`` each way. Each layout is checked once
-per process against ``get_state``/``getstate`` and a redraw; where it differs (another bit
-generator, another interpreter) that generator is swapped with ``get_state``/``getstate`` instead.
-The raw words leave out the legacy Gaussian cache of numpy's ``RandomState`` (one pending
-``standard_normal`` value, set only by its Gaussian draws): ``with rng.full():`` swaps the complete
-states (used at reset and fork, where the libraries reseed; no game of gem 0.1.0 or textarena 0.7.4
-draws a global numpy Gaussian within a step).
+raw bytes, one ``memmove`` each: numpy's global bit generator's ``mt19937_state`` (624 words and
+the position) and its ``RandomState``'s Gaussian cache (``has_gauss``, ``gauss``), and CPython's
+``random.Random`` object's ``index, state[624]`` after the object header (its ``gauss_next``
+attribute beside). Each layout is checked once per process against ``get_state``/``getstate``
+and a redraw (the cache's place found by the value ``set_state`` writes there); where one differs
+(another bit generator, another interpreter) that generator is swapped with
+``get_state``/``getstate`` instead. ``with rng.full():`` always takes that complete path (used at
+reset and fork, a few times per episode).
 """
 
 from __future__ import annotations
@@ -25,7 +24,8 @@ from __future__ import annotations
 import ctypes
 import hashlib
 import random
-from typing import Any
+import struct
+from typing import Any, cast
 
 import numpy as np
 
@@ -36,6 +36,7 @@ _PY_BYTES = 4 + 624 * 4  # CPython's RandomObject after its header: int index; u
 _PY_OFFSET = object.__basicsize__  # the header (PyObject_HEAD)
 _RAW: dict[str, bool] = {}  # "np" / "py" -> whether the raw layout was checked and holds
 _NP_ADDR: tuple[Any, int] | None = None  # (numpy's global bit generator, the address of its state)
+_GAUSS: int | None = None  # offset of the Gaussian cache in a RandomState (has_gauss, pad, gauss: 16 bytes)
 
 
 def _np_addr() -> int:
@@ -50,7 +51,11 @@ def _np_addr() -> int:
 def _check_np() -> bool:
     """Whether numpy's global bit generator is an MT19937 whose raw state is ``key[624], pos``
     (checked once against ``get_state`` and a redraw, the caller's state put back)."""
+    global _GAUSS
     if type(np.random.mtrand._rand._bit_generator).__name__ != "MT19937":
+        return False
+    _GAUSS = _gauss_offset()
+    if _GAUSS is None:
         return False
     addr = _np_addr()
     saved = np.random.get_state()
@@ -68,6 +73,26 @@ def _check_np() -> bool:
         return bool(np.array_equal(a, np.random.random(3)))
     finally:
         np.random.set_state(saved)
+
+
+def _gauss_offset() -> int | None:
+    """Where a ``RandomState`` keeps its Gaussian cache (``int has_gauss`` then ``double gauss``, 8
+    bytes apart): found once on a scratch ``RandomState`` by the value ``set_state`` writes there,
+    and confirmed with a second value; None where it cannot be found (then the raw path is off)."""
+    rs = np.random.RandomState(0)
+    size = type(rs).__basicsize__
+    kind, key, pos0, *_ = cast(tuple, rs.get_state())
+    found = None
+    for has, x in ((1, 1.2345678912345e-7), (0, -9.87654321987e5)):
+        rs.set_state((kind, key, pos0, has, x))
+        raw = ctypes.string_at(id(rs), size)
+        pos = raw.find(struct.pack("d", x))
+        if pos < 8 or raw.count(struct.pack("d", x)) != 1 or struct.unpack_from("i", raw, pos - 8)[0] != has:
+            return None
+        if found is not None and found != pos - 8:
+            return None
+        found = pos - 8
+    return found
 
 
 def _check_py() -> bool:
@@ -100,13 +125,17 @@ def _raw_ok(which: str) -> bool:
 
 def _np_save(full: bool) -> Any:
     if not full and _raw_ok("np"):
-        return ctypes.string_at(_np_addr(), _MT_BYTES)
+        assert _GAUSS is not None
+        gauss = ctypes.string_at(id(np.random.mtrand._rand) + _GAUSS, 16)
+        return ctypes.string_at(_np_addr(), _MT_BYTES) + gauss
     return np.random.get_state()
 
 
 def _np_load(state: Any) -> None:
     if isinstance(state, bytes):
+        assert _GAUSS is not None
         ctypes.memmove(_np_addr(), state, _MT_BYTES)
+        ctypes.memmove(id(np.random.mtrand._rand) + _GAUSS, state[_MT_BYTES:], 16)
     else:
         np.random.set_state(state)
 
