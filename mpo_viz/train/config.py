@@ -112,7 +112,8 @@ class Config:
         kind="choice",
         choices=available_envs,
         doc="Environment name (``search``, ``tooluse``, ``automation``, your own registered one, an installed "
-        "package's entry point of group ``mpo_viz.envs``, or ``package.module:factory``).",
+        "package's entry point of group ``mpo_viz.envs``, ``gem:<id>`` / ``textarena:<id>`` (a game of GEM or "
+        "TextArena), or ``package.module:factory``).",
     )
     difficulty: int | list | None = setting(
         None,
