@@ -142,12 +142,12 @@ class ProtocolEnv(TextEnv):
         return {k: list(v) if isinstance(v, tuple) else v for k, v in out.items()}
 
     # ------------------------------------------------------------------ the wrapped object's own RNGs
-    def _own_rng(self, full: bool = False) -> GlobalRNG:
-        """The wrapped object's global RNG states, to be swapped in around a call (``with``);
-        ``full``: the complete states (reset, fork), else the fast swap (:mod:`mpo_viz.envs.rng`)."""
+    def _own_rng(self) -> GlobalRNG:
+        """The wrapped object's global RNG states, to be swapped in around a call (``with``;
+        :mod:`mpo_viz.envs.rng`)."""
         if self._globals is None:
             self._globals = GlobalRNG("unseeded")
-        return self._globals.full() if full else self._globals
+        return self._globals
 
     # ------------------------------------------------------------------ episodes
     def make_task(self, seed):
@@ -168,7 +168,7 @@ class ProtocolEnv(TextEnv):
             seed = random.Random().randrange(2**31)
         ts = task if task is not None else task_seed if task_seed is not None else seed
         self._globals = GlobalRNG(ts, seed)
-        with self._own_rng(full=True):
+        with self._own_rng():
             first = (
                 self.inner.reset(seed=int(seed), task_seed=int(ts)) if self._task_seed else self.inner.reset(int(ts))
             )
@@ -221,7 +221,7 @@ class ProtocolEnv(TextEnv):
                 "its future from seed (docs/environments.md)"
             )
         other = copy.copy(self)
-        with self._own_rng(full=True):
+        with self._own_rng():
             other.inner = self.inner.fork(seed)
         other.messages = [dict(m) for m in self.messages]
         other._globals = GlobalRNG("fork", seed)

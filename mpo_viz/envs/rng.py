@@ -15,8 +15,8 @@ the position) and its ``RandomState``'s Gaussian cache (``has_gauss``, ``gauss``
 attribute beside). Each layout is checked once per process against ``get_state``/``getstate``
 and a redraw (the cache's place found by the value ``set_state`` writes there); where one differs
 (another bit generator, another interpreter) that generator is swapped with
-``get_state``/``getstate`` instead. ``with rng.full():`` always takes that complete path (used at
-reset and fork, a few times per episode).
+``get_state``/``getstate`` instead. Either way the whole state moves: the raw bytes are all that
+``get_state``/``getstate`` report.
 """
 
 from __future__ import annotations
@@ -123,8 +123,8 @@ def _raw_ok(which: str) -> bool:
     return ok
 
 
-def _np_save(full: bool) -> Any:
-    if not full and _raw_ok("np"):
+def _np_save() -> Any:
+    if _raw_ok("np"):
         assert _GAUSS is not None
         gauss = ctypes.string_at(id(np.random.mtrand._rand) + _GAUSS, 16)
         return ctypes.string_at(_np_addr(), _MT_BYTES) + gauss
@@ -140,9 +140,9 @@ def _np_load(state: Any) -> None:
         np.random.set_state(state)
 
 
-def _py_save(full: bool) -> Any:
+def _py_save() -> Any:
     inst = random._inst  # type: ignore[attr-defined]  # the generator behind random's functions
-    if not full and _raw_ok("py"):
+    if _raw_ok("py"):
         return ctypes.string_at(id(inst) + _PY_OFFSET, _PY_BYTES), getattr(inst, "gauss_next", None)
     return random.getstate()
 
@@ -159,34 +159,29 @@ def _py_load(state: Any) -> None:
 class GlobalRNG:
     """An environment's own states of the global ``random`` and ``numpy.random``.
 
-    ``GlobalRNG(*seed)``: both seeded by ``seed`` (any printable values; the same in every process).
-    ``with rng:`` runs a call on them (the raw swap, module docstring); ``with rng.full():`` swaps
-    the complete states, the Gaussian caches included. Not reentrant; ``copy.deepcopy`` copies it.
+    ``GlobalRNG(*seed)``: both seeded by ``seed`` (any printable values; the same in every process:
+    ``random.seed("protocol-<seed>")`` and ``numpy.random.seed`` of its hash). ``with rng:`` runs a
+    call on them (module docstring). Not reentrant; ``copy.deepcopy`` copies it.
     """
 
-    __slots__ = ("py", "np", "_outer", "_full")
+    __slots__ = ("py", "np", "_outer")
 
     def __init__(self, *seed: object):
         words = "protocol-" + "-".join(map(str, seed))  # the words ProtocolEnv has always seeded from
         digest = int.from_bytes(hashlib.sha256(words.encode()).digest()[:4], "little")
-        self.py: Any = random.Random(words).getstate()
-        self.np: Any = np.random.RandomState(digest).get_state()
+        outer = _py_save(), _np_save()
+        random.seed(words)
+        np.random.seed(digest)
+        self.py: Any = _py_save()
+        self.np: Any = _np_save()
+        _py_load(outer[0])
+        _np_load(outer[1])
         self._outer: tuple | None = None
-        self._full = False
-
-    def full(self) -> GlobalRNG:
-        """This RNG set to swap the complete states on the next ``with`` (returns itself)."""
-        self._full = True
-        return self
 
     def __enter__(self) -> GlobalRNG:
         if self._outer is not None:
             raise RuntimeError("GlobalRNG: already swapped in (calls into a library do not nest)")
-        # the caller's complete states whenever the complete own ones go in (their Gaussian caches)
-        self._outer = (
-            _py_save(self._full or not isinstance(self.py[0], bytes)),
-            _np_save(self._full or not isinstance(self.np, bytes)),
-        )
+        self._outer = (_py_save(), _np_save())
         _py_load(self.py)
         _np_load(self.np)
         return self
@@ -194,15 +189,14 @@ class GlobalRNG:
     def __exit__(self, *exc) -> None:
         outer, self._outer = self._outer, None
         assert outer is not None
-        full, self._full = self._full, False
-        self.py = _py_save(full)
-        self.np = _np_save(full)
+        self.py = _py_save()
+        self.np = _np_save()
         _py_load(outer[0])
         _np_load(outer[1])
 
     def __deepcopy__(self, memo) -> GlobalRNG:
         other = GlobalRNG.__new__(GlobalRNG)
-        other.py, other.np, other._outer, other._full = self.py, self.np, None, False
+        other.py, other.np, other._outer = self.py, self.np, None
         return other
 
 

@@ -38,6 +38,18 @@ def test_the_raw_layouts_hold_on_this_interpreter():
     assert rng_mod._raw_ok("np") and rng_mod._raw_ok("py")
 
 
+def test_the_seeded_states_are_those_of_the_seeds_words():
+    # the same streams as random.Random(words) and RandomState(sha256(words)) (what ProtocolEnv always drew)
+    import hashlib
+
+    words = "protocol-3-4"
+    digest = int.from_bytes(hashlib.sha256(words.encode()).digest()[:4], "little")
+    expect = [random.Random(words).random(), *np.random.RandomState(digest).random_sample(2).tolist()]
+    with GlobalRNG(3, 4):
+        got = [random.random(), *np.random.random(2).tolist()]
+    assert got == expect
+
+
 def test_the_callers_states_survive_and_the_own_stream_continues(path):
     random.seed(1)
     np.random.seed(2)
@@ -45,7 +57,7 @@ def test_the_callers_states_survive_and_the_own_stream_continues(path):
     np.random.standard_normal()
     before = states()
     own = GlobalRNG("x", 5)
-    with own.full():
+    with own:
         first = draws()
     with own:
         random.random()  # a foreign draw in between would not be in here: this one is the stream's
@@ -57,7 +69,7 @@ def test_the_callers_states_survive_and_the_own_stream_continues(path):
     assert same(before, states())
     # the same stream uninterrupted, from the same seed
     ref = GlobalRNG("x", 5)
-    with ref.full():
+    with ref:
         expect = draws()
         random.random()
         expect2 = draws()
