@@ -26,8 +26,11 @@ Needs the ``gem`` extra (``pip install 'mpo_viz[gem]'``; gem-llm is Apache-2.0).
 
 from __future__ import annotations
 
+import random
 from collections.abc import Callable
 from typing import Any
+
+import numpy as np
 
 from mpo_viz.checks import OptionError
 from mpo_viz.envs.base import TextEnv
@@ -165,8 +168,12 @@ class GemGame(LibraryGame):
 
 
 def _example(game) -> str:
-    """An example action for the system prompt (GEM's own sample, drawn on a scratch RNG)."""
+    """An example action for the system prompt: GEM's own sample, drawn from global RNGs seeded
+    here (the prompt must not depend on the caller's global state: a replay in a fresh process
+    rebuilds it), the caller's put back."""
     with isolated():
+        random.seed(0)
+        np.random.seed(0)
         try:
             sample = str(game.sample_random_action())
         except Exception:  # a game without samples: a neutral example

@@ -92,6 +92,18 @@ def test_the_callers_global_rngs_are_untouched_by_make_reset_step_and_fork():
 
 
 @needs_gem
+def test_the_prompt_does_not_depend_on_the_callers_global_state():
+    # a replay in a fresh process rebuilds the prompt (GEM's example action is a random draw)
+    prompts = set()
+    for s in range(6):
+        random.seed(s)
+        np.random.seed(s)
+        env = from_gem("game:Sokoban-v0-easy")
+        prompts.add((env.system_prompt, env.reset(seed=1)))
+    assert len(prompts) == 1
+
+
+@needs_gem
 def test_gems_turn_limit_is_truncated_with_its_partial_credit():
     import gem
 
