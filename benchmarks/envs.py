@@ -14,7 +14,9 @@ Three tables, one torch thread, the load (1-minute average) before and after eac
   a fresh model to ``V(s_0)`` (every reachable ``(turn, state)`` enumerated): median and max over
   rooms/lakes, with the states enumerated (target ≤ 1 s per 6×6 room with 2 boxes).
 * **generate**: episodes per second of ``mpo-viz generate --policy expert``
-  (:func:`mpo_viz.envs.generate.generate`: expert play, oracle, tokens and the batch).
+  (:func:`mpo_viz.envs.generate.generate`: expert play, oracle, tokens and the batch); also on the
+  adapters' Sokoban (``gem:game:Sokoban-v0-easy``, ``textarena:Sokoban-v0``: the exact solver, no
+  oracle, byte tokens).
 * **adapters** (the ``gem`` / ``textarena`` extras; a cell whose library is missing says so): µs per
   ``env.step(text)`` of ``make_env("gem:<id>")`` / ``make_env("textarena:<id>")`` against the bare
   call of the library on the same replies (gem: ``game.step(text)``; textarena: ``game.step(text)``
@@ -60,6 +62,8 @@ ADAPTER_CELLS = {
     "textarena:Sokoban-v0": tuple(f"[{m}]" for m in _MOVES),
     "textarena:FrozenLake-v0": tuple(f"[{m}]" for m in _MOVES),
 }
+#: adapter environments with an expert (the exact solver), rows of the generate table
+EXPERT_ADAPTERS = ("gem:game:Sokoban-v0-easy", "textarena:Sokoban-v0")
 STEP_TARGET_US = 50.0
 ORACLE_TARGET_S = 1.0
 
@@ -272,6 +276,18 @@ def main(argv=None) -> int:
         r = generate_cell(name, opts, args.episodes)
         print(
             f"| {cell} | {r['episodes']} | **{r['eps_per_s']:.1f}** | {r['tokens_per_ep']:.0f} | "
+            f"{before:.1f} → {_load():.1f} |",
+            flush=True,
+        )
+    for name in (n for n in EXPERT_ADAPTERS if n in args.adapters):
+        missing = _library_missing(name)
+        if missing:
+            print(f"| {name} (the solver) | — | {missing} | — | |", flush=True)
+            continue
+        before = _load()
+        r = generate_cell(name, {}, args.episodes)
+        print(
+            f"| {name} (the solver) | {r['episodes']} | **{r['eps_per_s']:.1f}** | {r['tokens_per_ep']:.0f} | "
             f"{before:.1f} → {_load():.1f} |",
             flush=True,
         )

@@ -17,6 +17,8 @@ GEM's multi-turn games (``game:GuessTheNumber-*``, ``Mastermind``, ``Minesweeper
   turn limit it is ``truncated``.
 * **success**: GEM has no success flag; it is read from the game's state by a rule per game
   (:data:`SUCCESS_RULES`; a game without one is refused, never a silent 0).
+* **expert**: Sokoban only — the exact solver of :mod:`mpo_viz.envs.sokoban` on GEM's room (an
+  optimal move each turn), so ``generate --policy expert`` and SFT work on it; the others have none.
 * Games that need NLTK's word lists (Wordle, Hangman, WordSearch: GEM downloads them in the
   constructor) and the dataset environments (``math:``, ``code:``, ``qa:``, ``logic:``, ``eval:``,
   ``rg:`` — single-turn, most downloading from the Hugging Face hub) are refused with a line naming why.
@@ -34,7 +36,7 @@ import numpy as np
 
 from mpo_viz.checks import OptionError
 from mpo_viz.envs.base import TextEnv
-from mpo_viz.envs.library import LibraryGame, joined, require, wrap
+from mpo_viz.envs.library import LibraryGame, joined, require, sokoban_move, wrap
 from mpo_viz.envs.rng import isolated
 
 __all__ = ["GemGame", "from_gem", "SUCCESS_RULES", "NEEDS_DATA"]
@@ -136,7 +138,14 @@ class GemGame(LibraryGame):
             else "A reply without a valid \\boxed{} action ends the game (reward -0.1)."
         )
         self.system_prompt = SYSTEM_PROMPT.format(example=_example(game), ending=ending)
+        if kind == "SokobanEnv":  # the exact solver plays it: generate --policy expert, SFT
+            self._rooms: dict = {}
+            self.expert = self._sokoban_expert
         return game
+
+    def _sokoban_expert(self, rng) -> str:
+        """The exact solver's move in GEM's room, as GEM reads it (``\\boxed{move}``)."""
+        return f"\\boxed{{{sokoban_move(self.game.room_fixed, self.game.room_state, self._rooms)}}}"
 
     def success_rule(self) -> str:
         return f"{type(self.game).__name__}: {self._rule[0]}"

@@ -23,9 +23,10 @@ import numpy as np
 from mpo_viz.checks import OptionError
 from mpo_viz.envs.protocol import ProtocolEnv
 from mpo_viz.envs.rng import isolated
+from mpo_viz.envs.sokoban import SokobanTask
 from mpo_viz.options import Option
 
-__all__ = ["LIBRARIES", "LibraryGame", "library_of", "require", "OPTIONS", "wrap", "joined"]
+__all__ = ["LIBRARIES", "LibraryGame", "library_of", "require", "OPTIONS", "wrap", "joined", "sokoban_move"]
 
 #: prefix of an environment name -> (the module to import, the extra that installs it)
 LIBRARIES = {"gem": ("gem", "gem"), "textarena": ("textarena", "textarena")}
@@ -185,3 +186,26 @@ def wrap(cls: type[LibraryGame], env_id: str, **options: Any) -> ProtocolEnv:
     return ProtocolEnv(
         factory(**options), env_id=f"{cls.library}:{env_id}", factory=factory, options=options, declared=declared
     )
+
+
+def sokoban_move(room_fixed, room_state, rooms: dict) -> str:
+    """The exact solver's move (:mod:`mpo_viz.envs.sokoban`: the first move of an optimal solution;
+    in a dead end the first move that pushes no box) in a gym-sokoban room as GEM and TextArena hold
+    it: ``room_fixed`` (0 wall, 1 floor, 2 target) and ``room_state`` (3 box on a target, 4 box, 5
+    the player). ``rooms``: a cache of each room's model (its breadth-first search) by layout."""
+    rows = tuple("".join("#" if f == 0 else "O" if f == 2 else "_" for f in row) for row in room_fixed)
+    width = len(rows[0])
+    player, boxes = -1, []
+    for r, row in enumerate(room_state):
+        for c, v in enumerate(row):
+            if v == 5:
+                player = r * width + c
+            elif v in (3, 4):
+                boxes.append(r * width + c)
+    if player < 0:
+        raise ValueError("room_state: expected the player (5), found none")
+    state = (player, tuple(sorted(boxes)))
+    task = rooms.get(rows)
+    if task is None:
+        task = rooms[rows] = SokobanTask(rows, player, state[1], 0)
+    return task.model().expert(state)

@@ -22,6 +22,7 @@ TextArena's conventions:
 * **success**: TextArena has no success flag; the rule is its single-player convention: the
   episode ended with reward exactly 1 (a win pays 1, every other end a share below 1; Set and
   UltimateTexasHoldem pay a score, 1 for finishing).
+* **expert**: Sokoban only — the exact solver of :mod:`mpo_viz.envs.sokoban` on TextArena's room.
 * Multi-player games are refused (``reset(num_players=1)`` is asserted against), and so are the
   games that need NLTK's word lists (:data:`NEEDS_DATA`) or an LLM game master over the network.
 
@@ -36,7 +37,7 @@ from typing import Any
 
 from mpo_viz.checks import OptionError
 from mpo_viz.envs.base import TextEnv
-from mpo_viz.envs.library import LibraryGame, joined, require, wrap
+from mpo_viz.envs.library import LibraryGame, joined, require, sokoban_move, wrap
 from mpo_viz.envs.rng import isolated
 
 __all__ = ["TextArenaGame", "from_textarena", "NEEDS_DATA", "LENIENT_CAP", "SUCCESS_RULE"]
@@ -115,7 +116,14 @@ class TextArenaGame(LibraryGame):
         self.system_prompt = SYSTEM_PROMPT.format(ending=ending)
         self._replies = 0
         self._cap: int | None = None
+        if type(game).__name__ == "SokobanEnv":  # the exact solver plays it: generate --policy expert, SFT
+            self._rooms: dict = {}
+            self.expert = self._sokoban_expert
         return game
+
+    def _sokoban_expert(self, rng) -> str:
+        """The exact solver's move in TextArena's room, as TextArena reads it (``[move]``)."""
+        return f"[{sokoban_move(self.game.room_fixed, self.game.room_state, self._rooms)}]"
 
     def success_rule(self) -> str:
         return SUCCESS_RULE

@@ -280,3 +280,29 @@ def test_generate_truth_and_train_take_a_gem_name(tmp_path, capsys):
     assert main(["generate", "--env", env, "--episodes", "2", "--group-size", "2", *TINY, "--out", str(g)]) == 0
     b = mv.load(g)
     assert (b.num_turns == 1).all() and (b.outcome_reward == -0.1).all()
+
+
+@needs_gem
+def test_the_exact_solver_plays_gems_sokoban_optimally():
+    env = from_gem("game:Sokoban-v0-easy")
+    assert env.has_expert and not from_gem("game:Game2048-v0-easy").has_expert
+    rng = random.Random(0)
+    for seed in range(6):
+        env.reset(seed=seed)
+        optimal = len(solve(parse_board(board_of(env.inner.game))))  # GEM's room read independently
+        turns = 0
+        while not env.done:
+            *_, info = env.step(env.expert_text(rng))
+            turns += 1
+        limit = env.inner.game.max_turns
+        assert (turns, info["success"]) == ((optimal, True) if optimal <= limit else (limit, False))
+
+
+@needs_gem
+def test_generate_plays_the_expert_on_gems_sokoban():
+    from mpo_viz.envs.generate import GenerateConfig, generate
+
+    b = generate(GenerateConfig(env="gem:game:Sokoban-v0-easy", episodes=4, group_size=2, seed=1))
+    assert len(b) == 4 and not b.has("oracle_values") and b.meta["values_source"] == "none"
+    solved = b.outcome_reward == 1.0
+    assert solved.sum() >= 3 and (b.num_turns[solved] <= 20).all()

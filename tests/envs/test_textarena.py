@@ -210,3 +210,19 @@ def test_textarena_frozenlake_replays_in_the_exact_model(seed):
         if not exact.done:
             assert st["player_pos"] == divmod(exact.state[1][0], n)
     assert lib.done and exact.done
+
+
+@needs_ta
+def test_the_exact_solver_plays_textarenas_sokoban_optimally():
+    env = from_textarena("Sokoban-v0", num_boxes=2)
+    assert env.has_expert and not from_textarena("FrozenLake-v0").has_expert
+    rng = random.Random(0)
+    for seed in range(4):
+        env.reset(seed=seed)
+        optimal = len(solve(parse_board(board_of(env.inner.game))))
+        turns = 0
+        while not env.done:
+            *_, info = env.step(env.expert_text(rng))
+            turns += 1
+            assert info["valid"]  # the solver never bumps (a bump would be TextArena's invalid move)
+        assert (turns, info["success"]) == ((optimal, True) if optimal <= 30 else (31, False))
