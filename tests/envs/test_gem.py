@@ -277,7 +277,8 @@ def test_generate_truth_and_train_take_a_gem_name(tmp_path, capsys):
     assert "iter 1/1" in capsys.readouterr().out
     assert json.loads((run / "config.json").read_text())["env"] == env
     # not lenient: the untrained model's first reply is a format error, the end of each episode
-    assert main(["generate", "--env", env, "--episodes", "2", "--group-size", "2", *TINY, "--out", str(g)]) == 0
+    argv = ["generate", "--env", env, "--policy", "model", "--episodes", "2", "--group-size", "2", *TINY]
+    assert main([*argv, "--out", str(g)]) == 0
     b = mv.load(g)
     assert (b.num_turns == 1).all() and (b.outcome_reward == -0.1).all()
 
