@@ -13,12 +13,13 @@ VPY       := $(VERL_VENV)/bin/python
 VERL_REQ  := tests/integrations/requirements-verl.txt
 
 # torch first: `pip install torch==2.13.0` takes the CPU build on disk; installing the project
-# into an environment without torch would pull a multi-GB CUDA build.
+# into an environment without torch would pull a multi-GB CUDA build. The gem and textarena extras
+# are installed so that their adapters' tests (tests/envs/test_gem.py, test_textarena.py) run.
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install torch==2.13.0
-	$(PY) -m pip install -e '.[dev]'
+	$(PY) -m pip install -e '.[dev,gem,textarena]'
 	touch $(STAMP)
 
 venv: $(STAMP)
