@@ -19,6 +19,7 @@ import pandas as pd
 from scipy import stats
 
 from experiments.grids import REPO
+from experiments.stats import power
 from mpo_viz.analysis.truth import renamed_columns
 
 RECORDS = REPO / "experiments" / "records"
@@ -212,11 +213,8 @@ def e3_numbers() -> dict:
 
 
 def paired_power(diffs, d: float = 0.05, alpha: float = 0.025) -> float:
-    """Power of a two-sided paired t-test at level ``alpha`` (the Holm level of the smallest p of 2)
-    for a true difference ``d``, with the spread of the paired differences ``diffs`` observed."""
-    n, sd = len(diffs), float(np.std(diffs, ddof=1))
-    t, nc = stats.t.ppf(1 - alpha / 2, n - 1), d / (sd / np.sqrt(n))
-    return float(stats.nct.sf(t, n - 1, nc) + stats.nct.cdf(-t, n - 1, nc))
+    """:func:`experiments.stats.power` with the spread of the paired differences ``diffs`` observed."""
+    return power(float(np.std(diffs, ddof=1)), len(diffs), d, alpha)
 
 
 def e2_numbers() -> dict:

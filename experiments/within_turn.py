@@ -363,18 +363,6 @@ def reading(r: dict) -> str:
     return f"cannot be told at this power (the 95% interval is {lo:+.3f} to {hi:+.3f})"
 
 
-def power(sd: float, n: int = 15, diff: float = 0.05, alpha: float = 0.025) -> float:
-    """Power of a two-sided paired t-test at level ``alpha`` (α/2: Holm's first step over two) for a
-    true mean difference ``diff`` with unit spread ``sd`` over ``n`` units (noncentral t)."""
-    from scipy import stats as sps
-
-    if not (sd > 0 and n > 1):
-        return math.nan
-    q = sps.t.ppf(1 - alpha / 2, n - 1)
-    nc = diff / (sd / math.sqrt(n))
-    return float(sps.nct.sf(q, n - 1, nc) + sps.nct.cdf(-q, n - 1, nc))
-
-
 def first_snapshot(df: pd.DataFrame, archive: Path) -> dict:
     """Cost and spread of the first snapshot (``start``): the pre-registered numbers written before the rest."""
     meta = json.loads((ta.snapshot_dir(archive, "start") / "truth_tokens.json").read_text())
@@ -385,7 +373,7 @@ def first_snapshot(df: pd.DataFrame, archive: Path) -> dict:
     out = {"truth_seconds": meta["seconds"], "truth_load": meta["load"], "fit_seconds": fit_s, "measure": measure}
     for a, b in PRIMARY:
         sd = float((u[a] - u[b]).std(ddof=1))
-        out[f"{a} - {b}"] = {"sd": sd, "power_0.05_15_units": power(sd)}
+        out[f"{a} - {b}"] = {"sd": sd, "power_0.05_15_units": stats.power(sd, 15)}
     return out
 
 

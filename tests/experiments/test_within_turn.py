@@ -78,20 +78,6 @@ def test_the_reading_rule():
     assert wt.reading({"p_holm": math.nan, "mean_diff": 0.0, "ci_low": 0.0, "ci_high": 0.0}) == "not measured"
 
 
-def test_power_against_simulation():
-    """The noncentral-t power of a two-sided paired t-test at α/2 = 0.025 against the rejection rate of
-    simulated units (20,000 draws, n = 15, true difference 0.05, unit spread 0.08)."""
-    from scipy import stats as sps
-
-    rng = np.random.default_rng(0)
-    d = rng.normal(0.05, 0.08, size=(20_000, 15))
-    t = d.mean(1) / (d.std(1, ddof=1) / math.sqrt(15))
-    sim = np.mean(np.abs(t) > sps.t.ppf(1 - 0.025 / 2, 14))
-    assert wt.power(0.08) == pytest.approx(sim, abs=0.01)
-    assert 0.4 < wt.power(0.08) < 0.7
-    assert math.isnan(wt.power(0.0))
-
-
 def test_validation_passes_only_when_both_rules_agree():
     rows = pd.DataFrame(
         [
