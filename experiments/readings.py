@@ -233,6 +233,30 @@ def e2_numbers() -> dict:
     }
 
 
+def e5_numbers() -> dict:
+    """E5 (within-turn credit against the token truth): the primary comparisons and the secondary as
+    archived, and per estimator the mean over every fit (critic values) of the token-level and
+    within-turn correlations with the truth."""
+    folder = RECORDS / "v4" / "e5"
+    comps = {c["comparison"]: c for c in read_jsonl(folder / "comparisons.jsonl")}
+    df = pd.read_csv(folder / "e5.csv")
+    critic = df[df["values"] == "critic"]
+    measure = comps["mpo - turn_gae"]["measure"]
+    means = critic.groupby("estimator")[[measure, "tok_corr", "within_corr"]].mean()
+    return {
+        "mpo_turn_gae": comps["mpo - turn_gae"],
+        "mpo_baseline": comps["mpo - mpo_baseline"],
+        "within": comps["mpo within_corr - 0 (secondary, uncorrected)"],
+        "measure": measure,
+        "corr": means[measure].to_dict(),
+        "within_corr": means["within_corr"].to_dict(),
+        "snapshots": int(df.snapshot.nunique()),
+        "fits": int(df.groupby(["snapshot", "trunk", "seed"]).ngroups),
+        "reliability_lo": float(df.reliability.min()),
+        "reliability_hi": float(df.reliability.max()),
+    }
+
+
 def main(argv=None) -> int:
     print(e1_table())
     for k, v in {**e1_numbers(), **ev_confound()}.items():

@@ -138,42 +138,80 @@ def scoring_split(batch, groups: int) -> tuple[np.ndarray, np.ndarray]:
     return fit, scoring
 
 
-def snapshot_batch(out: Path, name: str):
-    """The snapshot's 256 archived episodes with v3's turn truth (copied from the v3 archive)."""
-    import mpo_viz as mv
+def v3_digest(name: str) -> str | None:
+    """The policy digest v3's archive recorded beside the snapshot's truth (None when absent)."""
+    meta = ta.snapshot_dir(V3, name) / "snapshot.json"
+    return json.loads(meta.read_text()).get("policy_sha256") if meta.is_file() else None
 
-    ta.restore_truth(out, V3, name)
-    path = ta.snapshot_dir(out, name) / "truth.parquet"
-    if not path.is_file():
-        raise FileNotFoundError(f"{path}: expected v3's archived episodes of snapshot {name} (from {V3})")
-    return mv.load(path)
+
+def own_episodes(out: Path, name: str) -> bool:
+    """Whether the snapshot's episodes are E5's own (the recorded deviation): its retrained policy
+    differs from the one v3's archived truth was measured with, so that truth is not this policy's."""
+    if name == "start":
+        return False
+    ensure_policy(out, name)
+    return ta.weights_sha256(ta.policy_folder(out, name) / "policy") != v3_digest(name)
+
+
+def snapshot_batch(out: Path, archive: Path, name: str):
+    """The snapshot's 256 episodes: v3's archived ones with their turn truth when the policy is v3's
+    (bit-identical weights), else E5's own rollout of the rebuilt policy with v3's seeds and expert
+    values (``archive/snapshots/NAME/episodes.parquet``, made once; no turn truth in it)."""
+    import mpo_viz as mv
+    from mpo_viz.envs import NoisyExpert, make_env
+    from mpo_viz.rollout import rollout
+
+    if not own_episodes(out, name):
+        ta.restore_truth(out, V3, name)
+        path = ta.snapshot_dir(out, name) / "truth.parquet"
+        if not path.is_file():
+            raise FileNotFoundError(f"{path}: expected v3's archived episodes of snapshot {name} (from {V3})")
+        return mv.load(path)
+    path = ta.snapshot_dir(archive, name) / "episodes.parquet"
+    if path.is_file():
+        return mv.load(path)
+    policy = ta.snapshot_policy(out, name)
+    env = make_env("automation", difficulty=tuple(grids.CELLS[ta.CELL]))
+    batch = rollout(
+        policy, env, 256, group_size=4, seed=0, oracle=NoisyExpert(noise=grids.ORACLE_NOISE), progress=False
+    )
+    path.parent.mkdir(parents=True, exist_ok=True)
+    mv.save(batch, path)
+    log(f"{name}: 256 episodes of the rebuilt policy (success {float(np.mean(batch.outcome_reward)):.3f})")
+    return batch
 
 
 def ensure_policy(out: Path, name: str, size: str = "v2") -> None:
-    """Make the snapshot's policy folder in ``out`` when it lacks it (retrained, checked bit-identical)."""
+    """Make the snapshot's policy folder in ``out`` when it lacks it (retrained as v3 did: ppo or mpo,
+    seed 0, the v2 budget, saved at iterations 10 and 20)."""
     if name == "start" or (ta.policy_folder(out, name) / "policy").is_dir():
-        ta.check_policy(out, name)
         return
-    arm, it = name.split("@")
+    arm = name.split("@")[0]
     its = tuple(int(n.split("@")[1]) for n in ta.SNAPSHOTS if n.startswith(f"{arm}@"))
-    ta.make_snapshots(out, arm, its, size, need=(int(it),))
+    need = tuple(i for i in its if not (ta.policy_folder(out, f"{arm}@{i}") / "policy").is_dir())
+    ta.make_snapshots(out, arm, its, size, need=need)
 
 
 def token_truth(out: Path, archive: Path, name: str, spec: dict):
     """The scoring set's token truth: ``archive/snapshots/NAME/truth_tokens.parquet``, else measured once."""
     import mpo_viz as mv
     from mpo_viz.rollout.token_truth import mc_token_truth
+    from mpo_viz.rollout.truth import mc_truth
 
     path = ta.snapshot_dir(archive, name) / "truth_tokens.parquet"
     if path.is_file():
         return mv.load(path)
-    batch = snapshot_batch(out, name)
+    batch = snapshot_batch(out, archive, name)
     _, scoring = scoring_split(batch, spec["groups"])
-    ensure_policy(out, name)
+    own = own_episodes(out, name)
     policy = ta.snapshot_policy(out, name)
     t0, tm = time.perf_counter(), {}
-    tok = mc_token_truth(batch[scoring], policy, m=spec["m"], seed=0, progress=True, timings=tm)
-    seconds = time.perf_counter() - t0
+    sub = batch[scoring]
+    if own:  # the turn truth that centres the truth's within-turn part, as v3 measured it (M = 16)
+        sub = mc_truth(sub, policy, m=16, seed=0, q=False, progress=True)
+    turn_seconds = time.perf_counter() - t0
+    tok = mc_token_truth(sub, policy, m=spec["m"], seed=0, progress=True, timings=tm)
+    seconds = time.perf_counter() - t0 - turn_seconds
     meta = tok.meta["mc_truth"]["tokens"]
     info = {
         "snapshot": name,
@@ -182,6 +220,8 @@ def token_truth(out: Path, archive: Path, name: str, spec: dict):
         "measured": int(meta["measured"]),
         "controls": int(meta["measured_controls"]),
         "seconds": seconds,
+        "turn_truth_seconds": turn_seconds,
+        "episodes_from": "E5's rollout of the rebuilt policy" if own else "v3's archive",
         "load": os.getloadavg()[0],
         "policy_sha256": ta.weights_sha256(ta.policy_folder(out, name) / "policy"),
     }
@@ -282,9 +322,7 @@ def run_snapshot(out: Path, archive: Path, name: str, spec: dict) -> None:
             if path.is_file():
                 continue
             if batch is None:
-                batch = snapshot_batch(out, name)
-                if trunk == "policy" or any(t == "policy" for t in spec["trunks"]):
-                    ensure_policy(out, name)
+                batch = snapshot_batch(out, archive, name)
             rows = fit_one(out, name, batch, tok, spec, trunk, seed)
             path.parent.mkdir(parents=True, exist_ok=True)
             tmp = path.with_suffix(f".{os.getpid()}.tmp")
@@ -313,8 +351,11 @@ def measure_of(df: pd.DataFrame) -> str:
 
 
 def units(df: pd.DataFrame, measure: str, values: str = "critic") -> pd.DataFrame:
-    """One row per (snapshot, critic seed) and estimator: ``measure`` averaged over the two trunks."""
+    """One row per (snapshot, critic seed) and estimator: ``measure`` averaged over the two trunks. A unit
+    with only one trunk's fit so far (a run stopped part way) is left out until its other fit exists."""
     sel = df[df["values"] == values]
+    trunks = sel.groupby(["snapshot", "seed"]).trunk.transform("nunique")
+    sel = sel[trunks == df.trunk.nunique()]
     return sel.groupby(["snapshot", "seed", "estimator"], as_index=False)[measure].mean()
 
 

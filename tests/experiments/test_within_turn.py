@@ -60,6 +60,14 @@ def test_units_average_the_trunks_and_the_tests_are_paired_with_holm():
     assert within["units"] == 6 and within["mean_diff"] == pytest.approx(d.mean())
 
 
+def test_a_unit_with_one_trunk_so_far_is_left_out():
+    df = _fits({"mpo": [0.05] * 6, "mpo_baseline": [0.0] * 6})
+    partial = df[~((df.snapshot == "s3") & (df.seed == 1) & (df.trunk == "policy"))]
+    u = wt.units(partial, "tok_corr_dis")
+    assert len(u) == 5 * 3 and not ((u.snapshot == "s3") & (u.seed == 1)).any()
+    assert wt.comparisons(partial)[0]["units"] == 5
+
+
 def test_the_unfloored_measure_is_used_when_any_primary_value_is_withheld():
     df = _fits({"mpo": [0.05] * 6, "mpo_baseline": [0.0] * 6})
     df["tok_corr_dis_unfloored"] = df["tok_corr_dis"]
