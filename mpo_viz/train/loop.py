@@ -379,7 +379,21 @@ class Trainer:
         n_pool = cfg.critic_option("critic_warmup_episodes")
         timer = Timer()
         try:
-            fit, split = warm_up(self, timer, steps=steps, gate=gate, n_pool=n_pool)
+            with timer.phase("warmup_pool"):
+                self._say(f"critic warm-up: rolling out a pool of {n_pool} episodes of the start policy")
+                pool = self._rollout(n_pool, seed=derive_seed(cfg.seed, "critic-warmup"), group_size=1)
+            with timer.phase("warmup_fit"):
+                fit, split = warm_up(
+                    self.critic,
+                    pool,
+                    self._mc_targets(pool),
+                    cfg,
+                    steps=steps,
+                    gate=gate,
+                    pad_id=self.pad_id,
+                    device=self.device,
+                    log=None if self.quiet else self._say,
+                )
         except KeyboardInterrupt:
             self._abandon("interrupted: critic warm-up abandoned; the run is back at its last checkpoint (resumable)")
             return {}

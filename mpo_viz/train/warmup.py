@@ -9,8 +9,9 @@ warm-up depends only on the start and the seed.
 from __future__ import annotations
 
 import numpy as np
+import torch
 
-from mpo_viz.timer import Timer
+from mpo_viz.data.trajectory import TrajectoryBatch
 from mpo_viz.train.critic_fit import CriticFit, critic_outputs, fit_values
 from mpo_viz.train.evaluate import value_stats
 from mpo_viz.train.runtime import derive_seed
@@ -24,43 +25,39 @@ WARMUP_HOLDOUT = 0.2
 WARMUP_EVAL_EVERY = 16
 
 
-def warm_up(trainer, timer: Timer, *, steps: int, gate: float, n_pool: int) -> tuple[CriticFit, dict]:
-    """Roll out ``n_pool`` episodes of ``trainer``'s policy (phase ``warmup_pool``) and fit its critic
-    to their Monte-Carlo returns on the estimator's clock (phase ``warmup_fit``, :func:`fit_values`:
-    AdamW at ``critic_warmup_lr``, a fifth held out, stop at held-out EV ≥ ``gate`` or after ``steps``).
-    Returns the fit and the across/within statistics of the fitted values on the pool."""
-    cfg = trainer.cfg
-    with timer.phase("warmup_pool"):
-        trainer._say(f"critic warm-up: rolling out a pool of {n_pool} episodes of the start policy")
-        pool = trainer._rollout(n_pool, seed=derive_seed(cfg.seed, "critic-warmup"), group_size=1)
-    with timer.phase("warmup_fit"):
-        targets = trainer._mc_targets(pool)
-        fit = fit_values(
-            trainer.critic,
-            pool,
-            targets,
-            steps=steps,
-            lr=cfg.critic_option("critic_warmup_lr"),
-            batch_episodes=WARMUP_BATCH_EPISODES,
-            holdout=WARMUP_HOLDOUT,
-            gate=gate,
-            eval_every=WARMUP_EVAL_EVERY,
-            seed=derive_seed(cfg.seed, "critic-warmup-fit"),
-            pad_id=trainer.pad_id,
-            device=trainer.device,
-            micro_batch_tokens=cfg.micro_batch_tokens,
-            grad_clip=cfg.grad_clip,
-            weight_decay=cfg.weight_decay,
-            log=None if trainer.quiet else trainer._say,
-            positions=cfg.critic_option("critic_warmup_positions"),
-        )
-        values = critic_outputs(
-            trainer.critic,
-            rows_of(pool),
-            np.arange(len(pool)),
-            pad_id=trainer.pad_id,
-            device=trainer.device,
-            micro_batch_tokens=cfg.micro_batch_tokens,
-        )
-        split = value_stats(pool.with_token_fields(values=values), targets, learned=cfg.critic == "learned")
+def warm_up(
+    critic, pool: TrajectoryBatch, targets: torch.Tensor, cfg, *, steps: int, gate: float, pad_id: int, device, log=None
+) -> tuple[CriticFit, dict]:
+    """Fit ``critic`` to ``targets`` (B, L), the Monte-Carlo returns of the start policy's ``pool`` on
+    the estimator's clock (:func:`fit_values`: AdamW at ``critic_warmup_lr``, a fifth held out, stop at
+    held-out EV ≥ ``gate`` or after ``steps``). Returns the fit and the
+    across/within statistics of the fitted values on the pool."""
+    fit = fit_values(
+        critic,
+        pool,
+        targets,
+        steps=steps,
+        lr=cfg.critic_option("critic_warmup_lr"),
+        batch_episodes=WARMUP_BATCH_EPISODES,
+        holdout=WARMUP_HOLDOUT,
+        gate=gate,
+        eval_every=WARMUP_EVAL_EVERY,
+        seed=derive_seed(cfg.seed, "critic-warmup-fit"),
+        pad_id=pad_id,
+        device=device,
+        micro_batch_tokens=cfg.micro_batch_tokens,
+        grad_clip=cfg.grad_clip,
+        weight_decay=cfg.weight_decay,
+        log=log,
+        positions=cfg.critic_option("critic_warmup_positions"),
+    )
+    values = critic_outputs(
+        critic,
+        rows_of(pool),
+        np.arange(len(pool)),
+        pad_id=pad_id,
+        device=device,
+        micro_batch_tokens=cfg.micro_batch_tokens,
+    )
+    split = value_stats(pool.with_token_fields(values=values), targets, learned=cfg.critic == "learned")
     return fit, split
