@@ -43,10 +43,21 @@ from pathlib import Path
 
 import numpy as np
 import pandas as pd
+import torch
 
+import mpo_viz as mv
 from experiments import credit_accuracy as ca
 from experiments import grids, stats
 from experiments import truth_accuracy as ta
+from mpo_viz import models
+from mpo_viz.advantages import compute, mc_returns
+from mpo_viz.analysis import credit_accuracy, explained_variance
+from mpo_viz.envs import NoisyExpert, make_env
+from mpo_viz.rollout import rollout
+from mpo_viz.rollout.token_truth import mc_token_truth
+from mpo_viz.rollout.truth import mc_truth
+from mpo_viz.train.critic_fit import critic_outputs, fit_values
+from mpo_viz.train.update import rows_of
 
 ARCHIVE = grids.REPO / "experiments" / "records" / "v4" / "e5"
 #: v3's E1 archive: the snapshots' episodes, their turn truth and the policies' digests
@@ -157,9 +168,6 @@ def snapshot_batch(out: Path, archive: Path, name: str):
     """The snapshot's 256 episodes: v3's archived ones with their turn truth when the policy is v3's
     (bit-identical weights), else E5's own rollout of the rebuilt policy with v3's seeds and expert
     values (``archive/snapshots/NAME/episodes.parquet``, made once; no turn truth in it)."""
-    import mpo_viz as mv
-    from mpo_viz.envs import NoisyExpert, make_env
-    from mpo_viz.rollout import rollout
 
     if not own_episodes(out, name):
         ta.restore_truth(out, V3, name)
@@ -194,9 +202,6 @@ def ensure_policy(out: Path, name: str, size: str = "v2") -> None:
 
 def token_truth(out: Path, archive: Path, name: str, spec: dict):
     """The scoring set's token truth: ``archive/snapshots/NAME/truth_tokens.parquet``, else measured once."""
-    import mpo_viz as mv
-    from mpo_viz.rollout.token_truth import mc_token_truth
-    from mpo_viz.rollout.truth import mc_truth
 
     path = ta.snapshot_dir(archive, name) / "truth_tokens.parquet"
     if path.is_file():
@@ -237,7 +242,6 @@ def token_truth(out: Path, archive: Path, name: str, spec: dict):
 
 def credit(scoring, values: np.ndarray) -> dict[str, np.ndarray]:
     """Each of :data:`ESTIMATORS`' (B, L) credit on ``scoring`` read with ``values`` (B, L)."""
-    from mpo_viz.advantages import compute
 
     b = scoring.with_token_fields(values=np.asarray(values, dtype=np.float32))
     return {label: compute(b, est, **opts).advantages.double().numpy() for label, est, opts in ESTIMATORS}
@@ -246,7 +250,6 @@ def credit(scoring, values: np.ndarray) -> dict[str, np.ndarray]:
 def scored(scoring, values: np.ndarray) -> list[dict]:
     """The within-turn table rows (``credit_accuracy(..., truth="mc-token")``) with the critic's values
     and with them flattened, plus :data:`MEASURE_UNFLOORED`."""
-    from mpo_viz.analysis import credit_accuracy
 
     rows = []
     for kind, v in (("critic", values), ("flattened", ta.flattened(scoring, values))):
@@ -263,13 +266,6 @@ def scored(scoring, values: np.ndarray) -> list[dict]:
 def fit_one(out: Path, name: str, batch, tok, spec: dict, trunk: str, seed: int) -> pd.DataFrame:
     """One critic on the fit set (``trunk``, ``seed``), scored on the scoring set: one row per values
     and estimator, with the fit's explained variance on the scoring set."""
-    import torch
-
-    from mpo_viz import models
-    from mpo_viz.advantages import mc_returns
-    from mpo_viz.analysis import explained_variance
-    from mpo_viz.train.critic_fit import critic_outputs, fit_values
-    from mpo_viz.train.update import rows_of
 
     fit_idx, _ = scoring_split(batch, spec["groups"])
     train = batch[fit_idx]
@@ -501,7 +497,6 @@ def main(argv=None) -> int:
     bad = [n for n in args.snapshots or () if n not in spec["snapshots"]]
     if bad:
         ap.error(f"--snapshots: {bad} not among {list(spec['snapshots'])}")
-    import torch
 
     torch.set_num_threads(1)
     os.environ.setdefault("OMP_NUM_THREADS", "1")
