@@ -1,18 +1,9 @@
 """The trainer: SFT warm start, critic warm-up, then RL iterations writing a run folder.
 
-One iteration::
-
-    rollout N episodes (G per task)          mpo_viz.rollout.rollout  -> values, log-probs, rewards
-    Monte-Carlo values (critic="mc")         mpo_viz.rollout.truth.mc_truth: branch rollouts per turn start
-    reference log-probs (kl_coef > 0)        one no-grad forward of the frozen reference policy
-    advantages and returns                   mpo_viz.advantages.compute(batch, estimator, **options)
-    E epochs × M minibatches of updates      mpo_viz.train.update (policy_loss, value_loss)
-    what the update did (saved iterations)   one no-grad forward: per-token ratio and clip flags
-    greedy evaluation (every eval_interval)  mpo_viz.train.evaluate: a fixed held-out set of tasks
-    trajectories/iter=N.parquet, metrics.jsonl line, checkpoints/iter=N/ (mpo_viz.train.checkpoint)
-
-Each phase is timed by one :class:`~mpo_viz.timer.Timer`, whose seconds are the line's ``timings``;
-the console lines are :mod:`mpo_viz.train.summary`'s.
+One RL iteration (rollout, values, advantages, updates, evaluation, files) is
+:mod:`mpo_viz.train.iteration`'s, phase by phase; this module builds the trainer, runs SFT
+(:mod:`mpo_viz.train.sft`) and the critic warm-up (:mod:`mpo_viz.train.warmup`), checkpoints and
+resumes (:mod:`mpo_viz.train.checkpoint`), and says what happens (:mod:`mpo_viz.train.summary`).
 
 Invariant: every draw comes from a seeded source whose state is checkpointed — the rollout seed is
 ``derive(seed, "rollout", cursor)`` with a cursor that advances per rollout; shuffles come from the
@@ -23,7 +14,6 @@ stopped after iteration k and resumed is bit-for-bit the run that never stopped 
 from __future__ import annotations
 
 import copy
-import math
 import sys
 import time
 import warnings
@@ -33,7 +23,7 @@ from typing import Any
 import torch
 
 from mpo_viz import models
-from mpo_viz.advantages import compute, estimator_clock, mc_returns
+from mpo_viz.advantages import estimator_clock, mc_returns
 from mpo_viz.checks import OptionError
 from mpo_viz.data.runfolder import RunFolder
 from mpo_viz.data.trajectory import TrajectoryBatch
@@ -50,28 +40,19 @@ from mpo_viz.train.checkpoint import (
 )
 from mpo_viz.train.collapse import mark_line
 from mpo_viz.train.config import EXPERT_BIAS, Config, ExpertCriticWarning
-from mpo_viz.train.evaluate import Evaluator, episode_stats, value_stats
+from mpo_viz.train.evaluate import Evaluator
 from mpo_viz.train.export import load_model
+from mpo_viz.train.iteration import one_iteration
 from mpo_viz.train.runtime import (
     build_models,
     derive_seed,
     env_kwargs,
-    mc_values,
     play,
     set_threads,
 )
 from mpo_viz.train.sft import sft as run_sft
 from mpo_viz.train.summary import collapse_warning, eval_line, progress_line, sft_line, warmup_line
 from mpo_viz.train.trackers import Tracker, attach_tracker, check_available
-from mpo_viz.train.update import (
-    Learners,
-    UpdateSettings,
-    after_update,
-    check_loss_inputs,
-    reference_logprobs,
-    rows_of,
-    update_with_critic,
-)
 from mpo_viz.train.warmup import warm_up
 
 __all__ = ["Trainer", "RESULT_KEYS_VOLATILE"]
@@ -124,7 +105,7 @@ class Trainer:
             self.run.create()
             cfg.save(self.run.config_path)
             self._open_tracker()
-            self._checkpoint()  # iteration 0: the initial weights, so that any step can be undone
+            self.checkpoint()  # iteration 0: the initial weights, so that any step can be undone
 
     # ------------------------------------------------------------------ construction
     def _build(self) -> None:
@@ -180,7 +161,9 @@ class Trainer:
         return out
 
     # ------------------------------------------------------------------ checkpoints and resume
-    def _checkpoint(self) -> Path:
+    def checkpoint(self) -> Path:
+        """Write ``checkpoints/iter=N/`` for the current iteration (weights, optimizers, RNG and train
+        state, the lagged rollouts); returns its path."""
         batches = {f"lag{i}": b for i, b in enumerate(self.lagged)}
         state = {
             **self.state,
@@ -206,7 +189,7 @@ class Trainer:
         if not ck.has_weights("reference"):
             self.reference = None
         elif self.reference is None:
-            self.reference = self._frozen_copy()
+            self.reference = self.frozen_copy()
         ck.restore(self._modules(), self._optimizers(), {"shuffle": self.generator})
         self.state = ck.train_state()
         self.lagged = ck.lagged()
@@ -218,7 +201,8 @@ class Trainer:
         :func:`~mpo_viz.train.checkpoint.restore_usable`)."""
         return restore_usable(self.run.checkpoints, self._restore)
 
-    def _frozen_copy(self):
+    def frozen_copy(self):
+        """A frozen copy of the policy model (eval mode, no gradients): the KL reference."""
         ref = copy.deepcopy(self.policy.model).eval()
         for p in ref.parameters():
             p.requires_grad_(False)
@@ -256,7 +240,7 @@ class Trainer:
             self.run.mirror = None
 
     # ------------------------------------------------------------------ rollouts and evaluation
-    def _rollout(self, n: int, *, seed: int, group_size: int = 1, timings: dict | None = None):
+    def rollout_episodes(self, n: int, *, seed: int, group_size: int = 1, timings: dict | None = None):
         """``n`` episodes of the current policy with the run's sampling settings, the critic's values recorded."""
         return play(
             self.cfg,
@@ -278,7 +262,8 @@ class Trainer:
         self._noticed = True
         return self._say
 
-    def _next_seed(self) -> int:
+    def next_seed(self) -> int:
+        """The next rollout seed, ``derive(seed, "rollout", cursor)``; the cursor (checkpointed) advances."""
         s = derive_seed(self.cfg.seed, "rollout", self.state["seed_cursor"])
         self.state["seed_cursor"] += 1
         return s
@@ -351,7 +336,7 @@ class Trainer:
                 sft_record=rec,
                 config_hash=self.cfg.hash(),
             )
-        self._checkpoint()
+        self.checkpoint()
         return rec
 
     def warmup_critic(self, steps: int | None = None, *, gate: float | None = None, log=None) -> dict:
@@ -381,12 +366,12 @@ class Trainer:
         try:
             with timer.phase("warmup_pool"):
                 self._say(f"critic warm-up: rolling out a pool of {n_pool} episodes of the start policy")
-                pool = self._rollout(n_pool, seed=derive_seed(cfg.seed, "critic-warmup"), group_size=1)
+                pool = self.rollout_episodes(n_pool, seed=derive_seed(cfg.seed, "critic-warmup"), group_size=1)
             with timer.phase("warmup_fit"):
                 fit, split = warm_up(
                     self.critic,
                     pool,
-                    self._mc_targets(pool),
+                    self.mc_targets(pool),
                     cfg,
                     steps=steps,
                     gate=gate,
@@ -422,10 +407,10 @@ class Trainer:
         self._append(rec)
         if self.run.start.is_dir():  # this run's SFT start: keep its critic beside it
             save_start(self.run, self.policy, self.critic)
-        self._checkpoint()
+        self.checkpoint()
         return rec
 
-    def _mc_targets(self, batch: TrajectoryBatch) -> torch.Tensor:
+    def mc_targets(self, batch: TrajectoryBatch) -> torch.Tensor:
         """The Monte-Carlo returns of ``batch`` on the estimator's clock (:func:`~mpo_viz.advantages.estimator_clock`:
         its γ, and γ_T where it has one, else γ): the warm-up's targets and RL's ``value_target="mc"``."""
         return mc_returns(batch, **estimator_clock(self.cfg.estimator, self.cfg.estimator_options))
@@ -442,7 +427,7 @@ class Trainer:
         target = self.cfg.iterations if n is None else self.iteration + int(n)
         while self.iteration < target:
             try:
-                rec = self._one_iteration()
+                rec = one_iteration(self)
             except KeyboardInterrupt:
                 self._abandon(
                     f"interrupted: iteration {self.iteration + 1} abandoned; the run is at iteration "
@@ -482,16 +467,16 @@ class Trainer:
 
     def _eval_line(self) -> dict:
         """Both evaluations at the current iteration, written as a ``phase: "eval"`` metrics line
-        (flagged like an iteration's line, see :meth:`_flag_collapse`); returns the line."""
+        (flagged like an iteration's line, see :meth:`flag_collapse`); returns the line."""
         timer = Timer()
         with timer.phase("eval"):
             rec = {"iteration": self.iteration, "phase": "eval", "time_s": self.state["elapsed_s"], **self.evaluate()}
         rec["seconds"] = dict(timer.t)
-        self._flag_collapse(rec)
+        self.flag_collapse(rec)
         self._append(rec)
         return rec
 
-    def _flag_collapse(self, rec: dict) -> None:
+    def flag_collapse(self, rec: dict) -> None:
         """Mark ``rec`` with the collapse signatures it shows (``rec["collapse"]``: the metrics, see
         :mod:`mpo_viz.train.collapse`) read against the run's earlier lines, and warn in the
         console of each that the previous line did not show. ``rec["collapse_since"]``: the iteration
@@ -504,146 +489,6 @@ class Trainer:
     def _start_evaluated(self) -> bool:
         """Whether the run folder already holds the evaluation before the first RL iteration."""
         return any(r.get("phase") == "eval" and r.get("iteration") == 0 for r in self.run.metrics())
-
-    def _one_iteration(self) -> dict:
-        cfg = self.cfg
-        it = self.iteration + 1
-        timer = Timer()  # its phases are the line's timings (in the order they end)
-        if cfg.kl_coef > 0 and self.reference is None:
-            self.reference = self._frozen_copy()  # the policy as RL starts
-        batch = self._collect(timer)
-        rollout_tokens = int(batch.mask.sum())
-
-        with timer.phase("advantages"):
-            res = compute(batch, cfg.estimator, **cfg.estimator_options)
-            batch = res.attach(batch)
-            target = res.returns  # what the value loss trains the critic on (value_target)
-            if cfg.learns_critic and cfg.critic_option("value_target") == "mc":
-                target = self._mc_targets(batch)
-                batch = batch.with_token_fields(returns=target)
-
-        rec = {"iteration": it, "phase": "rl", **episode_stats(batch)}
-        if cfg.learns_critic:
-            rec["value_target"] = cfg.critic_option("value_target")
-        rec.update(value_stats(batch, target, learned=cfg.critic == "learned"))
-
-        # policy_lag: train on the rollout of policy_lag iterations ago (none yet: no update)
-        self.lagged.append(batch)
-        train_batch = self.lagged.pop(0) if len(self.lagged) > cfg.policy_lag else None
-        check_loss_inputs(train_batch if train_batch is not None else batch, cfg.loss)
-
-        with timer.phase("update"):
-            upd = self._update(train_batch) if train_batch is not None else {}
-        rec.update(upd)
-        if train_batch is batch and self._saves(it):
-            with timer.phase("after_update"):
-                batch = self._after_update(batch)
-
-        with timer.phase("eval"):
-            if cfg.eval_interval and it % cfg.eval_interval == 0:
-                rec.update(self.evaluate())
-        with timer.phase("write"):
-            self._write(rec, batch, res.options)
-        self._flag_collapse(rec)
-        timings = timer.t
-        timings["total"] = timer.elapsed()
-        self.state["iteration"] = it
-        self.state["elapsed_s"] += timings["total"]
-        rec["time_s"] = self.state["elapsed_s"]
-        rec["timings"] = timings
-        rec["throughput"] = {
-            "rollout_tokens_per_sec": rollout_tokens / timings["rollout"] if timings["rollout"] > 0 else math.nan,
-            "update_tokens_per_sec": upd.get("update_tokens", 0) / timings["update"]
-            if timings["update"] > 0
-            else math.nan,
-        }
-        self.run.append_metrics(rec)
-        with timer.phase("checkpoint"):  # after the line is written: the yielded record's own
-            self._checkpoint()
-        self.history.append(rec)
-        return rec
-
-    def _collect(self, timer: Timer) -> TrajectoryBatch:
-        """The iteration's rollout, with the values the estimator reads (the critic's, or the oracle's)
-        and the reference's log-probs (``kl_coef > 0``); ``timer`` gets ``rollout``,
-        ``rollout_oracle``, ``mc`` (``critic="mc"``) and ``values``."""
-        cfg = self.cfg
-        inner: dict = {}
-        with timer.phase("rollout"):
-            batch = self._rollout(cfg.episodes, seed=self._next_seed(), group_size=cfg.group_size, timings=inner)
-            if cfg.critic == "expert":
-                batch = _oracle_as_values(batch, cfg.env)
-        # the rollout runs the critic once over the finished episodes: that is the "values" phase
-        critic_s = float(inner.get("critic", 0.0))
-        timer.t["rollout"] -= critic_s
-        timer.t["rollout_oracle"] = float(inner.get("oracle", 0.0))
-        if cfg.critic == "mc":
-            with timer.phase("mc"):
-                batch = mc_values(cfg, self.policy, self.env, batch, seed=self._next_seed())
-        with timer.phase("values"):
-            if self.reference is not None:
-                batch = reference_logprobs(
-                    self.reference,
-                    batch,
-                    pad_id=self.pad_id,
-                    device=self.device,
-                    micro_batch_tokens=cfg.micro_batch_tokens,
-                )
-        timer.t["values"] += critic_s
-        return batch
-
-    def _update(self, batch: TrajectoryBatch) -> dict:
-        """The policy's ``epochs`` and, apart, the critic's ``critic_epochs`` passes over ``batch``
-        (:func:`~mpo_viz.train.update.update_with_critic`; a shared-trunk critic moves with the policy
-        instead)."""
-        cfg = self.cfg
-        value_clip = cfg.critic_option("value_clip") if self.critic is not None else None
-        joint = self.critic is not None and getattr(self.critic, "shared", False)
-        learners = Learners(
-            self.policy.model, self.policy_opt, self.critic if joint else None, self.critic_opt if joint else None
-        )
-        apart = (
-            Learners(critic=self.critic, critic_opt=self.critic_opt) if self.critic is not None and not joint else None
-        )
-        return update_with_critic(
-            rows_of(batch),
-            learners,
-            UpdateSettings.of(cfg, value_clip=value_clip),
-            apart,
-            UpdateSettings.of(cfg, epochs=cfg.critic_option("critic_epochs"), value_clip=value_clip),
-            generator=self.generator,
-            pad_id=self.pad_id,
-            device=self.device,
-            side_thread=cfg.side_thread,
-        )
-
-    def _saves(self, it: int) -> bool:
-        """Whether iteration ``it`` writes its trajectories (every ``save_trajectories_every``)."""
-        k = self.cfg.save_trajectories_every
-        return bool(k) and it % k == 0
-
-    def _after_update(self, batch: TrajectoryBatch) -> TrajectoryBatch:
-        """``batch``, the rollout the update just trained on, with what the update did to it: per
-        token ``ratio`` and ``clipped``, per turn ``turn_ratio`` and ``turn_clipped``
-        (:func:`~mpo_viz.train.update.after_update`: one no-grad forward of the updated policy)."""
-        seen = after_update(
-            self.policy.model, rows_of(batch), UpdateSettings.of(self.cfg), pad_id=self.pad_id, device=self.device
-        )
-        return seen.attach(batch)
-
-    def _write(self, rec: dict, batch: TrajectoryBatch, options: dict) -> None:
-        """``trajectories/iter=N.parquet`` every ``save_trajectories_every`` iterations."""
-        it = rec["iteration"]
-        if self._saves(it):
-            batch.meta["iteration"] = it
-            batch.meta["estimator"] = self.cfg.estimator
-            batch.meta["estimator_options"] = options
-            if "critic_explained_var" in rec:  # the values against these returns, before the critic's update on them
-                ev = rec["critic_explained_var"]
-                batch.meta["critic_explained_var"] = (
-                    ev if ev is not None and math.isfinite(ev) else None
-                )  # None: undefined
-            self.run.write_trajectories(batch, it, max_mb=self.cfg.trajectories_max_mb)
 
     def _append(self, rec: dict) -> None:
         """Write ``rec`` as a metrics line and keep it in :attr:`history`."""
@@ -688,15 +533,3 @@ def _check_env(cfg: Config, env) -> None:
             "environment has no fork(seed) (a copy at the current state that copies the whole "
             "dynamic state, any RNG included); expected 'learned', found 'mc'",
         )
-
-
-def _oracle_as_values(batch: TrajectoryBatch, env: str):
-    """The batch with the scripted expert's exact values as its ``values`` (``critic="expert"``);
-    terminal after the last action token (no bootstrap: a cut episode's return is 0, as its rewards
-    say)."""
-    if not batch.has("oracle_values"):
-        raise ValueError(
-            f"critic: 'expert' reads the environment's exact values, found a rollout of {env!r} without "
-            f"oracle_values (its environment has no exact model; use critic='learned')"
-        )
-    return batch.with_token_fields(values=batch.padded("oracle_values", torch.float32))

@@ -134,7 +134,7 @@ def test_trainer_warmup_records_why_it_stopped(tmp_path, monkeypatch):
     cfg = tiny(estimator="gae", critic_warmup_episodes=12, critic_warmup_steps=2, critic_warmup_ev=1.0)
     tr = Trainer(cfg, tmp_path / "run", quiet=True)
     tr.critic = _small_critic(len(tr.policy.tokenizer))
-    monkeypatch.setattr(tr, "_rollout", lambda n, **kw: label_batch(n))
+    monkeypatch.setattr(tr, "rollout_episodes", lambda n, **kw: label_batch(n))
     lines = []
     rec = tr.warmup_critic(log=lines.append)
     assert rec["phase"] == "critic_warmup" and rec["warmup_stop"] == "budget" and rec["warmup_passed"] is False
@@ -250,7 +250,7 @@ def test_trainer_warmup_stops_at_the_gate(tmp_path, monkeypatch):
     )
     tr = Trainer(cfg, tmp_path / "run", quiet=True)
     tr.critic = _small_critic(len(tr.policy.tokenizer))
-    monkeypatch.setattr(tr, "_rollout", lambda n, **kw: label_batch(n))
+    monkeypatch.setattr(tr, "rollout_episodes", lambda n, **kw: label_batch(n))
     rec = tr.warmup_critic()
     assert rec["warmup_stop"] == "gate" and rec["warmup_passed"] and 0 < rec["warmup_steps"] < 400
     assert rec["warmup_explained_var"] >= 0.9 and rec["warmup_heldout_episodes"] == 12
