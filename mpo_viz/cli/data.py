@@ -19,6 +19,39 @@ def _mb(n: int) -> str:
     return f"{n / 1e6:,.1f} MB" if n >= 1e5 else f"{n:,} bytes"
 
 
+_BARS = "▁▂▃▄▅▆▇█"
+
+
+def _spark(counts: list[int]) -> str:
+    """One character per bin, its height proportional to the count (an empty bin: a space)."""
+    top = max(counts) if counts else 0
+    return "".join(" " if not c else _BARS[min(len(_BARS) - 1, (c * len(_BARS) - 1) // top)] for c in counts)
+
+
+def _histogram_lines(h: dict) -> list[str]:
+    """The summary's histograms as text: turns by value, response length in doubling bins, reward in
+    ten equal bins (a bar per bin, then the counts)."""
+    lines = []
+    turns = h["turns"]
+    if turns["values"]:
+        pairs = [f"{v}:{c}" for v, c in zip(turns["values"], turns["counts"])]
+        shown = "  ".join(pairs) if len(pairs) <= 12 else "  ".join(pairs[:6] + ["..."] + pairs[-5:])
+        lines.append(f"  turns hist       {shown}")
+    length = h["response_length"]
+    if length["counts"]:
+        e, c = length["edges"], length["counts"]
+        bins = [f"[{e[i]},{e[i + 1]}):{n}" for i, n in enumerate(c) if n]
+        lines.append(f"  length hist      {'  '.join(bins)}")
+    reward = h["reward"]
+    if reward["counts"]:
+        e, c = reward["edges"], reward["counts"]
+        lines.append(
+            f"  reward hist      |{_spark(c)}| {e[0]:.4g} to {e[-1]:.4g} in {len(c)} bin{'s' if len(c) != 1 else ''}: "
+            + " ".join(map(str, c))
+        )
+    return lines
+
+
 def _facts_lines(facts: dict) -> list[str]:
     """The lines of what the files say about themselves (Parquet metadata; nothing decoded)."""
     what = f"{facts['files']} {facts['format']} file{'s' if facts['files'] != 1 else ''}, {_mb(facts['bytes'])}"
@@ -54,6 +87,8 @@ def cmd_info(args) -> int:
     print(f"  action tok/turn  {_fmt_stats(s['action_tokens_per_turn'])}")
     print(f"  reward           {_fmt_stats(s['reward'])}  (missing: {s['reward_missing']})")
     print(f"  score (sum)      {_fmt_stats(s['score'])}")
+    for line in _histogram_lines(s["histograms"]):
+        print(line)
     # with no valid row there are no fields to speak of (the required ones would be listed as if present)
     print(f"  fields           {', '.join(s['fields']) if s['trajectories'] else 'none: no valid row'}")
     for k, v in s["meta"].items():

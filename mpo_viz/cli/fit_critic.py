@@ -31,28 +31,38 @@ logs, or e.g. SmolLM2 for logs converted with its tokenizer): the file's ids mus
 Evaluated every 16 steps on the held-out trajectories; --patience N (default 4) stops after N
 evaluations without a better held-out EV (a small file is otherwise seen a hundred times over and
 overfitted), and the weights of the best evaluation are the ones written (unless --keep-last).
-FILE is loaded whole (the fit reads it many times over): one step's file, not a whole run."""
+FILE streams (a whole run's folder is one input): the critic is fitted on all of FILE's rows when
+there are at most --fit-rows of them (default 4096; 256 steps of 16 episodes read 4,096 at most)
+holding at most --fit-tokens response tokens (default 2,000,000), else on whole groups drawn by the
+seed up to either bound; then every row gets its values, --max-tokens response tokens at a time.
+Memory is the fitted rows plus one chunk."""
 
 
 def cmd_fit_critic(args) -> int:
     src, out = source_and_output(args.path, args.out)
     # the critic (transformers) loads only when the command runs: `mpo-viz --help` stays fast
-    from mpo_viz.train.fitted_critic import fit_critic
+    from mpo_viz.train.fitted_critic import fit_critic_file
 
     if args.trunk is not None and not Path(args.trunk).is_dir():
         raise CLIError(f"--trunk: expected a Hugging Face model folder, found no such folder {args.trunk!r}", 2)
     if args.threads < 1:
         raise CLIError(f"--threads: expected an integer >= 1, found {args.threads}", 2)
-    batch = mio.load(src)
+    n = mio.count_rows(src)
     what = f"a critic on the trunk of {args.trunk}" if args.trunk else f"a {args.size} critic"
+    count = "" if n is None else f"{n} trajectories; "
     print(
-        f"fitting {what} to the {args.target} returns of {len(batch)} trajectories of {src} "
-        f"({args.steps} steps, held-out share {args.holdout:g}, seed {args.seed})",
+        f"fitting {what} to the {args.target} returns of {src} ({count}the fit reads at most {args.fit_rows} "
+        f"of them and {args.fit_tokens:,} response tokens, whole groups drawn by the seed beyond that; "
+        f"{args.steps} steps, held-out share {args.holdout:g}, seed {args.seed})",
         flush=True,
     )
     t0 = time.perf_counter()
-    res = fit_critic(
-        batch,
+    res = fit_critic_file(
+        src,
+        out,
+        fit_rows=args.fit_rows,
+        fit_tokens=args.fit_tokens,
+        max_tokens=args.max_tokens,
         target=args.target,
         size=args.size,
         steps=args.steps,
@@ -68,10 +78,10 @@ def cmd_fit_critic(args) -> int:
         source=str(src),
         num_threads=args.threads,
     )
-    mio.save(res.batch, out)
     info = res.info
     print(
-        f"{res.fit.summary()}; across/within ratio of the values (median) "
+        f"fitted on {info['fit_rows']} of {info['rows']} trajectories; {res.fit.summary()}; "
+        f"across/within ratio of the values (median) "
         f"{info['values_median_across_within_ratio']:.3g}; {time.perf_counter() - t0:.1f} s; wrote {out}",
         flush=True,
     )
@@ -138,6 +148,27 @@ def add_subcommand(sub) -> None:
         default=1,
         help="torch CPU threads (default 1: on cores that other work shares, more threads wait on each "
         "other and run many times slower; on a quiet machine 2 are ~1.2x faster)",
+    )
+    p.add_argument(
+        "--fit-rows",
+        dest="fit_rows",
+        type=int,
+        default=4096,
+        help="fit on every row of FILE up to this many, else on whole groups drawn by the seed until this "
+        "many (default 4096)",
+    )
+    p.add_argument(
+        "--fit-tokens",
+        dest="fit_tokens",
+        type=int,
+        default=2_000_000,
+        help="... and up to this many response tokens (default 2,000,000: the sample's memory bound)",
+    )
+    p.add_argument(
+        "--max-tokens",
+        type=int,
+        default=500_000,
+        help="response tokens read at a time (memory bound; the values do not depend on it; default 500,000)",
     )
     p.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
     p.set_defaults(func=cmd_fit_critic)

@@ -6,6 +6,7 @@ checkpoint (``RUN/checkpoints/iter=N``, ``RUN [--iteration N]``)."""
 
 from __future__ import annotations
 
+import shutil
 import time
 
 import mpo_viz.data.io as mio
@@ -33,18 +34,56 @@ FILE is kept)."""
 
 def cmd_truth(args) -> int:
     src, out = source_and_output(args.path, args.out)
+    _check_flags(args)
+    t0 = time.perf_counter()
+    parts = out.with_name(out.name + ".parts.tmp")
+    shutil.rmtree(parts, ignore_errors=True)
+    parts.mkdir(parents=True)
+    tally = _Tally()
+    policy = env = meta = None
+    who = ""
+    try:
+        for i, chunk in enumerate(mio.scan(src, max_tokens=args.max_tokens)):
+            if i == 0:  # the environment, the policy and the token rule are checked on the first chunk
+                env, policy, who = _setup(args, src, chunk)
+                _announce(args, src, who)
+            elif i == 1:
+                print(f"{src} is read in chunks of --max-tokens {args.max_tokens:,} response tokens", flush=True)
+            res = _measure(chunk, policy, who, args, env, tally)
+            mio.save(
+                res,
+                parts / f"part-{i:06d}{out.suffix}"
+                if out.suffix == ".parquet"
+                else parts / f"part-{i:06d}" / f"rows{out.suffix}",
+            )
+            meta = _merged_meta(meta, res.meta, args)
+        if meta is None:
+            raise CLIError(f"{src}: no trajectories to measure (0 rows)")
+        mio.merge_parts(parts, out, meta)
+    finally:
+        shutil.rmtree(parts, ignore_errors=True)
+    tally.report(args)
+    print(f"{time.perf_counter() - t0:.1f} s; wrote {out} ({tally.rows} episodes)", flush=True)
+    return 0
+
+
+def _check_flags(args) -> None:
+    """The flags that contradict each other, before anything is read."""
     if (args.model is None) == (args.policy is None):
         raise CLIError("expected exactly one of --model DIR (a saved policy) and --policy expert --noise P", 2)
     if args.policy is not None and args.policy != "expert":
         raise CLIError(f"--policy: expected 'expert' (the scripted noisy expert), found {args.policy!r}", 2)
-    from mpo_viz.envs.expert import NoisyExpert
-    from mpo_viz.rollout.truth import mc_truth
-
     if args.tokens is None and not args.turns:
         raise CLIError("--no-turns: expected --tokens RULE beside it (else there is nothing to measure)", 2)
-    batch = mio.load(src)
     if args.iteration is not None and args.model is None:
         raise CLIError("--iteration: expected only with --model RUN (a run folder)", 2)
+    if args.max_tokens < 1:
+        raise CLIError(f"--max-tokens: expected at least 1 response token per chunk, found {args.max_tokens}", 2)
+
+
+def _setup(args, src, batch):
+    """``(env, policy, who)``: the environment to replay in (None: the one FILE names), the policy
+    and its name in the messages; the token rule checked on ``batch`` before any continuation runs."""
     env = None
     if args.env is not None:
         from mpo_viz.envs.registry import make_env
@@ -56,6 +95,7 @@ def cmd_truth(args) -> int:
         policy, _ = load_model_flag(args.model, args.iteration, args.device)
         who = f"the policy {policy.name}"
     else:
+        from mpo_viz.envs.expert import NoisyExpert
         from mpo_viz.rollout.replay import env_of
 
         if not getattr(env if env is not None else env_of(batch), "finite_model", True):
@@ -67,15 +107,27 @@ def cmd_truth(args) -> int:
         policy = NoisyExpert(noise=args.noise)
         who = f"the noisy expert (noise {args.noise:g})"
     if args.tokens is not None:
-        _check_tokens(batch, args)  # before any continuation runs
-    t0 = time.perf_counter()
-    res = batch
+        _check_tokens(batch, args)
+    return env, policy, who
+
+
+def _announce(args, src, who: str) -> None:
     if args.turns:
+        n = mio.count_rows(src)
         print(
-            f"Monte-Carlo truth of {who} on {len(batch)} episodes of {src}: {args.m} continuations per turn start"
-            f"{' and per turn taken (--q)' if args.q else ''}, seed {args.seed}",
+            f"Monte-Carlo truth of {who} on {'the' if n is None else f'{n}'} episodes of {src}: {args.m} "
+            f"continuations per turn start{' and per turn taken (--q)' if args.q else ''}, seed {args.seed}",
             flush=True,
         )
+
+
+def _measure(batch, policy, who: str, args, env, tally: _Tally):
+    """One chunk's turn truth (``--turns``) and token truth (``--tokens``); every continuation is
+    seeded by its trajectory, turn and index, so a chunk's numbers are those of the whole file's."""
+    from mpo_viz.rollout.truth import mc_truth
+
+    res = batch
+    if args.turns:
         res = mc_truth(
             batch,
             policy,
@@ -86,14 +138,69 @@ def cmd_truth(args) -> int:
             progress=not args.quiet,
             env=env,
         )
-        meta = res.meta["mc_truth"]
-        se = [x for r in res.field("mc_value_se") for x in r]
-        print(f"{meta['boundaries']} turn starts, mean standard error {sum(se) / max(len(se), 1):.3f}", flush=True)
+        tally.turns(res)
     if args.tokens is not None:
-        res = _token_truth(res, policy, who, args, env)
-    mio.save(res, out)
-    print(f"{time.perf_counter() - t0:.1f} s; wrote {out}", flush=True)
-    return 0
+        res = _token_truth(res, policy, who, args, env, announce=tally.rows == 0)
+        tally.tokens(res)
+    tally.rows += len(batch)
+    return res
+
+
+class _Tally:
+    """What the command prints at the end, summed over the chunks: turn starts and their standard
+    errors, tokens measured and theirs."""
+
+    def __init__(self):
+        self.rows = self.starts = self.tok = self.controls = 0
+        self.se = self.tok_se = self.tok_seconds = 0.0
+
+    def turns(self, res) -> None:
+        se = [x for r in res.field("mc_value_se") for x in r]
+        self.starts += len(se)
+        self.se += sum(se)
+
+    def tokens(self, res) -> None:
+        flags = zip(res.field("mc_tok_adv_se"), res.field("mc_tok_measured"))
+        se = [x for r, f in flags for x, k in zip(r, f) if k]
+        meta = res.meta["mc_truth"]["tokens"]
+        self.tok += len(se)
+        self.tok_se += sum(se)
+        self.controls += meta["measured_controls"]
+        self.tok_seconds += meta["seconds"]
+
+    def report(self, args) -> None:
+        if args.turns:
+            print(f"{self.starts} turn starts, mean standard error {self.se / max(self.starts, 1):.3f}", flush=True)
+        if args.tokens is not None:
+            print(
+                f"{self.tok} tokens measured ({self.controls} controls), mean standard error "
+                f"{self.tok_se / max(self.tok, 1):.3f}, {self.tok_seconds:.1f} s",
+                flush=True,
+            )
+
+
+#: the numbers of the ``mc_truth`` metadata (and of its ``tokens``) that add up over chunks
+_SUMMED = ("boundaries", "seconds", "measured", "measured_controls", "skipped")
+
+
+def _merged_meta(merged: dict | None, meta: dict, args) -> dict:
+    """The file metadata of the chunks so far: the first chunk's, with the counts and seconds that
+    the turn truth (``--turns``) and token truth (``--tokens``) measured summed over the chunks."""
+    if merged is None:
+        return meta
+    old, new = dict(merged["mc_truth"]), meta["mc_truth"]
+    if args.turns:
+        old.update({k: _add(old[k], new[k]) for k in _SUMMED if k in old})
+    if args.tokens is not None:
+        old["tokens"] = {
+            **old["tokens"],
+            **{k: _add(old["tokens"][k], new["tokens"][k]) for k in _SUMMED if k in old["tokens"]},
+        }
+    return {**merged, "mc_truth": old}
+
+
+def _add(a, b):
+    return round(a + b, 3) if isinstance(a, float) or isinstance(b, float) else a + b
 
 
 def _check_tokens(batch, args) -> None:
@@ -114,7 +221,7 @@ def _check_tokens(batch, args) -> None:
         raise
 
 
-def _token_truth(batch, policy, who: str, args, env):
+def _token_truth(batch, policy, who: str, args, env, announce: bool = True):
     from mpo_viz.checks import OptionError
     from mpo_viz.rollout.token_truth import mc_token_truth
 
@@ -127,10 +234,12 @@ def _token_truth(batch, policy, who: str, args, env):
             f"{args.max_per_turn} a turn, {args.controls} control a turn)"
         )
     )
-    print(
-        f"token truth of {who}: {rule}, {m} continuation pairs per token, estimator {args.estimator}, seed {args.seed}",
-        flush=True,
-    )
+    if announce:
+        print(
+            f"token truth of {who}: {rule}, {m} continuation pairs per token, estimator {args.estimator}, "
+            f"seed {args.seed}",
+            flush=True,
+        )
     try:
         res = mc_token_truth(
             batch,
@@ -152,13 +261,6 @@ def _token_truth(batch, policy, who: str, args, env):
         if exc.option == "m":
             raise CLIError(f"--tokens-M: {exc.detail}", 1) from None
         raise
-    meta = res.meta["mc_truth"]["tokens"]
-    se = [x for r, f in zip(res.field("mc_tok_adv_se"), res.field("mc_tok_measured")) for x, k in zip(r, f) if k]
-    print(
-        f"{meta['measured']} tokens measured ({meta['measured_controls']} controls), mean standard error "
-        f"{sum(se) / max(len(se), 1):.3f}, {meta['seconds']:.1f} s",
-        flush=True,
-    )
     return res
 
 
@@ -249,5 +351,12 @@ def add_subcommand(sub) -> None:
         "--batch-size", dest="batch_size", type=int, default=64, help="continuation rows decoded together (default 64)"
     )
     p.add_argument("--device", default="cpu", help="cpu (default) or cuda")
+    p.add_argument(
+        "--max-tokens",
+        type=int,
+        default=200_000,
+        help="response tokens of FILE measured at a time (memory bound; the numbers do not depend on it; "
+        "default 200,000)",
+    )
     p.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
     p.set_defaults(func=cmd_truth)

@@ -69,6 +69,40 @@ def _stats(x) -> dict:
     }
 
 
+def _value_counts(x) -> dict:
+    """``{"values": [v...], "counts": [n...]}``: each distinct integer value and its count, ascending."""
+    values, counts = np.unique(np.asarray(x, dtype=np.int64), return_counts=True)
+    return {"values": values.tolist(), "counts": counts.tolist()}
+
+
+def _log2_histogram(x) -> dict:
+    """Counts of non-negative integers in the bins ``[0, 1), [1, 2), [2, 4), ..., [2^j, 2^(j+1))``:
+    ``{"edges": [0, 1, 2, 4, ...], "counts": [...]}`` (len(edges) = len(counts) + 1), up to the bin of
+    the largest value. Token lengths span orders of magnitude; doubling bins show them in a few lines."""
+    x = np.asarray(x, dtype=np.int64)
+    if not len(x):
+        return {"edges": [], "counts": []}
+    top = int(x.max())
+    edges = [0, 1] + [2**j for j in range(1, max(top, 1).bit_length() + 1)]
+    counts, _ = np.histogram(x, bins=np.asarray(edges, dtype=np.float64))
+    return {"edges": edges, "counts": counts.astype(np.int64).tolist()}
+
+
+def _linear_histogram(x, bins: int = 10) -> dict:
+    """Counts of the finite values in ``bins`` equal bins from their min to their max (numpy's rule:
+    the last bin closed); one value repeated: one bin holding them all. Missing (NaN) values are
+    counted by ``reward_missing``, not here."""
+    x = np.asarray(x, dtype=np.float64)
+    x = x[np.isfinite(x)]
+    if not len(x):
+        return {"edges": [], "counts": []}
+    lo, hi = float(x.min()), float(x.max())
+    if lo == hi:
+        return {"edges": [lo, hi], "counts": [int(len(x))]}
+    counts, edges = np.histogram(x, bins=bins, range=(lo, hi))
+    return {"edges": edges.tolist(), "counts": counts.astype(np.int64).tolist()}
+
+
 def summarize_rows(numbers: dict, fields, meta: dict) -> dict:
     """The summary (plain Python values) from the per-row ``numbers`` of every row (:func:`row_numbers`,
     joined), the ``fields`` present and the file metadata."""
@@ -87,6 +121,11 @@ def summarize_rows(numbers: dict, fields, meta: dict) -> dict:
         "reward": _stats(rew),
         "reward_missing": int(np.isnan(rew).sum()),
         "score": _stats(numbers["score"]),
+        "histograms": {
+            "turns": _value_counts(k),
+            "response_length": _log2_histogram(lengths),
+            "reward": _linear_histogram(rew),
+        },
         "fields": sorted(fields),
         "meta": dict(meta),
     }

@@ -43,6 +43,7 @@ __all__ = [
     "make_critic",
     "vocab_critic",
     "compact_critic",
+    "used_ids",
     "COMPACT_MIN_VOCAB",
     "save_critic",
     "load_critic",
@@ -213,20 +214,32 @@ def vocab_critic(vocab_size: int, *, size: str = "1m", seed: int = 0, max_positi
 COMPACT_MIN_VOCAB = 4096
 
 
-def compact_critic(
-    batch: TrajectoryBatch, *, size: str = "1m", seed: int = 0, max_positions: int = MAX_POSITIONS
-) -> torch.nn.Module:
-    """A fresh critic for the ids of ``batch``: :func:`vocab_critic` over ``0 .. max id``, or — when
-    that vocabulary is larger than :data:`COMPACT_MIN_VOCAB` and the batch uses fewer ids — a
-    :class:`RemappedCritic` whose embedding has one row per id the batch
-    uses (in id order) and one for ids it does not. The same model on the batch's sequences,
-    without the embedding rows (and their optimizer state) that no token of the batch reads."""
-    used = np.unique(
+def used_ids(batch: TrajectoryBatch) -> np.ndarray:
+    """The distinct token ids of ``batch``'s prompts and responses, ascending (int64)."""
+    return np.unique(
         np.concatenate(
             [np.asarray(x, dtype=np.int64) for f in ("prompt_ids", "response_ids") for x in batch.field(f)]
             or [np.zeros(0, np.int64)]
         )
     )
+
+
+def compact_critic(
+    batch: TrajectoryBatch,
+    *,
+    size: str = "1m",
+    seed: int = 0,
+    max_positions: int = MAX_POSITIONS,
+    used: np.ndarray | None = None,
+) -> torch.nn.Module:
+    """A fresh critic for the ids of ``batch``: :func:`vocab_critic` over ``0 .. max id``, or — when
+    that vocabulary is larger than :data:`COMPACT_MIN_VOCAB` and the batch uses fewer ids — a
+    :class:`RemappedCritic` whose embedding has one row per id the batch
+    uses (in id order) and one for ids it does not. The same model on the batch's sequences,
+    without the embedding rows (and their optimizer state) that no token of the batch reads.
+    ``used``: the ids to serve instead of the batch's own (:func:`used_ids` of a whole file, when the
+    critic is fitted on a sample of it and then applied to every row)."""
+    used = used_ids(batch) if used is None else np.asarray(used, dtype=np.int64)
     vocab = int(used[-1]) + 1 if len(used) else 1
     if vocab <= COMPACT_MIN_VOCAB or len(used) + 1 >= vocab:
         return vocab_critic(vocab, size=size, seed=seed, max_positions=max_positions)

@@ -18,24 +18,41 @@ record of that fit; nothing else of the input changes. Deterministic for a seed 
 
 from __future__ import annotations
 
+import math
+import shutil
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
 
 import numpy as np
+import pandas as pd
 import torch
+from tqdm.auto import tqdm
 
 from mpo_viz.advantages import mc_returns, turn_gae
 from mpo_viz.analysis import value_variance, variance_summary
 from mpo_viz.checks import OptionError
+from mpo_viz.data.io import merge_parts, save, scan
 from mpo_viz.data.trajectory import TrajectoryBatch
-from mpo_viz.models.critic import compact_critic
+from mpo_viz.models.critic import compact_critic, used_ids
 from mpo_viz.models.store import trunk_critic
 from mpo_viz.models.tiny import MAX_POSITIONS
 from mpo_viz.models.tiny import SIZES as TINY_SIZES
-from mpo_viz.train.critic_fit import CriticFit, fit_values
+from mpo_viz.train.critic_fit import CriticFit, critic_outputs, fit_values
 from mpo_viz.train.runtime import threads
+from mpo_viz.train.update import rows_of
 
-__all__ = ["CRITIC_TARGETS", "FittedCritic", "MIN_GROUPS_FOR_GROUP_SPLIT", "fit_critic", "fit_targets"]
+__all__ = [
+    "CRITIC_TARGETS",
+    "FittedCritic",
+    "MIN_GROUPS_FOR_GROUP_SPLIT",
+    "critic_values",
+    "fit_critic",
+    "fit_critic_file",
+    "fit_sample",
+    "fit_targets",
+]
 
 #: fewer groups than this: the held-out split is by trajectory, not by group
 MIN_GROUPS_FOR_GROUP_SPLIT = 5
@@ -123,6 +140,31 @@ def _last_outputs(critic: torch.nn.Module, batch: TrajectoryBatch, rows) -> dict
     return out
 
 
+def _truncated(batch: TrajectoryBatch) -> list[int]:
+    return [i for i, t in enumerate(batch.field("truncated") if batch.has("truncated") else []) if t]
+
+
+def _with_bootstrap(critic: torch.nn.Module, batch: TrajectoryBatch, out: TrajectoryBatch) -> TrajectoryBatch:
+    """``out`` (``batch`` with its values) with the critic's ``bootstrap_value`` on truncated rows."""
+    cut = _truncated(batch)
+    if not cut:
+        return out
+    last = _last_outputs(critic, batch, cut)
+    old = batch.bootstrap_value.tolist()
+    return out.with_scalars(bootstrap_value=[last.get(i, old[i]) for i in range(len(batch))])
+
+
+def critic_values(
+    critic: torch.nn.Module, batch: TrajectoryBatch, *, device="cpu", micro_batch_tokens: int = 8192
+) -> TrajectoryBatch:
+    """``batch`` with ``values`` ``(B, L)`` from ``critic`` (its output before each response token,
+    the rollout's alignment) and ``bootstrap_value`` on truncated rows (its output after the
+    response). A row's values depend on that row alone, so a file's rows can get them chunk by chunk."""
+    r = rows_of(batch)
+    v = critic_outputs(critic, r, np.arange(len(batch)), pad_id=0, device=device, micro_batch_tokens=micro_batch_tokens)
+    return _with_bootstrap(critic, batch, batch.with_token_fields(values=v))
+
+
 def fit_critic(
     batch: TrajectoryBatch,
     *,
@@ -147,6 +189,7 @@ def fit_critic(
     log: Callable[[str], None] | None = None,
     source: str = "batch",
     num_threads: int | None = 1,
+    serve: tuple[np.ndarray, int] | None = None,
 ) -> FittedCritic:
     """Fit a small critic to a batch's own returns and write its values into the batch.
 
@@ -169,6 +212,10 @@ def fit_critic(
     None keeps it). The default 1 is the trainer's (``Config.num_threads``): where other work shares
     the cores (a background run, a second kernel, another terminal's job), torch's threads wait on
     each other at every operation (measured in docs/adapters.md).
+
+    ``serve``: ``(ids, longest)`` — the token ids and the longest prompt + response the fresh critic
+    must serve besides the batch's own (:func:`fit_critic_file` fits on a sample of a file and then
+    gives every row of the file its values).
 
     Errors (``ValueError`` naming ``source``): no rewards, returns all equal, too few trajectories
     for a held-out split (at least 2 on each side).
@@ -196,7 +243,10 @@ def fit_critic(
         critic = trunk_critic(trunk, batch, seed=seed, device=device, source=source)
     if critic is None:
         longest = int(max(len(p) + len(r) for p, r in zip(batch.field("prompt_ids"), batch.field("response_ids"))))
-        critic = compact_critic(batch, size=size, seed=seed, max_positions=max(MAX_POSITIONS, longest + 1))
+        used = None
+        if serve is not None:
+            used, longest = np.union1d(used_ids(batch), serve[0]), max(longest, int(serve[1]))
+        critic = compact_critic(batch, size=size, seed=seed, max_positions=max(MAX_POSITIONS, longest + 1), used=used)
     critic.to(device)
     with threads(num_threads):
         fit = fit_values(
@@ -220,12 +270,8 @@ def fit_critic(
             keep_best=keep_best,
             all_values=True,
         )
-    out = batch.with_token_fields(values=fit.values)
-    cut = [i for i, t in enumerate(batch.field("truncated") if batch.has("truncated") else []) if t]
-    if cut:
-        last = _last_outputs(critic, batch, cut)
-        old = batch.bootstrap_value.tolist()
-        out = out.with_scalars(bootstrap_value=[last.get(i, old[i]) for i in range(len(batch))])
+    out = _with_bootstrap(critic, batch, batch.with_token_fields(values=fit.values))
+    cut = _truncated(batch)
     split = variance_summary(value_variance(out))
     info = {
         "target": target,
@@ -254,3 +300,135 @@ def fit_critic(
     }
     out = out.with_meta(values_source="fitted_critic", critic_fit=info)
     return FittedCritic(batch=out, critic=critic, fit=fit, info=info)
+
+
+# a whole file, chunk by chunk
+
+
+@dataclass
+class _Survey:
+    """What a first pass over a file keeps: each row's group id and response length, the token ids
+    used anywhere and the longest prompt + response (a few bytes a row; the critic must serve every row)."""
+
+    groups: list
+    lengths: np.ndarray
+    ids: np.ndarray
+    longest: int
+
+
+def _survey(path, max_tokens: int) -> _Survey:
+    groups: list = []
+    lengths = []
+    ids = np.zeros(0, dtype=np.int64)
+    longest = 0
+    for chunk in scan(path, max_tokens=max_tokens):
+        response = np.diff(chunk.columns.offsets).astype(np.int64)
+        groups.extend(chunk.field("group_id"))
+        lengths.append(response)
+        ids = np.union1d(ids, used_ids(chunk))
+        longest = max(longest, int((np.diff(chunk.columns.prompt[1]) + response).max()))
+    return _Survey(groups, np.concatenate(lengths) if lengths else np.zeros(0, np.int64), ids, longest)
+
+
+def fit_sample(
+    groups: list, fit_rows: int, seed: int, lengths: np.ndarray | None = None, fit_tokens: int | None = None
+) -> np.ndarray:
+    """The rows (ascending indices) the critic is fitted on: every row when there are at most
+    ``fit_rows`` of them holding at most ``fit_tokens`` response tokens (``lengths``: each row's);
+    else whole groups in a seeded random order until either bound is reached (a group is never cut:
+    the held-out split keeps a task on one side; the first group is always taken)."""
+    n = len(groups)
+    lengths = np.zeros(n, dtype=np.int64) if lengths is None else np.asarray(lengths, dtype=np.int64)
+    budget = math.inf if fit_tokens is None else fit_tokens
+    if n <= fit_rows and lengths.sum() <= budget:
+        return np.arange(n)
+    members: dict = {}
+    for i, g in enumerate(groups):
+        members.setdefault(g, []).append(i)
+    order = list(members)
+    np.random.default_rng(seed).shuffle(order)
+    chosen: list[int] = []
+    tokens = 0
+    for g in order:
+        if chosen and (len(chosen) >= fit_rows or tokens >= budget):
+            break
+        chosen.extend(members[g])
+        tokens += int(lengths[members[g]].sum())
+    return np.sort(np.asarray(chosen, dtype=np.int64))
+
+
+def _gather(path, rows: np.ndarray, max_tokens: int) -> TrajectoryBatch:
+    """The rows ``rows`` (global indices, ascending) of ``path``, in file order, read chunk by chunk."""
+    kept, start = [], 0
+    for chunk in scan(path, max_tokens=max_tokens):
+        lo, hi = np.searchsorted(rows, [start, start + len(chunk)])
+        if hi > lo:
+            kept.append(chunk[rows[lo:hi] - start] if hi - lo < len(chunk) else chunk)
+        start += len(chunk)
+    return TrajectoryBatch.concat(kept)
+
+
+def fit_critic_file(
+    path,
+    out,
+    *,
+    fit_rows: int = 4096,
+    fit_tokens: int = 2_000_000,
+    max_tokens: int = 500_000,
+    progress: bool = True,
+    **fit: Any,
+) -> FittedCritic:
+    """:func:`fit_critic` on a file or folder of any size, written to ``out`` (.parquet or .jsonl).
+    **Streams**: memory is the fitted sample plus one chunk of ``max_tokens`` response tokens.
+
+    Three passes: (1) each row's group id, the token ids used and the longest sequence; (2) the rows
+    the critic is fitted on (:func:`fit_sample`: every row when the file has at most ``fit_rows``
+    rows and ``fit_tokens`` response tokens — then the fit is the whole-file fit — else whole groups
+    drawn by the seed up to either bound: a fit of ``steps`` steps of ``batch_episodes`` episodes
+    reads at most ``steps × batch_episodes`` of them anyway, and the bound on tokens keeps the
+    sample's memory bounded however long the rows);
+    (3) every row's values from the fitted critic (:func:`critic_values`), chunk by chunk, written as
+    parts and merged. The ``critic_fit`` record gains ``rows`` (the file's) and ``fit_rows`` (the
+    sample's); its across/within split is over every row. ``fit``: :func:`fit_critic`'s options.
+    Returns the :class:`FittedCritic` of the sample (its ``batch``: the sample with values; ``info``:
+    the record written)."""
+    if isinstance(fit_rows, bool) or not isinstance(fit_rows, int) or fit_rows < 4:
+        raise OptionError("fit_rows", f"expected an integer >= 4 (a held-out split needs rows), found {fit_rows!r}")
+    if isinstance(fit_tokens, bool) or not isinstance(fit_tokens, int) or fit_tokens < 1:
+        raise OptionError("fit_tokens", f"expected an integer >= 1, found {fit_tokens!r}")
+    out = Path(out)
+    survey = _survey(path, max_tokens)
+    if not survey.groups:
+        raise ValueError(f"{fit.get('source', path)}: no trajectories to fit a critic to (0 rows)")
+    rows = fit_sample(survey.groups, fit_rows, fit.get("seed", 0), survey.lengths, fit_tokens)
+    sample = _gather(path, rows, max_tokens)
+    res = fit_critic(sample, serve=(survey.ids, survey.longest), progress=progress, **fit)
+    parts = out.with_name(out.name + ".parts.tmp")
+    shutil.rmtree(parts, ignore_errors=True)
+    parts.mkdir(parents=True)
+    tables, meta, cut = [], None, 0
+    try:
+        bar = tqdm(total=len(survey.groups), unit="traj", desc="values", leave=False, disable=not progress)
+        for i, chunk in enumerate(scan(path, max_tokens=max_tokens)):
+            valued = critic_values(res.critic, chunk, device=fit.get("device", "cpu"))
+            tables.append(value_variance(valued))
+            cut += len(_truncated(chunk))
+            meta = meta or valued.meta
+            name = f"part-{i:06d}.parquet" if out.suffix == ".parquet" else f"part-{i:06d}/rows{out.suffix}"
+            save(valued, parts / name)
+            bar.update(len(chunk))
+        bar.close()
+        split = variance_summary(pd.concat(tables, ignore_index=True))
+        info = {
+            **res.info,
+            "rows": len(survey.groups),
+            "fit_rows": len(sample),
+            "values_mean_across": split["mean_across"],
+            "values_mean_within": split["mean_within"],
+            "values_median_across_within_ratio": split["median_ratio"],
+            "truncated_bootstrapped": cut,
+        }
+        merge_parts(parts, out, {**(meta or {}), "values_source": "fitted_critic", "critic_fit": info})
+    finally:
+        shutil.rmtree(parts, ignore_errors=True)
+    return FittedCritic(batch=res.batch, critic=res.critic, fit=res.fit, info=info)

@@ -114,3 +114,44 @@ def test_problems_do_not_depend_on_how_the_reader_cuts(folders):
     for n in (1, 4096):
         (p,) = [q for b in pieces(one, "collect", rows_per_chunk=n) for q in b.rejected]
         assert p.found == "a duplicate of 'r0000' (first at line 1)"
+
+
+def test_the_histograms_by_hand():
+    from mpo_viz.data.summary import summarize_rows
+
+    numbers = {
+        "length": np.array([0, 1, 3, 4, 7, 8, 300]),
+        "action": np.array([0, 1, 1, 2, 3, 4, 10]),
+        "turns": np.array([1, 1, 2, 2, 2, 3, 9]),
+        "reward": np.array([0.0, 0.5, 1.0, 1.0, np.nan, 0.25, 0.05]),
+        "score": np.zeros(7),
+        "prompt": np.ones(7, dtype=np.int64),
+        "group_id": np.array(list("aabbccd"), dtype=object),
+    }
+    h = summarize_rows(numbers, [], {})["histograms"]
+    assert h["turns"] == {"values": [1, 2, 3, 9], "counts": [2, 3, 1, 1]}
+    # doubling bins [0,1) [1,2) [2,4) [4,8) [8,16) ... [256,512): 0 | 1 | 3 | 4 7 | 8 | 300
+    assert h["response_length"]["edges"] == [0, 1, 2, 4, 8, 16, 32, 64, 128, 256, 512]
+    assert h["response_length"]["counts"] == [1, 1, 1, 2, 1, 0, 0, 0, 0, 1]
+    # ten bins over [0, 1] of the six finite rewards (the NaN is reward_missing): 0 | .05 | .25 | .5 | 1 1
+    assert h["reward"]["counts"] == [2, 0, 1, 0, 0, 1, 0, 0, 0, 2]
+    assert h["reward"]["edges"][0] == 0.0 and h["reward"]["edges"][-1] == 1.0
+    one = summarize_rows({**numbers, "reward": np.full(7, 2.0)}, [], {})["histograms"]["reward"]
+    assert one == {"edges": [2.0, 2.0], "counts": [7]}
+    none = summarize_rows({k: v[:0] for k, v in numbers.items()}, [], {})["histograms"]
+    assert none == {
+        "turns": {"values": [], "counts": []},
+        "response_length": {"edges": [], "counts": []},
+        "reward": {"edges": [], "counts": []},
+    }
+
+
+def test_info_prints_the_histograms(tmp_path, capsys):
+    b = mv.TrajectoryBatch.from_rows(messy_rows(40, seed=3), {})
+    mv.save(b, tmp_path / "b.parquet")
+    assert main(["info", str(tmp_path / "b.parquet")]) == 0
+    out = capsys.readouterr().out
+    turns = b.summary()["histograms"]["turns"]
+    expected = "  ".join(f"{v}:{c}" for v, c in zip(turns["values"], turns["counts"]))
+    assert f"turns hist       {expected}" in out
+    assert "length hist      [" in out and "reward hist      |" in out

@@ -206,3 +206,50 @@ def test_cli_truth_with_the_expert(tmp_path, capsys):
     assert "Monte-Carlo truth of the noisy expert (noise 0.25)" in said and "wrote" in said
     back = mv.load(out)
     assert back.has("mc_value") and not back.has("mc_q") and back.meta["mc_truth"]["m"] == 4
+
+
+def _fields_and_meta(path):
+    b = mv.load(path)
+    fields = {f: [np.asarray(x).tolist() for x in b.field(f)] for f in sorted(b.fields)}
+    meta = json.loads(json.dumps(b.meta, default=str))
+    for m in (meta["mc_truth"], meta["mc_truth"].get("tokens", {})):
+        m.pop("seconds", None)  # the one number that is not the same
+    return fields, meta
+
+
+@pytest.mark.parametrize("suffix", [".parquet", ".jsonl"])
+def test_cli_truth_chunk_by_chunk_is_the_whole_files(start_episodes, tmp_path, capsys, suffix):
+    """--max-tokens 1: every episode its own chunk, across the two files of a folder; the fields, the
+    metadata's counts and the printed totals are those of one pass over the whole input."""
+    policy, batch = start_episodes
+    src = tmp_path / "in"
+    mv.save(batch[:2], src / "a.parquet")
+    mv.save(batch[2:], src / "b.parquet")
+    base = ["truth", str(src), "--model", str(START), "-M", "2", "--tokens", "decisive", "--tokens-M", "2", "-q"]
+    said = {}
+    for name, chunk in (("whole", "10000000"), ("cut", "1")):
+        assert main([*base, "-o", str(tmp_path / f"{name}{suffix}"), "--max-tokens", chunk]) == 0
+        said[name] = [line for line in capsys.readouterr().out.splitlines() if "standard error" in line]
+    whole, cut = _fields_and_meta(tmp_path / f"whole{suffix}"), _fields_and_meta(tmp_path / f"cut{suffix}")
+    assert cut[1] == whole[1] and cut[0].keys() == whole[0].keys()
+    for f in whole[0]:
+        if f.startswith("mc_tok_") and f not in ("mc_tok_measured", "mc_tok_control"):
+            # the token's pi comes from a batched forward: the same to float rounding
+            for a, b in zip(cut[0][f], whole[0][f]):
+                np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-9, err_msg=f)
+        else:  # the turn truth, the flags and the input's fields: bit for bit
+            assert cut[0][f] == whole[0][f] or np.array_equal(
+                np.asarray(cut[0][f], dtype=object), np.asarray(whole[0][f], dtype=object)
+            ), f
+    assert whole[1]["mc_truth"]["boundaries"] == int(batch.num_turns.sum())
+    assert whole[1]["mc_truth"]["tokens"]["measured"] == sum(map(sum, whole[0]["mc_tok_measured"])) > 0
+    assert [s.split(", ")[:2] for s in said["cut"]] == [s.split(", ")[:2] for s in said["whole"]]
+    assert len(said["whole"]) == 2 and said["whole"][0].startswith(f"{batch.num_turns.sum()} turn starts")
+
+
+def test_cli_truth_on_an_empty_file_says_so(tmp_path, capsys):
+    src = tmp_path / "e.parquet"
+    mv.save(generate(GenerateConfig(env="search", episodes=2, group_size=2, seed=0))[:0], src)
+    assert main(["truth", str(src), "-o", str(tmp_path / "o.parquet"), "--policy", "expert", "-q"]) == 1
+    assert "no trajectories to measure (0 rows)" in capsys.readouterr().err
+    assert not (tmp_path / "o.parquet").exists() and not list(tmp_path.glob("*.parts.tmp"))

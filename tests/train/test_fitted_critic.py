@@ -13,8 +13,8 @@ from mpo_viz.checks import OptionError
 from mpo_viz.cli import main
 from mpo_viz.models import trunk_critic
 from mpo_viz.train.critic_fit import holdout_split
-from mpo_viz.train.fitted_critic import fit_critic, fit_targets
-from tests.train.critic_helpers import label_batch
+from mpo_viz.train.fitted_critic import fit_critic, fit_critic_file, fit_sample, fit_targets
+from tests.train.critic_helpers import label_batch, spread
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # see tests/conftest.py
 
@@ -177,7 +177,8 @@ def test_fit_critic_trunk_from_the_shell(hf_dir, tmp_path, capsys):
         == 0
     )
     cap = capsys.readouterr().out
-    assert f"fitting a critic on the trunk of {hf_dir} to the turn returns of 40 trajectories" in cap
+    assert f"fitting a critic on the trunk of {hf_dir} to the turn returns of {src} (40 trajectories;" in cap
+    assert "fitted on 40 of 40 trajectories" in cap
     assert mv.load(out).meta["critic_fit"]["trunk"] == str(hf_dir)
     assert mv.load(out).meta["critic_fit"]["num_threads"] == 1  # the default --threads
     assert main(["fit-critic", str(src), "-o", str(out), "--threads", "0"]) == 2
@@ -248,3 +249,86 @@ def test_the_fit_runs_on_num_threads_and_gives_the_count_back(monkeypatch):
         assert torch.get_num_threads() == 2
     finally:
         torch.set_num_threads(before)
+
+
+# --------------------------------------------------------------------------- a whole file, chunk by chunk
+FIT = dict(steps=24, lr=3e-3, batch_episodes=8, holdout=0.25, eval_every=8, seed=3)
+
+
+def _rows_with_cut(n: int) -> mv.TrajectoryBatch:
+    """label_batch's rows over a spread vocabulary (the compact critic), one row in five cut short,
+    rows of different lengths, so chunks differ in width and ids."""
+    rows = []
+    for i, r in enumerate(spread(label_batch(n), 50_000).rows()):
+        k = 1 + i % 3
+        rows.append(
+            {**r, "response_ids": list(r["response_ids"])[: k + 2], "loss_mask": [1] * (k + 2), "truncated": i % 5 == 0}
+        )
+    return mv.TrajectoryBatch.from_rows(rows)
+
+
+@pytest.mark.parametrize("suffix", [".parquet", ".jsonl"])
+def test_fit_critic_file_chunk_by_chunk_is_the_whole_batch_fit(tmp_path, suffix):
+    """A file of at most fit_rows rows, split over two files of a folder and read a few rows at a
+    time: the fit is the whole batch's (the same critic vocabulary and positions, split and steps) and
+    every row's values and bootstrap value are the whole fit's, to float rounding of the batching."""
+    b = _rows_with_cut(40)
+    src = tmp_path / "in"
+    mv.save(b[:17], src / "a.parquet")
+    mv.save(b[17:], src / "b.parquet")
+    whole = fit_critic(mv.load(src), progress=False, **FIT)
+    res = fit_critic_file(src, tmp_path / f"out{suffix}", max_tokens=9, progress=False, **FIT)
+    out = mv.load(tmp_path / f"out{suffix}")
+    assert out.traj_ids == b.traj_ids and res.fit.heldout_ev == whole.fit.heldout_ev
+    np.testing.assert_allclose(out.values.numpy(), whole.batch.values.numpy(), atol=1e-5)
+    np.testing.assert_allclose(out.bootstrap_value, whole.batch.bootstrap_value, atol=1e-5)
+    info = out.meta["critic_fit"]
+    assert info["rows"] == info["fit_rows"] == 40 and info["truncated_bootstrapped"] == 8
+    assert out.meta["values_source"] == "fitted_critic"
+    for k in ("heldout_explained_variance", "train_explained_variance", "n_train", "n_heldout", "kept_step"):
+        assert info[k] == pytest.approx(whole.info[k], abs=1e-9), k
+    for k in ("values_mean_across", "values_mean_within", "values_median_across_within_ratio"):
+        assert info[k] == pytest.approx(whole.info[k], rel=1e-4, abs=1e-9), k
+
+
+def test_the_fit_sample_is_whole_groups_drawn_by_the_seed():
+    groups = [f"g{i // 3}" for i in range(30)]  # ten groups of three
+    assert fit_sample(groups, 30, 0).tolist() == list(range(30))  # at most fit_rows: every row
+    a, b, c = fit_sample(groups, 10, 0), fit_sample(groups, 10, 0), fit_sample(groups, 10, 1)
+    assert a.tolist() == b.tolist() and a.tolist() != c.tolist()
+    assert len(a) == 12 and a.tolist() == sorted(a.tolist())  # four whole groups: 10 rows reached
+    for s in (a, c):
+        picked = {groups[i] for i in s}
+        assert sorted(s.tolist()) == sorted(i for i, g in enumerate(groups) if g in picked)
+
+
+def test_fit_critic_file_on_a_sample_gives_every_row_values(tmp_path, capsys):
+    src = tmp_path / "logs.parquet"
+    b = _rows_with_cut(40)
+    mv.save(b, src)
+    out = tmp_path / "fitted.jsonl"
+    argv = ["fit-critic", str(src), "-o", str(out), "--steps", "8", "--fit-rows", "12", "--max-tokens", "20", "-q"]
+    assert main(argv) == 0
+    assert "fitted on 12 of 40 trajectories; critic fit: 8 steps" in capsys.readouterr().out
+    back = mv.load(out)
+    info = back.meta["critic_fit"]
+    assert back.traj_ids == b.traj_ids and info["rows"] == 40 and info["fit_rows"] == 12
+    assert info["n_train"] + info["n_heldout"] == 12 and info["truncated_bootstrapped"] == 8
+    v, m = back.values.numpy(), back.mask.bool().numpy()
+    cut = np.array([i % 5 == 0 for i in range(40)])
+    assert np.isfinite(v[m]).all() and np.isfinite(np.asarray(back.bootstrap_value)[cut]).all()
+    with pytest.raises(OptionError, match="fit_rows: expected an integer >= 4"):
+        fit_critic_file(src, tmp_path / "x.parquet", fit_rows=2)
+    # a bound on tokens: the groups drawn stop at 30 response tokens (rows of 3-5 tokens)
+    assert main(["fit-critic", str(src), "-o", str(out), "--fit-tokens", "30", "--steps", "2", "-q"]) == 0
+    info = mv.load(out).meta["critic_fit"]
+    assert 6 <= info["fit_rows"] <= 10 and info["rows"] == 40
+
+
+def test_the_fit_sample_stops_at_the_token_bound():
+    groups = [f"g{i // 2}" for i in range(20)]  # ten groups of two
+    lengths = np.full(20, 5)
+    assert fit_sample(groups, 100, 0, lengths, 100).tolist() == list(range(20))  # 100 tokens: all
+    s = fit_sample(groups, 100, 0, lengths, 30)
+    assert len(s) == 6 and lengths[s].sum() == 30  # three groups of 10 tokens
+    assert len(fit_sample(groups, 100, 0, np.full(20, 1000), 30)) == 2  # the first group is always taken

@@ -3,6 +3,7 @@ as a part, then merges them)."""
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 from pathlib import Path
@@ -12,12 +13,14 @@ from mpo_viz.data.schema import JSONL_META_NAME
 __all__ = ["merge_parts"]
 
 
-def merge_parts(parts: Path, out: Path) -> None:
+def merge_parts(parts: Path, out: Path, meta: dict | None = None) -> None:
     """Concatenate the part files of folder ``parts`` into one file ``out`` (temporary name, then rename).
 
     ``.parquet``: the ``part-*.parquet`` files, row group by row group, under the union of their
     schemas (a column a part lacks is null there); the first part's file metadata. ``.jsonl``: the
     ``part-*/rows.jsonl`` files, byte for byte, and the first part's ``_meta.json`` beside ``out``.
+    ``meta``: the file metadata to write instead of the first part's (a command that merges what
+    its chunks measured, e.g. ``mpo-viz truth``'s counts and seconds).
     """
     tmp = out.with_name(out.name + ".tmp")
     out.parent.mkdir(parents=True, exist_ok=True)
@@ -28,7 +31,11 @@ def merge_parts(parts: Path, out: Path) -> None:
         files = sorted(parts.glob("part-*.parquet"))
         schemas = [pq.read_schema(f) for f in files]
         unified = pa.unify_schemas([s.remove_metadata() for s in schemas], promote_options="permissive")
-        unified = unified.with_metadata(schemas[0].metadata)
+        unified = unified.with_metadata(
+            schemas[0].metadata
+            if meta is None
+            else {k.encode(): json.dumps(v, default=str).encode() for k, v in meta.items()}
+        )
         with pq.ParquetWriter(tmp, unified, compression="zstd") as w:
             for f in files:
                 pf = pq.ParquetFile(f)
@@ -49,4 +56,8 @@ def merge_parts(parts: Path, out: Path) -> None:
                 with open(d / f"rows{out.suffix}", "rb") as src:
                     shutil.copyfileobj(src, fh)
         os.replace(tmp, out)
-        shutil.copyfile(dirs[0] / JSONL_META_NAME, out.parent / JSONL_META_NAME)
+        if meta is None:
+            shutil.copyfile(dirs[0] / JSONL_META_NAME, out.parent / JSONL_META_NAME)
+        else:
+            text = json.dumps(json.loads(json.dumps(meta, default=str)), indent=1, sort_keys=True)
+            (out.parent / JSONL_META_NAME).write_text(text)
