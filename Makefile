@@ -13,12 +13,13 @@ VPY       := $(VERL_VENV)/bin/python
 VERL_REQ  := tests/integrations/requirements-verl.txt
 
 # torch first: `pip install torch==2.13.0` takes the CPU build on disk; installing the project
-# into an environment without torch would pull a multi-GB CUDA build.
+# into an environment without torch would pull a multi-GB CUDA build. The gem and textarena extras
+# are installed so that their adapters' tests (tests/envs/test_gem.py, test_textarena.py) run.
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install torch==2.13.0
-	$(PY) -m pip install -e '.[dev]'
+	$(PY) -m pip install -e '.[dev,gem,textarena]'
 	touch $(STAMP)
 
 venv: $(STAMP)
@@ -91,10 +92,11 @@ BENCH_QUICK := advantages whiten io losses fit_critic rollout truth report widge
 bench: venv
 	@for b in $(BENCH_QUICK); do echo "== benchmarks/$$b.py --quick"; $(PY) benchmarks/$$b.py --quick || exit 1; done
 
-# The replication runner end to end at its tiny size (a minute or two: nothing learns), into build/.
+# The replication runner and the E5 runner end to end at their tiny sizes (a few minutes: nothing learns), into build/
 experiment-smoke: venv
 	rm -rf build/experiment-smoke
 	$(PY) -m experiments.replication --size tiny --out build/experiment-smoke/out --archive build/experiment-smoke/archive
+	$(PY) -m experiments.within_turn --quick --out build/experiment-smoke/e5 --archive build/experiment-smoke/e5/records
 
 # A wheel of the package in dist/ (no dependencies bundled), for machines that install it without a clone
 # (docs/verl.md); built offline from this checkout with the venv's setuptools.

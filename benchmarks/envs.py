@@ -14,7 +14,16 @@ Three tables, one torch thread, the load (1-minute average) before and after eac
   a fresh model to ``V(s_0)`` (every reachable ``(turn, state)`` enumerated): median and max over
   rooms/lakes, with the states enumerated (target ≤ 1 s per 6×6 room with 2 boxes).
 * **generate**: episodes per second of ``mpo-viz generate --policy expert``
-  (:func:`mpo_viz.envs.generate.generate`: expert play, oracle, tokens and the batch).
+  (:func:`mpo_viz.envs.generate.generate`: expert play, oracle, tokens and the batch); also on the
+  adapters' Sokoban (``gem:game:Sokoban-v0-easy``, ``textarena:Sokoban-v0``: the exact solver, no
+  oracle, byte tokens).
+* **adapters** (the ``gem`` / ``textarena`` extras; a cell whose library is missing says so): µs per
+  ``env.step(text)`` of ``make_env("gem:<id>")`` / ``make_env("textarena:<id>")`` against the bare
+  call of the library on the same replies (gem: ``game.step(text)``; textarena: ``game.step(text)``
+  and ``game.get_observation()``, which the text needs), over episodes of uniformly random
+  well-formed replies; the overhead is their difference (target ≤ 50 µs per step: the private
+  global-RNG swap, the text, the chat messages). Episodes per second of the same play, through the
+  adapter (reset included) and bare.
 """
 
 from __future__ import annotations
@@ -44,6 +53,17 @@ CELLS = {
     "frozenlake 4x4 slippery": ("frozenlake", {}),
     "frozenlake 8x8 slippery, 200 turns (gymnasium)": ("frozenlake", {"size": 8, "max_turns": 200}),
 }
+#: name -> the replies a random player draws from (well-formed: the library's own action format)
+_MOVES = ("up", "down", "left", "right")
+ADAPTER_CELLS = {
+    "gem:game:Sokoban-v0-easy": tuple(f"\\boxed{{{m}}}" for m in _MOVES),
+    "gem:game:Game2048-v0-easy": tuple(f"\\boxed{{{m}}}" for m in _MOVES),
+    "gem:game:Minesweeper-v0-easy": tuple(f"\\boxed{{reveal {r} {c}}}" for r in range(5) for c in range(5)),
+    "textarena:Sokoban-v0": tuple(f"[{m}]" for m in _MOVES),
+    "textarena:FrozenLake-v0": tuple(f"[{m}]" for m in _MOVES),
+}
+#: adapter environments with an expert (the exact solver), rows of the generate table
+EXPERT_ADAPTERS = ("gem:game:Sokoban-v0-easy", "textarena:Sokoban-v0")
 STEP_TARGET_US = 50.0
 ORACLE_TARGET_S = 1.0
 
@@ -120,11 +140,100 @@ def generate_cell(name: str, opts: dict, episodes: int, seed: int = 0) -> dict:
     return {"episodes": len(batch), "eps_per_s": len(batch) / dt, "tokens_per_ep": float(batch.mask.shape[1])}
 
 
+def _bare_game(name: str):
+    """The library's own game for an adapter name, built as the adapter builds it (no wrappers),
+    and its step: ``(game, reset(seed), step(text) -> done)``."""
+    library, _, game_id = name.partition(":")
+    if library == "gem":
+        import gem
+
+        game = gem.make(game_id)
+
+        def step(text):
+            out = game.step(text)
+            return out[2] or out[3]
+
+        return game, lambda seed: game.reset(seed=seed), step
+    from textarena.envs.registration import ENV_REGISTRY
+
+    spec = ENV_REGISTRY[game_id]
+    module, _, attr = spec.entry_point.partition(":")
+    game = getattr(__import__(module, fromlist=[attr]), attr)(**spec.kwargs)
+
+    def ta_step(text):
+        done, _ = game.step(text)
+        game.get_observation()
+        return done
+
+    def ta_reset(seed):
+        game.reset(num_players=1, seed=seed)
+        game.get_observation()
+
+    return game, ta_reset, ta_step
+
+
+def adapter_cell(name: str, episodes: int, seed: int = 0) -> dict:
+    """µs per adapter step and per bare library step on the same random replies, and episodes per
+    second of both (reset included). The bare game replays each adapter episode's replies from the
+    same task seed until its own episode ends (its dynamics draw from the global RNGs as they
+    stand, so a stochastic game may end elsewhere: each side is averaged over its own steps)."""
+    replies = ADAPTER_CELLS[name]
+    env = make_env(name)
+    _, bare_reset, bare_step = _bare_game(name)
+    rng = random.Random(seed)
+    t_env = t_bare = t_env_reset = t_bare_reset = 0.0
+    turns = bare_turns = 0
+    outer = random.getstate(), np.random.get_state()
+    for ep in range(episodes):
+        t0 = time.perf_counter()
+        env.reset(seed=seed + ep)
+        t_env_reset += time.perf_counter() - t0
+        texts = []
+        while not env.done:
+            texts.append(rng.choice(replies))
+            t0 = time.perf_counter()
+            env.step(texts[-1])
+            t_env += time.perf_counter() - t0
+        turns += len(texts)
+        t0 = time.perf_counter()
+        bare_reset(seed + ep)
+        t_bare_reset += time.perf_counter() - t0
+        for text in texts:
+            t0 = time.perf_counter()
+            done = bare_step(text)
+            t_bare += time.perf_counter() - t0
+            bare_turns += 1
+            if done:
+                break
+    random.setstate(outer[0])  # the bare library reseeded the globals: put them back
+    np.random.set_state(outer[1])
+    step, bare = t_env / turns, t_bare / bare_turns
+    return {
+        "turns": turns,
+        "step_us": step * 1e6,
+        "bare_us": bare * 1e6,
+        "overhead_us": (step - bare) * 1e6,
+        "eps_per_s": episodes / (t_env + t_env_reset),
+        "bare_eps_per_s": episodes / (t_bare + t_bare_reset),
+    }
+
+
+def _library_missing(name: str) -> str | None:
+    """Why the cell cannot run (its extra is not installed), or None."""
+    library = name.partition(":")[0]
+    try:
+        __import__(library)
+    except ImportError:
+        return f"{library} is not installed: pip install 'mpo_viz[{library}]'"
+    return None
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--episodes", type=int, default=64, help="expert episodes per cell (step and generate)")
     ap.add_argument("--tasks", type=int, default=40, help="rooms/lakes per cell whose oracle is built")
     ap.add_argument("--cells", nargs="*", default=list(CELLS), choices=list(CELLS))
+    ap.add_argument("--adapters", nargs="*", default=list(ADAPTER_CELLS), choices=list(ADAPTER_CELLS))
     ap.add_argument("--quick", action="store_true", help="a few seconds' smoke run (make bench): 8 episodes, 4 tasks")
     args = ap.parse_args(argv)
     if args.quick:
@@ -168,6 +277,41 @@ def main(argv=None) -> int:
         print(
             f"| {cell} | {r['episodes']} | **{r['eps_per_s']:.1f}** | {r['tokens_per_ep']:.0f} | "
             f"{before:.1f} → {_load():.1f} |",
+            flush=True,
+        )
+    for name in (n for n in EXPERT_ADAPTERS if n in args.adapters):
+        missing = _library_missing(name)
+        if missing:
+            print(f"| {name} (the solver) | — | {missing} | — | |", flush=True)
+            continue
+        before = _load()
+        r = generate_cell(name, {}, args.episodes)
+        print(
+            f"| {name} (the solver) | {r['episodes']} | **{r['eps_per_s']:.1f}** | {r['tokens_per_ep']:.0f} | "
+            f"{before:.1f} → {_load():.1f} |",
+            flush=True,
+        )
+
+    print(
+        f"\nadapters: µs per env.step of gem:/textarena: environments against the bare library step, "
+        f"{args.episodes} episodes of random well-formed replies per cell; episodes/s of the same play"
+    )
+    print(
+        "| environment | turns | step µs | bare µs | overhead µs (target ≤ 50) | episodes/s | bare episodes/s "
+        "| load before → after |"
+    )
+    print("|---|---|---|---|---|---|---|---|")
+    for name in args.adapters:
+        missing = _library_missing(name)
+        if missing:
+            print(f"| {name} | — | — | — | {missing} | — | — | |", flush=True)
+            continue
+        before = _load()
+        r = adapter_cell(name, args.episodes)
+        flag = "" if r["overhead_us"] <= STEP_TARGET_US else " (over)"
+        print(
+            f"| {name} | {r['turns']} | {r['step_us']:.1f} | {r['bare_us']:.1f} | **{r['overhead_us']:.1f}**{flag} | "
+            f"{r['eps_per_s']:.0f} | {r['bare_eps_per_s']:.0f} | {before:.1f} → {_load():.1f} |",
             flush=True,
         )
     return 0

@@ -19,6 +19,7 @@ import pandas as pd
 from scipy import stats
 
 from experiments.grids import REPO
+from experiments.stats import power
 from mpo_viz.analysis.truth import renamed_columns
 
 RECORDS = REPO / "experiments" / "records"
@@ -212,11 +213,8 @@ def e3_numbers() -> dict:
 
 
 def paired_power(diffs, d: float = 0.05, alpha: float = 0.025) -> float:
-    """Power of a two-sided paired t-test at level ``alpha`` (the Holm level of the smallest p of 2)
-    for a true difference ``d``, with the spread of the paired differences ``diffs`` observed."""
-    n, sd = len(diffs), float(np.std(diffs, ddof=1))
-    t, nc = stats.t.ppf(1 - alpha / 2, n - 1), d / (sd / np.sqrt(n))
-    return float(stats.nct.sf(t, n - 1, nc) + stats.nct.cdf(-t, n - 1, nc))
+    """:func:`experiments.stats.power` with the spread of the paired differences ``diffs`` observed."""
+    return power(float(np.std(diffs, ddof=1)), len(diffs), d, alpha)
 
 
 def e2_numbers() -> dict:
@@ -232,6 +230,30 @@ def e2_numbers() -> dict:
         "lam09_hi": float(by.max()[0.9]),
         "lam0_lo": float(by.min()[0.0]),
         "lam0_hi": float(by.max()[0.0]),
+    }
+
+
+def e5_numbers() -> dict:
+    """E5 (within-turn credit against the token truth): the primary comparisons and the secondary as
+    archived, and per estimator the mean over every fit (critic values) of the token-level and
+    within-turn correlations with the truth."""
+    folder = RECORDS / "v4" / "e5"
+    comps = {c["comparison"]: c for c in read_jsonl(folder / "comparisons.jsonl")}
+    df = pd.read_csv(folder / "e5.csv")
+    critic = df[df["values"] == "critic"]
+    measure = comps["mpo - turn_gae"]["measure"]
+    means = critic.groupby("estimator")[[measure, "tok_corr", "within_corr"]].mean()
+    return {
+        "mpo_turn_gae": comps["mpo - turn_gae"],
+        "mpo_baseline": comps["mpo - mpo_baseline"],
+        "within": comps["mpo within_corr - 0 (secondary, uncorrected)"],
+        "measure": measure,
+        "corr": means[measure].to_dict(),
+        "within_corr": means["within_corr"].to_dict(),
+        "snapshots": int(df.snapshot.nunique()),
+        "fits": int(df.groupby(["snapshot", "trunk", "seed"]).ngroups),
+        "reliability_lo": float(df.reliability.min()),
+        "reliability_hi": float(df.reliability.max()),
     }
 
 

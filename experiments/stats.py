@@ -37,6 +37,20 @@ def paired_test(diff) -> dict:
     return {"mean_diff": m, "ci_low": m - q * se, "ci_high": m + q * se, "p_value": float(2 * sps.t.sf(abs(t), n - 1))}
 
 
+def power(sd: float, n: int, diff: float = 0.05, alpha: float = 0.025) -> float:
+    """Power of a two-sided paired t-test at level ``alpha`` (α/2 = 0.025: Holm's first step over two)
+    for a true mean difference ``diff``, with unit spread ``sd`` over ``n`` units (noncentral t;
+    its normal limit where scipy's noncentral t fails far out in the tail). NaN without a spread."""
+    if not (sd > 0 and n > 1):
+        return math.nan
+    q = float(sps.t.ppf(1 - alpha / 2, n - 1))
+    nc = diff / (sd / math.sqrt(n))
+    p = float(sps.nct.sf(q, n - 1, nc) + sps.nct.cdf(-q, n - 1, nc))
+    if not math.isfinite(p):
+        p = float(sps.norm.sf(q - nc) + sps.norm.cdf(-q - nc))
+    return p
+
+
 def holm(p_values) -> list[float]:
     """Holm's step-down adjusted p-values (NaN stays NaN and is not counted)."""
     p = np.asarray(p_values, float)

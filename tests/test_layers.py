@@ -176,6 +176,8 @@ def test_no_private_name_crosses_a_module():
             ):
                 if node.attr == "_actions":  # argparse's parser._actions: a third-party object
                     continue
+                if ast.unparse(node) == "random._inst":  # the stdlib's generator behind random's functions (envs/rng)
+                    continue
                 bad.append(f"{mod}:{node.lineno} reads {ast.unparse(node)}")
     assert not bad, "\n".join(bad)
 

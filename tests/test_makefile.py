@@ -54,3 +54,10 @@ def test_bench_runs_only_the_quick_speed_benchmarks():
 def test_ci_runs_the_tests_and_the_lint():
     ci = (ROOT / ".ci" / "run").read_text()
     assert "make test\n" in ci and "make lint" in ci
+
+
+def test_the_venv_installs_torch_first_then_the_project_with_the_game_extras():
+    recipe = [ln.strip() for ln in _makefile().split("$(STAMP): pyproject.toml", 1)[1].split("\n\n", 1)[0].splitlines()]
+    torch = next(i for i, ln in enumerate(recipe) if "pip install torch==" in ln)
+    project = next(i for i, ln in enumerate(recipe) if "pip install -e" in ln)
+    assert torch < project and "'.[dev,gem,textarena]'" in recipe[project]

@@ -91,8 +91,9 @@ def read_text(option: Option, value):
 
 
 def env_name(text: str) -> str:
-    """The ``--env`` flag's value: a registered name, an installed entry point's, or
-    ``package.module:factory`` (imported and registered here); argparse's one-line error otherwise."""
+    """The ``--env`` flag's value: a registered name, an installed entry point's, ``gem:<id>`` /
+    ``textarena:<id>`` or ``package.module:factory`` (imported and registered here); argparse's
+    one-line error otherwise."""
     from mpo_viz.envs.registry import resolve_env
 
     try:
@@ -107,8 +108,9 @@ def env_help() -> str:
 
     return (
         f"environment: one of {', '.join(available_envs())} (installed packages add theirs through the entry-point "
-        f"group {ENTRY_POINT_GROUP}), or package.module:factory (a TextEnv or reset/step class or function; "
-        "docs/environments.md)"
+        f"group {ENTRY_POINT_GROUP}), gem:<id> or textarena:<id> (a game of GEM or TextArena, e.g. "
+        "gem:game:Sokoban-v0-easy; extras [gem], [textarena]), or package.module:factory (a TextEnv or reset/step "
+        "class or function; docs/environments.md)"
     )
 
 

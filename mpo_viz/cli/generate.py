@@ -14,10 +14,7 @@ from mpo_viz.cli.flags import ENV_OPTIONS, add_env_options, env_help, env_name
 from mpo_viz.data.io import save
 from mpo_viz.envs.base import parse_difficulty
 from mpo_viz.envs.expert import NoisyExpert
-from mpo_viz.envs.registry import env_declarations, make_env
-
-#: the default of ``--difficulty`` (the built-in environments' own default)
-DEFAULT_DIFFICULTY = "3-6"
+from mpo_viz.envs.registry import make_env
 
 
 def _difficulty(text: str):
@@ -31,16 +28,15 @@ def _difficulty(text: str):
 
 def _env_kwargs(args) -> dict:
     """The environment's options from the flags: its declared options' flags, ``--env-option``, and
-    ``--difficulty`` (when the environment declares it, or it was given)."""
+    ``--difficulty`` when it was given (else the environment's own default)."""
     kw = {k.partition(".")[2]: v for k, v in vars(args).items() if k.startswith(ENV_OPTIONS + ".")}
     for item in vars(args).get(ENV_OPTIONS) or ():
         key, sep, text = item.partition("=")
         if not sep or not key.strip():
             raise OptionError(ENV_OPTIONS, f"expected KEY=VALUE (e.g. --env-option top=9), found {item!r}")
         kw[key.strip()] = _json_or_text(text)
-    declared = env_declarations(args.env)
-    if args.difficulty is not None or declared is None or "difficulty" in declared:
-        kw["difficulty"] = _difficulty(args.difficulty or DEFAULT_DIFFICULTY)
+    if args.difficulty is not None:
+        kw["difficulty"] = _difficulty(args.difficulty)
     return kw
 
 
@@ -88,7 +84,7 @@ def _command_line(args) -> str:
             parts += ["--" + name.replace("_", "-"), str(v)]
     if args.value_noise:
         parts += ["--value-noise", repr(args.value_noise)]
-    if args.difficulty is not None and args.difficulty != DEFAULT_DIFFICULTY:
+    if args.difficulty is not None:
         parts += ["--difficulty", args.difficulty]
     if args.no_reasoning:
         parts.append("--no-reasoning")
@@ -271,7 +267,7 @@ def cmd_generate(args) -> int:
     if _resolve_policy(args, env) == "model":
         return cmd_generate_model(args, env)
     kw = _env_kwargs(args)
-    difficulty = kw.pop("difficulty", _difficulty(DEFAULT_DIFFICULTY))
+    difficulty = kw.pop("difficulty", None)
     cfg = GenerateConfig(
         env=args.env,
         policy=args.policy,
@@ -349,7 +345,8 @@ def add_subcommand(sub, env_hint: str | None = None) -> None:
     p.add_argument(
         "--difficulty",
         default=None,
-        help="expert turns per task: N or MIN-MAX (default 3-6, for an environment that declares difficulty)",
+        help="expert turns per task: N or MIN-MAX (default: the environment's own; 3-6 for search, tooluse "
+        "and automation)",
     )
     p.add_argument("--no-reasoning", action="store_true", help="the expert writes only the command")
     p.add_argument("--gamma", type=float, default=1.0, help="turn-level discount of the oracle values")

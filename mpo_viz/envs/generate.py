@@ -44,7 +44,7 @@ from mpo_viz.envs.base import TextEnv
 from mpo_viz.envs.expert import NoisyExpert
 from mpo_viz.envs.oracle import Oracle
 from mpo_viz.envs.protocol import ProtocolEnv, play_expert
-from mpo_viz.envs.registry import env_declarations, make_env
+from mpo_viz.envs.registry import make_env
 from mpo_viz.envs.tokenizer import ChatLayout, UnknownTextWarning, build_tokenizer
 
 #: the extra per-token columns a generated batch carries (float32; saved and loaded like any column)
@@ -67,8 +67,8 @@ class GenerateConfig:
         seed: master seed; the whole set is a deterministic function of the config.
         value_noise: σ of Gaussian noise added to ``values`` (0 = the exact oracle).
         reasoning: the expert writes its short thought before the command.
-        difficulty: expert turns per task, an int or an inclusive (min, max) range (passed to an
-            environment that does not declare ``difficulty`` only when changed from the default).
+        difficulty: expert turns per task, an int or an inclusive (min, max) range; None (default):
+            the environment's own default (3–6 for the built-in ones).
         gamma: turn-level discount of the oracle values.
         env_options: further keyword options of the environment (``slack``, ``shaping``, ``slip``...).
     """
@@ -81,7 +81,7 @@ class GenerateConfig:
     seed: int = 0
     value_noise: float = 0.0
     reasoning: bool = True
-    difficulty: int | tuple[int, int] = (3, 6)
+    difficulty: int | tuple[int, int] | None = None
     gamma: float = 1.0
     env_options: dict = field(default_factory=dict)
 
@@ -181,17 +181,10 @@ def run_episode(
     }
 
 
-#: ``GenerateConfig.difficulty``'s default
-DEFAULT_DIFFICULTY = (3, 6)
-
-
 def _env_of(cfg: GenerateConfig) -> TextEnv:
-    declared = env_declarations(cfg.env)
-    d = cfg.difficulty
-    changed = (d if isinstance(d, int) else tuple(d)) != DEFAULT_DIFFICULTY
     kw = dict(cfg.env_options)
-    if declared is None or "difficulty" in declared or changed:
-        kw["difficulty"] = d
+    if cfg.difficulty is not None:
+        kw["difficulty"] = cfg.difficulty
     return make_env(cfg.env, **kw)
 
 

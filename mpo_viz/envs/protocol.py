@@ -9,8 +9,9 @@ The protocol (docs/environments.md, "Your own environment"), all text in and out
   sampling only).
 * ``step(text) -> (observation, reward, terminated, truncated, info)`` — one assistant turn. The
   environment's own turn limit is ``truncated=True``, whatever it pays then (partial credit at the
-  limit) is that turn's reward, and ``info["success"]`` (default: terminated with a reward > 0)
-  says whether the episode succeeded.
+  limit) is that turn's reward, ``info["success"]`` (default: terminated with a reward > 0)
+  says whether the episode succeeded and ``info["valid"]`` (default True) whether the reply was a
+  well-formed action.
 * ``fork(seed)`` (for the Monte-Carlo truth, ``mpo-viz truth`` and ``critic="mc"``) — an independent
   copy at the current state that copies the *whole* dynamic state, any RNG included, and draws its
   future from a stream seeded by ``seed``.
@@ -32,16 +33,13 @@ played side by side do not share them, replay is exact and ``fork`` copies them.
 from __future__ import annotations
 
 import copy
-import hashlib
 import inspect
 import random
 from collections.abc import Callable
-from contextlib import contextmanager
 from typing import Any
 
-import numpy as np
-
 from mpo_viz.envs.base import TextEnv, tokenizer_kind_of
+from mpo_viz.envs.rng import GlobalRNG
 
 __all__ = ["ProtocolEnv", "as_env", "is_protocol", "play_expert", "PROTOCOL", "EXPERT_TURN_CAP"]
 
@@ -76,14 +74,6 @@ def _takes_task_seed(reset) -> bool:
     except (TypeError, ValueError):
         return False
     return "task_seed" in params or any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values())
-
-
-def _globals_for(*seed) -> tuple:
-    """Python's and numpy's global RNG states seeded by ``seed`` (not installed; the same in every
-    process)."""
-    words = "protocol-" + "-".join(map(str, seed))
-    digest = int.from_bytes(hashlib.sha256(words.encode()).digest()[:4], "little")
-    return random.Random(words).getstate(), np.random.RandomState(digest).get_state()
 
 
 class ProtocolEnv(TextEnv):
@@ -125,7 +115,7 @@ class ProtocolEnv(TextEnv):
         self.messages: list[dict] = []
         self.done = True
         self.difficulty: Any = None
-        self._globals: tuple | None = None
+        self._globals: GlobalRNG | None = None
         self._task_seed = _takes_task_seed(inner.reset)
 
     # ------------------------------------------------------------------ what it offers
@@ -152,18 +142,12 @@ class ProtocolEnv(TextEnv):
         return {k: list(v) if isinstance(v, tuple) else v for k, v in out.items()}
 
     # ------------------------------------------------------------------ the wrapped object's own RNGs
-    @contextmanager
-    def _own_rng(self):
-        outer = (random.getstate(), np.random.get_state())
-        if self._globals is not None:
-            random.setstate(self._globals[0])
-            np.random.set_state(self._globals[1])
-        try:
-            yield
-        finally:
-            self._globals = (random.getstate(), np.random.get_state())
-            random.setstate(outer[0])
-            np.random.set_state(outer[1])
+    def _own_rng(self) -> GlobalRNG:
+        """The wrapped object's global RNG states, to be swapped in around a call (``with``;
+        :mod:`mpo_viz.envs.rng`)."""
+        if self._globals is None:
+            self._globals = GlobalRNG("unseeded")
+        return self._globals
 
     # ------------------------------------------------------------------ episodes
     def make_task(self, seed):
@@ -183,7 +167,7 @@ class ProtocolEnv(TextEnv):
         if seed is None:
             seed = random.Random().randrange(2**31)
         ts = task if task is not None else task_seed if task_seed is not None else seed
-        self._globals = _globals_for(ts, seed)
+        self._globals = GlobalRNG(ts, seed)
         with self._own_rng():
             first = (
                 self.inner.reset(seed=int(seed), task_seed=int(ts)) if self._task_seed else self.inner.reset(int(ts))
@@ -191,6 +175,7 @@ class ProtocolEnv(TextEnv):
         if not isinstance(first, str):
             raise TypeError(f"{self.name}.reset: expected the first observation as a str, found {type(first).__name__}")
         self.task = int(ts)
+        self.turn_limit = getattr(self.inner, "max_turns", self.turn_limit)  # a library may set it at reset
         self.state = (0, None)
         self.done = False
         self.messages = [{"role": "system", "content": str(self.system_prompt)}] if self.system_prompt else []
@@ -221,7 +206,7 @@ class ProtocolEnv(TextEnv):
         info.update(
             action=action_text,
             turn=t,
-            valid=True,
+            valid=bool(info.get("valid", True)),
             success=bool(success) if success is not None else bool(term and float(r) > 0),
         )
         return obs, float(r), term, trunc, info
@@ -239,7 +224,7 @@ class ProtocolEnv(TextEnv):
         with self._own_rng():
             other.inner = self.inner.fork(seed)
         other.messages = [dict(m) for m in self.messages]
-        other._globals = _globals_for("fork", seed)
+        other._globals = GlobalRNG("fork", seed)
         return other
 
     def expert_text(self, rng: random.Random) -> str:

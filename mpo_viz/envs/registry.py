@@ -9,7 +9,10 @@ An environment is named in one of three ways, each usable wherever a name is (``
   ."mpo_viz.envs"] guess = "my_pkg.envs:GuessEnv"``), loaded on first use and listed by
   :func:`available_envs` (so ``mpo-viz ... --help`` shows it);
 * ``package.module:factory`` — imported on first use and registered under that very string, so a
-  fresh process (``mpo-viz truth`` on a file, a resumed run) rebuilds it from the name alone.
+  fresh process (``mpo-viz truth`` on a file, a resumed run) rebuilds it from the name alone;
+* ``gem:<id>`` / ``textarena:<id>`` — a game of GEM or TextArena through its adapter
+  (:mod:`mpo_viz.envs.gem`, :mod:`mpo_viz.envs.textarena`; the ``[gem]`` / ``[textarena]`` extras),
+  registered on first use like a spec.
 
 A factory is a :class:`~mpo_viz.envs.base.TextEnv` subclass, a class or function that returns a
 ``TextEnv``, or one that returns a plain reset/step object (:mod:`mpo_viz.envs.protocol`; wrapped in
@@ -22,13 +25,18 @@ declaration and refuses an undeclared one by name.
 
 from __future__ import annotations
 
+import functools
 import importlib
 from collections.abc import Callable, Iterable
+from typing import Any
 
 from mpo_viz.checks import OptionError
+from mpo_viz.envs import gem, textarena
 from mpo_viz.envs.automation import AutomationEnv
 from mpo_viz.envs.base import TextEnv
 from mpo_viz.envs.frozenlake import FrozenLakeEnv
+from mpo_viz.envs.library import OPTIONS as LIBRARY_OPTIONS
+from mpo_viz.envs.library import library_of
 from mpo_viz.envs.protocol import PROTOCOL, ProtocolEnv, is_protocol
 from mpo_viz.envs.search import SearchEnv
 from mpo_viz.envs.sokoban import SokobanEnv
@@ -50,7 +58,7 @@ __all__ = [
 #: the entry-point group an installed package lists its environments in
 ENTRY_POINT_GROUP = "mpo_viz.envs"
 
-_REGISTRY: dict[str, Callable[..., TextEnv]] = {}
+_REGISTRY: dict[str, Callable[..., Any]] = {}
 _OPTIONS: dict[str, dict[str, Option] | None] = {}
 _ENTRY: dict[str, str] | None = None
 
@@ -74,7 +82,7 @@ def _declared(factory, options: Iterable[Option] | None) -> dict[str, Option] | 
     return None
 
 
-def register_env(name: str, factory: Callable[..., TextEnv], *, options: Iterable[Option] | None = None) -> None:
+def register_env(name: str, factory: Callable[..., Any], *, options: Iterable[Option] | None = None) -> None:
     """Register ``factory(**kw)`` (a ``TextEnv``, or a reset/step object) under ``name``; a name is
     registered once.
 
@@ -153,10 +161,26 @@ def resolve_env(name: str) -> str:
     if entry is not None:
         register_env(name, _load(entry, f"the entry point {name!r} of group {ENTRY_POINT_GROUP!r}"))
         return name
+    library = library_of(name)
+    if library is not None:
+        game_id = name.partition(":")[2]
+        factory: Callable[..., Any]
+        if library == "gem":
+            gem.check_id(game_id)
+            factory = functools.partial(gem.GemGame, game_id)
+        else:
+            textarena.check_id(game_id)
+            factory = functools.partial(textarena.TextArenaGame, game_id)
+        register_env(name, factory, options=LIBRARY_OPTIONS)
+        return name
     if is_spec(name):
         register_env(name, _load(name, "package.module:factory"))
         return name
-    raise OptionError("env", f"expected one of {', '.join(available_envs())} or package.module:factory, found {name!r}")
+    raise OptionError(
+        "env",
+        f"expected one of {', '.join(available_envs())}, gem:<id>, textarena:<id> or package.module:factory, "
+        f"found {name!r}",
+    )
 
 
 def env_declarations(name: str) -> dict[str, Option] | None:

@@ -31,6 +31,7 @@ from mpo_viz.advantages import estimator_options as estimator_declarations
 from mpo_viz.advantages import get_estimator
 from mpo_viz.checks import OptionError
 from mpo_viz.envs.base import parse_difficulty
+from mpo_viz.envs.library import library_of
 from mpo_viz.envs.registry import available_envs, env_declarations, is_spec, resolve_env
 from mpo_viz.losses import KL_KINDS
 from mpo_viz.losses import available_losses as losses
@@ -111,7 +112,8 @@ class Config:
         kind="choice",
         choices=available_envs,
         doc="Environment name (``search``, ``tooluse``, ``automation``, your own registered one, an installed "
-        "package's entry point of group ``mpo_viz.envs``, or ``package.module:factory``).",
+        "package's entry point of group ``mpo_viz.envs``, ``gem:<id>`` / ``textarena:<id>`` (a game of GEM or "
+        "TextArena), or ``package.module:factory``).",
     )
     difficulty: int | list | None = setting(
         None,
@@ -566,8 +568,8 @@ def _validate(cfg: Config) -> None:
     then the refusals: settings that cannot do what they say."""
     if isinstance(cfg.difficulty, tuple):
         cfg.difficulty = list(cfg.difficulty)
-    if is_spec(cfg.env) or (isinstance(cfg.env, str) and cfg.env in available_envs()):
-        resolve_env(cfg.env)  # package.module:factory or an entry point: imported here, then a registered name
+    if is_spec(cfg.env) or library_of(cfg.env) or (isinstance(cfg.env, str) and cfg.env in available_envs()):
+        resolve_env(cfg.env)  # package.module:factory, gem:/textarena:<id> or an entry point: imported, registered
     check_fields(cfg)
     _check_difficulty(cfg.difficulty)
     _check_env_options(cfg)

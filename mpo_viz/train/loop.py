@@ -30,7 +30,6 @@ import warnings
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import torch
 
 from mpo_viz import models
@@ -51,7 +50,6 @@ from mpo_viz.train.checkpoint import (
 )
 from mpo_viz.train.collapse import mark_line
 from mpo_viz.train.config import EXPERT_BIAS, Config, ExpertCriticWarning
-from mpo_viz.train.critic_fit import critic_outputs, fit_values
 from mpo_viz.train.evaluate import Evaluator, episode_stats, value_stats
 from mpo_viz.train.export import load_model
 from mpo_viz.train.runtime import (
@@ -74,13 +72,9 @@ from mpo_viz.train.update import (
     rows_of,
     update_with_critic,
 )
+from mpo_viz.train.warmup import warm_up
 
 __all__ = ["Trainer", "RESULT_KEYS_VOLATILE"]
-
-#: the critic warm-up's fixed settings: episodes per AdamW step, held-out share, steps between checks
-WARMUP_BATCH_EPISODES = 32
-WARMUP_HOLDOUT = 0.2
-WARMUP_EVAL_EVERY = 16
 
 #: metric keys that measure time (they differ between two runs that are otherwise bit-identical):
 #: an iteration's phases are its ``timings``; the SFT, warm-up and evaluation lines' are ``seconds``
@@ -389,35 +383,17 @@ class Trainer:
                 self._say(f"critic warm-up: rolling out a pool of {n_pool} episodes of the start policy")
                 pool = self._rollout(n_pool, seed=derive_seed(cfg.seed, "critic-warmup"), group_size=1)
             with timer.phase("warmup_fit"):
-                targets = self._mc_targets(pool)
-                fit = fit_values(
+                fit, split = warm_up(
                     self.critic,
                     pool,
-                    targets,
+                    self._mc_targets(pool),
+                    cfg,
                     steps=steps,
-                    lr=cfg.critic_option("critic_warmup_lr"),
-                    batch_episodes=WARMUP_BATCH_EPISODES,
-                    holdout=WARMUP_HOLDOUT,
                     gate=gate,
-                    eval_every=WARMUP_EVAL_EVERY,
-                    seed=derive_seed(cfg.seed, "critic-warmup-fit"),
                     pad_id=self.pad_id,
                     device=self.device,
-                    micro_batch_tokens=cfg.micro_batch_tokens,
-                    grad_clip=cfg.grad_clip,
-                    weight_decay=cfg.weight_decay,
                     log=None if self.quiet else self._say,
-                    positions=cfg.critic_option("critic_warmup_positions"),
                 )
-                values = critic_outputs(
-                    self.critic,
-                    rows_of(pool),
-                    np.arange(len(pool)),
-                    pad_id=self.pad_id,
-                    device=self.device,
-                    micro_batch_tokens=cfg.micro_batch_tokens,
-                )
-                split = value_stats(pool.with_token_fields(values=values), targets, learned=cfg.critic == "learned")
         except KeyboardInterrupt:
             self._abandon("interrupted: critic warm-up abandoned; the run is back at its last checkpoint (resumable)")
             return {}

@@ -7,7 +7,7 @@ import pytest
 
 import mpo_viz as mv
 from mpo_viz.cli import main
-from mpo_viz.envs.generate import GenerateConfig, generate, generate_rows, oracle_columns
+from mpo_viz.envs.generate import GenerateConfig, _env_of, generate, generate_rows, oracle_columns
 
 
 @pytest.mark.parametrize("name", ["search", "tooluse", "automation"])
@@ -158,3 +158,14 @@ def test_long_horizon_without_reasoning(tmp_path):
     toks = list(b.field("response_tokens")[0])
     assert toks[0] == "calc" and toks[4] == "<|eot|>" and toks[5] == "<|tool|>"  # "calc x op c <|eot|>"
     np.testing.assert_allclose(b.padded("values")[b.padded("loss_mask") == 1].numpy(), 1.0)  # noise 0: V = 1
+
+
+def test_the_environments_own_difficulty_unless_one_is_given(tmp_path):
+    """No --difficulty: the environment's default (an 8x8 lake: shortest paths 2·(8 − 1) = 14 to 8·8 = 64;
+    the built-in environments: 3-6), not the built-ins' 3-6 forced on every environment."""
+    assert _env_of(GenerateConfig(env="frozenlake", env_options={"size": 8})).difficulty == (14, 64)
+    assert _env_of(GenerateConfig(env="search")).difficulty == (3, 6)
+    assert _env_of(GenerateConfig(env="search", difficulty=4)).difficulty == (4, 4)
+    out = tmp_path / "fl.parquet"
+    assert main(["generate", "--env", "frozenlake", "--size", "8", "--episodes", "4", "--out", str(out)]) == 0
+    assert len(mv.load(out)) == 4

@@ -114,3 +114,19 @@ def test_e2p_pairs_its_new_arm_with_e2s_runs_by_seed():
 
     for seed in range(6):
         assert start("turn_gae_mc0", seed) == start("ppo", seed) == start("grpo", seed)
+
+
+def test_the_e5_summary_quotes_the_records():
+    """docs/results.md's E5 summary (partly run) quotes the archived comparisons and fits."""
+    e5 = readings.e5_numbers()
+    start = RESULTS.index("* **E5 (MPO's within-turn credit against the token truth): partly run")
+    text = " ".join(RESULTS[start : RESULTS.index("* **E6", start)].split())
+    tg, bl, w = e5["mpo_turn_gae"], e5["mpo_baseline"], e5["within"]
+    for q in (
+        f"`tok_corr_dis` {f(tg['mean_diff'], sign=True)}, 95% CI {f(tg['ci_low'], sign=True)} to "
+        f"{f(tg['ci_high'], sign=True)} over {tg['units']} units; Holm p {tg['p_holm']:.2f}",
+        f"({f(bl['mean_diff'], sign=True)}, {f(bl['ci_low'])} to {f(bl['ci_high'], sign=True)})",
+        f"(correlation {f(w['mean_diff'], sign=True)}, {f(w['ci_low'], sign=True)} to {f(w['ci_high'], sign=True)}",
+    ):
+        assert q in text, q
+    assert e5["measure"] == "tok_corr_dis" and e5["snapshots"] == 3

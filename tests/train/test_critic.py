@@ -368,7 +368,7 @@ def test_the_warmup_fits_the_returns_rl_trains_the_critic_on(tmp_path, monkeypat
         seen.update(pool=pool, targets=targets)
         return real(critic, pool, targets, **kw)
 
-    monkeypatch.setattr("mpo_viz.train.loop.fit_values", spy)
+    monkeypatch.setattr("mpo_viz.train.warmup.fit_values", spy)
     tr.warmup_critic()
     next(tr.iterate(1))
     rl = mv.load(tmp_path / "r" / "trajectories" / "iter=000001.parquet")
