@@ -1,7 +1,7 @@
 """Notebook 07 (train on Sokoban) says what it does: the runs its table names are the ones it launches,
 its committed size is the one its first cell states, the start it reads is shipped with a record
 (made on the rooms the notebook trains on, and the record its text quotes), its times are stated with
-their load, and the place left for the GEM games holds no code."""
+their load, and the GEM section runs GEM's own game through the adapter with the same views."""
 
 import ast
 import json
@@ -35,6 +35,8 @@ def test_the_stated_size_is_the_committed_one():
     stated = re.search(r"(\d+) seeds? of each method, (\d+) iterations of (\d+) episodes", intro)
     assert stated is not None and stated.groups() == (str(seeds), iterations, episodes)
     assert f"{eval_episodes} held-out rooms" in intro
+    gem = re.search(r"GEM_EPISODES, GEM_ITERATIONS, GEM_TOTAL_TOKENS = (\d+), (\d+), \d+", committed).groups()
+    assert f"the GEM section's {gem[1]} iterations of {gem[0]} episodes" in intro
 
 
 def test_the_shipped_start_is_there_with_its_record():
@@ -46,12 +48,17 @@ def test_the_shipped_start_is_there_with_its_record():
     assert 'START = ROOT / "trajectories" / "starts" / "sokoban"' in code
 
 
-def test_the_gem_section_is_reserved_without_code():
+def test_the_gem_section_trains_on_gems_own_game_with_the_same_views():
     nb = json.loads(NOTEBOOK.read_text())
-    titles = [i for i, c in enumerate(nb["cells"]) if "".join(c["source"]).startswith("## GEM games")]
-    assert len(titles) == 1 and nb["cells"][titles[0]]["cell_type"] == "markdown"
-    after = nb["cells"][titles[0] + 1]
-    assert after["cell_type"] == "code" and "notebook done in" in "".join(after["source"])  # the closing line only
+    sources = ["".join(c["source"]) for c in nb["cells"]]
+    title = next(i for i, s in enumerate(sources) if s.startswith("## GEM games"))
+    assert nb["cells"][title]["cell_type"] == "markdown" and "no exact oracle" in sources[title]
+    code = "\n".join(s for c, s in zip(nb["cells"][title:], sources[title:]) if c["cell_type"] == "code")
+    assert 'GEM = "gem:game:Sokoban-v0-easy"' in code and "env=GEM" in code
+    assert 'env_options={"lenient": True}' in code  # a new model's first reply would end every episode
+    for view in ("TrainingDashboard(", "mc_truth(", "TrajectoryExplorer("):  # the views of the exact model's runs
+        assert view in code, view
+    assert "oracle" not in code  # a library game has none: nothing in the section reads one
 
 
 def _parameters():
