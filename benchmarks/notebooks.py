@@ -9,7 +9,7 @@ the number of code cells and the error if one stopped it. docs/notebooks.md stat
 comparison (all six runs), taken from the executed notebook's own output and drawn by plotly's
 static export (needs ``pip install kaleido`` and a Chrome/Chromium; ``BROWSER_PATH=/usr/bin/chromium``).
 
-    python benchmarks/notebooks.py                              # 01-05; 06 when its model is there
+    python benchmarks/notebooks.py                              # 01-05 and 07; 06 when its model is there
     python benchmarks/notebooks.py 03 --figures                 # one notebook, and the docs figure
     python benchmarks/notebooks.py 06 --smollm2 models/smollm2-135m
 
@@ -69,7 +69,7 @@ def curves_figure(nb, out: Path) -> Path:
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("only", nargs="*", help="notebook numbers (01 ... 06); default all")
+    ap.add_argument("only", nargs="*", help="notebook numbers (01 ... 07); default all")
     ap.add_argument("--figures", action="store_true", help="write docs/notebook_03_curves.png from notebook 03's run")
     ap.add_argument("--smollm2", type=Path, default=None, help="SmolLM2-135M-Instruct folder for notebook 06")
     ap.add_argument("--keep", type=Path, default=None, help="also write each executed notebook (with its outputs) here")

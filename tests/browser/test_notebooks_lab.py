@@ -35,6 +35,10 @@ NOTEBOOKS = {
     "03_train_interactively.ipynb": ([("mpo-dashboard", 1), ("mpo-explorer", 3)], "mpo-dashboard"),
     "04_bring_your_own_logs.ipynb": ([("mpo-explorer", 1), ("mpo-comparison", 1)], "mpo-comparison"),
     "05_scale_out_with_verl.ipynb": ([("mpo-dashboard", 1), ("mpo-variance", 1), ("mpo-explorer", 2)], "mpo-variance"),
+    "07_train_on_sokoban.ipynb": (
+        [("mpo-dashboard", 2), ("mpo-run-comparison", 1), ("mpo-explorer", 3)],  # GEM: a dashboard, an explorer
+        "mpo-dashboard",
+    ),
 }
 
 

@@ -1,6 +1,6 @@
 """Write a shipped SFT start under trajectories/starts/, stored in float16.
 
-Two starts ship, each made by SFT on the noisy scripted expert (noise 0.3, lr 3e-3, 16 episodes per
+Three starts ship, each made by SFT on the noisy scripted expert (noise 0.3 unless said, lr 3e-3, 16 episodes per
 step, a greedy evaluation every 50 steps that decides the stop):
 
 ``automation/`` — the start notebook 03 and the 3–4-turn learning cell train from. It is the v1
@@ -25,6 +25,25 @@ recorded deviation) 400 steps and up to 1,200 more at lr 1e-3, each on new exper
     $T --run-dir /tmp/stage2 --model-dir /tmp/diag/start --sft-steps 1200 --sft-lr 1e-3 --eval-seed 1000 --seed 1002
     python trajectories/starts/make_start.py /tmp/stage2/start automation-d5-6 --after /tmp/rule/start /tmp/diag/start
 
+``sokoban/`` — the start notebook 07 trains from: SFT of a new 1m model on the noisy breadth-first
+solver (noise 0.1) on one-box 6×6 rooms of 1–3 optimal moves, turn limit their moves + 3 (the
+notebook's ``ENV_OPTIONS``: ``boxes=1, slack=3``), lr 3e-3, 16 episodes per step, a greedy
+evaluation of 48 held-out rooms every 100 steps, the stop at greedy success 0.7 or 2,500 steps (its
+``start.json`` records where it stopped). The plan was 3,000 steps; a 100-step probe took 0.69 s a
+step beside two other training processes on the 2 cores (load 3.6), so the budget was cut to 2,500
+to fit in about half an hour. It ran to the budget: 2,500 steps, greedy success 0.10 on the 48
+held-out rooms (0.06–0.23 at the evaluations every 100 steps, no trend after step 900; the expert's
+episodes 0.99 successful), 31 min 39 s wall on the 2 cores beside two other training processes (load
+average 4.7–6.0; ``OMP_NUM_THREADS=1``, ``num_threads=1``). Uniformly random moves solve about a
+fifth of such rooms, so the greedy start plays worse than chance; notebook 07 measures it greedy and
+sampled. Made with (``quiet=False`` shows the evaluations)::
+
+    OMP_NUM_THREADS=1 python -c "from mpo_viz.train import Config, Trainer; Trainer(Config(env='sokoban', \\
+        env_options={'boxes': 1, 'slack': 3}, difficulty=[1, 3], sft_steps=2500, sft_noise=0.1, \\
+        sft_target_success=0.7, sft_eval_interval=100, eval_episodes=48, estimator='grpo', group_size=4, \\
+        loss='token_ppo', iterations=0, max_turn_tokens=32, num_threads=1), '/tmp/sokoban-sft').sft()"
+    python trajectories/starts/make_start.py /tmp/sokoban-sft/start sokoban
+
 ``SRC`` is either a learning grid's start folder (``SRC/model/policy`` and ``SRC/start.json``) or a
 trainer run's ``RUN/start`` (``SRC/policy`` and ``SRC/start.json``). Only the policy ships (runs warm
 up their own critic). Weights are rounded to float16 to halve the folder (2.2 MB); they load as
@@ -47,6 +66,9 @@ HERE = Path(__file__).resolve().parent
 #: where each shipped start came from (its ``start.json`` ``source``)
 SOURCES = {
     "automation": "benchmarks/learning.py --size small: the shared automation start (seed 0)",
+    "sokoban": "Trainer(Config(env='sokoban', env_options={'boxes': 1, 'slack': 3}, difficulty=[1, 3], "
+    "sft_noise=0.1, ...)).sft(): SFT of a new 1m model on the noisy solver, stop at greedy success 0.7 or "
+    "2,500 steps (notebook 07's start)",
     "automation-d5-6": "mpo-viz train --difficulty 5-6 --model-dir trajectories/starts/automation: SFT continued "
                        "at 5-6 turns, stop at greedy success 0.60, in three stages (3,000 steps at lr 3e-3, "
                        "then 400 and up to 1,200 at lr 1e-3; replication v3, E3)",
