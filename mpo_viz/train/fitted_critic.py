@@ -47,7 +47,7 @@ __all__ = [
     "CRITIC_TARGETS",
     "FittedCritic",
     "MIN_GROUPS_FOR_GROUP_SPLIT",
-    "critic_values",
+    "with_critic_values",
     "fit_critic",
     "fit_critic_file",
     "fit_sample",
@@ -154,7 +154,7 @@ def _with_bootstrap(critic: torch.nn.Module, batch: TrajectoryBatch, out: Trajec
     return out.with_scalars(bootstrap_value=[last.get(i, old[i]) for i in range(len(batch))])
 
 
-def critic_values(
+def with_critic_values(
     critic: torch.nn.Module, batch: TrajectoryBatch, *, device="cpu", micro_batch_tokens: int = 8192
 ) -> TrajectoryBatch:
     """``batch`` with ``values`` ``(B, L)`` from ``critic`` (its output before each response token,
@@ -387,7 +387,7 @@ def fit_critic_file(
     drawn by the seed up to either bound: a fit of ``steps`` steps of ``batch_episodes`` episodes
     reads at most ``steps × batch_episodes`` of them anyway, and the bound on tokens keeps the
     sample's memory bounded however long the rows);
-    (3) every row's values from the fitted critic (:func:`critic_values`), chunk by chunk, written as
+    (3) every row's values from the fitted critic (:func:`with_critic_values`), chunk by chunk, written as
     parts and merged. The ``critic_fit`` record gains ``rows`` (the file's) and ``fit_rows`` (the
     sample's); its across/within split is over every row. ``fit``: :func:`fit_critic`'s options.
     Returns the :class:`FittedCritic` of the sample (its ``batch``: the sample with values; ``info``:
@@ -410,7 +410,7 @@ def fit_critic_file(
     try:
         bar = tqdm(total=len(survey.groups), unit="traj", desc="values", leave=False, disable=not progress)
         for i, chunk in enumerate(scan(path, max_tokens=max_tokens)):
-            valued = critic_values(res.critic, chunk, device=fit.get("device", "cpu"))
+            valued = with_critic_values(res.critic, chunk, device=fit.get("device", "cpu"))
             tables.append(value_variance(valued))
             cut += len(_truncated(chunk))
             meta = meta or valued.meta
