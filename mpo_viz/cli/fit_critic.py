@@ -51,8 +51,8 @@ def cmd_fit_critic(args) -> int:
     what = f"a critic on the trunk of {args.trunk}" if args.trunk else f"a {args.size} critic"
     count = "" if n is None else f"{n} trajectories; "
     print(
-        f"fitting {what} to the {args.target} returns of {src} ({count}the fit reads at most {args.fit_rows} "
-        f"of them and {args.fit_tokens:,} response tokens, whole groups drawn by the seed beyond that; "
+        f"fitting {what} to the {args.target} returns of {src} ({count}the fit reads about {args.fit_rows} "
+        f"of them or {args.fit_tokens:,} response tokens at most, whole groups drawn by the seed beyond that; "
         f"{args.steps} steps, held-out share {args.holdout:g}, seed {args.seed})",
         flush=True,
     )

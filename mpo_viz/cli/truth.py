@@ -35,6 +35,10 @@ FILE is kept)."""
 def cmd_truth(args) -> int:
     src, out = source_and_output(args.path, args.out)
     _check_flags(args)
+    try:
+        mio.check_destination(out)
+    except ValueError as exc:
+        raise CLIError(str(exc), 2) from None
     t0 = time.perf_counter()
     parts = out.with_name(out.name + ".parts.tmp")
     shutil.rmtree(parts, ignore_errors=True)
@@ -47,8 +51,9 @@ def cmd_truth(args) -> int:
             if i == 0:  # the environment, the policy and the token rule are checked on the first chunk
                 env, policy, who = _setup(args, src, chunk)
                 _announce(args, src, who)
-            elif i == 1:
-                print(f"{src} is read in chunks of --max-tokens {args.max_tokens:,} response tokens", flush=True)
+                n = mio.count_rows(src)
+                if n is not None and n > len(chunk):
+                    print(f"{src} is read in chunks of --max-tokens {args.max_tokens:,} response tokens", flush=True)
             res = _measure(chunk, policy, who, args, env, tally)
             mio.save(
                 res,

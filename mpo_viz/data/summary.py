@@ -90,14 +90,16 @@ def _log2_histogram(x) -> dict:
 
 def _linear_histogram(x, bins: int = 10) -> dict:
     """Counts of the finite values in ``bins`` equal bins from their min to their max (numpy's rule:
-    the last bin closed); one value repeated: one bin holding them all. Missing (NaN) values are
+    the last bin closed); one value repeated (or values that differ by rounding only): one bin
+    holding them all. Missing (NaN) values are
     counted by ``reward_missing``, not here."""
     x = np.asarray(x, dtype=np.float64)
     x = x[np.isfinite(x)]
     if not len(x):
         return {"edges": [], "counts": []}
     lo, hi = float(x.min()), float(x.max())
-    if lo == hi:
+    if lo == hi or not np.all(np.diff(np.linspace(lo, hi, bins + 1)) > 0):
+        # one value, or values that differ by float rounding only (no ten distinct edges between them)
         return {"edges": [lo, hi], "counts": [int(len(x))]}
     counts, edges = np.histogram(x, bins=bins, range=(lo, hi))
     return {"edges": edges.tolist(), "counts": counts.astype(np.int64).tolist()}

@@ -12,6 +12,8 @@ from __future__ import annotations
 from contextlib import contextmanager
 from pathlib import Path
 
+import numpy as np
+
 from mpo_viz.checks import OptionError
 from mpo_viz.data.trajectory import TrajectoryBatch
 from mpo_viz.models.critic import Critic, load_critic, make_critic, save_critic
@@ -81,13 +83,16 @@ def load(path, *, device="cpu", dtype=None, trust_remote_code: bool = False):
     return policy, critic
 
 
-def trunk_critic(path, batch: TrajectoryBatch, *, seed: int = 0, device="cpu", source: str = "batch") -> Critic:
+def trunk_critic(
+    path, batch: TrajectoryBatch, *, seed: int = 0, device="cpu", source: str = "batch", extra_ids=None
+) -> Critic:
     """A critic on a pretrained trunk: the causal LM in folder ``path`` (a plain Hugging Face folder,
     e.g. SmolLM2's, or a model folder with ``policy/``: the policy that wrote the logs), its trunk's
     weights copied, a fresh value head drawn from ``seed`` (:func:`~mpo_viz.models.critic.make_critic`
     ``init="policy"``). The batch's ids must be ids of that model: an id past its embedding, or
     ``response_tokens`` that its tokenizer does not give back (more than half of a row's tokens
-    differ), is an ``OptionError`` naming ``source`` and the folder."""
+    differ), is an ``OptionError`` naming ``source`` and the folder. ``extra_ids``: more ids the
+    critic must read (a whole file's, when ``batch`` is a sample of it), checked the same way."""
     try:
         policy, _ = load(path, device=device)
     except (OSError, ValueError) as exc:
@@ -98,6 +103,8 @@ def trunk_critic(path, batch: TrajectoryBatch, *, seed: int = 0, device="cpu", s
         ) from None
     rows = embedding_rows(policy.model)
     top = max((int(x.max()) for f in ("prompt_ids", "response_ids") for x in batch.field(f) if len(x)), default=-1)
+    if extra_ids is not None and len(extra_ids):
+        top = max(top, int(np.max(extra_ids)))
     if top >= rows:
         raise OptionError(
             "trunk",

@@ -33,7 +33,7 @@ from tqdm.auto import tqdm
 from mpo_viz.advantages import mc_returns, turn_gae
 from mpo_viz.analysis import value_variance, variance_summary
 from mpo_viz.checks import OptionError
-from mpo_viz.data.io import merge_parts, save, scan
+from mpo_viz.data.io import check_destination, merge_parts, save, scan
 from mpo_viz.data.trajectory import TrajectoryBatch
 from mpo_viz.models.critic import compact_critic, used_ids
 from mpo_viz.models.store import trunk_critic
@@ -240,7 +240,8 @@ def fit_critic(
         raise OptionError("trunk", "expected either a trunk folder or a critic module, found both")
     fresh = critic is None and trunk is None
     if trunk is not None:
-        critic = trunk_critic(trunk, batch, seed=seed, device=device, source=source)
+        extra = None if serve is None else serve[0]  # the file's ids beyond the sample: checked before the fit
+        critic = trunk_critic(trunk, batch, seed=seed, device=device, source=source, extra_ids=extra)
     if critic is None:
         longest = int(max(len(p) + len(r) for p, r in zip(batch.field("prompt_ids"), batch.field("response_ids"))))
         used = None
@@ -335,8 +336,9 @@ def fit_sample(
 ) -> np.ndarray:
     """The rows (ascending indices) the critic is fitted on: every row when there are at most
     ``fit_rows`` of them holding at most ``fit_tokens`` response tokens (``lengths``: each row's);
-    else whole groups in a seeded random order until either bound is reached (a group is never cut:
-    the held-out split keeps a task on one side; the first group is always taken)."""
+    else whole groups in a seeded random order until either bound is reached. A group is never cut
+    (the held-out split keeps a task on one side), so the sample can pass a bound by the rows of its
+    last group; the first group is always taken, however large."""
     n = len(groups)
     lengths = np.zeros(n, dtype=np.int64) if lengths is None else np.asarray(lengths, dtype=np.int64)
     budget = math.inf if fit_tokens is None else fit_tokens
@@ -397,6 +399,7 @@ def fit_critic_file(
     if isinstance(fit_tokens, bool) or not isinstance(fit_tokens, int) or fit_tokens < 1:
         raise OptionError("fit_tokens", f"expected an integer >= 1, found {fit_tokens!r}")
     out = Path(out)
+    check_destination(out)
     survey = _survey(path, max_tokens)
     if not survey.groups:
         raise ValueError(f"{fit.get('source', path)}: no trajectories to fit a critic to (0 rows)")
@@ -410,7 +413,13 @@ def fit_critic_file(
     try:
         bar = tqdm(total=len(survey.groups), unit="traj", desc="values", leave=False, disable=not progress)
         for i, chunk in enumerate(scan(path, max_tokens=max_tokens)):
-            valued = with_critic_values(res.critic, chunk, device=fit.get("device", "cpu"))
+            with threads(fit.get("num_threads", 1)):
+                valued = with_critic_values(
+                    res.critic,
+                    chunk,
+                    device=fit.get("device", "cpu"),
+                    micro_batch_tokens=fit.get("micro_batch_tokens", 8192),
+                )
             tables.append(value_variance(valued))
             cut += len(_truncated(chunk))
             meta = meta or valued.meta

@@ -138,6 +138,9 @@ def test_the_histograms_by_hand():
     assert h["reward"]["edges"][0] == 0.0 and h["reward"]["edges"][-1] == 1.0
     one = summarize_rows({**numbers, "reward": np.full(7, 2.0)}, [], {})["histograms"]["reward"]
     assert one == {"edges": [2.0, 2.0], "counts": [7]}
+    # rewards that differ by float rounding only (0.3 and 0.1 + 0.2): one bin, not numpy's "too many bins"
+    close = summarize_rows({**numbers, "reward": np.array([0.3, 0.1 + 0.2] * 3 + [0.3])}, [], {})["histograms"]
+    assert close["reward"]["counts"] == [7]
     none = summarize_rows({k: v[:0] for k, v in numbers.items()}, [], {})["histograms"]
     assert none == {
         "turns": {"values": [], "counts": []},

@@ -228,9 +228,10 @@ def test_cli_truth_chunk_by_chunk_is_the_whole_files(start_episodes, tmp_path, c
     base = ["truth", str(src), "--model", str(START), "-M", "2", "--tokens", "decisive", "--tokens-M", "2", "-q"]
     said = {}
     for name, chunk in (("whole", "10000000"), ("cut", "1")):
-        assert main([*base, "-o", str(tmp_path / f"{name}{suffix}"), "--max-tokens", chunk]) == 0
+        # each output in a folder of its own (JSONL files of a folder share one _meta.json)
+        assert main([*base, "-o", str(tmp_path / name / f"out{suffix}"), "--max-tokens", chunk]) == 0
         said[name] = [line for line in capsys.readouterr().out.splitlines() if "standard error" in line]
-    whole, cut = _fields_and_meta(tmp_path / f"whole{suffix}"), _fields_and_meta(tmp_path / f"cut{suffix}")
+    whole, cut = (_fields_and_meta(tmp_path / name / f"out{suffix}") for name in ("whole", "cut"))
     assert cut[1] == whole[1] and cut[0].keys() == whole[0].keys()
     for f in whole[0]:
         if f.startswith("mc_tok_") and f not in ("mc_tok_measured", "mc_tok_control"):
@@ -253,3 +254,6 @@ def test_cli_truth_on_an_empty_file_says_so(tmp_path, capsys):
     assert main(["truth", str(src), "-o", str(tmp_path / "o.parquet"), "--policy", "expert", "-q"]) == 1
     assert "no trajectories to measure (0 rows)" in capsys.readouterr().err
     assert not (tmp_path / "o.parquet").exists() and not list(tmp_path.glob("*.parts.tmp"))
+    (tmp_path / "a.jsonl").write_text("")  # a .jsonl output beside other JSONL files: refused at once
+    assert main(["truth", str(src), "-o", str(tmp_path / "o.jsonl"), "--policy", "expert", "-q"]) == 2
+    assert "share _meta.json, and a.jsonl already use it" in capsys.readouterr().err

@@ -167,6 +167,11 @@ def test_a_trunk_with_the_wrong_vocabulary_or_tokenizer_is_refused(hf_dir):
         fit_critic(other, trunk=hf_dir, steps=1, progress=False)
     with pytest.raises(OptionError, match="^trunk: expected a Hugging Face causal-LM folder"):
         fit_critic(label_batch(10), trunk=hf_dir.parent, steps=1, progress=False)
+    # a file fitted on a sample: an id past the embedding in a row outside the sample, refused before the fit
+    with pytest.raises(OptionError, match=r"found id 5000 in x.parquet but \d+ embedding rows"):
+        fit_critic(
+            label_batch(10), trunk=hf_dir, serve=(np.array([5000]), 8), steps=1, progress=False, source="x.parquet"
+        )
 
 
 def test_fit_critic_trunk_from_the_shell(hf_dir, tmp_path, capsys):
@@ -323,6 +328,10 @@ def test_fit_critic_file_on_a_sample_gives_every_row_values(tmp_path, capsys):
     assert main(["fit-critic", str(src), "-o", str(out), "--fit-tokens", "30", "--steps", "2", "-q"]) == 0
     info = mv.load(out).meta["critic_fit"]
     assert 6 <= info["fit_rows"] <= 10 and info["rows"] == 40
+    # a .jsonl output beside other JSONL files (they share _meta.json): refused before any work
+    (tmp_path / "other.jsonl").write_text("")
+    with pytest.raises(ValueError, match=r"share _meta.json, and fitted.jsonl \(and 1 more\) already use it"):
+        fit_critic_file(src, tmp_path / "again.jsonl")
 
 
 def test_the_fit_sample_stops_at_the_token_bound():

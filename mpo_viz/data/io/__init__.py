@@ -27,7 +27,7 @@ import numpy as np
 
 from mpo_viz.data.io import jsonl, parquet
 from mpo_viz.data.io.groups import group_chunks
-from mpo_viz.data.io.parts import merge_parts
+from mpo_viz.data.io.parts import check_destination, merge_parts
 from mpo_viz.data.schema import SCHEMA_VERSION, Problem, TrajectoryError
 from mpo_viz.data.summary import Summarizer
 from mpo_viz.data.trajectory import TrajectoryBatch
@@ -43,6 +43,7 @@ __all__ = [
     "summarize",
     "group_chunks",
     "merge_parts",
+    "check_destination",
     "pieces",
 ]
 

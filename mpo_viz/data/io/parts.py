@@ -10,7 +10,23 @@ from pathlib import Path
 
 from mpo_viz.data.schema import JSONL_META_NAME
 
-__all__ = ["merge_parts"]
+__all__ = ["merge_parts", "check_destination"]
+
+
+def check_destination(out: Path) -> None:
+    """Refuse, before any work, a ``.jsonl`` output in a folder that already holds other JSONL files:
+    they share its ``_meta.json``, and the merged file's metadata would change how they load
+    (ValueError saying to use a folder of its own or ``.parquet``, as :func:`mpo_viz.save` does)."""
+    out = Path(out)
+    if out.suffix != ".jsonl":
+        return
+    others = sorted(f.name for f in out.parent.glob("*.jsonl") if f.name != out.name)
+    if others:
+        raise ValueError(
+            f"{out}: the JSONL files of a folder share {JSONL_META_NAME}, and {others[0]}"
+            f"{f' (and {len(others) - 1} more)' if len(others) > 1 else ''} already use it; writing here "
+            f"would change how they load. Write into a folder of its own, or as .parquet (metadata inside the file)."
+        )
 
 
 def merge_parts(parts: Path, out: Path, meta: dict | None = None) -> None:
@@ -60,4 +76,6 @@ def merge_parts(parts: Path, out: Path, meta: dict | None = None) -> None:
             shutil.copyfile(dirs[0] / JSONL_META_NAME, out.parent / JSONL_META_NAME)
         else:
             text = json.dumps(json.loads(json.dumps(meta, default=str)), indent=1, sort_keys=True)
-            (out.parent / JSONL_META_NAME).write_text(text)
+            meta_tmp = out.parent / (JSONL_META_NAME + ".tmp")
+            meta_tmp.write_text(text)
+            os.replace(meta_tmp, out.parent / JSONL_META_NAME)
