@@ -18,7 +18,9 @@ under ``/usr/bin/time`` (wall seconds and the peak resident set size, ``%M``); w
 missing, a psutil poll of the child's resident memory every 20 ms (its peak; a short spike between
 polls can be missed). The load average (1, 5, 15 min) is printed beside every reading. The commands:
 ``info``, ``validate``, ``doctor``, ``advantages -e mpo,gae,grpo -o OUT.parquet`` and ``report -o
-OUT.html`` (and ``info --metadata``, which reads only the Parquet metadata).
+OUT.html`` (and ``info --metadata``, which reads only the Parquet metadata); ``--commands
+fit-critic`` adds ``fit-critic -o OUT.parquet --steps 2`` (not by default: its values pass runs a
+critic over every token, minutes per size); ``--sizes N ...`` other trajectory counts.
 
 Verdicts (not with --quick), per command, the largest size against the smallest: memory is flat —
 peak within 1.2x, and at most 1.5 GB at 22.5 M tokens (2 GB at the --full size); time is linear —
@@ -47,6 +49,9 @@ SHAPE = dict(turns=(4, 12), turn_len=(100, 800), obs_len=(100, 2000), vocab_size
 SIZES = {"default": (512, 2048), "full": (512, 2048, 7300), "quick": (4, 16)}
 PART_ROWS = 32  # trajectories per part written while generating
 COMMANDS = ("info --metadata", "info", "validate", "doctor", "advantages", "report")
+#: commands measured only when named in --commands: fit-critic's values pass runs the critic over every
+#: token (a 1m critic over 11,000-token rows: about a second a row here, so minutes per size)
+EXTRA_COMMANDS = ("fit-critic",)
 #: the verdicts' bounds: peak memory at the largest / at the smallest, GB at 22.5 M and at 80 M tokens,
 #: and time per token at the largest / at the smallest
 MEM_RATIO, MEM_GB_DEFAULT, MEM_GB_FULL, TIME_RATIO = 1.2, 1.5, 2.0, 1.3
@@ -86,6 +91,8 @@ def command_line(cmd: str, path: Path, out: Path) -> list[str]:
         return base + ["advantages", str(path), "-e", "mpo,gae,grpo", "-o", str(out / "adv.parquet"), "--no-progress"]
     if cmd == "report":
         return base + ["report", str(path), "-o", str(out / "report.html"), "--no-progress"]
+    if cmd == "fit-critic":  # 2 fit steps: the survey, the sample, the values of every row are what is measured
+        return base + ["fit-critic", str(path), "-o", str(out / "fit.parquet"), "--steps", "2", "-q"]
     return base + cmd.split() + [str(path)]
 
 
@@ -137,10 +144,19 @@ def main(argv=None) -> int:
         help="where to write the logs (kept, and reused by the next run with "
         "the same --dir); default a temporary folder, deleted",
     )
-    ap.add_argument("--commands", default=",".join(COMMANDS), help=f"comma-separated, from: {', '.join(COMMANDS)}")
+    ap.add_argument(
+        "--commands",
+        default=",".join(COMMANDS),
+        help=f"comma-separated, from: {', '.join(COMMANDS + EXTRA_COMMANDS)} "
+        f"(default: all but {', '.join(EXTRA_COMMANDS)})",
+    )
+    ap.add_argument("--sizes", type=int, nargs="*", default=None, help="trajectories per size (default: the mode's)")
     args = ap.parse_args(argv)
-    sizes = SIZES["quick" if args.quick else "full" if args.full else "default"]
+    sizes = args.sizes or SIZES["quick" if args.quick else "full" if args.full else "default"]
     commands = [c.strip() for c in args.commands.split(",") if c.strip()]
+    unknown = [c for c in commands if c not in COMMANDS + EXTRA_COMMANDS]
+    if unknown:
+        ap.error(f"--commands: expected some of {', '.join(COMMANDS + EXTRA_COMMANDS)}, found {', '.join(unknown)}")
     work = Path(args.dir) if args.dir else Path(tempfile.mkdtemp(prefix="mpo_viz_bench_scale_", dir="/tmp"))
     work.mkdir(parents=True, exist_ok=True)
     print(
