@@ -29,8 +29,8 @@ def _spark(counts: list[int]) -> str:
 
 
 def _histogram_lines(h: dict) -> list[str]:
-    """The summary's histograms as text: turns by value, response length in doubling bins, reward in
-    ten equal bins (a bar per bin, then the counts)."""
+    """The summary's histograms as text: turns by value, response length in doubling bins, reward and
+    score in ten equal bins (a bar per bin, then the counts)."""
     lines = []
     turns = h["turns"]
     if turns["values"]:
@@ -42,13 +42,13 @@ def _histogram_lines(h: dict) -> list[str]:
         e, c = length["edges"], length["counts"]
         bins = [f"[{e[i]},{e[i + 1]}):{n}" for i, n in enumerate(c) if n]
         lines.append(f"  length hist      {'  '.join(bins)}")
-    reward = h["reward"]
-    if reward["counts"]:
-        e, c = reward["edges"], reward["counts"]
-        lines.append(
-            f"  reward hist      |{_spark(c)}| {e[0]:.4g} to {e[-1]:.4g} in {len(c)} bin{'s' if len(c) != 1 else ''}: "
-            + " ".join(map(str, c))
-        )
+    for name in ("reward", "score"):  # the outcome reward (missing in logs of per-turn rewards), the sum
+        e, c = h[name]["edges"], h[name]["counts"]
+        if c:
+            lines.append(
+                f"  {name + ' hist':<16} |{_spark(c)}| {e[0]:.4g} to {e[-1]:.4g} in {len(c)} "
+                f"bin{'s' if len(c) != 1 else ''}: " + " ".join(map(str, c))
+            )
     return lines
 
 

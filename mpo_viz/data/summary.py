@@ -127,6 +127,7 @@ def summarize_rows(numbers: dict, fields, meta: dict) -> dict:
             "turns": _value_counts(k),
             "response_length": _log2_histogram(lengths),
             "reward": _linear_histogram(rew),
+            "score": _linear_histogram(numbers["score"]),
         },
         "fields": sorted(fields),
         "meta": dict(meta),

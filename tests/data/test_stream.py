@@ -146,7 +146,9 @@ def test_the_histograms_by_hand():
         "turns": {"values": [], "counts": []},
         "response_length": {"edges": [], "counts": []},
         "reward": {"edges": [], "counts": []},
+        "score": {"edges": [], "counts": []},
     }
+    assert h["score"] == {"edges": [0.0, 0.0], "counts": [7]}  # the scores, all 0: one bin
 
 
 def test_info_prints_the_histograms(tmp_path, capsys):
@@ -157,4 +159,4 @@ def test_info_prints_the_histograms(tmp_path, capsys):
     turns = b.summary()["histograms"]["turns"]
     expected = "  ".join(f"{v}:{c}" for v, c in zip(turns["values"], turns["counts"]))
     assert f"turns hist       {expected}" in out
-    assert "length hist      [" in out and "reward hist      |" in out
+    assert "length hist      [" in out and "reward hist      |" in out and "score hist       |" in out
