@@ -404,4 +404,5 @@ class FrozenLakeEnv(TextEnv):
             + list(MOVES)
             + ["S", "F", "H", "G", "P"]
             + [str(i) for i in range(300)]
+            + ["commands"]  # written after the {ice} placeholder in the prompt, which words_of skips
         )

@@ -195,3 +195,21 @@ def test_oracle_matches_monte_carlo_returns_of_the_expert(kw):
         se = np.sqrt(v * (1 - v) / len(g))
         zs.append(0.0 if se == 0 and np.mean(g) == v else (np.mean(g) - v) / se)
     assert len(zs) >= 18 and np.mean(np.abs(zs) < 3) >= 0.94, zs
+
+
+@pytest.mark.parametrize("options", [{}, {"slippery": False}, {"size": 8}])
+def test_every_word_the_lake_writes_is_in_its_vocabulary(options):
+    """No text of the environment reaches the policy as the unknown token (the prompt's "commands"
+    once did: it follows a placeholder in the template)."""
+    from mpo_viz.envs.tokenizer import build_tokenizer
+
+    env = make_env("frozenlake", **options)
+    tok = build_tokenizer(env)
+    rng = random.Random(0)
+    for seed in range(4):
+        env.reset(seed=seed)
+        while not env.done:
+            env.step(NoisyExpert(0.5).act(env, rng)[1])
+        for m in env.messages:
+            unknown = [w for w in m["content"].split() if tok.unk_token_id in tok.encode(w, add_special_tokens=False)]
+            assert not unknown, (m["role"], unknown)
