@@ -26,6 +26,11 @@ START = REPO / "trajectories" / "starts" / "automation"
 START_D56 = REPO / "trajectories" / "starts" / "automation-d5-6"
 
 
+#: replication v4 E6's own Sokoban start, made by the rule docs/results.md fixed (trajectories/starts/make_start.py
+#: says how); until it is made, the grid's plan exists and a run refuses the missing folder
+START_E6 = REPO / "trajectories" / "starts" / "sokoban-e6"
+
+
 @dataclasses.dataclass(frozen=True)
 class Arm:
     """One method of the grid: estimator and loss (with options) and where its values come from."""
@@ -57,6 +62,8 @@ ARMS = {
     "mpo_matched": Arm("mpo", "turn_ppo", matched_band=True),
     # SAO as its paper runs it: token GAE with VAPO's length-adaptive λ = 1 − 1/(1.5·ℓ), the sao loss
     "sao": Arm("gae", "sao", estimator_options=(("lam_rule", "vapo"), ("alpha", 1.5))),
+    # v4 E6: RAGEN's bi-level GAE (GAE across turns, then token GAE inside each turn)
+    "bilevel_gae": Arm("bilevel_gae", "token_ppo"),
 }
 
 
@@ -94,8 +101,23 @@ E3_COMPARISONS = [
 ]
 
 
-#: cell name -> expert turns per task
-CELLS = {"automation-d3-4": [3, 4], "automation-d5-6": [5, 6]}
+#: v4 E6, the literature's Sokoban ranking (primaries, Holm over both)
+E6_COMPARISONS = [
+    ("bi-level GAE vs PPO", "bilevel_gae", "ppo"),
+    ("MPO-token vs PPO", "mpo_token", "ppo"),
+]
+
+
+#: cell name -> the difficulty range of its tasks (automation: expert turns; sokoban: optimal moves)
+CELLS = {"automation-d3-4": [3, 4], "automation-d5-6": [5, 6], "sokoban-d2-6": [2, 6]}
+
+#: cell name -> its environment, at the environment's default options (a cell not named: automation)
+CELL_ENVS = {"sokoban-d2-6": "sokoban"}
+
+
+def env_of(cell: str) -> str:
+    """The environment a cell's tasks come from."""
+    return CELL_ENVS.get(cell, "automation")
 
 
 #: the noise rate of the expert the start imitated: the oracle values are this expert's
@@ -123,7 +145,7 @@ SIZES = {
     ),
     # the pre-registered grid (docs/results.md): 2 cells × 7 arms × 6 seeds
     "v2": dict(
-        cells=tuple(CELLS),
+        cells=("automation-d3-4", "automation-d5-6"),
         arms=("grpo", "ppo", "turn_gae", "mpo_token", "mpo", "mpo_bare", "mpo_oracle"),
         seeds=tuple(range(6)),
         iterations=20,
@@ -168,6 +190,18 @@ SIZES["v3-e3"] = dict(
 # are E2's archived ones (experiments/records/v4/e2p/runs holds copies of them), only turn_gae_mc0 runs anew
 SIZES["v4-e2p"] = dict(
     SIZES["v2"], cells=("automation-d3-4",), arms=("grpo", "ppo", "turn_gae_mc0"), comparisons=E2P_COMPARISONS
+)
+
+
+# v4 E6 (docs/results.md, "Replication v4"): the exact Sokoban model at its defaults (6x6, one box,
+# RAGEN's reward, turn limit = optimal moves + 2), rooms of 2-6 optimal moves, E6's own start, the v2
+# budget (its iterations are set from the first unit's cost by the rule the text fixes, at most 20)
+SIZES["v4-e6"] = dict(
+    SIZES["v2"],
+    cells=("sokoban-d2-6",),
+    arms=("grpo", "ppo", "bilevel_gae", "mpo_token"),
+    comparisons=E6_COMPARISONS,
+    start=START_E6,
 )
 
 
@@ -261,4 +295,5 @@ COLOURS = {
     "mpo_baseline": "#bcbd22",
     "mpo_matched": "#8c2d04",
     "sao": "#393b79",
+    "bilevel_gae": "#c49c94",
 }

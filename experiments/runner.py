@@ -29,6 +29,7 @@ from experiments.grids import (
     SIZES,
     TOKEN_CLIP_LADDER,
     VALUE_TARGET,
+    env_of,
     start_of,
     uses_warmup,
 )
@@ -46,7 +47,7 @@ def base_config(size: str, cell: str, seed: int, **changes):
 
     s = SIZES[size]
     kw = dict(
-        env="automation",
+        env=env_of(cell),
         difficulty=list(CELLS[cell]),
         model_dir=str(start_of(size)),
         sft_steps=0,

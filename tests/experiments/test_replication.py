@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 import shutil
 from pathlib import Path
 
@@ -13,6 +14,7 @@ import pytest
 
 from experiments import grids, replication, runner, stats
 from experiments import report as records
+from mpo_viz.envs import make_env
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -291,6 +293,7 @@ def test_v3_e3_starts_from_its_own_start(tmp_path):
         "mpo_baseline",
         "mpo_matched",
         "sao",
+        "bilevel_gae",
     ]
 
 
@@ -380,3 +383,41 @@ def test_report_only_from_the_archive_rebuilds_the_committed_records(size, folde
     for name in ("tables.md", "comparisons.jsonl", "final.jsonl", "results.jsonl", "summary.jsonl"):
         assert (tmp_path / name).read_bytes() == (archive / name).read_bytes(), name
     assert not (tmp_path / "runs").exists()
+
+
+def test_v4_e6_spec_is_the_preregistered_text(tmp_path):
+    """E6 of replication v4: the cell (the exact Sokoban model at its defaults, rooms of 2-6 optimal
+    moves), arms, seeds, primaries and start of ``--size v4-e6`` are the ones docs/results.md fixed
+    before its start is made; its runs are the v2 budget on the sokoban environment."""
+    text = (REPO / "docs" / "results.md").read_text()
+    part = " ".join(text[text.index("**E6 —") : text.index("## Replication v3")].split())
+    spec = grids.SIZES["v4-e6"]
+    arms = part[part.index("**Arms**") : part.index("; the critic arms")]
+    assert [a for a in re.findall(r"`([a-z_]+)`", arms) if a != "token_ppo"] == list(spec["arms"])
+    primaries = part[part.index("**Primary**") : part.index("**Reading rule.**")]
+    assert " and ".join(f"`{a}` − `{b}`" for _, a, b in spec["comparisons"]) in primaries
+    assert "Holm over both" in primaries and spec["seeds"] == tuple(range(6)) and "Seeds 0–5" in part
+    assert spec["cells"] == ("sokoban-d2-6",) and grids.CELLS["sokoban-d2-6"] == [2, 6]
+    assert "`difficulty=(2, 6)`" in part and grids.env_of("sokoban-d2-6") == "sokoban"
+    assert spec["start"] == grids.START_E6 and "It is E6's own start, not notebook 07's." in part
+    assert {k: v for k, v in spec.items() if k not in (*runner.GRID_SHARE, "start")} == {
+        k: v for k, v in grids.SIZES["v2"].items() if k not in runner.GRID_SHARE
+    }  # the v2 budget (until the cost rule sets the iterations, recorded in the text)
+    cfg = runner.run_config("v4-e6", "sokoban-d2-6", "bilevel_gae", 0, tmp_path / "warm")
+    assert (cfg.env, cfg.difficulty, cfg.env_options, cfg.estimator, cfg.loss) == (
+        "sokoban",
+        [2, 6],
+        {},
+        "bilevel_gae",
+        "token_ppo",
+    )
+    assert grids.uses_warmup("bilevel_gae") and not grids.uses_warmup("grpo")
+    env = make_env(cfg.env, **cfg.env_options)  # the defaults the text names: 6x6, one box, RAGEN's reward
+    assert (env.size, env.boxes, env.step_reward, env.solve_reward) == (6, 1, -0.1, 10.0)
+    # the start's rule, as make_start.py will make it: noise 0.1, stop at 0.20 or 3,000 steps, 128 rooms
+    recipe = (REPO / "trajectories" / "starts" / "make_start.py").read_text()
+    recipe = recipe[recipe.index("``sokoban-e6/``") : recipe.index("make_start.py /tmp/sokoban-e6-sft/start")]
+    for piece in ("difficulty=[2, 6]", "sft_steps=3000", "sft_noise=0.1", "sft_target_success=0.2",
+                  "sft_eval_interval=100", "eval_episodes=128", "sft_lr=3e-3", "sft_batch_episodes=16",
+                  "max_turn_tokens=48"):  # fmt: skip
+        assert piece in " ".join(recipe.split()), piece

@@ -1,7 +1,8 @@
 """Write a shipped SFT start under trajectories/starts/, stored in float16.
 
-Three starts ship, each made by SFT on the noisy scripted expert (noise 0.3 unless said, lr 3e-3, 16 episodes per
-step, a greedy evaluation every 50 steps that decides the stop):
+Three starts ship (a fourth, E6's, has its recipe here), each made by SFT on the noisy scripted
+expert (noise 0.3 unless said, lr 3e-3, 16 episodes per step, a greedy evaluation every 50 steps
+that decides the stop):
 
 ``automation/`` — the start notebook 03 and the 3–4-turn learning cell train from. It is the v1
 learning grid's shared ``automation`` start (``benchmarks/learning.py --size small`` at commit
@@ -44,6 +45,19 @@ sampled. Made with (``quiet=False`` shows the evaluations)::
         loss='token_ppo', iterations=0, max_turn_tokens=32, num_threads=1), '/tmp/sokoban-sft').sft()"
     python trajectories/starts/make_start.py /tmp/sokoban-sft/start sokoban
 
+``sokoban-e6/`` — replication v4 E6's own start (docs/results.md, its rule fixed before it is made;
+not made yet): SFT of a new 1m model on the noisy breadth-first solver (noise 0.1) on the exact
+Sokoban model at its defaults (6×6, one box, RAGEN's reward, turn limit = optimal moves + 2) with rooms
+of 2–6 optimal moves, lr 3e-3, 16 episodes per step, a greedy evaluation of 128 held-out rooms every
+100 steps, the stop at the first evaluation with greedy success 0.20 or after 3,000 steps; shipped
+with its record whatever its success::
+
+    OMP_NUM_THREADS=1 python -c "from mpo_viz.train import Config, Trainer; Trainer(Config(env='sokoban', \
+        difficulty=[2, 6], sft_steps=3000, sft_noise=0.1, sft_target_success=0.2, sft_eval_interval=100, \
+        eval_episodes=128, sft_lr=3e-3, sft_batch_episodes=16, estimator='grpo', group_size=4, \
+        loss='token_ppo', iterations=0, max_turn_tokens=48, num_threads=1), '/tmp/sokoban-e6-sft').sft()"
+    python trajectories/starts/make_start.py /tmp/sokoban-e6-sft/start sokoban-e6
+
 ``SRC`` is either a learning grid's start folder (``SRC/model/policy`` and ``SRC/start.json``) or a
 trainer run's ``RUN/start`` (``SRC/policy`` and ``SRC/start.json``). Only the policy ships (runs warm
 up their own critic). Weights are rounded to float16 to halve the folder (2.2 MB); they load as
@@ -70,8 +84,8 @@ SOURCES = {
     "sft_noise=0.1, ...)).sft(): SFT of a new 1m model on the noisy solver, stop at greedy success 0.7 or "
     "2,500 steps (notebook 07's start)",
     "automation-d5-6": "mpo-viz train --difficulty 5-6 --model-dir trajectories/starts/automation: SFT continued "
-                       "at 5-6 turns, stop at greedy success 0.60, in three stages (3,000 steps at lr 3e-3, "
-                       "then 400 and up to 1,200 at lr 1e-3; replication v3, E3)",
+    "at 5-6 turns, stop at greedy success 0.60, in three stages (3,000 steps at lr 3e-3, "
+    "then 400 and up to 1,200 at lr 1e-3; replication v3, E3)",
 }
 
 
@@ -81,8 +95,9 @@ def model_folder(src: Path) -> Path:
     for d in (src / "model", src):
         if (d / "policy").is_dir():
             return d
-    raise FileNotFoundError(f"{src}: expected a start folder (model/policy/ or policy/, and start.json), "
-                            "found no policy/")
+    raise FileNotFoundError(
+        f"{src}: expected a start folder (model/policy/ or policy/, and start.json), found no policy/"
+    )
 
 
 def stage_record(src: Path) -> dict:
@@ -92,15 +107,22 @@ def stage_record(src: Path) -> dict:
         raise FileNotFoundError(f"{src}: expected a start folder with start.json (the SFT record), found none")
     record = json.loads(path.read_text())
     if "sft" not in record or "sft_config_hash" not in record:
-        raise ValueError(f"{path}: expected the fields 'sft' and 'sft_config_hash' (a start's SFT record), "
-                         f"found {sorted(record)}")
+        raise ValueError(
+            f"{path}: expected the fields 'sft' and 'sft_config_hash' (a start's SFT record), found {sorted(record)}"
+        )
     sft = record["sft"]
-    return {"from": str(src), "sft_config_hash": record["sft_config_hash"], "sft_steps": sft["sft_steps"],
-            "sft_success": sft["sft_success"], "sft_expert_success": sft["sft_expert_success"]}
+    return {
+        "from": str(src),
+        "sft_config_hash": record["sft_config_hash"],
+        "sft_steps": sft["sft_steps"],
+        "sft_success": sft["sft_success"],
+        "sft_expert_success": sft["sft_expert_success"],
+    }
 
 
-def write_start(src: Path, out: Path = HERE / "automation", source: str | None = None,
-                after: list[Path] | None = None) -> list[Path]:
+def write_start(
+    src: Path, out: Path = HERE / "automation", source: str | None = None, after: list[Path] | None = None
+) -> list[Path]:
     """Round ``src``'s policy to float16 into ``out/policy``; copy ``src/start.json``'s SFT record
     (with the earlier stages ``after``, in order, when ``src`` continued them)."""
     from mpo_viz import models
@@ -127,12 +149,19 @@ def write_start(src: Path, out: Path = HERE / "automation", source: str | None =
 
 
 def main(argv: list[str]) -> int:
-    ap = argparse.ArgumentParser(prog="make_start.py", description=__doc__,
-                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(
+        prog="make_start.py", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     ap.add_argument("src", type=Path, help="the start folder (SRC/model/policy or SRC/policy, and SRC/start.json)")
     ap.add_argument("name", nargs="?", default="automation", choices=sorted(SOURCES), help="the start to write")
-    ap.add_argument("--after", type=Path, nargs="+", default=[], metavar="EARLIER",
-                    help="the earlier SFT stages SRC continued, in order (their start.json)")
+    ap.add_argument(
+        "--after",
+        type=Path,
+        nargs="+",
+        default=[],
+        metavar="EARLIER",
+        help="the earlier SFT stages SRC continued, in order (their start.json)",
+    )
     args = ap.parse_args(argv)
     try:
         written = write_start(args.src, HERE / args.name, after=args.after)
