@@ -40,8 +40,9 @@ from mpo_viz.envs.generate import GenerateConfig, generate_rows
 from mpo_viz.envs.registry import make_env
 from mpo_viz.envs.tokenizer import build_tokenizer
 
-CFG = GenerateConfig(env="tooluse", noise=0.5, episodes=4, group_size=2, seed=0, difficulty=(2, 3),
-                     env_options={"shaping": 0.1})
+CFG = GenerateConfig(
+    env="tooluse", noise=0.5, episodes=4, group_size=2, seed=0, difficulty=(2, 3), env_options={"shaping": 0.1}
+)
 
 
 def episodes():
@@ -60,8 +61,17 @@ def episodes():
             # the last reply always says its reward, 0 included: a log without any reward is flagged
             if i + 1 < len(msgs) and (tr[k] or k == len(a) - 1):
                 msgs[i + 1]["reward"] = round(tr[k], 6)
-        out.append(dict(row=r, messages=msgs, starts=starts.tolist(), ends=ends.tolist(), turn_rewards=tr,
-                        task=r["group_id"], sample=int(r["sample_idx"])))
+        out.append(
+            dict(
+                row=r,
+                messages=msgs,
+                starts=starts.tolist(),
+                ends=ends.tolist(),
+                turn_rewards=tr,
+                task=r["group_id"],
+                sample=int(r["sample_idx"]),
+            )
+        )
     return out, meta
 
 
@@ -84,10 +94,10 @@ def write_verl(eps, out: Path):
     for i, e in enumerate(eps):
         r = e["row"]
         p, x = r["prompt_ids"], r["response_ids"]
-        prompts[i, P - len(p):] = torch.tensor(p)
-        attn[i, P - len(p):P] = 1
+        prompts[i, P - len(p) :] = torch.tensor(p)
+        attn[i, P - len(p) : P] = 1
         responses[i, : len(x)] = torch.tensor(x)
-        attn[i, P:P + len(x)] = 1
+        attn[i, P : P + len(x)] = 1
         m = torch.tensor(r["loss_mask"])
         rmask[i, : len(x)] = m
         values[i, : len(x)] = torch.tensor(r["values"]) * m  # verl zeroes values on observation tokens
@@ -97,11 +107,17 @@ def write_verl(eps, out: Path):
             nxt = e["starts"][k + 1] if k + 1 < len(e["starts"]) else len(x)
             scores[i, nxt - 1] += e["turn_rewards"][k]
     batch = {
-        "prompts": prompts, "responses": responses, "response_mask": rmask, "attention_mask": attn,
+        "prompts": prompts,
+        "responses": responses,
+        "response_mask": rmask,
+        "attention_mask": attn,
         "input_ids": torch.cat([prompts, responses], 1),
         "position_ids": torch.clamp(torch.cumsum(attn, 1) - 1, min=0),
-        "token_level_scores": scores, "token_level_rewards": scores.clone(), "values": values,
-        "uid": [e["task"] for e in eps], "request_id": [e["row"]["traj_id"] for e in eps],
+        "token_level_scores": scores,
+        "token_level_rewards": scores.clone(),
+        "values": values,
+        "uid": [e["task"] for e in eps],
+        "request_id": [e["row"]["traj_id"] for e in eps],
         "__num_turns__": [len(e["messages"]) - 1 for e in eps],
         "data_source": ["tooluse"] * B,
     }
@@ -134,11 +150,14 @@ def write_areal(eps, out: Path):
         cols["versions"][i, p:n] = np.where(m == 1, 3 + ((tid >= 1) & (i % 2 == 1)), -1)
         attn[i, :n] = True
         logprobs[i, p:n] = np.where(m == 1, -g.exponential(0.5, len(m)).round(4), 0.0)
-        values[i, p - 1:n - 1] = r["values"]
+        values[i, p - 1 : n - 1] = r["values"]
     batch = {k: torch.from_numpy(v) for k, v in cols.items()}
-    batch.update(attention_mask=torch.from_numpy(attn), logprobs=torch.from_numpy(logprobs),
-                 values=torch.from_numpy(values),
-                 rewards=torch.tensor([round(sum(e["turn_rewards"]), 6) for e in eps], dtype=torch.float32))
+    batch.update(
+        attention_mask=torch.from_numpy(attn),
+        logprobs=torch.from_numpy(logprobs),
+        values=torch.from_numpy(values),
+        rewards=torch.tensor([round(sum(e["turn_rewards"]), 6) for e in eps], dtype=torch.float32),
+    )
     save_file(batch, str(out / "areal_rollout.safetensors"))
 
 
@@ -167,7 +186,7 @@ def _steps(e):
     r = e["row"]
     full = r["prompt_ids"] + r["response_ids"]
     p = len(r["prompt_ids"])
-    return [(full[: p + s], full[p + s: p + t]) for s, t in zip(e["starts"], e["ends"])]
+    return [(full[: p + s], full[p + s : p + t]) for s, t in zip(e["starts"], e["ends"])]
 
 
 def _reward_after(e, k):
@@ -180,17 +199,38 @@ def write_verifiers(eps, out: Path):
         traj = []
         for k, (pr, co) in enumerate(_steps(e)):
             a = [i for i, m in enumerate(e["messages"]) if m["role"] == "assistant"][k]
-            traj.append({"prompt": e["messages"][:a], "completion": [e["messages"][a]],
-                         "tokens": {"prompt_ids": pr, "prompt_mask": [0] * len(pr), "completion_ids": co,
-                                    "completion_mask": [1] * len(co), "completion_logprobs": None,
-                                    "overlong_prompt": False, "is_truncated": False},
-                         "reward": _reward_after(e, k) if k < len(e["turn_rewards"]) - 1 else None,
-                         "advantage": None, "is_truncated": False, "trajectory_id": e["row"]["traj_id"],
-                         "extras": {}})
-        lines.append({"example_id": int(e["task"].rsplit("t", 1)[1]), "prompt": e["messages"][:2],
-                      "completion": e["messages"][2:], "reward": _reward_after(e, len(e["turn_rewards"]) - 1),
-                      "is_completed": True, "is_truncated": False, "stop_condition": "answered",
-                      "trajectory": traj})
+            traj.append(
+                {
+                    "prompt": e["messages"][:a],
+                    "completion": [e["messages"][a]],
+                    "tokens": {
+                        "prompt_ids": pr,
+                        "prompt_mask": [0] * len(pr),
+                        "completion_ids": co,
+                        "completion_mask": [1] * len(co),
+                        "completion_logprobs": None,
+                        "overlong_prompt": False,
+                        "is_truncated": False,
+                    },
+                    "reward": _reward_after(e, k) if k < len(e["turn_rewards"]) - 1 else None,
+                    "advantage": None,
+                    "is_truncated": False,
+                    "trajectory_id": e["row"]["traj_id"],
+                    "extras": {},
+                }
+            )
+        lines.append(
+            {
+                "example_id": int(e["task"].rsplit("t", 1)[1]),
+                "prompt": e["messages"][:2],
+                "completion": e["messages"][2:],
+                "reward": _reward_after(e, len(e["turn_rewards"]) - 1),
+                "is_completed": True,
+                "is_truncated": False,
+                "stop_condition": "answered",
+                "trajectory": traj,
+            }
+        )
     (out / "verifiers_rollouts.jsonl").write_text("".join(json.dumps(x) + "\n" for x in lines))
 
 
@@ -205,16 +245,45 @@ def write_rllm(eps, tok, out: Path):
             steps = []
             for k, (pr, co) in enumerate(_steps(e)):
                 if n == 1 and k:  # this agent drops the system prompt from later calls (context management)
-                    pr = pr[pr.index(user):]
-                steps.append({"prompt_ids": pr, "response_ids": co, "logprobs": [], "reward": _reward_after(e, k),
-                              "done": k == len(e["starts"]) - 1, "mc_return": 0.0, "advantage": None,
-                              "chat_completions": [], "observation": None, "thought": "", "action": None,
-                              "model_response": "", "model_output": None, "info": {}})
-            lines.append({"id": f"{task}:{e['sample']}", "task": {"name": task}, "termination_reason": "ENV_DONE",
-                          "is_correct": bool(e["row"]["extra_json"] and json.loads(e["row"]["extra_json"])["success"]),
-                          "trajectories": [{"uid": e["row"]["traj_id"], "name": "solver", "task": {"name": task},
-                                            "steps": steps, "reward": round(sum(e["turn_rewards"]), 6), "info": {}}],
-                          "metrics": {}, "info": {}})
+                    pr = pr[pr.index(user) :]
+                steps.append(
+                    {
+                        "prompt_ids": pr,
+                        "response_ids": co,
+                        "logprobs": [],
+                        "reward": _reward_after(e, k),
+                        "done": k == len(e["starts"]) - 1,
+                        "mc_return": 0.0,
+                        "advantage": None,
+                        "chat_completions": [],
+                        "observation": None,
+                        "thought": "",
+                        "action": None,
+                        "model_response": "",
+                        "model_output": None,
+                        "info": {},
+                    }
+                )
+            lines.append(
+                {
+                    "id": f"{task}:{e['sample']}",
+                    "task": {"name": task},
+                    "termination_reason": "ENV_DONE",
+                    "is_correct": bool(e["row"]["extra_json"] and json.loads(e["row"]["extra_json"])["success"]),
+                    "trajectories": [
+                        {
+                            "uid": e["row"]["traj_id"],
+                            "name": "solver",
+                            "task": {"name": task},
+                            "steps": steps,
+                            "reward": round(sum(e["turn_rewards"]), 6),
+                            "info": {},
+                        }
+                    ],
+                    "metrics": {},
+                    "info": {},
+                }
+            )
     (out / "rllm_episodes.jsonl").write_text("".join(json.dumps(x) + "\n" for x in lines))
 
 
@@ -224,10 +293,25 @@ def write_agl(eps, out: Path):
         st = _steps(e)
         # agent-lightning keeps one final reward and copies it onto the last triplet
         final = round(sum(e["turn_rewards"]), 6)
-        trip = [{"prompt": {"token_ids": pr}, "response": {"token_ids": co, "log_probs": None},
-                 "reward": final if k == len(st) - 1 else None, "metadata": {}} for k, (pr, co) in enumerate(st)]
-        lines.append({"rollout_id": f"ro-{e['row']['traj_id']}", "data_id": e["task"], "step": 10,
-                      "sample_idx_in_step": j, "final_reward": final, "triplets": trip})
+        trip = [
+            {
+                "prompt": {"token_ids": pr},
+                "response": {"token_ids": co, "log_probs": None},
+                "reward": final if k == len(st) - 1 else None,
+                "metadata": {},
+            }
+            for k, (pr, co) in enumerate(st)
+        ]
+        lines.append(
+            {
+                "rollout_id": f"ro-{e['row']['traj_id']}",
+                "data_id": e["task"],
+                "step": 10,
+                "sample_idx_in_step": j,
+                "final_reward": final,
+                "triplets": trip,
+            }
+        )
     (out / "agl_rollouts.jsonl").write_text("".join(json.dumps(x) + "\n" for x in lines))
 
 
@@ -241,7 +325,7 @@ def write_openai(eps, tok, out: Path):
         p = len(r["prompt_ids"])
         a = [i for i, m in enumerate(msgs) if m["role"] == "assistant"]
         for k, i in enumerate(a):
-            msgs[i]["token_ids"] = full[p + e["starts"][k]: p + e["ends"][k]]
+            msgs[i]["token_ids"] = full[p + e["starts"][k] : p + e["ends"][k]]
         if j == 3:  # the agent harness capitalized one reply after sampling: logged ids and text disagree
             i = a[0]
             msgs[i]["content"] = msgs[i]["content"][:1].upper() + msgs[i]["content"][1:]
@@ -257,8 +341,15 @@ def write_trl(eps, tok, out: Path):
         prompt = " ".join(m["content"] for m in e["messages"][:2])
         completion = " ".join(m["content"] for m in e["messages"][2:])
         success = float(json.loads(e["row"]["extra_json"])["success"])
-        rows.append({"step": 10, "prompt": prompt, "completion": completion, "correctness": success,
-                     "progress": round(sum(e["turn_rewards"]) - success, 6)})
+        rows.append(
+            {
+                "step": 10,
+                "prompt": prompt,
+                "completion": completion,
+                "correctness": success,
+                "progress": round(sum(e["turn_rewards"]) - success, 6),
+            }
+        )
     for task in {r["prompt"] for r in rows}:
         g = [r for r in rows if r["prompt"] == task]
         s = np.array([r["correctness"] + r["progress"] for r in g])
@@ -273,26 +364,65 @@ def write_art(eps, out: Path):
     groups: dict = {}
     for e in eps:
         groups.setdefault(e["task"], []).append(e)
-    message_t = pa.struct([("role", pa.string()), ("content", pa.string()), ("tool_calls", pa.string()),
-                           ("tool_call_id", pa.string()), ("trainable", pa.bool_())])
-    schema = pa.schema([("format_version", pa.int16()), ("group_index", pa.int64()), ("trajectory_index", pa.int64()),
-                        ("group_json", pa.large_string()), ("trajectory_json", pa.large_string()),
-                        ("group_metadata", pa.string()), ("group_metrics", pa.string()),
-                        ("group_logs", pa.list_(pa.string())), ("reward", pa.float64()), ("metrics", pa.string()),
-                        ("metadata", pa.string()), ("tools", pa.string()), ("logs", pa.list_(pa.string())),
-                        ("messages", pa.list_(message_t))],
-                       metadata={b"art.trajectory_parquet.version": b"2"})
+    message_t = pa.struct(
+        [
+            ("role", pa.string()),
+            ("content", pa.string()),
+            ("tool_calls", pa.string()),
+            ("tool_call_id", pa.string()),
+            ("trainable", pa.bool_()),
+        ]
+    )
+    schema = pa.schema(
+        [
+            ("format_version", pa.int16()),
+            ("group_index", pa.int64()),
+            ("trajectory_index", pa.int64()),
+            ("group_json", pa.large_string()),
+            ("trajectory_json", pa.large_string()),
+            ("group_metadata", pa.string()),
+            ("group_metrics", pa.string()),
+            ("group_logs", pa.list_(pa.string())),
+            ("reward", pa.float64()),
+            ("metrics", pa.string()),
+            ("metadata", pa.string()),
+            ("tools", pa.string()),
+            ("logs", pa.list_(pa.string())),
+            ("messages", pa.list_(message_t)),
+        ],
+        metadata={b"art.trajectory_parquet.version": b"2"},
+    )
     rows = []
     for gi, (task, group) in enumerate(groups.items()):
         for ti, e in enumerate(group):
-            msgs = [{"role": m["role"], "content": m["content"], "tool_calls": None, "tool_call_id": None,
-                     "trainable": m["role"] == "assistant"} for m in e["messages"]]
-            rows.append({"format_version": 2, "group_index": gi, "trajectory_index": ti,
-                         "group_json": json.dumps({"metadata": {"task": task}}), "trajectory_json": None,
-                         "group_metadata": json.dumps({"task": task}), "group_metrics": None, "group_logs": None,
-                         "reward": round(sum(e["turn_rewards"]), 6),
-                         "metrics": json.dumps({"calls": len(e["starts"])}), "metadata": None, "tools": None,
-                         "logs": None, "messages": msgs})
+            msgs = [
+                {
+                    "role": m["role"],
+                    "content": m["content"],
+                    "tool_calls": None,
+                    "tool_call_id": None,
+                    "trainable": m["role"] == "assistant",
+                }
+                for m in e["messages"]
+            ]
+            rows.append(
+                {
+                    "format_version": 2,
+                    "group_index": gi,
+                    "trajectory_index": ti,
+                    "group_json": json.dumps({"metadata": {"task": task}}),
+                    "trajectory_json": None,
+                    "group_metadata": json.dumps({"task": task}),
+                    "group_metrics": None,
+                    "group_logs": None,
+                    "reward": round(sum(e["turn_rewards"]), 6),
+                    "metrics": json.dumps({"calls": len(e["starts"])}),
+                    "metadata": None,
+                    "tools": None,
+                    "logs": None,
+                    "messages": msgs,
+                }
+            )
     pq.write_table(pa.Table.from_pylist(rows, schema=schema), d / "0003.parquet", compression="zstd")
 
 

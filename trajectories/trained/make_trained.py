@@ -45,8 +45,10 @@ RUN_ENV = "automation"
 
 #: what every run shares: mpo + turn_ppo (default token band), 6 iterations x 32 episodes, a smaller
 #: critic warm-up than the default (see the docstring), 32 evaluation tasks at iterations 0, 3 and 6
-_COMMON = ("--estimator mpo --loss turn_ppo --critic-warmup-episodes 160 --critic-warmup-steps 64 "
-           "--iterations 6 --episodes 32 --group-size 4 --eval-episodes 32 --eval-interval 3 --seed 0")
+_COMMON = (
+    "--estimator mpo --loss turn_ppo --critic-warmup-episodes 160 --critic-warmup-steps 64 "
+    "--iterations 6 --episodes 32 --group-size 4 --eval-episodes 32 --eval-interval 3 --seed 0"
+)
 
 COMMANDS = [
     "mkdir -p runs/trained",
@@ -85,8 +87,10 @@ def extract(run: Path, out: Path = HERE) -> list[Path]:
         raise SystemExit(f"{run}: expected trajectories/iter=*.parquet, found none (train first: --commands)")
     cfg = Config.load(run / "config.json")
     cfg_hash, env = cfg.hash(), cfg.env
-    written = [mv.save(_with_hash(files[0], cfg_hash), out / f"{env}_early.parquet"),
-               mv.save(_with_hash(files[-1], cfg_hash), out / f"{env}_late.parquet")]
+    written = [
+        mv.save(_with_hash(files[0], cfg_hash), out / f"{env}_early.parquet"),
+        mv.save(_with_hash(files[-1], cfg_hash), out / f"{env}_late.parquet"),
+    ]
     dst = out / ("run" if env == RUN_ENV else f"run_{env}")
     if dst.exists():
         shutil.rmtree(dst)

@@ -60,12 +60,38 @@ COMMAND = ".venv-verl/bin/python trajectories/verl/make_verl_run.py"
 #: the trainer's default (a pool of 128 episodes, at most 32 steps, instead of 512 and 256) to keep
 #: the script at about 5 minutes of CPU; the critic gets its own critic_epochs passes per step, as in the
 #: trainer.
-CONFIG = dict(env="automation", env_options={"shaping": 0.1}, model_size="1m", episodes=16, group_size=4,
-              epochs=2, minibatches=2, max_turn_tokens=48, max_total_tokens=384, sft_steps=120, sft_lr=1e-3,
-              sft_eval_interval=40, sft_target_success=0.5, sft_noise=0.3, sft_batch_episodes=16, eval_episodes=16,
-              eval_seed=0, critic="learned", critic_init="policy", critic_lr=1e-3, value_clip=0.5, critic_epochs=4,
-              critic_warmup_episodes=128, critic_warmup_steps=32, critic_warmup_ev=0.2, critic_warmup_lr=1e-3,
-              estimator="mpo", loss="turn_ppo", seed=0, num_threads=1)
+CONFIG = dict(
+    env="automation",
+    env_options={"shaping": 0.1},
+    model_size="1m",
+    episodes=16,
+    group_size=4,
+    epochs=2,
+    minibatches=2,
+    max_turn_tokens=48,
+    max_total_tokens=384,
+    sft_steps=120,
+    sft_lr=1e-3,
+    sft_eval_interval=40,
+    sft_target_success=0.5,
+    sft_noise=0.3,
+    sft_batch_episodes=16,
+    eval_episodes=16,
+    eval_seed=0,
+    critic="learned",
+    critic_init="policy",
+    critic_lr=1e-3,
+    value_clip=0.5,
+    critic_epochs=4,
+    critic_warmup_episodes=128,
+    critic_warmup_steps=32,
+    critic_warmup_ev=0.2,
+    critic_warmup_lr=1e-3,
+    estimator="mpo",
+    loss="turn_ppo",
+    seed=0,
+    num_threads=1,
+)
 #: turn_ppo's token band in the update, set in verl's config (the plugin's TurnPPOLossConfig) rather
 #: than left to the plugin's default
 TOKEN_CLIP = 2.0
@@ -101,27 +127,41 @@ def to_dataproto(batch, pad_id: int, step: int):
     rmask = np.zeros((B, R), dtype=np.int64)
     scores = np.zeros((B, R), dtype=np.float32)
     per_token = {k: np.zeros((B, R), dtype=np.float32) for k in ("values", "old_log_probs", "rollout_log_probs")}
-    source = {"values": batch.field("values"), "old_log_probs": batch.field("old_logprobs"),
-              "rollout_log_probs": batch.field("rollout_logprobs")}
+    source = {
+        "values": batch.field("values"),
+        "old_log_probs": batch.field("old_logprobs"),
+        "rollout_log_probs": batch.field("rollout_logprobs"),
+    }
     score = batch.padded("rewards", torch.float64).sum(1).numpy()
     for i, (p, r) in enumerate(zip(prompts, resps)):
-        ids[i, P - len(p):P] = p
-        att[i, P - len(p):P] = 1
-        ids[i, P:P + len(r)] = r
-        att[i, P:P + len(r)] = 1
-        rmask[i, :len(r)] = batch.field("loss_mask")[i]
+        ids[i, P - len(p) : P] = p
+        att[i, P - len(p) : P] = 1
+        ids[i, P : P + len(r)] = r
+        att[i, P : P + len(r)] = 1
+        rmask[i, : len(r)] = batch.field("loss_mask")[i]
         scores[i, len(r) - 1] = score[i]
         for k, v in source.items():
-            per_token[k][i, :len(r)] = v[i]
+            per_token[k][i, : len(r)] = v[i]
     pos = np.clip(np.cumsum(att, axis=1) - 1, 0, None)
-    tensors = {"prompts": ids[:, :P], "responses": ids[:, P:], "input_ids": ids, "attention_mask": att,
-               "position_ids": pos, "response_mask": rmask, "token_level_scores": scores,
-               "token_level_rewards": scores.copy(), **per_token}
+    tensors = {
+        "prompts": ids[:, :P],
+        "responses": ids[:, P:],
+        "input_ids": ids,
+        "attention_mask": att,
+        "position_ids": pos,
+        "response_mask": rmask,
+        "token_level_scores": scores,
+        "token_level_rewards": scores.copy(),
+        **per_token,
+    }
     return DataProto.from_dict(
         tensors={k: torch.from_numpy(np.ascontiguousarray(v)) for k, v in tensors.items()},
-        non_tensors={"uid": np.array(list(batch.group_ids), dtype=object),
-                     "request_id": np.array(list(batch.traj_ids), dtype=object)},
-        meta_info={"global_steps": step})
+        non_tensors={
+            "uid": np.array(list(batch.group_ids), dtype=object),
+            "request_id": np.array(list(batch.traj_ids), dtype=object),
+        },
+        meta_info={"global_steps": step},
+    )
 
 
 def from_dataproto(batch, data):
@@ -143,8 +183,9 @@ def composed_config(run_dir: Path):
 
     d = os.path.join(os.path.dirname(verl.__file__), "trainer", "config")
     with initialize_config_dir(config_dir=d, version_base=None):
-        return compose(config_name="ppo_trainer",
-                       overrides=[*OVERRIDES, *VERL_REQUIRED, f"+algorithm.mpo_viz.run_dir={run_dir}"])
+        return compose(
+            config_name="ppo_trainer", overrides=[*OVERRIDES, *VERL_REQUIRED, f"+algorithm.mpo_viz.run_dir={run_dir}"]
+        )
 
 
 def make(out: Path) -> dict:
@@ -167,9 +208,14 @@ def make(out: Path) -> dict:
     verl_cfg = composed_config(Path(os.path.relpath(out)))  # relative: config.json names no machine path
     actor = omega_conf_to_dataclass(verl_cfg.actor_rollout_ref.actor)
     turn = loss_options_of(actor.policy_loss, cfg.loss)  # what the plugin's loss reads in a verl run
-    loss_options = {"clip_low": actor.clip_ratio_low, "clip_high": actor.clip_ratio_high,
-                    "dual_clip": actor.clip_ratio_c if turn["dual_clip"] == FROM_VERL else turn["dual_clip"],
-                    "token_clip": turn["token_clip"], "ratio": turn["ratio"], "agg": actor.loss_agg_mode}
+    loss_options = {
+        "clip_low": actor.clip_ratio_low,
+        "clip_high": actor.clip_ratio_high,
+        "dual_clip": actor.clip_ratio_c if turn["dual_clip"] == FROM_VERL else turn["dual_clip"],
+        "token_clip": turn["token_clip"],
+        "ratio": turn["ratio"],
+        "agg": actor.loss_agg_mode,
+    }
     common = UpdateSettings.of(cfg, value_clip=cfg.critic_option("value_clip"))
     policy_settings = dataclasses.replace(common, loss_options=loss_options)
     critic_settings = dataclasses.replace(common, epochs=cfg.critic_option("critic_epochs"))
@@ -181,37 +227,63 @@ def make(out: Path) -> dict:
         warm = tr.warmup_critic()
         steps = []
         for step in range(1, ITERATIONS + 1):
-            batch = rollout(tr.policy, tr.env, cfg.episodes, group_size=cfg.group_size, critic=tr.critic,
-                            seed=derive_seed(cfg.seed, "verl", step), max_turn_tokens=cfg.max_turn_tokens,
-                            max_total_tokens=cfg.max_total_tokens, batch_size=cfg.rollout_batch_size,
-                            progress=False)
+            batch = rollout(
+                tr.policy,
+                tr.env,
+                cfg.episodes,
+                group_size=cfg.group_size,
+                critic=tr.critic,
+                seed=derive_seed(cfg.seed, "verl", step),
+                max_turn_tokens=cfg.max_turn_tokens,
+                max_total_tokens=cfg.max_total_tokens,
+                batch_size=cfg.rollout_batch_size,
+                progress=False,
+            )
             data = to_dataproto(batch, tr.pad_id, step)
-            data = rt.compute_advantage(data, adv_estimator=algo.adv_estimator, gamma=algo.gamma, lam=algo.lam,
-                                        num_repeat=1, norm_adv_by_std_in_grpo=algo.norm_adv_by_std_in_grpo,
-                                        config=algo)
+            data = rt.compute_advantage(
+                data,
+                adv_estimator=algo.adv_estimator,
+                gamma=algo.gamma,
+                lam=algo.lam,
+                num_repeat=1,
+                norm_adv_by_std_in_grpo=algo.norm_adv_by_std_in_grpo,
+                config=algo,
+            )
             r = rows_of(from_dataproto(batch, data))
             where = dict(generator=tr.generator, pad_id=tr.pad_id, device=tr.device)
             upd = update_epochs(r, Learners(tr.policy.model, tr.policy_opt), policy_settings, **where)
             crit = update_epochs(r, Learners(critic=tr.critic, critic_opt=tr.critic_opt), critic_settings, **where)
             ep = episode_stats(batch)
-            steps.append({"step": step, "success": ep["success"], "score_mean": ep["reward_mean"],
-                          "turn_limit_frac": ep["truncated_frac"], "policy_loss": upd.get("policy_loss"),
-                          "value_loss": crit.get("value_loss"), "approx_kl": upd.get("approx_kl")})
-            print(f"step {step}: success {ep['success']:.3f}, score {ep['reward_mean']:.3f}, policy loss "
-                  f"{upd.get('policy_loss', float('nan')):+.4f}, value loss {crit.get('value_loss', float('nan')):.4f}",
-                  file=sys.stderr, flush=True)
+            steps.append(
+                {
+                    "step": step,
+                    "success": ep["success"],
+                    "score_mean": ep["reward_mean"],
+                    "turn_limit_frac": ep["truncated_frac"],
+                    "policy_loss": upd.get("policy_loss"),
+                    "value_loss": crit.get("value_loss"),
+                    "approx_kl": upd.get("approx_kl"),
+                }
+            )
+            print(
+                f"step {step}: success {ep['success']:.3f}, score {ep['reward_mean']:.3f}, policy loss "
+                f"{upd.get('policy_loss', float('nan')):+.4f}, value loss {crit.get('value_loss', float('nan')):.4f}",
+                file=sys.stderr,
+                flush=True,
+            )
     return {
         "command": COMMAND,
         "what": "verl's compute_advantage with the mpo_viz plugin (adv_estimator=mpo) and its run logger, on "
-                "DataProto batches of real rollouts of mpo_viz's trainer; updates by mpo_viz's trainer",
+        "DataProto batches of real rollouts of mpo_viz's trainer; updates by mpo_viz's trainer",
         "trainer_config": cfg.to_dict(),
         "trainer_config_hash": cfg.hash(),
         "verl_overrides": OVERRIDES + VERL_REQUIRED,
         "iterations": ITERATIONS,
         "update_loss_options": loss_options,
         "sft": {k: sft.get(k) for k in ("sft_steps", "sft_success", "sft_expert_success")},
-        "critic_warmup": {k: warm.get(k) for k in ("warmup_episodes", "warmup_steps", "warmup_explained_var",
-                                                     "warmup_stop")},
+        "critic_warmup": {
+            k: warm.get(k) for k in ("warmup_episodes", "warmup_steps", "warmup_explained_var", "warmup_stop")
+        },
         "steps": steps,
         "versions": {"verl": verl.__version__, "torch": torch.__version__, "mpo_viz": mpo_viz.__version__},
         "seconds": round(time.perf_counter() - t0, 1),
