@@ -98,6 +98,7 @@ from experiments.grids import (
     VALUE_TARGET,
     grid_meta,
     plan,
+    start_of,
 )
 from experiments.report import (
     calibration_table,
@@ -180,6 +181,12 @@ def check_filters(ap: argparse.ArgumentParser, args: argparse.Namespace) -> None
 def run_grid(ap: argparse.ArgumentParser, args: argparse.Namespace, out: Path) -> int:
     """Every planned run not yet done, with the records rebuilt after each whole seed; 130 when interrupted."""
     runs = plan(args.size, args.cells, args.seeds, args.arms)
+    start = start_of(args.size)
+    if not start.is_dir():  # a start fixed by its rule and not made yet (v4-e6): say how, before any folder
+        ap.error(
+            f"the {args.size} grid starts from {start.relative_to(REPO)}, which is not there; make it first "
+            "(trajectories/starts/make_start.py says how)"
+        )
     meta = grid_meta(args.size, args.value_target)
     if args.archive is not None:
         try:
