@@ -31,6 +31,7 @@ def rng(lo: float, hi: float, nd: int = 2) -> str:
 def quoted() -> list[str]:
     """The numbers the headline must quote, each formatted from the records."""
     e1, e2, e3 = readings.e1_numbers(), readings.e2_numbers(), readings.e3_numbers()
+    e5 = readings.e5_numbers()
     mp, bl = e3["mpo_ppo"], e3["baseline"]
     mc_ppo, mc_grpo = e2["mc_ppo"], e2["mc_grpo"]
     assert e3["greedy_fell_everywhere"] and e3["warmups_all_at_budget"] and e3["seeds"] == 8  # "missed its gate"
@@ -60,6 +61,10 @@ def quoted() -> list[str]:
         f"turn credit ({e1['mpo_corr']:.2f})",
         f"about {1 / e1['mpo_truth_on_credit']:.0f}×",
         f"has slope {e1['mpo_truth_on_credit']:.2f})",
+        f"on {e5['mpo_turn_gae']['units']} of its 15 pre-registered units",
+        f"({f(e5['mpo_turn_gae']['mean_diff'], sign=True)}, 95% CI {f(e5['mpo_turn_gae']['ci_low'], sign=True)} to "
+        f"{f(e5['mpo_turn_gae']['ci_high'], sign=True)})",
+        f"({e5['corr']['gae 0.95']:.2f} against {e5['corr']['mpo']:.2f})",
     ]
 
 
@@ -129,4 +134,21 @@ def test_the_e5_summary_quotes_the_records():
         f"(correlation {f(w['mean_diff'], sign=True)}, {f(w['ci_low'], sign=True)} to {f(w['ci_high'], sign=True)}",
     ):
         assert q in text, q
-    assert e5["measure"] == "tok_corr_dis" and e5["snapshots"] == 3
+    assert e5["measure"] == "tok_corr_dis"
+    done = e5["fits"] // 6  # complete snapshots: six fits each
+    assert e5["snapshots"] == done == 4 and f"{tg['units']} of the 15 units" in text
+    corr, within = e5["corr"], e5["within_corr"]
+    for q in (
+        f"token GAE λ = 0.95 ({corr['gae 0.95']:.2f} disattenuated, mean over the {e5['fits']} fits)",
+        f"VAPO ({corr['vapo']:.2f}), against MPO's {corr['mpo']:.2f} and turn GAE's {corr['turn_gae']:.2f}",
+        f"correlates {within['gae 0.95']:.2f} and {within['vapo']:.2f} with the truth's (MPO's: {within['mpo']:.2f})",
+        f"reliability is {rng(e5['reliability_lo'], e5['reliability_hi'])}",
+    ):
+        assert q in text, q
+    readme = " ".join((REPO / "README.md").read_text().split())
+    assert (
+        f"on {tg['units']} of its 15 pre-registered units, MPO's token credit correlates with the truth no better "
+        f"than flat turn GAE's ({f(tg['mean_diff'], sign=True)}, 95% CI {f(tg['ci_low'], sign=True)} to "
+        f"{f(tg['ci_high'], sign=True)}), and token GAE at λ = 0.95 correlates best "
+        f"({corr['gae 0.95']:.2f} against {corr['mpo']:.2f})" in readme
+    )
