@@ -16,6 +16,7 @@ from mpo_viz.checks import OptionError
 from mpo_viz.envs import from_gem, make_env
 from mpo_viz.envs.gem import SUCCESS_RULES
 from mpo_viz.envs.sokoban import parse_board, solve
+from tests.envs.gym_sokoban import board_of
 
 needs_gem = pytest.mark.skipif(
     importlib.util.find_spec("gem") is None, reason="the gem extra is not installed (pip install 'mpo_viz[gem]')"
@@ -195,21 +196,6 @@ def test_without_the_extra_the_name_says_which_extra_to_install(monkeypatch):
 
 # --------------------------------------------------------------------------- cross-replay with `sokoban`
 GEM_SOKOBAN = {"boxes": 2, "shaping": 0.0, "step_reward": 0.0, "solve_reward": 1.0, "limit_credit": True}
-
-
-def board_of(game) -> str:
-    """GEM's room as this toolkit prints it (``S``: the player on a target, which GEM's print hides)."""
-    sym = {0: "#", 1: "_", 2: "O"}
-    rows = []
-    for fixed, state in zip(game.room_fixed, game.room_state):
-        cells = []
-        for f, s in zip(fixed, state):
-            if s == 5:
-                cells.append("S" if f == 2 else "P")
-            else:
-                cells.append("√" if s == 3 else "X" if s == 4 else sym[int(f)])
-        rows.append(" ".join(cells))
-    return "\n".join(rows)
 
 
 def exact_board(env) -> str | None:

@@ -17,6 +17,7 @@ from mpo_viz.envs import from_textarena, make_env
 from mpo_viz.envs.frozenlake import FrozenLakeTask
 from mpo_viz.envs.sokoban import parse_board, solve
 from mpo_viz.envs.textarena import LENIENT_CAP
+from tests.envs.gym_sokoban import board_of
 
 needs_ta = pytest.mark.skipif(
     importlib.util.find_spec("textarena") is None,
@@ -142,18 +143,6 @@ def test_without_the_extra_the_name_says_which_extra_to_install(monkeypatch):
 
 
 # --------------------------------------------------------------------------- cross-replay with the exact models
-def board_of(game) -> str:
-    sym = {0: "#", 1: "_", 2: "O"}
-    rows = []
-    for fixed, state in zip(game.room_fixed, game.room_state):
-        cells = []
-        for f, s in zip(fixed, state):
-            if s == 5:
-                cells.append("S" if f == 2 else "P")
-            else:
-                cells.append("√" if s == 3 else "X" if s == 4 else sym[int(f)])
-        rows.append(" ".join(cells))
-    return "\n".join(rows)
 
 
 @needs_ta
