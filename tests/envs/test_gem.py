@@ -16,6 +16,7 @@ from mpo_viz.checks import OptionError
 from mpo_viz.envs import from_gem, make_env
 from mpo_viz.envs.gem import SUCCESS_RULES
 from mpo_viz.envs.sokoban import parse_board, solve
+from tests.envs.global_rng import global_states, same_global
 from tests.envs.gym_sokoban import board_of
 
 needs_gem = pytest.mark.skipif(
@@ -26,15 +27,6 @@ MOVES = ("up", "down", "left", "right")
 
 def boxed(move) -> str:
     return f"I move. \\boxed{{{move}}}"
-
-
-def global_states():
-    return random.getstate(), np.random.get_state()
-
-
-def same_global(a, b) -> bool:
-    (pa, na), (pb, nb) = a, b
-    return pa == pb and na[0] == nb[0] and np.array_equal(na[1], nb[1]) and tuple(na[2:]) == tuple(nb[2:])
 
 
 def play(env, seed, task_seed, replies, disturb=False):

@@ -17,6 +17,7 @@ from mpo_viz.envs import from_textarena, make_env
 from mpo_viz.envs.frozenlake import FrozenLakeTask
 from mpo_viz.envs.sokoban import parse_board, solve
 from mpo_viz.envs.textarena import LENIENT_CAP
+from tests.envs.global_rng import global_states, same_global
 from tests.envs.gym_sokoban import board_of
 
 needs_ta = pytest.mark.skipif(
@@ -25,15 +26,6 @@ needs_ta = pytest.mark.skipif(
 )
 MOVES = ("up", "down", "left", "right")
 DELTA = {"up": (-1, 0), "down": (1, 0), "left": (0, -1), "right": (0, 1)}
-
-
-def global_states():
-    return random.getstate(), np.random.get_state()
-
-
-def same_global(a, b) -> bool:
-    (pa, na), (pb, nb) = a, b
-    return pa == pb and na[0] == nb[0] and np.array_equal(na[1], nb[1]) and tuple(na[2:]) == tuple(nb[2:])
 
 
 def play(env, seed, task_seed, replies, disturb=False):
