@@ -47,6 +47,8 @@ def cmd_fit_critic(args) -> int:
         raise CLIError(f"--trunk: expected a Hugging Face model folder, found no such folder {args.trunk!r}", 2)
     if args.threads < 1:
         raise CLIError(f"--threads: expected an integer >= 1, found {args.threads}", 2)
+    if args.window < 0:
+        raise CLIError(f"--window: expected an integer >= 0 (0: every row whole), found {args.window}", 2)
     n = mio.count_rows(src)
     what = f"a critic on the trunk of {args.trunk}" if args.trunk else f"a {args.size} critic"
     count = "" if n is None else f"{n} trajectories; "
@@ -73,6 +75,7 @@ def cmd_fit_critic(args) -> int:
         gate=args.gate,
         trunk=args.trunk,
         patience=args.patience or None,
+        window=args.window or None,
         keep_best=not args.keep_last,
         progress=not args.quiet,
         source=str(src),
@@ -169,6 +172,14 @@ def add_subcommand(sub) -> None:
         type=int,
         default=500_000,
         help="response tokens read at a time (memory bound; the values do not depend on it; default 500,000)",
+    )
+    p.add_argument(
+        "--window",
+        type=int,
+        default=1024,
+        help="rows longer than this many tokens train this many at a time, the earlier windows' keys and "
+        "values held without gradient (the step's memory is the window's, not the row's; default 1024; "
+        "0 = every row whole, the exact gradient)",
     )
     p.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
     p.set_defaults(func=cmd_fit_critic)

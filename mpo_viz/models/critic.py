@@ -85,10 +85,19 @@ class Critic(nn.Module):
         input_ids: torch.Tensor,
         attention_mask: torch.Tensor | None = None,
         position_ids: torch.Tensor | None = None,
+        past_key_values=None,
     ) -> torch.Tensor:
-        """``input_ids`` ``(B, T)`` (with ``attention_mask`` 0 on padding) -> values ``(B, T)`` float32."""
+        """``input_ids`` ``(B, T)`` (with ``attention_mask`` 0 on padding) -> values ``(B, T)`` float32.
+
+        ``past_key_values``: a Hugging Face cache (``transformers.DynamicCache``) holding the keys
+        and values of the positions before ``input_ids``, which it reads and extends (give
+        ``position_ids`` then); None: the sequence starts at ``input_ids``, nothing is cached."""
         h = self.trunk(
-            input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids, use_cache=False
+            input_ids=input_ids,
+            attention_mask=attention_mask,
+            position_ids=position_ids,
+            past_key_values=past_key_values,
+            use_cache=past_key_values is not None,
         ).last_hidden_state
         return self.head(h).squeeze(-1).float()
 
@@ -136,8 +145,14 @@ class RemappedCritic(nn.Module):
         input_ids: torch.Tensor,
         attention_mask: torch.Tensor | None = None,
         position_ids: torch.Tensor | None = None,
+        past_key_values=None,
     ) -> torch.Tensor:
-        return self.inner(self.rows(input_ids), attention_mask=attention_mask, position_ids=position_ids)
+        return self.inner(
+            self.rows(input_ids),
+            attention_mask=attention_mask,
+            position_ids=position_ids,
+            past_key_values=past_key_values,
+        )
 
     def own_parameters(self):
         return self.inner.own_parameters()

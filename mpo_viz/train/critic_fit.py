@@ -11,6 +11,8 @@ logged trajectories that carry no values the values of a critic fitted to their 
     one AdamW step (gradient norm clipped at ``grad_clip``)
     every ``eval_every`` steps: explained variance on the held-out episodes
         EV = 1 − Var(G − V) / Var(G)   over held-out action tokens (population variances)
+    (``window``: a row longer than ``window`` tokens is trained ``window`` tokens at a time, the
+    earlier windows' keys and values held without gradient: :func:`windowed_step`)
     stop at the first evaluation with EV ≥ ``gate`` ("gate"), after ``patience`` evaluations
     without a better EV ("patience"), or after ``steps`` ("budget")
     ``keep_best``: end with the weights of the evaluation with the best held-out EV
@@ -37,6 +39,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 from tqdm.auto import tqdm
+from transformers import DynamicCache
 
 from mpo_viz.analysis import explained_variance
 from mpo_viz.checks import OptionError
@@ -202,6 +205,82 @@ def _ev_of(values: torch.Tensor, r: Rows, rows, targets: torch.Tensor) -> float:
     return explained_variance(targets[idx], values[idx].double(), r.mask[idx])
 
 
+#: a fit's default training window for logged rows (:func:`mpo_viz.train.fitted_critic.fit_critic`):
+#: rows up to this many tokens (prompt + response) train whole, exactly; longer ones window by window
+FIT_WINDOW = 1024
+
+#: a window's attention reads (window × tokens so far) query-key pairs, and its backward holds a few
+#: bytes for each (about 23 measured on CPU): a row of T tokens trains in windows of at most this many
+#: pairs / T tokens (:func:`row_window`), so that this term stays near 0.1 GB however long the row
+WINDOW_PAIRS = 4_000_000
+
+#: the shortest window :func:`row_window` gives (a row of more than WINDOW_PAIRS / 64 = 62,500 tokens
+#: then holds more pairs than WINDOW_PAIRS)
+MIN_WINDOW = 64
+
+
+def row_window(T: int, window: int) -> int:
+    """The window a row of ``T`` tokens trains in: ``min(window, max(MIN_WINDOW, WINDOW_PAIRS // T))``
+    (e.g. 1,024 up to a 3,906-token row, 266 for 15,000 tokens at ``window`` 1,024)."""
+    return min(int(window), max(MIN_WINDOW, WINDOW_PAIRS // max(int(T), 1)))
+
+
+def window_outputs(critic: torch.nn.Module, ids: torch.Tensor, window: int):
+    """Yield ``(a, out)`` for the windows ``[a, a + window)`` of one sequence ``ids`` ``(1, T)``:
+    ``out`` ``(1, w)`` are the critic's outputs at those positions, with gradient through this
+    window's computation only. The keys and values of the earlier windows are read from a cache
+    and held without gradient, so the outputs equal the whole sequence's forward (to float
+    rounding) while the memory a backward keeps is one window's activations, not the row's.
+    The caller takes each window's backward before asking for the next."""
+    T = int(ids.shape[1])
+    cache = DynamicCache()
+    for a in range(0, T, window):
+        b = min(T, a + window)
+        pos = torch.arange(a, b, device=ids.device)[None]
+        yield a, critic(input_ids=ids[:, a:b], position_ids=pos, past_key_values=cache)
+        _detach_cache(cache)
+
+
+def _detach_cache(cache: DynamicCache) -> None:
+    """The cached keys and values without their graph: the next window reads them, not their gradient."""
+    for layer in cache.layers:
+        keys, values = getattr(layer, "keys", None), getattr(layer, "values", None)
+        if not isinstance(keys, torch.Tensor) or not isinstance(values, torch.Tensor):
+            raise TypeError(
+                f"window: the trunk's cache layer {type(layer).__name__} holds no keys and values to carry "
+                "from one window to the next; fit with window=None (every row whole)"
+            )
+        layer.keys, layer.values = keys.detach(), values.detach()  # type: ignore[union-attr]
+
+
+def windowed_step(
+    critic: torch.nn.Module, mb: Micro, g: torch.Tensor, m: torch.Tensor, *, scale: float, window: int
+) -> float:
+    """The loss ``½ · Σ_t m_t (V_t − G_t)² / scale`` of the one row of ``mb`` with its gradient
+    accumulated window by window (:func:`window_outputs`, windows of :func:`row_window` tokens:
+    ``window``, shorter for very long rows); returns the loss.
+
+    ``g``, ``m`` ``(1, Lb)``: the targets and mask of the row's response tokens; token ``t``'s value
+    is the output at position ``mb.pos[0, t]``, so it belongs to the window that holds that
+    position, and the windows' losses sum to the whole row's. The loss is the same number; the
+    gradient leaves out what a token's value owes to the earlier windows' keys and values (their
+    gradient through this token): a truncated backward, exact for rows of at most ``window`` tokens
+    (which never come here). Memory: one window's activations plus the cache (``O(window · T)``
+    attention pairs, bounded by :data:`WINDOW_PAIRS`; ``O(T)`` keys and values), instead of ``O(T)``
+    activations of every layer."""
+    pos = mb.pos[0]
+    total = 0.0
+    for a, out in window_outputs(critic, mb.ids, row_window(mb.ids.shape[1], window)):
+        here = (pos >= a) & (pos < a + out.shape[1]) & m[0]
+        if not bool(here.any()):
+            continue
+        v = out[0, pos[here] - a][None]
+        loss, _ = value_loss(v, None, g[:, here], torch.ones_like(v, dtype=torch.bool), clip=None, scale=scale)
+        loss.backward()
+        total += float(loss.detach())
+    return total
+
+
 def _fit_step(
     critic: torch.nn.Module,
     r: Rows,
@@ -214,15 +293,25 @@ def _fit_step(
     pad_id: int,
     device,
     micro_batch_tokens: int,
+    window: int | None = None,
 ) -> float:
     """One AdamW step of ``½·mean_t (V_t − G_t)²`` over the action tokens of rows ``chunk`` (its
-    micro-batches' gradients accumulated); returns the loss."""
+    micro-batches' gradients accumulated; each row longer than ``window`` tokens alone, by
+    :func:`windowed_step`); returns the loss."""
     n_tok = float(r.mask[torch.from_numpy(chunk)].sum().clamp_min(1))
     step_loss = 0.0
-    for group in micro_batches(r, chunk, micro_batch_tokens):
+    long = np.zeros(len(chunk), dtype=bool)
+    if window is not None:
+        long = r.prompt_len[chunk] + r.resp_len[chunk] > window
+        for row in chunk[long]:  # alone, window by window
+            mb = make_micro(r, np.array([row]), pad_id, device)
+            g, m = mb.take(g32).to(device), mb.take(r.mask).to(device)
+            step_loss += windowed_step(critic, mb, g, m, scale=n_tok, window=window)
+    for group in micro_batches(r, chunk[~long], micro_batch_tokens):
         mb = make_micro(r, group, pad_id, device)
-        v = causal_values(critic, mb)
-        loss, _ = value_loss(v, None, mb.take(g32).to(device), mb.take(r.mask).to(device), clip=None, scale=n_tok)
+        loss, _ = value_loss(
+            causal_values(critic, mb), None, mb.take(g32).to(device), mb.take(r.mask).to(device), clip=None, scale=n_tok
+        )
         loss.backward()
         step_loss += float(loss.detach())
     if grad_clip > 0:
@@ -425,6 +514,7 @@ def fit_values(
     keep_best: bool = False,
     all_values: bool = False,
     positions: str = "all",
+    window: int | None = None,
 ) -> CriticFit:
     """Fit ``critic`` (in place) to ``targets`` (B, L) on the training split of ``batch``.
 
@@ -432,6 +522,11 @@ def fit_values(
     action token) or ``"turn_start"`` (each turn's first action token only: the turn-level states
     ``V(s_k)`` that turn GAE and MAE's macro scale read; :func:`fit_positions`). The critic still
     reads every token of each sequence.
+
+    ``window``: a row longer than this many tokens (prompt + response) trains ``window`` tokens at a
+    time (:func:`windowed_step`: the same loss and values, the gradient through earlier windows'
+    keys and values left out), so its memory is one window's, not the row's; None (the default, and
+    the trainer's): every row trains whole.
 
     The batch's rows are split by :func:`holdout_split` (``holdout`` share, ``seed``); each step
     is one AdamW step (``lr``, ``weight_decay``; a fresh optimizer) on ``batch_episodes``
@@ -449,6 +544,8 @@ def fit_values(
     and the critic has a value head, it is set to the constant at once (:func:`set_constant`;
     ``on_eval`` is called once, at step 0, after that) and the fit reports 0 steps.
     """
+    if window is not None and (isinstance(window, bool) or not isinstance(window, int) or window < 1):
+        raise OptionError("window", f"expected an integer >= 1 or None, found {window!r}")
     r = rows_of(batch)
     targets = _check_loop(r, targets, steps, batch_episodes, eval_every, patience)
     if positions != "all":
@@ -480,7 +577,7 @@ def fit_values(
     critic.train()
     while run.stop == "budget" and run.done < steps:
         chunk, order = _next_episodes(order, train, batch_episodes, gen)
-        losses.append(_fit_step(critic, r, chunk, g32, opt, params, grad_clip, **data.kw))
+        losses.append(_fit_step(critic, r, chunk, g32, opt, params, grad_clip, window=window, **data.kw))
         run.done += 1
         if bar is not None:
             bar.update(1)

@@ -39,7 +39,7 @@ from mpo_viz.models.critic import compact_critic, used_ids
 from mpo_viz.models.store import trunk_critic
 from mpo_viz.models.tiny import MAX_POSITIONS
 from mpo_viz.models.tiny import SIZES as TINY_SIZES
-from mpo_viz.train.critic_fit import CriticFit, critic_outputs, fit_values
+from mpo_viz.train.critic_fit import FIT_WINDOW, CriticFit, critic_outputs, fit_values
 from mpo_viz.train.runtime import threads
 from mpo_viz.train.update import rows_of
 
@@ -190,6 +190,7 @@ def fit_critic(
     source: str = "batch",
     num_threads: int | None = 1,
     serve: tuple[np.ndarray, int] | None = None,
+    window: int | None = FIT_WINDOW,
 ) -> FittedCritic:
     """Fit a small critic to a batch's own returns and write its values into the batch.
 
@@ -212,6 +213,12 @@ def fit_critic(
     None keeps it). The default 1 is the trainer's (``Config.num_threads``): where other work shares
     the cores (a background run, a second kernel, another terminal's job), torch's threads wait on
     each other at every operation (measured in docs/adapters.md).
+
+    ``window``: rows longer than this many tokens (prompt + response; default 1,024) train that
+    many tokens at a time, the earlier windows' keys and values held without gradient
+    (:func:`~mpo_viz.train.critic_fit.windowed_step`): the same loss and values, a truncated
+    gradient, and a step's memory set by the window, not the longest row (a whole 11,000-token row
+    keeps about 80 kB of activations a token). None: every row trains whole (exact gradient).
 
     ``serve``: ``(ids, longest)`` — the token ids and the longest prompt + response the fresh critic
     must serve besides the batch's own (:func:`fit_critic_file` fits on a sample of a file and then
@@ -270,6 +277,7 @@ def fit_critic(
             patience=patience,
             keep_best=keep_best,
             all_values=True,
+            window=window,
         )
     out = _with_bootstrap(critic, batch, batch.with_token_fields(values=fit.values))
     cut = _truncated(batch)
@@ -297,6 +305,7 @@ def fit_critic(
         "values_median_across_within_ratio": split["median_ratio"],
         "truncated_bootstrapped": len(cut),
         "holdout_by": "row" if groups is None else "group",
+        "window": window,
         "num_threads": num_threads,
     }
     out = out.with_meta(values_source="fitted_critic", critic_fit=info)

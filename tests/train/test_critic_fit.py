@@ -1,14 +1,16 @@
 """The fit loop's critic calls (train/critic_fit.py): the unmasked causal forward equals the masked one
 on every real token, for a tiny critic and a pretrained trunk. (The fits themselves: tests/train/test_critic.py;
-fit_critic: tests/train/test_fitted_critic.py.)"""
+fit_critic: tests/train/test_fitted_critic.py.) A row longer than the window trains window by window:
+the same outputs and loss, a backward truncated at the windows' edges."""
 
 import numpy as np
 import pytest
 import torch
 
 import mpo_viz as mv
+from mpo_viz.checks import OptionError
 from mpo_viz.models import compact_critic, trunk_critic
-from mpo_viz.train.critic_fit import causal_values
+from mpo_viz.train.critic_fit import causal_values, row_window, window_outputs, windowed_step
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # see tests/conftest.py
 
@@ -37,3 +39,112 @@ def test_causal_values_equal_the_masked_forward(lengths, hf_dir):
             want, got = forward_critic(critic, mb), causal_values(critic, mb)
         m = mb.take(r.mask)
         np.testing.assert_allclose(got[m].numpy(), want[m].numpy(), rtol=1e-5, atol=1e-6)  # every real token
+
+
+# ---------------------------------------------------------------------------------------------
+# windowed training of long rows (critic_fit.window_outputs, windowed_step)
+
+
+def _long_batch(lengths=(37,), prompt=5, seed=0) -> mv.TrajectoryBatch:
+    rng = np.random.default_rng(seed)
+    return mv.TrajectoryBatch.from_rows(
+        [
+            {
+                "traj_id": f"t{i}",
+                "group_id": "g",
+                "prompt_ids": [int(x) for x in rng.integers(1, 300, prompt)],
+                "response_ids": [int(x) for x in rng.integers(1, 300, n)],
+                "loss_mask": [int(x) for x in rng.integers(0, 2, n)],
+                "reward": 1.0,
+            }
+            for i, n in enumerate(lengths)
+        ]
+    )
+
+
+@pytest.mark.parametrize("window", [1, 7, 16, 41, 42, 100], ids=lambda w: f"window {w}")
+def test_windowed_outputs_equal_the_whole_rows_forward(window, hf_dir):
+    """42 positions cut into windows of every kind (one token, ragged last window, exactly one,
+    longer than the row): the concatenated outputs are the whole forward's, for a tiny critic and a
+    pretrained trunk."""
+    b = _long_batch()
+    ids = torch.tensor([list(b.field("prompt_ids")[0]) + list(b.field("response_ids")[0])])
+    for critic in (compact_critic(b, seed=1), trunk_critic(hf_dir, b, seed=1)):
+        with torch.no_grad():
+            want = critic(input_ids=ids)
+            got = torch.cat([out for _, out in window_outputs(critic, ids, window)], dim=1)
+        assert got.shape == want.shape == (1, 42)
+        np.testing.assert_allclose(got.numpy(), want.numpy(), rtol=1e-5, atol=1e-6)
+
+
+def _grads(critic) -> dict[str, torch.Tensor]:
+    return {n: p.grad.clone() for n, p in critic.named_parameters() if p.grad is not None}
+
+
+@pytest.mark.parametrize("window", [4, 13, 42], ids=lambda w: f"window {w}")
+def test_the_windowed_step_is_the_whole_rows_loss_with_a_truncated_backward(window):
+    """The windows' losses sum to the whole row's ½·Σ m (V − G)² / scale. What no later position
+    reads — the value head, the last layer's MLP and the final norm — gets the whole row's gradient
+    exactly; the attention projections get the truncated one (different unless one window holds the
+    row: window 42 covers all 42 positions and every gradient is the whole row's)."""
+    from mpo_viz.losses import value_loss
+    from mpo_viz.train.update import make_micro, rows_of
+
+    b = _long_batch()
+    r = rows_of(b)
+    mb = make_micro(r, np.array([0]), 0, "cpu")
+    g = torch.linspace(-1, 1, mb.Lb)[None]
+    m = mb.take(r.mask)
+    critic = compact_critic(b, seed=3)
+    loss, _ = value_loss(causal_values(critic, mb), None, g, m, clip=None, scale=11.0)
+    loss.backward()
+    whole = _grads(critic)
+    critic.zero_grad(set_to_none=True)
+    got = windowed_step(critic, mb, g, m, scale=11.0, window=window)
+    windowed = _grads(critic)
+    # the loss by hand: ½ Σ_t m_t (V_t − G_t)² / 11 with V read at position P + t − 1
+    with torch.no_grad():
+        v = critic(input_ids=mb.ids)[0, mb.pos[0]]
+    by_hand = float((0.5 * ((v - g[0]) ** 2) * m[0]).sum() / 11.0)
+    assert got == pytest.approx(float(loss.detach()), rel=1e-5) and got == pytest.approx(by_hand, rel=1e-5)
+    exact = [n for n in whole if n.split(".")[-2] == "head" or ".layers.3.mlp" in n or n.endswith("trunk.norm.weight")]
+    assert len(exact) == 6  # head weight and bias, the last MLP's three projections, the final norm
+    for n in exact:
+        torch.testing.assert_close(windowed[n], whole[n], rtol=1e-4, atol=1e-6)
+    q0 = "trunk.layers.0.self_attn.q_proj.weight"
+    if window >= mb.ids.shape[1]:
+        for n in whole:
+            torch.testing.assert_close(windowed[n], whole[n], rtol=1e-4, atol=1e-6)
+    else:
+        assert not torch.allclose(windowed[q0], whole[q0], rtol=1e-3, atol=1e-6)
+
+
+def test_a_fit_with_a_window_longer_than_every_row_is_the_whole_fit():
+    """Rows up to the window train whole: the fit (its loss curve, held-out EV and values) is the
+    window=None fit exactly; a window shorter than the rows fits on, its truncated gradient taking it
+    elsewhere after the first step."""
+    from mpo_viz.train.critic_fit import fit_values
+
+    b = _long_batch(lengths=(30, 12, 25, 40, 8, 33, 19, 27), seed=4)
+    targets = torch.zeros(len(b), 40, dtype=torch.float64)
+    targets[:, :] = torch.linspace(0, 1, 40)
+    fits = {}
+    for w in (None, 45, 10):
+        critic = compact_critic(b, seed=2)
+        fits[w] = fit_values(
+            critic, b, targets, steps=6, batch_episodes=4, gate=None, eval_every=3, all_values=True, window=w
+        )
+    assert fits[45].history == fits[None].history and fits[45].heldout_ev == fits[None].heldout_ev
+    torch.testing.assert_close(fits[45].values, fits[None].values, rtol=0, atol=0)
+    assert fits[10].history[0] == fits[None].history[0]  # step 0: the same weights
+    assert fits[10].heldout_ev != fits[None].heldout_ev and np.isfinite(fits[10].heldout_ev)  # then they part
+    for bad in (0, -3, 2.5, True):
+        with pytest.raises(OptionError, match="window: expected an integer >= 1 or None"):
+            fit_values(compact_critic(b, seed=2), b, targets, steps=1, batch_episodes=4, window=bad)
+
+
+def test_a_long_rows_window_keeps_its_attention_pairs_bounded():
+    """min(window, max(64, 4,000,000 // T)): the window until T·window passes 4M pairs, then shorter,
+    never below 64 tokens."""
+    assert [row_window(T, 1024) for T in (2000, 3906, 3907, 15000, 62500, 10**6)] == [1024, 1024, 1023, 266, 64, 64]
+    assert row_window(15000, 100) == 100 and row_window(5, 1024) == 1024

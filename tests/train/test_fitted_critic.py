@@ -12,7 +12,7 @@ from mpo_viz.analysis import explained_variance
 from mpo_viz.checks import OptionError
 from mpo_viz.cli import main
 from mpo_viz.models import trunk_critic
-from mpo_viz.train.critic_fit import holdout_split
+from mpo_viz.train.critic_fit import FIT_WINDOW, holdout_split
 from mpo_viz.train.fitted_critic import fit_critic, fit_critic_file, fit_sample, fit_targets
 from tests.train.critic_helpers import label_batch, spread
 
@@ -117,6 +117,11 @@ def test_fit_critic_from_the_shell(tmp_path, capsys):
     assert "warning: the critic explains almost none" in cap.err  # 3 tiny steps explain nothing
     b = mv.load(out)
     assert b.has("values") and b.meta["values_source"] == "fitted_critic" and b.meta["critic_fit"]["seed"] == 1
+    assert b.meta["critic_fit"]["window"] == FIT_WINDOW == 1024  # the flag's default is the function's
+    assert main(["fit-critic", str(src), "-o", str(tmp_path / "w.parquet"), "--steps", "1", "--window", "0", "-q"]) == 0
+    assert mv.load(tmp_path / "w.parquet").meta["critic_fit"]["window"] is None  # 0: every row whole
+    assert main(["fit-critic", str(src), "-o", str(tmp_path / "x.parquet"), "--window", "-1", "-q"]) == 2
+    assert "--window: expected an integer >= 0 (0: every row whole), found -1" in capsys.readouterr().err
     assert main(["fit-critic", str(src), "-o", str(tmp_path / "x.parquet"), "--size", "2m", "-q"]) == 1
     assert "mpo-viz fit-critic: error: --size: expected one of 1m, 3m, 10m, found '2m'" in capsys.readouterr().err
     assert main(["fit-critic", str(tmp_path / "missing.parquet"), "-o", str(out)]) == 1
