@@ -1,7 +1,8 @@
 """Does MPO's turn-level credit help? Replication v2: a pre-registered grid of training runs.
 
     python -m experiments.replication --size v2                  # run (or continue) the grid
-    python -m experiments.replication --size v2 --seeds 0 2 4    # a share of it (e.g. one process per core)
+    python -m experiments.replication --size v2 --seeds 0 2 4    # a share of it (e.g. one process per core;
+                                                                 # arms of one seed split too: its warm-up is made once)
     python -m experiments.replication --size v2 --report-only    # records, tables and figures from what ran
     python -m experiments.replication --size v2 --status         # which runs are done, partial, missing
 

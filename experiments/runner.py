@@ -122,13 +122,71 @@ def warm_dir(out: Path, cell: str, seed: int) -> Path:
     return out / "warmups" / cell / f"seed={seed}"
 
 
+def warmup_done(d: Path) -> bool:
+    return (d / "model" / "critic").is_dir() and (d / "warmup.json").is_file()
+
+
+#: seconds between two looks at a warm-up another process is making
+WARMUP_POLL_S = 10.0
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def claim_warmup(d: Path, poll: float = WARMUP_POLL_S) -> bool:
+    """Take the warm-up folder ``d`` for this process (a lock file ``d.lock`` holding its pid);
+    False when another process finished it meanwhile. Two grid processes that share a seed (arms
+    split between them) must not make it twice: the second would delete the first's folder half-way
+    and both would write into it. A process that waits says so once; a lock whose process is gone
+    (a killed run) is taken over."""
+    lock = d.parent / f"{d.name}.lock"
+    lock.parent.mkdir(parents=True, exist_ok=True)
+    said = False
+    while True:
+        if warmup_done(d):
+            return False
+        try:
+            fd = os.open(lock, os.O_CREAT | os.O_EXCL | os.O_WRONLY)
+        except FileExistsError:
+            try:
+                holder = int(lock.read_text() or 0)
+            except (OSError, ValueError):
+                holder = 0
+            if holder and not _alive(holder):
+                lock.unlink(missing_ok=True)  # its process is gone: the warm-up it left is redone
+                continue
+            if not said:
+                log(f"waiting for the warm-up that process {holder or '?'} is making in {d}")
+                said = True
+            time.sleep(poll)
+            continue
+        with os.fdopen(fd, "w") as f:
+            f.write(str(os.getpid()))
+        return True
+
+
 def make_warmup(size: str, cell: str, seed: int, out: Path) -> Path:
     """The seed's critic warm-up, made once: ``warm_dir/model`` (policy/ = the start, critic/ =
-    fitted) and ``warm_dir/warmup.json`` (the warm-up's metrics line)."""
+    fitted) and ``warm_dir/warmup.json`` (the warm-up's metrics line). One process makes it at a
+    time (:func:`claim_warmup`); another that needs it waits for it."""
 
     d = warm_dir(out, cell, seed)
-    if (d / "model" / "critic").is_dir() and (d / "warmup.json").is_file():
+    if warmup_done(d) or not claim_warmup(d):
         return d / "model"
+    try:
+        return _make_warmup(size, cell, seed, d)
+    finally:
+        (d.parent / f"{d.name}.lock").unlink(missing_ok=True)
+
+
+def _make_warmup(size: str, cell: str, seed: int, d: Path) -> Path:
     if d.exists():
         shutil.rmtree(d)  # an interrupted warm-up is redone whole
     cfg = warmup_config(size, cell, seed)
