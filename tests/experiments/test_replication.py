@@ -423,12 +423,14 @@ def test_v4_e6_spec_is_the_preregistered_text(tmp_path):
         assert piece in " ".join(recipe.split()), piece
 
 
-def test_a_grid_whose_start_is_not_made_says_so_before_any_folder(tmp_path, capsys):
-    """v4-e6's start is fixed by its rule and made later: a run before it exists is one line, no output."""
-    if grids.START_E6.is_dir():
-        pytest.skip("E6's start is made")
+def test_a_grid_whose_start_is_not_made_says_so_before_any_folder(tmp_path, capsys, monkeypatch):
+    """A start fixed by its rule and made later (v4-e6's was, until 2026-12-05): a run before it
+    exists is one line, no output. The shipped start is hidden behind a name that is not there."""
+    assert grids.START_E6.is_dir()  # made and shipped
+    missing = grids.START_E6.with_name("sokoban-e6-not-made")
+    monkeypatch.setitem(grids.SIZES, "v4-e6", {**grids.SIZES["v4-e6"], "start": missing})
     with pytest.raises(SystemExit) as exc:
         replication.main(["--size", "v4-e6", "--out", str(tmp_path / "out"), "--seeds", "0", "--arms", "grpo"])
     assert exc.value.code == 2
-    assert "grid starts from trajectories/starts/sokoban-e6, which is not there" in capsys.readouterr().err
+    assert "grid starts from trajectories/starts/sokoban-e6-not-made, which is not there" in capsys.readouterr().err
     assert not (tmp_path / "out" / "grid.json").exists()
