@@ -130,6 +130,11 @@ def warmup_done(d: Path) -> bool:
 WARMUP_POLL_S = 10.0
 
 
+def _lock_of(d: Path) -> Path:
+    """The lock file beside warm-up folder ``d`` (:func:`claim_warmup`)."""
+    return d.parent / f"{d.name}.lock"
+
+
 def _alive(pid: int) -> bool:
     try:
         os.kill(pid, 0)
@@ -146,7 +151,7 @@ def claim_warmup(d: Path, poll: float = WARMUP_POLL_S) -> bool:
     split between them) must not make it twice: the second would delete the first's folder half-way
     and both would write into it. A process that waits says so once; a lock whose process is gone
     (a killed run) is taken over."""
-    lock = d.parent / f"{d.name}.lock"
+    lock = _lock_of(d)
     lock.parent.mkdir(parents=True, exist_ok=True)
     said = False
     while True:
@@ -178,12 +183,12 @@ def make_warmup(size: str, cell: str, seed: int, out: Path) -> Path:
     time (:func:`claim_warmup`); another that needs it waits for it."""
 
     d = warm_dir(out, cell, seed)
-    if warmup_done(d) or not claim_warmup(d):
+    if not claim_warmup(d):  # made already, or by another process while this one waited
         return d / "model"
     try:
         return _make_warmup(size, cell, seed, d)
     finally:
-        (d.parent / f"{d.name}.lock").unlink(missing_ok=True)
+        _lock_of(d).unlink(missing_ok=True)
 
 
 def _make_warmup(size: str, cell: str, seed: int, d: Path) -> Path:
