@@ -33,7 +33,7 @@ from tqdm.auto import tqdm
 from mpo_viz.advantages import mc_returns, turn_gae
 from mpo_viz.analysis import value_variance, variance_summary
 from mpo_viz.checks import OptionError
-from mpo_viz.data.io import check_destination, merge_parts, save, scan
+from mpo_viz.data.io import check_destination, merge_parts, release_memory, save, scan
 from mpo_viz.data.trajectory import TrajectoryBatch
 from mpo_viz.models.critic import compact_critic, used_ids
 from mpo_viz.models.store import trunk_critic
@@ -219,6 +219,8 @@ def fit_critic(
     (:func:`~mpo_viz.train.critic_fit.windowed_step`): the same loss and values, a truncated
     gradient, and a step's memory set by the window, not the longest row (a whole 11,000-token row
     keeps about 80 kB of activations a token). None: every row trains whole (exact gradient).
+    The optimizer is AdamW's fused kernel (``fused`` of :func:`~mpo_viz.train.critic_fit.fit_values`:
+    0.15 GB less at each step for a critic embedding 151k ids).
 
     ``serve``: ``(ids, longest)`` — the token ids and the longest prompt + response the fresh critic
     must serve besides the batch's own (:func:`fit_critic_file` fits on a sample of a file and then
@@ -278,6 +280,7 @@ def fit_critic(
             keep_best=keep_best,
             all_values=True,
             window=window,
+            fused=True,
         )
     out = _with_bootstrap(critic, batch, batch.with_token_fields(values=fit.values))
     cut = _truncated(batch)
@@ -306,6 +309,7 @@ def fit_critic(
         "truncated_bootstrapped": len(cut),
         "holdout_by": "row" if groups is None else "group",
         "window": window,
+        "fused_optimizer": True,
         "num_threads": num_threads,
     }
     out = out.with_meta(values_source="fitted_critic", critic_fit=info)
@@ -410,10 +414,12 @@ def fit_critic_file(
     out = Path(out)
     check_destination(out)
     survey = _survey(path, max_tokens)
+    release_memory()  # the first pass's high-water mark: not kept through the fit
     if not survey.groups:
         raise ValueError(f"{fit.get('source', path)}: no trajectories to fit a critic to (0 rows)")
     rows = fit_sample(survey.groups, fit_rows, fit.get("seed", 0), survey.lengths, fit_tokens)
     sample = _gather(path, rows, max_tokens)
+    release_memory()
     res = fit_critic(sample, serve=(survey.ids, survey.longest), progress=progress, **fit)
     parts = out.with_name(out.name + ".parts.tmp")
     shutil.rmtree(parts, ignore_errors=True)

@@ -143,6 +143,28 @@ def test_a_fit_with_a_window_longer_than_every_row_is_the_whole_fit():
             fit_values(compact_critic(b, seed=2), b, targets, steps=1, batch_episodes=4, window=bad)
 
 
+def test_the_fused_optimizer_takes_the_default_ones_steps_to_float_rounding():
+    """fused=True (fit_critic's AdamW kernel, without the default's temporaries) moves the weights as
+    the default implementation does: equal at step 0, within float rounding after the first steps."""
+    from mpo_viz.train.critic_fit import fit_values
+
+    b = _long_batch(lengths=(30, 12, 25, 40, 8, 33, 19, 27), seed=4)
+    targets = torch.zeros(len(b), 40, dtype=torch.float64)
+    targets[:, :] = torch.linspace(0, 1, 40)
+    weights, fits = {}, {}
+    for fused in (False, True):
+        critic = compact_critic(b, seed=2)
+        before = [p.detach().clone() for p in critic.parameters()]
+        fits[fused] = fit_values(critic, b, targets, steps=2, batch_episodes=4, gate=None, eval_every=1, fused=fused)
+        weights[fused] = [p.detach() for p in critic.parameters()]
+    moved = max(float((w - w0).abs().max()) for w, w0 in zip(weights[False], before))
+    assert moved > 1e-4  # the steps moved the weights (lr 1e-3)
+    for a, c in zip(weights[False], weights[True]):
+        torch.testing.assert_close(c, a, rtol=1e-5, atol=1e-6)
+    assert fits[True].history[0] == fits[False].history[0]
+    assert fits[True].heldout_ev == pytest.approx(fits[False].heldout_ev, abs=1e-5)
+
+
 def test_a_long_rows_window_keeps_its_attention_pairs_bounded():
     """min(window, max(64, 4,000,000 // T)): the window until T·window passes 4M pairs, then shorter,
     never below 64 tokens."""

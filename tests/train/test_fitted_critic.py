@@ -339,6 +339,24 @@ def test_fit_critic_file_on_a_sample_gives_every_row_values(tmp_path, capsys):
         fit_critic_file(src, tmp_path / "again.jsonl")
 
 
+def test_fit_critic_file_gives_each_passes_memory_back_before_the_fit(tmp_path, monkeypatch):
+    """The survey's and the gathering's high-water marks are released before the critic is built
+    (data.io.release_memory), and the record says the fit used the fused AdamW kernel."""
+    import mpo_viz.train.fitted_critic as fc
+
+    calls = []
+    monkeypatch.setattr(fc, "release_memory", lambda: calls.append("release"))
+    for name in ("_survey", "_gather", "fit_critic"):
+        real = getattr(fc, name)
+        monkeypatch.setattr(fc, name, lambda *a, _real=real, _name=name, **k: calls.append(_name) or _real(*a, **k))
+    src = tmp_path / "logs.parquet"
+    mv.save(_rows_with_cut(12), src)
+    res = fc.fit_critic_file(src, tmp_path / "out.parquet", progress=False, **FIT)
+    assert calls == ["_survey", "release", "_gather", "release", "fit_critic"]
+    assert res.info["fused_optimizer"] is True
+    mv.data.io.release_memory()  # and it runs where it is called for real
+
+
 def test_the_fit_sample_stops_at_the_token_bound():
     groups = [f"g{i // 2}" for i in range(20)]  # ten groups of two
     lengths = np.full(20, 5)

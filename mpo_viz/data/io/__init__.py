@@ -20,10 +20,13 @@ raises
 
 from __future__ import annotations
 
+import ctypes
+import ctypes.util
 from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
+import pyarrow as pa
 
 from mpo_viz.data.io import jsonl, parquet
 from mpo_viz.data.io.groups import group_chunks
@@ -45,6 +48,7 @@ __all__ = [
     "merge_parts",
     "check_destination",
     "pieces",
+    "release_memory",
 ]
 
 _READERS = {".jsonl": jsonl, ".parquet": parquet}
@@ -152,6 +156,19 @@ def _scan(path, max_tokens: int, errors: str) -> Iterator:
         out = TrajectoryBatch.concat(pending) if pending else TrajectoryBatch.from_rows([], None)
         out.rejected = rejected
         yield out
+
+
+def release_memory() -> None:
+    """Give the memory a finished pass over a file freed back to the system. The Arrow pool the
+    readers allocate from and the C heap both keep their high-water mark after the chunks are
+    freed; call this between passes (``fit-critic`` does, after its survey of the file and after
+    gathering its sample: 0.2–0.25 GB of a 5.7M-token file's first pass). Harmless anywhere; the
+    heap is trimmed where the C library is glibc."""
+    pa.default_memory_pool().release_unused()
+    libc = ctypes.util.find_library("c")
+    trim = getattr(ctypes.CDLL(libc), "malloc_trim", None) if libc else None
+    if trim is not None:
+        trim(0)
 
 
 def count_rows(path) -> int | None:
