@@ -8,11 +8,14 @@ run is never run again, a partial one resumes from its last checkpoint.
 from __future__ import annotations
 
 import dataclasses
+import fcntl
 import json
 import math
 import os
 import shutil
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import numpy as np
@@ -135,46 +138,38 @@ def _lock_of(d: Path) -> Path:
     return d.parent / f"{d.name}.lock"
 
 
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
-
-
-def claim_warmup(d: Path, poll: float = WARMUP_POLL_S) -> bool:
-    """Take the warm-up folder ``d`` for this process (a lock file ``d.lock`` holding its pid);
-    False when another process finished it meanwhile. Two grid processes that share a seed (arms
-    split between them) must not make it twice: the second would delete the first's folder half-way
-    and both would write into it. A process that waits says so once; a lock whose process is gone
-    (a killed run) is taken over."""
+@contextmanager
+def claim_warmup(d: Path, poll: float = WARMUP_POLL_S) -> Iterator[bool]:
+    """Hold the warm-up folder ``d`` for this process while the block runs: an exclusive
+    ``flock`` on ``d.lock`` (which keeps the holder's pid, for the waiting message). Yields True when
+    this process must make the warm-up, False when it is made (already, or by the process this one
+    waited for). Two grid processes that share a seed (arms split between them) must not make it
+    twice: the second would delete the first's folder half-way and both would write into it. The
+    kernel releases the lock of a process that dies, so a killed run's warm-up is redone by the next
+    process that needs it; a process that waits says so once."""
     lock = _lock_of(d)
     lock.parent.mkdir(parents=True, exist_ok=True)
-    said = False
-    while True:
-        if warmup_done(d):
-            return False
-        try:
-            fd = os.open(lock, os.O_CREAT | os.O_EXCL | os.O_WRONLY)
-        except FileExistsError:
+    with open(lock, "a+") as f:
+        said = False
+        while True:
             try:
-                holder = int(lock.read_text() or 0)
-            except (OSError, ValueError):
-                holder = 0
-            if holder and not _alive(holder):
-                lock.unlink(missing_ok=True)  # its process is gone: the warm-up it left is redone
-                continue
-            if not said:
-                log(f"waiting for the warm-up that process {holder or '?'} is making in {d}")
-                said = True
-            time.sleep(poll)
-            continue
-        with os.fdopen(fd, "w") as f:
+                fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:
+                if not said:
+                    f.seek(0)
+                    holder = f.read().strip() or "?"
+                    log(f"waiting for the warm-up that process {holder} is making in {d}")
+                    said = True
+                time.sleep(poll)
+        try:
+            f.seek(0)
+            f.truncate()
             f.write(str(os.getpid()))
-        return True
+            f.flush()
+            yield not warmup_done(d)  # looked at under the lock: a warm-up finished meanwhile is not redone
+        finally:
+            fcntl.flock(f, fcntl.LOCK_UN)
 
 
 def make_warmup(size: str, cell: str, seed: int, out: Path) -> Path:
@@ -183,12 +178,8 @@ def make_warmup(size: str, cell: str, seed: int, out: Path) -> Path:
     time (:func:`claim_warmup`); another that needs it waits for it."""
 
     d = warm_dir(out, cell, seed)
-    if not claim_warmup(d):  # made already, or by another process while this one waited
-        return d / "model"
-    try:
-        return _make_warmup(size, cell, seed, d)
-    finally:
-        _lock_of(d).unlink(missing_ok=True)
+    with claim_warmup(d) as mine:
+        return _make_warmup(size, cell, seed, d) if mine else d / "model"
 
 
 def _make_warmup(size: str, cell: str, seed: int, d: Path) -> Path:

@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import numbers
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -54,6 +55,8 @@ __all__ = [
     "causal_values",
     "critic_outputs",
     "fit_values",
+    "check_window",
+    "row_window",
     "holdout_split",
     "set_constant",
     "FIT_POSITIONS",
@@ -217,6 +220,16 @@ WINDOW_PAIRS = 4_000_000
 #: the shortest window :func:`row_window` gives (a row of more than WINDOW_PAIRS / 64 = 62,500 tokens
 #: then holds more pairs than WINDOW_PAIRS)
 MIN_WINDOW = 64
+
+
+def check_window(window) -> int | None:
+    """``window`` as the fit reads it: None (or 0, as ``--window 0`` says) trains every row whole, an
+    integer >= 1 is the window; anything else is an :class:`OptionError` (checked before any work)."""
+    if window is None or (isinstance(window, numbers.Integral) and not isinstance(window, bool) and window == 0):
+        return None
+    if isinstance(window, bool) or not isinstance(window, numbers.Integral) or window < 1:
+        raise OptionError("window", f"expected an integer >= 1, or 0 or None (every row whole), found {window!r}")
+    return int(window)
 
 
 def row_window(T: int, window: int) -> int:
@@ -525,9 +538,10 @@ def fit_values(
     reads every token of each sequence.
 
     ``window``: a row longer than this many tokens (prompt + response) trains ``window`` tokens at a
-    time (:func:`windowed_step`: the same loss and values, the gradient through earlier windows'
-    keys and values left out), so its memory is one window's, not the row's; None (the default, and
-    the trainer's): every row trains whole.
+    time, fewer past 3,906 tokens (:func:`row_window`; :func:`windowed_step`: the same loss and
+    values, the gradient through earlier windows' keys and values left out), so its memory is one
+    window's, not the row's; None or 0 (None is the default, and the trainer's): every row trains
+    whole.
 
     ``fused``: AdamW's fused kernel (``torch.optim.AdamW(fused=True)``): the same update to float
     rounding, without the default implementation's temporaries — two copies of the parameters at
@@ -551,8 +565,7 @@ def fit_values(
     and the critic has a value head, it is set to the constant at once (:func:`set_constant`;
     ``on_eval`` is called once, at step 0, after that) and the fit reports 0 steps.
     """
-    if window is not None and (isinstance(window, bool) or not isinstance(window, int) or window < 1):
-        raise OptionError("window", f"expected an integer >= 1 or None, found {window!r}")
+    window = check_window(window)
     r = rows_of(batch)
     targets = _check_loop(r, targets, steps, batch_episodes, eval_every, patience)
     if positions != "all":

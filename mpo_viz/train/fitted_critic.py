@@ -39,7 +39,7 @@ from mpo_viz.models.critic import compact_critic, used_ids
 from mpo_viz.models.store import trunk_critic
 from mpo_viz.models.tiny import MAX_POSITIONS
 from mpo_viz.models.tiny import SIZES as TINY_SIZES
-from mpo_viz.train.critic_fit import FIT_WINDOW, CriticFit, critic_outputs, fit_values
+from mpo_viz.train.critic_fit import FIT_WINDOW, CriticFit, check_window, critic_outputs, fit_values
 from mpo_viz.train.runtime import threads
 from mpo_viz.train.update import rows_of
 
@@ -229,6 +229,7 @@ def fit_critic(
     Errors (``ValueError`` naming ``source``): no rewards, returns all equal, too few trajectories
     for a held-out split (at least 2 on each side).
     """
+    window = check_window(window)
     if critic is None and size not in TINY_SIZES:
         raise OptionError("size", f"expected one of {', '.join(TINY_SIZES)}, found {size!r}")
     for name, value, ok, want in (
@@ -411,6 +412,7 @@ def fit_critic_file(
         raise OptionError("fit_rows", f"expected an integer >= 4 (a held-out split needs rows), found {fit_rows!r}")
     if isinstance(fit_tokens, bool) or not isinstance(fit_tokens, int) or fit_tokens < 1:
         raise OptionError("fit_tokens", f"expected an integer >= 1, found {fit_tokens!r}")
+    check_window(fit.get("window"))  # before the passes over the file
     out = Path(out)
     check_destination(out)
     survey = _survey(path, max_tokens)

@@ -10,7 +10,7 @@ import torch
 import mpo_viz as mv
 from mpo_viz.checks import OptionError
 from mpo_viz.models import compact_critic, trunk_critic
-from mpo_viz.train.critic_fit import causal_values, row_window, window_outputs, windowed_step
+from mpo_viz.train.critic_fit import causal_values, check_window, row_window, window_outputs, windowed_step
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # see tests/conftest.py
 
@@ -136,11 +136,21 @@ def test_a_fit_with_a_window_longer_than_every_row_is_the_whole_fit():
         )
     assert fits[45].history == fits[None].history and fits[45].heldout_ev == fits[None].heldout_ev
     torch.testing.assert_close(fits[45].values, fits[None].values, rtol=0, atol=0)
-    assert fits[10].history[0] == fits[None].history[0]  # step 0: the same weights
-    assert fits[10].heldout_ev != fits[None].heldout_ev and np.isfinite(fits[10].heldout_ev)  # then they part
-    for bad in (0, -3, 2.5, True):
-        with pytest.raises(OptionError, match="window: expected an integer >= 1 or None"):
+    assert fits[10].heldout_ev != fits[None].heldout_ev and np.isfinite(fits[10].heldout_ev)  # they part
+    # the first step's loss (from the same weights) is the whole rows' through the windowed path, rows
+    # above the window alone and the shorter ones micro-batched together
+    first = {
+        w: fit_values(
+            compact_critic(b, seed=2), b, targets, steps=1, batch_episodes=8, gate=None, eval_every=1, window=w
+        )
+        for w in (None, 26, 0)
+    }
+    assert first[26].history[1]["loss"] == pytest.approx(first[None].history[1]["loss"], rel=1e-5)
+    assert first[0].history == first[None].history  # 0: every row whole, as None
+    for bad in (-3, 2.5, True):
+        with pytest.raises(OptionError, match=r"window: expected an integer >= 1, or 0 or None"):
             fit_values(compact_critic(b, seed=2), b, targets, steps=1, batch_episodes=4, window=bad)
+    assert check_window(np.int64(12)) == 12 and check_window(0) is None
 
 
 def test_the_fused_optimizer_takes_the_default_ones_steps_to_float_rounding():
@@ -161,7 +171,6 @@ def test_the_fused_optimizer_takes_the_default_ones_steps_to_float_rounding():
     assert moved > 1e-4  # the steps moved the weights (lr 1e-3)
     for a, c in zip(weights[False], weights[True]):
         torch.testing.assert_close(c, a, rtol=1e-5, atol=1e-6)
-    assert fits[True].history[0] == fits[False].history[0]
     assert fits[True].heldout_ev == pytest.approx(fits[False].heldout_ev, abs=1e-5)
 
 
