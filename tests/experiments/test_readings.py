@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import re
 
+import numpy as np
 import pytest
 
 from experiments import readings
@@ -31,7 +32,10 @@ def rng(lo: float, hi: float, nd: int = 2) -> str:
 def quoted() -> list[str]:
     """The numbers the headline must quote, each formatted from the records."""
     e1, e2, e3 = readings.e1_numbers(), readings.e2_numbers(), readings.e3_numbers()
-    e5 = readings.e5_numbers()
+    e5, e6 = readings.e5_numbers(), readings.e6_numbers()
+    e6b, e6m = e6["bilevel_ppo"], e6["mpo_ppo"]
+    assert e6b["contains_ragen"] is False  # "an interval without RAGEN's +0.024"
+    assert e6b["reading"] == "cannot be told at this power" and e6m["reading"].startswith("cannot be told")
     mp, bl = e3["mpo_ppo"], e3["baseline"]
     mc_ppo, mc_grpo = e2["mc_ppo"], e2["mc_grpo"]
     assert e3["greedy_fell_everywhere"] and e3["warmups_all_at_budget"] and e3["seeds"] == 8  # "missed its gate"
@@ -65,6 +69,11 @@ def quoted() -> list[str]:
         f"({f(e5['mpo_turn_gae']['mean_diff'], sign=True)}, 95% CI {f(e5['mpo_turn_gae']['ci_low'], sign=True)} to "
         f"{f(e5['mpo_turn_gae']['ci_high'], sign=True)})",
         f"({e5['corr']['gae 0.95']:.2f} against {e5['corr']['mpo']:.2f})",
+        f"sampled success {e6['summary'].start_sampled.iloc[0]:.3f}",
+        f"bi-level GAE ended {f(e6b['mean_diff'])} (95% CI {f(e6b['ci_low'])} to "
+        f"{f(e6b['ci_high'], sign=True)}) from PPO",
+        f"MPO-token {f(e6m['mean_diff'])} ({f(e6m['ci_low'])} to {f(e6m['ci_high'], sign=True)})",
+        f"RAGEN's {f(readings.RAGEN_GAIN, sign=True)}",
     ]
 
 
@@ -144,5 +153,31 @@ def test_the_e5_summary_quotes_the_records():
         f"VAPO ({corr['vapo']:.2f}), against MPO's {corr['mpo']:.2f} and turn GAE's {corr['turn_gae']:.2f}",
         f"correlates {within['gae 0.95']:.2f} and {within['vapo']:.2f} with the truth's (MPO's: {within['mpo']:.2f})",
         f"reliability is {rng(e5['reliability_lo'], e5['reliability_hi'])}",
+    ):
+        assert q in text, q
+
+
+def test_the_e6_readings_quote_the_records():
+    """docs/results.md's E6 summary and section quote the archived comparisons, by the rule's words,
+    and its per-seed table is the one generated from final.jsonl."""
+    e6 = readings.e6_numbers()
+    assert e6["runs"] == 24 and e6["seeds"] == 6
+    assert readings.e6_seed_table() in RESULTS
+    text = " ".join(RESULTS.split())
+    bl, mp = e6["bilevel_ppo"], e6["mpo_ppo"]
+    for c in (bl, mp):
+        sd = float(np.std(c["diffs"], ddof=1))
+        row = (
+            f"| {c['paired_seeds']} | {f(c['mean_diff'], sign=True)} ({f(c['ci_low'], sign=True)} to "
+            f"{f(c['ci_high'], sign=True)}) | {c['p_value']:.3f} | {c['p_holm']:.3f} | cannot be told at this power | "
+            f"{sd:.3f} | {readings.paired_power(c['diffs']):.2f} | {readings.paired_detectable(c['diffs']):.3f} |"
+        )
+        assert row in text, row
+    for q in (
+        f"**cannot be told at this power**: {f(bl['mean_diff'], sign=True)} (95% CI {f(bl['ci_low'], sign=True)} to "
+        f"{f(bl['ci_high'], sign=True)}; Holm p {bl['p_holm']:.2f})",
+        f"either: {f(mp['mean_diff'], sign=True)} ({f(mp['ci_low'], sign=True)} to {f(mp['ci_high'], sign=True)}; "
+        f"Holm p {mp['p_holm']:.2f})",
+        f"held-out EV {e6['warmup_ev_lo']:.3f}–{e6['warmup_ev_hi']:.3f}",
     ):
         assert q in text, q
