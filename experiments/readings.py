@@ -19,8 +19,7 @@ import pandas as pd
 from scipy import optimize, stats
 
 from experiments.grids import REPO
-from experiments.stats import power
-from experiments.within_turn import reading as effect_reading
+from experiments.stats import effect_reading, power, ranking_reading
 from mpo_viz.analysis.truth import renamed_columns
 
 RECORDS = REPO / "experiments" / "records"
@@ -267,16 +266,6 @@ def e5_numbers() -> dict:
 
 #: RAGEN's reported Sokoban gain of bi-level GAE over PPO (21% -> 23.4% success)
 RAGEN_GAIN = 0.024
-
-
-def ranking_reading(c: dict) -> str:
-    """E6's rule fixed in advance for ``bilevel_gae`` - ``ppo``: the ranking *replicates* (Holm
-    p < 0.05, positive), *is reversed* (Holm p < 0.05, negative), or *cannot be told at this power*."""
-    if not np.isfinite(c["p_holm"]):
-        return "not measured"
-    if c["p_holm"] < 0.05:
-        return "replicates" if c["mean_diff"] > 0 else "is reversed"
-    return "cannot be told at this power"
 
 
 def e6_numbers() -> dict:

@@ -76,3 +76,28 @@ def paired_half(values) -> float:
     if len(v) < 2:
         return math.nan
     return float(sps.t.ppf(0.975, len(v) - 1) * v.std(ddof=1) / math.sqrt(len(v)))
+
+
+def effect_reading(r: dict) -> str:
+    """The words of the rule fixed in advance for an effect against a baseline (E5, E6's MPO-token
+    vs PPO): *helps* / *hurts* (Holm p < 0.05), *makes no difference larger than 0.02* (the 95%
+    interval inside ±0.02), else *cannot be told at this power*; *not measured* without a p."""
+    p, d, lo, hi = r["p_holm"], r["mean_diff"], r["ci_low"], r["ci_high"]
+    if not math.isfinite(p):
+        return "not measured"
+    if p < 0.05:
+        return "helps" if d > 0 else "hurts"
+    if -0.02 < lo and hi < 0.02:
+        return "makes no difference larger than 0.02"
+    return f"cannot be told at this power (the 95% interval is {lo:+.3f} to {hi:+.3f})"
+
+
+def ranking_reading(c: dict) -> str:
+    """E6's rule fixed in advance for ``bilevel_gae`` - ``ppo``: the ranking *replicates* (Holm
+    p < 0.05, positive), *is reversed* (Holm p < 0.05, negative), or *cannot be told at this power*;
+    *not measured* without a p."""
+    if not math.isfinite(c["p_holm"]):
+        return "not measured"
+    if c["p_holm"] < 0.05:
+        return "replicates" if c["mean_diff"] > 0 else "is reversed"
+    return "cannot be told at this power"

@@ -377,7 +377,7 @@ def comparisons(df: pd.DataFrame) -> list[dict]:
         )
     for r, p in zip(out, stats.holm([r["p_value"] for r in out])):
         r["p_holm"] = p
-        r["reading"] = reading(r)
+        r["reading"] = stats.effect_reading(r)
     w = units(df, "within_corr").pivot_table(index=["snapshot", "seed"], columns="estimator", values="within_corr")
     within = w["mpo"].dropna().to_numpy() if "mpo" in w else np.array([])
     sec = {"comparison": "mpo within_corr - 0 (secondary, uncorrected)", "measure": "within_corr", "units": len(within)}
@@ -386,18 +386,6 @@ def comparisons(df: pd.DataFrame) -> list[dict]:
         "points the right way" if math.isfinite(sec["ci_low"]) and sec["ci_low"] > 0 else "not shown to point right"
     )
     return [*out, sec]
-
-
-def reading(r: dict) -> str:
-    """The pre-registered reading rule's words for one primary comparison."""
-    p, d, lo, hi = r["p_holm"], r["mean_diff"], r["ci_low"], r["ci_high"]
-    if not math.isfinite(p):
-        return "not measured"
-    if p < 0.05:
-        return "helps" if d > 0 else "hurts"
-    if -0.02 < lo and hi < 0.02:
-        return "makes no difference larger than 0.02"
-    return f"cannot be told at this power (the 95% interval is {lo:+.3f} to {hi:+.3f})"
 
 
 def first_snapshot(df: pd.DataFrame, archive: Path) -> dict:

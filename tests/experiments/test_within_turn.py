@@ -8,6 +8,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
+from experiments import stats
 from experiments import within_turn as wt
 from mpo_viz.data.synthetic import make_batch
 
@@ -77,13 +78,13 @@ def test_the_unfloored_measure_is_used_when_any_primary_value_is_withheld():
 
 
 def test_the_reading_rule():
-    assert wt.reading({"p_holm": 0.01, "mean_diff": 0.03, "ci_low": 0.01, "ci_high": 0.05}) == "helps"
-    assert wt.reading({"p_holm": 0.01, "mean_diff": -0.03, "ci_low": -0.05, "ci_high": -0.01}) == "hurts"
+    assert stats.effect_reading({"p_holm": 0.01, "mean_diff": 0.03, "ci_low": 0.01, "ci_high": 0.05}) == "helps"
+    assert stats.effect_reading({"p_holm": 0.01, "mean_diff": -0.03, "ci_low": -0.05, "ci_high": -0.01}) == "hurts"
     no = {"p_holm": 0.4, "mean_diff": 0.001, "ci_low": -0.015, "ci_high": 0.017}
-    assert wt.reading(no) == "makes no difference larger than 0.02"
+    assert stats.effect_reading(no) == "makes no difference larger than 0.02"
     wide = {"p_holm": 0.4, "mean_diff": 0.01, "ci_low": -0.03, "ci_high": 0.05}
-    assert wt.reading(wide).startswith("cannot be told at this power (the 95% interval is -0.030 to +0.050)")
-    assert wt.reading({"p_holm": math.nan, "mean_diff": 0.0, "ci_low": 0.0, "ci_high": 0.0}) == "not measured"
+    assert stats.effect_reading(wide).startswith("cannot be told at this power (the 95% interval is -0.030 to +0.050)")
+    assert stats.effect_reading({"p_holm": math.nan, "mean_diff": 0.0, "ci_low": 0.0, "ci_high": 0.0}) == "not measured"
 
 
 def test_validation_passes_only_when_both_rules_agree():
@@ -126,3 +127,11 @@ def test_the_quick_pipeline_measures_scores_resumes_and_reports(tmp_path):
     assert [c["comparison"] for c in comps][:2] == ["mpo - turn_gae", "mpo - mpo_baseline"]
     assert "## Means over fits" in (archive / "tables.md").read_text()
     assert (archive / "figures" / "within_turn.png").stat().st_size > 1000
+
+
+def test_e6s_ranking_reading_follows_its_rule():
+    """bilevel_gae - ppo: replicates / is reversed only past Holm, else cannot be told; no p: not measured."""
+    assert stats.ranking_reading({"p_holm": 0.01, "mean_diff": 0.03}) == "replicates"
+    assert stats.ranking_reading({"p_holm": 0.04, "mean_diff": -0.02}) == "is reversed"
+    assert stats.ranking_reading({"p_holm": 0.05, "mean_diff": 0.03}) == "cannot be told at this power"
+    assert stats.ranking_reading({"p_holm": math.nan, "mean_diff": 0.0}) == "not measured"
