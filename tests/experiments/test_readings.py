@@ -3,6 +3,7 @@ docs/results.md's E1 table is the one generated from them: the readings cannot d
 
 from __future__ import annotations
 
+import json
 import re
 
 import numpy as np
@@ -116,8 +117,6 @@ def test_the_corrected_readings_stand():
 def test_e2p_pairs_its_new_arm_with_e2s_runs_by_seed():
     """The integrity check fixed in advance: each turn_gae_mc0 run's held-out evaluation before RL
     equals E2's archived ppo and grpo start evaluation on the same seed (same start, same tasks)."""
-    import json
-
     runs = readings.RECORDS / "v4" / "e2p" / "runs" / "automation-d3-4"
 
     def start(arm, seed):

@@ -9,16 +9,23 @@ import torch
 
 import mpo_viz as mv
 from mpo_viz.checks import OptionError
+from mpo_viz.losses import value_loss
 from mpo_viz.models import compact_critic, trunk_critic
-from mpo_viz.train.critic_fit import causal_values, check_window, row_window, window_outputs, windowed_step
+from mpo_viz.train.critic_fit import (
+    causal_values,
+    check_window,
+    fit_values,
+    row_window,
+    window_outputs,
+    windowed_step,
+)
+from mpo_viz.train.update import forward_critic, make_micro, rows_of
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # see tests/conftest.py
 
 
 @pytest.mark.parametrize("lengths", [(2, 9, 5, 1), (4, 4, 4), (7,)], ids=["ragged", "no padding", "one row"])
 def test_causal_values_equal_the_masked_forward(lengths, hf_dir):
-    from mpo_viz.train.update import forward_critic, make_micro, rows_of
-
     rng = np.random.default_rng(0)
     rows = [
         {
@@ -87,8 +94,6 @@ def test_the_windowed_step_is_the_whole_rows_loss_with_a_truncated_backward(wind
     reads — the value head, the last layer's MLP and the final norm — gets the whole row's gradient
     exactly; the attention projections get the truncated one (different unless one window holds the
     row: window 42 covers all 42 positions and every gradient is the whole row's)."""
-    from mpo_viz.losses import value_loss
-    from mpo_viz.train.update import make_micro, rows_of
 
     b = _long_batch()
     r = rows_of(b)
@@ -123,8 +128,6 @@ def test_a_fit_with_a_window_longer_than_every_row_is_the_whole_fit():
     """Rows up to the window train whole: the fit (its loss curve, held-out EV and values) is the
     window=None fit exactly; a window shorter than the rows fits on, its truncated gradient taking it
     elsewhere after the first step."""
-    from mpo_viz.train.critic_fit import fit_values
-
     b = _long_batch(lengths=(30, 12, 25, 40, 8, 33, 19, 27), seed=4)
     targets = torch.zeros(len(b), 40, dtype=torch.float64)
     targets[:, :] = torch.linspace(0, 1, 40)
@@ -156,8 +159,6 @@ def test_a_fit_with_a_window_longer_than_every_row_is_the_whole_fit():
 def test_the_fused_optimizer_takes_the_default_ones_steps_to_float_rounding():
     """fused=True (fit_critic's AdamW kernel, without the default's temporaries) moves the weights as
     the default implementation does: equal at step 0, within float rounding after the first steps."""
-    from mpo_viz.train.critic_fit import fit_values
-
     b = _long_batch(lengths=(30, 12, 25, 40, 8, 33, 19, 27), seed=4)
     targets = torch.zeros(len(b), 40, dtype=torch.float64)
     targets[:, :] = torch.linspace(0, 1, 40)

@@ -8,6 +8,7 @@ import torch
 from transformers import AutoModelForCausalLM
 
 import mpo_viz as mv
+import mpo_viz.train.fitted_critic as fc
 from mpo_viz.analysis import explained_variance
 from mpo_viz.checks import OptionError
 from mpo_viz.cli import main
@@ -342,8 +343,6 @@ def test_fit_critic_file_on_a_sample_gives_every_row_values(tmp_path, capsys):
 def test_fit_critic_file_gives_each_passes_memory_back_before_the_fit(tmp_path, monkeypatch):
     """The survey's and the gathering's high-water marks are released before the critic is built
     (data.io.release_memory), and the record says the fit used the fused AdamW kernel."""
-    import mpo_viz.train.fitted_critic as fc
-
     calls = []
     monkeypatch.setattr(fc, "release_memory", lambda: calls.append("release"))
     for name in ("_survey", "_gather", "fit_critic"):

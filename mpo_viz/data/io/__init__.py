@@ -21,7 +21,6 @@ raises
 from __future__ import annotations
 
 import ctypes
-import ctypes.util
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -165,8 +164,7 @@ def release_memory() -> None:
     gathering its sample: 0.2–0.25 GB of a 5.7M-token file's first pass). Harmless anywhere; the
     heap is trimmed where the C library is glibc."""
     pa.default_memory_pool().release_unused()
-    libc = ctypes.util.find_library("c")
-    trim = getattr(ctypes.CDLL(libc), "malloc_trim", None) if libc else None
+    trim = getattr(ctypes.CDLL(None), "malloc_trim", None)  # the process's own symbols: no library search
     if trim is not None:
         trim(0)
 
