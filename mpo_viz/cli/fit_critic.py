@@ -177,8 +177,8 @@ def add_subcommand(sub) -> None:
         "--window",
         type=int,
         default=1024,
-        help="rows longer than this many tokens train this many at a time (fewer past 3,906 tokens, so a "
-        "window reads at most 4M attention pairs), the earlier windows' keys and values held without "
+        help="rows longer than this many tokens train this many at a time (fewer past 1,953 tokens, so a "
+        "window reads at most 2M attention pairs), the earlier windows' keys and values held without "
         "gradient (the step's memory is the window's, not the row's; default 1024; 0 = every row whole, "
         "the exact gradient)",
     )

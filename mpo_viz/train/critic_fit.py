@@ -31,10 +31,11 @@ the rollout and the trainer's updates read them. Deterministic for a seed on CPU
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import math
 import numbers
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -44,6 +45,7 @@ from transformers import DynamicCache
 
 from mpo_viz.analysis import explained_variance
 from mpo_viz.checks import OptionError
+from mpo_viz.data.io import release_memory
 from mpo_viz.data.moments import Moments
 from mpo_viz.data.trajectory import TrajectoryBatch
 from mpo_viz.losses import value_loss
@@ -193,6 +195,7 @@ def critic_outputs(
             v = causal_values(critic, mb).float().cpu()
             out[[where[int(i)] for i in group], : mb.Lb] = v
     critic.train(was_training)
+    release_memory()  # the long rows' activations: given back, not kept as the heap's high-water mark
     return out
 
 
@@ -212,12 +215,13 @@ def _ev_of(values: torch.Tensor, r: Rows, rows, targets: torch.Tensor) -> float:
 #: rows up to this many tokens (prompt + response) train whole, exactly; longer ones window by window
 FIT_WINDOW = 1024
 
-#: a window's attention reads (window × tokens so far) query-key pairs, and its backward holds a few
-#: bytes for each (about 23 measured on CPU): a row of T tokens trains in windows of at most this many
-#: pairs / T tokens (:func:`row_window`), so that this term stays near 0.1 GB however long the row
-WINDOW_PAIRS = 4_000_000
+#: a window's attention reads (window × tokens so far) query-key pairs, and its forward and backward
+#: hold a few bytes for each: a row of T tokens trains in windows of at most this many pairs / T
+#: tokens (:func:`row_window`), so that this term stays near 0.05 GB however long the row (4M pairs
+#: measured 0.055 GB more at the peak of a fit on 20,000-token rows, 10% faster)
+WINDOW_PAIRS = 2_000_000
 
-#: the shortest window :func:`row_window` gives (a row of more than WINDOW_PAIRS / 64 = 62,500 tokens
+#: the shortest window :func:`row_window` gives (a row of more than WINDOW_PAIRS / 64 = 31,250 tokens
 #: then holds more pairs than WINDOW_PAIRS)
 MIN_WINDOW = 64
 
@@ -234,7 +238,7 @@ def check_window(window) -> int | None:
 
 def row_window(T: int, window: int) -> int:
     """The window a row of ``T`` tokens trains in: ``min(window, max(MIN_WINDOW, WINDOW_PAIRS // T))``
-    (e.g. 1,024 up to a 3,906-token row, 266 for 15,000 tokens at ``window`` 1,024)."""
+    (e.g. 1,024 up to a 1,953-token row, 133 for 15,000 tokens at ``window`` 1,024)."""
     return min(int(window), max(MIN_WINDOW, WINDOW_PAIRS // max(int(T), 1)))
 
 
@@ -266,6 +270,59 @@ def _detach_cache(cache: DynamicCache) -> None:
         layer.keys, layer.values = keys.detach(), values.detach()  # type: ignore[union-attr]
 
 
+def _input_embedding(critic: torch.nn.Module) -> torch.nn.Embedding | None:
+    """The trunk's plain input embedding whose gradient a fit takes (None: another kind, frozen, or
+    one whose backward is not a plain scatter-add — max_norm, scale_grad_by_freq, sparse)."""
+    trunk = getattr(critic, "trunk", None)
+    get = getattr(trunk, "get_input_embeddings", None)
+    emb = get() if callable(get) else None
+    if type(emb) is not torch.nn.Embedding or not emb.weight.requires_grad:
+        return None
+    if emb.max_norm is not None or emb.scale_grad_by_freq or emb.sparse:
+        return None
+    return emb
+
+
+@contextlib.contextmanager
+def embedding_grad_in_place(critic: torch.nn.Module) -> Iterator[None]:
+    """Within it, each backward adds the input embedding's gradient into its ``.grad`` in place:
+    ``grad[ids[i]] += ∂L/∂e_i`` (``index_add_``; rows at ``padding_idx`` get nothing), the chain rule
+    of the lookup ``e = W[ids]`` written out. The default backward of an embedding builds a dense
+    ``(vocab, H)`` gradient for every backward and then adds it to ``.grad``: for a window of 200
+    tokens of a critic embedding 151k ids, 77 MB written twice. The same gradient, to the rounding
+    of the sums' order. Nothing changes for a critic without a plain trainable embedding
+    (:func:`_input_embedding`)."""
+    emb = _input_embedding(critic)
+    if emb is None:
+        yield
+        return
+
+    def lookup(module, args, out):
+        if not torch.is_grad_enabled():
+            return None
+        ids = args[0].reshape(-1)
+        leaf = out.detach().requires_grad_()
+
+        def scatter(g: torch.Tensor) -> None:
+            rows, g2 = ids, g.reshape(-1, g.shape[-1])
+            if module.padding_idx is not None:
+                keep = rows != module.padding_idx
+                rows, g2 = rows[keep], g2[keep]
+            w = module.weight
+            if w.grad is None:
+                w.grad = torch.zeros_like(w)
+            w.grad.index_add_(0, rows, g2.to(w.dtype))
+
+        leaf.register_hook(scatter)
+        return leaf
+
+    handle = emb.register_forward_hook(lookup)
+    try:
+        yield
+    finally:
+        handle.remove()
+
+
 def windowed_step(
     critic: torch.nn.Module, mb: Micro, g: torch.Tensor, m: torch.Tensor, *, scale: float, window: int
 ) -> float:
@@ -280,17 +337,19 @@ def windowed_step(
     gradient through this token): a truncated backward, exact for rows of at most ``window`` tokens
     (which never come here). Memory: one window's activations plus the cache (``O(window · T)``
     attention pairs, bounded by :data:`WINDOW_PAIRS`; ``O(T)`` keys and values), instead of ``O(T)``
-    activations of every layer."""
+    activations of every layer. The embedding's gradient is added in place window by window
+    (:func:`embedding_grad_in_place`), not built dense for each window."""
     pos = mb.pos[0]
     total = 0.0
-    for a, out in window_outputs(critic, mb.ids, row_window(mb.ids.shape[1], window)):
-        here = (pos >= a) & (pos < a + out.shape[1]) & m[0]
-        if not bool(here.any()):
-            continue
-        v = out[0, pos[here] - a][None]
-        loss, _ = value_loss(v, None, g[:, here], torch.ones_like(v, dtype=torch.bool), clip=None, scale=scale)
-        loss.backward()
-        total += float(loss.detach())
+    with embedding_grad_in_place(critic):
+        for a, out in window_outputs(critic, mb.ids, row_window(mb.ids.shape[1], window)):
+            here = (pos >= a) & (pos < a + out.shape[1]) & m[0]
+            if not bool(here.any()):
+                continue
+            v = out[0, pos[here] - a][None]
+            loss, _ = value_loss(v, None, g[:, here], torch.ones_like(v, dtype=torch.bool), clip=None, scale=scale)
+            loss.backward()
+            total += float(loss.detach())
     return total
 
 
@@ -320,6 +379,7 @@ def _fit_step(
             mb = make_micro(r, np.array([row]), pad_id, device)
             g, m = mb.take(g32).to(device), mb.take(r.mask).to(device)
             step_loss += windowed_step(critic, mb, g, m, scale=n_tok, window=window)
+            release_memory()  # its windows' activations, before the next long row
     for group in micro_batches(r, chunk[~long], micro_batch_tokens):
         mb = make_micro(r, group, pad_id, device)
         loss, _ = value_loss(
@@ -450,8 +510,9 @@ class _Best:
     def offer(self, ev: float, step: int) -> None:
         if ev > self.ev or (math.isnan(self.ev) and not math.isnan(ev)):
             self.ev, self.step, self.stale = ev, step, 0
-            if self.keep:
-                self.weights = [p.detach().clone() for p in self.params]
+            if self.weights is not None:  # in place: no second copy while the new one is taken
+                for w, p in zip(self.weights, self.params):
+                    w.copy_(p.detach())
         else:
             self.stale += 1
 
@@ -538,7 +599,7 @@ def fit_values(
     reads every token of each sequence.
 
     ``window``: a row longer than this many tokens (prompt + response) trains ``window`` tokens at a
-    time, fewer past 3,906 tokens (:func:`row_window`; :func:`windowed_step`: the same loss and
+    time, fewer past 1,953 tokens (:func:`row_window`; :func:`windowed_step`: the same loss and
     values, the gradient through earlier windows' keys and values left out), so its memory is one
     window's, not the row's; None or 0 (None is the default, and the trainer's): every row trains
     whole.
@@ -566,7 +627,7 @@ def fit_values(
     ``on_eval`` is called once, at step 0, after that) and the fit reports 0 steps.
     """
     window = check_window(window)
-    r = rows_of(batch)
+    r = rows_of(batch, fields=False)
     targets = _check_loop(r, targets, steps, batch_episodes, eval_every, patience)
     if positions != "all":
         r = dataclasses.replace(r, mask=fit_positions(batch, positions))
@@ -617,6 +678,7 @@ def fit_values(
                 run.stop = "patience"
     if bar is not None:
         bar.close()
+    del opt  # its state (two copies of the weights) is not needed for the values at the end
     return _finish(data, run, gate, keep_best=keep_best, all_values=all_values)
 
 

@@ -160,7 +160,7 @@ def with_critic_values(
     """``batch`` with ``values`` ``(B, L)`` from ``critic`` (its output before each response token,
     the rollout's alignment) and ``bootstrap_value`` on truncated rows (its output after the
     response). A row's values depend on that row alone, so a file's rows can get them chunk by chunk."""
-    r = rows_of(batch)
+    r = rows_of(batch, fields=False)
     v = critic_outputs(critic, r, np.arange(len(batch)), pad_id=0, device=device, micro_batch_tokens=micro_batch_tokens)
     return _with_bootstrap(critic, batch, batch.with_token_fields(values=v))
 

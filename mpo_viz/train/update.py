@@ -140,14 +140,17 @@ def check_loss_inputs(batch: TrajectoryBatch, loss: str) -> None:
             )
 
 
-def rows_of(batch: TrajectoryBatch) -> Rows:
-    """The :class:`Rows` of a TrajectoryBatch (float32 per-token fields)."""
+def rows_of(batch: TrajectoryBatch, *, fields: bool = True) -> Rows:
+    """The :class:`Rows` of a TrajectoryBatch (float32 per-token fields). ``fields=False`` leaves out
+    the optional per-token fields (log-probs, advantages, returns, values: None), which a value fit
+    never reads: ``(B, L)`` float32 each, 62 MB for a sample of 176 rows of up to 22,000 tokens
+    with all four."""
     prompts = batch.field("prompt_ids")
     resps = batch.field("response_ids")
     seqs = [torch.from_numpy(np.concatenate([p, r]).astype(np.int64)) for p, r in zip(prompts, resps)]
 
     def opt(name):
-        return batch.padded(name, torch.float32) if batch.has(name) else None
+        return batch.padded(name, torch.float32) if fields and batch.has(name) else None
 
     return Rows(
         seqs=seqs,

@@ -11,9 +11,11 @@ import mpo_viz as mv
 from mpo_viz.checks import OptionError
 from mpo_viz.losses import value_loss
 from mpo_viz.models import compact_critic, trunk_critic
+from mpo_viz.models.critic import vocab_critic
 from mpo_viz.train.critic_fit import (
     causal_values,
     check_window,
+    embedding_grad_in_place,
     fit_values,
     row_window,
     window_outputs,
@@ -176,7 +178,62 @@ def test_the_fused_optimizer_takes_the_default_ones_steps_to_float_rounding():
 
 
 def test_a_long_rows_window_keeps_its_attention_pairs_bounded():
-    """min(window, max(64, 4,000,000 // T)): the window until T·window passes 4M pairs, then shorter,
+    """min(window, max(64, 2,000,000 // T)): the window until T·window passes 2M pairs, then shorter,
     never below 64 tokens."""
-    assert [row_window(T, 1024) for T in (2000, 3906, 3907, 15000, 62500, 10**6)] == [1024, 1024, 1023, 266, 64, 64]
+    assert [row_window(T, 1024) for T in (1000, 1953, 1954, 15000, 31250, 10**6)] == [1024, 1024, 1023, 133, 64, 64]
     assert row_window(15000, 100) == 100 and row_window(5, 1024) == 1024
+
+
+def test_a_value_fit_reads_rows_without_their_optional_fields():
+    """``rows_of(fields=False)`` (what fit_values and the values pass read): the same ids, lengths,
+    mask and turn ids; log-probs and values left out, where ``rows_of`` pads each to ``(B, L)``."""
+    b = _long_batch(lengths=(9, 4, 12))
+    B, L = b.mask.shape
+    b = b.with_token_fields(
+        old_logprobs=-torch.ones(B, L), values=torch.full((B, L), 0.5), ref_logprobs=torch.zeros(B, L)
+    )
+    full, lean = rows_of(b), rows_of(b, fields=False)
+    assert full.old_logp is not None and full.values is not None and full.ref_logp is not None
+    assert (lean.old_logp, lean.values, lean.ref_logp, lean.rollout_logp, lean.advantages) == (None,) * 5
+    assert all(torch.equal(x, y) for x, y in zip(full.seqs, lean.seqs))
+    assert torch.equal(full.mask, lean.mask) and torch.equal(full.turn_ids, lean.turn_ids)
+    assert full.prompt_len.tolist() == lean.prompt_len.tolist() == [5, 5, 5]
+    assert full.resp_len.tolist() == lean.resp_len.tolist() == [9, 4, 12]
+
+
+def test_the_embedding_gradient_added_in_place_is_the_default_backwards():
+    """embedding_grad_in_place (the windowed step's backward): ``grad[id] += ∂L/∂e`` for each
+    position, into the gradient already there: repeated ids sum, the padding id (0) gets nothing, as
+    the default backward (which builds a dense (vocab, H) gradient for each backward). Every other
+    parameter's gradient is unchanged; a frozen embedding and a critic of another kind are left alone;
+    the hook is gone after the block."""
+    ids = torch.tensor([[3, 7, 3, 0, 9, 7, 7, 1]])  # repeats, and the padding id at position 3
+    pos = torch.arange(8)[None]
+
+    def two_backwards(critic):
+        for a, b in ((0, 5), (5, 8)):  # two windows' backwards accumulate into one gradient
+            out = critic(input_ids=ids[:, a:b], position_ids=pos[:, a:b])
+            (out * torch.linspace(-1, 2, b - a)).sum().backward()
+        return _grads(critic)
+
+    want = two_backwards(vocab_critic(12, seed=5).train())
+    critic = vocab_critic(12, seed=5).train()
+    with embedding_grad_in_place(critic):
+        assert critic.trunk.embed_tokens(ids).is_leaf  # the lookup's graph is cut: the hook adds the gradient
+        got = two_backwards(critic)
+    assert not critic.trunk.embed_tokens(ids).is_leaf
+    assert set(got) == set(want)
+    for n in want:
+        torch.testing.assert_close(got[n], want[n], rtol=1e-6, atol=1e-7)
+    emb = "trunk.embed_tokens.weight"
+    assert float(want[emb][0].abs().sum()) == 0.0 and float(want[emb][3].abs().sum()) > 0  # padding id: none
+    assert float(want[emb][2].abs().sum()) == 0.0  # an id no position reads: none
+    assert not critic.trunk.embed_tokens._forward_hooks  # removed after the block
+    frozen = vocab_critic(12, seed=5).train()
+    frozen.trunk.embed_tokens.weight.requires_grad_(False)
+    with embedding_grad_in_place(frozen):
+        assert not frozen.trunk.embed_tokens._forward_hooks  # nothing to do
+        two_backwards(frozen)
+    assert frozen.trunk.embed_tokens.weight.grad is None
+    with embedding_grad_in_place(torch.nn.Linear(2, 1)):  # no trunk: a no-op
+        pass
