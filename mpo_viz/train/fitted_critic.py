@@ -423,6 +423,9 @@ def fit_critic_file(
     sample = _gather(path, rows, max_tokens)
     release_memory()
     res = fit_critic(sample, serve=(survey.ids, survey.longest), progress=progress, **fit)
+    n_fit = len(sample)
+    del sample  # its derived arrays (res.batch is a new batch over the same columns)
+    release_memory()  # the fit's optimizer state, windows and evaluations, before every row's values
     parts = out.with_name(out.name + ".parts.tmp")
     shutil.rmtree(parts, ignore_errors=True)
     parts.mkdir(parents=True)
@@ -448,7 +451,7 @@ def fit_critic_file(
         info = {
             **res.info,
             "rows": len(survey.groups),
-            "fit_rows": len(sample),
+            "fit_rows": n_fit,
             "values_mean_across": split["mean_across"],
             "values_mean_within": split["mean_within"],
             "values_median_across_within_ratio": split["median_ratio"],

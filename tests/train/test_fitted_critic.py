@@ -341,8 +341,9 @@ def test_fit_critic_file_on_a_sample_gives_every_row_values(tmp_path, capsys):
 
 
 def test_fit_critic_file_gives_each_passes_memory_back_before_the_fit(tmp_path, monkeypatch):
-    """The survey's and the gathering's high-water marks are released before the critic is built
-    (data.io.release_memory), and the record says the fit used the fused AdamW kernel."""
+    """The survey's and the gathering's high-water marks are released before the critic is built,
+    and the fit's before every row's values are computed (data.io.release_memory); the record says
+    the fit used the fused AdamW kernel."""
     calls = []
     monkeypatch.setattr(fc, "release_memory", lambda: calls.append("release"))
     for name in ("_survey", "_gather", "fit_critic"):
@@ -351,7 +352,7 @@ def test_fit_critic_file_gives_each_passes_memory_back_before_the_fit(tmp_path, 
     src = tmp_path / "logs.parquet"
     mv.save(_rows_with_cut(12), src)
     res = fc.fit_critic_file(src, tmp_path / "out.parquet", progress=False, **FIT)
-    assert calls == ["_survey", "release", "_gather", "release", "fit_critic"]
+    assert calls == ["_survey", "release", "_gather", "release", "fit_critic", "release"]
     assert res.info["fused_optimizer"] is True
     mv.data.io.release_memory()  # and it runs where it is called for real
 
