@@ -162,6 +162,13 @@ class TrajectoryBatch:
     def num_tokens(self) -> int:
         return int(self._off[-1])
 
+    def clear_cache(self) -> None:
+        """Forget the flat arrays derived on first use and kept for the next (each token's row and
+        position, turn id, the rewards an estimator sees: about 32 bytes a token); they are rebuilt
+        when next asked for. For a long-lived batch whose padded views are no longer needed (a
+        critic fit keeps its own rows)."""
+        self._cache.clear()
+
     @property
     def fields(self) -> set[str]:
         """The v1 (and extra) fields present in at least one row."""

@@ -90,6 +90,18 @@ def test_padded_views(batch):
     assert batch.traj_ids == ["a", "b", "c", "d"]
 
 
+def test_the_derived_arrays_are_rebuilt_the_same_after_clear_cache(batch):
+    """clear_cache forgets what the padded views derived (turn ids, rewards, turn counts) and they
+    come back the same: the hand-derived numbers of test_padded_views, after and before."""
+    before = (batch.turn_ids.clone(), batch.token_rewards.clone(), batch.num_turns.copy(), batch.mask.clone())
+    batch.clear_cache()
+    assert batch._cache == {}
+    after = (batch.turn_ids, batch.token_rewards, batch.num_turns, batch.mask)
+    for a, b in zip(before, after):
+        np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+    np.testing.assert_array_equal(after[2], [2, 2, 1, 1])
+
+
 def test_to_pandas(batch):
     df = batch.to_pandas()
     assert len(df) == 6 + 3 + 4 + 2

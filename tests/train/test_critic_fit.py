@@ -15,8 +15,10 @@ from mpo_viz.models.critic import vocab_critic
 from mpo_viz.train.critic_fit import (
     causal_values,
     check_window,
+    critic_outputs,
     embedding_grad_in_place,
     fit_values,
+    mlp_in_slices,
     row_window,
     window_outputs,
     windowed_step,
@@ -237,3 +239,75 @@ def test_the_embedding_gradient_added_in_place_is_the_default_backwards():
     assert frozen.trunk.embed_tokens.weight.grad is None
     with embedding_grad_in_place(torch.nn.Linear(2, 1)):  # no trunk: a no-op
         pass
+
+
+def test_mlps_in_slices_give_the_whole_forward_a_slice_at_a_time(hf_dir):
+    """mlp_in_slices (every no-gradient pass of critic_outputs): each MLP reads at most ``tokens``
+    positions (rows × positions) at a time, slices along the sequence with a shorter last one, and
+    the outputs are the whole forward's to float rounding, for the tiny Llama critic and a pretrained
+    trunk. A forward with gradient, and one that fits a slice, run whole; the MLPs' own forward comes
+    back after the block (one set on the instance before it included)."""
+    ids = torch.randint(1, 300, (2, 23), generator=torch.Generator().manual_seed(0))
+    b = _long_batch((30, 11, 18))
+    for critic in (vocab_critic(300, seed=2).eval(), trunk_critic(hf_dir, b, seed=1).eval()):
+        mlps = [m for n, m in critic.named_modules() if n.endswith(".mlp")]
+        assert mlps
+        seen: list[tuple[int, int]] = []
+        spy = mlps[0].down_proj if hasattr(mlps[0], "down_proj") else mlps[0].c_proj
+        handle = spy.register_forward_hook(lambda mod, args, out, seen=seen: seen.append(tuple(args[0].shape[:2])))
+        with torch.no_grad():
+            want = critic(input_ids=ids)
+            assert seen == [(2, 23)]
+            seen.clear()
+            with mlp_in_slices(critic, tokens=7):  # 2 rows: 3 positions a slice
+                got = critic(input_ids=ids)
+            assert seen == [(2, 3)] * 7 + [(2, 2)]
+            seen.clear()
+            with mlp_in_slices(critic, tokens=46):  # the whole input fits one slice
+                critic(input_ids=ids)
+            assert seen == [(2, 23)]
+        torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6)
+        seen.clear()
+        with mlp_in_slices(critic, tokens=7):
+            critic(input_ids=ids).sum().backward()  # with gradient: whole
+        assert seen == [(2, 23)]
+        handle.remove()
+        assert all("forward" not in m.__dict__ for m in mlps)
+    critic = vocab_critic(300, seed=2).eval()
+    mine = critic.trunk.layers[0].mlp.forward
+    critic.trunk.layers[0].mlp.forward = mine  # a forward already set on the instance
+    with mlp_in_slices(critic, tokens=7):
+        assert critic.trunk.layers[0].mlp.forward is not mine
+    assert critic.trunk.layers[0].mlp.forward is mine
+    with pytest.raises(ValueError, match="tokens >= 1"):
+        with mlp_in_slices(critic, tokens=0):
+            pass
+
+
+def test_critic_outputs_of_long_rows_are_the_plain_forwards(monkeypatch):
+    """critic_outputs (the held-out evaluations and every row's values) slices a long row's MLPs:
+    the values equal the plain causal forward's on every response token, 0 past each response."""
+    import mpo_viz.train.critic_fit as cf
+
+    b = _long_batch((40, 3, 25), prompt=6, seed=3)
+    r = rows_of(b)
+    critic = vocab_critic(300, seed=4).eval()
+    mb = make_micro(r, np.arange(len(b)), 0, "cpu")
+    with torch.no_grad():
+        want = causal_values(critic, mb)
+    calls: list[int] = []
+    real = cf.mlp_in_slices
+
+    def spy(c, tokens):
+        calls.append(tokens)
+        return real(c, tokens)
+
+    monkeypatch.setattr(cf, "MLP_SLICE_TOKENS", 5)  # slices of 5 tokens: many, with a short last one
+    monkeypatch.setattr(cf, "mlp_in_slices", spy)
+    got = critic_outputs(critic, r, np.arange(len(b)), pad_id=0, device="cpu")
+    assert calls == [5]
+    L = got.shape[1]
+    inside = torch.arange(L)[None] < torch.from_numpy(r.resp_len)[:, None]
+    here = inside[:, : mb.Lb]
+    torch.testing.assert_close(got[:, : mb.Lb][here], want[here], rtol=1e-5, atol=1e-6)
+    assert float(got[~inside].abs().sum()) == 0.0
