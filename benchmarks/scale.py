@@ -50,8 +50,9 @@ SIZES = {"default": (512, 2048), "full": (512, 2048, 7300), "quick": (4, 16)}
 PART_ROWS = 32  # trajectories per part written while generating
 COMMANDS = ("info --metadata", "info", "validate", "doctor", "advantages", "report")
 #: commands measured only when named in --commands: fit-critic's values pass runs the critic over every
-#: token (a 1m critic over 11,000-token rows: about a second a row here, so minutes per size)
-EXTRA_COMMANDS = ("fit-critic",)
+#: token (a 1m critic over 11,000-token rows: about a second a row here, so minutes per size); convert
+#: reads the log written as one verl step's batch (write_verl_batch: 2–3x the Parquet's size on disk)
+EXTRA_COMMANDS = ("fit-critic", "convert")
 #: the verdicts' bounds: peak memory at the largest / at the smallest, GB at 22.5 M and at 80 M tokens,
 #: and time per token at the largest / at the smallest
 MEM_RATIO, MEM_GB_DEFAULT, MEM_GB_FULL, TIME_RATIO = 1.2, 1.5, 2.0, 1.3
@@ -85,12 +86,64 @@ def write_log(path: Path, n_traj: int, seed: int = 0) -> int:
     return tokens
 
 
+def verl_batch_path(path: Path) -> Path:
+    """Where the verl step batch of log ``path`` is written (:func:`write_verl_batch`)."""
+    return path.with_suffix(".verl.pt")
+
+
+def write_verl_batch(path: Path, out: Path) -> None:
+    """Log ``path`` as **one** verl step's batch, what ``convert --from verl`` reads: a ``torch.save``d
+    dict of padded tensors as verl's ``DataProto.batch`` holds them — ``prompts`` (B, P) left-padded,
+    ``responses`` (B, R) right-padded, ``attention_mask`` (B, P + R), ``response_mask`` (B, R), the
+    reward on the last action token (``token_level_rewards``), ``values``, ``old_log_probs``,
+    ``ref_log_prob``, ``rollout_log_probs`` — and the non-tensor ``uid`` (the group) and
+    ``request_id`` (the trajectory). Read a row group at a time into arrays allocated once."""
+    import pyarrow.compute as pc
+    import pyarrow.parquet as pq
+    import torch
+
+    f = pq.ParquetFile(path)
+    B, P, R = f.metadata.num_rows, 0, 0
+    for g in range(f.num_row_groups):
+        t = f.read_row_group(g, columns=["prompt_ids", "response_ids"])
+        P = max(P, pc.max(pc.list_value_length(t["prompt_ids"])).as_py())
+        R = max(R, pc.max(pc.list_value_length(t["response_ids"])).as_py())
+    fields = {"values": "values", "old_log_probs": "old_logprobs", "ref_log_prob": "ref_logprobs"}
+    fields["rollout_log_probs"] = "rollout_logprobs"
+    d = {
+        "prompts": torch.zeros((B, P), dtype=torch.int64),
+        "responses": torch.zeros((B, R), dtype=torch.int64),
+        "attention_mask": torch.zeros((B, P + R), dtype=torch.int64),
+        "response_mask": torch.zeros((B, R), dtype=torch.int64),
+        "token_level_rewards": torch.zeros((B, R), dtype=torch.float32),
+        **{k: torch.zeros((B, R), dtype=torch.float32) for k in fields},
+    }
+    uid, req, i = [], [], 0
+    for g in range(f.num_row_groups):
+        for row in f.read_row_group(g).to_pylist():
+            p, r = row["prompt_ids"], row["response_ids"]
+            d["prompts"][i, P - len(p) :] = torch.tensor(p)
+            d["responses"][i, : len(r)] = torch.tensor(r)
+            d["attention_mask"][i, P - len(p) : P + len(r)] = 1
+            m = torch.tensor(row["loss_mask"], dtype=torch.int64)
+            d["response_mask"][i, : len(r)] = m
+            d["token_level_rewards"][i, int(torch.nonzero(m)[-1])] = row["reward"]
+            for k, v1 in fields.items():
+                d[k][i, : len(r)] = torch.tensor(row[v1]) * m
+            uid.append(row["group_id"])
+            req.append(row["traj_id"])
+            i += 1
+    torch.save({"batch": d, "non_tensor_batch": {"uid": uid, "request_id": req}, "meta_info": {"global_steps": 1}}, out)
+
+
 def command_line(cmd: str, path: Path, out: Path) -> list[str]:
     base = [sys.executable, "-m", "mpo_viz.cli"]
     if cmd == "advantages":
         return base + ["advantages", str(path), "-e", "mpo,gae,grpo", "-o", str(out / "adv.parquet"), "--no-progress"]
     if cmd == "report":
         return base + ["report", str(path), "-o", str(out / "report.html"), "--no-progress"]
+    if cmd == "convert":  # the log as one verl step's batch, converted back to trajectory/v1
+        return base + ["convert", str(verl_batch_path(path)), "--from", "verl", "-o", str(out / "conv.parquet")]
     if cmd == "fit-critic":  # 2 fit steps: the survey, the sample, the values of every row are what is measured
         return base + ["fit-critic", str(path), "-o", str(out / "fit.parquet"), "--steps", "2", "-q"]
     return base + cmd.split() + [str(path)]
@@ -173,6 +226,9 @@ def main(argv=None) -> int:
             else:
                 tokens = write_log(path, n)
                 count.write_text(str(tokens))
+                verl_batch_path(path).unlink(missing_ok=True)  # a batch of the log before
+            if "convert" in commands and not verl_batch_path(path).exists():
+                write_verl_batch(path, verl_batch_path(path))
             logs.append((n, tokens, path))
             print(
                 f"# wrote {path.name}: {n:,} trajectories, {tokens / 1e6:.1f} M response tokens, "

@@ -69,6 +69,7 @@ from mpo_viz.adapters._common import (
     move_obs_rewards,
     run,
 )
+from mpo_viz.data.io import drop_mapped_pages, file_mappings
 from mpo_viz.data.turns import turn_ids_from_mask
 
 __all__ = ["from_verl", "load_verl", "iter_verl", "VERL_FIELDS"]
@@ -110,6 +111,14 @@ def load_verl(path, *, trust: bool = False) -> dict:
     strings and numbers and cannot run code. Anything else — numpy arrays inside, a pickled
     ``DataProto`` from ``save_to_disk`` — is a pickle: read only with ``trust=True``.
     """
+    return _load(path, trust=trust)[0]
+
+
+def _load(path, *, trust: bool) -> tuple[dict, list[tuple[int, int]]]:
+    """:func:`load_verl`'s dict, and the address ranges at which the file is mapped when its tensors
+    are a read-only mapping of it (a ``torch.save`` zip read with ``mmap=True``; else none): the
+    conversion gives those pages back a block of rows at a time
+    (:func:`mpo_viz.data.io.drop_mapped_pages`)."""
     import torch
 
     path = Path(path)
@@ -130,8 +139,10 @@ def load_verl(path, *, trust: bool = False) -> dict:
             warnings.simplefilter("ignore")
             try:  # memory-mapped: a large batch is paged in row by row as it is converted
                 obj = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
+                mapped = file_mappings(path)
             except RuntimeError:  # not the zip format (legacy torch.save): read it whole
                 obj = torch.load(path, map_location="cpu", weights_only=True)
+                mapped = []
     except Exception as exc:  # UnpicklingError and friends: not a plain dict of tensors
         if not trust:
             why = str(exc).strip().splitlines()
@@ -143,6 +154,7 @@ def load_verl(path, *, trust: bool = False) -> dict:
                 f"a file you trust, or re-save the batch with numpy arrays as lists "
                 f"(see docs/adapters.md)"
             ) from None
+        mapped = []
         try:
             obj = torch.load(path, map_location="cpu", weights_only=False)
         except Exception:
@@ -154,7 +166,7 @@ def load_verl(path, *, trust: bool = False) -> dict:
                     f"{path}: this pickle needs the module {exc2.name!r} (a DataProto needs verl installed); "
                     "install it, or re-save the batch as a dict of tensors with torch.save"
                 ) from None
-    return flatten_batch(obj, source=path)
+    return flatten_batch(obj, source=path), mapped
 
 
 def flatten_batch(obj, *, source=None) -> dict:
@@ -179,19 +191,36 @@ def flatten_batch(obj, *, source=None) -> dict:
 
 def iter_verl(data, col: Collector, *, obs_reward: str = "move", trust: bool = False) -> Iterator[None]:
     """Add the rows of one verl batch to ``col`` (yields after each row; see module docstring)."""
+    mapped: list[tuple[int, int]] = []
     if isinstance(data, (str, Path)):
-        data = load_verl(data, trust=trust)
+        data, mapped = _load(data, trust=trust)
     else:
         data = flatten_batch(data, source=col.source)
-    vb = _read_batch(data, col)
+    vb = _read_batch(data, col, mapped)
     if vb.per_token.get("values") is not None:
         col.meta.setdefault("values_source", "critic")
-    for i in range(vb.B):
-        col.report.rows_in += 1
-        row = _verl_row(vb, i, col, obs_reward)
-        if row is not None:
-            col.add(row, row_index=i)
-        yield
+    for a in range(0, vb.B, BLOCK_ROWS):
+        for i in range(a, min(vb.B, a + BLOCK_ROWS)):
+            col.report.rows_in += 1
+            row = _verl_row(vb, i, col, obs_reward)
+            if row is not None:
+                col.add(row, row_index=i)
+            yield
+        if mapped:
+            _give_back(vb.arrays(), a, a + BLOCK_ROWS, mapped)
+
+
+#: rows read between two give-backs of a memory-mapped batch's pages (:func:`_give_back`)
+BLOCK_ROWS = 64
+
+
+def _give_back(arrays, a: int, b: int, mapped: list[tuple[int, int]]) -> None:
+    """Rows ``[a, b)`` of each ``(B, ·)`` array that is a view of the file's mapping (``mapped``)
+    leave resident memory, so that reading the whole batch holds a block of rows at a time, not the
+    file; any other array (a converted copy) is left alone."""
+    for x in arrays:
+        if isinstance(x, np.ndarray) and x.ndim == 2:
+            drop_mapped_pages(x[a:b], mapped)
 
 
 @dataclass
@@ -216,10 +245,16 @@ class _VerlBatch:
     req: Any
     step: Any
 
+    def arrays(self) -> list:
+        """Every per-row array read from the batch (views into it when it is a file mapping)."""
+        return [self.prompts, self.resp, self.rmask, self.rewards, *self.per_token.values(), *self.extra_tok.values()]
 
-def _read_batch(data: dict, col: Collector) -> _VerlBatch:
+
+def _read_batch(data: dict, col: Collector, mapped: list[tuple[int, int]] | None = None) -> _VerlBatch:
     """The batch's arrays, checked (``file_error`` naming the key, the expected and found shape),
-    with what was guessed or dropped noted in the report."""
+    with what was guessed or dropped noted in the report. The arrays stay as read (views of a
+    mapped file); the masks are checked and measured a block of rows at a time (``mapped``: each
+    block's pages given back after)."""
     src, rep = col.source, col.report
     for key in ("prompts", "responses"):
         if key not in data:
@@ -246,9 +281,9 @@ def _read_batch(data: dict, col: Collector) -> _VerlBatch:
         return a
 
     attn = tensor("attention_mask", (B, P + R)) if "attention_mask" in data else None
-    rmask, plen, rlen = _masks(data, tensor, attn, B, P, R, col)
+    rmask, plen, rlen = _masks(data, tensor, attn, B, P, R, col, mapped or [])
     reward_key = next((k for k in REWARD_KEYS if k in data), None)
-    rewards = tensor(reward_key, (B, R)).astype(np.float64) if reward_key else None
+    rewards = tensor(reward_key, (B, R)) if reward_key else None  # float64 row by row (move_obs_rewards)
     if reward_key is None:
         rep.note("no token_level_rewards/token_level_scores/rm_scores: reward NaN (none logged)")
     per_token = {v1: tensor(k, (B, R)) for k, v1 in VERL_FIELDS.items() if k in data}
@@ -278,9 +313,10 @@ def _read_batch(data: dict, col: Collector) -> _VerlBatch:
     )
 
 
-def _masks(data: dict, tensor, attn, B: int, P: int, R: int, col: Collector):
+def _masks(data: dict, tensor, attn, B: int, P: int, R: int, col: Collector, mapped: list | None = None):
     """The response's 0/1 action mask, the prompt tokens to keep (bool ``(B, P)``) and each response's
-    length: from ``response_mask`` and ``attention_mask``, whichever the batch has."""
+    length: from ``response_mask`` and ``attention_mask``, whichever the batch has; read a block of
+    :data:`BLOCK_ROWS` rows at a time (the first bad entry in row order is the one named)."""
     src, rep = col.source, col.report
     if "response_mask" in data:
         rmask = tensor("response_mask", (B, R))
@@ -295,19 +331,27 @@ def _masks(data: dict, tensor, attn, B: int, P: int, R: int, col: Collector):
             "'response_mask' (B, R) or 'attention_mask' (B, P + R)",
             f"neither; keys: {sorted(map(str, data))}",
         )
-    bad = ~np.isin(rmask, (0, 1))
-    if bad.any():
-        i, t = map(int, np.argwhere(bad)[0])
-        raise file_error(
-            "verl", src, "response_mask", "0/1 entries", f"{rmask[i, t].item()!r} at row {i}, position {t}"
-        )
-    if attn is not None:
-        return rmask, attn[:, :P].astype(bool), attn[:, P:].sum(axis=1).astype(np.int64)
-    # without attention_mask, padding cannot be told from trailing observation tokens: cut
-    # after the last action token (rewards past it are still moved onto it)
-    rep.note("no attention_mask: prompts kept whole, responses cut after their last action token")
-    rlen = np.array([(np.flatnonzero(m)[-1] + 1) if m.any() else 0 for m in rmask], dtype=np.int64)
-    return rmask, np.ones((B, P), dtype=bool), rlen
+    plen = np.ones((B, P), dtype=bool)
+    rlen = np.zeros(B, dtype=np.int64)
+    for a in range(0, B, BLOCK_ROWS):
+        block = rmask[a : a + BLOCK_ROWS]
+        bad = ~np.isin(block, (0, 1))
+        if bad.any():
+            i, t = map(int, np.argwhere(bad)[0])
+            raise file_error(
+                "verl", src, "response_mask", "0/1 entries", f"{block[i, t].item()!r} at row {a + i}, position {t}"
+            )
+        if attn is not None:
+            plen[a : a + BLOCK_ROWS] = attn[a : a + BLOCK_ROWS, :P].astype(bool)
+            rlen[a : a + BLOCK_ROWS] = attn[a : a + BLOCK_ROWS, P:].sum(axis=1)
+        else:  # without attention_mask, padding cannot be told from trailing observation tokens: cut
+            # after the last action token (rewards past it are still moved onto it)
+            rlen[a : a + BLOCK_ROWS] = [(np.flatnonzero(m)[-1] + 1) if m.any() else 0 for m in block]
+        if mapped:
+            _give_back((rmask, attn), a, a + BLOCK_ROWS, mapped)
+    if attn is None:
+        rep.note("no attention_mask: prompts kept whole, responses cut after their last action token")
+    return rmask, plen, rlen
 
 
 def _per_row_values(data: dict, B: int, R: int, extra_tok: dict, rep) -> dict:
@@ -341,7 +385,7 @@ def _per_row_values(data: dict, B: int, R: int, extra_tok: dict, rep) -> dict:
                 rep.drop(str(k), f"{len(seq)} values for {B} rows")
             continue
         if hasattr(arr, "ndim") and getattr(arr, "ndim", 1) == 2 and arr.shape[1] == R:
-            extra_tok[str(k)] = np.asarray(arr, dtype=np.float64)
+            extra_tok[str(k)] = np.asarray(arr)  # float64 row by row (_verl_row)
             continue
         out[str(k)] = seq
     return out

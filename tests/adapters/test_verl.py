@@ -244,3 +244,80 @@ def test_nothing_in_the_padding_is_lost():
     r1 = b.row(1)
     assert r1["response_ids"] == [14, 15, 16, 22, 17] and r1["loss_mask"] == [1, 1, 1, 0, 1]
     assert r1["token_rewards"] == [0, 0, 0.5, 0, 3.0] and r1["reward"] == 3.5 and rep.rewards_moved == 2
+
+
+def big_batch(B=150, P=4, R=300, seed=0):
+    """``B`` rows of random multi-turn responses (more than two blocks of BLOCK_ROWS rows), ragged
+    prompts and responses, an outcome on each row's last action token and one on an observation."""
+    g = torch.Generator().manual_seed(seed)
+    plen = torch.randint(1, P + 1, (B,), generator=g)
+    rlen = torch.randint(R // 3, R + 1, (B,), generator=g)
+    pos_r, pos_p = torch.arange(R)[None], torch.arange(P)[None]
+    live = pos_r < rlen[:, None]
+    rmask = ((torch.randint(0, 4, (B, R), generator=g) > 0) & live).long()
+    rmask[:, 0] = 1
+    scores = torch.zeros(B, R)
+    last = (rmask * pos_r).argmax(1)
+    scores[torch.arange(B), last] = torch.rand(B, generator=g)
+    scores[5, 1] += 0.25 * (1 - rmask[5, 1])  # a reward on an observation token, when token 1 is one
+    attn = torch.cat([pos_p >= P - plen[:, None], live], 1).long()
+    values = torch.rand(B, R, generator=g) * rmask
+    return dict(
+        prompts=torch.randint(1, 1000, (B, P), generator=g) * (pos_p >= P - plen[:, None]),
+        responses=torch.randint(1, 1000, (B, R), generator=g) * live,
+        response_mask=rmask,
+        attention_mask=attn,
+        token_level_rewards=scores,
+        values=values,
+        old_log_probs=-values,
+        ref_log_prob=(-values).to(torch.bfloat16),  # converted on reading: a copy, never given back
+        uid=[f"g{i // 8}" for i in range(B)],
+    )
+
+
+def test_a_mapped_file_converts_block_by_block_as_in_memory(tmp_path):
+    """A batch file of more rows than a block (read memory-mapped, each block's pages given back once
+    converted) gives the same rows as the same batch converted from memory — a bf16 field (a
+    converted copy, not a view of the file) included — and a bad mask entry in a later block is named
+    by its row and position."""
+    from mpo_viz.adapters import verl
+
+    d = big_batch()
+    assert len(d["uid"]) > 2 * verl.BLOCK_ROWS
+    torch.save(d, tmp_path / "big.pt")
+    want, rep_w = from_verl(dict(d))
+    got, rep_g = from_verl(tmp_path / "big.pt")
+    assert len(got) == len(want) == 150
+    for i in range(len(want)):
+        assert got.row(i) == want.row(i)
+    assert rep_g.rewards_moved == rep_w.rewards_moved
+    np.testing.assert_allclose(  # the bf16 log-probs arrive as the file holds them
+        np.concatenate([np.asarray(got.row(i)["ref_logprobs"]) for i in (0, 149)]),
+        np.concatenate([d["ref_log_prob"][i, : int(d["attention_mask"][i, 4:].sum())].float().numpy() for i in (0, 149)]),
+    )
+    bad = dict(d, response_mask=d["response_mask"].clone())
+    bad["response_mask"][140, 7] = 3
+    torch.save(bad, tmp_path / "bad.pt")
+    with pytest.raises(TrajectoryError, match="3 at row 140, position 7"):
+        from_verl(tmp_path / "bad.pt")
+
+
+def test_pages_of_a_file_mapping_are_given_back_and_read_again(tmp_path):
+    """drop_mapped_pages: a view of a memory-mapped file gives its whole pages back (the bytes are
+    counted) and reads the same numbers after; memory that is not a mapping of the file is left alone."""
+    from mpo_viz.data.io import drop_mapped_pages, file_mappings
+
+    x = torch.arange(4 * 65536, dtype=torch.float32).reshape(4, 65536)  # rows of 256 kB
+    torch.save({"x": x}, tmp_path / "x.pt")
+    y = torch.load(tmp_path / "x.pt", mmap=True, weights_only=True)["x"].numpy()
+    maps = file_mappings(tmp_path / "x.pt")
+    assert maps and any(lo <= y.ctypes.data < hi for lo, hi in maps)
+    assert float(y[1:3].sum()) == float(x[1:3].sum())  # read: resident
+    given = drop_mapped_pages(y[1:3], maps)
+    assert 0 < given <= y[1:3].nbytes and given % 4096 == 0
+    np.testing.assert_array_equal(y, x.numpy())  # read again from the file
+    assert drop_mapped_pages(y[:, ::2], maps) == 0  # not contiguous
+    z = x.numpy().copy()
+    assert drop_mapped_pages(z[1:3], maps) == 0  # anonymous memory: never dropped
+    np.testing.assert_array_equal(z, x.numpy())
+    assert file_mappings(tmp_path / "not-mapped.pt") == []

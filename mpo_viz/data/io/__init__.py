@@ -21,6 +21,7 @@ raises
 from __future__ import annotations
 
 import ctypes
+import mmap
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -48,6 +49,8 @@ __all__ = [
     "check_destination",
     "pieces",
     "release_memory",
+    "drop_mapped_pages",
+    "file_mappings",
 ]
 
 _READERS = {".jsonl": jsonl, ".parquet": parquet}
@@ -167,6 +170,51 @@ def release_memory() -> None:
     trim = getattr(ctypes.CDLL(None), "malloc_trim", None)  # the process's own symbols: no library search
     if trim is not None:
         trim(0)
+
+
+#: madvise's advice to drop a range's pages from the process (Linux)
+_MADV_DONTNEED = 4
+
+
+def file_mappings(path) -> list[tuple[int, int]]:
+    """The address ranges ``[lo, hi)`` at which this process maps the file ``path`` (from
+    ``/proc/self/maps``; empty where there is none, or no such file: not Linux)."""
+    want = str(Path(path).resolve())
+    out = []
+    try:
+        with open("/proc/self/maps") as fh:
+            for line in fh:
+                parts = line.split(maxsplit=5)
+                if len(parts) == 6 and parts[5].strip() == want:
+                    lo, hi = (int(x, 16) for x in parts[0].split("-"))
+                    out.append((lo, hi))
+    except OSError:
+        return []
+    return out
+
+
+def drop_mapped_pages(a: np.ndarray, mappings: list[tuple[int, int]]) -> int:
+    """Give back the resident pages of ``a``, a C-contiguous view into a read-only mapping of a file
+    (a tensor of ``torch.load(..., mmap=True)``, which nothing writes) at one of ``mappings``
+    (:func:`file_mappings`): the pages whole inside ``a`` leave the process's resident memory and are
+    read again from the file if ``a`` is used again. A file read through such a mapping otherwise
+    stays resident as it is read, so memory grows with the file. An array anywhere else (a copy, a
+    converted dtype) is left alone — a dropped page of other memory would read back as zeros.
+    Returns the bytes given back (0 where ``madvise`` is missing, for a non-contiguous or empty view)."""
+    if a.size == 0 or not a.flags.c_contiguous:
+        return 0
+    start, end = a.ctypes.data, a.ctypes.data + a.nbytes
+    if not any(lo <= start and end <= hi for lo, hi in mappings):
+        return 0
+    madvise = getattr(ctypes.CDLL(None), "madvise", None)
+    if madvise is None:
+        return 0
+    page = mmap.PAGESIZE
+    lo, hi = -(-start // page) * page, end // page * page  # the pages whole inside [start, end)
+    if hi <= lo:
+        return 0
+    madvise.argtypes = (ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int)
+    return hi - lo if madvise(ctypes.c_void_p(lo), ctypes.c_size_t(hi - lo), _MADV_DONTNEED) == 0 else 0
 
 
 def count_rows(path) -> int | None:
