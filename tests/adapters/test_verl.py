@@ -293,7 +293,7 @@ def test_a_mapped_file_converts_block_by_block_as_in_memory(tmp_path):
     assert rep_g.rewards_moved == rep_w.rewards_moved
     np.testing.assert_allclose(  # the bf16 log-probs arrive as the file holds them
         np.concatenate([np.asarray(got.row(i)["ref_logprobs"]) for i in (0, 149)]),
-        np.concatenate([d["ref_log_prob"][i, : int(d["attention_mask"][i, 4:].sum())].float().numpy() for i in (0, 149)]),
+        np.concatenate([d["ref_log_prob"][i, : int(d["attention_mask"][i, 4:].sum())].float() for i in (0, 149)]),
     )
     bad = dict(d, response_mask=d["response_mask"].clone())
     bad["response_mask"][140, 7] = 3

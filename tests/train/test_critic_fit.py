@@ -311,3 +311,36 @@ def test_critic_outputs_of_long_rows_are_the_plain_forwards(monkeypatch):
     here = inside[:, : mb.Lb]
     torch.testing.assert_close(got[:, : mb.Lb][here], want[here], rtol=1e-5, atol=1e-6)
     assert float(got[~inside].abs().sum()) == 0.0
+
+
+def test_the_best_weights_wait_in_a_file_and_come_back_bit_for_bit(tmp_path, monkeypatch):
+    """_Best (keep_best) writes the best evaluation's weights to a temporary file, not a copy in
+    memory: a worse evaluation leaves the file alone, a better one rewrites it, restore() puts those
+    weights back exactly, and close() removes the file (keep=False writes none)."""
+    import tempfile
+
+    from mpo_viz.train.critic_fit import _Best
+
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    params = [torch.randn(3, 4, requires_grad=True), torch.randn(5, requires_grad=True)]
+    first = [p.detach().clone() for p in params]
+    best = _Best(0.1, params, keep=True)
+    assert len(list(tmp_path.glob("mpo_viz_best_*/best.pt"))) == 1
+    with torch.no_grad():
+        params[0].add_(1.0)
+    best.offer(0.05, 4)  # worse: the file keeps step 0's weights
+    assert (best.step, best.stale) == (0, 1)
+    best.restore()
+    assert all(torch.equal(p, w) for p, w in zip(params, first))
+    with torch.no_grad():
+        params[1].mul_(-2.0)
+    second = [p.detach().clone() for p in params]
+    best.offer(0.2, 8)  # better: rewritten
+    with torch.no_grad():
+        params[0].add_(3.0)
+    best.restore()
+    assert (best.step, best.ev) == (8, 0.2) and all(torch.equal(p, w) for p, w in zip(params, second))
+    best.close()
+    assert list(tmp_path.iterdir()) == []
+    _Best(0.1, params, keep=False).offer(0.3, 1)
+    assert list(tmp_path.iterdir()) == []
