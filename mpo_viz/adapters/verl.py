@@ -116,9 +116,9 @@ def load_verl(path, *, trust: bool = False) -> dict:
 
 def _load(path, *, trust: bool) -> tuple[dict, list[tuple[int, int]]]:
     """:func:`load_verl`'s dict, and the address ranges at which the file is mapped when its tensors
-    are a read-only mapping of it (a ``torch.save`` zip read with ``mmap=True``; else none): the
-    conversion gives those pages back a block of rows at a time
-    (:func:`mpo_viz.data.io.drop_mapped_pages`)."""
+    are views of a (private, copy-on-write) mapping of it (a ``torch.save`` zip read with
+    ``mmap=True``; else none): the conversion marks those views read-only and gives their pages back
+    a block of rows at a time (:func:`mpo_viz.data.io.drop_mapped_pages`)."""
     import torch
 
     path = Path(path)
@@ -215,9 +215,9 @@ BLOCK_ROWS = 64
 
 
 def _give_back(arrays, a: int, b: int, mapped: list[tuple[int, int]]) -> None:
-    """Rows ``[a, b)`` of each ``(B, ·)`` array that is a view of the file's mapping (``mapped``)
-    leave resident memory, so that reading the whole batch holds a block of rows at a time, not the
-    file; any other array (a converted copy) is left alone."""
+    """Rows ``[a, b)`` of each ``(B, ·)`` read-only view of the file's mapping (``mapped``) leave
+    resident memory, so that reading the whole batch holds a block of rows at a time, not the file;
+    any other array (a converted copy, writable) is left alone."""
     for x in arrays:
         if isinstance(x, np.ndarray) and x.ndim == 2:
             drop_mapped_pages(x[a:b], mapped)
@@ -261,6 +261,9 @@ def _read_batch(data: dict, col: Collector, mapped: list[tuple[int, int]] | None
             raise file_error("verl", src, key, _LAYOUT, f"no {key!r}; keys: {sorted(map(str, data))}")
     resp = _numpy(data["responses"])
     prompts = _numpy(data["prompts"])
+    if mapped:
+        resp.setflags(write=False)
+        prompts.setflags(write=False)
     if resp.ndim != 2 or prompts.ndim != 2 or prompts.shape[0] != resp.shape[0]:
         raise file_error(
             "verl",
@@ -274,6 +277,8 @@ def _read_batch(data: dict, col: Collector, mapped: list[tuple[int, int]] | None
 
     def tensor(key, shape):
         a = _numpy(data[key])
+        if mapped:
+            a.setflags(write=False)  # a view of the file's mapping: never written, so its pages can be given back
         if a.shape != shape:
             raise file_error(
                 "verl", src, key, f"shape {shape} (B, {'P + R' if shape[1] == P + R else 'R'})", f"shape {a.shape}"

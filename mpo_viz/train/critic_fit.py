@@ -36,6 +36,7 @@ import dataclasses
 import math
 import numbers
 import tempfile
+import warnings
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -186,8 +187,8 @@ def critic_outputs(
     critic: torch.nn.Module, r: Rows, rows, *, pad_id: int, device, micro_batch_tokens: int = 8192
 ) -> torch.Tensor:
     """``(len(rows), L)`` float32 values of the critic for ``rows`` of ``r`` (no gradient; 0 past
-    each row's response). The same alignment as the rollout's and the updates' values. A long
-    row's MLPs run a slice of positions at a time (:func:`mlp_in_slices`)."""
+    each row's response). The same alignment as the rollout's and the updates' values. The MLPs of
+    a row longer than :data:`MLP_SLICE_TOKENS` positions run a slice at a time (:func:`mlp_in_slices`)."""
     rows = np.asarray(rows, dtype=np.int64)
     L = r.mask.shape[1]
     out = torch.zeros((len(rows), L), dtype=torch.float32)
@@ -329,10 +330,10 @@ def embedding_grad_in_place(critic: torch.nn.Module) -> Iterator[None]:
         handle.remove()
 
 
-#: a no-gradient forward runs each MLP of the trunk over at most this many tokens (rows × positions)
-#: at a time (:func:`mlp_in_slices`): its (tokens, intermediate) activations are the largest
-#: tensors of a long row's forward (a 22,000-token row of the 1m critic: +0.26–0.39 GB whole, +0.13–0.21 GB in
-#: slices of 2,048; one thread, load 2.2, two processes each way)
+#: a no-gradient forward over more positions than this runs each MLP of the trunk over at most this
+#: many tokens (rows × positions) at a time (:func:`mlp_in_slices`): its (tokens, intermediate)
+#: activations are the largest tensors of a long row's forward (a 22,000-token row of the 1m critic:
+#: +0.26–0.39 GB whole, +0.13–0.21 GB in slices of 2,048; one thread, load 2.2, two processes each way)
 MLP_SLICE_TOKENS = 2048
 
 
@@ -344,23 +345,32 @@ def _mlps(critic: torch.nn.Module) -> list[torch.nn.Module]:
 
 @contextlib.contextmanager
 def mlp_in_slices(critic: torch.nn.Module, tokens: int = MLP_SLICE_TOKENS) -> Iterator[None]:
-    """Within it, a forward **without gradient** runs each MLP of the trunk (:func:`_mlps`) over
-    slices of at most ``tokens`` positions: ``mlp(x) = cat_s mlp(x[:, s])`` along the sequence, which
+    """Within it, a forward **without gradient** over more than ``tokens`` positions runs each MLP of
+    the trunk (:func:`_mlps`) over slices of the sequence, ``max(1, tokens // b)`` positions of its
+    ``b`` rows at a time (at most ``tokens`` rows × positions): ``mlp(x) = cat_s mlp(x[:, s])``, which
     holds for any position-wise block (each position's output reads that position only), so the
-    outputs are the same to float rounding while the ``(b, T, intermediate)`` activations of a long
-    row are held a slice at a time. Forwards with gradient, and inputs of at most ``tokens``
-    positions, run as they are. Nothing changes for a trunk without ``mlp`` blocks."""
+    outputs are the same to float rounding (bit for bit in our checks) while the
+    ``(b, T, intermediate)`` activations of a long row are held a slice at a time. Run as they are:
+    forwards with gradient, inputs of at most ``tokens`` positions (so short rows, however many, never
+    slice), and any MLP called with more than its one ``(b, T, H)`` tensor or returning something
+    else (Bloom's residual argument, a mixture of experts' router scores). Nothing changes for a
+    trunk without ``mlp`` blocks. Not for modules that other threads run meanwhile: the MLPs' forward
+    is replaced on the module itself."""
     if tokens < 1:
         raise ValueError(f"mlp_in_slices: expected tokens >= 1, found {tokens}")
     mlps = _mlps(critic)
 
     def sliced(forward):
-        def run(x: torch.Tensor, *args, **kwargs):
-            b, T = x.shape[0], x.shape[1]
-            if torch.is_grad_enabled() or x.dim() != 3 or b * T <= tokens:
-                return forward(x, *args, **kwargs)
-            step = max(1, tokens // b)
-            return torch.cat([forward(x[:, s : s + step], *args, **kwargs) for s in range(0, T, step)], dim=1)
+        def run(*args, **kwargs):
+            x = args[0] if len(args) == 1 and not kwargs else None
+            if torch.is_grad_enabled() or not isinstance(x, torch.Tensor) or x.dim() != 3 or x.shape[1] <= tokens:
+                return forward(*args, **kwargs)
+            step = max(1, tokens // x.shape[0])
+            first = forward(x[:, :step])
+            if not isinstance(first, torch.Tensor) or first.shape[:2] != x[:, :step].shape[:2]:
+                return forward(x)  # not a plain position-wise block: whole
+            rest = [forward(x[:, s : s + step]) for s in range(step, x.shape[1], step)]
+            return torch.cat([first, *rest], dim=1)
 
         return run
 
@@ -555,18 +565,35 @@ def _constant_fit(
 
 class _Best:
     """The best held-out EV so far (NaN loses to any number), its step, the evaluations since it,
-    and (``keep``) the trainable weights it had — in a temporary file (``torch.save``, read back bit
-    for bit by :meth:`restore`), not in memory: the copy is as large as the weights (77 MB for a
-    critic embedding 151k ids) and waits through the whole fit. :meth:`close` removes the file."""
+    and (``keep``) the trainable weights it had — in a temporary file of the system's temporary
+    folder (``tempfile``, ``TMPDIR``; ``torch.save``, read back bit for bit by :meth:`restore`),
+    not in memory: the copy is as large as the weights (77 MB for a critic embedding 151k ids) and
+    waits through the whole fit. Where the file cannot be written (a full or read-only folder) the
+    copy is kept in memory instead, with a warning. :meth:`close` removes the file (so does the
+    object's end, should the fit stop on an error)."""
 
     def __init__(self, ev: float, params: list, keep: bool):
         self.ev, self.step, self.stale, self.params, self.keep = ev, 0, 0, params, keep
         self._dir = tempfile.TemporaryDirectory(prefix="mpo_viz_best_") if keep else None
+        self._held: list[torch.Tensor] | None = None  # the in-memory copy, where no file could be written
         self._save()
 
     def _save(self) -> None:
-        if self._dir is not None:
+        if self._held is not None:
+            for w, p in zip(self._held, self.params):
+                w.copy_(p.detach())
+            return
+        if self._dir is None:
+            return
+        try:
             torch.save([p.detach() for p in self.params], Path(self._dir.name) / "best.pt")
+        except (OSError, RuntimeError) as exc:  # torch.save reports a full disk as RuntimeError
+            warnings.warn(
+                f"keep_best: could not write the best weights to {self._dir.name} ({exc}); keeping them in memory",
+                RuntimeWarning,
+                stacklevel=3,
+            )
+            self._held = [p.detach().clone() for p in self.params]
 
     def offer(self, ev: float, step: int) -> None:
         if ev > self.ev or (math.isnan(self.ev) and not math.isnan(ev)):
@@ -577,7 +604,9 @@ class _Best:
 
     def restore(self) -> None:
         assert self._dir is not None, "restore() needs keep=True"
-        weights = torch.load(Path(self._dir.name) / "best.pt", map_location="cpu", weights_only=True, mmap=True)
+        weights = self._held
+        if weights is None:
+            weights = torch.load(Path(self._dir.name) / "best.pt", map_location="cpu", weights_only=True, mmap=True)
         with torch.no_grad():
             for p, w in zip(self.params, weights):
                 p.copy_(w)
@@ -689,14 +718,17 @@ def fit_values(
     ``log(line)`` receives a line per evaluation, ``on_eval(step, heldout_ev, critic)`` is called
     at each (step 0 included); ``progress`` shows a tqdm bar. ``patience``: stop after that many
     evaluations in a row without a better held-out EV (None: never). ``keep_best``: end with the
-    trainable weights of the best evaluation (a copy is taken at each new best). The held-out EV
+    trainable weights of the best evaluation (a copy is written to a temporary file at each new
+    best: :class:`_Best`). The held-out EV
     then reported is the best of the evaluations: chosen on the held-out episodes, so optimistic by
     the spread of their noise. ``all_values``: the kept weights' outputs on every row are computed
     once at the end (the training EV is read from them) and returned in ``CriticFit.values``.
     Returns a :class:`CriticFit`; the critic is left in eval mode. When the outcome is fixed before
     the first step (see the module docstring: no target varies, or with a gate no held-out one does)
     and the critic has a value head, it is set to the constant at once (:func:`set_constant`;
-    ``on_eval`` is called once, at step 0, after that) and the fit reports 0 steps.
+    ``on_eval`` is called once, at step 0, after that) and the fit reports 0 steps. Once the fit
+    holds its rows, ``batch``'s cached derived arrays are cleared (:meth:`TrajectoryBatch.clear_cache`:
+    rebuilt when next used).
     """
     window = check_window(window)
     r = rows_of(batch, fields=False)

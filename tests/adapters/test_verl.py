@@ -275,7 +275,7 @@ def big_batch(B=150, P=4, R=300, seed=0):
     )
 
 
-def test_a_mapped_file_converts_block_by_block_as_in_memory(tmp_path):
+def test_a_mapped_file_converts_block_by_block_as_in_memory(tmp_path, monkeypatch):
     """A batch file of more rows than a block (read memory-mapped, each block's pages given back once
     converted) gives the same rows as the same batch converted from memory — a bf16 field (a
     converted copy, not a view of the file) included — and a bad mask entry in a later block is named
@@ -285,8 +285,13 @@ def test_a_mapped_file_converts_block_by_block_as_in_memory(tmp_path):
     d = big_batch()
     assert len(d["uid"]) > 2 * verl.BLOCK_ROWS
     torch.save(d, tmp_path / "big.pt")
+    given: list[int] = []
+    real = verl.drop_mapped_pages
+    monkeypatch.setattr(verl, "drop_mapped_pages", lambda a, maps: given.append(real(a, maps)) or given[-1])
     want, rep_w = from_verl(dict(d))
+    assert given == []  # a batch in memory: nothing is a mapping
     got, rep_g = from_verl(tmp_path / "big.pt")
+    assert sum(given) > 100_000  # the file's pages were given back as the blocks were read
     assert len(got) == len(want) == 150
     for i in range(len(want)):
         assert got.row(i) == want.row(i)
@@ -313,11 +318,14 @@ def test_pages_of_a_file_mapping_are_given_back_and_read_again(tmp_path):
     maps = file_mappings(tmp_path / "x.pt")
     assert maps and any(lo <= y.ctypes.data < hi for lo, hi in maps)
     assert float(y[1:3].sum()) == float(x[1:3].sum())  # read: resident
+    assert drop_mapped_pages(y[1:3], maps) == 0  # writable: no promise that no one wrote to it
+    y.setflags(write=False)
     given = drop_mapped_pages(y[1:3], maps)
     assert 0 < given <= y[1:3].nbytes and given % 4096 == 0
     np.testing.assert_array_equal(y, x.numpy())  # read again from the file
     assert drop_mapped_pages(y[:, ::2], maps) == 0  # not contiguous
     z = x.numpy().copy()
+    z.setflags(write=False)
     assert drop_mapped_pages(z[1:3], maps) == 0  # anonymous memory: never dropped
     np.testing.assert_array_equal(z, x.numpy())
     assert file_mappings(tmp_path / "not-mapped.pt") == []

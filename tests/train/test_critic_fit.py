@@ -284,6 +284,35 @@ def test_mlps_in_slices_give_the_whole_forward_a_slice_at_a_time(hf_dir):
             pass
 
 
+def test_an_mlp_that_is_not_one_tensor_in_one_out_runs_whole():
+    """mlp_in_slices slices only an MLP called with its one (b, T, H) tensor that returns a tensor
+    of the same rows and positions: one called with more (Bloom's residual), or returning a tuple
+    (a mixture of experts' router scores), runs whole, with the same result as without the block."""
+
+    class Residual(torch.nn.Module):
+        def forward(self, x, residual):
+            return x * 2 + residual
+
+    class Routed(torch.nn.Module):
+        def forward(self, x):
+            return x + 1, x.sum(-1)
+
+    class Trunk(torch.nn.Module):
+        def __init__(self, mlp):
+            super().__init__()
+            self.mlp = mlp
+
+    x = torch.randn(2, 9, 4)
+    with torch.no_grad():
+        res, routed = Trunk(Residual()), Trunk(Routed())
+        want_res, want_routed = res.mlp(x, x), routed.mlp(x)
+        with mlp_in_slices(res, tokens=2), mlp_in_slices(routed, tokens=2):
+            got_res, got_routed = res.mlp(x, x), routed.mlp(x)
+            got_kw = res.mlp(x, residual=x)
+    assert torch.equal(got_res, want_res) and torch.equal(got_kw, want_res)
+    assert torch.equal(got_routed[0], want_routed[0]) and torch.equal(got_routed[1], want_routed[1])
+
+
 def test_critic_outputs_of_long_rows_are_the_plain_forwards(monkeypatch):
     """critic_outputs (the held-out evaluations and every row's values) slices a long row's MLPs:
     the values equal the plain causal forward's on every response token, 0 past each response."""
@@ -344,3 +373,26 @@ def test_the_best_weights_wait_in_a_file_and_come_back_bit_for_bit(tmp_path, mon
     assert list(tmp_path.iterdir()) == []
     _Best(0.1, params, keep=False).offer(0.3, 1)
     assert list(tmp_path.iterdir()) == []
+
+
+def test_the_best_weights_stay_in_memory_where_no_file_can_be_written(monkeypatch):
+    """A temporary folder that cannot be written (full, read-only) does not stop the fit: _Best warns
+    once and keeps its copy in memory, and restore() still gives the best weights back exactly."""
+    import mpo_viz.train.critic_fit as cf
+
+    def full(*args, **kwargs):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(cf.torch, "save", full)
+    params = [torch.randn(4, requires_grad=True)]
+    with pytest.warns(RuntimeWarning, match="could not write the best weights .*No space left.*keeping them in memory"):
+        best = cf._Best(0.1, params, keep=True)
+    with torch.no_grad():
+        params[0].mul_(3.0)
+    second = params[0].detach().clone()
+    best.offer(0.5, 2)  # no second warning: the copy in memory is updated in place
+    with torch.no_grad():
+        params[0].zero_()
+    best.restore()
+    assert torch.equal(params[0], second)
+    best.close()

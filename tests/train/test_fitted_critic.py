@@ -201,7 +201,10 @@ def test_fit_critic_trunk_from_the_shell(hf_dir, tmp_path, capsys):
     assert "argument --target: invalid choice: 'gae' (choose from 'mc', 'turn')" in capsys.readouterr().err
 
 
-def test_early_stopping_keeps_the_best_evaluations_weights():
+def test_early_stopping_keeps_the_best_evaluations_weights(tmp_path, monkeypatch):
+    import tempfile
+
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))  # where the best weights wait: emptied after
     # rewards drawn independently of the prompts: nothing to learn, so the held-out EV peaks by chance
     # early and the fit stops on patience (a learnable batch at lr 0.3 now climbs to EV 0.98 in 64 steps)
     r = np.random.default_rng(0).integers(0, 2, 40)
@@ -233,6 +236,7 @@ def test_early_stopping_keeps_the_best_evaluations_weights():
     assert ev == pytest.approx(fit.best_ev, abs=1e-6)
     assert "the best held-out EV, kept" in fit.summary() and "stopped early" in fit.summary()
     assert res.info["kept_step"] == fit.best_step and res.info["patience"] == 3
+    assert list(tmp_path.iterdir()) == []  # the best weights' file removed once restored
     # --keep-last: the last weights, whatever their EV
     last = fit_critic(b, patience=3, keep_best=False, **kw).fit
     assert last.kept_step == last.steps and last.heldout_ev == evs[-1] and last.heldout_ev < last.best_ev

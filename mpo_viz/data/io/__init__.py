@@ -194,14 +194,18 @@ def file_mappings(path) -> list[tuple[int, int]]:
 
 
 def drop_mapped_pages(a: np.ndarray, mappings: list[tuple[int, int]]) -> int:
-    """Give back the resident pages of ``a``, a C-contiguous view into a read-only mapping of a file
-    (a tensor of ``torch.load(..., mmap=True)``, which nothing writes) at one of ``mappings``
-    (:func:`file_mappings`): the pages whole inside ``a`` leave the process's resident memory and are
-    read again from the file if ``a`` is used again. A file read through such a mapping otherwise
-    stays resident as it is read, so memory grows with the file. An array anywhere else (a copy, a
-    converted dtype) is left alone — a dropped page of other memory would read back as zeros.
-    Returns the bytes given back (0 where ``madvise`` is missing, for a non-contiguous or empty view)."""
-    if a.size == 0 or not a.flags.c_contiguous:
+    """Give back the resident pages of ``a``, a read-only C-contiguous view into a mapping of a file
+    at one of ``mappings`` (:func:`file_mappings`; e.g. a tensor of ``torch.load(..., mmap=True)``,
+    a private copy-on-write mapping): the pages whole inside ``a`` leave the process's resident
+    memory and are read again from the file if ``a`` is used again. A file read through such a
+    mapping otherwise stays resident as it is read, so memory grows with the file.
+
+    Only for a mapping nothing has written to: a page written since (copy on write) would read back
+    as the file's bytes, and a page of other memory as zeros. So ``a`` must be marked read-only
+    (``a.setflags(write=False)``, the promise that no one writes through it) and lie inside one of
+    ``mappings``; anything else is left alone. Returns the bytes given back (0 where ``madvise`` is
+    missing, for a writable, non-contiguous or empty view)."""
+    if a.size == 0 or not a.flags.c_contiguous or a.flags.writeable:
         return 0
     start, end = a.ctypes.data, a.ctypes.data + a.nbytes
     if not any(lo <= start and end <= hi for lo, hi in mappings):
