@@ -120,10 +120,19 @@ def _wandb_records(path):
 
 def _complete(path, timeout: float = 60.0):
     """The file's records once wandb's service has written the run's ``exit`` record (it writes
-    the file from its own process, and may still be at it when ``finish()`` returns)."""
+    the file from its own process, and may still be at it when ``finish()`` returns: a read can end
+    inside a record being written, which is read again)."""
+    from google.protobuf.message import DecodeError  # wandb's dependency
+
     t0 = time.monotonic()
     while True:
-        records = _wandb_records(path)
+        try:
+            records = _wandb_records(path)
+        except DecodeError:  # read while the service was writing a record: torn at the end, read again
+            if time.monotonic() - t0 > timeout:
+                raise
+            time.sleep(0.2)
+            continue
         if any(r.WhichOneof("record_type") == "exit" for r in records) or time.monotonic() - t0 > timeout:
             return records
         time.sleep(0.2)
