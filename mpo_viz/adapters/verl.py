@@ -250,7 +250,7 @@ class _VerlBatch:
         return [self.prompts, self.resp, self.rmask, self.rewards, *self.per_token.values(), *self.extra_tok.values()]
 
 
-def _read_batch(data: dict, col: Collector, mapped: list[tuple[int, int]] | None = None) -> _VerlBatch:
+def _read_batch(data: dict, col: Collector, mapped: list[tuple[int, int]]) -> _VerlBatch:
     """The batch's arrays, checked (``file_error`` naming the key, the expected and found shape),
     with what was guessed or dropped noted in the report. The arrays stay as read (views of a
     mapped file); the masks are checked and measured a block of rows at a time (``mapped``: each
@@ -259,11 +259,14 @@ def _read_batch(data: dict, col: Collector, mapped: list[tuple[int, int]] | None
     for key in ("prompts", "responses"):
         if key not in data:
             raise file_error("verl", src, key, _LAYOUT, f"no {key!r}; keys: {sorted(map(str, data))}")
-    resp = _numpy(data["responses"])
-    prompts = _numpy(data["prompts"])
-    if mapped:
-        resp.setflags(write=False)
-        prompts.setflags(write=False)
+
+    def read(key) -> np.ndarray:
+        a = _numpy(data[key])
+        if mapped:
+            a.setflags(write=False)  # a view of the file's mapping: never written, so its pages can be given back
+        return a
+
+    resp, prompts = read("responses"), read("prompts")
     if resp.ndim != 2 or prompts.ndim != 2 or prompts.shape[0] != resp.shape[0]:
         raise file_error(
             "verl",
@@ -276,9 +279,7 @@ def _read_batch(data: dict, col: Collector, mapped: list[tuple[int, int]] | None
     P = prompts.shape[1]
 
     def tensor(key, shape):
-        a = _numpy(data[key])
-        if mapped:
-            a.setflags(write=False)  # a view of the file's mapping: never written, so its pages can be given back
+        a = read(key)
         if a.shape != shape:
             raise file_error(
                 "verl", src, key, f"shape {shape} (B, {'P + R' if shape[1] == P + R else 'R'})", f"shape {a.shape}"
@@ -286,7 +287,7 @@ def _read_batch(data: dict, col: Collector, mapped: list[tuple[int, int]] | None
         return a
 
     attn = tensor("attention_mask", (B, P + R)) if "attention_mask" in data else None
-    rmask, plen, rlen = _masks(data, tensor, attn, B, P, R, col, mapped or [])
+    rmask, plen, rlen = _masks(data, tensor, attn, B, P, R, col, mapped)
     reward_key = next((k for k in REWARD_KEYS if k in data), None)
     rewards = tensor(reward_key, (B, R)) if reward_key else None  # float64 row by row (move_obs_rewards)
     if reward_key is None:
@@ -318,7 +319,7 @@ def _read_batch(data: dict, col: Collector, mapped: list[tuple[int, int]] | None
     )
 
 
-def _masks(data: dict, tensor, attn, B: int, P: int, R: int, col: Collector, mapped: list | None = None):
+def _masks(data: dict, tensor, attn, B: int, P: int, R: int, col: Collector, mapped: list[tuple[int, int]]):
     """The response's 0/1 action mask, the prompt tokens to keep (bool ``(B, P)``) and each response's
     length: from ``response_mask`` and ``attention_mask``, whichever the batch has; read a block of
     :data:`BLOCK_ROWS` rows at a time (the first bad entry in row order is the one named)."""

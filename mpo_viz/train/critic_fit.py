@@ -573,7 +573,7 @@ class _Best:
     object's end, should the fit stop on an error)."""
 
     def __init__(self, ev: float, params: list, keep: bool):
-        self.ev, self.step, self.stale, self.params, self.keep = ev, 0, 0, params, keep
+        self.ev, self.step, self.stale, self.params = ev, 0, 0, params
         self._dir = tempfile.TemporaryDirectory(prefix="mpo_viz_best_") if keep else None
         self._held: list[torch.Tensor] | None = None  # the in-memory copy, where no file could be written
         self._save()
