@@ -20,7 +20,8 @@ polls can be missed). The load average (1, 5, 15 min) is printed beside every re
 ``info``, ``validate``, ``doctor``, ``advantages -e mpo,gae,grpo -o OUT.parquet`` and ``report -o
 OUT.html`` (and ``info --metadata``, which reads only the Parquet metadata); ``--commands
 fit-critic`` adds ``fit-critic -o OUT.parquet --steps 2`` (not by default: its values pass runs a
-critic over every token, minutes per size); ``--sizes N ...`` other trajectory counts.
+critic over every token, about half an hour at 512 trajectories and 75 minutes at 2,048); ``--sizes N
+...`` other trajectory counts.
 
 Verdicts (not with --quick), per command, the largest size against the smallest: memory is flat —
 peak within 1.2x, and at most 1.5 GB at 22.5 M tokens (2 GB at the --full size); time is linear —
@@ -50,7 +51,7 @@ SIZES = {"default": (512, 2048), "full": (512, 2048, 7300), "quick": (4, 16)}
 PART_ROWS = 32  # trajectories per part written while generating
 COMMANDS = ("info --metadata", "info", "validate", "doctor", "advantages", "report")
 #: commands measured only when named in --commands: fit-critic's values pass runs the critic over every
-#: token (a 1m critic over 11,000-token rows: about a second a row here, so minutes per size); convert
+#: token (a 1m critic over 11,000-token rows: about 2 s a row on one core here); convert
 #: reads the log written as one verl step's batch (write_verl_batch: padded, 5.6x the Parquet's size)
 EXTRA_COMMANDS = ("fit-critic", "convert")
 #: the verdicts' bounds: peak memory at the largest / at the smallest, GB at 22.5 M and at 80 M tokens,
