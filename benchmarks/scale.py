@@ -296,6 +296,7 @@ def verdicts(results: dict, logs, commands, *, quick: bool, full: bool) -> None:
         f"memory ratio, GB at each size, time per token ratio (load now {load_avg()})"
     )
     mid = next((tok for n, tok, _ in logs if n == 2048), None)
+    has_full = full or any(n > 2048 for n, _, _ in logs)
     for cmd in commands:
         w0, g0 = results[(n0, cmd)]
         w1, g1 = results[(n1, cmd)]
@@ -308,12 +309,14 @@ def verdicts(results: dict, logs, commands, *, quick: bool, full: bool) -> None:
             ok = mem_ratio <= MEM_RATIO and cap_ok and time_ratio <= TIME_RATIO
             line += ("  met" if ok else "  NOT met") + (
                 f" (memory <= {MEM_RATIO}x and <= {MEM_GB_DEFAULT} GB"
-                + (f" / {MEM_GB_FULL} GB at the full size" if full else "")
+                + (f" / {MEM_GB_FULL} GB above 2,048 trajectories" if has_full else "")
                 + f", time <= {TIME_RATIO}x)"
             )
         print(line)
     if mid is None and not quick:
         print("# (no 2,048-trajectory size measured)")
+    if len(logs) == 1:
+        print("# one size: the ratios compare it with itself; its peak is the reading")
     if quick:
         print("# --quick: tiny sizes, a smoke run; the verdict needs the default or --full sizes")
 
