@@ -4,6 +4,7 @@ Run:  .venv/bin/python benchmarks/scale.py            (5.6 M and 22.5 M tokens: 
       .venv/bin/python benchmarks/scale.py --full     (adds ~80 M tokens, ~1.3 GB of Parquet, ~35 min more)
       .venv/bin/python benchmarks/scale.py --quick    (two tiny sizes: a smoke run, no verdict)
       --rounds N   run every (size, command) N times, rounds interleaved, and report the median wall time
+      --threads N  fit-critic's torch threads (default 1, the command's; 2 alone on 2 cores: ~1.7x faster)
       --dir DIR    write the logs there and keep them (a later run reuses them; default: a temporary
                    folder under /tmp, deleted at the end)
 
